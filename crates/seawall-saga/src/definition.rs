@@ -1,0 +1,402 @@
+//! Saga definitions: [`Saga`], [`Step`] and the [`StepContext`] handed to user code.
+
+use std::fmt;
+use std::future::Future;
+use std::marker::PhantomData;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::clock::{BoxFuture, Clock};
+use crate::error::{DefinitionError, OutputError};
+use crate::id::{IdempotencyKey, Phase, SagaId};
+
+/// What a saga input must be: serialisable (it is stored in the log), shareable
+/// between the tasks that run its steps.
+pub trait SagaInput: Serialize + DeserializeOwned + Send + Sync + 'static {}
+impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> SagaInput for T {}
+
+/// What a step output must be: serialisable (it is stored in the log when the
+/// step completes and handed back to later steps and to the compensation).
+pub trait StepOutput: Serialize + DeserializeOwned + Send + 'static {}
+impl<T: Serialize + DeserializeOwned + Send + 'static> StepOutput for T {}
+
+pub(crate) type ActionFn<I> =
+    Arc<dyn Fn(StepContext<I>) -> BoxFuture<'static, Result<serde_json::Value, String>> + Send + Sync>;
+pub(crate) type CompensationFn<I> = Arc<
+    dyn Fn(StepContext<I>, serde_json::Value) -> BoxFuture<'static, Result<(), String>>
+        + Send
+        + Sync,
+>;
+
+/// One step of a saga: an async action producing an output of type `O`, and
+/// optionally a compensation that undoes it given that output.
+///
+/// Both receive a [`StepContext`] with the saga input, the outputs of earlier
+/// steps and the idempotency key. Errors may be any type that implements
+/// [`Display`](fmt::Display); the orchestrator records the message. For retries,
+/// timeouts or a circuit breaker around an external call, run a seawall pipeline
+/// inside the action: the orchestrator sees only its final result.
+///
+/// # Examples
+///
+/// ```
+/// use seawall_saga::{Step, StepContext};
+///
+/// #[derive(serde::Serialize, serde::Deserialize)]
+/// struct Order { sku: String, quantity: u32 }
+///
+/// let reserve = Step::new("reserve_stock", |ctx: StepContext<Order>| async move {
+///     let order = ctx.input();
+///     // reserve order.quantity of order.sku, passing ctx.idempotency_key() along
+///     Ok::<_, String>(format!("reservation-{}", order.quantity))
+/// })
+/// .compensate(|ctx, reservation: String| async move {
+///     // release `reservation`
+///     let _ = (ctx.idempotency_key(), reservation);
+///     Ok::<_, String>(())
+/// });
+/// ```
+pub struct Step<I, O> {
+    name: String,
+    action: ActionFn<I>,
+    compensation: Option<CompensationFn<I>>,
+    _output: PhantomData<fn() -> O>,
+}
+
+impl<I, O> fmt::Debug for Step<I, O> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Step")
+            .field("name", &self.name)
+            .field("compensation", &self.compensation.is_some())
+            .finish()
+    }
+}
+
+impl<I: SagaInput, O: StepOutput> Step<I, O> {
+    /// A step named `name` whose action is `action`, without compensation.
+    pub fn new<F, Fut, E>(name: impl Into<String>, action: F) -> Self
+    where
+        F: Fn(StepContext<I>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<O, E>> + Send + 'static,
+        E: fmt::Display + Send + 'static,
+    {
+        let action: ActionFn<I> = Arc::new(move |ctx: StepContext<I>| {
+            let fut = action(ctx);
+            Box::pin(async move {
+                match fut.await {
+                    Ok(output) => serde_json::to_value(output)
+                        .map_err(|e| format!("step output cannot be serialised: {e}")),
+                    Err(e) => Err(e.to_string()),
+                }
+            })
+        });
+        Step {
+            name: name.into(),
+            action,
+            compensation: None,
+            _output: PhantomData,
+        }
+    }
+
+    /// Sets the compensation: it gets the context and the step's own output.
+    ///
+    /// A compensation must be safe to run more than once with the same
+    /// idempotency key (it runs at least once; see the crate docs) and should
+    /// succeed eventually: it is retried with the orchestrator's
+    /// [`RetryPolicy`](crate::RetryPolicy), then the saga becomes
+    /// [`Stuck`](crate::SagaStatus::Stuck).
+    pub fn compensate<F, Fut, E>(mut self, compensation: F) -> Self
+    where
+        F: Fn(StepContext<I>, O) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), E>> + Send + 'static,
+        E: fmt::Display + Send + 'static,
+    {
+        let compensation: CompensationFn<I> =
+            Arc::new(move |ctx: StepContext<I>, output: serde_json::Value| {
+                let output = serde_json::from_value::<O>(output);
+                let fut = output.map(|output| compensation(ctx, output));
+                Box::pin(async move {
+                    match fut {
+                        Ok(fut) => fut.await.map_err(|e| e.to_string()),
+                        Err(e) => Err(format!(
+                            "logged step output does not deserialise for the compensation: {e}"
+                        )),
+                    }
+                })
+            });
+        self.compensation = Some(compensation);
+        self
+    }
+
+    /// The step's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+pub(crate) struct ErasedStep<I> {
+    pub(crate) name: Arc<str>,
+    pub(crate) action: ActionFn<I>,
+    pub(crate) compensation: Option<CompensationFn<I>>,
+}
+
+/// A saga definition: a name and ordered steps over an input of type `I`.
+///
+/// Cheap to clone. Register it with
+/// [`OrchestratorBuilder::saga`](crate::OrchestratorBuilder::saga) so the
+/// orchestrator can recover its instances after a restart.
+pub struct Saga<I> {
+    pub(crate) inner: Arc<SagaDefinition<I>>,
+}
+
+pub(crate) struct SagaDefinition<I> {
+    pub(crate) name: Arc<str>,
+    pub(crate) steps: Vec<ErasedStep<I>>,
+    pub(crate) step_names: Arc<[Arc<str>]>,
+}
+
+impl<I> Clone for Saga<I> {
+    fn clone(&self) -> Self {
+        Saga {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<I> fmt::Debug for Saga<I> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Saga")
+            .field("name", &self.inner.name)
+            .field("steps", &self.inner.step_names)
+            .finish()
+    }
+}
+
+impl<I: SagaInput> Saga<I> {
+    /// Starts a definition named `name`.
+    pub fn builder(name: impl Into<String>) -> SagaBuilder<I> {
+        SagaBuilder {
+            name: name.into(),
+            steps: Vec::new(),
+        }
+    }
+
+    /// The saga's name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The step names, in order.
+    pub fn step_names(&self) -> impl Iterator<Item = &str> {
+        self.inner.step_names.iter().map(|n| &**n)
+    }
+}
+
+/// Builds a [`Saga`].
+pub struct SagaBuilder<I> {
+    name: String,
+    steps: Vec<ErasedStep<I>>,
+}
+
+impl<I> fmt::Debug for SagaBuilder<I> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SagaBuilder")
+            .field("name", &self.name)
+            .field(
+                "steps",
+                &self.steps.iter().map(|s| &*s.name).collect::<Vec<_>>(),
+            )
+            .finish()
+    }
+}
+
+impl<I: SagaInput> SagaBuilder<I> {
+    /// Appends a step.
+    pub fn step<O: StepOutput>(mut self, step: Step<I, O>) -> Self {
+        self.steps.push(ErasedStep {
+            name: step.name.into(),
+            action: step.action,
+            compensation: step.compensation,
+        });
+        self
+    }
+
+    /// Validates and builds the definition.
+    ///
+    /// # Errors
+    ///
+    /// An empty saga name, no steps, an empty or repeated step name.
+    pub fn build(self) -> Result<Saga<I>, DefinitionError> {
+        if self.name.is_empty() {
+            return Err(DefinitionError::EmptySagaName);
+        }
+        if self.steps.is_empty() {
+            return Err(DefinitionError::NoSteps(self.name));
+        }
+        for (i, step) in self.steps.iter().enumerate() {
+            if step.name.is_empty() {
+                return Err(DefinitionError::EmptyStepName(self.name));
+            }
+            if self.steps[..i].iter().any(|s| s.name == step.name) {
+                return Err(DefinitionError::DuplicateStep {
+                    saga: self.name,
+                    step: step.name.to_string(),
+                });
+            }
+        }
+        let step_names = self.steps.iter().map(|s| s.name.clone()).collect();
+        Ok(Saga {
+            inner: Arc::new(SagaDefinition {
+                name: self.name.into(),
+                steps: self.steps,
+                step_names,
+            }),
+        })
+    }
+}
+
+/// Outputs of the steps that completed before the current one.
+#[derive(Clone, Debug)]
+pub(crate) struct Outputs {
+    pub(crate) names: Arc<[Arc<str>]>,
+    pub(crate) values: Arc<[serde_json::Value]>,
+}
+
+/// What a step's action or compensation gets besides its own output.
+pub struct StepContext<I> {
+    pub(crate) saga_id: SagaId,
+    pub(crate) saga_name: Arc<str>,
+    pub(crate) step_index: usize,
+    pub(crate) step_name: Arc<str>,
+    pub(crate) phase: Phase,
+    pub(crate) key: IdempotencyKey,
+    pub(crate) attempt: u32,
+    pub(crate) input: Arc<I>,
+    pub(crate) outputs: Outputs,
+    pub(crate) deadline: Option<SystemTime>,
+    pub(crate) clock: Arc<dyn Clock>,
+}
+
+impl<I> Clone for StepContext<I> {
+    fn clone(&self) -> Self {
+        StepContext {
+            saga_id: self.saga_id.clone(),
+            saga_name: self.saga_name.clone(),
+            step_index: self.step_index,
+            step_name: self.step_name.clone(),
+            phase: self.phase,
+            key: self.key.clone(),
+            attempt: self.attempt,
+            input: self.input.clone(),
+            outputs: self.outputs.clone(),
+            deadline: self.deadline,
+            clock: self.clock.clone(),
+        }
+    }
+}
+
+impl<I> fmt::Debug for StepContext<I> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StepContext")
+            .field("saga_id", &self.saga_id)
+            .field("saga_name", &self.saga_name)
+            .field("step", &self.step_name)
+            .field("phase", &self.phase)
+            .field("key", &self.key)
+            .field("attempt", &self.attempt)
+            .finish()
+    }
+}
+
+impl<I> StepContext<I> {
+    /// The saga input.
+    pub fn input(&self) -> &I {
+        &self.input
+    }
+
+    /// The saga input, shared (to move into a spawned task).
+    pub fn input_arc(&self) -> Arc<I> {
+        self.input.clone()
+    }
+
+    /// The output of the earlier step named `step`, deserialised.
+    ///
+    /// # Errors
+    ///
+    /// [`OutputError::Missing`] when no earlier step of that name has completed,
+    /// [`OutputError::Deserialize`] when the output is not a `T`.
+    pub fn output<T: DeserializeOwned>(&self, step: &str) -> Result<T, OutputError> {
+        let value = self
+            .output_json(step)
+            .ok_or_else(|| OutputError::Missing(step.to_owned()))?;
+        T::deserialize(value).map_err(|source| OutputError::Deserialize {
+            step: step.to_owned(),
+            source,
+        })
+    }
+
+    /// The output of the earlier step named `step`, as JSON.
+    pub fn output_json(&self, step: &str) -> Option<&serde_json::Value> {
+        self.outputs
+            .names
+            .iter()
+            .zip(self.outputs.values.iter())
+            .find(|(name, _)| &***name == step)
+            .map(|(_, value)| value)
+    }
+
+    /// The key naming this effect (saga id + step + phase), the same on every
+    /// execution of it, in any process. Hand it to the external system.
+    pub fn idempotency_key(&self) -> &IdempotencyKey {
+        &self.key
+    }
+
+    /// The saga's id.
+    pub fn saga_id(&self) -> &SagaId {
+        &self.saga_id
+    }
+
+    /// The saga's name.
+    pub fn saga_name(&self) -> &str {
+        &self.saga_name
+    }
+
+    /// This step's name.
+    pub fn step_name(&self) -> &str {
+        &self.step_name
+    }
+
+    /// This step's 0-based position.
+    pub fn step_index(&self) -> usize {
+        self.step_index
+    }
+
+    /// Action or compensation.
+    pub fn phase(&self) -> Phase {
+        self.phase
+    }
+
+    /// 1-based attempt of this compensation within the current retry cycle
+    /// (always 1 for actions).
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// The saga's deadline, if it has one.
+    pub fn deadline(&self) -> Option<SystemTime> {
+        self.deadline
+    }
+
+    /// Time left until the deadline (zero when passed), or `None` without one.
+    /// Feed it to client timeouts or a pipeline so a step does not outlive its saga.
+    pub fn remaining(&self) -> Option<Duration> {
+        self.deadline.map(|deadline| {
+            deadline
+                .duration_since(self.clock.now())
+                .unwrap_or(Duration::ZERO)
+        })
+    }
+}

@@ -1,0 +1,722 @@
+//! The SQLite saga log: one file, WAL, group commit.
+//!
+//! # Durability
+//!
+//! The file is put in WAL mode with `PRAGMA synchronous = FULL` by default: the
+//! WAL is fsynced at every commit, so a transition the log has acknowledged
+//! survives a process crash *and* a power loss or OS crash. With
+//! [`Synchronous::Normal`] the WAL is only fsynced at checkpoints: acknowledged
+//! transitions survive a process crash (SIGKILL included) but the last ones may
+//! be lost on power loss, which can make a completed step run again.
+//!
+//! All statements run on one background thread that owns the connection. Writes
+//! that arrive while a commit is in progress are grouped into the next
+//! transaction (each in its own savepoint, so one refused write does not affect
+//! the others), which is how many concurrent sagas share one fsync.
+//!
+//! # One process per file
+//!
+//! A SQLite log is meant to be driven by one orchestrator process. Each
+//! [`SqliteLog::open`] gets a fresh owner name, and
+//! [`claim_unfinished`](SagaLog::claim_unfinished) takes over every unfinished
+//! saga not owned by this instance: after a crash, the restarted process
+//! recovers everything at once, without waiting for leases to expire. Writes are
+//! still fenced (a saga claimed by another instance refuses this one's writes),
+//! so the log stays consistent if two processes do open the same file, but both
+//! may then run the same step; use [`PostgresLog`](crate::PostgresLog) for many
+//! workers.
+//!
+//! # Foreign and damaged files
+//!
+//! Opening a file that is not a SQLite database fails with
+//! [`LogError::NotADatabase`]; a SQLite database that has other tables and is not
+//! marked as a saga log (by its `application_id`) fails with
+//! [`LogError::Foreign`]. Neither is written to. Damage found later is reported
+//! as [`LogError::Corrupt`].
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use rusqlite::{params, Connection, OpenFlags, OptionalExtension, Row};
+use tokio::sync::oneshot;
+
+use super::{
+    generate_owner, ClaimAttempt, ClaimedSaga, Lease, ListQuery, LogFuture, NewSaga, SagaLog,
+    SagaRecord, SCHEMA_VERSION,
+};
+use crate::clock::{from_millis, to_millis};
+use crate::error::LogError;
+use crate::id::SagaId;
+use crate::transition::{Encoded, SagaStatus, Transition, TransitionRecord};
+
+/// `application_id` written into the SQLite header of every saga log ("SWSG").
+const APPLICATION_ID: i32 = 0x5357_5347;
+
+/// How hard SQLite works to make a commit durable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Synchronous {
+    /// `synchronous = FULL`: fsync the WAL at every commit. Survives power loss.
+    #[default]
+    Full,
+    /// `synchronous = NORMAL`: fsync at checkpoints only. Survives a process
+    /// crash; the latest commits may be lost on power loss or OS crash.
+    Normal,
+}
+
+impl Synchronous {
+    fn pragma(self) -> &'static str {
+        match self {
+            Synchronous::Full => "FULL",
+            Synchronous::Normal => "NORMAL",
+        }
+    }
+}
+
+/// Options of a [`SqliteLog`].
+///
+/// # Default
+///
+/// `synchronous = FULL`, busy timeout 5 s, at most 256 writes per group commit.
+#[derive(Clone, Debug)]
+pub struct SqliteOptions {
+    synchronous: Synchronous,
+    busy_timeout: Duration,
+    max_batch: usize,
+}
+
+impl SqliteOptions {
+    /// The defaults.
+    pub fn new() -> Self {
+        SqliteOptions {
+            synchronous: Synchronous::Full,
+            busy_timeout: Duration::from_secs(5),
+            max_batch: 256,
+        }
+    }
+
+    /// The `synchronous` mode (see [`Synchronous`]).
+    pub fn synchronous(mut self, mode: Synchronous) -> Self {
+        self.synchronous = mode;
+        self
+    }
+
+    /// How long a statement waits for a lock held by another connection.
+    pub fn busy_timeout(mut self, timeout: Duration) -> Self {
+        self.busy_timeout = timeout;
+        self
+    }
+
+    /// The most writes grouped into one transaction (at least 1).
+    pub fn max_batch(mut self, max: usize) -> Self {
+        self.max_batch = max.max(1);
+        self
+    }
+}
+
+impl Default for SqliteOptions {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A saga log in one SQLite file. Cheap to clone; clones share the connection.
+///
+/// # Examples
+///
+/// ```no_run
+/// # fn main() -> Result<(), seawall_saga::LogError> {
+/// use seawall_saga::SqliteLog;
+/// let log = SqliteLog::open("sagas.db")?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct SqliteLog {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    sender: mpsc::Sender<Box<dyn Job>>,
+    path: PathBuf,
+    owner: String,
+    synchronous: Synchronous,
+}
+
+impl fmt::Debug for SqliteLog {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqliteLog")
+            .field("path", &self.inner.path)
+            .field("owner", &self.inner.owner)
+            .field("synchronous", &self.inner.synchronous)
+            .finish()
+    }
+}
+
+impl SqliteLog {
+    /// Opens (or creates) the log at `path` with default options.
+    ///
+    /// # Errors
+    ///
+    /// [`LogError::NotADatabase`], [`LogError::Foreign`],
+    /// [`LogError::UnsupportedSchema`], [`LogError::Corrupt`] or
+    /// [`LogError::Sqlite`]; the file is left untouched in the first three cases.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, LogError> {
+        Self::open_with(path, SqliteOptions::new())
+    }
+
+    /// Opens (or creates) the log at `path`.
+    ///
+    /// # Errors
+    ///
+    /// As [`open`](Self::open).
+    pub fn open_with(path: impl AsRef<Path>, options: SqliteOptions) -> Result<Self, LogError> {
+        let path = path.as_ref().to_path_buf();
+        let conn = Connection::open_with_flags(
+            &path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE
+                | OpenFlags::SQLITE_OPEN_CREATE
+                | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )?;
+        conn.busy_timeout(options.busy_timeout)?;
+        prepare_schema(&conn, &path)?;
+        let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(LogError::Config {
+                detail: format!("{} cannot use WAL journaling (got {mode})", path.display()),
+            });
+        }
+        conn.execute_batch(&format!(
+            "PRAGMA synchronous = {};",
+            options.synchronous.pragma()
+        ))?;
+        let (sender, receiver) = mpsc::channel::<Box<dyn Job>>();
+        let max_batch = options.max_batch;
+        std::thread::Builder::new()
+            .name("seawall-saga-sqlite".into())
+            .spawn(move || writer_loop(conn, receiver, max_batch))
+            .map_err(|e| LogError::Io(Arc::new(e)))?;
+        Ok(SqliteLog {
+            inner: Arc::new(Inner {
+                sender,
+                path,
+                owner: generate_owner("sqlite"),
+                synchronous: options.synchronous,
+            }),
+        })
+    }
+
+    /// The file this log writes.
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    /// The `synchronous` mode in force.
+    pub fn synchronous(&self) -> Synchronous {
+        self.inner.synchronous
+    }
+
+    fn submit<T, F>(&self, work: F) -> LogFuture<'static, T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, LogError> + Send + 'static,
+    {
+        let (reply, receive) = oneshot::channel();
+        let sent = self.inner.sender.send(Box::new(Task {
+            work: Some(work),
+            result: None,
+            reply: Some(reply),
+        }));
+        Box::pin(async move {
+            if sent.is_err() {
+                return Err(LogError::Closed);
+            }
+            receive.await.unwrap_or(Err(LogError::Closed))
+        })
+    }
+}
+
+/// Validates an existing file or initialises an empty one. Writes nothing to a
+/// file that is not (or not yet) recognised as a saga log, except to initialise
+/// an empty database.
+fn prepare_schema(conn: &Connection, path: &Path) -> Result<(), LogError> {
+    let not_a_database = |error: rusqlite::Error| match &error {
+        rusqlite::Error::SqliteFailure(f, _) if f.code == rusqlite::ErrorCode::NotADatabase => {
+            LogError::NotADatabase {
+                path: path.to_path_buf(),
+                source: Arc::new(error),
+            }
+        }
+        _ => LogError::from(error),
+    };
+    let app_id: i32 = conn
+        .query_row("PRAGMA application_id", [], |r| r.get(0))
+        .map_err(not_a_database)?;
+    let tables: Vec<String> = conn
+        .prepare("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")
+        .and_then(|mut s| {
+            s.query_map([], |r| r.get::<_, String>(0))?
+                .collect::<rusqlite::Result<_>>()
+        })
+        .map_err(not_a_database)?;
+    let location = path.display().to_string();
+    if app_id == APPLICATION_ID {
+        let version: Option<String> = conn
+            .query_row(
+                "SELECT value FROM seawall_saga_meta WHERE key = 'schema_version'",
+                [],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(|e| LogError::Corrupt {
+                detail: format!("{location}: saga log metadata unreadable: {e}"),
+            })?;
+        return match version {
+            Some(v) if v == SCHEMA_VERSION.to_string() => Ok(()),
+            Some(found) => Err(LogError::UnsupportedSchema {
+                found,
+                supported: SCHEMA_VERSION,
+            }),
+            None => Err(LogError::Corrupt {
+                detail: format!("{location}: saga log metadata has no schema version"),
+            }),
+        };
+    }
+    if app_id != 0 {
+        return Err(LogError::Foreign {
+            location,
+            detail: format!("sqlite application_id is {app_id:#x}"),
+        });
+    }
+    if !tables.is_empty() {
+        return Err(LogError::Foreign {
+            location,
+            detail: format!("it already has tables: {}", tables.join(", ")),
+        });
+    }
+    conn.execute_batch(&format!(
+        "BEGIN IMMEDIATE;
+         PRAGMA application_id = {APPLICATION_ID};
+         CREATE TABLE seawall_saga_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+         INSERT INTO seawall_saga_meta (key, value) VALUES ('schema_version', '{SCHEMA_VERSION}');
+         CREATE TABLE seawall_sagas (
+             id TEXT PRIMARY KEY,
+             name TEXT NOT NULL,
+             status TEXT NOT NULL,
+             input TEXT NOT NULL,
+             deadline_ms INTEGER,
+             created_ms INTEGER NOT NULL,
+             updated_ms INTEGER NOT NULL,
+             lease_owner TEXT,
+             lease_token INTEGER NOT NULL DEFAULT 0
+         );
+         CREATE INDEX seawall_sagas_by_status ON seawall_sagas (status, id);
+         CREATE TABLE seawall_saga_transitions (
+             saga_id TEXT NOT NULL,
+             seq INTEGER NOT NULL,
+             at_ms INTEGER NOT NULL,
+             kind TEXT NOT NULL,
+             step INTEGER,
+             step_name TEXT,
+             attempt INTEGER,
+             data TEXT,
+             PRIMARY KEY (saga_id, seq)
+         ) WITHOUT ROWID;
+         COMMIT;"
+    ))?;
+    Ok(())
+}
+
+trait Job: Send {
+    fn run(&mut self, conn: &Connection);
+    fn finish(self: Box<Self>, commit: Result<(), LogError>);
+}
+
+struct Task<T, F> {
+    work: Option<F>,
+    result: Option<Result<T, LogError>>,
+    reply: Option<oneshot::Sender<Result<T, LogError>>>,
+}
+
+impl<T, F> Job for Task<T, F>
+where
+    T: Send,
+    F: FnOnce(&Connection) -> Result<T, LogError> + Send,
+{
+    fn run(&mut self, conn: &Connection) {
+        let Some(work) = self.work.take() else {
+            return;
+        };
+        if let Err(e) = conn.execute_batch("SAVEPOINT job") {
+            self.result = Some(Err(e.into()));
+            return;
+        }
+        let result = work(conn);
+        let end = if result.is_ok() {
+            "RELEASE job"
+        } else {
+            "ROLLBACK TO job; RELEASE job"
+        };
+        self.result = Some(match conn.execute_batch(end) {
+            Ok(()) => result,
+            Err(e) => Err(e.into()),
+        });
+    }
+
+    fn finish(mut self: Box<Self>, commit: Result<(), LogError>) {
+        let outcome = match (self.result.take(), commit) {
+            (Some(Err(e)), _) => Err(e),
+            (_, Err(e)) => Err(e),
+            (Some(Ok(v)), Ok(())) => Ok(v),
+            (None, Ok(())) => Err(LogError::Closed),
+        };
+        if let Some(reply) = self.reply.take() {
+            let _ = reply.send(outcome);
+        }
+    }
+}
+
+fn writer_loop(conn: Connection, receiver: mpsc::Receiver<Box<dyn Job>>, max_batch: usize) {
+    while let Ok(first) = receiver.recv() {
+        let mut batch = vec![first];
+        while batch.len() < max_batch {
+            match receiver.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+            let e = LogError::from(e);
+            for job in batch {
+                job.finish(Err(e.clone()));
+            }
+            continue;
+        }
+        for job in batch.iter_mut() {
+            job.run(&conn);
+        }
+        let commit = conn.execute_batch("COMMIT").map_err(LogError::from);
+        if commit.is_err() {
+            let _ = conn.execute_batch("ROLLBACK");
+        }
+        for job in batch {
+            job.finish(commit.clone());
+        }
+    }
+}
+
+const RECORD_COLUMNS: &str = "id, name, status, input, deadline_ms, created_ms, updated_ms";
+
+fn read_record(row: &Row<'_>) -> rusqlite::Result<Result<SagaRecord, LogError>> {
+    read_record_at(row, 0)
+}
+
+/// Reads the [`RECORD_COLUMNS`] starting at column `base`.
+fn read_record_at(row: &Row<'_>, base: usize) -> rusqlite::Result<Result<SagaRecord, LogError>> {
+    let id = SagaId::new(row.get::<_, String>(base)?);
+    let status: String = row.get(base + 2)?;
+    let deadline: Option<i64> = row.get(base + 4)?;
+    let status = match status.parse::<SagaStatus>() {
+        Ok(s) => s,
+        Err(e) => {
+            return Ok(Err(LogError::Corrupt {
+                detail: format!("saga {id}: {e}"),
+            }))
+        }
+    };
+    Ok(Ok(SagaRecord {
+        id,
+        name: row.get(base + 1)?,
+        status,
+        input: row.get(base + 3)?,
+        deadline: deadline.map(from_millis),
+        created_at: from_millis(row.get(base + 5)?),
+        updated_at: from_millis(row.get(base + 6)?),
+    }))
+}
+
+fn insert_transitions(
+    conn: &Connection,
+    id: &SagaId,
+    first_seq: u32,
+    at_ms: i64,
+    encoded: &[Encoded],
+) -> Result<(), LogError> {
+    let mut insert = conn.prepare_cached(
+        "INSERT INTO seawall_saga_transitions (saga_id, seq, at_ms, kind, step, step_name, attempt, data)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+    )?;
+    for (offset, e) in encoded.iter().enumerate() {
+        insert.execute(params![
+            id.as_str(),
+            i64::from(first_seq) + offset as i64,
+            at_ms,
+            e.kind,
+            e.step,
+            e.step_name,
+            e.attempt,
+            e.data
+        ])?;
+    }
+    Ok(())
+}
+
+fn read_history(conn: &Connection, id: &SagaId) -> Result<Vec<TransitionRecord>, LogError> {
+    let mut select = conn.prepare_cached(
+        "SELECT seq, at_ms, kind, step, step_name, attempt, data
+         FROM seawall_saga_transitions WHERE saga_id = ?1 ORDER BY seq",
+    )?;
+    let rows = select.query_map([id.as_str()], |r| {
+        Ok((
+            r.get::<_, i64>(0)?,
+            r.get::<_, i64>(1)?,
+            r.get::<_, String>(2)?,
+            r.get::<_, Option<i64>>(3)?,
+            r.get::<_, Option<String>>(4)?,
+            r.get::<_, Option<i64>>(5)?,
+            r.get::<_, Option<String>>(6)?,
+        ))
+    })?;
+    let mut history = Vec::new();
+    for row in rows {
+        let (seq, at, kind, step, step_name, attempt, data) = row?;
+        let transition =
+            Transition::decode(&kind, step, step_name, attempt, data).map_err(|detail| {
+                LogError::Corrupt {
+                    detail: format!("saga {id}, transition {seq}: {detail}"),
+                }
+            })?;
+        history.push(TransitionRecord {
+            seq: u32::try_from(seq).map_err(|_| LogError::Corrupt {
+                detail: format!("saga {id}: invalid sequence number {seq}"),
+            })?,
+            at: from_millis(at),
+            transition,
+        });
+    }
+    Ok(history)
+}
+
+fn read_one(conn: &Connection, id: &SagaId) -> Result<Option<SagaRecord>, LogError> {
+    let mut select = conn.prepare_cached(&format!(
+        "SELECT {RECORD_COLUMNS} FROM seawall_sagas WHERE id = ?1"
+    ))?;
+    select
+        .query_row([id.as_str()], read_record)
+        .optional()?
+        .transpose()
+}
+
+/// Claims `id` for `owner` when the condition holds; returns the claimed saga.
+fn claim_row(
+    conn: &Connection,
+    owner: &str,
+    id: &SagaId,
+    include_stuck: bool,
+) -> Result<Option<ClaimedSaga>, LogError> {
+    let statuses = if include_stuck {
+        "('running', 'compensating', 'stuck')"
+    } else {
+        "('running', 'compensating')"
+    };
+    let mut update = conn.prepare_cached(&format!(
+        "UPDATE seawall_sagas SET lease_owner = ?1, lease_token = lease_token + 1
+         WHERE id = ?2 AND status IN {statuses} AND (lease_owner IS NULL OR lease_owner <> ?1)
+         RETURNING lease_token, {RECORD_COLUMNS}"
+    ))?;
+    let claimed = update
+        .query_row(params![owner, id.as_str()], |r| {
+            let token: i64 = r.get(0)?;
+            let record = read_record_at(r, 1)?;
+            Ok((token, record))
+        })
+        .optional()?;
+    let Some((token, record)) = claimed else {
+        return Ok(None);
+    };
+    let record = record?;
+    let history = read_history(conn, id)?;
+    Ok(Some(ClaimedSaga {
+        lease: Lease::new(record.id.clone(), token),
+        record,
+        history,
+    }))
+}
+
+impl SagaLog for SqliteLog {
+    fn create<'a>(
+        &'a self,
+        saga: &'a NewSaga,
+        transitions: &'a [Transition],
+        claim: bool,
+    ) -> LogFuture<'a, Option<Lease>> {
+        let saga = saga.clone();
+        let encoded: Vec<Encoded> = transitions.iter().map(Transition::encode).collect();
+        let owner = claim.then(|| self.inner.owner.clone());
+        self.submit(move |conn| {
+            let created_ms = to_millis(saga.created_at);
+            let token: i64 = if owner.is_some() { 1 } else { 0 };
+            let inserted = conn
+                .prepare_cached(
+                    "INSERT INTO seawall_sagas
+                       (id, name, status, input, deadline_ms, created_ms, updated_ms, lease_owner, lease_token)
+                     VALUES (?1, ?2, 'running', ?3, ?4, ?5, ?5, ?6, ?7)
+                     ON CONFLICT (id) DO NOTHING",
+                )?
+                .execute(params![
+                    saga.id.as_str(),
+                    saga.name,
+                    saga.input,
+                    saga.deadline.map(to_millis),
+                    created_ms,
+                    owner,
+                    token
+                ])?;
+            if inserted == 0 {
+                return Err(LogError::AlreadyExists(saga.id.clone()));
+            }
+            insert_transitions(conn, &saga.id, 0, created_ms, &encoded)?;
+            Ok(owner.map(|_| Lease::new(saga.id.clone(), token)))
+        })
+    }
+
+    fn append<'a>(
+        &'a self,
+        lease: &'a Lease,
+        first_seq: u32,
+        transitions: &'a [Transition],
+        status: SagaStatus,
+        at: SystemTime,
+    ) -> LogFuture<'a, ()> {
+        let lease = lease.clone();
+        let encoded: Vec<Encoded> = transitions.iter().map(Transition::encode).collect();
+        let owner = self.inner.owner.clone();
+        self.submit(move |conn| {
+            let at_ms = to_millis(at);
+            let updated = conn
+                .prepare_cached(
+                    "UPDATE seawall_sagas SET status = ?1, updated_ms = ?2,
+                        lease_owner = CASE WHEN ?3 THEN NULL ELSE lease_owner END
+                     WHERE id = ?4 AND lease_token = ?5 AND lease_owner = ?6",
+                )?
+                .execute(params![
+                    status.as_str(),
+                    at_ms,
+                    status.releases_lease(),
+                    lease.saga_id().as_str(),
+                    lease.token(),
+                    owner
+                ])?;
+            if updated == 0 {
+                return Err(LogError::LeaseLost {
+                    saga_id: lease.saga_id().clone(),
+                });
+            }
+            insert_transitions(conn, lease.saga_id(), first_seq, at_ms, &encoded)
+        })
+    }
+
+    fn renew<'a>(&'a self, lease: &'a Lease) -> LogFuture<'a, ()> {
+        let lease = lease.clone();
+        let owner = self.inner.owner.clone();
+        self.submit(move |conn| {
+            let held: Option<i64> = conn
+                .prepare_cached(
+                    "SELECT 1 FROM seawall_sagas WHERE id = ?1 AND lease_token = ?2 AND lease_owner = ?3",
+                )?
+                .query_row(
+                    params![lease.saga_id().as_str(), lease.token(), owner],
+                    |r| r.get(0),
+                )
+                .optional()?;
+            match held {
+                Some(_) => Ok(()),
+                None => Err(LogError::LeaseLost {
+                    saga_id: lease.saga_id().clone(),
+                }),
+            }
+        })
+    }
+
+    fn claim_unfinished<'a>(
+        &'a self,
+        after: Option<&'a SagaId>,
+        limit: usize,
+    ) -> LogFuture<'a, Vec<ClaimedSaga>> {
+        let after = after.map(|id| id.as_str().to_owned()).unwrap_or_default();
+        let owner = self.inner.owner.clone();
+        self.submit(move |conn| {
+            let ids: Vec<String> = conn
+                .prepare_cached(
+                    "SELECT id FROM seawall_sagas
+                     WHERE status IN ('running', 'compensating') AND id > ?1
+                       AND (lease_owner IS NULL OR lease_owner <> ?2)
+                     ORDER BY id LIMIT ?3",
+                )?
+                .query_map(
+                    params![after, owner, i64::try_from(limit).unwrap_or(i64::MAX)],
+                    |r| r.get(0),
+                )?
+                .collect::<rusqlite::Result<_>>()?;
+            let mut claimed = Vec::with_capacity(ids.len());
+            for id in ids {
+                if let Some(saga) = claim_row(conn, &owner, &SagaId::new(id), false)? {
+                    claimed.push(saga);
+                }
+            }
+            Ok(claimed)
+        })
+    }
+
+    fn claim<'a>(&'a self, id: &'a SagaId) -> LogFuture<'a, ClaimAttempt> {
+        let id = id.clone();
+        let owner = self.inner.owner.clone();
+        self.submit(move |conn| {
+            if let Some(saga) = claim_row(conn, &owner, &id, true)? {
+                return Ok(ClaimAttempt::Claimed(saga));
+            }
+            Ok(match read_one(conn, &id)? {
+                None => ClaimAttempt::NotFound,
+                Some(record) if record.status.is_finished() => ClaimAttempt::Finished(record),
+                Some(record) => ClaimAttempt::Held(record),
+            })
+        })
+    }
+
+    fn get<'a>(&'a self, id: &'a SagaId) -> LogFuture<'a, Option<SagaRecord>> {
+        let id = id.clone();
+        self.submit(move |conn| read_one(conn, &id))
+    }
+
+    fn list<'a>(&'a self, query: &'a ListQuery) -> LogFuture<'a, Vec<SagaRecord>> {
+        let status = query.status_filter().map(SagaStatus::as_str);
+        let after = query
+            .after_id()
+            .map(|id| id.as_str().to_owned())
+            .unwrap_or_default();
+        let limit = i64::try_from(query.max()).unwrap_or(i64::MAX);
+        self.submit(move |conn| {
+            let mut select = conn.prepare_cached(&format!(
+                "SELECT {RECORD_COLUMNS} FROM seawall_sagas
+                 WHERE (?1 IS NULL OR status = ?1) AND id > ?2 ORDER BY id LIMIT ?3"
+            ))?;
+            let rows = select.query_map(params![status, after, limit], read_record)?;
+            let mut records = Vec::new();
+            for row in rows {
+                records.push(row??);
+            }
+            Ok(records)
+        })
+    }
+
+    fn history<'a>(&'a self, id: &'a SagaId) -> LogFuture<'a, Vec<TransitionRecord>> {
+        let id = id.clone();
+        self.submit(move |conn| read_history(conn, &id))
+    }
+
+    fn owner(&self) -> &str {
+        &self.inner.owner
+    }
+}

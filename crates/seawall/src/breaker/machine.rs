@@ -1,0 +1,1 @@
+//! Lock-free circuit state machine used by the memory store.

@@ -1,0 +1,378 @@
+//! Circuit breaker: stops calling a dependency that keeps failing, and
+//! probes it again after a cooldown.
+//!
+//! Three ways to judge the dependency ([`BreakerMode`]):
+//! consecutive failures, the last N calls (count window), or the calls of the
+//! last W seconds (time window, per-second buckets). Window modes trip on a
+//! failure-rate threshold and, optionally, a slow-call-rate threshold, once
+//! `minimum_calls` calls are in the window. The rates are judged when a
+//! failed or slow call is recorded.
+//!
+//! ```
+//! use std::time::Duration;
+//! use seawall::CircuitBreaker;
+//!
+//! let breaker = CircuitBreaker::failure_rate(0.5)
+//!     .minimum_calls(10)
+//!     .window(Duration::from_secs(60))
+//!     .slow_calls(0.8, Duration::from_secs(2))
+//!     .cooldown(Duration::from_secs(30))
+//!     .cooldown_growth(2.0, Duration::from_secs(300))
+//!     .half_open_calls(2);
+//! # let _ = breaker;
+//! ```
+
+use std::time::Duration;
+
+use crate::error::ConfigError;
+
+pub(crate) mod machine;
+
+/// How the breaker judges the dependency.
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
+pub enum BreakerMode {
+    /// Trips after this many failures in a row.
+    ConsecutiveFailures(u32),
+    /// Judges the last `N` calls.
+    CountWindow(u32),
+    /// Judges the calls of the last `N` seconds (one bucket per second).
+    TimeWindow(u32),
+}
+
+/// Configuration of a circuit breaker.
+///
+/// # Default
+/// Built by [`CircuitBreaker::failure_rate`]: count window of 100 calls,
+/// `minimum_calls` 20, no slow-call threshold (slow-call duration 60 s),
+/// cooldown 30 s without growth, 1 half-open probe.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct CircuitBreaker {
+    /// How failures are counted.
+    pub mode: BreakerMode,
+    /// Failure rate at or above which the circuit opens, in (0, 1].
+    pub failure_rate: f64,
+    /// Slow-call rate at or above which the circuit opens, in (0, 1].
+    pub slow_call_rate: Option<f64>,
+    /// A call lasting at least this long is slow.
+    pub slow_call_duration: Duration,
+    /// Calls needed in the window before any judgement.
+    pub minimum_calls: u32,
+    /// How long the circuit stays open before admitting probes.
+    pub cooldown: Duration,
+    /// Factor applied to the cooldown on each trip without a close in between (>= 1).
+    pub cooldown_growth: f64,
+    /// Upper bound of a growing cooldown.
+    pub max_cooldown: Duration,
+    /// Probe calls admitted while half-open; all must succeed to close.
+    pub half_open_calls: u32,
+}
+
+impl CircuitBreaker {
+    /// Opens after `failures` failures in a row.
+    pub fn consecutive_failures(failures: u32) -> Self {
+        CircuitBreaker {
+            mode: BreakerMode::ConsecutiveFailures(failures),
+            ..Self::failure_rate(1.0)
+        }
+    }
+
+    /// Opens when the failure rate in the window reaches `threshold`
+    /// (count window of 100 calls unless [`window`](Self::window) or
+    /// [`count_window`](Self::count_window) say otherwise).
+    pub fn failure_rate(threshold: f64) -> Self {
+        CircuitBreaker {
+            mode: BreakerMode::CountWindow(100),
+            failure_rate: threshold,
+            slow_call_rate: None,
+            slow_call_duration: Duration::from_secs(60),
+            minimum_calls: 20,
+            cooldown: Duration::from_secs(30),
+            cooldown_growth: 1.0,
+            max_cooldown: Duration::from_secs(30),
+            half_open_calls: 1,
+        }
+    }
+
+    /// Judges the last `calls` calls.
+    pub fn count_window(mut self, calls: u32) -> Self {
+        self.mode = BreakerMode::CountWindow(calls);
+        self
+    }
+
+    /// Judges the calls of the last `window` (rounded up to whole seconds).
+    pub fn window(mut self, window: Duration) -> Self {
+        let secs = window.as_secs() + u64::from(window.subsec_nanos() > 0);
+        self.mode = BreakerMode::TimeWindow(u32::try_from(secs).unwrap_or(u32::MAX));
+        self
+    }
+
+    /// Also opens when the share of calls lasting at least `duration`
+    /// reaches `threshold` (window modes only).
+    pub fn slow_calls(mut self, threshold: f64, duration: Duration) -> Self {
+        self.slow_call_rate = Some(threshold);
+        self.slow_call_duration = duration;
+        self
+    }
+
+    /// Calls needed in the window before the rates are judged.
+    pub fn minimum_calls(mut self, calls: u32) -> Self {
+        self.minimum_calls = calls;
+        self
+    }
+
+    /// How long the circuit stays open before admitting probes.
+    pub fn cooldown(mut self, cooldown: Duration) -> Self {
+        self.cooldown = cooldown;
+        if self.cooldown_growth <= 1.0 {
+            self.max_cooldown = cooldown;
+        }
+        self
+    }
+
+    /// Multiplies the cooldown by `factor` on each trip that follows a failed
+    /// probe, up to `max`. A close resets it.
+    pub fn cooldown_growth(mut self, factor: f64, max: Duration) -> Self {
+        self.cooldown_growth = factor;
+        self.max_cooldown = max;
+        self
+    }
+
+    /// Probe calls admitted while half-open.
+    pub fn half_open_calls(mut self, calls: u32) -> Self {
+        self.half_open_calls = calls;
+        self
+    }
+
+    /// The cooldown after `trips` consecutive trips (1 for the first).
+    pub fn cooldown_for_trip(&self, trips: u32) -> Duration {
+        if self.cooldown_growth <= 1.0 || trips <= 1 {
+            return self.cooldown;
+        }
+        let factor = self
+            .cooldown_growth
+            .powi(i32::try_from(trips - 1).unwrap_or(i32::MAX));
+        let secs = self.cooldown.as_secs_f64() * factor;
+        if !secs.is_finite() || secs >= self.max_cooldown.as_secs_f64() {
+            self.max_cooldown
+        } else {
+            Duration::from_secs_f64(secs)
+        }
+    }
+
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        const P: &str = "circuit_breaker";
+        let rate_ok = |r: f64| r > 0.0 && r <= 1.0;
+        match self.mode {
+            BreakerMode::ConsecutiveFailures(0) => {
+                return Err(ConfigError::new(P, "consecutive_failures", "must be >= 1, got 0"))
+            }
+            BreakerMode::CountWindow(0) => {
+                return Err(ConfigError::new(P, "count_window", "must be >= 1 call, got 0"))
+            }
+            BreakerMode::TimeWindow(0) => {
+                return Err(ConfigError::new(P, "window", "must be >= 1 s, got 0"))
+            }
+            BreakerMode::TimeWindow(s) if s > 3600 => {
+                return Err(ConfigError::new(P, "window", format!("must be <= 3600 s, got {s} s")))
+            }
+            BreakerMode::CountWindow(n) if n > 1_000_000 => {
+                return Err(ConfigError::new(
+                    P,
+                    "count_window",
+                    format!("must be <= 1000000 calls, got {n}"),
+                ))
+            }
+            _ => {}
+        }
+        if !rate_ok(self.failure_rate) {
+            return Err(ConfigError::new(
+                P,
+                "failure_rate",
+                format!("must be in (0, 1], got {}", self.failure_rate),
+            ));
+        }
+        if let Some(r) = self.slow_call_rate {
+            if !rate_ok(r) {
+                return Err(ConfigError::new(
+                    P,
+                    "slow_call_rate",
+                    format!("must be in (0, 1], got {r}"),
+                ));
+            }
+            if matches!(self.mode, BreakerMode::ConsecutiveFailures(_)) {
+                return Err(ConfigError::new(
+                    P,
+                    "slow_call_rate",
+                    "needs a count or time window, not consecutive_failures",
+                ));
+            }
+            if self.slow_call_duration.is_zero() {
+                return Err(ConfigError::new(P, "slow_call_duration", "must be > 0"));
+            }
+        }
+        if self.minimum_calls == 0 && !matches!(self.mode, BreakerMode::ConsecutiveFailures(_)) {
+            return Err(ConfigError::new(P, "minimum_calls", "must be >= 1, got 0"));
+        }
+        if self.cooldown.is_zero() {
+            return Err(ConfigError::new(P, "cooldown", "must be > 0"));
+        }
+        if !(self.cooldown_growth >= 1.0 && self.cooldown_growth.is_finite()) {
+            return Err(ConfigError::new(
+                P,
+                "cooldown_growth",
+                format!("must be a finite factor >= 1, got {}", self.cooldown_growth),
+            ));
+        }
+        if self.max_cooldown < self.cooldown {
+            return Err(ConfigError::new(
+                P,
+                "max_cooldown",
+                format!(
+                    "must be >= cooldown ({:?}), got {:?}",
+                    self.cooldown, self.max_cooldown
+                ),
+            ));
+        }
+        if self.half_open_calls == 0 {
+            return Err(ConfigError::new(P, "half_open_calls", "must be >= 1, got 0"));
+        }
+        Ok(())
+    }
+}
+
+/// The state of a circuit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum CircuitState {
+    /// Calls flow; outcomes are recorded.
+    Closed,
+    /// Calls are rejected until the cooldown ends.
+    Open,
+    /// A limited number of probe calls are admitted.
+    HalfOpen,
+    /// Forced open by [`Pipeline::isolate`](crate::Pipeline::isolate): every call is rejected.
+    Isolated,
+    /// Forced closed by [`Pipeline::force_close`](crate::Pipeline::force_close): every call is admitted, nothing is recorded.
+    Disabled,
+}
+
+impl CircuitState {
+    /// A short, stable, snake_case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CircuitState::Closed => "closed",
+            CircuitState::Open => "open",
+            CircuitState::HalfOpen => "half_open",
+            CircuitState::Isolated => "isolated",
+            CircuitState::Disabled => "disabled",
+        }
+    }
+}
+
+/// A transition of a circuit, reported by the store so that the pipeline can
+/// emit events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CircuitTransition {
+    /// Closed or half-open to open.
+    Opened {
+        /// How long it stays open.
+        cooldown: Duration,
+    },
+    /// Open to half-open.
+    HalfOpened,
+    /// Half-open (or forced) to closed.
+    Closed,
+}
+
+/// Manual control of a circuit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CircuitControl {
+    /// Force open: reject every call until reset.
+    Isolate,
+    /// Force closed: admit every call and record nothing until reset.
+    ForceClose,
+    /// Back to closed with an empty window and no trip history.
+    Reset,
+}
+
+/// A snapshot of a circuit's state and window.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct CircuitMetrics {
+    /// The state.
+    pub state: CircuitState,
+    /// Calls in the window (consecutive mode: calls since the last success).
+    pub calls: u64,
+    /// Failed calls in the window (consecutive mode: failures in a row).
+    pub failures: u64,
+    /// Slow calls in the window.
+    pub slow_calls: u64,
+    /// `failures / calls`, 0 when empty.
+    pub failure_rate: f64,
+    /// `slow_calls / calls`, 0 when empty.
+    pub slow_call_rate: f64,
+    /// Time since the last transition.
+    pub time_in_state: Duration,
+    /// Trips since the circuit last closed (drives cooldown growth).
+    pub trips: u32,
+}
+
+impl CircuitMetrics {
+    /// Metrics of a closed, empty circuit.
+    pub fn closed_empty() -> Self {
+        CircuitMetrics {
+            state: CircuitState::Closed,
+            calls: 0,
+            failures: 0,
+            slow_calls: 0,
+            failure_rate: 0.0,
+            slow_call_rate: 0.0,
+            time_in_state: Duration::ZERO,
+            trips: 0,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validation_names_field_and_rule() {
+        let e = CircuitBreaker::failure_rate(1.5).validate().unwrap_err();
+        assert_eq!(e.to_string(), "circuit_breaker.failure_rate must be in (0, 1], got 1.5");
+        let e = CircuitBreaker::failure_rate(0.5).half_open_calls(0).validate().unwrap_err();
+        assert_eq!(e.to_string(), "circuit_breaker.half_open_calls must be >= 1, got 0");
+        let e = CircuitBreaker::failure_rate(0.5)
+            .window(Duration::ZERO)
+            .validate()
+            .unwrap_err();
+        assert_eq!(e.field, "window");
+        let e = CircuitBreaker::consecutive_failures(0).validate().unwrap_err();
+        assert_eq!(e.field, "consecutive_failures");
+        let e = CircuitBreaker::consecutive_failures(3)
+            .slow_calls(0.5, Duration::from_secs(1))
+            .validate()
+            .unwrap_err();
+        assert_eq!(e.field, "slow_call_rate");
+        assert!(CircuitBreaker::failure_rate(0.0).validate().is_err());
+        assert!(CircuitBreaker::failure_rate(f64::NAN).validate().is_err());
+        assert!(CircuitBreaker::failure_rate(0.5).minimum_calls(0).validate().is_err());
+        assert!(CircuitBreaker::failure_rate(0.5).validate().is_ok());
+    }
+
+    #[test]
+    fn cooldown_grows_up_to_its_cap() {
+        let b = CircuitBreaker::consecutive_failures(1)
+            .cooldown(Duration::from_secs(10))
+            .cooldown_growth(2.0, Duration::from_secs(35));
+        assert_eq!(b.cooldown_for_trip(1), Duration::from_secs(10));
+        assert_eq!(b.cooldown_for_trip(2), Duration::from_secs(20));
+        assert_eq!(b.cooldown_for_trip(3), Duration::from_secs(35));
+        assert_eq!(b.cooldown_for_trip(1000), Duration::from_secs(35));
+    }
+}

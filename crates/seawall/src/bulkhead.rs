@@ -1,0 +1,107 @@
+//! Bulkhead: a cap on concurrent attempts per resource (and partition).
+//!
+//! A slot is taken when an attempt starts and given back when it ends
+//! (success, error, panic or drop of the future); never held during a retry
+//! wait. Async calls may wait in a bounded queue for at most `max_wait`;
+//! sync calls are rejected at once. In a shared store each slot is a lease,
+//! so a slot held by a process that died comes back when the lease expires.
+
+use std::time::Duration;
+
+use crate::error::ConfigError;
+
+/// Configuration of a bulkhead.
+///
+/// # Default
+/// [`Bulkhead::new`]: no queue (reject at once when full), lease 60 s.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct Bulkhead {
+    /// Attempts allowed to run at the same time.
+    pub max_concurrent: u32,
+    /// Async calls allowed to wait for a slot at the same time (per process).
+    pub max_queued: u32,
+    /// How long a queued call waits at most (zero: reject at once).
+    pub max_wait: Duration,
+    /// Lease of a slot in a shared store.
+    pub lease: Duration,
+}
+
+impl Bulkhead {
+    /// At most `max_concurrent` attempts in flight.
+    pub fn new(max_concurrent: u32) -> Self {
+        Bulkhead {
+            max_concurrent,
+            max_queued: 0,
+            max_wait: Duration::ZERO,
+            lease: Duration::from_secs(60),
+        }
+    }
+
+    /// Lets up to `max_queued` async calls wait at most `max_wait` for a slot.
+    pub fn queue(mut self, max_queued: u32, max_wait: Duration) -> Self {
+        self.max_queued = max_queued;
+        self.max_wait = max_wait;
+        self
+    }
+
+    /// The lease of a slot in a shared store; must exceed the attempt
+    /// timeout by more than one second.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    pub(crate) fn validate(&self, attempt_timeout: Option<Duration>) -> Result<(), ConfigError> {
+        const P: &str = "bulkhead";
+        if self.max_concurrent == 0 {
+            return Err(ConfigError::new(P, "max_concurrent", "must be >= 1, got 0"));
+        }
+        if self.max_queued > 0 && self.max_wait.is_zero() {
+            return Err(ConfigError::new(
+                P,
+                "max_wait",
+                format!("must be > 0 when max_queued is {}", self.max_queued),
+            ));
+        }
+        if self.lease.is_zero() {
+            return Err(ConfigError::new(P, "lease", "must be > 0"));
+        }
+        if let Some(t) = attempt_timeout {
+            if self.lease <= t + Duration::from_secs(1) {
+                return Err(ConfigError::new(
+                    P,
+                    "lease",
+                    format!(
+                        "must exceed the attempt timeout ({t:?}) by more than 1s, got {:?}",
+                        self.lease
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validation() {
+        assert_eq!(
+            Bulkhead::new(0).validate(None).unwrap_err().to_string(),
+            "bulkhead.max_concurrent must be >= 1, got 0"
+        );
+        let e = Bulkhead::new(2)
+            .lease(Duration::from_secs(6))
+            .validate(Some(Duration::from_secs(5)))
+            .unwrap_err();
+        assert_eq!(e.field, "lease");
+        assert!(Bulkhead::new(2)
+            .lease(Duration::from_millis(6001))
+            .validate(Some(Duration::from_secs(5)))
+            .is_ok());
+        assert!(Bulkhead::new(2).queue(3, Duration::ZERO).validate(None).is_err());
+    }
+}

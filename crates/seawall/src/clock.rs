@@ -1,0 +1,250 @@
+//! Time and randomness, injected so that every policy can be tested without
+//! a real clock.
+//!
+//! Pipelines use [`SystemClock`] and [`SystemRandom`] unless told otherwise.
+//! Tests use [`VirtualClock`](crate::testing::VirtualClock), whose sleeps
+//! advance virtual time at once, and [`SeededRandom`] for repeatable jitter.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::task::{Context as TaskContext, Poll};
+use std::time::{Duration, Instant};
+
+use crate::testing::VirtualClock;
+
+/// A boxed sleep future, returned by custom [`Clock`] implementations.
+pub type BoxSleep = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
+
+/// A source of monotonic time that can also sleep.
+///
+/// Implement it to plug in your own notion of time; seawall ships
+/// [`SystemClock`] (tokio timers, `std::thread::sleep`) and
+/// [`VirtualClock`](crate::testing::VirtualClock).
+pub trait Clock: Send + Sync + fmt::Debug + 'static {
+    /// Monotonic time elapsed since an arbitrary origin fixed for the clock.
+    fn now(&self) -> Duration;
+    /// A future that completes after `duration`.
+    fn sleep(&self, duration: Duration) -> BoxSleep;
+    /// Blocks the current thread for `duration` (used by the sync `call` path).
+    fn sleep_blocking(&self, duration: Duration);
+}
+
+/// The real clock: `std::time::Instant` for time, tokio timers for async
+/// sleeps and `std::thread::sleep` for blocking ones.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemClock;
+
+fn origin() -> Instant {
+    static ORIGIN: OnceLock<Instant> = OnceLock::new();
+    *ORIGIN.get_or_init(Instant::now)
+}
+
+impl Clock for SystemClock {
+    fn now(&self) -> Duration {
+        origin().elapsed()
+    }
+    fn sleep(&self, duration: Duration) -> BoxSleep {
+        Box::pin(tokio::time::sleep(duration))
+    }
+    fn sleep_blocking(&self, duration: Duration) {
+        std::thread::sleep(duration)
+    }
+}
+
+/// The clock a pipeline uses, dispatched without a virtual call for the
+/// built-in clocks.
+#[derive(Clone, Debug, Default)]
+pub(crate) enum ClockHandle {
+    #[default]
+    System,
+    Virtual(VirtualClock),
+    Custom(Arc<dyn Clock>),
+}
+
+impl ClockHandle {
+    pub(crate) fn from_clock<C: Clock>(clock: C) -> Self {
+        let any: &dyn std::any::Any = &clock;
+        if any.is::<SystemClock>() {
+            ClockHandle::System
+        } else if let Some(v) = any.downcast_ref::<VirtualClock>() {
+            ClockHandle::Virtual(v.clone())
+        } else {
+            ClockHandle::Custom(Arc::new(clock))
+        }
+    }
+
+    /// Nanoseconds since the clock's origin.
+    #[inline]
+    pub(crate) fn now_nanos(&self) -> u64 {
+        match self {
+            ClockHandle::System => duration_nanos(origin().elapsed()),
+            ClockHandle::Virtual(v) => v.now_nanos(),
+            ClockHandle::Custom(c) => duration_nanos(c.now()),
+        }
+    }
+
+    pub(crate) fn sleep(&self, duration: Duration) -> Sleep {
+        match self {
+            ClockHandle::System => Sleep::Tokio {
+                sleep: tokio::time::sleep(duration),
+            },
+            ClockHandle::Virtual(v) => Sleep::Virtual {
+                sleep: v.sleep_future(duration),
+            },
+            ClockHandle::Custom(c) => Sleep::Boxed { sleep: c.sleep(duration) },
+        }
+    }
+
+    pub(crate) fn sleep_blocking(&self, duration: Duration) {
+        match self {
+            ClockHandle::System => std::thread::sleep(duration),
+            ClockHandle::Virtual(v) => v.advance(duration),
+            ClockHandle::Custom(c) => c.sleep_blocking(duration),
+        }
+    }
+}
+
+/// Saturating conversion of a duration to nanoseconds.
+#[inline]
+pub(crate) fn duration_nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+pin_project_lite::pin_project! {
+    /// The sleep future of a pipeline's clock.
+    #[project = SleepProj]
+    pub(crate) enum Sleep {
+        Tokio { #[pin] sleep: tokio::time::Sleep },
+        Virtual { #[pin] sleep: crate::testing::VirtualSleep },
+        Boxed { sleep: BoxSleep },
+    }
+}
+
+impl fmt::Debug for Sleep {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Sleep::Tokio { .. } => "Sleep::Tokio",
+            Sleep::Virtual { .. } => "Sleep::Virtual",
+            Sleep::Boxed { .. } => "Sleep::Boxed",
+        })
+    }
+}
+
+impl Future for Sleep {
+    type Output = ();
+    fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<()> {
+        match self.project() {
+            SleepProj::Tokio { sleep } => sleep.poll(cx),
+            SleepProj::Virtual { sleep } => sleep.poll(cx),
+            SleepProj::Boxed { sleep } => sleep.as_mut().poll(cx),
+        }
+    }
+}
+
+/// A source of random numbers for jitter.
+pub trait Random: Send + Sync + fmt::Debug + 'static {
+    /// A uniformly distributed 64-bit value.
+    fn next_u64(&self) -> u64;
+
+    /// A uniformly distributed value in `[0, 1)`.
+    fn next_f64(&self) -> f64 {
+        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    }
+}
+
+/// The default random source: a fast per-thread generator seeded from the
+/// operating system's hasher keys. Not for cryptography.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemRandom;
+
+impl Random for SystemRandom {
+    fn next_u64(&self) -> u64 {
+        use std::cell::Cell;
+        thread_local! {
+            static STATE: Cell<u64> = Cell::new({
+                use std::hash::{BuildHasher, Hasher};
+                let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+                h.write_usize(&h as *const _ as usize);
+                h.finish() | 1
+            });
+        }
+        STATE.with(|s| {
+            let (next, out) = splitmix64(s.get());
+            s.set(next);
+            out
+        })
+    }
+}
+
+/// A deterministic random source: the same seed gives the same sequence.
+/// Clones share one sequence.
+#[derive(Debug, Clone)]
+pub struct SeededRandom {
+    state: Arc<AtomicU64>,
+}
+
+impl SeededRandom {
+    /// A generator starting from `seed`.
+    pub fn new(seed: u64) -> Self {
+        SeededRandom {
+            state: Arc::new(AtomicU64::new(seed)),
+        }
+    }
+}
+
+impl Random for SeededRandom {
+    fn next_u64(&self) -> u64 {
+        let s = self.state.fetch_add(GOLDEN, Ordering::Relaxed);
+        mix(s.wrapping_add(GOLDEN))
+    }
+}
+
+const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
+
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+fn splitmix64(state: u64) -> (u64, u64) {
+    let next = state.wrapping_add(GOLDEN);
+    (next, mix(next))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seeded_random_is_repeatable() {
+        let a = SeededRandom::new(7);
+        let b = SeededRandom::new(7);
+        for _ in 0..100 {
+            assert_eq!(a.next_u64(), b.next_u64());
+        }
+        let c = SeededRandom::new(8);
+        assert_ne!(SeededRandom::new(7).next_u64(), c.next_u64());
+    }
+
+    #[test]
+    fn next_f64_is_in_unit_interval() {
+        let r = SeededRandom::new(1);
+        for _ in 0..10_000 {
+            let x = r.next_f64();
+            assert!((0.0..1.0).contains(&x));
+        }
+    }
+
+    #[test]
+    fn from_clock_recognises_builtin_clocks() {
+        assert!(matches!(ClockHandle::from_clock(SystemClock), ClockHandle::System));
+        assert!(matches!(
+            ClockHandle::from_clock(VirtualClock::new()),
+            ClockHandle::Virtual(_)
+        ));
+    }
+}

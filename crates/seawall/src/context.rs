@@ -1,0 +1,239 @@
+//! The per-call context handed to operations: attempt number, deadline,
+//! resource name and partition.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use crate::clock::ClockHandle;
+
+/// What an operation knows about the attempt it runs in.
+///
+/// Feed [`Context::remaining`] to client timeouts so that one budget spans
+/// every retry:
+///
+/// ```
+/// # use seawall::Pipeline;
+/// # use std::time::Duration;
+/// let pipeline = Pipeline::builder("db").timeout(Duration::from_secs(2)).build().unwrap();
+/// let rows = pipeline.call(|ctx| {
+///     let budget = ctx.remaining().unwrap_or(Duration::from_secs(30));
+///     assert!(budget <= Duration::from_secs(2));
+///     Ok::<_, std::io::Error>(42)
+/// });
+/// assert_eq!(rows.unwrap(), 42);
+/// ```
+#[derive(Clone)]
+pub struct Context {
+    pub(crate) resource: &'static str,
+    pub(crate) attempt: u32,
+    pub(crate) deadline: Option<u64>,
+    pub(crate) clock: ClockHandle,
+    pub(crate) partition: Option<PartitionKey>,
+}
+
+impl Context {
+    /// The resource name of the pipeline.
+    pub fn resource(&self) -> &str {
+        self.resource
+    }
+
+    /// The attempt number, starting at 1.
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// `true` on the first attempt.
+    pub fn is_first_attempt(&self) -> bool {
+        self.attempt <= 1
+    }
+
+    /// The partition key the call was made with, if any.
+    pub fn partition(&self) -> Option<&PartitionKey> {
+        self.partition.as_ref()
+    }
+
+    /// The deadline of this attempt on the pipeline's clock, if any.
+    pub fn deadline(&self) -> Option<Duration> {
+        self.deadline.map(Duration::from_nanos)
+    }
+
+    /// Time left before the deadline (zero once it has passed), or `None`
+    /// when the call has no deadline.
+    pub fn remaining(&self) -> Option<Duration> {
+        self.deadline
+            .map(|d| Duration::from_nanos(d.saturating_sub(self.clock.now_nanos())))
+    }
+
+    /// `true` once the deadline has passed.
+    pub fn is_expired(&self) -> bool {
+        self.remaining() == Some(Duration::ZERO)
+    }
+
+    /// The current time on the pipeline's clock.
+    pub fn now(&self) -> Duration {
+        Duration::from_nanos(self.clock.now_nanos())
+    }
+}
+
+impl fmt::Debug for Context {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Context")
+            .field("resource", &self.resource)
+            .field("attempt", &self.attempt)
+            .field("deadline", &self.deadline())
+            .field("partition", &self.partition)
+            .finish()
+    }
+}
+
+/// The key of a partition: a tenant, an endpoint, a customer id. Each
+/// partition of a resource gets its own circuit, bulkhead, rate limit and
+/// cooldown.
+///
+/// Integers and `&'static str` keys cost no allocation; a `String` is moved
+/// into a shared `Arc<str>`.
+#[derive(Clone)]
+pub enum PartitionKey {
+    /// A static string key.
+    Static(&'static str),
+    /// An integer key.
+    Int(u64),
+    /// A shared string key.
+    Shared(Arc<str>),
+}
+
+impl PartitionKey {
+    /// The key as a string, when it is one.
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            PartitionKey::Static(s) => Some(s),
+            PartitionKey::Shared(s) => Some(s),
+            PartitionKey::Int(_) => None,
+        }
+    }
+}
+
+impl PartialEq for PartitionKey {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (PartitionKey::Int(a), PartitionKey::Int(b)) => a == b,
+            (PartitionKey::Int(_), _) | (_, PartitionKey::Int(_)) => false,
+            (a, b) => a.as_str() == b.as_str(),
+        }
+    }
+}
+
+impl Eq for PartitionKey {}
+
+impl Hash for PartitionKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        match self {
+            PartitionKey::Int(i) => {
+                state.write_u8(0);
+                i.hash(state)
+            }
+            other => {
+                state.write_u8(1);
+                other.as_str().hash(state)
+            }
+        }
+    }
+}
+
+impl fmt::Display for PartitionKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PartitionKey::Static(s) => f.write_str(s),
+            PartitionKey::Shared(s) => f.write_str(s),
+            PartitionKey::Int(i) => write!(f, "{i}"),
+        }
+    }
+}
+
+impl fmt::Debug for PartitionKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PartitionKey::Int(i) => write!(f, "{i}"),
+            other => write!(f, "{:?}", other.as_str().unwrap_or_default()),
+        }
+    }
+}
+
+impl From<&'static str> for PartitionKey {
+    fn from(s: &'static str) -> Self {
+        PartitionKey::Static(s)
+    }
+}
+impl From<String> for PartitionKey {
+    fn from(s: String) -> Self {
+        PartitionKey::Shared(s.into())
+    }
+}
+impl From<Arc<str>> for PartitionKey {
+    fn from(s: Arc<str>) -> Self {
+        PartitionKey::Shared(s)
+    }
+}
+impl From<u64> for PartitionKey {
+    fn from(i: u64) -> Self {
+        PartitionKey::Int(i)
+    }
+}
+impl From<u32> for PartitionKey {
+    fn from(i: u32) -> Self {
+        PartitionKey::Int(i.into())
+    }
+}
+impl From<usize> for PartitionKey {
+    fn from(i: usize) -> Self {
+        PartitionKey::Int(i as u64)
+    }
+}
+
+/// Interns a resource name so that contexts can carry it without reference
+/// counting. Each distinct name is stored once per process.
+pub(crate) fn intern(name: &str) -> &'static str {
+    static NAMES: OnceLock<Mutex<HashSet<&'static str>>> = OnceLock::new();
+    let mut names = NAMES
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    if let Some(n) = names.get(name) {
+        return n;
+    }
+    let leaked: &'static str = Box::leak(name.to_owned().into_boxed_str());
+    names.insert(leaked);
+    leaked
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::hash_map::DefaultHasher;
+
+    fn h(k: &PartitionKey) -> u64 {
+        let mut s = DefaultHasher::new();
+        k.hash(&mut s);
+        s.finish()
+    }
+
+    #[test]
+    fn string_keys_compare_by_content() {
+        let a = PartitionKey::from("tenant-1");
+        let b = PartitionKey::from(String::from("tenant-1"));
+        assert_eq!(a, b);
+        assert_eq!(h(&a), h(&b));
+        assert_ne!(PartitionKey::from(1u64), PartitionKey::from("1"));
+        assert_eq!(PartitionKey::from(7u32).to_string(), "7");
+    }
+
+    #[test]
+    fn interning_returns_one_copy() {
+        let a = intern("users-api");
+        let b = intern(&String::from("users-api"));
+        assert!(std::ptr::eq(a, b));
+    }
+}

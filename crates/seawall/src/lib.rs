@@ -1,0 +1,71 @@
+//! Seawall: a resilience toolbox for Rust.
+//!
+//! Retry (backoff + jitter + budget), circuit breaker, timeout, bulkhead,
+//! rate limiter, cooldown and fallback, composed into one [`Pipeline`], with
+//! state that can be shared across processes through a [`StateStore`]
+//! (in-memory by default, Redis with `seawall-redis`).
+//!
+//! ```
+//! use std::time::Duration;
+//! use seawall::{CircuitBreaker, Jitter, Pipeline, Retry};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let users = Pipeline::builder("users-api")
+//!     .retry(Retry::exponential(Duration::from_millis(200)).max_attempts(3).jitter(Jitter::Full))
+//!     .circuit_breaker(CircuitBreaker::failure_rate(0.5).minimum_calls(10))
+//!     .timeout(Duration::from_secs(5))
+//!     .build()?;
+//!
+//! let user = users
+//!     .run(|ctx| async move {
+//!         // feed ctx.remaining() to the client's own timeout
+//!         let _budget = ctx.remaining();
+//!         Ok::<_, std::io::Error>("ada")
+//!     })
+//!     .await?;
+//! assert_eq!(user, "ada");
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Features
+//! - `tracing`: every event is also a `tracing` event (target `seawall`).
+//!
+//! # Order of policies
+//! Policies nest in the order they are declared, outermost first:
+//! a timeout declared before the retry bounds the whole call, one declared
+//! after it bounds each attempt. The stateful policies (circuit breaker,
+//! bulkhead, cooldown, rate limiter) guard each attempt, in that order, and
+//! must be declared after the retry. The fallback is always outermost.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod breaker;
+pub mod bulkhead;
+pub mod classify;
+pub mod clock;
+pub mod context;
+pub mod cooldown;
+pub mod error;
+pub mod event;
+pub mod pipeline;
+pub mod rate_limit;
+pub mod retry;
+pub mod store;
+pub mod testing;
+pub mod timeout;
+
+pub use breaker::{CircuitBreaker, CircuitMetrics, CircuitState};
+pub use bulkhead::Bulkhead;
+pub use classify::{Verdict, VerdictKind};
+pub use clock::{Clock, Random, SystemClock, SystemRandom};
+pub use context::{Context, PartitionKey};
+pub use cooldown::Cooldown;
+pub use error::{ConfigError, Error, Rejection, RejectionReason, StoreError, TimeoutError};
+pub use event::{Event, EventKind};
+pub use pipeline::{Pipeline, PipelineBuilder};
+pub use rate_limit::RateLimiter;
+pub use retry::{Backoff, Jitter, Retry, RetryBudget};
+pub use store::{MemoryStore, StateStore};
+pub use timeout::Timeout;

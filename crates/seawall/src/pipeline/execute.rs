@@ -1,0 +1,722 @@
+//! The execution engine shared by `run` (async) and `call` (sync).
+//!
+//! One attempt: admission through the stateful gate (circuit, bulkhead,
+//! cooldown, rate limit, in one store operation), the operation under the
+//! attempt's deadline, one record of the outcome. Around the attempts: the
+//! retry loop with its backoff, deadline and budget; around everything: the
+//! fallback.
+
+use std::future::Future;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use super::kind::{Fallen, Handles, HandlesSync};
+use super::{Gate, Kind, Pipeline};
+use crate::classify::Verdict;
+use crate::context::{Context, PartitionKey};
+use crate::error::{Error, Rejection, RejectionReason, TimeoutError, TimeoutScope};
+use crate::event::{EventKind, GiveUpReason};
+use crate::store::{AdmitRequest, Admission, Outcome, Permit, Record, Recorded};
+use crate::timeout::WithDeadline;
+
+/// Gives a permit back if the attempt ends without recording an outcome
+/// (panic, or the future dropped by a timeout or by the caller).
+struct PermitGuard<'a> {
+    gate: &'a Gate,
+    partition: Option<&'a PartitionKey>,
+    permit: Option<Permit>,
+}
+
+impl Drop for PermitGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(p) = self.permit.take() {
+            self.gate.state.release(self.partition, p);
+        }
+    }
+}
+
+/// A place in the bounded bulkhead queue of this process.
+struct QueueTicket<'a>(&'a Gate);
+
+impl Drop for QueueTicket<'_> {
+    fn drop(&mut self) {
+        self.0.waiters.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The deadline binding an attempt, and where it comes from.
+#[derive(Clone, Copy)]
+struct Deadline {
+    at: u64,
+    scope: TimeoutScope,
+    after: Duration,
+    strict: bool,
+}
+
+/// What to do after a failed attempt.
+enum Next {
+    Retry(Duration),
+    Stop(StopReason),
+}
+
+enum StopReason {
+    /// Not retryable, or no retry policy.
+    NotRetried,
+    /// Attempts used up.
+    Exhausted,
+    /// The next wait would not fit the deadline.
+    Deadline,
+    /// The retry budget is empty.
+    Budget,
+}
+
+const QUEUE_POLL_MIN: Duration = Duration::from_millis(1);
+const QUEUE_POLL_MAX: Duration = Duration::from_millis(20);
+
+impl<K: Kind> Pipeline<K> {
+    #[inline]
+    fn needs_time(&self) -> bool {
+        let s = &self.shared;
+        s.gate.is_some() || s.overall_timeout.is_some() || s.attempt_timeout.is_some()
+    }
+
+    #[inline]
+    fn now_nanos(&self) -> u64 {
+        self.shared.clock.now_nanos()
+    }
+
+    fn overall_deadline(&self, start: u64) -> Option<Deadline> {
+        self.shared.overall_timeout.map(|t| Deadline {
+            at: start.saturating_add(t.nanos()),
+            scope: TimeoutScope::Overall,
+            after: t.duration,
+            strict: t.strict,
+        })
+    }
+
+    fn attempt_deadline(&self, now: u64, overall: Option<Deadline>) -> Option<Deadline> {
+        let own = self.shared.attempt_timeout.map(|t| Deadline {
+            at: now.saturating_add(t.nanos()),
+            scope: TimeoutScope::Attempt,
+            after: t.duration,
+            strict: t.strict,
+        });
+        match (own, overall) {
+            (Some(a), Some(o)) => Some(if o.at <= a.at { o } else { a }),
+            (a, o) => a.or(o),
+        }
+    }
+
+    fn context(&self, partition: Option<&PartitionKey>, attempt: u32, deadline: Option<u64>) -> Context {
+        Context {
+            resource: self.shared.name,
+            attempt,
+            deadline,
+            clock: self.shared.clock.clone(),
+            partition: partition.cloned(),
+        }
+    }
+
+    fn emit_admission(&self, partition: Option<&PartitionKey>, adm: &Admission) {
+        if let Some(t) = adm.transition {
+            self.emit_transition(partition, t);
+        }
+        if let Some(e) = &adm.degraded {
+            self.emit(partition, || EventKind::StoreUnavailable {
+                error: e.to_string(),
+                degraded: true,
+            });
+        }
+    }
+
+    fn emit_recorded(&self, partition: Option<&PartitionKey>, rec: Result<Recorded, crate::StoreError>) {
+        match rec {
+            Ok(r) => {
+                if let Some(t) = r.transition {
+                    self.emit_transition(partition, t);
+                }
+                if let Some(duration) = r.cooldown {
+                    self.emit(partition, || EventKind::CooldownStarted { duration });
+                }
+                if let Some(e) = r.degraded {
+                    self.emit(partition, || EventKind::StoreUnavailable {
+                        error: e.to_string(),
+                        degraded: true,
+                    });
+                }
+            }
+            Err(e) => self.emit(partition, || EventKind::StoreUnavailable {
+                error: e.to_string(),
+                degraded: false,
+            }),
+        }
+    }
+
+    fn reject<E>(&self, partition: Option<&PartitionKey>, r: Rejection) -> Error<E> {
+        self.emit(partition, || EventKind::Rejected {
+            reason: r.reason,
+            retry_after: r.retry_after,
+        });
+        Error::Rejected(r)
+    }
+
+    /// How long to wait before asking the gate again, or the final refusal.
+    fn deferral<'g>(
+        &self,
+        gate: &'g Gate,
+        rejection: Rejection,
+        now: u64,
+        deadline: Option<Deadline>,
+        queue: &mut Option<QueueTicket<'g>>,
+        queued_since: u64,
+        poll: &mut Duration,
+        may_queue: bool,
+    ) -> Result<Duration, Rejection> {
+        let room = deadline.map(|d| Duration::from_nanos(d.at.saturating_sub(now)));
+        let fits = |wait: Duration| room.is_none_or(|r| wait < r);
+        match rejection.reason {
+            RejectionReason::CooldownActive => {
+                let left = rejection.retry_after.unwrap_or(Duration::ZERO);
+                if !fits(left) {
+                    return Err(Rejection::new(
+                        RejectionReason::CooldownExceedsDeadline,
+                        rejection.retry_after,
+                    ));
+                }
+                match &gate.spec.cooldown {
+                    Some(c) if left <= c.max_wait => Ok(left),
+                    _ => Err(rejection),
+                }
+            }
+            RejectionReason::RateLimited => match (&gate.spec.rate_limit, rejection.retry_after) {
+                (Some(r), Some(left)) if left <= r.max_wait && fits(left) => Ok(left),
+                _ => Err(rejection),
+            },
+            RejectionReason::BulkheadFull if may_queue => {
+                let Some(b) = &gate.spec.bulkhead else {
+                    return Err(rejection);
+                };
+                if b.max_queued == 0 {
+                    return Err(rejection);
+                }
+                if queue.is_none() {
+                    let before = gate.waiters.fetch_add(1, Ordering::Relaxed);
+                    let ticket = QueueTicket(gate);
+                    if before >= b.max_queued {
+                        return Err(rejection);
+                    }
+                    *queue = Some(ticket);
+                }
+                let waited = Duration::from_nanos(now.saturating_sub(queued_since));
+                let Some(left) = b.max_wait.checked_sub(waited).filter(|l| !l.is_zero()) else {
+                    return Err(rejection);
+                };
+                let mut wait = (*poll).min(left);
+                if let Some(r) = room {
+                    if r.is_zero() {
+                        return Err(rejection);
+                    }
+                    wait = wait.min(r);
+                }
+                *poll = (*poll * 2).min(QUEUE_POLL_MAX);
+                Ok(wait)
+            }
+            _ => Err(rejection),
+        }
+    }
+
+    /// Decides whether attempt `attempt` is followed by another.
+    fn next<T, E>(
+        &self,
+        partition: Option<&PartitionKey>,
+        attempt: u32,
+        previous: &mut Duration,
+        verdict: Verdict,
+        error: Option<&E>,
+        overall: Option<Deadline>,
+    ) -> Next
+    where
+        K: Handles<T, E>,
+    {
+        let Some(retry) = &self.shared.retry else {
+            return Next::Stop(StopReason::NotRetried);
+        };
+        if !verdict.is_retryable() {
+            return Next::Stop(StopReason::NotRetried);
+        }
+        if attempt >= retry.max_attempts {
+            return Next::Stop(StopReason::Exhausted);
+        }
+        let mut delay = retry.delay(attempt, *previous, &*self.shared.random);
+        if let Some(hint) = verdict.retry_after() {
+            delay = delay.max(hint);
+        }
+        if let Some(d) = overall {
+            let now = self.now_nanos();
+            if now.saturating_add(crate::clock::duration_nanos(delay)) >= d.at {
+                self.emit(partition, || EventKind::RetryGaveUp {
+                    attempts: attempt,
+                    reason: GiveUpReason::Deadline,
+                });
+                return Next::Stop(StopReason::Deadline);
+            }
+        }
+        if let Some(b) = &retry.budget {
+            if !b.withdraw() {
+                self.emit(partition, || EventKind::RetryGaveUp {
+                    attempts: attempt,
+                    reason: GiveUpReason::Budget,
+                });
+                return Next::Stop(StopReason::Budget);
+            }
+        }
+        *previous = delay;
+        self.emit(partition, || EventKind::RetryScheduled { attempt, delay });
+        if let Some(e) = error {
+            K::on_retry(&self.shared.handlers, e, attempt, delay);
+        }
+        Next::Retry(delay)
+    }
+
+    fn stop<E>(&self, partition: Option<&PartitionKey>, reason: StopReason, attempts: u32, e: E) -> Error<E> {
+        match reason {
+            StopReason::NotRetried => Error::Operation(e),
+            StopReason::Exhausted | StopReason::Deadline => Error::RetryExhausted { attempts, last: e },
+            StopReason::Budget => self.reject(
+                partition,
+                Rejection::new(RejectionReason::RetryBudgetExhausted, None),
+            ),
+        }
+    }
+
+    fn stop_timeout<E>(&self, partition: Option<&PartitionKey>, reason: StopReason, attempts: u32, d: Deadline) -> Error<E> {
+        match reason {
+            StopReason::Budget => self.reject(
+                partition,
+                Rejection::new(RejectionReason::RetryBudgetExhausted, None),
+            ),
+            _ => Error::Timeout(TimeoutError {
+                scope: d.scope,
+                after: d.after,
+                attempts,
+            }),
+        }
+    }
+
+    fn outcome_of(verdict: Verdict) -> Outcome {
+        if verdict.is_failure() {
+            Outcome::Failure
+        } else if verdict.kind() == crate::VerdictKind::Ignore {
+            Outcome::Ignored
+        } else {
+            Outcome::Success
+        }
+    }
+
+    fn start(&self) -> (u64, Option<Deadline>) {
+        if let Some(r) = &self.shared.retry {
+            if let Some(b) = &r.budget {
+                b.deposit();
+            }
+        }
+        if self.needs_time() {
+            let now = self.now_nanos();
+            (now, self.overall_deadline(now))
+        } else {
+            (0, None)
+        }
+    }
+
+    // ---------------------------------------------------------------- async
+
+    async fn admit_async<'g>(
+        &'g self,
+        gate: &'g Gate,
+        partition: Option<&'g PartitionKey>,
+        mut now: u64,
+        deadline: Option<Deadline>,
+    ) -> Result<(Permit, u64), Refused>
+    where
+        K: 'g,
+    {
+        let mut queue = None;
+        let queued_since = now;
+        let mut poll = QUEUE_POLL_MIN;
+        loop {
+            let request = AdmitRequest {
+                partition,
+                now: Duration::from_nanos(now),
+            };
+            let admission = match gate.state.admit_async(request).await {
+                Ok(a) => a,
+                Err(e) => return Err(self.store_failed(partition, e)),
+            };
+            self.emit_admission(partition, &admission);
+            match admission.decision {
+                Ok(p) => return Ok((p, now)),
+                Err(r) => {
+                    let wait = self.deferral(gate, r, now, deadline, &mut queue, queued_since, &mut poll, true)?;
+                    self.emit(partition, || EventKind::Deferred {
+                        reason: r.reason,
+                        wait,
+                    });
+                    self.shared.clock.sleep(wait).await;
+                    now = self.now_nanos();
+                }
+            }
+        }
+    }
+
+    /// Reports a failed store: the call is refused with `Error::Store`.
+    fn store_failed(&self, partition: Option<&PartitionKey>, e: crate::StoreError) -> Refused {
+        self.emit(partition, || EventKind::StoreUnavailable {
+            error: e.to_string(),
+            degraded: false,
+        });
+        Refused::Store(e)
+    }
+
+    fn refusal<E>(&self, partition: Option<&PartitionKey>, r: Refused) -> Error<E> {
+        match r {
+            Refused::Rejected(r) => self.reject(partition, r),
+            Refused::Store(e) => Error::Store(e),
+        }
+    }
+
+    pub(crate) async fn run_in<T, E, Op, Fut>(
+        &self,
+        partition: Option<&PartitionKey>,
+        mut op: Op,
+    ) -> Result<T, Error<E>>
+    where
+        K: Handles<T, E>,
+        Op: FnMut(Context) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let (result, attempts) = self.execute_async(partition, &mut op).await;
+        match result {
+            Ok(v) => Ok(v),
+            Err(err) => {
+                let ctx = self.context(partition, attempts, None);
+                match K::fall_back(&self.shared.handlers, err, ctx) {
+                    Fallen::NotApplied(e) => Err(e),
+                    Fallen::Done(r) => {
+                        self.emit(partition, || EventKind::FallbackExecuted);
+                        r.map_err(Error::Fallback)
+                    }
+                    Fallen::Pending(f) => {
+                        self.emit(partition, || EventKind::FallbackExecuted);
+                        f.await.map_err(Error::Fallback)
+                    }
+                }
+            }
+        }
+    }
+
+    async fn execute_async<T, E, Op, Fut>(
+        &self,
+        partition: Option<&PartitionKey>,
+        op: &mut Op,
+    ) -> (Result<T, Error<E>>, u32)
+    where
+        K: Handles<T, E>,
+        Op: FnMut(Context) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let shared = &*self.shared;
+        let (mut now, overall) = self.start();
+        let mut attempt = 1u32;
+        let mut previous = Duration::ZERO;
+        loop {
+            let mut deadline = self.attempt_deadline(now, overall);
+            let mut guard = None;
+            if let Some(gate) = &shared.gate {
+                match self.admit_async(gate, partition, now, deadline).await {
+                    Ok((permit, admitted_at)) => {
+                        if admitted_at != now {
+                            now = admitted_at;
+                            deadline = self.attempt_deadline(now, overall);
+                        }
+                        guard = Some(PermitGuard {
+                            gate,
+                            partition,
+                            permit: Some(permit),
+                        });
+                    }
+                    Err(r) => return (Err(self.refusal(partition, r)), attempt),
+                }
+            }
+            let ctx = self.context(partition, attempt, deadline.map(|d| d.at));
+            let result = WithDeadline::new(op(ctx), &shared.clock, deadline.map(|d| d.at)).await;
+            let (verdict, error) = match result {
+                Some(Ok(v)) => {
+                    if let Some(g) = guard.as_mut() {
+                        self.record_async(g, now, Outcome::Success, None).await;
+                    }
+                    return (Ok(v), attempt);
+                }
+                Some(Err(e)) => {
+                    let v = K::verdict(&shared.handlers, &e);
+                    if let Some(g) = guard.as_mut() {
+                        self.record_async(g, now, Self::outcome_of(v), v.retry_after()).await;
+                    }
+                    (v, Some(e))
+                }
+                None => {
+                    let d = deadline.expect("a timeout needs a deadline");
+                    if let Some(g) = guard.as_mut() {
+                        self.record_async(g, now, Outcome::Failure, None).await;
+                    }
+                    self.emit(partition, || EventKind::TimedOut {
+                        attempt,
+                        after: d.after,
+                    });
+                    (Verdict::retry(), None)
+                }
+            };
+            drop(guard);
+            let timed_out = error.is_none();
+            let verdict = if timed_out && deadline.is_some_and(|d| d.scope == TimeoutScope::Overall) {
+                Verdict::failure()
+            } else {
+                verdict
+            };
+            match self.next::<T, E>(partition, attempt, &mut previous, verdict, error.as_ref(), overall) {
+                Next::Retry(delay) => {
+                    if !delay.is_zero() {
+                        shared.clock.sleep(delay).await;
+                    }
+                    attempt += 1;
+                    now = if self.needs_time() { self.now_nanos() } else { 0 };
+                }
+                Next::Stop(reason) => {
+                    let err = match error {
+                        Some(e) => self.stop(partition, reason, attempt, e),
+                        None => self.stop_timeout(partition, reason, attempt, deadline.expect("deadline")),
+                    };
+                    return (Err(err), attempt);
+                }
+            }
+        }
+    }
+
+    async fn record_async(
+        &self,
+        guard: &mut PermitGuard<'_>,
+        started: u64,
+        outcome: Outcome,
+        retry_after: Option<Duration>,
+    ) {
+        let Some(permit) = guard.permit else { return };
+        let gate = guard.gate;
+        let end = if gate.record_needs_time || retry_after.is_some() {
+            self.now_nanos()
+        } else {
+            started
+        };
+        let record = Record {
+            partition: guard.partition,
+            permit,
+            outcome,
+            duration: Duration::from_nanos(end.saturating_sub(started)),
+            retry_after,
+            now: Duration::from_nanos(end),
+        };
+        let result = gate.state.record_async(record).await;
+        guard.permit = None;
+        self.emit_recorded(guard.partition, result);
+    }
+
+    // ----------------------------------------------------------------- sync
+
+    fn admit_sync<'g>(
+        &'g self,
+        gate: &'g Gate,
+        partition: Option<&'g PartitionKey>,
+        mut now: u64,
+        deadline: Option<Deadline>,
+    ) -> Result<(Permit, u64), Refused> {
+        let mut queue = None;
+        let mut poll = QUEUE_POLL_MIN;
+        loop {
+            let request = AdmitRequest {
+                partition,
+                now: Duration::from_nanos(now),
+            };
+            let admission = match gate.state.admit(&request) {
+                Ok(a) => a,
+                Err(e) => return Err(self.store_failed(partition, e)),
+            };
+            self.emit_admission(partition, &admission);
+            match admission.decision {
+                Ok(p) => return Ok((p, now)),
+                Err(r) => {
+                    let wait = self.deferral(gate, r, now, deadline, &mut queue, now, &mut poll, false)?;
+                    self.emit(partition, || EventKind::Deferred {
+                        reason: r.reason,
+                        wait,
+                    });
+                    self.shared.clock.sleep_blocking(wait);
+                    now = self.now_nanos();
+                }
+            }
+        }
+    }
+
+    fn record_sync(
+        &self,
+        guard: &mut PermitGuard<'_>,
+        started: u64,
+        end: Option<u64>,
+        outcome: Outcome,
+        retry_after: Option<Duration>,
+    ) {
+        let Some(permit) = guard.permit.take() else { return };
+        let gate = guard.gate;
+        let end = match end {
+            Some(e) => e,
+            None if gate.record_needs_time || retry_after.is_some() => self.now_nanos(),
+            None => started,
+        };
+        let record = Record {
+            partition: guard.partition,
+            permit,
+            outcome,
+            duration: Duration::from_nanos(end.saturating_sub(started)),
+            retry_after,
+            now: Duration::from_nanos(end),
+        };
+        let result = gate.state.record(&record);
+        self.emit_recorded(guard.partition, result);
+    }
+
+    pub(crate) fn call_in<T, E, Op>(&self, partition: Option<&PartitionKey>, mut op: Op) -> Result<T, Error<E>>
+    where
+        K: HandlesSync<T, E>,
+        Op: FnMut(Context) -> Result<T, E>,
+    {
+        let (result, attempts) = self.execute_sync(partition, &mut op);
+        match result {
+            Ok(v) => Ok(v),
+            Err(err) => {
+                let ctx = self.context(partition, attempts, None);
+                match K::fall_back(&self.shared.handlers, err, ctx) {
+                    Fallen::NotApplied(e) => Err(e),
+                    Fallen::Done(r) => {
+                        self.emit(partition, || EventKind::FallbackExecuted);
+                        r.map_err(Error::Fallback)
+                    }
+                    // `HandlesSync` kinds never return a pending fallback.
+                    Fallen::Pending(_) => unreachable!("a sync pipeline kind returned an async fallback"),
+                }
+            }
+        }
+    }
+
+    fn execute_sync<T, E, Op>(&self, partition: Option<&PartitionKey>, op: &mut Op) -> (Result<T, Error<E>>, u32)
+    where
+        K: HandlesSync<T, E>,
+        Op: FnMut(Context) -> Result<T, E>,
+    {
+        let shared = &*self.shared;
+        let (mut now, overall) = self.start();
+        let mut attempt = 1u32;
+        let mut previous = Duration::ZERO;
+        loop {
+            let mut deadline = self.attempt_deadline(now, overall);
+            let mut guard = None;
+            if let Some(gate) = &shared.gate {
+                match self.admit_sync(gate, partition, now, deadline) {
+                    Ok((permit, admitted_at)) => {
+                        if admitted_at != now {
+                            now = admitted_at;
+                            deadline = self.attempt_deadline(now, overall);
+                        }
+                        guard = Some(PermitGuard {
+                            gate,
+                            partition,
+                            permit: Some(permit),
+                        });
+                    }
+                    Err(r) => return (Err(self.refusal(partition, r)), attempt),
+                }
+            }
+            let ctx = self.context(partition, attempt, deadline.map(|d| d.at));
+            let result = op(ctx);
+            // Cooperative timeout: is the attempt late?
+            let (end, late) = match deadline {
+                Some(d) => {
+                    let end = self.now_nanos();
+                    (Some(end), (end > d.at).then(|| (d, end - d.at)))
+                }
+                None => (None, None),
+            };
+            let (verdict, error, timed_out) = match result {
+                Ok(v) => match late {
+                    Some((d, _)) if d.strict => {
+                        if let Some(g) = guard.as_mut() {
+                            self.record_sync(g, now, end, Outcome::Failure, None);
+                        }
+                        self.emit(partition, || EventKind::TimedOut {
+                            attempt,
+                            after: d.after,
+                        });
+                        (Verdict::retry(), None, Some(d))
+                    }
+                    _ => {
+                        if let Some(g) = guard.as_mut() {
+                            self.record_sync(g, now, end, Outcome::Success, None);
+                        }
+                        if let Some((_, late_by)) = late {
+                            let late_by = Duration::from_nanos(late_by);
+                            self.emit(partition, || EventKind::DeadlineExceeded { late_by });
+                        }
+                        return (Ok(v), attempt);
+                    }
+                },
+                Err(e) => {
+                    let v = K::verdict(&shared.handlers, &e);
+                    if let Some(g) = guard.as_mut() {
+                        self.record_sync(g, now, end, Self::outcome_of(v), v.retry_after());
+                    }
+                    (v, Some(e), None)
+                }
+            };
+            drop(guard);
+            let verdict = match timed_out {
+                // The whole call is out of time: no retry can fit.
+                Some(d) if d.scope == TimeoutScope::Overall => Verdict::failure(),
+                _ => verdict,
+            };
+            match self.next::<T, E>(partition, attempt, &mut previous, verdict, error.as_ref(), overall) {
+                Next::Retry(delay) => {
+                    if !delay.is_zero() {
+                        shared.clock.sleep_blocking(delay);
+                    }
+                    attempt += 1;
+                    now = if self.needs_time() { self.now_nanos() } else { 0 };
+                }
+                Next::Stop(reason) => {
+                    let err = match (error, timed_out) {
+                        (Some(e), _) => self.stop(partition, reason, attempt, e),
+                        (None, Some(d)) => self.stop_timeout(partition, reason, attempt, d),
+                        (None, None) => unreachable!("a failed attempt has an error or a timeout"),
+                    };
+                    return (Err(err), attempt);
+                }
+            }
+        }
+    }
+}
+
+/// Why the gate did not admit an attempt.
+enum Refused {
+    Rejected(Rejection),
+    Store(crate::StoreError),
+}
+
+impl From<Rejection> for Refused {
+    fn from(r: Rejection) -> Self {
+        Refused::Rejected(r)
+    }
+}

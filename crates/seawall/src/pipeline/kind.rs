@@ -1,0 +1,382 @@
+//! What a pipeline knows of the operation's result type.
+//!
+//! A pipeline with no classifier and no fallback runs any
+//! `Result<T, E>` ([`AnyResult`]). A classifier, predicate or typed hook fixes
+//! the error type ([`ErrorType<E>`]); a fallback fixes both
+//! ([`WithFallback<T, E>`], [`WithAsyncFallback<T, E>`]). The handlers are
+//! stored type-erased, so these names are all a struct field needs:
+//!
+//! ```
+//! use seawall::pipeline::WithFallback;
+//! use seawall::Pipeline;
+//!
+//! struct Client {
+//!     users: Pipeline<WithFallback<String, std::io::Error>>,
+//! }
+//! ```
+
+use std::fmt;
+use std::future::Future;
+use std::marker::PhantomData;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::classify::Verdict;
+use crate::context::Context;
+use crate::error::Error;
+
+type Classifier<E> = Arc<dyn Fn(&E) -> Verdict + Send + Sync>;
+type Predicate<E> = Arc<dyn Fn(&E) -> bool + Send + Sync>;
+type RetryHook<E> = Arc<dyn Fn(&E, u32, Duration) + Send + Sync>;
+type ErrorFilter<E> = Arc<dyn Fn(&Error<E>) -> bool + Send + Sync>;
+/// A boxed future returned by an async fallback.
+pub type BoxFallbackFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
+type AsyncFallbackFn<T, E> = Arc<dyn Fn(Error<E>, Context) -> BoxFallbackFuture<T, E> + Send + Sync>;
+type SyncFallbackFn<T, E> = Arc<dyn Fn(Error<E>, Context) -> Result<T, E> + Send + Sync>;
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// The kind of a pipeline: what it knows of `T` and `E`. Sealed.
+pub trait Kind: sealed::Sealed + Send + Sync + 'static {
+    /// The type-erased handlers stored in the pipeline.
+    type Handlers: Clone + Send + Sync + 'static;
+}
+
+/// A pipeline that runs any `Result<T, E>`; every error is a retryable failure.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AnyResult;
+
+/// A pipeline whose operations fail with `E` (a classifier, predicate or
+/// typed hook was given); any `T`.
+pub struct ErrorType<E>(PhantomData<fn(E)>);
+
+/// A pipeline with a synchronous fallback producing `Result<T, E>`; usable
+/// with both `run` and `call`.
+pub struct WithFallback<T, E>(PhantomData<fn() -> (T, E)>);
+
+/// A pipeline with an async fallback producing `Result<T, E>`; usable with
+/// `run` only.
+pub struct WithAsyncFallback<T, E>(PhantomData<fn() -> (T, E)>);
+
+macro_rules! debug_marker {
+    ($($name:ident<$($p:ident),*>),*) => {$(
+        impl<$($p),*> fmt::Debug for $name<$($p),*> {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(stringify!($name))
+            }
+        }
+    )*};
+}
+debug_marker!(ErrorType<E>, WithFallback<T, E>, WithAsyncFallback<T, E>);
+
+/// The error-side handlers: classifier, retry/abort predicates, retry hook.
+pub struct ErrorHandlers<E> {
+    pub(crate) classify: Option<Classifier<E>>,
+    pub(crate) retry_if: Option<Predicate<E>>,
+    pub(crate) abort_if: Option<Predicate<E>>,
+    pub(crate) on_retry: Option<RetryHook<E>>,
+}
+
+impl<E> Clone for ErrorHandlers<E> {
+    fn clone(&self) -> Self {
+        ErrorHandlers {
+            classify: self.classify.clone(),
+            retry_if: self.retry_if.clone(),
+            abort_if: self.abort_if.clone(),
+            on_retry: self.on_retry.clone(),
+        }
+    }
+}
+
+impl<E> Default for ErrorHandlers<E> {
+    fn default() -> Self {
+        ErrorHandlers {
+            classify: None,
+            retry_if: None,
+            abort_if: None,
+            on_retry: None,
+        }
+    }
+}
+
+impl<E> fmt::Debug for ErrorHandlers<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ErrorHandlers")
+            .field("classify", &self.classify.is_some())
+            .field("retry_if", &self.retry_if.is_some())
+            .field("abort_if", &self.abort_if.is_some())
+            .field("on_retry", &self.on_retry.is_some())
+            .finish()
+    }
+}
+
+impl<E> ErrorHandlers<E> {
+    /// The verdict on `e`: the classifier's, narrowed by the predicates
+    /// (`abort_if` wins over everything, `retry_if` only narrows).
+    pub(crate) fn verdict(&self, e: &E) -> Verdict {
+        let v = self.classify.as_ref().map_or(Verdict::retry(), |c| c(e));
+        if self.abort_if.as_ref().is_some_and(|p| p(e)) {
+            return keep_hint(Verdict::abort(), v);
+        }
+        if v.is_retryable() && self.retry_if.as_ref().is_some_and(|p| !p(e)) {
+            return keep_hint(Verdict::failure(), v);
+        }
+        v
+    }
+
+    pub(crate) fn on_retry(&self, e: &E, attempt: u32, delay: Duration) {
+        if let Some(h) = &self.on_retry {
+            h(e, attempt, delay)
+        }
+    }
+}
+
+fn keep_hint(v: Verdict, from: Verdict) -> Verdict {
+    match from.retry_after() {
+        Some(d) => v.with_retry_after(d),
+        None => v,
+    }
+}
+
+/// The handlers of a pipeline with a fallback.
+pub struct FallbackHandlers<F, E> {
+    pub(crate) errors: ErrorHandlers<E>,
+    pub(crate) fallback: F,
+    pub(crate) when: Option<ErrorFilter<E>>,
+}
+
+impl<F: Clone, E> Clone for FallbackHandlers<F, E> {
+    fn clone(&self) -> Self {
+        FallbackHandlers {
+            errors: self.errors.clone(),
+            fallback: self.fallback.clone(),
+            when: self.when.clone(),
+        }
+    }
+}
+
+impl<F, E> fmt::Debug for FallbackHandlers<F, E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FallbackHandlers")
+            .field("errors", &self.errors)
+            .field("filtered", &self.when.is_some())
+            .finish()
+    }
+}
+
+impl<F, E> FallbackHandlers<F, E> {
+    fn applies(&self, e: &Error<E>) -> bool {
+        self.when.as_ref().is_none_or(|w| w(e))
+    }
+}
+
+impl sealed::Sealed for AnyResult {}
+impl<E: 'static> sealed::Sealed for ErrorType<E> {}
+impl<T: 'static, E: 'static> sealed::Sealed for WithFallback<T, E> {}
+impl<T: 'static, E: 'static> sealed::Sealed for WithAsyncFallback<T, E> {}
+
+impl Kind for AnyResult {
+    type Handlers = ();
+}
+impl<E: 'static> Kind for ErrorType<E> {
+    type Handlers = ErrorHandlers<E>;
+}
+impl<T: 'static, E: 'static> Kind for WithFallback<T, E> {
+    type Handlers = FallbackHandlers<SyncFallbackFn<T, E>, E>;
+}
+impl<T: 'static, E: 'static> Kind for WithAsyncFallback<T, E> {
+    type Handlers = FallbackHandlers<AsyncFallbackFn<T, E>, E>;
+}
+
+/// What the fallback made of an error.
+pub(crate) enum Fallen<T, E> {
+    /// No fallback, or its filter declined: the error propagates unchanged.
+    NotApplied(Error<E>),
+    /// The fallback's result.
+    Done(Result<T, E>),
+    /// An async fallback still to await.
+    Pending(BoxFallbackFuture<T, E>),
+}
+
+/// A pipeline kind that can run operations returning `Result<T, E>`
+/// (async `run`). Sealed.
+pub trait Handles<T, E>: Kind {
+    #[doc(hidden)]
+    fn verdict(h: &Self::Handlers, e: &E) -> Verdict;
+    #[doc(hidden)]
+    fn on_retry(h: &Self::Handlers, e: &E, attempt: u32, delay: Duration);
+    #[doc(hidden)]
+    #[allow(private_interfaces)]
+    fn fall_back(h: &Self::Handlers, err: Error<E>, ctx: Context) -> Fallen<T, E>;
+}
+
+/// A pipeline kind that can run blocking operations returning
+/// `Result<T, E>` (sync `call`): every kind but [`WithAsyncFallback`]. Sealed.
+pub trait HandlesSync<T, E>: Handles<T, E> {}
+
+impl<T, E> Handles<T, E> for AnyResult {
+    fn verdict(_: &(), _: &E) -> Verdict {
+        Verdict::retry()
+    }
+    fn on_retry(_: &(), _: &E, _: u32, _: Duration) {}
+    #[allow(private_interfaces)]
+    fn fall_back(_: &(), err: Error<E>, _: Context) -> Fallen<T, E> {
+        Fallen::NotApplied(err)
+    }
+}
+impl<T, E> HandlesSync<T, E> for AnyResult {}
+
+impl<T, E: 'static> Handles<T, E> for ErrorType<E> {
+    fn verdict(h: &ErrorHandlers<E>, e: &E) -> Verdict {
+        h.verdict(e)
+    }
+    fn on_retry(h: &ErrorHandlers<E>, e: &E, attempt: u32, delay: Duration) {
+        h.on_retry(e, attempt, delay)
+    }
+    #[allow(private_interfaces)]
+    fn fall_back(_: &ErrorHandlers<E>, err: Error<E>, _: Context) -> Fallen<T, E> {
+        Fallen::NotApplied(err)
+    }
+}
+impl<T, E: 'static> HandlesSync<T, E> for ErrorType<E> {}
+
+impl<T: 'static, E: 'static> Handles<T, E> for WithFallback<T, E> {
+    fn verdict(h: &Self::Handlers, e: &E) -> Verdict {
+        h.errors.verdict(e)
+    }
+    fn on_retry(h: &Self::Handlers, e: &E, attempt: u32, delay: Duration) {
+        h.errors.on_retry(e, attempt, delay)
+    }
+    #[allow(private_interfaces)]
+    fn fall_back(h: &Self::Handlers, err: Error<E>, ctx: Context) -> Fallen<T, E> {
+        if h.applies(&err) {
+            Fallen::Done((h.fallback)(err, ctx))
+        } else {
+            Fallen::NotApplied(err)
+        }
+    }
+}
+impl<T: 'static, E: 'static> HandlesSync<T, E> for WithFallback<T, E> {}
+
+impl<T: 'static, E: 'static> Handles<T, E> for WithAsyncFallback<T, E> {
+    fn verdict(h: &Self::Handlers, e: &E) -> Verdict {
+        h.errors.verdict(e)
+    }
+    fn on_retry(h: &Self::Handlers, e: &E, attempt: u32, delay: Duration) {
+        h.errors.on_retry(e, attempt, delay)
+    }
+    #[allow(private_interfaces)]
+    fn fall_back(h: &Self::Handlers, err: Error<E>, ctx: Context) -> Fallen<T, E> {
+        if h.applies(&err) {
+            Fallen::Pending((h.fallback)(err, ctx))
+        } else {
+            Fallen::NotApplied(err)
+        }
+    }
+}
+
+/// Kinds whose error-side handlers can be extended with a typed classifier,
+/// predicate or hook for errors of type `E`. Sealed.
+pub trait ErrorKind<E>: Kind {
+    /// The kind after the change.
+    type Out: Kind;
+    #[doc(hidden)]
+    fn map_errors<F: FnOnce(ErrorHandlers<E>) -> ErrorHandlers<E>>(
+        h: Self::Handlers,
+        f: F,
+    ) -> <Self::Out as Kind>::Handlers;
+}
+
+impl<E: 'static> ErrorKind<E> for AnyResult {
+    type Out = ErrorType<E>;
+    fn map_errors<F: FnOnce(ErrorHandlers<E>) -> ErrorHandlers<E>>(
+        _: (),
+        f: F,
+    ) -> ErrorHandlers<E> {
+        f(ErrorHandlers::default())
+    }
+}
+impl<E: 'static> ErrorKind<E> for ErrorType<E> {
+    type Out = Self;
+    fn map_errors<F: FnOnce(ErrorHandlers<E>) -> ErrorHandlers<E>>(
+        h: ErrorHandlers<E>,
+        f: F,
+    ) -> ErrorHandlers<E> {
+        f(h)
+    }
+}
+impl<T: 'static, E: 'static> ErrorKind<E> for WithFallback<T, E> {
+    type Out = Self;
+    fn map_errors<F: FnOnce(ErrorHandlers<E>) -> ErrorHandlers<E>>(
+        h: Self::Handlers,
+        f: F,
+    ) -> Self::Handlers {
+        FallbackHandlers {
+            errors: f(h.errors),
+            ..h
+        }
+    }
+}
+impl<T: 'static, E: 'static> ErrorKind<E> for WithAsyncFallback<T, E> {
+    type Out = Self;
+    fn map_errors<F: FnOnce(ErrorHandlers<E>) -> ErrorHandlers<E>>(
+        h: Self::Handlers,
+        f: F,
+    ) -> Self::Handlers {
+        FallbackHandlers {
+            errors: f(h.errors),
+            ..h
+        }
+    }
+}
+
+/// Kinds that can take a fallback for `Result<T, E>`. Sealed.
+pub trait FallbackKind<T, E>: Kind {
+    #[doc(hidden)]
+    fn into_errors(h: Self::Handlers) -> ErrorHandlers<E>;
+}
+impl<T, E: 'static> FallbackKind<T, E> for AnyResult {
+    fn into_errors(_: ()) -> ErrorHandlers<E> {
+        ErrorHandlers::default()
+    }
+}
+impl<T, E: 'static> FallbackKind<T, E> for ErrorType<E> {
+    fn into_errors(h: ErrorHandlers<E>) -> ErrorHandlers<E> {
+        h
+    }
+}
+impl<T: 'static, E: 'static> FallbackKind<T, E> for WithFallback<T, E> {
+    fn into_errors(h: Self::Handlers) -> ErrorHandlers<E> {
+        h.errors
+    }
+}
+impl<T: 'static, E: 'static> FallbackKind<T, E> for WithAsyncFallback<T, E> {
+    fn into_errors(h: Self::Handlers) -> ErrorHandlers<E> {
+        h.errors
+    }
+}
+
+pub(crate) fn sync_fallback<T, E, F>(f: F) -> SyncFallbackFn<T, E>
+where
+    F: Fn(Error<E>, Context) -> Result<T, E> + Send + Sync + 'static,
+{
+    Arc::new(f)
+}
+
+pub(crate) fn async_fallback<T, E, F, Fut>(f: F) -> AsyncFallbackFn<T, E>
+where
+    F: Fn(Error<E>, Context) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<T, E>> + Send + 'static,
+{
+    Arc::new(move |e, c| Box::pin(f(e, c)))
+}
+
+pub(crate) fn filter<E, P>(p: P) -> ErrorFilter<E>
+where
+    P: Fn(&Error<E>) -> bool + Send + Sync + 'static,
+{
+    Arc::new(p)
+}

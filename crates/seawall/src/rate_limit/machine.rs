@@ -1,0 +1,1 @@
+//! Lock-free rate limiter state used by the memory store.

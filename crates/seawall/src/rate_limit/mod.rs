@@ -1,0 +1,151 @@
+//! Rate limiter: fixed window, sliding window and GCRA.
+//!
+//! Never admits more than the limit, across threads and, with a shared
+//! store, across processes. A rejection carries `retry_after`, the time
+//! until a permit is available; a call may instead wait for the permit when
+//! [`RateLimiter::max_wait`] allows and the wait fits its deadline.
+//!
+//! ```
+//! use std::time::Duration;
+//! use seawall::RateLimiter;
+//!
+//! // 100 calls per second, bursts of up to 10.
+//! let gcra = RateLimiter::gcra(100, Duration::from_secs(1)).burst(10);
+//! // At most 1000 calls in any 60-second span.
+//! let sliding = RateLimiter::sliding_window(1000, Duration::from_secs(60));
+//! # let _ = (gcra, sliding);
+//! ```
+
+use std::time::Duration;
+
+use crate::error::ConfigError;
+
+pub(crate) mod machine;
+
+/// The counting algorithm of a rate limiter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum RateAlgorithm {
+    /// `limit` calls per window aligned on multiples of `period`; up to
+    /// 2 x limit may pass around a window edge.
+    FixedWindow,
+    /// At most `limit` calls in any span of `period` (an exact sliding log).
+    SlidingWindow,
+    /// Generic cell rate algorithm: one call every `period / limit`, with
+    /// bursts of up to `burst` calls.
+    Gcra,
+}
+
+/// Configuration of a rate limiter.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct RateLimiter {
+    /// The algorithm.
+    pub algorithm: RateAlgorithm,
+    /// Calls allowed per period.
+    pub limit: u32,
+    /// The period.
+    pub period: Duration,
+    /// GCRA burst size (defaults to `limit`).
+    pub burst: u32,
+    /// Longest a call waits for a permit (zero: reject at once).
+    pub max_wait: Duration,
+}
+
+impl RateLimiter {
+    /// GCRA: `limit` calls per `period`, bursts of up to `limit`.
+    pub fn gcra(limit: u32, period: Duration) -> Self {
+        RateLimiter {
+            algorithm: RateAlgorithm::Gcra,
+            limit,
+            period,
+            burst: limit,
+            max_wait: Duration::ZERO,
+        }
+    }
+
+    /// At most `limit` calls per fixed window of `period`.
+    pub fn fixed_window(limit: u32, period: Duration) -> Self {
+        RateLimiter {
+            algorithm: RateAlgorithm::FixedWindow,
+            ..Self::gcra(limit, period)
+        }
+    }
+
+    /// At most `limit` calls in any span of `period`.
+    pub fn sliding_window(limit: u32, period: Duration) -> Self {
+        RateLimiter {
+            algorithm: RateAlgorithm::SlidingWindow,
+            ..Self::gcra(limit, period)
+        }
+    }
+
+    /// GCRA burst size.
+    pub fn burst(mut self, burst: u32) -> Self {
+        self.burst = burst;
+        self
+    }
+
+    /// Lets a call wait up to `max_wait` for a permit (if it fits its deadline).
+    pub fn max_wait(mut self, max_wait: Duration) -> Self {
+        self.max_wait = max_wait;
+        self
+    }
+
+    /// Nanoseconds between two calls at the steady rate (GCRA emission interval).
+    pub fn emission_interval(&self) -> Duration {
+        self.period / self.limit.max(1)
+    }
+
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        const P: &str = "rate_limiter";
+        if self.limit == 0 {
+            return Err(ConfigError::new(P, "limit", "must be >= 1, got 0"));
+        }
+        if self.period.is_zero() {
+            return Err(ConfigError::new(P, "period", "must be > 0"));
+        }
+        if self.algorithm == RateAlgorithm::Gcra {
+            if self.burst == 0 {
+                return Err(ConfigError::new(P, "burst", "must be >= 1, got 0"));
+            }
+            if self.emission_interval().is_zero() {
+                return Err(ConfigError::new(
+                    P,
+                    "limit",
+                    format!("{} per {:?} is finer than 1 ns per call", self.limit, self.period),
+                ));
+            }
+        }
+        if self.algorithm == RateAlgorithm::SlidingWindow && self.limit > 1_000_000 {
+            return Err(ConfigError::new(
+                P,
+                "limit",
+                format!("must be <= 1000000 for a sliding window, got {}", self.limit),
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validation() {
+        assert_eq!(
+            RateLimiter::gcra(0, Duration::from_secs(1)).validate().unwrap_err().to_string(),
+            "rate_limiter.limit must be >= 1, got 0"
+        );
+        assert_eq!(
+            RateLimiter::fixed_window(5, Duration::ZERO).validate().unwrap_err().field,
+            "period"
+        );
+        assert_eq!(
+            RateLimiter::gcra(5, Duration::from_secs(1)).burst(0).validate().unwrap_err().field,
+            "burst"
+        );
+        assert!(RateLimiter::sliding_window(5, Duration::from_secs(1)).validate().is_ok());
+    }
+}

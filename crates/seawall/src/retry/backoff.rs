@@ -1,0 +1,245 @@
+use std::time::Duration;
+
+use crate::clock::Random;
+use crate::error::ConfigError;
+
+/// How the delay between attempts grows.
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
+pub enum Backoff {
+    /// The same delay every time.
+    Constant {
+        /// The delay.
+        delay: Duration,
+    },
+    /// `base x n` for the n-th retry, capped.
+    Linear {
+        /// The first delay.
+        base: Duration,
+        /// The largest delay.
+        cap: Duration,
+    },
+    /// `base x multiplier^(n-1)` for the n-th retry, capped.
+    Exponential {
+        /// The first delay.
+        base: Duration,
+        /// The growth factor (>= 1).
+        multiplier: f64,
+        /// The largest delay.
+        cap: Duration,
+    },
+    /// Decorrelated jitter: uniform in `[base, previous x 3]`, capped.
+    Decorrelated {
+        /// The smallest delay.
+        base: Duration,
+        /// The largest delay.
+        cap: Duration,
+    },
+}
+
+fn mul(d: Duration, factor: f64) -> Duration {
+    let secs = d.as_secs_f64() * factor;
+    if !secs.is_finite() || secs >= Duration::MAX.as_secs_f64() {
+        Duration::MAX
+    } else {
+        Duration::from_secs_f64(secs.max(0.0))
+    }
+}
+
+impl Backoff {
+    /// The delay after the `attempt`-th attempt failed (1-based), given the
+    /// previous delay (decorrelated only).
+    pub fn delay(&self, attempt: u32, previous: Duration, random: &dyn Random) -> Duration {
+        let n = attempt.max(1);
+        match *self {
+            Backoff::Constant { delay } => delay,
+            Backoff::Linear { base, cap } => base.saturating_mul(n).min(cap),
+            Backoff::Exponential {
+                base,
+                multiplier,
+                cap,
+            } => {
+                let exp = i32::try_from(n - 1).unwrap_or(i32::MAX);
+                mul(base, multiplier.powi(exp)).min(cap)
+            }
+            Backoff::Decorrelated { base, cap } => {
+                let prev = if previous.is_zero() { base } else { previous };
+                let hi = prev.saturating_mul(3).max(base);
+                let span = hi - base;
+                (base + mul(span, random.next_f64())).min(cap)
+            }
+        }
+    }
+
+    /// The bounds `[lo, hi]` any delay of this backoff falls in, before jitter.
+    pub fn bounds(&self) -> (Duration, Duration) {
+        match *self {
+            Backoff::Constant { delay } => (delay, delay),
+            Backoff::Linear { base, cap }
+            | Backoff::Exponential { base, cap, .. }
+            | Backoff::Decorrelated { base, cap } => (base.min(cap), cap),
+        }
+    }
+
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        match *self {
+            Backoff::Constant { .. } => Ok(()),
+            Backoff::Linear { base, cap }
+            | Backoff::Exponential { base, cap, .. }
+            | Backoff::Decorrelated { base, cap } => {
+                if let Backoff::Exponential { multiplier, .. } = *self {
+                    if !(multiplier >= 1.0 && multiplier.is_finite()) {
+                        return Err(ConfigError::new(
+                            "retry",
+                            "multiplier",
+                            format!("must be a finite number >= 1, got {multiplier}"),
+                        ));
+                    }
+                }
+                if cap < base {
+                    return Err(ConfigError::new(
+                        "retry",
+                        "cap",
+                        format!("must be >= base ({base:?}), got {cap:?}"),
+                    ));
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// How a delay is randomised so that many clients do not retry in lockstep.
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
+pub enum Jitter {
+    /// The delay as computed.
+    None,
+    /// Uniform in `[0, delay]`.
+    Full,
+    /// Uniform in `[delay / 2, delay]`.
+    Equal,
+    /// Uniform in `[delay x (1 - p/100), delay x (1 + p/100)]`, `p` in `0..=100`.
+    Proportional(f64),
+}
+
+impl Jitter {
+    /// Applies the jitter to `delay`.
+    pub fn apply(&self, delay: Duration, random: &dyn Random) -> Duration {
+        match *self {
+            Jitter::None => delay,
+            Jitter::Full => mul(delay, random.next_f64()),
+            Jitter::Equal => {
+                let half = delay / 2;
+                half + mul(delay - half, random.next_f64())
+            }
+            Jitter::Proportional(p) => {
+                let f = p / 100.0;
+                mul(delay, 1.0 - f + 2.0 * f * random.next_f64())
+            }
+        }
+    }
+
+    /// The bounds `[lo, hi]` of a jittered `delay`.
+    pub fn bounds(&self, delay: Duration) -> (Duration, Duration) {
+        match *self {
+            Jitter::None => (delay, delay),
+            Jitter::Full => (Duration::ZERO, delay),
+            Jitter::Equal => (delay / 2, delay),
+            Jitter::Proportional(p) => (mul(delay, 1.0 - p / 100.0), mul(delay, 1.0 + p / 100.0)),
+        }
+    }
+
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        if let Jitter::Proportional(p) = *self {
+            if !(0.0..=100.0).contains(&p) {
+                return Err(ConfigError::new(
+                    "retry",
+                    "jitter",
+                    format!("percentage must be in 0..=100, got {p}"),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::SeededRandom;
+    use proptest::prelude::*;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn sequences() {
+        let r = SeededRandom::new(1);
+        let e = Backoff::Exponential {
+            base: ms(100),
+            multiplier: 2.0,
+            cap: ms(1000),
+        };
+        let got: Vec<_> = (1..=6).map(|n| e.delay(n, Duration::ZERO, &r)).collect();
+        assert_eq!(got, [ms(100), ms(200), ms(400), ms(800), ms(1000), ms(1000)]);
+        let l = Backoff::Linear {
+            base: ms(100),
+            cap: ms(250),
+        };
+        let got: Vec<_> = (1..=3).map(|n| l.delay(n, Duration::ZERO, &r)).collect();
+        assert_eq!(got, [ms(100), ms(200), ms(250)]);
+        let c = Backoff::Constant { delay: ms(7) };
+        assert_eq!(c.delay(9, Duration::ZERO, &r), ms(7));
+    }
+
+    #[test]
+    fn huge_exponents_saturate_at_the_cap() {
+        let r = SeededRandom::new(1);
+        let e = Backoff::Exponential {
+            base: ms(1),
+            multiplier: 10.0,
+            cap: Duration::from_secs(60),
+        };
+        assert_eq!(e.delay(u32::MAX, Duration::ZERO, &r), Duration::from_secs(60));
+    }
+
+    proptest! {
+        #[test]
+        fn backoff_within_bounds(
+            base in 0u64..10_000, extra in 0u64..100_000, mult in 1.0f64..10.0,
+            attempt in 1u32..200, prev in 0u64..200_000, seed: u64, kind in 0u8..4,
+        ) {
+            let r = SeededRandom::new(seed);
+            let (base, cap) = (ms(base), ms(base + extra));
+            let b = match kind {
+                0 => Backoff::Constant { delay: base },
+                1 => Backoff::Linear { base, cap },
+                2 => Backoff::Exponential { base, multiplier: mult, cap },
+                _ => Backoff::Decorrelated { base, cap },
+            };
+            let (lo, hi) = b.bounds();
+            let d = b.delay(attempt, ms(prev), &r);
+            prop_assert!(d >= lo && d <= hi, "{b:?} attempt {attempt}: {d:?} not in [{lo:?}, {hi:?}]");
+            if let Backoff::Exponential { .. } | Backoff::Linear { .. } = b {
+                // monotone non-decreasing
+                prop_assert!(b.delay(attempt + 1, Duration::ZERO, &r) >= d);
+            }
+        }
+
+        #[test]
+        fn jitter_within_range(delay in 0u64..1_000_000, p in 0.0f64..=100.0, seed: u64, kind in 0u8..4) {
+            let r = SeededRandom::new(seed);
+            let j = match kind { 0 => Jitter::None, 1 => Jitter::Full, 2 => Jitter::Equal, _ => Jitter::Proportional(p) };
+            let d = ms(delay);
+            let (lo, hi) = j.bounds(d);
+            for _ in 0..8 {
+                let x = j.apply(d, &r);
+                // allow 1ns of float rounding at the edges
+                prop_assert!(x + Duration::from_nanos(1) >= lo && x <= hi + Duration::from_nanos(1),
+                    "{j:?} on {d:?}: {x:?} not in [{lo:?}, {hi:?}]");
+            }
+        }
+    }
+}

@@ -1,0 +1,166 @@
+//! Retry: tries a failed operation again after a backoff delay.
+//!
+//! ```
+//! use std::time::Duration;
+//! use seawall::{Jitter, Retry};
+//!
+//! let retry = Retry::exponential(Duration::from_millis(200))
+//!     .multiplier(2.0)
+//!     .cap(Duration::from_secs(10))
+//!     .jitter(Jitter::Full)
+//!     .max_attempts(5);
+//! # let _ = retry;
+//! ```
+//!
+//! A retry never runs again after a rejection by one of seawall's own
+//! policies, honours the classifier's retry-after hint (waiting at least that
+//! long), and gives up with the real last error as soon as the next wait
+//! would not fit the call's deadline.
+
+use std::time::Duration;
+
+use crate::clock::Random;
+use crate::error::ConfigError;
+
+mod backoff;
+mod budget;
+
+pub use backoff::{Backoff, Jitter};
+pub use budget::RetryBudget;
+
+/// Configuration of a retry policy.
+///
+/// # Default
+/// 3 attempts in all, no jitter, no budget.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct Retry {
+    /// Attempts in all, the first one included (>= 1).
+    pub max_attempts: u32,
+    /// How the delay grows.
+    pub backoff: Backoff,
+    /// How the delay is randomised.
+    pub jitter: Jitter,
+    /// Shared budget limiting retries to a share of calls.
+    pub budget: Option<RetryBudget>,
+}
+
+impl Retry {
+    /// The same delay before every retry.
+    pub fn constant(delay: Duration) -> Self {
+        Self::with_backoff(Backoff::Constant { delay })
+    }
+
+    /// `base`, `2 x base`, `3 x base`, ...
+    pub fn linear(base: Duration) -> Self {
+        Self::with_backoff(Backoff::Linear {
+            base,
+            cap: Duration::MAX,
+        })
+    }
+
+    /// `base`, `base x m`, `base x m^2`, ... (multiplier 2 unless set).
+    pub fn exponential(base: Duration) -> Self {
+        Self::with_backoff(Backoff::Exponential {
+            base,
+            multiplier: 2.0,
+            cap: Duration::MAX,
+        })
+    }
+
+    /// AWS "decorrelated jitter": each delay drawn from
+    /// `[base, previous x 3]`, capped.
+    pub fn decorrelated(base: Duration, cap: Duration) -> Self {
+        Self::with_backoff(Backoff::Decorrelated { base, cap })
+    }
+
+    /// A retry with this backoff.
+    pub fn with_backoff(backoff: Backoff) -> Self {
+        Retry {
+            max_attempts: 3,
+            backoff,
+            jitter: Jitter::None,
+            budget: None,
+        }
+    }
+
+    /// Attempts in all, the first one included.
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.max_attempts = attempts;
+        self
+    }
+
+    /// Growth factor of an exponential backoff.
+    pub fn multiplier(mut self, m: f64) -> Self {
+        if let Backoff::Exponential { multiplier, .. } = &mut self.backoff {
+            *multiplier = m;
+        }
+        self
+    }
+
+    /// Upper bound of the delay (before jitter).
+    pub fn cap(mut self, max: Duration) -> Self {
+        match &mut self.backoff {
+            Backoff::Linear { cap, .. }
+            | Backoff::Exponential { cap, .. }
+            | Backoff::Decorrelated { cap, .. } => *cap = max,
+            Backoff::Constant { .. } => {}
+        }
+        self
+    }
+
+    /// How the delay is randomised.
+    pub fn jitter(mut self, jitter: Jitter) -> Self {
+        self.jitter = jitter;
+        self
+    }
+
+    /// Limits retries to a share of calls.
+    pub fn budget(mut self, budget: RetryBudget) -> Self {
+        self.budget = Some(budget);
+        self
+    }
+
+    /// The delay before attempt `attempt + 1`, after attempt `attempt`
+    /// (1-based) failed; `previous` is the delay used before `attempt`
+    /// (decorrelated backoff needs it).
+    pub fn delay(&self, attempt: u32, previous: Duration, random: &dyn Random) -> Duration {
+        let raw = self.backoff.delay(attempt, previous, random);
+        self.jitter.apply(raw, random)
+    }
+
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        if self.max_attempts == 0 {
+            return Err(ConfigError::new("retry", "max_attempts", "must be >= 1, got 0"));
+        }
+        self.backoff.validate()?;
+        self.jitter.validate()?;
+        if let Some(b) = &self.budget {
+            b.validate()?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validation_messages() {
+        let e = Retry::constant(Duration::from_millis(1)).max_attempts(0).validate().unwrap_err();
+        assert_eq!(e.to_string(), "retry.max_attempts must be >= 1, got 0");
+        let e = Retry::exponential(Duration::from_secs(2))
+            .cap(Duration::from_secs(1))
+            .validate()
+            .unwrap_err();
+        assert_eq!(e.to_string(), "retry.cap must be >= base (2s), got 1s");
+        let e = Retry::constant(Duration::from_millis(1))
+            .jitter(Jitter::Proportional(120.0))
+            .validate()
+            .unwrap_err();
+        assert_eq!(e.to_string(), "retry.jitter percentage must be in 0..=100, got 120");
+        let e = Retry::exponential(Duration::from_millis(1)).multiplier(0.5).validate().unwrap_err();
+        assert_eq!(e.field, "multiplier");
+    }
+}

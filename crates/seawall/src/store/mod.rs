@@ -1,0 +1,347 @@
+//! Shared state of the stateful policies (circuit breaker, bulkhead,
+//! cooldown, rate limiter) behind one trait.
+//!
+//! [`StateStore`] is shaped as the atomic operations the policies need, never
+//! as get/set from the client: [`ResourceState::admit`] admits one attempt
+//! through *every* stateful policy of a resource at once (circuit, then
+//! bulkhead, then cooldown, then rate limit; when a later check refuses, the
+//! permits taken by earlier ones are given back inside the same operation),
+//! and [`ResourceState::record`] records its outcome (circuit window, slot
+//! release, cooldown from a retry-after hint) at once. A remote store can
+//! therefore admit a call in one round trip and record it in one more.
+//!
+//! [`MemoryStore`] is the default: lock-free atomics per resource, a sharded
+//! map per partition. `seawall-redis` provides a store shared across
+//! processes.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use crate::breaker::{CircuitBreaker, CircuitControl, CircuitMetrics, CircuitTransition};
+use crate::bulkhead::Bulkhead;
+use crate::context::PartitionKey;
+use crate::cooldown::Cooldown;
+use crate::error::{Rejection, StoreError};
+use crate::rate_limit::RateLimiter;
+
+mod memory;
+
+pub use memory::MemoryStore;
+
+/// A place where the stateful policies keep their state.
+///
+/// One circuit (bulkhead, rate limit, cooldown) per resource name per store:
+/// two pipelines with the same name and the same store share it.
+pub trait StateStore: Send + Sync + fmt::Debug + 'static {
+    /// Binds the stateful policies of a resource to this store. Called once
+    /// by `PipelineBuilder::build`; the returned handle serves every call.
+    ///
+    /// # Errors
+    /// When the store cannot be prepared (a remote store may check its
+    /// connection and load its scripts here).
+    fn bind(&self, spec: &ResourceSpec) -> Result<Arc<dyn ResourceState>, StoreError>;
+}
+
+impl<S: StateStore + ?Sized> StateStore for Arc<S> {
+    fn bind(&self, spec: &ResourceSpec) -> Result<Arc<dyn ResourceState>, StoreError> {
+        (**self).bind(spec)
+    }
+}
+
+/// The stateful policies of one resource, as given to [`StateStore::bind`].
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct ResourceSpec {
+    /// The resource name (the pipeline's name).
+    pub name: String,
+    /// The circuit breaker, if any.
+    pub circuit: Option<CircuitBreaker>,
+    /// The bulkhead, if any.
+    pub bulkhead: Option<Bulkhead>,
+    /// The cooldown, if any.
+    pub cooldown: Option<Cooldown>,
+    /// The rate limiter, if any.
+    pub rate_limit: Option<RateLimiter>,
+    /// A partition unused for this long may be evicted.
+    pub partition_idle: Duration,
+}
+
+impl ResourceSpec {
+    /// A spec with no policy.
+    pub fn new(name: impl Into<String>) -> Self {
+        ResourceSpec {
+            name: name.into(),
+            circuit: None,
+            bulkhead: None,
+            cooldown: None,
+            rate_limit: None,
+            partition_idle: Duration::from_secs(600),
+        }
+    }
+
+    /// Sets the circuit breaker.
+    pub fn with_circuit(mut self, c: CircuitBreaker) -> Self {
+        self.circuit = Some(c);
+        self
+    }
+    /// Sets the bulkhead.
+    pub fn with_bulkhead(mut self, b: Bulkhead) -> Self {
+        self.bulkhead = Some(b);
+        self
+    }
+    /// Sets the cooldown.
+    pub fn with_cooldown(mut self, c: Cooldown) -> Self {
+        self.cooldown = Some(c);
+        self
+    }
+    /// Sets the rate limiter.
+    pub fn with_rate_limit(mut self, r: RateLimiter) -> Self {
+        self.rate_limit = Some(r);
+        self
+    }
+    /// Sets the idle time after which a partition may be evicted.
+    pub fn with_partition_idle(mut self, idle: Duration) -> Self {
+        self.partition_idle = idle;
+        self
+    }
+
+    /// `true` when no stateful policy is configured.
+    pub fn is_empty(&self) -> bool {
+        self.circuit.is_none()
+            && self.bulkhead.is_none()
+            && self.cooldown.is_none()
+            && self.rate_limit.is_none()
+    }
+}
+
+/// A request to admit one attempt.
+#[derive(Debug, Clone, Copy)]
+pub struct AdmitRequest<'a> {
+    /// The partition of the call, if any.
+    pub partition: Option<&'a PartitionKey>,
+    /// The pipeline's clock. Stores with a clock of their own (a server's)
+    /// use theirs instead.
+    pub now: Duration,
+}
+
+/// What an admitted attempt holds; hand it back with [`ResourceState::record`]
+/// or [`ResourceState::release`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Permit {
+    /// The attempt holds one of the half-open probe slots.
+    pub probe: bool,
+    /// The circuit generation at admission; outcomes of an older generation
+    /// are not recorded.
+    pub generation: u64,
+    /// The bulkhead slot (a lease id in shared stores), if a bulkhead is configured.
+    pub slot: Option<u64>,
+    /// Admitted on process-local state because the store failed (fail-open).
+    pub local: bool,
+}
+
+/// The answer of [`ResourceState::admit`].
+#[derive(Debug, Clone)]
+pub struct Admission {
+    /// The permit, or why the attempt was refused.
+    pub decision: Result<Permit, Rejection>,
+    /// A circuit transition that happened while admitting (open to half-open).
+    pub transition: Option<CircuitTransition>,
+    /// The store failed and the answer comes from local state (fail-open).
+    pub degraded: Option<StoreError>,
+}
+
+impl Admission {
+    /// An admission with a permit.
+    pub fn admitted(permit: Permit) -> Self {
+        Admission {
+            decision: Ok(permit),
+            transition: None,
+            degraded: None,
+        }
+    }
+    /// A refusal.
+    pub fn rejected(rejection: Rejection) -> Self {
+        Admission {
+            decision: Err(rejection),
+            transition: None,
+            degraded: None,
+        }
+    }
+}
+
+/// How an admitted attempt ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Outcome {
+    /// It succeeded (or failed in a way that does not count against the dependency).
+    Success,
+    /// It failed (including timeouts).
+    Failure,
+    /// Not recorded by the circuit; the permit is given back.
+    Ignored,
+}
+
+/// The outcome of one attempt, handed back with its permit.
+#[derive(Debug, Clone, Copy)]
+pub struct Record<'a> {
+    /// The partition of the call, if any.
+    pub partition: Option<&'a PartitionKey>,
+    /// The permit the attempt was admitted with.
+    pub permit: Permit,
+    /// How it ended.
+    pub outcome: Outcome,
+    /// How long it ran (slow-call detection).
+    pub duration: Duration,
+    /// A retry-after hint from the classifier: opens or extends the cooldown.
+    pub retry_after: Option<Duration>,
+    /// The pipeline's clock.
+    pub now: Duration,
+}
+
+/// The answer of [`ResourceState::record`].
+#[derive(Debug, Clone, Default)]
+pub struct Recorded {
+    /// A circuit transition caused by this outcome.
+    pub transition: Option<CircuitTransition>,
+    /// The cooldown opened or extended by the hint, and its length from now.
+    pub cooldown: Option<Duration>,
+    /// The store failed and the outcome went to local state (fail-open).
+    pub degraded: Option<StoreError>,
+}
+
+/// The state of one resource's stateful policies in a store.
+///
+/// Implementations must make each method atomic: two concurrent admissions
+/// must never both take the last slot, the last permit, or more probes than
+/// `half_open_calls`.
+pub trait ResourceState: Send + Sync + fmt::Debug {
+    /// Admits one attempt through circuit, bulkhead, cooldown and rate limit,
+    /// in that order, all or nothing.
+    ///
+    /// # Errors
+    /// When the store fails and is configured to fail closed.
+    fn admit(&self, request: &AdmitRequest<'_>) -> Result<Admission, StoreError>;
+
+    /// [`admit`](Self::admit) for async callers. The default answers at once
+    /// with the sync version; remote stores return a real future.
+    fn admit_async<'a>(&'a self, request: AdmitRequest<'a>) -> StoreFuture<'a, Admission> {
+        StoreFuture::ready(self.admit(&request))
+    }
+
+    /// Records the outcome of an admitted attempt and gives back its permit.
+    ///
+    /// # Errors
+    /// When the store fails and is configured to fail closed.
+    fn record(&self, record: &Record<'_>) -> Result<Recorded, StoreError>;
+
+    /// [`record`](Self::record) for async callers.
+    fn record_async<'a>(&'a self, record: Record<'a>) -> StoreFuture<'a, Recorded> {
+        StoreFuture::ready(self.record(&record))
+    }
+
+    /// Gives back a permit without an outcome (the attempt was cancelled or
+    /// panicked). Must not block: remote stores release in the background.
+    fn release(&self, partition: Option<&PartitionKey>, permit: Permit);
+
+    /// The circuit's state and window.
+    ///
+    /// # Errors
+    /// When the store fails.
+    fn circuit_metrics(
+        &self,
+        partition: Option<&PartitionKey>,
+        now: Duration,
+    ) -> Result<CircuitMetrics, StoreError>;
+
+    /// Forces the circuit open or closed, or resets it.
+    ///
+    /// # Errors
+    /// When the store fails.
+    fn control_circuit(
+        &self,
+        partition: Option<&PartitionKey>,
+        control: CircuitControl,
+        now: Duration,
+    ) -> Result<Option<CircuitTransition>, StoreError>;
+
+    /// Attempts currently holding a bulkhead slot.
+    ///
+    /// # Errors
+    /// When the store fails.
+    fn in_flight(&self, partition: Option<&PartitionKey>, now: Duration) -> Result<u32, StoreError>;
+
+    /// Drops partitions idle for longer than the spec allows; returns how
+    /// many were dropped. Stores whose keys expire by themselves return 0.
+    fn evict_idle(&self, now: Duration) -> usize {
+        let _ = now;
+        0
+    }
+
+    /// Partitions currently held in memory (0 for stores that keep none).
+    fn partitions(&self) -> usize {
+        0
+    }
+}
+
+/// The future returned by the async methods of [`ResourceState`]: ready at
+/// once (no allocation) for in-memory stores, boxed for remote ones.
+pub struct StoreFuture<'a, T> {
+    inner: StoreFutureInner<'a, T>,
+}
+
+type BoxStoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
+
+enum StoreFutureInner<'a, T> {
+    Ready(Option<Result<T, StoreError>>),
+    Boxed(BoxStoreFuture<'a, T>),
+}
+
+impl<'a, T> StoreFuture<'a, T> {
+    /// A future that is already complete.
+    pub fn ready(result: Result<T, StoreError>) -> Self {
+        StoreFuture {
+            inner: StoreFutureInner::Ready(Some(result)),
+        }
+    }
+
+    /// Wraps a future.
+    pub fn boxed<F>(future: F) -> Self
+    where
+        F: Future<Output = Result<T, StoreError>> + Send + 'a,
+    {
+        StoreFuture {
+            inner: StoreFutureInner::Boxed(Box::pin(future)),
+        }
+    }
+}
+
+// The ready value is never pinned in place, and the boxed future is pinned
+// on the heap, so moving a `StoreFuture` is always fine.
+impl<T> Unpin for StoreFuture<'_, T> {}
+
+impl<T> Future for StoreFuture<'_, T> {
+    type Output = Result<T, StoreError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match &mut self.inner {
+            StoreFutureInner::Ready(r) => Poll::Ready(
+                r.take()
+                    .unwrap_or_else(|| Err(StoreError::Protocol("store future polled after completion".into()))),
+            ),
+            StoreFutureInner::Boxed(f) => f.as_mut().poll(cx),
+        }
+    }
+}
+
+impl<T> fmt::Debug for StoreFuture<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.inner {
+            StoreFutureInner::Ready(_) => f.write_str("StoreFuture::Ready"),
+            StoreFutureInner::Boxed(_) => f.write_str("StoreFuture::Boxed"),
+        }
+    }
+}
