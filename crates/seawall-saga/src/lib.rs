@@ -1,1 +1,179 @@
-//! placeholder
+//! Durable sagas for seawall: ordered steps with compensations, whose state lives
+//! in a log so that a restarted process finishes what a dead one started.
+//!
+//! A purchase reserves stock, charges a payment and schedules delivery. If
+//! delivery fails, the payment is refunded and the stock released, in reverse
+//! order, even if the process dies half-way. That is a [`Saga`]: a name and
+//! ordered [`Step`]s, each an async action and a compensation. The
+//! [`Orchestrator`] runs it against a [`SagaLog`]: [`SqliteLog`] (one file,
+//! embedded, the default choice) or [`PostgresLog`] (many orchestrator processes
+//! on one database, with leases).
+//!
+//! # Example
+//!
+//! ```
+//! use seawall_saga::{Orchestrator, Saga, SagaStatus, SqliteLog, Step, StepContext};
+//! use serde::{Deserialize, Serialize};
+//!
+//! #[derive(Serialize, Deserialize)]
+//! struct Purchase { sku: String, quantity: u32, cents: u64 }
+//!
+//! #[derive(Serialize, Deserialize)]
+//! struct Charge { payment_id: String, cents: u64 }
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let purchase = Saga::<Purchase>::builder("purchase")
+//!     .step(
+//!         Step::new("reserve_stock", |ctx: StepContext<Purchase>| async move {
+//!             // the key is the same on every execution of this effect: pass it on
+//!             let key = ctx.idempotency_key().to_string();
+//!             Ok::<_, String>(format!("reservation for {}", ctx.input().sku))
+//!         })
+//!         .compensate(|_ctx, reservation: String| async move {
+//!             // release the reservation
+//!             Ok::<_, String>(())
+//!         }),
+//!     )
+//!     .step(
+//!         Step::new("charge", |ctx: StepContext<Purchase>| async move {
+//!             let reservation: String = ctx.output("reserve_stock").map_err(|e| e.to_string())?;
+//!             Ok::<_, String>(Charge { payment_id: "pay_1".into(), cents: ctx.input().cents })
+//!         })
+//!         .compensate(|_ctx, charge: Charge| async move {
+//!             // refund charge.cents on charge.payment_id
+//!             Ok::<_, String>(())
+//!         }),
+//!     )
+//!     .step(Step::new("schedule_delivery", |_ctx: StepContext<Purchase>| async move {
+//!         Err::<(), _>("no courier available")
+//!     }))
+//!     .build()?;
+//!
+//! # let path = std::env::temp_dir().join(format!("seawall-saga-doc-{}.db", std::process::id()));
+//! let log = SqliteLog::open(&path)?;
+//! let orchestrator = Orchestrator::builder(log).saga(&purchase).build()?;
+//!
+//! // On start-up: finish whatever a previous process left unfinished.
+//! orchestrator.recover().await?;
+//!
+//! let order = Purchase { sku: "tea".into(), quantity: 2, cents: 1200 };
+//! let outcome = orchestrator.start(&purchase, order).await?;
+//! assert_eq!(outcome.status, SagaStatus::Compensated); // refunded, then released
+//! assert_eq!(outcome.failure.unwrap().step.name, "schedule_delivery");
+//! # drop(orchestrator);
+//! # for suffix in ["", "-wal", "-shm"] {
+//! #     let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+//! # }
+//! # Ok(())
+//! # }
+//! # tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap().block_on(run()).unwrap();
+//! ```
+//!
+//! # Execution
+//!
+//! Steps run in order. When a step's action fails (after whatever retries the
+//! step does itself, for example through a seawall pipeline), the compensations
+//! of the completed steps run in reverse order, each retried under the
+//! orchestrator's [`RetryPolicy`]. A saga ends in one of three states:
+//!
+//! - [`SagaStatus::Completed`]: every step completed;
+//! - [`SagaStatus::Compensated`]: a step failed (or the deadline passed) and
+//!   every completed step was compensated;
+//! - [`SagaStatus::Stuck`]: a compensation failed all its attempts. The saga is
+//!   never dropped: it is listed by `ListQuery::status(SagaStatus::Stuck)`, and
+//!   [`Orchestrator::resume`] retries it once the cause is fixed.
+//!
+//! A per-saga deadline ([`StartOptions::deadline`] or [`StartOptions::timeout`])
+//! is checked before each step starts: once it has passed, no further step
+//! starts and the saga compensates. A step that is already running is not
+//! cancelled (cancelling a half-done effect would leave it neither done nor
+//! compensated); it can bound itself with [`StepContext::remaining`].
+//!
+//! # Durability: at-least-once with a stable key
+//!
+//! Every transition (saga started, step started, step completed with its
+//! output, step failed, compensation started, failed, completed, saga finished)
+//! is committed to the log *before* the next effect starts, and events are
+//! emitted only after the commit. After a crash, [`Orchestrator::recover`] reads
+//! the log and continues each unfinished saga forward or compensating. This
+//! gives the following contract:
+//!
+//! - **a step whose completion is logged never runs again**, in any process;
+//!   its output is read back from the log instead;
+//! - **a step that was started but whose completion is not logged runs again**
+//!   after a crash: the process may have died before, during or after the
+//!   effect. The same holds for compensations. Each execution of the same
+//!   action (or compensation) gets the same [`IdempotencyKey`]
+//!   (`{saga_id}/{step_index}/{step_name}/{phase}`), stable across restarts, so
+//!   the external system can recognise a repeat and apply the effect once.
+//!
+//! In short: effects run *at least once*; with the key, they take effect
+//! *exactly once* when the called system deduplicates by it. A step's action
+//! whose completion was logged, and a compensation whose completion was logged,
+//! are never executed again.
+//!
+//! # Logs
+//!
+//! - [`SqliteLog`]: one file in WAL mode with `synchronous = FULL` (each commit
+//!   fsyncs the WAL, so acknowledged transitions survive power loss; see
+//!   [`Synchronous`]). Concurrent sagas share commits (group commit). Meant for
+//!   one orchestrator process per file.
+//! - [`PostgresLog`]: many orchestrator processes share one database. A worker
+//!   claims a saga with a lease (`FOR UPDATE SKIP LOCKED`); a dead worker's
+//!   sagas are taken over once the lease expires; every write is fenced by the
+//!   lease token, so a worker that lost its lease cannot write further
+//!   transitions.
+//!
+//! Both implement the small [`SagaLog`] trait; the orchestrator holds it as a
+//! trait object, nothing is generic over the backend.
+//!
+//! # Inspection and events
+//!
+//! [`Orchestrator::list`] lists sagas by status, [`Orchestrator::history`]
+//! returns one saga's ordered transitions with timestamps.
+//! [`OrchestratorBuilder::on_event`] registers a listener called with a
+//! [`SagaEvent`] for every committed transition, and every transition is also
+//! logged with `tracing` (target `seawall_saga`).
+//!
+//! # Errors and bad input
+//!
+//! Errors are `#[non_exhaustive]` enums: [`SagaError`], [`LogError`],
+//! [`DefinitionError`], [`OutputError`]. A file that is not a SQLite database
+//! ([`LogError::NotADatabase`]) or is someone else's database
+//! ([`LogError::Foreign`]) is refused without being written; an unreachable
+//! Postgres gives [`LogError::Connect`]; a logged input that no longer
+//! deserialises is reported by [`Orchestrator::recover`] as
+//! [`SagaError::InputDeserialize`] and the saga is left in the log (with a
+//! `recovery_failed` transition), never deleted.
+//!
+//! # Testing
+//!
+//! Inject a [`VirtualClock`] with [`OrchestratorBuilder::clock`]: deadlines and
+//! compensation backoff then follow virtual time, and sleeps return at once.
+//! Postgres leases use the database clock; tests shorten the lease instead.
+#![forbid(unsafe_code)]
+
+pub mod clock;
+pub mod definition;
+pub mod error;
+pub mod event;
+pub mod id;
+pub mod log;
+pub mod orchestrator;
+pub mod retry;
+pub mod transition;
+
+pub use clock::{Clock, SystemClock, VirtualClock};
+pub use definition::{Saga, SagaBuilder, SagaInput, Step, StepContext, StepOutput};
+pub use error::{DefinitionError, LogError, OutputError, SagaError};
+pub use event::SagaEvent;
+pub use id::{IdempotencyKey, Phase, SagaId};
+pub use log::postgres::{PostgresLog, PostgresOptions};
+pub use log::sqlite::{SqliteLog, SqliteOptions, Synchronous};
+pub use log::{ClaimAttempt, ClaimedSaga, Lease, ListQuery, NewSaga, SagaLog, SagaRecord};
+pub use orchestrator::{
+    Orchestrator, OrchestratorBuilder, RecoveryFailure, RecoveryReport, SagaOutcome, StartOptions,
+    StepFailure,
+};
+pub use retry::RetryPolicy;
+pub use transition::{SagaStatus, StepRef, Transition, TransitionRecord};

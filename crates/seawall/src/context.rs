@@ -29,8 +29,7 @@ use crate::clock::ClockHandle;
 pub struct Context {
     pub(crate) resource: &'static str,
     pub(crate) attempt: u32,
-    pub(crate) deadline: Option<u64>,
-    pub(crate) clock: ClockHandle,
+    pub(crate) deadline: Option<(u64, ClockHandle)>,
     pub(crate) partition: Option<PartitionKey>,
 }
 
@@ -57,24 +56,20 @@ impl Context {
 
     /// The deadline of this attempt on the pipeline's clock, if any.
     pub fn deadline(&self) -> Option<Duration> {
-        self.deadline.map(Duration::from_nanos)
+        self.deadline.as_ref().map(|(d, _)| Duration::from_nanos(*d))
     }
 
     /// Time left before the deadline (zero once it has passed), or `None`
     /// when the call has no deadline.
     pub fn remaining(&self) -> Option<Duration> {
         self.deadline
-            .map(|d| Duration::from_nanos(d.saturating_sub(self.clock.now_nanos())))
+            .as_ref()
+            .map(|(d, clock)| Duration::from_nanos(d.saturating_sub(clock.now_nanos())))
     }
 
     /// `true` once the deadline has passed.
     pub fn is_expired(&self) -> bool {
         self.remaining() == Some(Duration::ZERO)
-    }
-
-    /// The current time on the pipeline's clock.
-    pub fn now(&self) -> Duration {
-        Duration::from_nanos(self.clock.now_nanos())
     }
 }
 

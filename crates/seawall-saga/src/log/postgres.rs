@@ -286,7 +286,7 @@ impl PostgresLog {
              INSERT INTO \"{schema}\".saga_log_meta (key, value) VALUES ('schema_version', '{SCHEMA_VERSION}')
                  ON CONFLICT (key) DO NOTHING;
              CREATE TABLE IF NOT EXISTS \"{schema}\".sagas (
-                 id text COLLATE "C" PRIMARY KEY,
+                 id text COLLATE \"C\" PRIMARY KEY,
                  name text NOT NULL,
                  status text NOT NULL,
                  input text NOT NULL,
@@ -301,7 +301,7 @@ impl PostgresLog {
                  WHERE status IN ('running', 'compensating');
              CREATE INDEX IF NOT EXISTS sagas_by_status ON \"{schema}\".sagas (status, id);
              CREATE TABLE IF NOT EXISTS \"{schema}\".saga_transitions (
-                 saga_id text COLLATE "C" NOT NULL,
+                 saga_id text COLLATE \"C\" NOT NULL,
                  seq int4 NOT NULL,
                  at_ms bigint NOT NULL,
                  kind text NOT NULL,

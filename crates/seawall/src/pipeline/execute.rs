@@ -38,6 +38,26 @@ impl Drop for PermitGuard<'_> {
 /// A place in the bounded bulkhead queue of this process.
 struct QueueTicket<'a>(&'a Gate);
 
+/// The waiting state of one admission: its queue place, since when it
+/// waits, and the next poll interval.
+struct Waiting<'g> {
+    ticket: Option<QueueTicket<'g>>,
+    since: u64,
+    poll: Duration,
+    may_queue: bool,
+}
+
+impl Waiting<'_> {
+    fn new(since: u64, may_queue: bool) -> Self {
+        Waiting {
+            ticket: None,
+            since,
+            poll: QUEUE_POLL_MIN,
+            may_queue,
+        }
+    }
+}
+
 impl Drop for QueueTicket<'_> {
     fn drop(&mut self) {
         self.0.waiters.fetch_sub(1, Ordering::Relaxed);
@@ -76,8 +96,7 @@ const QUEUE_POLL_MAX: Duration = Duration::from_millis(20);
 impl<K: Kind> Pipeline<K> {
     #[inline]
     fn needs_time(&self) -> bool {
-        let s = &self.shared;
-        s.gate.is_some() || s.overall_timeout.is_some() || s.attempt_timeout.is_some()
+        self.shared.plan.needs_time
     }
 
     #[inline]
@@ -107,12 +126,12 @@ impl<K: Kind> Pipeline<K> {
         }
     }
 
+    #[inline]
     fn context(&self, partition: Option<&PartitionKey>, attempt: u32, deadline: Option<u64>) -> Context {
         Context {
             resource: self.shared.name,
             attempt,
-            deadline,
-            clock: self.shared.clock.clone(),
+            deadline: deadline.map(|d| (d, self.shared.clock.clone())),
             partition: partition.cloned(),
         }
     }
@@ -167,10 +186,7 @@ impl<K: Kind> Pipeline<K> {
         rejection: Rejection,
         now: u64,
         deadline: Option<Deadline>,
-        queue: &mut Option<QueueTicket<'g>>,
-        queued_since: u64,
-        poll: &mut Duration,
-        may_queue: bool,
+        waiting: &mut Waiting<'g>,
     ) -> Result<Duration, Rejection> {
         let room = deadline.map(|d| Duration::from_nanos(d.at.saturating_sub(now)));
         let fits = |wait: Duration| room.is_none_or(|r| wait < r);
@@ -192,33 +208,33 @@ impl<K: Kind> Pipeline<K> {
                 (Some(r), Some(left)) if left <= r.max_wait && fits(left) => Ok(left),
                 _ => Err(rejection),
             },
-            RejectionReason::BulkheadFull if may_queue => {
+            RejectionReason::BulkheadFull if waiting.may_queue => {
                 let Some(b) = &gate.spec.bulkhead else {
                     return Err(rejection);
                 };
                 if b.max_queued == 0 {
                     return Err(rejection);
                 }
-                if queue.is_none() {
+                if waiting.ticket.is_none() {
                     let before = gate.waiters.fetch_add(1, Ordering::Relaxed);
                     let ticket = QueueTicket(gate);
                     if before >= b.max_queued {
                         return Err(rejection);
                     }
-                    *queue = Some(ticket);
+                    waiting.ticket = Some(ticket);
                 }
-                let waited = Duration::from_nanos(now.saturating_sub(queued_since));
+                let waited = Duration::from_nanos(now.saturating_sub(waiting.since));
                 let Some(left) = b.max_wait.checked_sub(waited).filter(|l| !l.is_zero()) else {
                     return Err(rejection);
                 };
-                let mut wait = (*poll).min(left);
+                let mut wait = waiting.poll.min(left);
                 if let Some(r) = room {
                     if r.is_zero() {
                         return Err(rejection);
                     }
                     wait = wait.min(r);
                 }
-                *poll = (*poll * 2).min(QUEUE_POLL_MAX);
+                waiting.poll = (waiting.poll * 2).min(QUEUE_POLL_MAX);
                 Ok(wait)
             }
             _ => Err(rejection),
@@ -339,9 +355,7 @@ impl<K: Kind> Pipeline<K> {
     where
         K: 'g,
     {
-        let mut queue = None;
-        let queued_since = now;
-        let mut poll = QUEUE_POLL_MIN;
+        let mut waiting = Waiting::new(now, true);
         loop {
             let request = AdmitRequest {
                 partition,
@@ -355,7 +369,7 @@ impl<K: Kind> Pipeline<K> {
             match admission.decision {
                 Ok(p) => return Ok((p, now)),
                 Err(r) => {
-                    let wait = self.deferral(gate, r, now, deadline, &mut queue, queued_since, &mut poll, true)?;
+                    let wait = self.deferral(gate, r, now, deadline, &mut waiting)?;
                     self.emit(partition, || EventKind::Deferred {
                         reason: r.reason,
                         wait,
@@ -424,6 +438,12 @@ impl<K: Kind> Pipeline<K> {
         Fut: Future<Output = Result<T, E>>,
     {
         let shared = &*self.shared;
+        if shared.plan.passthrough {
+            return match op(self.context(partition, 1, None)).await {
+                Ok(v) => (Ok(v), 1),
+                Err(e) => (Err(Error::Operation(e)), 1),
+            };
+        }
         let (mut now, overall) = self.start();
         let mut attempt = 1u32;
         let mut previous = Duration::ZERO;
@@ -536,8 +556,7 @@ impl<K: Kind> Pipeline<K> {
         mut now: u64,
         deadline: Option<Deadline>,
     ) -> Result<(Permit, u64), Refused> {
-        let mut queue = None;
-        let mut poll = QUEUE_POLL_MIN;
+        let mut waiting = Waiting::new(now, false);
         loop {
             let request = AdmitRequest {
                 partition,
@@ -551,7 +570,7 @@ impl<K: Kind> Pipeline<K> {
             match admission.decision {
                 Ok(p) => return Ok((p, now)),
                 Err(r) => {
-                    let wait = self.deferral(gate, r, now, deadline, &mut queue, now, &mut poll, false)?;
+                    let wait = self.deferral(gate, r, now, deadline, &mut waiting)?;
                     self.emit(partition, || EventKind::Deferred {
                         reason: r.reason,
                         wait,
@@ -619,6 +638,12 @@ impl<K: Kind> Pipeline<K> {
         Op: FnMut(Context) -> Result<T, E>,
     {
         let shared = &*self.shared;
+        if shared.plan.passthrough {
+            return match op(self.context(partition, 1, None)) {
+                Ok(v) => (Ok(v), 1),
+                Err(e) => (Err(Error::Operation(e)), 1),
+            };
+        }
         let (mut now, overall) = self.start();
         let mut attempt = 1u32;
         let mut previous = Duration::ZERO;
@@ -645,11 +670,11 @@ impl<K: Kind> Pipeline<K> {
             let result = op(ctx);
             // Cooperative timeout: is the attempt late?
             let (end, late) = match deadline {
-                Some(d) => {
+                Some(d) if shared.plan.watch_late => {
                     let end = self.now_nanos();
                     (Some(end), (end > d.at).then(|| (d, end - d.at)))
                 }
-                None => (None, None),
+                _ => (None, None),
             };
             let (verdict, error, timed_out) = match result {
                 Ok(v) => match late {

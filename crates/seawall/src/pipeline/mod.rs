@@ -406,6 +406,15 @@ impl<K: Kind> PipelineBuilder<K> {
             })
         };
         let random: Arc<dyn Random> = self.random.unwrap_or_else(|| Arc::new(SystemRandom));
+        let listeners = Listeners::new(self.listeners);
+        let any_timeout = self.overall_timeout.is_some() || self.attempt_timeout.is_some();
+        let plan = Plan {
+            passthrough: self.retry.is_none() && !any_timeout && gate.is_none(),
+            needs_time: gate.is_some() || any_timeout,
+            watch_late: listeners.enabled()
+                || self.overall_timeout.is_some_and(|t| t.strict)
+                || self.attempt_timeout.is_some_and(|t| t.strict),
+        };
         Ok(Pipeline {
             shared: Arc::new(Shared {
                 name: intern(&self.name),
@@ -415,8 +424,9 @@ impl<K: Kind> PipelineBuilder<K> {
                 gate,
                 clock: self.clock,
                 random,
-                listeners: Listeners::new(self.listeners),
+                listeners,
                 handlers: self.handlers,
+                plan,
             }),
         })
     }
@@ -455,7 +465,20 @@ pub(crate) struct Gate {
     pub(crate) waiters: AtomicU32,
 }
 
+/// Facts about a pipeline computed once at build time for the hot path.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Plan {
+    /// No retry, no timeout, no stateful policy: the operation runs as is.
+    pub(crate) passthrough: bool,
+    /// The start of an attempt must be read from the clock.
+    pub(crate) needs_time: bool,
+    /// Sync calls must read the clock at the end of an attempt to detect a
+    /// late result (a strict timeout, or someone listening for events).
+    pub(crate) watch_late: bool,
+}
+
 pub(crate) struct Shared<K: Kind> {
+    pub(crate) plan: Plan,
     pub(crate) name: &'static str,
     pub(crate) retry: Option<Retry>,
     pub(crate) overall_timeout: Option<Timeout>,

@@ -28,6 +28,7 @@ use crate::cooldown::Cooldown;
 use crate::error::{Rejection, StoreError};
 use crate::rate_limit::RateLimiter;
 
+pub mod contract;
 mod memory;
 
 pub use memory::MemoryStore;

@@ -1,0 +1,252 @@
+//! Command-line arguments.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+use lexopt::prelude::*;
+
+/// What to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Command {
+    /// The live run: flaky service, two groups of clients, summary.
+    Live(LiveOptions),
+    /// The thundering-herd simulation on the virtual clock.
+    Herd(HerdOptions),
+    /// The place-order saga, its compensations and its recovery.
+    Saga(SagaOptions),
+    /// Print this text and exit.
+    Help(&'static str),
+}
+
+/// Options of the live run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct LiveOptions {
+    /// Length of the run (the five phases share it).
+    pub(crate) duration: Duration,
+    /// Concurrent clients in each group.
+    pub(crate) clients: usize,
+    /// Keep the pipeline's state in this Redis.
+    pub(crate) redis: Option<String>,
+}
+
+/// Options of `herd`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct HerdOptions {
+    /// Clients failing at the same instant.
+    pub(crate) clients: usize,
+    /// Seed of the random source of the jitter.
+    pub(crate) seed: u64,
+    /// Where the SVG chart goes.
+    pub(crate) out: PathBuf,
+}
+
+/// Options of `saga`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SagaOptions {
+    /// The SQLite file of the saga log and of the shop.
+    pub(crate) db: PathBuf,
+    /// Orders in the batch.
+    pub(crate) orders: u32,
+    /// Kill the process after this many completed steps (`None`: never).
+    pub(crate) crash_after: Option<u32>,
+}
+
+/// A bad command line; the message is one line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct UsageError(pub(crate) String);
+
+impl From<lexopt::Error> for UsageError {
+    fn from(e: lexopt::Error) -> Self {
+        UsageError(e.to_string())
+    }
+}
+
+const MAIN_HELP: &str = "\
+Watch seawall protect callers from a flaky HTTP service, live.
+
+Usage: seawall-demo [OPTIONS]
+       seawall-demo herd [--clients N] [--seed S] [--out FILE]
+       seawall-demo saga [--db FILE] [--orders N] [--crash-after STEPS]
+
+The service (on 127.0.0.1) is healthy, then fails with 503, then answers too
+slowly, then throttles with 429 + Retry-After, then is healthy again. Two
+groups of clients call it side by side: one plain, one through a seawall
+pipeline (retry, circuit breaker, timeout, bulkhead, cooldown, fallback).
+
+Options:
+      --duration <SECS>  length of the run, 5..=3600 [default: 60]
+      --clients <N>      concurrent clients per group, 1..=256 [default: 16]
+      --redis <URL>      keep the pipeline's state in Redis
+  -h, --help             print this help
+
+Commands:
+  herd   N clients fail at once and retry: no jitter vs +/-20 % vs full jitter
+  saga   a place-order saga with compensations, killed halfway and recovered
+";
+
+const HERD_HELP: &str = "\
+N clients fail at the same instant and retry with exponential backoff
+(1 s, 2 s, 4 s) on seawall's virtual clock, three ways: no jitter, +/-20 %
+jitter, full jitter. Prints the peak of retries per 100 ms and draws them.
+
+Usage: seawall-demo herd [OPTIONS]
+
+Options:
+      --clients <N>  clients that fail at once, 1..=1000000 [default: 1000]
+      --seed <S>     seed of the jitter's random source [default: 42]
+      --out <FILE>   where to write the SVG chart [default: herd.svg]
+  -h, --help         print this help
+";
+
+const SAGA_HELP: &str = "\
+Places a batch of orders, each a saga (reserve stock, charge payment,
+schedule shipping) logged in SQLite. Shipping fails for some orders: their
+payment and reservation are compensated, in reverse order. With
+--crash-after, the process kills itself after that many completed steps;
+run it again on the same --db and it recovers and finishes the batch.
+
+Usage: seawall-demo saga [OPTIONS]
+
+Options:
+      --db <FILE>            the SQLite file [default: seawall-demo-saga.db]
+      --orders <N>           orders in the batch, 1..=1000 [default: 6]
+      --crash-after <STEPS>  abort after this many completed steps
+  -h, --help                 print this help
+";
+
+/// Parses the arguments of the process.
+///
+/// # Errors
+/// An unknown option, a missing or malformed value, a value out of range.
+pub(crate) fn parse() -> Result<Command, UsageError> {
+    parse_from(std::env::args_os().skip(1))
+}
+
+/// Parses `args` (without the program name).
+pub(crate) fn parse_from(args: impl IntoIterator<Item = impl Into<OsString>>) -> Result<Command, UsageError> {
+    let mut parser = lexopt::Parser::from_args(args);
+    let mut live = LiveOptions {
+        duration: Duration::from_secs(60),
+        clients: 16,
+        redis: None,
+    };
+    let mut first = true;
+    while let Some(arg) = parser.next()? {
+        match arg {
+            Value(command) if first && command == "herd" => return parse_herd(parser),
+            Value(command) if first && command == "saga" => return parse_saga(parser),
+            Short('h') | Long("help") => return Ok(Command::Help(MAIN_HELP)),
+            Long("duration") => {
+                live.duration = Duration::from_secs(number(&mut parser, "--duration", 5..=3600)?);
+            }
+            Long("clients") => live.clients = number(&mut parser, "--clients", 1..=256)?,
+            Long("redis") => live.redis = Some(parser.value()?.string()?),
+            _ => return Err(arg.unexpected().into()),
+        }
+        first = false;
+    }
+    Ok(Command::Live(live))
+}
+
+fn parse_herd(mut parser: lexopt::Parser) -> Result<Command, UsageError> {
+    let mut herd = HerdOptions {
+        clients: 1000,
+        seed: 42,
+        out: PathBuf::from("herd.svg"),
+    };
+    while let Some(arg) = parser.next()? {
+        match arg {
+            Short('h') | Long("help") => return Ok(Command::Help(HERD_HELP)),
+            Long("clients") => herd.clients = number(&mut parser, "--clients", 1..=1_000_000)?,
+            Long("seed") => herd.seed = number(&mut parser, "--seed", 0..=u64::MAX)?,
+            Long("out") => herd.out = parser.value()?.into(),
+            _ => return Err(arg.unexpected().into()),
+        }
+    }
+    Ok(Command::Herd(herd))
+}
+
+fn parse_saga(mut parser: lexopt::Parser) -> Result<Command, UsageError> {
+    let mut saga = SagaOptions {
+        db: PathBuf::from("seawall-demo-saga.db"),
+        orders: 6,
+        crash_after: None,
+    };
+    while let Some(arg) = parser.next()? {
+        match arg {
+            Short('h') | Long("help") => return Ok(Command::Help(SAGA_HELP)),
+            Long("db") => saga.db = parser.value()?.into(),
+            Long("orders") => saga.orders = number(&mut parser, "--orders", 1..=1000)?,
+            Long("crash-after") => {
+                saga.crash_after = Some(number(&mut parser, "--crash-after", 1..=100_000)?);
+            }
+            _ => return Err(arg.unexpected().into()),
+        }
+    }
+    Ok(Command::Saga(saga))
+}
+
+/// The value of option `name`, a number in `range`.
+fn number<T>(parser: &mut lexopt::Parser, name: &str, range: std::ops::RangeInclusive<T>) -> Result<T, UsageError>
+where
+    T: FromStr + PartialOrd + std::fmt::Display,
+{
+    let raw = parser.value()?.string()?;
+    match raw.parse::<T>() {
+        Ok(n) if range.contains(&n) => Ok(n),
+        _ => Err(UsageError(format!(
+            "invalid value '{raw}' for option '{name}': expected a whole number in {}..={}",
+            range.start(),
+            range.end()
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Command, UsageError> {
+        parse_from(args.iter().copied())
+    }
+
+    #[test]
+    fn defaults() {
+        let Ok(Command::Live(live)) = parse(&[]) else { panic!() };
+        assert_eq!((live.duration, live.clients, live.redis), (Duration::from_secs(60), 16, None));
+        let Ok(Command::Herd(herd)) = parse(&["herd"]) else { panic!() };
+        assert_eq!((herd.clients, herd.seed, herd.out), (1000, 42, PathBuf::from("herd.svg")));
+    }
+
+    #[test]
+    fn options_are_read() {
+        let Ok(Command::Live(live)) = parse(&["--duration", "12", "--redis=redis://127.0.0.1/"]) else {
+            panic!()
+        };
+        assert_eq!(live.duration, Duration::from_secs(12));
+        assert_eq!(live.redis.as_deref(), Some("redis://127.0.0.1/"));
+        let Ok(Command::Herd(herd)) = parse(&["herd", "--clients", "10", "--seed=7", "--out", "x.svg"]) else {
+            panic!()
+        };
+        assert_eq!((herd.clients, herd.seed, herd.out), (10, 7, PathBuf::from("x.svg")));
+    }
+
+    #[test]
+    fn bad_input_is_one_line() {
+        for args in [
+            &["--nope"][..],
+            &["--duration", "0"],
+            &["--duration", "ten"],
+            &["--duration"],
+            &["herd", "--duration", "5"],
+            &["--duration", "5", "herd"],
+            &["saga", "--orders", "0"],
+        ] {
+            let e = parse(args).unwrap_err();
+            assert!(!e.0.contains('\n') && !e.0.is_empty(), "{args:?}: {e:?}");
+        }
+        assert_eq!(parse(&["--nope"]).unwrap_err().0, "invalid option '--nope'");
+    }
+}

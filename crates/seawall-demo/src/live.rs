@@ -1,0 +1,155 @@
+//! The live run: start the flaky service, let both groups of clients call
+//! it until the scenario ends (or Ctrl-C), print the summary.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use seawall::{Error, StateStore};
+use tokio::task::JoinSet;
+
+use crate::cli::LiveOptions;
+use crate::client::{FetchError, HttpClient};
+use crate::events::{short, EventLog};
+use crate::protected::{self, Answer, LastGoodAnswer, Protected};
+use crate::report::{Outcome, Stats, Summary};
+use crate::scenario::{Group, Scenario};
+use crate::service;
+use crate::style::{Colour, Style};
+use crate::Failure;
+
+/// Runs the live demo.
+///
+/// # Errors
+/// When the service cannot start or the pipeline cannot be built (e.g. its
+/// store is unreachable).
+pub(crate) async fn run(options: &LiveOptions, store: Option<Arc<dyn StateStore>>) -> Result<(), Failure> {
+    let style = Style::detect();
+    let scenario = Scenario::new(options.duration);
+    let service = service::start(scenario)
+        .await
+        .map_err(|e| Failure::Runtime(format!("cannot start the flaky service on 127.0.0.1: {e}")))?;
+    let log = EventLog::start(scenario, style);
+    let cache = LastGoodAnswer::default();
+    let pipeline = protected::pipeline(&scenario, store, cache.clone(), log.listener())
+        .map_err(|e| Failure::BadInput(format!("cannot build the protected pipeline: {e}")))?;
+
+    introduce(&scenario, options, service.addr, style);
+    let stats = Arc::new(Stats::default());
+    let interrupted = Arc::new(AtomicBool::new(false));
+    let mut callers = JoinSet::new();
+    for i in 0..options.clients {
+        // Spread the clients' first calls over one think time.
+        let stagger = scenario.think_time * i as u32 / options.clients as u32;
+        for group in Group::ALL {
+            let client = HttpClient::new(service.addr, group);
+            let caller = match group {
+                Group::Unprotected => Caller::Unprotected { client },
+                Group::Protected => Caller::Protected {
+                    client,
+                    pipeline: pipeline.clone(),
+                    cache: cache.clone(),
+                },
+            };
+            let (stats, interrupted) = (Arc::clone(&stats), Arc::clone(&interrupted));
+            callers.spawn(async move {
+                tokio::time::sleep(stagger).await;
+                caller.keep_calling(group, scenario, &stats, &interrupted).await;
+            });
+        }
+    }
+
+    tokio::select! {
+        () = wait_all(&mut callers) => {}
+        _ = tokio::signal::ctrl_c() => {
+            interrupted.store(true, Ordering::Relaxed);
+            println!("{}", style.paint(Colour::Bold, "interrupted: finishing the calls in flight"));
+            wait_all(&mut callers).await;
+        }
+    }
+    log.finish().await;
+    Summary::new(&stats, &service.hits, &scenario, options.clients).print(style);
+    Ok(())
+}
+
+async fn wait_all(callers: &mut JoinSet<()>) {
+    while callers.join_next().await.is_some() {}
+}
+
+fn introduce(scenario: &Scenario, options: &LiveOptions, addr: std::net::SocketAddr, style: Style) {
+    let store = match &options.redis {
+        Some(url) => format!("state in Redis at {url}"),
+        None => "state in memory".to_owned(),
+    };
+    let lines = [
+        format!("flaky service on http://{addr}/quote, {} s in 5 phases", options.duration.as_secs()),
+        format!(
+            "{} unprotected clients: plain HTTP client, timeout {}, no retry",
+            options.clients,
+            short(scenario.client_timeout)
+        ),
+        format!(
+            "{} protected clients: seawall pipeline, budget {} per call, 3 attempts with jittered backoff, \
+             {} per attempt, circuit breaker, bulkhead of 8, cooldown on Retry-After, cached fallback ({store})",
+            options.clients,
+            short(scenario.call_budget),
+            short(scenario.client_timeout)
+        ),
+        "every event of the protected pipeline follows; identical lines within 100 ms are folded (x N)".to_owned(),
+    ];
+    for line in lines {
+        println!("{}", style.paint(Colour::Bold, &line));
+    }
+}
+
+/// One client of either group.
+enum Caller {
+    Unprotected {
+        client: HttpClient,
+    },
+    Protected {
+        client: HttpClient,
+        pipeline: Protected,
+        cache: LastGoodAnswer,
+    },
+}
+
+impl Caller {
+    /// Calls, records, pauses, again, until the scenario ends.
+    async fn keep_calling(&self, group: Group, scenario: Scenario, stats: &Stats, interrupted: &AtomicBool) {
+        while Instant::now() < scenario.end() && !interrupted.load(Ordering::Relaxed) {
+            let started = Instant::now();
+            let outcome = self.call(scenario.client_timeout).await;
+            stats.record(group, scenario.phase_at(started), outcome, started.elapsed());
+            tokio::time::sleep(scenario.think_time).await;
+        }
+    }
+
+    async fn call(&self, timeout: Duration) -> Outcome {
+        match self {
+            Caller::Unprotected { client } => match client.get(timeout).await {
+                Ok(_) => Outcome::Answered,
+                Err(e) => Outcome::Error(e.kind()),
+            },
+            Caller::Protected {
+                client,
+                pipeline,
+                cache,
+            } => match protected::call(pipeline, client, cache).await {
+                Ok(Answer::Fresh(_)) => Outcome::Answered,
+                Ok(Answer::Cached { cause, .. }) => Outcome::Fallback(cause),
+                Err(e) => Outcome::Error(error_kind(&e)),
+            },
+        }
+    }
+}
+
+/// A short name for an error that reached a protected caller.
+fn error_kind(e: &Error<FetchError>) -> &'static str {
+    match e {
+        Error::Rejected(_) => "rejected",
+        Error::Timeout(_) => "timeout",
+        Error::Store(_) => "store",
+        other => other.operation_error().map_or("other", FetchError::kind),
+    }
+}

@@ -1,0 +1,23 @@
+-- The circuit's state and window, read only.
+-- Reply: {state, calls, failures, slow_calls, time_in_state_us, trips}
+
+local c = cload()
+local calls, fails, slows = 0, 0, 0
+if MODE == 1 then
+  calls, fails = c.cf, c.cf
+elseif MODE == 2 then
+  if redis.call('LLEN', KCW) > 0 then calls, fails, slows = c.nc, c.nf, c.ns end
+else
+  local sec = math.floor(now / 1000000)
+  local live = redis.call('ZRANGEBYSCORE', KTZ, '(' .. (sec - MODE_N), '+inf')
+  for i = 1, #live do
+    local s = live[i]
+    local v = redis.call('HMGET', KTW, s .. 'c', s .. 'f', s .. 's')
+    calls = calls + (tonumber(v[1]) or 0)
+    fails = fails + (tonumber(v[2]) or 0)
+    slows = slows + (tonumber(v[3]) or 0)
+  end
+end
+local in_state = now - c.since
+if in_state < 0 then in_state = 0 end
+return {c.st, calls, fails, slows, in_state, c.trips}

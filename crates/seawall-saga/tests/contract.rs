@@ -1,0 +1,918 @@
+//! The orchestrator contract, run against both logs: every test below runs once
+//! on a SQLite file and once on a Postgres schema.
+
+mod support;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use seawall_saga::{
+    ListQuery, LogError, NewSaga, Orchestrator, RecoveryFailure, RetryPolicy, Saga, SagaError,
+    SagaEvent, SagaId, SagaLog, SagaOutcome, SagaStatus, StartOptions, Step, StepContext,
+    Transition, VirtualClock,
+};
+use serde::{Deserialize, Serialize};
+use support::Backend;
+
+#[derive(Serialize, Deserialize, Clone, Debug)]
+struct Order {
+    id: u32,
+    sku: String,
+    cents: u64,
+    fail_at: Option<usize>,
+}
+
+impl Order {
+    fn new(id: u32, fail_at: Option<usize>) -> Self {
+        Order {
+            id,
+            sku: format!("sku-{id}"),
+            cents: 100 * u64::from(id),
+            fail_at,
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize, Debug, PartialEq)]
+struct Reservation {
+    sku: String,
+    hold: String,
+}
+
+#[derive(Serialize, Deserialize, Debug, PartialEq)]
+struct Payment {
+    payment_id: String,
+    cents: u64,
+}
+
+#[derive(Serialize, Deserialize, Debug, PartialEq)]
+struct Delivery {
+    tracking: String,
+}
+
+/// What the steps did, in order, and with which keys.
+#[derive(Clone, Default)]
+struct Journal {
+    entries: Arc<Mutex<Vec<String>>>,
+    keys: Arc<Mutex<Vec<String>>>,
+}
+
+impl Journal {
+    fn push(&self, entry: String, key: &seawall_saga::IdempotencyKey) {
+        self.entries.lock().unwrap().push(entry);
+        self.keys.lock().unwrap().push(key.to_string());
+    }
+    fn entries(&self) -> Vec<String> {
+        self.entries.lock().unwrap().clone()
+    }
+    fn keys(&self) -> Vec<String> {
+        self.keys.lock().unwrap().clone()
+    }
+}
+
+/// Switches the tests turn on.
+#[derive(Clone, Default)]
+struct Knobs {
+    compensation_fails: Arc<AtomicBool>,
+    hang_in_charge: Arc<AtomicBool>,
+    charge_reached: Arc<tokio::sync::Notify>,
+    panic_in_delivery: Arc<AtomicBool>,
+    clock: Option<VirtualClock>,
+    advance_in_charge: Option<Duration>,
+    remaining_seen: Arc<Mutex<Option<Option<Duration>>>>,
+}
+
+fn purchase(journal: &Journal, knobs: &Knobs) -> Saga<Order> {
+    let (j1, j2, j3) = (journal.clone(), journal.clone(), journal.clone());
+    let (u1, u2, u3) = (journal.clone(), journal.clone(), journal.clone());
+    let (k1, k2, k3) = (knobs.clone(), knobs.clone(), knobs.clone());
+    let (c1, c2, c3) = (knobs.clone(), knobs.clone(), knobs.clone());
+    Saga::builder("purchase")
+        .step(
+            Step::new("reserve_stock", move |ctx: StepContext<Order>| {
+                let journal = j1.clone();
+                let knobs = k1.clone();
+                async move {
+                    *knobs.remaining_seen.lock().unwrap() = Some(ctx.remaining());
+                    let order = ctx.input();
+                    if order.fail_at == Some(0) {
+                        return Err("out of stock".to_owned());
+                    }
+                    journal.push("do reserve_stock".into(), ctx.idempotency_key());
+                    Ok(Reservation {
+                        sku: order.sku.clone(),
+                        hold: format!("hold-{}", order.id),
+                    })
+                }
+            })
+            .compensate(move |ctx, reservation: Reservation| {
+                let journal = u1.clone();
+                let knobs = c1.clone();
+                async move {
+                    if knobs.compensation_fails.load(Ordering::SeqCst) {
+                        return Err("warehouse unreachable");
+                    }
+                    assert_eq!(reservation.sku, ctx.input().sku);
+                    journal.push(
+                        format!("undo reserve_stock {}", reservation.hold),
+                        ctx.idempotency_key(),
+                    );
+                    Ok(())
+                }
+            }),
+        )
+        .step(
+            Step::new("charge", move |ctx: StepContext<Order>| {
+                let journal = j2.clone();
+                let knobs = k2.clone();
+                async move {
+                    let reservation: Reservation =
+                        ctx.output("reserve_stock").map_err(|e| e.to_string())?;
+                    let order = ctx.input();
+                    if reservation.hold != format!("hold-{}", order.id) {
+                        return Err(format!("wrong reservation {reservation:?}"));
+                    }
+                    if order.fail_at == Some(1) {
+                        return Err("card declined".to_owned());
+                    }
+                    journal.push("do charge".into(), ctx.idempotency_key());
+                    if knobs.hang_in_charge.load(Ordering::SeqCst) {
+                        knobs.charge_reached.notify_one();
+                        std::future::pending::<()>().await;
+                    }
+                    if let (Some(clock), Some(by)) = (&knobs.clock, knobs.advance_in_charge) {
+                        clock.advance(by);
+                    }
+                    Ok(Payment {
+                        payment_id: format!("pay-{}", order.id),
+                        cents: order.cents,
+                    })
+                }
+            })
+            .compensate(move |ctx, payment: Payment| {
+                let journal = u2.clone();
+                let knobs = c2.clone();
+                async move {
+                    if knobs.compensation_fails.load(Ordering::SeqCst) {
+                        return Err("refund service down");
+                    }
+                    journal.push(
+                        format!("undo charge {} {}", payment.payment_id, payment.cents),
+                        ctx.idempotency_key(),
+                    );
+                    Ok(())
+                }
+            }),
+        )
+        .step(
+            Step::new("schedule_delivery", move |ctx: StepContext<Order>| {
+                let journal = j3.clone();
+                let knobs = k3.clone();
+                async move {
+                    let payment: Payment = ctx.output("charge").map_err(|e| e.to_string())?;
+                    assert!(knobs.clock.is_none() || knobs.advance_in_charge.is_none());
+                    if knobs.panic_in_delivery.load(Ordering::SeqCst) {
+                        panic!("courier api returned nonsense");
+                    }
+                    if ctx.input().fail_at == Some(2) {
+                        return Err("no courier available".to_owned());
+                    }
+                    journal.push("do schedule_delivery".into(), ctx.idempotency_key());
+                    Ok(Delivery {
+                        tracking: format!("trk-{}", payment.payment_id),
+                    })
+                }
+            })
+            .compensate(move |ctx, delivery: Delivery| {
+                let journal = u3.clone();
+                let knobs = c3.clone();
+                async move {
+                    if knobs.compensation_fails.load(Ordering::SeqCst) {
+                        return Err("courier api down");
+                    }
+                    journal.push(
+                        format!("undo schedule_delivery {}", delivery.tracking),
+                        ctx.idempotency_key(),
+                    );
+                    Ok(())
+                }
+            }),
+        )
+        .build()
+        .unwrap()
+}
+
+fn orchestrator(log: Arc<dyn SagaLog>, saga: &Saga<Order>) -> Orchestrator {
+    Orchestrator::builder(log)
+        .saga(saga)
+        .compensation_retry(RetryPolicy::constant(Duration::ZERO).max_attempts(3))
+        .build()
+        .unwrap()
+}
+
+fn kinds(history: &[seawall_saga::TransitionRecord]) -> Vec<&'static str> {
+    history.iter().map(|t| t.transition.kind()).collect()
+}
+
+/// Recovers until no saga is running or compensating (leases of another
+/// instance may have to expire first on Postgres).
+async fn recover_until_idle(o: &Orchestrator) -> (Vec<SagaOutcome>, Vec<RecoveryFailure>) {
+    let (mut outcomes, mut failures) = (Vec::new(), Vec::new());
+    for _ in 0..400 {
+        let report = o.recover().await.unwrap();
+        outcomes.extend(report.outcomes);
+        failures.extend(report.failures);
+        let running = o.list(&ListQuery::status(SagaStatus::Running)).await.unwrap();
+        let compensating = o
+            .list(&ListQuery::status(SagaStatus::Compensating))
+            .await
+            .unwrap();
+        if running.is_empty() && compensating.is_empty() {
+            return (outcomes, failures);
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("sagas still unfinished after many recovery passes");
+}
+
+async fn completes_with_typed_outputs_events_and_history(backend: Backend) {
+    let journal = Journal::default();
+    let saga = purchase(&journal, &Knobs::default());
+    let events: Arc<Mutex<Vec<SagaEvent>>> = Arc::default();
+    let sink = events.clone();
+    let o = Orchestrator::builder(backend.open().await)
+        .saga(&saga)
+        .on_event(move |e| sink.lock().unwrap().push(e.clone()))
+        .build()
+        .unwrap();
+    let outcome = o
+        .start_with(&saga, Order::new(7, None), StartOptions::new().id("order-7"))
+        .await
+        .unwrap();
+    assert_eq!(outcome.status, SagaStatus::Completed);
+    assert!(outcome.failure.is_none());
+    assert_eq!(
+        outcome.output::<Delivery>("schedule_delivery").unwrap(),
+        Delivery {
+            tracking: "trk-pay-7".into()
+        }
+    );
+    assert_eq!(
+        outcome.output::<Payment>("charge").unwrap(),
+        Payment {
+            payment_id: "pay-7".into(),
+            cents: 700
+        }
+    );
+    assert_eq!(
+        journal.entries(),
+        vec!["do reserve_stock", "do charge", "do schedule_delivery"]
+    );
+    assert_eq!(
+        journal.keys(),
+        vec![
+            "order-7/0/reserve_stock/action",
+            "order-7/1/charge/action",
+            "order-7/2/schedule_delivery/action"
+        ]
+    );
+
+    let id = SagaId::new("order-7");
+    let history = o.history(&id).await.unwrap();
+    assert_eq!(
+        kinds(&history),
+        vec![
+            "saga_started",
+            "step_started",
+            "step_completed",
+            "step_started",
+            "step_completed",
+            "step_started",
+            "step_completed",
+            "saga_completed"
+        ]
+    );
+    assert!(history.windows(2).all(|w| w[0].at <= w[1].at));
+    assert!(history.iter().enumerate().all(|(i, t)| t.seq as usize == i));
+    match &history[2].transition {
+        Transition::StepCompleted { step, output } => {
+            assert_eq!(step.name, "reserve_stock");
+            assert_eq!(output["hold"], "hold-7");
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    let seen = events.lock().unwrap().clone();
+    assert_eq!(seen.len(), history.len());
+    for (event, record) in seen.iter().zip(&history) {
+        assert_eq!(event.seq, record.seq);
+        assert_eq!(event.transition, record.transition);
+        assert_eq!(event.saga_id, id);
+    }
+    assert_eq!(seen.last().unwrap().status, SagaStatus::Completed);
+
+    let completed = o
+        .list(&ListQuery::status(SagaStatus::Completed))
+        .await
+        .unwrap();
+    assert_eq!(completed.len(), 1);
+    assert_eq!(completed[0].id, id);
+    assert_eq!(completed[0].name, "purchase");
+    assert!(o
+        .list(&ListQuery::status(SagaStatus::Running))
+        .await
+        .unwrap()
+        .is_empty());
+    let record = o.get(&id).await.unwrap().unwrap();
+    let input: Order = serde_json::from_str(&record.input).unwrap();
+    assert_eq!(input.id, 7);
+}
+
+/// Fails the step at `position` and checks which compensations ran, in which
+/// order, with which outputs and keys.
+async fn compensation_case(backend: Backend, position: usize) {
+    let journal = Journal::default();
+    let saga = purchase(&journal, &Knobs::default());
+    let o = orchestrator(backend.open().await, &saga);
+    let id = format!("order-fail-{position}");
+    let outcome = o
+        .start_with(
+            &saga,
+            Order::new(3, Some(position)),
+            StartOptions::new().id(id.as_str()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(outcome.status, SagaStatus::Compensated);
+    let failure = outcome.failure.clone().unwrap();
+    assert_eq!(failure.step.index, position);
+    assert!(!failure.deadline_exceeded);
+    let expected_error = ["out of stock", "card declined", "no courier available"][position];
+    assert_eq!(failure.error, expected_error);
+
+    let done = ["do reserve_stock", "do charge"];
+    let undone = ["undo reserve_stock hold-3", "undo charge pay-3 300"];
+    let mut expected: Vec<&str> = done[..position].to_vec();
+    expected.extend(undone[..position].iter().rev());
+    assert_eq!(journal.entries(), expected);
+    let compensation_keys: Vec<String> = journal
+        .keys()
+        .into_iter()
+        .filter(|k| k.ends_with("/compensation"))
+        .collect();
+    let expected_keys: Vec<String> = ["reserve_stock", "charge"][..position]
+        .iter()
+        .enumerate()
+        .rev()
+        .map(|(i, name)| format!("{id}/{i}/{name}/compensation"))
+        .collect();
+    assert_eq!(compensation_keys, expected_keys);
+
+    let history = o.history(&SagaId::new(id.as_str())).await.unwrap();
+    let mut expected_kinds = vec!["saga_started"];
+    for _ in 0..position {
+        expected_kinds.extend(["step_started", "step_completed"]);
+    }
+    expected_kinds.extend(["step_started", "step_failed"]);
+    for _ in 0..position {
+        expected_kinds.extend(["compensation_started", "compensation_completed"]);
+    }
+    expected_kinds.push("saga_compensated");
+    assert_eq!(kinds(&history), expected_kinds);
+    let compensated_steps: Vec<usize> = history
+        .iter()
+        .filter_map(|t| match &t.transition {
+            Transition::CompensationCompleted { step } => Some(step.index),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(compensated_steps, (0..position).rev().collect::<Vec<_>>());
+    let listed = o
+        .list(&ListQuery::status(SagaStatus::Compensated))
+        .await
+        .unwrap();
+    assert_eq!(listed.len(), 1);
+}
+
+async fn compensates_when_step_1_of_3_fails(backend: Backend) {
+    compensation_case(backend, 0).await;
+}
+
+async fn compensates_when_step_2_of_3_fails(backend: Backend) {
+    compensation_case(backend, 1).await;
+}
+
+async fn compensates_when_step_3_of_3_fails(backend: Backend) {
+    compensation_case(backend, 2).await;
+}
+
+async fn stuck_compensation_is_listed_and_resumable(backend: Backend) {
+    let journal = Journal::default();
+    let knobs = Knobs::default();
+    let saga = purchase(&journal, &knobs);
+    let clock = VirtualClock::new();
+    let o = Orchestrator::builder(backend.open().await)
+        .saga(&saga)
+        .clock(clock.clone())
+        .compensation_retry(RetryPolicy::exponential(Duration::from_secs(1)).max_attempts(3))
+        .build()
+        .unwrap();
+    knobs.compensation_fails.store(true, Ordering::SeqCst);
+    let outcome = o
+        .start_with(
+            &saga,
+            Order::new(5, Some(2)),
+            StartOptions::new().id("stuck-5"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(outcome.status, SagaStatus::Stuck);
+    let stuck = outcome.stuck.clone().unwrap();
+    assert_eq!(stuck.step.name, "charge");
+    assert_eq!(stuck.error, "refund service down");
+    // Backoff between the three attempts went through the injected clock.
+    assert_eq!(
+        clock.sleeps(),
+        vec![Duration::from_secs(1), Duration::from_secs(2)]
+    );
+    let id = SagaId::new("stuck-5");
+    let listed = o.list(&ListQuery::status(SagaStatus::Stuck)).await.unwrap();
+    assert_eq!(listed.iter().map(|r| &r.id).collect::<Vec<_>>(), vec![&id]);
+    let history = o.history(&id).await.unwrap();
+    let failed_attempts: Vec<u32> = history
+        .iter()
+        .filter_map(|t| match &t.transition {
+            Transition::CompensationFailed { attempt, .. } => Some(*attempt),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(failed_attempts, vec![1, 2, 3]);
+    assert_eq!(history.last().unwrap().transition.kind(), "saga_stuck");
+    // Not picked up by recovery: it needs an operator.
+    let report = o.recover().await.unwrap();
+    assert!(report.outcomes.is_empty() && report.failures.is_empty());
+    assert!(journal.entries().iter().all(|e| !e.starts_with("undo")));
+
+    knobs.compensation_fails.store(false, Ordering::SeqCst);
+    let resumed = o.resume(&id).await.unwrap();
+    assert_eq!(resumed.status, SagaStatus::Compensated);
+    assert!(resumed.stuck.is_none());
+    assert_eq!(resumed.failure.unwrap().step.name, "schedule_delivery");
+    assert_eq!(
+        journal.entries(),
+        vec![
+            "do reserve_stock",
+            "do charge",
+            "undo charge pay-5 500",
+            "undo reserve_stock hold-5"
+        ]
+    );
+    let history = o.history(&id).await.unwrap();
+    assert!(kinds(&history).contains(&"operator_resumed"));
+    assert_eq!(history.last().unwrap().transition.kind(), "saga_compensated");
+    // Resuming a finished saga only reports it.
+    let again = o.resume(&id).await.unwrap();
+    assert_eq!(again.status, SagaStatus::Compensated);
+    assert_eq!(journal.entries().len(), 4);
+}
+
+async fn deadline_stops_before_the_next_step(backend: Backend) {
+    let journal = Journal::default();
+    let clock = VirtualClock::new();
+    let knobs = Knobs {
+        clock: Some(clock.clone()),
+        advance_in_charge: Some(Duration::from_secs(11)),
+        ..Knobs::default()
+    };
+    let saga = purchase(&journal, &knobs);
+    let o = Orchestrator::builder(backend.open().await)
+        .saga(&saga)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let outcome = o
+        .start_with(
+            &saga,
+            Order::new(9, None),
+            StartOptions::new()
+                .id("late-9")
+                .timeout(Duration::from_secs(10)),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        *knobs.remaining_seen.lock().unwrap(),
+        Some(Some(Duration::from_secs(10)))
+    );
+    assert_eq!(outcome.status, SagaStatus::Compensated);
+    let failure = outcome.failure.unwrap();
+    assert!(failure.deadline_exceeded);
+    assert_eq!(failure.step.name, "schedule_delivery");
+    assert_eq!(
+        journal.entries(),
+        vec![
+            "do reserve_stock",
+            "do charge",
+            "undo charge pay-9 900",
+            "undo reserve_stock hold-9"
+        ]
+    );
+    let history = o.history(&SagaId::new("late-9")).await.unwrap();
+    assert!(kinds(&history).contains(&"deadline_exceeded"));
+    let record = o.get(&SagaId::new("late-9")).await.unwrap().unwrap();
+    assert!(record.deadline.is_some());
+}
+
+async fn submitted_sagas_run_on_recover(backend: Backend) {
+    let journal = Journal::default();
+    let saga = purchase(&journal, &Knobs::default());
+    let o = orchestrator(backend.open().await, &saga);
+    let mut ids = Vec::new();
+    for i in 0..6 {
+        let fail = if i % 2 == 0 { None } else { Some(1) };
+        ids.push(
+            o.submit(&saga, Order::new(i, fail), StartOptions::new())
+                .await
+                .unwrap(),
+        );
+    }
+    assert_eq!(
+        o.list(&ListQuery::status(SagaStatus::Running))
+            .await
+            .unwrap()
+            .len(),
+        6
+    );
+    assert!(journal.entries().is_empty());
+    let (outcomes, failures) = recover_until_idle(&o).await;
+    assert!(failures.is_empty(), "{failures:?}");
+    assert_eq!(outcomes.len(), 6);
+    for outcome in outcomes {
+        let i = ids.iter().position(|id| *id == outcome.id).unwrap();
+        let expected = if i % 2 == 0 {
+            SagaStatus::Completed
+        } else {
+            SagaStatus::Compensated
+        };
+        assert_eq!(outcome.status, expected);
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct OrderV2 {
+    id: String,
+    sku: Vec<u8>,
+}
+
+async fn undeserialisable_input_is_reported_and_kept(backend: Backend) {
+    let journal = Journal::default();
+    let saga = purchase(&journal, &Knobs::default());
+    let original = orchestrator(backend.open().await, &saga);
+    let bad = original
+        .submit(&saga, Order::new(1, None), StartOptions::new().id("bad-input"))
+        .await
+        .unwrap();
+    let good = original
+        .submit(
+            &Saga::<Order>::clone(&saga),
+            Order::new(2, None),
+            StartOptions::new().id("zz-other"),
+        )
+        .await
+        .unwrap();
+    let stored_input = original.get(&bad).await.unwrap().unwrap().input;
+
+    // A build whose `purchase` input type changed incompatibly.
+    let changed = Saga::<OrderV2>::builder("purchase")
+        .step(Step::new("reserve_stock", |_ctx: StepContext<OrderV2>| async {
+            Ok::<_, String>(())
+        }))
+        .build()
+        .unwrap();
+    let other = Saga::<Order>::builder("refund")
+        .step(Step::new("noop", |_ctx: StepContext<Order>| async {
+            Ok::<_, String>(())
+        }))
+        .build()
+        .unwrap();
+    let o = Orchestrator::builder(backend.open().await)
+        .saga(&changed)
+        .saga(&other)
+        .build()
+        .unwrap();
+    let report = o.recover().await.unwrap();
+    assert!(report.outcomes.is_empty());
+    assert_eq!(report.failures.len(), 2);
+    for failure in &report.failures {
+        match &failure.error {
+            SagaError::InputDeserialize { saga_id, name, .. } => {
+                assert_eq!(name, "purchase");
+                assert_eq!(saga_id, &failure.saga_id);
+            }
+            other => panic!("unexpected error {other:?}"),
+        }
+    }
+    // Still in the log, untouched apart from the recorded failure.
+    let record = o.get(&bad).await.unwrap().unwrap();
+    assert_eq!(record.status, SagaStatus::Running);
+    assert_eq!(record.input, stored_input);
+    let history = o.history(&bad).await.unwrap();
+    match &history.last().unwrap().transition {
+        Transition::RecoveryFailed { error } => {
+            assert!(error.contains("cannot be deserialised"), "{error}")
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    assert!(journal.entries().is_empty());
+
+    // The fixed build recovers both.
+    let fixed = orchestrator(backend.open().await, &saga);
+    let (outcomes, failures) = recover_until_idle(&fixed).await;
+    assert!(failures.is_empty(), "{failures:?}");
+    let mut ids: Vec<_> = outcomes.iter().map(|o| o.id.clone()).collect();
+    ids.sort();
+    assert_eq!(ids, vec![bad, good]);
+    assert!(outcomes.iter().all(|o| o.status == SagaStatus::Completed));
+}
+
+async fn unknown_saga_name_is_reported(backend: Backend) {
+    let journal = Journal::default();
+    let saga = purchase(&journal, &Knobs::default());
+    let original = orchestrator(backend.open().await, &saga);
+    let id = original
+        .submit(&saga, Order::new(1, None), StartOptions::new())
+        .await
+        .unwrap();
+    let unrelated = Saga::<Order>::builder("refund")
+        .step(Step::new("noop", |_ctx: StepContext<Order>| async {
+            Ok::<_, String>(())
+        }))
+        .build()
+        .unwrap();
+    let o = Orchestrator::builder(backend.open().await)
+        .saga(&unrelated)
+        .build()
+        .unwrap();
+    let report = o.recover().await.unwrap();
+    assert_eq!(report.failures.len(), 1);
+    assert!(matches!(
+        &report.failures[0].error,
+        SagaError::NotRegistered { name, saga_id: Some(s) } if name == "purchase" && *s == id
+    ));
+    assert_eq!(
+        o.get(&id).await.unwrap().unwrap().status,
+        SagaStatus::Running
+    );
+    // Starting an unregistered saga is refused up front.
+    let err = o.start(&saga, Order::new(2, None)).await.unwrap_err();
+    assert!(matches!(err, SagaError::NotRegistered { .. }));
+}
+
+async fn duplicate_id_is_refused(backend: Backend) {
+    let journal = Journal::default();
+    let saga = purchase(&journal, &Knobs::default());
+    let o = orchestrator(backend.open().await, &saga);
+    let first = o
+        .start_with(&saga, Order::new(4, None), StartOptions::new().id("once"))
+        .await
+        .unwrap();
+    assert_eq!(first.status, SagaStatus::Completed);
+    let err = o
+        .start_with(&saga, Order::new(4, None), StartOptions::new().id("once"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, SagaError::Log(LogError::AlreadyExists(id)) if id.as_str() == "once"),
+        "{err:?}"
+    );
+    assert_eq!(journal.entries().len(), 3);
+    let err = o
+        .start_with(&saga, Order::new(4, None), StartOptions::new().id(""))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, SagaError::InvalidId(_)));
+}
+
+async fn panicking_step_is_a_step_failure(backend: Backend) {
+    let journal = Journal::default();
+    let knobs = Knobs::default();
+    knobs.panic_in_delivery.store(true, Ordering::SeqCst);
+    let saga = purchase(&journal, &knobs);
+    let o = orchestrator(backend.open().await, &saga);
+    let outcome = o.start(&saga, Order::new(6, None)).await.unwrap();
+    assert_eq!(outcome.status, SagaStatus::Compensated);
+    let failure = outcome.failure.unwrap();
+    assert!(failure.error.contains("courier api returned nonsense"), "{}", failure.error);
+    assert_eq!(
+        journal.entries(),
+        vec![
+            "do reserve_stock",
+            "do charge",
+            "undo charge pay-6 600",
+            "undo reserve_stock hold-6"
+        ]
+    );
+}
+
+async fn resume_reports_missing_and_busy(backend: Backend) {
+    let journal = Journal::default();
+    let saga = purchase(&journal, &Knobs::default());
+    let o = orchestrator(backend.open().await, &saga);
+    let err = o.resume(&SagaId::new("nope")).await.unwrap_err();
+    assert!(matches!(err, SagaError::NotFound(_)));
+    assert!(matches!(
+        o.history(&SagaId::new("nope")).await.unwrap_err(),
+        SagaError::NotFound(_)
+    ));
+    // A saga this worker holds (claimed, being driven) is busy for itself.
+    let log = o.log().clone();
+    let new = NewSaga {
+        id: SagaId::new("held"),
+        name: "purchase".into(),
+        input: serde_json::to_string(&Order::new(1, None)).unwrap(),
+        deadline: None,
+        created_at: std::time::SystemTime::now(),
+    };
+    log.create(&new, &[Transition::SagaStarted], true)
+        .await
+        .unwrap();
+    assert!(matches!(
+        o.resume(&SagaId::new("held")).await.unwrap_err(),
+        SagaError::Busy(_)
+    ));
+}
+
+async fn lost_lease_refuses_writes(backend: Backend) {
+    let first = backend.open().await;
+    let second = backend.open().await;
+    let id = SagaId::new("fenced");
+    let new = NewSaga {
+        id: id.clone(),
+        name: "purchase".into(),
+        input: "{}".into(),
+        deadline: None,
+        created_at: std::time::SystemTime::now(),
+    };
+    let lease = first
+        .create(&new, &[Transition::SagaStarted], true)
+        .await
+        .unwrap()
+        .unwrap();
+    // The second worker takes the saga over (at once on SQLite, after the short
+    // lease expired on Postgres).
+    let mut claimed = Vec::new();
+    for _ in 0..400 {
+        claimed = second.claim_unfinished(None, 10).await.unwrap();
+        if !claimed.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(claimed.len(), 1);
+    assert_ne!(claimed[0].lease.token(), lease.token());
+    let step = seawall_saga::StepRef::new(0, "reserve_stock");
+    let err = first
+        .append(
+            &lease,
+            1,
+            &[Transition::StepStarted { step: step.clone() }],
+            SagaStatus::Running,
+            std::time::SystemTime::now(),
+        )
+        .await
+        .unwrap_err();
+    assert!(err.is_lease_lost(), "{err:?}");
+    assert!(first.renew(&lease).await.unwrap_err().is_lease_lost());
+    // The new owner writes fine; the history has no trace of the refused write.
+    second
+        .append(
+            &claimed[0].lease,
+            1,
+            &[Transition::StepStarted { step }],
+            SagaStatus::Running,
+            std::time::SystemTime::now(),
+        )
+        .await
+        .unwrap();
+    let history = second.history(&id).await.unwrap();
+    assert_eq!(kinds(&history), vec!["saga_started", "step_started"]);
+}
+
+async fn recovery_continues_after_a_driver_is_dropped(backend: Backend) {
+    let journal = Journal::default();
+    let knobs = Knobs::default();
+    knobs.hang_in_charge.store(true, Ordering::SeqCst);
+    let saga = purchase(&journal, &knobs);
+    let o = orchestrator(backend.open().await, &saga);
+    let driver = {
+        let o = o.clone();
+        let saga = saga.clone();
+        tokio::spawn(async move {
+            o.start_with(&saga, Order::new(8, None), StartOptions::new().id("dropped"))
+                .await
+        })
+    };
+    knobs.charge_reached.notified().await;
+    driver.abort();
+    assert!(driver.await.unwrap_err().is_cancelled());
+    knobs.hang_in_charge.store(false, Ordering::SeqCst);
+
+    let restarted = orchestrator(backend.open().await, &saga);
+    let (outcomes, failures) = recover_until_idle(&restarted).await;
+    assert!(failures.is_empty(), "{failures:?}");
+    assert_eq!(outcomes.len(), 1);
+    assert_eq!(outcomes[0].status, SagaStatus::Completed);
+    // The logged step did not run again; the started one did, with the same key.
+    assert_eq!(
+        journal.entries(),
+        vec![
+            "do reserve_stock",
+            "do charge",
+            "do charge",
+            "do schedule_delivery"
+        ]
+    );
+    let keys = journal.keys();
+    assert_eq!(keys[1], keys[2]);
+    let history = restarted.history(&SagaId::new("dropped")).await.unwrap();
+    assert!(kinds(&history).contains(&"claimed"));
+}
+
+async fn recovery_runs_many_sagas_concurrently(backend: Backend) {
+    let journal = Journal::default();
+    let saga = purchase(&journal, &Knobs::default());
+    let o = Orchestrator::builder(backend.open().await)
+        .saga(&saga)
+        .recovery_concurrency(4)
+        .build()
+        .unwrap();
+    for i in 0..25 {
+        o.submit(&saga, Order::new(i, None), StartOptions::new())
+            .await
+            .unwrap();
+    }
+    let (outcomes, failures) = recover_until_idle(&o).await;
+    assert!(failures.is_empty());
+    assert_eq!(outcomes.len(), 25);
+    assert_eq!(journal.entries().len(), 75);
+    let all = o.list(&ListQuery::all().limit(1000)).await.unwrap();
+    assert_eq!(all.len(), 25);
+    // Paging through the list returns every saga once.
+    let mut paged = Vec::new();
+    let mut query = ListQuery::all().limit(7);
+    loop {
+        let page = o.list(&query).await.unwrap();
+        if page.is_empty() {
+            break;
+        }
+        query = ListQuery::all().limit(7).after(page.last().unwrap().id.clone());
+        paged.extend(page);
+    }
+    assert_eq!(paged, all);
+}
+
+static COUNTER: AtomicUsize = AtomicUsize::new(0);
+
+macro_rules! contract {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::Backend::sqlite()).await;
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let backend = super::Backend::postgres(stringify!($name)).await;
+                    super::$name(backend.clone()).await;
+                    if let super::Backend::Postgres { schema, .. } = &backend {
+                        super::support::reset_schema(schema).await;
+                    }
+                }
+            )*
+        }
+    };
+}
+
+contract!(
+    completes_with_typed_outputs_events_and_history,
+    compensates_when_step_1_of_3_fails,
+    compensates_when_step_2_of_3_fails,
+    compensates_when_step_3_of_3_fails,
+    stuck_compensation_is_listed_and_resumable,
+    deadline_stops_before_the_next_step,
+    submitted_sagas_run_on_recover,
+    undeserialisable_input_is_reported_and_kept,
+    unknown_saga_name_is_reported,
+    duplicate_id_is_refused,
+    panicking_step_is_a_step_failure,
+    resume_reports_missing_and_busy,
+    lost_lease_refuses_writes,
+    recovery_continues_after_a_driver_is_dropped,
+    recovery_runs_many_sagas_concurrently,
+);

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The test command: installs what the tests need (redis-server, PostgreSQL),
+# starts a throw-away PostgreSQL on 127.0.0.1, then runs the format check,
+# clippy and the whole test suite. Redis servers are started by the tests
+# themselves (one per test, on a free loopback port, in a temp dir).
+#
+# Usage: scripts/test.sh [extra cargo test args]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+as_root() {
+    if [ "$(id -u)" = "0" ]; then "$@"; else sudo "$@"; fi
+}
+
+missing=()
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
+if [ "${#missing[@]}" -gt 0 ]; then
+    echo "==> installing ${missing[*]}"
+    as_root apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+# The Debian package may start a system-wide redis on 6379; the tests never
+# use it (each test starts its own server on a free port).
+
+# shellcheck source=lib/postgres.sh
+source scripts/lib/postgres.sh
+pg_start
+trap pg_stop EXIT
+echo "==> PostgreSQL at $SEAWALL_TEST_POSTGRES_URL"
+
+echo "==> cargo fmt --check"
+cargo fmt --all -- --check
+
+echo "==> cargo clippy"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+echo "==> cargo test"
+cargo test --workspace --locked "$@"
