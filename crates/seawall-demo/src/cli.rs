@@ -125,7 +125,9 @@ pub(crate) fn parse() -> Result<Command, UsageError> {
 }
 
 /// Parses `args` (without the program name).
-pub(crate) fn parse_from(args: impl IntoIterator<Item = impl Into<OsString>>) -> Result<Command, UsageError> {
+pub(crate) fn parse_from(
+    args: impl IntoIterator<Item = impl Into<OsString>>,
+) -> Result<Command, UsageError> {
     let mut parser = lexopt::Parser::from_args(args);
     let mut live = LiveOptions {
         duration: Duration::from_secs(60),
@@ -189,7 +191,11 @@ fn parse_saga(mut parser: lexopt::Parser) -> Result<Command, UsageError> {
 }
 
 /// The value of option `name`, a number in `range`.
-fn number<T>(parser: &mut lexopt::Parser, name: &str, range: std::ops::RangeInclusive<T>) -> Result<T, UsageError>
+fn number<T>(
+    parser: &mut lexopt::Parser,
+    name: &str,
+    range: std::ops::RangeInclusive<T>,
+) -> Result<T, UsageError>
 where
     T: FromStr + PartialOrd + std::fmt::Display,
 {
@@ -214,23 +220,39 @@ mod tests {
 
     #[test]
     fn defaults() {
-        let Ok(Command::Live(live)) = parse(&[]) else { panic!() };
-        assert_eq!((live.duration, live.clients, live.redis), (Duration::from_secs(60), 16, None));
-        let Ok(Command::Herd(herd)) = parse(&["herd"]) else { panic!() };
-        assert_eq!((herd.clients, herd.seed, herd.out), (1000, 42, PathBuf::from("herd.svg")));
+        let Ok(Command::Live(live)) = parse(&[]) else {
+            panic!()
+        };
+        assert_eq!(
+            (live.duration, live.clients, live.redis),
+            (Duration::from_secs(60), 16, None)
+        );
+        let Ok(Command::Herd(herd)) = parse(&["herd"]) else {
+            panic!()
+        };
+        assert_eq!(
+            (herd.clients, herd.seed, herd.out),
+            (1000, 42, PathBuf::from("herd.svg"))
+        );
     }
 
     #[test]
     fn options_are_read() {
-        let Ok(Command::Live(live)) = parse(&["--duration", "12", "--redis=redis://127.0.0.1/"]) else {
+        let Ok(Command::Live(live)) = parse(&["--duration", "12", "--redis=redis://127.0.0.1/"])
+        else {
             panic!()
         };
         assert_eq!(live.duration, Duration::from_secs(12));
         assert_eq!(live.redis.as_deref(), Some("redis://127.0.0.1/"));
-        let Ok(Command::Herd(herd)) = parse(&["herd", "--clients", "10", "--seed=7", "--out", "x.svg"]) else {
+        let Ok(Command::Herd(herd)) =
+            parse(&["herd", "--clients", "10", "--seed=7", "--out", "x.svg"])
+        else {
             panic!()
         };
-        assert_eq!((herd.clients, herd.seed, herd.out), (10, 7, PathBuf::from("x.svg")));
+        assert_eq!(
+            (herd.clients, herd.seed, herd.out),
+            (10, 7, PathBuf::from("x.svg"))
+        );
     }
 
     #[test]

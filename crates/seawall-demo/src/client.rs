@@ -72,7 +72,10 @@ impl std::error::Error for FetchError {}
 /// own mistake and retrying would not help.
 pub(crate) fn classify(error: &FetchError) -> Verdict {
     match error {
-        FetchError::Status { status, retry_after } => {
+        FetchError::Status {
+            status,
+            retry_after,
+        } => {
             let verdict = if status.is_server_error() || *status == StatusCode::TOO_MANY_REQUESTS {
                 Verdict::retry()
             } else {
@@ -99,7 +102,9 @@ pub(crate) struct HttpClient {
 impl HttpClient {
     /// A client of `group` for the service at `addr`.
     pub(crate) fn new(addr: SocketAddr, group: Group) -> Self {
-        let uri = format!("http://{addr}/quote").parse().expect("a socket address makes a valid URI");
+        let uri = format!("http://{addr}/quote")
+            .parse()
+            .expect("a socket address makes a valid URI");
         let inner = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(30))
             .build_http();
@@ -124,11 +129,19 @@ impl HttpClient {
                 .and_then(|v| v.to_str().ok())
                 .and_then(|v| v.trim().parse::<u64>().ok())
                 .map(Duration::from_secs);
-            let body = response.into_body().collect().await.map_err(transport)?.to_bytes();
+            let body = response
+                .into_body()
+                .collect()
+                .await
+                .map_err(transport)?
+                .to_bytes();
             if status.is_success() {
                 Ok(String::from_utf8_lossy(&body).trim_end().to_owned())
             } else {
-                Err(FetchError::Status { status, retry_after })
+                Err(FetchError::Status {
+                    status,
+                    retry_after,
+                })
             }
         };
         tokio::time::timeout(timeout, exchange)
@@ -156,7 +169,10 @@ mod tests {
     #[test]
     fn server_errors_and_throttling_are_retried_with_their_hint() {
         let v = classify(&status(429, Some(2)));
-        assert_eq!((v.kind(), v.retry_after()), (VerdictKind::Retry, Some(Duration::from_secs(2))));
+        assert_eq!(
+            (v.kind(), v.retry_after()),
+            (VerdictKind::Retry, Some(Duration::from_secs(2)))
+        );
         let v = classify(&status(503, None));
         assert_eq!((v.kind(), v.retry_after()), (VerdictKind::Retry, None));
         assert!(classify(&FetchError::Timeout(Duration::from_millis(5))).is_retryable());

@@ -10,7 +10,7 @@
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use seawall::{Event, EventKind};
+use seawall::{AttemptOutcome, CallOutcome, Event, EventKind};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::MissedTickBehavior;
@@ -71,7 +71,11 @@ struct Line {
 
 /// The printing task: folds the events of each tick, and announces each
 /// phase of the service before the first line that happened in it.
-async fn print_lines(mut receiver: mpsc::UnboundedReceiver<Message>, scenario: Scenario, style: Style) {
+async fn print_lines(
+    mut receiver: mpsc::UnboundedReceiver<Message>,
+    scenario: Scenario,
+    style: Style,
+) {
     let mut printer = Printer {
         scenario,
         style,
@@ -131,8 +135,15 @@ fn describe(kind: &EventKind) -> (Colour, String, Option<(&'static str, Duration
             None,
         ),
         EventKind::RetryGaveUp { .. } => (Colour::Yellow, kind.to_string(), None),
-        EventKind::FallbackExecuted => (Colour::Cyan, "fallback served the last good answer".into(), None),
-        EventKind::Rejected { reason, retry_after } => (
+        EventKind::FallbackExecuted => (
+            Colour::Cyan,
+            "fallback served the last good answer".into(),
+            None,
+        ),
+        EventKind::Rejected {
+            reason,
+            retry_after,
+        } => (
             Colour::Magenta,
             format!("rejected: {reason}"),
             retry_after.map(|d| ("retry after", d)),
@@ -147,13 +158,52 @@ fn describe(kind: &EventKind) -> (Colour, String, Option<(&'static str, Duration
             format!("circuit OPEN: calls refused for {}", short(*cooldown)),
             None,
         ),
-        EventKind::CircuitHalfOpened => (Colour::Yellow, "circuit half-open: one probe goes through".into(), None),
+        EventKind::CircuitHalfOpened => (
+            Colour::Yellow,
+            "circuit half-open: one probe goes through".into(),
+            None,
+        ),
         EventKind::CircuitClosed => (Colour::Green, "circuit closed".into(), None),
         EventKind::CooldownStarted { duration } => (
             Colour::Blue,
-            format!("cooldown: every caller pauses {} (Retry-After)", short(*duration)),
+            format!(
+                "cooldown: every caller pauses {} (Retry-After)",
+                short(*duration)
+            ),
             None,
         ),
+        EventKind::AttemptFinished {
+            attempt,
+            duration,
+            outcome,
+        } => (
+            match outcome {
+                AttemptOutcome::Success => Colour::Green,
+                _ => Colour::Yellow,
+            },
+            format!("attempt {attempt} ended: {}", outcome.as_str()),
+            Some(("in", *duration)),
+        ),
+        EventKind::CallFinished {
+            attempts,
+            duration,
+            outcome,
+        } => {
+            let what = match outcome {
+                CallOutcome::Rejected(reason) => format!("rejected ({reason})"),
+                other => other.as_str().to_owned(),
+            };
+            let colour = match outcome {
+                CallOutcome::Success => Colour::Green,
+                CallOutcome::Fallback => Colour::Cyan,
+                _ => Colour::Red,
+            };
+            (
+                colour,
+                format!("call ended: {what} after {attempts} attempt(s)"),
+                Some(("in", *duration)),
+            )
+        }
         EventKind::StoreUnavailable { .. } => (Colour::Red, kind.to_string(), None),
         other => (Colour::Dim, other.to_string(), None),
     }
@@ -215,11 +265,18 @@ impl Printer {
                 short(s.slow_answer),
                 short(s.client_timeout)
             ),
-            Phase::Throttling => format!("the service answers 429, Retry-After: {}", s.retry_after_secs),
+            Phase::Throttling => format!(
+                "the service answers 429, Retry-After: {}",
+                s.retry_after_secs
+            ),
             Phase::Recovered => "the service answers at once again".to_owned(),
         };
         let at = s.elapsed(s.starts(phase)).as_secs_f64();
-        format!("--- {at:>5.2}s  phase {}/5, {}: {what} ---", phase.index() + 1, phase.label())
+        format!(
+            "--- {at:>5.2}s  phase {}/5, {}: {what} ---",
+            phase.index() + 1,
+            phase.label()
+        )
     }
 
     fn write(&self, line: &str) {

@@ -16,19 +16,22 @@ use crate::report::{Outcome, Stats, Summary};
 use crate::scenario::{Group, Scenario};
 use crate::service;
 use crate::style::{Colour, Style};
-use crate::Failure;
+use crate::{say, Failure};
 
 /// Runs the live demo.
 ///
 /// # Errors
 /// When the service cannot start or the pipeline cannot be built (e.g. its
 /// store is unreachable).
-pub(crate) async fn run(options: &LiveOptions, store: Option<Arc<dyn StateStore>>) -> Result<(), Failure> {
+pub(crate) async fn run(
+    options: &LiveOptions,
+    store: Option<Arc<dyn StateStore>>,
+) -> Result<(), Failure> {
     let style = Style::detect();
     let scenario = Scenario::new(options.duration);
-    let service = service::start(scenario)
-        .await
-        .map_err(|e| Failure::Runtime(format!("cannot start the flaky service on 127.0.0.1: {e}")))?;
+    let service = service::start(scenario).await.map_err(|e| {
+        Failure::Runtime(format!("cannot start the flaky service on 127.0.0.1: {e}"))
+    })?;
     let log = EventLog::start(scenario, style);
     let cache = LastGoodAnswer::default();
     let pipeline = protected::pipeline(&scenario, store, cache.clone(), log.listener())
@@ -54,16 +57,18 @@ pub(crate) async fn run(options: &LiveOptions, store: Option<Arc<dyn StateStore>
             let (stats, interrupted) = (Arc::clone(&stats), Arc::clone(&interrupted));
             callers.spawn(async move {
                 tokio::time::sleep(stagger).await;
-                caller.keep_calling(group, scenario, &stats, &interrupted).await;
+                caller
+                    .keep_calling(group, scenario, &stats, &interrupted)
+                    .await;
             });
         }
     }
 
     tokio::select! {
         () = wait_all(&mut callers) => {}
-        _ = tokio::signal::ctrl_c() => {
+        Ok(()) = tokio::signal::ctrl_c() => {
             interrupted.store(true, Ordering::Relaxed);
-            println!("{}", style.paint(Colour::Bold, "interrupted: finishing the calls in flight"));
+            say(&format!("{}\n", style.paint(Colour::Bold, "interrupted: finishing the calls in flight")));
             wait_all(&mut callers).await;
         }
     }
@@ -98,7 +103,7 @@ fn introduce(scenario: &Scenario, options: &LiveOptions, addr: std::net::SocketA
         "every event of the protected pipeline follows; identical lines within 100 ms are folded (x N)".to_owned(),
     ];
     for line in lines {
-        println!("{}", style.paint(Colour::Bold, &line));
+        say(&format!("{}\n", style.paint(Colour::Bold, &line)));
     }
 }
 
@@ -116,11 +121,22 @@ enum Caller {
 
 impl Caller {
     /// Calls, records, pauses, again, until the scenario ends.
-    async fn keep_calling(&self, group: Group, scenario: Scenario, stats: &Stats, interrupted: &AtomicBool) {
+    async fn keep_calling(
+        &self,
+        group: Group,
+        scenario: Scenario,
+        stats: &Stats,
+        interrupted: &AtomicBool,
+    ) {
         while Instant::now() < scenario.end() && !interrupted.load(Ordering::Relaxed) {
             let started = Instant::now();
             let outcome = self.call(scenario.client_timeout).await;
-            stats.record(group, scenario.phase_at(started), outcome, started.elapsed());
+            stats.record(
+                group,
+                scenario.phase_at(started),
+                outcome,
+                started.elapsed(),
+            );
             tokio::time::sleep(scenario.think_time).await;
         }
     }

@@ -107,7 +107,10 @@ impl Stats {
     }
 
     fn snapshot(&self) -> [[Tally; Phase::ALL.len()]; Group::ALL.len()] {
-        self.tallies.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.tallies
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 }
 
@@ -123,7 +126,12 @@ pub(crate) struct Summary<'a> {
 
 impl<'a> Summary<'a> {
     /// Collects the figures.
-    pub(crate) fn new(stats: &Stats, hits: &'a Hits, scenario: &'a Scenario, clients: usize) -> Self {
+    pub(crate) fn new(
+        stats: &Stats,
+        hits: &'a Hits,
+        scenario: &'a Scenario,
+        clients: usize,
+    ) -> Self {
         let by_phase = stats.snapshot();
         let total = by_phase.clone().map(|phases| {
             phases.iter().fold(Tally::default(), |mut all, t| {
@@ -154,33 +162,79 @@ impl<'a> Summary<'a> {
 
     fn write_totals(&self, text: &mut String, style: Style) {
         let [u, p] = &self.total;
-        let head = format!("\n{:<40}{:>14}{:>14}", "summary", "unprotected", "protected");
+        let head = format!(
+            "\n{:<40}{:>14}{:>14}",
+            "summary", "unprotected", "protected"
+        );
         let _ = writeln!(text, "{}", style.paint(Colour::Bold, &head));
         let mut row = |label: &str, a: String, b: String| {
             let _ = writeln!(text, "{label:<40}{a:>14}{b:>14}");
         };
-        row("calls made by callers", u.calls.to_string(), p.calls.to_string());
-        row("  answered by the service", u.answered.to_string(), p.answered.to_string());
-        row("  answered by the fallback (cache)", u.fallbacks.to_string(), p.fallbacks.to_string());
+        row(
+            "calls made by callers",
+            u.calls.to_string(),
+            p.calls.to_string(),
+        );
+        row(
+            "  answered by the service",
+            u.answered.to_string(),
+            p.answered.to_string(),
+        );
+        row(
+            "  answered by the fallback (cache)",
+            u.fallbacks.to_string(),
+            p.fallbacks.to_string(),
+        );
         for (i, reason) in RejectionReason::ALL.iter().enumerate() {
             if u.rejected[i] + p.rejected[i] > 0 {
-                row(&format!("    refused: {reason}"), u.rejected[i].to_string(), p.rejected[i].to_string());
+                row(
+                    &format!("    refused: {reason}"),
+                    u.rejected[i].to_string(),
+                    p.rejected[i].to_string(),
+                );
             }
         }
         if u.failed + p.failed > 0 {
-            row("    after failed attempts", u.failed.to_string(), p.failed.to_string());
+            row(
+                "    after failed attempts",
+                u.failed.to_string(),
+                p.failed.to_string(),
+            );
         }
-        row("  errors surfaced to callers", u.errors().to_string(), p.errors().to_string());
+        row(
+            "  errors surfaced to callers",
+            u.errors().to_string(),
+            p.errors().to_string(),
+        );
         let kinds: std::collections::BTreeSet<_> = u.errors.keys().chain(p.errors.keys()).collect();
         for kind in kinds {
             let n = |t: &Tally| t.errors.get(kind).copied().unwrap_or(0).to_string();
             row(&format!("    {kind}"), n(u), n(p));
         }
-        let (hu, hp) = (self.hits.total(Group::Unprotected), self.hits.total(Group::Protected));
-        row("requests that reached the service", hu.to_string(), hp.to_string());
-        row("latency seen by callers: p50", short(u.percentile(50)), short(p.percentile(50)));
-        row("                         p99", short(u.percentile(99)), short(p.percentile(99)));
-        row("                         max", short(u.max()), short(p.max()));
+        let (hu, hp) = (
+            self.hits.total(Group::Unprotected),
+            self.hits.total(Group::Protected),
+        );
+        row(
+            "requests that reached the service",
+            hu.to_string(),
+            hp.to_string(),
+        );
+        row(
+            "latency seen by callers: p50",
+            short(u.percentile(50)),
+            short(p.percentile(50)),
+        );
+        row(
+            "                         p99",
+            short(u.percentile(99)),
+            short(p.percentile(99)),
+        );
+        row(
+            "                         max",
+            short(u.max()),
+            short(p.max()),
+        );
     }
 
     fn write_phases(&self, text: &mut String, style: Style) {
@@ -215,14 +269,19 @@ impl<'a> Summary<'a> {
 
     fn write_conclusion(&self, text: &mut String, style: Style) {
         let [u, p] = &self.total;
-        let (hu, hp) = (self.hits.total(Group::Unprotected), self.hits.total(Group::Protected));
+        let (hu, hp) = (
+            self.hits.total(Group::Unprotected),
+            self.hits.total(Group::Protected),
+        );
         let load = if hp > 0 && hp < hu {
             format!(
                 "the protected group sent {:.1}x fewer requests to the service ({hp} vs {hu})",
                 hu as f64 / hp as f64
             )
         } else {
-            format!("the protected group sent {hp} requests to the service, the unprotected one {hu}")
+            format!(
+                "the protected group sent {hp} requests to the service, the unprotected one {hu}"
+            )
         };
         let conclusion = format!(
             "\n{load},\nsurfaced {} errors to its callers (vs {}) and answered them in {} at p50, {} at p99 (vs {}, {}).\n",
@@ -258,7 +317,10 @@ impl<'a> Summary<'a> {
             .iter()
             .map(|p| {
                 let (from, to) = self.scenario.span_secs(*p);
-                format!("{{\"name\":\"{}\",\"from_s\":{from:.3},\"to_s\":{to:.3}}}", p.name())
+                format!(
+                    "{{\"name\":\"{}\",\"from_s\":{from:.3},\"to_s\":{to:.3}}}",
+                    p.name()
+                )
             })
             .collect();
         format!(
@@ -276,7 +338,11 @@ fn tally_json(t: &Tally, server_requests: u64) -> String {
         .zip(t.rejected)
         .map(|(reason, n)| format!("\"{reason}\":{n}"))
         .collect();
-    let errors: Vec<String> = t.errors.iter().map(|(kind, n)| format!("\"{kind}\":{n}")).collect();
+    let errors: Vec<String> = t
+        .errors
+        .iter()
+        .map(|(kind, n)| format!("\"{kind}\":{n}"))
+        .collect();
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     format!(
         "\"calls\":{},\"answered\":{},\"fallbacks\":{},\"rejections\":{{{}}},\"fallbacks_after_failure\":{},\
@@ -314,13 +380,19 @@ mod tests {
     #[test]
     fn outcomes_are_sorted_into_their_columns() {
         let mut t = Tally::default();
-        t.add(Outcome::Fallback(FallbackCause::Rejected(RejectionReason::CircuitOpen)), Duration::ZERO);
+        t.add(
+            Outcome::Fallback(FallbackCause::Rejected(RejectionReason::CircuitOpen)),
+            Duration::ZERO,
+        );
         t.add(Outcome::Fallback(FallbackCause::Failed), Duration::ZERO);
         t.add(Outcome::Error("timeout"), Duration::ZERO);
         let mut all = Tally::default();
         all.merge(&t);
         all.merge(&t);
-        assert_eq!((all.calls, all.fallbacks, all.failed, all.errors()), (6, 4, 2, 2));
+        assert_eq!(
+            (all.calls, all.fallbacks, all.failed, all.errors()),
+            (6, 4, 2, 2)
+        );
         assert_eq!(all.rejected[0], 2);
         let json = tally_json(&all, 7);
         assert!(json.contains("\"circuit_open\":2"), "{json}");

@@ -131,7 +131,8 @@ impl Scenario {
             call_budget: client_timeout * 2,
             slow_answer: client_timeout * 2,
             think_time: Duration::from_millis(50),
-            circuit_cooldown: (phase_len / 4).clamp(Duration::from_millis(500), Duration::from_secs(3)),
+            circuit_cooldown: (phase_len / 4)
+                .clamp(Duration::from_millis(500), Duration::from_secs(3)),
             retry_after_secs: (phase_len.as_secs_f64() / 4.0).round().clamp(1.0, 5.0) as u64,
         }
     }

@@ -91,7 +91,11 @@ async fn answer(
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let arrived = Instant::now();
     let phase = scenario.phase_at(arrived);
-    if let Some(group) = request.headers().get(GROUP_HEADER).and_then(|v| Group::from_name(v.as_bytes())) {
+    if let Some(group) = request
+        .headers()
+        .get(GROUP_HEADER)
+        .and_then(|v| Group::from_name(v.as_bytes()))
+    {
         hits.add(group, phase);
     }
     let response = match phase {
@@ -115,7 +119,10 @@ async fn answer(
 /// A successful answer: a price quote stamped with the time it was made.
 fn quote(scenario: &Scenario, at: Instant) -> Response<Full<Bytes>> {
     let elapsed = scenario.elapsed(at).as_secs_f64();
-    plain(StatusCode::OK, &format!("EUR/USD 1.0842 as of t+{elapsed:.1}s\n"))
+    plain(
+        StatusCode::OK,
+        &format!("EUR/USD 1.0842 as of t+{elapsed:.1}s\n"),
+    )
 }
 
 fn plain(status: StatusCode, body: &str) -> Response<Full<Bytes>> {

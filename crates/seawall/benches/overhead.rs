@@ -20,12 +20,19 @@ fn stateless() -> Vec<(&'static str, Pipeline<WithFallback<u64, Oops>>)> {
     vec![
         (
             "empty pipeline",
-            Pipeline::builder("bench-empty").fallback_sync(|_, _| Ok(0)).build().unwrap(),
+            Pipeline::builder("bench-empty")
+                .fallback_sync(|_, _| Ok(0))
+                .build()
+                .unwrap(),
         ),
         (
             "retry+timeout+fallback",
             Pipeline::builder("bench-rtf")
-                .retry(Retry::exponential(Duration::from_millis(10)).max_attempts(3).jitter(Jitter::Full))
+                .retry(
+                    Retry::exponential(Duration::from_millis(10))
+                        .max_attempts(3)
+                        .jitter(Jitter::Full),
+                )
                 .timeout(Duration::from_secs(1))
                 .fallback_sync(|_, _| Ok(0))
                 .build()
@@ -35,11 +42,17 @@ fn stateless() -> Vec<(&'static str, Pipeline<WithFallback<u64, Oops>>)> {
             "full chain",
             Pipeline::builder("bench-full")
                 .store(MemoryStore::new())
-                .retry(Retry::exponential(Duration::from_millis(10)).max_attempts(3).jitter(Jitter::Full))
+                .retry(
+                    Retry::exponential(Duration::from_millis(10))
+                        .max_attempts(3)
+                        .jitter(Jitter::Full),
+                )
                 .circuit_breaker(CircuitBreaker::failure_rate(0.5))
                 .timeout(Duration::from_secs(1))
                 .bulkhead(Bulkhead::new(64))
-                .rate_limiter(RateLimiter::gcra(1_000_000_000, Duration::from_secs(1)).burst(1_000_000))
+                .rate_limiter(
+                    RateLimiter::gcra(1_000_000_000, Duration::from_secs(1)).burst(1_000_000),
+                )
                 .fallback_sync(|_, _| Ok(0))
                 .build()
                 .unwrap(),
@@ -57,7 +70,10 @@ fn sync_path(c: &mut Criterion) {
 }
 
 fn async_path(c: &mut Criterion) {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
     let mut g = c.benchmark_group("async");
     g.bench_function("bare call", |b| {
         b.iter_custom(|iters| {

@@ -102,6 +102,9 @@ mod tests {
             .lease(Duration::from_millis(6001))
             .validate(Some(Duration::from_secs(5)))
             .is_ok());
-        assert!(Bulkhead::new(2).queue(3, Duration::ZERO).validate(None).is_err());
+        assert!(Bulkhead::new(2)
+            .queue(3, Duration::ZERO)
+            .validate(None)
+            .is_err());
     }
 }

@@ -102,7 +102,9 @@ impl ClockHandle {
             ClockHandle::Virtual(v) => Sleep::Virtual {
                 sleep: v.sleep_future(duration),
             },
-            ClockHandle::Custom(c) => Sleep::Boxed { sleep: c.sleep(duration) },
+            ClockHandle::Custom(c) => Sleep::Boxed {
+                sleep: c.sleep(duration),
+            },
         }
     }
 
@@ -249,7 +251,10 @@ mod tests {
 
     #[test]
     fn from_clock_recognises_builtin_clocks() {
-        assert!(matches!(ClockHandle::from_clock(SystemClock), ClockHandle::System));
+        assert!(matches!(
+            ClockHandle::from_clock(SystemClock),
+            ClockHandle::System
+        ));
         assert!(matches!(
             ClockHandle::from_clock(VirtualClock::new()),
             ClockHandle::Virtual(_)

@@ -56,7 +56,9 @@ impl Context {
 
     /// The deadline of this attempt on the pipeline's clock, if any.
     pub fn deadline(&self) -> Option<Duration> {
-        self.deadline.as_ref().map(|(d, _)| Duration::from_nanos(*d))
+        self.deadline
+            .as_ref()
+            .map(|(d, _)| Duration::from_nanos(*d))
     }
 
     /// Time left before the deadline (zero once it has passed), or `None`

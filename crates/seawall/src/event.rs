@@ -82,6 +82,24 @@ pub enum EventKind {
         /// How long new calls are paused.
         duration: Duration,
     },
+    /// An attempt ended (emitted only when someone listens).
+    AttemptFinished {
+        /// The attempt (1-based).
+        attempt: u32,
+        /// How long the operation ran.
+        duration: Duration,
+        /// How it ended.
+        outcome: AttemptOutcome,
+    },
+    /// A call ended, fallback included (emitted only when someone listens).
+    CallFinished {
+        /// Attempts that ran.
+        attempts: u32,
+        /// How long the whole call took.
+        duration: Duration,
+        /// How it ended.
+        outcome: CallOutcome,
+    },
     /// The state store failed; `degraded` says the pipeline went on with
     /// process-local state (fail-open) rather than refusing the call.
     StoreUnavailable {
@@ -90,6 +108,61 @@ pub enum EventKind {
         /// `true` when the call was admitted on local state.
         degraded: bool,
     },
+}
+
+/// How an attempt ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum AttemptOutcome {
+    /// The operation succeeded.
+    Success,
+    /// The operation returned an error.
+    Failure,
+    /// The attempt ran out of time.
+    Timeout,
+}
+
+impl AttemptOutcome {
+    /// A short, stable, snake_case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AttemptOutcome::Success => "success",
+            AttemptOutcome::Failure => "failure",
+            AttemptOutcome::Timeout => "timeout",
+        }
+    }
+}
+
+/// How a call ended, as its caller sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum CallOutcome {
+    /// The operation succeeded.
+    Success,
+    /// The fallback produced the result.
+    Fallback,
+    /// The operation's error reached the caller.
+    Failure,
+    /// The call timed out.
+    Timeout,
+    /// A policy refused the call.
+    Rejected(RejectionReason),
+    /// The state store failed (fail-closed).
+    StoreFailure,
+}
+
+impl CallOutcome {
+    /// A short, stable, snake_case name (`rejected` for every rejection).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CallOutcome::Success => "success",
+            CallOutcome::Fallback => "fallback",
+            CallOutcome::Failure => "failure",
+            CallOutcome::Timeout => "timeout",
+            CallOutcome::Rejected(_) => "rejected",
+            CallOutcome::StoreFailure => "store_failure",
+        }
+    }
 }
 
 /// Why a retry policy stopped early.
@@ -143,6 +216,26 @@ impl fmt::Display for EventKind {
             EventKind::CircuitClosed => f.write_str("circuit closed"),
             EventKind::CooldownStarted { duration } => {
                 write!(f, "cooldown started for {duration:?}")
+            }
+            EventKind::AttemptFinished {
+                attempt,
+                duration,
+                outcome,
+            } => write!(
+                f,
+                "attempt {attempt} ended: {} in {duration:?}",
+                outcome.as_str()
+            ),
+            EventKind::CallFinished {
+                attempts,
+                duration,
+                outcome,
+            } => {
+                write!(f, "call ended: {}", outcome.as_str())?;
+                if let CallOutcome::Rejected(r) = outcome {
+                    write!(f, " ({r})")?;
+                }
+                write!(f, " after {attempts} attempt(s) in {duration:?}")
             }
             EventKind::StoreUnavailable { error, degraded } => {
                 write!(f, "state store unavailable ({error})")?;

@@ -63,7 +63,7 @@ pub use clock::{Clock, Random, SystemClock, SystemRandom};
 pub use context::{Context, PartitionKey};
 pub use cooldown::Cooldown;
 pub use error::{ConfigError, Error, Rejection, RejectionReason, StoreError, TimeoutError};
-pub use event::{Event, EventKind};
+pub use event::{AttemptOutcome, CallOutcome, Event, EventKind};
 pub use pipeline::{Pipeline, PipelineBuilder};
 pub use rate_limit::RateLimiter;
 pub use retry::{Backoff, Jitter, Retry, RetryBudget};

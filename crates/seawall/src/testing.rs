@@ -60,7 +60,11 @@ impl VirtualClock {
 
     /// Moves time forward by `by`, waking the async sleepers that are due.
     pub fn advance(&self, by: Duration) {
-        let now = self.inner.nanos.fetch_add(duration_nanos(by), Ordering::SeqCst) + duration_nanos(by);
+        let now = self
+            .inner
+            .nanos
+            .fetch_add(duration_nanos(by), Ordering::SeqCst)
+            + duration_nanos(by);
         self.wake_due(now);
     }
 
@@ -74,7 +78,10 @@ impl VirtualClock {
     }
 
     fn sleepers(&self) -> std::sync::MutexGuard<'_, Vec<(u64, u64, Waker)>> {
-        self.inner.sleepers.lock().unwrap_or_else(|e| e.into_inner())
+        self.inner
+            .sleepers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
     }
 
     fn wake_due(&self, now: u64) {
@@ -151,7 +158,11 @@ impl Future for VirtualSleep {
             }
             s.iter().map(|e| e.0).min().unwrap_or(until)
         };
-        let now = clock.inner.nanos.fetch_max(earliest, Ordering::SeqCst).max(earliest);
+        let now = clock
+            .inner
+            .nanos
+            .fetch_max(earliest, Ordering::SeqCst)
+            .max(earliest);
         clock.wake_due(now);
         if now >= until {
             self.registered = false;

@@ -44,14 +44,27 @@ fn allocations() -> u64 {
 #[derive(Debug)]
 struct Oops;
 
-fn pipelines() -> Vec<(&'static str, Pipeline<seawall::pipeline::WithFallback<u64, Oops>>)> {
+fn pipelines() -> Vec<(
+    &'static str,
+    Pipeline<seawall::pipeline::WithFallback<u64, Oops>>,
+)> {
     let base = |name: &str| Pipeline::builder(name).store(MemoryStore::new());
     vec![
-        ("empty", base("alloc-empty").fallback_sync(|_, _| Ok(0)).build().unwrap()),
+        (
+            "empty",
+            base("alloc-empty")
+                .fallback_sync(|_, _| Ok(0))
+                .build()
+                .unwrap(),
+        ),
         (
             "retry+timeout+fallback",
             base("alloc-rtf")
-                .retry(Retry::exponential(Duration::from_millis(10)).max_attempts(3).jitter(Jitter::Full))
+                .retry(
+                    Retry::exponential(Duration::from_millis(10))
+                        .max_attempts(3)
+                        .jitter(Jitter::Full),
+                )
                 .timeout(Duration::from_secs(1))
                 .fallback_sync(|_, _| Ok(0))
                 .build()
@@ -64,7 +77,9 @@ fn pipelines() -> Vec<(&'static str, Pipeline<seawall::pipeline::WithFallback<u6
                 .circuit_breaker(CircuitBreaker::failure_rate(0.5))
                 .timeout(Duration::from_secs(1))
                 .bulkhead(Bulkhead::new(100))
-                .rate_limiter(RateLimiter::gcra(100_000_000, Duration::from_secs(1)).burst(1_000_000))
+                .rate_limiter(
+                    RateLimiter::gcra(100_000_000, Duration::from_secs(1)).burst(1_000_000),
+                )
                 .cooldown(Cooldown::new())
                 .fallback_sync(|_, _| Ok(0))
                 .build()
@@ -86,7 +101,10 @@ fn pipelines() -> Vec<(&'static str, Pipeline<seawall::pipeline::WithFallback<u6
 
 #[test]
 fn success_path_allocates_nothing() {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
     for (name, p) in pipelines() {
         // warm up: lazily initialised statics, thread-local random state
         assert_eq!(p.call(|_| Ok(1)).unwrap(), 1);

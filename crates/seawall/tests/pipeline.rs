@@ -9,7 +9,7 @@ use seawall::breaker::{CircuitControl, CircuitMetrics, CircuitTransition};
 use seawall::error::TimeoutScope;
 use seawall::event::GiveUpReason;
 use seawall::store::{
-    AdmitRequest, Admission, Permit, Record, Recorded, ResourceSpec, ResourceState, StateStore,
+    Admission, AdmitRequest, Permit, Record, Recorded, ResourceSpec, ResourceState, StateStore,
 };
 use seawall::testing::{SeededRandom, VirtualClock};
 use seawall::*;
@@ -32,14 +32,25 @@ impl std::error::Error for Boom {}
 
 type Log = Arc<Mutex<Vec<EventKind>>>;
 
+/// Records every event but the per-attempt and per-call summaries.
 fn recorder() -> (Log, impl Fn(&Event<'_>) + Send + Sync + 'static) {
     let log: Log = Arc::default();
     let l = log.clone();
-    (log, move |e: &Event<'_>| l.lock().unwrap().push(e.kind.clone()))
+    (log, move |e: &Event<'_>| {
+        if !matches!(
+            e.kind,
+            EventKind::AttemptFinished { .. } | EventKind::CallFinished { .. }
+        ) {
+            l.lock().unwrap().push(e.kind.clone())
+        }
+    })
 }
 
 fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap()
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap()
 }
 
 // ------------------------------------------------------------------ retry
@@ -76,9 +87,18 @@ fn each_backoff_shape_waits_what_it_says() {
     let cases: Vec<(Retry, Duration)> = vec![
         (Retry::constant(ms(50)).max_attempts(4), ms(150)),
         (Retry::linear(ms(10)).max_attempts(4), ms(10 + 20 + 30)),
-        (Retry::linear(ms(10)).cap(ms(15)).max_attempts(4), ms(10 + 15 + 15)),
-        (Retry::exponential(ms(10)).multiplier(3.0).max_attempts(4), ms(10 + 30 + 90)),
-        (Retry::exponential(ms(10)).cap(ms(25)).max_attempts(5), ms(10 + 20 + 25 + 25)),
+        (
+            Retry::linear(ms(10)).cap(ms(15)).max_attempts(4),
+            ms(10 + 15 + 15),
+        ),
+        (
+            Retry::exponential(ms(10)).multiplier(3.0).max_attempts(4),
+            ms(10 + 30 + 90),
+        ),
+        (
+            Retry::exponential(ms(10)).cap(ms(25)).max_attempts(5),
+            ms(10 + 20 + 25 + 25),
+        ),
     ];
     for (retry, expected) in cases {
         let clock = VirtualClock::new();
@@ -98,7 +118,11 @@ fn decorrelated_and_jittered_delays_stay_in_bounds_and_repeat_with_a_seed() {
         let clock = VirtualClock::new();
         let (log, l) = recorder();
         let p = Pipeline::builder("t-decor")
-            .retry(Retry::decorrelated(ms(10), ms(500)).max_attempts(8).jitter(Jitter::Equal))
+            .retry(
+                Retry::decorrelated(ms(10), ms(500))
+                    .max_attempts(8)
+                    .jitter(Jitter::Equal),
+            )
             .clock(clock.clone())
             .random(SeededRandom::new(seed))
             .on_event(l)
@@ -240,7 +264,16 @@ fn retry_gives_up_early_when_the_next_wait_does_not_fit_the_deadline() {
         .unwrap_err();
     // attempts at 0, 400, 800 ms; the next would start at 1200 > 1000
     assert_eq!(n, 3);
-    assert!(matches!(err, Error::RetryExhausted { attempts: 3, last: Boom(3) }), "{err:?}");
+    assert!(
+        matches!(
+            err,
+            Error::RetryExhausted {
+                attempts: 3,
+                last: Boom(3)
+            }
+        ),
+        "{err:?}"
+    );
     assert_eq!(clock.now(), ms(800), "no useless final wait");
     assert!(log.lock().unwrap().contains(&EventKind::RetryGaveUp {
         attempts: 3,
@@ -252,7 +285,11 @@ fn retry_gives_up_early_when_the_next_wait_does_not_fit_the_deadline() {
 fn retry_budget_stops_retries_when_empty() {
     let budget = RetryBudget::new(0.1, 2);
     let p = Pipeline::builder("t-budget")
-        .retry(Retry::constant(Duration::ZERO).max_attempts(10).budget(budget.clone()))
+        .retry(
+            Retry::constant(Duration::ZERO)
+                .max_attempts(10)
+                .budget(budget.clone()),
+        )
         .build()
         .unwrap();
     let mut n = 0;
@@ -288,7 +325,11 @@ impl ResourceState for RefusingState {
         Ok(Recorded::default())
     }
     fn release(&self, _: Option<&PartitionKey>, _: Permit) {}
-    fn circuit_metrics(&self, _: Option<&PartitionKey>, _: Duration) -> Result<CircuitMetrics, StoreError> {
+    fn circuit_metrics(
+        &self,
+        _: Option<&PartitionKey>,
+        _: Duration,
+    ) -> Result<CircuitMetrics, StoreError> {
         Ok(CircuitMetrics::closed_empty())
     }
     fn control_circuit(
@@ -352,7 +393,11 @@ impl ResourceState for FailingState {
         Err(StoreError::Unavailable("connection refused".into()))
     }
     fn release(&self, _: Option<&PartitionKey>, _: Permit) {}
-    fn circuit_metrics(&self, _: Option<&PartitionKey>, _: Duration) -> Result<CircuitMetrics, StoreError> {
+    fn circuit_metrics(
+        &self,
+        _: Option<&PartitionKey>,
+        _: Duration,
+    ) -> Result<CircuitMetrics, StoreError> {
         Err(StoreError::Unavailable("connection refused".into()))
     }
     fn control_circuit(
@@ -388,9 +433,15 @@ fn a_failing_store_refuses_with_a_typed_error_and_an_event() {
     assert!(matches!(err, Err(Error::Store(StoreError::Unavailable(_)))));
     assert!(matches!(
         log.lock().unwrap()[0],
-        EventKind::StoreUnavailable { degraded: false, .. }
+        EventKind::StoreUnavailable {
+            degraded: false,
+            ..
+        }
     ));
-    assert!(matches!(p.isolate(), Err(seawall::pipeline::ControlError::Store(_))));
+    assert!(matches!(
+        p.isolate(),
+        Err(seawall::pipeline::ControlError::Store(_))
+    ));
 }
 
 // ---------------------------------------------------------------- timeout
@@ -421,7 +472,10 @@ fn async_timeout_drops_the_future_at_the_deadline() {
             }
         }))
         .unwrap_err();
-    assert!(dropped.load(Ordering::SeqCst), "the operation's future was dropped");
+    assert!(
+        dropped.load(Ordering::SeqCst),
+        "the operation's future was dropped"
+    );
     match err {
         Error::Timeout(t) => {
             assert_eq!(t.scope, TimeoutScope::Overall);
@@ -459,14 +513,29 @@ fn per_attempt_timeout_is_retried_and_overall_timeout_is_not() {
         }))
         .unwrap_err();
     assert_eq!(attempts.load(Ordering::SeqCst), 3);
-    assert!(matches!(err, Error::Timeout(TimeoutError { scope: TimeoutScope::Attempt, attempts: 3, .. })), "{err:?}");
+    assert!(
+        matches!(
+            err,
+            Error::Timeout(TimeoutError {
+                scope: TimeoutScope::Attempt,
+                attempts: 3,
+                ..
+            })
+        ),
+        "{err:?}"
+    );
 }
 
 #[test]
 fn fast_async_success_needs_no_timer() {
     // No tokio time driver at all: a ready operation never touches a timer.
-    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
-    let p = Pipeline::builder("t-fast").timeout(secs(1)).build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let p = Pipeline::builder("t-fast")
+        .timeout(secs(1))
+        .build()
+        .unwrap();
     let v = rt.block_on(p.run(|_| async { Ok::<_, Boom>(5) })).unwrap();
     assert_eq!(v, 5);
 }
@@ -534,14 +603,23 @@ fn async_fallback_gets_the_error_and_context() {
 fn fallback_filter_lets_other_errors_through_unchanged() {
     let (log, l) = recorder();
     let p = Pipeline::builder("t-fallback-filter")
-        .classify(|e: &Boom| if e.0 == 4 { Verdict::abort() } else { Verdict::retry() })
+        .classify(|e: &Boom| {
+            if e.0 == 4 {
+                Verdict::abort()
+            } else {
+                Verdict::retry()
+            }
+        })
         .fallback_sync(|_err, _ctx| Ok::<_, Boom>(0u32))
         .fallback_when(|e| !matches!(e, Error::Operation(Boom(4))))
         .on_event(l)
         .build()
         .unwrap();
     assert_eq!(p.call(|_| Err(Boom(1))).unwrap(), 0);
-    assert!(matches!(p.call(|_| Err(Boom(4))), Err(Error::Operation(Boom(4)))));
+    assert!(matches!(
+        p.call(|_| Err(Boom(4))),
+        Err(Error::Operation(Boom(4)))
+    ));
     assert_eq!(*log.lock().unwrap(), vec![EventKind::FallbackExecuted]);
     // the sync fallback also serves async runs
     assert_eq!(rt().block_on(p.run(|_| async { Err(Boom(2)) })).unwrap(), 0);
@@ -553,7 +631,10 @@ fn a_failing_fallback_reports_its_own_error() {
         .fallback_sync(|_err, _ctx| Err::<u8, _>(Boom(99)))
         .build()
         .unwrap();
-    assert!(matches!(p.call(|_| Err(Boom(1))), Err(Error::Fallback(Boom(99)))));
+    assert!(matches!(
+        p.call(|_| Err(Boom(1))),
+        Err(Error::Fallback(Boom(99)))
+    ));
 }
 
 #[test]
@@ -615,11 +696,19 @@ fn invalid_configuration_fails_at_build_naming_field_and_rule() {
         "pipeline.circuit_breaker must be declared after retry: stateful policies guard each attempt"
     );
     assert_eq!(
-        err(Pipeline::builder("x").retry(Retry::constant(ms(1))).retry(Retry::constant(ms(1)))),
+        err(Pipeline::builder("x")
+            .retry(Retry::constant(ms(1)))
+            .retry(Retry::constant(ms(1)))),
         "pipeline.retry is declared twice; declare each policy once"
     );
-    assert_eq!(err(Pipeline::builder("x").timeout(Duration::ZERO)), "timeout.duration must be > 0");
-    assert_eq!(err(Pipeline::builder(" ")), "pipeline.name must not be empty");
+    assert_eq!(
+        err(Pipeline::builder("x").timeout(Duration::ZERO)),
+        "timeout.duration must be > 0"
+    );
+    assert_eq!(
+        err(Pipeline::builder(" ")),
+        "pipeline.name must not be empty"
+    );
     assert_eq!(
         err(Pipeline::builder("x").bulkhead(Bulkhead::new(0))),
         "bulkhead.max_concurrent must be >= 1, got 0"
@@ -670,7 +759,63 @@ fn public_types_are_send_and_sync() {
 fn no_policy_pipeline_passes_results_through() {
     let p = Pipeline::builder("t-empty").build().unwrap();
     assert_eq!(p.call(|_| Ok::<_, Boom>(3)).unwrap(), 3);
-    assert!(matches!(p.call(|_| Err::<(), _>(Boom(3))), Err(Error::Operation(Boom(3)))));
+    assert!(matches!(
+        p.call(|_| Err::<(), _>(Boom(3))),
+        Err(Error::Operation(Boom(3)))
+    ));
     let err: Box<dyn std::error::Error> = Box::new(p.call(|_| Err::<(), _>(Boom(3))).unwrap_err());
     assert_eq!(err.source().unwrap().to_string(), "boom 3");
+}
+
+#[test]
+fn attempt_and_call_summaries_carry_outcome_and_virtual_duration() {
+    let clock = VirtualClock::new();
+    let log: Log = Arc::default();
+    let l = log.clone();
+    let c = clock.clone();
+    let p = Pipeline::builder("t-summaries")
+        .retry(Retry::constant(ms(100)).max_attempts(3))
+        .fallback_sync(|_e: Error<Boom>, _| Ok::<_, Boom>(0))
+        .clock(clock.clone())
+        .on_event(move |e| l.lock().unwrap().push(e.kind.clone()))
+        .build()
+        .unwrap();
+    let mut n = 0;
+    p.call(|_| {
+        n += 1;
+        c.advance(ms(10));
+        if n < 2 {
+            Err(Boom(n))
+        } else {
+            Ok(n)
+        }
+    })
+    .unwrap();
+    let log = log.lock().unwrap();
+    assert_eq!(
+        log.iter()
+            .filter(|e| matches!(
+                e,
+                EventKind::AttemptFinished { .. } | EventKind::CallFinished { .. }
+            ))
+            .cloned()
+            .collect::<Vec<_>>(),
+        vec![
+            EventKind::AttemptFinished {
+                attempt: 1,
+                duration: ms(10),
+                outcome: AttemptOutcome::Failure
+            },
+            EventKind::AttemptFinished {
+                attempt: 2,
+                duration: ms(10),
+                outcome: AttemptOutcome::Success
+            },
+            EventKind::CallFinished {
+                attempts: 2,
+                duration: ms(120),
+                outcome: CallOutcome::Success
+            },
+        ]
+    );
 }

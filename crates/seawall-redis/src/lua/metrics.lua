@@ -4,7 +4,8 @@
 local c = cload()
 local calls, fails, slows = 0, 0, 0
 if MODE == 1 then
-  calls, fails = c.cf, c.cf
+  -- Consecutive mode: the failures in a row of a closed circuit.
+  if c.st == CLOSED then calls, fails = c.cf, c.cf end
 elseif MODE == 2 then
   if redis.call('LLEN', KCW) > 0 then calls, fails, slows = c.nc, c.nf, c.ns end
 else

@@ -6,12 +6,16 @@ local KC, KCW, KTW, KTZ, KB, KCD, KRL, KSQ =
 local A = ARGV
 
 -- The server's clock decides, unless the caller's time was passed (tests).
-local now
+-- A circuit that never moved has been closed since: now on the server's
+-- clock, time zero on the caller's (like the in-memory store).
+local now, since0
 if A[1] == '' then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  since0 = now
 else
   now = tonumber(A[1])
+  since0 = 0
 end
 
 -- The resource's spec, fixed at bind time.
@@ -41,7 +45,7 @@ local function cload()
     'cf', 'nc', 'nf', 'ns', 'tc', 'tf', 'ts')
   return {
     st = tonumber(v[1]) or CLOSED, gen = tonumber(v[2]) or 0, trips = tonumber(v[3]) or 0,
-    ou = tonumber(v[4]) or 0, since = tonumber(v[5]) or now, pr = tonumber(v[6]) or 0,
+    ou = tonumber(v[4]) or 0, since = tonumber(v[5]) or since0, pr = tonumber(v[6]) or 0,
     pok = tonumber(v[7]) or 0, pt = tonumber(v[8]) or now, cf = tonumber(v[9]) or 0,
     nc = tonumber(v[10]) or 0, nf = tonumber(v[11]) or 0, ns = tonumber(v[12]) or 0,
     tc = tonumber(v[13]) or 0, tf = tonumber(v[14]) or 0, ts = tonumber(v[15]) or 0,
@@ -73,9 +77,11 @@ local function cooldown_for(trips)
   return math.floor(cd)
 end
 
--- Closed or half-open to open.
+-- Closed or half-open to open. Trips saturate at 63, like the in-memory
+-- store's.
 local function copen(c)
   if c.st == HALF_OPEN then c.trips = c.trips + 1 else c.trips = 1 end
+  if c.trips > 63 then c.trips = 63 end
   c.st = OPEN
   c.gen = c.gen + 1
   c.since = now

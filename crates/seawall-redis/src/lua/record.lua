@@ -116,8 +116,10 @@ if HAS_CD and ra >= 0 then
   if ra > CD_PAUSE then ra = CD_PAUSE end
   local u = tonumber(redis.call('GET', KCD)) or 0
   if now + ra > u then u = now + ra end
-  redis.call('SET', KCD, u, 'PX', ms(u - now + CD_GRACE))
-  cdout = u - now
+  if u > now then
+    redis.call('SET', KCD, u, 'PX', ms(u - now + CD_GRACE))
+    cdout = u - now
+  end
 end
 
 return {tr, trips, cdout}

@@ -405,7 +405,13 @@ impl Circuit {
                     None => current = self.load(),
                 }
             } else {
-                match self.cas(current, Word { payload: in_a_row, ..word }) {
+                match self.cas(
+                    current,
+                    Word {
+                        payload: in_a_row,
+                        ..word
+                    },
+                ) {
                     Ok(()) => return None,
                     Err(actual) => current = actual,
                 }
@@ -484,7 +490,11 @@ impl Circuit {
     }
 
     /// Manual control; the transition when the state changed.
-    pub(crate) fn control(&self, control: CircuitControl, now_ns: u64) -> Option<CircuitTransition> {
+    pub(crate) fn control(
+        &self,
+        control: CircuitControl,
+        now_ns: u64,
+    ) -> Option<CircuitTransition> {
         let mut current = self.load();
         loop {
             let word = Word::unpack(current);
@@ -541,7 +551,13 @@ impl Circuit {
             }
             (_, Some(window)) => window.snapshot(now_ns),
         };
-        let rate = |n: u64| if calls == 0 { 0.0 } else { n as f64 / calls as f64 };
+        let rate = |n: u64| {
+            if calls == 0 {
+                0.0
+            } else {
+                n as f64 / calls as f64
+            }
+        };
         let since = self.since.load(Ordering::Relaxed);
         CircuitMetrics {
             state: word.kind.state(),
@@ -623,9 +639,8 @@ impl CountWindow {
     fn record(&self, failure: bool, slow: bool) {
         let len = self.slots.len() as u64;
         let index = (self.head.fetch_add(1, Ordering::AcqRel) % len) as usize;
-        let value = SLOT_SET
-            | if failure { SLOT_FAILURE } else { 0 }
-            | if slow { SLOT_SLOW } else { 0 };
+        let value =
+            SLOT_SET | if failure { SLOT_FAILURE } else { 0 } | if slow { SLOT_SLOW } else { 0 };
         let old = self.slots[index].swap(value, Ordering::AcqRel);
         if old != value {
             adjust(&self.failures, old & SLOT_FAILURE != 0, failure);
@@ -634,7 +649,10 @@ impl CountWindow {
     }
 
     fn snapshot(&self) -> (u64, u64, u64) {
-        let calls = self.head.load(Ordering::Acquire).min(self.slots.len() as u64);
+        let calls = self
+            .head
+            .load(Ordering::Acquire)
+            .min(self.slots.len() as u64);
         // The totals may be transiently off by the calls racing with this
         // read; clamp them into a consistent range.
         let total = |c: &AtomicU32| (c.load(Ordering::Acquire) as i32).max(0) as u64;
@@ -832,7 +850,10 @@ mod tests {
             })
         );
         let m = c.metrics(&p, 3 * S);
-        assert_eq!((m.state, m.trips, m.time_in_state), (CircuitState::Open, 1, Duration::from_secs(2)));
+        assert_eq!(
+            (m.state, m.trips, m.time_in_state),
+            (CircuitState::Open, 1, Duration::from_secs(2))
+        );
         assert_eq!(
             c.admit(&p, 3 * S).decision,
             Err(Some(Duration::from_secs(8)))
@@ -844,7 +865,14 @@ mod tests {
         assert_eq!(c.admit(&p, 11 * S).decision, Err(None), "one probe only");
         // A failed probe trips again with a doubled cooldown.
         assert_eq!(
-            c.record(&p, generation, true, Outcome::Failure, Duration::ZERO, 11 * S),
+            c.record(
+                &p,
+                generation,
+                true,
+                Outcome::Failure,
+                Duration::ZERO,
+                11 * S
+            ),
             Some(CircuitTransition::Opened {
                 cooldown: Duration::from_secs(20)
             })
@@ -852,7 +880,14 @@ mod tests {
         assert_eq!(c.metrics(&p, 11 * S).trips, 2);
         let (generation, probe) = admit_ok(&c, &p, 31 * S);
         assert_eq!(
-            c.record(&p, generation, probe, Outcome::Success, Duration::ZERO, 31 * S),
+            c.record(
+                &p,
+                generation,
+                probe,
+                Outcome::Success,
+                Duration::ZERO,
+                31 * S
+            ),
             Some(CircuitTransition::Closed)
         );
         let m = c.metrics(&p, 31 * S);
@@ -866,7 +901,10 @@ mod tests {
         let (old, _) = admit_ok(&c, &p, 0);
         assert!(fail(&c, &p, 0).is_some());
         // The call admitted before the trip finishes late: not a probe result.
-        assert_eq!(c.record(&p, old, false, Outcome::Success, Duration::ZERO, 0), None);
+        assert_eq!(
+            c.record(&p, old, false, Outcome::Success, Duration::ZERO, 0),
+            None
+        );
         assert_eq!(c.metrics(&p, 0).state, CircuitState::Open);
     }
 
@@ -883,7 +921,10 @@ mod tests {
         assert!(probe);
         let _second = admit_ok(&c, &p, 5 * MS);
         assert_eq!(c.admit(&p, 5 * MS).decision, Err(None));
-        assert_eq!(c.record(&p, g, true, Outcome::Ignored, Duration::ZERO, 5 * MS), None);
+        assert_eq!(
+            c.record(&p, g, true, Outcome::Ignored, Duration::ZERO, 5 * MS),
+            None
+        );
         assert!(c.admit(&p, 5 * MS).decision.is_ok());
     }
 
@@ -904,7 +945,10 @@ mod tests {
         let m = c.metrics(&p, 0);
         assert_eq!((m.calls, m.failures, m.failure_rate), (4, 2, 0.5));
         // The ring overwrites the oldest (a failure) with a failure: 5th call.
-        assert!(matches!(fail(&c, &p, 0), Some(CircuitTransition::Opened { .. })));
+        assert!(matches!(
+            fail(&c, &p, 0),
+            Some(CircuitTransition::Opened { .. })
+        ));
     }
 
     #[test]
@@ -974,11 +1018,17 @@ mod tests {
         );
         assert_eq!(c.control(CircuitControl::Isolate, 0), None);
         assert_eq!(c.admit(&p, u64::MAX).decision, Err(None));
-        assert_eq!(c.control(CircuitControl::ForceClose, 0), Some(CircuitTransition::Closed));
+        assert_eq!(
+            c.control(CircuitControl::ForceClose, 0),
+            Some(CircuitTransition::Closed)
+        );
         assert_eq!(c.control(CircuitControl::ForceClose, 0), None);
         assert_eq!(fail(&c, &p, 0), None, "disabled records nothing");
         assert_eq!(c.metrics(&p, 0).state, CircuitState::Disabled);
-        assert_eq!(c.control(CircuitControl::Reset, 0), Some(CircuitTransition::Closed));
+        assert_eq!(
+            c.control(CircuitControl::Reset, 0),
+            Some(CircuitTransition::Closed)
+        );
         assert_eq!(c.control(CircuitControl::Reset, 0), None);
         assert_eq!(c.metrics(&p, 0).state, CircuitState::Closed);
     }

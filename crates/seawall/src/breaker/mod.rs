@@ -166,16 +166,28 @@ impl CircuitBreaker {
         let rate_ok = |r: f64| r > 0.0 && r <= 1.0;
         match self.mode {
             BreakerMode::ConsecutiveFailures(0) => {
-                return Err(ConfigError::new(P, "consecutive_failures", "must be >= 1, got 0"))
+                return Err(ConfigError::new(
+                    P,
+                    "consecutive_failures",
+                    "must be >= 1, got 0",
+                ))
             }
             BreakerMode::CountWindow(0) => {
-                return Err(ConfigError::new(P, "count_window", "must be >= 1 call, got 0"))
+                return Err(ConfigError::new(
+                    P,
+                    "count_window",
+                    "must be >= 1 call, got 0",
+                ))
             }
             BreakerMode::TimeWindow(0) => {
                 return Err(ConfigError::new(P, "window", "must be >= 1 s, got 0"))
             }
             BreakerMode::TimeWindow(s) if s > 3600 => {
-                return Err(ConfigError::new(P, "window", format!("must be <= 3600 s, got {s} s")))
+                return Err(ConfigError::new(
+                    P,
+                    "window",
+                    format!("must be <= 3600 s, got {s} s"),
+                ))
             }
             BreakerMode::CountWindow(n) if n > 1_000_000 => {
                 return Err(ConfigError::new(
@@ -236,7 +248,11 @@ impl CircuitBreaker {
             ));
         }
         if self.half_open_calls == 0 {
-            return Err(ConfigError::new(P, "half_open_calls", "must be >= 1, got 0"));
+            return Err(ConfigError::new(
+                P,
+                "half_open_calls",
+                "must be >= 1, got 0",
+            ));
         }
         Ok(())
     }
@@ -344,15 +360,26 @@ mod tests {
     #[test]
     fn validation_names_field_and_rule() {
         let e = CircuitBreaker::failure_rate(1.5).validate().unwrap_err();
-        assert_eq!(e.to_string(), "circuit_breaker.failure_rate must be in (0, 1], got 1.5");
-        let e = CircuitBreaker::failure_rate(0.5).half_open_calls(0).validate().unwrap_err();
-        assert_eq!(e.to_string(), "circuit_breaker.half_open_calls must be >= 1, got 0");
+        assert_eq!(
+            e.to_string(),
+            "circuit_breaker.failure_rate must be in (0, 1], got 1.5"
+        );
+        let e = CircuitBreaker::failure_rate(0.5)
+            .half_open_calls(0)
+            .validate()
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "circuit_breaker.half_open_calls must be >= 1, got 0"
+        );
         let e = CircuitBreaker::failure_rate(0.5)
             .window(Duration::ZERO)
             .validate()
             .unwrap_err();
         assert_eq!(e.field, "window");
-        let e = CircuitBreaker::consecutive_failures(0).validate().unwrap_err();
+        let e = CircuitBreaker::consecutive_failures(0)
+            .validate()
+            .unwrap_err();
         assert_eq!(e.field, "consecutive_failures");
         let e = CircuitBreaker::consecutive_failures(3)
             .slow_calls(0.5, Duration::from_secs(1))
@@ -361,7 +388,10 @@ mod tests {
         assert_eq!(e.field, "slow_call_rate");
         assert!(CircuitBreaker::failure_rate(0.0).validate().is_err());
         assert!(CircuitBreaker::failure_rate(f64::NAN).validate().is_err());
-        assert!(CircuitBreaker::failure_rate(0.5).minimum_calls(0).validate().is_err());
+        assert!(CircuitBreaker::failure_rate(0.5)
+            .minimum_calls(0)
+            .validate()
+            .is_err());
         assert!(CircuitBreaker::failure_rate(0.5).validate().is_ok());
     }
 

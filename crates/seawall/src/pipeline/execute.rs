@@ -16,7 +16,7 @@ use crate::classify::Verdict;
 use crate::context::{Context, PartitionKey};
 use crate::error::{Error, Rejection, RejectionReason, TimeoutError, TimeoutScope};
 use crate::event::{EventKind, GiveUpReason};
-use crate::store::{AdmitRequest, Admission, Outcome, Permit, Record, Recorded};
+use crate::store::{Admission, AdmitRequest, Outcome, Permit, Record, Recorded};
 use crate::timeout::WithDeadline;
 
 /// Gives a permit back if the attempt ends without recording an outcome
@@ -127,12 +127,71 @@ impl<K: Kind> Pipeline<K> {
     }
 
     #[inline]
-    fn context(&self, partition: Option<&PartitionKey>, attempt: u32, deadline: Option<u64>) -> Context {
+    fn context(
+        &self,
+        partition: Option<&PartitionKey>,
+        attempt: u32,
+        deadline: Option<u64>,
+    ) -> Context {
         Context {
             resource: self.shared.name,
             attempt,
             deadline: deadline.map(|d| (d, self.shared.clock.clone())),
             partition: partition.cloned(),
+        }
+    }
+
+    /// Start of a call or attempt for the `*Finished` events (0 when nobody listens).
+    #[inline]
+    fn event_clock(&self) -> u64 {
+        if self.shared.listeners.enabled() {
+            self.now_nanos()
+        } else {
+            0
+        }
+    }
+
+    fn attempt_finished(
+        &self,
+        partition: Option<&PartitionKey>,
+        attempt: u32,
+        started: u64,
+        outcome: crate::event::AttemptOutcome,
+    ) {
+        if self.shared.listeners.enabled() {
+            let duration = Duration::from_nanos(self.now_nanos().saturating_sub(started));
+            self.emit(partition, || EventKind::AttemptFinished {
+                attempt,
+                duration,
+                outcome,
+            });
+        }
+    }
+
+    fn call_finished<T, E>(
+        &self,
+        partition: Option<&PartitionKey>,
+        started: u64,
+        attempts: u32,
+        result: &Result<T, Error<E>>,
+        fell_back: bool,
+    ) {
+        use crate::event::CallOutcome;
+        if self.shared.listeners.enabled() {
+            let outcome = match result {
+                Ok(_) if fell_back => CallOutcome::Fallback,
+                Ok(_) => CallOutcome::Success,
+                Err(Error::Timeout(_)) => CallOutcome::Timeout,
+                Err(Error::Rejected(r)) => CallOutcome::Rejected(r.reason),
+                Err(Error::Store(_)) => CallOutcome::StoreFailure,
+                Err(_) => CallOutcome::Failure,
+            };
+            let duration = Duration::from_nanos(self.now_nanos().saturating_sub(started));
+            self.emit(partition, || EventKind::CallFinished {
+                attempts,
+                duration,
+                outcome,
+            });
         }
     }
 
@@ -148,7 +207,11 @@ impl<K: Kind> Pipeline<K> {
         }
     }
 
-    fn emit_recorded(&self, partition: Option<&PartitionKey>, rec: Result<Recorded, crate::StoreError>) {
+    fn emit_recorded(
+        &self,
+        partition: Option<&PartitionKey>,
+        rec: Result<Recorded, crate::StoreError>,
+    ) {
         match rec {
             Ok(r) => {
                 if let Some(t) = r.transition {
@@ -294,10 +357,18 @@ impl<K: Kind> Pipeline<K> {
         Next::Retry(delay)
     }
 
-    fn stop<E>(&self, partition: Option<&PartitionKey>, reason: StopReason, attempts: u32, e: E) -> Error<E> {
+    fn stop<E>(
+        &self,
+        partition: Option<&PartitionKey>,
+        reason: StopReason,
+        attempts: u32,
+        e: E,
+    ) -> Error<E> {
         match reason {
             StopReason::NotRetried => Error::Operation(e),
-            StopReason::Exhausted | StopReason::Deadline => Error::RetryExhausted { attempts, last: e },
+            StopReason::Exhausted | StopReason::Deadline => {
+                Error::RetryExhausted { attempts, last: e }
+            }
             StopReason::Budget => self.reject(
                 partition,
                 Rejection::new(RejectionReason::RetryBudgetExhausted, None),
@@ -305,7 +376,13 @@ impl<K: Kind> Pipeline<K> {
         }
     }
 
-    fn stop_timeout<E>(&self, partition: Option<&PartitionKey>, reason: StopReason, attempts: u32, d: Deadline) -> Error<E> {
+    fn stop_timeout<E>(
+        &self,
+        partition: Option<&PartitionKey>,
+        reason: StopReason,
+        attempts: u32,
+        d: Deadline,
+    ) -> Error<E> {
         match reason {
             StopReason::Budget => self.reject(
                 partition,
@@ -407,24 +484,27 @@ impl<K: Kind> Pipeline<K> {
         Op: FnMut(Context) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
+        let started = self.event_clock();
         let (result, attempts) = self.execute_async(partition, &mut op).await;
-        match result {
-            Ok(v) => Ok(v),
+        let (result, fell_back) = match result {
+            Ok(v) => (Ok(v), false),
             Err(err) => {
                 let ctx = self.context(partition, attempts, None);
                 match K::fall_back(&self.shared.handlers, err, ctx) {
-                    Fallen::NotApplied(e) => Err(e),
+                    Fallen::NotApplied(e) => (Err(e), false),
                     Fallen::Done(r) => {
                         self.emit(partition, || EventKind::FallbackExecuted);
-                        r.map_err(Error::Fallback)
+                        (r.map_err(Error::Fallback), true)
                     }
                     Fallen::Pending(f) => {
                         self.emit(partition, || EventKind::FallbackExecuted);
-                        f.await.map_err(Error::Fallback)
+                        (f.await.map_err(Error::Fallback), true)
                     }
                 }
             }
-        }
+        };
+        self.call_finished(partition, started, attempts, &result, fell_back);
+        result
     }
 
     async fn execute_async<T, E, Op, Fut>(
@@ -468,6 +548,14 @@ impl<K: Kind> Pipeline<K> {
             }
             let ctx = self.context(partition, attempt, deadline.map(|d| d.at));
             let result = WithDeadline::new(op(ctx), &shared.clock, deadline.map(|d| d.at)).await;
+            if shared.listeners.enabled() {
+                let outcome = match &result {
+                    Some(Ok(_)) => crate::event::AttemptOutcome::Success,
+                    Some(Err(_)) => crate::event::AttemptOutcome::Failure,
+                    None => crate::event::AttemptOutcome::Timeout,
+                };
+                self.attempt_finished(partition, attempt, now, outcome);
+            }
             let (verdict, error) = match result {
                 Some(Ok(v)) => {
                     if let Some(g) = guard.as_mut() {
@@ -478,7 +566,8 @@ impl<K: Kind> Pipeline<K> {
                 Some(Err(e)) => {
                     let v = K::verdict(&shared.handlers, &e);
                     if let Some(g) = guard.as_mut() {
-                        self.record_async(g, now, Self::outcome_of(v), v.retry_after()).await;
+                        self.record_async(g, now, Self::outcome_of(v), v.retry_after())
+                            .await;
                     }
                     (v, Some(e))
                 }
@@ -496,23 +585,40 @@ impl<K: Kind> Pipeline<K> {
             };
             drop(guard);
             let timed_out = error.is_none();
-            let verdict = if timed_out && deadline.is_some_and(|d| d.scope == TimeoutScope::Overall) {
+            let verdict = if timed_out && deadline.is_some_and(|d| d.scope == TimeoutScope::Overall)
+            {
                 Verdict::failure()
             } else {
                 verdict
             };
-            match self.next::<T, E>(partition, attempt, &mut previous, verdict, error.as_ref(), overall) {
+            match self.next::<T, E>(
+                partition,
+                attempt,
+                &mut previous,
+                verdict,
+                error.as_ref(),
+                overall,
+            ) {
                 Next::Retry(delay) => {
                     if !delay.is_zero() {
                         shared.clock.sleep(delay).await;
                     }
                     attempt += 1;
-                    now = if self.needs_time() { self.now_nanos() } else { 0 };
+                    now = if self.needs_time() {
+                        self.now_nanos()
+                    } else {
+                        0
+                    };
                 }
                 Next::Stop(reason) => {
                     let err = match error {
                         Some(e) => self.stop(partition, reason, attempt, e),
-                        None => self.stop_timeout(partition, reason, attempt, deadline.expect("deadline")),
+                        None => self.stop_timeout(
+                            partition,
+                            reason,
+                            attempt,
+                            deadline.expect("deadline"),
+                        ),
                     };
                     return (Err(err), attempt);
                 }
@@ -590,7 +696,9 @@ impl<K: Kind> Pipeline<K> {
         outcome: Outcome,
         retry_after: Option<Duration>,
     ) {
-        let Some(permit) = guard.permit.take() else { return };
+        let Some(permit) = guard.permit.take() else {
+            return;
+        };
         let gate = guard.gate;
         let end = match end {
             Some(e) => e,
@@ -609,30 +717,43 @@ impl<K: Kind> Pipeline<K> {
         self.emit_recorded(guard.partition, result);
     }
 
-    pub(crate) fn call_in<T, E, Op>(&self, partition: Option<&PartitionKey>, mut op: Op) -> Result<T, Error<E>>
+    pub(crate) fn call_in<T, E, Op>(
+        &self,
+        partition: Option<&PartitionKey>,
+        mut op: Op,
+    ) -> Result<T, Error<E>>
     where
         K: HandlesSync<T, E>,
         Op: FnMut(Context) -> Result<T, E>,
     {
+        let started = self.event_clock();
         let (result, attempts) = self.execute_sync(partition, &mut op);
-        match result {
-            Ok(v) => Ok(v),
+        let (result, fell_back) = match result {
+            Ok(v) => (Ok(v), false),
             Err(err) => {
                 let ctx = self.context(partition, attempts, None);
                 match K::fall_back(&self.shared.handlers, err, ctx) {
-                    Fallen::NotApplied(e) => Err(e),
+                    Fallen::NotApplied(e) => (Err(e), false),
                     Fallen::Done(r) => {
                         self.emit(partition, || EventKind::FallbackExecuted);
-                        r.map_err(Error::Fallback)
+                        (r.map_err(Error::Fallback), true)
                     }
                     // `HandlesSync` kinds never return a pending fallback.
-                    Fallen::Pending(_) => unreachable!("a sync pipeline kind returned an async fallback"),
+                    Fallen::Pending(_) => {
+                        unreachable!("a sync pipeline kind returned an async fallback")
+                    }
                 }
             }
-        }
+        };
+        self.call_finished(partition, started, attempts, &result, fell_back);
+        result
     }
 
-    fn execute_sync<T, E, Op>(&self, partition: Option<&PartitionKey>, op: &mut Op) -> (Result<T, Error<E>>, u32)
+    fn execute_sync<T, E, Op>(
+        &self,
+        partition: Option<&PartitionKey>,
+        op: &mut Op,
+    ) -> (Result<T, Error<E>>, u32)
     where
         K: HandlesSync<T, E>,
         Op: FnMut(Context) -> Result<T, E>,
@@ -668,6 +789,15 @@ impl<K: Kind> Pipeline<K> {
             }
             let ctx = self.context(partition, attempt, deadline.map(|d| d.at));
             let result = op(ctx);
+            if shared.listeners.enabled() {
+                let strict_late = deadline.is_some_and(|d| d.strict && self.now_nanos() > d.at);
+                let outcome = match &result {
+                    Ok(_) if strict_late => crate::event::AttemptOutcome::Timeout,
+                    Ok(_) => crate::event::AttemptOutcome::Success,
+                    Err(_) => crate::event::AttemptOutcome::Failure,
+                };
+                self.attempt_finished(partition, attempt, now, outcome);
+            }
             // Cooperative timeout: is the attempt late?
             let (end, late) = match deadline {
                 Some(d) if shared.plan.watch_late => {
@@ -713,13 +843,24 @@ impl<K: Kind> Pipeline<K> {
                 Some(d) if d.scope == TimeoutScope::Overall => Verdict::failure(),
                 _ => verdict,
             };
-            match self.next::<T, E>(partition, attempt, &mut previous, verdict, error.as_ref(), overall) {
+            match self.next::<T, E>(
+                partition,
+                attempt,
+                &mut previous,
+                verdict,
+                error.as_ref(),
+                overall,
+            ) {
                 Next::Retry(delay) => {
                     if !delay.is_zero() {
                         shared.clock.sleep_blocking(delay);
                     }
                     attempt += 1;
-                    now = if self.needs_time() { self.now_nanos() } else { 0 };
+                    now = if self.needs_time() {
+                        self.now_nanos()
+                    } else {
+                        0
+                    };
                 }
                 Next::Stop(reason) => {
                     let err = match (error, timed_out) {

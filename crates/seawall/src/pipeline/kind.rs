@@ -32,7 +32,8 @@ type RetryHook<E> = Arc<dyn Fn(&E, u32, Duration) + Send + Sync>;
 type ErrorFilter<E> = Arc<dyn Fn(&Error<E>) -> bool + Send + Sync>;
 /// A boxed future returned by an async fallback.
 pub type BoxFallbackFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
-type AsyncFallbackFn<T, E> = Arc<dyn Fn(Error<E>, Context) -> BoxFallbackFuture<T, E> + Send + Sync>;
+type AsyncFallbackFn<T, E> =
+    Arc<dyn Fn(Error<E>, Context) -> BoxFallbackFuture<T, E> + Send + Sync>;
 type SyncFallbackFn<T, E> = Arc<dyn Fn(Error<E>, Context) -> Result<T, E> + Send + Sync>;
 
 mod sealed {

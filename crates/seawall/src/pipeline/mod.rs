@@ -7,7 +7,9 @@ use std::sync::atomic::AtomicU32;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::breaker::{CircuitBreaker, CircuitControl, CircuitMetrics, CircuitState, CircuitTransition};
+use crate::breaker::{
+    CircuitBreaker, CircuitControl, CircuitMetrics, CircuitState, CircuitTransition,
+};
 use crate::bulkhead::Bulkhead;
 use crate::classify::Verdict;
 use crate::clock::{Clock, ClockHandle, Random, SystemRandom};
@@ -115,7 +117,11 @@ impl PipelineBuilder<AnyResult> {
 impl<K: Kind> PipelineBuilder<K> {
     fn twice(&mut self, what: &'static str) {
         self.order_error.get_or_insert_with(|| {
-            ConfigError::new("pipeline", what, "is declared twice; declare each policy once")
+            ConfigError::new(
+                "pipeline",
+                what,
+                "is declared twice; declare each policy once",
+            )
         });
     }
 
@@ -358,7 +364,10 @@ impl<K: Kind> PipelineBuilder<K> {
         if let Some(r) = &self.retry {
             r.validate()?;
         }
-        for t in [self.overall_timeout, self.attempt_timeout].into_iter().flatten() {
+        for t in [self.overall_timeout, self.attempt_timeout]
+            .into_iter()
+            .flatten()
+        {
             t.validate()?;
         }
         if let Some(c) = &self.circuit {
@@ -375,7 +384,11 @@ impl<K: Kind> PipelineBuilder<K> {
             r.validate()?;
         }
         if self.partition_idle.is_zero() {
-            return Err(ConfigError::new("pipeline", "partition_idle", "must be > 0"));
+            return Err(ConfigError::new(
+                "pipeline",
+                "partition_idle",
+                "must be > 0",
+            ));
         }
         let spec = ResourceSpec {
             name: self.name.clone(),
@@ -393,7 +406,11 @@ impl<K: Kind> PipelineBuilder<K> {
                 None => Arc::new(MemoryStore::global().clone()),
             };
             let state = store.bind(&spec).map_err(|e| {
-                ConfigError::new("store", "bind", format!("could not prepare the resource: {e}"))
+                ConfigError::new(
+                    "store",
+                    "bind",
+                    format!("could not prepare the resource: {e}"),
+                )
             })?;
             Some(Gate {
                 state,
@@ -409,8 +426,11 @@ impl<K: Kind> PipelineBuilder<K> {
         let listeners = Listeners::new(self.listeners);
         let any_timeout = self.overall_timeout.is_some() || self.attempt_timeout.is_some();
         let plan = Plan {
-            passthrough: self.retry.is_none() && !any_timeout && gate.is_none(),
-            needs_time: gate.is_some() || any_timeout,
+            passthrough: self.retry.is_none()
+                && !any_timeout
+                && gate.is_none()
+                && !listeners.enabled(),
+            needs_time: gate.is_some() || any_timeout || listeners.enabled(),
             watch_late: listeners.enabled()
                 || self.overall_timeout.is_some_and(|t| t.strict)
                 || self.attempt_timeout.is_some_and(|t| t.strict),
@@ -633,7 +653,10 @@ impl<K: Kind> Pipeline<K> {
 
     /// Partitions whose state is held in memory.
     pub fn partitions(&self) -> usize {
-        self.shared.gate.as_ref().map_or(0, |g| g.state.partitions())
+        self.shared
+            .gate
+            .as_ref()
+            .map_or(0, |g| g.state.partitions())
     }
 
     fn now(&self) -> Duration {
@@ -647,7 +670,11 @@ impl<K: Kind> Pipeline<K> {
         }
     }
 
-    fn control(&self, partition: Option<&PartitionKey>, c: CircuitControl) -> Result<(), ControlError> {
+    fn control(
+        &self,
+        partition: Option<&PartitionKey>,
+        c: CircuitControl,
+    ) -> Result<(), ControlError> {
         let gate = self.circuit_gate()?;
         let t = gate.state.control_circuit(partition, c, self.now())?;
         if let Some(t) = t {
@@ -662,7 +689,9 @@ impl<K: Kind> Pipeline<K> {
     }
 
     pub(crate) fn emit(&self, partition: Option<&PartitionKey>, kind: impl FnOnce() -> EventKind) {
-        self.shared.listeners.emit(self.shared.name, partition, kind)
+        self.shared
+            .listeners
+            .emit(self.shared.name, partition, kind)
     }
 
     pub(crate) fn emit_transition(&self, partition: Option<&PartitionKey>, t: CircuitTransition) {
@@ -753,7 +782,8 @@ impl<K: Kind> Partition<'_, K> {
     /// # Errors
     /// When there is no circuit breaker or the store fails.
     pub fn isolate(&self) -> Result<(), ControlError> {
-        self.pipeline.control(Some(&self.key), CircuitControl::Isolate)
+        self.pipeline
+            .control(Some(&self.key), CircuitControl::Isolate)
     }
 
     /// Forces this partition's circuit closed.
@@ -761,7 +791,8 @@ impl<K: Kind> Partition<'_, K> {
     /// # Errors
     /// When there is no circuit breaker or the store fails.
     pub fn force_close(&self) -> Result<(), ControlError> {
-        self.pipeline.control(Some(&self.key), CircuitControl::ForceClose)
+        self.pipeline
+            .control(Some(&self.key), CircuitControl::ForceClose)
     }
 
     /// Resets this partition's circuit.
@@ -769,7 +800,8 @@ impl<K: Kind> Partition<'_, K> {
     /// # Errors
     /// When there is no circuit breaker or the store fails.
     pub fn reset(&self) -> Result<(), ControlError> {
-        self.pipeline.control(Some(&self.key), CircuitControl::Reset)
+        self.pipeline
+            .control(Some(&self.key), CircuitControl::Reset)
     }
 
     /// This partition's circuit state and window.

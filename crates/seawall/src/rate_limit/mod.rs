@@ -113,7 +113,10 @@ impl RateLimiter {
                 return Err(ConfigError::new(
                     P,
                     "limit",
-                    format!("{} per {:?} is finer than 1 ns per call", self.limit, self.period),
+                    format!(
+                        "{} per {:?} is finer than 1 ns per call",
+                        self.limit, self.period
+                    ),
                 ));
             }
         }
@@ -121,7 +124,10 @@ impl RateLimiter {
             return Err(ConfigError::new(
                 P,
                 "limit",
-                format!("must be <= 1000000 for a sliding window, got {}", self.limit),
+                format!(
+                    "must be <= 1000000 for a sliding window, got {}",
+                    self.limit
+                ),
             ));
         }
         Ok(())
@@ -135,17 +141,29 @@ mod tests {
     #[test]
     fn validation() {
         assert_eq!(
-            RateLimiter::gcra(0, Duration::from_secs(1)).validate().unwrap_err().to_string(),
+            RateLimiter::gcra(0, Duration::from_secs(1))
+                .validate()
+                .unwrap_err()
+                .to_string(),
             "rate_limiter.limit must be >= 1, got 0"
         );
         assert_eq!(
-            RateLimiter::fixed_window(5, Duration::ZERO).validate().unwrap_err().field,
+            RateLimiter::fixed_window(5, Duration::ZERO)
+                .validate()
+                .unwrap_err()
+                .field,
             "period"
         );
         assert_eq!(
-            RateLimiter::gcra(5, Duration::from_secs(1)).burst(0).validate().unwrap_err().field,
+            RateLimiter::gcra(5, Duration::from_secs(1))
+                .burst(0)
+                .validate()
+                .unwrap_err()
+                .field,
             "burst"
         );
-        assert!(RateLimiter::sliding_window(5, Duration::from_secs(1)).validate().is_ok());
+        assert!(RateLimiter::sliding_window(5, Duration::from_secs(1))
+            .validate()
+            .is_ok());
     }
 }

@@ -183,7 +183,10 @@ mod tests {
             cap: ms(1000),
         };
         let got: Vec<_> = (1..=6).map(|n| e.delay(n, Duration::ZERO, &r)).collect();
-        assert_eq!(got, [ms(100), ms(200), ms(400), ms(800), ms(1000), ms(1000)]);
+        assert_eq!(
+            got,
+            [ms(100), ms(200), ms(400), ms(800), ms(1000), ms(1000)]
+        );
         let l = Backoff::Linear {
             base: ms(100),
             cap: ms(250),
@@ -202,7 +205,10 @@ mod tests {
             multiplier: 10.0,
             cap: Duration::from_secs(60),
         };
-        assert_eq!(e.delay(u32::MAX, Duration::ZERO, &r), Duration::from_secs(60));
+        assert_eq!(
+            e.delay(u32::MAX, Duration::ZERO, &r),
+            Duration::from_secs(60)
+        );
     }
 
     proptest! {

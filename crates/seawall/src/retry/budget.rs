@@ -57,7 +57,9 @@ impl RetryBudget {
         }
         let _ = self
             .tokens
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |t| Some((t + add).min(max)));
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |t| {
+                Some((t + add).min(max))
+            });
     }
 
     /// Spends one token for a retry; `false` when the budget is exhausted.
@@ -78,7 +80,11 @@ impl RetryBudget {
             ));
         }
         if self.max_tokens == 0 {
-            return Err(ConfigError::new("retry", "budget.max_tokens", "must be >= 1, got 0"));
+            return Err(ConfigError::new(
+                "retry",
+                "budget.max_tokens",
+                "must be >= 1, got 0",
+            ));
         }
         Ok(())
     }

@@ -131,7 +131,11 @@ impl Retry {
 
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         if self.max_attempts == 0 {
-            return Err(ConfigError::new("retry", "max_attempts", "must be >= 1, got 0"));
+            return Err(ConfigError::new(
+                "retry",
+                "max_attempts",
+                "must be >= 1, got 0",
+            ));
         }
         self.backoff.validate()?;
         self.jitter.validate()?;
@@ -148,7 +152,10 @@ mod tests {
 
     #[test]
     fn validation_messages() {
-        let e = Retry::constant(Duration::from_millis(1)).max_attempts(0).validate().unwrap_err();
+        let e = Retry::constant(Duration::from_millis(1))
+            .max_attempts(0)
+            .validate()
+            .unwrap_err();
         assert_eq!(e.to_string(), "retry.max_attempts must be >= 1, got 0");
         let e = Retry::exponential(Duration::from_secs(2))
             .cap(Duration::from_secs(1))
@@ -159,8 +166,14 @@ mod tests {
             .jitter(Jitter::Proportional(120.0))
             .validate()
             .unwrap_err();
-        assert_eq!(e.to_string(), "retry.jitter percentage must be in 0..=100, got 120");
-        let e = Retry::exponential(Duration::from_millis(1)).multiplier(0.5).validate().unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "retry.jitter percentage must be in 0..=100, got 120"
+        );
+        let e = Retry::exponential(Duration::from_millis(1))
+            .multiplier(0.5)
+            .validate()
+            .unwrap_err();
         assert_eq!(e.field, "multiplier");
     }
 }

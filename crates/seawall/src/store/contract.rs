@@ -27,10 +27,12 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::{
-    AdmitRequest, Admission, Outcome, Permit, Record, Recorded, ResourceSpec, ResourceState,
+    Admission, AdmitRequest, Outcome, Permit, Record, Recorded, ResourceSpec, ResourceState,
     StateStore,
 };
-use crate::breaker::{CircuitBreaker, CircuitControl, CircuitMetrics, CircuitState, CircuitTransition};
+use crate::breaker::{
+    CircuitBreaker, CircuitControl, CircuitMetrics, CircuitState, CircuitTransition,
+};
 use crate::bulkhead::Bulkhead;
 use crate::context::PartitionKey;
 use crate::cooldown::Cooldown;
@@ -170,7 +172,12 @@ impl Subject<'_> {
     }
 
     /// Admits, expecting a refusal for `reason`.
-    fn refused(&self, key: Option<&PartitionKey>, reason: RejectionReason, what: &str) -> Rejection {
+    fn refused(
+        &self,
+        key: Option<&PartitionKey>,
+        reason: RejectionReason,
+        what: &str,
+    ) -> Rejection {
         self.refused_with(key, reason, what).0
     }
 
@@ -184,7 +191,10 @@ impl Subject<'_> {
         match admission.decision {
             Err(r) if r.reason == reason => (r, admission.transition),
             Err(r) => panic!("{}: {what}: expected {reason}, got {r}", self.check),
-            Ok(p) => panic!("{}: {what}: expected {reason}, got admitted {p:?}", self.check),
+            Ok(p) => panic!(
+                "{}: {what}: expected {reason}, got admitted {p:?}",
+                self.check
+            ),
         }
     }
 
@@ -239,7 +249,11 @@ impl Subject<'_> {
             .unwrap_or_else(|e| panic!("{}: in_flight failed: {e}", self.check))
     }
 
-    fn control(&self, key: Option<&PartitionKey>, control: CircuitControl) -> Option<CircuitTransition> {
+    fn control(
+        &self,
+        key: Option<&PartitionKey>,
+        control: CircuitControl,
+    ) -> Option<CircuitTransition> {
         self.state
             .control_circuit(key, control, self.clock.now())
             .unwrap_or_else(|e| panic!("{}: control_circuit failed: {e}", self.check))
@@ -287,12 +301,20 @@ pub fn admission_is_all_or_nothing(store: &dyn StateStore, clock: &dyn ContractC
             .with_cooldown(Cooldown::new().max_pause(ms(250))),
     );
     let p = s.ok(None, "first call");
-    assert_eq!(p.slot.is_some(), true, "{CHECK}: a bulkhead permit holds a slot");
+    assert_eq!(
+        p.slot.is_some(),
+        true,
+        "{CHECK}: a bulkhead permit holds a slot"
+    );
     let recorded = s.record_full(None, p, Outcome::Failure, Duration::ZERO, Some(ms(200)));
     s.assert_wait(recorded.cooldown, ms(200), "cooldown opened by the hint");
     let r = s.refused(None, RejectionReason::CooldownActive, "during the cooldown");
     s.assert_wait(r.retry_after, ms(200), "cooldown retry_after");
-    assert_eq!(s.in_flight(None), 0, "{CHECK}: slot given back on a cooldown refusal");
+    assert_eq!(
+        s.in_flight(None),
+        0,
+        "{CHECK}: slot given back on a cooldown refusal"
+    );
     s.refused(None, RejectionReason::CooldownActive, "not bulkhead_full");
     clock.advance(ms(200));
     let p = s.ok(None, "after the cooldown");
@@ -314,7 +336,11 @@ pub fn admission_is_all_or_nothing(store: &dyn StateStore, clock: &dyn ContractC
     let p = s.ok(None, "second permit: refusals by the bulkhead took none");
     s.record(None, p, Outcome::Success);
     s.refused(None, RejectionReason::RateLimited, "limit reached");
-    assert_eq!(s.in_flight(None), 0, "{CHECK}: slot given back on a rate refusal");
+    assert_eq!(
+        s.in_flight(None),
+        0,
+        "{CHECK}: slot given back on a rate refusal"
+    );
 
     // Half-open probe slot given back when the cooldown refuses.
     let s = bind(
@@ -333,8 +359,11 @@ pub fn admission_is_all_or_nothing(store: &dyn StateStore, clock: &dyn ContractC
     let recorded = s.record_full(None, p, Outcome::Failure, Duration::ZERO, Some(ms(200)));
     s.assert_opened(recorded.transition, ms(100), "one failure opens");
     clock.advance(ms(100));
-    let (r, transition) =
-        s.refused_with(None, RejectionReason::CooldownActive, "half-opened, then cooldown");
+    let (r, transition) = s.refused_with(
+        None,
+        RejectionReason::CooldownActive,
+        "half-opened, then cooldown",
+    );
     assert_eq!(
         transition,
         Some(CircuitTransition::HalfOpened),
@@ -368,15 +397,31 @@ pub fn circuit_opens_half_opens_and_closes(store: &dyn StateStore, clock: &dyn C
                 .cooldown_growth(2.0, ms(300)),
         ),
     );
-    assert_eq!(s.state_of(None), CircuitState::Closed, "{CHECK}: starts closed");
+    assert_eq!(
+        s.state_of(None),
+        CircuitState::Closed,
+        "{CHECK}: starts closed"
+    );
     let stale = s.ok(None, "a call admitted while closed");
-    assert_eq!(s.fail(None, "first failure"), None, "{CHECK}: one failure of two");
+    assert_eq!(
+        s.fail(None, "first failure"),
+        None,
+        "{CHECK}: one failure of two"
+    );
     assert_eq!(s.succeed(None, "a success"), None);
-    assert_eq!(s.fail(None, "failure after a success"), None, "{CHECK}: a success resets the run");
+    assert_eq!(
+        s.fail(None, "failure after a success"),
+        None,
+        "{CHECK}: a success resets the run"
+    );
     let opened = s.fail(None, "second failure in a row");
     s.assert_opened(opened, ms(150), "two failures in a row open");
     let m = s.metrics(None);
-    assert_eq!((m.state, m.trips), (CircuitState::Open, 1), "{CHECK}: open after one trip");
+    assert_eq!(
+        (m.state, m.trips),
+        (CircuitState::Open, 1),
+        "{CHECK}: open after one trip"
+    );
     let r = s.refused(None, RejectionReason::CircuitOpen, "open");
     s.assert_wait(r.retry_after, ms(150), "open retry_after");
     assert_eq!(
@@ -384,7 +429,11 @@ pub fn circuit_opens_half_opens_and_closes(store: &dyn StateStore, clock: &dyn C
         None,
         "{CHECK}: an outcome of the closed generation"
     );
-    assert_eq!(s.state_of(None), CircuitState::Open, "{CHECK}: stale outcome ignored");
+    assert_eq!(
+        s.state_of(None),
+        CircuitState::Open,
+        "{CHECK}: stale outcome ignored"
+    );
 
     clock.advance(ms(150));
     let admission = s.admit(None);
@@ -397,11 +446,22 @@ pub fn circuit_opens_half_opens_and_closes(store: &dyn StateStore, clock: &dyn C
         .decision
         .unwrap_or_else(|r| panic!("{CHECK}: expected a probe, got {r}"));
     assert!(probe.probe, "{CHECK}: a half-open admission is a probe");
-    assert_eq!(s.state_of(None), CircuitState::HalfOpen, "{CHECK}: half-open");
+    assert_eq!(
+        s.state_of(None),
+        CircuitState::HalfOpen,
+        "{CHECK}: half-open"
+    );
     let r = s.refused(None, RejectionReason::CircuitOpen, "probe slots taken");
-    assert_eq!(r.retry_after, None, "{CHECK}: no retry_after while half-open");
+    assert_eq!(
+        r.retry_after, None,
+        "{CHECK}: no retry_after while half-open"
+    );
     let reopened = s.record(None, probe, Outcome::Failure).transition;
-    s.assert_opened(reopened, ms(300), "a failed probe opens again, cooldown grown");
+    s.assert_opened(
+        reopened,
+        ms(300),
+        "a failed probe opens again, cooldown grown",
+    );
     assert_eq!(s.metrics(None).trips, 2, "{CHECK}: second trip");
 
     clock.advance(ms(300));
@@ -441,9 +501,17 @@ pub fn circuit_window_modes_trip_on_their_rates(store: &dyn StateStore, clock: &
         ),
     );
     assert_eq!(s.fail(None, "count 1"), None);
-    assert_eq!(s.fail(None, "count 2"), None, "{CHECK}: below minimum_calls");
+    assert_eq!(
+        s.fail(None, "count 2"),
+        None,
+        "{CHECK}: below minimum_calls"
+    );
     assert_eq!(s.succeed(None, "count 3"), None);
-    assert_eq!(s.succeed(None, "count 4"), None, "{CHECK}: a success is not judged");
+    assert_eq!(
+        s.succeed(None, "count 4"),
+        None,
+        "{CHECK}: a success is not judged"
+    );
     let m = s.metrics(None);
     assert_eq!(
         (m.calls, m.failures, m.failure_rate),
@@ -480,9 +548,15 @@ pub fn circuit_window_modes_trip_on_their_rates(store: &dyn StateStore, clock: &
         ),
     );
     let p = s.ok(None, "slow 1");
-    assert_eq!(s.record_full(None, p, Outcome::Success, ms(99), None).transition, None);
+    assert_eq!(
+        s.record_full(None, p, Outcome::Success, ms(99), None)
+            .transition,
+        None
+    );
     let p = s.ok(None, "slow 2");
-    let slow = s.record_full(None, p, Outcome::Success, ms(100), None).transition;
+    let slow = s
+        .record_full(None, p, Outcome::Success, ms(100), None)
+        .transition;
     s.assert_opened(slow, cooldown, "slow-call rate reached by a slow success");
     assert_eq!(s.metrics(None).slow_calls, 1, "{CHECK}: one slow call");
 }
@@ -521,8 +595,15 @@ pub fn half_open_admits_exactly_the_probe_count(store: &dyn StateStore, clock: &
             }
         }
     }
-    assert_eq!((probes.len(), refused), (3, 2), "{CHECK}: exactly 3 probes of 5 calls");
-    assert!(probes.iter().all(|p| p.probe), "{CHECK}: every half-open permit is a probe");
+    assert_eq!(
+        (probes.len(), refused),
+        (3, 2),
+        "{CHECK}: exactly 3 probes of 5 calls"
+    );
+    assert!(
+        probes.iter().all(|p| p.probe),
+        "{CHECK}: every half-open permit is a probe"
+    );
     assert_eq!(s.record(None, probes[0], Outcome::Ignored).transition, None);
     probes[0] = s.ok(None, "an ignored probe frees its slot");
     s.refused(None, RejectionReason::CircuitOpen, "slots taken again");
@@ -548,20 +629,36 @@ pub fn cooldown_extends_and_never_shrinks(store: &dyn StateStore, clock: &dyn Co
         ResourceSpec::new(unique_name(CHECK)).with_cooldown(Cooldown::new().max_pause(ms(250))),
     );
     let permits: Vec<Permit> = (0..3).map(|_| s.ok(None, "before the cooldown")).collect();
-    let hinted = |p: Permit, outcome, hint| s.record_full(None, p, outcome, Duration::ZERO, Some(hint));
-    s.assert_wait(hinted(permits[0], Outcome::Success, ms(200)).cooldown, ms(200), "opened");
+    let hinted =
+        |p: Permit, outcome, hint| s.record_full(None, p, outcome, Duration::ZERO, Some(hint));
+    s.assert_wait(
+        hinted(permits[0], Outcome::Success, ms(200)).cooldown,
+        ms(200),
+        "opened",
+    );
     let shorter = hinted(permits[1], Outcome::Failure, ms(50)).cooldown;
     if clock.is_exact() {
-        assert_eq!(shorter, Some(ms(200)), "{CHECK}: a shorter hint keeps the end");
+        assert_eq!(
+            shorter,
+            Some(ms(200)),
+            "{CHECK}: a shorter hint keeps the end"
+        );
     } else {
-        assert!(shorter.is_some_and(|d| d > ms(50) + SLACK), "{CHECK}: shrunk to {shorter:?}");
+        assert!(
+            shorter.is_some_and(|d| d > ms(50) + SLACK),
+            "{CHECK}: shrunk to {shorter:?}"
+        );
     }
     let r = s.refused(None, RejectionReason::CooldownActive, "during the cooldown");
     s.assert_wait(r.retry_after, ms(200), "retry_after is the time left");
     let capped = hinted(permits[2], Outcome::Ignored, Duration::from_secs(3600)).cooldown;
     s.assert_wait(capped, ms(250), "a long hint is capped at max_pause");
     clock.advance(ms(200));
-    s.refused(None, RejectionReason::CooldownActive, "extended by the long hint");
+    s.refused(
+        None,
+        RejectionReason::CooldownActive,
+        "extended by the long hint",
+    );
     clock.advance(ms(50));
     s.ok(None, "after the cooldown");
 }
@@ -581,7 +678,10 @@ pub fn bulkhead_caps_and_releases(store: &dyn StateStore, clock: &dyn ContractCl
     );
     let a = s.ok(None, "slot 1");
     let b = s.ok(None, "slot 2");
-    assert!(a.slot.is_some() && b.slot.is_some(), "{CHECK}: permits hold slots");
+    assert!(
+        a.slot.is_some() && b.slot.is_some(),
+        "{CHECK}: permits hold slots"
+    );
     let r = s.refused(None, RejectionReason::BulkheadFull, "full");
     assert_eq!(r.retry_after, None, "{CHECK}: no retry_after when full");
     assert_eq!(s.in_flight(None), 2, "{CHECK}: two in flight");
@@ -595,7 +695,11 @@ pub fn bulkhead_caps_and_releases(store: &dyn StateStore, clock: &dyn ContractCl
     assert_eq!(s.in_flight(None), 0, "{CHECK}: all slots back");
     let d = s.ok(None, "empty bulkhead");
     s.record(None, d, Outcome::Ignored);
-    assert_eq!(s.in_flight(None), 0, "{CHECK}: an ignored outcome gives the slot back");
+    assert_eq!(
+        s.in_flight(None),
+        0,
+        "{CHECK}: an ignored outcome gives the slot back"
+    );
 }
 
 /// Admits until refused (at most `tries` calls); returns the admissions and
@@ -606,7 +710,12 @@ fn drain(s: &Subject<'_>, tries: u32) -> (u32, Rejection) {
         match s.admit(None).decision {
             Ok(_) => admitted += 1,
             Err(r) => {
-                assert_eq!(r.reason, RejectionReason::RateLimited, "{}: refusal reason", s.check);
+                assert_eq!(
+                    r.reason,
+                    RejectionReason::RateLimited,
+                    "{}: refusal reason",
+                    s.check
+                );
                 return (admitted, r);
             }
         }
@@ -618,7 +727,11 @@ fn assert_count(s: &Subject<'_>, got: u32, expected: u32, what: &str) {
     if s.clock.is_exact() {
         assert_eq!(got, expected, "{}: {what}", s.check);
     } else {
-        assert!(got >= expected.min(1) && got <= expected * 2, "{}: {what}: {got}", s.check);
+        assert!(
+            got >= expected.min(1) && got <= expected * 2,
+            "{}: {what}: {got}",
+            s.check
+        );
     }
 }
 
@@ -640,9 +753,7 @@ pub fn fixed_window_admits_exactly_the_limit(store: &dyn StateStore, clock: &dyn
     // with an hour-long window, even on a real clock.
     let (admitted, r) = drain(&s, 10);
     assert_eq!(admitted, 3, "{CHECK}: exactly the limit");
-    let into_window = Duration::from_nanos(
-        (clock.now().as_nanos() % hour.as_nanos()) as u64,
-    );
+    let into_window = Duration::from_nanos((clock.now().as_nanos() % hour.as_nanos()) as u64);
     s.assert_wait(r.retry_after, hour - into_window, "until the next window");
 
     let period = ms(200);
@@ -657,7 +768,10 @@ pub fn fixed_window_admits_exactly_the_limit(store: &dyn StateStore, clock: &dyn
     let wait = r
         .retry_after
         .unwrap_or_else(|| panic!("{CHECK}: a rate refusal tells when to retry"));
-    assert!(!wait.is_zero() && wait <= period + SLACK, "{CHECK}: wait {wait:?}");
+    assert!(
+        !wait.is_zero() && wait <= period + SLACK,
+        "{CHECK}: wait {wait:?}"
+    );
     clock.advance(wait);
     let (admitted, _) = drain(&s, 10);
     assert_count(&s, admitted, 2, "the next window");
@@ -736,26 +850,62 @@ pub fn partitions_are_isolated(store: &dyn StateStore, clock: &dyn ContractClock
     let b = PartitionKey::from("tenant-b");
     let b_again = PartitionKey::from(String::from("tenant-b"));
     let seven = PartitionKey::from(7u64);
-    assert!(s.fail(Some(&a), "fail tenant-a").is_some(), "{CHECK}: tenant-a opens");
-    assert_eq!(s.state_of(Some(&a)), CircuitState::Open, "{CHECK}: tenant-a open");
-    assert_eq!(s.state_of(Some(&b)), CircuitState::Closed, "{CHECK}: tenant-b closed");
-    assert_eq!(s.state_of(None), CircuitState::Closed, "{CHECK}: root closed");
+    assert!(
+        s.fail(Some(&a), "fail tenant-a").is_some(),
+        "{CHECK}: tenant-a opens"
+    );
+    assert_eq!(
+        s.state_of(Some(&a)),
+        CircuitState::Open,
+        "{CHECK}: tenant-a open"
+    );
+    assert_eq!(
+        s.state_of(Some(&b)),
+        CircuitState::Closed,
+        "{CHECK}: tenant-b closed"
+    );
+    assert_eq!(
+        s.state_of(None),
+        CircuitState::Closed,
+        "{CHECK}: root closed"
+    );
     s.refused(Some(&a), RejectionReason::CircuitOpen, "tenant-a open");
     let held_b = s.ok(Some(&b), "tenant-b admits");
     let held_root = s.ok(None, "root admits");
-    s.refused(Some(&b_again), RejectionReason::BulkheadFull, "tenant-b's slot, by an equal key");
+    s.refused(
+        Some(&b_again),
+        RejectionReason::BulkheadFull,
+        "tenant-b's slot, by an equal key",
+    );
     let held_seven = s.ok(Some(&seven), "key 7 has its own slot");
     assert_eq!(
-        (s.in_flight(Some(&a)), s.in_flight(Some(&b)), s.in_flight(None), s.in_flight(Some(&seven))),
+        (
+            s.in_flight(Some(&a)),
+            s.in_flight(Some(&b)),
+            s.in_flight(None),
+            s.in_flight(Some(&seven))
+        ),
         (0, 1, 1, 1),
         "{CHECK}: in flight per partition"
     );
     s.record(Some(&b), held_b, Outcome::Failure);
-    assert_eq!(s.state_of(Some(&b)), CircuitState::Open, "{CHECK}: tenant-b opens");
-    assert_eq!(s.state_of(Some(&seven)), CircuitState::Closed, "{CHECK}: key 7 untouched");
+    assert_eq!(
+        s.state_of(Some(&b)),
+        CircuitState::Open,
+        "{CHECK}: tenant-b opens"
+    );
+    assert_eq!(
+        s.state_of(Some(&seven)),
+        CircuitState::Closed,
+        "{CHECK}: key 7 untouched"
+    );
     s.record(None, held_root, Outcome::Success);
     s.state.release(Some(&seven), held_seven);
-    assert_eq!(s.in_flight(Some(&seven)), 0, "{CHECK}: released in its own partition");
+    assert_eq!(
+        s.in_flight(Some(&seven)),
+        0,
+        "{CHECK}: released in its own partition"
+    );
     assert_eq!(
         s.control(Some(&seven), CircuitControl::Isolate),
         Some(CircuitTransition::Opened {
@@ -763,7 +913,11 @@ pub fn partitions_are_isolated(store: &dyn StateStore, clock: &dyn ContractClock
         }),
         "{CHECK}: a partition can be isolated"
     );
-    assert_eq!(s.state_of(None), CircuitState::Closed, "{CHECK}: root still closed");
+    assert_eq!(
+        s.state_of(None),
+        CircuitState::Closed,
+        "{CHECK}: root still closed"
+    );
 }
 
 /// Binding the same name with the same spec twice shares one state.
@@ -778,12 +932,30 @@ pub fn same_name_and_spec_share_state(store: &dyn StateStore, clock: &dyn Contra
     let first = bind(CHECK, store, clock, spec.clone());
     let second = bind(CHECK, store, clock, spec);
     let held = first.ok(None, "first handle");
-    second.refused(None, RejectionReason::BulkheadFull, "slot held through the first handle");
+    second.refused(
+        None,
+        RejectionReason::BulkheadFull,
+        "slot held through the first handle",
+    );
     second.state.release(None, held);
-    assert_eq!(first.in_flight(None), 0, "{CHECK}: released through the second handle");
-    assert!(second.fail(None, "trip through the second handle").is_some());
-    assert_eq!(first.state_of(None), CircuitState::Open, "{CHECK}: one circuit");
-    first.refused(None, RejectionReason::CircuitOpen, "open through the other handle");
+    assert_eq!(
+        first.in_flight(None),
+        0,
+        "{CHECK}: released through the second handle"
+    );
+    assert!(second
+        .fail(None, "trip through the second handle")
+        .is_some());
+    assert_eq!(
+        first.state_of(None),
+        CircuitState::Open,
+        "{CHECK}: one circuit"
+    );
+    first.refused(
+        None,
+        RejectionReason::CircuitOpen,
+        "open through the other handle",
+    );
 }
 
 /// Isolate, force-close and reset, each reported once.
@@ -806,32 +978,67 @@ pub fn manual_control(store: &dyn StateStore, clock: &dyn ContractClock) {
         }),
         "{CHECK}: isolate"
     );
-    assert_eq!(s.control(None, CircuitControl::Isolate), None, "{CHECK}: isolated already");
-    assert_eq!(s.state_of(None), CircuitState::Isolated, "{CHECK}: isolated");
+    assert_eq!(
+        s.control(None, CircuitControl::Isolate),
+        None,
+        "{CHECK}: isolated already"
+    );
+    assert_eq!(
+        s.state_of(None),
+        CircuitState::Isolated,
+        "{CHECK}: isolated"
+    );
     let r = s.refused(None, RejectionReason::CircuitOpen, "isolated");
     assert_eq!(r.retry_after, None, "{CHECK}: no retry_after when isolated");
     clock.advance(ms(200));
-    s.refused(None, RejectionReason::CircuitOpen, "isolation has no cooldown");
+    s.refused(
+        None,
+        RejectionReason::CircuitOpen,
+        "isolation has no cooldown",
+    );
 
     assert_eq!(
         s.control(None, CircuitControl::ForceClose),
         Some(CircuitTransition::Closed),
         "{CHECK}: force close"
     );
-    assert_eq!(s.control(None, CircuitControl::ForceClose), None, "{CHECK}: disabled already");
-    assert_eq!(s.fail(None, "disabled"), None, "{CHECK}: a disabled circuit records nothing");
+    assert_eq!(
+        s.control(None, CircuitControl::ForceClose),
+        None,
+        "{CHECK}: disabled already"
+    );
+    assert_eq!(
+        s.fail(None, "disabled"),
+        None,
+        "{CHECK}: a disabled circuit records nothing"
+    );
     assert_eq!(s.fail(None, "disabled"), None, "{CHECK}: still nothing");
-    assert_eq!(s.state_of(None), CircuitState::Disabled, "{CHECK}: disabled");
+    assert_eq!(
+        s.state_of(None),
+        CircuitState::Disabled,
+        "{CHECK}: disabled"
+    );
 
     assert_eq!(
         s.control(None, CircuitControl::Reset),
         Some(CircuitTransition::Closed),
         "{CHECK}: reset"
     );
-    assert_eq!(s.control(None, CircuitControl::Reset), None, "{CHECK}: closed already");
+    assert_eq!(
+        s.control(None, CircuitControl::Reset),
+        None,
+        "{CHECK}: closed already"
+    );
     let m = s.metrics(None);
-    assert_eq!((m.state, m.trips, m.calls), (CircuitState::Closed, 0, 0), "{CHECK}: reset state");
-    assert!(s.fail(None, "closed again").is_some(), "{CHECK}: judges again after a reset");
+    assert_eq!(
+        (m.state, m.trips, m.calls),
+        (CircuitState::Closed, 0, 0),
+        "{CHECK}: reset state"
+    );
+    assert!(
+        s.fail(None, "closed again").is_some(),
+        "{CHECK}: judges again after a reset"
+    );
 }
 
 #[cfg(test)]

@@ -445,9 +445,11 @@ impl MemoryResource {
         let mut recorded = Recorded::default();
         // The cooldown and the circuit first, the slot last: a call that
         // takes the freed slot sees both.
-        if let (Some(hint), Some(until), Some(max_pause)) =
-            (record.retry_after, view.cooldown_until, self.params.max_pause_ns)
-        {
+        if let (Some(hint), Some(until), Some(max_pause)) = (
+            record.retry_after,
+            view.cooldown_until,
+            self.params.max_pause_ns,
+        ) {
             let wanted = now_ns.saturating_add(duration_nanos(hint).min(max_pause));
             let end = until.fetch_max(wanted, Ordering::AcqRel).max(wanted);
             if end > now_ns {
@@ -556,9 +558,14 @@ impl ResourceState for MemoryResource {
         Ok(match (partition, &self.root.circuit) {
             (None, Some(circuit)) => circuit.metrics(params, now_ns),
             (None, None) => CircuitMetrics::closed_empty(),
+            // A key not in memory has a fresh circuit, closed since time 0
+            // like every circuit that never moved.
             (Some(key), _) => self
                 .read_partition(key, |cells| cells.circuit.metrics(params, now_ns))
-                .unwrap_or_else(CircuitMetrics::closed_empty),
+                .unwrap_or_else(|| CircuitMetrics {
+                    time_in_state: now,
+                    ..CircuitMetrics::closed_empty()
+                }),
         })
     }
 
@@ -581,7 +588,11 @@ impl ResourceState for MemoryResource {
         })
     }
 
-    fn in_flight(&self, partition: Option<&PartitionKey>, _now: Duration) -> Result<u32, StoreError> {
+    fn in_flight(
+        &self,
+        partition: Option<&PartitionKey>,
+        _now: Duration,
+    ) -> Result<u32, StoreError> {
         let load = |in_flight: &AtomicU32| in_flight.load(Ordering::Acquire);
         Ok(match partition {
             None => self.root.in_flight.as_deref().map_or(0, load),
@@ -664,7 +675,9 @@ mod tests {
         let b = store.bind(&spec).unwrap();
         assert!(Arc::ptr_eq(&a, &b));
         let p = admit(&*a, None, MS).decision.unwrap();
-        assert!(record(&*a, None, p, Outcome::Failure, None, MS).transition.is_some());
+        assert!(record(&*a, None, p, Outcome::Failure, None, MS)
+            .transition
+            .is_some());
         let held = admit(&*a, None, MS * 2);
         assert!(held.decision.is_err(), "open");
 
@@ -732,7 +745,9 @@ mod tests {
         let k = PartitionKey::from("tenant");
         assert!(admit(&*r, Some(&k), Duration::ZERO).decision.is_ok());
         assert_eq!(r.evict_idle(Duration::from_secs(5)), 0);
-        assert!(admit(&*r, Some(&k), Duration::from_secs(5)).decision.is_err());
+        assert!(admit(&*r, Some(&k), Duration::from_secs(5))
+            .decision
+            .is_err());
         assert_eq!(r.evict_idle(Duration::from_secs(10)), 1);
     }
 
@@ -749,7 +764,11 @@ mod tests {
             record(&*r, Some(&k), p, Outcome::Success, None, now);
         }
         // Every key but the newest ones is idle; sweeping keeps the map small.
-        assert!(r.partitions() < 2 * SHARDS * MIN_SWEEP_LEN, "{}", r.partitions());
+        assert!(
+            r.partitions() < 2 * SHARDS * MIN_SWEEP_LEN,
+            "{}",
+            r.partitions()
+        );
     }
 
     #[test]
@@ -769,6 +788,11 @@ mod tests {
         assert_eq!(
             r.circuit_metrics(Some(&k), Duration::ZERO).unwrap(),
             CircuitMetrics::closed_empty()
+        );
+        assert_eq!(
+            r.circuit_metrics(Some(&k), MS).unwrap().time_in_state,
+            MS,
+            "a fresh circuit has been closed since time 0"
         );
     }
 
@@ -822,8 +846,6 @@ mod tests {
         let per_key = (table_bytes + chunk * keys as usize) as f64 / keys as f64;
         assert_eq!(cells, 64, "cells layout changed");
         assert!(per_key < 200.0, "{per_key:.0} bytes per key");
-        println!(
-            "cells {cells} B (chunk {chunk} B), slot {slot} B, {per_key:.0} B per idle key"
-        );
+        println!("cells {cells} B (chunk {chunk} B), slot {slot} B, {per_key:.0} B per idle key");
     }
 }

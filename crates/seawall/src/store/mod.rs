@@ -273,7 +273,8 @@ pub trait ResourceState: Send + Sync + fmt::Debug {
     ///
     /// # Errors
     /// When the store fails.
-    fn in_flight(&self, partition: Option<&PartitionKey>, now: Duration) -> Result<u32, StoreError>;
+    fn in_flight(&self, partition: Option<&PartitionKey>, now: Duration)
+        -> Result<u32, StoreError>;
 
     /// Drops partitions idle for longer than the spec allows; returns how
     /// many were dropped. Stores whose keys expire by themselves return 0.
@@ -329,10 +330,11 @@ impl<T> Future for StoreFuture<'_, T> {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match &mut self.inner {
-            StoreFutureInner::Ready(r) => Poll::Ready(
-                r.take()
-                    .unwrap_or_else(|| Err(StoreError::Protocol("store future polled after completion".into()))),
-            ),
+            StoreFutureInner::Ready(r) => Poll::Ready(r.take().unwrap_or_else(|| {
+                Err(StoreError::Protocol(
+                    "store future polled after completion".into(),
+                ))
+            })),
             StoreFutureInner::Boxed(f) => f.as_mut().poll(cx),
         }
     }

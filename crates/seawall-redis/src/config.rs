@@ -1,0 +1,212 @@
+//! Configuration of a [`RedisStore`].
+
+use std::time::Duration;
+
+use crate::error::{redact, RedisStoreError};
+use crate::RedisStore;
+
+/// What a store does when Redis cannot be reached or does not answer in
+/// time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum FailMode {
+    /// Answer from process-local state (a [`seawall::MemoryStore`] with the
+    /// same policies): calls go on, limits hold per process instead of
+    /// across processes, and every call answered locally reports
+    /// `StoreUnavailable { degraded: true }`. The default.
+    #[default]
+    Open,
+    /// Refuse: the pipeline answers `Error::Store` and does not call the
+    /// operation.
+    Closed,
+}
+
+/// Which clock decides windows, leases and open periods.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum TimeSource {
+    /// The Redis server's clock (`TIME`, read inside every script): one
+    /// clock for every process. The default, and the only sound choice
+    /// when several processes share state.
+    #[default]
+    Server,
+    /// The pipeline's clock, as passed in each request. Only for
+    /// single-process tests driven by a virtual clock: two processes'
+    /// clocks have unrelated origins.
+    Caller,
+}
+
+/// Builds a [`RedisStore`]; setters take and return the builder by value.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use seawall_redis::RedisStore;
+///
+/// let store = RedisStore::builder("redis://127.0.0.1:6379")
+///     .prefix("checkout")
+///     .timeout(Duration::from_millis(100))
+///     .fail_closed()
+///     .build()?;
+/// # let _ = store;
+/// # Ok::<_, seawall_redis::RedisStoreError>(())
+/// ```
+///
+/// # Default
+/// - prefix `seawall`
+/// - timeout 250 ms for every command; connect timeout the same
+/// - fail open
+/// - after a failure, Redis is skipped and reconnected to in the
+///   background every 500 ms until it answers
+/// - up to 8 idle connections kept for the blocking `call` path
+/// - half-open probes leased for 60 s (see [`probe_lease`](Self::probe_lease))
+/// - the server's clock
+#[derive(Debug, Clone)]
+pub struct RedisStoreBuilder {
+    pub(crate) url: String,
+    pub(crate) prefix: String,
+    pub(crate) timeout: Duration,
+    pub(crate) connect_timeout: Option<Duration>,
+    pub(crate) fail_mode: FailMode,
+    pub(crate) reconnect_interval: Duration,
+    pub(crate) max_idle_connections: usize,
+    pub(crate) probe_lease: Duration,
+    pub(crate) time_source: TimeSource,
+}
+
+impl RedisStoreBuilder {
+    pub(crate) fn new(url: String) -> Self {
+        RedisStoreBuilder {
+            url,
+            prefix: "seawall".to_owned(),
+            timeout: Duration::from_millis(250),
+            connect_timeout: None,
+            fail_mode: FailMode::Open,
+            reconnect_interval: Duration::from_millis(500),
+            max_idle_connections: 8,
+            probe_lease: Duration::from_secs(60),
+            time_source: TimeSource::Server,
+        }
+    }
+
+    /// The first part of every key: `{prefix:resource}:…`. Stores with
+    /// different prefixes on one server share nothing.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// Longest wait for any answer from Redis (each command, sync and
+    /// async). Also the connect timeout unless
+    /// [`connect_timeout`](Self::connect_timeout) says otherwise. A store
+    /// operation never takes longer than connect timeout + timeout.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Longest wait for a new connection (TCP connect and handshake).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = Some(timeout);
+        self
+    }
+
+    /// When Redis fails, answer from process-local state (the default).
+    pub fn fail_open(self) -> Self {
+        self.fail_mode(FailMode::Open)
+    }
+
+    /// When Redis fails, refuse calls with `Error::Store`.
+    pub fn fail_closed(self) -> Self {
+        self.fail_mode(FailMode::Closed)
+    }
+
+    /// Sets what happens when Redis fails.
+    pub fn fail_mode(mut self, mode: FailMode) -> Self {
+        self.fail_mode = mode;
+        self
+    }
+
+    /// After Redis failed (unreachable or too slow), calls skip it for this
+    /// long while a background thread reconnects, so that an outage costs
+    /// the timeout once, not on every call.
+    pub fn reconnect_interval(mut self, interval: Duration) -> Self {
+        self.reconnect_interval = interval;
+        self
+    }
+
+    /// Idle connections kept for the blocking (`call`) path.
+    pub fn max_idle_connections(mut self, n: usize) -> Self {
+        self.max_idle_connections = n;
+        self
+    }
+
+    /// How long a half-open probe may stay unreported before new probes are
+    /// admitted (a process that died mid-probe never reports). Keep it
+    /// longer than the attempt timeout.
+    pub fn probe_lease(mut self, lease: Duration) -> Self {
+        self.probe_lease = lease;
+        self
+    }
+
+    /// Which clock decides windows, leases and open periods.
+    pub fn time_source(mut self, source: TimeSource) -> Self {
+        self.time_source = source;
+        self
+    }
+
+    /// Validates the settings and creates the store. Nothing is sent to
+    /// Redis yet: the connection is checked (and the scripts are loaded)
+    /// when a pipeline binds the store.
+    ///
+    /// # Errors
+    /// [`RedisStoreError::InvalidUrl`] for a malformed URL or an
+    /// unsupported scheme; [`RedisStoreError::InvalidConfig`] naming the
+    /// setting and its rule otherwise.
+    pub fn build(self) -> Result<RedisStore, RedisStoreError> {
+        let invalid = |field: &'static str, rule: String| RedisStoreError::InvalidConfig { field, rule };
+        if self.timeout.is_zero() {
+            return Err(invalid("timeout", "must be > 0".into()));
+        }
+        if self.connect_timeout.is_some_and(|t| t.is_zero()) {
+            return Err(invalid("connect_timeout", "must be > 0".into()));
+        }
+        if self.reconnect_interval.is_zero() {
+            return Err(invalid("reconnect_interval", "must be > 0".into()));
+        }
+        if self.probe_lease < Duration::from_millis(1) {
+            return Err(invalid("probe_lease", "must be >= 1 ms".into()));
+        }
+        if self.prefix.is_empty() || self.prefix.contains(['{', '}']) {
+            return Err(invalid(
+                "prefix",
+                format!("must be non-empty and free of `{{` and `}}`, got {:?}", self.prefix),
+            ));
+        }
+        let client = redis::Client::open(self.url.as_str()).map_err(|e| RedisStoreError::InvalidUrl {
+            url: redact(&self.url),
+            reason: e.to_string(),
+        })?;
+        Ok(RedisStore::from_parts(self, client))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn build_validates_without_touching_the_network() {
+        let e = RedisStore::builder("redis://127.0.0.1:1")
+            .timeout(Duration::ZERO)
+            .build()
+            .unwrap_err();
+        assert_eq!(e.to_string(), "redis_store.timeout must be > 0");
+        let e = RedisStore::builder("redis://127.0.0.1:1").prefix("a{b").build().unwrap_err();
+        assert!(matches!(e, RedisStoreError::InvalidConfig { field: "prefix", .. }));
+        let e = RedisStore::builder("http://127.0.0.1:1").build().unwrap_err();
+        assert!(matches!(e, RedisStoreError::InvalidUrl { .. }), "{e}");
+        let e = RedisStore::builder("redis://:secret@[::1").build().unwrap_err();
+        assert!(!e.to_string().contains("secret"), "{e}");
+        assert!(RedisStore::builder("redis://127.0.0.1:1").build().is_ok());
+    }
+}

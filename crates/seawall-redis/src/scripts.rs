@@ -1,0 +1,269 @@
+//! The Lua scripts, their keys and their arguments.
+//!
+//! Every script starts with `lua/prelude.lua` and sees the same layout:
+//!
+//! - `KEYS`: circuit hash, count-window list, time-window buckets (hash),
+//!   time-window bucket index (sorted set), bulkhead leases (sorted set),
+//!   cooldown deadline, rate limiter state, id sequence. All eight share one
+//!   hash tag, `{prefix:resource[:partition]}`, hence one cluster slot.
+//! - `ARGV[1]`: the caller's time in microseconds, or empty for the server's
+//!   `TIME` (the default).
+//! - `ARGV[2..=27]`: the resource's spec, encoded once at bind time
+//!   ([`SpecArgs`]).
+//! - `ARGV[28..]`: the operation's own arguments.
+
+use std::fmt::Write as _;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use redis::Script;
+use seawall::breaker::BreakerMode;
+use seawall::rate_limit::RateAlgorithm;
+use seawall::store::ResourceSpec;
+
+const PRELUDE: &str = include_str!("lua/prelude.lua");
+
+/// The scripts, compiled (hashed) once per process.
+pub(crate) struct Scripts {
+    pub(crate) admit: Script,
+    pub(crate) record: Script,
+    pub(crate) release: Script,
+    pub(crate) metrics: Script,
+    pub(crate) control: Script,
+    pub(crate) in_flight: Script,
+}
+
+impl Scripts {
+    pub(crate) fn get() -> &'static Scripts {
+        static SCRIPTS: OnceLock<Scripts> = OnceLock::new();
+        SCRIPTS.get_or_init(|| {
+            let script = |body: &str| Script::new(&format!("{PRELUDE}\n{body}"));
+            Scripts {
+                admit: script(include_str!("lua/admit.lua")),
+                record: script(include_str!("lua/record.lua")),
+                release: script(include_str!("lua/release.lua")),
+                metrics: script(include_str!("lua/metrics.lua")),
+                control: script(include_str!("lua/control.lua")),
+                in_flight: script(include_str!("lua/in_flight.lua")),
+            }
+        })
+    }
+
+    pub(crate) fn all(&self) -> [&Script; 6] {
+        [
+            &self.admit,
+            &self.record,
+            &self.release,
+            &self.metrics,
+            &self.control,
+            &self.in_flight,
+        ]
+    }
+}
+
+/// Suffixes of the eight keys, in `KEYS` order. The rate limiter's key
+/// names its algorithm, so that changing the algorithm never meets a key of
+/// the wrong type.
+fn suffixes(spec: &ResourceSpec) -> [&'static str; 8] {
+    let rate = match spec.rate_limit.as_ref().map(|r| r.algorithm) {
+        Some(RateAlgorithm::FixedWindow) => "rf",
+        Some(RateAlgorithm::SlidingWindow) => "rs",
+        _ => "rg",
+    };
+    ["c", "cw", "tw", "tz", "b", "cd", rate, "sq"]
+}
+
+/// Escapes the characters that would make two names share keys or break
+/// the hash tag (`%`, `:`, `{`, `}`).
+fn escape(out: &mut String, s: &str) {
+    for ch in s.chars() {
+        match ch {
+            '%' => out.push_str("%25"),
+            ':' => out.push_str("%3A"),
+            '{' => out.push_str("%7B"),
+            '}' => out.push_str("%7D"),
+            c => out.push(c),
+        }
+    }
+}
+
+/// The eight keys of one resource (and partition).
+#[derive(Debug, Clone)]
+pub(crate) struct Keys(pub(crate) [String; 8]);
+
+impl Keys {
+    /// `{prefix:resource}:suffix`, or `{prefix:resource:i:7}:suffix` /
+    /// `{prefix:resource:s:tenant}:suffix` for a partition.
+    pub(crate) fn new(prefix: &str, spec: &ResourceSpec, partition: Option<&seawall::PartitionKey>) -> Keys {
+        let mut tag = String::with_capacity(prefix.len() + spec.name.len() + 24);
+        tag.push('{');
+        tag.push_str(prefix);
+        tag.push(':');
+        escape(&mut tag, &spec.name);
+        match partition {
+            None => {}
+            Some(p) => match p.as_str() {
+                Some(s) => {
+                    tag.push_str(":s:");
+                    escape(&mut tag, s);
+                }
+                None => {
+                    let _ = write!(tag, ":i:{p}");
+                }
+            },
+        }
+        tag.push('}');
+        Keys(suffixes(spec).map(|s| format!("{tag}:{s}")))
+    }
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+fn flag(b: bool) -> String {
+    if b { "1" } else { "0" }.to_owned()
+}
+
+/// `ARGV[2..=27]`: the spec, as the scripts read it.
+#[derive(Debug, Clone)]
+pub(crate) struct SpecArgs(pub(crate) Vec<String>);
+
+impl SpecArgs {
+    pub(crate) fn new(spec: &ResourceSpec, probe_lease: Duration) -> SpecArgs {
+        let mut a: Vec<String> = Vec::with_capacity(26);
+        let idle = micros(spec.partition_idle);
+        match &spec.circuit {
+            Some(c) => {
+                let (mode, n) = match c.mode {
+                    BreakerMode::ConsecutiveFailures(n) => (1, n),
+                    BreakerMode::CountWindow(n) => (2, n),
+                    BreakerMode::TimeWindow(n) => (3, n),
+                    // A mode unknown to this version: judge the last 100 calls.
+                    _ => (2, 100),
+                };
+                a.push(flag(true));
+                a.push(mode.to_string());
+                a.push(n.to_string());
+                a.push(c.failure_rate.to_string());
+                a.push(c.slow_call_rate.unwrap_or(0.0).to_string());
+                a.push(micros(c.slow_call_duration).to_string());
+                // A count window never holds more than its size.
+                let minimum = match c.mode {
+                    BreakerMode::CountWindow(n) => c.minimum_calls.min(n),
+                    _ => c.minimum_calls,
+                };
+                a.push(minimum.to_string());
+                a.push(micros(c.cooldown).to_string());
+                a.push(c.cooldown_growth.to_string());
+                a.push(micros(c.max_cooldown).to_string());
+                a.push(c.half_open_calls.to_string());
+            }
+            None => {
+                a.push(flag(false));
+                a.extend(["1", "1", "1", "0", "0", "1", "0", "1", "0", "1"].map(String::from));
+            }
+        }
+        a.push(micros(probe_lease).to_string());
+        a.push(idle.to_string());
+        match &spec.bulkhead {
+            Some(b) => {
+                a.push(flag(true));
+                a.push(b.max_concurrent.to_string());
+                a.push(micros(b.lease).to_string());
+            }
+            None => a.extend(["0", "0", "0"].map(String::from)),
+        }
+        match &spec.cooldown {
+            Some(c) => {
+                a.push(flag(true));
+                a.push(micros(c.max_pause).to_string());
+                a.push(micros(c.grace).to_string());
+            }
+            None => a.extend(["0", "0", "0"].map(String::from)),
+        }
+        let mut longest = spec.partition_idle;
+        match &spec.rate_limit {
+            Some(r) => {
+                let alg = match r.algorithm {
+                    RateAlgorithm::FixedWindow => 2,
+                    RateAlgorithm::SlidingWindow => 3,
+                    _ => 1,
+                };
+                let interval_ns = r.emission_interval().as_nanos();
+                a.push(flag(true));
+                a.push(alg.to_string());
+                a.push(r.limit.to_string());
+                a.push(micros(r.period).to_string());
+                a.push(r.burst.to_string());
+                // Fractional microseconds (GCRA below one call per microsecond).
+                a.push((interval_ns as f64 / 1000.0).to_string());
+                longest = longest.max(r.period);
+            }
+            None => a.extend(["0", "1", "1", "1", "1", "1"].map(String::from)),
+        }
+        if let Some(b) = &spec.bulkhead {
+            longest = longest.max(b.lease);
+        }
+        // The id sequence outlives every lease and log entry it numbered.
+        let seq_ttl_ms = u64::try_from(longest.as_millis()).unwrap_or(u64::MAX / 2) + 1000;
+        a.push(seq_ttl_ms.to_string());
+        debug_assert_eq!(a.len(), 26);
+        SpecArgs(a)
+    }
+}
+
+/// Reason codes of the admit script.
+pub(crate) const ADMITTED: i64 = 0;
+pub(crate) const CIRCUIT_OPEN: i64 = 1;
+pub(crate) const BULKHEAD_FULL: i64 = 2;
+pub(crate) const COOLDOWN_ACTIVE: i64 = 3;
+pub(crate) const RATE_LIMITED: i64 = 4;
+
+/// Transition codes.
+pub(crate) const HALF_OPENED: i64 = 1;
+pub(crate) const OPENED: i64 = 2;
+pub(crate) const CLOSED: i64 = 3;
+
+/// Circuit state codes.
+pub(crate) const ST_CLOSED: i64 = 0;
+pub(crate) const ST_OPEN: i64 = 1;
+pub(crate) const ST_HALF_OPEN: i64 = 2;
+pub(crate) const ST_ISOLATED: i64 = 3;
+pub(crate) const ST_DISABLED: i64 = 4;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use seawall::{Bulkhead, CircuitBreaker, RateLimiter};
+
+    #[test]
+    fn keys_share_one_hash_tag_and_escape_names() {
+        let spec = ResourceSpec::new("users:api{x}").with_rate_limit(RateLimiter::sliding_window(
+            5,
+            Duration::from_secs(1),
+        ));
+        let k = Keys::new("sw", &spec, None);
+        assert_eq!(k.0[0], "{sw:users%3Aapi%7Bx%7D}:c");
+        assert_eq!(k.0[6], "{sw:users%3Aapi%7Bx%7D}:rs");
+        let p = seawall::PartitionKey::from(7u64);
+        assert_eq!(Keys::new("sw", &spec, Some(&p)).0[4], "{sw:users%3Aapi%7Bx%7D:i:7}:b");
+        let p = seawall::PartitionKey::from("7");
+        assert_eq!(Keys::new("sw", &spec, Some(&p)).0[4], "{sw:users%3Aapi%7Bx%7D:s:7}:b");
+    }
+
+    #[test]
+    fn spec_args_have_a_fixed_length() {
+        let full = ResourceSpec::new("r")
+            .with_circuit(CircuitBreaker::failure_rate(0.5))
+            .with_bulkhead(Bulkhead::new(3))
+            .with_cooldown(seawall::Cooldown::new())
+            .with_rate_limit(RateLimiter::gcra(10, Duration::from_secs(1)));
+        assert_eq!(SpecArgs::new(&full, Duration::from_secs(60)).0.len(), 26);
+        let empty = ResourceSpec::new("r");
+        assert_eq!(SpecArgs::new(&empty, Duration::from_secs(60)).0.len(), 26);
+        let a = SpecArgs::new(&full, Duration::from_secs(60)).0;
+        // GCRA interval: 100 ms = 100000 us.
+        assert_eq!(a[24], "100000");
+    }
+}

@@ -1,0 +1,532 @@
+//! [`RedisStore`] and the state of one bound resource.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::{Script, ScriptInvocation};
+use seawall::breaker::{CircuitControl, CircuitMetrics, CircuitState, CircuitTransition};
+use seawall::store::{
+    Admission, AdmitRequest, Outcome, Permit, Record, Recorded, ResourceSpec, ResourceState, StoreFuture,
+};
+use seawall::{MemoryStore, PartitionKey, Rejection, RejectionReason, StateStore, StoreError};
+
+use crate::config::{FailMode, RedisStoreBuilder, TimeSource};
+use crate::error::{is_outage, redact, RedisStoreError};
+use crate::link::{Link, LinkSettings};
+use crate::scripts::{self, Keys, Scripts, SpecArgs};
+
+/// A [`StateStore`] on a Redis server, shared by every process that uses
+/// the same server and key prefix.
+///
+/// Cheap to clone (clones share connections). See the [crate
+/// documentation](crate) for the guarantees and the failure modes.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use seawall::{Bulkhead, CircuitBreaker, Pipeline};
+/// use seawall_redis::RedisStore;
+///
+/// let store = RedisStore::builder("redis://127.0.0.1:6379")
+///     .timeout(Duration::from_millis(250))
+///     .fail_open()
+///     .build()?;
+/// let payments = Pipeline::builder("payments")
+///     .circuit_breaker(CircuitBreaker::consecutive_failures(5))
+///     .bulkhead(Bulkhead::new(20))
+///     .store(store)
+///     .build()?;
+/// # let _ = payments;
+/// # Ok::<_, Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone)]
+pub struct RedisStore {
+    inner: Arc<StoreInner>,
+}
+
+struct StoreInner {
+    link: Arc<Link>,
+    prefix: String,
+    fail_mode: FailMode,
+    probe_lease: Duration,
+    time_source: TimeSource,
+    /// The process-local state answered from while Redis fails (fail-open).
+    local: MemoryStore,
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let i = &self.inner;
+        f.debug_struct("RedisStore")
+            .field("address", &i.link.settings.address)
+            .field("prefix", &i.prefix)
+            .field("fail_mode", &i.fail_mode)
+            .field("timeout", &i.link.settings.timeout)
+            .field("available", &i.link.is_available())
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisStore {
+    /// Starts configuring a store for the server at `url`
+    /// (`redis://[user:password@]host[:port][/db]`, or `redis+unix://`).
+    pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
+        RedisStoreBuilder::new(url.into())
+    }
+
+    /// A store with the default settings (see [`RedisStoreBuilder`]).
+    ///
+    /// # Errors
+    /// As [`RedisStoreBuilder::build`].
+    pub fn open(url: impl Into<String>) -> Result<RedisStore, RedisStoreError> {
+        Self::builder(url).build()
+    }
+
+    pub(crate) fn from_parts(b: RedisStoreBuilder, client: redis::Client) -> RedisStore {
+        let settings = LinkSettings {
+            address: redact(&b.url),
+            timeout: b.timeout,
+            connect_timeout: b.connect_timeout.unwrap_or(b.timeout),
+            reconnect_interval: b.reconnect_interval,
+            max_idle: b.max_idle_connections,
+        };
+        RedisStore {
+            inner: Arc::new(StoreInner {
+                link: Link::new(client, settings),
+                prefix: b.prefix,
+                fail_mode: b.fail_mode,
+                probe_lease: b.probe_lease,
+                time_source: b.time_source,
+                local: MemoryStore::new(),
+            }),
+        }
+    }
+
+    /// The key prefix.
+    pub fn prefix(&self) -> &str {
+        &self.inner.prefix
+    }
+
+    /// What the store does when Redis fails.
+    pub fn fail_mode(&self) -> FailMode {
+        self.inner.fail_mode
+    }
+
+    /// `false` while Redis is being skipped after a failure (calls are then
+    /// answered locally or refused, per the [`FailMode`], until the
+    /// background reconnection succeeds). Sends nothing.
+    pub fn is_available(&self) -> bool {
+        self.inner.link.is_available()
+    }
+
+    /// Sends one `PING` on the blocking path and returns its round trip.
+    ///
+    /// # Errors
+    /// When Redis cannot be reached, refuses, or does not answer in time.
+    pub fn ping(&self) -> Result<Duration, StoreError> {
+        self.inner.link.ping_sync()
+    }
+
+    /// Sends one `PING` on the async path (the connection the async calls
+    /// use) and returns its round trip. Must run inside a tokio runtime.
+    ///
+    /// # Errors
+    /// As [`ping`](Self::ping).
+    pub async fn ping_async(&self) -> Result<Duration, StoreError> {
+        self.inner.link.ping_async().await
+    }
+}
+
+impl StateStore for RedisStore {
+    /// Loads the scripts (one `SCRIPT LOAD` each), which also checks the
+    /// password and the user's permissions.
+    ///
+    /// # Errors
+    /// [`StoreError::Refused`] when authentication fails or the user may
+    /// not run scripts; [`StoreError::Protocol`] when the server answers
+    /// something unexpected. An unreachable or slow server is not an error
+    /// here, in either mode: the pipeline builds, and its calls then follow
+    /// the [`FailMode`] until Redis answers.
+    fn bind(&self, spec: &ResourceSpec) -> Result<Arc<dyn ResourceState>, StoreError> {
+        let inner = &self.inner;
+        let local = match inner.fail_mode {
+            FailMode::Closed => None,
+            _ => Some(inner.local.bind(spec)?),
+        };
+        match inner.link.load_scripts() {
+            Err(e) if !is_outage(&e) => return Err(e),
+            _ => {}
+        }
+        Ok(Arc::new(RedisResource {
+            shared: Arc::new(Shared {
+                link: Arc::clone(&inner.link),
+                prefix: inner.prefix.clone(),
+                keys: Keys::new(&inner.prefix, spec, None),
+                args: SpecArgs::new(spec, inner.probe_lease),
+                spec: spec.clone(),
+                local,
+                caller_clock: inner.time_source == TimeSource::Caller,
+            }),
+        }))
+    }
+}
+
+/// One resource bound to a [`RedisStore`].
+struct RedisResource {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    link: Arc<Link>,
+    prefix: String,
+    spec: ResourceSpec,
+    args: SpecArgs,
+    /// The keys of the unpartitioned state.
+    keys: Keys,
+    local: Option<Arc<dyn ResourceState>>,
+    caller_clock: bool,
+}
+
+impl fmt::Debug for RedisResource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisResource")
+            .field("name", &self.shared.spec.name)
+            .field("prefix", &self.shared.prefix)
+            .field("fail_open", &self.shared.local.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+fn protocol(what: &str, reply: &[i64]) -> StoreError {
+    StoreError::Protocol(format!("unexpected {what} reply from the store script: {reply:?}"))
+}
+
+/// The arguments of a release, owned so that it can run in the background.
+struct ReleaseArgs {
+    partition: Option<PartitionKey>,
+    permit: Permit,
+}
+
+impl Shared {
+    /// An invocation of `script` with the keys of `partition`, the time and
+    /// the spec; the operation's own arguments are added by the caller.
+    /// `now` is used only with [`TimeSource::Caller`]; `None` always means
+    /// the server's clock.
+    fn invocation<'s>(
+        &self,
+        script: &'s Script,
+        partition: Option<&PartitionKey>,
+        now: Option<Duration>,
+    ) -> ScriptInvocation<'s> {
+        let mut inv = script.prepare_invoke();
+        match partition {
+            None => {
+                for k in &self.keys.0 {
+                    inv.key(k.as_str());
+                }
+            }
+            Some(p) => {
+                for k in Keys::new(&self.prefix, &self.spec, Some(p)).0 {
+                    inv.key(k);
+                }
+            }
+        }
+        match now {
+            Some(now) if self.caller_clock => inv.arg(micros(now)),
+            _ => inv.arg(""),
+        };
+        for a in &self.args.0 {
+            inv.arg(a.as_str());
+        }
+        inv
+    }
+
+    fn admit_invocation(&self, request: &AdmitRequest<'_>) -> ScriptInvocation<'static> {
+        self.invocation(&Scripts::get().admit, request.partition, Some(request.now))
+    }
+
+    fn record_invocation(&self, record: &Record<'_>) -> ScriptInvocation<'static> {
+        let mut inv = self.invocation(&Scripts::get().record, record.partition, Some(record.now));
+        let p = record.permit;
+        let outcome = match record.outcome {
+            Outcome::Success => 0,
+            Outcome::Failure => 1,
+            _ => 2,
+        };
+        inv.arg(u8::from(p.probe))
+            .arg(p.generation)
+            .arg(p.slot.map_or(-1, |s| i64::try_from(s).unwrap_or(-1)))
+            .arg(outcome)
+            .arg(micros(record.duration))
+            .arg(record.retry_after.map_or(-1, |d| i64::try_from(micros(d)).unwrap_or(i64::MAX)));
+        inv
+    }
+
+    fn release_invocation(&self, r: &ReleaseArgs) -> ScriptInvocation<'static> {
+        let mut inv = self.invocation(&Scripts::get().release, r.partition.as_ref(), None);
+        inv.arg(u8::from(r.permit.probe))
+            .arg(r.permit.generation)
+            .arg(r.permit.slot.map_or(-1, |s| i64::try_from(s).unwrap_or(-1)));
+        inv
+    }
+
+    fn admission(&self, reply: &[i64]) -> Result<Admission, StoreError> {
+        let &[reason, retry_us, probe, generation, slot, transition] = reply else {
+            return Err(protocol("admit", reply));
+        };
+        let retry_after = u64::try_from(retry_us).ok().map(Duration::from_micros);
+        let reason = match reason {
+            scripts::ADMITTED => None,
+            scripts::CIRCUIT_OPEN => Some(RejectionReason::CircuitOpen),
+            scripts::BULKHEAD_FULL => Some(RejectionReason::BulkheadFull),
+            scripts::COOLDOWN_ACTIVE => Some(RejectionReason::CooldownActive),
+            scripts::RATE_LIMITED => Some(RejectionReason::RateLimited),
+            _ => return Err(protocol("admit", reply)),
+        };
+        let decision = match reason {
+            None => Ok(Permit {
+                probe: probe == 1,
+                generation: u64::try_from(generation).unwrap_or(0),
+                slot: u64::try_from(slot).ok(),
+                local: false,
+            }),
+            Some(reason) => Err(Rejection::new(reason, retry_after)),
+        };
+        Ok(Admission {
+            decision,
+            transition: (transition == scripts::HALF_OPENED).then_some(CircuitTransition::HalfOpened),
+            degraded: None,
+        })
+    }
+
+    fn recorded(&self, reply: &[i64]) -> Result<Recorded, StoreError> {
+        let &[transition, trips, cooldown_us] = reply else {
+            return Err(protocol("record", reply));
+        };
+        let transition = match transition {
+            0 => None,
+            scripts::OPENED => {
+                let trips = u32::try_from(trips).unwrap_or(u32::MAX);
+                let cooldown = self
+                    .spec
+                    .circuit
+                    .as_ref()
+                    .map_or(Duration::ZERO, |c| c.cooldown_for_trip(trips));
+                Some(CircuitTransition::Opened { cooldown })
+            }
+            scripts::CLOSED => Some(CircuitTransition::Closed),
+            _ => return Err(protocol("record", reply)),
+        };
+        Ok(Recorded {
+            transition,
+            cooldown: u64::try_from(cooldown_us).ok().map(Duration::from_micros),
+            degraded: None,
+        })
+    }
+
+    /// Redis failed on admission: answer locally (fail-open) or refuse.
+    fn admit_degraded(&self, request: &AdmitRequest<'_>, e: StoreError) -> Result<Admission, StoreError> {
+        let Some(local) = &self.local else { return Err(e) };
+        let mut admission = local.admit(request)?;
+        if let Ok(p) = &mut admission.decision {
+            p.local = true;
+        }
+        admission.degraded = Some(e);
+        Ok(admission)
+    }
+
+    /// Redis failed on a record: the outcome is lost (its slot comes back
+    /// with the lease), reported as degraded (fail-open) or as an error.
+    fn record_degraded(&self, e: StoreError) -> Result<Recorded, StoreError> {
+        match self.local {
+            Some(_) => Ok(Recorded {
+                degraded: Some(e),
+                ..Recorded::default()
+            }),
+            None => Err(e),
+        }
+    }
+
+    fn record_local(&self, record: &Record<'_>) -> Result<Recorded, StoreError> {
+        match &self.local {
+            Some(local) => local.record(record),
+            None => Ok(Recorded::default()),
+        }
+    }
+
+    fn in_flight_invocation(&self, partition: Option<&PartitionKey>, now: Duration) -> ScriptInvocation<'static> {
+        self.invocation(&Scripts::get().in_flight, partition, Some(now))
+    }
+}
+
+impl ResourceState for RedisResource {
+    fn admit(&self, request: &AdmitRequest<'_>) -> Result<Admission, StoreError> {
+        let s = &*self.shared;
+        let inv = s.admit_invocation(request);
+        match s.link.invoke_sync::<Vec<i64>>(&inv) {
+            Ok(reply) => s.admission(&reply),
+            Err(e) => s.admit_degraded(request, e),
+        }
+    }
+
+    fn admit_async<'a>(&'a self, request: AdmitRequest<'a>) -> StoreFuture<'a, Admission> {
+        if tokio::runtime::Handle::try_current().is_err() {
+            // Polled outside tokio: the blocking path still answers.
+            return StoreFuture::ready(self.admit(&request));
+        }
+        StoreFuture::boxed(async move {
+            let s = &*self.shared;
+            let inv = s.admit_invocation(&request);
+            match s.link.invoke_async::<Vec<i64>>(&inv).await {
+                Ok(reply) => s.admission(&reply),
+                Err(e) => s.admit_degraded(&request, e),
+            }
+        })
+    }
+
+    fn record(&self, record: &Record<'_>) -> Result<Recorded, StoreError> {
+        let s = &*self.shared;
+        if record.permit.local {
+            return s.record_local(record);
+        }
+        let inv = s.record_invocation(record);
+        match s.link.invoke_sync::<Vec<i64>>(&inv) {
+            Ok(reply) => s.recorded(&reply),
+            Err(e) => s.record_degraded(e),
+        }
+    }
+
+    fn record_async<'a>(&'a self, record: Record<'a>) -> StoreFuture<'a, Recorded> {
+        if record.permit.local || tokio::runtime::Handle::try_current().is_err() {
+            return StoreFuture::ready(self.record(&record));
+        }
+        StoreFuture::boxed(async move {
+            let s = &*self.shared;
+            let inv = s.record_invocation(&record);
+            match s.link.invoke_async::<Vec<i64>>(&inv).await {
+                Ok(reply) => s.recorded(&reply),
+                Err(e) => s.record_degraded(e),
+            }
+        })
+    }
+
+    /// Never blocks inside a tokio runtime: the release is spawned there.
+    /// Outside one it is a blocking call bounded by the store's timeout.
+    /// While Redis is down the release is dropped: the slot comes back when
+    /// its lease expires, the probe when the probe lease does.
+    fn release(&self, partition: Option<&PartitionKey>, permit: Permit) {
+        let s = &self.shared;
+        if permit.local {
+            if let Some(local) = &s.local {
+                local.release(partition, permit);
+            }
+            return;
+        }
+        if permit.slot.is_none() && !permit.probe {
+            return;
+        }
+        if !s.link.is_available() {
+            return;
+        }
+        let args = ReleaseArgs {
+            partition: partition.cloned(),
+            permit,
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => {
+                let shared = Arc::clone(s);
+                handle.spawn(async move {
+                    let inv = shared.release_invocation(&args);
+                    let _ = shared.link.invoke_async::<i64>(&inv).await;
+                });
+            }
+            Err(_) => {
+                let inv = s.release_invocation(&args);
+                let _ = s.link.invoke_sync::<i64>(&inv);
+            }
+        }
+    }
+
+    fn circuit_metrics(&self, partition: Option<&PartitionKey>, now: Duration) -> Result<CircuitMetrics, StoreError> {
+        let s = &*self.shared;
+        if s.spec.circuit.is_none() {
+            return Ok(CircuitMetrics::closed_empty());
+        }
+        let inv = s.invocation(&Scripts::get().metrics, partition, Some(now));
+        let reply: Vec<i64> = s.link.invoke_sync(&inv)?;
+        let &[state, calls, failures, slow, in_state_us, trips] = &reply[..] else {
+            return Err(protocol("metrics", &reply));
+        };
+        let state = match state {
+            scripts::ST_CLOSED => CircuitState::Closed,
+            scripts::ST_OPEN => CircuitState::Open,
+            scripts::ST_HALF_OPEN => CircuitState::HalfOpen,
+            scripts::ST_ISOLATED => CircuitState::Isolated,
+            scripts::ST_DISABLED => CircuitState::Disabled,
+            _ => return Err(protocol("metrics", &reply)),
+        };
+        let count = |n: i64| u64::try_from(n).unwrap_or(0);
+        let (calls, failures, slow) = (count(calls), count(failures), count(slow));
+        let rate = |n: u64| if calls == 0 { 0.0 } else { n as f64 / calls as f64 };
+        let mut m = CircuitMetrics::closed_empty();
+        m.state = state;
+        m.calls = calls;
+        m.failures = failures.min(calls);
+        m.slow_calls = slow.min(calls);
+        m.failure_rate = rate(m.failures);
+        m.slow_call_rate = rate(m.slow_calls);
+        m.time_in_state = Duration::from_micros(count(in_state_us));
+        m.trips = u32::try_from(trips).unwrap_or(0);
+        Ok(m)
+    }
+
+    fn control_circuit(
+        &self,
+        partition: Option<&PartitionKey>,
+        control: CircuitControl,
+        now: Duration,
+    ) -> Result<Option<CircuitTransition>, StoreError> {
+        let s = &*self.shared;
+        if s.spec.circuit.is_none() {
+            return Ok(None);
+        }
+        let op = match control {
+            CircuitControl::Isolate => 1,
+            CircuitControl::ForceClose => 2,
+            CircuitControl::Reset => 3,
+            other => {
+                return Err(StoreError::Protocol(format!(
+                    "circuit control {other:?} is not supported by this version of seawall-redis"
+                )))
+            }
+        };
+        let mut inv = s.invocation(&Scripts::get().control, partition, Some(now));
+        inv.arg(op);
+        let reply: Vec<i64> = s.link.invoke_sync(&inv)?;
+        let &[before, after] = &reply[..] else {
+            return Err(protocol("control", &reply));
+        };
+        Ok(if before == after {
+            None
+        } else if after == scripts::ST_ISOLATED {
+            Some(CircuitTransition::Opened {
+                cooldown: Duration::MAX,
+            })
+        } else {
+            Some(CircuitTransition::Closed)
+        })
+    }
+
+    fn in_flight(&self, partition: Option<&PartitionKey>, now: Duration) -> Result<u32, StoreError> {
+        let s = &*self.shared;
+        if s.spec.bulkhead.is_none() {
+            return Ok(0);
+        }
+        let n: i64 = s.link.invoke_sync(&s.in_flight_invocation(partition, now))?;
+        Ok(u32::try_from(n).unwrap_or(0))
+    }
+}

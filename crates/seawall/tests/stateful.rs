@@ -1,0 +1,400 @@
+//! The stateful policies through a pipeline on the in-memory store:
+//! composition, deferral, release of permits, partitions, manual control.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use seawall::testing::VirtualClock;
+use seawall::*;
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct Fail;
+
+type Log = Arc<Mutex<Vec<EventKind>>>;
+
+fn recorder() -> (Log, impl Fn(&Event<'_>) + Send + Sync + 'static) {
+    let log: Log = Arc::default();
+    let l = log.clone();
+    (log, move |e: &Event<'_>| {
+        if !matches!(
+            e.kind,
+            EventKind::AttemptFinished { .. } | EventKind::CallFinished { .. }
+        ) {
+            l.lock().unwrap().push(e.kind.clone())
+        }
+    })
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap()
+}
+
+fn reason<T: std::fmt::Debug>(r: Result<T, Error<Fail>>) -> RejectionReason {
+    match r {
+        Err(Error::Rejected(r)) => r.reason,
+        other => panic!("expected a rejection, got {other:?}"),
+    }
+}
+
+#[test]
+fn nested_call_through_a_full_bulkhead_is_refused_and_never_runs() {
+    let p = Pipeline::builder("s-nested")
+        .bulkhead(Bulkhead::new(1))
+        .store(MemoryStore::new())
+        .build()
+        .unwrap();
+    let inner_ran = AtomicU32::new(0);
+    let outer = p.call(|_| {
+        let inner = p.call(|_| {
+            inner_ran.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, Fail>(())
+        });
+        Ok::<_, Fail>(reason(inner))
+    });
+    assert_eq!(outer.unwrap(), RejectionReason::BulkheadFull);
+    assert_eq!(inner_ran.load(Ordering::SeqCst), 0);
+    assert_eq!(p.in_flight().unwrap(), 0);
+}
+
+#[test]
+fn a_panicking_operation_gives_its_slot_back() {
+    let p = Pipeline::builder("s-panic")
+        .bulkhead(Bulkhead::new(1))
+        .store(MemoryStore::new())
+        .build()
+        .unwrap();
+    let r = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        p.call(|_| -> Result<(), Fail> {
+            assert_eq!(p.in_flight().unwrap(), 1);
+            panic!("boom")
+        })
+    }));
+    assert!(r.is_err());
+    assert_eq!(p.in_flight().unwrap(), 0);
+    assert!(p.call(|_| Ok::<_, Fail>(())).is_ok());
+}
+
+#[test]
+fn a_dropped_future_gives_its_slot_back() {
+    let p = Pipeline::builder("s-drop")
+        .bulkhead(Bulkhead::new(1))
+        .store(MemoryStore::new())
+        .build()
+        .unwrap();
+    let rt = rt();
+    rt.block_on(async {
+        let fut = p.run(|_| async {
+            std::future::pending::<()>().await;
+            Ok::<_, Fail>(())
+        });
+        // poll once, so that the attempt holds its slot, then drop it
+        let mut fut = Box::pin(fut);
+        assert!(futures_poll_once(fut.as_mut()).await.is_none());
+        assert_eq!(p.in_flight().unwrap(), 1);
+        drop(fut);
+        assert_eq!(p.in_flight().unwrap(), 0);
+    });
+}
+
+async fn futures_poll_once<F: std::future::Future + Unpin>(mut f: F) -> Option<F::Output> {
+    std::future::poll_fn(|cx| {
+        std::task::Poll::Ready(match std::pin::Pin::new(&mut f).poll(cx) {
+            std::task::Poll::Ready(v) => Some(v),
+            std::task::Poll::Pending => None,
+        })
+    })
+    .await
+}
+
+#[test]
+fn a_later_refusal_gives_back_the_earlier_permits() {
+    let clock = VirtualClock::new();
+    let p = Pipeline::builder("s-later")
+        .bulkhead(Bulkhead::new(1))
+        .rate_limiter(RateLimiter::fixed_window(1, secs(60)))
+        .store(MemoryStore::new())
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    assert!(p.call(|_| Ok::<_, Fail>(())).is_ok());
+    assert_eq!(reason(p.call(|_| Ok::<_, Fail>(()))), RejectionReason::RateLimited);
+    assert_eq!(
+        p.in_flight().unwrap(),
+        0,
+        "the bulkhead slot taken before the rate limiter refused is back"
+    );
+}
+
+#[test]
+fn circuit_opens_rejects_probes_and_closes_with_events() {
+    let clock = VirtualClock::new();
+    let (log, l) = recorder();
+    let p = Pipeline::builder("s-circuit")
+        .circuit_breaker(
+            CircuitBreaker::consecutive_failures(3)
+                .cooldown(secs(30))
+                .half_open_calls(1),
+        )
+        .store(MemoryStore::new())
+        .clock(clock.clone())
+        .on_event(l)
+        .build()
+        .unwrap();
+    for _ in 0..3 {
+        assert!(matches!(p.call(|_| Err::<(), _>(Fail)), Err(Error::Operation(Fail))));
+    }
+    assert_eq!(p.circuit_state().unwrap(), CircuitState::Open);
+    let mut ran = false;
+    let r = p.call(|_| {
+        ran = true;
+        Ok::<_, Fail>(())
+    });
+    assert!(!ran);
+    match r {
+        Err(Error::Rejected(r)) => {
+            assert_eq!(r.reason, RejectionReason::CircuitOpen);
+            assert_eq!(r.retry_after, Some(secs(30)));
+        }
+        other => panic!("{other:?}"),
+    }
+    clock.advance(secs(30));
+    assert!(p.call(|_| Ok::<_, Fail>(())).is_ok());
+    assert_eq!(p.circuit_state().unwrap(), CircuitState::Closed);
+    let log = log.lock().unwrap();
+    assert_eq!(
+        *log,
+        vec![
+            EventKind::CircuitOpened { cooldown: secs(30) },
+            EventKind::Rejected {
+                reason: RejectionReason::CircuitOpen,
+                retry_after: Some(secs(30))
+            },
+            EventKind::CircuitHalfOpened,
+            EventKind::CircuitClosed,
+        ]
+    );
+}
+
+#[test]
+fn retry_outside_the_breaker_stops_when_the_circuit_opens() {
+    let clock = VirtualClock::new();
+    let p = Pipeline::builder("s-retry-breaker")
+        .retry(Retry::constant(ms(10)).max_attempts(10))
+        .circuit_breaker(CircuitBreaker::consecutive_failures(2))
+        .store(MemoryStore::new())
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let mut calls = 0;
+    let r = p.call(|_| {
+        calls += 1;
+        Err::<(), _>(Fail)
+    });
+    assert_eq!(calls, 2, "the third attempt was refused by the open circuit");
+    assert_eq!(reason(r), RejectionReason::CircuitOpen);
+}
+
+#[test]
+fn two_pipelines_with_one_name_and_store_share_one_circuit() {
+    let store = MemoryStore::new();
+    let build = || {
+        Pipeline::builder("s-shared")
+            .circuit_breaker(CircuitBreaker::consecutive_failures(1))
+            .store(store.clone())
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (build(), build());
+    let _ = a.call(|_| Err::<(), _>(Fail));
+    assert_eq!(reason(b.call(|_| Ok::<_, Fail>(()))), RejectionReason::CircuitOpen);
+    // another store: another circuit
+    let c = Pipeline::builder("s-shared")
+        .circuit_breaker(CircuitBreaker::consecutive_failures(1))
+        .store(MemoryStore::new())
+        .build()
+        .unwrap();
+    assert!(c.call(|_| Ok::<_, Fail>(())).is_ok());
+}
+
+#[test]
+fn manual_control_isolates_forces_closed_and_resets() {
+    let p = Pipeline::builder("s-manual")
+        .circuit_breaker(CircuitBreaker::consecutive_failures(1))
+        .store(MemoryStore::new())
+        .build()
+        .unwrap();
+    p.isolate().unwrap();
+    assert_eq!(p.circuit_state().unwrap(), CircuitState::Isolated);
+    assert_eq!(reason(p.call(|_| Ok::<_, Fail>(()))), RejectionReason::CircuitOpen);
+    p.force_close().unwrap();
+    assert_eq!(p.circuit_state().unwrap(), CircuitState::Disabled);
+    for _ in 0..5 {
+        let _ = p.call(|_| Err::<(), _>(Fail));
+    }
+    assert_eq!(p.circuit_state().unwrap(), CircuitState::Disabled);
+    p.reset().unwrap();
+    assert_eq!(p.circuit_state().unwrap(), CircuitState::Closed);
+    let no_breaker = Pipeline::builder("s-manual-none").build().unwrap();
+    assert!(matches!(
+        no_breaker.isolate(),
+        Err(seawall::pipeline::ControlError::NoCircuitBreaker(_))
+    ));
+}
+
+#[test]
+fn cooldown_defers_refuses_or_exceeds_the_deadline() {
+    let clock = VirtualClock::new();
+    let (log, l) = recorder();
+    let l = Arc::new(l);
+    let build = |store: &MemoryStore, max_wait: Duration, timeout: Option<Duration>| {
+        let l = l.clone();
+        let b = Pipeline::builder("s-cooldown")
+            .store(store.clone())
+            .clock(clock.clone())
+            .on_event(move |e| l(e));
+        let b = match timeout {
+            Some(t) => b.timeout(t),
+            None => b,
+        };
+        b.cooldown(Cooldown::new().max_wait(max_wait))
+            .classify(|_: &Fail| Verdict::retry().with_retry_after(secs(60)))
+            .build()
+            .unwrap()
+    };
+    let shared = MemoryStore::new();
+    // a 429 with Retry-After: 60 opens the pause for every pipeline of the resource
+    let p = build(&shared, secs(30), None);
+    assert!(p.call(|_| Err::<(), _>(Fail)).is_err());
+    // the pause outlasts what the call may wait: refused at once, not called
+    let mut ran = false;
+    let r = p.call(|_| {
+        ran = true;
+        Ok::<_, Fail>(())
+    });
+    assert!(!ran);
+    assert_eq!(reason(r), RejectionReason::CooldownActive);
+    // a deadline that ends before the pause: refused at once
+    let p10 = build(&shared, secs(30), Some(secs(10)));
+    assert_eq!(
+        reason(p10.call(|_| Ok::<_, Fail>(()))),
+        RejectionReason::CooldownExceedsDeadline
+    );
+    assert_eq!(clock.now(), Duration::ZERO);
+    // room to wait: deferred until the pause ends, then run
+    let p120 = build(&MemoryStore::new(), secs(120), Some(secs(120)));
+    assert!(p120.call(|_| Err::<(), _>(Fail)).is_err());
+    assert!(p120.call(|_| Ok::<_, Fail>(())).is_ok());
+    assert_eq!(clock.now(), secs(60));
+    let log = log.lock().unwrap();
+    let relevant: Vec<_> = log
+        .iter()
+        .filter(|e| matches!(e, EventKind::CooldownStarted { .. } | EventKind::Deferred { .. }))
+        .cloned()
+        .collect();
+    assert_eq!(
+        relevant,
+        vec![
+            EventKind::CooldownStarted { duration: secs(60) },
+            EventKind::CooldownStarted { duration: secs(60) },
+            EventKind::Deferred {
+                reason: RejectionReason::CooldownActive,
+                wait: secs(60)
+            },
+        ]
+    );
+}
+
+#[test]
+fn rate_limited_call_waits_for_its_permit_when_it_fits() {
+    let clock = VirtualClock::new();
+    let p = Pipeline::builder("s-rate-wait")
+        .rate_limiter(RateLimiter::gcra(1, secs(1)).burst(1).max_wait(secs(2)))
+        .store(MemoryStore::new())
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    assert!(p.call(|_| Ok::<_, Fail>(())).is_ok());
+    assert!(p.call(|_| Ok::<_, Fail>(())).is_ok());
+    assert_eq!(clock.now(), secs(1), "the second call waited one emission interval");
+    let strict = Pipeline::builder("s-rate-nowait")
+        .rate_limiter(RateLimiter::gcra(1, secs(1)).burst(1))
+        .store(MemoryStore::new())
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    assert!(strict.call(|_| Ok::<_, Fail>(())).is_ok());
+    match strict.call(|_| Ok::<_, Fail>(())) {
+        Err(Error::Rejected(r)) => {
+            assert_eq!(r.reason, RejectionReason::RateLimited);
+            assert_eq!(r.retry_after, Some(secs(1)));
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn async_bulkhead_queue_admits_a_waiter_and_refuses_beyond_the_queue() {
+    let clock = VirtualClock::new();
+    let p = Pipeline::builder("s-queue")
+        .bulkhead(Bulkhead::new(1).queue(1, ms(500)))
+        .store(MemoryStore::new())
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let rt = rt();
+    let (a, b, c) = rt.block_on(async {
+        let c1 = clock.clone();
+        let holder = p.run(move |_| {
+            let c1 = c1.clone();
+            async move {
+                seawall::Clock::sleep(&c1, ms(100)).await;
+                Ok::<_, Fail>("holder")
+            }
+        });
+        let waiter = p.run(|_| async { Ok::<_, Fail>("waiter") });
+        let third = p.run(|_| async { Ok::<_, Fail>("third") });
+        tokio::join!(holder, waiter, third)
+    });
+    assert_eq!(a.unwrap(), "holder");
+    assert_eq!(b.unwrap(), "waiter");
+    assert_eq!(reason(c), RejectionReason::BulkheadFull);
+    assert_eq!(p.in_flight().unwrap(), 0);
+}
+
+#[test]
+fn partitions_have_their_own_state() {
+    let p = Pipeline::builder("s-partitions")
+        .circuit_breaker(CircuitBreaker::consecutive_failures(1))
+        .store(MemoryStore::new())
+        .build()
+        .unwrap();
+    let _ = p.partition("tenant-a").call(|_| Err::<(), _>(Fail));
+    assert_eq!(
+        reason(p.partition("tenant-a").call(|_| Ok::<_, Fail>(()))),
+        RejectionReason::CircuitOpen
+    );
+    assert!(p.partition("tenant-b").call(|_| Ok::<_, Fail>(())).is_ok());
+    assert!(p.call(|_| Ok::<_, Fail>(())).is_ok());
+    let seen = p
+        .partition(String::from("tenant-c"))
+        .call(|ctx| Ok::<_, Fail>(ctx.partition().map(|k| k.to_string())))
+        .unwrap();
+    assert_eq!(seen.as_deref(), Some("tenant-c"));
+    assert_eq!(
+        p.partition("tenant-a").circuit_metrics().unwrap().state,
+        CircuitState::Open
+    );
+    assert!(p.partitions() >= 3);
+}
