@@ -45,11 +45,12 @@ pub(crate) struct HerdOptions {
 /// Options of `saga`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct SagaOptions {
-    /// The SQLite file of the saga log and of the shop.
-    pub(crate) db: PathBuf,
+    /// The SQLite file of the saga log and of the shop (`None`: a fresh
+    /// temporary file, removed at the end).
+    pub(crate) db: Option<PathBuf>,
     /// Orders in the batch.
     pub(crate) orders: u32,
-    /// Kill the process after this many completed steps (`None`: never).
+    /// Kill the process right after this many effects (`None`: never).
     pub(crate) crash_after: Option<u32>,
 }
 
@@ -68,7 +69,7 @@ Watch seawall protect callers from a flaky HTTP service, live.
 
 Usage: seawall-demo [OPTIONS]
        seawall-demo herd [--clients N] [--seed S] [--out FILE]
-       seawall-demo saga [--db FILE] [--orders N] [--crash-after STEPS]
+       seawall-demo saga [--db FILE] [--orders N] [--crash-after N]
 
 The service (on 127.0.0.1) is healthy, then fails with 503, then answers too
 slowly, then throttles with 429 + Retry-After, then is healthy again. Two
@@ -102,18 +103,23 @@ Options:
 
 const SAGA_HELP: &str = "\
 Places a batch of orders, each a saga (reserve stock, charge payment,
-schedule shipping) logged in SQLite. Shipping fails for some orders: their
-payment and reservation are compensated, in reverse order. With
---crash-after, the process kills itself after that many completed steps;
-run it again on the same --db and it recovers and finishes the batch.
+schedule shipping) logged in a SQLite file, next to the shop's own table of
+effects. Shipping fails for some orders: their payment and reservation are
+compensated, in reverse order.
+
+On a new log, the batch first runs in a child process that kills itself
+halfway (std::process::abort, right after an effect and before the log
+records it); then this process recovers the log and finishes the batch,
+and no effect is applied twice. By hand: run with --db and --crash-after,
+then again with the same --db.
 
 Usage: seawall-demo saga [OPTIONS]
 
 Options:
-      --db <FILE>            the SQLite file [default: seawall-demo-saga.db]
-      --orders <N>           orders in the batch, 1..=1000 [default: 6]
-      --crash-after <STEPS>  abort after this many completed steps
-  -h, --help                 print this help
+      --db <FILE>          the SQLite file [default: a temporary file]
+      --orders <N>         orders in the batch, 1..=1000 [default: 6]
+      --crash-after <N>    abort right after the N-th effect of this process
+  -h, --help               print this help
 ";
 
 /// Parses the arguments of the process.
@@ -172,14 +178,14 @@ fn parse_herd(mut parser: lexopt::Parser) -> Result<Command, UsageError> {
 
 fn parse_saga(mut parser: lexopt::Parser) -> Result<Command, UsageError> {
     let mut saga = SagaOptions {
-        db: PathBuf::from("seawall-demo-saga.db"),
+        db: None,
         orders: 6,
         crash_after: None,
     };
     while let Some(arg) = parser.next()? {
         match arg {
             Short('h') | Long("help") => return Ok(Command::Help(SAGA_HELP)),
-            Long("db") => saga.db = parser.value()?.into(),
+            Long("db") => saga.db = Some(parser.value()?.into()),
             Long("orders") => saga.orders = number(&mut parser, "--orders", 1..=1000)?,
             Long("crash-after") => {
                 saga.crash_after = Some(number(&mut parser, "--crash-after", 1..=100_000)?);

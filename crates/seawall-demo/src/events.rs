@@ -223,10 +223,11 @@ impl Printer {
             self.announce(self.scenario.phase_at(line.at));
             let mut text = line.text;
             if let Some((label, lo, hi)) = line.figure {
+                let (lo, hi) = (short(lo), short(hi));
                 if lo == hi {
-                    text += &format!(" {label} {}", short(lo));
+                    text += &format!(" {label} {lo}");
                 } else {
-                    text += &format!(" {label} {}..{}", short(lo), short(hi));
+                    text += &format!(" {label} {lo}..{hi}");
                 }
             }
             if line.count > 1 {
@@ -287,9 +288,11 @@ impl Printer {
     }
 }
 
-/// A duration in a few characters: `87ms`, `1.2s`.
+/// A duration in a few characters: `0.4ms`, `87ms`, `1.2s`.
 pub(crate) fn short(d: Duration) -> String {
-    if d < Duration::from_secs(1) {
+    if d < Duration::from_millis(10) {
+        format!("{:.1}ms", d.as_secs_f64() * 1000.0)
+    } else if d < Duration::from_secs(1) {
         format!("{}ms", d.as_millis())
     } else {
         format!("{:.1}s", d.as_secs_f64())
@@ -328,6 +331,7 @@ mod tests {
 
     #[test]
     fn short_durations() {
+        assert_eq!(short(Duration::from_micros(420)), "0.4ms");
         assert_eq!(short(Duration::from_millis(87)), "87ms");
         assert_eq!(short(Duration::from_millis(1300)), "1.3s");
     }

@@ -23,10 +23,8 @@ use crate::{say, Failure};
 /// # Errors
 /// When the service cannot start or the pipeline cannot be built (e.g. its
 /// store is unreachable).
-pub(crate) async fn run(
-    options: &LiveOptions,
-    store: Option<Arc<dyn StateStore>>,
-) -> Result<(), Failure> {
+pub(crate) async fn run(options: &LiveOptions) -> Result<(), Failure> {
+    let store = open_store(options.redis.as_deref()).await?;
     let style = Style::detect();
     let scenario = Scenario::new(options.duration);
     let service = service::start(scenario).await.map_err(|e| {
@@ -77,13 +75,56 @@ pub(crate) async fn run(
     Ok(())
 }
 
+/// Where the protected pipeline keeps its state: in Redis with `--redis`,
+/// else in this process's memory (`None`: seawall's default store).
+///
+/// # Errors
+/// A malformed URL or an unreachable server (`BadInput`).
+#[cfg(feature = "redis")]
+async fn open_store(redis: Option<&str>) -> Result<Option<Arc<dyn StateStore>>, Failure> {
+    let Some(url) = redis else {
+        return Ok(None);
+    };
+    // A prefix of its own, so that no state is left over from an earlier run.
+    let store = seawall_redis::RedisStore::builder(url)
+        .prefix(format!("seawall-demo-{}", std::process::id()))
+        .build()
+        .map_err(|e| Failure::BadInput(format!("invalid --redis URL: {e}")))?;
+    store
+        .ping_async()
+        .await
+        .map_err(|e| Failure::BadInput(format!("cannot reach Redis at {}: {e}", redacted(url))))?;
+    Ok(Some(Arc::new(store)))
+}
+
+/// Without the `redis` feature, `--redis` is refused.
+#[cfg(not(feature = "redis"))]
+async fn open_store(redis: Option<&str>) -> Result<Option<Arc<dyn StateStore>>, Failure> {
+    match redis {
+        None => Ok(None),
+        Some(_) => Err(Failure::BadInput(
+            "this build has no Redis support".to_owned(),
+        )),
+    }
+}
+
+/// `url` without its password, if it has one.
+fn redacted(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            format!("{}://***{}", &url[..scheme], &url[at..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
 async fn wait_all(callers: &mut JoinSet<()>) {
     while callers.join_next().await.is_some() {}
 }
 
 fn introduce(scenario: &Scenario, options: &LiveOptions, addr: std::net::SocketAddr, style: Style) {
     let store = match &options.redis {
-        Some(url) => format!("state in Redis at {url}"),
+        Some(url) => format!("state in Redis at {}", redacted(url)),
         None => "state in memory".to_owned(),
     };
     let lines = [
@@ -167,5 +208,19 @@ fn error_kind(e: &Error<FetchError>) -> &'static str {
         Error::Timeout(_) => "timeout",
         Error::Store(_) => "store",
         other => other.operation_error().map_or("other", FetchError::kind),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_are_not_printed() {
+        assert_eq!(
+            redacted("redis://user:secret@127.0.0.1:6379/0"),
+            "redis://***@127.0.0.1:6379/0"
+        );
+        assert_eq!(redacted("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
     }
 }

@@ -15,7 +15,7 @@
 //! - [`service`] and [`scenario`]: the flaky service and its phases;
 //! - [`events`] and [`report`]: the live log and the summary;
 //! - [`herd`] and [`chart`]: the thundering-herd simulation;
-//! - [`saga`]: the place-order saga.
+//! - `saga`: the place-order saga (feature `saga`, on by default).
 #![forbid(unsafe_code)]
 
 mod chart;
@@ -26,6 +26,7 @@ mod herd;
 mod live;
 mod protected;
 mod report;
+#[cfg(feature = "saga")]
 mod saga;
 mod scenario;
 mod service;
@@ -33,9 +34,6 @@ mod style;
 
 use std::io::Write;
 use std::process::ExitCode;
-use std::sync::Arc;
-
-use seawall::StateStore;
 
 use crate::cli::{Command, LiveOptions};
 
@@ -57,7 +55,7 @@ fn main() -> ExitCode {
         }
         Ok(Command::Live(options)) => run_live(&options),
         Ok(Command::Herd(options)) => herd::run(&options),
-        Ok(Command::Saga(options)) => saga::run(&options),
+        Ok(Command::Saga(options)) => run_saga(&options),
         Err(usage) => Err(Failure::BadInput(format!("{} (see --help)", usage.0))),
     };
     match result {
@@ -78,21 +76,19 @@ fn run_live(options: &LiveOptions) -> Result<(), Failure> {
         .enable_all()
         .build()
         .map_err(|e| Failure::Runtime(format!("cannot start the async runtime: {e}")))?;
-    runtime.block_on(async {
-        let store = open_store(options.redis.as_deref())?;
-        live::run(options, store).await
-    })
+    runtime.block_on(live::run(options))
 }
 
-/// Where the protected pipeline keeps its state: in Redis with `--redis`,
-/// else in this process's memory (`None`, seawall's default).
-fn open_store(redis: Option<&str>) -> Result<Option<Arc<dyn StateStore>>, Failure> {
-    match redis {
-        None => Ok(None),
-        Some(_) => Err(Failure::BadInput(
-            "this build has no Redis support".to_owned(),
-        )),
-    }
+#[cfg(feature = "saga")]
+fn run_saga(options: &cli::SagaOptions) -> Result<(), Failure> {
+    saga::run(options)
+}
+
+#[cfg(not(feature = "saga"))]
+fn run_saga(_options: &cli::SagaOptions) -> Result<(), Failure> {
+    Err(Failure::BadInput(
+        "this build has no saga support (build with the `saga` feature)".to_owned(),
+    ))
 }
 
 /// Prints `text` on stdout; a closed stdout is not worth a panic.

@@ -64,7 +64,8 @@ impl LastGoodAnswer {
 /// - each attempt bounded by the client timeout;
 /// - a circuit breaker that opens when half of the last 20 attempts failed;
 /// - a bulkhead of 8 attempts in flight (the 9th is refused at once);
-/// - a cooldown that a `Retry-After` opens for every caller;
+/// - a cooldown that a `Retry-After` opens for every caller: a call waits
+///   for its end when it is at most 100 ms away, and is refused otherwise;
 /// - a fallback serving the last good answer.
 ///
 /// `store` holds the state of the circuit, bulkhead and cooldown (default:
@@ -95,7 +96,7 @@ pub(crate) fn pipeline(
                 .half_open_calls(1),
         )
         .bulkhead(Bulkhead::new(8))
-        .cooldown(Cooldown::new())
+        .cooldown(Cooldown::new().max_wait(Duration::from_millis(100)))
         .classify(client::classify)
         .on_event(on_event)
         .fallback_sync(move |error: Error<FetchError>, _ctx: Context| {

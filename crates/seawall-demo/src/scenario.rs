@@ -100,7 +100,9 @@ impl Group {
 /// The five phases share the run equally, so `--duration 12` gives phases of
 /// 2.4 s and the default 60 s gives phases of 12 s; the pauses that must fit
 /// inside a phase (the circuit's cooldown, the service's `Retry-After`) scale
-/// with them.
+/// with them. The circuit's cooldown is the shorter of the two, so that
+/// while the service throttles, the circuit lets calls through again before
+/// the service's own pause is over and the cooldown policy is seen at work.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Scenario {
     start: Instant,
@@ -131,8 +133,8 @@ impl Scenario {
             call_budget: client_timeout * 2,
             slow_answer: client_timeout * 2,
             think_time: Duration::from_millis(50),
-            circuit_cooldown: (phase_len / 4)
-                .clamp(Duration::from_millis(500), Duration::from_secs(3)),
+            circuit_cooldown: (phase_len / 8)
+                .clamp(Duration::from_millis(500), Duration::from_millis(1500)),
             retry_after_secs: (phase_len.as_secs_f64() / 4.0).round().clamp(1.0, 5.0) as u64,
         }
     }
@@ -186,9 +188,9 @@ mod tests {
     fn pauses_scale_with_the_run() {
         let short = Scenario::new(Duration::from_secs(12));
         assert_eq!(short.retry_after_secs, 1);
-        assert_eq!(short.circuit_cooldown, Duration::from_millis(600));
+        assert_eq!(short.circuit_cooldown, Duration::from_millis(500));
         let long = Scenario::new(Duration::from_secs(60));
         assert_eq!(long.retry_after_secs, 3);
-        assert_eq!(long.circuit_cooldown, Duration::from_secs(3));
+        assert_eq!(long.circuit_cooldown, Duration::from_millis(1500));
     }
 }

@@ -97,8 +97,7 @@ pub(crate) fn store_error(e: &RedisError, timeout: Duration) -> StoreError {
         ) => StoreError::Unavailable(e.to_string()),
         ErrorKind::Server(_)
         | ErrorKind::Parse
-        | ErrorKind::UnexpectedReturnType
-        | ErrorKind::Serialize => StoreError::Protocol(e.to_string()),
+        | ErrorKind::UnexpectedReturnType => StoreError::Protocol(e.to_string()),
         _ => StoreError::Unavailable(e.to_string()),
     }
 }

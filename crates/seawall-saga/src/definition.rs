@@ -23,8 +23,9 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> SagaInput for T {}
 pub trait StepOutput: Serialize + DeserializeOwned + Send + 'static {}
 impl<T: Serialize + DeserializeOwned + Send + 'static> StepOutput for T {}
 
-pub(crate) type ActionFn<I> =
-    Arc<dyn Fn(StepContext<I>) -> BoxFuture<'static, Result<serde_json::Value, String>> + Send + Sync>;
+pub(crate) type ActionFn<I> = Arc<
+    dyn Fn(StepContext<I>) -> BoxFuture<'static, Result<serde_json::Value, String>> + Send + Sync,
+>;
 pub(crate) type CompensationFn<I> = Arc<
     dyn Fn(StepContext<I>, serde_json::Value) -> BoxFuture<'static, Result<(), String>>
         + Send

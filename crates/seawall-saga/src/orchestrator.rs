@@ -161,13 +161,12 @@ impl<I: SagaInput> Driver for Saga<I> {
         record: &SagaRecord,
         history: &[TransitionRecord],
     ) -> Result<SagaOutcome, SagaError> {
-        let progress =
-            Progress::replay(history, self.inner.steps.len()).map_err(|detail| {
-                SagaError::History {
-                    saga_id: record.id.clone(),
-                    detail,
-                }
-            })?;
+        let progress = Progress::replay(history, self.inner.steps.len()).map_err(|detail| {
+            SagaError::History {
+                saga_id: record.id.clone(),
+                detail,
+            }
+        })?;
         Ok(progress.outcome(&record.id, &self.inner))
     }
 }
@@ -449,8 +448,8 @@ impl Orchestrator {
                 for claimed in batch {
                     let id = claimed.record.id.clone();
                     let inner = self.inner.clone();
-                    let handle =
-                        tasks.spawn(async move { Inner::drive_claimed(inner, claimed, false).await });
+                    let handle = tasks
+                        .spawn(async move { Inner::drive_claimed(inner, claimed, false).await });
                     ids.insert(handle.id(), id);
                 }
             }
@@ -571,12 +570,23 @@ impl Inner {
     async fn recovery_failed(&self, claimed: &ClaimedSaga, error: SagaError) -> SagaError {
         let message = error_chain(&error);
         let transition = Transition::RecoveryFailed { error: message };
-        let seq = claimed.history.last().map(|t| t.seq + 1).unwrap_or(0);
+        let Ok(history) = &claimed.history else {
+            // The history cannot be read, so the next sequence number is unknown:
+            // report only, write nothing.
+            return error;
+        };
+        let seq = history.last().map(|t| t.seq + 1).unwrap_or(0);
         let at = self.clock.now();
         let status = claimed.record.status;
         match self
             .log
-            .append(&claimed.lease, seq, std::slice::from_ref(&transition), status, at)
+            .append(
+                &claimed.lease,
+                seq,
+                std::slice::from_ref(&transition),
+                status,
+                at,
+            )
             .await
         {
             Ok(()) => self.emit(
@@ -725,7 +735,10 @@ impl Progress {
                 Transition::CompensationStarted { step, attempt }
                 | Transition::CompensationFailed { step, attempt, .. } => {
                     if step.index >= p.outputs.len() {
-                        return Err(format!("step {} compensated but never completed", step.index));
+                        return Err(format!(
+                            "step {} compensated but never completed",
+                            step.index
+                        ));
                     }
                     p.attempts[step.index] = p.attempts[step.index].max(*attempt);
                 }
@@ -856,7 +869,14 @@ impl<I: SagaInput> Run<I> {
                 return Err(orchestrator.recovery_failed(&claimed, error).await);
             }
         };
-        let mut progress = match Progress::replay(&claimed.history, definition.steps.len()) {
+        let history = match &claimed.history {
+            Ok(history) => history,
+            Err(e) => {
+                let error = SagaError::Log(e.clone());
+                return Err(orchestrator.recovery_failed(&claimed, error).await);
+            }
+        };
+        let mut progress = match Progress::replay(history, definition.steps.len()) {
             Ok(progress) => progress,
             Err(detail) => {
                 let error = SagaError::History {
@@ -923,7 +943,8 @@ impl<I: SagaInput> Run<I> {
             }
         } else {
             let lease = self.lease.as_ref().ok_or(LogError::Closed)?;
-            log.append(lease, first_seq, &transitions, status, at).await?;
+            log.append(lease, first_seq, &transitions, status, at)
+                .await?;
         }
         for (offset, transition) in transitions.iter().enumerate() {
             self.orchestrator.emit(
@@ -996,7 +1017,8 @@ impl<I: SagaInput> Run<I> {
                 step: self.step_ref(index),
             });
             self.commit(SagaStatus::Running).await?;
-            let action = (self.definition.steps[index].action)(self.context(index, Phase::Action, 1));
+            let action =
+                (self.definition.steps[index].action)(self.context(index, Phase::Action, 1));
             match self.run_isolated(action).await {
                 Ok(output) => {
                     self.pending.push(Transition::StepCompleted {

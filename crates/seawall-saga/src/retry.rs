@@ -103,7 +103,8 @@ mod tests {
 
     #[test]
     fn exponential_delays_grow_and_cap() {
-        let p = RetryPolicy::exponential(Duration::from_millis(100)).max_delay(Duration::from_millis(350));
+        let p = RetryPolicy::exponential(Duration::from_millis(100))
+            .max_delay(Duration::from_millis(350));
         let delays: Vec<_> = (1..=4).map(|a| p.delay_after(a).as_millis()).collect();
         assert_eq!(delays, vec![100, 200, 350, 350]);
         assert_eq!(p.delay_after(200), Duration::from_millis(350));

@@ -389,7 +389,9 @@ mod tests {
         assert!(Transition::decode("nonsense", None, None, None, None).is_err());
         assert!(Transition::decode("step_started", None, None, None, None).is_err());
         assert!(Transition::decode("step_started", Some(-1), None, None, None).is_err());
-        assert!(Transition::decode("step_completed", Some(0), None, None, Some("{".into())).is_err());
+        assert!(
+            Transition::decode("step_completed", Some(0), None, None, Some("{".into())).is_err()
+        );
         assert!(Transition::decode("compensation_started", Some(0), None, Some(-3), None).is_err());
     }
 

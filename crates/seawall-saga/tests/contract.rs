@@ -223,7 +223,10 @@ async fn recover_until_idle(o: &Orchestrator) -> (Vec<SagaOutcome>, Vec<Recovery
         let report = o.recover().await.unwrap();
         outcomes.extend(report.outcomes);
         failures.extend(report.failures);
-        let running = o.list(&ListQuery::status(SagaStatus::Running)).await.unwrap();
+        let running = o
+            .list(&ListQuery::status(SagaStatus::Running))
+            .await
+            .unwrap();
         let compensating = o
             .list(&ListQuery::status(SagaStatus::Compensating))
             .await
@@ -247,7 +250,11 @@ async fn completes_with_typed_outputs_events_and_history(backend: Backend) {
         .build()
         .unwrap();
     let outcome = o
-        .start_with(&saga, Order::new(7, None), StartOptions::new().id("order-7"))
+        .start_with(
+            &saga,
+            Order::new(7, None),
+            StartOptions::new().id("order-7"),
+        )
         .await
         .unwrap();
     assert_eq!(outcome.status, SagaStatus::Completed);
@@ -469,7 +476,10 @@ async fn stuck_compensation_is_listed_and_resumable(backend: Backend) {
     );
     let history = o.history(&id).await.unwrap();
     assert!(kinds(&history).contains(&"operator_resumed"));
-    assert_eq!(history.last().unwrap().transition.kind(), "saga_compensated");
+    assert_eq!(
+        history.last().unwrap().transition.kind(),
+        "saga_compensated"
+    );
     // Resuming a finished saga only reports it.
     let again = o.resume(&id).await.unwrap();
     assert_eq!(again.status, SagaStatus::Compensated);
@@ -569,7 +579,11 @@ async fn undeserialisable_input_is_reported_and_kept(backend: Backend) {
     let saga = purchase(&journal, &Knobs::default());
     let original = orchestrator(backend.open().await, &saga);
     let bad = original
-        .submit(&saga, Order::new(1, None), StartOptions::new().id("bad-input"))
+        .submit(
+            &saga,
+            Order::new(1, None),
+            StartOptions::new().id("bad-input"),
+        )
         .await
         .unwrap();
     let good = original
@@ -584,9 +598,10 @@ async fn undeserialisable_input_is_reported_and_kept(backend: Backend) {
 
     // A build whose `purchase` input type changed incompatibly.
     let changed = Saga::<OrderV2>::builder("purchase")
-        .step(Step::new("reserve_stock", |_ctx: StepContext<OrderV2>| async {
-            Ok::<_, String>(())
-        }))
+        .step(Step::new(
+            "reserve_stock",
+            |_ctx: StepContext<OrderV2>| async { Ok::<_, String>(()) },
+        ))
         .build()
         .unwrap();
     let other = Saga::<Order>::builder("refund")
@@ -702,7 +717,11 @@ async fn panicking_step_is_a_step_failure(backend: Backend) {
     let outcome = o.start(&saga, Order::new(6, None)).await.unwrap();
     assert_eq!(outcome.status, SagaStatus::Compensated);
     let failure = outcome.failure.unwrap();
-    assert!(failure.error.contains("courier api returned nonsense"), "{}", failure.error);
+    assert!(
+        failure.error.contains("courier api returned nonsense"),
+        "{}",
+        failure.error
+    );
     assert_eq!(
         journal.entries(),
         vec![
@@ -808,8 +827,12 @@ async fn recovery_continues_after_a_driver_is_dropped(backend: Backend) {
         let o = o.clone();
         let saga = saga.clone();
         tokio::spawn(async move {
-            o.start_with(&saga, Order::new(8, None), StartOptions::new().id("dropped"))
-                .await
+            o.start_with(
+                &saga,
+                Order::new(8, None),
+                StartOptions::new().id("dropped"),
+            )
+            .await
         })
     };
     knobs.charge_reached.notified().await;
@@ -865,7 +888,9 @@ async fn recovery_runs_many_sagas_concurrently(backend: Backend) {
         if page.is_empty() {
             break;
         }
-        query = ListQuery::all().limit(7).after(page.last().unwrap().id.clone());
+        query = ListQuery::all()
+            .limit(7)
+            .after(page.last().unwrap().id.clone());
         paged.extend(page);
     }
     assert_eq!(paged, all);

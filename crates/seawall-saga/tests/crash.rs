@@ -59,7 +59,11 @@ impl CrashInput {
 #[derive(Clone, Debug)]
 enum Target {
     Sqlite(PathBuf),
-    Postgres { url: String, schema: String, lease: Duration },
+    Postgres {
+        url: String,
+        schema: String,
+        lease: Duration,
+    },
 }
 
 // ---------------------------------------------------------------- checkpoints
@@ -85,7 +89,7 @@ fn checkpoint() {
     let n = CHECKPOINTS.fetch_add(1, Ordering::SeqCst) + 1;
     if n == at {
         let mut out = std::io::stdout().lock();
-        let _ = writeln!(out, "CHECKPOINT {n}");
+        let _ = writeln!(out, "\nCHECKPOINT {n}");
         let _ = out.flush();
         loop {
             std::thread::sleep(Duration::from_secs(60));
@@ -121,8 +125,9 @@ impl Effects {
                 Effects::Sqlite(Arc::new(Mutex::new(conn)))
             }
             Target::Postgres { url, schema, .. } => {
-                let (client, connection) =
-                    tokio_postgres::connect(url, tokio_postgres::NoTls).await.unwrap();
+                let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+                    .await
+                    .unwrap();
                 tokio::spawn(async move {
                     let _ = connection.await;
                 });
@@ -155,7 +160,15 @@ impl Effects {
         }
     }
 
-    async fn record(&self, ctx_key: &str, saga_id: &str, step: usize, phase: &str, failed: bool, saw: bool) {
+    async fn record(
+        &self,
+        ctx_key: &str,
+        saga_id: &str,
+        step: usize,
+        phase: &str,
+        failed: bool,
+        saw: bool,
+    ) {
         match self {
             Effects::Sqlite(conn) => {
                 conn.lock()
@@ -256,11 +269,17 @@ impl Effects {
 // ---------------------------------------------------------------- the saga
 
 /// True when the log already holds the completion of this action or compensation.
-async fn completion_logged(log: &Arc<dyn SagaLog>, ctx: &StepContext<CrashInput>, compensation: bool) -> bool {
+async fn completion_logged(
+    log: &Arc<dyn SagaLog>,
+    ctx: &StepContext<CrashInput>,
+    compensation: bool,
+) -> bool {
     let history = log.history(ctx.saga_id()).await.unwrap();
     history.iter().any(|t| match &t.transition {
         Transition::StepCompleted { step, .. } => !compensation && step.index == ctx.step_index(),
-        Transition::CompensationCompleted { step } => compensation && step.index == ctx.step_index(),
+        Transition::CompensationCompleted { step } => {
+            compensation && step.index == ctx.step_index()
+        }
         _ => false,
     })
 }
@@ -270,21 +289,31 @@ fn crash_saga(log: Arc<dyn SagaLog>, effects: Effects) -> Saga<CrashInput> {
     for index in 0..STEPS {
         let (log_a, effects_a) = (log.clone(), effects.clone());
         let (log_c, effects_c) = (log.clone(), effects.clone());
-        let step = Step::new(format!("step{index}"), move |ctx: StepContext<CrashInput>| {
-            let (log, effects) = (log_a.clone(), effects_a.clone());
-            async move {
-                checkpoint();
-                if ctx.input().fail_at == Some(index) {
-                    return Err("planned failure".to_owned());
+        let step = Step::new(
+            format!("step{index}"),
+            move |ctx: StepContext<CrashInput>| {
+                let (log, effects) = (log_a.clone(), effects_a.clone());
+                async move {
+                    checkpoint();
+                    if ctx.input().fail_at == Some(index) {
+                        return Err("planned failure".to_owned());
+                    }
+                    let saw = completion_logged(&log, &ctx, false).await;
+                    effects
+                        .record(
+                            ctx.idempotency_key().as_str(),
+                            ctx.saga_id().as_str(),
+                            index,
+                            "action",
+                            false,
+                            saw,
+                        )
+                        .await;
+                    checkpoint();
+                    Ok(format!("out-{index}"))
                 }
-                let saw = completion_logged(&log, &ctx, false).await;
-                effects
-                    .record(ctx.idempotency_key().as_str(), ctx.saga_id().as_str(), index, "action", false, saw)
-                    .await;
-                checkpoint();
-                Ok(format!("out-{index}"))
-            }
-        })
+            },
+        )
         .compensate(move |ctx: StepContext<CrashInput>, output: String| {
             let (log, effects) = (log_c.clone(), effects_c.clone());
             async move {
@@ -296,12 +325,26 @@ fn crash_saga(log: Arc<dyn SagaLog>, effects: Effects) -> Saga<CrashInput> {
                 let saw = completion_logged(&log, &ctx, true).await;
                 if ctx.input().flaky_compensation && effects.failures_of(&key).await == 0 {
                     effects
-                        .record(&key, ctx.saga_id().as_str(), index, "compensation", true, saw)
+                        .record(
+                            &key,
+                            ctx.saga_id().as_str(),
+                            index,
+                            "compensation",
+                            true,
+                            saw,
+                        )
                         .await;
                     return Err("flaky compensation".to_owned());
                 }
                 effects
-                    .record(&key, ctx.saga_id().as_str(), index, "compensation", false, saw)
+                    .record(
+                        &key,
+                        ctx.saga_id().as_str(),
+                        index,
+                        "compensation",
+                        false,
+                        saw,
+                    )
                     .await;
                 checkpoint();
                 Ok(())
@@ -344,8 +387,14 @@ async fn recover_until_idle(o: &Orchestrator, pause: Duration) {
     for _ in 0..2000 {
         let report = o.recover().await.unwrap();
         assert!(report.failures.is_empty(), "{:?}", report.failures);
-        let running = o.list(&ListQuery::status(SagaStatus::Running)).await.unwrap();
-        let compensating = o.list(&ListQuery::status(SagaStatus::Compensating)).await.unwrap();
+        let running = o
+            .list(&ListQuery::status(SagaStatus::Running))
+            .await
+            .unwrap();
+        let compensating = o
+            .list(&ListQuery::status(SagaStatus::Compensating))
+            .await
+            .unwrap();
         if running.is_empty() && compensating.is_empty() {
             return;
         }
@@ -395,14 +444,21 @@ fn child_process_entry() {
         let mut tasks = Vec::new();
         for index in 0..sagas {
             let input = if all_succeed {
-                CrashInput { fail_at: None, flaky_compensation: false }
+                CrashInput {
+                    fail_at: None,
+                    flaky_compensation: false,
+                }
             } else {
                 CrashInput::plan(run, index)
             };
             let (o, saga) = (o.clone(), saga.clone());
             tasks.push(tokio::spawn(async move {
-                o.start_with(&saga, input, StartOptions::new().id(format!("r{run:04}-s{index}")))
-                    .await
+                o.start_with(
+                    &saga,
+                    input,
+                    StartOptions::new().id(format!("r{run:04}-s{index}")),
+                )
+                .await
             }));
         }
         for task in tasks {
@@ -421,12 +477,24 @@ struct Child {
     stderr: PathBuf,
 }
 
-fn spawn_child(target: &Target, run: u64, sagas: u64, crash_at: u64, dir: &Path, extra: &[(&str, &str)]) -> Child {
+fn spawn_child(
+    target: &Target,
+    run: u64,
+    sagas: u64,
+    crash_at: u64,
+    dir: &Path,
+    extra: &[(&str, &str)],
+) -> Child {
     let exe = std::env::current_exe().unwrap();
     let stderr = dir.join(format!("child-{run}.stderr"));
     let mut command = Command::new(exe);
     command
-        .args(["--exact", "child_process_entry", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            "child_process_entry",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(CHILD_VAR, "1")
         .env("CRASH_RUN", run.to_string())
         .env("CRASH_SAGAS", sagas.to_string())
@@ -436,7 +504,9 @@ fn spawn_child(target: &Target, run: u64, sagas: u64, crash_at: u64, dir: &Path,
         .stderr(std::fs::File::create(&stderr).unwrap());
     match target {
         Target::Sqlite(path) => {
-            command.env("CRASH_BACKEND", "sqlite").env("CRASH_TARGET", path);
+            command
+                .env("CRASH_BACKEND", "sqlite")
+                .env("CRASH_TARGET", path);
         }
         Target::Postgres { url, schema, lease } => {
             command
@@ -460,7 +530,11 @@ fn spawn_child(target: &Target, run: u64, sagas: u64, crash_at: u64, dir: &Path,
             }
         }
     });
-    Child { process, lines, stderr }
+    Child {
+        process,
+        lines,
+        stderr,
+    }
 }
 
 impl Child {
@@ -468,7 +542,7 @@ impl Child {
     fn kill_at_checkpoint(&mut self) -> bool {
         loop {
             match self.lines.recv_timeout(Duration::from_secs(120)) {
-                Ok(line) if line.starts_with("CHECKPOINT") => {
+                Ok(line) if line.contains("CHECKPOINT") => {
                     self.process.kill().unwrap();
                     return true;
                 }
@@ -550,7 +624,10 @@ async fn verify(target: &Target, stats: &mut Stats) {
 
     let rows = effects.all().await;
     let stale: Vec<_> = rows.iter().filter(|r| r.saw_completed).collect();
-    assert!(stale.is_empty(), "effects ran after their completion was logged: {stale:?}");
+    assert!(
+        stale.is_empty(),
+        "effects ran after their completion was logged: {stale:?}"
+    );
     let mut by_saga: HashMap<&str, Vec<&EffectRow>> = HashMap::new();
     for row in &rows {
         by_saga.entry(row.saga_id.as_str()).or_default().push(row);
@@ -572,36 +649,76 @@ async fn verify(target: &Target, stats: &mut Stats) {
             }
         }
         let effects = by_saga.remove(saga.id.as_str()).unwrap_or_default();
-        let actions = |k: usize| effects.iter().filter(|r| r.phase == "action" && r.step == k).collect::<Vec<_>>();
-        let undo = |k: usize| effects.iter().filter(|r| r.phase == "compensation" && r.step == k).collect::<Vec<_>>();
+        let actions = |k: usize| {
+            effects
+                .iter()
+                .filter(|r| r.phase == "action" && r.step == k)
+                .collect::<Vec<_>>()
+        };
+        let undo = |k: usize| {
+            effects
+                .iter()
+                .filter(|r| r.phase == "compensation" && r.step == k)
+                .collect::<Vec<_>>()
+        };
         for row in &effects {
-            let phase = if row.phase == "action" { "action" } else { "compensation" };
-            assert_eq!(row.key, format!("{}/{}/step{}/{phase}", saga.id, row.step, row.step), "{}", context());
+            let phase = if row.phase == "action" {
+                "action"
+            } else {
+                "compensation"
+            };
+            assert_eq!(
+                row.key,
+                format!("{}/{}/step{}/{phase}", saga.id, row.step, row.step),
+                "{}",
+                context()
+            );
         }
         let done = input.fail_at.unwrap_or(STEPS);
-        let expected = if input.fail_at.is_some() { SagaStatus::Compensated } else { SagaStatus::Completed };
+        let expected = if input.fail_at.is_some() {
+            SagaStatus::Compensated
+        } else {
+            SagaStatus::Completed
+        };
         assert_eq!(saga.status, expected, "{}", context());
         for k in 0..STEPS {
             let ran = actions(k);
             let undone = undo(k);
             if k < done {
-                assert_eq!(completions[k], 1, "step {k} completion logged once: {}", context());
+                assert_eq!(
+                    completions[k],
+                    1,
+                    "step {k} completion logged once: {}",
+                    context()
+                );
                 assert!(!ran.is_empty(), "step {k} never took effect: {}", context());
                 stats.repeated_actions += ran.len() - 1;
             } else {
                 assert_eq!(completions[k], 0, "{}", context());
-                assert!(ran.is_empty(), "step {k} ran although it should not: {}", context());
+                assert!(
+                    ran.is_empty(),
+                    "step {k} ran although it should not: {}",
+                    context()
+                );
             }
             if input.fail_at.is_some() && k < done {
                 let succeeded: Vec<_> = undone.iter().filter(|r| !r.failed).collect();
-                assert!(!succeeded.is_empty(), "step {k} not compensated: {}", context());
+                assert!(
+                    !succeeded.is_empty(),
+                    "step {k} not compensated: {}",
+                    context()
+                );
                 stats.repeated_compensations += succeeded.len() - 1;
                 assert_eq!(compensations[k], 1, "{}", context());
                 // The compensation came after every execution of its action.
                 let last_action = ran.iter().map(|r| r.id).max().unwrap();
                 assert!(undone.iter().all(|r| r.id > last_action), "{}", context());
             } else {
-                assert!(undone.is_empty(), "step {k} compensated although it should not: {}", context());
+                assert!(
+                    undone.is_empty(),
+                    "step {k} compensated although it should not: {}",
+                    context()
+                );
                 assert_eq!(compensations[k], 0, "{}", context());
             }
         }
@@ -611,7 +728,11 @@ async fn verify(target: &Target, stats: &mut Stats) {
             for k in 1..done {
                 let later_max = undo(k).iter().map(|r| r.id).max().unwrap();
                 let earlier_min = undo(k - 1).iter().map(|r| r.id).min().unwrap();
-                assert!(later_max < earlier_min, "compensations out of order: {}", context());
+                assert!(
+                    later_max < earlier_min,
+                    "compensations out of order: {}",
+                    context()
+                );
             }
         }
         match saga.status {
@@ -619,7 +740,11 @@ async fn verify(target: &Target, stats: &mut Stats) {
             _ => stats.compensated += 1,
         }
     }
-    assert!(by_saga.is_empty(), "effects of sagas missing from the log: {:?}", by_saga.keys());
+    assert!(
+        by_saga.is_empty(),
+        "effects of sagas missing from the log: {:?}",
+        by_saga.keys()
+    );
 }
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -684,12 +809,17 @@ fn postgres_killed_worker_is_taken_over_after_its_lease_expires() {
     let rt = runtime();
     let lease = Duration::from_secs(3);
     let target = rt.block_on(postgres_target("takeover", lease));
-    let Target::Postgres { schema, .. } = &target else { unreachable!() };
+    let Target::Postgres { schema, .. } = &target else {
+        unreachable!()
+    };
 
     // The child completes step0 and is killed when step1 starts (checkpoint 3:
     // step0 start, step0 end, step1 start), holding the saga's lease.
     let mut child = spawn_child(&target, 0, 1, 3, dir.path(), &[("CRASH_PLAN", "succeed")]);
-    assert!(child.kill_at_checkpoint(), "child finished without reaching step 1");
+    assert!(
+        child.kill_at_checkpoint(),
+        "child finished without reaching step 1"
+    );
     child.finish(true);
 
     rt.block_on(async {
@@ -709,7 +839,10 @@ fn postgres_killed_worker_is_taken_over_after_its_lease_expires() {
         assert_eq!(owner, "child-0");
         let db_now = || async {
             client
-                .query_one("SELECT (extract(epoch FROM clock_timestamp()) * 1000)::int8", &[])
+                .query_one(
+                    "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::int8",
+                    &[],
+                )
                 .await
                 .unwrap()
                 .get::<_, i64>(0)
@@ -724,7 +857,10 @@ fn postgres_killed_worker_is_taken_over_after_its_lease_expires() {
             let after = db_now().await;
             if let Some(outcome) = report.outcomes.into_iter().next() {
                 // Taken over, and not before the dead worker's lease expired.
-                assert!(after >= expires_ms, "claimed at or before {after} < expiry {expires_ms}");
+                assert!(
+                    after >= expires_ms,
+                    "claimed at or before {after} < expiry {expires_ms}"
+                );
                 break outcome;
             }
             if after < expires_ms {
@@ -732,7 +868,10 @@ fn postgres_killed_worker_is_taken_over_after_its_lease_expires() {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         };
-        assert!(refused_before_expiry >= 1, "no attempt was made while the lease was live");
+        assert!(
+            refused_before_expiry >= 1,
+            "no attempt was made while the lease was live"
+        );
         assert_eq!(outcome.status, SagaStatus::Completed);
         let history = log.history(&outcome.id).await.unwrap();
         let owners: Vec<_> = history

@@ -1,6 +1,7 @@
 //! What a pipeline costs on the success path, sync and async.
 //!
 //! `cargo bench -p seawall --bench overhead`
+#![allow(missing_docs)]
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};

@@ -1,3 +1,4 @@
+#![allow(missing_docs)]
 //! Calls a pipeline in a loop (for profilers).
 use seawall::*;
 use std::hint::black_box;

@@ -31,6 +31,20 @@
 //!
 //! # Features
 //! - `tracing`: every event is also a `tracing` event (target `seawall`).
+//! - `macros`: the `#[resilient(...)]` attribute, which runs a function or
+//!   method through a pipeline declared on it (`seawall::resilient`).
+//! - `serde`: named pipelines from TOML or YAML files, in a reloadable
+//!   reloadable registry (`seawall::config`).
+//! - `watch` (with `serde`): `config::Registry::watch` reloads a file when
+//!   it changes.
+//! - `metrics`: counters, gauges and histograms through the `metrics`
+//!   facade (`seawall::metrics`).
+//! - `http`: HTTP classification helpers and `Retry-After` parsing
+//!   (`seawall::http`).
+//! - `tower`: a `tower::Layer` putting any service behind a pipeline
+//!   (`seawall::tower`).
+//! - `reqwest` (with `http`): `client.get(url).send_through(&pipeline)`
+//!   (`seawall::reqwest`).
 //!
 //! # Order of policies
 //! Policies nest in the order they are declared, outermost first:
@@ -45,16 +59,24 @@ pub mod breaker;
 pub mod bulkhead;
 pub mod classify;
 pub mod clock;
+#[cfg(feature = "serde")]
+pub mod config;
 pub mod context;
 pub mod cooldown;
 pub mod error;
 pub mod event;
+#[cfg(feature = "http")]
+pub mod http;
 pub mod pipeline;
 pub mod rate_limit;
+#[cfg(feature = "reqwest")]
+pub mod reqwest;
 pub mod retry;
 pub mod store;
 pub mod testing;
 pub mod timeout;
+#[cfg(feature = "tower")]
+pub mod tower;
 
 pub use breaker::{CircuitBreaker, CircuitMetrics, CircuitState};
 pub use bulkhead::Bulkhead;
@@ -69,3 +91,6 @@ pub use rate_limit::RateLimiter;
 pub use retry::{Backoff, Jitter, Retry, RetryBudget};
 pub use store::{MemoryStore, StateStore};
 pub use timeout::Timeout;
+
+#[cfg(feature = "macros")]
+pub use seawall_macros::resilient;

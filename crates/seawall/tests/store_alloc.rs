@@ -12,7 +12,9 @@ use std::time::Duration;
 
 use seawall::breaker::CircuitControl;
 use seawall::store::{AdmitRequest, Outcome, Record, ResourceSpec, ResourceState};
-use seawall::{Bulkhead, CircuitBreaker, Cooldown, MemoryStore, PartitionKey, RateLimiter, StateStore};
+use seawall::{
+    Bulkhead, CircuitBreaker, Cooldown, MemoryStore, PartitionKey, RateLimiter, StateStore,
+};
 
 struct Counting;
 
@@ -108,20 +110,30 @@ fn specs() -> Vec<ResourceSpec> {
 /// retry-after hints, releases, metrics and controls, so that the circuit
 /// opens, half-opens and closes many times.
 /// Returns how many transitions the store reported (every kind counts).
-fn exercise(state: &dyn ResourceState, key: Option<&PartitionKey>, start: Duration, rounds: u64) -> u32 {
+fn exercise(
+    state: &dyn ResourceState,
+    key: Option<&PartitionKey>,
+    start: Duration,
+    rounds: u64,
+) -> u32 {
     let mut transitions = 0;
     for i in 0..rounds {
         let now = start + Duration::from_millis(3 * i);
-        let admission = state.admit(&AdmitRequest { partition: key, now }).unwrap();
+        let admission = state
+            .admit(&AdmitRequest {
+                partition: key,
+                now,
+            })
+            .unwrap();
         transitions += u32::from(admission.transition.is_some());
         if let Ok(permit) = admission.decision {
             if i % 13 == 0 {
                 state.release(key, permit);
                 continue;
             }
-            let outcome = match i % 5 {
-                0 | 1 => Outcome::Failure,
-                2 => Outcome::Ignored,
+            let outcome = match i % 10 {
+                0..=3 => Outcome::Failure,
+                4 => Outcome::Ignored,
                 _ => Outcome::Success,
             };
             let recorded = state
@@ -141,9 +153,15 @@ fn exercise(state: &dyn ResourceState, key: Option<&PartitionKey>, start: Durati
             state.in_flight(key, now).unwrap();
         }
         if i % 500 == 499 {
-            state.control_circuit(key, CircuitControl::Isolate, now).unwrap();
-            state.control_circuit(key, CircuitControl::ForceClose, now).unwrap();
-            state.control_circuit(key, CircuitControl::Reset, now).unwrap();
+            state
+                .control_circuit(key, CircuitControl::Isolate, now)
+                .unwrap();
+            state
+                .control_circuit(key, CircuitControl::ForceClose, now)
+                .unwrap();
+            state
+                .control_circuit(key, CircuitControl::Reset, now)
+                .unwrap();
         }
     }
     transitions
@@ -157,7 +175,11 @@ fn admit_and_record_on_the_root_allocate_nothing() {
         let before = allocations();
         let transitions = exercise(&*state, None, Duration::from_secs(1), 5_000);
         assert_eq!(allocations() - before, 0, "{}", spec.name);
-        assert!(transitions > 100, "{}: the circuit moved {transitions} times", spec.name);
+        assert!(
+            transitions > 100,
+            "{}: the circuit moved {transitions} times",
+            spec.name
+        );
     }
 }
 
@@ -218,7 +240,10 @@ fn an_idle_partition_key_costs_under_200_bytes() {
     let per_key_chunks = (chunks_after - chunks_before) as f64 / KEYS as f64;
     println!("idle key: {per_key:.1} bytes requested, {per_key_chunks:.1} bytes in malloc chunks");
     assert!(per_key > 64.0, "the cells alone take 64 bytes: {per_key}");
-    assert!(per_key_chunks < 200.0, "{per_key_chunks} bytes per idle key");
+    assert!(
+        per_key_chunks < 200.0,
+        "{per_key_chunks} bytes per idle key"
+    );
 
     // Evicting them gives the memory back (the table keeps its capacity).
     assert_eq!(state.evict_idle(Duration::from_secs(3600)), KEYS as usize);

@@ -17,7 +17,11 @@ use seawall::{
 
 const THREADS: usize = 8;
 
-fn admit(state: &dyn ResourceState, key: Option<&PartitionKey>, now: Duration) -> Result<Permit, RejectionReason> {
+fn admit(
+    state: &dyn ResourceState,
+    key: Option<&PartitionKey>,
+    now: Duration,
+) -> Result<Permit, RejectionReason> {
     state
         .admit(&AdmitRequest {
             partition: key,
@@ -28,7 +32,13 @@ fn admit(state: &dyn ResourceState, key: Option<&PartitionKey>, now: Duration) -
         .map_err(|r| r.reason)
 }
 
-fn record(state: &dyn ResourceState, key: Option<&PartitionKey>, permit: Permit, outcome: Outcome, now: Duration) -> Option<CircuitTransition> {
+fn record(
+    state: &dyn ResourceState,
+    key: Option<&PartitionKey>,
+    permit: Permit,
+    outcome: Outcome,
+    now: Duration,
+) -> Option<CircuitTransition> {
     state
         .record(&Record {
             partition: key,
@@ -99,7 +109,13 @@ fn bulkhead_never_lets_more_than_its_capacity_in() {
                             if (task + i) % 7 == 0 {
                                 state.release(key.as_ref(), permit);
                             } else {
-                                record(&*state, key.as_ref(), permit, Outcome::Success, Duration::ZERO);
+                                record(
+                                    &*state,
+                                    key.as_ref(),
+                                    permit,
+                                    Outcome::Success,
+                                    Duration::ZERO,
+                                );
                             }
                         }
                     })
@@ -116,7 +132,10 @@ fn bulkhead_never_lets_more_than_its_capacity_in() {
             "64 tasks holding slots across a yield fill the bulkhead"
         );
         assert!(admitted.load(Ordering::Relaxed) > 0);
-        assert_eq!(state.in_flight(partition.as_ref(), Duration::ZERO).unwrap(), 0);
+        assert_eq!(
+            state.in_flight(partition.as_ref(), Duration::ZERO).unwrap(),
+            0
+        );
     }
 }
 
@@ -253,8 +272,9 @@ fn racing_outcomes_are_all_counted() {
     for round in 0..50u32 {
         let state = store
             .bind(
-                &ResourceSpec::new(format!("racing-failures-{round}"))
-                    .with_circuit(CircuitBreaker::consecutive_failures(40).cooldown(Duration::from_secs(1))),
+                &ResourceSpec::new(format!("racing-failures-{round}")).with_circuit(
+                    CircuitBreaker::consecutive_failures(40).cooldown(Duration::from_secs(1)),
+                ),
             )
             .unwrap();
         let opened = AtomicU32::new(0);
@@ -262,8 +282,9 @@ fn racing_outcomes_are_all_counted() {
         std::thread::scope(|s| {
             for _ in 0..THREADS {
                 s.spawn(|| {
-                    let permits: Vec<Permit> =
-                        (0..5).map(|_| admit(&*state, None, Duration::ZERO).unwrap()).collect();
+                    let permits: Vec<Permit> = (0..5)
+                        .map(|_| admit(&*state, None, Duration::ZERO).unwrap())
+                        .collect();
                     barrier.wait();
                     for p in permits {
                         if record(&*state, None, p, Outcome::Failure, Duration::ZERO).is_some() {
@@ -297,7 +318,11 @@ fn racing_outcomes_are_all_counted() {
             s.spawn(move || {
                 for i in 0..100 {
                     let p = admit(&**state, None, Duration::ZERO).unwrap();
-                    let outcome = if (t + i) % 4 == 0 { Outcome::Failure } else { Outcome::Success };
+                    let outcome = if (t + i) % 4 == 0 {
+                        Outcome::Failure
+                    } else {
+                        Outcome::Success
+                    };
                     state
                         .record(&Record {
                             partition: None,

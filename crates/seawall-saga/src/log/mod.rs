@@ -94,8 +94,9 @@ pub struct ClaimedSaga {
     pub record: SagaRecord,
     /// The lease that fences this worker's writes.
     pub lease: Lease,
-    /// Its history so far, in order.
-    pub history: Vec<TransitionRecord>,
+    /// Its history so far, in order, or why it could not be read (a damaged
+    /// transition). A damaged history fails only this saga's recovery.
+    pub history: Result<Vec<TransitionRecord>, LogError>,
 }
 
 /// The result of trying to claim one saga by id.

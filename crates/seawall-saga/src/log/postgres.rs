@@ -27,6 +27,7 @@
 //! A schema that has a `sagas` table but no saga log metadata is refused as
 //! [`LogError::Foreign`].
 
+use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -174,7 +175,8 @@ struct Conn {
 }
 
 const RECORD_COLUMNS: &str = "id, name, status, input, deadline_ms, created_ms, updated_ms";
-const UNNEST: &str = "unnest($8::int4[], $9::text[], $10::int4[], $11::text[], $12::int4[], $13::text[])
+const UNNEST: &str =
+    "unnest($8::int4[], $9::text[], $10::int4[], $11::text[], $12::int4[], $13::text[])
                       AS t(seq, kind, step, step_name, attempt, data)";
 
 fn valid_schema(schema: &str) -> bool {
@@ -212,7 +214,9 @@ impl PostgresLog {
             .worker_name
             .clone()
             .unwrap_or_else(|| generate_owner("pg"));
-        let slots = (0..options.connections).map(|_| RwLock::new(None)).collect();
+        let slots = (0..options.connections)
+            .map(|_| RwLock::new(None))
+            .collect();
         let log = PostgresLog {
             inner: Arc::new(Inner {
                 config,
@@ -472,12 +476,35 @@ impl PostgresLog {
         i64::try_from(self.inner.options.lease.as_millis()).unwrap_or(i64::MAX)
     }
 
+    /// Histories of `ids`, grouped by saga; a saga with an undecodable
+    /// transition gets an error instead of its history.
     async fn histories(
         conn: &Conn,
         ids: &[String],
-    ) -> Result<Vec<(String, TransitionRecord)>, LogError> {
+    ) -> Result<HashMap<String, Result<Vec<TransitionRecord>, LogError>>, LogError> {
         let rows = conn.client.query(&conn.history, &[&ids]).await?;
-        rows.iter().map(read_transition).collect()
+        let mut by_id: HashMap<String, Result<Vec<TransitionRecord>, LogError>> =
+            HashMap::with_capacity(ids.len());
+        for row in &rows {
+            let saga_id: String = row.try_get(0)?;
+            let decoded = read_transition(&saga_id, row);
+            match (
+                by_id.entry(saga_id).or_insert_with(|| Ok(Vec::new())),
+                decoded,
+            ) {
+                (Ok(history), Ok(record)) => history.push(record),
+                (slot @ Ok(_), Err(e)) => *slot = Err(e),
+                (Err(_), _) => {}
+            }
+        }
+        Ok(by_id)
+    }
+
+    async fn history_of(conn: &Conn, id: &SagaId) -> Result<Vec<TransitionRecord>, LogError> {
+        Self::histories(conn, &[id.as_str().to_owned()])
+            .await?
+            .remove(id.as_str())
+            .unwrap_or(Ok(Vec::new()))
     }
 }
 
@@ -569,8 +596,7 @@ fn read_record_at(row: &Row, base: usize) -> Result<SagaRecord, LogError> {
     })
 }
 
-fn read_transition(row: &Row) -> Result<(String, TransitionRecord), LogError> {
-    let saga_id: String = row.try_get(0)?;
+fn read_transition(saga_id: &str, row: &Row) -> Result<TransitionRecord, LogError> {
     let seq: i32 = row.try_get(1)?;
     let at: i64 = row.try_get(2)?;
     let kind: String = row.try_get(3)?;
@@ -588,14 +614,11 @@ fn read_transition(row: &Row) -> Result<(String, TransitionRecord), LogError> {
     .map_err(|detail| corrupt(format!("saga {saga_id}, transition {seq}: {detail}")))?;
     let seq = u32::try_from(seq)
         .map_err(|_| corrupt(format!("saga {saga_id}: invalid sequence number {seq}")))?;
-    Ok((
-        saga_id,
-        TransitionRecord {
-            seq,
-            at: from_millis(at),
-            transition,
-        },
-    ))
+    Ok(TransitionRecord {
+        seq,
+        at: from_millis(at),
+        transition,
+    })
 }
 
 impl SagaLog for PostgresLog {
@@ -722,7 +745,7 @@ impl SagaLog for PostgresLog {
                 claimed.push(ClaimedSaga {
                     lease: Lease::new(record.id.clone(), token),
                     record,
-                    history: Vec::new(),
+                    history: Ok(Vec::new()),
                 });
             }
             claimed.sort_by(|a, b| a.record.id.cmp(&b.record.id));
@@ -733,13 +756,11 @@ impl SagaLog for PostgresLog {
                 .iter()
                 .map(|c| c.record.id.as_str().to_owned())
                 .collect();
-            let mut by_id: std::collections::HashMap<String, Vec<TransitionRecord>> =
-                std::collections::HashMap::with_capacity(ids.len());
-            for (saga_id, record) in Self::histories(&conn, &ids).await? {
-                by_id.entry(saga_id).or_default().push(record);
-            }
+            let mut by_id = Self::histories(&conn, &ids).await?;
             for saga in &mut claimed {
-                saga.history = by_id.remove(saga.record.id.as_str()).unwrap_or_default();
+                saga.history = by_id
+                    .remove(saga.record.id.as_str())
+                    .unwrap_or(Ok(Vec::new()));
             }
             Ok(claimed)
         }))
@@ -757,11 +778,10 @@ impl SagaLog for PostgresLog {
             if let Some(row) = row {
                 let token: i64 = row.try_get(0)?;
                 let record = read_record_at(&row, 1)?;
-                let history = Self::histories(&conn, &[id.as_str().to_owned()])
-                    .await?
-                    .into_iter()
-                    .map(|(_, t)| t)
-                    .collect();
+                let history = match Self::history_of(&conn, id).await {
+                    Err(LogError::Corrupt { detail }) => Err(LogError::Corrupt { detail }),
+                    other => Ok(other?),
+                };
                 return Ok(ClaimAttempt::Claimed(ClaimedSaga {
                     lease: Lease::new(id.clone(), token),
                     record,
@@ -804,13 +824,7 @@ impl SagaLog for PostgresLog {
     }
 
     fn history<'a>(&'a self, id: &'a SagaId) -> LogFuture<'a, Vec<TransitionRecord>> {
-        Box::pin(self.with_conn(move |conn| async move {
-            Ok(Self::histories(&conn, &[id.as_str().to_owned()])
-                .await?
-                .into_iter()
-                .map(|(_, t)| t)
-                .collect())
-        }))
+        Box::pin(self.with_conn(move |conn| async move { Self::history_of(&conn, id).await }))
     }
 
     fn lease_renewal_interval(&self) -> Option<Duration> {

@@ -537,7 +537,10 @@ fn claim_row(
         return Ok(None);
     };
     let record = record?;
-    let history = read_history(conn, id)?;
+    let history = match read_history(conn, id) {
+        Err(LogError::Corrupt { detail }) => Err(LogError::Corrupt { detail }),
+        other => Ok(other?),
+    };
     Ok(Some(ClaimedSaga {
         lease: Lease::new(record.id.clone(), token),
         record,

@@ -144,7 +144,9 @@ impl Backend {
     /// A new log instance (a new worker) on the same storage.
     pub(crate) async fn open(&self) -> Arc<dyn SagaLog> {
         match self {
-            Backend::Sqlite { path, .. } => Arc::new(SqliteLog::open(path).expect("open sqlite log")),
+            Backend::Sqlite { path, .. } => {
+                Arc::new(SqliteLog::open(path).expect("open sqlite log"))
+            }
             Backend::Postgres { schema, lease } => {
                 let worker = format!("worker-{}", seawall_saga::SagaId::generate());
                 Arc::new(pg_log(schema, *lease, &worker).await)

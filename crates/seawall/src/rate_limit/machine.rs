@@ -171,7 +171,10 @@ fn fixed(word: &AtomicU64, p: &RateParams, now: u64) -> Result<(), Duration> {
         let (window, count) = if tag == index & mask {
             (index, count)
         } else if is_ahead(tag, index, p) {
-            (index + (tag.wrapping_sub(index & mask) & mask), count)
+            (
+                index.saturating_add(tag.wrapping_sub(index & mask) & mask),
+                count,
+            )
         } else {
             (index, 0)
         };

@@ -301,11 +301,7 @@ pub fn admission_is_all_or_nothing(store: &dyn StateStore, clock: &dyn ContractC
             .with_cooldown(Cooldown::new().max_pause(ms(250))),
     );
     let p = s.ok(None, "first call");
-    assert_eq!(
-        p.slot.is_some(),
-        true,
-        "{CHECK}: a bulkhead permit holds a slot"
-    );
+    assert!(p.slot.is_some(), "{CHECK}: a bulkhead permit holds a slot");
     let recorded = s.record_full(None, p, Outcome::Failure, Duration::ZERO, Some(ms(200)));
     s.assert_wait(recorded.cooldown, ms(200), "cooldown opened by the hint");
     let r = s.refused(None, RejectionReason::CooldownActive, "during the cooldown");
@@ -559,6 +555,12 @@ pub fn circuit_window_modes_trip_on_their_rates(store: &dyn StateStore, clock: &
         .transition;
     s.assert_opened(slow, cooldown, "slow-call rate reached by a slow success");
     assert_eq!(s.metrics(None).slow_calls, 1, "{CHECK}: one slow call");
+    clock.advance(cooldown);
+    let probe = s.ok(None, "slow probe");
+    let reopened = s
+        .record_full(None, probe, Outcome::Success, ms(100), None)
+        .transition;
+    s.assert_opened(reopened, cooldown, "a slow probe opens again");
 }
 
 /// Exactly `half_open_calls` probes are admitted; an ignored probe gives

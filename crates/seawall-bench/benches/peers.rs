@@ -1,0 +1,222 @@
+//! Seawall against the crates users would pick instead, scenario by
+//! scenario, at 1 and 2 threads on one shared policy.
+//!
+//! Each criterion group is a scenario; each function in it a contender
+//! (`seawall` and the peers); the parameter is the number of threads. With
+//! 2 threads each thread makes `iters` calls on the shared state after a
+//! barrier, and the time reported is the wall time divided by `iters`: the
+//! time per call per thread.
+//!
+//! Sync contenders are called in a plain loop; async ones inside one
+//! `block_on` of a current-thread runtime per thread.
+//!
+//! `cargo bench -p seawall-bench --bench peers`, or `scripts/bench.sh` for
+//! the summary table.
+
+use std::time::Duration;
+
+use criterion::measurement::WallTime;
+use criterion::{criterion_group, criterion_main, BenchmarkGroup, BenchmarkId, Criterion};
+use seawall_bench::{op, pipelines, run_parallel};
+
+mod common;
+use common::*;
+
+/// The thread counts every contender runs at.
+const THREADS: [usize; 2] = [1, 2];
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .expect("tokio runtime")
+}
+
+/// Benchmarks a sync contender: `call` makes one call.
+fn sync_case<F>(g: &mut BenchmarkGroup<'_, WallTime>, name: &str, call: F)
+where
+    F: Fn() + Clone + Send + Sync,
+{
+    for threads in THREADS {
+        let mut states: Vec<F> = (0..threads).map(|_| call.clone()).collect();
+        g.bench_function(BenchmarkId::new(name, threads), |b| {
+            b.iter_custom(|iters| {
+                run_parallel(&mut states, iters, |call, n| {
+                    for _ in 0..n {
+                        call();
+                    }
+                })
+            })
+        });
+    }
+}
+
+/// Benchmarks an async contender: each thread runs its loop inside one
+/// `block_on` of its own current-thread runtime.
+fn async_case<C: AsyncCase>(g: &mut BenchmarkGroup<'_, WallTime>, name: &str, case: C) {
+    for threads in THREADS {
+        let mut states: Vec<(tokio::runtime::Runtime, C)> =
+            (0..threads).map(|_| (runtime(), case.clone())).collect();
+        g.bench_function(BenchmarkId::new(name, threads), |b| {
+            b.iter_custom(|iters| {
+                run_parallel(&mut states, iters, |(rt, case), n| {
+                    rt.block_on(async {
+                        for _ in 0..n {
+                            case.call().await;
+                        }
+                    })
+                })
+            })
+        });
+    }
+}
+
+/// A seawall pipeline called with `call`.
+fn seawall_sync(p: seawall::Pipeline) -> impl Fn() + Clone + Send + Sync {
+    move || {
+        std::hint::black_box(p.call(|_| op(std::hint::black_box(1))).is_ok());
+    }
+}
+
+fn retry(c: &mut Criterion) {
+    let mut g = c.benchmark_group("retry, success (sync)");
+    sync_case(&mut g, "seawall", seawall_sync(pipelines::retry()));
+    sync_case(&mut g, "backon", backon_sync());
+    g.finish();
+
+    let rt = runtime();
+    let mut g = c.benchmark_group("retry, success (async)");
+    async_case(&mut g, "seawall", SeawallAsync(pipelines::retry()));
+    async_case(&mut g, "backon", backon_async());
+    async_case(&mut g, "tower", tower_retry());
+    async_case(&mut g, "tower-resilience", tower_resilience_retry());
+    async_case(&mut g, "seatbelt", seatbelt_retry(&rt));
+    g.finish();
+}
+
+fn breaker(c: &mut Criterion) {
+    let rt = runtime();
+
+    let mut g = c.benchmark_group("breaker closed, count window (sync)");
+    sync_case(&mut g, "seawall", seawall_sync(pipelines::breaker()));
+    let r = recloser();
+    sync_case(&mut g, "recloser", move || recloser_call(&r));
+    let f = failsafe();
+    sync_case(&mut g, "failsafe", move || failsafe_call(&*f));
+    g.finish();
+
+    let mut g = c.benchmark_group("breaker closed, count window (async)");
+    async_case(&mut g, "seawall", SeawallAsync(pipelines::breaker()));
+    async_case(&mut g, "tower-resilience", tower_resilience_breaker());
+    async_case(&mut g, "seatbelt", seatbelt_breaker(&rt));
+    g.finish();
+
+    let mut g = c.benchmark_group("breaker closed, consecutive failures (sync)");
+    sync_case(&mut g, "seawall", seawall_sync(pipelines::consecutive_breaker()));
+    let f = failsafe_consecutive();
+    sync_case(&mut g, "failsafe", move || failsafe_call(&*f));
+    g.finish();
+
+    let mut g = c.benchmark_group("breaker closed, consecutive failures (async)");
+    async_case(&mut g, "seawall", SeawallAsync(pipelines::consecutive_breaker()));
+    async_case(&mut g, "tower-resilience", tower_resilience_consecutive());
+    g.finish();
+
+    let mut g = c.benchmark_group("breaker open, rejecting (sync)");
+    sync_case(&mut g, "seawall", seawall_sync(pipelines::open_breaker()));
+    let r = recloser_open();
+    sync_case(&mut g, "recloser", move || recloser_call(&r));
+    let f = failsafe_open();
+    sync_case(&mut g, "failsafe", move || failsafe_call(&*f));
+    g.finish();
+
+    let mut g = c.benchmark_group("breaker open, rejecting (async)");
+    async_case(&mut g, "seawall", SeawallAsync(pipelines::open_breaker()));
+    async_case(&mut g, "tower-resilience", tower_resilience_open(&rt));
+    async_case(&mut g, "seatbelt", seatbelt_open(&rt));
+    g.finish();
+}
+
+fn rate_limiter(c: &mut Criterion) {
+    let mut g = c.benchmark_group("rate limiter, GCRA (sync)");
+    sync_case(&mut g, "seawall", seawall_sync(pipelines::gcra()));
+    let l = governor();
+    sync_case(&mut g, "governor", move || governor_check(&l));
+    g.finish();
+
+    let mut g = c.benchmark_group("rate limiter, GCRA (async)");
+    async_case(&mut g, "seawall", SeawallAsync(pipelines::gcra()));
+    async_case(&mut g, "tower-resilience", tower_resilience_token_bucket());
+    g.finish();
+
+    let mut g = c.benchmark_group("rate limiter, fixed window (async)");
+    async_case(&mut g, "seawall", SeawallAsync(pipelines::fixed_window()));
+    async_case(&mut g, "tower-resilience", tower_resilience_fixed_window());
+    g.finish();
+
+    let mut g = c.benchmark_group("rate limiter, sliding window (async)");
+    async_case(&mut g, "seawall", SeawallAsync(pipelines::sliding_window()));
+    async_case(&mut g, "tower-resilience", tower_resilience_sliding_log());
+    g.finish();
+}
+
+fn bulkhead(c: &mut Criterion) {
+    let mut g = c.benchmark_group("bulkhead (sync)");
+    sync_case(&mut g, "seawall", seawall_sync(pipelines::bulkhead()));
+    let s = semaphore();
+    sync_case(&mut g, "tokio Semaphore", move || semaphore_call(&s));
+    g.finish();
+
+    let mut g = c.benchmark_group("bulkhead (async)");
+    async_case(&mut g, "seawall", SeawallAsync(pipelines::bulkhead()));
+    async_case(&mut g, "tokio Semaphore", semaphore_async());
+    async_case(&mut g, "tower-resilience", tower_resilience_bulkhead());
+    g.finish();
+}
+
+fn timeout(c: &mut Criterion) {
+    let rt = runtime();
+    let mut g = c.benchmark_group("timeout (async)");
+    async_case(&mut g, "seawall", SeawallAsync(pipelines::timeout()));
+    async_case(&mut g, "tokio::time::timeout", tokio_timeout());
+    async_case(&mut g, "tower", tower_timeout());
+    async_case(&mut g, "tower-resilience", tower_resilience_time_limiter());
+    async_case(&mut g, "seatbelt", seatbelt_timeout(&rt));
+    g.finish();
+}
+
+fn full_chain(c: &mut Criterion) {
+    let rt = runtime();
+    let mut g = c.benchmark_group("full chain (async)");
+    async_case(&mut g, "seawall", SeawallAsync(pipelines::full_chain()));
+    async_case(&mut g, "tower-resilience", tower_resilience_full_chain());
+    async_case(&mut g, "seatbelt", seatbelt_full_chain(&rt));
+    g.finish();
+
+    let mut g = c.benchmark_group("full chain (sync)");
+    let p = pipelines::full_chain();
+    sync_case(&mut g, "seawall", move || {
+        std::hint::black_box(p.call(|_| op(std::hint::black_box(1))).is_ok());
+    });
+    let chain = AssembledSyncChain::new();
+    sync_case(
+        &mut g,
+        "backon+recloser+governor+Semaphore",
+        move || chain.call(),
+    );
+    g.finish();
+}
+
+fn config() -> Criterion {
+    Criterion::default()
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_millis(1500))
+        .sample_size(40)
+}
+
+criterion_group! {
+    name = peers;
+    config = config();
+    targets = retry, breaker, rate_limiter, bulkhead, timeout, full_chain
+}
+criterion_main!(peers);

@@ -1,0 +1,195 @@
+//! Runs the demo binary as a user would and checks what it prints.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+const DEMO: &str = env!("CARGO_BIN_EXE_seawall-demo");
+
+fn demo(args: &[&str]) -> Output {
+    Command::new(DEMO)
+        .args(args)
+        .env_remove("NO_COLOR")
+        .output()
+        .expect("the demo binary runs")
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// The JSON after `prefix` on the line that starts with it.
+fn json_line(output: &Output, prefix: &str) -> Value {
+    let text = stdout(output);
+    let line = text
+        .lines()
+        .find_map(|l| l.strip_prefix(prefix))
+        .unwrap_or_else(|| panic!("no `{prefix}` line in:\n{text}"));
+    serde_json::from_str(line).unwrap_or_else(|e| panic!("`{prefix}` is not JSON ({e}): {line}"))
+}
+
+fn temp_path(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{}", std::process::id()))
+}
+
+/// Asserts a bad-input exit: code 2 and exactly one line on stderr, no panic.
+fn assert_bad_input(output: &Output) {
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "stderr: {stderr}");
+    assert_eq!(
+        stderr.lines().count(),
+        1,
+        "one line expected, got: {stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+#[test]
+fn the_protected_group_spares_the_service_and_its_callers() {
+    let output = demo(&["--duration", "12"]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let text = stdout(&output);
+    assert!(
+        !text.contains('\x1b'),
+        "no colours when stdout is not a terminal"
+    );
+    for expected in [
+        "circuit OPEN",
+        "fallback served the last good answer",
+        "summary",
+        "per phase",
+    ] {
+        assert!(
+            text.contains(expected),
+            "`{expected}` missing from:\n{text}"
+        );
+    }
+
+    let summary = json_line(&output, "SUMMARY ");
+    let unprotected = &summary["groups"]["unprotected"];
+    let protected = &summary["groups"]["protected"];
+    let reached = |g: &Value| g["server_requests"].as_u64().expect("server_requests");
+    assert!(
+        reached(protected) < reached(unprotected),
+        "protected {} vs unprotected {} requests",
+        reached(protected),
+        reached(unprotected)
+    );
+    assert!(protected["calls"].as_u64() > Some(100), "{protected}");
+
+    let failing = &protected["phases"]["failing"];
+    assert_eq!(
+        failing["errors"], 0,
+        "protected callers saw errors while the service failed: {failing}"
+    );
+    assert!(failing["fallbacks"].as_u64() > Some(0), "{failing}");
+    assert!(
+        unprotected["phases"]["failing"]["errors"].as_u64() > Some(0),
+        "{unprotected}"
+    );
+}
+
+#[test]
+fn herd_peaks_shrink_with_jitter_and_the_chart_is_drawn() {
+    let out = temp_path("herd.svg");
+    let output = demo(&[
+        "herd",
+        "--clients",
+        "1000",
+        "--seed",
+        "42",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+
+    let herd = json_line(&output, "HERD ");
+    let peak = |key: &str| {
+        herd["peaks"][key]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no peak `{key}`: {herd}"))
+    };
+    assert_eq!(
+        peak("none"),
+        1000,
+        "without jitter every client retries at once"
+    );
+    // +/-20 % spreads the first retry over 400 ms, 4 buckets of 100 ms:
+    // about 250 each, a few standard deviations (~14) either way.
+    let proportional = peak("proportional_20");
+    assert!(
+        (200..=330).contains(&proportional),
+        "+/-20 % peak {proportional}"
+    );
+    let full = peak("full");
+    assert!(
+        full < proportional,
+        "full jitter peak {full} vs +/-20 % {proportional}"
+    );
+
+    let svg = std::fs::read_to_string(&out).expect("the chart is written");
+    let _ = std::fs::remove_file(&out);
+    assert!(svg.starts_with("<svg"), "{}", &svg[..svg.len().min(80)]);
+    assert_balanced(&svg);
+    assert_eq!(svg.matches(r#"class="series""#).count(), 3);
+}
+
+/// Every element opened is closed, in order (a minimal XML well-formedness check).
+fn assert_balanced(svg: &str) {
+    let mut open: Vec<&str> = Vec::new();
+    let mut rest = svg;
+    while let Some(start) = rest.find('<') {
+        let end = rest[start..].find('>').expect("an unterminated tag") + start;
+        let tag = &rest[start + 1..end];
+        rest = &rest[end + 1..];
+        if let Some(name) = tag.strip_prefix('/') {
+            assert_eq!(
+                open.pop(),
+                Some(name.trim()),
+                "</{name}> closes the wrong element"
+            );
+        } else if !tag.ends_with('/') && !tag.starts_with('?') && !tag.starts_with('!') {
+            open.push(tag.split_whitespace().next().expect("a tag name"));
+        }
+    }
+    assert!(open.is_empty(), "unclosed elements: {open:?}");
+}
+
+#[test]
+fn an_unknown_option_is_one_line_and_exit_code_2() {
+    let output = demo(&["--no-such-option"]);
+    assert_bad_input(&output);
+    assert!(String::from_utf8_lossy(&output.stderr).contains("--no-such-option"));
+    assert_bad_input(&demo(&["herd", "--clients", "many"]));
+}
+
+#[test]
+fn an_unwritable_chart_is_one_line_and_exit_code_2() {
+    // A path under a regular file cannot be created.
+    let file = temp_path("not-a-directory");
+    std::fs::write(&file, b"").unwrap();
+    let out = file.join("herd.svg");
+    let output = demo(&["herd", "--clients", "10", "--out", out.to_str().unwrap()]);
+    let _ = std::fs::remove_file(&file);
+    assert_bad_input(&output);
+}
+
+#[test]
+fn an_unreachable_redis_is_one_line_and_exit_code_2() {
+    // Port 1 on the loopback: nothing listens there.
+    assert_bad_input(&demo(&[
+        "--duration",
+        "5",
+        "--redis",
+        "redis://127.0.0.1:1/",
+    ]));
+}

@@ -1,0 +1,440 @@
+//! Code generation: the wrapped function.
+//!
+//! ```text
+//! fn charge(&self, order: &Order) -> Result<Receipt, GatewayError> {
+//!     static PIPELINE: OnceLock<Pipeline> = OnceLock::new();   // built on first call
+//!     let outcome = PIPELINE.get_or_init(build).run(|ctx| {
+//!         let order = order;                                  // per attempt: copy / clone
+//!         typed::<Result<Receipt, GatewayError>>(async move { /* the body */ })
+//!     }).await;
+//!     match outcome {
+//!         Ok(v) => Ok(v),
+//!         Err(err) => Self::queue_for_later(self, order, err).await,  // or into E
+//!     }
+//! }
+//! ```
+
+use proc_macro2::{Span, TokenStream};
+use quote::{format_ident, quote, quote_spanned, ToTokens};
+use syn::spanned::Spanned;
+use syn::{Ident, ItemFn};
+
+use crate::attr::{
+    Algorithm, BackoffKind, BreakerMode, Config, JitterKind, Policy, Step, Window,
+};
+use crate::sig::{analyse, Analysis, Passing};
+
+/// Expands `#[resilient(..)]` on `item`.
+pub(crate) fn expand(config: Config, item: ItemFn) -> syn::Result<TokenStream> {
+    let sig = analyse(&item.sig)?;
+    let ItemFn {
+        attrs, vis, block, ..
+    } = item;
+    let outer_sig = &sig.outer;
+
+    let internal = |name: &str| Ident::new(name, Span::mixed_site());
+    let pipeline_static = internal("__SEAWALL_PIPELINE");
+    let pipeline = internal("__seawall_pipeline");
+    let outcome = internal("__seawall_outcome");
+    let error = internal("__seawall_error");
+    let ctx = internal("__seawall_ctx");
+    let typed = internal("__seawall_typed");
+    let per_attempt = internal("__seawall_per_attempt");
+
+    let name = resource_name(&config, &sig);
+    let build = builder(&config, &name);
+
+    // Each attempt binds the arguments anew: references are copied (or
+    // reborrowed), owned values cloned, so the outer values stay for the
+    // fallback.
+    let rebinds = sig.args.iter().filter_map(|a| {
+        let pattern = a.pattern.as_ref()?;
+        let outer = &a.outer;
+        let value = match a.passing {
+            Passing::Shared => quote!(#outer),
+            Passing::Exclusive => quote!(&mut *#outer),
+            Passing::Owned => {
+                quote_spanned!(a.ty.span()=> #per_attempt(&#outer))
+            }
+        };
+        Some(quote!(let #pattern = #value;))
+    });
+    let context_bind = match &config.context {
+        Some(user) => quote!(let #user: ::seawall::Context = #ctx;),
+        None => quote!(let _ = #ctx;),
+    };
+    let output = &sig.output;
+    let run = if sig.is_async {
+        quote! {
+            #pipeline.run(|#ctx: ::seawall::Context| {
+                #context_bind
+                #(#rebinds)*
+                #typed::<#output, _>(async move #block)
+            }).await
+        }
+    } else {
+        quote! {
+            #pipeline.call(|#ctx: ::seawall::Context| -> #output {
+                #context_bind
+                #(#rebinds)*
+                #block
+            })
+        }
+    };
+    let typed_helper = if sig.is_async {
+        quote! {
+            #[inline(always)]
+            fn #typed<R, F: ::core::future::Future<Output = R>>(f: F) -> F {
+                f
+            }
+        }
+    } else {
+        quote!()
+    };
+    let clone_helper = if sig.args.iter().any(|a| a.passing == Passing::Owned) {
+        quote! {
+            #[diagnostic::on_unimplemented(
+                message = "`{Self}` must be `Clone` to be an owned argument of a #[resilient] function",
+                label = "cloned for each attempt",
+                note = "the body runs once per attempt, each with its own copy of the owned arguments; take the argument by reference or implement `Clone` for it"
+            )]
+            trait SeawallPerAttempt: ::core::clone::Clone {}
+            impl<T: ::core::clone::Clone> SeawallPerAttempt for T {}
+            #[inline(always)]
+            fn #per_attempt<T: SeawallPerAttempt>(value: &T) -> T {
+                ::core::clone::Clone::clone(value)
+            }
+        }
+    } else {
+        quote!()
+    };
+
+    // The pipeline, built once. Every setting was checked by the macro with
+    // the builder's rules, so `build()` can only fail when the store cannot
+    // bind the resource: that surfaces as `Error::Store` (handled like any
+    // other error of the call). Without a custom store it cannot fail.
+    let (get_pipeline, run_or_fail) = if config.store.is_some() {
+        (
+            quote! {
+                let #pipeline: ::core::result::Result<&'static ::seawall::Pipeline, ::seawall::StoreError> =
+                    match #pipeline_static.get() {
+                        ::core::option::Option::Some(p) => ::core::result::Result::Ok(p),
+                        ::core::option::Option::None => match #build {
+                            ::core::result::Result::Ok(p) => ::core::result::Result::Ok(#pipeline_static.get_or_init(move || p)),
+                            ::core::result::Result::Err(e) => ::core::result::Result::Err(::seawall::StoreError::Unavailable(e.rule)),
+                        },
+                    };
+            },
+            quote! {
+                match #pipeline {
+                    ::core::result::Result::Ok(#pipeline) => #run,
+                    ::core::result::Result::Err(e) => ::core::result::Result::Err(::seawall::Error::Store(e)),
+                }
+            },
+        )
+    } else {
+        (
+            quote! {
+                let #pipeline: &'static ::seawall::Pipeline = #pipeline_static.get_or_init(|| {
+                    // Every setting was checked at compile time with the
+                    // builder's rules and the in-memory store always binds.
+                    ::core::result::Result::expect(#build, "seawall: #[resilient] settings are checked at compile time")
+                });
+            },
+            run,
+        )
+    };
+
+    let on_error = on_error(&config, &sig, &error)?;
+
+    Ok(quote! {
+        #(#attrs)*
+        #vis #outer_sig {
+            static #pipeline_static: ::std::sync::OnceLock<::seawall::Pipeline> = ::std::sync::OnceLock::new();
+            #typed_helper
+            #clone_helper
+            #get_pipeline
+            let #outcome = {
+                #run_or_fail
+            };
+            match #outcome {
+                ::core::result::Result::Ok(value) => ::core::result::Result::Ok(value),
+                ::core::result::Result::Err(#error) => #on_error,
+            }
+        }
+    })
+}
+
+/// The resource name keying the pipeline's state.
+fn resource_name(config: &Config, sig: &Analysis) -> TokenStream {
+    let fn_name = sig.outer.ident.to_string();
+    if let Some(name) = &config.name {
+        return quote!(::std::string::String::from(#name));
+    }
+    if sig.receiver.is_some() {
+        // `Type::method`: the last segment of the type's path, without
+        // generic arguments.
+        return quote! {{
+            let full = ::core::any::type_name::<Self>();
+            let path = full.split('<').next().unwrap_or(full);
+            let short = path.rsplit("::").next().unwrap_or(path);
+            ::std::format!("{}::{}", short, #fn_name)
+        }};
+    }
+    quote!(::std::string::String::from(::core::concat!(::core::module_path!(), "::", #fn_name)))
+}
+
+/// What the function returns when the pipeline fails with `error`.
+fn on_error(config: &Config, sig: &Analysis, error: &Ident) -> syn::Result<TokenStream> {
+    if let Some(fallback) = &config.fallback {
+        let receiver = sig.receiver.iter().map(ToTokens::to_token_stream);
+        let args = sig.args.iter().map(|a| a.outer.to_token_stream());
+        let all = receiver.chain(args);
+        let span = fallback.span();
+        let call = quote_spanned!(span=> #fallback(#(#all,)* #error));
+        return Ok(if sig.is_async {
+            quote_spanned!(span=> #call.await)
+        } else {
+            call
+        });
+    }
+    // Without a fallback the caller gets the body's own error back; the
+    // errors of seawall's policies go through `E: From<..>`, required only
+    // for the policies declared.
+    let first = |pred: &dyn Fn(&Step) -> bool| config.steps.iter().find(|s| pred(s));
+    let rejecting = first(&|s| s.policy.can_reject());
+    let timing = first(&|s| matches!(s.policy, Policy::Timeout(_)));
+    let storing = config
+        .store
+        .as_ref()
+        .filter(|_| config.steps.iter().any(|s| s.policy.is_stateful()));
+
+    let rejected = match rejecting {
+        Some(step) => convert(
+            step.key.span(),
+            "SeawallRejection",
+            quote!(::seawall::Rejection),
+            "cannot hold seawall's rejections",
+            "this policy can reject calls",
+            "implement `From<seawall::Rejection>` for `{Self}`, or add `fallback = ...` to handle every `seawall::Error`",
+        ),
+        None => quote!(|_| ::core::unreachable!(
+            "seawall: a call was rejected although no policy of this function rejects"
+        )),
+    };
+    let timed_out = match timing {
+        Some(step) => convert(
+            step.key.span(),
+            "SeawallTimeout",
+            quote!(::seawall::TimeoutError),
+            "cannot hold seawall's timeouts",
+            "this timeout can expire",
+            "implement `From<seawall::TimeoutError>` for `{Self}`, or add `fallback = ...` to handle every `seawall::Error`",
+        ),
+        None => quote!(|_| ::core::unreachable!(
+            "seawall: a call timed out although this function declares no timeout"
+        )),
+    };
+    let stored = match (storing, &config.store) {
+        (Some(path), _) => convert(
+            path.span(),
+            "SeawallStore",
+            quote!(::seawall::StoreError),
+            "cannot hold seawall's store errors",
+            "this store can fail",
+            "implement `From<seawall::StoreError>` for `{Self}`, or add `fallback = ...` to handle every `seawall::Error`",
+        ),
+        // A custom store with no stateful policy is never called, but its
+        // `bind` may still fail at build: `build()` binds only when there
+        // is state, so this cannot happen either.
+        (None, _) => quote!(|_| ::core::unreachable!(
+            "seawall: the in-memory store failed, which it never does"
+        )),
+    };
+    Ok(quote! {
+        ::core::result::Result::Err(match #error {
+            ::seawall::Error::Operation(e)
+            | ::seawall::Error::RetryExhausted { last: e, .. }
+            | ::seawall::Error::Fallback(e) => e,
+            ::seawall::Error::Rejected(r) => (#rejected)(r),
+            ::seawall::Error::Timeout(t) => (#timed_out)(t),
+            ::seawall::Error::Store(s) => (#stored)(s),
+            // `Error` is non-exhaustive; the variants above are all it has.
+            _ => ::core::unreachable!("seawall: unknown error variant"),
+        })
+    })
+}
+
+/// A conversion `X -> E` through `From`, whose failure to compile names the
+/// policy that needs it.
+fn convert(
+    span: Span,
+    trait_name: &str,
+    from: TokenStream,
+    message: &str,
+    label: &str,
+    note: &str,
+) -> TokenStream {
+    let tr = format_ident!("{}", trait_name, span = Span::mixed_site());
+    let message = format!("`{{Self}}` {message}");
+    let helper = format_ident!("into_{}", trait_name.to_lowercase(), span = Span::mixed_site());
+    let call = quote_spanned!(span=> #helper);
+    quote! {{
+        #[diagnostic::on_unimplemented(message = #message, label = #label, note = #note)]
+        trait #tr: ::core::convert::From<#from> {}
+        impl<E: ::core::convert::From<#from>> #tr for E {}
+        #[inline(always)]
+        fn #helper<E: #tr>(x: #from) -> E {
+            <E as ::core::convert::From<#from>>::from(x)
+        }
+        #call
+    }}
+}
+
+/// The expression building the pipeline (a `Result<Pipeline, ConfigError>`).
+fn builder(config: &Config, name: &TokenStream) -> TokenStream {
+    let mut chain = TokenStream::new();
+    for step in &config.steps {
+        chain.extend(match &step.policy {
+            Policy::Retry(r) => {
+                let base = r.base.tokens();
+                let mut retry = match r.backoff {
+                    BackoffKind::Constant => quote!(::seawall::Retry::constant(#base)),
+                    BackoffKind::Linear => quote!(::seawall::Retry::linear(#base)),
+                    BackoffKind::Exponential => quote!(::seawall::Retry::exponential(#base)),
+                    BackoffKind::Decorrelated => {
+                        let cap = r
+                            .cap
+                            .map_or_else(|| quote!(::core::time::Duration::MAX), |c| c.tokens());
+                        quote!(::seawall::Retry::decorrelated(#base, #cap))
+                    }
+                };
+                let attempts = r.max_attempts;
+                retry.extend(quote!(.max_attempts(#attempts)));
+                if let Some(m) = r.multiplier {
+                    retry.extend(quote!(.multiplier(#m)));
+                }
+                if let (Some(cap), false) = (r.cap, r.backoff == BackoffKind::Decorrelated) {
+                    let cap = cap.tokens();
+                    retry.extend(quote!(.cap(#cap)));
+                }
+                let jitter = match r.jitter {
+                    JitterKind::None => quote!(::seawall::Jitter::None),
+                    JitterKind::Full => quote!(::seawall::Jitter::Full),
+                    JitterKind::Equal => quote!(::seawall::Jitter::Equal),
+                    JitterKind::Percent(p) => quote!(::seawall::Jitter::Proportional(#p)),
+                };
+                retry.extend(quote!(.jitter(#jitter)));
+                if let Some((ratio, tokens)) = r.budget {
+                    retry.extend(quote!(.budget(::seawall::RetryBudget::new(#ratio, #tokens))));
+                }
+                quote!(.retry(#retry))
+            }
+            Policy::Timeout(t) => {
+                let d = t.after.tokens();
+                if t.strict {
+                    quote!(.timeout(::seawall::Timeout::strict(#d)))
+                } else {
+                    quote!(.timeout(::seawall::Timeout::new(#d)))
+                }
+            }
+            Policy::CircuitBreaker(c) => {
+                let mut b = match c.mode {
+                    BreakerMode::Consecutive(n) => {
+                        quote!(::seawall::CircuitBreaker::consecutive_failures(#n))
+                    }
+                    BreakerMode::Rate(r) => quote!(::seawall::CircuitBreaker::failure_rate(#r)),
+                };
+                match c.window {
+                    Some(Window::Count(n)) => b.extend(quote!(.count_window(#n))),
+                    Some(Window::Seconds(s)) => {
+                        let s = u64::from(s);
+                        b.extend(quote!(.window(::core::time::Duration::from_secs(#s))))
+                    }
+                    None => {}
+                }
+                if let Some(n) = c.minimum_calls {
+                    b.extend(quote!(.minimum_calls(#n)));
+                }
+                if let Some((rate, d)) = c.slow_calls {
+                    let d = d.map_or_else(
+                        || quote!(::core::time::Duration::from_secs(60)),
+                        |d| d.tokens(),
+                    );
+                    b.extend(quote!(.slow_calls(#rate, #d)));
+                }
+                if let Some(d) = c.cooldown {
+                    let d = d.tokens();
+                    b.extend(quote!(.cooldown(#d)));
+                }
+                if let Some((g, max)) = c.growth {
+                    let max = max.tokens();
+                    b.extend(quote!(.cooldown_growth(#g, #max)));
+                }
+                if let Some(n) = c.half_open_calls {
+                    b.extend(quote!(.half_open_calls(#n)));
+                }
+                quote!(.circuit_breaker(#b))
+            }
+            Policy::Bulkhead(b) => {
+                let n = b.max_concurrent;
+                let mut t = quote!(::seawall::Bulkhead::new(#n));
+                if let Some((q, w)) = b.queue {
+                    let w = w.tokens();
+                    t.extend(quote!(.queue(#q, #w)));
+                }
+                if let Some((lease, _)) = b.lease {
+                    let lease = lease.tokens();
+                    t.extend(quote!(.lease(#lease)));
+                }
+                quote!(.bulkhead(#t))
+            }
+            Policy::RateLimiter(r) => {
+                let (limit, per) = (r.limit, r.per.tokens());
+                let mut t = match r.algorithm {
+                    Algorithm::Gcra => quote!(::seawall::RateLimiter::gcra(#limit, #per)),
+                    Algorithm::FixedWindow => {
+                        quote!(::seawall::RateLimiter::fixed_window(#limit, #per))
+                    }
+                    Algorithm::SlidingWindow => {
+                        quote!(::seawall::RateLimiter::sliding_window(#limit, #per))
+                    }
+                };
+                if let Some(b) = r.burst {
+                    t.extend(quote!(.burst(#b)));
+                }
+                if let Some(w) = r.max_wait {
+                    let w = w.tokens();
+                    t.extend(quote!(.max_wait(#w)));
+                }
+                quote!(.rate_limiter(#t))
+            }
+            Policy::Cooldown(c) => {
+                let mut t = quote!(::seawall::Cooldown::new());
+                if let Some(d) = c.max_pause {
+                    let d = d.tokens();
+                    t.extend(quote!(.max_pause(#d)));
+                }
+                if let Some(d) = c.max_wait {
+                    let d = d.tokens();
+                    t.extend(quote!(.max_wait(#d)));
+                }
+                if let Some(d) = c.grace {
+                    let d = d.tokens();
+                    t.extend(quote!(.grace(#d)));
+                }
+                quote!(.cooldown(#t))
+            }
+        });
+    }
+    if let Some(store) = &config.store {
+        chain.extend(quote!(.store(#store())));
+    }
+    if let Some(clock) = &config.clock {
+        chain.extend(quote!(.clock(#clock())));
+    }
+    if let Some(on_event) = &config.on_event {
+        chain.extend(quote!(.on_event(#on_event)));
+    }
+    quote!(::seawall::Pipeline::builder(#name)#chain.build())
+}

@@ -1,0 +1,173 @@
+//! What the macro needs to know of the function it wraps.
+
+use proc_macro2::Span;
+use quote::format_ident;
+use syn::spanned::Spanned;
+use syn::{FnArg, Ident, Pat, PatIdent, PatType, ReturnType, Signature, Token, Type};
+
+/// How an argument reaches each attempt.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Passing {
+    /// `&T`: copied into each attempt.
+    Shared,
+    /// `&mut T`: reborrowed by each attempt (sync functions only).
+    Exclusive,
+    /// Anything else: cloned for each attempt.
+    Owned,
+}
+
+/// An argument other than `self`.
+pub(crate) struct Arg {
+    /// The name it has in the generated signature (the user's name for a
+    /// plain `name: T` argument).
+    pub(crate) outer: Ident,
+    /// The pattern each attempt binds, `None` for `_`.
+    pub(crate) pattern: Option<Pat>,
+    pub(crate) passing: Passing,
+    /// The argument's type (errors about it point here).
+    pub(crate) ty: Type,
+}
+
+/// The function's signature, as the expansion uses it.
+pub(crate) struct Analysis {
+    /// The signature to emit: the user's, with argument patterns replaced
+    /// by plain names (`mut` and destructuring move into each attempt).
+    pub(crate) outer: Signature,
+    /// The `self` token, for methods.
+    pub(crate) receiver: Option<Token![self]>,
+    pub(crate) args: Vec<Arg>,
+    /// The declared return type, `Result<T, E>` (or an alias named `Result`).
+    pub(crate) output: Type,
+    pub(crate) is_async: bool,
+}
+
+fn err<T>(span: Span, msg: impl std::fmt::Display) -> syn::Result<T> {
+    Err(syn::Error::new(span, msg))
+}
+
+fn strip(ty: &Type) -> &Type {
+    match ty {
+        Type::Paren(p) => strip(&p.elem),
+        Type::Group(g) => strip(&g.elem),
+        other => other,
+    }
+}
+
+fn passing(ty: &Type) -> Passing {
+    match strip(ty) {
+        Type::Reference(r) if r.mutability.is_some() => Passing::Exclusive,
+        Type::Reference(_) => Passing::Shared,
+        _ => Passing::Owned,
+    }
+}
+
+/// Checks the signature and prepares the rewritten one.
+pub(crate) fn analyse(sig: &Signature) -> syn::Result<Analysis> {
+    if let Some(c) = sig.constness {
+        return err(c.span, "#[resilient] cannot wrap a `const fn`");
+    }
+    if let Some(v) = &sig.variadic {
+        return err(v.span(), "#[resilient] cannot wrap a variadic function");
+    }
+    let is_async = sig.asyncness.is_some();
+    let output = match &sig.output {
+        ReturnType::Type(_, ty) if returns_result(ty) => (**ty).clone(),
+        ReturnType::Type(_, ty) => {
+            return err(
+                ty.span(),
+                "#[resilient] needs a function returning `Result<T, E>`: the pipeline judges \
+                 each attempt by its `Err`",
+            )
+        }
+        ReturnType::Default => {
+            return err(
+                sig.ident.span(),
+                "#[resilient] needs a function returning `Result<T, E>`: the pipeline judges \
+                 each attempt by its `Err`",
+            )
+        }
+    };
+    let mut outer = sig.clone();
+    let mut receiver = None;
+    let mut args = Vec::new();
+    for (i, input) in outer.inputs.iter_mut().enumerate() {
+        match input {
+            FnArg::Receiver(r) => {
+                let by_reference = matches!(strip(&r.ty), Type::Reference(_));
+                if !by_reference {
+                    return err(
+                        r.span(),
+                        "#[resilient] cannot take `self` by value: the body runs once per \
+                         attempt; take `&self`",
+                    );
+                }
+                if is_async && passing(&r.ty) == Passing::Exclusive {
+                    return err(
+                        r.span(),
+                        "#[resilient] on an async fn cannot take `&mut self`: each attempt's \
+                         future needs its own access to `self`; take `&self` (with interior \
+                         mutability) or make the function sync",
+                    );
+                }
+                receiver = Some(r.self_token);
+            }
+            FnArg::Typed(PatType { pat, ty, .. }) => {
+                let passing = passing(ty);
+                if is_async && passing == Passing::Exclusive {
+                    return err(
+                        ty.span(),
+                        "#[resilient] on an async fn cannot take `&mut` arguments: each \
+                         attempt's future needs its own access; take `&T` (with interior \
+                         mutability), an owned `Clone` value, or make the function sync",
+                    );
+                }
+                let (outer_ident, pattern) = match &**pat {
+                    Pat::Ident(PatIdent {
+                        by_ref: None,
+                        subpat: None,
+                        ident,
+                        ..
+                    }) => (ident.clone(), Some((**pat).clone())),
+                    Pat::Wild(_) => (format_ident!("__seawall_arg{}", i, span = Span::mixed_site()), None),
+                    other => (
+                        format_ident!("__seawall_arg{}", i, span = Span::mixed_site()),
+                        Some(other.clone()),
+                    ),
+                };
+                **pat = Pat::Ident(PatIdent {
+                    attrs: Vec::new(),
+                    by_ref: None,
+                    mutability: None,
+                    ident: outer_ident.clone(),
+                    subpat: None,
+                });
+                args.push(Arg {
+                    outer: outer_ident,
+                    pattern,
+                    passing,
+                    ty: (**ty).clone(),
+                });
+            }
+        }
+    }
+    Ok(Analysis {
+        outer,
+        receiver,
+        args,
+        output,
+        is_async,
+    })
+}
+
+/// `Result<..>`, `io::Result<..>`, `anyhow::Result<..>`: a path whose last
+/// segment is `Result`.
+fn returns_result(ty: &Type) -> bool {
+    match strip(ty) {
+        Type::Path(p) => p
+            .path
+            .segments
+            .last()
+            .is_some_and(|s| s.ident == "Result"),
+        _ => false,
+    }
+}

@@ -1,0 +1,535 @@
+//! Behaviour of `#[resilient(...)]`: what the wrapped functions do at run
+//! time. Compile errors are in `ui.rs`.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, LazyLock, Mutex};
+use std::time::Duration;
+
+use seawall::store::{ResourceSpec, ResourceState};
+use seawall::testing::VirtualClock;
+use seawall::{
+    resilient, Clock, Error, Event, EventKind, Rejection, RejectionReason, StateStore, StoreError,
+    TimeoutError,
+};
+
+/// The error of the functions under test; it can hold seawall's
+/// rejections, timeouts and store failures.
+#[derive(Debug, Clone, PartialEq)]
+enum ApiError {
+    Flaky(u32),
+    Rejected(RejectionReason),
+    TimedOut(Duration),
+    Store,
+}
+
+impl From<Rejection> for ApiError {
+    fn from(r: Rejection) -> Self {
+        ApiError::Rejected(r.reason)
+    }
+}
+
+impl From<TimeoutError> for ApiError {
+    fn from(t: TimeoutError) -> Self {
+        ApiError::TimedOut(t.after)
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(_: StoreError) -> Self {
+        ApiError::Store
+    }
+}
+
+macro_rules! clock {
+    ($name:ident) => {
+        fn $name() -> VirtualClock {
+            static CLOCK: LazyLock<VirtualClock> = LazyLock::new(VirtualClock::new);
+            CLOCK.clone()
+        }
+    };
+}
+
+/// Events seen by `record`, as (resource, kind name).
+static EVENTS: LazyLock<Mutex<Vec<(String, &'static str)>>> = LazyLock::new(Mutex::default);
+
+fn record(event: &Event<'_>) {
+    EVENTS
+        .lock()
+        .unwrap()
+        .push((event.resource.to_owned(), kind_name(&event.kind)));
+}
+
+fn kind_name(kind: &EventKind) -> &'static str {
+    match kind {
+        EventKind::RetryScheduled { .. } => "retry_scheduled",
+        EventKind::Rejected { .. } => "rejected",
+        EventKind::CircuitOpened { .. } => "circuit_opened",
+        _ => "other",
+    }
+}
+
+fn events_of(resource: &str) -> Vec<&'static str> {
+    EVENTS
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(r, _)| r == resource)
+        .map(|(_, k)| *k)
+        .collect()
+}
+
+/// Fails its first `failures` calls.
+#[derive(Default)]
+struct Flaky {
+    calls: AtomicU32,
+    failures: u32,
+}
+
+impl Flaky {
+    fn failing(failures: u32) -> Self {
+        Flaky {
+            calls: AtomicU32::new(0),
+            failures,
+        }
+    }
+
+    fn next(&self) -> Result<u32, ApiError> {
+        let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
+        if n <= self.failures {
+            Err(ApiError::Flaky(n))
+        } else {
+            Ok(n)
+        }
+    }
+
+    fn calls(&self) -> u32 {
+        self.calls.load(Ordering::SeqCst)
+    }
+}
+
+clock!(async_clock);
+
+struct Inventory {
+    backend: Flaky,
+}
+
+impl Inventory {
+    #[resilient(
+        retry(max_attempts = 3, backoff = "constant", backoff_ms = 10),
+        clock = async_clock
+    )]
+    async fn stock(&self, sku: &str) -> Result<String, ApiError> {
+        let n = self.backend.next()?;
+        Ok(format!("{sku}: {n}"))
+    }
+}
+
+#[tokio::test]
+async fn async_method_is_retried_until_it_succeeds() {
+    let inventory = Inventory {
+        backend: Flaky::failing(2),
+    };
+    assert_eq!(inventory.stock("apple").await.unwrap(), "apple: 3");
+    assert_eq!(inventory.backend.calls(), 3);
+    // Two constant waits of 10 ms, on the virtual clock.
+    assert_eq!(async_clock().now(), Duration::from_millis(20));
+
+    // When the attempts run out, the caller gets the last error as is.
+    let inventory = Inventory {
+        backend: Flaky::failing(10),
+    };
+    assert_eq!(inventory.stock("pear").await, Err(ApiError::Flaky(3)));
+    assert_eq!(inventory.backend.calls(), 3);
+    assert_eq!(async_clock().now(), Duration::from_millis(40));
+}
+
+#[test]
+fn the_future_of_an_async_method_is_send() {
+    fn send<T: Send>(_: &T) {}
+    let inventory = Inventory {
+        backend: Flaky::failing(0),
+    };
+    send(&inventory.stock("fig"));
+}
+
+clock!(sync_clock);
+
+struct Counter {
+    seen: Vec<u32>,
+}
+
+impl Counter {
+    /// `&mut self` and `&mut` arguments work in sync methods: each attempt
+    /// reborrows them.
+    #[resilient(
+        retry(max_attempts = 4, backoff = "linear", backoff_ms = 100),
+        clock = sync_clock
+    )]
+    fn bump(&mut self, log: &mut Vec<u32>) -> Result<usize, ApiError> {
+        let attempt = self.seen.len() as u32 + 1;
+        self.seen.push(attempt);
+        log.push(attempt);
+        if attempt < 3 {
+            return Err(ApiError::Flaky(attempt));
+        }
+        Ok(self.seen.len())
+    }
+}
+
+#[test]
+fn sync_method_is_retried_with_its_backoff() {
+    let mut counter = Counter { seen: Vec::new() };
+    let mut log = Vec::new();
+    assert_eq!(counter.bump(&mut log), Ok(3));
+    assert_eq!(log, [1, 2, 3]);
+    // Linear backoff: 100 ms then 200 ms.
+    assert_eq!(sync_clock().now(), Duration::from_millis(300));
+}
+
+static TAGS: AtomicU32 = AtomicU32::new(0);
+
+/// Owned arguments are cloned for each attempt: the body may consume or
+/// change its copy, the next attempt starts from the caller's value.
+#[resilient(retry(max_attempts = 3, backoff = "constant", backoff_ms = 1))]
+fn label(mut words: Vec<String>, (prefix, width): (String, usize)) -> Result<String, ApiError> {
+    words.push(format!("{prefix}{width}"));
+    let n = TAGS.fetch_add(1, Ordering::SeqCst) + 1;
+    if n < 3 {
+        return Err(ApiError::Flaky(n));
+    }
+    Ok(words.join(" "))
+}
+
+#[test]
+fn free_function_clones_owned_arguments_for_each_attempt() {
+    let got = label(vec!["a".into(), "b".into()], ("w".into(), 4));
+    assert_eq!(got.unwrap(), "a b w4");
+    assert_eq!(TAGS.load(Ordering::SeqCst), 3);
+}
+
+/// What the fallback of `Mailer` saw.
+#[derive(Debug, PartialEq)]
+enum Fell {
+    Exhausted { to: String, attempts: u32, last: ApiError },
+    Other(String),
+}
+
+struct Mailer {
+    backend: Flaky,
+    fell: Mutex<Vec<Fell>>,
+}
+
+impl Mailer {
+    #[resilient(
+        retry(max_attempts = 2, backoff = "constant", backoff_ms = 5),
+        fallback = Self::queue_for_later
+    )]
+    async fn send(&self, to: &str, body: String) -> Result<&'static str, ApiError> {
+        let _ = (to, body);
+        self.backend.next().map(|_| "sent")
+    }
+
+    async fn queue_for_later(
+        &self,
+        to: &str,
+        body: String,
+        err: Error<ApiError>,
+    ) -> Result<&'static str, ApiError> {
+        assert_eq!(body, "hello");
+        let fell = match err {
+            Error::RetryExhausted { attempts, last } => Fell::Exhausted {
+                to: to.to_owned(),
+                attempts,
+                last,
+            },
+            other => Fell::Other(format!("{other:?}")),
+        };
+        self.fell.lock().unwrap().push(fell);
+        Ok("queued")
+    }
+
+    #[resilient(retry(max_attempts = 2, backoff_ms = 1), fallback = Self::draft)]
+    fn save(&self, text: &str) -> Result<usize, ApiError> {
+        self.backend.next().map(|_| text.len())
+    }
+
+    fn draft(&self, text: &str, err: Error<ApiError>) -> Result<usize, ApiError> {
+        match err {
+            Error::RetryExhausted { last, .. } => Err(last),
+            _ => Ok(text.len() * 100),
+        }
+    }
+}
+
+#[tokio::test]
+async fn fallback_gets_the_arguments_and_the_error() {
+    let mailer = Mailer {
+        backend: Flaky::failing(5),
+        fell: Mutex::default(),
+    };
+    assert_eq!(mailer.send("ada@example.org", "hello".into()).await, Ok("queued"));
+    assert_eq!(
+        *mailer.fell.lock().unwrap(),
+        [Fell::Exhausted {
+            to: "ada@example.org".into(),
+            attempts: 2,
+            last: ApiError::Flaky(2),
+        }]
+    );
+    // No fallback on success.
+    let mailer = Mailer {
+        backend: Flaky::failing(0),
+        fell: Mutex::default(),
+    };
+    assert_eq!(mailer.send("bob@example.org", "hello".into()).await, Ok("sent"));
+    assert!(mailer.fell.lock().unwrap().is_empty());
+}
+
+#[test]
+fn sync_fallback_decides_the_result() {
+    let mailer = Mailer {
+        backend: Flaky::failing(5),
+        fell: Mutex::default(),
+    };
+    assert_eq!(mailer.save("draft"), Err(ApiError::Flaky(2)));
+    assert_eq!(mailer.backend.calls(), 2);
+}
+
+clock!(attempt_clock);
+clock!(overall_clock);
+
+/// Each attempt takes 100 ms; the first two fail.
+struct Slow {
+    backend: Flaky,
+}
+
+impl Slow {
+    async fn attempt(&self, clock: VirtualClock) -> Result<u32, ApiError> {
+        Clock::sleep(&clock, Duration::from_millis(100)).await;
+        self.backend.next()
+    }
+
+    /// The timeout after the retry bounds each attempt.
+    #[resilient(
+        retry(max_attempts = 3, backoff = "constant", backoff_ms = 10),
+        timeout_ms = 150,
+        clock = attempt_clock
+    )]
+    async fn per_attempt(&self) -> Result<u32, ApiError> {
+        self.attempt(attempt_clock()).await
+    }
+
+    /// The timeout before the retry bounds the whole call.
+    #[resilient(
+        timeout_ms = 150,
+        retry(max_attempts = 3, backoff = "constant", backoff_ms = 10),
+        clock = overall_clock
+    )]
+    async fn whole_call(&self) -> Result<u32, ApiError> {
+        self.attempt(overall_clock()).await
+    }
+}
+
+#[tokio::test]
+async fn a_timeout_after_retry_bounds_each_attempt() {
+    let slow = Slow {
+        backend: Flaky::failing(2),
+    };
+    assert_eq!(slow.per_attempt().await, Ok(3));
+    // Three attempts of 100 ms (each within its 150 ms) and two waits of 10 ms.
+    assert_eq!(attempt_clock().now(), Duration::from_millis(320));
+}
+
+#[tokio::test]
+async fn a_timeout_before_retry_bounds_the_whole_call() {
+    let slow = Slow {
+        backend: Flaky::failing(2),
+    };
+    assert_eq!(
+        slow.whole_call().await,
+        Err(ApiError::TimedOut(Duration::from_millis(150)))
+    );
+    // The second attempt (from 110 ms) was cut at the 150 ms deadline.
+    assert_eq!(slow.backend.calls(), 1);
+    assert_eq!(overall_clock().now(), Duration::from_millis(150));
+}
+
+clock!(breaker_clock);
+
+struct Gateway {
+    backend: Arc<Flaky>,
+}
+
+impl Gateway {
+    #[resilient(
+        circuit_breaker(consecutive_failures = 2, cooldown_s = 30),
+        clock = breaker_clock,
+        on_event = record
+    )]
+    async fn charge(&self, cents: u64) -> Result<u64, ApiError> {
+        self.backend.next().map(|_| cents)
+    }
+
+    #[resilient(circuit_breaker(consecutive_failures = 2), clock = breaker_clock)]
+    async fn refund(&self, cents: u64) -> Result<u64, ApiError> {
+        self.backend.next().map(|_| cents)
+    }
+}
+
+#[tokio::test]
+async fn calls_share_one_circuit_keyed_by_type_and_method() {
+    let backend = Arc::new(Flaky::failing(2));
+    let one = Gateway {
+        backend: Arc::clone(&backend),
+    };
+    let two = Gateway {
+        backend: Arc::clone(&backend),
+    };
+    assert_eq!(one.charge(5).await, Err(ApiError::Flaky(1)));
+    assert_eq!(two.charge(5).await, Err(ApiError::Flaky(2)));
+    // Two failures in a row, through two instances: the one circuit is open,
+    // and the rejection reaches the caller through `From<Rejection>`.
+    assert_eq!(
+        one.charge(5).await,
+        Err(ApiError::Rejected(RejectionReason::CircuitOpen))
+    );
+    assert_eq!(backend.calls(), 2);
+    // Another method has its own circuit.
+    assert_eq!(two.refund(7).await, Ok(7));
+    // After the cooldown, a probe closes the circuit again.
+    breaker_clock().advance(Duration::from_secs(30));
+    assert_eq!(two.charge(9).await, Ok(9));
+    let events = events_of("Gateway::charge");
+    assert!(events.contains(&"circuit_opened"), "{events:?}");
+    assert!(events.contains(&"rejected"), "{events:?}");
+}
+
+#[resilient(
+    name = "search.query",
+    bulkhead(max_concurrent = 1),
+    on_event = record
+)]
+fn search(query: &str) -> Result<usize, ApiError> {
+    if query == "again" {
+        // A nested call while this one holds the only slot.
+        return search("inner");
+    }
+    Ok(query.len())
+}
+
+#[resilient(retry(max_attempts = 2, backoff_ms = 1), on_event = record)]
+fn keyed_by_module_path() -> Result<(), ApiError> {
+    Err(ApiError::Flaky(0))
+}
+
+#[test]
+fn names_key_the_state() {
+    assert_eq!(search("rust"), Ok(4));
+    assert_eq!(
+        search("again"),
+        Err(ApiError::Rejected(RejectionReason::BulkheadFull))
+    );
+    assert!(events_of("search.query").contains(&"rejected"));
+    let _ = keyed_by_module_path();
+    assert!(!events_of("resilient::keyed_by_module_path").is_empty());
+}
+
+clock!(context_clock);
+
+#[resilient(timeout_s = 5, retry(max_attempts = 2, backoff_ms = 100), context = ctx, clock = context_clock)]
+async fn remaining_budget() -> Result<(u32, Duration), ApiError> {
+    if ctx.is_first_attempt() {
+        return Err(ApiError::Flaky(1));
+    }
+    Ok((ctx.attempt(), ctx.remaining().unwrap()))
+}
+
+#[tokio::test]
+async fn the_body_sees_the_attempt_context() {
+    let (attempt, remaining) = remaining_budget().await.unwrap();
+    assert_eq!(attempt, 2);
+    assert_eq!(remaining, Duration::from_millis(4900));
+}
+
+/// A store whose `bind` fails, like a remote store that cannot be reached.
+#[derive(Debug)]
+struct Unreachable;
+
+impl StateStore for Unreachable {
+    fn bind(&self, _: &ResourceSpec) -> Result<Arc<dyn ResourceState>, StoreError> {
+        Err(StoreError::Unavailable("connection refused".into()))
+    }
+}
+
+fn unreachable_store() -> Unreachable {
+    Unreachable
+}
+
+struct Ledger;
+
+impl Ledger {
+    #[resilient(
+        circuit_breaker(consecutive_failures = 3),
+        store = unreachable_store
+    )]
+    fn post(&self) -> Result<(), ApiError> {
+        unreachable!("the store cannot bind, so the body never runs")
+    }
+
+    #[resilient(
+        circuit_breaker(consecutive_failures = 3),
+        store = unreachable_store,
+        fallback = Self::explain
+    )]
+    async fn post_async(&self, amount: i64) -> Result<String, ApiError> {
+        Ok(amount.to_string())
+    }
+
+    async fn explain(&self, _: i64, err: Error<ApiError>) -> Result<String, ApiError> {
+        Ok(format!("{err:?}"))
+    }
+}
+
+#[tokio::test]
+async fn a_store_that_cannot_bind_fails_the_call_as_a_store_error() {
+    assert_eq!(Ledger.post(), Err(ApiError::Store));
+    // Not cached: the next call tries to bind again.
+    assert_eq!(Ledger.post(), Err(ApiError::Store));
+    let message = Ledger.post_async(5).await.unwrap();
+    assert!(message.contains("connection refused"), "{message}");
+}
+
+/// Generic functions and trait methods.
+trait Fetch {
+    fn fetch(&self, key: u32) -> Result<String, ApiError>;
+}
+
+struct Cache<T> {
+    value: T,
+}
+
+impl<T: std::fmt::Display + Sync> Fetch for Cache<T> {
+    #[resilient(retry(max_attempts = 2, backoff_ms = 1), on_event = record)]
+    fn fetch(&self, key: u32) -> Result<String, ApiError> {
+        if key == 0 {
+            return Err(ApiError::Flaky(0));
+        }
+        Ok(format!("{}#{key}", self.value))
+    }
+}
+
+#[resilient(retry(max_attempts = 2, backoff_ms = 1))]
+fn first<T: Clone + std::fmt::Debug>(items: Vec<T>) -> std::result::Result<T, ApiError> {
+    items.first().cloned().ok_or(ApiError::Flaky(0))
+}
+
+#[test]
+fn generic_functions_and_trait_methods() {
+    let cache = Cache { value: 'x' };
+    assert_eq!(cache.fetch(1), Ok("x#1".to_owned()));
+    assert_eq!(Cache { value: 2.5 }.fetch(0), Err(ApiError::Flaky(0)));
+    // Generic arguments are not part of the key.
+    assert!(events_of("Cache::fetch").contains(&"retry_scheduled"));
+    assert_eq!(first(vec![3, 4]), Ok(3));
+    assert_eq!(first::<u8>(vec![]), Err(ApiError::Flaky(0)));
+}

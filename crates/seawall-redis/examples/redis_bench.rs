@@ -1,0 +1,302 @@
+//! Cost of the full seawall chain with its state in Redis, on loopback.
+//!
+//! ```text
+//! cargo run --release -p seawall-redis --example redis_bench [-- --calls 20000 --url redis://127.0.0.1:6379]
+//! ```
+//!
+//! Without `--url`, starts its own `redis-server` (from the PATH) on a free
+//! loopback port and stops it at the end. Measures, in one run:
+//! - one PING round trip (async connection and blocking connection);
+//! - the chain retry + circuit breaker + timeout + bulkhead + rate limiter
+//!   (high limit) + cooldown + fallback, its state in Redis: calls/s and
+//!   p50/p99 latency added to a trivial operation, one process (async `run`
+//!   and sync `call`) and four processes (async `run`, sharing one state);
+//! - round trips per call, from the server's `INFO commandstats`.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use seawall::{Bulkhead, CircuitBreaker, Cooldown, Pipeline, RateLimiter, Retry};
+use seawall_redis::RedisStore;
+
+struct Args {
+    url: Option<String>,
+    calls: usize,
+    child: bool,
+    prefix: String,
+    start_ms: u64,
+}
+
+fn args() -> Args {
+    let mut a = Args {
+        url: std::env::var("SEAWALL_REDIS_URL").ok(),
+        calls: 20_000,
+        child: false,
+        prefix: format!("bench-{}", std::process::id()),
+        start_ms: 0,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--url" => a.url = it.next(),
+            "--calls" => a.calls = it.next().and_then(|n| n.parse().ok()).expect("--calls N"),
+            "--child" => a.child = true,
+            "--prefix" => a.prefix = it.next().expect("--prefix P"),
+            "--start-ms" => a.start_ms = it.next().and_then(|n| n.parse().ok()).expect("--start-ms T"),
+            other => panic!("unknown argument {other}"),
+        }
+    }
+    a
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64
+}
+
+/// A `redis-server` of our own, on a free loopback port.
+struct Server {
+    child: Child,
+    url: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Server {
+    fn start() -> Server {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let dir = tempfile::tempdir().unwrap();
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(dir.path())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("redis-server on the PATH (apt-get install redis-server)");
+        let url = format!("redis://127.0.0.1:{port}");
+        let client = redis::Client::open(url.as_str()).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while client.get_connection_with_timeout(Duration::from_millis(100)).is_err() {
+            assert!(Instant::now() < deadline, "redis-server did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Server { child, url, _dir: dir }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn chain(store: RedisStore) -> Pipeline<seawall::pipeline::WithFallback<u64, std::io::Error>> {
+    Pipeline::builder("bench-dependency")
+        .retry(Retry::constant(Duration::from_millis(1)).max_attempts(3))
+        .circuit_breaker(CircuitBreaker::failure_rate(0.5).count_window(100).minimum_calls(20))
+        .timeout(Duration::from_secs(1))
+        .bulkhead(Bulkhead::new(64).lease(Duration::from_secs(10)))
+        .rate_limiter(RateLimiter::gcra(10_000_000, Duration::from_secs(1)))
+        .cooldown(Cooldown::new())
+        .fallback_sync(|_err, _ctx| Ok::<u64, std::io::Error>(0))
+        .store(store)
+        .build()
+        .expect("pipeline")
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
+    sorted[i]
+}
+
+fn us(d: Duration) -> String {
+    format!("{:.1} us", d.as_secs_f64() * 1e6)
+}
+
+/// Times `n` sequential calls of `f`; returns the sorted latencies and the
+/// total time.
+async fn time_async<F, Fut>(n: usize, mut f: F) -> (Vec<Duration>, Duration)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let mut lat = Vec::with_capacity(n);
+    let start = Instant::now();
+    for _ in 0..n {
+        let t = Instant::now();
+        f().await;
+        lat.push(t.elapsed());
+    }
+    let total = start.elapsed();
+    lat.sort();
+    (lat, total)
+}
+
+fn time_sync(n: usize, mut f: impl FnMut()) -> (Vec<Duration>, Duration) {
+    let mut lat = Vec::with_capacity(n);
+    let start = Instant::now();
+    for _ in 0..n {
+        let t = Instant::now();
+        f();
+        lat.push(t.elapsed());
+    }
+    let total = start.elapsed();
+    lat.sort();
+    (lat, total)
+}
+
+fn script_calls(url: &str) -> u64 {
+    let client = redis::Client::open(url).unwrap();
+    let mut c = client.get_connection().unwrap();
+    let info: String = redis::cmd("INFO").arg("commandstats").query(&mut c).unwrap();
+    info.lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter_map(|l| l.split(',').find_map(|kv| kv.split_once("calls=").map(|(_, n)| n.parse::<u64>().ok())))
+        .flatten()
+        .sum()
+}
+
+fn reset_stats(url: &str) {
+    let client = redis::Client::open(url).unwrap();
+    let mut c = client.get_connection().unwrap();
+    let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query(&mut c).unwrap();
+}
+
+/// The operation: trivial, so that its latency is the chain's overhead.
+async fn op() -> Result<u64, std::io::Error> {
+    Ok(std::hint::black_box(1))
+}
+
+fn child(a: &Args, url: &str) {
+    let store = RedisStore::builder(url).prefix(&a.prefix).fail_closed().build().unwrap();
+    let p = chain(store);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        for _ in 0..500 {
+            p.run(|_| op()).await.unwrap();
+        }
+        let now = unix_ms();
+        if a.start_ms > now {
+            tokio::time::sleep(Duration::from_millis(a.start_ms - now)).await;
+        }
+        let (lat, total) = time_async(a.calls, || async {
+            p.run(|_| op()).await.unwrap();
+        })
+        .await;
+        let micros: Vec<String> = lat.iter().map(|d| d.as_nanos().to_string()).collect();
+        println!("TOTAL_NS {}", total.as_nanos());
+        println!("LAT_NS {}", micros.join(","));
+    });
+}
+
+fn main() {
+    let a = args();
+    let server = if a.url.is_none() && !a.child { Some(Server::start()) } else { None };
+    let url = a.url.clone().unwrap_or_else(|| server.as_ref().unwrap().url.clone());
+    if a.child {
+        child(&a, &url);
+        return;
+    }
+    let n = a.calls;
+    let store = RedisStore::builder(url.as_str()).prefix(&a.prefix).fail_closed().build().unwrap();
+    let p = chain(store.clone());
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+
+    // Warm up every path.
+    rt.block_on(async {
+        for _ in 0..1000 {
+            store.ping_async().await.unwrap();
+            p.run(|_| op()).await.unwrap();
+        }
+    });
+    for _ in 0..1000 {
+        store.ping().unwrap();
+        p.call(|_| Ok::<u64, std::io::Error>(1)).unwrap();
+    }
+
+    let (ping_async, _) = rt.block_on(time_async(n, || async {
+        store.ping_async().await.unwrap();
+    }));
+    let (ping_sync, _) = time_sync(n, || {
+        store.ping().unwrap();
+    });
+    let (bare, _) = rt.block_on(time_async(n, || async {
+        op().await.unwrap();
+    }));
+
+    reset_stats(&url);
+    let (run_lat, run_total) = rt.block_on(time_async(n, || async {
+        p.run(|_| op()).await.unwrap();
+    }));
+    let run_trips = script_calls(&url) as f64 / n as f64;
+
+    reset_stats(&url);
+    let (call_lat, call_total) = time_sync(n, || {
+        p.call(|_| Ok::<u64, std::io::Error>(std::hint::black_box(1))).unwrap();
+    });
+    let call_trips = script_calls(&url) as f64 / n as f64;
+
+    // Four processes, the same resource (one shared state), started together.
+    let exe = std::env::current_exe().unwrap();
+    let start_ms = unix_ms() + 1500;
+    reset_stats(&url);
+    let children: Vec<Child> = (0..4)
+        .map(|_| {
+            Command::new(&exe)
+                .args(["--child", "--url", &url, "--prefix", &a.prefix, "--calls", &n.to_string()])
+                .args(["--start-ms", &start_ms.to_string()])
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let mut multi_lat = Vec::new();
+    let mut multi_secs: f64 = 0.0;
+    for c in children {
+        let out = c.wait_with_output().unwrap();
+        assert!(out.status.success());
+        let text = String::from_utf8(out.stdout).unwrap();
+        for line in text.lines() {
+            if let Some(ns) = line.strip_prefix("TOTAL_NS ") {
+                multi_secs = multi_secs.max(ns.parse::<f64>().unwrap() / 1e9);
+            } else if let Some(list) = line.strip_prefix("LAT_NS ") {
+                multi_lat.extend(list.split(',').map(|v| Duration::from_nanos(v.parse().unwrap())));
+            }
+        }
+    }
+    multi_lat.sort();
+    // Each child also warmed up with 500 calls.
+    let multi_trips = script_calls(&url) as f64 / (4 * (n + 500)) as f64;
+
+    let ping_p50 = percentile(&ping_async, 0.5);
+    let ping_sync_p50 = percentile(&ping_sync, 0.5);
+    let bare_p50 = percentile(&bare, 0.5);
+    let added = |lat: &[Duration], p: f64| percentile(lat, p).saturating_sub(percentile(&bare, p));
+
+    println!("seawall-redis bench: {n} calls per measurement, redis at {url}");
+    println!("chain: retry + circuit breaker + timeout + bulkhead + rate limiter + cooldown + fallback");
+    println!();
+    println!("PING round trip p50: async {} | blocking {}", us(ping_p50), us(ping_sync_p50));
+    println!("bare operation p50: {}", us(bare_p50));
+    println!();
+    println!("{:<28} {:>12} {:>14} {:>14} {:>16}", "", "calls/s", "added p50", "added p99", "round trips/call");
+    let row = |name: &str, lat: &[Duration], calls: f64, secs: f64, trips: f64| {
+        println!(
+            "{name:<28} {:>12.0} {:>14} {:>14} {:>16.2}",
+            calls / secs,
+            us(added(lat, 0.5)),
+            us(added(lat, 0.99)),
+            trips
+        );
+    };
+    row("1 process, async run", &run_lat, n as f64, run_total.as_secs_f64(), run_trips);
+    row("1 process, sync call", &call_lat, n as f64, call_total.as_secs_f64(), call_trips);
+    row("4 processes, async run", &multi_lat, (4 * n) as f64, multi_secs, multi_trips);
+    println!();
+    let ratio = added(&run_lat, 0.5).as_secs_f64() / ping_p50.as_secs_f64();
+    let ratio_sync = added(&call_lat, 0.5).as_secs_f64() / ping_sync_p50.as_secs_f64();
+    println!("added p50 / PING p50: async {ratio:.2}x, sync {ratio_sync:.2}x (target < 2x)");
+    drop(server);
+}

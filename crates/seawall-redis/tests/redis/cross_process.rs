@@ -1,0 +1,354 @@
+//! Several OS processes sharing one rate limit, one bulkhead and one
+//! circuit through Redis. The children are this test binary re-invoked with
+//! `SEAWALL_REDIS_CHILD=<role>`, running the `cross_process::child` test;
+//! each prints its findings on lines starting with `@@ `.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use seawall::{Bulkhead, CircuitBreaker, CircuitState, Error, Pipeline, RateLimiter, RejectionReason};
+use seawall_redis::RedisStore;
+
+use crate::support::{rt, unique, RedisServer};
+
+const ROLE: &str = "SEAWALL_REDIS_CHILD";
+const URL: &str = "SEAWALL_REDIS_URL";
+const PREFIX: &str = "SEAWALL_REDIS_PREFIX";
+const START: &str = "SEAWALL_REDIS_START_MS";
+const INDEX: &str = "SEAWALL_REDIS_INDEX";
+
+fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| panic!("child without {name}"))
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64
+}
+
+/// The entry point of every child process; does nothing in a normal run.
+#[test]
+fn child() {
+    let Ok(role) = std::env::var(ROLE) else { return };
+    let store = RedisStore::builder(env(URL))
+        .prefix(env(PREFIX))
+        .timeout(Duration::from_secs(2))
+        .fail_closed()
+        .build()
+        .unwrap();
+    if let Ok(start) = std::env::var(START) {
+        let start: u64 = start.parse().unwrap();
+        let now = unix_ms();
+        if start > now {
+            std::thread::sleep(Duration::from_millis(start - now));
+        }
+    }
+    let index: u32 = std::env::var(INDEX).ok().and_then(|i| i.parse().ok()).unwrap_or(0);
+    match role.as_str() {
+        "rate" => child_rate(store, index),
+        "bulkhead" => child_bulkhead(store),
+        "observe" => child_observe(store),
+        "trip" => child_trip(store),
+        "hold" => child_hold(store),
+        other => panic!("unknown child role {other}"),
+    }
+}
+
+fn spawn(role: &str, server: &RedisServer, prefix: &str, index: u32, start_ms: Option<u64>) -> Child {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--exact", "cross_process::child", "--nocapture", "--test-threads", "1", "-q"])
+        .env(ROLE, role)
+        .env(URL, server.url())
+        .env(PREFIX, prefix)
+        .env(INDEX, index.to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    if let Some(ms) = start_ms {
+        cmd.env(START, ms.to_string());
+    }
+    cmd.spawn().expect("spawn a child process")
+}
+
+/// Waits for a child (at most 60 s) and returns its `@@ ` lines.
+fn finish(mut child: Child) -> Vec<String> {
+    let stdout = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+            .filter_map(|l| l.strip_prefix("@@ ").map(str::to_owned))
+            .collect::<Vec<_>>()
+    });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            assert!(status.success(), "child failed: {status}");
+            break;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("child did not finish in 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    reader.join().unwrap()
+}
+
+/// `key=value` fields of a result line.
+fn field(line: &str, key: &str) -> u64 {
+    line.split_whitespace()
+        .find_map(|kv| kv.strip_prefix(&format!("{key}=")))
+        .unwrap_or_else(|| panic!("no {key} in {line:?}"))
+        .parse()
+        .unwrap()
+}
+
+// ------------------------------------------------------------ rate limit
+
+const RATE_LIMIT: u32 = 40;
+const RATE_TRIES: u32 = 60;
+
+fn rate_pipelines(store: &RedisStore) -> [Pipeline; 3] {
+    let hour = Duration::from_secs(3600);
+    let build = |name: &str, limiter: RateLimiter| {
+        Pipeline::builder(name).rate_limiter(limiter).store(store.clone()).build().unwrap()
+    };
+    [
+        build("fixed", RateLimiter::fixed_window(RATE_LIMIT, hour)),
+        build("sliding", RateLimiter::sliding_window(RATE_LIMIT, hour)),
+        build("gcra", RateLimiter::gcra(RATE_LIMIT, hour)),
+    ]
+}
+
+fn child_rate(store: RedisStore, index: u32) {
+    let pipelines = rate_pipelines(&store);
+    let mut admitted = [0u32; 3];
+    let count = |r: Result<(), Error<std::io::Error>>| match r {
+        Ok(()) => 1,
+        Err(e) => {
+            assert_eq!(e.rejection().map(|r| r.reason), Some(RejectionReason::RateLimited), "{e}");
+            0
+        }
+    };
+    if index % 2 == 0 {
+        for _ in 0..RATE_TRIES {
+            for (i, p) in pipelines.iter().enumerate() {
+                admitted[i] += count(p.call(|_| Ok(())));
+            }
+        }
+    } else {
+        rt().block_on(async {
+            for _ in 0..RATE_TRIES {
+                for (i, p) in pipelines.iter().enumerate() {
+                    admitted[i] += count(p.run(|_| async { Ok(()) }).await);
+                }
+            }
+        });
+    }
+    println!("@@ fixed={} sliding={} gcra={}", admitted[0], admitted[1], admitted[2]);
+}
+
+#[test]
+fn four_processes_admit_exactly_the_rate_limit() {
+    let server = RedisServer::start();
+    let prefix = unique("xrate");
+    let start = unix_ms() + 1000;
+    let children: Vec<Child> = (0..4).map(|i| spawn("rate", &server, &prefix, i, Some(start))).collect();
+    let lines: Vec<String> = children.into_iter().flat_map(finish).collect();
+    assert_eq!(lines.len(), 4, "{lines:?}");
+    for algorithm in ["fixed", "sliding", "gcra"] {
+        let total: u64 = lines.iter().map(|l| field(l, algorithm)).sum();
+        assert_eq!(total, u64::from(RATE_LIMIT), "{algorithm}: {lines:?}");
+        // Contention: more than one process got permits.
+        let winners = lines.iter().filter(|l| field(l, algorithm) > 0).count();
+        assert!(winners >= 2, "{algorithm}: {lines:?}");
+    }
+}
+
+// -------------------------------------------------------------- bulkhead
+
+const BULKHEAD: u32 = 3;
+
+fn child_bulkhead(store: RedisStore) {
+    let p = Pipeline::builder("pool")
+        .bulkhead(Bulkhead::new(BULKHEAD).lease(Duration::from_secs(10)))
+        .store(store)
+        .build()
+        .unwrap();
+    // The operation counts itself in and out in Redis: the largest count
+    // seen is the most attempts ever inside the bulkhead at once.
+    let client = redis::Client::open(env(URL)).unwrap();
+    let mut conn = client.get_connection_with_timeout(Duration::from_secs(2)).unwrap();
+    let counter = format!("{}:inside", env(PREFIX));
+    let (mut admitted, mut rejected, mut max) = (0u64, 0u64, 0i64);
+    let until = Instant::now() + Duration::from_millis(1500);
+    while Instant::now() < until {
+        let r = p.call(|_| {
+            let inside: i64 = redis::cmd("INCR").arg(&counter).query(&mut conn).unwrap();
+            max = max.max(inside);
+            std::thread::sleep(Duration::from_millis(10));
+            let _: i64 = redis::cmd("DECR").arg(&counter).query(&mut conn).unwrap();
+            Ok::<_, std::io::Error>(())
+        });
+        match r {
+            Ok(()) => admitted += 1,
+            Err(e) => {
+                assert_eq!(e.rejection().map(|r| r.reason), Some(RejectionReason::BulkheadFull), "{e}");
+                rejected += 1;
+            }
+        }
+    }
+    println!("@@ admitted={admitted} rejected={rejected} max={max}");
+}
+
+#[test]
+fn four_processes_never_exceed_the_bulkhead() {
+    let server = RedisServer::start();
+    let prefix = unique("xbulkhead");
+    let start = unix_ms() + 1000;
+    let children: Vec<Child> = (0..4).map(|i| spawn("bulkhead", &server, &prefix, i, Some(start))).collect();
+    let lines: Vec<String> = children.into_iter().flat_map(finish).collect();
+    assert_eq!(lines.len(), 4, "{lines:?}");
+    let max = lines.iter().map(|l| field(l, "max")).max().unwrap();
+    let admitted: u64 = lines.iter().map(|l| field(l, "admitted")).sum();
+    let rejected: u64 = lines.iter().map(|l| field(l, "rejected")).sum();
+    assert!(max <= u64::from(BULKHEAD), "{max} attempts at once: {lines:?}");
+    assert!(max >= 2, "no contention: {lines:?}");
+    assert!(admitted > 20 && rejected > 0, "{lines:?}");
+    // Everything given back.
+    let store = RedisStore::builder(server.url()).prefix(&prefix).build().unwrap();
+    let p = Pipeline::builder("pool")
+        .bulkhead(Bulkhead::new(BULKHEAD).lease(Duration::from_secs(10)))
+        .store(store)
+        .build()
+        .unwrap();
+    assert_eq!(p.in_flight().unwrap(), 0);
+}
+
+// --------------------------------------------------------------- circuit
+
+fn circuit_pipeline(store: RedisStore) -> Pipeline {
+    Pipeline::builder("flaky")
+        .circuit_breaker(CircuitBreaker::consecutive_failures(3).cooldown(Duration::from_secs(60)))
+        .store(store)
+        .build()
+        .unwrap()
+}
+
+fn child_observe(store: RedisStore) {
+    let p = circuit_pipeline(store);
+    let mut successes = 0;
+    let until = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < until {
+        match p.call(|_| Ok::<_, std::io::Error>(())) {
+            Ok(()) => successes += 1,
+            Err(e) => {
+                let reason = e.rejection().map(|r| r.reason);
+                assert_eq!(reason, Some(RejectionReason::CircuitOpen), "{e}");
+                println!("@@ rejected=1 successes={successes}");
+                return;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    println!("@@ rejected=0 successes={successes}");
+}
+
+fn child_trip(store: RedisStore) {
+    let p = circuit_pipeline(store);
+    for attempt in 1..=10u32 {
+        match p.call(|_| Err::<(), _>(std::io::Error::other("down"))) {
+            Err(Error::Operation(_)) => {}
+            Err(e) if e.rejection().is_some_and(|r| r.reason == RejectionReason::CircuitOpen) => {
+                println!("@@ rejected_at={attempt}");
+                return;
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    println!("@@ rejected_at=0");
+}
+
+#[test]
+fn one_process_failures_open_the_circuit_for_all() {
+    let server = RedisServer::start();
+    let prefix = unique("xcircuit");
+    let observers: Vec<Child> = (0..3).map(|i| spawn("observe", &server, &prefix, i, None)).collect();
+    // Let the observers succeed a few times first.
+    std::thread::sleep(Duration::from_millis(700));
+    let tripper = spawn("trip", &server, &prefix, 3, None);
+    let trip = finish(tripper);
+    assert_eq!(trip.len(), 1);
+    assert_eq!(field(&trip[0], "rejected_at"), 4, "three failures open, the fourth call is rejected");
+    for child in observers {
+        let lines = finish(child);
+        assert_eq!(lines.len(), 1);
+        assert_eq!(field(&lines[0], "rejected"), 1, "observer saw the open circuit: {lines:?}");
+        assert!(field(&lines[0], "successes") > 0, "{lines:?}");
+    }
+    let p = circuit_pipeline(RedisStore::builder(server.url()).prefix(&prefix).build().unwrap());
+    assert_eq!(p.circuit_state().unwrap(), CircuitState::Open);
+}
+
+// ------------------------------------------------------- killed holder
+
+const LEASE: Duration = Duration::from_secs(2);
+
+fn lease_pipeline(store: RedisStore) -> Pipeline {
+    Pipeline::builder("leased")
+        .bulkhead(Bulkhead::new(1).lease(LEASE))
+        .store(store)
+        .build()
+        .unwrap()
+}
+
+fn child_hold(store: RedisStore) {
+    let p = lease_pipeline(store);
+    let _ = p.call(|_| {
+        println!("@@ holding");
+        use std::io::Write;
+        std::io::stdout().flush().unwrap();
+        std::thread::sleep(Duration::from_secs(30));
+        Ok::<_, std::io::Error>(())
+    });
+}
+
+#[test]
+fn a_killed_holder_s_slot_returns_after_the_lease_and_not_before() {
+    let server = RedisServer::start();
+    let prefix = unique("xlease");
+    let mut holder = spawn("hold", &server, &prefix, 0, None);
+    let mut lines = BufReader::new(holder.stdout.take().unwrap()).lines();
+    let held = loop {
+        let line = lines.next().expect("child output").unwrap();
+        if line == "@@ holding" {
+            break Instant::now();
+        }
+    };
+    // SIGKILL: no release, no record, nothing in the child runs again.
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+
+    let p = lease_pipeline(RedisStore::builder(server.url()).prefix(&prefix).fail_closed().build().unwrap());
+    let full = |p: &Pipeline| {
+        p.call(|_| Ok::<_, std::io::Error>(()))
+            .err()
+            .is_some_and(|e| e.rejection().is_some_and(|r| r.reason == RejectionReason::BulkheadFull))
+    };
+    assert!(full(&p), "the dead child's slot is still leased");
+    assert_eq!(p.in_flight().unwrap(), 1);
+    std::thread::sleep(Duration::from_millis(1200).saturating_sub(held.elapsed()));
+    assert!(full(&p), "not before the lease ends (1.2 s after the slot was taken)");
+    let back = loop {
+        if !full(&p) {
+            break held.elapsed();
+        }
+        assert!(held.elapsed() < LEASE + Duration::from_secs(2), "slot never came back");
+        std::thread::sleep(Duration::from_millis(25));
+    };
+    assert!(
+        back >= LEASE - Duration::from_millis(150) && back <= LEASE + Duration::from_millis(700),
+        "slot came back {back:?} after it was taken (lease {LEASE:?})"
+    );
+    assert_eq!(p.in_flight().unwrap(), 0);
+}

@@ -1,0 +1,260 @@
+//! Pipelines on a Redis store: async `run` and sync `call`, shared state
+//! between stores, key layout and TTLs, permits given back on cancellation
+//! and panic, leaked probes.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use seawall::store::{AdmitRequest, Outcome, Record, ResourceSpec};
+use seawall::{
+    Bulkhead, CircuitBreaker, CircuitState, Cooldown, Error, Pipeline, RateLimiter, RejectionReason,
+    Retry, StateStore, Verdict,
+};
+use seawall_redis::RedisStore;
+
+use crate::support::{rt, unique, RedisServer};
+
+fn io(msg: &str) -> std::io::Error {
+    std::io::Error::other(msg.to_owned())
+}
+
+#[test]
+fn two_stores_share_one_circuit_async_and_sync() {
+    let server = RedisServer::start();
+    let prefix = unique("share");
+    let store = |p: &str| RedisStore::builder(server.url()).prefix(p).fail_closed().build().unwrap();
+    let breaker = CircuitBreaker::consecutive_failures(2).cooldown(Duration::from_secs(30));
+    // Two stores with their own connections stand for two processes.
+    let a = Pipeline::builder("orders")
+        .circuit_breaker(breaker.clone())
+        .store(store(&prefix))
+        .build()
+        .unwrap();
+    let b = Pipeline::builder("orders")
+        .circuit_breaker(breaker)
+        .store(store(&prefix))
+        .build()
+        .unwrap();
+
+    let rt = rt();
+    rt.block_on(async {
+        for _ in 0..2 {
+            let r: Result<(), _> = a.run(|_| async { Err(io("down")) }).await;
+            assert!(matches!(r, Err(Error::Operation(_))), "{r:?}");
+        }
+    });
+    assert_eq!(a.circuit_state().unwrap(), CircuitState::Open);
+    assert_eq!(b.circuit_state().unwrap(), CircuitState::Open);
+    let called = AtomicU32::new(0);
+    let r = b.call(|_| {
+        called.fetch_add(1, Ordering::Relaxed);
+        Ok::<_, std::io::Error>(())
+    });
+    let rejection = r.unwrap_err();
+    assert_eq!(rejection.rejection().map(|r| r.reason), Some(RejectionReason::CircuitOpen));
+    let retry_after = rejection.rejection().and_then(|r| r.retry_after).unwrap();
+    assert!(retry_after > Duration::from_secs(29) && retry_after <= Duration::from_secs(30));
+    assert_eq!(called.load(Ordering::Relaxed), 0, "the operation is not called");
+
+    // Another prefix is another world.
+    let other = Pipeline::builder("orders")
+        .circuit_breaker(CircuitBreaker::consecutive_failures(2))
+        .store(store(&unique("other")))
+        .build()
+        .unwrap();
+    assert_eq!(other.circuit_state().unwrap(), CircuitState::Closed);
+
+    b.reset().unwrap();
+    assert_eq!(a.circuit_state().unwrap(), CircuitState::Closed);
+    assert_eq!(a.call(|_| Ok::<_, std::io::Error>(5)).unwrap(), 5);
+    assert_eq!(rt.block_on(b.run(|_| async { Ok::<_, std::io::Error>(6) })).unwrap(), 6);
+}
+
+#[test]
+fn full_chain_runs_sync_and_async_with_partitions() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder(server.url()).prefix(unique("chain")).fail_closed().build().unwrap();
+    let p = Pipeline::builder("search")
+        .retry(Retry::constant(Duration::from_millis(1)).max_attempts(3))
+        .circuit_breaker(CircuitBreaker::failure_rate(0.5).count_window(20).minimum_calls(10))
+        .timeout(Duration::from_secs(1))
+        .bulkhead(Bulkhead::new(4).lease(Duration::from_secs(5)))
+        .cooldown(Cooldown::new())
+        .rate_limiter(RateLimiter::sliding_window(1000, Duration::from_secs(1)))
+        .store(store)
+        .build()
+        .unwrap();
+    let mut tries = 0;
+    let n = p
+        .call(|_| {
+            tries += 1;
+            if tries < 3 { Err(io("flaky")) } else { Ok(tries) }
+        })
+        .unwrap();
+    assert_eq!(n, 3);
+    let m = p.circuit_metrics().unwrap();
+    assert_eq!((m.calls, m.failures), (3, 2));
+    assert_eq!(p.in_flight().unwrap(), 0);
+
+    let rt = rt();
+    let tenant = p.partition("tenant-1");
+    let v = rt.block_on(tenant.run(|ctx| async move { Ok::<_, std::io::Error>(ctx.attempt()) })).unwrap();
+    assert_eq!(v, 1);
+    assert_eq!(tenant.in_flight().unwrap(), 0);
+    assert_eq!(tenant.circuit_metrics().unwrap().calls, 1);
+    assert_eq!(p.circuit_metrics().unwrap().calls, 3, "the partition has its own window");
+}
+
+#[test]
+fn every_key_has_a_ttl_and_one_hash_tag() {
+    let server = RedisServer::start();
+    let prefix = unique("ttl");
+    let store = RedisStore::builder(server.url()).prefix(&prefix).fail_closed().build().unwrap();
+    let specs = [
+        ResourceSpec::new("a")
+            .with_circuit(CircuitBreaker::failure_rate(0.5).count_window(10).minimum_calls(2))
+            .with_bulkhead(Bulkhead::new(3))
+            .with_cooldown(Cooldown::new())
+            .with_rate_limit(RateLimiter::sliding_window(10, Duration::from_secs(1))),
+        ResourceSpec::new("b")
+            .with_circuit(CircuitBreaker::failure_rate(0.5).window(Duration::from_secs(5)).minimum_calls(2))
+            .with_rate_limit(RateLimiter::fixed_window(10, Duration::from_secs(1))),
+        ResourceSpec::new("c")
+            .with_circuit(CircuitBreaker::consecutive_failures(1))
+            .with_rate_limit(RateLimiter::gcra(10, Duration::from_secs(1))),
+    ];
+    let key = seawall::PartitionKey::from("t:1");
+    for spec in &specs {
+        let r = store.bind(spec).unwrap();
+        for partition in [None, Some(&key)] {
+            for outcome in [Outcome::Failure, Outcome::Success, Outcome::Failure] {
+                let now = Duration::ZERO;
+                if let Ok(permit) = r.admit(&AdmitRequest { partition, now }).unwrap().decision {
+                    r.record(&Record {
+                        partition,
+                        permit,
+                        outcome,
+                        duration: Duration::ZERO,
+                        retry_after: Some(Duration::from_millis(1)),
+                        now,
+                    })
+                    .unwrap();
+                }
+            }
+            // An admission that half-opens nothing, and one left in flight.
+            let _ = r.admit(&AdmitRequest { partition, now: Duration::ZERO }).unwrap();
+        }
+    }
+    let mut conn = server.conn();
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
+    assert!(keys.len() >= 12, "{keys:?}");
+    for k in &keys {
+        let pttl: i64 = redis::cmd("PTTL").arg(k).query(&mut conn).unwrap();
+        assert!(pttl > 0, "{k} has no TTL ({pttl})");
+        assert!(k.starts_with(&format!("{{{prefix}:")), "{k}");
+        let tag = &k[..=k.find('}').unwrap()];
+        assert!(
+            [format!("{{{prefix}:a}}"), format!("{{{prefix}:a:s:t%3A1}}"), format!("{{{prefix}:b}}"),
+             format!("{{{prefix}:b:s:t%3A1}}"), format!("{{{prefix}:c}}"), format!("{{{prefix}:c:s:t%3A1}}")]
+                .contains(&tag.to_owned()),
+            "{k}"
+        );
+    }
+}
+
+#[test]
+fn cancelled_and_panicked_attempts_give_their_slot_back() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder(server.url()).prefix(unique("cancel")).fail_closed().build().unwrap();
+    let p = Pipeline::builder("slow")
+        .bulkhead(Bulkhead::new(1).lease(Duration::from_secs(30)))
+        .store(store)
+        .build()
+        .unwrap();
+
+    // Async: the caller drops the future mid-operation; the release runs in
+    // the background on the runtime.
+    let rt = rt();
+    rt.block_on(async {
+        let call = p.run(|_| async {
+            tokio::time::sleep(Duration::from_secs(10)).await;
+            Ok::<_, std::io::Error>(())
+        });
+        assert!(tokio::time::timeout(Duration::from_millis(100), call).await.is_err());
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while p.in_flight().unwrap() != 0 {
+            assert!(Instant::now() < deadline, "slot not given back");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        p.run(|_| async { Ok::<_, std::io::Error>(()) }).await.unwrap();
+    });
+
+    // Sync: the operation panics; the slot is given back during unwinding.
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _ = p.call(|_| -> Result<(), std::io::Error> { panic!("boom") });
+    }));
+    assert!(panicked.is_err());
+    assert_eq!(p.in_flight().unwrap(), 0);
+    p.call(|_| Ok::<_, std::io::Error>(())).unwrap();
+}
+
+#[test]
+fn a_probe_that_never_reports_is_replaced_after_the_probe_lease() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder(server.url())
+        .prefix(unique("probe"))
+        .probe_lease(Duration::from_millis(300))
+        .fail_closed()
+        .build()
+        .unwrap();
+    let spec = ResourceSpec::new("probed")
+        .with_circuit(CircuitBreaker::consecutive_failures(1).cooldown(Duration::from_millis(100)));
+    let r = store.bind(&spec).unwrap();
+    let admit = || r.admit(&AdmitRequest { partition: None, now: Duration::ZERO }).unwrap();
+    let p = admit().decision.unwrap();
+    let rec = |permit, outcome| {
+        r.record(&Record {
+            partition: None,
+            permit,
+            outcome,
+            duration: Duration::ZERO,
+            retry_after: None,
+            now: Duration::ZERO,
+        })
+        .unwrap()
+    };
+    assert!(rec(p, Outcome::Failure).transition.is_some());
+    std::thread::sleep(Duration::from_millis(120));
+    let lost = admit().decision.unwrap();
+    assert!(lost.probe, "half-open probe");
+    // Its process dies: no record, no release.
+    assert!(admit().decision.is_err(), "the probe slot is taken");
+    std::thread::sleep(Duration::from_millis(320));
+    let fresh = admit().decision.unwrap();
+    assert!(fresh.probe && fresh.generation != lost.generation);
+    // The lost probe reporting late changes nothing.
+    assert_eq!(rec(lost, Outcome::Failure).transition, None);
+    assert_eq!(rec(fresh, Outcome::Success).transition, Some(seawall::breaker::CircuitTransition::Closed));
+}
+
+#[test]
+fn a_cooldown_hint_pauses_other_stores_calls() {
+    let server = RedisServer::start();
+    let prefix = unique("cooldown");
+    let build = || {
+        Pipeline::builder("rate-limited-api")
+            .cooldown(Cooldown::new().max_wait(Duration::ZERO))
+            .classify(|_: &std::io::Error| Verdict::failure().with_retry_after(Duration::from_secs(20)))
+            .store(RedisStore::builder(server.url()).prefix(&prefix).fail_closed().build().unwrap())
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (build(), build());
+    let r = a.call(|_| Err::<(), _>(io("429")));
+    assert!(matches!(r, Err(Error::Operation(_))));
+    let r = b.call(|_| Ok::<_, std::io::Error>(()));
+    let rejection = r.unwrap_err();
+    let rejection = rejection.rejection().unwrap();
+    assert_eq!(rejection.reason, RejectionReason::CooldownActive);
+    assert!(rejection.retry_after.unwrap() > Duration::from_secs(19));
+}

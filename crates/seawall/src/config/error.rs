@@ -1,0 +1,136 @@
+//! Errors of configuration loading.
+
+use std::fmt;
+use std::io;
+use std::path::PathBuf;
+
+use crate::error::ConfigError;
+
+/// Where in a configuration an error is: the file (or `<string>`), and the
+/// line and column when known (1-based). Displays as `file:line:column`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Location {
+    /// The file's path as given, or `<string>`.
+    pub origin: String,
+    /// The line, from 1.
+    pub line: Option<usize>,
+    /// The column, from 1, in characters.
+    pub column: Option<usize>,
+}
+
+impl Location {
+    pub(crate) fn new(origin: String, position: Option<(usize, usize)>) -> Self {
+        Location {
+            origin,
+            line: position.map(|p| p.0),
+            column: position.map(|p| p.1),
+        }
+    }
+}
+
+impl fmt::Display for Location {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.origin)?;
+        if let Some(line) = self.line {
+            write!(f, ":{line}")?;
+            if let Some(column) = self.column {
+                write!(f, ":{column}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Why a configuration could not be loaded.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LoadError {
+    /// The file could not be read.
+    #[error("cannot read {}: {source}", .path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The error of the file system.
+        #[source]
+        source: io::Error,
+    },
+    /// The file's extension is none of `.toml`, `.yaml`, `.yml`.
+    #[error("{}: unknown configuration format: expected a .toml, .yaml or .yml file", .path.display())]
+    UnknownFormat {
+        /// The file.
+        path: PathBuf,
+    },
+    /// Bad syntax, an unknown field, a value of the wrong type, a bad
+    /// duration or an unknown policy name.
+    #[error("{location}: {}{message}", field_prefix(.field))]
+    Parse {
+        /// Where.
+        location: Location,
+        /// The dotted path of the field, e.g. `pipelines.payments.retry.delay`
+        /// (empty when the error is not inside a field).
+        field: String,
+        /// What is wrong, as the parser says it.
+        message: String,
+    },
+    /// The pipeline builder refused a value, or the `policies` list does not
+    /// match the sections.
+    #[error("{location}: pipeline `{pipeline}`: {error}")]
+    Invalid {
+        /// Where: the offending key, in the pipeline's entry or in `default`.
+        location: Location,
+        /// The pipeline.
+        pipeline: String,
+        /// The builder's error, naming the policy, the field and the rule.
+        error: ConfigError,
+    },
+}
+
+fn field_prefix(field: &str) -> String {
+    if field.is_empty() {
+        String::new()
+    } else {
+        format!("{field}: ")
+    }
+}
+
+impl LoadError {
+    /// Where the error is, for every error but [`Io`](Self::Io) and
+    /// [`UnknownFormat`](Self::UnknownFormat).
+    pub fn location(&self) -> Option<&Location> {
+        match self {
+            LoadError::Parse { location, .. } | LoadError::Invalid { location, .. } => {
+                Some(location)
+            }
+            LoadError::Io { .. } | LoadError::UnknownFormat { .. } => None,
+        }
+    }
+
+    /// The line of the error, when known (1-based).
+    pub fn line(&self) -> Option<usize> {
+        self.location().and_then(|l| l.line)
+    }
+}
+
+/// No pipeline of the name asked for is configured.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("no pipeline named `{name}` is configured (configured: {})", list(.configured))]
+#[non_exhaustive]
+pub struct UnknownPipeline {
+    /// The name asked for.
+    pub name: String,
+    /// The names that are configured, sorted.
+    pub configured: Vec<String>,
+}
+
+fn list(names: &[String]) -> String {
+    if names.is_empty() {
+        "none".to_owned()
+    } else {
+        names
+            .iter()
+            .map(|n| format!("`{n}`"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}

@@ -1,0 +1,391 @@
+//! Pipelines from configuration files (feature `serde`): named pipelines in
+//! TOML or YAML, loaded into a [`Registry`] that hands them out by name and
+//! reloads them at run time.
+//!
+//! ```
+//! use seawall::config::{Format, Registry};
+//! use seawall::MemoryStore;
+//!
+//! const CONFIG: &str = r#"
+//! [default.retry]
+//! max_attempts = 3
+//! backoff = "exponential"
+//! delay = "100ms"
+//! cap = "2s"
+//! jitter = "full"
+//!
+//! [pipelines.payments]
+//! policies = ["timeout", "retry", "attempt_timeout", "circuit_breaker"]
+//! timeout = "10s"
+//! attempt_timeout = "2s"
+//! retry = { max_attempts = 5 }
+//! circuit_breaker = { failure_rate = 0.5, minimum_calls = 20, window = "60s" }
+//!
+//! [pipelines.search]
+//! timeout = "500ms"
+//! "#;
+//!
+//! let registry = Registry::builder()
+//!     .store(MemoryStore::new())
+//!     .load_str(Format::Toml, CONFIG)?;
+//! let payments = registry.pipeline("payments")?;
+//! let n = payments.call(|_ctx| Ok::<_, std::io::Error>(42))?;
+//! assert_eq!(n, 42);
+//! assert!(registry.get("checkout").is_none());
+//! # Ok::<_, Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! # The file
+//! Two top-level keys, both optional:
+//! - `pipelines`: one entry per pipeline, keyed by its name (the resource
+//!   name that keys the pipeline's shared state);
+//! - `default`: the same settings as a pipeline entry, inherited by every
+//!   pipeline **field by field**: a pipeline that sets `retry.max_attempts`
+//!   keeps the `delay`, `backoff` and `jitter` of `default.retry`. `default`
+//!   is a template, not a pipeline.
+//!
+//! Unknown keys are errors. Durations are strings: `"200ms"`, `"30s"`,
+//! `"1m"`, `"1h 30m"` (any unit of [`humantime`]: `ns`, `us`, `ms`, `s`,
+//! `m`, `h`, `d`, ...).
+//!
+//! ## Pipeline entry
+//! | key | value |
+//! | --- | --- |
+//! | `policies` | the policies in force, in declaration order, outermost first (see below) |
+//! | `timeout` | bounds the whole call: a duration, or `{ duration = "5s", strict = true }` |
+//! | `attempt_timeout` | bounds each attempt (needs `retry`); same forms as `timeout` |
+//! | `retry` | table, below |
+//! | `circuit_breaker` | table, below |
+//! | `bulkhead` | table, below |
+//! | `cooldown` | table, below (`{}` for the defaults) |
+//! | `rate_limiter` | table, below |
+//! | `partition_idle` | duration: idle partitions are evicted after it (default `10m`) |
+//!
+//! `strict = true` makes a late synchronous success an error
+//! ([`Timeout::strict`](crate::Timeout::strict)).
+//!
+//! ## Order of policies
+//! `policies` lists the policies in force in declaration order, as the
+//! builder would declare them: `["timeout", "retry", "attempt_timeout",
+//! "circuit_breaker", "bulkhead", "cooldown", "rate_limiter"]` is the full
+//! list. The list must read the way the pipeline nests: `timeout` (the
+//! whole call) before `retry`, `attempt_timeout` and the stateful policies
+//! after it. Inside one attempt the stateful policies are always checked in
+//! the order circuit breaker, bulkhead, cooldown, rate limiter.
+//!
+//! - Without `policies` (here or in `default`), every policy the pipeline
+//!   configures (itself or through `default`) is in force, in the order of
+//!   the full list above.
+//! - With `policies`, exactly the listed policies are in force: a section
+//!   inherited from `default` but not listed is left out (this is how a
+//!   pipeline drops a default policy), a section the pipeline sets itself
+//!   but does not list is an error, and a listed policy needs a section
+//!   (`cooldown` excepted: it has defaults for everything).
+//! - `policies` itself is inherited from `default` as a whole.
+//!
+//! ## `retry`
+//! | key | value | default |
+//! | --- | --- | --- |
+//! | `max_attempts` | attempts in all, the first included | `3` |
+//! | `backoff` | `"constant"`, `"linear"`, `"exponential"` or `"decorrelated"` | `"exponential"` |
+//! | `delay` | the first delay (constant: every delay) | required |
+//! | `multiplier` | growth factor, exponential only | `2.0` |
+//! | `cap` | largest delay before jitter, not for constant | none |
+//! | `jitter` | `"none"`, `"full"`, `"equal"` or a percentage `"20%"` (proportional, ±20%) | `"none"` |
+//! | `budget` | `{ ratio = 0.2, max_tokens = 10 }`: retries limited to a share of calls | none; `max_tokens` 10 |
+//!
+//! A retry budget keeps its tokens across a reload that does not change it.
+//!
+//! ## `circuit_breaker`
+//! | key | value | default |
+//! | --- | --- | --- |
+//! | `consecutive_failures` | mode: opens after N failures in a row | |
+//! | `count_window` | mode: judges the last N calls | `100` |
+//! | `window` | mode: judges the calls of the last duration (whole seconds) | |
+//! | `failure_rate` | opens at this failure rate, in (0, 1] (window modes) | `0.5` |
+//! | `minimum_calls` | calls needed before judging (window modes) | `20` |
+//! | `slow_call_rate` | opens at this slow-call rate, in (0, 1] (window modes) | none |
+//! | `slow_call_duration` | a call at least this long is slow | `60s` |
+//! | `cooldown` | open time before probes | `30s` |
+//! | `cooldown_growth`, `max_cooldown` | cooldown factor per repeated trip, and its cap (set both) | none |
+//! | `half_open_calls` | probes admitted while half-open | `1` |
+//!
+//! Set one mode key at most (`count_window = 100` without one). A pipeline
+//! that sets a mode key replaces the mode of `default` as a whole.
+//!
+//! ## `bulkhead`
+//! `max_concurrent` (required), `max_queued` (default `0`), `max_wait`
+//! (default `0s`: reject at once), `lease` (default `60s`).
+//!
+//! ## `cooldown`
+//! `max_pause` (default `5m`), `max_wait` (default `30s`), `grace` (default
+//! `60s`).
+//!
+//! ## `rate_limiter`
+//! `algorithm` (`"gcra"`, the default, `"fixed_window"` or
+//! `"sliding_window"`), `limit` and `period` (required), `burst` (GCRA only,
+//! default `limit`), `max_wait` (default `0s`).
+//!
+//! A field that applies only to another kind (say `multiplier` with a
+//! constant backoff, `burst` with a fixed window, `failure_rate` with
+//! `consecutive_failures`) is an error, unless it is inherited from
+//! `default` by a pipeline that picked another kind itself.
+//!
+//! ## YAML
+//! The same structure:
+//!
+//! ```yaml
+//! default:
+//!   retry: { max_attempts: 3, delay: 100ms, jitter: full }
+//! pipelines:
+//!   payments:
+//!     policies: [timeout, retry, circuit_breaker]
+//!     timeout: 10s
+//!     circuit_breaker:
+//!       consecutive_failures: 5
+//!       cooldown: 30s
+//! ```
+//!
+//! # Errors
+//! Every error names the file (or `<string>`), the line and column, and the
+//! field: a syntax error, an unknown field, a value of the wrong type or an
+//! unparsable duration is a [`LoadError::Parse`]:
+//!
+//! ```text
+//! seawall.toml:7:1: pipelines.payments.retry.max_attempt: unknown field `max_attempt`, expected one of ...
+//! ```
+//!
+//! A value the pipeline builder refuses is a [`LoadError::Invalid`] with
+//! the builder's own [`ConfigError`](crate::ConfigError), located at the
+//! offending key (in the pipeline's entry, or in `default` when inherited):
+//!
+//! ```text
+//! seawall.toml:7:16: pipeline `payments`: retry.max_attempts must be >= 1, got 0
+//! ```
+//!
+//! # Reloading
+//! [`Registry::reload_file`] and [`Registry::reload_str`] replace every
+//! pipeline at once, or none: a configuration that fails to load keeps the
+//! old pipelines and returns the error. New calls get the new settings
+//! (re-[`get`](Registry::get) the pipeline, or hold a [`PipelineHandle`],
+//! which always serves the latest); calls in flight finish on the pipeline
+//! they started with. With the default [`MemoryStore`](crate::MemoryStore),
+//! a reload that leaves a policy's settings unchanged keeps its state: an
+//! open circuit stays open when only the retry changed. With the feature
+//! `watch`, [`Registry::watch`] polls the file and reloads it when it
+//! changes.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::error::{ConfigError, StoreError};
+use crate::pipeline::PipelineBuilder;
+use crate::store::{ResourceSpec, ResourceState, StateStore};
+use crate::Pipeline;
+
+mod error;
+mod raw;
+mod registry;
+mod source;
+
+pub use error::{LoadError, Location, UnknownPipeline};
+#[cfg(feature = "watch")]
+pub use registry::Watcher;
+pub use registry::{PipelineHandle, Registry, RegistryBuilder};
+
+use raw::Resolved;
+
+/// The syntax of a configuration file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Format {
+    /// TOML.
+    Toml,
+    /// YAML.
+    Yaml,
+}
+
+impl Format {
+    /// The format of a file by its extension: `.toml`, `.yaml` or `.yml`.
+    ///
+    /// ```
+    /// use seawall::config::Format;
+    /// assert_eq!(Format::from_path("conf/seawall.yml"), Some(Format::Yaml));
+    /// assert_eq!(Format::from_path("seawall.ini"), None);
+    /// ```
+    pub fn from_path(path: impl AsRef<Path>) -> Option<Format> {
+        let ext = path.as_ref().extension()?.to_str()?.to_ascii_lowercase();
+        match ext.as_str() {
+            "toml" => Some(Format::Toml),
+            "yaml" | "yml" => Some(Format::Yaml),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Format {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Format::Toml => "TOML",
+            Format::Yaml => "YAML",
+        })
+    }
+}
+
+/// A parsed and validated configuration: the settings of every named
+/// pipeline, with `default` applied.
+///
+/// A [`Registry`] builds its pipelines from it; [`Config::builder`] hands out
+/// a pipeline's builder, to which code-only parts (a classifier, a fallback)
+/// can still be added.
+///
+/// ```
+/// use seawall::config::{Config, Format};
+///
+/// let config = Config::parse(Format::Yaml, "
+/// pipelines:
+///   users:
+///     retry: { delay: 50ms }
+/// ")?;
+/// assert_eq!(config.names().collect::<Vec<_>>(), ["users"]);
+/// let users = config
+///     .builder("users")
+///     .expect("configured")
+///     .classify(|_: &std::io::Error| seawall::Verdict::retry())
+///     .build()?;
+/// # let _ = users;
+/// # Ok::<_, Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct Config {
+    origin: Arc<str>,
+    format: Format,
+    text: Arc<str>,
+    pipelines: BTreeMap<String, Resolved>,
+}
+
+impl Config {
+    /// Parses and validates a configuration held in a string (reported as
+    /// `<string>` in errors).
+    ///
+    /// # Errors
+    /// A [`LoadError::Parse`] for bad syntax, unknown fields, wrong types
+    /// and bad durations; a [`LoadError::Invalid`] for values the pipeline
+    /// builder refuses.
+    pub fn parse(format: Format, text: &str) -> Result<Config, LoadError> {
+        Self::parse_from("<string>", format, text)
+    }
+
+    /// Reads, parses and validates a file; the format is chosen by its
+    /// extension (`.toml`, `.yaml`, `.yml`).
+    ///
+    /// # Errors
+    /// As for [`parse`](Self::parse), plus [`LoadError::Io`] and
+    /// [`LoadError::UnknownFormat`].
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Config, LoadError> {
+        let (format, text) = source::read(path.as_ref())?;
+        Self::parse_from(&path.as_ref().display().to_string(), format, &text)
+    }
+
+    fn empty() -> Config {
+        Config {
+            origin: "<none>".into(),
+            format: Format::Toml,
+            text: "".into(),
+            pipelines: BTreeMap::new(),
+        }
+    }
+
+    pub(crate) fn parse_from(origin: &str, format: Format, text: &str) -> Result<Config, LoadError> {
+        let raw = source::parse(origin, format, text)?;
+        let mut config = Config {
+            origin: origin.into(),
+            format,
+            text: text.into(),
+            pipelines: BTreeMap::new(),
+        };
+        for (name, own) in &raw.pipelines {
+            let resolved = Resolved::new(own, raw.default.as_ref())
+                .map_err(|e| config.invalid(name, e))?;
+            config.pipelines.insert(name.clone(), resolved);
+        }
+        for (name, resolved) in &config.pipelines {
+            validate(resolved.apply(Pipeline::builder(name.as_str()), None))
+                .map_err(|e| config.invalid(name, e))?;
+        }
+        Ok(config)
+    }
+
+    /// The names of the configured pipelines, in sorted order.
+    pub fn names(&self) -> impl Iterator<Item = &str> + '_ {
+        self.pipelines.keys().map(String::as_str)
+    }
+
+    /// `true` when a pipeline of this name is configured.
+    pub fn contains(&self, name: &str) -> bool {
+        self.pipelines.contains_key(name)
+    }
+
+    /// The format the configuration was written in.
+    pub fn format(&self) -> Format {
+        self.format
+    }
+
+    /// A builder with the configured policies of pipeline `name`, in their
+    /// configured order, on the default store and clock; `None` when no
+    /// such pipeline is configured.
+    pub fn builder(&self, name: &str) -> Option<PipelineBuilder> {
+        let resolved = self.pipelines.get(name)?;
+        Some(resolved.apply(Pipeline::builder(name), None))
+    }
+
+    pub(crate) fn resolved(&self) -> impl Iterator<Item = (&str, &Resolved)> + '_ {
+        self.pipelines.iter().map(|(n, r)| (n.as_str(), r))
+    }
+
+    /// Wraps a builder's refusal of pipeline `name`, located at the key it
+    /// names.
+    pub(crate) fn invalid(&self, name: &str, error: ConfigError) -> LoadError {
+        let overall_timeout_invalid = self
+            .pipelines
+            .get(name)
+            .is_some_and(Resolved::overall_timeout_invalid);
+        let position = source::locate_config_error(
+            self.format,
+            &self.text,
+            name,
+            &error,
+            overall_timeout_invalid,
+        );
+        LoadError::Invalid {
+            location: Location::new(self.origin.to_string(), position),
+            pipeline: name.to_owned(),
+            error,
+        }
+    }
+}
+
+/// A store that refuses to bind: building with it runs every check of
+/// `build()` without touching the real store.
+#[derive(Debug)]
+struct ValidationStore;
+
+const VALIDATION_ONLY: &str = "validation only";
+
+impl StateStore for ValidationStore {
+    fn bind(&self, _spec: &ResourceSpec) -> Result<Arc<dyn ResourceState>, StoreError> {
+        Err(StoreError::Refused(VALIDATION_ONLY.into()))
+    }
+}
+
+/// Runs every check of `build()` on `builder` without binding its stateful
+/// policies to a store.
+pub(crate) fn validate(builder: PipelineBuilder) -> Result<(), ConfigError> {
+    match builder.store(ValidationStore).build() {
+        Ok(_) => Ok(()),
+        Err(e) if e.policy == "store" && e.rule.contains(VALIDATION_ONLY) => Ok(()),
+        Err(e) => Err(e),
+    }
+}

@@ -1,0 +1,551 @@
+//! The registry of configured pipelines, and its reloading.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use super::raw::Resolved;
+use super::{source, validate, Config, Format, LoadError, UnknownPipeline};
+use crate::clock::{Clock, Random};
+use crate::context::Context;
+use crate::error::Error;
+use crate::pipeline::PipelineBuilder;
+use crate::retry::RetryBudget;
+use crate::store::StateStore;
+use crate::Pipeline;
+
+type Step = Arc<dyn Fn(&str, PipelineBuilder) -> PipelineBuilder + Send + Sync>;
+
+/// Sets up a [`Registry`]: the store, clock and random source of its
+/// pipelines, and any code-only setting, then loads a configuration.
+///
+/// # Default
+/// The process-wide [`MemoryStore::global`](crate::MemoryStore::global)
+/// store, the system clock and random source, no listener.
+#[derive(Clone, Default)]
+pub struct RegistryBuilder {
+    steps: Vec<Step>,
+}
+
+impl fmt::Debug for RegistryBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RegistryBuilder")
+            .field("steps", &self.steps.len())
+            .finish()
+    }
+}
+
+impl RegistryBuilder {
+    fn step(
+        mut self,
+        step: impl Fn(&str, PipelineBuilder) -> PipelineBuilder + Send + Sync + 'static,
+    ) -> Self {
+        self.steps.push(Arc::new(step));
+        self
+    }
+
+    /// The store of every pipeline of the registry.
+    pub fn store(self, store: impl StateStore) -> Self {
+        let store = Arc::new(store);
+        self.step(move |_, b| b.store(Arc::clone(&store)))
+    }
+
+    /// The clock of every pipeline of the registry.
+    pub fn clock<C: Clock + Clone>(self, clock: C) -> Self {
+        self.step(move |_, b| b.clock(clock.clone()))
+    }
+
+    /// The random source of every pipeline of the registry.
+    pub fn random<R: Random + Clone>(self, random: R) -> Self {
+        self.step(move |_, b| b.random(random.clone()))
+    }
+
+    /// Adjusts the builder of every pipeline (given its name) after its
+    /// configured policies are declared: add listeners, metrics, a store of
+    /// your own. Called on every (re)load, once to check the result and once
+    /// to build it, so it should only configure the builder.
+    ///
+    /// ```
+    /// use std::sync::atomic::{AtomicU32, Ordering};
+    /// use std::sync::Arc;
+    /// use seawall::config::{Format, Registry};
+    ///
+    /// let events = Arc::new(AtomicU32::new(0));
+    /// let seen = events.clone();
+    /// let registry = Registry::builder()
+    ///     .configure(move |_name, b| {
+    ///         let seen = seen.clone();
+    ///         b.on_event(move |_e| {
+    ///             seen.fetch_add(1, Ordering::Relaxed);
+    ///         })
+    ///     })
+    ///     .load_str(Format::Toml, "[pipelines.a]\ntimeout = \"1s\"\n")?;
+    /// registry.pipeline("a")?.call(|_| Ok::<_, std::io::Error>(()))?;
+    /// assert!(events.load(Ordering::Relaxed) > 0);
+    /// # Ok::<_, Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn configure(
+        self,
+        f: impl Fn(&str, PipelineBuilder) -> PipelineBuilder + Send + Sync + 'static,
+    ) -> Self {
+        self.step(f)
+    }
+
+    /// Builds the registry from a parsed configuration.
+    ///
+    /// # Errors
+    /// [`LoadError::Invalid`] when a pipeline cannot be built with the
+    /// settings of this builder (a store that cannot bind, say).
+    pub fn load(self, config: Config) -> Result<Registry, LoadError> {
+        let registry = self.empty(None);
+        registry.apply(config)?;
+        Ok(registry)
+    }
+
+    /// Builds the registry from a configuration in a string.
+    ///
+    /// # Errors
+    /// As for [`Config::parse`] and [`load`](Self::load).
+    pub fn load_str(self, format: Format, text: &str) -> Result<Registry, LoadError> {
+        self.load(Config::parse(format, text)?)
+    }
+
+    /// Builds the registry from a file (`.toml`, `.yaml` or `.yml`);
+    /// [`Registry::reload`] and [`Registry::reload_if_changed`] read it
+    /// again.
+    ///
+    /// # Errors
+    /// As for [`Config::from_file`] and [`load`](Self::load).
+    pub fn load_file(self, path: impl AsRef<Path>) -> Result<Registry, LoadError> {
+        let path = path.as_ref();
+        let (format, text) = source::read(path)?;
+        let config = Config::parse_from(&path.display().to_string(), format, &text)?;
+        let registry = self.empty(Some(path.to_owned()));
+        registry.apply(config)?;
+        registry.inner.lock_file().seen = Some(text);
+        Ok(registry)
+    }
+
+    fn empty(self, file: Option<PathBuf>) -> Registry {
+        Registry {
+            inner: Arc::new(Inner {
+                steps: self.steps,
+                slots: RwLock::new(HashMap::new()),
+                config: RwLock::new(Arc::new(Config::empty())),
+                reload: Mutex::new(()),
+                file: Mutex::new(FileState { path: file, seen: None }),
+            }),
+        }
+    }
+}
+
+/// Named pipelines built from a configuration, reloadable at run time.
+///
+/// Cheap to clone (clones share the pipelines). See the [module
+/// docs](crate::config) for the file format and the reload semantics.
+///
+/// ```
+/// use seawall::config::{Format, Registry};
+/// use seawall::MemoryStore;
+///
+/// let registry = Registry::builder()
+///     .store(MemoryStore::new())
+///     .load_str(Format::Toml, "[pipelines.users.retry]\ndelay = \"10ms\"\nmax_attempts = 2\n")?;
+/// let users = registry.handle("users")?;
+///
+/// registry.reload_str(Format::Toml, "[pipelines.users.retry]\ndelay = \"10ms\"\nmax_attempts = 0\n")
+///     .expect_err("max_attempts 0 is refused; the old pipeline stays");
+/// registry.reload_str(Format::Toml, "[pipelines.users.retry]\ndelay = \"10ms\"\nmax_attempts = 4\n")?;
+/// // The handle serves the new settings.
+/// let mut attempts = 0;
+/// let _ = users.call(|_| {
+///     attempts += 1;
+///     Err::<(), _>("down")
+/// });
+/// assert_eq!(attempts, 4);
+/// # Ok::<_, Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone)]
+pub struct Registry {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    steps: Vec<Step>,
+    slots: RwLock<HashMap<String, Arc<Slot>>>,
+    config: RwLock<Arc<Config>>,
+    /// Serializes reloads.
+    reload: Mutex<()>,
+    file: Mutex<FileState>,
+}
+
+struct FileState {
+    /// The file the registry was loaded from or last reloaded from.
+    path: Option<PathBuf>,
+    /// The text last read from it, loaded or not.
+    seen: Option<String>,
+}
+
+/// The current pipeline of one name; shared with its handles.
+struct Slot {
+    entry: RwLock<Entry>,
+    /// `false` once a reload removed the name.
+    live: AtomicBool,
+}
+
+#[derive(Clone)]
+struct Entry {
+    pipeline: Pipeline,
+    budget: Option<RetryBudget>,
+}
+
+fn read<T>(l: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    // Every write replaces a value whole: a panic cannot leave it half-done.
+    l.read().unwrap_or_else(|e| e.into_inner())
+}
+
+fn write<T>(l: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+    l.write().unwrap_or_else(|e| e.into_inner())
+}
+
+fn lock<T>(l: &Mutex<T>) -> MutexGuard<'_, T> {
+    l.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Inner {
+    fn lock_file(&self) -> MutexGuard<'_, FileState> {
+        lock(&self.file)
+    }
+
+    fn builder(
+        &self,
+        name: &str,
+        resolved: &Resolved,
+        budget: Option<&RetryBudget>,
+    ) -> PipelineBuilder {
+        let mut b = resolved.apply(Pipeline::builder(name), budget);
+        for step in &self.steps {
+            b = step(name, b);
+        }
+        b
+    }
+}
+
+impl Registry {
+    /// Starts setting up a registry.
+    pub fn builder() -> RegistryBuilder {
+        RegistryBuilder::default()
+    }
+
+    /// A registry of the pipelines of a file (`.toml`, `.yaml` or `.yml`),
+    /// on the default store and clock.
+    ///
+    /// # Errors
+    /// As for [`RegistryBuilder::load_file`].
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Registry, LoadError> {
+        Self::builder().load_file(path)
+    }
+
+    /// The pipeline `name`, as currently configured; `None` when no such
+    /// pipeline is configured.
+    pub fn get(&self, name: &str) -> Option<Pipeline> {
+        let slots = read(&self.inner.slots);
+        let slot = slots.get(name).filter(|s| s.live.load(Ordering::Acquire))?;
+        let p = read(&slot.entry).pipeline.clone();
+        Some(p)
+    }
+
+    /// The pipeline `name`, as currently configured.
+    ///
+    /// # Errors
+    /// [`UnknownPipeline`], naming the pipeline and those configured.
+    pub fn pipeline(&self, name: &str) -> Result<Pipeline, UnknownPipeline> {
+        self.get(name).ok_or_else(|| self.unknown(name))
+    }
+
+    /// A handle that always serves the latest configuration of pipeline
+    /// `name`. If a reload removes the name, the handle keeps serving the
+    /// last pipeline it had.
+    ///
+    /// # Errors
+    /// [`UnknownPipeline`] when no such pipeline is configured.
+    pub fn handle(&self, name: &str) -> Result<PipelineHandle, UnknownPipeline> {
+        let slots = read(&self.inner.slots);
+        match slots.get(name).filter(|s| s.live.load(Ordering::Acquire)) {
+            Some(slot) => Ok(PipelineHandle {
+                slot: Arc::clone(slot),
+            }),
+            None => {
+                drop(slots);
+                Err(self.unknown(name))
+            }
+        }
+    }
+
+    fn unknown(&self, name: &str) -> UnknownPipeline {
+        UnknownPipeline {
+            name: name.to_owned(),
+            configured: self.names(),
+        }
+    }
+
+    /// The names of the configured pipelines, sorted.
+    pub fn names(&self) -> Vec<String> {
+        let mut names: Vec<String> = read(&self.inner.slots)
+            .iter()
+            .filter(|(_, s)| s.live.load(Ordering::Acquire))
+            .map(|(n, _)| n.clone())
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> Arc<Config> {
+        Arc::clone(&read(&self.inner.config))
+    }
+
+    /// Replaces every pipeline with those of `config`, or none.
+    ///
+    /// # Errors
+    /// [`LoadError::Invalid`] when a pipeline cannot be built with the
+    /// registry's settings; the old pipelines stay.
+    pub fn reload(&self, config: Config) -> Result<(), LoadError> {
+        self.apply(config)
+    }
+
+    /// Replaces every pipeline with those of a configuration in a string,
+    /// or none.
+    ///
+    /// # Errors
+    /// As for [`Config::parse`] and [`reload`](Self::reload); the old
+    /// pipelines stay.
+    pub fn reload_str(&self, format: Format, text: &str) -> Result<(), LoadError> {
+        self.apply(Config::parse(format, text)?)
+    }
+
+    /// Replaces every pipeline with those of a file, or none; the file
+    /// becomes the one [`reload_if_changed`](Self::reload_if_changed) reads.
+    ///
+    /// # Errors
+    /// As for [`Config::from_file`] and [`reload`](Self::reload); the old
+    /// pipelines stay.
+    pub fn reload_file(&self, path: impl AsRef<Path>) -> Result<(), LoadError> {
+        let path = path.as_ref();
+        let (format, text) = source::read(path)?;
+        {
+            let mut file = self.inner.lock_file();
+            file.path = Some(path.to_owned());
+            file.seen = Some(text.clone());
+        }
+        let config = Config::parse_from(&path.display().to_string(), format, &text)?;
+        self.apply(config)
+    }
+
+    /// Reads the registry's file again and reloads it if its text changed
+    /// since it was last read; `Ok(false)` when it did not change (or the
+    /// registry has no file). A file that failed to load is reported once,
+    /// not again until it changes.
+    ///
+    /// # Errors
+    /// As for [`reload_file`](Self::reload_file); the old pipelines stay.
+    pub fn reload_if_changed(&self) -> Result<bool, LoadError> {
+        let Some(path) = self.inner.lock_file().path.clone() else {
+            return Ok(false);
+        };
+        let (format, text) = source::read(&path)?;
+        {
+            let mut file = self.inner.lock_file();
+            if file.seen.as_deref() == Some(text.as_str()) {
+                return Ok(false);
+            }
+            file.seen = Some(text.clone());
+        }
+        let config = Config::parse_from(&path.display().to_string(), format, &text)?;
+        self.apply(config).map(|()| true)
+    }
+
+    fn apply(&self, config: Config) -> Result<(), LoadError> {
+        let _reloading = lock(&self.inner.reload);
+        // Check every pipeline before building any, so that a refused
+        // configuration leaves no trace in the store.
+        for (name, resolved) in config.resolved() {
+            validate(self.inner.builder(name, resolved, None))
+                .map_err(|e| config.invalid(name, e))?;
+        }
+        let previous: HashMap<String, Option<RetryBudget>> = read(&self.inner.slots)
+            .iter()
+            .map(|(n, s)| (n.clone(), read(&s.entry).budget.clone()))
+            .collect();
+        let mut built = Vec::new();
+        for (name, resolved) in config.resolved() {
+            // An unchanged budget keeps its tokens.
+            let budget = match (resolved.budget(), previous.get(name).and_then(Option::as_ref)) {
+                (Some(new), Some(old)) if new == old => Some(old.clone()),
+                (new, _) => new.cloned(),
+            };
+            let pipeline = self
+                .inner
+                .builder(name, resolved, budget.as_ref())
+                .build()
+                .map_err(|e| config.invalid(name, e))?;
+            built.push((name.to_owned(), Entry { pipeline, budget }));
+        }
+        let mut slots = write(&self.inner.slots);
+        for slot in slots.values() {
+            slot.live.store(false, Ordering::Release);
+        }
+        for (name, entry) in built {
+            match slots.get(&name) {
+                Some(slot) => {
+                    *write(&slot.entry) = entry;
+                    slot.live.store(true, Ordering::Release);
+                }
+                None => {
+                    let slot = Slot {
+                        entry: RwLock::new(entry),
+                        live: AtomicBool::new(true),
+                    };
+                    slots.insert(name, Arc::new(slot));
+                }
+            }
+        }
+        *write(&self.inner.config) = Arc::new(config);
+        Ok(())
+    }
+
+    /// Polls the registry's file every `every` on a background thread and
+    /// reloads it when its text changes; `on_reload` gets the result of each
+    /// reload (a failed one keeps the old pipelines). The thread stops when
+    /// the [`Watcher`] is dropped, or when the registry is.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use seawall::config::Registry;
+    ///
+    /// let registry = Registry::from_file("seawall.toml")?;
+    /// let _watcher = registry.watch(Duration::from_secs(2), |result| {
+    ///     if let Err(e) = result {
+    ///         eprintln!("configuration not reloaded: {e}");
+    ///     }
+    /// });
+    /// # Ok::<_, Box<dyn std::error::Error>>(())
+    /// ```
+    #[cfg(feature = "watch")]
+    pub fn watch(
+        &self,
+        every: std::time::Duration,
+        on_reload: impl Fn(Result<(), &LoadError>) + Send + 'static,
+    ) -> Watcher {
+        use std::sync::mpsc::{self, RecvTimeoutError};
+
+        let registry = Arc::downgrade(&self.inner);
+        let (stop, stopped) = mpsc::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("seawall-config-watch".into())
+            .spawn(move || loop {
+                match stopped.recv_timeout(every) {
+                    Err(RecvTimeoutError::Timeout) => {}
+                    Ok(()) | Err(RecvTimeoutError::Disconnected) => return,
+                }
+                let Some(inner) = registry.upgrade() else {
+                    return;
+                };
+                match (Registry { inner }).reload_if_changed() {
+                    Ok(false) => {}
+                    Ok(true) => on_reload(Ok(())),
+                    Err(e) => on_reload(Err(&e)),
+                }
+            })
+            .expect("spawning the watch thread");
+        Watcher {
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+}
+
+impl fmt::Debug for Registry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Registry")
+            .field("pipelines", &self.names())
+            .field("file", &self.inner.lock_file().path)
+            .finish()
+    }
+}
+
+/// Stops the watch thread of [`Registry::watch`] when dropped.
+#[cfg(feature = "watch")]
+#[derive(Debug)]
+pub struct Watcher {
+    stop: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+#[cfg(feature = "watch")]
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A pipeline of a [`Registry`] that follows reloads: each call runs on the
+/// latest configuration, and a call in flight finishes on the pipeline it
+/// started with. Cheap to clone.
+#[derive(Clone)]
+pub struct PipelineHandle {
+    slot: Arc<Slot>,
+}
+
+impl PipelineHandle {
+    /// The pipeline as currently configured (a cheap, shared snapshot).
+    pub fn pipeline(&self) -> Pipeline {
+        read(&self.slot.entry).pipeline.clone()
+    }
+
+    /// `false` once a reload removed the pipeline's name; the handle then
+    /// keeps serving the last pipeline it had.
+    pub fn is_configured(&self) -> bool {
+        self.slot.live.load(Ordering::Acquire)
+    }
+
+    /// Runs an async operation on the current pipeline; see [`Pipeline::run`].
+    ///
+    /// # Errors
+    /// As for [`Pipeline::run`].
+    pub async fn run<T, E, Op, Fut>(&self, op: Op) -> Result<T, Error<E>>
+    where
+        Op: FnMut(Context) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let pipeline = self.pipeline();
+        pipeline.run(op).await
+    }
+
+    /// Runs a blocking operation on the current pipeline; see
+    /// [`Pipeline::call`].
+    ///
+    /// # Errors
+    /// As for [`Pipeline::call`].
+    pub fn call<T, E, Op>(&self, op: Op) -> Result<T, Error<E>>
+    where
+        Op: FnMut(Context) -> Result<T, E>,
+    {
+        self.pipeline().call(op)
+    }
+}
+
+impl fmt::Debug for PipelineHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PipelineHandle")
+            .field("pipeline", &read(&self.slot.entry).pipeline)
+            .field("configured", &self.is_configured())
+            .finish()
+    }
+}

@@ -1,0 +1,257 @@
+//! reqwest adapter (feature `reqwest`): send a request through a pipeline
+//! in one line with [`SendThrough::send_through`].
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use seawall::reqwest::SendThrough;
+//! use seawall::{CircuitBreaker, Pipeline, Retry};
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let users = Pipeline::builder("users-api")
+//!     .retry(Retry::exponential(Duration::from_millis(100)).max_attempts(3))
+//!     .circuit_breaker(CircuitBreaker::consecutive_failures(5))
+//!     .timeout(Duration::from_secs(2))
+//!     .classify(seawall::reqwest::classify)
+//!     .build()?;
+//!
+//! let client = reqwest::Client::new();
+//! let response = client
+//!     .get("http://127.0.0.1:8080/users/42")
+//!     .send_through(&users)
+//!     .await?;
+//! println!("{}", response.status());
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Pipelines
+//! `send_through` takes any pipeline that runs
+//! `Result<reqwest::Response, reqwest::Error>`:
+//! - one built with `.classify(seawall::reqwest::classify)` (the
+//!   recommended one: see [`classify`] for the verdicts), or with a
+//!   classifier of your own for `reqwest::Error`;
+//! - a plain one (no classifier): every error, including a request that
+//!   cannot be built or a redirect loop, is then retried;
+//! - one with a fallback producing a `reqwest::Response`.
+//!
+//! # Responses
+//! Each response is judged by its status with
+//! [`classify_status`](crate::http::classify_status). A retryable one (408,
+//! 429, 5xx) becomes reqwest's own status error (`error_for_status`), so the
+//! pipeline retries it and its circuit breaker counts it; when retries run
+//! out, the call fails with that error in [`Error::RetryExhausted`]. Every
+//! other response (2xx, 3xx, and the 4xx a retry cannot fix) is returned as
+//! is, as reqwest itself does. reqwest's status errors carry no headers, so
+//! a `Retry-After` does not reach the pipeline on this path; the tower layer
+//! ([`PipelineLayer`](crate::tower::PipelineLayer), feature `tower`) honours
+//! it.
+//!
+//! # Timeouts
+//! Each attempt's request timeout is the time left before the attempt's
+//! deadline ([`Context::remaining`]), or the request's own timeout when
+//! that is shorter; so one budget spans every retry.
+//!
+//! # Bodies
+//! Each attempt sends its own copy of the request (`Request::try_clone`). A
+//! streaming body cannot be copied: with a pipeline that may retry, the call
+//! fails at once with [`SendError::BodyNotCloneable`], nothing sent; a
+//! pipeline without retry sends it once.
+
+use std::future::Future;
+
+use reqwest::{Client, Request, RequestBuilder, Response, StatusCode};
+
+use crate::classify::Verdict;
+use crate::context::Context;
+use crate::error::{Error, Rejection};
+use crate::http::classify_status;
+use crate::pipeline::{Handles, Pipeline};
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for reqwest::RequestBuilder {}
+}
+
+/// Sends a reqwest request through a pipeline. Implemented by
+/// `reqwest::RequestBuilder`; see the [module docs](self).
+pub trait SendThrough: sealed::Sealed {
+    /// Builds the request and sends it through `pipeline`: one copy of the
+    /// request per attempt, each with the time left as its timeout, each
+    /// response judged by its status.
+    ///
+    /// # Errors
+    /// [`SendError::Build`] when the request cannot be built,
+    /// [`SendError::BodyNotCloneable`] when its body is a stream and the
+    /// pipeline may retry, [`SendError::Pipeline`] when the call through
+    /// the pipeline fails.
+    fn send_through<K>(
+        self,
+        pipeline: &Pipeline<K>,
+    ) -> impl Future<Output = Result<Response, SendError>> + Send
+    where
+        K: Handles<Response, reqwest::Error>;
+}
+
+impl SendThrough for RequestBuilder {
+    async fn send_through<K>(self, pipeline: &Pipeline<K>) -> Result<Response, SendError>
+    where
+        K: Handles<Response, reqwest::Error>,
+    {
+        let (client, request) = self.build_split();
+        let request = request.map_err(SendError::Build)?;
+        let copy = request.try_clone();
+        let may_retry = pipeline
+            .shared
+            .retry
+            .as_ref()
+            .is_some_and(|r| r.max_attempts > 1);
+        if copy.is_none() && may_retry {
+            return Err(SendError::BodyNotCloneable);
+        }
+        let mut first = Some(request);
+        pipeline
+            .run(|ctx| {
+                // The first attempt sends the request itself; later ones
+                // (which exist only when it could be copied) send copies.
+                let request = first
+                    .take()
+                    .or_else(|| copy.as_ref().and_then(Request::try_clone))
+                    .expect("a request that cannot be copied is sent once");
+                attempt(client.clone(), request, ctx)
+            })
+            .await
+            .map_err(SendError::Pipeline)
+    }
+}
+
+async fn attempt(
+    client: Client,
+    mut request: Request,
+    ctx: Context,
+) -> Result<Response, reqwest::Error> {
+    if let Some(left) = ctx.remaining() {
+        let timeout = request.timeout_mut();
+        *timeout = Some(timeout.map_or(left, |own| own.min(left)));
+    }
+    let response = client.execute(request).await?;
+    let retryable =
+        classify_status(response.status(), response.headers()).is_some_and(|v| v.is_failure());
+    if retryable {
+        response.error_for_status()
+    } else {
+        Ok(response)
+    }
+}
+
+/// Judges a `reqwest::Error`, for `.classify(seawall::reqwest::classify)`:
+///
+/// | error | verdict |
+/// | --- | --- |
+/// | a status error | as [`classify_status`] (408, 429, 5xx retry; other 4xx abort) |
+/// | the request could not be built, too many redirects | [`Verdict::abort`] |
+/// | connect, timeout, sending the request | [`Verdict::retry`] |
+/// | reading or decoding the body | [`Verdict::failure`] |
+/// | anything else | [`Verdict::retry`] |
+///
+/// # Examples
+/// ```
+/// use seawall::{Pipeline, Retry};
+///
+/// let pipeline = Pipeline::builder("search-api")
+///     .retry(Retry::constant(std::time::Duration::from_millis(50)))
+///     .classify(seawall::reqwest::classify)
+///     .build()?;
+/// # let _ = pipeline;
+/// # Ok::<_, seawall::ConfigError>(())
+/// ```
+pub fn classify(error: &reqwest::Error) -> Verdict {
+    if let Some(status) = error.status() {
+        return classify_status(status, &::http::HeaderMap::new()).unwrap_or(Verdict::failure());
+    }
+    if error.is_builder() || error.is_redirect() {
+        Verdict::abort()
+    } else if error.is_body() || error.is_decode() {
+        Verdict::failure()
+    } else {
+        Verdict::retry()
+    }
+}
+
+/// The error of [`SendThrough::send_through`].
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SendError {
+    /// The request could not be built (an invalid URL or header); nothing
+    /// was sent.
+    #[error("request could not be built: {0}")]
+    Build(#[source] reqwest::Error),
+    /// The request's body is a stream, which cannot be sent twice, and the
+    /// pipeline may retry; nothing was sent. Give the request a body made of
+    /// bytes, or send it through a pipeline without retry.
+    #[error(
+        "request body is a stream and cannot be sent once per attempt: \
+         buffer it, or use a pipeline without retry"
+    )]
+    BodyNotCloneable,
+    /// The call through the pipeline failed: reqwest's error (typed, in
+    /// [`Error::Operation`] or [`Error::RetryExhausted`]), a timeout, a
+    /// rejection by a policy, or a store failure.
+    #[error(transparent)]
+    Pipeline(Error<reqwest::Error>),
+}
+
+impl SendError {
+    /// reqwest's error, if this error carries one.
+    pub fn reqwest_error(&self) -> Option<&reqwest::Error> {
+        match self {
+            SendError::Build(e) => Some(e),
+            SendError::Pipeline(e) => e.operation_error(),
+            SendError::BodyNotCloneable => None,
+        }
+    }
+
+    /// The status of the last response, when the call failed on one (a 503
+    /// after the retries, say).
+    pub fn status(&self) -> Option<StatusCode> {
+        self.reqwest_error().and_then(reqwest::Error::status)
+    }
+
+    /// The pipeline's error, if the call went through the pipeline.
+    pub fn pipeline_error(&self) -> Option<&Error<reqwest::Error>> {
+        match self {
+            SendError::Pipeline(e) => Some(e),
+            _ => None,
+        }
+    }
+
+    /// Consumes the error and returns the pipeline's error, if any.
+    pub fn into_pipeline_error(self) -> Option<Error<reqwest::Error>> {
+        match self {
+            SendError::Pipeline(e) => Some(e),
+            _ => None,
+        }
+    }
+
+    /// The rejection, when a policy refused the call (nothing was sent).
+    pub fn rejection(&self) -> Option<&Rejection> {
+        self.pipeline_error().and_then(Error::rejection)
+    }
+
+    /// `true` when a policy refused the call (nothing was sent).
+    pub fn is_rejected(&self) -> bool {
+        self.rejection().is_some()
+    }
+
+    /// `true` when the call or an attempt ran out of time, by the
+    /// pipeline's deadline or by the request's timeout.
+    pub fn is_timeout(&self) -> bool {
+        self.pipeline_error().is_some_and(Error::is_timeout)
+            || self.reqwest_error().is_some_and(reqwest::Error::is_timeout)
+    }
+}
+
+impl From<Error<reqwest::Error>> for SendError {
+    fn from(e: Error<reqwest::Error>) -> Self {
+        SendError::Pipeline(e)
+    }
+}

@@ -1,0 +1,465 @@
+//! The tower layer against a real HTTP/1 server on 127.0.0.1 (random port),
+//! called through hyper-util's client wrapped by `PipelineLayer`.
+//!
+//! Retry waits and retry-after hints run on seawall's `VirtualClock`, so a
+//! 30 s hint costs no wall time; only the per-attempt timeout test uses the
+//! real clock, with delays of a few tens of milliseconds.
+#![cfg(all(feature = "tower", feature = "http"))]
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use http::header::RETRY_AFTER;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use seawall::testing::VirtualClock;
+use seawall::tower::{PipelineLayer, PipelineService, ServiceError};
+use seawall::{CircuitBreaker, CircuitState, Error, Pipeline, RejectionReason, Retry};
+use tokio::net::TcpListener;
+use tower::{Layer, Service, ServiceBuilder, ServiceExt};
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// What the server answers to its n-th request (from 1).
+#[derive(Clone)]
+struct Reply {
+    status: u16,
+    body: String,
+    retry_after: Option<String>,
+    delay: Duration,
+}
+
+fn reply(status: u16, body: impl Into<String>) -> Reply {
+    Reply {
+        status,
+        body: body.into(),
+        retry_after: None,
+        delay: Duration::ZERO,
+    }
+}
+
+/// An HTTP/1 server on a random loopback port; counts the requests it got.
+struct Server {
+    addr: SocketAddr,
+    hits: Arc<AtomicU32>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Server {
+    async fn start(answer: impl Fn(u32) -> Reply + Send + Sync + 'static) -> Server {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let hits = Arc::new(AtomicU32::new(0));
+        let answer = Arc::new(answer);
+        let counter = Arc::clone(&hits);
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
+                let (answer, counter) = (Arc::clone(&answer), Arc::clone(&counter));
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(move |_req: Request<Incoming>| {
+                        let n = counter.fetch_add(1, Ordering::SeqCst) + 1;
+                        let r = answer(n);
+                        async move {
+                            if !r.delay.is_zero() {
+                                tokio::time::sleep(r.delay).await;
+                            }
+                            let mut response = Response::builder().status(r.status);
+                            if let Some(v) = &r.retry_after {
+                                response = response.header(RETRY_AFTER, v);
+                            }
+                            Ok::<_, Infallible>(response.body(Full::new(Bytes::from(r.body))).unwrap())
+                        }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        Server { addr, hits, task }
+    }
+
+    fn hits(&self) -> u32 {
+        self.hits.load(Ordering::SeqCst)
+    }
+
+    fn get(&self, path: &str) -> Request<Full<Bytes>> {
+        Request::get(format!("http://{}{path}", self.addr))
+            .body(Full::default())
+            .unwrap()
+    }
+}
+
+type HttpClient = Client<HttpConnector, Full<Bytes>>;
+
+fn client() -> HttpClient {
+    Client::builder(TokioExecutor::new()).build_http()
+}
+
+async fn body(response: Response<Incoming>) -> String {
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    String::from_utf8(bytes.to_vec()).unwrap()
+}
+
+/// A layer judging responses with `seawall::http::classify_response`.
+fn http_layer(
+    builder: seawall::PipelineBuilder,
+) -> PipelineLayer<fn(&Response<Incoming>) -> Option<seawall::Verdict>> {
+    PipelineLayer::new(builder)
+        .unwrap()
+        .classify_response(seawall::http::classify_response::<Incoming> as fn(&_) -> _)
+}
+
+fn retrying(name: &str, clock: &VirtualClock, attempts: u32) -> seawall::PipelineBuilder {
+    Pipeline::builder(name)
+        .retry(Retry::constant(ms(10)).max_attempts(attempts))
+        .clock(clock.clone())
+}
+
+#[tokio::test]
+async fn a_flaky_server_is_retried_to_success() {
+    let server = Server::start(|n| match n {
+        1 | 2 => reply(503, "busy"),
+        _ => reply(200, "ok"),
+    })
+    .await;
+    let clock = VirtualClock::new();
+    let service = ServiceBuilder::new()
+        .layer(http_layer(retrying("tower-flaky", &clock, 3)))
+        .service(client());
+
+    let response = service.oneshot(server.get("/flaky")).await.unwrap();
+
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(body(response).await, "ok");
+    assert_eq!(server.hits(), 3);
+    assert_eq!(clock.now(), ms(20), "two backoff waits of 10 ms");
+}
+
+#[tokio::test]
+async fn when_retries_run_out_the_last_response_comes_back() {
+    let server = Server::start(|n| reply(503, format!("down #{n}"))).await;
+    let clock = VirtualClock::new();
+    let service = http_layer(retrying("tower-exhausted", &clock, 3)).layer(client());
+
+    let response = service.oneshot(server.get("/down")).await.unwrap();
+
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(body(response).await, "down #3");
+    assert_eq!(server.hits(), 3);
+}
+
+#[tokio::test]
+async fn a_client_error_is_not_retried() {
+    let server = Server::start(|_| reply(404, "no such item")).await;
+    let clock = VirtualClock::new();
+    let service = http_layer(retrying("tower-404", &clock, 3)).layer(client());
+
+    let response = service.oneshot(server.get("/missing")).await.unwrap();
+
+    assert_eq!(response.status(), StatusCode::NOT_FOUND);
+    assert_eq!(server.hits(), 1);
+    assert_eq!(clock.now(), Duration::ZERO);
+}
+
+#[tokio::test]
+async fn without_a_response_classifier_every_response_is_a_success() {
+    let server = Server::start(|_| reply(503, "busy")).await;
+    let clock = VirtualClock::new();
+    let layer = PipelineLayer::new(retrying("tower-default", &clock, 3)).unwrap();
+
+    let response = layer.layer(client()).oneshot(server.get("/")).await.unwrap();
+
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(server.hits(), 1);
+}
+
+#[tokio::test]
+async fn a_retry_after_in_seconds_delays_the_retry() {
+    let server = Server::start(|n| match n {
+        1 => Reply {
+            retry_after: Some("30".into()),
+            ..reply(503, "maintenance")
+        },
+        _ => reply(200, "back"),
+    })
+    .await;
+    let clock = VirtualClock::new();
+    let service = http_layer(retrying("tower-retry-after", &clock, 2)).layer(client());
+
+    let response = service.oneshot(server.get("/")).await.unwrap();
+
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(server.hits(), 2);
+    // The hint (30 s) wins over the 10 ms backoff.
+    assert_eq!(clock.now(), Duration::from_secs(30));
+}
+
+#[tokio::test]
+async fn a_retry_after_as_a_date_delays_the_retry() {
+    let server = Server::start(|n| match n {
+        1 => Reply {
+            retry_after: Some(httpdate::fmt_http_date(
+                SystemTime::now() + Duration::from_secs(90),
+            )),
+            ..reply(429, "slow down")
+        },
+        _ => reply(200, "ok"),
+    })
+    .await;
+    let clock = VirtualClock::new();
+    let service = http_layer(retrying("tower-retry-date", &clock, 2)).layer(client());
+
+    let response = service.oneshot(server.get("/")).await.unwrap();
+
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(server.hits(), 2);
+    // The date has a one-second resolution and is read a little later.
+    let waited = clock.now();
+    assert!(
+        waited > Duration::from_secs(85) && waited <= Duration::from_secs(90),
+        "{waited:?}"
+    );
+}
+
+#[tokio::test]
+async fn an_open_circuit_rejects_without_reaching_the_server() {
+    let server = Server::start(|_| reply(500, "broken")).await;
+    let layer = http_layer(
+        Pipeline::builder("tower-breaker")
+            .circuit_breaker(CircuitBreaker::consecutive_failures(3))
+            .clock(VirtualClock::new()),
+    );
+    let mut service = layer.layer(client());
+
+    for _ in 0..3 {
+        let response = service
+            .ready()
+            .await
+            .unwrap()
+            .call(server.get("/"))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    }
+    assert_eq!(service.pipeline().circuit_state().unwrap(), CircuitState::Open);
+
+    for _ in 0..5 {
+        let error = service
+            .ready()
+            .await
+            .unwrap()
+            .call(server.get("/"))
+            .await
+            .unwrap_err();
+        assert!(error.is_rejected(), "{error}");
+        assert_eq!(
+            error.rejection().unwrap().reason,
+            RejectionReason::CircuitOpen
+        );
+    }
+    assert_eq!(server.hits(), 3, "rejected calls never reach the server");
+}
+
+#[tokio::test]
+async fn errors_of_the_inner_service_stay_typed() {
+    // A port nobody listens on.
+    let addr = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap()
+    };
+    let clock = VirtualClock::new();
+    let service = http_layer(retrying("tower-refused", &clock, 3)).layer(client());
+    let request = Request::get(format!("http://{addr}/"))
+        .body(Full::default())
+        .unwrap();
+
+    let error = service.oneshot(request).await.unwrap_err();
+
+    match error {
+        ServiceError::Pipeline(Error::RetryExhausted { attempts, last }) => {
+            assert_eq!(attempts, 3);
+            assert!(last.is_connect(), "{last:?}");
+        }
+        other => panic!("expected the client's error after 3 attempts, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn errors_can_be_classified_by_the_layer() {
+    let addr = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap()
+    };
+    let clock = VirtualClock::new();
+    let service = http_layer(retrying("tower-classify-error", &clock, 3))
+        .classify_error(|_: &hyper_util::client::legacy::Error| seawall::Verdict::failure())
+        .layer(client());
+    let request = Request::get(format!("http://{addr}/"))
+        .body(Full::default())
+        .unwrap();
+
+    let error = service.oneshot(request).await.unwrap_err();
+
+    assert!(
+        matches!(error, ServiceError::Pipeline(Error::Operation(_))),
+        "not retried: {error:?}"
+    );
+    assert_eq!(clock.now(), Duration::ZERO);
+}
+
+#[tokio::test]
+async fn a_slow_attempt_is_cut_by_the_attempt_timeout_and_retried() {
+    // Real time: the server really sleeps on its first request.
+    let server = Server::start(|n| match n {
+        1 => Reply {
+            delay: ms(500),
+            ..reply(200, "late")
+        },
+        _ => reply(200, "on time"),
+    })
+    .await;
+    let service = http_layer(
+        Pipeline::builder("tower-attempt-timeout")
+            .retry(Retry::constant(ms(1)).max_attempts(2))
+            .timeout(ms(50)),
+    )
+    .layer(client());
+
+    let started = std::time::Instant::now();
+    let response = service.oneshot(server.get("/")).await.unwrap();
+
+    assert_eq!(body(response).await, "on time");
+    assert_eq!(server.hits(), 2);
+    assert!(started.elapsed() < ms(450), "{:?}", started.elapsed());
+}
+
+/// A service that must be driven to readiness before each call, and whose
+/// clones start not ready: calling it otherwise is the readiness-lost-on-
+/// clone bug (tower-resilience #286). Fails its first `failures` calls.
+struct StrictReadiness {
+    ready: bool,
+    calls: Arc<AtomicU32>,
+    polls: Arc<AtomicU32>,
+    failures: u32,
+}
+
+impl Clone for StrictReadiness {
+    fn clone(&self) -> Self {
+        StrictReadiness {
+            ready: false,
+            calls: Arc::clone(&self.calls),
+            polls: Arc::clone(&self.polls),
+            failures: self.failures,
+        }
+    }
+}
+
+impl Service<u32> for StrictReadiness {
+    type Response = u32;
+    type Error = &'static str;
+    type Future = Pin<Box<dyn Future<Output = Result<u32, &'static str>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.polls.fetch_add(1, Ordering::SeqCst);
+        self.ready = true;
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: u32) -> Self::Future {
+        assert!(self.ready, "called without poll_ready");
+        self.ready = false;
+        let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
+        let failures = self.failures;
+        Box::pin(async move {
+            if n <= failures {
+                Err("not yet")
+            } else {
+                Ok(request * 2)
+            }
+        })
+    }
+}
+
+#[tokio::test]
+async fn readiness_is_not_lost_on_clone_or_retry() {
+    // Regression guard for tower-resilience #286.
+    let calls = Arc::new(AtomicU32::new(0));
+    let polls = Arc::new(AtomicU32::new(0));
+    let inner = StrictReadiness {
+        ready: false,
+        calls: Arc::clone(&calls),
+        polls: Arc::clone(&polls),
+        failures: 2,
+    };
+    let clock = VirtualClock::new();
+    let layer = PipelineLayer::new(retrying("tower-readiness", &clock, 3)).unwrap();
+    let mut service = layer.layer(inner);
+
+    service.ready().await.unwrap();
+    // A clone taken between poll_ready and call must not steal readiness.
+    let mut other = service.clone();
+    let doubled = service.call(21).await.unwrap();
+
+    assert_eq!(doubled, 42);
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+    // One poll before the call, one before each of the two retries.
+    assert_eq!(polls.load(Ordering::SeqCst), 3);
+    // The clone works once driven to readiness itself.
+    assert_eq!(other.ready().await.unwrap().call(5).await.unwrap(), 10);
+}
+
+#[test]
+fn services_and_futures_are_send_and_sync() {
+    fn send<T: Send>() {}
+    fn sync<T: Sync>() {}
+    fn clone<T: Clone>() {}
+    type Http = PipelineService<HttpClient>;
+    send::<Http>();
+    sync::<Http>();
+    clone::<Http>();
+    send::<<Http as Service<Request<Full<Bytes>>>>::Future>();
+    send::<PipelineLayer>();
+    sync::<PipelineLayer>();
+    clone::<PipelineLayer>();
+    send::<ServiceError<hyper_util::client::legacy::Error>>();
+    sync::<ServiceError<hyper_util::client::legacy::Error>>();
+}
+
+#[test]
+fn the_service_error_is_a_std_error() {
+    fn boxed(e: ServiceError<std::io::Error>) -> Box<dyn std::error::Error + Send + Sync> {
+        Box::new(e)
+    }
+    let e = boxed(ServiceError::NotReady(std::io::Error::other("closed")));
+    assert_eq!(e.to_string(), "inner service not ready: closed");
+    assert_eq!(e.source().unwrap().to_string(), "closed");
+}
+
+#[test]
+fn a_request_that_is_not_clone_is_a_compile_error() {
+    let t = trybuild::TestCases::new();
+    t.compile_fail("tests/ui/tower_request_not_clone.rs");
+}
