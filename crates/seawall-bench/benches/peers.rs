@@ -13,6 +13,9 @@
 //! `cargo bench -p seawall-bench --bench peers`, or `scripts/bench.sh` for
 //! the summary table.
 
+// `criterion_group!` generates an undocumented public function.
+#![allow(missing_docs)]
+
 use std::time::Duration;
 
 use criterion::measurement::WallTime;

@@ -30,12 +30,12 @@ pub(crate) async fn run(options: &LiveOptions) -> Result<(), Failure> {
     let service = service::start(scenario).await.map_err(|e| {
         Failure::Runtime(format!("cannot start the flaky service on 127.0.0.1: {e}"))
     })?;
+    introduce(&scenario, options, service.addr, style);
     let log = EventLog::start(scenario, style);
     let cache = LastGoodAnswer::default();
     let pipeline = protected::pipeline(&scenario, store, cache.clone(), log.listener())
         .map_err(|e| Failure::BadInput(format!("cannot build the protected pipeline: {e}")))?;
 
-    introduce(&scenario, options, service.addr, style);
     let stats = Arc::new(Stats::default());
     let interrupted = Arc::new(AtomicBool::new(false));
     let mut callers = JoinSet::new();

@@ -30,6 +30,9 @@ pub(crate) struct Config {
     pub(crate) on_event: Option<ExprPath>,
     /// The name under which the body sees the attempt's `Context`.
     pub(crate) context: Option<Ident>,
+    /// `classify`, `retry_if`, `abort_if`: functions judging the body's
+    /// errors, with the key that gave each.
+    pub(crate) judges: Vec<(Ident, ExprPath)>,
 }
 
 /// One policy and the key that declared it (errors point at the key).
@@ -185,7 +188,8 @@ pub(crate) struct Cooldown {
 }
 
 const TOP_KEYS: &str = "retry, timeout_ms, timeout_s, timeout, circuit_breaker, bulkhead, \
-     rate_limiter, cooldown, fallback, name, store, clock, on_event, context";
+     rate_limiter, cooldown, fallback, classify, retry_if, abort_if, name, store, clock, \
+     on_event, context";
 const RETRY_KEYS: &str =
     "max_attempts, backoff, backoff_ms, backoff_s, multiplier, cap_ms, cap_s, jitter, budget";
 const TIMEOUT_KEYS: &str = "ms, s, strict";
@@ -381,6 +385,7 @@ pub(crate) fn parse(args: TokenStream) -> syn::Result<Config> {
         clock: None,
         on_event: None,
         context: None,
+        judges: Vec::new(),
     };
     let mut seen = Seen::default();
     for meta in &metas {
@@ -429,6 +434,17 @@ pub(crate) fn parse(args: TokenStream) -> syn::Result<Config> {
                 config.on_event = Some(path(meta, &key, "a function taking `&seawall::Event`")?);
                 None
             }
+            "classify" | "retry_if" | "abort_if" => {
+                seen.add(&key, &text)?;
+                let what = if text == "classify" {
+                    "a function `fn(&E) -> seawall::Verdict`"
+                } else {
+                    "a function `fn(&E) -> bool`"
+                };
+                let judge = path(meta, &key, what)?;
+                config.judges.push((key.clone(), judge));
+                None
+            }
             "context" => {
                 seen.add(&key, "context")?;
                 let expr = value(meta, &key)?;
@@ -455,6 +471,15 @@ pub(crate) fn parse(args: TokenStream) -> syn::Result<Config> {
     }
     check_order(&config.steps)?;
     check_lease(&config.steps)?;
+    if let Some(store) = &config.store {
+        if !config.steps.iter().any(|s| s.policy.is_stateful()) {
+            return err(
+                store.span(),
+                "`store` keeps the state of `circuit_breaker`, `bulkhead`, `rate_limiter` and \
+                 `cooldown`, and this function declares none of them",
+            );
+        }
+    }
     Ok(config)
 }
 
@@ -1051,13 +1076,15 @@ mod tests {
                rate_limiter(limit = 100, per_s = 1, algorithm = "gcra", burst = 10, max_wait_ms = 5),
                cooldown(max_pause_s = 60, max_wait_s = 1, grace_s = 5),
                fallback = Self::later, store = crate::store, clock = crate::clock,
-               on_event = crate::log, context = ctx"#,
+               on_event = crate::log, context = ctx, classify = judge, retry_if = Self::transient,
+               abort_if = fatal"#,
         )
         .unwrap();
         assert_eq!(c.steps.len(), 7);
         assert!(c.fallback.is_some() && c.store.is_some() && c.clock.is_some());
         assert_eq!(c.context.unwrap().to_string(), "ctx");
         assert_eq!(c.name.unwrap().value(), "x");
+        assert_eq!(c.judges.len(), 3);
     }
 
     #[test]
@@ -1098,6 +1125,8 @@ mod tests {
             .contains("gcra"));
         assert!(message("rate_limiter(limit = 2000000000, per_ms = 1)").contains("finer than 1 ns"));
         assert!(message("timeout_ms = 0").contains("> 0"));
+        assert!(message("retry, store = s").contains("declares none"));
+        assert!(message("classify = 3").contains("Verdict"));
         assert!(message("timeout = 5").contains("timeout_ms"));
         assert!(message("name = \" \"").contains("empty"));
         assert!(message("context = a.b").contains("variable name"));

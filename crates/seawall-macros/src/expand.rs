@@ -15,7 +15,7 @@
 //! ```
 
 use proc_macro2::{Span, TokenStream};
-use quote::{format_ident, quote, quote_spanned, ToTokens};
+use quote::{quote, quote_spanned, ToTokens};
 use syn::spanned::Spanned;
 use syn::{Ident, ItemFn};
 
@@ -43,6 +43,21 @@ pub(crate) fn expand(config: Config, item: ItemFn) -> syn::Result<TokenStream> {
 
     let name = resource_name(&config, &sig);
     let build = builder(&config, &name);
+    // A classifier or predicate fixes the pipeline's error type, which the
+    // static must then name.
+    let pipeline_ty = match (config.judges.first(), &sig.error) {
+        (None, _) => quote!(::seawall::Pipeline),
+        (Some(_), Some(e)) => quote!(::seawall::Pipeline<::seawall::pipeline::ErrorType<#e>>),
+        (Some((key, _)), None) => {
+            return Err(syn::Error::new(
+                key.span(),
+                format!(
+                    "`{key}` needs the return type spelled `Result<T, E>` (not an alias), \
+                     so that the pipeline can name the error type `E`"
+                ),
+            ))
+        }
+    };
 
     // Each attempt binds the arguments anew: references are copied (or
     // reborrowed), owned values cloned, so the outer values stay for the
@@ -116,7 +131,7 @@ pub(crate) fn expand(config: Config, item: ItemFn) -> syn::Result<TokenStream> {
     let (get_pipeline, run_or_fail) = if config.store.is_some() {
         (
             quote! {
-                let #pipeline: ::core::result::Result<&'static ::seawall::Pipeline, ::seawall::StoreError> =
+                let #pipeline: ::core::result::Result<&'static #pipeline_ty, ::seawall::StoreError> =
                     match #pipeline_static.get() {
                         ::core::option::Option::Some(p) => ::core::result::Result::Ok(p),
                         ::core::option::Option::None => match #build {
@@ -135,7 +150,7 @@ pub(crate) fn expand(config: Config, item: ItemFn) -> syn::Result<TokenStream> {
     } else {
         (
             quote! {
-                let #pipeline: &'static ::seawall::Pipeline = #pipeline_static.get_or_init(|| {
+                let #pipeline: &'static #pipeline_ty = #pipeline_static.get_or_init(|| {
                     // Every setting was checked at compile time with the
                     // builder's rules and the in-memory store always binds.
                     ::core::result::Result::expect(#build, "seawall: #[resilient] settings are checked at compile time")
@@ -150,7 +165,7 @@ pub(crate) fn expand(config: Config, item: ItemFn) -> syn::Result<TokenStream> {
     Ok(quote! {
         #(#attrs)*
         #vis #outer_sig {
-            static #pipeline_static: ::std::sync::OnceLock<::seawall::Pipeline> = ::std::sync::OnceLock::new();
+            static #pipeline_static: ::std::sync::OnceLock<#pipeline_ty> = ::std::sync::OnceLock::new();
             #typed_helper
             #clone_helper
             #get_pipeline
@@ -187,10 +202,22 @@ fn resource_name(config: &Config, sig: &Analysis) -> TokenStream {
 /// What the function returns when the pipeline fails with `error`.
 fn on_error(config: &Config, sig: &Analysis, error: &Ident) -> syn::Result<TokenStream> {
     if let Some(fallback) = &config.fallback {
-        let receiver = sig.receiver.iter().map(ToTokens::to_token_stream);
-        let args = sig.args.iter().map(|a| a.outer.to_token_stream());
-        let all = receiver.chain(args);
+        // Every token of the call is located at the fallback's path, so that
+        // a signature mismatch is reported there.
         let span = fallback.span();
+        let receiver = sig.receiver.iter().map(|r| {
+            let mut r = *r;
+            r.span = r.span.located_at(span);
+            r.to_token_stream()
+        });
+        let args = sig.args.iter().map(|a| {
+            let mut outer = a.outer.clone();
+            outer.set_span(outer.span().located_at(span));
+            outer.to_token_stream()
+        });
+        let all = receiver.chain(args);
+        let mut error = error.clone();
+        error.set_span(error.span().located_at(span));
         let call = quote_spanned!(span=> #fallback(#(#all,)* #error));
         return Ok(if sig.is_async {
             quote_spanned!(span=> #call.await)
@@ -204,15 +231,11 @@ fn on_error(config: &Config, sig: &Analysis, error: &Ident) -> syn::Result<Token
     let first = |pred: &dyn Fn(&Step) -> bool| config.steps.iter().find(|s| pred(s));
     let rejecting = first(&|s| s.policy.can_reject());
     let timing = first(&|s| matches!(s.policy, Policy::Timeout(_)));
-    let storing = config
-        .store
-        .as_ref()
-        .filter(|_| config.steps.iter().any(|s| s.policy.is_stateful()));
 
     let rejected = match rejecting {
         Some(step) => convert(
             step.key.span(),
-            "SeawallRejection",
+            ("HoldsRejections", "hold_rejection"),
             quote!(::seawall::Rejection),
             "cannot hold seawall's rejections",
             "this policy can reject calls",
@@ -225,7 +248,7 @@ fn on_error(config: &Config, sig: &Analysis, error: &Ident) -> syn::Result<Token
     let timed_out = match timing {
         Some(step) => convert(
             step.key.span(),
-            "SeawallTimeout",
+            ("HoldsTimeouts", "hold_timeout"),
             quote!(::seawall::TimeoutError),
             "cannot hold seawall's timeouts",
             "this timeout can expire",
@@ -235,19 +258,16 @@ fn on_error(config: &Config, sig: &Analysis, error: &Ident) -> syn::Result<Token
             "seawall: a call timed out although this function declares no timeout"
         )),
     };
-    let stored = match (storing, &config.store) {
-        (Some(path), _) => convert(
+    let stored = match &config.store {
+        Some(path) => convert(
             path.span(),
-            "SeawallStore",
+            ("HoldsStoreErrors", "hold_store_error"),
             quote!(::seawall::StoreError),
             "cannot hold seawall's store errors",
             "this store can fail",
             "implement `From<seawall::StoreError>` for `{Self}`, or add `fallback = ...` to handle every `seawall::Error`",
         ),
-        // A custom store with no stateful policy is never called, but its
-        // `bind` may still fail at build: `build()` binds only when there
-        // is state, so this cannot happen either.
-        (None, _) => quote!(|_| ::core::unreachable!(
+        None => quote!(|_| ::core::unreachable!(
             "seawall: the in-memory store failed, which it never does"
         )),
     };
@@ -269,16 +289,17 @@ fn on_error(config: &Config, sig: &Analysis, error: &Ident) -> syn::Result<Token
 /// policy that needs it.
 fn convert(
     span: Span,
-    trait_name: &str,
+    names: (&str, &str),
     from: TokenStream,
     message: &str,
     label: &str,
     note: &str,
 ) -> TokenStream {
-    let tr = format_ident!("{}", trait_name, span = Span::mixed_site());
+    // Hygienic names, located at the user's key so that the error points there.
+    let here = Span::mixed_site().located_at(span);
+    let tr = Ident::new(names.0, here);
+    let helper = Ident::new(names.1, here);
     let message = format!("`{{Self}}` {message}");
-    let helper = format_ident!("into_{}", trait_name.to_lowercase(), span = Span::mixed_site());
-    let call = quote_spanned!(span=> #helper);
     quote! {{
         #[diagnostic::on_unimplemented(message = #message, label = #label, note = #note)]
         trait #tr: ::core::convert::From<#from> {}
@@ -287,7 +308,7 @@ fn convert(
         fn #helper<E: #tr>(x: #from) -> E {
             <E as ::core::convert::From<#from>>::from(x)
         }
-        #call
+        #helper
     }}
 }
 
@@ -426,6 +447,10 @@ fn builder(config: &Config, name: &TokenStream) -> TokenStream {
                 quote!(.cooldown(#t))
             }
         });
+    }
+    for (key, judge) in &config.judges {
+        let method = Ident::new(&key.to_string(), judge.span());
+        chain.extend(quote_spanned!(judge.span()=> .#method(#judge)));
     }
     if let Some(store) = &config.store {
         chain.extend(quote!(.store(#store())));

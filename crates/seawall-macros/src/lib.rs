@@ -1,4 +1,11 @@
-//! The `#[resilient(...)]` attribute of seawall.
+//! The `#[resilient(...)]` attribute of [seawall](https://crates.io/crates/seawall):
+//! retry, circuit breaker, timeout, bulkhead, rate limiter, cooldown and
+//! fallback declared on a function or method.
+//!
+//! Use it through `seawall` with the `macros` feature, which re-exports it as
+//! `seawall::resilient`; the generated code refers to the `seawall` crate.
+//! See [`macro@resilient`] for the settings, the order of policies, how errors
+//! reach the caller and how state is keyed.
 #![forbid(unsafe_code)]
 
 mod attr;
@@ -8,7 +15,7 @@ mod sig;
 use proc_macro::TokenStream;
 use quote::ToTokens;
 
-/// Runs a function through a seawall pipeline.
+#[doc = include_str!("resilient.md")]
 #[proc_macro_attribute]
 pub fn resilient(args: TokenStream, item: TokenStream) -> TokenStream {
     let item = syn::parse_macro_input!(item as syn::ItemFn);

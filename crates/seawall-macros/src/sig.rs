@@ -3,7 +3,10 @@
 use proc_macro2::Span;
 use quote::format_ident;
 use syn::spanned::Spanned;
-use syn::{FnArg, Ident, Pat, PatIdent, PatType, ReturnType, Signature, Token, Type};
+use syn::{
+    FnArg, GenericArgument, Ident, Pat, PatIdent, PatType, PathArguments, ReturnType, Signature,
+    Token, Type,
+};
 
 /// How an argument reaches each attempt.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -38,6 +41,8 @@ pub(crate) struct Analysis {
     pub(crate) args: Vec<Arg>,
     /// The declared return type, `Result<T, E>` (or an alias named `Result`).
     pub(crate) output: Type,
+    /// `E`, when the return type is spelled `Result<T, E>`.
+    pub(crate) error: Option<Type>,
     pub(crate) is_async: bool,
 }
 
@@ -150,11 +155,13 @@ pub(crate) fn analyse(sig: &Signature) -> syn::Result<Analysis> {
             }
         }
     }
+    let error = error_type(&output);
     Ok(Analysis {
         outer,
         receiver,
         args,
         output,
+        error,
         is_async,
     })
 }
@@ -169,5 +176,24 @@ fn returns_result(ty: &Type) -> bool {
             .last()
             .is_some_and(|s| s.ident == "Result"),
         _ => false,
+    }
+}
+
+/// `E` in `Result<T, E>`.
+fn error_type(ty: &Type) -> Option<Type> {
+    let Type::Path(p) = strip(ty) else {
+        return None;
+    };
+    let last = p.path.segments.last()?;
+    let PathArguments::AngleBracketed(args) = &last.arguments else {
+        return None;
+    };
+    let mut types = args.args.iter().filter_map(|a| match a {
+        GenericArgument::Type(t) => Some(t),
+        _ => None,
+    });
+    match (types.next(), types.next(), types.next()) {
+        (Some(_), Some(e), None) => Some(e.clone()),
+        _ => None,
     }
 }

@@ -9,7 +9,7 @@ use seawall::store::{ResourceSpec, ResourceState};
 use seawall::testing::VirtualClock;
 use seawall::{
     resilient, Clock, Error, Event, EventKind, Rejection, RejectionReason, StateStore, StoreError,
-    TimeoutError,
+    TimeoutError, Verdict,
 };
 
 /// The error of the functions under test; it can hold seawall's
@@ -532,4 +532,56 @@ fn generic_functions_and_trait_methods() {
     assert!(events_of("Cache::fetch").contains(&"retry_scheduled"));
     assert_eq!(first(vec![3, 4]), Ok(3));
     assert_eq!(first::<u8>(vec![]), Err(ApiError::Flaky(0)));
+}
+
+/// `Flaky(n)` with an even `n` is permanent.
+fn transient(e: &ApiError) -> bool {
+    matches!(e, ApiError::Flaky(n) if n % 2 == 1)
+}
+
+fn judge(e: &ApiError) -> Verdict {
+    match e {
+        ApiError::Flaky(0) => Verdict::ignore(),
+        _ => Verdict::retry(),
+    }
+}
+
+struct Judged {
+    backend: Flaky,
+}
+
+impl Judged {
+    #[resilient(retry(max_attempts = 5, backoff_ms = 1), retry_if = transient)]
+    fn until_permanent(&self) -> Result<u32, ApiError> {
+        self.backend.next()
+    }
+
+    #[resilient(
+        retry(max_attempts = 5, backoff_ms = 1),
+        circuit_breaker(consecutive_failures = 1),
+        classify = judge
+    )]
+    fn ignored(&self, fail: bool) -> Result<u32, ApiError> {
+        if fail {
+            return Err(ApiError::Flaky(0));
+        }
+        self.backend.next()
+    }
+}
+
+#[test]
+fn classifier_and_predicates_judge_the_errors() {
+    let judged = Judged {
+        backend: Flaky::failing(10),
+    };
+    // Flaky(1) is retried, Flaky(2) is not.
+    assert_eq!(judged.until_permanent(), Err(ApiError::Flaky(2)));
+    assert_eq!(judged.backend.calls(), 2);
+    // An ignored error is neither retried nor counted by the breaker.
+    let judged = Judged {
+        backend: Flaky::failing(0),
+    };
+    assert_eq!(judged.ignored(true), Err(ApiError::Flaky(0)));
+    assert_eq!(judged.ignored(true), Err(ApiError::Flaky(0)));
+    assert_eq!(judged.ignored(false), Ok(1));
 }

@@ -4,7 +4,7 @@
 //! call.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Condvar, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -28,9 +28,29 @@ pub(crate) struct Link {
     client: redis::Client,
     pub(crate) settings: LinkSettings,
     pool: Mutex<Vec<redis::Connection>>,
-    manager: Mutex<Option<ConnectionManager>>,
+    /// One async connection per tokio runtime that used the store: a
+    /// connection's driver task lives on the runtime that created it.
+    managers: Mutex<Vec<(tokio::runtime::Id, ConnectionManager)>>,
     health: Health,
+    /// Records sent on the async connection whose answer is not awaited
+    /// (see [`Link::unawaited`]); the blocking path waits for them.
+    unawaited: Mutex<usize>,
+    settled: Condvar,
     weak: Weak<Link>,
+}
+
+/// One record sent without waiting for its answer; dropped when the answer
+/// (or an error) arrived.
+pub(crate) struct Unawaited(Arc<Link>);
+
+impl Drop for Unawaited {
+    fn drop(&mut self) {
+        let mut n = lock(&self.0.unawaited);
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            self.0.settled.notify_all();
+        }
+    }
 }
 
 impl std::fmt::Debug for Link {
@@ -68,7 +88,9 @@ impl Link {
             client,
             settings,
             pool: Mutex::new(Vec::new()),
-            manager: Mutex::new(None),
+            managers: Mutex::new(Vec::new()),
+            unawaited: Mutex::new(0),
+            settled: Condvar::new(),
             health: Health {
                 origin: Instant::now(),
                 skip_until: AtomicU64::new(0),
@@ -77,6 +99,35 @@ impl Link {
             },
             weak: weak.clone(),
         })
+    }
+
+    /// Counts a record sent on the async connection without waiting for its
+    /// answer, until the returned guard is dropped.
+    pub(crate) fn unawaited(self: &Arc<Self>) -> Unawaited {
+        *lock(&self.unawaited) += 1;
+        Unawaited(Arc::clone(self))
+    }
+
+    /// Blocks until every unawaited record was answered (at most connect
+    /// timeout + timeout), so that the blocking path, on connections of its
+    /// own, sees what the async path wrote before it.
+    fn settle(&self) {
+        let mut n = lock(&self.unawaited);
+        if *n == 0 {
+            return;
+        }
+        let deadline = Instant::now() + self.settings.connect_timeout + self.settings.timeout;
+        while *n > 0 {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            n = self
+                .settled
+                .wait_timeout(n, left)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
     }
 
     /// `false` while Redis is skipped after a failure.
@@ -135,7 +186,7 @@ impl Link {
     fn recovered(&self) {
         // The async connection may hold the error of its last attempt:
         // start afresh.
-        lock(&self.manager).take();
+        lock(&self.managers).clear();
         self.health.skip_until.store(0, Ordering::Release);
         #[cfg(feature = "tracing")]
         tracing::info!(target: "seawall_redis", address = %self.settings.address, "redis reachable again");
@@ -159,6 +210,7 @@ impl Link {
         f: impl FnOnce(&mut redis::Connection) -> redis::RedisResult<T>,
     ) -> Result<T, StoreError> {
         self.gate()?;
+        self.settle();
         let pooled = lock(&self.pool).pop();
         let mut conn = match pooled {
             Some(c) => c,
@@ -210,9 +262,14 @@ impl Link {
         })
     }
 
+    /// The async connection of the current runtime (created on first use;
+    /// it connects, and reconnects, by itself).
     fn manager(&self) -> Result<ConnectionManager, StoreError> {
-        let mut slot = lock(&self.manager);
-        if let Some(m) = slot.as_ref() {
+        /// Runtimes remembered; the oldest is forgotten beyond this.
+        const RUNTIMES: usize = 8;
+        let runtime = tokio::runtime::Handle::current().id();
+        let mut managers = lock(&self.managers);
+        if let Some((_, m)) = managers.iter().find(|(id, _)| *id == runtime) {
             return Ok(m.clone());
         }
         let config = ConnectionManagerConfig::new()
@@ -223,7 +280,10 @@ impl Link {
             .set_max_delay(self.settings.reconnect_interval);
         let m = ConnectionManager::new_lazy_with_config(self.client.clone(), config)
             .map_err(|e| store_error(&e, self.settings.timeout))?;
-        *slot = Some(m.clone());
+        if managers.len() >= RUNTIMES {
+            managers.remove(0);
+        }
+        managers.push((runtime, m.clone()));
         Ok(m)
     }
 

@@ -1,7 +1,9 @@
 //! [`RedisStore`] and the state of one bound resource.
 
 use std::fmt;
+use std::future::Future;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use redis::{Script, ScriptInvocation};
@@ -205,6 +207,34 @@ fn protocol(what: &str, reply: &[i64]) -> StoreError {
     StoreError::Protocol(format!("unexpected {what} reply from the store script: {reply:?}"))
 }
 
+/// A record sent without waiting for its answer. If it is dropped
+/// unanswered (its runtime shut down before the command was written), the
+/// slot is given back on the blocking path: the release is idempotent, the
+/// lost success of a closed circuit is immaterial.
+struct PendingRecord {
+    unawaited: Option<crate::link::Unawaited>,
+    shared: Arc<Shared>,
+    partition: Option<PartitionKey>,
+    permit: Permit,
+    answered: bool,
+}
+
+impl Drop for PendingRecord {
+    fn drop(&mut self) {
+        // First: the blocking path waits for unawaited records.
+        drop(self.unawaited.take());
+        if self.answered || self.permit.slot.is_none() {
+            return;
+        }
+        let args = ReleaseArgs {
+            partition: self.partition.take(),
+            permit: self.permit,
+        };
+        let inv = self.shared.release_invocation(&args);
+        let _ = self.shared.link.invoke_sync::<i64>(&inv);
+    }
+}
+
 /// The arguments of a release, owned so that it can run in the background.
 struct ReleaseArgs {
     partition: Option<PartitionKey>,
@@ -358,6 +388,22 @@ impl Shared {
         }
     }
 
+    /// `true` when recording `record` can report nothing: a success (or an
+    /// ignored outcome) of a permit that is not a probe, not slow, without
+    /// a retry-after hint. Such a record never moves the circuit (rates are
+    /// judged on failed or slow calls only) nor opens a cooldown.
+    fn record_is_silent(&self, record: &Record<'_>) -> bool {
+        let slow = self
+            .spec
+            .circuit
+            .as_ref()
+            .is_some_and(|c| c.slow_call_rate.is_some() && record.duration >= c.slow_call_duration);
+        !record.permit.probe
+            && record.retry_after.is_none()
+            && !slow
+            && matches!(record.outcome, Outcome::Success | Outcome::Ignored)
+    }
+
     fn in_flight_invocation(&self, partition: Option<&PartitionKey>, now: Duration) -> ScriptInvocation<'static> {
         self.invocation(&Scripts::get().in_flight, partition, Some(now))
     }
@@ -400,9 +446,39 @@ impl ResourceState for RedisResource {
         }
     }
 
+    /// Records in one round trip. A success that cannot change anything
+    /// the caller is told (not a probe, not slow, no retry-after hint) is
+    /// queued on the connection before this returns, and its answer is not
+    /// waited for: the caller's next admission follows it on the same
+    /// connection, and the call costs one round trip instead of two.
     fn record_async<'a>(&'a self, record: Record<'a>) -> StoreFuture<'a, Recorded> {
         if record.permit.local || tokio::runtime::Handle::try_current().is_err() {
             return StoreFuture::ready(self.record(&record));
+        }
+        let s = &self.shared;
+        if s.record_is_silent(&record) && s.link.is_available() {
+            let inv = s.record_invocation(&record);
+            let mut pending = PendingRecord {
+                unawaited: Some(s.link.unawaited()),
+                shared: Arc::clone(s),
+                partition: record.partition.cloned(),
+                permit: record.permit,
+                answered: false,
+            };
+            // Unconstrained: tokio's cooperative budget must not keep the
+            // first poll from queueing the command.
+            let send = tokio::task::unconstrained(async move {
+                let _ = pending.shared.link.invoke_async::<Vec<i64>>(&inv).await;
+                pending.answered = true;
+            });
+            return StoreFuture::boxed(async move {
+                let mut send = Box::pin(send);
+                let queued_only = std::future::poll_fn(|cx| Poll::Ready(send.as_mut().poll(cx).is_pending())).await;
+                if queued_only {
+                    tokio::spawn(send);
+                }
+                Ok(Recorded::default())
+            });
         }
         StoreFuture::boxed(async move {
             let s = &*self.shared;

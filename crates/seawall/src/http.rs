@@ -228,7 +228,10 @@ mod tests {
     fn delta_seconds() {
         let now = at(0);
         assert_eq!(parse_retry_after("0", now), Some(Duration::ZERO));
-        assert_eq!(parse_retry_after(" 120\t", now), Some(Duration::from_secs(120)));
+        assert_eq!(
+            parse_retry_after(" 120\t", now),
+            Some(Duration::from_secs(120))
+        );
         assert_eq!(parse_retry_after("007", now), Some(Duration::from_secs(7)));
         assert_eq!(parse_retry_after("3600", now), Some(MAX_RETRY_AFTER));
         assert_eq!(parse_retry_after("3601", now), Some(MAX_RETRY_AFTER));
@@ -270,8 +273,14 @@ mod tests {
             parse_retry_after("Fri, 31 Dec 9999 23:59:59 GMT", now),
             Some(MAX_RETRY_AFTER)
         );
-        assert_eq!(parse_retry_after("Sun, 32 Nov 1994 08:49:37 GMT", now), None);
-        assert_eq!(parse_retry_after("Sun, 06 Nov 1994 25:49:37 GMT", now), None);
+        assert_eq!(
+            parse_retry_after("Sun, 32 Nov 1994 08:49:37 GMT", now),
+            None
+        );
+        assert_eq!(
+            parse_retry_after("Sun, 06 Nov 1994 25:49:37 GMT", now),
+            None
+        );
         assert_eq!(parse_retry_after("Sun, 06 Nov 1994", now), None);
     }
 

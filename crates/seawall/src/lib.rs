@@ -67,6 +67,8 @@ pub mod error;
 pub mod event;
 #[cfg(feature = "http")]
 pub mod http;
+#[cfg(feature = "metrics")]
+pub mod metrics;
 pub mod pipeline;
 pub mod rate_limit;
 #[cfg(feature = "reqwest")]

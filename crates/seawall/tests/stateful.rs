@@ -129,7 +129,10 @@ fn a_later_refusal_gives_back_the_earlier_permits() {
         .build()
         .unwrap();
     assert!(p.call(|_| Ok::<_, Fail>(())).is_ok());
-    assert_eq!(reason(p.call(|_| Ok::<_, Fail>(()))), RejectionReason::RateLimited);
+    assert_eq!(
+        reason(p.call(|_| Ok::<_, Fail>(()))),
+        RejectionReason::RateLimited
+    );
     assert_eq!(
         p.in_flight().unwrap(),
         0,
@@ -153,7 +156,10 @@ fn circuit_opens_rejects_probes_and_closes_with_events() {
         .build()
         .unwrap();
     for _ in 0..3 {
-        assert!(matches!(p.call(|_| Err::<(), _>(Fail)), Err(Error::Operation(Fail))));
+        assert!(matches!(
+            p.call(|_| Err::<(), _>(Fail)),
+            Err(Error::Operation(Fail))
+        ));
     }
     assert_eq!(p.circuit_state().unwrap(), CircuitState::Open);
     let mut ran = false;
@@ -202,7 +208,10 @@ fn retry_outside_the_breaker_stops_when_the_circuit_opens() {
         calls += 1;
         Err::<(), _>(Fail)
     });
-    assert_eq!(calls, 2, "the third attempt was refused by the open circuit");
+    assert_eq!(
+        calls, 2,
+        "the third attempt was refused by the open circuit"
+    );
     assert_eq!(reason(r), RejectionReason::CircuitOpen);
 }
 
@@ -218,7 +227,10 @@ fn two_pipelines_with_one_name_and_store_share_one_circuit() {
     };
     let (a, b) = (build(), build());
     let _ = a.call(|_| Err::<(), _>(Fail));
-    assert_eq!(reason(b.call(|_| Ok::<_, Fail>(()))), RejectionReason::CircuitOpen);
+    assert_eq!(
+        reason(b.call(|_| Ok::<_, Fail>(()))),
+        RejectionReason::CircuitOpen
+    );
     // another store: another circuit
     let c = Pipeline::builder("s-shared")
         .circuit_breaker(CircuitBreaker::consecutive_failures(1))
@@ -237,7 +249,10 @@ fn manual_control_isolates_forces_closed_and_resets() {
         .unwrap();
     p.isolate().unwrap();
     assert_eq!(p.circuit_state().unwrap(), CircuitState::Isolated);
-    assert_eq!(reason(p.call(|_| Ok::<_, Fail>(()))), RejectionReason::CircuitOpen);
+    assert_eq!(
+        reason(p.call(|_| Ok::<_, Fail>(()))),
+        RejectionReason::CircuitOpen
+    );
     p.force_close().unwrap();
     assert_eq!(p.circuit_state().unwrap(), CircuitState::Disabled);
     for _ in 0..5 {
@@ -300,7 +315,12 @@ fn cooldown_defers_refuses_or_exceeds_the_deadline() {
     let log = log.lock().unwrap();
     let relevant: Vec<_> = log
         .iter()
-        .filter(|e| matches!(e, EventKind::CooldownStarted { .. } | EventKind::Deferred { .. }))
+        .filter(|e| {
+            matches!(
+                e,
+                EventKind::CooldownStarted { .. } | EventKind::Deferred { .. }
+            )
+        })
         .cloned()
         .collect();
     assert_eq!(
@@ -327,7 +347,11 @@ fn rate_limited_call_waits_for_its_permit_when_it_fits() {
         .unwrap();
     assert!(p.call(|_| Ok::<_, Fail>(())).is_ok());
     assert!(p.call(|_| Ok::<_, Fail>(())).is_ok());
-    assert_eq!(clock.now(), secs(1), "the second call waited one emission interval");
+    assert_eq!(
+        clock.now(),
+        secs(1),
+        "the second call waited one emission interval"
+    );
     let strict = Pipeline::builder("s-rate-nowait")
         .rate_limiter(RateLimiter::gcra(1, secs(1)).burst(1))
         .store(MemoryStore::new())

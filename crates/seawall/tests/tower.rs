@@ -89,7 +89,9 @@ impl Server {
                             if let Some(v) = &r.retry_after {
                                 response = response.header(RETRY_AFTER, v);
                             }
-                            Ok::<_, Infallible>(response.body(Full::new(Bytes::from(r.body))).unwrap())
+                            Ok::<_, Infallible>(
+                                response.body(Full::new(Bytes::from(r.body))).unwrap(),
+                            )
                         }
                     });
                     let _ = hyper::server::conn::http1::Builder::new()
@@ -190,7 +192,11 @@ async fn without_a_response_classifier_every_response_is_a_success() {
     let clock = VirtualClock::new();
     let layer = PipelineLayer::new(retrying("tower-default", &clock, 3)).unwrap();
 
-    let response = layer.layer(client()).oneshot(server.get("/")).await.unwrap();
+    let response = layer
+        .layer(client())
+        .oneshot(server.get("/"))
+        .await
+        .unwrap();
 
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(server.hits(), 1);
@@ -264,7 +270,10 @@ async fn an_open_circuit_rejects_without_reaching_the_server() {
             .unwrap();
         assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
     }
-    assert_eq!(service.pipeline().circuit_state().unwrap(), CircuitState::Open);
+    assert_eq!(
+        service.pipeline().circuit_state().unwrap(),
+        CircuitState::Open
+    );
 
     for _ in 0..5 {
         let error = service

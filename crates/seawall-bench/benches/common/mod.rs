@@ -25,13 +25,13 @@ use tower::{Layer, Service, ServiceBuilder, ServiceExt};
 // ------------------------------------------------------------------ shapes
 
 /// One async call of a contender; clones share the contender's state.
-pub trait AsyncCase: Clone + Send + 'static {
+pub(crate) trait AsyncCase: Clone + Send + 'static {
     /// Makes one call and consumes its result.
     fn call(&mut self) -> impl Future<Output = ()>;
 }
 
 /// A seawall pipeline called with `run`.
-pub struct SeawallAsync<K: Kind = AnyResult>(pub Pipeline<K>);
+pub(crate) struct SeawallAsync<K: Kind = AnyResult>(pub(crate) Pipeline<K>);
 
 impl<K: Kind> Clone for SeawallAsync<K> {
     fn clone(&self) -> Self {
@@ -53,7 +53,7 @@ impl AsyncCase for SeawallAsync<seawall::pipeline::WithFallback<u64, Oops>> {
 
 /// A tower service driven as tower services are: `ready()`, then `call`.
 #[derive(Clone)]
-pub struct Tower<S>(pub S);
+pub(crate) struct Tower<S>(pub(crate) S);
 
 impl<S> AsyncCase for Tower<S>
 where
@@ -69,7 +69,7 @@ where
 }
 
 /// A seatbelt stack (`layered::Service::execute`).
-pub struct Seatbelt<S>(pub Arc<S>);
+pub(crate) struct Seatbelt<S>(pub(crate) Arc<S>);
 
 impl<S> Clone for Seatbelt<S> {
     fn clone(&self) -> Self {
@@ -88,7 +88,7 @@ where
 
 /// A plain async closure.
 #[derive(Clone)]
-pub struct Closure<F>(pub F);
+pub(crate) struct Closure<F>(pub(crate) F);
 
 impl<F, Fut> AsyncCase for Closure<F>
 where
@@ -101,14 +101,14 @@ where
 }
 
 /// The inner tower service every tower stack wraps: the protected operation.
-pub fn tower_op() -> tower::util::ServiceFn<
+pub(crate) fn tower_op() -> tower::util::ServiceFn<
     impl FnMut(u64) -> std::future::Ready<Result<u64, Oops>> + Clone + Send + 'static,
 > {
     tower::service_fn(|x: u64| std::future::ready(op(x)))
 }
 
 /// A tower service that always fails.
-pub fn tower_failing() -> tower::util::ServiceFn<
+pub(crate) fn tower_failing() -> tower::util::ServiceFn<
     impl FnMut(u64) -> std::future::Ready<Result<u64, Oops>> + Clone + Send + 'static,
 > {
     tower::service_fn(|x: u64| std::future::ready(failing_op(x)))
@@ -116,7 +116,7 @@ pub fn tower_failing() -> tower::util::ServiceFn<
 
 /// A seatbelt context on a clock driven by the current tokio runtime.
 /// Must be called inside a runtime.
-pub fn seatbelt_context() -> seatbelt::ResilienceContext<u64, Result<u64, Oops>> {
+pub(crate) fn seatbelt_context() -> seatbelt::ResilienceContext<u64, Result<u64, Oops>> {
     seatbelt::ResilienceContext::new(tick::Clock::new_tokio()).name("bench")
 }
 
@@ -152,7 +152,7 @@ fn seatbelt_breaker_recovery(
 // ------------------------------------------------------------------- retry
 
 /// backon's blocking retry: exponential from 10 ms, 2 retries (3 attempts), jitter.
-pub fn backon_builder() -> backon::ExponentialBuilder {
+pub(crate) fn backon_builder() -> backon::ExponentialBuilder {
     backon::ExponentialBuilder::default()
         .with_min_delay(Duration::from_millis(10))
         .with_max_times(2)
@@ -160,7 +160,7 @@ pub fn backon_builder() -> backon::ExponentialBuilder {
 }
 
 /// backon, blocking: one call.
-pub fn backon_sync() -> impl Fn() + Clone + Send + Sync {
+pub(crate) fn backon_sync() -> impl Fn() + Clone + Send + Sync {
     let builder = backon_builder();
     move || {
         use backon::BlockingRetryable;
@@ -169,7 +169,7 @@ pub fn backon_sync() -> impl Fn() + Clone + Send + Sync {
 }
 
 /// backon, async (tokio sleeper).
-pub fn backon_async() -> impl AsyncCase {
+pub(crate) fn backon_async() -> impl AsyncCase {
     let builder = backon_builder();
     Closure(move || async move {
         use backon::Retryable;
@@ -180,7 +180,7 @@ pub fn backon_async() -> impl AsyncCase {
 /// A tower retry policy: never retries a success; up to 2 retries after
 /// 10 ms on an error.
 #[derive(Clone)]
-pub struct Attempts(pub usize);
+pub(crate) struct Attempts(pub(crate) usize);
 
 impl tower::retry::Policy<u64, u64, Oops> for Attempts {
     type Future = tokio::time::Sleep;
@@ -202,12 +202,12 @@ impl tower::retry::Policy<u64, u64, Oops> for Attempts {
 }
 
 /// tower's retry middleware.
-pub fn tower_retry() -> Tower<impl Service<u64, Response = u64> + Clone + Send + 'static> {
+pub(crate) fn tower_retry() -> Tower<impl Service<u64, Response = u64> + Clone + Send + 'static> {
     Tower(tower::retry::Retry::new(Attempts(2), tower_op()))
 }
 
 /// tower-resilience's retry: 3 attempts, exponential from 10 ms.
-pub fn tower_resilience_retry() -> Tower<impl Service<u64, Response = u64> + Clone + Send + 'static>
+pub(crate) fn tower_resilience_retry() -> Tower<impl Service<u64, Response = u64> + Clone + Send + 'static>
 {
     let layer = tower_resilience::retry::RetryLayer::<u64, u64, Oops>::builder()
         .max_attempts(3)
@@ -219,7 +219,7 @@ pub fn tower_resilience_retry() -> Tower<impl Service<u64, Response = u64> + Clo
 // ----------------------------------------------------------------- breaker
 
 /// recloser: failure rate 50 % over the last 100 calls.
-pub fn recloser() -> Arc<recloser::Recloser> {
+pub(crate) fn recloser() -> Arc<recloser::Recloser> {
     Arc::new(
         recloser::Recloser::custom()
             .error_rate(0.5)
@@ -231,12 +231,12 @@ pub fn recloser() -> Arc<recloser::Recloser> {
 }
 
 /// recloser, one call.
-pub fn recloser_call(r: &recloser::Recloser) {
+pub(crate) fn recloser_call(r: &recloser::Recloser) {
     black_box(r.call(|| op(black_box(1))).is_ok());
 }
 
 /// recloser, tripped open.
-pub fn recloser_open() -> Arc<recloser::Recloser> {
+pub(crate) fn recloser_open() -> Arc<recloser::Recloser> {
     let r = recloser();
     for _ in 0..200 {
         let _ = r.call(|| failing_op(1));
@@ -250,12 +250,12 @@ pub fn recloser_open() -> Arc<recloser::Recloser> {
 
 /// failsafe with its default policy (success rate over a time window, or
 /// consecutive failures).
-pub fn failsafe() -> Arc<impl failsafe::CircuitBreaker + Send + Sync> {
+pub(crate) fn failsafe() -> Arc<impl failsafe::CircuitBreaker + Send + Sync> {
     Arc::new(failsafe::Config::new().build())
 }
 
 /// failsafe opening after 5 failures in a row.
-pub fn failsafe_consecutive() -> Arc<impl failsafe::CircuitBreaker + Send + Sync> {
+pub(crate) fn failsafe_consecutive() -> Arc<impl failsafe::CircuitBreaker + Send + Sync> {
     let backoff = failsafe::backoff::constant(Duration::from_secs(60));
     Arc::new(
         failsafe::Config::new()
@@ -265,12 +265,12 @@ pub fn failsafe_consecutive() -> Arc<impl failsafe::CircuitBreaker + Send + Sync
 }
 
 /// failsafe, one call.
-pub fn failsafe_call(cb: &impl failsafe::CircuitBreaker) {
+pub(crate) fn failsafe_call(cb: &impl failsafe::CircuitBreaker) {
     black_box(cb.call(|| op(black_box(1))).is_ok());
 }
 
 /// failsafe, tripped open (a one-hour backoff).
-pub fn failsafe_open() -> Arc<impl failsafe::CircuitBreaker + Send + Sync> {
+pub(crate) fn failsafe_open() -> Arc<impl failsafe::CircuitBreaker + Send + Sync> {
     let backoff = failsafe::backoff::constant(Duration::from_secs(3600));
     let cb = Arc::new(
         failsafe::Config::new()
@@ -298,13 +298,13 @@ fn tower_resilience_breaker_layer() -> tower_resilience::circuitbreaker::Circuit
 }
 
 /// tower-resilience's circuit breaker: failure rate 50 % over 100 calls.
-pub fn tower_resilience_breaker() -> Tower<impl Service<u64, Response = u64> + Clone + Send + 'static>
+pub(crate) fn tower_resilience_breaker() -> Tower<impl Service<u64, Response = u64> + Clone + Send + 'static>
 {
     Tower(tower_resilience_breaker_layer().layer(tower_op()))
 }
 
 /// tower-resilience's circuit breaker opening after 5 failures in a row.
-pub fn tower_resilience_consecutive(
+pub(crate) fn tower_resilience_consecutive(
 ) -> Tower<impl Service<u64, Response = u64> + Clone + Send + 'static> {
     let layer = tower_resilience::circuitbreaker::CircuitBreakerLayer::builder()
         .consecutive_failures(5)
@@ -316,7 +316,7 @@ pub fn tower_resilience_consecutive(
 
 /// tower-resilience's circuit breaker, tripped open. The service fails
 /// while `fail` is set.
-pub fn tower_resilience_open(
+pub(crate) fn tower_resilience_open(
     rt: &tokio::runtime::Runtime,
 ) -> Tower<impl Service<u64, Response = u64> + Clone + Send + 'static> {
     let fail = Arc::new(std::sync::atomic::AtomicBool::new(true));
@@ -342,7 +342,7 @@ pub fn tower_resilience_open(
 }
 
 /// seatbelt's circuit breaker (defaults: failure threshold over a sampling window).
-pub fn seatbelt_breaker(
+pub(crate) fn seatbelt_breaker(
     rt: &tokio::runtime::Runtime,
 ) -> Seatbelt<impl layered::Service<u64, Out = Result<u64, Oops>> + Send + Sync + 'static> {
     use layered::Stack;
@@ -361,7 +361,7 @@ pub fn seatbelt_breaker(
 }
 
 /// seatbelt's circuit breaker, tripped open.
-pub fn seatbelt_open(
+pub(crate) fn seatbelt_open(
     rt: &tokio::runtime::Runtime,
 ) -> Seatbelt<impl layered::Service<u64, Out = Result<u64, Oops>> + Send + Sync + 'static> {
     use layered::{Service as _, Stack};
@@ -398,20 +398,20 @@ pub fn seatbelt_open(
 // ------------------------------------------------------------ rate limiter
 
 /// governor's direct limiter: 10^9 per second, bursts of 10^6 (quanta clock).
-pub fn governor() -> Arc<governor::DefaultDirectRateLimiter> {
+pub(crate) fn governor() -> Arc<governor::DefaultDirectRateLimiter> {
     let quota = governor::Quota::per_second(NonZeroU32::new(UNREACHABLE_RATE).expect("> 0"))
         .allow_burst(NonZeroU32::new(1_000_000).expect("> 0"));
     Arc::new(governor::RateLimiter::direct(quota))
 }
 
 /// governor, one `check()`.
-pub fn governor_check(l: &governor::DefaultDirectRateLimiter) {
+pub(crate) fn governor_check(l: &governor::DefaultDirectRateLimiter) {
     black_box(l.check().is_ok());
 }
 
 /// tower-resilience's token bucket (its GCRA equivalent): 10^9 per second,
 /// bursts of 10^6.
-pub fn tower_resilience_token_bucket(
+pub(crate) fn tower_resilience_token_bucket(
 ) -> Tower<impl Service<u64, Response = u64> + Clone + Send + 'static> {
     let layer = tower_resilience::ratelimiter::RateLimiterLayer::burst(
         UNREACHABLE_RATE as usize,
@@ -424,7 +424,7 @@ pub fn tower_resilience_token_bucket(
 }
 
 /// tower-resilience's fixed window: `u32::MAX` per second.
-pub fn tower_resilience_fixed_window(
+pub(crate) fn tower_resilience_fixed_window(
 ) -> Tower<impl Service<u64, Response = u64> + Clone + Send + 'static> {
     let layer = tower_resilience::ratelimiter::RateLimiterLayer::builder()
         .limit_for_period(u32::MAX as usize)
@@ -436,7 +436,7 @@ pub fn tower_resilience_fixed_window(
 }
 
 /// tower-resilience's sliding log (exact, like seawall's sliding window).
-pub fn tower_resilience_sliding_log(
+pub(crate) fn tower_resilience_sliding_log(
 ) -> Tower<impl Service<u64, Response = u64> + Clone + Send + 'static> {
     let (limit, period) = pipelines::SLIDING;
     let layer = tower_resilience::ratelimiter::RateLimiterLayer::builder()
@@ -452,20 +452,20 @@ pub fn tower_resilience_sliding_log(
 // ---------------------------------------------------------------- bulkhead
 
 /// The floor of a bulkhead: a tokio semaphore of 64 permits.
-pub fn semaphore() -> Arc<tokio::sync::Semaphore> {
+pub(crate) fn semaphore() -> Arc<tokio::sync::Semaphore> {
     Arc::new(tokio::sync::Semaphore::new(64))
 }
 
 /// One sync bulkhead round on the semaphore: `try_acquire`, the operation,
 /// drop of the permit.
-pub fn semaphore_call(s: &tokio::sync::Semaphore) {
+pub(crate) fn semaphore_call(s: &tokio::sync::Semaphore) {
     let permit = s.try_acquire();
     black_box(permit.is_ok() && op(black_box(1)).is_ok());
 }
 
 /// One async bulkhead round on the semaphore: `acquire().await`, the
 /// operation, drop of the permit.
-pub fn semaphore_async() -> impl AsyncCase {
+pub(crate) fn semaphore_async() -> impl AsyncCase {
     let s = semaphore();
     Closure(move || {
         let s = Arc::clone(&s);
@@ -477,7 +477,7 @@ pub fn semaphore_async() -> impl AsyncCase {
 }
 
 /// tower-resilience's bulkhead: 64 concurrent calls.
-pub fn tower_resilience_bulkhead(
+pub(crate) fn tower_resilience_bulkhead(
 ) -> Tower<impl Service<u64, Response = u64> + Clone + Send + 'static> {
     let layer = tower_resilience::bulkhead::BulkheadLayer::builder()
         .max_concurrent_calls(64)
@@ -489,7 +489,7 @@ pub fn tower_resilience_bulkhead(
 // ----------------------------------------------------------------- timeout
 
 /// `tokio::time::timeout` around the operation (1 s).
-pub fn tokio_timeout() -> impl AsyncCase {
+pub(crate) fn tokio_timeout() -> impl AsyncCase {
     Closure(|| async {
         tokio::time::timeout(Duration::from_secs(1), async { op(black_box(1)) })
             .await
@@ -498,12 +498,12 @@ pub fn tokio_timeout() -> impl AsyncCase {
 }
 
 /// tower's timeout middleware (1 s).
-pub fn tower_timeout() -> Tower<impl Service<u64, Response = u64> + Clone + Send + 'static> {
+pub(crate) fn tower_timeout() -> Tower<impl Service<u64, Response = u64> + Clone + Send + 'static> {
     Tower(tower::timeout::Timeout::new(tower_op(), Duration::from_secs(1)))
 }
 
 /// tower-resilience's time limiter (1 s).
-pub fn tower_resilience_time_limiter(
+pub(crate) fn tower_resilience_time_limiter(
 ) -> Tower<impl Service<u64, Response = u64> + Clone + Send + 'static> {
     let layer = tower_resilience::timelimiter::TimeLimiterLayer::builder()
         .timeout_duration(Duration::from_secs(1))
@@ -512,7 +512,7 @@ pub fn tower_resilience_time_limiter(
 }
 
 /// seatbelt's timeout (1 s).
-pub fn seatbelt_timeout(
+pub(crate) fn seatbelt_timeout(
     rt: &tokio::runtime::Runtime,
 ) -> Seatbelt<impl layered::Service<u64, Out = Result<u64, Oops>> + Send + Sync + 'static> {
     use layered::Stack;
@@ -533,7 +533,7 @@ pub fn seatbelt_timeout(
 /// (3 attempts, exponential from 10 ms), circuit breaker (50 % over 100
 /// calls), bulkhead (64), token bucket (10^9 per second), time limiter (1 s
 /// per attempt).
-pub fn tower_resilience_full_chain(
+pub(crate) fn tower_resilience_full_chain(
 ) -> Tower<impl Service<u64, Response = u64> + Clone + Send + 'static> {
     use tower_resilience::bulkhead::BulkheadServiceError;
     use tower_resilience::circuitbreaker::CircuitBreakerError;
@@ -585,7 +585,7 @@ pub fn tower_resilience_full_chain(
 /// seatbelt's closest stack: fallback, retry (2 retries, exponential from
 /// 10 ms, jitter), circuit breaker (50 % over its sampling window), timeout
 /// (1 s per attempt). seatbelt has no bulkhead and no rate limiter.
-pub fn seatbelt_full_chain(
+pub(crate) fn seatbelt_full_chain(
     rt: &tokio::runtime::Runtime,
 ) -> Seatbelt<impl layered::Service<u64, Out = Result<u64, Oops>> + Send + Sync + 'static> {
     use layered::Stack;
@@ -615,7 +615,7 @@ pub fn seatbelt_full_chain(
 }
 
 /// seatbelt's retry alone (2 retries, exponential from 10 ms, jitter).
-pub fn seatbelt_retry(
+pub(crate) fn seatbelt_retry(
     rt: &tokio::runtime::Runtime,
 ) -> Seatbelt<impl layered::Service<u64, Out = Result<u64, Oops>> + Send + Sync + 'static> {
     use layered::Stack;
@@ -638,7 +638,7 @@ pub fn seatbelt_retry(
 /// semaphore slot, then a fallback value. (No timeout: none of them has a
 /// sync one.)
 #[derive(Clone)]
-pub struct AssembledSyncChain {
+pub(crate) struct AssembledSyncChain {
     breaker: Arc<recloser::Recloser>,
     limiter: Arc<governor::DefaultDirectRateLimiter>,
     slots: Arc<tokio::sync::Semaphore>,
@@ -647,7 +647,7 @@ pub struct AssembledSyncChain {
 
 impl AssembledSyncChain {
     /// The chain, with the configurations of the single-policy scenarios.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         AssembledSyncChain {
             breaker: recloser(),
             limiter: governor(),
@@ -657,7 +657,7 @@ impl AssembledSyncChain {
     }
 
     /// One call.
-    pub fn call(&self) {
+    pub(crate) fn call(&self) {
         use backon::BlockingRetryable;
         let attempt = || {
             self.breaker

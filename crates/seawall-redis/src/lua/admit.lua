@@ -99,22 +99,22 @@ if reason == 0 then
   end
   if HAS_B then
     slot = redis.call('INCR', KSQ)
-    redis.call('PEXPIRE', KSQ, SEQ_TTL)
-    redis.call('ZADD', KB, now + B_LEASE, slot)
-    redis.call('PEXPIRE', KB, ms(B_LEASE) + 1000)
+    redis.call('PEXPIRE', KSQ, A[27])
+    redis.call('ZADD', KB, now + B_LEASE, int(slot))
+    redis.call('PEXPIRE', KB, ms(B_LEASE, 1000))
   end
   if HAS_R then
     if R_ALG == 1 then
-      redis.call('SET', KRL, rnew, 'PX', ms(rnew - now) + 1000)
+      redis.call('SET', KRL, rnew, 'PX', ms(rnew - now, 1000))
     elseif R_ALG == 2 then
       local w = math.floor(now / R_PERIOD)
-      redis.call('HSET', KRL, 'w', w, 'n', rnew)
-      redis.call('PEXPIRE', KRL, ms((w + 1) * R_PERIOD - now) + 1000)
+      redis.call('HSET', KRL, 'w', int(w), 'n', rnew)
+      redis.call('PEXPIRE', KRL, ms((w + 1) * R_PERIOD - now, 1000))
     else
       local id = redis.call('INCR', KSQ)
-      redis.call('PEXPIRE', KSQ, SEQ_TTL)
-      redis.call('ZADD', KRL, now, id)
-      redis.call('PEXPIRE', KRL, ms(R_PERIOD) + 1000)
+      redis.call('PEXPIRE', KSQ, A[27])
+      redis.call('ZADD', KRL, now, int(id))
+      redis.call('PEXPIRE', KRL, ms(R_PERIOD, 1000))
     end
   end
 end

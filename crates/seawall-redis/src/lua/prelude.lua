@@ -28,16 +28,24 @@ local HAS_B, B_MAX, B_LEASE = A[15] == '1', tonumber(A[16]), tonumber(A[17])
 local HAS_CD, CD_PAUSE, CD_GRACE = A[18] == '1', tonumber(A[19]), tonumber(A[20])
 local HAS_R, R_ALG, R_LIMIT = A[21] == '1', tonumber(A[22]), tonumber(A[23])
 local R_PERIOD, R_BURST, R_INT = tonumber(A[24]), tonumber(A[25]), tonumber(A[26])
-local SEQ_TTL = tonumber(A[27])
+-- A[27]: the TTL of the id sequence, in milliseconds, passed on as is.
 local D = 28
 
 -- Circuit states.
 local CLOSED, OPEN, HALF_OPEN, ISOLATED, DISABLED = 0, 1, 2, 3, 4
 
-local function ms(us)
-  local v = math.ceil(us / 1000)
+-- Integers sent back to Redis (TTLs, slot ids, bucket names) are
+-- formatted explicitly: a Lua number may otherwise reach Redis as
+-- `1e+08`, which is not an integer to PEXPIRE nor the same member to ZREM.
+local function int(n)
+  return string.format('%d', n)
+end
+
+-- A TTL in milliseconds (at least 1) for `us` microseconds plus `extra_ms`.
+local function ms(us, extra_ms)
+  local v = math.ceil(us / 1000) + (extra_ms or 0)
   if v < 1 then v = 1 end
-  return v
+  return int(v)
 end
 
 local function cload()

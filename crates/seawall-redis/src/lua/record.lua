@@ -4,10 +4,10 @@
 -- Reply: {transition, trips, cooldown_us (-1: none)}
 -- transition: 0 none, 2 opened, 3 closed
 
-local probe, pgen, slot = A[D] == '1', tonumber(A[D + 1]), tonumber(A[D + 2])
+local probe, pgen, slot = A[D] == '1', tonumber(A[D + 1]), A[D + 2]
 local outcome, dur, ra = tonumber(A[D + 3]), tonumber(A[D + 4]), tonumber(A[D + 5])
 
-if slot >= 0 then redis.call('ZREM', KB, slot) end
+if slot ~= '-1' then redis.call('ZREM', KB, slot) end
 
 local tr, trips, cdout = 0, 0, -1
 
@@ -72,6 +72,7 @@ if HAS_C then
         -- Time window: one bucket per whole second, the last MODE_N seconds.
         local sec = math.floor(now / 1000000)
         local edge = sec - MODE_N
+        local secs = int(sec)
         local old = redis.call('ZRANGEBYSCORE', KTZ, '-inf', edge)
         for i = 1, #old do
           local s = old[i]
@@ -83,17 +84,17 @@ if HAS_C then
         end
         if #old > 0 then redis.call('ZREMRANGEBYSCORE', KTZ, '-inf', edge) end
         if redis.call('EXISTS', KTZ) == 0 then c.tc, c.tf, c.ts = 0, 0, 0 end
-        redis.call('HINCRBY', KTW, sec .. 'c', 1)
+        redis.call('HINCRBY', KTW, secs .. 'c', 1)
         c.tc = c.tc + 1
         if fail then
-          redis.call('HINCRBY', KTW, sec .. 'f', 1)
+          redis.call('HINCRBY', KTW, secs .. 'f', 1)
           c.tf = c.tf + 1
         end
         if slow then
-          redis.call('HINCRBY', KTW, sec .. 's', 1)
+          redis.call('HINCRBY', KTW, secs .. 's', 1)
           c.ts = c.ts + 1
         end
-        redis.call('ZADD', KTZ, sec, sec)
+        redis.call('ZADD', KTZ, sec, secs)
         local ttl = cttl(c)
         redis.call('PEXPIRE', KTW, ttl)
         redis.call('PEXPIRE', KTZ, ttl)

@@ -258,3 +258,29 @@ fn a_cooldown_hint_pauses_other_stores_calls() {
     assert_eq!(rejection.reason, RejectionReason::CooldownActive);
     assert!(rejection.retry_after.unwrap() > Duration::from_secs(19));
 }
+
+/// Regression: a Lua number such as 100000000 may reach Redis 7 as
+/// `1e+08`; a slot stored under that name was never given back.
+#[test]
+fn slot_ids_with_trailing_zeros_are_given_back() {
+    let server = RedisServer::start();
+    let prefix = unique("zeros");
+    let store = RedisStore::builder(server.url()).prefix(&prefix).fail_closed().build().unwrap();
+    let p = Pipeline::builder("round")
+        .bulkhead(Bulkhead::new(1).lease(Duration::from_secs(30)))
+        .store(store)
+        .build()
+        .unwrap();
+    let mut conn = server.conn();
+    let _: () = redis::cmd("SET").arg(format!("{{{prefix}:round}}:sq")).arg(99_999_999).query(&mut conn).unwrap();
+    p.call(|_| Ok::<_, std::io::Error>(())).unwrap();
+    assert_eq!(p.in_flight().unwrap(), 0);
+    let members: Vec<String> = redis::cmd("ZRANGE")
+        .arg(format!("{{{prefix}:round}}:b"))
+        .arg(0)
+        .arg(-1)
+        .query(&mut conn)
+        .unwrap();
+    assert!(members.is_empty(), "{members:?}");
+    p.call(|_| Ok::<_, std::io::Error>(())).unwrap();
+}

@@ -298,7 +298,11 @@ impl Config {
         }
     }
 
-    pub(crate) fn parse_from(origin: &str, format: Format, text: &str) -> Result<Config, LoadError> {
+    pub(crate) fn parse_from(
+        origin: &str,
+        format: Format,
+        text: &str,
+    ) -> Result<Config, LoadError> {
         let raw = source::parse(origin, format, text)?;
         let mut config = Config {
             origin: origin.into(),
@@ -307,8 +311,8 @@ impl Config {
             pipelines: BTreeMap::new(),
         };
         for (name, own) in &raw.pipelines {
-            let resolved = Resolved::new(own, raw.default.as_ref())
-                .map_err(|e| config.invalid(name, e))?;
+            let resolved =
+                Resolved::new(own, raw.default.as_ref()).map_err(|e| config.invalid(name, e))?;
             config.pipelines.insert(name.clone(), resolved);
         }
         for (name, resolved) in &config.pipelines {

@@ -178,7 +178,9 @@ impl<'de> Deserialize<'de> for RawTimeout {
         impl<'de> Visitor<'de> for V {
             type Value = RawTimeout;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a duration string such as \"5s\", or a table with `duration` and `strict`")
+                f.write_str(
+                    "a duration string such as \"5s\", or a table with `duration` and `strict`",
+                )
             }
             fn visit_str<E: de::Error>(self, s: &str) -> Result<RawTimeout, E> {
                 let d = parse_duration(s).map_err(E::custom)?;
@@ -333,7 +335,12 @@ impl<'a, T> Layers<'a, T> {
     }
 }
 
-fn required<V>(v: Option<V>, policy: &'static str, field: &'static str, example: &str) -> Result<V, ConfigError> {
+fn required<V>(
+    v: Option<V>,
+    policy: &'static str,
+    field: &'static str,
+    example: &str,
+) -> Result<V, ConfigError> {
     v.ok_or_else(|| ConfigError::new(policy, field, format!("must be set, e.g. {example}")))
 }
 
@@ -357,7 +364,10 @@ pub(crate) struct Resolved {
 }
 
 impl Resolved {
-    pub(crate) fn new(own: &RawPipeline, base: Option<&RawPipeline>) -> Result<Resolved, ConfigError> {
+    pub(crate) fn new(
+        own: &RawPipeline,
+        base: Option<&RawPipeline>,
+    ) -> Result<Resolved, ConfigError> {
         let order = order(own, base)?;
         let mut policies = Vec::with_capacity(order.len());
         for p in order {
@@ -395,8 +405,11 @@ impl Resolved {
                     .ok_or_else(missing)?,
                 )?),
                 PolicyName::Bulkhead => Policy::Bulkhead(bulkhead(
-                    Layers::of(own.bulkhead.as_ref(), base.and_then(|b| b.bulkhead.as_ref()))
-                        .ok_or_else(missing)?,
+                    Layers::of(
+                        own.bulkhead.as_ref(),
+                        base.and_then(|b| b.bulkhead.as_ref()),
+                    )
+                    .ok_or_else(missing)?,
                 )?),
                 PolicyName::Cooldown => Policy::Cooldown(cooldown(Layers {
                     own: own.cooldown.as_ref(),
@@ -612,16 +625,27 @@ fn breaker(l: Layers<'_, RawBreaker>) -> Result<CircuitBreaker, ConfigError> {
         return Err(ConfigError::new(
             P,
             second,
-            format!("conflicts with `{first}`: set one of consecutive_failures, count_window or window"),
+            format!(
+                "conflicts with `{first}`: set one of consecutive_failures, count_window or window"
+            ),
         ));
     }
     let mode = if mode_from_own { l.own } else { l.base };
     let mut b = if let Some(n) = mode.and_then(|m| m.consecutive_failures) {
         for (field, stray) in [
-            ("failure_rate", l.stray(mode_from_own, |b| b.failure_rate.map(|_| ()))),
+            (
+                "failure_rate",
+                l.stray(mode_from_own, |b| b.failure_rate.map(|_| ())),
+            ),
             ("minimum_calls", l.stray(mode_from_own, |b| b.minimum_calls)),
-            ("slow_call_rate", l.stray(mode_from_own, |b| b.slow_call_rate.map(|_| ()))),
-            ("slow_call_duration", l.stray(mode_from_own, |b| b.slow_call_duration)),
+            (
+                "slow_call_rate",
+                l.stray(mode_from_own, |b| b.slow_call_rate.map(|_| ())),
+            ),
+            (
+                "slow_call_duration",
+                l.stray(mode_from_own, |b| b.slow_call_duration),
+            ),
         ] {
             if stray {
                 return Err(ConfigError::new(
@@ -668,16 +692,12 @@ fn breaker(l: Layers<'_, RawBreaker>) -> Result<CircuitBreaker, ConfigError> {
         (Some(_), None) => {
             return Err(ConfigError::new(
                 P,
-                "max_cooldown",
-                "must be set with cooldown_growth",
+                "cooldown_growth",
+                "needs max_cooldown, the longest cooldown",
             ))
         }
         (None, Some(_)) => {
-            return Err(ConfigError::new(
-                P,
-                "max_cooldown",
-                "needs cooldown_growth",
-            ))
+            return Err(ConfigError::new(P, "max_cooldown", "needs cooldown_growth"))
         }
         (None, None) => {}
     }
@@ -688,7 +708,12 @@ fn breaker(l: Layers<'_, RawBreaker>) -> Result<CircuitBreaker, ConfigError> {
 }
 
 fn bulkhead(l: Layers<'_, RawBulkhead>) -> Result<Bulkhead, ConfigError> {
-    let n = required(l.get(|b| b.max_concurrent), "bulkhead", "max_concurrent", "10")?;
+    let n = required(
+        l.get(|b| b.max_concurrent),
+        "bulkhead",
+        "max_concurrent",
+        "10",
+    )?;
     let mut b = Bulkhead::new(n);
     let queued = l.get(|b| b.max_queued);
     let wait = l.get(|b| b.max_wait);

@@ -136,7 +136,11 @@ impl RegistryBuilder {
                 slots: RwLock::new(HashMap::new()),
                 config: RwLock::new(Arc::new(Config::empty())),
                 reload: Mutex::new(()),
-                file: Mutex::new(FileState { path: file, seen: None }),
+                file: Mutex::new(FileState {
+                    path: file,
+                    seen: None,
+                    pending: None,
+                }),
             }),
         }
     }
@@ -187,6 +191,8 @@ struct FileState {
     path: Option<PathBuf>,
     /// The text last read from it, loaded or not.
     seen: Option<String>,
+    /// A changed text read once by the watcher, loaded when read again.
+    pending: Option<String>,
 }
 
 /// The current pipeline of one name; shared with its handles.
@@ -353,6 +359,13 @@ impl Registry {
     /// # Errors
     /// As for [`reload_file`](Self::reload_file); the old pipelines stay.
     pub fn reload_if_changed(&self) -> Result<bool, LoadError> {
+        self.poll_file(false)
+    }
+
+    /// With `settle`, a changed text is loaded only once two reads in a row
+    /// agree on it, so that a file caught halfway through a write is not
+    /// loaded.
+    fn poll_file(&self, settle: bool) -> Result<bool, LoadError> {
         let Some(path) = self.inner.lock_file().path.clone() else {
             return Ok(false);
         };
@@ -360,8 +373,14 @@ impl Registry {
         {
             let mut file = self.inner.lock_file();
             if file.seen.as_deref() == Some(text.as_str()) {
+                file.pending = None;
                 return Ok(false);
             }
+            if settle && file.pending.as_deref() != Some(text.as_str()) {
+                file.pending = Some(text);
+                return Ok(false);
+            }
+            file.pending = None;
             file.seen = Some(text.clone());
         }
         let config = Config::parse_from(&path.display().to_string(), format, &text)?;
@@ -383,7 +402,10 @@ impl Registry {
         let mut built = Vec::new();
         for (name, resolved) in config.resolved() {
             // An unchanged budget keeps its tokens.
-            let budget = match (resolved.budget(), previous.get(name).and_then(Option::as_ref)) {
+            let budget = match (
+                resolved.budget(),
+                previous.get(name).and_then(Option::as_ref),
+            ) {
                 (Some(new), Some(old)) if new == old => Some(old.clone()),
                 (new, _) => new.cloned(),
             };
@@ -422,6 +444,12 @@ impl Registry {
     /// reload (a failed one keeps the old pipelines). The thread stops when
     /// the [`Watcher`] is dropped, or when the registry is.
     ///
+    /// A new text is loaded once two polls in a row read it, so a file
+    /// caught halfway through a write is not loaded; a reload therefore
+    /// follows a change within two periods. Replacing the file atomically
+    /// (write a temporary file, then rename it) avoids half-written reads
+    /// altogether.
+    ///
     /// ```no_run
     /// use std::time::Duration;
     /// use seawall::config::Registry;
@@ -454,7 +482,7 @@ impl Registry {
                 let Some(inner) = registry.upgrade() else {
                     return;
                 };
-                match (Registry { inner }).reload_if_changed() {
+                match (Registry { inner }).poll_file(true) {
                     Ok(false) => {}
                     Ok(true) => on_reload(Ok(())),
                     Err(e) => on_reload(Err(&e)),

@@ -130,7 +130,11 @@ pub(crate) fn locate_config_error(
     let own = ["pipelines", pipeline];
     for candidate in &keys {
         for prefix in [&own[..], &["default"][..]] {
-            let path: Vec<&str> = prefix.iter().copied().chain(candidate.iter().copied()).collect();
+            let path: Vec<&str> = prefix
+                .iter()
+                .copied()
+                .chain(candidate.iter().copied())
+                .collect();
             if let Some(p) = locate(format, text, &path) {
                 return Some(p);
             }
@@ -266,14 +270,28 @@ mod tests {
     fn locates_keys_in_both_formats() {
         let toml = "[pipelines.a]\ntimeout = \"1s\"\n\n[pipelines.a.retry]\nmax_attempts = 0\n";
         assert_eq!(
-            locate(Format::Toml, toml, &["pipelines", "a", "retry", "max_attempts"]),
+            locate(
+                Format::Toml,
+                toml,
+                &["pipelines", "a", "retry", "max_attempts"]
+            ),
             Some((5, 16))
         );
-        assert_eq!(locate(Format::Toml, toml, &["pipelines", "a", "bulkhead"]), None);
-        assert_eq!(locate(Format::Toml, toml, &["pipelines", "a", "timeout", "x"]), None);
+        assert_eq!(
+            locate(Format::Toml, toml, &["pipelines", "a", "bulkhead"]),
+            None
+        );
+        assert_eq!(
+            locate(Format::Toml, toml, &["pipelines", "a", "timeout", "x"]),
+            None
+        );
         let yaml = "pipelines:\n  a:\n    timeout: 1s\n    retry:\n      max_attempts: 0\n";
         assert_eq!(
-            locate(Format::Yaml, yaml, &["pipelines", "a", "retry", "max_attempts"]),
+            locate(
+                Format::Yaml,
+                yaml,
+                &["pipelines", "a", "retry", "max_attempts"]
+            ),
             Some((5, 21))
         );
         assert_eq!(locate(Format::Yaml, yaml, &["pipelines", "b"]), None);

@@ -16,7 +16,7 @@ use crate::classify::Verdict;
 use crate::context::{Context, PartitionKey};
 use crate::error::{Error, Rejection, RejectionReason, TimeoutError, TimeoutScope};
 use crate::event::{EventKind, GiveUpReason};
-use crate::store::{Admission, AdmitRequest, Outcome, Permit, Record, Recorded};
+use crate::store::{Admission, AdmitRequest, Outcome, Permit, Record, Recorded, ResourceState};
 use crate::timeout::WithDeadline;
 
 /// Gives a permit back if the attempt ends without recording an outcome
@@ -438,7 +438,11 @@ impl<K: Kind> Pipeline<K> {
                 partition,
                 now: Duration::from_nanos(now),
             };
-            let admission = match gate.state.admit_async(request).await {
+            let admission = match &gate.memory {
+                Some(m) => m.admit(&request),
+                None => gate.state.admit_async(request).await,
+            };
+            let admission = match admission {
                 Ok(a) => a,
                 Err(e) => return Err(self.store_failed(partition, e)),
             };
@@ -648,7 +652,10 @@ impl<K: Kind> Pipeline<K> {
             retry_after,
             now: Duration::from_nanos(end),
         };
-        let result = gate.state.record_async(record).await;
+        let result = match &gate.memory {
+            Some(m) => m.record(&record),
+            None => gate.state.record_async(record).await,
+        };
         guard.permit = None;
         self.emit_recorded(guard.partition, result);
     }
@@ -668,7 +675,11 @@ impl<K: Kind> Pipeline<K> {
                 partition,
                 now: Duration::from_nanos(now),
             };
-            let admission = match gate.state.admit(&request) {
+            let admission = match &gate.memory {
+                Some(m) => m.admit(&request),
+                None => gate.state.admit(&request),
+            };
+            let admission = match admission {
                 Ok(a) => a,
                 Err(e) => return Err(self.store_failed(partition, e)),
             };
@@ -713,7 +724,10 @@ impl<K: Kind> Pipeline<K> {
             retry_after,
             now: Duration::from_nanos(end),
         };
-        let result = gate.state.record(&record);
+        let result = match &gate.memory {
+            Some(m) => m.record(&record),
+            None => gate.state.record(&record),
+        };
         self.emit_recorded(guard.partition, result);
     }
 

@@ -19,7 +19,7 @@ use crate::error::{ConfigError, Error, StoreError};
 use crate::event::{Event, EventKind, Listener, Listeners};
 use crate::rate_limit::RateLimiter;
 use crate::retry::Retry;
-use crate::store::{MemoryStore, ResourceSpec, ResourceState, StateStore};
+use crate::store::{MemoryResource, MemoryStore, ResourceSpec, ResourceState, StateStore};
 use crate::timeout::Timeout;
 
 mod execute;
@@ -47,6 +47,7 @@ pub struct PipelineBuilder<K: Kind = AnyResult> {
     cooldown: Option<Cooldown>,
     rate_limit: Option<RateLimiter>,
     store: Option<Arc<dyn StateStore>>,
+    memory_store: Option<MemoryStore>,
     clock: ClockHandle,
     random: Option<Arc<dyn Random>>,
     listeners: Vec<Listener>,
@@ -67,6 +68,7 @@ impl<K: Kind> Clone for PipelineBuilder<K> {
             cooldown: self.cooldown.clone(),
             rate_limit: self.rate_limit.clone(),
             store: self.store.clone(),
+            memory_store: self.memory_store.clone(),
             clock: self.clock.clone(),
             random: self.random.clone(),
             listeners: self.listeners.clone(),
@@ -104,6 +106,7 @@ impl PipelineBuilder<AnyResult> {
             cooldown: None,
             rate_limit: None,
             store: None,
+            memory_store: None,
             clock: ClockHandle::System,
             random: None,
             listeners: Vec::new(),
@@ -204,6 +207,8 @@ impl<K: Kind> PipelineBuilder<K> {
     /// Where the stateful policies keep their state (default:
     /// [`MemoryStore::global`]).
     pub fn store(mut self, store: impl StateStore) -> Self {
+        let any: &dyn std::any::Any = &store;
+        self.memory_store = any.downcast_ref::<MemoryStore>().cloned();
         self.store = Some(Arc::new(store));
         self
     }
@@ -339,6 +344,7 @@ impl<K: Kind> PipelineBuilder<K> {
             cooldown: self.cooldown,
             rate_limit: self.rate_limit,
             store: self.store,
+            memory_store: self.memory_store,
             clock: self.clock,
             random: self.random,
             listeners: self.listeners,
@@ -401,19 +407,25 @@ impl<K: Kind> PipelineBuilder<K> {
         let gate = if spec.is_empty() {
             None
         } else {
-            let store: Arc<dyn StateStore> = match self.store {
-                Some(s) => s,
-                None => Arc::new(MemoryStore::global().clone()),
+            let memory = match (&self.store, &self.memory_store) {
+                (None, _) => Some(MemoryStore::global().bind_memory(&spec)),
+                (Some(_), Some(m)) => Some(m.bind_memory(&spec)),
+                (Some(_), None) => None,
             };
-            let state = store.bind(&spec).map_err(|e| {
-                ConfigError::new(
-                    "store",
-                    "bind",
-                    format!("could not prepare the resource: {e}"),
-                )
-            })?;
+            let state: Arc<dyn ResourceState> = match (&memory, self.store) {
+                (Some(m), _) => Arc::clone(m) as Arc<dyn ResourceState>,
+                (None, Some(store)) => store.bind(&spec).map_err(|e| {
+                    ConfigError::new(
+                        "store",
+                        "bind",
+                        format!("could not prepare the resource: {e}"),
+                    )
+                })?,
+                (None, None) => unreachable!("no store means the global memory store"),
+            };
             Some(Gate {
                 state,
+                memory,
                 record_needs_time: spec.circuit.as_ref().is_some_and(|c| {
                     c.slow_call_rate.is_some()
                         || matches!(c.mode, crate::breaker::BreakerMode::TimeWindow(_))
@@ -479,6 +491,9 @@ impl<T: 'static, E: 'static> PipelineBuilder<WithFallback<T, E>> {
 /// The stateful policies of a pipeline, bound to their store.
 pub(crate) struct Gate {
     pub(crate) state: Arc<dyn ResourceState>,
+    /// The same state when it lives in a [`MemoryStore`], called without
+    /// dynamic dispatch on the hot path.
+    pub(crate) memory: Option<Arc<MemoryResource>>,
     pub(crate) spec: ResourceSpec,
     pub(crate) record_needs_time: bool,
     /// Async calls currently queued for a bulkhead slot in this process.

@@ -128,16 +128,24 @@ impl fmt::Debug for MemoryStore {
     }
 }
 
-impl StateStore for MemoryStore {
-    fn bind(&self, spec: &ResourceSpec) -> Result<Arc<dyn ResourceState>, StoreError> {
+impl MemoryStore {
+    /// [`StateStore::bind`] with the concrete type, so that pipelines on a
+    /// memory store call it without dynamic dispatch.
+    pub(crate) fn bind_memory(&self, spec: &ResourceSpec) -> Arc<MemoryResource> {
         let mut registry = self.registry();
         let previous = registry.get(&spec.name);
         if let Some(previous) = previous.filter(|p| p.spec == *spec) {
-            return Ok(Arc::clone(previous) as Arc<dyn ResourceState>);
+            return Arc::clone(previous);
         }
         let resource = Arc::new(MemoryResource::new(spec, previous.map(|p| &**p)));
         registry.insert(spec.name.clone(), Arc::clone(&resource));
-        Ok(resource)
+        resource
+    }
+}
+
+impl StateStore for MemoryStore {
+    fn bind(&self, spec: &ResourceSpec) -> Result<Arc<dyn ResourceState>, StoreError> {
+        Ok(self.bind_memory(spec))
     }
 }
 
@@ -287,7 +295,7 @@ impl fmt::Debug for Partitions {
 
 /// One bound resource of a [`MemoryStore`].
 #[derive(Debug)]
-struct MemoryResource {
+pub(crate) struct MemoryResource {
     spec: ResourceSpec,
     params: Params,
     root: Root,
@@ -332,6 +340,7 @@ impl MemoryResource {
         }
     }
 
+    #[inline]
     fn root_view(&self) -> View<'_> {
         View {
             circuit: self.root.circuit.as_deref(),
@@ -392,6 +401,7 @@ impl MemoryResource {
         before - map.cells.len()
     }
 
+    #[inline]
     fn admit_in(&self, view: View<'_>, now_ns: u64) -> Admission {
         let params = &self.params;
         let mut permit = Permit::default();
@@ -442,6 +452,7 @@ impl MemoryResource {
         }
     }
 
+    #[inline]
     fn record_in(&self, view: View<'_>, record: &Record<'_>) -> Recorded {
         let now_ns = duration_nanos(record.now);
         let mut recorded = Recorded::default();
@@ -518,6 +529,7 @@ fn give_back(view: View<'_>, permit: Permit) {
 }
 
 impl ResourceState for MemoryResource {
+    #[inline]
     fn admit(&self, request: &AdmitRequest<'_>) -> Result<Admission, StoreError> {
         let now_ns = duration_nanos(request.now);
         Ok(match request.partition {
@@ -529,6 +541,7 @@ impl ResourceState for MemoryResource {
         })
     }
 
+    #[inline]
     fn record(&self, record: &Record<'_>) -> Result<Recorded, StoreError> {
         Ok(match record.partition {
             None => self.record_in(self.root_view(), record),

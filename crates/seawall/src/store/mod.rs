@@ -31,6 +31,7 @@ use crate::rate_limit::RateLimiter;
 pub mod contract;
 mod memory;
 
+pub(crate) use memory::MemoryResource;
 pub use memory::MemoryStore;
 
 /// A place where the stateful policies keep their state.

@@ -1,0 +1,809 @@
+//! Pipelines from TOML and YAML: the file format, inheritance from
+//! `default`, every error with its line, and reloads. Every timing runs on
+//! the virtual clock.
+#![cfg(feature = "serde")]
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use seawall::config::{Config, Format, LoadError, Registry};
+use seawall::testing::VirtualClock;
+use seawall::*;
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+}
+
+fn registry(format: Format, text: &str) -> Registry {
+    Registry::builder()
+        .store(MemoryStore::new())
+        .clock(VirtualClock::new())
+        .load_str(format, text)
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn toml(text: &str) -> Registry {
+    registry(Format::Toml, text)
+}
+
+/// The error of loading `text`, with its message.
+fn load_error(format: Format, text: &str) -> (LoadError, String) {
+    let e = Config::parse(format, text).expect_err("the configuration is refused");
+    let msg = e.to_string();
+    (e, msg)
+}
+
+fn debug(p: Option<Pipeline>) -> String {
+    format!("{:?}", p.expect("the pipeline is configured"))
+}
+
+fn built(b: PipelineBuilder) -> String {
+    format!("{:?}", b.store(MemoryStore::new()).build().unwrap())
+}
+
+/// A file in the temp dir, removed on drop.
+struct TempFile(PathBuf);
+
+impl TempFile {
+    fn new(name: &str, text: &str) -> Self {
+        let path = std::env::temp_dir().join(format!("seawall-{}-{name}", std::process::id()));
+        std::fs::write(&path, text).unwrap();
+        TempFile(path)
+    }
+    /// Replaces the file atomically: readers see the old text or the new.
+    fn write(&self, text: &str) {
+        let tmp = self.0.with_extension("tmp");
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, &self.0).unwrap();
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+// ------------------------------------------------------------ the format
+
+#[test]
+fn toml_fixture_builds_every_policy_and_option() {
+    let r = Registry::builder()
+        .store(MemoryStore::new())
+        .load_file(fixture("seawall.toml"))
+        .unwrap();
+    assert_eq!(
+        r.names(),
+        ["inventory", "legacy", "payments", "reports", "search"]
+    );
+
+    let payments = Pipeline::builder("payments")
+        .timeout(secs(10))
+        .retry(
+            Retry::exponential(ms(100))
+                .multiplier(3.0)
+                .cap(secs(5))
+                .jitter(Jitter::Full)
+                .max_attempts(5)
+                .budget(RetryBudget::new(0.2, 20)),
+        )
+        .timeout(Timeout::strict(secs(2)))
+        .circuit_breaker(
+            CircuitBreaker::failure_rate(0.5)
+                .window(secs(60))
+                .minimum_calls(10)
+                .slow_calls(0.8, secs(2))
+                .cooldown(secs(30))
+                .cooldown_growth(2.0, secs(300))
+                .half_open_calls(2),
+        )
+        .bulkhead(Bulkhead::new(10).queue(20, ms(100)).lease(secs(30)))
+        .cooldown(
+            Cooldown::new()
+                .max_pause(secs(60))
+                .max_wait(secs(5))
+                .grace(secs(10)),
+        )
+        .rate_limiter(RateLimiter::gcra(100, secs(1)).burst(10).max_wait(ms(50)))
+        .partition_idle(secs(300));
+    assert_eq!(debug(r.get("payments")), built(payments));
+
+    let search = Pipeline::builder("search")
+        .timeout(ms(500))
+        .retry(
+            Retry::decorrelated(ms(10), secs(1))
+                .jitter(Jitter::Equal)
+                .max_attempts(3),
+        )
+        .circuit_breaker(CircuitBreaker::consecutive_failures(5))
+        .partition_idle(secs(300));
+    assert_eq!(debug(r.get("search")), built(search));
+
+    let inventory = Pipeline::builder("inventory")
+        .retry(Retry::constant(ms(250)).jitter(Jitter::Proportional(10.0)))
+        .rate_limiter(RateLimiter::sliding_window(1000, secs(60)))
+        .partition_idle(secs(60));
+    assert_eq!(debug(r.get("inventory")), built(inventory));
+
+    let legacy = Pipeline::builder("legacy")
+        .retry(Retry::linear(secs(1)).cap(secs(3)).jitter(Jitter::Full))
+        .circuit_breaker(
+            CircuitBreaker::failure_rate(0.25)
+                .count_window(50)
+                .minimum_calls(5),
+        )
+        .rate_limiter(RateLimiter::fixed_window(10, secs(1)))
+        .partition_idle(secs(300));
+    assert_eq!(debug(r.get("legacy")), built(legacy));
+
+    let reports = Pipeline::builder("reports")
+        .cooldown(Cooldown::new())
+        .partition_idle(secs(300));
+    assert_eq!(debug(r.get("reports")), built(reports));
+}
+
+#[test]
+fn yaml_fixture_builds_the_same_pipelines_as_toml() {
+    let t = Config::from_file(fixture("seawall.toml")).unwrap();
+    let y = Config::from_file(fixture("seawall.yaml")).unwrap();
+    assert_eq!(y.format(), Format::Yaml);
+    assert_eq!(t.names().collect::<Vec<_>>(), y.names().collect::<Vec<_>>());
+    for name in t.names() {
+        assert_eq!(
+            built(t.builder(name).unwrap()),
+            built(y.builder(name).unwrap()),
+            "pipeline {name}"
+        );
+    }
+}
+
+#[test]
+fn pipelines_inherit_default_field_by_field() {
+    let r = toml(
+        r#"
+        [default.retry]
+        max_attempts = 4
+        delay = "1s"
+        jitter = "equal"
+        [default.circuit_breaker]
+        count_window = 10
+        minimum_calls = 5
+
+        [pipelines.a.retry]
+        max_attempts = 2
+
+        [pipelines.b.circuit_breaker]
+        consecutive_failures = 3
+        "#,
+    );
+    let a = Pipeline::builder("a")
+        .retry(
+            Retry::exponential(secs(1))
+                .max_attempts(2)
+                .jitter(Jitter::Equal),
+        )
+        .circuit_breaker(
+            CircuitBreaker::failure_rate(0.5)
+                .count_window(10)
+                .minimum_calls(5),
+        );
+    assert_eq!(debug(r.get("a")), built(a));
+    // `b` picks another breaker mode; the inherited `minimum_calls`, which
+    // does not apply to it, is left out.
+    let b = Pipeline::builder("b")
+        .retry(
+            Retry::exponential(secs(1))
+                .max_attempts(4)
+                .jitter(Jitter::Equal),
+        )
+        .circuit_breaker(CircuitBreaker::consecutive_failures(3));
+    assert_eq!(debug(r.get("b")), built(b));
+    assert!(r.get("default").is_none(), "default is a template");
+}
+
+#[test]
+fn the_position_of_timeout_decides_overall_or_per_attempt() {
+    let clock = VirtualClock::new();
+    let r = Registry::builder()
+        .clock(clock.clone())
+        .store(MemoryStore::new())
+        .load_str(
+            Format::Yaml,
+            "
+pipelines:
+  overall:
+    policies: [timeout, retry]
+    timeout: 5s
+    retry: { backoff: constant, delay: 1s, max_attempts: 10 }
+  per-attempt:
+    policies: [retry, attempt_timeout]
+    attempt_timeout: 5s
+    retry: { backoff: constant, delay: 1s, max_attempts: 10 }
+",
+        )
+        .unwrap();
+    let slow = |_ctx: Context| {
+        clock.advance(secs(2));
+        Err::<(), _>("slow failure")
+    };
+    // 2 s per attempt + 1 s wait: the third attempt's wait would end past
+    // the 5 s deadline of the call.
+    match r.pipeline("overall").unwrap().call(slow).unwrap_err() {
+        Error::RetryExhausted { attempts, .. } => assert_eq!(attempts, 2),
+        other => panic!("unexpected {other:?}"),
+    }
+    match r.pipeline("per-attempt").unwrap().call(slow).unwrap_err() {
+        Error::RetryExhausted { attempts, .. } => assert_eq!(attempts, 10),
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+#[test]
+fn empty_files_configure_no_pipeline() {
+    assert_eq!(toml("").names(), Vec::<String>::new());
+    assert_eq!(
+        registry(Format::Yaml, "# nothing yet\n").names(),
+        Vec::<String>::new()
+    );
+}
+
+// ------------------------------------------------------------ the errors
+
+#[test]
+fn an_unknown_field_is_reported_with_its_file_line_and_path() {
+    let (e, msg) = load_error(
+        Format::Toml,
+        "[pipelines.payments]\ntimeout = \"1s\"\n\n[pipelines.payments.retry]\ndelay = \"1s\"\nmax_attempt = 3\n",
+    );
+    assert!(matches!(e, LoadError::Parse { .. }), "{e:?}");
+    assert_eq!(e.line(), Some(6));
+    assert!(
+        msg.starts_with(
+            "<string>:6:1: pipelines.payments.retry.max_attempt: unknown field `max_attempt`, expected one of"
+        ),
+        "{msg}"
+    );
+
+    let (e, msg) = load_error(
+        Format::Yaml,
+        "pipelines:\n  payments:\n    retry:\n      delay: 1s\n      max_attempt: 3\n",
+    );
+    assert_eq!(e.line(), Some(5));
+    assert!(
+        msg.starts_with(
+            "<string>:5:7: pipelines.payments.retry.max_attempt: unknown field `max_attempt`, expected one of"
+        ),
+        "{msg}"
+    );
+
+    let (e, msg) = load_error(Format::Toml, "[pipeline.payments]\n");
+    assert_eq!(e.line(), Some(1));
+    assert!(msg.contains("unknown field `pipeline`"), "{msg}");
+}
+
+#[test]
+fn a_bad_duration_is_reported_with_its_line() {
+    let (e, msg) = load_error(
+        Format::Toml,
+        "[pipelines.a]\ntimeout = \"1s\"\nretry = { delay = \"soon\" }\n",
+    );
+    assert_eq!(e.line(), Some(3));
+    assert!(
+        msg.starts_with("<string>:3:19: pipelines.a.retry.delay: invalid duration `soon`: "),
+        "{msg}"
+    );
+
+    let (e, msg) = load_error(
+        Format::Yaml,
+        "pipelines:\n  a:\n    timeout: 1s\n    retry:\n      delay: 200\n",
+    );
+    assert_eq!(e.line(), Some(5));
+    assert!(
+        msg.contains("pipelines.a.retry.delay: invalid duration `200`: "),
+        "{msg}"
+    );
+
+    // A number is not a duration either.
+    let (e, msg) = load_error(Format::Toml, "[pipelines.a]\n\ntimeout = 5\n");
+    assert_eq!(e.line(), Some(3));
+    assert!(
+        msg.contains("pipelines.a.timeout: invalid type: integer `5`"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn an_invalid_value_names_the_pipeline_the_field_and_the_rule() {
+    let (e, msg) = load_error(
+        Format::Toml,
+        "[pipelines.payments.retry]\ndelay = \"1s\"\nmax_attempts = 0\n",
+    );
+    match &e {
+        LoadError::Invalid {
+            pipeline, error, ..
+        } => {
+            assert_eq!(pipeline, "payments");
+            assert_eq!((error.policy, error.field), ("retry", "max_attempts"));
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    assert_eq!(
+        msg,
+        "<string>:3:16: pipeline `payments`: retry.max_attempts must be >= 1, got 0"
+    );
+
+    // Inherited from `default`: the line is in `default`.
+    let (e, msg) = load_error(
+        Format::Yaml,
+        "default:\n  circuit_breaker:\n    failure_rate: 1.5\npipelines:\n  users:\n    circuit_breaker: { minimum_calls: 5 }\n",
+    );
+    assert_eq!(e.line(), Some(3));
+    assert_eq!(
+        msg,
+        "<string>:3:19: pipeline `users`: circuit_breaker.failure_rate must be in (0, 1], got 1.5"
+    );
+
+    // Cross-field rules of the builder are located at the field they name.
+    let (e, msg) = load_error(
+        Format::Toml,
+        "[pipelines.a]\npolicies = [\"retry\", \"attempt_timeout\", \"bulkhead\"]\nretry = { delay = \"1s\" }\nattempt_timeout = \"30s\"\n\n[pipelines.a.bulkhead]\nmax_concurrent = 2\nlease = \"20s\"\n",
+    );
+    assert_eq!(e.line(), Some(8));
+    assert!(
+        msg.contains("pipeline `a`: bulkhead.lease must exceed the attempt timeout (30s)"),
+        "{msg}"
+    );
+
+    // A zero timeout, in either position.
+    let (e, msg) = load_error(
+        Format::Toml,
+        "[pipelines.a]\nretry = { delay = \"1s\" }\ntimeout = \"1s\"\nattempt_timeout = \"0s\"\n",
+    );
+    assert_eq!(e.line(), Some(4));
+    assert!(msg.ends_with("timeout.duration must be > 0"), "{msg}");
+
+    // A required field.
+    let (e, msg) = load_error(
+        Format::Toml,
+        "[pipelines.a]\nrate_limiter = { period = \"1s\" }\n",
+    );
+    assert_eq!(e.line(), Some(2));
+    assert!(
+        msg.ends_with("pipeline `a`: rate_limiter.limit must be set, e.g. 100"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn an_unknown_policy_name_is_reported_with_its_line() {
+    let (e, msg) = load_error(
+        Format::Toml,
+        "[pipelines.a]\nretry = { delay = \"1s\" }\npolicies = [\n  \"retry\",\n  \"circuit-breaker\",\n]\n",
+    );
+    assert_eq!(e.line(), Some(5));
+    assert!(
+        msg.contains("pipelines.a.policies[1]: unknown variant `circuit-breaker`, expected one of `timeout`, `retry`"),
+        "{msg}"
+    );
+    let (e, msg) = load_error(
+        Format::Yaml,
+        "pipelines:\n  a:\n    policies: [retry, fallback]\n",
+    );
+    assert_eq!(e.line(), Some(3));
+    assert!(msg.contains("unknown variant `fallback`"), "{msg}");
+}
+
+#[test]
+fn the_policies_list_must_match_the_sections() {
+    let cases = [
+        (
+            "[pipelines.a]\npolicies = [\"retry\", \"bulkhead\"]\nretry = { delay = \"1s\" }\n",
+            "pipeline.policies lists `bulkhead`, which has no `bulkhead` section here or in `default`",
+        ),
+        (
+            "[pipelines.a]\npolicies = [\"retry\"]\nretry = { delay = \"1s\" }\nbulkhead = { max_concurrent = 1 }\n",
+            "pipeline.policies does not list `bulkhead`, which this pipeline configures",
+        ),
+        (
+            "[pipelines.a]\npolicies = [\"retry\", \"timeout\"]\nretry = { delay = \"1s\" }\ntimeout = \"1s\"\n",
+            "pipeline.policies lists `timeout` after `retry`",
+        ),
+        (
+            "[pipelines.a]\npolicies = [\"attempt_timeout\", \"retry\"]\nretry = { delay = \"1s\" }\nattempt_timeout = \"1s\"\n",
+            "pipeline.policies lists `attempt_timeout` before `retry`",
+        ),
+        (
+            "[pipelines.a]\npolicies = [\"retry\", \"retry\"]\nretry = { delay = \"1s\" }\n",
+            "pipeline.policies lists `retry` twice",
+        ),
+        (
+            "[pipelines.a]\npolicies = [\"bulkhead\", \"retry\"]\nretry = { delay = \"1s\" }\nbulkhead = { max_concurrent = 1 }\n",
+            "pipeline.bulkhead must be declared after retry",
+        ),
+    ];
+    for (text, rule) in cases {
+        let (e, msg) = load_error(Format::Toml, text);
+        assert!(matches!(e, LoadError::Invalid { .. }), "{e:?}");
+        assert_eq!(e.line(), Some(2), "{msg}");
+        assert!(msg.contains(rule), "{msg}\nshould contain: {rule}");
+    }
+    // Without `policies`, an attempt timeout still needs a retry.
+    let (e, msg) = load_error(Format::Toml, "[pipelines.a]\n\nattempt_timeout = \"1s\"\n");
+    assert_eq!(e.line(), Some(3));
+    assert!(
+        msg.ends_with("pipeline.attempt_timeout needs a `retry` policy; without retries use `timeout`"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn settings_of_another_kind_are_errors_unless_inherited() {
+    let cases = [
+        (
+            "[pipelines.a.retry]\nbackoff = \"constant\"\ndelay = \"1s\"\nmultiplier = 2.0\n",
+            4,
+            "retry.multiplier applies only to exponential backoff, not constant",
+        ),
+        (
+            "[pipelines.a.retry]\nbackoff = \"constant\"\ndelay = \"1s\"\ncap = \"2s\"\n",
+            4,
+            "retry.cap does not apply to constant backoff",
+        ),
+        (
+            "[pipelines.a.circuit_breaker]\nconsecutive_failures = 3\nfailure_rate = 0.5\n",
+            3,
+            "circuit_breaker.failure_rate applies only to a count or time window",
+        ),
+        (
+            "[pipelines.a.circuit_breaker]\ncount_window = 3\nwindow = \"10s\"\n",
+            3,
+            "circuit_breaker.window conflicts with `count_window`",
+        ),
+        (
+            "[pipelines.a.rate_limiter]\nalgorithm = \"fixed_window\"\nlimit = 1\nperiod = \"1s\"\nburst = 3\n",
+            5,
+            "rate_limiter.burst applies only to gcra, not fixed_window",
+        ),
+        (
+            "[pipelines.a.circuit_breaker]\ncooldown_growth = 2.0\n",
+            2,
+            "circuit_breaker.cooldown_growth needs max_cooldown, the longest cooldown",
+        ),
+    ];
+    for (text, line, rule) in cases {
+        let (e, msg) = load_error(Format::Toml, text);
+        assert_eq!(e.line(), Some(line), "{msg}");
+        assert!(msg.contains(rule), "{msg}\nshould contain: {rule}");
+    }
+    // Inherited by a pipeline that picked another kind: left out.
+    toml(
+        "[default.retry]\ndelay = \"1s\"\nmultiplier = 3.0\ncap = \"9s\"\n[pipelines.a.retry]\nbackoff = \"constant\"\n",
+    );
+    // Inherited with the kind it does not fit: an error, in `default`.
+    let (e, msg) = load_error(
+        Format::Toml,
+        "[default.retry]\nbackoff = \"linear\"\ndelay = \"1s\"\nmultiplier = 3.0\n[pipelines.a]\ntimeout = \"1s\"\n",
+    );
+    assert_eq!(e.line(), Some(4));
+    assert!(msg.contains("pipeline `a`: retry.multiplier applies only to exponential backoff, not linear"), "{msg}");
+}
+
+#[test]
+fn syntax_errors_have_a_line() {
+    let (e, msg) = load_error(Format::Toml, "[pipelines.a]\ntimeout = \"1s\"\ntimeout = \"2s\"\n");
+    assert_eq!(e.line(), Some(3), "{msg}");
+    let (e, msg) = load_error(Format::Yaml, "pipelines:\n  a:\n    timeout: [1s\n");
+    assert!(e.line().is_some(), "{msg}");
+    assert!(msg.starts_with("<string>:"), "{msg}");
+}
+
+#[test]
+fn file_errors_name_the_file() {
+    let file = TempFile::new("bad.toml", "[pipelines.a]\nretry = { delay = \"1s\", max_attempts = 0 }\n");
+    let e = Registry::from_file(&file.0).unwrap_err();
+    let msg = e.to_string();
+    assert!(
+        msg.starts_with(&format!("{}:2:", file.0.display())),
+        "{msg}"
+    );
+    assert!(msg.ends_with("pipeline `a`: retry.max_attempts must be >= 1, got 0"), "{msg}");
+
+    let e = Registry::from_file(fixture("missing.toml")).unwrap_err();
+    assert!(matches!(e, LoadError::Io { .. }), "{e:?}");
+    assert!(e.to_string().contains("missing.toml"), "{e}");
+    let e = Registry::from_file(fixture("seawall.ini")).unwrap_err();
+    assert!(matches!(e, LoadError::UnknownFormat { .. }), "{e:?}");
+}
+
+#[test]
+fn unknown_pipelines_are_named() {
+    let r = toml("[pipelines.b]\ntimeout = \"1s\"\n[pipelines.a]\ntimeout = \"1s\"\n");
+    assert!(r.get("c").is_none());
+    let e = r.pipeline("c").unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "no pipeline named `c` is configured (configured: `a`, `b`)"
+    );
+    assert!(r.handle("c").is_err());
+}
+
+// ------------------------------------------------------------ reloads
+
+const BREAKER: &str = r#"
+[pipelines.payments]
+retry = { backoff = "constant", delay = "1s", max_attempts = MAX }
+circuit_breaker = { consecutive_failures = 2, cooldown = "30s" }
+"#;
+
+fn breaker_config(max_attempts: u32) -> String {
+    BREAKER.replace("MAX", &max_attempts.to_string())
+}
+
+fn failing(calls: &AtomicU32) -> impl FnMut(Context) -> Result<(), &'static str> + '_ {
+    move |_| {
+        calls.fetch_add(1, Ordering::Relaxed);
+        Err("down")
+    }
+}
+
+#[test]
+fn a_reload_that_keeps_the_breaker_keeps_an_open_circuit() {
+    let r = toml(&breaker_config(2));
+    let calls = AtomicU32::new(0);
+    let p = r.pipeline("payments").unwrap();
+    assert!(p.call(failing(&calls)).is_err());
+    assert_eq!(calls.load(Ordering::Relaxed), 2);
+    assert_eq!(p.circuit_state().unwrap(), CircuitState::Open);
+
+    r.reload_str(Format::Toml, &breaker_config(3)).unwrap();
+    let p = r.pipeline("payments").unwrap();
+    assert_eq!(p.circuit_state().unwrap(), CircuitState::Open);
+    let e = p.call(failing(&calls)).unwrap_err();
+    assert_eq!(
+        e.rejection().map(|r| r.reason),
+        Some(RejectionReason::CircuitOpen)
+    );
+    assert_eq!(calls.load(Ordering::Relaxed), 2, "the operation did not run");
+
+    // A changed breaker starts a circuit of its own.
+    r.reload_str(
+        Format::Toml,
+        &breaker_config(3).replace("consecutive_failures = 2", "consecutive_failures = 5"),
+    )
+    .unwrap();
+    let p = r.pipeline("payments").unwrap();
+    assert_eq!(p.circuit_state().unwrap(), CircuitState::Closed);
+    assert!(p.call(failing(&calls)).is_err());
+    assert_eq!(calls.load(Ordering::Relaxed), 5, "3 attempts with the new retry");
+}
+
+#[test]
+fn a_failed_reload_keeps_the_old_pipelines_and_says_why() {
+    let r = toml(&breaker_config(2));
+    let before = format!("{:?}", r.pipeline("payments").unwrap());
+    let e = r
+        .reload_str(Format::Toml, &breaker_config(0))
+        .unwrap_err();
+    assert!(
+        e.to_string().ends_with("pipeline `payments`: retry.max_attempts must be >= 1, got 0"),
+        "{e}"
+    );
+    let e = r
+        .reload_str(Format::Toml, "[pipelines.payments]\nretry = { delay = \"1s\", max_attemps = 2 }\n")
+        .unwrap_err();
+    assert!(matches!(e, LoadError::Parse { .. }), "{e:?}");
+    assert_eq!(format!("{:?}", r.pipeline("payments").unwrap()), before);
+    assert_eq!(r.names(), ["payments"]);
+    let calls = AtomicU32::new(0);
+    assert!(r.pipeline("payments").unwrap().call(failing(&calls)).is_err());
+    assert_eq!(calls.load(Ordering::Relaxed), 2);
+}
+
+#[test]
+fn calls_in_flight_finish_on_the_pipeline_they_started_with() {
+    let r = toml(&breaker_config(3).replace("consecutive_failures = 2", "consecutive_failures = 9"));
+    let handle = r.handle("payments").unwrap();
+    let mut attempts = 0;
+    let result = handle.call(|_| {
+        attempts += 1;
+        if attempts == 1 {
+            // Reloaded while the call runs: the call keeps its 3 attempts.
+            r.reload_str(Format::Toml, &breaker_config(1).replace("consecutive_failures = 2", "consecutive_failures = 9"))
+                .unwrap();
+        }
+        Err::<(), _>("down")
+    });
+    assert!(result.is_err());
+    assert_eq!(attempts, 3);
+    // The next call runs on the new settings.
+    let mut attempts = 0;
+    let _ = handle.call(|_| {
+        attempts += 1;
+        Err::<(), _>("down")
+    });
+    assert_eq!(attempts, 1);
+}
+
+#[test]
+fn async_calls_through_a_handle_follow_reloads() {
+    let r = toml(&breaker_config(2).replace("consecutive_failures = 2", "consecutive_failures = 9"));
+    let handle = r.handle("payments").unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let attempts = AtomicU32::new(0);
+    let run = || {
+        rt.block_on(handle.run(|_| {
+            attempts.fetch_add(1, Ordering::Relaxed);
+            async { Err::<(), _>("down") }
+        }))
+    };
+    assert!(run().is_err());
+    assert_eq!(attempts.swap(0, Ordering::Relaxed), 2);
+    r.reload_str(Format::Toml, &breaker_config(4).replace("consecutive_failures = 2", "consecutive_failures = 9"))
+        .unwrap();
+    assert!(run().is_err());
+    assert_eq!(attempts.load(Ordering::Relaxed), 4);
+}
+
+#[test]
+fn a_removed_pipeline_is_gone_but_its_handles_keep_serving() {
+    let r = toml("[pipelines.a]\ntimeout = \"1s\"\n[pipelines.b]\ntimeout = \"1s\"\n");
+    let a = r.handle("a").unwrap();
+    r.reload_str(Format::Toml, "[pipelines.b]\ntimeout = \"2s\"\n")
+        .unwrap();
+    assert!(r.get("a").is_none());
+    assert_eq!(r.names(), ["b"]);
+    assert!(!a.is_configured());
+    assert_eq!(a.call(|_| Ok::<_, ()>(1)).unwrap(), 1);
+    // Configured again: the handle follows.
+    r.reload_str(Format::Toml, "[pipelines.a]\ntimeout = \"3s\"\n")
+        .unwrap();
+    assert!(a.is_configured());
+    assert!(format!("{:?}", a.pipeline()).contains("3s"));
+}
+
+#[test]
+fn an_unchanged_retry_budget_keeps_its_tokens() {
+    let text = "[pipelines.a.retry]\nbackoff = \"constant\"\ndelay = \"1s\"\nmax_attempts = 3\nbudget = { ratio = 0.1, max_tokens = 2 }\n";
+    let r = toml(text);
+    let calls = AtomicU32::new(0);
+    // 2 tokens: the first call retries twice and empties the budget.
+    assert!(r.pipeline("a").unwrap().call(failing(&calls)).is_err());
+    assert_eq!(calls.swap(0, Ordering::Relaxed), 3);
+    r.reload_str(Format::Toml, &text.replace("delay = \"1s\"", "delay = \"2s\""))
+        .unwrap();
+    let e = r.pipeline("a").unwrap().call(failing(&calls)).unwrap_err();
+    assert_eq!(
+        e.rejection().map(|r| r.reason),
+        Some(RejectionReason::RetryBudgetExhausted)
+    );
+    assert_eq!(calls.swap(0, Ordering::Relaxed), 1);
+    // A changed budget starts full.
+    r.reload_str(Format::Toml, &text.replace("max_tokens = 2", "max_tokens = 3"))
+        .unwrap();
+    assert!(r.pipeline("a").unwrap().call(failing(&calls)).is_err());
+    assert_eq!(calls.load(Ordering::Relaxed), 3);
+}
+
+#[test]
+fn reload_if_changed_reads_the_file_again() {
+    let file = TempFile::new("reload.yaml", "pipelines:\n  a:\n    retry: { delay: 1s, max_attempts: 2 }\n");
+    let r = Registry::builder()
+        .store(MemoryStore::new())
+        .clock(VirtualClock::new())
+        .load_file(&file.0)
+        .unwrap();
+    assert!(!r.reload_if_changed().unwrap(), "unchanged");
+
+    file.write("pipelines:\n  a:\n    retry: { delay: 1s, max_attempts: 5 }\n");
+    assert!(r.reload_if_changed().unwrap());
+    let calls = AtomicU32::new(0);
+    assert!(r.pipeline("a").unwrap().call(failing(&calls)).is_err());
+    assert_eq!(calls.swap(0, Ordering::Relaxed), 5);
+
+    // A broken file is reported once, and the old pipelines stay.
+    file.write("pipelines:\n  a:\n    retry: { delay: 1s, max_attempts: 0 }\n");
+    let e = r.reload_if_changed().unwrap_err();
+    assert_eq!(e.line(), Some(3));
+    assert!(!r.reload_if_changed().unwrap());
+    assert!(r.pipeline("a").unwrap().call(failing(&calls)).is_err());
+    assert_eq!(calls.swap(0, Ordering::Relaxed), 5);
+
+    // reload_file switches to another file.
+    let other = TempFile::new("other.toml", "[pipelines.z]\ntimeout = \"1s\"\n");
+    r.reload_file(&other.0).unwrap();
+    assert_eq!(r.names(), ["z"]);
+    other.write("[pipelines.y]\ntimeout = \"1s\"\n");
+    assert!(r.reload_if_changed().unwrap());
+    assert_eq!(r.names(), ["y"]);
+}
+
+#[test]
+fn registry_settings_apply_to_every_pipeline() {
+    let clock = VirtualClock::new();
+    let events = Arc::new(AtomicU32::new(0));
+    let seen = events.clone();
+    let r = Registry::builder()
+        .store(MemoryStore::new())
+        .clock(clock.clone())
+        .random(seawall::testing::SeededRandom::new(7))
+        .configure(move |name, b| {
+            assert!(name == "a" || name == "b");
+            let seen = seen.clone();
+            b.on_event(move |e| {
+                if matches!(e.kind, EventKind::RetryScheduled { .. }) {
+                    seen.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .load_str(
+            Format::Toml,
+            "[default.retry]\nbackoff = \"constant\"\ndelay = \"1m\"\nmax_attempts = 2\n[pipelines.a]\n[pipelines.b]\n",
+        )
+        .unwrap();
+    for name in ["a", "b"] {
+        let calls = AtomicU32::new(0);
+        assert!(r.pipeline(name).unwrap().call(failing(&calls)).is_err());
+    }
+    assert_eq!(events.load(Ordering::Relaxed), 2);
+    assert_eq!(clock.now(), secs(120), "both waits ran on the virtual clock");
+}
+
+#[test]
+fn a_store_that_cannot_bind_fails_the_load() {
+    #[derive(Debug)]
+    struct Down;
+    impl StateStore for Down {
+        fn bind(
+            &self,
+            _: &seawall::store::ResourceSpec,
+        ) -> Result<Arc<dyn seawall::store::ResourceState>, StoreError> {
+            Err(StoreError::Unavailable("connection refused".into()))
+        }
+    }
+    let e = Registry::builder()
+        .store(Down)
+        .load_str(Format::Toml, "[pipelines.a]\nbulkhead = { max_concurrent = 1 }\n")
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("pipeline `a`: store.bind could not prepare the resource"),
+        "{e}"
+    );
+}
+
+#[cfg(feature = "watch")]
+#[test]
+fn the_watcher_reloads_a_changed_file() {
+    use std::sync::mpsc;
+
+    let file = TempFile::new("watch.toml", "[pipelines.a]\ntimeout = \"1s\"\n");
+    let r = Registry::builder()
+        .store(MemoryStore::new())
+        .load_file(&file.0)
+        .unwrap();
+    let (tx, rx) = mpsc::channel();
+    let watcher = r.watch(ms(1), move |result| {
+        let _ = tx.send(result.map_err(|e| e.to_string()));
+    });
+    file.write("[pipelines.b]\ntimeout = \"1s\"\n");
+    let first = rx.recv_timeout(secs(30)).expect("a reload within 30 s");
+    assert_eq!(first, Ok(()));
+    assert_eq!(r.names(), ["b"]);
+    file.write("[pipelines.b]\ntimeout = 1\n");
+    let second = rx.recv_timeout(secs(30)).expect("a report within 30 s");
+    assert!(second.unwrap_err().contains("pipelines.b.timeout"));
+    assert_eq!(r.names(), ["b"]);
+    drop(watcher);
+}
