@@ -37,9 +37,8 @@ fn chunk(size: usize) -> i64 {
 
 fn count(allocated: Option<usize>, freed: Option<usize>) {
     // `try_with`: the allocator may run while thread-locals are torn down.
-    let _ = LIVE_CHUNK_BYTES.try_with(|b| {
-        b.set(b.get() + allocated.map_or(0, chunk) - freed.map_or(0, chunk))
-    });
+    let _ = LIVE_CHUNK_BYTES
+        .try_with(|b| b.set(b.get() + allocated.map_or(0, chunk) - freed.map_or(0, chunk)));
 }
 
 // SAFETY: every method delegates to the system allocator with the caller's
@@ -157,65 +156,170 @@ fn seawall_call(p: seawall::Pipeline) -> impl Fn() {
 fn allocations_per_call(r: &mut Report, rt: &tokio::runtime::Runtime) {
     const UNIT: &str = "allocs/call";
     let s = "allocations per call: retry, success (sync)";
-    r.add(s, "seawall", sync_allocs(seawall_call(pipelines::retry())), UNIT);
+    r.add(
+        s,
+        "seawall",
+        sync_allocs(seawall_call(pipelines::retry())),
+        UNIT,
+    );
     r.add(s, "backon", sync_allocs(backon_sync()), UNIT);
 
     let s = "allocations per call: retry, success (async)";
-    r.add(s, "seawall", async_allocs(rt, SeawallAsync(pipelines::retry())), UNIT);
+    r.add(
+        s,
+        "seawall",
+        async_allocs(rt, SeawallAsync(pipelines::retry())),
+        UNIT,
+    );
     r.add(s, "backon", async_allocs(rt, backon_async()), UNIT);
     r.add(s, "tower", async_allocs(rt, tower_retry()), UNIT);
-    r.add(s, "tower-resilience", async_allocs(rt, tower_resilience_retry()), UNIT);
+    r.add(
+        s,
+        "tower-resilience",
+        async_allocs(rt, tower_resilience_retry()),
+        UNIT,
+    );
     r.add(s, "seatbelt", async_allocs(rt, seatbelt_retry(rt)), UNIT);
 
     let s = "allocations per call: breaker closed (sync)";
-    r.add(s, "seawall", sync_allocs(seawall_call(pipelines::breaker())), UNIT);
+    r.add(
+        s,
+        "seawall",
+        sync_allocs(seawall_call(pipelines::breaker())),
+        UNIT,
+    );
     let rc = recloser();
     r.add(s, "recloser", sync_allocs(|| recloser_call(&rc)), UNIT);
     let fs = failsafe();
     r.add(s, "failsafe", sync_allocs(|| failsafe_call(&*fs)), UNIT);
 
     let s = "allocations per call: breaker closed (async)";
-    r.add(s, "seawall", async_allocs(rt, SeawallAsync(pipelines::breaker())), UNIT);
-    r.add(s, "tower-resilience", async_allocs(rt, tower_resilience_breaker()), UNIT);
+    r.add(
+        s,
+        "seawall",
+        async_allocs(rt, SeawallAsync(pipelines::breaker())),
+        UNIT,
+    );
+    r.add(
+        s,
+        "tower-resilience",
+        async_allocs(rt, tower_resilience_breaker()),
+        UNIT,
+    );
     r.add(s, "seatbelt", async_allocs(rt, seatbelt_breaker(rt)), UNIT);
 
     let s = "allocations per call: breaker open (sync)";
-    r.add(s, "seawall", sync_allocs(seawall_call(pipelines::open_breaker())), UNIT);
+    r.add(
+        s,
+        "seawall",
+        sync_allocs(seawall_call(pipelines::open_breaker())),
+        UNIT,
+    );
     let rc = recloser_open();
     r.add(s, "recloser", sync_allocs(|| recloser_call(&rc)), UNIT);
     let fs = failsafe_open();
     r.add(s, "failsafe", sync_allocs(|| failsafe_call(&*fs)), UNIT);
 
     let s = "allocations per call: breaker open (async)";
-    r.add(s, "seawall", async_allocs(rt, SeawallAsync(pipelines::open_breaker())), UNIT);
-    r.add(s, "tower-resilience", async_allocs(rt, tower_resilience_open(rt)), UNIT);
+    r.add(
+        s,
+        "seawall",
+        async_allocs(rt, SeawallAsync(pipelines::open_breaker())),
+        UNIT,
+    );
+    r.add(
+        s,
+        "tower-resilience",
+        async_allocs(rt, tower_resilience_open(rt)),
+        UNIT,
+    );
     r.add(s, "seatbelt", async_allocs(rt, seatbelt_open(rt)), UNIT);
 
     let s = "allocations per call: rate limiter, GCRA (sync)";
-    r.add(s, "seawall", sync_allocs(seawall_call(pipelines::gcra())), UNIT);
+    r.add(
+        s,
+        "seawall",
+        sync_allocs(seawall_call(pipelines::gcra())),
+        UNIT,
+    );
     let gv = governor();
     r.add(s, "governor", sync_allocs(|| governor_check(&gv)), UNIT);
 
     let s = "allocations per call: rate limiter, sliding window (async)";
-    r.add(s, "seawall", async_allocs(rt, SeawallAsync(pipelines::sliding_window())), UNIT);
-    r.add(s, "tower-resilience", async_allocs(rt, tower_resilience_sliding_log()), UNIT);
+    r.add(
+        s,
+        "seawall",
+        async_allocs(rt, SeawallAsync(pipelines::sliding_window())),
+        UNIT,
+    );
+    r.add(
+        s,
+        "tower-resilience",
+        async_allocs(rt, tower_resilience_sliding_log()),
+        UNIT,
+    );
 
     let s = "allocations per call: bulkhead (async)";
-    r.add(s, "seawall", async_allocs(rt, SeawallAsync(pipelines::bulkhead())), UNIT);
-    r.add(s, "tokio Semaphore", async_allocs(rt, semaphore_async()), UNIT);
-    r.add(s, "tower-resilience", async_allocs(rt, tower_resilience_bulkhead()), UNIT);
+    r.add(
+        s,
+        "seawall",
+        async_allocs(rt, SeawallAsync(pipelines::bulkhead())),
+        UNIT,
+    );
+    r.add(
+        s,
+        "tokio Semaphore",
+        async_allocs(rt, semaphore_async()),
+        UNIT,
+    );
+    r.add(
+        s,
+        "tower-resilience",
+        async_allocs(rt, tower_resilience_bulkhead()),
+        UNIT,
+    );
 
     let s = "allocations per call: timeout (async)";
-    r.add(s, "seawall", async_allocs(rt, SeawallAsync(pipelines::timeout())), UNIT);
-    r.add(s, "tokio::time::timeout", async_allocs(rt, tokio_timeout()), UNIT);
+    r.add(
+        s,
+        "seawall",
+        async_allocs(rt, SeawallAsync(pipelines::timeout())),
+        UNIT,
+    );
+    r.add(
+        s,
+        "tokio::time::timeout",
+        async_allocs(rt, tokio_timeout()),
+        UNIT,
+    );
     r.add(s, "tower", async_allocs(rt, tower_timeout()), UNIT);
-    r.add(s, "tower-resilience", async_allocs(rt, tower_resilience_time_limiter()), UNIT);
+    r.add(
+        s,
+        "tower-resilience",
+        async_allocs(rt, tower_resilience_time_limiter()),
+        UNIT,
+    );
     r.add(s, "seatbelt", async_allocs(rt, seatbelt_timeout(rt)), UNIT);
 
     let s = "allocations per call: full chain (async)";
-    r.add(s, "seawall", async_allocs(rt, SeawallAsync(pipelines::full_chain())), UNIT);
-    r.add(s, "tower-resilience", async_allocs(rt, tower_resilience_full_chain()), UNIT);
-    r.add(s, "seatbelt", async_allocs(rt, seatbelt_full_chain(rt)), UNIT);
+    r.add(
+        s,
+        "seawall",
+        async_allocs(rt, SeawallAsync(pipelines::full_chain())),
+        UNIT,
+    );
+    r.add(
+        s,
+        "tower-resilience",
+        async_allocs(rt, tower_resilience_full_chain()),
+        UNIT,
+    );
+    r.add(
+        s,
+        "seatbelt",
+        async_allocs(rt, seatbelt_full_chain(rt)),
+        UNIT,
+    );
 
     let s = "allocations per call: full chain (sync)";
     let p = pipelines::full_chain();
@@ -228,7 +332,12 @@ fn allocations_per_call(r: &mut Report, rt: &tokio::runtime::Runtime) {
         UNIT,
     );
     let chain = AssembledSyncChain::new();
-    r.add(s, "backon+recloser+governor+Semaphore", sync_allocs(|| chain.call()), UNIT);
+    r.add(
+        s,
+        "backon+recloser+governor+Semaphore",
+        sync_allocs(|| chain.call()),
+        UNIT,
+    );
 }
 
 /// Live bytes per value built by `build`, over `n` of them kept alive.
@@ -259,8 +368,18 @@ fn bytes_per_pipeline(r: &mut Report, rt: &tokio::runtime::Runtime) {
         }),
         UNIT,
     );
-    r.add(s, "tower-resilience", bytes_per(N, |_| tower_resilience_full_chain()), UNIT);
-    r.add(s, "seatbelt", bytes_per(N, |_| seatbelt_full_chain(rt)), UNIT);
+    r.add(
+        s,
+        "tower-resilience",
+        bytes_per(N, |_| tower_resilience_full_chain()),
+        UNIT,
+    );
+    r.add(
+        s,
+        "seatbelt",
+        bytes_per(N, |_| seatbelt_full_chain(rt)),
+        UNIT,
+    );
 }
 
 /// Live bytes per idle partition key: `use_key(i)` makes one call for key

@@ -115,13 +115,21 @@ fn breaker(c: &mut Criterion) {
     g.finish();
 
     let mut g = c.benchmark_group("breaker closed, consecutive failures (sync)");
-    sync_case(&mut g, "seawall", seawall_sync(pipelines::consecutive_breaker()));
+    sync_case(
+        &mut g,
+        "seawall",
+        seawall_sync(pipelines::consecutive_breaker()),
+    );
     let f = failsafe_consecutive();
     sync_case(&mut g, "failsafe", move || failsafe_call(&*f));
     g.finish();
 
     let mut g = c.benchmark_group("breaker closed, consecutive failures (async)");
-    async_case(&mut g, "seawall", SeawallAsync(pipelines::consecutive_breaker()));
+    async_case(
+        &mut g,
+        "seawall",
+        SeawallAsync(pipelines::consecutive_breaker()),
+    );
     async_case(&mut g, "tower-resilience", tower_resilience_consecutive());
     g.finish();
 
@@ -202,11 +210,9 @@ fn full_chain(c: &mut Criterion) {
         std::hint::black_box(p.call(|_| op(std::hint::black_box(1))).is_ok());
     });
     let chain = AssembledSyncChain::new();
-    sync_case(
-        &mut g,
-        "backon+recloser+governor+Semaphore",
-        move || chain.call(),
-    );
+    sync_case(&mut g, "backon+recloser+governor+Semaphore", move || {
+        chain.call()
+    });
     g.finish();
 }
 

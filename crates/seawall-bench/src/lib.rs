@@ -246,7 +246,15 @@ where
             .map(|h| h.join().expect("benchmark thread panicked"))
             .collect()
     });
-    let first = spans.iter().map(|s| s.0).min().expect("at least one thread");
-    let last = spans.iter().map(|s| s.1).max().expect("at least one thread");
+    let first = spans
+        .iter()
+        .map(|s| s.0)
+        .min()
+        .expect("at least one thread");
+    let last = spans
+        .iter()
+        .map(|s| s.1)
+        .max()
+        .expect("at least one thread");
     last - first
 }

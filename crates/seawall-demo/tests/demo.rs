@@ -193,3 +193,38 @@ fn an_unreachable_redis_is_one_line_and_exit_code_2() {
         "redis://127.0.0.1:1/",
     ]));
 }
+
+#[cfg(feature = "saga")]
+#[test]
+fn a_saga_batch_killed_halfway_is_recovered_without_repeating_effects() {
+    let db = temp_path("saga.db");
+    let output = demo(&["saga", "--orders", "6", "--db", db.to_str().unwrap()]);
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", db.display()));
+    }
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let text = stdout(&output);
+    assert!(text.contains("the first run died"), "{text}");
+
+    let saga = json_line(&output, "SAGA ");
+    assert_eq!(saga["completed"], 4, "{saga}");
+    assert_eq!(saga["compensated"], 2, "{saga}");
+    assert_eq!(
+        saga["consistent"], 6,
+        "status and effects agree for every order: {saga}"
+    );
+    assert!(saga["recovered"].as_u64() >= Some(1), "{saga}");
+    assert!(
+        saga["repeats"].as_u64() >= Some(1),
+        "a repeat was recognised by its key: {saga}"
+    );
+    assert_eq!(
+        saga["effects"]["charged"], 6,
+        "nobody was charged twice: {saga}"
+    );
+    assert_eq!(saga["effects"]["refunded"], 2, "{saga}");
+}

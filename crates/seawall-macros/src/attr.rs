@@ -196,10 +196,10 @@ const TIMEOUT_KEYS: &str = "ms, s, strict";
 const BREAKER_KEYS: &str = "consecutive_failures, failure_rate, count_window, window_s, \
      minimum_calls, slow_call_rate, slow_call_ms, slow_call_s, cooldown_ms, cooldown_s, \
      cooldown_growth, max_cooldown_ms, max_cooldown_s, half_open_calls";
-const BULKHEAD_KEYS: &str = "max_concurrent, max_queued, max_wait_ms, max_wait_s, lease_ms, lease_s";
+const BULKHEAD_KEYS: &str =
+    "max_concurrent, max_queued, max_wait_ms, max_wait_s, lease_ms, lease_s";
 const RATE_KEYS: &str = "limit, per_ms, per_s, algorithm, burst, max_wait_ms, max_wait_s";
-const COOLDOWN_KEYS: &str =
-    "max_pause_ms, max_pause_s, max_wait_ms, max_wait_s, grace_ms, grace_s";
+const COOLDOWN_KEYS: &str = "max_pause_ms, max_pause_s, max_wait_ms, max_wait_s, grace_ms, grace_s";
 const BUDGET_KEYS: &str = "ratio, max_tokens";
 
 fn err<T>(span: Span, msg: impl std::fmt::Display) -> syn::Result<T> {
@@ -210,7 +210,10 @@ fn err<T>(span: Span, msg: impl std::fmt::Display) -> syn::Result<T> {
 fn key_of(meta: &Meta) -> syn::Result<Ident> {
     match meta.path().get_ident() {
         Some(i) => Ok(i.clone()),
-        None => err(meta.path().span(), "expected a key, e.g. `max_attempts = 3`"),
+        None => err(
+            meta.path().span(),
+            "expected a key, e.g. `max_attempts = 3`",
+        ),
     }
 }
 
@@ -332,7 +335,10 @@ fn positive(meta: &Meta, key: &Ident, unit: Unit) -> syn::Result<Dur> {
 fn at_least_one(meta: &Meta, key: &Ident) -> syn::Result<u32> {
     let n = int::<u32>(meta, key)?;
     if n == 0 {
-        return err(value(meta, key)?.span(), format!("`{key}` must be >= 1, got 0"));
+        return err(
+            value(meta, key)?.span(),
+            format!("`{key}` must be >= 1, got 0"),
+        );
     }
     Ok(n)
 }
@@ -343,7 +349,10 @@ fn flag(meta: &Meta, key: &Ident) -> syn::Result<bool> {
         Meta::Path(_) => Ok(true),
         Meta::NameValue(nv) => match literal(&nv.value) {
             Some(Lit::Bool(b)) => Ok(b.value),
-            _ => err(nv.value.span(), format!("`{key}` expects `true` or `false`")),
+            _ => err(
+                nv.value.span(),
+                format!("`{key}` expects `true` or `false`"),
+            ),
         },
         Meta::List(l) => err(l.span(), format!("expected `{key}` or `{key} = true`")),
     }
@@ -621,7 +630,10 @@ fn retry(meta: &Meta) -> syn::Result<Retry> {
             "multiplier" => {
                 let (v, span) = float(&m, &key)?;
                 if !(v >= 1.0 && v.is_finite()) {
-                    return err(span, format!("`multiplier` must be a finite number >= 1, got {v}"));
+                    return err(
+                        span,
+                        format!("`multiplier` must be a finite number >= 1, got {v}"),
+                    );
                 }
                 r.multiplier = Some(v);
                 multiplier_span = Some(span);
@@ -664,7 +676,10 @@ fn retry(meta: &Meta) -> syn::Result<Retry> {
     }
     if let Some(span) = multiplier_span {
         if r.backoff != BackoffKind::Exponential {
-            return err(span, "`multiplier` applies to `backoff = \"exponential\"` only");
+            return err(
+                span,
+                "`multiplier` applies to `backoff = \"exponential\"` only",
+            );
         }
     }
     if let (Some(cap), Some(span)) = (r.cap, cap_span) {
@@ -836,7 +851,10 @@ fn circuit_breaker(meta: &Meta, key: &Ident) -> syn::Result<CircuitBreaker> {
             "cooldown_growth" => {
                 let (v, span) = float(&m, &k)?;
                 if !(v >= 1.0 && v.is_finite()) {
-                    return err(span, format!("`cooldown_growth` must be a finite factor >= 1, got {v}"));
+                    return err(
+                        span,
+                        format!("`cooldown_growth` must be a finite factor >= 1, got {v}"),
+                    );
                 }
                 growth = Some((v, k.span()));
             }
@@ -877,7 +895,10 @@ fn circuit_breaker(meta: &Meta, key: &Ident) -> syn::Result<CircuitBreaker> {
             Some((g, max))
         }
         (Some((_, span)), None) => {
-            return err(span, "`cooldown_growth` needs `max_cooldown_s` (or `max_cooldown_ms`)")
+            return err(
+                span,
+                "`cooldown_growth` needs `max_cooldown_s` (or `max_cooldown_ms`)",
+            )
         }
         (None, Some((_, span))) => return err(span, "`max_cooldown` needs `cooldown_growth`"),
         (None, None) => None,
@@ -933,15 +954,24 @@ fn bulkhead(meta: &Meta, key: &Ident) -> syn::Result<Bulkhead> {
         (Some((0, _)), None) | (None, None) => None,
         (Some((q, _)), Some((w, span))) => {
             if q > 0 && w.value == 0 {
-                return err(span, format!("`max_wait` must be > 0 when max_queued is {q}"));
+                return err(
+                    span,
+                    format!("`max_wait` must be > 0 when max_queued is {q}"),
+                );
             }
             Some((q, w))
         }
         (Some((q, span)), None) => {
-            return err(span, format!("a queue of {q} needs `max_wait_ms` (or `max_wait_s`)"))
+            return err(
+                span,
+                format!("a queue of {q} needs `max_wait_ms` (or `max_wait_s`)"),
+            )
         }
         (None, Some((_, span))) => {
-            return err(span, "`max_wait` needs `max_queued`: only queued calls wait")
+            return err(
+                span,
+                "`max_wait` needs `max_queued`: only queued calls wait",
+            )
         }
     };
     Ok(Bulkhead {
@@ -1007,7 +1037,10 @@ fn rate_limiter(meta: &Meta, key: &Ident) -> syn::Result<RateLimiter> {
     if algorithm == Algorithm::Gcra && (per.duration() / limit).is_zero() {
         return err(
             limit_span,
-            format!("{limit} per {:?} is finer than 1 ns per call", per.duration()),
+            format!(
+                "{limit} per {:?} is finer than 1 ns per call",
+                per.duration()
+            ),
         );
     }
     if algorithm == Algorithm::SlidingWindow && limit > 1_000_000 {
@@ -1110,19 +1143,29 @@ mod tests {
         assert!(message("retry(budget(ratio = 0.1))").contains("max_tokens"));
         assert!(message("circuit_breaker(failure_rate = 1.5)").contains("(0, 1]"));
         assert!(message("circuit_breaker(cooldown_s = 3)").contains("needs `consecutive_failures"));
-        assert!(message("circuit_breaker(consecutive_failures = 3, minimum_calls = 2)")
-            .contains("applies to `failure_rate` only"));
-        assert!(message("circuit_breaker(failure_rate = 0.5, window_s = 4000)").contains("<= 3600"));
+        assert!(
+            message("circuit_breaker(consecutive_failures = 3, minimum_calls = 2)")
+                .contains("applies to `failure_rate` only")
+        );
+        assert!(
+            message("circuit_breaker(failure_rate = 0.5, window_s = 4000)").contains("<= 3600")
+        );
         assert!(message("circuit_breaker(failure_rate = 0.5, cooldown_s = 0)").contains("> 0"));
-        assert!(message("circuit_breaker(failure_rate = 0.5, cooldown_growth = 2)")
-            .contains("max_cooldown"));
-        assert!(message("circuit_breaker(failure_rate = 0.5, slow_call_ms = 10)")
-            .contains("slow_call_rate"));
+        assert!(
+            message("circuit_breaker(failure_rate = 0.5, cooldown_growth = 2)")
+                .contains("max_cooldown")
+        );
+        assert!(
+            message("circuit_breaker(failure_rate = 0.5, slow_call_ms = 10)")
+                .contains("slow_call_rate")
+        );
         assert!(message("bulkhead(max_concurrent = 0)").contains(">= 1"));
         assert!(message("bulkhead(max_concurrent = 1, max_queued = 3)").contains("max_wait"));
         assert!(message("rate_limiter(limit = 10)").contains("per_s"));
-        assert!(message("rate_limiter(limit = 10, per_s = 1, algorithm = \"fixed_window\", burst = 2)")
-            .contains("gcra"));
+        assert!(message(
+            "rate_limiter(limit = 10, per_s = 1, algorithm = \"fixed_window\", burst = 2)"
+        )
+        .contains("gcra"));
         assert!(message("rate_limiter(limit = 2000000000, per_ms = 1)").contains("finer than 1 ns"));
         assert!(message("timeout_ms = 0").contains("> 0"));
         assert!(message("retry, store = s").contains("declares none"));
@@ -1151,14 +1194,20 @@ mod tests {
         assert!(message("timeout_ms = 1, timeout_ms = 2").contains("already declared"));
         assert!(parse_str("timeout_ms = 1000, retry, timeout_ms = 100").is_ok());
         assert!(message("retry, timeout_ms = 1, timeout_ms = 2").contains("after `retry`"));
-        assert!(parse_str("retry, circuit_breaker(consecutive_failures = 3), timeout_ms = 5").is_ok());
+        assert!(
+            parse_str("retry, circuit_breaker(consecutive_failures = 3), timeout_ms = 5").is_ok()
+        );
     }
 
     #[test]
     fn checks_the_bulkhead_lease_against_the_attempt_timeout() {
         assert!(message("timeout_s = 60, bulkhead(max_concurrent = 1)").contains("lease"));
-        assert!(message("retry, timeout_s = 5, bulkhead(max_concurrent = 1, lease_s = 6)")
-            .contains("lease"));
-        assert!(parse_str("retry, timeout_s = 5, bulkhead(max_concurrent = 1, lease_s = 7)").is_ok());
+        assert!(
+            message("retry, timeout_s = 5, bulkhead(max_concurrent = 1, lease_s = 6)")
+                .contains("lease")
+        );
+        assert!(
+            parse_str("retry, timeout_s = 5, bulkhead(max_concurrent = 1, lease_s = 7)").is_ok()
+        );
     }
 }

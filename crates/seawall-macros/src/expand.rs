@@ -19,9 +19,7 @@ use quote::{quote, quote_spanned, ToTokens};
 use syn::spanned::Spanned;
 use syn::{Ident, ItemFn};
 
-use crate::attr::{
-    Algorithm, BackoffKind, BreakerMode, Config, JitterKind, Policy, Step, Window,
-};
+use crate::attr::{Algorithm, BackoffKind, BreakerMode, Config, JitterKind, Policy, Step, Window};
 use crate::sig::{analyse, Analysis, Passing};
 
 /// Expands `#[resilient(..)]` on `item`.
@@ -73,6 +71,11 @@ pub(crate) fn expand(config: Config, item: ItemFn) -> syn::Result<TokenStream> {
             }
         };
         Some(quote!(let #pattern = #value;))
+    });
+    // `_` arguments are only passed on to the fallback, if any.
+    let wildcards = sig.args.iter().filter(|a| a.pattern.is_none()).map(|a| {
+        let outer = &a.outer;
+        quote!(let _ = &#outer;)
     });
     let context_bind = match &config.context {
         Some(user) => quote!(let #user: ::seawall::Context = #ctx;),
@@ -166,6 +169,7 @@ pub(crate) fn expand(config: Config, item: ItemFn) -> syn::Result<TokenStream> {
         #(#attrs)*
         #vis #outer_sig {
             static #pipeline_static: ::std::sync::OnceLock<#pipeline_ty> = ::std::sync::OnceLock::new();
+            #(#wildcards)*
             #typed_helper
             #clone_helper
             #get_pipeline
@@ -196,7 +200,9 @@ fn resource_name(config: &Config, sig: &Analysis) -> TokenStream {
             ::std::format!("{}::{}", short, #fn_name)
         }};
     }
-    quote!(::std::string::String::from(::core::concat!(::core::module_path!(), "::", #fn_name)))
+    quote!(::std::string::String::from(
+        ::core::concat!(::core::module_path!(), "::", #fn_name)
+    ))
 }
 
 /// What the function returns when the pipeline fails with `error`.
@@ -462,4 +468,50 @@ fn builder(config: &Config, name: &TokenStream) -> TokenStream {
         chain.extend(quote!(.on_event(#on_event)));
     }
     quote!(::seawall::Pipeline::builder(#name)#chain.build())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn expand_str(args: &str, item: &str) -> syn::Result<TokenStream> {
+        let config = crate::attr::parse(args.parse().expect("tokens"))?;
+        expand(config, syn::parse_str(item).expect("a function"))
+    }
+
+    #[test]
+    fn expands_to_one_function_with_the_same_signature() {
+        let out = expand_str(
+            "retry(max_attempts = 3), circuit_breaker(failure_rate = 0.5), fallback = Self::later",
+            "async fn charge(&self, order: &Order, mut n: u32) -> Result<Receipt, GatewayError> { Ok(todo!()) }",
+        )
+        .unwrap();
+        let f: ItemFn = syn::parse2(out).expect("a function");
+        assert_eq!(f.sig.ident, "charge");
+        assert!(f.sig.asyncness.is_some());
+        let inputs = f.sig.inputs.to_token_stream().to_string();
+        // `mut` moved into each attempt; names and types unchanged.
+        assert_eq!(inputs, "& self , order : & Order , n : u32");
+        let out = f.block.to_token_stream().to_string();
+        assert!(
+            out.contains("Self :: later (self , order , n , __seawall_error) . await"),
+            "{out}"
+        );
+        assert!(out.contains("__seawall_per_attempt (& n)"), "{out}");
+    }
+
+    #[test]
+    fn a_classifier_needs_the_error_type_spelled_out() {
+        let e = expand_str(
+            "retry, classify = judge",
+            "fn f() -> io::Result<u32> { Ok(1) }",
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("spelled `Result<T, E>`"), "{e}");
+        assert!(expand_str(
+            "retry, classify = judge",
+            "fn f() -> Result<u32, E> { Ok(1) }"
+        )
+        .is_ok());
+    }
 }

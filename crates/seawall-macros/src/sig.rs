@@ -108,7 +108,7 @@ pub(crate) fn analyse(sig: &Signature) -> syn::Result<Analysis> {
                 }
                 if is_async && passing(&r.ty) == Passing::Exclusive {
                     return err(
-                        r.span(),
+                        r.self_token.span,
                         "#[resilient] on an async fn cannot take `&mut self`: each attempt's \
                          future needs its own access to `self`; take `&self` (with interior \
                          mutability) or make the function sync",
@@ -120,7 +120,7 @@ pub(crate) fn analyse(sig: &Signature) -> syn::Result<Analysis> {
                 let passing = passing(ty);
                 if is_async && passing == Passing::Exclusive {
                     return err(
-                        ty.span(),
+                        pat.span(),
                         "#[resilient] on an async fn cannot take `&mut` arguments: each \
                          attempt's future needs its own access; take `&T` (with interior \
                          mutability), an owned `Clone` value, or make the function sync",
@@ -133,7 +133,10 @@ pub(crate) fn analyse(sig: &Signature) -> syn::Result<Analysis> {
                         ident,
                         ..
                     }) => (ident.clone(), Some((**pat).clone())),
-                    Pat::Wild(_) => (format_ident!("__seawall_arg{}", i, span = Span::mixed_site()), None),
+                    Pat::Wild(_) => (
+                        format_ident!("__seawall_arg{}", i, span = Span::mixed_site()),
+                        None,
+                    ),
                     other => (
                         format_ident!("__seawall_arg{}", i, span = Span::mixed_site()),
                         Some(other.clone()),
@@ -170,11 +173,7 @@ pub(crate) fn analyse(sig: &Signature) -> syn::Result<Analysis> {
 /// segment is `Result`.
 fn returns_result(ty: &Type) -> bool {
     match strip(ty) {
-        Type::Path(p) => p
-            .path
-            .segments
-            .last()
-            .is_some_and(|s| s.ident == "Result"),
+        Type::Path(p) => p.path.segments.last().is_some_and(|s| s.ident == "Result"),
         _ => false,
     }
 }

@@ -200,8 +200,20 @@ fn label(mut words: Vec<String>, (prefix, width): (String, usize)) -> Result<Str
     Ok(words.join(" "))
 }
 
+/// `_` arguments are accepted and passed on to the fallback.
+#[resilient(retry(max_attempts = 2, backoff_ms = 1), fallback = count_tags)]
+fn ignores(_: String, tag: &str) -> Result<usize, ApiError> {
+    Err(ApiError::Flaky(tag.len() as u32))
+}
+
+fn count_tags(dropped: String, tag: &str, err: Error<ApiError>) -> Result<usize, ApiError> {
+    assert!(matches!(err, Error::RetryExhausted { attempts: 2, .. }));
+    Ok(dropped.len() + tag.len())
+}
+
 #[test]
 fn free_function_clones_owned_arguments_for_each_attempt() {
+    assert_eq!(ignores("abc".into(), "de"), Ok(5));
     let got = label(vec!["a".into(), "b".into()], ("w".into(), 4));
     assert_eq!(got.unwrap(), "a b w4");
     assert_eq!(TAGS.load(Ordering::SeqCst), 3);
@@ -210,7 +222,11 @@ fn free_function_clones_owned_arguments_for_each_attempt() {
 /// What the fallback of `Mailer` saw.
 #[derive(Debug, PartialEq)]
 enum Fell {
-    Exhausted { to: String, attempts: u32, last: ApiError },
+    Exhausted {
+        to: String,
+        attempts: u32,
+        last: ApiError,
+    },
     Other(String),
 }
 
@@ -267,7 +283,10 @@ async fn fallback_gets_the_arguments_and_the_error() {
         backend: Flaky::failing(5),
         fell: Mutex::default(),
     };
-    assert_eq!(mailer.send("ada@example.org", "hello".into()).await, Ok("queued"));
+    assert_eq!(
+        mailer.send("ada@example.org", "hello".into()).await,
+        Ok("queued")
+    );
     assert_eq!(
         *mailer.fell.lock().unwrap(),
         [Fell::Exhausted {
@@ -281,7 +300,10 @@ async fn fallback_gets_the_arguments_and_the_error() {
         backend: Flaky::failing(0),
         fell: Mutex::default(),
     };
-    assert_eq!(mailer.send("bob@example.org", "hello".into()).await, Ok("sent"));
+    assert_eq!(
+        mailer.send("bob@example.org", "hello".into()).await,
+        Ok("sent")
+    );
     assert!(mailer.fell.lock().unwrap().is_empty());
 }
 
@@ -418,7 +440,7 @@ fn search(query: &str) -> Result<usize, ApiError> {
 }
 
 #[resilient(retry(max_attempts = 2, backoff_ms = 1), on_event = record)]
-fn keyed_by_module_path() -> Result<(), ApiError> {
+fn keyed_by_module_path(_: u8) -> Result<(), ApiError> {
     Err(ApiError::Flaky(0))
 }
 
@@ -430,7 +452,7 @@ fn names_key_the_state() {
         Err(ApiError::Rejected(RejectionReason::BulkheadFull))
     );
     assert!(events_of("search.query").contains(&"rejected"));
-    let _ = keyed_by_module_path();
+    let _ = keyed_by_module_path(0);
     assert!(!events_of("resilient::keyed_by_module_path").is_empty());
 }
 
@@ -584,4 +606,44 @@ fn classifier_and_predicates_judge_the_errors() {
     assert_eq!(judged.ignored(true), Err(ApiError::Flaky(0)));
     assert_eq!(judged.ignored(true), Err(ApiError::Flaky(0)));
     assert_eq!(judged.ignored(false), Ok(1));
+}
+
+struct Names {
+    names: Vec<String>,
+}
+
+impl Names {
+    /// Results may borrow from `self` and the arguments.
+    #[resilient(retry(max_attempts = 2, backoff_ms = 1))]
+    fn find(&self, prefix: &str) -> Result<&str, ApiError> {
+        self.names
+            .iter()
+            .find(|n| n.starts_with(prefix))
+            .map(String::as_str)
+            .ok_or(ApiError::Flaky(0))
+    }
+
+    #[resilient(retry(max_attempts = 2, backoff_ms = 1))]
+    async fn longest<'a>(&'a self, other: &'a str) -> Result<&'a str, ApiError> {
+        let mine = self
+            .names
+            .iter()
+            .max_by_key(|n| n.len())
+            .ok_or(ApiError::Flaky(0))?;
+        Ok(if mine.len() >= other.len() {
+            mine
+        } else {
+            other
+        })
+    }
+}
+
+#[tokio::test]
+async fn results_may_borrow_from_the_arguments() {
+    let names = Names {
+        names: vec!["ada".into(), "grace".into()],
+    };
+    assert_eq!(names.find("gr"), Ok("grace"));
+    assert_eq!(names.find("x"), Err(ApiError::Flaky(0)));
+    assert_eq!(names.longest("barbara").await, Ok("barbara"));
 }

@@ -42,7 +42,12 @@ fn args() -> Args {
             "--calls" => a.calls = it.next().and_then(|n| n.parse().ok()).expect("--calls N"),
             "--child" => a.child = true,
             "--prefix" => a.prefix = it.next().expect("--prefix P"),
-            "--start-ms" => a.start_ms = it.next().and_then(|n| n.parse().ok()).expect("--start-ms T"),
+            "--start-ms" => {
+                a.start_ms = it
+                    .next()
+                    .and_then(|n| n.parse().ok())
+                    .expect("--start-ms T")
+            }
             other => panic!("unknown argument {other}"),
         }
     }
@@ -50,7 +55,10 @@ fn args() -> Args {
 }
 
 fn unix_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
 }
 
 /// A `redis-server` of our own, on a free loopback port.
@@ -62,10 +70,23 @@ struct Server {
 
 impl Server {
     fn start() -> Server {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
         let dir = tempfile::tempdir().unwrap();
         let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
             .arg("--dir")
             .arg(dir.path())
             .stdout(Stdio::null())
@@ -74,11 +95,18 @@ impl Server {
         let url = format!("redis://127.0.0.1:{port}");
         let client = redis::Client::open(url.as_str()).unwrap();
         let deadline = Instant::now() + Duration::from_secs(5);
-        while client.get_connection_with_timeout(Duration::from_millis(100)).is_err() {
+        while client
+            .get_connection_with_timeout(Duration::from_millis(100))
+            .is_err()
+        {
             assert!(Instant::now() < deadline, "redis-server did not start");
             std::thread::sleep(Duration::from_millis(20));
         }
-        Server { child, url, _dir: dir }
+        Server {
+            child,
+            url,
+            _dir: dir,
+        }
     }
 }
 
@@ -92,7 +120,11 @@ impl Drop for Server {
 fn chain(store: RedisStore) -> Pipeline<seawall::pipeline::WithFallback<u64, std::io::Error>> {
     Pipeline::builder("bench-dependency")
         .retry(Retry::constant(Duration::from_millis(1)).max_attempts(3))
-        .circuit_breaker(CircuitBreaker::failure_rate(0.5).count_window(100).minimum_calls(20))
+        .circuit_breaker(
+            CircuitBreaker::failure_rate(0.5)
+                .count_window(100)
+                .minimum_calls(20),
+        )
         .timeout(Duration::from_secs(1))
         .bulkhead(Bulkhead::new(64).lease(Duration::from_secs(10)))
         .rate_limiter(RateLimiter::gcra(10_000_000, Duration::from_secs(1)))
@@ -150,10 +182,16 @@ fn time_sync(n: usize, mut f: impl FnMut()) -> (Vec<Duration>, Duration) {
 fn script_calls(url: &str) -> u64 {
     let client = redis::Client::open(url).unwrap();
     let mut c = client.get_connection().unwrap();
-    let info: String = redis::cmd("INFO").arg("commandstats").query(&mut c).unwrap();
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut c)
+        .unwrap();
     info.lines()
         .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-        .filter_map(|l| l.split(',').find_map(|kv| kv.split_once("calls=").map(|(_, n)| n.parse::<u64>().ok())))
+        .filter_map(|l| {
+            l.split(',')
+                .find_map(|kv| kv.split_once("calls=").map(|(_, n)| n.parse::<u64>().ok()))
+        })
         .flatten()
         .sum()
 }
@@ -170,9 +208,16 @@ async fn op() -> Result<u64, std::io::Error> {
 }
 
 fn child(a: &Args, url: &str) {
-    let store = RedisStore::builder(url).prefix(&a.prefix).fail_closed().build().unwrap();
+    let store = RedisStore::builder(url)
+        .prefix(&a.prefix)
+        .fail_closed()
+        .build()
+        .unwrap();
     let p = chain(store);
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     rt.block_on(async {
         for _ in 0..500 {
             p.run(|_| op()).await.unwrap();
@@ -193,16 +238,30 @@ fn child(a: &Args, url: &str) {
 
 fn main() {
     let a = args();
-    let server = if a.url.is_none() && !a.child { Some(Server::start()) } else { None };
-    let url = a.url.clone().unwrap_or_else(|| server.as_ref().unwrap().url.clone());
+    let server = if a.url.is_none() && !a.child {
+        Some(Server::start())
+    } else {
+        None
+    };
+    let url = a
+        .url
+        .clone()
+        .unwrap_or_else(|| server.as_ref().unwrap().url.clone());
     if a.child {
         child(&a, &url);
         return;
     }
     let n = a.calls;
-    let store = RedisStore::builder(url.as_str()).prefix(&a.prefix).fail_closed().build().unwrap();
+    let store = RedisStore::builder(url.as_str())
+        .prefix(&a.prefix)
+        .fail_closed()
+        .build()
+        .unwrap();
     let p = chain(store.clone());
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
 
     // Warm up every path.
     rt.block_on(async {
@@ -234,7 +293,8 @@ fn main() {
 
     reset_stats(&url);
     let (call_lat, call_total) = time_sync(n, || {
-        p.call(|_| Ok::<u64, std::io::Error>(std::hint::black_box(1))).unwrap();
+        p.call(|_| Ok::<u64, std::io::Error>(std::hint::black_box(1)))
+            .unwrap();
     });
     let call_trips = script_calls(&url) as f64 / n as f64;
 
@@ -245,7 +305,15 @@ fn main() {
     let children: Vec<Child> = (0..4)
         .map(|_| {
             Command::new(&exe)
-                .args(["--child", "--url", &url, "--prefix", &a.prefix, "--calls", &n.to_string()])
+                .args([
+                    "--child",
+                    "--url",
+                    &url,
+                    "--prefix",
+                    &a.prefix,
+                    "--calls",
+                    &n.to_string(),
+                ])
                 .args(["--start-ms", &start_ms.to_string()])
                 .stdout(Stdio::piped())
                 .spawn()
@@ -262,7 +330,10 @@ fn main() {
             if let Some(ns) = line.strip_prefix("TOTAL_NS ") {
                 multi_secs = multi_secs.max(ns.parse::<f64>().unwrap() / 1e9);
             } else if let Some(list) = line.strip_prefix("LAT_NS ") {
-                multi_lat.extend(list.split(',').map(|v| Duration::from_nanos(v.parse().unwrap())));
+                multi_lat.extend(
+                    list.split(',')
+                        .map(|v| Duration::from_nanos(v.parse().unwrap())),
+                );
             }
         }
     }
@@ -276,12 +347,21 @@ fn main() {
     let added = |lat: &[Duration], p: f64| percentile(lat, p).saturating_sub(percentile(&bare, p));
 
     println!("seawall-redis bench: {n} calls per measurement, redis at {url}");
-    println!("chain: retry + circuit breaker + timeout + bulkhead + rate limiter + cooldown + fallback");
+    println!(
+        "chain: retry + circuit breaker + timeout + bulkhead + rate limiter + cooldown + fallback"
+    );
     println!();
-    println!("PING round trip p50: async {} | blocking {}", us(ping_p50), us(ping_sync_p50));
+    println!(
+        "PING round trip p50: async {} | blocking {}",
+        us(ping_p50),
+        us(ping_sync_p50)
+    );
     println!("bare operation p50: {}", us(bare_p50));
     println!();
-    println!("{:<28} {:>12} {:>14} {:>14} {:>16}", "", "calls/s", "added p50", "added p99", "round trips/call");
+    println!(
+        "{:<28} {:>12} {:>14} {:>14} {:>16}",
+        "", "calls/s", "added p50", "added p99", "round trips/call"
+    );
     let row = |name: &str, lat: &[Duration], calls: f64, secs: f64, trips: f64| {
         println!(
             "{name:<28} {:>12.0} {:>14} {:>14} {:>16.2}",
@@ -291,9 +371,27 @@ fn main() {
             trips
         );
     };
-    row("1 process, async run", &run_lat, n as f64, run_total.as_secs_f64(), run_trips);
-    row("1 process, sync call", &call_lat, n as f64, call_total.as_secs_f64(), call_trips);
-    row("4 processes, async run", &multi_lat, (4 * n) as f64, multi_secs, multi_trips);
+    row(
+        "1 process, async run",
+        &run_lat,
+        n as f64,
+        run_total.as_secs_f64(),
+        run_trips,
+    );
+    row(
+        "1 process, sync call",
+        &call_lat,
+        n as f64,
+        call_total.as_secs_f64(),
+        call_trips,
+    );
+    row(
+        "4 processes, async run",
+        &multi_lat,
+        (4 * n) as f64,
+        multi_secs,
+        multi_trips,
+    );
     println!();
     let ratio = added(&run_lat, 0.5).as_secs_f64() / ping_p50.as_secs_f64();
     let ratio_sync = added(&call_lat, 0.5).as_secs_f64() / ping_sync_p50.as_secs_f64();

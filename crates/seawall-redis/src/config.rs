@@ -163,7 +163,8 @@ impl RedisStoreBuilder {
     /// unsupported scheme; [`RedisStoreError::InvalidConfig`] naming the
     /// setting and its rule otherwise.
     pub fn build(self) -> Result<RedisStore, RedisStoreError> {
-        let invalid = |field: &'static str, rule: String| RedisStoreError::InvalidConfig { field, rule };
+        let invalid =
+            |field: &'static str, rule: String| RedisStoreError::InvalidConfig { field, rule };
         if self.timeout.is_zero() {
             return Err(invalid("timeout", "must be > 0".into()));
         }
@@ -179,13 +180,17 @@ impl RedisStoreBuilder {
         if self.prefix.is_empty() || self.prefix.contains(['{', '}']) {
             return Err(invalid(
                 "prefix",
-                format!("must be non-empty and free of `{{` and `}}`, got {:?}", self.prefix),
+                format!(
+                    "must be non-empty and free of `{{` and `}}`, got {:?}",
+                    self.prefix
+                ),
             ));
         }
-        let client = redis::Client::open(self.url.as_str()).map_err(|e| RedisStoreError::InvalidUrl {
-            url: redact(&self.url),
-            reason: e.to_string(),
-        })?;
+        let client =
+            redis::Client::open(self.url.as_str()).map_err(|e| RedisStoreError::InvalidUrl {
+                url: redact(&self.url),
+                reason: e.to_string(),
+            })?;
         Ok(RedisStore::from_parts(self, client))
     }
 }
@@ -201,11 +206,24 @@ mod tests {
             .build()
             .unwrap_err();
         assert_eq!(e.to_string(), "redis_store.timeout must be > 0");
-        let e = RedisStore::builder("redis://127.0.0.1:1").prefix("a{b").build().unwrap_err();
-        assert!(matches!(e, RedisStoreError::InvalidConfig { field: "prefix", .. }));
-        let e = RedisStore::builder("http://127.0.0.1:1").build().unwrap_err();
+        let e = RedisStore::builder("redis://127.0.0.1:1")
+            .prefix("a{b")
+            .build()
+            .unwrap_err();
+        assert!(matches!(
+            e,
+            RedisStoreError::InvalidConfig {
+                field: "prefix",
+                ..
+            }
+        ));
+        let e = RedisStore::builder("http://127.0.0.1:1")
+            .build()
+            .unwrap_err();
         assert!(matches!(e, RedisStoreError::InvalidUrl { .. }), "{e}");
-        let e = RedisStore::builder("redis://:secret@[::1").build().unwrap_err();
+        let e = RedisStore::builder("redis://:secret@[::1")
+            .build()
+            .unwrap_err();
         assert!(!e.to_string().contains("secret"), "{e}");
         assert!(RedisStore::builder("redis://127.0.0.1:1").build().is_ok());
     }

@@ -95,9 +95,9 @@ pub(crate) fn store_error(e: &RedisError, timeout: Duration) -> StoreError {
             | ServerErrorKind::MasterDown
             | ServerErrorKind::ReadOnly,
         ) => StoreError::Unavailable(e.to_string()),
-        ErrorKind::Server(_)
-        | ErrorKind::Parse
-        | ErrorKind::UnexpectedReturnType => StoreError::Protocol(e.to_string()),
+        ErrorKind::Server(_) | ErrorKind::Parse | ErrorKind::UnexpectedReturnType => {
+            StoreError::Protocol(e.to_string())
+        }
         _ => StoreError::Unavailable(e.to_string()),
     }
 }
@@ -108,7 +108,10 @@ mod tests {
 
     #[test]
     fn passwords_never_reach_messages() {
-        assert_eq!(redact("redis://:hunter2@127.0.0.1:6379/0"), "redis://:***@127.0.0.1:6379/0");
+        assert_eq!(
+            redact("redis://:hunter2@127.0.0.1:6379/0"),
+            "redis://:***@127.0.0.1:6379/0"
+        );
         assert_eq!(redact("redis://ada:hunter2@host/"), "redis://ada:***@host/");
         assert_eq!(redact("redis://token@host"), "redis://***@host");
         assert_eq!(redact("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");

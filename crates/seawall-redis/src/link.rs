@@ -178,8 +178,13 @@ impl Link {
     }
 
     fn extend_skip(&self) {
-        let interval = u64::try_from(self.settings.reconnect_interval.as_nanos()).unwrap_or(u64::MAX / 4);
-        let until = self.health.now().saturating_add(interval.saturating_mul(2)).max(1);
+        let interval =
+            u64::try_from(self.settings.reconnect_interval.as_nanos()).unwrap_or(u64::MAX / 4);
+        let until = self
+            .health
+            .now()
+            .saturating_add(interval.saturating_mul(2))
+            .max(1);
         self.health.skip_until.store(until, Ordering::Release);
     }
 
@@ -198,8 +203,10 @@ impl Link {
             .client
             .get_connection_with_timeout(self.settings.connect_timeout)
             .map_err(|e| store_error(&e, self.settings.connect_timeout))?;
-        conn.set_read_timeout(Some(t)).map_err(|e| store_error(&e, t))?;
-        conn.set_write_timeout(Some(t)).map_err(|e| store_error(&e, t))?;
+        conn.set_read_timeout(Some(t))
+            .map_err(|e| store_error(&e, t))?;
+        conn.set_write_timeout(Some(t))
+            .map_err(|e| store_error(&e, t))?;
         Ok(conn)
     }
 
@@ -239,7 +246,10 @@ impl Link {
     }
 
     /// Runs a script on the blocking path (EVALSHA, reloaded on NOSCRIPT).
-    pub(crate) fn invoke_sync<T: FromRedisValue>(&self, inv: &ScriptInvocation<'_>) -> Result<T, StoreError> {
+    pub(crate) fn invoke_sync<T: FromRedisValue>(
+        &self,
+        inv: &ScriptInvocation<'_>,
+    ) -> Result<T, StoreError> {
         self.with_sync(|c| inv.invoke(c))
     }
 
@@ -289,7 +299,10 @@ impl Link {
 
     /// Runs a script on the async path. Must be polled inside a tokio
     /// runtime (with timers).
-    pub(crate) async fn invoke_async<T: FromRedisValue>(&self, inv: &ScriptInvocation<'_>) -> Result<T, StoreError> {
+    pub(crate) async fn invoke_async<T: FromRedisValue>(
+        &self,
+        inv: &ScriptInvocation<'_>,
+    ) -> Result<T, StoreError> {
         self.gate()?;
         let limit = self.settings.connect_timeout + self.settings.timeout;
         let result = async {

@@ -94,7 +94,11 @@ pub(crate) struct Keys(pub(crate) [String; 8]);
 impl Keys {
     /// `{prefix:resource}:suffix`, or `{prefix:resource:i:7}:suffix` /
     /// `{prefix:resource:s:tenant}:suffix` for a partition.
-    pub(crate) fn new(prefix: &str, spec: &ResourceSpec, partition: Option<&seawall::PartitionKey>) -> Keys {
+    pub(crate) fn new(
+        prefix: &str,
+        spec: &ResourceSpec,
+        partition: Option<&seawall::PartitionKey>,
+    ) -> Keys {
         let mut tag = String::with_capacity(prefix.len() + spec.name.len() + 24);
         tag.push('{');
         tag.push_str(prefix);
@@ -239,17 +243,21 @@ mod tests {
 
     #[test]
     fn keys_share_one_hash_tag_and_escape_names() {
-        let spec = ResourceSpec::new("users:api{x}").with_rate_limit(RateLimiter::sliding_window(
-            5,
-            Duration::from_secs(1),
-        ));
+        let spec = ResourceSpec::new("users:api{x}")
+            .with_rate_limit(RateLimiter::sliding_window(5, Duration::from_secs(1)));
         let k = Keys::new("sw", &spec, None);
         assert_eq!(k.0[0], "{sw:users%3Aapi%7Bx%7D}:c");
         assert_eq!(k.0[6], "{sw:users%3Aapi%7Bx%7D}:rs");
         let p = seawall::PartitionKey::from(7u64);
-        assert_eq!(Keys::new("sw", &spec, Some(&p)).0[4], "{sw:users%3Aapi%7Bx%7D:i:7}:b");
+        assert_eq!(
+            Keys::new("sw", &spec, Some(&p)).0[4],
+            "{sw:users%3Aapi%7Bx%7D:i:7}:b"
+        );
         let p = seawall::PartitionKey::from("7");
-        assert_eq!(Keys::new("sw", &spec, Some(&p)).0[4], "{sw:users%3Aapi%7Bx%7D:s:7}:b");
+        assert_eq!(
+            Keys::new("sw", &spec, Some(&p)).0[4],
+            "{sw:users%3Aapi%7Bx%7D:s:7}:b"
+        );
     }
 
     #[test]

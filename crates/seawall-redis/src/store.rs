@@ -9,7 +9,8 @@ use std::time::Duration;
 use redis::{Script, ScriptInvocation};
 use seawall::breaker::{CircuitControl, CircuitMetrics, CircuitState, CircuitTransition};
 use seawall::store::{
-    Admission, AdmitRequest, Outcome, Permit, Record, Recorded, ResourceSpec, ResourceState, StoreFuture,
+    Admission, AdmitRequest, Outcome, Permit, Record, Recorded, ResourceSpec, ResourceState,
+    StoreFuture,
 };
 use seawall::{MemoryStore, PartitionKey, Rejection, RejectionReason, StateStore, StoreError};
 
@@ -204,7 +205,9 @@ fn micros(d: Duration) -> u64 {
 }
 
 fn protocol(what: &str, reply: &[i64]) -> StoreError {
-    StoreError::Protocol(format!("unexpected {what} reply from the store script: {reply:?}"))
+    StoreError::Protocol(format!(
+        "unexpected {what} reply from the store script: {reply:?}"
+    ))
 }
 
 /// A record sent without waiting for its answer. If it is dropped
@@ -292,7 +295,11 @@ impl Shared {
             .arg(p.slot.map_or(-1, |s| i64::try_from(s).unwrap_or(-1)))
             .arg(outcome)
             .arg(micros(record.duration))
-            .arg(record.retry_after.map_or(-1, |d| i64::try_from(micros(d)).unwrap_or(i64::MAX)));
+            .arg(
+                record
+                    .retry_after
+                    .map_or(-1, |d| i64::try_from(micros(d)).unwrap_or(i64::MAX)),
+            );
         inv
     }
 
@@ -328,7 +335,8 @@ impl Shared {
         };
         Ok(Admission {
             decision,
-            transition: (transition == scripts::HALF_OPENED).then_some(CircuitTransition::HalfOpened),
+            transition: (transition == scripts::HALF_OPENED)
+                .then_some(CircuitTransition::HalfOpened),
             degraded: None,
         })
     }
@@ -359,8 +367,14 @@ impl Shared {
     }
 
     /// Redis failed on admission: answer locally (fail-open) or refuse.
-    fn admit_degraded(&self, request: &AdmitRequest<'_>, e: StoreError) -> Result<Admission, StoreError> {
-        let Some(local) = &self.local else { return Err(e) };
+    fn admit_degraded(
+        &self,
+        request: &AdmitRequest<'_>,
+        e: StoreError,
+    ) -> Result<Admission, StoreError> {
+        let Some(local) = &self.local else {
+            return Err(e);
+        };
         let mut admission = local.admit(request)?;
         if let Ok(p) = &mut admission.decision {
             p.local = true;
@@ -393,18 +407,21 @@ impl Shared {
     /// a retry-after hint. Such a record never moves the circuit (rates are
     /// judged on failed or slow calls only) nor opens a cooldown.
     fn record_is_silent(&self, record: &Record<'_>) -> bool {
-        let slow = self
-            .spec
-            .circuit
-            .as_ref()
-            .is_some_and(|c| c.slow_call_rate.is_some() && record.duration >= c.slow_call_duration);
+        let slow =
+            self.spec.circuit.as_ref().is_some_and(|c| {
+                c.slow_call_rate.is_some() && record.duration >= c.slow_call_duration
+            });
         !record.permit.probe
             && record.retry_after.is_none()
             && !slow
             && matches!(record.outcome, Outcome::Success | Outcome::Ignored)
     }
 
-    fn in_flight_invocation(&self, partition: Option<&PartitionKey>, now: Duration) -> ScriptInvocation<'static> {
+    fn in_flight_invocation(
+        &self,
+        partition: Option<&PartitionKey>,
+        now: Duration,
+    ) -> ScriptInvocation<'static> {
         self.invocation(&Scripts::get().in_flight, partition, Some(now))
     }
 }
@@ -473,7 +490,9 @@ impl ResourceState for RedisResource {
             });
             return StoreFuture::boxed(async move {
                 let mut send = Box::pin(send);
-                let queued_only = std::future::poll_fn(|cx| Poll::Ready(send.as_mut().poll(cx).is_pending())).await;
+                let queued_only =
+                    std::future::poll_fn(|cx| Poll::Ready(send.as_mut().poll(cx).is_pending()))
+                        .await;
                 if queued_only {
                     tokio::spawn(send);
                 }
@@ -527,7 +546,11 @@ impl ResourceState for RedisResource {
         }
     }
 
-    fn circuit_metrics(&self, partition: Option<&PartitionKey>, now: Duration) -> Result<CircuitMetrics, StoreError> {
+    fn circuit_metrics(
+        &self,
+        partition: Option<&PartitionKey>,
+        now: Duration,
+    ) -> Result<CircuitMetrics, StoreError> {
         let s = &*self.shared;
         if s.spec.circuit.is_none() {
             return Ok(CircuitMetrics::closed_empty());
@@ -547,7 +570,13 @@ impl ResourceState for RedisResource {
         };
         let count = |n: i64| u64::try_from(n).unwrap_or(0);
         let (calls, failures, slow) = (count(calls), count(failures), count(slow));
-        let rate = |n: u64| if calls == 0 { 0.0 } else { n as f64 / calls as f64 };
+        let rate = |n: u64| {
+            if calls == 0 {
+                0.0
+            } else {
+                n as f64 / calls as f64
+            }
+        };
         let mut m = CircuitMetrics::closed_empty();
         m.state = state;
         m.calls = calls;
@@ -597,12 +626,18 @@ impl ResourceState for RedisResource {
         })
     }
 
-    fn in_flight(&self, partition: Option<&PartitionKey>, now: Duration) -> Result<u32, StoreError> {
+    fn in_flight(
+        &self,
+        partition: Option<&PartitionKey>,
+        now: Duration,
+    ) -> Result<u32, StoreError> {
         let s = &*self.shared;
         if s.spec.bulkhead.is_none() {
             return Ok(0);
         }
-        let n: i64 = s.link.invoke_sync(&s.in_flight_invocation(partition, now))?;
+        let n: i64 = s
+            .link
+            .invoke_sync(&s.in_flight_invocation(partition, now))?;
         Ok(u32::try_from(n).unwrap_or(0))
     }
 }

@@ -2,7 +2,7 @@
 //! a real clock.
 //!
 //! Pipelines use [`SystemClock`] and [`SystemRandom`] unless told otherwise.
-//! Tests use [`VirtualClock`](crate::testing::VirtualClock), whose sleeps
+//! Tests use [`VirtualClock`], whose sleeps
 //! advance virtual time at once, and [`SeededRandom`] for repeatable jitter.
 
 use std::fmt;
@@ -22,7 +22,7 @@ pub type BoxSleep = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 ///
 /// Implement it to plug in your own notion of time; seawall ships
 /// [`SystemClock`] (tokio timers, `std::thread::sleep`) and
-/// [`VirtualClock`](crate::testing::VirtualClock).
+/// [`VirtualClock`].
 pub trait Clock: Send + Sync + fmt::Debug + 'static {
     /// Monotonic time elapsed since an arbitrary origin fixed for the clock.
     fn now(&self) -> Duration;

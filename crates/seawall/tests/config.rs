@@ -442,7 +442,9 @@ fn the_policies_list_must_match_the_sections() {
     let (e, msg) = load_error(Format::Toml, "[pipelines.a]\n\nattempt_timeout = \"1s\"\n");
     assert_eq!(e.line(), Some(3));
     assert!(
-        msg.ends_with("pipeline.attempt_timeout needs a `retry` policy; without retries use `timeout`"),
+        msg.ends_with(
+            "pipeline.attempt_timeout needs a `retry` policy; without retries use `timeout`"
+        ),
         "{msg}"
     );
 }
@@ -496,12 +498,20 @@ fn settings_of_another_kind_are_errors_unless_inherited() {
         "[default.retry]\nbackoff = \"linear\"\ndelay = \"1s\"\nmultiplier = 3.0\n[pipelines.a]\ntimeout = \"1s\"\n",
     );
     assert_eq!(e.line(), Some(4));
-    assert!(msg.contains("pipeline `a`: retry.multiplier applies only to exponential backoff, not linear"), "{msg}");
+    assert!(
+        msg.contains(
+            "pipeline `a`: retry.multiplier applies only to exponential backoff, not linear"
+        ),
+        "{msg}"
+    );
 }
 
 #[test]
 fn syntax_errors_have_a_line() {
-    let (e, msg) = load_error(Format::Toml, "[pipelines.a]\ntimeout = \"1s\"\ntimeout = \"2s\"\n");
+    let (e, msg) = load_error(
+        Format::Toml,
+        "[pipelines.a]\ntimeout = \"1s\"\ntimeout = \"2s\"\n",
+    );
     assert_eq!(e.line(), Some(3), "{msg}");
     let (e, msg) = load_error(Format::Yaml, "pipelines:\n  a:\n    timeout: [1s\n");
     assert!(e.line().is_some(), "{msg}");
@@ -510,14 +520,20 @@ fn syntax_errors_have_a_line() {
 
 #[test]
 fn file_errors_name_the_file() {
-    let file = TempFile::new("bad.toml", "[pipelines.a]\nretry = { delay = \"1s\", max_attempts = 0 }\n");
+    let file = TempFile::new(
+        "bad.toml",
+        "[pipelines.a]\nretry = { delay = \"1s\", max_attempts = 0 }\n",
+    );
     let e = Registry::from_file(&file.0).unwrap_err();
     let msg = e.to_string();
     assert!(
         msg.starts_with(&format!("{}:2:", file.0.display())),
         "{msg}"
     );
-    assert!(msg.ends_with("pipeline `a`: retry.max_attempts must be >= 1, got 0"), "{msg}");
+    assert!(
+        msg.ends_with("pipeline `a`: retry.max_attempts must be >= 1, got 0"),
+        "{msg}"
+    );
 
     let e = Registry::from_file(fixture("missing.toml")).unwrap_err();
     assert!(matches!(e, LoadError::Io { .. }), "{e:?}");
@@ -574,7 +590,11 @@ fn a_reload_that_keeps_the_breaker_keeps_an_open_circuit() {
         e.rejection().map(|r| r.reason),
         Some(RejectionReason::CircuitOpen)
     );
-    assert_eq!(calls.load(Ordering::Relaxed), 2, "the operation did not run");
+    assert_eq!(
+        calls.load(Ordering::Relaxed),
+        2,
+        "the operation did not run"
+    );
 
     // A changed breaker starts a circuit of its own.
     r.reload_str(
@@ -585,42 +605,56 @@ fn a_reload_that_keeps_the_breaker_keeps_an_open_circuit() {
     let p = r.pipeline("payments").unwrap();
     assert_eq!(p.circuit_state().unwrap(), CircuitState::Closed);
     assert!(p.call(failing(&calls)).is_err());
-    assert_eq!(calls.load(Ordering::Relaxed), 5, "3 attempts with the new retry");
+    assert_eq!(
+        calls.load(Ordering::Relaxed),
+        5,
+        "3 attempts with the new retry"
+    );
 }
 
 #[test]
 fn a_failed_reload_keeps_the_old_pipelines_and_says_why() {
     let r = toml(&breaker_config(2));
     let before = format!("{:?}", r.pipeline("payments").unwrap());
-    let e = r
-        .reload_str(Format::Toml, &breaker_config(0))
-        .unwrap_err();
+    let e = r.reload_str(Format::Toml, &breaker_config(0)).unwrap_err();
     assert!(
-        e.to_string().ends_with("pipeline `payments`: retry.max_attempts must be >= 1, got 0"),
+        e.to_string()
+            .ends_with("pipeline `payments`: retry.max_attempts must be >= 1, got 0"),
         "{e}"
     );
     let e = r
-        .reload_str(Format::Toml, "[pipelines.payments]\nretry = { delay = \"1s\", max_attemps = 2 }\n")
+        .reload_str(
+            Format::Toml,
+            "[pipelines.payments]\nretry = { delay = \"1s\", max_attemps = 2 }\n",
+        )
         .unwrap_err();
     assert!(matches!(e, LoadError::Parse { .. }), "{e:?}");
     assert_eq!(format!("{:?}", r.pipeline("payments").unwrap()), before);
     assert_eq!(r.names(), ["payments"]);
     let calls = AtomicU32::new(0);
-    assert!(r.pipeline("payments").unwrap().call(failing(&calls)).is_err());
+    assert!(r
+        .pipeline("payments")
+        .unwrap()
+        .call(failing(&calls))
+        .is_err());
     assert_eq!(calls.load(Ordering::Relaxed), 2);
 }
 
 #[test]
 fn calls_in_flight_finish_on_the_pipeline_they_started_with() {
-    let r = toml(&breaker_config(3).replace("consecutive_failures = 2", "consecutive_failures = 9"));
+    let r =
+        toml(&breaker_config(3).replace("consecutive_failures = 2", "consecutive_failures = 9"));
     let handle = r.handle("payments").unwrap();
     let mut attempts = 0;
     let result = handle.call(|_| {
         attempts += 1;
         if attempts == 1 {
             // Reloaded while the call runs: the call keeps its 3 attempts.
-            r.reload_str(Format::Toml, &breaker_config(1).replace("consecutive_failures = 2", "consecutive_failures = 9"))
-                .unwrap();
+            r.reload_str(
+                Format::Toml,
+                &breaker_config(1).replace("consecutive_failures = 2", "consecutive_failures = 9"),
+            )
+            .unwrap();
         }
         Err::<(), _>("down")
     });
@@ -637,7 +671,8 @@ fn calls_in_flight_finish_on_the_pipeline_they_started_with() {
 
 #[test]
 fn async_calls_through_a_handle_follow_reloads() {
-    let r = toml(&breaker_config(2).replace("consecutive_failures = 2", "consecutive_failures = 9"));
+    let r =
+        toml(&breaker_config(2).replace("consecutive_failures = 2", "consecutive_failures = 9"));
     let handle = r.handle("payments").unwrap();
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
@@ -651,8 +686,11 @@ fn async_calls_through_a_handle_follow_reloads() {
     };
     assert!(run().is_err());
     assert_eq!(attempts.swap(0, Ordering::Relaxed), 2);
-    r.reload_str(Format::Toml, &breaker_config(4).replace("consecutive_failures = 2", "consecutive_failures = 9"))
-        .unwrap();
+    r.reload_str(
+        Format::Toml,
+        &breaker_config(4).replace("consecutive_failures = 2", "consecutive_failures = 9"),
+    )
+    .unwrap();
     assert!(run().is_err());
     assert_eq!(attempts.load(Ordering::Relaxed), 4);
 }
@@ -682,8 +720,11 @@ fn an_unchanged_retry_budget_keeps_its_tokens() {
     // 2 tokens: the first call retries twice and empties the budget.
     assert!(r.pipeline("a").unwrap().call(failing(&calls)).is_err());
     assert_eq!(calls.swap(0, Ordering::Relaxed), 3);
-    r.reload_str(Format::Toml, &text.replace("delay = \"1s\"", "delay = \"2s\""))
-        .unwrap();
+    r.reload_str(
+        Format::Toml,
+        &text.replace("delay = \"1s\"", "delay = \"2s\""),
+    )
+    .unwrap();
     let e = r.pipeline("a").unwrap().call(failing(&calls)).unwrap_err();
     assert_eq!(
         e.rejection().map(|r| r.reason),
@@ -691,15 +732,21 @@ fn an_unchanged_retry_budget_keeps_its_tokens() {
     );
     assert_eq!(calls.swap(0, Ordering::Relaxed), 1);
     // A changed budget starts full.
-    r.reload_str(Format::Toml, &text.replace("max_tokens = 2", "max_tokens = 3"))
-        .unwrap();
+    r.reload_str(
+        Format::Toml,
+        &text.replace("max_tokens = 2", "max_tokens = 3"),
+    )
+    .unwrap();
     assert!(r.pipeline("a").unwrap().call(failing(&calls)).is_err());
     assert_eq!(calls.load(Ordering::Relaxed), 3);
 }
 
 #[test]
 fn reload_if_changed_reads_the_file_again() {
-    let file = TempFile::new("reload.yaml", "pipelines:\n  a:\n    retry: { delay: 1s, max_attempts: 2 }\n");
+    let file = TempFile::new(
+        "reload.yaml",
+        "pipelines:\n  a:\n    retry: { delay: 1s, max_attempts: 2 }\n",
+    );
     let r = Registry::builder()
         .store(MemoryStore::new())
         .clock(VirtualClock::new())
@@ -758,7 +805,11 @@ fn registry_settings_apply_to_every_pipeline() {
         assert!(r.pipeline(name).unwrap().call(failing(&calls)).is_err());
     }
     assert_eq!(events.load(Ordering::Relaxed), 2);
-    assert_eq!(clock.now(), secs(120), "both waits ran on the virtual clock");
+    assert_eq!(
+        clock.now(),
+        secs(120),
+        "both waits ran on the virtual clock"
+    );
 }
 
 #[test]
@@ -775,10 +826,14 @@ fn a_store_that_cannot_bind_fails_the_load() {
     }
     let e = Registry::builder()
         .store(Down)
-        .load_str(Format::Toml, "[pipelines.a]\nbulkhead = { max_concurrent = 1 }\n")
+        .load_str(
+            Format::Toml,
+            "[pipelines.a]\nbulkhead = { max_concurrent = 1 }\n",
+        )
         .unwrap_err();
     assert!(
-        e.to_string().contains("pipeline `a`: store.bind could not prepare the resource"),
+        e.to_string()
+            .contains("pipeline `a`: store.bind could not prepare the resource"),
         "{e}"
     );
 }
@@ -806,4 +861,34 @@ fn the_watcher_reloads_a_changed_file() {
     assert!(second.unwrap_err().contains("pipelines.b.timeout"));
     assert_eq!(r.names(), ["b"]);
     drop(watcher);
+}
+
+#[test]
+fn empty_yaml_entries_inherit_everything() {
+    let r = registry(
+        Format::Yaml,
+        "default:\n  timeout: 2s\npipelines:\n  users:\n  orders:\n    timeout: 3s\n",
+    );
+    assert_eq!(r.names(), ["orders", "users"]);
+    assert_eq!(
+        debug(r.get("users")),
+        built(Pipeline::builder("users").timeout(secs(2)))
+    );
+    assert_eq!(
+        registry(Format::Yaml, "pipelines:\n").names(),
+        Vec::<String>::new()
+    );
+}
+
+#[test]
+fn public_types_are_send_and_sync() {
+    fn send_sync<T: Send + Sync + 'static>() {}
+    send_sync::<Registry>();
+    send_sync::<seawall::config::RegistryBuilder>();
+    send_sync::<seawall::config::PipelineHandle>();
+    send_sync::<Config>();
+    send_sync::<LoadError>();
+    send_sync::<seawall::config::UnknownPipeline>();
+    #[cfg(feature = "watch")]
+    send_sync::<seawall::config::Watcher>();
 }

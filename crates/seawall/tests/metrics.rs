@@ -2,6 +2,7 @@
 //! on the virtual clock, read from a local debugging recorder.
 #![cfg(feature = "metrics")]
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -25,13 +26,25 @@ enum Value {
     Histogram(Vec<f64>),
 }
 
-/// Every metric of the snapshot as `name{label=value,...}` (labels sorted).
-fn read(snapshotter: &Snapshotter) -> BTreeMap<String, Value> {
-    snapshotter
-        .snapshot()
-        .into_vec()
-        .into_iter()
-        .map(|(key, _, _, value)| {
+/// Reads a debugging recorder. A snapshot drains the counters and
+/// histograms it reads, so the reader adds them up across snapshots.
+struct Reader {
+    snapshotter: Snapshotter,
+    totals: RefCell<BTreeMap<String, Value>>,
+}
+
+impl Reader {
+    fn new(recorder: &DebuggingRecorder) -> Self {
+        Reader {
+            snapshotter: recorder.snapshotter(),
+            totals: RefCell::default(),
+        }
+    }
+
+    /// Every metric so far as `name{label=value,...}` (labels sorted).
+    fn read(&self) -> BTreeMap<String, Value> {
+        let mut totals = self.totals.borrow_mut();
+        for (key, _, _, value) in self.snapshotter.snapshot().into_vec() {
             let key = key.key();
             let mut labels: Vec<String> = key
                 .labels()
@@ -39,14 +52,27 @@ fn read(snapshotter: &Snapshotter) -> BTreeMap<String, Value> {
                 .collect();
             labels.sort();
             let name = format!("{}{{{}}}", key.name(), labels.join(","));
-            let value = match value {
-                DebugValue::Counter(n) => Value::Counter(n),
-                DebugValue::Gauge(g) => Value::Gauge(g.into_inner()),
-                DebugValue::Histogram(h) => Value::Histogram(h.into_iter().map(|v| v.into_inner()).collect()),
-            };
-            (name, value)
-        })
-        .collect()
+            let slot = totals.entry(name);
+            match value {
+                DebugValue::Counter(n) => {
+                    let total = slot.or_insert(Value::Counter(0));
+                    if let Value::Counter(t) = total {
+                        *t += n;
+                    }
+                }
+                DebugValue::Gauge(g) => {
+                    *slot.or_insert(Value::Gauge(0.0)) = Value::Gauge(g.into_inner());
+                }
+                DebugValue::Histogram(h) => {
+                    let total = slot.or_insert(Value::Histogram(Vec::new()));
+                    if let Value::Histogram(t) = total {
+                        t.extend(h.into_iter().map(|v| v.into_inner()));
+                    }
+                }
+            }
+        }
+        totals.clone()
+    }
 }
 
 fn expected(entries: &[(&str, Value)]) -> BTreeMap<String, Value> {
@@ -68,7 +94,7 @@ impl std::error::Error for Down {}
 #[test]
 fn a_scripted_run_gives_exact_figures() {
     let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
+    let reader = Reader::new(&recorder);
     let clock = VirtualClock::new();
     let pipeline = Pipeline::builder("metrics-script")
         .retry(Retry::constant(secs(1)).max_attempts(2))
@@ -106,7 +132,7 @@ fn a_scripted_run_gives_exact_figures() {
 
     use Value::*;
     assert_eq!(
-        read(&snapshotter),
+        reader.read(),
         expected(&[
             (
                 "seawall_attempt_duration_seconds{outcome=failure,resource=metrics-script}",
@@ -145,7 +171,10 @@ fn a_scripted_run_gives_exact_figures() {
                 "seawall_circuit_transitions_total{resource=metrics-script,state=open}",
                 Counter(1)
             ),
-            ("seawall_fallbacks_total{resource=metrics-script}", Counter(1)),
+            (
+                "seawall_fallbacks_total{resource=metrics-script}",
+                Counter(1)
+            ),
             (
                 "seawall_rejections_total{reason=circuit_open,resource=metrics-script}",
                 Counter(1)
@@ -158,7 +187,7 @@ fn a_scripted_run_gives_exact_figures() {
 #[test]
 fn circuit_state_gauge_follows_every_state() {
     let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
+    let reader = Reader::new(&recorder);
     let clock = VirtualClock::new();
     let p = Pipeline::builder("metrics-circuit")
         .circuit_breaker(CircuitBreaker::consecutive_failures(1).cooldown(secs(10)))
@@ -167,7 +196,12 @@ fn circuit_state_gauge_follows_every_state() {
         .with_metrics()
         .build()
         .unwrap();
-    let gauge = || read(&snapshotter).get("seawall_circuit_state{resource=metrics-circuit}").cloned();
+    let gauge = || {
+        reader
+            .read()
+            .get("seawall_circuit_state{resource=metrics-circuit}")
+            .cloned()
+    };
     ::metrics::with_local_recorder(&recorder, || {
         let _ = p.call(|_| Err::<(), _>(Down));
         assert_eq!(gauge(), Some(Value::Gauge(1.0)));
@@ -186,8 +220,13 @@ fn circuit_state_gauge_follows_every_state() {
         p.reset().unwrap();
         assert_eq!(gauge(), Some(Value::Gauge(0.0)));
     });
-    let all = read(&snapshotter);
-    for (state, n) in [("open", 1), ("half_open", 1), ("closed", 2), ("isolated", 1)] {
+    let all = reader.read();
+    for (state, n) in [
+        ("open", 1),
+        ("half_open", 1),
+        ("closed", 2),
+        ("isolated", 1),
+    ] {
         assert_eq!(
             all.get(&format!(
                 "seawall_circuit_transitions_total{{resource=metrics-circuit,state={state}}}"
@@ -201,7 +240,7 @@ fn circuit_state_gauge_follows_every_state() {
 #[test]
 fn partition_label_only_when_asked_for() {
     let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
+    let reader = Reader::new(&recorder);
     let build = |name: &str, config: MetricsConfig| {
         Pipeline::builder(name)
             .bulkhead(Bulkhead::new(1))
@@ -212,14 +251,18 @@ fn partition_label_only_when_asked_for() {
             .unwrap()
     };
     let plain = build("metrics-plain", MetricsConfig::new());
-    let labelled = build("metrics-partitioned", MetricsConfig::new().partition_label(true));
+    let labelled = build(
+        "metrics-partitioned",
+        MetricsConfig::new().partition_label(true),
+    );
     ::metrics::with_local_recorder(&recorder, || {
         for p in [&plain, &labelled] {
             p.partition("tenant-7").call(|_| Ok::<_, Down>(())).unwrap();
             p.partition(42u64).call(|_| Ok::<_, Down>(())).unwrap();
         }
     });
-    let calls: BTreeMap<String, Value> = read(&snapshotter)
+    let calls: BTreeMap<String, Value> = reader
+        .read()
         .into_iter()
         .filter(|(k, _)| k.starts_with("seawall_calls_total"))
         .collect();
@@ -245,7 +288,7 @@ fn partition_label_only_when_asked_for() {
 #[test]
 fn timeouts_rejections_and_give_ups_are_counted() {
     let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
+    let reader = Reader::new(&recorder);
     let clock = VirtualClock::new();
     let p = Pipeline::builder("metrics-timeouts")
         .timeout(Timeout::strict(secs(2)))
@@ -269,7 +312,7 @@ fn timeouts_rejections_and_give_ups_are_counted() {
         let e = p.call(|_| Ok::<_, Down>(())).unwrap_err();
         assert!(e.is_rejected());
     });
-    let all = read(&snapshotter);
+    let all = reader.read();
     let get = |k: &str| all.get(k).cloned();
     assert_eq!(
         get("seawall_timeouts_total{resource=metrics-timeouts}"),
@@ -303,7 +346,7 @@ impl ListenerForTest for PipelineBuilder {
 #[test]
 fn describe_publishes_units() {
     let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
+    let reader = Reader::new(&recorder);
     let p = Pipeline::builder("metrics-describe")
         .with_metrics()
         .build()
@@ -312,7 +355,8 @@ fn describe_publishes_units() {
         seawall::metrics::describe();
         p.call(|_| Ok::<_, Down>(())).unwrap();
     });
-    let units: BTreeMap<String, Option<::metrics::Unit>> = snapshotter
+    let units: BTreeMap<String, Option<::metrics::Unit>> = reader
+        .snapshotter
         .snapshot()
         .into_vec()
         .into_iter()

@@ -132,7 +132,10 @@ fn seatbelt_failing() -> layered::Execute<
     layered::Execute::new(|x: u64| std::future::ready(failing_op(x)))
 }
 
-fn seatbelt_recovery(r: &Result<u64, Oops>, _: seatbelt::retry::RecoveryArgs) -> seatbelt::RecoveryInfo {
+fn seatbelt_recovery(
+    r: &Result<u64, Oops>,
+    _: seatbelt::retry::RecoveryArgs,
+) -> seatbelt::RecoveryInfo {
     match r {
         Ok(_) => seatbelt::RecoveryInfo::never(),
         Err(_) => seatbelt::RecoveryInfo::retry(),
@@ -207,8 +210,8 @@ pub(crate) fn tower_retry() -> Tower<impl Service<u64, Response = u64> + Clone +
 }
 
 /// tower-resilience's retry: 3 attempts, exponential from 10 ms.
-pub(crate) fn tower_resilience_retry() -> Tower<impl Service<u64, Response = u64> + Clone + Send + 'static>
-{
+pub(crate) fn tower_resilience_retry(
+) -> Tower<impl Service<u64, Response = u64> + Clone + Send + 'static> {
     let layer = tower_resilience::retry::RetryLayer::<u64, u64, Oops>::builder()
         .max_attempts(3)
         .exponential_backoff(Duration::from_millis(10))
@@ -241,10 +244,7 @@ pub(crate) fn recloser_open() -> Arc<recloser::Recloser> {
     for _ in 0..200 {
         let _ = r.call(|| failing_op(1));
     }
-    assert!(matches!(
-        r.call(|| op(1)),
-        Err(recloser::Error::Rejected)
-    ));
+    assert!(matches!(r.call(|| op(1)), Err(recloser::Error::Rejected)));
     r
 }
 
@@ -278,10 +278,7 @@ pub(crate) fn failsafe_open() -> Arc<impl failsafe::CircuitBreaker + Send + Sync
             .build(),
     );
     let _ = cb.call(|| failing_op(1));
-    assert!(matches!(
-        cb.call(|| op(1)),
-        Err(failsafe::Error::Rejected)
-    ));
+    assert!(matches!(cb.call(|| op(1)), Err(failsafe::Error::Rejected)));
     cb
 }
 
@@ -298,8 +295,8 @@ fn tower_resilience_breaker_layer() -> tower_resilience::circuitbreaker::Circuit
 }
 
 /// tower-resilience's circuit breaker: failure rate 50 % over 100 calls.
-pub(crate) fn tower_resilience_breaker() -> Tower<impl Service<u64, Response = u64> + Clone + Send + 'static>
-{
+pub(crate) fn tower_resilience_breaker(
+) -> Tower<impl Service<u64, Response = u64> + Clone + Send + 'static> {
     Tower(tower_resilience_breaker_layer().layer(tower_op()))
 }
 
@@ -499,7 +496,10 @@ pub(crate) fn tokio_timeout() -> impl AsyncCase {
 
 /// tower's timeout middleware (1 s).
 pub(crate) fn tower_timeout() -> Tower<impl Service<u64, Response = u64> + Clone + Send + 'static> {
-    Tower(tower::timeout::Timeout::new(tower_op(), Duration::from_secs(1)))
+    Tower(tower::timeout::Timeout::new(
+        tower_op(),
+        Duration::from_secs(1),
+    ))
 }
 
 /// tower-resilience's time limiter (1 s).

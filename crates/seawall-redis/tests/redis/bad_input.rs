@@ -15,7 +15,13 @@ fn spec() -> ResourceSpec {
 
 #[test]
 fn malformed_urls_are_refused_at_build() {
-    for url in ["", "127.0.0.1:6379", "http://127.0.0.1:6379", "redis://127.0.0.1:notaport", "redis://:pw@[::1"] {
+    for url in [
+        "",
+        "127.0.0.1:6379",
+        "http://127.0.0.1:6379",
+        "redis://127.0.0.1:notaport",
+        "redis://:pw@[::1",
+    ] {
         match RedisStore::builder(url).build() {
             Err(RedisStoreError::InvalidUrl { url: shown, reason }) => {
                 assert!(!reason.is_empty());
@@ -31,20 +37,38 @@ fn a_wrong_or_missing_password_is_refused_at_bind_in_both_modes() {
     let server = RedisServer::start_with(&["--requirepass", "s3cret"]);
     let port = server.port();
     for mode in [FailMode::Open, FailMode::Closed] {
-        for url in [format!("redis://:wrong@127.0.0.1:{port}"), format!("redis://127.0.0.1:{port}")] {
-            let store = RedisStore::builder(url.as_str()).fail_mode(mode).prefix(unique("auth")).build().unwrap();
+        for url in [
+            format!("redis://:wrong@127.0.0.1:{port}"),
+            format!("redis://127.0.0.1:{port}"),
+        ] {
+            let store = RedisStore::builder(url.as_str())
+                .fail_mode(mode)
+                .prefix(unique("auth"))
+                .build()
+                .unwrap();
             match store.bind(&spec()) {
                 Err(StoreError::Refused(msg)) => assert!(msg.contains("authentication"), "{msg}"),
                 other => panic!("{url} {mode:?}: expected Refused, got {other:?}"),
             }
-            let e = Pipeline::builder("guarded").bulkhead(Bulkhead::new(1)).store(store).build().unwrap_err();
+            let e = Pipeline::builder("guarded")
+                .bulkhead(Bulkhead::new(1))
+                .store(store)
+                .build()
+                .unwrap_err();
             assert_eq!((e.policy, e.field), ("store", "bind"));
             assert!(e.to_string().contains("authentication failed"), "{e}");
             assert!(!e.to_string().contains("wrong"), "password leaked: {e}");
         }
     }
-    let good = RedisStore::builder(format!("redis://:s3cret@127.0.0.1:{port}")).prefix(unique("auth")).build().unwrap();
-    let p = Pipeline::builder("guarded").bulkhead(Bulkhead::new(1)).store(good).build().unwrap();
+    let good = RedisStore::builder(format!("redis://:s3cret@127.0.0.1:{port}"))
+        .prefix(unique("auth"))
+        .build()
+        .unwrap();
+    let p = Pipeline::builder("guarded")
+        .bulkhead(Bulkhead::new(1))
+        .store(good)
+        .build()
+        .unwrap();
     p.call(|_| Ok::<_, std::io::Error>(())).unwrap();
 }
 
@@ -53,7 +77,18 @@ fn a_user_without_scripting_rights_is_refused_at_bind() {
     let server = RedisServer::start();
     let mut admin = server.conn();
     let _: () = redis::cmd("ACL")
-        .arg(&["SETUSER", "noscript", "on", ">pw", "~*", "&*", "+@all", "-@scripting"][..])
+        .arg(
+            &[
+                "SETUSER",
+                "noscript",
+                "on",
+                ">pw",
+                "~*",
+                "&*",
+                "+@all",
+                "-@scripting",
+            ][..],
+        )
         .query(&mut admin)
         .unwrap();
     let url = format!("redis://noscript:pw@127.0.0.1:{}", server.port());
@@ -68,7 +103,11 @@ fn a_user_without_scripting_rights_is_refused_at_bind() {
             Err(StoreError::Refused(msg)) => assert!(msg.contains("permission"), "{msg}"),
             other => panic!("{mode:?}: expected Refused, got {other:?}"),
         }
-        let e = Pipeline::builder("guarded").bulkhead(Bulkhead::new(1)).store(store).build().unwrap_err();
+        let e = Pipeline::builder("guarded")
+            .bulkhead(Bulkhead::new(1))
+            .store(store)
+            .build()
+            .unwrap_err();
         assert!(e.to_string().contains("permission denied"), "{e}");
     }
 }

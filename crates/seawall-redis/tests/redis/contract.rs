@@ -14,7 +14,9 @@ struct WallClock;
 
 impl ContractClock for WallClock {
     fn now(&self) -> Duration {
-        SystemTime::now().duration_since(UNIX_EPOCH).expect("after 1970")
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .expect("after 1970")
     }
     fn advance(&self, by: Duration) {
         std::thread::sleep(by + Duration::from_millis(3));

@@ -7,7 +7,9 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use seawall::{Bulkhead, CircuitBreaker, CircuitState, Error, Pipeline, RateLimiter, RejectionReason};
+use seawall::{
+    Bulkhead, CircuitBreaker, CircuitState, Error, Pipeline, RateLimiter, RejectionReason,
+};
 use seawall_redis::RedisStore;
 
 use crate::support::{rt, unique, RedisServer};
@@ -23,13 +25,18 @@ fn env(name: &str) -> String {
 }
 
 fn unix_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
 }
 
 /// The entry point of every child process; does nothing in a normal run.
 #[test]
 fn child() {
-    let Ok(role) = std::env::var(ROLE) else { return };
+    let Ok(role) = std::env::var(ROLE) else {
+        return;
+    };
     let store = RedisStore::builder(env(URL))
         .prefix(env(PREFIX))
         .timeout(Duration::from_secs(2))
@@ -43,7 +50,10 @@ fn child() {
             std::thread::sleep(Duration::from_millis(start - now));
         }
     }
-    let index: u32 = std::env::var(INDEX).ok().and_then(|i| i.parse().ok()).unwrap_or(0);
+    let index: u32 = std::env::var(INDEX)
+        .ok()
+        .and_then(|i| i.parse().ok())
+        .unwrap_or(0);
     match role.as_str() {
         "rate" => child_rate(store, index),
         "bulkhead" => child_bulkhead(store),
@@ -54,15 +64,28 @@ fn child() {
     }
 }
 
-fn spawn(role: &str, server: &RedisServer, prefix: &str, index: u32, start_ms: Option<u64>) -> Child {
+fn spawn(
+    role: &str,
+    server: &RedisServer,
+    prefix: &str,
+    index: u32,
+    start_ms: Option<u64>,
+) -> Child {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args(["--exact", "cross_process::child", "--nocapture", "--test-threads", "1", "-q"])
-        .env(ROLE, role)
-        .env(URL, server.url())
-        .env(PREFIX, prefix)
-        .env(INDEX, index.to_string())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
+    cmd.args([
+        "--exact",
+        "cross_process::child",
+        "--nocapture",
+        "--test-threads",
+        "1",
+        "-q",
+    ])
+    .env(ROLE, role)
+    .env(URL, server.url())
+    .env(PREFIX, prefix)
+    .env(INDEX, index.to_string())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::inherit());
     if let Some(ms) = start_ms {
         cmd.env(START, ms.to_string());
     }
@@ -111,7 +134,11 @@ const RATE_TRIES: u32 = 60;
 fn rate_pipelines(store: &RedisStore) -> [Pipeline; 3] {
     let hour = Duration::from_secs(3600);
     let build = |name: &str, limiter: RateLimiter| {
-        Pipeline::builder(name).rate_limiter(limiter).store(store.clone()).build().unwrap()
+        Pipeline::builder(name)
+            .rate_limiter(limiter)
+            .store(store.clone())
+            .build()
+            .unwrap()
     };
     [
         build("fixed", RateLimiter::fixed_window(RATE_LIMIT, hour)),
@@ -126,7 +153,11 @@ fn child_rate(store: RedisStore, index: u32) {
     let count = |r: Result<(), Error<std::io::Error>>| match r {
         Ok(()) => 1,
         Err(e) => {
-            assert_eq!(e.rejection().map(|r| r.reason), Some(RejectionReason::RateLimited), "{e}");
+            assert_eq!(
+                e.rejection().map(|r| r.reason),
+                Some(RejectionReason::RateLimited),
+                "{e}"
+            );
             0
         }
     };
@@ -145,7 +176,10 @@ fn child_rate(store: RedisStore, index: u32) {
             }
         });
     }
-    println!("@@ fixed={} sliding={} gcra={}", admitted[0], admitted[1], admitted[2]);
+    println!(
+        "@@ fixed={} sliding={} gcra={}",
+        admitted[0], admitted[1], admitted[2]
+    );
 }
 
 #[test]
@@ -153,7 +187,9 @@ fn four_processes_admit_exactly_the_rate_limit() {
     let server = RedisServer::start();
     let prefix = unique("xrate");
     let start = unix_ms() + 1000;
-    let children: Vec<Child> = (0..4).map(|i| spawn("rate", &server, &prefix, i, Some(start))).collect();
+    let children: Vec<Child> = (0..4)
+        .map(|i| spawn("rate", &server, &prefix, i, Some(start)))
+        .collect();
     let lines: Vec<String> = children.into_iter().flat_map(finish).collect();
     assert_eq!(lines.len(), 4, "{lines:?}");
     for algorithm in ["fixed", "sliding", "gcra"] {
@@ -178,7 +214,9 @@ fn child_bulkhead(store: RedisStore) {
     // The operation counts itself in and out in Redis: the largest count
     // seen is the most attempts ever inside the bulkhead at once.
     let client = redis::Client::open(env(URL)).unwrap();
-    let mut conn = client.get_connection_with_timeout(Duration::from_secs(2)).unwrap();
+    let mut conn = client
+        .get_connection_with_timeout(Duration::from_secs(2))
+        .unwrap();
     let counter = format!("{}:inside", env(PREFIX));
     let (mut admitted, mut rejected, mut max) = (0u64, 0u64, 0i64);
     let until = Instant::now() + Duration::from_millis(1500);
@@ -193,7 +231,11 @@ fn child_bulkhead(store: RedisStore) {
         match r {
             Ok(()) => admitted += 1,
             Err(e) => {
-                assert_eq!(e.rejection().map(|r| r.reason), Some(RejectionReason::BulkheadFull), "{e}");
+                assert_eq!(
+                    e.rejection().map(|r| r.reason),
+                    Some(RejectionReason::BulkheadFull),
+                    "{e}"
+                );
                 rejected += 1;
             }
         }
@@ -206,17 +248,25 @@ fn four_processes_never_exceed_the_bulkhead() {
     let server = RedisServer::start();
     let prefix = unique("xbulkhead");
     let start = unix_ms() + 1000;
-    let children: Vec<Child> = (0..4).map(|i| spawn("bulkhead", &server, &prefix, i, Some(start))).collect();
+    let children: Vec<Child> = (0..4)
+        .map(|i| spawn("bulkhead", &server, &prefix, i, Some(start)))
+        .collect();
     let lines: Vec<String> = children.into_iter().flat_map(finish).collect();
     assert_eq!(lines.len(), 4, "{lines:?}");
     let max = lines.iter().map(|l| field(l, "max")).max().unwrap();
     let admitted: u64 = lines.iter().map(|l| field(l, "admitted")).sum();
     let rejected: u64 = lines.iter().map(|l| field(l, "rejected")).sum();
-    assert!(max <= u64::from(BULKHEAD), "{max} attempts at once: {lines:?}");
+    assert!(
+        max <= u64::from(BULKHEAD),
+        "{max} attempts at once: {lines:?}"
+    );
     assert!(max >= 2, "no contention: {lines:?}");
     assert!(admitted > 20 && rejected > 0, "{lines:?}");
     // Everything given back.
-    let store = RedisStore::builder(server.url()).prefix(&prefix).build().unwrap();
+    let store = RedisStore::builder(server.url())
+        .prefix(&prefix)
+        .build()
+        .unwrap();
     let p = Pipeline::builder("pool")
         .bulkhead(Bulkhead::new(BULKHEAD).lease(Duration::from_secs(10)))
         .store(store)
@@ -259,7 +309,10 @@ fn child_trip(store: RedisStore) {
     for attempt in 1..=10u32 {
         match p.call(|_| Err::<(), _>(std::io::Error::other("down"))) {
             Err(Error::Operation(_)) => {}
-            Err(e) if e.rejection().is_some_and(|r| r.reason == RejectionReason::CircuitOpen) => {
+            Err(e)
+                if e.rejection()
+                    .is_some_and(|r| r.reason == RejectionReason::CircuitOpen) =>
+            {
                 println!("@@ rejected_at={attempt}");
                 return;
             }
@@ -273,20 +326,35 @@ fn child_trip(store: RedisStore) {
 fn one_process_failures_open_the_circuit_for_all() {
     let server = RedisServer::start();
     let prefix = unique("xcircuit");
-    let observers: Vec<Child> = (0..3).map(|i| spawn("observe", &server, &prefix, i, None)).collect();
+    let observers: Vec<Child> = (0..3)
+        .map(|i| spawn("observe", &server, &prefix, i, None))
+        .collect();
     // Let the observers succeed a few times first.
     std::thread::sleep(Duration::from_millis(700));
     let tripper = spawn("trip", &server, &prefix, 3, None);
     let trip = finish(tripper);
     assert_eq!(trip.len(), 1);
-    assert_eq!(field(&trip[0], "rejected_at"), 4, "three failures open, the fourth call is rejected");
+    assert_eq!(
+        field(&trip[0], "rejected_at"),
+        4,
+        "three failures open, the fourth call is rejected"
+    );
     for child in observers {
         let lines = finish(child);
         assert_eq!(lines.len(), 1);
-        assert_eq!(field(&lines[0], "rejected"), 1, "observer saw the open circuit: {lines:?}");
+        assert_eq!(
+            field(&lines[0], "rejected"),
+            1,
+            "observer saw the open circuit: {lines:?}"
+        );
         assert!(field(&lines[0], "successes") > 0, "{lines:?}");
     }
-    let p = circuit_pipeline(RedisStore::builder(server.url()).prefix(&prefix).build().unwrap());
+    let p = circuit_pipeline(
+        RedisStore::builder(server.url())
+            .prefix(&prefix)
+            .build()
+            .unwrap(),
+    );
     assert_eq!(p.circuit_state().unwrap(), CircuitState::Open);
 }
 
@@ -329,21 +397,36 @@ fn a_killed_holder_s_slot_returns_after_the_lease_and_not_before() {
     holder.kill().unwrap();
     holder.wait().unwrap();
 
-    let p = lease_pipeline(RedisStore::builder(server.url()).prefix(&prefix).fail_closed().build().unwrap());
+    let p = lease_pipeline(
+        RedisStore::builder(server.url())
+            .prefix(&prefix)
+            .fail_closed()
+            .build()
+            .unwrap(),
+    );
     let full = |p: &Pipeline| {
         p.call(|_| Ok::<_, std::io::Error>(()))
             .err()
-            .is_some_and(|e| e.rejection().is_some_and(|r| r.reason == RejectionReason::BulkheadFull))
+            .is_some_and(|e| {
+                e.rejection()
+                    .is_some_and(|r| r.reason == RejectionReason::BulkheadFull)
+            })
     };
     assert!(full(&p), "the dead child's slot is still leased");
     assert_eq!(p.in_flight().unwrap(), 1);
     std::thread::sleep(Duration::from_millis(1200).saturating_sub(held.elapsed()));
-    assert!(full(&p), "not before the lease ends (1.2 s after the slot was taken)");
+    assert!(
+        full(&p),
+        "not before the lease ends (1.2 s after the slot was taken)"
+    );
     let back = loop {
         if !full(&p) {
             break held.elapsed();
         }
-        assert!(held.elapsed() < LEASE + Duration::from_secs(2), "slot never came back");
+        assert!(
+            held.elapsed() < LEASE + Duration::from_secs(2),
+            "slot never came back"
+        );
         std::thread::sleep(Duration::from_millis(25));
     };
     assert!(

@@ -20,7 +20,9 @@ fn store(server: &RedisServer, prefix: &str, open: bool) -> RedisStore {
         .prefix(prefix)
         .timeout(TIMEOUT)
         .reconnect_interval(Duration::from_millis(100));
-    if open { b.fail_open() } else { b.fail_closed() }.build().unwrap()
+    if open { b.fail_open() } else { b.fail_closed() }
+        .build()
+        .unwrap()
 }
 
 fn pipeline(store: RedisStore, events: &Events) -> Pipeline {
@@ -36,12 +38,18 @@ fn pipeline(store: RedisStore, events: &Events) -> Pipeline {
 
 /// One sync and one async call; returns their results and how long the
 /// slower took.
-fn both(p: &Pipeline, rt: &tokio::runtime::Runtime, called: &AtomicU32) -> (Vec<Result<u32, Error<std::io::Error>>>, Duration) {
+fn both(
+    p: &Pipeline,
+    rt: &tokio::runtime::Runtime,
+    called: &AtomicU32,
+) -> (Vec<Result<u32, Error<std::io::Error>>>, Duration) {
     let start = Instant::now();
     let sync = p.call(|_| Ok::<_, std::io::Error>(called.fetch_add(1, Ordering::SeqCst)));
     let sync_took = start.elapsed();
     let start = Instant::now();
-    let run = rt.block_on(p.run(|_| async { Ok::<_, std::io::Error>(called.fetch_add(1, Ordering::SeqCst)) }));
+    let run = rt.block_on(
+        p.run(|_| async { Ok::<_, std::io::Error>(called.fetch_add(1, Ordering::SeqCst)) }),
+    );
     (vec![sync, run], sync_took.max(start.elapsed()))
 }
 
@@ -57,7 +65,10 @@ fn await_recovery(p: &Pipeline, rt: &tokio::runtime::Runtime, events: &Events) -
         if results.iter().all(Result::is_ok) && Events::unavailable(&events.take()) == 0 {
             return start.elapsed();
         }
-        assert!(start.elapsed() < Duration::from_secs(10), "no recovery after a restart");
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "no recovery after a restart"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -86,7 +97,11 @@ fn killed_and_restarted_redis_under_fail_open() {
         }
     }
     let events_down = events.take();
-    assert_eq!(Events::degraded(&events_down), 50, "every call admitted locally says so");
+    assert_eq!(
+        Events::degraded(&events_down),
+        50,
+        "every call admitted locally says so"
+    );
     assert!(started.elapsed() < Duration::from_secs(5));
     assert!(!store.is_available());
     assert_eq!(called.load(Ordering::SeqCst), 52);
@@ -99,7 +114,10 @@ fn killed_and_restarted_redis_under_fail_open() {
     let other = pipeline(self::store(&server, &prefix, true), &Events::default());
     other.isolate().unwrap();
     assert_eq!(p.circuit_state().unwrap(), CircuitState::Isolated);
-    assert!(p.call(|_| Ok::<_, std::io::Error>(())).unwrap_err().is_rejected());
+    assert!(p
+        .call(|_| Ok::<_, std::io::Error>(()))
+        .unwrap_err()
+        .is_rejected());
 }
 
 #[test]
@@ -124,7 +142,11 @@ fn killed_and_restarted_redis_under_fail_closed() {
             }
         }
     }
-    assert_eq!(called.load(Ordering::SeqCst), 2, "the operation is never called while the store fails");
+    assert_eq!(
+        called.load(Ordering::SeqCst),
+        2,
+        "the operation is never called while the store fails"
+    );
     let events_down = events.take();
     assert_eq!(Events::unavailable(&events_down), 50);
     assert_eq!(Events::degraded(&events_down), 0);
@@ -157,7 +179,10 @@ fn a_paused_redis_costs_the_timeout_once_then_is_skipped() {
     assert!(results.iter().all(Result::is_ok));
     let (results, took) = both(&closed, &rt, &called);
     assert!(took < BOUND, "a call took {took:?}");
-    assert!(results.iter().all(|r| matches!(r, Err(Error::Store(_)))), "{results:?}");
+    assert!(
+        results.iter().all(|r| matches!(r, Err(Error::Store(_)))),
+        "{results:?}"
+    );
     // Later calls skip Redis while it is being reconnected to.
     let quick = Instant::now();
     for _ in 0..20 {
@@ -166,7 +191,11 @@ fn a_paused_redis_costs_the_timeout_once_then_is_skipped() {
         let (results, _) = both(&closed, &rt, &called);
         assert!(results.iter().all(Result::is_err));
     }
-    assert!(quick.elapsed() < Duration::from_millis(500), "skipping took {:?}", quick.elapsed());
+    assert!(
+        quick.elapsed() < Duration::from_millis(500),
+        "skipping took {:?}",
+        quick.elapsed()
+    );
     assert!(start.elapsed() < Duration::from_secs(3));
     assert_eq!(Events::degraded(&events.take()), 42);
 
@@ -179,7 +208,11 @@ fn a_paused_redis_costs_the_timeout_once_then_is_skipped() {
 #[test]
 fn an_unreachable_server_at_build_time_does_not_stop_the_build() {
     // Nothing listens on this port.
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let url = format!("redis://127.0.0.1:{port}");
     let rt = rt();
     for open in [true, false] {
@@ -187,7 +220,11 @@ fn an_unreachable_server_at_build_time_does_not_stop_the_build() {
         let store = RedisStore::builder(url.as_str())
             .timeout(TIMEOUT)
             .prefix(unique("unreachable"))
-            .fail_mode(if open { seawall_redis::FailMode::Open } else { seawall_redis::FailMode::Closed })
+            .fail_mode(if open {
+                seawall_redis::FailMode::Open
+            } else {
+                seawall_redis::FailMode::Closed
+            })
             .build()
             .unwrap();
         let p = pipeline(store, &events);

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use seawall::store::{AdmitRequest, Outcome, Record, ResourceSpec};
 use seawall::{
-    Bulkhead, CircuitBreaker, CircuitState, Cooldown, Error, Pipeline, RateLimiter, RejectionReason,
-    Retry, StateStore, Verdict,
+    Bulkhead, CircuitBreaker, CircuitState, Cooldown, Error, Pipeline, RateLimiter,
+    RejectionReason, Retry, StateStore, Verdict,
 };
 use seawall_redis::RedisStore;
 
@@ -22,7 +22,13 @@ fn io(msg: &str) -> std::io::Error {
 fn two_stores_share_one_circuit_async_and_sync() {
     let server = RedisServer::start();
     let prefix = unique("share");
-    let store = |p: &str| RedisStore::builder(server.url()).prefix(p).fail_closed().build().unwrap();
+    let store = |p: &str| {
+        RedisStore::builder(server.url())
+            .prefix(p)
+            .fail_closed()
+            .build()
+            .unwrap()
+    };
     let breaker = CircuitBreaker::consecutive_failures(2).cooldown(Duration::from_secs(30));
     // Two stores with their own connections stand for two processes.
     let a = Pipeline::builder("orders")
@@ -51,10 +57,17 @@ fn two_stores_share_one_circuit_async_and_sync() {
         Ok::<_, std::io::Error>(())
     });
     let rejection = r.unwrap_err();
-    assert_eq!(rejection.rejection().map(|r| r.reason), Some(RejectionReason::CircuitOpen));
+    assert_eq!(
+        rejection.rejection().map(|r| r.reason),
+        Some(RejectionReason::CircuitOpen)
+    );
     let retry_after = rejection.rejection().and_then(|r| r.retry_after).unwrap();
     assert!(retry_after > Duration::from_secs(29) && retry_after <= Duration::from_secs(30));
-    assert_eq!(called.load(Ordering::Relaxed), 0, "the operation is not called");
+    assert_eq!(
+        called.load(Ordering::Relaxed),
+        0,
+        "the operation is not called"
+    );
 
     // Another prefix is another world.
     let other = Pipeline::builder("orders")
@@ -67,16 +80,28 @@ fn two_stores_share_one_circuit_async_and_sync() {
     b.reset().unwrap();
     assert_eq!(a.circuit_state().unwrap(), CircuitState::Closed);
     assert_eq!(a.call(|_| Ok::<_, std::io::Error>(5)).unwrap(), 5);
-    assert_eq!(rt.block_on(b.run(|_| async { Ok::<_, std::io::Error>(6) })).unwrap(), 6);
+    assert_eq!(
+        rt.block_on(b.run(|_| async { Ok::<_, std::io::Error>(6) }))
+            .unwrap(),
+        6
+    );
 }
 
 #[test]
 fn full_chain_runs_sync_and_async_with_partitions() {
     let server = RedisServer::start();
-    let store = RedisStore::builder(server.url()).prefix(unique("chain")).fail_closed().build().unwrap();
+    let store = RedisStore::builder(server.url())
+        .prefix(unique("chain"))
+        .fail_closed()
+        .build()
+        .unwrap();
     let p = Pipeline::builder("search")
         .retry(Retry::constant(Duration::from_millis(1)).max_attempts(3))
-        .circuit_breaker(CircuitBreaker::failure_rate(0.5).count_window(20).minimum_calls(10))
+        .circuit_breaker(
+            CircuitBreaker::failure_rate(0.5)
+                .count_window(20)
+                .minimum_calls(10),
+        )
         .timeout(Duration::from_secs(1))
         .bulkhead(Bulkhead::new(4).lease(Duration::from_secs(5)))
         .cooldown(Cooldown::new())
@@ -88,7 +113,11 @@ fn full_chain_runs_sync_and_async_with_partitions() {
     let n = p
         .call(|_| {
             tries += 1;
-            if tries < 3 { Err(io("flaky")) } else { Ok(tries) }
+            if tries < 3 {
+                Err(io("flaky"))
+            } else {
+                Ok(tries)
+            }
         })
         .unwrap();
     assert_eq!(n, 3);
@@ -98,26 +127,44 @@ fn full_chain_runs_sync_and_async_with_partitions() {
 
     let rt = rt();
     let tenant = p.partition("tenant-1");
-    let v = rt.block_on(tenant.run(|ctx| async move { Ok::<_, std::io::Error>(ctx.attempt()) })).unwrap();
+    let v = rt
+        .block_on(tenant.run(|ctx| async move { Ok::<_, std::io::Error>(ctx.attempt()) }))
+        .unwrap();
     assert_eq!(v, 1);
     assert_eq!(tenant.in_flight().unwrap(), 0);
     assert_eq!(tenant.circuit_metrics().unwrap().calls, 1);
-    assert_eq!(p.circuit_metrics().unwrap().calls, 3, "the partition has its own window");
+    assert_eq!(
+        p.circuit_metrics().unwrap().calls,
+        3,
+        "the partition has its own window"
+    );
 }
 
 #[test]
 fn every_key_has_a_ttl_and_one_hash_tag() {
     let server = RedisServer::start();
     let prefix = unique("ttl");
-    let store = RedisStore::builder(server.url()).prefix(&prefix).fail_closed().build().unwrap();
+    let store = RedisStore::builder(server.url())
+        .prefix(&prefix)
+        .fail_closed()
+        .build()
+        .unwrap();
     let specs = [
         ResourceSpec::new("a")
-            .with_circuit(CircuitBreaker::failure_rate(0.5).count_window(10).minimum_calls(2))
+            .with_circuit(
+                CircuitBreaker::failure_rate(0.5)
+                    .count_window(10)
+                    .minimum_calls(2),
+            )
             .with_bulkhead(Bulkhead::new(3))
             .with_cooldown(Cooldown::new())
             .with_rate_limit(RateLimiter::sliding_window(10, Duration::from_secs(1))),
         ResourceSpec::new("b")
-            .with_circuit(CircuitBreaker::failure_rate(0.5).window(Duration::from_secs(5)).minimum_calls(2))
+            .with_circuit(
+                CircuitBreaker::failure_rate(0.5)
+                    .window(Duration::from_secs(5))
+                    .minimum_calls(2),
+            )
             .with_rate_limit(RateLimiter::fixed_window(10, Duration::from_secs(1))),
         ResourceSpec::new("c")
             .with_circuit(CircuitBreaker::consecutive_failures(1))
@@ -142,7 +189,12 @@ fn every_key_has_a_ttl_and_one_hash_tag() {
                 }
             }
             // An admission that half-opens nothing, and one left in flight.
-            let _ = r.admit(&AdmitRequest { partition, now: Duration::ZERO }).unwrap();
+            let _ = r
+                .admit(&AdmitRequest {
+                    partition,
+                    now: Duration::ZERO,
+                })
+                .unwrap();
         }
     }
     let mut conn = server.conn();
@@ -154,9 +206,15 @@ fn every_key_has_a_ttl_and_one_hash_tag() {
         assert!(k.starts_with(&format!("{{{prefix}:")), "{k}");
         let tag = &k[..=k.find('}').unwrap()];
         assert!(
-            [format!("{{{prefix}:a}}"), format!("{{{prefix}:a:s:t%3A1}}"), format!("{{{prefix}:b}}"),
-             format!("{{{prefix}:b:s:t%3A1}}"), format!("{{{prefix}:c}}"), format!("{{{prefix}:c:s:t%3A1}}")]
-                .contains(&tag.to_owned()),
+            [
+                format!("{{{prefix}:a}}"),
+                format!("{{{prefix}:a:s:t%3A1}}"),
+                format!("{{{prefix}:b}}"),
+                format!("{{{prefix}:b:s:t%3A1}}"),
+                format!("{{{prefix}:c}}"),
+                format!("{{{prefix}:c:s:t%3A1}}")
+            ]
+            .contains(&tag.to_owned()),
             "{k}"
         );
     }
@@ -165,7 +223,11 @@ fn every_key_has_a_ttl_and_one_hash_tag() {
 #[test]
 fn cancelled_and_panicked_attempts_give_their_slot_back() {
     let server = RedisServer::start();
-    let store = RedisStore::builder(server.url()).prefix(unique("cancel")).fail_closed().build().unwrap();
+    let store = RedisStore::builder(server.url())
+        .prefix(unique("cancel"))
+        .fail_closed()
+        .build()
+        .unwrap();
     let p = Pipeline::builder("slow")
         .bulkhead(Bulkhead::new(1).lease(Duration::from_secs(30)))
         .store(store)
@@ -180,13 +242,17 @@ fn cancelled_and_panicked_attempts_give_their_slot_back() {
             tokio::time::sleep(Duration::from_secs(10)).await;
             Ok::<_, std::io::Error>(())
         });
-        assert!(tokio::time::timeout(Duration::from_millis(100), call).await.is_err());
+        assert!(tokio::time::timeout(Duration::from_millis(100), call)
+            .await
+            .is_err());
         let deadline = Instant::now() + Duration::from_secs(2);
         while p.in_flight().unwrap() != 0 {
             assert!(Instant::now() < deadline, "slot not given back");
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        p.run(|_| async { Ok::<_, std::io::Error>(()) }).await.unwrap();
+        p.run(|_| async { Ok::<_, std::io::Error>(()) })
+            .await
+            .unwrap();
     });
 
     // Sync: the operation panics; the slot is given back during unwinding.
@@ -210,7 +276,13 @@ fn a_probe_that_never_reports_is_replaced_after_the_probe_lease() {
     let spec = ResourceSpec::new("probed")
         .with_circuit(CircuitBreaker::consecutive_failures(1).cooldown(Duration::from_millis(100)));
     let r = store.bind(&spec).unwrap();
-    let admit = || r.admit(&AdmitRequest { partition: None, now: Duration::ZERO }).unwrap();
+    let admit = || {
+        r.admit(&AdmitRequest {
+            partition: None,
+            now: Duration::ZERO,
+        })
+        .unwrap()
+    };
     let p = admit().decision.unwrap();
     let rec = |permit, outcome| {
         r.record(&Record {
@@ -234,7 +306,10 @@ fn a_probe_that_never_reports_is_replaced_after_the_probe_lease() {
     assert!(fresh.probe && fresh.generation != lost.generation);
     // The lost probe reporting late changes nothing.
     assert_eq!(rec(lost, Outcome::Failure).transition, None);
-    assert_eq!(rec(fresh, Outcome::Success).transition, Some(seawall::breaker::CircuitTransition::Closed));
+    assert_eq!(
+        rec(fresh, Outcome::Success).transition,
+        Some(seawall::breaker::CircuitTransition::Closed)
+    );
 }
 
 #[test]
@@ -244,8 +319,16 @@ fn a_cooldown_hint_pauses_other_stores_calls() {
     let build = || {
         Pipeline::builder("rate-limited-api")
             .cooldown(Cooldown::new().max_wait(Duration::ZERO))
-            .classify(|_: &std::io::Error| Verdict::failure().with_retry_after(Duration::from_secs(20)))
-            .store(RedisStore::builder(server.url()).prefix(&prefix).fail_closed().build().unwrap())
+            .classify(|_: &std::io::Error| {
+                Verdict::failure().with_retry_after(Duration::from_secs(20))
+            })
+            .store(
+                RedisStore::builder(server.url())
+                    .prefix(&prefix)
+                    .fail_closed()
+                    .build()
+                    .unwrap(),
+            )
             .build()
             .unwrap()
     };
@@ -265,14 +348,22 @@ fn a_cooldown_hint_pauses_other_stores_calls() {
 fn slot_ids_with_trailing_zeros_are_given_back() {
     let server = RedisServer::start();
     let prefix = unique("zeros");
-    let store = RedisStore::builder(server.url()).prefix(&prefix).fail_closed().build().unwrap();
+    let store = RedisStore::builder(server.url())
+        .prefix(&prefix)
+        .fail_closed()
+        .build()
+        .unwrap();
     let p = Pipeline::builder("round")
         .bulkhead(Bulkhead::new(1).lease(Duration::from_secs(30)))
         .store(store)
         .build()
         .unwrap();
     let mut conn = server.conn();
-    let _: () = redis::cmd("SET").arg(format!("{{{prefix}:round}}:sq")).arg(99_999_999).query(&mut conn).unwrap();
+    let _: () = redis::cmd("SET")
+        .arg(format!("{{{prefix}:round}}:sq"))
+        .arg(99_999_999)
+        .query(&mut conn)
+        .unwrap();
     p.call(|_| Ok::<_, std::io::Error>(())).unwrap();
     assert_eq!(p.in_flight().unwrap(), 0);
     let members: Vec<String> = redis::cmd("ZRANGE")

@@ -13,10 +13,18 @@ const CALLS: u32 = 25;
 #[test]
 fn one_round_trip_to_admit_and_one_to_record_per_attempt() {
     let server = RedisServer::start();
-    let store = RedisStore::builder(server.url()).prefix(unique("trips")).fail_closed().build().unwrap();
+    let store = RedisStore::builder(server.url())
+        .prefix(unique("trips"))
+        .fail_closed()
+        .build()
+        .unwrap();
     let p = Pipeline::builder("counted")
         .retry(Retry::constant(Duration::from_millis(1)).max_attempts(3))
-        .circuit_breaker(CircuitBreaker::failure_rate(0.9).count_window(100).minimum_calls(100))
+        .circuit_breaker(
+            CircuitBreaker::failure_rate(0.9)
+                .count_window(100)
+                .minimum_calls(100),
+        )
         .timeout(Duration::from_secs(2))
         .bulkhead(Bulkhead::new(10).lease(Duration::from_secs(10)))
         .cooldown(Cooldown::new())
@@ -25,7 +33,10 @@ fn one_round_trip_to_admit_and_one_to_record_per_attempt() {
         .build()
         .unwrap();
     let mut conn = server.conn();
-    let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query(&mut conn).unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut conn)
+        .unwrap();
 
     // Sync: every call fails once, then succeeds: two attempts per call.
     let mut attempts = 0;
@@ -33,17 +44,32 @@ fn one_round_trip_to_admit_and_one_to_record_per_attempt() {
         let mut first = true;
         p.call(|_| {
             attempts += 1;
-            if std::mem::take(&mut first) { Err(std::io::Error::other("once")) } else { Ok(()) }
+            if std::mem::take(&mut first) {
+                Err(std::io::Error::other("once"))
+            } else {
+                Ok(())
+            }
         })
         .unwrap();
     }
     let stats = command_calls(&mut conn);
     assert_eq!(attempts, 2 * CALLS);
-    assert_eq!(script_calls(&stats), u64::from(2 * attempts), "sync: {stats:?}");
-    assert_eq!(script_loads(&stats), 0, "scripts were loaded once, at build time");
+    assert_eq!(
+        script_calls(&stats),
+        u64::from(2 * attempts),
+        "sync: {stats:?}"
+    );
+    assert_eq!(
+        script_loads(&stats),
+        0,
+        "scripts were loaded once, at build time"
+    );
 
     // Async: the same.
-    let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query(&mut conn).unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut conn)
+        .unwrap();
     let attempts = std::sync::atomic::AtomicU32::new(0);
     // One long-lived runtime, as in a service (a runtime shut down with a
     // record in flight gives the slot back with one more call).
@@ -82,7 +108,11 @@ fn one_round_trip_to_admit_and_one_to_record_per_attempt() {
 #[test]
 fn scripts_flushed_from_the_server_are_reloaded() {
     let server = RedisServer::start();
-    let store = RedisStore::builder(server.url()).prefix(unique("flush")).fail_closed().build().unwrap();
+    let store = RedisStore::builder(server.url())
+        .prefix(unique("flush"))
+        .fail_closed()
+        .build()
+        .unwrap();
     let p = Pipeline::builder("flushed")
         .circuit_breaker(CircuitBreaker::consecutive_failures(3))
         .bulkhead(Bulkhead::new(2))
@@ -93,8 +123,12 @@ fn scripts_flushed_from_the_server_are_reloaded() {
     let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut conn).unwrap();
     p.call(|_| Ok::<_, std::io::Error>(())).unwrap();
     let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut conn).unwrap();
-    rt().block_on(p.run(|_| async { Ok::<_, std::io::Error>(()) })).unwrap();
+    rt().block_on(p.run(|_| async { Ok::<_, std::io::Error>(()) }))
+        .unwrap();
     assert_eq!(p.in_flight().unwrap(), 0);
     let stats = command_calls(&mut conn);
-    assert!(script_loads(&stats) >= 2, "reloaded after each flush: {stats:?}");
+    assert!(
+        script_loads(&stats) >= 2,
+        "reloaded after each flush: {stats:?}"
+    );
 }

@@ -83,7 +83,11 @@ impl RedisServer {
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(5);
         while Instant::now() < deadline {
-            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
                 let _ = status;
                 self.child = None;
                 return false;
@@ -189,7 +193,10 @@ impl Drop for RedisServer {
 
 /// `INFO commandstats` as `command -> calls`.
 pub(crate) fn command_calls(c: &mut redis::Connection) -> HashMap<String, u64> {
-    let info: String = redis::cmd("INFO").arg("commandstats").query(c).expect("INFO commandstats");
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(c)
+        .expect("INFO commandstats");
     info.lines()
         .filter_map(|l| {
             let rest = l.strip_prefix("cmdstat_")?;
@@ -208,7 +215,11 @@ pub(crate) fn script_calls(stats: &HashMap<String, u64>) -> u64 {
 /// `SCRIPT LOAD` calls in a commandstats snapshot (`script|load` since
 /// Redis 7, `script` before).
 pub(crate) fn script_loads(stats: &HashMap<String, u64>) -> u64 {
-    stats.get("script|load").or_else(|| stats.get("script")).copied().unwrap_or(0)
+    stats
+        .get("script|load")
+        .or_else(|| stats.get("script"))
+        .copied()
+        .unwrap_or(0)
 }
 
 /// Events recorded by a listener.
@@ -244,7 +255,11 @@ impl Events {
 pub(crate) fn unique(name: &str) -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
     static N: AtomicU64 = AtomicU64::new(0);
-    format!("{name}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
+    format!(
+        "{name}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 pub(crate) fn rt() -> tokio::runtime::Runtime {

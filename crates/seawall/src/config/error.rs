@@ -14,17 +14,18 @@ pub struct Location {
     /// The file's path as given, or `<string>`.
     pub origin: String,
     /// The line, from 1.
-    pub line: Option<usize>,
+    pub line: Option<u32>,
     /// The column, from 1, in characters.
-    pub column: Option<usize>,
+    pub column: Option<u32>,
 }
 
 impl Location {
     pub(crate) fn new(origin: String, position: Option<(usize, usize)>) -> Self {
+        let narrow = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
         Location {
             origin,
-            line: position.map(|p| p.0),
-            column: position.map(|p| p.1),
+            line: position.map(|p| narrow(p.0)),
+            column: position.map(|p| narrow(p.1)),
         }
     }
 }
@@ -107,7 +108,7 @@ impl LoadError {
     }
 
     /// The line of the error, when known (1-based).
-    pub fn line(&self) -> Option<usize> {
+    pub fn line(&self) -> Option<u32> {
         self.location().and_then(|l| l.line)
     }
 }

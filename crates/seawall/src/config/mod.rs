@@ -156,7 +156,7 @@
 //! ```
 //!
 //! A value the pipeline builder refuses is a [`LoadError::Invalid`] with
-//! the builder's own [`ConfigError`](crate::ConfigError), located at the
+//! the builder's own [`ConfigError`], located at the
 //! offending key (in the pipeline's entry, or in `default` when inherited):
 //!
 //! ```text
@@ -172,7 +172,7 @@
 //! they started with. With the default [`MemoryStore`](crate::MemoryStore),
 //! a reload that leaves a policy's settings unchanged keeps its state: an
 //! open circuit stays open when only the retry changed. With the feature
-//! `watch`, [`Registry::watch`] polls the file and reloads it when it
+//! `watch`, `Registry::watch` polls the file and reloads it when it
 //! changes.
 
 use std::collections::BTreeMap;
@@ -258,7 +258,7 @@ impl fmt::Display for Format {
 /// # let _ = users;
 /// # Ok::<_, Box<dyn std::error::Error>>(())
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Config {
     origin: Arc<str>,
     format: Format,
@@ -310,10 +310,10 @@ impl Config {
             text: text.into(),
             pipelines: BTreeMap::new(),
         };
-        for (name, own) in &raw.pipelines {
+        for (name, own) in raw.pipelines() {
             let resolved =
-                Resolved::new(own, raw.default.as_ref()).map_err(|e| config.invalid(name, e))?;
-            config.pipelines.insert(name.clone(), resolved);
+                Resolved::new(&own, raw.default.as_ref()).map_err(|e| config.invalid(name, e))?;
+            config.pipelines.insert(name.to_owned(), resolved);
         }
         for (name, resolved) in &config.pipelines {
             validate(resolved.apply(Pipeline::builder(name.as_str()), None))
@@ -368,6 +368,16 @@ impl Config {
             pipeline: name.to_owned(),
             error,
         }
+    }
+}
+
+impl fmt::Debug for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Config")
+            .field("origin", &self.origin)
+            .field("format", &self.format)
+            .field("pipelines", &self.pipelines)
+            .finish()
     }
 }
 

@@ -24,8 +24,20 @@ use crate::timeout::Timeout;
 pub(crate) struct RawFile {
     #[serde(default)]
     pub(crate) default: Option<RawPipeline>,
+    // `Option`s so that an empty YAML key (`pipelines:`, `users:`) reads
+    // as nothing configured rather than as a type error.
     #[serde(default)]
-    pub(crate) pipelines: BTreeMap<String, RawPipeline>,
+    pipelines: Option<BTreeMap<String, Option<RawPipeline>>>,
+}
+
+impl RawFile {
+    /// Every pipeline entry, an empty one as the default entry.
+    pub(crate) fn pipelines(&self) -> impl Iterator<Item = (&str, RawPipeline)> + '_ {
+        self.pipelines
+            .iter()
+            .flatten()
+            .map(|(name, p)| (name.as_str(), p.clone().unwrap_or_default()))
+    }
 }
 
 /// One pipeline entry (or `default`).

@@ -474,18 +474,33 @@ impl Registry {
         let (stop, stopped) = mpsc::channel::<()>();
         let thread = std::thread::Builder::new()
             .name("seawall-config-watch".into())
-            .spawn(move || loop {
-                match stopped.recv_timeout(every) {
-                    Err(RecvTimeoutError::Timeout) => {}
-                    Ok(()) | Err(RecvTimeoutError::Disconnected) => return,
-                }
-                let Some(inner) = registry.upgrade() else {
-                    return;
-                };
-                match (Registry { inner }).poll_file(true) {
-                    Ok(false) => {}
-                    Ok(true) => on_reload(Ok(())),
-                    Err(e) => on_reload(Err(&e)),
+            .spawn(move || {
+                // A file that cannot be read is reported once, not at every poll.
+                let mut unreadable = false;
+                loop {
+                    match stopped.recv_timeout(every) {
+                        Err(RecvTimeoutError::Timeout) => {}
+                        Ok(()) | Err(RecvTimeoutError::Disconnected) => return,
+                    }
+                    let Some(inner) = registry.upgrade() else {
+                        return;
+                    };
+                    match (Registry { inner }).poll_file(true) {
+                        Ok(false) => unreadable = false,
+                        Ok(true) => {
+                            unreadable = false;
+                            on_reload(Ok(()));
+                        }
+                        Err(e @ LoadError::Io { .. }) => {
+                            if !std::mem::replace(&mut unreadable, true) {
+                                on_reload(Err(&e));
+                            }
+                        }
+                        Err(e) => {
+                            unreadable = false;
+                            on_reload(Err(&e));
+                        }
+                    }
                 }
             })
             .expect("spawning the watch thread");

@@ -4,12 +4,17 @@ use std::convert::Infallible;
 
 use seawall::tower::PipelineLayer;
 use seawall::Pipeline;
-use tower::{service_fn, Layer, Service};
+use tower::{service_fn, Service, ServiceBuilder};
 
 struct Upload(Vec<u8>);
 
+// Stands for any stack that needs a `Service<Upload>` (a server, a client).
+fn send_uploads<S: Service<Upload>>(_service: S) {}
+
 fn main() {
     let layer = PipelineLayer::new(Pipeline::builder("uploads")).unwrap();
-    let mut service = layer.layer(service_fn(|_: Upload| async { Ok::<_, Infallible>(()) }));
-    let _ = service.call(Upload(vec![1, 2, 3]));
+    let service = ServiceBuilder::new()
+        .layer(layer)
+        .service(service_fn(|_: Upload| async { Ok::<_, Infallible>(()) }));
+    send_uploads(service);
 }

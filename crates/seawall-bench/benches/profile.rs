@@ -1,0 +1,127 @@
+//! Calls one contender of the peer suite in a loop, for profilers.
+//!
+//! ```text
+//! cargo bench -p seawall-bench --bench profile --no-run
+//! valgrind --tool=callgrind target/release/deps/profile-<hash> breaker 100000
+//! ```
+//!
+//! Instructions per call: run with `n` and `2n` calls and divide the
+//! difference of the totals by `n` (setup cost cancels out). Without a known
+//! contender name (as under `cargo bench`) it lists them and exits.
+
+// `common` is shared with the other benches; not every item is used here.
+#![allow(dead_code)]
+
+use std::hint::black_box;
+
+use seawall_bench::{op, pipelines};
+
+mod common;
+use common::*;
+
+fn sync_loop(n: u64, call: impl Fn()) {
+    for _ in 0..n {
+        call();
+    }
+}
+
+fn async_loop<C: AsyncCase>(rt: &tokio::runtime::Runtime, n: u64, mut case: C) {
+    rt.block_on(async {
+        for _ in 0..n {
+            case.call().await;
+        }
+    });
+}
+
+fn seawall_call(p: seawall::Pipeline) -> impl Fn() {
+    move || {
+        black_box(p.call(|_| op(black_box(1))).is_ok());
+    }
+}
+
+const CONTENDERS: &[&str] = &[
+    "retry",
+    "breaker",
+    "consecutive",
+    "open",
+    "gcra",
+    "fixed",
+    "sliding",
+    "bulkhead",
+    "full",
+    "async-retry",
+    "async-breaker",
+    "async-open",
+    "async-gcra",
+    "async-bulkhead",
+    "async-timeout",
+    "async-full",
+    "backon",
+    "recloser",
+    "recloser-open",
+    "failsafe-consecutive",
+    "governor",
+    "semaphore",
+    "tokio-timeout",
+    "seatbelt-full",
+];
+
+fn main() {
+    let mut args = std::env::args().skip(1).filter(|a| a != "--bench");
+    let which = args.next().unwrap_or_default();
+    let n: u64 = args
+        .next()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1_000_000);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .expect("tokio runtime");
+    match which.as_str() {
+        "retry" => sync_loop(n, seawall_call(pipelines::retry())),
+        "breaker" => sync_loop(n, seawall_call(pipelines::breaker())),
+        "consecutive" => sync_loop(n, seawall_call(pipelines::consecutive_breaker())),
+        "open" => sync_loop(n, seawall_call(pipelines::open_breaker())),
+        "gcra" => sync_loop(n, seawall_call(pipelines::gcra())),
+        "fixed" => sync_loop(n, seawall_call(pipelines::fixed_window())),
+        "sliding" => sync_loop(n, seawall_call(pipelines::sliding_window())),
+        "bulkhead" => sync_loop(n, seawall_call(pipelines::bulkhead())),
+        "full" => {
+            let p = pipelines::full_chain();
+            sync_loop(n, || {
+                black_box(p.call(|_| op(black_box(1))).is_ok());
+            })
+        }
+        "async-retry" => async_loop(&rt, n, SeawallAsync(pipelines::retry())),
+        "async-breaker" => async_loop(&rt, n, SeawallAsync(pipelines::breaker())),
+        "async-open" => async_loop(&rt, n, SeawallAsync(pipelines::open_breaker())),
+        "async-gcra" => async_loop(&rt, n, SeawallAsync(pipelines::gcra())),
+        "async-bulkhead" => async_loop(&rt, n, SeawallAsync(pipelines::bulkhead())),
+        "async-timeout" => async_loop(&rt, n, SeawallAsync(pipelines::timeout())),
+        "async-full" => async_loop(&rt, n, SeawallAsync(pipelines::full_chain())),
+        "backon" => sync_loop(n, backon_sync()),
+        "recloser" => {
+            let r = recloser();
+            sync_loop(n, || recloser_call(&r))
+        }
+        "recloser-open" => {
+            let r = recloser_open();
+            sync_loop(n, || recloser_call(&r))
+        }
+        "failsafe-consecutive" => {
+            let f = failsafe_consecutive();
+            sync_loop(n, || failsafe_call(&*f))
+        }
+        "governor" => {
+            let l = governor();
+            sync_loop(n, || governor_check(&l))
+        }
+        "semaphore" => {
+            let s = semaphore();
+            sync_loop(n, || semaphore_call(&s))
+        }
+        "tokio-timeout" => async_loop(&rt, n, tokio_timeout()),
+        "seatbelt-full" => async_loop(&rt, n, seatbelt_full_chain(&rt)),
+        _ => println!("usage: profile <contender> [calls]; contenders: {CONTENDERS:?}"),
+    }
+}

@@ -1,0 +1,88 @@
+//! Tower integration (feature `tower`): [`PipelineLayer`] puts any
+//! `tower::Service` behind a pipeline, so hyper, tonic or axum client stacks
+//! get retry, circuit breaker, timeout, bulkhead, rate limiter and cooldown
+//! from one layer.
+//!
+//! ```
+//! use std::convert::Infallible;
+//! use std::time::Duration;
+//! use seawall::tower::PipelineLayer;
+//! use seawall::{CircuitBreaker, Pipeline, Retry};
+//! use tower::{service_fn, ServiceBuilder, ServiceExt};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let layer = PipelineLayer::new(
+//!     Pipeline::builder("inventory-api")
+//!         .retry(Retry::exponential(Duration::from_millis(50)).max_attempts(3))
+//!         .circuit_breaker(CircuitBreaker::consecutive_failures(5))
+//!         .timeout(Duration::from_secs(2)),
+//! )?
+//! .classify_response(seawall::http::classify_response);
+//!
+//! let backend = service_fn(|request: http::Request<String>| async move {
+//!     Ok::<_, Infallible>(http::Response::new(format!("stock for {}", request.uri())))
+//! });
+//! let client = ServiceBuilder::new().layer(layer).service(backend);
+//!
+//! let request = http::Request::builder().uri("/items/42").body(String::new())?;
+//! let response = client.oneshot(request).await?;
+//! assert_eq!(response.body(), "stock for /items/42");
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # How a call runs
+//! Each attempt clones the request ([`RetryableRequest`]: a request type
+//! that is not `Clone` is a compile error naming the fix) and calls the inner
+//! service through the pipeline, so the pipeline's policies guard every
+//! attempt. The first attempt uses the service that `poll_ready` made ready
+//! (the ready service is moved into the call's future and replaced by a
+//! clone, as tower's own middleware do, so readiness is never lost on clone);
+//! later attempts wait for the inner service to be ready again first.
+//!
+//! # Classification
+//! The layer, not the pipeline, judges each attempt:
+//! - an error of the inner service with
+//!   [`classify_error`](PipelineLayer::classify_error) (default: every
+//!   error is a retryable failure, [`RetryableErrors`]);
+//! - a response with
+//!   [`classify_response`](PipelineLayer::classify_response) (default:
+//!   every response is a success, [`SuccessfulResponses`]); `None` means
+//!   success, a [`Verdict`] makes the response a failed attempt, e.g. a 503,
+//!   whose retry-after hint delays the retry and opens the cooldown.
+//!
+//! # What the caller gets
+//! - The response of the last attempt, **also when that response was judged
+//!   a failure** and no retry is left (or its verdict forbids one): the layer
+//!   never turns a response into an error, so an HTTP client sees the last
+//!   503 with its headers and body, as it would without the layer.
+//! - [`ServiceError::Pipeline`] when the inner service failed (its error
+//!   stays typed inside [`Error::Operation`] or [`Error::RetryExhausted`]),
+//!   an attempt or the call timed out, a policy rejected the call (the inner
+//!   service was not called for it) or the state store failed.
+//! - [`ServiceError::NotReady`] when the inner service fails in `poll_ready`.
+//!
+//! The response future is `Send` (inner service, its future, request,
+//! response and error must be `Send + 'static`).
+
+mod classify;
+mod error;
+mod future;
+mod layer;
+mod service;
+
+pub use classify::{
+    AttemptFailure, ClassifyError, ClassifyResponse, RetryableErrors, RetryableRequest,
+    SuccessfulResponses,
+};
+pub use error::ServiceError;
+pub use future::ResponseFuture;
+pub use layer::PipelineLayer;
+pub use service::PipelineService;
+
+use crate::pipeline::{ErrorType, Pipeline};
+
+/// The pipeline inside a [`PipelineLayer`]: the policies of the builder it
+/// was made from, judging [`AttemptFailure`]s.
+pub type LayerPipeline = Pipeline<ErrorType<AttemptFailure>>;

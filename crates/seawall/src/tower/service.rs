@@ -1,0 +1,276 @@
+//! The service: one pipeline run per call, one inner call per attempt.
+
+use std::fmt;
+use std::future::poll_fn;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Context as TaskContext, Poll};
+
+use tower_service::Service;
+
+use super::classify::{
+    AttemptFailure, ClassifyError, ClassifyResponse, RetryableErrors, RetryableRequest,
+    SuccessfulResponses,
+};
+use super::{LayerPipeline, ResponseFuture, ServiceError};
+use crate::classify::Verdict;
+use crate::context::Context;
+use crate::error::Error;
+
+impl<S, Req, R, E> Service<Req> for PipelineService<S, R, E>
+where
+    S: Service<Req> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Response: Send + 'static,
+    S::Error: Send + 'static,
+    Req: RetryableRequest + Send + 'static,
+    R: ClassifyResponse<S::Response> + Send + Sync + 'static,
+    E: ClassifyError<S::Error> + Send + Sync + 'static,
+{
+    type Response = S::Response;
+    type Error = ServiceError<S::Error>;
+    type Future = ResponseFuture<S::Response, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut TaskContext<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(ServiceError::NotReady)
+    }
+
+    fn call(&mut self, request: Req) -> Self::Future {
+        // The ready service goes into the future; `self` keeps a clone,
+        // which its caller must drive to readiness before the next call.
+        let clone = self.inner.clone();
+        let ready = std::mem::replace(&mut self.inner, clone);
+        let pipeline = self.pipeline.clone();
+        let classifiers = Arc::clone(&self.classifiers);
+        ResponseFuture::new(call_through(pipeline, classifiers, ready, request))
+    }
+}
+
+/// The layer's classifiers, shared by the services it made.
+pub(super) struct Classifiers<R, E> {
+    pub(super) response: R,
+    pub(super) error: E,
+}
+
+/// A service behind a pipeline, made by [`PipelineLayer`](super::PipelineLayer). Cloning it
+/// clones the inner service (not ready, as tower expects) and shares the
+/// pipeline.
+pub struct PipelineService<S, R = SuccessfulResponses, E = RetryableErrors> {
+    pub(super) inner: S,
+    pub(super) pipeline: LayerPipeline,
+    pub(super) classifiers: Arc<Classifiers<R, E>>,
+}
+
+impl<S, R, E> PipelineService<S, R, E> {
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Consumes the service and returns the inner one.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+
+    /// The service's pipeline.
+    pub fn pipeline(&self) -> &LayerPipeline {
+        &self.pipeline
+    }
+}
+
+impl<S: Clone, R, E> Clone for PipelineService<S, R, E> {
+    fn clone(&self) -> Self {
+        PipelineService {
+            inner: self.inner.clone(),
+            pipeline: self.pipeline.clone(),
+            classifiers: Arc::clone(&self.classifiers),
+        }
+    }
+}
+
+impl<S: fmt::Debug, R, E> fmt::Debug for PipelineService<S, R, E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PipelineService")
+            .field("inner", &self.inner)
+            .field("pipeline", &self.pipeline)
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The inner service, taken by one attempt and put back when the attempt
+/// is done with it (or dropped, e.g. by a timeout).
+struct Lease<'a, S> {
+    slot: &'a Mutex<Option<S>>,
+    service: Option<S>,
+}
+
+impl<'a, S> Lease<'a, S> {
+    fn take(slot: &'a Mutex<Option<S>>) -> Self {
+        let service = lock(slot).take();
+        Lease { slot, service }
+    }
+
+    fn service(&mut self) -> &mut S {
+        self.service
+            .as_mut()
+            .expect("attempts run one at a time and each gives the service back")
+    }
+}
+
+impl<S> Drop for Lease<'_, S> {
+    fn drop(&mut self) {
+        if let Some(s) = self.service.take() {
+            *lock(self.slot) = Some(s);
+        }
+    }
+}
+
+/// Keeps what a failed attempt produced and tells the pipeline its verdict.
+fn failed<T, E>(
+    last: &Mutex<Option<Result<T, E>>>,
+    verdict: Verdict,
+    outcome: Result<T, E>,
+) -> AttemptFailure {
+    *lock(last) = Some(outcome);
+    AttemptFailure { verdict }
+}
+
+async fn call_through<S, Req, R, E>(
+    pipeline: LayerPipeline,
+    classifiers: Arc<Classifiers<R, E>>,
+    service: S,
+    request: Req,
+) -> Result<S::Response, ServiceError<S::Error>>
+where
+    S: Service<Req>,
+    Req: RetryableRequest,
+    R: ClassifyResponse<S::Response>,
+    E: ClassifyError<S::Error>,
+{
+    let service = Mutex::new(Some(service));
+    let last = Mutex::new(None);
+    let result = {
+        let (service, last, classifiers) = (&service, &last, &*classifiers);
+        pipeline
+            .run(move |ctx: Context| {
+                let request = request.clone_request();
+                async move {
+                    let mut lease = Lease::take(service);
+                    if !ctx.is_first_attempt() {
+                        if let Err(e) = poll_fn(|cx| lease.service().poll_ready(cx)).await {
+                            let verdict = classifiers.error.classify_error(&e);
+                            return Err(failed(last, verdict, Err(e)));
+                        }
+                    }
+                    let future = lease.service().call(request);
+                    drop(lease);
+                    match future.await {
+                        Ok(response) => match classifiers.response.classify_response(&response) {
+                            None => Ok(response),
+                            Some(verdict) => Err(failed(last, verdict, Ok(response))),
+                        },
+                        Err(e) => {
+                            let verdict = classifiers.error.classify_error(&e);
+                            Err(failed(last, verdict, Err(e)))
+                        }
+                    }
+                }
+            })
+            .await
+    };
+    let last = lock(&last).take();
+    settle(result, last)
+}
+
+/// Turns the pipeline's result back into the inner service's types: the
+/// last failed attempt's response or error replaces its verdict.
+fn settle<T, E>(
+    result: Result<T, Error<AttemptFailure>>,
+    last: Option<Result<T, E>>,
+) -> Result<T, ServiceError<E>> {
+    let error = match result {
+        Ok(response) => return Ok(response),
+        Err(error) => error,
+    };
+    let error = match error {
+        Error::Operation(_) | Error::RetryExhausted { .. } | Error::Fallback(_) => match last {
+            Some(Ok(response)) => return Ok(response),
+            Some(Err(e)) => error.map(|_| e),
+            None => unreachable!("a failed attempt always leaves its response or error"),
+        },
+        Error::Timeout(t) => Error::Timeout(t),
+        Error::Rejected(r) => Error::Rejected(r),
+        Error::Store(s) => Error::Store(s),
+    };
+    Err(ServiceError::Pipeline(error))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::{Rejection, RejectionReason, TimeoutError, TimeoutScope};
+    use std::time::Duration;
+
+    fn fail(kind: Verdict) -> AttemptFailure {
+        AttemptFailure { verdict: kind }
+    }
+
+    #[test]
+    fn a_failed_response_goes_back_to_the_caller() {
+        let r: Result<&str, ServiceError<&str>> = settle(
+            Err(Error::RetryExhausted {
+                attempts: 3,
+                last: fail(Verdict::retry()),
+            }),
+            Some(Ok("503")),
+        );
+        assert_eq!(r.unwrap(), "503");
+        let r: Result<&str, ServiceError<&str>> = settle(
+            Err(Error::Operation(fail(Verdict::abort()))),
+            Some(Ok("404")),
+        );
+        assert_eq!(r.unwrap(), "404");
+    }
+
+    #[test]
+    fn a_failed_error_keeps_its_type_and_attempts() {
+        let r: Result<(), ServiceError<&str>> = settle(
+            Err(Error::RetryExhausted {
+                attempts: 2,
+                last: fail(Verdict::retry()),
+            }),
+            Some(Err("refused")),
+        );
+        match r {
+            Err(ServiceError::Pipeline(Error::RetryExhausted { attempts, last })) => {
+                assert_eq!((attempts, last), (2, "refused"))
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn errors_without_an_attempt_pass_through() {
+        let rejection = Rejection::new(RejectionReason::CircuitOpen, None);
+        let r: Result<(), ServiceError<&str>> =
+            settle(Err(Error::Rejected(rejection)), Some(Err("stale")));
+        let e = r.unwrap_err();
+        assert!(e.is_rejected() && !e.is_timeout());
+        assert_eq!(e.to_string(), "call rejected: circuit_open");
+        let timeout = TimeoutError {
+            scope: TimeoutScope::Attempt,
+            after: Duration::from_millis(5),
+            attempts: 1,
+        };
+        let r: Result<(), ServiceError<&str>> = settle(Err(Error::Timeout(timeout)), None);
+        assert!(r.unwrap_err().is_timeout());
+    }
+}
