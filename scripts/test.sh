@@ -33,7 +33,7 @@ echo "==> cargo fmt --check"
 cargo fmt --all -- --check
 
 echo "==> cargo clippy"
-cargo clippy --workspace --all-targets --locked -- -D warnings
+cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
 
 echo "==> cargo test"
-cargo test --workspace --locked "$@"
+cargo test --workspace --all-features --locked "$@"

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use seawall::{Error, StateStore};
+use seawall::{Error, Random, StateStore, SystemRandom};
 use tokio::task::JoinSet;
 
 use crate::cli::LiveOptions;
@@ -135,9 +135,12 @@ fn introduce(scenario: &Scenario, options: &LiveOptions, addr: std::net::SocketA
             short(scenario.client_timeout)
         ),
         format!(
-            "{} protected clients: seawall pipeline, budget {} per call, 3 attempts with jittered backoff, \
-             {} per attempt, circuit breaker, bulkhead of 8, cooldown on Retry-After, cached fallback ({store})",
-            options.clients,
+            "{} protected clients: the same client through a seawall pipeline ({store}):",
+            options.clients
+        ),
+        format!(
+            "  {} per call, 3 attempts with jittered backoff, {} per attempt, circuit breaker, \
+             bulkhead of 8, cooldown on Retry-After, fallback to the last good answer",
             short(scenario.call_budget),
             short(scenario.client_timeout)
         ),
@@ -178,7 +181,10 @@ impl Caller {
                 outcome,
                 started.elapsed(),
             );
-            tokio::time::sleep(scenario.think_time).await;
+            // Half to one and a half think times: callers that wake together
+            // (after a cooldown, say) drift apart again.
+            let think = scenario.think_time.mul_f64(0.5 + SystemRandom.next_f64());
+            tokio::time::sleep(think).await;
         }
     }
 

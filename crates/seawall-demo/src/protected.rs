@@ -115,8 +115,9 @@ pub(crate) fn pipeline(
     }
 }
 
-/// One protected call: the pipeline runs the request, feeding the time left
-/// in the call's budget to the client as its timeout.
+/// One protected call: the pipeline runs the request, and each attempt hands
+/// the time it has left (`ctx.remaining()`: its own timeout or what is left
+/// of the call's budget, whichever ends first) to the client as its timeout.
 ///
 /// # Errors
 /// Only when the fallback had nothing to serve.

@@ -248,7 +248,9 @@ impl<'a> Summary<'a> {
             for group in Group::ALL {
                 let t = &self.by_phase[group.index()][phase.index()];
                 let label = match group {
-                    Group::Unprotected => format!("{:<17}{from:>5.1}-{to:<5.1}s", phase.label()),
+                    Group::Unprotected => {
+                        format!("{:<17}{:>11}", phase.label(), format!("{from:.1}-{to:.1}s"))
+                    }
                     Group::Protected => String::new(),
                 };
                 let _ = writeln!(
@@ -269,22 +271,22 @@ impl<'a> Summary<'a> {
 
     fn write_conclusion(&self, text: &mut String, style: Style) {
         let [u, p] = &self.total;
+        let sick = [Phase::Failing, Phase::Slow, Phase::Throttling];
+        let sick_hits = |g: Group| {
+            sick.iter()
+                .map(|phase| self.hits.get(g, *phase))
+                .sum::<u64>()
+        };
+        let (su, sp) = (sick_hits(Group::Unprotected), sick_hits(Group::Protected));
         let (hu, hp) = (
             self.hits.total(Group::Unprotected),
             self.hits.total(Group::Protected),
         );
-        let load = if hp > 0 && hp < hu {
-            format!(
-                "the protected group sent {:.1}x fewer requests to the service ({hp} vs {hu})",
-                hu as f64 / hp as f64
-            )
-        } else {
-            format!(
-                "the protected group sent {hp} requests to the service, the unprotected one {hu}"
-            )
-        };
         let conclusion = format!(
-            "\n{load},\nsurfaced {} errors to its callers (vs {}) and answered them in {} at p50, {} at p99 (vs {}, {}).\n",
+            "\nwhile the service was sick (failing, slow, throttling), the protected group sent it {sp} \
+             requests, the unprotected one {su}{}; {hp} vs {hu} over the whole run.\n\
+             its callers got {} errors (vs {}), and their answers in {} at p50, {} at p99 (vs {}, {}).\n",
+            ratio(su, sp),
             p.errors(),
             u.errors(),
             short(p.percentile(50)),
@@ -329,6 +331,15 @@ impl<'a> Summary<'a> {
             phases.join(","),
             groups.join(",")
         )
+    }
+}
+
+/// ` (12x fewer)` when `few` is well below `many`.
+fn ratio(many: u64, few: u64) -> String {
+    if few > 0 && few * 2 <= many {
+        format!(" ({}x fewer)", many / few)
+    } else {
+        String::new()
     }
 }
 

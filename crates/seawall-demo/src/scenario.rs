@@ -113,7 +113,7 @@ pub(crate) struct Scenario {
     pub(crate) call_budget: Duration,
     /// How long the slow service takes to answer.
     pub(crate) slow_answer: Duration,
-    /// The pause of each client between two calls.
+    /// The mean pause of each client between two calls.
     pub(crate) think_time: Duration,
     /// How long an open circuit stays open before it lets a probe through.
     pub(crate) circuit_cooldown: Duration,

@@ -228,3 +228,77 @@ fn a_saga_batch_killed_halfway_is_recovered_without_repeating_effects() {
     );
     assert_eq!(saga["effects"]["refunded"], 2, "{saga}");
 }
+
+/// A `redis-server` on a free loopback port, stopped on drop.
+#[cfg(feature = "redis")]
+struct RedisServer {
+    child: std::process::Child,
+    port: u16,
+}
+
+#[cfg(feature = "redis")]
+impl RedisServer {
+    /// `None` when `redis-server` is not installed.
+    fn start() -> Option<Self> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .ok()?
+            .local_addr()
+            .ok()?
+            .port();
+        let child = Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .ok()?;
+        let server = RedisServer { child, port };
+        for _ in 0..100 {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return Some(server);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        panic!("redis-server did not start on port {port}");
+    }
+}
+
+#[cfg(feature = "redis")]
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[cfg(feature = "redis")]
+#[test]
+fn with_redis_the_pipeline_state_lives_in_redis() {
+    let Some(redis) = RedisServer::start() else {
+        eprintln!("redis-server is not installed: skipped");
+        return;
+    };
+    let url = format!("redis://127.0.0.1:{}/", redis.port);
+    let output = demo(&["--duration", "8", "--clients", "8", "--redis", &url]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout(&output).contains("state in Redis"));
+    let summary = json_line(&output, "SUMMARY ");
+    let protected = &summary["groups"]["protected"];
+    let unprotected = &summary["groups"]["unprotected"];
+    assert!(
+        protected["server_requests"].as_u64() < unprotected["server_requests"].as_u64(),
+        "{summary}"
+    );
+    assert_eq!(protected["phases"]["failing"]["errors"], 0, "{protected}");
+}

@@ -210,6 +210,13 @@ fn protocol(what: &str, reply: &[i64]) -> StoreError {
     ))
 }
 
+/// `true` when a task spawned now runs without the caller driving it: on a
+/// multi-thread runtime.
+fn background_runs() -> bool {
+    tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
+}
+
 /// A record sent without waiting for its answer. If it is dropped
 /// unanswered (its runtime shut down before the command was written), the
 /// slot is given back on the blocking path: the release is idempotent, the
@@ -220,6 +227,12 @@ struct PendingRecord {
     partition: Option<PartitionKey>,
     permit: Permit,
     answered: bool,
+}
+
+impl PendingRecord {
+    fn answered(&mut self) {
+        self.answered = true;
+    }
 }
 
 impl Drop for PendingRecord {
@@ -463,17 +476,19 @@ impl ResourceState for RedisResource {
         }
     }
 
-    /// Records in one round trip. A success that cannot change anything
-    /// the caller is told (not a probe, not slow, no retry-after hint) is
-    /// queued on the connection before this returns, and its answer is not
-    /// waited for: the caller's next admission follows it on the same
-    /// connection, and the call costs one round trip instead of two.
+    /// Records in one round trip. On a multi-thread runtime, a success that
+    /// cannot change anything the caller is told (not a probe, not slow, no
+    /// retry-after hint) is queued on the connection before this returns,
+    /// and its answer is not waited for: the caller's next admission follows
+    /// it on the same connection, and the call costs one round trip instead
+    /// of two. (A current-thread runtime may not run again before the
+    /// next call, so there every record is awaited.)
     fn record_async<'a>(&'a self, record: Record<'a>) -> StoreFuture<'a, Recorded> {
         if record.permit.local || tokio::runtime::Handle::try_current().is_err() {
             return StoreFuture::ready(self.record(&record));
         }
         let s = &self.shared;
-        if s.record_is_silent(&record) && s.link.is_available() {
+        if s.record_is_silent(&record) && s.link.is_available() && background_runs() {
             let inv = s.record_invocation(&record);
             let mut pending = PendingRecord {
                 unawaited: Some(s.link.unawaited()),
@@ -486,7 +501,7 @@ impl ResourceState for RedisResource {
             // first poll from queueing the command.
             let send = tokio::task::unconstrained(async move {
                 let _ = pending.shared.link.invoke_async::<Vec<i64>>(&inv).await;
-                pending.answered = true;
+                pending.answered();
             });
             return StoreFuture::boxed(async move {
                 let mut send = Box::pin(send);

@@ -2,8 +2,8 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::future::Future;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, SystemTime};
 
 use serde::de::DeserializeOwned;
@@ -186,6 +186,84 @@ struct Inner {
     clock: Arc<dyn Clock>,
     listeners: Listeners,
     concurrency: usize,
+    leases: LeaseKeeper,
+}
+
+/// The leases this orchestrator holds while it drives sagas. On logs whose
+/// leases expire, one background task renews all of them in one call every
+/// [`SagaLog::lease_renewal_interval`], so a slow step keeps its saga; a lease
+/// stops being renewed as soon as its saga is no longer driven (finished,
+/// failed, or its future dropped).
+#[derive(Default)]
+struct LeaseKeeper {
+    active: Mutex<HashMap<SagaId, Lease>>,
+    started: AtomicBool,
+}
+
+/// Removes its lease from the keeper when the driver ends or is dropped.
+struct LeaseGuard {
+    inner: Weak<Inner>,
+    id: SagaId,
+}
+
+impl Drop for LeaseGuard {
+    fn drop(&mut self) {
+        if let Some(inner) = self.inner.upgrade() {
+            inner
+                .leases
+                .active
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .remove(&self.id);
+        }
+    }
+}
+
+impl Inner {
+    /// Keeps `lease` renewed until the returned guard is dropped.
+    fn hold(self: &Arc<Self>, lease: &Lease) -> Option<LeaseGuard> {
+        let every = self.log.lease_renewal_interval()?;
+        self.leases
+            .active
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(lease.saga_id().clone(), lease.clone());
+        if !self.leases.started.swap(true, Ordering::SeqCst) {
+            tokio::spawn(keep_leases(Arc::downgrade(self), every));
+        }
+        Some(LeaseGuard {
+            inner: Arc::downgrade(self),
+            id: lease.saga_id().clone(),
+        })
+    }
+}
+
+async fn keep_leases(inner: Weak<Inner>, every: Duration) {
+    loop {
+        tokio::time::sleep(every).await;
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        let leases: Vec<Lease> = inner
+            .leases
+            .active
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+            .cloned()
+            .collect();
+        if leases.is_empty() {
+            continue;
+        }
+        match inner.log.renew_many(&leases).await {
+            Ok(renewed) if renewed < leases.len() => tracing::warn!(
+                target: "seawall_saga", held = leases.len(), renewed,
+                "some leases could not be renewed: another worker took their sagas"
+            ),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(target: "seawall_saga", error = %e, "lease renewal failed"),
+        }
+    }
 }
 
 impl fmt::Debug for Orchestrator {
@@ -283,6 +361,7 @@ impl OrchestratorBuilder {
                 clock: self.clock,
                 listeners: Listeners(self.listeners),
                 concurrency: self.concurrency,
+                leases: LeaseKeeper::default(),
             }),
         })
     }
@@ -629,30 +708,6 @@ impl Inner {
             }
         }
     }
-
-    /// Awaits `work` while renewing `lease` on logs whose leases expire.
-    async fn with_heartbeat<F: Future>(&self, lease: Option<&Lease>, work: F) -> F::Output {
-        let (Some(every), Some(lease)) = (self.log.lease_renewal_interval(), lease) else {
-            return work.await;
-        };
-        tokio::pin!(work);
-        let start = tokio::time::Instant::now() + every;
-        let mut ticks = tokio::time::interval_at(start, every);
-        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                output = &mut work => return output,
-                _ = ticks.tick() => {
-                    if let Err(e) = self.log.renew(lease).await {
-                        tracing::warn!(
-                            target: "seawall_saga", saga_id = %lease.saga_id(), error = %e,
-                            "lease renewal failed"
-                        );
-                    }
-                }
-            }
-        }
-    }
 }
 
 /// An error message with its sources, `a: b: c`.
@@ -825,6 +880,7 @@ struct Run<I> {
     input: Arc<I>,
     deadline: Option<SystemTime>,
     lease: Option<Lease>,
+    _renewal: Option<LeaseGuard>,
     unsaved: Option<NewSaga>,
     pending: Vec<Transition>,
     progress: Progress,
@@ -845,6 +901,7 @@ impl<I: SagaInput> Run<I> {
             input,
             deadline: new.deadline,
             lease: None,
+            _renewal: None,
             unsaved: Some(new),
             pending: vec![Transition::SagaStarted],
             progress: Progress::new(steps),
@@ -898,6 +955,7 @@ impl<I: SagaInput> Run<I> {
         let run = Run {
             id: record.id.clone(),
             deadline: record.deadline,
+            _renewal: orchestrator.hold(&claimed.lease),
             definition,
             orchestrator,
             input: Arc::new(input),
@@ -933,6 +991,7 @@ impl<I: SagaInput> Run<I> {
         if let Some(new) = self.unsaved.take() {
             if status == SagaStatus::Running {
                 self.lease = log.create(&new, &transitions, true).await?;
+                self._renewal = self.lease.as_ref().and_then(|l| self.orchestrator.hold(l));
             } else {
                 // A saga that ends before any step (deadline already passed):
                 // create it running, then append the rest.
@@ -990,11 +1049,7 @@ impl<I: SagaInput> Run<I> {
         work: BoxFuture<'static, Result<T, String>>,
     ) -> Result<T, String> {
         let mut task = AbortOnDrop(tokio::spawn(work));
-        match self
-            .orchestrator
-            .with_heartbeat(self.lease.as_ref(), &mut task.0)
-            .await
-        {
+        match (&mut task.0).await {
             Ok(result) => result,
             Err(join) => Err(format!("step {}", panic_message(join))),
         }
@@ -1088,9 +1143,9 @@ impl<I: SagaInput> Run<I> {
                             return self.commit(SagaStatus::Stuck).await;
                         }
                         self.commit(SagaStatus::Compensating).await?;
-                        let pause = self.orchestrator.clock.sleep(retry.delay_after(attempt));
                         self.orchestrator
-                            .with_heartbeat(self.lease.as_ref(), pause)
+                            .clock
+                            .sleep(retry.delay_after(attempt))
                             .await;
                     }
                 }

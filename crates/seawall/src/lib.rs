@@ -34,7 +34,7 @@
 //! - `macros`: the `#[resilient(...)]` attribute, which runs a function or
 //!   method through a pipeline declared on it (`seawall::resilient`).
 //! - `serde`: named pipelines from TOML or YAML files, in a reloadable
-//!   reloadable registry (`seawall::config`).
+//!   registry (`seawall::config`).
 //! - `watch` (with `serde`): `config::Registry::watch` reloads a file when
 //!   it changes.
 //! - `metrics`: counters, gauges and histograms through the `metrics`
@@ -45,6 +45,7 @@
 //!   (`seawall::tower`).
 //! - `reqwest` (with `http`): `client.get(url).send_through(&pipeline)`
 //!   (`seawall::reqwest`).
+//! - `full`: all of the above.
 //!
 //! # Order of policies
 //! Policies nest in the order they are declared, outermost first:
@@ -65,6 +66,7 @@ pub mod context;
 pub mod cooldown;
 pub mod error;
 pub mod event;
+pub mod fallback;
 #[cfg(feature = "http")]
 pub mod http;
 #[cfg(feature = "metrics")]

@@ -36,15 +36,14 @@
 //!
 //! # Responses
 //! Each response is judged by its status with
-//! [`classify_status`](crate::http::classify_status). A retryable one (408,
+//! [`classify_status`]. A retryable one (408,
 //! 429, 5xx) becomes reqwest's own status error (`error_for_status`), so the
 //! pipeline retries it and its circuit breaker counts it; when retries run
 //! out, the call fails with that error in [`Error::RetryExhausted`]. Every
 //! other response (2xx, 3xx, and the 4xx a retry cannot fix) is returned as
 //! is, as reqwest itself does. reqwest's status errors carry no headers, so
-//! a `Retry-After` does not reach the pipeline on this path; the tower layer
-//! ([`PipelineLayer`](crate::tower::PipelineLayer), feature `tower`) honours
-//! it.
+//! a `Retry-After` does not reach the pipeline on this path (the tower layer
+//! of feature `tower`, which judges whole responses, honours it).
 //!
 //! # Timeouts
 //! Each attempt's request timeout is the time left before the attempt's

@@ -24,8 +24,11 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use seawall::testing::VirtualClock;
-use seawall::tower::{PipelineLayer, PipelineService, ServiceError};
-use seawall::{CircuitBreaker, CircuitState, Error, Pipeline, RejectionReason, Retry};
+use seawall::tower::{
+    PipelineLayer, PipelineService, RetryableErrors, ServiceError, SingleAttempt,
+    SuccessfulResponses,
+};
+use seawall::{CircuitBreaker, CircuitState, Error, Pipeline, RateLimiter, RejectionReason, Retry};
 use tokio::net::TcpListener;
 use tower::{Layer, Service, ServiceBuilder, ServiceExt};
 
@@ -125,10 +128,10 @@ async fn body(response: Response<Incoming>) -> String {
     String::from_utf8(bytes.to_vec()).unwrap()
 }
 
+type ClassifyHttp = fn(&Response<Incoming>) -> Option<seawall::Verdict>;
+
 /// A layer judging responses with `seawall::http::classify_response`.
-fn http_layer(
-    builder: seawall::PipelineBuilder,
-) -> PipelineLayer<fn(&Response<Incoming>) -> Option<seawall::Verdict>> {
+fn http_layer(builder: seawall::PipelineBuilder) -> PipelineLayer<ClassifyHttp> {
     PipelineLayer::new(builder)
         .unwrap()
         .classify_response(seawall::http::classify_response::<Incoming> as fn(&_) -> _)
@@ -365,6 +368,80 @@ async fn a_slow_attempt_is_cut_by_the_attempt_timeout_and_retried() {
     assert!(started.elapsed() < ms(450), "{:?}", started.elapsed());
 }
 
+#[tokio::test]
+async fn a_server_sheds_load_with_a_single_attempt_layer() {
+    // Server side: the requests a hyper server hands over are not Clone.
+    let handled = Arc::new(AtomicU32::new(0));
+    let counter = Arc::clone(&handled);
+    let handler = tower::service_fn(move |_: Request<Incoming>| {
+        counter.fetch_add(1, Ordering::SeqCst);
+        async { Ok::<_, Infallible>(Response::new(Full::new(Bytes::from("hello")))) }
+    });
+    let layer = PipelineLayer::single_attempt(
+        Pipeline::builder("tower-server-rate-limit")
+            .rate_limiter(RateLimiter::fixed_window(2, Duration::from_secs(60)))
+            .clock(VirtualClock::new()),
+    )
+    .unwrap();
+    let service = layer.layer(handler);
+
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let service = service.clone();
+            let hyper_service = hyper::service::service_fn(move |request: Request<Incoming>| {
+                let service = service.clone();
+                async move {
+                    Ok::<_, Infallible>(match service.oneshot(request).await {
+                        Ok(response) => response,
+                        Err(e) if e.is_rejected() => Response::builder()
+                            .status(StatusCode::TOO_MANY_REQUESTS)
+                            .body(Full::default())
+                            .unwrap(),
+                        Err(e) => panic!("{e}"),
+                    })
+                }
+            });
+            tokio::spawn(
+                hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), hyper_service),
+            );
+        }
+    });
+
+    let client = client();
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        let request = Request::get(format!("http://{addr}/"))
+            .body(Full::default())
+            .unwrap();
+        statuses.push(client.request(request).await.unwrap().status().as_u16());
+    }
+    server.abort();
+
+    assert_eq!(statuses, [200, 200, 429]);
+    assert_eq!(handled.load(Ordering::SeqCst), 2);
+}
+
+#[test]
+fn a_single_attempt_layer_refuses_a_pipeline_that_retries() {
+    let error = PipelineLayer::single_attempt(
+        Pipeline::builder("tower-single-retry").retry(Retry::constant(ms(1)).max_attempts(2)),
+    )
+    .unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .starts_with("pipeline.retry must allow one attempt"),
+        "{error}"
+    );
+    let one = Retry::constant(ms(1)).max_attempts(1);
+    assert!(
+        PipelineLayer::single_attempt(Pipeline::builder("tower-single-one").retry(one)).is_ok()
+    );
+}
+
 /// A service that must be driven to readiness before each call, and whose
 /// clones start not ready: calling it otherwise is the readiness-lost-on-
 /// clone bug (tower-resilience #286). Fails its first `failures` calls.
@@ -450,6 +527,8 @@ fn services_and_futures_are_send_and_sync() {
     sync::<Http>();
     clone::<Http>();
     send::<<Http as Service<Request<Full<Bytes>>>>::Future>();
+    type Once = PipelineService<HttpClient, SuccessfulResponses, RetryableErrors, SingleAttempt>;
+    send::<<Once as Service<Request<Full<Bytes>>>>::Future>();
     send::<PipelineLayer>();
     sync::<PipelineLayer>();
     clone::<PipelineLayer>();

@@ -79,7 +79,7 @@ impl<S> Clone for Seatbelt<S> {
 
 impl<S> AsyncCase for Seatbelt<S>
 where
-    S: layered::Service<u64, Out = Result<u64, Oops>> + Send + Sync + 'static,
+    S: layered::Service<u64, Out = Result<u64, Oops>> + 'static,
 {
     async fn call(&mut self) {
         black_box(self.0.execute(black_box(1)).await.is_ok());
@@ -341,7 +341,7 @@ pub(crate) fn tower_resilience_open(
 /// seatbelt's circuit breaker (defaults: failure threshold over a sampling window).
 pub(crate) fn seatbelt_breaker(
     rt: &tokio::runtime::Runtime,
-) -> Seatbelt<impl layered::Service<u64, Out = Result<u64, Oops>> + Send + Sync + 'static> {
+) -> Seatbelt<impl layered::Service<u64, Out = Result<u64, Oops>> + 'static> {
     use layered::Stack;
     let _enter = rt.enter();
     let context = seatbelt_context();
@@ -360,7 +360,7 @@ pub(crate) fn seatbelt_breaker(
 /// seatbelt's circuit breaker, tripped open.
 pub(crate) fn seatbelt_open(
     rt: &tokio::runtime::Runtime,
-) -> Seatbelt<impl layered::Service<u64, Out = Result<u64, Oops>> + Send + Sync + 'static> {
+) -> Seatbelt<impl layered::Service<u64, Out = Result<u64, Oops>> + 'static> {
     use layered::{Service as _, Stack};
     let _enter = rt.enter();
     let context = seatbelt_context();
@@ -514,7 +514,7 @@ pub(crate) fn tower_resilience_time_limiter(
 /// seatbelt's timeout (1 s).
 pub(crate) fn seatbelt_timeout(
     rt: &tokio::runtime::Runtime,
-) -> Seatbelt<impl layered::Service<u64, Out = Result<u64, Oops>> + Send + Sync + 'static> {
+) -> Seatbelt<impl layered::Service<u64, Out = Result<u64, Oops>> + 'static> {
     use layered::Stack;
     let _enter = rt.enter();
     let context = seatbelt_context();
@@ -587,7 +587,7 @@ pub(crate) fn tower_resilience_full_chain(
 /// (1 s per attempt). seatbelt has no bulkhead and no rate limiter.
 pub(crate) fn seatbelt_full_chain(
     rt: &tokio::runtime::Runtime,
-) -> Seatbelt<impl layered::Service<u64, Out = Result<u64, Oops>> + Send + Sync + 'static> {
+) -> Seatbelt<impl layered::Service<u64, Out = Result<u64, Oops>> + 'static> {
     use layered::Stack;
     let _enter = rt.enter();
     let context = seatbelt_context();
@@ -617,7 +617,7 @@ pub(crate) fn seatbelt_full_chain(
 /// seatbelt's retry alone (2 retries, exponential from 10 ms, jitter).
 pub(crate) fn seatbelt_retry(
     rt: &tokio::runtime::Runtime,
-) -> Seatbelt<impl layered::Service<u64, Out = Result<u64, Oops>> + Send + Sync + 'static> {
+) -> Seatbelt<impl layered::Service<u64, Out = Result<u64, Oops>> + 'static> {
     use layered::Stack;
     let _enter = rt.enter();
     let context = seatbelt_context();

@@ -220,6 +220,22 @@ pub trait SagaLog: Send + Sync + fmt::Debug + 'static {
     /// [`LogError::LeaseLost`] when the lease is no longer current.
     fn renew<'a>(&'a self, lease: &'a Lease) -> LogFuture<'a, ()>;
 
+    /// Extends many leases at once; returns how many were still current.
+    /// The default calls [`renew`](Self::renew) for each.
+    fn renew_many<'a>(&'a self, leases: &'a [Lease]) -> LogFuture<'a, usize> {
+        Box::pin(async move {
+            let mut renewed = 0;
+            for lease in leases {
+                match self.renew(lease).await {
+                    Ok(()) => renewed += 1,
+                    Err(e) if e.is_lease_lost() => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(renewed)
+        })
+    }
+
     /// Claims up to `limit` running or compensating sagas that no live worker
     /// holds, with ids greater than `after`, in id order.
     fn claim_unfinished<'a>(
@@ -240,8 +256,8 @@ pub trait SagaLog: Send + Sync + fmt::Debug + 'static {
     /// One saga's transitions in order (empty when the saga does not exist).
     fn history<'a>(&'a self, id: &'a SagaId) -> LogFuture<'a, Vec<TransitionRecord>>;
 
-    /// How often a driver must call [`renew`](Self::renew) while a step runs, or
-    /// `None` when leases do not expire.
+    /// How often the leases of sagas being driven must be renewed, or `None`
+    /// when leases do not expire.
     fn lease_renewal_interval(&self) -> Option<Duration> {
         None
     }
@@ -273,6 +289,10 @@ impl<L: SagaLog + ?Sized> SagaLog for Arc<L> {
 
     fn renew<'a>(&'a self, lease: &'a Lease) -> LogFuture<'a, ()> {
         (**self).renew(lease)
+    }
+
+    fn renew_many<'a>(&'a self, leases: &'a [Lease]) -> LogFuture<'a, usize> {
+        (**self).renew_many(leases)
     }
 
     fn claim_unfinished<'a>(

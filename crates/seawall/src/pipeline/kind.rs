@@ -16,25 +16,20 @@
 //! ```
 
 use std::fmt;
-use std::future::Future;
 use std::marker::PhantomData;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::classify::Verdict;
 use crate::context::Context;
 use crate::error::Error;
+pub use crate::fallback::BoxFallbackFuture;
+pub use crate::fallback::FallbackHandlers;
+use crate::fallback::{AsyncFallbackFn, SyncFallbackFn};
 
 type Classifier<E> = Arc<dyn Fn(&E) -> Verdict + Send + Sync>;
 type Predicate<E> = Arc<dyn Fn(&E) -> bool + Send + Sync>;
 type RetryHook<E> = Arc<dyn Fn(&E, u32, Duration) + Send + Sync>;
-type ErrorFilter<E> = Arc<dyn Fn(&Error<E>) -> bool + Send + Sync>;
-/// A boxed future returned by an async fallback.
-pub type BoxFallbackFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
-type AsyncFallbackFn<T, E> =
-    Arc<dyn Fn(Error<E>, Context) -> BoxFallbackFuture<T, E> + Send + Sync>;
-type SyncFallbackFn<T, E> = Arc<dyn Fn(Error<E>, Context) -> Result<T, E> + Send + Sync>;
 
 mod sealed {
     pub trait Sealed {}
@@ -139,38 +134,6 @@ fn keep_hint(v: Verdict, from: Verdict) -> Verdict {
     match from.retry_after() {
         Some(d) => v.with_retry_after(d),
         None => v,
-    }
-}
-
-/// The handlers of a pipeline with a fallback.
-pub struct FallbackHandlers<F, E> {
-    pub(crate) errors: ErrorHandlers<E>,
-    pub(crate) fallback: F,
-    pub(crate) when: Option<ErrorFilter<E>>,
-}
-
-impl<F: Clone, E> Clone for FallbackHandlers<F, E> {
-    fn clone(&self) -> Self {
-        FallbackHandlers {
-            errors: self.errors.clone(),
-            fallback: self.fallback.clone(),
-            when: self.when.clone(),
-        }
-    }
-}
-
-impl<F, E> fmt::Debug for FallbackHandlers<F, E> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("FallbackHandlers")
-            .field("errors", &self.errors)
-            .field("filtered", &self.when.is_some())
-            .finish()
-    }
-}
-
-impl<F, E> FallbackHandlers<F, E> {
-    fn applies(&self, e: &Error<E>) -> bool {
-        self.when.as_ref().is_none_or(|w| w(e))
     }
 }
 
@@ -358,26 +321,4 @@ impl<T: 'static, E: 'static> FallbackKind<T, E> for WithAsyncFallback<T, E> {
     fn into_errors(h: Self::Handlers) -> ErrorHandlers<E> {
         h.errors
     }
-}
-
-pub(crate) fn sync_fallback<T, E, F>(f: F) -> SyncFallbackFn<T, E>
-where
-    F: Fn(Error<E>, Context) -> Result<T, E> + Send + Sync + 'static,
-{
-    Arc::new(f)
-}
-
-pub(crate) fn async_fallback<T, E, F, Fut>(f: F) -> AsyncFallbackFn<T, E>
-where
-    F: Fn(Error<E>, Context) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Result<T, E>> + Send + 'static,
-{
-    Arc::new(move |e, c| Box::pin(f(e, c)))
-}
-
-pub(crate) fn filter<E, P>(p: P) -> ErrorFilter<E>
-where
-    P: Fn(&Error<E>) -> bool + Send + Sync + 'static,
-{
-    Arc::new(p)
 }

@@ -301,7 +301,7 @@ impl<K: Kind> PipelineBuilder<K> {
         let errors = K::into_errors(self.handlers.clone());
         self.with_handlers(FallbackHandlers {
             errors,
-            fallback: kind::async_fallback(fallback),
+            fallback: crate::fallback::async_fallback(fallback),
             when: None,
         })
     }
@@ -317,7 +317,7 @@ impl<K: Kind> PipelineBuilder<K> {
         let errors = K::into_errors(self.handlers.clone());
         self.with_handlers(FallbackHandlers {
             errors,
-            fallback: kind::sync_fallback(fallback),
+            fallback: crate::fallback::sync_fallback(fallback),
             when: None,
         })
     }
@@ -471,7 +471,7 @@ impl<T: 'static, E: 'static> PipelineBuilder<WithAsyncFallback<T, E>> {
     where
         P: Fn(&Error<E>) -> bool + Send + Sync + 'static,
     {
-        self.handlers.when = Some(kind::filter(predicate));
+        self.handlers.when = Some(crate::fallback::filter(predicate));
         self
     }
 }
@@ -483,7 +483,7 @@ impl<T: 'static, E: 'static> PipelineBuilder<WithFallback<T, E>> {
     where
         P: Fn(&Error<E>) -> bool + Send + Sync + 'static,
     {
-        self.handlers.when = Some(kind::filter(predicate));
+        self.handlers.when = Some(crate::fallback::filter(predicate));
         self
     }
 }

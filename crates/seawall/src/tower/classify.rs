@@ -113,7 +113,7 @@ impl<E> ClassifyError<E> for RetryableErrors {
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not `Clone`, so a seawall `PipelineService` cannot send it once per attempt",
     label = "requests sent through a `PipelineLayer` must be `Clone`",
-    note = "every attempt sends its own copy of the request: derive or implement `Clone` for the request type (for `http::Request<B>`, use a body that is `Clone`, such as `http_body_util::Full<Bytes>` or `String`)"
+    note = "every attempt sends its own copy of the request: derive or implement `Clone` for the request type (for `http::Request<B>`, use a body that is `Clone`, such as `http_body_util::Full<Bytes>` or `String`), or, for a pipeline without retry, make the layer with `PipelineLayer::single_attempt`"
 )]
 pub trait RetryableRequest: Sized {
     /// The copy sent by one attempt.
@@ -126,3 +126,17 @@ impl<T: Clone> RetryableRequest for T {
         self.clone()
     }
 }
+
+/// How a [`PipelineLayer`](super::PipelineLayer) made with
+/// [`PipelineLayer::new`](super::PipelineLayer::new) sends requests: each
+/// attempt sends a clone ([`RetryableRequest`]), so the pipeline may retry.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CloneRequests;
+
+/// How a [`PipelineLayer`](super::PipelineLayer) made with
+/// [`PipelineLayer::single_attempt`](super::PipelineLayer::single_attempt)
+/// sends requests: the request is moved into the call's one attempt, so it
+/// need not be `Clone` (a server's `http::Request<hyper::body::Incoming>`,
+/// say), and the pipeline has no retry.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SingleAttempt;

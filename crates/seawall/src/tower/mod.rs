@@ -7,7 +7,7 @@
 //! use std::convert::Infallible;
 //! use std::time::Duration;
 //! use seawall::tower::PipelineLayer;
-//! use seawall::{CircuitBreaker, Pipeline, Retry};
+//! use seawall::{CircuitBreaker, Pipeline, Retry, Verdict};
 //! use tower::{service_fn, ServiceBuilder, ServiceExt};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
@@ -18,7 +18,10 @@
 //!         .circuit_breaker(CircuitBreaker::consecutive_failures(5))
 //!         .timeout(Duration::from_secs(2)),
 //! )?
-//! .classify_response(seawall::http::classify_response);
+//! // `seawall::http::classify_response` (feature `http`) fits here too.
+//! .classify_response(|response: &http::Response<String>| {
+//!     response.status().is_server_error().then(Verdict::retry)
+//! });
 //!
 //! let backend = service_fn(|request: http::Request<String>| async move {
 //!     Ok::<_, Infallible>(http::Response::new(format!("stock for {}", request.uri())))
@@ -38,8 +41,14 @@
 //! service through the pipeline, so the pipeline's policies guard every
 //! attempt. The first attempt uses the service that `poll_ready` made ready
 //! (the ready service is moved into the call's future and replaced by a
-//! clone, as tower's own middleware do, so readiness is never lost on clone);
-//! later attempts wait for the inner service to be ready again first.
+//! clone, as tower's own middleware do, so readiness is never lost on
+//! clone); later attempts wait for the inner service to be ready again.
+//!
+//! A layer made by [`single_attempt`](PipelineLayer::single_attempt) moves
+//! the request into the call's one attempt instead: no retry, but any
+//! request type, such as the `Request<Incoming>` a hyper or axum server
+//! hands to its handlers, behind a circuit breaker, bulkhead, rate limiter
+//! or timeout.
 //!
 //! # Classification
 //! The layer, not the pipeline, judges each attempt:
@@ -48,9 +57,10 @@
 //!   error is a retryable failure, [`RetryableErrors`]);
 //! - a response with
 //!   [`classify_response`](PipelineLayer::classify_response) (default:
-//!   every response is a success, [`SuccessfulResponses`]); `None` means
-//!   success, a [`Verdict`] makes the response a failed attempt, e.g. a 503,
-//!   whose retry-after hint delays the retry and opens the cooldown.
+//!   every response is a success, [`SuccessfulResponses`]): `None` means
+//!   success, a [`Verdict`](crate::Verdict) makes the response a failed
+//!   attempt, e.g. a 503, whose retry-after hint delays the retry and opens
+//!   the cooldown.
 //!
 //! # What the caller gets
 //! - The response of the last attempt, **also when that response was judged
@@ -58,7 +68,8 @@
 //!   never turns a response into an error, so an HTTP client sees the last
 //!   503 with its headers and body, as it would without the layer.
 //! - [`ServiceError::Pipeline`] when the inner service failed (its error
-//!   stays typed inside [`Error::Operation`] or [`Error::RetryExhausted`]),
+//!   stays typed inside [`Error::Operation`](crate::Error::Operation) or
+//!   [`Error::RetryExhausted`](crate::Error::RetryExhausted)),
 //!   an attempt or the call timed out, a policy rejected the call (the inner
 //!   service was not called for it) or the state store failed.
 //! - [`ServiceError::NotReady`] when the inner service fails in `poll_ready`.
@@ -73,8 +84,8 @@ mod layer;
 mod service;
 
 pub use classify::{
-    AttemptFailure, ClassifyError, ClassifyResponse, RetryableErrors, RetryableRequest,
-    SuccessfulResponses,
+    AttemptFailure, ClassifyError, ClassifyResponse, CloneRequests, RetryableErrors,
+    RetryableRequest, SingleAttempt, SuccessfulResponses,
 };
 pub use error::ServiceError;
 pub use future::ResponseFuture;

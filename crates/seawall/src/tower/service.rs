@@ -2,21 +2,22 @@
 
 use std::fmt;
 use std::future::poll_fn;
+use std::marker::PhantomData;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context as TaskContext, Poll};
 
 use tower_service::Service;
 
 use super::classify::{
-    AttemptFailure, ClassifyError, ClassifyResponse, RetryableErrors, RetryableRequest,
-    SuccessfulResponses,
+    AttemptFailure, ClassifyError, ClassifyResponse, CloneRequests, RetryableErrors,
+    RetryableRequest, SingleAttempt, SuccessfulResponses,
 };
 use super::{LayerPipeline, ResponseFuture, ServiceError};
 use crate::classify::Verdict;
 use crate::context::Context;
 use crate::error::Error;
 
-impl<S, Req, R, E> Service<Req> for PipelineService<S, R, E>
+impl<S, Req, R, E> Service<Req> for PipelineService<S, R, E, CloneRequests>
 where
     S: Service<Req> + Clone + Send + 'static,
     S::Future: Send + 'static,
@@ -35,13 +36,60 @@ where
     }
 
     fn call(&mut self, request: Req) -> Self::Future {
+        self.call_with(move || request.clone_request())
+    }
+}
+
+impl<S, Req, R, E> Service<Req> for PipelineService<S, R, E, SingleAttempt>
+where
+    S: Service<Req> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Response: Send + 'static,
+    S::Error: Send + 'static,
+    Req: Send + 'static,
+    R: ClassifyResponse<S::Response> + Send + Sync + 'static,
+    E: ClassifyError<S::Error> + Send + Sync + 'static,
+{
+    type Response = S::Response;
+    type Error = ServiceError<S::Error>;
+    type Future = ResponseFuture<S::Response, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut TaskContext<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(ServiceError::NotReady)
+    }
+
+    fn call(&mut self, request: Req) -> Self::Future {
+        let mut request = Some(request);
+        // The layer refuses pipelines that retry: there is one attempt.
+        self.call_with(move || {
+            request
+                .take()
+                .expect("a single-attempt layer makes one attempt")
+        })
+    }
+}
+
+impl<S, R, E, M> PipelineService<S, R, E, M> {
+    fn call_with<Req>(
+        &mut self,
+        next_request: impl FnMut() -> Req + Send + 'static,
+    ) -> ResponseFuture<S::Response, S::Error>
+    where
+        S: Service<Req> + Clone + Send + 'static,
+        S::Future: Send + 'static,
+        S::Response: Send + 'static,
+        S::Error: Send + 'static,
+        Req: Send + 'static,
+        R: ClassifyResponse<S::Response> + Send + Sync + 'static,
+        E: ClassifyError<S::Error> + Send + Sync + 'static,
+    {
         // The ready service goes into the future; `self` keeps a clone,
         // which its caller must drive to readiness before the next call.
         let clone = self.inner.clone();
         let ready = std::mem::replace(&mut self.inner, clone);
         let pipeline = self.pipeline.clone();
         let classifiers = Arc::clone(&self.classifiers);
-        ResponseFuture::new(call_through(pipeline, classifiers, ready, request))
+        ResponseFuture::new(call_through(pipeline, classifiers, ready, next_request))
     }
 }
 
@@ -51,16 +99,17 @@ pub(super) struct Classifiers<R, E> {
     pub(super) error: E,
 }
 
-/// A service behind a pipeline, made by [`PipelineLayer`](super::PipelineLayer). Cloning it
-/// clones the inner service (not ready, as tower expects) and shares the
-/// pipeline.
-pub struct PipelineService<S, R = SuccessfulResponses, E = RetryableErrors> {
+/// A service behind a pipeline, made by
+/// [`PipelineLayer`](super::PipelineLayer). Cloning it clones the inner
+/// service (not ready, as tower expects) and shares the pipeline.
+pub struct PipelineService<S, R = SuccessfulResponses, E = RetryableErrors, M = CloneRequests> {
     pub(super) inner: S,
     pub(super) pipeline: LayerPipeline,
     pub(super) classifiers: Arc<Classifiers<R, E>>,
+    pub(super) mode: PhantomData<fn() -> M>,
 }
 
-impl<S, R, E> PipelineService<S, R, E> {
+impl<S, R, E, M> PipelineService<S, R, E, M> {
     /// The inner service.
     pub fn get_ref(&self) -> &S {
         &self.inner
@@ -82,17 +131,18 @@ impl<S, R, E> PipelineService<S, R, E> {
     }
 }
 
-impl<S: Clone, R, E> Clone for PipelineService<S, R, E> {
+impl<S: Clone, R, E, M> Clone for PipelineService<S, R, E, M> {
     fn clone(&self) -> Self {
         PipelineService {
             inner: self.inner.clone(),
             pipeline: self.pipeline.clone(),
             classifiers: Arc::clone(&self.classifiers),
+            mode: PhantomData,
         }
     }
 }
 
-impl<S: fmt::Debug, R, E> fmt::Debug for PipelineService<S, R, E> {
+impl<S: fmt::Debug, R, E, M> fmt::Debug for PipelineService<S, R, E, M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PipelineService")
             .field("inner", &self.inner)
@@ -147,11 +197,10 @@ async fn call_through<S, Req, R, E>(
     pipeline: LayerPipeline,
     classifiers: Arc<Classifiers<R, E>>,
     service: S,
-    request: Req,
+    mut next_request: impl FnMut() -> Req,
 ) -> Result<S::Response, ServiceError<S::Error>>
 where
     S: Service<Req>,
-    Req: RetryableRequest,
     R: ClassifyResponse<S::Response>,
     E: ClassifyError<S::Error>,
 {
@@ -161,7 +210,7 @@ where
         let (service, last, classifiers) = (&service, &last, &*classifiers);
         pipeline
             .run(move |ctx: Context| {
-                let request = request.clone_request();
+                let request = next_request();
                 async move {
                     let mut lease = Lease::take(service);
                     if !ctx.is_first_attempt() {
