@@ -75,6 +75,8 @@ def fmt_value(value, unit):
         return "—"
     if unit == "B":
         return f"{value:.0f} B"
+    if 0 < value < 0.01:
+        return f"{value:.5f} {unit}"
     return f"{value:.2f} {unit}".rstrip()
 
 

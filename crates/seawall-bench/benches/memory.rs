@@ -17,6 +17,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::hint::black_box;
 use std::num::NonZeroU32;
+use std::time::{Duration, Instant};
 
 use seawall::MemoryStore;
 use seawall_bench::{op, pipelines};
@@ -81,8 +82,13 @@ fn live_bytes() -> i64 {
     LIVE_CHUNK_BYTES.with(Cell::get)
 }
 
-/// Calls measured per contender, after as many for warming up.
+/// Calls measured per contender.
 const CALLS: u64 = 10_000;
+
+/// Warm-up before counting: at least this long (and [`CALLS`] calls), so
+/// that state growing with use (a sliding log over its period, a
+/// runtime's internal buffers) has reached its working size.
+const WARM_UP: Duration = Duration::from_millis(50);
 
 /// One figure of the report.
 struct Figure {
@@ -93,12 +99,30 @@ struct Figure {
 }
 
 #[derive(Default)]
-struct Report(Vec<Figure>);
+struct Report {
+    figures: Vec<Figure>,
+    /// Contenders that did not do the scenario's work.
+    failures: Vec<String>,
+}
 
 impl Report {
+    /// Adds an allocation figure after checking that every measured call
+    /// did what the scenario says: all succeeded, or (open breaker) all
+    /// were rejected.
+    fn allocs(&mut self, scenario: &str, contender: &str, counted: Counted) {
+        let expected = if scenario.contains("open") { 0 } else { CALLS };
+        if counted.ok != expected {
+            self.failures.push(format!(
+                "{scenario}, {contender}: {} of {CALLS} calls returned the operation's value, expected {expected}",
+                counted.ok
+            ));
+        }
+        self.add(scenario, contender, counted.per_call, "allocs/call");
+    }
+
     fn add(&mut self, scenario: &str, contender: &str, value: f64, unit: &'static str) {
-        println!("{scenario:<55} {contender:<36} {value:>10.1} {unit}");
-        self.0.push(Figure {
+        println!("{scenario:<55} {contender:<36} {value:>10.4} {unit}");
+        self.figures.push(Figure {
             scenario: scenario.into(),
             contender: contender.into(),
             value,
@@ -108,7 +132,7 @@ impl Report {
 
     fn json(&self) -> String {
         let rows: Vec<String> = self
-            .0
+            .figures
             .iter()
             .map(|f| {
                 format!(
@@ -121,222 +145,193 @@ impl Report {
     }
 }
 
+/// What the measured calls of a contender did.
+struct Counted {
+    /// Heap allocations per call.
+    per_call: f64,
+    /// Calls that returned the operation's own value.
+    ok: u64,
+}
+
 /// Allocations per call of a sync contender.
-fn sync_allocs(call: impl Fn()) -> f64 {
-    for _ in 0..CALLS {
-        call();
+fn sync_allocs(call: impl Fn() -> bool) -> Counted {
+    let start = Instant::now();
+    while start.elapsed() < WARM_UP {
+        for _ in 0..CALLS {
+            black_box(call());
+        }
     }
     let before = allocations();
-    for _ in 0..CALLS {
-        call();
+    let ok = (0..CALLS).filter(|_| call()).count() as u64;
+    Counted {
+        per_call: (allocations() - before) as f64 / CALLS as f64,
+        ok,
     }
-    (allocations() - before) as f64 / CALLS as f64
 }
 
 /// Allocations per call of an async contender, in one `block_on`.
-fn async_allocs<C: AsyncCase>(rt: &tokio::runtime::Runtime, mut case: C) -> f64 {
+fn async_allocs<C: AsyncCase>(rt: &tokio::runtime::Runtime, mut case: C) -> Counted {
     rt.block_on(async {
-        for _ in 0..CALLS {
-            case.call().await;
+        let start = Instant::now();
+        while start.elapsed() < WARM_UP {
+            for _ in 0..CALLS {
+                black_box(case.call().await);
+            }
         }
         let before = allocations();
+        let mut ok = 0;
         for _ in 0..CALLS {
-            case.call().await;
+            ok += u64::from(case.call().await);
         }
-        (allocations() - before) as f64 / CALLS as f64
+        Counted {
+            per_call: (allocations() - before) as f64 / CALLS as f64,
+            ok,
+        }
     })
 }
 
-fn seawall_call(p: seawall::Pipeline) -> impl Fn() {
-    move || {
-        black_box(p.call(|_| op(black_box(1))).is_ok());
-    }
+fn seawall_call(p: seawall::Pipeline) -> impl Fn() -> bool {
+    move || matches!(p.call(|_| op(black_box(1))), Ok(1))
 }
 
 fn allocations_per_call(r: &mut Report, rt: &tokio::runtime::Runtime) {
-    const UNIT: &str = "allocs/call";
     let s = "allocations per call: retry, success (sync)";
-    r.add(
-        s,
-        "seawall",
-        sync_allocs(seawall_call(pipelines::retry())),
-        UNIT,
-    );
-    r.add(s, "backon", sync_allocs(backon_sync()), UNIT);
+    r.allocs(s, "seawall", sync_allocs(seawall_call(pipelines::retry())));
+    r.allocs(s, "backon", sync_allocs(backon_sync()));
 
     let s = "allocations per call: retry, success (async)";
-    r.add(
+    r.allocs(
         s,
         "seawall",
         async_allocs(rt, SeawallAsync(pipelines::retry())),
-        UNIT,
     );
-    r.add(s, "backon", async_allocs(rt, backon_async()), UNIT);
-    r.add(s, "tower", async_allocs(rt, tower_retry()), UNIT);
-    r.add(
+    r.allocs(s, "backon", async_allocs(rt, backon_async()));
+    r.allocs(s, "tower", async_allocs(rt, tower_retry()));
+    r.allocs(
         s,
         "tower-resilience",
         async_allocs(rt, tower_resilience_retry()),
-        UNIT,
     );
-    r.add(s, "seatbelt", async_allocs(rt, seatbelt_retry(rt)), UNIT);
+    r.allocs(s, "seatbelt", async_allocs(rt, seatbelt_retry(rt)));
 
     let s = "allocations per call: breaker closed (sync)";
-    r.add(
+    r.allocs(
         s,
         "seawall",
         sync_allocs(seawall_call(pipelines::breaker())),
-        UNIT,
     );
     let rc = recloser();
-    r.add(s, "recloser", sync_allocs(|| recloser_call(&rc)), UNIT);
+    r.allocs(s, "recloser", sync_allocs(|| recloser_call(&rc)));
     let fs = failsafe();
-    r.add(s, "failsafe", sync_allocs(|| failsafe_call(&*fs)), UNIT);
+    r.allocs(s, "failsafe", sync_allocs(|| failsafe_call(&*fs)));
 
     let s = "allocations per call: breaker closed (async)";
-    r.add(
+    r.allocs(
         s,
         "seawall",
         async_allocs(rt, SeawallAsync(pipelines::breaker())),
-        UNIT,
     );
-    r.add(
+    r.allocs(
         s,
         "tower-resilience",
         async_allocs(rt, tower_resilience_breaker()),
-        UNIT,
     );
-    r.add(s, "seatbelt", async_allocs(rt, seatbelt_breaker(rt)), UNIT);
+    r.allocs(s, "seatbelt", async_allocs(rt, seatbelt_breaker(rt)));
 
     let s = "allocations per call: breaker open (sync)";
-    r.add(
+    r.allocs(
         s,
         "seawall",
         sync_allocs(seawall_call(pipelines::open_breaker())),
-        UNIT,
     );
     let rc = recloser_open();
-    r.add(s, "recloser", sync_allocs(|| recloser_call(&rc)), UNIT);
+    r.allocs(s, "recloser", sync_allocs(|| recloser_call(&rc)));
     let fs = failsafe_open();
-    r.add(s, "failsafe", sync_allocs(|| failsafe_call(&*fs)), UNIT);
+    r.allocs(s, "failsafe", sync_allocs(|| failsafe_call(&*fs)));
 
     let s = "allocations per call: breaker open (async)";
-    r.add(
+    r.allocs(
         s,
         "seawall",
         async_allocs(rt, SeawallAsync(pipelines::open_breaker())),
-        UNIT,
     );
-    r.add(
+    r.allocs(
         s,
         "tower-resilience",
         async_allocs(rt, tower_resilience_open(rt)),
-        UNIT,
     );
-    r.add(s, "seatbelt", async_allocs(rt, seatbelt_open(rt)), UNIT);
+    r.allocs(s, "seatbelt", async_allocs(rt, seatbelt_open(rt)));
 
     let s = "allocations per call: rate limiter, GCRA (sync)";
-    r.add(
-        s,
-        "seawall",
-        sync_allocs(seawall_call(pipelines::gcra())),
-        UNIT,
-    );
+    r.allocs(s, "seawall", sync_allocs(seawall_call(pipelines::gcra())));
     let gv = governor();
-    r.add(s, "governor", sync_allocs(|| governor_check(&gv)), UNIT);
+    r.allocs(s, "governor", sync_allocs(|| governor_check(&gv)));
 
     let s = "allocations per call: rate limiter, sliding window (async)";
-    r.add(
+    r.allocs(
         s,
         "seawall",
         async_allocs(rt, SeawallAsync(pipelines::sliding_window())),
-        UNIT,
     );
-    r.add(
+    r.allocs(
         s,
         "tower-resilience",
         async_allocs(rt, tower_resilience_sliding_log()),
-        UNIT,
     );
 
     let s = "allocations per call: bulkhead (async)";
-    r.add(
+    r.allocs(
         s,
         "seawall",
         async_allocs(rt, SeawallAsync(pipelines::bulkhead())),
-        UNIT,
     );
-    r.add(
-        s,
-        "tokio Semaphore",
-        async_allocs(rt, semaphore_async()),
-        UNIT,
-    );
-    r.add(
+    r.allocs(s, "tokio Semaphore", async_allocs(rt, semaphore_async()));
+    r.allocs(
         s,
         "tower-resilience",
         async_allocs(rt, tower_resilience_bulkhead()),
-        UNIT,
     );
 
     let s = "allocations per call: timeout (async)";
-    r.add(
+    r.allocs(
         s,
         "seawall",
         async_allocs(rt, SeawallAsync(pipelines::timeout())),
-        UNIT,
     );
-    r.add(
-        s,
-        "tokio::time::timeout",
-        async_allocs(rt, tokio_timeout()),
-        UNIT,
-    );
-    r.add(s, "tower", async_allocs(rt, tower_timeout()), UNIT);
-    r.add(
+    r.allocs(s, "tokio::time::timeout", async_allocs(rt, tokio_timeout()));
+    r.allocs(s, "tower", async_allocs(rt, tower_timeout()));
+    r.allocs(
         s,
         "tower-resilience",
         async_allocs(rt, tower_resilience_time_limiter()),
-        UNIT,
     );
-    r.add(s, "seatbelt", async_allocs(rt, seatbelt_timeout(rt)), UNIT);
+    r.allocs(s, "seatbelt", async_allocs(rt, seatbelt_timeout(rt)));
 
     let s = "allocations per call: full chain (async)";
-    r.add(
+    r.allocs(
         s,
         "seawall",
         async_allocs(rt, SeawallAsync(pipelines::full_chain())),
-        UNIT,
     );
-    r.add(
+    r.allocs(
         s,
         "tower-resilience",
         async_allocs(rt, tower_resilience_full_chain()),
-        UNIT,
     );
-    r.add(
-        s,
-        "seatbelt",
-        async_allocs(rt, seatbelt_full_chain(rt)),
-        UNIT,
-    );
+    r.allocs(s, "seatbelt", async_allocs(rt, seatbelt_full_chain(rt)));
 
     let s = "allocations per call: full chain (sync)";
     let p = pipelines::full_chain();
-    r.add(
+    r.allocs(
         s,
         "seawall",
-        sync_allocs(|| {
-            black_box(p.call(|_| op(black_box(1))).is_ok());
-        }),
-        UNIT,
+        sync_allocs(|| matches!(p.call(|_| op(black_box(1))), Ok(1))),
     );
     let chain = AssembledSyncChain::new();
-    r.add(
+    r.allocs(
         s,
         "backon+recloser+governor+Semaphore",
         sync_allocs(|| chain.call()),
-        UNIT,
     );
 }
 
@@ -453,5 +448,11 @@ fn main() {
     if let Ok(path) = std::env::var("SEAWALL_BENCH_MEMORY_OUT") {
         std::fs::write(&path, report.json()).expect("write the memory report");
         println!("wrote {path}");
+    }
+    if !report.failures.is_empty() {
+        for f in &report.failures {
+            eprintln!("contender check failed: {f}");
+        }
+        std::process::exit(1);
     }
 }

@@ -16,6 +16,7 @@
 // `criterion_group!` generates an undocumented public function.
 #![allow(missing_docs)]
 
+use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::measurement::WallTime;
@@ -38,7 +39,7 @@ fn runtime() -> tokio::runtime::Runtime {
 /// Benchmarks a sync contender: `call` makes one call.
 fn sync_case<F>(g: &mut BenchmarkGroup<'_, WallTime>, name: &str, call: F)
 where
-    F: Fn() + Clone + Send + Sync,
+    F: Fn() -> bool + Clone + Send + Sync,
 {
     for threads in THREADS {
         let mut states: Vec<F> = (0..threads).map(|_| call.clone()).collect();
@@ -46,7 +47,7 @@ where
             b.iter_custom(|iters| {
                 run_parallel(&mut states, iters, |call, n| {
                     for _ in 0..n {
-                        call();
+                        black_box(call());
                     }
                 })
             })
@@ -65,7 +66,7 @@ fn async_case<C: AsyncCase>(g: &mut BenchmarkGroup<'_, WallTime>, name: &str, ca
                 run_parallel(&mut states, iters, |(rt, case), n| {
                     rt.block_on(async {
                         for _ in 0..n {
-                            case.call().await;
+                            black_box(case.call().await);
                         }
                     })
                 })
@@ -75,10 +76,8 @@ fn async_case<C: AsyncCase>(g: &mut BenchmarkGroup<'_, WallTime>, name: &str, ca
 }
 
 /// A seawall pipeline called with `call`.
-fn seawall_sync(p: seawall::Pipeline) -> impl Fn() + Clone + Send + Sync {
-    move || {
-        std::hint::black_box(p.call(|_| op(std::hint::black_box(1))).is_ok());
-    }
+fn seawall_sync(p: seawall::Pipeline) -> impl Fn() -> bool + Clone + Send + Sync {
+    move || matches!(p.call(|_| op(black_box(1))), Ok(1))
 }
 
 fn retry(c: &mut Criterion) {
@@ -207,7 +206,7 @@ fn full_chain(c: &mut Criterion) {
     let mut g = c.benchmark_group("full chain (sync)");
     let p = pipelines::full_chain();
     sync_case(&mut g, "seawall", move || {
-        std::hint::black_box(p.call(|_| op(std::hint::black_box(1))).is_ok());
+        matches!(p.call(|_| op(black_box(1))), Ok(1))
     });
     let chain = AssembledSyncChain::new();
     sync_case(&mut g, "backon+recloser+governor+Semaphore", move || {

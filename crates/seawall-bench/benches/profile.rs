@@ -19,24 +19,22 @@ use seawall_bench::{op, pipelines};
 mod common;
 use common::*;
 
-fn sync_loop(n: u64, call: impl Fn()) {
+fn sync_loop(n: u64, call: impl Fn() -> bool) {
     for _ in 0..n {
-        call();
+        black_box(call());
     }
 }
 
 fn async_loop<C: AsyncCase>(rt: &tokio::runtime::Runtime, n: u64, mut case: C) {
     rt.block_on(async {
         for _ in 0..n {
-            case.call().await;
+            black_box(case.call().await);
         }
     });
 }
 
-fn seawall_call(p: seawall::Pipeline) -> impl Fn() {
-    move || {
-        black_box(p.call(|_| op(black_box(1))).is_ok());
-    }
+fn seawall_call(p: seawall::Pipeline) -> impl Fn() -> bool {
+    move || matches!(p.call(|_| op(black_box(1))), Ok(1))
 }
 
 const CONTENDERS: &[&str] = &[
@@ -88,9 +86,7 @@ fn main() {
         "bulkhead" => sync_loop(n, seawall_call(pipelines::bulkhead())),
         "full" => {
             let p = pipelines::full_chain();
-            sync_loop(n, || {
-                black_box(p.call(|_| op(black_box(1))).is_ok());
-            })
+            sync_loop(n, || matches!(p.call(|_| op(black_box(1))), Ok(1)))
         }
         "async-retry" => async_loop(&rt, n, SeawallAsync(pipelines::retry())),
         "async-breaker" => async_loop(&rt, n, SeawallAsync(pipelines::breaker())),

@@ -76,7 +76,10 @@ pub(crate) fn classify(error: &FetchError) -> Verdict {
             status,
             retry_after,
         } => {
-            let verdict = if status.is_server_error() || *status == StatusCode::TOO_MANY_REQUESTS {
+            let verdict = if *status == StatusCode::TOO_MANY_REQUESTS {
+                // healthy but busy: retried later, not held against it
+                Verdict::throttled()
+            } else if status.is_server_error() {
                 Verdict::retry()
             } else {
                 Verdict::abort()
@@ -171,8 +174,9 @@ mod tests {
         let v = classify(&status(429, Some(2)));
         assert_eq!(
             (v.kind(), v.retry_after()),
-            (VerdictKind::Retry, Some(Duration::from_secs(2)))
+            (VerdictKind::Throttled, Some(Duration::from_secs(2)))
         );
+        assert!(v.is_retryable() && !v.is_failure());
         let v = classify(&status(503, None));
         assert_eq!((v.kind(), v.retry_after()), (VerdictKind::Retry, None));
         assert!(classify(&FetchError::Timeout(Duration::from_millis(5))).is_retryable());

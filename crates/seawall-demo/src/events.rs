@@ -103,6 +103,20 @@ async fn print_lines(
 }
 
 fn add(pending: &mut Vec<Line>, at: Instant, kind: &EventKind) {
+    // Calls and attempts that went well are the summary's business; a line
+    // for each would drown the events that tell the story.
+    if matches!(
+        kind,
+        EventKind::AttemptFinished {
+            outcome: AttemptOutcome::Success,
+            ..
+        } | EventKind::CallFinished {
+            outcome: CallOutcome::Success,
+            ..
+        }
+    ) {
+        return;
+    }
     let (colour, text, figure) = describe(kind);
     if let Some(line) = pending.iter_mut().find(|l| l.text == text) {
         line.count += 1;

@@ -166,6 +166,16 @@ where
     (lat, total)
 }
 
+/// Runs `time_async` as a task on `rt` (where a service's handlers run:
+/// on a worker thread, beside the connection's driver).
+fn time_on<F, Fut>(rt: &tokio::runtime::Runtime, n: usize, f: F) -> (Vec<Duration>, Duration)
+where
+    F: FnMut() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    rt.block_on(rt.spawn(time_async(n, f))).unwrap()
+}
+
 fn time_sync(n: usize, mut f: impl FnMut()) -> (Vec<Duration>, Duration) {
     let mut lat = Vec::with_capacity(n);
     let start = Instant::now();
@@ -200,10 +210,16 @@ fn script_calls(url: &str) -> u64 {
 fn script_usec(url: &str) -> f64 {
     let client = redis::Client::open(url).unwrap();
     let mut c = client.get_connection().unwrap();
-    let info: String = redis::cmd("INFO").arg("commandstats").query(&mut c).unwrap();
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut c)
+        .unwrap();
     info.lines()
         .find(|l| l.starts_with("cmdstat_evalsha:"))
-        .and_then(|l| l.split(',').find_map(|kv| kv.strip_prefix("usec_per_call=")))
+        .and_then(|l| {
+            l.split(',')
+                .find_map(|kv| kv.strip_prefix("usec_per_call="))
+        })
         .and_then(|v| v.parse().ok())
         .unwrap_or(0.0)
 }
@@ -217,7 +233,11 @@ fn reset_stats(url: &str) {
 /// A multi-thread runtime with one worker, as `#[tokio::main]` gives
 /// (with as many workers as cores).
 fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap()
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap()
 }
 
 /// The operation: trivial, so that its latency is the chain's overhead.
@@ -232,26 +252,25 @@ fn child(a: &Args, url: &str) {
         .build()
         .unwrap();
     let p = chain(store);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
+    let rt = runtime();
+    let (calls, start_ms) = (a.calls, a.start_ms);
+    let task = rt.spawn(async move {
         for _ in 0..500 {
             p.run(|_| op()).await.unwrap();
         }
         let now = unix_ms();
-        if a.start_ms > now {
-            tokio::time::sleep(Duration::from_millis(a.start_ms - now)).await;
+        if start_ms > now {
+            tokio::time::sleep(Duration::from_millis(start_ms - now)).await;
         }
-        let (lat, total) = time_async(a.calls, || async {
+        time_async(calls, || async {
             p.run(|_| op()).await.unwrap();
         })
-        .await;
-        let micros: Vec<String> = lat.iter().map(|d| d.as_nanos().to_string()).collect();
-        println!("TOTAL_NS {}", total.as_nanos());
-        println!("LAT_NS {}", micros.join(","));
+        .await
     });
+    let (lat, total) = rt.block_on(task).unwrap();
+    let nanos: Vec<String> = lat.iter().map(|d| d.as_nanos().to_string()).collect();
+    println!("TOTAL_NS {}", total.as_nanos());
+    println!("LAT_NS {}", nanos.join(","));
 }
 
 fn main() {
@@ -276,15 +295,25 @@ fn main() {
         .build()
         .unwrap();
     let p = chain(store.clone());
-    let rt = tokio::runtime::Builder::new_current_thread()
+    let rt = runtime();
+    let current = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
 
     // Warm up every path.
-    rt.block_on(async {
+    {
+        let (p, store) = (p.clone(), store.clone());
+        time_on(&rt, 1000, move || {
+            let (p, store) = (p.clone(), store.clone());
+            async move {
+                store.ping_async().await.unwrap();
+                p.run(|_| op()).await.unwrap();
+            }
+        });
+    }
+    current.block_on(async {
         for _ in 0..1000 {
-            store.ping_async().await.unwrap();
             p.run(|_| op()).await.unwrap();
         }
     });
@@ -293,26 +322,41 @@ fn main() {
         p.call(|_| Ok::<u64, std::io::Error>(1)).unwrap();
     }
 
-    let (ping_async, _) = rt.block_on(time_async(n, || async {
-        store.ping_async().await.unwrap();
-    }));
+    let (ping_async, _) = {
+        let store = store.clone();
+        time_on(&rt, n, move || {
+            let store = store.clone();
+            async move {
+                store.ping_async().await.unwrap();
+            }
+        })
+    };
     let (ping_sync, _) = time_sync(n, || {
         store.ping().unwrap();
     });
-    let (bare, _) = rt.block_on(time_async(n, || async {
+    let (bare, _) = time_on(&rt, n, || async {
         op().await.unwrap();
-    }));
+    });
 
     reset_stats(&url);
-    let (run_lat, run_total) = rt.block_on(time_async(n, || async {
-        p.run(|_| op()).await.unwrap();
-    }));
+    let (run_lat, run_total) = {
+        let p = p.clone();
+        time_on(&rt, n, move || {
+            let p = p.clone();
+            async move {
+                p.run(|_| op()).await.unwrap();
+            }
+        })
+    };
     let run_trips = script_calls(&url) as f64 / n as f64;
+    let run_usec = script_usec(&url);
 
     // A current-thread runtime awaits every record (two round trips).
+    reset_stats(&url);
     let (current_lat, current_total) = current.block_on(time_async(n, || async {
         p.run(|_| op()).await.unwrap();
     }));
+    let current_trips = script_calls(&url) as f64 / n as f64;
 
     reset_stats(&url);
     let (call_lat, call_total) = time_sync(n, || {
@@ -328,16 +372,13 @@ fn main() {
     let children: Vec<Child> = (0..4)
         .map(|_| {
             Command::new(&exe)
+                .args(["--child", "--url", &url, "--prefix", &a.prefix])
                 .args([
-                    "--child",
-                    "--url",
-                    &url,
-                    "--prefix",
-                    &a.prefix,
                     "--calls",
                     &n.to_string(),
+                    "--start-ms",
+                    &start_ms.to_string(),
                 ])
-                .args(["--start-ms", &start_ms.to_string()])
                 .stdout(Stdio::piped())
                 .spawn()
                 .unwrap()
@@ -363,11 +404,9 @@ fn main() {
     multi_lat.sort();
     // Each child also warmed up with 500 calls.
     let multi_trips = script_calls(&url) as f64 / (4 * (n + 500)) as f64;
-    let multi_usec = script_usec(&url);
 
     let ping_p50 = percentile(&ping_async, 0.5);
     let ping_sync_p50 = percentile(&ping_sync, 0.5);
-    let bare_p50 = percentile(&bare, 0.5);
     let added = |lat: &[Duration], p: f64| percentile(lat, p).saturating_sub(percentile(&bare, p));
 
     println!("seawall-redis bench: {n} calls per measurement, redis at {url}");
@@ -380,15 +419,16 @@ fn main() {
         us(ping_p50),
         us(ping_sync_p50)
     );
-    println!("bare operation p50: {}", us(bare_p50));
+    println!("bare operation p50: {}", us(percentile(&bare, 0.5)));
+    println!("server time per script call: {run_usec:.1} us (INFO commandstats)");
     println!();
     println!(
-        "{:<28} {:>12} {:>14} {:>14} {:>16}",
+        "{:<34} {:>10} {:>12} {:>12} {:>17}",
         "", "calls/s", "added p50", "added p99", "round trips/call"
     );
     let row = |name: &str, lat: &[Duration], calls: f64, secs: f64, trips: f64| {
         println!(
-            "{name:<28} {:>12.0} {:>14} {:>14} {:>16.2}",
+            "{name:<34} {:>10.0} {:>12} {:>12} {:>17.2}",
             calls / secs,
             us(added(lat, 0.5)),
             us(added(lat, 0.99)),
@@ -401,6 +441,13 @@ fn main() {
         n as f64,
         run_total.as_secs_f64(),
         run_trips,
+    );
+    row(
+        "1 process, async run, current-thread",
+        &current_lat,
+        n as f64,
+        current_total.as_secs_f64(),
+        current_trips,
     );
     row(
         "1 process, sync call",
@@ -417,11 +464,13 @@ fn main() {
         multi_trips,
     );
     println!();
-    let ratio = added(&run_lat, 0.5).as_secs_f64() / ping_p50.as_secs_f64();
-    let ratio_sync = added(&call_lat, 0.5).as_secs_f64() / ping_sync_p50.as_secs_f64();
-    let ratio_current = added(&current_lat, 0.5).as_secs_f64() / ping_p50.as_secs_f64();
+    let ratio =
+        |lat: &[Duration], ping: Duration| added(lat, 0.5).as_secs_f64() / ping.as_secs_f64();
     println!(
-        "added p50 / PING p50: async {ratio:.2}x, async on 1 thread {ratio_current:.2}x, sync {ratio_sync:.2}x (target < 2x)"
+        "added p50 / PING p50 (target < 2x): async run {:.2}x, current-thread {:.2}x, sync call {:.2}x (vs blocking PING)",
+        ratio(&run_lat, ping_p50),
+        ratio(&current_lat, ping_p50),
+        ratio(&call_lat, ping_sync_p50)
     );
     drop(server);
 }

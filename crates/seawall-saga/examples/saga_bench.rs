@@ -202,8 +202,7 @@ async fn pg_log(url: &str, schema: &str, worker: &str, lease: Duration) -> Postg
         PostgresOptions::new()
             .schema(schema)
             .worker_name(worker)
-            .lease(lease)
-            .connections(2),
+            .lease(lease),
     )
     .await
     .expect("postgres log")

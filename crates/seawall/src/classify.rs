@@ -20,6 +20,11 @@ pub enum VerdictKind {
     /// Neither a failure nor a success: not retried and not recorded by the
     /// circuit breaker at all.
     Ignore,
+    /// The dependency is healthy but asks its callers to slow down (an HTTP
+    /// 429): retried, after the retry-after hint if there is one, which also
+    /// opens the [`Cooldown`](crate::Cooldown); not recorded by the circuit
+    /// breaker, since throttling is not a failure of the dependency.
+    Throttled,
 }
 
 /// The judgement of one error: a [`VerdictKind`] plus an optional
@@ -50,6 +55,10 @@ impl Verdict {
     pub const fn ignore() -> Self {
         Verdict::of(VerdictKind::Ignore)
     }
+    /// Throttled: retried, not a failure of the dependency.
+    pub const fn throttled() -> Self {
+        Verdict::of(VerdictKind::Throttled)
+    }
     /// A verdict of the given kind.
     pub const fn of(kind: VerdictKind) -> Self {
         Verdict {
@@ -72,7 +81,7 @@ impl Verdict {
     }
     /// `true` when the error may be retried.
     pub const fn is_retryable(&self) -> bool {
-        matches!(self.kind, VerdictKind::Retry)
+        matches!(self.kind, VerdictKind::Retry | VerdictKind::Throttled)
     }
     /// `true` when the error counts against the dependency (circuit breaker).
     pub const fn is_failure(&self) -> bool {
@@ -96,6 +105,7 @@ mod tests {
         assert!(!Verdict::failure().is_retryable() && Verdict::failure().is_failure());
         assert!(!Verdict::abort().is_retryable() && !Verdict::abort().is_failure());
         assert!(!Verdict::ignore().is_retryable() && !Verdict::ignore().is_failure());
+        assert!(Verdict::throttled().is_retryable() && !Verdict::throttled().is_failure());
         let v = Verdict::retry().with_retry_after(Duration::from_secs(3));
         assert_eq!(v.retry_after(), Some(Duration::from_secs(3)));
         assert_eq!(Verdict::default(), Verdict::retry());

@@ -5,7 +5,7 @@
 //! | --- | --- |
 //! | 1xx, 2xx, 3xx | success (`None`) |
 //! | 408 Request Timeout | [`Verdict::retry`] |
-//! | 429 Too Many Requests | [`Verdict::retry`], with the `Retry-After` hint if any |
+//! | 429 Too Many Requests | [`Verdict::throttled`] (retried, not a failure of the dependency), with the `Retry-After` hint if any |
 //! | 503 Service Unavailable | [`Verdict::retry`], with the `Retry-After` hint if any |
 //! | other 5xx | [`Verdict::retry`] |
 //! | other 4xx | [`Verdict::abort`]: the request is wrong, the server is fine |
@@ -71,7 +71,12 @@ pub fn classify_status(status: StatusCode, headers: &HeaderMap) -> Option<Verdic
         100..=399 => return None,
         408 => Verdict::retry(),
         429 | 503 => {
-            let verdict = Verdict::retry();
+            // 429: the dependency is fine and asks us to slow down; 503: it is not.
+            let verdict = if code == 429 {
+                Verdict::throttled()
+            } else {
+                Verdict::retry()
+            };
             return Some(match retry_after(headers) {
                 Some(wait) if !wait.is_zero() => verdict.with_retry_after(wait),
                 _ => verdict,
@@ -192,9 +197,10 @@ mod tests {
         for code in [100, 101, 200, 204, 301, 304, 399] {
             assert_eq!(kind(code), None, "{code}");
         }
-        for code in [408, 429, 500, 502, 503, 504, 599] {
+        for code in [408, 500, 502, 503, 504, 599] {
             assert_eq!(kind(code), Some(VerdictKind::Retry), "{code}");
         }
+        assert_eq!(kind(429), Some(VerdictKind::Throttled));
         for code in [400, 401, 403, 404, 409, 422, 499] {
             assert_eq!(kind(code), Some(VerdictKind::Abort), "{code}");
         }

@@ -422,3 +422,26 @@ fn partitions_have_their_own_state() {
     );
     assert!(p.partitions() >= 3);
 }
+
+#[test]
+fn throttling_is_retried_but_never_trips_the_circuit() {
+    let clock = VirtualClock::new();
+    let p = Pipeline::builder("s-throttled")
+        .retry(Retry::constant(ms(1)).max_attempts(3))
+        .circuit_breaker(CircuitBreaker::consecutive_failures(2))
+        .store(MemoryStore::new())
+        .clock(clock.clone())
+        .classify(|_: &Fail| Verdict::throttled().with_retry_after(secs(2)))
+        .build()
+        .unwrap();
+    let mut calls = 0;
+    let r = p.call(|_| {
+        calls += 1;
+        Err::<(), _>(Fail)
+    });
+    assert_eq!(calls, 3, "throttling is retried");
+    assert!(matches!(r, Err(Error::RetryExhausted { attempts: 3, .. })));
+    assert_eq!(clock.now(), secs(4), "each retry waited for the hint");
+    assert_eq!(p.circuit_state().unwrap(), CircuitState::Closed);
+    assert_eq!(p.circuit_metrics().unwrap().failures, 0);
+}

@@ -26,8 +26,9 @@ use tower::{Layer, Service, ServiceBuilder, ServiceExt};
 
 /// One async call of a contender; clones share the contender's state.
 pub(crate) trait AsyncCase: Clone + Send + 'static {
-    /// Makes one call and consumes its result.
-    fn call(&mut self) -> impl Future<Output = ()>;
+    /// Makes one call; `true` when it returned the operation's own value
+    /// (not an error, not a fallback value).
+    fn call(&mut self) -> impl Future<Output = bool>;
 }
 
 /// A seawall pipeline called with `run`.
@@ -40,14 +41,14 @@ impl<K: Kind> Clone for SeawallAsync<K> {
 }
 
 impl AsyncCase for SeawallAsync<AnyResult> {
-    async fn call(&mut self) {
-        black_box(self.0.run(|_| async { op(black_box(1)) }).await.is_ok());
+    async fn call(&mut self) -> bool {
+        matches!(self.0.run(|_| async { op(black_box(1)) }).await, Ok(1))
     }
 }
 
 impl AsyncCase for SeawallAsync<seawall::pipeline::WithFallback<u64, Oops>> {
-    async fn call(&mut self) {
-        black_box(self.0.run(|_| async { op(black_box(1)) }).await.is_ok());
+    async fn call(&mut self) -> bool {
+        matches!(self.0.run(|_| async { op(black_box(1)) }).await, Ok(1))
     }
 }
 
@@ -59,12 +60,12 @@ impl<S> AsyncCase for Tower<S>
 where
     S: Service<u64, Response = u64> + Clone + Send + 'static,
 {
-    async fn call(&mut self) {
+    async fn call(&mut self) -> bool {
         let ready = match self.0.ready().await {
             Ok(s) => s,
-            Err(_) => return,
+            Err(_) => return false,
         };
-        black_box(ready.call(black_box(1)).await.is_ok());
+        matches!(ready.call(black_box(1)).await, Ok(1))
     }
 }
 
@@ -81,8 +82,8 @@ impl<S> AsyncCase for Seatbelt<S>
 where
     S: layered::Service<u64, Out = Result<u64, Oops>> + 'static,
 {
-    async fn call(&mut self) {
-        black_box(self.0.execute(black_box(1)).await.is_ok());
+    async fn call(&mut self) -> bool {
+        matches!(self.0.execute(black_box(1)).await, Ok(1))
     }
 }
 
@@ -95,8 +96,8 @@ where
     F: Fn() -> Fut + Clone + Send + 'static,
     Fut: Future<Output = bool>,
 {
-    async fn call(&mut self) {
-        black_box((self.0)().await);
+    async fn call(&mut self) -> bool {
+        (self.0)().await
     }
 }
 
@@ -163,11 +164,11 @@ pub(crate) fn backon_builder() -> backon::ExponentialBuilder {
 }
 
 /// backon, blocking: one call.
-pub(crate) fn backon_sync() -> impl Fn() + Clone + Send + Sync {
+pub(crate) fn backon_sync() -> impl Fn() -> bool + Clone + Send + Sync {
     let builder = backon_builder();
     move || {
         use backon::BlockingRetryable;
-        black_box((|| op(black_box(1))).retry(builder).call().is_ok());
+        matches!((|| op(black_box(1))).retry(builder).call(), Ok(1))
     }
 }
 
@@ -176,7 +177,7 @@ pub(crate) fn backon_async() -> impl AsyncCase {
     let builder = backon_builder();
     Closure(move || async move {
         use backon::Retryable;
-        (|| async { op(black_box(1)) }).retry(builder).await.is_ok()
+        matches!((|| async { op(black_box(1)) }).retry(builder).await, Ok(1))
     })
 }
 
@@ -234,8 +235,8 @@ pub(crate) fn recloser() -> Arc<recloser::Recloser> {
 }
 
 /// recloser, one call.
-pub(crate) fn recloser_call(r: &recloser::Recloser) {
-    black_box(r.call(|| op(black_box(1))).is_ok());
+pub(crate) fn recloser_call(r: &recloser::Recloser) -> bool {
+    matches!(r.call(|| op(black_box(1))), Ok(1))
 }
 
 /// recloser, tripped open.
@@ -265,8 +266,8 @@ pub(crate) fn failsafe_consecutive() -> Arc<impl failsafe::CircuitBreaker + Send
 }
 
 /// failsafe, one call.
-pub(crate) fn failsafe_call(cb: &impl failsafe::CircuitBreaker) {
-    black_box(cb.call(|| op(black_box(1))).is_ok());
+pub(crate) fn failsafe_call(cb: &impl failsafe::CircuitBreaker) -> bool {
+    matches!(cb.call(|| op(black_box(1))), Ok(1))
 }
 
 /// failsafe, tripped open (a one-hour backoff).
@@ -402,8 +403,8 @@ pub(crate) fn governor() -> Arc<governor::DefaultDirectRateLimiter> {
 }
 
 /// governor, one `check()`.
-pub(crate) fn governor_check(l: &governor::DefaultDirectRateLimiter) {
-    black_box(l.check().is_ok());
+pub(crate) fn governor_check(l: &governor::DefaultDirectRateLimiter) -> bool {
+    l.check().is_ok() && op(black_box(1)) == Ok(1)
 }
 
 /// tower-resilience's token bucket (its GCRA equivalent): 10^9 per second,
@@ -455,9 +456,9 @@ pub(crate) fn semaphore() -> Arc<tokio::sync::Semaphore> {
 
 /// One sync bulkhead round on the semaphore: `try_acquire`, the operation,
 /// drop of the permit.
-pub(crate) fn semaphore_call(s: &tokio::sync::Semaphore) {
+pub(crate) fn semaphore_call(s: &tokio::sync::Semaphore) -> bool {
     let permit = s.try_acquire();
-    black_box(permit.is_ok() && op(black_box(1)).is_ok());
+    permit.is_ok() && op(black_box(1)) == Ok(1)
 }
 
 /// One async bulkhead round on the semaphore: `acquire().await`, the
@@ -468,7 +469,7 @@ pub(crate) fn semaphore_async() -> impl AsyncCase {
         let s = Arc::clone(&s);
         async move {
             let permit = s.acquire().await;
-            permit.is_ok() && op(black_box(1)).is_ok()
+            permit.is_ok() && op(black_box(1)) == Ok(1)
         }
     })
 }
@@ -490,7 +491,7 @@ pub(crate) fn tokio_timeout() -> impl AsyncCase {
     Closure(|| async {
         tokio::time::timeout(Duration::from_secs(1), async { op(black_box(1)) })
             .await
-            .is_ok_and(|r| r.is_ok())
+            .is_ok_and(|r| r == Ok(1))
     })
 }
 
@@ -656,8 +657,8 @@ impl AssembledSyncChain {
         }
     }
 
-    /// One call.
-    pub(crate) fn call(&self) {
+    /// One call; `true` when it returned the operation's value.
+    pub(crate) fn call(&self) -> bool {
         use backon::BlockingRetryable;
         let attempt = || {
             self.breaker
@@ -668,6 +669,7 @@ impl AssembledSyncChain {
                 })
                 .map_err(|_| Oops)
         };
-        black_box(attempt.retry(self.retry).call().unwrap_or(0));
+        // The fallback value, 0, is never the operation's.
+        attempt.retry(self.retry).call().unwrap_or(0) == 1
     }
 }

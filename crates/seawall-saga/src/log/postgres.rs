@@ -51,7 +51,7 @@ use crate::transition::{Encoded, SagaStatus, Transition, TransitionRecord};
 ///
 /// # Default
 ///
-/// Schema `seawall_saga`, lease 30 s, 2 connections, connect timeout 5 s,
+/// Schema `seawall_saga`, lease 30 s, 8 connections, connect timeout 5 s,
 /// operation timeout 30 s, a generated worker name.
 #[derive(Clone, Debug)]
 pub struct PostgresOptions {
@@ -69,7 +69,7 @@ impl PostgresOptions {
         PostgresOptions {
             schema: "seawall_saga".into(),
             lease: Duration::from_secs(30),
-            connections: 2,
+            connections: 8,
             connect_timeout: Duration::from_secs(5),
             operation_timeout: Duration::from_secs(30),
             worker_name: None,
@@ -90,8 +90,10 @@ impl PostgresOptions {
         self
     }
 
-    /// How many connections this log keeps (at least 1). Statements of
-    /// concurrent sagas are pipelined on them.
+    /// How many connections this log keeps (at least 1), opened as needed.
+    /// Each append is its own commit and a connection runs one statement at a
+    /// time, so throughput with many concurrent sagas grows with this number
+    /// (the server flushes concurrent commits together).
     pub fn connections(mut self, connections: usize) -> Self {
         self.connections = connections.max(1);
         self

@@ -397,12 +397,10 @@ impl<K: Kind> Pipeline<K> {
     }
 
     fn outcome_of(verdict: Verdict) -> Outcome {
-        if verdict.is_failure() {
-            Outcome::Failure
-        } else if verdict.kind() == crate::VerdictKind::Ignore {
-            Outcome::Ignored
-        } else {
-            Outcome::Success
+        match verdict.kind() {
+            crate::VerdictKind::Ignore | crate::VerdictKind::Throttled => Outcome::Ignored,
+            _ if verdict.is_failure() => Outcome::Failure,
+            _ => Outcome::Success,
         }
     }
 
