@@ -214,10 +214,13 @@ impl Link {
     /// dropped, never reused.
     fn with_sync<T>(
         &self,
+        ordered: bool,
         f: impl FnOnce(&mut redis::Connection) -> redis::RedisResult<T>,
     ) -> Result<T, StoreError> {
         self.gate()?;
-        self.settle();
+        if ordered {
+            self.settle();
+        }
         let pooled = lock(&self.pool).pop();
         let mut conn = match pooled {
             Some(c) => c,
@@ -250,12 +253,21 @@ impl Link {
         &self,
         inv: &ScriptInvocation<'_>,
     ) -> Result<T, StoreError> {
-        self.with_sync(|c| inv.invoke(c))
+        self.with_sync(true, |c| inv.invoke(c))
+    }
+
+    /// [`invoke_sync`](Self::invoke_sync) for releases, which are
+    /// idempotent and need not wait for unawaited records first.
+    pub(crate) fn invoke_sync_unordered<T: FromRedisValue>(
+        &self,
+        inv: &ScriptInvocation<'_>,
+    ) -> Result<T, StoreError> {
+        self.with_sync(false, |c| inv.invoke(c))
     }
 
     /// Loads every script (also checks authentication and permissions).
     pub(crate) fn load_scripts(&self) -> Result<(), StoreError> {
-        self.with_sync(|c| {
+        self.with_sync(true, |c| {
             for s in Scripts::get().all() {
                 s.load(c)?;
             }
@@ -265,7 +277,7 @@ impl Link {
 
     /// One PING on the blocking path.
     pub(crate) fn ping_sync(&self) -> Result<Duration, StoreError> {
-        self.with_sync(|c| {
+        self.with_sync(true, |c| {
             let start = Instant::now();
             redis::cmd("PING").query::<()>(c)?;
             Ok(start.elapsed())
@@ -303,6 +315,20 @@ impl Link {
         &self,
         inv: &ScriptInvocation<'_>,
     ) -> Result<T, StoreError> {
+        let result = self.invoke_async_quiet(inv).await;
+        if let Err(e) = &result {
+            self.failed(e);
+        }
+        result
+    }
+
+    /// [`invoke_async`](Self::invoke_async) for work in the background
+    /// (releases, unawaited records): its failures do not mark Redis as
+    /// down, since a runtime shutting down fails them too.
+    pub(crate) async fn invoke_async_quiet<T: FromRedisValue>(
+        &self,
+        inv: &ScriptInvocation<'_>,
+    ) -> Result<T, StoreError> {
         self.gate()?;
         let limit = self.settings.connect_timeout + self.settings.timeout;
         let result = async {
@@ -311,14 +337,10 @@ impl Link {
                 .await
                 .map_err(|e| store_error(&e, self.settings.timeout))
         };
-        let result = match tokio::time::timeout(limit, result).await {
+        match tokio::time::timeout(limit, result).await {
             Ok(r) => r,
             Err(_) => Err(StoreError::Timeout(self.settings.timeout)),
-        };
-        if let Err(e) = &result {
-            self.failed(e);
         }
-        result
     }
 
     /// One PING on the async path.

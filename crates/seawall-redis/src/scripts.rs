@@ -2,15 +2,16 @@
 //!
 //! Every script starts with `lua/prelude.lua` and sees the same layout:
 //!
-//! - `KEYS`: circuit hash, count-window list, time-window buckets (hash),
-//!   time-window bucket index (sorted set), bulkhead leases (sorted set),
-//!   cooldown deadline, rate limiter state, id sequence. All eight share one
-//!   hash tag, `{prefix:resource[:partition]}`, hence one cluster slot.
+//! - `KEYS`: the state hash (circuit and cooldown), the count-window ring
+//!   (a string of two-bit codes), the time-window buckets (hash) and their
+//!   index (sorted set), the bulkhead leases (sorted set), the rate
+//!   limiter's state. All six share one hash tag,
+//!   `{prefix:resource[:partition]}`, hence one cluster slot.
 //! - `ARGV[1]`: the caller's time in microseconds, or empty for the server's
 //!   `TIME` (the default).
-//! - `ARGV[2..=27]`: the resource's spec, encoded once at bind time
+//! - `ARGV[2..=26]`: the resource's spec, encoded once at bind time
 //!   ([`SpecArgs`]).
-//! - `ARGV[28..]`: the operation's own arguments.
+//! - `ARGV[27..]`: the operation's own arguments.
 
 use std::fmt::Write as _;
 use std::sync::OnceLock;
@@ -61,16 +62,16 @@ impl Scripts {
     }
 }
 
-/// Suffixes of the eight keys, in `KEYS` order. The rate limiter's key
+/// Suffixes of the six keys, in `KEYS` order. The rate limiter's key
 /// names its algorithm, so that changing the algorithm never meets a key of
 /// the wrong type.
-fn suffixes(spec: &ResourceSpec) -> [&'static str; 8] {
+fn suffixes(spec: &ResourceSpec) -> [&'static str; 6] {
     let rate = match spec.rate_limit.as_ref().map(|r| r.algorithm) {
         Some(RateAlgorithm::FixedWindow) => "rf",
         Some(RateAlgorithm::SlidingWindow) => "rs",
         _ => "rg",
     };
-    ["c", "cw", "tw", "tz", "b", "cd", rate, "sq"]
+    ["s", "cw", "tw", "tz", "b", rate]
 }
 
 /// Escapes the characters that would make two names share keys or break
@@ -87,9 +88,9 @@ fn escape(out: &mut String, s: &str) {
     }
 }
 
-/// The eight keys of one resource (and partition).
+/// The six keys of one resource (and partition).
 #[derive(Debug, Clone)]
-pub(crate) struct Keys(pub(crate) [String; 8]);
+pub(crate) struct Keys(pub(crate) [String; 6]);
 
 impl Keys {
     /// `{prefix:resource}:suffix`, or `{prefix:resource:i:7}:suffix` /
@@ -129,13 +130,13 @@ fn flag(b: bool) -> String {
     if b { "1" } else { "0" }.to_owned()
 }
 
-/// `ARGV[2..=27]`: the spec, as the scripts read it.
+/// `ARGV[2..=26]`: the spec, as the scripts read it.
 #[derive(Debug, Clone)]
 pub(crate) struct SpecArgs(pub(crate) Vec<String>);
 
 impl SpecArgs {
     pub(crate) fn new(spec: &ResourceSpec, probe_lease: Duration) -> SpecArgs {
-        let mut a: Vec<String> = Vec::with_capacity(26);
+        let mut a: Vec<String> = Vec::with_capacity(25);
         let idle = micros(spec.partition_idle);
         match &spec.circuit {
             Some(c) => {
@@ -186,7 +187,6 @@ impl SpecArgs {
             }
             None => a.extend(["0", "0", "0"].map(String::from)),
         }
-        let mut longest = spec.partition_idle;
         match &spec.rate_limit {
             Some(r) => {
                 let alg = match r.algorithm {
@@ -194,25 +194,20 @@ impl SpecArgs {
                     RateAlgorithm::SlidingWindow => 3,
                     _ => 1,
                 };
-                let interval_ns = r.emission_interval().as_nanos();
+                // GCRA in fractional microseconds (exact for intervals that
+                // are whole microseconds, close enough below).
+                let interval_us = r.emission_interval().as_nanos() as f64 / 1000.0;
+                let tolerance_us = interval_us * f64::from(r.burst.max(1) - 1);
                 a.push(flag(true));
                 a.push(alg.to_string());
                 a.push(r.limit.to_string());
                 a.push(micros(r.period).to_string());
-                a.push(r.burst.to_string());
-                // Fractional microseconds (GCRA below one call per microsecond).
-                a.push((interval_ns as f64 / 1000.0).to_string());
-                longest = longest.max(r.period);
+                a.push(tolerance_us.to_string());
+                a.push(interval_us.to_string());
             }
-            None => a.extend(["0", "1", "1", "1", "1", "1"].map(String::from)),
+            None => a.extend(["0", "1", "1", "1", "0", "1"].map(String::from)),
         }
-        if let Some(b) = &spec.bulkhead {
-            longest = longest.max(b.lease);
-        }
-        // The id sequence outlives every lease and log entry it numbered.
-        let seq_ttl_ms = u64::try_from(longest.as_millis()).unwrap_or(u64::MAX / 2) + 1000;
-        a.push(seq_ttl_ms.to_string());
-        debug_assert_eq!(a.len(), 26);
+        debug_assert_eq!(a.len(), 25);
         SpecArgs(a)
     }
 }
@@ -246,8 +241,8 @@ mod tests {
         let spec = ResourceSpec::new("users:api{x}")
             .with_rate_limit(RateLimiter::sliding_window(5, Duration::from_secs(1)));
         let k = Keys::new("sw", &spec, None);
-        assert_eq!(k.0[0], "{sw:users%3Aapi%7Bx%7D}:c");
-        assert_eq!(k.0[6], "{sw:users%3Aapi%7Bx%7D}:rs");
+        assert_eq!(k.0[0], "{sw:users%3Aapi%7Bx%7D}:s");
+        assert_eq!(k.0[5], "{sw:users%3Aapi%7Bx%7D}:rs");
         let p = seawall::PartitionKey::from(7u64);
         assert_eq!(
             Keys::new("sw", &spec, Some(&p)).0[4],
@@ -267,11 +262,11 @@ mod tests {
             .with_bulkhead(Bulkhead::new(3))
             .with_cooldown(seawall::Cooldown::new())
             .with_rate_limit(RateLimiter::gcra(10, Duration::from_secs(1)));
-        assert_eq!(SpecArgs::new(&full, Duration::from_secs(60)).0.len(), 26);
+        assert_eq!(SpecArgs::new(&full, Duration::from_secs(60)).0.len(), 25);
         let empty = ResourceSpec::new("r");
-        assert_eq!(SpecArgs::new(&empty, Duration::from_secs(60)).0.len(), 26);
+        assert_eq!(SpecArgs::new(&empty, Duration::from_secs(60)).0.len(), 25);
         let a = SpecArgs::new(&full, Duration::from_secs(60)).0;
-        // GCRA interval: 100 ms = 100000 us.
-        assert_eq!(a[24], "100000");
+        // GCRA interval: 100 ms = 100000 us; tolerance: 9 intervals.
+        assert_eq!((a[23].as_str(), a[24].as_str()), ("900000", "100000"));
     }
 }

@@ -247,7 +247,7 @@ impl Drop for PendingRecord {
             permit: self.permit,
         };
         let inv = self.shared.release_invocation(&args);
-        let _ = self.shared.link.invoke_sync::<i64>(&inv);
+        let _ = self.shared.link.invoke_sync_unordered::<i64>(&inv);
     }
 }
 
@@ -500,8 +500,12 @@ impl ResourceState for RedisResource {
             // Unconstrained: tokio's cooperative budget must not keep the
             // first poll from queueing the command.
             let send = tokio::task::unconstrained(async move {
-                let _ = pending.shared.link.invoke_async::<Vec<i64>>(&inv).await;
-                pending.answered();
+                // Answered, or failed: then the slot is given back on the
+                // blocking path when `pending` drops (the runtime may be
+                // shutting down under it).
+                if pending.shared.link.invoke_async_quiet::<Vec<i64>>(&inv).await.is_ok() {
+                    pending.answered();
+                }
             });
             return StoreFuture::boxed(async move {
                 let mut send = Box::pin(send);
@@ -551,12 +555,12 @@ impl ResourceState for RedisResource {
                 let shared = Arc::clone(s);
                 handle.spawn(async move {
                     let inv = shared.release_invocation(&args);
-                    let _ = shared.link.invoke_async::<i64>(&inv).await;
+                    let _ = shared.link.invoke_async_quiet::<i64>(&inv).await;
                 });
             }
             Err(_) => {
                 let inv = s.release_invocation(&args);
-                let _ = s.link.invoke_sync::<i64>(&inv);
+                let _ = s.link.invoke_sync_unordered::<i64>(&inv);
             }
         }
     }

@@ -136,6 +136,50 @@ impl<I: SagaInput, O: StepOutput> Step<I, O> {
     pub fn name(&self) -> &str {
         &self.name
     }
+
+    /// Runs the action through a seawall `pipeline` (retry, circuit breaker,
+    /// timeout, ...): the orchestrator sees one step execution, whose result is
+    /// the pipeline's. Every attempt calls the action again with the same
+    /// context, so with the same [idempotency key](StepContext::idempotency_key).
+    ///
+    /// A pipeline timeout drops the attempt's future, and a step that finally
+    /// fails is not compensated (only completed steps are): keep each attempt
+    /// either done or without effect, or deduplicated by the key.
+    ///
+    /// The pipeline must accept any error type (no typed classifier); for a
+    /// typed one, call `pipeline.run(..)` inside the action instead.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use seawall::{Pipeline, Retry};
+    /// use seawall_saga::{Step, StepContext};
+    ///
+    /// let payments = Pipeline::builder("payments")
+    ///     .retry(Retry::exponential(Duration::from_millis(50)).max_attempts(5))
+    ///     .build()?;
+    /// let charge = Step::new("charge", |ctx: StepContext<u64>| async move {
+    ///     // call the payment provider with ctx.idempotency_key()
+    ///     Ok::<_, String>(*ctx.input())
+    /// })
+    /// .through(payments);
+    /// # Ok::<_, Box<dyn std::error::Error>>(())
+    /// ```
+    #[cfg(feature = "pipeline")]
+    pub fn through(mut self, pipeline: seawall::Pipeline) -> Self {
+        let action = self.action.clone();
+        self.action = Arc::new(move |ctx: StepContext<I>| {
+            let (action, pipeline) = (action.clone(), pipeline.clone());
+            Box::pin(async move {
+                pipeline
+                    .run(|_attempt| action(ctx.clone()))
+                    .await
+                    .map_err(|e| e.to_string())
+            })
+        });
+        self
+    }
 }
 
 pub(crate) struct ErasedStep<I> {

@@ -69,6 +69,12 @@
 //! # tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap().block_on(run()).unwrap();
 //! ```
 //!
+//! # Features
+//!
+//! - `pipeline` (default): [`Step::through`] runs a step's action through a
+//!   `seawall::Pipeline` (retry, circuit breaker, timeout, ...). Without it,
+//!   call a pipeline inside the action as with any other async code.
+//!
 //! # Execution
 //!
 //! Steps run in order. When a step's action fails (after whatever retries the
@@ -111,6 +117,11 @@
 //! *exactly once* when the called system deduplicates by it. A step's action
 //! whose completion was logged, and a compensation whose completion was logged,
 //! are never executed again.
+//!
+//! Dropping the future returned by [`Orchestrator::start`] is treated like a
+//! crash: the running step is aborted and the saga stays in the log as last
+//! committed. It is continued by the next [`Orchestrator::recover`] once its
+//! lease has expired (Postgres) or by a process that reopens the log (SQLite).
 //!
 //! # Logs
 //!

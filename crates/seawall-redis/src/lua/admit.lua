@@ -7,64 +7,68 @@
 
 local reason, retry = 0, -1
 local probe, gen, slot, tr = 0, 0, -1, 0
-local c, cdirty = nil, false
+local h, moved
+
+if HAS_C or HAS_CD then
+  if HAS_C then
+    h = hload({'st', 'gen', 'ou', 'pr', 'pok', 'pt', 'cu'})
+  else
+    h = hload({'cu'})
+  end
+end
 
 if HAS_C then
-  c = cload()
-  if c.st == ISOLATED then
+  if h.st == ISOLATED then
     reason = 1
-  elseif c.st == OPEN then
-    if now >= c.ou then
-      c.st = HALF_OPEN
-      c.gen = c.gen + 1
-      c.since = now
-      c.pr, c.pok = 0, 0
+  elseif h.st == OPEN then
+    if tnow() >= h.ou then
+      h.st = HALF_OPEN
+      h.gen = h.gen + 1
+      h.since = now
+      h.pr, h.pok = 0, 0
       tr = 1
-      cdirty = true
+      moved = true
     else
       reason = 1
-      retry = c.ou - now
+      retry = h.ou - now
     end
   end
-  if reason == 0 and c.st == HALF_OPEN then
+  if reason == 0 and h.st == HALF_OPEN then
     -- Probes whose process died never report: after the probe lease a new
     -- round of probes starts (the old ones are of an older generation).
-    if c.pr >= HOC and now - c.pt >= PROBE_LEASE then
-      c.gen = c.gen + 1
-      c.pr, c.pok = 0, 0
-      cdirty = true
+    if h.pr >= HOC and tnow() - h.pt >= PROBE_LEASE then
+      h.gen = h.gen + 1
+      h.pr, h.pok = 0, 0
+      moved = true
     end
-    if c.pr < HOC then probe = 1 else reason = 1 end
+    if h.pr < HOC then probe = 1 else reason = 1 end
   end
-  if c.st == ISOLATED or c.st == DISABLED then
-    redis.call('PEXPIRE', KC, ms(IDLE))
+  if h.st == ISOLATED or h.st == DISABLED then
+    -- Forced states live while calls come.
+    redis.call('PEXPIRE', KH, ms(IDLE))
   end
-  gen = c.gen
+  gen = h.gen
 end
 
 if reason == 0 and HAS_B then
-  redis.call('ZREMRANGEBYSCORE', KB, '-inf', now)
-  if redis.call('ZCARD', KB) >= B_MAX then reason = 2 end
+  if redis.call('ZCOUNT', KB, '(' .. int(tnow()), '+inf') >= B_MAX then reason = 2 end
 end
 
-if reason == 0 and HAS_CD then
-  local u = tonumber(redis.call('GET', KCD)) or 0
-  if u > now then
-    reason = 3
-    retry = u - now
-  end
+if reason == 0 and HAS_CD and h.cu > tnow() then
+  reason = 3
+  retry = h.cu - now
 end
 
 local rnew
 if reason == 0 and HAS_R then
+  tnow()
   if R_ALG == 1 then
     -- GCRA: theoretical arrival time, tolerance of burst - 1 intervals.
     local tat = tonumber(redis.call('GET', KRL)) or now
     if tat < now then tat = now end
-    local tol = R_INT * (R_BURST - 1)
-    if tat - now > tol then
+    if tat - now > R_TOL then
       reason = 4
-      retry = tat - tol - now
+      retry = tat - R_TOL - now
     else
       rnew = tat + R_INT
     end
@@ -91,16 +95,24 @@ if reason == 0 and HAS_R then
   end
 end
 
+-- A unique member of a sorted set, named after the current microsecond
+-- (the next free one when taken).
+local function add_unique(key, score)
+  local id = now
+  while redis.call('ZADD', key, 'NX', score, int(id)) == 0 do id = id + 1 end
+  return id
+end
+
 if reason == 0 then
   if probe == 1 then
-    c.pr = c.pr + 1
-    c.pt = now
-    cdirty = true
+    h.pr = h.pr + 1
+    h.pt = tnow()
+    moved = true
   end
   if HAS_B then
-    slot = redis.call('INCR', KSQ)
-    redis.call('PEXPIRE', KSQ, A[27])
-    redis.call('ZADD', KB, now + B_LEASE, int(slot))
+    -- Leases expired by dead processes are dropped now and then.
+    if now % 16 == 0 then redis.call('ZREMRANGEBYSCORE', KB, '-inf', now) end
+    slot = add_unique(KB, now + B_LEASE)
     redis.call('PEXPIRE', KB, ms(B_LEASE, 1000))
   end
   if HAS_R then
@@ -111,14 +123,18 @@ if reason == 0 then
       redis.call('HSET', KRL, 'w', int(w), 'n', rnew)
       redis.call('PEXPIRE', KRL, ms((w + 1) * R_PERIOD - now, 1000))
     else
-      local id = redis.call('INCR', KSQ)
-      redis.call('PEXPIRE', KSQ, A[27])
-      redis.call('ZADD', KRL, now, int(id))
+      add_unique(KRL, now)
       redis.call('PEXPIRE', KRL, ms(R_PERIOD, 1000))
     end
   end
 end
 
-if cdirty then csave(c) end
+if moved then
+  if tr == 1 then
+    hsave(h, {'st', 'gen', 'since', 'pr', 'pok', 'pt'})
+  else
+    hsave(h, {'gen', 'pr', 'pok', 'pt'})
+  end
+end
 if retry > 0 then retry = math.ceil(retry) end
 return {reason, retry, probe, gen, slot, tr}

@@ -5,19 +5,19 @@
 -- Reply: {state before, state after}
 
 local op = tonumber(A[D])
-local c = cload()
-local before = c.st
+cspec()
+local h = hload()
+local before = h.st
 local target = ISOLATED
 if op == 2 then target = DISABLED elseif op == 3 then target = CLOSED end
 if target == CLOSED then
-  cclose(c)
+  cclose(h)
+  hsave(h, {'st', 'gen', 'trips', 'ou', 'since', 'pr', 'pok', 'cf', 'nc', 'nf', 'ns', 'nh', 'tc', 'tf', 'ts'})
 elseif before ~= target then
-  c.st = target
-  c.gen = c.gen + 1
-  c.since = now
-  c.pr, c.pok, c.ou, c.cf = 0, 0, 0, 0
-else
-  return {before, before}
+  h.st = target
+  h.gen = h.gen + 1
+  h.since = tnow()
+  h.pr, h.pok, h.ou, h.cf = 0, 0, 0, 0
+  hsave(h, {'st', 'gen', 'since', 'pr', 'pok', 'ou', 'cf'})
 end
-csave(c)
-return {before, c.st}
+return {before, h.st}

@@ -2,5 +2,4 @@
 -- Reply: count
 
 if not HAS_B then return 0 end
-redis.call('ZREMRANGEBYSCORE', KB, '-inf', now)
-return redis.call('ZCARD', KB)
+return redis.call('ZCOUNT', KB, '(' .. int(tnow()), '+inf')

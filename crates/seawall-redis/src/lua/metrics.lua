@@ -1,16 +1,19 @@
 -- The circuit's state and window, read only.
 -- Reply: {state, calls, failures, slow_calls, time_in_state_us, trips}
 
-local c = cload()
+cspec()
+local h = hload()
+tnow()
+local since = tonumber(redis.call('HGET', KH, 'since')) or since0
 local calls, fails, slows = 0, 0, 0
 if MODE == 1 then
   -- Consecutive mode: the failures in a row of a closed circuit.
-  if c.st == CLOSED then calls, fails = c.cf, c.cf end
+  if h.st == CLOSED then calls, fails = h.cf, h.cf end
 elseif MODE == 2 then
-  if redis.call('LLEN', KCW) > 0 then calls, fails, slows = c.nc, c.nf, c.ns end
+  calls, fails, slows = h.nc, h.nf, h.ns
 else
   local sec = math.floor(now / 1000000)
-  local live = redis.call('ZRANGEBYSCORE', KTZ, '(' .. (sec - MODE_N), '+inf')
+  local live = redis.call('ZRANGEBYSCORE', KTZ, '(' .. int(sec - MODE_N), '+inf')
   for i = 1, #live do
     local s = live[i]
     local v = redis.call('HMGET', KTW, s .. 'c', s .. 'f', s .. 's')
@@ -19,6 +22,6 @@ else
     slows = slows + (tonumber(v[3]) or 0)
   end
 end
-local in_state = now - c.since
+local in_state = now - since
 if in_state < 0 then in_state = 0 end
-return {c.st, calls, fails, slows, in_state, c.trips}
+return {h.st, calls, fails, slows, in_state, h.trips}

@@ -1,35 +1,60 @@
--- seawall-redis: shared head of every script (see src/scripts.rs for the
--- layout of KEYS and ARGV). Times are microseconds; TTLs are milliseconds.
+-- seawall-redis: the shared head of every script (see src/scripts.rs for
+-- the layout of KEYS and ARGV). Times are microseconds, TTLs milliseconds.
+-- Written for speed: every redis.call and every number converted costs,
+-- so state is read in one HMGET, only changed fields are written, and the
+-- server's clock is read only when a decision needs it.
 
-local KC, KCW, KTW, KTZ, KB, KCD, KRL, KSQ =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local tonumber, format = tonumber, string.format
+local KH, KCW, KTW, KTZ, KB, KRL = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local A = ARGV
 
 -- The server's clock decides, unless the caller's time was passed (tests).
 -- A circuit that never moved has been closed since: now on the server's
 -- clock, time zero on the caller's (like the in-memory store).
 local now, since0
-if A[1] == '' then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  since0 = now
-else
-  now = tonumber(A[1])
-  since0 = 0
+local function tnow()
+  if not now then
+    if A[1] == '' then
+      local t = redis.call('TIME')
+      now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+      since0 = now
+    else
+      now = tonumber(A[1])
+      since0 = 0
+    end
+  end
+  return now
 end
 
--- The resource's spec, fixed at bind time.
-local HAS_C = A[2] == '1'
-local MODE, MODE_N = tonumber(A[3]), tonumber(A[4])
-local FR, SR, SLOW, MINC = tonumber(A[5]), tonumber(A[6]), tonumber(A[7]), tonumber(A[8])
-local CD_BASE, CD_GROWTH, CD_MAX = tonumber(A[9]), tonumber(A[10]), tonumber(A[11])
-local HOC, PROBE_LEASE, IDLE = tonumber(A[12]), tonumber(A[13]), tonumber(A[14])
-local HAS_B, B_MAX, B_LEASE = A[15] == '1', tonumber(A[16]), tonumber(A[17])
-local HAS_CD, CD_PAUSE, CD_GRACE = A[18] == '1', tonumber(A[19]), tonumber(A[20])
-local HAS_R, R_ALG, R_LIMIT = A[21] == '1', tonumber(A[22]), tonumber(A[23])
-local R_PERIOD, R_BURST, R_INT = tonumber(A[24]), tonumber(A[25]), tonumber(A[26])
--- A[27]: the TTL of the id sequence, in milliseconds, passed on as is.
-local D = 28
+-- The resource's spec, fixed at bind time; each part parsed only when
+-- configured.
+local HAS_C, HAS_B, HAS_CD, HAS_R = A[2] == '1', A[15] == '1', A[18] == '1', A[21] == '1'
+local IDLE = tonumber(A[14])
+-- The circuit's spec: its mode always (cheap), the rest by `cspec()` in
+-- the scripts that judge or move the circuit.
+local MODE, MODE_N, FR, SR, SLOW, MINC, CD_BASE, CD_GROWTH, CD_MAX = 0
+local HOC, PROBE_LEASE
+if HAS_C then
+  MODE = tonumber(A[3])
+  HOC, PROBE_LEASE = tonumber(A[12]), tonumber(A[13])
+end
+local function cspec()
+  MODE_N = tonumber(A[4])
+  FR, SR, SLOW, MINC = tonumber(A[5]), tonumber(A[6]), tonumber(A[7]), tonumber(A[8])
+  CD_BASE, CD_GROWTH, CD_MAX = tonumber(A[9]), tonumber(A[10]), tonumber(A[11])
+end
+local B_MAX, B_LEASE, CD_PAUSE, CD_GRACE, R_ALG, R_LIMIT, R_PERIOD, R_TOL, R_INT
+if HAS_B then B_MAX, B_LEASE = tonumber(A[16]), tonumber(A[17]) end
+if HAS_CD then CD_PAUSE, CD_GRACE = tonumber(A[19]), tonumber(A[20]) end
+if HAS_R then
+  R_ALG = tonumber(A[22])
+  if R_ALG == 1 then
+    R_TOL, R_INT = tonumber(A[25]), tonumber(A[26])
+  else
+    R_LIMIT, R_PERIOD = tonumber(A[23]), tonumber(A[24])
+  end
+end
+local D = 27
 
 -- Circuit states.
 local CLOSED, OPEN, HALF_OPEN, ISOLATED, DISABLED = 0, 1, 2, 3, 4
@@ -38,7 +63,7 @@ local CLOSED, OPEN, HALF_OPEN, ISOLATED, DISABLED = 0, 1, 2, 3, 4
 -- formatted explicitly: a Lua number may otherwise reach Redis as
 -- `1e+08`, which is not an integer to PEXPIRE nor the same member to ZREM.
 local function int(n)
-  return string.format('%d', n)
+  return format('%d', n)
 end
 
 -- A TTL in milliseconds (at least 1) for `us` microseconds plus `extra_ms`.
@@ -48,33 +73,44 @@ local function ms(us, extra_ms)
   return int(v)
 end
 
-local function cload()
-  local v = redis.call('HMGET', KC, 'st', 'gen', 'trips', 'ou', 'since', 'pr', 'pok', 'pt',
-    'cf', 'nc', 'nf', 'ns', 'tc', 'tf', 'ts')
-  return {
-    st = tonumber(v[1]) or CLOSED, gen = tonumber(v[2]) or 0, trips = tonumber(v[3]) or 0,
-    ou = tonumber(v[4]) or 0, since = tonumber(v[5]) or since0, pr = tonumber(v[6]) or 0,
-    pok = tonumber(v[7]) or 0, pt = tonumber(v[8]) or now, cf = tonumber(v[9]) or 0,
-    nc = tonumber(v[10]) or 0, nf = tonumber(v[11]) or 0, ns = tonumber(v[12]) or 0,
-    tc = tonumber(v[13]) or 0, tf = tonumber(v[14]) or 0, ts = tonumber(v[15]) or 0,
-  }
+-- Loads `names` (all fields when nil: the circuit's and the cooldown's
+-- end, 'cu') from the state hash into a table; missing ones are 0.
+local function hload(names)
+  names = names or {'st', 'gen', 'trips', 'ou', 'since', 'pr', 'pok', 'pt', 'cf',
+    'nc', 'nf', 'ns', 'nh', 'tc', 'tf', 'ts', 'cu'}
+  local v = redis.call('HMGET', KH, unpack(names))
+  local h = {}
+  for i = 1, #names do h[names[i]] = tonumber(v[i]) or 0 end
+  return h
 end
 
--- How long circuit state is kept: the idle time, plus what is left of an
--- open period, and at least a time window.
-local function cttl(c)
+-- How long the state hash is kept: the idle time plus what is left of an
+-- open period, at least a time window, at least the cooldown plus grace.
+local function httl(h)
   local ttl = IDLE
-  if c.st == OPEN and c.ou > now then ttl = ttl + (c.ou - now) end
-  if MODE == 3 and MODE_N * 1000000 > ttl then ttl = MODE_N * 1000000 end
+  if h.st == OPEN and h.ou > tnow() then ttl = ttl + (h.ou - now) end
+  if MODE == 3 and tonumber(A[4]) * 1000000 > ttl then ttl = tonumber(A[4]) * 1000000 end
+  if HAS_CD and (h.cu or 0) > 0 then
+    local c = h.cu - tnow() + CD_GRACE
+    if c > ttl then ttl = c end
+  end
   return ms(ttl)
 end
 
-local function csave(c)
-  redis.call('HSET', KC, 'st', c.st, 'gen', c.gen, 'trips', c.trips, 'ou', c.ou,
-    'since', c.since, 'pr', c.pr, 'pok', c.pok, 'pt', c.pt, 'cf', c.cf,
-    'nc', c.nc, 'nf', c.nf, 'ns', c.ns, 'tc', c.tc, 'tf', c.tf, 'ts', c.ts)
-  redis.call('PEXPIRE', KC, cttl(c))
+-- Writes the fields named in `names`, and the TTL.
+local function hsave(h, names)
+  local args = {'HSET', KH}
+  for i = 1, #names do
+    args[#args + 1] = names[i]
+    args[#args + 1] = h[names[i]]
+  end
+  redis.call(unpack(args))
+  redis.call('PEXPIRE', KH, httl(h))
 end
+
+-- Fields a transition writes, and the window's.
+local function moved_fields() return {'st', 'gen', 'trips', 'ou', 'since', 'pr', 'pok', 'cf'} end
+local function window_fields() return {'nc', 'nf', 'ns', 'nh', 'tc', 'tf', 'ts'} end
 
 local function cooldown_for(trips)
   local cd = CD_BASE
@@ -85,28 +121,24 @@ local function cooldown_for(trips)
   return math.floor(cd)
 end
 
--- Closed or half-open to open. Trips saturate at 63, like the in-memory
--- store's.
-local function copen(c)
-  if c.st == HALF_OPEN then c.trips = c.trips + 1 else c.trips = 1 end
-  if c.trips > 63 then c.trips = 63 end
-  c.st = OPEN
-  c.gen = c.gen + 1
-  c.since = now
-  c.pr, c.pok, c.cf = 0, 0, 0
-  c.ou = now + cooldown_for(c.trips)
-end
-
-local function wclear(c)
-  c.cf, c.nc, c.nf, c.ns, c.tc, c.tf, c.ts = 0, 0, 0, 0, 0, 0, 0
-  redis.call('DEL', KCW, KTW, KTZ)
+-- Closed or half-open to open. Trips saturate at 63 like the in-memory
+-- store's. The window is kept (for metrics) until the circuit closes.
+local function copen(h)
+  if h.st == HALF_OPEN then h.trips = h.trips + 1 else h.trips = 1 end
+  if h.trips > 63 then h.trips = 63 end
+  h.st = OPEN
+  h.gen = h.gen + 1
+  h.since = tnow()
+  h.pr, h.pok, h.cf = 0, 0, 0
+  h.ou = now + cooldown_for(h.trips)
 end
 
 -- Back to closed with an empty window and no trip history.
-local function cclose(c)
-  c.st = CLOSED
-  c.gen = c.gen + 1
-  c.since = now
-  c.pr, c.pok, c.trips, c.ou = 0, 0, 0, 0
-  wclear(c)
+local function cclose(h)
+  h.st = CLOSED
+  h.gen = h.gen + 1
+  h.since = tnow()
+  h.pr, h.pok, h.trips, h.ou, h.cf = 0, 0, 0, 0, 0
+  h.nc, h.nf, h.ns, h.nh, h.tc, h.tf, h.ts = 0, 0, 0, 0, 0, 0, 0
+  redis.call('DEL', KCW, KTW, KTZ)
 end

@@ -10,117 +10,129 @@ local outcome, dur, ra = tonumber(A[D + 3]), tonumber(A[D + 4]), tonumber(A[D + 
 if slot ~= '-1' then redis.call('ZREM', KB, slot) end
 
 local tr, trips, cdout = 0, 0, -1
+local h
+local changed = {}
+local function touch(names)
+  for i = 1, #names do changed[#changed + 1] = names[i] end
+end
+
+if HAS_C or (HAS_CD and ra >= 0) then h = hload() end
+if HAS_C then cspec() end
 
 if HAS_C then
-  local c = cload()
   if outcome == 2 then
     -- Ignored: nothing is recorded; a probe slot is given back.
-    if probe and c.gen == pgen and c.st == HALF_OPEN and c.pr > 0 then
-      c.pr = c.pr - 1
-      csave(c)
+    if probe and h.gen == pgen and h.st == HALF_OPEN and h.pr > 0 then
+      h.pr = h.pr - 1
+      touch({'pr'})
     end
-  elseif c.gen == pgen and (c.st == CLOSED or c.st == HALF_OPEN) then
+  elseif h.gen == pgen and (h.st == CLOSED or h.st == HALF_OPEN) then
     local fail = outcome == 1
     local slow = SR > 0 and dur >= SLOW
-    local dirty = true
-    if c.st == HALF_OPEN then
+    if h.st == HALF_OPEN then
       if fail or slow then
-        copen(c)
+        copen(h)
         tr = 2
       else
-        c.pok = c.pok + 1
-        if c.pok >= HOC then
-          cclose(c)
+        h.pok = h.pok + 1
+        touch({'pok'})
+        if h.pok >= HOC then
+          cclose(h)
           tr = 3
         end
       end
     elseif MODE == 1 then
       -- Consecutive failures.
       if fail then
-        c.cf = c.cf + 1
-        if c.cf >= MODE_N then
-          copen(c)
+        h.cf = h.cf + 1
+        touch({'cf'})
+        if h.cf >= MODE_N then
+          copen(h)
           tr = 2
         end
-      elseif c.cf > 0 then
-        c.cf = 0
-      else
-        dirty = false
+      elseif h.cf > 0 then
+        h.cf = 0
+        touch({'cf'})
       end
     else
       local calls, fails, slows
       if MODE == 2 then
-        -- Count window: the codes of the last N outcomes, newest first.
-        if redis.call('LLEN', KCW) == 0 then c.nc, c.nf, c.ns = 0, 0, 0 end
+        -- Count window: a ring of N two-bit codes (failure, slow) written at
+        -- head mod N; BITFIELD SET returns the code it overwrites.
         local code = 0
         if fail then code = code + 1 end
         if slow then code = code + 2 end
-        local len = redis.call('LPUSH', KCW, code)
-        c.nc = c.nc + 1
-        if fail then c.nf = c.nf + 1 end
-        if slow then c.ns = c.ns + 1 end
-        while len > MODE_N do
-          local old = tonumber(redis.call('RPOP', KCW)) or 0
-          len = len - 1
-          c.nc = c.nc - 1
-          if old % 2 == 1 then c.nf = c.nf - 1 end
-          if old >= 2 then c.ns = c.ns - 1 end
+        local at = h.nh % MODE_N
+        local old = redis.call('BITFIELD', KCW, 'SET', 'u2', '#' .. int(at), code)[1]
+        if h.nh >= MODE_N then
+          h.nc = h.nc - 1
+          if old % 2 == 1 then h.nf = h.nf - 1 end
+          if old >= 2 then h.ns = h.ns - 1 end
         end
-        redis.call('PEXPIRE', KCW, cttl(c))
-        calls, fails, slows = c.nc, c.nf, c.ns
+        h.nh = h.nh + 1
+        h.nc = h.nc + 1
+        if fail then h.nf = h.nf + 1 end
+        if slow then h.ns = h.ns + 1 end
+        touch({'nh', 'nc', 'nf', 'ns'})
+        redis.call('PEXPIRE', KCW, httl(h))
+        calls, fails, slows = h.nc, h.nf, h.ns
       else
         -- Time window: one bucket per whole second, the last MODE_N seconds.
-        local sec = math.floor(now / 1000000)
+        local sec = math.floor(tnow() / 1000000)
         local edge = sec - MODE_N
         local secs = int(sec)
         local old = redis.call('ZRANGEBYSCORE', KTZ, '-inf', edge)
         for i = 1, #old do
           local s = old[i]
           local v = redis.call('HMGET', KTW, s .. 'c', s .. 'f', s .. 's')
-          c.tc = c.tc - (tonumber(v[1]) or 0)
-          c.tf = c.tf - (tonumber(v[2]) or 0)
-          c.ts = c.ts - (tonumber(v[3]) or 0)
+          h.tc = h.tc - (tonumber(v[1]) or 0)
+          h.tf = h.tf - (tonumber(v[2]) or 0)
+          h.ts = h.ts - (tonumber(v[3]) or 0)
           redis.call('HDEL', KTW, s .. 'c', s .. 'f', s .. 's')
         end
         if #old > 0 then redis.call('ZREMRANGEBYSCORE', KTZ, '-inf', edge) end
-        if redis.call('EXISTS', KTZ) == 0 then c.tc, c.tf, c.ts = 0, 0, 0 end
+        if redis.call('ZADD', KTZ, sec, secs) == 1 and #old == 0 and redis.call('ZCARD', KTZ) == 1 then
+          -- The only bucket: whatever the totals said has expired.
+          h.tc, h.tf, h.ts = 0, 0, 0
+        end
         redis.call('HINCRBY', KTW, secs .. 'c', 1)
-        c.tc = c.tc + 1
+        h.tc = h.tc + 1
         if fail then
           redis.call('HINCRBY', KTW, secs .. 'f', 1)
-          c.tf = c.tf + 1
+          h.tf = h.tf + 1
         end
         if slow then
           redis.call('HINCRBY', KTW, secs .. 's', 1)
-          c.ts = c.ts + 1
+          h.ts = h.ts + 1
         end
-        redis.call('ZADD', KTZ, sec, secs)
-        local ttl = cttl(c)
+        touch({'tc', 'tf', 'ts'})
+        local ttl = httl(h)
         redis.call('PEXPIRE', KTW, ttl)
         redis.call('PEXPIRE', KTZ, ttl)
-        calls, fails, slows = c.tc, c.tf, c.ts
+        calls, fails, slows = h.tc, h.tf, h.ts
       end
       -- Rates are judged only when a failed or slow call is recorded.
       if (fail or slow) and calls >= MINC and calls > 0
         and (fails / calls >= FR or (SR > 0 and slows / calls >= SR)) then
-        copen(c)
+        copen(h)
         tr = 2
       end
     end
-    if dirty then csave(c) end
-    trips = c.trips
+    if tr ~= 0 then touch(moved_fields()) end
+    if tr == 3 then touch(window_fields()) end
+    trips = h.trips
   end
 end
 
 if HAS_CD and ra >= 0 then
   -- A retry-after hint opens or extends the cooldown, never shrinks it.
   if ra > CD_PAUSE then ra = CD_PAUSE end
-  local u = tonumber(redis.call('GET', KCD)) or 0
-  if now + ra > u then u = now + ra end
-  if u > now then
-    redis.call('SET', KCD, u, 'PX', ms(u - now + CD_GRACE))
-    cdout = u - now
+  if tnow() + ra > h.cu then
+    h.cu = now + ra
+    touch({'cu'})
   end
+  if h.cu > now then cdout = h.cu - now end
 end
 
+if #changed > 0 then hsave(h, changed) end
 return {tr, trips, cdout}

@@ -5,10 +5,10 @@
 local probe, pgen, slot = A[D] == '1', tonumber(A[D + 1]), A[D + 2]
 if slot ~= '-1' then redis.call('ZREM', KB, slot) end
 if HAS_C and probe then
-  local c = cload()
-  if c.gen == pgen and c.st == HALF_OPEN and c.pr > 0 then
-    c.pr = c.pr - 1
-    csave(c)
+  local h = hload({'st', 'gen', 'pr', 'ou', 'cu'})
+  if h.gen == pgen and h.st == HALF_OPEN and h.pr > 0 then
+    h.pr = h.pr - 1
+    hsave(h, {'pr'})
   end
 end
 return 1

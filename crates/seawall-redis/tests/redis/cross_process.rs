@@ -334,10 +334,12 @@ fn one_process_failures_open_the_circuit_for_all() {
     let tripper = spawn("trip", &server, &prefix, 3, None);
     let trip = finish(tripper);
     assert_eq!(trip.len(), 1);
-    assert_eq!(
-        field(&trip[0], "rejected_at"),
-        4,
-        "three failures open, the fourth call is rejected"
+    // Three failures in a row open it; an observer's success landing in
+    // between restarts the run, so the tripper may need a few more.
+    let rejected_at = field(&trip[0], "rejected_at");
+    assert!(
+        (4..=10).contains(&rejected_at),
+        "the tripper never saw the circuit open: {trip:?}"
     );
     for child in observers {
         let lines = finish(child);

@@ -350,28 +350,32 @@ fn slot_ids_with_trailing_zeros_are_given_back() {
     let prefix = unique("zeros");
     let store = RedisStore::builder(server.url())
         .prefix(&prefix)
+        .time_source(seawall_redis::TimeSource::Caller)
         .fail_closed()
         .build()
         .unwrap();
-    let p = Pipeline::builder("round")
-        .bulkhead(Bulkhead::new(1).lease(Duration::from_secs(30)))
-        .store(store)
-        .build()
+    let r = store
+        .bind(&ResourceSpec::new("round").with_bulkhead(Bulkhead::new(1).lease(Duration::from_secs(30))))
         .unwrap();
-    let mut conn = server.conn();
-    let _: () = redis::cmd("SET")
-        .arg(format!("{{{prefix}:round}}:sq"))
-        .arg(99_999_999)
-        .query(&mut conn)
-        .unwrap();
-    p.call(|_| Ok::<_, std::io::Error>(())).unwrap();
-    assert_eq!(p.in_flight().unwrap(), 0);
+    // Slots are named after the microsecond they were taken in.
+    let now = Duration::from_secs(100);
+    let permit = r.admit(&AdmitRequest { partition: None, now }).unwrap().decision.unwrap();
+    assert_eq!(permit.slot, Some(100_000_000));
+    r.record(&Record {
+        partition: None,
+        permit,
+        outcome: Outcome::Success,
+        duration: Duration::ZERO,
+        retry_after: None,
+        now,
+    })
+    .unwrap();
+    assert_eq!(r.in_flight(None, now).unwrap(), 0);
     let members: Vec<String> = redis::cmd("ZRANGE")
         .arg(format!("{{{prefix}:round}}:b"))
         .arg(0)
         .arg(-1)
-        .query(&mut conn)
+        .query(&mut server.conn())
         .unwrap();
     assert!(members.is_empty(), "{members:?}");
-    p.call(|_| Ok::<_, std::io::Error>(())).unwrap();
 }
