@@ -9,9 +9,12 @@
 //! - one PING round trip (async connection and blocking connection);
 //! - the chain retry + circuit breaker + timeout + bulkhead + rate limiter
 //!   (high limit) + cooldown + fallback, its state in Redis: calls/s and
-//!   p50/p99 latency added to a trivial operation, one process (async `run`
-//!   and sync `call`) and four processes (async `run`, sharing one state);
-//! - round trips per call, from the server's `INFO commandstats`.
+//!   p50/p99 latency added to a trivial operation (calls one after the
+//!   other), in one process (async `run` as a task on a multi-thread
+//!   runtime, async `run` on a current-thread runtime, sync `call`) and in
+//!   four processes (async `run`, one shared state);
+//! - round trips per call, from the server's `INFO commandstats`, and the
+//!   server's mean time per script call.
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};

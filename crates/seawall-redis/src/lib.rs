@@ -40,6 +40,16 @@
 //!   reloaded automatically after `NOSCRIPT` (a server restart or
 //!   `SCRIPT FLUSH`). A cancelled attempt gives its permit back with one
 //!   more script call, in the background.
+//! - **Successes are not waited for.** On a multi-thread tokio runtime, the
+//!   record of a success that can change nothing the caller is told (not a
+//!   half-open probe, not a slow call, no retry-after hint) is queued on the
+//!   connection and its answer is not awaited, so an async call costs one
+//!   round trip of latency. Such records (the most frequent) also run a
+//!   lean script of their own. The caller's next admission follows it on the
+//!   same connection; the blocking path waits for such records before it
+//!   sends anything, so `call`, `in_flight` and the circuit controls see
+//!   them too. If the runtime shuts down first, the slot is given back on
+//!   the blocking path.
 //! - **The server's clock decides** windows, leases and open periods (the
 //!   scripts read `TIME`), so processes on hosts with skewed clocks agree.
 //!   The `now` a pipeline passes is ignored, except with
@@ -48,19 +58,22 @@
 //! - **Keys** are `{prefix:resource}:suffix`, or
 //!   `{prefix:resource:s:key}:suffix` / `{prefix:resource:i:7}:suffix` for
 //!   a partition: one hash tag, so a resource's keys share a cluster slot.
-//!   Every key written has a TTL: circuit state lives for the resource's
-//!   `partition_idle` (plus what is left of an open period), leases and
-//!   rate state for their period, a cooldown for its pause plus `grace`.
-//! - **Bulkhead slots are leases**: a sorted set of slot ids scored by
-//!   their expiry (`Bulkhead::lease`). A process killed while holding a
-//!   slot loses it when the lease ends; give attempts a timeout shorter
-//!   than the lease (the pipeline checks this). Half-open probes are
-//!   leased likewise ([`RedisStoreBuilder::probe_lease`]).
+//!   A resource has at most six keys: its state hash (circuit and cooldown),
+//!   its count-window ring or time-window buckets, its bulkhead leases and
+//!   its rate limiter. Every key written has a TTL: circuit state lives for
+//!   the resource's `partition_idle` (plus what is left of an open period),
+//!   a cooldown for its pause plus `grace`, leases and rate state for their
+//!   lease or period.
+//! - **Bulkhead slots are leases**: a sorted set of slot ids (named after
+//!   the microsecond they were taken in) scored by their expiry
+//!   (`Bulkhead::lease`). A process killed while holding a slot loses it
+//!   when the lease ends; give attempts a timeout shorter than the lease
+//!   (the pipeline checks this). Half-open probes are leased likewise
+//!   ([`RedisStoreBuilder::probe_lease`]).
 //! - **Same semantics as the in-memory store**: the store passes the
 //!   contract suite `seawall::store::contract` both with the server's clock
 //!   and with a caller's clock (where every wait is checked exactly).
-//!   Resolutions: times are kept in microseconds; generations and slot ids
-//!   are plain integers.
+//!   Resolutions: times are kept in microseconds.
 //!
 //! # When Redis fails
 //! Every command has a timeout ([`RedisStoreBuilder::timeout`]; connecting
@@ -78,7 +91,9 @@
 //!   is not called.
 //!
 //! An outcome that cannot be recorded is lost (fail-open) or reported as
-//! an error event (fail-closed); its slot comes back with its lease. A
+//! an error event (fail-closed); its slot comes back with its lease. An
+//! admission that timed out may still have been executed by a slow server:
+//! its slot, too, comes back with its lease. A
 //! wrong password or a user without the `@scripting` commands is a
 //! [`StoreError::Refused`](seawall::StoreError::Refused), reported when the
 //! pipeline is built; an unreachable server at that time is not an error.

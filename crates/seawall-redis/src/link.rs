@@ -289,7 +289,9 @@ impl Link {
     fn manager(&self) -> Result<ConnectionManager, StoreError> {
         /// Runtimes remembered; the oldest is forgotten beyond this.
         const RUNTIMES: usize = 8;
-        let runtime = tokio::runtime::Handle::current().id();
+        let runtime = tokio::runtime::Handle::try_current()
+            .map_err(|_| no_runtime())?
+            .id();
         let mut managers = lock(&self.managers);
         if let Some((_, m)) = managers.iter().find(|(id, _)| *id == runtime) {
             return Ok(m.clone());
@@ -315,6 +317,7 @@ impl Link {
         &self,
         inv: &ScriptInvocation<'_>,
     ) -> Result<T, StoreError> {
+        tokio::runtime::Handle::try_current().map_err(|_| no_runtime())?;
         let result = self.invoke_async_quiet(inv).await;
         if let Err(e) = &result {
             self.failed(e);
@@ -330,6 +333,7 @@ impl Link {
         inv: &ScriptInvocation<'_>,
     ) -> Result<T, StoreError> {
         self.gate()?;
+        tokio::runtime::Handle::try_current().map_err(|_| no_runtime())?;
         let limit = self.settings.connect_timeout + self.settings.timeout;
         let result = async {
             let mut m = self.manager()?;
@@ -346,6 +350,7 @@ impl Link {
     /// One PING on the async path.
     pub(crate) async fn ping_async(&self) -> Result<Duration, StoreError> {
         self.gate()?;
+        tokio::runtime::Handle::try_current().map_err(|_| no_runtime())?;
         let limit = self.settings.connect_timeout + self.settings.timeout;
         let result = async {
             let mut m = self.manager()?;
@@ -365,6 +370,10 @@ impl Link {
         }
         result
     }
+}
+
+fn no_runtime() -> StoreError {
+    StoreError::Unavailable("the async path of the redis store needs a tokio runtime".into())
 }
 
 /// The background reconnection: one thread per outage, gone once Redis

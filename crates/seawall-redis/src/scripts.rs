@@ -32,6 +32,9 @@ pub(crate) struct Scripts {
     pub(crate) metrics: Script,
     pub(crate) control: Script,
     pub(crate) in_flight: Script,
+    /// The lean record of a success that can report nothing (self-contained:
+    /// no prelude, see [`SuccessArgs`]).
+    pub(crate) success: Script,
 }
 
 impl Scripts {
@@ -46,11 +49,12 @@ impl Scripts {
                 metrics: script(include_str!("lua/metrics.lua")),
                 control: script(include_str!("lua/control.lua")),
                 in_flight: script(include_str!("lua/in_flight.lua")),
+                success: Script::new(include_str!("lua/success.lua")),
             }
         })
     }
 
-    pub(crate) fn all(&self) -> [&Script; 6] {
+    pub(crate) fn all(&self) -> [&Script; 7] {
         [
             &self.admit,
             &self.record,
@@ -58,6 +62,7 @@ impl Scripts {
             &self.metrics,
             &self.control,
             &self.in_flight,
+            &self.success,
         ]
     }
 }
@@ -209,6 +214,39 @@ impl SpecArgs {
         }
         debug_assert_eq!(a.len(), 25);
         SpecArgs(a)
+    }
+}
+
+/// The spec part of the lean success record's arguments (`ARGV[5..=7]`:
+/// window size, idle time, cooldown grace) and its circuit mode
+/// (`ARGV[4]`, 0 without a circuit).
+#[derive(Debug, Clone)]
+pub(crate) struct SuccessArgs {
+    pub(crate) mode: &'static str,
+    pub(crate) rest: [String; 3],
+}
+
+impl SuccessArgs {
+    pub(crate) fn new(spec: &ResourceSpec) -> SuccessArgs {
+        let (mode, n) = match spec.circuit.as_ref().map(|c| c.mode) {
+            None => ("0", 1),
+            Some(BreakerMode::ConsecutiveFailures(n)) => ("1", n),
+            Some(BreakerMode::TimeWindow(n)) => ("3", n),
+            Some(BreakerMode::CountWindow(n)) => ("2", n),
+            Some(_) => ("2", 100),
+        };
+        let grace = spec
+            .cooldown
+            .as_ref()
+            .map_or_else(|| "-1".to_owned(), |c| micros(c.grace).to_string());
+        SuccessArgs {
+            mode,
+            rest: [
+                n.to_string(),
+                micros(spec.partition_idle).to_string(),
+                grace,
+            ],
+        }
     }
 }
 

@@ -17,7 +17,7 @@ use seawall::{MemoryStore, PartitionKey, Rejection, RejectionReason, StateStore,
 use crate::config::{FailMode, RedisStoreBuilder, TimeSource};
 use crate::error::{is_outage, redact, RedisStoreError};
 use crate::link::{Link, LinkSettings};
-use crate::scripts::{self, Keys, Scripts, SpecArgs};
+use crate::scripts::{self, Keys, Scripts, SpecArgs, SuccessArgs};
 
 /// A [`StateStore`] on a Redis server, shared by every process that uses
 /// the same server and key prefix.
@@ -166,6 +166,7 @@ impl StateStore for RedisStore {
                 prefix: inner.prefix.clone(),
                 keys: Keys::new(&inner.prefix, spec, None),
                 args: SpecArgs::new(spec, inner.probe_lease),
+                success_args: SuccessArgs::new(spec),
                 spec: spec.clone(),
                 local,
                 caller_clock: inner.time_source == TimeSource::Caller,
@@ -184,6 +185,7 @@ struct Shared {
     prefix: String,
     spec: ResourceSpec,
     args: SpecArgs,
+    success_args: SuccessArgs,
     /// The keys of the unpartitioned state.
     keys: Keys,
     local: Option<Arc<dyn ResourceState>>,
@@ -260,15 +262,8 @@ struct ReleaseArgs {
 impl Shared {
     /// An invocation of `script` with the keys of `partition`, the time and
     /// the spec; the operation's own arguments are added by the caller.
-    /// `now` is used only with [`TimeSource::Caller`]; `None` always means
-    /// the server's clock.
-    fn invocation<'s>(
-        &self,
-        script: &'s Script,
-        partition: Option<&PartitionKey>,
-        now: Option<Duration>,
-    ) -> ScriptInvocation<'s> {
-        let mut inv = script.prepare_invoke();
+    /// Adds the keys of `partition`.
+    fn keys_of(&self, inv: &mut ScriptInvocation<'_>, partition: Option<&PartitionKey>) {
         match partition {
             None => {
                 for k in &self.keys.0 {
@@ -281,6 +276,18 @@ impl Shared {
                 }
             }
         }
+    }
+
+    /// `now` is used only with [`TimeSource::Caller`]; `None` always means
+    /// the server's clock.
+    fn invocation<'s>(
+        &self,
+        script: &'s Script,
+        partition: Option<&PartitionKey>,
+        now: Option<Duration>,
+    ) -> ScriptInvocation<'s> {
+        let mut inv = script.prepare_invoke();
+        self.keys_of(&mut inv, partition);
         match now {
             Some(now) if self.caller_clock => inv.arg(micros(now)),
             _ => inv.arg(""),
@@ -296,6 +303,9 @@ impl Shared {
     }
 
     fn record_invocation(&self, record: &Record<'_>) -> ScriptInvocation<'static> {
+        if self.record_is_silent(record) {
+            return self.success_invocation(record);
+        }
         let mut inv = self.invocation(&Scripts::get().record, record.partition, Some(record.now));
         let p = record.permit;
         let outcome = match record.outcome {
@@ -313,6 +323,29 @@ impl Shared {
                     .retry_after
                     .map_or(-1, |d| i64::try_from(micros(d)).unwrap_or(i64::MAX)),
             );
+        inv
+    }
+
+    /// The lean record of a silent success (or ignored outcome).
+    fn success_invocation(&self, record: &Record<'_>) -> ScriptInvocation<'static> {
+        let mut inv = Scripts::get().success.prepare_invoke();
+        self.keys_of(&mut inv, record.partition);
+        if self.caller_clock {
+            inv.arg(micros(record.now));
+        } else {
+            inv.arg("");
+        }
+        let p = record.permit;
+        let mode = match record.outcome {
+            Outcome::Success => self.success_args.mode,
+            _ => "0",
+        };
+        inv.arg(p.slot.map_or(-1, |s| i64::try_from(s).unwrap_or(-1)))
+            .arg(p.generation)
+            .arg(mode);
+        for a in &self.success_args.rest {
+            inv.arg(a.as_str());
+        }
         inv
     }
 
@@ -503,7 +536,13 @@ impl ResourceState for RedisResource {
                 // Answered, or failed: then the slot is given back on the
                 // blocking path when `pending` drops (the runtime may be
                 // shutting down under it).
-                if pending.shared.link.invoke_async_quiet::<Vec<i64>>(&inv).await.is_ok() {
+                if pending
+                    .shared
+                    .link
+                    .invoke_async_quiet::<Vec<i64>>(&inv)
+                    .await
+                    .is_ok()
+                {
                     pending.answered();
                 }
             });

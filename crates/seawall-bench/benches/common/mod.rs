@@ -8,6 +8,7 @@
 //! [`AsyncCase`], cloned once per thread (clones share the policy's state,
 //! as they do in a real service).
 
+// Each benchmark binary uses a part of these.
 #![allow(dead_code)]
 
 use std::future::Future;
@@ -108,13 +109,6 @@ pub(crate) fn tower_op() -> tower::util::ServiceFn<
     tower::service_fn(|x: u64| std::future::ready(op(x)))
 }
 
-/// A tower service that always fails.
-pub(crate) fn tower_failing() -> tower::util::ServiceFn<
-    impl FnMut(u64) -> std::future::Ready<Result<u64, Oops>> + Clone + Send + 'static,
-> {
-    tower::service_fn(|x: u64| std::future::ready(failing_op(x)))
-}
-
 /// A seatbelt context on a clock driven by the current tokio runtime.
 /// Must be called inside a runtime.
 pub(crate) fn seatbelt_context() -> seatbelt::ResilienceContext<u64, Result<u64, Oops>> {
@@ -125,12 +119,6 @@ fn seatbelt_op() -> layered::Execute<
     impl Fn(u64) -> std::future::Ready<Result<u64, Oops>> + Send + Sync + Clone + 'static,
 > {
     layered::Execute::new(|x: u64| std::future::ready(op(x)))
-}
-
-fn seatbelt_failing() -> layered::Execute<
-    impl Fn(u64) -> std::future::Ready<Result<u64, Oops>> + Send + Sync + Clone + 'static,
-> {
-    layered::Execute::new(|x: u64| std::future::ready(failing_op(x)))
 }
 
 fn seatbelt_recovery(

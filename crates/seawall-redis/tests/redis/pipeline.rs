@@ -355,11 +355,21 @@ fn slot_ids_with_trailing_zeros_are_given_back() {
         .build()
         .unwrap();
     let r = store
-        .bind(&ResourceSpec::new("round").with_bulkhead(Bulkhead::new(1).lease(Duration::from_secs(30))))
+        .bind(
+            &ResourceSpec::new("round")
+                .with_bulkhead(Bulkhead::new(1).lease(Duration::from_secs(30))),
+        )
         .unwrap();
     // Slots are named after the microsecond they were taken in.
     let now = Duration::from_secs(100);
-    let permit = r.admit(&AdmitRequest { partition: None, now }).unwrap().decision.unwrap();
+    let permit = r
+        .admit(&AdmitRequest {
+            partition: None,
+            now,
+        })
+        .unwrap()
+        .decision
+        .unwrap();
     assert_eq!(permit.slot, Some(100_000_000));
     r.record(&Record {
         partition: None,
