@@ -50,7 +50,7 @@ impl CrashInput {
         let pick = (run * 7 + index * 3) % 4;
         CrashInput {
             fail_at: if pick == 3 { None } else { Some(pick as usize) },
-            flaky_compensation: (run + index) % 3 == 0,
+            flaky_compensation: (run + index).is_multiple_of(3),
         }
     }
 }

@@ -161,7 +161,7 @@ fn child_rate(store: RedisStore, index: u32) {
             0
         }
     };
-    if index % 2 == 0 {
+    if index.is_multiple_of(2) {
         for _ in 0..RATE_TRIES {
             for (i, p) in pipelines.iter().enumerate() {
                 admitted[i] += count(p.call(|_| Ok(())));
