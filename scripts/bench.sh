@@ -25,7 +25,7 @@ for arg in "$@"; do
     case "$arg" in
         --no-overhead) overhead=0 ;;
         --quick) warm_up=0.2; measure=0.5; samples=20 ;;
-        -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
         *) filters+=("$arg") ;;
     esac
 done

@@ -77,7 +77,8 @@ proptest! {
         let verdict = classify_status(StatusCode::from_u16(code).unwrap(), &HeaderMap::new());
         let expected = match code {
             100..=399 => None,
-            408 | 429 | 500..=599 => Some(VerdictKind::Retry),
+            429 => Some(VerdictKind::Throttled),
+            408 | 500..=599 => Some(VerdictKind::Retry),
             400..=499 => Some(VerdictKind::Abort),
             _ => Some(VerdictKind::Failure),
         };
@@ -94,7 +95,7 @@ fn a_429_with_a_date_gets_a_hint_from_now() {
         HeaderValue::from_str(&httpdate::fmt_http_date(later)).unwrap(),
     );
     let verdict = classify_status(StatusCode::TOO_MANY_REQUESTS, &headers).unwrap();
-    assert_eq!(verdict.kind(), VerdictKind::Retry);
+    assert_eq!(verdict.kind(), VerdictKind::Throttled);
     let hint = verdict.retry_after().unwrap();
     assert!(
         hint > Duration::from_secs(595) && hint <= Duration::from_secs(600),
