@@ -32,7 +32,7 @@
 //!
 //! headers.insert(http::header::RETRY_AFTER, HeaderValue::from_static("30"));
 //! let busy = classify_status(StatusCode::TOO_MANY_REQUESTS, &headers).unwrap();
-//! assert_eq!(busy.kind(), VerdictKind::Retry);
+//! assert_eq!(busy.kind(), VerdictKind::Throttled);
 //! assert_eq!(busy.retry_after(), Some(Duration::from_secs(30)));
 //! ```
 
