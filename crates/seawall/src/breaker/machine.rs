@@ -158,6 +158,7 @@ impl BreakerParams {
         }
     }
 
+    #[inline]
     fn is_slow(&self, duration: Duration) -> bool {
         self.slow_call_ns
             .is_some_and(|slow| duration_nanos(duration) >= slow)
@@ -223,6 +224,7 @@ impl Circuit {
         }
     }
 
+    #[inline]
     fn load(&self) -> u64 {
         self.state.load(Ordering::Acquire)
     }
@@ -233,7 +235,33 @@ impl Circuit {
             .map(|_| ())
     }
 
+    /// The generation of a closed or disabled circuit, which admits every
+    /// call and changes nothing when it does. `Err(Some(left))` while open
+    /// with `left` of the cooldown to go (the time is read only then),
+    /// `Err(None)` otherwise.
+    #[inline]
+    pub(crate) fn quick_admit(
+        &self,
+        now: &mut impl FnMut() -> u64,
+    ) -> Result<u64, Option<Duration>> {
+        let word = Word::unpack(self.load());
+        match word.kind {
+            Kind::Closed | Kind::Disabled => Ok(word.generation),
+            Kind::Open => {
+                let until_ns = word.payload.saturating_mul(NANOS_PER_MS);
+                let now_ns = now();
+                if now_ns < until_ns {
+                    Err(Some(Duration::from_nanos(until_ns - now_ns)))
+                } else {
+                    Err(None)
+                }
+            }
+            Kind::HalfOpen | Kind::Isolated => Err(None),
+        }
+    }
+
     /// Admits one call (closed: one atomic load).
+    #[inline]
     pub(crate) fn admit(&self, params: &BreakerParams, now_ns: u64) -> CircuitAdmit {
         let mut current = self.load();
         loop {
@@ -317,7 +345,44 @@ impl Circuit {
         }
     }
 
+    /// [`record`](Self::record) of a success that is not a probe, with the
+    /// common cases that change nothing answered inline: a disabled circuit,
+    /// a closed consecutive-mode circuit with no failure in a row, a full
+    /// count window holding only fast successes.
+    #[inline]
+    pub(crate) fn record_success(
+        &self,
+        params: &BreakerParams,
+        generation: u64,
+        duration: Duration,
+        now_ns: u64,
+    ) -> Option<CircuitTransition> {
+        let word = Word::unpack(self.load());
+        match word.kind {
+            Kind::Disabled => return None,
+            Kind::Closed
+                if word.generation == generation & GENERATION_MASK && !params.is_slow(duration) =>
+            {
+                match (&params.spec.mode, self.window.as_deref()) {
+                    (BreakerMode::ConsecutiveFailures(_), _) if word.payload == 0 => return None,
+                    (_, Some(Window::Count(w))) if w.only_fast_successes() => return None,
+                    _ => {}
+                }
+            }
+            _ => {}
+        }
+        self.record(
+            params,
+            generation,
+            false,
+            Outcome::Success,
+            duration,
+            now_ns,
+        )
+    }
+
     /// Records the outcome of a call admitted in `generation`.
+    #[inline]
     pub(crate) fn record(
         &self,
         params: &BreakerParams,
@@ -587,6 +652,7 @@ enum Window {
 }
 
 impl Window {
+    #[inline]
     fn record(&self, failure: bool, slow: bool, now_ns: u64) {
         match self {
             Window::Count(w) => w.record(failure, slow),
@@ -614,10 +680,13 @@ const SLOT_SET: u8 = 1;
 const SLOT_FAILURE: u8 = 2;
 const SLOT_SLOW: u8 = 4;
 
-/// The last N outcomes: a ring indexed by a shared head counter, plus
-/// failure and slow-call totals adjusted only when an overwritten slot
-/// differs from the new one (a success replacing a success writes the slot
-/// and the head, nothing else).
+/// The last N outcomes: a ring of slots, plus failure and slow-call totals
+/// adjusted only when an overwritten slot differs from the new one.
+///
+/// `head` packs the index of the next slot (low 32 bits) and a flag set
+/// once the ring has wrapped around (`FULL`). A success recorded into a
+/// full ring holding no failure and no slow call changes nothing (every
+/// slot already holds a success), so it writes nothing at all.
 #[derive(Debug)]
 struct CountWindow {
     head: AtomicU64,
@@ -625,6 +694,10 @@ struct CountWindow {
     failures: AtomicU32,
     slow: AtomicU32,
 }
+
+/// Set in `CountWindow::head` once every slot has been written.
+const FULL: u64 = 1 << 32;
+const INDEX: u64 = FULL - 1;
 
 impl CountWindow {
     fn new(size: u32) -> Self {
@@ -636,9 +709,37 @@ impl CountWindow {
         }
     }
 
+    /// `true` when the ring is full and holds no failure and no slow call:
+    /// recording a fast success would change nothing.
+    #[inline]
+    fn only_fast_successes(&self) -> bool {
+        self.head.load(Ordering::Acquire) & FULL != 0
+            && self.failures.load(Ordering::Acquire) == 0
+            && self.slow.load(Ordering::Acquire) == 0
+    }
+
+    #[inline]
     fn record(&self, failure: bool, slow: bool) {
+        if !(failure || slow) && self.only_fast_successes() {
+            return;
+        }
+        let mut head = self.head.load(Ordering::Acquire);
         let len = self.slots.len() as u64;
-        let index = (self.head.fetch_add(1, Ordering::AcqRel) % len) as usize;
+        let index = loop {
+            let index = head & INDEX;
+            let next = if index + 1 >= len {
+                FULL
+            } else {
+                (head & FULL) | (index + 1)
+            };
+            match self
+                .head
+                .compare_exchange_weak(head, next, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => break index as usize,
+                Err(actual) => head = actual,
+            }
+        };
         let value =
             SLOT_SET | if failure { SLOT_FAILURE } else { 0 } | if slow { SLOT_SLOW } else { 0 };
         let old = self.slots[index].swap(value, Ordering::AcqRel);
@@ -649,10 +750,12 @@ impl CountWindow {
     }
 
     fn snapshot(&self) -> (u64, u64, u64) {
-        let calls = self
-            .head
-            .load(Ordering::Acquire)
-            .min(self.slots.len() as u64);
+        let head = self.head.load(Ordering::Acquire);
+        let calls = if head & FULL != 0 {
+            self.slots.len() as u64
+        } else {
+            head & INDEX
+        };
         // The totals may be transiently off by the calls racing with this
         // read; clamp them into a consistent range.
         let total = |c: &AtomicU32| (c.load(Ordering::Acquire) as i32).max(0) as u64;

@@ -16,7 +16,9 @@ use crate::classify::Verdict;
 use crate::context::{Context, PartitionKey};
 use crate::error::{Error, Rejection, RejectionReason, TimeoutError, TimeoutScope};
 use crate::event::{EventKind, GiveUpReason};
-use crate::store::{Admission, AdmitRequest, Outcome, Permit, Record, Recorded, ResourceState};
+use crate::store::{
+    Admission, AdmitRequest, MemoryResource, Outcome, Permit, Record, Recorded, ResourceState,
+};
 use crate::timeout::WithDeadline;
 
 /// Gives a permit back if the attempt ends without recording an outcome
@@ -168,6 +170,7 @@ impl<K: Kind> Pipeline<K> {
         }
     }
 
+    #[inline]
     fn call_finished<T, E>(
         &self,
         partition: Option<&PartitionKey>,
@@ -176,23 +179,35 @@ impl<K: Kind> Pipeline<K> {
         result: &Result<T, Error<E>>,
         fell_back: bool,
     ) {
-        use crate::event::CallOutcome;
         if self.shared.listeners.enabled() {
-            let outcome = match result {
-                Ok(_) if fell_back => CallOutcome::Fallback,
-                Ok(_) => CallOutcome::Success,
-                Err(Error::Timeout(_)) => CallOutcome::Timeout,
-                Err(Error::Rejected(r)) => CallOutcome::Rejected(r.reason),
-                Err(Error::Store(_)) => CallOutcome::StoreFailure,
-                Err(_) => CallOutcome::Failure,
-            };
-            let duration = Duration::from_nanos(self.now_nanos().saturating_sub(started));
-            self.emit(partition, || EventKind::CallFinished {
-                attempts,
-                duration,
-                outcome,
-            });
+            self.report_call(partition, started, attempts, result, fell_back);
         }
+    }
+
+    #[cold]
+    fn report_call<T, E>(
+        &self,
+        partition: Option<&PartitionKey>,
+        started: u64,
+        attempts: u32,
+        result: &Result<T, Error<E>>,
+        fell_back: bool,
+    ) {
+        use crate::event::CallOutcome;
+        let outcome = match result {
+            Ok(_) if fell_back => CallOutcome::Fallback,
+            Ok(_) => CallOutcome::Success,
+            Err(Error::Timeout(_)) => CallOutcome::Timeout,
+            Err(Error::Rejected(r)) => CallOutcome::Rejected(r.reason),
+            Err(Error::Store(_)) => CallOutcome::StoreFailure,
+            Err(_) => CallOutcome::Failure,
+        };
+        let duration = Duration::from_nanos(self.now_nanos().saturating_sub(started));
+        self.emit(partition, || EventKind::CallFinished {
+            attempts,
+            duration,
+            outcome,
+        });
     }
 
     fn emit_admission(&self, partition: Option<&PartitionKey>, adm: &Admission) {
@@ -404,6 +419,51 @@ impl<K: Kind> Pipeline<K> {
         }
     }
 
+    /// The lean admission of a first attempt: the memory gate and its
+    /// permit when nothing out of the ordinary happened, `Ok(None)` when the
+    /// general path must admit it, `Err` for a refusal with nothing to
+    /// report (an open circuit). Reads the clock only when a policy needs
+    /// it and `now` was not read already.
+    #[inline]
+    fn lean_admit(
+        &self,
+        partition: Option<&PartitionKey>,
+        now: u64,
+    ) -> Result<Option<(&MemoryResource, Permit)>, Rejection> {
+        let shared = &*self.shared;
+        if !shared.plan.lean || partition.is_some() {
+            return Ok(None);
+        }
+        let Some(gate) = &shared.gate else {
+            return Ok(None);
+        };
+        let Some(memory) = &gate.memory else {
+            return Ok(None);
+        };
+        let mut read = self.needs_time().then_some(now);
+        let mut clock = || *read.get_or_insert_with(|| self.now_nanos());
+        match memory.try_admit(&mut clock) {
+            Ok(permit) => Ok(Some((memory, permit))),
+            Err(None) => Ok(None),
+            Err(Some(r)) => Err(r),
+        }
+    }
+
+    /// Records the success of a lean admission started at `started`.
+    #[inline]
+    fn lean_success(&self, gate: &Gate, memory: &MemoryResource, permit: Permit, started: u64) {
+        let end = if gate.record_needs_time {
+            self.now_nanos()
+        } else {
+            started
+        };
+        let duration = Duration::from_nanos(end.saturating_sub(started));
+        if let Some(t) = memory.record_success(permit, duration, end) {
+            self.emit_transition(None, t);
+        }
+    }
+
+    #[inline]
     fn start(&self) -> (u64, Option<Deadline>) {
         if let Some(r) = &self.shared.retry {
             if let Some(b) = &r.budget {
@@ -532,24 +592,57 @@ impl<K: Kind> Pipeline<K> {
         loop {
             let mut deadline = self.attempt_deadline(now, overall);
             let mut guard = None;
-            if let Some(gate) = &shared.gate {
-                match self.admit_async(gate, partition, now, deadline).await {
-                    Ok((permit, admitted_at)) => {
-                        if admitted_at != now {
-                            now = admitted_at;
-                            deadline = self.attempt_deadline(now, overall);
+            let result = 'attempt: {
+                if let Some(gate) = &shared.gate {
+                    // The lean first attempt: on success nothing else
+                    // happens; a failure or a timeout goes on below.
+                    if attempt == 1 {
+                        match self.lean_admit(partition, now) {
+                            Ok(Some((memory, permit))) => {
+                                let g = guard.insert(PermitGuard {
+                                    gate,
+                                    partition,
+                                    permit: Some(permit),
+                                });
+                                let at = deadline.map(|d| d.at);
+                                let ctx = self.context(partition, 1, at);
+                                match WithDeadline::new(op(ctx), &shared.clock, at).await {
+                                    Some(Ok(v)) => {
+                                        if let Some(permit) = g.permit.take() {
+                                            self.lean_success(gate, memory, permit, now);
+                                        }
+                                        return (Ok(v), 1);
+                                    }
+                                    result => break 'attempt result,
+                                }
+                            }
+                            Ok(None) => {}
+                            Err(r) => return (Err(self.reject(partition, r)), 1),
                         }
-                        guard = Some(PermitGuard {
-                            gate,
-                            partition,
-                            permit: Some(permit),
-                        });
                     }
-                    Err(r) => return (Err(self.refusal(partition, r)), attempt),
+                    if !self.needs_time() {
+                        now = self.now_nanos();
+                        deadline = self.attempt_deadline(now, overall);
+                    }
+                    match self.admit_async(gate, partition, now, deadline).await {
+                        Ok((permit, admitted_at)) => {
+                            if admitted_at != now {
+                                now = admitted_at;
+                                deadline = self.attempt_deadline(now, overall);
+                            }
+                            guard = Some(PermitGuard {
+                                gate,
+                                partition,
+                                permit: Some(permit),
+                            });
+                        }
+                        Err(r) => return (Err(self.refusal(partition, r)), attempt),
+                    }
                 }
-            }
-            let ctx = self.context(partition, attempt, deadline.map(|d| d.at));
-            let result = WithDeadline::new(op(ctx), &shared.clock, deadline.map(|d| d.at)).await;
+                let at = deadline.map(|d| d.at);
+                let ctx = self.context(partition, attempt, at);
+                WithDeadline::new(op(ctx), &shared.clock, at).await
+            };
             if shared.listeners.enabled() {
                 let outcome = match &result {
                     Some(Ok(_)) => crate::event::AttemptOutcome::Success,
@@ -561,14 +654,14 @@ impl<K: Kind> Pipeline<K> {
             let (verdict, error) = match result {
                 Some(Ok(v)) => {
                     if let Some(g) = guard.as_mut() {
-                        self.record_async(g, now, Outcome::Success, None).await;
+                        self.record_either(g, now, Outcome::Success, None).await;
                     }
                     return (Ok(v), attempt);
                 }
                 Some(Err(e)) => {
                     let v = K::verdict(&shared.handlers, &e);
                     if let Some(g) = guard.as_mut() {
-                        self.record_async(g, now, Self::outcome_of(v), v.retry_after())
+                        self.record_either(g, now, Self::outcome_of(v), v.retry_after())
                             .await;
                     }
                     (v, Some(e))
@@ -576,7 +669,7 @@ impl<K: Kind> Pipeline<K> {
                 None => {
                     let d = deadline.expect("a timeout needs a deadline");
                     if let Some(g) = guard.as_mut() {
-                        self.record_async(g, now, Outcome::Failure, None).await;
+                        self.record_either(g, now, Outcome::Failure, None).await;
                     }
                     self.emit(partition, || EventKind::TimedOut {
                         attempt,
@@ -625,6 +718,24 @@ impl<K: Kind> Pipeline<K> {
                     return (Err(err), attempt);
                 }
             }
+        }
+    }
+
+    /// Records an async attempt: a memory gate directly, a shared store
+    /// through its async API.
+    #[inline]
+    async fn record_either(
+        &self,
+        guard: &mut PermitGuard<'_>,
+        started: u64,
+        outcome: Outcome,
+        retry_after: Option<Duration>,
+    ) {
+        if guard.gate.memory.is_some() {
+            self.record_sync(guard, started, None, outcome, retry_after);
+        } else {
+            self.record_async(guard, started, outcome, retry_after)
+                .await;
         }
     }
 
@@ -783,24 +894,54 @@ impl<K: Kind> Pipeline<K> {
         loop {
             let mut deadline = self.attempt_deadline(now, overall);
             let mut guard = None;
-            if let Some(gate) = &shared.gate {
-                match self.admit_sync(gate, partition, now, deadline) {
-                    Ok((permit, admitted_at)) => {
-                        if admitted_at != now {
-                            now = admitted_at;
-                            deadline = self.attempt_deadline(now, overall);
+            let result = 'attempt: {
+                if let Some(gate) = &shared.gate {
+                    // The lean first attempt: on success nothing else
+                    // happens; a failure goes on below.
+                    if attempt == 1 {
+                        match self.lean_admit(partition, now) {
+                            Ok(Some((memory, permit))) => {
+                                let g = guard.insert(PermitGuard {
+                                    gate,
+                                    partition,
+                                    permit: Some(permit),
+                                });
+                                let ctx = self.context(partition, 1, deadline.map(|d| d.at));
+                                match op(ctx) {
+                                    Ok(v) => {
+                                        if let Some(permit) = g.permit.take() {
+                                            self.lean_success(gate, memory, permit, now);
+                                        }
+                                        return (Ok(v), 1);
+                                    }
+                                    Err(e) => break 'attempt Err(e),
+                                }
+                            }
+                            Ok(None) => {}
+                            Err(r) => return (Err(self.reject(partition, r)), 1),
                         }
-                        guard = Some(PermitGuard {
-                            gate,
-                            partition,
-                            permit: Some(permit),
-                        });
                     }
-                    Err(r) => return (Err(self.refusal(partition, r)), attempt),
+                    if !self.needs_time() {
+                        now = self.now_nanos();
+                        deadline = self.attempt_deadline(now, overall);
+                    }
+                    match self.admit_sync(gate, partition, now, deadline) {
+                        Ok((permit, admitted_at)) => {
+                            if admitted_at != now {
+                                now = admitted_at;
+                                deadline = self.attempt_deadline(now, overall);
+                            }
+                            guard = Some(PermitGuard {
+                                gate,
+                                partition,
+                                permit: Some(permit),
+                            });
+                        }
+                        Err(r) => return (Err(self.refusal(partition, r)), attempt),
+                    }
                 }
-            }
-            let ctx = self.context(partition, attempt, deadline.map(|d| d.at));
-            let result = op(ctx);
+                op(self.context(partition, attempt, deadline.map(|d| d.at)))
+            };
             if shared.listeners.enabled() {
                 let strict_late = deadline.is_some_and(|d| d.strict && self.now_nanos() > d.at);
                 let outcome = match &result {

@@ -442,10 +442,21 @@ impl<K: Kind> PipelineBuilder<K> {
                 && !any_timeout
                 && gate.is_none()
                 && !listeners.enabled(),
-            needs_time: gate.is_some() || any_timeout || listeners.enabled(),
+            // A memory gate reads the clock itself, only when a policy
+            // needs the time (a rate limit, a cooldown in effect, a circuit
+            // that is not closed, a partition).
+            needs_time: gate.as_ref().is_some_and(|g| {
+                g.memory.is_none() || g.spec.rate_limit.is_some() || g.record_needs_time
+            }) || any_timeout
+                || listeners.enabled(),
             watch_late: listeners.enabled()
                 || self.overall_timeout.is_some_and(|t| t.strict)
                 || self.attempt_timeout.is_some_and(|t| t.strict),
+            lean: gate.as_ref().is_some_and(|g| g.memory.is_some()) && !listeners.enabled(),
+        };
+        let plan = Plan {
+            lean: plan.lean && !plan.watch_late,
+            ..plan
         };
         Ok(Pipeline {
             shared: Arc::new(Shared {
@@ -510,6 +521,10 @@ pub(crate) struct Plan {
     /// Sync calls must read the clock at the end of an attempt to detect a
     /// late result (a strict timeout, or someone listening for events).
     pub(crate) watch_late: bool,
+    /// The gate is a memory resource, no one listens and no strict timeout
+    /// watches the end of an attempt: an unpartitioned first attempt may
+    /// take the lean path (admit, run, record a success, nothing else).
+    pub(crate) lean: bool,
 }
 
 pub(crate) struct Shared<K: Kind> {

@@ -103,6 +103,7 @@ impl RateState {
     }
 
     /// Takes one permit at `now_ns`, or tells how long until one is free.
+    #[inline]
     pub(crate) fn acquire(&self, params: &RateParams, now_ns: u64) -> Result<(), Duration> {
         match self {
             RateState::Off => Ok(()),
@@ -138,6 +139,7 @@ fn lock(log: &Mutex<VecDeque<u64>>) -> std::sync::MutexGuard<'_, VecDeque<u64>> 
     log.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+#[inline]
 fn gcra(tat: &AtomicU64, p: &RateParams, now: u64) -> Result<(), Duration> {
     let mut current = tat.load(Ordering::Acquire);
     loop {

@@ -488,7 +488,93 @@ impl MemoryResource {
     }
 }
 
+/// The lean path of a pipeline on a memory store.
+impl MemoryResource {
+    /// Admits one attempt on the unpartitioned state when nothing out of
+    /// the ordinary happens: a closed (or disabled) circuit, a free slot, no
+    /// cooldown in effect, a rate-limit permit.
+    ///
+    /// `Err(Some(r))`: the circuit is open and its cooldown not over; the
+    /// answer `admit` would give, with nothing to report. `Err(None)`:
+    /// anything else; nothing was taken and the caller asks `admit`.
+    /// `now` is called only when a policy needs the time.
+    #[inline]
+    pub(crate) fn try_admit(
+        &self,
+        now: &mut impl FnMut() -> u64,
+    ) -> Result<Permit, Option<Rejection>> {
+        let view = self.root_view();
+        let params = &self.params;
+        let mut permit = Permit::default();
+        if let Some(circuit) = view.circuit {
+            match circuit.quick_admit(now) {
+                Ok(generation) => permit.generation = generation,
+                Err(open) => {
+                    return Err(
+                        open.map(|left| Rejection::new(RejectionReason::CircuitOpen, Some(left)))
+                    )
+                }
+            }
+        }
+        if let (Some(in_flight), Some(max)) = (view.in_flight, params.bulkhead) {
+            if !acquire_slot(in_flight, max) {
+                return Err(None);
+            }
+            permit.slot = Some(0);
+        }
+        if let Some(until) = view.cooldown_until {
+            let until = until.load(Ordering::Acquire);
+            if until != 0 && now() < until {
+                give_back(view, permit);
+                return Err(None);
+            }
+        }
+        if let (Some(rate), Some(p)) = (view.rate, &params.rate) {
+            if rate.acquire(p, now()).is_err() {
+                give_back(view, permit);
+                return Err(None);
+            }
+        }
+        Ok(permit)
+    }
+
+    /// Records a success of a permit from [`try_admit`](Self::try_admit):
+    /// what `record` does for a success without a retry-after hint. Returns
+    /// the circuit transition it caused (a slow call may open the circuit).
+    #[inline(always)]
+    pub(crate) fn record_success(
+        &self,
+        permit: Permit,
+        duration: Duration,
+        now_ns: u64,
+    ) -> Option<CircuitTransition> {
+        let view = self.root_view();
+        let mut transition = None;
+        if let (Some(circuit), Some(p)) = (view.circuit, &self.params.circuit) {
+            transition = if permit.probe {
+                circuit.record(
+                    p,
+                    permit.generation,
+                    true,
+                    Outcome::Success,
+                    duration,
+                    now_ns,
+                )
+            } else {
+                circuit.record_success(p, permit.generation, duration, now_ns)
+            };
+        }
+        if permit.slot.is_some() {
+            if let Some(in_flight) = view.in_flight {
+                release_slot(in_flight);
+            }
+        }
+        transition
+    }
+}
+
 /// Takes a bulkhead slot: never lets the count pass `max`, even transiently.
+#[inline]
 fn acquire_slot(in_flight: &AtomicU32, max: u32) -> bool {
     let mut current = in_flight.load(Ordering::Relaxed);
     loop {
@@ -507,6 +593,7 @@ fn acquire_slot(in_flight: &AtomicU32, max: u32) -> bool {
     }
 }
 
+#[inline]
 fn release_slot(in_flight: &AtomicU32) {
     if in_flight.fetch_sub(1, Ordering::Release) == 0 {
         // A permit given back twice: undo rather than wrap around.
@@ -515,6 +602,7 @@ fn release_slot(in_flight: &AtomicU32) {
 }
 
 /// Gives back what an admission took (probe slot, bulkhead slot).
+#[inline]
 fn give_back(view: View<'_>, permit: Permit) {
     if permit.slot.is_some() {
         if let Some(in_flight) = view.in_flight {
