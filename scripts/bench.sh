@@ -32,6 +32,7 @@ done
 
 target="${CARGO_TARGET_DIR:-target}"
 mkdir -p "$target"
+target="$(cd "$target" && pwd)"  # benches run from their own package directory
 criterion_args=(--warm-up-time "$warm_up" --measurement-time "$measure" --sample-size "$samples")
 load() { cut -d' ' -f1-3 /proc/loadavg; }
 
