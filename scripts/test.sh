@@ -17,8 +17,18 @@ command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
 if [ "${#missing[@]}" -gt 0 ]; then
     echo "==> installing ${missing[*]}"
+    # Keep the packages from starting system-wide services: the tests start
+    # their own servers on free loopback ports.
+    policy=/usr/sbin/policy-rc.d
+    made_policy=0
+    if [ ! -e "$policy" ]; then
+        printf '#!/bin/sh\nexit 101\n' | as_root tee "$policy" >/dev/null
+        as_root chmod +x "$policy"
+        made_policy=1
+    fi
     as_root apt-get update -qq
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    if [ "$made_policy" = 1 ]; then as_root rm -f "$policy"; fi
 fi
 # The Debian package may start a system-wide redis on 6379; the tests never
 # use it (each test starts its own server on a free port).
