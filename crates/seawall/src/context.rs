@@ -34,6 +34,17 @@ pub struct Context {
 }
 
 impl Context {
+    /// The context of a first attempt with no deadline and no partition.
+    #[inline]
+    pub(crate) fn bare(resource: &'static str) -> Self {
+        Context {
+            resource,
+            attempt: 1,
+            deadline: None,
+            partition: None,
+        }
+    }
+
     /// The resource name of the pipeline.
     pub fn resource(&self) -> &str {
         self.resource

@@ -840,6 +840,34 @@ impl<K: Kind> Pipeline<K> {
         self.emit_recorded(guard.partition, result);
     }
 
+    /// The error path of a pipeline without policies: straight to the fallback.
+    #[cold]
+    pub(crate) fn passthrough_failed<T, E>(&self, e: E) -> Result<T, Error<E>>
+    where
+        K: HandlesSync<T, E>,
+    {
+        let ctx = self.context(None, 1, None);
+        match K::fall_back(&self.shared.handlers, Error::Operation(e), ctx) {
+            Fallen::NotApplied(e) => Err(e),
+            Fallen::Done(r) => r.map_err(Error::Fallback),
+            // `HandlesSync` kinds never return a pending fallback.
+            Fallen::Pending(_) => unreachable!("a sync pipeline kind returned an async fallback"),
+        }
+    }
+
+    /// The async error path of a pipeline without policies.
+    pub(crate) async fn passthrough_failed_async<T, E>(&self, e: E) -> Result<T, Error<E>>
+    where
+        K: Handles<T, E>,
+    {
+        let ctx = self.context(None, 1, None);
+        match K::fall_back(&self.shared.handlers, Error::Operation(e), ctx) {
+            Fallen::NotApplied(e) => Err(e),
+            Fallen::Done(r) => r.map_err(Error::Fallback),
+            Fallen::Pending(f) => f.await.map_err(Error::Fallback),
+        }
+    }
+
     pub(crate) fn call_in<T, E, Op>(
         &self,
         partition: Option<&PartitionKey>,

@@ -742,12 +742,19 @@ impl<K: Kind> Pipeline<K> {
     /// The operation's error (typed, in [`Error::Operation`] or
     /// [`Error::RetryExhausted`]), a timeout, a rejection by a policy, or a
     /// store failure; after the fallback, if one is configured and applies.
-    pub async fn run<T, E, Op, Fut>(&self, op: Op) -> Result<T, Error<E>>
+    pub async fn run<T, E, Op, Fut>(&self, mut op: Op) -> Result<T, Error<E>>
     where
         K: Handles<T, E>,
         Op: FnMut(Context) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
+        if self.shared.plan.passthrough {
+            // No policy at all: the operation runs as is.
+            return match op(Context::bare(self.shared.name)).await {
+                Ok(v) => Ok(v),
+                Err(e) => self.passthrough_failed_async(e).await,
+            };
+        }
         self.run_in(None, op).await
     }
 
@@ -760,11 +767,19 @@ impl<K: Kind> Pipeline<K> {
     ///
     /// # Errors
     /// As for [`run`](Self::run).
-    pub fn call<T, E, Op>(&self, op: Op) -> Result<T, Error<E>>
+    #[inline]
+    pub fn call<T, E, Op>(&self, mut op: Op) -> Result<T, Error<E>>
     where
         K: HandlesSync<T, E>,
         Op: FnMut(Context) -> Result<T, E>,
     {
+        if self.shared.plan.passthrough {
+            // No policy at all: the operation runs as is.
+            return match op(Context::bare(self.shared.name)) {
+                Ok(v) => Ok(v),
+                Err(e) => self.passthrough_failed(e),
+            };
+        }
         self.call_in(None, op)
     }
 }
