@@ -84,20 +84,16 @@ impl VirtualClock {
             .unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Wakes the sleepers that are due. They stay registered until they
+    /// have run, so that no other sleeper moves time past them before they
+    /// had their turn.
     fn wake_due(&self, now: u64) {
-        let due: Vec<Waker> = {
-            let mut s = self.sleepers();
-            let mut due = Vec::new();
-            s.retain(|(until, _, w)| {
-                if *until <= now {
-                    due.push(w.clone());
-                    false
-                } else {
-                    true
-                }
-            });
-            due
-        };
+        let due: Vec<Waker> = self
+            .sleepers()
+            .iter()
+            .filter(|(until, _, _)| *until <= now)
+            .map(|(_, _, w)| w.clone())
+            .collect();
         due.into_iter().for_each(Waker::wake);
     }
 
@@ -163,11 +159,12 @@ impl Future for VirtualSleep {
             .nanos
             .fetch_max(earliest, Ordering::SeqCst)
             .max(earliest);
-        clock.wake_due(now);
         if now >= until {
-            self.registered = false;
+            self.deregister();
+            clock.wake_due(now);
             Poll::Ready(())
         } else {
+            clock.wake_due(now);
             cx.waker().wake_by_ref();
             Poll::Pending
         }

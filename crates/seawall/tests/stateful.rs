@@ -445,3 +445,41 @@ fn throttling_is_retried_but_never_trips_the_circuit() {
     assert_eq!(p.circuit_state().unwrap(), CircuitState::Closed);
     assert_eq!(p.circuit_metrics().unwrap().failures, 0);
 }
+
+#[test]
+fn queued_call_keeps_its_place_when_polled_before_the_holder() {
+    let clock = VirtualClock::new();
+    let p = Pipeline::builder("s-queue-order")
+        .bulkhead(Bulkhead::new(1).queue(1, ms(500)))
+        .store(MemoryStore::new())
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let rt = rt();
+    let (waiter, holder, third) = rt.block_on(async {
+        let c1 = clock.clone();
+        let holder = p.run(move |_| {
+            let c1 = c1.clone();
+            async move {
+                seawall::Clock::sleep(&c1, ms(100)).await;
+                Ok::<_, Fail>("holder")
+            }
+        });
+        let waiter = async {
+            seawall::Clock::sleep(&clock, ms(1)).await;
+            p.run(|_| async { Ok::<_, Fail>("waiter") }).await
+        };
+        let third = async {
+            seawall::Clock::sleep(&clock, ms(2)).await;
+            p.run(|_| async { Ok::<_, Fail>("third") }).await
+        };
+        tokio::join!(waiter, holder, third)
+    });
+    assert_eq!(holder.unwrap(), "holder");
+    assert_eq!(
+        waiter.unwrap(),
+        "waiter",
+        "the first to queue keeps its place"
+    );
+    assert_eq!(reason(third), RejectionReason::BulkheadFull);
+}
