@@ -550,20 +550,7 @@ impl<K: Kind> Pipeline<K> {
         let (result, attempts) = self.execute_async(partition, &mut op).await;
         let (result, fell_back) = match result {
             Ok(v) => (Ok(v), false),
-            Err(err) => {
-                let ctx = self.context(partition, attempts, None);
-                match K::fall_back(&self.shared.handlers, err, ctx) {
-                    Fallen::NotApplied(e) => (Err(e), false),
-                    Fallen::Done(r) => {
-                        self.emit(partition, || EventKind::FallbackExecuted);
-                        (r.map_err(Error::Fallback), true)
-                    }
-                    Fallen::Pending(f) => {
-                        self.emit(partition, || EventKind::FallbackExecuted);
-                        (f.await.map_err(Error::Fallback), true)
-                    }
-                }
-            }
+            Err(err) => self.fall_back_async(partition, err, attempts).await,
         };
         self.call_finished(partition, started, attempts, &result, fell_back);
         result
@@ -739,6 +726,32 @@ impl<K: Kind> Pipeline<K> {
         }
     }
 
+    /// The record of an attempt admitted at `started` that ended at `end`
+    /// (read from the clock only when the store needs it).
+    fn record_of<'g>(
+        &self,
+        guard: &PermitGuard<'g>,
+        permit: Permit,
+        started: u64,
+        end: Option<u64>,
+        outcome: Outcome,
+        retry_after: Option<Duration>,
+    ) -> Record<'g> {
+        let end = match end {
+            Some(e) => e,
+            None if guard.gate.record_needs_time || retry_after.is_some() => self.now_nanos(),
+            None => started,
+        };
+        Record {
+            partition: guard.partition,
+            permit,
+            outcome,
+            duration: Duration::from_nanos(end.saturating_sub(started)),
+            retry_after,
+            now: Duration::from_nanos(end),
+        }
+    }
+
     async fn record_async(
         &self,
         guard: &mut PermitGuard<'_>,
@@ -748,19 +761,7 @@ impl<K: Kind> Pipeline<K> {
     ) {
         let Some(permit) = guard.permit else { return };
         let gate = guard.gate;
-        let end = if gate.record_needs_time || retry_after.is_some() {
-            self.now_nanos()
-        } else {
-            started
-        };
-        let record = Record {
-            partition: guard.partition,
-            permit,
-            outcome,
-            duration: Duration::from_nanos(end.saturating_sub(started)),
-            retry_after,
-            now: Duration::from_nanos(end),
-        };
+        let record = self.record_of(guard, permit, started, None, outcome, retry_after);
         let result = match &gate.memory {
             Some(m) => m.record(&record),
             None => gate.state.record_async(record).await,
@@ -820,19 +821,7 @@ impl<K: Kind> Pipeline<K> {
             return;
         };
         let gate = guard.gate;
-        let end = match end {
-            Some(e) => e,
-            None if gate.record_needs_time || retry_after.is_some() => self.now_nanos(),
-            None => started,
-        };
-        let record = Record {
-            partition: guard.partition,
-            permit,
-            outcome,
-            duration: Duration::from_nanos(end.saturating_sub(started)),
-            retry_after,
-            now: Duration::from_nanos(end),
-        };
+        let record = self.record_of(guard, permit, started, end, outcome, retry_after);
         let result = match &gate.memory {
             Some(m) => m.record(&record),
             None => gate.state.record(&record),
@@ -846,10 +835,27 @@ impl<K: Kind> Pipeline<K> {
     where
         K: HandlesSync<T, E>,
     {
-        let ctx = self.context(None, 1, None);
-        match K::fall_back(&self.shared.handlers, Error::Operation(e), ctx) {
-            Fallen::NotApplied(e) => Err(e),
-            Fallen::Done(r) => r.map_err(Error::Fallback),
+        self.fall_back_sync(None, Error::Operation(e), 1).0
+    }
+
+    /// Hands a final error to the fallback of a sync call; `true` when the
+    /// fallback ran.
+    fn fall_back_sync<T, E>(
+        &self,
+        partition: Option<&PartitionKey>,
+        err: Error<E>,
+        attempts: u32,
+    ) -> (Result<T, Error<E>>, bool)
+    where
+        K: HandlesSync<T, E>,
+    {
+        let ctx = self.context(partition, attempts, None);
+        match K::fall_back(&self.shared.handlers, err, ctx) {
+            Fallen::NotApplied(e) => (Err(e), false),
+            Fallen::Done(r) => {
+                self.emit(partition, || EventKind::FallbackExecuted);
+                (r.map_err(Error::Fallback), true)
+            }
             // `HandlesSync` kinds never return a pending fallback.
             Fallen::Pending(_) => unreachable!("a sync pipeline kind returned an async fallback"),
         }
@@ -860,11 +866,31 @@ impl<K: Kind> Pipeline<K> {
     where
         K: Handles<T, E>,
     {
-        let ctx = self.context(None, 1, None);
-        match K::fall_back(&self.shared.handlers, Error::Operation(e), ctx) {
-            Fallen::NotApplied(e) => Err(e),
-            Fallen::Done(r) => r.map_err(Error::Fallback),
-            Fallen::Pending(f) => f.await.map_err(Error::Fallback),
+        self.fall_back_async(None, Error::Operation(e), 1).await.0
+    }
+
+    /// Hands a final error to the fallback of an async call; `true` when the
+    /// fallback ran.
+    async fn fall_back_async<T, E>(
+        &self,
+        partition: Option<&PartitionKey>,
+        err: Error<E>,
+        attempts: u32,
+    ) -> (Result<T, Error<E>>, bool)
+    where
+        K: Handles<T, E>,
+    {
+        let ctx = self.context(partition, attempts, None);
+        match K::fall_back(&self.shared.handlers, err, ctx) {
+            Fallen::NotApplied(e) => (Err(e), false),
+            Fallen::Done(r) => {
+                self.emit(partition, || EventKind::FallbackExecuted);
+                (r.map_err(Error::Fallback), true)
+            }
+            Fallen::Pending(f) => {
+                self.emit(partition, || EventKind::FallbackExecuted);
+                (f.await.map_err(Error::Fallback), true)
+            }
         }
     }
 
@@ -881,20 +907,7 @@ impl<K: Kind> Pipeline<K> {
         let (result, attempts) = self.execute_sync(partition, &mut op);
         let (result, fell_back) = match result {
             Ok(v) => (Ok(v), false),
-            Err(err) => {
-                let ctx = self.context(partition, attempts, None);
-                match K::fall_back(&self.shared.handlers, err, ctx) {
-                    Fallen::NotApplied(e) => (Err(e), false),
-                    Fallen::Done(r) => {
-                        self.emit(partition, || EventKind::FallbackExecuted);
-                        (r.map_err(Error::Fallback), true)
-                    }
-                    // `HandlesSync` kinds never return a pending fallback.
-                    Fallen::Pending(_) => {
-                        unreachable!("a sync pipeline kind returned an async fallback")
-                    }
-                }
-            }
+            Err(err) => self.fall_back_sync(partition, err, attempts),
         };
         self.call_finished(partition, started, attempts, &result, fell_back);
         result
