@@ -266,7 +266,29 @@ impl Listeners {
     /// `true` when an event would be observed by anyone.
     #[inline]
     pub(crate) fn enabled(&self) -> bool {
-        cfg!(feature = "tracing") || !self.list.is_empty()
+        !self.list.is_empty() || Self::tracing()
+    }
+
+    /// `true` when listeners are registered (known when the pipeline is
+    /// built, unlike a `tracing` subscriber).
+    #[inline]
+    pub(crate) fn registered(&self) -> bool {
+        !self.list.is_empty()
+    }
+
+    /// `true` when a `tracing` subscriber wants seawall's events now (a
+    /// cached check of the call site's interest; always `false` without
+    /// the `tracing` feature).
+    #[inline(always)]
+    pub(crate) fn tracing() -> bool {
+        #[cfg(feature = "tracing")]
+        {
+            tracing::enabled!(target: "seawall", tracing::Level::INFO)
+        }
+        #[cfg(not(feature = "tracing"))]
+        {
+            false
+        }
     }
 
     /// Builds and delivers an event, unless nobody listens.

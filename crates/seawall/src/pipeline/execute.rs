@@ -23,7 +23,7 @@ use crate::timeout::WithDeadline;
 
 /// Gives a permit back if the attempt ends without recording an outcome
 /// (panic, or the future dropped by a timeout or by the caller).
-struct PermitGuard<'a> {
+pub(crate) struct PermitGuard<'a> {
     gate: &'a Gate,
     partition: Option<&'a PartitionKey>,
     permit: Option<Permit>,
@@ -98,7 +98,7 @@ const QUEUE_POLL_MAX: Duration = Duration::from_millis(20);
 impl<K: Kind> Pipeline<K> {
     #[inline]
     fn needs_time(&self) -> bool {
-        self.shared.plan.needs_time
+        self.shared.plan.needs_time || crate::event::Listeners::tracing()
     }
 
     #[inline]
@@ -419,36 +419,6 @@ impl<K: Kind> Pipeline<K> {
         }
     }
 
-    /// The lean admission of a first attempt: the memory gate and its
-    /// permit when nothing out of the ordinary happened, `Ok(None)` when the
-    /// general path must admit it, `Err` for a refusal with nothing to
-    /// report (an open circuit). Reads the clock only when a policy needs
-    /// it and `now` was not read already.
-    #[inline]
-    fn lean_admit(
-        &self,
-        partition: Option<&PartitionKey>,
-        now: u64,
-    ) -> Result<Option<(&MemoryResource, Permit)>, Rejection> {
-        let shared = &*self.shared;
-        if !shared.plan.lean || partition.is_some() {
-            return Ok(None);
-        }
-        let Some(gate) = &shared.gate else {
-            return Ok(None);
-        };
-        let Some(memory) = &gate.memory else {
-            return Ok(None);
-        };
-        let mut read = self.needs_time().then_some(now);
-        let mut clock = || *read.get_or_insert_with(|| self.now_nanos());
-        match memory.try_admit(&mut clock) {
-            Ok(permit) => Ok(Some((memory, permit))),
-            Err(None) => Ok(None),
-            Err(Some(r)) => Err(r),
-        }
-    }
-
     /// Records the success of a lean admission started at `started`.
     #[inline]
     fn lean_success(&self, gate: &Gate, memory: &MemoryResource, permit: Permit, started: u64) {
@@ -536,10 +506,13 @@ impl<K: Kind> Pipeline<K> {
         }
     }
 
-    pub(crate) async fn run_in<T, E, Op, Fut>(
-        &self,
-        partition: Option<&PartitionKey>,
+    /// Runs an async call through the general engine, from where `resume`
+    /// says it stands.
+    pub(crate) async fn run_in<'g, T, E, Op, Fut>(
+        &'g self,
+        partition: Option<&'g PartitionKey>,
         mut op: Op,
+        resume: Resume<'g, Option<Result<T, E>>>,
     ) -> Result<T, Error<E>>
     where
         K: Handles<T, E>,
@@ -547,7 +520,7 @@ impl<K: Kind> Pipeline<K> {
         Fut: Future<Output = Result<T, E>>,
     {
         let started = self.event_clock();
-        let (result, attempts) = self.execute_async(partition, &mut op).await;
+        let (result, attempts) = self.execute_async(partition, &mut op, resume).await;
         let (result, fell_back) = match result {
             Ok(v) => (Ok(v), false),
             Err(err) => self.fall_back_async(partition, err, attempts).await,
@@ -556,10 +529,111 @@ impl<K: Kind> Pipeline<K> {
         result
     }
 
-    async fn execute_async<T, E, Op, Fut>(
-        &self,
-        partition: Option<&PartitionKey>,
+    /// The lean admission of a first attempt on an unpartitioned memory
+    /// gate: the permit, or where the general engine takes over.
+    #[inline(always)]
+    fn lean_admit(&self, now: u64) -> LeanAdmit<'_> {
+        let shared = &*self.shared;
+        let Some(gate) = &shared.gate else {
+            return LeanAdmit::Admitted(None);
+        };
+        let Some(memory) = &gate.memory else {
+            return LeanAdmit::General;
+        };
+        let mut read = self.needs_time().then_some(now);
+        let mut clock = || *read.get_or_insert_with(|| self.now_nanos());
+        match memory.try_admit(&mut clock) {
+            Ok(permit) => LeanAdmit::Admitted(Some((
+                PermitGuard {
+                    gate,
+                    partition: None,
+                    permit: Some(permit),
+                },
+                &**memory,
+            ))),
+            Err(None) => LeanAdmit::General,
+            Err(Some(r)) => LeanAdmit::Refused(r),
+        }
+    }
+
+    /// The start of a lean call: the retry budget credited, the clock read
+    /// if a policy needs it.
+    #[inline(always)]
+    fn lean_start(&self) -> u64 {
+        if let Some(b) = self.shared.retry.as_ref().and_then(|r| r.budget.as_ref()) {
+            b.deposit();
+        }
+        if self.needs_time() {
+            self.now_nanos()
+        } else {
+            0
+        }
+    }
+
+    /// The deadline of a first attempt started at `now`.
+    #[inline(always)]
+    fn first_deadline(&self, now: u64) -> Option<u64> {
+        self.shared
+            .plan
+            .first_timeout
+            .map(|t| now.saturating_add(t))
+    }
+
+    /// An unpartitioned async call when the plan allows the lean path
+    /// (memory gate or none, nobody listening): admit, run, record a
+    /// success, inline; anything else is handed to the general engine
+    /// where it stands.
+    #[inline]
+    pub(crate) async fn run_lean<T, E, Op, Fut>(&self, mut op: Op) -> Result<T, Error<E>>
+    where
+        K: Handles<T, E>,
+        Op: FnMut(Context) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let shared = &*self.shared;
+        let now = self.lean_start();
+        let mut lean = match self.lean_admit(now) {
+            LeanAdmit::Admitted(lean) => lean,
+            LeanAdmit::General => return self.run_in(None, op, Resume::Started(now)).await,
+            LeanAdmit::Refused(r) if !K::HAS_FALLBACK => return Err(Error::Rejected(r)),
+            LeanAdmit::Refused(r) => return self.lean_refused(r).await,
+        };
+        let at = self.first_deadline(now);
+        let ctx = self.context(None, 1, at);
+        let result = match at {
+            None => Some(op(ctx).await),
+            Some(_) => WithDeadline::new(op(ctx), &shared.clock, at).await,
+        };
+        if let Some(Ok(v)) = result {
+            if let Some((guard, memory)) = &mut lean {
+                if let Some(permit) = guard.permit.take() {
+                    self.lean_success(guard.gate, memory, permit, now);
+                }
+            }
+            return Ok(v);
+        }
+        let guard = lean.map(|(guard, _)| guard);
+        self.run_in(None, op, Resume::Ran { now, guard, result })
+            .await
+    }
+
+    /// A lean async call refused at once (an open circuit).
+    #[cold]
+    async fn lean_refused<T, E>(&self, r: Rejection) -> Result<T, Error<E>>
+    where
+        K: Handles<T, E>,
+    {
+        let err = self.reject(None, r);
+        let (result, fell_back) = self.fall_back_async(None, err, 1).await;
+        self.call_finished(None, 0, 1, &result, fell_back);
+        result
+    }
+
+    async fn execute_async<'g, T, E, Op, Fut>(
+        &'g self,
+        partition: Option<&'g PartitionKey>,
         op: &mut Op,
+        resume: Resume<'g, Option<Result<T, E>>>,
     ) -> (Result<T, Error<E>>, u32)
     where
         K: Handles<T, E>,
@@ -567,46 +641,33 @@ impl<K: Kind> Pipeline<K> {
         Fut: Future<Output = Result<T, E>>,
     {
         let shared = &*self.shared;
-        if shared.plan.passthrough {
+        if shared.plan.passthrough && !crate::event::Listeners::tracing() {
             return match op(self.context(partition, 1, None)).await {
                 Ok(v) => (Ok(v), 1),
                 Err(e) => (Err(Error::Operation(e)), 1),
             };
         }
-        let (mut now, overall) = self.start();
+        let (mut now, overall, mut first) = match resume {
+            Resume::Start => {
+                let (now, overall) = self.start();
+                (now, overall, None)
+            }
+            Resume::Started(now) => (now, self.overall_deadline(now), None),
+            Resume::Ran { now, guard, result } => {
+                (now, self.overall_deadline(now), Some((guard, result)))
+            }
+        };
         let mut attempt = 1u32;
         let mut previous = Duration::ZERO;
         loop {
             let mut deadline = self.attempt_deadline(now, overall);
             let mut guard = None;
-            let result = 'attempt: {
+            let result = if let Some((lean, result)) = first.take() {
+                // The lean first attempt ran (see `call_lean`/`run_lean`).
+                guard = lean;
+                result
+            } else {
                 if let Some(gate) = &shared.gate {
-                    // The lean first attempt: on success nothing else
-                    // happens; a failure or a timeout goes on below.
-                    if attempt == 1 {
-                        match self.lean_admit(partition, now) {
-                            Ok(Some((memory, permit))) => {
-                                let g = guard.insert(PermitGuard {
-                                    gate,
-                                    partition,
-                                    permit: Some(permit),
-                                });
-                                let at = deadline.map(|d| d.at);
-                                let ctx = self.context(partition, 1, at);
-                                match WithDeadline::new(op(ctx), &shared.clock, at).await {
-                                    Some(Ok(v)) => {
-                                        if let Some(permit) = g.permit.take() {
-                                            self.lean_success(gate, memory, permit, now);
-                                        }
-                                        return (Ok(v), 1);
-                                    }
-                                    result => break 'attempt result,
-                                }
-                            }
-                            Ok(None) => {}
-                            Err(r) => return (Err(self.reject(partition, r)), 1),
-                        }
-                    }
                     if !self.needs_time() {
                         now = self.now_nanos();
                         deadline = self.attempt_deadline(now, overall);
@@ -849,6 +910,9 @@ impl<K: Kind> Pipeline<K> {
     where
         K: HandlesSync<T, E>,
     {
+        if !K::HAS_FALLBACK {
+            return (Err(err), false);
+        }
         let ctx = self.context(partition, attempts, None);
         match K::fall_back(&self.shared.handlers, err, ctx) {
             Fallen::NotApplied(e) => (Err(e), false),
@@ -880,6 +944,9 @@ impl<K: Kind> Pipeline<K> {
     where
         K: Handles<T, E>,
     {
+        if !K::HAS_FALLBACK {
+            return (Err(err), false);
+        }
         let ctx = self.context(partition, attempts, None);
         match K::fall_back(&self.shared.handlers, err, ctx) {
             Fallen::NotApplied(e) => (Err(e), false),
@@ -894,17 +961,20 @@ impl<K: Kind> Pipeline<K> {
         }
     }
 
-    pub(crate) fn call_in<T, E, Op>(
-        &self,
-        partition: Option<&PartitionKey>,
+    /// Runs a sync call through the general engine, from where `resume`
+    /// says it stands.
+    pub(crate) fn call_in<'g, T, E, Op>(
+        &'g self,
+        partition: Option<&'g PartitionKey>,
         mut op: Op,
+        resume: Resume<'g, Result<T, E>>,
     ) -> Result<T, Error<E>>
     where
         K: HandlesSync<T, E>,
         Op: FnMut(Context) -> Result<T, E>,
     {
         let started = self.event_clock();
-        let (result, attempts) = self.execute_sync(partition, &mut op);
+        let (result, attempts) = self.execute_sync(partition, &mut op, resume);
         let (result, fell_back) = match result {
             Ok(v) => (Ok(v), false),
             Err(err) => self.fall_back_sync(partition, err, attempts),
@@ -913,55 +983,104 @@ impl<K: Kind> Pipeline<K> {
         result
     }
 
-    fn execute_sync<T, E, Op>(
-        &self,
-        partition: Option<&PartitionKey>,
+    /// [`call_in`](Self::call_in) out of line: where a lean call goes on
+    /// after anything but a first success.
+    #[inline(never)]
+    fn call_resumed<'g, T, E, Op>(
+        &'g self,
+        op: Op,
+        resume: Resume<'g, Result<T, E>>,
+    ) -> Result<T, Error<E>>
+    where
+        K: HandlesSync<T, E>,
+        Op: FnMut(Context) -> Result<T, E>,
+    {
+        self.call_in(None, op, resume)
+    }
+
+    /// An unpartitioned sync call when the plan allows the lean path
+    /// (memory gate or none, nobody listening, no strict timeout): admit,
+    /// run, record a success, inline; anything else is handed to the
+    /// general engine where it stands.
+    #[inline]
+    pub(crate) fn call_lean<T, E, Op>(&self, mut op: Op) -> Result<T, Error<E>>
+    where
+        K: HandlesSync<T, E>,
+        Op: FnMut(Context) -> Result<T, E>,
+    {
+        let now = self.lean_start();
+        let mut lean = match self.lean_admit(now) {
+            LeanAdmit::Admitted(lean) => lean,
+            LeanAdmit::General => return self.call_resumed(op, Resume::Started(now)),
+            // Nobody listens on the lean path: a refusal with no fallback
+            // is returned as is.
+            LeanAdmit::Refused(r) if !K::HAS_FALLBACK => return Err(Error::Rejected(r)),
+            LeanAdmit::Refused(r) => return self.lean_refused_sync(r),
+        };
+        let result = op(self.context(None, 1, self.first_deadline(now)));
+        if let Ok(v) = result {
+            if let Some((guard, memory)) = &mut lean {
+                if let Some(permit) = guard.permit.take() {
+                    self.lean_success(guard.gate, memory, permit, now);
+                }
+            }
+            return Ok(v);
+        }
+        let guard = lean.map(|(guard, _)| guard);
+        self.call_resumed(op, Resume::Ran { now, guard, result })
+    }
+
+    /// A lean sync call refused at once (an open circuit).
+    #[cold]
+    #[inline(never)]
+    fn lean_refused_sync<T, E>(&self, r: Rejection) -> Result<T, Error<E>>
+    where
+        K: HandlesSync<T, E>,
+    {
+        let err = self.reject(None, r);
+        let (result, fell_back) = self.fall_back_sync(None, err, 1);
+        self.call_finished(None, 0, 1, &result, fell_back);
+        result
+    }
+
+    fn execute_sync<'g, T, E, Op>(
+        &'g self,
+        partition: Option<&'g PartitionKey>,
         op: &mut Op,
+        resume: Resume<'g, Result<T, E>>,
     ) -> (Result<T, Error<E>>, u32)
     where
         K: HandlesSync<T, E>,
         Op: FnMut(Context) -> Result<T, E>,
     {
         let shared = &*self.shared;
-        if shared.plan.passthrough {
+        if shared.plan.passthrough && !crate::event::Listeners::tracing() {
             return match op(self.context(partition, 1, None)) {
                 Ok(v) => (Ok(v), 1),
                 Err(e) => (Err(Error::Operation(e)), 1),
             };
         }
-        let (mut now, overall) = self.start();
+        let (mut now, overall, mut first) = match resume {
+            Resume::Start => {
+                let (now, overall) = self.start();
+                (now, overall, None)
+            }
+            Resume::Started(now) => (now, self.overall_deadline(now), None),
+            Resume::Ran { now, guard, result } => {
+                (now, self.overall_deadline(now), Some((guard, result)))
+            }
+        };
         let mut attempt = 1u32;
         let mut previous = Duration::ZERO;
         loop {
             let mut deadline = self.attempt_deadline(now, overall);
             let mut guard = None;
-            let result = 'attempt: {
+            let result = if let Some((lean, result)) = first.take() {
+                // The lean first attempt ran (see `call_lean`/`run_lean`).
+                guard = lean;
+                result
+            } else {
                 if let Some(gate) = &shared.gate {
-                    // The lean first attempt: on success nothing else
-                    // happens; a failure goes on below.
-                    if attempt == 1 {
-                        match self.lean_admit(partition, now) {
-                            Ok(Some((memory, permit))) => {
-                                let g = guard.insert(PermitGuard {
-                                    gate,
-                                    partition,
-                                    permit: Some(permit),
-                                });
-                                let ctx = self.context(partition, 1, deadline.map(|d| d.at));
-                                match op(ctx) {
-                                    Ok(v) => {
-                                        if let Some(permit) = g.permit.take() {
-                                            self.lean_success(gate, memory, permit, now);
-                                        }
-                                        return (Ok(v), 1);
-                                    }
-                                    Err(e) => break 'attempt Err(e),
-                                }
-                            }
-                            Ok(None) => {}
-                            Err(r) => return (Err(self.reject(partition, r)), 1),
-                        }
-                    }
                     if !self.needs_time() {
                         now = self.now_nanos();
                         deadline = self.attempt_deadline(now, overall);
@@ -994,7 +1113,7 @@ impl<K: Kind> Pipeline<K> {
             }
             // Cooperative timeout: is the attempt late?
             let (end, late) = match deadline {
-                Some(d) if shared.plan.watch_late => {
+                Some(d) if shared.plan.watch_late || crate::event::Listeners::tracing() => {
                     let end = self.now_nanos();
                     (Some(end), (end > d.at).then(|| (d, end - d.at)))
                 }
@@ -1067,6 +1186,32 @@ impl<K: Kind> Pipeline<K> {
             }
         }
     }
+}
+
+/// Where a call stands when the general engine takes it over.
+pub(crate) enum Resume<'g, R> {
+    /// Nothing happened yet.
+    Start,
+    /// The call started at this time (the retry budget credited); its
+    /// first attempt is not admitted yet.
+    Started(u64),
+    /// The lean first attempt, admitted at `now` (holding `guard`'s permit
+    /// when there is a gate), ended with `result` and was not a success.
+    Ran {
+        now: u64,
+        guard: Option<PermitGuard<'g>>,
+        result: R,
+    },
+}
+
+/// What the lean admission of a first attempt decided.
+enum LeanAdmit<'g> {
+    /// Admitted: the permit and the memory resource, if there is a gate.
+    Admitted(Option<(PermitGuard<'g>, &'g MemoryResource)>),
+    /// Anything out of the ordinary: the general engine admits it.
+    General,
+    /// Refused with nothing to report (an open circuit).
+    Refused(Rejection),
 }
 
 /// Why the gate did not admit an attempt.

@@ -39,6 +39,10 @@ mod sealed {
 pub trait Kind: sealed::Sealed + Send + Sync + 'static {
     /// The type-erased handlers stored in the pipeline.
     type Handlers: Clone + Send + Sync + 'static;
+    /// `true` when the kind carries a fallback: without one, a final error
+    /// is returned as is without building a fallback context.
+    #[doc(hidden)]
+    const HAS_FALLBACK: bool;
 }
 
 /// A pipeline that runs any `Result<T, E>`; every error is a retryable failure.
@@ -143,15 +147,19 @@ impl<T: 'static, E: 'static> sealed::Sealed for WithFallback<T, E> {}
 impl<T: 'static, E: 'static> sealed::Sealed for WithAsyncFallback<T, E> {}
 
 impl Kind for AnyResult {
+    const HAS_FALLBACK: bool = false;
     type Handlers = ();
 }
 impl<E: 'static> Kind for ErrorType<E> {
+    const HAS_FALLBACK: bool = false;
     type Handlers = ErrorHandlers<E>;
 }
 impl<T: 'static, E: 'static> Kind for WithFallback<T, E> {
+    const HAS_FALLBACK: bool = true;
     type Handlers = FallbackHandlers<SyncFallbackFn<T, E>, E>;
 }
 impl<T: 'static, E: 'static> Kind for WithAsyncFallback<T, E> {
+    const HAS_FALLBACK: bool = true;
     type Handlers = FallbackHandlers<AsyncFallbackFn<T, E>, E>;
 }
 

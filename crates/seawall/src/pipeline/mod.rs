@@ -441,21 +441,26 @@ impl<K: Kind> PipelineBuilder<K> {
             passthrough: self.retry.is_none()
                 && !any_timeout
                 && gate.is_none()
-                && !listeners.enabled(),
+                && !listeners.registered(),
             // A memory gate reads the clock itself, only when a policy
             // needs the time (a rate limit, a cooldown in effect, a circuit
             // that is not closed, a partition).
             needs_time: gate.as_ref().is_some_and(|g| {
                 g.memory.is_none() || g.spec.rate_limit.is_some() || g.record_needs_time
             }) || any_timeout
-                || listeners.enabled(),
-            watch_late: listeners.enabled()
+                || listeners.registered(),
+            watch_late: listeners.registered()
                 || self.overall_timeout.is_some_and(|t| t.strict)
                 || self.attempt_timeout.is_some_and(|t| t.strict),
-            lean: gate.as_ref().is_some_and(|g| g.memory.is_some()) && !listeners.enabled(),
+            lean_async: gate.as_ref().is_none_or(|g| g.memory.is_some()) && !listeners.registered(),
+            lean_sync: false,
+            first_timeout: match (self.overall_timeout, self.attempt_timeout) {
+                (Some(o), Some(a)) => Some(o.nanos().min(a.nanos())),
+                (o, a) => o.or(a).map(|t| t.nanos()),
+            },
         };
         let plan = Plan {
-            lean: plan.lean && !plan.watch_late,
+            lean_sync: plan.lean_async && !plan.watch_late,
             ..plan
         };
         Ok(Pipeline {
@@ -521,10 +526,16 @@ pub(crate) struct Plan {
     /// Sync calls must read the clock at the end of an attempt to detect a
     /// late result (a strict timeout, or someone listening for events).
     pub(crate) watch_late: bool,
-    /// The gate is a memory resource, no one listens and no strict timeout
-    /// watches the end of an attempt: an unpartitioned first attempt may
-    /// take the lean path (admit, run, record a success, nothing else).
-    pub(crate) lean: bool,
+    /// The gate, if any, is a memory resource and no one listens: an
+    /// unpartitioned async call takes the lean path (admit, run, record a
+    /// success, inline) until anything out of the ordinary happens.
+    pub(crate) lean_async: bool,
+    /// The same for sync calls, which also need no strict timeout watching
+    /// the end of an attempt.
+    pub(crate) lean_sync: bool,
+    /// The deadline of a first attempt, from its start (the nearer of the
+    /// overall and per-attempt timeouts), in nanoseconds.
+    pub(crate) first_timeout: Option<u64>,
 }
 
 pub(crate) struct Shared<K: Kind> {
@@ -748,14 +759,17 @@ impl<K: Kind> Pipeline<K> {
         Op: FnMut(Context) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        if self.shared.plan.passthrough {
+        if self.shared.plan.passthrough && !Listeners::tracing() {
             // No policy at all: the operation runs as is.
             return match op(Context::bare(self.shared.name)).await {
                 Ok(v) => Ok(v),
                 Err(e) => self.passthrough_failed_async(e).await,
             };
         }
-        self.run_in(None, op).await
+        if self.shared.plan.lean_async && !Listeners::tracing() {
+            return self.run_lean(op).await;
+        }
+        self.run_in(None, op, execute::Resume::Start).await
     }
 
     /// Runs a blocking operation through the pipeline on the calling thread.
@@ -773,14 +787,17 @@ impl<K: Kind> Pipeline<K> {
         K: HandlesSync<T, E>,
         Op: FnMut(Context) -> Result<T, E>,
     {
-        if self.shared.plan.passthrough {
+        if self.shared.plan.passthrough && !Listeners::tracing() {
             // No policy at all: the operation runs as is.
             return match op(Context::bare(self.shared.name)) {
                 Ok(v) => Ok(v),
                 Err(e) => self.passthrough_failed(e),
             };
         }
-        self.call_in(None, op)
+        if self.shared.plan.lean_sync && !Listeners::tracing() {
+            return self.call_lean(op);
+        }
+        self.call_in(None, op, execute::Resume::Start)
     }
 }
 
@@ -807,7 +824,9 @@ impl<K: Kind> Partition<'_, K> {
         Op: FnMut(Context) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        self.pipeline.run_in(Some(&self.key), op).await
+        self.pipeline
+            .run_in(Some(&self.key), op, execute::Resume::Start)
+            .await
     }
 
     /// Runs a blocking operation in this partition. See [`Pipeline::call`].
@@ -819,7 +838,8 @@ impl<K: Kind> Partition<'_, K> {
         K: HandlesSync<T, E>,
         Op: FnMut(Context) -> Result<T, E>,
     {
-        self.pipeline.call_in(Some(&self.key), op)
+        self.pipeline
+            .call_in(Some(&self.key), op, execute::Resume::Start)
     }
 
     /// Forces this partition's circuit open.

@@ -183,7 +183,7 @@ impl Params {
 #[derive(Debug)]
 struct Root {
     circuit: Option<Arc<Circuit>>,
-    in_flight: Option<Arc<AtomicU32>>,
+    in_flight: Option<Arc<StripedSlots>>,
     cooldown_until: Option<Arc<AtomicU64>>,
     rate: Option<Arc<RateState>>,
 }
@@ -237,7 +237,7 @@ impl Cells {
 #[derive(Debug, Clone, Copy)]
 struct View<'a> {
     circuit: Option<&'a Circuit>,
-    in_flight: Option<&'a AtomicU32>,
+    in_flight: Option<Slots<'a>>,
     cooldown_until: Option<&'a AtomicU64>,
     rate: Option<&'a RateState>,
 }
@@ -314,10 +314,10 @@ impl MemoryResource {
                     .and_then(|r| r.circuit.clone())
                     .unwrap_or_else(|| Arc::new(Circuit::new(p)))
             }),
-            in_flight: params.bulkhead.map(|_| {
+            in_flight: params.bulkhead.map(|max| {
                 keep(previous.is_some_and(|prev| prev.spec.bulkhead == spec.bulkhead))
                     .and_then(|r| r.in_flight.clone())
-                    .unwrap_or_default()
+                    .unwrap_or_else(|| Arc::new(StripedSlots::new(max)))
             }),
             cooldown_until: params.max_pause_ns.map(|_| {
                 keep(previous.is_some_and(|prev| prev.spec.cooldown == spec.cooldown))
@@ -344,7 +344,7 @@ impl MemoryResource {
     fn root_view(&self) -> View<'_> {
         View {
             circuit: self.root.circuit.as_deref(),
-            in_flight: self.root.in_flight.as_deref(),
+            in_flight: self.root.in_flight.as_deref().map(Slots::Striped),
             cooldown_until: self.root.cooldown_until.as_deref(),
             rate: self.root.rate.as_deref(),
         }
@@ -353,7 +353,7 @@ impl MemoryResource {
     fn cells_view<'a>(&self, cells: &'a Cells) -> View<'a> {
         View {
             circuit: self.params.circuit.as_ref().map(|_| &cells.circuit),
-            in_flight: self.params.bulkhead.map(|_| &cells.in_flight),
+            in_flight: self.params.bulkhead.map(|_| Slots::One(&cells.in_flight)),
             cooldown_until: self.params.max_pause_ns.map(|_| &cells.cooldown_until),
             rate: self.params.rate.as_ref().map(|_| &cells.rate),
         }
@@ -424,12 +424,12 @@ impl MemoryResource {
                 }
             }
         }
-        if let (Some(in_flight), Some(max)) = (view.in_flight, params.bulkhead) {
-            if !acquire_slot(in_flight, max) {
+        if let (Some(slots), Some(max)) = (view.in_flight, params.bulkhead) {
+            let Some(slot) = slots.acquire(max) else {
                 give_back(view, permit);
                 return refuse(RejectionReason::BulkheadFull, None, transition);
-            }
-            permit.slot = Some(0);
+            };
+            permit.slot = Some(slot);
         }
         if let Some(until) = view.cooldown_until {
             let until = until.load(Ordering::Acquire);
@@ -479,10 +479,8 @@ impl MemoryResource {
                 now_ns,
             );
         }
-        if record.permit.slot.is_some() {
-            if let Some(in_flight) = view.in_flight {
-                release_slot(in_flight);
-            }
+        if let (Some(slot), Some(slots)) = (record.permit.slot, view.in_flight) {
+            slots.release(slot);
         }
         recorded
     }
@@ -516,11 +514,11 @@ impl MemoryResource {
                 }
             }
         }
-        if let (Some(in_flight), Some(max)) = (view.in_flight, params.bulkhead) {
-            if !acquire_slot(in_flight, max) {
+        if let (Some(slots), Some(max)) = (view.in_flight, params.bulkhead) {
+            let Some(slot) = slots.acquire(max) else {
                 return Err(None);
-            }
-            permit.slot = Some(0);
+            };
+            permit.slot = Some(slot);
         }
         if let Some(until) = view.cooldown_until {
             let until = until.load(Ordering::Acquire);
@@ -564,10 +562,8 @@ impl MemoryResource {
                 circuit.record_success(p, permit.generation, duration, now_ns)
             };
         }
-        if permit.slot.is_some() {
-            if let Some(in_flight) = view.in_flight {
-                release_slot(in_flight);
-            }
+        if let (Some(slot), Some(slots)) = (permit.slot, view.in_flight) {
+            slots.release(slot);
         }
         transition
     }
@@ -601,13 +597,134 @@ fn release_slot(in_flight: &AtomicU32) {
     }
 }
 
+/// The bulkhead slots of a view: one counter (a partition) or stripes
+/// (the unpartitioned state).
+#[derive(Debug, Clone, Copy)]
+enum Slots<'a> {
+    One(&'a AtomicU32),
+    Striped(&'a StripedSlots),
+}
+
+impl Slots<'_> {
+    /// Takes a slot: its id for [`release`](Self::release), or `None` when
+    /// all `max` are taken.
+    #[inline]
+    fn acquire(self, max: u32) -> Option<u64> {
+        match self {
+            Slots::One(in_flight) => acquire_slot(in_flight, max).then_some(0),
+            Slots::Striped(slots) => slots.acquire(),
+        }
+    }
+
+    #[inline]
+    fn release(self, slot: u64) {
+        match self {
+            Slots::One(in_flight) => release_slot(in_flight),
+            Slots::Striped(slots) => slots.release(slot),
+        }
+    }
+}
+
+/// The most stripes a bulkhead is split into.
+const MAX_STRIPES: usize = 16;
+
+/// The bulkhead of the unpartitioned state: its `max` slots split into
+/// stripes, each on cache lines of its own, so that threads taking and
+/// giving back slots at the same time do not write to the same line. A
+/// thread takes from its own stripe first and from the others in turn when
+/// it is full; each stripe holds a fixed share of `max`, so the slots taken
+/// never number more than `max`, even transiently.
+#[derive(Debug)]
+struct StripedSlots {
+    stripes: Box<[Stripe]>,
+}
+
+#[derive(Debug)]
+#[repr(align(128))]
+struct Stripe {
+    in_flight: AtomicU32,
+    cap: u32,
+}
+
+impl StripedSlots {
+    /// A power of two of stripes: at most one per core, each holding at
+    /// least one slot.
+    fn new(max: u32) -> Self {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Self::with_stripes(max, cores)
+    }
+
+    fn with_stripes(max: u32, wanted: usize) -> Self {
+        let by_cores = wanted.max(1).next_power_of_two().min(MAX_STRIPES);
+        // The largest power of two not above `max` (at least 1).
+        let by_slots = 1usize << (u32::BITS - 1 - max.max(1).leading_zeros());
+        let n = by_cores.min(by_slots) as u32;
+        StripedSlots {
+            stripes: (0..n)
+                .map(|i| Stripe {
+                    in_flight: AtomicU32::new(0),
+                    cap: max / n + u32::from(i < max % n),
+                })
+                .collect(),
+        }
+    }
+
+    #[inline]
+    fn acquire(&self) -> Option<u64> {
+        let mask = self.stripes.len() - 1;
+        let home = stripe_hint() & mask;
+        for k in 0..self.stripes.len() {
+            let i = (home + k) & mask;
+            let stripe = &self.stripes[i];
+            if acquire_slot(&stripe.in_flight, stripe.cap) {
+                return Some(i as u64);
+            }
+        }
+        None
+    }
+
+    #[inline]
+    fn release(&self, slot: u64) {
+        if let Some(stripe) = self.stripes.get(slot as usize) {
+            release_slot(&stripe.in_flight);
+        }
+    }
+
+    fn in_flight(&self) -> u32 {
+        self.stripes
+            .iter()
+            .map(|s| s.in_flight.load(Ordering::Acquire))
+            .sum()
+    }
+}
+
+/// The stripe a thread tries first: threads are numbered in the order they
+/// first ask, so that threads working at the same time start on different
+/// stripes.
+#[inline]
+fn stripe_hint() -> usize {
+    use std::cell::Cell;
+    use std::sync::atomic::AtomicUsize;
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static HINT: Cell<usize> = const { Cell::new(usize::MAX) };
+    }
+    HINT.try_with(|hint| {
+        let mut h = hint.get();
+        if h == usize::MAX {
+            h = NEXT.fetch_add(1, Ordering::Relaxed) & (usize::MAX >> 1);
+            hint.set(h);
+        }
+        h
+    })
+    .unwrap_or(0)
+}
+
 /// Gives back what an admission took (probe slot, bulkhead slot).
 #[inline]
 fn give_back(view: View<'_>, permit: Permit) {
-    if permit.slot.is_some() {
-        if let Some(in_flight) = view.in_flight {
-            release_slot(in_flight);
-        }
+    if let (Some(slot), Some(slots)) = (permit.slot, view.in_flight) {
+        slots.release(slot);
     }
     if permit.probe {
         if let Some(circuit) = view.circuit {
@@ -698,7 +815,11 @@ impl ResourceState for MemoryResource {
     ) -> Result<u32, StoreError> {
         let load = |in_flight: &AtomicU32| in_flight.load(Ordering::Acquire);
         Ok(match partition {
-            None => self.root.in_flight.as_deref().map_or(0, load),
+            None => self
+                .root
+                .in_flight
+                .as_deref()
+                .map_or(0, StripedSlots::in_flight),
             Some(key) => self
                 .read_partition(key, |cells| load(&cells.in_flight))
                 .unwrap_or(0),
@@ -727,6 +848,71 @@ impl ResourceState for MemoryResource {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use proptest::prelude::*;
+
+    proptest! {
+        /// On one thread, striped slots behave exactly like one counter of
+        /// `max`: a slot is refused only when `max` are taken, whatever the
+        /// number of stripes and the order slots are given back in.
+        #[test]
+        fn striped_slots_count_like_one_counter(
+            max in 1u32..40,
+            wanted in 1usize..20,
+            ops in proptest::collection::vec(any::<(bool, prop::sample::Index)>(), 1..200),
+        ) {
+            let slots = StripedSlots::with_stripes(max, wanted);
+            prop_assert!(slots.stripes.len().is_power_of_two());
+            prop_assert!(slots.stripes.iter().all(|s| s.cap >= 1));
+            prop_assert_eq!(slots.stripes.iter().map(|s| s.cap).sum::<u32>(), max);
+            let mut held = Vec::new();
+            for (take, which) in ops {
+                if take || held.is_empty() {
+                    match slots.acquire() {
+                        Some(slot) => held.push(slot),
+                        None => prop_assert_eq!(held.len() as u32, max),
+                    }
+                    prop_assert!(held.len() as u32 <= max);
+                } else {
+                    slots.release(held.swap_remove(which.index(held.len())));
+                }
+                prop_assert_eq!(slots.in_flight(), held.len() as u32);
+            }
+        }
+    }
+
+    #[test]
+    fn striped_slots_never_pass_max_across_threads() {
+        use std::sync::atomic::AtomicU32;
+        for (max, stripes) in [(1, 8), (3, 8), (5, 4), (64, 16)] {
+            let slots = StripedSlots::with_stripes(max, stripes);
+            let holders = AtomicU32::new(0);
+            let peak = AtomicU32::new(0);
+            let taken = AtomicU32::new(0);
+            std::thread::scope(|scope| {
+                for _ in 0..8 {
+                    scope.spawn(|| {
+                        for _ in 0..5_000 {
+                            if let Some(slot) = slots.acquire() {
+                                let now = holders.fetch_add(1, Ordering::SeqCst) + 1;
+                                peak.fetch_max(now, Ordering::SeqCst);
+                                taken.fetch_add(1, Ordering::Relaxed);
+                                std::hint::spin_loop();
+                                holders.fetch_sub(1, Ordering::SeqCst);
+                                slots.release(slot);
+                            }
+                        }
+                    });
+                }
+            });
+            assert!(
+                peak.load(Ordering::SeqCst) <= max,
+                "max {max}: peak {peak:?}"
+            );
+            assert!(taken.load(Ordering::Relaxed) > 0);
+            assert_eq!(slots.in_flight(), 0);
+        }
+    }
     use crate::breaker::CircuitState;
     use crate::{Bulkhead, CircuitBreaker, Cooldown, RateLimiter};
 
