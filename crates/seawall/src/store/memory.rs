@@ -20,8 +20,6 @@ const NANOS_PER_MS: u64 = 1_000_000;
 const SHARDS: usize = 32;
 /// A shard is not swept before it holds this many keys.
 const MIN_SWEEP_LEN: usize = 16;
-/// Sliding-log entries reserved up front for an unpartitioned limiter.
-const ROOT_SLIDING_CAPACITY: usize = 4096;
 
 /// The default, process-local [`StateStore`]: lock-free atomics per
 /// resource, a sharded map per partition. Clones share state.
@@ -327,9 +325,7 @@ impl MemoryResource {
             rate: params.rate.as_ref().map(|p| {
                 keep(previous.is_some_and(|prev| prev.spec.rate_limit == spec.rate_limit))
                     .and_then(|r| r.rate.clone())
-                    .unwrap_or_else(|| {
-                        Arc::new(RateState::with_capacity(Some(p), ROOT_SLIDING_CAPACITY))
-                    })
+                    .unwrap_or_else(|| Arc::new(RateState::shared(Some(p))))
             }),
         };
         MemoryResource {
