@@ -24,12 +24,13 @@ use crate::timeout::WithDeadline;
 /// Gives a permit back if the attempt ends without recording an outcome
 /// (panic, or the future dropped by a timeout or by the caller).
 pub(crate) struct PermitGuard<'a> {
-    gate: &'a Gate,
+    pub(super) gate: &'a Gate,
     partition: Option<&'a PartitionKey>,
-    permit: Option<Permit>,
+    pub(super) permit: Option<Permit>,
 }
 
 impl Drop for PermitGuard<'_> {
+    #[inline]
     fn drop(&mut self) {
         if let Some(p) = self.permit.take() {
             self.gate.state.release(self.partition, p);
@@ -129,7 +130,7 @@ impl<K: Kind> Pipeline<K> {
     }
 
     #[inline]
-    fn context(
+    pub(super) fn context(
         &self,
         partition: Option<&PartitionKey>,
         attempt: u32,
@@ -421,7 +422,13 @@ impl<K: Kind> Pipeline<K> {
 
     /// Records the success of a lean admission started at `started`.
     #[inline]
-    fn lean_success(&self, gate: &Gate, memory: &MemoryResource, permit: Permit, started: u64) {
+    pub(super) fn lean_success(
+        &self,
+        gate: &Gate,
+        memory: &MemoryResource,
+        permit: Permit,
+        started: u64,
+    ) {
         let end = if gate.record_needs_time {
             self.now_nanos()
         } else {
@@ -532,7 +539,7 @@ impl<K: Kind> Pipeline<K> {
     /// The lean admission of a first attempt on an unpartitioned memory
     /// gate: the permit, or where the general engine takes over.
     #[inline(always)]
-    fn lean_admit(&self, now: u64) -> LeanAdmit<'_> {
+    pub(super) fn lean_admit(&self, now: u64) -> LeanAdmit<'_> {
         let shared = &*self.shared;
         let Some(gate) = &shared.gate else {
             return LeanAdmit::Admitted(None);
@@ -559,7 +566,7 @@ impl<K: Kind> Pipeline<K> {
     /// The start of a lean call: the retry budget credited, the clock read
     /// if a policy needs it.
     #[inline(always)]
-    fn lean_start(&self) -> u64 {
+    pub(super) fn lean_start(&self) -> u64 {
         if let Some(b) = self.shared.retry.as_ref().and_then(|r| r.budget.as_ref()) {
             b.deposit();
         }
@@ -572,54 +579,16 @@ impl<K: Kind> Pipeline<K> {
 
     /// The deadline of a first attempt started at `now`.
     #[inline(always)]
-    fn first_deadline(&self, now: u64) -> Option<u64> {
+    pub(super) fn first_deadline(&self, now: u64) -> Option<u64> {
         self.shared
             .plan
             .first_timeout
             .map(|t| now.saturating_add(t))
     }
 
-    /// An unpartitioned async call when the plan allows the lean path
-    /// (memory gate or none, nobody listening): admit, run, record a
-    /// success, inline; anything else is handed to the general engine
-    /// where it stands.
-    #[inline]
-    pub(crate) async fn run_lean<T, E, Op, Fut>(&self, mut op: Op) -> Result<T, Error<E>>
-    where
-        K: Handles<T, E>,
-        Op: FnMut(Context) -> Fut,
-        Fut: Future<Output = Result<T, E>>,
-    {
-        let shared = &*self.shared;
-        let now = self.lean_start();
-        let mut lean = match self.lean_admit(now) {
-            LeanAdmit::Admitted(lean) => lean,
-            LeanAdmit::General => return self.run_in(None, op, Resume::Started(now)).await,
-            LeanAdmit::Refused(r) if !K::HAS_FALLBACK => return Err(Error::Rejected(r)),
-            LeanAdmit::Refused(r) => return self.lean_refused(r).await,
-        };
-        let at = self.first_deadline(now);
-        let ctx = self.context(None, 1, at);
-        let result = match at {
-            None => Some(op(ctx).await),
-            Some(_) => WithDeadline::new(op(ctx), &shared.clock, at).await,
-        };
-        if let Some(Ok(v)) = result {
-            if let Some((guard, memory)) = &mut lean {
-                if let Some(permit) = guard.permit.take() {
-                    self.lean_success(guard.gate, memory, permit, now);
-                }
-            }
-            return Ok(v);
-        }
-        let guard = lean.map(|(guard, _)| guard);
-        self.run_in(None, op, Resume::Ran { now, guard, result })
-            .await
-    }
-
     /// A lean async call refused at once (an open circuit).
     #[cold]
-    async fn lean_refused<T, E>(&self, r: Rejection) -> Result<T, Error<E>>
+    pub(super) async fn lean_refused<T, E>(&self, r: Rejection) -> Result<T, Error<E>>
     where
         K: Handles<T, E>,
     {
@@ -1205,7 +1174,7 @@ pub(crate) enum Resume<'g, R> {
 }
 
 /// What the lean admission of a first attempt decided.
-enum LeanAdmit<'g> {
+pub(crate) enum LeanAdmit<'g> {
     /// Admitted: the permit and the memory resource, if there is a gate.
     Admitted(Option<(PermitGuard<'g>, &'g MemoryResource)>),
     /// Anything out of the ordinary: the general engine admits it.

@@ -23,6 +23,8 @@ use crate::store::{MemoryResource, MemoryStore, ResourceSpec, ResourceState, Sta
 use crate::timeout::Timeout;
 
 mod execute;
+use crate::timeout::WithDeadline;
+use execute::{LeanAdmit, Resume};
 mod kind;
 
 pub use kind::{
@@ -766,10 +768,36 @@ impl<K: Kind> Pipeline<K> {
                 Err(e) => self.passthrough_failed_async(e).await,
             };
         }
-        if self.shared.plan.lean_async && !Listeners::tracing() {
-            return self.run_lean(op).await;
+        if !self.shared.plan.lean_async || Listeners::tracing() {
+            return self.run_in(None, op, Resume::Start).await;
         }
-        self.run_in(None, op, execute::Resume::Start).await
+        // The lean path (memory gate or none, nobody listening): admit,
+        // run, record a success, here; anything else is handed to the
+        // general engine where it stands.
+        let now = self.lean_start();
+        let mut lean = match self.lean_admit(now) {
+            LeanAdmit::Admitted(lean) => lean,
+            LeanAdmit::General => return self.run_in(None, op, Resume::Started(now)).await,
+            LeanAdmit::Refused(r) if !K::HAS_FALLBACK => return Err(Error::Rejected(r)),
+            LeanAdmit::Refused(r) => return self.lean_refused(r).await,
+        };
+        let at = self.first_deadline(now);
+        let ctx = self.context(None, 1, at);
+        let result = match at {
+            None => Some(op(ctx).await),
+            Some(_) => WithDeadline::new(op(ctx), &self.shared.clock, at).await,
+        };
+        if let Some(Ok(v)) = result {
+            if let Some((guard, memory)) = &mut lean {
+                if let Some(permit) = guard.permit.take() {
+                    self.lean_success(guard.gate, memory, permit, now);
+                }
+            }
+            return Ok(v);
+        }
+        let guard = lean.map(|(guard, _)| guard);
+        self.run_in(None, op, Resume::Ran { now, guard, result })
+            .await
     }
 
     /// Runs a blocking operation through the pipeline on the calling thread.
@@ -797,7 +825,7 @@ impl<K: Kind> Pipeline<K> {
         if self.shared.plan.lean_sync && !Listeners::tracing() {
             return self.call_lean(op);
         }
-        self.call_in(None, op, execute::Resume::Start)
+        self.call_in(None, op, Resume::Start)
     }
 }
 
@@ -825,7 +853,7 @@ impl<K: Kind> Partition<'_, K> {
         Fut: Future<Output = Result<T, E>>,
     {
         self.pipeline
-            .run_in(Some(&self.key), op, execute::Resume::Start)
+            .run_in(Some(&self.key), op, Resume::Start)
             .await
     }
 
@@ -838,8 +866,7 @@ impl<K: Kind> Partition<'_, K> {
         K: HandlesSync<T, E>,
         Op: FnMut(Context) -> Result<T, E>,
     {
-        self.pipeline
-            .call_in(Some(&self.key), op, execute::Resume::Start)
+        self.pipeline.call_in(Some(&self.key), op, Resume::Start)
     }
 
     /// Forces this partition's circuit open.

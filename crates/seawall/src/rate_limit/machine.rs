@@ -108,8 +108,16 @@ impl RateState {
     }
 
     /// Takes one permit at `now_ns`, or tells how long until one is free.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn acquire(&self, params: &RateParams, now_ns: u64) -> Result<(), Duration> {
+        match self {
+            RateState::Gcra(tat) => gcra(tat, params, now_ns),
+            other => other.acquire_other(params, now_ns),
+        }
+    }
+
+    #[inline(never)]
+    fn acquire_other(&self, params: &RateParams, now_ns: u64) -> Result<(), Duration> {
         match self {
             RateState::Off => Ok(()),
             RateState::Gcra(tat) => gcra(tat, params, now_ns),
@@ -289,7 +297,7 @@ fn lock(log: &Mutex<VecDeque<u64>>) -> std::sync::MutexGuard<'_, VecDeque<u64>> 
     log.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-#[inline]
+#[inline(always)]
 fn gcra(tat: &AtomicU64, p: &RateParams, now: u64) -> Result<(), Duration> {
     let mut current = tat.load(Ordering::Acquire);
     loop {
