@@ -955,7 +955,7 @@ impl<K: Kind> Pipeline<K> {
     /// [`call_in`](Self::call_in) out of line: where a lean call goes on
     /// after anything but a first success.
     #[inline(never)]
-    fn call_resumed<'g, T, E, Op>(
+    pub(super) fn call_resumed<'g, T, E, Op>(
         &'g self,
         op: Op,
         resume: Resume<'g, Result<T, E>>,
@@ -986,7 +986,11 @@ impl<K: Kind> Pipeline<K> {
             LeanAdmit::Refused(r) if !K::HAS_FALLBACK => return Err(Error::Rejected(r)),
             LeanAdmit::Refused(r) => return self.lean_refused_sync(r),
         };
-        let result = op(self.context(None, 1, self.first_deadline(now)));
+        // Without a deadline the context is a constant, dropped for free.
+        let result = match self.first_deadline(now) {
+            None => op(Context::bare(self.shared.name)),
+            at => op(self.context(None, 1, at)),
+        };
         if let Ok(v) = result {
             if let Some((guard, memory)) = &mut lean {
                 if let Some(permit) = guard.permit.take() {
@@ -1171,6 +1175,18 @@ pub(crate) enum Resume<'g, R> {
         guard: Option<PermitGuard<'g>>,
         result: R,
     },
+}
+
+impl<R> Resume<'_, R> {
+    /// A first attempt that ran with no gate at the start of the call (no
+    /// clock read) and ended with `result`, not a success.
+    pub(crate) fn first_failed(result: R) -> Self {
+        Resume::Ran {
+            now: 0,
+            guard: None,
+            result,
+        }
+    }
 }
 
 /// What the lean admission of a first attempt decided.

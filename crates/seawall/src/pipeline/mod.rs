@@ -456,6 +456,7 @@ impl<K: Kind> PipelineBuilder<K> {
                 || self.attempt_timeout.is_some_and(|t| t.strict),
             lean_async: gate.as_ref().is_none_or(|g| g.memory.is_some()) && !listeners.registered(),
             lean_sync: false,
+            bare_first: false,
             first_timeout: match (self.overall_timeout, self.attempt_timeout) {
                 (Some(o), Some(a)) => Some(o.nanos().min(a.nanos())),
                 (o, a) => o.or(a).map(|t| t.nanos()),
@@ -463,6 +464,10 @@ impl<K: Kind> PipelineBuilder<K> {
         };
         let plan = Plan {
             lean_sync: plan.lean_async && !plan.watch_late,
+            bare_first: plan.lean_async
+                && gate.is_none()
+                && !any_timeout
+                && self.retry.as_ref().is_none_or(|r| r.budget.is_none()),
             ..plan
         };
         Ok(Pipeline {
@@ -538,6 +543,9 @@ pub(crate) struct Plan {
     /// The deadline of a first attempt, from its start (the nearer of the
     /// overall and per-attempt timeouts), in nanoseconds.
     pub(crate) first_timeout: Option<u64>,
+    /// No gate, no timeout, no retry budget, nobody listening: a retry
+    /// alone, whose first attempt runs as is.
+    pub(crate) bare_first: bool,
 }
 
 pub(crate) struct Shared<K: Kind> {
@@ -771,6 +779,17 @@ impl<K: Kind> Pipeline<K> {
         if !self.shared.plan.lean_async || Listeners::tracing() {
             return self.run_in(None, op, Resume::Start).await;
         }
+        if self.shared.plan.bare_first {
+            // A retry alone: the first attempt runs as is.
+            let result = op(Context::bare(self.shared.name)).await;
+            return match result {
+                Ok(v) => Ok(v),
+                Err(e) => {
+                    self.run_in(None, op, Resume::first_failed(Some(Err(e))))
+                        .await
+                }
+            };
+        }
         // The lean path (memory gate or none, nobody listening): admit,
         // run, record a success, here; anything else is handed to the
         // general engine where it stands.
@@ -781,11 +800,14 @@ impl<K: Kind> Pipeline<K> {
             LeanAdmit::Refused(r) if !K::HAS_FALLBACK => return Err(Error::Rejected(r)),
             LeanAdmit::Refused(r) => return self.lean_refused(r).await,
         };
+        // Without a deadline the context is a constant, dropped for free.
         let at = self.first_deadline(now);
-        let ctx = self.context(None, 1, at);
         let result = match at {
-            None => Some(op(ctx).await),
-            Some(_) => WithDeadline::new(op(ctx), &self.shared.clock, at).await,
+            None => Some(op(Context::bare(self.shared.name)).await),
+            Some(_) => {
+                let ctx = self.context(None, 1, at);
+                WithDeadline::new(op(ctx), &self.shared.clock, at).await
+            }
         };
         if let Some(Ok(v)) = result {
             if let Some((guard, memory)) = &mut lean {
@@ -820,6 +842,13 @@ impl<K: Kind> Pipeline<K> {
             return match op(Context::bare(self.shared.name)) {
                 Ok(v) => Ok(v),
                 Err(e) => self.passthrough_failed(e),
+            };
+        }
+        if self.shared.plan.bare_first && !Listeners::tracing() {
+            // A retry alone: the first attempt runs as is.
+            return match op(Context::bare(self.shared.name)) {
+                Ok(v) => Ok(v),
+                Err(e) => self.call_resumed(op, Resume::first_failed(Err(e))),
             };
         }
         if self.shared.plan.lean_sync && !Listeners::tracing() {
