@@ -4,6 +4,7 @@
 use std::collections::HashSet;
 use std::fmt;
 use std::hash::{Hash, Hasher};
+use std::mem::ManuallyDrop;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -27,10 +28,27 @@ use crate::clock::ClockHandle;
 /// ```
 #[derive(Clone)]
 pub struct Context {
-    pub(crate) resource: &'static str,
-    pub(crate) attempt: u32,
-    pub(crate) deadline: Option<(u64, ClockHandle)>,
-    pub(crate) partition: Option<PartitionKey>,
+    resource: &'static str,
+    attempt: u32,
+    /// The deadline, in nanoseconds on `clock`.
+    deadline: Option<u64>,
+    // The fields that may own a reference count are released by hand (see
+    // `Drop`), so that dropping a context that owns none, the common case,
+    // is free and inlined.
+    clock: ManuallyDrop<ClockHandle>,
+    partition: ManuallyDrop<Option<PartitionKey>>,
+}
+
+impl Drop for Context {
+    #[inline(always)]
+    fn drop(&mut self) {
+        // The system clock and integer or static keys own nothing.
+        let owns = !matches!(*self.clock, ClockHandle::System)
+            || matches!(*self.partition, Some(PartitionKey::Shared(_)));
+        if owns {
+            self.release();
+        }
+    }
 }
 
 impl Context {
@@ -41,8 +59,38 @@ impl Context {
             resource,
             attempt: 1,
             deadline: None,
-            partition: None,
+            clock: ManuallyDrop::new(ClockHandle::System),
+            partition: ManuallyDrop::new(None),
         }
+    }
+
+    /// The context of attempt `attempt`, its deadline (if any) on `clock`.
+    #[inline]
+    pub(crate) fn new(
+        resource: &'static str,
+        attempt: u32,
+        deadline: Option<u64>,
+        clock: &ClockHandle,
+        partition: Option<&PartitionKey>,
+    ) -> Self {
+        Context {
+            resource,
+            attempt,
+            deadline,
+            clock: ManuallyDrop::new(match deadline {
+                Some(_) => clock.clone(),
+                None => ClockHandle::System,
+            }),
+            partition: ManuallyDrop::new(partition.cloned()),
+        }
+    }
+
+    /// Gives back what the clock and partition fields own.
+    #[cold]
+    #[inline(never)]
+    fn release(&mut self) {
+        drop(std::mem::take(&mut *self.clock));
+        drop(self.partition.take());
     }
 
     /// The resource name of the pipeline.
@@ -67,17 +115,14 @@ impl Context {
 
     /// The deadline of this attempt on the pipeline's clock, if any.
     pub fn deadline(&self) -> Option<Duration> {
-        self.deadline
-            .as_ref()
-            .map(|(d, _)| Duration::from_nanos(*d))
+        self.deadline.map(Duration::from_nanos)
     }
 
     /// Time left before the deadline (zero once it has passed), or `None`
     /// when the call has no deadline.
     pub fn remaining(&self) -> Option<Duration> {
         self.deadline
-            .as_ref()
-            .map(|(d, clock)| Duration::from_nanos(d.saturating_sub(clock.now_nanos())))
+            .map(|d| Duration::from_nanos(d.saturating_sub(self.clock.now_nanos())))
     }
 
     /// `true` once the deadline has passed.
@@ -92,7 +137,7 @@ impl fmt::Debug for Context {
             .field("resource", &self.resource)
             .field("attempt", &self.attempt)
             .field("deadline", &self.deadline())
-            .field("partition", &self.partition)
+            .field("partition", &*self.partition)
             .finish()
     }
 }
@@ -226,6 +271,38 @@ mod tests {
         let mut s = DefaultHasher::new();
         k.hash(&mut s);
         s.finish()
+    }
+
+    #[test]
+    fn a_context_gives_back_what_it_owns() {
+        let name: Arc<str> = Arc::from("tenant");
+        let key = PartitionKey::from(Arc::clone(&name));
+        let clock = crate::testing::VirtualClock::new();
+        let handle = ClockHandle::from_clock(clock.clone());
+        let before = (Arc::strong_count(&name), clock.handles());
+        {
+            let ctx = Context::new("r", 2, Some(5), &handle, Some(&key));
+            let copy = ctx.clone();
+            assert_eq!(Arc::strong_count(&name), before.0 + 2);
+            assert_eq!(clock.handles(), before.1 + 2);
+            assert_eq!(copy.partition(), Some(&key));
+            assert_eq!(copy.deadline(), Some(Duration::from_nanos(5)));
+            assert_eq!(copy.remaining(), Some(Duration::from_nanos(5)));
+            // Without a deadline the clock is not kept.
+            let plain = Context::new("r", 1, None, &handle, None);
+            assert_eq!(clock.handles(), before.1 + 2);
+            drop(plain);
+        }
+        assert_eq!((Arc::strong_count(&name), clock.handles()), before);
+        // Static and integer keys own nothing.
+        let ctx = Context::new(
+            "r",
+            1,
+            None,
+            &ClockHandle::System,
+            Some(&PartitionKey::Int(7)),
+        );
+        assert_eq!(ctx.partition(), Some(&PartitionKey::Int(7)));
     }
 
     #[test]

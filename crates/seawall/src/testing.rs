@@ -73,6 +73,12 @@ impl VirtualClock {
         Duration::from_nanos(self.now_nanos())
     }
 
+    /// How many handles share this clock (for tests of reference counts).
+    #[cfg(test)]
+    pub(crate) fn handles(&self) -> usize {
+        Arc::strong_count(&self.inner)
+    }
+
     pub(crate) fn now_nanos(&self) -> u64 {
         self.inner.nanos.load(Ordering::SeqCst)
     }

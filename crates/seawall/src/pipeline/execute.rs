@@ -136,12 +136,13 @@ impl<K: Kind> Pipeline<K> {
         attempt: u32,
         deadline: Option<u64>,
     ) -> Context {
-        Context {
-            resource: self.shared.name,
+        Context::new(
+            self.shared.name,
             attempt,
-            deadline: deadline.map(|d| (d, self.shared.clock.clone())),
-            partition: partition.cloned(),
-        }
+            deadline,
+            &self.shared.clock,
+            partition,
+        )
     }
 
     /// Start of a call or attempt for the `*Finished` events (0 when nobody listens).
