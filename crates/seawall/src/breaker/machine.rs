@@ -244,7 +244,13 @@ impl Circuit {
         &self,
         now: &mut impl FnMut() -> u64,
     ) -> Result<u64, Option<Duration>> {
-        let word = Word::unpack(self.load());
+        let bits = self.load();
+        // Closed or disabled, the common case, straight from the bits.
+        let kind = bits & KIND_MASK;
+        if kind == Kind::Closed as u64 || kind == Kind::Disabled as u64 {
+            return Ok((bits >> GENERATION_SHIFT) & GENERATION_MASK);
+        }
+        let word = Word::unpack(bits);
         match word.kind {
             Kind::Closed | Kind::Disabled => Ok(word.generation),
             Kind::Open => {
@@ -357,19 +363,26 @@ impl Circuit {
         duration: Duration,
         now_ns: u64,
     ) -> Option<CircuitTransition> {
-        let word = Word::unpack(self.load());
-        match word.kind {
-            Kind::Disabled => return None,
-            Kind::Closed
-                if word.generation == generation & GENERATION_MASK && !params.is_slow(duration) =>
-            {
-                match (&params.spec.mode, self.window.as_deref()) {
-                    (BreakerMode::ConsecutiveFailures(_), _) if word.payload == 0 => return None,
-                    (_, Some(Window::Count(w))) if w.only_fast_successes() => return None,
-                    _ => {}
-                }
+        let bits = self.load();
+        let kind = bits & KIND_MASK;
+        if kind == Kind::Disabled as u64 {
+            return None;
+        }
+        // Closed in the admitting generation, a fast call: nothing changes
+        // when no failure is counted in a row (consecutive mode) or the
+        // count window holds only fast successes.
+        let closed_in_generation =
+            (Kind::Closed as u64) | ((generation & GENERATION_MASK) << GENERATION_SHIFT);
+        let same = bits & (KIND_MASK | (GENERATION_MASK << GENERATION_SHIFT));
+        if same == closed_in_generation && !params.is_slow(duration) {
+            let unchanged = match self.window.as_deref() {
+                None => (bits >> PAYLOAD_SHIFT) & PAYLOAD_MASK == 0,
+                Some(Window::Count(w)) => w.only_fast_successes(),
+                Some(Window::Time(_)) => false,
+            };
+            if unchanged {
+                return None;
             }
-            _ => {}
         }
         self.record(
             params,

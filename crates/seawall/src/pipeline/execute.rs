@@ -25,7 +25,7 @@ use crate::timeout::WithDeadline;
 /// (panic, or the future dropped by a timeout or by the caller).
 pub(crate) struct PermitGuard<'a> {
     pub(super) gate: &'a Gate,
-    partition: Option<&'a PartitionKey>,
+    pub(super) partition: Option<&'a PartitionKey>,
     pub(super) permit: Option<Permit>,
 }
 
@@ -98,12 +98,12 @@ const QUEUE_POLL_MAX: Duration = Duration::from_millis(20);
 
 impl<K: Kind> Pipeline<K> {
     #[inline]
-    fn needs_time(&self) -> bool {
+    pub(super) fn needs_time(&self) -> bool {
         self.shared.plan.needs_time || crate::event::Listeners::tracing()
     }
 
     #[inline]
-    fn now_nanos(&self) -> u64 {
+    pub(super) fn now_nanos(&self) -> u64 {
         self.shared.clock.now_nanos()
     }
 
@@ -537,33 +537,6 @@ impl<K: Kind> Pipeline<K> {
         result
     }
 
-    /// The lean admission of a first attempt on an unpartitioned memory
-    /// gate: the permit, or where the general engine takes over.
-    #[inline(always)]
-    pub(super) fn lean_admit(&self, now: u64) -> LeanAdmit<'_> {
-        let shared = &*self.shared;
-        let Some(gate) = &shared.gate else {
-            return LeanAdmit::Admitted(None);
-        };
-        let Some(memory) = &gate.memory else {
-            return LeanAdmit::General;
-        };
-        let mut read = self.needs_time().then_some(now);
-        let mut clock = || *read.get_or_insert_with(|| self.now_nanos());
-        match memory.try_admit(&mut clock) {
-            Ok(permit) => LeanAdmit::Admitted(Some((
-                PermitGuard {
-                    gate,
-                    partition: None,
-                    permit: Some(permit),
-                },
-                &**memory,
-            ))),
-            Err(None) => LeanAdmit::General,
-            Err(Some(r)) => LeanAdmit::Refused(r),
-        }
-    }
-
     /// The start of a lean call: the retry budget credited, the clock read
     /// if a policy needs it.
     #[inline(always)]
@@ -978,30 +951,47 @@ impl<K: Kind> Pipeline<K> {
         K: HandlesSync<T, E>,
         Op: FnMut(Context) -> Result<T, E>,
     {
+        let shared = &*self.shared;
         let now = self.lean_start();
-        let mut lean = match self.lean_admit(now) {
-            LeanAdmit::Admitted(lean) => lean,
-            LeanAdmit::General => return self.call_resumed(op, Resume::Started(now)),
+        let Some(gate) = &shared.gate else {
+            // A timeout or a retry budget, no stateful policy.
+            let result = op(self.context(None, 1, self.first_deadline(now)));
+            return match result {
+                Ok(v) => Ok(v),
+                Err(e) => self.call_resumed(op, Resume::first_ran(now, None, Err(e))),
+            };
+        };
+        let Some(memory) = gate.memory.as_deref() else {
+            return self.call_resumed(op, Resume::Started(now));
+        };
+        let mut read = self.needs_time().then_some(now);
+        let permit = match memory.try_admit(&mut || *read.get_or_insert_with(|| self.now_nanos())) {
+            Ok(permit) => permit,
+            Err(None) => return self.call_resumed(op, Resume::Started(now)),
             // Nobody listens on the lean path: a refusal with no fallback
             // is returned as is.
-            LeanAdmit::Refused(r) if !K::HAS_FALLBACK => return Err(Error::Rejected(r)),
-            LeanAdmit::Refused(r) => return self.lean_refused_sync(r),
+            Err(Some(r)) if !K::HAS_FALLBACK => return Err(Error::Rejected(r)),
+            Err(Some(r)) => return self.lean_refused_sync(r),
+        };
+        let mut guard = PermitGuard {
+            gate,
+            partition: None,
+            permit: Some(permit),
         };
         // Without a deadline the context is a constant, dropped for free.
         let result = match self.first_deadline(now) {
-            None => op(Context::bare(self.shared.name)),
+            None => op(Context::bare(shared.name)),
             at => op(self.context(None, 1, at)),
         };
-        if let Ok(v) = result {
-            if let Some((guard, memory)) = &mut lean {
+        match result {
+            Ok(v) => {
                 if let Some(permit) = guard.permit.take() {
-                    self.lean_success(guard.gate, memory, permit, now);
+                    self.lean_success(gate, memory, permit, now);
                 }
+                Ok(v)
             }
-            return Ok(v);
+            Err(e) => self.call_resumed(op, Resume::first_ran(now, Some(guard), Err(e))),
         }
-        let guard = lean.map(|(guard, _)| guard);
-        self.call_resumed(op, Resume::Ran { now, guard, result })
     }
 
     /// A lean sync call refused at once (an open circuit).
@@ -1178,26 +1168,19 @@ pub(crate) enum Resume<'g, R> {
     },
 }
 
-impl<R> Resume<'_, R> {
+impl<'g, R> Resume<'g, R> {
     /// A first attempt that ran with no gate at the start of the call (no
     /// clock read) and ended with `result`, not a success.
     pub(crate) fn first_failed(result: R) -> Self {
-        Resume::Ran {
-            now: 0,
-            guard: None,
-            result,
-        }
+        Self::first_ran(0, None, result)
     }
-}
 
-/// What the lean admission of a first attempt decided.
-pub(crate) enum LeanAdmit<'g> {
-    /// Admitted: the permit and the memory resource, if there is a gate.
-    Admitted(Option<(PermitGuard<'g>, &'g MemoryResource)>),
-    /// Anything out of the ordinary: the general engine admits it.
-    General,
-    /// Refused with nothing to report (an open circuit).
-    Refused(Rejection),
+    /// A first attempt admitted at `now` (on `guard`'s permit, if there is
+    /// a gate) that ended with `result`, not a success.
+    #[inline]
+    pub(crate) fn first_ran(now: u64, guard: Option<PermitGuard<'g>>, result: R) -> Self {
+        Resume::Ran { now, guard, result }
+    }
 }
 
 /// Why the gate did not admit an attempt.

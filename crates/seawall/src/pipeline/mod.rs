@@ -24,7 +24,7 @@ use crate::timeout::Timeout;
 
 mod execute;
 use crate::timeout::WithDeadline;
-use execute::{LeanAdmit, Resume};
+use execute::{PermitGuard, Resume};
 mod kind;
 
 pub use kind::{
@@ -793,33 +793,58 @@ impl<K: Kind> Pipeline<K> {
         // The lean path (memory gate or none, nobody listening): admit,
         // run, record a success, here; anything else is handed to the
         // general engine where it stands.
+        let shared = &*self.shared;
         let now = self.lean_start();
-        let mut lean = match self.lean_admit(now) {
-            LeanAdmit::Admitted(lean) => lean,
-            LeanAdmit::General => return self.run_in(None, op, Resume::Started(now)).await,
-            LeanAdmit::Refused(r) if !K::HAS_FALLBACK => return Err(Error::Rejected(r)),
-            LeanAdmit::Refused(r) => return self.lean_refused(r).await,
+        let at = self.first_deadline(now);
+        let Some(gate) = &shared.gate else {
+            // A timeout or a retry budget, no stateful policy.
+            let ctx = self.context(None, 1, at);
+            let result = WithDeadline::new(op(ctx), &shared.clock, at).await;
+            return match result {
+                Some(Ok(v)) => Ok(v),
+                result => {
+                    self.run_in(None, op, Resume::first_ran(now, None, result))
+                        .await
+                }
+            };
+        };
+        let Some(memory) = gate.memory.as_deref() else {
+            return self.run_in(None, op, Resume::Started(now)).await;
+        };
+        let mut read = self.needs_time().then_some(now);
+        let permit = match memory.try_admit(&mut || *read.get_or_insert_with(|| self.now_nanos())) {
+            Ok(permit) => permit,
+            Err(None) => return self.run_in(None, op, Resume::Started(now)).await,
+            // Nobody listens on the lean path: a refusal with no fallback
+            // is returned as is.
+            Err(Some(r)) if !K::HAS_FALLBACK => return Err(Error::Rejected(r)),
+            Err(Some(r)) => return self.lean_refused(r).await,
+        };
+        let mut guard = PermitGuard {
+            gate,
+            partition: None,
+            permit: Some(permit),
         };
         // Without a deadline the context is a constant, dropped for free.
-        let at = self.first_deadline(now);
         let result = match at {
-            None => Some(op(Context::bare(self.shared.name)).await),
+            None => Some(op(Context::bare(shared.name)).await),
             Some(_) => {
                 let ctx = self.context(None, 1, at);
-                WithDeadline::new(op(ctx), &self.shared.clock, at).await
+                WithDeadline::new(op(ctx), &shared.clock, at).await
             }
         };
-        if let Some(Ok(v)) = result {
-            if let Some((guard, memory)) = &mut lean {
+        match result {
+            Some(Ok(v)) => {
                 if let Some(permit) = guard.permit.take() {
-                    self.lean_success(guard.gate, memory, permit, now);
+                    self.lean_success(gate, memory, permit, now);
                 }
+                Ok(v)
             }
-            return Ok(v);
+            result => {
+                self.run_in(None, op, Resume::first_ran(now, Some(guard), result))
+                    .await
+            }
         }
-        let guard = lean.map(|(guard, _)| guard);
-        self.run_in(None, op, Resume::Ran { now, guard, result })
-            .await
     }
 
     /// Runs a blocking operation through the pipeline on the calling thread.
