@@ -430,6 +430,9 @@ impl<K: Kind> Pipeline<K> {
         permit: Permit,
         started: u64,
     ) {
+        if !gate.success_recorded {
+            return;
+        }
         let end = if gate.record_needs_time {
             self.now_nanos()
         } else {

@@ -432,6 +432,7 @@ impl<K: Kind> PipelineBuilder<K> {
                     c.slow_call_rate.is_some()
                         || matches!(c.mode, crate::breaker::BreakerMode::TimeWindow(_))
                 }),
+                success_recorded: spec.circuit.is_some() || spec.bulkhead.is_some(),
                 spec,
                 waiters: AtomicU32::new(0),
             })
@@ -519,6 +520,9 @@ pub(crate) struct Gate {
     pub(crate) memory: Option<Arc<MemoryResource>>,
     pub(crate) spec: ResourceSpec,
     pub(crate) record_needs_time: bool,
+    /// A success changes state (a circuit breaker or a bulkhead slot);
+    /// with only a rate limit and a cooldown there is nothing to record.
+    pub(crate) success_recorded: bool,
     /// Async calls currently queued for a bulkhead slot in this process.
     pub(crate) waiters: AtomicU32,
 }
