@@ -176,14 +176,28 @@ impl Params {
     }
 }
 
+/// A cell on cache lines of its own: a cell written by every call (the
+/// rate limit) must not share a line with one only read (a closed circuit),
+/// or each write would take the reader's copy away on the other cores.
+#[derive(Debug, Default)]
+#[repr(align(128))]
+struct Padded<T>(T);
+
+impl<T> std::ops::Deref for Padded<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
 /// The unpartitioned state: one shared cell per configured policy, so that
 /// a rebind with a different spec can keep the cells it did not change.
 #[derive(Debug)]
 struct Root {
-    circuit: Option<Arc<Circuit>>,
+    circuit: Option<Arc<Padded<Circuit>>>,
     in_flight: Option<Arc<StripedSlots>>,
-    cooldown_until: Option<Arc<AtomicU64>>,
-    rate: Option<Arc<RateState>>,
+    cooldown_until: Option<Arc<Padded<AtomicU64>>>,
+    rate: Option<Arc<Padded<RateState>>>,
 }
 
 /// The state of one partition key: every policy in one allocation.
@@ -310,7 +324,7 @@ impl MemoryResource {
             circuit: params.circuit.as_ref().map(|p| {
                 keep(previous.is_some_and(|prev| prev.spec.circuit == spec.circuit))
                     .and_then(|r| r.circuit.clone())
-                    .unwrap_or_else(|| Arc::new(Circuit::new(p)))
+                    .unwrap_or_else(|| Arc::new(Padded(Circuit::new(p))))
             }),
             in_flight: params.bulkhead.map(|max| {
                 keep(previous.is_some_and(|prev| prev.spec.bulkhead == spec.bulkhead))
@@ -325,7 +339,7 @@ impl MemoryResource {
             rate: params.rate.as_ref().map(|p| {
                 keep(previous.is_some_and(|prev| prev.spec.rate_limit == spec.rate_limit))
                     .and_then(|r| r.rate.clone())
-                    .unwrap_or_else(|| Arc::new(RateState::shared(Some(p))))
+                    .unwrap_or_else(|| Arc::new(Padded(RateState::shared(Some(p)))))
             }),
         };
         MemoryResource {
@@ -339,10 +353,10 @@ impl MemoryResource {
     #[inline]
     fn root_view(&self) -> View<'_> {
         View {
-            circuit: self.root.circuit.as_deref(),
+            circuit: self.root.circuit.as_deref().map(|c| &c.0),
             in_flight: self.root.in_flight.as_deref().map(Slots::Striped),
-            cooldown_until: self.root.cooldown_until.as_deref(),
-            rate: self.root.rate.as_deref(),
+            cooldown_until: self.root.cooldown_until.as_deref().map(|c| &c.0),
+            rate: self.root.rate.as_deref().map(|r| &r.0),
         }
     }
 
