@@ -816,19 +816,24 @@ impl<K: Kind> Pipeline<K> {
             return self.run_in(None, op, Resume::Started(now)).await;
         };
         let mut read = self.needs_time().then_some(now);
-        let permit = match memory.try_admit(&mut || *read.get_or_insert_with(|| self.now_nanos())) {
-            Ok(permit) => permit,
+        // The guard holds the permit from the start: `try_admit` writes it in place.
+        let mut guard = PermitGuard {
+            gate,
+            partition: None,
+            permit: None,
+        };
+        match memory.try_admit(
+            &mut || *read.get_or_insert_with(|| self.now_nanos()),
+            &mut guard.permit,
+        ) {
+            Ok(()) => {}
             Err(None) => return self.run_in(None, op, Resume::Started(now)).await,
             // Nobody listens on the lean path: a refusal with no fallback
             // is returned as is.
             Err(Some(r)) if !K::HAS_FALLBACK => return Err(Error::Rejected(r)),
             Err(Some(r)) => return self.lean_refused(r).await,
         };
-        let mut guard = PermitGuard {
-            gate,
-            partition: None,
-            permit: Some(permit),
-        };
+
         // Without a deadline the context is a constant, dropped for free.
         let result = match at {
             None => Some(op(Context::bare(shared.name)).await),

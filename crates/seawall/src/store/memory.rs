@@ -502,21 +502,24 @@ impl MemoryResource {
     /// the ordinary happens: a closed (or disabled) circuit, a free slot, no
     /// cooldown in effect, a rate-limit permit.
     ///
-    /// `Err(Some(r))`: the circuit is open and its cooldown not over; the
-    /// answer `admit` would give, with nothing to report. `Err(None)`:
-    /// anything else; nothing was taken and the caller asks `admit`.
-    /// `now` is called only when a policy needs the time.
+    /// `Ok`: the permit is in `out` (written in place: the caller's guard
+    /// holds it from the start, nothing is copied). `Err(Some(r))`: the
+    /// circuit is open and its cooldown not over; the answer `admit` would
+    /// give, with nothing to report. `Err(None)`: anything else; nothing
+    /// was taken and the caller asks `admit`. `out` is `None` after an
+    /// `Err`. `now` is called only when a policy needs the time.
     #[inline]
     pub(crate) fn try_admit(
         &self,
         now: &mut impl FnMut() -> u64,
-    ) -> Result<Permit, Option<Rejection>> {
+        out: &mut Option<Permit>,
+    ) -> Result<(), Option<Rejection>> {
         let view = self.root_view();
         let params = &self.params;
-        let mut permit = Permit::default();
+        let mut generation = 0;
         if let Some(circuit) = view.circuit {
             match circuit.quick_admit(now) {
-                Ok(generation) => permit.generation = generation,
+                Ok(g) => generation = g,
                 Err(open) => {
                     return Err(
                         open.map(|left| Rejection::new(RejectionReason::CircuitOpen, Some(left)))
@@ -524,26 +527,33 @@ impl MemoryResource {
                 }
             }
         }
+        let mut slot = None;
         if let (Some(slots), Some(max)) = (view.in_flight, params.bulkhead) {
-            let Some(slot) = slots.acquire(max) else {
+            slot = slots.acquire(max);
+            if slot.is_none() {
                 return Err(None);
-            };
-            permit.slot = Some(slot);
+            }
         }
+        let taken = Permit {
+            generation,
+            slot,
+            ..Permit::default()
+        };
         if let Some(until) = view.cooldown_until {
             let until = until.load(Ordering::Acquire);
             if until != 0 && now() < until {
-                give_back(view, permit);
+                give_back(view, taken);
                 return Err(None);
             }
         }
         if let (Some(rate), Some(p)) = (view.rate, &params.rate) {
             if rate.acquire(p, now()).is_err() {
-                give_back(view, permit);
+                give_back(view, taken);
                 return Err(None);
             }
         }
-        Ok(permit)
+        *out = Some(taken);
+        Ok(())
     }
 
     /// Records a success of a permit from [`try_admit`](Self::try_admit):
