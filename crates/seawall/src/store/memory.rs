@@ -90,11 +90,22 @@ const MIN_SWEEP_LEN: usize = 16;
 /// breaker, a bulkhead, a cooldown and a GCRA limiter (integer key).
 ///
 /// # Costs
-/// Admitting and recording on an unpartitioned resource allocate nothing.
-/// A closed circuit admits with one atomic load, a consecutive-mode success
-/// is one load, a bulkhead slot is one compare-and-swap to take and one
-/// `fetch_sub` to give back, a cooldown check is one load and a GCRA permit
-/// one load and one compare-and-swap.
+/// Admitting and recording on an unpartitioned resource allocate nothing
+/// (a sliding window of more than 4096 allocates each further chunk of its
+/// log once, on first use). A closed circuit admits with one atomic load, a
+/// consecutive-mode success is one load, a bulkhead slot is one
+/// compare-and-swap to take and one `fetch_sub` to give back, a cooldown
+/// check is one load, a GCRA or fixed-window permit one load and one
+/// compare-and-swap, a sliding-window permit two loads, one
+/// compare-and-swap and one store. Nothing takes a lock.
+///
+/// Threads working on one unpartitioned resource at once share no written
+/// cache line except the rate limiter's: the bulkhead's slots are split
+/// into stripes (one per core, each holding a fixed share of the maximum,
+/// a thread starting on its own stripe), and the circuit, cooldown and rate
+/// cells sit on cache lines of their own. A partition keeps one counter per
+/// policy and the sliding log in a deque behind a small mutex, so that an
+/// idle key costs little.
 #[derive(Clone, Default)]
 pub struct MemoryStore {
     registry: Arc<Mutex<HashMap<String, Arc<MemoryResource>>>>,
