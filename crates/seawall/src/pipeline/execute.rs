@@ -29,6 +29,17 @@ pub(crate) struct PermitGuard<'a> {
     pub(super) permit: Option<Permit>,
 }
 
+impl<'a> PermitGuard<'a> {
+    /// A guard of an unpartitioned attempt on `gate`, holding no permit yet.
+    pub(super) fn empty(gate: &'a Gate) -> Self {
+        PermitGuard {
+            gate,
+            partition: None,
+            permit: None,
+        }
+    }
+}
+
 impl Drop for PermitGuard<'_> {
     #[inline]
     fn drop(&mut self) {
@@ -459,6 +470,42 @@ impl<K: Kind> Pipeline<K> {
         }
     }
 
+    /// Where the general engine starts: the start of the call, its overall
+    /// deadline and the first attempt already run, if any.
+    fn resume<'g, R>(
+        &self,
+        resume: Resume<'g, R>,
+    ) -> (u64, Option<Deadline>, Option<FirstAttempt<'g, R>>) {
+        match resume {
+            Resume::Start => {
+                let (now, overall) = self.start();
+                (now, overall, None)
+            }
+            Resume::Started(now) => (now, self.overall_deadline(now), None),
+            Resume::Ran { now, guard, result } => {
+                (now, self.overall_deadline(now), Some((guard, result)))
+            }
+        }
+    }
+
+    /// The lean admission of a first attempt started at `now` on an
+    /// unpartitioned memory gate, its permit written into `permit` (see
+    /// [`MemoryResource::try_admit`]). The clock is read only if a policy
+    /// needs the time and `now` was not read already.
+    #[inline(always)]
+    pub(super) fn lean_admit(
+        &self,
+        memory: &MemoryResource,
+        now: u64,
+        permit: &mut Option<Permit>,
+    ) -> Result<(), Option<Rejection>> {
+        let mut read = self.needs_time().then_some(now);
+        memory.try_admit(
+            &mut || *read.get_or_insert_with(|| self.now_nanos()),
+            permit,
+        )
+    }
+
     // ---------------------------------------------------------------- async
 
     async fn admit_async<'g>(
@@ -593,16 +640,7 @@ impl<K: Kind> Pipeline<K> {
                 Err(e) => (Err(Error::Operation(e)), 1),
             };
         }
-        let (mut now, overall, mut first) = match resume {
-            Resume::Start => {
-                let (now, overall) = self.start();
-                (now, overall, None)
-            }
-            Resume::Started(now) => (now, self.overall_deadline(now), None),
-            Resume::Ran { now, guard, result } => {
-                (now, self.overall_deadline(now), Some((guard, result)))
-            }
-        };
+        let (mut now, overall, mut first) = self.resume(resume);
         let mut attempt = 1u32;
         let mut previous = Duration::ZERO;
         loop {
@@ -967,17 +1005,9 @@ impl<K: Kind> Pipeline<K> {
         let Some(memory) = gate.memory.as_deref() else {
             return self.call_resumed(op, Resume::Started(now));
         };
-        let mut read = self.needs_time().then_some(now);
-        // The guard holds the permit from the start: `try_admit` writes it in place.
-        let mut guard = PermitGuard {
-            gate,
-            partition: None,
-            permit: None,
-        };
-        match memory.try_admit(
-            &mut || *read.get_or_insert_with(|| self.now_nanos()),
-            &mut guard.permit,
-        ) {
+        // The guard holds the permit from the start: it is written in place.
+        let mut guard = PermitGuard::empty(gate);
+        match self.lean_admit(memory, now, &mut guard.permit) {
             Ok(()) => {}
             Err(None) => return self.call_resumed(op, Resume::Started(now)),
             // Nobody listens on the lean path: a refusal with no fallback
@@ -1032,16 +1062,7 @@ impl<K: Kind> Pipeline<K> {
                 Err(e) => (Err(Error::Operation(e)), 1),
             };
         }
-        let (mut now, overall, mut first) = match resume {
-            Resume::Start => {
-                let (now, overall) = self.start();
-                (now, overall, None)
-            }
-            Resume::Started(now) => (now, self.overall_deadline(now), None),
-            Resume::Ran { now, guard, result } => {
-                (now, self.overall_deadline(now), Some((guard, result)))
-            }
-        };
+        let (mut now, overall, mut first) = self.resume(resume);
         let mut attempt = 1u32;
         let mut previous = Duration::ZERO;
         loop {
@@ -1159,6 +1180,10 @@ impl<K: Kind> Pipeline<K> {
         }
     }
 }
+
+/// A first attempt that ran before the general engine took the call over:
+/// its permit guard (if there is a gate) and its result.
+type FirstAttempt<'g, R> = (Option<PermitGuard<'g>>, R);
 
 /// Where a call stands when the general engine takes it over.
 pub(crate) enum Resume<'g, R> {

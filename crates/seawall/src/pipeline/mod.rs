@@ -815,17 +815,9 @@ impl<K: Kind> Pipeline<K> {
         let Some(memory) = gate.memory.as_deref() else {
             return self.run_in(None, op, Resume::Started(now)).await;
         };
-        let mut read = self.needs_time().then_some(now);
-        // The guard holds the permit from the start: `try_admit` writes it in place.
-        let mut guard = PermitGuard {
-            gate,
-            partition: None,
-            permit: None,
-        };
-        match memory.try_admit(
-            &mut || *read.get_or_insert_with(|| self.now_nanos()),
-            &mut guard.permit,
-        ) {
+        // The guard holds the permit from the start: it is written in place.
+        let mut guard = PermitGuard::empty(gate);
+        match self.lean_admit(memory, now, &mut guard.permit) {
             Ok(()) => {}
             Err(None) => return self.run_in(None, op, Resume::Started(now)).await,
             // Nobody listens on the lean path: a refusal with no fallback
