@@ -1,9 +1,10 @@
 //! The in-memory store.
 
-use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
 use std::fmt;
 use std::hash::BuildHasher;
+
+use hashbrown::{DefaultHashBuilder, HashTable};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
@@ -274,7 +275,7 @@ struct Shard {
 
 #[derive(Debug, Default)]
 struct ShardMap {
-    cells: HashMap<PartitionKey, Box<Cells>>,
+    cells: HashTable<(PartitionKey, Box<Cells>)>,
     /// Keys left after the last sweep.
     swept_len: usize,
 }
@@ -291,20 +292,30 @@ impl Shard {
 }
 
 struct Partitions {
-    hasher: RandomState,
+    /// Keyed per store: the hash of a key is not known outside the process.
+    hasher: DefaultHashBuilder,
     shards: Box<[Shard]>,
 }
 
 impl Partitions {
     fn new() -> Self {
         Partitions {
-            hasher: RandomState::new(),
+            hasher: DefaultHashBuilder::default(),
             shards: (0..SHARDS).map(|_| Shard::default()).collect(),
         }
     }
 
-    fn shard(&self, key: &PartitionKey) -> &Shard {
-        &self.shards[(self.hasher.hash_one(key) % SHARDS as u64) as usize]
+    /// The hash of `key` (computed once per lookup) and its shard. The
+    /// shard is chosen by middle bits of the hash: the table inside uses
+    /// the low bits for the bucket and the top 7 as the tag.
+    #[inline]
+    fn locate(&self, key: &PartitionKey) -> (u64, &Shard) {
+        let hash = self.hasher.hash_one(key);
+        (hash, &self.shards[((hash >> 32) % SHARDS as u64) as usize])
+    }
+
+    fn hash(&self, key: &PartitionKey) -> u64 {
+        self.hasher.hash_one(key)
     }
 }
 
@@ -383,41 +394,46 @@ impl MemoryResource {
     /// Runs `f` on the cells of `key`, creating them if needed; counts as a
     /// use of the key at `now_ns`.
     fn use_partition<R>(&self, key: &PartitionKey, now_ns: u64, f: impl FnOnce(&Cells) -> R) -> R {
-        let shard = self.partitions.get_or_init(Partitions::new).shard(key);
+        let partitions = self.partitions.get_or_init(Partitions::new);
+        let (hash, shard) = partitions.locate(key);
+        let same = |(k, _): &(PartitionKey, Box<Cells>)| k == key;
         {
             let map = shard.read();
-            if let Some(cells) = map.cells.get(key) {
+            if let Some((_, cells)) = map.cells.find(hash, same) {
                 cells.touch(now_ns);
                 return f(cells);
             }
         }
         let mut map = shard.write();
-        if !map.cells.contains_key(key) {
+        if map.cells.find(hash, same).is_none() {
             let threshold = (2 * map.swept_len).max(MIN_SWEEP_LEN);
             if map.cells.len() >= threshold {
                 self.sweep(&mut map, now_ns);
             }
         }
-        let cells = map
+        let (_, cells) = map
             .cells
-            .entry(key.clone())
-            .or_insert_with(|| Box::new(Cells::new(&self.params, now_ns)));
+            .entry(hash, same, |(k, _)| partitions.hash(k))
+            .or_insert_with(|| (key.clone(), Box::new(Cells::new(&self.params, now_ns))))
+            .into_mut();
         cells.touch(now_ns);
         f(cells)
     }
 
     /// Runs `f` on the cells of `key` if it has any.
     fn read_partition<R>(&self, key: &PartitionKey, f: impl FnOnce(&Cells) -> R) -> Option<R> {
-        let shard = self.partitions.get()?.shard(key);
+        let (hash, shard) = self.partitions.get()?.locate(key);
         let map = shard.read();
-        map.cells.get(key).map(|cells| f(cells))
+        map.cells
+            .find(hash, |(k, _)| k == key)
+            .map(|(_, cells)| f(cells))
     }
 
     /// Drops the evictable keys of one shard; returns how many.
     fn sweep(&self, map: &mut ShardMap, now_ns: u64) -> usize {
         let before = map.cells.len();
         map.cells
-            .retain(|_, cells| !cells.is_evictable(&self.params, now_ns));
+            .retain(|(_, cells)| !cells.is_evictable(&self.params, now_ns));
         map.swept_len = map.cells.len();
         before - map.cells.len()
     }
