@@ -31,6 +31,7 @@ ORDER = [
     "breaker open, rejecting (async)",
     "rate limiter, GCRA (sync)",
     "rate limiter, GCRA (async)",
+    "rate limiter, GCRA, one key of many (sync)",
     "rate limiter, fixed window (async)",
     "rate limiter, sliding window (async)",
     "bulkhead (sync)",

@@ -154,6 +154,24 @@ fn rate_limiter(c: &mut Criterion) {
     sync_case(&mut g, "governor", move || governor_check(&l));
     g.finish();
 
+    // One key of a keyed limiter: a partition of a seawall pipeline.
+    let mut g = c.benchmark_group("rate limiter, GCRA, one key of many (sync)");
+    let p = pipelines::gcra();
+    for k in 0..1_000u64 {
+        let _ = p.partition(k).call(|_| op(1));
+    }
+    sync_case(&mut g, "seawall", move || {
+        matches!(p.partition(7u64).call(|_| op(black_box(1))), Ok(1))
+    });
+    let l = governor_keyed();
+    for k in 0..1_000u64 {
+        let _ = l.check_key(&k);
+    }
+    sync_case(&mut g, "governor", move || {
+        l.check_key(&7).is_ok() && op(black_box(1)) == Ok(1)
+    });
+    g.finish();
+
     let mut g = c.benchmark_group("rate limiter, GCRA (async)");
     async_case(&mut g, "seawall", SeawallAsync(pipelines::gcra()));
     async_case(&mut g, "tower-resilience", tower_resilience_token_bucket());

@@ -395,6 +395,20 @@ pub(crate) fn governor_check(l: &governor::DefaultDirectRateLimiter) -> bool {
     l.check().is_ok() && op(black_box(1)) == Ok(1)
 }
 
+/// governor's keyed limiter on its `HashMap` store (the store it has
+/// without the `dashmap` feature): 10^9 per second per key, bursts of 10^6.
+pub(crate) fn governor_keyed() -> Arc<
+    governor::RateLimiter<
+        u64,
+        governor::state::keyed::HashMapStateStore<u64>,
+        governor::clock::DefaultClock,
+    >,
+> {
+    let quota = governor::Quota::per_second(NonZeroU32::new(UNREACHABLE_RATE).expect("> 0"))
+        .allow_burst(NonZeroU32::new(1_000_000).expect("> 0"));
+    Arc::new(governor::RateLimiter::hashmap(quota))
+}
+
 /// tower-resilience's token bucket (its GCRA equivalent): 10^9 per second,
 /// bursts of 10^6.
 pub(crate) fn tower_resilience_token_bucket(

@@ -30,11 +30,12 @@ pub(crate) struct PermitGuard<'a> {
 }
 
 impl<'a> PermitGuard<'a> {
-    /// A guard of an unpartitioned attempt on `gate`, holding no permit yet.
-    pub(super) fn empty(gate: &'a Gate) -> Self {
+    /// A guard of an attempt on `gate` (and `partition`), holding no
+    /// permit yet.
+    pub(super) fn new(gate: &'a Gate, partition: Option<&'a PartitionKey>) -> Self {
         PermitGuard {
             gate,
-            partition: None,
+            partition,
             permit: None,
         }
     }
@@ -438,6 +439,7 @@ impl<K: Kind> Pipeline<K> {
         &self,
         gate: &Gate,
         memory: &MemoryResource,
+        partition: Option<&PartitionKey>,
         permit: Permit,
         started: u64,
     ) {
@@ -450,8 +452,8 @@ impl<K: Kind> Pipeline<K> {
             started
         };
         let duration = Duration::from_nanos(end.saturating_sub(started));
-        if let Some(t) = memory.record_success(permit, duration, end) {
-            self.emit_transition(None, t);
+        if let Some(t) = memory.record_success(partition, permit, duration, end) {
+            self.emit_transition(partition, t);
         }
     }
 
@@ -496,11 +498,13 @@ impl<K: Kind> Pipeline<K> {
     pub(super) fn lean_admit(
         &self,
         memory: &MemoryResource,
+        partition: Option<&PartitionKey>,
         now: u64,
         permit: &mut Option<Permit>,
     ) -> Result<(), Option<Rejection>> {
-        let mut read = self.needs_time().then_some(now);
+        let mut read = (self.needs_time() || partition.is_some()).then_some(now);
         memory.try_admit(
+            partition,
             &mut || *read.get_or_insert_with(|| self.now_nanos()),
             permit,
         )
@@ -590,11 +594,12 @@ impl<K: Kind> Pipeline<K> {
     /// The start of a lean call: the retry budget credited, the clock read
     /// if a policy needs it.
     #[inline(always)]
-    pub(super) fn lean_start(&self) -> u64 {
+    pub(super) fn lean_start(&self, partition: Option<&PartitionKey>) -> u64 {
         if let Some(b) = self.shared.retry.as_ref().and_then(|r| r.budget.as_ref()) {
             b.deposit();
         }
-        if self.needs_time() {
+        // A partition counts each use of its key: it needs the time.
+        if self.needs_time() || partition.is_some() {
             self.now_nanos()
         } else {
             0
@@ -612,14 +617,104 @@ impl<K: Kind> Pipeline<K> {
 
     /// A lean async call refused at once (an open circuit).
     #[cold]
-    pub(super) async fn lean_refused<T, E>(&self, r: Rejection) -> Result<T, Error<E>>
+    async fn lean_refused<T, E>(
+        &self,
+        partition: Option<&PartitionKey>,
+        r: Rejection,
+    ) -> Result<T, Error<E>>
     where
         K: Handles<T, E>,
     {
-        let err = self.reject(None, r);
-        let (result, fell_back) = self.fall_back_async(None, err, 1).await;
-        self.call_finished(None, 0, 1, &result, fell_back);
+        let err = self.reject(partition, r);
+        let (result, fell_back) = self.fall_back_async(partition, err, 1).await;
+        self.call_finished(partition, 0, 1, &result, fell_back);
         result
+    }
+
+    /// An async call when the plan allows the lean path (memory gate or
+    /// none, nobody listening): admit, run, record a success, here;
+    /// anything else is handed to the general engine where it stands.
+    pub(crate) async fn run_keyed<T, E, Op, Fut>(
+        &self,
+        partition: Option<&PartitionKey>,
+        mut op: Op,
+    ) -> Result<T, Error<E>>
+    where
+        K: Handles<T, E>,
+        Op: FnMut(Context) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let shared = &*self.shared;
+        let tracing = crate::event::Listeners::tracing();
+        if partition.is_none() && shared.plan.passthrough && !tracing {
+            // No policy at all: the operation runs as is.
+            return match op(Context::bare(shared.name)).await {
+                Ok(v) => Ok(v),
+                Err(e) => self.passthrough_failed_async(e).await,
+            };
+        }
+        if !shared.plan.lean_async || tracing {
+            return self.run_in(partition, op, Resume::Start).await;
+        }
+        if partition.is_none() && shared.plan.bare_first {
+            // A retry alone: the first attempt runs as is.
+            let result = op(Context::bare(shared.name)).await;
+            return match result {
+                Ok(v) => Ok(v),
+                Err(e) => {
+                    self.run_in(None, op, Resume::first_failed(Some(Err(e))))
+                        .await
+                }
+            };
+        }
+        let now = self.lean_start(partition);
+        let at = self.first_deadline(now);
+        let Some(gate) = &shared.gate else {
+            // A timeout or a retry budget, no stateful policy.
+            let ctx = self.context(partition, 1, at);
+            let result = WithDeadline::new(op(ctx), &shared.clock, at).await;
+            return match result {
+                Some(Ok(v)) => Ok(v),
+                result => {
+                    let resume = Resume::first_ran(now, None, result);
+                    self.run_in(partition, op, resume).await
+                }
+            };
+        };
+        let Some(memory) = gate.memory.as_deref() else {
+            return self.run_in(partition, op, Resume::Started(now)).await;
+        };
+        // The guard holds the permit from the start: it is written in place.
+        let mut guard = PermitGuard::new(gate, partition);
+        match self.lean_admit(memory, partition, now, &mut guard.permit) {
+            Ok(()) => {}
+            Err(None) => return self.run_in(partition, op, Resume::Started(now)).await,
+            // Nobody listens on the lean path: a refusal with no fallback
+            // is returned as is.
+            Err(Some(r)) if !K::HAS_FALLBACK => return Err(Error::Rejected(r)),
+            Err(Some(r)) => return self.lean_refused(partition, r).await,
+        };
+        // Without a deadline or a key the context is a constant, dropped
+        // for free.
+        let result = match (at, partition) {
+            (None, None) => Some(op(Context::bare(shared.name)).await),
+            _ => {
+                let ctx = self.context(partition, 1, at);
+                WithDeadline::new(op(ctx), &shared.clock, at).await
+            }
+        };
+        match result {
+            Some(Ok(v)) => {
+                if let Some(permit) = guard.permit.take() {
+                    self.lean_success(gate, memory, partition, permit, now);
+                }
+                Ok(v)
+            }
+            result => {
+                let resume = Resume::first_ran(now, Some(guard), result);
+                self.run_in(partition, op, resume).await
+            }
+        }
     }
 
     async fn execute_async<'g, T, E, Op, Fut>(
@@ -972,6 +1067,7 @@ impl<K: Kind> Pipeline<K> {
     #[inline(never)]
     pub(super) fn call_resumed<'g, T, E, Op>(
         &'g self,
+        partition: Option<&'g PartitionKey>,
         op: Op,
         resume: Resume<'g, Result<T, E>>,
     ) -> Result<T, Error<E>>
@@ -979,7 +1075,7 @@ impl<K: Kind> Pipeline<K> {
         K: HandlesSync<T, E>,
         Op: FnMut(Context) -> Result<T, E>,
     {
-        self.call_in(None, op, resume)
+        self.call_in(partition, op, resume)
     }
 
     /// An unpartitioned sync call when the plan allows the lean path
@@ -987,61 +1083,75 @@ impl<K: Kind> Pipeline<K> {
     /// run, record a success, inline; anything else is handed to the
     /// general engine where it stands.
     #[inline]
-    pub(crate) fn call_lean<T, E, Op>(&self, mut op: Op) -> Result<T, Error<E>>
+    pub(crate) fn call_lean<'g, T, E, Op>(
+        &'g self,
+        partition: Option<&'g PartitionKey>,
+        mut op: Op,
+    ) -> Result<T, Error<E>>
     where
         K: HandlesSync<T, E>,
         Op: FnMut(Context) -> Result<T, E>,
     {
         let shared = &*self.shared;
-        let now = self.lean_start();
+        let now = self.lean_start(partition);
         let Some(gate) = &shared.gate else {
             // A timeout or a retry budget, no stateful policy.
-            let result = op(self.context(None, 1, self.first_deadline(now)));
+            let result = op(self.context(partition, 1, self.first_deadline(now)));
             return match result {
                 Ok(v) => Ok(v),
-                Err(e) => self.call_resumed(op, Resume::first_ran(now, None, Err(e))),
+                Err(e) => {
+                    let resume = Resume::first_ran(now, None, Err(e));
+                    self.call_resumed(partition, op, resume)
+                }
             };
         };
         let Some(memory) = gate.memory.as_deref() else {
-            return self.call_resumed(op, Resume::Started(now));
+            return self.call_resumed(partition, op, Resume::Started(now));
         };
         // The guard holds the permit from the start: it is written in place.
-        let mut guard = PermitGuard::empty(gate);
-        match self.lean_admit(memory, now, &mut guard.permit) {
+        let mut guard = PermitGuard::new(gate, partition);
+        match self.lean_admit(memory, partition, now, &mut guard.permit) {
             Ok(()) => {}
-            Err(None) => return self.call_resumed(op, Resume::Started(now)),
+            Err(None) => return self.call_resumed(partition, op, Resume::Started(now)),
             // Nobody listens on the lean path: a refusal with no fallback
             // is returned as is.
             Err(Some(r)) if !K::HAS_FALLBACK => return Err(Error::Rejected(r)),
-            Err(Some(r)) => return self.lean_refused_sync(r),
+            Err(Some(r)) => return self.lean_refused_sync(partition, r),
         };
-
-        // Without a deadline the context is a constant, dropped for free.
-        let result = match self.first_deadline(now) {
-            None => op(Context::bare(shared.name)),
-            at => op(self.context(None, 1, at)),
+        // Without a deadline or a key the context is a constant, dropped
+        // for free.
+        let result = match (self.first_deadline(now), partition) {
+            (None, None) => op(Context::bare(shared.name)),
+            (at, _) => op(self.context(partition, 1, at)),
         };
         match result {
             Ok(v) => {
                 if let Some(permit) = guard.permit.take() {
-                    self.lean_success(gate, memory, permit, now);
+                    self.lean_success(gate, memory, partition, permit, now);
                 }
                 Ok(v)
             }
-            Err(e) => self.call_resumed(op, Resume::first_ran(now, Some(guard), Err(e))),
+            Err(e) => {
+                let resume = Resume::first_ran(now, Some(guard), Err(e));
+                self.call_resumed(partition, op, resume)
+            }
         }
     }
 
     /// A lean sync call refused at once (an open circuit).
     #[cold]
     #[inline(never)]
-    fn lean_refused_sync<T, E>(&self, r: Rejection) -> Result<T, Error<E>>
+    fn lean_refused_sync<T, E>(
+        &self,
+        partition: Option<&PartitionKey>,
+        r: Rejection,
+    ) -> Result<T, Error<E>>
     where
         K: HandlesSync<T, E>,
     {
-        let err = self.reject(None, r);
-        let (result, fell_back) = self.fall_back_sync(None, err, 1);
-        self.call_finished(None, 0, 1, &result, fell_back);
+        let err = self.reject(partition, r);
+        let (result, fell_back) = self.fall_back_sync(partition, err, 1);
+        self.call_finished(partition, 0, 1, &result, fell_back);
         result
     }
 

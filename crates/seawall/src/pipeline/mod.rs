@@ -23,8 +23,7 @@ use crate::store::{MemoryResource, MemoryStore, ResourceSpec, ResourceState, Sta
 use crate::timeout::Timeout;
 
 mod execute;
-use crate::timeout::WithDeadline;
-use execute::{PermitGuard, Resume};
+use execute::Resume;
 mod kind;
 
 pub use kind::{
@@ -767,85 +766,16 @@ impl<K: Kind> Pipeline<K> {
     /// The operation's error (typed, in [`Error::Operation`] or
     /// [`Error::RetryExhausted`]), a timeout, a rejection by a policy, or a
     /// store failure; after the fallback, if one is configured and applies.
-    pub async fn run<T, E, Op, Fut>(&self, mut op: Op) -> Result<T, Error<E>>
+    pub fn run<T, E, Op, Fut>(
+        &self,
+        op: Op,
+    ) -> impl Future<Output = Result<T, Error<E>>> + use<'_, K, T, E, Op, Fut>
     where
         K: Handles<T, E>,
         Op: FnMut(Context) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        if self.shared.plan.passthrough && !Listeners::tracing() {
-            // No policy at all: the operation runs as is.
-            return match op(Context::bare(self.shared.name)).await {
-                Ok(v) => Ok(v),
-                Err(e) => self.passthrough_failed_async(e).await,
-            };
-        }
-        if !self.shared.plan.lean_async || Listeners::tracing() {
-            return self.run_in(None, op, Resume::Start).await;
-        }
-        if self.shared.plan.bare_first {
-            // A retry alone: the first attempt runs as is.
-            let result = op(Context::bare(self.shared.name)).await;
-            return match result {
-                Ok(v) => Ok(v),
-                Err(e) => {
-                    self.run_in(None, op, Resume::first_failed(Some(Err(e))))
-                        .await
-                }
-            };
-        }
-        // The lean path (memory gate or none, nobody listening): admit,
-        // run, record a success, here; anything else is handed to the
-        // general engine where it stands.
-        let shared = &*self.shared;
-        let now = self.lean_start();
-        let at = self.first_deadline(now);
-        let Some(gate) = &shared.gate else {
-            // A timeout or a retry budget, no stateful policy.
-            let ctx = self.context(None, 1, at);
-            let result = WithDeadline::new(op(ctx), &shared.clock, at).await;
-            return match result {
-                Some(Ok(v)) => Ok(v),
-                result => {
-                    self.run_in(None, op, Resume::first_ran(now, None, result))
-                        .await
-                }
-            };
-        };
-        let Some(memory) = gate.memory.as_deref() else {
-            return self.run_in(None, op, Resume::Started(now)).await;
-        };
-        // The guard holds the permit from the start: it is written in place.
-        let mut guard = PermitGuard::empty(gate);
-        match self.lean_admit(memory, now, &mut guard.permit) {
-            Ok(()) => {}
-            Err(None) => return self.run_in(None, op, Resume::Started(now)).await,
-            // Nobody listens on the lean path: a refusal with no fallback
-            // is returned as is.
-            Err(Some(r)) if !K::HAS_FALLBACK => return Err(Error::Rejected(r)),
-            Err(Some(r)) => return self.lean_refused(r).await,
-        };
-
-        // Without a deadline the context is a constant, dropped for free.
-        let result = match at {
-            None => Some(op(Context::bare(shared.name)).await),
-            Some(_) => {
-                let ctx = self.context(None, 1, at);
-                WithDeadline::new(op(ctx), &shared.clock, at).await
-            }
-        };
-        match result {
-            Some(Ok(v)) => {
-                if let Some(permit) = guard.permit.take() {
-                    self.lean_success(gate, memory, permit, now);
-                }
-                Ok(v)
-            }
-            result => {
-                self.run_in(None, op, Resume::first_ran(now, Some(guard), result))
-                    .await
-            }
-        }
+        self.run_keyed(None, op)
     }
 
     /// Runs a blocking operation through the pipeline on the calling thread.
@@ -874,11 +804,11 @@ impl<K: Kind> Pipeline<K> {
             // A retry alone: the first attempt runs as is.
             return match op(Context::bare(self.shared.name)) {
                 Ok(v) => Ok(v),
-                Err(e) => self.call_resumed(op, Resume::first_failed(Err(e))),
+                Err(e) => self.call_resumed(None, op, Resume::first_failed(Err(e))),
             };
         }
         if self.shared.plan.lean_sync && !Listeners::tracing() {
-            return self.call_lean(op);
+            return self.call_lean(None, op);
         }
         self.call_in(None, op, Resume::Start)
     }
@@ -891,7 +821,7 @@ pub struct Partition<'p, K: Kind = AnyResult> {
     key: PartitionKey,
 }
 
-impl<K: Kind> Partition<'_, K> {
+impl<'p, K: Kind> Partition<'p, K> {
     /// The partition key.
     pub fn key(&self) -> &PartitionKey {
         &self.key
@@ -901,15 +831,16 @@ impl<K: Kind> Partition<'_, K> {
     ///
     /// # Errors
     /// As for [`Pipeline::run`].
-    pub async fn run<T, E, Op, Fut>(&self, op: Op) -> Result<T, Error<E>>
+    pub fn run<T, E, Op, Fut>(
+        &self,
+        op: Op,
+    ) -> impl Future<Output = Result<T, Error<E>>> + use<'_, 'p, K, T, E, Op, Fut>
     where
         K: Handles<T, E>,
         Op: FnMut(Context) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        self.pipeline
-            .run_in(Some(&self.key), op, Resume::Start)
-            .await
+        self.pipeline.run_keyed(Some(&self.key), op)
     }
 
     /// Runs a blocking operation in this partition. See [`Pipeline::call`].
@@ -921,7 +852,11 @@ impl<K: Kind> Partition<'_, K> {
         K: HandlesSync<T, E>,
         Op: FnMut(Context) -> Result<T, E>,
     {
-        self.pipeline.call_in(Some(&self.key), op, Resume::Start)
+        let pipeline = self.pipeline;
+        if pipeline.shared.plan.lean_sync && !Listeners::tracing() {
+            return pipeline.call_lean(Some(&self.key), op);
+        }
+        pipeline.call_in(Some(&self.key), op, Resume::Start)
     }
 
     /// Forces this partition's circuit open.

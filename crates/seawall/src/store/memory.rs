@@ -525,8 +525,8 @@ impl MemoryResource {
 
 /// The lean path of a pipeline on a memory store.
 impl MemoryResource {
-    /// Admits one attempt on the unpartitioned state when nothing out of
-    /// the ordinary happens: a closed (or disabled) circuit, a free slot, no
+    /// Admits one attempt (on the unpartitioned state or a partition's) when
+    /// nothing out of the ordinary happens: a closed (or disabled) circuit, a free slot, no
     /// cooldown in effect, a rate-limit permit.
     ///
     /// `Ok`: the permit is in `out` (written in place: the caller's guard
@@ -538,10 +538,29 @@ impl MemoryResource {
     #[inline]
     pub(crate) fn try_admit(
         &self,
+        partition: Option<&PartitionKey>,
         now: &mut impl FnMut() -> u64,
         out: &mut Option<Permit>,
     ) -> Result<(), Option<Rejection>> {
-        let view = self.root_view();
+        match partition {
+            None => self.try_admit_in(self.root_view(), now, out),
+            Some(key) => {
+                // A partition counts the admission as a use of its key.
+                let now_ns = now();
+                self.use_partition(key, now_ns, |cells| {
+                    self.try_admit_in(self.cells_view(cells), &mut || now_ns, out)
+                })
+            }
+        }
+    }
+
+    #[inline(always)]
+    fn try_admit_in(
+        &self,
+        view: View<'_>,
+        now: &mut impl FnMut() -> u64,
+        out: &mut Option<Permit>,
+    ) -> Result<(), Option<Rejection>> {
         let params = &self.params;
         let mut generation = 0;
         if let Some(circuit) = view.circuit {
@@ -589,11 +608,27 @@ impl MemoryResource {
     #[inline(always)]
     pub(crate) fn record_success(
         &self,
+        partition: Option<&PartitionKey>,
         permit: Permit,
         duration: Duration,
         now_ns: u64,
     ) -> Option<CircuitTransition> {
-        let view = self.root_view();
+        match partition {
+            None => self.record_success_in(self.root_view(), permit, duration, now_ns),
+            Some(key) => self.use_partition(key, now_ns, |cells| {
+                self.record_success_in(self.cells_view(cells), permit, duration, now_ns)
+            }),
+        }
+    }
+
+    #[inline(always)]
+    fn record_success_in(
+        &self,
+        view: View<'_>,
+        permit: Permit,
+        duration: Duration,
+        now_ns: u64,
+    ) -> Option<CircuitTransition> {
         let mut transition = None;
         if let (Some(circuit), Some(p)) = (view.circuit, &self.params.circuit) {
             transition = if permit.probe {
