@@ -768,6 +768,26 @@ fn no_policy_pipeline_passes_results_through() {
 }
 
 #[test]
+fn a_failing_operation_runs_once_without_a_retry_policy_partitioned_or_not() {
+    let p = Pipeline::builder("t-once").build().unwrap();
+    let part = p.partition(7u64);
+    let calls = std::sync::atomic::AtomicU32::new(0);
+    let failing = |ctx: Context| {
+        calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Err::<(), _>(Boom(ctx.attempt()))
+    };
+    assert!(matches!(part.call(failing), Err(Error::Operation(Boom(1)))));
+    assert!(matches!(p.call(failing), Err(Error::Operation(Boom(1)))));
+    let calls = &calls;
+    let result = rt().block_on(part.run(|ctx| async move {
+        calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Err::<(), _>(Boom(ctx.attempt()))
+    }));
+    assert!(matches!(result, Err(Error::Operation(Boom(1)))));
+    assert_eq!(calls.load(std::sync::atomic::Ordering::Relaxed), 3);
+}
+
+#[test]
 fn attempt_and_call_summaries_carry_outcome_and_virtual_duration() {
     let clock = VirtualClock::new();
     let log: Log = Arc::default();

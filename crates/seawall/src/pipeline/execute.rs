@@ -729,12 +729,6 @@ impl<K: Kind> Pipeline<K> {
         Fut: Future<Output = Result<T, E>>,
     {
         let shared = &*self.shared;
-        if shared.plan.passthrough && !crate::event::Listeners::tracing() {
-            return match op(self.context(partition, 1, None)).await {
-                Ok(v) => (Ok(v), 1),
-                Err(e) => (Err(Error::Operation(e)), 1),
-            };
-        }
         let (mut now, overall, mut first) = self.resume(resume);
         let mut attempt = 1u32;
         let mut previous = Duration::ZERO;
@@ -1166,12 +1160,6 @@ impl<K: Kind> Pipeline<K> {
         Op: FnMut(Context) -> Result<T, E>,
     {
         let shared = &*self.shared;
-        if shared.plan.passthrough && !crate::event::Listeners::tracing() {
-            return match op(self.context(partition, 1, None)) {
-                Ok(v) => (Ok(v), 1),
-                Err(e) => (Err(Error::Operation(e)), 1),
-            };
-        }
         let (mut now, overall, mut first) = self.resume(resume);
         let mut attempt = 1u32;
         let mut previous = Duration::ZERO;
