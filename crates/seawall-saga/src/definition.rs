@@ -374,13 +374,7 @@ impl<I> StepContext<I> {
     /// [`OutputError::Missing`] when no earlier step of that name has completed,
     /// [`OutputError::Deserialize`] when the output is not a `T`.
     pub fn output<T: DeserializeOwned>(&self, step: &str) -> Result<T, OutputError> {
-        let value = self
-            .output_json(step)
-            .ok_or_else(|| OutputError::Missing(step.to_owned()))?;
-        T::deserialize(value).map_err(|source| OutputError::Deserialize {
-            step: step.to_owned(),
-            source,
-        })
+        OutputError::read(step, self.output_json(step))
     }
 
     /// The output of the earlier step named `step`, as JSON.

@@ -248,3 +248,18 @@ pub enum OutputError {
         source: serde_json::Error,
     },
 }
+
+impl OutputError {
+    /// Reads the output `value` of the step named `step` (if it completed)
+    /// as a `T`.
+    pub(crate) fn read<T: serde::de::DeserializeOwned>(
+        step: &str,
+        value: Option<&serde_json::Value>,
+    ) -> Result<T, OutputError> {
+        let value = value.ok_or_else(|| OutputError::Missing(step.to_owned()))?;
+        T::deserialize(value).map_err(|source| OutputError::Deserialize {
+            step: step.to_owned(),
+            source,
+        })
+    }
+}

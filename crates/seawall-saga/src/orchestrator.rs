@@ -91,13 +91,7 @@ impl SagaOutcome {
     /// [`OutputError::Missing`] when the step did not complete,
     /// [`OutputError::Deserialize`] when its output is not a `T`.
     pub fn output<T: DeserializeOwned>(&self, step: &str) -> Result<T, OutputError> {
-        let value = self
-            .output_json(step)
-            .ok_or_else(|| OutputError::Missing(step.to_owned()))?;
-        T::deserialize(value).map_err(|source| OutputError::Deserialize {
-            step: step.to_owned(),
-            source,
-        })
+        OutputError::read(step, self.output_json(step))
     }
 
     /// The output of the completed step named `step`, as JSON.

@@ -646,18 +646,11 @@ impl<K: Kind> Pipeline<K> {
     {
         let shared = &*self.shared;
         let tracing = crate::event::Listeners::tracing();
-        if partition.is_none() && shared.plan.passthrough && !tracing {
-            // No policy at all: the operation runs as is.
-            return match op(Context::bare(shared.name)).await {
-                Ok(v) => Ok(v),
-                Err(e) => self.passthrough_failed_async(e).await,
-            };
-        }
         if !shared.plan.lean_async || tracing {
             return self.run_in(partition, op, Resume::Start).await;
         }
         if partition.is_none() && shared.plan.bare_first {
-            // A retry alone: the first attempt runs as is.
+            // No policy, or a retry alone: the first attempt runs as is.
             let result = op(Context::bare(shared.name)).await;
             return match result {
                 Ok(v) => Ok(v),
@@ -963,15 +956,6 @@ impl<K: Kind> Pipeline<K> {
         self.emit_recorded(guard.partition, result);
     }
 
-    /// The error path of a pipeline without policies: straight to the fallback.
-    #[cold]
-    pub(crate) fn passthrough_failed<T, E>(&self, e: E) -> Result<T, Error<E>>
-    where
-        K: HandlesSync<T, E>,
-    {
-        self.fall_back_sync(None, Error::Operation(e), 1).0
-    }
-
     /// Hands a final error to the fallback of a sync call; `true` when the
     /// fallback ran.
     fn fall_back_sync<T, E>(
@@ -983,27 +967,34 @@ impl<K: Kind> Pipeline<K> {
     where
         K: HandlesSync<T, E>,
     {
-        if !K::HAS_FALLBACK {
-            return (Err(err), false);
-        }
-        let ctx = self.context(partition, attempts, None);
-        match K::fall_back(&self.shared.handlers, err, ctx) {
+        match self.fallen(partition, err, attempts) {
             Fallen::NotApplied(e) => (Err(e), false),
-            Fallen::Done(r) => {
-                self.emit(partition, || EventKind::FallbackExecuted);
-                (r.map_err(Error::Fallback), true)
-            }
+            Fallen::Done(r) => (r.map_err(Error::Fallback), true),
             // `HandlesSync` kinds never return a pending fallback.
             Fallen::Pending(_) => unreachable!("a sync pipeline kind returned an async fallback"),
         }
     }
 
-    /// The async error path of a pipeline without policies.
-    pub(crate) async fn passthrough_failed_async<T, E>(&self, e: E) -> Result<T, Error<E>>
+    /// What the fallback, if the pipeline has one, makes of a final error
+    /// (reported by an event when it applies).
+    fn fallen<T, E>(
+        &self,
+        partition: Option<&PartitionKey>,
+        err: Error<E>,
+        attempts: u32,
+    ) -> Fallen<T, E>
     where
         K: Handles<T, E>,
     {
-        self.fall_back_async(None, Error::Operation(e), 1).await.0
+        if !K::HAS_FALLBACK {
+            return Fallen::NotApplied(err);
+        }
+        let ctx = self.context(partition, attempts, None);
+        let fallen = K::fall_back(&self.shared.handlers, err, ctx);
+        if !matches!(fallen, Fallen::NotApplied(_)) {
+            self.emit(partition, || EventKind::FallbackExecuted);
+        }
+        fallen
     }
 
     /// Hands a final error to the fallback of an async call; `true` when the
@@ -1017,20 +1008,10 @@ impl<K: Kind> Pipeline<K> {
     where
         K: Handles<T, E>,
     {
-        if !K::HAS_FALLBACK {
-            return (Err(err), false);
-        }
-        let ctx = self.context(partition, attempts, None);
-        match K::fall_back(&self.shared.handlers, err, ctx) {
+        match self.fallen(partition, err, attempts) {
             Fallen::NotApplied(e) => (Err(e), false),
-            Fallen::Done(r) => {
-                self.emit(partition, || EventKind::FallbackExecuted);
-                (r.map_err(Error::Fallback), true)
-            }
-            Fallen::Pending(f) => {
-                self.emit(partition, || EventKind::FallbackExecuted);
-                (f.await.map_err(Error::Fallback), true)
-            }
+            Fallen::Done(r) => (r.map_err(Error::Fallback), true),
+            Fallen::Pending(f) => (f.await.map_err(Error::Fallback), true),
         }
     }
 

@@ -440,10 +440,6 @@ impl<K: Kind> PipelineBuilder<K> {
         let listeners = Listeners::new(self.listeners);
         let any_timeout = self.overall_timeout.is_some() || self.attempt_timeout.is_some();
         let plan = Plan {
-            passthrough: self.retry.is_none()
-                && !any_timeout
-                && gate.is_none()
-                && !listeners.registered(),
             // A memory gate reads the clock itself, only when a policy
             // needs the time (a rate limit, a cooldown in effect, a circuit
             // that is not closed, a partition).
@@ -529,8 +525,6 @@ pub(crate) struct Gate {
 /// Facts about a pipeline computed once at build time for the hot path.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Plan {
-    /// No retry, no timeout, no stateful policy: the operation runs as is.
-    pub(crate) passthrough: bool,
     /// The start of an attempt must be read from the clock.
     pub(crate) needs_time: bool,
     /// Sync calls must read the clock at the end of an attempt to detect a
@@ -546,8 +540,8 @@ pub(crate) struct Plan {
     /// The deadline of a first attempt, from its start (the nearer of the
     /// overall and per-attempt timeouts), in nanoseconds.
     pub(crate) first_timeout: Option<u64>,
-    /// No gate, no timeout, no retry budget, nobody listening: a retry
-    /// alone, whose first attempt runs as is.
+    /// No gate, no timeout, no retry budget, nobody listening: no policy
+    /// or a retry alone, whose first attempt runs as is.
     pub(crate) bare_first: bool,
 }
 
@@ -793,24 +787,18 @@ impl<K: Kind> Pipeline<K> {
         K: HandlesSync<T, E>,
         Op: FnMut(Context) -> Result<T, E>,
     {
-        if self.shared.plan.passthrough && !Listeners::tracing() {
-            // No policy at all: the operation runs as is.
-            return match op(Context::bare(self.shared.name)) {
-                Ok(v) => Ok(v),
-                Err(e) => self.passthrough_failed(e),
-            };
+        let plan = &self.shared.plan;
+        if !plan.lean_sync || Listeners::tracing() {
+            return self.call_in(None, op, Resume::Start);
         }
-        if self.shared.plan.bare_first && !Listeners::tracing() {
-            // A retry alone: the first attempt runs as is.
+        if plan.bare_first {
+            // No policy, or a retry alone: the first attempt runs as is.
             return match op(Context::bare(self.shared.name)) {
                 Ok(v) => Ok(v),
                 Err(e) => self.call_resumed(None, op, Resume::first_failed(Err(e))),
             };
         }
-        if self.shared.plan.lean_sync && !Listeners::tracing() {
-            return self.call_lean(None, op);
-        }
-        self.call_in(None, op, Resume::Start)
+        self.call_lean(None, op)
     }
 }
 
