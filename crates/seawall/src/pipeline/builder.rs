@@ -1,0 +1,501 @@
+//! The pipeline builder: policies declared in order, validated at `build()`.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::atomic::AtomicU32;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::kind::{
+    AnyResult, ErrorHandlers, ErrorKind, FallbackHandlers, FallbackKind, Kind, WithAsyncFallback,
+    WithFallback,
+};
+use super::{Gate, Pipeline, Plan, Shared};
+use crate::breaker::CircuitBreaker;
+use crate::bulkhead::Bulkhead;
+use crate::classify::Verdict;
+use crate::clock::{Clock, ClockHandle, Random, SystemRandom};
+use crate::context::{intern, Context};
+use crate::cooldown::Cooldown;
+use crate::error::{ConfigError, Error};
+use crate::event::{Event, Listener, Listeners};
+use crate::rate_limit::RateLimiter;
+use crate::retry::Retry;
+use crate::store::{MemoryStore, ResourceSpec, ResourceState, StateStore};
+use crate::timeout::Timeout;
+
+/// Builds a [`Pipeline`]. Every method takes and returns the builder by
+/// value; builders are `Clone`, so a half-built builder can serve as a
+/// template.
+///
+/// # Default
+/// No policy; the process-wide [`MemoryStore::global`] store; the system
+/// clock and random source; partitions evicted after 10 minutes idle.
+pub struct PipelineBuilder<K: Kind = AnyResult> {
+    name: String,
+    retry: Option<Retry>,
+    overall_timeout: Option<Timeout>,
+    attempt_timeout: Option<Timeout>,
+    circuit: Option<CircuitBreaker>,
+    bulkhead: Option<Bulkhead>,
+    cooldown: Option<Cooldown>,
+    rate_limit: Option<RateLimiter>,
+    store: Option<Arc<dyn StateStore>>,
+    memory_store: Option<MemoryStore>,
+    clock: ClockHandle,
+    random: Option<Arc<dyn Random>>,
+    listeners: Vec<Listener>,
+    partition_idle: Duration,
+    handlers: K::Handlers,
+    order_error: Option<ConfigError>,
+}
+
+impl<K: Kind> Clone for PipelineBuilder<K> {
+    fn clone(&self) -> Self {
+        PipelineBuilder {
+            name: self.name.clone(),
+            retry: self.retry.clone(),
+            overall_timeout: self.overall_timeout,
+            attempt_timeout: self.attempt_timeout,
+            circuit: self.circuit.clone(),
+            bulkhead: self.bulkhead.clone(),
+            cooldown: self.cooldown.clone(),
+            rate_limit: self.rate_limit.clone(),
+            store: self.store.clone(),
+            memory_store: self.memory_store.clone(),
+            clock: self.clock.clone(),
+            random: self.random.clone(),
+            listeners: self.listeners.clone(),
+            partition_idle: self.partition_idle,
+            handlers: self.handlers.clone(),
+            order_error: self.order_error.clone(),
+        }
+    }
+}
+
+impl<K: Kind> fmt::Debug for PipelineBuilder<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PipelineBuilder")
+            .field("name", &self.name)
+            .field("retry", &self.retry)
+            .field("overall_timeout", &self.overall_timeout)
+            .field("attempt_timeout", &self.attempt_timeout)
+            .field("circuit", &self.circuit)
+            .field("bulkhead", &self.bulkhead)
+            .field("cooldown", &self.cooldown)
+            .field("rate_limit", &self.rate_limit)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PipelineBuilder<AnyResult> {
+    pub(super) fn new(name: String) -> Self {
+        PipelineBuilder {
+            name,
+            retry: None,
+            overall_timeout: None,
+            attempt_timeout: None,
+            circuit: None,
+            bulkhead: None,
+            cooldown: None,
+            rate_limit: None,
+            store: None,
+            memory_store: None,
+            clock: ClockHandle::System,
+            random: None,
+            listeners: Vec::new(),
+            partition_idle: Duration::from_secs(600),
+            handlers: (),
+            order_error: None,
+        }
+    }
+}
+
+impl<K: Kind> PipelineBuilder<K> {
+    fn twice(&mut self, what: &'static str) {
+        self.order_error.get_or_insert_with(|| {
+            ConfigError::new(
+                "pipeline",
+                what,
+                "is declared twice; declare each policy once",
+            )
+        });
+    }
+
+    fn stateful(&mut self, what: &'static str, already: bool) {
+        if already {
+            self.twice(what);
+        }
+    }
+
+    /// Adds a retry policy. Timeouts declared after it bound each attempt,
+    /// stateful policies declared after it guard each attempt.
+    pub fn retry(mut self, retry: Retry) -> Self {
+        if self.retry.is_some() {
+            self.twice("retry");
+        }
+        let stateful = [
+            (self.circuit.is_some(), "circuit_breaker"),
+            (self.bulkhead.is_some(), "bulkhead"),
+            (self.cooldown.is_some(), "cooldown"),
+            (self.rate_limit.is_some(), "rate_limiter"),
+        ];
+        if let Some((_, name)) = stateful.iter().find(|(set, _)| *set) {
+            self.order_error.get_or_insert_with(|| {
+                ConfigError::new(
+                    "pipeline",
+                    name,
+                    "must be declared after retry: stateful policies guard each attempt",
+                )
+            });
+        }
+        self.retry = Some(retry);
+        self
+    }
+
+    /// Adds a timeout: for the whole call when declared before `retry` (or
+    /// when there is no retry), for each attempt when declared after it.
+    /// Takes a `Duration` (lenient in sync code) or a [`Timeout`].
+    pub fn timeout(mut self, timeout: impl Into<Timeout>) -> Self {
+        let t = timeout.into();
+        let slot = if self.retry.is_some() {
+            &mut self.attempt_timeout
+        } else {
+            &mut self.overall_timeout
+        };
+        let dup = slot.replace(t).is_some();
+        if dup {
+            self.twice("timeout");
+        }
+        self
+    }
+
+    /// Adds a circuit breaker (guards each attempt).
+    pub fn circuit_breaker(mut self, breaker: CircuitBreaker) -> Self {
+        let dup = self.circuit.replace(breaker).is_some();
+        self.stateful("circuit_breaker", dup);
+        self
+    }
+
+    /// Adds a bulkhead (guards each attempt).
+    pub fn bulkhead(mut self, bulkhead: Bulkhead) -> Self {
+        let dup = self.bulkhead.replace(bulkhead).is_some();
+        self.stateful("bulkhead", dup);
+        self
+    }
+
+    /// Adds a cooldown opened by retry-after hints (guards each attempt).
+    pub fn cooldown(mut self, cooldown: Cooldown) -> Self {
+        let dup = self.cooldown.replace(cooldown).is_some();
+        self.stateful("cooldown", dup);
+        self
+    }
+
+    /// Adds a rate limiter (guards each attempt).
+    pub fn rate_limiter(mut self, limiter: RateLimiter) -> Self {
+        let dup = self.rate_limit.replace(limiter).is_some();
+        self.stateful("rate_limiter", dup);
+        self
+    }
+
+    /// Where the stateful policies keep their state (default:
+    /// [`MemoryStore::global`]).
+    pub fn store(mut self, store: impl StateStore) -> Self {
+        let any: &dyn std::any::Any = &store;
+        self.memory_store = any.downcast_ref::<MemoryStore>().cloned();
+        self.store = Some(Arc::new(store));
+        self
+    }
+
+    /// The clock (default: [`SystemClock`](crate::SystemClock)).
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = ClockHandle::from_clock(clock);
+        self
+    }
+
+    /// The random source for jitter (default: [`SystemRandom`]).
+    pub fn random(mut self, random: impl Random) -> Self {
+        self.random = Some(Arc::new(random));
+        self
+    }
+
+    /// Adds an event listener. With none, events cost nothing.
+    pub fn on_event(mut self, listener: impl Fn(&Event<'_>) + Send + Sync + 'static) -> Self {
+        self.listeners.push(Arc::new(listener));
+        self
+    }
+
+    /// How long a partition may stay unused before its state is evicted.
+    pub fn partition_idle(mut self, idle: Duration) -> Self {
+        self.partition_idle = idle;
+        self
+    }
+
+    /// Classifies the operation's errors (default: every error is a
+    /// retryable failure). Fixes the error type of the pipeline.
+    pub fn classify<E, F>(self, classify: F) -> PipelineBuilder<K::Out>
+    where
+        K: ErrorKind<E>,
+        F: Fn(&E) -> Verdict + Send + Sync + 'static,
+    {
+        self.map_errors(move |mut h| {
+            h.classify = Some(Arc::new(classify));
+            h
+        })
+    }
+
+    /// Retries only errors matching `predicate` (others are failures that
+    /// are not retried). `abort_if` wins over it.
+    pub fn retry_if<E, F>(self, predicate: F) -> PipelineBuilder<K::Out>
+    where
+        K: ErrorKind<E>,
+        F: Fn(&E) -> bool + Send + Sync + 'static,
+    {
+        self.map_errors(move |mut h| {
+            h.retry_if = Some(Arc::new(predicate));
+            h
+        })
+    }
+
+    /// Stops at once on errors matching `predicate` (not retried, not a
+    /// failure of the dependency). Wins over `retry_if` and the classifier.
+    pub fn abort_if<E, F>(self, predicate: F) -> PipelineBuilder<K::Out>
+    where
+        K: ErrorKind<E>,
+        F: Fn(&E) -> bool + Send + Sync + 'static,
+    {
+        self.map_errors(move |mut h| {
+            h.abort_if = Some(Arc::new(predicate));
+            h
+        })
+    }
+
+    /// Calls `hook(error, attempt, delay)` before each retry wait.
+    pub fn on_retry<E, F>(self, hook: F) -> PipelineBuilder<K::Out>
+    where
+        K: ErrorKind<E>,
+        F: Fn(&E, u32, Duration) + Send + Sync + 'static,
+    {
+        self.map_errors(move |mut h| {
+            h.on_retry = Some(Arc::new(hook));
+            h
+        })
+    }
+
+    /// An async fallback, always outermost: it receives the final error and
+    /// the context, and its result becomes the call's result.
+    pub fn fallback<T, E, F, Fut>(self, fallback: F) -> PipelineBuilder<WithAsyncFallback<T, E>>
+    where
+        K: FallbackKind<T, E>,
+        T: 'static,
+        E: 'static,
+        F: Fn(Error<E>, Context) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<T, E>> + Send + 'static,
+    {
+        let errors = K::into_errors(self.handlers.clone());
+        self.with_handlers(FallbackHandlers {
+            errors,
+            fallback: crate::fallback::async_fallback(fallback),
+            when: None,
+        })
+    }
+
+    /// A synchronous fallback (usable by `run` and `call`), always outermost.
+    pub fn fallback_sync<T, E, F>(self, fallback: F) -> PipelineBuilder<WithFallback<T, E>>
+    where
+        K: FallbackKind<T, E>,
+        T: 'static,
+        E: 'static,
+        F: Fn(Error<E>, Context) -> Result<T, E> + Send + Sync + 'static,
+    {
+        let errors = K::into_errors(self.handlers.clone());
+        self.with_handlers(FallbackHandlers {
+            errors,
+            fallback: crate::fallback::sync_fallback(fallback),
+            when: None,
+        })
+    }
+
+    fn map_errors<E>(
+        self,
+        f: impl FnOnce(ErrorHandlers<E>) -> ErrorHandlers<E>,
+    ) -> PipelineBuilder<K::Out>
+    where
+        K: ErrorKind<E>,
+    {
+        let h = K::map_errors(self.handlers.clone(), f);
+        self.with_handlers(h)
+    }
+
+    fn with_handlers<K2: Kind>(self, handlers: K2::Handlers) -> PipelineBuilder<K2> {
+        PipelineBuilder {
+            name: self.name,
+            retry: self.retry,
+            overall_timeout: self.overall_timeout,
+            attempt_timeout: self.attempt_timeout,
+            circuit: self.circuit,
+            bulkhead: self.bulkhead,
+            cooldown: self.cooldown,
+            rate_limit: self.rate_limit,
+            store: self.store,
+            memory_store: self.memory_store,
+            clock: self.clock,
+            random: self.random,
+            listeners: self.listeners,
+            partition_idle: self.partition_idle,
+            handlers,
+            order_error: self.order_error,
+        }
+    }
+
+    /// Validates the configuration and builds the pipeline.
+    ///
+    /// # Errors
+    /// A [`ConfigError`] naming the policy, the field and the rule, e.g.
+    /// `retry.max_attempts must be >= 1, got 0`; or, when the store cannot
+    /// prepare the resource, a `store` error.
+    pub fn build(self) -> Result<Pipeline<K>, ConfigError> {
+        if let Some(e) = self.order_error {
+            return Err(e);
+        }
+        if self.name.trim().is_empty() {
+            return Err(ConfigError::new("pipeline", "name", "must not be empty"));
+        }
+        if let Some(r) = &self.retry {
+            r.validate()?;
+        }
+        for t in [self.overall_timeout, self.attempt_timeout]
+            .into_iter()
+            .flatten()
+        {
+            t.validate()?;
+        }
+        if let Some(c) = &self.circuit {
+            c.validate()?;
+        }
+        let attempt_timeout = self.attempt_timeout.or(self.overall_timeout);
+        if let Some(b) = &self.bulkhead {
+            b.validate(attempt_timeout.map(|t| t.duration))?;
+        }
+        if let Some(c) = &self.cooldown {
+            c.validate()?;
+        }
+        if let Some(r) = &self.rate_limit {
+            r.validate()?;
+        }
+        if self.partition_idle.is_zero() {
+            return Err(ConfigError::new(
+                "pipeline",
+                "partition_idle",
+                "must be > 0",
+            ));
+        }
+        let spec = ResourceSpec {
+            name: self.name.clone(),
+            circuit: self.circuit,
+            bulkhead: self.bulkhead,
+            cooldown: self.cooldown,
+            rate_limit: self.rate_limit,
+            partition_idle: self.partition_idle,
+        };
+        let gate = if spec.is_empty() {
+            None
+        } else {
+            let memory = match (&self.store, &self.memory_store) {
+                (None, _) => Some(MemoryStore::global().bind_memory(&spec)),
+                (Some(_), Some(m)) => Some(m.bind_memory(&spec)),
+                (Some(_), None) => None,
+            };
+            let state: Arc<dyn ResourceState> = match (&memory, self.store) {
+                (Some(m), _) => Arc::clone(m) as Arc<dyn ResourceState>,
+                (None, Some(store)) => store.bind(&spec).map_err(|e| {
+                    ConfigError::new(
+                        "store",
+                        "bind",
+                        format!("could not prepare the resource: {e}"),
+                    )
+                })?,
+                (None, None) => unreachable!("no store means the global memory store"),
+            };
+            Some(Gate {
+                state,
+                memory,
+                record_needs_time: spec.circuit.as_ref().is_some_and(|c| {
+                    c.slow_call_rate.is_some()
+                        || matches!(c.mode, crate::breaker::BreakerMode::TimeWindow(_))
+                }),
+                success_recorded: spec.circuit.is_some() || spec.bulkhead.is_some(),
+                spec,
+                waiters: AtomicU32::new(0),
+            })
+        };
+        let random: Arc<dyn Random> = self.random.unwrap_or_else(|| Arc::new(SystemRandom));
+        let listeners = Listeners::new(self.listeners);
+        let any_timeout = self.overall_timeout.is_some() || self.attempt_timeout.is_some();
+        let plan = Plan {
+            // A memory gate reads the clock itself, only when a policy
+            // needs the time (a rate limit, a cooldown in effect, a circuit
+            // that is not closed, a partition).
+            needs_time: gate.as_ref().is_some_and(|g| {
+                g.memory.is_none() || g.spec.rate_limit.is_some() || g.record_needs_time
+            }) || any_timeout
+                || listeners.registered(),
+            watch_late: listeners.registered()
+                || self.overall_timeout.is_some_and(|t| t.strict)
+                || self.attempt_timeout.is_some_and(|t| t.strict),
+            lean_async: gate.as_ref().is_none_or(|g| g.memory.is_some()) && !listeners.registered(),
+            lean_sync: false,
+            bare_first: false,
+            first_timeout: match (self.overall_timeout, self.attempt_timeout) {
+                (Some(o), Some(a)) => Some(o.nanos().min(a.nanos())),
+                (o, a) => o.or(a).map(|t| t.nanos()),
+            },
+        };
+        let plan = Plan {
+            lean_sync: plan.lean_async && !plan.watch_late,
+            bare_first: plan.lean_async
+                && gate.is_none()
+                && !any_timeout
+                && self.retry.as_ref().is_none_or(|r| r.budget.is_none()),
+            ..plan
+        };
+        Ok(Pipeline {
+            shared: Arc::new(Shared {
+                name: intern(&self.name),
+                retry: self.retry,
+                overall_timeout: self.overall_timeout,
+                attempt_timeout: self.attempt_timeout,
+                gate,
+                clock: self.clock,
+                random,
+                listeners,
+                handlers: self.handlers,
+                plan,
+            }),
+        })
+    }
+}
+
+impl<T: 'static, E: 'static> PipelineBuilder<WithAsyncFallback<T, E>> {
+    /// Runs the fallback only for errors matching `predicate`; every other
+    /// error propagates unchanged.
+    pub fn fallback_when<P>(mut self, predicate: P) -> Self
+    where
+        P: Fn(&Error<E>) -> bool + Send + Sync + 'static,
+    {
+        self.handlers.when = Some(crate::fallback::filter(predicate));
+        self
+    }
+}
+
+impl<T: 'static, E: 'static> PipelineBuilder<WithFallback<T, E>> {
+    /// Runs the fallback only for errors matching `predicate`; every other
+    /// error propagates unchanged.
+    pub fn fallback_when<P>(mut self, predicate: P) -> Self
+    where
+        P: Fn(&Error<E>) -> bool + Send + Sync + 'static,
+    {
+        self.handlers.when = Some(crate::fallback::filter(predicate));
+        self
+    }
+}
