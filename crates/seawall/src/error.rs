@@ -86,17 +86,20 @@ impl<E> Error<E> {
     }
 }
 
-impl<E: fmt::Display> fmt::Display for Error<E> {
+/// The message says what happened; the operation's error is the
+/// [`source`](std::error::Error::source), not repeated in the message (so
+/// a report that walks the chain prints it once).
+impl<E> fmt::Display for Error<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Error::Operation(e) => write!(f, "operation failed: {e}"),
-            Error::RetryExhausted { attempts, last } => {
-                write!(f, "gave up after {attempts} attempts: {last}")
+            Error::Operation(_) => f.write_str("operation failed"),
+            Error::RetryExhausted { attempts, .. } => {
+                write!(f, "gave up after {}", Attempts(*attempts))
             }
             Error::Timeout(t) => t.fmt(f),
             Error::Rejected(r) => r.fmt(f),
             Error::Store(s) => s.fmt(f),
-            Error::Fallback(e) => write!(f, "fallback failed: {e}"),
+            Error::Fallback(_) => f.write_str("fallback failed"),
         }
     }
 }
@@ -107,10 +110,64 @@ impl<E: std::error::Error + 'static> std::error::Error for Error<E> {
             Error::Operation(e) | Error::Fallback(e) | Error::RetryExhausted { last: e, .. } => {
                 Some(e)
             }
-            Error::Timeout(t) => Some(t),
-            Error::Rejected(r) => Some(r),
-            Error::Store(s) => Some(s),
+            // Their messages are this error's own.
+            Error::Timeout(t) => t.source(),
+            Error::Rejected(r) => r.source(),
+            Error::Store(s) => s.source(),
         }
+    }
+}
+
+/// "1 attempt", "3 attempts".
+struct Attempts(u32);
+
+impl fmt::Display for Attempts {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            1 => f.write_str("1 attempt"),
+            n => write!(f, "{n} attempts"),
+        }
+    }
+}
+
+/// A duration written for people: at most three significant digits and
+/// one unit (`2.96s`, `250ms`, `1.5µs`, `0s`).
+pub(crate) struct Human(pub(crate) Duration);
+
+impl fmt::Display for Human {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let nanos = self.0.as_nanos();
+        let (unit, scale) = match nanos {
+            0 => return f.write_str("0s"),
+            n if n >= 1_000_000_000 => ("s", 1e9),
+            n if n >= 1_000_000 => ("ms", 1e6),
+            n if n >= 1_000 => ("µs", 1e3),
+            _ => ("ns", 1.0),
+        };
+        let value = nanos as f64 / scale;
+        let decimals = if value >= 100.0 {
+            0
+        } else if value >= 10.0 {
+            1
+        } else {
+            2
+        };
+        let text = format!("{value:.decimals$}");
+        let text = if text.contains('.') {
+            text.trim_end_matches('0').trim_end_matches('.')
+        } else {
+            &text
+        };
+        write!(f, "{text}{unit}")
+    }
+}
+
+/// Writes `resource: ` when the resource is known.
+fn resource_prefix(f: &mut fmt::Formatter<'_>, resource: &str) -> fmt::Result {
+    if resource.is_empty() {
+        Ok(())
+    } else {
+        write!(f, "{resource}: ")
     }
 }
 
@@ -126,8 +183,11 @@ pub enum TimeoutScope {
 }
 
 /// An attempt or a whole call ran past its deadline.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{} timed out after {:?} ({} attempt(s))", match .scope { TimeoutScope::Attempt => "attempt", TimeoutScope::Overall => "call" }, .after, .attempts)]
+///
+/// Its message names the resource: `users-api: attempt timed out after 5s
+/// (1 attempt)`. Two timeouts are equal when scope, duration and attempts
+/// are.
+#[derive(Debug, Clone, Copy)]
 pub struct TimeoutError {
     /// Which deadline expired.
     pub scope: TimeoutScope,
@@ -135,7 +195,59 @@ pub struct TimeoutError {
     pub after: Duration,
     /// How many attempts ran, including the one that timed out.
     pub attempts: u32,
+    /// The pipeline's resource name ("" when not known).
+    pub(crate) resource: &'static str,
 }
+
+impl TimeoutError {
+    /// A timeout of `scope` after `after`, on attempt `attempts`.
+    pub fn new(scope: TimeoutScope, after: Duration, attempts: u32) -> Self {
+        TimeoutError {
+            scope,
+            after,
+            attempts,
+            resource: "",
+        }
+    }
+
+    /// The same timeout, of the resource `resource`.
+    pub(crate) fn for_resource(mut self, resource: &'static str) -> Self {
+        self.resource = resource;
+        self
+    }
+
+    /// The resource name of the pipeline that timed out ("" when not
+    /// known).
+    pub fn resource(&self) -> &str {
+        self.resource
+    }
+}
+
+impl PartialEq for TimeoutError {
+    fn eq(&self, other: &Self) -> bool {
+        (self.scope, self.after, self.attempts) == (other.scope, other.after, other.attempts)
+    }
+}
+
+impl Eq for TimeoutError {}
+
+impl fmt::Display for TimeoutError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        resource_prefix(f, self.resource)?;
+        let what = match self.scope {
+            TimeoutScope::Attempt => "attempt",
+            TimeoutScope::Overall => "call",
+        };
+        write!(
+            f,
+            "{what} timed out after {} ({})",
+            Human(self.after),
+            Attempts(self.attempts)
+        )
+    }
+}
+
+impl std::error::Error for TimeoutError {}
 
 /// Why a policy refused a call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -185,13 +297,21 @@ impl fmt::Display for RejectionReason {
     }
 }
 
-/// A refusal by one of seawall's own policies. Never retried by seawall.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A refusal by one of seawall's own policies. Never retried by seawall,
+/// also when it reaches an outer pipeline as the error of an operation that
+/// called this one (see [`Pipeline`](crate::Pipeline)).
+///
+/// Its message names the resource: `users-api: call rejected: circuit_open
+/// (retry after 2.96s)`. Two rejections are equal when reason and
+/// `retry_after` are.
+#[derive(Debug, Clone, Copy)]
 pub struct Rejection {
     /// Which policy refused, and why.
     pub reason: RejectionReason,
     /// When known, how long until a call could be admitted.
     pub retry_after: Option<Duration>,
+    /// The pipeline's resource name ("" when not known).
+    pub(crate) resource: &'static str,
 }
 
 impl Rejection {
@@ -200,15 +320,36 @@ impl Rejection {
         Rejection {
             reason,
             retry_after,
+            resource: "",
         }
+    }
+
+    /// The same rejection, by the resource `resource`.
+    pub(crate) fn for_resource(mut self, resource: &'static str) -> Self {
+        self.resource = resource;
+        self
+    }
+
+    /// The resource name of the pipeline that refused ("" when not known).
+    pub fn resource(&self) -> &str {
+        self.resource
     }
 }
 
+impl PartialEq for Rejection {
+    fn eq(&self, other: &Self) -> bool {
+        (self.reason, self.retry_after) == (other.reason, other.retry_after)
+    }
+}
+
+impl Eq for Rejection {}
+
 impl fmt::Display for Rejection {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        resource_prefix(f, self.resource)?;
         write!(f, "call rejected: {}", self.reason)?;
         if let Some(d) = self.retry_after {
-            write!(f, " (retry after {d:?})")?;
+            write!(f, " (retry after {})", Human(d))?;
         }
         Ok(())
     }
@@ -224,7 +365,7 @@ pub enum StoreError {
     #[error("state store unavailable: {0}")]
     Unavailable(String),
     /// The store did not answer within its configured timeout.
-    #[error("state store timed out after {0:?}")]
+    #[error("state store timed out after {}", Human(*.0))]
     Timeout(Duration),
     /// The store refused the request (authentication, permissions, scripting disabled).
     #[error("state store refused the request: {0}")]
@@ -257,5 +398,60 @@ impl ConfigError {
             field,
             rule: rule.into(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_are_written_for_people() {
+        let cases = [
+            (Duration::ZERO, "0s"),
+            (Duration::from_nanos(7), "7ns"),
+            (Duration::from_micros(1500), "1.5ms"),
+            (Duration::from_millis(250), "250ms"),
+            (Duration::from_secs(5), "5s"),
+            (Duration::from_nanos(2_962_081_417), "2.96s"),
+            (Duration::from_secs(90), "90s"),
+            (Duration::from_secs(3600), "3600s"),
+            (Duration::MAX, "18446744073709551616s"),
+        ];
+        for (d, text) in cases {
+            assert_eq!(Human(d).to_string(), text, "{d:?}");
+        }
+    }
+
+    #[test]
+    fn messages_name_the_resource_and_count_attempts() {
+        let t = TimeoutError::new(TimeoutScope::Attempt, Duration::from_secs(5), 1)
+            .for_resource("users-api");
+        assert_eq!(
+            t.to_string(),
+            "users-api: attempt timed out after 5s (1 attempt)"
+        );
+        let r = Rejection::new(
+            RejectionReason::CircuitOpen,
+            Some(Duration::from_nanos(2_962_081_417)),
+        )
+        .for_resource("users-api");
+        assert_eq!(
+            r.to_string(),
+            "users-api: call rejected: circuit_open (retry after 2.96s)"
+        );
+        assert_eq!(
+            r,
+            Rejection::new(RejectionReason::CircuitOpen, r.retry_after)
+        );
+        let e: Error<std::io::Error> = Error::RetryExhausted {
+            attempts: 1,
+            last: std::io::Error::other("boom"),
+        };
+        assert_eq!(e.to_string(), "gave up after 1 attempt");
+        assert_eq!(
+            std::error::Error::source(&e).map(|s| s.to_string()),
+            Some("boom".into())
+        );
     }
 }

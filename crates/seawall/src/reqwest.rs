@@ -35,15 +35,19 @@
 //! - one with a fallback producing a `reqwest::Response`.
 //!
 //! # Responses
-//! Each response is judged by its status with
-//! [`classify_status`]. A retryable one (408,
-//! 429, 5xx) becomes reqwest's own status error (`error_for_status`), so the
-//! pipeline retries it and its circuit breaker counts it; when retries run
-//! out, the call fails with that error in [`Error::RetryExhausted`]. Every
-//! other response (2xx, 3xx, and the 4xx a retry cannot fix) is returned as
-//! is, as reqwest itself does. reqwest's status errors carry no headers, so
-//! a `Retry-After` does not reach the pipeline on this path (the tower layer
-//! of feature `tower`, which judges whole responses, honours it).
+//! Each response is judged by its status and headers with
+//! [`classify_status`]. A retryable one (408, 429, 5xx) becomes reqwest's
+//! own status error (`error_for_status`), so the pipeline retries it; when
+//! retries run out, the call fails with that error in
+//! [`Error::RetryExhausted`]. A 5xx counts against the circuit breaker; a
+//! 429 does not (the dependency is healthy and asks to slow down). The
+//! `Retry-After` of the response, in either form (`120` or an HTTP-date),
+//! reaches the pipeline with the error: the retry waits at least that long
+//! and the pipeline's [`Cooldown`](crate::Cooldown), if any, pauses every
+//! call for that long. This holds with or without a classifier: a
+//! classifier of your own decides the kind, the response's hint is added
+//! when it gives none. Every other response (2xx, 3xx, and the 4xx a retry
+//! cannot fix) is returned as is, as reqwest itself does.
 //!
 //! # Timeouts
 //! Each attempt's request timeout is the time left before the attempt's
@@ -64,7 +68,7 @@ use crate::classify::Verdict;
 use crate::context::Context;
 use crate::error::{Error, Rejection};
 use crate::http::classify_status;
-use crate::pipeline::{Handles, Pipeline};
+use crate::pipeline::{Handles, Judged, Pipeline};
 
 mod sealed {
     pub trait Sealed {}
@@ -109,7 +113,7 @@ impl SendThrough for RequestBuilder {
         }
         let mut first = Some(request);
         pipeline
-            .run(|ctx| {
+            .drive_async(None, |ctx| {
                 // The first attempt sends the request itself; later ones
                 // (which exist only when it could be copied) send copies.
                 let request = first
@@ -127,18 +131,39 @@ async fn attempt(
     client: Client,
     mut request: Request,
     ctx: Context,
-) -> Result<Response, reqwest::Error> {
+) -> Judged<Response, reqwest::Error> {
     if let Some(left) = ctx.remaining() {
         let timeout = request.timeout_mut();
         *timeout = Some(timeout.map_or(left, |own| own.min(left)));
     }
-    let response = client.execute(request).await?;
-    let retryable =
-        classify_status(response.status(), response.headers()).is_some_and(|v| v.is_failure());
-    if retryable {
-        response.error_for_status()
-    } else {
-        Ok(response)
+    let response = match client.execute(request).await {
+        Ok(response) => response,
+        Err(e) => {
+            return Judged {
+                result: Err(e),
+                verdict: None,
+            }
+        }
+    };
+    match classify_status(response.status(), response.headers()) {
+        Some(verdict) if verdict.is_retryable() || verdict.is_failure() => {
+            match response.error_for_status() {
+                // The response's verdict, with its `Retry-After`.
+                Err(e) => Judged {
+                    result: Err(e),
+                    verdict: Some(verdict),
+                },
+                // A status reqwest does not call an error (600 and up).
+                Ok(response) => Judged {
+                    result: Ok(response),
+                    verdict: None,
+                },
+            }
+        }
+        _ => Judged {
+            result: Ok(response),
+            verdict: None,
+        },
     }
 }
 

@@ -562,7 +562,7 @@ impl PipelineHandle {
     ///
     /// # Errors
     /// As for [`Pipeline::run`].
-    pub async fn run<T, E, Op, Fut>(&self, op: Op) -> Result<T, Error<E>>
+    pub async fn run<T, E: 'static, Op, Fut>(&self, op: Op) -> Result<T, Error<E>>
     where
         Op: FnMut(Context) -> Fut,
         Fut: Future<Output = Result<T, E>>,
@@ -576,7 +576,7 @@ impl PipelineHandle {
     ///
     /// # Errors
     /// As for [`Pipeline::call`].
-    pub fn call<T, E, Op>(&self, op: Op) -> Result<T, Error<E>>
+    pub fn call<T, E: 'static, Op>(&self, op: Op) -> Result<T, Error<E>>
     where
         Op: FnMut(Context) -> Result<T, E>,
     {

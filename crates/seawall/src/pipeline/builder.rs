@@ -434,30 +434,14 @@ impl<K: Kind> PipelineBuilder<K> {
         let any_timeout = self.overall_timeout.is_some() || self.attempt_timeout.is_some();
         let plan = Plan {
             // A memory gate reads the clock itself, only when a policy
-            // needs the time (a rate limit, a cooldown in effect, a circuit
-            // that is not closed, a partition).
+            // needs the time (a cooldown in effect, a circuit that is not
+            // closed); these need it for every attempt.
             needs_time: gate.as_ref().is_some_and(|g| {
                 g.memory.is_none() || g.spec.rate_limit.is_some() || g.record_needs_time
             }) || any_timeout
                 || listeners.registered(),
-            watch_late: listeners.registered()
-                || self.overall_timeout.is_some_and(|t| t.strict)
+            watch_late: self.overall_timeout.is_some_and(|t| t.strict)
                 || self.attempt_timeout.is_some_and(|t| t.strict),
-            lean_async: gate.as_ref().is_none_or(|g| g.memory.is_some()) && !listeners.registered(),
-            lean_sync: false,
-            bare_first: false,
-            first_timeout: match (self.overall_timeout, self.attempt_timeout) {
-                (Some(o), Some(a)) => Some(o.nanos().min(a.nanos())),
-                (o, a) => o.or(a).map(|t| t.nanos()),
-            },
-        };
-        let plan = Plan {
-            lean_sync: plan.lean_async && !plan.watch_late,
-            bare_first: plan.lean_async
-                && gate.is_none()
-                && !any_timeout
-                && self.retry.as_ref().is_none_or(|r| r.budget.is_none()),
-            ..plan
         };
         Ok(Pipeline {
             shared: Arc::new(Shared {
@@ -471,6 +455,7 @@ impl<K: Kind> PipelineBuilder<K> {
                 listeners,
                 handlers: self.handlers,
                 plan,
+                noted: Default::default(),
             }),
         })
     }

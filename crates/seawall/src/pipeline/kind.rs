@@ -27,6 +27,8 @@ pub use crate::fallback::BoxFallbackFuture;
 pub use crate::fallback::FallbackHandlers;
 use crate::fallback::{AsyncFallbackFn, SyncFallbackFn};
 
+use super::nested::{self, Noted};
+
 type Classifier<E> = Arc<dyn Fn(&E) -> Verdict + Send + Sync>;
 type Predicate<E> = Arc<dyn Fn(&E) -> bool + Send + Sync>;
 type RetryHook<E> = Arc<dyn Fn(&E, u32, Duration) + Send + Sync>;
@@ -114,10 +116,9 @@ impl<E> fmt::Debug for ErrorHandlers<E> {
 }
 
 impl<E> ErrorHandlers<E> {
-    /// The verdict on `e`: the classifier's, narrowed by the predicates
-    /// (`abort_if` wins over everything, `retry_if` only narrows).
-    pub(crate) fn verdict(&self, e: &E) -> Verdict {
-        let v = self.classify.as_ref().map_or(Verdict::retry(), |c| c(e));
+    /// `v` narrowed by the predicates: `abort_if` wins over everything,
+    /// `retry_if` only narrows.
+    fn narrow(&self, e: &E, v: Verdict) -> Verdict {
         if self.abort_if.as_ref().is_some_and(|p| p(e)) {
             return keep_hint(Verdict::abort(), v);
         }
@@ -176,77 +177,134 @@ pub(crate) enum Fallen<T, E> {
 /// A pipeline kind that can run operations returning `Result<T, E>`
 /// (async `run`). Sealed.
 pub trait Handles<T, E>: Kind {
+    /// The verdict on an error of the operation: the classifier's (narrowed
+    /// by the predicates); without a classifier, `judged` (the operation's
+    /// own verdict, when an adapter gives one) or a retryable failure. A
+    /// refusal by a nested seawall pipeline is never retried nor recorded.
     #[doc(hidden)]
-    fn verdict(h: &Self::Handlers, e: &E) -> Verdict;
+    fn verdict_or(h: &Self::Handlers, e: &E, judged: Option<Verdict>) -> Verdict;
     #[doc(hidden)]
     fn on_retry(h: &Self::Handlers, e: &E, attempt: u32, delay: Duration);
+    /// `true` when the fallback takes this final error.
+    #[doc(hidden)]
+    fn falls_back_on(h: &Self::Handlers, err: &Error<E>) -> bool;
     #[doc(hidden)]
     #[allow(private_interfaces)]
     fn fall_back(h: &Self::Handlers, err: Error<E>, ctx: Context) -> Fallen<T, E>;
+    #[doc(hidden)]
+    #[allow(private_interfaces)]
+    fn note_rejection(noted: &Noted);
 }
 
 /// A pipeline kind that can run blocking operations returning
 /// `Result<T, E>` (sync `call`): every kind but [`WithAsyncFallback`]. Sealed.
 pub trait HandlesSync<T, E>: Handles<T, E> {}
 
-impl<T, E> Handles<T, E> for AnyResult {
-    fn verdict(_: &(), _: &E) -> Verdict {
-        Verdict::retry()
+/// The verdict without a classifier: the operation's own, or a retryable
+/// failure; a nested rejection is ignored.
+fn default_verdict<E: 'static>(e: &E, judged: Option<Verdict>) -> Verdict {
+    if nested::is_rejection(e) {
+        return Verdict::ignore();
+    }
+    judged.unwrap_or_default()
+}
+
+impl<E: 'static> ErrorHandlers<E> {
+    fn verdict_or(&self, e: &E, judged: Option<Verdict>) -> Verdict {
+        if nested::is_rejection(e) {
+            return Verdict::ignore();
+        }
+        let v = match &self.classify {
+            Some(c) => c(e),
+            None => judged.unwrap_or_default(),
+        };
+        // The operation's hint stands when the classifier gives none.
+        let v = match (v.retry_after(), judged.and_then(|j| j.retry_after())) {
+            (None, Some(hint)) => v.with_retry_after(hint),
+            _ => v,
+        };
+        self.narrow(e, v)
+    }
+}
+
+impl<T, E: 'static> Handles<T, E> for AnyResult {
+    fn verdict_or(_: &(), e: &E, judged: Option<Verdict>) -> Verdict {
+        default_verdict(e, judged)
     }
     fn on_retry(_: &(), _: &E, _: u32, _: Duration) {}
+    fn falls_back_on(_: &(), _: &Error<E>) -> bool {
+        false
+    }
     #[allow(private_interfaces)]
     fn fall_back(_: &(), err: Error<E>, _: Context) -> Fallen<T, E> {
         Fallen::NotApplied(err)
     }
+    #[allow(private_interfaces)]
+    fn note_rejection(noted: &Noted) {
+        nested::note::<E>(noted)
+    }
 }
-impl<T, E> HandlesSync<T, E> for AnyResult {}
+impl<T, E: 'static> HandlesSync<T, E> for AnyResult {}
 
 impl<T, E: 'static> Handles<T, E> for ErrorType<E> {
-    fn verdict(h: &ErrorHandlers<E>, e: &E) -> Verdict {
-        h.verdict(e)
+    fn verdict_or(h: &ErrorHandlers<E>, e: &E, judged: Option<Verdict>) -> Verdict {
+        h.verdict_or(e, judged)
     }
     fn on_retry(h: &ErrorHandlers<E>, e: &E, attempt: u32, delay: Duration) {
         h.on_retry(e, attempt, delay)
+    }
+    fn falls_back_on(_: &ErrorHandlers<E>, _: &Error<E>) -> bool {
+        false
     }
     #[allow(private_interfaces)]
     fn fall_back(_: &ErrorHandlers<E>, err: Error<E>, _: Context) -> Fallen<T, E> {
         Fallen::NotApplied(err)
     }
+    #[allow(private_interfaces)]
+    fn note_rejection(noted: &Noted) {
+        nested::note::<E>(noted)
+    }
 }
 impl<T, E: 'static> HandlesSync<T, E> for ErrorType<E> {}
 
 impl<T: 'static, E: 'static> Handles<T, E> for WithFallback<T, E> {
-    fn verdict(h: &Self::Handlers, e: &E) -> Verdict {
-        h.errors.verdict(e)
+    fn verdict_or(h: &Self::Handlers, e: &E, judged: Option<Verdict>) -> Verdict {
+        h.errors.verdict_or(e, judged)
     }
     fn on_retry(h: &Self::Handlers, e: &E, attempt: u32, delay: Duration) {
         h.errors.on_retry(e, attempt, delay)
     }
+    fn falls_back_on(h: &Self::Handlers, err: &Error<E>) -> bool {
+        h.applies(err)
+    }
     #[allow(private_interfaces)]
     fn fall_back(h: &Self::Handlers, err: Error<E>, ctx: Context) -> Fallen<T, E> {
-        if h.applies(&err) {
-            Fallen::Done((h.fallback)(err, ctx))
-        } else {
-            Fallen::NotApplied(err)
-        }
+        Fallen::Done((h.fallback)(err, ctx))
+    }
+    #[allow(private_interfaces)]
+    fn note_rejection(noted: &Noted) {
+        nested::note::<E>(noted)
     }
 }
 impl<T: 'static, E: 'static> HandlesSync<T, E> for WithFallback<T, E> {}
 
 impl<T: 'static, E: 'static> Handles<T, E> for WithAsyncFallback<T, E> {
-    fn verdict(h: &Self::Handlers, e: &E) -> Verdict {
-        h.errors.verdict(e)
+    fn verdict_or(h: &Self::Handlers, e: &E, judged: Option<Verdict>) -> Verdict {
+        h.errors.verdict_or(e, judged)
     }
     fn on_retry(h: &Self::Handlers, e: &E, attempt: u32, delay: Duration) {
         h.errors.on_retry(e, attempt, delay)
     }
+    fn falls_back_on(h: &Self::Handlers, err: &Error<E>) -> bool {
+        h.applies(err)
+    }
     #[allow(private_interfaces)]
     fn fall_back(h: &Self::Handlers, err: Error<E>, ctx: Context) -> Fallen<T, E> {
-        if h.applies(&err) {
-            Fallen::Pending((h.fallback)(err, ctx))
-        } else {
-            Fallen::NotApplied(err)
-        }
+        Fallen::Pending((h.fallback)(err, ctx))
+    }
+    #[allow(private_interfaces)]
+    fn note_rejection(noted: &Noted) {
+        nested::note::<E>(noted)
     }
 }
 

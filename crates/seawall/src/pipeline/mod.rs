@@ -17,11 +17,13 @@ use crate::store::{MemoryResource, ResourceSpec, ResourceState};
 use crate::timeout::Timeout;
 
 mod builder;
-mod execute;
-use execute::Resume;
+mod drive;
+mod engine;
 mod kind;
+mod nested;
 
 pub use builder::PipelineBuilder;
+pub(crate) use drive::Judged;
 pub use kind::{
     AnyResult, BoxFallbackFuture, ErrorHandlers, ErrorKind, ErrorType, FallbackHandlers,
     FallbackKind, Handles, HandlesSync, Kind, WithAsyncFallback, WithFallback,
@@ -45,24 +47,13 @@ pub(crate) struct Gate {
 /// Facts about a pipeline computed once at build time for the hot path.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Plan {
-    /// The start of an attempt must be read from the clock.
+    /// The start of an attempt must be read from the clock: a timeout, a
+    /// rate limit, a slow-call or time-window breaker, a store that is not
+    /// in memory, or a registered listener.
     pub(crate) needs_time: bool,
-    /// Sync calls must read the clock at the end of an attempt to detect a
-    /// late result (a strict timeout, or someone listening for events).
+    /// Sync calls read the clock at the end of an attempt with a deadline
+    /// to tell a late result (a strict timeout).
     pub(crate) watch_late: bool,
-    /// The gate, if any, is a memory resource and no one listens: an
-    /// unpartitioned async call takes the lean path (admit, run, record a
-    /// success, inline) until anything out of the ordinary happens.
-    pub(crate) lean_async: bool,
-    /// The same for sync calls, which also need no strict timeout watching
-    /// the end of an attempt.
-    pub(crate) lean_sync: bool,
-    /// The deadline of a first attempt, from its start (the nearer of the
-    /// overall and per-attempt timeouts), in nanoseconds.
-    pub(crate) first_timeout: Option<u64>,
-    /// No gate, no timeout, no retry budget, nobody listening: no policy
-    /// or a retry alone, whose first attempt runs as is.
-    pub(crate) bare_first: bool,
 }
 
 pub(crate) struct Shared<K: Kind> {
@@ -76,6 +67,8 @@ pub(crate) struct Shared<K: Kind> {
     pub(crate) random: Arc<dyn Random>,
     pub(crate) listeners: Listeners,
     pub(crate) handlers: K::Handlers,
+    /// The error type this pipeline's rejections were noted with.
+    pub(crate) noted: nested::Noted,
 }
 
 /// A built pipeline: cheap to clone (one reference count), `Send + Sync`,
@@ -143,6 +136,15 @@ pub enum ControlError {
 }
 
 impl<K: Kind> Pipeline<K> {
+    /// Notes that this pipeline ended a call with a rejection in `Error<E>`
+    /// (see `nested`).
+    pub(crate) fn note_rejection<T, E>(&self)
+    where
+        K: Handles<T, E>,
+    {
+        K::note_rejection(&self.shared.noted);
+    }
+
     /// The resource name.
     pub fn name(&self) -> &str {
         self.shared.name
@@ -289,7 +291,7 @@ impl<K: Kind> Pipeline<K> {
         Op: FnMut(Context) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        self.run_keyed(None, op)
+        self.drive_async(None, op)
     }
 
     /// Runs a blocking operation through the pipeline on the calling thread.
@@ -302,23 +304,28 @@ impl<K: Kind> Pipeline<K> {
     /// # Errors
     /// As for [`run`](Self::run).
     #[inline]
-    pub fn call<T, E, Op>(&self, mut op: Op) -> Result<T, Error<E>>
+    pub fn call<T, E, Op>(&self, op: Op) -> Result<T, Error<E>>
     where
         K: HandlesSync<T, E>,
         Op: FnMut(Context) -> Result<T, E>,
     {
-        let plan = &self.shared.plan;
-        if !plan.lean_sync || Listeners::tracing() {
-            return self.call_in(None, op, Resume::Start);
-        }
-        if plan.bare_first {
-            // No policy, or a retry alone: the first attempt runs as is.
-            return match op(Context::bare(self.shared.name)) {
-                Ok(v) => Ok(v),
-                Err(e) => self.call_resumed(None, op, Resume::first_failed(Err(e))),
-            };
-        }
-        self.call_lean(None, op)
+        self.drive_sync(None, op)
+    }
+
+    /// The context of attempt `attempt` with `deadline`, for the fallback.
+    pub(crate) fn context(
+        &self,
+        partition: Option<&PartitionKey>,
+        attempt: u32,
+        deadline: Option<u64>,
+    ) -> Context {
+        Context::new(
+            self.shared.name,
+            attempt,
+            deadline,
+            &self.shared.clock,
+            partition,
+        )
     }
 }
 
@@ -348,7 +355,7 @@ impl<'p, K: Kind> Partition<'p, K> {
         Op: FnMut(Context) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        self.pipeline.run_keyed(Some(&self.key), op)
+        self.pipeline.drive_async(Some(&self.key), op)
     }
 
     /// Runs a blocking operation in this partition. See [`Pipeline::call`].
@@ -360,11 +367,7 @@ impl<'p, K: Kind> Partition<'p, K> {
         K: HandlesSync<T, E>,
         Op: FnMut(Context) -> Result<T, E>,
     {
-        let pipeline = self.pipeline;
-        if pipeline.shared.plan.lean_sync && !Listeners::tracing() {
-            return pipeline.call_lean(Some(&self.key), op);
-        }
-        pipeline.call_in(Some(&self.key), op, Resume::Start)
+        self.pipeline.drive_sync(Some(&self.key), op)
     }
 
     /// Forces this partition's circuit open.

@@ -314,11 +314,7 @@ mod tests {
         let e = r.unwrap_err();
         assert!(e.is_rejected() && !e.is_timeout());
         assert_eq!(e.to_string(), "call rejected: circuit_open");
-        let timeout = TimeoutError {
-            scope: TimeoutScope::Attempt,
-            after: Duration::from_millis(5),
-            attempts: 1,
-        };
+        let timeout = TimeoutError::new(TimeoutScope::Attempt, Duration::from_millis(5), 1);
         let r: Result<(), ServiceError<&str>> = settle(Err(Error::Timeout(timeout)), None);
         assert!(r.unwrap_err().is_timeout());
     }

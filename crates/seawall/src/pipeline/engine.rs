@@ -1,0 +1,1015 @@
+//! The call engine: one state machine for `run` (async) and `call` (sync).
+//!
+//! Every call goes through the same steps, whichever driver runs it:
+//!
+//! ```text
+//! start ─▶ admit ─▶ (the driver runs the attempt) ─▶ ended ─▶ finish
+//!            ▲  │ Wait: deferred                       │ Retry: backoff
+//!            │  ▼                                      │
+//!          waited ◀── (the driver sleeps) ◀────────────┘ retry
+//! ```
+//!
+//! [`Call`] holds what the call has done so far and decides each step: the
+//! admission through the stateful policies (circuit, bulkhead, cooldown, rate
+//! limit, in one store operation), a deferral when a wait fits, the record
+//! of an attempt's outcome, the retry decision, the fallback. It does no
+//! I/O: running the operation, sleeping and asking a store that is not in
+//! memory are the driver's ([`Admit::Ask`], [`Admit::Wait`], [`Ended::Record`],
+//! [`Ended::Retry`]); the in-memory store never blocks and is called in
+//! place. The drivers (`drive.rs`) are a few lines each, so sync and async
+//! calls take the same decisions at the same instants.
+//!
+//! The common case is the same code as any other: an attempt admitted by a
+//! closed circuit, a free slot and a permit, that succeeds, goes through
+//! `admit` and `ended` like every attempt; they are written so that it reads
+//! the clock only when a policy needs the time and records with one store
+//! operation. Whether anyone listens to events never changes a decision,
+//! an instant or the stored state: it only adds the events.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use super::kind::{Fallen, Handles};
+use super::{Gate, Kind, Pipeline};
+use crate::classify::{Verdict, VerdictKind};
+use crate::context::{Context, PartitionKey};
+use crate::error::{Error, Rejection, RejectionReason, StoreError, TimeoutError, TimeoutScope};
+use crate::event::{AttemptOutcome, CallOutcome, EventKind, GiveUpReason};
+use crate::fallback::BoxFallbackFuture;
+use crate::store::{Admission, AdmitRequest, Outcome, Permit, Record, Recorded, ResourceState};
+
+/// The deadline binding an attempt, and where it comes from.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Deadline {
+    at: u64,
+    scope: TimeoutScope,
+    after: Duration,
+    strict: bool,
+}
+
+/// The shortest and longest poll of a queued bulkhead admission.
+const QUEUE_POLL_MIN: Duration = Duration::from_millis(1);
+const QUEUE_POLL_MAX: Duration = Duration::from_millis(20);
+
+/// A place in the bounded bulkhead queue of this process.
+struct QueueTicket<'g>(&'g Gate);
+
+impl Drop for QueueTicket<'_> {
+    fn drop(&mut self) {
+        self.0.waiters.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The waiting state of a deferred admission: since when it waits, its
+/// queue place, the next poll interval.
+struct Waiting<'g> {
+    since: u64,
+    ticket: Option<QueueTicket<'g>>,
+    poll: Duration,
+}
+
+/// Which driver runs the call: the few rules that differ between blocking
+/// and async code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Driver {
+    /// `call`: timeouts are cooperative (a late result is noticed at the end
+    /// of the attempt), a full bulkhead refuses at once.
+    Sync,
+    /// `run`: the future is dropped at its deadline, a full bulkhead may
+    /// queue.
+    Async,
+}
+
+/// The next step of an admission.
+pub(crate) enum Admit<'g> {
+    /// Admitted: run the attempt with this context, then call
+    /// [`Call::ended`].
+    Run(Context),
+    /// Ask the store (not in memory) with this request, then call
+    /// [`Call::admitted`] with its answer.
+    Ask(AdmitRequest<'g>),
+    /// Deferred: sleep this long, then call [`Call::waited`].
+    Wait(Duration),
+    /// Refused: end the call with [`Call::refused`].
+    Refused(Refused),
+}
+
+/// Why the gate did not admit an attempt.
+pub(crate) enum Refused {
+    Rejected(Rejection),
+    Store(StoreError),
+}
+
+/// What an attempt that ended leaves to do.
+pub(crate) enum Ended<'g, T, E> {
+    /// The call's result, before the fallback: hand it to [`Call::finish`].
+    Done(Result<T, Error<E>>),
+    /// Give the outcome to the store (not in memory), then call
+    /// [`Call::recorded`] with its answer and `Pending`.
+    Record(Record<'g>, Pending<T, E>),
+    /// Wait this long (an async driver yields when it is zero), then call
+    /// [`Call::retry`] and admit the next attempt.
+    Retry(Duration),
+}
+
+/// An attempt's outcome waiting for the store to record it.
+pub(crate) enum Pending<T, E> {
+    Success(T),
+    Failed(Failure<E>),
+}
+
+/// A failed attempt: its verdict, its error (none when it timed out) and
+/// the deadline it ran past.
+pub(crate) struct Failure<E> {
+    verdict: Verdict,
+    error: Option<E>,
+    timed_out: Option<Deadline>,
+}
+
+/// What [`Call::finish`] leaves to do.
+pub(crate) enum Finish<T, E> {
+    /// The call's result.
+    Done(Result<T, Error<E>>),
+    /// Await the async fallback, then hand its result to
+    /// [`Call::fell_back`].
+    Fallback(BoxFallbackFuture<T, E>),
+}
+
+/// What to do after a failed attempt.
+enum Next {
+    Retry(Duration),
+    Stop(StopReason),
+}
+
+enum StopReason {
+    /// Not retryable, or no retry policy.
+    NotRetried,
+    /// Attempts used up.
+    Exhausted,
+    /// The next wait would not fit the deadline.
+    Deadline,
+    /// The retry budget is empty.
+    Budget,
+}
+
+/// One call through a pipeline. See the [module docs](self).
+pub(crate) struct Call<'g, K: Kind> {
+    pipeline: &'g Pipeline<K>,
+    partition: Option<&'g PartitionKey>,
+    driver: Driver,
+    /// Someone listens to events (checked once per call).
+    listening: bool,
+    /// The attempt under way, from 1.
+    attempt: u32,
+    /// The previous backoff (decorrelated jitter grows from it).
+    previous: Duration,
+    /// Start of the call, for the `CallFinished` event (0 when nobody listens).
+    started: u64,
+    overall: Option<Deadline>,
+    /// When the attempt under way began (its admission), once read.
+    at: Option<u64>,
+    deadline: Option<Deadline>,
+    /// The permit of the attempt under way, given back if the call is
+    /// dropped (a timeout, a cancelled future) or panics before the record.
+    permit: Option<Permit>,
+    waiting: Option<Waiting<'g>>,
+}
+
+impl<K: Kind> Drop for Call<'_, K> {
+    #[inline]
+    fn drop(&mut self) {
+        if let Some(p) = self.permit.take() {
+            self.release(p);
+        }
+    }
+}
+
+impl<'g, K: Kind> Call<'g, K> {
+    /// Starts a call: credits the retry budget, reads the clock if a policy
+    /// (or a listener) needs the start of the call.
+    #[inline(always)]
+    pub(crate) fn start(
+        pipeline: &'g Pipeline<K>,
+        partition: Option<&'g PartitionKey>,
+        driver: Driver,
+    ) -> Self {
+        let shared = &*pipeline.shared;
+        if let Some(b) = shared.retry.as_ref().and_then(|r| r.budget.as_ref()) {
+            b.deposit();
+        }
+        let listening = shared.listeners.enabled();
+        let mut call = Call {
+            pipeline,
+            partition,
+            driver,
+            listening,
+            attempt: 1,
+            previous: Duration::ZERO,
+            started: 0,
+            overall: None,
+            at: None,
+            deadline: None,
+            permit: None,
+            waiting: None,
+        };
+        if call.needs_time() {
+            let now = call.read_clock();
+            call.started = now;
+            call.overall = shared.overall_timeout.map(|t| Deadline {
+                at: now.saturating_add(t.nanos()),
+                scope: TimeoutScope::Overall,
+                after: t.duration,
+                strict: t.strict,
+            });
+            call.begin_at(now);
+        }
+        call
+    }
+
+    /// The start of an attempt must be read from the clock: a timeout, a
+    /// policy that needs the time of the attempt (a rate limit, a slow-call
+    /// or time-window breaker), a partition (its key's last use), a remote
+    /// store, or someone listening (durations in events).
+    #[inline(always)]
+    fn needs_time(&self) -> bool {
+        self.pipeline.shared.plan.needs_time || self.partition.is_some() || self.listening
+    }
+
+    #[inline(always)]
+    fn read_clock(&self) -> u64 {
+        self.pipeline.shared.clock.now_nanos()
+    }
+
+    /// The start of the attempt under way, read now if it was not yet.
+    #[inline]
+    fn now(&mut self) -> u64 {
+        match self.at {
+            Some(at) => at,
+            None => {
+                let now = self.read_clock();
+                self.begin_at(now);
+                now
+            }
+        }
+    }
+
+    /// The attempt under way begins at `now`: its deadline is the nearer of
+    /// the overall one and its own.
+    #[inline]
+    fn begin_at(&mut self, now: u64) {
+        self.at = Some(now);
+        let own = self.pipeline.shared.attempt_timeout.map(|t| Deadline {
+            at: now.saturating_add(t.nanos()),
+            scope: TimeoutScope::Attempt,
+            after: t.duration,
+            strict: t.strict,
+        });
+        self.deadline = match (own, self.overall) {
+            (Some(a), Some(o)) => Some(if o.at <= a.at { o } else { a }),
+            (a, o) => a.or(o),
+        };
+    }
+
+    /// The context of the attempt under way: a constant (dropped for free)
+    /// for a first attempt without deadline or partition.
+    #[inline(always)]
+    fn context(&self) -> Context {
+        let shared = &*self.pipeline.shared;
+        match (self.attempt, self.deadline, self.partition) {
+            (1, None, None) => Context::bare(shared.name),
+            (attempt, deadline, partition) => Context::new(
+                shared.name,
+                attempt,
+                deadline.map(|d| d.at),
+                &shared.clock,
+                partition,
+            ),
+        }
+    }
+
+    /// The deadline of the attempt under way, in nanoseconds on the
+    /// pipeline's clock (for the async driver's timer).
+    #[inline(always)]
+    pub(crate) fn deadline(&self) -> Option<u64> {
+        self.deadline.map(|d| d.at)
+    }
+
+    #[inline]
+    fn emit(&self, kind: impl FnOnce() -> EventKind) {
+        if self.listening {
+            self.pipeline.emit(self.partition, kind);
+        }
+    }
+
+    /// The store of the gate, for the driver's [`Admit::Ask`] and
+    /// [`Ended::Record`].
+    pub(crate) fn store(&self) -> &'g dyn ResourceState {
+        &*self.gate().state
+    }
+
+    /// The pipeline's clock, for the driver's sleeps.
+    pub(crate) fn clock(&self) -> &'g crate::clock::ClockHandle {
+        &self.pipeline.shared.clock
+    }
+
+    fn gate(&self) -> &'g Gate {
+        self.pipeline
+            .shared
+            .gate
+            .as_ref()
+            .expect("a permit comes from the gate")
+    }
+
+    #[cold]
+    fn release(&self, permit: Permit) {
+        self.gate().state.release(self.partition, permit);
+    }
+
+    // ------------------------------------------------------------ admission
+
+    /// Admits the attempt under way.
+    #[inline(always)]
+    pub(crate) fn admit(&mut self) -> Admit<'g> {
+        let pipeline = self.pipeline;
+        let Some(gate) = &pipeline.shared.gate else {
+            return Admit::Run(self.context());
+        };
+        let Some(memory) = gate.memory.as_deref() else {
+            let now = self.now();
+            return Admit::Ask(AdmitRequest {
+                partition: self.partition,
+                now: Duration::from_nanos(now),
+            });
+        };
+        // The ordinary case (a closed circuit, a free slot, no cooldown, a
+        // permit) is decided with the fewest loads, reading the clock only
+        // if a policy needs it; anything else by the full admission.
+        let clock = &pipeline.shared.clock;
+        let mut at = self.at;
+        let quick = memory.try_admit(
+            self.partition,
+            &mut || *at.get_or_insert_with(|| clock.now_nanos()),
+            &mut self.permit,
+        );
+        if self.at.is_none() {
+            if let Some(now) = at {
+                self.begin_at(now);
+            }
+        }
+        match quick {
+            Ok(()) => Admit::Run(self.context()),
+            Err(Some(open)) => self.refuse(open),
+            Err(None) => {
+                let now = self.now();
+                let request = AdmitRequest {
+                    partition: self.partition,
+                    now: Duration::from_nanos(now),
+                };
+                self.admitted(memory.admit(&request))
+            }
+        }
+    }
+
+    /// The store's answer to [`Admit::Ask`] (or the memory store's).
+    pub(crate) fn admitted(&mut self, answer: Result<Admission, StoreError>) -> Admit<'g> {
+        let admission = match answer {
+            Ok(a) => a,
+            Err(e) => {
+                self.emit(|| EventKind::StoreUnavailable {
+                    error: e.to_string(),
+                    degraded: false,
+                });
+                return Admit::Refused(Refused::Store(e));
+            }
+        };
+        if let Some(t) = admission.transition {
+            self.emit(|| transition_event(t));
+        }
+        if let Some(e) = &admission.degraded {
+            self.emit(|| EventKind::StoreUnavailable {
+                error: e.to_string(),
+                degraded: true,
+            });
+        }
+        match admission.decision {
+            Ok(permit) => {
+                self.permit = Some(permit);
+                self.waiting = None;
+                Admit::Run(self.context())
+            }
+            Err(r) => self.refuse(r),
+        }
+    }
+
+    /// A refusal: deferred when a wait for it fits, final otherwise.
+    fn refuse(&mut self, rejection: Rejection) -> Admit<'g> {
+        match self.deferral(rejection) {
+            Ok(wait) => {
+                self.emit(|| EventKind::Deferred {
+                    reason: rejection.reason,
+                    wait,
+                });
+                Admit::Wait(wait)
+            }
+            Err(r) => {
+                self.waiting = None;
+                Admit::Refused(Refused::Rejected(r))
+            }
+        }
+    }
+
+    /// After the wait of [`Admit::Wait`]: the attempt begins now, admitted
+    /// again.
+    pub(crate) fn waited(&mut self) -> Admit<'g> {
+        let now = self.read_clock();
+        self.begin_at(now);
+        self.admit()
+    }
+
+    /// How long to wait before asking the gate again, or the final refusal.
+    /// A call never waits longer in all than the policy's `max_wait`, nor
+    /// past its deadline.
+    fn deferral(&mut self, rejection: Rejection) -> Result<Duration, Rejection> {
+        let gate = self.gate();
+        let may_wait = match rejection.reason {
+            RejectionReason::CooldownActive | RejectionReason::RateLimited => true,
+            RejectionReason::BulkheadFull => self.driver == Driver::Async,
+            _ => false,
+        };
+        if !may_wait {
+            return Err(rejection);
+        }
+        let now = self.now();
+        let room = self
+            .deadline
+            .map(|d| Duration::from_nanos(d.at.saturating_sub(now)));
+        let fits = |wait: Duration| room.is_none_or(|r| wait < r);
+        let waiting = self.waiting.get_or_insert(Waiting {
+            since: now,
+            ticket: None,
+            poll: QUEUE_POLL_MIN,
+        });
+        // What a policy's `max_wait` still allows: the time already waited
+        // counts.
+        let waited = Duration::from_nanos(now.saturating_sub(waiting.since));
+        let allowed = |max_wait: Duration| max_wait.saturating_sub(waited);
+        match rejection.reason {
+            RejectionReason::CooldownActive => {
+                let left = rejection.retry_after.unwrap_or(Duration::ZERO);
+                if !fits(left) {
+                    return Err(Rejection::new(
+                        RejectionReason::CooldownExceedsDeadline,
+                        rejection.retry_after,
+                    ));
+                }
+                match &gate.spec.cooldown {
+                    Some(c) if left <= allowed(c.max_wait) => Ok(left),
+                    _ => Err(rejection),
+                }
+            }
+            RejectionReason::RateLimited => match (&gate.spec.rate_limit, rejection.retry_after) {
+                (Some(r), Some(left)) if left <= allowed(r.max_wait) && fits(left) => Ok(left),
+                _ => Err(rejection),
+            },
+            _ => {
+                let Some(b) = &gate.spec.bulkhead else {
+                    return Err(rejection);
+                };
+                if b.max_queued == 0 {
+                    return Err(rejection);
+                }
+                if waiting.ticket.is_none() {
+                    let before = gate.waiters.fetch_add(1, Ordering::Relaxed);
+                    let ticket = QueueTicket(gate);
+                    if before >= b.max_queued {
+                        return Err(rejection);
+                    }
+                    waiting.ticket = Some(ticket);
+                }
+                let left = allowed(b.max_wait);
+                if left.is_zero() {
+                    return Err(rejection);
+                }
+                let mut wait = waiting.poll.min(left);
+                if let Some(r) = room {
+                    if r.is_zero() {
+                        return Err(rejection);
+                    }
+                    wait = wait.min(r);
+                }
+                waiting.poll = (waiting.poll * 2).min(QUEUE_POLL_MAX);
+                Ok(wait)
+            }
+        }
+    }
+
+    /// Ends a refused call: the error, reported; hand it to
+    /// [`finish`](Self::finish).
+    pub(crate) fn refused<E>(&mut self, refused: Refused) -> Error<E> {
+        match refused {
+            Refused::Rejected(r) => self.reject(r),
+            Refused::Store(e) => Error::Store(e),
+        }
+    }
+
+    fn reject<E>(&self, r: Rejection) -> Error<E> {
+        let r = r.for_resource(self.pipeline.shared.name);
+        self.emit(|| EventKind::Rejected {
+            reason: r.reason,
+            retry_after: r.retry_after,
+        });
+        Error::Rejected(r)
+    }
+
+    // -------------------------------------------------------------- outcome
+
+    /// The attempt under way ended: with the operation's result, or `None`
+    /// when the async driver dropped it at its deadline. `judged` is the
+    /// operation's own verdict on an error, used when the pipeline has no
+    /// classifier of its own (an adapter that saw more than the error).
+    #[inline(always)]
+    pub(crate) fn ended<T, E>(
+        &mut self,
+        result: Option<Result<T, E>>,
+        judged: Option<Verdict>,
+    ) -> Ended<'g, T, E>
+    where
+        K: Handles<T, E>,
+    {
+        match result {
+            Some(Ok(v)) => self.succeeded(v),
+            Some(Err(e)) => self.failed(e, judged),
+            None => self.timed_out(),
+        }
+    }
+
+    #[inline(always)]
+    fn succeeded<T, E>(&mut self, v: T) -> Ended<'g, T, E>
+    where
+        K: Handles<T, E>,
+    {
+        if self.driver == Driver::Sync && (self.listening || self.pipeline.shared.plan.watch_late) {
+            if let Some(d) = self.deadline {
+                return self.late_or_not(v, d);
+            }
+        }
+        if self.listening {
+            self.attempt_finished(AttemptOutcome::Success, None);
+        }
+        if self.permit.is_some() && self.record_success() {
+            return self.ask_record(Pending::Success(v), Outcome::Success, None, None);
+        }
+        Ended::Done(Ok(v))
+    }
+
+    /// A sync attempt with a deadline that succeeded: on time, late (kept,
+    /// reported), or late under a strict timeout (a timeout). One reading
+    /// of the clock decides and reports.
+    #[cold]
+    #[inline(never)]
+    fn late_or_not<T, E>(&mut self, v: T, d: Deadline) -> Ended<'g, T, E>
+    where
+        K: Handles<T, E>,
+    {
+        let end = self.read_clock();
+        let late_by = end.checked_sub(d.at).filter(|&l| l > 0);
+        if late_by.is_some() && d.strict {
+            if self.listening {
+                self.attempt_finished(AttemptOutcome::Timeout, Some(end));
+            }
+            return self.timed_out_at(d, Some(end));
+        }
+        if self.listening {
+            self.attempt_finished(AttemptOutcome::Success, Some(end));
+        }
+        let pending = self.record(Outcome::Success, None, Some(end));
+        if let Some(late_by) = late_by {
+            let late_by = Duration::from_nanos(late_by);
+            self.emit(|| EventKind::DeadlineExceeded { late_by });
+        }
+        match pending {
+            Some(record) => Ended::Record(record, Pending::Success(v)),
+            None => Ended::Done(Ok(v)),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn failed<T, E>(&mut self, e: E, judged: Option<Verdict>) -> Ended<'g, T, E>
+    where
+        K: Handles<T, E>,
+    {
+        if self.listening {
+            self.attempt_finished(AttemptOutcome::Failure, None);
+        }
+        let verdict = K::verdict_or(&self.pipeline.shared.handlers, &e, judged);
+        let failure = Failure {
+            verdict,
+            error: Some(e),
+            timed_out: None,
+        };
+        let outcome = outcome_of(verdict);
+        self.after_failure(failure, outcome, verdict.retry_after(), None)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn timed_out<T, E>(&mut self) -> Ended<'g, T, E>
+    where
+        K: Handles<T, E>,
+    {
+        if self.listening {
+            self.attempt_finished(AttemptOutcome::Timeout, None);
+        }
+        let d = self.deadline.expect("a timeout needs a deadline");
+        self.timed_out_at(d, None)
+    }
+
+    fn timed_out_at<T, E>(&mut self, d: Deadline, end: Option<u64>) -> Ended<'g, T, E>
+    where
+        K: Handles<T, E>,
+    {
+        let attempt = self.attempt;
+        self.emit(|| EventKind::TimedOut {
+            attempt,
+            after: d.after,
+        });
+        let failure = Failure {
+            // The whole call is out of time: no retry can fit.
+            verdict: if d.scope == TimeoutScope::Overall {
+                Verdict::failure()
+            } else {
+                Verdict::retry()
+            },
+            error: None,
+            timed_out: Some(d),
+        };
+        self.after_failure(failure, Outcome::Failure, None, end)
+    }
+
+    fn after_failure<T, E>(
+        &mut self,
+        failure: Failure<E>,
+        outcome: Outcome,
+        hint: Option<Duration>,
+        end: Option<u64>,
+    ) -> Ended<'g, T, E>
+    where
+        K: Handles<T, E>,
+    {
+        if self.permit.is_some() {
+            if let Some(record) = self.record(outcome, hint, end) {
+                return Ended::Record(record, Pending::Failed(failure));
+            }
+        }
+        self.decide(failure)
+    }
+
+    /// The store's answer to [`Ended::Record`].
+    pub(crate) fn recorded<T, E>(
+        &mut self,
+        pending: Pending<T, E>,
+        answer: Result<Recorded, StoreError>,
+    ) -> Ended<'g, T, E>
+    where
+        K: Handles<T, E>,
+    {
+        self.report_recorded(answer);
+        match pending {
+            Pending::Success(v) => Ended::Done(Ok(v)),
+            Pending::Failed(f) => self.decide(f),
+        }
+    }
+
+    /// Records a success on a memory gate in place; `true` when the store
+    /// must be asked instead.
+    #[inline(always)]
+    fn record_success(&mut self) -> bool {
+        let gate = self.gate();
+        let Some(memory) = gate.memory.as_deref() else {
+            return true;
+        };
+        let Some(permit) = self.permit.take() else {
+            return false;
+        };
+        if !gate.success_recorded {
+            // Only a rate limit or a cooldown: a success changes nothing.
+            return false;
+        }
+        // A success that can change the circuit (a probe, a slow call, a
+        // time window) is stamped with the time it ended; an ordinary one
+        // needs no time (a partition's is its key's use).
+        let end = if permit.probe || gate.record_needs_time {
+            self.read_clock()
+        } else {
+            self.at.unwrap_or(0)
+        };
+        let duration = self.duration_to(end);
+        if let Some(t) = memory.record_success(self.partition, permit, duration, end) {
+            self.emit(|| transition_event(t));
+        }
+        false
+    }
+
+    /// How long the attempt under way ran until `end` (zero when its start
+    /// was not read: nothing measures it then).
+    #[inline(always)]
+    fn duration_to(&self, end: u64) -> Duration {
+        Duration::from_nanos(self.at.map_or(0, |at| end.saturating_sub(at)))
+    }
+
+    /// Takes the permit and records `outcome`: in place on a memory gate
+    /// (`None`), or the record to hand to the store.
+    fn record(
+        &mut self,
+        outcome: Outcome,
+        hint: Option<Duration>,
+        end: Option<u64>,
+    ) -> Option<Record<'g>> {
+        let permit = self.permit.take()?;
+        let gate = self.gate();
+        // Anything but an ordinary success may change the state at the
+        // time it ended (a trip, a cooldown): stamped with that time.
+        let end = match end {
+            Some(end) => end,
+            None if outcome == Outcome::Success
+                && !permit.probe
+                && hint.is_none()
+                && !gate.record_needs_time =>
+            {
+                self.at.unwrap_or(0)
+            }
+            None => self.read_clock(),
+        };
+        let record = Record {
+            partition: self.partition,
+            permit,
+            outcome,
+            duration: self.duration_to(end),
+            retry_after: hint,
+            now: Duration::from_nanos(end),
+        };
+        match gate.memory.as_deref() {
+            Some(memory) => {
+                let answer = memory.record(&record);
+                self.report_recorded(answer);
+                None
+            }
+            None => Some(record),
+        }
+    }
+
+    fn ask_record<T, E>(
+        &mut self,
+        pending: Pending<T, E>,
+        outcome: Outcome,
+        hint: Option<Duration>,
+        end: Option<u64>,
+    ) -> Ended<'g, T, E>
+    where
+        K: Handles<T, E>,
+    {
+        match self.record(outcome, hint, end) {
+            Some(record) => Ended::Record(record, pending),
+            None => match pending {
+                Pending::Success(v) => Ended::Done(Ok(v)),
+                Pending::Failed(f) => self.decide(f),
+            },
+        }
+    }
+
+    fn report_recorded(&self, answer: Result<Recorded, StoreError>) {
+        if !self.listening {
+            return;
+        }
+        match answer {
+            Ok(r) => {
+                if let Some(t) = r.transition {
+                    self.emit(|| transition_event(t));
+                }
+                if let Some(duration) = r.cooldown {
+                    self.emit(|| EventKind::CooldownStarted { duration });
+                }
+                if let Some(e) = r.degraded {
+                    self.emit(|| EventKind::StoreUnavailable {
+                        error: e.to_string(),
+                        degraded: true,
+                    });
+                }
+            }
+            Err(e) => self.emit(|| EventKind::StoreUnavailable {
+                error: e.to_string(),
+                degraded: false,
+            }),
+        }
+    }
+
+    #[cold]
+    fn attempt_finished(&self, outcome: AttemptOutcome, end: Option<u64>) {
+        let end = end.unwrap_or_else(|| self.read_clock());
+        let attempt = self.attempt;
+        let duration = self.duration_to(end);
+        self.emit(|| EventKind::AttemptFinished {
+            attempt,
+            duration,
+            outcome,
+        });
+    }
+
+    // ---------------------------------------------------------------- retry
+
+    /// After a failed attempt (recorded): retry after a backoff, or the
+    /// call's error.
+    fn decide<T, E>(&mut self, failure: Failure<E>) -> Ended<'g, T, E>
+    where
+        K: Handles<T, E>,
+    {
+        match self.next(failure.verdict, failure.error.as_ref()) {
+            Next::Retry(delay) => Ended::Retry(delay),
+            Next::Stop(reason) => {
+                let attempts = self.attempt;
+                let err = match (failure.error, failure.timed_out) {
+                    (Some(e), _) => match reason {
+                        StopReason::NotRetried => Error::Operation(e),
+                        StopReason::Exhausted | StopReason::Deadline => {
+                            Error::RetryExhausted { attempts, last: e }
+                        }
+                        StopReason::Budget => self.budget_refusal(),
+                    },
+                    (None, Some(d)) => match reason {
+                        StopReason::Budget => self.budget_refusal(),
+                        _ => Error::Timeout(
+                            TimeoutError::new(d.scope, d.after, attempts)
+                                .for_resource(self.pipeline.shared.name),
+                        ),
+                    },
+                    (None, None) => unreachable!("a failed attempt has an error or a timeout"),
+                };
+                Ended::Done(Err(err))
+            }
+        }
+    }
+
+    fn budget_refusal<E>(&self) -> Error<E> {
+        self.reject(Rejection::new(RejectionReason::RetryBudgetExhausted, None))
+    }
+
+    /// Whether the attempt that failed with `verdict` is followed by
+    /// another, and after which wait.
+    fn next<T, E>(&mut self, verdict: Verdict, error: Option<&E>) -> Next
+    where
+        K: Handles<T, E>,
+    {
+        let shared = &*self.pipeline.shared;
+        let Some(retry) = &shared.retry else {
+            return Next::Stop(StopReason::NotRetried);
+        };
+        if !verdict.is_retryable() {
+            return Next::Stop(StopReason::NotRetried);
+        }
+        let attempt = self.attempt;
+        if attempt >= retry.max_attempts {
+            return Next::Stop(StopReason::Exhausted);
+        }
+        let mut delay = retry.delay(attempt, self.previous, &*shared.random);
+        if let Some(hint) = verdict.retry_after() {
+            delay = delay.max(hint);
+        }
+        if let Some(d) = self.overall {
+            let now = self.read_clock();
+            if now.saturating_add(crate::clock::duration_nanos(delay)) >= d.at {
+                self.emit(|| EventKind::RetryGaveUp {
+                    attempts: attempt,
+                    reason: GiveUpReason::Deadline,
+                });
+                return Next::Stop(StopReason::Deadline);
+            }
+        }
+        if let Some(b) = &retry.budget {
+            if !b.withdraw() {
+                self.emit(|| EventKind::RetryGaveUp {
+                    attempts: attempt,
+                    reason: GiveUpReason::Budget,
+                });
+                return Next::Stop(StopReason::Budget);
+            }
+        }
+        self.previous = delay;
+        self.emit(|| EventKind::RetryScheduled { attempt, delay });
+        if let Some(e) = error {
+            K::on_retry(&shared.handlers, e, attempt, delay);
+        }
+        Next::Retry(delay)
+    }
+
+    /// After the wait of [`Ended::Retry`]: the next attempt begins.
+    pub(crate) fn retry(&mut self) {
+        self.attempt += 1;
+        self.at = None;
+        self.deadline = None;
+        if self.needs_time() {
+            let now = self.read_clock();
+            self.begin_at(now);
+        }
+    }
+
+    // --------------------------------------------------------------- finish
+
+    /// The end of the call: the fallback, if one applies, gets the error.
+    #[inline(always)]
+    pub(crate) fn finish<T, E>(&mut self, result: Result<T, Error<E>>) -> Finish<T, E>
+    where
+        K: Handles<T, E>,
+    {
+        match result {
+            Ok(v) => {
+                if self.listening {
+                    self.call_finished(CallOutcome::Success);
+                }
+                Finish::Done(Ok(v))
+            }
+            Err(err) => self.finish_failed(err),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn finish_failed<T, E>(&mut self, err: Error<E>) -> Finish<T, E>
+    where
+        K: Handles<T, E>,
+    {
+        if let Error::Rejected(_) = &err {
+            self.pipeline.note_rejection::<T, E>();
+        }
+        let shared = &*self.pipeline.shared;
+        if !K::HAS_FALLBACK || !K::falls_back_on(&shared.handlers, &err) {
+            if self.listening {
+                self.call_finished(call_outcome(&err));
+            }
+            return Finish::Done(Err(err));
+        }
+        // Reported before the handler runs, sync and async alike.
+        self.emit(|| EventKind::FallbackExecuted);
+        let ctx = self.pipeline.context(self.partition, self.attempt, None);
+        match K::fall_back(&shared.handlers, err, ctx) {
+            Fallen::NotApplied(e) => {
+                if self.listening {
+                    self.call_finished(call_outcome(&e));
+                }
+                Finish::Done(Err(e))
+            }
+            Fallen::Done(r) => Finish::Done(self.fell_back(r)),
+            Fallen::Pending(f) => Finish::Fallback(f),
+        }
+    }
+
+    /// The fallback's result is the call's.
+    pub(crate) fn fell_back<T, E>(&mut self, result: Result<T, E>) -> Result<T, Error<E>> {
+        let result = result.map_err(Error::Fallback);
+        if self.listening {
+            self.call_finished(match &result {
+                Ok(_) => CallOutcome::Fallback,
+                Err(_) => CallOutcome::Failure,
+            });
+        }
+        result
+    }
+
+    #[cold]
+    fn call_finished(&self, outcome: CallOutcome) {
+        let attempts = self.attempt;
+        let duration = Duration::from_nanos(self.read_clock().saturating_sub(self.started));
+        self.emit(|| EventKind::CallFinished {
+            attempts,
+            duration,
+            outcome,
+        });
+    }
+}
+
+fn call_outcome<E>(err: &Error<E>) -> CallOutcome {
+    match err {
+        Error::Timeout(_) => CallOutcome::Timeout,
+        Error::Rejected(r) => CallOutcome::Rejected(r.reason),
+        Error::Store(_) => CallOutcome::StoreFailure,
+        _ => CallOutcome::Failure,
+    }
+}
+
+fn transition_event(t: crate::breaker::CircuitTransition) -> EventKind {
+    use crate::breaker::CircuitTransition;
+    match t {
+        CircuitTransition::Opened { cooldown } => EventKind::CircuitOpened { cooldown },
+        CircuitTransition::HalfOpened => EventKind::CircuitHalfOpened,
+        CircuitTransition::Closed => EventKind::CircuitClosed,
+    }
+}
+
+/// How the store records an attempt judged `verdict`.
+fn outcome_of(verdict: Verdict) -> Outcome {
+    match verdict.kind() {
+        VerdictKind::Ignore | VerdictKind::Throttled => Outcome::Ignored,
+        _ if verdict.is_failure() => Outcome::Failure,
+        _ => Outcome::Success,
+    }
+}
