@@ -1064,3 +1064,85 @@ fn async_retry_with_zero_delay_and_u32_max_attempts_cannot_be_cancelled() {
          expected it to be cancelled at its next attempt"
     );
 }
+
+/// The config loader, on every numeric and duration value of the complete
+/// example file replaced by extremes: it loads or returns a `LoadError`,
+/// never panics.
+#[cfg(feature = "serde")]
+#[test]
+fn invalid_config_panics_in_the_config_loader_on_extreme_values() {
+    use seawall::config::{Format, Registry};
+    let text = include_str!("fixtures/seawall.toml");
+    // Where each value after an `=` starts and ends, and whether it is a
+    // duration string or a bare number.
+    let mut slots = Vec::new();
+    for (eq, _) in text.match_indices('=') {
+        let start = eq + 1 + text[eq + 1..].len() - text[eq + 1..].trim_start().len();
+        let rest = &text[start..];
+        if let Some(inner) = rest.strip_prefix('"') {
+            let end = inner.find('"').unwrap();
+            let value = &inner[..end];
+            let digits = value.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+            if !digits.is_empty() && digits.chars().all(|c| c.is_ascii_digit()) && digits != value {
+                slots.push((start, start + end + 2, true));
+            }
+        } else if rest.starts_with(|c: char| c.is_ascii_digit() || c == '-') {
+            let end = rest
+                .find(|c: char| !(c.is_ascii_alphanumeric() || "+-.".contains(c)))
+                .unwrap_or(rest.len());
+            slots.push((start, start + end, false));
+        }
+    }
+    assert!(
+        slots.len() > 30,
+        "found only {} values to mutate",
+        slots.len()
+    );
+    let durations = [
+        "\"0s\"",
+        "\"1ns\"",
+        "\"18446744073709551615s\"",
+        "\"584942417355years\"",
+        "\"1000000000000000h\"",
+    ];
+    let numbers = [
+        "0",
+        "-1",
+        "0.5",
+        "4294967295",
+        "4294967296",
+        "18446744073709551615",
+        "1e308",
+        "nan",
+        "inf",
+    ];
+    let mut panicked = Vec::new();
+    let mut tried = 0;
+    for &(start, end, is_duration) in &slots {
+        let values: &[&str] = if is_duration { &durations } else { &numbers };
+        for value in values {
+            tried += 1;
+            let mutated = format!("{}{}{}", &text[..start], value, &text[end..]);
+            let loaded = catch_unwind(AssertUnwindSafe(|| {
+                Registry::builder()
+                    .store(MemoryStore::new())
+                    .load_str(Format::Toml, &mutated)
+                    .map(|_| ())
+            }));
+            if let Err(p) = loaded {
+                let line = text[..start].lines().count();
+                let original = &text[start..end];
+                panicked.push(format!(
+                    "line {line}: {original} -> {value}: {}",
+                    panic_text(&p)
+                ));
+            }
+        }
+    }
+    assert!(
+        panicked.is_empty(),
+        "the loader panicked on {} of {tried} files:\n  {}",
+        panicked.len(),
+        panicked.join("\n  ")
+    );
+}
