@@ -1,0 +1,1148 @@
+//! One regression test per defect found by trying seawall as a new user
+//! would (the default path: in-memory store, no listener, a clock that has
+//! been running a while), each named after the defect it guards. Every test
+//! also runs the same calls with a listener registered, since a listener
+//! must never change a decision, a timestamp or the stored state.
+//!
+//! Time runs on the virtual clock, except for the two tests of an async
+//! retry that must yield to the runtime, which bound real time.
+
+mod support;
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use seawall::testing::VirtualClock;
+use seawall::*;
+use support::*;
+
+/// Runs `check` for each variant and fails once with every variant that
+/// failed, so that one failing variant does not hide the others.
+fn each_variant<V: std::fmt::Debug + Copy>(
+    variants: &[V],
+    mut check: impl FnMut(V) -> Result<(), String>,
+) {
+    let failures: Vec<String> = variants
+        .iter()
+        .filter_map(|&v| match catch_unwind(AssertUnwindSafe(|| check(v))) {
+            Ok(Ok(())) => None,
+            Ok(Err(msg)) => Some(format!("{v:?}: {msg}")),
+            Err(panic) => Some(format!("{v:?}: panicked: {}", panic_text(&panic))),
+        })
+        .collect();
+    assert!(
+        failures.is_empty(),
+        "{} of {} variants failed:\n  {}",
+        failures.len(),
+        variants.len(),
+        failures.join("\n  ")
+    );
+}
+
+fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
+    p.downcast_ref::<String>()
+        .cloned()
+        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "(no message)".into())
+}
+
+fn ensure(cond: bool, msg: impl FnOnce() -> String) -> Result<(), String> {
+    if cond {
+        Ok(())
+    } else {
+        Err(msg())
+    }
+}
+
+fn rejection_of<T: std::fmt::Debug, E: std::fmt::Debug>(
+    r: &Result<T, Error<E>>,
+) -> Result<Rejection, String> {
+    match r {
+        Err(Error::Rejected(r)) => Ok(*r),
+        other => Err(format!("expected a rejection, got {other:?}")),
+    }
+}
+
+// ------------------------------------------------------------------------
+// The breaker stops protecting once the process has been up for longer
+// than its cooldown (the lean path stamps the trip at the clock's origin).
+
+/// How the clock came to be far from 0.
+#[derive(Debug, Clone, Copy)]
+enum Uptime {
+    /// Advanced by 10^6 s before the pipeline was built.
+    FarBeforeBuild,
+    /// At 0 when built; one success, then 31 s of uptime before the trip.
+    RunningBeforeTrip,
+}
+
+fn breaker_keeps_protecting(flavor: Flavor) {
+    let variants: Vec<(Uptime, bool)> = [Uptime::FarBeforeBuild, Uptime::RunningBeforeTrip]
+        .into_iter()
+        .flat_map(|u| [(u, false), (u, true)])
+        .collect();
+    each_variant(&variants, |(uptime, listener)| {
+        let clock = match uptime {
+            Uptime::FarBeforeBuild => clock_at(FAR),
+            Uptime::RunningBeforeTrip => VirtualClock::new(),
+        };
+        let p = listen(
+            Pipeline::builder(unique("reg-uptime"))
+                .circuit_breaker(CircuitBreaker::consecutive_failures(1).cooldown(secs(30)))
+                .store(MemoryStore::new())
+                .clock(clock.clone()),
+            listener,
+        )
+        .build()
+        .unwrap();
+        if let Uptime::RunningBeforeTrip = uptime {
+            exec(&p, flavor, |_| Ok::<u32, Boom>(1)).unwrap();
+            clock.advance(secs(31));
+        }
+        let tripped = exec(&p, flavor, |_| Err::<u32, _>(Boom(1)));
+        ensure(matches!(tripped, Err(Error::Operation(Boom(1)))), || {
+            format!("the failing call: {tripped:?}")
+        })?;
+        ensure(p.circuit_state().unwrap() == CircuitState::Open, || {
+            format!("after the trip: {:?}", p.circuit_state())
+        })?;
+        let mut ran = 0;
+        let next = exec(&p, flavor, |_| {
+            ran += 1;
+            Ok::<u32, Boom>(7)
+        });
+        let r = rejection_of(&next).map_err(|e| {
+            format!(
+                "the call right after the trip: {e} (state now {:?})",
+                p.circuit_state()
+            )
+        })?;
+        ensure(r.reason == RejectionReason::CircuitOpen && ran == 0, || {
+            format!("{r:?}, operation ran {ran} time(s)")
+        })?;
+        ensure(r.retry_after == Some(secs(30)), || {
+            format!(
+                "retry_after {:?}, expected the whole cooldown",
+                r.retry_after
+            )
+        })?;
+        clock.advance(secs(30));
+        let probe = exec(&p, flavor, |_| Ok::<u32, Boom>(8));
+        ensure(matches!(probe, Ok(8)), || {
+            format!("the probe after the cooldown: {probe:?}")
+        })?;
+        ensure(p.circuit_state().unwrap() == CircuitState::Closed, || {
+            format!("after the probe: {:?}", p.circuit_state())
+        })
+    });
+}
+
+#[test]
+fn breaker_stops_protecting_after_its_cooldown_of_uptime_sync() {
+    breaker_keeps_protecting(Flavor::Sync);
+}
+
+#[test]
+fn breaker_stops_protecting_after_its_cooldown_of_uptime_async() {
+    breaker_keeps_protecting(Flavor::Async);
+}
+
+// ------------------------------------------------------------------------
+// Rate limiter `max_wait` under contention: each new wait was compared
+// with `max_wait` without the time already waited.
+
+#[test]
+fn rate_limiter_max_wait_is_exceeded_under_contention() {
+    let limiters: Vec<(&str, RateLimiter)> = vec![
+        ("fixed", RateLimiter::fixed_window(1, ms(250))),
+        ("sliding", RateLimiter::sliding_window(1, ms(250))),
+        ("gcra", RateLimiter::gcra(1, ms(250))),
+    ];
+    let variants: Vec<(usize, Duration, bool)> = (0..limiters.len())
+        .flat_map(|i| [(i, Duration::ZERO, false), (i, FAR, false), (i, FAR, true)])
+        .collect();
+    each_variant(&variants, |(i, offset, listener)| {
+        let (name, limiter) = &limiters[i];
+        let clock = clock_at(offset + ms(250));
+        let start = clock.now();
+        let p = listen(
+            Pipeline::builder(unique("reg-rl-wait"))
+                .rate_limiter(limiter.clone().max_wait(ms(250)))
+                .store(MemoryStore::new())
+                .clock(clock.clone()),
+            listener,
+        )
+        .build()
+        .unwrap();
+        let one = || {
+            let (p, c) = (&p, clock.clone());
+            async move {
+                let r = p
+                    .run(|_| {
+                        let admitted = c.now() - start;
+                        async move { Ok::<_, Boom>(admitted) }
+                    })
+                    .await;
+                (r, c.now() - start)
+            }
+        };
+        let results = rt().block_on(async { tokio::join!(one(), one(), one()) });
+        let results = [results.0, results.1, results.2];
+        let admitted: Vec<Duration> = results
+            .iter()
+            .filter_map(|(r, _)| r.as_ref().ok().copied())
+            .collect();
+        let refused: Vec<Rejection> = results
+            .iter()
+            .filter_map(|(r, _)| r.as_ref().err().and_then(|e| e.rejection().copied()))
+            .collect();
+        let longest = results.iter().map(|(_, end)| *end).max().unwrap();
+        ensure(
+            admitted == vec![Duration::ZERO, ms(250)]
+                && refused.len() == 1
+                && refused[0].reason == RejectionReason::RateLimited
+                && longest <= ms(250),
+            || {
+                format!(
+                    "{name}: admitted at {admitted:?}, refused {refused:?}, last call ended \
+                     {longest:?} after the start; expected admissions at 0 and 250ms and the \
+                     third refused within max_wait (250ms)"
+                )
+            },
+        )
+    });
+}
+
+// The cooldown branch has the same shape: a call deferred by a cooldown
+// that a hint extends while it waits must not wait past `max_wait` in all.
+#[test]
+fn cooldown_max_wait_is_exceeded_under_contention() {
+    let variants = [(Duration::ZERO, false), (FAR, false), (FAR, true)];
+    each_variant(&variants, |(offset, listener)| {
+        let clock = clock_at(offset);
+        let p = listen(
+            Pipeline::builder(unique("reg-cd-wait"))
+                .cooldown(Cooldown::new().max_wait(ms(250)))
+                .classify(|_: &Boom| Verdict::throttled().with_retry_after(ms(200)))
+                .store(MemoryStore::new())
+                .clock(clock.clone()),
+            listener,
+        )
+        .build()
+        .unwrap();
+        let ran = Arc::new(Mutex::new(Vec::new()));
+        let one = |task: u32, fail: bool| {
+            let (p, c, ran) = (&p, clock.clone(), ran.clone());
+            async move {
+                let r = p
+                    .run(|_| {
+                        ran.lock().unwrap().push((task, c.now() - offset));
+                        async move {
+                            if fail {
+                                Err(Boom(task))
+                            } else {
+                                Ok(task)
+                            }
+                        }
+                    })
+                    .await;
+                (r, c.now() - offset)
+            }
+        };
+        // A opens a 200 ms pause; B and C wait for it; B runs at 200 ms and
+        // opens another 200 ms pause; C has waited 200 ms of its 250.
+        let (a, b, c) =
+            rt().block_on(async { tokio::join!(one(1, true), one(2, true), one(3, false)) });
+        let ran = ran.lock().unwrap().clone();
+        ensure(
+            matches!(a.0, Err(Error::Operation(Boom(1))))
+                && matches!(b.0, Err(Error::Operation(Boom(2)))),
+            || format!("A {a:?}, B {b:?}"),
+        )?;
+        let r = rejection_of(&c.0).map_err(|e| {
+            format!(
+                "C: {e}, ended {:?} after the start; operations ran at {ran:?}",
+                c.1
+            )
+        })?;
+        ensure(
+            r.reason == RejectionReason::CooldownActive && c.1 <= ms(250) && ran.len() == 2,
+            || format!("C: {r:?} at {:?}; operations ran at {ran:?}", c.1),
+        )
+    });
+}
+
+// ------------------------------------------------------------------------
+// The end of a breaker's cooldown is kept in 42 bits of milliseconds and
+// saturated to a moment already past: saturation must land on the safe
+// side, without overflow or panic near `u64::MAX` nanoseconds.
+
+const TOP: Duration = Duration::from_nanos(u64::MAX);
+const TOP_OF_42_BITS_MS: Duration = Duration::from_millis(1 << 42);
+
+#[test]
+fn cooldown_end_saturates_to_a_moment_already_past_near_the_top_of_the_clock() {
+    // (where the clock is when the circuit trips, how long after the trip
+    // the circuit must still be open)
+    let cases: Vec<(Duration, Duration)> = vec![
+        (TOP_OF_42_BITS_MS - secs(10), secs(20)),
+        (TOP_OF_42_BITS_MS + secs(1), secs(29)),
+        (secs(5_000_000_000), secs(29)),
+        (TOP - secs(60), secs(29)),
+        (TOP - secs(1), ms(900)),
+    ];
+    let variants: Vec<(Flavor, usize, bool)> = FLAVORS
+        .into_iter()
+        .flat_map(|f| (0..cases.len()).flat_map(move |i| [(f, i, true), (f, i, false)]))
+        .collect();
+    each_variant(&variants, |(flavor, i, listener)| {
+        let (at, still_open) = cases[i];
+        let clock = clock_at(at);
+        let p = listen(
+            Pipeline::builder(unique("reg-top"))
+                .circuit_breaker(CircuitBreaker::consecutive_failures(1).cooldown(secs(30)))
+                .store(MemoryStore::new())
+                .clock(clock.clone()),
+            listener,
+        )
+        .build()
+        .unwrap();
+        let _ = exec(&p, flavor, |_| Err::<u32, _>(Boom(1)));
+        let first = exec(&p, flavor, |_| Ok::<u32, Boom>(1));
+        let r = rejection_of(&first).map_err(|e| format!("right after the trip at {at:?}: {e}"))?;
+        ensure(r.reason == RejectionReason::CircuitOpen, || {
+            format!("{r:?}")
+        })?;
+        clock.advance(still_open);
+        let later = exec(&p, flavor, |_| Ok::<u32, Boom>(2));
+        rejection_of(&later)
+            .map(|_| ())
+            .map_err(|e| format!("{still_open:?} after the trip at {at:?}: {e}"))
+    });
+}
+
+// A cooldown opened by a hint and a timeout near the top of the clock
+// neither overflow nor panic.
+#[test]
+fn cooldown_and_timeout_near_the_top_of_the_clock_do_not_panic() {
+    let variants: Vec<(Flavor, bool)> = FLAVORS
+        .into_iter()
+        .flat_map(|f| [(f, false), (f, true)])
+        .collect();
+    each_variant(&variants, |(flavor, listener)| {
+        let clock = clock_at(TOP - secs(1));
+        let p = listen(
+            Pipeline::builder(unique("reg-top-cd"))
+                .timeout(secs(5))
+                .cooldown(Cooldown::new())
+                .classify(|_: &Boom| Verdict::throttled().with_retry_after(secs(60)))
+                .store(MemoryStore::new())
+                .clock(clock.clone()),
+            listener,
+        )
+        .build()
+        .unwrap();
+        let ok = exec(&p, flavor, |_| Ok::<u32, Boom>(1));
+        ensure(matches!(ok, Ok(1)), || format!("a success: {ok:?}"))?;
+        let _ = exec(&p, flavor, |_| Err::<u32, _>(Boom(1)));
+        let mut ran = false;
+        let next = exec(&p, flavor, |_| {
+            ran = true;
+            Ok::<u32, Boom>(2)
+        });
+        let r = rejection_of(&next)?;
+        ensure(
+            matches!(
+                r.reason,
+                RejectionReason::CooldownActive | RejectionReason::CooldownExceedsDeadline
+            ) && !ran,
+            || format!("{r:?}, operation ran: {ran}"),
+        )
+    });
+}
+
+// ------------------------------------------------------------------------
+// The sync engine reads the clock twice for one fact: the event said
+// Success while the decision said Timeout.
+
+#[test]
+fn sync_engine_reads_the_clock_twice_for_one_fact() {
+    each_variant(&[Duration::ZERO, FAR], |offset| {
+        let clock = TickingClock::default();
+        clock.inner.advance(offset);
+        let (log, l) = recorder();
+        let p = Pipeline::builder(unique("reg-two-reads"))
+            .timeout(Timeout::strict(ms(100)))
+            .clock(clock.clone())
+            .on_event(l)
+            .build()
+            .unwrap();
+        let (inner, armed) = (clock.inner.clone(), clock.armed.clone());
+        let result = p.call(|ctx| {
+            // The operation ends 1 ns before its deadline; from here on
+            // every reading of the clock is 1 ns later than the one before.
+            let deadline = ctx.deadline().expect("a deadline");
+            inner.advance(deadline - inner.now() - Duration::from_nanos(1));
+            armed.store(true, Ordering::SeqCst);
+            Ok::<u32, Boom>(1)
+        });
+        clock.armed.store(false, Ordering::SeqCst);
+        let outcomes: Vec<AttemptOutcome> = log
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|e| match e {
+                EventKind::AttemptFinished { outcome, .. } => Some(*outcome),
+                _ => None,
+            })
+            .collect();
+        let expected = match &result {
+            Ok(_) => AttemptOutcome::Success,
+            Err(Error::Timeout(_)) => AttemptOutcome::Timeout,
+            other => return Err(format!("unexpected result {other:?}")),
+        };
+        ensure(outcomes == vec![expected], || {
+            format!("the call returned {result:?} but the attempt was reported as {outcomes:?}")
+        })
+    });
+}
+
+// ------------------------------------------------------------------------
+// A rejection from a nested pipeline was retried by the outer one.
+
+#[test]
+fn nested_pipeline_rejection_is_retried_by_the_outer_pipeline() {
+    let variants: Vec<(Flavor, bool)> = FLAVORS
+        .into_iter()
+        .flat_map(|f| [(f, false), (f, true)])
+        .collect();
+    each_variant(&variants, |(flavor, listener)| {
+        let clock = clock_at(FAR);
+        let store = MemoryStore::new();
+        let inner = listen(
+            Pipeline::builder(unique("reg-nested-inner"))
+                .circuit_breaker(CircuitBreaker::consecutive_failures(1).cooldown(secs(60)))
+                .store(store.clone())
+                .clock(clock.clone()),
+            listener,
+        )
+        .build()
+        .unwrap();
+        let outer = listen(
+            Pipeline::builder(unique("reg-nested-outer"))
+                .retry(Retry::constant(ms(10)).max_attempts(3))
+                .store(store)
+                .clock(clock.clone()),
+            listener,
+        )
+        .build()
+        .unwrap();
+        inner.isolate().unwrap();
+        let start = clock.now();
+        let calls = AtomicU32::new(0);
+        let result: Result<u32, Error<Error<Boom>>> = match flavor {
+            Flavor::Sync => outer.call(|_| {
+                calls.fetch_add(1, Ordering::SeqCst);
+                inner.call(|_| Ok::<u32, Boom>(1))
+            }),
+            Flavor::Async => rt().block_on(outer.run(|_| {
+                calls.fetch_add(1, Ordering::SeqCst);
+                let inner = &inner;
+                async move { inner.run(|_| async { Ok::<u32, Boom>(1) }).await }
+            })),
+        };
+        let calls = calls.load(Ordering::SeqCst);
+        let carried = match &result {
+            Err(Error::Rejected(r)) => Some(r.reason),
+            Err(Error::Operation(e)) => e.rejection().map(|r| r.reason),
+            _ => None,
+        };
+        ensure(
+            calls == 1 && carried == Some(RejectionReason::CircuitOpen) && clock.now() == start,
+            || {
+                format!(
+                    "the operation ran {calls} time(s), {:?} of retry waits, result {result:?}; \
+                     expected one run and the inner rejection",
+                    clock.now() - start
+                )
+            },
+        )
+    });
+}
+
+// ------------------------------------------------------------------------
+// A call refused while the circuit is half-open carried no retry_after.
+
+#[test]
+fn half_open_refusal_carries_no_retry_after() {
+    let variants: Vec<(Flavor, bool)> = FLAVORS
+        .into_iter()
+        .flat_map(|f| [(f, false), (f, true)])
+        .collect();
+    each_variant(&variants, |(flavor, listener)| {
+        let clock = clock_at(FAR);
+        let p = listen(
+            Pipeline::builder(unique("reg-half-open-hint"))
+                .circuit_breaker(
+                    CircuitBreaker::consecutive_failures(1)
+                        .cooldown(secs(30))
+                        .half_open_calls(1),
+                )
+                .store(MemoryStore::new())
+                .clock(clock.clone()),
+            listener,
+        )
+        .build()
+        .unwrap();
+        let _ = exec(&p, flavor, |_| Err::<u32, _>(Boom(1)));
+        clock.advance(secs(30));
+        // While the only probe runs, another call is refused.
+        let refused: Result<Result<u32, Error<Boom>>, Error<Boom>> = match flavor {
+            Flavor::Sync => p.call(|_| Ok(p.call(|_| Ok::<u32, Boom>(2)))),
+            Flavor::Async => rt()
+                .block_on(p.run(|_| async { Ok(p.run(|_| async { Ok::<u32, Boom>(2) }).await) })),
+        };
+        let refused = refused.map_err(|e| format!("the probe: {e:?}"))?;
+        let r = rejection_of(&refused)?;
+        ensure(
+            r.reason == RejectionReason::CircuitOpen && r.retry_after.is_some(),
+            || {
+                format!(
+                    "refused while half-open with {r:?}; expected CircuitOpen with a retry_after"
+                )
+            },
+        )
+    });
+}
+
+// ------------------------------------------------------------------------
+// `circuit_metrics()` in half-open showed the frozen window that opened
+// the circuit and never counted probes.
+
+#[test]
+fn circuit_metrics_in_half_open_show_the_window_that_opened_it() {
+    let variants: Vec<(Flavor, bool)> = FLAVORS
+        .into_iter()
+        .flat_map(|f| [(f, false), (f, true)])
+        .collect();
+    each_variant(&variants, |(flavor, listener)| {
+        let clock = clock_at(FAR);
+        let p = listen(
+            Pipeline::builder(unique("reg-half-open-metrics"))
+                .circuit_breaker(
+                    CircuitBreaker::failure_rate(0.5)
+                        .count_window(4)
+                        .minimum_calls(4)
+                        .cooldown(secs(30))
+                        .half_open_calls(2),
+                )
+                .store(MemoryStore::new())
+                .clock(clock.clone()),
+            listener,
+        )
+        .build()
+        .unwrap();
+        for _ in 0..4 {
+            let _ = exec(&p, flavor, |_| Err::<u32, _>(Boom(1)));
+        }
+        let m = p.circuit_metrics().unwrap();
+        ensure(
+            m.state == CircuitState::Open && m.calls == 4 && m.failures == 4,
+            || format!("after four failures: {m:?}"),
+        )?;
+        clock.advance(secs(30));
+        let mut during = None;
+        let probe = exec(&p, flavor, |_| {
+            during = Some(p.circuit_metrics().unwrap());
+            Ok::<u32, Boom>(1)
+        });
+        ensure(matches!(probe, Ok(1)), || format!("first probe: {probe:?}"))?;
+        let during = during.unwrap();
+        ensure(
+            during.state == CircuitState::HalfOpen && during.calls == 0 && during.failures == 0,
+            || format!("on entering half-open: {during:?}; expected 0 calls and 0 failures"),
+        )?;
+        let m = p.circuit_metrics().unwrap();
+        ensure(
+            m.state == CircuitState::HalfOpen && m.calls == 1 && m.failures == 0,
+            || format!("after one successful probe: {m:?}; expected 1 call, 0 failures"),
+        )?;
+        let probe = exec(&p, flavor, |_| Ok::<u32, Boom>(2));
+        ensure(matches!(probe, Ok(2)), || {
+            format!("second probe: {probe:?}")
+        })?;
+        let m = p.circuit_metrics().unwrap();
+        ensure(
+            m.state == CircuitState::Closed && m.calls == 0 && m.failures == 0,
+            || format!("after closing: {m:?}; expected a fresh window"),
+        )
+    });
+}
+
+// ------------------------------------------------------------------------
+// Error messages did not name the resource, and `Display` of
+// `Error::Operation` embedded the inner error that `source()` also
+// returned, so reports printed it twice.
+
+/// The error and its sources, as `anyhow` prints them with `{:#}`.
+fn report(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}
+
+#[test]
+fn error_messages_do_not_name_the_resource() {
+    let variants: Vec<(Flavor, bool)> = FLAVORS
+        .into_iter()
+        .flat_map(|f| [(f, false), (f, true)])
+        .collect();
+    each_variant(&variants, |(flavor, listener)| {
+        let clock = clock_at(FAR);
+        let p = listen(
+            Pipeline::builder("users-api")
+                .timeout(Timeout::strict(secs(5)))
+                .store(MemoryStore::new())
+                .clock(clock.clone()),
+            listener,
+        )
+        .build()
+        .unwrap();
+        let err = match flavor {
+            Flavor::Sync => p
+                .call(|_| {
+                    clock.advance(secs(6));
+                    Ok::<u32, Boom>(1)
+                })
+                .unwrap_err(),
+            Flavor::Async => rt()
+                .block_on(p.run(|_| async {
+                    std::future::pending::<()>().await;
+                    Ok::<u32, Boom>(1)
+                }))
+                .unwrap_err(),
+        };
+        ensure(err.is_timeout(), || format!("{err:?}"))?;
+        let text = err.to_string();
+        ensure(text.starts_with("users-api: "), || {
+            format!("the timeout reads {text:?}; expected it to start with \"users-api: \"")
+        })
+    });
+}
+
+#[test]
+fn rejection_messages_do_not_name_the_resource() {
+    each_variant(&FLAVORS, |flavor| {
+        let p = Pipeline::builder("users-api")
+            .circuit_breaker(CircuitBreaker::consecutive_failures(1))
+            .store(MemoryStore::new())
+            .clock(clock_at(FAR))
+            .build()
+            .unwrap();
+        p.isolate().unwrap();
+        let err = exec(&p, flavor, |_| Ok::<u32, Boom>(1)).unwrap_err();
+        ensure(err.is_rejected(), || format!("{err:?}"))?;
+        let text = err.to_string();
+        ensure(text.starts_with("users-api: "), || {
+            format!("the rejection reads {text:?}; expected it to start with \"users-api: \"")
+        })
+    });
+}
+
+#[test]
+fn error_display_and_source_print_the_inner_error_twice() {
+    let cases = ["operation", "retry_exhausted"];
+    let variants: Vec<(Flavor, &str)> = FLAVORS
+        .into_iter()
+        .flat_map(|f| cases.into_iter().map(move |c| (f, c)))
+        .collect();
+    each_variant(&variants, |(flavor, case)| {
+        let builder = Pipeline::builder("users-api")
+            .store(MemoryStore::new())
+            .clock(clock_at(FAR));
+        let builder = match case {
+            "operation" => builder,
+            _ => builder.retry(Retry::constant(ms(1)).max_attempts(2)),
+        };
+        let p = builder.build().unwrap();
+        let err = exec(&p, flavor, |_| Err::<u32, _>(Boom(7))).unwrap_err();
+        let full = report(&err);
+        let times = full.matches("boom 7").count();
+        ensure(times == 1, || {
+            format!("{err:?} reports as {full:?}: the inner error appears {times} times")
+        })
+    });
+}
+
+// ------------------------------------------------------------------------
+// `FallbackExecuted` was emitted after the sync handler ran.
+
+#[test]
+fn fallback_executed_is_emitted_after_the_sync_handler() {
+    #[derive(Debug, Clone, Copy)]
+    enum Case {
+        SyncHandlerCall,
+        SyncHandlerRun,
+        AsyncHandlerRun,
+    }
+    let variants = [
+        Case::SyncHandlerCall,
+        Case::SyncHandlerRun,
+        Case::AsyncHandlerRun,
+    ];
+    each_variant(&variants, |case| {
+        let order: Arc<Mutex<Vec<&'static str>>> = Arc::default();
+        let o = order.clone();
+        let builder = Pipeline::builder(unique("reg-fallback-order"))
+            .store(MemoryStore::new())
+            .clock(clock_at(FAR))
+            .on_event(move |e| {
+                if e.kind == EventKind::FallbackExecuted {
+                    o.lock().unwrap().push("event");
+                }
+            });
+        let o = order.clone();
+        let result = match case {
+            Case::SyncHandlerCall | Case::SyncHandlerRun => {
+                let p = builder
+                    .fallback_sync(move |_: Error<Boom>, _| {
+                        o.lock().unwrap().push("handler");
+                        Ok::<u32, Boom>(0)
+                    })
+                    .build()
+                    .unwrap();
+                match case {
+                    Case::SyncHandlerCall => p.call(|_| Err(Boom(1))),
+                    _ => rt().block_on(p.run(|_| async { Err(Boom(1)) })),
+                }
+            }
+            Case::AsyncHandlerRun => {
+                let p = builder
+                    .fallback(move |_: Error<Boom>, _| {
+                        let o = o.clone();
+                        async move {
+                            o.lock().unwrap().push("handler");
+                            Ok::<u32, Boom>(0)
+                        }
+                    })
+                    .build()
+                    .unwrap();
+                rt().block_on(p.run(|_| async { Err(Boom(1)) }))
+            }
+        };
+        let order = order.lock().unwrap().clone();
+        ensure(
+            matches!(result, Ok(0)) && order == ["event", "handler"],
+            || format!("result {result:?}, order {order:?}; expected the event before the handler"),
+        )
+    });
+}
+
+// ------------------------------------------------------------------------
+// An invalid configuration panicked in `build()` instead of failing it.
+
+#[test]
+fn invalid_config_panics_in_build_with_a_huge_timeout_and_a_bulkhead() {
+    #[derive(Debug, Clone, Copy)]
+    enum Case {
+        Overall,
+        PerAttempt,
+    }
+    each_variant(&[Case::Overall, Case::PerAttempt], |case| {
+        let built = catch_unwind(|| {
+            let b = Pipeline::builder(unique("reg-huge-timeout")).store(MemoryStore::new());
+            let b = match case {
+                Case::Overall => b.timeout(Duration::MAX),
+                Case::PerAttempt => b.retry(Retry::constant(ms(1))).timeout(Duration::MAX),
+            };
+            b.bulkhead(Bulkhead::new(2)).build().map(|_| ())
+        });
+        match built {
+            Ok(Err(e)) => ensure(!e.field.is_empty() && !e.rule.is_empty(), || {
+                format!("{e:?}")
+            }),
+            Ok(Ok(())) => {
+                Err("built a pipeline whose bulkhead lease cannot exceed its timeout".into())
+            }
+            Err(p) => Err(format!("build() panicked: {}", panic_text(&p))),
+        }
+    });
+}
+
+/// Every numeric and duration field of every policy, at its extremes:
+/// `build()` returns a pipeline or a `ConfigError`, never panics.
+#[test]
+fn invalid_config_panics_in_build_on_extreme_values() {
+    let durations = [
+        Duration::ZERO,
+        Duration::from_nanos(1),
+        ms(1),
+        Duration::from_nanos(u64::MAX),
+        Duration::MAX,
+    ];
+    let counts = [0u32, 1, 2, u32::MAX];
+    let rates = [0.0, 0.5, 1.0, 1.5, -1.0, f64::NAN, f64::INFINITY, f64::MAX];
+    type Make = Box<dyn Fn(PipelineBuilder) -> PipelineBuilder>;
+    let mut cases: Vec<(String, Make)> = Vec::new();
+    for d in durations {
+        cases.push((
+            format!("retry constant {d:?}"),
+            Box::new(move |b| b.retry(Retry::constant(d))),
+        ));
+        cases.push((
+            format!("retry linear {d:?}"),
+            Box::new(move |b| b.retry(Retry::linear(d).cap(d))),
+        ));
+        cases.push((
+            format!("retry exponential {d:?}"),
+            Box::new(move |b| b.retry(Retry::exponential(d))),
+        ));
+        cases.push((
+            format!("retry exponential cap {d:?}"),
+            Box::new(move |b| b.retry(Retry::exponential(ms(1)).cap(d))),
+        ));
+        cases.push((
+            format!("retry decorrelated {d:?}"),
+            Box::new(move |b| b.retry(Retry::decorrelated(d, d))),
+        ));
+        cases.push((format!("timeout {d:?}"), Box::new(move |b| b.timeout(d))));
+        cases.push((
+            format!("attempt timeout {d:?}"),
+            Box::new(move |b| b.retry(Retry::constant(ms(1))).timeout(d)),
+        ));
+        cases.push((
+            format!("breaker cooldown {d:?}"),
+            Box::new(move |b| {
+                b.circuit_breaker(CircuitBreaker::consecutive_failures(1).cooldown(d))
+            }),
+        ));
+        cases.push((
+            format!("breaker growth max {d:?}"),
+            Box::new(move |b| {
+                b.circuit_breaker(CircuitBreaker::consecutive_failures(1).cooldown_growth(2.0, d))
+            }),
+        ));
+        cases.push((
+            format!("breaker window {d:?}"),
+            Box::new(move |b| b.circuit_breaker(CircuitBreaker::failure_rate(0.5).window(d))),
+        ));
+        cases.push((
+            format!("breaker slow {d:?}"),
+            Box::new(move |b| {
+                b.circuit_breaker(CircuitBreaker::failure_rate(0.5).slow_calls(0.5, d))
+            }),
+        ));
+        cases.push((
+            format!("bulkhead lease {d:?}"),
+            Box::new(move |b| b.bulkhead(Bulkhead::new(1).lease(d))),
+        ));
+        cases.push((
+            format!("bulkhead queue wait {d:?}"),
+            Box::new(move |b| b.bulkhead(Bulkhead::new(1).queue(1, d))),
+        ));
+        cases.push((
+            format!("bulkhead lease {d:?} with timeout {d:?}"),
+            Box::new(move |b| b.timeout(d).bulkhead(Bulkhead::new(1).lease(d))),
+        ));
+        cases.push((
+            format!("cooldown max_pause {d:?}"),
+            Box::new(move |b| b.cooldown(Cooldown::new().max_pause(d))),
+        ));
+        cases.push((
+            format!("cooldown max_wait {d:?}"),
+            Box::new(move |b| b.cooldown(Cooldown::new().max_wait(d))),
+        ));
+        cases.push((
+            format!("cooldown grace {d:?}"),
+            Box::new(move |b| b.cooldown(Cooldown::new().grace(d))),
+        ));
+        for make in [
+            RateLimiter::gcra,
+            RateLimiter::fixed_window,
+            RateLimiter::sliding_window,
+        ] {
+            cases.push((
+                format!("rate period {d:?} ({:?})", make(1, d).algorithm),
+                Box::new(move |b| b.rate_limiter(make(1, d))),
+            ));
+            cases.push((
+                format!("rate max_wait {d:?} ({:?})", make(1, ms(1)).algorithm),
+                Box::new(move |b| b.rate_limiter(make(1, secs(1)).max_wait(d))),
+            ));
+        }
+        cases.push((
+            format!("partition_idle {d:?}"),
+            Box::new(move |b| b.partition_idle(d)),
+        ));
+    }
+    for n in counts {
+        cases.push((
+            format!("retry max_attempts {n}"),
+            Box::new(move |b| b.retry(Retry::constant(ms(1)).max_attempts(n))),
+        ));
+        cases.push((
+            format!("budget tokens {n}"),
+            Box::new(move |b| b.retry(Retry::constant(ms(1)).budget(RetryBudget::new(0.1, n)))),
+        ));
+        cases.push((
+            format!("breaker consecutive {n}"),
+            Box::new(move |b| b.circuit_breaker(CircuitBreaker::consecutive_failures(n))),
+        ));
+        cases.push((
+            format!("breaker count_window {n}"),
+            Box::new(move |b| b.circuit_breaker(CircuitBreaker::failure_rate(0.5).count_window(n))),
+        ));
+        cases.push((
+            format!("breaker minimum_calls {n}"),
+            Box::new(move |b| {
+                b.circuit_breaker(CircuitBreaker::failure_rate(0.5).minimum_calls(n))
+            }),
+        ));
+        cases.push((
+            format!("breaker half_open_calls {n}"),
+            Box::new(move |b| {
+                b.circuit_breaker(CircuitBreaker::consecutive_failures(1).half_open_calls(n))
+            }),
+        ));
+        cases.push((
+            format!("bulkhead max_concurrent {n}"),
+            Box::new(move |b| b.bulkhead(Bulkhead::new(n))),
+        ));
+        cases.push((
+            format!("bulkhead max_queued {n}"),
+            Box::new(move |b| b.bulkhead(Bulkhead::new(1).queue(n, ms(1)))),
+        ));
+        for make in [
+            RateLimiter::gcra,
+            RateLimiter::fixed_window,
+            RateLimiter::sliding_window,
+        ] {
+            cases.push((
+                format!("rate limit {n} ({:?})", make(1, ms(1)).algorithm),
+                Box::new(move |b| b.rate_limiter(make(n, secs(1)))),
+            ));
+            cases.push((
+                format!("rate limit {n} per MAX ({:?})", make(1, ms(1)).algorithm),
+                Box::new(move |b| b.rate_limiter(make(n, Duration::MAX))),
+            ));
+        }
+        cases.push((
+            format!("gcra burst {n}"),
+            Box::new(move |b| b.rate_limiter(RateLimiter::gcra(10, secs(1)).burst(n))),
+        ));
+    }
+    for r in rates {
+        cases.push((
+            format!("retry multiplier {r}"),
+            Box::new(move |b| b.retry(Retry::exponential(ms(1)).multiplier(r))),
+        ));
+        cases.push((
+            format!("retry jitter {r}%"),
+            Box::new(move |b| b.retry(Retry::constant(ms(1)).jitter(Jitter::Proportional(r)))),
+        ));
+        cases.push((
+            format!("budget ratio {r}"),
+            Box::new(move |b| b.retry(Retry::constant(ms(1)).budget(RetryBudget::new(r, 10)))),
+        ));
+        cases.push((
+            format!("breaker failure_rate {r}"),
+            Box::new(move |b| b.circuit_breaker(CircuitBreaker::failure_rate(r))),
+        ));
+        cases.push((
+            format!("breaker slow rate {r}"),
+            Box::new(move |b| {
+                b.circuit_breaker(CircuitBreaker::failure_rate(0.5).slow_calls(r, secs(1)))
+            }),
+        ));
+        cases.push((
+            format!("breaker growth {r}"),
+            Box::new(move |b| {
+                b.circuit_breaker(
+                    CircuitBreaker::consecutive_failures(1).cooldown_growth(r, secs(60)),
+                )
+            }),
+        ));
+    }
+    let panicked: Vec<String> = cases
+        .iter()
+        .filter_map(|(name, make)| {
+            let built = catch_unwind(AssertUnwindSafe(|| {
+                make(Pipeline::builder(unique("reg-extreme")).store(MemoryStore::new()))
+                    .build()
+                    .map(|_| ())
+            }));
+            built.err().map(|p| format!("{name}: {}", panic_text(&p)))
+        })
+        .collect();
+    assert!(
+        panicked.is_empty(),
+        "build() panicked on {} of {} configurations:\n  {}",
+        panicked.len(),
+        cases.len(),
+        panicked.join("\n  ")
+    );
+}
+
+// ------------------------------------------------------------------------
+// An async retry with a zero delay never yielded to the runtime.
+
+/// Attempts after which the operation of the two tests below succeeds, so
+/// that a run of the defect ends (in about a second) instead of spinning.
+const GUARD: u64 = 2_000_000;
+
+fn zero_delay_pipeline() -> Pipeline {
+    Pipeline::builder(unique("reg-zero-delay"))
+        .retry(Retry::constant(Duration::ZERO).max_attempts(u32::MAX))
+        .store(MemoryStore::new())
+        .build()
+        .unwrap()
+}
+
+async fn fail_until_guard(p: &Pipeline, calls: &AtomicU64) -> Result<u64, Error<Boom>> {
+    p.run(|_| {
+        let n = calls.fetch_add(1, Ordering::Relaxed) + 1;
+        async move {
+            if n >= GUARD {
+                Ok(n)
+            } else {
+                Err(Boom(0))
+            }
+        }
+    })
+    .await
+}
+
+#[test]
+fn async_retry_with_zero_delay_never_yields_to_a_surrounding_timeout() {
+    let p = zero_delay_pipeline();
+    let calls = AtomicU64::new(0);
+    let started = Instant::now();
+    let result =
+        rt().block_on(async { tokio::time::timeout(ms(50), fail_until_guard(&p, &calls)).await });
+    let took = started.elapsed();
+    let calls = calls.load(Ordering::Relaxed);
+    assert!(
+        result.is_err() && took < ms(500),
+        "a 50 ms timeout around a zero-delay retry returned {result:?} after {took:?} and {calls} \
+         attempts; expected it to fire in time"
+    );
+}
+
+#[test]
+fn async_retry_with_zero_delay_and_u32_max_attempts_cannot_be_cancelled() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_time()
+        .build()
+        .unwrap();
+    let p = zero_delay_pipeline();
+    let calls = Arc::new(AtomicU64::new(0));
+    let (outcome, took) = runtime.block_on({
+        let calls = calls.clone();
+        async move {
+            let task = tokio::spawn(async move { fail_until_guard(&p, &calls).await });
+            // Let it start spinning, then cancel it.
+            tokio::time::sleep(ms(20)).await;
+            let asked = Instant::now();
+            task.abort();
+            let outcome = tokio::time::timeout(secs(5), task).await;
+            (outcome, asked.elapsed())
+        }
+    });
+    let calls = calls.load(Ordering::Relaxed);
+    let cancelled = matches!(&outcome, Ok(Err(e)) if e.is_cancelled());
+    assert!(
+        cancelled && took < ms(500),
+        "the task ended with {outcome:?} {took:?} after it was aborted, after {calls} attempts; \
+         expected it to be cancelled at its next attempt"
+    );
+}
+
+/// The config loader, on every numeric and duration value of the complete
+/// example file replaced by extremes: it loads or returns a `LoadError`,
+/// never panics.
+#[cfg(feature = "serde")]
+#[test]
+fn invalid_config_panics_in_the_config_loader_on_extreme_values() {
+    use seawall::config::{Format, Registry};
+    let text = include_str!("fixtures/seawall.toml");
+    // Where each value after an `=` starts and ends, and whether it is a
+    // duration string or a bare number.
+    let mut slots = Vec::new();
+    for (eq, _) in text.match_indices('=') {
+        let start = eq + 1 + text[eq + 1..].len() - text[eq + 1..].trim_start().len();
+        let rest = &text[start..];
+        if let Some(inner) = rest.strip_prefix('"') {
+            let end = inner.find('"').unwrap();
+            let value = &inner[..end];
+            let digits = value.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+            if !digits.is_empty() && digits.chars().all(|c| c.is_ascii_digit()) && digits != value {
+                slots.push((start, start + end + 2, true));
+            }
+        } else if rest.starts_with(|c: char| c.is_ascii_digit() || c == '-') {
+            let end = rest
+                .find(|c: char| !(c.is_ascii_alphanumeric() || "+-.".contains(c)))
+                .unwrap_or(rest.len());
+            slots.push((start, start + end, false));
+        }
+    }
+    assert!(
+        slots.len() > 30,
+        "found only {} values to mutate",
+        slots.len()
+    );
+    let durations = [
+        "\"0s\"",
+        "\"1ns\"",
+        "\"18446744073709551615s\"",
+        "\"584942417355years\"",
+        "\"1000000000000000h\"",
+    ];
+    let numbers = [
+        "0",
+        "-1",
+        "0.5",
+        "4294967295",
+        "4294967296",
+        "18446744073709551615",
+        "1e308",
+        "nan",
+        "inf",
+    ];
+    let mut panicked = Vec::new();
+    let mut tried = 0;
+    for &(start, end, is_duration) in &slots {
+        let values: &[&str] = if is_duration { &durations } else { &numbers };
+        for value in values {
+            tried += 1;
+            let mutated = format!("{}{}{}", &text[..start], value, &text[end..]);
+            let loaded = catch_unwind(AssertUnwindSafe(|| {
+                Registry::builder()
+                    .store(MemoryStore::new())
+                    .load_str(Format::Toml, &mutated)
+                    .map(|_| ())
+            }));
+            if let Err(p) = loaded {
+                let line = text[..start].lines().count();
+                let original = &text[start..end];
+                panicked.push(format!(
+                    "line {line}: {original} -> {value}: {}",
+                    panic_text(&p)
+                ));
+            }
+        }
+    }
+    assert!(
+        panicked.is_empty(),
+        "the loader panicked on {} of {tried} files:\n  {}",
+        panicked.len(),
+        panicked.join("\n  ")
+    );
+}

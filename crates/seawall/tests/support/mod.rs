@@ -1,0 +1,189 @@
+//! Helpers shared by the regression and differential tests: durations,
+//! an error type, event recorders, runtimes, clocks far from 0 and a clock
+//! that logs the pipeline's sleeps.
+#![allow(dead_code, unreachable_pub)]
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use seawall::clock::BoxSleep;
+use seawall::pipeline::{HandlesSync, Kind};
+use seawall::testing::VirtualClock;
+use seawall::{Clock, Context, Error, Event, EventKind, Pipeline, PipelineBuilder};
+
+pub fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+pub fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+/// The large offset a clock is advanced by before a pipeline is built.
+pub const FAR: Duration = Duration::from_secs(1_000_000);
+
+/// A virtual clock already at `offset`.
+pub fn clock_at(offset: Duration) -> VirtualClock {
+    let clock = VirtualClock::new();
+    clock.advance(offset);
+    clock
+}
+
+/// A pipeline name no other test uses.
+pub fn unique(prefix: &str) -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    format!("{prefix}-{}", NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+/// The operation's error in these tests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Boom(pub u32);
+
+impl std::fmt::Display for Boom {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "boom {}", self.0)
+    }
+}
+
+impl std::error::Error for Boom {}
+
+pub type Log = Arc<Mutex<Vec<EventKind>>>;
+
+/// A listener recording every event.
+pub fn recorder() -> (Log, impl Fn(&Event<'_>) + Send + Sync + 'static) {
+    let log: Log = Arc::default();
+    let l = log.clone();
+    (log, move |e: &Event<'_>| {
+        l.lock().unwrap().push(e.kind.clone())
+    })
+}
+
+/// Adds a listener that does nothing when `on`.
+pub fn listen<K: Kind>(builder: PipelineBuilder<K>, on: bool) -> PipelineBuilder<K> {
+    if on {
+        builder.on_event(|_| {})
+    } else {
+        builder
+    }
+}
+
+pub fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap()
+}
+
+/// How a call is made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flavor {
+    /// `Pipeline::call`.
+    Sync,
+    /// `Pipeline::run` on a current-thread runtime.
+    Async,
+}
+
+pub const FLAVORS: [Flavor; 2] = [Flavor::Sync, Flavor::Async];
+
+/// Makes one call with an operation whose result is ready at once, sync or
+/// async.
+pub fn exec<K, T, E>(
+    p: &Pipeline<K>,
+    flavor: Flavor,
+    mut op: impl FnMut(Context) -> Result<T, E>,
+) -> Result<T, Error<E>>
+where
+    K: HandlesSync<T, E>,
+{
+    match flavor {
+        Flavor::Sync => p.call(op),
+        Flavor::Async => rt().block_on(p.run(|ctx| {
+            let r = op(ctx);
+            async move { r }
+        })),
+    }
+}
+
+/// One entry of a [`LoggingClock`]'s log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SleepEntry {
+    /// When the sleep started, relative to the clock's start.
+    pub at: Duration,
+    /// How long it was.
+    pub duration: Duration,
+}
+
+/// A virtual clock that logs every sleep the pipeline asks of it (retry
+/// waits, deferrals, async timeout timers), with its start relative to
+/// where the clock started.
+#[derive(Debug, Clone)]
+pub struct LoggingClock {
+    pub inner: VirtualClock,
+    pub origin: Duration,
+    pub sleeps: Arc<Mutex<Vec<SleepEntry>>>,
+}
+
+impl LoggingClock {
+    pub fn new(inner: VirtualClock) -> Self {
+        LoggingClock {
+            origin: inner.now(),
+            inner,
+            sleeps: Arc::default(),
+        }
+    }
+
+    /// Time since the clock's start.
+    pub fn elapsed(&self) -> Duration {
+        self.inner.now() - self.origin
+    }
+
+    pub fn sleeps(&self) -> Vec<SleepEntry> {
+        self.sleeps.lock().unwrap().clone()
+    }
+
+    fn log(&self, duration: Duration) {
+        let at = self.elapsed();
+        self.sleeps
+            .lock()
+            .unwrap()
+            .push(SleepEntry { at, duration });
+    }
+}
+
+impl Clock for LoggingClock {
+    fn now(&self) -> Duration {
+        self.inner.now()
+    }
+    fn sleep(&self, duration: Duration) -> BoxSleep {
+        self.log(duration);
+        Clock::sleep(&self.inner, duration)
+    }
+    fn sleep_blocking(&self, duration: Duration) {
+        self.log(duration);
+        self.inner.advance(duration)
+    }
+}
+
+/// A virtual clock that, once armed, moves 1 ns forward on every reading:
+/// as a real clock does between two readings.
+#[derive(Debug, Clone, Default)]
+pub struct TickingClock {
+    pub inner: VirtualClock,
+    pub armed: Arc<AtomicBool>,
+}
+
+impl Clock for TickingClock {
+    fn now(&self) -> Duration {
+        if self.armed.load(Ordering::SeqCst) {
+            self.inner.advance(Duration::from_nanos(1));
+        }
+        self.inner.now()
+    }
+    fn sleep(&self, duration: Duration) -> BoxSleep {
+        Clock::sleep(&self.inner, duration)
+    }
+    fn sleep_blocking(&self, duration: Duration) {
+        self.inner.advance(duration)
+    }
+}
