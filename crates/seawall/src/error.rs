@@ -186,8 +186,8 @@ pub enum TimeoutScope {
 ///
 /// Its message names the resource: `users-api: attempt timed out after 5s
 /// (1 attempt)`. Two timeouts are equal when scope, duration and attempts
-/// are.
-#[derive(Debug, Clone, Copy)]
+/// are; `Debug` shows those.
+#[derive(Clone, Copy)]
 pub struct TimeoutError {
     /// Which deadline expired.
     pub scope: TimeoutScope,
@@ -220,6 +220,16 @@ impl TimeoutError {
     /// known).
     pub fn resource(&self) -> &str {
         self.resource
+    }
+}
+
+impl fmt::Debug for TimeoutError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TimeoutError")
+            .field("scope", &self.scope)
+            .field("after", &self.after)
+            .field("attempts", &self.attempts)
+            .finish()
     }
 }
 
@@ -303,8 +313,8 @@ impl fmt::Display for RejectionReason {
 ///
 /// Its message names the resource: `users-api: call rejected: circuit_open
 /// (retry after 2.96s)`. Two rejections are equal when reason and
-/// `retry_after` are.
-#[derive(Debug, Clone, Copy)]
+/// `retry_after` are; `Debug` shows those.
+#[derive(Clone, Copy)]
 pub struct Rejection {
     /// Which policy refused, and why.
     pub reason: RejectionReason,
@@ -333,6 +343,15 @@ impl Rejection {
     /// The resource name of the pipeline that refused ("" when not known).
     pub fn resource(&self) -> &str {
         self.resource
+    }
+}
+
+impl fmt::Debug for Rejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Rejection")
+            .field("reason", &self.reason)
+            .field("retry_after", &self.retry_after)
+            .finish()
     }
 }
 

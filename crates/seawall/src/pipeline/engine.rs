@@ -357,7 +357,10 @@ impl<'g, K: Kind> Call<'g, K> {
             }
         }
         match quick {
-            Ok(()) => Admit::Run(self.context()),
+            Ok(()) => {
+                self.waiting = None;
+                Admit::Run(self.context())
+            }
             Err(Some(open)) => self.refuse(open),
             Err(None) => {
                 let now = self.now();
@@ -907,6 +910,7 @@ impl<'g, K: Kind> Call<'g, K> {
         self.attempt += 1;
         self.at = None;
         self.deadline = None;
+        self.waiting = None;
         if self.needs_time() {
             let now = self.read_clock();
             self.begin_at(now);
