@@ -442,6 +442,9 @@ impl<K: Kind> PipelineBuilder<K> {
                 || listeners.registered(),
             watch_late: self.overall_timeout.is_some_and(|t| t.strict)
                 || self.attempt_timeout.is_some_and(|t| t.strict),
+            bare: gate.is_none()
+                && !any_timeout
+                && self.retry.as_ref().is_none_or(|r| r.budget.is_none()),
         };
         Ok(Pipeline {
             shared: Arc::new(Shared {

@@ -6,7 +6,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context as TaskContext, Poll};
 
-use super::engine::{Admit, Call, Driver, Ended, Finish};
+use super::engine::{Admit, Call, Driver, Ended, Finish, First, Owned, Quick};
 use super::kind::{Handles, HandlesSync};
 use super::{Kind, Pipeline};
 use crate::classify::Verdict;
@@ -41,8 +41,18 @@ impl<T, E> AttemptOutput<T, E> for Judged<T, E> {
     }
 }
 
+/// Where the general loop takes a call over from the ordinary first steps.
+enum From<T, E> {
+    /// The ordinary admission did not decide.
+    Admission(Quick),
+    /// The attempt ended, not in the ordinary way.
+    Ended(Option<Result<T, E>>, Option<Verdict>),
+}
+
 impl<K: Kind> Pipeline<K> {
-    /// Runs a blocking call.
+    /// Runs a blocking call. The ordinary steps (an admission decided in
+    /// place, a success that nobody watches) run here; anything else in
+    /// the general loop, from where the call stands.
     #[inline(always)]
     pub(crate) fn drive_sync<T, E, Op>(
         &self,
@@ -53,46 +63,47 @@ impl<K: Kind> Pipeline<K> {
         K: HandlesSync<T, E>,
         Op: FnMut(Context) -> Result<T, E>,
     {
-        let mut call = Call::start(self, partition, Driver::Sync);
-        let result = 'call: loop {
-            let mut admit = call.admit();
-            let ctx = loop {
-                match admit {
-                    Admit::Run(ctx) => break ctx,
-                    Admit::Ask(request) => admit = call.admitted(call.store().admit(&request)),
-                    Admit::Wait(wait) => {
-                        call.clock().sleep_blocking(wait);
-                        admit = call.waited();
-                    }
-                    Admit::Refused(r) => break 'call Err(call.refused(r)),
+        let shared = &*self.shared;
+        if shared.plan.bare && partition.is_none() && !shared.listeners.enabled() {
+            return match op(Context::bare(shared.name)) {
+                Ok(v) => Ok(v),
+                Err(e) => {
+                    let call = First::after_bare(self).into_call(Driver::Sync);
+                    sync_loop(call, op, Some(From::Ended(Some(Err(e)), None)))
                 }
             };
-            let mut ended = call.ended(Some(op(ctx)), None);
-            loop {
-                match ended {
-                    Ended::Done(result) => break 'call result,
-                    Ended::Record(record, pending) => {
-                        let answer = call.store().record(&record);
-                        ended = call.recorded(pending, answer);
-                    }
-                    Ended::Retry(delay) => {
-                        if !delay.is_zero() {
-                            call.clock().sleep_blocking(delay);
-                        }
-                        call.retry();
-                        break;
+        }
+        let Some(mut first) = First::start(self, partition) else {
+            let call = Owned(Call::start(self, partition, Driver::Sync));
+            return sync_loop(call, op, None);
+        };
+        match first.admit() {
+            Ok(ctx) => {
+                let result = if first.holds() {
+                    let holding = first.hold();
+                    let result = op(ctx);
+                    first.held(holding);
+                    result
+                } else {
+                    op(ctx)
+                };
+                match first.ended(result, Driver::Sync) {
+                    // Nobody listens on the ordinary path: the call is over.
+                    Ok(v) => Ok(v),
+                    Err(result) => {
+                        let from = From::Ended(Some(result), None);
+                        sync_loop(first.into_call(Driver::Sync), op, Some(from))
                     }
                 }
             }
-        };
-        match call.finish(result) {
-            Finish::Done(result) => result,
-            // `HandlesSync` kinds never have an async fallback.
-            Finish::Fallback(_) => unreachable!("a sync pipeline kind returned an async fallback"),
+            Err(quick) => {
+                let from = From::Admission(quick);
+                sync_loop(first.into_call(Driver::Sync), op, Some(from))
+            }
         }
     }
 
-    /// Runs an async call.
+    /// Runs an async call; see [`drive_sync`](Self::drive_sync).
     pub(crate) async fn drive_async<T, E, Op, Fut>(
         &self,
         partition: Option<&PartitionKey>,
@@ -104,56 +115,187 @@ impl<K: Kind> Pipeline<K> {
         Fut: Future,
         Fut::Output: AttemptOutput<T, E>,
     {
-        let mut call = Call::start(self, partition, Driver::Async);
-        let result = 'call: loop {
-            let mut admit = call.admit();
-            let ctx = loop {
-                match admit {
-                    Admit::Run(ctx) => break ctx,
-                    Admit::Ask(request) => {
-                        let answer = call.store().admit_async(request).await;
-                        admit = call.admitted(answer);
-                    }
-                    Admit::Wait(wait) => {
-                        call.clock().sleep(wait).await;
-                        admit = call.waited();
-                    }
-                    Admit::Refused(r) => break 'call Err(call.refused(r)),
+        let shared = &*self.shared;
+        if shared.plan.bare && partition.is_none() && !shared.listeners.enabled() {
+            let (result, judged) = op(Context::bare(shared.name)).await.split();
+            return match result {
+                Ok(v) => Ok(v),
+                Err(e) => {
+                    let call = First::after_bare(self).into_call(Driver::Async);
+                    async_loop(call, op, Some(From::Ended(Some(Err(e)), judged))).await
                 }
             };
-            let deadline = call.deadline();
-            let output = WithDeadline::new(op(ctx), call.clock(), deadline).await;
-            let mut ended = match output.map(AttemptOutput::split) {
-                Some((result, judged)) => call.ended(Some(result), judged),
-                None => call.ended(None, None),
-            };
-            loop {
-                match ended {
-                    Ended::Done(result) => break 'call result,
-                    Ended::Record(record, pending) => {
-                        let answer = call.store().record_async(record).await;
-                        ended = call.recorded(pending, answer);
-                    }
-                    Ended::Retry(delay) => {
-                        if delay.is_zero() {
-                            // Each attempt after the first is a point where
-                            // the task can be cancelled and others can run.
-                            YieldNow(false).await;
-                        } else {
-                            call.clock().sleep(delay).await;
+        }
+        let Some(mut first) = First::start(self, partition) else {
+            let call = Owned(Call::start(self, partition, Driver::Async));
+            return async_loop(call, op, None).await;
+        };
+        let from = match first.admit() {
+            Ok(ctx) => {
+                let deadline = first.deadline();
+                let holding = first.hold();
+                let output = WithDeadline::new(op(ctx), first.clock(), deadline).await;
+                first.held(holding);
+                match output {
+                    Some(output) => {
+                        let (result, judged) = output.split();
+                        match first.ended(result, Driver::Async) {
+                            // Nobody listens on the ordinary path: the call
+                            // is over.
+                            Ok(v) => return Ok(v),
+                            Err(result) => From::Ended(Some(result), judged),
                         }
-                        call.retry();
-                        break;
                     }
+                    None => From::Ended(None, None),
+                }
+            }
+            Err(quick) => From::Admission(quick),
+        };
+        async_loop(first.into_call(Driver::Async), op, Some(from)).await
+    }
+}
+
+#[inline(always)]
+fn finish_sync<K, T, E>(call: &mut Call<'_, K>, result: Result<T, Error<E>>) -> Result<T, Error<E>>
+where
+    K: HandlesSync<T, E>,
+{
+    match call.finish(result) {
+        Finish::Done(result) => result,
+        // `HandlesSync` kinds never have an async fallback.
+        Finish::Fallback(_) => unreachable!("a sync pipeline kind returned an async fallback"),
+    }
+}
+
+/// The general loop of a blocking call, from where `from` says it stands.
+#[inline(never)]
+fn sync_loop<K, T, E, Op>(
+    mut call: Owned<'_, K>,
+    mut op: Op,
+    mut from: Option<From<T, E>>,
+) -> Result<T, Error<E>>
+where
+    K: HandlesSync<T, E>,
+    Op: FnMut(Context) -> Result<T, E>,
+{
+    let result = 'call: loop {
+        let mut ended = match from.take() {
+            Some(From::Ended(result, judged)) => call.ended(result, judged),
+            from => {
+                let mut admit = match from {
+                    Some(From::Admission(quick)) => call.admit_after(quick),
+                    _ => call.admit(),
+                };
+                let ctx = loop {
+                    match admit {
+                        Admit::Run(ctx) => break ctx,
+                        Admit::Ask(request) => {
+                            let answer = call.store().admit(&request);
+                            admit = call.admitted(answer);
+                        }
+                        Admit::Wait(wait) => {
+                            call.clock().sleep_blocking(wait);
+                            admit = call.waited();
+                        }
+                        Admit::Refused(r) => break 'call Err(call.refused(r)),
+                    }
+                };
+                // A panic drops the call, which gives its permit back.
+                let result = op(ctx);
+                call.ended(Some(result), None)
+            }
+        };
+        loop {
+            match ended {
+                Ended::Done(result) => break 'call result,
+                Ended::Record(record, pending) => {
+                    let answer = call.store().record(&record);
+                    ended = call.recorded(pending, answer);
+                }
+                Ended::Retry(delay) => {
+                    if !delay.is_zero() {
+                        call.clock().sleep_blocking(delay);
+                    }
+                    call.retry();
+                    break;
+                }
+            }
+        }
+    };
+    finish_sync(&mut call.0, result)
+}
+
+/// The general loop of an async call, from where `from` says it stands.
+async fn async_loop<K, T, E, Op, Fut>(
+    mut call: Owned<'_, K>,
+    mut op: Op,
+    mut from: Option<From<T, E>>,
+) -> Result<T, Error<E>>
+where
+    K: Handles<T, E>,
+    Op: FnMut(Context) -> Fut,
+    Fut: Future,
+    Fut::Output: AttemptOutput<T, E>,
+{
+    let result = 'call: loop {
+        let mut ended = match from.take() {
+            Some(From::Ended(result, judged)) => call.ended(result, judged),
+            from => {
+                let mut admit = match from {
+                    Some(From::Admission(quick)) => call.admit_after(quick),
+                    _ => call.admit(),
+                };
+                let ctx = loop {
+                    match admit {
+                        Admit::Run(ctx) => break ctx,
+                        Admit::Ask(request) => {
+                            let answer = call.store().admit_async(request).await;
+                            admit = call.admitted(answer);
+                        }
+                        Admit::Wait(wait) => {
+                            call.clock().sleep(wait).await;
+                            admit = call.waited();
+                        }
+                        Admit::Refused(r) => break 'call Err(call.refused(r)),
+                    }
+                };
+                let deadline = call.deadline();
+                let output = WithDeadline::new(op(ctx), call.clock(), deadline).await;
+                match output {
+                    Some(output) => {
+                        let (result, judged) = output.split();
+                        call.ended(Some(result), judged)
+                    }
+                    None => call.ended(None, None),
                 }
             }
         };
-        match call.finish(result) {
-            Finish::Done(result) => result,
-            Finish::Fallback(fallback) => {
-                let result = fallback.await;
-                call.fell_back(result)
+        loop {
+            match ended {
+                Ended::Done(result) => break 'call result,
+                Ended::Record(record, pending) => {
+                    let answer = call.store().record_async(record).await;
+                    ended = call.recorded(pending, answer);
+                }
+                Ended::Retry(delay) => {
+                    if delay.is_zero() {
+                        // Each attempt after the first is a point where the
+                        // task can be cancelled and others can run.
+                        YieldNow(false).await;
+                    } else {
+                        call.clock().sleep(delay).await;
+                    }
+                    call.retry();
+                    break;
+                }
             }
+        }
+    };
+    match call.finish(result) {
+        Finish::Done(result) => result,
+        Finish::Fallback(fallback) => {
+            let result = fallback.await;
+            call.fell_back(result)
         }
     }
 }

@@ -51,20 +51,13 @@ pub(super) struct Deadline {
 const QUEUE_POLL_MIN: Duration = Duration::from_millis(1);
 const QUEUE_POLL_MAX: Duration = Duration::from_millis(20);
 
-/// A place in the bounded bulkhead queue of this process.
-struct QueueTicket<'g>(&'g Gate);
-
-impl Drop for QueueTicket<'_> {
-    fn drop(&mut self) {
-        self.0.waiters.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-/// The waiting state of a deferred admission: since when it waits, its
-/// queue place, the next poll interval.
-struct Waiting<'g> {
+/// The waiting state of a deferred admission: since when it waits, whether
+/// it holds a place in the bulkhead queue of this process (given back when
+/// the wait ends, see [`Call::stop_waiting`]), the next poll interval.
+#[derive(Clone, Copy)]
+struct Waiting {
     since: u64,
-    ticket: Option<QueueTicket<'g>>,
+    queued: bool,
     poll: Duration,
 }
 
@@ -92,6 +85,14 @@ pub(crate) enum Admit<'g> {
     Wait(Duration),
     /// Refused: end the call with [`Call::refused`].
     Refused(Refused),
+}
+
+/// Why the ordinary admission did not decide.
+pub(crate) enum Quick {
+    /// The circuit is open and its cooldown not over.
+    Refused(Rejection),
+    /// Anything else: the full admission decides.
+    Other,
 }
 
 /// Why the gate did not admit an attempt.
@@ -172,15 +173,76 @@ pub(crate) struct Call<'g, K: Kind> {
     /// The permit of the attempt under way, given back if the call is
     /// dropped (a timeout, a cancelled future) or panics before the record.
     permit: Option<Permit>,
-    waiting: Option<Waiting<'g>>,
+    waiting: Option<Waiting>,
 }
 
-impl<K: Kind> Drop for Call<'_, K> {
+/// A call that gives back what it holds when it is dropped before its end
+/// (a panic, a dropped future): the general loops own their call this way.
+/// The ordinary path holds its permit in a [`Holding`] while the
+/// operation runs instead, so that it keeps its call in registers.
+pub(crate) struct Owned<'g, K: Kind>(pub(crate) Call<'g, K>);
+
+impl<K: Kind> Drop for Owned<'_, K> {
+    fn drop(&mut self) {
+        let call = &mut self.0;
+        if call.permit.is_some() || call.waiting.is_some() {
+            let gate = call.pipeline.shared.gate.as_ref();
+            abandon(
+                gate,
+                call.partition,
+                call.permit.take(),
+                call.waiting.take(),
+            );
+        }
+    }
+}
+
+impl<'g, K: Kind> std::ops::Deref for Owned<'g, K> {
+    type Target = Call<'g, K>;
+    fn deref(&self) -> &Call<'g, K> {
+        &self.0
+    }
+}
+
+impl<'g, K: Kind> std::ops::DerefMut for Owned<'g, K> {
+    fn deref_mut(&mut self) -> &mut Call<'g, K> {
+        &mut self.0
+    }
+}
+
+/// The permit of an attempt while its operation runs, given back if the
+/// attempt never ends (a panic, a dropped future).
+pub(crate) struct Holding<'g> {
+    gate: Option<&'g Gate>,
+    partition: Option<&'g PartitionKey>,
+    permit: Option<Permit>,
+}
+
+impl Drop for Holding<'_> {
     #[inline]
     fn drop(&mut self) {
-        if let Some(p) = self.permit.take() {
-            self.release(p);
+        if self.permit.is_some() {
+            abandon(self.gate, self.partition, self.permit.take(), None);
         }
+    }
+}
+
+/// Gives back what a call dropped or panicking holds: its permit (without
+/// an outcome) and its place in the bulkhead queue.
+#[cold]
+#[inline(never)]
+fn abandon(
+    gate: Option<&Gate>,
+    partition: Option<&PartitionKey>,
+    permit: Option<Permit>,
+    waiting: Option<Waiting>,
+) {
+    let Some(gate) = gate else { return };
+    if let Some(p) = permit {
+        gate.state.release(partition, p);
+    }
+    if waiting.is_some_and(|w| w.queued) {
+        gate.waiters.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -198,32 +260,21 @@ impl<'g, K: Kind> Call<'g, K> {
             b.deposit();
         }
         let listening = shared.listeners.enabled();
-        let mut call = Call {
+        let (started, overall, at, deadline) = begin(shared, partition, listening);
+        Call {
             pipeline,
             partition,
             driver,
             listening,
             attempt: 1,
             previous: Duration::ZERO,
-            started: 0,
-            overall: None,
-            at: None,
-            deadline: None,
+            started,
+            overall,
+            at,
+            deadline,
             permit: None,
             waiting: None,
-        };
-        if call.needs_time() {
-            let now = call.read_clock();
-            call.started = now;
-            call.overall = shared.overall_timeout.map(|t| Deadline {
-                at: now.saturating_add(t.nanos()),
-                scope: TimeoutScope::Overall,
-                after: t.duration,
-                strict: t.strict,
-            });
-            call.begin_at(now);
         }
-        call
     }
 
     /// The start of an attempt must be read from the clock: a timeout, a
@@ -257,34 +308,21 @@ impl<'g, K: Kind> Call<'g, K> {
     /// the overall one and its own.
     #[inline]
     fn begin_at(&mut self, now: u64) {
+        // (The first attempt's are set by `begin` or `admit_in_place`.)
         self.at = Some(now);
-        let own = self.pipeline.shared.attempt_timeout.map(|t| Deadline {
-            at: now.saturating_add(t.nanos()),
-            scope: TimeoutScope::Attempt,
-            after: t.duration,
-            strict: t.strict,
-        });
-        self.deadline = match (own, self.overall) {
-            (Some(a), Some(o)) => Some(if o.at <= a.at { o } else { a }),
-            (a, o) => a.or(o),
-        };
+        self.deadline = attempt_deadline(&self.pipeline.shared, now, self.overall);
     }
 
     /// The context of the attempt under way: a constant (dropped for free)
     /// for a first attempt without deadline or partition.
     #[inline(always)]
     fn context(&self) -> Context {
-        let shared = &*self.pipeline.shared;
-        match (self.attempt, self.deadline, self.partition) {
-            (1, None, None) => Context::bare(shared.name),
-            (attempt, deadline, partition) => Context::new(
-                shared.name,
-                attempt,
-                deadline.map(|d| d.at),
-                &shared.clock,
-                partition,
-            ),
-        }
+        context_of(
+            &self.pipeline.shared,
+            self.attempt,
+            self.deadline,
+            self.partition,
+        )
     }
 
     /// The deadline of the attempt under way, in nanoseconds on the
@@ -320,55 +358,61 @@ impl<'g, K: Kind> Call<'g, K> {
             .expect("a permit comes from the gate")
     }
 
-    #[cold]
-    fn release(&self, permit: Permit) {
-        self.gate().state.release(self.partition, permit);
+    /// The wait of a deferred admission is over: its queue place is given
+    /// back.
+    fn stop_waiting(&mut self) {
+        if let Some(w) = self.waiting.take() {
+            if w.queued {
+                self.gate().waiters.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
     }
 
     // ------------------------------------------------------------ admission
 
-    /// Admits the attempt under way.
+    /// The ordinary admission, decided in place: no gate, or a memory gate
+    /// whose quick check admits (a closed circuit, a free slot, no cooldown,
+    /// a permit), reading the clock only if a policy needs it. Anything
+    /// else is for [`admit_after`](Self::admit_after).
     #[inline(always)]
-    pub(crate) fn admit(&mut self) -> Admit<'g> {
-        let pipeline = self.pipeline;
-        let Some(gate) = &pipeline.shared.gate else {
-            return Admit::Run(self.context());
-        };
-        let Some(memory) = gate.memory.as_deref() else {
-            let now = self.now();
-            return Admit::Ask(AdmitRequest {
-                partition: self.partition,
-                now: Duration::from_nanos(now),
-            });
-        };
-        // The ordinary case (a closed circuit, a free slot, no cooldown, a
-        // permit) is decided with the fewest loads, reading the clock only
-        // if a policy needs it; anything else by the full admission.
-        let clock = &pipeline.shared.clock;
-        let mut at = self.at;
-        let quick = memory.try_admit(
+    pub(crate) fn admit_ordinary(&mut self) -> Result<Context, Quick> {
+        admit_in_place(
+            self.pipeline,
             self.partition,
-            &mut || *at.get_or_insert_with(|| clock.now_nanos()),
+            &mut self.at,
+            &mut self.deadline,
+            self.overall,
             &mut self.permit,
-        );
-        if self.at.is_none() {
-            if let Some(now) = at {
-                self.begin_at(now);
-            }
+        )?;
+        if self.waiting.is_some() {
+            self.stop_waiting();
         }
+        Ok(self.context())
+    }
+
+    /// Admits the attempt under way.
+    pub(crate) fn admit(&mut self) -> Admit<'g> {
+        match self.admit_ordinary() {
+            Ok(ctx) => Admit::Run(ctx),
+            Err(quick) => self.admit_after(quick),
+        }
+    }
+
+    /// The admission, after the ordinary one did not decide it.
+    pub(crate) fn admit_after(&mut self, quick: Quick) -> Admit<'g> {
+        let gate = self.gate();
         match quick {
-            Ok(()) => {
-                self.waiting = None;
-                Admit::Run(self.context())
-            }
-            Err(Some(open)) => self.refuse(open),
-            Err(None) => {
+            Quick::Refused(open) => self.refuse(open),
+            Quick::Other => {
                 let now = self.now();
                 let request = AdmitRequest {
                     partition: self.partition,
                     now: Duration::from_nanos(now),
                 };
-                self.admitted(memory.admit(&request))
+                match gate.memory.as_deref() {
+                    Some(memory) => self.admitted(memory.admit(&request)),
+                    None => Admit::Ask(request),
+                }
             }
         }
     }
@@ -397,7 +441,7 @@ impl<'g, K: Kind> Call<'g, K> {
         match admission.decision {
             Ok(permit) => {
                 self.permit = Some(permit);
-                self.waiting = None;
+                self.stop_waiting();
                 Admit::Run(self.context())
             }
             Err(r) => self.refuse(r),
@@ -415,14 +459,14 @@ impl<'g, K: Kind> Call<'g, K> {
                 Admit::Wait(wait)
             }
             Err(r) => {
-                self.waiting = None;
+                self.stop_waiting();
                 Admit::Refused(Refused::Rejected(r))
             }
         }
     }
 
     /// After the wait of [`Admit::Wait`]: the attempt begins now, admitted
-    /// again.
+    /// again. (Not ordinary: a deferred call is reported.)
     pub(crate) fn waited(&mut self) -> Admit<'g> {
         let now = self.read_clock();
         self.begin_at(now);
@@ -449,7 +493,7 @@ impl<'g, K: Kind> Call<'g, K> {
         let fits = |wait: Duration| room.is_none_or(|r| wait < r);
         let waiting = self.waiting.get_or_insert(Waiting {
             since: now,
-            ticket: None,
+            queued: false,
             poll: QUEUE_POLL_MIN,
         });
         // What a policy's `max_wait` still allows: the time already waited
@@ -481,13 +525,12 @@ impl<'g, K: Kind> Call<'g, K> {
                 if b.max_queued == 0 {
                     return Err(rejection);
                 }
-                if waiting.ticket.is_none() {
+                if !waiting.queued {
                     let before = gate.waiters.fetch_add(1, Ordering::Relaxed);
-                    let ticket = QueueTicket(gate);
+                    waiting.queued = true;
                     if before >= b.max_queued {
                         return Err(rejection);
                     }
-                    waiting.ticket = Some(ticket);
                 }
                 let left = allowed(b.max_wait);
                 if left.is_zero() {
@@ -551,7 +594,12 @@ impl<'g, K: Kind> Call<'g, K> {
     where
         K: Handles<T, E>,
     {
-        if self.driver == Driver::Sync && (self.listening || self.pipeline.shared.plan.watch_late) {
+        if watches_late(
+            &self.pipeline.shared,
+            self.driver,
+            self.listening,
+            self.deadline,
+        ) {
             if let Some(d) = self.deadline {
                 return self.late_or_not(v, d);
             }
@@ -689,26 +737,14 @@ impl<'g, K: Kind> Call<'g, K> {
     #[inline(always)]
     fn record_success(&mut self) -> bool {
         let gate = self.gate();
-        let Some(memory) = gate.memory.as_deref() else {
+        if gate.memory.is_none() {
             return true;
-        };
+        }
         let Some(permit) = self.permit.take() else {
             return false;
         };
-        if !gate.success_recorded {
-            // Only a rate limit or a cooldown: a success changes nothing.
-            return false;
-        }
-        // A success that can change the circuit (a probe, a slow call, a
-        // time window) is stamped with the time it ended; an ordinary one
-        // needs no time (a partition's is its key's use).
-        let end = if permit.probe || gate.record_needs_time {
-            self.read_clock()
-        } else {
-            self.at.unwrap_or(0)
-        };
-        let duration = self.duration_to(end);
-        if let Some(t) = memory.record_success(self.partition, permit, duration, end) {
+        let clock = &self.pipeline.shared.clock;
+        if let Some(t) = record_success_in_place(gate, self.partition, permit, self.at, clock) {
             self.emit(|| transition_event(t));
         }
         false
@@ -910,7 +946,7 @@ impl<'g, K: Kind> Call<'g, K> {
         self.attempt += 1;
         self.at = None;
         self.deadline = None;
-        self.waiting = None;
+        self.stop_waiting();
         if self.needs_time() {
             let now = self.read_clock();
             self.begin_at(now);
@@ -988,6 +1024,311 @@ impl<'g, K: Kind> Call<'g, K> {
             duration,
             outcome,
         });
+    }
+}
+
+/// The start of a call: its start, its overall deadline, the start and
+/// deadline of its first attempt; the clock is read only if a policy (or a
+/// listener) needs the time.
+#[inline(always)]
+fn begin<K: Kind>(
+    shared: &super::Shared<K>,
+    partition: Option<&PartitionKey>,
+    listening: bool,
+) -> (u64, Option<Deadline>, Option<u64>, Option<Deadline>) {
+    if shared.plan.needs_time || partition.is_some() || listening {
+        let now = shared.clock.now_nanos();
+        let overall = overall_deadline(shared, now);
+        (
+            now,
+            overall,
+            Some(now),
+            attempt_deadline(shared, now, overall),
+        )
+    } else {
+        (0, None, None, None)
+    }
+}
+
+/// The overall deadline of a call that started at `now`.
+#[inline(always)]
+fn overall_deadline<K: Kind>(shared: &super::Shared<K>, now: u64) -> Option<Deadline> {
+    shared.overall_timeout.map(|t| Deadline {
+        at: now.saturating_add(t.nanos()),
+        scope: TimeoutScope::Overall,
+        after: t.duration,
+        strict: t.strict,
+    })
+}
+
+/// The ordinary admission of an attempt (see [`Call::admit_ordinary`]),
+/// on the facts of the attempt: when it began (read here if a policy needs
+/// it, then its deadline is set), its permit.
+#[inline(always)]
+fn admit_in_place<K: Kind>(
+    pipeline: &Pipeline<K>,
+    partition: Option<&PartitionKey>,
+    at: &mut Option<u64>,
+    deadline: &mut Option<Deadline>,
+    overall: Option<Deadline>,
+    permit: &mut Option<Permit>,
+) -> Result<(), Quick> {
+    let shared = &*pipeline.shared;
+    let Some(gate) = &shared.gate else {
+        return Ok(());
+    };
+    let Some(memory) = gate.memory.as_deref() else {
+        return Err(Quick::Other);
+    };
+    let clock = &shared.clock;
+    let mut read = *at;
+    let quick = memory.try_admit(
+        partition,
+        &mut || *read.get_or_insert_with(|| clock.now_nanos()),
+        permit,
+    );
+    if at.is_none() {
+        if let Some(now) = read {
+            *at = Some(now);
+            *deadline = attempt_deadline(shared, now, overall);
+        }
+    }
+    match quick {
+        Ok(()) => Ok(()),
+        Err(Some(open)) => Err(Quick::Refused(open)),
+        Err(None) => Err(Quick::Other),
+    }
+}
+
+/// Records a success in place on a memory gate (the caller knows the gate
+/// is in memory): a success that can change the circuit (a probe, a slow
+/// call, a time window) is stamped with the time it ended; an ordinary one
+/// needs no time (a partition's is its key's use, read at the start).
+#[inline(always)]
+fn record_success_in_place(
+    gate: &Gate,
+    partition: Option<&PartitionKey>,
+    permit: Permit,
+    at: Option<u64>,
+    clock: &crate::clock::ClockHandle,
+) -> Option<crate::breaker::CircuitTransition> {
+    let memory = gate.memory.as_deref()?;
+    if !gate.success_recorded {
+        // Only a rate limit or a cooldown: a success changes nothing.
+        return None;
+    }
+    let end = if permit.probe || gate.record_needs_time {
+        clock.now_nanos()
+    } else {
+        at.unwrap_or(0)
+    };
+    let duration = Duration::from_nanos(at.map_or(0, |at| end.saturating_sub(at)));
+    memory.record_success(partition, permit, duration, end)
+}
+
+/// The context of attempt `attempt` with `deadline`: a constant (dropped
+/// for free) for a first attempt without deadline or partition.
+#[inline(always)]
+fn context_of<K: Kind>(
+    shared: &super::Shared<K>,
+    attempt: u32,
+    deadline: Option<Deadline>,
+    partition: Option<&PartitionKey>,
+) -> Context {
+    match (attempt, deadline, partition) {
+        (1, None, None) => Context::bare(shared.name),
+        (attempt, deadline, partition) => Context::new(
+            shared.name,
+            attempt,
+            deadline.map(|d| d.at),
+            &shared.clock,
+            partition,
+        ),
+    }
+}
+
+/// The first attempt of a call that nobody listens to, on the ordinary
+/// path: only the facts the engine needs to admit, run and record it in
+/// place (when it began, its deadline, its permit), kept in registers.
+/// Anything out of the ordinary makes a [`Call`] of it
+/// ([`First::into_call`]) where it stands, for the general loop: the same
+/// steps, on the same facts.
+pub(crate) struct First<'g, K: Kind> {
+    pipeline: &'g Pipeline<K>,
+    partition: Option<&'g PartitionKey>,
+    at: Option<u64>,
+    deadline: Option<Deadline>,
+    permit: Option<Permit>,
+}
+
+impl<'g, K: Kind> First<'g, K> {
+    /// Starts a call on the ordinary path, or `None` when someone listens
+    /// (the general loop then runs it from the start).
+    #[inline(always)]
+    pub(crate) fn start(
+        pipeline: &'g Pipeline<K>,
+        partition: Option<&'g PartitionKey>,
+    ) -> Option<Self> {
+        let shared = &*pipeline.shared;
+        if shared.listeners.enabled() {
+            return None;
+        }
+        if let Some(b) = shared.retry.as_ref().and_then(|r| r.budget.as_ref()) {
+            b.deposit();
+        }
+        let (_, _, at, deadline) = begin(shared, partition, false);
+        Some(First {
+            pipeline,
+            partition,
+            at,
+            deadline,
+            permit: None,
+        })
+    }
+
+    /// A call of a bare pipeline (see [`Plan::bare`](super::Plan::bare))
+    /// whose first attempt, the operation itself, did not succeed.
+    #[inline(always)]
+    pub(crate) fn after_bare(pipeline: &'g Pipeline<K>) -> Self {
+        First {
+            pipeline,
+            partition: None,
+            at: None,
+            deadline: None,
+            permit: None,
+        }
+    }
+
+    /// The ordinary admission; see [`Call::admit_ordinary`].
+    #[inline(always)]
+    pub(crate) fn admit(&mut self) -> Result<Context, Quick> {
+        let shared = &*self.pipeline.shared;
+        let overall = self.at.and_then(|at| overall_deadline(shared, at));
+        admit_in_place(
+            self.pipeline,
+            self.partition,
+            &mut self.at,
+            &mut self.deadline,
+            overall,
+            &mut self.permit,
+        )?;
+        Ok(context_of(shared, 1, self.deadline, self.partition))
+    }
+
+    /// The deadline of the attempt, for the async driver's timer.
+    #[inline(always)]
+    pub(crate) fn deadline(&self) -> Option<u64> {
+        self.deadline.map(|d| d.at)
+    }
+
+    /// `true` when the attempt holds a permit: the driver keeps it in a
+    /// [`Holding`] while the operation runs.
+    #[inline(always)]
+    pub(crate) fn holds(&self) -> bool {
+        self.permit.is_some()
+    }
+
+    /// Moves the permit into a [`Holding`] for the time the operation runs.
+    #[inline(always)]
+    pub(crate) fn hold(&mut self) -> Holding<'g> {
+        Holding {
+            gate: self.pipeline.shared.gate.as_ref(),
+            partition: self.partition,
+            permit: self.permit.take(),
+        }
+    }
+
+    /// The operation ended: the permit is the attempt's again.
+    #[inline(always)]
+    pub(crate) fn held(&mut self, mut holding: Holding<'g>) {
+        self.permit = holding.permit.take();
+    }
+
+    /// The pipeline's clock.
+    #[inline(always)]
+    pub(crate) fn clock(&self) -> &'g crate::clock::ClockHandle {
+        &self.pipeline.shared.clock
+    }
+
+    /// The ordinary end of the attempt: a success with nothing to watch,
+    /// recorded in place as [`Call::ended`] would; anything else comes
+    /// back.
+    #[inline(always)]
+    pub(crate) fn ended<T, E>(
+        &mut self,
+        result: Result<T, E>,
+        driver: Driver,
+    ) -> Result<T, Result<T, E>> {
+        let shared = &*self.pipeline.shared;
+        match result {
+            Ok(v) if !watches_late(shared, driver, false, self.deadline) => {
+                if let (Some(permit), Some(gate)) = (self.permit.take(), &shared.gate) {
+                    // Nobody listens: a transition has no one to tell.
+                    let _ = record_success_in_place(
+                        gate,
+                        self.partition,
+                        permit,
+                        self.at,
+                        &shared.clock,
+                    );
+                }
+                Ok(v)
+            }
+            other => Err(other),
+        }
+    }
+
+    /// The call, where the first attempt stands, for the general loop.
+    #[inline(always)]
+    pub(crate) fn into_call(self, driver: Driver) -> Owned<'g, K> {
+        let shared = &*self.pipeline.shared;
+        let overall = self.at.and_then(|at| overall_deadline(shared, at));
+        Owned(Call {
+            pipeline: self.pipeline,
+            partition: self.partition,
+            driver,
+            listening: false,
+            attempt: 1,
+            previous: Duration::ZERO,
+            started: self.at.unwrap_or(0),
+            overall,
+            at: self.at,
+            deadline: self.deadline,
+            permit: self.permit,
+            waiting: None,
+        })
+    }
+}
+
+/// A sync success must be checked against its deadline: a strict timeout,
+/// or someone listening (a late success is reported).
+#[inline(always)]
+fn watches_late<K: Kind>(
+    shared: &super::Shared<K>,
+    driver: Driver,
+    listening: bool,
+    deadline: Option<Deadline>,
+) -> bool {
+    driver == Driver::Sync && (listening || shared.plan.watch_late) && deadline.is_some()
+}
+
+/// The deadline of an attempt beginning at `now`: the nearer of the call's
+/// (`overall`) and the attempt's own.
+#[inline(always)]
+fn attempt_deadline<K: Kind>(
+    shared: &super::Shared<K>,
+    now: u64,
+    overall: Option<Deadline>,
+) -> Option<Deadline> {
+    let own = shared.attempt_timeout.map(|t| Deadline {
+        at: now.saturating_add(t.nanos()),
+        scope: TimeoutScope::Attempt,
+        after: t.duration,
+        strict: t.strict,
+    });
+    match (own, overall) {
+        (Some(a), Some(o)) => Some(if o.at <= a.at { o } else { a }),
+        (a, o) => a.or(o),
     }
 }
 

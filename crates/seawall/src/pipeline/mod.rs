@@ -54,6 +54,11 @@ pub(crate) struct Plan {
     /// Sync calls read the clock at the end of an attempt with a deadline
     /// to tell a late result (a strict timeout).
     pub(crate) watch_late: bool,
+    /// No stateful policy, no timeout, no retry budget: the first attempt
+    /// of an unpartitioned call nobody listens to is the operation itself,
+    /// with a constant context (the engine admits, times and records
+    /// nothing for it).
+    pub(crate) bare: bool,
 }
 
 pub(crate) struct Shared<K: Kind> {
