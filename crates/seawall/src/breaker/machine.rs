@@ -152,7 +152,7 @@ impl Circuit {
     #[inline]
     pub(crate) fn quick_admit(
         &self,
-        params: &BreakerParams,
+        params: Option<&BreakerParams>,
         now: &mut impl FnMut() -> u64,
     ) -> Result<u64, Option<Duration>> {
         let bits = self.load();
@@ -168,14 +168,14 @@ impl Circuit {
     /// an open circuit's refusal, when the rule refuses without a move.
     #[inline(never)]
     fn quick_refusal(
-        params: &BreakerParams,
+        params: Option<&BreakerParams>,
         bits: u64,
         now: &mut impl FnMut() -> u64,
     ) -> Result<u64, Option<Duration>> {
         let state = decode(bits);
-        if state.kind != Kind::Open {
+        let Some(params) = params.filter(|_| state.kind == Kind::Open) else {
             return Err(None);
-        }
+        };
         match rules::admit(state, params, now()) {
             (
                 CircuitAdmit {
@@ -868,7 +868,7 @@ mod lean_paths {
                 Op::Admit => {
                     let (expected, transition) = model.admit(at);
                     let mut clock = || now;
-                    let got = match c.quick_admit(&p, &mut clock) {
+                    let got = match c.quick_admit(Some(&p), &mut clock) {
                         Ok(generation) => (Ok((generation, false)), None),
                         Err(Some(left)) => (Err(Some(left)), None),
                         Err(None) => {

@@ -563,8 +563,8 @@ impl MemoryResource {
     ) -> Result<(), Option<Rejection>> {
         let params = &self.params;
         let mut generation = 0;
-        if let (Some(circuit), Some(p)) = (view.circuit, &params.circuit) {
-            match circuit.quick_admit(p, now) {
+        if let Some(circuit) = view.circuit {
+            match circuit.quick_admit(params.circuit.as_ref(), now) {
                 Ok(g) => generation = g,
                 Err(open) => {
                     return Err(
