@@ -152,7 +152,6 @@ impl Circuit {
     #[inline]
     pub(crate) fn quick_admit(
         &self,
-        params: Option<&BreakerParams>,
         now: &mut impl FnMut() -> u64,
     ) -> Result<u64, Option<Duration>> {
         let bits = self.load();
@@ -161,31 +160,18 @@ impl Circuit {
         if (PASS_KINDS >> (bits & KIND_MASK)) & 1 == 1 {
             return Ok((bits >> GENERATION_SHIFT) & GENERATION_MASK);
         }
-        Self::quick_refusal(params, bits, now)
+        Self::quick_refusal(bits, now)
     }
 
     /// [`quick_admit`](Self::quick_admit) of a circuit that does not pass:
-    /// an open circuit's refusal, when the rule refuses without a move.
+    /// the refusal of an open circuit whose cooldown is not over.
     #[inline(never)]
-    fn quick_refusal(
-        params: Option<&BreakerParams>,
-        bits: u64,
-        now: &mut impl FnMut() -> u64,
-    ) -> Result<u64, Option<Duration>> {
+    fn quick_refusal(bits: u64, now: &mut impl FnMut() -> u64) -> Result<u64, Option<Duration>> {
         let state = decode(bits);
-        let Some(params) = params.filter(|_| state.kind == Kind::Open) else {
+        if state.kind != Kind::Open {
             return Err(None);
-        };
-        match rules::admit(state, params, now()) {
-            (
-                CircuitAdmit {
-                    decision: Err(Some(left)),
-                    ..
-                },
-                None,
-            ) => Err(Some(left)),
-            _ => Err(None),
         }
+        Err(rules::open_refusal(state, now()))
     }
 
     /// Admits one call (closed: one atomic load).
@@ -868,7 +854,7 @@ mod lean_paths {
                 Op::Admit => {
                     let (expected, transition) = model.admit(at);
                     let mut clock = || now;
-                    let got = match c.quick_admit(Some(&p), &mut clock) {
+                    let got = match c.quick_admit(&mut clock) {
                         Ok(generation) => (Ok((generation, false)), None),
                         Err(Some(left)) => (Err(Some(left)), None),
                         Err(None) => {

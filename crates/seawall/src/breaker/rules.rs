@@ -211,9 +211,8 @@ pub(crate) fn admit(s: State, p: &BreakerParams, now_ns: u64) -> (Admit, Option<
     }
     match s.kind {
         Kind::Open => {
-            let until = s.open_until_ns();
-            if now_ns < until {
-                return (refuse(Some(Duration::from_nanos(until - now_ns))), None);
+            if let Some(left) = open_refusal(s, now_ns) {
+                return (refuse(Some(left)), None);
             }
             let next = s.next(Kind::HalfOpen, s.trips, probes_payload(1, 0));
             let admit = Admit {
@@ -239,6 +238,14 @@ pub(crate) fn admit(s: State, p: &BreakerParams, now_ns: u64) -> (Admit, Option<
         }
         _ => (refuse(None), None),
     }
+}
+
+/// An open circuit refuses until the end of its cooldown: the time left,
+/// `None` once it is over (the next admission half-opens it).
+#[inline]
+pub(crate) fn open_refusal(s: State, now_ns: u64) -> Option<Duration> {
+    let until = s.open_until_ns();
+    (now_ns < until).then(|| Duration::from_nanos(until - now_ns))
 }
 
 /// Giving back the probe slot of a half-open admission of `generation`

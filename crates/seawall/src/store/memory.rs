@@ -564,7 +564,7 @@ impl MemoryResource {
         let params = &self.params;
         let mut generation = 0;
         if let Some(circuit) = view.circuit {
-            match circuit.quick_admit(params.circuit.as_ref(), now) {
+            match circuit.quick_admit(now) {
                 Ok(g) => generation = g,
                 Err(open) => {
                     return Err(
