@@ -241,3 +241,102 @@ fn half_open_metrics_count_the_probes() {
     let m = metrics(t1);
     assert_eq!((m.state, m.calls, m.failures), (CircuitState::Closed, 0, 0));
 }
+
+/// The path users run: a pipeline on the memory store, sync and async, on
+/// virtual clocks starting at 0, at 10^6 s and an hour before the end of
+/// the clock's range. An open circuit refuses with the time left; a
+/// half-open circuit whose probe slot is taken refuses with the cooldown as
+/// the hint; a successful probe closes.
+fn pipeline_sees_the_breaker_rules(listener: bool) {
+    use seawall::testing::VirtualClock;
+    use seawall::{Pipeline, RejectionReason};
+
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    for start in [0, 1_000_000, u64::MAX / 1_000_000_000 - 3600] {
+        for run_async in [false, true] {
+            let clock = VirtualClock::new();
+            clock.advance(Duration::from_secs(start));
+            // A name of its own: the default store is shared by name.
+            let mut b = Pipeline::builder(format!("rules-{listener}-{start}-{run_async}"))
+                .circuit_breaker(
+                    CircuitBreaker::consecutive_failures(1).cooldown(Duration::from_secs(30)),
+                )
+                .clock(clock.clone());
+            if listener {
+                b = b.on_event(|_| {});
+            }
+            let p = b.build().unwrap();
+            let call = |ok: bool| -> Result<u32, seawall::Error<&'static str>> {
+                let result = move || if ok { Ok(1) } else { Err("boom") };
+                if run_async {
+                    rt.block_on(p.run(|_| async move { result() }))
+                } else {
+                    p.call(|_| result())
+                }
+            };
+            let what = format!("start {start} s, listener {listener}, async {run_async}");
+            assert_eq!(call(true).ok(), Some(1), "{what}");
+            clock.advance(Duration::from_secs(31));
+            assert!(call(false).is_err(), "{what}");
+            clock.advance(Duration::from_secs(29));
+            // Near the end of the range the cooldown's end is past what a
+            // store keeps: open until the latest instant.
+            let forever = start >= OPEN_FOREVER_MS / 1000 - 60;
+            let left = if forever {
+                Duration::from_nanos(u64::MAX) - clock.now()
+            } else {
+                Duration::from_secs(1)
+            };
+            let e = call(true).expect_err(&what);
+            let r = e
+                .rejection()
+                .copied()
+                .unwrap_or_else(|| panic!("{what}: {e}"));
+            assert_eq!(
+                (r.reason, r.retry_after),
+                (RejectionReason::CircuitOpen, Some(left)),
+                "{what}"
+            );
+            clock.advance(Duration::from_secs(1));
+            if forever {
+                assert!(call(true).is_err(), "{what}: still open");
+                continue;
+            }
+            // The probe holds the only slot: a call made meanwhile is refused.
+            let inside = std::cell::Cell::new(None);
+            let probe = p.call(|_| {
+                inside.set(Some(p.call(|_| Ok::<u32, &str>(2)).unwrap_err()));
+                Ok::<u32, &str>(3)
+            });
+            assert_eq!(probe.ok(), Some(3), "{what}");
+            let r = inside.take().and_then(|e| e.rejection().copied());
+            assert_eq!(
+                r.map(|r| r.retry_after),
+                Some(Some(Duration::from_secs(30))),
+                "{what}: a refusal while half-open hints the cooldown"
+            );
+            assert_eq!(
+                p.circuit_metrics().unwrap().state,
+                CircuitState::Closed,
+                "{what}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_pipeline_with_a_listener_sees_the_breaker_rules() {
+    pipeline_sees_the_breaker_rules(true);
+}
+
+/// Without a listener the lean first-attempt path stamps the record of a
+/// failure with the clock's origin instead of the attempt's time, so the
+/// cooldown of a trip is over at once (the call engine's defect, fixed in
+/// `pipeline/`); this test passes once that path records the real time.
+#[test]
+#[ignore = "the lean path stamps records at the clock's origin (call engine)"]
+fn a_pipeline_without_a_listener_sees_the_breaker_rules() {
+    pipeline_sees_the_breaker_rules(false);
+}
