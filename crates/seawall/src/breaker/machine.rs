@@ -831,6 +831,67 @@ mod tests {
     }
 }
 
+/// Races on one cell: each transition is reported exactly once.
+#[cfg(test)]
+mod races {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use super::*;
+    use crate::breaker::{CircuitBreaker, CircuitState};
+
+    const THREADS: usize = 8;
+
+    fn hammer(c: &Circuit, p: &BreakerParams, now: u64, outcome: Outcome) -> [u32; 2] {
+        let opened = AtomicU32::new(0);
+        let closed = AtomicU32::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..THREADS {
+                s.spawn(|| {
+                    for _ in 0..2_000 {
+                        let Ok((g, probe)) = c.admit(p, now).decision else {
+                            continue;
+                        };
+                        match c.record(p, g, probe, outcome, Duration::ZERO, now) {
+                            Some(CircuitTransition::Opened { .. }) => {
+                                opened.fetch_add(1, Ordering::Relaxed);
+                            }
+                            Some(CircuitTransition::Closed) => {
+                                closed.fetch_add(1, Ordering::Relaxed);
+                            }
+                            _ => {}
+                        }
+                    }
+                });
+            }
+        });
+        [opened.into_inner(), closed.into_inner()]
+    }
+
+    #[test]
+    fn racing_failures_trip_once_and_racing_probes_close_once() {
+        let hour = Duration::from_secs(3600);
+        for breaker in [
+            CircuitBreaker::consecutive_failures(5),
+            CircuitBreaker::failure_rate(0.5)
+                .count_window(20)
+                .minimum_calls(10),
+            CircuitBreaker::failure_rate(0.5)
+                .window(Duration::from_secs(10))
+                .minimum_calls(10),
+        ] {
+            let p = BreakerParams::new(&breaker.cooldown(hour).half_open_calls(4));
+            for _ in 0..20 {
+                let c = Circuit::new(&p);
+                assert_eq!(hammer(&c, &p, 0, Outcome::Failure), [1, 0], "{p:?}");
+                assert_eq!(c.metrics(&p, 0).state, CircuitState::Open);
+                let later = 3600 * NANOS_PER_SEC;
+                assert_eq!(hammer(&c, &p, later, Outcome::Success), [0, 1], "{p:?}");
+                assert_eq!(c.metrics(&p, later).state, CircuitState::Closed);
+            }
+        }
+    }
+}
+
 /// The cell's lean paths (`quick_admit`, `record_success`) against the
 /// reference model: what the pipeline's fast path runs.
 #[cfg(test)]
