@@ -7,17 +7,22 @@
 //! retry-after hint half of the time: the resource has no cooldown, so the
 //! hint changes nothing, but it sends the record through the full record
 //! script instead of the lean success script, and both must agree with the
-//! model.
+//! model. Each sequence runs on the blocking path and on the async path
+//! (where a silent success is queued without waiting for its answer).
 
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
-use seawall::breaker::{CircuitBreaker, CircuitState, CircuitTransition};
+use seawall::breaker::{
+    CircuitBreaker, CircuitControl, CircuitMetrics, CircuitState, CircuitTransition,
+};
 use seawall::model::breaker::{check, strategy, Op, OPEN_FOREVER_MS};
-use seawall::store::{AdmitRequest, Outcome, Record, ResourceSpec, ResourceState};
-use seawall::{PartitionKey, StateStore};
+use seawall::store::{
+    Admission, AdmitRequest, Outcome, Permit, Record, Recorded, ResourceSpec, ResourceState,
+};
+use seawall::{PartitionKey, StateStore, StoreError};
 use seawall_redis::RedisStore;
 
 use crate::support::{unique, RedisServer};
@@ -28,7 +33,7 @@ fn server() -> &'static RedisServer {
     SERVER.get_or_init(RedisServer::start)
 }
 
-fn bound(breaker: &CircuitBreaker) -> std::sync::Arc<dyn ResourceState> {
+fn bound(breaker: &CircuitBreaker) -> Arc<dyn ResourceState> {
     let store = RedisStore::builder(server().url())
         .prefix(unique("model"))
         .caller_clock()
@@ -43,12 +48,67 @@ fn bound(breaker: &CircuitBreaker) -> std::sync::Arc<dyn ResourceState> {
         .unwrap()
 }
 
+/// The async path of a bound resource (`admit_async`, `record_async` on a
+/// multi-thread runtime, where a silent success is queued and not waited
+/// for), seen through the blocking interface the model driver uses.
+struct AsyncPath {
+    inner: Arc<dyn ResourceState>,
+    rt: tokio::runtime::Runtime,
+}
+
+impl std::fmt::Debug for AsyncPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AsyncPath").finish_non_exhaustive()
+    }
+}
+
+impl ResourceState for AsyncPath {
+    fn admit(&self, request: &AdmitRequest<'_>) -> Result<Admission, StoreError> {
+        self.rt.block_on(self.inner.admit_async(*request))
+    }
+    fn record(&self, record: &Record<'_>) -> Result<Recorded, StoreError> {
+        self.rt.block_on(self.inner.record_async(*record))
+    }
+    fn release(&self, partition: Option<&PartitionKey>, permit: Permit) {
+        self.inner.release(partition, permit);
+    }
+    fn circuit_metrics(
+        &self,
+        partition: Option<&PartitionKey>,
+        now: Duration,
+    ) -> Result<CircuitMetrics, StoreError> {
+        self.inner.circuit_metrics(partition, now)
+    }
+    fn control_circuit(
+        &self,
+        partition: Option<&PartitionKey>,
+        control: CircuitControl,
+        now: Duration,
+    ) -> Result<Option<CircuitTransition>, StoreError> {
+        self.inner.control_circuit(partition, control, now)
+    }
+    fn in_flight(
+        &self,
+        partition: Option<&PartitionKey>,
+        now: Duration,
+    ) -> Result<u32, StoreError> {
+        self.inner.in_flight(partition, now)
+    }
+}
+
 fn agree(breaker: CircuitBreaker, partitioned: bool, start: Duration, ops: &[Op]) {
-    let state = bound(&breaker);
+    let sync = bound(&breaker);
     let key = PartitionKey::from("tenant");
     let key = partitioned.then_some(&key);
-    if let Err(e) = check(&*state, key, breaker, start, ops) {
-        panic!("{e}");
+    if let Err(e) = check(&*sync, key, breaker.clone(), start, ops) {
+        panic!("blocking path: {e}");
+    }
+    let path = AsyncPath {
+        inner: bound(&breaker),
+        rt: crate::support::rt(),
+    };
+    if let Err(e) = check(&path, key, breaker, start, ops) {
+        panic!("async path: {e}");
     }
 }
 
