@@ -53,8 +53,9 @@
 //! - **The server's clock decides** windows, leases and open periods (the
 //!   scripts read `TIME`), so processes on hosts with skewed clocks agree.
 //!   The `now` a pipeline passes is ignored, except with
-//!   [`TimeSource::Caller`], meant for single-process tests with a virtual
-//!   clock.
+//!   [`RedisStoreBuilder::caller_clock`] ([`TimeSource::Caller`]), meant for
+//!   single-process tests with a virtual clock and for comparing the store
+//!   with the reference models exactly.
 //! - **Keys** are `{prefix:resource}:suffix`, or
 //!   `{prefix:resource:s:key}:suffix` / `{prefix:resource:i:7}:suffix` for
 //!   a partition: one hash tag, so a resource's keys share a cluster slot.
@@ -72,8 +73,11 @@
 //!   ([`RedisStoreBuilder::probe_lease`]).
 //! - **Same semantics as the in-memory store**: the store passes the
 //!   contract suite `seawall::store::contract` both with the server's clock
-//!   and with a caller's clock (where every wait is checked exactly).
-//!   Resolutions: times are kept in microseconds.
+//!   and with a caller's clock (where every wait is checked exactly), and
+//!   its circuit agrees with the reference model `seawall::model::breaker`
+//!   on random sequences of calls, step by step. Resolutions: times are
+//!   kept in microseconds; the end of a circuit's cooldown in whole
+//!   milliseconds, rounded up, as in memory.
 //!
 //! # When Redis fails
 //! Every command has a timeout ([`RedisStoreBuilder::timeout`]; connecting

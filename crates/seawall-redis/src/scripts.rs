@@ -257,6 +257,12 @@ pub(crate) const BULKHEAD_FULL: i64 = 2;
 pub(crate) const COOLDOWN_ACTIVE: i64 = 3;
 pub(crate) const RATE_LIMITED: i64 = 4;
 
+/// `retry_after` codes of the admit script: the cooldown of the current
+/// trip (half-open, every probe slot taken), and "open until the latest
+/// instant".
+pub(crate) const RETRY_COOLDOWN: i64 = -2;
+pub(crate) const RETRY_FOREVER: i64 = -3;
+
 /// Transition codes.
 pub(crate) const HALF_OPENED: i64 = 1;
 pub(crate) const OPENED: i64 = 2;

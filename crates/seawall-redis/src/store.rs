@@ -357,11 +357,22 @@ impl Shared {
         inv
     }
 
-    fn admission(&self, reply: &[i64]) -> Result<Admission, StoreError> {
-        let &[reason, retry_us, probe, generation, slot, transition] = reply else {
+    fn admission(&self, reply: &[i64], now: Duration) -> Result<Admission, StoreError> {
+        let &[reason, retry_us, probe, generation, slot, transition, trips] = reply else {
             return Err(protocol("admit", reply));
         };
-        let retry_after = u64::try_from(retry_us).ok().map(Duration::from_micros);
+        let retry_after = match retry_us {
+            // Half-open with every probe slot taken: the cooldown of the
+            // current trip, as the in-memory store hints.
+            scripts::RETRY_COOLDOWN => self
+                .spec
+                .circuit
+                .as_ref()
+                .map(|c| c.cooldown_for_trip(u32::try_from(trips).unwrap_or(u32::MAX))),
+            // Open until the latest instant of the clock.
+            scripts::RETRY_FOREVER => Some(Duration::from_nanos(u64::MAX).saturating_sub(now)),
+            us => u64::try_from(us).ok().map(Duration::from_micros),
+        };
         let reason = match reason {
             scripts::ADMITTED => None,
             scripts::CIRCUIT_OPEN => Some(RejectionReason::CircuitOpen),
@@ -477,7 +488,7 @@ impl ResourceState for RedisResource {
         let s = &*self.shared;
         let inv = s.admit_invocation(request);
         match s.link.invoke_sync::<Vec<i64>>(&inv) {
-            Ok(reply) => s.admission(&reply),
+            Ok(reply) => s.admission(&reply, request.now),
             Err(e) => s.admit_degraded(request, e),
         }
     }
@@ -491,7 +502,7 @@ impl ResourceState for RedisResource {
             let s = &*self.shared;
             let inv = s.admit_invocation(&request);
             match s.link.invoke_async::<Vec<i64>>(&inv).await {
-                Ok(reply) => s.admission(&reply),
+                Ok(reply) => s.admission(&reply, request.now),
                 Err(e) => s.admit_degraded(&request, e),
             }
         })

@@ -45,6 +45,8 @@
 //!   (`seawall::tower`).
 //! - `reqwest` (with `http`): `client.get(url).send_through(&pipeline)`
 //!   (`seawall::reqwest`).
+//! - `test-util`: the reference models of the stateful policies
+//!   (`seawall::model`), to check a store against them.
 //! - `full`: all of the above.
 //!
 //! # Order of policies
@@ -71,6 +73,8 @@ pub mod fallback;
 pub mod http;
 #[cfg(feature = "metrics")]
 pub mod metrics;
+#[cfg(any(test, feature = "test-util"))]
+pub mod model;
 pub mod pipeline;
 pub mod rate_limit;
 #[cfg(feature = "reqwest")]

@@ -1,7 +1,9 @@
 -- Admits one attempt through circuit, bulkhead, cooldown and rate limit, in
 -- that order, all or nothing: every check runs first, then the permits are
 -- taken together, so a later refusal never leaves a probe or a slot taken.
--- Reply: {reason, retry_after_us (-1: none), probe, generation, slot (-1: none), transition}
+-- Reply: {reason, retry_after_us, probe, generation, slot (-1: none), transition, trips}
+-- retry_after_us: -1 none, -2 the cooldown of the current trip (half-open,
+-- every probe slot taken), -3 until the latest instant
 -- reason: 0 admitted, 1 circuit_open, 2 bulkhead_full, 3 cooldown_active, 4 rate_limited
 -- transition: 0 none, 1 half-opened
 
@@ -11,7 +13,7 @@ local h, moved
 
 if HAS_C or HAS_CD then
   if HAS_C then
-    h = hload({'st', 'gen', 'ou', 'pr', 'pok', 'pt', 'cu'})
+    h = hload({'st', 'gen', 'trips', 'ou', 'pr', 'pok', 'pt', 'cu'})
   else
     h = hload({'cu'})
   end
@@ -21,13 +23,18 @@ if HAS_C then
   if h.st == ISOLATED then
     reason = 1
   elseif h.st == OPEN then
-    if tnow() >= h.ou then
+    if h.ou ~= FOREVER and tnow() >= h.ou then
+      -- Half-open starts its own counts.
       h.st = HALF_OPEN
       h.gen = h.gen + 1
       h.since = now
       h.pr, h.pok = 0, 0
+      cclear(h)
       tr = 1
       moved = true
+    elseif h.ou == FOREVER then
+      reason = 1
+      retry = -3
     else
       reason = 1
       retry = h.ou - now
@@ -41,7 +48,12 @@ if HAS_C then
       h.pr, h.pok = 0, 0
       moved = true
     end
-    if h.pr < HOC then probe = 1 else reason = 1 end
+    if h.pr < HOC then
+      probe = 1
+    else
+      reason = 1
+      retry = -2
+    end
   end
   if h.st == ISOLATED or h.st == DISABLED then
     -- Forced states live while calls come.
@@ -131,10 +143,12 @@ end
 
 if moved then
   if tr == 1 then
-    hsave(h, {'st', 'gen', 'since', 'pr', 'pok', 'pt'})
+    hsave(h, {'st', 'gen', 'since', 'pr', 'pok', 'pt', 'cf', 'nc', 'nf', 'ns', 'nh', 'tc', 'tf', 'ts'})
   else
     hsave(h, {'gen', 'pr', 'pok', 'pt'})
   end
 end
 if retry > 0 then retry = math.ceil(retry) end
-return {reason, retry, probe, gen, slot, tr}
+local trips = 0
+if HAS_C then trips = h.trips end
+return {reason, retry, probe, gen, slot, tr, trips}

@@ -6,7 +6,10 @@ local h = hload()
 tnow()
 local since = tonumber(redis.call('HGET', KH, 'since')) or since0
 local calls, fails, slows = 0, 0, 0
-if MODE == 1 then
+if h.st == HALF_OPEN then
+  -- The probes' own counts: a failed or slow probe trips at once.
+  calls = h.pok
+elseif MODE == 1 then
   -- Consecutive mode: the failures in a row of a closed circuit.
   if h.st == CLOSED then calls, fails = h.cf, h.cf end
 elseif MODE == 2 then

@@ -59,6 +59,12 @@ local D = 27
 -- Circuit states.
 local CLOSED, OPEN, HALF_OPEN, ISOLATED, DISABLED = 0, 1, 2, 3, 4
 
+-- The end of an open period that is kept as "until the latest instant":
+-- an end at or after 2^42 - 1 ms (the in-memory store's limit) never
+-- shortens the cooldown. Above every caller's clock (at most 2^64 ns).
+local FOREVER = 2 ^ 62
+local FOREVER_FROM_MS = 4398046511103
+
 -- Integers sent back to Redis (TTLs, slot ids, bucket names) are
 -- formatted explicitly: a Lua number may otherwise reach Redis as
 -- `1e+08`, which is not an integer to PEXPIRE nor the same member to ZREM.
@@ -88,7 +94,10 @@ end
 -- open period, at least a time window, at least the cooldown plus grace.
 local function httl(h)
   local ttl = IDLE
-  if h.st == OPEN and h.ou > tnow() then ttl = ttl + (h.ou - now) end
+  if h.st == OPEN and h.ou > tnow() then
+    -- Open until the latest instant: kept for a year past the idle time.
+    if h.ou == FOREVER then ttl = ttl + 31536000000000 else ttl = ttl + (h.ou - now) end
+  end
   if MODE == 3 and tonumber(A[4]) * 1000000 > ttl then ttl = tonumber(A[4]) * 1000000 end
   if HAS_CD and (h.cu or 0) > 0 then
     local c = h.cu - tnow() + CD_GRACE
@@ -121,8 +130,19 @@ local function cooldown_for(trips)
   return math.floor(cd)
 end
 
+-- The end of a cooldown of `cd` from `t`, in whole milliseconds rounded up
+-- (as the in-memory store keeps it), or FOREVER.
+local function open_until(t, cd)
+  local e = t + cd
+  local r = math.fmod(e, 1000)
+  if r > 0 then e = e - r + 1000 end
+  if e / 1000 >= FOREVER_FROM_MS then return FOREVER end
+  return e
+end
+
 -- Closed or half-open to open. Trips saturate at 63 like the in-memory
--- store's. The window is kept (for metrics) until the circuit closes.
+-- store's. The window that opened it is kept (for metrics) until the
+-- circuit half-opens.
 local function copen(h)
   if h.st == HALF_OPEN then h.trips = h.trips + 1 else h.trips = 1 end
   if h.trips > 63 then h.trips = 63 end
@@ -130,7 +150,14 @@ local function copen(h)
   h.gen = h.gen + 1
   h.since = tnow()
   h.pr, h.pok, h.cf = 0, 0, 0
-  h.ou = now + cooldown_for(h.trips)
+  h.ou = open_until(now, cooldown_for(h.trips))
+end
+
+-- An empty window (and no failure in a row): on half-opening and closing.
+local function cclear(h)
+  h.cf = 0
+  h.nc, h.nf, h.ns, h.nh, h.tc, h.tf, h.ts = 0, 0, 0, 0, 0, 0, 0
+  redis.call('DEL', KCW, KTW, KTZ)
 end
 
 -- Back to closed with an empty window and no trip history.
@@ -138,7 +165,6 @@ local function cclose(h)
   h.st = CLOSED
   h.gen = h.gen + 1
   h.since = tnow()
-  h.pr, h.pok, h.trips, h.ou, h.cf = 0, 0, 0, 0, 0
-  h.nc, h.nf, h.ns, h.nh, h.tc, h.tf, h.ts = 0, 0, 0, 0, 0, 0, 0
-  redis.call('DEL', KCW, KTW, KTZ)
+  h.pr, h.pok, h.trips, h.ou = 0, 0, 0, 0
+  cclear(h)
 end

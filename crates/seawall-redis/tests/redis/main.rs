@@ -5,6 +5,7 @@
 //! use short real durations (at most a few seconds) and check bounds.
 
 mod bad_input;
+mod breaker_model;
 mod contract;
 mod cross_process;
 mod outage;

@@ -1,24 +1,22 @@
-//! Lock-free circuit state machine used by the memory store.
+//! The memory store's circuit cell: a thin lock-free wrapper around the
+//! rules of [`rules`](super::rules).
 //!
-//! The whole state of a circuit lives in one `AtomicU64`, so that every
-//! transition is a single compare-and-swap and a closed circuit admits a call
-//! with one atomic load:
+//! The state of a circuit ([`State`]) lives packed in one `AtomicU64`:
+//! every operation loads the word, decodes it, applies the rule and writes
+//! the rule's next state with one compare-and-swap, retrying when another
+//! thread moved first. A closed circuit admits a call with one atomic load.
 //!
 //! ```text
 //! bits  0..3   kind        closed | open | half-open | isolated | disabled
 //! bits  3..9   trips       trips since the circuit last closed (saturates at 63)
 //! bits  9..22  generation  +1 on every transition (wraps at 2^13)
-//! bits 22..64  payload     closed (consecutive mode): failures in a row
-//!                          open: end of the cooldown, in whole milliseconds
-//!                                (rounded up, saturating at 2^42 - 1 ms)
-//!                          half-open: probes admitted (bits 0..21) and
-//!                                     probes succeeded (bits 21..42)
+//! bits 22..64  payload     see `rules::State`
 //! ```
 //!
 //! Window modes keep their window beside the word: a lock-free ring of the
 //! last N outcomes (count window) or one tagged counter per second and
 //! measure (time window). The window is written only while the circuit is
-//! closed and is cleared when it closes again.
+//! closed, and is cleared when the circuit half-opens or closes.
 //!
 //! The parameters ([`BreakerParams`]) are kept apart from the state so that a
 //! partitioned resource pays for them once, not once per key.
@@ -26,165 +24,46 @@
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::time::Duration;
 
-use super::{
-    BreakerMode, CircuitBreaker, CircuitControl, CircuitMetrics, CircuitState, CircuitTransition,
-};
-use crate::clock::duration_nanos;
+use super::rules::{self, Kind, Record, State, Verdict, GENERATION_MASK, PASS_KINDS};
+pub(crate) use super::rules::{Admit as CircuitAdmit, BreakerParams};
+use super::{BreakerMode, CircuitControl, CircuitMetrics, CircuitTransition};
 use crate::store::Outcome;
 
-const NANOS_PER_MS: u64 = 1_000_000;
 const NANOS_PER_SEC: u64 = 1_000_000_000;
 
 const KIND_MASK: u64 = 0b111;
 const TRIPS_SHIFT: u32 = 3;
 const TRIPS_MASK: u64 = (1 << 6) - 1;
 const GENERATION_SHIFT: u32 = 9;
-/// Generations are counted modulo 2^13; a permit carries the masked value.
-pub(crate) const GENERATION_MASK: u64 = (1 << 13) - 1;
 const PAYLOAD_SHIFT: u32 = 22;
 const PAYLOAD_MASK: u64 = (1 << 42) - 1;
-const PROBE_BITS: u32 = 21;
-const PROBE_MASK: u64 = (1 << PROBE_BITS) - 1;
 
-/// Trips saturate here (cooldown growth stops growing past it).
-pub(crate) const MAX_TRIPS: u32 = TRIPS_MASK as u32;
-/// The latest representable end of an open cooldown, in milliseconds.
-pub(crate) const MAX_OPEN_UNTIL_MS: u64 = PAYLOAD_MASK;
-/// `half_open_calls` is clamped to this (the probe counters have 21 bits).
-pub(crate) const MAX_HALF_OPEN_CALLS: u32 = PROBE_MASK as u32;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    Closed = 0,
-    Open = 1,
-    HalfOpen = 2,
-    Isolated = 3,
-    Disabled = 4,
-}
-
-impl Kind {
-    fn from_bits(bits: u64) -> Kind {
-        match bits & KIND_MASK {
-            0 => Kind::Closed,
-            1 => Kind::Open,
-            2 => Kind::HalfOpen,
-            3 => Kind::Isolated,
-            _ => Kind::Disabled,
-        }
-    }
-
-    fn state(self) -> CircuitState {
-        match self {
-            Kind::Closed => CircuitState::Closed,
-            Kind::Open => CircuitState::Open,
-            Kind::HalfOpen => CircuitState::HalfOpen,
-            Kind::Isolated => CircuitState::Isolated,
-            Kind::Disabled => CircuitState::Disabled,
-        }
+fn kind_of(bits: u64) -> Kind {
+    match bits & KIND_MASK {
+        0 => Kind::Closed,
+        1 => Kind::Open,
+        2 => Kind::HalfOpen,
+        3 => Kind::Isolated,
+        _ => Kind::Disabled,
     }
 }
 
-/// The unpacked state word.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Word {
-    kind: Kind,
-    trips: u32,
-    generation: u64,
-    payload: u64,
-}
-
-impl Word {
-    fn unpack(bits: u64) -> Word {
-        Word {
-            kind: Kind::from_bits(bits),
-            trips: ((bits >> TRIPS_SHIFT) & TRIPS_MASK) as u32,
-            generation: (bits >> GENERATION_SHIFT) & GENERATION_MASK,
-            payload: (bits >> PAYLOAD_SHIFT) & PAYLOAD_MASK,
-        }
-    }
-
-    fn pack(self) -> u64 {
-        (self.kind as u64)
-            | ((u64::from(self.trips.min(MAX_TRIPS))) << TRIPS_SHIFT)
-            | ((self.generation & GENERATION_MASK) << GENERATION_SHIFT)
-            | ((self.payload & PAYLOAD_MASK) << PAYLOAD_SHIFT)
-    }
-
-    /// The word after a transition to `kind`: next generation.
-    fn next(self, kind: Kind, trips: u32, payload: u64) -> Word {
-        Word {
-            kind,
-            trips: trips.min(MAX_TRIPS),
-            generation: (self.generation + 1) & GENERATION_MASK,
-            payload,
-        }
-    }
-
-    fn probes(self) -> (u32, u32) {
-        (
-            (self.payload & PROBE_MASK) as u32,
-            ((self.payload >> PROBE_BITS) & PROBE_MASK) as u32,
-        )
+#[inline]
+fn decode(bits: u64) -> State {
+    State {
+        kind: kind_of(bits),
+        trips: ((bits >> TRIPS_SHIFT) & TRIPS_MASK) as u32,
+        generation: (bits >> GENERATION_SHIFT) & GENERATION_MASK,
+        payload: (bits >> PAYLOAD_SHIFT) & PAYLOAD_MASK,
     }
 }
 
-fn probes_payload(admitted: u32, succeeded: u32) -> u64 {
-    (u64::from(admitted) & PROBE_MASK) | ((u64::from(succeeded) & PROBE_MASK) << PROBE_BITS)
-}
-
-/// The end of a cooldown starting at `now_ns`, in whole milliseconds rounded
-/// up (a circuit never half-opens before its cooldown is over).
-pub(crate) fn open_until_ms(now_ns: u64, cooldown: Duration) -> u64 {
-    let end = now_ns.saturating_add(duration_nanos(cooldown));
-    end.div_ceil(NANOS_PER_MS).min(MAX_OPEN_UNTIL_MS)
-}
-
-/// A circuit breaker configuration, prepared for the state machine.
-#[derive(Debug, Clone)]
-pub(crate) struct BreakerParams {
-    spec: CircuitBreaker,
-    half_open_calls: u32,
-    slow_call_ns: Option<u64>,
-}
-
-impl BreakerParams {
-    pub(crate) fn new(spec: &CircuitBreaker) -> Self {
-        BreakerParams {
-            spec: spec.clone(),
-            half_open_calls: spec.half_open_calls.clamp(1, MAX_HALF_OPEN_CALLS),
-            slow_call_ns: spec
-                .slow_call_rate
-                .map(|_| duration_nanos(spec.slow_call_duration)),
-        }
-    }
-
-    #[inline]
-    fn is_slow(&self, duration: Duration) -> bool {
-        self.slow_call_ns
-            .is_some_and(|slow| duration_nanos(duration) >= slow)
-    }
-
-    /// The rates of a window decide to open.
-    fn should_trip(&self, calls: u64, failures: u64, slow: u64, minimum_calls: u64) -> bool {
-        if calls == 0 || calls < minimum_calls {
-            return false;
-        }
-        let calls = calls as f64;
-        failures as f64 / calls >= self.spec.failure_rate
-            || self
-                .spec
-                .slow_call_rate
-                .is_some_and(|threshold| slow as f64 / calls >= threshold)
-    }
-}
-
-/// What the circuit answers to an admission.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct CircuitAdmit {
-    /// `Ok((generation, probe))`, or the retry-after of the rejection.
-    pub(crate) decision: Result<(u64, bool), Option<Duration>>,
-    /// Open to half-open, when this admission caused it.
-    pub(crate) transition: Option<CircuitTransition>,
+#[inline]
+fn encode(s: State) -> u64 {
+    (s.kind as u64)
+        | ((u64::from(s.trips) & TRIPS_MASK) << TRIPS_SHIFT)
+        | ((s.generation & GENERATION_MASK) << GENERATION_SHIFT)
+        | ((s.payload & PAYLOAD_MASK) << PAYLOAD_SHIFT)
 }
 
 /// One circuit: the state word, the time of the last transition and, in
@@ -209,7 +88,7 @@ impl Circuit {
             )))),
         };
         Circuit {
-            state: AtomicU64::new(0),
+            state: AtomicU64::new(encode(State::CLOSED)),
             since: AtomicU64::new(0),
             window,
         }
@@ -218,7 +97,7 @@ impl Circuit {
     /// A circuit for a resource without a breaker: never used, no window.
     pub(crate) fn unused() -> Self {
         Circuit {
-            state: AtomicU64::new(0),
+            state: AtomicU64::new(encode(State::CLOSED)),
             since: AtomicU64::new(0),
             window: None,
         }
@@ -229,139 +108,89 @@ impl Circuit {
         self.state.load(Ordering::Acquire)
     }
 
-    fn cas(&self, current: u64, next: Word) -> Result<(), u64> {
+    /// Writes the rule's `next` over the exact word `current` and, on a
+    /// transition, restarts the time in state and the counts the new state
+    /// starts with. `Err` with the word found otherwise.
+    #[inline]
+    fn replace(&self, current: u64, next: State, now_ns: u64) -> Result<(), u64> {
         self.state
-            .compare_exchange(current, next.pack(), Ordering::AcqRel, Ordering::Acquire)
-            .map(|_| ())
+            .compare_exchange(current, encode(next), Ordering::AcqRel, Ordering::Acquire)?;
+        let prev = decode(current);
+        if prev.moved_to(next) {
+            self.since.store(now_ns, Ordering::Relaxed);
+            if prev.starts_counts(next) {
+                if let Some(window) = &self.window {
+                    window.clear();
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies `rule` to the state until its next state is written (or it
+    /// has none); returns the rule's answer.
+    #[inline]
+    fn apply<T>(&self, now_ns: u64, mut rule: impl FnMut(State) -> (T, Option<State>)) -> T {
+        let mut current = self.load();
+        loop {
+            let (answer, next) = rule(decode(current));
+            let Some(next) = next else {
+                return answer;
+            };
+            match self.replace(current, next, now_ns) {
+                Ok(()) => return answer,
+                Err(actual) => current = actual,
+            }
+        }
     }
 
     /// The generation of a closed or disabled circuit, which admits every
-    /// call and changes nothing when it does. `Err(Some(left))` while open
-    /// with `left` of the cooldown to go (the time is read only then),
-    /// `Err(None)` otherwise.
+    /// call and changes nothing when it does (one atomic load).
+    /// `Err(Some(left))` while open with `left` of the cooldown to go (the
+    /// time is read only then), `Err(None)` otherwise: the caller then asks
+    /// [`admit`](Self::admit).
     #[inline]
     pub(crate) fn quick_admit(
         &self,
         now: &mut impl FnMut() -> u64,
     ) -> Result<u64, Option<Duration>> {
         let bits = self.load();
-        // Closed or disabled, the common case, straight from the bits (a
-        // bit test: no jump table on the hot path).
-        const PASS: u64 = (1 << Kind::Closed as u64) | (1 << Kind::Disabled as u64);
-        if (PASS >> (bits & KIND_MASK)) & 1 == 1 {
+        // The kinds that pass, straight from the bits (a bit test: no jump
+        // table on the hot path).
+        if (PASS_KINDS >> (bits & KIND_MASK)) & 1 == 1 {
             return Ok((bits >> GENERATION_SHIFT) & GENERATION_MASK);
         }
         Self::quick_refusal(bits, now)
     }
 
-    /// [`quick_admit`](Self::quick_admit) of a circuit that is not closed.
+    /// [`quick_admit`](Self::quick_admit) of a circuit that does not pass:
+    /// the refusal of an open circuit whose cooldown is not over.
     #[inline(never)]
     fn quick_refusal(bits: u64, now: &mut impl FnMut() -> u64) -> Result<u64, Option<Duration>> {
-        let word = Word::unpack(bits);
-        match word.kind {
-            Kind::Closed | Kind::Disabled => Ok(word.generation),
-            Kind::Open => {
-                let until_ns = word.payload.saturating_mul(NANOS_PER_MS);
-                let now_ns = now();
-                if now_ns < until_ns {
-                    Err(Some(Duration::from_nanos(until_ns - now_ns)))
-                } else {
-                    Err(None)
-                }
-            }
-            Kind::HalfOpen | Kind::Isolated => Err(None),
+        let state = decode(bits);
+        if state.kind != Kind::Open {
+            return Err(None);
         }
+        Err(rules::open_refusal(state, now()))
     }
 
     /// Admits one call (closed: one atomic load).
     #[inline]
     pub(crate) fn admit(&self, params: &BreakerParams, now_ns: u64) -> CircuitAdmit {
-        let mut current = self.load();
-        loop {
-            let word = Word::unpack(current);
-            match word.kind {
-                Kind::Closed | Kind::Disabled => {
-                    return CircuitAdmit {
-                        decision: Ok((word.generation, false)),
-                        transition: None,
-                    }
-                }
-                Kind::Isolated => {
-                    return CircuitAdmit {
-                        decision: Err(None),
-                        transition: None,
-                    }
-                }
-                Kind::Open => {
-                    let until_ns = word.payload.saturating_mul(NANOS_PER_MS);
-                    if now_ns < until_ns {
-                        return CircuitAdmit {
-                            decision: Err(Some(Duration::from_nanos(until_ns - now_ns))),
-                            transition: None,
-                        };
-                    }
-                    let next = word.next(Kind::HalfOpen, word.trips, probes_payload(1, 0));
-                    match self.cas(current, next) {
-                        Ok(()) => {
-                            self.since.store(now_ns, Ordering::Relaxed);
-                            return CircuitAdmit {
-                                decision: Ok((next.generation, true)),
-                                transition: Some(CircuitTransition::HalfOpened),
-                            };
-                        }
-                        Err(actual) => current = actual,
-                    }
-                }
-                Kind::HalfOpen => {
-                    let (admitted, succeeded) = word.probes();
-                    if admitted >= params.half_open_calls {
-                        return CircuitAdmit {
-                            decision: Err(None),
-                            transition: None,
-                        };
-                    }
-                    let next = Word {
-                        payload: probes_payload(admitted + 1, succeeded),
-                        ..word
-                    };
-                    match self.cas(current, next) {
-                        Ok(()) => {
-                            return CircuitAdmit {
-                                decision: Ok((word.generation, true)),
-                                transition: None,
-                            }
-                        }
-                        Err(actual) => current = actual,
-                    }
-                }
-            }
-        }
+        self.apply(now_ns, |s| rules::admit(s, params, now_ns))
     }
 
     /// Gives back the probe slot of a half-open admission of `generation`.
     pub(crate) fn release_probe(&self, generation: u64) {
-        let mut current = self.load();
-        loop {
-            let word = Word::unpack(current);
-            let (admitted, succeeded) = word.probes();
-            if word.kind != Kind::HalfOpen || word.generation != generation || admitted == 0 {
-                return;
-            }
-            let next = Word {
-                payload: probes_payload(admitted - 1, succeeded),
-                ..word
-            };
-            match self.cas(current, next) {
-                Ok(()) => return,
-                Err(actual) => current = actual,
-            }
-        }
+        self.apply(0, |s| ((), rules::release_probe(s, generation)));
     }
 
     /// [`record`](Self::record) of a success that is not a probe, with the
-    /// common cases that change nothing answered inline: a disabled circuit,
-    /// a closed consecutive-mode circuit with no failure in a row, a full
-    /// count window holding only fast successes.
+    /// common cases that change nothing answered from one load: a disabled
+    /// circuit, a closed consecutive-mode circuit with no failure in a row,
+    /// a full count window holding only fast successes (the record rule
+    /// moves nothing there, and such a window is unchanged by one more fast
+    /// success).
     #[inline]
     pub(crate) fn record_success(
         &self,
@@ -375,9 +204,6 @@ impl Circuit {
         if kind == Kind::Disabled as u64 {
             return None;
         }
-        // Closed in the admitting generation, a fast call: nothing changes
-        // when no failure is counted in a row (consecutive mode) or the
-        // count window holds only fast successes.
         let closed_in_generation =
             (Kind::Closed as u64) | ((generation & GENERATION_MASK) << GENERATION_SHIFT);
         let same = bits & (KIND_MASK | (GENERATION_MASK << GENERATION_SHIFT));
@@ -412,165 +238,35 @@ impl Circuit {
         duration: Duration,
         now_ns: u64,
     ) -> Option<CircuitTransition> {
-        let current = self.load();
-        let word = Word::unpack(current);
-        if word.generation != generation & GENERATION_MASK {
-            return None;
-        }
-        let failure = match outcome {
-            Outcome::Ignored => {
-                if probe {
-                    self.release_probe(word.generation);
-                }
-                return None;
-            }
-            Outcome::Success => false,
-            Outcome::Failure => true,
-        };
-        let slow = params.is_slow(duration);
-        match word.kind {
-            Kind::Closed => match (&params.spec.mode, self.window.as_deref()) {
-                (BreakerMode::ConsecutiveFailures(limit), _) => {
-                    self.record_consecutive(params, current, failure, *limit, now_ns)
-                }
-                (_, Some(window)) => {
+        let verdict = Verdict::of(params, outcome, duration);
+        let mut current = self.load();
+        loop {
+            let state = decode(current);
+            match rules::record(state, params, generation, probe, verdict, now_ns) {
+                Record::Nothing => return None,
+                Record::Move { next, transition } => match self.replace(current, next, now_ns) {
+                    Ok(()) => return transition,
+                    Err(actual) => current = actual,
+                },
+                Record::Window {
+                    failure,
+                    slow,
+                    judge,
+                } => {
+                    let window = self.window.as_deref()?;
                     window.record(failure, slow, now_ns);
-                    if !(failure || slow) {
+                    if !judge || !rules::window_trips(params, window.snapshot(now_ns)) {
                         return None;
                     }
-                    let (calls, failures, slow_calls) = window.snapshot(now_ns);
-                    let minimum = match params.spec.mode {
-                        BreakerMode::CountWindow(n) => params.spec.minimum_calls.min(n),
-                        _ => params.spec.minimum_calls,
-                    };
-                    if params.should_trip(calls, failures, slow_calls, u64::from(minimum)) {
-                        self.trip(params, current, 1, now_ns)
-                    } else {
-                        None
-                    }
-                }
-                (_, None) => None,
-            },
-            Kind::HalfOpen => self.record_probe(params, current, failure || slow, now_ns),
-            Kind::Open | Kind::Isolated | Kind::Disabled => None,
-        }
-    }
-
-    fn record_consecutive(
-        &self,
-        params: &BreakerParams,
-        mut current: u64,
-        failure: bool,
-        limit: u32,
-        now_ns: u64,
-    ) -> Option<CircuitTransition> {
-        let generation = Word::unpack(current).generation;
-        loop {
-            let word = Word::unpack(current);
-            if word.kind != Kind::Closed || word.generation != generation {
-                return None;
-            }
-            if !failure {
-                // The common case: nothing to reset, nothing written.
-                if word.payload == 0 {
-                    return None;
-                }
-                match self.cas(current, Word { payload: 0, ..word }) {
-                    Ok(()) => return None,
-                    Err(actual) => {
-                        current = actual;
-                        continue;
-                    }
+                    // Opens from the state the call was judged in; when it
+                    // moved meanwhile, another call decided.
+                    let (next, transition) = rules::trip(state, params, now_ns);
+                    return self
+                        .replace(current, next, now_ns)
+                        .ok()
+                        .map(|()| transition);
                 }
             }
-            let in_a_row = word.payload.saturating_add(1);
-            if in_a_row >= u64::from(limit) {
-                match self.trip(params, current, 1, now_ns) {
-                    Some(t) => return Some(t),
-                    None => current = self.load(),
-                }
-            } else {
-                match self.cas(
-                    current,
-                    Word {
-                        payload: in_a_row,
-                        ..word
-                    },
-                ) {
-                    Ok(()) => return None,
-                    Err(actual) => current = actual,
-                }
-            }
-        }
-    }
-
-    fn record_probe(
-        &self,
-        params: &BreakerParams,
-        mut current: u64,
-        bad: bool,
-        now_ns: u64,
-    ) -> Option<CircuitTransition> {
-        let generation = Word::unpack(current).generation;
-        loop {
-            let word = Word::unpack(current);
-            if word.kind != Kind::HalfOpen || word.generation != generation {
-                return None;
-            }
-            if bad {
-                match self.trip(params, current, word.trips.saturating_add(1), now_ns) {
-                    Some(t) => return Some(t),
-                    None => {
-                        current = self.load();
-                        continue;
-                    }
-                }
-            }
-            let (admitted, succeeded) = word.probes();
-            let succeeded = succeeded + 1;
-            if succeeded >= params.half_open_calls {
-                let next = word.next(Kind::Closed, 0, 0);
-                match self.cas(current, next) {
-                    Ok(()) => {
-                        self.since.store(now_ns, Ordering::Relaxed);
-                        self.clear_window();
-                        return Some(CircuitTransition::Closed);
-                    }
-                    Err(actual) => current = actual,
-                }
-            } else {
-                let next = Word {
-                    payload: probes_payload(admitted, succeeded),
-                    ..word
-                };
-                match self.cas(current, next) {
-                    Ok(()) => return None,
-                    Err(actual) => current = actual,
-                }
-            }
-        }
-    }
-
-    /// Opens the circuit from the exact state word `current`; `None` when
-    /// the word changed in the meantime.
-    fn trip(
-        &self,
-        params: &BreakerParams,
-        current: u64,
-        trips: u32,
-        now_ns: u64,
-    ) -> Option<CircuitTransition> {
-        let trips = trips.min(MAX_TRIPS);
-        let cooldown = params.spec.cooldown_for_trip(trips);
-        let next = Word::unpack(current).next(Kind::Open, trips, open_until_ms(now_ns, cooldown));
-        self.cas(current, next).ok()?;
-        self.since.store(now_ns, Ordering::Relaxed);
-        Some(CircuitTransition::Opened { cooldown })
-    }
-
-    fn clear_window(&self) {
-        if let Some(window) = &self.window {
-            window.clear();
         }
     }
 
@@ -580,62 +276,17 @@ impl Circuit {
         control: CircuitControl,
         now_ns: u64,
     ) -> Option<CircuitTransition> {
-        let mut current = self.load();
-        loop {
-            let word = Word::unpack(current);
-            let (next, transition) = match control {
-                CircuitControl::Isolate => {
-                    if word.kind == Kind::Isolated {
-                        return None;
-                    }
-                    (
-                        word.next(Kind::Isolated, word.trips, 0),
-                        Some(CircuitTransition::Opened {
-                            cooldown: Duration::MAX,
-                        }),
-                    )
-                }
-                CircuitControl::ForceClose => {
-                    if word.kind == Kind::Disabled {
-                        return None;
-                    }
-                    (
-                        word.next(Kind::Disabled, word.trips, 0),
-                        Some(CircuitTransition::Closed),
-                    )
-                }
-                CircuitControl::Reset => (
-                    word.next(Kind::Closed, 0, 0),
-                    (word.kind != Kind::Closed).then_some(CircuitTransition::Closed),
-                ),
-            };
-            match self.cas(current, next) {
-                Ok(()) => {
-                    self.since.store(now_ns, Ordering::Relaxed);
-                    if next.kind == Kind::Closed {
-                        self.clear_window();
-                    }
-                    return transition;
-                }
-                Err(actual) => current = actual,
-            }
-        }
+        self.apply(now_ns, |s| match rules::control(s, control) {
+            Some((next, transition)) => (transition, Some(next)),
+            None => (None, None),
+        })
     }
 
-    /// State, window and trips.
+    /// State, counts and trips.
     pub(crate) fn metrics(&self, params: &BreakerParams, now_ns: u64) -> CircuitMetrics {
-        let word = Word::unpack(self.load());
-        let (calls, failures, slow_calls) = match (&params.spec.mode, self.window.as_deref()) {
-            (BreakerMode::ConsecutiveFailures(_), _) | (_, None) => {
-                let in_a_row = if word.kind == Kind::Closed {
-                    word.payload
-                } else {
-                    0
-                };
-                (in_a_row, in_a_row, 0)
-            }
-            (_, Some(window)) => window.snapshot(now_ns),
-        };
+        let state = decode(self.load());
+        let window = self.window.as_deref().map(|w| w.snapshot(now_ns));
+        let (calls, failures, slow_calls) = rules::counts(state, params, window);
         let rate = |n: u64| {
             if calls == 0 {
                 0.0
@@ -645,14 +296,14 @@ impl Circuit {
         };
         let since = self.since.load(Ordering::Relaxed);
         CircuitMetrics {
-            state: word.kind.state(),
+            state: state.kind.state(),
             calls,
             failures,
             slow_calls,
             failure_rate: rate(failures),
             slow_call_rate: rate(slow_calls),
             time_in_state: Duration::from_nanos(now_ns.saturating_sub(since)),
-            trips: word.trips,
+            trips: state.trips,
         }
     }
 
@@ -660,7 +311,7 @@ impl Circuit {
     /// partition: closed (a partial window may be lost), not open,
     /// half-open or under manual control.
     pub(crate) fn is_idle(&self) -> bool {
-        Word::unpack(self.load()).kind == Kind::Closed
+        kind_of(self.load()) == Kind::Closed
     }
 }
 
@@ -904,8 +555,9 @@ fn bump(counter: &AtomicU64, second: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::breaker::{CircuitBreaker, CircuitState};
 
-    const MS: u64 = NANOS_PER_MS;
+    const MS: u64 = 1_000_000;
     const S: u64 = NANOS_PER_SEC;
 
     fn params(spec: CircuitBreaker) -> BreakerParams {
@@ -935,26 +587,15 @@ mod tests {
     }
 
     #[test]
-    fn word_round_trips() {
-        let w = Word {
+    fn the_word_round_trips() {
+        let s = State {
             kind: Kind::HalfOpen,
-            trips: 63,
+            trips: rules::MAX_TRIPS,
             generation: GENERATION_MASK,
-            payload: probes_payload(MAX_HALF_OPEN_CALLS, 7),
+            payload: PAYLOAD_MASK,
         };
-        assert_eq!(Word::unpack(w.pack()), w);
-        assert_eq!(w.probes(), (MAX_HALF_OPEN_CALLS, 7));
-        let wrapped = w.next(Kind::Open, 99, MAX_OPEN_UNTIL_MS);
-        assert_eq!(wrapped.generation, 0);
-        assert_eq!(wrapped.trips, MAX_TRIPS);
-        assert_eq!(Word::unpack(wrapped.pack()), wrapped);
-    }
-
-    #[test]
-    fn open_until_rounds_up_and_saturates() {
-        assert_eq!(open_until_ms(0, Duration::from_millis(100)), 100);
-        assert_eq!(open_until_ms(MS / 2, Duration::from_millis(100)), 101);
-        assert_eq!(open_until_ms(u64::MAX, Duration::MAX), MAX_OPEN_UNTIL_MS);
+        assert_eq!(decode(encode(s)), s);
+        assert_eq!(decode(encode(State::CLOSED)), State::CLOSED);
     }
 
     #[test]
@@ -985,7 +626,11 @@ mod tests {
         assert_eq!(a.transition, Some(CircuitTransition::HalfOpened));
         let (generation, probe) = a.decision.unwrap();
         assert!(probe);
-        assert_eq!(c.admit(&p, 11 * S).decision, Err(None), "one probe only");
+        assert_eq!(
+            c.admit(&p, 11 * S).decision,
+            Err(Some(Duration::from_secs(10))),
+            "one probe only, the cooldown as the hint"
+        );
         // A failed probe trips again with a doubled cooldown.
         assert_eq!(
             c.record(
@@ -1043,7 +688,10 @@ mod tests {
         let (g, probe) = admit_ok(&c, &p, 5 * MS);
         assert!(probe);
         let _second = admit_ok(&c, &p, 5 * MS);
-        assert_eq!(c.admit(&p, 5 * MS).decision, Err(None));
+        assert_eq!(
+            c.admit(&p, 5 * MS).decision,
+            Err(Some(5 * Duration::from_millis(1)))
+        );
         assert_eq!(
             c.record(&p, g, true, Outcome::Ignored, Duration::ZERO, 5 * MS),
             None
@@ -1179,6 +827,171 @@ mod tests {
                 }
             });
             assert_eq!(admitted.load(Ordering::Relaxed), 3);
+        }
+    }
+}
+
+/// Races on one cell: each transition is reported exactly once.
+#[cfg(test)]
+mod races {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use super::*;
+    use crate::breaker::{CircuitBreaker, CircuitState};
+
+    const THREADS: usize = 8;
+
+    fn hammer(c: &Circuit, p: &BreakerParams, now: u64, outcome: Outcome) -> [u32; 2] {
+        let opened = AtomicU32::new(0);
+        let closed = AtomicU32::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..THREADS {
+                s.spawn(|| {
+                    for _ in 0..2_000 {
+                        let Ok((g, probe)) = c.admit(p, now).decision else {
+                            continue;
+                        };
+                        match c.record(p, g, probe, outcome, Duration::ZERO, now) {
+                            Some(CircuitTransition::Opened { .. }) => {
+                                opened.fetch_add(1, Ordering::Relaxed);
+                            }
+                            Some(CircuitTransition::Closed) => {
+                                closed.fetch_add(1, Ordering::Relaxed);
+                            }
+                            _ => {}
+                        }
+                    }
+                });
+            }
+        });
+        [opened.into_inner(), closed.into_inner()]
+    }
+
+    #[test]
+    fn racing_failures_trip_once_and_racing_probes_close_once() {
+        let hour = Duration::from_secs(3600);
+        for breaker in [
+            CircuitBreaker::consecutive_failures(5),
+            CircuitBreaker::failure_rate(0.5)
+                .count_window(20)
+                .minimum_calls(10),
+            CircuitBreaker::failure_rate(0.5)
+                .window(Duration::from_secs(10))
+                .minimum_calls(10),
+        ] {
+            let p = BreakerParams::new(&breaker.cooldown(hour).half_open_calls(4));
+            for _ in 0..20 {
+                let c = Circuit::new(&p);
+                assert_eq!(hammer(&c, &p, 0, Outcome::Failure), [1, 0], "{p:?}");
+                assert_eq!(c.metrics(&p, 0).state, CircuitState::Open);
+                let later = 3600 * NANOS_PER_SEC;
+                assert_eq!(hammer(&c, &p, later, Outcome::Success), [0, 1], "{p:?}");
+                assert_eq!(c.metrics(&p, later).state, CircuitState::Closed);
+            }
+        }
+    }
+}
+
+/// The cell's lean paths (`quick_admit`, `record_success`) against the
+/// reference model: what the pipeline's fast path runs.
+#[cfg(test)]
+mod lean_paths {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::breaker::CircuitBreaker;
+    use crate::model::breaker::{strategy, Model, Op};
+
+    fn drive(breaker: CircuitBreaker, start: u64, ops: &[Op]) {
+        let p = BreakerParams::new(&breaker);
+        let c = Circuit::new(&p);
+        let mut model = Model::new(breaker.clone());
+        let mut now = start;
+        let mut permits: Vec<(u64, bool)> = Vec::new();
+        let slow = breaker.slow_call_duration;
+        for (step, &op) in ops.iter().enumerate() {
+            let at = Duration::from_nanos(now);
+            match op {
+                Op::Admit => {
+                    let (expected, transition) = model.admit(at);
+                    let mut clock = || now;
+                    let got = match c.quick_admit(&mut clock) {
+                        Ok(generation) => (Ok((generation, false)), None),
+                        Err(Some(left)) => (Err(Some(left)), None),
+                        Err(None) => {
+                            let a = c.admit(&p, now);
+                            (a.decision, a.transition)
+                        }
+                    };
+                    assert_eq!(got, (expected, transition), "step {step}: admit");
+                    if let Ok(permit) = expected {
+                        permits.push(permit);
+                    }
+                }
+                Op::Record {
+                    pick,
+                    outcome,
+                    speed,
+                    ..
+                } => {
+                    if permits.is_empty() {
+                        continue;
+                    }
+                    let (generation, probe) = permits.swap_remove(pick % permits.len());
+                    let duration = match speed {
+                        0 => Duration::ZERO,
+                        1 => slow - Duration::from_nanos(1),
+                        2 => slow,
+                        _ => slow * 2,
+                    };
+                    let expected = model.record(generation, probe, outcome, duration, at);
+                    let got = if outcome == Outcome::Success && !probe {
+                        c.record_success(&p, generation, duration, now)
+                    } else {
+                        c.record(&p, generation, probe, outcome, duration, now)
+                    };
+                    assert_eq!(got, expected, "step {step}: record {outcome:?}");
+                }
+                Op::Release { pick } => {
+                    if permits.is_empty() {
+                        continue;
+                    }
+                    let (generation, probe) = permits.swap_remove(pick % permits.len());
+                    if probe {
+                        c.release_probe(generation);
+                    }
+                    model.release(generation, probe);
+                }
+                Op::Advance(by) => now = now.saturating_add(by.as_nanos() as u64),
+                Op::Control(control) => {
+                    assert_eq!(
+                        c.control(control, now),
+                        model.control(control, at),
+                        "step {step}: {control:?}"
+                    );
+                }
+            }
+            assert_eq!(
+                c.metrics(&p, now),
+                model.metrics(Duration::from_nanos(now)),
+                "step {step}: metrics"
+            );
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig {
+            cases: 200,
+            ..ProptestConfig::default()
+        })]
+
+        #[test]
+        fn lean_paths_agree_with_the_model(
+            breaker in strategy::any_breaker(),
+            start in prop_oneof![Just(0u64), Just(1_000_000_000_000_000), (u64::MAX - 3_600_000_000_000)..u64::MAX],
+            ops in strategy::ops(false, 200),
+        ) {
+            drive(breaker, start, &ops);
         }
     }
 }

@@ -8,6 +8,14 @@
 //! `minimum_calls` calls are in the window. The rates are judged when a
 //! failed or slow call is recorded.
 //!
+//! The rules are pure functions in `rules.rs` (state, parameters, input,
+//! time in; answer and next state out); the memory store's cell
+//! (`machine.rs`) applies them in a compare-and-swap loop over one packed
+//! word. An open circuit refuses with the time left of its cooldown as the
+//! `retry_after`; the end of a cooldown is kept in whole milliseconds,
+//! rounded up, and an end beyond what that holds (about 139 years after the
+//! clock's origin) stays open until the latest instant of the clock.
+//!
 //! ```
 //! use std::time::Duration;
 //! use seawall::CircuitBreaker;
@@ -27,6 +35,7 @@ use std::time::Duration;
 use crate::error::ConfigError;
 
 pub(crate) mod machine;
+pub(crate) mod rules;
 
 /// How the breaker judges the dependency.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -140,6 +149,11 @@ impl CircuitBreaker {
     }
 
     /// Probe calls admitted while half-open.
+    ///
+    /// A call refused while every probe slot is taken carries the length
+    /// of the cooldown that just ended as its `retry_after`: a hint, not a
+    /// promise. The probes' verdict is usually in by then, and if a probe
+    /// fails the circuit opens again for at least that long.
     pub fn half_open_calls(mut self, calls: u32) -> Self {
         self.half_open_calls = calls;
         self
@@ -315,17 +329,30 @@ pub enum CircuitControl {
     Reset,
 }
 
-/// A snapshot of a circuit's state and window.
+/// A snapshot of a circuit's state and counts.
+///
+/// What the counts cover depends on the state, as in Resilience4j:
+/// - closed: the window (consecutive mode: the failures in a row);
+/// - open: the window that opened the circuit (window modes; nothing in
+///   consecutive mode, and nothing after a failed probe: the probes' counts
+///   end with the trip);
+/// - half-open: the probes' own counts, started when the circuit
+///   half-opened (a failed or slow probe opens the circuit again at once,
+///   so the probes counted are those that succeeded);
+/// - closing starts a fresh window.
+///
+/// Isolated and disabled circuits keep showing the window they had.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct CircuitMetrics {
     /// The state.
     pub state: CircuitState,
-    /// Calls in the window (consecutive mode: calls since the last success).
+    /// Calls counted (see the type's documentation for which; consecutive
+    /// mode: failures in a row).
     pub calls: u64,
-    /// Failed calls in the window (consecutive mode: failures in a row).
+    /// Failed calls counted (consecutive mode: failures in a row).
     pub failures: u64,
-    /// Slow calls in the window.
+    /// Slow calls counted.
     pub slow_calls: u64,
     /// `failures / calls`, 0 when empty.
     pub failure_rate: f64,

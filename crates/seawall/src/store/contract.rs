@@ -449,8 +449,9 @@ pub fn circuit_opens_half_opens_and_closes(store: &dyn StateStore, clock: &dyn C
     );
     let r = s.refused(None, RejectionReason::CircuitOpen, "probe slots taken");
     assert_eq!(
-        r.retry_after, None,
-        "{CHECK}: no retry_after while half-open"
+        r.retry_after,
+        Some(ms(150)),
+        "{CHECK}: while half-open, the cooldown that just ended is the hint"
     );
     let reopened = s.record(None, probe, Outcome::Failure).transition;
     s.assert_opened(
@@ -590,8 +591,8 @@ pub fn half_open_admits_exactly_the_probe_count(store: &dyn StateStore, clock: &
             Err(r) => {
                 assert_eq!(
                     (r.reason, r.retry_after),
-                    (RejectionReason::CircuitOpen, None),
-                    "{CHECK}: refusal while half-open"
+                    (RejectionReason::CircuitOpen, Some(ms(100))),
+                    "{CHECK}: refusal while half-open, the cooldown as the hint"
                 );
                 refused += 1;
             }

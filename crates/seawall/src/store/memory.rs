@@ -44,8 +44,9 @@ const MIN_SWEEP_LEN: usize = 16;
 /// only when the call is admitted.
 ///
 /// # Circuit breaker
-/// One lock-free state machine per circuit (a packed `AtomicU64`,
-/// compare-and-swap for every transition):
+/// One lock-free cell per circuit (a packed `AtomicU64`, compare-and-swap
+/// for every transition) applying the breaker's rules, which are pure
+/// functions of the breaker module:
 /// - closed: admits; in consecutive mode, opens after `N` failures in a row
 ///   (a success resets the run); in window modes, opens when the window
 ///   holds at least `minimum_calls` calls (capped at the size of a count
@@ -55,16 +56,21 @@ const MIN_SWEEP_LEN: usize = 16;
 /// - open: rejects with `retry_after` until the cooldown is over; the first
 ///   call after it half-opens the circuit and is its first probe.
 /// - half-open: admits exactly `half_open_calls` probes, however many calls
-///   race; a failed or slow probe opens it again (one more trip, cooldown
-///   `cooldown_for_trip(trips)`); when every probe succeeded it closes with
-///   an empty window and no trips.
+///   race, and refuses the others with the cooldown that just ended as the
+///   `retry_after`; a failed or slow probe opens it again (one more trip,
+///   cooldown `cooldown_for_trip(trips)`); when every probe succeeded it
+///   closes with an empty window and no trips. Half-open has counts of its
+///   own (the probes that succeeded), see
+///   [`CircuitMetrics`](crate::breaker::CircuitMetrics).
 /// - isolated (forced open) rejects every call, disabled (forced closed)
 ///   admits every call and records nothing; only a reset leaves either.
 ///
 /// Every transition starts a new *generation*; the outcome of a call
 /// admitted in an older generation is not recorded (its slots are still
 /// given back). Resolutions of the state word: the end of a cooldown is
-/// kept in whole milliseconds, rounded up; generations count modulo 8192;
+/// kept in whole milliseconds, rounded up (an end past 2^42 - 1 ms, about
+/// 139 years after the clock's origin, keeps the circuit open until the
+/// clock's latest instant); generations count modulo 8192;
 /// trips saturate at 63; `half_open_calls` is capped at 2,097,151. A time
 /// window counts the last `W` whole seconds, the current one included. A
 /// circuit that never moved reports the time since the clock's origin as
