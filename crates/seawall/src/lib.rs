@@ -71,6 +71,8 @@ pub mod fallback;
 pub mod http;
 #[cfg(feature = "metrics")]
 pub mod metrics;
+#[cfg(any(test, feature = "test-util"))]
+pub mod model;
 pub mod pipeline;
 pub mod rate_limit;
 #[cfg(feature = "reqwest")]
