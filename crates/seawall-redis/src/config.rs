@@ -148,7 +148,31 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// Which clock decides windows, leases and open periods.
+    /// The scripts take the time from the pipeline's clock
+    /// ([`AdmitRequest::now`](seawall::store::AdmitRequest::now),
+    /// [`Record::now`](seawall::store::Record::now), the `now` of control
+    /// and metrics calls) instead of the server's `TIME`: for tests on a
+    /// virtual clock and for comparing the store with the reference models
+    /// exactly. Production keeps the server clock (the default): two
+    /// processes' clocks have unrelated origins.
+    ///
+    /// The same as `.time_source(TimeSource::Caller)`.
+    ///
+    /// ```no_run
+    /// use seawall_redis::RedisStore;
+    ///
+    /// let store = RedisStore::builder("redis://127.0.0.1:6379")
+    ///     .caller_clock()
+    ///     .build()?;
+    /// # let _ = store;
+    /// # Ok::<_, seawall_redis::RedisStoreError>(())
+    /// ```
+    pub fn caller_clock(self) -> Self {
+        self.time_source(TimeSource::Caller)
+    }
+
+    /// Which clock decides windows, leases and open periods (see
+    /// [`caller_clock`](Self::caller_clock)).
     pub fn time_source(mut self, source: TimeSource) -> Self {
         self.time_source = source;
         self

@@ -51,3 +51,76 @@ fn contract_holds_exactly_on_the_caller_clock() {
     // Twice on one store: checks do not interfere.
     contract::run_all(&store, &clock);
 }
+
+/// `caller_clock()`: every script takes its time from the request, so a
+/// circuit tripped at 10^6 s on the caller's clock (far from the server's
+/// `TIME`) waits out exactly its cooldown, and the metrics and controls
+/// measure time on the same clock.
+#[test]
+fn caller_clock_option_takes_the_time_from_the_caller() {
+    use seawall::breaker::{CircuitControl, CircuitState, CircuitTransition};
+    use seawall::store::{AdmitRequest, Outcome, Record, ResourceSpec};
+    use seawall::CircuitBreaker;
+
+    let server = RedisServer::start();
+    let store = RedisStore::builder(server.url())
+        .prefix(unique("caller-clock"))
+        .caller_clock()
+        .fail_closed()
+        .build()
+        .unwrap();
+    let spec = ResourceSpec::new("r")
+        .with_circuit(CircuitBreaker::consecutive_failures(1).cooldown(Duration::from_secs(30)));
+    let state = seawall::StateStore::bind(&store, &spec).unwrap();
+    let t0 = Duration::from_secs(1_000_000);
+    let s = |secs_after: f64| t0 + Duration::from_secs_f64(secs_after);
+    let admit = |now| {
+        state
+            .admit(&AdmitRequest {
+                partition: None,
+                now,
+            })
+            .unwrap()
+    };
+
+    let permit = admit(t0).decision.expect("closed");
+    let recorded = state
+        .record(&Record {
+            partition: None,
+            permit,
+            outcome: Outcome::Failure,
+            duration: Duration::ZERO,
+            retry_after: None,
+            now: t0,
+        })
+        .unwrap();
+    assert_eq!(
+        recorded.transition,
+        Some(CircuitTransition::Opened {
+            cooldown: Duration::from_secs(30)
+        })
+    );
+    let refused = admit(s(29.5)).decision.expect_err("open");
+    assert_eq!(refused.retry_after, Some(Duration::from_millis(500)));
+    let m = state.circuit_metrics(None, s(10.0)).unwrap();
+    assert_eq!(
+        (m.state, m.time_in_state),
+        (CircuitState::Open, Duration::from_secs(10))
+    );
+    let probe = admit(s(30.0));
+    assert_eq!(probe.transition, Some(CircuitTransition::HalfOpened));
+    assert!(probe.decision.expect("a probe").probe);
+    let m = state.circuit_metrics(None, s(31.0)).unwrap();
+    assert_eq!(
+        (m.state, m.time_in_state),
+        (CircuitState::HalfOpen, Duration::from_secs(1))
+    );
+    state
+        .control_circuit(None, CircuitControl::Isolate, s(40.0))
+        .unwrap();
+    let m = state.circuit_metrics(None, s(42.0)).unwrap();
+    assert_eq!(
+        (m.state, m.time_in_state),
+        (CircuitState::Isolated, Duration::from_secs(2))
+    );
+}
