@@ -335,3 +335,55 @@ fn sliding_window_retry_after_is_capped_at_the_end_of_the_range() {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 48,
+        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource("proptest-regressions"))),
+        ..ProptestConfig::default()
+    })]
+
+    /// Many threads admitting at one instant: the store admits exactly as
+    /// many attempts as the model admits from the same number of requests
+    /// (at one instant the count does not depend on their order), on the
+    /// unpartitioned state and on a partition, after the same history.
+    #[test]
+    fn concurrent_admissions_at_one_instant_admit_what_the_model_admits(
+        spec in spec(),
+        history in steps(),
+        partition in partition(),
+        per_thread in 1usize..20,
+    ) {
+        const THREADS: usize = 8;
+        let store = MemoryStore::new();
+        let state = store.bind(&spec).unwrap();
+        let model: Resource = Resource::new(&spec);
+        let mut run = Differential::new(model, &*state, VirtualClock::new());
+        if let Err(mismatch) = run.run(&history) {
+            panic!("{mismatch}\nspec: {spec:?}");
+        }
+        let now = run.clock().now();
+        let request = AdmitRequest { partition: partition.as_ref(), now };
+        let mut model = run.model().clone();
+        let expected = (0..THREADS * per_thread)
+            .filter(|_| model.admit(&request).decision.is_ok())
+            .count();
+        let admitted: usize = std::thread::scope(|scope| {
+            let threads: Vec<_> = (0..THREADS)
+                .map(|_| {
+                    scope.spawn(|| {
+                        (0..per_thread)
+                            .filter(|_| state.admit(&request).unwrap().decision.is_ok())
+                            .count()
+                    })
+                })
+                .collect();
+            threads.into_iter().map(|t| t.join().unwrap()).sum()
+        });
+        prop_assert_eq!(admitted, expected, "spec {:?}", spec);
+        prop_assert_eq!(
+            state.in_flight(partition.as_ref(), now).unwrap(),
+            model.in_flight(partition.as_ref(), now)
+        );
+    }
+}

@@ -242,6 +242,60 @@ fn redis_store_agrees_with_the_models_from_a_million_seconds() {
     agrees_from(1_000_000 * S);
 }
 
+/// Many threads admitting at one instant, each on its own connection:
+/// the store admits exactly as many attempts as the model admits from the
+/// same number of requests (at one instant the count does not depend on
+/// their order), on the unpartitioned state and on a partition, after the
+/// same history.
+#[test]
+fn concurrent_admissions_at_one_instant_admit_what_the_model_admits() {
+    const THREADS: usize = 4;
+    let server = RedisServer::start();
+    let store = store(&server);
+    let strategy = (spec(), steps(), partition(), 1usize..10);
+    let result = runner(32).run(&strategy, |(spec, history, partition, per_thread)| {
+        let mut spec = spec;
+        spec.name = unique("concurrent");
+        let state = store.bind(&spec).unwrap();
+        let clock = VirtualClock::new();
+        clock.advance(1_000_000 * S);
+        let model: Resource = Resource::with_leases(&spec);
+        let mut run = Differential::new(model, &*state, clock);
+        run.run(&history)
+            .map_err(|m| TestCaseError::fail(format!("{m}\nspec: {spec:?}")))?;
+        let now = run.clock().now();
+        let request = AdmitRequest {
+            partition: partition.as_ref(),
+            now,
+        };
+        let mut model = run.model().clone();
+        let expected = (0..THREADS * per_thread)
+            .filter(|_| model.admit(&request).decision.is_ok())
+            .count();
+        let admitted: usize = std::thread::scope(|scope| {
+            let threads: Vec<_> = (0..THREADS)
+                .map(|_| {
+                    scope.spawn(|| {
+                        (0..per_thread)
+                            .filter(|_| state.admit(&request).unwrap().decision.is_ok())
+                            .count()
+                    })
+                })
+                .collect();
+            threads.into_iter().map(|t| t.join().unwrap()).sum()
+        });
+        prop_assert_eq!(admitted, expected, "spec {:?}", spec);
+        prop_assert_eq!(
+            state.in_flight(partition.as_ref(), now).map_err(fail)?,
+            model.in_flight(partition.as_ref(), now)
+        );
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
+
 /// The last instant the scripts hold exactly: Lua numbers are doubles, so
 /// whole microseconds are exact up to 2^53 us (about 285 years).
 const EXACT_END: Duration = Duration::from_micros(1 << 53);
