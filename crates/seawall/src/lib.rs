@@ -45,6 +45,8 @@
 //!   (`seawall::tower`).
 //! - `reqwest` (with `http`): `client.get(url).send_through(&pipeline)`
 //!   (`seawall::reqwest`).
+//! - `test-util`: the reference models of the stateful policies
+//!   (`seawall::model`), to check a store against them.
 //! - `full`: all of the above.
 //!
 //! # Order of policies
