@@ -707,13 +707,17 @@ impl<'a, C: CircuitModel> Differential<'a, C> {
     }
 }
 
+/// Circuit generations are compared modulo 2^13: stores keep at least
+/// that many bits (the memory store exactly 13), as `model::breaker` says.
+const GENERATION_MASK: u64 = (1 << 13) - 1;
+
 /// A decision as compared: the slot's id is the store's own business.
 fn decision(d: &Result<Permit, Rejection>) -> String {
     match d {
         Ok(p) => format!(
             "admitted (probe {}, generation {}, slot {})",
             p.probe,
-            p.generation,
+            p.generation & GENERATION_MASK,
             p.slot.is_some()
         ),
         Err(r) => format!("refused ({}, retry after {:?})", r.reason, r.retry_after),
@@ -780,6 +784,99 @@ mod tests {
             assert!(m.admit(&request).decision.is_err());
         }
         assert_eq!(m.partitions(), 2);
+    }
+
+    /// A circuit that half-opens on the first admission and admits one
+    /// probe at a time, and remembers what it was given back.
+    #[derive(Debug, Default)]
+    struct OneProbe {
+        out: u32,
+        given_back: u32,
+        recorded: Vec<Outcome>,
+    }
+
+    impl CircuitModel for OneProbe {
+        fn new(_spec: &CircuitBreaker) -> Self {
+            OneProbe::default()
+        }
+        fn admit(&mut self, _now: Duration) -> CircuitAdmission {
+            if self.out > 0 {
+                return CircuitAdmission {
+                    decision: Err(Some(S)),
+                    transition: None,
+                };
+            }
+            self.out += 1;
+            CircuitAdmission {
+                decision: Ok(CircuitPermit {
+                    generation: 3,
+                    probe: true,
+                }),
+                transition: Some(CircuitTransition::HalfOpened),
+            }
+        }
+        fn give_back(&mut self, permit: CircuitPermit) {
+            if permit.probe {
+                self.out -= 1;
+                self.given_back += 1;
+            }
+        }
+        fn record(
+            &mut self,
+            permit: CircuitPermit,
+            outcome: Outcome,
+            _duration: Duration,
+            _now: Duration,
+        ) -> Option<CircuitTransition> {
+            assert_eq!(permit.generation, 3);
+            self.out -= 1;
+            self.recorded.push(outcome);
+            Some(CircuitTransition::Closed)
+        }
+    }
+
+    #[test]
+    fn the_circuit_comes_first_and_gets_its_probe_back_on_a_later_refusal() {
+        let spec = ResourceSpec::new("r")
+            .with_circuit(CircuitBreaker::consecutive_failures(1))
+            .with_cooldown(Cooldown::new());
+        let mut m: Resource<OneProbe> = Resource::new(&spec);
+        let p = m.admit(&at(S));
+        assert_eq!(p.transition, Some(CircuitTransition::HalfOpened));
+        let p = p.decision.unwrap();
+        assert!(p.probe);
+        assert_eq!(p.generation, 3);
+        // The circuit refuses first, with its own retry_after.
+        assert_eq!(
+            m.admit(&at(S)).decision.unwrap_err(),
+            Rejection::new(RejectionReason::CircuitOpen, Some(S))
+        );
+        let recorded = m.record(&Record {
+            partition: None,
+            permit: p,
+            outcome: Outcome::Failure,
+            duration: Duration::ZERO,
+            retry_after: Some(S),
+            now: S,
+        });
+        assert_eq!(recorded.transition, Some(CircuitTransition::Closed));
+        assert_eq!(recorded.cooldown, Some(S));
+        // The cooldown refuses: the probe the circuit gave is given back,
+        // and the half-open transition is still reported.
+        let refused = m.admit(&at(S));
+        assert_eq!(refused.transition, Some(CircuitTransition::HalfOpened));
+        assert_eq!(
+            refused.decision.unwrap_err().reason,
+            RejectionReason::CooldownActive
+        );
+        let circuit = m.root.circuit.as_ref().unwrap();
+        assert_eq!((circuit.out, circuit.given_back), (0, 1));
+        assert_eq!(circuit.recorded, [Outcome::Failure]);
+        // A release gives the probe back too.
+        let p = m.admit(&at(2 * S)).decision.unwrap();
+        m.release(None, p);
+        let circuit = m.root.circuit.as_ref().unwrap();
+        assert_eq!((circuit.out, circuit.given_back), (0, 2));
     }
 
     #[test]
