@@ -9,7 +9,6 @@
 //! every record's answer and the slots in flight must be the same, on the
 //! unpartitioned state and on partitions, on clocks starting at 0, at
 //! 10^6 s and near the end of the clock's range.
-#![cfg(feature = "test-util")]
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -28,8 +28,7 @@
 //!   at the newest logged time if that is later (a clock read older than
 //!   the log never counts for less).
 //!
-//! Instants past [`END`](super::END) are [`END`](super::END), as everywhere in
-//! the models.
+//! Instants past [`END`] are [`END`], as everywhere in the models.
 //!
 //! The wait for a permit (`max_wait`) is the pipeline's decision, not the
 //! store's: it is not part of this model.
