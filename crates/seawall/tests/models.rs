@@ -266,6 +266,69 @@ proptest! {
     }
 }
 
+/// Specs and steps off the microsecond grid: periods, clock steps and
+/// hints with nanoseconds added (the emission interval `period / limit`
+/// then truncates to the nanosecond, as documented). The unpartitioned
+/// sliding window keeps its log in whole microseconds, rounded up (its
+/// documented resolution): with one, the unpartitioned calls go to a
+/// partition instead.
+fn to_the_nanosecond() -> impl Strategy<Value = (ResourceSpec, Vec<Step>)> {
+    (
+        spec(),
+        0u64..1_000,
+        steps(),
+        proptest::collection::vec(0u64..1_000, 150),
+    )
+        .prop_map(|(mut spec, extra, steps, jitter)| {
+            let ns = Duration::from_nanos;
+            let sliding = spec
+                .rate_limit
+                .as_ref()
+                .is_some_and(|r| r.algorithm == RateAlgorithm::SlidingWindow);
+            if let Some(rate) = &mut spec.rate_limit {
+                rate.period += ns(extra);
+            }
+            let steps = steps
+                .into_iter()
+                .zip(jitter)
+                .map(|(step, j)| match step {
+                    Step::Advance(by) => Step::Advance(by.saturating_add(ns(j))),
+                    Step::Record {
+                        permit,
+                        outcome,
+                        duration,
+                        retry_after,
+                    } => Step::Record {
+                        permit,
+                        outcome,
+                        duration,
+                        retry_after: retry_after.map(|h| h.saturating_add(ns(j))),
+                    },
+                    Step::Admit { partition: None } if sliding => Step::Admit {
+                        partition: Some(PartitionKey::from(9u64)),
+                    },
+                    other => other,
+                })
+                .collect();
+            (spec, steps)
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 256,
+        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource("proptest-regressions"))),
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn memory_store_agrees_with_the_models_to_the_nanosecond(
+        (spec, steps) in to_the_nanosecond(), async_calls in any::<bool>(),
+    ) {
+        check(&spec, 1_000_000 * S + Duration::from_nanos(1), &steps, async_calls);
+    }
+}
+
 /// The memory store keeps a slot until it is given back, whatever the
 /// lease says (a lease is for slots of processes that may die).
 #[test]
