@@ -463,9 +463,9 @@ struct Held {
 }
 
 /// Runs the same steps on a model and on a store, and compares every
-/// answer: each admission (admitted with which probe and generation, and
-/// whether it holds a slot; or refused with which reason and
-/// `retry_after`; the transition), each record (transition, cooldown), and
+/// answer: each admission (admitted with which probe and generation,
+/// modulo 2^13, and whether it holds a slot; or refused with which reason
+/// and `retry_after`; the transition), each record (transition, cooldown), and
 /// the slots in flight, of the partition a step touched after each step and
 /// of every partition used after the clock moves or idle partitions are
 /// evicted. An answer the store gives from local state (degraded) is a
