@@ -2,12 +2,15 @@
 //! on a free loopback port (see `support.rs`).
 //!
 //! The server's clock decides windows and leases, so the time-based checks
-//! use short real durations (at most a few seconds) and check bounds.
+//! use short real durations (at most a few seconds) and check bounds;
+//! `contract.rs` and `models.rs` also run on the caller's clock, where
+//! every duration is checked exactly.
 
 mod bad_input;
 mod breaker_model;
 mod contract;
 mod cross_process;
+mod models;
 mod outage;
 mod pipeline;
 mod round_trips;

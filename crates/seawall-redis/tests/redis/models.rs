@@ -1,0 +1,486 @@
+//! `RedisStore` against the reference models of the bulkhead (with leases),
+//! the cooldown and the rate limiters (`seawall::model`), on the caller's
+//! clock so that every answer compares exactly.
+//!
+//! Random sequences of admit / record (success, failure, ignored, with or
+//! without a retry-after hint, with durations) / release / clock advance
+//! (small steps, big jumps, waits as told by a refusal) run on the model and
+//! on a real `redis-server`, through the blocking and the async methods;
+//! every decision (admitted, or refused with which reason and
+//! `retry_after`), every record's answer and the slots in flight must be the
+//! same, on the unpartitioned state and on partitions, on clocks starting
+//! at 0 and at 10^6 s. A bulkhead slot held longer than its lease is free
+//! again, as the model says.
+//!
+//! The store keeps times in whole microseconds: every time, duration,
+//! period and emission interval here is a whole number of microseconds.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use proptest::prelude::*;
+use proptest::test_runner::{Config, FileFailurePersistence, TestRunner};
+use seawall::model::resource::{Differential, Step, StoreCalls};
+use seawall::model::{NoCircuit, Resource, END};
+use seawall::store::{
+    Admission, AdmitRequest, Outcome, Record, Recorded, ResourceSpec, ResourceState,
+};
+use seawall::testing::VirtualClock;
+use seawall::{
+    Bulkhead, CircuitBreaker, Cooldown, PartitionKey, RateLimiter, StateStore, StoreError,
+};
+use seawall_redis::RedisStore;
+
+use crate::support::{rt, unique, RedisServer};
+
+const S: Duration = Duration::from_secs(1);
+
+/// Calls through `admit_async` / `record_async`, driven on a multi-thread
+/// runtime (where a silent success is sent without waiting for its
+/// answer).
+#[derive(Debug)]
+struct AsyncCalls(tokio::runtime::Runtime);
+
+impl StoreCalls for AsyncCalls {
+    fn admit(
+        &self,
+        state: &dyn ResourceState,
+        request: AdmitRequest<'_>,
+    ) -> Result<Admission, StoreError> {
+        self.0.block_on(state.admit_async(request))
+    }
+
+    fn record(
+        &self,
+        state: &dyn ResourceState,
+        record: Record<'_>,
+    ) -> Result<Recorded, StoreError> {
+        self.0.block_on(state.record_async(record))
+    }
+}
+
+/// The circuit model composed into `Resource`: none yet. Wiring the
+/// breaker's model in is two lines: `type Circuit =
+/// seawall::model::breaker::Model;` and `circuit()` returning
+/// `proptest::option::weighted(0.5, seawall::model::breaker::strategy::any_breaker())`.
+type Circuit = NoCircuit;
+
+/// The circuit breaker of a spec (none while `Circuit` is `NoCircuit`).
+fn circuit() -> impl Strategy<Value = Option<CircuitBreaker>> {
+    Just(None)
+}
+
+/// Leases of one second and more: the lease key's own expiry (real time,
+/// the lease plus one second) must not pass during a run.
+fn bulkhead() -> impl Strategy<Value = Bulkhead> {
+    (1u32..4, prop_oneof![Just(S), Just(5 * S), Just(60 * S)])
+        .prop_map(|(max, lease)| Bulkhead::new(max).lease(lease))
+}
+
+fn cooldown() -> impl Strategy<Value = Cooldown> {
+    prop_oneof![
+        (1u64..5_000).prop_map(Duration::from_micros),
+        (1u64..100).prop_map(Duration::from_secs),
+    ]
+    .prop_map(|max_pause| Cooldown::new().max_pause(max_pause))
+}
+
+/// Emission intervals of whole microseconds, from one microsecond to
+/// seconds.
+fn rate_limiter() -> impl Strategy<Value = RateLimiter> {
+    (
+        0u8..3,
+        1u32..5,
+        prop_oneof![
+            1u64..10,
+            100u64..5_000,
+            (1u64..10).prop_map(|n| n * 1_000_000)
+        ],
+        1u32..4,
+    )
+        .prop_map(|(algorithm, limit, interval_us, burst)| {
+            let period = Duration::from_micros(interval_us) * limit;
+            match algorithm {
+                0 => RateLimiter::gcra(limit, period).burst(burst),
+                1 => RateLimiter::fixed_window(limit, period),
+                _ => RateLimiter::sliding_window(limit, period),
+            }
+        })
+}
+
+fn spec() -> impl Strategy<Value = ResourceSpec> {
+    (
+        circuit(),
+        proptest::option::weighted(0.7, bulkhead()),
+        proptest::option::weighted(0.6, cooldown()),
+        proptest::option::weighted(0.7, rate_limiter()),
+    )
+        .prop_map(|(circuit, bulkhead, cooldown, rate)| {
+            let mut spec = ResourceSpec::new("models");
+            spec.circuit = circuit;
+            spec.bulkhead = bulkhead;
+            spec.cooldown = cooldown;
+            spec.rate_limit = rate;
+            spec
+        })
+}
+
+fn partition() -> impl Strategy<Value = Option<PartitionKey>> {
+    prop_oneof![
+        3 => Just(None),
+        1 => (0u64..3).prop_map(|k| Some(PartitionKey::from(k))),
+        // One key, spelled two ways: static and shared strings are equal.
+        1 => Just(Some(PartitionKey::from("tenant"))),
+        1 => Just(Some(PartitionKey::from("tenant".to_owned()))),
+    ]
+}
+
+fn hint() -> impl Strategy<Value = Option<Duration>> {
+    prop_oneof![
+        4 => Just(None),
+        1 => Just(Some(Duration::ZERO)),
+        2 => (1u64..5_000).prop_map(|n| Some(Duration::from_micros(n))),
+        1 => (1u64..200).prop_map(|n| Some(Duration::from_secs(n))),
+        1 => Just(Some(Duration::MAX)),
+    ]
+}
+
+fn outcome() -> impl Strategy<Value = Outcome> {
+    prop_oneof![
+        Just(Outcome::Success),
+        Just(Outcome::Failure),
+        Just(Outcome::Ignored)
+    ]
+}
+
+fn advance() -> impl Strategy<Value = Duration> {
+    prop_oneof![
+        4 => (0u64..3_000).prop_map(Duration::from_micros),
+        2 => (1u64..3_000).prop_map(Duration::from_millis),
+        1 => (1u64..100).prop_map(Duration::from_secs),
+        1 => Just(1_000_000 * S),
+    ]
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        5 => partition().prop_map(|partition| Step::Admit { partition }),
+        3 => (any::<usize>(), outcome(), (0u64..10_000).prop_map(Duration::from_micros), hint())
+            .prop_map(|(permit, outcome, duration, retry_after)| Step::Record {
+                permit,
+                outcome,
+                duration,
+                retry_after,
+            }),
+        1 => any::<usize>().prop_map(|permit| Step::Release { permit }),
+        3 => advance().prop_map(Step::Advance),
+        2 => Just(Step::WaitAsTold),
+        1 => Just(Step::EvictIdle),
+    ]
+}
+
+fn steps() -> impl Strategy<Value = Vec<Step>> {
+    proptest::collection::vec(step(), 1..100)
+}
+
+/// A store on the caller's clock, failing closed (an outage is an error,
+/// never a local answer). Its half-open probes never expire (the probe
+/// lease, which lets a new round of probes start when a process died with
+/// its probes, is not part of the circuit's model).
+fn store(server: &RedisServer) -> RedisStore {
+    RedisStore::builder(server.url())
+        .prefix(unique("models"))
+        .caller_clock()
+        .probe_lease(Duration::from_secs(100_000_000_000))
+        .fail_closed()
+        .timeout(Duration::from_secs(2))
+        .build()
+        .unwrap()
+}
+
+/// Runs `steps` on a fresh resource of `store` (a name no other run uses)
+/// and on the model of `spec` with leases, from `start`.
+fn check(
+    store: &RedisStore,
+    spec: &ResourceSpec,
+    start: Duration,
+    steps: &[Step],
+    calls: Option<&AsyncCalls>,
+) -> Result<(), String> {
+    static RUNS: AtomicU64 = AtomicU64::new(0);
+    let mut spec = spec.clone();
+    spec.name = format!("models-{}", RUNS.fetch_add(1, Ordering::Relaxed));
+    let state = store.bind(&spec).map_err(|e| format!("bind: {e}"))?;
+    let clock = VirtualClock::new();
+    clock.advance(start);
+    let model: Resource<Circuit> = Resource::with_leases(&spec);
+    let mut run = Differential::new(model, &*state, clock);
+    if let Some(calls) = calls {
+        run = run.with_calls(calls);
+    }
+    run.run(steps)
+        .map_err(|mismatch| format!("{mismatch}\nspec: {spec:?}"))
+}
+
+/// The proptest runner of these tests: few cases (each runs on a real
+/// server), regressions kept next to this file.
+fn runner(cases: u32) -> TestRunner {
+    TestRunner::new(Config {
+        cases,
+        source_file: Some(file!()),
+        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource(
+            "proptest-regressions",
+        ))),
+        ..Config::default()
+    })
+}
+
+/// One server for all the cases of a test, a fresh resource per case.
+fn agrees_from(start: Duration) {
+    let server = RedisServer::start();
+    let store = store(&server);
+    let calls = AsyncCalls(rt());
+    let strategy = (spec(), steps(), any::<bool>());
+    let result = runner(256).run(&strategy, |(spec, steps, async_calls)| {
+        let calls = async_calls.then_some(&calls);
+        check(&store, &spec, start, &steps, calls).map_err(TestCaseError::fail)
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
+
+#[test]
+fn redis_store_agrees_with_the_models_from_zero() {
+    agrees_from(Duration::ZERO);
+}
+
+#[test]
+fn redis_store_agrees_with_the_models_from_a_million_seconds() {
+    agrees_from(1_000_000 * S);
+}
+
+/// Many threads admitting at one instant, each on its own connection:
+/// the store admits exactly as many attempts as the model admits from the
+/// same number of requests (at one instant the count does not depend on
+/// their order), on the unpartitioned state and on a partition, after the
+/// same history.
+#[test]
+fn concurrent_admissions_at_one_instant_admit_what_the_model_admits() {
+    const THREADS: usize = 4;
+    let server = RedisServer::start();
+    let store = store(&server);
+    let strategy = (spec(), steps(), partition(), 1usize..10);
+    let result = runner(32).run(&strategy, |(spec, history, partition, per_thread)| {
+        let mut spec = spec;
+        spec.name = unique("concurrent");
+        let state = store.bind(&spec).unwrap();
+        let clock = VirtualClock::new();
+        clock.advance(1_000_000 * S);
+        let model: Resource<Circuit> = Resource::with_leases(&spec);
+        let mut run = Differential::new(model, &*state, clock);
+        run.run(&history)
+            .map_err(|m| TestCaseError::fail(format!("{m}\nspec: {spec:?}")))?;
+        let now = run.clock().now();
+        let request = AdmitRequest {
+            partition: partition.as_ref(),
+            now,
+        };
+        let mut model = run.model().clone();
+        let expected = (0..THREADS * per_thread)
+            .filter(|_| model.admit(&request).decision.is_ok())
+            .count();
+        let admitted: usize = std::thread::scope(|scope| {
+            let threads: Vec<_> = (0..THREADS)
+                .map(|_| {
+                    scope.spawn(|| {
+                        (0..per_thread)
+                            .filter(|_| state.admit(&request).unwrap().decision.is_ok())
+                            .count()
+                    })
+                })
+                .collect();
+            threads.into_iter().map(|t| t.join().unwrap()).sum()
+        });
+        prop_assert_eq!(admitted, expected, "spec {:?}", spec);
+        prop_assert_eq!(
+            state.in_flight(partition.as_ref(), now).map_err(fail)?,
+            model.in_flight(partition.as_ref(), now)
+        );
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
+
+/// The last instant the scripts hold exactly: Lua numbers are doubles, so
+/// whole microseconds are exact up to 2^53 us (about 285 years).
+const EXACT_END: Duration = Duration::from_micros(1 << 53);
+
+/// Large times, all held exactly: 200 million seconds (more than any run
+/// advances) before the end of the exact range.
+#[test]
+fn redis_store_agrees_with_the_models_late_in_the_exact_range() {
+    agrees_from(EXACT_END - 200_000_000 * S);
+}
+
+/// The last whole microsecond 3000 s before the end of the clock's range.
+fn near_the_end() -> Duration {
+    let end = END - 3_000 * S;
+    Duration::from_micros(end.as_micros() as u64)
+}
+
+/// Past 2^53 us the scripts' arithmetic rounds to the nearest double (a
+/// multiple of 2 or 4 us here): e.g. GCRA 1 per 3 us, burst 1, admitted at
+/// 18446741073.709551 s, then refused at once: retry after 3 us by the
+/// model, 4 us by the store.
+#[test]
+#[ignore = "RedisStore: times past 2^53 us (285 years of a caller clock) lose exactness in the Lua scripts (doubles)"]
+fn redis_store_agrees_with_the_models_near_the_end_of_the_clock() {
+    agrees_from(near_the_end());
+}
+
+/// Near the end of the clock's range, where answers are not exact (see
+/// above), the store still answers every call without an error and never
+/// holds more slots than the bulkhead allows.
+#[test]
+#[ignore = "RedisStore: near the end of the clock range a second slot or sliding-window entry in one microsecond never finishes its script (see the next test)"]
+fn redis_store_answers_near_the_end_of_the_clock() {
+    let server = RedisServer::start();
+    let store = store(&server);
+    let strategy = (spec(), steps());
+    let result = runner(64).run(&strategy, |(spec, steps)| {
+        let mut spec = spec;
+        spec.name = unique("end");
+        let state = store.bind(&spec).unwrap();
+        let clock = VirtualClock::new();
+        clock.advance(near_the_end());
+        let mut held = Vec::new();
+        let max = spec
+            .bulkhead
+            .as_ref()
+            .map_or(u32::MAX, |b| b.max_concurrent);
+        for step in &steps {
+            let now = clock.now();
+            match step {
+                Step::Admit { partition } => {
+                    let request = AdmitRequest {
+                        partition: partition.as_ref(),
+                        now,
+                    };
+                    let admission = state.admit(&request).map_err(fail)?;
+                    if let Ok(permit) = admission.decision {
+                        held.push((partition.clone(), permit));
+                    }
+                }
+                Step::Record {
+                    permit,
+                    outcome,
+                    duration,
+                    retry_after,
+                } if !held.is_empty() => {
+                    let (partition, permit) = held.remove(permit % held.len());
+                    state
+                        .record(&Record {
+                            partition: partition.as_ref(),
+                            permit,
+                            outcome: *outcome,
+                            duration: *duration,
+                            retry_after: *retry_after,
+                            now,
+                        })
+                        .map_err(fail)?;
+                }
+                Step::Release { permit } if !held.is_empty() => {
+                    let (partition, permit) = held.remove(permit % held.len());
+                    state.release(partition.as_ref(), permit);
+                }
+                Step::Advance(by) => clock.advance((*by).min(END - now)),
+                _ => {}
+            }
+            for key in [None, Some(PartitionKey::from("tenant"))] {
+                let n = state.in_flight(key.as_ref(), clock.now()).map_err(fail)?;
+                prop_assert!(n <= max, "{n} slots held, max {max}");
+            }
+        }
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
+
+/// Two bulkhead slots (or two sliding-window admissions) taken in the
+/// same microsecond get members named after it, the second one the next
+/// free microsecond. Past 2^53 us, `id + 1` is `id` in a Lua double: the
+/// admit script loops for ever, the server answers `BUSY` to every client
+/// until the script is killed, and the store times out.
+#[test]
+#[ignore = "RedisStore: admit.lua add_unique() never ends past 2^53 us (id + 1 == id in a double); the server stays BUSY"]
+fn two_slots_in_one_microsecond_near_the_end_of_the_range() {
+    let server = RedisServer::start();
+    let store = store(&server);
+    for spec in [
+        ResourceSpec::new(unique("end-slots")).with_bulkhead(Bulkhead::new(2)),
+        ResourceSpec::new(unique("end-log")).with_rate_limit(RateLimiter::sliding_window(2, S)),
+    ] {
+        let state = store.bind(&spec).unwrap();
+        let clock = VirtualClock::new();
+        clock.advance(near_the_end());
+        let model: Resource<Circuit> = Resource::with_leases(&spec);
+        let mut run = Differential::new(model, &*state, clock);
+        let admit = Step::Admit { partition: None };
+        if let Err(mismatch) = run.run(&[admit.clone(), admit]) {
+            panic!("{mismatch}\nspec: {spec:?}");
+        }
+    }
+}
+
+fn fail(e: StoreError) -> TestCaseError {
+    TestCaseError::fail(format!("store error: {e}"))
+}
+
+/// A slot never given back is free again exactly when its lease runs out;
+/// giving it back late frees nothing else.
+#[test]
+fn a_slot_held_past_its_lease_is_free_again() {
+    let server = RedisServer::start();
+    let store = store(&server);
+    let t0 = 1_000_000 * S;
+    let lease = 5 * S;
+    let just_before = lease - Duration::from_micros(1);
+    for partition in [None, Some(PartitionKey::from(7u64))] {
+        let spec = ResourceSpec::new(unique("lease")).with_bulkhead(Bulkhead::new(1).lease(lease));
+        let state = store.bind(&spec).unwrap();
+        let clock = VirtualClock::new();
+        clock.advance(t0);
+        let model: Resource<Circuit> = Resource::with_leases(&spec);
+        let mut run = Differential::new(model, &*state, clock);
+        let admit = Step::Admit {
+            partition: partition.clone(),
+        };
+        let key = partition.as_ref();
+        run.run(&[admit.clone(), Step::Advance(just_before), admit.clone()])
+            .unwrap();
+        assert_eq!(run.held(), 1, "refused while the lease runs");
+        assert_eq!(state.in_flight(key, t0 + just_before).unwrap(), 1);
+        assert_eq!(state.in_flight(key, t0 + lease).unwrap(), 0);
+        run.run(&[Step::Advance(Duration::from_micros(1)), admit.clone()])
+            .unwrap();
+        assert_eq!(run.held(), 2, "admitted once the lease ran out");
+        // The first permit, recorded late: the second keeps its slot.
+        run.run(&[
+            Step::Record {
+                permit: 0,
+                outcome: Outcome::Success,
+                duration: lease,
+                retry_after: None,
+            },
+            admit,
+        ])
+        .unwrap();
+        assert_eq!(run.held(), 1);
+        assert_eq!(state.in_flight(key, t0 + lease).unwrap(), 1);
+    }
+}
