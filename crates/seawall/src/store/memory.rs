@@ -826,6 +826,9 @@ impl MemoryResource {
     ) -> Option<CircuitTransition> {
         match partition {
             None => self.record_success_in(self.root_view(), permit, duration, now_ns),
+            // Without a circuit or a bulkhead a success changes nothing: the
+            // key is not looked up again (its admission was its last use).
+            Some(_) if self.params.circuit.is_none() && self.params.bulkhead.is_none() => None,
             Some(key) => self.use_partition(key, now_ns, |view| {
                 self.record_success_in(view, permit, duration, now_ns)
             }),
