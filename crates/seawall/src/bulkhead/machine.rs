@@ -181,9 +181,10 @@ mod tests {
     use proptest::prelude::*;
 
     proptest! {
-        /// On one thread, striped slots behave exactly like one counter of
-        /// `max`: a slot is refused only when `max` are taken, whatever the
-        /// number of stripes and the order slots are given back in.
+        /// On one thread, striped slots and a single counter decide exactly
+        /// as the rule applied in sequence to one count of `max`: a slot is
+        /// refused only when `max` are taken, whatever the number of stripes
+        /// and the order slots are given back in.
         #[test]
         fn striped_slots_count_like_one_counter(
             max in 1u32..40,
@@ -194,18 +195,26 @@ mod tests {
             prop_assert!(slots.stripes.len().is_power_of_two());
             prop_assert!(slots.stripes.iter().all(|s| s.cap >= 1));
             prop_assert_eq!(slots.stripes.iter().map(|s| s.cap).sum::<u32>(), max);
+            let one = AtomicU32::new(0);
+            let mut model = 0u32;
             let mut held = Vec::new();
             for (take, which) in ops {
                 if take || held.is_empty() {
+                    let expected = rules::take(model, max);
+                    prop_assert_eq!(acquire_slot(&one, max), expected.is_some());
                     match slots.acquire() {
                         Some(slot) => held.push(slot),
-                        None => prop_assert_eq!(held.len() as u32, max),
+                        None => prop_assert!(expected.is_none()),
                     }
-                    prop_assert!(held.len() as u32 <= max);
+                    model = expected.unwrap_or(model);
                 } else {
                     slots.release(held.swap_remove(which.index(held.len())));
+                    release_slot(&one);
+                    model = rules::give_back(model);
                 }
-                prop_assert_eq!(slots.in_flight(), held.len() as u32);
+                prop_assert_eq!(slots.in_flight(), model);
+                prop_assert_eq!(one.load(Ordering::Relaxed), model);
+                prop_assert_eq!(held.len() as u32, model);
             }
         }
     }
