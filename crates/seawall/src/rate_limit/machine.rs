@@ -23,8 +23,10 @@ use super::RateAlgorithm;
 /// The unpartitioned state of one rate limiter.
 #[derive(Debug)]
 pub(crate) enum RateState {
-    /// GCRA or fixed window: the rule's state word.
-    Word(AtomicU64),
+    /// GCRA: the theoretical arrival time.
+    Gcra(AtomicU64),
+    /// Fixed window: `[window index | count]`.
+    Fixed(AtomicU64),
     /// Sliding window, lock-free: the last `limit` admission times.
     Ring(Box<Ring>),
 }
@@ -34,7 +36,8 @@ impl RateState {
     pub(crate) fn new(params: &RateParams) -> Self {
         match params.algorithm {
             RateAlgorithm::SlidingWindow => RateState::Ring(Box::new(Ring::new(params.limit))),
-            _ => RateState::Word(AtomicU64::new(0)),
+            RateAlgorithm::FixedWindow => RateState::Fixed(AtomicU64::new(0)),
+            _ => RateState::Gcra(AtomicU64::new(0)),
         }
     }
 
@@ -42,7 +45,8 @@ impl RateState {
     #[inline(always)]
     pub(crate) fn cell(&self) -> RateCell<'_> {
         match self {
-            RateState::Word(word) => RateCell::Word(word),
+            RateState::Gcra(tat) => RateCell::Gcra(tat),
+            RateState::Fixed(word) => RateCell::Fixed(word),
             RateState::Ring(ring) => RateCell::Ring(ring),
         }
     }
@@ -52,8 +56,10 @@ impl RateState {
 /// per key, in the shard's key order.
 #[derive(Debug)]
 pub(crate) enum RateColumn {
-    /// GCRA or fixed window: one state word per key.
-    Words(Vec<AtomicU64>),
+    /// GCRA: one theoretical arrival time per key.
+    Gcra(Vec<AtomicU64>),
+    /// Fixed window: one state word per key.
+    Fixed(Vec<AtomicU64>),
     /// Sliding window: one log per key.
     Logs(Vec<Mutex<VecDeque<u64>>>),
 }
@@ -63,14 +69,15 @@ impl RateColumn {
     pub(crate) fn new(params: &RateParams) -> Self {
         match params.algorithm {
             RateAlgorithm::SlidingWindow => RateColumn::Logs(Vec::new()),
-            _ => RateColumn::Words(Vec::new()),
+            RateAlgorithm::FixedWindow => RateColumn::Fixed(Vec::new()),
+            _ => RateColumn::Gcra(Vec::new()),
         }
     }
 
     /// Appends fresh state for one more key.
     pub(crate) fn push(&mut self) {
         match self {
-            RateColumn::Words(words) => words.push(AtomicU64::new(0)),
+            RateColumn::Gcra(words) | RateColumn::Fixed(words) => words.push(AtomicU64::new(0)),
             RateColumn::Logs(logs) => logs.push(Mutex::new(VecDeque::new())),
         }
     }
@@ -79,7 +86,8 @@ impl RateColumn {
     #[inline(always)]
     pub(crate) fn get(&self, i: usize) -> Option<RateCell<'_>> {
         match self {
-            RateColumn::Words(words) => words.get(i).map(RateCell::Word),
+            RateColumn::Gcra(words) => words.get(i).map(RateCell::Gcra),
+            RateColumn::Fixed(words) => words.get(i).map(RateCell::Fixed),
             RateColumn::Logs(logs) => logs.get(i).map(RateCell::Log),
         }
     }
@@ -87,7 +95,7 @@ impl RateColumn {
     /// Keeps the entries whose `keep` is `true`, in order.
     pub(crate) fn retain(&mut self, keep: &[bool]) {
         match self {
-            RateColumn::Words(words) => retain_by(words, keep),
+            RateColumn::Gcra(words) | RateColumn::Fixed(words) => retain_by(words, keep),
             RateColumn::Logs(logs) => retain_by(logs, keep),
         }
     }
@@ -97,7 +105,9 @@ impl RateColumn {
     #[cfg(test)]
     pub(crate) fn heap_bytes(&self) -> usize {
         match self {
-            RateColumn::Words(words) => words.capacity() * std::mem::size_of::<AtomicU64>(),
+            RateColumn::Gcra(words) | RateColumn::Fixed(words) => {
+                words.capacity() * std::mem::size_of::<AtomicU64>()
+            }
             RateColumn::Logs(logs) => {
                 logs.capacity() * std::mem::size_of::<Mutex<VecDeque<u64>>>()
                     + logs
@@ -121,8 +131,10 @@ pub(crate) fn retain_by<T>(items: &mut Vec<T>, keep: &[bool]) {
 /// One rate limiter cell: where one key's (or the resource's) state lives.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum RateCell<'a> {
-    /// GCRA or fixed window: the rule's state word.
-    Word(&'a AtomicU64),
+    /// GCRA: the theoretical arrival time.
+    Gcra(&'a AtomicU64),
+    /// Fixed window: `[window index | count]`.
+    Fixed(&'a AtomicU64),
     /// Sliding window: the log behind a mutex.
     Log(&'a Mutex<VecDeque<u64>>),
     /// Sliding window, lock-free.
@@ -134,9 +146,7 @@ impl RateCell<'_> {
     #[inline(always)]
     pub(crate) fn acquire(self, params: &RateParams, now_ns: u64) -> Result<(), Duration> {
         match self {
-            RateCell::Word(tat) if params.algorithm == RateAlgorithm::Gcra => {
-                apply(tat, |s| rules::gcra(s, params, now_ns))
-            }
+            RateCell::Gcra(tat) => apply(tat, |s| rules::gcra(s, params, now_ns)),
             other => other.acquire_other(params, now_ns),
         }
     }
@@ -144,12 +154,8 @@ impl RateCell<'_> {
     #[inline(never)]
     fn acquire_other(self, params: &RateParams, now_ns: u64) -> Result<(), Duration> {
         match self {
-            RateCell::Word(word) => match params.algorithm {
-                RateAlgorithm::FixedWindow => {
-                    apply(word, |s| rules::fixed_window(s, params, now_ns))
-                }
-                _ => apply(word, |s| rules::gcra(s, params, now_ns)),
-            },
+            RateCell::Gcra(tat) => apply(tat, |s| rules::gcra(s, params, now_ns)),
+            RateCell::Fixed(word) => apply(word, |s| rules::fixed_window(s, params, now_ns)),
             RateCell::Log(log) => sliding_log(&mut lock(log), params, now_ns),
             RateCell::Ring(ring) => ring.acquire(params, now_ns),
         }
@@ -159,12 +165,9 @@ impl RateCell<'_> {
     /// that dropping it changes no future decision.
     pub(crate) fn is_idle(self, params: &RateParams, now_ns: u64) -> bool {
         match self {
-            RateCell::Word(word) => {
-                let word = word.load(Ordering::Acquire);
-                match params.algorithm {
-                    RateAlgorithm::FixedWindow => rules::fixed_window_is_idle(word, params, now_ns),
-                    _ => rules::gcra_is_idle(word, now_ns),
-                }
+            RateCell::Gcra(tat) => rules::gcra_is_idle(tat.load(Ordering::Acquire), now_ns),
+            RateCell::Fixed(word) => {
+                rules::fixed_window_is_idle(word.load(Ordering::Acquire), params, now_ns)
             }
             RateCell::Log(log) => {
                 rules::sliding_window_is_idle(lock(log).back().copied(), params, now_ns)
@@ -388,7 +391,8 @@ mod tests {
                     assert!(matches!(self.root, RateState::Ring(_)));
                     vec![RateCell::Log(&self.log), self.root.cell()]
                 }
-                _ => vec![RateCell::Word(&self.word)],
+                RateAlgorithm::FixedWindow => vec![RateCell::Fixed(&self.word)],
+                _ => vec![RateCell::Gcra(&self.word)],
             }
         }
     }

@@ -82,7 +82,7 @@ pub(crate) fn gcra(tat: u64, p: &RateParams, now: u64) -> Result<u64, Duration> 
     }
     start
         .checked_add(p.interval_ns)
-        .ok_or(Duration::from_nanos(p.interval_ns))
+        .ok_or_else(|| Duration::from_nanos(p.interval_ns))
 }
 
 /// `true` when GCRA state `tat` decides every future call as fresh state

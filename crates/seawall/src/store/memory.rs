@@ -248,19 +248,10 @@ enum Keys {
 }
 
 impl Keys {
-    #[inline(always)]
-    fn matches(&self, i: u32, key: &PartitionKey) -> bool {
-        match (self, key) {
-            (Keys::Ints(ints), PartitionKey::Int(k)) => ints.get(i as usize) == Some(k),
-            (Keys::Ints(_), _) => false,
-            (Keys::Any(keys), key) => keys.get(i as usize) == Some(key),
-        }
-    }
-
     fn hash(&self, i: u32, hasher: &DefaultHashBuilder) -> u64 {
         match self {
-            Keys::Ints(ints) => hasher.hash_one(PartitionKey::Int(ints[i as usize])),
-            Keys::Any(keys) => hasher.hash_one(&keys[i as usize]),
+            Keys::Ints(ints) => hasher.hash_one(ints[i as usize]),
+            Keys::Any(keys) => key_hash(hasher, &keys[i as usize]),
         }
     }
 
@@ -308,6 +299,17 @@ impl Keys {
     }
 }
 
+/// The hash of a partition key in a shard's index: an integer key hashes
+/// as the integer alone, a string key as its string (equal keys of
+/// different kinds never meet: the index compares the keys).
+#[inline(always)]
+fn key_hash(hasher: &DefaultHashBuilder, key: &PartitionKey) -> u64 {
+    match key {
+        PartitionKey::Int(k) => hasher.hash_one(k),
+        other => hasher.hash_one(other.as_str().unwrap_or_default()),
+    }
+}
+
 /// Gives back most of a column's spare capacity after a sweep emptied it.
 fn shrink<T>(column: &mut Vec<T>) {
     if column.len() * 4 < column.capacity() {
@@ -350,9 +352,18 @@ impl ShardMap {
 
     #[inline(always)]
     fn find(&self, hash: u64, key: &PartitionKey) -> Option<u32> {
-        self.index
-            .find(hash, |&i| self.keys.matches(i, key))
-            .copied()
+        // The kind of key is settled once, not at every probe.
+        match (&self.keys, key) {
+            (Keys::Ints(ints), PartitionKey::Int(k)) => self
+                .index
+                .find(hash, |&i| ints.get(i as usize) == Some(k))
+                .copied(),
+            (Keys::Ints(_), _) => None,
+            (Keys::Any(keys), key) => self
+                .index
+                .find(hash, |&i| keys.get(i as usize) == Some(key))
+                .copied(),
+        }
     }
 
     /// Appends fresh cells for `key`, used at `now_ns`; returns its number.
@@ -510,18 +521,16 @@ impl Shard {
 struct Partitions {
     /// Keyed per store: the hash of a key is not known outside the process.
     hasher: DefaultHashBuilder,
-    shards: Box<[Shard]>,
+    shards: Box<[Shard; SHARDS]>,
 }
 
 impl Partitions {
     fn new(params: &Params) -> Self {
         Partitions {
             hasher: DefaultHashBuilder::default(),
-            shards: (0..SHARDS)
-                .map(|_| Shard {
-                    map: RwLock::new(ShardMap::new(params)),
-                })
-                .collect(),
+            shards: Box::new(std::array::from_fn(|_| Shard {
+                map: RwLock::new(ShardMap::new(params)),
+            })),
         }
     }
 
@@ -530,7 +539,7 @@ impl Partitions {
     /// the low bits for the bucket and the top 7 as the tag.
     #[inline]
     fn locate(&self, key: &PartitionKey) -> (u64, &Shard) {
-        let hash = self.hasher.hash_one(key);
+        let hash = key_hash(&self.hasher, key);
         (hash, &self.shards[((hash >> 32) % SHARDS as u64) as usize])
     }
 }
@@ -756,14 +765,23 @@ impl MemoryResource {
     ) -> Result<(), Option<Rejection>> {
         match partition {
             None => self.try_admit_in(self.root_view(), now, out),
-            Some(key) => {
-                // A partition counts the admission as a use of its key.
-                let now_ns = now();
-                self.use_partition(key, now_ns, |view| {
-                    self.try_admit_in(view, &mut || now_ns, out)
-                })
-            }
+            // A partition counts the admission as a use of its key.
+            Some(key) => self.try_admit_partition(key, now(), out),
         }
+    }
+
+    /// [`try_admit`](Self::try_admit) on a partition, out of line so that
+    /// the unpartitioned path stays small.
+    #[inline(never)]
+    fn try_admit_partition(
+        &self,
+        key: &PartitionKey,
+        now_ns: u64,
+        out: &mut Option<Permit>,
+    ) -> Result<(), Option<Rejection>> {
+        self.use_partition(key, now_ns, |view| {
+            self.try_admit_in(view, &mut || now_ns, out)
+        })
     }
 
     #[inline(always)]
@@ -829,10 +847,23 @@ impl MemoryResource {
             // Without a circuit or a bulkhead a success changes nothing: the
             // key is not looked up again (its admission was its last use).
             Some(_) if self.params.circuit.is_none() && self.params.bulkhead.is_none() => None,
-            Some(key) => self.use_partition(key, now_ns, |view| {
-                self.record_success_in(view, permit, duration, now_ns)
-            }),
+            Some(key) => self.record_success_partition(key, permit, duration, now_ns),
         }
+    }
+
+    /// [`record_success`](Self::record_success) on a partition, out of line
+    /// so that the unpartitioned path stays small.
+    #[inline(never)]
+    fn record_success_partition(
+        &self,
+        key: &PartitionKey,
+        permit: Permit,
+        duration: Duration,
+        now_ns: u64,
+    ) -> Option<CircuitTransition> {
+        self.use_partition(key, now_ns, |view| {
+            self.record_success_in(view, permit, duration, now_ns)
+        })
     }
 
     #[inline(always)]
