@@ -18,7 +18,15 @@ use crate::cooldown;
 use crate::error::RejectionReason;
 use crate::rate_limit::machine::{retain_by, RateCell, RateColumn, RateParams, RateState};
 
-const NANOS_PER_MS: u64 = 1_000_000;
+/// A key's last use is kept in ticks of 2^20 ns (about 1.05 ms), rounded
+/// up: a shift, not a division, on every call.
+const USE_TICK_SHIFT: u32 = 20;
+
+/// `now_ns` in use ticks, rounded up.
+#[inline(always)]
+fn use_tick(now_ns: u64) -> u64 {
+    now_ns.div_ceil(1 << USE_TICK_SHIFT)
+}
 /// Shards of a resource's partition map.
 const SHARDS: usize = 32;
 /// A shard is not swept before it holds this many keys.
@@ -326,8 +334,8 @@ struct ShardMap {
     /// Key numbers, by the hash of their key.
     index: HashTable<u32>,
     keys: Keys,
-    /// The last admission or record of each key, in milliseconds rounded up.
-    last_used_ms: Vec<AtomicU64>,
+    /// The last admission or record of each key, in use ticks rounded up.
+    last_used: Vec<AtomicU64>,
     circuit: Vec<Circuit>,
     in_flight: Vec<AtomicU32>,
     cooldown_until: Vec<AtomicU64>,
@@ -341,7 +349,7 @@ impl ShardMap {
         ShardMap {
             index: HashTable::new(),
             keys: Keys::Ints(Vec::new()),
-            last_used_ms: Vec::new(),
+            last_used: Vec::new(),
             circuit: Vec::new(),
             in_flight: Vec::new(),
             cooldown_until: Vec::new(),
@@ -377,8 +385,7 @@ impl ShardMap {
     ) -> u32 {
         let i = self.keys.len() as u32;
         self.keys.push(key);
-        self.last_used_ms
-            .push(AtomicU64::new(now_ns.div_ceil(NANOS_PER_MS)));
+        self.last_used.push(AtomicU64::new(use_tick(now_ns)));
         if let Some(p) = &params.circuit {
             self.circuit.push(Circuit::new(p));
         }
@@ -409,10 +416,10 @@ impl ShardMap {
 
     #[inline(always)]
     fn touch(&self, i: u32, now_ns: u64) {
-        let ms = now_ns.div_ceil(NANOS_PER_MS);
-        if let Some(last) = self.last_used_ms.get(i as usize) {
-            if last.load(Ordering::Relaxed) < ms {
-                last.fetch_max(ms, Ordering::Relaxed);
+        let tick = use_tick(now_ns);
+        if let Some(last) = self.last_used.get(i as usize) {
+            if last.load(Ordering::Relaxed) < tick {
+                last.fetch_max(tick, Ordering::Relaxed);
             }
         }
     }
@@ -420,9 +427,9 @@ impl ShardMap {
     /// `true` when key number `i` may be dropped at `now_ns`: unused for
     /// the idle time, and every cell equivalent to fresh state.
     fn is_evictable(&self, params: &Params, i: u32, now_ns: u64) -> bool {
-        let last_ns = self.last_used_ms[i as usize]
+        let last_ns = self.last_used[i as usize]
             .load(Ordering::Relaxed)
-            .saturating_mul(NANOS_PER_MS);
+            .saturating_mul(1 << USE_TICK_SHIFT);
         let view = self.view(i);
         now_ns.saturating_sub(last_ns) >= params.idle_ns
             && view.in_flight.is_none_or(|slots| slots.in_flight() == 0)
@@ -445,7 +452,7 @@ impl ShardMap {
         let removed = keep.iter().filter(|k| !**k).count();
         if removed > 0 {
             self.keys.retain(&keep);
-            retain_by(&mut self.last_used_ms, &keep);
+            retain_by(&mut self.last_used, &keep);
             retain_by(&mut self.circuit, &keep);
             retain_by(&mut self.in_flight, &keep);
             retain_by(&mut self.cooldown_until, &keep);
@@ -453,7 +460,7 @@ impl ShardMap {
                 rate.retain(&keep);
             }
             self.keys.shrink();
-            shrink(&mut self.last_used_ms);
+            shrink(&mut self.last_used);
             shrink(&mut self.circuit);
             shrink(&mut self.in_flight);
             shrink(&mut self.cooldown_until);
@@ -491,7 +498,7 @@ impl ShardMap {
         };
         buckets * (std::mem::size_of::<u32>() + 1)
             + self.keys.heap_bytes()
-            + self.last_used_ms.capacity() * std::mem::size_of::<AtomicU64>()
+            + self.last_used.capacity() * std::mem::size_of::<AtomicU64>()
             + self.circuit.capacity() * std::mem::size_of::<Circuit>()
             + self.in_flight.capacity() * std::mem::size_of::<AtomicU32>()
             + self.cooldown_until.capacity() * std::mem::size_of::<AtomicU64>()
@@ -515,6 +522,22 @@ impl Shard {
     }
     fn write(&self) -> RwLockWriteGuard<'_, ShardMap> {
         self.map.write().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A shard map held under either lock.
+enum MapGuard<'a> {
+    Read(RwLockReadGuard<'a, ShardMap>),
+    Write(RwLockWriteGuard<'a, ShardMap>),
+}
+
+impl MapGuard<'_> {
+    #[inline(always)]
+    fn map(&self) -> &ShardMap {
+        match self {
+            MapGuard::Read(map) => map,
+            MapGuard::Write(map) => map,
+        }
     }
 }
 
@@ -620,28 +643,32 @@ impl MemoryResource {
             .partitions
             .get_or_init(|| Partitions::new(&self.params));
         let (hash, shard) = partitions.locate(key);
-        {
-            let map = shard.read();
-            if let Some(i) = map.find(hash, key) {
-                map.touch(i, now_ns);
-                return f(map.view(i));
+        let read = shard.read();
+        // One call of `f` whichever lock found the key, so that it is
+        // inlined here.
+        let (guard, i) = match read.find(hash, key) {
+            Some(i) => (MapGuard::Read(read), i),
+            None => {
+                drop(read);
+                self.insert_partition(partitions, shard, hash, key, now_ns)
             }
-        }
-        self.insert_partition(partitions, shard, hash, key, now_ns, f)
+        };
+        let map = guard.map();
+        map.touch(i, now_ns);
+        f(map.view(i))
     }
 
     /// The slow half of [`use_partition`](Self::use_partition): a key not
-    /// found under the read lock.
+    /// found under the read lock, found or inserted under the write lock.
     #[inline(never)]
-    fn insert_partition<R>(
+    fn insert_partition<'a>(
         &self,
         partitions: &Partitions,
-        shard: &Shard,
+        shard: &'a Shard,
         hash: u64,
         key: &PartitionKey,
         now_ns: u64,
-        f: impl FnOnce(View<'_>) -> R,
-    ) -> R {
+    ) -> (MapGuard<'a>, u32) {
         let mut map = shard.write();
         let i = match map.find(hash, key) {
             Some(i) => i,
@@ -653,8 +680,7 @@ impl MemoryResource {
                 map.insert(&self.params, &partitions.hasher, hash, key, now_ns)
             }
         };
-        map.touch(i, now_ns);
-        f(map.view(i))
+        (MapGuard::Write(map), i)
     }
 
     /// Runs `f` on the cells of `key` if it has any.
