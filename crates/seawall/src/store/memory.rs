@@ -1089,6 +1089,93 @@ mod tests {
             .with_partition_idle(Duration::from_secs(60))
     }
 
+    proptest::proptest! {
+        /// Every partition key decides exactly as an unpartitioned resource
+        /// of its own fed the same calls: the columns hold the same cells,
+        /// whatever the mix of integer and string keys in a shard. Without a
+        /// breaker (whose partial failure run may be dropped with an idle
+        /// key) keys are also evicted between calls, which must change no
+        /// decision. Times in whole microseconds (the unpartitioned sliding
+        /// log's resolution) from 0 or 10^6 s.
+        #[test]
+        fn a_partition_decides_as_a_resource_of_its_own(
+            which in 0usize..3,
+            with_circuit in proptest::prelude::any::<bool>(),
+            base_s in proptest::sample::select(vec![0u64, 1_000_000]),
+            ops in proptest::collection::vec(
+                (0usize..4, 0u64..1_500, 0u8..5, proptest::option::of(0u64..40)),
+                1..150,
+            ),
+        ) {
+            let limiter = [
+                RateLimiter::gcra(2, Duration::from_millis(10)),
+                RateLimiter::fixed_window(2, Duration::from_millis(10)),
+                RateLimiter::sliding_window(2, Duration::from_millis(10)),
+            ][which].clone();
+            let spec = |name: &str| {
+                let spec = ResourceSpec::new(name)
+                    .with_bulkhead(Bulkhead::new(2))
+                    .with_cooldown(Cooldown::new().max_pause(Duration::from_millis(30)))
+                    .with_rate_limit(limiter.clone())
+                    .with_partition_idle(Duration::ZERO);
+                if with_circuit {
+                    spec.with_circuit(
+                        CircuitBreaker::consecutive_failures(2).cooldown(Duration::from_millis(20)),
+                    )
+                } else {
+                    spec
+                }
+            };
+            let keyed = MemoryStore::new().bind(&spec("keyed")).unwrap();
+            let keys = [
+                PartitionKey::from(1u64),
+                PartitionKey::from("a"),
+                PartitionKey::from(2u64),
+                PartitionKey::from(String::from("b")),
+            ];
+            let singles: Vec<_> = keys
+                .iter()
+                .map(|_| MemoryStore::new().bind(&spec("single")).unwrap())
+                .collect();
+            let mut held: Vec<Vec<(Permit, Permit)>> = vec![Vec::new(); keys.len()];
+            let mut now = Duration::from_secs(base_s);
+            for (k, step_us, op, hint_ms) in ops {
+                now += Duration::from_micros(step_us);
+                let (key, single) = (&keys[k], &*singles[k]);
+                match op {
+                    0 | 1 => {
+                        let a = admit(&*keyed, Some(key), now);
+                        let b = admit(single, None, now);
+                        proptest::prop_assert_eq!(a.decision.map(|_| ()), b.decision.map(|_| ()));
+                        proptest::prop_assert_eq!(a.transition, b.transition);
+                        if let (Ok(pa), Ok(pb)) = (a.decision, b.decision) {
+                            held[k].push((pa, pb));
+                        }
+                    }
+                    2 | 3 => {
+                        if let Some((pa, pb)) = held[k].pop() {
+                            let outcome = [Outcome::Failure, Outcome::Success][step_us as usize % 2];
+                            let hint = hint_ms.map(Duration::from_millis);
+                            let a = record(&*keyed, Some(key), pa, outcome, hint, now);
+                            let b = record(single, None, pb, outcome, hint, now);
+                            proptest::prop_assert_eq!(a.transition, b.transition);
+                            proptest::prop_assert_eq!(a.cooldown, b.cooldown);
+                        }
+                    }
+                    _ => {
+                        if !with_circuit {
+                            keyed.evict_idle(now);
+                        }
+                    }
+                }
+                proptest::prop_assert_eq!(
+                    keyed.in_flight(Some(key), now).unwrap(),
+                    single.in_flight(None, now).unwrap()
+                );
+            }
+        }
+    }
+
     #[test]
     fn same_spec_shares_and_changed_spec_keeps_unchanged_cells() {
         let store = MemoryStore::new();
