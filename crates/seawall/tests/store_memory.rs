@@ -185,6 +185,76 @@ fn rate_limiters_admit_exactly_the_limit_under_contention() {
     }
 }
 
+/// 8 threads admit on many partition keys at once while keys are created,
+/// swept and evicted around them: each key admits exactly its limit, on
+/// clocks at 0, at 10^6 s and near the end of the clock.
+#[test]
+fn partitioned_limits_hold_while_keys_come_and_go() {
+    const LIMIT: u32 = 5;
+    const KEYS: u64 = 300;
+    let period = Duration::from_secs(10);
+    let limiters = [
+        RateLimiter::fixed_window(LIMIT, period),
+        RateLimiter::sliding_window(LIMIT, period),
+        RateLimiter::gcra(LIMIT, period),
+    ];
+    let bases = [
+        Duration::ZERO,
+        Duration::from_secs(1_000_000),
+        Duration::from_nanos(u64::MAX) - Duration::from_secs(60),
+    ];
+    for limiter in limiters {
+        for base in bases {
+            let state = MemoryStore::new()
+                .bind(
+                    &ResourceSpec::new("keyed-rate")
+                        .with_rate_limit(limiter.clone())
+                        .with_bulkhead(Bulkhead::new(1_000))
+                        .with_partition_idle(Duration::ZERO),
+                )
+                .unwrap();
+            let now = base + Duration::from_millis(2_500);
+            let admitted: Vec<AtomicU32> = (0..KEYS).map(|_| AtomicU32::new(0)).collect();
+            let barrier = Barrier::new(THREADS + 1);
+            std::thread::scope(|s| {
+                for t in 0..THREADS as u64 {
+                    let (state, admitted, barrier) = (&state, &admitted, &barrier);
+                    s.spawn(move || {
+                        barrier.wait();
+                        for round in 0..2 * LIMIT as u64 {
+                            for k in 0..KEYS {
+                                // Each thread walks the keys in its own order.
+                                let k = (k * 7 + t * 13 + round) % KEYS;
+                                let key = PartitionKey::from(k);
+                                if let Ok(p) = admit(&**state, Some(&key), now) {
+                                    admitted[k as usize].fetch_add(1, Ordering::Relaxed);
+                                    record(&**state, Some(&key), p, Outcome::Success, now);
+                                }
+                            }
+                        }
+                    });
+                }
+                // Evictions race the admissions; keys holding permits stay.
+                barrier.wait();
+                for _ in 0..200 {
+                    state.evict_idle(now);
+                }
+            });
+            for (k, n) in admitted.iter().enumerate() {
+                assert_eq!(
+                    n.load(Ordering::Relaxed),
+                    LIMIT,
+                    "{:?} at {base:?}, key {k}",
+                    limiter.algorithm
+                );
+            }
+            assert_eq!(state.partitions(), KEYS as usize);
+            // Once a period has passed, every key is fresh again and goes.
+            assert_eq!(state.evict_idle(now + period), KEYS as usize);
+        }
+    }
+}
+
 /// Many threads race a circuit that has just become eligible for
 /// half-open: exactly `half_open_calls` probes get in, exactly one
 /// half-open and one close are reported, over many rounds.

@@ -94,15 +94,6 @@ impl Circuit {
         }
     }
 
-    /// A circuit for a resource without a breaker: never used, no window.
-    pub(crate) fn unused() -> Self {
-        Circuit {
-            state: AtomicU64::new(encode(State::CLOSED)),
-            since: AtomicU64::new(0),
-            window: None,
-        }
-    }
-
     #[inline]
     fn load(&self) -> u64 {
         self.state.load(Ordering::Acquire)

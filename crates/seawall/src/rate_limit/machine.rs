@@ -1,163 +1,230 @@
-//! Lock-free rate limiter state used by the memory store.
+//! The rate limiter's cells in the memory store: thin atomic wrappers that
+//! apply the pure rules of [`rules`](super::rules).
 //!
-//! - GCRA: one `AtomicU64` holding the theoretical arrival time (TAT) of the
-//!   next call, in nanoseconds on the pipeline clock. With the emission
-//!   interval `T = period / limit` and the tolerance `tau = T * (burst - 1)`,
-//!   a call at `now` conforms when `TAT <= now + tau`; it then moves the TAT
-//!   to `max(TAT, now) + T`. A refused call is told to retry after exactly
-//!   `TAT - tau - now`. One load and one compare-and-swap per admission.
-//! - Fixed window: one `AtomicU64` of `[window index | count]`, the count
-//!   using just the bits `limit` needs; the window of a call is
-//!   `floor(now / period)`.
-//! - Sliding window: an exact log of admission times; a call is admitted
-//!   when fewer than `limit` admissions happened in `(now - period, now]`,
-//!   i.e. when the oldest of the last `limit` admissions is at least
-//!   `period` old. The unpartitioned state keeps the log lock-free in a
-//!   ring of `limit` slots (see [`Ring`]): one load of the slot of the
-//!   admission `limit` places back, one compare-and-swap on the head, one
-//!   store. A partition keeps it in a deque behind a small mutex that grows
-//!   with use, up to `limit` entries, so that an idle key costs little.
-//!
-//! Times going backwards never panic: differences saturate, and a call that
-//! arrives with an older `now` than the state was written with is counted
-//! against the newer state (never admitting more than the limit).
+//! - GCRA and fixed window: one `AtomicU64` holding the rule's state word;
+//!   an admission is one load and one compare-and-swap of the word the rule
+//!   computed ([`apply`], the shape of governor's `measure_and_replace`).
+//! - Sliding window, unpartitioned: the log kept lock-free in a ring of
+//!   `limit` slots (see [`Ring`]): one load of the slot of the admission
+//!   `limit` places back, one compare-and-swap on the head, one store.
+//! - Sliding window, partitioned: the log in a deque behind a small mutex
+//!   that grows with use, up to `limit` entries, so that an idle key costs
+//!   little.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
-use super::{RateAlgorithm, RateLimiter};
-use crate::clock::duration_nanos;
+use super::rules;
+pub(crate) use super::rules::RateParams;
+use super::RateAlgorithm;
 
-/// A rate limiter configuration, prepared for the state machine.
-#[derive(Debug, Clone)]
-pub(crate) struct RateParams {
-    algorithm: RateAlgorithm,
-    limit: u32,
-    period_ns: u64,
-    /// GCRA emission interval.
-    interval_ns: u64,
-    /// GCRA tolerance: `interval * (burst - 1)`.
-    tolerance_ns: u64,
-    /// Fixed window: bits of the count field.
-    count_bits: u32,
-}
-
-impl RateParams {
-    pub(crate) fn new(spec: &RateLimiter) -> Self {
-        let limit = spec.limit.max(1);
-        let period_ns = duration_nanos(spec.period).max(1);
-        let interval_ns = duration_nanos(spec.emission_interval()).max(1);
-        RateParams {
-            algorithm: spec.algorithm,
-            limit,
-            period_ns,
-            interval_ns,
-            tolerance_ns: interval_ns.saturating_mul(u64::from(spec.burst.max(1) - 1)),
-            count_bits: u32::BITS - limit.leading_zeros(),
-        }
-    }
-
-    fn count_mask(&self) -> u64 {
-        (1u64 << self.count_bits) - 1
-    }
-
-    fn index_mask(&self) -> u64 {
-        u64::MAX >> self.count_bits
-    }
-}
-
-/// The state of one rate limiter.
+/// The unpartitioned state of one rate limiter.
 #[derive(Debug)]
 pub(crate) enum RateState {
-    /// No rate limiter configured.
-    Off,
     /// GCRA: the theoretical arrival time.
     Gcra(AtomicU64),
     /// Fixed window: `[window index | count]`.
     Fixed(AtomicU64),
-    /// Sliding window: the admission times still inside the period.
-    Sliding(Box<Mutex<VecDeque<u64>>>),
     /// Sliding window, lock-free: the last `limit` admission times.
-    SlidingRing(Box<Ring>),
+    Ring(Box<Ring>),
 }
 
 impl RateState {
-    /// Fresh state for `params` (`None`: no limiter).
-    pub(crate) fn new(params: Option<&RateParams>) -> Self {
-        match params.map(|p| p.algorithm) {
-            None => RateState::Off,
-            Some(RateAlgorithm::FixedWindow) => RateState::Fixed(AtomicU64::new(0)),
-            Some(RateAlgorithm::SlidingWindow) => {
-                RateState::Sliding(Box::new(Mutex::new(VecDeque::new())))
-            }
-            Some(_) => RateState::Gcra(AtomicU64::new(0)),
+    /// Fresh state for `params`.
+    pub(crate) fn new(params: &RateParams) -> Self {
+        match params.algorithm {
+            RateAlgorithm::SlidingWindow => RateState::Ring(Box::new(Ring::new(params.limit))),
+            RateAlgorithm::FixedWindow => RateState::Fixed(AtomicU64::new(0)),
+            _ => RateState::Gcra(AtomicU64::new(0)),
         }
     }
 
-    /// Fresh state for the unpartitioned resource: like
-    /// [`new`](Self::new), with a sliding window kept lock-free.
-    pub(crate) fn shared(params: Option<&RateParams>) -> Self {
-        match params {
-            Some(p) if p.algorithm == RateAlgorithm::SlidingWindow => {
-                RateState::SlidingRing(Box::new(Ring::new(p.limit)))
-            }
-            _ => Self::new(params),
+    /// The cell to admit on.
+    #[inline(always)]
+    pub(crate) fn cell(&self) -> RateCell<'_> {
+        match self {
+            RateState::Gcra(tat) => RateCell::Gcra(tat),
+            RateState::Fixed(word) => RateCell::Fixed(word),
+            RateState::Ring(ring) => RateCell::Ring(ring),
+        }
+    }
+}
+
+/// The rate limiter state of the keys of one partition shard: one entry
+/// per key, in the shard's key order.
+#[derive(Debug)]
+pub(crate) enum RateColumn {
+    /// GCRA: one theoretical arrival time per key.
+    Gcra(Vec<AtomicU64>),
+    /// Fixed window: one state word per key.
+    Fixed(Vec<AtomicU64>),
+    /// Sliding window: one log per key.
+    Logs(Vec<Mutex<VecDeque<u64>>>),
+}
+
+impl RateColumn {
+    /// An empty column for `params`.
+    pub(crate) fn new(params: &RateParams) -> Self {
+        match params.algorithm {
+            RateAlgorithm::SlidingWindow => RateColumn::Logs(Vec::new()),
+            RateAlgorithm::FixedWindow => RateColumn::Fixed(Vec::new()),
+            _ => RateColumn::Gcra(Vec::new()),
         }
     }
 
+    /// Appends fresh state for one more key.
+    pub(crate) fn push(&mut self) {
+        match self {
+            RateColumn::Gcra(words) | RateColumn::Fixed(words) => words.push(AtomicU64::new(0)),
+            RateColumn::Logs(logs) => logs.push(Mutex::new(VecDeque::new())),
+        }
+    }
+
+    /// The cell of key number `i`.
+    #[inline(always)]
+    pub(crate) fn get(&self, i: usize) -> Option<RateCell<'_>> {
+        match self {
+            RateColumn::Gcra(words) => words.get(i).map(RateCell::Gcra),
+            RateColumn::Fixed(words) => words.get(i).map(RateCell::Fixed),
+            RateColumn::Logs(logs) => logs.get(i).map(RateCell::Log),
+        }
+    }
+
+    /// Keeps the entries whose `keep` is `true`, in order.
+    pub(crate) fn retain(&mut self, keep: &[bool]) {
+        match self {
+            RateColumn::Gcra(words) | RateColumn::Fixed(words) => retain_by(words, keep),
+            RateColumn::Logs(logs) => retain_by(logs, keep),
+        }
+    }
+
+    /// Heap bytes held (capacity times entry size, logs' own buffers
+    /// included).
+    #[cfg(test)]
+    pub(crate) fn heap_bytes(&self) -> usize {
+        match self {
+            RateColumn::Gcra(words) | RateColumn::Fixed(words) => {
+                words.capacity() * std::mem::size_of::<AtomicU64>()
+            }
+            RateColumn::Logs(logs) => {
+                logs.capacity() * std::mem::size_of::<Mutex<VecDeque<u64>>>()
+                    + logs
+                        .iter()
+                        .map(|l| lock(l).capacity() * std::mem::size_of::<u64>())
+                        .sum::<usize>()
+            }
+        }
+    }
+}
+
+/// Keeps the items of `items` whose entry in `keep` is `true`, in order.
+pub(crate) fn retain_by<T>(items: &mut Vec<T>, keep: &[bool]) {
+    let mut i = 0;
+    items.retain(|_| {
+        i += 1;
+        keep[i - 1]
+    });
+}
+
+/// One rate limiter cell: where one key's (or the resource's) state lives.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum RateCell<'a> {
+    /// GCRA: the theoretical arrival time.
+    Gcra(&'a AtomicU64),
+    /// Fixed window: `[window index | count]`.
+    Fixed(&'a AtomicU64),
+    /// Sliding window: the log behind a mutex.
+    Log(&'a Mutex<VecDeque<u64>>),
+    /// Sliding window, lock-free.
+    Ring(&'a Ring),
+}
+
+impl RateCell<'_> {
     /// Takes one permit at `now_ns`, or tells how long until one is free.
     #[inline(always)]
-    pub(crate) fn acquire(&self, params: &RateParams, now_ns: u64) -> Result<(), Duration> {
+    pub(crate) fn acquire(self, params: &RateParams, now_ns: u64) -> Result<(), Duration> {
         match self {
-            RateState::Gcra(tat) => gcra(tat, params, now_ns),
+            RateCell::Gcra(tat) => apply(tat, |s| rules::gcra(s, params, now_ns)),
             other => other.acquire_other(params, now_ns),
         }
     }
 
     #[inline(never)]
-    fn acquire_other(&self, params: &RateParams, now_ns: u64) -> Result<(), Duration> {
+    fn acquire_other(self, params: &RateParams, now_ns: u64) -> Result<(), Duration> {
         match self {
-            RateState::Off => Ok(()),
-            RateState::Gcra(tat) => gcra(tat, params, now_ns),
-            RateState::Fixed(word) => fixed(word, params, now_ns),
-            RateState::Sliding(log) => sliding(&mut lock(log), params, now_ns),
-            RateState::SlidingRing(ring) => ring.acquire(params, now_ns),
+            RateCell::Gcra(tat) => apply(tat, |s| rules::gcra(s, params, now_ns)),
+            RateCell::Fixed(word) => apply(word, |s| rules::fixed_window(s, params, now_ns)),
+            RateCell::Log(log) => sliding_log(&mut lock(log), params, now_ns),
+            RateCell::Ring(ring) => ring.acquire(params, now_ns),
         }
     }
 
     /// `true` when the state is equivalent to fresh state at `now_ns`, so
     /// that dropping it changes no future decision.
-    pub(crate) fn is_idle(&self, params: Option<&RateParams>, now_ns: u64) -> bool {
-        let Some(p) = params else { return true };
+    pub(crate) fn is_idle(self, params: &RateParams, now_ns: u64) -> bool {
         match self {
-            RateState::Off => true,
-            RateState::Gcra(tat) => tat.load(Ordering::Acquire) <= now_ns,
-            RateState::Fixed(word) => {
-                let bits = word.load(Ordering::Acquire);
-                let (tag, index) = (bits >> p.count_bits, now_ns / p.period_ns);
-                let current = tag == index & p.index_mask() || is_ahead(tag, index, p);
-                bits & p.count_mask() == 0 || !current
+            RateCell::Gcra(tat) => rules::gcra_is_idle(tat.load(Ordering::Acquire), now_ns),
+            RateCell::Fixed(word) => {
+                rules::fixed_window_is_idle(word.load(Ordering::Acquire), params, now_ns)
             }
-            RateState::Sliding(log) => lock(log)
-                .back()
-                .is_none_or(|&t| now_ns.saturating_sub(t) >= p.period_ns),
-            RateState::SlidingRing(ring) => ring
-                .newest()
-                .is_none_or(|t| now_ns.saturating_sub(t) >= p.period_ns),
+            RateCell::Log(log) => {
+                rules::sliding_window_is_idle(lock(log).back().copied(), params, now_ns)
+            }
+            RateCell::Ring(ring) => rules::sliding_window_is_idle(ring.newest(), params, now_ns),
         }
     }
+}
+
+/// Applies `rule` to `word` atomically: load, compute, compare-and-swap,
+/// again from the value found if another thread wrote in between. The
+/// word is written only when the rule admits.
+#[inline(always)]
+fn apply(word: &AtomicU64, rule: impl Fn(u64) -> Result<u64, Duration>) -> Result<(), Duration> {
+    let mut current = word.load(Ordering::Acquire);
+    loop {
+        let next = rule(current)?;
+        match word.compare_exchange_weak(current, next, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => return Ok(()),
+            Err(actual) => current = actual,
+        }
+    }
+}
+
+/// The sliding-window rule on a deque log, pruned of the entries that no
+/// longer count (so that it holds at most `limit`).
+fn sliding_log(log: &mut VecDeque<u64>, p: &RateParams, now: u64) -> Result<(), Duration> {
+    while log
+        .front()
+        .is_some_and(|&t| rules::sliding_window_expired(t, p, now))
+    {
+        log.pop_front();
+    }
+    let full = log.len() >= p.limit as usize;
+    let oldest = full.then(|| log[log.len() - p.limit as usize]);
+    rules::sliding_window(oldest, p, now)?;
+    if full {
+        log.pop_front();
+    }
+    let at = rules::sliding_window_entry(log.back().copied(), now);
+    log.push_back(at);
+    Ok(())
+}
+
+fn lock(log: &Mutex<VecDeque<u64>>) -> std::sync::MutexGuard<'_, VecDeque<u64>> {
+    // The log is consistent after every push and pop: a panic elsewhere
+    // while it was held leaves nothing half-written.
+    log.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The lock-free sliding log: the times of the last `limit` admissions.
 ///
 /// Admission number `n` (counted from 0) writes slot `n mod limit`, so the
 /// slot it would write holds admission `n - limit`: the oldest of the last
-/// `limit`. The call is admitted when that admission is at least `period`
-/// old (or there are fewer than `limit` admissions yet); it then claims its
-/// number with a compare-and-swap on `head` and writes its time into the
-/// slot.
+/// `limit`, which [`rules::sliding_window`] judges. The call then claims
+/// its number with a compare-and-swap on `head` and writes its time into
+/// the slot.
 ///
 /// `head` packs the slot index (low 32 bits), the lap (bits 32..63) and a
 /// flag set once the first lap is complete (bit 63). A slot packs the time
@@ -165,8 +232,9 @@ impl RateState {
 /// tag (high 8 bits) of the lap that wrote it plus one. A claimant that
 /// finds a tag other than its own lap's sees an admission that claimed its
 /// number but has not written its time yet: an admission happening now,
-/// counted as such. Times are kept in order: a slot is never written with
-/// a time earlier than its predecessor's.
+/// counted as such. Times are kept in order
+/// ([`rules::sliding_window_entry`]), unless a predecessor is still being
+/// written.
 ///
 /// The slots are allocated in chunks of 4096, the first up front and the
 /// others on first use, so that a large limit costs memory only as far as
@@ -227,17 +295,14 @@ impl Ring {
             let index = (head & RING_INDEX_MASK) as u32;
             let lap = (head >> RING_LAP_SHIFT) & RING_LAP_MASK;
             let slot = self.slot(index);
-            if head & RING_FULL != 0 {
-                // The admission `limit` places back, written in the previous lap.
+            let full = head & RING_FULL != 0;
+            // The admission `limit` places back, written in the previous lap;
+            // claimed but not written yet, it is happening now.
+            let oldest = full.then(|| {
                 let previous_lap = lap.wrapping_sub(1) & RING_LAP_MASK;
-                let oldest = Self::written(slot.load(Ordering::Acquire), previous_lap)
-                    // Claimed but not written yet: it is happening now.
-                    .unwrap_or(now);
-                let age = now.saturating_sub(oldest);
-                if age < p.period_ns {
-                    return Err(Duration::from_nanos(p.period_ns - age));
-                }
-            }
+                Self::written(slot.load(Ordering::Acquire), previous_lap).unwrap_or(now)
+            });
+            rules::sliding_window(oldest, p, now)?;
             let next = if index + 1 >= self.limit {
                 RING_FULL | (((lap + 1) & RING_LAP_MASK) << RING_LAP_SHIFT)
             } else {
@@ -248,10 +313,10 @@ impl Ring {
                 .compare_exchange_weak(head, next, Ordering::AcqRel, Ordering::Acquire)
             {
                 Ok(_) => {
-                    let mut at = now.div_ceil(NANOS_PER_MICRO).min(RING_TIME_MASK);
-                    if let Some(before) = self.before(index, lap, head & RING_FULL != 0) {
-                        at = at.max(before / NANOS_PER_MICRO);
-                    }
+                    // In whole microseconds, rounded up.
+                    let newest = self.before(index, lap, full).map(|t| t / NANOS_PER_MICRO);
+                    let at = rules::sliding_window_entry(newest, now.div_ceil(NANOS_PER_MICRO))
+                        .min(RING_TIME_MASK);
                     let tag = (lap + 1) & 0xff;
                     slot.store((tag << RING_TAG_SHIFT) | at, Ordering::Release);
                     return Ok(());
@@ -291,253 +356,253 @@ impl Ring {
     }
 }
 
-fn lock(log: &Mutex<VecDeque<u64>>) -> std::sync::MutexGuard<'_, VecDeque<u64>> {
-    // The log is consistent after every push and pop: a panic elsewhere
-    // while it was held leaves nothing half-written.
-    log.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-#[inline(always)]
-fn gcra(tat: &AtomicU64, p: &RateParams, now: u64) -> Result<(), Duration> {
-    let mut current = tat.load(Ordering::Acquire);
-    loop {
-        let start = current.max(now);
-        let ahead = start - now;
-        if ahead > p.tolerance_ns {
-            return Err(Duration::from_nanos(ahead - p.tolerance_ns));
-        }
-        let next = start.saturating_add(p.interval_ns);
-        match tat.compare_exchange_weak(current, next, Ordering::AcqRel, Ordering::Acquire) {
-            Ok(_) => return Ok(()),
-            Err(actual) => current = actual,
-        }
-    }
-}
-
-/// `true` when the stored window tag is ahead of window `index` (the caller's
-/// `now` is older than the state's).
-fn is_ahead(tag: u64, index: u64, p: &RateParams) -> bool {
-    let mask = p.index_mask();
-    let diff = tag.wrapping_sub(index & mask) & mask;
-    diff != 0 && diff <= mask / 2
-}
-
-fn fixed(word: &AtomicU64, p: &RateParams, now: u64) -> Result<(), Duration> {
-    let index = now / p.period_ns;
-    let mask = p.index_mask();
-    let mut current = word.load(Ordering::Acquire);
-    loop {
-        let (tag, count) = (current >> p.count_bits, current & p.count_mask());
-        let (window, count) = if tag == index & mask {
-            (index, count)
-        } else if is_ahead(tag, index, p) {
-            (
-                index.saturating_add(tag.wrapping_sub(index & mask) & mask),
-                count,
-            )
-        } else {
-            (index, 0)
-        };
-        if count >= u64::from(p.limit) {
-            let next_window = window.saturating_add(1).saturating_mul(p.period_ns);
-            return Err(Duration::from_nanos(next_window.saturating_sub(now)));
-        }
-        let next = ((window & mask) << p.count_bits) | (count + 1);
-        match word.compare_exchange_weak(current, next, Ordering::AcqRel, Ordering::Acquire) {
-            Ok(_) => return Ok(()),
-            Err(actual) => current = actual,
-        }
-    }
-}
-
-fn sliding(log: &mut VecDeque<u64>, p: &RateParams, now: u64) -> Result<(), Duration> {
-    while log
-        .front()
-        .is_some_and(|&t| now.saturating_sub(t) >= p.period_ns)
-    {
-        log.pop_front();
-    }
-    if log.len() < p.limit as usize {
-        // Keep the log sorted even if callers' clocks disagree slightly: an
-        // entry never moves earlier than the newest one (stricter, never
-        // looser).
-        let at = log.back().map_or(now, |&last| last.max(now));
-        log.push_back(at);
-        Ok(())
-    } else {
-        let oldest = log.front().copied().unwrap_or(now);
-        Err(Duration::from_nanos(
-            oldest.saturating_add(p.period_ns).saturating_sub(now),
-        ))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::RateLimiter;
 
     const MS: u64 = 1_000_000;
+    const SEC: u64 = 1_000 * MS;
 
-    fn setup(spec: RateLimiter) -> (RateParams, RateState) {
-        let p = RateParams::new(&spec);
-        let s = RateState::new(Some(&p));
-        (p, s)
+    /// Every cell a limiter can live in: the state word (GCRA, fixed
+    /// window) or, for a sliding window, the partition's deque and the
+    /// unpartitioned lock-free ring.
+    struct Cells {
+        p: RateParams,
+        word: AtomicU64,
+        log: Mutex<VecDeque<u64>>,
+        root: RateState,
     }
 
-    fn admitted(p: &RateParams, s: &RateState, now: u64, tries: u32) -> u32 {
+    impl Cells {
+        fn new(spec: RateLimiter) -> Self {
+            let p = RateParams::new(&spec);
+            Cells {
+                root: RateState::new(&p),
+                p,
+                word: AtomicU64::new(0),
+                log: Mutex::new(VecDeque::new()),
+            }
+        }
+
+        fn all(&self) -> Vec<RateCell<'_>> {
+            match self.p.algorithm {
+                RateAlgorithm::SlidingWindow => {
+                    assert!(matches!(self.root, RateState::Ring(_)));
+                    vec![RateCell::Log(&self.log), self.root.cell()]
+                }
+                RateAlgorithm::FixedWindow => vec![RateCell::Fixed(&self.word)],
+                _ => vec![RateCell::Gcra(&self.word)],
+            }
+        }
+    }
+
+    fn admitted(p: &RateParams, s: RateCell<'_>, now: u64, tries: u32) -> u32 {
         (0..tries).filter(|_| s.acquire(p, now).is_ok()).count() as u32
     }
 
-    #[test]
-    fn gcra_admits_the_burst_then_one_per_interval() {
-        // 10 per second (T = 100 ms), burst 3.
-        let (p, s) = setup(RateLimiter::gcra(10, Duration::from_secs(1)).burst(3));
-        assert_eq!(admitted(&p, &s, 0, 10), 3);
-        assert_eq!(s.acquire(&p, 0), Err(Duration::from_millis(100)));
-        assert_eq!(s.acquire(&p, 99 * MS), Err(Duration::from_millis(1)));
-        assert_eq!(admitted(&p, &s, 100 * MS, 10), 1);
-        assert_eq!(s.acquire(&p, 150 * MS), Err(Duration::from_millis(50)));
-        // After a long pause the full burst is back, never more.
-        assert_eq!(admitted(&p, &s, 10_000 * MS, 10), 3);
-        assert!(!s.is_idle(Some(&p), 10_000 * MS));
-        assert!(s.is_idle(Some(&p), 10_300 * MS));
+    /// The pure rules applied one call after the other: the state word, or
+    /// the whole sliding log.
+    #[derive(Default)]
+    struct Sequential {
+        word: u64,
+        log: Vec<u64>,
     }
 
-    #[test]
-    fn gcra_burst_of_one_is_strictly_spaced() {
-        let (p, s) = setup(RateLimiter::gcra(4, Duration::from_secs(1)).burst(1));
-        assert_eq!(admitted(&p, &s, 0, 5), 1);
-        assert_eq!(s.acquire(&p, 249 * MS), Err(Duration::from_millis(1)));
-        assert_eq!(admitted(&p, &s, 250 * MS, 5), 1);
-    }
+    impl Sequential {
+        fn acquire(&mut self, p: &RateParams, now: u64) -> Result<(), Duration> {
+            match p.algorithm {
+                RateAlgorithm::SlidingWindow => {
+                    let limit = p.limit as usize;
+                    let oldest =
+                        (self.log.len() >= limit).then(|| self.log[self.log.len() - limit]);
+                    rules::sliding_window(oldest, p, now)?;
+                    let at = rules::sliding_window_entry(self.log.last().copied(), now);
+                    self.log.push(at);
+                    Ok(())
+                }
+                RateAlgorithm::FixedWindow => {
+                    self.word = rules::fixed_window(self.word, p, now)?;
+                    Ok(())
+                }
+                _ => {
+                    self.word = rules::gcra(self.word, p, now)?;
+                    Ok(())
+                }
+            }
+        }
 
-    #[test]
-    fn fixed_window_counts_exactly_at_the_edges() {
-        let (p, s) = setup(RateLimiter::fixed_window(3, Duration::from_millis(100)));
-        assert_eq!(admitted(&p, &s, 0, 5), 3);
-        assert_eq!(s.acquire(&p, 99 * MS), Err(Duration::from_millis(1)));
-        assert_eq!(s.acquire(&p, 100 * MS - 1), Err(Duration::from_nanos(1)));
-        // The next window starts exactly at 100 ms.
-        assert_eq!(admitted(&p, &s, 100 * MS, 5), 3);
-        assert_eq!(admitted(&p, &s, 199 * MS, 5), 0);
-        assert!(!s.is_idle(Some(&p), 150 * MS));
-        assert!(s.is_idle(Some(&p), 200 * MS));
-    }
-
-    #[test]
-    fn fixed_window_with_limit_one_and_the_largest_limit() {
-        let (p, s) = setup(RateLimiter::fixed_window(1, Duration::from_secs(1)));
-        assert_eq!(admitted(&p, &s, 5 * 1_000 * MS, 3), 1);
-        let (p, s) = setup(RateLimiter::fixed_window(u32::MAX, Duration::from_secs(1)));
-        assert_eq!(admitted(&p, &s, 0, 1000), 1000);
-    }
-
-    #[test]
-    fn fixed_window_counts_late_callers_against_the_newer_window() {
-        let (p, s) = setup(RateLimiter::fixed_window(2, Duration::from_millis(100)));
-        assert_eq!(admitted(&p, &s, 150 * MS, 2), 2);
-        // A caller whose clock read is older must not reset the window.
-        assert_eq!(s.acquire(&p, 50 * MS), Err(Duration::from_millis(150)));
-    }
-
-    /// Both sliding-window states: the partition deque and the lock-free ring.
-    fn sliding_states(limit: u32, period: Duration) -> [(RateParams, RateState); 2] {
-        let p = RateParams::new(&RateLimiter::sliding_window(limit, period));
-        let deque = RateState::new(Some(&p));
-        let ring = RateState::shared(Some(&p));
-        assert!(matches!(ring, RateState::SlidingRing(_)));
-        [(p.clone(), deque), (p, ring)]
-    }
-
-    #[test]
-    fn sliding_window_is_an_exact_log() {
-        for (p, s) in sliding_states(3, Duration::from_millis(100)) {
-            assert!(s.acquire(&p, 0).is_ok());
-            assert!(s.acquire(&p, 10 * MS).is_ok());
-            assert!(s.acquire(&p, 20 * MS).is_ok());
-            assert_eq!(s.acquire(&p, 50 * MS), Err(Duration::from_millis(50)));
-            assert_eq!(s.acquire(&p, 100 * MS - 1), Err(Duration::from_nanos(1)));
-            // At 100 ms the first admission is exactly `period` old.
-            assert!(s.acquire(&p, 100 * MS).is_ok());
-            assert_eq!(s.acquire(&p, 100 * MS), Err(Duration::from_millis(10)));
-            assert!(s.acquire(&p, 110 * MS).is_ok());
-            assert!(!s.is_idle(Some(&p), 150 * MS));
-            assert!(s.is_idle(Some(&p), 210 * MS));
+        fn is_idle(&self, p: &RateParams, now: u64) -> bool {
+            match p.algorithm {
+                RateAlgorithm::SlidingWindow => {
+                    rules::sliding_window_is_idle(self.log.last().copied(), p, now)
+                }
+                RateAlgorithm::FixedWindow => rules::fixed_window_is_idle(self.word, p, now),
+                _ => rules::gcra_is_idle(self.word, now),
+            }
         }
     }
 
     #[test]
-    fn sliding_window_never_moves_entries_earlier() {
-        for (p, s) in sliding_states(2, Duration::from_millis(100)) {
-            assert!(s.acquire(&p, 50 * MS).is_ok());
-            assert!(s.acquire(&p, 10 * MS).is_ok(), "an older clock read");
+    fn gcra_cell_admits_the_burst_then_one_per_interval() {
+        // 10 per second (T = 100 ms), burst 3.
+        let c = Cells::new(RateLimiter::gcra(10, Duration::from_secs(1)).burst(3));
+        let (p, s) = (&c.p, c.all()[0]);
+        assert_eq!(admitted(p, s, 0, 10), 3);
+        assert_eq!(s.acquire(p, 0), Err(Duration::from_millis(100)));
+        assert_eq!(s.acquire(p, 99 * MS), Err(Duration::from_millis(1)));
+        assert_eq!(admitted(p, s, 100 * MS, 10), 1);
+        assert_eq!(s.acquire(p, 150 * MS), Err(Duration::from_millis(50)));
+        // After a long pause the full burst is back, never more.
+        assert_eq!(admitted(p, s, 10_000 * MS, 10), 3);
+        assert!(!s.is_idle(p, 10_000 * MS));
+        assert!(s.is_idle(p, 10_300 * MS));
+    }
+
+    #[test]
+    fn fixed_window_cell_counts_exactly_at_the_edges() {
+        let c = Cells::new(RateLimiter::fixed_window(3, Duration::from_millis(100)));
+        let (p, s) = (&c.p, c.all()[0]);
+        assert_eq!(admitted(p, s, 0, 5), 3);
+        assert_eq!(s.acquire(p, 100 * MS - 1), Err(Duration::from_nanos(1)));
+        // The next window starts exactly at 100 ms.
+        assert_eq!(admitted(p, s, 100 * MS, 5), 3);
+        assert_eq!(admitted(p, s, 199 * MS, 5), 0);
+        assert!(!s.is_idle(p, 150 * MS));
+        assert!(s.is_idle(p, 200 * MS));
+    }
+
+    #[test]
+    fn sliding_window_cells_are_an_exact_log() {
+        let c = Cells::new(RateLimiter::sliding_window(3, Duration::from_millis(100)));
+        for s in c.all() {
+            let p = &c.p;
+            assert!(s.acquire(p, 0).is_ok());
+            assert!(s.acquire(p, 10 * MS).is_ok());
+            assert!(s.acquire(p, 20 * MS).is_ok());
+            assert_eq!(s.acquire(p, 50 * MS), Err(Duration::from_millis(50)));
+            assert_eq!(s.acquire(p, 100 * MS - 1), Err(Duration::from_nanos(1)));
+            // At 100 ms the first admission is exactly `period` old.
+            assert!(s.acquire(p, 100 * MS).is_ok());
+            assert_eq!(s.acquire(p, 100 * MS), Err(Duration::from_millis(10)));
+            assert!(s.acquire(p, 110 * MS).is_ok());
+            assert!(!s.is_idle(p, 150 * MS));
+            assert!(s.is_idle(p, 210 * MS));
+        }
+    }
+
+    #[test]
+    fn sliding_window_cells_never_move_entries_earlier() {
+        let c = Cells::new(RateLimiter::sliding_window(2, Duration::from_millis(100)));
+        for s in c.all() {
+            let p = &c.p;
+            assert!(s.acquire(p, 50 * MS).is_ok());
+            assert!(s.acquire(p, 10 * MS).is_ok(), "an older clock read");
             // Both count until 150 ms.
-            assert_eq!(s.acquire(&p, 120 * MS), Err(Duration::from_millis(30)));
-            assert_eq!(s.acquire(&p, 149 * MS), Err(Duration::from_millis(1)));
-            assert!(s.acquire(&p, 150 * MS).is_ok());
-            assert!(s.acquire(&p, 150 * MS).is_ok());
-            assert_eq!(s.acquire(&p, 150 * MS), Err(Duration::from_millis(100)));
+            assert_eq!(s.acquire(p, 120 * MS), Err(Duration::from_millis(30)));
+            assert_eq!(s.acquire(p, 149 * MS), Err(Duration::from_millis(1)));
+            assert!(s.acquire(p, 150 * MS).is_ok());
+            assert!(s.acquire(p, 150 * MS).is_ok());
+            assert_eq!(s.acquire(p, 150 * MS), Err(Duration::from_millis(100)));
         }
     }
 
     #[test]
     fn sliding_ring_rounds_times_up_to_the_microsecond() {
-        let [_, (p, s)] = sliding_states(1, Duration::from_millis(1));
-        assert!(s.acquire(&p, 1_500).is_ok());
+        let c = Cells::new(RateLimiter::sliding_window(1, Duration::from_millis(1)));
+        let (p, s) = (&c.p, c.root.cell());
+        assert!(s.acquire(p, 1_500).is_ok());
         // Kept as 2 us: free again at 1.002 ms, never before 1.0015 ms.
-        assert_eq!(s.acquire(&p, MS + 1_500), Err(Duration::from_nanos(500)));
-        assert!(s.acquire(&p, MS + 2_000).is_ok());
+        assert_eq!(s.acquire(p, MS + 1_500), Err(Duration::from_nanos(500)));
+        assert!(s.acquire(p, MS + 2_000).is_ok());
     }
 
     #[test]
     fn sliding_ring_wraps_around_many_laps() {
-        let [_, (p, s)] = sliding_states(3, Duration::from_millis(10));
+        let c = Cells::new(RateLimiter::sliding_window(3, Duration::from_millis(10)));
+        let (p, s) = (&c.p, c.root.cell());
         for lap in 0..1_000u64 {
             let t = lap * 10 * MS;
-            assert_eq!(admitted(&p, &s, t, 5), 3, "lap {lap}");
-            assert!(s.acquire(&p, t + 10 * MS - 1).is_err());
+            assert_eq!(admitted(p, s, t, 5), 3, "lap {lap}");
+            assert!(s.acquire(p, t + 10 * MS - 1).is_err());
         }
     }
 
+    #[test]
+    fn cells_never_panic_near_the_end_of_the_clock() {
+        for spec in [
+            RateLimiter::gcra(5, Duration::from_millis(10)),
+            RateLimiter::fixed_window(5, Duration::from_millis(10)),
+            RateLimiter::sliding_window(5, Duration::from_millis(10)),
+        ] {
+            let c = Cells::new(spec);
+            for s in c.all() {
+                for now in [0, u64::MAX / 2, u64::MAX - SEC, u64::MAX - 1, u64::MAX] {
+                    let _ = admitted(&c.p, s, now, 7);
+                    let _ = s.is_idle(&c.p, now);
+                }
+                assert!(s.acquire(&c.p, u64::MAX).is_err(), "full at the end");
+            }
+        }
+    }
+
+    fn algorithms(limit: u32, period: Duration) -> [RateLimiter; 4] {
+        [
+            RateLimiter::gcra(limit, period),
+            RateLimiter::gcra(limit, period).burst(1),
+            RateLimiter::fixed_window(limit, period),
+            RateLimiter::sliding_window(limit, period),
+        ]
+    }
+
     proptest::proptest! {
-        /// The lock-free ring decides exactly as the deque, call after call,
-        /// for times in whole microseconds (the ring's resolution), clocks
-        /// that may go back a little, and any limit.
+        /// Every cell decides exactly as its pure rule applied call after
+        /// call, and reports idle exactly when the rule does: times in whole
+        /// microseconds (the ring's resolution) from a base of 0, 10^6 s or
+        /// near the end of the clock, with clock reads that may lag a
+        /// little, and any limit.
         #[test]
-        fn sliding_ring_decides_as_the_deque(
+        fn cells_decide_as_the_rules_applied_in_sequence(
+            which in 0usize..4,
             limit in 1u32..12,
             period_us in 1u64..2_000,
+            base in proptest::sample::select(vec![0u64, 1_000_000 * SEC, u64::MAX / 1_000 * 1_000 - 10 * SEC]),
             steps in proptest::collection::vec((0u64..400, proptest::prelude::any::<bool>()), 1..300),
         ) {
-            let [(p, deque), (_, ring)] = sliding_states(limit, Duration::from_micros(period_us));
-            let mut now = 10_000u64;
-            for (step, back) in steps {
-                now += step;
-                let at = if back { now.saturating_sub(step / 2) } else { now } * 1_000;
-                proptest::prop_assert_eq!(deque.acquire(&p, at), ring.acquire(&p, at), "at {}", at);
-                proptest::prop_assert_eq!(deque.is_idle(Some(&p), at), ring.is_idle(Some(&p), at));
+            let spec = algorithms(limit, Duration::from_micros(period_us))[which].clone();
+            let c = Cells::new(spec);
+            for s in c.all() {
+                let mut model = Sequential::default();
+                let mut now = 0u64;
+                for &(step, back) in &steps {
+                    now += step;
+                    let at = base + if back { now.saturating_sub(step / 2) } else { now } * 1_000;
+                    proptest::prop_assert_eq!(s.acquire(&c.p, at), model.acquire(&c.p, at), "at {}", at);
+                    proptest::prop_assert_eq!(s.is_idle(&c.p, at), model.is_idle(&c.p, at), "idle at {}", at);
+                }
             }
         }
     }
 
     #[test]
     fn limits_hold_under_contention() {
-        for spec in [
-            RateLimiter::gcra(50, Duration::from_secs(1)),
-            RateLimiter::fixed_window(50, Duration::from_secs(1)),
-            RateLimiter::sliding_window(50, Duration::from_secs(1)),
-        ] {
-            let p = RateParams::new(&spec);
-            for s in [RateState::new(Some(&p)), RateState::shared(Some(&p))] {
-                let total = std::sync::atomic::AtomicU32::new(0);
-                std::thread::scope(|scope| {
-                    for _ in 0..4 {
-                        scope.spawn(|| {
-                            total.fetch_add(admitted(&p, &s, 7 * MS, 40), Ordering::Relaxed);
-                        });
-                    }
-                });
-                assert_eq!(total.load(Ordering::Relaxed), 50);
+        for base in [0, 1_000_000 * SEC, u64::MAX - 10 * SEC] {
+            for spec in algorithms(50, Duration::from_secs(1)) {
+                let c = Cells::new(spec);
+                let p = &c.p;
+                for s in c.all() {
+                    let total = std::sync::atomic::AtomicU32::new(0);
+                    std::thread::scope(|scope| {
+                        for _ in 0..8 {
+                            scope.spawn(|| {
+                                let n = admitted(p, s, base + 7 * MS, 40);
+                                total.fetch_add(n, Ordering::Relaxed);
+                            });
+                        }
+                    });
+                    let expect = if p.tolerance_ns == 0 { 1 } else { 50 };
+                    assert_eq!(total.load(Ordering::Relaxed), expect, "{p:?} at {base}");
+                }
             }
         }
     }
@@ -547,11 +612,8 @@ mod tests {
     #[test]
     fn sliding_ring_holds_its_limit_across_threads() {
         let period = 200_000u64; // 200 us
-        let p = RateParams::new(&RateLimiter::sliding_window(
-            4,
-            Duration::from_nanos(period),
-        ));
-        let s = RateState::shared(Some(&p));
+        let c = Cells::new(RateLimiter::sliding_window(4, Duration::from_nanos(period)));
+        let (p, s) = (&c.p, c.root.cell());
         let start = std::time::Instant::now();
         let times = std::sync::Mutex::new(Vec::new());
         std::thread::scope(|scope| {
@@ -562,7 +624,7 @@ mod tests {
                         // The clock is read before admission: the ring may
                         // record a later time (never an earlier one).
                         let now = start.elapsed().as_nanos() as u64;
-                        if s.acquire(&p, now).is_ok() {
+                        if s.acquire(p, now).is_ok() {
                             mine.push(now);
                         }
                     }
@@ -583,5 +645,26 @@ mod tests {
                 w[4] - w[0]
             );
         }
+    }
+
+    #[test]
+    fn a_column_keeps_the_entries_asked_for() {
+        let p = RateParams::new(&RateLimiter::gcra(1, Duration::from_secs(1)));
+        let mut column = RateColumn::new(&p);
+        for _ in 0..4 {
+            column.push();
+        }
+        for i in 0..4 {
+            column
+                .get(i)
+                .unwrap()
+                .acquire(&p, i as u64 * 10 * SEC)
+                .unwrap();
+        }
+        column.retain(&[false, true, false, true]);
+        assert!(column.get(2).is_none());
+        // Key 1 (admitted at 10 s) and key 3 (at 30 s), in order.
+        assert!(column.get(0).unwrap().is_idle(&p, 11 * SEC));
+        assert!(!column.get(1).unwrap().is_idle(&p, 11 * SEC));
     }
 }

@@ -21,6 +21,7 @@ use std::time::Duration;
 use crate::error::ConfigError;
 
 pub(crate) mod machine;
+pub(crate) mod rules;
 
 /// The counting algorithm of a rate limiter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

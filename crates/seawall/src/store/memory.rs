@@ -12,11 +12,21 @@ use std::time::Duration;
 use super::*;
 use crate::breaker::machine::{BreakerParams, Circuit};
 use crate::breaker::{CircuitControl, CircuitMetrics, CircuitTransition};
+use crate::bulkhead::machine::{Slots, StripedSlots};
 use crate::clock::duration_nanos;
+use crate::cooldown;
 use crate::error::RejectionReason;
-use crate::rate_limit::machine::{RateParams, RateState};
+use crate::rate_limit::machine::{retain_by, RateCell, RateColumn, RateParams, RateState};
 
-const NANOS_PER_MS: u64 = 1_000_000;
+/// A key's last use is kept in ticks of 2^20 ns (about 1.05 ms), rounded
+/// up: a shift, not a division, on every call.
+const USE_TICK_SHIFT: u32 = 20;
+
+/// `now_ns` in use ticks, rounded up.
+#[inline(always)]
+fn use_tick(now_ns: u64) -> u64 {
+    now_ns.div_ceil(1 << USE_TICK_SHIFT)
+}
 /// Shards of a resource's partition map.
 const SHARDS: usize = 32;
 /// A shard is not swept before it holds this many keys.
@@ -79,32 +89,47 @@ const MIN_SWEEP_LEN: usize = 16;
 /// # Cooldown
 /// A retry-after hint `h` on [`record`](ResourceState::record) (any outcome)
 /// moves the end of the pause to `max(end, now + min(h, max_pause))`: a
-/// shorter hint never shrinks it. [`Recorded::cooldown`] is the time left
+/// shorter hint never shrinks it, and a pause that would end past the
+/// clock's range lasts to its end. [`Recorded::cooldown`] is the time left
 /// after the hint, `None` when no pause is in effect.
 ///
+/// Each policy's rules are pure functions in the policy's own module; the
+/// cells of this store apply them atomically, and the store holds, shards
+/// and composes the cells.
+///
 /// # Partitions
-/// Each partition key gets its own circuit, bulkhead, cooldown and rate
-/// limit, in one allocation per key (plus the window of a window-mode
-/// breaker), in a map of 32 shards behind read-write locks. A key unused
-/// for [`ResourceSpec::partition_idle`] is dropped when it holds nothing:
-/// no slot in flight, a circuit that is plain closed (not open, half-open,
-/// isolated or disabled; a partial window may be lost), no cooldown in
-/// effect, and a rate limiter whose state equals fresh state (no permit of
-/// the current window or period taken), so that eviction never lets more
-/// calls through than the limit. Keys are swept when a shard has doubled in
-/// size since its last sweep, and by [`evict_idle`](ResourceState::evict_idle).
-/// An idle key costs about 135 bytes of heap with a consecutive-failures
-/// breaker, a bulkhead, a cooldown and a GCRA limiter (integer key).
+/// A partition key holds the cells of the resource's policies and nothing
+/// else, in a map of 32 shards behind read-write locks. Inside a shard the
+/// cells are kept column by column: a key is a number, entry `n` of the
+/// key column, of the column of its last use and of one column per
+/// configured policy; a hash index maps a key to its number. Integer keys
+/// take 8 bytes each until a shard sees a key of another kind. A key
+/// unused for [`ResourceSpec::partition_idle`] is dropped when it holds
+/// nothing: no slot in flight, a circuit that is plain closed (not open,
+/// half-open, isolated or disabled; a partial window may be lost), no
+/// cooldown in effect, and a rate limiter whose state equals fresh state
+/// (no permit of the current window or period taken), so that eviction
+/// never lets more calls through than the limit. Keys are swept when a
+/// shard has doubled in size since its last sweep, and by
+/// [`evict_idle`](ResourceState::evict_idle).
+///
+/// Heap per idle integer key, measured over one million keys: about
+/// 36 bytes with a GCRA limiter alone, about 73 with a consecutive-failures
+/// breaker, a bulkhead, a cooldown and a GCRA limiter (a window-mode
+/// breaker adds its window; string keys add 16 bytes each, plus their own
+/// string when shared).
 ///
 /// # Costs
 /// Admitting and recording on an unpartitioned resource allocate nothing
 /// (a sliding window of more than 4096 allocates each further chunk of its
 /// log once, on first use). A closed circuit admits with one atomic load, a
-/// consecutive-mode success is one load, a bulkhead slot is one
-/// compare-and-swap to take and one `fetch_sub` to give back, a cooldown
-/// check is one load, a GCRA or fixed-window permit one load and one
+/// consecutive-mode success is one load, a bulkhead slot is one load and
+/// one compare-and-swap to take and as much to give back, a cooldown check
+/// is one load, a GCRA or fixed-window permit one load and one
 /// compare-and-swap, a sliding-window permit two loads, one
-/// compare-and-swap and one store. Nothing takes a lock.
+/// compare-and-swap and one store. Nothing takes a lock. A partitioned call
+/// adds one hash of its key and the shard's read lock (a write lock when
+/// the key is new).
 ///
 /// Threads working on one unpartitioned resource at once share no written
 /// cache line except the rate limiter's: the bulkhead's slots are split
@@ -218,78 +243,287 @@ struct Root {
     rate: Option<Arc<Padded<RateState>>>,
 }
 
-/// The state of one partition key: every policy in one allocation.
-#[derive(Debug)]
-struct Cells {
-    circuit: Circuit,
-    in_flight: AtomicU32,
-    cooldown_until: AtomicU64,
-    /// The last admission or record, in milliseconds rounded up.
-    last_used_ms: AtomicU64,
-    rate: RateState,
-}
-
-impl Cells {
-    fn new(params: &Params, now_ns: u64) -> Self {
-        Cells {
-            circuit: params
-                .circuit
-                .as_ref()
-                .map_or_else(Circuit::unused, Circuit::new),
-            in_flight: AtomicU32::new(0),
-            cooldown_until: AtomicU64::new(0),
-            last_used_ms: AtomicU64::new(now_ns.div_ceil(NANOS_PER_MS)),
-            rate: RateState::new(params.rate.as_ref()),
-        }
-    }
-
-    fn touch(&self, now_ns: u64) {
-        let ms = now_ns.div_ceil(NANOS_PER_MS);
-        if self.last_used_ms.load(Ordering::Relaxed) < ms {
-            self.last_used_ms.fetch_max(ms, Ordering::Relaxed);
-        }
-    }
-
-    fn is_evictable(&self, params: &Params, now_ns: u64) -> bool {
-        let last_ns = self
-            .last_used_ms
-            .load(Ordering::Relaxed)
-            .saturating_mul(NANOS_PER_MS);
-        now_ns.saturating_sub(last_ns) >= params.idle_ns
-            && self.in_flight.load(Ordering::Acquire) == 0
-            && self.circuit.is_idle()
-            && self.cooldown_until.load(Ordering::Acquire) <= now_ns
-            && self.rate.is_idle(params.rate.as_ref(), now_ns)
-    }
-}
-
-/// The cells one operation works on (root or partition).
+/// The cells one operation works on (root or partition): one per
+/// configured policy.
 #[derive(Debug, Clone, Copy)]
 struct View<'a> {
     circuit: Option<&'a Circuit>,
     in_flight: Option<Slots<'a>>,
     cooldown_until: Option<&'a AtomicU64>,
-    rate: Option<&'a RateState>,
+    rate: Option<RateCell<'a>>,
+}
+
+/// The keys of one shard: integers in 8 bytes each until a key of another
+/// kind arrives, then every key as it is.
+#[derive(Debug)]
+enum Keys {
+    Ints(Vec<u64>),
+    Any(Vec<PartitionKey>),
+}
+
+impl Keys {
+    fn hash(&self, i: u32, hasher: &DefaultHashBuilder) -> u64 {
+        match self {
+            Keys::Ints(ints) => hasher.hash_one(ints[i as usize]),
+            Keys::Any(keys) => key_hash(hasher, &keys[i as usize]),
+        }
+    }
+
+    fn push(&mut self, key: &PartitionKey) {
+        match (&mut *self, key) {
+            (Keys::Ints(ints), PartitionKey::Int(k)) => ints.push(*k),
+            (Keys::Ints(ints), key) => {
+                let mut keys: Vec<PartitionKey> =
+                    ints.iter().map(|&k| PartitionKey::Int(k)).collect();
+                keys.push(key.clone());
+                *self = Keys::Any(keys);
+            }
+            (Keys::Any(keys), key) => keys.push(key.clone()),
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Keys::Ints(ints) => ints.len(),
+            Keys::Any(keys) => keys.len(),
+        }
+    }
+
+    fn retain(&mut self, keep: &[bool]) {
+        match self {
+            Keys::Ints(ints) => retain_by(ints, keep),
+            Keys::Any(keys) => retain_by(keys, keep),
+        }
+    }
+
+    fn shrink(&mut self) {
+        match self {
+            Keys::Ints(ints) => shrink(ints),
+            Keys::Any(keys) => shrink(keys),
+        }
+    }
+
+    /// Heap bytes held by the column (not by the keys' own strings).
+    #[cfg(test)]
+    fn heap_bytes(&self) -> usize {
+        match self {
+            Keys::Ints(ints) => ints.capacity() * std::mem::size_of::<u64>(),
+            Keys::Any(keys) => keys.capacity() * std::mem::size_of::<PartitionKey>(),
+        }
+    }
+}
+
+/// The hash of a partition key in a shard's index: an integer key hashes
+/// as the integer alone, a string key as its string (equal keys of
+/// different kinds never meet: the index compares the keys).
+#[inline(always)]
+fn key_hash(hasher: &DefaultHashBuilder, key: &PartitionKey) -> u64 {
+    match key {
+        PartitionKey::Int(k) => hasher.hash_one(k),
+        other => hasher.hash_one(other.as_str().unwrap_or_default()),
+    }
+}
+
+/// Gives back most of a column's spare capacity after a sweep emptied it.
+fn shrink<T>(column: &mut Vec<T>) {
+    if column.len() * 4 < column.capacity() {
+        column.shrink_to(column.len() * 2);
+    }
+}
+
+/// The keys of one shard and their cells, column by column: key number `i`
+/// owns entry `i` of each column, and a column exists (is non-empty) only
+/// for a policy the resource configures. A GCRA-only resource with integer
+/// keys thus holds 24 bytes per key (key, last use, TAT) plus the index.
+#[derive(Debug)]
+struct ShardMap {
+    /// Key numbers, by the hash of their key.
+    index: HashTable<u32>,
+    keys: Keys,
+    /// The last admission or record of each key, in use ticks rounded up.
+    last_used: Vec<AtomicU64>,
+    circuit: Vec<Circuit>,
+    in_flight: Vec<AtomicU32>,
+    cooldown_until: Vec<AtomicU64>,
+    rate: Option<RateColumn>,
+    /// Keys left after the last sweep.
+    swept_len: usize,
+}
+
+impl ShardMap {
+    fn new(params: &Params) -> Self {
+        ShardMap {
+            index: HashTable::new(),
+            keys: Keys::Ints(Vec::new()),
+            last_used: Vec::new(),
+            circuit: Vec::new(),
+            in_flight: Vec::new(),
+            cooldown_until: Vec::new(),
+            rate: params.rate.as_ref().map(RateColumn::new),
+            swept_len: 0,
+        }
+    }
+
+    #[inline(always)]
+    fn find(&self, hash: u64, key: &PartitionKey) -> Option<u32> {
+        // The kind of key is settled once, not at every probe.
+        match (&self.keys, key) {
+            (Keys::Ints(ints), PartitionKey::Int(k)) => self
+                .index
+                .find(hash, |&i| ints.get(i as usize) == Some(k))
+                .copied(),
+            (Keys::Ints(_), _) => None,
+            (Keys::Any(keys), key) => self
+                .index
+                .find(hash, |&i| keys.get(i as usize) == Some(key))
+                .copied(),
+        }
+    }
+
+    /// Appends fresh cells for `key`, used at `now_ns`; returns its number.
+    fn insert(
+        &mut self,
+        params: &Params,
+        hasher: &DefaultHashBuilder,
+        hash: u64,
+        key: &PartitionKey,
+        now_ns: u64,
+    ) -> u32 {
+        let i = self.keys.len() as u32;
+        self.keys.push(key);
+        self.last_used.push(AtomicU64::new(use_tick(now_ns)));
+        if let Some(p) = &params.circuit {
+            self.circuit.push(Circuit::new(p));
+        }
+        if params.bulkhead.is_some() {
+            self.in_flight.push(AtomicU32::new(0));
+        }
+        if params.max_pause_ns.is_some() {
+            self.cooldown_until.push(AtomicU64::new(0));
+        }
+        if let Some(rate) = &mut self.rate {
+            rate.push();
+        }
+        let keys = &self.keys;
+        self.index.insert_unique(hash, i, |&j| keys.hash(j, hasher));
+        i
+    }
+
+    #[inline(always)]
+    fn view(&self, i: u32) -> View<'_> {
+        let i = i as usize;
+        View {
+            circuit: self.circuit.get(i),
+            in_flight: self.in_flight.get(i).map(Slots::One),
+            cooldown_until: self.cooldown_until.get(i),
+            rate: self.rate.as_ref().and_then(|r| r.get(i)),
+        }
+    }
+
+    #[inline(always)]
+    fn touch(&self, i: u32, now_ns: u64) {
+        let tick = use_tick(now_ns);
+        if let Some(last) = self.last_used.get(i as usize) {
+            if last.load(Ordering::Relaxed) < tick {
+                last.fetch_max(tick, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// `true` when key number `i` may be dropped at `now_ns`: unused for
+    /// the idle time, and every cell equivalent to fresh state.
+    fn is_evictable(&self, params: &Params, i: u32, now_ns: u64) -> bool {
+        let last_ns = self.last_used[i as usize]
+            .load(Ordering::Relaxed)
+            .saturating_mul(1 << USE_TICK_SHIFT);
+        let view = self.view(i);
+        now_ns.saturating_sub(last_ns) >= params.idle_ns
+            && view.in_flight.is_none_or(|slots| slots.in_flight() == 0)
+            && view.circuit.is_none_or(Circuit::is_idle)
+            && view
+                .cooldown_until
+                .is_none_or(|c| cooldown::machine::is_idle(c, now_ns))
+            && view
+                .rate
+                .zip(params.rate.as_ref())
+                .is_none_or(|(cell, p)| cell.is_idle(p, now_ns))
+    }
+
+    /// Drops the evictable keys; returns how many.
+    fn sweep(&mut self, params: &Params, hasher: &DefaultHashBuilder, now_ns: u64) -> usize {
+        let len = self.keys.len();
+        let keep: Vec<bool> = (0..len as u32)
+            .map(|i| !self.is_evictable(params, i, now_ns))
+            .collect();
+        let removed = keep.iter().filter(|k| !**k).count();
+        if removed > 0 {
+            self.keys.retain(&keep);
+            retain_by(&mut self.last_used, &keep);
+            retain_by(&mut self.circuit, &keep);
+            retain_by(&mut self.in_flight, &keep);
+            retain_by(&mut self.cooldown_until, &keep);
+            if let Some(rate) = &mut self.rate {
+                rate.retain(&keep);
+            }
+            self.keys.shrink();
+            shrink(&mut self.last_used);
+            shrink(&mut self.circuit);
+            shrink(&mut self.in_flight);
+            shrink(&mut self.cooldown_until);
+            // Key numbers moved: index them again.
+            self.index.clear();
+            let kept = self.keys.len() as u32;
+            if (kept as usize) * 4 < self.index.capacity() {
+                self.index
+                    .shrink_to(kept as usize * 2, |&j| self.keys.hash(j, hasher));
+            }
+            let keys = &self.keys;
+            for i in 0..kept {
+                self.index
+                    .insert_unique(keys.hash(i, hasher), i, |&j| keys.hash(j, hasher));
+            }
+        }
+        self.swept_len = self.keys.len();
+        removed
+    }
+
+    fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Heap bytes held by the shard: the index (a `u32` and one control
+    /// byte per bucket) and every column.
+    #[cfg(test)]
+    fn heap_bytes(&self) -> usize {
+        let capacity = self.index.capacity();
+        // hashbrown keeps capacity = buckets * 7 / 8 (buckets >= 8).
+        let buckets = if capacity == 0 {
+            0
+        } else {
+            (capacity * 8 / 7).next_power_of_two()
+        };
+        buckets * (std::mem::size_of::<u32>() + 1)
+            + self.keys.heap_bytes()
+            + self.last_used.capacity() * std::mem::size_of::<AtomicU64>()
+            + self.circuit.capacity() * std::mem::size_of::<Circuit>()
+            + self.in_flight.capacity() * std::mem::size_of::<AtomicU32>()
+            + self.cooldown_until.capacity() * std::mem::size_of::<AtomicU64>()
+            + self.rate.as_ref().map_or(0, RateColumn::heap_bytes)
+    }
 }
 
 /// One shard of a partition map, on a cache line pair of its own.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 #[repr(align(128))]
 struct Shard {
     map: RwLock<ShardMap>,
 }
 
-#[derive(Debug, Default)]
-struct ShardMap {
-    cells: HashTable<(PartitionKey, Box<Cells>)>,
-    /// Keys left after the last sweep.
-    swept_len: usize,
-}
-
 impl Shard {
     fn read(&self) -> RwLockReadGuard<'_, ShardMap> {
-        // Every write to the map is a single insert or retain: a panic while
-        // it is held cannot leave it inconsistent.
+        // A panic while the map is written (an allocation failure) leaves
+        // at worst a key whose index entry is missing: it is not found,
+        // and admitted on fresh cells, as an evicted key would be.
         self.map.read().unwrap_or_else(|e| e.into_inner())
     }
     fn write(&self) -> RwLockWriteGuard<'_, ShardMap> {
@@ -297,17 +531,35 @@ impl Shard {
     }
 }
 
+/// A shard map held under either lock.
+enum MapGuard<'a> {
+    Read(RwLockReadGuard<'a, ShardMap>),
+    Write(RwLockWriteGuard<'a, ShardMap>),
+}
+
+impl MapGuard<'_> {
+    #[inline(always)]
+    fn map(&self) -> &ShardMap {
+        match self {
+            MapGuard::Read(map) => map,
+            MapGuard::Write(map) => map,
+        }
+    }
+}
+
 struct Partitions {
     /// Keyed per store: the hash of a key is not known outside the process.
     hasher: DefaultHashBuilder,
-    shards: Box<[Shard]>,
+    shards: Box<[Shard; SHARDS]>,
 }
 
 impl Partitions {
-    fn new() -> Self {
+    fn new(params: &Params) -> Self {
         Partitions {
             hasher: DefaultHashBuilder::default(),
-            shards: (0..SHARDS).map(|_| Shard::default()).collect(),
+            shards: Box::new(std::array::from_fn(|_| Shard {
+                map: RwLock::new(ShardMap::new(params)),
+            })),
         }
     }
 
@@ -316,12 +568,8 @@ impl Partitions {
     /// the low bits for the bucket and the top 7 as the tag.
     #[inline]
     fn locate(&self, key: &PartitionKey) -> (u64, &Shard) {
-        let hash = self.hasher.hash_one(key);
+        let hash = key_hash(&self.hasher, key);
         (hash, &self.shards[((hash >> 32) % SHARDS as u64) as usize])
-    }
-
-    fn hash(&self, key: &PartitionKey) -> u64 {
-        self.hasher.hash_one(key)
     }
 }
 
@@ -367,7 +615,7 @@ impl MemoryResource {
             rate: params.rate.as_ref().map(|p| {
                 keep(previous.is_some_and(|prev| prev.spec.rate_limit == spec.rate_limit))
                     .and_then(|r| r.rate.clone())
-                    .unwrap_or_else(|| Arc::new(Padded(RateState::shared(Some(p)))))
+                    .unwrap_or_else(|| Arc::new(Padded(RateState::new(p))))
             }),
         };
         MemoryResource {
@@ -384,64 +632,68 @@ impl MemoryResource {
             circuit: self.root.circuit.as_deref().map(|c| &c.0),
             in_flight: self.root.in_flight.as_deref().map(Slots::Striped),
             cooldown_until: self.root.cooldown_until.as_deref().map(|c| &c.0),
-            rate: self.root.rate.as_deref().map(|r| &r.0),
-        }
-    }
-
-    fn cells_view<'a>(&self, cells: &'a Cells) -> View<'a> {
-        View {
-            circuit: self.params.circuit.as_ref().map(|_| &cells.circuit),
-            in_flight: self.params.bulkhead.map(|_| Slots::One(&cells.in_flight)),
-            cooldown_until: self.params.max_pause_ns.map(|_| &cells.cooldown_until),
-            rate: self.params.rate.as_ref().map(|_| &cells.rate),
+            rate: self.root.rate.as_deref().map(|r| r.0.cell()),
         }
     }
 
     /// Runs `f` on the cells of `key`, creating them if needed; counts as a
     /// use of the key at `now_ns`.
-    fn use_partition<R>(&self, key: &PartitionKey, now_ns: u64, f: impl FnOnce(&Cells) -> R) -> R {
-        let partitions = self.partitions.get_or_init(Partitions::new);
+    #[inline]
+    fn use_partition<R>(
+        &self,
+        key: &PartitionKey,
+        now_ns: u64,
+        f: impl FnOnce(View<'_>) -> R,
+    ) -> R {
+        let partitions = self
+            .partitions
+            .get_or_init(|| Partitions::new(&self.params));
         let (hash, shard) = partitions.locate(key);
-        let same = |(k, _): &(PartitionKey, Box<Cells>)| k == key;
-        {
-            let map = shard.read();
-            if let Some((_, cells)) = map.cells.find(hash, same) {
-                cells.touch(now_ns);
-                return f(cells);
+        let read = shard.read();
+        // One call of `f` whichever lock found the key, so that it is
+        // inlined here.
+        let (guard, i) = match read.find(hash, key) {
+            Some(i) => (MapGuard::Read(read), i),
+            None => {
+                drop(read);
+                self.insert_partition(partitions, shard, hash, key, now_ns)
             }
-        }
+        };
+        let map = guard.map();
+        map.touch(i, now_ns);
+        f(map.view(i))
+    }
+
+    /// The slow half of [`use_partition`](Self::use_partition): a key not
+    /// found under the read lock, found or inserted under the write lock.
+    #[inline(never)]
+    fn insert_partition<'a>(
+        &self,
+        partitions: &Partitions,
+        shard: &'a Shard,
+        hash: u64,
+        key: &PartitionKey,
+        now_ns: u64,
+    ) -> (MapGuard<'a>, u32) {
         let mut map = shard.write();
-        if map.cells.find(hash, same).is_none() {
-            let threshold = (2 * map.swept_len).max(MIN_SWEEP_LEN);
-            if map.cells.len() >= threshold {
-                self.sweep(&mut map, now_ns);
+        let i = match map.find(hash, key) {
+            Some(i) => i,
+            None => {
+                let threshold = (2 * map.swept_len).max(MIN_SWEEP_LEN);
+                if map.len() >= threshold {
+                    map.sweep(&self.params, &partitions.hasher, now_ns);
+                }
+                map.insert(&self.params, &partitions.hasher, hash, key, now_ns)
             }
-        }
-        let (_, cells) = map
-            .cells
-            .entry(hash, same, |(k, _)| partitions.hash(k))
-            .or_insert_with(|| (key.clone(), Box::new(Cells::new(&self.params, now_ns))))
-            .into_mut();
-        cells.touch(now_ns);
-        f(cells)
+        };
+        (MapGuard::Write(map), i)
     }
 
     /// Runs `f` on the cells of `key` if it has any.
-    fn read_partition<R>(&self, key: &PartitionKey, f: impl FnOnce(&Cells) -> R) -> Option<R> {
+    fn read_partition<R>(&self, key: &PartitionKey, f: impl FnOnce(View<'_>) -> R) -> Option<R> {
         let (hash, shard) = self.partitions.get()?.locate(key);
         let map = shard.read();
-        map.cells
-            .find(hash, |(k, _)| k == key)
-            .map(|(_, cells)| f(cells))
-    }
-
-    /// Drops the evictable keys of one shard; returns how many.
-    fn sweep(&self, map: &mut ShardMap, now_ns: u64) -> usize {
-        let before = map.cells.len();
-        map.cells
-            .retain(|(_, cells)| !cells.is_evictable(&self.params, now_ns));
-        map.swept_len = map.cells.len();
-        before - map.cells.len()
+        map.find(hash, key).map(|i| f(map.view(i)))
     }
 
     #[inline]
@@ -475,10 +727,8 @@ impl MemoryResource {
             permit.slot = Some(slot);
         }
         if let Some(until) = view.cooldown_until {
-            let until = until.load(Ordering::Acquire);
-            if now_ns < until {
+            if let Err(left) = cooldown::machine::admit(until, now_ns) {
                 give_back(view, permit);
-                let left = Duration::from_nanos(until - now_ns);
                 return refuse(RejectionReason::CooldownActive, Some(left), transition);
             }
         }
@@ -506,11 +756,8 @@ impl MemoryResource {
             view.cooldown_until,
             self.params.max_pause_ns,
         ) {
-            let wanted = now_ns.saturating_add(duration_nanos(hint).min(max_pause));
-            let end = until.fetch_max(wanted, Ordering::AcqRel).max(wanted);
-            if end > now_ns {
-                recorded.cooldown = Some(Duration::from_nanos(end - now_ns));
-            }
+            recorded.cooldown =
+                cooldown::machine::extend(until, duration_nanos(hint), max_pause, now_ns);
         }
         if let (Some(circuit), Some(p)) = (view.circuit, &self.params.circuit) {
             recorded.transition = circuit.record(
@@ -550,14 +797,23 @@ impl MemoryResource {
     ) -> Result<(), Option<Rejection>> {
         match partition {
             None => self.try_admit_in(self.root_view(), now, out),
-            Some(key) => {
-                // A partition counts the admission as a use of its key.
-                let now_ns = now();
-                self.use_partition(key, now_ns, |cells| {
-                    self.try_admit_in(self.cells_view(cells), &mut || now_ns, out)
-                })
-            }
+            // A partition counts the admission as a use of its key.
+            Some(key) => self.try_admit_partition(key, now(), out),
         }
+    }
+
+    /// [`try_admit`](Self::try_admit) on a partition, out of line so that
+    /// the unpartitioned path stays small.
+    #[inline(never)]
+    fn try_admit_partition(
+        &self,
+        key: &PartitionKey,
+        now_ns: u64,
+        out: &mut Option<Permit>,
+    ) -> Result<(), Option<Rejection>> {
+        self.use_partition(key, now_ns, |view| {
+            self.try_admit_in(view, &mut || now_ns, out)
+        })
     }
 
     #[inline(always)]
@@ -592,8 +848,7 @@ impl MemoryResource {
             ..Permit::default()
         };
         if let Some(until) = view.cooldown_until {
-            let until = until.load(Ordering::Acquire);
-            if until != 0 && now() < until {
+            if !cooldown::machine::admits(until, &mut *now) {
                 give_back(view, taken);
                 return Err(None);
             }
@@ -621,10 +876,26 @@ impl MemoryResource {
     ) -> Option<CircuitTransition> {
         match partition {
             None => self.record_success_in(self.root_view(), permit, duration, now_ns),
-            Some(key) => self.use_partition(key, now_ns, |cells| {
-                self.record_success_in(self.cells_view(cells), permit, duration, now_ns)
-            }),
+            // Without a circuit or a bulkhead a success changes nothing: the
+            // key is not looked up again (its admission was its last use).
+            Some(_) if self.params.circuit.is_none() && self.params.bulkhead.is_none() => None,
+            Some(key) => self.record_success_partition(key, permit, duration, now_ns),
         }
+    }
+
+    /// [`record_success`](Self::record_success) on a partition, out of line
+    /// so that the unpartitioned path stays small.
+    #[inline(never)]
+    fn record_success_partition(
+        &self,
+        key: &PartitionKey,
+        permit: Permit,
+        duration: Duration,
+        now_ns: u64,
+    ) -> Option<CircuitTransition> {
+        self.use_partition(key, now_ns, |view| {
+            self.record_success_in(view, permit, duration, now_ns)
+        })
     }
 
     #[inline(always)]
@@ -657,157 +928,6 @@ impl MemoryResource {
     }
 }
 
-/// Takes a bulkhead slot: never lets the count pass `max`, even transiently.
-#[inline]
-fn acquire_slot(in_flight: &AtomicU32, max: u32) -> bool {
-    let mut current = in_flight.load(Ordering::Relaxed);
-    loop {
-        if current >= max {
-            return false;
-        }
-        match in_flight.compare_exchange_weak(
-            current,
-            current + 1,
-            Ordering::Acquire,
-            Ordering::Relaxed,
-        ) {
-            Ok(_) => return true,
-            Err(actual) => current = actual,
-        }
-    }
-}
-
-#[inline]
-fn release_slot(in_flight: &AtomicU32) {
-    if in_flight.fetch_sub(1, Ordering::Release) == 0 {
-        // A permit given back twice: undo rather than wrap around.
-        in_flight.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-/// The bulkhead slots of a view: one counter (a partition) or stripes
-/// (the unpartitioned state).
-#[derive(Debug, Clone, Copy)]
-enum Slots<'a> {
-    One(&'a AtomicU32),
-    Striped(&'a StripedSlots),
-}
-
-impl Slots<'_> {
-    /// Takes a slot: its id for [`release`](Self::release), or `None` when
-    /// all `max` are taken.
-    #[inline]
-    fn acquire(self, max: u32) -> Option<u64> {
-        match self {
-            Slots::One(in_flight) => acquire_slot(in_flight, max).then_some(0),
-            Slots::Striped(slots) => slots.acquire(),
-        }
-    }
-
-    #[inline]
-    fn release(self, slot: u64) {
-        match self {
-            Slots::One(in_flight) => release_slot(in_flight),
-            Slots::Striped(slots) => slots.release(slot),
-        }
-    }
-}
-
-/// The most stripes a bulkhead is split into.
-const MAX_STRIPES: usize = 16;
-
-/// The bulkhead of the unpartitioned state: its `max` slots split into
-/// stripes, each on cache lines of its own, so that threads taking and
-/// giving back slots at the same time do not write to the same line. A
-/// thread takes from its own stripe first and from the others in turn when
-/// it is full; each stripe holds a fixed share of `max`, so the slots taken
-/// never number more than `max`, even transiently.
-#[derive(Debug)]
-struct StripedSlots {
-    stripes: Box<[Stripe]>,
-}
-
-#[derive(Debug)]
-#[repr(align(128))]
-struct Stripe {
-    in_flight: AtomicU32,
-    cap: u32,
-}
-
-impl StripedSlots {
-    /// A power of two of stripes: at most one per core, each holding at
-    /// least one slot.
-    fn new(max: u32) -> Self {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        Self::with_stripes(max, cores)
-    }
-
-    fn with_stripes(max: u32, wanted: usize) -> Self {
-        let by_cores = wanted.max(1).next_power_of_two().min(MAX_STRIPES);
-        // The largest power of two not above `max` (at least 1).
-        let by_slots = 1usize << (u32::BITS - 1 - max.max(1).leading_zeros());
-        let n = by_cores.min(by_slots) as u32;
-        StripedSlots {
-            stripes: (0..n)
-                .map(|i| Stripe {
-                    in_flight: AtomicU32::new(0),
-                    cap: max / n + u32::from(i < max % n),
-                })
-                .collect(),
-        }
-    }
-
-    #[inline]
-    fn acquire(&self) -> Option<u64> {
-        let mask = self.stripes.len() - 1;
-        let home = stripe_hint() & mask;
-        for k in 0..self.stripes.len() {
-            let i = (home + k) & mask;
-            let stripe = &self.stripes[i];
-            if acquire_slot(&stripe.in_flight, stripe.cap) {
-                return Some(i as u64);
-            }
-        }
-        None
-    }
-
-    #[inline]
-    fn release(&self, slot: u64) {
-        if let Some(stripe) = self.stripes.get(slot as usize) {
-            release_slot(&stripe.in_flight);
-        }
-    }
-
-    fn in_flight(&self) -> u32 {
-        self.stripes
-            .iter()
-            .map(|s| s.in_flight.load(Ordering::Acquire))
-            .sum()
-    }
-}
-
-/// The stripe a thread tries first: threads are numbered in the order they
-/// first ask, so that threads working at the same time start on different
-/// stripes.
-#[inline]
-fn stripe_hint() -> usize {
-    use std::cell::Cell;
-    use std::sync::atomic::AtomicUsize;
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    thread_local! {
-        static HINT: Cell<usize> = const { Cell::new(usize::MAX) };
-    }
-    HINT.try_with(|hint| {
-        let mut h = hint.get();
-        if h == usize::MAX {
-            h = NEXT.fetch_add(1, Ordering::Relaxed) & (usize::MAX >> 1);
-            hint.set(h);
-        }
-        h
-    })
-    .unwrap_or(0)
-}
-
 /// Gives back what an admission took (probe slot, bulkhead slot).
 #[inline]
 fn give_back(view: View<'_>, permit: Permit) {
@@ -828,9 +948,7 @@ impl ResourceState for MemoryResource {
         Ok(match request.partition {
             None => self.admit_in(self.root_view(), now_ns),
             Some(_) if self.params.is_empty() => Admission::admitted(Permit::default()),
-            Some(key) => self.use_partition(key, now_ns, |cells| {
-                self.admit_in(self.cells_view(cells), now_ns)
-            }),
+            Some(key) => self.use_partition(key, now_ns, |view| self.admit_in(view, now_ns)),
         })
     }
 
@@ -839,8 +957,8 @@ impl ResourceState for MemoryResource {
         Ok(match record.partition {
             None => self.record_in(self.root_view(), record),
             Some(_) if self.params.is_empty() => Recorded::default(),
-            Some(key) => self.use_partition(key, duration_nanos(record.now), |cells| {
-                self.record_in(self.cells_view(cells), record)
+            Some(key) => self.use_partition(key, duration_nanos(record.now), |view| {
+                self.record_in(view, record)
             }),
         })
     }
@@ -849,7 +967,7 @@ impl ResourceState for MemoryResource {
         match partition {
             None => give_back(self.root_view(), permit),
             Some(key) => {
-                self.read_partition(key, |cells| give_back(self.cells_view(cells), permit));
+                self.read_partition(key, |view| give_back(view, permit));
             }
         }
     }
@@ -869,7 +987,8 @@ impl ResourceState for MemoryResource {
             // A key not in memory has a fresh circuit, closed since time 0
             // like every circuit that never moved.
             (Some(key), _) => self
-                .read_partition(key, |cells| cells.circuit.metrics(params, now_ns))
+                .read_partition(key, |view| view.circuit.map(|c| c.metrics(params, now_ns)))
+                .flatten()
                 .unwrap_or_else(|| CircuitMetrics {
                     time_in_state: now,
                     ..CircuitMetrics::closed_empty()
@@ -890,9 +1009,9 @@ impl ResourceState for MemoryResource {
         Ok(match (partition, &self.root.circuit) {
             (None, Some(circuit)) => circuit.control(control, now_ns),
             (None, None) => None,
-            (Some(key), _) => {
-                self.use_partition(key, now_ns, |cells| cells.circuit.control(control, now_ns))
-            }
+            (Some(key), _) => self.use_partition(key, now_ns, |view| {
+                view.circuit.and_then(|c| c.control(control, now_ns))
+            }),
         })
     }
 
@@ -901,16 +1020,10 @@ impl ResourceState for MemoryResource {
         partition: Option<&PartitionKey>,
         _now: Duration,
     ) -> Result<u32, StoreError> {
-        let load = |in_flight: &AtomicU32| in_flight.load(Ordering::Acquire);
+        let count = |view: View<'_>| view.in_flight.map_or(0, Slots::in_flight);
         Ok(match partition {
-            None => self
-                .root
-                .in_flight
-                .as_deref()
-                .map_or(0, StripedSlots::in_flight),
-            Some(key) => self
-                .read_partition(key, |cells| load(&cells.in_flight))
-                .unwrap_or(0),
+            None => count(self.root_view()),
+            Some(key) => self.read_partition(key, count).unwrap_or(0),
         })
     }
 
@@ -922,14 +1035,18 @@ impl ResourceState for MemoryResource {
         partitions
             .shards
             .iter()
-            .map(|shard| self.sweep(&mut shard.write(), now_ns))
+            .map(|shard| {
+                shard
+                    .write()
+                    .sweep(&self.params, &partitions.hasher, now_ns)
+            })
             .sum()
     }
 
     fn partitions(&self) -> usize {
         self.partitions
             .get()
-            .map_or(0, |p| p.shards.iter().map(|s| s.read().cells.len()).sum())
+            .map_or(0, |p| p.shards.iter().map(|s| s.read().len()).sum())
     }
 }
 
@@ -937,70 +1054,6 @@ impl ResourceState for MemoryResource {
 mod tests {
     use super::*;
 
-    use proptest::prelude::*;
-
-    proptest! {
-        /// On one thread, striped slots behave exactly like one counter of
-        /// `max`: a slot is refused only when `max` are taken, whatever the
-        /// number of stripes and the order slots are given back in.
-        #[test]
-        fn striped_slots_count_like_one_counter(
-            max in 1u32..40,
-            wanted in 1usize..20,
-            ops in proptest::collection::vec(any::<(bool, prop::sample::Index)>(), 1..200),
-        ) {
-            let slots = StripedSlots::with_stripes(max, wanted);
-            prop_assert!(slots.stripes.len().is_power_of_two());
-            prop_assert!(slots.stripes.iter().all(|s| s.cap >= 1));
-            prop_assert_eq!(slots.stripes.iter().map(|s| s.cap).sum::<u32>(), max);
-            let mut held = Vec::new();
-            for (take, which) in ops {
-                if take || held.is_empty() {
-                    match slots.acquire() {
-                        Some(slot) => held.push(slot),
-                        None => prop_assert_eq!(held.len() as u32, max),
-                    }
-                    prop_assert!(held.len() as u32 <= max);
-                } else {
-                    slots.release(held.swap_remove(which.index(held.len())));
-                }
-                prop_assert_eq!(slots.in_flight(), held.len() as u32);
-            }
-        }
-    }
-
-    #[test]
-    fn striped_slots_never_pass_max_across_threads() {
-        use std::sync::atomic::AtomicU32;
-        for (max, stripes) in [(1, 8), (3, 8), (5, 4), (64, 16)] {
-            let slots = StripedSlots::with_stripes(max, stripes);
-            let holders = AtomicU32::new(0);
-            let peak = AtomicU32::new(0);
-            let taken = AtomicU32::new(0);
-            std::thread::scope(|scope| {
-                for _ in 0..8 {
-                    scope.spawn(|| {
-                        for _ in 0..5_000 {
-                            if let Some(slot) = slots.acquire() {
-                                let now = holders.fetch_add(1, Ordering::SeqCst) + 1;
-                                peak.fetch_max(now, Ordering::SeqCst);
-                                taken.fetch_add(1, Ordering::Relaxed);
-                                std::hint::spin_loop();
-                                holders.fetch_sub(1, Ordering::SeqCst);
-                                slots.release(slot);
-                            }
-                        }
-                    });
-                }
-            });
-            assert!(
-                peak.load(Ordering::SeqCst) <= max,
-                "max {max}: peak {peak:?}"
-            );
-            assert!(taken.load(Ordering::Relaxed) > 0);
-            assert_eq!(slots.in_flight(), 0);
-        }
-    }
     use crate::breaker::CircuitState;
     use crate::{Bulkhead, CircuitBreaker, Cooldown, RateLimiter};
 
@@ -1040,6 +1093,93 @@ mod tests {
             .with_cooldown(Cooldown::new())
             .with_rate_limit(RateLimiter::gcra(1000, Duration::from_secs(1)))
             .with_partition_idle(Duration::from_secs(60))
+    }
+
+    proptest::proptest! {
+        /// Every partition key decides exactly as an unpartitioned resource
+        /// of its own fed the same calls: the columns hold the same cells,
+        /// whatever the mix of integer and string keys in a shard. Without a
+        /// breaker (whose partial failure run may be dropped with an idle
+        /// key) keys are also evicted between calls, which must change no
+        /// decision. Times in whole microseconds (the unpartitioned sliding
+        /// log's resolution) from 0 or 10^6 s.
+        #[test]
+        fn a_partition_decides_as_a_resource_of_its_own(
+            which in 0usize..3,
+            with_circuit in proptest::prelude::any::<bool>(),
+            base_s in proptest::sample::select(vec![0u64, 1_000_000]),
+            ops in proptest::collection::vec(
+                (0usize..4, 0u64..1_500, 0u8..5, proptest::option::of(0u64..40)),
+                1..150,
+            ),
+        ) {
+            let limiter = [
+                RateLimiter::gcra(2, Duration::from_millis(10)),
+                RateLimiter::fixed_window(2, Duration::from_millis(10)),
+                RateLimiter::sliding_window(2, Duration::from_millis(10)),
+            ][which].clone();
+            let spec = |name: &str| {
+                let spec = ResourceSpec::new(name)
+                    .with_bulkhead(Bulkhead::new(2))
+                    .with_cooldown(Cooldown::new().max_pause(Duration::from_millis(30)))
+                    .with_rate_limit(limiter.clone())
+                    .with_partition_idle(Duration::ZERO);
+                if with_circuit {
+                    spec.with_circuit(
+                        CircuitBreaker::consecutive_failures(2).cooldown(Duration::from_millis(20)),
+                    )
+                } else {
+                    spec
+                }
+            };
+            let keyed = MemoryStore::new().bind(&spec("keyed")).unwrap();
+            let keys = [
+                PartitionKey::from(1u64),
+                PartitionKey::from("a"),
+                PartitionKey::from(2u64),
+                PartitionKey::from(String::from("b")),
+            ];
+            let singles: Vec<_> = keys
+                .iter()
+                .map(|_| MemoryStore::new().bind(&spec("single")).unwrap())
+                .collect();
+            let mut held: Vec<Vec<(Permit, Permit)>> = vec![Vec::new(); keys.len()];
+            let mut now = Duration::from_secs(base_s);
+            for (k, step_us, op, hint_ms) in ops {
+                now += Duration::from_micros(step_us);
+                let (key, single) = (&keys[k], &*singles[k]);
+                match op {
+                    0 | 1 => {
+                        let a = admit(&*keyed, Some(key), now);
+                        let b = admit(single, None, now);
+                        proptest::prop_assert_eq!(a.decision.map(|_| ()), b.decision.map(|_| ()));
+                        proptest::prop_assert_eq!(a.transition, b.transition);
+                        if let (Ok(pa), Ok(pb)) = (a.decision, b.decision) {
+                            held[k].push((pa, pb));
+                        }
+                    }
+                    2 | 3 => {
+                        if let Some((pa, pb)) = held[k].pop() {
+                            let outcome = [Outcome::Failure, Outcome::Success][step_us as usize % 2];
+                            let hint = hint_ms.map(Duration::from_millis);
+                            let a = record(&*keyed, Some(key), pa, outcome, hint, now);
+                            let b = record(single, None, pb, outcome, hint, now);
+                            proptest::prop_assert_eq!(a.transition, b.transition);
+                            proptest::prop_assert_eq!(a.cooldown, b.cooldown);
+                        }
+                    }
+                    _ => {
+                        if !with_circuit {
+                            keyed.evict_idle(now);
+                        }
+                    }
+                }
+                proptest::prop_assert_eq!(
+                    keyed.in_flight(Some(key), now).unwrap(),
+                    single.in_flight(None, now).unwrap()
+                );
+            }
+        }
     }
 
     #[test]
@@ -1255,45 +1395,119 @@ mod tests {
         assert!(admit(&*r, None, Duration::ZERO).decision.is_ok());
     }
 
-    /// The memory held per idle partition key, computed from the sizes of
-    /// the map slot and the cells allocation (the crate forbids unsafe code,
-    /// so a counting global allocator is not available to tests).
-    ///
-    /// - map slot: `(PartitionKey, Box<Cells>)` plus hashbrown's one control
-    ///   byte, divided by the table's load (between 7/16 and 7/8 once it
-    ///   has grown; measured below on 10,000 keys);
-    /// - the `Cells` allocation, rounded up to glibc's malloc chunk
-    ///   (`size + 8` rounded up to 16).
-    ///
-    /// Integer and `&'static str` keys own no heap memory; a `Shared` key
-    /// shares the caller's `Arc<str>`.
-    #[test]
-    fn bytes_per_idle_key_stay_under_budget() {
+    /// Heap bytes per idle partition key of a resource of `spec`, over
+    /// `keys` keys made by `key`, computed from the capacities of each
+    /// shard's index and columns (the crate forbids unsafe code, so a
+    /// counting global allocator is not available to its unit tests; the
+    /// `memory` bench of `seawall-bench` counts with one).
+    fn bytes_per_idle_key(
+        spec: &ResourceSpec,
+        keys: u64,
+        key: impl Fn(u64) -> PartitionKey,
+    ) -> f64 {
         let store = MemoryStore::new();
-        let r = store.bind(&full_spec("bytes")).unwrap();
-        let keys = 10_000u64;
+        let r = store.bind_memory(spec);
         for i in 0..keys {
-            let k = PartitionKey::from(i);
+            let k = key(i);
             let p = admit(&*r, Some(&k), Duration::ZERO).decision.unwrap();
             record(&*r, Some(&k), p, Outcome::Success, None, Duration::ZERO);
         }
-        let resource = store.registry().get("bytes").cloned().unwrap();
-        let partitions = resource.partitions.get().unwrap();
-        let slot = std::mem::size_of::<(PartitionKey, Box<Cells>)>() + 1;
-        let table_bytes: usize = partitions
+        assert_eq!(r.partitions() as u64, keys);
+        let partitions = r.partitions.get().unwrap();
+        let bytes: usize = partitions
             .shards
             .iter()
-            .map(|s| {
-                let capacity = s.read().cells.capacity();
-                // hashbrown keeps capacity = buckets * 7 / 8 (buckets >= 8).
-                (capacity * 8 / 7).next_power_of_two() * slot
-            })
-            .sum();
-        let cells = std::mem::size_of::<Cells>();
-        let chunk = (cells + 8).div_ceil(16) * 16;
-        let per_key = (table_bytes + chunk * keys as usize) as f64 / keys as f64;
-        assert_eq!(cells, 64, "cells layout changed");
-        assert!(per_key < 200.0, "{per_key:.0} bytes per key");
-        println!("cells {cells} B (chunk {chunk} B), slot {slot} B, {per_key:.0} B per idle key");
+            .map(|s| s.read().heap_bytes())
+            .sum::<usize>()
+            + std::mem::size_of_val(&*partitions.shards);
+        bytes as f64 / keys as f64
+    }
+
+    fn gcra_only(name: &str) -> ResourceSpec {
+        ResourceSpec::new(name)
+            .with_rate_limit(RateLimiter::gcra(1000, Duration::from_secs(1)))
+            .with_partition_idle(Duration::from_secs(60))
+    }
+
+    /// A partition holds the cells of its policies only: GCRA alone costs at
+    /// most 48 bytes per idle integer key over one million keys (the
+    /// index, the key, its last use and its TAT).
+    #[test]
+    fn bytes_per_idle_key_stay_under_budget() {
+        let gcra = bytes_per_idle_key(&gcra_only("bytes-gcra"), 1_000_000, PartitionKey::from);
+        println!("GCRA only, integer keys: {gcra:.1} B per idle key (1M keys)");
+        assert!(gcra <= 48.0, "{gcra:.1} bytes per key");
+        let names: Vec<&'static str> = (0..100_000u64)
+            .map(|i| &*format!("key-{i}").leak())
+            .collect();
+        let named = bytes_per_idle_key(&gcra_only("bytes-named"), 100_000, |i| {
+            PartitionKey::from(names[i as usize])
+        });
+        println!("GCRA only, static string keys: {named:.1} B per idle key (100k keys)");
+        let full = bytes_per_idle_key(&full_spec("bytes-full"), 1_000_000, PartitionKey::from);
+        println!(
+            "breaker + bulkhead + cooldown + GCRA, integer keys: {full:.1} B per idle key (1M keys)"
+        );
+        // The consecutive-failures circuit (24 B), the slot count (4 B), the
+        // pause (8 B) on top of the GCRA-only layout.
+        assert!(full <= gcra + 40.0, "{full:.1} bytes per key");
+    }
+
+    #[test]
+    fn a_partition_holds_only_the_columns_of_its_policies() {
+        let store = MemoryStore::new();
+        let r = store.bind_memory(&gcra_only("columns"));
+        let k = PartitionKey::from(1u64);
+        assert!(admit(&*r, Some(&k), Duration::ZERO).decision.is_ok());
+        let partitions = r.partitions.get().unwrap();
+        let (_, shard) = partitions.locate(&k);
+        let map = shard.read();
+        assert_eq!(map.len(), 1);
+        assert!(map.circuit.is_empty() && map.in_flight.is_empty());
+        assert!(map.cooldown_until.is_empty());
+        assert!(matches!(map.keys, Keys::Ints(_)));
+        assert!(map.rate.as_ref().and_then(|c| c.get(0)).is_some());
+    }
+
+    #[test]
+    fn integer_and_string_keys_live_side_by_side() {
+        let store = MemoryStore::new();
+        let spec = ResourceSpec::new("mixed")
+            .with_rate_limit(RateLimiter::fixed_window(1, Duration::from_secs(10)))
+            .with_partition_idle(Duration::from_secs(1));
+        let r = store.bind_memory(&spec);
+        // Enough keys for every shard to hold integers first, then strings.
+        let ints: Vec<PartitionKey> = (0u64..200).map(PartitionKey::from).collect();
+        let strs: Vec<PartitionKey> = (0u64..200)
+            .map(|i| PartitionKey::from(format!("{i}")))
+            .collect();
+        for k in ints.iter().chain(&strs) {
+            assert!(
+                admit(&*r, Some(k), Duration::ZERO).decision.is_ok(),
+                "{k:?}"
+            );
+        }
+        for k in ints.iter().chain(&strs) {
+            assert!(
+                admit(&*r, Some(k), Duration::ZERO).decision.is_err(),
+                "{k:?} once"
+            );
+        }
+        assert_eq!(r.partitions(), 400);
+        // Half of them are used again later; the others go.
+        for k in ints.iter().chain(&strs).step_by(2) {
+            assert!(admit(&*r, Some(k), Duration::from_secs(10))
+                .decision
+                .is_ok());
+        }
+        assert_eq!(r.evict_idle(Duration::from_secs(10)), 200);
+        assert_eq!(r.partitions(), 200);
+        for (n, k) in ints.iter().chain(&strs).enumerate() {
+            // A kept key still holds its permit; an evicted one starts fresh.
+            let admitted = admit(&*r, Some(k), Duration::from_secs(10))
+                .decision
+                .is_ok();
+            assert_eq!(admitted, n % 2 == 1, "{k:?}");
+        }
     }
 }

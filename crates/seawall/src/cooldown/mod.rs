@@ -12,6 +12,9 @@ use std::time::Duration;
 
 use crate::error::ConfigError;
 
+pub(crate) mod machine;
+pub(crate) mod rules;
+
 /// Configuration of a cooldown.
 ///
 /// # Default

@@ -10,6 +10,9 @@ use std::time::Duration;
 
 use crate::error::ConfigError;
 
+pub(crate) mod machine;
+pub(crate) mod rules;
+
 /// Configuration of a bulkhead.
 ///
 /// # Default
@@ -68,7 +71,11 @@ impl Bulkhead {
             return Err(ConfigError::new(P, "lease", "must be > 0"));
         }
         if let Some(t) = attempt_timeout {
-            if self.lease <= t + Duration::from_secs(1) {
+            // An attempt timeout so long that one more second does not fit
+            // in a `Duration` leaves no lease long enough.
+            if t.checked_add(Duration::from_secs(1))
+                .is_none_or(|least| self.lease <= least)
+            {
                 return Err(ConfigError::new(
                     P,
                     "lease",
@@ -106,5 +113,18 @@ mod tests {
             .queue(3, Duration::ZERO)
             .validate(None)
             .is_err());
+    }
+
+    #[test]
+    fn the_longest_timeout_fails_validation_without_overflow() {
+        let e = Bulkhead::new(2)
+            .lease(Duration::MAX)
+            .validate(Some(Duration::MAX))
+            .unwrap_err();
+        assert_eq!(e.field, "lease");
+        assert!(Bulkhead::new(2)
+            .lease(Duration::MAX)
+            .validate(Some(Duration::MAX - Duration::from_secs(2)))
+            .is_ok());
     }
 }

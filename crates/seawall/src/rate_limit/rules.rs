@@ -1,0 +1,347 @@
+//! The rate limiter's rules, as pure functions: state, parameters and the
+//! time in, the decision and the next state out. No atomics, no clock, no
+//! I/O; the memory store's cells ([`machine`](super::machine)) apply them
+//! in compare-and-swap loops, and the reference models test against them.
+//!
+//! Times are nanoseconds on the pipeline clock. Every rule is total over
+//! `u64`: differences saturate, nothing overflows or panics, and a call
+//! whose `now` is older than the state's is counted against the newer
+//! state (never admitting more than the limit).
+//!
+//! - GCRA ([`gcra`]): the state is the theoretical arrival time (TAT) of
+//!   the next call. With the emission interval `T = period / limit` and the
+//!   tolerance `tau = T * (burst - 1)`, a call at `now` conforms when
+//!   `TAT <= now + tau`; it then moves the TAT to `max(TAT, now) + T`. A
+//!   refused call is told to retry after exactly `TAT - tau - now`.
+//! - Fixed window ([`fixed_window`]): the state is `[window index | count]`
+//!   in one word, the count using just the bits `limit` needs; the window
+//!   of a call is `floor(now / period)`. A call is admitted while its
+//!   window holds fewer than `limit` admissions; a refused one retries at
+//!   the start of the next window.
+//! - Sliding window ([`sliding_window`]): an exact log of admission times.
+//!   A call is admitted when fewer than `limit` admissions happened in
+//!   `(now - period, now]`, i.e. when the admission `limit` places back is
+//!   at least `period` old; a refused one retries when it is.
+
+use std::time::Duration;
+
+use super::{RateAlgorithm, RateLimiter};
+use crate::clock::duration_nanos;
+
+/// A rate limiter configuration, prepared for the rules.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RateParams {
+    pub(crate) algorithm: RateAlgorithm,
+    pub(crate) limit: u32,
+    pub(crate) period_ns: u64,
+    /// GCRA emission interval.
+    pub(crate) interval_ns: u64,
+    /// GCRA tolerance: `interval * (burst - 1)`.
+    pub(crate) tolerance_ns: u64,
+    /// Fixed window: bits of the count field.
+    pub(crate) count_bits: u32,
+}
+
+impl RateParams {
+    pub(crate) fn new(spec: &RateLimiter) -> Self {
+        let limit = spec.limit.max(1);
+        let period_ns = duration_nanos(spec.period).max(1);
+        let interval_ns = duration_nanos(spec.emission_interval()).max(1);
+        RateParams {
+            algorithm: spec.algorithm,
+            limit,
+            period_ns,
+            interval_ns,
+            tolerance_ns: interval_ns.saturating_mul(u64::from(spec.burst.max(1) - 1)),
+            count_bits: u32::BITS - limit.leading_zeros(),
+        }
+    }
+
+    fn count_mask(&self) -> u64 {
+        (1u64 << self.count_bits) - 1
+    }
+
+    fn index_mask(&self) -> u64 {
+        u64::MAX >> self.count_bits
+    }
+}
+
+/// GCRA: admits a call at `now` on the theoretical arrival time `tat`.
+///
+/// `Ok(next_tat)` when the call conforms, `Err(retry_after)` when it does
+/// not (the state is then unchanged). Fresh state is `tat = 0`. A call
+/// whose TAT would pass the end of the clock's range (`u64::MAX`) is
+/// refused, with the emission interval as its wait: the limit holds to the
+/// end (stricter, never looser).
+#[inline(always)]
+pub(crate) fn gcra(tat: u64, p: &RateParams, now: u64) -> Result<u64, Duration> {
+    let start = tat.max(now);
+    let ahead = start - now;
+    if ahead > p.tolerance_ns {
+        return Err(Duration::from_nanos(ahead - p.tolerance_ns));
+    }
+    start
+        .checked_add(p.interval_ns)
+        .ok_or_else(|| Duration::from_nanos(p.interval_ns))
+}
+
+/// `true` when GCRA state `tat` decides every future call as fresh state
+/// would, from `now` on (so that dropping it lets no extra call through).
+#[inline]
+pub(crate) fn gcra_is_idle(tat: u64, now: u64) -> bool {
+    tat <= now
+}
+
+/// The fixed window a packed state word counts for, seen from `now`:
+/// `(window index, count)`.
+fn fixed_window_of(word: u64, p: &RateParams, now: u64) -> (u64, u64) {
+    let (tag, count) = (word >> p.count_bits, word & p.count_mask());
+    let index = now / p.period_ns;
+    let mask = p.index_mask();
+    if tag == index & mask {
+        (index, count)
+    } else if let Some(ahead) = fixed_window_ahead(tag, index, p) {
+        // The state was written by a caller with a newer `now`: count
+        // against its window.
+        (index.saturating_add(ahead), count)
+    } else {
+        (index, 0)
+    }
+}
+
+/// How many windows the stored tag is ahead of window `index`, when it is
+/// (the caller's `now` is older than the state's). Tags are window indexes
+/// modulo the tag field; a tag less than half the field ahead counts as
+/// ahead.
+fn fixed_window_ahead(tag: u64, index: u64, p: &RateParams) -> Option<u64> {
+    let mask = p.index_mask();
+    let diff = tag.wrapping_sub(index & mask) & mask;
+    (diff != 0 && diff <= mask / 2).then_some(diff)
+}
+
+/// Fixed window: admits a call at `now` on the packed state `word`
+/// (`[window index | count]`; fresh state is `0`).
+///
+/// `Ok(next_word)` when the call's window holds fewer than `limit`
+/// admissions, `Err(retry_after)` (the time until the next window starts)
+/// when it does not.
+#[inline]
+pub(crate) fn fixed_window(word: u64, p: &RateParams, now: u64) -> Result<u64, Duration> {
+    let (window, count) = fixed_window_of(word, p, now);
+    if count >= u64::from(p.limit) {
+        let next_window = window.saturating_add(1).saturating_mul(p.period_ns);
+        return Err(Duration::from_nanos(next_window.saturating_sub(now)));
+    }
+    Ok(((window & p.index_mask()) << p.count_bits) | (count + 1))
+}
+
+/// `true` when fixed-window state `word` decides every future call as
+/// fresh state would, from `now` on: its window holds no admission, or
+/// has passed.
+pub(crate) fn fixed_window_is_idle(word: u64, p: &RateParams, now: u64) -> bool {
+    fixed_window_of(word, p, now).1 == 0
+}
+
+/// Sliding window: admits a call at `now` given `oldest`, the time of the
+/// admission `limit` places back (`None`: fewer than `limit` admissions so
+/// far).
+///
+/// `Ok(())` when that admission is at least `period` old;
+/// `Err(retry_after)`, the time until it is, otherwise. An admitted call
+/// is logged at [`sliding_window_entry`].
+#[inline]
+pub(crate) fn sliding_window(
+    oldest: Option<u64>,
+    p: &RateParams,
+    now: u64,
+) -> Result<(), Duration> {
+    match oldest {
+        Some(t) if !sliding_window_expired(t, p, now) => Err(Duration::from_nanos(
+            t.saturating_add(p.period_ns).saturating_sub(now),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// The time an admission at `now` is logged at, `newest` being the newest
+/// entry of the log: entries never move earlier than their predecessor
+/// (when callers' clocks disagree slightly the log is stricter, never
+/// looser).
+#[inline]
+pub(crate) fn sliding_window_entry(newest: Option<u64>, now: u64) -> u64 {
+    newest.map_or(now, |last| last.max(now))
+}
+
+/// `true` when the admission logged at `at` no longer counts at `now`.
+#[inline]
+pub(crate) fn sliding_window_expired(at: u64, p: &RateParams, now: u64) -> bool {
+    now.saturating_sub(at) >= p.period_ns
+}
+
+/// `true` when a sliding log whose newest entry is `newest` decides every
+/// future call as an empty log would, from `now` on.
+pub(crate) fn sliding_window_is_idle(newest: Option<u64>, p: &RateParams, now: u64) -> bool {
+    newest.is_none_or(|t| sliding_window_expired(t, p, now))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+    const SEC: u64 = 1_000 * MS;
+
+    fn params(spec: RateLimiter) -> RateParams {
+        RateParams::new(&spec)
+    }
+
+    /// Applies `rule` `tries` times at `now`, threading the state; returns
+    /// how many were admitted.
+    fn run(state: &mut u64, tries: u32, rule: impl Fn(u64) -> Result<u64, Duration>) -> u32 {
+        let mut admitted = 0;
+        for _ in 0..tries {
+            if let Ok(next) = rule(*state) {
+                *state = next;
+                admitted += 1;
+            }
+        }
+        admitted
+    }
+
+    #[test]
+    fn gcra_admits_exactly_the_burst_then_one_per_interval() {
+        // 10 per second (T = 100 ms), burst 3.
+        let p = params(RateLimiter::gcra(10, Duration::from_secs(1)).burst(3));
+        for base in [0, 1_000_000 * SEC, u64::MAX / 2] {
+            let mut tat = 0;
+            assert_eq!(run(&mut tat, 10, |s| gcra(s, &p, base)), 3, "at {base}");
+            assert_eq!(gcra(tat, &p, base), Err(Duration::from_millis(100)));
+            assert_eq!(gcra(tat, &p, base + 99 * MS), Err(Duration::from_millis(1)));
+            assert_eq!(
+                gcra(tat, &p, base + 100 * MS - 1),
+                Err(Duration::from_nanos(1))
+            );
+            assert_eq!(run(&mut tat, 10, |s| gcra(s, &p, base + 100 * MS)), 1);
+            assert!(!gcra_is_idle(tat, base + 100 * MS));
+            assert!(gcra_is_idle(tat, base + 400 * MS));
+            // After a long pause the burst is back, never more.
+            assert_eq!(run(&mut tat, 10, |s| gcra(s, &p, base + 10 * SEC)), 3);
+        }
+    }
+
+    #[test]
+    fn gcra_limit_one_burst_one_is_strictly_spaced() {
+        let p = params(RateLimiter::gcra(1, Duration::from_secs(1)).burst(1));
+        let mut tat = 0;
+        assert_eq!(run(&mut tat, 5, |s| gcra(s, &p, 0)), 1);
+        assert_eq!(gcra(tat, &p, SEC - 1), Err(Duration::from_nanos(1)));
+        assert_eq!(run(&mut tat, 5, |s| gcra(s, &p, SEC)), 1);
+    }
+
+    #[test]
+    fn gcra_never_overflows_near_the_end_of_the_clock() {
+        let p = params(RateLimiter::gcra(2, Duration::from_secs(1)));
+        let mut tat = 0;
+        let end = u64::MAX - 2 * SEC;
+        assert_eq!(run(&mut tat, 5, |s| gcra(s, &p, end)), 2);
+        assert!(gcra(tat, &p, end).is_err());
+        // No TAT fits past the end of the clock: refused, never wrapped
+        // around or saturated into a free-for-all.
+        for now in [u64::MAX - 400 * MS, u64::MAX - 1, u64::MAX] {
+            assert_eq!(gcra(0, &p, now), Err(Duration::from_millis(500)));
+            assert!(gcra(u64::MAX, &p, now).is_err());
+        }
+        // A caller far behind the state is refused, with a finite wait.
+        assert!(gcra(u64::MAX, &p, 0).is_err());
+    }
+
+    #[test]
+    fn fixed_window_counts_exactly_and_resets_at_the_edge() {
+        let p = params(RateLimiter::fixed_window(3, Duration::from_millis(100)));
+        for base in [0, 1_000_000 * SEC] {
+            let mut word = 0;
+            assert_eq!(run(&mut word, 5, |s| fixed_window(s, &p, base)), 3);
+            assert_eq!(
+                fixed_window(word, &p, base + 99 * MS),
+                Err(Duration::from_millis(1))
+            );
+            assert_eq!(
+                fixed_window(word, &p, base + 100 * MS - 1),
+                Err(Duration::from_nanos(1))
+            );
+            assert!(!fixed_window_is_idle(word, &p, base + 50 * MS));
+            assert!(fixed_window_is_idle(word, &p, base + 100 * MS));
+            assert_eq!(
+                run(&mut word, 5, |s| fixed_window(s, &p, base + 100 * MS)),
+                3
+            );
+            assert_eq!(
+                run(&mut word, 5, |s| fixed_window(s, &p, base + 199 * MS)),
+                0
+            );
+        }
+    }
+
+    #[test]
+    fn fixed_window_at_its_limits() {
+        for limit in [1, 2, 7, 8, u32::MAX] {
+            let p = params(RateLimiter::fixed_window(limit, Duration::from_secs(1)));
+            let mut word = 0;
+            let tries = limit.min(1_000) + 3;
+            let expect = limit.min(tries);
+            assert_eq!(
+                run(&mut word, tries, |s| fixed_window(s, &p, 5 * SEC)),
+                expect
+            );
+        }
+        // The last windows of the clock.
+        let p = params(RateLimiter::fixed_window(2, Duration::from_secs(1)));
+        let mut word = 0;
+        assert_eq!(run(&mut word, 3, |s| fixed_window(s, &p, u64::MAX)), 2);
+        assert!(fixed_window(word, &p, u64::MAX).is_err());
+    }
+
+    #[test]
+    fn fixed_window_counts_late_callers_against_the_newer_window() {
+        let p = params(RateLimiter::fixed_window(2, Duration::from_millis(100)));
+        let mut word = 0;
+        assert_eq!(run(&mut word, 2, |s| fixed_window(s, &p, 150 * MS)), 2);
+        // A caller whose clock read is older must not reset the window.
+        assert_eq!(
+            fixed_window(word, &p, 50 * MS),
+            Err(Duration::from_millis(150))
+        );
+        assert!(!fixed_window_is_idle(word, &p, 50 * MS));
+    }
+
+    #[test]
+    fn sliding_window_admits_when_the_admission_limit_back_is_a_period_old() {
+        let p = params(RateLimiter::sliding_window(3, Duration::from_millis(100)));
+        for base in [0, 1_000_000 * SEC] {
+            assert_eq!(sliding_window(None, &p, base), Ok(()));
+            assert_eq!(
+                sliding_window(Some(base), &p, base + 50 * MS),
+                Err(Duration::from_millis(50))
+            );
+            assert_eq!(
+                sliding_window(Some(base), &p, base + 100 * MS - 1),
+                Err(Duration::from_nanos(1))
+            );
+            assert_eq!(sliding_window(Some(base), &p, base + 100 * MS), Ok(()));
+            assert!(!sliding_window_is_idle(Some(base), &p, base + 99 * MS));
+            assert!(sliding_window_is_idle(Some(base), &p, base + 100 * MS));
+            assert!(sliding_window_is_idle(None, &p, base));
+        }
+        // An entry newer than the caller's clock: wait until it is a period
+        // old, however far.
+        assert_eq!(
+            sliding_window(Some(200 * MS), &p, 50 * MS),
+            Err(Duration::from_millis(250))
+        );
+        assert_eq!(sliding_window_entry(Some(200), 50), 200);
+        assert_eq!(sliding_window_entry(None, 50), 50);
+        // No overflow at the end of the clock.
+        assert!(sliding_window(Some(u64::MAX), &p, u64::MAX).is_err());
+        assert!(sliding_window(Some(u64::MAX - 1), &p, 0).is_err());
+    }
+}
