@@ -13,6 +13,10 @@
 //! The fallback is not part of the list: it is always outermost, wherever it
 //! is declared.
 //!
+//! This crate is an implementation detail of seawall. Its enums are
+//! exhaustive on purpose: a new policy or rule makes the compiler point at
+//! every place that must word it.
+//!
 //! ```
 //! use seawall_order::{check, scope, PolicyKind, Rule, Scope};
 //!
@@ -32,7 +36,6 @@ macro_rules! policies {
     ($( $(#[$doc:meta])* $kind:ident = $name:literal, $place:ident; )*) => {
         /// A policy a pipeline can declare.
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-        #[non_exhaustive]
         pub enum PolicyKind {
             $( $(#[$doc])* $kind, )*
         }
@@ -83,7 +86,6 @@ impl PolicyKind {
 
 /// Where a policy may stand in the declared list.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
 pub enum Place {
     /// The retry itself, declared once. It splits the list: what comes
     /// before it covers the whole call, what comes after it each attempt.
@@ -140,7 +142,6 @@ pub struct Misplaced {
 
 /// A rule of the order of policies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
 pub enum Rule {
     /// The policy is declared a second time; `first` is the index of the
     /// first declaration.
@@ -220,7 +221,10 @@ mod tests {
     #[test]
     fn names_are_unique_and_snake_case() {
         for (i, a) in PolicyKind::ALL.iter().enumerate() {
-            assert!(a.name().bytes().all(|b| b.is_ascii_lowercase() || b == b'_'));
+            assert!(a
+                .name()
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b == b'_'));
             for b in &PolicyKind::ALL[i + 1..] {
                 assert_ne!(a.name(), b.name());
             }
