@@ -431,6 +431,18 @@ fn the_policies_list_must_match_the_sections() {
             "[pipelines.a]\npolicies = [\"bulkhead\", \"retry\"]\nretry = { delay = \"1s\" }\nbulkhead = { max_concurrent = 1 }\n",
             "pipeline.bulkhead must be declared after retry",
         ),
+        (
+            "[pipelines.a]\npolicies = [\"retry\", \"attempt_timeout\", \"attempt_timeout\"]\nretry = { delay = \"1s\" }\nattempt_timeout = \"1s\"\n",
+            "pipeline.policies lists `attempt_timeout` twice",
+        ),
+        (
+            "[pipelines.a]\npolicies = [\"timeout\", \"attempt_timeout\"]\ntimeout = \"2s\"\nattempt_timeout = \"1s\"\n",
+            "pipeline.attempt_timeout needs a `retry` policy",
+        ),
+        (
+            "[pipelines.a]\npolicies = [\"retry\", \"cooldown\", \"cooldown\"]\nretry = { delay = \"1s\" }\ncooldown = {}\n",
+            "pipeline.policies lists `cooldown` twice",
+        ),
     ];
     for (text, rule) in cases {
         let (e, msg) = load_error(Format::Toml, text);
