@@ -471,10 +471,22 @@ pub(crate) fn parse(args: TokenStream) -> syn::Result<Config> {
     check_order(&config.steps)?;
     if let Some(store) = &config.store {
         if !config.steps.iter().any(|s| s.policy.is_stateful()) {
+            let stateful: Vec<String> = PolicyKind::ALL
+                .iter()
+                .filter(|k| k.is_stateful())
+                .map(|k| format!("`{}`", k.name()))
+                .collect();
+            let list = match stateful.split_last() {
+                Some((last, others)) if !others.is_empty() => {
+                    format!("{} and {last}", others.join(", "))
+                }
+                _ => stateful.concat(),
+            };
             return err(
                 store.span(),
-                "`store` keeps the state of `circuit_breaker`, `bulkhead`, `rate_limiter` and \
-                 `cooldown`, and this function declares none of them",
+                format!(
+                    "`store` keeps the state of {list}, and this function declares none of them"
+                ),
             );
         }
     }
@@ -986,7 +998,11 @@ mod tests {
             "rate_limiter(limit = 10, per_s = 1, algorithm = \"fixed_window\", burst = 2)"
         )
         .contains("gcra"));
-        assert!(message("retry, store = s").contains("declares none"));
+        assert_eq!(
+            message("retry, store = s"),
+            "`store` keeps the state of `circuit_breaker`, `bulkhead`, `cooldown` and \
+             `rate_limiter`, and this function declares none of them"
+        );
         assert!(message("classify = 3").contains("Verdict"));
         assert!(message("timeout = 5").contains("timeout_ms"));
         assert!(message("context = a.b").contains("variable name"));
@@ -1013,6 +1029,20 @@ mod tests {
             _ => panic!("retry expected"),
         }
         assert!(parse_str("name = \" \"").is_ok());
+    }
+
+    #[test]
+    fn every_registered_policy_is_a_key() {
+        let keys: Vec<&str> = TOP_KEYS.split(',').map(str::trim).collect();
+        for kind in PolicyKind::ALL {
+            assert!(keys.contains(&kind.name()), "{kind:?}");
+            // Known: the error is about its settings, not an unknown key.
+            let e = parse_str(&format!("{}(x = 1)", kind.name())).err();
+            assert!(
+                e.is_none_or(|e| !e.to_string().contains("#[resilient(...)]")),
+                "{kind:?}"
+            );
+        }
     }
 
     #[test]

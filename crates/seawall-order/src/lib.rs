@@ -13,6 +13,14 @@
 //! The fallback is not part of the list: it is always outermost, wherever it
 //! is declared.
 //!
+//! # Adding a policy
+//! Its module in `seawall` (the settings, their `validate()` and the
+//! policy's rules), one line in the list below, then the ways to declare
+//! it: a variant of `Declared` and a builder method in `seawall`'s
+//! `pipeline/`, a section in the configuration files (`config/raw.rs`) and
+//! a key of `#[resilient]` (`seawall-macros`). None of them states where
+//! the policy may stand or what its values may be.
+//!
 //! This crate is an implementation detail of seawall. Its enums are
 //! exhaustive on purpose: a new policy or rule makes the compiler point at
 //! every place that must word it.
