@@ -127,10 +127,19 @@ pub(crate) fn expand(config: Config, item: ItemFn) -> syn::Result<TokenStream> {
         quote!()
     };
 
-    // The pipeline, built once. Every setting was checked by the macro with
-    // the builder's rules, so `build()` can only fail when the store cannot
-    // bind the resource: that surfaces as `Error::Store` (handled like any
-    // other error of the call). Without a custom store it cannot fail.
+    // The pipeline, built once, at the first call. `build()` checks the
+    // values with the builder's rules: a refused value is a bug of the
+    // attribute's arguments and panics with the builder's message. A store
+    // that cannot bind the resource surfaces as `Error::Store` (handled like
+    // any other error of the call), and the next call tries again.
+    let fn_name = sig.outer.ident.to_string();
+    let invalid = quote! {
+        ::core::panic!(
+            "seawall: invalid #[resilient] settings on `{}`: {}",
+            #fn_name,
+            e
+        )
+    };
     let (get_pipeline, run_or_fail) = if config.store.is_some() {
         (
             quote! {
@@ -139,7 +148,8 @@ pub(crate) fn expand(config: Config, item: ItemFn) -> syn::Result<TokenStream> {
                         ::core::option::Option::Some(p) => ::core::result::Result::Ok(p),
                         ::core::option::Option::None => match #build {
                             ::core::result::Result::Ok(p) => ::core::result::Result::Ok(#pipeline_static.get_or_init(move || p)),
-                            ::core::result::Result::Err(e) => ::core::result::Result::Err(::seawall::StoreError::Unavailable(e.rule)),
+                            ::core::result::Result::Err(e) if e.policy == "store" => ::core::result::Result::Err(::seawall::StoreError::Unavailable(e.rule)),
+                            ::core::result::Result::Err(e) => #invalid,
                         },
                     };
             },
@@ -154,9 +164,11 @@ pub(crate) fn expand(config: Config, item: ItemFn) -> syn::Result<TokenStream> {
         (
             quote! {
                 let #pipeline: &'static #pipeline_ty = #pipeline_static.get_or_init(|| {
-                    // Every setting was checked at compile time with the
-                    // builder's rules and the in-memory store always binds.
-                    ::core::result::Result::expect(#build, "seawall: #[resilient] settings are checked at compile time")
+                    // The in-memory store always binds.
+                    match #build {
+                        ::core::result::Result::Ok(p) => p,
+                        ::core::result::Result::Err(e) => #invalid,
+                    }
                 });
             },
             run,
@@ -410,7 +422,7 @@ fn builder(config: &Config, name: &TokenStream) -> TokenStream {
                     let w = w.tokens();
                     t.extend(quote!(.queue(#q, #w)));
                 }
-                if let Some((lease, _)) = b.lease {
+                if let Some(lease) = b.lease {
                     let lease = lease.tokens();
                     t.extend(quote!(.lease(#lease)));
                 }

@@ -647,3 +647,77 @@ async fn results_may_borrow_from_the_arguments() {
     assert_eq!(names.find("x"), Err(ApiError::Flaky(0)));
     assert_eq!(names.longest("barbara").await, Ok("barbara"));
 }
+
+// Values are judged by `PipelineBuilder::build` when the pipeline is built,
+// at the first call: a refused value panics there with the builder's
+// message, which names the policy, the field and the rule.
+
+#[resilient(retry(max_attempts = 0))]
+fn no_attempts() -> Result<(), ApiError> {
+    Ok(())
+}
+
+#[test]
+#[should_panic(
+    expected = "seawall: invalid #[resilient] settings on `no_attempts`: retry.max_attempts must be >= 1, got 0"
+)]
+fn zero_attempts_are_refused_by_the_builder() {
+    let _ = no_attempts();
+}
+
+#[resilient(retry(backoff_ms = 500, cap_ms = 100))]
+fn cap_below_backoff() -> Result<(), ApiError> {
+    Ok(())
+}
+
+#[test]
+#[should_panic(expected = "retry.cap must be >= base (500ms), got 100ms")]
+fn a_cap_below_the_backoff_is_refused_by_the_builder() {
+    let _ = cap_below_backoff();
+}
+
+#[resilient(circuit_breaker(failure_rate = 1.5))]
+async fn rate_above_one() -> Result<(), ApiError> {
+    Ok(())
+}
+
+#[tokio::test]
+#[should_panic(expected = "circuit_breaker.failure_rate must be in (0, 1], got 1.5")]
+async fn a_rate_above_one_is_refused_by_the_builder() {
+    let _ = rate_above_one().await;
+}
+
+#[resilient(timeout_s = 60, bulkhead(max_concurrent = 4))]
+fn lease_shorter_than_timeout() -> Result<(), ApiError> {
+    Ok(())
+}
+
+#[test]
+#[should_panic(
+    expected = "bulkhead.lease must exceed the attempt timeout (60s) by more than 1s, got 60s"
+)]
+fn a_lease_within_the_attempt_timeout_is_refused_by_the_builder() {
+    let _ = lease_shorter_than_timeout();
+}
+
+#[resilient(rate_limiter(limit = 0, per_s = 1), store = unreachable_store)]
+fn no_permits_on_a_store() -> Result<(), ApiError> {
+    Ok(())
+}
+
+#[test]
+#[should_panic(expected = "rate_limiter.limit must be >= 1, got 0")]
+fn an_invalid_value_is_not_reported_as_a_store_error() {
+    let _ = no_permits_on_a_store();
+}
+
+#[resilient(retry(max_attempts = 2), timeout_ms = 0)]
+fn zero_timeout() -> Result<(), ApiError> {
+    Ok(())
+}
+
+#[test]
+#[should_panic(expected = "timeout.duration must be > 0")]
+fn a_zero_timeout_is_refused_by_the_builder() {
+    let _ = zero_timeout();
+}

@@ -431,6 +431,18 @@ fn the_policies_list_must_match_the_sections() {
             "[pipelines.a]\npolicies = [\"bulkhead\", \"retry\"]\nretry = { delay = \"1s\" }\nbulkhead = { max_concurrent = 1 }\n",
             "pipeline.bulkhead must be declared after retry",
         ),
+        (
+            "[pipelines.a]\npolicies = [\"retry\", \"attempt_timeout\", \"attempt_timeout\"]\nretry = { delay = \"1s\" }\nattempt_timeout = \"1s\"\n",
+            "pipeline.policies lists `attempt_timeout` twice",
+        ),
+        (
+            "[pipelines.a]\npolicies = [\"timeout\", \"attempt_timeout\"]\ntimeout = \"2s\"\nattempt_timeout = \"1s\"\n",
+            "pipeline.attempt_timeout needs a `retry` policy",
+        ),
+        (
+            "[pipelines.a]\npolicies = [\"retry\", \"cooldown\", \"cooldown\"]\nretry = { delay = \"1s\" }\ncooldown = {}\n",
+            "pipeline.policies lists `cooldown` twice",
+        ),
     ];
     for (text, rule) in cases {
         let (e, msg) = load_error(Format::Toml, text);
@@ -891,4 +903,91 @@ fn public_types_are_send_and_sync() {
     send_sync::<seawall::config::UnknownPipeline>();
     #[cfg(feature = "watch")]
     send_sync::<seawall::config::Watcher>();
+}
+
+/// A `policies` list and the same declarations on a builder are judged
+/// alike: the file is refused exactly when the builder refuses the order or
+/// a timeout's name disagrees with what its position bounds.
+mod policies_list_and_builder_agree {
+    use super::*;
+    use proptest::prelude::*;
+
+    const NAMES: [&str; 7] = [
+        "timeout",
+        "retry",
+        "attempt_timeout",
+        "circuit_breaker",
+        "bulkhead",
+        "cooldown",
+        "rate_limiter",
+    ];
+
+    fn section(name: &str) -> &'static str {
+        match name {
+            "timeout" => "timeout = \"3s\"",
+            "attempt_timeout" => "attempt_timeout = \"1s\"",
+            "retry" => "retry = { delay = \"1ms\" }",
+            "circuit_breaker" => "circuit_breaker = { consecutive_failures = 3 }",
+            "bulkhead" => "bulkhead = { max_concurrent = 2 }",
+            "cooldown" => "cooldown = {}",
+            _ => "rate_limiter = { limit = 10, period = \"1s\" }",
+        }
+    }
+
+    fn declare(b: PipelineBuilder, name: &str) -> PipelineBuilder {
+        match name {
+            "timeout" => b.timeout(secs(3)),
+            "attempt_timeout" => b.timeout(secs(1)),
+            "retry" => b.retry(Retry::constant(ms(1))),
+            "circuit_breaker" => b.circuit_breaker(CircuitBreaker::consecutive_failures(3)),
+            "bulkhead" => b.bulkhead(Bulkhead::new(2)),
+            "cooldown" => b.cooldown(Cooldown::new()),
+            _ => b.rate_limiter(RateLimiter::gcra(10, secs(1))),
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn on_every_list(list in prop::collection::vec(0..NAMES.len(), 0..6)) {
+            let names: Vec<&str> = list.iter().map(|&i| NAMES[i]).collect();
+            let mut text = format!(
+                "[pipelines.a]\npolicies = [{}]\n",
+                names.iter().map(|n| format!("\"{n}\"")).collect::<Vec<_>>().join(", ")
+            );
+            let mut sections: Vec<&str> = names.clone();
+            sections.sort_unstable();
+            sections.dedup();
+            for n in sections {
+                text.push_str(section(n));
+                text.push('\n');
+            }
+            let builder = names
+                .iter()
+                .fold(Pipeline::builder("a").store(MemoryStore::new()), |b, n| declare(b, n));
+            let built = builder.build();
+            let retry = names.iter().position(|n| *n == "retry");
+            let named_right = names.iter().enumerate().all(|(i, n)| {
+                let after_retry = retry.is_some_and(|r| i > r);
+                match *n {
+                    "timeout" => !after_retry,
+                    "attempt_timeout" => after_retry,
+                    _ => true,
+                }
+            });
+            let loaded = Config::parse(Format::Toml, &text);
+            prop_assert_eq!(
+                loaded.is_ok(),
+                built.is_ok() && named_right,
+                "{}\nbuilder: {:?}\nconfig: {:?}",
+                text,
+                built.as_ref().err(),
+                loaded.as_ref().err().map(ToString::to_string)
+            );
+            if let (Err(LoadError::Invalid { error, .. }), Err(b), true) = (&loaded, &built, named_right) {
+                // The builder's rule, or the same rule worded for the list.
+                let twice = error.rule.starts_with("lists `") && error.rule.ends_with("` twice");
+                prop_assert!(error == b || twice, "config: {error}, builder: {b}");
+            }
+        }
+    }
 }

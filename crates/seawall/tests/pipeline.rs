@@ -731,6 +731,59 @@ fn invalid_configuration_fails_at_build_naming_field_and_rule() {
 }
 
 #[test]
+fn order_errors_name_the_first_misplaced_policy_and_the_rule() {
+    let err = |b: PipelineBuilder| b.build().unwrap_err().to_string();
+    let r = || Retry::constant(ms(1));
+    assert_eq!(
+        err(Pipeline::builder("x").timeout(secs(1)).timeout(secs(2))),
+        "pipeline.timeout is declared twice for the whole call; declare at most one timeout \
+         before `retry` (whole call) and one after it (each attempt)"
+    );
+    assert_eq!(
+        err(Pipeline::builder("x")
+            .retry(r())
+            .timeout(secs(1))
+            .bulkhead(Bulkhead::new(1))
+            .timeout(secs(2))),
+        "pipeline.timeout is declared twice for each attempt; declare at most one timeout \
+         before `retry` (whole call) and one after it (each attempt)"
+    );
+    // The first stateful policy in declaration order is the one named.
+    assert_eq!(
+        err(Pipeline::builder("x")
+            .rate_limiter(RateLimiter::gcra(10, secs(1)))
+            .circuit_breaker(CircuitBreaker::consecutive_failures(2))
+            .retry(r())),
+        "pipeline.rate_limiter must be declared after retry: stateful policies guard each attempt"
+    );
+    assert_eq!(
+        err(Pipeline::builder("x")
+            .retry(r())
+            .cooldown(Cooldown::new())
+            .cooldown(Cooldown::new())),
+        "pipeline.cooldown is declared twice; declare each policy once"
+    );
+    // An order error is reported before the values are checked.
+    assert_eq!(
+        err(Pipeline::builder("x")
+            .bulkhead(Bulkhead::new(0))
+            .retry(r().max_attempts(0))),
+        "pipeline.bulkhead must be declared after retry: stateful policies guard each attempt"
+    );
+    // One timeout on each side of the retry, stateful policies after it.
+    assert!(Pipeline::builder("t-order-ok")
+        .timeout(secs(10))
+        .retry(r())
+        .timeout(secs(1))
+        .circuit_breaker(CircuitBreaker::consecutive_failures(2))
+        .bulkhead(Bulkhead::new(1))
+        .cooldown(Cooldown::new())
+        .rate_limiter(RateLimiter::gcra(10, secs(1)))
+        .build()
+        .is_ok());
+}
+
+#[test]
 fn builders_are_templates() {
     let base = Pipeline::builder("t-template").retry(Retry::constant(ms(1)).max_attempts(2));
     let a = base.clone().timeout(secs(1)).build().unwrap();

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
+use seawall_order::{check, scope, Misplaced, PolicyKind, Rule, Scope};
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 
@@ -82,13 +83,22 @@ impl PolicyName {
 
     pub(crate) fn as_str(self) -> &'static str {
         match self {
-            PolicyName::Timeout => "timeout",
-            PolicyName::Retry => "retry",
             PolicyName::AttemptTimeout => "attempt_timeout",
-            PolicyName::CircuitBreaker => "circuit_breaker",
-            PolicyName::Bulkhead => "bulkhead",
-            PolicyName::Cooldown => "cooldown",
-            PolicyName::RateLimiter => "rate_limiter",
+            p => p.kind().name(),
+        }
+    }
+
+    /// The policy declared on the builder. `timeout` and `attempt_timeout`
+    /// are both timeouts: their position tells the builder what they bound,
+    /// and [`order`] checks that it agrees with the name.
+    fn kind(self) -> PolicyKind {
+        match self {
+            PolicyName::Timeout | PolicyName::AttemptTimeout => PolicyKind::Timeout,
+            PolicyName::Retry => PolicyKind::Retry,
+            PolicyName::CircuitBreaker => PolicyKind::CircuitBreaker,
+            PolicyName::Bulkhead => PolicyKind::Bulkhead,
+            PolicyName::Cooldown => PolicyKind::Cooldown,
+            PolicyName::RateLimiter => PolicyKind::RateLimiter,
         }
     }
 
@@ -490,7 +500,10 @@ impl Resolved {
     }
 }
 
-/// The policies in force, in declaration order.
+/// The policies in force, in declaration order. The order rules are
+/// [`seawall_order::check`]'s (applied again by the builder); here they are
+/// only worded for the `policies` list, and a timeout's name is held to what
+/// its position makes it bound ([`seawall_order::scope`]).
 fn order(own: &RawPipeline, base: Option<&RawPipeline>) -> Result<Vec<PolicyName>, ConfigError> {
     let err = |rule: String| ConfigError::new("pipeline", "policies", rule);
     let listed = own
@@ -499,9 +512,15 @@ fn order(own: &RawPipeline, base: Option<&RawPipeline>) -> Result<Vec<PolicyName
         .or_else(|| base.and_then(|b| b.policies.as_ref()));
     let order: Vec<PolicyName> = match listed {
         Some(list) => {
-            for (i, p) in list.iter().enumerate() {
-                if list[..i].contains(p) {
-                    return Err(err(format!("lists `{}` twice", p.as_str())));
+            let kinds: Vec<PolicyKind> = list.iter().map(|p| p.kind()).collect();
+            if let Err(Misplaced {
+                at,
+                rule: Rule::Twice { first } | Rule::SecondOnSide { first, .. },
+                ..
+            }) = check(&kinds)
+            {
+                if list[first] == list[at] {
+                    return Err(err(format!("lists `{}` twice", list[at].as_str())));
                 }
             }
             if let Some(p) = PolicyName::CANONICAL
@@ -520,31 +539,30 @@ fn order(own: &RawPipeline, base: Option<&RawPipeline>) -> Result<Vec<PolicyName
             .filter(|p| p.configured(own) || base.is_some_and(|b| p.configured(b)))
             .collect(),
     };
-    let at = |p: PolicyName| order.iter().position(|q| *q == p);
-    let retry = at(PolicyName::Retry);
-    if let (Some(t), Some(r)) = (at(PolicyName::Timeout), retry) {
-        if t > r {
-            return Err(err(
-                "lists `timeout` after `retry`: `timeout` bounds the whole call and comes before `retry`; use `attempt_timeout` to bound each attempt".into(),
+    let kinds: Vec<PolicyKind> = order.iter().map(|p| p.kind()).collect();
+    let bounds = |name: PolicyName| {
+        order
+            .iter()
+            .enumerate()
+            .filter(move |(_, p)| **p == name)
+            .map(|(i, _)| scope(&kinds, i))
+    };
+    if bounds(PolicyName::Timeout).any(|s| s == Scope::Attempt) {
+        return Err(err(
+            "lists `timeout` after `retry`: `timeout` bounds the whole call and comes before `retry`; use `attempt_timeout` to bound each attempt".into(),
+        ));
+    }
+    if bounds(PolicyName::AttemptTimeout).any(|s| s == Scope::Call) {
+        if !order.contains(&PolicyName::Retry) {
+            return Err(ConfigError::new(
+                "pipeline",
+                "attempt_timeout",
+                "needs a `retry` policy; without retries use `timeout`",
             ));
         }
-    }
-    if let Some(a) = at(PolicyName::AttemptTimeout) {
-        match retry {
-            None => {
-                return Err(ConfigError::new(
-                    "pipeline",
-                    "attempt_timeout",
-                    "needs a `retry` policy; without retries use `timeout`",
-                ))
-            }
-            Some(r) if a < r => {
-                return Err(err(
-                    "lists `attempt_timeout` before `retry`: it bounds each attempt and comes after `retry`".into(),
-                ))
-            }
-            Some(_) => {}
-        }
+        return Err(err(
+            "lists `attempt_timeout` before `retry`: it bounds each attempt and comes after `retry`".into(),
+        ));
     }
     Ok(order)
 }
@@ -796,6 +814,19 @@ mod tests {
         assert!(e.starts_with("invalid duration `200`: "), "{e}");
         assert!(parse_duration("fast").is_err());
         assert!(parse_duration("-1s").is_err());
+    }
+
+    #[test]
+    fn policy_names_are_the_registered_names() {
+        use serde::de::value::{Error, StrDeserializer};
+        for p in PolicyName::CANONICAL {
+            let read = PolicyName::deserialize(StrDeserializer::<Error>::new(p.as_str()));
+            assert_eq!(read, Ok(p));
+        }
+        for k in PolicyKind::ALL {
+            let read = PolicyName::deserialize(StrDeserializer::<Error>::new(k.name()));
+            assert_eq!(read.map(PolicyName::kind), Ok(*k), "{k:?}");
+        }
     }
 
     #[test]

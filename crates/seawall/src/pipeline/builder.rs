@@ -23,6 +23,10 @@ use crate::rate_limit::RateLimiter;
 use crate::retry::Retry;
 use crate::store::{MemoryStore, ResourceSpec, ResourceState, StateStore};
 use crate::timeout::Timeout;
+use declare::Declared;
+
+#[path = "declare.rs"]
+pub(crate) mod declare;
 
 /// Builds a [`Pipeline`]. Every method takes and returns the builder by
 /// value; builders are `Clone`, so a half-built builder can serve as a
@@ -33,13 +37,8 @@ use crate::timeout::Timeout;
 /// clock and random source; partitions evicted after 10 minutes idle.
 pub struct PipelineBuilder<K: Kind = AnyResult> {
     name: String,
-    retry: Option<Retry>,
-    overall_timeout: Option<Timeout>,
-    attempt_timeout: Option<Timeout>,
-    circuit: Option<CircuitBreaker>,
-    bulkhead: Option<Bulkhead>,
-    cooldown: Option<Cooldown>,
-    rate_limit: Option<RateLimiter>,
+    /// The policies in declaration order, outermost first.
+    declared: Vec<Declared>,
     store: Option<Arc<dyn StateStore>>,
     memory_store: Option<MemoryStore>,
     clock: ClockHandle,
@@ -47,20 +46,13 @@ pub struct PipelineBuilder<K: Kind = AnyResult> {
     listeners: Vec<Listener>,
     partition_idle: Duration,
     handlers: K::Handlers,
-    order_error: Option<ConfigError>,
 }
 
 impl<K: Kind> Clone for PipelineBuilder<K> {
     fn clone(&self) -> Self {
         PipelineBuilder {
             name: self.name.clone(),
-            retry: self.retry.clone(),
-            overall_timeout: self.overall_timeout,
-            attempt_timeout: self.attempt_timeout,
-            circuit: self.circuit.clone(),
-            bulkhead: self.bulkhead.clone(),
-            cooldown: self.cooldown.clone(),
-            rate_limit: self.rate_limit.clone(),
+            declared: self.declared.clone(),
             store: self.store.clone(),
             memory_store: self.memory_store.clone(),
             clock: self.clock.clone(),
@@ -68,7 +60,6 @@ impl<K: Kind> Clone for PipelineBuilder<K> {
             listeners: self.listeners.clone(),
             partition_idle: self.partition_idle,
             handlers: self.handlers.clone(),
-            order_error: self.order_error.clone(),
         }
     }
 }
@@ -77,13 +68,7 @@ impl<K: Kind> fmt::Debug for PipelineBuilder<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PipelineBuilder")
             .field("name", &self.name)
-            .field("retry", &self.retry)
-            .field("overall_timeout", &self.overall_timeout)
-            .field("attempt_timeout", &self.attempt_timeout)
-            .field("circuit", &self.circuit)
-            .field("bulkhead", &self.bulkhead)
-            .field("cooldown", &self.cooldown)
-            .field("rate_limit", &self.rate_limit)
+            .field("policies", &self.declared)
             .finish_non_exhaustive()
     }
 }
@@ -92,13 +77,7 @@ impl PipelineBuilder<AnyResult> {
     pub(super) fn new(name: String) -> Self {
         PipelineBuilder {
             name,
-            retry: None,
-            overall_timeout: None,
-            attempt_timeout: None,
-            circuit: None,
-            bulkhead: None,
-            cooldown: None,
-            rate_limit: None,
+            declared: Vec::new(),
             store: None,
             memory_store: None,
             clock: ClockHandle::System,
@@ -106,96 +85,48 @@ impl PipelineBuilder<AnyResult> {
             listeners: Vec::new(),
             partition_idle: Duration::from_secs(600),
             handlers: (),
-            order_error: None,
         }
     }
 }
 
 impl<K: Kind> PipelineBuilder<K> {
-    fn twice(&mut self, what: &'static str) {
-        self.order_error.get_or_insert_with(|| {
-            ConfigError::new(
-                "pipeline",
-                what,
-                "is declared twice; declare each policy once",
-            )
-        });
-    }
-
-    fn stateful(&mut self, what: &'static str, already: bool) {
-        if already {
-            self.twice(what);
-        }
+    /// Appends a policy to the declared list; `build()` checks the order.
+    fn declare(mut self, policy: Declared) -> Self {
+        self.declared.push(policy);
+        self
     }
 
     /// Adds a retry policy. Timeouts declared after it bound each attempt,
     /// stateful policies declared after it guard each attempt.
-    pub fn retry(mut self, retry: Retry) -> Self {
-        if self.retry.is_some() {
-            self.twice("retry");
-        }
-        let stateful = [
-            (self.circuit.is_some(), "circuit_breaker"),
-            (self.bulkhead.is_some(), "bulkhead"),
-            (self.cooldown.is_some(), "cooldown"),
-            (self.rate_limit.is_some(), "rate_limiter"),
-        ];
-        if let Some((_, name)) = stateful.iter().find(|(set, _)| *set) {
-            self.order_error.get_or_insert_with(|| {
-                ConfigError::new(
-                    "pipeline",
-                    name,
-                    "must be declared after retry: stateful policies guard each attempt",
-                )
-            });
-        }
-        self.retry = Some(retry);
-        self
+    pub fn retry(self, retry: Retry) -> Self {
+        self.declare(Declared::Retry(retry))
     }
 
     /// Adds a timeout: for the whole call when declared before `retry` (or
     /// when there is no retry), for each attempt when declared after it.
     /// Takes a `Duration` (lenient in sync code) or a [`Timeout`].
-    pub fn timeout(mut self, timeout: impl Into<Timeout>) -> Self {
-        let t = timeout.into();
-        let slot = if self.retry.is_some() {
-            &mut self.attempt_timeout
-        } else {
-            &mut self.overall_timeout
-        };
-        let dup = slot.replace(t).is_some();
-        if dup {
-            self.twice("timeout");
-        }
-        self
+    pub fn timeout(self, timeout: impl Into<Timeout>) -> Self {
+        self.declare(Declared::Timeout(timeout.into()))
     }
 
     /// Adds a circuit breaker (guards each attempt).
-    pub fn circuit_breaker(mut self, breaker: CircuitBreaker) -> Self {
-        let dup = self.circuit.replace(breaker).is_some();
-        self.stateful("circuit_breaker", dup);
-        self
+    pub fn circuit_breaker(self, breaker: CircuitBreaker) -> Self {
+        self.declare(Declared::CircuitBreaker(breaker))
     }
 
     /// Adds a bulkhead (guards each attempt).
-    pub fn bulkhead(mut self, bulkhead: Bulkhead) -> Self {
-        let dup = self.bulkhead.replace(bulkhead).is_some();
-        self.stateful("bulkhead", dup);
-        self
+    pub fn bulkhead(self, bulkhead: Bulkhead) -> Self {
+        self.declare(Declared::Bulkhead(bulkhead))
     }
 
     /// Adds a cooldown opened by retry-after hints (guards each attempt).
-    pub fn cooldown(mut self, cooldown: Cooldown) -> Self {
-        let dup = self.cooldown.replace(cooldown).is_some();
-        self.stateful("cooldown", dup);
-        self
+    pub fn cooldown(self, cooldown: Cooldown) -> Self {
+        self.declare(Declared::Cooldown(cooldown))
     }
 
     /// Adds a rate limiter (guards each attempt).
-    pub fn rate_limiter(mut self, limiter: RateLimiter) -> Self {
-        let dup = self.rate_limit.replace(limiter).is_some();
-        self.stateful("rate_limiter", dup);
-        self
+    pub fn rate_limiter(self, limiter: RateLimiter) -> Self {
+        self.declare(Declared::RateLimiter(limiter))
     }
 
     /// Where the stateful policies keep their state (default:
@@ -330,13 +261,7 @@ impl<K: Kind> PipelineBuilder<K> {
     fn with_handlers<K2: Kind>(self, handlers: K2::Handlers) -> PipelineBuilder<K2> {
         PipelineBuilder {
             name: self.name,
-            retry: self.retry,
-            overall_timeout: self.overall_timeout,
-            attempt_timeout: self.attempt_timeout,
-            circuit: self.circuit,
-            bulkhead: self.bulkhead,
-            cooldown: self.cooldown,
-            rate_limit: self.rate_limit,
+            declared: self.declared,
             store: self.store,
             memory_store: self.memory_store,
             clock: self.clock,
@@ -344,7 +269,6 @@ impl<K: Kind> PipelineBuilder<K> {
             listeners: self.listeners,
             partition_idle: self.partition_idle,
             handlers,
-            order_error: self.order_error,
         }
     }
 
@@ -355,9 +279,52 @@ impl<K: Kind> PipelineBuilder<K> {
     /// `retry.max_attempts must be >= 1, got 0`; or, when the store cannot
     /// prepare the resource, a `store` error.
     pub fn build(self) -> Result<Pipeline<K>, ConfigError> {
-        if let Some(e) = self.order_error {
-            return Err(e);
-        }
+        let sorted = declare::sort(self.declared)?;
+        let assembly = Assembly {
+            name: self.name,
+            retry: sorted.retry,
+            overall_timeout: sorted.overall_timeout,
+            attempt_timeout: sorted.attempt_timeout,
+            circuit: sorted.circuit,
+            bulkhead: sorted.bulkhead,
+            cooldown: sorted.cooldown,
+            rate_limit: sorted.rate_limit,
+            store: self.store,
+            memory_store: self.memory_store,
+            clock: self.clock,
+            random: self.random,
+            listeners: self.listeners,
+            partition_idle: self.partition_idle,
+            handlers: self.handlers,
+        };
+        assembly.validate()?;
+        assembly.assemble()
+    }
+}
+
+/// A checked declaration, sorted by role, and the builder's settings: what
+/// a pipeline is assembled from.
+struct Assembly<K: Kind> {
+    name: String,
+    retry: Option<Retry>,
+    overall_timeout: Option<Timeout>,
+    attempt_timeout: Option<Timeout>,
+    circuit: Option<CircuitBreaker>,
+    bulkhead: Option<Bulkhead>,
+    cooldown: Option<Cooldown>,
+    rate_limit: Option<RateLimiter>,
+    store: Option<Arc<dyn StateStore>>,
+    memory_store: Option<MemoryStore>,
+    clock: ClockHandle,
+    random: Option<Arc<dyn Random>>,
+    listeners: Vec<Listener>,
+    partition_idle: Duration,
+    handlers: K::Handlers,
+}
+
+impl<K: Kind> Assembly<K> {
+    /// The numeric rules, each stated by its policy's `validate()`.
+    fn validate(&self) -> Result<(), ConfigError> {
         if self.name.trim().is_empty() {
             return Err(ConfigError::new("pipeline", "name", "must not be empty"));
         }
@@ -390,6 +357,10 @@ impl<K: Kind> PipelineBuilder<K> {
                 "must be > 0",
             ));
         }
+        Ok(())
+    }
+
+    fn assemble(self) -> Result<Pipeline<K>, ConfigError> {
         let spec = ResourceSpec {
             name: self.name.clone(),
             circuit: self.circuit,

@@ -1,0 +1,88 @@
+//! The policies a builder declared, in declaration order, and their sorting
+//! into the roles the engine knows (overall or attempt timeout, ...) once
+//! the order is checked by [`seawall_order::check`], the one statement of
+//! the order rules.
+
+use seawall_order::{check, scope, Misplaced, PolicyKind, Rule, Scope};
+
+use crate::breaker::CircuitBreaker;
+use crate::bulkhead::Bulkhead;
+use crate::cooldown::Cooldown;
+use crate::error::ConfigError;
+use crate::rate_limit::RateLimiter;
+use crate::retry::Retry;
+use crate::timeout::Timeout;
+
+/// One declared policy with its settings. A new policy adds a variant
+/// here, a line in `kind` and one in `sort` (the compiler asks for both).
+#[derive(Debug, Clone)]
+pub(crate) enum Declared {
+    Timeout(Timeout),
+    Retry(Retry),
+    CircuitBreaker(CircuitBreaker),
+    Bulkhead(Bulkhead),
+    Cooldown(Cooldown),
+    RateLimiter(RateLimiter),
+}
+
+impl Declared {
+    pub(crate) fn kind(&self) -> PolicyKind {
+        match self {
+            Declared::Timeout(_) => PolicyKind::Timeout,
+            Declared::Retry(_) => PolicyKind::Retry,
+            Declared::CircuitBreaker(_) => PolicyKind::CircuitBreaker,
+            Declared::Bulkhead(_) => PolicyKind::Bulkhead,
+            Declared::Cooldown(_) => PolicyKind::Cooldown,
+            Declared::RateLimiter(_) => PolicyKind::RateLimiter,
+        }
+    }
+}
+
+/// The declared policies by role.
+#[derive(Default)]
+pub(crate) struct Sorted {
+    pub(crate) retry: Option<Retry>,
+    pub(crate) overall_timeout: Option<Timeout>,
+    pub(crate) attempt_timeout: Option<Timeout>,
+    pub(crate) circuit: Option<CircuitBreaker>,
+    pub(crate) bulkhead: Option<Bulkhead>,
+    pub(crate) cooldown: Option<Cooldown>,
+    pub(crate) rate_limit: Option<RateLimiter>,
+}
+
+/// Checks the order of `declared` and sorts the policies by role.
+pub(crate) fn sort(declared: Vec<Declared>) -> Result<Sorted, ConfigError> {
+    let kinds: Vec<PolicyKind> = declared.iter().map(Declared::kind).collect();
+    check(&kinds).map_err(misplaced)?;
+    let mut s = Sorted::default();
+    for (i, d) in declared.into_iter().enumerate() {
+        match d {
+            Declared::Timeout(t) => match scope(&kinds, i) {
+                Scope::Call => s.overall_timeout = Some(t),
+                Scope::Attempt => s.attempt_timeout = Some(t),
+            },
+            Declared::Retry(r) => s.retry = Some(r),
+            Declared::CircuitBreaker(c) => s.circuit = Some(c),
+            Declared::Bulkhead(b) => s.bulkhead = Some(b),
+            Declared::Cooldown(c) => s.cooldown = Some(c),
+            Declared::RateLimiter(r) => s.rate_limit = Some(r),
+        }
+    }
+    Ok(s)
+}
+
+/// The builder's wording of a broken order rule: `pipeline.<policy> <rule>`.
+pub(crate) fn misplaced(e: Misplaced) -> ConfigError {
+    let rule = match e.rule {
+        Rule::Twice { .. } => format!("is declared twice; {}", e.rule.reason()),
+        Rule::SecondOnSide { scope, .. } => format!(
+            "is declared twice for {}; {}",
+            scope.describe(),
+            e.rule.reason()
+        ),
+        Rule::BeforeRetry { .. } => {
+            format!("must be declared after retry: {}", e.rule.reason())
+        }
+    };
+    ConfigError::new("pipeline", e.kind.name(), rule)
+}
