@@ -29,6 +29,7 @@ impl<T, E> AttemptOutput<T, E> for Result<T, E> {
 }
 
 /// An attempt's result with the operation's verdict on its error.
+#[cfg_attr(not(feature = "reqwest"), allow(dead_code))]
 pub(crate) struct Judged<T, E> {
     pub(crate) result: Result<T, E>,
     pub(crate) verdict: Option<Verdict>,

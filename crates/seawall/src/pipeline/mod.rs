@@ -23,6 +23,7 @@ mod kind;
 mod nested;
 
 pub use builder::PipelineBuilder;
+#[cfg(feature = "reqwest")]
 pub(crate) use drive::Judged;
 pub use kind::{
     AnyResult, BoxFallbackFuture, ErrorHandlers, ErrorKind, ErrorType, FallbackHandlers,
