@@ -724,6 +724,42 @@ fn decision(d: &Result<Permit, Rejection>) -> String {
     }
 }
 
+/// The breaker model as the circuit of a composed [`Resource`].
+impl CircuitModel for super::breaker::Model {
+    fn new(spec: &CircuitBreaker) -> Self {
+        super::breaker::Model::new(spec.clone())
+    }
+
+    fn admit(&mut self, now: Duration) -> CircuitAdmission {
+        let (decision, transition) = super::breaker::Model::admit(self, now);
+        CircuitAdmission {
+            decision: decision.map(|(generation, probe)| CircuitPermit { generation, probe }),
+            transition,
+        }
+    }
+
+    fn give_back(&mut self, permit: CircuitPermit) {
+        self.release(permit.generation, permit.probe)
+    }
+
+    fn record(
+        &mut self,
+        permit: CircuitPermit,
+        outcome: Outcome,
+        duration: Duration,
+        now: Duration,
+    ) -> Option<CircuitTransition> {
+        super::breaker::Model::record(
+            self,
+            permit.generation,
+            permit.probe,
+            outcome,
+            duration,
+            now,
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -884,41 +920,5 @@ mod tests {
     fn no_circuit_refuses_to_model_a_breaker() {
         let spec = ResourceSpec::new("r").with_circuit(CircuitBreaker::consecutive_failures(1));
         let _: Resource = Resource::new(&spec);
-    }
-}
-
-/// The breaker model as the circuit of a composed [`Resource`].
-impl CircuitModel for super::breaker::Model {
-    fn new(spec: &CircuitBreaker) -> Self {
-        super::breaker::Model::new(spec.clone())
-    }
-
-    fn admit(&mut self, now: Duration) -> CircuitAdmission {
-        let (decision, transition) = super::breaker::Model::admit(self, now);
-        CircuitAdmission {
-            decision: decision.map(|(generation, probe)| CircuitPermit { generation, probe }),
-            transition,
-        }
-    }
-
-    fn give_back(&mut self, permit: CircuitPermit) {
-        self.release(permit.generation, permit.probe)
-    }
-
-    fn record(
-        &mut self,
-        permit: CircuitPermit,
-        outcome: Outcome,
-        duration: Duration,
-        now: Duration,
-    ) -> Option<CircuitTransition> {
-        super::breaker::Model::record(
-            self,
-            permit.generation,
-            permit.probe,
-            outcome,
-            duration,
-            now,
-        )
     }
 }
