@@ -45,6 +45,10 @@
 //!   (`seawall::tower`).
 //! - `reqwest` (with `http`): `client.get(url).send_through(&pipeline)`
 //!   (`seawall::reqwest`).
+//! - `test-util`: tools for testing code that uses seawall
+//!   (`seawall::testing`: a virtual clock, fixed random sequences, contexts
+//!   for unit tests of an operation) and the contract suite of state stores
+//!   (`seawall::store::contract`). Enable it in `[dev-dependencies]` only.
 //! - `full`: all of the above.
 //!
 //! # Order of policies
@@ -77,6 +81,7 @@ pub mod rate_limit;
 pub mod reqwest;
 pub mod retry;
 pub mod store;
+#[cfg(any(test, feature = "test-util"))]
 pub mod testing;
 pub mod timeout;
 #[cfg(feature = "tower")]
