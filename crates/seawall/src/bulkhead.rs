@@ -68,7 +68,11 @@ impl Bulkhead {
             return Err(ConfigError::new(P, "lease", "must be > 0"));
         }
         if let Some(t) = attempt_timeout {
-            if self.lease <= t + Duration::from_secs(1) {
+            // No lease exceeds a timeout within 1 s of `Duration::MAX`.
+            let long_enough = t
+                .checked_add(Duration::from_secs(1))
+                .is_some_and(|min| self.lease > min);
+            if !long_enough {
                 return Err(ConfigError::new(
                     P,
                     "lease",
@@ -106,5 +110,19 @@ mod tests {
             .queue(3, Duration::ZERO)
             .validate(None)
             .is_err());
+        // Regression: a timeout near `Duration::MAX` overflowed `t + 1s`.
+        for t in [Duration::MAX, Duration::from_secs(u64::MAX)] {
+            let e = Bulkhead::new(2)
+                .lease(Duration::MAX)
+                .validate(Some(t))
+                .unwrap_err();
+            assert_eq!((e.policy, e.field), ("bulkhead", "lease"));
+            assert!(e.rule.starts_with("must exceed the attempt timeout"), "{e}");
+        }
+        let t = Duration::MAX - Duration::from_secs(2);
+        assert!(Bulkhead::new(2)
+            .lease(Duration::MAX)
+            .validate(Some(t))
+            .is_ok());
     }
 }
