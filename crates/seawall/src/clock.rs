@@ -2,8 +2,11 @@
 //! a real clock.
 //!
 //! Pipelines use [`SystemClock`] and [`SystemRandom`] unless told otherwise.
-//! Tests use [`VirtualClock`], whose sleeps
-//! advance virtual time at once, and [`SeededRandom`] for repeatable jitter.
+//! [`SeededRandom`] gives a repeatable sequence (reproducible simulations,
+//! replays, tests). With the feature `test-util`, tests use
+//! `seawall::testing::VirtualClock`, whose sleeps advance virtual time at
+//! once, and `seawall::testing::SequenceRandom`, which returns the values it
+//! is given.
 
 use std::fmt;
 use std::future::Future;
@@ -13,6 +16,7 @@ use std::sync::{Arc, OnceLock};
 use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
 
+#[cfg(any(test, feature = "test-util"))]
 use crate::testing::VirtualClock;
 
 /// A boxed sleep future, returned by custom [`Clock`] implementations.
@@ -21,8 +25,8 @@ pub type BoxSleep = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 /// A source of monotonic time that can also sleep.
 ///
 /// Implement it to plug in your own notion of time; seawall ships
-/// [`SystemClock`] (tokio timers, `std::thread::sleep`) and
-/// [`VirtualClock`].
+/// [`SystemClock`] (tokio timers, `std::thread::sleep`) and, with the
+/// feature `test-util`, `seawall::testing::VirtualClock`.
 pub trait Clock: Send + Sync + fmt::Debug + 'static {
     /// Monotonic time elapsed since an arbitrary origin fixed for the clock.
     fn now(&self) -> Duration;
@@ -68,6 +72,7 @@ impl Clock for SystemClock {
 pub(crate) enum ClockHandle {
     #[default]
     System,
+    #[cfg(any(test, feature = "test-util"))]
     Virtual(VirtualClock),
     Custom(Arc<dyn Clock>),
 }
@@ -76,12 +81,13 @@ impl ClockHandle {
     pub(crate) fn from_clock<C: Clock>(clock: C) -> Self {
         let any: &dyn std::any::Any = &clock;
         if any.is::<SystemClock>() {
-            ClockHandle::System
-        } else if let Some(v) = any.downcast_ref::<VirtualClock>() {
-            ClockHandle::Virtual(v.clone())
-        } else {
-            ClockHandle::Custom(Arc::new(clock))
+            return ClockHandle::System;
         }
+        #[cfg(any(test, feature = "test-util"))]
+        if let Some(v) = any.downcast_ref::<VirtualClock>() {
+            return ClockHandle::Virtual(v.clone());
+        }
+        ClockHandle::Custom(Arc::new(clock))
     }
 
     /// Nanoseconds since the clock's origin.
@@ -89,6 +95,7 @@ impl ClockHandle {
     pub(crate) fn now_nanos(&self) -> u64 {
         match self {
             ClockHandle::System => system_now_nanos(),
+            #[cfg(any(test, feature = "test-util"))]
             ClockHandle::Virtual(v) => v.now_nanos(),
             ClockHandle::Custom(c) => duration_nanos(c.now()),
         }
@@ -99,6 +106,7 @@ impl ClockHandle {
             ClockHandle::System => Sleep::Tokio {
                 sleep: tokio::time::sleep(duration),
             },
+            #[cfg(any(test, feature = "test-util"))]
             ClockHandle::Virtual(v) => Sleep::Virtual {
                 sleep: v.sleep_future(duration),
             },
@@ -111,6 +119,7 @@ impl ClockHandle {
     pub(crate) fn sleep_blocking(&self, duration: Duration) {
         match self {
             ClockHandle::System => std::thread::sleep(duration),
+            #[cfg(any(test, feature = "test-util"))]
             ClockHandle::Virtual(v) => v.advance(duration),
             ClockHandle::Custom(c) => c.sleep_blocking(duration),
         }
@@ -123,12 +132,29 @@ pub(crate) fn duration_nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
+#[cfg(any(test, feature = "test-util"))]
+use crate::testing::VirtualSleep;
+
+/// Stands for the virtual clock's sleep without the feature `test-util`:
+/// no value of it exists, so `Sleep::Virtual` is never built.
+#[cfg(not(any(test, feature = "test-util")))]
+#[derive(Debug)]
+pub(crate) enum VirtualSleep {}
+
+#[cfg(not(any(test, feature = "test-util")))]
+impl Future for VirtualSleep {
+    type Output = ();
+    fn poll(self: Pin<&mut Self>, _cx: &mut TaskContext<'_>) -> Poll<()> {
+        match *self.get_mut() {}
+    }
+}
+
 pin_project_lite::pin_project! {
     /// The sleep future of a pipeline's clock.
     #[project = SleepProj]
     pub(crate) enum Sleep {
         Tokio { #[pin] sleep: tokio::time::Sleep },
-        Virtual { #[pin] sleep: crate::testing::VirtualSleep },
+        Virtual { #[pin] sleep: VirtualSleep },
         Boxed { sleep: BoxSleep },
     }
 }

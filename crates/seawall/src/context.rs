@@ -131,6 +131,129 @@ impl Context {
     }
 }
 
+/// Builds the [`Context`] an operation receives, to unit-test the operation
+/// without a pipeline (feature `test-util`).
+///
+/// # Default
+/// Attempt 1, no deadline, no partition, the system clock.
+///
+/// # Examples
+/// ```
+/// use std::time::Duration;
+/// use seawall::testing::VirtualClock;
+/// use seawall::Context;
+///
+/// /// The operation under test: gives up when less than 100 ms are left.
+/// fn fetch(ctx: &Context) -> Result<String, String> {
+///     match ctx.remaining() {
+///         Some(left) if left < Duration::from_millis(100) => {
+///             Err(format!("{}: no time left", ctx.resource()))
+///         }
+///         _ => Ok(format!("attempt {} for {}", ctx.attempt(), ctx.partition().unwrap())),
+///     }
+/// }
+///
+/// let clock = VirtualClock::starting_at(Duration::from_secs(1_000_000));
+/// let ctx = Context::builder("users-api")
+///     .attempt(2)
+///     .deadline_in(Duration::from_secs(1))
+///     .partition("t1")
+///     .clock(clock.clone())
+///     .build();
+/// assert_eq!(fetch(&ctx).unwrap(), "attempt 2 for t1");
+/// clock.advance(Duration::from_millis(950));
+/// assert_eq!(fetch(&ctx).unwrap_err(), "users-api: no time left");
+/// ```
+#[cfg(any(test, feature = "test-util"))]
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct ContextBuilder {
+    resource: &'static str,
+    attempt: u32,
+    deadline: Option<BuilderDeadline>,
+    clock: ClockHandle,
+    partition: Option<PartitionKey>,
+}
+
+#[cfg(any(test, feature = "test-util"))]
+#[derive(Debug, Clone, Copy)]
+enum BuilderDeadline {
+    /// This long after the clock's time when the context is built.
+    In(Duration),
+    /// At this time of the clock.
+    At(Duration),
+}
+
+#[cfg(any(test, feature = "test-util"))]
+impl Context {
+    /// A builder of the context an operation receives, for resource
+    /// `resource` (feature `test-util`); see [`ContextBuilder`]. Each
+    /// distinct resource name is kept for the life of the process, as the
+    /// names of pipelines are.
+    pub fn builder(resource: &str) -> ContextBuilder {
+        ContextBuilder {
+            resource: intern(resource),
+            attempt: 1,
+            deadline: None,
+            clock: ClockHandle::System,
+            partition: None,
+        }
+    }
+}
+
+#[cfg(any(test, feature = "test-util"))]
+impl ContextBuilder {
+    /// The attempt number: 1 for the first attempt, as pipelines count.
+    pub fn attempt(mut self, attempt: u32) -> Self {
+        self.attempt = attempt;
+        self
+    }
+
+    /// A deadline `after` the clock's time when [`build`](Self::build) is
+    /// called (the maximum instant if that overflows).
+    pub fn deadline_in(mut self, after: Duration) -> Self {
+        self.deadline = Some(BuilderDeadline::In(after));
+        self
+    }
+
+    /// A deadline at `at` on the clock (the time its `now` returns).
+    pub fn deadline_at(mut self, at: Duration) -> Self {
+        self.deadline = Some(BuilderDeadline::At(at));
+        self
+    }
+
+    /// The partition key the call was made with.
+    pub fn partition(mut self, key: impl Into<PartitionKey>) -> Self {
+        self.partition = Some(key.into());
+        self
+    }
+
+    /// The clock the deadline is on, e.g. a
+    /// [`VirtualClock`](crate::testing::VirtualClock) the test advances.
+    pub fn clock(mut self, clock: impl crate::clock::Clock) -> Self {
+        self.clock = ClockHandle::from_clock(clock);
+        self
+    }
+
+    /// The context.
+    pub fn build(self) -> Context {
+        let deadline = self.deadline.map(|d| match d {
+            BuilderDeadline::In(after) => self
+                .clock
+                .now_nanos()
+                .saturating_add(crate::clock::duration_nanos(after)),
+            BuilderDeadline::At(at) => crate::clock::duration_nanos(at),
+        });
+        Context::new(
+            self.resource,
+            self.attempt,
+            deadline,
+            &self.clock,
+            self.partition.as_ref(),
+        )
+    }
+}
+
 impl fmt::Debug for Context {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Context")
@@ -303,6 +426,66 @@ mod tests {
             Some(&PartitionKey::Int(7)),
         );
         assert_eq!(ctx.partition(), Some(&PartitionKey::Int(7)));
+    }
+
+    #[test]
+    fn a_built_context_reads_its_deadline_on_its_clock() {
+        for start in [Duration::ZERO, Duration::from_secs(1_000_000)] {
+            let clock = crate::testing::VirtualClock::starting_at(start);
+            let ctx = Context::builder("users-api")
+                .attempt(3)
+                .deadline_in(Duration::from_secs(2))
+                .partition(7u64)
+                .clock(clock.clone())
+                .build();
+            assert_eq!(ctx.resource(), "users-api");
+            assert_eq!(ctx.attempt(), 3);
+            assert!(!ctx.is_first_attempt());
+            assert_eq!(ctx.partition(), Some(&PartitionKey::Int(7)));
+            assert_eq!(ctx.deadline(), Some(start + Duration::from_secs(2)));
+            assert_eq!(ctx.remaining(), Some(Duration::from_secs(2)));
+            clock.advance(Duration::from_millis(1500));
+            assert_eq!(ctx.remaining(), Some(Duration::from_millis(500)));
+            assert!(!ctx.is_expired());
+            clock.advance(Duration::from_secs(1));
+            assert_eq!(ctx.remaining(), Some(Duration::ZERO));
+            assert!(ctx.is_expired());
+        }
+    }
+
+    #[test]
+    fn a_built_context_has_the_defaults_of_a_first_attempt() {
+        let ctx = Context::builder("db").build();
+        assert_eq!(ctx.attempt(), 1);
+        assert!(ctx.is_first_attempt());
+        assert_eq!(ctx.deadline(), None);
+        assert_eq!(ctx.remaining(), None);
+        assert_eq!(ctx.partition(), None);
+        assert!(std::ptr::eq(ctx.resource(), intern("db")));
+    }
+
+    #[test]
+    fn a_built_deadline_saturates_and_may_be_absolute() {
+        let clock = crate::testing::VirtualClock::starting_at(Duration::from_secs(10));
+        let ctx = Context::builder("r")
+            .deadline_in(Duration::MAX)
+            .clock(clock.clone())
+            .build();
+        assert_eq!(ctx.deadline(), Some(Duration::from_nanos(u64::MAX)));
+        let ctx = Context::builder("r")
+            .deadline_at(Duration::from_secs(4))
+            .clock(clock.clone())
+            .build();
+        // Already past.
+        assert!(ctx.is_expired());
+        // The deadline is taken when the context is built, on the last clock given.
+        let later = crate::testing::VirtualClock::starting_at(Duration::from_secs(100));
+        let ctx = Context::builder("r")
+            .clock(clock)
+            .deadline_in(Duration::from_secs(1))
+            .clock(later)
+            .build();
+        assert_eq!(ctx.deadline(), Some(Duration::from_secs(101)));
     }
 
     #[test]

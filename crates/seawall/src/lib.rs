@@ -45,8 +45,12 @@
 //!   (`seawall::tower`).
 //! - `reqwest` (with `http`): `client.get(url).send_through(&pipeline)`
 //!   (`seawall::reqwest`).
-//! - `test-util`: the reference models of the stateful policies
-//!   (`seawall::model`), to check a store against them.
+//! - `test-util`: tools for testing code that uses seawall
+//!   (`seawall::testing`: a virtual clock, fixed random sequences, contexts
+//!   for unit tests of an operation), the contract suite of state stores
+//!   (`seawall::store::contract`) and the reference models of the stateful
+//!   policies (`seawall::model`), to check a store against them. Enable it
+//!   in `[dev-dependencies]` only.
 //! - `full`: all of the above.
 //!
 //! # Order of policies
@@ -81,6 +85,7 @@ pub mod rate_limit;
 pub mod reqwest;
 pub mod retry;
 pub mod store;
+#[cfg(any(test, feature = "test-util"))]
 pub mod testing;
 pub mod timeout;
 #[cfg(feature = "tower")]

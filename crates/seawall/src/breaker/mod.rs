@@ -112,7 +112,9 @@ impl CircuitBreaker {
 
     /// Judges the calls of the last `window` (rounded up to whole seconds).
     pub fn window(mut self, window: Duration) -> Self {
-        let secs = window.as_secs() + u64::from(window.subsec_nanos() > 0);
+        let secs = window
+            .as_secs()
+            .saturating_add(u64::from(window.subsec_nanos() > 0));
         self.mode = BreakerMode::TimeWindow(u32::try_from(secs).unwrap_or(u32::MAX));
         self
     }

@@ -71,11 +71,11 @@ impl Bulkhead {
             return Err(ConfigError::new(P, "lease", "must be > 0"));
         }
         if let Some(t) = attempt_timeout {
-            // An attempt timeout so long that one more second does not fit
-            // in a `Duration` leaves no lease long enough.
-            if t.checked_add(Duration::from_secs(1))
-                .is_none_or(|least| self.lease <= least)
-            {
+            // No lease exceeds a timeout within 1 s of `Duration::MAX`.
+            let long_enough = t
+                .checked_add(Duration::from_secs(1))
+                .is_some_and(|min| self.lease > min);
+            if !long_enough {
                 return Err(ConfigError::new(
                     P,
                     "lease",
@@ -113,6 +113,20 @@ mod tests {
             .queue(3, Duration::ZERO)
             .validate(None)
             .is_err());
+        // Regression: a timeout near `Duration::MAX` overflowed `t + 1s`.
+        for t in [Duration::MAX, Duration::from_secs(u64::MAX)] {
+            let e = Bulkhead::new(2)
+                .lease(Duration::MAX)
+                .validate(Some(t))
+                .unwrap_err();
+            assert_eq!((e.policy, e.field), ("bulkhead", "lease"));
+            assert!(e.rule.starts_with("must exceed the attempt timeout"), "{e}");
+        }
+        let t = Duration::MAX - Duration::from_secs(2);
+        assert!(Bulkhead::new(2)
+            .lease(Duration::MAX)
+            .validate(Some(t))
+            .is_ok());
     }
 
     #[test]

@@ -41,7 +41,7 @@ pub(crate) fn parse(origin: &str, format: Format, text: &str) -> Result<RawFile,
             let de = serde_yaml::Deserializer::from_str(text);
             serde_path_to_error::deserialize(de).map_err(|e| {
                 let field = field_path(e.path());
-                yaml_error(origin, field, e.inner())
+                yaml_error(origin, text, field, e.inner())
             })
         }
     }
@@ -75,8 +75,18 @@ fn toml_error(origin: &str, text: &str, field: String, e: &toml::de::Error) -> L
     }
 }
 
-fn yaml_error(origin: &str, field: String, e: &serde_yaml::Error) -> LoadError {
-    let position = e.location().map(|l| (l.line(), l.column()));
+fn yaml_error(origin: &str, text: &str, field: String, e: &serde_yaml::Error) -> LoadError {
+    // An error at the end of a text without a final newline is placed by
+    // the parser on the line after the last one: report the end itself.
+    let position = e.location().map(|l| {
+        let (line, column) = (l.line(), l.column());
+        let end = line_column(text, text.len());
+        if line > end.0 {
+            end
+        } else {
+            (line, column)
+        }
+    });
     LoadError::Parse {
         location: Location::new(origin.to_owned(), position),
         message: yaml_message(e, &field),
@@ -264,6 +274,14 @@ mod tests {
         assert_eq!(line_column(t, 3), (2, 2));
         assert_eq!(line_column(t, 7), (3, 2));
         assert_eq!(line_column(t, 99), (3, 3));
+    }
+
+    #[test]
+    fn a_yaml_error_at_the_end_is_placed_at_the_end() {
+        let text = "pipelines:\n  a:\n    retry: { delay: 1s";
+        let e = parse("<string>", Format::Yaml, text).unwrap_err();
+        assert_eq!(e.line(), Some(3), "{e}");
+        assert_eq!(e.location().unwrap().column, Some(23), "{e}");
     }
 
     #[test]

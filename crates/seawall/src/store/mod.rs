@@ -28,6 +28,7 @@ use crate::cooldown::Cooldown;
 use crate::error::{Rejection, StoreError};
 use crate::rate_limit::RateLimiter;
 
+#[cfg(any(test, feature = "test-util"))]
 pub mod contract;
 mod memory;
 
