@@ -4,10 +4,12 @@
 #![cfg(feature = "reqwest")]
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use http::{Request, Response};
@@ -15,9 +17,13 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use seawall::clock::BoxSleep;
+use seawall::pipeline::Handles;
 use seawall::reqwest::{SendError, SendThrough};
 use seawall::testing::VirtualClock;
-use seawall::{CircuitBreaker, Clock, Error, Pipeline, RejectionReason, Retry, Verdict};
+use seawall::{
+    CircuitBreaker, CircuitState, Clock, Cooldown, Error, EventKind, Pipeline, RejectionReason,
+    Retry, Verdict,
+};
 use tokio::net::TcpListener;
 
 fn ms(n: u64) -> Duration {
@@ -25,7 +31,7 @@ fn ms(n: u64) -> Duration {
 }
 
 /// An HTTP/1 server on a random loopback port answering its n-th request
-/// (from 1) with `answer(n)` after `delay(n)`; counts the requests it got.
+/// (from 1) with `answer(n)`; counts the requests it got.
 struct Server {
     addr: SocketAddr,
     hits: Arc<AtomicU32>,
@@ -38,8 +44,43 @@ impl Drop for Server {
     }
 }
 
+/// One answer of the [`Server`]: a status and headers, sent after a delay.
+struct Reply {
+    status: u16,
+    headers: Vec<(&'static str, String)>,
+    delay: Duration,
+}
+
+impl Reply {
+    fn status(status: u16) -> Reply {
+        Reply {
+            status,
+            headers: Vec::new(),
+            delay: Duration::ZERO,
+        }
+    }
+
+    fn header(mut self, name: &'static str, value: impl Into<String>) -> Reply {
+        self.headers.push((name, value.into()));
+        self
+    }
+}
+
 impl Server {
+    /// A server answering the n-th request with the status `answer(n).0`
+    /// after `answer(n).1`.
     async fn start(answer: impl Fn(u32) -> (u16, Duration) + Send + Sync + 'static) -> Server {
+        Server::replying(move |n| {
+            let (status, delay) = answer(n);
+            Reply {
+                delay,
+                ..Reply::status(status)
+            }
+        })
+        .await
+    }
+
+    async fn replying(answer: impl Fn(u32) -> Reply + Send + Sync + 'static) -> Server {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let hits = Arc::new(AtomicU32::new(0));
@@ -51,12 +92,15 @@ impl Server {
                 tokio::spawn(async move {
                     let service = hyper::service::service_fn(move |_: Request<Incoming>| {
                         let n = counter.fetch_add(1, Ordering::SeqCst) + 1;
-                        let (status, delay) = answer(n);
+                        let reply = answer(n);
                         async move {
-                            tokio::time::sleep(delay).await;
+                            tokio::time::sleep(reply.delay).await;
                             let body = Full::new(Bytes::from(format!("reply #{n}")));
-                            let response = Response::builder().status(status).body(body);
-                            Ok::<_, Infallible>(response.unwrap())
+                            let mut response = Response::builder().status(reply.status);
+                            for (name, value) in reply.headers {
+                                response = response.header(name, value);
+                            }
+                            Ok::<_, Infallible>(response.body(body).unwrap())
                         }
                     });
                     let _ = hyper::server::conn::http1::Builder::new()
@@ -386,4 +430,476 @@ fn the_error_is_a_std_error() {
     }
     let e = boxed(SendError::BodyNotCloneable);
     assert!(e.source().is_none());
+}
+
+// 429 Too Many Requests and its `Retry-After`.
+
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+/// Where the virtual clocks of the 429 tests start: at zero and far from it.
+const STARTS: [Duration; 2] = [Duration::ZERO, Duration::from_secs(1_000_000)];
+
+/// A virtual clock starting at `start` that logs each sleep taken on it
+/// (the pipeline's waits) and, when the server calls [`arrived`], the time
+/// each request reached the server (both relative to `start`).
+///
+/// [`arrived`]: LoggedClock::arrived
+#[derive(Debug, Clone)]
+struct LoggedClock {
+    clock: VirtualClock,
+    start: Duration,
+    sleeps: Arc<Mutex<Vec<Duration>>>,
+    arrivals: Arc<Mutex<Vec<Duration>>>,
+}
+
+impl LoggedClock {
+    fn at(start: Duration) -> LoggedClock {
+        let clock = VirtualClock::new();
+        clock.advance(start);
+        LoggedClock {
+            clock,
+            start,
+            sleeps: Arc::default(),
+            arrivals: Arc::default(),
+        }
+    }
+
+    fn elapsed(&self) -> Duration {
+        self.clock.now() - self.start
+    }
+
+    fn arrived(&self) {
+        self.arrivals.lock().unwrap().push(self.elapsed());
+    }
+
+    fn sleeps(&self) -> Vec<Duration> {
+        self.sleeps.lock().unwrap().clone()
+    }
+
+    fn arrivals(&self) -> Vec<Duration> {
+        self.arrivals.lock().unwrap().clone()
+    }
+}
+
+impl Clock for LoggedClock {
+    fn now(&self) -> Duration {
+        self.clock.now()
+    }
+    fn sleep(&self, duration: Duration) -> BoxSleep {
+        self.sleeps.lock().unwrap().push(duration);
+        Clock::sleep(&self.clock, duration)
+    }
+    fn sleep_blocking(&self, duration: Duration) {
+        self.sleeps.lock().unwrap().push(duration);
+        self.clock.sleep_blocking(duration)
+    }
+}
+
+/// A server answering with `answer(n)` that notes on `clock` when each
+/// request arrives.
+async fn timed_server(
+    clock: &LoggedClock,
+    answer: impl Fn(u32) -> Reply + Send + Sync + 'static,
+) -> Server {
+    let clock = clock.clone();
+    Server::replying(move |n| {
+        clock.arrived();
+        answer(n)
+    })
+    .await
+}
+
+fn too_many(retry_after: impl Into<String>) -> Reply {
+    Reply::status(429).header("retry-after", retry_after)
+}
+
+/// The name of a pipeline of the 429 tests: one per test, variant and
+/// start, since pipelines of one name share state in the global store.
+fn named(test: &str, variant: Variant, start: Duration) -> String {
+    format!("reqwest-429-{test}-{variant:?}-{}", start.as_secs())
+}
+
+fn retrying_on(name: String, clock: &LoggedClock) -> seawall::PipelineBuilder {
+    Pipeline::builder(name)
+        .retry(Retry::constant(ms(10)).max_attempts(3))
+        .clock(clock.clone())
+}
+
+/// Each 429 test runs with a plain pipeline, with `seawall::reqwest::classify`,
+/// and with that classifier and a listener.
+#[derive(Debug, Clone, Copy)]
+enum Variant {
+    Plain,
+    Classified,
+    Listened,
+}
+
+const VARIANTS: [Variant; 3] = [Variant::Plain, Variant::Classified, Variant::Listened];
+
+type Retries = Arc<Mutex<Vec<Duration>>>;
+
+/// Runs `check` with the pipeline `builder` makes in `variant`, and the
+/// waits the listener saw scheduled (always empty without a listener).
+async fn with_variant<F>(variant: Variant, builder: seawall::PipelineBuilder, check: F)
+where
+    F: AsyncFnOnce(&dyn Sender, Retries),
+{
+    let retries = Retries::default();
+    match variant {
+        Variant::Plain => check(&builder.build().unwrap(), retries).await,
+        Variant::Classified => {
+            let pipeline = builder
+                .classify(seawall::reqwest::classify)
+                .build()
+                .unwrap();
+            check(&pipeline, retries).await
+        }
+        Variant::Listened => {
+            let log = Arc::clone(&retries);
+            let pipeline = builder
+                .on_event(move |event| {
+                    if let EventKind::RetryScheduled { delay, .. } = event.kind {
+                        log.lock().unwrap().push(delay);
+                    }
+                })
+                .classify(seawall::reqwest::classify)
+                .build()
+                .unwrap();
+            check(&pipeline, retries).await
+        }
+    }
+}
+
+/// A pipeline of any kind, to run one test body over the variants.
+trait Sender {
+    fn send<'a>(
+        &'a self,
+        request: reqwest::RequestBuilder,
+    ) -> Pin<Box<dyn Future<Output = Result<reqwest::Response, SendError>> + 'a>>;
+    fn circuit(&self) -> CircuitState;
+}
+
+impl<K: Handles<reqwest::Response, reqwest::Error>> Sender for Pipeline<K> {
+    fn send<'a>(
+        &'a self,
+        request: reqwest::RequestBuilder,
+    ) -> Pin<Box<dyn Future<Output = Result<reqwest::Response, SendError>> + 'a>> {
+        Box::pin(request.send_through(self))
+    }
+    fn circuit(&self) -> CircuitState {
+        self.circuit_state().unwrap()
+    }
+}
+
+fn expected_retries(variant: Variant, waits: &[Duration]) -> Vec<Duration> {
+    match variant {
+        Variant::Listened => waits.to_vec(),
+        Variant::Plain | Variant::Classified => Vec::new(),
+    }
+}
+
+#[tokio::test]
+async fn a_429_is_retried_after_its_retry_after_in_seconds() {
+    for start in STARTS {
+        for variant in VARIANTS {
+            let clock = LoggedClock::at(start);
+            let server = timed_server(&clock, |n| {
+                if n == 1 {
+                    too_many("2")
+                } else {
+                    Reply::status(200)
+                }
+            })
+            .await;
+            let builder = retrying_on(named("seconds", variant, clock.start), &clock);
+            with_variant(variant, builder, async |pipeline, retries| {
+                let response = pipeline
+                    .send(reqwest::Client::new().get(server.url()))
+                    .await
+                    .unwrap();
+
+                let case = format!("{variant:?} from {start:?}");
+                assert_eq!(response.status(), 200, "{case}");
+                assert_eq!(response.text().await.unwrap(), "reply #2", "{case}");
+                assert_eq!(server.hits(), 2, "{case}");
+                // The hint (2 s), not the backoff (10 ms), set the wait.
+                assert_eq!(clock.sleeps(), [secs(2)], "{case}");
+                assert_eq!(clock.arrivals(), [Duration::ZERO, secs(2)], "{case}");
+                assert_eq!(
+                    *retries.lock().unwrap(),
+                    expected_retries(variant, &[secs(2)]),
+                    "{case}"
+                );
+            })
+            .await;
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_429_is_retried_after_its_retry_after_as_a_date() {
+    for start in STARTS {
+        for variant in VARIANTS {
+            let clock = LoggedClock::at(start);
+            let server = timed_server(&clock, |n| {
+                if n == 1 {
+                    too_many(httpdate::fmt_http_date(SystemTime::now() + secs(3)))
+                } else {
+                    Reply::status(200)
+                }
+            })
+            .await;
+            let builder = retrying_on(named("date", variant, clock.start), &clock);
+            with_variant(variant, builder, async |pipeline, retries| {
+                let response = pipeline
+                    .send(reqwest::Client::new().get(server.url()))
+                    .await
+                    .unwrap();
+
+                let case = format!("{variant:?} from {start:?}");
+                assert_eq!(response.status(), 200, "{case}");
+                assert_eq!(server.hits(), 2, "{case}");
+                // The date has a resolution of one second: 3 s from now is
+                // read as 2 to 3 s, less the time the answer took to arrive.
+                let sleeps = clock.sleeps();
+                assert_eq!(sleeps.len(), 1, "{case}: {sleeps:?}");
+                assert!(
+                    (secs(1)..=secs(3)).contains(&sleeps[0]),
+                    "{case}: {sleeps:?}"
+                );
+                assert_eq!(clock.arrivals(), [Duration::ZERO, sleeps[0]], "{case}");
+                assert_eq!(
+                    *retries.lock().unwrap(),
+                    expected_retries(variant, &sleeps),
+                    "{case}"
+                );
+            })
+            .await;
+        }
+    }
+}
+
+#[tokio::test]
+async fn an_endless_429_ends_in_retry_exhausted_with_its_status() {
+    for (header, wait) in [(Some("1"), secs(1)), (None, ms(10))] {
+        for variant in VARIANTS {
+            let clock = LoggedClock::at(STARTS[1]);
+            let server = timed_server(&clock, move |_| match header {
+                Some(value) => too_many(value),
+                None => Reply::status(429),
+            })
+            .await;
+            let builder = retrying_on(named("endless", variant, clock.start), &clock);
+            with_variant(variant, builder, async |pipeline, retries| {
+                let error = pipeline
+                    .send(reqwest::Client::new().get(server.url()))
+                    .await
+                    .unwrap_err();
+
+                let case = format!("{variant:?} with Retry-After {header:?}");
+                assert!(
+                    matches!(
+                        error,
+                        SendError::Pipeline(Error::RetryExhausted { attempts: 3, .. })
+                    ),
+                    "{case}: {error:?}"
+                );
+                assert_eq!(
+                    error.status(),
+                    Some(reqwest::StatusCode::TOO_MANY_REQUESTS),
+                    "{case}"
+                );
+                assert_eq!(server.hits(), 3, "{case}");
+                assert_eq!(clock.sleeps(), [wait, wait], "{case}");
+                assert_eq!(
+                    *retries.lock().unwrap(),
+                    expected_retries(variant, &[wait, wait]),
+                    "{case}"
+                );
+            })
+            .await;
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_429_does_not_open_the_circuit_a_503_does() {
+    for variant in VARIANTS {
+        let clock = LoggedClock::at(STARTS[1]);
+        let throttling = timed_server(&clock, |_| too_many("1")).await;
+        let failing = Server::start(|_| now(503)).await;
+        let builder = retrying_on(named("breaker", variant, clock.start), &clock)
+            .circuit_breaker(CircuitBreaker::consecutive_failures(1));
+        with_variant(variant, builder, async |pipeline, _| {
+            let client = reqwest::Client::new();
+            let case = format!("{variant:?}");
+            for call in 1..=2 {
+                let error = pipeline
+                    .send(client.get(throttling.url()))
+                    .await
+                    .unwrap_err();
+                assert!(
+                    matches!(
+                        error,
+                        SendError::Pipeline(Error::RetryExhausted { attempts: 3, .. })
+                    ),
+                    "{case}, call {call}: {error:?}"
+                );
+                assert_eq!(error.status(), Some(reqwest::StatusCode::TOO_MANY_REQUESTS));
+                assert_eq!(pipeline.circuit(), CircuitState::Closed, "{case}");
+                assert_eq!(throttling.hits(), 3 * call, "{case}");
+            }
+
+            // The first 503 opens the circuit: the retry that follows is
+            // refused by it, without a second request.
+            let error = pipeline.send(client.get(failing.url())).await.unwrap_err();
+            assert!(
+                error.status() == Some(reqwest::StatusCode::SERVICE_UNAVAILABLE)
+                    || error.rejection().map(|r| r.reason) == Some(RejectionReason::CircuitOpen),
+                "{case}: {error:?}"
+            );
+            assert_eq!(pipeline.circuit(), CircuitState::Open, "{case}");
+            assert_eq!(failing.hits(), 1, "{case}");
+            let error = pipeline.send(client.get(failing.url())).await.unwrap_err();
+            assert_eq!(
+                error.rejection().map(|r| r.reason),
+                Some(RejectionReason::CircuitOpen),
+                "{case}: {error:?}"
+            );
+            assert_eq!(failing.hits(), 1, "{case}");
+        })
+        .await;
+    }
+}
+
+/// The first call gets a 429 with `Retry-After: 30` and fails with it
+/// (no retry); every later request is answered 200.
+fn throttled_first(n: u32) -> Reply {
+    if n == 1 {
+        too_many("30")
+    } else {
+        Reply::status(200)
+    }
+}
+
+async fn throttled_call(pipeline: &dyn Sender, server: &Server) {
+    let error = pipeline
+        .send(reqwest::Client::new().get(server.url()))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(error, SendError::Pipeline(Error::Operation(_))),
+        "{error:?}"
+    );
+    assert_eq!(error.status(), Some(reqwest::StatusCode::TOO_MANY_REQUESTS));
+    assert_eq!(server.hits(), 1);
+}
+
+#[tokio::test]
+async fn a_cooldown_holds_the_next_call_until_the_retry_after_ends() {
+    for start in STARTS {
+        for variant in VARIANTS {
+            let clock = LoggedClock::at(start);
+            let server = timed_server(&clock, throttled_first).await;
+            let builder = Pipeline::builder(named("cooldown-wait", variant, start))
+                .cooldown(Cooldown::new())
+                .clock(clock.clone());
+            with_variant(variant, builder, async |pipeline, _| {
+                throttled_call(pipeline, &server).await;
+
+                let response = pipeline
+                    .send(reqwest::Client::new().get(server.url()))
+                    .await
+                    .unwrap();
+
+                let case = format!("{variant:?} from {start:?}");
+                assert_eq!(response.status(), 200, "{case}");
+                assert_eq!(server.hits(), 2, "{case}");
+                // The second request left only when the pause had ended.
+                assert_eq!(clock.sleeps(), [secs(30)], "{case}");
+                assert_eq!(clock.arrivals(), [Duration::ZERO, secs(30)], "{case}");
+            })
+            .await;
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_cooldown_refuses_a_call_that_may_not_wait() {
+    for start in STARTS {
+        for variant in VARIANTS {
+            let clock = LoggedClock::at(start);
+            let server = timed_server(&clock, throttled_first).await;
+            let builder = Pipeline::builder(named("cooldown-refuse", variant, start))
+                .cooldown(Cooldown::new().max_wait(Duration::ZERO))
+                .clock(clock.clone());
+            with_variant(variant, builder, async |pipeline, _| {
+                let client = reqwest::Client::new();
+                throttled_call(pipeline, &server).await;
+
+                let case = format!("{variant:?} from {start:?}");
+                let error = pipeline.send(client.get(server.url())).await.unwrap_err();
+                let rejection = error.rejection().expect("a refusal");
+                assert_eq!(rejection.reason, RejectionReason::CooldownActive, "{case}");
+                assert_eq!(rejection.retry_after, Some(secs(30)), "{case}");
+                assert_eq!(server.hits(), 1, "{case}");
+
+                clock.clock.advance(secs(29));
+                let error = pipeline.send(client.get(server.url())).await.unwrap_err();
+                assert_eq!(
+                    error.rejection().map(|r| (r.reason, r.retry_after)),
+                    Some((RejectionReason::CooldownActive, Some(secs(1)))),
+                    "{case}"
+                );
+                assert_eq!(server.hits(), 1, "{case}");
+
+                clock.clock.advance(secs(1));
+                let response = pipeline.send(client.get(server.url())).await.unwrap();
+                assert_eq!(response.status(), 200, "{case}");
+                assert_eq!(server.hits(), 2, "{case}");
+                assert!(clock.sleeps().is_empty(), "{case}: {:?}", clock.sleeps());
+            })
+            .await;
+        }
+    }
+}
+
+/// On the system clock: a virtual one would let the timeout's timer run
+/// ahead of the real server.
+#[tokio::test]
+async fn a_cooldown_longer_than_the_deadline_refuses_at_once() {
+    for variant in VARIANTS {
+        let server = Server::replying(throttled_first).await;
+        let builder = Pipeline::builder(named("cooldown-deadline", variant, Duration::ZERO))
+            .cooldown(Cooldown::new())
+            .timeout(secs(5));
+        with_variant(variant, builder, async |pipeline, _| {
+            throttled_call(pipeline, &server).await;
+
+            let started = Instant::now();
+            let error = pipeline
+                .send(reqwest::Client::new().get(server.url()))
+                .await
+                .unwrap_err();
+
+            let case = format!("{variant:?}");
+            assert!(
+                started.elapsed() < secs(1),
+                "{case}: {:?}",
+                started.elapsed()
+            );
+            let rejection = error.rejection().expect("a refusal");
+            assert_eq!(
+                rejection.reason,
+                RejectionReason::CooldownExceedsDeadline,
+                "{case}"
+            );
+            let left = rejection.retry_after.expect("the time left");
+            assert!(secs(25) < left && left <= secs(30), "{case}: {left:?}");
+            assert_eq!(server.hits(), 1, "{case}");
+        })
+        .await;
+    }
 }
