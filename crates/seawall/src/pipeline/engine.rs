@@ -57,6 +57,8 @@ const QUEUE_POLL_MAX: Duration = Duration::from_millis(20);
 #[derive(Clone, Copy)]
 struct Waiting {
     since: u64,
+    /// When the last wait began.
+    last: u64,
     queued: bool,
     poll: Duration,
 }
@@ -491,11 +493,20 @@ impl<'g, K: Kind> Call<'g, K> {
             .deadline
             .map(|d| Duration::from_nanos(d.at.saturating_sub(now)));
         let fits = |wait: Duration| room.is_none_or(|r| wait < r);
+        let first_wait = self.waiting.is_none();
         let waiting = self.waiting.get_or_insert(Waiting {
             since: now,
+            last: now,
             queued: false,
             poll: QUEUE_POLL_MIN,
         });
+        // A clock that did not move while the call waited (a virtual clock
+        // at the last instant of its range) has no later instant to wait
+        // for: refused, never deferred in a loop.
+        if !first_wait && now <= waiting.last {
+            return Err(rejection);
+        }
+        waiting.last = now;
         // What a policy's `max_wait` still allows: the time already waited
         // counts.
         let waited = Duration::from_nanos(now.saturating_sub(waiting.since));
@@ -514,8 +525,15 @@ impl<'g, K: Kind> Call<'g, K> {
                     _ => Err(rejection),
                 }
             }
+            // A limiter that refuses and says "now" (at the last instant of
+            // the clock, when its next window cannot be told) gives no
+            // wait: refused, never deferred in a loop.
             RejectionReason::RateLimited => match (&gate.spec.rate_limit, rejection.retry_after) {
-                (Some(r), Some(left)) if left <= allowed(r.max_wait) && fits(left) => Ok(left),
+                (Some(r), Some(left))
+                    if !left.is_zero() && left <= allowed(r.max_wait) && fits(left) =>
+                {
+                    Ok(left)
+                }
                 _ => Err(rejection),
             },
             _ => {
