@@ -13,7 +13,9 @@
 //!   `max(tat, now) - now <= tau`, and then moves `tat` to
 //!   `max(tat, now) + T`; otherwise it is told to retry after
 //!   `max(tat, now) - now - tau`. Up to `burst` calls pass at once, then one
-//!   every `T`.
+//!   every `T`. A call whose new `tat` would fall past [`END`] is refused
+//!   (retry after `T`): at the end of the range the limiter errs on the safe
+//!   side rather than let every call through.
 //! - **Fixed window**: the window of a call is `floor(now / period)`; at
 //!   most `limit` calls pass per window; a refused call retries at the start
 //!   of the next window, `(window + 1) * period - now`. A call whose `now`
@@ -122,8 +124,13 @@ impl Gcra {
         if ahead > self.tolerance {
             return Err(ahead - self.tolerance);
         }
-        self.tat = later(start, self.interval);
-        Ok(())
+        match start.checked_add(self.interval).filter(|&t| t <= END) {
+            Some(tat) => {
+                self.tat = tat;
+                Ok(())
+            }
+            None => Err(self.interval),
+        }
     }
 }
 

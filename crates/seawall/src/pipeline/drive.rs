@@ -81,9 +81,9 @@ impl<K: Kind> Pipeline<K> {
         match first.admit() {
             Ok(ctx) => {
                 let result = if first.holds() {
-                    let holding = first.hold();
+                    let guard = first.guard();
                     let result = op(ctx);
-                    first.held(holding);
+                    guard.disarm();
                     result
                 } else {
                     op(ctx)
@@ -134,9 +134,10 @@ impl<K: Kind> Pipeline<K> {
         let from = match first.admit() {
             Ok(ctx) => {
                 let deadline = first.deadline();
-                let holding = first.hold();
-                let output = WithDeadline::new(op(ctx), first.clock(), deadline).await;
-                first.held(holding);
+                let clock = first.clock();
+                let guard = first.guard();
+                let output = WithDeadline::new(op(ctx), clock, deadline).await;
+                guard.disarm();
                 match output {
                     Some(output) => {
                         let (result, judged) = output.split();

@@ -180,8 +180,8 @@ pub(crate) struct Call<'g, K: Kind> {
 
 /// A call that gives back what it holds when it is dropped before its end
 /// (a panic, a dropped future): the general loops own their call this way.
-/// The ordinary path holds its permit in a [`Holding`] while the
-/// operation runs instead, so that it keeps its call in registers.
+/// The ordinary path guards its permit while the operation runs instead
+/// ([`First::guard`]), so that it keeps its facts in registers.
 pub(crate) struct Owned<'g, K: Kind>(pub(crate) Call<'g, K>);
 
 impl<K: Kind> Drop for Owned<'_, K> {
@@ -212,15 +212,23 @@ impl<'g, K: Kind> std::ops::DerefMut for Owned<'g, K> {
     }
 }
 
-/// The permit of an attempt while its operation runs, given back if the
-/// attempt never ends (a panic, a dropped future).
-pub(crate) struct Holding<'g> {
+/// The permit of the ordinary first attempt while its operation runs,
+/// given back if the attempt never ends (a panic, a dropped future).
+pub(crate) struct Guard<'a, 'g> {
     gate: Option<&'g Gate>,
     partition: Option<&'g PartitionKey>,
-    permit: Option<Permit>,
+    permit: &'a mut Option<Permit>,
 }
 
-impl Drop for Holding<'_> {
+impl Guard<'_, '_> {
+    /// The operation returned: the permit stays with the attempt.
+    #[inline(always)]
+    pub(crate) fn disarm(self) {
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for Guard<'_, '_> {
     #[inline]
     fn drop(&mut self) {
         if self.permit.is_some() {
@@ -1239,27 +1247,23 @@ impl<'g, K: Kind> First<'g, K> {
         self.deadline.map(|d| d.at)
     }
 
-    /// `true` when the attempt holds a permit: the driver keeps it in a
-    /// [`Holding`] while the operation runs.
+    /// `true` when the attempt holds a permit: the driver guards it while
+    /// the operation runs.
     #[inline(always)]
     pub(crate) fn holds(&self) -> bool {
         self.permit.is_some()
     }
 
-    /// Moves the permit into a [`Holding`] for the time the operation runs.
+    /// Guards the permit while the operation runs: given back if the
+    /// attempt never ends (a panic, a dropped future); [`Guard::disarm`]
+    /// once the operation returned.
     #[inline(always)]
-    pub(crate) fn hold(&mut self) -> Holding<'g> {
-        Holding {
+    pub(crate) fn guard(&mut self) -> Guard<'_, 'g> {
+        Guard {
             gate: self.pipeline.shared.gate.as_ref(),
             partition: self.partition,
-            permit: self.permit.take(),
+            permit: &mut self.permit,
         }
-    }
-
-    /// The operation ended: the permit is the attempt's again.
-    #[inline(always)]
-    pub(crate) fn held(&mut self, mut holding: Holding<'g>) {
-        self.permit = holding.permit.take();
     }
 
     /// The pipeline's clock.
