@@ -256,10 +256,13 @@ mod tests {
     fn the_end_of_the_range_saturates() {
         let near = END - 5 * MS;
         let mut g = RateLimit::new(&RateLimiter::gcra(1, 1000 * MS));
-        assert!(g.acquire(near).is_ok());
-        // The arrival time is the end of the range: the retry lands there.
-        assert_eq!(g.acquire(near), Err(5 * MS));
-        assert!(g.acquire(END).is_ok());
+        // The next arrival time would be past the end of the range: refused
+        // on the safe side, until the end.
+        assert_eq!(g.acquire(near), Err(1000 * MS));
+        assert_eq!(g.acquire(END), Err(1000 * MS));
+        let mut g = RateLimit::new(&RateLimiter::gcra(1, 1000 * MS));
+        assert!(g.acquire(END - 1000 * MS).is_ok());
+        assert_eq!(g.acquire(END - 1000 * MS), Err(1000 * MS));
         let mut f = RateLimit::new(&RateLimiter::fixed_window(1, 1000 * MS));
         assert!(f.acquire(near).is_ok());
         assert_eq!(f.acquire(near), Err(5 * MS));

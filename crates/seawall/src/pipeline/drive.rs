@@ -6,7 +6,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context as TaskContext, Poll};
 
-use super::engine::{Admit, Call, Driver, Ended, Finish, First, Owned, Quick};
+use super::engine::{Admit, Call, Driver, Ended, Finish, First, Holding, Owned, Quick};
 use super::kind::{Handles, HandlesSync};
 use super::{Kind, Pipeline};
 use crate::classify::Verdict;
@@ -69,7 +69,8 @@ impl<K: Kind> Pipeline<K> {
             return match op(Context::bare(shared.name)) {
                 Ok(v) => Ok(v),
                 Err(e) => {
-                    let call = First::after_bare(self).into_call(Driver::Sync);
+                    let call = First::after_bare(self)
+                        .into_call(Driver::Sync, &mut Holding::new(self, None));
                     sync_loop(call, op, Some(From::Ended(Some(Err(e)), None)))
                 }
             };
@@ -78,28 +79,27 @@ impl<K: Kind> Pipeline<K> {
             let call = Owned(Call::start(self, partition, Driver::Sync));
             return sync_loop(call, op, None);
         };
-        match first.admit() {
+        // The permit is written in place and held against a panic.
+        let mut holding = Holding::new(self, partition);
+        match first.admit(&mut holding.permit) {
             Ok(ctx) => {
-                let result = if first.holds() {
-                    let guard = first.guard();
-                    let result = op(ctx);
-                    guard.disarm();
-                    result
-                } else {
-                    op(ctx)
-                };
-                match first.ended(result, Driver::Sync) {
+                let result = op(ctx);
+                match first.ended(result, &mut holding.permit, Driver::Sync) {
                     // Nobody listens on the ordinary path: the call is over.
                     Ok(v) => Ok(v),
                     Err(result) => {
                         let from = From::Ended(Some(result), None);
-                        sync_loop(first.into_call(Driver::Sync), op, Some(from))
+                        let call = first.into_call(Driver::Sync, &mut holding);
+                        sync_loop(call, op, Some(from))
                     }
                 }
             }
             Err(quick) => {
+                if let Some(err) = first.refused_at_once::<T, E>(&quick, Driver::Sync) {
+                    return Err(err);
+                }
                 let from = From::Admission(quick);
-                sync_loop(first.into_call(Driver::Sync), op, Some(from))
+                sync_loop(first.into_call(Driver::Sync, &mut holding), op, Some(from))
             }
         }
     }
@@ -122,7 +122,8 @@ impl<K: Kind> Pipeline<K> {
             return match result {
                 Ok(v) => Ok(v),
                 Err(e) => {
-                    let call = First::after_bare(self).into_call(Driver::Async);
+                    let call = First::after_bare(self)
+                        .into_call(Driver::Async, &mut Holding::new(self, None));
                     async_loop(call, op, Some(From::Ended(Some(Err(e)), judged))).await
                 }
             };
@@ -131,17 +132,15 @@ impl<K: Kind> Pipeline<K> {
             let call = Owned(Call::start(self, partition, Driver::Async));
             return async_loop(call, op, None).await;
         };
-        let from = match first.admit() {
+        let mut holding = Holding::new(self, partition);
+        let from = match first.admit(&mut holding.permit) {
             Ok(ctx) => {
                 let deadline = first.deadline();
-                let clock = first.clock();
-                let guard = first.guard();
-                let output = WithDeadline::new(op(ctx), clock, deadline).await;
-                guard.disarm();
+                let output = WithDeadline::new(op(ctx), first.clock(), deadline).await;
                 match output {
                     Some(output) => {
                         let (result, judged) = output.split();
-                        match first.ended(result, Driver::Async) {
+                        match first.ended(result, &mut holding.permit, Driver::Async) {
                             // Nobody listens on the ordinary path: the call
                             // is over.
                             Ok(v) => return Ok(v),
@@ -151,9 +150,14 @@ impl<K: Kind> Pipeline<K> {
                     None => From::Ended(None, None),
                 }
             }
-            Err(quick) => From::Admission(quick),
+            Err(quick) => {
+                if let Some(err) = first.refused_at_once::<T, E>(&quick, Driver::Async) {
+                    return Err(err);
+                }
+                From::Admission(quick)
+            }
         };
-        async_loop(first.into_call(Driver::Async), op, Some(from)).await
+        async_loop(first.into_call(Driver::Async, &mut holding), op, Some(from)).await
     }
 }
 

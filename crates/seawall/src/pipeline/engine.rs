@@ -180,8 +180,8 @@ pub(crate) struct Call<'g, K: Kind> {
 
 /// A call that gives back what it holds when it is dropped before its end
 /// (a panic, a dropped future): the general loops own their call this way.
-/// The ordinary path guards its permit while the operation runs instead
-/// ([`First::guard`]), so that it keeps its facts in registers.
+/// The ordinary path keeps its permit in a [`Holding`] instead, so that it
+/// keeps its facts in registers.
 pub(crate) struct Owned<'g, K: Kind>(pub(crate) Call<'g, K>);
 
 impl<K: Kind> Drop for Owned<'_, K> {
@@ -212,23 +212,31 @@ impl<'g, K: Kind> std::ops::DerefMut for Owned<'g, K> {
     }
 }
 
-/// The permit of the ordinary first attempt while its operation runs,
-/// given back if the attempt never ends (a panic, a dropped future).
-pub(crate) struct Guard<'a, 'g> {
+/// The permit of the ordinary first attempt, written in place by its
+/// admission and given back if the attempt never ends (a panic, a dropped
+/// future): the drivers keep it beside the [`First`] facts.
+pub(crate) struct Holding<'g> {
     gate: Option<&'g Gate>,
     partition: Option<&'g PartitionKey>,
-    permit: &'a mut Option<Permit>,
+    pub(crate) permit: Option<Permit>,
 }
 
-impl Guard<'_, '_> {
-    /// The operation returned: the permit stays with the attempt.
+impl<'g> Holding<'g> {
+    /// Holds nothing yet, for a call on `pipeline` (and `partition`).
     #[inline(always)]
-    pub(crate) fn disarm(self) {
-        std::mem::forget(self);
+    pub(crate) fn new<K: Kind>(
+        pipeline: &'g Pipeline<K>,
+        partition: Option<&'g PartitionKey>,
+    ) -> Self {
+        Holding {
+            gate: pipeline.shared.gate.as_ref(),
+            partition,
+            permit: None,
+        }
     }
 }
 
-impl Drop for Guard<'_, '_> {
+impl Drop for Holding<'_> {
     #[inline]
     fn drop(&mut self) {
         if self.permit.is_some() {
@@ -488,12 +496,7 @@ impl<'g, K: Kind> Call<'g, K> {
     /// past its deadline.
     fn deferral(&mut self, rejection: Rejection) -> Result<Duration, Rejection> {
         let gate = self.gate();
-        let may_wait = match rejection.reason {
-            RejectionReason::CooldownActive | RejectionReason::RateLimited => true,
-            RejectionReason::BulkheadFull => self.driver == Driver::Async,
-            _ => false,
-        };
-        if !may_wait {
+        if !may_wait(rejection.reason, self.driver) {
             return Err(rejection);
         }
         let now = self.now();
@@ -1184,7 +1187,6 @@ pub(crate) struct First<'g, K: Kind> {
     partition: Option<&'g PartitionKey>,
     at: Option<u64>,
     deadline: Option<Deadline>,
-    permit: Option<Permit>,
 }
 
 impl<'g, K: Kind> First<'g, K> {
@@ -1208,7 +1210,6 @@ impl<'g, K: Kind> First<'g, K> {
             partition,
             at,
             deadline,
-            permit: None,
         })
     }
 
@@ -1221,13 +1222,13 @@ impl<'g, K: Kind> First<'g, K> {
             partition: None,
             at: None,
             deadline: None,
-            permit: None,
         }
     }
 
-    /// The ordinary admission; see [`Call::admit_ordinary`].
+    /// The ordinary admission (see [`Call::admit_ordinary`]), its permit
+    /// written into `permit`.
     #[inline(always)]
-    pub(crate) fn admit(&mut self) -> Result<Context, Quick> {
+    pub(crate) fn admit(&mut self, permit: &mut Option<Permit>) -> Result<Context, Quick> {
         let shared = &*self.pipeline.shared;
         let overall = self.at.and_then(|at| overall_deadline(shared, at));
         admit_in_place(
@@ -1236,7 +1237,7 @@ impl<'g, K: Kind> First<'g, K> {
             &mut self.at,
             &mut self.deadline,
             overall,
-            &mut self.permit,
+            permit,
         )?;
         Ok(context_of(shared, 1, self.deadline, self.partition))
     }
@@ -1245,25 +1246,6 @@ impl<'g, K: Kind> First<'g, K> {
     #[inline(always)]
     pub(crate) fn deadline(&self) -> Option<u64> {
         self.deadline.map(|d| d.at)
-    }
-
-    /// `true` when the attempt holds a permit: the driver guards it while
-    /// the operation runs.
-    #[inline(always)]
-    pub(crate) fn holds(&self) -> bool {
-        self.permit.is_some()
-    }
-
-    /// Guards the permit while the operation runs: given back if the
-    /// attempt never ends (a panic, a dropped future); [`Guard::disarm`]
-    /// once the operation returned.
-    #[inline(always)]
-    pub(crate) fn guard(&mut self) -> Guard<'_, 'g> {
-        Guard {
-            gate: self.pipeline.shared.gate.as_ref(),
-            partition: self.partition,
-            permit: &mut self.permit,
-        }
     }
 
     /// The pipeline's clock.
@@ -1279,12 +1261,13 @@ impl<'g, K: Kind> First<'g, K> {
     pub(crate) fn ended<T, E>(
         &mut self,
         result: Result<T, E>,
+        permit: &mut Option<Permit>,
         driver: Driver,
     ) -> Result<T, Result<T, E>> {
         let shared = &*self.pipeline.shared;
         match result {
             Ok(v) if !watches_late(shared, driver, false, self.deadline) => {
-                if let (Some(permit), Some(gate)) = (self.permit.take(), &shared.gate) {
+                if let (Some(permit), Some(gate)) = (permit.take(), &shared.gate) {
                     // Nobody listens: a transition has no one to tell.
                     let _ = record_success_in_place(
                         gate,
@@ -1300,9 +1283,26 @@ impl<'g, K: Kind> First<'g, K> {
         }
     }
 
+    /// A refusal of the ordinary admission that ends the call at once: one
+    /// that cannot be waited out, with no fallback to take it (nobody
+    /// listens on the ordinary path, so there is nothing to report).
+    #[inline(always)]
+    pub(crate) fn refused_at_once<T, E>(&self, quick: &Quick, driver: Driver) -> Option<Error<E>>
+    where
+        K: Handles<T, E>,
+    {
+        match quick {
+            Quick::Refused(r) if !K::HAS_FALLBACK && !may_wait(r.reason, driver) => {
+                self.pipeline.note_rejection::<T, E>();
+                Some(Error::Rejected(r.for_resource(self.pipeline.shared.name)))
+            }
+            _ => None,
+        }
+    }
+
     /// The call, where the first attempt stands, for the general loop.
     #[inline(always)]
-    pub(crate) fn into_call(self, driver: Driver) -> Owned<'g, K> {
+    pub(crate) fn into_call(self, driver: Driver, holding: &mut Holding<'g>) -> Owned<'g, K> {
         let shared = &*self.pipeline.shared;
         let overall = self.at.and_then(|at| overall_deadline(shared, at));
         Owned(Call {
@@ -1316,9 +1316,20 @@ impl<'g, K: Kind> First<'g, K> {
             overall,
             at: self.at,
             deadline: self.deadline,
-            permit: self.permit,
+            permit: holding.permit.take(),
             waiting: None,
         })
+    }
+}
+
+/// A refusal for `reason` may be waited out (a cooldown, a rate limit, a
+/// full bulkhead's queue in async code); any other is final at once.
+#[inline(always)]
+fn may_wait(reason: RejectionReason, driver: Driver) -> bool {
+    match reason {
+        RejectionReason::CooldownActive | RejectionReason::RateLimited => true,
+        RejectionReason::BulkheadFull => driver == Driver::Async,
+        _ => false,
     }
 }
 
