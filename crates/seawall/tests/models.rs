@@ -1,9 +1,11 @@
-//! `MemoryStore` against the reference models of the bulkhead, the cooldown
-//! and the rate limiters (`seawall::model`).
+//! `MemoryStore` against the reference models of the circuit breaker, the
+//! bulkhead, the cooldown and the rate limiters (`seawall::model`),
+//! composed in admission order.
 //!
 //! Random sequences of admit / record (success, failure, ignored, with or
 //! without a retry-after hint, with durations) / release / clock advance
-//! (small steps, big jumps) / eviction of idle partitions run on the model
+//! (small steps, big jumps, waits as told by a refusal) / eviction of idle
+//! partitions (not with a circuit breaker, see `applicable`) run on the model
 //! and on the store, through the blocking and the async methods; every
 //! decision (admitted, or refused with which reason and `retry_after`),
 //! every record's answer and the slots in flight must be the same, on the
@@ -16,7 +18,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
 use seawall::model::resource::{Differential, Step, StoreCalls};
-use seawall::model::{NoCircuit, Resource, END};
+use seawall::model::{Resource, END};
 use seawall::rate_limit::RateAlgorithm;
 use seawall::store::{Admission, AdmitRequest, Outcome, Record, Recorded, ResourceSpec};
 use seawall::store::{ResourceState, StateStore};
@@ -61,15 +63,14 @@ impl StoreCalls for AsyncCalls {
     }
 }
 
-/// The circuit model composed into `Resource`: none yet. Wiring the
-/// breaker's model in is two lines: `type Circuit =
-/// seawall::model::breaker::Model;` and `circuit()` returning
-/// `proptest::option::weighted(0.5, seawall::model::breaker::strategy::any_breaker())`.
-type Circuit = NoCircuit;
+/// The circuit model composed into `Resource`: the breaker's model.
+type Circuit = seawall::model::breaker::Model;
 
-/// The circuit breaker of a spec (none while `Circuit` is `NoCircuit`).
+/// The circuit breaker of a spec, half of the time: a breaker of any mode
+/// (consecutive failures, count window, time window; failure and slow-call
+/// rates, minimum calls, growing cooldowns, one to three probes).
 fn circuit() -> impl Strategy<Value = Option<CircuitBreaker>> {
-    Just(None)
+    proptest::option::weighted(0.5, seawall::model::breaker::strategy::any_breaker())
 }
 
 fn bulkhead() -> impl Strategy<Value = Bulkhead> {
@@ -171,6 +172,18 @@ fn outcome() -> impl Strategy<Value = Outcome> {
     ]
 }
 
+/// How long an attempt ran: mostly microseconds, sometimes around the
+/// slow-call duration of the breaker strategies (50 ms), exactly it
+/// included.
+fn duration() -> impl Strategy<Value = Duration> {
+    prop_oneof![
+        4 => (0u64..10_000).prop_map(Duration::from_micros),
+        1 => Just(Duration::from_millis(50)),
+        1 => (45_000u64..55_000).prop_map(Duration::from_micros),
+        1 => (1u64..200).prop_map(Duration::from_millis),
+    ]
+}
+
 fn advance() -> impl Strategy<Value = Duration> {
     prop_oneof![
         4 => (0u64..3_000).prop_map(Duration::from_micros),
@@ -183,7 +196,7 @@ fn advance() -> impl Strategy<Value = Duration> {
 fn step() -> impl Strategy<Value = Step> {
     prop_oneof![
         5 => partition().prop_map(|partition| Step::Admit { partition }),
-        3 => (any::<usize>(), outcome(), (0u64..10_000).prop_map(Duration::from_micros), hint())
+        3 => (any::<usize>(), outcome(), duration(), hint())
             .prop_map(|(permit, outcome, duration, retry_after)| Step::Record {
                 permit,
                 outcome,
