@@ -86,31 +86,36 @@ impl<E> Error<E> {
     }
 }
 
-/// The message says what happened; the operation's error is the
-/// [`source`](std::error::Error::source), not repeated in the message (so
-/// a report that walks the chain prints it once).
-impl<E> fmt::Display for Error<E> {
+/// The message says what happened and includes the operation's error
+/// (`gave up after 3 attempts: connection refused`), so that it reads whole
+/// whatever `E` is (a `String`, an `anyhow::Error`). Its
+/// [`source`](std::error::Error::source) is therefore the operation's
+/// error's own source, not the operation's error again: a report that walks
+/// the chain prints each message once. The typed error itself is
+/// [`operation_error`](Error::operation_error).
+impl<E: fmt::Display> fmt::Display for Error<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Error::Operation(_) => f.write_str("operation failed"),
-            Error::RetryExhausted { attempts, .. } => {
-                write!(f, "gave up after {}", Attempts(*attempts))
+            Error::Operation(e) => write!(f, "operation failed: {e}"),
+            Error::RetryExhausted { attempts, last } => {
+                write!(f, "gave up after {}: {last}", Attempts(*attempts))
             }
             Error::Timeout(t) => t.fmt(f),
             Error::Rejected(r) => r.fmt(f),
             Error::Store(s) => s.fmt(f),
-            Error::Fallback(_) => f.write_str("fallback failed"),
+            Error::Fallback(e) => write!(f, "fallback failed: {e}"),
         }
     }
 }
 
 impl<E: std::error::Error + 'static> std::error::Error for Error<E> {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        // Each of these messages includes its inner error's: the chain goes
+        // on from there.
         match self {
             Error::Operation(e) | Error::Fallback(e) | Error::RetryExhausted { last: e, .. } => {
-                Some(e)
+                e.source()
             }
-            // Their messages are this error's own.
             Error::Timeout(t) => t.source(),
             Error::Rejected(r) => r.source(),
             Error::Store(s) => s.source(),
@@ -467,10 +472,7 @@ mod tests {
             attempts: 1,
             last: std::io::Error::other("boom"),
         };
-        assert_eq!(e.to_string(), "gave up after 1 attempt");
-        assert_eq!(
-            std::error::Error::source(&e).map(|s| s.to_string()),
-            Some("boom".into())
-        );
+        assert_eq!(e.to_string(), "gave up after 1 attempt: boom");
+        assert!(std::error::Error::source(&e).is_none());
     }
 }
