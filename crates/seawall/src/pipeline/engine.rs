@@ -689,7 +689,12 @@ impl<'g, K: Kind> Call<'g, K> {
             timed_out: None,
         };
         let outcome = outcome_of(verdict);
-        self.after_failure(failure, outcome, verdict.retry_after(), None)
+        self.ask_record(
+            Pending::Failed(failure),
+            outcome,
+            verdict.retry_after(),
+            None,
+        )
     }
 
     #[cold]
@@ -724,25 +729,7 @@ impl<'g, K: Kind> Call<'g, K> {
             error: None,
             timed_out: Some(d),
         };
-        self.after_failure(failure, Outcome::Failure, None, end)
-    }
-
-    fn after_failure<T, E>(
-        &mut self,
-        failure: Failure<E>,
-        outcome: Outcome,
-        hint: Option<Duration>,
-        end: Option<u64>,
-    ) -> Ended<'g, T, E>
-    where
-        K: Handles<T, E>,
-    {
-        if self.permit.is_some() {
-            if let Some(record) = self.record(outcome, hint, end) {
-                return Ended::Record(record, Pending::Failed(failure));
-            }
-        }
-        self.decide(failure)
+        self.ask_record(Pending::Failed(failure), Outcome::Failure, None, end)
     }
 
     /// The store's answer to [`Ended::Record`].
@@ -755,10 +742,7 @@ impl<'g, K: Kind> Call<'g, K> {
         K: Handles<T, E>,
     {
         self.report_recorded(answer);
-        match pending {
-            Pending::Success(v) => Ended::Done(Ok(v)),
-            Pending::Failed(f) => self.decide(f),
-        }
+        self.go_on(pending)
     }
 
     /// Records a success on a memory gate in place; `true` when the store
@@ -839,10 +823,19 @@ impl<'g, K: Kind> Call<'g, K> {
     {
         match self.record(outcome, hint, end) {
             Some(record) => Ended::Record(record, pending),
-            None => match pending {
-                Pending::Success(v) => Ended::Done(Ok(v)),
-                Pending::Failed(f) => self.decide(f),
-            },
+            None => self.go_on(pending),
+        }
+    }
+
+    /// After an outcome was recorded: the success ends the call, a failure
+    /// is decided.
+    fn go_on<T, E>(&mut self, pending: Pending<T, E>) -> Ended<'g, T, E>
+    where
+        K: Handles<T, E>,
+    {
+        match pending {
+            Pending::Success(v) => Ended::Done(Ok(v)),
+            Pending::Failed(f) => self.decide(f),
         }
     }
 
