@@ -19,12 +19,20 @@
 //! place. The drivers (`drive.rs`) are a few lines each, so sync and async
 //! calls take the same decisions at the same instants.
 //!
-//! The common case is the same code as any other: an attempt admitted by a
-//! closed circuit, a free slot and a permit, that succeeds, goes through
-//! `admit` and `ended` like every attempt; they are written so that it reads
-//! the clock only when a policy needs the time and records with one store
-//! operation. Whether anyone listens to events never changes a decision,
-//! an instant or the stored state: it only adds the events.
+//! The common case is the engine's own entry, [`First`]: the first attempt
+//! of a call nobody listens to, admitted in place by the memory store's
+//! quick check (a closed circuit, a free slot, no cooldown, a permit) and,
+//! when it succeeds, recorded in place. It keeps only the facts the engine
+//! needs (when the attempt began, once read; its deadline) and applies the
+//! same functions as [`Call`] (`admit_in_place`, `record_success_in_place`,
+//! `context_of`, `watches_late`, `may_wait`); anything out of the ordinary
+//! makes a [`Call`] of it where it stands ([`First::into_call`]) for the
+//! general loop. A bare pipeline (no stateful policy, no timeout, no retry
+//! budget) runs its first attempt as the operation itself. The clock is read
+//! only when a policy needs the time; a record that may change the state (a
+//! failure, a timeout, a hint, a probe) is stamped with the time it ended.
+//! Whether anyone listens to events never changes a decision, an instant or
+//! the stored state: it only adds the events.
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
