@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
+use seawall::model::resource::strategy::{self, partition};
 use seawall::model::resource::{Differential, Step, StoreCalls};
 use seawall::model::{Resource, END};
 use seawall::rate_limit::RateAlgorithm;
@@ -144,74 +145,9 @@ fn spec() -> impl Strategy<Value = ResourceSpec> {
     spec_with(true, false)
 }
 
-fn partition() -> impl Strategy<Value = Option<PartitionKey>> {
-    prop_oneof![
-        3 => Just(None),
-        1 => (0u64..3).prop_map(|k| Some(PartitionKey::from(k))),
-        // One key, spelled two ways: static and shared strings are equal.
-        1 => Just(Some(PartitionKey::from("tenant"))),
-        1 => Just(Some(PartitionKey::from("tenant".to_owned()))),
-    ]
-}
-
-fn hint() -> impl Strategy<Value = Option<Duration>> {
-    prop_oneof![
-        4 => Just(None),
-        1 => Just(Some(Duration::ZERO)),
-        2 => (1u64..5_000).prop_map(|n| Some(Duration::from_micros(n))),
-        1 => (1u64..200).prop_map(|n| Some(Duration::from_secs(n))),
-        1 => Just(Some(Duration::MAX)),
-    ]
-}
-
-fn outcome() -> impl Strategy<Value = Outcome> {
-    prop_oneof![
-        Just(Outcome::Success),
-        Just(Outcome::Failure),
-        Just(Outcome::Ignored)
-    ]
-}
-
-/// How long an attempt ran: mostly microseconds, sometimes around the
-/// slow-call duration of the breaker strategies (50 ms), exactly it
-/// included.
-fn duration() -> impl Strategy<Value = Duration> {
-    prop_oneof![
-        4 => (0u64..10_000).prop_map(Duration::from_micros),
-        1 => Just(Duration::from_millis(50)),
-        1 => (45_000u64..55_000).prop_map(Duration::from_micros),
-        1 => (1u64..200).prop_map(Duration::from_millis),
-    ]
-}
-
-fn advance() -> impl Strategy<Value = Duration> {
-    prop_oneof![
-        4 => (0u64..3_000).prop_map(Duration::from_micros),
-        2 => (1u64..3_000).prop_map(Duration::from_millis),
-        1 => (1u64..1_000).prop_map(Duration::from_secs),
-        1 => Just(1_000_000 * S),
-    ]
-}
-
-fn step() -> impl Strategy<Value = Step> {
-    prop_oneof![
-        5 => partition().prop_map(|partition| Step::Admit { partition }),
-        3 => (any::<usize>(), outcome(), duration(), hint())
-            .prop_map(|(permit, outcome, duration, retry_after)| Step::Record {
-                permit,
-                outcome,
-                duration,
-                retry_after,
-            }),
-        1 => any::<usize>().prop_map(|permit| Step::Release { permit }),
-        3 => advance().prop_map(Step::Advance),
-        2 => Just(Step::WaitAsTold),
-        1 => Just(Step::EvictIdle),
-    ]
-}
-
+/// The steps of a run (see `seawall::model::resource::strategy`).
 fn steps() -> impl Strategy<Value = Vec<Step>> {
-    proptest::collection::vec(step(), 1..150)
+    strategy::steps(150, 1000)
 }
 
 /// The last whole microsecond 3000 s before the end of the clock's range.

@@ -760,6 +760,95 @@ impl CircuitModel for super::breaker::Model {
     }
 }
 
+/// proptest strategies for [`Step`] sequences, shared by every store's
+/// model tests (the in-memory store's and Redis's).
+pub mod strategy {
+    use std::time::Duration;
+
+    use proptest::prelude::*;
+
+    use super::Step;
+    use crate::context::PartitionKey;
+    use crate::store::Outcome;
+
+    /// No partition most of the time, a few integer keys, and one string
+    /// key spelled two ways (static and shared strings are equal).
+    pub fn partition() -> impl Strategy<Value = Option<PartitionKey>> {
+        prop_oneof![
+            3 => Just(None),
+            1 => (0u64..3).prop_map(|k| Some(PartitionKey::from(k))),
+            1 => Just(Some(PartitionKey::from("tenant"))),
+            1 => Just(Some(PartitionKey::from("tenant".to_owned()))),
+        ]
+    }
+
+    /// A retry-after hint: none, zero, microseconds, seconds, the longest.
+    pub fn hint() -> impl Strategy<Value = Option<Duration>> {
+        prop_oneof![
+            4 => Just(None),
+            1 => Just(Some(Duration::ZERO)),
+            2 => (1u64..5_000).prop_map(|n| Some(Duration::from_micros(n))),
+            1 => (1u64..200).prop_map(|n| Some(Duration::from_secs(n))),
+            1 => Just(Some(Duration::MAX)),
+        ]
+    }
+
+    /// An attempt's outcome.
+    pub fn outcome() -> impl Strategy<Value = Outcome> {
+        prop_oneof![
+            Just(Outcome::Success),
+            Just(Outcome::Failure),
+            Just(Outcome::Ignored)
+        ]
+    }
+
+    /// How long an attempt ran: mostly microseconds, sometimes around the
+    /// slow-call duration of the breaker strategies (50 ms), exactly it
+    /// included.
+    pub fn duration() -> impl Strategy<Value = Duration> {
+        prop_oneof![
+            4 => (0u64..10_000).prop_map(Duration::from_micros),
+            1 => Just(Duration::from_millis(50)),
+            1 => (45_000u64..55_000).prop_map(Duration::from_micros),
+            1 => (1u64..200).prop_map(Duration::from_millis),
+        ]
+    }
+
+    /// A clock advance: microseconds, milliseconds, up to `max_secs`
+    /// seconds, or a jump of 10^6 s.
+    pub fn advance(max_secs: u64) -> impl Strategy<Value = Duration> {
+        prop_oneof![
+            4 => (0u64..3_000).prop_map(Duration::from_micros),
+            2 => (1u64..3_000).prop_map(Duration::from_millis),
+            1 => (1u64..max_secs.max(2)).prop_map(Duration::from_secs),
+            1 => Just(Duration::from_secs(1_000_000)),
+        ]
+    }
+
+    /// One step of a run; see [`advance`] for `max_secs`.
+    pub fn step(max_secs: u64) -> impl Strategy<Value = Step> {
+        prop_oneof![
+            5 => partition().prop_map(|partition| Step::Admit { partition }),
+            3 => (any::<usize>(), outcome(), duration(), hint())
+                .prop_map(|(permit, outcome, duration, retry_after)| Step::Record {
+                    permit,
+                    outcome,
+                    duration,
+                    retry_after,
+                }),
+            1 => any::<usize>().prop_map(|permit| Step::Release { permit }),
+            3 => advance(max_secs).prop_map(Step::Advance),
+            2 => Just(Step::WaitAsTold),
+            1 => Just(Step::EvictIdle),
+        ]
+    }
+
+    /// A run of 1 to `max_len - 1` steps.
+    pub fn steps(max_len: usize, max_secs: u64) -> impl Strategy<Value = Vec<Step>> {
+        proptest::collection::vec(step(max_secs), 1..max_len.max(2))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
