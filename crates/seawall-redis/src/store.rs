@@ -638,24 +638,14 @@ impl ResourceState for RedisResource {
             _ => return Err(protocol("metrics", &reply)),
         };
         let count = |n: i64| u64::try_from(n).unwrap_or(0);
-        let (calls, failures, slow) = (count(calls), count(failures), count(slow));
-        let rate = |n: u64| {
-            if calls == 0 {
-                0.0
-            } else {
-                n as f64 / calls as f64
-            }
-        };
-        let mut m = CircuitMetrics::closed_empty();
-        m.state = state;
-        m.calls = calls;
-        m.failures = failures.min(calls);
-        m.slow_calls = slow.min(calls);
-        m.failure_rate = rate(m.failures);
-        m.slow_call_rate = rate(m.slow_calls);
-        m.time_in_state = Duration::from_micros(count(in_state_us));
-        m.trips = u32::try_from(trips).unwrap_or(0);
-        Ok(m)
+        Ok(CircuitMetrics::from_counts(
+            state,
+            count(calls),
+            count(failures),
+            count(slow),
+            Duration::from_micros(count(in_state_us)),
+            u32::try_from(trips).unwrap_or(0),
+        ))
     }
 
     fn control_circuit(

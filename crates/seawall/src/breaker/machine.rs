@@ -278,24 +278,15 @@ impl Circuit {
         let state = decode(self.load());
         let window = self.window.as_deref().map(|w| w.snapshot(now_ns));
         let (calls, failures, slow_calls) = rules::counts(state, params, window);
-        let rate = |n: u64| {
-            if calls == 0 {
-                0.0
-            } else {
-                n as f64 / calls as f64
-            }
-        };
         let since = self.since.load(Ordering::Relaxed);
-        CircuitMetrics {
-            state: state.kind.state(),
+        CircuitMetrics::from_counts(
+            state.kind.state(),
             calls,
             failures,
             slow_calls,
-            failure_rate: rate(failures),
-            slow_call_rate: rate(slow_calls),
-            time_in_state: Duration::from_nanos(now_ns.saturating_sub(since)),
-            trips: state.trips,
-        }
+            Duration::from_nanos(now_ns.saturating_sub(since)),
+            state.trips,
+        )
     }
 
     /// `true` when the circuit holds nothing worth keeping for an idle

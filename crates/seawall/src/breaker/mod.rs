@@ -367,6 +367,38 @@ pub struct CircuitMetrics {
 }
 
 impl CircuitMetrics {
+    /// Metrics of a circuit in `state` whose current counts are `calls`,
+    /// `failures` and `slow_calls` (at most `calls` each), in that state
+    /// for `time_in_state` after `trips` trips; the rates follow from the
+    /// counts (0 with no call).
+    pub fn from_counts(
+        state: CircuitState,
+        calls: u64,
+        failures: u64,
+        slow_calls: u64,
+        time_in_state: Duration,
+        trips: u32,
+    ) -> Self {
+        let (failures, slow_calls) = (failures.min(calls), slow_calls.min(calls));
+        let rate = |n: u64| {
+            if calls == 0 {
+                0.0
+            } else {
+                n as f64 / calls as f64
+            }
+        };
+        CircuitMetrics {
+            state,
+            calls,
+            failures,
+            slow_calls,
+            failure_rate: rate(failures),
+            slow_call_rate: rate(slow_calls),
+            time_in_state,
+            trips,
+        }
+    }
+
     /// Metrics of a closed, empty circuit.
     pub fn closed_empty() -> Self {
         CircuitMetrics {

@@ -336,23 +336,14 @@ impl Model {
     pub fn metrics(&self, now: Duration) -> CircuitMetrics {
         let now = nanos(now);
         let (calls, failures, slow_calls) = self.window(now);
-        let rate = |n: u64| {
-            if calls == 0 {
-                0.0
-            } else {
-                n as f64 / calls as f64
-            }
-        };
-        let mut m = CircuitMetrics::closed_empty();
-        m.state = self.state;
-        m.calls = calls;
-        m.failures = failures;
-        m.slow_calls = slow_calls;
-        m.failure_rate = rate(failures);
-        m.slow_call_rate = rate(slow_calls);
-        m.time_in_state = Duration::from_nanos(now.saturating_sub(self.since));
-        m.trips = self.trips;
-        m
+        CircuitMetrics::from_counts(
+            self.state,
+            calls,
+            failures,
+            slow_calls,
+            Duration::from_nanos(now.saturating_sub(self.since)),
+            self.trips,
+        )
     }
 }
 
