@@ -150,68 +150,266 @@ fn breaker_stops_protecting_after_its_cooldown_of_uptime_async() {
 }
 
 // ------------------------------------------------------------------------
-// Rate limiter `max_wait` under contention: each new wait was compared
-// with `max_wait` without the time already waited.
+// Rate limiter `max_wait` under contention: three calls at t = 250 ms on a
+// limit of one per 250 ms with `max_wait(250 ms)` were admitted at 250, 500
+// and 750 ms (each new wait compared with `max_wait` without the time
+// already waited), then the third waited until 500 ms to be refused. A call
+// deferred by the limiter reserves its permit: the third sees the first two
+// and is refused at once, told to retry after 500 ms.
 
-#[test]
-fn rate_limiter_max_wait_is_exceeded_under_contention() {
-    let limiters: Vec<(&str, RateLimiter)> = vec![
+/// The limiters of the rate-limit regressions, one per 250 ms.
+fn one_per_250ms() -> Vec<(&'static str, RateLimiter)> {
+    vec![
         ("fixed", RateLimiter::fixed_window(1, ms(250))),
         ("sliding", RateLimiter::sliding_window(1, ms(250))),
         ("gcra", RateLimiter::gcra(1, ms(250))),
+    ]
+}
+
+/// A virtual clock whose blocking sleeps wait until the test opens a gate
+/// (or a second one comes), so that a sync call can be made while another
+/// sleeps.
+#[derive(Debug, Clone)]
+struct GatedClock {
+    inner: VirtualClock,
+    gate: Arc<(Mutex<(u32, bool)>, std::sync::Condvar)>,
+}
+
+impl GatedClock {
+    fn new(inner: VirtualClock) -> Self {
+        GatedClock {
+            inner,
+            gate: Arc::new((Mutex::new((0, false)), std::sync::Condvar::new())),
+        }
+    }
+
+    /// Waits until `n` blocking sleeps are waiting at the gate.
+    fn wait_for_sleepers(&self, n: u32) {
+        let (lock, cv) = &*self.gate;
+        let mut g = lock.lock().unwrap();
+        while g.0 < n {
+            g = cv.wait(g).unwrap();
+        }
+    }
+
+    fn open(&self) {
+        let (lock, cv) = &*self.gate;
+        lock.lock().unwrap().1 = true;
+        cv.notify_all();
+    }
+}
+
+impl clock::Clock for GatedClock {
+    fn now(&self) -> Duration {
+        self.inner.now()
+    }
+    fn sleep(&self, duration: Duration) -> clock::BoxSleep {
+        clock::Clock::sleep(&self.inner, duration)
+    }
+    fn sleep_blocking(&self, duration: Duration) {
+        let (lock, cv) = &*self.gate;
+        let mut g = lock.lock().unwrap();
+        g.0 += 1;
+        // A second sleeper (a call that should not have waited) opens the
+        // gate: the test then fails on what the calls did, never hangs.
+        g.1 |= g.0 > 1;
+        cv.notify_all();
+        while !g.1 {
+            g = cv.wait(g).unwrap();
+        }
+        drop(g);
+        clock::Clock::sleep_blocking(&self.inner, duration);
+    }
+}
+
+/// One call's result (the time its operation ran, from the start) and
+/// when it ended, from the start.
+type Timed = (Result<Duration, Error<Boom>>, Duration);
+
+/// Three calls at 250 ms on `limiter.max_wait(250 ms)`: sync ones on
+/// threads (the third made while the second sleeps) or async ones joined.
+fn three_calls(
+    limiter: &RateLimiter,
+    flavor: Flavor,
+    offset: Duration,
+    listener: bool,
+) -> [Timed; 3] {
+    let virtual_clock = clock_at(offset + ms(250));
+    let gated = GatedClock::new(virtual_clock.clone());
+    let start = virtual_clock.now();
+    let builder = Pipeline::builder(unique("reg-rl-wait"))
+        .rate_limiter(limiter.clone().max_wait(ms(250)))
+        .store(MemoryStore::new());
+    let builder = match flavor {
+        Flavor::Sync => builder.clock(gated.clone()),
+        Flavor::Async => builder.clock(virtual_clock.clone()),
+    };
+    let p = listen(builder, listener).build().unwrap();
+    let c = virtual_clock.clone();
+    let since = move || c.now() - start;
+    match flavor {
+        Flavor::Sync => {
+            let one = || {
+                let r = p.call(|_| Ok::<_, Boom>(since()));
+                (r, since())
+            };
+            let first = one();
+            std::thread::scope(|scope| {
+                let second = scope.spawn(one);
+                gated.wait_for_sleepers(1);
+                let third = one();
+                gated.open();
+                [first, second.join().unwrap(), third]
+            })
+        }
+        Flavor::Async => {
+            let one = || {
+                let (p, since) = (&p, since.clone());
+                async move {
+                    let r = p
+                        .run(|_| {
+                            let admitted = since();
+                            async move { Ok::<_, Boom>(admitted) }
+                        })
+                        .await;
+                    (r, since())
+                }
+            };
+            let (a, b, c) = rt().block_on(async { tokio::join!(one(), one(), one()) });
+            [a, b, c]
+        }
+    }
+}
+
+fn rate_limiter_max_wait_under_contention(flavor: Flavor) {
+    let limiters = one_per_250ms();
+    let variants: Vec<(usize, Duration, bool)> = (0..limiters.len())
+        .flat_map(|i| {
+            [Duration::ZERO, FAR]
+                .into_iter()
+                .flat_map(move |o| [(i, o, false), (i, o, true)])
+        })
+        .collect();
+    each_variant(&variants, |(i, offset, listener)| {
+        let (name, limiter) = &limiters[i];
+        let results = three_calls(limiter, flavor, offset, listener);
+        let admitted: Vec<Duration> = results
+            .iter()
+            .filter_map(|(r, _)| r.as_ref().ok().copied())
+            .collect();
+        let refused: Vec<(Rejection, Duration)> = results
+            .iter()
+            .filter_map(|(r, end)| {
+                r.as_ref()
+                    .err()
+                    .and_then(|e| e.rejection().copied())
+                    .map(|r| (r, *end))
+            })
+            .collect();
+        ensure(
+            admitted == vec![Duration::ZERO, ms(250)]
+                && refused.len() == 1
+                && refused[0].0.reason == RejectionReason::RateLimited
+                && refused[0].0.retry_after == Some(ms(500))
+                && refused[0].1 == Duration::ZERO,
+            || {
+                format!(
+                    "{name}: admitted at {admitted:?}, refused (rejection, when) {refused:?}; \
+                     expected admissions at 0 and 250ms and the third refused at once \
+                     (at 0) with retry_after 500ms"
+                )
+            },
+        )
+    });
+}
+
+#[test]
+fn rate_limiter_max_wait_is_exceeded_under_contention() {
+    rate_limiter_max_wait_under_contention(Flavor::Async);
+}
+
+#[test]
+fn rate_limiter_max_wait_is_exceeded_under_contention_sync() {
+    rate_limiter_max_wait_under_contention(Flavor::Sync);
+}
+
+/// 64 tasks at once on a limit of 4 per 100 ms with `max_wait(300 ms)`:
+/// the permits of the next 300 ms go to 16 of them, each admitted when its
+/// permit is due, and the 48 others are refused at once; no call waits
+/// longer than `max_wait`, and the admissions replayed through the
+/// reference model all conform.
+#[test]
+fn many_tasks_never_wait_past_max_wait_nor_pass_the_limit() {
+    let limiters = [
+        RateLimiter::fixed_window(4, ms(100)),
+        RateLimiter::gcra(4, ms(100)),
+        RateLimiter::sliding_window(4, ms(100)),
     ];
     let variants: Vec<(usize, Duration, bool)> = (0..limiters.len())
         .flat_map(|i| [(i, Duration::ZERO, false), (i, FAR, false), (i, FAR, true)])
         .collect();
     each_variant(&variants, |(i, offset, listener)| {
-        let (name, limiter) = &limiters[i];
-        let clock = clock_at(offset + ms(250));
-        let start = clock.now();
+        let limiter = limiters[i].clone();
+        let clock = clock_at(offset);
         let p = listen(
-            Pipeline::builder(unique("reg-rl-wait"))
-                .rate_limiter(limiter.clone().max_wait(ms(250)))
+            Pipeline::builder(unique("reg-rl-many"))
+                .rate_limiter(limiter.clone().max_wait(ms(300)))
                 .store(MemoryStore::new())
                 .clock(clock.clone()),
             listener,
         )
         .build()
         .unwrap();
-        let one = || {
-            let (p, c) = (&p, clock.clone());
-            async move {
-                let r = p
-                    .run(|_| {
-                        let admitted = c.now() - start;
-                        async move { Ok::<_, Boom>(admitted) }
+        let results: Vec<Timed> = rt().block_on(async {
+            let tasks: Vec<_> = (0..64)
+                .map(|_| {
+                    let (p, c) = (p.clone(), clock.clone());
+                    tokio::spawn(async move {
+                        let r = p
+                            .run(|_| {
+                                let admitted = c.now() - offset;
+                                async move { Ok::<_, Boom>(admitted) }
+                            })
+                            .await;
+                        (r, c.now() - offset)
                     })
-                    .await;
-                (r, c.now() - start)
+                })
+                .collect();
+            let mut results = Vec::new();
+            for t in tasks {
+                results.push(t.await.unwrap());
             }
-        };
-        let results = rt().block_on(async { tokio::join!(one(), one(), one()) });
-        let results = [results.0, results.1, results.2];
-        let admitted: Vec<Duration> = results
+            results
+        });
+        let longest = results.iter().map(|(_, end)| *end).max().unwrap();
+        ensure(longest <= ms(300), || {
+            format!("{limiter:?}: a call ended {longest:?} after the start")
+        })?;
+        let mut admitted: Vec<Duration> = results
             .iter()
             .filter_map(|(r, _)| r.as_ref().ok().copied())
             .collect();
-        let refused: Vec<Rejection> = results
+        admitted.sort();
+        let late_refusals: Vec<Duration> = results
             .iter()
-            .filter_map(|(r, _)| r.as_ref().err().and_then(|e| e.rejection().copied()))
+            .filter(|(r, _)| r.is_err())
+            .map(|(_, end)| *end)
+            .filter(|end| !end.is_zero())
             .collect();
-        let longest = results.iter().map(|(_, end)| *end).max().unwrap();
-        ensure(
-            admitted == vec![Duration::ZERO, ms(250)]
-                && refused.len() == 1
-                && refused[0].reason == RejectionReason::RateLimited
-                && longest <= ms(250),
-            || {
-                format!(
-                    "{name}: admitted at {admitted:?}, refused {refused:?}, last call ended \
-                     {longest:?} after the start; expected admissions at 0 and 250ms and the \
-                     third refused within max_wait (250ms)"
-                )
-            },
-        )
+        ensure(admitted.len() == 16 && late_refusals.is_empty(), || {
+            format!(
+                "{limiter:?}: {} admitted at {admitted:?}, refusals after waiting at \
+                 {late_refusals:?}",
+                admitted.len()
+            )
+        })?;
+        let mut model = seawall::model::rate::RateLimit::new(&limiter);
+        for (n, t) in admitted.iter().enumerate() {
+            ensure(model.acquire(offset + *t).is_ok(), || {
+                format!("{limiter:?}: admission {n} at {t:?} is over the limit: {admitted:?}")
+            })?;
+        }
+        Ok(())
     });
 }
 

@@ -44,7 +44,9 @@ use crate::context::{Context, PartitionKey};
 use crate::error::{Error, Rejection, RejectionReason, StoreError, TimeoutError, TimeoutScope};
 use crate::event::{AttemptOutcome, CallOutcome, EventKind, GiveUpReason};
 use crate::fallback::BoxFallbackFuture;
-use crate::store::{Admission, AdmitRequest, Outcome, Permit, Record, Recorded, ResourceState};
+use crate::store::{
+    Admission, AdmitRequest, Outcome, Permit, Record, Recorded, Reservation, Reserve, ResourceState,
+};
 
 /// The deadline binding an attempt, and where it comes from.
 #[derive(Debug, Clone, Copy)]
@@ -61,7 +63,8 @@ const QUEUE_POLL_MAX: Duration = Duration::from_millis(20);
 
 /// The waiting state of a deferred admission: since when it waits, whether
 /// it holds a place in the bulkhead queue of this process (given back when
-/// the wait ends, see [`Call::stop_waiting`]), the next poll interval.
+/// the wait ends, see [`Call::stop_waiting`]), the next poll interval, the
+/// rate-limit permit it reserved (given back if it is never used).
 #[derive(Clone, Copy)]
 struct Waiting {
     since: u64,
@@ -69,6 +72,9 @@ struct Waiting {
     last: u64,
     queued: bool,
     poll: Duration,
+    /// The rate-limit permit reserved for this call, and when it is due on
+    /// the pipeline's clock.
+    reserved: Option<(Reservation, u64)>,
 }
 
 /// Which driver runs the call: the few rules that differ between blocking
@@ -254,7 +260,8 @@ impl Drop for Holding<'_> {
 }
 
 /// Gives back what a call dropped or panicking holds: its permit (without
-/// an outcome) and its place in the bulkhead queue.
+/// an outcome), its place in the bulkhead queue, its reserved rate-limit
+/// permit.
 #[cold]
 #[inline(never)]
 fn abandon(
@@ -267,8 +274,13 @@ fn abandon(
     if let Some(p) = permit {
         gate.state.release(partition, p);
     }
-    if waiting.is_some_and(|w| w.queued) {
-        gate.waiters.fetch_sub(1, Ordering::Relaxed);
+    if let Some(w) = waiting {
+        if w.queued {
+            gate.waiters.fetch_sub(1, Ordering::Relaxed);
+        }
+        if let Some((reservation, _)) = w.reserved {
+            gate.state.give_back_reservation(partition, reservation);
+        }
     }
 }
 
@@ -385,11 +397,16 @@ impl<'g, K: Kind> Call<'g, K> {
     }
 
     /// The wait of a deferred admission is over: its queue place is given
-    /// back.
+    /// back, and a reservation it did not use.
     fn stop_waiting(&mut self) {
         if let Some(w) = self.waiting.take() {
             if w.queued {
                 self.gate().waiters.fetch_sub(1, Ordering::Relaxed);
+            }
+            if let Some((reservation, _)) = w.reserved {
+                self.gate()
+                    .state
+                    .give_back_reservation(self.partition, reservation);
             }
         }
     }
@@ -436,6 +453,9 @@ impl<'g, K: Kind> Call<'g, K> {
                     now: Duration::from_nanos(now),
                 };
                 match gate.memory.as_deref() {
+                    Some(memory) if self.may_reserve() => {
+                        self.admit_reserving(memory, request, None)
+                    }
                     Some(memory) => self.admitted(memory.admit(&request)),
                     None => Admit::Ask(request),
                 }
@@ -445,6 +465,15 @@ impl<'g, K: Kind> Call<'g, K> {
 
     /// The store's answer to [`Admit::Ask`] (or the memory store's).
     pub(crate) fn admitted(&mut self, answer: Result<Admission, StoreError>) -> Admit<'g> {
+        self.admitted_with(answer, None)
+    }
+
+    /// The store's answer, with the rate-limit permit it reserved.
+    fn admitted_with(
+        &mut self,
+        answer: Result<Admission, StoreError>,
+        reserved: Option<Reservation>,
+    ) -> Admit<'g> {
         let admission = match answer {
             Ok(a) => a,
             Err(e) => {
@@ -470,13 +499,19 @@ impl<'g, K: Kind> Call<'g, K> {
                 self.stop_waiting();
                 Admit::Run(self.context())
             }
-            Err(r) => self.refuse(r),
+            Err(r) => self.refuse_with(r, reserved),
         }
     }
 
     /// A refusal: deferred when a wait for it fits, final otherwise.
     fn refuse(&mut self, rejection: Rejection) -> Admit<'g> {
-        match self.deferral(rejection) {
+        self.refuse_with(rejection, None)
+    }
+
+    /// A refusal that may come with a reserved rate-limit permit: the call
+    /// waits for it, or gives it back when it does not wait.
+    fn refuse_with(&mut self, rejection: Rejection, reserved: Option<Reservation>) -> Admit<'g> {
+        match self.deferral(rejection, reserved) {
             Ok(wait) => {
                 self.emit(|| EventKind::Deferred {
                     reason: rejection.reason,
@@ -485,6 +520,11 @@ impl<'g, K: Kind> Call<'g, K> {
                 Admit::Wait(wait)
             }
             Err(r) => {
+                if let Some(reservation) = reserved {
+                    self.gate()
+                        .state
+                        .give_back_reservation(self.partition, reservation);
+                }
                 self.stop_waiting();
                 Admit::Refused(Refused::Rejected(r))
             }
@@ -492,17 +532,104 @@ impl<'g, K: Kind> Call<'g, K> {
     }
 
     /// After the wait of [`Admit::Wait`]: the attempt begins now, admitted
-    /// again. (Not ordinary: a deferred call is reported.)
+    /// again; a call that reserved its rate-limit permit presents it, once
+    /// it is due. (Not ordinary: a deferred call is reported.)
     pub(crate) fn waited(&mut self) -> Admit<'g> {
         let now = self.read_clock();
         self.begin_at(now);
-        self.admit()
+        let held = self.waiting.as_mut().and_then(|w| w.reserved.take());
+        let Some((reservation, due)) = held else {
+            return self.admit();
+        };
+        if now < due {
+            if let Some(w) = &mut self.waiting {
+                w.reserved = Some((reservation, due));
+            }
+            return Admit::Wait(Duration::from_nanos(due - now));
+        }
+        match self.gate().memory.as_deref() {
+            Some(memory) => {
+                let request = AdmitRequest {
+                    partition: self.partition,
+                    now: Duration::from_nanos(now),
+                };
+                self.admit_reserving(memory, request, Some(reservation))
+            }
+            None => {
+                // Reservations come from the memory store only.
+                self.gate()
+                    .state
+                    .give_back_reservation(self.partition, reservation);
+                self.admit()
+            }
+        }
+    }
+
+    /// The rate limiter lets calls wait for a permit: a refusal may reserve
+    /// it.
+    #[inline]
+    fn may_reserve(&self) -> bool {
+        self.gate()
+            .spec
+            .rate_limit
+            .as_ref()
+            .is_some_and(|r| !r.max_wait.is_zero())
+    }
+
+    /// The admission on the memory store of a call whose rate limiter lets
+    /// it wait: a refusal reserves the next permit when the wait for it
+    /// fits ([`reserve_lead`](Self::reserve_lead)); `held`, a due
+    /// reservation, stands for the permit.
+    #[cold]
+    #[inline(never)]
+    fn admit_reserving(
+        &mut self,
+        memory: &crate::store::MemoryResource,
+        request: AdmitRequest<'_>,
+        held: Option<Reservation>,
+    ) -> Admit<'g> {
+        let now = crate::clock::duration_nanos(request.now);
+        let reserve = Reserve {
+            within: self.reserve_lead(now),
+            held,
+        };
+        match memory.admit_reserving(&request, reserve) {
+            Ok((answer, reserved)) => self.admitted_with(Ok(answer), reserved),
+            Err(e) => self.admitted(Err(e)),
+        }
+    }
+
+    /// The longest wait for which the rate limiter may reserve this call's
+    /// permit at `now`: what its `max_wait` still allows (the time already
+    /// waited counts), short of the deadline ([`deferral`](Self::deferral)
+    /// takes a wait that fits exactly these bounds). Zero when the call
+    /// cannot wait again (a clock that did not move).
+    fn reserve_lead(&self, now: u64) -> Duration {
+        let Some(r) = &self.gate().spec.rate_limit else {
+            return Duration::ZERO;
+        };
+        let waited = match self.waiting {
+            Some(w) if now <= w.last => return Duration::ZERO,
+            Some(w) => now - w.since,
+            None => 0,
+        };
+        let mut lead = r.max_wait.saturating_sub(Duration::from_nanos(waited));
+        if let Some(d) = self.deadline {
+            let room = d.at.saturating_sub(now).saturating_sub(1);
+            lead = lead.min(Duration::from_nanos(room));
+        }
+        lead
     }
 
     /// How long to wait before asking the gate again, or the final refusal.
     /// A call never waits longer in all than the policy's `max_wait`, nor
-    /// past its deadline.
-    fn deferral(&mut self, rejection: Rejection) -> Result<Duration, Rejection> {
+    /// past its deadline. A rate-limit refusal that `reserved` the call's
+    /// permit waits for it (the caller gives it back on a refusal).
+    fn deferral(
+        &mut self,
+        rejection: Rejection,
+        reserved: Option<Reservation>,
+    ) -> Result<Duration, Rejection> {
         let gate = self.gate();
         if !may_wait(rejection.reason, self.driver) {
             return Err(rejection);
@@ -518,6 +645,7 @@ impl<'g, K: Kind> Call<'g, K> {
             last: now,
             queued: false,
             poll: QUEUE_POLL_MIN,
+            reserved: None,
         });
         // A clock that did not move while the call waited (a virtual clock
         // at the last instant of its range) has no later instant to wait
@@ -551,6 +679,8 @@ impl<'g, K: Kind> Call<'g, K> {
                 (Some(r), Some(left))
                     if !left.is_zero() && left <= allowed(r.max_wait) && fits(left) =>
                 {
+                    let due = now.saturating_add(crate::clock::duration_nanos(left));
+                    waiting.reserved = reserved.map(|res| (res, due));
                     Ok(left)
                 }
                 _ => Err(rejection),

@@ -8,8 +8,11 @@
 //!   `limit` slots (see [`Ring`]): one load of the slot of the admission
 //!   `limit` places back, one compare-and-swap on the head, one store.
 //! - Sliding window, partitioned: the log in a deque behind a small mutex
-//!   that grows with use, up to `limit` entries, so that an idle key costs
-//!   little.
+//!   that grows with use, up to `limit` entries (and the reservations), so
+//!   that an idle key costs little. An unpartitioned sliding window whose
+//!   calls may wait for a permit keeps its log this way too: a reservation
+//!   given back must come out of the log, which the ring cannot do (its
+//!   slots are overwritten lap after lap).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -29,12 +32,17 @@ pub(crate) enum RateState {
     Fixed(AtomicU64),
     /// Sliding window, lock-free: the last `limit` admission times.
     Ring(Box<Ring>),
+    /// Sliding window whose calls may wait: the log behind a mutex.
+    Log(Mutex<VecDeque<u64>>),
 }
 
 impl RateState {
     /// Fresh state for `params`.
     pub(crate) fn new(params: &RateParams) -> Self {
         match params.algorithm {
+            RateAlgorithm::SlidingWindow if params.reserves => {
+                RateState::Log(Mutex::new(VecDeque::new()))
+            }
             RateAlgorithm::SlidingWindow => RateState::Ring(Box::new(Ring::new(params.limit))),
             RateAlgorithm::FixedWindow => RateState::Fixed(AtomicU64::new(0)),
             _ => RateState::Gcra(AtomicU64::new(0)),
@@ -48,6 +56,7 @@ impl RateState {
             RateState::Gcra(tat) => RateCell::Gcra(tat),
             RateState::Fixed(word) => RateCell::Fixed(word),
             RateState::Ring(ring) => RateCell::Ring(ring),
+            RateState::Log(log) => RateCell::Log(log),
         }
     }
 }
@@ -156,8 +165,57 @@ impl RateCell<'_> {
         match self {
             RateCell::Gcra(tat) => apply(tat, |s| rules::gcra(s, params, now_ns)),
             RateCell::Fixed(word) => apply(word, |s| rules::fixed_window(s, params, now_ns)),
-            RateCell::Log(log) => sliding_log(&mut lock(log), params, now_ns),
+            RateCell::Log(log) => sliding_log(&mut lock(log), params, now_ns, 0).map(|_| ()),
             RateCell::Ring(ring) => ring.acquire(params, now_ns),
+        }
+    }
+
+    /// Takes one permit at `now_ns` or, when the next free one is at most
+    /// `within_ns` away, reserves it (see [`rules`](super::rules)): the
+    /// instant of the permit (`now_ns`: admitted at once), or how long until
+    /// one is free. The lock-free ring never reserves (a limiter whose calls
+    /// may wait keeps a log instead).
+    pub(crate) fn reserve(
+        self,
+        params: &RateParams,
+        now_ns: u64,
+        within_ns: u64,
+    ) -> Result<u64, Duration> {
+        match self {
+            RateCell::Gcra(tat) => {
+                apply_grant(tat, |s| rules::gcra_reserve(s, params, now_ns, within_ns))
+            }
+            RateCell::Fixed(word) => apply_grant(word, |s| {
+                rules::fixed_window_reserve(s, params, now_ns, within_ns)
+            }),
+            RateCell::Log(log) => sliding_log(&mut lock(log), params, now_ns, within_ns),
+            RateCell::Ring(ring) => ring.acquire(params, now_ns).map(|()| now_ns),
+        }
+    }
+
+    /// Gives back the reservation for instant `at` where the rule can tell
+    /// it apart (see [`rules`](super::rules)); otherwise it stays spent.
+    pub(crate) fn give_back(self, params: &RateParams, at: u64) {
+        let undo = |word: &AtomicU64, rule: &dyn Fn(u64) -> Option<u64>| {
+            let mut current = word.load(Ordering::Acquire);
+            while let Some(next) = rule(current) {
+                match word.compare_exchange_weak(current, next, Ordering::AcqRel, Ordering::Acquire)
+                {
+                    Ok(_) => return,
+                    Err(actual) => current = actual,
+                }
+            }
+        };
+        match self {
+            RateCell::Gcra(tat) => undo(tat, &|s| rules::gcra_give_back(s, params, at)),
+            RateCell::Fixed(word) => undo(word, &|s| rules::fixed_window_give_back(s, params, at)),
+            RateCell::Log(log) => {
+                let mut log = lock(log);
+                if let Some(i) = log.iter().rposition(|&t| t == at) {
+                    log.remove(i);
+                }
+            }
+            RateCell::Ring(_) => {}
         }
     }
 
@@ -192,24 +250,41 @@ fn apply(word: &AtomicU64, rule: impl Fn(u64) -> Result<u64, Duration>) -> Resul
     }
 }
 
+/// [`apply`] for a rule that grants a permit for an instant: the instant.
+fn apply_grant(
+    word: &AtomicU64,
+    rule: impl Fn(u64) -> Result<rules::Grant<u64>, Duration>,
+) -> Result<u64, Duration> {
+    let mut current = word.load(Ordering::Acquire);
+    loop {
+        let grant = rule(current)?;
+        match word.compare_exchange_weak(current, grant.next, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => return Ok(grant.at),
+            Err(actual) => current = actual,
+        }
+    }
+}
+
 /// The sliding-window rule on a deque log, pruned of the entries that no
-/// longer count (so that it holds at most `limit`).
-fn sliding_log(log: &mut VecDeque<u64>, p: &RateParams, now: u64) -> Result<(), Duration> {
+/// longer count (so that it holds at most `limit`, and the reservations):
+/// the instant the permit is logged at.
+fn sliding_log(
+    log: &mut VecDeque<u64>,
+    p: &RateParams,
+    now: u64,
+    within: u64,
+) -> Result<u64, Duration> {
     while log
         .front()
         .is_some_and(|&t| rules::sliding_window_expired(t, p, now))
     {
         log.pop_front();
     }
-    let full = log.len() >= p.limit as usize;
-    let oldest = full.then(|| log[log.len() - p.limit as usize]);
-    rules::sliding_window(oldest, p, now)?;
-    if full {
-        log.pop_front();
-    }
-    let at = rules::sliding_window_entry(log.back().copied(), now);
+    let limit = p.limit as usize;
+    let oldest = (log.len() >= limit).then(|| log[log.len() - limit]);
+    let at = rules::sliding_window_reserve(oldest, log.back().copied(), p, now, within)?;
     log.push_back(at);
-    Ok(())
+    Ok(at)
 }
 
 fn lock(log: &Mutex<VecDeque<u64>>) -> std::sync::MutexGuard<'_, VecDeque<u64>> {

@@ -22,6 +22,33 @@
 //!   A call is admitted when fewer than `limit` admissions happened in
 //!   `(now - period, now]`, i.e. when the admission `limit` places back is
 //!   at least `period` old; a refused one retries when it is.
+//!
+//! # Reservations
+//! A call that may wait for its permit (`max_wait`) asks with a lead
+//! `within`: when the next free permit is at most `within` away, the rule
+//! takes it now for that later instant (a *reservation*) and tells the
+//! instant, so that every later caller sees the permit as taken and queues
+//! behind it, or is refused at once when its own wait would be too long.
+//! The call runs at the reserved instant without asking the limiter again.
+//! With `within = 0` nothing is ever reserved: the plain rules above.
+//!
+//! - GCRA reserves naturally: the TAT moves by one interval, the permit's
+//!   instant is `max(TAT, now) - tau`.
+//! - Fixed window: the state word then holds the *last* window with a
+//!   permit taken and its count; every window from the caller's up to it
+//!   counts as full (a reservation is only ever made in the window after
+//!   a full one). The permit's instant is the start of its window.
+//! - Sliding window: the log holds the reserved instant, `oldest + period`
+//!   (never earlier than the newest entry).
+//!
+//! A reservation given back (its call was cancelled, or a policy checked
+//! before the rate limit refused it when it was due) returns its permit
+//! exactly where the state can tell it apart: GCRA and the fixed window
+//! keep one number for the whole queue, so only the newest reservation can
+//! be taken out of it (the TAT still the one it set, the window still the
+//! last one counted); an older one stays spent, which is stricter, never
+//! looser, and lasts only until the queue behind it has passed (at most
+//! `max_wait`). The sliding log takes out exactly the entry reserved.
 
 use std::time::Duration;
 
@@ -40,6 +67,9 @@ pub(crate) struct RateParams {
     pub(crate) tolerance_ns: u64,
     /// Fixed window: bits of the count field.
     pub(crate) count_bits: u32,
+    /// Calls may wait for a permit (`max_wait > 0`): the state must be
+    /// able to give back a reservation.
+    pub(crate) reserves: bool,
 }
 
 impl RateParams {
@@ -54,6 +84,7 @@ impl RateParams {
             interval_ns,
             tolerance_ns: interval_ns.saturating_mul(u64::from(spec.burst.max(1) - 1)),
             count_bits: u32::BITS - limit.leading_zeros(),
+            reserves: !spec.max_wait.is_zero(),
         }
     }
 
@@ -75,14 +106,50 @@ impl RateParams {
 /// end (stricter, never looser).
 #[inline(always)]
 pub(crate) fn gcra(tat: u64, p: &RateParams, now: u64) -> Result<u64, Duration> {
+    gcra_reserve(tat, p, now, 0).map(|grant| grant.next)
+}
+
+/// A permit granted by a rule: the next state, and the instant the permit
+/// is for (`now` when the call is admitted at once, later when reserved).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Grant<S> {
+    pub(crate) next: S,
+    pub(crate) at: u64,
+}
+
+/// GCRA with reservations (see the [module docs](self)): a call that does
+/// not conform takes the next permit anyway when its wait,
+/// `max(tat, now) - tau - now`, is at most `within`; the TAT moves as for
+/// an admission and the permit is for `now + wait`.
+#[inline(always)]
+pub(crate) fn gcra_reserve(
+    tat: u64,
+    p: &RateParams,
+    now: u64,
+    within: u64,
+) -> Result<Grant<u64>, Duration> {
     let start = tat.max(now);
-    let ahead = start - now;
-    if ahead > p.tolerance_ns {
-        return Err(Duration::from_nanos(ahead - p.tolerance_ns));
+    let wait = (start - now).saturating_sub(p.tolerance_ns);
+    if wait > within {
+        return Err(Duration::from_nanos(wait));
     }
-    start
-        .checked_add(p.interval_ns)
-        .ok_or_else(|| Duration::from_nanos(p.interval_ns))
+    match start.checked_add(p.interval_ns) {
+        Some(next) => Ok(Grant {
+            next,
+            at: now + wait,
+        }),
+        None => Err(Duration::from_nanos(p.interval_ns)),
+    }
+}
+
+/// GCRA: the state once the reservation for instant `at` is given back,
+/// when it can be: no call came after it (the TAT is still the one it set,
+/// every admission moving the TAT forward), so the TAT moves back by one
+/// interval. `None` otherwise: the calls queued behind it keep their
+/// instants, and the interval stays spent (see the [module docs](self)).
+pub(crate) fn gcra_give_back(tat: u64, p: &RateParams, at: u64) -> Option<u64> {
+    let start = at.checked_add(p.tolerance_ns)?;
+    (start.checked_add(p.interval_ns) == Some(tat)).then_some(start)
 }
 
 /// `true` when GCRA state `tat` decides every future call as fresh state
@@ -92,8 +159,9 @@ pub(crate) fn gcra_is_idle(tat: u64, now: u64) -> bool {
     tat <= now
 }
 
-/// The fixed window a packed state word counts for, seen from `now`:
-/// `(window index, count)`.
+/// The last fixed window with a permit taken, seen from `now`, and its
+/// count: `(window index, count)`. Every window from `now`'s up to it
+/// counts as full.
 fn fixed_window_of(word: u64, p: &RateParams, now: u64) -> (u64, u64) {
     let (tag, count) = (word >> p.count_bits, word & p.count_mask());
     let index = now / p.period_ns;
@@ -101,8 +169,8 @@ fn fixed_window_of(word: u64, p: &RateParams, now: u64) -> (u64, u64) {
     if tag == index & mask {
         (index, count)
     } else if let Some(ahead) = fixed_window_ahead(tag, index, p) {
-        // The state was written by a caller with a newer `now`: count
-        // against its window.
+        // A reservation in a later window, or a caller with a newer `now`:
+        // count against that window.
         (index.saturating_add(ahead), count)
     } else {
         (index, 0)
@@ -110,36 +178,76 @@ fn fixed_window_of(word: u64, p: &RateParams, now: u64) -> (u64, u64) {
 }
 
 /// How many windows the stored tag is ahead of window `index`, when it is
-/// (the caller's `now` is older than the state's). Tags are window indexes
-/// modulo the tag field; a tag less than half the field ahead counts as
-/// ahead.
+/// (a reservation, or the caller's `now` is older than the state's). Tags
+/// are window indexes modulo the tag field; a tag less than half the field
+/// ahead counts as ahead.
 fn fixed_window_ahead(tag: u64, index: u64, p: &RateParams) -> Option<u64> {
     let mask = p.index_mask();
     let diff = tag.wrapping_sub(index & mask) & mask;
     (diff != 0 && diff <= mask / 2).then_some(diff)
 }
 
+fn fixed_window_pack(window: u64, count: u64, p: &RateParams) -> u64 {
+    ((window & p.index_mask()) << p.count_bits) | count
+}
+
 /// Fixed window: admits a call at `now` on the packed state `word`
 /// (`[window index | count]`; fresh state is `0`).
 ///
 /// `Ok(next_word)` when the call's window holds fewer than `limit`
-/// admissions, `Err(retry_after)` (the time until the next window starts)
-/// when it does not.
+/// admissions, `Err(retry_after)` (the time until the window of the next
+/// free permit starts) when it does not.
 #[inline]
 pub(crate) fn fixed_window(word: u64, p: &RateParams, now: u64) -> Result<u64, Duration> {
-    let (window, count) = fixed_window_of(word, p, now);
-    if count >= u64::from(p.limit) {
-        let next_window = window.saturating_add(1).saturating_mul(p.period_ns);
-        return Err(Duration::from_nanos(next_window.saturating_sub(now)));
+    fixed_window_reserve(word, p, now, 0).map(|grant| grant.next)
+}
+
+/// Fixed window with reservations (see the [module docs](self)): the next
+/// free permit is in the last window counted if it is not full, else in the
+/// one after; a call in that window is admitted, any other reserves it
+/// when the window starts at most `within` from `now`.
+#[inline]
+pub(crate) fn fixed_window_reserve(
+    word: u64,
+    p: &RateParams,
+    now: u64,
+    within: u64,
+) -> Result<Grant<u64>, Duration> {
+    let index = now / p.period_ns;
+    let (last, count) = fixed_window_of(word, p, now);
+    let (window, count) = if count < u64::from(p.limit) {
+        (last, count)
+    } else if let Some(after) = last.checked_add(1) {
+        (after, 0)
+    } else {
+        return Err(Duration::from_nanos(u64::MAX - now));
+    };
+    let next = fixed_window_pack(window, count + 1, p);
+    if window == index {
+        return Ok(Grant { next, at: now });
     }
-    Ok(((window & p.index_mask()) << p.count_bits) | (count + 1))
+    // A window whose start is past the end of the clock is never reserved.
+    match window.checked_mul(p.period_ns) {
+        Some(start) if start > now && start - now <= within => Ok(Grant { next, at: start }),
+        start => Err(Duration::from_nanos(
+            start.unwrap_or(u64::MAX).saturating_sub(now),
+        )),
+    }
+}
+
+/// Fixed window: the state once the reservation for instant `at` (the
+/// start of its window) is given back, when it can be: its window is still
+/// the last one counted. `None` otherwise (see the [module docs](self)).
+pub(crate) fn fixed_window_give_back(word: u64, p: &RateParams, at: u64) -> Option<u64> {
+    let (tag, count) = (word >> p.count_bits, word & p.count_mask());
+    (tag == (at / p.period_ns) & p.index_mask() && count > 0).then(|| word - 1)
 }
 
 /// `true` when fixed-window state `word` decides every future call as
-/// fresh state would, from `now` on: its window holds no admission, or
-/// has passed.
+/// fresh state would, from `now` on: no permit taken in `now`'s window or
+/// after.
 pub(crate) fn fixed_window_is_idle(word: u64, p: &RateParams, now: u64) -> bool {
-    fixed_window_of(word, p, now).1 == 0
+    fixed_window_of(word, p, now) == (now / p.period_ns, 0)
 }
 
 /// Sliding window: admits a call at `now` given `oldest`, the time of the
@@ -160,6 +268,33 @@ pub(crate) fn sliding_window(
             t.saturating_add(p.period_ns).saturating_sub(now),
         )),
         _ => Ok(()),
+    }
+}
+
+/// Sliding window with reservations (see the [module docs](self)): the
+/// instant of the permit a call at `now` gets, given `oldest` as for
+/// [`sliding_window`] and `newest`, the newest entry of the log. `now`
+/// when admitted at once; when refused, the time `oldest` stops counting
+/// (never earlier than `newest`), if it is at most `within` from `now`.
+/// The permit is logged at the instant returned.
+#[inline]
+pub(crate) fn sliding_window_reserve(
+    oldest: Option<u64>,
+    newest: Option<u64>,
+    p: &RateParams,
+    now: u64,
+    within: u64,
+) -> Result<u64, Duration> {
+    match sliding_window(oldest, p, now) {
+        Ok(()) => Ok(sliding_window_entry(newest, now)),
+        Err(retry_after) => {
+            // An instant past the end of the clock is never reserved.
+            let free = oldest.and_then(|t| t.checked_add(p.period_ns));
+            match free.map(|t| sliding_window_entry(newest, t)) {
+                Some(at) if at - now <= within => Ok(at),
+                _ => Err(retry_after),
+            }
+        }
     }
 }
 

@@ -696,15 +696,31 @@ impl MemoryResource {
         map.find(hash, key).map(|i| f(map.view(i)))
     }
 
+    /// The admission on `view` at `now_ns`. With a lead `within_ns`, a
+    /// rate-limit refusal reserves the next permit when it is at most that
+    /// far (its instant written into `reserved`); a `held` reservation (its
+    /// instant) stands for the rate-limit permit, and is given back when an
+    /// earlier policy refuses.
     #[inline]
-    fn admit_in(&self, view: View<'_>, now_ns: u64) -> Admission {
+    fn admit_in(
+        &self,
+        view: View<'_>,
+        now_ns: u64,
+        (within_ns, held): (u64, Option<u64>),
+        reserved: &mut Option<u64>,
+    ) -> Admission {
         let params = &self.params;
         let mut permit = Permit::default();
         let mut transition = None;
-        let refuse = |reason, retry_after, transition| Admission {
-            decision: Err(Rejection::new(reason, retry_after)),
-            transition,
-            degraded: None,
+        let refuse = |reason, retry_after, transition| {
+            if let (Some(at), Some(rate), Some(p)) = (held, view.rate, &params.rate) {
+                rate.give_back(p, at);
+            }
+            Admission {
+                decision: Err(Rejection::new(reason, retry_after)),
+                transition,
+                degraded: None,
+            }
         };
         if let (Some(circuit), Some(p)) = (view.circuit, &params.circuit) {
             let answer = circuit.admit(p, now_ns);
@@ -732,10 +748,20 @@ impl MemoryResource {
                 return refuse(RejectionReason::CooldownActive, Some(left), transition);
             }
         }
-        if let (Some(rate), Some(p)) = (view.rate, &params.rate) {
-            if let Err(retry_after) = rate.acquire(p, now_ns) {
-                give_back(view, permit);
-                return refuse(RejectionReason::RateLimited, Some(retry_after), transition);
+        if let (Some(rate), Some(p), None) = (view.rate, &params.rate, held) {
+            match rate.reserve(p, now_ns, within_ns) {
+                Ok(at) if at > now_ns => {
+                    // Reserved: the call waits for it, holding nothing else.
+                    give_back(view, permit);
+                    *reserved = Some(at);
+                    let wait = Duration::from_nanos(at - now_ns);
+                    return refuse(RejectionReason::RateLimited, Some(wait), transition);
+                }
+                Ok(_) => {}
+                Err(retry_after) => {
+                    give_back(view, permit);
+                    return refuse(RejectionReason::RateLimited, Some(retry_after), transition);
+                }
             }
         }
         Admission {
@@ -945,11 +971,54 @@ impl ResourceState for MemoryResource {
     #[inline]
     fn admit(&self, request: &AdmitRequest<'_>) -> Result<Admission, StoreError> {
         let now_ns = duration_nanos(request.now);
+        let none = &mut None;
         Ok(match request.partition {
-            None => self.admit_in(self.root_view(), now_ns),
+            None => self.admit_in(self.root_view(), now_ns, (0, None), none),
             Some(_) if self.params.is_empty() => Admission::admitted(Permit::default()),
-            Some(key) => self.use_partition(key, now_ns, |view| self.admit_in(view, now_ns)),
+            Some(key) => self.use_partition(key, now_ns, |view| {
+                self.admit_in(view, now_ns, (0, None), none)
+            }),
         })
+    }
+
+    fn admit_reserving(
+        &self,
+        request: &AdmitRequest<'_>,
+        reserve: Reserve,
+    ) -> Result<(Admission, Option<Reservation>), StoreError> {
+        let now_ns = duration_nanos(request.now);
+        let lead = (
+            duration_nanos(reserve.within),
+            reserve.held.map(|r| duration_nanos(r.at)),
+        );
+        let mut reserved = None;
+        let admission = match request.partition {
+            None => self.admit_in(self.root_view(), now_ns, lead, &mut reserved),
+            Some(_) if self.params.is_empty() => Admission::admitted(Permit::default()),
+            Some(key) => self.use_partition(key, now_ns, |view| {
+                self.admit_in(view, now_ns, lead, &mut reserved)
+            }),
+        };
+        let reservation = reserved.map(|at| Reservation {
+            at: Duration::from_nanos(at),
+        });
+        Ok((admission, reservation))
+    }
+
+    fn give_back_reservation(&self, partition: Option<&PartitionKey>, reservation: Reservation) {
+        let Some(p) = &self.params.rate else { return };
+        let at = duration_nanos(reservation.at);
+        let undo = |view: View<'_>| {
+            if let Some(rate) = view.rate {
+                rate.give_back(p, at);
+            }
+        };
+        match partition {
+            None => undo(self.root_view()),
+            Some(key) => {
+                self.read_partition(key, undo);
+            }
+        }
     }
 
     #[inline]

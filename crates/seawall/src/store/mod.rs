@@ -131,6 +131,34 @@ pub struct AdmitRequest<'a> {
     pub now: Duration,
 }
 
+/// A rate-limit permit taken for a later instant by a call that waits for
+/// it (see [`ResourceState::admit_reserving`]).
+///
+/// The call holds it while it waits, presents it when it is due
+/// ([`Reserve::held`]) and gives it back with
+/// [`ResourceState::give_back_reservation`] if it never comes to use it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Reservation {
+    /// The instant of the permit, on the store's clock (the caller's
+    /// [`AdmitRequest::now`] unless the store keeps a clock of its own):
+    /// how the store finds it again.
+    pub at: Duration,
+}
+
+/// What a call that may wait for a rate-limit permit brings to
+/// [`ResourceState::admit_reserving`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Reserve {
+    /// The longest wait for which a rate limiter that refuses reserves its
+    /// next permit (zero: never; a plain [`ResourceState::admit`]).
+    pub within: Duration,
+    /// The reservation the call holds, now due: the rate limiter is not
+    /// asked again. When a policy checked before it (circuit, bulkhead,
+    /// cooldown) refuses, the reservation is given back in the same
+    /// operation.
+    pub held: Option<Reservation>,
+}
+
 /// What an admitted attempt holds; hand it back with [`ResourceState::record`]
 /// or [`ResourceState::release`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -233,6 +261,37 @@ pub trait ResourceState: Send + Sync + fmt::Debug {
     /// with the sync version; remote stores return a real future.
     fn admit_async<'a>(&'a self, request: AdmitRequest<'a>) -> StoreFuture<'a, Admission> {
         StoreFuture::ready(self.admit(&request))
+    }
+
+    /// [`admit`](Self::admit) for a call that may wait for a rate-limit
+    /// permit: when the rate limiter refuses and its next free permit is at
+    /// most [`Reserve::within`] away, that permit is taken for its later
+    /// instant and returned with the refusal (`rate_limited`, `retry_after`
+    /// the wait), so that every later caller queues behind it, or is
+    /// refused at once when its own wait would be too long. A call that
+    /// presents a due reservation ([`Reserve::held`]) is admitted without
+    /// asking the rate limiter.
+    ///
+    /// The default makes no reservation: it answers as `admit` (a store
+    /// that does not reserve; the call then asks again when its wait is
+    /// over, and may be refused then).
+    ///
+    /// # Errors
+    /// When the store fails and is configured to fail closed.
+    fn admit_reserving(
+        &self,
+        request: &AdmitRequest<'_>,
+        reserve: Reserve,
+    ) -> Result<(Admission, Option<Reservation>), StoreError> {
+        let _ = reserve;
+        self.admit(request).map(|a| (a, None))
+    }
+
+    /// Gives back a reservation its call will not use (the call was
+    /// cancelled while it waited). Must not block. The default does
+    /// nothing (a store that never reserves).
+    fn give_back_reservation(&self, partition: Option<&PartitionKey>, reservation: Reservation) {
+        let _ = (partition, reservation);
     }
 
     /// Records the outcome of an admitted attempt and gives back its permit.
