@@ -17,23 +17,44 @@
 //!   (retry after `T`): at the end of the range the limiter errs on the safe
 //!   side rather than let every call through.
 //! - **Fixed window**: the window of a call is `floor(now / period)`; at
-//!   most `limit` calls pass per window; a refused call retries at the start
-//!   of the next window, `(window + 1) * period - now`. A call whose `now`
-//!   falls in a window earlier than the last one counted is counted against
-//!   the last one (never more than `limit` per window).
-//! - **Sliding window**: an exact log of the admission times. A call at
-//!   `now` passes when fewer than `limit` admissions happened in
-//!   `(now - period, now]`, i.e. an admission at `t` counts while
-//!   `now - t < period`; a refused call retries when the oldest one counted
-//!   stops counting, `oldest + period - now` (zero at the last instant of
-//!   the range, when that is past it). An admission is logged at `now`, or
-//!   at the newest logged time if that is later (a clock read older than
-//!   the log never counts for less).
+//!   most `limit` calls pass per window. The state is the last window with
+//!   a permit taken and its count; every window from the call's up to that
+//!   one counts as full. The next free permit is in the last window if it
+//!   is not full, else in the one after; a call in that window passes, any
+//!   other is refused and retries when that window starts (a call whose
+//!   `now` falls in a window earlier than the last one counted waits for
+//!   it: never more than `limit` per window).
+//! - **Sliding window**: an exact log of the admission times (reserved
+//!   ones included). A call at `now` passes when fewer than `limit`
+//!   entries are logged after `now - period`, i.e. an entry at `t` counts
+//!   while `now - t < period`; a refused call retries when the entry
+//!   `limit` places back stops counting, `that + period - now` (zero at the
+//!   last instant of the range, when that is past it). An admission is
+//!   logged at `now`, or at the newest logged time if that is later (a
+//!   clock read older than the log never counts for less).
 //!
 //! Instants past [`END`] are [`END`], as everywhere in the models.
 //!
-//! The wait for a permit (`max_wait`) is the pipeline's decision, not the
-//! store's: it is not part of this model.
+//! # Reservations
+//! A call that may wait for its permit (`max_wait`) asks with a lead
+//! `within` ([`RateLimit::reserve`]): when it is refused and the next free
+//! permit is at most `within` away (and not past [`END`]), that permit is
+//! taken for its instant, which is returned: GCRA moves `tat` as for an
+//! admission, the permit being for `max(tat, now) - tau`; the fixed window
+//! counts it in its window, the permit being for the window's start; the
+//! sliding window logs it at the instant its entry `limit` places back
+//! stops counting (or at the newest logged time if that is later). A call
+//! admitted at once gets `now`.
+//!
+//! A reservation given back ([`RateLimit::give_back`]) returns its permit
+//! where the state can tell it apart: GCRA while `tat` is still the one it
+//! set (no call came after it; `tat` moves back by `T`); the fixed window
+//! while its window is still the last one counted (the count goes down by
+//! one); the sliding window takes one entry at its instant out of the log.
+//! Otherwise it stays spent: stricter, never looser.
+//!
+//! How long a call may wait (`max_wait`, its deadline) is the pipeline's
+//! decision; the model only takes the lead it is given.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -83,10 +104,41 @@ impl RateLimit {
 
     /// Takes a permit at `now`, or tells how long until one is free.
     pub fn acquire(&mut self, now: Duration) -> Result<(), Duration> {
+        self.reserve(now, Duration::ZERO).map(|_| ())
+    }
+
+    /// Takes a permit at `now`, or reserves the next one when it is at most
+    /// `within` away: the instant of the permit (`now`: admitted at once),
+    /// or how long until one is free.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use seawall::model::rate::RateLimit;
+    /// use seawall::RateLimiter;
+    ///
+    /// let ms = Duration::from_millis;
+    /// let mut r = RateLimit::new(&RateLimiter::fixed_window(1, ms(250)));
+    /// assert_eq!(r.reserve(ms(250), ms(250)), Ok(ms(250)));
+    /// assert_eq!(r.reserve(ms(250), ms(250)), Ok(ms(500)));
+    /// assert_eq!(r.reserve(ms(250), ms(250)), Err(ms(500)));
+    /// r.give_back(ms(500));
+    /// assert_eq!(r.reserve(ms(300), ms(250)), Ok(ms(500)));
+    /// ```
+    pub fn reserve(&mut self, now: Duration, within: Duration) -> Result<Duration, Duration> {
         match self {
-            RateLimit::Gcra(g) => g.acquire(now),
-            RateLimit::FixedWindow(f) => f.acquire(now),
-            RateLimit::SlidingWindow(s) => s.acquire(now),
+            RateLimit::Gcra(g) => g.reserve(now, within),
+            RateLimit::FixedWindow(f) => f.reserve(now, within),
+            RateLimit::SlidingWindow(s) => s.reserve(now, within),
+        }
+    }
+
+    /// Gives back the permit reserved for instant `at`, where the state can
+    /// tell it apart (see the [module docs](self)).
+    pub fn give_back(&mut self, at: Duration) {
+        match self {
+            RateLimit::Gcra(g) => g.give_back(at),
+            RateLimit::FixedWindow(f) => f.give_back(at),
+            RateLimit::SlidingWindow(s) => s.give_back(at),
         }
     }
 }
@@ -116,20 +168,28 @@ impl Gcra {
         self.tat
     }
 
-    /// Takes a permit at `now`, or tells how long until one is free.
-    pub fn acquire(&mut self, now: Duration) -> Result<(), Duration> {
+    /// Takes a permit at `now`, or reserves the next one when it is at most
+    /// `within` away (see [`RateLimit::reserve`]).
+    pub fn reserve(&mut self, now: Duration, within: Duration) -> Result<Duration, Duration> {
         let now = instant(now);
         let start = self.tat.max(now);
-        let ahead = start - now;
-        if ahead > self.tolerance {
-            return Err(ahead - self.tolerance);
+        let wait = (start - now).saturating_sub(self.tolerance);
+        if wait > within {
+            return Err(wait);
         }
         match start.checked_add(self.interval).filter(|&t| t <= END) {
             Some(tat) => {
                 self.tat = tat;
-                Ok(())
+                Ok(now + wait)
             }
             None => Err(self.interval),
+        }
+    }
+
+    /// Gives back the permit reserved for `at` while no call came after it.
+    pub fn give_back(&mut self, at: Duration) {
+        if at + self.tolerance + self.interval == self.tat {
+            self.tat -= self.interval;
         }
     }
 }
@@ -154,22 +214,38 @@ impl FixedWindow {
         }
     }
 
-    /// Takes a permit at `now`, or tells how long until one is free.
-    pub fn acquire(&mut self, now: Duration) -> Result<(), Duration> {
+    /// Takes a permit at `now`, or reserves the next one when it is at most
+    /// `within` away (see [`RateLimit::reserve`]).
+    pub fn reserve(&mut self, now: Duration, within: Duration) -> Result<Duration, Duration> {
         let now = instant(now);
-        let window = now.as_nanos() / self.period.as_nanos();
-        if window > self.window {
-            self.window = window;
-            self.count = 0;
+        let period = self.period.as_nanos();
+        let current = now.as_nanos() / period;
+        let (mut window, mut count) = (self.window, self.count);
+        if current > window {
+            (window, count) = (current, 0);
         }
-        if self.count >= self.limit {
-            let next = (self.window + 1) * self.period.as_nanos();
-            let next = next.min(END.as_nanos());
-            let left = u64::try_from(next - now.as_nanos()).unwrap_or(u64::MAX);
-            return Err(Duration::from_nanos(left));
+        if count >= self.limit {
+            (window, count) = (window + 1, 0);
         }
-        self.count += 1;
-        Ok(())
+        let start = window * period;
+        let at = if window == current {
+            now
+        } else if start <= END.as_nanos() && start - now.as_nanos() <= within.as_nanos() {
+            Duration::from_nanos(start as u64)
+        } else {
+            let left = start.min(END.as_nanos()) - now.as_nanos();
+            return Err(Duration::from_nanos(left as u64));
+        };
+        (self.window, self.count) = (window, count + 1);
+        Ok(at)
+    }
+
+    /// Gives back the permit reserved for `at` (the start of its window)
+    /// while its window is the last one counted.
+    pub fn give_back(&mut self, at: Duration) {
+        if at.as_nanos() / self.period.as_nanos() == self.window && self.count > 0 {
+            self.count -= 1;
+        }
     }
 }
 
@@ -191,10 +267,11 @@ impl SlidingWindow {
         }
     }
 
-    /// Takes a permit at `now`, or tells how long until one is free.
-    pub fn acquire(&mut self, now: Duration) -> Result<(), Duration> {
+    /// Takes a permit at `now`, or reserves the next one when it is at most
+    /// `within` away (see [`RateLimit::reserve`]).
+    pub fn reserve(&mut self, now: Duration, within: Duration) -> Result<Duration, Duration> {
         let now = instant(now);
-        // An admission at `t` counts while `now - t < period`.
+        // An entry at `t` counts while `now - t < period`.
         while self
             .log
             .front()
@@ -202,13 +279,29 @@ impl SlidingWindow {
         {
             self.log.pop_front();
         }
-        if self.log.len() < self.limit as usize {
-            let at = self.log.back().map_or(now, |&newest| newest.max(now));
-            self.log.push_back(at);
-            return Ok(());
+        let newest = self.log.back().copied();
+        let limit = self.limit as usize;
+        let at = if self.log.len() < limit {
+            newest.map_or(now, |n| n.max(now))
+        } else {
+            let oldest = self.log[self.log.len() - limit];
+            match oldest.checked_add(self.period).filter(|&t| t <= END) {
+                Some(free) if free.max(newest.unwrap_or(free)) - now <= within => {
+                    free.max(newest.unwrap_or(free))
+                }
+                _ => return Err(later(oldest, self.period).saturating_sub(now)),
+            }
+        };
+        self.log.push_back(at);
+        Ok(at)
+    }
+
+    /// Gives back the permit reserved for `at`: one entry at `at` leaves
+    /// the log.
+    pub fn give_back(&mut self, at: Duration) {
+        if let Some(i) = self.log.iter().rposition(|&t| t == at) {
+            self.log.remove(i);
         }
-        let oldest = self.log.front().copied().unwrap_or(now);
-        Err(later(oldest, self.period).saturating_sub(now))
     }
 }
 
@@ -250,6 +343,44 @@ mod tests {
         );
         assert!(s.acquire(100 * MS).is_ok());
         assert_eq!(s.acquire(100 * MS), Err(10 * MS));
+    }
+
+    #[test]
+    fn reservations_queue_and_only_the_newest_comes_back_where_one_number_keeps_the_queue() {
+        // GCRA, one per 100 ms: the burst at 0, then reservations.
+        let mut g = RateLimit::new(&RateLimiter::gcra(1, 100 * MS));
+        assert_eq!(g.reserve(Duration::ZERO, 150 * MS), Ok(Duration::ZERO));
+        assert_eq!(g.reserve(Duration::ZERO, 150 * MS), Ok(100 * MS));
+        assert_eq!(g.reserve(Duration::ZERO, 150 * MS), Err(200 * MS));
+        assert_eq!(g.reserve(10 * MS, 200 * MS), Ok(200 * MS));
+        // The one for 100 ms has a call behind it: it stays spent.
+        g.give_back(100 * MS);
+        assert_eq!(g.reserve(20 * MS, 300 * MS), Ok(300 * MS));
+        // The newest comes back, then the one before it.
+        g.give_back(300 * MS);
+        g.give_back(200 * MS);
+        assert_eq!(g.reserve(30 * MS, 300 * MS), Ok(200 * MS));
+        // Fixed window, two per 100 ms.
+        let mut f = RateLimit::new(&RateLimiter::fixed_window(2, 100 * MS));
+        for _ in 0..2 {
+            assert_eq!(f.reserve(50 * MS, 100 * MS), Ok(50 * MS));
+        }
+        for _ in 0..2 {
+            assert_eq!(f.reserve(50 * MS, 100 * MS), Ok(100 * MS));
+        }
+        assert_eq!(f.reserve(50 * MS, 100 * MS), Err(150 * MS));
+        // A call whose window is before the last one counted waits for it.
+        assert_eq!(f.acquire(60 * MS), Err(140 * MS));
+        f.give_back(100 * MS);
+        assert_eq!(f.reserve(70 * MS, 100 * MS), Ok(100 * MS));
+        // Sliding window, one per 100 ms: entries come out exactly.
+        let mut s = RateLimit::new(&RateLimiter::sliding_window(1, 100 * MS));
+        assert_eq!(s.reserve(10 * MS, 200 * MS), Ok(10 * MS));
+        assert_eq!(s.reserve(10 * MS, 200 * MS), Ok(110 * MS));
+        assert_eq!(s.reserve(10 * MS, 200 * MS), Ok(210 * MS));
+        assert_eq!(s.reserve(10 * MS, 200 * MS), Err(300 * MS));
+        s.give_back(110 * MS);
+        assert_eq!(s.reserve(20 * MS, 300 * MS), Ok(310 * MS));
     }
 
     #[test]

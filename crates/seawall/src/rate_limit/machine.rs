@@ -435,6 +435,7 @@ impl Ring {
 mod tests {
     use super::*;
     use crate::RateLimiter;
+    use proptest::{prop_assert, prop_assert_eq};
 
     const MS: u64 = 1_000_000;
     const SEC: u64 = 1_000 * MS;
@@ -654,6 +655,52 @@ mod tests {
                     let at = base + if back { now.saturating_sub(step / 2) } else { now } * 1_000;
                     proptest::prop_assert_eq!(s.acquire(&c.p, at), model.acquire(&c.p, at), "at {}", at);
                     proptest::prop_assert_eq!(s.is_idle(&c.p, at), model.is_idle(&c.p, at), "idle at {}", at);
+                }
+            }
+        }
+    }
+
+    proptest::proptest! {
+        /// With reservations and give-backs, every cell a waiting limiter
+        /// lives in (the state word, the deque log) answers exactly as the
+        /// reference model: the instant of each permit, each refusal's
+        /// wait, after any give-back.
+        #[test]
+        fn cells_reserve_and_give_back_as_the_model(
+            which in 0usize..4,
+            limit in 1u32..5,
+            period_ms in 1u64..50,
+            base in proptest::sample::select(vec![0u64, 1_000_000 * SEC, u64::MAX - 100 * SEC]),
+            steps in proptest::collection::vec((0u64..30, 0u64..120, 0usize..8), 1..120),
+        ) {
+            let period = Duration::from_millis(period_ms);
+            let spec = algorithms(limit, period)[which].clone().max_wait(period * 3);
+            let p = RateParams::new(&spec);
+            prop_assert!(p.reserves);
+            let state = RateState::new(&p);
+            let cell = state.cell();
+            prop_assert!(!matches!(cell, RateCell::Ring(_)));
+            let mut model = crate::model::rate::RateLimit::new(&spec);
+            let mut held: Vec<u64> = Vec::new();
+            let mut now = base;
+            for &(step_ms, within_ms, give) in &steps {
+                now = now.saturating_add(step_ms * MS / 3);
+                if give < 2 && !held.is_empty() {
+                    let at = held.remove(give % held.len());
+                    cell.give_back(&p, at);
+                    model.give_back(Duration::from_nanos(at));
+                    continue;
+                }
+                let within = within_ms * MS;
+                let got = cell.reserve(&p, now, within);
+                let want = model
+                    .reserve(Duration::from_nanos(now), Duration::from_nanos(within))
+                    .map(|at| u64::try_from(at.as_nanos()).unwrap());
+                prop_assert_eq!(got, want, "at {} within {}", now, within);
+                if let Ok(at) = got {
+                    if at > now {
+                        held.push(at);
+                    }
                 }
             }
         }

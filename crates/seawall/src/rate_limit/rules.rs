@@ -48,7 +48,9 @@
 //! be taken out of it (the TAT still the one it set, the window still the
 //! last one counted); an older one stays spent, which is stricter, never
 //! looser, and lasts only until the queue behind it has passed (at most
-//! `max_wait`). The sliding log takes out exactly the entry reserved.
+//! `max_wait`). The sliding log takes out exactly the entry reserved; a
+//! later caller is still placed after the newest entry, so a hole between
+//! two reservations is not filled (stricter, never looser).
 
 use std::time::Duration;
 
@@ -447,6 +449,68 @@ mod tests {
             Err(Duration::from_millis(150))
         );
         assert!(!fixed_window_is_idle(word, &p, 50 * MS));
+    }
+
+    #[test]
+    fn reservations_queue_behind_each_other_within_the_lead() {
+        // One per 250 ms, callers at 250 ms with a lead of 250 ms: the
+        // issue's three calls.
+        let (now, lead) = (250 * MS, 250 * MS);
+        let p = params(RateLimiter::gcra(1, Duration::from_millis(250)).max_wait(Duration::MAX));
+        assert!(p.reserves);
+        let first = gcra_reserve(0, &p, now, lead).unwrap();
+        assert_eq!(first.at, now);
+        let second = gcra_reserve(first.next, &p, now, lead).unwrap();
+        assert_eq!(second.at, 500 * MS);
+        assert_eq!(
+            gcra_reserve(second.next, &p, now, lead),
+            Err(Duration::from_millis(500))
+        );
+        // Given back while it is the newest, and only then.
+        assert_eq!(gcra_give_back(second.next, &p, 500 * MS), Some(first.next));
+        assert_eq!(gcra_give_back(second.next, &p, now), None);
+
+        let p = params(RateLimiter::fixed_window(1, Duration::from_millis(250)));
+        let first = fixed_window_reserve(0, &p, now, lead).unwrap();
+        assert_eq!(first.at, now);
+        let second = fixed_window_reserve(first.next, &p, now, lead).unwrap();
+        assert_eq!(second.at, 500 * MS);
+        assert_eq!(
+            fixed_window_reserve(second.next, &p, now, lead),
+            Err(Duration::from_millis(500))
+        );
+        // Windows up to the reserved one count as full; its own is not once
+        // given back.
+        assert!(!fixed_window_is_idle(second.next, &p, now));
+        let back = fixed_window_give_back(second.next, &p, 500 * MS).unwrap();
+        assert_eq!(fixed_window_give_back(second.next, &p, now), None);
+        assert!(!fixed_window_is_idle(back, &p, now));
+        assert_eq!(
+            fixed_window_reserve(back, &p, now, lead).map(|g| g.at),
+            Ok(500 * MS)
+        );
+        assert!(fixed_window_is_idle(back, &p, 500 * MS));
+
+        let p = params(RateLimiter::sliding_window(1, Duration::from_millis(250)));
+        assert_eq!(sliding_window_reserve(None, None, &p, now, lead), Ok(now));
+        let second = sliding_window_reserve(Some(now), Some(now), &p, now, lead);
+        assert_eq!(second, Ok(500 * MS));
+        assert_eq!(
+            sliding_window_reserve(Some(500 * MS), Some(500 * MS), &p, now, lead),
+            Err(Duration::from_millis(500))
+        );
+        // No lead, no reservation: the plain rules.
+        assert_eq!(
+            sliding_window_reserve(Some(now), Some(now), &p, now, 0),
+            Err(Duration::from_millis(250))
+        );
+        // Never past the end of the clock.
+        assert!(
+            sliding_window_reserve(Some(u64::MAX - 1), None, &p, u64::MAX - 2, u64::MAX).is_err()
+        );
+        let p = params(RateLimiter::fixed_window(1, Duration::from_secs(1)));
+        let full = fixed_window(0, &p, u64::MAX - 1).unwrap();
+        assert!(fixed_window_reserve(full, &p, u64::MAX - 1, u64::MAX).is_err());
     }
 
     #[test]
