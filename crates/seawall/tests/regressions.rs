@@ -413,6 +413,112 @@ fn many_tasks_never_wait_past_max_wait_nor_pass_the_limit() {
     });
 }
 
+/// A call cancelled while it waits for its reserved permit gives it back:
+/// the next caller gets that permit instead of being refused.
+#[test]
+fn a_cancelled_wait_gives_its_reserved_permit_back() {
+    let limiters = one_per_250ms();
+    let variants: Vec<(usize, Duration, bool)> = (0..limiters.len())
+        .flat_map(|i| [(i, Duration::ZERO, false), (i, FAR, false), (i, FAR, true)])
+        .collect();
+    each_variant(&variants, |(i, offset, listener)| {
+        let (name, limiter) = &limiters[i];
+        let clock = clock_at(offset + ms(250));
+        let start = clock.now();
+        let p = listen(
+            Pipeline::builder(unique("reg-rl-cancel"))
+                .rate_limiter(limiter.clone().max_wait(ms(250)))
+                .store(MemoryStore::new())
+                .clock(clock.clone()),
+            listener,
+        )
+        .build()
+        .unwrap();
+        let one = || {
+            let (p, c) = (&p, clock.clone());
+            async move {
+                p.run(|_| {
+                    let admitted = c.now() - start;
+                    async move { Ok::<_, Boom>(admitted) }
+                })
+                .await
+            }
+        };
+        let (first, third) = rt().block_on(async {
+            let first = one().await;
+            // The second reserves the permit at 500 ms, then is dropped.
+            let second = one();
+            tokio::select! {
+                biased;
+                r = second => panic!("the second call ended at once: {r:?}"),
+                () = std::future::ready(()) => {}
+            }
+            (first, one().await)
+        });
+        ensure(
+            matches!(first, Ok(d) if d.is_zero()) && matches!(third, Ok(d) if d == ms(250)),
+            || {
+                format!(
+                    "{name}: first {first:?}, third {third:?}; expected admissions at 0 and 250ms"
+                )
+            },
+        )
+    });
+}
+
+/// A call whose wait for its permit would pass its deadline is refused at
+/// once and reserves nothing: a call without a deadline gets that permit.
+#[test]
+fn a_call_refused_for_its_deadline_reserves_nothing() {
+    let limiters = one_per_250ms();
+    let variants: Vec<(usize, Flavor, bool)> = (0..limiters.len())
+        .flat_map(|i| {
+            FLAVORS
+                .into_iter()
+                .flat_map(move |f| [(i, f, false), (i, f, true)])
+        })
+        .collect();
+    each_variant(&variants, |(i, flavor, listener)| {
+        let (name, limiter) = &limiters[i];
+        let clock = clock_at(FAR + ms(250));
+        let start = clock.now();
+        let store = MemoryStore::new();
+        let name_ = unique("reg-rl-deadline");
+        let build = |timeout: Option<Duration>| {
+            let b = Pipeline::builder(name_.clone())
+                .rate_limiter(limiter.clone().max_wait(ms(250)))
+                .store(store.clone())
+                .clock(clock.clone());
+            let b = match timeout {
+                Some(t) => b.timeout(t),
+                None => b,
+            };
+            listen(b, listener).build().unwrap()
+        };
+        let (long, short) = (build(None), build(Some(ms(100))));
+        let c = clock.clone();
+        let op = move |_: Context| Ok::<_, Boom>(c.now() - start);
+        let first = exec(&long, flavor, op.clone());
+        let refused = exec(&short, flavor, op.clone());
+        let refused_at = clock.now() - start;
+        let third = exec(&long, flavor, op);
+        let r = rejection_of(&refused)?;
+        ensure(
+            matches!(first, Ok(d) if d.is_zero())
+                && r.reason == RejectionReason::RateLimited
+                && r.retry_after == Some(ms(250))
+                && refused_at.is_zero()
+                && matches!(third, Ok(d) if d == ms(250)),
+            || {
+                format!(
+                    "{name}: first {first:?}, the call with a deadline {r:?} at {refused_at:?}, \
+                     third {third:?}"
+                )
+            },
+        )
+    });
+}
+
 // The cooldown branch has the same shape: a call deferred by a cooldown
 // that a hint extends while it waits must not wait past `max_wait` in all.
 #[test]
@@ -465,8 +571,13 @@ fn cooldown_max_wait_is_exceeded_under_contention() {
                 c.1
             )
         })?;
+        // C is refused at once when it sees the second pause, which outlasts
+        // what remains of its max_wait.
         ensure(
-            r.reason == RejectionReason::CooldownActive && c.1 <= ms(250) && ran.len() == 2,
+            r.reason == RejectionReason::CooldownActive
+                && r.retry_after == Some(ms(200))
+                && c.1 == ms(200)
+                && ran.len() == 2,
             || format!("C: {r:?} at {:?}; operations ran at {ran:?}", c.1),
         )
     });

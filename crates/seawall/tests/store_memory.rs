@@ -411,3 +411,73 @@ fn racing_outcomes_are_all_counted() {
     assert_eq!((m.calls, m.failures, m.slow_calls), (800, 200, 400));
     assert_eq!(m.state, CircuitState::Closed, "below minimum_calls");
 }
+
+/// A reservation a policy before the rate limit refuses when it is due (a
+/// cooldown opened meanwhile) is given back in the same operation, and so
+/// is one its call gives back, on a partition as on the resource: the
+/// permits are free again for the next caller.
+#[test]
+fn a_reservation_refused_when_due_or_given_back_frees_its_permit() {
+    use seawall::store::{Reservation, Reserve};
+    let ms = Duration::from_millis;
+    let key = PartitionKey::from("tenant");
+    for partition in [None, Some(&key)] {
+        let spec = ResourceSpec::new(format!("reserve-{}", partition.is_some()))
+            .with_cooldown(Cooldown::new())
+            .with_rate_limit(RateLimiter::fixed_window(1, ms(250)).max_wait(ms(250)));
+        let state = MemoryStore::new().bind(&spec).unwrap();
+        let ask = |now, within, held| {
+            state
+                .admit_reserving(&AdmitRequest { partition, now }, Reserve { within, held })
+                .unwrap()
+        };
+        let (first, none) = ask(ms(250), ms(250), None);
+        let permit = first.decision.unwrap();
+        assert_eq!(none, None);
+        let (second, reserved) = ask(ms(250), ms(250), None);
+        let r = second.decision.unwrap_err();
+        assert_eq!(
+            (r.reason, r.retry_after),
+            (RejectionReason::RateLimited, Some(ms(250)))
+        );
+        assert_eq!(reserved, Some(Reservation { at: ms(500) }));
+        // The window it waits for is taken: a third is refused at once.
+        let (third, none) = ask(ms(250), ms(250), None);
+        assert_eq!(third.decision.unwrap_err().retry_after, Some(ms(500)));
+        assert_eq!(none, None);
+        // A hint opens a cooldown until 650 ms: due at 500 ms, the
+        // reservation is refused and given back.
+        state
+            .record(&Record {
+                partition,
+                permit,
+                outcome: Outcome::Success,
+                duration: Duration::ZERO,
+                retry_after: Some(ms(400)),
+                now: ms(250),
+            })
+            .unwrap();
+        let (due, none) = ask(ms(500), ms(250), reserved);
+        assert_eq!(
+            due.decision.unwrap_err().reason,
+            RejectionReason::CooldownActive
+        );
+        assert_eq!(none, None);
+        // The window from 500 ms is free again.
+        assert!(admit(&*state, partition, ms(650)).is_ok());
+        // A reservation given back by its call frees its window too.
+        let (_, reserved) = ask(ms(650), ms(250), None);
+        assert_eq!(reserved, Some(Reservation { at: ms(750) }));
+        state.give_back_reservation(partition, reserved.unwrap());
+        assert!(admit(&*state, partition, ms(750)).is_ok());
+        // A due reservation presented alone is admitted without a new
+        // permit.
+        let (_, reserved) = ask(ms(750), ms(250), None);
+        let (due, _) = ask(ms(1000), ms(250), reserved);
+        assert!(due.decision.is_ok());
+        assert_eq!(
+            admit(&*state, partition, ms(1000)),
+            Err(RejectionReason::RateLimited)
+        );
+    }
+}

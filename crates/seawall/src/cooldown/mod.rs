@@ -48,6 +48,13 @@ impl Cooldown {
     }
 
     /// Longest a call waits for the pause to end (zero: refuse at once).
+    ///
+    /// The time a call has already waited (for an earlier pause, or a
+    /// rate-limit permit) counts: a call whose wait for the pause to end
+    /// exceeds what remains of its `max_wait` is refused at once with
+    /// `cooldown_active` (with `cooldown_exceeds_deadline` when the pause
+    /// outlasts its deadline). A call never waits longer than `max_wait`
+    /// in all.
     pub fn max_wait(mut self, max: Duration) -> Self {
         self.max_wait = max;
         self

@@ -3,7 +3,9 @@
 //! Never admits more than the limit, across threads and, with a shared
 //! store, across processes. A rejection carries `retry_after`, the time
 //! until a permit is available; a call may instead wait for the permit when
-//! [`RateLimiter::max_wait`] allows and the wait fits its deadline.
+//! [`RateLimiter::max_wait`] allows and the wait fits its deadline. A call
+//! that waits reserves its permit, so that concurrent callers queue behind
+//! it (see [`RateLimiter::max_wait`]).
 //!
 //! ```
 //! use std::time::Duration;
@@ -49,7 +51,8 @@ pub struct RateLimiter {
     pub period: Duration,
     /// GCRA burst size (defaults to `limit`).
     pub burst: u32,
-    /// Longest a call waits for a permit (zero: reject at once).
+    /// Longest a call waits for a permit in all (zero: reject at once). See
+    /// [`RateLimiter::max_wait`](RateLimiter::max_wait()).
     pub max_wait: Duration,
 }
 
@@ -87,7 +90,36 @@ impl RateLimiter {
         self
     }
 
-    /// Lets a call wait up to `max_wait` for a permit (if it fits its deadline).
+    /// Lets a call wait up to `max_wait` for a permit (if it fits its
+    /// deadline).
+    ///
+    /// A call the limiter refuses waits when the next free permit is at
+    /// most `max_wait` away, less the time the call has already waited
+    /// (for a cooldown, say, or an earlier permit), and comes strictly
+    /// before its deadline; otherwise it is refused at once with
+    /// `rate_limited` and `retry_after`, the time until that permit. A call
+    /// never waits longer than `max_wait` in all.
+    ///
+    /// A call that waits **reserves** its permit for the instant it waits
+    /// for (the permit counts from then, as if it were admitted then), and
+    /// runs at that instant without asking the limiter again (the circuit,
+    /// the bulkhead and the cooldown are asked again; a call refused by one
+    /// of them gives the permit back). Concurrent callers therefore queue
+    /// behind it: with `fixed_window(1, 250 ms).max_wait(250 ms)`, three
+    /// calls at 250 ms are admitted at 250 and 500 ms and the third is
+    /// refused at once, told to retry after 500 ms. No bulkhead slot is
+    /// held while waiting.
+    ///
+    /// A call cancelled while it waits (its future dropped) gives its
+    /// permit back. GCRA and the fixed window keep the whole queue in one
+    /// number, so they take back only the newest reservation (no call came
+    /// after it); an older one stays spent, stricter than needed, until the
+    /// queue behind it has passed (at most `max_wait`). A sliding window
+    /// takes the reserved entry out of its log; a hole between two
+    /// reservations is not filled.
+    ///
+    /// With a store other than the in-memory one, no permit is reserved:
+    /// the call waits, then asks again, and may be refused then.
     pub fn max_wait(mut self, max_wait: Duration) -> Self {
         self.max_wait = max_wait;
         self
