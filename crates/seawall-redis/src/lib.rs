@@ -78,6 +78,14 @@
 //!   on random sequences of calls, step by step. Resolutions: times are
 //!   kept in microseconds; the end of a circuit's cooldown in whole
 //!   milliseconds, rounded up, as in memory.
+//! - **One difference: no rate-limit reservations.** In the in-memory
+//!   store, a call that may wait for a rate-limit permit
+//!   (`RateLimiter::max_wait`) reserves it, so that concurrent callers
+//!   queue behind it and one whose wait would be too long is refused at
+//!   once. This store answers `ResourceState::admit_reserving` as `admit`
+//!   (nothing reserved): the call waits for the time it was told, asks
+//!   again, and may be refused then (never after more than `max_wait` in
+//!   all). Its limits hold exactly as in memory.
 //!
 //! # When Redis fails
 //! Every command has a timeout ([`RedisStoreBuilder::timeout`]; connecting

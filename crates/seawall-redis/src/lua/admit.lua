@@ -85,14 +85,18 @@ if reason == 0 and HAS_R then
       rnew = tat + R_INT
     end
   elseif R_ALG == 2 then
-    -- Fixed window: a counter per window aligned on multiples of the period.
+    -- Fixed window: the last window with a permit taken and its count;
+    -- every window from the caller's up to it counts as full. The next free
+    -- permit is in that window if it is not full, else in the one after: a
+    -- call in it passes, any other retries when it starts.
     local w = math.floor(now / R_PERIOD)
     local v = redis.call('HMGET', KRL, 'w', 'n')
-    local n = 0
-    if tonumber(v[1]) == w then n = tonumber(v[2]) or 0 end
-    if n >= R_LIMIT then
+    local lw, n = tonumber(v[1]), tonumber(v[2]) or 0
+    if not lw or lw < w then lw, n = w, 0 end
+    if n >= R_LIMIT then lw, n = lw + 1, 0 end
+    if lw ~= w then
       reason = 4
-      retry = (w + 1) * R_PERIOD - now
+      retry = lw * R_PERIOD - now
     else
       rnew = n + 1
     end

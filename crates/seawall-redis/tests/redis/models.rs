@@ -444,3 +444,72 @@ fn a_slot_held_past_its_lease_is_free_again() {
         assert_eq!(state.in_flight(key, t0 + lease).unwrap(), 1);
     }
 }
+
+/// The rate limiters alone, against their model, with clock reads that may
+/// lag behind the last one (GCRA and the fixed window: a call whose window
+/// is before the last one counted waits for it, as the model says), and
+/// with a caller that may wait (`max_wait`): the store reserves nothing
+/// (the difference from the in-memory store, documented on
+/// `RedisStore`), so a refusal is the model's plain one and the caller
+/// asks again when its wait is over.
+#[test]
+fn rate_limiters_agree_with_their_model_and_reserve_nothing() {
+    use seawall::model::rate::RateLimit;
+    use seawall::store::Reserve;
+    let server = RedisServer::start();
+    let store = store(&server);
+    let strategy = (
+        0usize..3,
+        1u32..4,
+        1u64..40,
+        prop::sample::select(vec![Duration::ZERO, 1_000_000 * S]),
+        prop::collection::vec((0u64..30_000, 0u64..60_000), 1..60),
+    );
+    let result = runner(48).run(&strategy, |(which, limit, unit_ms, start, steps)| {
+        // Periods and emission intervals of whole microseconds.
+        let period = Duration::from_millis(unit_ms * u64::from(limit));
+        let limiter = [
+            RateLimiter::gcra(limit, period),
+            RateLimiter::fixed_window(limit, period),
+            RateLimiter::sliding_window(limit, period),
+        ][which]
+            .clone()
+            .max_wait(period * 2);
+        let spec = ResourceSpec::new(unique("rate-model")).with_rate_limit(limiter.clone());
+        let state = store.bind(&spec).unwrap();
+        let mut model = RateLimit::new(&limiter);
+        let mut now = start;
+        for &(step_us, lag_us) in &steps {
+            now += Duration::from_micros(step_us);
+            // Half the time, a clock read up to 30 ms behind the latest one
+            // (not for the sliding log, which the store keeps at each
+            // call's own time).
+            let at = if lag_us < 30_000 && which < 2 {
+                now.saturating_sub(Duration::from_micros(lag_us))
+            } else {
+                now
+            };
+            let request = AdmitRequest {
+                partition: None,
+                now: at,
+            };
+            let (admission, reserved) = state
+                .admit_reserving(
+                    &request,
+                    Reserve {
+                        within: period * 2,
+                        held: None,
+                    },
+                )
+                .unwrap();
+            prop_assert_eq!(reserved, None);
+            let got = admission.decision.map(|_| ()).map_err(|r| r.retry_after);
+            let want = model.acquire(at).map_err(Some);
+            prop_assert_eq!(got, want, "{:?} at {:?}", limiter, at);
+        }
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}

@@ -118,8 +118,9 @@ impl RateLimiter {
     /// takes the reserved entry out of its log; a hole between two
     /// reservations is not filled.
     ///
-    /// With a store other than the in-memory one, no permit is reserved:
-    /// the call waits, then asks again, and may be refused then.
+    /// The Redis store (`seawall-redis`) reserves no permit: a call waits
+    /// for the time it was told, then asks again, and may be refused then
+    /// (still never after more than `max_wait` in all).
     pub fn max_wait(mut self, max_wait: Duration) -> Self {
         self.max_wait = max_wait;
         self
