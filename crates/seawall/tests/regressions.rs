@@ -466,6 +466,56 @@ fn a_cancelled_wait_gives_its_reserved_permit_back() {
     });
 }
 
+/// A call waiting for its reserved permit holds no bulkhead slot ("a slot
+/// is held only while an attempt runs"): while it waits the bulkhead is
+/// empty; it holds the slot when it runs.
+#[test]
+fn a_call_waiting_for_its_permit_holds_no_bulkhead_slot() {
+    let variants = [(Duration::ZERO, false), (FAR, false), (FAR, true)];
+    each_variant(&variants, |(offset, listener)| {
+        let clock = clock_at(offset + ms(250));
+        let p = listen(
+            Pipeline::builder(unique("reg-rl-slot"))
+                .bulkhead(Bulkhead::new(1))
+                .rate_limiter(RateLimiter::fixed_window(1, ms(250)).max_wait(ms(250)))
+                .store(MemoryStore::new())
+                .clock(clock.clone()),
+            listener,
+        )
+        .build()
+        .unwrap();
+        let (first, (second, running), waiting) = rt().block_on(async {
+            let first = p.run(|_| async { Ok::<_, Boom>(()) }).await;
+            let second = async {
+                let running = std::cell::Cell::new(None);
+                let r = p
+                    .run(|_| {
+                        running.set(Some(p.in_flight().unwrap()));
+                        async { Ok::<_, Boom>(()) }
+                    })
+                    .await;
+                (r, running.get())
+            };
+            let check = async {
+                clock::Clock::sleep(&clock, ms(50)).await;
+                p.in_flight().unwrap()
+            };
+            let (second, waiting) = tokio::join!(second, check);
+            (first, second, waiting)
+        });
+        ensure(
+            first.is_ok() && second.is_ok() && waiting == 0 && running == Some(1),
+            || {
+                format!(
+                    "first {first:?}, second {second:?}; slots in flight while the second \
+                     waited {waiting}, while it ran {running:?}"
+                )
+            },
+        )?;
+        ensure(p.in_flight().unwrap() == 0, || "a slot left".to_string())
+    });
+}
+
 /// A call whose wait for its permit would pass its deadline is refused at
 /// once and reserves nothing: a call without a deadline gets that permit.
 #[test]
