@@ -78,14 +78,15 @@
 //!   on random sequences of calls, step by step. Resolutions: times are
 //!   kept in microseconds; the end of a circuit's cooldown in whole
 //!   milliseconds, rounded up, as in memory.
-//! - **One difference: no rate-limit reservations.** In the in-memory
-//!   store, a call that may wait for a rate-limit permit
-//!   (`RateLimiter::max_wait`) reserves it, so that concurrent callers
-//!   queue behind it and one whose wait would be too long is refused at
-//!   once. This store answers `ResourceState::admit_reserving` as `admit`
-//!   (nothing reserved): the call waits for the time it was told, asks
-//!   again, and may be refused then (never after more than `max_wait` in
-//!   all). Its limits hold exactly as in memory.
+//! - **Rate-limit reservations** as in memory: a call that may wait for
+//!   a permit (`RateLimiter::max_wait`) reserves it in the admission
+//!   script, so that concurrent callers, in every process, queue behind it
+//!   or are refused at once; a reservation its call does not use is given
+//!   back by the release script. A GCRA whose emission interval is not a
+//!   whole number of microseconds cannot tell its reservations apart
+//!   exactly: one given back stays spent (stricter) until the queue has
+//!   passed. While Redis is down (fail-open), the local answer reserves
+//!   nothing.
 //!
 //! # When Redis fails
 //! Every command has a timeout ([`RedisStoreBuilder::timeout`]; connecting

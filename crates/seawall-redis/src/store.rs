@@ -9,8 +9,8 @@ use std::time::Duration;
 use redis::{Script, ScriptInvocation};
 use seawall::breaker::{CircuitControl, CircuitMetrics, CircuitState, CircuitTransition};
 use seawall::store::{
-    Admission, AdmitRequest, Outcome, Permit, Record, Recorded, ResourceSpec, ResourceState,
-    StoreFuture,
+    Admission, AdmitRequest, Outcome, Permit, Record, Recorded, Reservation, Reserve, ResourceSpec,
+    ResourceState, StoreFuture,
 };
 use seawall::{MemoryStore, PartitionKey, Rejection, RejectionReason, StateStore, StoreError};
 
@@ -247,6 +247,7 @@ impl Drop for PendingRecord {
         let args = ReleaseArgs {
             partition: self.partition.take(),
             permit: self.permit,
+            reserved: None,
         };
         let inv = self.shared.release_invocation(&args);
         let _ = self.shared.link.invoke_sync_unordered::<i64>(&inv);
@@ -257,6 +258,8 @@ impl Drop for PendingRecord {
 struct ReleaseArgs {
     partition: Option<PartitionKey>,
     permit: Permit,
+    /// A reserved rate-limit permit to give back.
+    reserved: Option<Reservation>,
 }
 
 impl Shared {
@@ -299,7 +302,33 @@ impl Shared {
     }
 
     fn admit_invocation(&self, request: &AdmitRequest<'_>) -> ScriptInvocation<'static> {
-        self.invocation(&Scripts::get().admit, request.partition, Some(request.now))
+        self.admit_reserving_invocation(request, Reserve::default())
+    }
+
+    /// `true` when the rate limiter's calls may wait for a permit: every
+    /// admission then passes a lead and a held reservation (see
+    /// `admit.lua`).
+    fn reserves(&self) -> bool {
+        self.spec
+            .rate_limit
+            .as_ref()
+            .is_some_and(|r| !r.max_wait.is_zero())
+    }
+
+    fn admit_reserving_invocation(
+        &self,
+        request: &AdmitRequest<'_>,
+        reserve: Reserve,
+    ) -> ScriptInvocation<'static> {
+        let mut inv = self.invocation(&Scripts::get().admit, request.partition, Some(request.now));
+        if self.reserves() {
+            inv.arg(micros(reserve.within)).arg(
+                reserve
+                    .held
+                    .map_or(-1, |r| i64::try_from(micros(r.at)).unwrap_or(i64::MAX)),
+            );
+        }
+        inv
     }
 
     fn record_invocation(&self, record: &Record<'_>) -> ScriptInvocation<'static> {
@@ -353,14 +382,50 @@ impl Shared {
         let mut inv = self.invocation(&Scripts::get().release, r.partition.as_ref(), None);
         inv.arg(u8::from(r.permit.probe))
             .arg(r.permit.generation)
-            .arg(r.permit.slot.map_or(-1, |s| i64::try_from(s).unwrap_or(-1)));
+            .arg(r.permit.slot.map_or(-1, |s| i64::try_from(s).unwrap_or(-1)))
+            .arg(
+                r.reserved
+                    .map_or(-1, |res| i64::try_from(micros(res.at)).unwrap_or(i64::MAX)),
+            );
         inv
     }
 
+    /// Runs the release script: spawned inside a tokio runtime, a blocking
+    /// call bounded by the store's timeout outside one.
+    fn release_in_background(self: &Arc<Self>, args: ReleaseArgs) {
+        let s = self;
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => {
+                let shared = Arc::clone(s);
+                handle.spawn(async move {
+                    let inv = shared.release_invocation(&args);
+                    let _ = shared.link.invoke_async_quiet::<i64>(&inv).await;
+                });
+            }
+            Err(_) => {
+                let inv = s.release_invocation(&args);
+                let _ = s.link.invoke_sync_unordered::<i64>(&inv);
+            }
+        }
+    }
+
     fn admission(&self, reply: &[i64], now: Duration) -> Result<Admission, StoreError> {
-        let &[reason, retry_us, probe, generation, slot, transition, trips] = reply else {
+        self.admission_reserving(reply, now).map(|(a, _)| a)
+    }
+
+    /// The admission, and the rate-limit permit it reserved.
+    fn admission_reserving(
+        &self,
+        reply: &[i64],
+        now: Duration,
+    ) -> Result<(Admission, Option<Reservation>), StoreError> {
+        let &[reason, retry_us, probe, generation, slot, transition, trips, reserved_us] = reply
+        else {
             return Err(protocol("admit", reply));
         };
+        let reservation = u64::try_from(reserved_us).ok().map(|us| Reservation {
+            at: Duration::from_micros(us),
+        });
         let retry_after = match retry_us {
             // Half-open with every probe slot taken: the cooldown of the
             // current trip, as the in-memory store hints.
@@ -390,12 +455,13 @@ impl Shared {
             }),
             Some(reason) => Err(Rejection::new(reason, retry_after)),
         };
-        Ok(Admission {
+        let admission = Admission {
             decision,
             transition: (transition == scripts::HALF_OPENED)
                 .then_some(CircuitTransition::HalfOpened),
             degraded: None,
-        })
+        };
+        Ok((admission, reservation))
     }
 
     fn recorded(&self, reply: &[i64]) -> Result<Recorded, StoreError> {
@@ -599,22 +665,59 @@ impl ResourceState for RedisResource {
         let args = ReleaseArgs {
             partition: partition.cloned(),
             permit,
+            reserved: None,
         };
-        match tokio::runtime::Handle::try_current() {
-            Ok(handle) => {
-                let shared = Arc::clone(s);
-                handle.spawn(async move {
-                    let inv = shared.release_invocation(&args);
-                    let _ = shared.link.invoke_async_quiet::<i64>(&inv).await;
-                });
-            }
-            Err(_) => {
-                let inv = s.release_invocation(&args);
-                let _ = s.link.invoke_sync_unordered::<i64>(&inv);
-            }
+        s.release_in_background(args);
+    }
+
+    /// The admission of a call that may wait for a rate-limit permit (see
+    /// `admit.lua`): one round trip, the permit reserved in the script.
+    /// While Redis is down the local answer reserves nothing.
+    fn admit_reserving(
+        &self,
+        request: &AdmitRequest<'_>,
+        reserve: Reserve,
+    ) -> Result<(Admission, Option<Reservation>), StoreError> {
+        let s = &*self.shared;
+        let inv = s.admit_reserving_invocation(request, reserve);
+        match s.link.invoke_sync::<Vec<i64>>(&inv) {
+            Ok(reply) => s.admission_reserving(&reply, request.now),
+            Err(e) => s.admit_degraded(request, e).map(|a| (a, None)),
         }
     }
 
+    fn admit_reserving_async<'a>(
+        &'a self,
+        request: AdmitRequest<'a>,
+        reserve: Reserve,
+    ) -> StoreFuture<'a, (Admission, Option<Reservation>)> {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return StoreFuture::ready(self.admit_reserving(&request, reserve));
+        }
+        StoreFuture::boxed(async move {
+            let s = &*self.shared;
+            let inv = s.admit_reserving_invocation(&request, reserve);
+            match s.link.invoke_async::<Vec<i64>>(&inv).await {
+                Ok(reply) => s.admission_reserving(&reply, request.now),
+                Err(e) => s.admit_degraded(&request, e).map(|a| (a, None)),
+            }
+        })
+    }
+
+    /// In the background, as [`release`](ResourceState::release); while
+    /// Redis is down the reservation stays spent until its instant has
+    /// passed.
+    fn give_back_reservation(&self, partition: Option<&PartitionKey>, reservation: Reservation) {
+        let s = &self.shared;
+        if !s.link.is_available() {
+            return;
+        }
+        s.release_in_background(ReleaseArgs {
+            partition: partition.cloned(),
+            permit: Permit::default(),
+            reserved: Some(reservation),
+        });
+    }
     fn circuit_metrics(
         &self,
         partition: Option<&PartitionKey>,

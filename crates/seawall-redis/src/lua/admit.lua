@@ -1,7 +1,13 @@
 -- Admits one attempt through circuit, bulkhead, cooldown and rate limit, in
 -- that order, all or nothing: every check runs first, then the permits are
 -- taken together, so a later refusal never leaves a probe or a slot taken.
--- Reply: {reason, retry_after_us, probe, generation, slot (-1: none), transition, trips}
+-- ARGV[D..] (only for a rate limiter whose calls may wait): the lead within
+-- which a refused rate limit reserves its next permit (us, 0: never), the
+-- instant of a due reservation the call presents (us, -1: none), which
+-- stands for the rate-limit permit and is given back when an earlier
+-- policy refuses.
+-- Reply: {reason, retry_after_us, probe, generation, slot (-1: none), transition, trips,
+--   reserved_at_us (-1: none)}: a reserved permit comes with reason 4
 -- retry_after_us: -1 none, -2 the cooldown of the current trip (half-open,
 -- every probe slot taken), -3 until the latest instant
 -- reason: 0 admitted, 1 circuit_open, 2 bulkhead_full, 3 cooldown_active, 4 rate_limited
@@ -71,8 +77,14 @@ if reason == 0 and HAS_CD and h.cu > tnow() then
   retry = h.cu - now
 end
 
-local rnew
-if reason == 0 and HAS_R then
+local R_RES = A[D] ~= nil
+local R_WITHIN, R_HELD = tonumber(A[D]) or 0, tonumber(A[D + 1]) or -1
+
+-- rnew: the rate limiter's next state; rat: the instant of a reserved
+-- permit (the state then moves although the call is refused); rlog: the
+-- instant a sliding-window admission is logged at.
+local rnew, rat, rlog
+if reason == 0 and HAS_R and R_HELD < 0 then
   tnow()
   if R_ALG == 1 then
     -- GCRA: theoretical arrival time, tolerance of burst - 1 intervals.
@@ -81,6 +93,10 @@ if reason == 0 and HAS_R then
     if tat - now > R_TOL then
       reason = 4
       retry = tat - R_TOL - now
+      if retry <= R_WITHIN then
+        rnew = tat + R_INT
+        rat = tat - R_TOL
+      end
     else
       rnew = tat + R_INT
     end
@@ -94,22 +110,42 @@ if reason == 0 and HAS_R then
     local lw, n = tonumber(v[1]), tonumber(v[2]) or 0
     if not lw or lw < w then lw, n = w, 0 end
     if n >= R_LIMIT then lw, n = lw + 1, 0 end
+    rnew = n + 1
     if lw ~= w then
       reason = 4
       retry = lw * R_PERIOD - now
-    else
-      rnew = n + 1
+      if retry <= R_WITHIN then rat = lw * R_PERIOD else rnew = nil end
     end
   else
-    -- Sliding window: the log of the admissions of the last period.
+    -- Sliding window: the log of the admissions of the last period (and
+    -- the reservations); the entry R_LIMIT places back decides.
     redis.call('ZREMRANGEBYSCORE', KRL, '-inf', now - R_PERIOD)
-    if redis.call('ZCARD', KRL) >= R_LIMIT then
-      local oldest = redis.call('ZRANGE', KRL, 0, 0, 'WITHSCORES')
+    local card = redis.call('ZCARD', KRL)
+    -- Entries are never logged earlier than the newest one.
+    local function newest_or(t)
+      if not R_RES or card == 0 then return t end
+      local n = tonumber(redis.call('ZRANGE', KRL, -1, -1, 'WITHSCORES')[2])
+      if n > t then return n end
+      return t
+    end
+    if card >= R_LIMIT then
+      local oldest = redis.call('ZRANGE', KRL, card - R_LIMIT, card - R_LIMIT, 'WITHSCORES')
       reason = 4
       retry = tonumber(oldest[2]) + R_PERIOD - now
+      if retry <= R_WITHIN then
+        rat = newest_or(tonumber(oldest[2]) + R_PERIOD)
+        if rat - now > R_WITHIN then rat = nil end
+        rlog = rat
+      end
+    else
+      rlog = newest_or(now)
     end
   end
 end
+
+-- A due reservation presented to a policy checked before the rate limit
+-- that refuses is given back.
+if R_HELD >= 0 and reason ~= 0 then rgive(R_HELD) end
 
 -- A unique member of a sorted set, named after the current microsecond
 -- (the next free one when taken).
@@ -131,17 +167,20 @@ if reason == 0 then
     slot = add_unique(KB, now + B_LEASE)
     redis.call('PEXPIRE', KB, ms(B_LEASE, 1000))
   end
-  if HAS_R then
-    if R_ALG == 1 then
-      redis.call('SET', KRL, rnew, 'PX', ms(rnew - now, 1000))
-    elseif R_ALG == 2 then
-      local w = math.floor(now / R_PERIOD)
-      redis.call('HSET', KRL, 'w', int(w), 'n', rnew)
-      redis.call('PEXPIRE', KRL, ms((w + 1) * R_PERIOD - now, 1000))
-    else
-      add_unique(KRL, now)
-      redis.call('PEXPIRE', KRL, ms(R_PERIOD, 1000))
-    end
+end
+
+-- The rate limiter's permit: taken by an admission (unless a due
+-- reservation stands for it), or reserved for `rat`.
+if HAS_R and ((reason == 0 and R_HELD < 0) or rat) then
+  if R_ALG == 1 then
+    redis.call('SET', KRL, rnew, 'PX', ms(rnew - now, 1000))
+  elseif R_ALG == 2 then
+    local w = math.floor((rat or now) / R_PERIOD)
+    redis.call('HSET', KRL, 'w', int(w), 'n', rnew)
+    redis.call('PEXPIRE', KRL, ms((w + 1) * R_PERIOD - now, 1000))
+  else
+    add_unique(KRL, rlog or now)
+    redis.call('PEXPIRE', KRL, ms((rlog or now) - now + R_PERIOD, 1000))
   end
 end
 
@@ -155,4 +194,6 @@ end
 if retry > 0 then retry = math.ceil(retry) end
 local trips = 0
 if HAS_C then trips = h.trips end
-return {reason, retry, probe, gen, slot, tr, trips}
+local reserved = -1
+if rat then reserved = math.floor(rat) end
+return {reason, retry, probe, gen, slot, tr, trips, reserved}

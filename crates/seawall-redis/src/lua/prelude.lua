@@ -168,3 +168,26 @@ local function cclose(h)
   h.pr, h.pok, h.trips, h.ou = 0, 0, 0, 0
   cclear(h)
 end
+
+-- Gives back the rate-limit permit reserved for instant `at` where the
+-- state can tell it apart (as the in-memory rules do): GCRA while the TAT
+-- is still the one it set, the fixed window while its window is the last
+-- one counted, the sliding log by taking out one entry at `at`.
+local function rgive(at)
+  if not HAS_R then return end
+  if R_ALG == 1 then
+    local tat = tonumber(redis.call('GET', KRL))
+    if tat and tat == at + R_TOL + R_INT then
+      redis.call('SET', KRL, at + R_TOL, 'KEEPTTL')
+    end
+  elseif R_ALG == 2 then
+    local v = redis.call('HMGET', KRL, 'w', 'n')
+    local n = tonumber(v[2]) or 0
+    if tonumber(v[1]) == math.floor(at / R_PERIOD) and n > 0 then
+      redis.call('HSET', KRL, 'n', n - 1)
+    end
+  else
+    local m = redis.call('ZRANGEBYSCORE', KRL, at, at, 'LIMIT', 0, 1)
+    if m[1] then redis.call('ZREM', KRL, m[1]) end
+  end
+end

@@ -445,17 +445,17 @@ fn a_slot_held_past_its_lease_is_free_again() {
     }
 }
 
-/// The rate limiters alone, against their model, with clock reads that may
-/// lag behind the last one (GCRA and the fixed window: a call whose window
-/// is before the last one counted waits for it, as the model says), and
-/// with a caller that may wait (`max_wait`): the store reserves nothing
-/// (the difference from the in-memory store, documented on
-/// `RedisStore`), so a refusal is the model's plain one and the caller
-/// asks again when its wait is over.
+/// The rate limiters alone, against their model, with reservations: a
+/// caller that may wait (`max_wait`) asks with a lead of 0 to 2 periods,
+/// and reservations are given back at random; clock reads may lag behind
+/// the last one (GCRA and the fixed window: a call whose window is before
+/// the last one counted waits for it, as the model says). Every answer
+/// (admitted, reserved for which instant, refused with which wait) is the
+/// model's.
 #[test]
-fn rate_limiters_agree_with_their_model_and_reserve_nothing() {
+fn rate_limiters_reserve_and_give_back_as_their_model() {
     use seawall::model::rate::RateLimit;
-    use seawall::store::Reserve;
+    use seawall::store::{Reservation, Reserve};
     let server = RedisServer::start();
     let store = store(&server);
     let strategy = (
@@ -463,9 +463,9 @@ fn rate_limiters_agree_with_their_model_and_reserve_nothing() {
         1u32..4,
         1u64..40,
         prop::sample::select(vec![Duration::ZERO, 1_000_000 * S]),
-        prop::collection::vec((0u64..30_000, 0u64..60_000), 1..60),
+        prop::collection::vec((0u64..30_000, 0u64..60_000, 0u32..8), 1..60),
     );
-    let result = runner(48).run(&strategy, |(which, limit, unit_ms, start, steps)| {
+    let result = runner(64).run(&strategy, |(which, limit, unit_ms, start, steps)| {
         // Periods and emission intervals of whole microseconds.
         let period = Duration::from_millis(unit_ms * u64::from(limit));
         let limiter = [
@@ -478,9 +478,16 @@ fn rate_limiters_agree_with_their_model_and_reserve_nothing() {
         let spec = ResourceSpec::new(unique("rate-model")).with_rate_limit(limiter.clone());
         let state = store.bind(&spec).unwrap();
         let mut model = RateLimit::new(&limiter);
+        let mut held: Vec<Duration> = Vec::new();
         let mut now = start;
-        for &(step_us, lag_us) in &steps {
+        for &(step_us, lag_us, op) in &steps {
             now += Duration::from_micros(step_us);
+            if op < 2 && !held.is_empty() {
+                let at = held.remove(lag_us as usize % held.len());
+                state.give_back_reservation(None, Reservation { at });
+                model.give_back(at);
+                continue;
+            }
             // Half the time, a clock read up to 30 ms behind the latest one
             // (not for the sliding log, which the store keeps at each
             // call's own time).
@@ -489,23 +496,34 @@ fn rate_limiters_agree_with_their_model_and_reserve_nothing() {
             } else {
                 now
             };
+            let within = period * (op % 3);
             let request = AdmitRequest {
                 partition: None,
                 now: at,
             };
             let (admission, reserved) = state
-                .admit_reserving(
-                    &request,
-                    Reserve {
-                        within: period * 2,
-                        held: None,
-                    },
-                )
+                .admit_reserving(&request, Reserve { within, held: None })
                 .unwrap();
-            prop_assert_eq!(reserved, None);
-            let got = admission.decision.map(|_| ()).map_err(|r| r.retry_after);
-            let want = model.acquire(at).map_err(Some);
-            prop_assert_eq!(got, want, "{:?} at {:?}", limiter, at);
+            let got = match (admission.decision, reserved) {
+                (Ok(_), None) => Ok(at),
+                (Err(r), Some(res)) => {
+                    prop_assert_eq!(r.retry_after, Some(res.at - at));
+                    Ok(res.at)
+                }
+                (Err(r), None) => Err(r.retry_after),
+                (Ok(_), Some(res)) => {
+                    return Err(TestCaseError::fail(format!(
+                        "admitted and reserved {res:?}"
+                    )))
+                }
+            };
+            let want = model.reserve(at, within).map_err(Some);
+            prop_assert_eq!(got, want, "{:?} at {:?} within {:?}", limiter, at, within);
+            if let Ok(t) = got {
+                if t > at {
+                    held.push(t);
+                }
+            }
         }
         Ok(())
     });

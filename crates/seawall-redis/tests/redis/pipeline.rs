@@ -394,3 +394,103 @@ fn slot_ids_with_trailing_zeros_are_given_back() {
         .unwrap();
     assert!(members.is_empty(), "{members:?}");
 }
+
+/// A virtual clock whose blocking sleeps wait until the test opens a gate
+/// (or a second one comes), so that a sync call can be made while another
+/// sleeps.
+#[derive(Debug, Clone)]
+struct GatedClock {
+    inner: seawall::testing::VirtualClock,
+    gate: std::sync::Arc<(std::sync::Mutex<(u32, bool)>, std::sync::Condvar)>,
+}
+
+impl GatedClock {
+    fn wait_for_sleepers(&self, n: u32) {
+        let (lock, cv) = &*self.gate;
+        let mut g = lock.lock().unwrap();
+        while g.0 < n {
+            g = cv.wait(g).unwrap();
+        }
+    }
+
+    fn open(&self) {
+        let (lock, cv) = &*self.gate;
+        lock.lock().unwrap().1 = true;
+        cv.notify_all();
+    }
+}
+
+impl seawall::Clock for GatedClock {
+    fn now(&self) -> Duration {
+        self.inner.now()
+    }
+    fn sleep(&self, duration: Duration) -> seawall::clock::BoxSleep {
+        seawall::Clock::sleep(&self.inner, duration)
+    }
+    fn sleep_blocking(&self, duration: Duration) {
+        let (lock, cv) = &*self.gate;
+        let mut g = lock.lock().unwrap();
+        g.0 += 1;
+        g.1 |= g.0 > 1;
+        cv.notify_all();
+        while !g.1 {
+            g = cv.wait(g).unwrap();
+        }
+        drop(g);
+        seawall::Clock::sleep_blocking(&self.inner, duration);
+    }
+}
+
+/// Rate limiter `max_wait` under contention on Redis, as in memory: on a
+/// limit of one per 250 ms with `max_wait(250 ms)`, three calls at 250 ms
+/// are admitted at 250 and 500 ms (the second waits for the permit it
+/// reserved) and the third is refused at once, told to retry after 500 ms.
+#[test]
+fn a_waiting_call_reserves_its_permit_on_redis() {
+    let server = RedisServer::start();
+    let ms = Duration::from_millis;
+    for limiter in [
+        RateLimiter::fixed_window(1, ms(250)),
+        RateLimiter::sliding_window(1, ms(250)),
+        RateLimiter::gcra(1, ms(250)),
+    ] {
+        let virtual_clock = seawall::testing::VirtualClock::starting_at(ms(250));
+        let clock = GatedClock {
+            inner: virtual_clock.clone(),
+            gate: Default::default(),
+        };
+        let store = RedisStore::builder(server.url())
+            .prefix(unique("reserve"))
+            .caller_clock()
+            .fail_closed()
+            .build()
+            .unwrap();
+        let p = Pipeline::builder("limited")
+            .rate_limiter(limiter.clone().max_wait(ms(250)))
+            .store(store)
+            .clock(clock.clone())
+            .build()
+            .unwrap();
+        let one = || {
+            let r = p.call(|_| Ok::<_, std::io::Error>(virtual_clock.now()));
+            (r, virtual_clock.now())
+        };
+        let first = one();
+        let (second, third) = std::thread::scope(|scope| {
+            let second = scope.spawn(one);
+            clock.wait_for_sleepers(1);
+            let third = one();
+            clock.open();
+            (second.join().unwrap(), third)
+        });
+        assert_eq!(first.0.unwrap(), ms(250), "{limiter:?}");
+        assert_eq!(second.0.unwrap(), ms(500), "{limiter:?}");
+        let refused = third.0.unwrap_err();
+        let r = refused.rejection().copied().unwrap();
+        assert_eq!(
+            (r.reason, r.retry_after, third.1),
+            (RejectionReason::RateLimited, Some(ms(500)), ms(250)),
+            "{limiter:?}"
+        );
+    }
+}

@@ -199,6 +199,10 @@ where
                             let answer = call.store().admit(&request);
                             admit = call.admitted(answer);
                         }
+                        Admit::AskReserving(request, reserve) => {
+                            let answer = call.store().admit_reserving(&request, reserve);
+                            admit = call.admitted_reserving(answer);
+                        }
                         Admit::Wait(wait) => {
                             call.clock().sleep_blocking(wait);
                             admit = call.waited();
@@ -257,6 +261,10 @@ where
                         Admit::Ask(request) => {
                             let answer = call.store().admit_async(request).await;
                             admit = call.admitted(answer);
+                        }
+                        Admit::AskReserving(request, reserve) => {
+                            let answer = call.store().admit_reserving_async(request, reserve).await;
+                            admit = call.admitted_reserving(answer);
                         }
                         Admit::Wait(wait) => {
                             call.clock().sleep(wait).await;

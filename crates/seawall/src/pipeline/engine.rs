@@ -97,6 +97,10 @@ pub(crate) enum Admit<'g> {
     /// Ask the store (not in memory) with this request, then call
     /// [`Call::admitted`] with its answer.
     Ask(AdmitRequest<'g>),
+    /// Ask the store (not in memory) with this request and what the call
+    /// may reserve or holds ([`ResourceState::admit_reserving`]), then call
+    /// [`Call::admitted_reserving`] with its answer.
+    AskReserving(AdmitRequest<'g>, Reserve),
     /// Deferred: sleep this long, then call [`Call::waited`].
     Wait(Duration),
     /// Refused: end the call with [`Call::refused`].
@@ -457,6 +461,9 @@ impl<'g, K: Kind> Call<'g, K> {
                         self.admit_reserving(memory, request, None)
                     }
                     Some(memory) => self.admitted(memory.admit(&request)),
+                    None if self.may_reserve() => {
+                        Admit::AskReserving(request, self.reserve(now, None))
+                    }
                     None => Admit::Ask(request),
                 }
             }
@@ -556,12 +563,33 @@ impl<'g, K: Kind> Call<'g, K> {
                 self.admit_reserving(memory, request, Some(reservation))
             }
             None => {
-                // Reservations come from the memory store only.
-                self.gate()
-                    .state
-                    .give_back_reservation(self.partition, reservation);
-                self.admit()
+                let request = AdmitRequest {
+                    partition: self.partition,
+                    now: Duration::from_nanos(now),
+                };
+                Admit::AskReserving(request, self.reserve(now, Some(reservation)))
             }
+        }
+    }
+
+    /// The store's answer to [`Admit::AskReserving`].
+    pub(crate) fn admitted_reserving(
+        &mut self,
+        answer: Result<(Admission, Option<Reservation>), StoreError>,
+    ) -> Admit<'g> {
+        match answer {
+            Ok((admission, reserved)) => self.admitted_with(Ok(admission), reserved),
+            Err(e) => self.admitted(Err(e)),
+        }
+    }
+
+    /// What the call at `now` brings to an admission that may reserve: the
+    /// lead ([`reserve_lead`](Self::reserve_lead)) and the due reservation
+    /// it holds.
+    fn reserve(&self, now: u64, held: Option<Reservation>) -> Reserve {
+        Reserve {
+            within: self.reserve_lead(now),
+            held,
         }
     }
 
@@ -589,14 +617,8 @@ impl<'g, K: Kind> Call<'g, K> {
         held: Option<Reservation>,
     ) -> Admit<'g> {
         let now = crate::clock::duration_nanos(request.now);
-        let reserve = Reserve {
-            within: self.reserve_lead(now),
-            held,
-        };
-        match memory.admit_reserving(&request, reserve) {
-            Ok((answer, reserved)) => self.admitted_with(Ok(answer), reserved),
-            Err(e) => self.admitted(Err(e)),
-        }
+        let answer = memory.admit_reserving(&request, self.reserve(now, held));
+        self.admitted_reserving(answer)
     }
 
     /// The longest wait for which the rate limiter may reserve this call's

@@ -118,9 +118,11 @@ impl RateLimiter {
     /// takes the reserved entry out of its log; a hole between two
     /// reservations is not filled.
     ///
-    /// The Redis store (`seawall-redis`) reserves no permit: a call waits
-    /// for the time it was told, then asks again, and may be refused then
-    /// (still never after more than `max_wait` in all).
+    /// The Redis store (`seawall-redis`) reserves as the in-memory one does,
+    /// across processes. A store that does not reserve (the default of
+    /// [`ResourceState::admit_reserving`](crate::store::ResourceState::admit_reserving))
+    /// lets the call wait for the time it was told, then ask again, and be
+    /// refused then (still never after more than `max_wait` in all).
     pub fn max_wait(mut self, max_wait: Duration) -> Self {
         self.max_wait = max_wait;
         self

@@ -287,6 +287,16 @@ pub trait ResourceState: Send + Sync + fmt::Debug {
         self.admit(request).map(|a| (a, None))
     }
 
+    /// [`admit_reserving`](Self::admit_reserving) for async callers. The
+    /// default answers at once with the sync version.
+    fn admit_reserving_async<'a>(
+        &'a self,
+        request: AdmitRequest<'a>,
+        reserve: Reserve,
+    ) -> StoreFuture<'a, (Admission, Option<Reservation>)> {
+        StoreFuture::ready(self.admit_reserving(&request, reserve))
+    }
+
     /// Gives back a reservation its call will not use (the call was
     /// cancelled while it waited). Must not block. The default does
     /// nothing (a store that never reserves).
