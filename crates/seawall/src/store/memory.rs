@@ -51,7 +51,9 @@ const MIN_SWEEP_LEN: usize = 16;
 /// cooldown and the rate limit in that order, all or nothing: when a later
 /// check refuses, the half-open probe slot and the bulkhead slot taken by
 /// earlier ones are given back, and the rate limiter, last, takes a permit
-/// only when the call is admitted.
+/// only when the call is admitted, or reserves one for a call that may wait
+/// for it ([`admit_reserving`](ResourceState::admit_reserving); the call
+/// then holds nothing else while it waits).
 ///
 /// # Circuit breaker
 /// One lock-free cell per circuit (a packed `AtomicU64`, compare-and-swap
