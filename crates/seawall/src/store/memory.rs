@@ -782,23 +782,21 @@ impl MemoryResource {
     /// nothing out of the ordinary happens: a closed (or disabled) circuit, a free slot, no
     /// cooldown in effect, a rate-limit permit.
     ///
-    /// `Ok`: the permit is in `out` (written in place: the caller's guard
-    /// holds it from the start, nothing is copied). `Err(Some(r))`: the
+    /// `Ok`: what the attempt holds, as a [`Ticket`]. `Err(Some(r))`: the
     /// circuit is open and its cooldown not over; the answer `admit` would
     /// give, with nothing to report. `Err(None)`: anything else; nothing
-    /// was taken and the caller asks `admit`. `out` is `None` after an
-    /// `Err`. `now` is called only when a policy needs the time.
+    /// was taken and the caller asks `admit`. `now` is called only when a
+    /// policy needs the time.
     #[inline]
     pub(crate) fn try_admit(
         &self,
         partition: Option<&PartitionKey>,
         now: &mut impl FnMut() -> u64,
-        out: &mut Option<Permit>,
-    ) -> Result<(), Option<Rejection>> {
+    ) -> Result<Ticket, Option<Rejection>> {
         match partition {
-            None => self.try_admit_in(self.root_view(), now, out),
+            None => self.try_admit_in(self.root_view(), now),
             // A partition counts the admission as a use of its key.
-            Some(key) => self.try_admit_partition(key, now(), out),
+            Some(key) => self.try_admit_partition(key, now()),
         }
     }
 
@@ -809,11 +807,8 @@ impl MemoryResource {
         &self,
         key: &PartitionKey,
         now_ns: u64,
-        out: &mut Option<Permit>,
-    ) -> Result<(), Option<Rejection>> {
-        self.use_partition(key, now_ns, |view| {
-            self.try_admit_in(view, &mut || now_ns, out)
-        })
+    ) -> Result<Ticket, Option<Rejection>> {
+        self.use_partition(key, now_ns, |view| self.try_admit_in(view, &mut || now_ns))
     }
 
     #[inline(always)]
@@ -821,8 +816,7 @@ impl MemoryResource {
         &self,
         view: View<'_>,
         now: &mut impl FnMut() -> u64,
-        out: &mut Option<Permit>,
-    ) -> Result<(), Option<Rejection>> {
+    ) -> Result<Ticket, Option<Rejection>> {
         let params = &self.params;
         let mut generation = 0;
         if let Some(circuit) = view.circuit {
@@ -842,44 +836,41 @@ impl MemoryResource {
                 return Err(None);
             }
         }
-        let taken = Permit {
-            generation,
-            slot,
-            ..Permit::default()
-        };
+        let taken = Ticket::new(generation, slot);
         if let Some(until) = view.cooldown_until {
             if !cooldown::machine::admits(until, &mut *now) {
-                give_back(view, taken);
+                give_back(view, taken.permit());
                 return Err(None);
             }
         }
         if let (Some(rate), Some(p)) = (view.rate, &params.rate) {
             if rate.acquire(p, now()).is_err() {
-                give_back(view, taken);
+                give_back(view, taken.permit());
                 return Err(None);
             }
         }
-        *out = Some(taken);
-        Ok(())
+        Ok(taken)
     }
 
-    /// Records a success of a permit from [`try_admit`](Self::try_admit):
-    /// what `record` does for a success without a retry-after hint. Returns
-    /// the circuit transition it caused (a slow call may open the circuit).
+    /// Records the success of an attempt admitted by
+    /// [`try_admit`](Self::try_admit): what `record` does for a success
+    /// without a retry-after hint (such an attempt is never a probe).
+    /// Returns the circuit transition it caused (a slow call may open the
+    /// circuit).
     #[inline(always)]
     pub(crate) fn record_success(
         &self,
         partition: Option<&PartitionKey>,
-        permit: Permit,
-        duration: Duration,
+        ticket: Ticket,
+        duration_ns: u64,
         now_ns: u64,
     ) -> Option<CircuitTransition> {
         match partition {
-            None => self.record_success_in(self.root_view(), permit, duration, now_ns),
+            None => self.record_success_in(self.root_view(), ticket, duration_ns, now_ns),
             // Without a circuit or a bulkhead a success changes nothing: the
             // key is not looked up again (its admission was its last use).
             Some(_) if self.params.circuit.is_none() && self.params.bulkhead.is_none() => None,
-            Some(key) => self.record_success_partition(key, permit, duration, now_ns),
+            Some(key) => self.record_success_partition(key, ticket, duration_ns, now_ns),
         }
     }
 
@@ -889,12 +880,12 @@ impl MemoryResource {
     fn record_success_partition(
         &self,
         key: &PartitionKey,
-        permit: Permit,
-        duration: Duration,
+        ticket: Ticket,
+        duration_ns: u64,
         now_ns: u64,
     ) -> Option<CircuitTransition> {
         self.use_partition(key, now_ns, |view| {
-            self.record_success_in(view, permit, duration, now_ns)
+            self.record_success_in(view, ticket, duration_ns, now_ns)
         })
     }
 
@@ -902,29 +893,78 @@ impl MemoryResource {
     fn record_success_in(
         &self,
         view: View<'_>,
-        permit: Permit,
-        duration: Duration,
+        ticket: Ticket,
+        duration_ns: u64,
         now_ns: u64,
     ) -> Option<CircuitTransition> {
         let mut transition = None;
         if let (Some(circuit), Some(p)) = (view.circuit, &self.params.circuit) {
-            transition = if permit.probe {
-                circuit.record(
-                    p,
-                    permit.generation,
-                    true,
-                    Outcome::Success,
-                    duration,
-                    now_ns,
-                )
-            } else {
-                circuit.record_success(p, permit.generation, duration, now_ns)
-            };
+            transition = circuit.record_success(p, ticket.generation(), duration_ns, now_ns);
         }
-        if let (Some(slot), Some(slots)) = (permit.slot, view.in_flight) {
+        if let (Some(slot), Some(slots)) = (ticket.slot(), view.in_flight) {
             slots.release(slot);
         }
         transition
+    }
+}
+
+/// What an attempt admitted by [`MemoryResource::try_admit`] holds: the
+/// circuit generation it was admitted in and its bulkhead slot, packed in
+/// one word so that the ordinary path keeps it in a register. Such an
+/// attempt is never a probe and never local: [`permit`](Self::permit) is
+/// the [`Permit`] the store's full admission would have given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Ticket(std::num::NonZeroU64);
+
+impl Ticket {
+    /// Bits 0..13: the generation; bit 13: a slot is held; bits 14..63:
+    /// the slot; bit 63: set, so that the word is never zero.
+    const GENERATION_BITS: u32 = 13;
+    const HAS_SLOT: u64 = 1 << Self::GENERATION_BITS;
+    const SLOT_SHIFT: u32 = Self::GENERATION_BITS + 1;
+    const SLOT_MASK: u64 = (1 << (63 - Self::SLOT_SHIFT)) - 1;
+    const SET: u64 = 1 << 63;
+
+    /// A ticket of `generation` (already reduced to its 13 bits) holding
+    /// `slot` (a memory slot id: a stripe index).
+    #[inline(always)]
+    fn new(generation: u64, slot: Option<u64>) -> Self {
+        debug_assert!(generation < Self::HAS_SLOT);
+        let slot = match slot {
+            Some(s) => {
+                debug_assert!(s <= Self::SLOT_MASK);
+                Self::HAS_SLOT | ((s & Self::SLOT_MASK) << Self::SLOT_SHIFT)
+            }
+            None => 0,
+        };
+        Ticket(
+            std::num::NonZeroU64::new(Self::SET | generation | slot)
+                .expect("the set bit makes the word non-zero"),
+        )
+    }
+
+    /// The circuit generation the attempt was admitted in.
+    #[inline(always)]
+    fn generation(self) -> u64 {
+        self.0.get() & (Self::HAS_SLOT - 1)
+    }
+
+    /// The bulkhead slot the attempt holds.
+    #[inline(always)]
+    fn slot(self) -> Option<u64> {
+        let bits = self.0.get();
+        (bits & Self::HAS_SLOT != 0).then_some((bits >> Self::SLOT_SHIFT) & Self::SLOT_MASK)
+    }
+
+    /// The permit this ticket stands for.
+    #[inline(always)]
+    pub(crate) fn permit(self) -> Permit {
+        Permit {
+            probe: false,
+            generation: self.generation(),
+            slot: self.slot(),
+            local: false,
+        }
     }
 }
 
