@@ -102,7 +102,7 @@ fn rt() -> tokio::runtime::Runtime {
         .expect("a current-thread tokio runtime")
 }
 
-/// One entry of a [`LoggingClock`]'s log.
+/// One sleep a pipeline asked of its clock during a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SleepEntry {
     /// When the sleep started, relative to the clock's start.
@@ -1053,6 +1053,21 @@ pub fn corpus() -> Vec<Scenario> {
                 call(vec![Okay(2)], "Ok(2)"),
                 call(vec![Okay(3)], "Ok(3)"),
                 call(vec![Okay(4)], "Ok(4)"),
+            ],
+        );
+
+        // 1/3 s is no whole number of microseconds: every wait and every
+        // admission after it is exact to the nanosecond.
+        rate_gcra_fractional_interval_waits => scenario(
+            Flavors::Agree,
+            |b| plain(b.rate_limiter(RateLimiter::gcra(3, secs(1)).burst(2).max_wait(ms(400)))),
+            vec![
+                call(vec![Okay(1)], "Ok(1)"),
+                call(vec![Okay(2)], "Ok(2)"),
+                call(vec![Okay(3)], "Ok(3)"),
+                call(vec![Okay(4)], "Ok(4)"),
+                after(ms(1), vec![Okay(5)], "Ok(5)"),
+                call(vec![Nested(None, vec![Okay(6)])], "Ok(0)"),
             ],
         );
 
