@@ -125,3 +125,44 @@ fn gcra_of_a_fractional_interval_decides_as_the_memory_store() {
         }
     }
 }
+
+/// A GCRA state written by an earlier version of the scripts (the TAT in
+/// fractional microseconds) is read rounded up to the nanosecond, so a
+/// rolling upgrade keeps the limit.
+#[test]
+fn gcra_reads_the_state_of_earlier_scripts() {
+    use seawall::store::{AdmitRequest, ResourceSpec};
+    use seawall::{RateLimiter, StateStore};
+
+    let server = RedisServer::start();
+    let redis = store(&server);
+    let spec = ResourceSpec::new("earlier")
+        .with_rate_limit(RateLimiter::gcra(3, Duration::from_secs(1)).burst(1));
+    let state = redis.bind(&spec).unwrap();
+    let key = format!("{{{}:earlier}}:rg", redis.prefix());
+    let _: () = redis::cmd("SET")
+        .arg(&key)
+        .arg("1000.2504")
+        .query(&mut server.conn())
+        .unwrap();
+    let admit = |now: Duration| {
+        state
+            .admit(&AdmitRequest {
+                partition: None,
+                now,
+            })
+            .unwrap()
+            .decision
+    };
+    let refused = admit(Duration::from_micros(1000)).expect_err("before the stored TAT");
+    assert_eq!(refused.retry_after, Some(Duration::from_nanos(251)));
+    admit(Duration::from_nanos(1_000_251)).expect("at the stored TAT");
+    let stored: String = redis::cmd("GET")
+        .arg(&key)
+        .query(&mut server.conn())
+        .unwrap();
+    assert_eq!(
+        stored, "334333:584",
+        "the TAT moved one interval, to the ns"
+    );
+}
