@@ -289,7 +289,11 @@ impl Shared {
         let mut inv = script.prepare_invoke();
         self.keys_of(&mut inv, partition);
         match now {
-            Some(now) if self.caller_clock => inv.arg(micros(now)),
+            // Whole microseconds and the nanoseconds past them (GCRA keeps
+            // its times to the nanosecond).
+            Some(now) if self.caller_clock => {
+                inv.arg(format!("{}:{}", micros(now), now.subsec_nanos() % 1000))
+            }
             _ => inv.arg(""),
         };
         for a in &self.args.0 {
@@ -358,7 +362,8 @@ impl Shared {
     }
 
     fn admission(&self, reply: &[i64], now: Duration) -> Result<Admission, StoreError> {
-        let &[reason, retry_us, probe, generation, slot, transition, trips] = reply else {
+        let &[reason, retry_us, probe, generation, slot, transition, trips, under_ns] = reply
+        else {
             return Err(protocol("admit", reply));
         };
         let retry_after = match retry_us {
@@ -371,7 +376,12 @@ impl Shared {
                 .map(|c| c.cooldown_for_trip(u32::try_from(trips).unwrap_or(u32::MAX))),
             // Open until the latest instant of the clock.
             scripts::RETRY_FOREVER => Some(Duration::from_nanos(u64::MAX).saturating_sub(now)),
-            us => u64::try_from(us).ok().map(Duration::from_micros),
+            // Whole microseconds, less the nanoseconds the exact wait is
+            // shorter (GCRA keeps its times to the nanosecond).
+            us => u64::try_from(us).ok().map(|us| {
+                Duration::from_micros(us)
+                    .saturating_sub(Duration::from_nanos(u64::try_from(under_ns).unwrap_or(0)))
+            }),
         };
         let reason = match reason {
             scripts::ADMITTED => None,

@@ -1,13 +1,29 @@
 -- Admits one attempt through circuit, bulkhead, cooldown and rate limit, in
 -- that order, all or nothing: every check runs first, then the permits are
 -- taken together, so a later refusal never leaves a probe or a slot taken.
--- Reply: {reason, retry_after_us, probe, generation, slot (-1: none), transition, trips}
+-- Reply: {reason, retry_after_us, probe, generation, slot (-1: none), transition, trips, under_ns}
 -- retry_after_us: -1 none, -2 the cooldown of the current trip (half-open,
 -- every probe slot taken), -3 until the latest instant
+-- under_ns: nanoseconds (0..999) the exact wait is shorter than
+-- retry_after_us (a GCRA refusal: its times are kept to the nanosecond)
 -- reason: 0 admitted, 1 circuit_open, 2 bulkhead_full, 3 cooldown_active, 4 rate_limited
 -- transition: 0 none, 1 half-opened
 
-local reason, retry = 0, -1
+-- A GCRA time or duration, kept as `microseconds:nanoseconds` (the
+-- nanoseconds 0..999), as two integers. A plain number (a state written by
+-- an earlier version, in fractional microseconds) is read rounded up to
+-- the nanosecond.
+local function upair(s)
+  local u, n = string.match(s, '^(%d+):(%d+)$')
+  if u then return tonumber(u), tonumber(n) end
+  local x = tonumber(s) or 0
+  u = math.floor(x)
+  n = math.ceil((x - u) * 1000)
+  if n >= 1000 then u, n = u + 1, n - 1000 end
+  return u, n
+end
+
+local reason, retry, under = 0, -1, 0
 local probe, gen, slot, tr = 0, 0, -1, 0
 local h, moved
 
@@ -76,13 +92,33 @@ if reason == 0 and HAS_R then
   tnow()
   if R_ALG == 1 then
     -- GCRA: theoretical arrival time, tolerance of burst - 1 intervals.
-    local tat = tonumber(redis.call('GET', KRL)) or now
-    if tat < now then tat = now end
-    if tat - now > R_TOL then
+    -- Every time is a pair (whole microseconds, nanoseconds 0..999), so
+    -- that the arithmetic is exact integer arithmetic on nanoseconds, as
+    -- the in-memory rule's, whatever the interval (1/3 s is no whole
+    -- number of microseconds) and however far the clock is from 0 (a
+    -- fraction of a microsecond added to 10^12 us is rounded in a double).
+    local tol_u, tol_n = upair(R_TOL)
+    local int_u, int_n = upair(R_INT)
+    local tu, tn = now, now_ns
+    local stored = redis.call('GET', KRL)
+    if stored then tu, tn = upair(stored) end
+    if tu < now or (tu == now and tn < now_ns) then tu, tn = now, now_ns end
+    -- ahead = TAT - now; refused when ahead > tolerance.
+    local du, dn = tu - now - tol_u, tn - now_ns - tol_n
+    if dn <= -1000 then du, dn = du - 1, dn + 1000 end
+    if du > 0 or (du == 0 and dn > 0) then
       reason = 4
-      retry = tat - R_TOL - now
+      -- ahead - tolerance = du us + dn ns (dn in -999..999): rounded up to
+      -- whole microseconds, and how much shorter the exact wait is.
+      if dn > 0 then
+        retry, under = du + 1, 1000 - dn
+      else
+        retry, under = du, -dn
+      end
     else
-      rnew = tat + R_INT
+      tu, tn = tu + int_u, tn + int_n
+      if tn >= 1000 then tu, tn = tu + 1, tn - 1000 end
+      rnew = {tu, tn}
     end
   elseif R_ALG == 2 then
     -- Fixed window: a counter per window aligned on multiples of the period.
@@ -129,7 +165,7 @@ if reason == 0 then
   end
   if HAS_R then
     if R_ALG == 1 then
-      redis.call('SET', KRL, rnew, 'PX', ms(rnew - now, 1000))
+      redis.call('SET', KRL, int(rnew[1]) .. ':' .. int(rnew[2]), 'PX', ms(rnew[1] + 1 - now, 1000))
     elseif R_ALG == 2 then
       local w = math.floor(now / R_PERIOD)
       redis.call('HSET', KRL, 'w', int(w), 'n', rnew)
@@ -151,4 +187,4 @@ end
 if retry > 0 then retry = math.ceil(retry) end
 local trips = 0
 if HAS_C then trips = h.trips end
-return {reason, retry, probe, gen, slot, tr, trips}
+return {reason, retry, probe, gen, slot, tr, trips, under}

@@ -11,7 +11,11 @@ local A = ARGV
 -- The server's clock decides, unless the caller's time was passed (tests).
 -- A circuit that never moved has been closed since: now on the server's
 -- clock, time zero on the caller's (like the in-memory store).
+-- `now` is in whole microseconds; `now_ns`, the nanoseconds past it
+-- (0..999), is known on the caller's clock only and used by GCRA, whose
+-- times are kept to the nanosecond.
 local now, since0
+local now_ns = 0
 local function tnow()
   if not now then
     if A[1] == '' then
@@ -19,7 +23,10 @@ local function tnow()
       now = tonumber(t[1]) * 1000000 + tonumber(t[2])
       since0 = now
     else
-      now = tonumber(A[1])
+      -- The caller's time: `microseconds[:nanoseconds]`.
+      local u, n = string.match(A[1], '^(%d+):?(%d*)$')
+      now = tonumber(u)
+      now_ns = tonumber(n) or 0
       since0 = 0
     end
   end
@@ -49,7 +56,9 @@ if HAS_CD then CD_PAUSE, CD_GRACE = tonumber(A[19]), tonumber(A[20]) end
 if HAS_R then
   R_ALG = tonumber(A[22])
   if R_ALG == 1 then
-    R_TOL, R_INT = tonumber(A[25]), tonumber(A[26])
+    -- GCRA's tolerance and emission interval, as `microseconds:nanoseconds`
+    -- (parsed by the admission, the only script that uses them).
+    R_TOL, R_INT = A[25], A[26]
   else
     R_LIMIT, R_PERIOD = tonumber(A[23]), tonumber(A[24])
   end

@@ -10,6 +10,7 @@ mod bad_input;
 mod breaker_model;
 mod contract;
 mod cross_process;
+mod differential;
 mod models;
 mod outage;
 mod pipeline;
