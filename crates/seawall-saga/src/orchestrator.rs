@@ -16,7 +16,7 @@ use crate::event::{trace, Listener, Listeners, SagaEvent};
 use crate::id::{IdempotencyKey, Phase, SagaId};
 use crate::log::{ClaimAttempt, ClaimedSaga, Lease, ListQuery, NewSaga, SagaLog, SagaRecord};
 use crate::retry::RetryPolicy;
-use crate::transition::{SagaStatus, StepRef, Transition, TransitionRecord};
+use crate::transition::{Progress, SagaStatus, StepRef, Transition, TransitionRecord};
 
 /// Options for one saga instance.
 ///
@@ -65,6 +65,17 @@ pub struct StepFailure {
     pub error: String,
     /// True when the saga's deadline passed before this step could start.
     pub deadline_exceeded: bool,
+}
+
+impl StepFailure {
+    /// The saga's deadline passed before `step` could start.
+    pub(crate) fn deadline(step: StepRef) -> Self {
+        StepFailure {
+            error: format!("saga deadline passed before step `{}` started", step.name),
+            step,
+            deadline_exceeded: true,
+        }
+    }
 }
 
 /// How a saga ended (or where it stopped, when stuck).
@@ -161,7 +172,7 @@ impl<I: SagaInput> Driver for Saga<I> {
                 detail,
             }
         })?;
-        Ok(progress.outcome(&record.id, &self.inner))
+        Ok(outcome(&progress, &record.id, &self.inner))
     }
 }
 
@@ -411,7 +422,7 @@ impl Orchestrator {
         options: StartOptions,
     ) -> Result<SagaOutcome, SagaError> {
         let new = self.new_saga(saga, &input, options)?;
-        let run = Run::fresh(saga.inner.clone(), self.inner.clone(), new, Arc::new(input));
+        let run = Run::fresh(saga.inner.clone(), self.inner.clone(), new, Arc::new(input))?;
         run.drive().await
     }
 
@@ -716,130 +727,20 @@ fn error_chain(error: &dyn std::error::Error) -> String {
     message
 }
 
-/// A saga's state, rebuilt from its history.
-#[derive(Debug, Clone, PartialEq)]
-struct Progress {
-    status: SagaStatus,
-    outputs: Vec<serde_json::Value>,
-    compensated: Vec<bool>,
-    attempts: Vec<u32>,
-    failure: Option<StepFailure>,
-    stuck: Option<StepFailure>,
-    next_seq: u32,
-}
-
-impl Progress {
-    fn new(steps: usize) -> Self {
-        Progress {
-            status: SagaStatus::Running,
-            outputs: Vec::new(),
-            compensated: vec![false; steps],
-            attempts: vec![0; steps],
-            failure: None,
-            stuck: None,
-            next_seq: 0,
-        }
-    }
-
-    fn replay(history: &[TransitionRecord], steps: usize) -> Result<Self, String> {
-        let mut p = Progress::new(steps);
-        for (i, record) in history.iter().enumerate() {
-            if record.seq as usize != i {
-                return Err(format!("transition {i} has sequence number {}", record.seq));
-            }
-            if let Some(step) = record.transition.step() {
-                if step.index >= steps {
-                    return Err(format!(
-                        "transition {i} names step {} but the saga has {steps} steps",
-                        step.index
-                    ));
-                }
-            }
-            match &record.transition {
-                Transition::StepStarted { step } if step.index != p.outputs.len() => {
-                    return Err(format!(
-                        "step {} started before step {} completed",
-                        step.index,
-                        p.outputs.len()
-                    ))
-                }
-                Transition::StepCompleted { step, output } => {
-                    if step.index != p.outputs.len() {
-                        return Err(format!("step {} completed out of order", step.index));
-                    }
-                    p.outputs.push(output.clone());
-                }
-                Transition::StepFailed { step, error } => {
-                    p.status = SagaStatus::Compensating;
-                    p.failure = Some(StepFailure {
-                        step: step.clone(),
-                        error: error.clone(),
-                        deadline_exceeded: false,
-                    });
-                }
-                Transition::DeadlineExceeded { step } => {
-                    p.status = SagaStatus::Compensating;
-                    p.failure = Some(deadline_failure(step.clone()));
-                }
-                Transition::CompensationStarted { step, attempt }
-                | Transition::CompensationFailed { step, attempt, .. } => {
-                    if step.index >= p.outputs.len() {
-                        return Err(format!(
-                            "step {} compensated but never completed",
-                            step.index
-                        ));
-                    }
-                    p.attempts[step.index] = p.attempts[step.index].max(*attempt);
-                }
-                Transition::CompensationCompleted { step } => {
-                    p.compensated[step.index] = true;
-                }
-                Transition::SagaCompleted => p.status = SagaStatus::Completed,
-                Transition::SagaCompensated => p.status = SagaStatus::Compensated,
-                Transition::SagaStuck { step, error } => {
-                    p.status = SagaStatus::Stuck;
-                    p.stuck = Some(StepFailure {
-                        step: step.clone(),
-                        error: error.clone(),
-                        deadline_exceeded: false,
-                    });
-                }
-                Transition::OperatorResumed => {
-                    if p.status == SagaStatus::Stuck {
-                        p.status = SagaStatus::Compensating;
-                    }
-                    p.stuck = None;
-                    p.attempts.iter_mut().for_each(|a| *a = 0);
-                }
-                _ => {}
-            }
-        }
-        p.next_seq = u32::try_from(history.len()).map_err(|_| "history too long".to_owned())?;
-        Ok(p)
-    }
-
-    fn outcome<I>(&self, id: &SagaId, definition: &SagaDefinition<I>) -> SagaOutcome {
-        SagaOutcome {
-            id: id.clone(),
-            name: definition.name.to_string(),
-            status: self.status,
-            failure: self.failure.clone(),
-            stuck: self.stuck.clone(),
-            outputs: definition
-                .step_names
-                .iter()
-                .cloned()
-                .zip(self.outputs.iter().cloned())
-                .collect(),
-        }
-    }
-}
-
-fn deadline_failure(step: StepRef) -> StepFailure {
-    StepFailure {
-        error: format!("saga deadline passed before step `{}` started", step.name),
-        step,
-        deadline_exceeded: true,
+/// The outcome of a saga in the state `progress`.
+fn outcome<I>(progress: &Progress, id: &SagaId, definition: &SagaDefinition<I>) -> SagaOutcome {
+    SagaOutcome {
+        id: id.clone(),
+        name: definition.name.to_string(),
+        status: progress.status(),
+        failure: progress.failure().cloned(),
+        stuck: progress.stuck().cloned(),
+        outputs: definition
+            .step_names
+            .iter()
+            .cloned()
+            .zip(progress.outputs().iter().cloned())
+            .collect(),
     }
 }
 
@@ -881,14 +782,15 @@ struct Run<I> {
 }
 
 impl<I: SagaInput> Run<I> {
+    /// A new saga, its start recorded but not yet committed.
     fn fresh(
         definition: Arc<SagaDefinition<I>>,
         orchestrator: Arc<Inner>,
         new: NewSaga,
         input: Arc<I>,
-    ) -> Self {
+    ) -> Result<Self, SagaError> {
         let steps = definition.steps.len();
-        Run {
+        let mut run = Run {
             definition,
             orchestrator,
             id: new.id.clone(),
@@ -897,9 +799,11 @@ impl<I: SagaInput> Run<I> {
             lease: None,
             _renewal: None,
             unsaved: Some(new),
-            pending: vec![Transition::SagaStarted],
+            pending: Vec::new(),
             progress: Progress::new(steps),
-        }
+        };
+        run.record(Transition::SagaStarted)?;
+        Ok(run)
     }
 
     async fn resume(
@@ -927,7 +831,7 @@ impl<I: SagaInput> Run<I> {
                 return Err(orchestrator.recovery_failed(&claimed, error).await);
             }
         };
-        let mut progress = match Progress::replay(history, definition.steps.len()) {
+        let progress = match Progress::replay(history, definition.steps.len()) {
             Ok(progress) => progress,
             Err(detail) => {
                 let error = SagaError::History {
@@ -937,51 +841,62 @@ impl<I: SagaInput> Run<I> {
                 return Err(orchestrator.recovery_failed(&claimed, error).await);
             }
         };
-        let mut pending = vec![Transition::Claimed {
-            owner: orchestrator.log.owner().to_owned(),
-        }];
-        if operator && progress.status == SagaStatus::Stuck {
-            pending.push(Transition::OperatorResumed);
-            progress.status = SagaStatus::Compensating;
-            progress.stuck = None;
-            progress.attempts.iter_mut().for_each(|a| *a = 0);
-        }
-        let run = Run {
+        let mut run = Run {
             id: record.id.clone(),
             deadline: record.deadline,
             _renewal: orchestrator.hold(&claimed.lease),
             definition,
-            orchestrator,
+            orchestrator: orchestrator.clone(),
             input: Arc::new(input),
-            lease: Some(claimed.lease),
+            lease: Some(claimed.lease.clone()),
             unsaved: None,
-            pending,
+            pending: Vec::new(),
             progress,
         };
+        run.record(Transition::Claimed {
+            owner: orchestrator.log.owner().to_owned(),
+        })?;
+        if operator && run.progress.status() == SagaStatus::Stuck {
+            run.record(Transition::OperatorResumed)?;
+        }
         run.drive().await
     }
 
     async fn drive(mut self) -> Result<SagaOutcome, SagaError> {
-        if self.progress.status == SagaStatus::Running {
+        if self.progress.status() == SagaStatus::Running {
             self.forward().await?;
         }
-        if self.progress.status == SagaStatus::Compensating {
+        if self.progress.status() == SagaStatus::Compensating {
             self.compensate().await?;
         }
         if !self.pending.is_empty() {
             // Claimed but already finished (cannot normally happen): record the claim.
-            let status = self.progress.status;
-            self.commit(status).await?;
+            self.commit().await?;
         }
-        Ok(self.progress.outcome(&self.id, &self.definition))
+        Ok(outcome(&self.progress, &self.id, &self.definition))
     }
 
-    /// Commits the pending transitions with `status`.
-    async fn commit(&mut self, status: SagaStatus) -> Result<(), SagaError> {
+    /// Applies `transition` to the saga's state and queues it for the next
+    /// commit. A transition the state refuses is a defect of the orchestrator:
+    /// it is reported, never written.
+    fn record(&mut self, transition: Transition) -> Result<(), SagaError> {
+        self.progress
+            .apply(&transition)
+            .map_err(|detail| SagaError::History {
+                saga_id: self.id.clone(),
+                detail,
+            })?;
+        self.pending.push(transition);
+        Ok(())
+    }
+
+    /// Commits the pending transitions, with the status they lead to.
+    async fn commit(&mut self) -> Result<(), SagaError> {
         let transitions = std::mem::take(&mut self.pending);
+        let status = self.progress.status();
         let log = &self.orchestrator.log;
         let at = self.orchestrator.clock.now();
-        let first_seq = self.progress.next_seq;
+        let first_seq = self.progress.applied() - transitions.len() as u32;
         if let Some(new) = self.unsaved.take() {
             if status == SagaStatus::Running {
                 self.lease = log.create(&new, &transitions, true).await?;
@@ -1009,8 +924,6 @@ impl<I: SagaInput> Run<I> {
                 transition,
             );
         }
-        self.progress.next_seq += transitions.len() as u32;
-        self.progress.status = status;
         Ok(())
     }
 
@@ -1027,7 +940,7 @@ impl<I: SagaInput> Run<I> {
             input: self.input.clone(),
             outputs: Outputs {
                 names: self.definition.step_names[..index].into(),
-                values: self.progress.outputs[..index].into(),
+                values: self.progress.outputs()[..index].into(),
             },
             deadline: self.deadline,
             clock: self.orchestrator.clock.clone(),
@@ -1049,94 +962,68 @@ impl<I: SagaInput> Run<I> {
         }
     }
 
+    /// Runs the steps from the first one not completed, until every step
+    /// completed or one failed (the saga is then compensating, uncommitted).
     async fn forward(&mut self) -> Result<(), SagaError> {
         let steps = self.definition.steps.len();
-        while self.progress.outputs.len() < steps {
-            let index = self.progress.outputs.len();
+        while self.progress.outputs().len() < steps {
+            let index = self.progress.outputs().len();
+            let step = self.step_ref(index);
             if let Some(deadline) = self.deadline {
                 if self.orchestrator.clock.now() >= deadline {
-                    let step = self.step_ref(index);
-                    self.progress.failure = Some(deadline_failure(step.clone()));
-                    self.pending.push(Transition::DeadlineExceeded { step });
-                    self.progress.status = SagaStatus::Compensating;
-                    return Ok(());
+                    return self.record(Transition::DeadlineExceeded { step });
                 }
             }
-            self.pending.push(Transition::StepStarted {
-                step: self.step_ref(index),
-            });
-            self.commit(SagaStatus::Running).await?;
+            self.record(Transition::StepStarted { step: step.clone() })?;
+            self.commit().await?;
             let action =
                 (self.definition.steps[index].action)(self.context(index, Phase::Action, 1));
             match self.run_isolated(action).await {
-                Ok(output) => {
-                    self.pending.push(Transition::StepCompleted {
-                        step: self.step_ref(index),
-                        output: output.clone(),
-                    });
-                    self.progress.outputs.push(output);
-                }
-                Err(error) => {
-                    let step = self.step_ref(index);
-                    self.progress.failure = Some(StepFailure {
-                        step: step.clone(),
-                        error: error.clone(),
-                        deadline_exceeded: false,
-                    });
-                    self.pending.push(Transition::StepFailed { step, error });
-                    self.progress.status = SagaStatus::Compensating;
-                    return Ok(());
-                }
+                Ok(output) => self.record(Transition::StepCompleted { step, output })?,
+                Err(error) => return self.record(Transition::StepFailed { step, error }),
             }
         }
-        self.pending.push(Transition::SagaCompleted);
-        self.commit(SagaStatus::Completed).await
+        self.record(Transition::SagaCompleted)?;
+        self.commit().await
     }
 
+    /// Compensates the completed steps in reverse order, each retried, until
+    /// all are compensated or one failed all its attempts (stuck).
     async fn compensate(&mut self) -> Result<(), SagaError> {
         let retry = self.orchestrator.retry.clone();
-        for index in (0..self.progress.outputs.len()).rev() {
-            if self.progress.compensated[index] {
+        for index in (0..self.progress.outputs().len()).rev() {
+            if self.progress.is_compensated(index) {
                 continue;
             }
             let Some(compensation) = self.definition.steps[index].compensation.clone() else {
                 continue;
             };
+            let step = self.step_ref(index);
             loop {
-                let attempt = self.progress.attempts[index] + 1;
-                self.progress.attempts[index] = attempt;
-                self.pending.push(Transition::CompensationStarted {
-                    step: self.step_ref(index),
+                let attempt = self.progress.attempts(index) + 1;
+                self.record(Transition::CompensationStarted {
+                    step: step.clone(),
                     attempt,
-                });
-                self.commit(SagaStatus::Compensating).await?;
+                })?;
+                self.commit().await?;
                 let ctx = self.context(index, Phase::Compensation, attempt);
-                let work = compensation(ctx, self.progress.outputs[index].clone());
+                let work = compensation(ctx, self.progress.outputs()[index].clone());
                 match self.run_isolated(work).await {
                     Ok(()) => {
-                        self.pending.push(Transition::CompensationCompleted {
-                            step: self.step_ref(index),
-                        });
-                        self.progress.compensated[index] = true;
+                        self.record(Transition::CompensationCompleted { step })?;
                         break;
                     }
                     Err(error) => {
-                        let step = self.step_ref(index);
-                        self.pending.push(Transition::CompensationFailed {
+                        self.record(Transition::CompensationFailed {
                             step: step.clone(),
                             attempt,
                             error: error.clone(),
-                        });
+                        })?;
                         if attempt >= retry.attempts() {
-                            self.progress.stuck = Some(StepFailure {
-                                step: step.clone(),
-                                error: error.clone(),
-                                deadline_exceeded: false,
-                            });
-                            self.pending.push(Transition::SagaStuck { step, error });
-                            return self.commit(SagaStatus::Stuck).await;
+                            self.record(Transition::SagaStuck { step, error })?;
+                            return self.commit().await;
                         }
-                        self.commit(SagaStatus::Compensating).await?;
+                        self.commit().await?;
                         self.orchestrator
                             .clock
                             .sleep(retry.delay_after(attempt))
@@ -1145,106 +1032,7 @@ impl<I: SagaInput> Run<I> {
                 }
             }
         }
-        self.pending.push(Transition::SagaCompensated);
-        self.commit(SagaStatus::Compensated).await
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn history(transitions: Vec<Transition>) -> Vec<TransitionRecord> {
-        transitions
-            .into_iter()
-            .enumerate()
-            .map(|(i, transition)| TransitionRecord {
-                seq: i as u32,
-                at: SystemTime::UNIX_EPOCH,
-                transition,
-            })
-            .collect()
-    }
-
-    fn step(i: usize) -> StepRef {
-        StepRef::new(i, format!("s{i}"))
-    }
-
-    #[test]
-    fn replay_of_a_crash_mid_step_reruns_that_step() {
-        let h = history(vec![
-            Transition::SagaStarted,
-            Transition::StepStarted { step: step(0) },
-            Transition::StepCompleted {
-                step: step(0),
-                output: serde_json::json!(1),
-            },
-            Transition::StepStarted { step: step(1) },
-        ]);
-        let p = Progress::replay(&h, 3).unwrap();
-        assert_eq!(p.status, SagaStatus::Running);
-        assert_eq!(p.outputs, vec![serde_json::json!(1)]);
-        assert_eq!(p.next_seq, 4);
-    }
-
-    #[test]
-    fn replay_of_compensation_tracks_attempts_and_done_steps() {
-        let h = history(vec![
-            Transition::SagaStarted,
-            Transition::StepStarted { step: step(0) },
-            Transition::StepCompleted {
-                step: step(0),
-                output: serde_json::json!(null),
-            },
-            Transition::StepStarted { step: step(1) },
-            Transition::StepCompleted {
-                step: step(1),
-                output: serde_json::json!(null),
-            },
-            Transition::StepStarted { step: step(2) },
-            Transition::StepFailed {
-                step: step(2),
-                error: "x".into(),
-            },
-            Transition::CompensationStarted {
-                step: step(1),
-                attempt: 1,
-            },
-            Transition::CompensationCompleted { step: step(1) },
-            Transition::CompensationStarted {
-                step: step(0),
-                attempt: 1,
-            },
-            Transition::CompensationFailed {
-                step: step(0),
-                attempt: 1,
-                error: "y".into(),
-            },
-        ]);
-        let p = Progress::replay(&h, 3).unwrap();
-        assert_eq!(p.status, SagaStatus::Compensating);
-        assert_eq!(p.compensated, vec![false, true, false]);
-        assert_eq!(p.attempts, vec![1, 1, 0]);
-        assert_eq!(p.failure.unwrap().step, step(2));
-    }
-
-    #[test]
-    fn replay_rejects_histories_that_do_not_fit() {
-        let gap = vec![TransitionRecord {
-            seq: 1,
-            at: SystemTime::UNIX_EPOCH,
-            transition: Transition::SagaStarted,
-        }];
-        assert!(Progress::replay(&gap, 1).is_err());
-        let too_many_steps = history(vec![
-            Transition::SagaStarted,
-            Transition::StepStarted { step: step(5) },
-        ]);
-        assert!(Progress::replay(&too_many_steps, 3).is_err());
-        let out_of_order = history(vec![
-            Transition::SagaStarted,
-            Transition::StepStarted { step: step(1) },
-        ]);
-        assert!(Progress::replay(&out_of_order, 3).is_err());
+        self.record(Transition::SagaCompensated)?;
+        self.commit().await
     }
 }

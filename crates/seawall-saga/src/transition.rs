@@ -6,6 +6,8 @@ use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 
+use crate::orchestrator::StepFailure;
+
 /// Where a saga stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -334,6 +336,250 @@ pub struct TransitionRecord {
     pub transition: Transition,
 }
 
+/// A saga's state, as its transitions make it: the one place that says what
+/// each transition does.
+///
+/// The orchestrator applies every transition it records, before committing it,
+/// and rebuilds the state of a claimed saga by applying its logged history in
+/// order ([`replay`](Progress::replay)): the two can not disagree. The status
+/// written to the log with a commit is the status after its transitions.
+/// A transition that does not follow from the state (a step completed out of
+/// order, a compensation of a step that never completed, anything but a claim
+/// after the saga finished) is refused with a description.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Progress {
+    steps: usize,
+    applied: u32,
+    status: SagaStatus,
+    /// The step whose start is logged and whose end is not.
+    started: Option<usize>,
+    outputs: Vec<serde_json::Value>,
+    compensated: Vec<bool>,
+    attempts: Vec<u32>,
+    failure: Option<StepFailure>,
+    stuck: Option<StepFailure>,
+}
+
+impl Progress {
+    /// A saga of `steps` steps before its first transition.
+    pub(crate) fn new(steps: usize) -> Self {
+        Progress {
+            steps,
+            applied: 0,
+            status: SagaStatus::Running,
+            started: None,
+            outputs: Vec::new(),
+            compensated: vec![false; steps],
+            attempts: vec![0; steps],
+            failure: None,
+            stuck: None,
+        }
+    }
+
+    /// The state after `history`, which must be numbered from 0 without gaps.
+    pub(crate) fn replay(history: &[TransitionRecord], steps: usize) -> Result<Self, String> {
+        let mut progress = Progress::new(steps);
+        for record in history {
+            if record.seq != progress.applied {
+                return Err(format!(
+                    "transition {} has sequence number {}",
+                    progress.applied, record.seq
+                ));
+            }
+            progress
+                .apply(&record.transition)
+                .map_err(|detail| format!("transition {}: {detail}", record.seq))?;
+        }
+        Ok(progress)
+    }
+
+    /// Applies one transition, or says why it does not follow (the state is
+    /// then unchanged).
+    pub(crate) fn apply(&mut self, transition: &Transition) -> Result<(), String> {
+        use SagaStatus::{Compensated, Compensating, Completed, Running, Stuck};
+        let kind = transition.kind();
+        if let Some(step) = transition.step() {
+            if step.index >= self.steps {
+                return Err(format!(
+                    "`{kind}` names step {} but the saga has {} steps",
+                    step.index, self.steps
+                ));
+            }
+        }
+        let first = self.applied == 0;
+        if first != matches!(transition, Transition::SagaStarted) {
+            return Err(if first {
+                format!("the history starts with `{kind}`, not `saga_started`")
+            } else {
+                "`saga_started` after the start".to_owned()
+            });
+        }
+        let expect = |allowed: &[SagaStatus]| -> Result<(), String> {
+            if allowed.contains(&self.status) {
+                Ok(())
+            } else {
+                Err(format!("`{kind}` while the saga is {}", self.status))
+            }
+        };
+        let next = self.outputs.len();
+        let completed = |index: usize| -> Result<(), String> {
+            if index < next {
+                Ok(())
+            } else {
+                Err(format!("`{kind}` of step {index}, which has not completed"))
+            }
+        };
+        match transition {
+            Transition::SagaStarted => {}
+            Transition::StepStarted { step } => {
+                expect(&[Running])?;
+                if step.index != next {
+                    return Err(format!("step {} started before step {next}", step.index));
+                }
+                self.started = Some(step.index);
+            }
+            Transition::StepCompleted { step, output } => {
+                expect(&[Running])?;
+                if self.started != Some(step.index) {
+                    return Err(format!(
+                        "step {} completed without being started",
+                        step.index
+                    ));
+                }
+                self.started = None;
+                self.outputs.push(output.clone());
+            }
+            Transition::StepFailed { step, error } => {
+                expect(&[Running])?;
+                if self.started != Some(step.index) {
+                    return Err(format!("step {} failed without being started", step.index));
+                }
+                self.started = None;
+                self.status = Compensating;
+                self.failure = Some(StepFailure {
+                    step: step.clone(),
+                    error: error.clone(),
+                    deadline_exceeded: false,
+                });
+            }
+            Transition::DeadlineExceeded { step } => {
+                expect(&[Running])?;
+                if step.index != next || self.started.is_some() {
+                    return Err(format!(
+                        "deadline before step {}, but step {next} is next",
+                        step.index
+                    ));
+                }
+                self.status = Compensating;
+                self.failure = Some(StepFailure::deadline(step.clone()));
+            }
+            Transition::CompensationStarted { step, attempt } => {
+                expect(&[Compensating])?;
+                completed(step.index)?;
+                if self.compensated[step.index] {
+                    return Err(format!("step {} compensated twice", step.index));
+                }
+                if *attempt != self.attempts[step.index] + 1 {
+                    return Err(format!(
+                        "compensation attempt {attempt} of step {} follows attempt {}",
+                        step.index, self.attempts[step.index]
+                    ));
+                }
+                self.attempts[step.index] = *attempt;
+            }
+            Transition::CompensationFailed { step, attempt, .. } => {
+                expect(&[Compensating])?;
+                completed(step.index)?;
+                if *attempt != self.attempts[step.index] || *attempt == 0 {
+                    return Err(format!(
+                        "compensation attempt {attempt} of step {} failed but was not started",
+                        step.index
+                    ));
+                }
+            }
+            Transition::CompensationCompleted { step } => {
+                expect(&[Compensating])?;
+                completed(step.index)?;
+                if self.attempts[step.index] == 0 || self.compensated[step.index] {
+                    return Err(format!(
+                        "compensation of step {} completed but was not running",
+                        step.index
+                    ));
+                }
+                self.compensated[step.index] = true;
+            }
+            Transition::SagaCompleted => {
+                expect(&[Running])?;
+                if next != self.steps || self.started.is_some() {
+                    return Err(format!(
+                        "saga completed after {next} of {} steps",
+                        self.steps
+                    ));
+                }
+                self.status = Completed;
+            }
+            Transition::SagaCompensated => {
+                expect(&[Compensating])?;
+                self.status = Compensated;
+            }
+            Transition::SagaStuck { step, error } => {
+                expect(&[Compensating])?;
+                completed(step.index)?;
+                self.status = Stuck;
+                self.stuck = Some(StepFailure {
+                    step: step.clone(),
+                    error: error.clone(),
+                    deadline_exceeded: false,
+                });
+            }
+            Transition::OperatorResumed => {
+                expect(&[Stuck])?;
+                self.status = Compensating;
+                self.stuck = None;
+                self.attempts.iter_mut().for_each(|a| *a = 0);
+            }
+            Transition::Claimed { .. } | Transition::RecoveryFailed { .. } => {}
+        }
+        self.applied += 1;
+        Ok(())
+    }
+
+    /// How many transitions were applied: the sequence number of the next one.
+    pub(crate) fn applied(&self) -> u32 {
+        self.applied
+    }
+
+    /// Where the saga stands.
+    pub(crate) fn status(&self) -> SagaStatus {
+        self.status
+    }
+
+    /// The outputs of the completed steps, in step order.
+    pub(crate) fn outputs(&self) -> &[serde_json::Value] {
+        &self.outputs
+    }
+
+    /// Whether step `index`'s compensation completed.
+    pub(crate) fn is_compensated(&self, index: usize) -> bool {
+        self.compensated[index]
+    }
+
+    /// The compensation attempts of step `index` since the last operator resume.
+    pub(crate) fn attempts(&self, index: usize) -> u32 {
+        self.attempts[index]
+    }
+
+    /// The step failure (or missed deadline) that made the saga compensate.
+    pub(crate) fn failure(&self) -> Option<&StepFailure> {
+        self.failure.as_ref()
+    }
+
+    /// The compensation that failed all its attempts, while stuck.
+    pub(crate) fn stuck(&self) -> Option<&StepFailure> {
+        self.stuck.as_ref()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -401,5 +647,252 @@ mod tests {
             assert_eq!(s.as_str().parse::<SagaStatus>().unwrap(), s);
         }
         assert!("done".parse::<SagaStatus>().is_err());
+    }
+
+    fn history(transitions: Vec<Transition>) -> Vec<TransitionRecord> {
+        transitions
+            .into_iter()
+            .enumerate()
+            .map(|(i, transition)| TransitionRecord {
+                seq: i as u32,
+                at: SystemTime::UNIX_EPOCH,
+                transition,
+            })
+            .collect()
+    }
+
+    fn step(i: usize) -> StepRef {
+        StepRef::new(i, format!("s{i}"))
+    }
+
+    fn started(i: usize) -> Transition {
+        Transition::StepStarted { step: step(i) }
+    }
+
+    fn completed(i: usize) -> Transition {
+        Transition::StepCompleted {
+            step: step(i),
+            output: serde_json::json!(i),
+        }
+    }
+
+    fn compensation(i: usize, attempt: u32) -> Transition {
+        Transition::CompensationStarted {
+            step: step(i),
+            attempt,
+        }
+    }
+
+    #[test]
+    fn replay_of_a_crash_mid_step_reruns_that_step() {
+        let h = history(vec![
+            Transition::SagaStarted,
+            started(0),
+            completed(0),
+            started(1),
+        ]);
+        let p = Progress::replay(&h, 3).unwrap();
+        assert_eq!(p.status(), SagaStatus::Running);
+        assert_eq!(p.outputs(), &[serde_json::json!(0)]);
+        assert_eq!(p.applied(), 4);
+        // The step runs again after the claim: started twice, completed once.
+        let mut again = p.clone();
+        for t in [
+            Transition::Claimed { owner: "w".into() },
+            started(1),
+            completed(1),
+        ] {
+            again.apply(&t).unwrap();
+        }
+        assert_eq!(again.outputs().len(), 2);
+    }
+
+    #[test]
+    fn replay_of_compensation_tracks_attempts_and_done_steps() {
+        let h = history(vec![
+            Transition::SagaStarted,
+            started(0),
+            completed(0),
+            started(1),
+            completed(1),
+            started(2),
+            Transition::StepFailed {
+                step: step(2),
+                error: "x".into(),
+            },
+            compensation(1, 1),
+            Transition::CompensationCompleted { step: step(1) },
+            compensation(0, 1),
+            Transition::CompensationFailed {
+                step: step(0),
+                attempt: 1,
+                error: "y".into(),
+            },
+        ]);
+        let p = Progress::replay(&h, 3).unwrap();
+        assert_eq!(p.status(), SagaStatus::Compensating);
+        assert!(!p.is_compensated(0) && p.is_compensated(1) && !p.is_compensated(2));
+        assert_eq!([p.attempts(0), p.attempts(1), p.attempts(2)], [1, 1, 0]);
+        assert_eq!(p.failure().unwrap().step, step(2));
+    }
+
+    /// The status follows from the transitions alone: every one of them,
+    /// applied in order, leads to the status the orchestrator commits.
+    #[test]
+    fn the_status_follows_from_the_transitions() {
+        let mut p = Progress::new(2);
+        let steps = [
+            (Transition::SagaStarted, SagaStatus::Running),
+            (started(0), SagaStatus::Running),
+            (completed(0), SagaStatus::Running),
+            (started(1), SagaStatus::Running),
+            (
+                Transition::StepFailed {
+                    step: step(1),
+                    error: "no".into(),
+                },
+                SagaStatus::Compensating,
+            ),
+            (compensation(0, 1), SagaStatus::Compensating),
+            (
+                Transition::CompensationFailed {
+                    step: step(0),
+                    attempt: 1,
+                    error: "down".into(),
+                },
+                SagaStatus::Compensating,
+            ),
+            (
+                Transition::SagaStuck {
+                    step: step(0),
+                    error: "down".into(),
+                },
+                SagaStatus::Stuck,
+            ),
+            (Transition::OperatorResumed, SagaStatus::Compensating),
+            (compensation(0, 1), SagaStatus::Compensating),
+            (
+                Transition::CompensationCompleted { step: step(0) },
+                SagaStatus::Compensating,
+            ),
+            (Transition::SagaCompensated, SagaStatus::Compensated),
+            (
+                Transition::Claimed { owner: "w".into() },
+                SagaStatus::Compensated,
+            ),
+        ];
+        for (i, (t, status)) in steps.iter().enumerate() {
+            p.apply(t).unwrap_or_else(|e| panic!("transition {i}: {e}"));
+            assert_eq!(p.status(), *status, "after transition {i} ({})", t.kind());
+        }
+        assert!(p.stuck().is_none());
+        assert_eq!(p.applied(), steps.len() as u32);
+    }
+
+    #[test]
+    fn replay_rejects_histories_that_do_not_fit() {
+        let gap = vec![TransitionRecord {
+            seq: 1,
+            at: SystemTime::UNIX_EPOCH,
+            transition: Transition::SagaStarted,
+        }];
+        assert!(Progress::replay(&gap, 1).is_err());
+        let refused = |transitions: Vec<Transition>, steps: usize| {
+            let error = Progress::replay(&history(transitions.clone()), steps)
+                .expect_err(&format!("accepted {transitions:?}"));
+            assert!(!error.is_empty());
+        };
+        // A step the definition does not have; steps out of order.
+        refused(vec![Transition::SagaStarted, started(5)], 3);
+        refused(vec![Transition::SagaStarted, started(1)], 3);
+        // No start, or two.
+        refused(vec![started(0)], 3);
+        refused(vec![Transition::SagaStarted, Transition::SagaStarted], 3);
+        // Completed without being started.
+        refused(vec![Transition::SagaStarted, completed(0)], 3);
+        // The saga completed with steps missing.
+        refused(
+            vec![
+                Transition::SagaStarted,
+                started(0),
+                completed(0),
+                Transition::SagaCompleted,
+            ],
+            3,
+        );
+        // A step started after the saga began compensating.
+        refused(
+            vec![
+                Transition::SagaStarted,
+                started(0),
+                Transition::StepFailed {
+                    step: step(0),
+                    error: "x".into(),
+                },
+                started(0),
+            ],
+            3,
+        );
+        // A compensation while running, of a step that never completed, twice.
+        refused(
+            vec![
+                Transition::SagaStarted,
+                started(0),
+                completed(0),
+                compensation(0, 1),
+            ],
+            3,
+        );
+        let failed_at_1 = vec![
+            Transition::SagaStarted,
+            started(0),
+            completed(0),
+            started(1),
+            Transition::StepFailed {
+                step: step(1),
+                error: "x".into(),
+            },
+        ];
+        refused([failed_at_1.clone(), vec![compensation(1, 1)]].concat(), 3);
+        refused(
+            [
+                failed_at_1.clone(),
+                vec![
+                    compensation(0, 1),
+                    Transition::CompensationCompleted { step: step(0) },
+                    compensation(0, 2),
+                ],
+            ]
+            .concat(),
+            3,
+        );
+        // An attempt number that skips one; an operator resume of a saga
+        // that is not stuck; anything but a claim after the end.
+        refused([failed_at_1.clone(), vec![compensation(0, 2)]].concat(), 3);
+        refused(
+            [failed_at_1.clone(), vec![Transition::OperatorResumed]].concat(),
+            3,
+        );
+        refused(
+            [
+                failed_at_1,
+                vec![Transition::SagaCompensated, compensation(0, 1)],
+            ]
+            .concat(),
+            3,
+        );
+    }
+
+    #[test]
+    fn a_refused_transition_leaves_the_state_as_it_was() {
+        let mut p = Progress::replay(
+            &history(vec![Transition::SagaStarted, started(0), completed(0)]),
+            2,
+        )
+        .unwrap();
+        let before = p.clone();
+        assert!(p.apply(&Transition::SagaCompleted).is_err());
+        assert!(p.apply(&completed(0)).is_err());
+        assert_eq!(p, before);
     }
 }
