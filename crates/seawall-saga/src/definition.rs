@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::clock::{BoxFuture, Clock};
+use crate::clock::{BoxFuture, WallClock};
 use crate::error::{DefinitionError, OutputError};
 use crate::id::{IdempotencyKey, Phase, SagaId};
 
@@ -107,7 +107,7 @@ impl<I: SagaInput, O: StepOutput> Step<I, O> {
     /// A compensation must be safe to run more than once with the same
     /// idempotency key (it runs at least once; see the crate docs) and should
     /// succeed eventually: it is retried with the orchestrator's
-    /// [`RetryPolicy`](crate::RetryPolicy), then the saga becomes
+    /// [compensation retry](crate::OrchestratorBuilder::compensation_retry), then the saga becomes
     /// [`Stuck`](crate::SagaStatus::Stuck).
     pub fn compensate<F, Fut, E>(mut self, compensation: F) -> Self
     where
@@ -166,7 +166,6 @@ impl<I: SagaInput, O: StepOutput> Step<I, O> {
     /// .through(payments);
     /// # Ok::<_, Box<dyn std::error::Error>>(())
     /// ```
-    #[cfg(feature = "pipeline")]
     pub fn through(mut self, pipeline: seawall::Pipeline) -> Self {
         let action = self.action.clone();
         self.action = Arc::new(move |ctx: StepContext<I>| {
@@ -322,7 +321,7 @@ pub struct StepContext<I> {
     pub(crate) input: Arc<I>,
     pub(crate) outputs: Outputs,
     pub(crate) deadline: Option<SystemTime>,
-    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) clock: Arc<dyn WallClock>,
 }
 
 impl<I> Clone for StepContext<I> {
@@ -434,7 +433,7 @@ impl<I> StepContext<I> {
     pub fn remaining(&self) -> Option<Duration> {
         self.deadline.map(|deadline| {
             deadline
-                .duration_since(self.clock.now())
+                .duration_since(self.clock.wall_time())
                 .unwrap_or(Duration::ZERO)
         })
     }

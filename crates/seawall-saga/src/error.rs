@@ -255,6 +255,10 @@ pub enum DefinitionError {
     /// Two sagas with the same name were registered.
     #[error("saga `{0}` is registered twice")]
     DuplicateSaga(String),
+    /// The compensation retry is invalid (the rules of a seawall pipeline's
+    /// retry) or has a budget, which compensations do not support.
+    #[error("invalid compensation retry: {0}")]
+    CompensationRetry(seawall::ConfigError),
 }
 
 /// An error reading an earlier step's output from a [`StepContext`](crate::StepContext).

@@ -71,16 +71,20 @@
 //!
 //! # Features
 //!
-//! - `pipeline` (default): [`Step::through`] runs a step's action through a
-//!   `seawall::Pipeline` (retry, circuit breaker, timeout, ...). Without it,
-//!   call a pipeline inside the action as with any other async code.
+//! - `test-util`: `seawall::testing::VirtualClock` can be the orchestrator's
+//!   clock (see [Testing](#testing)).
+//!
+//! [`Step::through`] runs a step's action through a `seawall::Pipeline`
+//! (retry, circuit breaker, timeout, ...).
 //!
 //! # Execution
 //!
 //! Steps run in order. When a step's action fails (after whatever retries the
 //! step does itself, for example through a seawall pipeline), the compensations
 //! of the completed steps run in reverse order, each retried under the
-//! orchestrator's [`RetryPolicy`]. A saga ends in one of three states:
+//! orchestrator's [compensation retry](OrchestratorBuilder::compensation_retry),
+//! a `seawall::Retry` (see [`retry`] for why its attempts are logged rather
+//! than run through a pipeline). A saga ends in one of three states:
 //!
 //! - [`SagaStatus::Completed`]: every step completed;
 //! - [`SagaStatus::Compensated`]: a step failed (or the deadline passed) and
@@ -159,9 +163,13 @@
 //!
 //! # Testing
 //!
-//! Inject a [`VirtualClock`] with [`OrchestratorBuilder::clock`]: deadlines and
-//! compensation backoff then follow virtual time, and sleeps return at once.
-//! Postgres leases use the database clock; tests shorten the lease instead.
+//! With the feature `test-util`, inject a `seawall::testing::VirtualClock`
+//! with [`OrchestratorBuilder::clock`]: deadlines, timestamps and compensation
+//! backoff then follow virtual time (read as time since the Unix epoch), and
+//! sleeps return at once. The orchestrator's clock is seawall's, plus a reading
+//! of wall-clock time ([`WallClock`]); [`clock`] says why seawall's monotonic
+//! clock alone cannot date a log that other processes read. Postgres leases use
+//! the database clock; tests shorten the lease instead.
 #![forbid(unsafe_code)]
 
 pub mod clock;
@@ -174,7 +182,7 @@ pub mod orchestrator;
 pub mod retry;
 pub mod transition;
 
-pub use clock::{Clock, SystemClock, VirtualClock};
+pub use clock::WallClock;
 pub use definition::{Saga, SagaBuilder, SagaInput, Step, StepContext, StepOutput};
 pub use error::{DefinitionError, LogError, OutputError, SagaError};
 pub use event::SagaEvent;
@@ -186,5 +194,4 @@ pub use orchestrator::{
     Orchestrator, OrchestratorBuilder, RecoveryFailure, RecoveryReport, SagaOutcome, StartOptions,
     StepFailure,
 };
-pub use retry::RetryPolicy;
 pub use transition::{SagaStatus, StepRef, Transition, TransitionRecord};

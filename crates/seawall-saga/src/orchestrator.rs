@@ -9,13 +9,14 @@ use std::time::{Duration, SystemTime};
 use serde::de::DeserializeOwned;
 use tokio::task::JoinSet;
 
-use crate::clock::{BoxFuture, Clock, SystemClock};
+use seawall::{Random, Retry, SystemClock, SystemRandom};
+
+use crate::clock::{BoxFuture, WallClock};
 use crate::definition::{Outputs, Saga, SagaDefinition, SagaInput, StepContext};
 use crate::error::{DefinitionError, LogError, OutputError, SagaError};
 use crate::event::{trace, Listener, Listeners, SagaEvent};
 use crate::id::{IdempotencyKey, Phase, SagaId};
 use crate::log::{ClaimAttempt, ClaimedSaga, Lease, ListQuery, NewSaga, SagaLog, SagaRecord};
-use crate::retry::RetryPolicy;
 use crate::transition::{Progress, SagaStatus, StepRef, Transition, TransitionRecord};
 
 /// Options for one saga instance.
@@ -187,8 +188,9 @@ pub struct Orchestrator {
 struct Inner {
     log: Arc<dyn SagaLog>,
     sagas: HashMap<String, Arc<dyn Driver>>,
-    retry: RetryPolicy,
-    clock: Arc<dyn Clock>,
+    retry: Retry,
+    random: Arc<dyn Random>,
+    clock: Arc<dyn WallClock>,
     listeners: Listeners,
     concurrency: usize,
     leases: LeaseKeeper,
@@ -279,6 +281,7 @@ impl fmt::Debug for Orchestrator {
             .field("log", &self.inner.log)
             .field("sagas", &names)
             .field("compensation_retry", &self.inner.retry)
+            .field("random", &self.inner.random)
             .field("clock", &self.inner.clock)
             .field("listeners", &self.inner.listeners)
             .field("recovery_concurrency", &self.inner.concurrency)
@@ -290,13 +293,16 @@ impl fmt::Debug for Orchestrator {
 ///
 /// # Default
 ///
-/// [`RetryPolicy::default`] for compensations, the [`SystemClock`], no
+/// Compensations retried exponentially from 100 ms, doubling, capped at
+/// 60 s, 5 attempts in all, without jitter; the [`SystemClock`] and the
+/// [`SystemRandom`] source; no
 /// listener, recovery of up to 32 sagas at a time.
 pub struct OrchestratorBuilder {
     log: Arc<dyn SagaLog>,
     sagas: Vec<(String, Arc<dyn Driver>)>,
-    retry: RetryPolicy,
-    clock: Arc<dyn Clock>,
+    retry: Retry,
+    random: Arc<dyn Random>,
+    clock: Arc<dyn WallClock>,
     listeners: Vec<Listener>,
     concurrency: usize,
 }
@@ -322,14 +328,46 @@ impl OrchestratorBuilder {
         self
     }
 
-    /// The retry policy of compensations.
-    pub fn compensation_retry(mut self, policy: RetryPolicy) -> Self {
-        self.retry = policy;
+    /// How a failing compensation is retried: a seawall [`Retry`] (attempts,
+    /// backoff, jitter), each attempt logged; see [`retry`](crate::retry).
+    /// Checked by [`build`](Self::build).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use seawall::{Jitter, Retry};
+    /// use seawall_saga::{Orchestrator, SqliteLog};
+    ///
+    /// # let dir = std::env::temp_dir().join(format!("seawall-saga-retry-doc-{}", std::process::id()));
+    /// # std::fs::create_dir_all(&dir).unwrap();
+    /// let orchestrator = Orchestrator::builder(SqliteLog::open(dir.join("sagas.db"))?)
+    ///     .compensation_retry(
+    ///         Retry::exponential(Duration::from_secs(1))
+    ///             .cap(Duration::from_secs(60))
+    ///             .jitter(Jitter::Equal)
+    ///             .max_attempts(8),
+    ///     )
+    ///     .build()?;
+    /// # drop(orchestrator);
+    /// # let _ = std::fs::remove_dir_all(&dir);
+    /// # Ok::<_, Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn compensation_retry(mut self, retry: Retry) -> Self {
+        self.retry = retry;
         self
     }
 
-    /// The clock used for deadlines, timestamps and retry backoff.
-    pub fn clock(mut self, clock: impl Clock) -> Self {
+    /// The random source of the compensation retry's jitter.
+    pub fn random(mut self, random: impl Random) -> Self {
+        self.random = Arc::new(random);
+        self
+    }
+
+    /// The clock used for deadlines, timestamps and retry backoff: a
+    /// [`seawall::Clock`] that tells wall-clock time ([`WallClock`]), such as
+    /// `seawall::testing::VirtualClock` in tests.
+    pub fn clock(mut self, clock: impl WallClock) -> Self {
         self.clock = Arc::new(clock);
         self
     }
@@ -350,8 +388,10 @@ impl OrchestratorBuilder {
     ///
     /// # Errors
     ///
-    /// [`DefinitionError::DuplicateSaga`] when two sagas share a name.
+    /// [`DefinitionError::DuplicateSaga`] when two sagas share a name,
+    /// [`DefinitionError::CompensationRetry`] for an invalid compensation retry.
     pub fn build(self) -> Result<Orchestrator, DefinitionError> {
+        crate::retry::validate(&self.retry).map_err(DefinitionError::CompensationRetry)?;
         let mut sagas = HashMap::new();
         for (name, driver) in self.sagas {
             if sagas.insert(name.clone(), driver).is_some() {
@@ -363,6 +403,7 @@ impl OrchestratorBuilder {
                 log: self.log,
                 sagas,
                 retry: self.retry,
+                random: self.random,
                 clock: self.clock,
                 listeners: Listeners(self.listeners),
                 concurrency: self.concurrency,
@@ -378,7 +419,8 @@ impl Orchestrator {
         OrchestratorBuilder {
             log: Arc::new(log),
             sagas: Vec::new(),
-            retry: RetryPolicy::default(),
+            retry: crate::retry::default_compensation_retry(),
+            random: Arc::new(SystemRandom),
             clock: Arc::new(SystemClock),
             listeners: Vec::new(),
             concurrency: 32,
@@ -475,7 +517,7 @@ impl Orchestrator {
             name: saga.name().to_owned(),
             source,
         })?;
-        let created_at = self.inner.clock.now();
+        let created_at = self.inner.clock.wall_time();
         let deadline = match (options.deadline, options.timeout) {
             (Some(d), Some(t)) => Some(d.min(created_at + t)),
             (Some(d), None) => Some(d),
@@ -660,7 +702,7 @@ impl Inner {
             return error;
         };
         let seq = history.last().map(|t| t.seq + 1).unwrap_or(0);
-        let at = self.clock.now();
+        let at = self.clock.wall_time();
         let status = claimed.record.status;
         match self
             .log
@@ -895,7 +937,7 @@ impl<I: SagaInput> Run<I> {
         let transitions = std::mem::take(&mut self.pending);
         let status = self.progress.status();
         let log = &self.orchestrator.log;
-        let at = self.orchestrator.clock.now();
+        let at = self.orchestrator.clock.wall_time();
         let first_seq = self.progress.applied() - transitions.len() as u32;
         if let Some(new) = self.unsaved.take() {
             if status == SagaStatus::Running {
@@ -970,7 +1012,7 @@ impl<I: SagaInput> Run<I> {
             let index = self.progress.outputs().len();
             let step = self.step_ref(index);
             if let Some(deadline) = self.deadline {
-                if self.orchestrator.clock.now() >= deadline {
+                if self.orchestrator.clock.wall_time() >= deadline {
                     return self.record(Transition::DeadlineExceeded { step });
                 }
             }
@@ -990,7 +1032,8 @@ impl<I: SagaInput> Run<I> {
     /// Compensates the completed steps in reverse order, each retried, until
     /// all are compensated or one failed all its attempts (stuck).
     async fn compensate(&mut self) -> Result<(), SagaError> {
-        let retry = self.orchestrator.retry.clone();
+        let orchestrator = self.orchestrator.clone();
+        let retry = &orchestrator.retry;
         for index in (0..self.progress.outputs().len()).rev() {
             if self.progress.is_compensated(index) {
                 continue;
@@ -999,6 +1042,7 @@ impl<I: SagaInput> Run<I> {
                 continue;
             };
             let step = self.step_ref(index);
+            let mut delay = Duration::ZERO;
             loop {
                 let attempt = self.progress.attempts(index) + 1;
                 self.record(Transition::CompensationStarted {
@@ -1019,15 +1063,13 @@ impl<I: SagaInput> Run<I> {
                             attempt,
                             error: error.clone(),
                         })?;
-                        if attempt >= retry.attempts() {
+                        if attempt >= retry.max_attempts {
                             self.record(Transition::SagaStuck { step, error })?;
                             return self.commit().await;
                         }
                         self.commit().await?;
-                        self.orchestrator
-                            .clock
-                            .sleep(retry.delay_after(attempt))
-                            .await;
+                        delay = retry.delay(attempt, delay, &*orchestrator.random);
+                        orchestrator.clock.sleep(delay).await;
                     }
                 }
             }

@@ -154,6 +154,36 @@ fn a_sqlite_error_names_the_operation_and_the_cause() {
     );
 }
 
+/// A compensation retry is checked by the rules of a seawall retry, and a
+/// retry budget, which compensations cannot use, is refused.
+#[test]
+fn an_invalid_compensation_retry_is_a_definition_error() {
+    use seawall::{Retry, RetryBudget};
+    use seawall_saga::DefinitionError;
+    let dir = tempfile::tempdir().unwrap();
+    let log = SqliteLog::open(dir.path().join("sagas.db")).unwrap();
+    let build = |retry: Retry| {
+        Orchestrator::builder(log.clone())
+            .compensation_retry(retry)
+            .build()
+            .unwrap_err()
+    };
+    let err = build(Retry::exponential(Duration::from_secs(2)).cap(Duration::from_secs(1)));
+    assert!(
+        matches!(&err, DefinitionError::CompensationRetry(e) if e.field == "cap"),
+        "{err:?}"
+    );
+    assert_eq!(
+        err.to_string(),
+        "invalid compensation retry: retry.cap must be >= base (2s), got 1s"
+    );
+    let err = build(Retry::constant(Duration::from_secs(1)).budget(RetryBudget::new(0.2, 10)));
+    assert!(
+        matches!(&err, DefinitionError::CompensationRetry(e) if e.field == "budget"),
+        "{err:?}"
+    );
+}
+
 fn saga() -> seawall_saga::Saga<u32> {
     seawall_saga::Saga::builder("count")
         .step(Step::new("one", |ctx: StepContext<u32>| async move {

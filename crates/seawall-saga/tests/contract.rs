@@ -7,10 +7,11 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use seawall::testing::{SequenceRandom, VirtualClock};
+use seawall::{Jitter, Retry};
 use seawall_saga::{
-    ListQuery, LogError, NewSaga, Orchestrator, RecoveryFailure, RetryPolicy, Saga, SagaError,
-    SagaEvent, SagaId, SagaLog, SagaOutcome, SagaStatus, StartOptions, Step, StepContext,
-    Transition, VirtualClock,
+    ListQuery, LogError, NewSaga, Orchestrator, RecoveryFailure, Saga, SagaError, SagaEvent,
+    SagaId, SagaLog, SagaOutcome, SagaStatus, StartOptions, Step, StepContext, Transition,
 };
 use serde::{Deserialize, Serialize};
 use support::Backend;
@@ -206,7 +207,7 @@ fn purchase(journal: &Journal, knobs: &Knobs) -> Saga<Order> {
 fn orchestrator(log: Arc<dyn SagaLog>, saga: &Saga<Order>) -> Orchestrator {
     Orchestrator::builder(log)
         .saga(saga)
-        .compensation_retry(RetryPolicy::constant(Duration::ZERO).max_attempts(3))
+        .compensation_retry(Retry::constant(Duration::ZERO).max_attempts(3))
         .build()
         .unwrap()
 }
@@ -421,7 +422,12 @@ async fn stuck_compensation_is_listed_and_resumable(backend: Backend) {
     let o = Orchestrator::builder(backend.open().await)
         .saga(&saga)
         .clock(clock.clone())
-        .compensation_retry(RetryPolicy::exponential(Duration::from_secs(1)).max_attempts(3))
+        .compensation_retry(
+            Retry::exponential(Duration::from_secs(1))
+                .max_attempts(3)
+                .jitter(Jitter::Full),
+        )
+        .random(SequenceRandom::new([0.5]))
         .build()
         .unwrap();
     knobs.compensation_fails.store(true, Ordering::SeqCst);
@@ -437,10 +443,21 @@ async fn stuck_compensation_is_listed_and_resumable(backend: Backend) {
     let stuck = outcome.stuck.clone().unwrap();
     assert_eq!(stuck.step.name, "charge");
     assert_eq!(stuck.error, "refund service down");
-    // Backoff between the three attempts went through the injected clock.
+    // Backoff between the three attempts went through the injected clock and
+    // random source: full jitter at 0.5 halves 1 s and 2 s.
+    let history = o.history(&SagaId::new("stuck-5")).await.unwrap();
+    let starts: Vec<_> = history
+        .iter()
+        .filter(|t| t.transition.kind() == "compensation_started")
+        .map(|t| t.at)
+        .collect();
+    let gaps: Vec<_> = starts
+        .windows(2)
+        .map(|w| w[1].duration_since(w[0]).unwrap())
+        .collect();
     assert_eq!(
-        clock.sleeps(),
-        vec![Duration::from_secs(1), Duration::from_secs(2)]
+        gaps,
+        vec![Duration::from_millis(500), Duration::from_millis(1000)]
     );
     let id = SagaId::new("stuck-5");
     let listed = o.list(&ListQuery::status(SagaStatus::Stuck)).await.unwrap();

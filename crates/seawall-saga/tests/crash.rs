@@ -28,8 +28,8 @@ use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use seawall_saga::{
-    ListQuery, Orchestrator, PostgresLog, PostgresOptions, RetryPolicy, Saga, SagaLog, SagaStatus,
-    SqliteLog, StartOptions, Step, StepContext, Transition,
+    ListQuery, Orchestrator, PostgresLog, PostgresOptions, Saga, SagaLog, SagaStatus, SqliteLog,
+    StartOptions, Step, StepContext, Transition,
 };
 use serde::{Deserialize, Serialize};
 use support::Rng;
@@ -376,7 +376,7 @@ fn crash_orchestrator(log: Arc<dyn SagaLog>, effects: Effects) -> (Orchestrator,
     let saga = crash_saga(log.clone(), effects);
     let o = Orchestrator::builder(log)
         .saga(&saga)
-        .compensation_retry(RetryPolicy::constant(Duration::from_millis(1)).max_attempts(4))
+        .compensation_retry(seawall::Retry::constant(Duration::from_millis(1)).max_attempts(4))
         .recovery_concurrency(8)
         .build()
         .unwrap();
