@@ -463,13 +463,15 @@ impl Progress {
                 });
             }
             Transition::DeadlineExceeded { step } => {
+                // Also after a crash during the step: it does not start again.
                 expect(&[Running])?;
-                if step.index != next || self.started.is_some() {
+                if step.index != next {
                     return Err(format!(
                         "deadline before step {}, but step {next} is next",
                         step.index
                     ));
                 }
+                self.started = None;
                 self.status = Compensating;
                 self.failure = Some(StepFailure::deadline(step.clone()));
             }
@@ -881,6 +883,28 @@ mod tests {
             .concat(),
             3,
         );
+    }
+
+    /// A process died during step 1 and the deadline passed before the next
+    /// one claimed the saga: step 1 does not start again, the saga compensates.
+    #[test]
+    fn a_deadline_after_a_crash_mid_step_compensates() {
+        let mut p = Progress::replay(
+            &history(vec![
+                Transition::SagaStarted,
+                started(0),
+                completed(0),
+                started(1),
+            ]),
+            3,
+        )
+        .unwrap();
+        p.apply(&Transition::Claimed { owner: "w".into() }).unwrap();
+        p.apply(&Transition::DeadlineExceeded { step: step(1) })
+            .unwrap();
+        assert_eq!(p.status(), SagaStatus::Compensating);
+        assert!(p.failure().unwrap().deadline_exceeded);
+        assert!(p.apply(&completed(1)).is_err());
     }
 
     #[test]

@@ -878,6 +878,57 @@ async fn recovery_continues_after_a_driver_is_dropped(backend: Backend) {
     assert!(kinds(&history).contains(&"claimed"));
 }
 
+/// A worker dies during a step and the saga's deadline passes before another
+/// one claims it: the step does not start again, the saga compensates.
+async fn deadline_passed_while_crashed_mid_step_compensates(backend: Backend) {
+    let journal = Journal::default();
+    let knobs = Knobs::default();
+    knobs.hang_in_charge.store(true, Ordering::SeqCst);
+    let saga = purchase(&journal, &knobs);
+    let clock = VirtualClock::new();
+    let with_clock = |log| {
+        Orchestrator::builder(log)
+            .saga(&saga)
+            .clock(clock.clone())
+            .compensation_retry(Retry::constant(Duration::ZERO).max_attempts(3))
+            .build()
+            .unwrap()
+    };
+    let o = with_clock(backend.open().await);
+    let driver = {
+        let (o, saga) = (o.clone(), saga.clone());
+        tokio::spawn(async move {
+            o.start_with(
+                &saga,
+                Order::new(4, None),
+                StartOptions::new()
+                    .id("late-crash")
+                    .timeout(Duration::from_secs(10)),
+            )
+            .await
+        })
+    };
+    knobs.charge_reached.notified().await;
+    driver.abort();
+    assert!(driver.await.unwrap_err().is_cancelled());
+    knobs.hang_in_charge.store(false, Ordering::SeqCst);
+    clock.advance(Duration::from_secs(11));
+
+    let restarted = with_clock(backend.open().await);
+    let (outcomes, failures) = recover_until_idle(&restarted).await;
+    assert!(failures.is_empty(), "{failures:?}");
+    assert_eq!(outcomes.len(), 1);
+    assert_eq!(outcomes[0].status, SagaStatus::Compensated);
+    let failure = outcomes[0].failure.clone().unwrap();
+    assert!(failure.deadline_exceeded);
+    assert_eq!(failure.step.name, "charge");
+    // The charge (started, not logged as completed) did not run again.
+    assert_eq!(
+        journal.entries(),
+        vec!["do reserve_stock", "do charge", "undo reserve_stock hold-4"]
+    );
+}
+
 async fn recovery_runs_many_sagas_concurrently(backend: Backend) {
     let journal = Journal::default();
     let saga = purchase(&journal, &Knobs::default());
@@ -956,5 +1007,6 @@ contract!(
     resume_reports_missing_and_busy,
     lost_lease_refuses_writes,
     recovery_continues_after_a_driver_is_dropped,
+    deadline_passed_while_crashed_mid_step_compensates,
     recovery_runs_many_sagas_concurrently,
 );
