@@ -241,6 +241,9 @@ pub enum DefinitionError {
     /// A saga must have at least one step.
     #[error("saga `{0}` has no steps")]
     NoSteps(String),
+    /// A parallel group must have at least one step.
+    #[error("saga `{0}` has an empty parallel group")]
+    EmptyGroup(String),
     /// Step names must be non-empty.
     #[error("saga `{0}` has a step with an empty name")]
     EmptyStepName(String),

@@ -12,7 +12,7 @@ use tokio::task::JoinSet;
 use seawall::{Random, Retry, SystemClock, SystemRandom};
 
 use crate::clock::{BoxFuture, WallClock};
-use crate::definition::{Outputs, Saga, SagaDefinition, SagaInput, StepContext};
+use crate::definition::{GroupCompensation, Outputs, Saga, SagaDefinition, SagaInput, StepContext};
 use crate::error::{DefinitionError, LogError, OutputError, SagaError};
 use crate::event::{trace, Listener, Listeners, SagaEvent};
 use crate::id::{IdempotencyKey, Phase, SagaId};
@@ -92,6 +92,9 @@ pub struct SagaOutcome {
     pub failure: Option<StepFailure>,
     /// The compensation that failed all its attempts, when `Stuck`.
     pub stuck: Option<StepFailure>,
+    /// The [continue-on-error](crate::Step::continue_on_error) compensations
+    /// that failed all their attempts and were given up.
+    pub abandoned: Vec<StepFailure>,
     outputs: Vec<(Arc<str>, serde_json::Value)>,
 }
 
@@ -167,7 +170,7 @@ impl<I: SagaInput> Driver for Saga<I> {
         record: &SagaRecord,
         history: &[TransitionRecord],
     ) -> Result<SagaOutcome, SagaError> {
-        let progress = Progress::replay(history, self.inner.steps.len()).map_err(|detail| {
+        let progress = Progress::replay(history, self.inner.layout.clone()).map_err(|detail| {
             SagaError::History {
                 saga_id: record.id.clone(),
                 detail,
@@ -777,21 +780,13 @@ fn outcome<I>(progress: &Progress, id: &SagaId, definition: &SagaDefinition<I>) 
         status: progress.status(),
         failure: progress.failure().cloned(),
         stuck: progress.stuck().cloned(),
+        abandoned: progress.abandoned().to_vec(),
         outputs: definition
             .step_names
             .iter()
-            .cloned()
-            .zip(progress.outputs().iter().cloned())
+            .enumerate()
+            .filter_map(|(index, name)| Some((name.clone(), progress.output(index)?.clone())))
             .collect(),
-    }
-}
-
-/// Aborts a spawned step when the driver is dropped, as a crash would stop it.
-struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
-
-impl<T> Drop for AbortOnDrop<T> {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }
 
@@ -831,7 +826,7 @@ impl<I: SagaInput> Run<I> {
         new: NewSaga,
         input: Arc<I>,
     ) -> Result<Self, SagaError> {
-        let steps = definition.steps.len();
+        let layout = definition.layout.clone();
         let mut run = Run {
             definition,
             orchestrator,
@@ -842,7 +837,7 @@ impl<I: SagaInput> Run<I> {
             _renewal: None,
             unsaved: Some(new),
             pending: Vec::new(),
-            progress: Progress::new(steps),
+            progress: Progress::new(layout),
         };
         run.record(Transition::SagaStarted)?;
         Ok(run)
@@ -873,7 +868,7 @@ impl<I: SagaInput> Run<I> {
                 return Err(orchestrator.recovery_failed(&claimed, error).await);
             }
         };
-        let progress = match Progress::replay(history, definition.steps.len()) {
+        let progress = match Progress::replay(history, definition.layout.clone()) {
             Ok(progress) => progress,
             Err(detail) => {
                 let error = SagaError::History {
@@ -934,6 +929,9 @@ impl<I: SagaInput> Run<I> {
 
     /// Commits the pending transitions, with the status they lead to.
     async fn commit(&mut self) -> Result<(), SagaError> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
         let transitions = std::mem::take(&mut self.pending);
         let status = self.progress.status();
         let log = &self.orchestrator.log;
@@ -971,6 +969,13 @@ impl<I: SagaInput> Run<I> {
 
     fn context(&self, index: usize, phase: Phase, attempt: u32) -> StepContext<I> {
         let step_name = self.definition.step_names[index].clone();
+        // The outputs of the stages before this step's (all completed).
+        let before = self
+            .definition
+            .stages
+            .iter()
+            .find(|stage| stage.steps.contains(&index))
+            .map_or(index, |stage| stage.steps.start);
         StepContext {
             key: IdempotencyKey::new(&self.id, index, &step_name, phase),
             saga_id: self.id.clone(),
@@ -981,8 +986,10 @@ impl<I: SagaInput> Run<I> {
             attempt,
             input: self.input.clone(),
             outputs: Outputs {
-                names: self.definition.step_names[..index].into(),
-                values: self.progress.outputs()[..index].into(),
+                names: self.definition.step_names[..before].into(),
+                values: (0..before)
+                    .map(|i| self.progress.output(i).cloned().unwrap_or_default())
+                    .collect(),
             },
             deadline: self.deadline,
             clock: self.orchestrator.clock.clone(),
@@ -993,88 +1000,245 @@ impl<I: SagaInput> Run<I> {
         StepRef::new(index, &*self.definition.step_names[index])
     }
 
-    async fn run_isolated<T: Send + 'static>(
-        &self,
-        work: BoxFuture<'static, Result<T, String>>,
-    ) -> Result<T, String> {
-        let mut task = AbortOnDrop(tokio::spawn(work));
-        match (&mut task.0).await {
-            Ok(result) => result,
-            Err(join) => Err(format!("step {}", panic_message(join))),
-        }
-    }
-
-    /// Runs the steps from the first one not completed, until every step
-    /// completed or one failed (the saga is then compensating, uncommitted).
+    /// Runs the stages from the first one not completed, until every step
+    /// completed or a stage failed (the saga is then compensating, uncommitted).
+    ///
+    /// A stage's steps start together (their starts in one commit) and run as
+    /// tasks; each end is recorded as it comes, and committed at once while
+    /// other steps of the stage still run (the last one goes with the next
+    /// commit). A failure does not cancel the others: they are awaited.
     async fn forward(&mut self) -> Result<(), SagaError> {
-        let steps = self.definition.steps.len();
-        while self.progress.outputs().len() < steps {
-            let index = self.progress.outputs().len();
-            let step = self.step_ref(index);
-            if let Some(deadline) = self.deadline {
+        while let Some(stage) = self.progress.current_stage() {
+            let steps = self.definition.stages[stage].steps.clone();
+            let failed = self.progress.failure().is_some();
+            let first_open = steps.clone().find(|&i| self.progress.output(i).is_none());
+            if let (false, Some(deadline), Some(first)) = (failed, self.deadline, first_open) {
                 if self.orchestrator.clock.wall_time() >= deadline {
+                    let step = self.step_ref(first);
                     return self.record(Transition::DeadlineExceeded { step });
                 }
             }
-            self.record(Transition::StepStarted { step: step.clone() })?;
+            // After a failure (logged before a crash), only the steps still
+            // running start again, to learn how they ended.
+            let run: Vec<usize> = steps
+                .filter(|&i| {
+                    self.progress.output(i).is_none() && (!failed || self.progress.is_running(i))
+                })
+                .collect();
+            for &index in &run {
+                self.record(Transition::StepStarted {
+                    step: self.step_ref(index),
+                })?;
+            }
             self.commit().await?;
-            let action =
-                (self.definition.steps[index].action)(self.context(index, Phase::Action, 1));
-            match self.run_isolated(action).await {
-                Ok(output) => self.record(Transition::StepCompleted { step, output })?,
-                Err(error) => return self.record(Transition::StepFailed { step, error }),
+            let mut tasks = Tasks::default();
+            for &index in &run {
+                let action =
+                    (self.definition.steps[index].action)(self.context(index, Phase::Action, 1));
+                tasks.spawn(index, Work::Action(action));
+            }
+            while let Some((index, done)) = tasks.next().await {
+                let step = self.step_ref(index);
+                match done {
+                    Done::Action(Ok(output)) => {
+                        self.record(Transition::StepCompleted { step, output })?
+                    }
+                    Done::Action(Err(error)) => {
+                        self.record(Transition::StepFailed { step, error })?
+                    }
+                    Done::Compensation(_) | Done::Backoff => {}
+                }
+                if !tasks.is_empty() {
+                    self.commit().await?;
+                }
+            }
+            if self.progress.status() != SagaStatus::Running {
+                return Ok(());
             }
         }
         self.record(Transition::SagaCompleted)?;
         self.commit().await
     }
 
-    /// Compensates the completed steps in reverse order, each retried, until
-    /// all are compensated or one failed all its attempts (stuck).
+    /// Compensates the completed steps, stages in reverse order, a group's
+    /// steps concurrently or last first, until all are compensated (or
+    /// abandoned) or one failed all its attempts (stuck).
     async fn compensate(&mut self) -> Result<(), SagaError> {
-        let orchestrator = self.orchestrator.clone();
-        let retry = &orchestrator.retry;
-        for index in (0..self.progress.outputs().len()).rev() {
-            if self.progress.is_compensated(index) {
-                continue;
-            }
-            let Some(compensation) = self.definition.steps[index].compensation.clone() else {
-                continue;
-            };
-            let step = self.step_ref(index);
-            let mut delay = Duration::ZERO;
-            loop {
-                let attempt = self.progress.attempts(index) + 1;
-                self.record(Transition::CompensationStarted {
-                    step: step.clone(),
-                    attempt,
-                })?;
-                self.commit().await?;
-                let ctx = self.context(index, Phase::Compensation, attempt);
-                let work = compensation(ctx, self.progress.outputs()[index].clone());
-                match self.run_isolated(work).await {
-                    Ok(()) => {
-                        self.record(Transition::CompensationCompleted { step })?;
-                        break;
-                    }
-                    Err(error) => {
-                        self.record(Transition::CompensationFailed {
-                            step: step.clone(),
-                            attempt,
-                            error: error.clone(),
-                        })?;
-                        if attempt >= retry.max_attempts {
-                            self.record(Transition::SagaStuck { step, error })?;
-                            return self.commit().await;
+        let definition = self.definition.clone();
+        for stage in definition.stages.iter().rev() {
+            let open: Vec<usize> = stage
+                .steps
+                .clone()
+                .rev()
+                .filter(|&i| {
+                    self.progress.output(i).is_some()
+                        && !self.progress.is_settled(i)
+                        && definition.steps[i].compensation.is_some()
+                })
+                .collect();
+            match stage.compensation {
+                GroupCompensation::Concurrent => self.compensate_steps(&open).await?,
+                GroupCompensation::ReverseOrder => {
+                    for &index in &open {
+                        self.compensate_steps(&[index]).await?;
+                        if self.progress.status() == SagaStatus::Stuck {
+                            break;
                         }
-                        self.commit().await?;
-                        delay = retry.delay(attempt, delay, &*orchestrator.random);
-                        orchestrator.clock.sleep(delay).await;
                     }
                 }
+            }
+            if self.progress.status() == SagaStatus::Stuck {
+                return Ok(());
             }
         }
         self.record(Transition::SagaCompensated)?;
         self.commit().await
+    }
+
+    /// Compensates `steps` concurrently, each retried under the compensation
+    /// retry, every attempt's start committed before it runs. When one that
+    /// is not continue-on-error fails all its attempts, the attempts under
+    /// way are awaited, no new one starts, and the saga is stuck (committed).
+    async fn compensate_steps(&mut self, steps: &[usize]) -> Result<(), SagaError> {
+        if steps.is_empty() {
+            return Ok(());
+        }
+        let orchestrator = self.orchestrator.clone();
+        let retry = &orchestrator.retry;
+        let mut delays: HashMap<usize, Duration> = HashMap::new();
+        let mut stuck: Option<(StepRef, String)> = None;
+        let mut tasks = Tasks::default();
+        self.start_compensations(steps, &mut tasks).await?;
+        while let Some((index, done)) = tasks.next().await {
+            let step = self.step_ref(index);
+            match done {
+                Done::Compensation(Ok(())) => {
+                    self.record(Transition::CompensationCompleted { step })?;
+                }
+                Done::Compensation(Err(error)) => {
+                    let attempt = self.progress.attempts(index);
+                    self.record(Transition::CompensationFailed {
+                        step: step.clone(),
+                        attempt,
+                        error: error.clone(),
+                    })?;
+                    if attempt >= retry.max_attempts {
+                        if self.definition.steps[index].continue_on_error {
+                            self.record(Transition::CompensationAbandoned { step, error })?;
+                        } else {
+                            stuck.get_or_insert((step, error));
+                        }
+                    } else if stuck.is_none() {
+                        self.commit().await?;
+                        let previous = delays.get(&index).copied().unwrap_or_default();
+                        let delay = retry.delay(attempt, previous, &*orchestrator.random);
+                        delays.insert(index, delay);
+                        tasks.spawn(index, Work::Backoff(orchestrator.clock.sleep(delay)));
+                    }
+                }
+                Done::Backoff if stuck.is_none() => {
+                    self.start_compensations(&[index], &mut tasks).await?;
+                }
+                Done::Backoff | Done::Action(_) => {}
+            }
+        }
+        if let Some((step, error)) = stuck {
+            self.record(Transition::SagaStuck { step, error })?;
+            self.commit().await?;
+        }
+        Ok(())
+    }
+
+    /// Records and commits the next attempt of each of `steps`' compensations,
+    /// then runs them.
+    async fn start_compensations(
+        &mut self,
+        steps: &[usize],
+        tasks: &mut Tasks,
+    ) -> Result<(), SagaError> {
+        for &index in steps {
+            self.record(Transition::CompensationStarted {
+                step: self.step_ref(index),
+                attempt: self.progress.attempts(index) + 1,
+            })?;
+        }
+        self.commit().await?;
+        for &index in steps {
+            let Some(compensation) = self.definition.steps[index].compensation.clone() else {
+                continue;
+            };
+            let attempt = self.progress.attempts(index);
+            let ctx = self.context(index, Phase::Compensation, attempt);
+            let output = self.progress.output(index).cloned().unwrap_or_default();
+            tasks.spawn(index, Work::Compensation(compensation(ctx, output)));
+        }
+        Ok(())
+    }
+}
+
+/// What a task of a saga's driver does: a step's action, a compensation
+/// attempt, or the wait before the next attempt.
+enum Work {
+    Action(BoxFuture<'static, Result<serde_json::Value, String>>),
+    Compensation(BoxFuture<'static, Result<(), String>>),
+    Backoff(seawall::clock::BoxSleep),
+}
+
+/// How a task ended; a panic is the step's (or compensation's) error.
+enum Done {
+    Action(Result<serde_json::Value, String>),
+    Compensation(Result<(), String>),
+    Backoff,
+}
+
+/// The tasks of one saga's driver, each for one step. Dropping it (the
+/// driver's future was dropped) aborts them, as a crash would stop them.
+#[derive(Default)]
+struct Tasks {
+    set: JoinSet<Done>,
+    steps: HashMap<tokio::task::Id, (usize, OnPanic)>,
+}
+
+/// What a task that panicked ended with, given the panic's message.
+type OnPanic = fn(String) -> Done;
+
+impl Tasks {
+    fn spawn(&mut self, index: usize, work: Work) {
+        let (handle, on_panic): (_, OnPanic) = match work {
+            Work::Action(f) => (
+                self.set.spawn(async move { Done::Action(f.await) }),
+                |error| Done::Action(Err(error)),
+            ),
+            Work::Compensation(f) => (
+                self.set.spawn(async move { Done::Compensation(f.await) }),
+                |error| Done::Compensation(Err(error)),
+            ),
+            Work::Backoff(sleep) => (
+                self.set.spawn(async move {
+                    sleep.await;
+                    Done::Backoff
+                }),
+                |_| Done::Backoff,
+            ),
+        };
+        self.steps.insert(handle.id(), (index, on_panic));
+    }
+
+    fn is_empty(&self) -> bool {
+        self.set.is_empty()
+    }
+
+    /// The next task to end, with its step.
+    async fn next(&mut self) -> Option<(usize, Done)> {
+        match self.set.join_next_with_id().await? {
+            Ok((id, done)) => {
+                let (index, _) = self.steps.remove(&id)?;
+                Some((index, done))
+            }
+            Err(join) => {
+                let (index, on_panic) = self.steps.remove(&join.id())?;
+                Some((index, on_panic(format!("step {}", panic_message(join)))))
+            }
+        }
     }
 }
