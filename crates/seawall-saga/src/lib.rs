@@ -71,26 +71,39 @@
 //!
 //! # Features
 //!
-//! - `pipeline` (default): [`Step::through`] runs a step's action through a
-//!   `seawall::Pipeline` (retry, circuit breaker, timeout, ...). Without it,
-//!   call a pipeline inside the action as with any other async code.
+//! - `test-util`: `seawall::testing::VirtualClock` can be the orchestrator's
+//!   clock (see [Testing](#testing)).
+//!
+//! [`Step::through`] runs a step's action through a `seawall::Pipeline`
+//! (retry, circuit breaker, timeout, ...).
 //!
 //! # Execution
 //!
-//! Steps run in order. When a step's action fails (after whatever retries the
-//! step does itself, for example through a seawall pipeline), the compensations
-//! of the completed steps run in reverse order, each retried under the
-//! orchestrator's [`RetryPolicy`]. A saga ends in one of three states:
+//! Steps run in order; a [`Parallel`] group ([`SagaBuilder::parallel`]) runs
+//! its steps concurrently and the saga goes on when all of them completed.
+//! When a step's action fails (after whatever retries the step does itself,
+//! for example through a seawall pipeline), the other steps of its group are
+//! awaited, not cancelled (an effect under way is then known, and compensated
+//! if it completed), and the compensations of the completed steps run in
+//! reverse order: stages last first, a group's own compensations concurrently
+//! or last declared first ([`GroupCompensation`]). Each is retried under the
+//! orchestrator's [compensation retry](OrchestratorBuilder::compensation_retry),
+//! a `seawall::Retry` (see [`retry`] for why its attempts are logged rather
+//! than run through a pipeline). A saga ends in one of three states:
 //!
 //! - [`SagaStatus::Completed`]: every step completed;
 //! - [`SagaStatus::Compensated`]: a step failed (or the deadline passed) and
-//!   every completed step was compensated;
+//!   every completed step was compensated, or abandoned when its compensation
+//!   is [continue-on-error](Step::continue_on_error) and failed all its
+//!   attempts ([`SagaOutcome::abandoned`]);
 //! - [`SagaStatus::Stuck`]: a compensation failed all its attempts. The saga is
 //!   never dropped: it is listed by `ListQuery::status(SagaStatus::Stuck)`, and
-//!   [`Orchestrator::resume`] retries it once the cause is fixed.
+//!   [`Orchestrator::resume`] retries it once the cause is fixed. The other
+//!   compensations of its group that were under way are awaited; no further
+//!   one starts.
 //!
 //! A per-saga deadline ([`StartOptions::deadline`] or [`StartOptions::timeout`])
-//! is checked before each step starts: once it has passed, no further step
+//! is checked before each stage starts: once it has passed, no further step
 //! starts and the saga compensates. A step that is already running is not
 //! cancelled (cancelling a half-done effect would leave it neither done nor
 //! compensated); it can bound itself with [`StepContext::remaining`].
@@ -98,7 +111,8 @@
 //! # Durability: at-least-once with a stable key
 //!
 //! Every transition (saga started, step started, step completed with its
-//! output, step failed, compensation started, failed, completed, saga finished)
+//! output, step failed, compensation started, failed, completed or abandoned,
+//! saga finished)
 //! is committed to the log *before* the next effect starts, and events are
 //! emitted only after the commit. After a crash, [`Orchestrator::recover`] reads
 //! the log and continues each unfinished saga forward or compensating. This
@@ -159,9 +173,13 @@
 //!
 //! # Testing
 //!
-//! Inject a [`VirtualClock`] with [`OrchestratorBuilder::clock`]: deadlines and
-//! compensation backoff then follow virtual time, and sleeps return at once.
-//! Postgres leases use the database clock; tests shorten the lease instead.
+//! With the feature `test-util`, inject a `seawall::testing::VirtualClock`
+//! with [`OrchestratorBuilder::clock`]: deadlines, timestamps and compensation
+//! backoff then follow virtual time (read as time since the Unix epoch), and
+//! sleeps return at once. The orchestrator's clock is seawall's, plus a reading
+//! of wall-clock time ([`WallClock`]); [`clock`] says why seawall's monotonic
+//! clock alone cannot date a log that other processes read. Postgres leases use
+//! the database clock; tests shorten the lease instead.
 #![forbid(unsafe_code)]
 
 pub mod clock;
@@ -174,8 +192,10 @@ pub mod orchestrator;
 pub mod retry;
 pub mod transition;
 
-pub use clock::{Clock, SystemClock, VirtualClock};
-pub use definition::{Saga, SagaBuilder, SagaInput, Step, StepContext, StepOutput};
+pub use clock::WallClock;
+pub use definition::{
+    GroupCompensation, Parallel, Saga, SagaBuilder, SagaInput, Step, StepContext, StepOutput,
+};
 pub use error::{DefinitionError, LogError, OutputError, SagaError};
 pub use event::SagaEvent;
 pub use id::{IdempotencyKey, Phase, SagaId};
@@ -186,5 +206,4 @@ pub use orchestrator::{
     Orchestrator, OrchestratorBuilder, RecoveryFailure, RecoveryReport, SagaOutcome, StartOptions,
     StepFailure,
 };
-pub use retry::RetryPolicy;
 pub use transition::{SagaStatus, StepRef, Transition, TransitionRecord};

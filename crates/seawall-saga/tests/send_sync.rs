@@ -1,9 +1,8 @@
 //! The public types and futures are `Send` (and `Sync` where shared).
 
 use seawall_saga::{
-    IdempotencyKey, LogError, Orchestrator, PostgresLog, RecoveryReport, RetryPolicy, Saga,
-    SagaError, SagaEvent, SagaId, SagaOutcome, SqliteLog, StartOptions, StepContext,
-    TransitionRecord, VirtualClock,
+    IdempotencyKey, LogError, Orchestrator, PostgresLog, RecoveryReport, Saga, SagaError,
+    SagaEvent, SagaId, SagaOutcome, SqliteLog, StartOptions, StepContext, TransitionRecord,
 };
 
 fn send_sync<T: Send + Sync>() {}
@@ -22,8 +21,6 @@ fn public_types_are_send_and_sync() {
     send_sync::<TransitionRecord>();
     send_sync::<SagaId>();
     send_sync::<IdempotencyKey>();
-    send_sync::<RetryPolicy>();
-    send_sync::<VirtualClock>();
     send_sync::<StartOptions>();
     send_sync::<LogError>();
     send_sync::<SagaError>();
