@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use proc_macro2::{Span, TokenStream};
 use quote::quote;
-use seawall_order::{check, PolicyKind, Rule, Scope};
+use seawall_order::{
+    self as order, attribute_keys, check, PolicyKind, Rule, Scope, Setting, Value,
+};
 use syn::parse::Parser;
 use syn::punctuated::Punctuated;
 use syn::spanned::Spanned;
@@ -156,7 +158,7 @@ pub(crate) enum BreakerMode {
 
 pub(crate) enum Window {
     Count(u32),
-    Seconds(u32),
+    Duration(Dur),
 }
 
 pub(crate) struct CircuitBreaker {
@@ -197,20 +199,29 @@ pub(crate) struct Cooldown {
     pub(crate) grace: Option<Dur>,
 }
 
-const TOP_KEYS: &str = "retry, timeout_ms, timeout_s, timeout, circuit_breaker, bulkhead, \
-     rate_limiter, cooldown, fallback, classify, retry_if, abort_if, name, store, clock, \
-     on_event, context";
-const RETRY_KEYS: &str =
-    "max_attempts, backoff, backoff_ms, backoff_s, multiplier, cap_ms, cap_s, jitter, budget";
-const TIMEOUT_KEYS: &str = "ms, s, strict";
-const BREAKER_KEYS: &str = "consecutive_failures, failure_rate, count_window, window_s, \
-     minimum_calls, slow_call_rate, slow_call_ms, slow_call_s, cooldown_ms, cooldown_s, \
-     cooldown_growth, max_cooldown_ms, max_cooldown_s, half_open_calls";
-const BULKHEAD_KEYS: &str =
-    "max_concurrent, max_queued, max_wait_ms, max_wait_s, lease_ms, lease_s";
-const RATE_KEYS: &str = "limit, per_ms, per_s, algorithm, burst, max_wait_ms, max_wait_s";
-const COOLDOWN_KEYS: &str = "max_pause_ms, max_pause_s, max_wait_ms, max_wait_s, grace_ms, grace_s";
-const BUDGET_KEYS: &str = "ratio, max_tokens";
+/// The keys of `#[resilient(...)]` that are not policies.
+const OTHER_KEYS: &str =
+    "fallback, classify, retry_if, abort_if, name, store, clock, on_event, context";
+
+/// Every top-level key: each registered policy (a policy with a shorthand
+/// also as `{name}_ms` and `{name}_s`), then the other keys.
+fn top_keys() -> String {
+    let mut keys: Vec<String> = Vec::new();
+    for kind in PolicyKind::ALL {
+        if let Some(s) = shorthand_setting(*kind) {
+            keys.extend(s.attribute_keys());
+        }
+        keys.push(kind.name().to_owned());
+    }
+    keys.push(OTHER_KEYS.to_owned());
+    keys.join(", ")
+}
+
+/// A policy's shorthand setting, spelled at the top level after the
+/// policy (`timeout_ms`, `timeout_s`).
+fn shorthand_setting(kind: PolicyKind) -> Option<Setting> {
+    kind.shorthand().map(|s| s.attr(kind.name()))
+}
 
 fn err<T>(span: Span, msg: impl std::fmt::Display) -> syn::Result<T> {
     Err(syn::Error::new(span, msg))
@@ -246,16 +257,6 @@ impl Seen {
         }
         self.0.push((canonical.to_owned(), text));
         Ok(())
-    }
-}
-
-/// The unit of a duration key `{base}_ms` / `{base}_s`, if `key` is one.
-fn unit_of(key: &str, base: &str) -> Option<Unit> {
-    let rest = key.strip_prefix(base)?;
-    match rest {
-        "_ms" => Some(Unit::Millis),
-        "_s" => Some(Unit::Secs),
-        _ => None,
     }
 }
 
@@ -394,44 +395,36 @@ pub(crate) fn parse(args: TokenStream) -> syn::Result<Config> {
     for meta in &metas {
         let key = key_of(meta)?;
         let text = key.to_string();
-        let policy = match text.as_str() {
-            "retry" => Some(Policy::Retry(retry(meta)?)),
-            "timeout" => Some(Policy::Timeout(timeout(meta, &key)?)),
-            "timeout_ms" | "timeout_s" => {
-                let unit = unit_of(&text, "timeout").unwrap_or(Unit::Millis);
-                Some(Policy::Timeout(Timeout {
-                    after: duration(meta, &key, unit)?.0,
-                    strict: false,
-                }))
-            }
-            "circuit_breaker" => Some(Policy::CircuitBreaker(circuit_breaker(meta, &key)?)),
-            "bulkhead" => Some(Policy::Bulkhead(bulkhead(meta, &key)?)),
-            "rate_limiter" => Some(Policy::RateLimiter(rate_limiter(meta, &key)?)),
-            "cooldown" => Some(Policy::Cooldown(cooldown(meta)?)),
+        if let Some(kind) = PolicyKind::from_name(&text) {
+            let policy = policy(kind, read_policy(meta, kind)?, meta.span(), &key)?;
+            config.steps.push(Step { key, policy });
+            continue;
+        }
+        if let Some((kind, given)) = shorthand(meta, &key)? {
+            let policy = policy(kind, Given(vec![given]), meta.span(), &key)?;
+            config.steps.push(Step { key, policy });
+            continue;
+        }
+        match text.as_str() {
             "fallback" => {
                 seen.add(&key, "fallback")?;
                 config.fallback = Some(path(meta, &key, "a function")?);
-                None
             }
             "name" => {
                 seen.add(&key, "name")?;
                 config.name = Some(string(meta, &key)?);
-                None
             }
             "store" => {
                 seen.add(&key, "store")?;
                 config.store = Some(path(meta, &key, "a function returning the store")?);
-                None
             }
             "clock" => {
                 seen.add(&key, "clock")?;
                 config.clock = Some(path(meta, &key, "a function returning the clock")?);
-                None
             }
             "on_event" => {
                 seen.add(&key, "on_event")?;
                 config.on_event = Some(path(meta, &key, "a function taking `&seawall::Event`")?);
-                None
             }
             "classify" | "retry_if" | "abort_if" => {
                 seen.add(&key, &text)?;
@@ -442,7 +435,6 @@ pub(crate) fn parse(args: TokenStream) -> syn::Result<Config> {
                 };
                 let judge = path(meta, &key, what)?;
                 config.judges.push((key.clone(), judge));
-                None
             }
             "context" => {
                 seen.add(&key, "context")?;
@@ -460,12 +452,8 @@ pub(crate) fn parse(args: TokenStream) -> syn::Result<Config> {
                         )
                     }
                 }
-                None
             }
-            _ => return unknown(&key, "#[resilient(...)]", TOP_KEYS),
-        };
-        if let Some(policy) = policy {
-            config.steps.push(Step { key, policy });
+            _ => return unknown(&key, "#[resilient(...)]", &top_keys()),
         }
     }
     check_order(&config.steps)?;
@@ -516,313 +504,440 @@ fn check_order(steps: &[Step]) -> syn::Result<()> {
     err(key.span(), msg)
 }
 
-fn retry(meta: &Meta) -> syn::Result<Retry> {
-    let mut r = Retry {
-        max_attempts: 3,
-        backoff: BackoffKind::Exponential,
-        base: Dur::millis(100),
-        multiplier: None,
-        cap: None,
-        jitter: JitterKind::None,
-        budget: None,
-    };
+// ------------------------------------------------------------ settings
+
+/// One setting as written, read by its entry in `seawall_order`'s table.
+pub(crate) struct Written {
+    setting: &'static Setting,
+    key: Ident,
+    /// The value's span (the key's for a bare flag).
+    span: Span,
+    /// The span of the whole `key = value` or `key(...)`.
+    whole: Span,
+    value: Read,
+}
+
+enum Read {
+    Count(u32),
+    Number(f64),
+    Flag(bool),
+    Duration(Dur),
+    Choice(String),
+    Jitter(JitterKind),
+    Table(Given),
+}
+
+/// The settings of one list, in the order written.
+pub(crate) struct Given(Vec<Written>);
+
+impl Given {
+    fn get(&self, key: &str) -> Option<&Written> {
+        self.0.iter().find(|w| w.setting.key == key)
+    }
+
+    fn count(&self, key: &str) -> Option<u32> {
+        match self.get(key)?.value {
+            Read::Count(n) => Some(n),
+            _ => None,
+        }
+    }
+
+    fn number(&self, key: &str) -> Option<f64> {
+        match self.get(key)?.value {
+            Read::Number(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    fn flag(&self, key: &str) -> Option<bool> {
+        match self.get(key)?.value {
+            Read::Flag(b) => Some(b),
+            _ => None,
+        }
+    }
+
+    fn duration(&self, key: &str) -> Option<Dur> {
+        match self.get(key)?.value {
+            Read::Duration(d) => Some(d),
+            _ => None,
+        }
+    }
+
+    fn choice(&self, key: &str) -> Option<&str> {
+        match &self.get(key)?.value {
+            Read::Choice(c) => Some(c),
+            _ => None,
+        }
+    }
+
+    fn jitter(&self, key: &str) -> Option<JitterKind> {
+        match self.get(key)?.value {
+            Read::Jitter(j) => Some(j),
+            _ => None,
+        }
+    }
+
+    fn table(&self, key: &str) -> Option<(&Given, Span)> {
+        let w = self.get(key)?;
+        match &w.value {
+            Read::Table(t) => Some((t, w.whole)),
+            _ => None,
+        }
+    }
+
+    /// The key's span, where an error about the setting points.
+    fn key_span(&self, key: &str) -> Option<Span> {
+        self.get(key).map(|w| w.key.span())
+    }
+
+    fn value_span(&self, key: &str) -> Option<Span> {
+        self.get(key).map(|w| w.span)
+    }
+
+    /// Two settings that set the same value (the second one written is
+    /// named).
+    fn exclusive(&self, a: &str, b: &str) -> syn::Result<()> {
+        let mut both = self
+            .0
+            .iter()
+            .filter(|w| w.setting.key == a || w.setting.key == b);
+        if let (Some(first), Some(second)) = (both.next(), both.next()) {
+            return err(
+                second.key.span(),
+                format!(
+                    "`{}` and `{}` set the same value: give one of them",
+                    second.key, first.key
+                ),
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Reads the settings of `policy(...)` by the policy's entry in the table.
+fn read_policy(meta: &Meta, kind: PolicyKind) -> syn::Result<Given> {
+    if let (Meta::NameValue(nv), Some(short)) = (meta, shorthand_setting(kind)) {
+        let name = kind.name();
+        let spelled: Vec<String> = short
+            .attribute_keys()
+            .iter()
+            .map(|k| format!("`{k} = ..`"))
+            .collect();
+        let listed: Vec<String> = kind
+            .settings()
+            .iter()
+            .map(|s| match s.value {
+                Value::Flag => s.attr.to_owned(),
+                _ => format!("{} = ..", s.attribute_keys()[0]),
+            })
+            .collect();
+        return err(
+            nv.eq_token.span,
+            format!(
+                "write {} or `{name}({})`",
+                spelled.join(", "),
+                listed.join(", ")
+            ),
+        );
+    }
+    read(meta, &format!("`{}(...)`", kind.name()), kind.settings())
+}
+
+/// A top-level `{policy}_ms = ..` / `{policy}_s = ..`: the policy given by
+/// its shorthand setting alone.
+fn shorthand(meta: &Meta, key: &Ident) -> syn::Result<Option<(PolicyKind, Written)>> {
+    let text = key.to_string();
+    for &kind in PolicyKind::ALL {
+        let (Some(spelled), Some(setting)) = (shorthand_setting(kind), kind.shorthand()) else {
+            continue;
+        };
+        if let Some(unit) = spelled.attribute_unit(&text) {
+            let value = read_value(meta, key, setting, unit)?;
+            let span = self::value(meta, key).map_or(key.span(), |v| v.span());
+            return Ok(Some((
+                kind,
+                Written {
+                    setting,
+                    key: key.clone(),
+                    span,
+                    whole: meta.span(),
+                    value,
+                },
+            )));
+        }
+    }
+    Ok(None)
+}
+
+/// Reads a list of settings: every key must be one of `settings`, given
+/// once, with a value of its kind.
+fn read(meta: &Meta, list: &str, settings: &'static [Setting]) -> syn::Result<Given> {
     let mut seen = Seen::default();
-    let mut multiplier_span = None;
-    let mut cap_span = None;
+    let mut given = Vec::new();
     for m in nested(meta)? {
         let key = key_of(&m)?;
         let text = key.to_string();
-        if let Some(unit) = unit_of(&text, "backoff") {
-            seen.add(&key, "backoff_ms")?;
-            r.base = duration(&m, &key, unit)?.0;
-            continue;
-        }
-        if let Some(unit) = unit_of(&text, "cap") {
-            seen.add(&key, "cap_ms")?;
-            let (d, span) = duration(&m, &key, unit)?;
-            r.cap = Some(d);
-            cap_span = Some(span);
-            continue;
-        }
-        seen.add(&key, &text)?;
-        match text.as_str() {
-            "max_attempts" => r.max_attempts = count(&m, &key)?,
-            "backoff" => {
-                let s = string(&m, &key)?;
-                r.backoff = match s.value().as_str() {
-                    "constant" => BackoffKind::Constant,
-                    "linear" => BackoffKind::Linear,
-                    "exponential" => BackoffKind::Exponential,
-                    "decorrelated" => BackoffKind::Decorrelated,
-                    other => {
-                        return err(
-                            s.span(),
-                            format!(
-                                "unknown backoff \"{other}\"; expected \"constant\", \
-                                 \"linear\", \"exponential\" or \"decorrelated\""
-                            ),
-                        )
-                    }
-                }
-            }
-            "multiplier" => {
-                let (v, span) = float(&m, &key)?;
-                r.multiplier = Some(v);
-                multiplier_span = Some(span);
-            }
-            "jitter" => {
-                let expr = value(&m, &key)?;
-                r.jitter = match literal(expr) {
-                    Some(Lit::Str(s)) => match s.value().as_str() {
-                        "none" => JitterKind::None,
-                        "full" => JitterKind::Full,
-                        "equal" => JitterKind::Equal,
-                        other => {
-                            return err(
-                                s.span(),
-                                format!(
-                                    "unknown jitter \"{other}\"; expected \"none\", \"full\", \
-                                     \"equal\" or a percentage such as `jitter = 20`"
-                                ),
-                            )
-                        }
-                    },
-                    Some(Lit::Int(_) | Lit::Float(_)) => JitterKind::Percent(float(&m, &key)?.0),
-                    _ => {
-                        return err(
-                            expr.span(),
-                            "`jitter` expects \"none\", \"full\", \"equal\" or a percentage, e.g. `jitter = 20`",
-                        )
-                    }
-                };
-            }
-            "budget" => r.budget = Some(budget(&m)?),
-            _ => return unknown(&key, "`retry(...)`", RETRY_KEYS),
-        }
+        let Some((setting, unit)) = settings
+            .iter()
+            .find_map(|s| s.attribute_unit(&text).map(|u| (s, u)))
+        else {
+            return unknown(&key, list, &attribute_keys(settings));
+        };
+        seen.add(&key, setting.key)?;
+        let value = read_value(&m, &key, setting, unit)?;
+        let span = match &m {
+            Meta::NameValue(nv) => nv.value.span(),
+            _ => key.span(),
+        };
+        given.push(Written {
+            setting,
+            key,
+            span,
+            whole: m.span(),
+            value,
+        });
     }
-    if let Some(span) = multiplier_span {
-        if r.backoff != BackoffKind::Exponential {
+    Ok(Given(given))
+}
+
+fn read_value(
+    meta: &Meta,
+    key: &Ident,
+    setting: &'static Setting,
+    unit: Option<order::Unit>,
+) -> syn::Result<Read> {
+    Ok(match setting.value {
+        Value::Count => Read::Count(count(meta, key)?),
+        Value::Number => Read::Number(float(meta, key)?.0),
+        Value::Flag => Read::Flag(flag(meta, key)?),
+        Value::Duration(_) => {
+            let unit = match unit {
+                Some(order::Unit::Seconds) => Unit::Secs,
+                _ => Unit::Millis,
+            };
+            Read::Duration(duration(meta, key, unit)?.0)
+        }
+        Value::Choice(choices) => {
+            let s = string(meta, key)?;
+            let v = s.value();
+            if !choices.contains(&v.as_str()) {
+                let quoted: Vec<String> = choices.iter().map(|c| format!("\"{c}\"")).collect();
+                let list = match quoted.split_last() {
+                    Some((last, others)) if !others.is_empty() => {
+                        format!("{} or {last}", others.join(", "))
+                    }
+                    _ => quoted.concat(),
+                };
+                return err(s.span(), format!("unknown {key} \"{v}\"; expected {list}"));
+            }
+            Read::Choice(v)
+        }
+        Value::Jitter => Read::Jitter(jitter(meta, key)?),
+        Value::Table(nested) => Read::Table(read(meta, &format!("`{key}(...)`"), nested)?),
+    })
+}
+
+fn jitter(meta: &Meta, key: &Ident) -> syn::Result<JitterKind> {
+    let expr = value(meta, key)?;
+    Ok(match literal(expr) {
+        Some(Lit::Str(s)) => match s.value().as_str() {
+            "none" => JitterKind::None,
+            "full" => JitterKind::Full,
+            "equal" => JitterKind::Equal,
+            other => {
+                return err(
+                    s.span(),
+                    format!(
+                        "unknown jitter \"{other}\"; expected \"none\", \"full\", \
+                         \"equal\" or a percentage such as `jitter = 20`"
+                    ),
+                )
+            }
+        },
+        Some(Lit::Int(_) | Lit::Float(_)) => JitterKind::Percent(float(meta, key)?.0),
+        _ => return err(
+            expr.span(),
+            format!(
+                "`{key}` expects \"none\", \"full\", \"equal\" or a percentage, e.g. `{key} = 20`"
+            ),
+        ),
+    })
+}
+
+// ------------------------------------------------------------ policies
+
+/// A registered policy from its settings: the attribute's defaults and the
+/// rules between its keys. The match is exhaustive: a policy registered in
+/// `seawall_order` and not worded here does not compile.
+fn policy(kind: PolicyKind, given: Given, span: Span, key: &Ident) -> syn::Result<Policy> {
+    Ok(match kind {
+        PolicyKind::Timeout => Policy::Timeout(timeout(&given, span, key)?),
+        PolicyKind::Retry => Policy::Retry(retry(&given)?),
+        PolicyKind::CircuitBreaker => Policy::CircuitBreaker(circuit_breaker(&given, span, key)?),
+        PolicyKind::Bulkhead => Policy::Bulkhead(bulkhead(&given, span, key)?),
+        PolicyKind::Cooldown => Policy::Cooldown(cooldown(&given)),
+        PolicyKind::RateLimiter => Policy::RateLimiter(rate_limiter(&given, span, key)?),
+    })
+}
+
+/// The attribute's words for the retry's backoffs (the table's choices).
+const BACKOFFS: [(&str, BackoffKind); 4] = [
+    ("constant", BackoffKind::Constant),
+    ("linear", BackoffKind::Linear),
+    ("exponential", BackoffKind::Exponential),
+    ("decorrelated", BackoffKind::Decorrelated),
+];
+
+/// The attribute's words for the rate limiter's algorithms.
+const ALGORITHMS: [(&str, Algorithm); 3] = [
+    ("gcra", Algorithm::Gcra),
+    ("fixed_window", Algorithm::FixedWindow),
+    ("sliding_window", Algorithm::SlidingWindow),
+];
+
+fn chosen<T: Copy>(words: &[(&str, T)], word: Option<&str>, default: T) -> T {
+    word.and_then(|w| words.iter().find(|(c, _)| *c == w))
+        .map_or(default, |(_, v)| *v)
+}
+
+fn retry(g: &Given) -> syn::Result<Retry> {
+    let backoff = chosen(&BACKOFFS, g.choice("backoff"), BackoffKind::Exponential);
+    if let Some(span) = g.value_span("multiplier") {
+        if backoff != BackoffKind::Exponential {
             return err(
                 span,
                 "`multiplier` applies to `backoff = \"exponential\"` only",
             );
         }
     }
-    if let (Some(_), Some(span)) = (r.cap, cap_span) {
-        if r.backoff == BackoffKind::Constant {
-            return err(span, "a constant backoff has no cap: remove `cap_ms`");
-        }
+    if let (Some(span), BackoffKind::Constant) = (g.value_span("cap"), backoff) {
+        return err(span, "a constant backoff has no cap: remove `cap_ms`");
     }
-    Ok(r)
+    let budget = match g.table("budget") {
+        None => None,
+        Some((b, span)) => match (b.number("ratio"), b.count("max_tokens")) {
+            (Some(r), Some(t)) => Some((r, t)),
+            _ => {
+                return err(
+                    span,
+                    "`budget` needs both `ratio` and `max_tokens`, e.g. `budget(ratio = 0.2, max_tokens = 10)`",
+                )
+            }
+        },
+    };
+    Ok(Retry {
+        max_attempts: g.count("max_attempts").unwrap_or(3),
+        backoff,
+        base: g.duration("delay").unwrap_or(Dur::millis(100)),
+        multiplier: g.number("multiplier"),
+        cap: g.duration("cap"),
+        jitter: g.jitter("jitter").unwrap_or(JitterKind::None),
+        budget,
+    })
 }
 
-fn budget(meta: &Meta) -> syn::Result<(f64, u32)> {
-    let mut ratio = None;
-    let mut max_tokens = None;
-    let mut seen = Seen::default();
-    for m in nested(meta)? {
-        let key = key_of(&m)?;
-        seen.add(&key, &key.to_string())?;
-        match key.to_string().as_str() {
-            "ratio" => ratio = Some(float(&m, &key)?.0),
-            "max_tokens" => max_tokens = Some(count(&m, &key)?),
-            _ => return unknown(&key, "`budget(...)`", BUDGET_KEYS),
-        }
-    }
-    match (ratio, max_tokens) {
-        (Some(r), Some(t)) => Ok((r, t)),
-        _ => err(
-            meta.span(),
-            "`budget` needs both `ratio` and `max_tokens`, e.g. `budget(ratio = 0.2, max_tokens = 10)`",
-        ),
-    }
-}
-
-fn timeout(meta: &Meta, key: &Ident) -> syn::Result<Timeout> {
-    if let Meta::NameValue(nv) = meta {
-        return err(
-            nv.eq_token.span,
-            "write `timeout_ms = ..`, `timeout_s = ..` or `timeout(ms = .., strict)`",
-        );
-    }
-    let mut after = None;
-    let mut strict = false;
-    let mut seen = Seen::default();
-    for m in nested(meta)? {
-        let k = key_of(&m)?;
-        match k.to_string().as_str() {
-            "ms" => {
-                seen.add(&k, "duration")?;
-                after = Some(duration(&m, &k, Unit::Millis)?.0);
-            }
-            "s" => {
-                seen.add(&k, "duration")?;
-                after = Some(duration(&m, &k, Unit::Secs)?.0);
-            }
-            "strict" => {
-                seen.add(&k, "strict")?;
-                strict = flag(&m, &k)?;
-            }
-            _ => return unknown(&k, "`timeout(...)`", TIMEOUT_KEYS),
-        }
-    }
-    match after {
-        Some(after) => Ok(Timeout { after, strict }),
+fn timeout(g: &Given, span: Span, key: &Ident) -> syn::Result<Timeout> {
+    match g.duration("duration") {
+        Some(after) => Ok(Timeout {
+            after,
+            strict: g.flag("strict").unwrap_or(false),
+        }),
         None => err(
-            meta.span(),
+            span,
             format!("`{key}` needs a duration: `timeout(ms = ..)` or `timeout(s = ..)`"),
         ),
     }
 }
 
-fn circuit_breaker(meta: &Meta, key: &Ident) -> syn::Result<CircuitBreaker> {
-    let mut mode = None;
-    let mut window = None;
-    let mut minimum_calls = None;
-    let mut slow_rate = None;
-    let mut slow_duration: Option<(Dur, Span)> = None;
-    let mut cooldown = None;
-    let mut growth = None;
-    let mut max_cooldown: Option<(Dur, Span)> = None;
-    let mut half_open_calls = None;
-    let mut seen = Seen::default();
-    // Settings that only mean something with a failure rate.
-    let mut window_only: Vec<Ident> = Vec::new();
-    for m in nested(meta)? {
-        let k = key_of(&m)?;
-        let text = k.to_string();
-        if let Some(unit) = unit_of(&text, "slow_call") {
-            seen.add(&k, "slow_call_ms")?;
-            slow_duration = Some((duration(&m, &k, unit)?.0, k.span()));
-            window_only.push(k);
-            continue;
+fn circuit_breaker(g: &Given, span: Span, key: &Ident) -> syn::Result<CircuitBreaker> {
+    g.exclusive("consecutive_failures", "failure_rate")?;
+    g.exclusive("count_window", "window")?;
+    let mode = match (g.count("consecutive_failures"), g.number("failure_rate")) {
+        (Some(n), _) => BreakerMode::Consecutive(n),
+        (None, Some(r)) => BreakerMode::Rate(r),
+        (None, None) => {
+            return err(
+                span,
+                format!(
+                    "`{key}` needs `consecutive_failures = N` or `failure_rate = R`, \
+                     e.g. `{key}(failure_rate = 0.5, cooldown_s = 30)`"
+                ),
+            )
         }
-        if let Some(unit) = unit_of(&text, "cooldown") {
-            seen.add(&k, "cooldown_ms")?;
-            cooldown = Some(duration(&m, &k, unit)?.0);
-            continue;
-        }
-        if let Some(unit) = unit_of(&text, "max_cooldown") {
-            seen.add(&k, "max_cooldown_ms")?;
-            let (d, span) = duration(&m, &k, unit)?;
-            max_cooldown = Some((d, span));
-            continue;
-        }
-        match text.as_str() {
-            "consecutive_failures" | "failure_rate" => seen.add(&k, "mode")?,
-            "count_window" | "window_s" => seen.add(&k, "window")?,
-            _ => seen.add(&k, &text)?,
-        }
-        match text.as_str() {
-            "consecutive_failures" => {
-                mode = Some(BreakerMode::Consecutive(count(&m, &k)?));
-            }
-            "failure_rate" => mode = Some(BreakerMode::Rate(float(&m, &k)?.0)),
-            "count_window" => {
-                window = Some(Window::Count(count(&m, &k)?));
-                window_only.push(k);
-            }
-            "window_s" => {
-                window = Some(Window::Seconds(count(&m, &k)?));
-                window_only.push(k);
-            }
-            "minimum_calls" => {
-                minimum_calls = Some(count(&m, &k)?);
-                window_only.push(k);
-            }
-            "slow_call_rate" => {
-                slow_rate = Some(float(&m, &k)?.0);
-                window_only.push(k);
-            }
-            "cooldown_growth" => growth = Some((float(&m, &k)?.0, k.span())),
-            "half_open_calls" => half_open_calls = Some(count(&m, &k)?),
-            _ => return unknown(&k, "`circuit_breaker(...)`", BREAKER_KEYS),
-        }
-    }
-    let Some(mode) = mode else {
-        return err(
-            meta.span(),
-            format!(
-                "`{key}` needs `consecutive_failures = N` or `failure_rate = R`, \
-                 e.g. `{key}(failure_rate = 0.5, cooldown_s = 30)`"
-            ),
-        );
     };
-    if let (BreakerMode::Consecutive(_), Some(k)) = (&mode, window_only.first()) {
+    // Settings that only mean something with a failure rate.
+    const WINDOW_ONLY: [&str; 5] = [
+        "count_window",
+        "window",
+        "minimum_calls",
+        "slow_call_rate",
+        "slow_call_duration",
+    ];
+    if let (BreakerMode::Consecutive(_), Some(w)) = (
+        &mode,
+        g.0.iter().find(|w| WINDOW_ONLY.contains(&w.setting.key)),
+    ) {
+        let k = &w.key;
         return err(
             k.span(),
             format!("`{k}` applies to `failure_rate` only, not `consecutive_failures`"),
         );
     }
-    if let (None, Some((_, span))) = (slow_rate, slow_duration) {
+    let slow_rate = g.number("slow_call_rate");
+    if let (None, Some(span)) = (slow_rate, g.key_span("slow_call_duration")) {
         return err(span, "a slow-call duration needs `slow_call_rate`");
     }
-    let growth = match (growth, max_cooldown) {
-        (Some((g, _)), Some((max, _))) => Some((g, max)),
-        (Some((_, span)), None) => {
+    let growth = match (g.number("cooldown_growth"), g.duration("max_cooldown")) {
+        (Some(f), Some(max)) => Some((f, max)),
+        (Some(_), None) => {
             return err(
-                span,
+                g.key_span("cooldown_growth").unwrap_or(span),
                 "`cooldown_growth` needs `max_cooldown_s` (or `max_cooldown_ms`)",
             )
         }
-        (None, Some((_, span))) => return err(span, "`max_cooldown` needs `cooldown_growth`"),
+        (None, Some(_)) => {
+            return err(
+                g.value_span("max_cooldown").unwrap_or(span),
+                "`max_cooldown` needs `cooldown_growth`",
+            )
+        }
+        (None, None) => None,
+    };
+    let window = match (g.count("count_window"), g.duration("window")) {
+        (Some(n), _) => Some(Window::Count(n)),
+        (None, Some(d)) => Some(Window::Duration(d)),
         (None, None) => None,
     };
     Ok(CircuitBreaker {
         mode,
         window,
-        minimum_calls,
-        slow_calls: slow_rate.map(|r| (r, slow_duration.map(|(d, _)| d))),
-        cooldown,
+        minimum_calls: g.count("minimum_calls"),
+        slow_calls: slow_rate.map(|r| (r, g.duration("slow_call_duration"))),
+        cooldown: g.duration("cooldown"),
         growth,
-        half_open_calls,
+        half_open_calls: g.count("half_open_calls"),
     })
 }
 
-fn bulkhead(meta: &Meta, key: &Ident) -> syn::Result<Bulkhead> {
-    let mut max_concurrent = None;
-    let mut max_queued: Option<(u32, Span)> = None;
-    let mut max_wait: Option<(Dur, Span)> = None;
-    let mut lease = None;
-    let mut seen = Seen::default();
-    for m in nested(meta)? {
-        let k = key_of(&m)?;
-        let text = k.to_string();
-        if let Some(unit) = unit_of(&text, "max_wait") {
-            seen.add(&k, "max_wait_ms")?;
-            max_wait = Some((duration(&m, &k, unit)?.0, k.span()));
-            continue;
-        }
-        if let Some(unit) = unit_of(&text, "lease") {
-            seen.add(&k, "lease_ms")?;
-            lease = Some(duration(&m, &k, unit)?.0);
-            continue;
-        }
-        seen.add(&k, &text)?;
-        match text.as_str() {
-            "max_concurrent" => max_concurrent = Some(count(&m, &k)?),
-            "max_queued" => max_queued = Some((int(&m, &k)?, k.span())),
-            _ => return unknown(&k, "`bulkhead(...)`", BULKHEAD_KEYS),
-        }
-    }
-    let Some(max_concurrent) = max_concurrent else {
+fn bulkhead(g: &Given, span: Span, key: &Ident) -> syn::Result<Bulkhead> {
+    let Some(max_concurrent) = g.count("max_concurrent") else {
         return err(
-            meta.span(),
+            span,
             format!("`{key}` needs `max_concurrent`, e.g. `{key}(max_concurrent = 10)`"),
         );
     };
-    let queue = match (max_queued, max_wait) {
-        (Some((0, _)), None) | (None, None) => None,
-        (Some((q, _)), Some((w, _))) => Some((q, w)),
-        (Some((q, span)), None) => {
+    let queue = match (g.count("max_queued"), g.duration("max_wait")) {
+        (Some(0) | None, None) => None,
+        (Some(q), Some(w)) => Some((q, w)),
+        (Some(q), None) => {
             return err(
-                span,
+                g.key_span("max_queued").unwrap_or(span),
                 format!("a queue of {q} needs `max_wait_ms` (or `max_wait_s`)"),
             )
         }
-        (None, Some((_, span))) => {
+        (None, Some(_)) => {
             return err(
-                span,
+                g.key_span("max_wait").unwrap_or(span),
                 "`max_wait` needs `max_queued`: only queued calls wait",
             )
         }
@@ -830,92 +945,36 @@ fn bulkhead(meta: &Meta, key: &Ident) -> syn::Result<Bulkhead> {
     Ok(Bulkhead {
         max_concurrent,
         queue,
-        lease,
+        lease: g.duration("lease"),
     })
 }
 
-fn rate_limiter(meta: &Meta, key: &Ident) -> syn::Result<RateLimiter> {
-    let mut limit = None;
-    let mut per = None;
-    let mut algorithm = Algorithm::Gcra;
-    let mut burst: Option<(u32, Span)> = None;
-    let mut max_wait = None;
-    let mut seen = Seen::default();
-    for m in nested(meta)? {
-        let k = key_of(&m)?;
-        let text = k.to_string();
-        if let Some(unit) = unit_of(&text, "per") {
-            seen.add(&k, "per_ms")?;
-            per = Some(duration(&m, &k, unit)?.0);
-            continue;
-        }
-        if let Some(unit) = unit_of(&text, "max_wait") {
-            seen.add(&k, "max_wait_ms")?;
-            max_wait = Some(duration(&m, &k, unit)?.0);
-            continue;
-        }
-        seen.add(&k, &text)?;
-        match text.as_str() {
-            "limit" => limit = Some(count(&m, &k)?),
-            "burst" => burst = Some((count(&m, &k)?, k.span())),
-            "algorithm" => {
-                let s = string(&m, &k)?;
-                algorithm = match s.value().as_str() {
-                    "gcra" => Algorithm::Gcra,
-                    "fixed_window" => Algorithm::FixedWindow,
-                    "sliding_window" => Algorithm::SlidingWindow,
-                    other => {
-                        return err(
-                            s.span(),
-                            format!(
-                                "unknown algorithm \"{other}\"; expected \"gcra\", \
-                                 \"fixed_window\" or \"sliding_window\""
-                            ),
-                        )
-                    }
-                };
-            }
-            _ => return unknown(&k, "`rate_limiter(...)`", RATE_KEYS),
-        }
-    }
-    let (Some(limit), Some(per)) = (limit, per) else {
+fn rate_limiter(g: &Given, span: Span, key: &Ident) -> syn::Result<RateLimiter> {
+    let (Some(limit), Some(per)) = (g.count("limit"), g.duration("period")) else {
         return err(
-            meta.span(),
+            span,
             format!("`{key}` needs `limit` and `per_s` (or `per_ms`), e.g. `{key}(limit = 100, per_s = 1)`"),
         );
     };
-    if let (Some((_, span)), false) = (burst, algorithm == Algorithm::Gcra) {
+    let algorithm = chosen(&ALGORITHMS, g.choice("algorithm"), Algorithm::Gcra);
+    if let (Some(span), false) = (g.key_span("burst"), algorithm == Algorithm::Gcra) {
         return err(span, "`burst` applies to `algorithm = \"gcra\"` only");
     }
     Ok(RateLimiter {
         limit,
         per,
         algorithm,
-        burst: burst.map(|(b, _)| b),
-        max_wait,
+        burst: g.count("burst"),
+        max_wait: g.duration("max_wait"),
     })
 }
 
-fn cooldown(meta: &Meta) -> syn::Result<Cooldown> {
-    let mut c = Cooldown::default();
-    let mut seen = Seen::default();
-    for m in nested(meta)? {
-        let k = key_of(&m)?;
-        let text = k.to_string();
-        if let Some(unit) = unit_of(&text, "max_pause") {
-            seen.add(&k, "max_pause_ms")?;
-            c.max_pause = Some(duration(&m, &k, unit)?.0);
-        } else if let Some(unit) = unit_of(&text, "max_wait") {
-            seen.add(&k, "max_wait_ms")?;
-            c.max_wait = Some(duration(&m, &k, unit)?.0);
-        } else if let Some(unit) = unit_of(&text, "grace") {
-            seen.add(&k, "grace_ms")?;
-            c.grace = Some(duration(&m, &k, unit)?.0);
-        } else {
-            return unknown(&k, "`cooldown(...)`", COOLDOWN_KEYS);
-        }
+fn cooldown(g: &Given) -> Cooldown {
+    Cooldown {
+        max_pause: g.duration("max_pause"),
+        max_wait: g.duration("max_wait"),
+        grace: g.duration("grace"),
     }
-    Ok(c)
 }
 
 #[cfg(test)]
@@ -1031,18 +1090,117 @@ mod tests {
         assert!(parse_str("name = \" \"").is_ok());
     }
 
+    /// Every policy of `seawall_order`'s table is a key of the attribute,
+    /// reads its settings by the table (an unknown setting lists exactly
+    /// the table's keys) and becomes a step of its kind.
     #[test]
     fn every_registered_policy_is_a_key() {
-        let keys: Vec<&str> = TOP_KEYS.split(',').map(str::trim).collect();
-        for kind in PolicyKind::ALL {
-            assert!(keys.contains(&kind.name()), "{kind:?}");
-            // Known: the error is about its settings, not an unknown key.
-            let e = parse_str(&format!("{}(x = 1)", kind.name())).err();
-            assert!(
-                e.is_none_or(|e| !e.to_string().contains("#[resilient(...)]")),
-                "{kind:?}"
+        let top = top_keys();
+        let keys: Vec<&str> = top.split(',').map(str::trim).collect();
+        for &kind in PolicyKind::ALL {
+            let name = kind.name();
+            assert!(keys.contains(&name), "{kind:?}");
+            assert_eq!(
+                message(&format!("{name}(x = 1)")),
+                format!(
+                    "unknown key `x` in `{name}(...)`; expected one of: {}",
+                    attribute_keys(kind.settings())
+                )
             );
+            // The smallest declaration of each policy; a new policy fails
+            // to compile here until it is given one.
+            let minimal = match kind {
+                PolicyKind::Timeout => "timeout(ms = 10)",
+                PolicyKind::Retry => "retry",
+                PolicyKind::CircuitBreaker => "circuit_breaker(consecutive_failures = 3)",
+                PolicyKind::Bulkhead => "bulkhead(max_concurrent = 1)",
+                PolicyKind::Cooldown => "cooldown",
+                PolicyKind::RateLimiter => "rate_limiter(limit = 1, per_s = 1)",
+            };
+            let c = parse_str(minimal).unwrap();
+            assert_eq!(c.steps.len(), 1);
+            assert_eq!(c.steps[0].policy.kind(), kind);
+            assert_eq!(c.steps[0].key, name);
         }
+    }
+
+    /// Every setting of the table is read by the attribute.
+    #[test]
+    fn every_registered_setting_is_read() {
+        let c = parse_str(
+            r#"timeout(s = 1, strict = false),
+               retry(max_attempts = 2, backoff = "decorrelated", backoff_s = 1, cap_ms = 9,
+                     jitter = "equal", budget(ratio = 0.5, max_tokens = 2)),
+               circuit_breaker(failure_rate = 0.5, count_window = 10, minimum_calls = 1,
+                     slow_call_rate = 0.5, slow_call_s = 1, cooldown_ms = 1,
+                     cooldown_growth = 2, max_cooldown_s = 3, half_open_calls = 2),
+               bulkhead(max_concurrent = 1, max_queued = 1, max_wait_s = 1, lease_ms = 5),
+               cooldown(max_pause_ms = 1, max_wait_ms = 2, grace_ms = 3),
+               rate_limiter(algorithm = "sliding_window", limit = 1, per_ms = 10, max_wait_s = 2)"#,
+        )
+        .unwrap();
+        assert_eq!(c.steps.len(), 6);
+        match &c.steps[5].policy {
+            Policy::RateLimiter(r) => {
+                assert!(r.algorithm == Algorithm::SlidingWindow);
+                assert_eq!(r.per.duration(), Duration::from_millis(10));
+                assert_eq!(r.max_wait.map(Dur::duration), Some(Duration::from_secs(2)));
+            }
+            _ => panic!("rate limiter expected"),
+        }
+        match &c.steps[4].policy {
+            Policy::Cooldown(c) => {
+                let got = [c.max_pause, c.max_wait, c.grace].map(|d| d.map(Dur::duration));
+                assert_eq!(got, [1, 2, 3].map(|ms| Some(Duration::from_millis(ms))));
+            }
+            _ => panic!("cooldown expected"),
+        }
+        match &c.steps[0].policy {
+            Policy::Timeout(t) => assert_eq!(
+                (t.after.duration(), t.strict),
+                (Duration::from_secs(1), false)
+            ),
+            _ => panic!("timeout expected"),
+        }
+    }
+
+    /// The attribute's words for a choice are the table's.
+    #[test]
+    fn choices_are_the_registered_ones() {
+        let choices = |kind: PolicyKind, key| match kind.setting(key).map(|s| s.value) {
+            Some(Value::Choice(c)) => c.to_vec(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            BACKOFFS.map(|(w, _)| w).to_vec(),
+            choices(PolicyKind::Retry, "backoff")
+        );
+        assert_eq!(
+            ALGORITHMS.map(|(w, _)| w).to_vec(),
+            choices(PolicyKind::RateLimiter, "algorithm")
+        );
+    }
+
+    #[test]
+    fn a_setting_given_twice_under_two_keys() {
+        assert!(
+            message("circuit_breaker(failure_rate = 0.5, consecutive_failures = 3)")
+                .starts_with("`consecutive_failures` and `failure_rate` set the same value")
+        );
+        assert!(
+            message("circuit_breaker(failure_rate = 0.5, window_s = 3, count_window = 3)")
+                .starts_with("`count_window` and `window_s` set the same value")
+        );
+        assert!(message("rate_limiter(limit = 1, per_s = 1, per_ms = 3)")
+            .starts_with("`per_ms` and `per_s` set the same value"));
+        assert!(
+            message("circuit_breaker(failure_rate = 0.5, window_ms = 3)")
+                .starts_with("unknown key `window_ms` in `circuit_breaker(...)`")
+        );
+        assert_eq!(
+            message("retry(budget(ratio = 1, tokens = 2))"),
+            "unknown key `tokens` in `budget(...)`; expected one of: ratio, max_tokens"
+        );
     }
 
     #[test]

@@ -386,9 +386,9 @@ fn builder(config: &Config, name: &TokenStream) -> TokenStream {
                 };
                 match c.window {
                     Some(Window::Count(n)) => b.extend(quote!(.count_window(#n))),
-                    Some(Window::Seconds(s)) => {
-                        let s = u64::from(s);
-                        b.extend(quote!(.window(::core::time::Duration::from_secs(#s))))
+                    Some(Window::Duration(d)) => {
+                        let d = d.tokens();
+                        b.extend(quote!(.window(#d)))
                     }
                     None => {}
                 }
