@@ -91,7 +91,7 @@ impl PipelineBuilder<AnyResult> {
 
 impl<K: Kind> PipelineBuilder<K> {
     /// Appends a policy to the declared list; `build()` checks the order.
-    fn declare(mut self, policy: Declared) -> Self {
+    pub(crate) fn declare(mut self, policy: Declared) -> Self {
         self.declared.push(policy);
         self
     }
