@@ -755,12 +755,14 @@ fn jitter(meta: &Meta, key: &Ident) -> syn::Result<JitterKind> {
             }
         },
         Some(Lit::Int(_) | Lit::Float(_)) => JitterKind::Percent(float(meta, key)?.0),
-        _ => return err(
-            expr.span(),
-            format!(
+        _ => {
+            return err(
+                expr.span(),
+                format!(
                 "`{key}` expects \"none\", \"full\", \"equal\" or a percentage, e.g. `{key} = 20`"
             ),
-        ),
+            )
+        }
     })
 }
 
@@ -1161,6 +1163,32 @@ mod tests {
                 (Duration::from_secs(1), false)
             ),
             _ => panic!("timeout expected"),
+        }
+    }
+
+    /// Every registered setting is read by an assembler above (a key of
+    /// the table nobody reads would be accepted and ignored).
+    #[test]
+    fn every_registered_setting_is_used() {
+        let source = include_str!("attr.rs");
+        let code = &source[..source.find("#[cfg(test)]\nmod tests").expect("tests")];
+        fn keys(settings: &[Setting], out: &mut Vec<&'static str>) {
+            for s in settings {
+                out.push(s.key);
+                if let Value::Table(nested) = s.value {
+                    keys(nested, out);
+                }
+            }
+        }
+        for kind in PolicyKind::ALL {
+            let mut all = Vec::new();
+            keys(kind.settings(), &mut all);
+            for key in all {
+                assert!(
+                    code.contains(&format!("(\"{key}\")")),
+                    "{kind:?}.{key} is never read"
+                );
+            }
         }
     }
 

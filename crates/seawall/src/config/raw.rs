@@ -254,11 +254,26 @@ enum Given {
 /// A policy's section: its settings as given, each read by the kind its
 /// registered setting names.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub(crate) struct Section(Vec<(&'static str, Given)>);
+pub(crate) struct Section {
+    /// The registered settings of the section.
+    settings: &'static [Setting],
+    given: Vec<(&'static str, Given)>,
+}
 
 impl Section {
+    fn new(settings: &'static [Setting]) -> Section {
+        Section {
+            settings,
+            given: Vec::new(),
+        }
+    }
+
     fn get(&self, key: &str) -> Option<&Given> {
-        self.0.iter().find(|(k, _)| *k == key).map(|(_, v)| v)
+        debug_assert!(
+            self.settings.iter().any(|s| s.key == key),
+            "`{key}` is not a registered setting of this section"
+        );
+        self.given.iter().find(|(k, _)| *k == key).map(|(_, v)| v)
     }
 
     fn count(&self, key: &str) -> Option<u32> {
@@ -385,13 +400,15 @@ impl<'de> Visitor<'de> for SectionSeed {
                 },
             ) => {
                 let d = parse_duration(s).map_err(E::custom)?;
-                Ok(Section(vec![(setting.key, Given::Duration(Dur(d)))]))
+                let mut section = Section::new(self.settings);
+                section.given.push((setting.key, Given::Duration(Dur(d))));
+                Ok(section)
             }
             _ => Err(E::invalid_type(de::Unexpected::Str(s), &self)),
         }
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Section, A::Error> {
-        let mut section = Section::default();
+        let mut section = Section::new(self.settings);
         while let Some(setting) = map.next_key_seed(SettingKeySeed(self.settings))? {
             if section.get(setting.key).is_some() {
                 return Err(de::Error::duplicate_field(setting.key));
@@ -415,7 +432,7 @@ impl<'de> Visitor<'de> for SectionSeed {
                     .map(Given::Table),
             };
             if let Some(value) = value {
-                section.0.push((setting.key, value));
+                section.given.push((setting.key, value));
             }
         }
         Ok(section)
@@ -1079,6 +1096,83 @@ mod tests {
             ALGORITHMS.map(|(w, _)| w).to_vec(),
             choices(PolicyKind::RateLimiter, "algorithm")
         );
+    }
+
+    /// Every policy of `seawall_order`'s table is a section of the files
+    /// (read by the table's keys), a declaration of the builder, and the
+    /// same declaration either way.
+    #[test]
+    fn every_registered_policy_is_configured_and_declared() {
+        use crate::config::{Config, Format};
+        use crate::Pipeline;
+        for &kind in PolicyKind::ALL {
+            // The smallest section of each policy and its builder call; a
+            // new policy fails to compile here until it is given both.
+            let ms = Duration::from_millis;
+            let (section, builder) = match kind {
+                PolicyKind::Timeout => {
+                    ("timeout = \"1s\"", Pipeline::builder("a").timeout(ms(1000)))
+                }
+                PolicyKind::Retry => (
+                    "retry = { delay = \"1ms\" }",
+                    Pipeline::builder("a").retry(Retry::exponential(ms(1))),
+                ),
+                PolicyKind::CircuitBreaker => (
+                    "circuit_breaker = { consecutive_failures = 3 }",
+                    Pipeline::builder("a").circuit_breaker(CircuitBreaker::consecutive_failures(3)),
+                ),
+                PolicyKind::Bulkhead => (
+                    "bulkhead = { max_concurrent = 1 }",
+                    Pipeline::builder("a").bulkhead(Bulkhead::new(1)),
+                ),
+                PolicyKind::Cooldown => (
+                    "cooldown = {}",
+                    Pipeline::builder("a").cooldown(Cooldown::new()),
+                ),
+                PolicyKind::RateLimiter => (
+                    "rate_limiter = { limit = 1, period = \"1s\" }",
+                    Pipeline::builder("a").rate_limiter(RateLimiter::gcra(1, ms(1000))),
+                ),
+            };
+            let config = Config::parse(Format::Toml, &format!("[pipelines.a]\n{section}\n"))
+                .unwrap_or_else(|e| panic!("{kind:?}: {e}"));
+            let from_file = config.builder("a").expect("configured");
+            assert_eq!(from_file.declared_kinds(), [kind]);
+            assert_eq!(builder.declared_kinds(), [kind]);
+            assert_eq!(format!("{from_file:?}"), format!("{builder:?}"));
+
+            let text = format!("[pipelines.a.{}]\nx = 1\n", kind.name());
+            let e = Config::parse(Format::Toml, &text).unwrap_err().to_string();
+            let keys: Vec<&str> = kind.settings().iter().map(|s| s.key).collect();
+            let expected = format!("unknown field `x`, {}", one_of(&keys));
+            assert!(e.contains(&expected), "{e}\nshould contain: {expected}");
+        }
+    }
+
+    /// Every registered setting is read by the resolution above (a key
+    /// of the table nobody reads would be accepted and ignored).
+    #[test]
+    fn every_registered_setting_is_read() {
+        let source = include_str!("raw.rs");
+        let resolution = &source[..source.find("#[cfg(test)]").expect("tests")];
+        fn keys(settings: &[Setting], out: &mut Vec<&'static str>) {
+            for s in settings {
+                out.push(s.key);
+                if let Value::Table(nested) = s.value {
+                    keys(nested, out);
+                }
+            }
+        }
+        for kind in PolicyKind::ALL {
+            let mut all = Vec::new();
+            keys(kind.settings(), &mut all);
+            for key in all {
+                assert!(
+                    resolution.contains(&format!("\"{key}\"")),
+                    "{kind:?}.{key} is never read"
+                );
+            }
+        }
     }
 
     #[test]

@@ -96,6 +96,12 @@ impl<K: Kind> PipelineBuilder<K> {
         self
     }
 
+    /// The declared policies, in order (for tests of the registration).
+    #[cfg(test)]
+    pub(crate) fn declared_kinds(&self) -> Vec<seawall_order::PolicyKind> {
+        self.declared.iter().map(Declared::kind).collect()
+    }
+
     /// Adds a retry policy. Timeouts declared after it bound each attempt,
     /// stateful policies declared after it guard each attempt.
     pub fn retry(self, retry: Retry) -> Self {

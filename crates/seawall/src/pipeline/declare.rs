@@ -13,29 +13,37 @@ use crate::rate_limit::RateLimiter;
 use crate::retry::Retry;
 use crate::timeout::Timeout;
 
-/// One declared policy with its settings. A new policy adds a variant
-/// here, a line in `kind` and one in `sort` (the compiler asks for both).
-#[derive(Debug, Clone)]
-pub(crate) enum Declared {
+/// The run-time value of each policy registered in [`seawall_order`]:
+/// one line per policy, `Kind(Type)`, `Kind` being its [`PolicyKind`]
+/// variant. The configuration files resolve their sections into these
+/// values and the builder methods declare them; [`sort`] gives each its
+/// role (the compiler asks for a new one there).
+macro_rules! declared {
+    ($($kind:ident($ty:ty),)*) => {
+        /// One declared policy with its settings.
+        #[derive(Debug, Clone)]
+        pub(crate) enum Declared {
+            $($kind($ty),)*
+        }
+
+        impl Declared {
+            /// The policy, as the order rules know it.
+            pub(crate) fn kind(&self) -> PolicyKind {
+                match self {
+                    $(Declared::$kind(_) => PolicyKind::$kind,)*
+                }
+            }
+        }
+    };
+}
+
+declared! {
     Timeout(Timeout),
     Retry(Retry),
     CircuitBreaker(CircuitBreaker),
     Bulkhead(Bulkhead),
     Cooldown(Cooldown),
     RateLimiter(RateLimiter),
-}
-
-impl Declared {
-    pub(crate) fn kind(&self) -> PolicyKind {
-        match self {
-            Declared::Timeout(_) => PolicyKind::Timeout,
-            Declared::Retry(_) => PolicyKind::Retry,
-            Declared::CircuitBreaker(_) => PolicyKind::CircuitBreaker,
-            Declared::Bulkhead(_) => PolicyKind::Bulkhead,
-            Declared::Cooldown(_) => PolicyKind::Cooldown,
-            Declared::RateLimiter(_) => PolicyKind::RateLimiter,
-        }
-    }
 }
 
 /// The declared policies by role.
