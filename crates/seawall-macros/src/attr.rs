@@ -1,10 +1,13 @@
 //! Parsing of the attribute's arguments.
 //!
-//! Here are the attribute's own rules: its syntax (keys, literals, units,
-//! keys that go together) and the order of policies, checked by
+//! The policies, their keys, units and value kinds are `seawall_order`'s
+//! table: a policy's key list is read by [`read`] from its registered
+//! settings, and the order of policies is checked by
 //! [`seawall_order::check`] (the builder's own check) so that an error
-//! points at the key. The values are not checked here: the expansion hands
-//! them to the builder, whose `build()` applies each policy's rules.
+//! points at the key. Here are only the attribute's own words: its
+//! defaults and the keys that go together, one function per policy. The
+//! values are not checked here: the expansion hands them to the builder,
+//! whose `build()` applies each policy's rules.
 
 #[cfg(test)]
 use std::time::Duration;

@@ -1,25 +1,44 @@
-//! Where each policy of a [seawall](https://crates.io/crates/seawall)
-//! pipeline may stand, stated once.
+//! The policies of a [seawall](https://crates.io/crates/seawall) pipeline,
+//! where each may stand and how its settings are written, stated once.
 //!
 //! A pipeline is a list of policies in declaration order, outermost first.
-//! This crate holds the list of policies ([`PolicyKind`], one registration
-//! line each), where each may stand ([`Place`]), what a policy covers at its
-//! position ([`scope`]) and the check of a whole list ([`check`]). The
-//! pipeline builder, the configuration files and the `#[resilient]` attribute
-//! all call these functions and only word the answer in their own
-//! vocabulary; none of them restates a rule. It has no dependencies so that
-//! the proc-macro crate can use it at compile time.
+//! This crate holds the table of policies ([`PolicyKind`], one entry each):
+//! each policy's name, where it may stand ([`Place`]) and its settings
+//! ([`Setting`]: the key, the attribute's spelling, the kind of value). It
+//! also states what a policy covers at its position ([`scope`]) and checks
+//! a whole list ([`check`]). The pipeline builder, the configuration files
+//! and the `#[resilient]` attribute all read this table and call these
+//! functions, and only word the answer in their own vocabulary; none of
+//! them restates a rule, a key or a value kind. It has no dependencies so
+//! that the proc-macro crate can use it at compile time.
 //!
 //! The fallback is not part of the list: it is always outermost, wherever it
 //! is declared.
 //!
 //! # Adding a policy
-//! Its module in `seawall` (the settings, their `validate()` and the
-//! policy's rules), one line in the list below, then the ways to declare
-//! it: a variant of `Declared` and a builder method in `seawall`'s
-//! `pipeline/`, a section in the configuration files (`config/raw.rs`) and
-//! a key of `#[resilient]` (`seawall-macros`). None of them states where
-//! the policy may stand or what its values may be.
+//! 1. **Its module** in `seawall` (`src/<policy>/`): the settings type
+//!    with its setters and `validate()` (the numeric rules, reached by every
+//!    surface through `build()`), its pure rules and, for a policy that
+//!    guards each attempt, its cell and its place in the engine and stores.
+//! 2. **One entry in the `policies!` table below**: its name, its
+//!    [`Place`], its name after the retry if it may stand on either side,
+//!    and its settings (key, attribute spelling, [`Value`] kind). From it
+//!    come the order check, the configuration file's section (its keys,
+//!    value kinds, unknown-key errors, the names of `policies` and their
+//!    default order) and the attribute's keys (units, value parsing,
+//!    `expected one of` lists).
+//! 3. **The compiler lists the rest**: exhaustive matches on
+//!    [`PolicyKind`], each the policy worded in one surface's vocabulary:
+//!    a line of `declared!` and its role in `sort`
+//!    (`seawall/src/pipeline/declare.rs`) with its builder method
+//!    (`builder.rs`, public API); `resolve` in `seawall/src/config/raw.rs`
+//!    (the file's defaults, required keys and keys that go together);
+//!    `policy` in `seawall-macros/src/attr.rs` (the attribute's defaults
+//!    and key combinations) and the builder call in `expand.rs`; and the
+//!    smallest declaration of the policy in the registration tests
+//!    (`every_registered_policy_is_*`), which check that the builder, the
+//!    configuration files and the attribute all know every entry and read
+//!    every registered setting.
 //!
 //! This crate is an implementation detail of seawall. Its enums are
 //! exhaustive on purpose: a new policy or rule makes the compiler point at

@@ -22,6 +22,7 @@ mod engine;
 mod kind;
 mod nested;
 
+#[cfg(feature = "serde")]
 pub(crate) use builder::declare::Declared;
 pub use builder::PipelineBuilder;
 #[cfg(feature = "reqwest")]
