@@ -33,9 +33,9 @@
 //!    (`seawall/src/pipeline/declare.rs`) with its builder method
 //!    (`builder.rs`, public API); `resolve` in `seawall/src/config/raw.rs`
 //!    (the file's defaults, required keys and keys that go together);
-//!    `policy` in `seawall-macros/src/attr.rs` (the attribute's defaults
-//!    and key combinations) and the builder call in `expand.rs`; and the
-//!    smallest declaration of the policy in the registration tests
+//!    `policy` in `seawall-macros/src/policies.rs` (the attribute's
+//!    defaults, key combinations and the expression of the settings); and
+//!    the smallest declaration of the policy in the registration tests
 //!    (`every_registered_policy_is_*`), which check that the builder, the
 //!    configuration files and the attribute all know every entry and read
 //!    every registered setting.
