@@ -417,6 +417,37 @@ mod tests {
         }
     }
 
+    /// The attribute's documentation names every registered key.
+    #[test]
+    fn every_registered_key_is_documented() {
+        let docs = include_str!("resilient.md");
+        fn keys(settings: &[Setting], out: &mut Vec<String>) {
+            for s in settings {
+                out.extend(s.attribute_keys());
+                if let Value::Table(nested) = s.value {
+                    keys(nested, out);
+                }
+            }
+        }
+        for kind in PolicyKind::ALL {
+            assert!(docs.contains(&format!("`{}", kind.name())), "{kind:?}");
+            let mut all = Vec::new();
+            keys(kind.settings(), &mut all);
+            for key in all {
+                let documented = [
+                    format!("`{key}`"),
+                    format!("`{key} "),
+                    format!("({key} "),
+                    format!(" {key} = "),
+                    format!("\n{key} = "),
+                ]
+                .iter()
+                .any(|spelled| docs.contains(spelled));
+                assert!(documented, "{kind:?}: `{key}` is not documented");
+            }
+        }
+    }
+
     /// The attribute's words for a choice are the table's.
     #[test]
     fn choices_are_the_registered_ones() {

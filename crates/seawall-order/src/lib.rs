@@ -29,16 +29,21 @@
 //!    `expected one of` lists).
 //! 3. **The compiler lists the rest**: exhaustive matches on
 //!    [`PolicyKind`], each the policy worded in one surface's vocabulary:
-//!    a line of `declared!` and its role in `sort`
-//!    (`seawall/src/pipeline/declare.rs`) with its builder method
-//!    (`builder.rs`, public API); `resolve` in `seawall/src/config/raw.rs`
-//!    (the file's defaults, required keys and keys that go together);
-//!    `policy` in `seawall-macros/src/policies.rs` (the attribute's
-//!    defaults, key combinations and the expression of the settings); and
-//!    the smallest declaration of the policy in the registration tests
-//!    (`every_registered_policy_is_*`), which check that the builder, the
-//!    configuration files and the attribute all know every entry and read
-//!    every registered setting.
+//!    - `seawall/src/pipeline/declare.rs`: a line of `declared!`, its
+//!      `Validate` impl (a call of its `validate()`) and its role in
+//!      `sort`; its method in `builder.rs` (public API);
+//!    - `seawall/src/config/raw.rs`, `resolve`: the section into the
+//!      value (the file's defaults, required keys, keys that go together);
+//!    - `seawall-macros/src/policies.rs`, `policy`: the same in the
+//!      attribute's words, and the expression of the settings;
+//!    - the registration tests (`every_registered_policy_is_*`): the
+//!      smallest declaration of the policy in the builder, a file and the
+//!      attribute.
+//!
+//!    The tests then check that the builder, the configuration files and
+//!    the attribute know every entry, that each surface reads every
+//!    registered setting, and that each setting is documented
+//!    (`seawall/src/config/mod.rs`, `seawall-macros/src/resilient.md`).
 //!
 //! This crate is an implementation detail of seawall. Its enums are
 //! exhaustive on purpose: a new policy or rule makes the compiler point at

@@ -1175,6 +1175,32 @@ mod tests {
         }
     }
 
+    /// The file's documentation names every registered section and key.
+    #[test]
+    fn every_registered_key_is_documented() {
+        let docs = include_str!("mod.rs");
+        for name in PolicyName::all() {
+            let section = format!("`{}`", name.as_str());
+            assert!(docs.contains(&section), "{section} is not documented");
+        }
+        for kind in PolicyKind::ALL {
+            for s in kind.settings() {
+                let keys: Vec<&str> = match s.value {
+                    Value::Table(nested) => nested.iter().map(|n| n.key).collect(),
+                    _ => vec![s.key],
+                };
+                for key in keys {
+                    let quoted = format!("`{key}`");
+                    let inline = format!("{key} = ");
+                    assert!(
+                        docs.contains(&quoted) || docs.contains(&inline),
+                        "{kind:?}.{key} is not documented"
+                    );
+                }
+            }
+        }
+    }
+
     #[test]
     fn serde_wording_of_expected_names() {
         assert_eq!(one_of(&[]), "there are no fields");
