@@ -32,8 +32,9 @@
 //!    - `seawall/src/pipeline/declare.rs`: a line of `declared!`, its
 //!      `Validate` impl (a call of its `validate()`) and its role in
 //!      `sort`; its method in `builder.rs` (public API);
-//!    - `seawall/src/config/raw.rs`, `resolve`: the section into the
-//!      value (the file's defaults, required keys, keys that go together);
+//!    - `seawall/src/config/policies.rs`, `resolve`: the section into
+//!      the value (the file's defaults, required keys, keys that go
+//!      together);
 //!    - `seawall-macros/src/policies.rs`, `policy`: the same in the
 //!      attribute's words, and the expression of the settings;
 //!    - the registration tests (`every_registered_policy_is_*`): the
