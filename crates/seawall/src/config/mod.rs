@@ -186,6 +186,7 @@ use crate::store::{ResourceSpec, ResourceState, StateStore};
 use crate::Pipeline;
 
 mod error;
+mod policies;
 mod raw;
 mod registry;
 mod source;

@@ -91,9 +91,15 @@ impl PipelineBuilder<AnyResult> {
 
 impl<K: Kind> PipelineBuilder<K> {
     /// Appends a policy to the declared list; `build()` checks the order.
-    fn declare(mut self, policy: Declared) -> Self {
+    pub(crate) fn declare(mut self, policy: Declared) -> Self {
         self.declared.push(policy);
         self
+    }
+
+    /// The declared policies, in order (for tests of the registration).
+    #[cfg(test)]
+    pub(crate) fn declared_kinds(&self) -> Vec<seawall_order::PolicyKind> {
+        self.declared.iter().map(Declared::kind).collect()
     }
 
     /// Adds a retry policy. Timeouts declared after it bound each attempt,
@@ -279,8 +285,20 @@ impl<K: Kind> PipelineBuilder<K> {
     /// `retry.max_attempts must be >= 1, got 0`; or, when the store cannot
     /// prepare the resource, a `store` error.
     pub fn build(self) -> Result<Pipeline<K>, ConfigError> {
-        let sorted = declare::sort(self.declared)?;
-        let assembly = Assembly {
+        let kinds = declare::check_order(&self.declared)?;
+        if self.name.trim().is_empty() {
+            return Err(ConfigError::new("pipeline", "name", "must not be empty"));
+        }
+        declare::validate(&self.declared, &kinds)?;
+        if self.partition_idle.is_zero() {
+            return Err(ConfigError::new(
+                "pipeline",
+                "partition_idle",
+                "must be > 0",
+            ));
+        }
+        let sorted = declare::sort(self.declared, &kinds);
+        Assembly {
             name: self.name,
             retry: sorted.retry,
             overall_timeout: sorted.overall_timeout,
@@ -296,14 +314,13 @@ impl<K: Kind> PipelineBuilder<K> {
             listeners: self.listeners,
             partition_idle: self.partition_idle,
             handlers: self.handlers,
-        };
-        assembly.validate()?;
-        assembly.assemble()
+        }
+        .assemble()
     }
 }
 
-/// A checked declaration, sorted by role, and the builder's settings: what
-/// a pipeline is assembled from.
+/// A checked and validated declaration, sorted by role, and the builder's
+/// settings: what a pipeline is assembled from.
 struct Assembly<K: Kind> {
     name: String,
     retry: Option<Retry>,
@@ -323,43 +340,6 @@ struct Assembly<K: Kind> {
 }
 
 impl<K: Kind> Assembly<K> {
-    /// The numeric rules, each stated by its policy's `validate()`.
-    fn validate(&self) -> Result<(), ConfigError> {
-        if self.name.trim().is_empty() {
-            return Err(ConfigError::new("pipeline", "name", "must not be empty"));
-        }
-        if let Some(r) = &self.retry {
-            r.validate()?;
-        }
-        for t in [self.overall_timeout, self.attempt_timeout]
-            .into_iter()
-            .flatten()
-        {
-            t.validate()?;
-        }
-        if let Some(c) = &self.circuit {
-            c.validate()?;
-        }
-        let attempt_timeout = self.attempt_timeout.or(self.overall_timeout);
-        if let Some(b) = &self.bulkhead {
-            b.validate(attempt_timeout.map(|t| t.duration))?;
-        }
-        if let Some(c) = &self.cooldown {
-            c.validate()?;
-        }
-        if let Some(r) = &self.rate_limit {
-            r.validate()?;
-        }
-        if self.partition_idle.is_zero() {
-            return Err(ConfigError::new(
-                "pipeline",
-                "partition_idle",
-                "must be > 0",
-            ));
-        }
-        Ok(())
-    }
-
     fn assemble(self) -> Result<Pipeline<K>, ConfigError> {
         let spec = ResourceSpec {
             name: self.name.clone(),

@@ -22,6 +22,8 @@ mod engine;
 mod kind;
 mod nested;
 
+#[cfg(feature = "serde")]
+pub(crate) use builder::declare::Declared;
 pub use builder::PipelineBuilder;
 #[cfg(feature = "reqwest")]
 pub(crate) use drive::Judged;
