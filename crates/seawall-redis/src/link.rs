@@ -11,13 +11,15 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{FromRedisValue, ScriptInvocation};
 use seawall::StoreError;
 
-use crate::error::{is_outage, store_error};
+use crate::error::{is_outage, store_error, Redacted};
 use crate::scripts::Scripts;
 
 /// Settings the link needs from the builder.
 #[derive(Debug, Clone)]
 pub(crate) struct LinkSettings {
-    pub(crate) address: String,
+    /// The server's URL as it may be shown, and the secrets kept out of
+    /// every message.
+    pub(crate) address: Redacted,
     pub(crate) timeout: Duration,
     pub(crate) connect_timeout: Duration,
     pub(crate) reconnect_interval: Duration,
@@ -130,6 +132,12 @@ impl Link {
         }
     }
 
+    /// A Redis error as a [`StoreError`], its message free of the URL's
+    /// secrets.
+    fn error(&self, e: &redis::RedisError, timeout: Duration) -> StoreError {
+        self.settings.address.scrub_error(store_error(e, timeout))
+    }
+
     /// `false` while Redis is skipped after a failure.
     pub(crate) fn is_available(&self) -> bool {
         self.health.skip_until.load(Ordering::Acquire) == 0
@@ -202,11 +210,11 @@ impl Link {
         let conn = self
             .client
             .get_connection_with_timeout(self.settings.connect_timeout)
-            .map_err(|e| store_error(&e, self.settings.connect_timeout))?;
+            .map_err(|e| self.error(&e, self.settings.connect_timeout))?;
         conn.set_read_timeout(Some(t))
-            .map_err(|e| store_error(&e, t))?;
+            .map_err(|e| self.error(&e, t))?;
         conn.set_write_timeout(Some(t))
-            .map_err(|e| store_error(&e, t))?;
+            .map_err(|e| self.error(&e, t))?;
         Ok(conn)
     }
 
@@ -241,7 +249,7 @@ impl Link {
                 Ok(v)
             }
             Err(e) => {
-                let e = store_error(&e, self.settings.timeout);
+                let e = self.error(&e, self.settings.timeout);
                 self.failed(&e);
                 Err(e)
             }
@@ -303,7 +311,7 @@ impl Link {
             .set_min_delay(Duration::from_millis(10))
             .set_max_delay(self.settings.reconnect_interval);
         let m = ConnectionManager::new_lazy_with_config(self.client.clone(), config)
-            .map_err(|e| store_error(&e, self.settings.timeout))?;
+            .map_err(|e| self.error(&e, self.settings.timeout))?;
         if managers.len() >= RUNTIMES {
             managers.remove(0);
         }
@@ -339,7 +347,7 @@ impl Link {
             let mut m = self.manager()?;
             inv.invoke_async(&mut m)
                 .await
-                .map_err(|e| store_error(&e, self.settings.timeout))
+                .map_err(|e| self.error(&e, self.settings.timeout))
         };
         match tokio::time::timeout(limit, result).await {
             Ok(r) => r,
@@ -358,7 +366,7 @@ impl Link {
             redis::cmd("PING")
                 .query_async::<()>(&mut m)
                 .await
-                .map_err(|e| store_error(&e, self.settings.timeout))?;
+                .map_err(|e| self.error(&e, self.settings.timeout))?;
             Ok(start.elapsed())
         };
         let result = match tokio::time::timeout(limit, result).await {
@@ -386,7 +394,7 @@ fn reconnect(weak: Weak<Link>, interval: Duration) {
         let attempt = link.connect_sync().and_then(|mut c| {
             redis::cmd("PING")
                 .query::<()>(&mut c)
-                .map_err(|e| store_error(&e, link.settings.timeout))?;
+                .map_err(|e| link.error(&e, link.settings.timeout))?;
             Ok(c)
         });
         match attempt {

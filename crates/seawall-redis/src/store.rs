@@ -15,7 +15,7 @@ use seawall::store::{
 use seawall::{MemoryStore, PartitionKey, Rejection, RejectionReason, StateStore, StoreError};
 
 use crate::config::{FailMode, RedisStoreBuilder, TimeSource};
-use crate::error::{is_outage, redact, RedisStoreError};
+use crate::error::{is_outage, Redacted, RedisStoreError};
 use crate::link::{Link, LinkSettings};
 use crate::scripts::{self, Keys, Scripts, SpecArgs, SuccessArgs};
 
@@ -87,7 +87,7 @@ impl RedisStore {
 
     pub(crate) fn from_parts(b: RedisStoreBuilder, client: redis::Client) -> RedisStore {
         let settings = LinkSettings {
-            address: redact(&b.url),
+            address: Redacted::new(&b.url),
             timeout: b.timeout,
             connect_timeout: b.connect_timeout.unwrap_or(b.timeout),
             reconnect_interval: b.reconnect_interval,

@@ -13,5 +13,6 @@ mod cross_process;
 mod models;
 mod outage;
 mod pipeline;
+mod redaction;
 mod round_trips;
 mod support;
