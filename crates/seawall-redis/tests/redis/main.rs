@@ -14,5 +14,6 @@ mod models;
 mod outage;
 mod pipeline;
 mod redaction;
+mod restart;
 mod round_trips;
 mod support;

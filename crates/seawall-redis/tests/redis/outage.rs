@@ -28,7 +28,9 @@ fn store(server: &RedisServer, prefix: &str, open: bool) -> RedisStore {
 fn pipeline(store: RedisStore, events: &Events) -> Pipeline {
     Pipeline::builder("dependency")
         .circuit_breaker(CircuitBreaker::consecutive_failures(50).cooldown(Duration::from_secs(30)))
-        .bulkhead(Bulkhead::new(8).lease(Duration::from_secs(10)))
+        // The lease (the longest window or lease here) is how long admissions
+        // wait after a restart: kept short.
+        .bulkhead(Bulkhead::new(8).lease(Duration::from_secs(1)))
         .rate_limiter(RateLimiter::gcra(10_000, Duration::from_secs(1)))
         .on_event(events.listener())
         .store(store)
