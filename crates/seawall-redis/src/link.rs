@@ -71,6 +71,28 @@ pub(crate) struct Restart {
     pub(crate) started: Instant,
 }
 
+/// Why a call through the link failed: Redis failed (an outage is noted,
+/// the connection dropped), or the admission waits after a restart (Redis
+/// is fine).
+enum Failure {
+    Store(StoreError),
+    Held(StoreError),
+}
+
+impl From<StoreError> for Failure {
+    fn from(e: StoreError) -> Failure {
+        Failure::Store(e)
+    }
+}
+
+impl Failure {
+    fn into_error(self) -> StoreError {
+        match self {
+            Failure::Store(e) | Failure::Held(e) => e,
+        }
+    }
+}
+
 /// What is known of the server.
 #[derive(Debug, Default)]
 struct ServerState {
@@ -209,9 +231,9 @@ impl Link {
         Ok(())
     }
 
-    fn check_hold(&self, hold: Option<HoldCheck<'_>>) -> Result<(), StoreError> {
+    fn check_hold(&self, hold: Option<HoldCheck<'_>>) -> Result<(), Failure> {
         match (hold, self.restart()) {
-            (Some(check), Some(restart)) => check(restart),
+            (Some(check), Some(restart)) => check(restart).map_err(Failure::Held),
             _ => Ok(()),
         }
     }
@@ -346,7 +368,7 @@ impl Link {
         &self,
         ordered: bool,
         hold: Option<HoldCheck<'_>>,
-        f: impl FnOnce(&mut redis::Connection) -> Result<T, StoreError>,
+        f: impl FnOnce(&mut redis::Connection) -> Result<T, Failure>,
     ) -> Result<T, StoreError> {
         self.gate()?;
         if ordered {
@@ -363,16 +385,17 @@ impl Link {
                 }
             },
         };
-        if let Err(e) = self.check_hold(hold) {
-            self.pool_return(conn);
-            return Err(e);
-        }
-        match f(&mut conn) {
+        let result = self.check_hold(hold).and_then(|()| f(&mut conn));
+        match result {
             Ok(v) => {
                 self.pool_return(conn);
                 Ok(v)
             }
-            Err(e) => {
+            Err(Failure::Held(e)) => {
+                self.pool_return(conn);
+                Err(e)
+            }
+            Err(Failure::Store(e)) => {
                 self.failed(&e);
                 Err(e)
             }
@@ -387,7 +410,7 @@ impl Link {
         c: &mut redis::Connection,
         inv: &Invocation,
         hold: Option<HoldCheck<'_>>,
-    ) -> Result<T, StoreError> {
+    ) -> Result<T, Failure> {
         let t = self.settings.timeout;
         match inv.cmd.query::<T>(c) {
             Ok(v) => Ok(v),
@@ -397,9 +420,9 @@ impl Link {
                 for s in Scripts::get().all() {
                     s.load(c).map_err(|e| self.error(&e, t))?;
                 }
-                inv.cmd.query(c).map_err(|e| self.error(&e, t))
+                Ok(inv.cmd.query(c).map_err(|e| self.error(&e, t))?)
             }
-            Err(e) => Err(self.error(&e, t)),
+            Err(e) => Err(self.error(&e, t).into()),
         }
     }
 
@@ -501,11 +524,15 @@ impl Link {
         &self,
         inv: &Invocation,
     ) -> Result<T, StoreError> {
-        let result = self.eval_async(inv, None).await;
-        if let Err(e) = &result {
+        self.eval_async(inv, None).await.map_err(|f| self.noted(f))
+    }
+
+    /// The error of a failed call, an outage noted (not a hold).
+    fn noted(&self, f: Failure) -> StoreError {
+        if let Failure::Store(e) = &f {
             self.failed(e);
         }
-        result
+        f.into_error()
     }
 
     /// [`invoke_async`](Self::invoke_async) for an admission (see
@@ -515,11 +542,9 @@ impl Link {
         inv: &Invocation,
         hold: HoldCheck<'_>,
     ) -> Result<T, StoreError> {
-        let result = self.eval_async(inv, Some(hold)).await;
-        if let Err(e) = &result {
-            self.failed(e);
-        }
-        result
+        self.eval_async(inv, Some(hold))
+            .await
+            .map_err(|f| self.noted(f))
     }
 
     /// [`invoke_async`](Self::invoke_async) for work in the background
@@ -529,7 +554,9 @@ impl Link {
         &self,
         inv: &Invocation,
     ) -> Result<T, StoreError> {
-        self.eval_async(inv, None).await
+        self.eval_async(inv, None)
+            .await
+            .map_err(Failure::into_error)
     }
 
     /// [`eval_sync`](Self::eval_sync) on the async connection, within
@@ -538,14 +565,14 @@ impl Link {
         &self,
         inv: &Invocation,
         hold: Option<HoldCheck<'_>>,
-    ) -> Result<T, StoreError> {
+    ) -> Result<T, Failure> {
         self.gate()?;
         tokio::runtime::Handle::try_current().map_err(|_| no_runtime())?;
         let t = self.settings.timeout;
         let result = async {
             let (slot, mut c) = self.connection().await?;
             self.check_hold(hold)?;
-            let result = match inv.cmd.query_async::<T>(&mut c).await {
+            let result: Result<T, Failure> = match inv.cmd.query_async::<T>(&mut c).await {
                 Ok(v) => Ok(v),
                 Err(e) if is_noscript(&e) => {
                     async {
@@ -554,24 +581,27 @@ impl Link {
                         for s in Scripts::get().all() {
                             s.load_async(&mut c).await.map_err(|e| self.error(&e, t))?;
                         }
-                        inv.cmd
+                        Ok(inv
+                            .cmd
                             .query_async(&mut c)
                             .await
-                            .map_err(|e| self.error(&e, t))
+                            .map_err(|e| self.error(&e, t))?)
                     }
                     .await
                 }
-                Err(e) => Err(self.error(&e, t)),
+                Err(e) => Err(self.error(&e, t).into()),
             };
-            if result.as_ref().is_err_and(is_outage) {
-                self.forget(&slot);
+            if let Err(Failure::Store(e)) = &result {
+                if is_outage(e) {
+                    self.forget(&slot);
+                }
             }
             result
         };
         let limit = self.settings.connect_timeout + t;
         match tokio::time::timeout(limit, result).await {
             Ok(r) => r,
-            Err(_) => Err(StoreError::Timeout(t)),
+            Err(_) => Err(StoreError::Timeout(t).into()),
         }
     }
 

@@ -59,9 +59,13 @@ fn answer<T: std::fmt::Debug>(r: &Result<T, Error<std::io::Error>>, store: &Redi
     }
 }
 
+/// One call through the pipeline, on the blocking or the async path.
+type Call<'a> = &'a dyn Fn() -> Result<(), Error<std::io::Error>>;
+
 /// Calls until `answered` calls were answered by a reachable store (bounded
-/// by [`PATIENCE`]); returns how many were admitted.
-fn admitted_among(p: &Pipeline, store: &RedisStore, answered: u32) -> u32 {
+/// by [`PATIENCE`]); returns how many were admitted, counting those
+/// admitted locally while Redis was down (fail-open).
+fn admitted_among(call: Call<'_>, store: &RedisStore, answered: u32) -> u32 {
     let start = Instant::now();
     let (mut seen, mut admitted) = (0, 0);
     while seen < answered {
@@ -69,22 +73,26 @@ fn admitted_among(p: &Pipeline, store: &RedisStore, answered: u32) -> u32 {
             start.elapsed() < PATIENCE,
             "the store never answered again after the restart"
         );
-        match answer(&p.call(|_| Ok::<_, std::io::Error>(())), store) {
-            Answer::Admitted => {
-                admitted += 1;
-                seen += 1;
-            }
-            Answer::Rejected | Answer::Held => seen += 1,
+        let r = call();
+        let reachable = store.is_available();
+        match answer(&r, store) {
+            Answer::Admitted => admitted += 1,
             Answer::Down => std::thread::sleep(Duration::from_millis(20)),
+            Answer::Rejected | Answer::Held => {}
+        }
+        if reachable {
+            seen += 1;
         }
     }
     admitted
 }
 
-#[test]
-fn a_restarted_empty_redis_does_not_admit_a_second_quota_in_the_window() {
+/// A full window's quota, a restart, then calls in the same window (on the
+/// store's clock) until the reachable store answered 300 of them; then the
+/// next window. Returns what was admitted after the restart.
+fn second_quota(open: bool, asynchronous: bool) -> u32 {
     let mut server = RedisServer::start();
-    let store = store(&server, &unique("restart-rate"), false, true);
+    let store = store(&server, &unique("restart-rate"), open, true);
     let clock = VirtualClock::starting_at(Duration::from_secs(1_000));
     let p = Pipeline::builder("rate")
         .rate_limiter(RateLimiter::fixed_window(200, Duration::from_secs(1)))
@@ -92,17 +100,41 @@ fn a_restarted_empty_redis_does_not_admit_a_second_quota_in_the_window() {
         .store(store.clone())
         .build()
         .unwrap();
+    let rt = crate::support::rt();
+    let sync = || p.call(|_| Ok::<_, std::io::Error>(()));
+    let run = || rt.block_on(p.run(|_| async { Ok::<_, std::io::Error>(()) }));
+    let call: Call<'_> = if asynchronous { &run } else { &sync };
     // The window's quota, then a refusal.
-    assert_eq!(admitted_among(&p, &store, 201), 200);
+    assert_eq!(admitted_among(call, &store, 201), 200);
 
     server.restart();
-    // Same window on the store's clock: nothing more is admitted, however
-    // often the reachable store is asked.
-    assert_eq!(admitted_among(&p, &store, 300), 0, "over-admission");
+    let after_restart = admitted_among(call, &store, 300);
 
-    // One window later the quota is back, exactly once.
+    // One window later the quota is back, exactly once, through Redis.
     clock.advance(Duration::from_secs(1));
-    assert_eq!(admitted_among(&p, &store, 250), 200);
+    assert_eq!(admitted_among(call, &store, 250), 200);
+    after_restart
+}
+
+#[test]
+fn a_restarted_empty_redis_does_not_admit_a_second_quota_in_the_window() {
+    // Fail-closed, same window on the store's clock: nothing more is
+    // admitted, however often the reachable store is asked.
+    assert_eq!(second_quota(false, false), 0, "over-admission");
+}
+
+#[test]
+fn a_restarted_empty_redis_does_not_admit_a_second_quota_async() {
+    assert_eq!(second_quota(false, true), 0, "over-admission");
+}
+
+#[test]
+fn a_restarted_empty_redis_under_fail_open_admits_at_most_one_local_quota() {
+    // Fail-open: while Redis is down and while the restart is waited for,
+    // calls are admitted on the process's own state, at most one quota of
+    // it per window.
+    let admitted = second_quota(true, false);
+    assert!(admitted <= 200, "{admitted} admitted locally in one window");
 }
 
 #[test]
@@ -116,15 +148,16 @@ fn a_restarted_empty_redis_holds_for_exactly_one_window_on_the_store_clock() {
         .store(store.clone())
         .build()
         .unwrap();
-    assert_eq!(admitted_among(&p, &store, 1), 1);
+    let call = || p.call(|_| Ok::<_, std::io::Error>(()));
+    assert_eq!(admitted_among(&call, &store, 1), 1);
     server.restart();
     // The first answer after the restart starts the hold.
-    assert_eq!(admitted_among(&p, &store, 1), 0);
+    assert_eq!(admitted_among(&call, &store, 1), 0);
     clock.advance(Duration::from_secs(1) - Duration::from_micros(1));
-    assert_eq!(admitted_among(&p, &store, 5), 0, "held to the end");
+    assert_eq!(admitted_among(&call, &store, 5), 0, "held to the end");
     clock.advance(Duration::from_micros(1));
     assert_eq!(
-        admitted_among(&p, &store, 1),
+        admitted_among(&call, &store, 1),
         1,
         "and not a microsecond more"
     );
