@@ -403,8 +403,8 @@ impl Link {
     }
 
     /// `EVALSHA`; after `NOSCRIPT` the server is identified again (a
-    /// restart is noted and `hold` asked), every script loaded, and the
-    /// call sent once more.
+    /// restart is noted), every script loaded, `hold` asked, and the call
+    /// sent once more.
     fn eval_sync<T: FromRedisValue>(
         &self,
         c: &mut redis::Connection,
@@ -416,10 +416,10 @@ impl Link {
             Ok(v) => Ok(v),
             Err(e) if is_noscript(&e) => {
                 self.identify(c, true)?;
-                self.check_hold(hold)?;
                 for s in Scripts::get().all() {
                     s.load(c).map_err(|e| self.error(&e, t))?;
                 }
+                self.check_hold(hold)?;
                 Ok(inv.cmd.query(c).map_err(|e| self.error(&e, t))?)
             }
             Err(e) => Err(self.error(&e, t).into()),
@@ -577,10 +577,10 @@ impl Link {
                 Err(e) if is_noscript(&e) => {
                     async {
                         self.identify_async(&mut c, true).await?;
-                        self.check_hold(hold)?;
                         for s in Scripts::get().all() {
                             s.load_async(&mut c).await.map_err(|e| self.error(&e, t))?;
                         }
+                        self.check_hold(hold)?;
                         Ok(inv
                             .cmd
                             .query_async(&mut c)

@@ -25,7 +25,11 @@ use crate::support::{unique, RedisServer};
 const PATIENCE: Duration = Duration::from_secs(20);
 
 fn store(server: &RedisServer, prefix: &str, open: bool, caller_clock: bool) -> RedisStore {
-    let b = RedisStore::builder(server.url())
+    store_at(&server.url(), prefix, open, caller_clock)
+}
+
+fn store_at(url: &str, prefix: &str, open: bool, caller_clock: bool) -> RedisStore {
+    let b = RedisStore::builder(url)
         .prefix(prefix)
         .timeout(Duration::from_millis(200))
         .reconnect_interval(Duration::from_millis(100));
@@ -91,8 +95,13 @@ fn admitted_among(call: Call<'_>, store: &RedisStore, answered: u32) -> u32 {
 /// store's clock) until the reachable store answered 300 of them; then the
 /// next window. Returns what was admitted after the restart.
 fn second_quota(open: bool, asynchronous: bool) -> u32 {
-    let mut server = RedisServer::start();
-    let store = store(&server, &unique("restart-rate"), open, true);
+    let server = RedisServer::start();
+    let url = server.url();
+    second_quota_on(server, &url, open, asynchronous)
+}
+
+fn second_quota_on(mut server: RedisServer, url: &str, open: bool, asynchronous: bool) -> u32 {
+    let store = store_at(url, &unique("restart-rate"), open, true);
     let clock = VirtualClock::starting_at(Duration::from_secs(1_000));
     let p = Pipeline::builder("rate")
         .rate_limiter(RateLimiter::fixed_window(200, Duration::from_secs(1)))
@@ -126,6 +135,21 @@ fn a_restarted_empty_redis_does_not_admit_a_second_quota_in_the_window() {
 #[test]
 fn a_restarted_empty_redis_does_not_admit_a_second_quota_async() {
     assert_eq!(second_quota(false, true), 0, "over-admission");
+}
+
+#[test]
+fn a_restart_is_seen_through_noscript_by_a_user_without_info() {
+    // The user may run scripts but not INFO: the server's identity is
+    // unknown, and a server that lost the scripts is taken as restarted.
+    let server = RedisServer::start_with(&[
+        "--user", "noinfo", "on", ">pw", "~*", "&*", "+@all", "-info",
+    ]);
+    let url = format!("redis://noinfo:pw@127.0.0.1:{}", server.port());
+    assert_eq!(
+        second_quota_on(server, &url, false, false),
+        0,
+        "over-admission"
+    );
 }
 
 #[test]
