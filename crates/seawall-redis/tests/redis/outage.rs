@@ -242,3 +242,81 @@ fn an_unreachable_server_at_build_time_does_not_stop_the_build() {
         }
     }
 }
+
+/// Slow: the server answers, but later than the timeout (`DEBUG SLEEP`
+/// blocks it). The caller is answered within the timeout (fail-closed:
+/// refused; fail-open: admitted locally); the admission the server runs
+/// late is never handed out, so nothing is admitted twice: its slot and
+/// its place in the window are lost until its lease and window end.
+#[test]
+fn a_slow_redis_costs_the_timeout_and_admits_nothing_over_the_limits() {
+    let server = RedisServer::start_with(&["--enable-debug-command", "yes"]);
+    for open in [false, true] {
+        let prefix = unique("slow");
+        let events = Events::default();
+        let store = store(&server, &prefix, open);
+        let p = Pipeline::builder("dependency")
+            .bulkhead(Bulkhead::new(2).lease(Duration::from_secs(30)))
+            .rate_limiter(RateLimiter::fixed_window(5, Duration::from_secs(3600)))
+            .on_event(events.listener())
+            .store(store.clone())
+            .build()
+            .unwrap();
+        let rt = rt();
+        let called = AtomicU32::new(0);
+        let (results, _) = both(&p, &rt, &called);
+        assert!(results.iter().all(Result::is_ok));
+
+        let mut probe = server.conn();
+        probe
+            .set_read_timeout(Some(Duration::from_millis(50)))
+            .unwrap();
+        let mut sleeping = server.conn();
+        let sleeper = std::thread::spawn(move || {
+            let _: () = redis::cmd("DEBUG")
+                .arg("SLEEP")
+                .arg("1")
+                .query(&mut sleeping)
+                .unwrap();
+        });
+        // The sleep has reached the server when a PING stalls.
+        let waiting = Instant::now();
+        while redis::cmd("PING").query::<()>(&mut probe).is_ok() {
+            assert!(
+                waiting.elapsed() < Duration::from_secs(5),
+                "DEBUG SLEEP never began"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let start = Instant::now();
+        let r = p.call(|_| Ok::<_, std::io::Error>(called.fetch_add(1, Ordering::SeqCst)));
+        let took = start.elapsed();
+        assert!(took < BOUND, "a call took {took:?}");
+        if open {
+            r.expect("fail-open: admitted locally");
+            assert_eq!(Events::degraded(&events.take()), 1);
+        } else {
+            assert!(
+                matches!(r, Err(Error::Store(StoreError::Timeout(_)))),
+                "{r:?}"
+            );
+        }
+        sleeper.join().unwrap();
+        let waiting = Instant::now();
+        while !(store.ping().is_ok() && store.is_available()) {
+            assert!(waiting.elapsed() < Duration::from_secs(10), "no recovery");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+
+        // Through Redis again: the window holds 5; 2 were taken before the
+        // sleep and 1 late by the server, so 2 are left, and the late
+        // admission's slot is still taken (until its lease).
+        let mut admitted = 0;
+        while p.call(|_| Ok::<_, std::io::Error>(0)).is_ok() {
+            admitted += 1;
+            assert!(admitted <= 5, "the window's limit does not hold");
+        }
+        assert_eq!(admitted, 2, "the late admission is counted once");
+        assert_eq!(p.in_flight().unwrap(), 1, "the late admission's slot");
+    }
+}
