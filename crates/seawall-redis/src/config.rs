@@ -231,11 +231,56 @@ impl RedisStoreBuilder {
         let client = redis::Client::open(self.url.as_str()).map_err(|e| {
             let url = Redacted::new(&self.url);
             RedisStoreError::InvalidUrl {
-                reason: url.scrub(&e.to_string()),
+                reason: url.scrub(&url_problem(&self.url, &e)),
                 url: url.shown().to_owned(),
             }
         })?;
         Ok(RedisStore::from_parts(self, client))
+    }
+}
+
+/// The schemes the redis client takes.
+const SCHEMES: [&str; 7] = [
+    "redis",
+    "rediss",
+    "valkey",
+    "valkeys",
+    "redis+unix",
+    "valkey+unix",
+    "unix",
+];
+
+/// Why the redis client refused `url` (its error `client`), in words that
+/// name the problem.
+fn url_problem(url: &str, client: &redis::RedisError) -> String {
+    let expected = || {
+        format!(
+            "expected one server's URL, `{}://…`, as in `redis://127.0.0.1:6379`",
+            SCHEMES.join("://…`, `")
+        )
+    };
+    if url.trim().is_empty() {
+        return format!("the URL is empty; {}", expected());
+    }
+    let after_credentials = url.rfind('@').map_or(url, |at| &url[at + 1..]);
+    let list = after_credentials.contains([',', ' ', '\t', '\n', ';']);
+    match url::Url::parse(url) {
+        Err(url::ParseError::RelativeUrlWithoutBase) => {
+            format!("the URL has no scheme; {}", expected())
+        }
+        Err(_) if list => format!(
+            "the URL holds a list (`,`, `;` or whitespace); {}: lists of servers and \
+             clusters are not supported",
+            expected()
+        ),
+        Err(e) => format!("{e}; {}", expected()),
+        Ok(u) if !SCHEMES.contains(&u.scheme()) => {
+            format!("unsupported scheme `{}`; {}", u.scheme(), expected())
+        }
+        Ok(_) => {
+            let said = client.to_string();
+            said.replace(" - InvalidClientConfig", "")
+        }
     }
 }
 
