@@ -155,13 +155,13 @@
 //! | | recovery: through Redis again after SIGCONT, once the background reconnection succeeds (same test; within 5 s with `reconnect_interval` 100 ms) | same |
 //! | **killed** | over-admission and over-concurrency: none; `Error::Store`, the operation never called (`outage::killed_and_restarted_redis_under_fail_closed`) | admitted on process-local state, each call degraded (`outage::killed_and_restarted_redis_under_fail_open`); at most one local quota per process and window (`restart::a_restarted_empty_redis_under_fail_open_admits_at_most_one_local_quota`) |
 //! | | stall: every call at most C + T (same tests) | same |
-//! | **killed and restarted empty** | over-admission: none in the window of the restart (`restart::a_restarted_empty_redis_does_not_admit_a_second_quota_in_the_window`, `restart::a_restarted_empty_redis_does_not_admit_a_second_quota_async`, `restart::on_the_server_clock_the_window_of_the_restart_admits_no_second_quota`, `restart::a_restart_is_seen_through_noscript_by_a_user_without_info`) | at most one local quota per process in that window, on top of what Redis admitted before the restart (`restart::a_restarted_empty_redis_under_fail_open_admits_at_most_one_local_quota`) |
+//! | **killed and restarted empty** | over-admission: none in the window of the restart (`restart::a_restarted_empty_redis_does_not_admit_a_second_quota_in_the_window`, `restart::a_restarted_empty_redis_does_not_admit_a_second_quota_async`, `restart::on_the_server_clock_the_window_of_the_restart_admits_no_second_quota`, `restart::a_restart_is_seen_through_noscript_by_a_user_without_info`); also for two stores with connections of their own, as two processes have (`restart::two_stores_each_see_the_restart`) | at most one local quota per process in that window, on top of what Redis admitted before the restart (`restart::a_restarted_empty_redis_under_fail_open_admits_at_most_one_local_quota`) |
 //! | | over-concurrency: none; slots in use at the restart are waited for (`restart::a_restarted_empty_redis_never_puts_the_bulkhead_over_capacity`) | slots in use on Redis plus the local bulkhead: at most twice the capacity per process (same test) |
 //! | | recovery: admissions through Redis resume one window (or lease) after the server started; on the caller's clock exactly one window after the first admission that saw the restart (`restart::a_restarted_empty_redis_holds_for_exactly_one_window_on_the_store_clock`, `outage::killed_and_restarted_redis_under_fail_closed`) | back on shared state likewise (`outage::killed_and_restarted_redis_under_fail_open`) |
 //!
-//! Not covered by a test, hence not stated: several processes through one
-//! restart (each identifies the server on its own connections, see
-//! above), Redis Cluster failovers, a proxy between the store and Redis.
+//! Not covered by a test, hence not stated: separate OS processes through
+//! one restart (tested with two stores in one process), Redis Cluster
+//! failovers, a proxy between the store and Redis.
 //!
 //! # Requirements
 //! Redis 6.2 or later, or Valkey; plain `EVALSHA`, no functions API. The

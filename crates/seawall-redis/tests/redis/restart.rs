@@ -356,3 +356,43 @@ fn on_the_server_clock_the_window_of_the_restart_admits_no_second_quota() {
         "the restarted server never answered within the window of the restart"
     );
 }
+
+/// Two stores on one server (each with its own connections, as two
+/// processes have): each sees the restart on its own, and neither admits
+/// into the window of the restart.
+#[test]
+fn two_stores_each_see_the_restart() {
+    let mut server = RedisServer::start();
+    let prefix = unique("restart-two");
+    let clock = VirtualClock::starting_at(Duration::from_secs(1_000));
+    let pipeline = |store: &RedisStore| {
+        Pipeline::builder("rate")
+            .rate_limiter(RateLimiter::fixed_window(200, Duration::from_secs(1)))
+            .clock(clock.clone())
+            .store(store.clone())
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (
+        store(&server, &prefix, false, true),
+        store(&server, &prefix, false, true),
+    );
+    let (pa, pb) = (pipeline(&a), pipeline(&b));
+    let call_a = || pa.call(|_| Ok::<_, std::io::Error>(()));
+    let call_b = || pb.call(|_| Ok::<_, std::io::Error>(()));
+    assert_eq!(admitted_among(&call_a, &a, 100), 100);
+    assert_eq!(admitted_among(&call_b, &b, 101), 100);
+
+    server.restart();
+    // A reaches the restarted server first (and reloads the scripts);
+    // B still sees the restart on its own new connections.
+    assert_eq!(admitted_among(&call_a, &a, 50), 0, "over-admission by a");
+    assert_eq!(admitted_among(&call_b, &b, 50), 0, "over-admission by b");
+
+    clock.advance(Duration::from_secs(1));
+    let (na, nb) = (
+        admitted_among(&call_a, &a, 150),
+        admitted_among(&call_b, &b, 150),
+    );
+    assert_eq!(na + nb, 200, "one quota in the next window, shared");
+}
