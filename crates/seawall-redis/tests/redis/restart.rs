@@ -322,39 +322,50 @@ fn on_the_server_clock_the_window_of_the_restart_admits_no_second_quota() {
         .store(store.clone())
         .build()
         .unwrap();
-    // Start early in a window of the server's (the host's) clock.
-    let into = host_micros() % PERIOD_US;
-    std::thread::sleep(Duration::from_micros(
-        u64::try_from(PERIOD_US - into).unwrap() + 20_000,
-    ));
-    let window = host_micros() / PERIOD_US;
-    let mut in_window = 0;
-    while in_window < 200 {
-        let before = host_micros();
-        p.call(|_| Ok::<_, std::io::Error>(()))
-            .expect("the quota of a fresh window");
-        assert_eq!(before / PERIOD_US, window, "the quota took a whole window");
-        in_window += 1;
-    }
-    server.restart();
-    // Until the window ends (a bounded loop): every admission is counted
-    // in it.
-    let mut answered = 0;
-    while host_micros() / PERIOD_US == window {
-        match answer(&p.call(|_| Ok::<_, std::io::Error>(())), &store) {
-            Answer::Admitted => {
-                in_window += 1;
-                answered += 1;
+    // A few attempts, in case a loaded machine takes the whole window to
+    // restart the server.
+    for _ in 0..3 {
+        // Admissions pass (an earlier attempt's restart is no longer
+        // waited for).
+        let waiting = Instant::now();
+        while p.call(|_| Ok::<_, std::io::Error>(())).is_err() {
+            assert!(waiting.elapsed() < PATIENCE, "admissions never resumed");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // Start early in the next window of the server's (the host's) clock.
+        let into = host_micros() % PERIOD_US;
+        std::thread::sleep(Duration::from_micros(
+            u64::try_from(PERIOD_US - into).unwrap() + 20_000,
+        ));
+        let window = host_micros() / PERIOD_US;
+        let mut in_window = 0;
+        while in_window < 200 {
+            let before = host_micros();
+            p.call(|_| Ok::<_, std::io::Error>(()))
+                .expect("the quota of a fresh window");
+            assert_eq!(before / PERIOD_US, window, "the quota took a whole window");
+            in_window += 1;
+        }
+        server.restart();
+        // Until the window ends (a bounded loop): every admission is counted
+        // in it.
+        let mut answered = 0;
+        while host_micros() / PERIOD_US == window {
+            match answer(&p.call(|_| Ok::<_, std::io::Error>(())), &store) {
+                Answer::Admitted => {
+                    in_window += 1;
+                    answered += 1;
+                }
+                Answer::Rejected | Answer::Held => answered += 1,
+                Answer::Down => std::thread::sleep(Duration::from_millis(10)),
             }
-            Answer::Rejected | Answer::Held => answered += 1,
-            Answer::Down => std::thread::sleep(Duration::from_millis(10)),
+        }
+        assert!(in_window <= 200, "{in_window} admitted in one window");
+        if answered > 0 {
+            return;
         }
     }
-    assert!(in_window <= 200, "{in_window} admitted in one window");
-    assert!(
-        answered > 0,
-        "the restarted server never answered within the window of the restart"
-    );
+    panic!("the restarted server never answered within the window of the restart");
 }
 
 /// Two stores on one server (each with its own connections, as two
