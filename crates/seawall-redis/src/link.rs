@@ -320,14 +320,18 @@ impl Link {
         }
     }
 
+    /// Skips Redis for two reconnect intervals plus one reconnection
+    /// attempt (connect timeout + timeout), so that calls never find the
+    /// skip over while the background thread is still trying.
     fn extend_skip(&self) {
-        let interval =
-            u64::try_from(self.settings.reconnect_interval.as_nanos()).unwrap_or(u64::MAX / 4);
-        let until = self
-            .health
-            .now()
-            .saturating_add(interval.saturating_mul(2))
-            .max(1);
+        let s = &self.settings;
+        let horizon = s
+            .reconnect_interval
+            .saturating_mul(2)
+            .saturating_add(s.connect_timeout)
+            .saturating_add(s.timeout);
+        let horizon = u64::try_from(horizon.as_nanos()).unwrap_or(u64::MAX / 4);
+        let until = self.health.now().saturating_add(horizon).max(1);
         self.health.skip_until.store(until, Ordering::Release);
     }
 
