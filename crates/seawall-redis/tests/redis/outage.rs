@@ -318,13 +318,28 @@ fn a_slow_redis_costs_the_timeout_and_admits_nothing_over_the_limits() {
 
         // Through Redis again: the window holds 5; 2 were taken before the
         // sleep and 1 late by the server, so 2 are left, and the late
-        // admission's slot is still taken (until its lease).
-        let mut admitted = 0;
-        while p.call(|_| Ok::<_, std::io::Error>(0)).is_ok() {
-            admitted += 1;
-            assert!(admitted <= 5, "the window's limit does not hold");
+        // admission's slot is still taken (until its lease). A call that
+        // times out again on a loaded machine is no answer (and may take
+        // a place late too): then only the bound is checked.
+        let (mut admitted, mut unanswered) = (0, 0);
+        events.take();
+        loop {
+            let r = p.call(|_| Ok::<_, std::io::Error>(0));
+            let local = Events::degraded(&events.take()) > 0;
+            match r {
+                Ok(_) if !local => admitted += 1,
+                Err(e) if e.is_rejected() => break,
+                _ => unanswered += 1,
+            }
+            assert!(admitted <= 2, "over the window's limit");
+            assert!(unanswered < 50, "Redis never answered again");
         }
-        assert_eq!(admitted, 2, "the late admission is counted once");
-        assert_eq!(p.in_flight().unwrap(), 1, "the late admission's slot");
+        let in_flight = p.in_flight().unwrap();
+        if unanswered == 0 {
+            assert_eq!(admitted, 2, "the late admission is counted once");
+            assert_eq!(in_flight, 1, "the late admission's slot");
+        } else {
+            assert!((1..=2).contains(&in_flight), "{in_flight} in flight");
+        }
     }
 }
