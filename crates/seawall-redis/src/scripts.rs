@@ -69,6 +69,41 @@ impl Scripts {
     }
 }
 
+/// One call of a script: `EVALSHA sha 6 keys… args…`, built once and sent
+/// as it is. The link sends it itself (rather than through the client's
+/// script helper) so that it sees a `NOSCRIPT`: a server that lost its
+/// scripts may have lost its state too (see `Link::invoke_sync`).
+pub(crate) struct Invocation {
+    pub(crate) cmd: redis::Cmd,
+    keys: usize,
+}
+
+impl Invocation {
+    /// Every script takes the six keys of one resource.
+    pub(crate) const KEYS: usize = 6;
+
+    pub(crate) fn new(script: &Script) -> Invocation {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(script.get_hash()).arg(Self::KEYS);
+        Invocation { cmd, keys: 0 }
+    }
+
+    /// Adds a key (`KEYS[i]`); keys come before arguments.
+    pub(crate) fn key(&mut self, key: impl redis::ToRedisArgs) -> &mut Self {
+        debug_assert!(self.keys < Self::KEYS, "a script takes six keys");
+        self.keys += 1;
+        self.cmd.arg(key);
+        self
+    }
+
+    /// Adds an argument (`ARGV[i]`).
+    pub(crate) fn arg(&mut self, arg: impl redis::ToRedisArgs) -> &mut Self {
+        debug_assert_eq!(self.keys, Self::KEYS, "keys come first");
+        self.cmd.arg(arg);
+        self
+    }
+}
+
 /// Suffixes of the six keys, in `KEYS` order. The rate limiter's key
 /// names its algorithm, so that changing the algorithm never meets a key of
 /// the wrong type.

@@ -2,11 +2,11 @@
 
 use std::fmt;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::Poll;
 use std::time::Duration;
 
-use redis::{Script, ScriptInvocation};
+use redis::Script;
 use seawall::breaker::{CircuitControl, CircuitMetrics, CircuitState, CircuitTransition};
 use seawall::store::{
     Admission, AdmitRequest, Outcome, Permit, Record, Recorded, ResourceSpec, ResourceState,
@@ -15,9 +15,9 @@ use seawall::store::{
 use seawall::{MemoryStore, PartitionKey, Rejection, RejectionReason, StateStore, StoreError};
 
 use crate::config::{FailMode, RedisStoreBuilder, TimeSource};
-use crate::error::{is_outage, redact, RedisStoreError};
-use crate::link::{Link, LinkSettings};
-use crate::scripts::{self, Keys, Scripts, SpecArgs, SuccessArgs};
+use crate::error::{is_outage, Redacted, RedisStoreError};
+use crate::link::{Link, LinkSettings, Restart};
+use crate::scripts::{self, Invocation, Keys, Scripts, SpecArgs, SuccessArgs};
 
 /// A [`StateStore`] on a Redis server, shared by every process that uses
 /// the same server and key prefix.
@@ -87,7 +87,7 @@ impl RedisStore {
 
     pub(crate) fn from_parts(b: RedisStoreBuilder, client: redis::Client) -> RedisStore {
         let settings = LinkSettings {
-            address: redact(&b.url),
+            address: Redacted::new(&b.url),
             timeout: b.timeout,
             connect_timeout: b.connect_timeout.unwrap_or(b.timeout),
             reconnect_interval: b.reconnect_interval,
@@ -167,6 +167,11 @@ impl StateStore for RedisStore {
                 keys: Keys::new(&inner.prefix, spec, None),
                 args: SpecArgs::new(spec, inner.probe_lease),
                 success_args: SuccessArgs::new(spec),
+                hold: restart_hold(spec),
+                caller_hold: Mutex::new(CallerHold {
+                    epoch: inner.link.restart().map_or(0, |r| r.epoch),
+                    until: Duration::ZERO,
+                }),
                 spec: spec.clone(),
                 local,
                 caller_clock: inner.time_source == TimeSource::Caller,
@@ -190,6 +195,35 @@ struct Shared {
     keys: Keys,
     local: Option<Arc<dyn ResourceState>>,
     caller_clock: bool,
+    /// How long admissions wait after a restart of the server (see
+    /// [`restart_hold`]).
+    hold: Duration,
+    /// On the caller's clock: the restart last seen, and the end of its
+    /// hold.
+    caller_hold: Mutex<CallerHold>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct CallerHold {
+    epoch: u64,
+    until: Duration,
+}
+
+/// How long the state lost in a restart of the server still matters to
+/// `spec`: the rate limiter's window (for GCRA, the longest a burst
+/// reaches ahead) and the bulkhead's lease, whichever is longer. Zero
+/// without either: a circuit or a cooldown lost in a restart is not waited
+/// for (see the crate documentation).
+fn restart_hold(spec: &ResourceSpec) -> Duration {
+    let rate = spec.rate_limit.as_ref().map_or(Duration::ZERO, |r| {
+        let burst = r
+            .emission_interval()
+            .checked_mul(r.burst.max(1))
+            .unwrap_or(Duration::MAX);
+        r.period.max(burst)
+    });
+    let lease = spec.bulkhead.as_ref().map_or(Duration::ZERO, |b| b.lease);
+    rate.max(lease)
 }
 
 impl fmt::Debug for RedisResource {
@@ -260,10 +294,42 @@ struct ReleaseArgs {
 }
 
 impl Shared {
+    /// After a restart of the server (which lost the windows and leases it
+    /// held), admissions are refused until the state lost can no longer
+    /// matter: until the restarted server is [`restart_hold`] old (the
+    /// server's clock), or, on the caller's clock, for that long from the
+    /// first admission that saw the restart.
+    fn restart_hold(&self, restart: Restart, now: Duration) -> Result<(), StoreError> {
+        if self.hold.is_zero() {
+            return Ok(());
+        }
+        let left = if self.caller_clock {
+            let mut h = self
+                .caller_hold
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if h.epoch != restart.epoch {
+                h.epoch = restart.epoch;
+                h.until = now.saturating_add(self.hold);
+            }
+            h.until.saturating_sub(now)
+        } else {
+            self.hold.saturating_sub(restart.started.elapsed())
+        };
+        if left.is_zero() {
+            return Ok(());
+        }
+        Err(StoreError::Unavailable(format!(
+            "redis at {} restarted and lost the windows and leases it held; \
+             admissions to `{}` resume in {left:?}, when they can no longer matter",
+            self.link.settings.address, self.spec.name
+        )))
+    }
+
     /// An invocation of `script` with the keys of `partition`, the time and
     /// the spec; the operation's own arguments are added by the caller.
     /// Adds the keys of `partition`.
-    fn keys_of(&self, inv: &mut ScriptInvocation<'_>, partition: Option<&PartitionKey>) {
+    fn keys_of(&self, inv: &mut Invocation, partition: Option<&PartitionKey>) {
         match partition {
             None => {
                 for k in &self.keys.0 {
@@ -280,13 +346,13 @@ impl Shared {
 
     /// `now` is used only with [`TimeSource::Caller`]; `None` always means
     /// the server's clock.
-    fn invocation<'s>(
+    fn invocation(
         &self,
-        script: &'s Script,
+        script: &Script,
         partition: Option<&PartitionKey>,
         now: Option<Duration>,
-    ) -> ScriptInvocation<'s> {
-        let mut inv = script.prepare_invoke();
+    ) -> Invocation {
+        let mut inv = Invocation::new(script);
         self.keys_of(&mut inv, partition);
         match now {
             // Whole microseconds and the nanoseconds past them (GCRA keeps
@@ -302,11 +368,11 @@ impl Shared {
         inv
     }
 
-    fn admit_invocation(&self, request: &AdmitRequest<'_>) -> ScriptInvocation<'static> {
+    fn admit_invocation(&self, request: &AdmitRequest<'_>) -> Invocation {
         self.invocation(&Scripts::get().admit, request.partition, Some(request.now))
     }
 
-    fn record_invocation(&self, record: &Record<'_>) -> ScriptInvocation<'static> {
+    fn record_invocation(&self, record: &Record<'_>) -> Invocation {
         if self.record_is_silent(record) {
             return self.success_invocation(record);
         }
@@ -331,8 +397,8 @@ impl Shared {
     }
 
     /// The lean record of a silent success (or ignored outcome).
-    fn success_invocation(&self, record: &Record<'_>) -> ScriptInvocation<'static> {
-        let mut inv = Scripts::get().success.prepare_invoke();
+    fn success_invocation(&self, record: &Record<'_>) -> Invocation {
+        let mut inv = Invocation::new(&Scripts::get().success);
         self.keys_of(&mut inv, record.partition);
         if self.caller_clock {
             inv.arg(micros(record.now));
@@ -353,7 +419,7 @@ impl Shared {
         inv
     }
 
-    fn release_invocation(&self, r: &ReleaseArgs) -> ScriptInvocation<'static> {
+    fn release_invocation(&self, r: &ReleaseArgs) -> Invocation {
         let mut inv = self.invocation(&Scripts::get().release, r.partition.as_ref(), None);
         inv.arg(u8::from(r.permit.probe))
             .arg(r.permit.generation)
@@ -484,11 +550,7 @@ impl Shared {
             && matches!(record.outcome, Outcome::Success | Outcome::Ignored)
     }
 
-    fn in_flight_invocation(
-        &self,
-        partition: Option<&PartitionKey>,
-        now: Duration,
-    ) -> ScriptInvocation<'static> {
+    fn in_flight_invocation(&self, partition: Option<&PartitionKey>, now: Duration) -> Invocation {
         self.invocation(&Scripts::get().in_flight, partition, Some(now))
     }
 }
@@ -497,7 +559,8 @@ impl ResourceState for RedisResource {
     fn admit(&self, request: &AdmitRequest<'_>) -> Result<Admission, StoreError> {
         let s = &*self.shared;
         let inv = s.admit_invocation(request);
-        match s.link.invoke_sync::<Vec<i64>>(&inv) {
+        let hold = |r: Restart| s.restart_hold(r, request.now);
+        match s.link.admit_sync::<Vec<i64>>(&inv, &hold) {
             Ok(reply) => s.admission(&reply, request.now),
             Err(e) => s.admit_degraded(request, e),
         }
@@ -511,7 +574,9 @@ impl ResourceState for RedisResource {
         StoreFuture::boxed(async move {
             let s = &*self.shared;
             let inv = s.admit_invocation(&request);
-            match s.link.invoke_async::<Vec<i64>>(&inv).await {
+            let now = request.now;
+            let hold = move |r: Restart| s.restart_hold(r, now);
+            match s.link.admit_async::<Vec<i64>>(&inv, &hold).await {
                 Ok(reply) => s.admission(&reply, request.now),
                 Err(e) => s.admit_degraded(&request, e),
             }

@@ -14,5 +14,7 @@ mod differential;
 mod models;
 mod outage;
 mod pipeline;
+mod redaction;
+mod restart;
 mod round_trips;
 mod support;
