@@ -71,7 +71,11 @@ impl Redacted {
             Some(at) => {
                 let userinfo = &body[..at];
                 match userinfo.split_once(':') {
-                    Some((user, password)) if !user.contains(['@', '/', '?', '#']) => {
+                    // (An empty password: the whole user part may be a
+                    // token that holds a `:`, so it is not shown.)
+                    Some((user, password))
+                        if !user.contains(['@', '/', '?', '#']) && !password.is_empty() =>
+                    {
                         shown.push_str(user);
                         shown.push_str(":***");
                         secrets.push(password.to_owned());
@@ -291,6 +295,7 @@ mod tests {
         );
         assert_eq!(redact("redis://ada:hunter2@host/"), "redis://ada:***@host/");
         assert_eq!(redact("redis://token@host"), "redis://***@host");
+        assert_eq!(redact("redis://tok:@host"), "redis://***@host");
         assert_eq!(redact("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
         assert_eq!(redact("not a url"), "not a url");
         assert_eq!(redact("redis:/ada:secret@host"), "redis:/ada:***@host");

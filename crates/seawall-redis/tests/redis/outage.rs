@@ -316,12 +316,15 @@ fn a_slow_redis_costs_the_timeout_and_admits_nothing_over_the_limits() {
             std::thread::sleep(Duration::from_millis(20));
         }
 
-        // Through Redis again: the window holds 5; 2 were taken before the
-        // sleep and 1 late by the server, so 2 are left, and the late
-        // admission's slot is still taken (until its lease). A call that
-        // times out again on a loaded machine is no answer (and may take
-        // a place late too): then only the bound is checked.
-        let (mut admitted, mut unanswered) = (0, 0);
+        // Through Redis again: the window holds 5 and 2 were taken before
+        // the sleep. Each admission the server ran late (the slow call's,
+        // unless it never reached the server before its timeout; and any
+        // call that times out again on a loaded machine) holds its slot
+        // until its lease and its place in the window: whatever the
+        // timing, those late ones and the calls admitted now add up to at
+        // most the 3 places left, and to exactly 3 when every call now was
+        // answered.
+        let (mut admitted, mut unanswered) = (0u32, 0u32);
         events.take();
         loop {
             let r = p.call(|_| Ok::<_, std::io::Error>(0));
@@ -331,15 +334,16 @@ fn a_slow_redis_costs_the_timeout_and_admits_nothing_over_the_limits() {
                 Err(e) if e.is_rejected() => break,
                 _ => unanswered += 1,
             }
-            assert!(admitted <= 2, "over the window's limit");
+            assert!(admitted <= 3, "over the window's limit");
             assert!(unanswered < 50, "Redis never answered again");
         }
-        let in_flight = p.in_flight().unwrap();
+        let late = p.in_flight().unwrap();
+        assert!(
+            admitted + late <= 3,
+            "over the window's limit: {admitted} admitted now, {late} late"
+        );
         if unanswered == 0 {
-            assert_eq!(admitted, 2, "the late admission is counted once");
-            assert_eq!(in_flight, 1, "the late admission's slot");
-        } else {
-            assert!((1..=2).contains(&in_flight), "{in_flight} in flight");
+            assert_eq!(admitted + late, 3, "every place of the window is used once");
         }
     }
 }
