@@ -124,3 +124,137 @@ fn a_subscriber_that_wants_other_targets_gets_nothing() {
     });
     assert!(elsewhere.0.messages.lock().unwrap().is_empty());
 }
+
+// ------------------------------------------------------------------ levels
+
+/// Records the level and message of every event of target `seawall` at or
+/// above `max` (as a `seawall=<max>` filter would), and the spans.
+#[derive(Clone)]
+struct Leveled {
+    max: tracing::Level,
+    events: Arc<Mutex<Vec<(tracing::Level, String)>>>,
+}
+
+impl Leveled {
+    fn new(max: tracing::Level) -> Self {
+        Leveled {
+            max,
+            events: Arc::default(),
+        }
+    }
+
+    fn at(&self, needle: &str) -> Vec<tracing::Level> {
+        let events = self.events.lock().unwrap();
+        events
+            .iter()
+            .filter(|(_, m)| m.contains(needle))
+            .map(|(l, _)| *l)
+            .collect()
+    }
+}
+
+impl Subscriber for Leveled {
+    fn enabled(&self, metadata: &Metadata<'_>) -> bool {
+        metadata.target() == "seawall" && *metadata.level() <= self.max
+    }
+    fn new_span(&self, _: &Attributes<'_>) -> Id {
+        Id::from_u64(1)
+    }
+    fn record(&self, _: &Id, _: &Record<'_>) {}
+    fn record_follows_from(&self, _: &Id, _: &Id) {}
+    fn event(&self, event: &Event<'_>) {
+        let mut text = String::new();
+        event.record(&mut Message(&mut text));
+        let level = *event.metadata().level();
+        self.events.lock().unwrap().push((level, text));
+    }
+    fn enter(&self, _: &Id) {}
+    fn exit(&self, _: &Id) {}
+}
+
+fn breaker(clock: &VirtualClock) -> Pipeline {
+    Pipeline::builder("leveled")
+        .clock(clock.clone())
+        .store(seawall::MemoryStore::new())
+        .circuit_breaker(CircuitBreaker::consecutive_failures(1).cooldown(Duration::from_secs(1)))
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn a_successful_call_logs_only_at_trace_and_a_retry_at_debug() {
+    use tracing::Level;
+    let clock = VirtualClock::new();
+    let p = pipeline(&clock);
+    let all = Leveled::new(Level::TRACE);
+    tracing::subscriber::with_default(all.clone(), || {
+        assert_eq!(p.call(|_| Ok::<_, &str>(7)).unwrap(), 7);
+        assert_eq!(p.call(flaky).unwrap(), 2);
+    });
+    assert_eq!(all.at("call ended: success"), [Level::TRACE; 2]);
+    assert_eq!(all.at("attempt 1 ended"), [Level::TRACE; 2]);
+    assert_eq!(all.at("retrying in"), [Level::DEBUG]);
+    let events = all.events.lock().unwrap();
+    assert!(
+        events.iter().all(|(l, _)| *l >= Level::DEBUG),
+        "{events:#?}"
+    );
+}
+
+#[test]
+fn circuit_openings_are_warnings_and_recoveries_info() {
+    use tracing::Level;
+    let clock = VirtualClock::new();
+    let p = breaker(&clock);
+    let all = Leveled::new(Level::TRACE);
+    tracing::subscriber::with_default(all.clone(), || {
+        let _ = p.call(|_| Err::<(), _>("down"));
+        let _ = p.call(|_| Ok::<_, &str>(()));
+        clock.advance(Duration::from_secs(2));
+        p.call(|_| Ok::<_, &str>(())).unwrap();
+    });
+    assert_eq!(all.at("circuit opened"), [Level::WARN]);
+    assert_eq!(all.at("rejected: circuit"), [Level::DEBUG]);
+    assert_eq!(all.at("circuit half-open"), [Level::INFO]);
+    assert_eq!(all.at("circuit closed"), [Level::INFO]);
+}
+
+#[test]
+fn a_warn_filter_shows_circuit_openings_and_overload_and_nothing_else() {
+    use tracing::Level;
+    let clock = VirtualClock::new();
+    let p = breaker(&clock);
+    let warn = Leveled::new(Level::WARN);
+    tracing::subscriber::with_default(warn.clone(), || {
+        p.call(|_| Ok::<_, &str>(())).unwrap();
+        let _ = p.call(|_| Err::<(), _>("down"));
+        let _ = p.call(|_| Ok::<_, &str>(()));
+    });
+    let messages: Vec<String> = warn
+        .events
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(_, m)| m.clone())
+        .collect();
+    assert_eq!(messages.len(), 1, "{messages:#?}");
+    assert!(messages[0].contains("circuit opened"), "{messages:#?}");
+
+    // A full bulkhead is overload: a warning.
+    let full = Pipeline::builder("leveled-bulkhead")
+        .clock(clock.clone())
+        .store(seawall::MemoryStore::new())
+        .bulkhead(Bulkhead::new(1))
+        .build()
+        .unwrap();
+    let warn = Leveled::new(Level::WARN);
+    tracing::subscriber::with_default(warn.clone(), || {
+        full.call(|_| {
+            let inner = full.call(|_| Ok::<_, &str>(()));
+            assert!(inner.is_err());
+            Ok::<_, &str>(())
+        })
+        .unwrap();
+    });
+    assert_eq!(warn.at("rejected: bulkhead"), [Level::WARN]);
+}
