@@ -258,3 +258,183 @@ fn a_warn_filter_shows_circuit_openings_and_overload_and_nothing_else() {
     });
     assert_eq!(warn.at("rejected: bulkhead"), [Level::WARN]);
 }
+
+// ------------------------------------------------------------------- spans
+
+/// Records the spans with their fields, and every event with the fields of
+/// the span it was emitted in (on this thread).
+#[derive(Clone, Default)]
+struct Spanned {
+    /// Accept spans of target `seawall` (else only events).
+    seawall_spans: bool,
+    spans: Arc<Mutex<Vec<(String, Fields)>>>,
+    stack: Arc<Mutex<Vec<u64>>>,
+    events: Arc<Mutex<Vec<(String, Option<Fields>)>>>,
+}
+
+type Fields = std::collections::BTreeMap<String, String>;
+
+struct FieldsOf<'a>(&'a mut Fields);
+
+impl Visit for FieldsOf<'_> {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.0.insert(field.name().into(), value.into());
+    }
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        self.0.insert(field.name().into(), value.to_string());
+    }
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        self.0.insert(field.name().into(), format!("{value:?}"));
+    }
+}
+
+impl Subscriber for Spanned {
+    fn enabled(&self, metadata: &Metadata<'_>) -> bool {
+        if metadata.is_span() {
+            self.seawall_spans && metadata.target() == "seawall"
+        } else {
+            metadata.target() != "seawall"
+        }
+    }
+    fn new_span(&self, attributes: &Attributes<'_>) -> Id {
+        let mut fields = Fields::new();
+        attributes.record(&mut FieldsOf(&mut fields));
+        let mut spans = self.spans.lock().unwrap();
+        spans.push((attributes.metadata().name().to_owned(), fields));
+        Id::from_u64(spans.len() as u64)
+    }
+    fn record(&self, _: &Id, _: &Record<'_>) {}
+    fn record_follows_from(&self, _: &Id, _: &Id) {}
+    fn event(&self, event: &Event<'_>) {
+        let mut fields = Fields::new();
+        event.record(&mut FieldsOf(&mut fields));
+        let message = fields.remove("message").unwrap_or_default();
+        let current = self.stack.lock().unwrap().last().copied();
+        let span = current.map(|id| self.spans.lock().unwrap()[id as usize - 1].1.clone());
+        self.events.lock().unwrap().push((message, span));
+    }
+    fn enter(&self, id: &Id) {
+        self.stack.lock().unwrap().push(id.into_u64());
+    }
+    fn exit(&self, id: &Id) {
+        let popped = self.stack.lock().unwrap().pop();
+        assert_eq!(popped, Some(id.into_u64()));
+    }
+}
+
+impl Spanned {
+    /// The span fields of the events `message`, in order.
+    fn spans_of(&self, message: &str) -> Vec<Option<Fields>> {
+        let events = self.events.lock().unwrap();
+        events
+            .iter()
+            .filter(|(m, _)| m == message)
+            .map(|(_, s)| s.clone())
+            .collect()
+    }
+}
+
+fn fields(pipeline: &str, partition: Option<&str>, attempt: u32) -> Option<Fields> {
+    let mut f = Fields::new();
+    f.insert("pipeline".into(), pipeline.into());
+    if let Some(p) = partition {
+        f.insert("partition".into(), p.into());
+    }
+    f.insert("attempt".into(), attempt.to_string());
+    Some(f)
+}
+
+fn spanned_pipeline(clock: &VirtualClock) -> Pipeline {
+    Pipeline::builder("spanned")
+        .clock(clock.clone())
+        .store(seawall::MemoryStore::new())
+        .retry(Retry::constant(Duration::from_millis(5)).max_attempts(3))
+        .circuit_breaker(CircuitBreaker::consecutive_failures(10))
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn a_sync_operation_logs_inside_the_span_of_its_attempt() {
+    let clock = VirtualClock::new();
+    let p = spanned_pipeline(&clock);
+    let sub = Spanned {
+        seawall_spans: true,
+        ..Spanned::default()
+    };
+    tracing::subscriber::with_default(sub.clone(), || {
+        let op = |ctx: seawall::Context| {
+            tracing::info!("working");
+            flaky(ctx)
+        };
+        assert_eq!(p.call(op).unwrap(), 2);
+        assert_eq!(p.partition("tenant-7").call(op).unwrap(), 2);
+    });
+    assert_eq!(
+        sub.spans_of("working"),
+        [
+            fields("spanned", None, 1),
+            fields("spanned", None, 2),
+            fields("spanned", Some("tenant-7"), 1),
+            fields("spanned", Some("tenant-7"), 2),
+        ]
+    );
+    let spans = sub.spans.lock().unwrap();
+    assert!(
+        spans.iter().all(|(name, _)| name == "seawall.call"),
+        "{spans:?}"
+    );
+    assert!(sub.stack.lock().unwrap().is_empty());
+}
+
+#[test]
+fn an_async_operation_and_its_future_log_inside_the_span_of_their_attempt() {
+    let clock = VirtualClock::new();
+    let p = spanned_pipeline(&clock);
+    let sub = Spanned {
+        seawall_spans: true,
+        ..Spanned::default()
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    tracing::subscriber::with_default(sub.clone(), || {
+        rt.block_on(async {
+            let op = |ctx: seawall::Context| {
+                tracing::info!("creating");
+                async move {
+                    tokio::task::yield_now().await;
+                    tracing::info!("working");
+                    flaky(ctx)
+                }
+            };
+            assert_eq!(p.run(op).await.unwrap(), 2);
+            assert_eq!(p.partition(42u64).run(op).await.unwrap(), 2);
+        })
+    });
+    let expected = [
+        fields("spanned", None, 1),
+        fields("spanned", None, 2),
+        fields("spanned", Some("42"), 1),
+        fields("spanned", Some("42"), 2),
+    ];
+    assert_eq!(sub.spans_of("creating"), expected);
+    assert_eq!(sub.spans_of("working"), expected);
+    assert!(sub.stack.lock().unwrap().is_empty());
+}
+
+#[test]
+fn without_interest_in_the_span_the_operation_runs_outside_any_span() {
+    let clock = VirtualClock::new();
+    let p = spanned_pipeline(&clock);
+    let sub = Spanned::default();
+    tracing::subscriber::with_default(sub.clone(), || {
+        let op = |ctx: seawall::Context| {
+            tracing::info!("working");
+            flaky(ctx)
+        };
+        assert_eq!(p.call(op).unwrap(), 2);
+    });
+    assert_eq!(sub.spans_of("working"), [None, None]);
+    assert!(sub.spans.lock().unwrap().is_empty());
+}
