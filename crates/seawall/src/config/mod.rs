@@ -166,7 +166,11 @@
 //! # Reloading
 //! [`Registry::reload_file`] and [`Registry::reload_str`] replace every
 //! pipeline at once, or none: a configuration that fails to load keeps the
-//! old pipelines and returns the error. New calls get the new settings
+//! old pipelines and returns the error. A configuration without any
+//! pipeline (an empty or emptied file, one with only `default`) is such a
+//! failure, [`LoadError::Empty`], on the first load as on a reload, unless
+//! the registry was built with
+//! [`allow_empty`](RegistryBuilder::allow_empty). New calls get the new settings
 //! (re-[`get`](Registry::get) the pipeline, or hold a [`PipelineHandle`],
 //! which always serves the latest); calls in flight finish on the pipeline
 //! they started with. With the default [`MemoryStore`](crate::MemoryStore),
@@ -347,6 +351,13 @@ impl Config {
 
     pub(crate) fn resolved(&self) -> impl Iterator<Item = (&str, &Resolved)> + '_ {
         self.pipelines.iter().map(|(n, r)| (n.as_str(), r))
+    }
+
+    /// The refusal of this configuration for having no pipeline.
+    pub(crate) fn empty_error(&self) -> LoadError {
+        LoadError::Empty {
+            location: Location::new(self.origin.to_string(), None),
+        }
     }
 
     /// Wraps a builder's refusal of pipeline `name`, located at the key it
