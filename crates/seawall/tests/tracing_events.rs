@@ -438,3 +438,42 @@ fn without_interest_in_the_span_the_operation_runs_outside_any_span() {
     assert_eq!(sub.spans_of("working"), [None, None]);
     assert!(sub.spans.lock().unwrap().is_empty());
 }
+
+// ------------------------------------------------------------ rebinding
+
+#[test]
+fn a_live_name_bound_again_with_other_settings_is_a_warning() {
+    use tracing::Level;
+    let store = seawall::MemoryStore::new();
+    let build = |failures: u32| {
+        Pipeline::builder("rebound")
+            .store(store.clone())
+            .circuit_breaker(CircuitBreaker::consecutive_failures(failures))
+            .build()
+            .unwrap()
+    };
+    let warn = Leveled::new(Level::WARN);
+    tracing::subscriber::with_default(warn.clone(), || {
+        let first = build(1);
+        let _same = build(1);
+        let _other = build(2);
+        drop(first);
+    });
+    let messages = warn.events.lock().unwrap().clone();
+    assert_eq!(messages.len(), 1, "{messages:#?}");
+    assert_eq!(messages[0].0, Level::WARN);
+    assert!(
+        messages[0]
+            .1
+            .starts_with("resource `rebound` bound again with a different circuit_breaker"),
+        "{messages:#?}"
+    );
+
+    // Once nobody holds the old settings, binding the name again is quiet.
+    let quiet = Leveled::new(Level::WARN);
+    tracing::subscriber::with_default(quiet.clone(), || {
+        drop(build(3));
+        let _ = build(4);
+    });
+    assert!(quiet.events.lock().unwrap().is_empty());
+}
