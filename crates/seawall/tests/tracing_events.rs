@@ -269,8 +269,11 @@ struct Spanned {
     seawall_spans: bool,
     spans: Arc<Mutex<Vec<(String, Fields)>>>,
     stack: Arc<Mutex<Vec<u64>>>,
-    events: Arc<Mutex<Vec<(String, Option<Fields>)>>>,
+    events: Arc<Mutex<Vec<InSpan>>>,
 }
+
+/// An event's message and the fields of the span it was emitted in.
+type InSpan = (String, Option<Fields>);
 
 type Fields = std::collections::BTreeMap<String, String>;
 
