@@ -24,8 +24,9 @@
 //! The operation itself runs inside a span `seawall.call` (level `INFO`,
 //! target `seawall`, fields `pipeline`, `partition` and `attempt`), one per
 //! attempt, so that the operation's own events carry them; see
-//! [`Pipeline::run`](crate::Pipeline::run). With no subscriber interested in
-//! the span, a call pays one check of a cached interest.
+//! [`Pipeline::run`](crate::Pipeline::run). A filter such as `seawall=warn`
+//! leaves the span out; with no subscriber interested in it, a call pays
+//! one check of a cached interest.
 
 use std::fmt;
 use std::sync::Arc;
