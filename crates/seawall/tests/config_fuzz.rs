@@ -452,6 +452,11 @@ fn two_hundred_kilobytes_of_nesting_are_refused_before_parsing() {
     let cases = [
         (Format::Yaml, format!("x: {}", "[".repeat(SIZE))),
         (Format::Yaml, format!("x: {}", "{a: ".repeat(SIZE / 4))),
+        (
+            Format::Yaml,
+            format!("x: {}", "&a !!seq [".repeat(SIZE / 10)),
+        ),
+        (Format::Yaml, format!("--- {}", "[".repeat(SIZE))),
         (Format::Yaml, "- ".repeat(SIZE / 2)),
         (Format::Yaml, format!("pipelines:\n{indented}")),
         (Format::Toml, format!("x = {}", "[".repeat(SIZE))),

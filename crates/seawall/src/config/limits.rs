@@ -56,9 +56,10 @@ enum Quote {
 /// The depth is over-estimated, never under: flow collections (`[`, `{`)
 /// outside strings and comments, plus, in YAML, the levels of indentation
 /// of the block structure and the `- ` indicators that open sequences on
-/// one line. Quotes and brackets in the middle of a YAML plain scalar
-/// (`it's`, `a[b`) are text, not structure; block scalars (`|`, `>`) are
-/// skipped.
+/// one line. In YAML a quote or a bracket opens a string or a collection
+/// only where a node starts (after an anchor or a tag, if any), or anywhere
+/// inside a flow collection: inside a plain scalar (`it's`, `see [1]`) it
+/// is text. Block scalars (`|`, `>`) are skipped.
 fn too_deep(format: Format, text: &str) -> Option<usize> {
     let yaml = format == Format::Yaml;
     let b = text.as_bytes();
@@ -100,97 +101,138 @@ fn too_deep(format: Format, text: &str) -> Option<usize> {
                 return Some(start + indent);
             }
         }
-        // The last significant byte before the current one on this line
-        // (`None` at its start), whether only `- ` indicators came before,
-        // and the YAML sequences they open.
-        let mut previous: Option<u8> = None;
+        // YAML outside flow collections: whether a node starts here (at the
+        // start of the line, after `- `, `key: ` or `? `), whether only `- `
+        // indicators came before on this line, and the sequences they open.
+        let mut node_starts = true;
         let mut indicators = true;
         let mut dashes: u32 = 0;
+        let mut previous: Option<u8> = None;
         let mut j = 0;
         while j < line.len() {
             let c = line[j];
             let at = start + j;
+            let next = line.get(j + 1).copied();
+            let separated = |n: Option<u8>| matches!(n, None | Some(b' ' | b'\t' | b'\r'));
             if let Some(q) = quote {
                 let closes = |s: &[u8]| line[j..].starts_with(s);
                 match q {
-                    Quote::Double if c == b'\\' => j += 1,
+                    Quote::Double | Quote::TripleDouble if c == b'\\' => j += 1,
                     Quote::Double if c == b'"' => quote = None,
                     Quote::Single if c == b'\'' => {
-                        if yaml && line.get(j + 1) == Some(&b'\'') {
+                        if yaml && next == Some(b'\'') {
                             j += 1;
                         } else {
                             quote = None;
                         }
                     }
-                    Quote::TripleDouble if c == b'\\' => j += 1,
                     Quote::TripleDouble if closes(b"\"\"\"") => {
                         quote = None;
                         j += 2;
                     }
-                    Quote::TripleSingle if closes(b"'''") => {
+                    Quote::TripleSingle if closes(b"\'\'\'") => {
                         quote = None;
                         j += 2;
                     }
                     _ => {}
                 }
-                if quote.is_none() {
-                    previous = Some(c);
-                }
+                previous = Some(c);
                 j += 1;
                 continue;
             }
-            if c == b' ' || c == b'\t' || c == b'\r' {
-                j += 1;
-                continue;
-            }
-            if c == b'#' && (j == 0 || matches!(line[j - 1], b' ' | b'\t')) {
+            if c == b'#' && (j == 0 || matches!(previous, Some(b' ' | b'\t'))) {
                 break;
             }
-            // In YAML outside flow collections, a quote or a bracket is
-            // structure only where a value starts.
-            let starts_value = !yaml
-                || flow > 0
-                || matches!(
-                    previous,
-                    None | Some(b':' | b'-' | b'?' | b',' | b'[' | b'{')
-                );
-            let is_dash_indicator = yaml
-                && flow == 0
-                && indicators
-                && c == b'-'
-                && matches!(line.get(j + 1), None | Some(b' ' | b'\t' | b'\r'));
-            if is_dash_indicator {
+            let token_start = separated(previous)
+                || (flow > 0 && matches!(previous, Some(b'[' | b'{' | b',' | b':')));
+            let mut opens = |q: Quote| quote = Some(q);
+            if !yaml {
+                match c {
+                    b'"' if line[j..].starts_with(b"\"\"\"") => {
+                        opens(Quote::TripleDouble);
+                        j += 2;
+                    }
+                    b'\'' if line[j..].starts_with(b"\'\'\'") => {
+                        opens(Quote::TripleSingle);
+                        j += 2;
+                    }
+                    b'"' => opens(Quote::Double),
+                    b'\'' => opens(Quote::Single),
+                    b'[' | b'{' => {
+                        flow += 1;
+                        if flow > MAX_DEPTH {
+                            return Some(at);
+                        }
+                    }
+                    b']' | b'}' => flow = flow.saturating_sub(1),
+                    _ => {}
+                }
+            } else if flow > 0 {
+                // Inside a flow collection brackets are always structure.
+                match c {
+                    b'[' | b'{' => {
+                        flow += 1;
+                        if block + dashes + flow > MAX_DEPTH {
+                            return Some(at);
+                        }
+                    }
+                    b']' | b'}' => {
+                        flow -= 1;
+                        node_starts = false;
+                    }
+                    b'"' if token_start => opens(Quote::Double),
+                    b'\'' if token_start => opens(Quote::Single),
+                    _ => {}
+                }
+            } else if c == b' ' || c == b'\t' || c == b'\r' {
+                // Separation.
+            } else if indicators && c == b'-' && separated(next) {
                 dashes += 1;
                 if block + dashes > MAX_DEPTH {
                     return Some(at);
                 }
+                node_starts = true;
             } else {
                 indicators = false;
-            }
-            match c {
-                b'"' | b'\'' if starts_value => {
-                    let triple =
-                        !yaml && line[j..].starts_with(if c == b'"' { b"\"\"\"" } else { b"'''" });
-                    quote = Some(match (c, triple) {
-                        (b'"', false) => Quote::Double,
-                        (b'"', true) => Quote::TripleDouble,
-                        (_, false) => Quote::Single,
-                        (_, true) => Quote::TripleSingle,
-                    });
-                    if triple {
-                        j += 2;
+                if node_starts && token_start {
+                    match c {
+                        // An anchor or a tag: the node follows.
+                        b'&' | b'!' => {
+                            while j + 1 < line.len() && !separated(line.get(j + 1).copied()) {
+                                j += 1;
+                            }
+                        }
+                        b'[' | b'{' => {
+                            flow += 1;
+                            if block + dashes + flow > MAX_DEPTH {
+                                return Some(at);
+                            }
+                        }
+                        b'"' => {
+                            opens(Quote::Double);
+                            node_starts = false;
+                        }
+                        b'\'' => {
+                            opens(Quote::Single);
+                            node_starts = false;
+                        }
+                        // A complex key or its value: the node follows.
+                        b'?' | b':' if separated(next) => {}
+                        // The start of a document: its node may follow.
+                        b'-' if j == 0
+                            && line.starts_with(b"---")
+                            && separated(line.get(3).copied()) =>
+                        {
+                            j += 2;
+                        }
+                        // A plain scalar (a key, or a value).
+                        _ => node_starts = false,
                     }
+                } else if c == b':' && separated(next) {
+                    node_starts = true;
                 }
-                b'[' | b'{' if starts_value => {
-                    flow += 1;
-                    if block + dashes + flow > MAX_DEPTH {
-                        return Some(at);
-                    }
-                }
-                b']' | b'}' if !yaml || flow > 0 => flow = flow.saturating_sub(1),
-                _ => {}
             }
-            previous = Some(c);
+            previous = line.get(j).copied();
             j += 1;
         }
         if yaml && quote.is_none() && flow == 0 && opens_block_scalar(line) {
@@ -235,6 +277,26 @@ mod tests {
         assert!(depth_ok(Format::Yaml, yaml));
         let toml = "[default.retry]\nmax_attempts = 3 # [[[[\n[[pipelines.x]]\na = \"[[[[\\\"[[\"\nb = '''\n[[[[[[[[\n'''\nc = [[1], [2]]\n";
         assert!(depth_ok(Format::Toml, toml));
+    }
+
+    #[test]
+    fn brackets_after_anchors_and_tags_count_and_those_in_plain_scalars_do_not() {
+        let deep = MAX_DEPTH as usize;
+        let anchored = format!("x: {}", "&a [".repeat(deep + 1));
+        assert!(too_deep(Format::Yaml, &anchored).is_some());
+        let tagged = format!("x: !!seq {}", "[".repeat(deep + 1));
+        assert!(too_deep(Format::Yaml, &tagged).is_some());
+        let document = format!("--- {}", "[".repeat(deep + 1));
+        assert!(too_deep(Format::Yaml, &document).is_some());
+        let explicit = format!("? a\n: {}", "[".repeat(deep + 1));
+        assert!(too_deep(Format::Yaml, &explicit).is_some());
+        assert!(too_deep(Format::Yaml, &tagged).is_some());
+        let keyed = format!("- \"k\": {}", "{a: ".repeat(deep + 1));
+        assert!(too_deep(Format::Yaml, &keyed).is_some());
+        let plain = "a: see [1 and [2 and [3\n".repeat(deep + 1);
+        assert!(depth_ok(Format::Yaml, &plain));
+        let quotes = "a: don't 'quote [[[[\nb: 'it''s [[['\n".repeat(deep + 1);
+        assert!(depth_ok(Format::Yaml, &quotes));
     }
 
     #[test]
