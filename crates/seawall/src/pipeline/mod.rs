@@ -358,9 +358,22 @@ impl<K: Kind> Pipeline<K> {
     {
         #[cfg(feature = "tracing")]
         if span::wanted() {
-            return self.drive_sync(partition, span::sync_op(self.shared.name, partition, op));
+            return self.call_traced(partition, op);
         }
         self.drive_sync(partition, op)
+    }
+
+    /// [`call_in`](Self::call_in) with the spans: out of the way of the
+    /// call nobody traces.
+    #[cfg(feature = "tracing")]
+    #[cold]
+    #[inline(never)]
+    fn call_traced<T, E, Op>(&self, partition: Option<&PartitionKey>, op: Op) -> Result<T, Error<E>>
+    where
+        K: HandlesSync<T, E>,
+        Op: FnMut(Context) -> Result<T, E>,
+    {
+        self.drive_sync(partition, span::sync_op(self.shared.name, partition, op))
     }
 
     /// Runs a blocking operation through the pipeline on the calling thread.
