@@ -45,6 +45,7 @@ pub struct PipelineBuilder<K: Kind = AnyResult> {
     random: Option<Arc<dyn Random>>,
     listeners: Vec<Listener>,
     partition_idle: Duration,
+    strict_names: bool,
     handlers: K::Handlers,
 }
 
@@ -59,6 +60,7 @@ impl<K: Kind> Clone for PipelineBuilder<K> {
             random: self.random.clone(),
             listeners: self.listeners.clone(),
             partition_idle: self.partition_idle,
+            strict_names: self.strict_names,
             handlers: self.handlers.clone(),
         }
     }
@@ -84,6 +86,7 @@ impl PipelineBuilder<AnyResult> {
             random: None,
             listeners: Vec::new(),
             partition_idle: Duration::from_secs(600),
+            strict_names: false,
             handlers: (),
         }
     }
@@ -165,6 +168,42 @@ impl<K: Kind> PipelineBuilder<K> {
     /// How long a partition may stay unused before its state is evicted.
     pub fn partition_idle(mut self, idle: Duration) -> Self {
         self.partition_idle = idle;
+        self
+    }
+
+    /// Refuses to build when a live pipeline of the same name on the same
+    /// [`MemoryStore`] has different stateful settings (circuit breaker,
+    /// bulkhead, cooldown, rate limiter or `partition_idle`): such
+    /// pipelines would not share state, whatever their common name says.
+    /// Without it the build succeeds, and with the `tracing` feature logs a
+    /// warning. A pipeline of equal settings shares the state; once every
+    /// pipeline of the old settings is dropped the name is free again.
+    /// Shared stores such as Redis key state by name alone and are not
+    /// checked.
+    ///
+    /// ```
+    /// use seawall::{CircuitBreaker, MemoryStore, Pipeline};
+    ///
+    /// let store = MemoryStore::new();
+    /// let _a = Pipeline::builder("payments")
+    ///     .store(store.clone())
+    ///     .circuit_breaker(CircuitBreaker::consecutive_failures(5))
+    ///     .build()?;
+    /// let e = Pipeline::builder("payments")
+    ///     .store(store.clone())
+    ///     .circuit_breaker(CircuitBreaker::consecutive_failures(10))
+    ///     .strict_names()
+    ///     .build()
+    ///     .unwrap_err();
+    /// assert!(e.to_string().contains("`payments` is bound on this store by a live pipeline with a different circuit_breaker"));
+    /// # Ok::<_, seawall::ConfigError>(())
+    /// ```
+    ///
+    /// # Default
+    /// Off: a name bound again with other settings gets a resource of its
+    /// own (what a configuration reload needs).
+    pub fn strict_names(mut self) -> Self {
+        self.strict_names = true;
         self
     }
 
@@ -274,6 +313,7 @@ impl<K: Kind> PipelineBuilder<K> {
             random: self.random,
             listeners: self.listeners,
             partition_idle: self.partition_idle,
+            strict_names: self.strict_names,
             handlers,
         }
     }
@@ -313,6 +353,7 @@ impl<K: Kind> PipelineBuilder<K> {
             random: self.random,
             listeners: self.listeners,
             partition_idle: self.partition_idle,
+            strict_names: self.strict_names,
             handlers: self.handlers,
         }
         .assemble()
@@ -336,6 +377,7 @@ struct Assembly<K: Kind> {
     random: Option<Arc<dyn Random>>,
     listeners: Vec<Listener>,
     partition_idle: Duration,
+    strict_names: bool,
     handlers: K::Handlers,
 }
 
@@ -352,10 +394,14 @@ impl<K: Kind> Assembly<K> {
         let gate = if spec.is_empty() {
             None
         } else {
-            let memory = match (&self.store, &self.memory_store) {
-                (None, _) => Some(MemoryStore::global().bind_memory(&spec)),
-                (Some(_), Some(m)) => Some(m.bind_memory(&spec)),
-                (Some(_), None) => None,
+            let memory_store = match (&self.store, &self.memory_store) {
+                (None, _) => Some(MemoryStore::global()),
+                (Some(_), m) => m.as_ref(),
+            };
+            let memory = match memory_store {
+                Some(m) if self.strict_names => Some(m.bind_memory_strict(&spec)?),
+                Some(m) => Some(m.bind_memory(&spec)),
+                None => None,
             };
             let state: Arc<dyn ResourceState> = match (&memory, self.store) {
                 (Some(m), _) => Arc::clone(m) as Arc<dyn ResourceState>,

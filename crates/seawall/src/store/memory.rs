@@ -15,7 +15,7 @@ use crate::breaker::{CircuitControl, CircuitMetrics, CircuitTransition};
 use crate::bulkhead::machine::{Slots, StripedSlots};
 use crate::clock::duration_nanos;
 use crate::cooldown;
-use crate::error::RejectionReason;
+use crate::error::{ConfigError, RejectionReason};
 use crate::rate_limit::machine::{retain_by, RateCell, RateColumn, RateParams, RateState};
 
 /// A key's last use is kept in ticks of 2^20 ns (about 1.05 ms), rounded
@@ -45,6 +45,14 @@ const MIN_SWEEP_LEN: usize = 16;
 /// does not close an open circuit. Partitions of the new resource start
 /// fresh. The store keeps every resource it has bound for as long as it
 /// lives (resource names are expected to be few and fixed).
+///
+/// Pipelines built earlier with the name keep the old resource: while one
+/// of them lives, the two do not share the policies whose settings differ.
+/// That is what a configuration reload wants, and a mistake anywhere else:
+/// with the `tracing` feature such a binding logs a warning (target
+/// `seawall`, naming the resource and the differing policies), and a
+/// pipeline built with
+/// [`strict_names`](crate::PipelineBuilder::strict_names) refuses it.
 ///
 /// # Admission
 /// [`admit`](ResourceState::admit) checks the circuit, the bulkhead, the
@@ -169,19 +177,92 @@ impl fmt::Debug for MemoryStore {
     }
 }
 
+type Registry = HashMap<String, Arc<MemoryResource>>;
+
 impl MemoryStore {
     /// [`StateStore::bind`] with the concrete type, so that pipelines on a
     /// memory store call it without dynamic dispatch.
+    ///
+    /// Rebinding a name that a live pipeline holds with different settings
+    /// is logged as a `tracing` warning (feature `tracing`): the two
+    /// pipelines do not share the policies that differ.
     pub(crate) fn bind_memory(&self, spec: &ResourceSpec) -> Arc<MemoryResource> {
+        Self::bind_locked(&mut self.registry(), spec)
+    }
+
+    /// [`bind_memory`](Self::bind_memory), refusing to rebind a name that a
+    /// live pipeline holds with different settings (the builder's
+    /// `strict_names`).
+    pub(crate) fn bind_memory_strict(
+        &self,
+        spec: &ResourceSpec,
+    ) -> Result<Arc<MemoryResource>, ConfigError> {
         let mut registry = self.registry();
+        if let Some(differing) = conflict(&registry, spec) {
+            return Err(ConfigError::new(
+                "pipeline",
+                "name",
+                format!(
+                    "`{}` is bound on this store by a live pipeline with a different {}: \
+                     pipelines of one name share state only with equal settings \
+                     (strict_names)",
+                    spec.name,
+                    differing.join(", ")
+                ),
+            ));
+        }
+        Ok(Self::bind_locked(&mut registry, spec))
+    }
+
+    fn bind_locked(registry: &mut Registry, spec: &ResourceSpec) -> Arc<MemoryResource> {
         let previous = registry.get(&spec.name);
         if let Some(previous) = previous.filter(|p| p.spec == *spec) {
             return Arc::clone(previous);
+        }
+        #[cfg(feature = "tracing")]
+        if let Some(differing) = conflict(registry, spec) {
+            tracing::warn!(
+                target: "seawall",
+                resource = spec.name.as_str(),
+                differing = differing.join(", ").as_str(),
+                "resource `{}` bound again with a different {}: pipelines built before \
+                 with this name keep their own state for it (a reload is logged too; \
+                 the builder's strict_names refuses it)",
+                spec.name,
+                differing.join(", ")
+            );
         }
         let resource = Arc::new(MemoryResource::new(spec, previous.map(|p| &**p)));
         registry.insert(spec.name.clone(), Arc::clone(&resource));
         resource
     }
+}
+
+/// The policies whose settings differ between `spec` and the resource of
+/// its name that a live pipeline holds, if any (`None` when the name is
+/// unbound, bound with equal settings, or held by no pipeline any more).
+fn conflict(registry: &Registry, spec: &ResourceSpec) -> Option<Vec<&'static str>> {
+    let previous = registry.get(&spec.name)?;
+    // The registry holds one reference; pipelines hold the others.
+    if Arc::strong_count(previous) == 1 || previous.spec == *spec {
+        return None;
+    }
+    let old = &previous.spec;
+    let differing: Vec<&'static str> = [
+        ("circuit_breaker", old.circuit != spec.circuit),
+        ("bulkhead", old.bulkhead != spec.bulkhead),
+        ("cooldown", old.cooldown != spec.cooldown),
+        ("rate_limiter", old.rate_limit != spec.rate_limit),
+        ("partition_idle", old.partition_idle != spec.partition_idle),
+    ]
+    .into_iter()
+    .filter_map(|(name, differs)| differs.then_some(name))
+    .collect();
+    Some(if differing.is_empty() {
+        vec!["settings"]
+    } else {
+        differing
+    })
 }
 
 impl StateStore for MemoryStore {
