@@ -201,9 +201,9 @@ pub use event::SagaEvent;
 pub use id::{IdempotencyKey, Phase, SagaId};
 pub use log::postgres::{PostgresLog, PostgresOptions};
 pub use log::sqlite::{SqliteLog, SqliteOptions, Synchronous};
-pub use log::{ClaimAttempt, ClaimedSaga, Lease, ListQuery, NewSaga, SagaLog, SagaRecord};
+pub use log::{ClaimAttempt, ClaimedSaga, Lease, ListQuery, NewSaga, SagaLog, SagaRecord, Wakeups};
 pub use orchestrator::{
-    Orchestrator, OrchestratorBuilder, RecoveryFailure, RecoveryReport, SagaOutcome, StartOptions,
-    StepFailure,
+    Orchestrator, OrchestratorBuilder, RecoveryFailure, RecoveryReport, SagaOutcome, ServeOptions,
+    ServeReport, StartOptions, StepFailure,
 };
 pub use transition::{SagaStatus, StepRef, Transition, TransitionRecord};
