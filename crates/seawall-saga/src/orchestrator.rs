@@ -563,7 +563,7 @@ impl Orchestrator {
     /// Continues every running or compensating saga that no live worker holds:
     /// forward from the first step whose completion is not logged, or
     /// compensating from the last completed step not yet compensated. Call it at
-    /// start-up; with several Postgres workers, call it periodically.
+    /// start-up, or let [`serve`](Self::serve) do it (it also polls).
     ///
     /// Sagas that cannot be continued (unknown name, input that no longer
     /// deserialises, history that does not fit the definition) are reported in

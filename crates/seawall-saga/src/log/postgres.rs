@@ -16,6 +16,21 @@
 //! its saga. A worker that dies stops
 //! renewing, and its sagas are claimable once the lease has expired.
 //!
+//! A worker that shuts down [releases](SagaLog::release) the leases of the
+//! sagas it stopped (`lease_owner` and `lease_expires_at` cleared, fenced by
+//! the token), so they are claimable at once.
+//!
+//! # Notifications
+//!
+//! [`announce`](SagaLog::announce) (called by `Orchestrator::submit`) and
+//! [`release`](SagaLog::release) send a `NOTIFY` on the channel
+//! `seawall_saga_{schema}` (cut to 63 bytes) with the saga id as payload.
+//! [`listen`](SagaLog::listen) opens a connection of its own that `LISTEN`s on
+//! it, wakes the worker once when it starts listening (something may have been
+//! announced before) and once per notification, and connects again a second
+//! after losing its connection. Notifications are only a shortcut: a lost one
+//! delays a saga until the worker's next poll.
+//!
 //! Each append is a single statement (fenced `UPDATE` plus `INSERT` of the
 //! transitions in one CTE), so it is atomic without an explicit transaction and
 //! concurrent sagas can share a connection. With Postgres' default
