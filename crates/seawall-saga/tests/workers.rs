@@ -326,8 +326,10 @@ async fn shutdown_hands_running_sagas_back_at_once() {
 
 const ROLE_VAR: &str = "SEAWALL_SAGA_WORKER_ROLE";
 const STEPS: usize = 3;
-/// How long each step holds its saga in flight.
+/// How long each step holds its saga in flight, on the worker that stays
+/// (the others hold long, so they are surely mid-saga when killed or stopped).
 const HOLD: Duration = Duration::from_millis(300);
+const LONG_HOLD: Duration = Duration::from_secs(5);
 
 #[derive(Serialize, Deserialize, Clone, Copy, Debug)]
 struct Job {
@@ -376,9 +378,9 @@ fn say(line: &str) {
     let _ = out.flush();
 }
 
-/// Three steps; each records its effect, then holds for `HOLD`; the planned
+/// Three steps; each records its effect, then holds for `hold`; the planned
 /// step fails after its hold.
-fn job_saga(log: Arc<dyn SagaLog>, effects: Effects) -> Saga<Job> {
+fn job_saga(log: Arc<dyn SagaLog>, effects: Effects, hold: Duration) -> Saga<Job> {
     let mut builder = Saga::builder("job");
     for index in 0..STEPS {
         let (log_a, effects_a) = (log.clone(), effects.clone());
@@ -395,7 +397,7 @@ fn job_saga(log: Arc<dyn SagaLog>, effects: Effects) -> Saga<Job> {
                             .record(key, ctx.saga_id().as_str(), index, "action", saw)
                             .await;
                     }
-                    tokio::time::sleep(HOLD).await;
+                    tokio::time::sleep(hold).await;
                     if ctx.input().fail_at == Some(index) {
                         return Err("planned failure".to_owned());
                     }
@@ -432,8 +434,12 @@ async fn job_log(schema: &str, lease: Duration, name: &str) -> Arc<dyn SagaLog> 
     )
 }
 
-async fn job_orchestrator(log: Arc<dyn SagaLog>, schema: &str) -> (Orchestrator, Saga<Job>) {
-    let saga = job_saga(log.clone(), Effects::connect(schema).await);
+async fn job_orchestrator(
+    log: Arc<dyn SagaLog>,
+    schema: &str,
+    hold: Duration,
+) -> (Orchestrator, Saga<Job>) {
+    let saga = job_saga(log.clone(), Effects::connect(schema).await, hold);
     let o = Orchestrator::builder(log).saga(&saga).build().unwrap();
     (o, saga)
 }
@@ -454,13 +460,15 @@ fn worker_process_entry() {
     let name = env("WORKER_NAME");
     let lease = Duration::from_millis(env("WORKER_LEASE_MS").parse().unwrap());
     let grace = Duration::from_millis(env("WORKER_GRACE_MS").parse().unwrap());
+    let hold = Duration::from_millis(env("WORKER_HOLD_MS").parse().unwrap());
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .unwrap();
     runtime.block_on(async move {
-        let (o, _) = job_orchestrator(job_log(&schema, lease, &name).await, &schema).await;
+        let log = job_log(&schema, lease, &name).await;
+        let (o, _) = job_orchestrator(log, &schema, hold).await;
         let (stop, stopped) = oneshot::channel::<()>();
         std::thread::spawn(move || {
             let mut line = String::new();
@@ -499,6 +507,7 @@ impl WorkerProcess {
         name: &str,
         lease: Duration,
         grace: Duration,
+        hold: Duration,
         dir: &std::path::Path,
     ) -> Self {
         let stderr = dir.join(format!("{name}.stderr"));
@@ -515,6 +524,7 @@ impl WorkerProcess {
             .env("WORKER_NAME", name)
             .env("WORKER_LEASE_MS", lease.as_millis().to_string())
             .env("WORKER_GRACE_MS", grace.as_millis().to_string())
+            .env("WORKER_HOLD_MS", hold.as_millis().to_string())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(&stderr).unwrap())
@@ -614,17 +624,14 @@ fn three_worker_processes_share_sagas_through_kill_and_shutdown() {
             ))
             .await
             .unwrap();
-        job_orchestrator(log, &schema).await
+        job_orchestrator(log, &schema, HOLD).await
     });
-    let mut doomed = WorkerProcess::spawn(&schema, "doomed", short, Duration::ZERO, dir.path());
-    let mut leaving = WorkerProcess::spawn(&schema, "leaving", long, Duration::ZERO, dir.path());
-    let staying = WorkerProcess::spawn(
-        &schema,
-        "staying",
-        long,
-        Duration::from_secs(30),
-        dir.path(),
-    );
+    let spawn = |name, lease, grace, hold| {
+        WorkerProcess::spawn(&schema, name, lease, grace, hold, dir.path())
+    };
+    let mut doomed = spawn("doomed", short, Duration::ZERO, LONG_HOLD);
+    let mut leaving = spawn("leaving", long, Duration::ZERO, LONG_HOLD);
+    let staying = spawn("staying", long, Duration::from_secs(30), HOLD);
     let plans: Vec<Job> = (0..total)
         .map(|i| Job {
             fail_at: (i % 3 == 2).then_some(i % STEPS),
