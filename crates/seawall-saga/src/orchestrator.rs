@@ -1027,11 +1027,27 @@ impl<I: SagaInput> Run<I> {
     }
 
     /// Stops here when the worker's shutdown asked its sagas to stop.
-    fn check_halt(&self) -> Result<(), SagaError> {
+    async fn check_halt(&mut self) -> Result<(), SagaError> {
         if self.halt.is_set() {
-            return Err(SagaError::Halted(self.id.clone()));
+            return self.halted().await;
         }
         Ok(())
+    }
+
+    /// Commits what was recorded (so the next worker does not run it again)
+    /// and stops with [`SagaError::Halted`].
+    async fn halted<T>(&mut self) -> Result<T, SagaError> {
+        self.commit().await?;
+        Err(SagaError::Halted(self.id.clone()))
+    }
+
+    /// The next task of `tasks` to end, or [`halted`](Self::halted) when the
+    /// worker's shutdown asks this saga to stop.
+    async fn next_end(&mut self, tasks: &mut Tasks) -> Result<Option<(usize, Done)>, SagaError> {
+        match tasks.next(&self.halt).await {
+            Ok(next) => Ok(next),
+            Err(Halted) => self.halted().await,
+        }
     }
 
     fn step_ref(&self, index: usize) -> StepRef {
@@ -1047,7 +1063,7 @@ impl<I: SagaInput> Run<I> {
     /// commit). A failure does not cancel the others: they are awaited.
     async fn forward(&mut self) -> Result<(), SagaError> {
         while let Some(stage) = self.progress.current_stage() {
-            self.check_halt()?;
+            self.check_halt().await?;
             let steps = self.definition.stages[stage].steps.clone();
             let failed = self.progress.failure().is_some();
             let first_open = steps.clone().find(|&i| self.progress.output(i).is_none());
@@ -1076,7 +1092,7 @@ impl<I: SagaInput> Run<I> {
                     (self.definition.steps[index].action)(self.context(index, Phase::Action, 1));
                 tasks.spawn(index, Work::Action(action));
             }
-            while let Some((index, done)) = tasks.next(&self.halt, &self.id).await? {
+            while let Some((index, done)) = self.next_end(&mut tasks).await? {
                 let step = self.step_ref(index);
                 match done {
                     Done::Action(Ok(output)) => {
@@ -1142,14 +1158,14 @@ impl<I: SagaInput> Run<I> {
         if steps.is_empty() {
             return Ok(());
         }
-        self.check_halt()?;
+        self.check_halt().await?;
         let orchestrator = self.orchestrator.clone();
         let retry = &orchestrator.retry;
         let mut delays: HashMap<usize, Duration> = HashMap::new();
         let mut stuck: Option<(StepRef, String)> = None;
         let mut tasks = Tasks::default();
         self.start_compensations(steps, &mut tasks).await?;
-        while let Some((index, done)) = tasks.next(&self.halt, &self.id).await? {
+        while let Some((index, done)) = self.next_end(&mut tasks).await? {
             let step = self.step_ref(index);
             match done {
                 Done::Compensation(Ok(())) => {
@@ -1247,6 +1263,9 @@ impl Halt {
     }
 }
 
+/// The worker's shutdown stopped the tasks of a saga.
+struct Halted;
+
 /// What a task of a saga's driver does: a step's action, a compensation
 /// attempt, or the wait before the next attempt.
 enum Work {
@@ -1300,15 +1319,15 @@ impl Tasks {
     }
 
     /// The next task to end, with its step; when `halt` is set first, the
-    /// tasks are aborted and awaited (nothing of this saga runs any more) and
-    /// the saga stops with [`SagaError::Halted`], its last ends unrecorded.
-    async fn next(&mut self, halt: &Halt, id: &SagaId) -> Result<Option<(usize, Done)>, SagaError> {
+    /// tasks are aborted and awaited (nothing of this saga runs any more),
+    /// and how they ended is not recorded (as after a crash).
+    async fn next(&mut self, halt: &Halt) -> Result<Option<(usize, Done)>, Halted> {
         tokio::select! {
             biased;
             () = halt.wait() => {
                 self.set.abort_all();
                 while self.set.join_next().await.is_some() {}
-                Err(SagaError::Halted(id.clone()))
+                Err(Halted)
             }
             next = self.join_next() => Ok(next),
         }
