@@ -214,6 +214,11 @@ pub enum SagaError {
     /// The saga id is not valid (it must be non-empty).
     #[error("invalid saga id: {0:?}")]
     InvalidId(String),
+    /// The worker driving the saga shut down before it ended (its grace
+    /// period was over): the saga stays in the log as last committed, and the
+    /// worker handed its lease back for another worker to continue it.
+    #[error("saga {0} was stopped by its worker's shutdown")]
+    Halted(SagaId),
     /// A task driving a saga panicked or was cancelled.
     #[error("the task driving saga {saga_id} ended abnormally: {detail}")]
     Aborted {

@@ -7,7 +7,8 @@
 //! ordered [`Step`]s, each an async action and a compensation. The
 //! [`Orchestrator`] runs it against a [`SagaLog`]: [`SqliteLog`] (one file,
 //! embedded, the default choice) or [`PostgresLog`] (many orchestrator processes
-//! on one database, with leases).
+//! on one database, with leases), and [`Orchestrator::serve`] turns a process
+//! into a worker that runs submitted sagas ([Workers](#workers)).
 //!
 //! # Example
 //!
@@ -152,6 +153,84 @@
 //! Both implement the small [`SagaLog`] trait; the orchestrator holds it as a
 //! trait object, nothing is generic over the backend.
 //!
+//! # Workers
+//!
+//! [`Orchestrator::start`] runs a saga in the caller's task.
+//! [`Orchestrator::submit`] only logs it, for a worker to run: a process that
+//! calls [`Orchestrator::serve`] runs as a worker until it is shut down. A
+//! worker
+//!
+//! - claims submitted sagas, sagas whose worker died (once their lease has
+//!   expired) and sagas handed back by a worker that shut down, so no process
+//!   needs to call [`Orchestrator::recover`] itself;
+//! - wakes when a saga is submitted: on Postgres, [`Orchestrator::submit`]
+//!   sends a `NOTIFY` and every worker `LISTEN`s on a connection of its own;
+//!   it also polls every [`ServeOptions::poll_interval`], which finds what a
+//!   lost notification announced and the sagas of dead workers;
+//! - drives at most [`ServeOptions::max_in_flight`] sagas at once;
+//! - shuts down gracefully when the future it was given resolves: it claims
+//!   nothing more, lets its sagas run for the [grace
+//!   period](ServeOptions::grace), then stops the ones still running (as a
+//!   crash would: a running step is aborted and runs again elsewhere, with the
+//!   same idempotency key) and releases their leases, so another worker takes
+//!   them over at once instead of after the lease expires.
+//!
+//! Every worker must register every saga definition it may find in the log: a
+//! saga of an unknown name is reported as a failure (a `recovery_failed`
+//! transition) and left for its lease to expire.
+//!
+//! On a [`SqliteLog`], `serve` works too, in the one process that owns the
+//! file: it is woken by the submissions of its own orchestrator (the same
+//! `Orchestrator` or a clone) and otherwise polls; there are no other workers
+//! to notify or hand sagas to.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use seawall_saga::{
+//!     Orchestrator, PostgresLog, PostgresOptions, Saga, ServeOptions, StartOptions, Step,
+//!     StepContext,
+//! };
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let welcome = Saga::<String>::builder("welcome")
+//!     .step(Step::new("send_mail", |ctx: StepContext<String>| async move {
+//!         // send a mail to ctx.input(), deduplicated by ctx.idempotency_key()
+//!         Ok::<_, String>(())
+//!     }))
+//!     .build()?;
+//!
+//! let log = PostgresLog::connect(
+//!     "postgres://app@127.0.0.1:5432/app",
+//!     PostgresOptions::new().lease(Duration::from_secs(10)),
+//! )
+//! .await?;
+//! let orchestrator = Orchestrator::builder(log).saga(&welcome).build()?;
+//!
+//! // Anywhere (a request handler, another process): hand a saga to the workers.
+//! let id = orchestrator
+//!     .submit(&welcome, "ada@example.com".to_owned(), StartOptions::new())
+//!     .await?;
+//!
+//! // In each worker process: serve until Ctrl-C (or SIGTERM, ...).
+//! let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+//! # drop(stop);
+//! let report = orchestrator
+//!     .serve(
+//!         ServeOptions::new()
+//!             .max_in_flight(16)
+//!             .poll_interval(Duration::from_secs(2))
+//!             .grace(Duration::from_secs(20)),
+//!         async move {
+//!             // e.g. tokio::signal::ctrl_c().await
+//!             let _ = stopped.await;
+//!         },
+//!     )
+//!     .await?;
+//! println!("{} completed, {} handed back", report.completed, report.handed_back);
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! # Inspection and events
 //!
 //! [`Orchestrator::list`] lists sagas by status, [`Orchestrator::history`]
@@ -201,9 +280,9 @@ pub use event::SagaEvent;
 pub use id::{IdempotencyKey, Phase, SagaId};
 pub use log::postgres::{PostgresLog, PostgresOptions};
 pub use log::sqlite::{SqliteLog, SqliteOptions, Synchronous};
-pub use log::{ClaimAttempt, ClaimedSaga, Lease, ListQuery, NewSaga, SagaLog, SagaRecord};
+pub use log::{ClaimAttempt, ClaimedSaga, Lease, ListQuery, NewSaga, SagaLog, SagaRecord, Wakeups};
 pub use orchestrator::{
-    Orchestrator, OrchestratorBuilder, RecoveryFailure, RecoveryReport, SagaOutcome, StartOptions,
-    StepFailure,
+    Orchestrator, OrchestratorBuilder, RecoveryFailure, RecoveryReport, SagaOutcome, ServeOptions,
+    ServeReport, StartOptions, StepFailure,
 };
 pub use transition::{SagaStatus, StepRef, Transition, TransitionRecord};

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, SystemTime};
 
 use serde::de::DeserializeOwned;
+use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use seawall::{Random, Retry, SystemClock, SystemRandom};
@@ -18,6 +19,10 @@ use crate::event::{trace, Listener, Listeners, SagaEvent};
 use crate::id::{IdempotencyKey, Phase, SagaId};
 use crate::log::{ClaimAttempt, ClaimedSaga, Lease, ListQuery, NewSaga, SagaLog, SagaRecord};
 use crate::transition::{Progress, SagaStatus, StepRef, Transition, TransitionRecord};
+
+mod serve;
+
+pub use serve::{ServeOptions, ServeReport};
 
 /// Options for one saga instance.
 ///
@@ -145,6 +150,7 @@ trait Driver: Send + Sync {
         orchestrator: Arc<Inner>,
         claimed: ClaimedSaga,
         operator: bool,
+        halt: Halt,
     ) -> BoxFuture<'static, Result<SagaOutcome, SagaError>>;
 
     fn finished_outcome(
@@ -160,9 +166,12 @@ impl<I: SagaInput> Driver for Saga<I> {
         orchestrator: Arc<Inner>,
         claimed: ClaimedSaga,
         operator: bool,
+        halt: Halt,
     ) -> BoxFuture<'static, Result<SagaOutcome, SagaError>> {
         let definition = self.inner.clone();
-        Box::pin(async move { Run::resume(definition, orchestrator, claimed, operator).await })
+        Box::pin(
+            async move { Run::resume(definition, orchestrator, claimed, operator, halt).await },
+        )
     }
 
     fn finished_outcome(
@@ -197,6 +206,9 @@ struct Inner {
     listeners: Listeners,
     concurrency: usize,
     leases: LeaseKeeper,
+    /// Counts the sagas submitted through this orchestrator, so that its own
+    /// serving workers wake at once (on every log, with or without `NOTIFY`).
+    submitted: watch::Sender<u64>,
 }
 
 /// The leases this orchestrator holds while it drives sagas. On logs whose
@@ -411,6 +423,7 @@ impl OrchestratorBuilder {
                 listeners: Listeners(self.listeners),
                 concurrency: self.concurrency,
                 leases: LeaseKeeper::default(),
+                submitted: watch::Sender::new(0),
             }),
         })
     }
@@ -471,12 +484,16 @@ impl Orchestrator {
         run.drive().await
     }
 
-    /// Logs a saga without running it: any worker's [`recover`](Self::recover)
-    /// picks it up. Returns its id.
+    /// Logs a saga without running it, for a worker to run: it is announced to
+    /// the [serving](Self::serve) workers (Postgres: `NOTIFY`; this
+    /// orchestrator's own workers on any log), and any worker's
+    /// [`serve`](Self::serve) or [`recover`](Self::recover) picks it up.
+    /// Returns its id once it is durably logged.
     ///
     /// # Errors
     ///
-    /// As [`start_with`](Self::start_with).
+    /// As [`start_with`](Self::start_with). A failed announcement is not an
+    /// error (the saga is logged; polling workers find it): it is traced.
     pub async fn submit<I: SagaInput>(
         &self,
         saga: &Saga<I>,
@@ -497,6 +514,13 @@ impl Orchestrator {
             SagaStatus::Running,
             &Transition::SagaStarted,
         );
+        self.inner.submitted.send_modify(|n| *n = n.wrapping_add(1));
+        if let Err(e) = self.inner.log.announce(&new.id).await {
+            tracing::warn!(
+                target: "seawall_saga", saga_id = %new.id, error = %e,
+                "could not announce a submitted saga; polling workers will find it"
+            );
+        }
         Ok(new.id)
     }
 
@@ -539,7 +563,7 @@ impl Orchestrator {
     /// Continues every running or compensating saga that no live worker holds:
     /// forward from the first step whose completion is not logged, or
     /// compensating from the last completed step not yet compensated. Call it at
-    /// start-up; with several Postgres workers, call it periodically.
+    /// start-up, or let [`serve`](Self::serve) do it (it also polls).
     ///
     /// Sagas that cannot be continued (unknown name, input that no longer
     /// deserialises, history that does not fit the definition) are reported in
@@ -577,8 +601,9 @@ impl Orchestrator {
                 for claimed in batch {
                     let id = claimed.record.id.clone();
                     let inner = self.inner.clone();
-                    let handle = tasks
-                        .spawn(async move { Inner::drive_claimed(inner, claimed, false).await });
+                    let handle = tasks.spawn(async move {
+                        Inner::drive_claimed(inner, claimed, false, Halt::never()).await
+                    });
                     ids.insert(handle.id(), id);
                 }
             }
@@ -629,7 +654,7 @@ impl Orchestrator {
     pub async fn resume(&self, id: &SagaId) -> Result<SagaOutcome, SagaError> {
         match self.inner.log.claim(id).await? {
             ClaimAttempt::Claimed(claimed) => {
-                Inner::drive_claimed(self.inner.clone(), claimed, true).await
+                Inner::drive_claimed(self.inner.clone(), claimed, true, Halt::never()).await
             }
             ClaimAttempt::Finished(record) => {
                 let driver = self.inner.driver(&record)?;
@@ -688,9 +713,10 @@ impl Inner {
         inner: Arc<Inner>,
         claimed: ClaimedSaga,
         operator: bool,
+        halt: Halt,
     ) -> Result<SagaOutcome, SagaError> {
         match inner.driver(&claimed.record) {
-            Ok(driver) => driver.drive(inner.clone(), claimed, operator).await,
+            Ok(driver) => driver.drive(inner.clone(), claimed, operator, halt).await,
             Err(error) => Err(inner.recovery_failed(&claimed, error).await),
         }
     }
@@ -812,6 +838,7 @@ struct Run<I> {
     input: Arc<I>,
     deadline: Option<SystemTime>,
     lease: Option<Lease>,
+    halt: Halt,
     _renewal: Option<LeaseGuard>,
     unsaved: Option<NewSaga>,
     pending: Vec<Transition>,
@@ -834,6 +861,7 @@ impl<I: SagaInput> Run<I> {
             input,
             deadline: new.deadline,
             lease: None,
+            halt: Halt::never(),
             _renewal: None,
             unsaved: Some(new),
             pending: Vec::new(),
@@ -848,6 +876,7 @@ impl<I: SagaInput> Run<I> {
         orchestrator: Arc<Inner>,
         claimed: ClaimedSaga,
         operator: bool,
+        halt: Halt,
     ) -> Result<SagaOutcome, SagaError> {
         let record = &claimed.record;
         let input: I = match serde_json::from_str(&record.input) {
@@ -886,6 +915,7 @@ impl<I: SagaInput> Run<I> {
             orchestrator: orchestrator.clone(),
             input: Arc::new(input),
             lease: Some(claimed.lease.clone()),
+            halt,
             unsaved: None,
             pending: Vec::new(),
             progress,
@@ -996,6 +1026,30 @@ impl<I: SagaInput> Run<I> {
         }
     }
 
+    /// Stops here when the worker's shutdown asked its sagas to stop.
+    async fn check_halt(&mut self) -> Result<(), SagaError> {
+        if self.halt.is_set() {
+            return self.halted().await;
+        }
+        Ok(())
+    }
+
+    /// Commits what was recorded (so the next worker does not run it again)
+    /// and stops with [`SagaError::Halted`].
+    async fn halted<T>(&mut self) -> Result<T, SagaError> {
+        self.commit().await?;
+        Err(SagaError::Halted(self.id.clone()))
+    }
+
+    /// The next task of `tasks` to end, or [`halted`](Self::halted) when the
+    /// worker's shutdown asks this saga to stop.
+    async fn next_end(&mut self, tasks: &mut Tasks) -> Result<Option<(usize, Done)>, SagaError> {
+        match tasks.next(&self.halt).await {
+            Ok(next) => Ok(next),
+            Err(Halted) => self.halted().await,
+        }
+    }
+
     fn step_ref(&self, index: usize) -> StepRef {
         StepRef::new(index, &*self.definition.step_names[index])
     }
@@ -1009,6 +1063,7 @@ impl<I: SagaInput> Run<I> {
     /// commit). A failure does not cancel the others: they are awaited.
     async fn forward(&mut self) -> Result<(), SagaError> {
         while let Some(stage) = self.progress.current_stage() {
+            self.check_halt().await?;
             let steps = self.definition.stages[stage].steps.clone();
             let failed = self.progress.failure().is_some();
             let first_open = steps.clone().find(|&i| self.progress.output(i).is_none());
@@ -1037,7 +1092,7 @@ impl<I: SagaInput> Run<I> {
                     (self.definition.steps[index].action)(self.context(index, Phase::Action, 1));
                 tasks.spawn(index, Work::Action(action));
             }
-            while let Some((index, done)) = tasks.next().await {
+            while let Some((index, done)) = self.next_end(&mut tasks).await? {
                 let step = self.step_ref(index);
                 match done {
                     Done::Action(Ok(output)) => {
@@ -1103,13 +1158,14 @@ impl<I: SagaInput> Run<I> {
         if steps.is_empty() {
             return Ok(());
         }
+        self.check_halt().await?;
         let orchestrator = self.orchestrator.clone();
         let retry = &orchestrator.retry;
         let mut delays: HashMap<usize, Duration> = HashMap::new();
         let mut stuck: Option<(StepRef, String)> = None;
         let mut tasks = Tasks::default();
         self.start_compensations(steps, &mut tasks).await?;
-        while let Some((index, done)) = tasks.next().await {
+        while let Some((index, done)) = self.next_end(&mut tasks).await? {
             let step = self.step_ref(index);
             match done {
                 Done::Compensation(Ok(())) => {
@@ -1176,6 +1232,40 @@ impl<I: SagaInput> Run<I> {
     }
 }
 
+/// Asks the sagas a serving worker drives to stop, when its shutdown grace
+/// period is over. Sagas driven by [`Orchestrator::start`],
+/// [`Orchestrator::recover`] or [`Orchestrator::resume`] never halt.
+#[derive(Clone, Debug)]
+pub(crate) struct Halt(Option<watch::Receiver<bool>>);
+
+impl Halt {
+    pub(crate) fn never() -> Self {
+        Halt(None)
+    }
+
+    pub(crate) fn on(receiver: watch::Receiver<bool>) -> Self {
+        Halt(Some(receiver))
+    }
+
+    fn is_set(&self) -> bool {
+        self.0.as_ref().is_some_and(|r| *r.borrow())
+    }
+
+    /// Resolves once the halt is set (never, if it never is).
+    async fn wait(&self) {
+        if let Some(receiver) = &self.0 {
+            let mut receiver = receiver.clone();
+            if receiver.wait_for(|&halted| halted).await.is_ok() {
+                return;
+            }
+        }
+        std::future::pending().await
+    }
+}
+
+/// The worker's shutdown stopped the tasks of a saga.
+struct Halted;
+
 /// What a task of a saga's driver does: a step's action, a compensation
 /// attempt, or the wait before the next attempt.
 enum Work {
@@ -1228,8 +1318,22 @@ impl Tasks {
         self.set.is_empty()
     }
 
-    /// The next task to end, with its step.
-    async fn next(&mut self) -> Option<(usize, Done)> {
+    /// The next task to end, with its step; when `halt` is set first, the
+    /// tasks are aborted and awaited (nothing of this saga runs any more),
+    /// and how they ended is not recorded (as after a crash).
+    async fn next(&mut self, halt: &Halt) -> Result<Option<(usize, Done)>, Halted> {
+        tokio::select! {
+            biased;
+            () = halt.wait() => {
+                self.set.abort_all();
+                while self.set.join_next().await.is_some() {}
+                Err(Halted)
+            }
+            next = self.join_next() => Ok(next),
+        }
+    }
+
+    async fn join_next(&mut self) -> Option<(usize, Done)> {
         match self.set.join_next_with_id().await? {
             Ok((id, done)) => {
                 let (index, _) = self.steps.remove(&id)?;

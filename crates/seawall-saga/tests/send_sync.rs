@@ -2,7 +2,8 @@
 
 use seawall_saga::{
     IdempotencyKey, LogError, Orchestrator, PostgresLog, RecoveryReport, Saga, SagaError,
-    SagaEvent, SagaId, SagaOutcome, SqliteLog, StartOptions, StepContext, TransitionRecord,
+    SagaEvent, SagaId, SagaOutcome, ServeOptions, ServeReport, SqliteLog, StartOptions,
+    StepContext, TransitionRecord, Wakeups,
 };
 
 fn send_sync<T: Send + Sync>() {}
@@ -24,6 +25,9 @@ fn public_types_are_send_and_sync() {
     send_sync::<StartOptions>();
     send_sync::<LogError>();
     send_sync::<SagaError>();
+    send_sync::<ServeOptions>();
+    send_sync::<ServeReport>();
+    send_sync::<Wakeups>();
 }
 
 #[test]
@@ -47,4 +51,5 @@ fn orchestrator_futures_are_send() {
     send(&o.recover());
     send(&o.resume(&id));
     send(&o.history(&id));
+    send(&o.serve(ServeOptions::new(), async {}));
 }

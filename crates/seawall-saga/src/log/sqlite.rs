@@ -841,4 +841,24 @@ impl SagaLog for SqliteLog {
     fn owner(&self) -> &str {
         &self.inner.owner
     }
+
+    fn release<'a>(&'a self, lease: &'a Lease) -> LogFuture<'a, ()> {
+        let lease = lease.clone();
+        let owner = self.inner.owner.clone();
+        self.submit(
+            format!("releasing the lease on saga {}", lease.saga_id()),
+            move |conn| {
+                conn.prepare_cached(
+                    "UPDATE seawall_sagas SET lease_owner = NULL
+                     WHERE id = ?1 AND lease_token = ?2 AND lease_owner = ?3",
+                )?
+                .execute(params![
+                    lease.saga_id().as_str(),
+                    lease.token(),
+                    owner
+                ])?;
+                Ok(())
+            },
+        )
+    }
 }
