@@ -43,6 +43,7 @@ const CONTENDERS: &[&str] = &[
     "consecutive",
     "open",
     "gcra",
+    "keyed",
     "fixed",
     "sliding",
     "bulkhead",
@@ -59,6 +60,7 @@ const CONTENDERS: &[&str] = &[
     "recloser-open",
     "failsafe-consecutive",
     "governor",
+    "governor-keyed",
     "semaphore",
     "tokio-timeout",
     "seatbelt-full",
@@ -81,6 +83,16 @@ fn main() {
         "consecutive" => sync_loop(n, seawall_call(pipelines::consecutive_breaker())),
         "open" => sync_loop(n, seawall_call(pipelines::open_breaker())),
         "gcra" => sync_loop(n, seawall_call(pipelines::gcra())),
+        "keyed" => {
+            // One key of many (the peer table's keyed row).
+            let p = pipelines::gcra();
+            for k in 0..1_000u64 {
+                let _ = p.partition(k).call(|_| op(1));
+            }
+            sync_loop(n, || {
+                matches!(p.partition(7u64).call(|_| op(black_box(1))), Ok(1))
+            })
+        }
         "fixed" => sync_loop(n, seawall_call(pipelines::fixed_window())),
         "sliding" => sync_loop(n, seawall_call(pipelines::sliding_window())),
         "bulkhead" => sync_loop(n, seawall_call(pipelines::bulkhead())),
@@ -111,6 +123,13 @@ fn main() {
         "governor" => {
             let l = governor();
             sync_loop(n, || governor_check(&l))
+        }
+        "governor-keyed" => {
+            let l = governor_keyed();
+            for k in 0..1_000u64 {
+                let _ = l.check_key(&k);
+            }
+            sync_loop(n, || l.check_key(&7).is_ok() && op(black_box(1)) == Ok(1))
         }
         "semaphore" => {
             let s = semaphore();

@@ -1,32 +1,40 @@
-//! The live log: every event of the protected pipeline, one short line each,
-//! with the time since the start and the service's phase.
+//! The live view: the state of the run rather than a scroll of events.
 //!
-//! Events are handed over a channel to a printing task, so the pipeline never
-//! waits for the terminal. Within each 100 ms tick, identical lines are
-//! printed once with a count (`x12`), and varying figures such as retry
-//! delays are shown as a range (`12ms..87ms`): every event is counted, and
-//! the flood stays readable.
+//! Once a second, one line per group of clients: the requests that reached
+//! the service in that second, and the answers the callers got (fresh from
+//! the service, from the fallback, errors), with the protected pipeline's
+//! circuit state. Between them, the moments that matter, as they happen:
+//! the circuit opening, half-opening and closing, a cooldown started by a
+//! `Retry-After`, a store outage; and a banner when the service changes
+//! phase. Everything else (each retry, each refusal) is counted in the
+//! status lines and the summary, not printed.
+//!
+//! Events are handed over a channel to the printing task, so the pipeline
+//! never waits for the terminal.
 
 use std::io::Write;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use seawall::{AttemptOutcome, CallOutcome, Event, EventKind};
+use seawall::{Event, EventKind};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::MissedTickBehavior;
 
-use crate::scenario::{Phase, Scenario};
+use crate::report::{Answers, Stats};
+use crate::scenario::{Group, Phase, Scenario};
+use crate::service::Hits;
 use crate::style::{Colour, Style};
 
-/// How often aggregated lines are printed.
-const TICK: Duration = Duration::from_millis(100);
+/// How often the status lines are printed.
+const TICK: Duration = Duration::from_secs(1);
 
 enum Message {
     Event { at: Instant, kind: EventKind },
     Finish,
 }
 
-/// The printing side of the live log.
+/// The printing side of the live view.
 #[derive(Debug)]
 pub(crate) struct EventLog {
     sender: mpsc::UnboundedSender<Message>,
@@ -34,10 +42,16 @@ pub(crate) struct EventLog {
 }
 
 impl EventLog {
-    /// Starts the printing task.
-    pub(crate) fn start(scenario: Scenario, style: Style) -> Self {
+    /// Starts the printing task, which reads the callers' answers from
+    /// `stats` and the service's requests from `hits`.
+    pub(crate) fn start(
+        scenario: Scenario,
+        style: Style,
+        stats: Arc<Stats>,
+        hits: Arc<Hits>,
+    ) -> Self {
         let (sender, receiver) = mpsc::unbounded_channel();
-        let printer = tokio::spawn(print_lines(receiver, scenario, style));
+        let printer = tokio::spawn(print_lines(receiver, scenario, style, stats, hits));
         EventLog { sender, printer }
     }
 
@@ -45,10 +59,12 @@ impl EventLog {
     pub(crate) fn listener(&self) -> impl Fn(&Event<'_>) + Send + Sync + 'static {
         let sender = self.sender.clone();
         move |event: &Event<'_>| {
-            let _ = sender.send(Message::Event {
-                at: Instant::now(),
-                kind: event.kind.clone(),
-            });
+            if is_transition(&event.kind) {
+                let _ = sender.send(Message::Event {
+                    at: Instant::now(),
+                    kind: event.kind.clone(),
+                });
+            }
         }
     }
 
@@ -59,205 +75,207 @@ impl EventLog {
     }
 }
 
-/// One printed line, possibly standing for many identical events.
-struct Line {
-    at: Instant,
-    colour: Colour,
-    text: String,
-    /// A figure that varies from event to event: its label and range.
-    figure: Option<(&'static str, Duration, Duration)>,
-    count: u32,
+/// The events printed as they happen: changes of state.
+fn is_transition(kind: &EventKind) -> bool {
+    matches!(
+        kind,
+        EventKind::CircuitOpened { .. }
+            | EventKind::CircuitHalfOpened
+            | EventKind::CircuitClosed
+            | EventKind::CooldownStarted { .. }
+            | EventKind::StoreUnavailable { .. }
+    )
 }
 
-/// The printing task: folds the events of each tick, and announces each
-/// phase of the service before the first line that happened in it.
+/// The protected pipeline's circuit, as its events tell it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Circuit {
+    Closed,
+    Open,
+    HalfOpen,
+}
+
+impl Circuit {
+    fn after(self, kind: &EventKind) -> Circuit {
+        match kind {
+            EventKind::CircuitOpened { .. } => Circuit::Open,
+            EventKind::CircuitHalfOpened => Circuit::HalfOpen,
+            EventKind::CircuitClosed => Circuit::Closed,
+            _ => self,
+        }
+    }
+
+    fn show(self) -> (Colour, &'static str) {
+        match self {
+            Circuit::Closed => (Colour::Green, "circuit closed"),
+            Circuit::Open => (Colour::Red, "circuit OPEN"),
+            Circuit::HalfOpen => (Colour::Yellow, "circuit half-open"),
+        }
+    }
+}
+
+/// What the status lines of one group counted at the last tick.
+#[derive(Debug, Clone, Copy, Default)]
+struct Seen {
+    answers: Answers,
+    requests: u64,
+}
+
+/// The printing task: a transition line for each change of state, the
+/// status lines once a second, a banner for each phase of the service.
 async fn print_lines(
     mut receiver: mpsc::UnboundedReceiver<Message>,
     scenario: Scenario,
     style: Style,
+    stats: Arc<Stats>,
+    hits: Arc<Hits>,
 ) {
     let mut printer = Printer {
         scenario,
         style,
         shown: None,
+        circuit: Circuit::Closed,
+        seen: [Seen::default(); Group::ALL.len()],
     };
-    let mut pending: Vec<Line> = Vec::new();
-    let mut tick = tokio::time::interval(TICK);
+    printer.announce(scenario.phase_at(Instant::now()));
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + TICK, TICK);
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             message = receiver.recv() => match message {
-                Some(Message::Event { at, kind }) => add(&mut pending, at, &kind),
+                Some(Message::Event { at, kind }) => printer.transition(at, &kind),
                 Some(Message::Finish) | None => break,
             },
-            _ = tick.tick() => {
-                printer.flush(&mut pending);
-                printer.announce(scenario.phase_at(Instant::now()));
-            }
+            _ = tick.tick() => printer.status(Instant::now(), &stats, &hits),
         }
     }
     while let Ok(Message::Event { at, kind }) = receiver.try_recv() {
-        add(&mut pending, at, &kind);
+        printer.transition(at, &kind);
     }
-    printer.flush(&mut pending);
+    printer.status(Instant::now(), &stats, &hits);
 }
 
-fn add(pending: &mut Vec<Line>, at: Instant, kind: &EventKind) {
-    // Calls and attempts that went well are the summary's business; a line
-    // for each would drown the events that tell the story.
-    if matches!(
-        kind,
-        EventKind::AttemptFinished {
-            outcome: AttemptOutcome::Success,
-            ..
-        } | EventKind::CallFinished {
-            outcome: CallOutcome::Success,
-            ..
-        }
-    ) {
-        return;
-    }
-    let (colour, text, figure) = describe(kind);
-    if let Some(line) = pending.iter_mut().find(|l| l.text == text) {
-        line.count += 1;
-        if let (Some((_, lo, hi)), Some((_, d))) = (&mut line.figure, figure) {
-            *lo = (*lo).min(d);
-            *hi = (*hi).max(d);
-        }
-        return;
-    }
-    pending.push(Line {
-        at,
-        colour,
-        text,
-        figure: figure.map(|(label, d)| (label, d, d)),
-        count: 1,
-    });
-}
-
-/// The colour, the fixed text and the varying figure of an event.
-fn describe(kind: &EventKind) -> (Colour, String, Option<(&'static str, Duration)>) {
+/// The line of a change of state.
+fn describe(kind: &EventKind) -> (Colour, String) {
     match kind {
-        EventKind::RetryScheduled { attempt, delay } => (
-            Colour::Yellow,
-            format!("attempt {attempt} failed, retrying"),
-            Some(("in", *delay)),
-        ),
-        EventKind::TimedOut { attempt, after } => (
-            Colour::Yellow,
-            format!("attempt {attempt} timed out after {}", short(*after)),
-            None,
-        ),
-        EventKind::RetryGaveUp { .. } => (Colour::Yellow, kind.to_string(), None),
-        EventKind::FallbackExecuted => (
-            Colour::Cyan,
-            "fallback served the last good answer".into(),
-            None,
-        ),
-        EventKind::Rejected {
-            reason,
-            retry_after,
-        } => (
-            Colour::Magenta,
-            format!("rejected: {reason}"),
-            retry_after.map(|d| ("retry after", d)),
-        ),
-        EventKind::Deferred { reason, wait } => (
-            Colour::Blue,
-            format!("deferred by {reason}"),
-            Some(("for up to", *wait)),
-        ),
         EventKind::CircuitOpened { cooldown } => (
             Colour::Red,
-            format!("circuit OPEN: calls refused for {}", short(*cooldown)),
-            None,
+            format!(
+                "circuit OPEN: calls are refused for {}, the fallback answers",
+                short(*cooldown)
+            ),
         ),
         EventKind::CircuitHalfOpened => (
             Colour::Yellow,
-            "circuit half-open: one probe goes through".into(),
-            None,
+            "circuit half-open: one probe goes through to the service".into(),
         ),
-        EventKind::CircuitClosed => (Colour::Green, "circuit closed".into(), None),
+        EventKind::CircuitClosed => (
+            Colour::Green,
+            "circuit closed: calls reach the service again".into(),
+        ),
         EventKind::CooldownStarted { duration } => (
             Colour::Blue,
             format!(
-                "cooldown: every caller pauses {} (Retry-After)",
+                "cooldown: every protected caller pauses {} (Retry-After)",
                 short(*duration)
             ),
-            None,
         ),
-        EventKind::AttemptFinished {
-            attempt,
-            duration,
-            outcome,
-        } => (
-            match outcome {
-                AttemptOutcome::Success => Colour::Green,
-                _ => Colour::Yellow,
-            },
-            format!("attempt {attempt} ended: {}", outcome.as_str()),
-            Some(("in", *duration)),
-        ),
-        EventKind::CallFinished {
-            attempts,
-            duration,
-            outcome,
-        } => {
-            let what = match outcome {
-                CallOutcome::Rejected(reason) => format!("rejected ({reason})"),
-                other => other.as_str().to_owned(),
-            };
-            let colour = match outcome {
-                CallOutcome::Success => Colour::Green,
-                CallOutcome::Fallback => Colour::Cyan,
-                _ => Colour::Red,
-            };
-            (
-                colour,
-                format!("call ended: {what} after {attempts} attempt(s)"),
-                Some(("in", *duration)),
-            )
-        }
-        EventKind::StoreUnavailable { .. } => (Colour::Red, kind.to_string(), None),
-        other => (Colour::Dim, other.to_string(), None),
+        other => (Colour::Red, other.to_string()),
     }
 }
 
-/// Writes lines and phase banners to stdout.
+/// Writes status lines, transitions and phase banners to stdout.
 struct Printer {
     scenario: Scenario,
     style: Style,
     /// The last phase announced.
     shown: Option<Phase>,
+    circuit: Circuit,
+    seen: [Seen; Group::ALL.len()],
 }
 
 impl Printer {
-    fn flush(&mut self, pending: &mut Vec<Line>) {
-        for line in pending.drain(..) {
-            self.announce(self.scenario.phase_at(line.at));
-            let mut text = line.text;
-            if let Some((label, lo, hi)) = line.figure {
-                let (lo, hi) = (short(lo), short(hi));
-                if lo == hi {
-                    text += &format!(" {label} {lo}");
-                } else {
-                    text += &format!(" {label} {lo}..{hi}");
-                }
-            }
-            if line.count > 1 {
-                text += &format!(" x{}", line.count);
-            }
-            let stamp = format!(
-                "{:>7.2}s  {:<16}",
-                self.scenario.elapsed(line.at).as_secs_f64(),
-                self.scenario.phase_at(line.at).label()
-            );
-            self.write(&format!(
-                "{} {}",
-                self.style.paint(Colour::Dim, &stamp),
-                self.style.paint(line.colour, &text)
-            ));
+    /// The line of a change of state, stamped with its time and phase.
+    fn transition(&mut self, at: Instant, kind: &EventKind) {
+        self.circuit = self.circuit.after(kind);
+        self.announce(self.scenario.phase_at(at));
+        let (colour, text) = describe(kind);
+        let stamp = self.stamp(at);
+        self.write(&format!(
+            "{} {}",
+            self.style.paint(Colour::Dim, &stamp),
+            self.style.paint(colour, &format!(">> {text}"))
+        ));
+    }
+
+    /// One line per group: what happened since the last status, under the
+    /// phase most of that second belongs to. Nothing when nothing happened
+    /// (the last lines, once the callers stopped).
+    fn status(&mut self, now: Instant, stats: &Stats, hits: &Hits) {
+        let middle = now.checked_sub(TICK / 2).unwrap_or(now);
+        let counted = Group::ALL.map(|group| Seen {
+            answers: stats.answers(group),
+            requests: hits.total(group),
+        });
+        let quiet = Group::ALL.iter().all(|g| {
+            let (now, last) = (counted[g.index()], self.seen[g.index()]);
+            now.answers == last.answers && now.requests == last.requests
+        });
+        if quiet {
+            return;
         }
+        self.announce(self.scenario.phase_at(middle));
+        for group in Group::ALL {
+            let seen = counted[group.index()];
+            let last = std::mem::replace(&mut self.seen[group.index()], seen);
+            let a = seen.answers.since(last.answers);
+            let requests = seen.requests.saturating_sub(last.requests);
+            let stamp = format!(
+                "{:>6.1}s  {:<16}",
+                self.scenario.elapsed(now).as_secs_f64(),
+                self.scenario.phase_at(middle).label()
+            );
+            let stamp = match group {
+                Group::Unprotected => stamp,
+                Group::Protected => " ".repeat(stamp.len()),
+            };
+            let mut line = format!(
+                "{} {:<12} {:>5} to the service | answers: {:>5} fresh {} {}",
+                self.style.paint(Colour::Dim, &stamp),
+                group.name(),
+                requests,
+                a.fresh,
+                self.style.paint(
+                    if a.fallback > 0 {
+                        Colour::Cyan
+                    } else {
+                        Colour::Dim
+                    },
+                    &format!("{:>5} fallback", a.fallback)
+                ),
+                self.style.paint(
+                    if a.errors > 0 {
+                        Colour::Red
+                    } else {
+                        Colour::Dim
+                    },
+                    &format!("{:>5} errors", a.errors)
+                ),
+            );
+            if group == Group::Protected {
+                let (colour, text) = self.circuit.show();
+                line += &format!(" | {}", self.style.paint(colour, text));
+            }
+            self.write(&line);
+        }
+    }
+
+    fn stamp(&self, at: Instant) -> String {
+        format!(
+            "{:>6.1}s  {:<16}",
+            self.scenario.elapsed(at).as_secs_f64(),
+            self.scenario.phase_at(at).label()
+        )
     }
 
     /// Prints the banner of every phase up to `phase` not yet announced.
@@ -319,27 +337,29 @@ mod tests {
     use seawall::RejectionReason;
 
     #[test]
-    fn identical_events_fold_into_one_line_with_a_range() {
-        let mut pending = Vec::new();
-        let now = Instant::now();
-        for ms in [40, 12, 87] {
-            let kind = EventKind::RetryScheduled {
-                attempt: 1,
-                delay: Duration::from_millis(ms),
-            };
-            add(&mut pending, now, &kind);
-        }
-        let rejected = EventKind::Rejected {
+    fn only_changes_of_state_are_printed_as_they_happen() {
+        assert!(is_transition(&EventKind::CircuitClosed));
+        assert!(is_transition(&EventKind::CooldownStarted {
+            duration: Duration::from_secs(1)
+        }));
+        assert!(!is_transition(&EventKind::FallbackExecuted));
+        assert!(!is_transition(&EventKind::Rejected {
             reason: RejectionReason::CircuitOpen,
             retry_after: None,
-        };
-        add(&mut pending, now, &rejected);
-        assert_eq!(pending.len(), 2);
-        let retry = &pending[0];
-        assert_eq!(retry.count, 3);
+        }));
+    }
+
+    #[test]
+    fn the_circuit_state_follows_its_events() {
+        let open = Circuit::Closed.after(&EventKind::CircuitOpened {
+            cooldown: Duration::from_secs(1),
+        });
+        assert_eq!(open, Circuit::Open);
+        assert_eq!(open.after(&EventKind::FallbackExecuted), Circuit::Open);
+        assert_eq!(open.after(&EventKind::CircuitHalfOpened), Circuit::HalfOpen);
         assert_eq!(
-            retry.figure,
-            Some(("in", Duration::from_millis(12), Duration::from_millis(87)))
+            Circuit::HalfOpen.after(&EventKind::CircuitClosed),
+            Circuit::Closed
         );
     }
 

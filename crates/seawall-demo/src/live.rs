@@ -31,12 +31,17 @@ pub(crate) async fn run(options: &LiveOptions) -> Result<(), Failure> {
         Failure::Runtime(format!("cannot start the flaky service on 127.0.0.1: {e}"))
     })?;
     introduce(&scenario, options, service.addr, style);
-    let log = EventLog::start(scenario, style);
+    let stats = Arc::new(Stats::default());
+    let log = EventLog::start(
+        scenario,
+        style,
+        Arc::clone(&stats),
+        Arc::clone(&service.hits),
+    );
     let cache = LastGoodAnswer::default();
     let pipeline = protected::pipeline(&scenario, store, cache.clone(), log.listener())
         .map_err(|e| Failure::BadInput(format!("cannot build the protected pipeline: {e}")))?;
 
-    let stats = Arc::new(Stats::default());
     let interrupted = Arc::new(AtomicBool::new(false));
     let mut callers = JoinSet::new();
     for i in 0..options.clients {
@@ -128,7 +133,10 @@ fn introduce(scenario: &Scenario, options: &LiveOptions, addr: std::net::SocketA
         None => "state in memory".to_owned(),
     };
     let lines = [
-        format!("flaky service on http://{addr}/quote, {} s in 5 phases", options.duration.as_secs()),
+        format!(
+            "flaky service on http://{addr}/quote, {} s in 5 phases",
+            options.duration.as_secs()
+        ),
         format!(
             "{} unprotected clients: plain HTTP client, timeout {}, no retry",
             options.clients,
@@ -144,7 +152,9 @@ fn introduce(scenario: &Scenario, options: &LiveOptions, addr: std::net::SocketA
             short(scenario.call_budget),
             short(scenario.client_timeout)
         ),
-        "every event of the protected pipeline follows; identical lines within 100 ms are folded (x N)".to_owned(),
+        "once a second, per group: requests that reached the service, and the answers callers got \
+         (fresh, fallback, errors); >> marks a change of the circuit or a cooldown, as it happens"
+            .to_owned(),
     ];
     for line in lines {
         say(&format!("{}\n", style.paint(Colour::Bold, &line)));

@@ -106,11 +106,45 @@ impl Stats {
         tallies[group.index()][phase.index()].add(outcome, latency);
     }
 
+    /// The answers `group`'s callers got so far, all phases together.
+    pub(crate) fn answers(&self, group: Group) -> Answers {
+        let tallies = self.tallies.lock().unwrap_or_else(|e| e.into_inner());
+        tallies[group.index()]
+            .iter()
+            .fold(Answers::default(), |sum, t| Answers {
+                fresh: sum.fresh + t.answered,
+                fallback: sum.fallback + t.fallbacks,
+                errors: sum.errors + t.errors(),
+            })
+    }
+
     fn snapshot(&self) -> [[Tally; Phase::ALL.len()]; Group::ALL.len()] {
         self.tallies
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
+    }
+}
+
+/// What a group's callers got, counted by kind of answer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Answers {
+    /// Answers of the service.
+    pub(crate) fresh: u64,
+    /// Answers of the fallback (the last good answer, possibly stale).
+    pub(crate) fallback: u64,
+    /// Errors.
+    pub(crate) errors: u64,
+}
+
+impl Answers {
+    /// The answers counted since `earlier`.
+    pub(crate) fn since(self, earlier: Answers) -> Answers {
+        Answers {
+            fresh: self.fresh.saturating_sub(earlier.fresh),
+            fallback: self.fallback.saturating_sub(earlier.fallback),
+            errors: self.errors.saturating_sub(earlier.errors),
+        }
     }
 }
 
@@ -285,9 +319,15 @@ impl<'a> Summary<'a> {
         let conclusion = format!(
             "\nwhile the service was sick (failing, slow, throttling), the protected group sent it {sp} \
              requests, the unprotected one {su}{}; {hp} vs {hu} over the whole run.\n\
-             its callers got {} errors (vs {}), and their answers in {} at p50, {} at p99 (vs {}, {}).\n",
+             protected callers got {} fresh answers, {} fallback answers (the last good quote, \
+             possibly stale) and {} errors;\n\
+             unprotected callers got {} fresh answers and {} errors.\n\
+             answers came in {} at p50, {} at p99 with seawall (vs {}, {} without).\n",
             ratio(su, sp),
+            p.answered,
+            p.fallbacks,
             p.errors(),
+            u.answered,
             u.errors(),
             short(p.percentile(50)),
             short(p.percentile(99)),

@@ -59,8 +59,10 @@ fn the_protected_group_spares_the_service_and_its_callers() {
         "no colours when stdout is not a terminal"
     );
     for expected in [
-        "circuit OPEN",
-        "fallback served the last good answer",
+        ">> circuit OPEN",
+        ">> circuit closed",
+        "| circuit OPEN",
+        "fallback",
         "summary",
         "per phase",
     ] {
@@ -69,6 +71,10 @@ fn the_protected_group_spares_the_service_and_its_callers() {
             "`{expected}` missing from:\n{text}"
         );
     }
+    // A view of the state, not a scroll: two status lines a second, the
+    // changes of state, five banners, the introduction and the summary.
+    let lines = text.lines().count();
+    assert!(lines < 12 * 2 + 60 + 40, "{lines} lines:\n{text}");
 
     let summary = json_line(&output, "SUMMARY ");
     let unprotected = &summary["groups"]["unprotected"];
@@ -81,6 +87,13 @@ fn the_protected_group_spares_the_service_and_its_callers() {
         reached(unprotected)
     );
     assert!(protected["calls"].as_u64() > Some(100), "{protected}");
+    // The closing sentence counts the fallback answers as such.
+    let fallbacks = protected["fallbacks"].as_u64().expect("fallbacks");
+    assert!(fallbacks > 0, "{protected}");
+    assert!(
+        text.contains(&format!("{fallbacks} fallback answers")),
+        "the conclusion hides the {fallbacks} fallback answers:\n{text}"
+    );
 
     let failing = &protected["phases"]["failing"];
     assert_eq!(

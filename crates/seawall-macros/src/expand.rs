@@ -19,7 +19,9 @@ use quote::{quote, quote_spanned, ToTokens};
 use syn::spanned::Spanned;
 use syn::{Ident, ItemFn};
 
-use crate::attr::{Algorithm, BackoffKind, BreakerMode, Config, JitterKind, Policy, Step, Window};
+use seawall_order::PolicyKind;
+
+use crate::attr::{Config, Step};
 use crate::sig::{analyse, Analysis, Passing};
 
 /// Expands `#[resilient(..)]` on `item`.
@@ -247,8 +249,8 @@ fn on_error(config: &Config, sig: &Analysis, error: &Ident) -> syn::Result<Token
     // errors of seawall's policies go through `E: From<..>`, required only
     // for the policies declared.
     let first = |pred: &dyn Fn(&Step) -> bool| config.steps.iter().find(|s| pred(s));
-    let rejecting = first(&|s| s.policy.can_reject());
-    let timing = first(&|s| matches!(s.policy, Policy::Timeout(_)));
+    let rejecting = first(&|s| s.policy.rejects);
+    let timing = first(&|s| s.kind == PolicyKind::Timeout);
 
     let rejected = match rejecting {
         Some(step) => convert(
@@ -334,137 +336,10 @@ fn convert(
 fn builder(config: &Config, name: &TokenStream) -> TokenStream {
     let mut chain = TokenStream::new();
     for step in &config.steps {
-        chain.extend(match &step.policy {
-            Policy::Retry(r) => {
-                let base = r.base.tokens();
-                let mut retry = match r.backoff {
-                    BackoffKind::Constant => quote!(::seawall::Retry::constant(#base)),
-                    BackoffKind::Linear => quote!(::seawall::Retry::linear(#base)),
-                    BackoffKind::Exponential => quote!(::seawall::Retry::exponential(#base)),
-                    BackoffKind::Decorrelated => {
-                        let cap = r
-                            .cap
-                            .map_or_else(|| quote!(::core::time::Duration::MAX), |c| c.tokens());
-                        quote!(::seawall::Retry::decorrelated(#base, #cap))
-                    }
-                };
-                let attempts = r.max_attempts;
-                retry.extend(quote!(.max_attempts(#attempts)));
-                if let Some(m) = r.multiplier {
-                    retry.extend(quote!(.multiplier(#m)));
-                }
-                if let (Some(cap), false) = (r.cap, r.backoff == BackoffKind::Decorrelated) {
-                    let cap = cap.tokens();
-                    retry.extend(quote!(.cap(#cap)));
-                }
-                let jitter = match r.jitter {
-                    JitterKind::None => quote!(::seawall::Jitter::None),
-                    JitterKind::Full => quote!(::seawall::Jitter::Full),
-                    JitterKind::Equal => quote!(::seawall::Jitter::Equal),
-                    JitterKind::Percent(p) => quote!(::seawall::Jitter::Proportional(#p)),
-                };
-                retry.extend(quote!(.jitter(#jitter)));
-                if let Some((ratio, tokens)) = r.budget {
-                    retry.extend(quote!(.budget(::seawall::RetryBudget::new(#ratio, #tokens))));
-                }
-                quote!(.retry(#retry))
-            }
-            Policy::Timeout(t) => {
-                let d = t.after.tokens();
-                if t.strict {
-                    quote!(.timeout(::seawall::Timeout::strict(#d)))
-                } else {
-                    quote!(.timeout(::seawall::Timeout::new(#d)))
-                }
-            }
-            Policy::CircuitBreaker(c) => {
-                let mut b = match c.mode {
-                    BreakerMode::Consecutive(n) => {
-                        quote!(::seawall::CircuitBreaker::consecutive_failures(#n))
-                    }
-                    BreakerMode::Rate(r) => quote!(::seawall::CircuitBreaker::failure_rate(#r)),
-                };
-                match c.window {
-                    Some(Window::Count(n)) => b.extend(quote!(.count_window(#n))),
-                    Some(Window::Seconds(s)) => {
-                        let s = u64::from(s);
-                        b.extend(quote!(.window(::core::time::Duration::from_secs(#s))))
-                    }
-                    None => {}
-                }
-                if let Some(n) = c.minimum_calls {
-                    b.extend(quote!(.minimum_calls(#n)));
-                }
-                if let Some((rate, d)) = c.slow_calls {
-                    let d = d.map_or_else(
-                        || quote!(::core::time::Duration::from_secs(60)),
-                        |d| d.tokens(),
-                    );
-                    b.extend(quote!(.slow_calls(#rate, #d)));
-                }
-                if let Some(d) = c.cooldown {
-                    let d = d.tokens();
-                    b.extend(quote!(.cooldown(#d)));
-                }
-                if let Some((g, max)) = c.growth {
-                    let max = max.tokens();
-                    b.extend(quote!(.cooldown_growth(#g, #max)));
-                }
-                if let Some(n) = c.half_open_calls {
-                    b.extend(quote!(.half_open_calls(#n)));
-                }
-                quote!(.circuit_breaker(#b))
-            }
-            Policy::Bulkhead(b) => {
-                let n = b.max_concurrent;
-                let mut t = quote!(::seawall::Bulkhead::new(#n));
-                if let Some((q, w)) = b.queue {
-                    let w = w.tokens();
-                    t.extend(quote!(.queue(#q, #w)));
-                }
-                if let Some(lease) = b.lease {
-                    let lease = lease.tokens();
-                    t.extend(quote!(.lease(#lease)));
-                }
-                quote!(.bulkhead(#t))
-            }
-            Policy::RateLimiter(r) => {
-                let (limit, per) = (r.limit, r.per.tokens());
-                let mut t = match r.algorithm {
-                    Algorithm::Gcra => quote!(::seawall::RateLimiter::gcra(#limit, #per)),
-                    Algorithm::FixedWindow => {
-                        quote!(::seawall::RateLimiter::fixed_window(#limit, #per))
-                    }
-                    Algorithm::SlidingWindow => {
-                        quote!(::seawall::RateLimiter::sliding_window(#limit, #per))
-                    }
-                };
-                if let Some(b) = r.burst {
-                    t.extend(quote!(.burst(#b)));
-                }
-                if let Some(w) = r.max_wait {
-                    let w = w.tokens();
-                    t.extend(quote!(.max_wait(#w)));
-                }
-                quote!(.rate_limiter(#t))
-            }
-            Policy::Cooldown(c) => {
-                let mut t = quote!(::seawall::Cooldown::new());
-                if let Some(d) = c.max_pause {
-                    let d = d.tokens();
-                    t.extend(quote!(.max_pause(#d)));
-                }
-                if let Some(d) = c.max_wait {
-                    let d = d.tokens();
-                    t.extend(quote!(.max_wait(#d)));
-                }
-                if let Some(d) = c.grace {
-                    let d = d.tokens();
-                    t.extend(quote!(.grace(#d)));
-                }
-                quote!(.cooldown(#t))
-            }
-        });
+        // Each policy is declared by the builder method of its name.
+        let method = Ident::new(step.kind.name(), Span::call_site());
+        let value = &step.policy.value;
+        chain.extend(quote!(.#method(#value)));
     }
     for (key, judge) in &config.judges {
         let method = Ident::new(&key.to_string(), judge.span());

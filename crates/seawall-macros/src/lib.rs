@@ -10,6 +10,7 @@
 
 mod attr;
 mod expand;
+mod policies;
 mod sig;
 
 use proc_macro::TokenStream;

@@ -1,25 +1,50 @@
-//! Where each policy of a [seawall](https://crates.io/crates/seawall)
-//! pipeline may stand, stated once.
+//! The policies of a [seawall](https://crates.io/crates/seawall) pipeline,
+//! where each may stand and how its settings are written, stated once.
 //!
 //! A pipeline is a list of policies in declaration order, outermost first.
-//! This crate holds the list of policies ([`PolicyKind`], one registration
-//! line each), where each may stand ([`Place`]), what a policy covers at its
-//! position ([`scope`]) and the check of a whole list ([`check`]). The
-//! pipeline builder, the configuration files and the `#[resilient]` attribute
-//! all call these functions and only word the answer in their own
-//! vocabulary; none of them restates a rule. It has no dependencies so that
-//! the proc-macro crate can use it at compile time.
+//! This crate holds the table of policies ([`PolicyKind`], one entry each):
+//! each policy's name, where it may stand ([`Place`]) and its settings
+//! ([`Setting`]: the key, the attribute's spelling, the kind of value). It
+//! also states what a policy covers at its position ([`scope`]) and checks
+//! a whole list ([`check`]). The pipeline builder, the configuration files
+//! and the `#[resilient]` attribute all read this table and call these
+//! functions, and only word the answer in their own vocabulary; none of
+//! them restates a rule, a key or a value kind. It has no dependencies so
+//! that the proc-macro crate can use it at compile time.
 //!
 //! The fallback is not part of the list: it is always outermost, wherever it
 //! is declared.
 //!
 //! # Adding a policy
-//! Its module in `seawall` (the settings, their `validate()` and the
-//! policy's rules), one line in the list below, then the ways to declare
-//! it: a variant of `Declared` and a builder method in `seawall`'s
-//! `pipeline/`, a section in the configuration files (`config/raw.rs`) and
-//! a key of `#[resilient]` (`seawall-macros`). None of them states where
-//! the policy may stand or what its values may be.
+//! 1. **Its module** in `seawall` (`src/<policy>/`): the settings type
+//!    with its setters and `validate()` (the numeric rules, reached by every
+//!    surface through `build()`), its pure rules and, for a policy that
+//!    guards each attempt, its cell and its place in the engine and stores.
+//! 2. **One entry in the `policies!` table below**: its name, its
+//!    [`Place`], its name after the retry if it may stand on either side,
+//!    and its settings (key, attribute spelling, [`Value`] kind). From it
+//!    come the order check, the configuration file's section (its keys,
+//!    value kinds, unknown-key errors, the names of `policies` and their
+//!    default order) and the attribute's keys (units, value parsing,
+//!    `expected one of` lists).
+//! 3. **The compiler lists the rest**: exhaustive matches on
+//!    [`PolicyKind`], each the policy worded in one surface's vocabulary:
+//!    - `seawall/src/pipeline/declare.rs`: a line of `declared!`, its
+//!      `Validate` impl (a call of its `validate()`) and its role in
+//!      `sort`; its method in `builder.rs` (public API);
+//!    - `seawall/src/config/policies.rs`, `resolve`: the section into
+//!      the value (the file's defaults, required keys, keys that go
+//!      together);
+//!    - `seawall-macros/src/policies.rs`, `policy`: the same in the
+//!      attribute's words, and the expression of the settings;
+//!    - the registration tests (`every_registered_policy_is_*`): the
+//!      smallest declaration of the policy in the builder, a file and the
+//!      attribute.
+//!
+//!    The tests then check that the builder, the configuration files and
+//!    the attribute know every entry, that each surface reads every
+//!    registered setting, and that each setting is documented
+//!    (`seawall/src/config/mod.rs`, `seawall-macros/src/resilient.md`).
 //!
 //! This crate is an implementation detail of seawall. Its enums are
 //! exhaustive on purpose: a new policy or rule makes the compiler point at
@@ -39,9 +64,13 @@
 //! ```
 #![forbid(unsafe_code)]
 
-/// Declares the policies: one line per policy, `Kind = "name", Place;`.
+/// Declares the policies: one entry per policy,
+/// `Kind = "name" [/ "name after the retry"], Place, [settings];`.
 macro_rules! policies {
-    ($( $(#[$doc:meta])* $kind:ident = $name:literal, $place:ident; )*) => {
+    ($(
+        $(#[$doc:meta])*
+        $kind:ident = $name:literal $(/ $attempt:literal)?, $place:ident, [$($setting:expr),* $(,)?];
+    )*) => {
         /// A policy a pipeline can declare.
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
         pub enum PolicyKind {
@@ -49,7 +78,8 @@ macro_rules! policies {
         }
 
         impl PolicyKind {
-            /// Every policy, in registration order.
+            /// Every policy, in registration order: the order in which a
+            /// pipeline nests them when nothing else says.
             pub const ALL: &'static [PolicyKind] = &[$(PolicyKind::$kind),*];
 
             /// The policy's name, as the builder method, the configuration
@@ -66,23 +96,269 @@ macro_rules! policies {
                     $(PolicyKind::$kind => Place::$place,)*
                 }
             }
+
+            /// The name of the policy's configuration section when it
+            /// stands after the retry (`attempt_timeout`), for a policy of
+            /// [`Place::EitherSide`] that has one.
+            pub const fn attempt_name(self) -> Option<&'static str> {
+                match self {
+                    $(PolicyKind::$kind => optional!($($attempt)?),)*
+                }
+            }
+
+            /// The policy's settings, in the order the configuration files
+            /// and the attribute list them.
+            pub const fn settings(self) -> &'static [Setting] {
+                match self {
+                    $(PolicyKind::$kind => {
+                        const SETTINGS: &[Setting] = &[$($setting),*];
+                        SETTINGS
+                    })*
+                }
+            }
         }
     };
 }
 
+macro_rules! optional {
+    () => {
+        None
+    };
+    ($x:literal) => {
+        Some($x)
+    };
+}
+
+const BACKOFFS: &[&str] = &["constant", "linear", "exponential", "decorrelated"];
+const BUDGET: &[Setting] = &[Setting::number("ratio"), Setting::count("max_tokens")];
+const ALGORITHMS: &[&str] = &["gcra", "fixed_window", "sliding_window"];
+
 policies! {
     /// A timeout: of the whole call before the retry, of each attempt after it.
-    Timeout = "timeout", EitherSide;
+    Timeout = "timeout" / "attempt_timeout", EitherSide, [
+        Setting::duration("duration").attr("").shorthand(),
+        Setting::flag("strict"),
+    ];
     /// The retry.
-    Retry = "retry", Retry;
+    Retry = "retry", Retry, [
+        Setting::count("max_attempts"),
+        Setting::choice("backoff", BACKOFFS),
+        Setting::duration("delay").attr("backoff"),
+        Setting::number("multiplier"),
+        Setting::duration("cap"),
+        Setting::jitter("jitter"),
+        Setting::table("budget", BUDGET),
+    ];
     /// The circuit breaker.
-    CircuitBreaker = "circuit_breaker", AfterRetry;
+    CircuitBreaker = "circuit_breaker", AfterRetry, [
+        Setting::count("consecutive_failures"),
+        Setting::count("count_window"),
+        Setting::duration("window").in_seconds(),
+        Setting::number("failure_rate"),
+        Setting::count("minimum_calls"),
+        Setting::number("slow_call_rate"),
+        Setting::duration("slow_call_duration").attr("slow_call"),
+        Setting::duration("cooldown"),
+        Setting::number("cooldown_growth"),
+        Setting::duration("max_cooldown"),
+        Setting::count("half_open_calls"),
+    ];
     /// The bulkhead.
-    Bulkhead = "bulkhead", AfterRetry;
+    Bulkhead = "bulkhead", AfterRetry, [
+        Setting::count("max_concurrent"),
+        Setting::count("max_queued"),
+        Setting::duration("max_wait"),
+        Setting::duration("lease"),
+    ];
     /// The cooldown opened by retry-after hints.
-    Cooldown = "cooldown", AfterRetry;
+    Cooldown = "cooldown", AfterRetry, [
+        Setting::duration("max_pause"),
+        Setting::duration("max_wait"),
+        Setting::duration("grace"),
+    ];
     /// The rate limiter.
-    RateLimiter = "rate_limiter", AfterRetry;
+    RateLimiter = "rate_limiter", AfterRetry, [
+        Setting::choice("algorithm", ALGORITHMS),
+        Setting::count("limit"),
+        Setting::duration("period").attr("per"),
+        Setting::count("burst"),
+        Setting::duration("max_wait"),
+    ];
+}
+
+impl PolicyKind {
+    /// The policy named `name` (its [`name`](Self::name)).
+    pub fn from_name(name: &str) -> Option<PolicyKind> {
+        Self::ALL.iter().copied().find(|k| k.name() == name)
+    }
+
+    /// The setting whose configuration key is `key`.
+    pub fn setting(self, key: &str) -> Option<&'static Setting> {
+        self.settings().iter().find(|s| s.key == key)
+    }
+
+    /// The setting that may stand for the whole policy
+    /// (`timeout = "5s"`, `timeout_ms = 500`), if any.
+    pub fn shorthand(self) -> Option<&'static Setting> {
+        self.settings().iter().find(|s| s.shorthand)
+    }
+}
+
+/// One setting of a policy: its key, its spelling in the `#[resilient]`
+/// attribute and the kind of value it takes. The configuration files and
+/// the attribute both read their keys and value kinds from here.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Setting {
+    /// The key in configuration files; also the setting's name.
+    pub key: &'static str,
+    /// The attribute's spelling: the key itself, or for a duration the
+    /// base of `{attr}_ms` and `{attr}_s` (plain `ms` and `s` when empty).
+    pub attr: &'static str,
+    /// The kind of value.
+    pub value: Value,
+    /// The policy may be written as this value alone: `timeout = "5s"` in
+    /// a file, `timeout_ms = 500` in the attribute.
+    pub shorthand: bool,
+}
+
+/// The kind of value a [`Setting`] takes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Value {
+    /// A whole number from 0 to `u32::MAX`.
+    Count,
+    /// A number, possibly fractional (a rate, a factor).
+    Number,
+    /// `true` or `false` (in the attribute, the bare key means `true`).
+    Flag,
+    /// A duration: a string such as `"200ms"` in a file; in the attribute
+    /// a whole number under a key naming its unit.
+    Duration(Units),
+    /// One of the listed words.
+    Choice(&'static [&'static str]),
+    /// A jitter: `none`, `full`, `equal` or a percentage.
+    Jitter,
+    /// A nested table of settings.
+    Table(&'static [Setting]),
+}
+
+/// The units the attribute accepts for a duration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Units {
+    /// `{attr}_ms` or `{attr}_s`.
+    MillisOrSeconds,
+    /// `{attr}_s` only (whole seconds).
+    Seconds,
+}
+
+/// The unit an attribute key gives a duration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unit {
+    /// Milliseconds (`_ms`).
+    Millis,
+    /// Seconds (`_s`).
+    Seconds,
+}
+
+impl Setting {
+    const fn new(key: &'static str, value: Value) -> Setting {
+        Setting {
+            key,
+            attr: key,
+            value,
+            shorthand: false,
+        }
+    }
+
+    /// A whole number.
+    pub const fn count(key: &'static str) -> Setting {
+        Setting::new(key, Value::Count)
+    }
+
+    /// A number.
+    pub const fn number(key: &'static str) -> Setting {
+        Setting::new(key, Value::Number)
+    }
+
+    /// A flag.
+    pub const fn flag(key: &'static str) -> Setting {
+        Setting::new(key, Value::Flag)
+    }
+
+    /// A duration, in milliseconds or seconds in the attribute.
+    pub const fn duration(key: &'static str) -> Setting {
+        Setting::new(key, Value::Duration(Units::MillisOrSeconds))
+    }
+
+    /// One of `choices`.
+    pub const fn choice(key: &'static str, choices: &'static [&'static str]) -> Setting {
+        Setting::new(key, Value::Choice(choices))
+    }
+
+    /// A jitter.
+    pub const fn jitter(key: &'static str) -> Setting {
+        Setting::new(key, Value::Jitter)
+    }
+
+    /// A nested table.
+    pub const fn table(key: &'static str, settings: &'static [Setting]) -> Setting {
+        Setting::new(key, Value::Table(settings))
+    }
+
+    /// Spelled `attr` in the attribute.
+    pub const fn attr(mut self, attr: &'static str) -> Setting {
+        self.attr = attr;
+        self
+    }
+
+    /// A duration the attribute takes in whole seconds only.
+    pub const fn in_seconds(mut self) -> Setting {
+        self.value = Value::Duration(Units::Seconds);
+        self
+    }
+
+    /// May stand for the whole policy.
+    pub const fn shorthand(mut self) -> Setting {
+        self.shorthand = true;
+        self
+    }
+
+    /// The attribute's keys for this setting, e.g. `backoff_ms` and
+    /// `backoff_s` for the retry's `delay`.
+    pub fn attribute_keys(&self) -> Vec<String> {
+        let with = |unit: &str| match self.attr {
+            "" => unit.to_owned(),
+            base => format!("{base}_{unit}"),
+        };
+        match self.value {
+            Value::Duration(Units::MillisOrSeconds) => vec![with("ms"), with("s")],
+            Value::Duration(Units::Seconds) => vec![with("s")],
+            _ => vec![self.attr.to_owned()],
+        }
+    }
+
+    /// Whether the attribute key `key` spells this setting: `None` if not,
+    /// `Some(None)` for a plain key, `Some(Some(unit))` for a duration key.
+    pub fn attribute_unit(&self, key: &str) -> Option<Option<Unit>> {
+        let Value::Duration(units) = self.value else {
+            return (key == self.attr).then_some(None);
+        };
+        let unit = match self.attr {
+            "" => key,
+            base => key.strip_prefix(base)?.strip_prefix('_')?,
+        };
+        match (unit, units) {
+            ("ms", Units::MillisOrSeconds) => Some(Some(Unit::Millis)),
+            ("s", _) => Some(Some(Unit::Seconds)),
+            _ => None,
+        }
+    }
+}
+
+/// The attribute's keys of a list of settings, comma-separated: the
+/// `expected one of` of an unknown key.
+pub fn attribute_keys(settings: &[Setting]) -> String {
+    let keys: Vec<String> = settings.iter().flat_map(Setting::attribute_keys).collect();
+    keys.join(", ")
 }
 
 impl PolicyKind {
@@ -237,6 +513,64 @@ mod tests {
                 assert_ne!(a.name(), b.name());
             }
         }
+    }
+
+    #[test]
+    fn every_policy_is_found_by_its_name() {
+        for &k in PolicyKind::ALL {
+            assert_eq!(PolicyKind::from_name(k.name()), Some(k));
+            assert_eq!(k.attempt_name().is_some(), k.place() == Place::EitherSide);
+        }
+        assert_eq!(PolicyKind::from_name("fallback"), None);
+    }
+
+    #[test]
+    fn settings_are_spelled_once_per_policy() {
+        fn check(settings: &[Setting]) {
+            let mut keys: Vec<&str> = settings.iter().map(|s| s.key).collect();
+            let mut attr: Vec<String> = settings.iter().flat_map(Setting::attribute_keys).collect();
+            let (k, a) = (keys.len(), attr.len());
+            keys.sort_unstable();
+            keys.dedup();
+            attr.sort_unstable();
+            attr.dedup();
+            assert_eq!((keys.len(), attr.len()), (k, a), "{settings:?}");
+            for s in settings {
+                for key in s.attribute_keys() {
+                    assert!(s.attribute_unit(&key).is_some(), "{key}");
+                    let others = settings.iter().filter(|o| o.attribute_unit(&key).is_some());
+                    assert_eq!(others.count(), 1, "{key}");
+                }
+                if let Value::Table(nested) = s.value {
+                    check(nested);
+                }
+            }
+            assert!(settings.iter().filter(|s| s.shorthand).count() <= 1);
+        }
+        for k in PolicyKind::ALL {
+            check(k.settings());
+        }
+    }
+
+    #[test]
+    fn attribute_spellings() {
+        assert_eq!(
+            attribute_keys(Retry.settings()),
+            "max_attempts, backoff, backoff_ms, backoff_s, multiplier, cap_ms, cap_s, jitter, budget"
+        );
+        assert_eq!(attribute_keys(Timeout.settings()), "ms, s, strict");
+        let window = CircuitBreaker.setting("window").unwrap();
+        assert_eq!(window.attribute_keys(), ["window_s"]);
+        assert_eq!(window.attribute_unit("window_ms"), None);
+        assert_eq!(window.attribute_unit("window_s"), Some(Some(Unit::Seconds)));
+        let delay = Retry.setting("delay").unwrap();
+        assert_eq!(delay.attribute_unit("backoff_ms"), Some(Some(Unit::Millis)));
+        assert_eq!(delay.attribute_unit("backoff"), None);
+        assert_eq!(delay.attribute_unit("backoff_min"), None);
+        let max_attempts = Retry.setting("max_attempts").unwrap();
+        assert_eq!(max_attempts.attribute_unit("max_attempts"), Some(None));
+        assert_eq!(Timeout.shorthand().map(|s| s.key), Some("duration"));
+        assert_eq!(Retry.shorthand(), None);
     }
 
     #[test]

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::error::{redact, RedisStoreError};
+use crate::error::{Redacted, RedisStoreError};
 use crate::RedisStore;
 
 /// What a store does when Redis cannot be reached or does not answer in
@@ -60,7 +60,9 @@ pub enum TimeSource {
 /// - up to 8 idle connections kept for the blocking `call` path
 /// - half-open probes leased for 60 s (see [`probe_lease`](Self::probe_lease))
 /// - the server's clock
-#[derive(Debug, Clone)]
+///
+/// Its `Debug` output shows the URL without its password.
+#[derive(Clone)]
 pub struct RedisStoreBuilder {
     pub(crate) url: String,
     pub(crate) prefix: String,
@@ -71,6 +73,22 @@ pub struct RedisStoreBuilder {
     pub(crate) max_idle_connections: usize,
     pub(crate) probe_lease: Duration,
     pub(crate) time_source: TimeSource,
+}
+
+impl std::fmt::Debug for RedisStoreBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStoreBuilder")
+            .field("url", &Redacted::new(&self.url))
+            .field("prefix", &self.prefix)
+            .field("timeout", &self.timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("fail_mode", &self.fail_mode)
+            .field("reconnect_interval", &self.reconnect_interval)
+            .field("max_idle_connections", &self.max_idle_connections)
+            .field("probe_lease", &self.probe_lease)
+            .field("time_source", &self.time_source)
+            .finish()
+    }
 }
 
 impl RedisStoreBuilder {
@@ -210,12 +228,59 @@ impl RedisStoreBuilder {
                 ),
             ));
         }
-        let client =
-            redis::Client::open(self.url.as_str()).map_err(|e| RedisStoreError::InvalidUrl {
-                url: redact(&self.url),
-                reason: e.to_string(),
-            })?;
+        let client = redis::Client::open(self.url.as_str()).map_err(|e| {
+            let url = Redacted::new(&self.url);
+            RedisStoreError::InvalidUrl {
+                reason: url.scrub(&url_problem(&self.url, &e)),
+                url: url.shown().to_owned(),
+            }
+        })?;
         Ok(RedisStore::from_parts(self, client))
+    }
+}
+
+/// The schemes the redis client takes.
+const SCHEMES: [&str; 7] = [
+    "redis",
+    "rediss",
+    "valkey",
+    "valkeys",
+    "redis+unix",
+    "valkey+unix",
+    "unix",
+];
+
+/// Why the redis client refused `url` (its error `client`), in words that
+/// name the problem.
+fn url_problem(url: &str, client: &redis::RedisError) -> String {
+    let expected = || {
+        format!(
+            "expected one server's URL, `{}://…`, as in `redis://127.0.0.1:6379`",
+            SCHEMES.join("://…`, `")
+        )
+    };
+    if url.trim().is_empty() {
+        return format!("the URL is empty; {}", expected());
+    }
+    let after_credentials = url.rfind('@').map_or(url, |at| &url[at + 1..]);
+    let list = after_credentials.contains([',', ' ', '\t', '\n', ';']);
+    match url::Url::parse(url) {
+        Err(url::ParseError::RelativeUrlWithoutBase) => {
+            format!("the URL has no scheme; {}", expected())
+        }
+        Err(_) if list => format!(
+            "the URL holds a list (`,`, `;` or whitespace); {}: lists of servers and \
+             clusters are not supported",
+            expected()
+        ),
+        Err(e) => format!("{e}; {}", expected()),
+        Ok(u) if !SCHEMES.contains(&u.scheme()) => {
+            format!("unsupported scheme `{}`; {}", u.scheme(), expected())
+        }
+        Ok(_) => {
+            let said = client.to_string();
+            said.replace(" - InvalidClientConfig", "")
+        }
     }
 }
 

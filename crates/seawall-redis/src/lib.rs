@@ -82,10 +82,10 @@
 //!   a permit (`RateLimiter::max_wait`) reserves it in the admission
 //!   script, so that concurrent callers, in every process, queue behind it
 //!   or are refused at once; a reservation its call does not use is given
-//!   back by the release script. A GCRA whose emission interval is not a
-//!   whole number of microseconds cannot tell its reservations apart
-//!   exactly: one given back stays spent (stricter) until the queue has
-//!   passed. While Redis is down (fail-open), the local answer reserves
+//!   back by the release script, where the state can tell it apart (as
+//!   the in-memory rules say: GCRA's TAT, kept to the nanosecond, or the
+//!   fixed window's last window still the one it set; a sliding log's
+//!   entry). While Redis is down (fail-open), the local answer reserves
 //!   nothing.
 //!
 //! # When Redis fails
@@ -110,6 +110,67 @@
 //! wrong password or a user without the `@scripting` commands is a
 //! [`StoreError::Refused`](seawall::StoreError::Refused), reported when the
 //! pipeline is built; an unreachable server at that time is not an error.
+//!
+//! # When Redis restarts empty
+//! A server restarted without persistence (or failed over to a fresh one)
+//! has forgotten the windows and the bulkhead leases: left alone, a second
+//! full quota would pass in the window of the restart and slots still in
+//! use would be given out again. So the store identifies the server
+//! (`run_id` in `INFO server`) on every new connection, before anything is
+//! sent on it, and again when the scripts are missing (`NOSCRIPT`). A
+//! changed identity is a restart; so is a server that lost the scripts
+//! when its identity cannot be read (a user without `INFO`); a server that
+//! lost its scripts but kept its identity had them flushed, and its state
+//! is intact. After a restart, the admissions of a resource wait until
+//! what was lost can no longer matter: until the restarted server is as
+//! old as the resource's longest rate window (for GCRA, its burst) or
+//! bulkhead lease (its uptime, read in whole seconds, so up to a second
+//! longer), or, on the caller's clock ([`TimeSource::Caller`]), for that
+//! long from the first admission that saw the restart. Meanwhile
+//! [`FailMode::Closed`] refuses with `Error::Store` and [`FailMode::Open`]
+//! answers locally, as in an outage. Since the default lease is 60 s, a
+//! bulkhead waits that long: a shorter lease shortens the wait.
+//!
+//! What a restart still loses:
+//! - circuit state and cooldowns are not waited for: an open circuit is
+//!   closed again, a cooldown ends early;
+//! - a process that first connects after the restart has no identity to
+//!   compare with: it admits at once (its admissions are counted, those
+//!   lost before the restart are not);
+//! - a failover to a replica that has been up for longer than the window
+//!   is not waited for: writes not yet replicated are lost, as the
+//!   replication is asynchronous;
+//! - with a user without `INFO`, only the first process to find the
+//!   scripts missing sees the restart (it reloads them for all);
+//! - a server restarted with its data (RDB, AOF) is waited for all the
+//!   same.
+//!
+//! Re-registering the slots each process still holds would shorten a
+//! bulkhead's wait, but only the lease bounds when every process has done
+//! so: the wait is the lease.
+//!
+//! # Stated guarantees
+//! Exact mode (one admission = one atomic script on one server), with
+//! `timeout` T and `connect_timeout` C. Every cell names the tests (in
+//! `tests/redis/`) that back it; nothing else is claimed.
+//!
+//! | Redis is… | fail-closed | fail-open |
+//! |---|---|---|
+//! | **slow** (answers after T) | over-admission: none; a late admission is counted once and never handed out (`outage::a_slow_redis_costs_the_timeout_and_admits_nothing_over_the_limits`) | the caller is admitted locally, reported degraded; the late admission is counted once on Redis (same test) |
+//! | | over-concurrency: none; the late admission's slot stays taken until its lease (same test) | same |
+//! | | stall: one call, at most C + T (same test) | same |
+//! | **stopped** (SIGSTOP) | over-admission and over-concurrency: none; every call is `Error::Store`, the operation is not called (`outage::a_paused_redis_costs_the_timeout_once_then_is_skipped`) | every call is admitted on process-local state and reports `StoreUnavailable { degraded: true }` (same test) |
+//! | | stall: the first call at most C + T, later calls skip Redis while it is reconnected to (same test) | same |
+//! | | recovery: through Redis again after SIGCONT, once the background reconnection succeeds (same test; within 5 s with `reconnect_interval` 100 ms) | same |
+//! | **killed** | over-admission and over-concurrency: none; `Error::Store`, the operation never called (`outage::killed_and_restarted_redis_under_fail_closed`) | admitted on process-local state, each call degraded (`outage::killed_and_restarted_redis_under_fail_open`); at most one local quota per process and window (`restart::a_restarted_empty_redis_under_fail_open_admits_at_most_one_local_quota`) |
+//! | | stall: every call at most C + T (same tests) | same |
+//! | **killed and restarted empty** | over-admission: none in the window of the restart (`restart::a_restarted_empty_redis_does_not_admit_a_second_quota_in_the_window`, `restart::a_restarted_empty_redis_does_not_admit_a_second_quota_async`, `restart::on_the_server_clock_the_window_of_the_restart_admits_no_second_quota`, `restart::a_restart_is_seen_through_noscript_by_a_user_without_info`); also for two stores with connections of their own, as two processes have (`restart::two_stores_each_see_the_restart`) | at most one local quota per process in that window, on top of what Redis admitted before the restart (`restart::a_restarted_empty_redis_under_fail_open_admits_at_most_one_local_quota`) |
+//! | | over-concurrency: none; slots in use at the restart are waited for (`restart::a_restarted_empty_redis_never_puts_the_bulkhead_over_capacity`) | slots in use on Redis plus the local bulkhead: at most twice the capacity per process (same test) |
+//! | | recovery: admissions through Redis resume one window (or lease) after the server started; on the caller's clock exactly one window after the first admission that saw the restart (`restart::a_restarted_empty_redis_holds_for_exactly_one_window_on_the_store_clock`, `outage::killed_and_restarted_redis_under_fail_closed`) | back on shared state likewise (`outage::killed_and_restarted_redis_under_fail_open`) |
+//!
+//! Not covered by a test, hence not stated: separate OS processes through
+//! one restart (tested with two stores in one process), Redis Cluster
+//! failovers, a proxy between the store and Redis.
 //!
 //! # Requirements
 //! Redis 6.2 or later, or Valkey; plain `EVALSHA`, no functions API. The

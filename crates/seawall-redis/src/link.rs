@@ -1,23 +1,27 @@
 //! The connections of one store: a small pool of blocking connections for
-//! the sync path, a `ConnectionManager` for the async path, and the health
-//! state that makes an outage cost the timeout once rather than on every
-//! call.
+//! the sync path, one multiplexed connection per tokio runtime for the
+//! async path, the health state that makes an outage cost the timeout once
+//! rather than on every call, and the server's identity, which tells a
+//! restarted (emptied) server from the one the state was kept on.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{FromRedisValue, ScriptInvocation};
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, ErrorKind, FromRedisValue, RedisResult, ServerErrorKind};
 use seawall::StoreError;
+use tokio::sync::OnceCell;
 
-use crate::error::{is_outage, store_error};
-use crate::scripts::Scripts;
+use crate::error::{is_outage, store_error, Redacted};
+use crate::scripts::{Invocation, Scripts};
 
 /// Settings the link needs from the builder.
 #[derive(Debug, Clone)]
 pub(crate) struct LinkSettings {
-    pub(crate) address: String,
+    /// The server's URL as it may be shown, and the secrets kept out of
+    /// every message.
+    pub(crate) address: Redacted,
     pub(crate) timeout: Duration,
     pub(crate) connect_timeout: Duration,
     pub(crate) reconnect_interval: Duration,
@@ -29,14 +33,71 @@ pub(crate) struct Link {
     pub(crate) settings: LinkSettings,
     pool: Mutex<Vec<redis::Connection>>,
     /// One async connection per tokio runtime that used the store: a
-    /// connection's driver task lives on the runtime that created it.
-    managers: Mutex<Vec<(tokio::runtime::Id, ConnectionManager)>>,
+    /// connection's driver task lives on the runtime that created it. A
+    /// connection that failed is forgotten; the next call makes (and
+    /// identifies) a new one.
+    managers: Mutex<Vec<(tokio::runtime::Id, AsyncSlot)>>,
     health: Health,
+    /// The server last seen, and its last restart.
+    server: Mutex<ServerState>,
+    /// Restarts seen (0: none; read without the lock on every admission).
+    restarts: AtomicU64,
     /// Records sent on the async connection whose answer is not awaited
     /// (see [`Link::unawaited`]); the blocking path waits for them.
     unawaited: Mutex<usize>,
     settled: Condvar,
     weak: Weak<Link>,
+}
+
+/// The async connection of one runtime, made once by the first call that
+/// needs it.
+type AsyncSlot = Arc<OnceCell<MultiplexedConnection>>;
+
+/// Asked before an admission is sent while a restart of the server is known:
+/// `Err` refuses the admission (see `Shared::restart_hold` in the store).
+pub(crate) type HoldCheck<'a> = &'a (dyn Fn(Restart) -> Result<(), StoreError> + Sync);
+
+/// A restart of the server, seen by this process: its identity (`run_id`
+/// in `INFO server`) changed between two connections, or it lost its
+/// scripts and its identity cannot be read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Restart {
+    /// Restarts seen so far by this store (1 for the first).
+    pub(crate) epoch: u64,
+    /// When the restarted server started, on this process's monotonic
+    /// clock: when it was seen, less its uptime (whole seconds, so at most
+    /// a second late, never early). When the uptime is unknown, when the
+    /// restart was seen.
+    pub(crate) started: Instant,
+}
+
+/// Why a call through the link failed: Redis failed (an outage is noted,
+/// the connection dropped), or the admission waits after a restart (Redis
+/// is fine).
+enum Failure {
+    Store(StoreError),
+    Held(StoreError),
+}
+
+impl From<StoreError> for Failure {
+    fn from(e: StoreError) -> Failure {
+        Failure::Store(e)
+    }
+}
+
+impl Failure {
+    fn into_error(self) -> StoreError {
+        match self {
+            Failure::Store(e) | Failure::Held(e) => e,
+        }
+    }
+}
+
+/// What is known of the server.
+#[derive(Debug, Default)]
+struct ServerState {
+    run_id: Option<String>,
+    last: Option<Restart>,
 }
 
 /// One record sent without waiting for its answer; dropped when the answer
@@ -97,8 +158,84 @@ impl Link {
                 last_error: Mutex::new(None),
                 reconnecting: AtomicBool::new(false),
             },
+            server: Mutex::new(ServerState::default()),
+            restarts: AtomicU64::new(0),
             weak: weak.clone(),
         })
+    }
+
+    /// The last restart of the server seen by this store, if any.
+    pub(crate) fn restart(&self) -> Option<Restart> {
+        if self.restarts.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        lock(&self.server).last
+    }
+
+    /// Reads the server's identity on a new connection (or on one whose
+    /// server lost its scripts) and notes a restart.
+    fn identify(&self, c: &mut redis::Connection, scripts_lost: bool) -> Result<(), StoreError> {
+        let info = redis::cmd("INFO").arg("server").query::<String>(c);
+        self.note_identity(info, scripts_lost)
+    }
+
+    async fn identify_async(
+        &self,
+        c: &mut MultiplexedConnection,
+        scripts_lost: bool,
+    ) -> Result<(), StoreError> {
+        let info = redis::cmd("INFO")
+            .arg("server")
+            .query_async::<String>(c)
+            .await;
+        self.note_identity(info, scripts_lost)
+    }
+
+    /// A server whose `run_id` changed restarted; so did one that lost its
+    /// scripts when its identity cannot be read (a user without `INFO`).
+    /// A server that lost its scripts but kept its identity had them
+    /// flushed (`SCRIPT FLUSH`): its state is intact.
+    fn note_identity(
+        &self,
+        info: RedisResult<String>,
+        scripts_lost: bool,
+    ) -> Result<(), StoreError> {
+        let seen = Instant::now();
+        let (run_id, uptime) = match info {
+            Ok(text) => parse_info(&text),
+            Err(e) => {
+                let e = self.error(&e, self.settings.timeout);
+                if is_outage(&e) {
+                    return Err(e);
+                }
+                // Refused (no permission for INFO): identity unknown.
+                (None, None)
+            }
+        };
+        let mut server = lock(&self.server);
+        let restarted = match (&server.run_id, &run_id) {
+            (Some(before), Some(now)) => before != now,
+            _ => scripts_lost,
+        };
+        if run_id.is_some() {
+            server.run_id = run_id;
+        }
+        if restarted {
+            let epoch = self.restarts.load(Ordering::Acquire) + 1;
+            let started = uptime.and_then(|u| seen.checked_sub(u)).unwrap_or(seen);
+            server.last = Some(Restart { epoch, started });
+            self.restarts.store(epoch, Ordering::Release);
+            #[cfg(feature = "tracing")]
+            tracing::warn!(target: "seawall_redis", address = %self.settings.address, uptime = ?uptime, "redis restarted and lost its state; admissions wait for the windows and leases it held to end");
+        }
+        Ok(())
+    }
+
+    fn check_hold(&self, hold: Option<HoldCheck<'_>>) -> Result<(), Failure> {
+        match (hold, self.restart()) {
+            (Some(check), Some(restart)) => check(restart).map_err(Failure::Held),
+            _ => Ok(()),
+        }
     }
 
     /// Counts a record sent on the async connection without waiting for its
@@ -128,6 +265,12 @@ impl Link {
                 .unwrap_or_else(PoisonError::into_inner)
                 .0;
         }
+    }
+
+    /// A Redis error as a [`StoreError`], its message free of the URL's
+    /// secrets.
+    fn error(&self, e: &redis::RedisError, timeout: Duration) -> StoreError {
+        self.settings.address.scrub_error(store_error(e, timeout))
     }
 
     /// `false` while Redis is skipped after a failure.
@@ -177,45 +320,59 @@ impl Link {
         }
     }
 
+    /// Skips Redis for two reconnect intervals plus one reconnection
+    /// attempt (connect timeout + timeout), so that calls never find the
+    /// skip over while the background thread is still trying.
     fn extend_skip(&self) {
-        let interval =
-            u64::try_from(self.settings.reconnect_interval.as_nanos()).unwrap_or(u64::MAX / 4);
-        let until = self
-            .health
-            .now()
-            .saturating_add(interval.saturating_mul(2))
-            .max(1);
+        let s = &self.settings;
+        let horizon = s
+            .reconnect_interval
+            .saturating_mul(2)
+            .saturating_add(s.connect_timeout)
+            .saturating_add(s.timeout);
+        let horizon = u64::try_from(horizon.as_nanos()).unwrap_or(u64::MAX / 4);
+        let until = self.health.now().saturating_add(horizon).max(1);
         self.health.skip_until.store(until, Ordering::Release);
     }
 
     fn recovered(&self) {
-        // The async connection may hold the error of its last attempt:
-        // start afresh.
+        // The async connections may be dead: start afresh.
         lock(&self.managers).clear();
         self.health.skip_until.store(0, Ordering::Release);
         #[cfg(feature = "tracing")]
         tracing::info!(target: "seawall_redis", address = %self.settings.address, "redis reachable again");
     }
 
+    /// A new blocking connection, with timeouts, its server identified.
     fn connect_sync(&self) -> Result<redis::Connection, StoreError> {
         let t = self.settings.timeout;
-        let conn = self
+        let mut conn = self
             .client
             .get_connection_with_timeout(self.settings.connect_timeout)
-            .map_err(|e| store_error(&e, self.settings.connect_timeout))?;
+            .map_err(|e| self.error(&e, self.settings.connect_timeout))?;
         conn.set_read_timeout(Some(t))
-            .map_err(|e| store_error(&e, t))?;
+            .map_err(|e| self.error(&e, t))?;
         conn.set_write_timeout(Some(t))
-            .map_err(|e| store_error(&e, t))?;
+            .map_err(|e| self.error(&e, t))?;
+        self.identify(&mut conn, false)?;
         Ok(conn)
     }
 
+    fn pool_return(&self, conn: redis::Connection) {
+        let mut pool = lock(&self.pool);
+        if pool.len() < self.settings.max_idle {
+            pool.push(conn);
+        }
+    }
+
     /// Runs `f` on a pooled blocking connection; a connection that failed is
-    /// dropped, never reused.
+    /// dropped, never reused. `hold` is asked once the connection is there
+    /// (a new one has identified its server) and before `f` runs.
     fn with_sync<T>(
         &self,
         ordered: bool,
-        f: impl FnOnce(&mut redis::Connection) -> redis::RedisResult<T>,
+        hold: Option<HoldCheck<'_>>,
+        f: impl FnOnce(&mut redis::Connection) -> Result<T, Failure>,
     ) -> Result<T, StoreError> {
         self.gate()?;
         if ordered {
@@ -232,44 +389,77 @@ impl Link {
                 }
             },
         };
-        match f(&mut conn) {
+        let result = self.check_hold(hold).and_then(|()| f(&mut conn));
+        match result {
             Ok(v) => {
-                let mut pool = lock(&self.pool);
-                if pool.len() < self.settings.max_idle {
-                    pool.push(conn);
-                }
+                self.pool_return(conn);
                 Ok(v)
             }
-            Err(e) => {
-                let e = store_error(&e, self.settings.timeout);
+            Err(Failure::Held(e)) => {
+                self.pool_return(conn);
+                Err(e)
+            }
+            Err(Failure::Store(e)) => {
                 self.failed(&e);
                 Err(e)
             }
         }
     }
 
-    /// Runs a script on the blocking path (EVALSHA, reloaded on NOSCRIPT).
-    pub(crate) fn invoke_sync<T: FromRedisValue>(
+    /// `EVALSHA`; after `NOSCRIPT` the server is identified again (a
+    /// restart is noted), every script loaded, `hold` asked, and the call
+    /// sent once more.
+    fn eval_sync<T: FromRedisValue>(
         &self,
-        inv: &ScriptInvocation<'_>,
+        c: &mut redis::Connection,
+        inv: &Invocation,
+        hold: Option<HoldCheck<'_>>,
+    ) -> Result<T, Failure> {
+        let t = self.settings.timeout;
+        match inv.cmd.query::<T>(c) {
+            Ok(v) => Ok(v),
+            Err(e) if is_noscript(&e) => {
+                self.identify(c, true)?;
+                for s in Scripts::get().all() {
+                    s.load(c).map_err(|e| self.error(&e, t))?;
+                }
+                self.check_hold(hold)?;
+                Ok(inv.cmd.query(c).map_err(|e| self.error(&e, t))?)
+            }
+            Err(e) => Err(self.error(&e, t).into()),
+        }
+    }
+
+    /// Runs a script on the blocking path.
+    pub(crate) fn invoke_sync<T: FromRedisValue>(&self, inv: &Invocation) -> Result<T, StoreError> {
+        self.with_sync(true, None, |c| self.eval_sync(c, inv, None))
+    }
+
+    /// [`invoke_sync`](Self::invoke_sync) for an admission: refused by
+    /// `hold` while a restart of the server may have lost what it needs.
+    pub(crate) fn admit_sync<T: FromRedisValue>(
+        &self,
+        inv: &Invocation,
+        hold: HoldCheck<'_>,
     ) -> Result<T, StoreError> {
-        self.with_sync(true, |c| inv.invoke(c))
+        self.with_sync(true, Some(hold), |c| self.eval_sync(c, inv, Some(hold)))
     }
 
     /// [`invoke_sync`](Self::invoke_sync) for releases, which are
     /// idempotent and need not wait for unawaited records first.
     pub(crate) fn invoke_sync_unordered<T: FromRedisValue>(
         &self,
-        inv: &ScriptInvocation<'_>,
+        inv: &Invocation,
     ) -> Result<T, StoreError> {
-        self.with_sync(false, |c| inv.invoke(c))
+        self.with_sync(false, None, |c| self.eval_sync(c, inv, None))
     }
 
     /// Loads every script (also checks authentication and permissions).
     pub(crate) fn load_scripts(&self) -> Result<(), StoreError> {
-        self.with_sync(true, |c| {
+        let t = self.settings.timeout;
+        self.with_sync(true, None, |c| {
             for s in Scripts::get().all() {
-                s.load(c)?;
+                s.load(c).map_err(|e| self.error(&e, t))?;
             }
             Ok(())
         })
@@ -277,52 +467,88 @@ impl Link {
 
     /// One PING on the blocking path.
     pub(crate) fn ping_sync(&self) -> Result<Duration, StoreError> {
-        self.with_sync(true, |c| {
+        self.with_sync(true, None, |c| {
             let start = Instant::now();
-            redis::cmd("PING").query::<()>(c)?;
+            redis::cmd("PING")
+                .query::<()>(c)
+                .map_err(|e| self.error(&e, self.settings.timeout))?;
             Ok(start.elapsed())
         })
     }
 
-    /// The async connection of the current runtime (created on first use;
-    /// it connects, and reconnects, by itself).
-    fn manager(&self) -> Result<ConnectionManager, StoreError> {
+    /// The async connection of the current runtime, made (and its server
+    /// identified) by the first call that needs it.
+    async fn connection(&self) -> Result<(AsyncSlot, MultiplexedConnection), StoreError> {
         /// Runtimes remembered; the oldest is forgotten beyond this.
         const RUNTIMES: usize = 8;
         let runtime = tokio::runtime::Handle::try_current()
             .map_err(|_| no_runtime())?
             .id();
-        let mut managers = lock(&self.managers);
-        if let Some((_, m)) = managers.iter().find(|(id, _)| *id == runtime) {
-            return Ok(m.clone());
-        }
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(self.settings.connect_timeout))
-            .set_response_timeout(Some(self.settings.timeout))
-            .set_number_of_retries(1)
-            .set_min_delay(Duration::from_millis(10))
-            .set_max_delay(self.settings.reconnect_interval);
-        let m = ConnectionManager::new_lazy_with_config(self.client.clone(), config)
-            .map_err(|e| store_error(&e, self.settings.timeout))?;
-        if managers.len() >= RUNTIMES {
-            managers.remove(0);
-        }
-        managers.push((runtime, m.clone()));
-        Ok(m)
+        let slot = {
+            let mut managers = lock(&self.managers);
+            match managers.iter().find(|(id, _)| *id == runtime) {
+                Some((_, slot)) => Arc::clone(slot),
+                None => {
+                    if managers.len() >= RUNTIMES {
+                        managers.remove(0);
+                    }
+                    let slot = AsyncSlot::default();
+                    managers.push((runtime, Arc::clone(&slot)));
+                    slot
+                }
+            }
+        };
+        let conn = slot
+            .get_or_try_init(|| async {
+                let ct = self.settings.connect_timeout;
+                let config = AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(ct))
+                    .set_response_timeout(Some(self.settings.timeout));
+                let mut c = self
+                    .client
+                    .get_multiplexed_async_connection_with_config(&config)
+                    .await
+                    .map_err(|e| self.error(&e, ct))?;
+                self.identify_async(&mut c, false).await?;
+                Ok::<_, StoreError>(c)
+            })
+            .await?
+            .clone();
+        Ok((slot, conn))
+    }
+
+    /// Forgets a failed async connection (if it is still the current one).
+    fn forget(&self, slot: &AsyncSlot) {
+        lock(&self.managers).retain(|(_, s)| !Arc::ptr_eq(s, slot));
     }
 
     /// Runs a script on the async path. Must be polled inside a tokio
     /// runtime (with timers).
     pub(crate) async fn invoke_async<T: FromRedisValue>(
         &self,
-        inv: &ScriptInvocation<'_>,
+        inv: &Invocation,
     ) -> Result<T, StoreError> {
-        tokio::runtime::Handle::try_current().map_err(|_| no_runtime())?;
-        let result = self.invoke_async_quiet(inv).await;
-        if let Err(e) = &result {
+        self.eval_async(inv, None).await.map_err(|f| self.noted(f))
+    }
+
+    /// The error of a failed call, an outage noted (not a hold).
+    fn noted(&self, f: Failure) -> StoreError {
+        if let Failure::Store(e) = &f {
             self.failed(e);
         }
-        result
+        f.into_error()
+    }
+
+    /// [`invoke_async`](Self::invoke_async) for an admission (see
+    /// [`admit_sync`](Self::admit_sync)).
+    pub(crate) async fn admit_async<T: FromRedisValue>(
+        &self,
+        inv: &Invocation,
+        hold: HoldCheck<'_>,
+    ) -> Result<T, StoreError> {
+        self.eval_async(inv, Some(hold))
+            .await
+            .map_err(|f| self.noted(f))
     }
 
     /// [`invoke_async`](Self::invoke_async) for work in the background
@@ -330,20 +556,56 @@ impl Link {
     /// down, since a runtime shutting down fails them too.
     pub(crate) async fn invoke_async_quiet<T: FromRedisValue>(
         &self,
-        inv: &ScriptInvocation<'_>,
+        inv: &Invocation,
     ) -> Result<T, StoreError> {
+        self.eval_async(inv, None)
+            .await
+            .map_err(Failure::into_error)
+    }
+
+    /// [`eval_sync`](Self::eval_sync) on the async connection, within
+    /// connect timeout + timeout.
+    async fn eval_async<T: FromRedisValue>(
+        &self,
+        inv: &Invocation,
+        hold: Option<HoldCheck<'_>>,
+    ) -> Result<T, Failure> {
         self.gate()?;
         tokio::runtime::Handle::try_current().map_err(|_| no_runtime())?;
-        let limit = self.settings.connect_timeout + self.settings.timeout;
+        let t = self.settings.timeout;
         let result = async {
-            let mut m = self.manager()?;
-            inv.invoke_async(&mut m)
-                .await
-                .map_err(|e| store_error(&e, self.settings.timeout))
+            let (slot, mut c) = self.connection().await?;
+            self.check_hold(hold)?;
+            let result: Result<T, Failure> = match inv.cmd.query_async::<T>(&mut c).await {
+                Ok(v) => Ok(v),
+                Err(e) if is_noscript(&e) => {
+                    async {
+                        self.identify_async(&mut c, true).await?;
+                        for s in Scripts::get().all() {
+                            s.load_async(&mut c).await.map_err(|e| self.error(&e, t))?;
+                        }
+                        self.check_hold(hold)?;
+                        Ok(inv
+                            .cmd
+                            .query_async(&mut c)
+                            .await
+                            .map_err(|e| self.error(&e, t))?)
+                    }
+                    .await
+                }
+                Err(e) => Err(self.error(&e, t).into()),
+            };
+            if let Err(Failure::Store(e)) = &result {
+                if is_outage(e) {
+                    self.forget(&slot);
+                }
+            }
+            result
         };
+        let limit = self.settings.connect_timeout + t;
         match tokio::time::timeout(limit, result).await {
             Ok(r) => r,
-            Err(_) => Err(StoreError::Timeout(self.settings.timeout)),
+            Err(_) => Err(StoreError::Timeout(t).into()),
         }
     }
 
@@ -353,13 +615,16 @@ impl Link {
         tokio::runtime::Handle::try_current().map_err(|_| no_runtime())?;
         let limit = self.settings.connect_timeout + self.settings.timeout;
         let result = async {
-            let mut m = self.manager()?;
+            let (slot, mut c) = self.connection().await?;
             let start = Instant::now();
-            redis::cmd("PING")
-                .query_async::<()>(&mut m)
+            let pong = redis::cmd("PING")
+                .query_async::<()>(&mut c)
                 .await
-                .map_err(|e| store_error(&e, self.settings.timeout))?;
-            Ok(start.elapsed())
+                .map_err(|e| self.error(&e, self.settings.timeout));
+            if pong.as_ref().is_err_and(is_outage) {
+                self.forget(&slot);
+            }
+            pong.map(|()| start.elapsed())
         };
         let result = match tokio::time::timeout(limit, result).await {
             Ok(r) => r,
@@ -370,6 +635,24 @@ impl Link {
         }
         result
     }
+}
+
+fn is_noscript(e: &redis::RedisError) -> bool {
+    e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) || e.code() == Some("NOSCRIPT")
+}
+
+/// `run_id` and `uptime_in_seconds` from `INFO server`.
+fn parse_info(text: &str) -> (Option<String>, Option<Duration>) {
+    let (mut run_id, mut uptime) = (None, None);
+    for line in text.lines() {
+        let line = line.trim_end();
+        if let Some(id) = line.strip_prefix("run_id:") {
+            run_id = Some(id.to_owned());
+        } else if let Some(secs) = line.strip_prefix("uptime_in_seconds:") {
+            uptime = secs.parse().ok().map(Duration::from_secs);
+        }
+    }
+    (run_id, uptime)
 }
 
 fn no_runtime() -> StoreError {
@@ -386,7 +669,7 @@ fn reconnect(weak: Weak<Link>, interval: Duration) {
         let attempt = link.connect_sync().and_then(|mut c| {
             redis::cmd("PING")
                 .query::<()>(&mut c)
-                .map_err(|e| store_error(&e, link.settings.timeout))?;
+                .map_err(|e| link.error(&e, link.settings.timeout))?;
             Ok(c)
         });
         match attempt {

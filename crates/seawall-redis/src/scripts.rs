@@ -7,8 +7,10 @@
 //!   index (sorted set), the bulkhead leases (sorted set), the rate
 //!   limiter's state. All six share one hash tag,
 //!   `{prefix:resource[:partition]}`, hence one cluster slot.
-//! - `ARGV[1]`: the caller's time in microseconds, or empty for the server's
-//!   `TIME` (the default).
+//! - `ARGV[1]`: the caller's time as `microseconds:nanoseconds` (the
+//!   nanoseconds 0..999, which only GCRA uses; the lean success script
+//!   takes the microseconds alone), or empty for the server's `TIME` (the
+//!   default).
 //! - `ARGV[2..=26]`: the resource's spec, encoded once at bind time
 //!   ([`SpecArgs`]).
 //! - `ARGV[27..]`: the operation's own arguments.
@@ -64,6 +66,41 @@ impl Scripts {
             &self.in_flight,
             &self.success,
         ]
+    }
+}
+
+/// One call of a script: `EVALSHA sha 6 keys… args…`, built once and sent
+/// as it is. The link sends it itself (rather than through the client's
+/// script helper) so that it sees a `NOSCRIPT`: a server that lost its
+/// scripts may have lost its state too (see `Link::invoke_sync`).
+pub(crate) struct Invocation {
+    pub(crate) cmd: redis::Cmd,
+    keys: usize,
+}
+
+impl Invocation {
+    /// Every script takes the six keys of one resource.
+    pub(crate) const KEYS: usize = 6;
+
+    pub(crate) fn new(script: &Script) -> Invocation {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(script.get_hash()).arg(Self::KEYS);
+        Invocation { cmd, keys: 0 }
+    }
+
+    /// Adds a key (`KEYS[i]`); keys come before arguments.
+    pub(crate) fn key(&mut self, key: impl redis::ToRedisArgs) -> &mut Self {
+        debug_assert!(self.keys < Self::KEYS, "a script takes six keys");
+        self.keys += 1;
+        self.cmd.arg(key);
+        self
+    }
+
+    /// Adds an argument (`ARGV[i]`).
+    pub(crate) fn arg(&mut self, arg: impl redis::ToRedisArgs) -> &mut Self {
+        debug_assert_eq!(self.keys, Self::KEYS, "keys come first");
+        self.cmd.arg(arg);
+        self
     }
 }
 
@@ -129,6 +166,11 @@ impl Keys {
 
 fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// `microseconds:nanoseconds` (nanoseconds 0..999) of `ns` nanoseconds.
+fn nanos_pair(ns: u64) -> String {
+    format!("{}:{}", ns / 1000, ns % 1000)
 }
 
 fn flag(b: bool) -> String {
@@ -199,16 +241,20 @@ impl SpecArgs {
                     RateAlgorithm::SlidingWindow => 3,
                     _ => 1,
                 };
-                // GCRA in fractional microseconds (exact for intervals that
-                // are whole microseconds, close enough below).
-                let interval_us = r.emission_interval().as_nanos() as f64 / 1000.0;
-                let tolerance_us = interval_us * f64::from(r.burst.max(1) - 1);
+                // GCRA's interval and tolerance to the nanosecond, as the
+                // in-memory rule has them (`period / limit`, at least 1 ns;
+                // `burst - 1` intervals), written `microseconds:nanoseconds`
+                // so that the script's arithmetic is exact.
+                let interval_ns = u64::try_from(r.emission_interval().as_nanos())
+                    .unwrap_or(u64::MAX)
+                    .max(1);
+                let tolerance_ns = interval_ns.saturating_mul(u64::from(r.burst.max(1) - 1));
                 a.push(flag(true));
                 a.push(alg.to_string());
                 a.push(r.limit.to_string());
                 a.push(micros(r.period).to_string());
-                a.push(tolerance_us.to_string());
-                a.push(interval_us.to_string());
+                a.push(nanos_pair(tolerance_ns));
+                a.push(nanos_pair(interval_ns));
             }
             None => a.extend(["0", "1", "1", "1", "0", "1"].map(String::from)),
         }
@@ -311,6 +357,14 @@ mod tests {
         assert_eq!(SpecArgs::new(&empty, Duration::from_secs(60)).0.len(), 25);
         let a = SpecArgs::new(&full, Duration::from_secs(60)).0;
         // GCRA interval: 100 ms = 100000 us; tolerance: 9 intervals.
-        assert_eq!((a[23].as_str(), a[24].as_str()), ("900000", "100000"));
+        assert_eq!((a[23].as_str(), a[24].as_str()), ("900000:0", "100000:0"));
+        // 1/3 s: to the nanosecond, as the in-memory rule has it.
+        let third = ResourceSpec::new("r")
+            .with_rate_limit(RateLimiter::gcra(3, Duration::from_secs(1)).burst(2));
+        let a = SpecArgs::new(&third, Duration::from_secs(60)).0;
+        assert_eq!(
+            (a[23].as_str(), a[24].as_str()),
+            ("333333:333", "333333:333")
+        );
     }
 }

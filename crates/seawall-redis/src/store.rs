@@ -2,11 +2,11 @@
 
 use std::fmt;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::Poll;
 use std::time::Duration;
 
-use redis::{Script, ScriptInvocation};
+use redis::Script;
 use seawall::breaker::{CircuitControl, CircuitMetrics, CircuitState, CircuitTransition};
 use seawall::store::{
     Admission, AdmitRequest, Outcome, Permit, Record, Recorded, Reservation, Reserve, ResourceSpec,
@@ -15,9 +15,9 @@ use seawall::store::{
 use seawall::{MemoryStore, PartitionKey, Rejection, RejectionReason, StateStore, StoreError};
 
 use crate::config::{FailMode, RedisStoreBuilder, TimeSource};
-use crate::error::{is_outage, redact, RedisStoreError};
-use crate::link::{Link, LinkSettings};
-use crate::scripts::{self, Keys, Scripts, SpecArgs, SuccessArgs};
+use crate::error::{is_outage, Redacted, RedisStoreError};
+use crate::link::{Link, LinkSettings, Restart};
+use crate::scripts::{self, Invocation, Keys, Scripts, SpecArgs, SuccessArgs};
 
 /// A [`StateStore`] on a Redis server, shared by every process that uses
 /// the same server and key prefix.
@@ -87,7 +87,7 @@ impl RedisStore {
 
     pub(crate) fn from_parts(b: RedisStoreBuilder, client: redis::Client) -> RedisStore {
         let settings = LinkSettings {
-            address: redact(&b.url),
+            address: Redacted::new(&b.url),
             timeout: b.timeout,
             connect_timeout: b.connect_timeout.unwrap_or(b.timeout),
             reconnect_interval: b.reconnect_interval,
@@ -167,6 +167,11 @@ impl StateStore for RedisStore {
                 keys: Keys::new(&inner.prefix, spec, None),
                 args: SpecArgs::new(spec, inner.probe_lease),
                 success_args: SuccessArgs::new(spec),
+                hold: restart_hold(spec),
+                caller_hold: Mutex::new(CallerHold {
+                    epoch: inner.link.restart().map_or(0, |r| r.epoch),
+                    until: Duration::ZERO,
+                }),
                 spec: spec.clone(),
                 local,
                 caller_clock: inner.time_source == TimeSource::Caller,
@@ -190,6 +195,35 @@ struct Shared {
     keys: Keys,
     local: Option<Arc<dyn ResourceState>>,
     caller_clock: bool,
+    /// How long admissions wait after a restart of the server (see
+    /// [`restart_hold`]).
+    hold: Duration,
+    /// On the caller's clock: the restart last seen, and the end of its
+    /// hold.
+    caller_hold: Mutex<CallerHold>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct CallerHold {
+    epoch: u64,
+    until: Duration,
+}
+
+/// How long the state lost in a restart of the server still matters to
+/// `spec`: the rate limiter's window (for GCRA, the longest a burst
+/// reaches ahead) and the bulkhead's lease, whichever is longer. Zero
+/// without either: a circuit or a cooldown lost in a restart is not waited
+/// for (see the crate documentation).
+fn restart_hold(spec: &ResourceSpec) -> Duration {
+    let rate = spec.rate_limit.as_ref().map_or(Duration::ZERO, |r| {
+        let burst = r
+            .emission_interval()
+            .checked_mul(r.burst.max(1))
+            .unwrap_or(Duration::MAX);
+        r.period.max(burst)
+    });
+    let lease = spec.bulkhead.as_ref().map_or(Duration::ZERO, |b| b.lease);
+    rate.max(lease)
 }
 
 impl fmt::Debug for RedisResource {
@@ -204,6 +238,13 @@ impl fmt::Debug for RedisResource {
 
 fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// A time or duration as the scripts take it to the nanosecond:
+/// `microseconds:nanoseconds` (the nanoseconds past the whole microseconds,
+/// 0..999).
+fn micros_nanos(d: Duration) -> String {
+    format!("{}:{}", micros(d), d.subsec_nanos() % 1000)
 }
 
 fn protocol(what: &str, reply: &[i64]) -> StoreError {
@@ -263,10 +304,42 @@ struct ReleaseArgs {
 }
 
 impl Shared {
+    /// After a restart of the server (which lost the windows and leases it
+    /// held), admissions are refused until the state lost can no longer
+    /// matter: until the restarted server is [`restart_hold`] old (the
+    /// server's clock), or, on the caller's clock, for that long from the
+    /// first admission that saw the restart.
+    fn restart_hold(&self, restart: Restart, now: Duration) -> Result<(), StoreError> {
+        if self.hold.is_zero() {
+            return Ok(());
+        }
+        let left = if self.caller_clock {
+            let mut h = self
+                .caller_hold
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if h.epoch != restart.epoch {
+                h.epoch = restart.epoch;
+                h.until = now.saturating_add(self.hold);
+            }
+            h.until.saturating_sub(now)
+        } else {
+            self.hold.saturating_sub(restart.started.elapsed())
+        };
+        if left.is_zero() {
+            return Ok(());
+        }
+        Err(StoreError::Unavailable(format!(
+            "redis at {} restarted and lost the windows and leases it held; \
+             admissions to `{}` resume in {left:?}, when they can no longer matter",
+            self.link.settings.address, self.spec.name
+        )))
+    }
+
     /// An invocation of `script` with the keys of `partition`, the time and
     /// the spec; the operation's own arguments are added by the caller.
     /// Adds the keys of `partition`.
-    fn keys_of(&self, inv: &mut ScriptInvocation<'_>, partition: Option<&PartitionKey>) {
+    fn keys_of(&self, inv: &mut Invocation, partition: Option<&PartitionKey>) {
         match partition {
             None => {
                 for k in &self.keys.0 {
@@ -283,16 +356,18 @@ impl Shared {
 
     /// `now` is used only with [`TimeSource::Caller`]; `None` always means
     /// the server's clock.
-    fn invocation<'s>(
+    fn invocation(
         &self,
-        script: &'s Script,
+        script: &Script,
         partition: Option<&PartitionKey>,
         now: Option<Duration>,
-    ) -> ScriptInvocation<'s> {
-        let mut inv = script.prepare_invoke();
+    ) -> Invocation {
+        let mut inv = Invocation::new(script);
         self.keys_of(&mut inv, partition);
         match now {
-            Some(now) if self.caller_clock => inv.arg(micros(now)),
+            // Whole microseconds and the nanoseconds past them (GCRA keeps
+            // its times to the nanosecond).
+            Some(now) if self.caller_clock => inv.arg(micros_nanos(now)),
             _ => inv.arg(""),
         };
         for a in &self.args.0 {
@@ -301,7 +376,7 @@ impl Shared {
         inv
     }
 
-    fn admit_invocation(&self, request: &AdmitRequest<'_>) -> ScriptInvocation<'static> {
+    fn admit_invocation(&self, request: &AdmitRequest<'_>) -> Invocation {
         self.admit_reserving_invocation(request, Reserve::default())
     }
 
@@ -319,19 +394,19 @@ impl Shared {
         &self,
         request: &AdmitRequest<'_>,
         reserve: Reserve,
-    ) -> ScriptInvocation<'static> {
+    ) -> Invocation {
         let mut inv = self.invocation(&Scripts::get().admit, request.partition, Some(request.now));
         if self.reserves() {
-            inv.arg(micros(reserve.within)).arg(
+            inv.arg(micros_nanos(reserve.within)).arg(
                 reserve
                     .held
-                    .map_or(-1, |r| i64::try_from(micros(r.at)).unwrap_or(i64::MAX)),
+                    .map_or_else(|| "-1".to_owned(), |r| micros_nanos(r.at)),
             );
         }
         inv
     }
 
-    fn record_invocation(&self, record: &Record<'_>) -> ScriptInvocation<'static> {
+    fn record_invocation(&self, record: &Record<'_>) -> Invocation {
         if self.record_is_silent(record) {
             return self.success_invocation(record);
         }
@@ -356,8 +431,8 @@ impl Shared {
     }
 
     /// The lean record of a silent success (or ignored outcome).
-    fn success_invocation(&self, record: &Record<'_>) -> ScriptInvocation<'static> {
-        let mut inv = Scripts::get().success.prepare_invoke();
+    fn success_invocation(&self, record: &Record<'_>) -> Invocation {
+        let mut inv = Invocation::new(&Scripts::get().success);
         self.keys_of(&mut inv, record.partition);
         if self.caller_clock {
             inv.arg(micros(record.now));
@@ -378,14 +453,14 @@ impl Shared {
         inv
     }
 
-    fn release_invocation(&self, r: &ReleaseArgs) -> ScriptInvocation<'static> {
+    fn release_invocation(&self, r: &ReleaseArgs) -> Invocation {
         let mut inv = self.invocation(&Scripts::get().release, r.partition.as_ref(), None);
         inv.arg(u8::from(r.permit.probe))
             .arg(r.permit.generation)
             .arg(r.permit.slot.map_or(-1, |s| i64::try_from(s).unwrap_or(-1)))
             .arg(
                 r.reserved
-                    .map_or(-1, |res| i64::try_from(micros(res.at)).unwrap_or(i64::MAX)),
+                    .map_or_else(|| "-1".to_owned(), |res| micros_nanos(res.at)),
             );
         inv
     }
@@ -419,12 +494,16 @@ impl Shared {
         reply: &[i64],
         now: Duration,
     ) -> Result<(Admission, Option<Reservation>), StoreError> {
-        let &[reason, retry_us, probe, generation, slot, transition, trips, reserved_us] = reply
+        let &[reason, retry_us, probe, generation, slot, transition, trips, under_ns, reserved_us, reserved_ns] =
+            reply
         else {
             return Err(protocol("admit", reply));
         };
+        // The instant of a reserved permit, to the nanosecond (GCRA's).
         let reservation = u64::try_from(reserved_us).ok().map(|us| Reservation {
-            at: Duration::from_micros(us),
+            at: Duration::from_micros(us).saturating_add(Duration::from_nanos(
+                u64::try_from(reserved_ns).unwrap_or(0),
+            )),
         });
         let retry_after = match retry_us {
             // Half-open with every probe slot taken: the cooldown of the
@@ -436,7 +515,12 @@ impl Shared {
                 .map(|c| c.cooldown_for_trip(u32::try_from(trips).unwrap_or(u32::MAX))),
             // Open until the latest instant of the clock.
             scripts::RETRY_FOREVER => Some(Duration::from_nanos(u64::MAX).saturating_sub(now)),
-            us => u64::try_from(us).ok().map(Duration::from_micros),
+            // Whole microseconds, less the nanoseconds the exact wait is
+            // shorter (GCRA keeps its times to the nanosecond).
+            us => u64::try_from(us).ok().map(|us| {
+                Duration::from_micros(us)
+                    .saturating_sub(Duration::from_nanos(u64::try_from(under_ns).unwrap_or(0)))
+            }),
         };
         let reason = match reason {
             scripts::ADMITTED => None,
@@ -540,11 +624,7 @@ impl Shared {
             && matches!(record.outcome, Outcome::Success | Outcome::Ignored)
     }
 
-    fn in_flight_invocation(
-        &self,
-        partition: Option<&PartitionKey>,
-        now: Duration,
-    ) -> ScriptInvocation<'static> {
+    fn in_flight_invocation(&self, partition: Option<&PartitionKey>, now: Duration) -> Invocation {
         self.invocation(&Scripts::get().in_flight, partition, Some(now))
     }
 }
@@ -553,7 +633,8 @@ impl ResourceState for RedisResource {
     fn admit(&self, request: &AdmitRequest<'_>) -> Result<Admission, StoreError> {
         let s = &*self.shared;
         let inv = s.admit_invocation(request);
-        match s.link.invoke_sync::<Vec<i64>>(&inv) {
+        let hold = |r: Restart| s.restart_hold(r, request.now);
+        match s.link.admit_sync::<Vec<i64>>(&inv, &hold) {
             Ok(reply) => s.admission(&reply, request.now),
             Err(e) => s.admit_degraded(request, e),
         }
@@ -567,7 +648,9 @@ impl ResourceState for RedisResource {
         StoreFuture::boxed(async move {
             let s = &*self.shared;
             let inv = s.admit_invocation(&request);
-            match s.link.invoke_async::<Vec<i64>>(&inv).await {
+            let now = request.now;
+            let hold = move |r: Restart| s.restart_hold(r, now);
+            match s.link.admit_async::<Vec<i64>>(&inv, &hold).await {
                 Ok(reply) => s.admission(&reply, request.now),
                 Err(e) => s.admit_degraded(&request, e),
             }
@@ -680,7 +763,8 @@ impl ResourceState for RedisResource {
     ) -> Result<(Admission, Option<Reservation>), StoreError> {
         let s = &*self.shared;
         let inv = s.admit_reserving_invocation(request, reserve);
-        match s.link.invoke_sync::<Vec<i64>>(&inv) {
+        let hold = |r: Restart| s.restart_hold(r, request.now);
+        match s.link.admit_sync::<Vec<i64>>(&inv, &hold) {
             Ok(reply) => s.admission_reserving(&reply, request.now),
             Err(e) => s.admit_degraded(request, e).map(|a| (a, None)),
         }
@@ -697,7 +781,9 @@ impl ResourceState for RedisResource {
         StoreFuture::boxed(async move {
             let s = &*self.shared;
             let inv = s.admit_reserving_invocation(&request, reserve);
-            match s.link.invoke_async::<Vec<i64>>(&inv).await {
+            let now = request.now;
+            let hold = move |r: Restart| s.restart_hold(r, now);
+            match s.link.admit_async::<Vec<i64>>(&inv, &hold).await {
                 Ok(reply) => s.admission_reserving(&reply, request.now),
                 Err(e) => s.admit_degraded(&request, e).map(|a| (a, None)),
             }

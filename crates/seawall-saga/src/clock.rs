@@ -1,106 +1,66 @@
-//! Time, injected.
+//! Time, injected: seawall's clocks, read as wall-clock time.
 //!
-//! The orchestrator reads the wall clock for deadlines and transition timestamps
-//! and sleeps between compensation retries through a [`Clock`]. Tests use a
-//! [`VirtualClock`], which advances when slept on, so minutes of backoff take
+//! The orchestrator sleeps between compensation attempts through a
+//! [`seawall::Clock`], and it reads wall-clock time for deadlines and the
+//! timestamps of transitions. seawall's `Clock` alone cannot give the second:
+//! its `now()` is *monotonic* time since an origin fixed by each process (the
+//! process start, for [`seawall::SystemClock`]), right for measuring a delay
+//! within one process and meaningless in another one. A saga's deadline and
+//! timestamps are stored in the log and read back by other processes and after
+//! restarts, so they must be wall-clock instants ([`SystemTime`]), and a
+//! monotonic clock does not become one by adding a start time (it does not
+//! count a suspended machine's sleep and ignores clock corrections).
+//!
+//! So the orchestrator's clock is a [`WallClock`]: a `seawall::Clock` (whose
+//! sleeps it uses as they are) that also tells wall-clock time. It is
+//! implemented for [`seawall::SystemClock`] (the default: [`SystemTime::now`])
+//! and, with the feature `test-util`, for `seawall::testing::VirtualClock`,
+//! whose reading is taken as time since the Unix epoch: its sleeps return at
+//! once after moving time forward, so minutes of compensation backoff take
 //! microseconds. Postgres leases are the exception: they use the database
 //! server's clock, because every worker must agree on them.
 
-use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// A boxed, `Send` future.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// A source of wall-clock time and of sleeps.
-pub trait Clock: Send + Sync + fmt::Debug + 'static {
+/// A [`seawall::Clock`] that also tells wall-clock time: the orchestrator's
+/// clock (see the [module docs](self) for why seawall's clock needs this).
+///
+/// # Examples
+///
+/// A test clock, starting at a realistic instant:
+///
+/// ```
+/// use std::time::{Duration, UNIX_EPOCH};
+/// use seawall::testing::VirtualClock;
+/// use seawall_saga::WallClock;
+///
+/// let clock = VirtualClock::starting_at(Duration::from_secs(1_700_000_000));
+/// clock.advance(Duration::from_secs(5));
+/// assert_eq!(clock.wall_time(), UNIX_EPOCH + Duration::from_secs(1_700_000_005));
+/// ```
+pub trait WallClock: seawall::Clock {
     /// The current wall-clock time.
-    fn now(&self) -> SystemTime;
-    /// A future that completes after `duration`.
-    fn sleep(&self, duration: Duration) -> BoxFuture<'static, ()>;
+    fn wall_time(&self) -> SystemTime;
 }
 
-/// The real clock: [`SystemTime::now`] and [`tokio::time::sleep`].
-#[derive(Clone, Copy, Debug, Default)]
-pub struct SystemClock;
-
-impl Clock for SystemClock {
-    fn now(&self) -> SystemTime {
+/// [`SystemTime::now`].
+impl WallClock for seawall::SystemClock {
+    fn wall_time(&self) -> SystemTime {
         SystemTime::now()
     }
-
-    fn sleep(&self, duration: Duration) -> BoxFuture<'static, ()> {
-        Box::pin(tokio::time::sleep(duration))
-    }
 }
 
-/// A clock for tests: time stands still until [`advance`](VirtualClock::advance)
-/// is called or something sleeps, and a sleep returns at once after moving the
-/// time forward by its duration. Clones share the same time.
-#[derive(Clone, Debug)]
-pub struct VirtualClock {
-    state: Arc<Mutex<VirtualState>>,
-}
-
-#[derive(Debug)]
-struct VirtualState {
-    now: SystemTime,
-    sleeps: Vec<Duration>,
-}
-
-impl VirtualClock {
-    /// A virtual clock starting at `start`.
-    pub fn starting_at(start: SystemTime) -> Self {
-        VirtualClock {
-            state: Arc::new(Mutex::new(VirtualState {
-                now: start,
-                sleeps: Vec::new(),
-            })),
-        }
-    }
-
-    /// A virtual clock starting at the real current time.
-    pub fn new() -> Self {
-        Self::starting_at(SystemTime::now())
-    }
-
-    /// Moves the time forward.
-    pub fn advance(&self, by: Duration) {
-        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        state.now += by;
-    }
-
-    /// Every sleep requested so far, in order.
-    pub fn sleeps(&self) -> Vec<Duration> {
-        let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        state.sleeps.clone()
-    }
-}
-
-impl Default for VirtualClock {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl Clock for VirtualClock {
-    fn now(&self) -> SystemTime {
-        self.state
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .now
-    }
-
-    fn sleep(&self, duration: Duration) -> BoxFuture<'static, ()> {
-        {
-            let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-            state.now += duration;
-            state.sleeps.push(duration);
-        }
-        Box::pin(std::future::ready(()))
+/// The virtual time, taken as time since the Unix epoch
+/// (`VirtualClock::new()` starts on 1 January 1970).
+#[cfg(feature = "test-util")]
+impl WallClock for seawall::testing::VirtualClock {
+    fn wall_time(&self) -> SystemTime {
+        UNIX_EPOCH + self.now()
     }
 }
 
@@ -124,15 +84,22 @@ pub(crate) fn from_millis(millis: i64) -> SystemTime {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use seawall::testing::VirtualClock;
 
     #[tokio::test]
-    async fn virtual_clock_advances_on_sleep_and_is_shared_by_clones() {
-        let clock = VirtualClock::starting_at(UNIX_EPOCH);
+    async fn a_virtual_clock_is_wall_time_since_the_epoch_and_moves_on_sleep() {
+        let clock = VirtualClock::starting_at(Duration::from_secs(1_000));
         let other = clock.clone();
-        clock.sleep(Duration::from_secs(90)).await;
+        seawall::Clock::sleep(&clock, Duration::from_secs(90)).await;
         other.advance(Duration::from_secs(10));
-        assert_eq!(clock.now(), UNIX_EPOCH + Duration::from_secs(100));
-        assert_eq!(other.sleeps(), vec![Duration::from_secs(90)]);
+        assert_eq!(clock.wall_time(), UNIX_EPOCH + Duration::from_secs(1_100));
+    }
+
+    #[test]
+    fn the_system_clock_tells_the_system_time() {
+        let before = SystemTime::now();
+        let read = seawall::SystemClock.wall_time();
+        assert!(read >= before && read <= SystemTime::now());
     }
 
     #[test]

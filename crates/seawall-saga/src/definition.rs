@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::clock::{BoxFuture, Clock};
+use crate::clock::{BoxFuture, WallClock};
 use crate::error::{DefinitionError, OutputError};
 use crate::id::{IdempotencyKey, Phase, SagaId};
 
@@ -64,6 +64,7 @@ pub struct Step<I, O> {
     name: String,
     action: ActionFn<I>,
     compensation: Option<CompensationFn<I>>,
+    continue_on_error: bool,
     _output: PhantomData<fn() -> O>,
 }
 
@@ -72,6 +73,7 @@ impl<I, O> fmt::Debug for Step<I, O> {
         f.debug_struct("Step")
             .field("name", &self.name)
             .field("compensation", &self.compensation.is_some())
+            .field("continue_on_error", &self.continue_on_error)
             .finish()
     }
 }
@@ -98,6 +100,7 @@ impl<I: SagaInput, O: StepOutput> Step<I, O> {
             name: name.into(),
             action,
             compensation: None,
+            continue_on_error: false,
             _output: PhantomData,
         }
     }
@@ -107,7 +110,7 @@ impl<I: SagaInput, O: StepOutput> Step<I, O> {
     /// A compensation must be safe to run more than once with the same
     /// idempotency key (it runs at least once; see the crate docs) and should
     /// succeed eventually: it is retried with the orchestrator's
-    /// [`RetryPolicy`](crate::RetryPolicy), then the saga becomes
+    /// [compensation retry](crate::OrchestratorBuilder::compensation_retry), then the saga becomes
     /// [`Stuck`](crate::SagaStatus::Stuck).
     pub fn compensate<F, Fut, E>(mut self, compensation: F) -> Self
     where
@@ -129,6 +132,21 @@ impl<I: SagaInput, O: StepOutput> Step<I, O> {
                 })
             });
         self.compensation = Some(compensation);
+        self
+    }
+
+    /// Marks the compensation *continue-on-error*: when it has failed all its
+    /// attempts, the saga records it as abandoned (a `compensation_abandoned`
+    /// transition, listed in [`SagaOutcome::abandoned`](crate::SagaOutcome::abandoned))
+    /// and goes on compensating the other steps, instead of stopping
+    /// [`Stuck`](crate::SagaStatus::Stuck). For an undo that is a courtesy
+    /// (a notification, a cache purge), not a correction.
+    ///
+    /// # Default
+    ///
+    /// Off: a compensation that fails all its attempts leaves the saga stuck.
+    pub fn continue_on_error(mut self) -> Self {
+        self.continue_on_error = true;
         self
     }
 
@@ -166,7 +184,6 @@ impl<I: SagaInput, O: StepOutput> Step<I, O> {
     /// .through(payments);
     /// # Ok::<_, Box<dyn std::error::Error>>(())
     /// ```
-    #[cfg(feature = "pipeline")]
     pub fn through(mut self, pipeline: seawall::Pipeline) -> Self {
         let action = self.action.clone();
         self.action = Arc::new(move |ctx: StepContext<I>| {
@@ -186,6 +203,128 @@ pub(crate) struct ErasedStep<I> {
     pub(crate) name: Arc<str>,
     pub(crate) action: ActionFn<I>,
     pub(crate) compensation: Option<CompensationFn<I>>,
+    pub(crate) continue_on_error: bool,
+}
+
+impl<I, O> From<Step<I, O>> for ErasedStep<I> {
+    fn from(step: Step<I, O>) -> Self {
+        ErasedStep {
+            name: step.name.into(),
+            action: step.action,
+            compensation: step.compensation,
+            continue_on_error: step.continue_on_error,
+        }
+    }
+}
+
+/// How the compensations of a [`Parallel`] group run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum GroupCompensation {
+    /// All at once, each with its own retries: the group's steps ran
+    /// concurrently, so none can depend on another.
+    #[default]
+    Concurrent,
+    /// One after the other, last declared first, as if the steps had run in
+    /// sequence.
+    ReverseOrder,
+}
+
+/// Steps that run concurrently, as one stage of a saga: added with
+/// [`SagaBuilder::parallel`].
+///
+/// The group starts when the steps before it have completed, and the saga
+/// goes on when all of the group's steps have completed. When one fails, the
+/// others are *awaited*, not cancelled: an effect that is under way is then
+/// finished and known (completed, with its output, or failed) and a completed
+/// one is compensated; cancelling it half-way would leave an effect that is
+/// neither done nor undone. After a crash, the steps whose end is not logged
+/// run again (with the same idempotency key), for the same reason.
+/// Compensation then undoes every completed step: the group's own and every
+/// earlier stage's, stages in reverse order, the group's compensations
+/// [concurrently or in reverse order](GroupCompensation).
+///
+/// Steps of a group see the outputs of the steps before the group, not of
+/// each other.
+///
+/// # Default
+///
+/// [`GroupCompensation::Concurrent`].
+///
+/// # Examples
+///
+/// ```
+/// use seawall_saga::{Parallel, Saga, Step, StepContext};
+///
+/// let trip = Saga::<String>::builder("trip")
+///     .parallel(
+///         Parallel::new()
+///             .step(Step::new("hotel", |_ctx: StepContext<String>| async {
+///                 Ok::<_, String>("room 12".to_owned())
+///             }))
+///             .step(Step::new("car", |_ctx: StepContext<String>| async {
+///                 Ok::<_, String>("red van".to_owned())
+///             })),
+///     )
+///     .step(Step::new("pay", |ctx: StepContext<String>| async move {
+///         let room: String = ctx.output("hotel").map_err(|e| e.to_string())?;
+///         Ok::<_, String>(format!("paid for {room}"))
+///     }))
+///     .build()?;
+/// assert_eq!(trip.step_names().collect::<Vec<_>>(), ["hotel", "car", "pay"]);
+/// # Ok::<_, seawall_saga::DefinitionError>(())
+/// ```
+pub struct Parallel<I> {
+    steps: Vec<ErasedStep<I>>,
+    compensation: GroupCompensation,
+}
+
+impl<I> fmt::Debug for Parallel<I> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Parallel")
+            .field(
+                "steps",
+                &self.steps.iter().map(|s| &*s.name).collect::<Vec<_>>(),
+            )
+            .field("compensation", &self.compensation)
+            .finish()
+    }
+}
+
+impl<I: SagaInput> Default for Parallel<I> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<I: SagaInput> Parallel<I> {
+    /// An empty group.
+    pub fn new() -> Self {
+        Parallel {
+            steps: Vec::new(),
+            compensation: GroupCompensation::default(),
+        }
+    }
+
+    /// Adds a step to the group.
+    pub fn step<O: StepOutput>(mut self, step: Step<I, O>) -> Self {
+        self.steps.push(step.into());
+        self
+    }
+
+    /// How the group's compensations run.
+    pub fn compensation(mut self, compensation: GroupCompensation) -> Self {
+        self.compensation = compensation;
+        self
+    }
+}
+
+/// One stage of a saga: a single step or a parallel group, as a range of
+/// step indices.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Stage {
+    pub(crate) steps: std::ops::Range<usize>,
+    pub(crate) compensation: GroupCompensation,
 }
 
 /// A saga definition: a name and ordered steps over an input of type `I`.
@@ -201,6 +340,9 @@ pub(crate) struct SagaDefinition<I> {
     pub(crate) name: Arc<str>,
     pub(crate) steps: Vec<ErasedStep<I>>,
     pub(crate) step_names: Arc<[Arc<str>]>,
+    pub(crate) stages: Arc<[Stage]>,
+    /// The stages' step ranges, as the saga state reads them.
+    pub(crate) layout: Arc<[std::ops::Range<usize>]>,
 }
 
 impl<I> Clone for Saga<I> {
@@ -226,6 +368,7 @@ impl<I: SagaInput> Saga<I> {
         SagaBuilder {
             name: name.into(),
             steps: Vec::new(),
+            stages: Vec::new(),
         }
     }
 
@@ -244,6 +387,7 @@ impl<I: SagaInput> Saga<I> {
 pub struct SagaBuilder<I> {
     name: String,
     steps: Vec<ErasedStep<I>>,
+    stages: Vec<Stage>,
 }
 
 impl<I> fmt::Debug for SagaBuilder<I> {
@@ -261,10 +405,22 @@ impl<I> fmt::Debug for SagaBuilder<I> {
 impl<I: SagaInput> SagaBuilder<I> {
     /// Appends a step.
     pub fn step<O: StepOutput>(mut self, step: Step<I, O>) -> Self {
-        self.steps.push(ErasedStep {
-            name: step.name.into(),
-            action: step.action,
-            compensation: step.compensation,
+        let start = self.steps.len();
+        self.steps.push(step.into());
+        self.stages.push(Stage {
+            steps: start..start + 1,
+            compensation: GroupCompensation::default(),
+        });
+        self
+    }
+
+    /// Appends a group of steps that run concurrently (see [`Parallel`]).
+    pub fn parallel(mut self, group: Parallel<I>) -> Self {
+        let start = self.steps.len();
+        self.steps.extend(group.steps);
+        self.stages.push(Stage {
+            steps: start..self.steps.len(),
+            compensation: group.compensation,
         });
         self
     }
@@ -273,13 +429,17 @@ impl<I: SagaInput> SagaBuilder<I> {
     ///
     /// # Errors
     ///
-    /// An empty saga name, no steps, an empty or repeated step name.
+    /// An empty saga name, no steps, an empty parallel group, an empty or
+    /// repeated step name.
     pub fn build(self) -> Result<Saga<I>, DefinitionError> {
         if self.name.is_empty() {
             return Err(DefinitionError::EmptySagaName);
         }
         if self.steps.is_empty() {
             return Err(DefinitionError::NoSteps(self.name));
+        }
+        if self.stages.iter().any(|stage| stage.steps.is_empty()) {
+            return Err(DefinitionError::EmptyGroup(self.name));
         }
         for (i, step) in self.steps.iter().enumerate() {
             if step.name.is_empty() {
@@ -298,6 +458,12 @@ impl<I: SagaInput> SagaBuilder<I> {
                 name: self.name.into(),
                 steps: self.steps,
                 step_names,
+                layout: self
+                    .stages
+                    .iter()
+                    .map(|stage| stage.steps.clone())
+                    .collect(),
+                stages: self.stages.into(),
             }),
         })
     }
@@ -322,7 +488,7 @@ pub struct StepContext<I> {
     pub(crate) input: Arc<I>,
     pub(crate) outputs: Outputs,
     pub(crate) deadline: Option<SystemTime>,
-    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) clock: Arc<dyn WallClock>,
 }
 
 impl<I> Clone for StepContext<I> {
@@ -434,7 +600,7 @@ impl<I> StepContext<I> {
     pub fn remaining(&self) -> Option<Duration> {
         self.deadline.map(|deadline| {
             deadline
-                .duration_since(self.clock.now())
+                .duration_since(self.clock.wall_time())
                 .unwrap_or(Duration::ZERO)
         })
     }

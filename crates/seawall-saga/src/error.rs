@@ -18,15 +18,19 @@ use crate::id::SagaId;
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum LogError {
-    /// The file exists but is not a SQLite database (wrong header, encrypted, or
-    /// some other kind of file). Nothing was written to it.
-    #[error("{path} is not a sqlite database")]
+    /// The file exists, is not empty and is not a SQLite database (too short
+    /// for one, a wrong header, encrypted, or some other kind of file).
+    /// Nothing was written to it.
+    #[error("{path} is not a sqlite database: {detail}")]
     NotADatabase {
         /// The file that was opened.
         path: PathBuf,
-        /// What SQLite reported.
+        /// What gave it away.
+        detail: String,
+        /// What SQLite reported, when SQLite found it (`None` when the file
+        /// was refused before SQLite read it).
         #[source]
-        source: Arc<rusqlite::Error>,
+        source: Option<Arc<rusqlite::Error>>,
     },
     /// The database is a valid database that belongs to something else (its tables
     /// or application id are not those of a saga log). Nothing was written to it.
@@ -79,15 +83,29 @@ pub enum LogError {
     /// A saga with this id already exists.
     #[error("saga {0} already exists")]
     AlreadyExists(SagaId),
-    /// An error reported by SQLite.
-    #[error("sqlite error")]
-    Sqlite(#[source] Arc<rusqlite::Error>),
+    /// An error reported by SQLite: which operation failed, and SQLite's
+    /// message (the error itself is the [`source`](std::error::Error::source)).
+    #[error("sqlite error while {operation}: {source}")]
+    Sqlite {
+        /// What the log was doing (`opening /data/sagas.db`, `appending to
+        /// saga order-7 in /data/sagas.db`, ...).
+        operation: String,
+        /// What SQLite reported.
+        #[source]
+        source: Arc<rusqlite::Error>,
+    },
     /// An error reported by Postgres or the connection to it.
-    #[error("postgres error")]
+    #[error("postgres error: {0}")]
     Postgres(#[source] Arc<tokio_postgres::Error>),
-    /// An I/O error (for example, starting the SQLite writer thread).
-    #[error("i/o error")]
-    Io(#[source] Arc<std::io::Error>),
+    /// An I/O error: which operation failed, and the system's message.
+    #[error("i/o error while {operation}: {source}")]
+    Io {
+        /// What the log was doing.
+        operation: String,
+        /// The system's error.
+        #[source]
+        source: Arc<std::io::Error>,
+    },
     /// The log's background writer has stopped (it panicked or was shut down).
     #[error("saga log writer has stopped")]
     Closed,
@@ -105,24 +123,32 @@ impl LogError {
     }
 }
 
-impl From<rusqlite::Error> for LogError {
-    fn from(error: rusqlite::Error) -> Self {
+impl LogError {
+    /// The error SQLite reported while `operation` ran: damage is
+    /// [`Corrupt`](LogError::Corrupt), anything else [`Sqlite`](LogError::Sqlite).
+    pub(crate) fn sqlite(operation: impl Into<String>, error: rusqlite::Error) -> Self {
         if let rusqlite::Error::SqliteFailure(failure, _) = &error {
-            match failure.code {
-                rusqlite::ErrorCode::DatabaseCorrupt => {
-                    return LogError::Corrupt {
-                        detail: error.to_string(),
-                    }
-                }
-                rusqlite::ErrorCode::NotADatabase => {
-                    return LogError::Corrupt {
-                        detail: format!("file is not a database: {error}"),
-                    }
-                }
-                _ => {}
+            if matches!(
+                failure.code,
+                rusqlite::ErrorCode::DatabaseCorrupt | rusqlite::ErrorCode::NotADatabase
+            ) {
+                return LogError::Corrupt {
+                    detail: format!("{}: {error}", operation.into()),
+                };
             }
         }
-        LogError::Sqlite(Arc::new(error))
+        LogError::Sqlite {
+            operation: operation.into(),
+            source: Arc::new(error),
+        }
+    }
+
+    /// The I/O error met while `operation` ran.
+    pub(crate) fn io(operation: impl Into<String>, error: std::io::Error) -> Self {
+        LogError::Io {
+            operation: operation.into(),
+            source: Arc::new(error),
+        }
     }
 }
 
@@ -138,7 +164,7 @@ impl From<tokio_postgres::Error> for LogError {
 pub enum SagaError {
     /// The saga log failed. The saga stays in the log as last committed and can be
     /// recovered later.
-    #[error("saga log error")]
+    #[error(transparent)]
     Log(#[from] LogError),
     /// No saga with this name was registered with the orchestrator.
     #[error("saga `{name}` is not registered with this orchestrator")]
@@ -188,6 +214,11 @@ pub enum SagaError {
     /// The saga id is not valid (it must be non-empty).
     #[error("invalid saga id: {0:?}")]
     InvalidId(String),
+    /// The worker driving the saga shut down before it ended (its grace
+    /// period was over): the saga stays in the log as last committed, and the
+    /// worker handed its lease back for another worker to continue it.
+    #[error("saga {0} was stopped by its worker's shutdown")]
+    Halted(SagaId),
     /// A task driving a saga panicked or was cancelled.
     #[error("the task driving saga {saga_id} ended abnormally: {detail}")]
     Aborted {
@@ -215,6 +246,9 @@ pub enum DefinitionError {
     /// A saga must have at least one step.
     #[error("saga `{0}` has no steps")]
     NoSteps(String),
+    /// A parallel group must have at least one step.
+    #[error("saga `{0}` has an empty parallel group")]
+    EmptyGroup(String),
     /// Step names must be non-empty.
     #[error("saga `{0}` has a step with an empty name")]
     EmptyStepName(String),
@@ -229,6 +263,10 @@ pub enum DefinitionError {
     /// Two sagas with the same name were registered.
     #[error("saga `{0}` is registered twice")]
     DuplicateSaga(String),
+    /// The compensation retry is invalid (the rules of a seawall pipeline's
+    /// retry) or has a budget, which compensations do not support.
+    #[error("invalid compensation retry: {0}")]
+    CompensationRetry(seawall::ConfigError),
 }
 
 /// An error reading an earlier step's output from a [`StepContext`](crate::StepContext).

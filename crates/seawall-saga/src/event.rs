@@ -51,6 +51,7 @@ pub(crate) fn trace(id: &SagaId, name: &str, seq: u32, status: SagaStatus, t: &T
         ),
         Transition::StepFailed { error, .. }
         | Transition::CompensationFailed { error, .. }
+        | Transition::CompensationAbandoned { error, .. }
         | Transition::RecoveryFailed { error } => tracing::warn!(
             target: "seawall_saga", saga_id = %id, saga = name, seq, step, transition = kind,
             error = error.as_str(), "saga transition"

@@ -7,7 +7,8 @@
 //! ordered [`Step`]s, each an async action and a compensation. The
 //! [`Orchestrator`] runs it against a [`SagaLog`]: [`SqliteLog`] (one file,
 //! embedded, the default choice) or [`PostgresLog`] (many orchestrator processes
-//! on one database, with leases).
+//! on one database, with leases), and [`Orchestrator::serve`] turns a process
+//! into a worker that runs submitted sagas ([Workers](#workers)).
 //!
 //! # Example
 //!
@@ -71,26 +72,39 @@
 //!
 //! # Features
 //!
-//! - `pipeline` (default): [`Step::through`] runs a step's action through a
-//!   `seawall::Pipeline` (retry, circuit breaker, timeout, ...). Without it,
-//!   call a pipeline inside the action as with any other async code.
+//! - `test-util`: `seawall::testing::VirtualClock` can be the orchestrator's
+//!   clock (see [Testing](#testing)).
+//!
+//! [`Step::through`] runs a step's action through a `seawall::Pipeline`
+//! (retry, circuit breaker, timeout, ...).
 //!
 //! # Execution
 //!
-//! Steps run in order. When a step's action fails (after whatever retries the
-//! step does itself, for example through a seawall pipeline), the compensations
-//! of the completed steps run in reverse order, each retried under the
-//! orchestrator's [`RetryPolicy`]. A saga ends in one of three states:
+//! Steps run in order; a [`Parallel`] group ([`SagaBuilder::parallel`]) runs
+//! its steps concurrently and the saga goes on when all of them completed.
+//! When a step's action fails (after whatever retries the step does itself,
+//! for example through a seawall pipeline), the other steps of its group are
+//! awaited, not cancelled (an effect under way is then known, and compensated
+//! if it completed), and the compensations of the completed steps run in
+//! reverse order: stages last first, a group's own compensations concurrently
+//! or last declared first ([`GroupCompensation`]). Each is retried under the
+//! orchestrator's [compensation retry](OrchestratorBuilder::compensation_retry),
+//! a `seawall::Retry` (see [`retry`] for why its attempts are logged rather
+//! than run through a pipeline). A saga ends in one of three states:
 //!
 //! - [`SagaStatus::Completed`]: every step completed;
 //! - [`SagaStatus::Compensated`]: a step failed (or the deadline passed) and
-//!   every completed step was compensated;
+//!   every completed step was compensated, or abandoned when its compensation
+//!   is [continue-on-error](Step::continue_on_error) and failed all its
+//!   attempts ([`SagaOutcome::abandoned`]);
 //! - [`SagaStatus::Stuck`]: a compensation failed all its attempts. The saga is
 //!   never dropped: it is listed by `ListQuery::status(SagaStatus::Stuck)`, and
-//!   [`Orchestrator::resume`] retries it once the cause is fixed.
+//!   [`Orchestrator::resume`] retries it once the cause is fixed. The other
+//!   compensations of its group that were under way are awaited; no further
+//!   one starts.
 //!
 //! A per-saga deadline ([`StartOptions::deadline`] or [`StartOptions::timeout`])
-//! is checked before each step starts: once it has passed, no further step
+//! is checked before each stage starts: once it has passed, no further step
 //! starts and the saga compensates. A step that is already running is not
 //! cancelled (cancelling a half-done effect would leave it neither done nor
 //! compensated); it can bound itself with [`StepContext::remaining`].
@@ -98,7 +112,8 @@
 //! # Durability: at-least-once with a stable key
 //!
 //! Every transition (saga started, step started, step completed with its
-//! output, step failed, compensation started, failed, completed, saga finished)
+//! output, step failed, compensation started, failed, completed or abandoned,
+//! saga finished)
 //! is committed to the log *before* the next effect starts, and events are
 //! emitted only after the commit. After a crash, [`Orchestrator::recover`] reads
 //! the log and continues each unfinished saga forward or compensating. This
@@ -138,6 +153,84 @@
 //! Both implement the small [`SagaLog`] trait; the orchestrator holds it as a
 //! trait object, nothing is generic over the backend.
 //!
+//! # Workers
+//!
+//! [`Orchestrator::start`] runs a saga in the caller's task.
+//! [`Orchestrator::submit`] only logs it, for a worker to run: a process that
+//! calls [`Orchestrator::serve`] runs as a worker until it is shut down. A
+//! worker
+//!
+//! - claims submitted sagas, sagas whose worker died (once their lease has
+//!   expired) and sagas handed back by a worker that shut down, so no process
+//!   needs to call [`Orchestrator::recover`] itself;
+//! - wakes when a saga is submitted: on Postgres, [`Orchestrator::submit`]
+//!   sends a `NOTIFY` and every worker `LISTEN`s on a connection of its own;
+//!   it also polls every [`ServeOptions::poll_interval`], which finds what a
+//!   lost notification announced and the sagas of dead workers;
+//! - drives at most [`ServeOptions::max_in_flight`] sagas at once;
+//! - shuts down gracefully when the future it was given resolves: it claims
+//!   nothing more, lets its sagas run for the [grace
+//!   period](ServeOptions::grace), then stops the ones still running (as a
+//!   crash would: a running step is aborted and runs again elsewhere, with the
+//!   same idempotency key) and releases their leases, so another worker takes
+//!   them over at once instead of after the lease expires.
+//!
+//! Every worker must register every saga definition it may find in the log: a
+//! saga of an unknown name is reported as a failure (a `recovery_failed`
+//! transition) and left for its lease to expire.
+//!
+//! On a [`SqliteLog`], `serve` works too, in the one process that owns the
+//! file: it is woken by the submissions of its own orchestrator (the same
+//! `Orchestrator` or a clone) and otherwise polls; there are no other workers
+//! to notify or hand sagas to.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use seawall_saga::{
+//!     Orchestrator, PostgresLog, PostgresOptions, Saga, ServeOptions, StartOptions, Step,
+//!     StepContext,
+//! };
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let welcome = Saga::<String>::builder("welcome")
+//!     .step(Step::new("send_mail", |ctx: StepContext<String>| async move {
+//!         // send a mail to ctx.input(), deduplicated by ctx.idempotency_key()
+//!         Ok::<_, String>(())
+//!     }))
+//!     .build()?;
+//!
+//! let log = PostgresLog::connect(
+//!     "postgres://app@127.0.0.1:5432/app",
+//!     PostgresOptions::new().lease(Duration::from_secs(10)),
+//! )
+//! .await?;
+//! let orchestrator = Orchestrator::builder(log).saga(&welcome).build()?;
+//!
+//! // Anywhere (a request handler, another process): hand a saga to the workers.
+//! let id = orchestrator
+//!     .submit(&welcome, "ada@example.com".to_owned(), StartOptions::new())
+//!     .await?;
+//!
+//! // In each worker process: serve until Ctrl-C (or SIGTERM, ...).
+//! let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+//! # drop(stop);
+//! let report = orchestrator
+//!     .serve(
+//!         ServeOptions::new()
+//!             .max_in_flight(16)
+//!             .poll_interval(Duration::from_secs(2))
+//!             .grace(Duration::from_secs(20)),
+//!         async move {
+//!             // e.g. tokio::signal::ctrl_c().await
+//!             let _ = stopped.await;
+//!         },
+//!     )
+//!     .await?;
+//! println!("{} completed, {} handed back", report.completed, report.handed_back);
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! # Inspection and events
 //!
 //! [`Orchestrator::list`] lists sagas by status, [`Orchestrator::history`]
@@ -159,9 +252,13 @@
 //!
 //! # Testing
 //!
-//! Inject a [`VirtualClock`] with [`OrchestratorBuilder::clock`]: deadlines and
-//! compensation backoff then follow virtual time, and sleeps return at once.
-//! Postgres leases use the database clock; tests shorten the lease instead.
+//! With the feature `test-util`, inject a `seawall::testing::VirtualClock`
+//! with [`OrchestratorBuilder::clock`]: deadlines, timestamps and compensation
+//! backoff then follow virtual time (read as time since the Unix epoch), and
+//! sleeps return at once. The orchestrator's clock is seawall's, plus a reading
+//! of wall-clock time ([`WallClock`]); [`clock`] says why seawall's monotonic
+//! clock alone cannot date a log that other processes read. Postgres leases use
+//! the database clock; tests shorten the lease instead.
 #![forbid(unsafe_code)]
 
 pub mod clock;
@@ -174,17 +271,18 @@ pub mod orchestrator;
 pub mod retry;
 pub mod transition;
 
-pub use clock::{Clock, SystemClock, VirtualClock};
-pub use definition::{Saga, SagaBuilder, SagaInput, Step, StepContext, StepOutput};
+pub use clock::WallClock;
+pub use definition::{
+    GroupCompensation, Parallel, Saga, SagaBuilder, SagaInput, Step, StepContext, StepOutput,
+};
 pub use error::{DefinitionError, LogError, OutputError, SagaError};
 pub use event::SagaEvent;
 pub use id::{IdempotencyKey, Phase, SagaId};
 pub use log::postgres::{PostgresLog, PostgresOptions};
 pub use log::sqlite::{SqliteLog, SqliteOptions, Synchronous};
-pub use log::{ClaimAttempt, ClaimedSaga, Lease, ListQuery, NewSaga, SagaLog, SagaRecord};
+pub use log::{ClaimAttempt, ClaimedSaga, Lease, ListQuery, NewSaga, SagaLog, SagaRecord, Wakeups};
 pub use orchestrator::{
-    Orchestrator, OrchestratorBuilder, RecoveryFailure, RecoveryReport, SagaOutcome, StartOptions,
-    StepFailure,
+    Orchestrator, OrchestratorBuilder, RecoveryFailure, RecoveryReport, SagaOutcome, ServeOptions,
+    ServeReport, StartOptions, StepFailure,
 };
-pub use retry::RetryPolicy;
 pub use transition::{SagaStatus, StepRef, Transition, TransitionRecord};

@@ -7,16 +7,22 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, SystemTime};
 
 use serde::de::DeserializeOwned;
+use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use crate::clock::{BoxFuture, Clock, SystemClock};
-use crate::definition::{Outputs, Saga, SagaDefinition, SagaInput, StepContext};
+use seawall::{Random, Retry, SystemClock, SystemRandom};
+
+use crate::clock::{BoxFuture, WallClock};
+use crate::definition::{GroupCompensation, Outputs, Saga, SagaDefinition, SagaInput, StepContext};
 use crate::error::{DefinitionError, LogError, OutputError, SagaError};
 use crate::event::{trace, Listener, Listeners, SagaEvent};
 use crate::id::{IdempotencyKey, Phase, SagaId};
 use crate::log::{ClaimAttempt, ClaimedSaga, Lease, ListQuery, NewSaga, SagaLog, SagaRecord};
-use crate::retry::RetryPolicy;
-use crate::transition::{SagaStatus, StepRef, Transition, TransitionRecord};
+use crate::transition::{Progress, SagaStatus, StepRef, Transition, TransitionRecord};
+
+mod serve;
+
+pub use serve::{ServeOptions, ServeReport};
 
 /// Options for one saga instance.
 ///
@@ -67,6 +73,17 @@ pub struct StepFailure {
     pub deadline_exceeded: bool,
 }
 
+impl StepFailure {
+    /// The saga's deadline passed before `step` could start.
+    pub(crate) fn deadline(step: StepRef) -> Self {
+        StepFailure {
+            error: format!("saga deadline passed before step `{}` started", step.name),
+            step,
+            deadline_exceeded: true,
+        }
+    }
+}
+
 /// How a saga ended (or where it stopped, when stuck).
 #[derive(Clone, Debug)]
 pub struct SagaOutcome {
@@ -80,6 +97,9 @@ pub struct SagaOutcome {
     pub failure: Option<StepFailure>,
     /// The compensation that failed all its attempts, when `Stuck`.
     pub stuck: Option<StepFailure>,
+    /// The [continue-on-error](crate::Step::continue_on_error) compensations
+    /// that failed all their attempts and were given up.
+    pub abandoned: Vec<StepFailure>,
     outputs: Vec<(Arc<str>, serde_json::Value)>,
 }
 
@@ -130,6 +150,7 @@ trait Driver: Send + Sync {
         orchestrator: Arc<Inner>,
         claimed: ClaimedSaga,
         operator: bool,
+        halt: Halt,
     ) -> BoxFuture<'static, Result<SagaOutcome, SagaError>>;
 
     fn finished_outcome(
@@ -145,9 +166,12 @@ impl<I: SagaInput> Driver for Saga<I> {
         orchestrator: Arc<Inner>,
         claimed: ClaimedSaga,
         operator: bool,
+        halt: Halt,
     ) -> BoxFuture<'static, Result<SagaOutcome, SagaError>> {
         let definition = self.inner.clone();
-        Box::pin(async move { Run::resume(definition, orchestrator, claimed, operator).await })
+        Box::pin(
+            async move { Run::resume(definition, orchestrator, claimed, operator, halt).await },
+        )
     }
 
     fn finished_outcome(
@@ -155,13 +179,13 @@ impl<I: SagaInput> Driver for Saga<I> {
         record: &SagaRecord,
         history: &[TransitionRecord],
     ) -> Result<SagaOutcome, SagaError> {
-        let progress = Progress::replay(history, self.inner.steps.len()).map_err(|detail| {
+        let progress = Progress::replay(history, self.inner.layout.clone()).map_err(|detail| {
             SagaError::History {
                 saga_id: record.id.clone(),
                 detail,
             }
         })?;
-        Ok(progress.outcome(&record.id, &self.inner))
+        Ok(outcome(&progress, &record.id, &self.inner))
     }
 }
 
@@ -176,11 +200,15 @@ pub struct Orchestrator {
 struct Inner {
     log: Arc<dyn SagaLog>,
     sagas: HashMap<String, Arc<dyn Driver>>,
-    retry: RetryPolicy,
-    clock: Arc<dyn Clock>,
+    retry: Retry,
+    random: Arc<dyn Random>,
+    clock: Arc<dyn WallClock>,
     listeners: Listeners,
     concurrency: usize,
     leases: LeaseKeeper,
+    /// Counts the sagas submitted through this orchestrator, so that its own
+    /// serving workers wake at once (on every log, with or without `NOTIFY`).
+    submitted: watch::Sender<u64>,
 }
 
 /// The leases this orchestrator holds while it drives sagas. On logs whose
@@ -268,6 +296,7 @@ impl fmt::Debug for Orchestrator {
             .field("log", &self.inner.log)
             .field("sagas", &names)
             .field("compensation_retry", &self.inner.retry)
+            .field("random", &self.inner.random)
             .field("clock", &self.inner.clock)
             .field("listeners", &self.inner.listeners)
             .field("recovery_concurrency", &self.inner.concurrency)
@@ -279,13 +308,16 @@ impl fmt::Debug for Orchestrator {
 ///
 /// # Default
 ///
-/// [`RetryPolicy::default`] for compensations, the [`SystemClock`], no
+/// Compensations retried exponentially from 100 ms, doubling, capped at
+/// 60 s, 5 attempts in all, without jitter; the [`SystemClock`] and the
+/// [`SystemRandom`] source; no
 /// listener, recovery of up to 32 sagas at a time.
 pub struct OrchestratorBuilder {
     log: Arc<dyn SagaLog>,
     sagas: Vec<(String, Arc<dyn Driver>)>,
-    retry: RetryPolicy,
-    clock: Arc<dyn Clock>,
+    retry: Retry,
+    random: Arc<dyn Random>,
+    clock: Arc<dyn WallClock>,
     listeners: Vec<Listener>,
     concurrency: usize,
 }
@@ -311,14 +343,46 @@ impl OrchestratorBuilder {
         self
     }
 
-    /// The retry policy of compensations.
-    pub fn compensation_retry(mut self, policy: RetryPolicy) -> Self {
-        self.retry = policy;
+    /// How a failing compensation is retried: a seawall [`Retry`] (attempts,
+    /// backoff, jitter), each attempt logged; see [`retry`](crate::retry).
+    /// Checked by [`build`](Self::build).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use seawall::{Jitter, Retry};
+    /// use seawall_saga::{Orchestrator, SqliteLog};
+    ///
+    /// # let dir = std::env::temp_dir().join(format!("seawall-saga-retry-doc-{}", std::process::id()));
+    /// # std::fs::create_dir_all(&dir).unwrap();
+    /// let orchestrator = Orchestrator::builder(SqliteLog::open(dir.join("sagas.db"))?)
+    ///     .compensation_retry(
+    ///         Retry::exponential(Duration::from_secs(1))
+    ///             .cap(Duration::from_secs(60))
+    ///             .jitter(Jitter::Equal)
+    ///             .max_attempts(8),
+    ///     )
+    ///     .build()?;
+    /// # drop(orchestrator);
+    /// # let _ = std::fs::remove_dir_all(&dir);
+    /// # Ok::<_, Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn compensation_retry(mut self, retry: Retry) -> Self {
+        self.retry = retry;
         self
     }
 
-    /// The clock used for deadlines, timestamps and retry backoff.
-    pub fn clock(mut self, clock: impl Clock) -> Self {
+    /// The random source of the compensation retry's jitter.
+    pub fn random(mut self, random: impl Random) -> Self {
+        self.random = Arc::new(random);
+        self
+    }
+
+    /// The clock used for deadlines, timestamps and retry backoff: a
+    /// [`seawall::Clock`] that tells wall-clock time ([`WallClock`]), such as
+    /// `seawall::testing::VirtualClock` in tests.
+    pub fn clock(mut self, clock: impl WallClock) -> Self {
         self.clock = Arc::new(clock);
         self
     }
@@ -339,8 +403,10 @@ impl OrchestratorBuilder {
     ///
     /// # Errors
     ///
-    /// [`DefinitionError::DuplicateSaga`] when two sagas share a name.
+    /// [`DefinitionError::DuplicateSaga`] when two sagas share a name,
+    /// [`DefinitionError::CompensationRetry`] for an invalid compensation retry.
     pub fn build(self) -> Result<Orchestrator, DefinitionError> {
+        crate::retry::validate(&self.retry).map_err(DefinitionError::CompensationRetry)?;
         let mut sagas = HashMap::new();
         for (name, driver) in self.sagas {
             if sagas.insert(name.clone(), driver).is_some() {
@@ -352,10 +418,12 @@ impl OrchestratorBuilder {
                 log: self.log,
                 sagas,
                 retry: self.retry,
+                random: self.random,
                 clock: self.clock,
                 listeners: Listeners(self.listeners),
                 concurrency: self.concurrency,
                 leases: LeaseKeeper::default(),
+                submitted: watch::Sender::new(0),
             }),
         })
     }
@@ -367,7 +435,8 @@ impl Orchestrator {
         OrchestratorBuilder {
             log: Arc::new(log),
             sagas: Vec::new(),
-            retry: RetryPolicy::default(),
+            retry: crate::retry::default_compensation_retry(),
+            random: Arc::new(SystemRandom),
             clock: Arc::new(SystemClock),
             listeners: Vec::new(),
             concurrency: 32,
@@ -411,16 +480,20 @@ impl Orchestrator {
         options: StartOptions,
     ) -> Result<SagaOutcome, SagaError> {
         let new = self.new_saga(saga, &input, options)?;
-        let run = Run::fresh(saga.inner.clone(), self.inner.clone(), new, Arc::new(input));
+        let run = Run::fresh(saga.inner.clone(), self.inner.clone(), new, Arc::new(input))?;
         run.drive().await
     }
 
-    /// Logs a saga without running it: any worker's [`recover`](Self::recover)
-    /// picks it up. Returns its id.
+    /// Logs a saga without running it, for a worker to run: it is announced to
+    /// the [serving](Self::serve) workers (Postgres: `NOTIFY`; this
+    /// orchestrator's own workers on any log), and any worker's
+    /// [`serve`](Self::serve) or [`recover`](Self::recover) picks it up.
+    /// Returns its id once it is durably logged.
     ///
     /// # Errors
     ///
-    /// As [`start_with`](Self::start_with).
+    /// As [`start_with`](Self::start_with). A failed announcement is not an
+    /// error (the saga is logged; polling workers find it): it is traced.
     pub async fn submit<I: SagaInput>(
         &self,
         saga: &Saga<I>,
@@ -441,6 +514,13 @@ impl Orchestrator {
             SagaStatus::Running,
             &Transition::SagaStarted,
         );
+        self.inner.submitted.send_modify(|n| *n = n.wrapping_add(1));
+        if let Err(e) = self.inner.log.announce(&new.id).await {
+            tracing::warn!(
+                target: "seawall_saga", saga_id = %new.id, error = %e,
+                "could not announce a submitted saga; polling workers will find it"
+            );
+        }
         Ok(new.id)
     }
 
@@ -464,7 +544,7 @@ impl Orchestrator {
             name: saga.name().to_owned(),
             source,
         })?;
-        let created_at = self.inner.clock.now();
+        let created_at = self.inner.clock.wall_time();
         let deadline = match (options.deadline, options.timeout) {
             (Some(d), Some(t)) => Some(d.min(created_at + t)),
             (Some(d), None) => Some(d),
@@ -483,7 +563,7 @@ impl Orchestrator {
     /// Continues every running or compensating saga that no live worker holds:
     /// forward from the first step whose completion is not logged, or
     /// compensating from the last completed step not yet compensated. Call it at
-    /// start-up; with several Postgres workers, call it periodically.
+    /// start-up, or let [`serve`](Self::serve) do it (it also polls).
     ///
     /// Sagas that cannot be continued (unknown name, input that no longer
     /// deserialises, history that does not fit the definition) are reported in
@@ -521,8 +601,9 @@ impl Orchestrator {
                 for claimed in batch {
                     let id = claimed.record.id.clone();
                     let inner = self.inner.clone();
-                    let handle = tasks
-                        .spawn(async move { Inner::drive_claimed(inner, claimed, false).await });
+                    let handle = tasks.spawn(async move {
+                        Inner::drive_claimed(inner, claimed, false, Halt::never()).await
+                    });
                     ids.insert(handle.id(), id);
                 }
             }
@@ -573,7 +654,7 @@ impl Orchestrator {
     pub async fn resume(&self, id: &SagaId) -> Result<SagaOutcome, SagaError> {
         match self.inner.log.claim(id).await? {
             ClaimAttempt::Claimed(claimed) => {
-                Inner::drive_claimed(self.inner.clone(), claimed, true).await
+                Inner::drive_claimed(self.inner.clone(), claimed, true, Halt::never()).await
             }
             ClaimAttempt::Finished(record) => {
                 let driver = self.inner.driver(&record)?;
@@ -632,9 +713,10 @@ impl Inner {
         inner: Arc<Inner>,
         claimed: ClaimedSaga,
         operator: bool,
+        halt: Halt,
     ) -> Result<SagaOutcome, SagaError> {
         match inner.driver(&claimed.record) {
-            Ok(driver) => driver.drive(inner.clone(), claimed, operator).await,
+            Ok(driver) => driver.drive(inner.clone(), claimed, operator, halt).await,
             Err(error) => Err(inner.recovery_failed(&claimed, error).await),
         }
     }
@@ -649,7 +731,7 @@ impl Inner {
             return error;
         };
         let seq = history.last().map(|t| t.seq + 1).unwrap_or(0);
-        let at = self.clock.now();
+        let at = self.clock.wall_time();
         let status = claimed.record.status;
         match self
             .log
@@ -716,139 +798,21 @@ fn error_chain(error: &dyn std::error::Error) -> String {
     message
 }
 
-/// A saga's state, rebuilt from its history.
-#[derive(Debug, Clone, PartialEq)]
-struct Progress {
-    status: SagaStatus,
-    outputs: Vec<serde_json::Value>,
-    compensated: Vec<bool>,
-    attempts: Vec<u32>,
-    failure: Option<StepFailure>,
-    stuck: Option<StepFailure>,
-    next_seq: u32,
-}
-
-impl Progress {
-    fn new(steps: usize) -> Self {
-        Progress {
-            status: SagaStatus::Running,
-            outputs: Vec::new(),
-            compensated: vec![false; steps],
-            attempts: vec![0; steps],
-            failure: None,
-            stuck: None,
-            next_seq: 0,
-        }
-    }
-
-    fn replay(history: &[TransitionRecord], steps: usize) -> Result<Self, String> {
-        let mut p = Progress::new(steps);
-        for (i, record) in history.iter().enumerate() {
-            if record.seq as usize != i {
-                return Err(format!("transition {i} has sequence number {}", record.seq));
-            }
-            if let Some(step) = record.transition.step() {
-                if step.index >= steps {
-                    return Err(format!(
-                        "transition {i} names step {} but the saga has {steps} steps",
-                        step.index
-                    ));
-                }
-            }
-            match &record.transition {
-                Transition::StepStarted { step } if step.index != p.outputs.len() => {
-                    return Err(format!(
-                        "step {} started before step {} completed",
-                        step.index,
-                        p.outputs.len()
-                    ))
-                }
-                Transition::StepCompleted { step, output } => {
-                    if step.index != p.outputs.len() {
-                        return Err(format!("step {} completed out of order", step.index));
-                    }
-                    p.outputs.push(output.clone());
-                }
-                Transition::StepFailed { step, error } => {
-                    p.status = SagaStatus::Compensating;
-                    p.failure = Some(StepFailure {
-                        step: step.clone(),
-                        error: error.clone(),
-                        deadline_exceeded: false,
-                    });
-                }
-                Transition::DeadlineExceeded { step } => {
-                    p.status = SagaStatus::Compensating;
-                    p.failure = Some(deadline_failure(step.clone()));
-                }
-                Transition::CompensationStarted { step, attempt }
-                | Transition::CompensationFailed { step, attempt, .. } => {
-                    if step.index >= p.outputs.len() {
-                        return Err(format!(
-                            "step {} compensated but never completed",
-                            step.index
-                        ));
-                    }
-                    p.attempts[step.index] = p.attempts[step.index].max(*attempt);
-                }
-                Transition::CompensationCompleted { step } => {
-                    p.compensated[step.index] = true;
-                }
-                Transition::SagaCompleted => p.status = SagaStatus::Completed,
-                Transition::SagaCompensated => p.status = SagaStatus::Compensated,
-                Transition::SagaStuck { step, error } => {
-                    p.status = SagaStatus::Stuck;
-                    p.stuck = Some(StepFailure {
-                        step: step.clone(),
-                        error: error.clone(),
-                        deadline_exceeded: false,
-                    });
-                }
-                Transition::OperatorResumed => {
-                    if p.status == SagaStatus::Stuck {
-                        p.status = SagaStatus::Compensating;
-                    }
-                    p.stuck = None;
-                    p.attempts.iter_mut().for_each(|a| *a = 0);
-                }
-                _ => {}
-            }
-        }
-        p.next_seq = u32::try_from(history.len()).map_err(|_| "history too long".to_owned())?;
-        Ok(p)
-    }
-
-    fn outcome<I>(&self, id: &SagaId, definition: &SagaDefinition<I>) -> SagaOutcome {
-        SagaOutcome {
-            id: id.clone(),
-            name: definition.name.to_string(),
-            status: self.status,
-            failure: self.failure.clone(),
-            stuck: self.stuck.clone(),
-            outputs: definition
-                .step_names
-                .iter()
-                .cloned()
-                .zip(self.outputs.iter().cloned())
-                .collect(),
-        }
-    }
-}
-
-fn deadline_failure(step: StepRef) -> StepFailure {
-    StepFailure {
-        error: format!("saga deadline passed before step `{}` started", step.name),
-        step,
-        deadline_exceeded: true,
-    }
-}
-
-/// Aborts a spawned step when the driver is dropped, as a crash would stop it.
-struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
-
-impl<T> Drop for AbortOnDrop<T> {
-    fn drop(&mut self) {
-        self.0.abort();
+/// The outcome of a saga in the state `progress`.
+fn outcome<I>(progress: &Progress, id: &SagaId, definition: &SagaDefinition<I>) -> SagaOutcome {
+    SagaOutcome {
+        id: id.clone(),
+        name: definition.name.to_string(),
+        status: progress.status(),
+        failure: progress.failure().cloned(),
+        stuck: progress.stuck().cloned(),
+        abandoned: progress.abandoned().to_vec(),
+        outputs: definition
+            .step_names
+            .iter()
+            .enumerate()
+            .filter_map(|(index, name)| Some((name.clone(), progress.output(index)?.clone())))
+            .collect(),
     }
 }
 
@@ -874,6 +838,7 @@ struct Run<I> {
     input: Arc<I>,
     deadline: Option<SystemTime>,
     lease: Option<Lease>,
+    halt: Halt,
     _renewal: Option<LeaseGuard>,
     unsaved: Option<NewSaga>,
     pending: Vec<Transition>,
@@ -881,25 +846,29 @@ struct Run<I> {
 }
 
 impl<I: SagaInput> Run<I> {
+    /// A new saga, its start recorded but not yet committed.
     fn fresh(
         definition: Arc<SagaDefinition<I>>,
         orchestrator: Arc<Inner>,
         new: NewSaga,
         input: Arc<I>,
-    ) -> Self {
-        let steps = definition.steps.len();
-        Run {
+    ) -> Result<Self, SagaError> {
+        let layout = definition.layout.clone();
+        let mut run = Run {
             definition,
             orchestrator,
             id: new.id.clone(),
             input,
             deadline: new.deadline,
             lease: None,
+            halt: Halt::never(),
             _renewal: None,
             unsaved: Some(new),
-            pending: vec![Transition::SagaStarted],
-            progress: Progress::new(steps),
-        }
+            pending: Vec::new(),
+            progress: Progress::new(layout),
+        };
+        run.record(Transition::SagaStarted)?;
+        Ok(run)
     }
 
     async fn resume(
@@ -907,6 +876,7 @@ impl<I: SagaInput> Run<I> {
         orchestrator: Arc<Inner>,
         claimed: ClaimedSaga,
         operator: bool,
+        halt: Halt,
     ) -> Result<SagaOutcome, SagaError> {
         let record = &claimed.record;
         let input: I = match serde_json::from_str(&record.input) {
@@ -927,7 +897,7 @@ impl<I: SagaInput> Run<I> {
                 return Err(orchestrator.recovery_failed(&claimed, error).await);
             }
         };
-        let mut progress = match Progress::replay(history, definition.steps.len()) {
+        let progress = match Progress::replay(history, definition.layout.clone()) {
             Ok(progress) => progress,
             Err(detail) => {
                 let error = SagaError::History {
@@ -937,51 +907,66 @@ impl<I: SagaInput> Run<I> {
                 return Err(orchestrator.recovery_failed(&claimed, error).await);
             }
         };
-        let mut pending = vec![Transition::Claimed {
-            owner: orchestrator.log.owner().to_owned(),
-        }];
-        if operator && progress.status == SagaStatus::Stuck {
-            pending.push(Transition::OperatorResumed);
-            progress.status = SagaStatus::Compensating;
-            progress.stuck = None;
-            progress.attempts.iter_mut().for_each(|a| *a = 0);
-        }
-        let run = Run {
+        let mut run = Run {
             id: record.id.clone(),
             deadline: record.deadline,
             _renewal: orchestrator.hold(&claimed.lease),
             definition,
-            orchestrator,
+            orchestrator: orchestrator.clone(),
             input: Arc::new(input),
-            lease: Some(claimed.lease),
+            lease: Some(claimed.lease.clone()),
+            halt,
             unsaved: None,
-            pending,
+            pending: Vec::new(),
             progress,
         };
+        run.record(Transition::Claimed {
+            owner: orchestrator.log.owner().to_owned(),
+        })?;
+        if operator && run.progress.status() == SagaStatus::Stuck {
+            run.record(Transition::OperatorResumed)?;
+        }
         run.drive().await
     }
 
     async fn drive(mut self) -> Result<SagaOutcome, SagaError> {
-        if self.progress.status == SagaStatus::Running {
+        if self.progress.status() == SagaStatus::Running {
             self.forward().await?;
         }
-        if self.progress.status == SagaStatus::Compensating {
+        if self.progress.status() == SagaStatus::Compensating {
             self.compensate().await?;
         }
         if !self.pending.is_empty() {
             // Claimed but already finished (cannot normally happen): record the claim.
-            let status = self.progress.status;
-            self.commit(status).await?;
+            self.commit().await?;
         }
-        Ok(self.progress.outcome(&self.id, &self.definition))
+        Ok(outcome(&self.progress, &self.id, &self.definition))
     }
 
-    /// Commits the pending transitions with `status`.
-    async fn commit(&mut self, status: SagaStatus) -> Result<(), SagaError> {
+    /// Applies `transition` to the saga's state and queues it for the next
+    /// commit. A transition the state refuses is a defect of the orchestrator:
+    /// it is reported, never written.
+    fn record(&mut self, transition: Transition) -> Result<(), SagaError> {
+        self.progress
+            .apply(&transition)
+            .map_err(|detail| SagaError::History {
+                saga_id: self.id.clone(),
+                detail,
+            })?;
+        self.pending.push(transition);
+        Ok(())
+    }
+
+    /// Commits the pending transitions, with the status they lead to.
+    async fn commit(&mut self) -> Result<(), SagaError> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
         let transitions = std::mem::take(&mut self.pending);
+        let status = self.progress.status();
         let log = &self.orchestrator.log;
-        let at = self.orchestrator.clock.now();
-        let first_seq = self.progress.next_seq;
+        let at = self.orchestrator.clock.wall_time();
+        let first_seq = self.progress.applied() - transitions.len() as u32;
         if let Some(new) = self.unsaved.take() {
             if status == SagaStatus::Running {
                 self.lease = log.create(&new, &transitions, true).await?;
@@ -1009,13 +994,18 @@ impl<I: SagaInput> Run<I> {
                 transition,
             );
         }
-        self.progress.next_seq += transitions.len() as u32;
-        self.progress.status = status;
         Ok(())
     }
 
     fn context(&self, index: usize, phase: Phase, attempt: u32) -> StepContext<I> {
         let step_name = self.definition.step_names[index].clone();
+        // The outputs of the stages before this step's (all completed).
+        let before = self
+            .definition
+            .stages
+            .iter()
+            .find(|stage| stage.steps.contains(&index))
+            .map_or(index, |stage| stage.steps.start);
         StepContext {
             key: IdempotencyKey::new(&self.id, index, &step_name, phase),
             saga_id: self.id.clone(),
@@ -1026,11 +1016,37 @@ impl<I: SagaInput> Run<I> {
             attempt,
             input: self.input.clone(),
             outputs: Outputs {
-                names: self.definition.step_names[..index].into(),
-                values: self.progress.outputs[..index].into(),
+                names: self.definition.step_names[..before].into(),
+                values: (0..before)
+                    .map(|i| self.progress.output(i).cloned().unwrap_or_default())
+                    .collect(),
             },
             deadline: self.deadline,
             clock: self.orchestrator.clock.clone(),
+        }
+    }
+
+    /// Stops here when the worker's shutdown asked its sagas to stop.
+    async fn check_halt(&mut self) -> Result<(), SagaError> {
+        if self.halt.is_set() {
+            return self.halted().await;
+        }
+        Ok(())
+    }
+
+    /// Commits what was recorded (so the next worker does not run it again)
+    /// and stops with [`SagaError::Halted`].
+    async fn halted<T>(&mut self) -> Result<T, SagaError> {
+        self.commit().await?;
+        Err(SagaError::Halted(self.id.clone()))
+    }
+
+    /// The next task of `tasks` to end, or [`halted`](Self::halted) when the
+    /// worker's shutdown asks this saga to stop.
+    async fn next_end(&mut self, tasks: &mut Tasks) -> Result<Option<(usize, Done)>, SagaError> {
+        match tasks.next(&self.halt).await {
+            Ok(next) => Ok(next),
+            Err(Halted) => self.halted().await,
         }
     }
 
@@ -1038,213 +1054,295 @@ impl<I: SagaInput> Run<I> {
         StepRef::new(index, &*self.definition.step_names[index])
     }
 
-    async fn run_isolated<T: Send + 'static>(
-        &self,
-        work: BoxFuture<'static, Result<T, String>>,
-    ) -> Result<T, String> {
-        let mut task = AbortOnDrop(tokio::spawn(work));
-        match (&mut task.0).await {
-            Ok(result) => result,
-            Err(join) => Err(format!("step {}", panic_message(join))),
-        }
-    }
-
+    /// Runs the stages from the first one not completed, until every step
+    /// completed or a stage failed (the saga is then compensating, uncommitted).
+    ///
+    /// A stage's steps start together (their starts in one commit) and run as
+    /// tasks; each end is recorded as it comes, and committed at once while
+    /// other steps of the stage still run (the last one goes with the next
+    /// commit). A failure does not cancel the others: they are awaited.
     async fn forward(&mut self) -> Result<(), SagaError> {
-        let steps = self.definition.steps.len();
-        while self.progress.outputs.len() < steps {
-            let index = self.progress.outputs.len();
-            if let Some(deadline) = self.deadline {
-                if self.orchestrator.clock.now() >= deadline {
-                    let step = self.step_ref(index);
-                    self.progress.failure = Some(deadline_failure(step.clone()));
-                    self.pending.push(Transition::DeadlineExceeded { step });
-                    self.progress.status = SagaStatus::Compensating;
-                    return Ok(());
+        while let Some(stage) = self.progress.current_stage() {
+            self.check_halt().await?;
+            let steps = self.definition.stages[stage].steps.clone();
+            let failed = self.progress.failure().is_some();
+            let first_open = steps.clone().find(|&i| self.progress.output(i).is_none());
+            if let (false, Some(deadline), Some(first)) = (failed, self.deadline, first_open) {
+                if self.orchestrator.clock.wall_time() >= deadline {
+                    let step = self.step_ref(first);
+                    return self.record(Transition::DeadlineExceeded { step });
                 }
             }
-            self.pending.push(Transition::StepStarted {
-                step: self.step_ref(index),
-            });
-            self.commit(SagaStatus::Running).await?;
-            let action =
-                (self.definition.steps[index].action)(self.context(index, Phase::Action, 1));
-            match self.run_isolated(action).await {
-                Ok(output) => {
-                    self.pending.push(Transition::StepCompleted {
-                        step: self.step_ref(index),
-                        output: output.clone(),
-                    });
-                    self.progress.outputs.push(output);
+            // After a failure (logged before a crash), only the steps still
+            // running start again, to learn how they ended.
+            let run: Vec<usize> = steps
+                .filter(|&i| {
+                    self.progress.output(i).is_none() && (!failed || self.progress.is_running(i))
+                })
+                .collect();
+            for &index in &run {
+                self.record(Transition::StepStarted {
+                    step: self.step_ref(index),
+                })?;
+            }
+            self.commit().await?;
+            let mut tasks = Tasks::default();
+            for &index in &run {
+                let action =
+                    (self.definition.steps[index].action)(self.context(index, Phase::Action, 1));
+                tasks.spawn(index, Work::Action(action));
+            }
+            while let Some((index, done)) = self.next_end(&mut tasks).await? {
+                let step = self.step_ref(index);
+                match done {
+                    Done::Action(Ok(output)) => {
+                        self.record(Transition::StepCompleted { step, output })?
+                    }
+                    Done::Action(Err(error)) => {
+                        self.record(Transition::StepFailed { step, error })?
+                    }
+                    Done::Compensation(_) | Done::Backoff => {}
                 }
-                Err(error) => {
-                    let step = self.step_ref(index);
-                    self.progress.failure = Some(StepFailure {
-                        step: step.clone(),
-                        error: error.clone(),
-                        deadline_exceeded: false,
-                    });
-                    self.pending.push(Transition::StepFailed { step, error });
-                    self.progress.status = SagaStatus::Compensating;
-                    return Ok(());
+                if !tasks.is_empty() {
+                    self.commit().await?;
                 }
+            }
+            if self.progress.status() != SagaStatus::Running {
+                return Ok(());
             }
         }
-        self.pending.push(Transition::SagaCompleted);
-        self.commit(SagaStatus::Completed).await
+        self.record(Transition::SagaCompleted)?;
+        self.commit().await
     }
 
+    /// Compensates the completed steps, stages in reverse order, a group's
+    /// steps concurrently or last first, until all are compensated (or
+    /// abandoned) or one failed all its attempts (stuck).
     async fn compensate(&mut self) -> Result<(), SagaError> {
-        let retry = self.orchestrator.retry.clone();
-        for index in (0..self.progress.outputs.len()).rev() {
-            if self.progress.compensated[index] {
-                continue;
+        let definition = self.definition.clone();
+        for stage in definition.stages.iter().rev() {
+            let open: Vec<usize> = stage
+                .steps
+                .clone()
+                .rev()
+                .filter(|&i| {
+                    self.progress.output(i).is_some()
+                        && !self.progress.is_settled(i)
+                        && definition.steps[i].compensation.is_some()
+                })
+                .collect();
+            match stage.compensation {
+                GroupCompensation::Concurrent => self.compensate_steps(&open).await?,
+                GroupCompensation::ReverseOrder => {
+                    for &index in &open {
+                        self.compensate_steps(&[index]).await?;
+                        if self.progress.status() == SagaStatus::Stuck {
+                            break;
+                        }
+                    }
+                }
             }
+            if self.progress.status() == SagaStatus::Stuck {
+                return Ok(());
+            }
+        }
+        self.record(Transition::SagaCompensated)?;
+        self.commit().await
+    }
+
+    /// Compensates `steps` concurrently, each retried under the compensation
+    /// retry, every attempt's start committed before it runs. When one that
+    /// is not continue-on-error fails all its attempts, the attempts under
+    /// way are awaited, no new one starts, and the saga is stuck (committed).
+    async fn compensate_steps(&mut self, steps: &[usize]) -> Result<(), SagaError> {
+        if steps.is_empty() {
+            return Ok(());
+        }
+        self.check_halt().await?;
+        let orchestrator = self.orchestrator.clone();
+        let retry = &orchestrator.retry;
+        let mut delays: HashMap<usize, Duration> = HashMap::new();
+        let mut stuck: Option<(StepRef, String)> = None;
+        let mut tasks = Tasks::default();
+        self.start_compensations(steps, &mut tasks).await?;
+        while let Some((index, done)) = self.next_end(&mut tasks).await? {
+            let step = self.step_ref(index);
+            match done {
+                Done::Compensation(Ok(())) => {
+                    self.record(Transition::CompensationCompleted { step })?;
+                }
+                Done::Compensation(Err(error)) => {
+                    let attempt = self.progress.attempts(index);
+                    self.record(Transition::CompensationFailed {
+                        step: step.clone(),
+                        attempt,
+                        error: error.clone(),
+                    })?;
+                    if attempt >= retry.max_attempts {
+                        if self.definition.steps[index].continue_on_error {
+                            self.record(Transition::CompensationAbandoned { step, error })?;
+                        } else {
+                            stuck.get_or_insert((step, error));
+                        }
+                    } else if stuck.is_none() {
+                        self.commit().await?;
+                        let previous = delays.get(&index).copied().unwrap_or_default();
+                        let delay = retry.delay(attempt, previous, &*orchestrator.random);
+                        delays.insert(index, delay);
+                        tasks.spawn(index, Work::Backoff(orchestrator.clock.sleep(delay)));
+                    }
+                }
+                Done::Backoff if stuck.is_none() => {
+                    self.start_compensations(&[index], &mut tasks).await?;
+                }
+                Done::Backoff | Done::Action(_) => {}
+            }
+        }
+        if let Some((step, error)) = stuck {
+            self.record(Transition::SagaStuck { step, error })?;
+            self.commit().await?;
+        }
+        Ok(())
+    }
+
+    /// Records and commits the next attempt of each of `steps`' compensations,
+    /// then runs them.
+    async fn start_compensations(
+        &mut self,
+        steps: &[usize],
+        tasks: &mut Tasks,
+    ) -> Result<(), SagaError> {
+        for &index in steps {
+            self.record(Transition::CompensationStarted {
+                step: self.step_ref(index),
+                attempt: self.progress.attempts(index) + 1,
+            })?;
+        }
+        self.commit().await?;
+        for &index in steps {
             let Some(compensation) = self.definition.steps[index].compensation.clone() else {
                 continue;
             };
-            loop {
-                let attempt = self.progress.attempts[index] + 1;
-                self.progress.attempts[index] = attempt;
-                self.pending.push(Transition::CompensationStarted {
-                    step: self.step_ref(index),
-                    attempt,
-                });
-                self.commit(SagaStatus::Compensating).await?;
-                let ctx = self.context(index, Phase::Compensation, attempt);
-                let work = compensation(ctx, self.progress.outputs[index].clone());
-                match self.run_isolated(work).await {
-                    Ok(()) => {
-                        self.pending.push(Transition::CompensationCompleted {
-                            step: self.step_ref(index),
-                        });
-                        self.progress.compensated[index] = true;
-                        break;
-                    }
-                    Err(error) => {
-                        let step = self.step_ref(index);
-                        self.pending.push(Transition::CompensationFailed {
-                            step: step.clone(),
-                            attempt,
-                            error: error.clone(),
-                        });
-                        if attempt >= retry.attempts() {
-                            self.progress.stuck = Some(StepFailure {
-                                step: step.clone(),
-                                error: error.clone(),
-                                deadline_exceeded: false,
-                            });
-                            self.pending.push(Transition::SagaStuck { step, error });
-                            return self.commit(SagaStatus::Stuck).await;
-                        }
-                        self.commit(SagaStatus::Compensating).await?;
-                        self.orchestrator
-                            .clock
-                            .sleep(retry.delay_after(attempt))
-                            .await;
-                    }
-                }
-            }
+            let attempt = self.progress.attempts(index);
+            let ctx = self.context(index, Phase::Compensation, attempt);
+            let output = self.progress.output(index).cloned().unwrap_or_default();
+            tasks.spawn(index, Work::Compensation(compensation(ctx, output)));
         }
-        self.pending.push(Transition::SagaCompensated);
-        self.commit(SagaStatus::Compensated).await
+        Ok(())
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// Asks the sagas a serving worker drives to stop, when its shutdown grace
+/// period is over. Sagas driven by [`Orchestrator::start`],
+/// [`Orchestrator::recover`] or [`Orchestrator::resume`] never halt.
+#[derive(Clone, Debug)]
+pub(crate) struct Halt(Option<watch::Receiver<bool>>);
 
-    fn history(transitions: Vec<Transition>) -> Vec<TransitionRecord> {
-        transitions
-            .into_iter()
-            .enumerate()
-            .map(|(i, transition)| TransitionRecord {
-                seq: i as u32,
-                at: SystemTime::UNIX_EPOCH,
-                transition,
-            })
-            .collect()
+impl Halt {
+    pub(crate) fn never() -> Self {
+        Halt(None)
     }
 
-    fn step(i: usize) -> StepRef {
-        StepRef::new(i, format!("s{i}"))
+    pub(crate) fn on(receiver: watch::Receiver<bool>) -> Self {
+        Halt(Some(receiver))
     }
 
-    #[test]
-    fn replay_of_a_crash_mid_step_reruns_that_step() {
-        let h = history(vec![
-            Transition::SagaStarted,
-            Transition::StepStarted { step: step(0) },
-            Transition::StepCompleted {
-                step: step(0),
-                output: serde_json::json!(1),
-            },
-            Transition::StepStarted { step: step(1) },
-        ]);
-        let p = Progress::replay(&h, 3).unwrap();
-        assert_eq!(p.status, SagaStatus::Running);
-        assert_eq!(p.outputs, vec![serde_json::json!(1)]);
-        assert_eq!(p.next_seq, 4);
+    fn is_set(&self) -> bool {
+        self.0.as_ref().is_some_and(|r| *r.borrow())
     }
 
-    #[test]
-    fn replay_of_compensation_tracks_attempts_and_done_steps() {
-        let h = history(vec![
-            Transition::SagaStarted,
-            Transition::StepStarted { step: step(0) },
-            Transition::StepCompleted {
-                step: step(0),
-                output: serde_json::json!(null),
-            },
-            Transition::StepStarted { step: step(1) },
-            Transition::StepCompleted {
-                step: step(1),
-                output: serde_json::json!(null),
-            },
-            Transition::StepStarted { step: step(2) },
-            Transition::StepFailed {
-                step: step(2),
-                error: "x".into(),
-            },
-            Transition::CompensationStarted {
-                step: step(1),
-                attempt: 1,
-            },
-            Transition::CompensationCompleted { step: step(1) },
-            Transition::CompensationStarted {
-                step: step(0),
-                attempt: 1,
-            },
-            Transition::CompensationFailed {
-                step: step(0),
-                attempt: 1,
-                error: "y".into(),
-            },
-        ]);
-        let p = Progress::replay(&h, 3).unwrap();
-        assert_eq!(p.status, SagaStatus::Compensating);
-        assert_eq!(p.compensated, vec![false, true, false]);
-        assert_eq!(p.attempts, vec![1, 1, 0]);
-        assert_eq!(p.failure.unwrap().step, step(2));
+    /// Resolves once the halt is set (never, if it never is).
+    async fn wait(&self) {
+        if let Some(receiver) = &self.0 {
+            let mut receiver = receiver.clone();
+            if receiver.wait_for(|&halted| halted).await.is_ok() {
+                return;
+            }
+        }
+        std::future::pending().await
+    }
+}
+
+/// The worker's shutdown stopped the tasks of a saga.
+struct Halted;
+
+/// What a task of a saga's driver does: a step's action, a compensation
+/// attempt, or the wait before the next attempt.
+enum Work {
+    Action(BoxFuture<'static, Result<serde_json::Value, String>>),
+    Compensation(BoxFuture<'static, Result<(), String>>),
+    Backoff(seawall::clock::BoxSleep),
+}
+
+/// How a task ended; a panic is the step's (or compensation's) error.
+enum Done {
+    Action(Result<serde_json::Value, String>),
+    Compensation(Result<(), String>),
+    Backoff,
+}
+
+/// The tasks of one saga's driver, each for one step. Dropping it (the
+/// driver's future was dropped) aborts them, as a crash would stop them.
+#[derive(Default)]
+struct Tasks {
+    set: JoinSet<Done>,
+    steps: HashMap<tokio::task::Id, (usize, OnPanic)>,
+}
+
+/// What a task that panicked ended with, given the panic's message.
+type OnPanic = fn(String) -> Done;
+
+impl Tasks {
+    fn spawn(&mut self, index: usize, work: Work) {
+        let (handle, on_panic): (_, OnPanic) = match work {
+            Work::Action(f) => (
+                self.set.spawn(async move { Done::Action(f.await) }),
+                |error| Done::Action(Err(error)),
+            ),
+            Work::Compensation(f) => (
+                self.set.spawn(async move { Done::Compensation(f.await) }),
+                |error| Done::Compensation(Err(error)),
+            ),
+            Work::Backoff(sleep) => (
+                self.set.spawn(async move {
+                    sleep.await;
+                    Done::Backoff
+                }),
+                |_| Done::Backoff,
+            ),
+        };
+        self.steps.insert(handle.id(), (index, on_panic));
     }
 
-    #[test]
-    fn replay_rejects_histories_that_do_not_fit() {
-        let gap = vec![TransitionRecord {
-            seq: 1,
-            at: SystemTime::UNIX_EPOCH,
-            transition: Transition::SagaStarted,
-        }];
-        assert!(Progress::replay(&gap, 1).is_err());
-        let too_many_steps = history(vec![
-            Transition::SagaStarted,
-            Transition::StepStarted { step: step(5) },
-        ]);
-        assert!(Progress::replay(&too_many_steps, 3).is_err());
-        let out_of_order = history(vec![
-            Transition::SagaStarted,
-            Transition::StepStarted { step: step(1) },
-        ]);
-        assert!(Progress::replay(&out_of_order, 3).is_err());
+    fn is_empty(&self) -> bool {
+        self.set.is_empty()
+    }
+
+    /// The next task to end, with its step; when `halt` is set first, the
+    /// tasks are aborted and awaited (nothing of this saga runs any more),
+    /// and how they ended is not recorded (as after a crash).
+    async fn next(&mut self, halt: &Halt) -> Result<Option<(usize, Done)>, Halted> {
+        tokio::select! {
+            biased;
+            () = halt.wait() => {
+                self.set.abort_all();
+                while self.set.join_next().await.is_some() {}
+                Err(Halted)
+            }
+            next = self.join_next() => Ok(next),
+        }
+    }
+
+    async fn join_next(&mut self) -> Option<(usize, Done)> {
+        match self.set.join_next_with_id().await? {
+            Ok((id, done)) => {
+                let (index, _) = self.steps.remove(&id)?;
+                Some((index, done))
+            }
+            Err(join) => {
+                let (index, on_panic) = self.steps.remove(&join.id())?;
+                Some((index, on_panic(format!("step {}", panic_message(join)))))
+            }
+        }
     }
 }

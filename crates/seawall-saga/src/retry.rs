@@ -1,119 +1,80 @@
-//! The retry policy for compensations.
+//! Retrying compensations with a seawall [`Retry`].
+//!
+//! A failing compensation is retried under the orchestrator's
+//! [`compensation_retry`](crate::OrchestratorBuilder::compensation_retry): a
+//! `seawall::Retry`, whose attempts, backoff and jitter mean what they mean in
+//! a pipeline, and whose delays come from
+//! [`Retry::delay`](seawall::Retry::delay) through the orchestrator's clock and
+//! random source. Once the attempts are spent, the saga is
+//! [`Stuck`](crate::SagaStatus::Stuck).
+//!
+//! The attempts do not run *through* a seawall pipeline: each one is logged
+//! (`compensation_started` with its number) before it runs and its failure
+//! after, so the attempt count survives a restart and a compensation that
+//! never succeeds is visible in the log. A pipeline's retry loop runs its
+//! attempts out of the orchestrator's sight. For the same reason a retry
+//! budget (a token bucket shared by a pipeline's calls) is refused: there is
+//! no stream of calls for it to ration. To retry each attempt further, or put
+//! a circuit breaker or timeout around it, run a pipeline inside the
+//! compensation.
+//!
+//! Across a restart, a decorrelated backoff starts again from its base, as it
+//! does not know the delay the dead process drew.
 
 use std::time::Duration;
 
-/// How often and how patiently a failing compensation is retried before the saga
-/// is marked [`Stuck`](crate::SagaStatus::Stuck).
-///
-/// The delay before attempt `n + 1` is `initial_delay * multiplier^(n - 1)`,
-/// capped at `max_delay`. Sleeps go through the orchestrator's
-/// [`Clock`](crate::Clock), so tests with a [`VirtualClock`](crate::VirtualClock)
-/// do not wait.
-///
-/// # Default
-///
-/// Exponential: 5 attempts, first delay 100 ms, multiplier 2, delays capped at
-/// 60 s.
-///
-/// # Examples
-///
-/// ```
-/// use std::time::Duration;
-/// use seawall_saga::RetryPolicy;
-///
-/// let policy = RetryPolicy::exponential(Duration::from_millis(50)).max_attempts(3);
-/// assert_eq!(policy.delay_after(1), Duration::from_millis(50));
-/// assert_eq!(policy.delay_after(2), Duration::from_millis(100));
-/// ```
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RetryPolicy {
-    max_attempts: u32,
-    initial_delay: Duration,
-    multiplier: u32,
-    max_delay: Duration,
+use seawall::{ConfigError, Retry};
+
+/// The compensation retry of an orchestrator that was not given one:
+/// exponential from 100 ms, doubling, capped at 60 s, 5 attempts, no jitter.
+pub(crate) fn default_compensation_retry() -> Retry {
+    Retry::exponential(Duration::from_millis(100))
+        .cap(Duration::from_secs(60))
+        .max_attempts(5)
 }
 
-impl RetryPolicy {
-    /// Exponential backoff starting at `initial_delay` (multiplier 2).
-    pub fn exponential(initial_delay: Duration) -> Self {
-        RetryPolicy {
-            max_attempts: 5,
-            initial_delay,
-            multiplier: 2,
-            max_delay: Duration::from_secs(60),
-        }
+/// Checks `retry` as a pipeline would (seawall states the rules), and refuses
+/// a budget.
+pub(crate) fn validate(retry: &Retry) -> Result<(), ConfigError> {
+    if retry.budget.is_some() {
+        return Err(ConfigError::new(
+            "retry",
+            "budget",
+            "is not supported for compensations: each attempt is logged and counted, \
+             there is no stream of calls to ration",
+        ));
     }
-
-    /// The same delay between every attempt.
-    pub fn constant(delay: Duration) -> Self {
-        RetryPolicy {
-            multiplier: 1,
-            ..Self::exponential(delay)
-        }
-    }
-
-    /// One attempt, no retry.
-    pub fn no_retry() -> Self {
-        Self::exponential(Duration::ZERO).max_attempts(1)
-    }
-
-    /// Total attempts including the first; `0` is treated as `1`.
-    pub fn max_attempts(mut self, attempts: u32) -> Self {
-        self.max_attempts = attempts.max(1);
-        self
-    }
-
-    /// Growth factor of the delay; `0` is treated as `1`.
-    pub fn multiplier(mut self, multiplier: u32) -> Self {
-        self.multiplier = multiplier.max(1);
-        self
-    }
-
-    /// Upper bound of any single delay.
-    pub fn max_delay(mut self, max_delay: Duration) -> Self {
-        self.max_delay = max_delay;
-        self
-    }
-
-    /// The configured number of attempts.
-    pub fn attempts(&self) -> u32 {
-        self.max_attempts
-    }
-
-    /// The delay after failed attempt number `attempt` (1-based).
-    pub fn delay_after(&self, attempt: u32) -> Duration {
-        let exponent = attempt.saturating_sub(1);
-        let factor = self.multiplier.checked_pow(exponent).unwrap_or(u32::MAX);
-        self.initial_delay
-            .checked_mul(factor)
-            .unwrap_or(Duration::MAX)
-            .min(self.max_delay)
-    }
-}
-
-impl Default for RetryPolicy {
-    fn default() -> Self {
-        Self::exponential(Duration::from_millis(100))
-    }
+    seawall::Pipeline::builder("seawall-saga-compensation")
+        .retry(retry.clone())
+        .build()
+        .map(drop)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use seawall::{RetryBudget, SystemRandom};
 
     #[test]
-    fn exponential_delays_grow_and_cap() {
-        let p = RetryPolicy::exponential(Duration::from_millis(100))
-            .max_delay(Duration::from_millis(350));
-        let delays: Vec<_> = (1..=4).map(|a| p.delay_after(a).as_millis()).collect();
-        assert_eq!(delays, vec![100, 200, 350, 350]);
-        assert_eq!(p.delay_after(200), Duration::from_millis(350));
+    fn the_default_grows_exponentially_to_its_cap() {
+        let retry = default_compensation_retry();
+        assert_eq!(retry.max_attempts, 5);
+        let delays: Vec<_> = (1..=12)
+            .map(|a| retry.delay(a, Duration::ZERO, &SystemRandom).as_millis())
+            .collect();
+        assert_eq!(&delays[..4], &[100, 200, 400, 800]);
+        assert_eq!(delays[11], 60_000);
+        assert!(validate(&retry).is_ok());
     }
 
     #[test]
-    fn constant_and_zero_attempts() {
-        let p = RetryPolicy::constant(Duration::from_secs(1)).max_attempts(0);
-        assert_eq!(p.attempts(), 1);
-        assert_eq!(p.delay_after(7), Duration::from_secs(1));
+    fn an_invalid_retry_or_a_budget_is_refused() {
+        let zero = Retry::constant(Duration::from_secs(1)).max_attempts(0);
+        assert_eq!(
+            validate(&zero).unwrap_err().to_string(),
+            "retry.max_attempts must be >= 1, got 0"
+        );
+        let budget = Retry::constant(Duration::from_secs(1)).budget(RetryBudget::new(0.1, 10));
+        assert_eq!(validate(&budget).unwrap_err().field, "budget");
     }
 }

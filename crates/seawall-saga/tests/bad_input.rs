@@ -76,6 +76,114 @@ fn a_foreign_sqlite_database_is_refused_and_left_alone() {
     assert_untouched(&other, &before);
 }
 
+/// A file that is neither empty nor a saga log is refused, whatever it holds,
+/// and its bytes stay as they were: one byte, a text file, another
+/// application's SQLite database with its own tables.
+#[test]
+fn files_that_are_not_saga_logs_are_refused_unchanged() {
+    let dir = tempfile::tempdir().unwrap();
+    let one_byte = dir.path().join("one-byte.db");
+    std::fs::write(&one_byte, b"x").unwrap();
+    let text = dir.path().join("readme.txt");
+    std::fs::write(&text, b"a short note, not a database\n").unwrap();
+    let app = dir.path().join("app.db");
+    {
+        let conn = rusqlite::Connection::open(&app).unwrap();
+        conn.execute_batch(
+            "CREATE TABLE invoices (id INTEGER PRIMARY KEY, total INTEGER);
+             INSERT INTO invoices (total) VALUES (12), (30);",
+        )
+        .unwrap();
+    }
+    for path in [&one_byte, &text] {
+        let before = std::fs::read(path).unwrap();
+        let err = SqliteLog::open(path).unwrap_err();
+        assert!(
+            matches!(&err, LogError::NotADatabase { path: p, .. } if p == path),
+            "{}: {err:?}",
+            path.display()
+        );
+        assert!(
+            err.to_string().contains("is not a sqlite database"),
+            "{err}"
+        );
+        assert_untouched(path, &before);
+    }
+    let before = std::fs::read(&app).unwrap();
+    let err = SqliteLog::open(&app).unwrap_err();
+    assert!(
+        matches!(&err, LogError::Foreign { detail, .. } if detail.contains("invoices")),
+        "{err:?}"
+    );
+    assert_untouched(&app, &before);
+}
+
+/// An empty file is a new log: it is initialised.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_file_becomes_a_saga_log() {
+    use seawall_saga::SagaLog;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("empty.db");
+    std::fs::write(&path, b"").unwrap();
+    let log = SqliteLog::open(&path).unwrap();
+    assert!(log.list(&ListQuery::all()).await.unwrap().is_empty());
+}
+
+/// A SQLite failure says which operation failed and why, and keeps the
+/// underlying error as its source.
+#[test]
+fn a_sqlite_error_names_the_operation_and_the_cause() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("no-such-dir").join("sagas.db");
+    let err = SqliteLog::open(&path).unwrap_err();
+    assert!(matches!(err, LogError::Sqlite { .. }), "{err:?}");
+    let message = err.to_string();
+    assert!(
+        message.starts_with("sqlite error while opening "),
+        "{message}"
+    );
+    assert!(message.contains("no-such-dir"), "{message}");
+    assert!(
+        message.contains("unable to open database file"),
+        "{message}"
+    );
+    let source = std::error::Error::source(&err).expect("a source");
+    assert!(
+        source.to_string().contains("unable to open database file"),
+        "{source}"
+    );
+}
+
+/// A compensation retry is checked by the rules of a seawall retry, and a
+/// retry budget, which compensations cannot use, is refused.
+#[test]
+fn an_invalid_compensation_retry_is_a_definition_error() {
+    use seawall::{Retry, RetryBudget};
+    use seawall_saga::DefinitionError;
+    let dir = tempfile::tempdir().unwrap();
+    let log = SqliteLog::open(dir.path().join("sagas.db")).unwrap();
+    let build = |retry: Retry| {
+        Orchestrator::builder(log.clone())
+            .compensation_retry(retry)
+            .build()
+            .unwrap_err()
+    };
+    let err = build(Retry::exponential(Duration::from_secs(2)).cap(Duration::from_secs(1)));
+    assert!(
+        matches!(&err, DefinitionError::CompensationRetry(e) if e.field == "cap"),
+        "{err:?}"
+    );
+    assert_eq!(
+        err.to_string(),
+        "invalid compensation retry: retry.cap must be >= base (2s), got 1s"
+    );
+    let err = build(Retry::constant(Duration::from_secs(1)).budget(RetryBudget::new(0.2, 10)));
+    assert!(
+        matches!(&err, DefinitionError::CompensationRetry(e) if e.field == "budget"),
+        "{err:?}"
+    );
+}
+
 fn saga() -> seawall_saga::Saga<u32> {
     seawall_saga::Saga::builder("count")
         .step(Step::new("one", |ctx: StepContext<u32>| async move {

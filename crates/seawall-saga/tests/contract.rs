@@ -7,10 +7,12 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use seawall::testing::{SequenceRandom, VirtualClock};
+use seawall::{Jitter, Retry};
+use seawall_saga::{GroupCompensation, Parallel};
 use seawall_saga::{
-    ListQuery, LogError, NewSaga, Orchestrator, RecoveryFailure, RetryPolicy, Saga, SagaError,
-    SagaEvent, SagaId, SagaLog, SagaOutcome, SagaStatus, StartOptions, Step, StepContext,
-    Transition, VirtualClock,
+    ListQuery, LogError, NewSaga, Orchestrator, RecoveryFailure, Saga, SagaError, SagaEvent,
+    SagaId, SagaLog, SagaOutcome, SagaStatus, StartOptions, Step, StepContext, Transition,
 };
 use serde::{Deserialize, Serialize};
 use support::Backend;
@@ -206,7 +208,7 @@ fn purchase(journal: &Journal, knobs: &Knobs) -> Saga<Order> {
 fn orchestrator(log: Arc<dyn SagaLog>, saga: &Saga<Order>) -> Orchestrator {
     Orchestrator::builder(log)
         .saga(saga)
-        .compensation_retry(RetryPolicy::constant(Duration::ZERO).max_attempts(3))
+        .compensation_retry(Retry::constant(Duration::ZERO).max_attempts(3))
         .build()
         .unwrap()
 }
@@ -421,7 +423,12 @@ async fn stuck_compensation_is_listed_and_resumable(backend: Backend) {
     let o = Orchestrator::builder(backend.open().await)
         .saga(&saga)
         .clock(clock.clone())
-        .compensation_retry(RetryPolicy::exponential(Duration::from_secs(1)).max_attempts(3))
+        .compensation_retry(
+            Retry::exponential(Duration::from_secs(1))
+                .max_attempts(3)
+                .jitter(Jitter::Full),
+        )
+        .random(SequenceRandom::new([0.5]))
         .build()
         .unwrap();
     knobs.compensation_fails.store(true, Ordering::SeqCst);
@@ -437,10 +444,21 @@ async fn stuck_compensation_is_listed_and_resumable(backend: Backend) {
     let stuck = outcome.stuck.clone().unwrap();
     assert_eq!(stuck.step.name, "charge");
     assert_eq!(stuck.error, "refund service down");
-    // Backoff between the three attempts went through the injected clock.
+    // Backoff between the three attempts went through the injected clock and
+    // random source: full jitter at 0.5 halves 1 s and 2 s.
+    let history = o.history(&SagaId::new("stuck-5")).await.unwrap();
+    let starts: Vec<_> = history
+        .iter()
+        .filter(|t| t.transition.kind() == "compensation_started")
+        .map(|t| t.at)
+        .collect();
+    let gaps: Vec<_> = starts
+        .windows(2)
+        .map(|w| w[1].duration_since(w[0]).unwrap())
+        .collect();
     assert_eq!(
-        clock.sleeps(),
-        vec![Duration::from_secs(1), Duration::from_secs(2)]
+        gaps,
+        vec![Duration::from_millis(500), Duration::from_millis(1000)]
     );
     let id = SagaId::new("stuck-5");
     let listed = o.list(&ListQuery::status(SagaStatus::Stuck)).await.unwrap();
@@ -861,6 +879,362 @@ async fn recovery_continues_after_a_driver_is_dropped(backend: Backend) {
     assert!(kinds(&history).contains(&"claimed"));
 }
 
+/// A worker dies during a step and the saga's deadline passes before another
+/// one claims it: the step does not start again, the saga compensates.
+async fn deadline_passed_while_crashed_mid_step_compensates(backend: Backend) {
+    let journal = Journal::default();
+    let knobs = Knobs::default();
+    knobs.hang_in_charge.store(true, Ordering::SeqCst);
+    let saga = purchase(&journal, &knobs);
+    let clock = VirtualClock::new();
+    let with_clock = |log| {
+        Orchestrator::builder(log)
+            .saga(&saga)
+            .clock(clock.clone())
+            .compensation_retry(Retry::constant(Duration::ZERO).max_attempts(3))
+            .build()
+            .unwrap()
+    };
+    let o = with_clock(backend.open().await);
+    let driver = {
+        let (o, saga) = (o.clone(), saga.clone());
+        tokio::spawn(async move {
+            o.start_with(
+                &saga,
+                Order::new(4, None),
+                StartOptions::new()
+                    .id("late-crash")
+                    .timeout(Duration::from_secs(10)),
+            )
+            .await
+        })
+    };
+    knobs.charge_reached.notified().await;
+    driver.abort();
+    assert!(driver.await.unwrap_err().is_cancelled());
+    knobs.hang_in_charge.store(false, Ordering::SeqCst);
+    clock.advance(Duration::from_secs(11));
+
+    let restarted = with_clock(backend.open().await);
+    let (outcomes, failures) = recover_until_idle(&restarted).await;
+    assert!(failures.is_empty(), "{failures:?}");
+    assert_eq!(outcomes.len(), 1);
+    assert_eq!(outcomes[0].status, SagaStatus::Compensated);
+    let failure = outcomes[0].failure.clone().unwrap();
+    assert!(failure.deadline_exceeded);
+    assert_eq!(failure.step.name, "charge");
+    // The charge (started, not logged as completed) did not run again.
+    assert_eq!(
+        journal.entries(),
+        vec!["do reserve_stock", "do charge", "undo reserve_stock hold-4"]
+    );
+}
+
+// ------------------------------------------------------------ parallel groups
+
+/// Switches of the trip saga: `flight`, then `hotel` and `car` in parallel,
+/// then `pay`.
+#[derive(Clone, Default)]
+struct Trip {
+    journal: Journal,
+    /// Steps whose action fails.
+    fails: Arc<Mutex<Vec<&'static str>>>,
+    /// Steps whose compensation fails.
+    undo_fails: Arc<Mutex<Vec<&'static str>>>,
+    /// `hotel` and `car` wait for each other: they must run together.
+    together: Option<Arc<tokio::sync::Barrier>>,
+    /// The compensations of `hotel` and `car` wait for each other.
+    undo_together: Option<Arc<tokio::sync::Barrier>>,
+    /// `car` finishes only after `hotel` failed.
+    car_after_hotel_failed: bool,
+    hotel_failed: Arc<tokio::sync::Notify>,
+    /// `car` hangs (until the driver is dropped) once it has taken effect.
+    hang_car: Arc<AtomicBool>,
+    car_reached: Arc<tokio::sync::Notify>,
+}
+
+impl Trip {
+    fn step(&self, name: &'static str, continue_on_error: bool) -> Step<u32, String> {
+        let (trip, undo) = (self.clone(), self.clone());
+        let step = Step::new(name, move |ctx: StepContext<u32>| {
+            let trip = trip.clone();
+            async move {
+                if matches!(name, "hotel" | "car") {
+                    if let Some(together) = &trip.together {
+                        tokio::time::timeout(Duration::from_secs(30), together.wait())
+                            .await
+                            .map_err(|_| "hotel and car did not run together".to_owned())?;
+                    }
+                }
+                if name == "pay" {
+                    let hotel: String = ctx.output("hotel").map_err(|e| e.to_string())?;
+                    let car: String = ctx.output("car").map_err(|e| e.to_string())?;
+                    assert_eq!((hotel.as_str(), car.as_str()), ("hotel-out", "car-out"));
+                }
+                if name == "car" && trip.car_after_hotel_failed {
+                    trip.hotel_failed.notified().await;
+                }
+                if trip.fails.lock().unwrap().contains(&name) {
+                    if name == "hotel" {
+                        trip.hotel_failed.notify_one();
+                    }
+                    return Err(format!("{name} unavailable"));
+                }
+                trip.journal
+                    .push(format!("do {name}"), ctx.idempotency_key());
+                if name == "car" && trip.hang_car.load(Ordering::SeqCst) {
+                    trip.car_reached.notify_one();
+                    std::future::pending::<()>().await;
+                }
+                Ok(format!("{name}-out"))
+            }
+        })
+        .compensate(move |ctx: StepContext<u32>, output: String| {
+            let trip = undo.clone();
+            async move {
+                assert_eq!(output, format!("{name}-out"));
+                if matches!(name, "hotel" | "car") {
+                    if let Some(together) = &trip.undo_together {
+                        tokio::time::timeout(Duration::from_secs(30), together.wait())
+                            .await
+                            .map_err(|_| "undo hotel and car did not run together".to_owned())?;
+                    }
+                }
+                if trip.undo_fails.lock().unwrap().contains(&name) {
+                    return Err(format!("cannot undo {name}"));
+                }
+                trip.journal
+                    .push(format!("undo {name}"), ctx.idempotency_key());
+                Ok::<_, String>(())
+            }
+        });
+        if continue_on_error {
+            step.continue_on_error()
+        } else {
+            step
+        }
+    }
+
+    fn saga(&self, compensation: GroupCompensation) -> Saga<u32> {
+        Saga::builder("trip")
+            .step(self.step("flight", true))
+            .parallel(
+                Parallel::new()
+                    .step(self.step("hotel", false))
+                    .step(self.step("car", false))
+                    .compensation(compensation),
+            )
+            .step(self.step("pay", false))
+            .build()
+            .unwrap()
+    }
+
+    fn entries(&self) -> Vec<String> {
+        self.journal.entries()
+    }
+}
+
+fn trip_orchestrator(log: Arc<dyn SagaLog>, saga: &Saga<u32>) -> Orchestrator {
+    Orchestrator::builder(log)
+        .saga(saga)
+        .compensation_retry(Retry::constant(Duration::ZERO).max_attempts(2))
+        .build()
+        .unwrap()
+}
+
+fn position(entries: &[String], entry: &str) -> usize {
+    entries
+        .iter()
+        .position(|e| e == entry)
+        .unwrap_or_else(|| panic!("{entry:?} missing from {entries:?}"))
+}
+
+async fn parallel_group_runs_together_and_feeds_the_next_step(backend: Backend) {
+    let trip = Trip {
+        together: Some(Arc::new(tokio::sync::Barrier::new(2))),
+        ..Trip::default()
+    };
+    let saga = trip.saga(GroupCompensation::Concurrent);
+    let o = trip_orchestrator(backend.open().await, &saga);
+    let outcome = o
+        .start_with(&saga, 1, StartOptions::new().id("trip-ok"))
+        .await
+        .unwrap();
+    assert_eq!(outcome.status, SagaStatus::Completed, "{outcome:?}");
+    assert_eq!(outcome.output::<String>("car").unwrap(), "car-out");
+    let entries = trip.entries();
+    assert_eq!(entries.len(), 4);
+    assert_eq!(entries[0], "do flight");
+    assert_eq!(entries[3], "do pay");
+    // Both starts of the group are logged before either ends.
+    let history = o.history(&SagaId::new("trip-ok")).await.unwrap();
+    let kinds = kinds(&history);
+    assert_eq!(&kinds[3..5], &["step_started", "step_started"], "{kinds:?}");
+}
+
+async fn a_failure_in_a_group_awaits_the_others_and_compensates_all_completed(backend: Backend) {
+    let trip = Trip {
+        car_after_hotel_failed: true,
+        ..Trip::default()
+    };
+    trip.fails.lock().unwrap().push("hotel");
+    let saga = trip.saga(GroupCompensation::Concurrent);
+    let o = trip_orchestrator(backend.open().await, &saga);
+    let outcome = o
+        .start_with(&saga, 1, StartOptions::new().id("trip-fail"))
+        .await
+        .unwrap();
+    assert_eq!(outcome.status, SagaStatus::Compensated, "{outcome:?}");
+    assert_eq!(outcome.failure.unwrap().step.name, "hotel");
+    // The car, still under way when the hotel failed, finished and was undone;
+    // pay never ran; the flight was undone last.
+    assert_eq!(
+        trip.entries(),
+        vec!["do flight", "do car", "undo car", "undo flight"]
+    );
+    let history = o.history(&SagaId::new("trip-fail")).await.unwrap();
+    let kinds = kinds(&history);
+    let failed = kinds.iter().position(|k| *k == "step_failed").unwrap();
+    let car_done = history
+        .iter()
+        .position(|t| matches!(&t.transition, Transition::StepCompleted { step, .. } if step.name == "car"))
+        .unwrap();
+    assert!(failed < car_done, "{kinds:?}");
+}
+
+async fn group_compensations_run_in_reverse_order_or_together(backend: Backend) {
+    // Reverse declaration order: car, then hotel, then flight.
+    let trip = Trip::default();
+    trip.fails.lock().unwrap().push("pay");
+    let saga = trip.saga(GroupCompensation::ReverseOrder);
+    let o = trip_orchestrator(backend.open().await, &saga);
+    let outcome = o
+        .start_with(&saga, 1, StartOptions::new().id("trip-rev"))
+        .await
+        .unwrap();
+    assert_eq!(outcome.status, SagaStatus::Compensated);
+    assert_eq!(
+        trip.entries()[3..],
+        ["undo car", "undo hotel", "undo flight"]
+    );
+
+    // Concurrently: each compensation of the group waits for the other one.
+    let trip = Trip {
+        undo_together: Some(Arc::new(tokio::sync::Barrier::new(2))),
+        ..Trip::default()
+    };
+    trip.fails.lock().unwrap().push("pay");
+    let saga = trip.saga(GroupCompensation::Concurrent);
+    let o = trip_orchestrator(backend.open().await, &saga);
+    let outcome = o
+        .start_with(&saga, 1, StartOptions::new().id("trip-con"))
+        .await
+        .unwrap();
+    assert_eq!(outcome.status, SagaStatus::Compensated, "{outcome:?}");
+    let entries = trip.entries();
+    assert_eq!(entries.len(), 6, "{entries:?}");
+    assert!(position(&entries, "undo hotel") < position(&entries, "undo flight"));
+    assert!(position(&entries, "undo car") < position(&entries, "undo flight"));
+}
+
+async fn a_continue_on_error_compensation_is_abandoned_and_compensation_goes_on(backend: Backend) {
+    let trip = Trip::default();
+    trip.fails.lock().unwrap().push("pay");
+    trip.undo_fails.lock().unwrap().push("flight");
+    let saga = trip.saga(GroupCompensation::Concurrent);
+    let o = trip_orchestrator(backend.open().await, &saga);
+    let outcome = o
+        .start_with(&saga, 1, StartOptions::new().id("trip-ab"))
+        .await
+        .unwrap();
+    assert_eq!(outcome.status, SagaStatus::Compensated, "{outcome:?}");
+    assert_eq!(outcome.abandoned.len(), 1);
+    assert_eq!(outcome.abandoned[0].step.name, "flight");
+    assert_eq!(outcome.abandoned[0].error, "cannot undo flight");
+    let history = o.history(&SagaId::new("trip-ab")).await.unwrap();
+    let attempts = history
+        .iter()
+        .filter(|t| matches!(&t.transition, Transition::CompensationFailed { step, .. } if step.name == "flight"))
+        .count();
+    assert_eq!(attempts, 2, "every attempt was made");
+    assert!(kinds(&history).contains(&"compensation_abandoned"));
+    // Read back from the log, the outcome is the same.
+    let again = o.resume(&SagaId::new("trip-ab")).await.unwrap();
+    assert_eq!(again.abandoned, outcome.abandoned);
+}
+
+async fn a_stuck_compensation_in_a_group_awaits_the_others_and_resumes(backend: Backend) {
+    let trip = Trip::default();
+    trip.fails.lock().unwrap().push("pay");
+    trip.undo_fails.lock().unwrap().push("car");
+    let saga = trip.saga(GroupCompensation::Concurrent);
+    let o = trip_orchestrator(backend.open().await, &saga);
+    let id = SagaId::new("trip-stuck");
+    let outcome = o
+        .start_with(&saga, 1, StartOptions::new().id(id.clone()))
+        .await
+        .unwrap();
+    assert_eq!(outcome.status, SagaStatus::Stuck, "{outcome:?}");
+    assert_eq!(outcome.stuck.unwrap().step.name, "car");
+    // The hotel's compensation ran alongside; the flight's (an earlier stage)
+    // waits for the car's.
+    assert_eq!(trip.entries()[3..], ["undo hotel"]);
+    trip.undo_fails.lock().unwrap().clear();
+    let resumed = o.resume(&id).await.unwrap();
+    assert_eq!(resumed.status, SagaStatus::Compensated);
+    assert_eq!(
+        trip.entries()[3..],
+        ["undo hotel", "undo car", "undo flight"]
+    );
+}
+
+async fn recovery_reruns_only_the_group_steps_whose_end_is_not_logged(backend: Backend) {
+    let trip = Trip::default();
+    trip.hang_car.store(true, Ordering::SeqCst);
+    let saga = trip.saga(GroupCompensation::Concurrent);
+    let o = trip_orchestrator(backend.open().await, &saga);
+    let driver = {
+        let (o, saga) = (o.clone(), saga.clone());
+        tokio::spawn(async move {
+            o.start_with(&saga, 1, StartOptions::new().id("trip-crash"))
+                .await
+        })
+    };
+    trip.car_reached.notified().await;
+    // The hotel's completion is committed while the car still runs.
+    let id = SagaId::new("trip-crash");
+    for _ in 0..400 {
+        let history = o.history(&id).await.unwrap();
+        if history.iter().any(|t| matches!(&t.transition, Transition::StepCompleted { step, .. } if step.name == "hotel")) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    driver.abort();
+    assert!(driver.await.unwrap_err().is_cancelled());
+    trip.hang_car.store(false, Ordering::SeqCst);
+
+    let restarted = trip_orchestrator(backend.open().await, &saga);
+    let (outcomes, failures) = recover_until_idle(&restarted).await;
+    assert!(failures.is_empty(), "{failures:?}");
+    assert_eq!(outcomes.len(), 1);
+    assert_eq!(outcomes[0].status, SagaStatus::Completed);
+    let entries = trip.entries();
+    assert_eq!(
+        entries.iter().filter(|e| *e == "do hotel").count(),
+        1,
+        "{entries:?}"
+    );
+    assert_eq!(
+        entries.iter().filter(|e| *e == "do car").count(),
+        2,
+        "{entries:?}"
+    );
+    let keys = trip.journal.keys();
+    let car_keys: Vec<_> = keys.iter().filter(|k| k.contains("/car/")).collect();
+    assert_eq!(car_keys[0], car_keys[1]);
+}
+
 async fn recovery_runs_many_sagas_concurrently(backend: Backend) {
     let journal = Journal::default();
     let saga = purchase(&journal, &Knobs::default());
@@ -939,5 +1313,12 @@ contract!(
     resume_reports_missing_and_busy,
     lost_lease_refuses_writes,
     recovery_continues_after_a_driver_is_dropped,
+    deadline_passed_while_crashed_mid_step_compensates,
     recovery_runs_many_sagas_concurrently,
+    parallel_group_runs_together_and_feeds_the_next_step,
+    a_failure_in_a_group_awaits_the_others_and_compensates_all_completed,
+    group_compensations_run_in_reverse_order_or_together,
+    a_continue_on_error_compensation_is_abandoned_and_compensation_goes_on,
+    a_stuck_compensation_in_a_group_awaits_the_others_and_resumes,
+    recovery_reruns_only_the_group_steps_whose_end_is_not_logged,
 );

@@ -6,7 +6,10 @@
 //! SIGKILL at seeded random points: either at a numbered checkpoint inside the
 //! steps (before an effect, after an effect but before the orchestrator logged
 //! it, inside compensations, during recovery) or after a random delay (anywhere,
-//! including in the middle of a log commit). Each new child first recovers what
+//! including in the middle of a log commit). Half the sagas have three steps in
+//! sequence; the other half run two of their four steps as a parallel group
+//! (compensated concurrently), so kills also land inside a group: one of its
+//! steps done, failed or under way while the other runs. Each new child first recovers what
 //! the dead one left, then starts a few more sagas. At the end the parent
 //! recovers the rest and checks, from the effects table and the log:
 //!
@@ -14,8 +17,9 @@
 //! - no action or compensation ran after its completion was logged (each
 //!   execution looks at the log first and records what it saw);
 //! - every completed step of a compensated saga was compensated, in effect
-//!   exactly once when deduplicated by key, in reverse order, and no
-//!   compensation ran for a step that did not complete.
+//!   exactly once when deduplicated by key, stages in reverse order, and no
+//!   compensation ran for a step that did not complete; in a group where one
+//!   step failed, the other one completed (it was awaited) and was compensated.
 
 mod support;
 
@@ -28,14 +32,31 @@ use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use seawall_saga::{
-    ListQuery, Orchestrator, PostgresLog, PostgresOptions, RetryPolicy, Saga, SagaLog, SagaStatus,
+    ListQuery, Orchestrator, Parallel, PostgresLog, PostgresOptions, Saga, SagaLog, SagaStatus,
     SqliteLog, StartOptions, Step, StepContext, Transition,
 };
 use serde::{Deserialize, Serialize};
 use support::Rng;
 
 const CHILD_VAR: &str = "SEAWALL_SAGA_CRASH_CHILD";
-const STEPS: usize = 3;
+/// The sagas: their names and stages (step indices run together).
+const SHAPES: [(&str, &[&[usize]]); 2] = [
+    ("crash", &[&[0], &[1], &[2]]),
+    ("crash-group", &[&[0], &[1, 2], &[3]]),
+];
+
+/// The shape of saga `index` of a run: sequential and grouped alternate.
+fn shape_of(index: u64) -> (&'static str, &'static [&'static [usize]]) {
+    SHAPES[(index % 2) as usize]
+}
+
+fn shape_named(name: &str) -> &'static [&'static [usize]] {
+    SHAPES.iter().find(|(n, _)| *n == name).unwrap().1
+}
+
+fn steps_of(shape: &[&[usize]]) -> usize {
+    shape.iter().map(|stage| stage.len()).sum()
+}
 
 #[derive(Serialize, Deserialize, Clone, Copy, Debug)]
 struct CrashInput {
@@ -44,12 +65,13 @@ struct CrashInput {
 }
 
 impl CrashInput {
-    /// A deterministic mix of outcomes: a quarter succeed, the rest fail at step
-    /// 1, 2 or 3; a third have compensations that fail once before succeeding.
-    fn plan(run: u64, index: u64) -> Self {
-        let pick = (run * 7 + index * 3) % 4;
+    /// A deterministic mix of outcomes for a saga of `steps` steps: one in
+    /// `steps + 1` succeeds, the others fail at one of the steps; a third have
+    /// compensations that fail once before succeeding.
+    fn plan(run: u64, index: u64, steps: usize) -> Self {
+        let pick = ((run * 7 + index * 3) % (steps as u64 + 1)) as usize;
         CrashInput {
-            fail_at: if pick == 3 { None } else { Some(pick as usize) },
+            fail_at: if pick == steps { None } else { Some(pick) },
             flaky_compensation: (run + index).is_multiple_of(3),
         }
     }
@@ -284,9 +306,14 @@ async fn completion_logged(
     })
 }
 
-fn crash_saga(log: Arc<dyn SagaLog>, effects: Effects) -> Saga<CrashInput> {
-    let mut builder = Saga::builder("crash");
-    for index in 0..STEPS {
+fn crash_saga(
+    log: Arc<dyn SagaLog>,
+    effects: Effects,
+    name: &str,
+    shape: &[&[usize]],
+) -> Saga<CrashInput> {
+    let mut steps = Vec::new();
+    for index in 0..steps_of(shape) {
         let (log_a, effects_a) = (log.clone(), effects.clone());
         let (log_c, effects_c) = (log.clone(), effects.clone());
         let step = Step::new(
@@ -350,7 +377,18 @@ fn crash_saga(log: Arc<dyn SagaLog>, effects: Effects) -> Saga<CrashInput> {
                 Ok(())
             }
         });
-        builder = builder.step(step);
+        steps.push(Some(step));
+    }
+    let mut builder = Saga::builder(name);
+    for stage in shape {
+        builder = match stage {
+            [single] => builder.step(steps[*single].take().unwrap()),
+            group => builder.parallel(
+                group
+                    .iter()
+                    .fold(Parallel::new(), |g, &i| g.step(steps[i].take().unwrap())),
+            ),
+        };
     }
     builder.build().unwrap()
 }
@@ -372,15 +410,22 @@ async fn open_log(target: &Target, worker: &str) -> Arc<dyn SagaLog> {
     }
 }
 
-fn crash_orchestrator(log: Arc<dyn SagaLog>, effects: Effects) -> (Orchestrator, Saga<CrashInput>) {
-    let saga = crash_saga(log.clone(), effects);
+fn crash_orchestrator(
+    log: Arc<dyn SagaLog>,
+    effects: Effects,
+) -> (Orchestrator, Vec<Saga<CrashInput>>) {
+    let sagas: Vec<_> = SHAPES
+        .iter()
+        .map(|(name, shape)| crash_saga(log.clone(), effects.clone(), name, shape))
+        .collect();
     let o = Orchestrator::builder(log)
-        .saga(&saga)
-        .compensation_retry(RetryPolicy::constant(Duration::from_millis(1)).max_attempts(4))
+        .saga(&sagas[0])
+        .saga(&sagas[1])
+        .compensation_retry(seawall::Retry::constant(Duration::from_millis(1)).max_attempts(4))
         .recovery_concurrency(8)
         .build()
         .unwrap();
-    (o, saga)
+    (o, sagas)
 }
 
 async fn recover_until_idle(o: &Orchestrator, pause: Duration) {
@@ -435,7 +480,7 @@ fn child_process_entry() {
     runtime.block_on(async move {
         let log = open_log(&target, &format!("child-{run}")).await;
         let effects = Effects::connect(&target).await;
-        let (o, saga) = crash_orchestrator(log, effects);
+        let (o, definitions) = crash_orchestrator(log, effects);
         let pause = match &target {
             Target::Postgres { lease, .. } => *lease / 4,
             Target::Sqlite(_) => Duration::from_millis(5),
@@ -449,9 +494,9 @@ fn child_process_entry() {
                     flaky_compensation: false,
                 }
             } else {
-                CrashInput::plan(run, index)
+                CrashInput::plan(run, index, steps_of(shape_of(index).1))
             };
-            let (o, saga) = (o.clone(), saga.clone());
+            let (o, saga) = (o.clone(), definitions[(index % 2) as usize].clone());
             tasks.push(tokio::spawn(async move {
                 o.start_with(
                     &saga,
@@ -577,6 +622,8 @@ struct Stats {
     compensated: usize,
     repeated_actions: usize,
     repeated_compensations: usize,
+    grouped: usize,
+    recovered_inside_group: usize,
 }
 
 /// Runs children, killing them at seeded random points, until `kills` kills.
@@ -588,7 +635,7 @@ fn kill_children(target: &Target, seed: u64, kills: u64, dir: &Path) -> Stats {
         let run = stats.runs;
         stats.runs += 1;
         let by_time = rng.below(3) == 0;
-        let crash_at = if by_time { 0 } else { 1 + rng.below(36) };
+        let crash_at = if by_time { 0 } else { 1 + rng.below(44) };
         let delay = Duration::from_millis(5 + rng.below(120));
         let mut child = spawn_child(target, run, 4, crash_at, dir, &[]);
         let killed = if by_time {
@@ -639,8 +686,11 @@ async fn verify(target: &Target, stats: &mut Stats) {
         let input: CrashInput = serde_json::from_str(&saga.input).unwrap();
         let history = log.history(&saga.id).await.unwrap();
         let context = || format!("saga {} ({input:?}), history {history:#?}", saga.id);
-        let mut completions = [0usize; STEPS];
-        let mut compensations = [0usize; STEPS];
+        let shape = shape_named(&saga.name);
+        let steps = steps_of(shape);
+        let stage_of = |k: usize| shape.iter().position(|stage| stage.contains(&k)).unwrap();
+        let mut completions = vec![0usize; steps];
+        let mut compensations = vec![0usize; steps];
         for t in &history {
             match &t.transition {
                 Transition::StepCompleted { step, .. } => completions[step.index] += 1,
@@ -674,17 +724,24 @@ async fn verify(target: &Target, stats: &mut Stats) {
                 context()
             );
         }
-        let done = input.fail_at.unwrap_or(STEPS);
+        // The steps that completed: those of the stages before the failing
+        // step's, and the others of its own stage (awaited, not cancelled).
+        let done: Vec<bool> = (0..steps)
+            .map(|k| match input.fail_at {
+                None => true,
+                Some(f) => stage_of(k) < stage_of(f) || (stage_of(k) == stage_of(f) && k != f),
+            })
+            .collect();
         let expected = if input.fail_at.is_some() {
             SagaStatus::Compensated
         } else {
             SagaStatus::Completed
         };
         assert_eq!(saga.status, expected, "{}", context());
-        for k in 0..STEPS {
+        for k in 0..steps {
             let ran = actions(k);
             let undone = undo(k);
-            if k < done {
+            if done[k] {
                 assert_eq!(
                     completions[k],
                     1,
@@ -701,7 +758,7 @@ async fn verify(target: &Target, stats: &mut Stats) {
                     context()
                 );
             }
-            if input.fail_at.is_some() && k < done {
+            if input.fail_at.is_some() && done[k] {
                 let succeeded: Vec<_> = undone.iter().filter(|r| !r.failed).collect();
                 assert!(
                     !succeeded.is_empty(),
@@ -722,18 +779,38 @@ async fn verify(target: &Target, stats: &mut Stats) {
                 assert_eq!(compensations[k], 0, "{}", context());
             }
         }
-        // Reverse order: every execution of compensation k precedes every
-        // execution of compensation k - 1.
+        // Stages in reverse order: every execution of a compensation of a
+        // later stage precedes every execution of one of an earlier stage.
         if input.fail_at.is_some() {
-            for k in 1..done {
-                let later_max = undo(k).iter().map(|r| r.id).max().unwrap();
-                let earlier_min = undo(k - 1).iter().map(|r| r.id).min().unwrap();
-                assert!(
-                    later_max < earlier_min,
-                    "compensations out of order: {}",
-                    context()
-                );
+            for later in (0..steps).filter(|&k| done[k]) {
+                for earlier in (0..steps).filter(|&k| done[k] && stage_of(k) < stage_of(later)) {
+                    let later_max = undo(later).iter().map(|r| r.id).max().unwrap();
+                    let earlier_min = undo(earlier).iter().map(|r| r.id).min().unwrap();
+                    assert!(
+                        later_max < earlier_min,
+                        "compensations out of order: {}",
+                        context()
+                    );
+                }
             }
+        }
+        if shape.iter().any(|stage| stage.len() > 1) {
+            stats.grouped += 1;
+            // Was the saga recovered with a step of its group under way?
+            let mut under_way = vec![false; steps];
+            let mut inside = false;
+            for t in &history {
+                match &t.transition {
+                    Transition::StepStarted { step } => under_way[step.index] = true,
+                    Transition::StepCompleted { step, .. }
+                    | Transition::StepFailed { step, .. } => under_way[step.index] = false,
+                    Transition::Claimed { .. } => {
+                        inside |= (0..steps).any(|k| under_way[k] && shape[stage_of(k)].len() > 1)
+                    }
+                    _ => {}
+                }
+            }
+            stats.recovered_inside_group += usize::from(inside);
         }
         match saga.status {
             SagaStatus::Completed => stats.completed += 1,
@@ -769,6 +846,8 @@ fn sqlite_sagas_survive_sigkill_at_random_points() {
     rt.block_on(verify(&target, &mut stats));
     eprintln!("sqlite crash suite: {stats:?}");
     assert!(stats.kills >= 60);
+    assert!(stats.grouped > 0, "{stats:?}");
+    assert!(stats.recovered_inside_group > 0, "{stats:?}");
     assert!(stats.sagas >= 60, "{stats:?}");
     assert!(stats.completed > 0 && stats.compensated > 0, "{stats:?}");
 }
@@ -796,6 +875,8 @@ fn postgres_sagas_survive_sigkill_at_random_points() {
     rt.block_on(verify(&target, &mut stats));
     eprintln!("postgres crash suite: {stats:?}");
     assert!(stats.kills >= 50);
+    assert!(stats.grouped > 0, "{stats:?}");
+    assert!(stats.recovered_inside_group > 0, "{stats:?}");
     assert!(stats.sagas >= 50, "{stats:?}");
     assert!(stats.completed > 0 && stats.compensated > 0, "{stats:?}");
     if let Target::Postgres { schema, .. } = &target {

@@ -1,9 +1,9 @@
 //! The public types and futures are `Send` (and `Sync` where shared).
 
 use seawall_saga::{
-    IdempotencyKey, LogError, Orchestrator, PostgresLog, RecoveryReport, RetryPolicy, Saga,
-    SagaError, SagaEvent, SagaId, SagaOutcome, SqliteLog, StartOptions, StepContext,
-    TransitionRecord, VirtualClock,
+    IdempotencyKey, LogError, Orchestrator, PostgresLog, RecoveryReport, Saga, SagaError,
+    SagaEvent, SagaId, SagaOutcome, ServeOptions, ServeReport, SqliteLog, StartOptions,
+    StepContext, TransitionRecord, Wakeups,
 };
 
 fn send_sync<T: Send + Sync>() {}
@@ -22,11 +22,12 @@ fn public_types_are_send_and_sync() {
     send_sync::<TransitionRecord>();
     send_sync::<SagaId>();
     send_sync::<IdempotencyKey>();
-    send_sync::<RetryPolicy>();
-    send_sync::<VirtualClock>();
     send_sync::<StartOptions>();
     send_sync::<LogError>();
     send_sync::<SagaError>();
+    send_sync::<ServeOptions>();
+    send_sync::<ServeReport>();
+    send_sync::<Wakeups>();
 }
 
 #[test]
@@ -50,4 +51,5 @@ fn orchestrator_futures_are_send() {
     send(&o.recover());
     send(&o.resume(&id));
     send(&o.history(&id));
+    send(&o.serve(ServeOptions::new(), async {}));
 }

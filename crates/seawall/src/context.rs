@@ -46,9 +46,23 @@ impl Drop for Context {
         let owns = !matches!(*self.clock, ClockHandle::System)
             || matches!(*self.partition, Some(PartitionKey::Shared(_)));
         if owns {
-            self.release();
+            // Moved out here, dropped out of line: the context itself never
+            // has its address taken, so a context that owns nothing costs
+            // nothing to build and drop.
+            release(
+                std::mem::take(&mut *self.clock),
+                std::mem::take(&mut *self.partition),
+            );
         }
     }
+}
+
+/// Drops what a context owned (a clock, a shared partition key).
+#[cold]
+#[inline(never)]
+fn release(clock: ClockHandle, partition: Option<PartitionKey>) {
+    drop(clock);
+    drop(partition);
 }
 
 impl Context {
@@ -65,7 +79,7 @@ impl Context {
     }
 
     /// The context of attempt `attempt`, its deadline (if any) on `clock`.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn new(
         resource: &'static str,
         attempt: u32,
@@ -83,14 +97,6 @@ impl Context {
             }),
             partition: ManuallyDrop::new(partition.cloned()),
         }
-    }
-
-    /// Gives back what the clock and partition fields own.
-    #[cold]
-    #[inline(never)]
-    fn release(&mut self) {
-        drop(std::mem::take(&mut *self.clock));
-        drop(self.partition.take());
     }
 
     /// The resource name of the pipeline.

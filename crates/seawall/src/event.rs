@@ -2,6 +2,31 @@
 //!
 //! With no listener registered (and the `tracing` feature off) an event is
 //! never even constructed.
+//!
+//! # `tracing`
+//! With the `tracing` feature every event is also a `tracing` event of
+//! target `seawall` (fields `resource` and `partition`, the event's text as
+//! the message), at a level that says how much it matters:
+//!
+//! | level | events |
+//! | --- | --- |
+//! | `WARN` | the circuit opened; a cooldown started (the dependency asked for a pause); a rejection by a full bulkhead, a rate limiter or an empty retry budget (overload, reported by nothing else); a late synchronous success (`DeadlineExceeded`); the state store unavailable |
+//! | `INFO` | the circuit half-opened or closed |
+//! | `DEBUG` | a retry scheduled or given up, an attempt timed out, a call deferred (waiting for a slot, a permit or the end of a cooldown), the fallback executed, a rejection by an open circuit or an active cooldown (whose start was reported at `WARN`), a call that ended in anything but success |
+//! | `TRACE` | the per-call summaries: every attempt finished, a call that ended in success |
+//!
+//! So `seawall=warn` shows what needs attention (circuit openings, overload,
+//! store outages), `seawall=info` adds the recoveries, and a successful call
+//! logs nothing above `TRACE`. While a subscriber wants any level of target
+//! `seawall`, calls take the path that observes them (their durations are
+//! measured for the summaries); the decisions stay the same.
+//!
+//! The operation itself runs inside a span `seawall.call` (level `INFO`,
+//! target `seawall`, fields `pipeline`, `partition` and `attempt`), one per
+//! attempt, so that the operation's own events carry them; see
+//! [`Pipeline::run`](crate::Pipeline::run). A filter such as `seawall=warn`
+//! leaves the span out; with no subscriber interested in it, a call pays
+//! one check of a cached interest.
 
 use std::fmt;
 use std::sync::Arc;
@@ -248,6 +273,53 @@ impl fmt::Display for EventKind {
     }
 }
 
+/// How much an event matters: its `tracing` level (see the [module
+/// docs](self)).
+#[cfg(feature = "tracing")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Severity {
+    Trace,
+    Debug,
+    Info,
+    Warn,
+}
+
+#[cfg(feature = "tracing")]
+impl EventKind {
+    /// The level of the event's `tracing` event: the table of the module
+    /// docs, stated once.
+    fn severity(&self) -> Severity {
+        match self {
+            EventKind::AttemptFinished { .. } => Severity::Trace,
+            EventKind::CallFinished {
+                outcome: CallOutcome::Success,
+                ..
+            } => Severity::Trace,
+            EventKind::CallFinished { .. }
+            | EventKind::RetryScheduled { .. }
+            | EventKind::RetryGaveUp { .. }
+            | EventKind::TimedOut { .. }
+            | EventKind::Deferred { .. }
+            | EventKind::FallbackExecuted => Severity::Debug,
+            EventKind::Rejected { reason, .. } => match reason {
+                RejectionReason::BulkheadFull
+                | RejectionReason::RateLimited
+                | RejectionReason::RetryBudgetExhausted => Severity::Warn,
+                // An open circuit or an active cooldown refuses every call
+                // until it ends; its start is the warning.
+                RejectionReason::CircuitOpen
+                | RejectionReason::CooldownActive
+                | RejectionReason::CooldownExceedsDeadline => Severity::Debug,
+            },
+            EventKind::CircuitHalfOpened | EventKind::CircuitClosed => Severity::Info,
+            EventKind::CircuitOpened { .. }
+            | EventKind::CooldownStarted { .. }
+            | EventKind::DeadlineExceeded { .. }
+            | EventKind::StoreUnavailable { .. } => Severity::Warn,
+        }
+    }
+}
+
 /// A listener of events. Register with
 /// [`PipelineBuilder::on_event`](crate::PipelineBuilder::on_event).
 pub type Listener = Arc<dyn Fn(&Event<'_>) + Send + Sync>;
@@ -276,14 +348,15 @@ impl Listeners {
         !self.list.is_empty()
     }
 
-    /// `true` when a `tracing` subscriber wants seawall's events now (a
-    /// cached check of the call site's interest; always `false` without
-    /// the `tracing` feature).
+    /// `true` when a `tracing` subscriber wants seawall's events now, at
+    /// any of their levels (a cached check of the call site's interest at
+    /// the least verbose level used, `WARN`; always `false` without the
+    /// `tracing` feature).
     #[inline(always)]
     pub(crate) fn tracing() -> bool {
         #[cfg(feature = "tracing")]
         {
-            tracing::enabled!(target: "seawall", tracing::Level::INFO)
+            tracing::enabled!(target: "seawall", tracing::Level::WARN)
         }
         #[cfg(not(feature = "tracing"))]
         {
@@ -312,14 +385,27 @@ impl Listeners {
     #[cold]
     fn deliver(&self, event: &Event<'_>) {
         #[cfg(feature = "tracing")]
-        tracing::event!(
-            target: "seawall",
-            tracing::Level::INFO,
-            resource = event.resource,
-            partition = event.partition.map(tracing::field::display),
-            "{}",
-            event.kind
-        );
+        {
+            // One call site per level: each checks its own interest.
+            macro_rules! at {
+                ($level:expr) => {
+                    tracing::event!(
+                        target: "seawall",
+                        $level,
+                        resource = event.resource,
+                        partition = event.partition.map(tracing::field::display),
+                        "{}",
+                        event.kind
+                    )
+                };
+            }
+            match event.kind.severity() {
+                Severity::Trace => at!(tracing::Level::TRACE),
+                Severity::Debug => at!(tracing::Level::DEBUG),
+                Severity::Info => at!(tracing::Level::INFO),
+                Severity::Warn => at!(tracing::Level::WARN),
+            }
+        }
         for l in self.list.iter() {
             l(event);
         }

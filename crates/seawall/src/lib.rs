@@ -30,7 +30,11 @@
 //! ```
 //!
 //! # Features
-//! - `tracing`: every event is also a `tracing` event (target `seawall`).
+//! - `tracing`: every event is also a `tracing` event (target `seawall`),
+//!   at a level by how much it matters (circuit openings, overload and
+//!   store outages at `WARN`, per-call summaries at `TRACE`: the table is in
+//!   [`event`]); each attempt of the operation runs in a span
+//!   `seawall.call` (`pipeline`, `partition`, `attempt`).
 //! - `macros`: the `#[resilient(...)]` attribute, which runs a function or
 //!   method through a pipeline declared on it (`seawall::resilient`).
 //! - `serde`: named pipelines from TOML or YAML files, in a reloadable

@@ -9,6 +9,9 @@
 //! - [`SeededRandom`]: a repeatable pseudo-random sequence.
 //! - [`Context::builder`](crate::Context::builder): the context an operation
 //!   receives, built by hand to unit-test the operation without a pipeline.
+//! - [`differential`]: the differential corpus of the pipeline, run on any
+//!   store (sync and async, with and without listeners, near and far from
+//!   the clock's origin must all observe the same).
 //!
 //! Enable the feature for tests only:
 //!
@@ -46,6 +49,8 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use crate::clock::{duration_nanos, BoxSleep, Clock, Random};
+
+pub mod differential;
 
 pub use crate::clock::SeededRandom;
 pub use crate::context::ContextBuilder;

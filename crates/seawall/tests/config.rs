@@ -249,13 +249,86 @@ pipelines:
     }
 }
 
+/// The error of a registry loading `text`.
+fn registry_error(format: Format, text: &str) -> LoadError {
+    Registry::builder()
+        .store(MemoryStore::new())
+        .load_str(format, text)
+        .expect_err("the registry refuses the configuration")
+}
+
 #[test]
-fn empty_files_configure_no_pipeline() {
-    assert_eq!(toml("").names(), Vec::<String>::new());
-    assert_eq!(
-        registry(Format::Yaml, "# nothing yet\n").names(),
-        Vec::<String>::new()
+fn empty_files_configure_no_pipeline_and_a_registry_refuses_them() {
+    for (format, text) in [
+        (Format::Toml, ""),
+        (Format::Toml, "# nothing yet\n"),
+        (Format::Toml, "[default.retry]\ndelay = \"1s\"\n"),
+        (Format::Yaml, ""),
+        (Format::Yaml, "# nothing yet\n"),
+        (Format::Yaml, "---\n"),
+        (Format::Yaml, "pipelines:\n"),
+        (Format::Yaml, "default:\n  timeout: 1s\n"),
+    ] {
+        let config = Config::parse(format, text).unwrap();
+        assert_eq!(config.names().count(), 0, "{text:?}");
+        let e = registry_error(format, text);
+        assert!(matches!(e, LoadError::Empty { .. }), "{text:?}: {e:?}");
+        assert_eq!(
+            e.to_string(),
+            "<string>: no pipeline is configured: an empty configuration is refused \
+             (the registry keeps its pipelines; `RegistryBuilder::allow_empty` accepts it)"
+        );
+        let allowed = Registry::builder()
+            .store(MemoryStore::new())
+            .allow_empty()
+            .load_str(format, text)
+            .unwrap();
+        assert!(allowed.names().is_empty());
+    }
+}
+
+#[test]
+fn a_reload_to_an_empty_configuration_is_refused_and_keeps_the_pipelines() {
+    let r = toml("[pipelines.a]\ntimeout = \"1s\"\n");
+    let handle = r.handle("a").unwrap();
+    for text in ["", "# emptied\n", "[default]\ntimeout = \"1s\"\n"] {
+        let e = r.reload_str(Format::Toml, text).unwrap_err();
+        assert!(matches!(e, LoadError::Empty { .. }), "{e:?}");
+        assert_eq!(r.names(), ["a"]);
+        assert!(handle.is_configured());
+    }
+
+    // A file emptied on disk: refused on reload, reported once.
+    let file = TempFile::new("emptied.toml", "[pipelines.a]\ntimeout = \"1s\"\n");
+    let r = Registry::builder()
+        .store(MemoryStore::new())
+        .load_file(&file.0)
+        .unwrap();
+    file.write("");
+    let e = r.reload_if_changed().unwrap_err();
+    assert!(
+        e.to_string()
+            .starts_with(&format!("{}: no pipeline", file.0.display())),
+        "{e}"
     );
+    assert!(!r.reload_if_changed().unwrap(), "reported once");
+    assert_eq!(r.names(), ["a"]);
+    assert!(matches!(
+        r.reload_file(&file.0).unwrap_err(),
+        LoadError::Empty { .. }
+    ));
+    assert_eq!(r.names(), ["a"]);
+
+    // Opted in: the reload removes every pipeline.
+    let r = Registry::builder()
+        .store(MemoryStore::new())
+        .allow_empty()
+        .load_str(Format::Toml, "[pipelines.a]\ntimeout = \"1s\"\n")
+        .unwrap();
+    let handle = r.handle("a").unwrap();
+    r.reload_str(Format::Toml, "").unwrap();
+    assert!(r.names().is_empty());
+    assert!(!handle.is_configured());
 }
 
 // ------------------------------------------------------------ the errors
@@ -872,6 +945,11 @@ fn the_watcher_reloads_a_changed_file() {
     let second = rx.recv_timeout(secs(30)).expect("a report within 30 s");
     assert!(second.unwrap_err().contains("pipelines.b.timeout"));
     assert_eq!(r.names(), ["b"]);
+    // An emptied file is reported on the same channel, the pipelines kept.
+    file.write("");
+    let third = rx.recv_timeout(secs(30)).expect("a report within 30 s");
+    assert!(third.unwrap_err().contains("no pipeline is configured"));
+    assert_eq!(r.names(), ["b"]);
     drop(watcher);
 }
 
@@ -886,10 +964,10 @@ fn empty_yaml_entries_inherit_everything() {
         debug(r.get("users")),
         built(Pipeline::builder("users").timeout(secs(2)))
     );
-    assert_eq!(
-        registry(Format::Yaml, "pipelines:\n").names(),
-        Vec::<String>::new()
-    );
+    assert!(matches!(
+        registry_error(Format::Yaml, "pipelines:\n"),
+        LoadError::Empty { .. }
+    ));
 }
 
 #[test]

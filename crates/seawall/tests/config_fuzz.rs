@@ -257,6 +257,10 @@ fn load(format: Format, text: &str) -> bool {
         .load_str(format, text);
     match (&parsed, &registry) {
         (Ok(_), Ok(_)) => {}
+        // A registry refuses a configuration without pipelines.
+        (Ok(config), Err(LoadError::Empty { .. })) if config.names().next().is_none() => {
+            return false;
+        }
         (Err(a), Err(b)) => {
             assert_eq!(a.to_string(), b.to_string());
             check_error(a, text);
@@ -291,7 +295,7 @@ fn load(format: Format, text: &str) -> bool {
 fn check_error(e: &LoadError, text: &str) {
     assert!(matches!(
         e,
-        LoadError::Parse { .. } | LoadError::Invalid { .. }
+        LoadError::Parse { .. } | LoadError::Invalid { .. } | LoadError::TooDeep { .. }
     ));
     assert!(!e.to_string().is_empty());
     if let Some(line) = e.line() {
@@ -422,12 +426,82 @@ fn deeply_nested_and_aliased_documents_are_refused() {
     ] {
         assert!(!load(format, &text), "{format} loaded");
     }
-    // A huge name is only a name (YAML refuses implicit keys over 1024
-    // characters).
-    let name = "p".repeat(1 << 20);
+    // A huge name (within the size limit of a file) is only a name (YAML
+    // refuses implicit keys over 1024 characters).
+    let name = "p".repeat(1 << 19);
     assert!(load(Format::Toml, &format!("[pipelines.{name}]\n")));
     assert!(!load(
         Format::Yaml,
         &format!("pipelines:\n  {name}: {{}}\n")
     ));
+}
+
+/// 200 KB of nested sequences, in each way YAML (and TOML) can nest them,
+/// is refused before it is parsed, as too deep, with the position where the
+/// limit is crossed.
+#[test]
+fn two_hundred_kilobytes_of_nesting_are_refused_before_parsing() {
+    const SIZE: usize = 200 * 1024;
+    let indented: String = (0..)
+        .map(|i| format!("{}- \n", " ".repeat(i)))
+        .scan(0, |len, line| {
+            *len += line.len();
+            (*len <= SIZE).then_some(line)
+        })
+        .collect();
+    let cases = [
+        (Format::Yaml, format!("x: {}", "[".repeat(SIZE))),
+        (Format::Yaml, format!("x: {}", "{a: ".repeat(SIZE / 4))),
+        (
+            Format::Yaml,
+            format!("x: {}", "&a !!seq [".repeat(SIZE / 10)),
+        ),
+        (Format::Yaml, format!("--- {}", "[".repeat(SIZE))),
+        (Format::Yaml, "- ".repeat(SIZE / 2)),
+        (Format::Yaml, format!("pipelines:\n{indented}")),
+        (Format::Toml, format!("x = {}", "[".repeat(SIZE))),
+        (Format::Toml, format!("x = {}", "{ a = ".repeat(SIZE / 6))),
+    ];
+    for (format, text) in &cases {
+        let started = std::time::Instant::now();
+        let e = Config::parse(*format, text).expect_err("refused");
+        let took = started.elapsed();
+        eprintln!("{format} {} bytes: {took:?}: {e}", text.len());
+        assert!(matches!(e, LoadError::TooDeep { limit: 32, .. }), "{e:?}");
+        assert!(e.to_string().contains("nest more than 32 deep"), "{e}");
+        let at = e.location().unwrap();
+        assert!(at.line.is_some() && at.column.is_some(), "{e}");
+    }
+}
+
+/// A file over the size limit is refused without being parsed, read from a
+/// string or from a file.
+#[test]
+fn a_file_over_one_mebibyte_is_refused() {
+    let text = format!(
+        "# {}\n[pipelines.a]\ntimeout = \"1s\"\n",
+        "x".repeat(1 << 20)
+    );
+    for format in [Format::Toml, Format::Yaml] {
+        let e = Config::parse(format, &text).unwrap_err();
+        assert!(
+            matches!(e, LoadError::TooLarge { limit: 1048576, .. }),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "<string>: the file has {} bytes; a configuration file may have at most 1048576",
+                text.len()
+            )
+        );
+    }
+    let path = std::env::temp_dir().join(format!("seawall-{}-large.toml", std::process::id()));
+    std::fs::write(&path, &text).unwrap();
+    let e = Config::from_file(&path).unwrap_err();
+    let _ = std::fs::remove_file(&path);
+    assert!(
+        matches!(e, LoadError::TooLarge { size, .. } if size == text.len() as u64),
+        "{e:?}"
+    );
 }

@@ -894,3 +894,64 @@ fn attempt_and_call_summaries_carry_outcome_and_virtual_duration() {
         ]
     );
 }
+
+// ------------------------------------------------------------ strict names
+
+fn named(store: &MemoryStore, failures: u32) -> PipelineBuilder {
+    Pipeline::builder("strict-names")
+        .store(store.clone())
+        .circuit_breaker(CircuitBreaker::consecutive_failures(failures))
+}
+
+#[test]
+fn strict_names_refuse_a_live_name_with_other_stateful_settings() {
+    let store = MemoryStore::new();
+    let first = named(&store, 1).build().unwrap();
+
+    let e = named(&store, 2).strict_names().build().unwrap_err();
+    assert_eq!((e.policy, e.field), ("pipeline", "name"));
+    assert_eq!(
+        e.to_string(),
+        "pipeline.name `strict-names` is bound on this store by a live pipeline with a \
+         different circuit_breaker: pipelines of one name share state only with equal \
+         settings (strict_names)"
+    );
+    let e = named(&store, 1)
+        .bulkhead(Bulkhead::new(3))
+        .rate_limiter(RateLimiter::gcra(10, secs(1)))
+        .strict_names()
+        .build()
+        .unwrap_err();
+    assert!(
+        e.rule.contains("with a different bulkhead, rate_limiter:"),
+        "{e}"
+    );
+
+    // Equal settings share the circuit.
+    let second = named(&store, 1).strict_names().build().unwrap();
+    let _ = first.call(|_| Err::<(), _>("down"));
+    assert_eq!(second.circuit_state().unwrap(), CircuitState::Open);
+
+    // Without strict_names the build succeeds, and the circuits are apart.
+    let apart = named(&store, 2).build().unwrap();
+    assert_eq!(apart.circuit_state().unwrap(), CircuitState::Closed);
+
+    // Once no pipeline holds the old settings, the name is free.
+    drop((first, second, apart));
+    named(&store, 3).strict_names().build().unwrap();
+}
+
+#[test]
+fn strict_names_check_the_global_store_too() {
+    let name = "strict-names-global";
+    let _first = Pipeline::builder(name)
+        .bulkhead(Bulkhead::new(1))
+        .build()
+        .unwrap();
+    let e = Pipeline::builder(name)
+        .bulkhead(Bulkhead::new(2))
+        .strict_names()
+        .build()
+        .unwrap_err();
+    assert!(e.rule.contains("different bulkhead"), "{e}");
+}

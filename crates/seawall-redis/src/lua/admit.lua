@@ -2,18 +2,24 @@
 -- that order, all or nothing: every check runs first, then the permits are
 -- taken together, so a later refusal never leaves a probe or a slot taken.
 -- ARGV[D..] (only for a rate limiter whose calls may wait): the lead within
--- which a refused rate limit reserves its next permit (us, 0: never), the
--- instant of a due reservation the call presents (us, -1: none), which
--- stands for the rate-limit permit and is given back when an earlier
--- policy refuses.
+-- which a refused rate limit reserves its next permit, the instant of a
+-- due reservation the call presents (-1: none), which stands for the
+-- rate-limit permit and is given back when an earlier policy refuses;
+-- both as `microseconds:nanoseconds`.
 -- Reply: {reason, retry_after_us, probe, generation, slot (-1: none), transition, trips,
---   reserved_at_us (-1: none)}: a reserved permit comes with reason 4
+--   under_ns, reserved_at_us (-1: none), reserved_at_ns}: a reserved permit comes with
+--   reason 4
 -- retry_after_us: -1 none, -2 the cooldown of the current trip (half-open,
 -- every probe slot taken), -3 until the latest instant
+-- under_ns: nanoseconds (0..999) the exact wait is shorter than
+-- retry_after_us (GCRA keeps its times to the nanosecond, the fixed window
+-- its caller's `now`)
+-- reserved_at: the instant of the reserved permit, on the script's clock
+-- (microseconds, and the nanoseconds past them 0..999)
 -- reason: 0 admitted, 1 circuit_open, 2 bulkhead_full, 3 cooldown_active, 4 rate_limited
 -- transition: 0 none, 1 half-opened
 
-local reason, retry = 0, -1
+local reason, retry, under = 0, -1, 0
 local probe, gen, slot, tr = 0, 0, -1, 0
 local h, moved
 
@@ -78,27 +84,53 @@ if reason == 0 and HAS_CD and h.cu > tnow() then
 end
 
 local R_RES = A[D] ~= nil
-local R_WITHIN, R_HELD = tonumber(A[D]) or 0, tonumber(A[D + 1]) or -1
+local WU, WN = 0, 0
+if R_RES then WU, WN = upair(A[D]) end
+-- `wait_u:wait_n` (nanoseconds 0..999) is at most the lead.
+local function within(wait_u, wait_n)
+  return wait_u < WU or (wait_u == WU and wait_n <= WN)
+end
+-- A refusal's exact wait `wait_u:wait_n`: retry_after_us rounded up, and
+-- how much shorter the exact wait is.
+local function retry_of(wait_u, wait_n)
+  if wait_n > 0 then return wait_u + 1, 1000 - wait_n end
+  return wait_u, 0
+end
+local HELD = A[D + 1] ~= nil and A[D + 1] ~= '-1'
 
 -- rnew: the rate limiter's next state; rat: the instant of a reserved
--- permit (the state then moves although the call is refused); rlog: the
--- instant a sliding-window admission is logged at.
+-- permit as a pair (the state then moves although the call is refused);
+-- rlog: the instant a sliding-window admission is logged at.
 local rnew, rat, rlog
-if reason == 0 and HAS_R and R_HELD < 0 then
+if reason == 0 and HAS_R and not HELD then
   tnow()
   if R_ALG == 1 then
     -- GCRA: theoretical arrival time, tolerance of burst - 1 intervals.
-    local tat = tonumber(redis.call('GET', KRL)) or now
-    if tat < now then tat = now end
-    if tat - now > R_TOL then
+    -- Every time is a pair (whole microseconds, nanoseconds 0..999), so
+    -- that the arithmetic is exact integer arithmetic on nanoseconds, as
+    -- the in-memory rule's, whatever the interval (1/3 s is no whole
+    -- number of microseconds) and however far the clock is from 0 (a
+    -- fraction of a microsecond added to 10^12 us is rounded in a double).
+    local tol_u, tol_n = upair(R_TOL)
+    local int_u, int_n = upair(R_INT)
+    local tu, tn = now, now_ns
+    local stored = redis.call('GET', KRL)
+    if stored then tu, tn = upair(stored) end
+    if tu < now or (tu == now and tn < now_ns) then tu, tn = now, now_ns end
+    -- The wait: TAT - now - tolerance; refused when it is positive.
+    local du, dn = psub(tu, tn, now, now_ns)
+    du, dn = psub(du, dn, tol_u, tol_n)
+    if du > 0 or (du == 0 and dn > 0) then
       reason = 4
-      retry = tat - R_TOL - now
-      if retry <= R_WITHIN then
-        rnew = tat + R_INT
-        rat = tat - R_TOL
+      retry, under = retry_of(du, dn)
+      -- Reserved when the wait is within the lead: the TAT moves as for an
+      -- admission, the permit is for TAT - tolerance.
+      if within(du, dn) then
+        rnew = {padd(tu, tn, int_u, int_n)}
+        rat = {padd(now, now_ns, du, dn)}
       end
     else
-      rnew = tat + R_INT
+      rnew = {padd(tu, tn, int_u, int_n)}
     end
   elseif R_ALG == 2 then
     -- Fixed window: the last window with a permit taken and its count;
@@ -112,9 +144,11 @@ if reason == 0 and HAS_R and R_HELD < 0 then
     if n >= R_LIMIT then lw, n = lw + 1, 0 end
     rnew = n + 1
     if lw ~= w then
+      -- The wait, to the caller's nanosecond, until the window starts.
+      local du, dn = psub(lw * R_PERIOD, 0, now, now_ns)
       reason = 4
-      retry = lw * R_PERIOD - now
-      if retry <= R_WITHIN then rat = lw * R_PERIOD else rnew = nil end
+      retry, under = retry_of(du, dn)
+      if within(du, dn) then rat = {lw * R_PERIOD, 0} else rnew = nil end
     end
   else
     -- Sliding window: the log of the admissions of the last period (and
@@ -132,10 +166,13 @@ if reason == 0 and HAS_R and R_HELD < 0 then
       local oldest = redis.call('ZRANGE', KRL, card - R_LIMIT, card - R_LIMIT, 'WITHSCORES')
       reason = 4
       retry = tonumber(oldest[2]) + R_PERIOD - now
-      if retry <= R_WITHIN then
-        rat = newest_or(tonumber(oldest[2]) + R_PERIOD)
-        if rat - now > R_WITHIN then rat = nil end
-        rlog = rat
+      -- The log is kept in whole microseconds: so are its waits.
+      if within(retry, 0) then
+        local at = newest_or(tonumber(oldest[2]) + R_PERIOD)
+        if within(at - now, 0) then
+          rat = {at, 0}
+          rlog = at
+        end
       end
     else
       rlog = newest_or(now)
@@ -145,7 +182,7 @@ end
 
 -- A due reservation presented to a policy checked before the rate limit
 -- that refuses is given back.
-if R_HELD >= 0 and reason ~= 0 then rgive(R_HELD) end
+if HELD and reason ~= 0 then rgive(upair(A[D + 1])) end
 
 -- A unique member of a sorted set, named after the current microsecond
 -- (the next free one when taken).
@@ -171,11 +208,11 @@ end
 
 -- The rate limiter's permit: taken by an admission (unless a due
 -- reservation stands for it), or reserved for `rat`.
-if HAS_R and ((reason == 0 and R_HELD < 0) or rat) then
+if HAS_R and ((reason == 0 and not HELD) or rat) then
   if R_ALG == 1 then
-    redis.call('SET', KRL, rnew, 'PX', ms(rnew - now, 1000))
+    redis.call('SET', KRL, int(rnew[1]) .. ':' .. int(rnew[2]), 'PX', ms(rnew[1] + 1 - now, 1000))
   elseif R_ALG == 2 then
-    local w = math.floor((rat or now) / R_PERIOD)
+    local w = math.floor((rat and rat[1] or now) / R_PERIOD)
     redis.call('HSET', KRL, 'w', int(w), 'n', rnew)
     redis.call('PEXPIRE', KRL, ms((w + 1) * R_PERIOD - now, 1000))
   else
@@ -194,6 +231,6 @@ end
 if retry > 0 then retry = math.ceil(retry) end
 local trips = 0
 if HAS_C then trips = h.trips end
-local reserved = -1
-if rat then reserved = math.floor(rat) end
-return {reason, retry, probe, gen, slot, tr, trips, reserved}
+local rat_u, rat_n = -1, 0
+if rat then rat_u, rat_n = rat[1], rat[2] end
+return {reason, retry, probe, gen, slot, tr, trips, under, rat_u, rat_n}

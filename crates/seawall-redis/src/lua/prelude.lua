@@ -11,7 +11,11 @@ local A = ARGV
 -- The server's clock decides, unless the caller's time was passed (tests).
 -- A circuit that never moved has been closed since: now on the server's
 -- clock, time zero on the caller's (like the in-memory store).
+-- `now` is in whole microseconds; `now_ns`, the nanoseconds past it
+-- (0..999), is known on the caller's clock only and used by GCRA, whose
+-- times are kept to the nanosecond.
 local now, since0
+local now_ns = 0
 local function tnow()
   if not now then
     if A[1] == '' then
@@ -19,7 +23,10 @@ local function tnow()
       now = tonumber(t[1]) * 1000000 + tonumber(t[2])
       since0 = now
     else
-      now = tonumber(A[1])
+      -- The caller's time: `microseconds[:nanoseconds]`.
+      local u, n = string.match(A[1], '^(%d+):?(%d*)$')
+      now = tonumber(u)
+      now_ns = tonumber(n) or 0
       since0 = 0
     end
   end
@@ -49,7 +56,9 @@ if HAS_CD then CD_PAUSE, CD_GRACE = tonumber(A[19]), tonumber(A[20]) end
 if HAS_R then
   R_ALG = tonumber(A[22])
   if R_ALG == 1 then
-    R_TOL, R_INT = tonumber(A[25]), tonumber(A[26])
+    -- GCRA's tolerance and emission interval, as `microseconds:nanoseconds`
+    -- (parsed with `upair` by the scripts that use them).
+    R_TOL, R_INT = A[25], A[26]
   else
     R_LIMIT, R_PERIOD = tonumber(A[23]), tonumber(A[24])
   end
@@ -77,6 +86,34 @@ local function ms(us, extra_ms)
   local v = math.ceil(us / 1000) + (extra_ms or 0)
   if v < 1 then v = 1 end
   return int(v)
+end
+
+-- A GCRA time or duration, kept as `microseconds:nanoseconds` (the
+-- nanoseconds 0..999), as two integers. A plain number (a state written by
+-- an earlier version, in fractional microseconds) is read rounded up to
+-- the nanosecond.
+local function upair(s)
+  local u, n = string.match(s, '^(%d+):(%d+)$')
+  if u then return tonumber(u), tonumber(n) end
+  local x = tonumber(s) or 0
+  u = math.floor(x)
+  n = math.ceil((x - u) * 1000)
+  if n >= 1000 then u, n = u + 1, n - 1000 end
+  return u, n
+end
+
+-- The sum and the difference of two pairs, the nanoseconds brought back to
+-- 0..999 (a difference may have negative microseconds), so that the
+-- arithmetic is exact integer arithmetic on nanoseconds.
+local function padd(au, an, bu, bn)
+  local u, n = au + bu, an + bn
+  if n >= 1000 then u, n = u + 1, n - 1000 end
+  return u, n
+end
+local function psub(au, an, bu, bn)
+  local u, n = au - bu, an - bn
+  if n < 0 then u, n = u - 1, n + 1000 end
+  return u, n
 end
 
 -- Loads `names` (all fields when nil: the circuit's and the cooldown's
@@ -169,25 +206,31 @@ local function cclose(h)
   cclear(h)
 end
 
--- Gives back the rate-limit permit reserved for instant `at` where the
--- state can tell it apart (as the in-memory rules do): GCRA while the TAT
--- is still the one it set, the fixed window while its window is the last
--- one counted, the sliding log by taking out one entry at `at`.
-local function rgive(at)
+-- Gives back the rate-limit permit reserved for instant `at_u:at_n`
+-- (microseconds and nanoseconds) where the state can tell it apart (as the
+-- in-memory rules do): GCRA while the TAT is still the one it set (to the
+-- nanosecond), the fixed window while its window is the last one counted,
+-- the sliding log by taking out one entry at `at_u`.
+local function rgive(at_u, at_n)
   if not HAS_R then return end
   if R_ALG == 1 then
-    local tat = tonumber(redis.call('GET', KRL))
-    if tat and tat == at + R_TOL + R_INT then
-      redis.call('SET', KRL, at + R_TOL, 'KEEPTTL')
+    local stored = redis.call('GET', KRL)
+    if not stored then return end
+    local tu, tn = upair(stored)
+    local su, sn = padd(at_u, at_n, upair(R_TOL))
+    local iu, inn = upair(R_INT)
+    local eu, en = padd(su, sn, iu, inn)
+    if tu == eu and tn == en then
+      redis.call('SET', KRL, int(su) .. ':' .. int(sn), 'KEEPTTL')
     end
   elseif R_ALG == 2 then
     local v = redis.call('HMGET', KRL, 'w', 'n')
     local n = tonumber(v[2]) or 0
-    if tonumber(v[1]) == math.floor(at / R_PERIOD) and n > 0 then
+    if tonumber(v[1]) == math.floor(at_u / R_PERIOD) and n > 0 then
       redis.call('HSET', KRL, 'n', n - 1)
     end
   else
-    local m = redis.call('ZRANGEBYSCORE', KRL, at, at, 'LIMIT', 0, 1)
+    local m = redis.call('ZRANGEBYSCORE', KRL, at_u, at_u, 'LIMIT', 0, 1)
     if m[1] then redis.call('ZREM', KRL, m[1]) end
   end
 end

@@ -1,11 +1,11 @@
 -- Gives back a permit without an outcome (cancelled or panicked attempt),
 -- or a reserved rate-limit permit.
 -- ARGV[D..]: probe (0/1), generation, slot (-1: none), reserved instant
--- (us; -1 or absent: none)
+-- (`microseconds:nanoseconds`; -1 or absent: none)
 -- Reply: 1
 
-local reserved = tonumber(A[D + 3]) or -1
-if reserved >= 0 then rgive(reserved) end
+local reserved = A[D + 3]
+if reserved and reserved ~= '-1' then rgive(upair(reserved)) end
 
 local probe, pgen, slot = A[D] == '1', tonumber(A[D + 1]), A[D + 2]
 if slot ~= '-1' then redis.call('ZREM', KB, slot) end

@@ -111,3 +111,60 @@ fn a_user_without_scripting_rights_is_refused_at_bind() {
         assert!(e.to_string().contains("permission denied"), "{e}");
     }
 }
+
+/// Each malformed URL is refused with a reason that names its problem.
+#[test]
+fn malformed_urls_name_their_problem() {
+    for (url, problem) in [
+        ("", "empty"),
+        ("127.0.0.1:6379", "no scheme"),
+        ("localhost", "no scheme"),
+        ("http://127.0.0.1:6379", "unsupported scheme `http`"),
+        ("redis://127.0.0.1:notaport", "invalid port number"),
+        ("redis://127.0.0.1:99999", "invalid port number"),
+        ("redis://:pw@[::1", "invalid IPv6 address"),
+        ("redis://", "Missing hostname"),
+        ("redis://0.0.0.0:6379", "wildcard address"),
+        ("redis://host/abc", "Invalid database number"),
+        ("redis://host/0?protocol=9", "Invalid protocol version"),
+        ("rediss://host", "TLS"),
+        ("redis+unix://", "Missing path"),
+        ("redis://a:6379,b:6379", "list"),
+        ("redis://a:6379 redis://b:6379", "list"),
+        ("redis://user:%FF@host", "Password is not valid UTF-8"),
+    ] {
+        match RedisStore::builder(url).build() {
+            Err(RedisStoreError::InvalidUrl { reason, .. }) => {
+                assert!(reason.contains(problem), "{url:?}: {reason}")
+            }
+            other => panic!("{url:?}: expected InvalidUrl, got {other:?}"),
+        }
+    }
+}
+
+proptest::proptest! {
+    /// Whatever the string, building a store answers (a store or a typed
+    /// error), never panics, and shows no more than the redaction allows.
+    #[test]
+    fn any_url_gives_a_store_or_a_typed_error(url in "\\PC{0,40}") {
+        let b = RedisStore::builder(url.as_str());
+        let _ = format!("{b:?}");
+        match b.build() {
+            Ok(store) => { let _ = format!("{store:?}"); }
+            Err(RedisStoreError::InvalidUrl { reason, .. }) => proptest::prop_assert!(!reason.is_empty()),
+            Err(e) => proptest::prop_assert!(false, "{url:?}: {e}"),
+        }
+    }
+
+    /// Likewise for strings that look like redis URLs.
+    #[test]
+    fn any_redis_like_url_gives_a_store_or_a_typed_error(
+        url in "(redis|rediss|unix|redis\\+unix|valkey|http)?:?/{0,3}([a-z:@%]{0,8}@)?(\\[[0-9a-f:]{0,8}\\]?|[a-z0-9.]{0,10})(:[0-9a-z-]{0,6})?(/[0-9a-z/]{0,4})?(\\?[a-z=&0-9]{0,12})?(#[a-z]{0,8})?",
+    ) {
+        match RedisStore::builder(url.as_str()).build() {
+            Ok(_) => {}
+            Err(RedisStoreError::InvalidUrl { reason, .. }) => proptest::prop_assert!(!reason.is_empty()),
+            Err(e) => proptest::prop_assert!(false, "{url:?}: {e}"),
+        }
+    }
+}

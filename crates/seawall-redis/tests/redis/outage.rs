@@ -28,7 +28,9 @@ fn store(server: &RedisServer, prefix: &str, open: bool) -> RedisStore {
 fn pipeline(store: RedisStore, events: &Events) -> Pipeline {
     Pipeline::builder("dependency")
         .circuit_breaker(CircuitBreaker::consecutive_failures(50).cooldown(Duration::from_secs(30)))
-        .bulkhead(Bulkhead::new(8).lease(Duration::from_secs(10)))
+        // The lease (the longest window or lease here) is how long admissions
+        // wait after a restart: kept short.
+        .bulkhead(Bulkhead::new(8).lease(Duration::from_secs(1)))
         .rate_limiter(RateLimiter::gcra(10_000, Duration::from_secs(1)))
         .on_event(events.listener())
         .store(store)
@@ -237,6 +239,111 @@ fn an_unreachable_server_at_build_time_does_not_stop_the_build() {
         } else {
             assert!(results.iter().all(|r| matches!(r, Err(Error::Store(_)))));
             assert_eq!(called.load(Ordering::SeqCst), 0);
+        }
+    }
+}
+
+/// Slow: the server answers, but later than the timeout (a busy script
+/// holds it for a second). The caller is answered within the timeout (fail-closed:
+/// refused; fail-open: admitted locally); the admission the server runs
+/// late is never handed out, so nothing is admitted twice: its slot and
+/// its place in the window are lost until its lease and window end.
+/// Lua that returns after a second of the server's time.
+const BUSY_SECOND: &str = "local t = redis.call('TIME') \
+    local start = t[1] * 1000000 + t[2] \
+    repeat t = redis.call('TIME') until t[1] * 1000000 + t[2] - start >= 1000000";
+
+#[test]
+fn a_slow_redis_costs_the_timeout_and_admits_nothing_over_the_limits() {
+    let server = RedisServer::start();
+    for open in [false, true] {
+        let prefix = unique("slow");
+        let events = Events::default();
+        let store = store(&server, &prefix, open);
+        let p = Pipeline::builder("dependency")
+            .bulkhead(Bulkhead::new(2).lease(Duration::from_secs(30)))
+            .rate_limiter(RateLimiter::fixed_window(5, Duration::from_secs(3600)))
+            .on_event(events.listener())
+            .store(store.clone())
+            .build()
+            .unwrap();
+        let rt = rt();
+        let called = AtomicU32::new(0);
+        let (results, _) = both(&p, &rt, &called);
+        assert!(results.iter().all(Result::is_ok));
+
+        let mut probe = server.conn();
+        probe
+            .set_read_timeout(Some(Duration::from_millis(50)))
+            .unwrap();
+        let mut sleeping = server.conn();
+        let sleeper = std::thread::spawn(move || {
+            // A script that keeps the server busy for a second (every
+            // other client waits: below `lua-time-limit`, nobody is told
+            // BUSY); `DEBUG SLEEP` would need `enable-debug-command`.
+            let _: () = redis::cmd("EVAL")
+                .arg(BUSY_SECOND)
+                .arg(0)
+                .query(&mut sleeping)
+                .unwrap();
+        });
+        // The script runs when a PING stalls.
+        let waiting = Instant::now();
+        while redis::cmd("PING").query::<()>(&mut probe).is_ok() {
+            assert!(
+                waiting.elapsed() < Duration::from_secs(5),
+                "the busy script never began"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let start = Instant::now();
+        let r = p.call(|_| Ok::<_, std::io::Error>(called.fetch_add(1, Ordering::SeqCst)));
+        let took = start.elapsed();
+        assert!(took < BOUND, "a call took {took:?}");
+        if open {
+            r.expect("fail-open: admitted locally");
+            assert_eq!(Events::degraded(&events.take()), 1);
+        } else {
+            assert!(
+                matches!(r, Err(Error::Store(StoreError::Timeout(_)))),
+                "{r:?}"
+            );
+        }
+        sleeper.join().unwrap();
+        let waiting = Instant::now();
+        while !(store.ping().is_ok() && store.is_available()) {
+            assert!(waiting.elapsed() < Duration::from_secs(10), "no recovery");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+
+        // Through Redis again: the window holds 5 and 2 were taken before
+        // the sleep. Each admission the server ran late (the slow call's,
+        // unless it never reached the server before its timeout; and any
+        // call that times out again on a loaded machine) holds its slot
+        // until its lease and its place in the window: whatever the
+        // timing, those late ones and the calls admitted now add up to at
+        // most the 3 places left, and to exactly 3 when every call now was
+        // answered.
+        let (mut admitted, mut unanswered) = (0u32, 0u32);
+        events.take();
+        loop {
+            let r = p.call(|_| Ok::<_, std::io::Error>(0));
+            let local = Events::degraded(&events.take()) > 0;
+            match r {
+                Ok(_) if !local => admitted += 1,
+                Err(e) if e.is_rejected() => break,
+                _ => unanswered += 1,
+            }
+            assert!(admitted <= 3, "over the window's limit");
+            assert!(unanswered < 50, "Redis never answered again");
+        }
+        let late = p.in_flight().unwrap();
+        assert!(
+            admitted + late <= 3,
+            "over the window's limit: {admitted} admitted now, {late} late"
+        );
+        if unanswered == 0 {
+            assert_eq!(admitted + late, 3, "every place of the window is used once");
         }
     }
 }

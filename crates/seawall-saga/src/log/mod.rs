@@ -264,6 +264,52 @@ pub trait SagaLog: Send + Sync + fmt::Debug + 'static {
 
     /// The name this log instance writes as lease owner.
     fn owner(&self) -> &str;
+
+    /// Gives a lease back: the saga stays as last committed and is claimable
+    /// at once by any worker, without waiting for the lease to expire. Does
+    /// nothing when the lease is no longer current. The default does nothing
+    /// (the saga is then claimable once its lease expires).
+    fn release<'a>(&'a self, lease: &'a Lease) -> LogFuture<'a, ()> {
+        let _ = lease;
+        Box::pin(async { Ok(()) })
+    }
+
+    /// Tells serving workers that saga `id` was submitted (Postgres: a
+    /// `NOTIFY`). Best effort: a lost announcement is made up for by the
+    /// workers' polling. The default does nothing.
+    fn announce<'a>(&'a self, id: &'a SagaId) -> LogFuture<'a, ()> {
+        let _ = id;
+        Box::pin(async { Ok(()) })
+    }
+
+    /// Starts listening for [announcements](Self::announce) of other
+    /// processes, or `None` when this log has none (the worker then polls
+    /// only). Listening stops when the returned [`Wakeups`] is dropped.
+    fn listen(&self) -> LogFuture<'_, Option<Wakeups>> {
+        Box::pin(async { Ok(None) })
+    }
+}
+
+/// Wake-ups of a serving worker: each one means that work may be waiting.
+/// Wake-ups that arrive while the worker is busy are merged into one.
+#[derive(Debug)]
+pub struct Wakeups {
+    receiver: tokio::sync::mpsc::Receiver<()>,
+}
+
+impl Wakeups {
+    /// Wake-ups sent on `receiver`'s channel (for log implementations). The
+    /// sender learns that the worker stopped listening from
+    /// `Sender::closed`.
+    pub fn new(receiver: tokio::sync::mpsc::Receiver<()>) -> Self {
+        Wakeups { receiver }
+    }
+
+    /// The next wake-up; `None` once the sender is gone (listening failed for
+    /// good: the worker goes on polling).
+    pub async fn next(&mut self) -> Option<()> {
+        self.receiver.recv().await
+    }
 }
 
 impl<L: SagaLog + ?Sized> SagaLog for Arc<L> {
@@ -325,6 +371,18 @@ impl<L: SagaLog + ?Sized> SagaLog for Arc<L> {
 
     fn owner(&self) -> &str {
         (**self).owner()
+    }
+
+    fn release<'a>(&'a self, lease: &'a Lease) -> LogFuture<'a, ()> {
+        (**self).release(lease)
+    }
+
+    fn announce<'a>(&'a self, id: &'a SagaId) -> LogFuture<'a, ()> {
+        (**self).announce(id)
+    }
+
+    fn listen(&self) -> LogFuture<'_, Option<Wakeups>> {
+        (**self).listen()
     }
 }
 

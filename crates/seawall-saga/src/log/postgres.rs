@@ -16,6 +16,21 @@
 //! its saga. A worker that dies stops
 //! renewing, and its sagas are claimable once the lease has expired.
 //!
+//! A worker that shuts down [releases](SagaLog::release) the leases of the
+//! sagas it stopped (`lease_owner` and `lease_expires_at` cleared, fenced by
+//! the token), so they are claimable at once.
+//!
+//! # Notifications
+//!
+//! [`announce`](SagaLog::announce) (called by `Orchestrator::submit`) and
+//! [`release`](SagaLog::release) send a `NOTIFY` on the channel
+//! `seawall_saga_{schema}` (cut to 63 bytes) with the saga id as payload.
+//! [`listen`](SagaLog::listen) opens a connection of its own that `LISTEN`s on
+//! it, wakes the worker once when it starts listening (something may have been
+//! announced before) and once per notification, and connects again a second
+//! after losing its connection. Notifications are only a shortcut: a lost one
+//! delays a saga until the worker's next poll.
+//!
 //! Each append is a single statement (fenced `UPDATE` plus `INSERT` of the
 //! transitions in one CTE), so it is atomic without an explicit transaction and
 //! concurrent sagas can share a connection. With Postgres' default
@@ -35,12 +50,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use tokio::sync::RwLock;
-use tokio_postgres::{Client, NoTls, Row, Statement};
+use tokio::sync::{mpsc, RwLock};
+use tokio_postgres::{AsyncMessage, Client, NoTls, Row, Statement};
 
 use super::{
     generate_owner, ClaimAttempt, ClaimedSaga, Lease, ListQuery, LogFuture, NewSaga, SagaLog,
-    SagaRecord, SCHEMA_VERSION,
+    SagaRecord, Wakeups, SCHEMA_VERSION,
 };
 use crate::clock::{from_millis, to_millis};
 use crate::error::LogError;
@@ -152,6 +167,8 @@ struct Inner {
     owner: String,
     slots: Vec<RwLock<Option<Arc<Conn>>>>,
     next: AtomicUsize,
+    /// The `LISTEN`/`NOTIFY` channel of this schema.
+    channel: String,
 }
 
 impl fmt::Debug for PostgresLog {
@@ -176,6 +193,8 @@ struct Conn {
     history: Statement,
     get: Statement,
     list: Statement,
+    release: Statement,
+    announce: Statement,
 }
 
 const RECORD_COLUMNS: &str = "id, name, status, input, deadline_ms, created_ms, updated_ms";
@@ -218,6 +237,7 @@ impl PostgresLog {
             .worker_name
             .clone()
             .unwrap_or_else(|| generate_owner("pg"));
+        let channel = notify_channel(&options.schema);
         let slots = (0..options.connections)
             .map(|_| RwLock::new(None))
             .collect();
@@ -229,6 +249,7 @@ impl PostgresLog {
                 owner,
                 slots,
                 next: AtomicUsize::new(0),
+                channel,
             }),
         };
         let first = log.migrate_and_open().await?;
@@ -434,6 +455,16 @@ impl PostgresLog {
                  WHERE ($1::text IS NULL OR status = $1) AND id > $2 ORDER BY id LIMIT $3"
             ))
             .await?;
+        let release = client
+            .prepare(&format!(
+                "WITH r AS (
+                   UPDATE {s}.sagas SET lease_owner = NULL, lease_expires_at = NULL
+                   WHERE id = $1 AND lease_token = $2 AND lease_owner = $3
+                   RETURNING id)
+                 SELECT pg_notify($4, r.id) FROM r"
+            ))
+            .await?;
+        let announce = client.prepare("SELECT pg_notify($1, $2)").await?;
         Ok(Arc::new(Conn {
             client,
             create,
@@ -445,6 +476,8 @@ impl PostgresLog {
             history,
             get,
             list,
+            release,
+            announce,
         }))
     }
 
@@ -487,6 +520,45 @@ impl PostgresLog {
 
     fn lease_millis(&self) -> i64 {
         i64::try_from(self.inner.options.lease.as_millis()).unwrap_or(i64::MAX)
+    }
+
+    /// One listening session: connects, `LISTEN`s, wakes the worker once
+    /// (work may have been announced before), then once per notification,
+    /// until the worker stops listening (`Ok`) or the connection fails.
+    async fn listen_session(&self, sender: &mpsc::Sender<()>) -> Result<(), LogError> {
+        let timeout = self.inner.options.connect_timeout;
+        let connect_error = |source| LogError::Connect {
+            target: self.inner.target.clone(),
+            source,
+        };
+        let (client, mut connection) =
+            match tokio::time::timeout(timeout, self.inner.config.connect(NoTls)).await {
+                Err(_) => return Err(connect_error(None)),
+                Ok(Err(e)) => return Err(connect_error(Some(Arc::new(e)))),
+                Ok(Ok(pair)) => pair,
+            };
+        let statement = format!("LISTEN \"{}\"", self.inner.channel);
+        let listen = client.batch_execute(&statement);
+        tokio::pin!(listen);
+        let mut listening = false;
+        loop {
+            tokio::select! {
+                message = std::future::poll_fn(|cx| connection.poll_message(cx)) => match message {
+                    Some(Ok(AsyncMessage::Notification(_))) => {
+                        let _ = sender.try_send(());
+                    }
+                    Some(Ok(_)) => {}
+                    Some(Err(e)) => return Err(e.into()),
+                    None => return Err(LogError::Closed),
+                },
+                done = &mut listen, if !listening => {
+                    done?;
+                    listening = true;
+                    let _ = sender.try_send(());
+                }
+                () = sender.closed() => return Ok(()),
+            }
+        }
     }
 
     /// Histories of `ids`, grouped by saga; a saga with an undecodable
@@ -569,6 +641,18 @@ impl Columns {
         Ok(columns)
     }
 }
+
+/// The `LISTEN`/`NOTIFY` channel of a schema (at most 63 bytes, Postgres'
+/// identifier length; two long schemas that share a prefix share a channel,
+/// which only wakes their workers for nothing).
+fn notify_channel(schema: &str) -> String {
+    let mut channel = format!("seawall_saga_{schema}");
+    channel.truncate(63);
+    channel
+}
+
+/// How long a listener waits before connecting again after losing its connection.
+const RELISTEN_DELAY: Duration = Duration::from_secs(1);
 
 fn describe_target(config: &tokio_postgres::Config) -> String {
     let host = config
@@ -861,5 +945,57 @@ impl SagaLog for PostgresLog {
 
     fn owner(&self) -> &str {
         &self.inner.owner
+    }
+
+    fn release<'a>(&'a self, lease: &'a Lease) -> LogFuture<'a, ()> {
+        Box::pin(self.with_conn(move |conn| async move {
+            conn.client
+                .query(
+                    &conn.release,
+                    &[
+                        &lease.saga_id().as_str(),
+                        &lease.token(),
+                        &self.inner.owner,
+                        &self.inner.channel,
+                    ],
+                )
+                .await?;
+            Ok(())
+        }))
+    }
+
+    fn announce<'a>(&'a self, id: &'a SagaId) -> LogFuture<'a, ()> {
+        Box::pin(self.with_conn(move |conn| async move {
+            conn.client
+                .query(&conn.announce, &[&self.inner.channel, &id.as_str()])
+                .await?;
+            Ok(())
+        }))
+    }
+
+    /// A dedicated connection `LISTEN`s on the schema's channel; when it is
+    /// lost it is opened again after a second (the worker's polling covers
+    /// what was announced meanwhile).
+    fn listen(&self) -> LogFuture<'_, Option<Wakeups>> {
+        Box::pin(async move {
+            let (sender, receiver) = mpsc::channel(1);
+            let log = self.clone();
+            tokio::spawn(async move {
+                loop {
+                    match log.listen_session(&sender).await {
+                        Ok(()) => return,
+                        Err(e) => tracing::warn!(
+                            target: "seawall_saga", error = %e,
+                            "saga log listener lost its connection; polling until it is back"
+                        ),
+                    }
+                    tokio::select! {
+                        () = tokio::time::sleep(RELISTEN_DELAY) => {}
+                        () = sender.closed() => return,
+                    }
+                }
+            });
+            Ok(Some(Wakeups::new(receiver)))
+        })
     }
 }

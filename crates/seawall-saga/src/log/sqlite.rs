@@ -28,13 +28,20 @@
 //!
 //! # Foreign and damaged files
 //!
-//! Opening a file that is not a SQLite database fails with
-//! [`LogError::NotADatabase`]; a SQLite database that has other tables and is not
-//! marked as a saga log (by its `application_id`) fails with
-//! [`LogError::Foreign`]. Neither is written to. Damage found later is reported
-//! as [`LogError::Corrupt`].
+//! A missing file or an empty one (0 bytes) becomes a new log. Any other file
+//! must already be a saga log: a file that is not a SQLite database (shorter
+//! than one database page, without the SQLite header, or refused by SQLite)
+//! fails with [`LogError::NotADatabase`]; a SQLite database that has other
+//! tables or another `application_id` fails with [`LogError::Foreign`]. Neither
+//! is written to: the file's bytes are checked before SQLite opens it, because
+//! SQLite takes a file shorter than one page for an empty database and would
+//! write a new one over it. An empty SQLite database (no tables, no
+//! `application_id`) is initialised. Damage found later is reported as
+//! [`LogError::Corrupt`]. Other SQLite failures are [`LogError::Sqlite`], whose
+//! message names the operation, the file and SQLite's message.
 
 use std::fmt;
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::sync::Arc;
@@ -174,15 +181,22 @@ impl SqliteLog {
     /// As [`open`](Self::open).
     pub fn open_with(path: impl AsRef<Path>, options: SqliteOptions) -> Result<Self, LogError> {
         let path = path.as_ref().to_path_buf();
+        let opening = || format!("opening {}", path.display());
+        refuse_non_database(&path)?;
         let conn = Connection::open_with_flags(
             &path,
             OpenFlags::SQLITE_OPEN_READ_WRITE
                 | OpenFlags::SQLITE_OPEN_CREATE
                 | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-        )?;
-        conn.busy_timeout(options.busy_timeout)?;
+        )
+        .map_err(|e| LogError::sqlite(opening(), e))?;
+        conn.busy_timeout(options.busy_timeout)
+            .map_err(|e| LogError::sqlite(opening(), e))?;
         prepare_schema(&conn, &path)?;
-        let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
+        let setting_up = || format!("setting up journaling of {}", path.display());
+        let mode: String = conn
+            .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
+            .map_err(|e| LogError::sqlite(setting_up(), e))?;
         if !mode.eq_ignore_ascii_case("wal") {
             return Err(LogError::Config {
                 detail: format!("{} cannot use WAL journaling (got {mode})", path.display()),
@@ -191,13 +205,20 @@ impl SqliteLog {
         conn.execute_batch(&format!(
             "PRAGMA synchronous = {};",
             options.synchronous.pragma()
-        ))?;
+        ))
+        .map_err(|e| LogError::sqlite(setting_up(), e))?;
         let (sender, receiver) = mpsc::channel::<Box<dyn Job>>();
         let max_batch = options.max_batch;
+        let file = path.clone();
         std::thread::Builder::new()
             .name("seawall-saga-sqlite".into())
-            .spawn(move || writer_loop(conn, receiver, max_batch))
-            .map_err(|e| LogError::Io(Arc::new(e)))?;
+            .spawn(move || writer_loop(conn, receiver, max_batch, &file))
+            .map_err(|e| {
+                LogError::io(
+                    format!("starting the writer thread of {}", path.display()),
+                    e,
+                )
+            })?;
         Ok(SqliteLog {
             inner: Arc::new(Inner {
                 sender,
@@ -218,13 +239,17 @@ impl SqliteLog {
         self.inner.synchronous
     }
 
-    fn submit<T, F>(&self, work: F) -> LogFuture<'static, T>
+    /// Runs `work` on the writer thread, in the next group commit. A SQLite
+    /// error is reported as met while `operation` (completed with this log's
+    /// file).
+    fn submit<T, F>(&self, operation: String, work: F) -> LogFuture<'static, T>
     where
         T: Send + 'static,
-        F: FnOnce(&Connection) -> Result<T, LogError> + Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, JobError> + Send + 'static,
     {
         let (reply, receive) = oneshot::channel();
         let sent = self.inner.sender.send(Box::new(Task {
+            operation: format!("{operation} in {}", self.inner.path.display()),
             work: Some(work),
             result: None,
             reply: Some(reply),
@@ -238,18 +263,62 @@ impl SqliteLog {
     }
 }
 
+/// The smallest SQLite database that is not empty: one page of the smallest size.
+const MIN_DATABASE_LEN: u64 = 512;
+
+/// The first 16 bytes of every SQLite database file.
+const SQLITE_HEADER: &[u8; 16] = b"SQLite format 3\0";
+
+/// Refuses, without writing to it, a file that is neither absent, nor empty,
+/// nor a SQLite database: SQLite itself would take a file shorter than one page
+/// for an empty database and overwrite it.
+fn refuse_non_database(path: &Path) -> Result<(), LogError> {
+    let inspecting = || format!("inspecting {}", path.display());
+    let mut file = match std::fs::File::open(path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(LogError::io(inspecting(), e)),
+    };
+    let len = file
+        .metadata()
+        .map_err(|e| LogError::io(inspecting(), e))?
+        .len();
+    if len == 0 {
+        return Ok(());
+    }
+    let refuse = |detail: String| LogError::NotADatabase {
+        path: path.to_path_buf(),
+        detail,
+        source: None,
+    };
+    if len < MIN_DATABASE_LEN {
+        return Err(refuse(format!(
+            "it has {len} byte(s), fewer than the {MIN_DATABASE_LEN} of the smallest database"
+        )));
+    }
+    let mut header = [0u8; 16];
+    file.read_exact(&mut header)
+        .map_err(|e| LogError::io(inspecting(), e))?;
+    if &header != SQLITE_HEADER {
+        return Err(refuse("it does not start with the sqlite header".into()));
+    }
+    Ok(())
+}
+
 /// Validates an existing file or initialises an empty one. Writes nothing to a
 /// file that is not (or not yet) recognised as a saga log, except to initialise
 /// an empty database.
 fn prepare_schema(conn: &Connection, path: &Path) -> Result<(), LogError> {
+    let reading = || format!("reading the header of {}", path.display());
     let not_a_database = |error: rusqlite::Error| match &error {
         rusqlite::Error::SqliteFailure(f, _) if f.code == rusqlite::ErrorCode::NotADatabase => {
             LogError::NotADatabase {
                 path: path.to_path_buf(),
-                source: Arc::new(error),
+                detail: error.to_string(),
+                source: Some(Arc::new(error)),
             }
         }
-        _ => LogError::from(error),
+        _ => LogError::sqlite(reading(), error),
     };
     let app_id: i32 = conn
         .query_row("PRAGMA application_id", [], |r| r.get(0))
@@ -325,8 +394,37 @@ fn prepare_schema(conn: &Connection, path: &Path) -> Result<(), LogError> {
              PRIMARY KEY (saga_id, seq)
          ) WITHOUT ROWID;
          COMMIT;"
-    ))?;
+    ))
+    .map_err(|e| LogError::sqlite(format!("creating the saga log tables in {location}"), e))?;
     Ok(())
+}
+
+/// What a job's work fails with: a SQLite error (told apart from the rest so
+/// that it is reported with the job's operation) or any other log error.
+enum JobError {
+    Sqlite(rusqlite::Error),
+    Log(LogError),
+}
+
+impl From<rusqlite::Error> for JobError {
+    fn from(error: rusqlite::Error) -> Self {
+        JobError::Sqlite(error)
+    }
+}
+
+impl From<LogError> for JobError {
+    fn from(error: LogError) -> Self {
+        JobError::Log(error)
+    }
+}
+
+impl JobError {
+    fn during(self, operation: impl Into<String>) -> LogError {
+        match self {
+            JobError::Sqlite(error) => LogError::sqlite(operation, error),
+            JobError::Log(error) => error,
+        }
+    }
 }
 
 trait Job: Send {
@@ -335,6 +433,7 @@ trait Job: Send {
 }
 
 struct Task<T, F> {
+    operation: String,
     work: Option<F>,
     result: Option<Result<T, LogError>>,
     reply: Option<oneshot::Sender<Result<T, LogError>>>,
@@ -343,17 +442,17 @@ struct Task<T, F> {
 impl<T, F> Job for Task<T, F>
 where
     T: Send,
-    F: FnOnce(&Connection) -> Result<T, LogError> + Send,
+    F: FnOnce(&Connection) -> Result<T, JobError> + Send,
 {
     fn run(&mut self, conn: &Connection) {
         let Some(work) = self.work.take() else {
             return;
         };
         if let Err(e) = conn.execute_batch("SAVEPOINT job") {
-            self.result = Some(Err(e.into()));
+            self.result = Some(Err(LogError::sqlite(&*self.operation, e)));
             return;
         }
-        let result = work(conn);
+        let result = work(conn).map_err(|e| e.during(&*self.operation));
         let end = if result.is_ok() {
             "RELEASE job"
         } else {
@@ -361,7 +460,7 @@ where
         };
         self.result = Some(match conn.execute_batch(end) {
             Ok(()) => result,
-            Err(e) => Err(e.into()),
+            Err(e) => Err(LogError::sqlite(&*self.operation, e)),
         });
     }
 
@@ -378,7 +477,12 @@ where
     }
 }
 
-fn writer_loop(conn: Connection, receiver: mpsc::Receiver<Box<dyn Job>>, max_batch: usize) {
+fn writer_loop(
+    conn: Connection,
+    receiver: mpsc::Receiver<Box<dyn Job>>,
+    max_batch: usize,
+    path: &Path,
+) {
     while let Ok(first) = receiver.recv() {
         let mut batch = vec![first];
         while batch.len() < max_batch {
@@ -388,7 +492,7 @@ fn writer_loop(conn: Connection, receiver: mpsc::Receiver<Box<dyn Job>>, max_bat
             }
         }
         if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
-            let e = LogError::from(e);
+            let e = LogError::sqlite(format!("starting a transaction in {}", path.display()), e);
             for job in batch {
                 job.finish(Err(e.clone()));
             }
@@ -397,7 +501,9 @@ fn writer_loop(conn: Connection, receiver: mpsc::Receiver<Box<dyn Job>>, max_bat
         for job in batch.iter_mut() {
             job.run(&conn);
         }
-        let commit = conn.execute_batch("COMMIT").map_err(LogError::from);
+        let commit = conn
+            .execute_batch("COMMIT")
+            .map_err(|e| LogError::sqlite(format!("committing to {}", path.display()), e));
         if commit.is_err() {
             let _ = conn.execute_batch("ROLLBACK");
         }
@@ -443,7 +549,7 @@ fn insert_transitions(
     first_seq: u32,
     at_ms: i64,
     encoded: &[Encoded],
-) -> Result<(), LogError> {
+) -> Result<(), JobError> {
     let mut insert = conn.prepare_cached(
         "INSERT INTO seawall_saga_transitions (saga_id, seq, at_ms, kind, step, step_name, attempt, data)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
@@ -463,7 +569,7 @@ fn insert_transitions(
     Ok(())
 }
 
-fn read_history(conn: &Connection, id: &SagaId) -> Result<Vec<TransitionRecord>, LogError> {
+fn read_history(conn: &Connection, id: &SagaId) -> Result<Vec<TransitionRecord>, JobError> {
     let mut select = conn.prepare_cached(
         "SELECT seq, at_ms, kind, step, step_name, attempt, data
          FROM seawall_saga_transitions WHERE saga_id = ?1 ORDER BY seq",
@@ -499,14 +605,14 @@ fn read_history(conn: &Connection, id: &SagaId) -> Result<Vec<TransitionRecord>,
     Ok(history)
 }
 
-fn read_one(conn: &Connection, id: &SagaId) -> Result<Option<SagaRecord>, LogError> {
+fn read_one(conn: &Connection, id: &SagaId) -> Result<Option<SagaRecord>, JobError> {
     let mut select = conn.prepare_cached(&format!(
         "SELECT {RECORD_COLUMNS} FROM seawall_sagas WHERE id = ?1"
     ))?;
-    select
+    Ok(select
         .query_row([id.as_str()], read_record)
         .optional()?
-        .transpose()
+        .transpose()?)
 }
 
 /// Claims `id` for `owner` when the condition holds; returns the claimed saga.
@@ -515,7 +621,7 @@ fn claim_row(
     owner: &str,
     id: &SagaId,
     include_stuck: bool,
-) -> Result<Option<ClaimedSaga>, LogError> {
+) -> Result<Option<ClaimedSaga>, JobError> {
     let statuses = if include_stuck {
         "('running', 'compensating', 'stuck')"
     } else {
@@ -537,9 +643,13 @@ fn claim_row(
         return Ok(None);
     };
     let record = record?;
+    // A damaged history fails this saga's recovery only, not the claim.
     let history = match read_history(conn, id) {
-        Err(LogError::Corrupt { detail }) => Err(LogError::Corrupt { detail }),
-        other => Ok(other?),
+        Ok(history) => Ok(history),
+        Err(e) => match e.during(format!("reading the history of saga {id}")) {
+            corrupt @ LogError::Corrupt { .. } => Err(corrupt),
+            other => return Err(other.into()),
+        },
     };
     Ok(Some(ClaimedSaga {
         lease: Lease::new(record.id.clone(), token),
@@ -558,7 +668,7 @@ impl SagaLog for SqliteLog {
         let saga = saga.clone();
         let encoded: Vec<Encoded> = transitions.iter().map(Transition::encode).collect();
         let owner = claim.then(|| self.inner.owner.clone());
-        self.submit(move |conn| {
+        self.submit(format!("creating saga {}", saga.id), move |conn| {
             let created_ms = to_millis(saga.created_at);
             let token: i64 = if owner.is_some() { 1 } else { 0 };
             let inserted = conn
@@ -578,7 +688,7 @@ impl SagaLog for SqliteLog {
                     token
                 ])?;
             if inserted == 0 {
-                return Err(LogError::AlreadyExists(saga.id.clone()));
+                return Err(LogError::AlreadyExists(saga.id.clone()).into());
             }
             insert_transitions(conn, &saga.id, 0, created_ms, &encoded)?;
             Ok(owner.map(|_| Lease::new(saga.id.clone(), token)))
@@ -596,35 +706,39 @@ impl SagaLog for SqliteLog {
         let lease = lease.clone();
         let encoded: Vec<Encoded> = transitions.iter().map(Transition::encode).collect();
         let owner = self.inner.owner.clone();
-        self.submit(move |conn| {
-            let at_ms = to_millis(at);
-            let updated = conn
-                .prepare_cached(
-                    "UPDATE seawall_sagas SET status = ?1, updated_ms = ?2,
+        self.submit(
+            format!("appending to saga {}", lease.saga_id()),
+            move |conn| {
+                let at_ms = to_millis(at);
+                let updated = conn
+                    .prepare_cached(
+                        "UPDATE seawall_sagas SET status = ?1, updated_ms = ?2,
                         lease_owner = CASE WHEN ?3 THEN NULL ELSE lease_owner END
                      WHERE id = ?4 AND lease_token = ?5 AND lease_owner = ?6",
-                )?
-                .execute(params![
-                    status.as_str(),
-                    at_ms,
-                    status.releases_lease(),
-                    lease.saga_id().as_str(),
-                    lease.token(),
-                    owner
-                ])?;
-            if updated == 0 {
-                return Err(LogError::LeaseLost {
-                    saga_id: lease.saga_id().clone(),
-                });
-            }
-            insert_transitions(conn, lease.saga_id(), first_seq, at_ms, &encoded)
-        })
+                    )?
+                    .execute(params![
+                        status.as_str(),
+                        at_ms,
+                        status.releases_lease(),
+                        lease.saga_id().as_str(),
+                        lease.token(),
+                        owner
+                    ])?;
+                if updated == 0 {
+                    return Err(LogError::LeaseLost {
+                        saga_id: lease.saga_id().clone(),
+                    }
+                    .into());
+                }
+                insert_transitions(conn, lease.saga_id(), first_seq, at_ms, &encoded)
+            },
+        )
     }
 
     fn renew<'a>(&'a self, lease: &'a Lease) -> LogFuture<'a, ()> {
         let lease = lease.clone();
         let owner = self.inner.owner.clone();
-        self.submit(move |conn| {
+        self.submit(format!("renewing the lease on saga {}", lease.saga_id()), move |conn| {
             let held: Option<i64> = conn
                 .prepare_cached(
                     "SELECT 1 FROM seawall_sagas WHERE id = ?1 AND lease_token = ?2 AND lease_owner = ?3",
@@ -638,7 +752,8 @@ impl SagaLog for SqliteLog {
                 Some(_) => Ok(()),
                 None => Err(LogError::LeaseLost {
                     saga_id: lease.saga_id().clone(),
-                }),
+                }
+                .into()),
             }
         })
     }
@@ -650,7 +765,7 @@ impl SagaLog for SqliteLog {
     ) -> LogFuture<'a, Vec<ClaimedSaga>> {
         let after = after.map(|id| id.as_str().to_owned()).unwrap_or_default();
         let owner = self.inner.owner.clone();
-        self.submit(move |conn| {
+        self.submit("claiming unfinished sagas".into(), move |conn| {
             let ids: Vec<String> = conn
                 .prepare_cached(
                     "SELECT id FROM seawall_sagas
@@ -676,7 +791,7 @@ impl SagaLog for SqliteLog {
     fn claim<'a>(&'a self, id: &'a SagaId) -> LogFuture<'a, ClaimAttempt> {
         let id = id.clone();
         let owner = self.inner.owner.clone();
-        self.submit(move |conn| {
+        self.submit(format!("claiming saga {id}"), move |conn| {
             if let Some(saga) = claim_row(conn, &owner, &id, true)? {
                 return Ok(ClaimAttempt::Claimed(saga));
             }
@@ -690,7 +805,9 @@ impl SagaLog for SqliteLog {
 
     fn get<'a>(&'a self, id: &'a SagaId) -> LogFuture<'a, Option<SagaRecord>> {
         let id = id.clone();
-        self.submit(move |conn| read_one(conn, &id))
+        self.submit(format!("reading saga {id}"), move |conn| {
+            read_one(conn, &id)
+        })
     }
 
     fn list<'a>(&'a self, query: &'a ListQuery) -> LogFuture<'a, Vec<SagaRecord>> {
@@ -700,7 +817,7 @@ impl SagaLog for SqliteLog {
             .map(|id| id.as_str().to_owned())
             .unwrap_or_default();
         let limit = i64::try_from(query.max()).unwrap_or(i64::MAX);
-        self.submit(move |conn| {
+        self.submit("listing sagas".into(), move |conn| {
             let mut select = conn.prepare_cached(&format!(
                 "SELECT {RECORD_COLUMNS} FROM seawall_sagas
                  WHERE (?1 IS NULL OR status = ?1) AND id > ?2 ORDER BY id LIMIT ?3"
@@ -716,10 +833,32 @@ impl SagaLog for SqliteLog {
 
     fn history<'a>(&'a self, id: &'a SagaId) -> LogFuture<'a, Vec<TransitionRecord>> {
         let id = id.clone();
-        self.submit(move |conn| read_history(conn, &id))
+        self.submit(format!("reading the history of saga {id}"), move |conn| {
+            read_history(conn, &id)
+        })
     }
 
     fn owner(&self) -> &str {
         &self.inner.owner
+    }
+
+    fn release<'a>(&'a self, lease: &'a Lease) -> LogFuture<'a, ()> {
+        let lease = lease.clone();
+        let owner = self.inner.owner.clone();
+        self.submit(
+            format!("releasing the lease on saga {}", lease.saga_id()),
+            move |conn| {
+                conn.prepare_cached(
+                    "UPDATE seawall_sagas SET lease_owner = NULL
+                     WHERE id = ?1 AND lease_token = ?2 AND lease_owner = ?3",
+                )?
+                .execute(params![
+                    lease.saga_id().as_str(),
+                    lease.token(),
+                    owner
+                ])?;
+                Ok(())
+            },
+        )
     }
 }

@@ -151,18 +151,17 @@ impl Circuit {
         if (PASS_KINDS >> (bits & KIND_MASK)) & 1 == 1 {
             return Ok((bits >> GENERATION_SHIFT) & GENERATION_MASK);
         }
-        Self::quick_refusal(bits, now)
-    }
-
-    /// [`quick_admit`](Self::quick_admit) of a circuit that does not pass:
-    /// the refusal of an open circuit whose cooldown is not over.
-    #[inline(never)]
-    fn quick_refusal(bits: u64, now: &mut impl FnMut() -> u64) -> Result<u64, Option<Duration>> {
-        let state = decode(bits);
-        if state.kind != Kind::Open {
+        if bits & KIND_MASK != Kind::Open as u64 {
             return Err(None);
         }
-        Err(rules::open_refusal(state, now()))
+        Err(Self::quick_refusal(bits, now()))
+    }
+
+    /// [`quick_admit`](Self::quick_admit) of an open circuit: the time left
+    /// of its cooldown at `now_ns`, `None` when it is over.
+    #[inline(never)]
+    fn quick_refusal(bits: u64, now_ns: u64) -> Option<Duration> {
+        rules::open_refusal(decode(bits), now_ns)
     }
 
     /// Admits one call (closed: one atomic load).
@@ -182,12 +181,12 @@ impl Circuit {
     /// a full count window holding only fast successes (the record rule
     /// moves nothing there, and such a window is unchanged by one more fast
     /// success).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn record_success(
         &self,
         params: &BreakerParams,
         generation: u64,
-        duration: Duration,
+        duration_ns: u64,
         now_ns: u64,
     ) -> Option<CircuitTransition> {
         let bits = self.load();
@@ -198,7 +197,7 @@ impl Circuit {
         let closed_in_generation =
             (Kind::Closed as u64) | ((generation & GENERATION_MASK) << GENERATION_SHIFT);
         let same = bits & (KIND_MASK | (GENERATION_MASK << GENERATION_SHIFT));
-        if same == closed_in_generation && !params.is_slow(duration) {
+        if same == closed_in_generation && !params.is_slow_ns(duration_ns) {
             let unchanged = match self.window.as_deref() {
                 None => (bits >> PAYLOAD_SHIFT) & PAYLOAD_MASK == 0,
                 Some(Window::Count(w)) => w.only_fast_successes(),
@@ -208,12 +207,25 @@ impl Circuit {
                 return None;
             }
         }
+        self.record_success_in_full(params, generation, duration_ns, now_ns)
+    }
+
+    /// [`record_success`](Self::record_success) when one load did not
+    /// settle it: the record rule, out of line.
+    #[inline(never)]
+    fn record_success_in_full(
+        &self,
+        params: &BreakerParams,
+        generation: u64,
+        duration_ns: u64,
+        now_ns: u64,
+    ) -> Option<CircuitTransition> {
         self.record(
             params,
             generation,
             false,
             Outcome::Success,
-            duration,
+            Duration::from_nanos(duration_ns),
             now_ns,
         )
     }
@@ -928,7 +940,12 @@ mod lean_paths {
                     };
                     let expected = model.record(generation, probe, outcome, duration, at);
                     let got = if outcome == Outcome::Success && !probe {
-                        c.record_success(&p, generation, duration, now)
+                        c.record_success(
+                            &p,
+                            generation,
+                            crate::clock::duration_nanos(duration),
+                            now,
+                        )
                     } else {
                         c.record(&p, generation, probe, outcome, duration, now)
                     };

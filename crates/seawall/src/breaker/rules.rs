@@ -174,8 +174,13 @@ impl BreakerParams {
     /// A call lasting `duration` is slow.
     #[inline]
     pub(crate) fn is_slow(&self, duration: Duration) -> bool {
-        self.slow_call_ns
-            .is_some_and(|slow| duration_nanos(duration) >= slow)
+        self.is_slow_ns(duration_nanos(duration))
+    }
+
+    /// A call lasting `duration_ns` nanoseconds is slow.
+    #[inline]
+    pub(crate) fn is_slow_ns(&self, duration_ns: u64) -> bool {
+        self.slow_call_ns.is_some_and(|slow| duration_ns >= slow)
     }
 }
 

@@ -85,6 +85,34 @@ pub enum LoadError {
         /// The builder's error, naming the policy, the field and the rule.
         error: ConfigError,
     },
+    /// The configuration has no pipeline, and the registry was not told to
+    /// accept that ([`RegistryBuilder::allow_empty`](super::RegistryBuilder::allow_empty)).
+    #[error("{location}: no pipeline is configured: an empty configuration is refused (the registry keeps its pipelines; `RegistryBuilder::allow_empty` accepts it)")]
+    Empty {
+        /// The file (or `<string>`), without a line.
+        location: Location,
+    },
+    /// The file is larger than a configuration file may be.
+    #[error(
+        "{location}: the file has {size} bytes; a configuration file may have at most {limit}"
+    )]
+    TooLarge {
+        /// The file (or `<string>`), without a line.
+        location: Location,
+        /// Its size in bytes (at least; reading stops past the limit).
+        size: u64,
+        /// The limit in bytes.
+        limit: u64,
+    },
+    /// Collections nest deeper than a configuration file may, found by a
+    /// scan of the text before it is parsed.
+    #[error("{location}: collections nest more than {limit} deep; a configuration file may nest at most {limit} deep")]
+    TooDeep {
+        /// Where the limit is crossed.
+        location: Location,
+        /// The deepest nesting allowed.
+        limit: u32,
+    },
 }
 
 fn field_prefix(field: &str) -> String {
@@ -100,9 +128,11 @@ impl LoadError {
     /// [`UnknownFormat`](Self::UnknownFormat).
     pub fn location(&self) -> Option<&Location> {
         match self {
-            LoadError::Parse { location, .. } | LoadError::Invalid { location, .. } => {
-                Some(location)
-            }
+            LoadError::Parse { location, .. }
+            | LoadError::Invalid { location, .. }
+            | LoadError::Empty { location }
+            | LoadError::TooLarge { location, .. }
+            | LoadError::TooDeep { location, .. } => Some(location),
             LoadError::Io { .. } | LoadError::UnknownFormat { .. } => None,
         }
     }

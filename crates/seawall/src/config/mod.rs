@@ -155,6 +155,13 @@
 //! seawall.toml:7:1: pipelines.payments.retry.max_attempt: unknown field `max_attempt`, expected one of ...
 //! ```
 //!
+//! A file larger than 1 MiB is refused ([`LoadError::TooLarge`]) without
+//! being read whole, and one whose collections nest more than 32 deep
+//! ([`LoadError::TooDeep`], at the position where the limit is crossed) is
+//! refused by a scan of its text before it is parsed, so that a bad file
+//! (200 KB of `[[[[...` takes a YAML parser minutes) costs a millisecond.
+//! The settings of a pipeline nest 5 deep at most.
+//!
 //! A value the pipeline builder refuses is a [`LoadError::Invalid`] with
 //! the builder's own [`ConfigError`], located at the
 //! offending key (in the pipeline's entry, or in `default` when inherited):
@@ -166,7 +173,11 @@
 //! # Reloading
 //! [`Registry::reload_file`] and [`Registry::reload_str`] replace every
 //! pipeline at once, or none: a configuration that fails to load keeps the
-//! old pipelines and returns the error. New calls get the new settings
+//! old pipelines and returns the error. A configuration without any
+//! pipeline (an empty or emptied file, one with only `default`) is such a
+//! failure, [`LoadError::Empty`], on the first load as on a reload, unless
+//! the registry was built with
+//! [`allow_empty`](RegistryBuilder::allow_empty). New calls get the new settings
 //! (re-[`get`](Registry::get) the pipeline, or hold a [`PipelineHandle`],
 //! which always serves the latest); calls in flight finish on the pipeline
 //! they started with. With the default [`MemoryStore`](crate::MemoryStore),
@@ -186,6 +197,8 @@ use crate::store::{ResourceSpec, ResourceState, StateStore};
 use crate::Pipeline;
 
 mod error;
+mod limits;
+mod policies;
 mod raw;
 mod registry;
 mod source;
@@ -347,6 +360,13 @@ impl Config {
 
     pub(crate) fn resolved(&self) -> impl Iterator<Item = (&str, &Resolved)> + '_ {
         self.pipelines.iter().map(|(n, r)| (n.as_str(), r))
+    }
+
+    /// The refusal of this configuration for having no pipeline.
+    pub(crate) fn empty_error(&self) -> LoadError {
+        LoadError::Empty {
+            location: Location::new(self.origin.to_string(), None),
+        }
     }
 
     /// Wraps a builder's refusal of pipeline `name`, located at the key it

@@ -1,23 +1,26 @@
 //! The file's structure as serde reads it (every field optional, so that
-//! `default` can fill the gaps), and its resolution into policy values built
-//! through their public constructors.
+//! `default` can fill the gaps), and its resolution with `default` into the
+//! policies the builder declares.
+//!
+//! A pipeline entry's sections and their keys are `seawall_order`'s table:
+//! each registered policy is a section named after it (a timeout after the
+//! retry: `attempt_timeout`), whose keys and value kinds are the policy's
+//! registered settings. Each policy's own words (defaults, required keys,
+//! keys that go together) are in `policies.rs`, reached through an
+//! exhaustive match on [`PolicyKind`].
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
-use seawall_order::{check, scope, Misplaced, PolicyKind, Rule, Scope};
-use serde::de::{self, Deserializer, MapAccess, Visitor};
+use seawall_order::{check, scope, Misplaced, Place, PolicyKind, Rule, Scope, Setting, Value};
+use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 
-use crate::breaker::CircuitBreaker;
-use crate::bulkhead::Bulkhead;
-use crate::cooldown::Cooldown;
+use super::policies::{resolve, Layers};
 use crate::error::ConfigError;
-use crate::pipeline::PipelineBuilder;
-use crate::rate_limit::RateLimiter;
-use crate::retry::{Jitter, Retry, RetryBudget};
-use crate::timeout::Timeout;
+use crate::pipeline::{Declared, PipelineBuilder};
+use crate::retry::{Jitter, RetryBudget};
 
 /// A whole file.
 #[derive(Debug, Default, Deserialize)]
@@ -41,50 +44,162 @@ impl RawFile {
     }
 }
 
-/// One pipeline entry (or `default`).
-#[derive(Debug, Default, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+/// One pipeline entry (or `default`): `policies`, `partition_idle` and a
+/// section per registered policy.
+#[derive(Debug, Default, Clone)]
 pub(crate) struct RawPipeline {
     policies: Option<Vec<PolicyName>>,
-    timeout: Option<RawTimeout>,
-    attempt_timeout: Option<RawTimeout>,
-    retry: Option<RawRetry>,
-    circuit_breaker: Option<RawBreaker>,
-    bulkhead: Option<RawBulkhead>,
-    cooldown: Option<RawCooldown>,
-    rate_limiter: Option<RawRateLimiter>,
+    sections: Vec<(PolicyName, Section)>,
     partition_idle: Option<Dur>,
 }
 
-/// A policy, as named in `policies`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub(crate) enum PolicyName {
-    Timeout,
-    Retry,
-    AttemptTimeout,
-    CircuitBreaker,
-    Bulkhead,
-    Cooldown,
-    RateLimiter,
+impl RawPipeline {
+    fn section(&self, name: PolicyName) -> Option<&Section> {
+        self.sections
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, s)| s)
+    }
+}
+
+const POLICIES: &str = "policies";
+const PARTITION_IDLE: &str = "partition_idle";
+
+/// The keys of a pipeline entry, in the order they are documented.
+fn entry_keys() -> Vec<&'static str> {
+    let mut keys = vec![POLICIES];
+    keys.extend(PolicyName::all().map(PolicyName::as_str));
+    keys.push(PARTITION_IDLE);
+    keys
+}
+
+/// serde's wording of a list of expected names.
+fn one_of(names: &[&str]) -> String {
+    match names {
+        [] => "there are no fields".to_owned(),
+        [one] => format!("expected `{one}`"),
+        [a, b] => format!("expected `{a}` or `{b}`"),
+        _ => {
+            let quoted: Vec<String> = names.iter().map(|n| format!("`{n}`")).collect();
+            format!("expected one of {}", quoted.join(", "))
+        }
+    }
+}
+
+fn unknown_field<E: de::Error>(key: &str, expected: &[&str]) -> E {
+    E::custom(format_args!("unknown field `{key}`, {}", one_of(expected)))
+}
+
+/// A key of a pipeline entry.
+#[derive(Clone, Copy)]
+enum EntryKey {
+    Policies,
+    PartitionIdle,
+    Section(PolicyName),
+}
+
+struct EntryKeySeed;
+
+impl<'de> DeserializeSeed<'de> for EntryKeySeed {
+    type Value = EntryKey;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<EntryKey, D::Error> {
+        d.deserialize_identifier(self)
+    }
+}
+
+impl Visitor<'_> for EntryKeySeed {
+    type Value = EntryKey;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("field identifier")
+    }
+    fn visit_str<E: de::Error>(self, s: &str) -> Result<EntryKey, E> {
+        match s {
+            POLICIES => Ok(EntryKey::Policies),
+            PARTITION_IDLE => Ok(EntryKey::PartitionIdle),
+            _ => PolicyName::from_str(s)
+                .map(EntryKey::Section)
+                .ok_or_else(|| unknown_field(s, &entry_keys())),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for RawPipeline {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = RawPipeline;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a pipeline entry")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawPipeline, A::Error> {
+                let mut p = RawPipeline::default();
+                let mut seen: Vec<&'static str> = Vec::new();
+                while let Some(key) = map.next_key_seed(EntryKeySeed)? {
+                    let name = match key {
+                        EntryKey::Policies => POLICIES,
+                        EntryKey::PartitionIdle => PARTITION_IDLE,
+                        EntryKey::Section(n) => n.as_str(),
+                    };
+                    if seen.contains(&name) {
+                        return Err(de::Error::duplicate_field(name));
+                    }
+                    seen.push(name);
+                    match key {
+                        EntryKey::Policies => p.policies = map.next_value()?,
+                        EntryKey::PartitionIdle => p.partition_idle = map.next_value()?,
+                        EntryKey::Section(n) => {
+                            let seed = Optional(SectionSeed {
+                                settings: n.kind.settings(),
+                                shorthand: n.kind.shorthand(),
+                            });
+                            if let Some(s) = map.next_value_seed(seed)? {
+                                p.sections.push((n, s));
+                            }
+                        }
+                    }
+                }
+                Ok(p)
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+/// A policy, as named in `policies` and as its section is named: a
+/// registered policy, or (for a policy that may stand on either side of
+/// the retry) its name after the retry, `attempt_timeout`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PolicyName {
+    kind: PolicyKind,
+    after_retry: bool,
 }
 
 impl PolicyName {
-    /// Every policy, in the order used when `policies` is not given.
-    const CANONICAL: [PolicyName; 7] = [
-        PolicyName::Timeout,
-        PolicyName::Retry,
-        PolicyName::AttemptTimeout,
-        PolicyName::CircuitBreaker,
-        PolicyName::Bulkhead,
-        PolicyName::Cooldown,
-        PolicyName::RateLimiter,
-    ];
+    /// Every name, in the order used when `policies` is not given: the
+    /// policies of either side before the retry, the retry, their names
+    /// after it, then the stateful policies (each group in registration
+    /// order).
+    fn all() -> impl Iterator<Item = PolicyName> {
+        let names = |place: Place, after_retry: bool| {
+            PolicyKind::ALL
+                .iter()
+                .filter(move |k| k.place() == place && (!after_retry || k.attempt_name().is_some()))
+                .map(move |&kind| PolicyName { kind, after_retry })
+        };
+        names(Place::EitherSide, false)
+            .chain(names(Place::Retry, false))
+            .chain(names(Place::EitherSide, true))
+            .chain(names(Place::AfterRetry, false))
+    }
+
+    fn from_str(s: &str) -> Option<PolicyName> {
+        PolicyName::all().find(|n| n.as_str() == s)
+    }
 
     pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            PolicyName::AttemptTimeout => "attempt_timeout",
-            p => p.kind().name(),
+        match (self.after_retry, self.kind.attempt_name()) {
+            (true, Some(name)) => name,
+            _ => self.kind.name(),
         }
     }
 
@@ -92,26 +207,282 @@ impl PolicyName {
     /// are both timeouts: their position tells the builder what they bound,
     /// and [`order`] checks that it agrees with the name.
     fn kind(self) -> PolicyKind {
-        match self {
-            PolicyName::Timeout | PolicyName::AttemptTimeout => PolicyKind::Timeout,
-            PolicyName::Retry => PolicyKind::Retry,
-            PolicyName::CircuitBreaker => PolicyKind::CircuitBreaker,
-            PolicyName::Bulkhead => PolicyKind::Bulkhead,
-            PolicyName::Cooldown => PolicyKind::Cooldown,
-            PolicyName::RateLimiter => PolicyKind::RateLimiter,
-        }
+        self.kind
     }
 
     fn configured(self, p: &RawPipeline) -> bool {
-        match self {
-            PolicyName::Timeout => p.timeout.is_some(),
-            PolicyName::Retry => p.retry.is_some(),
-            PolicyName::AttemptTimeout => p.attempt_timeout.is_some(),
-            PolicyName::CircuitBreaker => p.circuit_breaker.is_some(),
-            PolicyName::Bulkhead => p.bulkhead.is_some(),
-            PolicyName::Cooldown => p.cooldown.is_some(),
-            PolicyName::RateLimiter => p.rate_limiter.is_some(),
+        p.section(self).is_some()
+    }
+}
+
+impl<'de> Deserialize<'de> for PolicyName {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = PolicyName;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a policy name")
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<PolicyName, E> {
+                PolicyName::from_str(s).ok_or_else(|| {
+                    let names: Vec<&str> = PolicyName::all().map(PolicyName::as_str).collect();
+                    E::custom(format_args!("unknown variant `{s}`, {}", one_of(&names)))
+                })
+            }
         }
+        d.deserialize_str(V)
+    }
+}
+
+/// A value of a section, of the kind its setting registers.
+#[derive(Debug, Clone, PartialEq)]
+enum Given {
+    Count(u32),
+    Number(f64),
+    Flag(bool),
+    Duration(Dur),
+    Choice(&'static str),
+    Jitter(Jitter),
+    Table(Section),
+}
+
+/// A policy's section: its settings as given, each read by the kind its
+/// registered setting names.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct Section {
+    /// The registered settings of the section.
+    settings: &'static [Setting],
+    given: Vec<(&'static str, Given)>,
+}
+
+impl Section {
+    fn new(settings: &'static [Setting]) -> Section {
+        Section {
+            settings,
+            given: Vec::new(),
+        }
+    }
+
+    /// `true` when the section gives `key`.
+    pub(super) fn has(&self, key: &str) -> bool {
+        self.get(key).is_some()
+    }
+
+    fn get(&self, key: &str) -> Option<&Given> {
+        debug_assert!(
+            self.settings.iter().any(|s| s.key == key),
+            "`{key}` is not a registered setting of this section"
+        );
+        self.given.iter().find(|(k, _)| *k == key).map(|(_, v)| v)
+    }
+
+    pub(super) fn count(&self, key: &str) -> Option<u32> {
+        match self.get(key)? {
+            Given::Count(n) => Some(*n),
+            _ => None,
+        }
+    }
+
+    pub(super) fn number(&self, key: &str) -> Option<f64> {
+        match self.get(key)? {
+            Given::Number(v) => Some(*v),
+            _ => None,
+        }
+    }
+
+    pub(super) fn flag(&self, key: &str) -> Option<bool> {
+        match self.get(key)? {
+            Given::Flag(b) => Some(*b),
+            _ => None,
+        }
+    }
+
+    pub(super) fn duration(&self, key: &str) -> Option<Dur> {
+        match self.get(key)? {
+            Given::Duration(d) => Some(*d),
+            _ => None,
+        }
+    }
+
+    pub(super) fn choice(&self, key: &str) -> Option<&'static str> {
+        match self.get(key)? {
+            Given::Choice(c) => Some(*c),
+            _ => None,
+        }
+    }
+
+    pub(super) fn jitter(&self, key: &str) -> Option<Jitter> {
+        match self.get(key)? {
+            Given::Jitter(j) => Some(*j),
+            _ => None,
+        }
+    }
+
+    pub(super) fn table(&self, key: &str) -> Option<&Section> {
+        match self.get(key)? {
+            Given::Table(t) => Some(t),
+            _ => None,
+        }
+    }
+}
+
+/// A value that may be null (an empty YAML key): read as absent.
+struct Optional<S>(S);
+
+impl<'de, S: DeserializeSeed<'de>> DeserializeSeed<'de> for Optional<S> {
+    type Value = Option<S::Value>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_option(self)
+    }
+}
+
+impl<'de, S: DeserializeSeed<'de>> Visitor<'de> for Optional<S> {
+    type Value = Option<S::Value>;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an optional value")
+    }
+    fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        self.0.deserialize(d).map(Some)
+    }
+}
+
+/// Reads a section by its registered settings.
+#[derive(Clone, Copy)]
+struct SectionSeed {
+    settings: &'static [Setting],
+    /// The setting the section may be written as alone (`timeout = "5s"`).
+    shorthand: Option<&'static Setting>,
+}
+
+impl<'de> DeserializeSeed<'de> for SectionSeed {
+    type Value = Section;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Section, D::Error> {
+        match self.shorthand {
+            Some(_) => d.deserialize_any(self),
+            None => d.deserialize_map(self),
+        }
+    }
+}
+
+impl<'de> Visitor<'de> for SectionSeed {
+    type Value = Section;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let keys: Vec<String> = self
+            .settings
+            .iter()
+            .map(|s| format!("`{}`", s.key))
+            .collect();
+        let table = match keys.split_last() {
+            Some((last, others)) if !others.is_empty() => {
+                format!("a table with {} and {last}", others.join(", "))
+            }
+            _ => format!("a table with {}", keys.concat()),
+        };
+        match self.shorthand.map(|s| s.value) {
+            Some(Value::Duration(_)) => {
+                write!(f, "a duration string such as \"5s\", or {table}")
+            }
+            _ => f.write_str(&table),
+        }
+    }
+    fn visit_str<E: de::Error>(self, s: &str) -> Result<Section, E> {
+        match self.shorthand {
+            Some(
+                setting @ Setting {
+                    value: Value::Duration(_),
+                    ..
+                },
+            ) => {
+                let d = parse_duration(s).map_err(E::custom)?;
+                let mut section = Section::new(self.settings);
+                section.given.push((setting.key, Given::Duration(Dur(d))));
+                Ok(section)
+            }
+            _ => Err(E::invalid_type(de::Unexpected::Str(s), &self)),
+        }
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Section, A::Error> {
+        let mut section = Section::new(self.settings);
+        while let Some(setting) = map.next_key_seed(SettingKeySeed(self.settings))? {
+            if section.get(setting.key).is_some() {
+                return Err(de::Error::duplicate_field(setting.key));
+            }
+            let value = match setting.value {
+                Value::Count => map.next_value::<Option<u32>>()?.map(Given::Count),
+                Value::Number => map.next_value::<Option<f64>>()?.map(Given::Number),
+                Value::Flag => map.next_value::<Option<bool>>()?.map(Given::Flag),
+                Value::Duration(_) => map.next_value::<Option<Dur>>()?.map(Given::Duration),
+                Value::Choice(choices) => map
+                    .next_value_seed(Optional(ChoiceSeed(choices)))?
+                    .map(Given::Choice),
+                Value::Jitter => map
+                    .next_value::<Option<JitterValue>>()?
+                    .map(|j| Given::Jitter(j.0)),
+                Value::Table(settings) => map
+                    .next_value_seed(Optional(SectionSeed {
+                        settings,
+                        shorthand: None,
+                    }))?
+                    .map(Given::Table),
+            };
+            if let Some(value) = value {
+                section.given.push((setting.key, value));
+            }
+        }
+        Ok(section)
+    }
+}
+
+/// A key of a section: one of its registered settings.
+struct SettingKeySeed(&'static [Setting]);
+
+impl<'de> DeserializeSeed<'de> for SettingKeySeed {
+    type Value = &'static Setting;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<&'static Setting, D::Error> {
+        d.deserialize_identifier(self)
+    }
+}
+
+impl Visitor<'_> for SettingKeySeed {
+    type Value = &'static Setting;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("field identifier")
+    }
+    fn visit_str<E: de::Error>(self, s: &str) -> Result<&'static Setting, E> {
+        self.0.iter().find(|k| k.key == s).ok_or_else(|| {
+            let keys: Vec<&str> = self.0.iter().map(|k| k.key).collect();
+            unknown_field(s, &keys)
+        })
+    }
+}
+
+/// One of a setting's registered words.
+struct ChoiceSeed(&'static [&'static str]);
+
+impl<'de> DeserializeSeed<'de> for ChoiceSeed {
+    type Value = &'static str;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<&'static str, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl Visitor<'_> for ChoiceSeed {
+    type Value = &'static str;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("variant identifier")
+    }
+    fn visit_str<E: de::Error>(self, s: &str) -> Result<&'static str, E> {
+        self.0
+            .iter()
+            .find(|c| **c == s)
+            .copied()
+            .ok_or_else(|| E::custom(format_args!("unknown variant `{s}`, {}", one_of(self.0))))
     }
 }
 
@@ -180,208 +551,13 @@ impl<'de> Deserialize<'de> for JitterValue {
     }
 }
 
-/// A timeout: `"5s"` or `{ duration = "5s", strict = true }`.
-#[derive(Debug, Default, Clone, Copy, PartialEq)]
-struct RawTimeout {
-    duration: Option<Dur>,
-    strict: Option<bool>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct TimeoutTable {
-    duration: Option<Dur>,
-    strict: Option<bool>,
-}
-
-impl<'de> Deserialize<'de> for RawTimeout {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = RawTimeout;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(
-                    "a duration string such as \"5s\", or a table with `duration` and `strict`",
-                )
-            }
-            fn visit_str<E: de::Error>(self, s: &str) -> Result<RawTimeout, E> {
-                let d = parse_duration(s).map_err(E::custom)?;
-                Ok(RawTimeout {
-                    duration: Some(Dur(d)),
-                    strict: None,
-                })
-            }
-            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<RawTimeout, A::Error> {
-                let t = TimeoutTable::deserialize(de::value::MapAccessDeserializer::new(map))?;
-                Ok(RawTimeout {
-                    duration: t.duration,
-                    strict: t.strict,
-                })
-            }
-        }
-        d.deserialize_any(V)
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-enum BackoffKind {
-    Constant,
-    Linear,
-    Exponential,
-    Decorrelated,
-}
-
-impl BackoffKind {
-    fn as_str(self) -> &'static str {
-        match self {
-            BackoffKind::Constant => "constant",
-            BackoffKind::Linear => "linear",
-            BackoffKind::Exponential => "exponential",
-            BackoffKind::Decorrelated => "decorrelated",
-        }
-    }
-}
-
-#[derive(Debug, Default, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawRetry {
-    max_attempts: Option<u32>,
-    backoff: Option<BackoffKind>,
-    delay: Option<Dur>,
-    multiplier: Option<f64>,
-    cap: Option<Dur>,
-    jitter: Option<JitterValue>,
-    budget: Option<RawBudget>,
-}
-
-#[derive(Debug, Default, Clone, Copy, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawBudget {
-    ratio: Option<f64>,
-    max_tokens: Option<u32>,
-}
-
-#[derive(Debug, Default, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawBreaker {
-    consecutive_failures: Option<u32>,
-    count_window: Option<u32>,
-    window: Option<Dur>,
-    failure_rate: Option<f64>,
-    minimum_calls: Option<u32>,
-    slow_call_rate: Option<f64>,
-    slow_call_duration: Option<Dur>,
-    cooldown: Option<Dur>,
-    cooldown_growth: Option<f64>,
-    max_cooldown: Option<Dur>,
-    half_open_calls: Option<u32>,
-}
-
-#[derive(Debug, Default, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawBulkhead {
-    max_concurrent: Option<u32>,
-    max_queued: Option<u32>,
-    max_wait: Option<Dur>,
-    lease: Option<Dur>,
-}
-
-#[derive(Debug, Default, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawCooldown {
-    max_pause: Option<Dur>,
-    max_wait: Option<Dur>,
-    grace: Option<Dur>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-enum Algorithm {
-    Gcra,
-    FixedWindow,
-    SlidingWindow,
-}
-
-impl Algorithm {
-    fn as_str(self) -> &'static str {
-        match self {
-            Algorithm::Gcra => "gcra",
-            Algorithm::FixedWindow => "fixed_window",
-            Algorithm::SlidingWindow => "sliding_window",
-        }
-    }
-}
-
-#[derive(Debug, Default, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawRateLimiter {
-    algorithm: Option<Algorithm>,
-    limit: Option<u32>,
-    period: Option<Dur>,
-    burst: Option<u32>,
-    max_wait: Option<Dur>,
-}
-
 // ---------------------------------------------------------------- resolution
 
-/// A pipeline's own section and the one of `default`, looked at together.
-#[derive(Clone, Copy)]
-struct Layers<'a, T> {
-    own: Option<&'a T>,
-    base: Option<&'a T>,
-}
-
-impl<'a, T> Layers<'a, T> {
-    fn of(own: Option<&'a T>, base: Option<&'a T>) -> Option<Self> {
-        (own.is_some() || base.is_some()).then_some(Layers { own, base })
-    }
-
-    /// The field from the pipeline's section, else from `default`.
-    fn get<V: Copy>(&self, f: impl Fn(&T) -> Option<V>) -> Option<V> {
-        self.own.and_then(&f).or_else(|| self.base.and_then(&f))
-    }
-
-    fn own_sets<V>(&self, f: impl Fn(&T) -> Option<V>) -> bool {
-        self.own.and_then(f).is_some()
-    }
-
-    fn base_sets<V>(&self, f: impl Fn(&T) -> Option<V>) -> bool {
-        self.base.and_then(f).is_some()
-    }
-
-    /// A field that does not apply to the chosen kind is a mistake, unless
-    /// it is inherited from `default` while the pipeline chose the kind.
-    fn stray<V: Copy>(&self, kind_from_own: bool, f: impl Fn(&T) -> Option<V>) -> bool {
-        self.own_sets(&f) || (self.base_sets(&f) && !kind_from_own)
-    }
-}
-
-fn required<V>(
-    v: Option<V>,
-    policy: &'static str,
-    field: &'static str,
-    example: &str,
-) -> Result<V, ConfigError> {
-    v.ok_or_else(|| ConfigError::new(policy, field, format!("must be set, e.g. {example}")))
-}
-
-/// A policy with its settings, ready to be declared on a builder.
-#[derive(Debug, Clone)]
-pub(crate) enum Policy {
-    Timeout(Timeout),
-    Retry(Retry),
-    AttemptTimeout(Timeout),
-    CircuitBreaker(CircuitBreaker),
-    Bulkhead(Bulkhead),
-    Cooldown(Cooldown),
-    RateLimiter(RateLimiter),
-}
-
-/// A pipeline's configuration with `default` applied.
+/// A pipeline's configuration with `default` applied: the policies to
+/// declare, in order, each with the name it was configured under.
 #[derive(Debug, Clone)]
 pub(crate) struct Resolved {
-    policies: Vec<Policy>,
+    policies: Vec<(PolicyName, Declared)>,
     partition_idle: Option<Duration>,
 }
 
@@ -403,48 +579,8 @@ impl Resolved {
                     ),
                 )
             };
-            policies.push(match p {
-                PolicyName::Timeout => Policy::Timeout(timeout(
-                    Layers::of(own.timeout.as_ref(), base.and_then(|b| b.timeout.as_ref()))
-                        .ok_or_else(missing)?,
-                )),
-                PolicyName::AttemptTimeout => Policy::AttemptTimeout(timeout(
-                    Layers::of(
-                        own.attempt_timeout.as_ref(),
-                        base.and_then(|b| b.attempt_timeout.as_ref()),
-                    )
-                    .ok_or_else(missing)?,
-                )),
-                PolicyName::Retry => Policy::Retry(retry(
-                    Layers::of(own.retry.as_ref(), base.and_then(|b| b.retry.as_ref()))
-                        .ok_or_else(missing)?,
-                )?),
-                PolicyName::CircuitBreaker => Policy::CircuitBreaker(breaker(
-                    Layers::of(
-                        own.circuit_breaker.as_ref(),
-                        base.and_then(|b| b.circuit_breaker.as_ref()),
-                    )
-                    .ok_or_else(missing)?,
-                )?),
-                PolicyName::Bulkhead => Policy::Bulkhead(bulkhead(
-                    Layers::of(
-                        own.bulkhead.as_ref(),
-                        base.and_then(|b| b.bulkhead.as_ref()),
-                    )
-                    .ok_or_else(missing)?,
-                )?),
-                PolicyName::Cooldown => Policy::Cooldown(cooldown(Layers {
-                    own: own.cooldown.as_ref(),
-                    base: base.and_then(|b| b.cooldown.as_ref()),
-                })),
-                PolicyName::RateLimiter => Policy::RateLimiter(rate_limiter(
-                    Layers::of(
-                        own.rate_limiter.as_ref(),
-                        base.and_then(|b| b.rate_limiter.as_ref()),
-                    )
-                    .ok_or_else(missing)?,
-                )?),
-            });
+            let layers = Layers::of(own.section(p), base.and_then(|b| b.section(p)));
+            policies.push((p, resolve(p.kind(), layers, missing)?));
         }
         let partition_idle = own
             .partition_idle
@@ -463,18 +599,11 @@ impl Resolved {
         mut builder: PipelineBuilder,
         budget: Option<&RetryBudget>,
     ) -> PipelineBuilder {
-        for p in &self.policies {
-            builder = match p {
-                Policy::Timeout(t) | Policy::AttemptTimeout(t) => builder.timeout(*t),
-                Policy::Retry(r) => match budget {
-                    Some(b) => builder.retry(r.clone().budget(b.clone())),
-                    None => builder.retry(r.clone()),
-                },
-                Policy::CircuitBreaker(c) => builder.circuit_breaker(c.clone()),
-                Policy::Bulkhead(b) => builder.bulkhead(b.clone()),
-                Policy::Cooldown(c) => builder.cooldown(c.clone()),
-                Policy::RateLimiter(r) => builder.rate_limiter(r.clone()),
-            };
+        for (_, p) in &self.policies {
+            builder = builder.declare(match (p, budget) {
+                (Declared::Retry(r), Some(b)) => Declared::Retry(r.clone().budget(b.clone())),
+                _ => p.clone(),
+            });
         }
         if let Some(idle) = self.partition_idle {
             builder = builder.partition_idle(idle);
@@ -484,8 +613,8 @@ impl Resolved {
 
     /// The retry budget, if the retry has one.
     pub(crate) fn budget(&self) -> Option<&RetryBudget> {
-        self.policies.iter().find_map(|p| match p {
-            Policy::Retry(r) => r.budget.as_ref(),
+        self.policies.iter().find_map(|(_, p)| match p {
+            Declared::Retry(r) => r.budget.as_ref(),
             _ => None,
         })
     }
@@ -493,8 +622,8 @@ impl Resolved {
     /// `true` when the overall timeout is the one at fault for a
     /// `timeout.*` error of the builder (it checks the overall one first).
     pub(crate) fn overall_timeout_invalid(&self) -> bool {
-        self.policies.iter().any(|p| match p {
-            Policy::Timeout(t) => t.duration.is_zero(),
+        self.policies.iter().any(|(name, p)| match p {
+            Declared::Timeout(t) => !name.after_retry && t.duration.is_zero(),
             _ => false,
         })
     }
@@ -502,8 +631,9 @@ impl Resolved {
 
 /// The policies in force, in declaration order. The order rules are
 /// [`seawall_order::check`]'s (applied again by the builder); here they are
-/// only worded for the `policies` list, and a timeout's name is held to what
-/// its position makes it bound ([`seawall_order::scope`]).
+/// only worded for the `policies` list, and the name of a policy that may
+/// stand on either side of the retry is held to the side its position puts
+/// it on ([`seawall_order::scope`]).
 fn order(own: &RawPipeline, base: Option<&RawPipeline>) -> Result<Vec<PolicyName>, ConfigError> {
     let err = |rule: String| ConfigError::new("pipeline", "policies", rule);
     let listed = own
@@ -523,10 +653,7 @@ fn order(own: &RawPipeline, base: Option<&RawPipeline>) -> Result<Vec<PolicyName
                     return Err(err(format!("lists `{}` twice", list[at].as_str())));
                 }
             }
-            if let Some(p) = PolicyName::CANONICAL
-                .into_iter()
-                .find(|p| p.configured(own) && !list.contains(p))
-            {
+            if let Some(p) = PolicyName::all().find(|p| p.configured(own) && !list.contains(p)) {
                 return Err(err(format!(
                     "does not list `{0}`, which this pipeline configures: add it to `policies` or remove the `{0}` section",
                     p.as_str()
@@ -534,269 +661,39 @@ fn order(own: &RawPipeline, base: Option<&RawPipeline>) -> Result<Vec<PolicyName
             }
             list.clone()
         }
-        None => PolicyName::CANONICAL
-            .into_iter()
+        None => PolicyName::all()
             .filter(|p| p.configured(own) || base.is_some_and(|b| p.configured(b)))
             .collect(),
     };
     let kinds: Vec<PolicyKind> = order.iter().map(|p| p.kind()).collect();
-    let bounds = |name: PolicyName| {
-        order
-            .iter()
-            .enumerate()
-            .filter(move |(_, p)| **p == name)
-            .map(|(i, _)| scope(&kinds, i))
-    };
-    if bounds(PolicyName::Timeout).any(|s| s == Scope::Attempt) {
-        return Err(err(
-            "lists `timeout` after `retry`: `timeout` bounds the whole call and comes before `retry`; use `attempt_timeout` to bound each attempt".into(),
-        ));
-    }
-    if bounds(PolicyName::AttemptTimeout).any(|s| s == Scope::Call) {
-        if !order.contains(&PolicyName::Retry) {
-            return Err(ConfigError::new(
-                "pipeline",
-                "attempt_timeout",
-                "needs a `retry` policy; without retries use `timeout`",
-            ));
-        }
-        return Err(err(
-            "lists `attempt_timeout` before `retry`: it bounds each attempt and comes after `retry`".into(),
-        ));
-    }
-    Ok(order)
-}
-
-fn timeout(l: Layers<'_, RawTimeout>) -> Timeout {
-    // A missing duration is refused by the builder as zero.
-    let duration = l.get(|t| t.duration).map_or(Duration::ZERO, |d| d.0);
-    if l.get(|t| t.strict).unwrap_or(false) {
-        Timeout::strict(duration)
-    } else {
-        Timeout::new(duration)
-    }
-}
-
-fn retry(l: Layers<'_, RawRetry>) -> Result<Retry, ConfigError> {
-    const P: &str = "retry";
-    let kind_from_own = l.own_sets(|r| r.backoff);
-    let kind = l.get(|r| r.backoff).unwrap_or(BackoffKind::Exponential);
-    let delay = required(l.get(|r| r.delay), P, "delay", "\"200ms\"")?.0;
-    if kind != BackoffKind::Exponential && l.stray(kind_from_own, |r| r.multiplier) {
-        return Err(ConfigError::new(
-            P,
-            "multiplier",
-            format!("applies only to exponential backoff, not {}", kind.as_str()),
-        ));
-    }
-    if kind == BackoffKind::Constant && l.stray(kind_from_own, |r| r.cap) {
-        return Err(ConfigError::new(
-            P,
-            "cap",
-            "does not apply to constant backoff",
-        ));
-    }
-    let mut r = match kind {
-        BackoffKind::Constant => Retry::constant(delay),
-        BackoffKind::Linear => Retry::linear(delay),
-        BackoffKind::Exponential => Retry::exponential(delay),
-        BackoffKind::Decorrelated => Retry::decorrelated(delay, Duration::MAX),
-    };
-    if kind == BackoffKind::Exponential {
-        if let Some(m) = l.get(|r| r.multiplier) {
-            r = r.multiplier(m);
-        }
-    }
-    if kind != BackoffKind::Constant {
-        if let Some(cap) = l.get(|r| r.cap) {
-            r = r.cap(cap.0);
-        }
-    }
-    if let Some(n) = l.get(|r| r.max_attempts) {
-        r = r.max_attempts(n);
-    }
-    if let Some(j) = l.get(|r| r.jitter) {
-        r = r.jitter(j.0);
-    }
-    if let Some(b) = Layers::of(
-        l.own.and_then(|r| r.budget.as_ref()),
-        l.base.and_then(|r| r.budget.as_ref()),
-    ) {
-        let ratio = required(b.get(|b| b.ratio), P, "budget.ratio", "0.2")?;
-        let max_tokens = b.get(|b| b.max_tokens).unwrap_or(10);
-        r = r.budget(RetryBudget::new(ratio, max_tokens));
-    }
-    Ok(r)
-}
-
-fn breaker(l: Layers<'_, RawBreaker>) -> Result<CircuitBreaker, ConfigError> {
-    const P: &str = "circuit_breaker";
-    let modes = |b: &RawBreaker| {
-        let mut set = Vec::new();
-        if b.consecutive_failures.is_some() {
-            set.push("consecutive_failures");
-        }
-        if b.count_window.is_some() {
-            set.push("count_window");
-        }
-        if b.window.is_some() {
-            set.push("window");
-        }
-        set
-    };
-    let own_modes = l.own.map(modes).unwrap_or_default();
-    let mode_from_own = !own_modes.is_empty();
-    let set = if mode_from_own {
-        own_modes
-    } else {
-        l.base.map(modes).unwrap_or_default()
-    };
-    if let [first, second, ..] = set[..] {
-        return Err(ConfigError::new(
-            P,
-            second,
-            format!(
-                "conflicts with `{first}`: set one of consecutive_failures, count_window or window"
-            ),
-        ));
-    }
-    let mode = if mode_from_own { l.own } else { l.base };
-    let mut b = if let Some(n) = mode.and_then(|m| m.consecutive_failures) {
-        for (field, stray) in [
-            (
-                "failure_rate",
-                l.stray(mode_from_own, |b| b.failure_rate.map(|_| ())),
-            ),
-            ("minimum_calls", l.stray(mode_from_own, |b| b.minimum_calls)),
-            (
-                "slow_call_rate",
-                l.stray(mode_from_own, |b| b.slow_call_rate.map(|_| ())),
-            ),
-            (
-                "slow_call_duration",
-                l.stray(mode_from_own, |b| b.slow_call_duration),
-            ),
-        ] {
-            if stray {
-                return Err(ConfigError::new(
-                    P,
-                    field,
-                    "applies only to a count or time window, not consecutive_failures",
-                ));
+    let has_retry = kinds.iter().any(|k| k.place() == Place::Retry);
+    for (i, name) in order.iter().enumerate() {
+        let Some(attempt) = name.kind.attempt_name() else {
+            continue;
+        };
+        let call = name.kind.name();
+        match (name.after_retry, scope(&kinds, i)) {
+            (false, Scope::Attempt) => {
+                return Err(err(format!(
+                    "lists `{call}` after `retry`: `{call}` bounds the whole call and comes before `retry`; use `{attempt}` to bound each attempt"
+                )))
             }
-        }
-        CircuitBreaker::consecutive_failures(n)
-    } else {
-        let mut b = CircuitBreaker::failure_rate(l.get(|b| b.failure_rate).unwrap_or(0.5));
-        if let Some(n) = mode.and_then(|m| m.count_window) {
-            b = b.count_window(n);
-        } else if let Some(w) = mode.and_then(|m| m.window) {
-            b = b.window(w.0);
-        }
-        if let Some(n) = l.get(|b| b.minimum_calls) {
-            b = b.minimum_calls(n);
-        }
-        match l.get(|b| b.slow_call_rate) {
-            Some(rate) => {
-                let d = l
-                    .get(|b| b.slow_call_duration)
-                    .map_or(b.slow_call_duration, |d| d.0);
-                b = b.slow_calls(rate, d);
-            }
-            None if l.own_sets(|b| b.slow_call_duration) => {
+            (true, Scope::Call) if !has_retry => {
                 return Err(ConfigError::new(
-                    P,
-                    "slow_call_duration",
-                    "needs slow_call_rate",
+                    "pipeline",
+                    attempt,
+                    format!("needs a `retry` policy; without retries use `{call}`"),
                 ))
             }
-            None => {}
-        }
-        b
-    };
-    if let Some(c) = l.get(|b| b.cooldown) {
-        b = b.cooldown(c.0);
-    }
-    match (l.get(|b| b.cooldown_growth), l.get(|b| b.max_cooldown)) {
-        (Some(f), Some(max)) => b = b.cooldown_growth(f, max.0),
-        (Some(_), None) => {
-            return Err(ConfigError::new(
-                P,
-                "cooldown_growth",
-                "needs max_cooldown, the longest cooldown",
-            ))
-        }
-        (None, Some(_)) => {
-            return Err(ConfigError::new(P, "max_cooldown", "needs cooldown_growth"))
-        }
-        (None, None) => {}
-    }
-    if let Some(n) = l.get(|b| b.half_open_calls) {
-        b = b.half_open_calls(n);
-    }
-    Ok(b)
-}
-
-fn bulkhead(l: Layers<'_, RawBulkhead>) -> Result<Bulkhead, ConfigError> {
-    let n = required(
-        l.get(|b| b.max_concurrent),
-        "bulkhead",
-        "max_concurrent",
-        "10",
-    )?;
-    let mut b = Bulkhead::new(n);
-    let queued = l.get(|b| b.max_queued);
-    let wait = l.get(|b| b.max_wait);
-    if queued.is_some() || wait.is_some() {
-        b = b.queue(queued.unwrap_or(0), wait.map_or(Duration::ZERO, |d| d.0));
-    }
-    if let Some(lease) = l.get(|b| b.lease) {
-        b = b.lease(lease.0);
-    }
-    Ok(b)
-}
-
-fn cooldown(l: Layers<'_, RawCooldown>) -> Cooldown {
-    let mut c = Cooldown::new();
-    if let Some(d) = l.get(|c| c.max_pause) {
-        c = c.max_pause(d.0);
-    }
-    if let Some(d) = l.get(|c| c.max_wait) {
-        c = c.max_wait(d.0);
-    }
-    if let Some(d) = l.get(|c| c.grace) {
-        c = c.grace(d.0);
-    }
-    c
-}
-
-fn rate_limiter(l: Layers<'_, RawRateLimiter>) -> Result<RateLimiter, ConfigError> {
-    const P: &str = "rate_limiter";
-    let kind_from_own = l.own_sets(|r| r.algorithm);
-    let algorithm = l.get(|r| r.algorithm).unwrap_or(Algorithm::Gcra);
-    let limit = required(l.get(|r| r.limit), P, "limit", "100")?;
-    let period = required(l.get(|r| r.period), P, "period", "\"1s\"")?.0;
-    if algorithm != Algorithm::Gcra && l.stray(kind_from_own, |r| r.burst) {
-        return Err(ConfigError::new(
-            P,
-            "burst",
-            format!("applies only to gcra, not {}", algorithm.as_str()),
-        ));
-    }
-    let mut r = match algorithm {
-        Algorithm::Gcra => RateLimiter::gcra(limit, period),
-        Algorithm::FixedWindow => RateLimiter::fixed_window(limit, period),
-        Algorithm::SlidingWindow => RateLimiter::sliding_window(limit, period),
-    };
-    if algorithm == Algorithm::Gcra {
-        if let Some(b) = l.get(|r| r.burst) {
-            r = r.burst(b);
+            (true, Scope::Call) => {
+                return Err(err(format!(
+                    "lists `{attempt}` before `retry`: it bounds each attempt and comes after `retry`"
+                )))
+            }
+            _ => {}
         }
     }
-    if let Some(w) = l.get(|r| r.max_wait) {
-        r = r.max_wait(w.0);
-    }
-    Ok(r)
+    Ok(order)
 }
 
 #[cfg(test)]
@@ -819,7 +716,20 @@ mod tests {
     #[test]
     fn policy_names_are_the_registered_names() {
         use serde::de::value::{Error, StrDeserializer};
-        for p in PolicyName::CANONICAL {
+        let all: Vec<&str> = PolicyName::all().map(PolicyName::as_str).collect();
+        assert_eq!(
+            all,
+            [
+                "timeout",
+                "retry",
+                "attempt_timeout",
+                "circuit_breaker",
+                "bulkhead",
+                "cooldown",
+                "rate_limiter"
+            ]
+        );
+        for p in PolicyName::all() {
             let read = PolicyName::deserialize(StrDeserializer::<Error>::new(p.as_str()));
             assert_eq!(read, Ok(p));
         }
@@ -827,6 +737,91 @@ mod tests {
             let read = PolicyName::deserialize(StrDeserializer::<Error>::new(k.name()));
             assert_eq!(read.map(PolicyName::kind), Ok(*k), "{k:?}");
         }
+    }
+
+    /// Every policy of `seawall_order`'s table is a section of the files
+    /// (read by the table's keys), a declaration of the builder, and the
+    /// same declaration either way.
+    #[test]
+    fn every_registered_policy_is_configured_and_declared() {
+        use crate::config::{Config, Format};
+        use crate::{Bulkhead, CircuitBreaker, Cooldown, Pipeline, RateLimiter, Retry};
+        for &kind in PolicyKind::ALL {
+            // The smallest section of each policy and its builder call; a
+            // new policy fails to compile here until it is given both.
+            let ms = Duration::from_millis;
+            let (section, builder) = match kind {
+                PolicyKind::Timeout => {
+                    ("timeout = \"1s\"", Pipeline::builder("a").timeout(ms(1000)))
+                }
+                PolicyKind::Retry => (
+                    "retry = { delay = \"1ms\" }",
+                    Pipeline::builder("a").retry(Retry::exponential(ms(1))),
+                ),
+                PolicyKind::CircuitBreaker => (
+                    "circuit_breaker = { consecutive_failures = 3 }",
+                    Pipeline::builder("a").circuit_breaker(CircuitBreaker::consecutive_failures(3)),
+                ),
+                PolicyKind::Bulkhead => (
+                    "bulkhead = { max_concurrent = 1 }",
+                    Pipeline::builder("a").bulkhead(Bulkhead::new(1)),
+                ),
+                PolicyKind::Cooldown => (
+                    "cooldown = {}",
+                    Pipeline::builder("a").cooldown(Cooldown::new()),
+                ),
+                PolicyKind::RateLimiter => (
+                    "rate_limiter = { limit = 1, period = \"1s\" }",
+                    Pipeline::builder("a").rate_limiter(RateLimiter::gcra(1, ms(1000))),
+                ),
+            };
+            let config = Config::parse(Format::Toml, &format!("[pipelines.a]\n{section}\n"))
+                .unwrap_or_else(|e| panic!("{kind:?}: {e}"));
+            let from_file = config.builder("a").expect("configured");
+            assert_eq!(from_file.declared_kinds(), [kind]);
+            assert_eq!(builder.declared_kinds(), [kind]);
+            assert_eq!(format!("{from_file:?}"), format!("{builder:?}"));
+
+            let text = format!("[pipelines.a.{}]\nx = 1\n", kind.name());
+            let e = Config::parse(Format::Toml, &text).unwrap_err().to_string();
+            let keys: Vec<&str> = kind.settings().iter().map(|s| s.key).collect();
+            let expected = format!("unknown field `x`, {}", one_of(&keys));
+            assert!(e.contains(&expected), "{e}\nshould contain: {expected}");
+        }
+    }
+
+    /// The file's documentation names every registered section and key.
+    #[test]
+    fn every_registered_key_is_documented() {
+        let docs = include_str!("mod.rs");
+        for name in PolicyName::all() {
+            let section = format!("`{}`", name.as_str());
+            assert!(docs.contains(&section), "{section} is not documented");
+        }
+        for kind in PolicyKind::ALL {
+            for s in kind.settings() {
+                let keys: Vec<&str> = match s.value {
+                    Value::Table(nested) => nested.iter().map(|n| n.key).collect(),
+                    _ => vec![s.key],
+                };
+                for key in keys {
+                    let quoted = format!("`{key}`");
+                    let inline = format!("{key} = ");
+                    assert!(
+                        docs.contains(&quoted) || docs.contains(&inline),
+                        "{kind:?}.{key} is not documented"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn serde_wording_of_expected_names() {
+        assert_eq!(one_of(&[]), "there are no fields");
+        assert_eq!(one_of(&["a"]), "expected `a`");
+        assert_eq!(one_of(&["a", "b"]), "expected `a` or `b`");
+        assert_eq!(one_of(&["a", "b", "c"]), "expected one of `a`, `b`, `c`");
     }
 
     #[test]

@@ -24,16 +24,19 @@ type Step = Arc<dyn Fn(&str, PipelineBuilder) -> PipelineBuilder + Send + Sync>;
 ///
 /// # Default
 /// The process-wide [`MemoryStore::global`](crate::MemoryStore::global)
-/// store, the system clock and random source, no listener.
+/// store, the system clock and random source, no listener; a configuration
+/// without pipelines is refused (see [`allow_empty`](Self::allow_empty)).
 #[derive(Clone, Default)]
 pub struct RegistryBuilder {
     steps: Vec<Step>,
+    allow_empty: bool,
 }
 
 impl fmt::Debug for RegistryBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RegistryBuilder")
             .field("steps", &self.steps.len())
+            .field("allow_empty", &self.allow_empty)
             .finish()
     }
 }
@@ -44,6 +47,29 @@ impl RegistryBuilder {
         step: impl Fn(&str, PipelineBuilder) -> PipelineBuilder + Send + Sync + 'static,
     ) -> Self {
         self.steps.push(Arc::new(step));
+        self
+    }
+
+    /// Accepts a configuration that configures no pipeline, on load and on
+    /// every reload. By default it is refused with [`LoadError::Empty`]: an
+    /// empty or truncated file (a deployment that wrote nothing, a watched
+    /// file caught while it is being replaced) would otherwise remove every
+    /// pipeline without a word; a refused reload keeps the old pipelines.
+    ///
+    /// ```
+    /// use seawall::config::{Format, LoadError, Registry};
+    ///
+    /// let refused = Registry::builder().load_str(Format::Yaml, "# nothing yet\n");
+    /// assert!(matches!(refused, Err(LoadError::Empty { .. })));
+    ///
+    /// let registry = Registry::builder()
+    ///     .allow_empty()
+    ///     .load_str(Format::Yaml, "# nothing yet\n")?;
+    /// assert!(registry.names().is_empty());
+    /// # Ok::<_, Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn allow_empty(mut self) -> Self {
+        self.allow_empty = true;
         self
     }
 
@@ -98,7 +124,9 @@ impl RegistryBuilder {
     ///
     /// # Errors
     /// [`LoadError::Invalid`] when a pipeline cannot be built with the
-    /// settings of this builder (a store that cannot bind, say).
+    /// settings of this builder (a store that cannot bind, say);
+    /// [`LoadError::Empty`] when it configures no pipeline (unless
+    /// [`allow_empty`](Self::allow_empty)).
     pub fn load(self, config: Config) -> Result<Registry, LoadError> {
         let registry = self.empty(None);
         registry.apply(config)?;
@@ -133,6 +161,7 @@ impl RegistryBuilder {
         Registry {
             inner: Arc::new(Inner {
                 steps: self.steps,
+                allow_empty: self.allow_empty,
                 slots: RwLock::new(HashMap::new()),
                 config: RwLock::new(Arc::new(Config::empty())),
                 reload: Mutex::new(()),
@@ -179,6 +208,8 @@ pub struct Registry {
 
 struct Inner {
     steps: Vec<Step>,
+    /// A configuration without pipelines is loaded, not refused.
+    allow_empty: bool,
     slots: RwLock<HashMap<String, Arc<Slot>>>,
     config: RwLock<Arc<Config>>,
     /// Serializes reloads.
@@ -318,7 +349,9 @@ impl Registry {
     ///
     /// # Errors
     /// [`LoadError::Invalid`] when a pipeline cannot be built with the
-    /// registry's settings; the old pipelines stay.
+    /// registry's settings, [`LoadError::Empty`] when `config` has no
+    /// pipeline (unless [`allow_empty`](RegistryBuilder::allow_empty)); the
+    /// old pipelines stay.
     pub fn reload(&self, config: Config) -> Result<(), LoadError> {
         self.apply(config)
     }
@@ -388,6 +421,9 @@ impl Registry {
     }
 
     fn apply(&self, config: Config) -> Result<(), LoadError> {
+        if !self.inner.allow_empty && config.names().next().is_none() {
+            return Err(config.empty_error());
+        }
         let _reloading = lock(&self.inner.reload);
         // Check every pipeline before building any, so that a refused
         // configuration leaves no trace in the store.

@@ -7,24 +7,41 @@ use std::path::Path;
 use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
 
 use super::raw::RawFile;
-use super::{Format, LoadError, Location};
+use super::{limits, Format, LoadError, Location};
 use crate::error::ConfigError;
 
-/// Reads a configuration file and tells its format by its extension.
+/// Reads a configuration file and tells its format by its extension; a
+/// file larger than [`limits::MAX_BYTES`] is refused without being read
+/// whole.
 pub(crate) fn read(path: &Path) -> Result<(Format, String), LoadError> {
+    use std::io::Read;
+
     let format = Format::from_path(path).ok_or_else(|| LoadError::UnknownFormat {
         path: path.to_owned(),
     })?;
-    let text = std::fs::read_to_string(path).map_err(|source| LoadError::Io {
+    let io = |source| LoadError::Io {
         path: path.to_owned(),
         source,
-    })?;
+    };
+    let file = std::fs::File::open(path).map_err(io)?;
+    let mut text = String::new();
+    file.take(limits::MAX_BYTES as u64 + 1)
+        .read_to_string(&mut text)
+        .map_err(io)?;
+    if text.len() > limits::MAX_BYTES {
+        let size = std::fs::metadata(path).map_or(text.len() as u64, |m| m.len());
+        return Err(limits::too_large(&path.display().to_string(), size));
+    }
     Ok((format, text))
 }
 
 /// Parses a whole file, with the path of the failing field and its
 /// position in errors.
+///
+/// A text larger than [`limits::MAX_BYTES`] or nesting deeper than
+/// [`limits::MAX_DEPTH`] is refused before it is parsed.
 pub(crate) fn parse(origin: &str, format: Format, text: &str) -> Result<RawFile, LoadError> {
+    limits::check(origin, format, text)?;
     match format {
         Format::Toml => {
             let de = toml::de::Deserializer::parse(text)
@@ -38,7 +55,7 @@ pub(crate) fn parse(origin: &str, format: Format, text: &str) -> Result<RawFile,
             if is_blank_yaml(text) {
                 return Ok(RawFile::default());
             }
-            let de = serde_yaml::Deserializer::from_str(text);
+            let de = serde_norway::Deserializer::from_str(text);
             serde_path_to_error::deserialize(de).map_err(|e| {
                 let field = field_path(e.path());
                 yaml_error(origin, text, field, e.inner())
@@ -75,7 +92,7 @@ fn toml_error(origin: &str, text: &str, field: String, e: &toml::de::Error) -> L
     }
 }
 
-fn yaml_error(origin: &str, text: &str, field: String, e: &serde_yaml::Error) -> LoadError {
+fn yaml_error(origin: &str, text: &str, field: String, e: &serde_norway::Error) -> LoadError {
     // An error at the end of a text without a final newline is placed by
     // the parser on the line after the last one: report the end itself.
     let position = e.location().map(|l| {
@@ -94,9 +111,9 @@ fn yaml_error(origin: &str, text: &str, field: String, e: &serde_yaml::Error) ->
     }
 }
 
-/// serde_yaml's message without the position (reported apart) and without
+/// The YAML parser's message without the position (reported apart) and without
 /// its own, shorter field path (ours is more precise).
-fn yaml_message(e: &serde_yaml::Error, field: &str) -> String {
+fn yaml_message(e: &serde_norway::Error, field: &str) -> String {
     let mut msg = e.to_string();
     if let Some(l) = e.location() {
         let suffix = format!(" at line {} column {}", l.line(), l.column());
@@ -200,7 +217,7 @@ pub(crate) fn locate(format: Format, text: &str, path: &[&str]) -> Option<(usize
             e.span().map(|s| line_column(text, s.start))
         }
         Format::Yaml => {
-            let de = serde_yaml::Deserializer::from_str(text);
+            let de = serde_norway::Deserializer::from_str(text);
             let e = Probe { path }.deserialize(de).err()?;
             if !e.to_string().contains(FOUND) {
                 return None;

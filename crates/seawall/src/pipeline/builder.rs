@@ -45,6 +45,7 @@ pub struct PipelineBuilder<K: Kind = AnyResult> {
     random: Option<Arc<dyn Random>>,
     listeners: Vec<Listener>,
     partition_idle: Duration,
+    strict_names: bool,
     handlers: K::Handlers,
 }
 
@@ -59,6 +60,7 @@ impl<K: Kind> Clone for PipelineBuilder<K> {
             random: self.random.clone(),
             listeners: self.listeners.clone(),
             partition_idle: self.partition_idle,
+            strict_names: self.strict_names,
             handlers: self.handlers.clone(),
         }
     }
@@ -84,6 +86,7 @@ impl PipelineBuilder<AnyResult> {
             random: None,
             listeners: Vec::new(),
             partition_idle: Duration::from_secs(600),
+            strict_names: false,
             handlers: (),
         }
     }
@@ -91,9 +94,15 @@ impl PipelineBuilder<AnyResult> {
 
 impl<K: Kind> PipelineBuilder<K> {
     /// Appends a policy to the declared list; `build()` checks the order.
-    fn declare(mut self, policy: Declared) -> Self {
+    pub(crate) fn declare(mut self, policy: Declared) -> Self {
         self.declared.push(policy);
         self
+    }
+
+    /// The declared policies, in order (for tests of the registration).
+    #[cfg(test)]
+    pub(crate) fn declared_kinds(&self) -> Vec<seawall_order::PolicyKind> {
+        self.declared.iter().map(Declared::kind).collect()
     }
 
     /// Adds a retry policy. Timeouts declared after it bound each attempt,
@@ -159,6 +168,42 @@ impl<K: Kind> PipelineBuilder<K> {
     /// How long a partition may stay unused before its state is evicted.
     pub fn partition_idle(mut self, idle: Duration) -> Self {
         self.partition_idle = idle;
+        self
+    }
+
+    /// Refuses to build when a live pipeline of the same name on the same
+    /// [`MemoryStore`] has different stateful settings (circuit breaker,
+    /// bulkhead, cooldown, rate limiter or `partition_idle`): such
+    /// pipelines would not share state, whatever their common name says.
+    /// Without it the build succeeds, and with the `tracing` feature logs a
+    /// warning. A pipeline of equal settings shares the state; once every
+    /// pipeline of the old settings is dropped the name is free again.
+    /// Shared stores such as Redis key state by name alone and are not
+    /// checked.
+    ///
+    /// ```
+    /// use seawall::{CircuitBreaker, MemoryStore, Pipeline};
+    ///
+    /// let store = MemoryStore::new();
+    /// let _a = Pipeline::builder("payments")
+    ///     .store(store.clone())
+    ///     .circuit_breaker(CircuitBreaker::consecutive_failures(5))
+    ///     .build()?;
+    /// let e = Pipeline::builder("payments")
+    ///     .store(store.clone())
+    ///     .circuit_breaker(CircuitBreaker::consecutive_failures(10))
+    ///     .strict_names()
+    ///     .build()
+    ///     .unwrap_err();
+    /// assert!(e.to_string().contains("`payments` is bound on this store by a live pipeline with a different circuit_breaker"));
+    /// # Ok::<_, seawall::ConfigError>(())
+    /// ```
+    ///
+    /// # Default
+    /// Off: a name bound again with other settings gets a resource of its
+    /// own (what a configuration reload needs).
+    pub fn strict_names(mut self) -> Self {
+        self.strict_names = true;
         self
     }
 
@@ -268,6 +313,7 @@ impl<K: Kind> PipelineBuilder<K> {
             random: self.random,
             listeners: self.listeners,
             partition_idle: self.partition_idle,
+            strict_names: self.strict_names,
             handlers,
         }
     }
@@ -279,8 +325,20 @@ impl<K: Kind> PipelineBuilder<K> {
     /// `retry.max_attempts must be >= 1, got 0`; or, when the store cannot
     /// prepare the resource, a `store` error.
     pub fn build(self) -> Result<Pipeline<K>, ConfigError> {
-        let sorted = declare::sort(self.declared)?;
-        let assembly = Assembly {
+        let kinds = declare::check_order(&self.declared)?;
+        if self.name.trim().is_empty() {
+            return Err(ConfigError::new("pipeline", "name", "must not be empty"));
+        }
+        declare::validate(&self.declared, &kinds)?;
+        if self.partition_idle.is_zero() {
+            return Err(ConfigError::new(
+                "pipeline",
+                "partition_idle",
+                "must be > 0",
+            ));
+        }
+        let sorted = declare::sort(self.declared, &kinds);
+        Assembly {
             name: self.name,
             retry: sorted.retry,
             overall_timeout: sorted.overall_timeout,
@@ -295,15 +353,15 @@ impl<K: Kind> PipelineBuilder<K> {
             random: self.random,
             listeners: self.listeners,
             partition_idle: self.partition_idle,
+            strict_names: self.strict_names,
             handlers: self.handlers,
-        };
-        assembly.validate()?;
-        assembly.assemble()
+        }
+        .assemble()
     }
 }
 
-/// A checked declaration, sorted by role, and the builder's settings: what
-/// a pipeline is assembled from.
+/// A checked and validated declaration, sorted by role, and the builder's
+/// settings: what a pipeline is assembled from.
 struct Assembly<K: Kind> {
     name: String,
     retry: Option<Retry>,
@@ -319,47 +377,11 @@ struct Assembly<K: Kind> {
     random: Option<Arc<dyn Random>>,
     listeners: Vec<Listener>,
     partition_idle: Duration,
+    strict_names: bool,
     handlers: K::Handlers,
 }
 
 impl<K: Kind> Assembly<K> {
-    /// The numeric rules, each stated by its policy's `validate()`.
-    fn validate(&self) -> Result<(), ConfigError> {
-        if self.name.trim().is_empty() {
-            return Err(ConfigError::new("pipeline", "name", "must not be empty"));
-        }
-        if let Some(r) = &self.retry {
-            r.validate()?;
-        }
-        for t in [self.overall_timeout, self.attempt_timeout]
-            .into_iter()
-            .flatten()
-        {
-            t.validate()?;
-        }
-        if let Some(c) = &self.circuit {
-            c.validate()?;
-        }
-        let attempt_timeout = self.attempt_timeout.or(self.overall_timeout);
-        if let Some(b) = &self.bulkhead {
-            b.validate(attempt_timeout.map(|t| t.duration))?;
-        }
-        if let Some(c) = &self.cooldown {
-            c.validate()?;
-        }
-        if let Some(r) = &self.rate_limit {
-            r.validate()?;
-        }
-        if self.partition_idle.is_zero() {
-            return Err(ConfigError::new(
-                "pipeline",
-                "partition_idle",
-                "must be > 0",
-            ));
-        }
-        Ok(())
-    }
-
     fn assemble(self) -> Result<Pipeline<K>, ConfigError> {
         let spec = ResourceSpec {
             name: self.name.clone(),
@@ -372,10 +394,14 @@ impl<K: Kind> Assembly<K> {
         let gate = if spec.is_empty() {
             None
         } else {
-            let memory = match (&self.store, &self.memory_store) {
-                (None, _) => Some(MemoryStore::global().bind_memory(&spec)),
-                (Some(_), Some(m)) => Some(m.bind_memory(&spec)),
-                (Some(_), None) => None,
+            let memory_store = match (&self.store, &self.memory_store) {
+                (None, _) => Some(MemoryStore::global()),
+                (Some(_), m) => m.as_ref(),
+            };
+            let memory = match memory_store {
+                Some(m) if self.strict_names => Some(m.bind_memory_strict(&spec)?),
+                Some(m) => Some(m.bind_memory(&spec)),
+                None => None,
             };
             let state: Arc<dyn ResourceState> = match (&memory, self.store) {
                 (Some(m), _) => Arc::clone(m) as Arc<dyn ResourceState>,

@@ -1,7 +1,9 @@
-//! The policies a builder declared, in declaration order, and their sorting
-//! into the roles the engine knows (overall or attempt timeout, ...) once
-//! the order is checked by [`seawall_order::check`], the one statement of
-//! the order rules.
+//! The policies a builder declared, in declaration order: the order check
+//! ([`seawall_order::check`], the one statement of the order rules), the
+//! numeric rules (each policy's `validate()`), and the sorting into the
+//! roles the engine knows (overall or attempt timeout, ...).
+
+use std::time::Duration;
 
 use seawall_order::{check, scope, Misplaced, PolicyKind, Rule, Scope};
 
@@ -13,10 +15,38 @@ use crate::rate_limit::RateLimiter;
 use crate::retry::Retry;
 use crate::timeout::Timeout;
 
-/// One declared policy with its settings. A new policy adds a variant
-/// here, a line in `kind` and one in `sort` (the compiler asks for both).
-#[derive(Debug, Clone)]
-pub(crate) enum Declared {
+/// The run-time value of each policy registered in [`seawall_order`]:
+/// one line per policy, `Kind(Type)`, `Kind` being its [`PolicyKind`]
+/// variant. The configuration files resolve their sections into these
+/// values and the builder methods declare them; [`sort`] gives each its
+/// role (the compiler asks for a new one there).
+macro_rules! declared {
+    ($($kind:ident($ty:ty),)*) => {
+        /// One declared policy with its settings.
+        #[derive(Debug, Clone)]
+        pub(crate) enum Declared {
+            $($kind($ty),)*
+        }
+
+        impl Declared {
+            /// The policy, as the order rules know it.
+            pub(crate) fn kind(&self) -> PolicyKind {
+                match self {
+                    $(Declared::$kind(_) => PolicyKind::$kind,)*
+                }
+            }
+
+            /// The numeric rules of the policy's settings.
+            fn validate(&self, attempt_timeout: Option<Duration>) -> Result<(), ConfigError> {
+                match self {
+                    $(Declared::$kind(p) => Validate::validate_in(p, attempt_timeout),)*
+                }
+            }
+        }
+    };
+}
+
+declared! {
     Timeout(Timeout),
     Retry(Retry),
     CircuitBreaker(CircuitBreaker),
@@ -25,16 +55,46 @@ pub(crate) enum Declared {
     RateLimiter(RateLimiter),
 }
 
-impl Declared {
-    pub(crate) fn kind(&self) -> PolicyKind {
-        match self {
-            Declared::Timeout(_) => PolicyKind::Timeout,
-            Declared::Retry(_) => PolicyKind::Retry,
-            Declared::CircuitBreaker(_) => PolicyKind::CircuitBreaker,
-            Declared::Bulkhead(_) => PolicyKind::Bulkhead,
-            Declared::Cooldown(_) => PolicyKind::Cooldown,
-            Declared::RateLimiter(_) => PolicyKind::RateLimiter,
-        }
+/// A policy's numeric rules: its module's `validate()`, given what they
+/// depend on beyond the policy's own settings (the timeout that bounds
+/// each attempt). A policy type without it cannot be declared.
+trait Validate {
+    fn validate_in(&self, attempt_timeout: Option<Duration>) -> Result<(), ConfigError>;
+}
+
+impl Validate for Timeout {
+    fn validate_in(&self, _: Option<Duration>) -> Result<(), ConfigError> {
+        self.validate()
+    }
+}
+
+impl Validate for Retry {
+    fn validate_in(&self, _: Option<Duration>) -> Result<(), ConfigError> {
+        self.validate()
+    }
+}
+
+impl Validate for CircuitBreaker {
+    fn validate_in(&self, _: Option<Duration>) -> Result<(), ConfigError> {
+        self.validate()
+    }
+}
+
+impl Validate for Bulkhead {
+    fn validate_in(&self, attempt_timeout: Option<Duration>) -> Result<(), ConfigError> {
+        self.validate(attempt_timeout)
+    }
+}
+
+impl Validate for Cooldown {
+    fn validate_in(&self, _: Option<Duration>) -> Result<(), ConfigError> {
+        self.validate()
+    }
+}
+
+impl Validate for RateLimiter {
+    fn validate_in(&self, _: Option<Duration>) -> Result<(), ConfigError> {
+        self.validate()
     }
 }
 
@@ -50,14 +110,36 @@ pub(crate) struct Sorted {
     pub(crate) rate_limit: Option<RateLimiter>,
 }
 
-/// Checks the order of `declared` and sorts the policies by role.
-pub(crate) fn sort(declared: Vec<Declared>) -> Result<Sorted, ConfigError> {
+/// Checks the order of `declared` ([`seawall_order::check`]) and gives
+/// the policies as the order rules know them.
+pub(crate) fn check_order(declared: &[Declared]) -> Result<Vec<PolicyKind>, ConfigError> {
     let kinds: Vec<PolicyKind> = declared.iter().map(Declared::kind).collect();
     check(&kinds).map_err(misplaced)?;
+    Ok(kinds)
+}
+
+/// Applies each policy's numeric rules, in declaration order.
+pub(crate) fn validate(declared: &[Declared], kinds: &[PolicyKind]) -> Result<(), ConfigError> {
+    let timeout = |wanted: Scope| {
+        declared.iter().enumerate().find_map(|(i, d)| match d {
+            Declared::Timeout(t) if scope(kinds, i) == wanted => Some(t.duration),
+            _ => None,
+        })
+    };
+    // What bounds each attempt: the timeout after the retry, else the one
+    // of the whole call.
+    let attempt_timeout = timeout(Scope::Attempt).or_else(|| timeout(Scope::Call));
+    declared
+        .iter()
+        .try_for_each(|d| d.validate(attempt_timeout))
+}
+
+/// Sorts the policies of a checked declaration by role.
+pub(crate) fn sort(declared: Vec<Declared>, kinds: &[PolicyKind]) -> Sorted {
     let mut s = Sorted::default();
     for (i, d) in declared.into_iter().enumerate() {
         match d {
-            Declared::Timeout(t) => match scope(&kinds, i) {
+            Declared::Timeout(t) => match scope(kinds, i) {
                 Scope::Call => s.overall_timeout = Some(t),
                 Scope::Attempt => s.attempt_timeout = Some(t),
             },
@@ -68,7 +150,7 @@ pub(crate) fn sort(declared: Vec<Declared>) -> Result<Sorted, ConfigError> {
             Declared::RateLimiter(r) => s.rate_limit = Some(r),
         }
     }
-    Ok(s)
+    s
 }
 
 /// The builder's wording of a broken order rule: `pipeline.<policy> <rule>`.

@@ -6,7 +6,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context as TaskContext, Poll};
 
-use super::engine::{Admit, Call, Driver, Ended, Finish, First, Holding, Owned, Quick};
+use super::engine::{Admit, Call, Driver, Ended, Finish, First, Owned, Quick};
 use super::kind::{Handles, HandlesSync};
 use super::{Kind, Pipeline};
 use crate::classify::Verdict;
@@ -69,8 +69,9 @@ impl<K: Kind> Pipeline<K> {
             return match op(Context::bare(shared.name)) {
                 Ok(v) => Ok(v),
                 Err(e) => {
-                    let call = First::after_bare(self)
-                        .into_call(Driver::Sync, &mut Holding::new(self, None));
+                    let first = First::after_bare(self);
+                    let mut held = first.hold();
+                    let call = first.into_call(Driver::Sync, &mut held);
                     sync_loop(call, op, Some(From::Ended(Some(Err(e)), None)))
                 }
             };
@@ -79,17 +80,17 @@ impl<K: Kind> Pipeline<K> {
             let call = Owned(Call::start(self, partition, Driver::Sync));
             return sync_loop(call, op, None);
         };
-        // The permit is written in place and held against a panic.
-        let mut holding = Holding::new(self, partition);
-        match first.admit(&mut holding.permit) {
+        // `held` holds the attempt's permit, given back on a panic.
+        let mut held = first.hold();
+        match first.admit(&mut held) {
             Ok(ctx) => {
                 let result = op(ctx);
-                match first.ended(result, &mut holding.permit, Driver::Sync) {
+                match first.ended(result, &mut held, Driver::Sync) {
                     // Nobody listens on the ordinary path: the call is over.
                     Ok(v) => Ok(v),
                     Err(result) => {
                         let from = From::Ended(Some(result), None);
-                        let call = first.into_call(Driver::Sync, &mut holding);
+                        let call = first.into_call(Driver::Sync, &mut held);
                         sync_loop(call, op, Some(from))
                     }
                 }
@@ -99,7 +100,7 @@ impl<K: Kind> Pipeline<K> {
                     return Err(err);
                 }
                 let from = From::Admission(quick);
-                sync_loop(first.into_call(Driver::Sync, &mut holding), op, Some(from))
+                sync_loop(first.into_call(Driver::Sync, &mut held), op, Some(from))
             }
         }
     }
@@ -122,8 +123,9 @@ impl<K: Kind> Pipeline<K> {
             return match result {
                 Ok(v) => Ok(v),
                 Err(e) => {
-                    let call = First::after_bare(self)
-                        .into_call(Driver::Async, &mut Holding::new(self, None));
+                    let first = First::after_bare(self);
+                    let mut held = first.hold();
+                    let call = first.into_call(Driver::Async, &mut held);
                     async_loop(call, op, Some(From::Ended(Some(Err(e)), judged))).await
                 }
             };
@@ -132,15 +134,15 @@ impl<K: Kind> Pipeline<K> {
             let call = Owned(Call::start(self, partition, Driver::Async));
             return async_loop(call, op, None).await;
         };
-        let mut holding = Holding::new(self, partition);
-        let from = match first.admit(&mut holding.permit) {
+        let mut held = first.hold();
+        let from = match first.admit(&mut held) {
             Ok(ctx) => {
                 let deadline = first.deadline();
                 let output = WithDeadline::new(op(ctx), first.clock(), deadline).await;
                 match output {
                     Some(output) => {
                         let (result, judged) = output.split();
-                        match first.ended(result, &mut holding.permit, Driver::Async) {
+                        match first.ended(result, &mut held, Driver::Async) {
                             // Nobody listens on the ordinary path: the call
                             // is over.
                             Ok(v) => return Ok(v),
@@ -157,7 +159,7 @@ impl<K: Kind> Pipeline<K> {
                 From::Admission(quick)
             }
         };
-        async_loop(first.into_call(Driver::Async, &mut holding), op, Some(from)).await
+        async_loop(first.into_call(Driver::Async, &mut held), op, Some(from)).await
     }
 }
 

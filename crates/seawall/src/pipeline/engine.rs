@@ -45,7 +45,8 @@ use crate::error::{Error, Rejection, RejectionReason, StoreError, TimeoutError, 
 use crate::event::{AttemptOutcome, CallOutcome, EventKind, GiveUpReason};
 use crate::fallback::BoxFallbackFuture;
 use crate::store::{
-    Admission, AdmitRequest, Outcome, Permit, Record, Recorded, Reservation, Reserve, ResourceState,
+    Admission, AdmitRequest, Outcome, Permit, Record, Recorded, Reservation, Reserve,
+    ResourceState, Ticket,
 };
 
 /// The deadline binding an attempt, and where it comes from.
@@ -198,8 +199,8 @@ pub(crate) struct Call<'g, K: Kind> {
 
 /// A call that gives back what it holds when it is dropped before its end
 /// (a panic, a dropped future): the general loops own their call this way.
-/// The ordinary path keeps its permit in a [`Holding`] instead, so that it
-/// keeps its facts in registers.
+/// The ordinary path keeps its permit in a [`Held`], which gives it back
+/// the same way.
 pub(crate) struct Owned<'g, K: Kind>(pub(crate) Call<'g, K>);
 
 impl<K: Kind> Drop for Owned<'_, K> {
@@ -227,39 +228,6 @@ impl<'g, K: Kind> std::ops::Deref for Owned<'g, K> {
 impl<'g, K: Kind> std::ops::DerefMut for Owned<'g, K> {
     fn deref_mut(&mut self) -> &mut Call<'g, K> {
         &mut self.0
-    }
-}
-
-/// The permit of the ordinary first attempt, written in place by its
-/// admission and given back if the attempt never ends (a panic, a dropped
-/// future): the drivers keep it beside the [`First`] facts.
-pub(crate) struct Holding<'g> {
-    gate: Option<&'g Gate>,
-    partition: Option<&'g PartitionKey>,
-    pub(crate) permit: Option<Permit>,
-}
-
-impl<'g> Holding<'g> {
-    /// Holds nothing yet, for a call on `pipeline` (and `partition`).
-    #[inline(always)]
-    pub(crate) fn new<K: Kind>(
-        pipeline: &'g Pipeline<K>,
-        partition: Option<&'g PartitionKey>,
-    ) -> Self {
-        Holding {
-            gate: pipeline.shared.gate.as_ref(),
-            partition,
-            permit: None,
-        }
-    }
-}
-
-impl Drop for Holding<'_> {
-    #[inline]
-    fn drop(&mut self) {
-        if self.permit.is_some() {
-            abandon(self.gate, self.partition, self.permit.take(), None);
-        }
     }
 }
 
@@ -423,14 +391,8 @@ impl<'g, K: Kind> Call<'g, K> {
     /// else is for [`admit_after`](Self::admit_after).
     #[inline(always)]
     pub(crate) fn admit_ordinary(&mut self) -> Result<Context, Quick> {
-        admit_in_place(
-            self.pipeline,
-            self.partition,
-            &mut self.at,
-            &mut self.deadline,
-            self.overall,
-            &mut self.permit,
-        )?;
+        let ticket = admit_in_place(self.pipeline, self.partition, self.at)?;
+        self.permit = ticket.map(Ticket::permit);
         if self.waiting.is_some() {
             self.stop_waiting();
         }
@@ -796,7 +758,7 @@ impl<'g, K: Kind> Call<'g, K> {
         if self.listening {
             self.attempt_finished(AttemptOutcome::Success, None);
         }
-        if self.permit.is_some() && self.record_success() {
+        if self.permit.is_some() {
             return self.ask_record(Pending::Success(v), Outcome::Success, None, None);
         }
         Ended::Done(Ok(v))
@@ -903,24 +865,6 @@ impl<'g, K: Kind> Call<'g, K> {
     {
         self.report_recorded(answer);
         self.go_on(pending)
-    }
-
-    /// Records a success on a memory gate in place; `true` when the store
-    /// must be asked instead.
-    #[inline(always)]
-    fn record_success(&mut self) -> bool {
-        let gate = self.gate();
-        if gate.memory.is_none() {
-            return true;
-        }
-        let Some(permit) = self.permit.take() else {
-            return false;
-        };
-        let clock = &self.pipeline.shared.clock;
-        if let Some(t) = record_success_in_place(gate, self.partition, permit, self.at, clock) {
-            self.emit(|| transition_event(t));
-        }
-        false
     }
 
     /// How long the attempt under way ran until `end` (zero when its start
@@ -1245,52 +1189,47 @@ fn overall_deadline<K: Kind>(shared: &super::Shared<K>, now: u64) -> Option<Dead
 
 /// The ordinary admission of an attempt (see [`Call::admit_ordinary`]),
 /// on the facts of the attempt: when it began (read here if a policy needs
-/// it, then its deadline is set), its permit.
+/// it, then its deadline is set). What the attempt holds comes back
+/// (nothing without a gate).
 #[inline(always)]
 fn admit_in_place<K: Kind>(
     pipeline: &Pipeline<K>,
     partition: Option<&PartitionKey>,
-    at: &mut Option<u64>,
-    deadline: &mut Option<Deadline>,
-    overall: Option<Deadline>,
-    permit: &mut Option<Permit>,
-) -> Result<(), Quick> {
+    at: Option<u64>,
+) -> Result<Option<Ticket>, Quick> {
     let shared = &*pipeline.shared;
     let Some(gate) = &shared.gate else {
-        return Ok(());
+        return Ok(None);
     };
     let Some(memory) = gate.memory.as_deref() else {
         return Err(Quick::Other);
     };
     let clock = &shared.clock;
-    let mut read = *at;
-    let quick = memory.try_admit(
-        partition,
-        &mut || *read.get_or_insert_with(|| clock.now_nanos()),
-        permit,
-    );
-    if at.is_none() {
-        if let Some(now) = read {
-            *at = Some(now);
-            *deadline = attempt_deadline(shared, now, overall);
-        }
-    }
+    // Read at most once here when the attempt's start was not read (no
+    // policy needs it then, only a cooldown in effect or an open circuit);
+    // a refusal hands the call on with its start unread, and the general
+    // admission reads it.
+    let started = at;
+    let quick = memory.try_admit(partition, &mut || {
+        started.unwrap_or_else(|| clock.now_nanos())
+    });
     match quick {
-        Ok(()) => Ok(()),
+        Ok(ticket) => Ok(Some(ticket)),
         Err(Some(open)) => Err(Quick::Refused(open)),
         Err(None) => Err(Quick::Other),
     }
 }
 
-/// Records a success in place on a memory gate (the caller knows the gate
-/// is in memory): a success that can change the circuit (a probe, a slow
-/// call, a time window) is stamped with the time it ended; an ordinary one
-/// needs no time (a partition's is its key's use, read at the start).
+/// Records the success of an ordinary attempt in place on a memory gate:
+/// what [`Call::record`] does for it (such an attempt is never a probe).
+/// A success that can change the circuit (a slow call, a time window) is
+/// stamped with the time it ended and measured; an ordinary one needs no
+/// time (a partition's is its key's use, read at the start).
 #[inline(always)]
 fn record_success_in_place(
     gate: &Gate,
     partition: Option<&PartitionKey>,
-    permit: Permit,
+    ticket: Ticket,
     at: Option<u64>,
     clock: &crate::clock::ClockHandle,
 ) -> Option<crate::breaker::CircuitTransition> {
@@ -1299,13 +1238,13 @@ fn record_success_in_place(
         // Only a rate limit or a cooldown: a success changes nothing.
         return None;
     }
-    let end = if permit.probe || gate.record_needs_time {
-        clock.now_nanos()
+    let (end, duration_ns) = if gate.record_needs_time {
+        let end = clock.now_nanos();
+        (end, at.map_or(0, |at| end.saturating_sub(at)))
     } else {
-        at.unwrap_or(0)
+        (at.unwrap_or(0), 0)
     };
-    let duration = Duration::from_nanos(at.map_or(0, |at| end.saturating_sub(at)));
-    memory.record_success(partition, permit, duration, end)
+    memory.record_success(partition, ticket, duration_ns, end)
 }
 
 /// The context of attempt `attempt` with `deadline`: a constant (dropped
@@ -1340,6 +1279,24 @@ pub(crate) struct First<'g, K: Kind> {
     partition: Option<&'g PartitionKey>,
     at: Option<u64>,
     deadline: Option<Deadline>,
+}
+
+/// What the ordinary first attempt holds, given back if it never ends (a
+/// panic, a dropped future). Kept apart from the [`First`] facts so that
+/// only this small guard lives in memory for the unwinding path.
+pub(crate) struct Held<'g> {
+    gate: Option<&'g Gate>,
+    partition: Option<&'g PartitionKey>,
+    ticket: Option<Ticket>,
+}
+
+impl Drop for Held<'_> {
+    #[inline(always)]
+    fn drop(&mut self) {
+        if let Some(ticket) = self.ticket.take() {
+            abandon(self.gate, self.partition, Some(ticket.permit()), None);
+        }
+    }
 }
 
 impl<'g, K: Kind> First<'g, K> {
@@ -1378,20 +1335,22 @@ impl<'g, K: Kind> First<'g, K> {
         }
     }
 
-    /// The ordinary admission (see [`Call::admit_ordinary`]), its permit
-    /// written into `permit`.
+    /// Nothing held yet, for this call's attempt.
     #[inline(always)]
-    pub(crate) fn admit(&mut self, permit: &mut Option<Permit>) -> Result<Context, Quick> {
+    pub(crate) fn hold(&self) -> Held<'g> {
+        Held {
+            gate: self.pipeline.shared.gate.as_ref(),
+            partition: self.partition,
+            ticket: None,
+        }
+    }
+
+    /// The ordinary admission (see [`Call::admit_ordinary`]); what the
+    /// attempt holds goes into `held` until it ends.
+    #[inline(always)]
+    pub(crate) fn admit(&mut self, held: &mut Held<'g>) -> Result<Context, Quick> {
         let shared = &*self.pipeline.shared;
-        let overall = self.at.and_then(|at| overall_deadline(shared, at));
-        admit_in_place(
-            self.pipeline,
-            self.partition,
-            &mut self.at,
-            &mut self.deadline,
-            overall,
-            permit,
-        )?;
+        held.ticket = admit_in_place(self.pipeline, self.partition, self.at)?;
         Ok(context_of(shared, 1, self.deadline, self.partition))
     }
 
@@ -1414,18 +1373,18 @@ impl<'g, K: Kind> First<'g, K> {
     pub(crate) fn ended<T, E>(
         &mut self,
         result: Result<T, E>,
-        permit: &mut Option<Permit>,
+        held: &mut Held<'g>,
         driver: Driver,
     ) -> Result<T, Result<T, E>> {
         let shared = &*self.pipeline.shared;
         match result {
             Ok(v) if !watches_late(shared, driver, false, self.deadline) => {
-                if let (Some(permit), Some(gate)) = (permit.take(), &shared.gate) {
+                if let (Some(ticket), Some(gate)) = (held.ticket.take(), &shared.gate) {
                     // Nobody listens: a transition has no one to tell.
                     let _ = record_success_in_place(
                         gate,
                         self.partition,
-                        permit,
+                        ticket,
                         self.at,
                         &shared.clock,
                     );
@@ -1455,7 +1414,7 @@ impl<'g, K: Kind> First<'g, K> {
 
     /// The call, where the first attempt stands, for the general loop.
     #[inline(always)]
-    pub(crate) fn into_call(self, driver: Driver, holding: &mut Holding<'g>) -> Owned<'g, K> {
+    pub(crate) fn into_call(self, driver: Driver, held: &mut Held<'g>) -> Owned<'g, K> {
         let shared = &*self.pipeline.shared;
         let overall = self.at.and_then(|at| overall_deadline(shared, at));
         Owned(Call {
@@ -1469,7 +1428,7 @@ impl<'g, K: Kind> First<'g, K> {
             overall,
             at: self.at,
             deadline: self.deadline,
-            permit: holding.permit.take(),
+            permit: held.ticket.take().map(Ticket::permit),
             waiting: None,
         })
     }

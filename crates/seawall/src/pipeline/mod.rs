@@ -21,7 +21,11 @@ mod drive;
 mod engine;
 mod kind;
 mod nested;
+#[cfg(feature = "tracing")]
+mod span;
 
+#[cfg(feature = "serde")]
+pub(crate) use builder::declare::Declared;
 pub use builder::PipelineBuilder;
 #[cfg(feature = "reqwest")]
 pub(crate) use drive::Judged;
@@ -284,6 +288,12 @@ impl<K: Kind> Pipeline<K> {
     /// [`Context`] and returns the attempt's future; with a timeout, the
     /// future is dropped at the deadline.
     ///
+    /// With the `tracing` feature, each attempt of the operation (the call
+    /// of the closure and its future) runs inside a span `seawall.call`
+    /// (level `INFO`, target `seawall`, fields `pipeline`, `partition`,
+    /// `attempt`) when a subscriber wants that span as the call starts; the
+    /// operation's own events nest in it.
+    ///
     /// # Errors
     /// The operation's error (typed, in [`Error::Operation`] or
     /// [`Error::RetryExhausted`]), a timeout, a rejection by a policy, or a
@@ -297,7 +307,75 @@ impl<K: Kind> Pipeline<K> {
         Op: FnMut(Context) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        self.drive_async(None, op)
+        self.run_in(None, op)
+    }
+
+    /// [`run`](Self::run) in `partition`: the operation as given, or in the
+    /// spans of its attempts when a subscriber wants them.
+    #[cfg(not(feature = "tracing"))]
+    #[inline(always)]
+    fn run_in<'a, T, E, Op, Fut>(
+        &'a self,
+        partition: Option<&'a PartitionKey>,
+        op: Op,
+    ) -> impl Future<Output = Result<T, Error<E>>> + use<'a, K, T, E, Op, Fut>
+    where
+        K: Handles<T, E>,
+        Op: FnMut(Context) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        self.drive_async(partition, op)
+    }
+
+    #[cfg(feature = "tracing")]
+    #[inline(always)]
+    fn run_in<'a, T, E, Op, Fut>(
+        &'a self,
+        partition: Option<&'a PartitionKey>,
+        op: Op,
+    ) -> impl Future<Output = Result<T, Error<E>>> + use<'a, K, T, E, Op, Fut>
+    where
+        K: Handles<T, E>,
+        Op: FnMut(Context) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        if span::wanted() {
+            let op = span::async_op(self.shared.name, partition, op);
+            span::Either::Traced {
+                future: self.drive_async(partition, op),
+            }
+        } else {
+            span::Either::Plain {
+                future: self.drive_async(partition, op),
+            }
+        }
+    }
+
+    /// [`call`](Self::call) in `partition`; see [`run_in`](Self::run_in).
+    #[inline(always)]
+    fn call_in<T, E, Op>(&self, partition: Option<&PartitionKey>, op: Op) -> Result<T, Error<E>>
+    where
+        K: HandlesSync<T, E>,
+        Op: FnMut(Context) -> Result<T, E>,
+    {
+        #[cfg(feature = "tracing")]
+        if span::wanted() {
+            return self.call_traced(partition, op);
+        }
+        self.drive_sync(partition, op)
+    }
+
+    /// [`call_in`](Self::call_in) with the spans: out of the way of the
+    /// call nobody traces.
+    #[cfg(feature = "tracing")]
+    #[cold]
+    #[inline(never)]
+    fn call_traced<T, E, Op>(&self, partition: Option<&PartitionKey>, op: Op) -> Result<T, Error<E>>
+    where
+        K: HandlesSync<T, E>,
+        Op: FnMut(Context) -> Result<T, E>,
+    {
+        self.drive_sync(partition, span::sync_op(self.shared.name, partition, op))
     }
 
     /// Runs a blocking operation through the pipeline on the calling thread.
@@ -307,6 +385,9 @@ impl<K: Kind> Pipeline<K> {
     /// becomes [`Error::Timeout`] under [`Timeout::strict`]. A full bulkhead
     /// rejects at once.
     ///
+    /// With the `tracing` feature, each attempt runs inside a span
+    /// `seawall.call`, as for [`run`](Self::run).
+    ///
     /// # Errors
     /// As for [`run`](Self::run).
     #[inline]
@@ -315,7 +396,7 @@ impl<K: Kind> Pipeline<K> {
         K: HandlesSync<T, E>,
         Op: FnMut(Context) -> Result<T, E>,
     {
-        self.drive_sync(None, op)
+        self.call_in(None, op)
     }
 
     /// The context of attempt `attempt` with `deadline`, for the fallback.
@@ -361,7 +442,7 @@ impl<'p, K: Kind> Partition<'p, K> {
         Op: FnMut(Context) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        self.pipeline.drive_async(Some(&self.key), op)
+        self.pipeline.run_in(Some(&self.key), op)
     }
 
     /// Runs a blocking operation in this partition. See [`Pipeline::call`].
@@ -373,7 +454,7 @@ impl<'p, K: Kind> Partition<'p, K> {
         K: HandlesSync<T, E>,
         Op: FnMut(Context) -> Result<T, E>,
     {
-        self.pipeline.drive_sync(Some(&self.key), op)
+        self.pipeline.call_in(Some(&self.key), op)
     }
 
     /// Forces this partition's circuit open.

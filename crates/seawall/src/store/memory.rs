@@ -15,7 +15,7 @@ use crate::breaker::{CircuitControl, CircuitMetrics, CircuitTransition};
 use crate::bulkhead::machine::{Slots, StripedSlots};
 use crate::clock::duration_nanos;
 use crate::cooldown;
-use crate::error::RejectionReason;
+use crate::error::{ConfigError, RejectionReason};
 use crate::rate_limit::machine::{retain_by, RateCell, RateColumn, RateParams, RateState};
 
 /// A key's last use is kept in ticks of 2^20 ns (about 1.05 ms), rounded
@@ -45,6 +45,14 @@ const MIN_SWEEP_LEN: usize = 16;
 /// does not close an open circuit. Partitions of the new resource start
 /// fresh. The store keeps every resource it has bound for as long as it
 /// lives (resource names are expected to be few and fixed).
+///
+/// Pipelines built earlier with the name keep the old resource: while one
+/// of them lives, the two do not share the policies whose settings differ.
+/// That is what a configuration reload wants, and a mistake anywhere else:
+/// with the `tracing` feature such a binding logs a warning (target
+/// `seawall`, naming the resource and the differing policies), and a
+/// pipeline built with
+/// [`strict_names`](crate::PipelineBuilder::strict_names) refuses it.
 ///
 /// # Admission
 /// [`admit`](ResourceState::admit) checks the circuit, the bulkhead, the
@@ -171,19 +179,92 @@ impl fmt::Debug for MemoryStore {
     }
 }
 
+type Registry = HashMap<String, Arc<MemoryResource>>;
+
 impl MemoryStore {
     /// [`StateStore::bind`] with the concrete type, so that pipelines on a
     /// memory store call it without dynamic dispatch.
+    ///
+    /// Rebinding a name that a live pipeline holds with different settings
+    /// is logged as a `tracing` warning (feature `tracing`): the two
+    /// pipelines do not share the policies that differ.
     pub(crate) fn bind_memory(&self, spec: &ResourceSpec) -> Arc<MemoryResource> {
+        Self::bind_locked(&mut self.registry(), spec)
+    }
+
+    /// [`bind_memory`](Self::bind_memory), refusing to rebind a name that a
+    /// live pipeline holds with different settings (the builder's
+    /// `strict_names`).
+    pub(crate) fn bind_memory_strict(
+        &self,
+        spec: &ResourceSpec,
+    ) -> Result<Arc<MemoryResource>, ConfigError> {
         let mut registry = self.registry();
+        if let Some(differing) = conflict(&registry, spec) {
+            return Err(ConfigError::new(
+                "pipeline",
+                "name",
+                format!(
+                    "`{}` is bound on this store by a live pipeline with a different {}: \
+                     pipelines of one name share state only with equal settings \
+                     (strict_names)",
+                    spec.name,
+                    differing.join(", ")
+                ),
+            ));
+        }
+        Ok(Self::bind_locked(&mut registry, spec))
+    }
+
+    fn bind_locked(registry: &mut Registry, spec: &ResourceSpec) -> Arc<MemoryResource> {
         let previous = registry.get(&spec.name);
         if let Some(previous) = previous.filter(|p| p.spec == *spec) {
             return Arc::clone(previous);
+        }
+        #[cfg(feature = "tracing")]
+        if let Some(differing) = conflict(registry, spec) {
+            tracing::warn!(
+                target: "seawall",
+                resource = spec.name.as_str(),
+                differing = differing.join(", ").as_str(),
+                "resource `{}` bound again with a different {}: pipelines built before \
+                 with this name keep their own state for it (a reload is logged too; \
+                 the builder's strict_names refuses it)",
+                spec.name,
+                differing.join(", ")
+            );
         }
         let resource = Arc::new(MemoryResource::new(spec, previous.map(|p| &**p)));
         registry.insert(spec.name.clone(), Arc::clone(&resource));
         resource
     }
+}
+
+/// The policies whose settings differ between `spec` and the resource of
+/// its name that a live pipeline holds, if any (`None` when the name is
+/// unbound, bound with equal settings, or held by no pipeline any more).
+fn conflict(registry: &Registry, spec: &ResourceSpec) -> Option<Vec<&'static str>> {
+    let previous = registry.get(&spec.name)?;
+    // The registry holds one reference; pipelines hold the others.
+    if Arc::strong_count(previous) == 1 || previous.spec == *spec {
+        return None;
+    }
+    let old = &previous.spec;
+    let differing: Vec<&'static str> = [
+        ("circuit_breaker", old.circuit != spec.circuit),
+        ("bulkhead", old.bulkhead != spec.bulkhead),
+        ("cooldown", old.cooldown != spec.cooldown),
+        ("rate_limiter", old.rate_limit != spec.rate_limit),
+        ("partition_idle", old.partition_idle != spec.partition_idle),
+    ]
+    .into_iter()
+    .filter_map(|(name, differs)| differs.then_some(name))
+    .collect();
+    Some(if differing.is_empty() {
+        vec!["settings"]
+    } else {
+        differing
+    })
 }
 
 impl StateStore for MemoryStore {
@@ -810,23 +891,21 @@ impl MemoryResource {
     /// nothing out of the ordinary happens: a closed (or disabled) circuit, a free slot, no
     /// cooldown in effect, a rate-limit permit.
     ///
-    /// `Ok`: the permit is in `out` (written in place: the caller's guard
-    /// holds it from the start, nothing is copied). `Err(Some(r))`: the
+    /// `Ok`: what the attempt holds, as a [`Ticket`]. `Err(Some(r))`: the
     /// circuit is open and its cooldown not over; the answer `admit` would
     /// give, with nothing to report. `Err(None)`: anything else; nothing
-    /// was taken and the caller asks `admit`. `out` is `None` after an
-    /// `Err`. `now` is called only when a policy needs the time.
+    /// was taken and the caller asks `admit`. `now` is called only when a
+    /// policy needs the time.
     #[inline]
     pub(crate) fn try_admit(
         &self,
         partition: Option<&PartitionKey>,
         now: &mut impl FnMut() -> u64,
-        out: &mut Option<Permit>,
-    ) -> Result<(), Option<Rejection>> {
+    ) -> Result<Ticket, Option<Rejection>> {
         match partition {
-            None => self.try_admit_in(self.root_view(), now, out),
+            None => self.try_admit_in(self.root_view(), now),
             // A partition counts the admission as a use of its key.
-            Some(key) => self.try_admit_partition(key, now(), out),
+            Some(key) => self.try_admit_partition(key, now()),
         }
     }
 
@@ -837,11 +916,8 @@ impl MemoryResource {
         &self,
         key: &PartitionKey,
         now_ns: u64,
-        out: &mut Option<Permit>,
-    ) -> Result<(), Option<Rejection>> {
-        self.use_partition(key, now_ns, |view| {
-            self.try_admit_in(view, &mut || now_ns, out)
-        })
+    ) -> Result<Ticket, Option<Rejection>> {
+        self.use_partition(key, now_ns, |view| self.try_admit_in(view, &mut || now_ns))
     }
 
     #[inline(always)]
@@ -849,8 +925,7 @@ impl MemoryResource {
         &self,
         view: View<'_>,
         now: &mut impl FnMut() -> u64,
-        out: &mut Option<Permit>,
-    ) -> Result<(), Option<Rejection>> {
+    ) -> Result<Ticket, Option<Rejection>> {
         let params = &self.params;
         let mut generation = 0;
         if let Some(circuit) = view.circuit {
@@ -870,44 +945,41 @@ impl MemoryResource {
                 return Err(None);
             }
         }
-        let taken = Permit {
-            generation,
-            slot,
-            ..Permit::default()
-        };
+        let taken = Ticket::new(generation, slot);
         if let Some(until) = view.cooldown_until {
             if !cooldown::machine::admits(until, &mut *now) {
-                give_back(view, taken);
+                give_back(view, taken.permit());
                 return Err(None);
             }
         }
         if let (Some(rate), Some(p)) = (view.rate, &params.rate) {
             if rate.acquire(p, now()).is_err() {
-                give_back(view, taken);
+                give_back(view, taken.permit());
                 return Err(None);
             }
         }
-        *out = Some(taken);
-        Ok(())
+        Ok(taken)
     }
 
-    /// Records a success of a permit from [`try_admit`](Self::try_admit):
-    /// what `record` does for a success without a retry-after hint. Returns
-    /// the circuit transition it caused (a slow call may open the circuit).
+    /// Records the success of an attempt admitted by
+    /// [`try_admit`](Self::try_admit): what `record` does for a success
+    /// without a retry-after hint (such an attempt is never a probe).
+    /// Returns the circuit transition it caused (a slow call may open the
+    /// circuit).
     #[inline(always)]
     pub(crate) fn record_success(
         &self,
         partition: Option<&PartitionKey>,
-        permit: Permit,
-        duration: Duration,
+        ticket: Ticket,
+        duration_ns: u64,
         now_ns: u64,
     ) -> Option<CircuitTransition> {
         match partition {
-            None => self.record_success_in(self.root_view(), permit, duration, now_ns),
+            None => self.record_success_in(self.root_view(), ticket, duration_ns, now_ns),
             // Without a circuit or a bulkhead a success changes nothing: the
             // key is not looked up again (its admission was its last use).
             Some(_) if self.params.circuit.is_none() && self.params.bulkhead.is_none() => None,
-            Some(key) => self.record_success_partition(key, permit, duration, now_ns),
+            Some(key) => self.record_success_partition(key, ticket, duration_ns, now_ns),
         }
     }
 
@@ -917,12 +989,12 @@ impl MemoryResource {
     fn record_success_partition(
         &self,
         key: &PartitionKey,
-        permit: Permit,
-        duration: Duration,
+        ticket: Ticket,
+        duration_ns: u64,
         now_ns: u64,
     ) -> Option<CircuitTransition> {
         self.use_partition(key, now_ns, |view| {
-            self.record_success_in(view, permit, duration, now_ns)
+            self.record_success_in(view, ticket, duration_ns, now_ns)
         })
     }
 
@@ -930,29 +1002,78 @@ impl MemoryResource {
     fn record_success_in(
         &self,
         view: View<'_>,
-        permit: Permit,
-        duration: Duration,
+        ticket: Ticket,
+        duration_ns: u64,
         now_ns: u64,
     ) -> Option<CircuitTransition> {
         let mut transition = None;
         if let (Some(circuit), Some(p)) = (view.circuit, &self.params.circuit) {
-            transition = if permit.probe {
-                circuit.record(
-                    p,
-                    permit.generation,
-                    true,
-                    Outcome::Success,
-                    duration,
-                    now_ns,
-                )
-            } else {
-                circuit.record_success(p, permit.generation, duration, now_ns)
-            };
+            transition = circuit.record_success(p, ticket.generation(), duration_ns, now_ns);
         }
-        if let (Some(slot), Some(slots)) = (permit.slot, view.in_flight) {
+        if let (Some(slot), Some(slots)) = (ticket.slot(), view.in_flight) {
             slots.release(slot);
         }
         transition
+    }
+}
+
+/// What an attempt admitted by [`MemoryResource::try_admit`] holds: the
+/// circuit generation it was admitted in and its bulkhead slot, packed in
+/// one word so that the ordinary path keeps it in a register. Such an
+/// attempt is never a probe and never local: [`permit`](Self::permit) is
+/// the [`Permit`] the store's full admission would have given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Ticket(std::num::NonZeroU64);
+
+impl Ticket {
+    /// Bits 0..13: the generation; bit 13: a slot is held; bits 14..63:
+    /// the slot; bit 63: set, so that the word is never zero.
+    const GENERATION_BITS: u32 = 13;
+    const HAS_SLOT: u64 = 1 << Self::GENERATION_BITS;
+    const SLOT_SHIFT: u32 = Self::GENERATION_BITS + 1;
+    const SLOT_MASK: u64 = (1 << (63 - Self::SLOT_SHIFT)) - 1;
+    const SET: u64 = 1 << 63;
+
+    /// A ticket of `generation` (already reduced to its 13 bits) holding
+    /// `slot` (a memory slot id: a stripe index).
+    #[inline(always)]
+    fn new(generation: u64, slot: Option<u64>) -> Self {
+        debug_assert!(generation < Self::HAS_SLOT);
+        let slot = match slot {
+            Some(s) => {
+                debug_assert!(s <= Self::SLOT_MASK);
+                Self::HAS_SLOT | ((s & Self::SLOT_MASK) << Self::SLOT_SHIFT)
+            }
+            None => 0,
+        };
+        Ticket(
+            std::num::NonZeroU64::new(Self::SET | generation | slot)
+                .expect("the set bit makes the word non-zero"),
+        )
+    }
+
+    /// The circuit generation the attempt was admitted in.
+    #[inline(always)]
+    fn generation(self) -> u64 {
+        self.0.get() & (Self::HAS_SLOT - 1)
+    }
+
+    /// The bulkhead slot the attempt holds.
+    #[inline(always)]
+    fn slot(self) -> Option<u64> {
+        let bits = self.0.get();
+        (bits & Self::HAS_SLOT != 0).then_some((bits >> Self::SLOT_SHIFT) & Self::SLOT_MASK)
+    }
+
+    /// The permit this ticket stands for.
+    #[inline(always)]
+    pub(crate) fn permit(self) -> Permit {
+        Permit {
+            probe: false,
+            generation: self.generation(),
+            slot: self.slot(),
+            local: false,
+        }
     }
 }
 

@@ -32,8 +32,8 @@ use crate::rate_limit::RateLimiter;
 pub mod contract;
 mod memory;
 
-pub(crate) use memory::MemoryResource;
 pub use memory::MemoryStore;
+pub(crate) use memory::{MemoryResource, Ticket};
 
 /// A place where the stateful policies keep their state.
 ///

@@ -1,6 +1,6 @@
-//! Helpers shared by the regression and differential tests: durations,
-//! an error type, event recorders, runtimes, clocks far from 0 and a clock
-//! that logs the pipeline's sleeps.
+//! Helpers shared by the regression tests: durations, an error type, event
+//! recorders, runtimes and clocks far from 0 (the differential corpus has
+//! its own, in `seawall::testing::differential`).
 #![allow(dead_code, unreachable_pub)]
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -102,66 +102,6 @@ where
             let r = op(ctx);
             async move { r }
         })),
-    }
-}
-
-/// One entry of a [`LoggingClock`]'s log.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SleepEntry {
-    /// When the sleep started, relative to the clock's start.
-    pub at: Duration,
-    /// How long it was.
-    pub duration: Duration,
-}
-
-/// A virtual clock that logs every sleep the pipeline asks of it (retry
-/// waits, deferrals, async timeout timers), with its start relative to
-/// where the clock started.
-#[derive(Debug, Clone)]
-pub struct LoggingClock {
-    pub inner: VirtualClock,
-    pub origin: Duration,
-    pub sleeps: Arc<Mutex<Vec<SleepEntry>>>,
-}
-
-impl LoggingClock {
-    pub fn new(inner: VirtualClock) -> Self {
-        LoggingClock {
-            origin: inner.now(),
-            inner,
-            sleeps: Arc::default(),
-        }
-    }
-
-    /// Time since the clock's start.
-    pub fn elapsed(&self) -> Duration {
-        self.inner.now() - self.origin
-    }
-
-    pub fn sleeps(&self) -> Vec<SleepEntry> {
-        self.sleeps.lock().unwrap().clone()
-    }
-
-    fn log(&self, duration: Duration) {
-        let at = self.elapsed();
-        self.sleeps
-            .lock()
-            .unwrap()
-            .push(SleepEntry { at, duration });
-    }
-}
-
-impl Clock for LoggingClock {
-    fn now(&self) -> Duration {
-        self.inner.now()
-    }
-    fn sleep(&self, duration: Duration) -> BoxSleep {
-        self.log(duration);
-        Clock::sleep(&self.inner, duration)
-    }
-    fn sleep_blocking(&self, duration: Duration) {
-        self.log(duration);
-        self.inner.advance(duration)
     }
 }
 

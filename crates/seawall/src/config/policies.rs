@@ -1,0 +1,410 @@
+//! Each registered policy in the words of the configuration files: its
+//! defaults, its required keys and the keys that go together, resolved
+//! from its section (and the one of `default`) through the policy's public
+//! constructors. Keys and value kinds were read by the table (`raw.rs`);
+//! the values are the builder's to judge at `build()`.
+
+use std::time::Duration;
+
+use seawall_order::PolicyKind;
+
+use super::raw::Section;
+use crate::breaker::CircuitBreaker;
+use crate::bulkhead::Bulkhead;
+use crate::cooldown::Cooldown;
+use crate::error::ConfigError;
+use crate::pipeline::Declared;
+use crate::rate_limit::RateLimiter;
+use crate::retry::{Retry, RetryBudget};
+use crate::timeout::Timeout;
+
+/// A registered policy from its section (and the one of `default`). The
+/// match is exhaustive: a policy registered in `seawall_order` and not
+/// resolved here does not compile.
+pub(super) fn resolve(
+    kind: PolicyKind,
+    layers: Option<Layers<'_, Section>>,
+    missing: impl FnOnce() -> ConfigError,
+) -> Result<Declared, ConfigError> {
+    Ok(match kind {
+        PolicyKind::Timeout => Declared::Timeout(timeout(layers.ok_or_else(missing)?)),
+        PolicyKind::Retry => Declared::Retry(retry(layers.ok_or_else(missing)?)?),
+        PolicyKind::CircuitBreaker => {
+            Declared::CircuitBreaker(breaker(layers.ok_or_else(missing)?)?)
+        }
+        PolicyKind::Bulkhead => Declared::Bulkhead(bulkhead(layers.ok_or_else(missing)?)?),
+        // Defaults for everything: a listed cooldown needs no section.
+        PolicyKind::Cooldown => Declared::Cooldown(cooldown(layers.unwrap_or(Layers {
+            own: None,
+            base: None,
+        }))),
+        PolicyKind::RateLimiter => {
+            Declared::RateLimiter(rate_limiter(layers.ok_or_else(missing)?)?)
+        }
+    })
+}
+
+/// The backoffs, by their registered words.
+const BACKOFFS: [(&str, BackoffKind); 4] = [
+    ("constant", BackoffKind::Constant),
+    ("linear", BackoffKind::Linear),
+    ("exponential", BackoffKind::Exponential),
+    ("decorrelated", BackoffKind::Decorrelated),
+];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BackoffKind {
+    Constant,
+    Linear,
+    Exponential,
+    Decorrelated,
+}
+
+/// The rate limiter's algorithms, by their registered words.
+const ALGORITHMS: [(&str, Algorithm); 3] = [
+    ("gcra", Algorithm::Gcra),
+    ("fixed_window", Algorithm::FixedWindow),
+    ("sliding_window", Algorithm::SlidingWindow),
+];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Algorithm {
+    Gcra,
+    FixedWindow,
+    SlidingWindow,
+}
+
+/// The meaning of a registered word (`default` when none is given).
+fn chosen<T: Copy>(words: &[(&'static str, T)], word: Option<&str>, default: T) -> T {
+    word.and_then(|w| words.iter().find(|(c, _)| *c == w))
+        .map_or(default, |(_, v)| *v)
+}
+
+/// The word of a meaning, for messages.
+fn word<T: PartialEq>(words: &[(&'static str, T)], value: T) -> &'static str {
+    words
+        .iter()
+        .find(|(_, v)| *v == value)
+        .map_or("", |(w, _)| w)
+}
+
+/// A pipeline's own section and the one of `default`, looked at together.
+#[derive(Clone, Copy)]
+pub(super) struct Layers<'a, T> {
+    pub(super) own: Option<&'a T>,
+    pub(super) base: Option<&'a T>,
+}
+
+impl<'a, T> Layers<'a, T> {
+    pub(super) fn of(own: Option<&'a T>, base: Option<&'a T>) -> Option<Self> {
+        (own.is_some() || base.is_some()).then_some(Layers { own, base })
+    }
+
+    /// The field from the pipeline's section, else from `default`.
+    fn get<V: Copy>(&self, f: impl Fn(&T) -> Option<V>) -> Option<V> {
+        self.own.and_then(&f).or_else(|| self.base.and_then(&f))
+    }
+
+    fn own_sets<V>(&self, f: impl Fn(&T) -> Option<V>) -> bool {
+        self.own.and_then(f).is_some()
+    }
+
+    fn base_sets<V>(&self, f: impl Fn(&T) -> Option<V>) -> bool {
+        self.base.and_then(f).is_some()
+    }
+
+    /// A field that does not apply to the chosen kind is a mistake, unless
+    /// it is inherited from `default` while the pipeline chose the kind.
+    fn stray<V: Copy>(&self, kind_from_own: bool, f: impl Fn(&T) -> Option<V>) -> bool {
+        self.own_sets(&f) || (self.base_sets(&f) && !kind_from_own)
+    }
+}
+
+fn required<V>(
+    v: Option<V>,
+    policy: &'static str,
+    field: &'static str,
+    example: &str,
+) -> Result<V, ConfigError> {
+    v.ok_or_else(|| ConfigError::new(policy, field, format!("must be set, e.g. {example}")))
+}
+
+fn timeout(l: Layers<'_, Section>) -> Timeout {
+    // A missing duration is refused by the builder as zero.
+    let duration = l
+        .get(|t| t.duration("duration"))
+        .map_or(Duration::ZERO, |d| d.0);
+    if l.get(|t| t.flag("strict")).unwrap_or(false) {
+        Timeout::strict(duration)
+    } else {
+        Timeout::new(duration)
+    }
+}
+
+fn retry(l: Layers<'_, Section>) -> Result<Retry, ConfigError> {
+    const P: &str = "retry";
+    let kind_from_own = l.own_sets(|r| r.choice("backoff"));
+    let kind = chosen(
+        &BACKOFFS,
+        l.get(|r| r.choice("backoff")),
+        BackoffKind::Exponential,
+    );
+    let delay = required(l.get(|r| r.duration("delay")), P, "delay", "\"200ms\"")?.0;
+    if kind != BackoffKind::Exponential && l.stray(kind_from_own, |r| r.number("multiplier")) {
+        return Err(ConfigError::new(
+            P,
+            "multiplier",
+            format!(
+                "applies only to exponential backoff, not {}",
+                word(&BACKOFFS, kind)
+            ),
+        ));
+    }
+    if kind == BackoffKind::Constant && l.stray(kind_from_own, |r| r.duration("cap")) {
+        return Err(ConfigError::new(
+            P,
+            "cap",
+            "does not apply to constant backoff",
+        ));
+    }
+    let mut r = match kind {
+        BackoffKind::Constant => Retry::constant(delay),
+        BackoffKind::Linear => Retry::linear(delay),
+        BackoffKind::Exponential => Retry::exponential(delay),
+        BackoffKind::Decorrelated => Retry::decorrelated(delay, Duration::MAX),
+    };
+    if kind == BackoffKind::Exponential {
+        if let Some(m) = l.get(|r| r.number("multiplier")) {
+            r = r.multiplier(m);
+        }
+    }
+    if kind != BackoffKind::Constant {
+        if let Some(cap) = l.get(|r| r.duration("cap")) {
+            r = r.cap(cap.0);
+        }
+    }
+    if let Some(n) = l.get(|r| r.count("max_attempts")) {
+        r = r.max_attempts(n);
+    }
+    if let Some(j) = l.get(|r| r.jitter("jitter")) {
+        r = r.jitter(j);
+    }
+    if let Some(b) = Layers::of(
+        l.own.and_then(|r| r.table("budget")),
+        l.base.and_then(|r| r.table("budget")),
+    ) {
+        let ratio = required(b.get(|b| b.number("ratio")), P, "budget.ratio", "0.2")?;
+        let max_tokens = b.get(|b| b.count("max_tokens")).unwrap_or(10);
+        r = r.budget(RetryBudget::new(ratio, max_tokens));
+    }
+    Ok(r)
+}
+
+fn breaker(l: Layers<'_, Section>) -> Result<CircuitBreaker, ConfigError> {
+    const P: &str = "circuit_breaker";
+    const MODES: [&str; 3] = ["consecutive_failures", "count_window", "window"];
+    let modes =
+        |b: &Section| -> Vec<&'static str> { MODES.into_iter().filter(|m| b.has(m)).collect() };
+    let own_modes = l.own.map(modes).unwrap_or_default();
+    let mode_from_own = !own_modes.is_empty();
+    let set = if mode_from_own {
+        own_modes
+    } else {
+        l.base.map(modes).unwrap_or_default()
+    };
+    if let [first, second, ..] = set[..] {
+        return Err(ConfigError::new(
+            P,
+            second,
+            format!(
+                "conflicts with `{first}`: set one of consecutive_failures, count_window or window"
+            ),
+        ));
+    }
+    let mode = if mode_from_own { l.own } else { l.base };
+    let mut b = if let Some(n) = mode.and_then(|m| m.count("consecutive_failures")) {
+        for field in [
+            "failure_rate",
+            "minimum_calls",
+            "slow_call_rate",
+            "slow_call_duration",
+        ] {
+            if l.stray(mode_from_own, |b| b.has(field).then_some(())) {
+                return Err(ConfigError::new(
+                    P,
+                    field,
+                    "applies only to a count or time window, not consecutive_failures",
+                ));
+            }
+        }
+        CircuitBreaker::consecutive_failures(n)
+    } else {
+        let mut b =
+            CircuitBreaker::failure_rate(l.get(|b| b.number("failure_rate")).unwrap_or(0.5));
+        if let Some(n) = mode.and_then(|m| m.count("count_window")) {
+            b = b.count_window(n);
+        } else if let Some(w) = mode.and_then(|m| m.duration("window")) {
+            b = b.window(w.0);
+        }
+        if let Some(n) = l.get(|b| b.count("minimum_calls")) {
+            b = b.minimum_calls(n);
+        }
+        match l.get(|b| b.number("slow_call_rate")) {
+            Some(rate) => {
+                let d = l
+                    .get(|b| b.duration("slow_call_duration"))
+                    .map_or(b.slow_call_duration, |d| d.0);
+                b = b.slow_calls(rate, d);
+            }
+            None if l.own_sets(|b| b.duration("slow_call_duration")) => {
+                return Err(ConfigError::new(
+                    P,
+                    "slow_call_duration",
+                    "needs slow_call_rate",
+                ))
+            }
+            None => {}
+        }
+        b
+    };
+    if let Some(c) = l.get(|b| b.duration("cooldown")) {
+        b = b.cooldown(c.0);
+    }
+    match (
+        l.get(|b| b.number("cooldown_growth")),
+        l.get(|b| b.duration("max_cooldown")),
+    ) {
+        (Some(f), Some(max)) => b = b.cooldown_growth(f, max.0),
+        (Some(_), None) => {
+            return Err(ConfigError::new(
+                P,
+                "cooldown_growth",
+                "needs max_cooldown, the longest cooldown",
+            ))
+        }
+        (None, Some(_)) => {
+            return Err(ConfigError::new(P, "max_cooldown", "needs cooldown_growth"))
+        }
+        (None, None) => {}
+    }
+    if let Some(n) = l.get(|b| b.count("half_open_calls")) {
+        b = b.half_open_calls(n);
+    }
+    Ok(b)
+}
+
+fn bulkhead(l: Layers<'_, Section>) -> Result<Bulkhead, ConfigError> {
+    let n = required(
+        l.get(|b| b.count("max_concurrent")),
+        "bulkhead",
+        "max_concurrent",
+        "10",
+    )?;
+    let mut b = Bulkhead::new(n);
+    let queued = l.get(|b| b.count("max_queued"));
+    let wait = l.get(|b| b.duration("max_wait"));
+    if queued.is_some() || wait.is_some() {
+        b = b.queue(queued.unwrap_or(0), wait.map_or(Duration::ZERO, |d| d.0));
+    }
+    if let Some(lease) = l.get(|b| b.duration("lease")) {
+        b = b.lease(lease.0);
+    }
+    Ok(b)
+}
+
+fn cooldown(l: Layers<'_, Section>) -> Cooldown {
+    let mut c = Cooldown::new();
+    if let Some(d) = l.get(|c| c.duration("max_pause")) {
+        c = c.max_pause(d.0);
+    }
+    if let Some(d) = l.get(|c| c.duration("max_wait")) {
+        c = c.max_wait(d.0);
+    }
+    if let Some(d) = l.get(|c| c.duration("grace")) {
+        c = c.grace(d.0);
+    }
+    c
+}
+
+fn rate_limiter(l: Layers<'_, Section>) -> Result<RateLimiter, ConfigError> {
+    const P: &str = "rate_limiter";
+    let kind_from_own = l.own_sets(|r| r.choice("algorithm"));
+    let algorithm = chosen(
+        &ALGORITHMS,
+        l.get(|r| r.choice("algorithm")),
+        Algorithm::Gcra,
+    );
+    let limit = required(l.get(|r| r.count("limit")), P, "limit", "100")?;
+    let period = required(l.get(|r| r.duration("period")), P, "period", "\"1s\"")?.0;
+    if algorithm != Algorithm::Gcra && l.stray(kind_from_own, |r| r.count("burst")) {
+        return Err(ConfigError::new(
+            P,
+            "burst",
+            format!("applies only to gcra, not {}", word(&ALGORITHMS, algorithm)),
+        ));
+    }
+    let mut r = match algorithm {
+        Algorithm::Gcra => RateLimiter::gcra(limit, period),
+        Algorithm::FixedWindow => RateLimiter::fixed_window(limit, period),
+        Algorithm::SlidingWindow => RateLimiter::sliding_window(limit, period),
+    };
+    if algorithm == Algorithm::Gcra {
+        if let Some(b) = l.get(|r| r.count("burst")) {
+            r = r.burst(b);
+        }
+    }
+    if let Some(w) = l.get(|r| r.duration("max_wait")) {
+        r = r.max_wait(w.0);
+    }
+    Ok(r)
+}
+
+#[cfg(test)]
+mod tests {
+    use seawall_order::{Setting, Value};
+
+    use super::*;
+
+    /// The words this file gives a meaning are the table's choices.
+    #[test]
+    fn choices_are_the_registered_ones() {
+        let choices = |kind: PolicyKind, key| match kind.setting(key).map(|s| s.value) {
+            Some(Value::Choice(c)) => c.to_vec(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            BACKOFFS.map(|(w, _)| w).to_vec(),
+            choices(PolicyKind::Retry, "backoff")
+        );
+        assert_eq!(
+            ALGORITHMS.map(|(w, _)| w).to_vec(),
+            choices(PolicyKind::RateLimiter, "algorithm")
+        );
+    }
+
+    /// Every registered setting is read by the resolution above (a key
+    /// of the table nobody reads would be accepted and ignored).
+    #[test]
+    fn every_registered_setting_is_read() {
+        let source = include_str!("policies.rs");
+        let resolution = &source[..source.find("#[cfg(test)]").expect("tests")];
+        fn keys(settings: &[Setting], out: &mut Vec<&'static str>) {
+            for s in settings {
+                out.push(s.key);
+                if let Value::Table(nested) = s.value {
+                    keys(nested, out);
+                }
+            }
+        }
+        for kind in PolicyKind::ALL {
+            let mut all = Vec::new();
+            keys(kind.settings(), &mut all);
+            for key in all {
+                assert!(
+                    resolution.contains(&format!("\"{key}\"")),
+                    "{kind:?}.{key} is never read"
+                );
+            }
+        }
+    }
+}
