@@ -454,8 +454,6 @@ fn a_slot_held_past_its_lease_is_free_again() {
 /// model's.
 #[test]
 fn rate_limiters_reserve_and_give_back_as_their_model() {
-    use seawall::model::rate::RateLimit;
-    use seawall::store::{Reservation, Reserve};
     let server = RedisServer::start();
     let store = store(&server);
     let strategy = (
@@ -473,61 +471,125 @@ fn rate_limiters_reserve_and_give_back_as_their_model() {
             RateLimiter::fixed_window(limit, period),
             RateLimiter::sliding_window(limit, period),
         ][which]
-            .clone()
-            .max_wait(period * 2);
-        let spec = ResourceSpec::new(unique("rate-model")).with_rate_limit(limiter.clone());
-        let state = store.bind(&spec).unwrap();
-        let mut model = RateLimit::new(&limiter);
-        let mut held: Vec<Duration> = Vec::new();
-        let mut now = start;
-        for &(step_us, lag_us, op) in &steps {
-            now += Duration::from_micros(step_us);
-            if op < 2 && !held.is_empty() {
-                let at = held.remove(lag_us as usize % held.len());
-                state.give_back_reservation(None, Reservation { at });
-                model.give_back(at);
-                continue;
-            }
-            // Half the time, a clock read up to 30 ms behind the latest one
-            // (not for the sliding log, which the store keeps at each
-            // call's own time).
-            let at = if lag_us < 30_000 && which < 2 {
-                now.saturating_sub(Duration::from_micros(lag_us))
-            } else {
-                now
-            };
-            let within = period * (op % 3);
-            let request = AdmitRequest {
-                partition: None,
-                now: at,
-            };
-            let (admission, reserved) = state
-                .admit_reserving(&request, Reserve { within, held: None })
-                .unwrap();
-            let got = match (admission.decision, reserved) {
-                (Ok(_), None) => Ok(at),
-                (Err(r), Some(res)) => {
-                    prop_assert_eq!(r.retry_after, Some(res.at - at));
-                    Ok(res.at)
-                }
-                (Err(r), None) => Err(r.retry_after),
-                (Ok(_), Some(res)) => {
-                    return Err(TestCaseError::fail(format!(
-                        "admitted and reserved {res:?}"
-                    )))
-                }
-            };
-            let want = model.reserve(at, within).map_err(Some);
-            prop_assert_eq!(got, want, "{:?} at {:?} within {:?}", limiter, at, within);
-            if let Ok(t) = got {
-                if t > at {
-                    held.push(t);
-                }
-            }
-        }
-        Ok(())
+            .clone();
+        let us = Duration::from_micros;
+        let steps: Vec<_> = steps
+            .iter()
+            .map(|&(step, lag, op)| (us(step), us(lag), op))
+            .collect();
+        reserve_as_model(&store, limiter, period, start, &steps)
     });
     if let Err(e) = result {
         panic!("{e}");
     }
+}
+
+/// As [`rate_limiters_reserve_and_give_back_as_their_model`], to the
+/// nanosecond: clock reads and leads between whole microseconds, and GCRA
+/// with emission intervals that are no whole number of microseconds (its
+/// times are kept to the nanosecond, its reservations given back exactly).
+/// The fixed window's periods stay whole microseconds (its store keeps
+/// them so); the sliding log, kept in whole microseconds, is left out.
+#[test]
+fn rate_limiters_reserve_and_give_back_as_their_model_to_the_nanosecond() {
+    let server = RedisServer::start();
+    let store = store(&server);
+    let strategy = (
+        0usize..2,
+        1u32..4,
+        1u32..3,
+        1_000u64..40_000_000,
+        prop::sample::select(vec![Duration::ZERO, 1_000_000 * S]),
+        prop::collection::vec((0u64..30_000_000, 0u64..60_000_000, 0u32..8), 1..60),
+    );
+    let result = runner(64).run(&strategy, |(which, limit, burst, unit_ns, start, steps)| {
+        let limiter = if which == 0 {
+            // An interval of `unit_ns`, to the nanosecond.
+            RateLimiter::gcra(limit, Duration::from_nanos(unit_ns * u64::from(limit))).burst(burst)
+        } else {
+            let unit = Duration::from_micros(unit_ns / 1000);
+            RateLimiter::fixed_window(limit, unit * limit)
+        };
+        let period = limiter.period;
+        let ns = Duration::from_nanos;
+        let steps: Vec<_> = steps
+            .iter()
+            .map(|&(step, lag, op)| (ns(step), ns(lag), op))
+            .collect();
+        reserve_as_model(&store, limiter, period, start, &steps)
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
+
+/// Runs `steps` (a step of the clock, a lag or a choice of reservation to
+/// give back, an operation) on a fresh resource limited by `limiter`, with
+/// calls that may wait, and on its model from `start`; every answer must
+/// be the model's.
+fn reserve_as_model(
+    store: &RedisStore,
+    limiter: RateLimiter,
+    period: Duration,
+    start: Duration,
+    steps: &[(Duration, Duration, u32)],
+) -> Result<(), TestCaseError> {
+    use seawall::model::rate::RateLimit;
+    use seawall::store::{Reservation, Reserve};
+    let limiter = limiter.max_wait(period * 2);
+    let sliding = limiter.algorithm == seawall::rate_limit::RateAlgorithm::SlidingWindow;
+    let spec = ResourceSpec::new(unique("rate-model")).with_rate_limit(limiter.clone());
+    let state = store.bind(&spec).unwrap();
+    let mut model = RateLimit::new(&limiter);
+    let mut held: Vec<Duration> = Vec::new();
+    let mut now = start;
+    for &(step, lag, op) in steps {
+        now += step;
+        if op < 2 && !held.is_empty() {
+            let index = usize::try_from(lag.as_nanos()).unwrap_or(0) % held.len();
+            let at = held.remove(index);
+            state.give_back_reservation(None, Reservation { at });
+            model.give_back(at);
+            continue;
+        }
+        // Half the time, a clock read up to 30 ms behind the latest one
+        // (not for the sliding log, which the store keeps at each call's
+        // own time).
+        let at = if lag < Duration::from_millis(30) && !sliding {
+            now.saturating_sub(lag)
+        } else {
+            now
+        };
+        // A lead of 0 to 2 periods, and a few nanoseconds when the lag has
+        // them.
+        let within = period * (op % 3) + Duration::from_nanos(u64::from(lag.subsec_nanos() % 1000));
+        let request = AdmitRequest {
+            partition: None,
+            now: at,
+        };
+        let (admission, reserved) = state
+            .admit_reserving(&request, Reserve { within, held: None })
+            .unwrap();
+        let got = match (admission.decision, reserved) {
+            (Ok(_), None) => Ok(at),
+            (Err(r), Some(res)) => {
+                prop_assert_eq!(r.retry_after, Some(res.at - at));
+                Ok(res.at)
+            }
+            (Err(r), None) => Err(r.retry_after),
+            (Ok(_), Some(res)) => {
+                return Err(TestCaseError::fail(format!(
+                    "admitted and reserved {res:?}"
+                )))
+            }
+        };
+        let want = model.reserve(at, within).map_err(Some);
+        prop_assert_eq!(got, want, "{:?} at {:?} within {:?}", limiter, at, within);
+        if let Ok(t) = got {
+            if t > at {
+                held.push(t);
+            }
+        }
+    }
+    Ok(())
 }
