@@ -363,3 +363,31 @@ fn the_middleware_is_send_sync_and_clone() {
     fn bounds<T: Send + Sync + Clone + 'static>() {}
     bounds::<SeawallMiddleware>();
 }
+
+#[allow(dead_code)]
+#[path = "../examples/reqwest.rs"]
+mod example;
+
+#[tokio::test]
+async fn the_example_retries_then_the_circuit_opens() {
+    let clock = VirtualClock::new();
+    let pipeline = example::users_pipeline()
+        .clock(clock.clone())
+        .store(seawall::MemoryStore::new());
+
+    let outcomes = example::run(pipeline).await.unwrap();
+
+    assert_eq!(
+        outcomes,
+        [
+            "200 OK after 3 attempt(s)",
+            "200 OK after 3 attempt(s)",
+            "200 OK after 3 attempt(s)",
+            "500 Internal Server Error after 3 attempt(s)",
+            "refused: circuit_open (0 sent)",
+            "refused: circuit_open (0 sent)",
+        ]
+    );
+    // Four calls of two backoff waits each: 50 ms, then 100 ms.
+    assert_eq!(clock.now(), ms(4 * 150));
+}
