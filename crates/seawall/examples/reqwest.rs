@@ -63,7 +63,7 @@ impl FlakyServer {
                 let n = server.hits.fetch_add(1, Ordering::SeqCst) + 1;
                 if server.down.load(Ordering::SeqCst) {
                     (StatusCode::INTERNAL_SERVER_ERROR, "down")
-                } else if n % 3 != 0 {
+                } else if !n.is_multiple_of(3) {
                     (StatusCode::SERVICE_UNAVAILABLE, "busy")
                 } else {
                     (StatusCode::OK, "user 42")

@@ -186,7 +186,7 @@ async fn attempt(
 /// Judges a response by its status and `Retry-After` header, as
 /// [`classify_status`] does: `None` for a success, the verdict otherwise.
 /// It is how [`SendThrough::send_through`] judges every response, and the
-/// default of [`SeawallMiddleware`] (feature `reqwest-middleware`).
+/// default of `SeawallMiddleware` (feature `reqwest-middleware`).
 pub fn classify_response(response: &Response) -> Option<Verdict> {
     classify_status(response.status(), response.headers())
 }
