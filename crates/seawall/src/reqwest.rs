@@ -24,6 +24,11 @@
 //! # }
 //! ```
 //!
+//! A whole client can be wrapped once instead, with
+//! `SeawallMiddleware` in a `reqwest_middleware::ClientBuilder` (feature
+//! `reqwest-middleware`): the same classification of responses, the last
+//! response given back after the retries.
+//!
 //! # Pipelines
 //! `send_through` takes any pipeline that runs
 //! `Result<reqwest::Response, reqwest::Error>`:

@@ -87,3 +87,19 @@ async fn a_full_bulkhead_answers_503_with_retry_after_for_that_tenant_only() {
     assert_eq!(after, [answer("acme", 200, None)]);
     server.abort();
 }
+
+#[test]
+fn the_layered_router_service_is_send_sync_and_clone() {
+    let layer = seawall::tower::PipelineLayer::single_attempt(isolated())
+        .unwrap()
+        .partition_by(example::tenant)
+        .error_responses();
+    fn check<L>(_: &L)
+    where
+        L: tower::Layer<axum::routing::Route>,
+        L::Service: tower::Service<axum::extract::Request> + Send + Sync + Clone + 'static,
+        <L::Service as tower::Service<axum::extract::Request>>::Future: Send,
+    {
+    }
+    check(&layer);
+}

@@ -534,6 +534,21 @@ fn services_and_futures_are_send_and_sync() {
     clone::<PipelineLayer>();
     send::<ServiceError<hyper_util::client::legacy::Error>>();
     sync::<ServiceError<hyper_util::client::legacy::Error>>();
+    // With a partition key and a fallback.
+    type Tenant = fn(&Request<Full<Bytes>>) -> Option<String>;
+    type Answer = fn(ServiceError<hyper_util::client::legacy::Error>) -> Response<Incoming>;
+    type Keyed = PipelineService<
+        HttpClient,
+        SuccessfulResponses,
+        RetryableErrors,
+        seawall::tower::CloneRequests,
+        Tenant,
+        seawall::tower::RespondWith<Answer>,
+    >;
+    send::<Keyed>();
+    sync::<Keyed>();
+    clone::<Keyed>();
+    send::<<Keyed as Service<Request<Full<Bytes>>>>::Future>();
 }
 
 #[test]
