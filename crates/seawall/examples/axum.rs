@@ -1,6 +1,7 @@
 //! Per-tenant load shedding on an axum server: each tenant (the `x-tenant`
-//! header) may send 5 requests a minute and run 2 at once; past that it
-//! gets a 429 (rate limited) or a 503 (bulkhead full), each with a
+//! header) may send 5 requests a minute and run 2 at once, and has its own
+//! circuit, opened by 5 server errors in a row; past that it gets a 429
+//! (rate limited) or a 503 (bulkhead full, circuit open), each with a
 //! `Retry-After`, answered by seawall's layer itself: no
 //! `HandleErrorLayer`, no handler code.
 //!
@@ -14,17 +15,20 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use axum::body::Body;
 use axum::extract::Request;
 use axum::routing::get;
 use axum::Router;
 use seawall::tower::{LayerPipeline, PipelineLayer};
-use seawall::{Bulkhead, ConfigError, Pipeline, PipelineBuilder, RateLimiter};
+use seawall::{Bulkhead, CircuitBreaker, ConfigError, Pipeline, PipelineBuilder, RateLimiter};
 use tokio::net::TcpListener;
 
-/// The policies guarding the handlers: for each tenant, 5 requests a
-/// minute (GCRA, bursts of 5) and 2 at once.
+/// The policies guarding the handlers: for each tenant, a circuit that
+/// opens after 5 server errors in a row, 2 requests at once, 5 a minute
+/// (GCRA, bursts of 5).
 pub(crate) fn orders_pipeline() -> PipelineBuilder {
     Pipeline::builder("orders-handler")
+        .circuit_breaker(CircuitBreaker::consecutive_failures(5))
         .bulkhead(Bulkhead::new(2))
         .rate_limiter(RateLimiter::gcra(5, Duration::from_secs(60)).burst(5))
 }
@@ -40,6 +44,8 @@ pub(crate) fn tenant(request: &Request) -> Option<String> {
 /// the layer's pipeline too, for its per-tenant state.
 pub(crate) fn router(pipeline: PipelineBuilder) -> Result<(Router, LayerPipeline), ConfigError> {
     let shed_load = PipelineLayer::single_attempt(pipeline)?
+        // The handlers' 5xx count against the tenant's circuit.
+        .classify_response(seawall::http::classify_response::<Body>)
         .partition_by(tenant)
         .error_responses();
     let state = shed_load.pipeline().clone();

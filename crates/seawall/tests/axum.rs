@@ -88,6 +88,21 @@ async fn a_full_bulkhead_answers_503_with_retry_after_for_that_tenant_only() {
     server.abort();
 }
 
+#[tokio::test]
+async fn an_open_circuit_answers_503_with_retry_after_for_that_tenant_only() {
+    let (app, pipeline) = router(isolated()).unwrap();
+    let (addr, server) = serve(app).await.unwrap();
+    pipeline.partition("acme").isolate().unwrap();
+
+    let answers = client_loop(addr, &["acme", "globex"], 1).await.unwrap();
+    server.abort();
+
+    assert_eq!(
+        answers,
+        [answer("acme", 503, Some("1")), answer("globex", 200, None)]
+    );
+}
+
 #[test]
 fn the_layered_router_service_is_send_sync_and_clone() {
     let layer = seawall::tower::PipelineLayer::single_attempt(isolated())

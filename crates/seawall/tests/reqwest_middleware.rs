@@ -391,3 +391,53 @@ async fn the_example_retries_then_the_circuit_opens() {
     // Four calls of two backoff waits each: 50 ms, then 100 ms.
     assert_eq!(clock.now(), ms(4 * 150));
 }
+
+#[tokio::test]
+async fn a_refusal_by_an_inner_seawall_middleware_is_not_retried() {
+    let server = Server::start(|_, _| reply(200)).await;
+    let clock = VirtualClock::new();
+    let inner = Pipeline::builder("mw-inner")
+        .circuit_breaker(CircuitBreaker::consecutive_failures(5))
+        .build()
+        .unwrap();
+    inner.isolate().unwrap();
+    let outer = retrying("mw-outer", &clock)
+        .circuit_breaker(CircuitBreaker::consecutive_failures(1))
+        .build()
+        .unwrap();
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(SeawallMiddleware::new(outer.clone()))
+        .with(SeawallMiddleware::new(inner))
+        .build();
+
+    let error = client.get(server.url()).send().await.unwrap_err();
+
+    let refused = send_error(&error).rejection().unwrap();
+    assert_eq!(refused.reason, RejectionReason::CircuitOpen);
+    assert_eq!(clock.now(), Duration::ZERO, "no retry");
+    assert_eq!(server.hits(), 0);
+    // Nor is it a failure of the dependency for the outer circuit.
+    assert_eq!(outer.circuit_state().unwrap(), CircuitState::Closed);
+}
+
+#[tokio::test]
+async fn the_error_classification_can_be_replaced() {
+    // A port nobody listens on.
+    let port = {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let clock = VirtualClock::new();
+    let middleware = SeawallMiddleware::new(retrying("mw-classify-error", &clock).build().unwrap())
+        .classify_error(|_: &reqwest_middleware::Error| Verdict::abort());
+    let client = client(middleware);
+
+    let error = client
+        .get(format!("http://127.0.0.1:{port}/"))
+        .send()
+        .await
+        .unwrap_err();
+
+    assert!(error.is_connect(), "{error}");
+    assert_eq!(clock.now(), Duration::ZERO, "one attempt, no wait");
+}
