@@ -49,6 +49,8 @@
 //!   (`seawall::tower`).
 //! - `reqwest` (with `http`): `client.get(url).send_through(&pipeline)`
 //!   (`seawall::reqwest`).
+//! - `reqwest-middleware` (with `reqwest`): `SeawallMiddleware` for
+//!   `reqwest_middleware::ClientBuilder` (`seawall::reqwest`).
 //! - `test-util`: tools for testing code that uses seawall
 //!   (`seawall::testing`: a virtual clock, fixed random sequences, contexts
 //!   for unit tests of an operation), the contract suite of state stores
