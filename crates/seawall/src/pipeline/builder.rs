@@ -10,7 +10,7 @@ use super::kind::{
     AnyResult, ErrorHandlers, ErrorKind, FallbackHandlers, FallbackKind, Kind, WithAsyncFallback,
     WithFallback,
 };
-use super::{Gate, Pipeline, Plan, Shared};
+use super::{Gate, Pipeline, Plan, Shared, CALL_SUFFIX};
 use crate::breaker::CircuitBreaker;
 use crate::bulkhead::Bulkhead;
 use crate::classify::Verdict;
@@ -23,7 +23,7 @@ use crate::rate_limit::RateLimiter;
 use crate::retry::Retry;
 use crate::store::{MemoryStore, ResourceSpec, ResourceState, StateStore};
 use crate::timeout::Timeout;
-use declare::Declared;
+use declare::{Declared, Guards};
 
 #[path = "declare.rs"]
 pub(crate) mod declare;
@@ -303,10 +303,8 @@ impl<K: Kind> PipelineBuilder<K> {
             retry: sorted.retry,
             overall_timeout: sorted.overall_timeout,
             attempt_timeout: sorted.attempt_timeout,
-            circuit: sorted.circuit,
-            bulkhead: sorted.bulkhead,
-            cooldown: sorted.cooldown,
-            rate_limit: sorted.rate_limit,
+            call: sorted.call,
+            attempt: sorted.attempt,
             store: self.store,
             memory_store: self.memory_store,
             clock: self.clock,
@@ -326,10 +324,8 @@ struct Assembly<K: Kind> {
     retry: Option<Retry>,
     overall_timeout: Option<Timeout>,
     attempt_timeout: Option<Timeout>,
-    circuit: Option<CircuitBreaker>,
-    bulkhead: Option<Bulkhead>,
-    cooldown: Option<Cooldown>,
-    rate_limit: Option<RateLimiter>,
+    call: Guards,
+    attempt: Guards,
     store: Option<Arc<dyn StateStore>>,
     memory_store: Option<MemoryStore>,
     clock: ClockHandle,
@@ -340,63 +336,30 @@ struct Assembly<K: Kind> {
 }
 
 impl<K: Kind> Assembly<K> {
-    fn assemble(self) -> Result<Pipeline<K>, ConfigError> {
-        let spec = ResourceSpec {
-            name: self.name.clone(),
-            circuit: self.circuit,
-            bulkhead: self.bulkhead,
-            cooldown: self.cooldown,
-            rate_limit: self.rate_limit,
-            partition_idle: self.partition_idle,
-        };
-        let gate = if spec.is_empty() {
-            None
-        } else {
-            let memory = match (&self.store, &self.memory_store) {
-                (None, _) => Some(MemoryStore::global().bind_memory(&spec)),
-                (Some(_), Some(m)) => Some(m.bind_memory(&spec)),
-                (Some(_), None) => None,
-            };
-            let state: Arc<dyn ResourceState> = match (&memory, self.store) {
-                (Some(m), _) => Arc::clone(m) as Arc<dyn ResourceState>,
-                (None, Some(store)) => store.bind(&spec).map_err(|e| {
-                    ConfigError::new(
-                        "store",
-                        "bind",
-                        format!("could not prepare the resource: {e}"),
-                    )
-                })?,
-                (None, None) => unreachable!("no store means the global memory store"),
-            };
-            Some(Gate {
-                state,
-                memory,
-                record_needs_time: spec.circuit.as_ref().is_some_and(|c| {
-                    c.slow_call_rate.is_some()
-                        || matches!(c.mode, crate::breaker::BreakerMode::TimeWindow(_))
-                }),
-                success_recorded: spec.circuit.is_some() || spec.bulkhead.is_some(),
-                spec,
-                waiters: AtomicU32::new(0),
-            })
-        };
+    fn assemble(mut self) -> Result<Pipeline<K>, ConfigError> {
+        let attempt = std::mem::take(&mut self.attempt);
+        let call = std::mem::take(&mut self.call);
+        let gate = self.gate(self.name.clone(), attempt)?;
+        let call_gate = self.gate(format!("{}{CALL_SUFFIX}", self.name), call)?;
         let random: Arc<dyn Random> = self.random.unwrap_or_else(|| Arc::new(SystemRandom));
         let listeners = Listeners::new(self.listeners);
         let any_timeout = self.overall_timeout.is_some() || self.attempt_timeout.is_some();
-        let plan = Plan {
-            // A memory gate reads the clock itself, only when a policy
-            // needs the time (a cooldown in effect, a circuit that is not
-            // closed); these need it for every attempt.
-            needs_time: gate.as_ref().is_some_and(|g| {
-                g.memory.is_none() || g.spec.rate_limit.is_some() || g.record_needs_time
-            }) || any_timeout
-                || listeners.registered(),
-            watch_late: self.overall_timeout.is_some_and(|t| t.strict)
-                || self.attempt_timeout.is_some_and(|t| t.strict),
-            bare: gate.is_none()
-                && !any_timeout
-                && self.retry.as_ref().is_none_or(|r| r.budget.is_none()),
-        };
+        let plan =
+            Plan {
+                // A memory gate reads the clock itself, only when a policy
+                // needs the time (a cooldown in effect, a circuit that is not
+                // closed); these need it for every attempt.
+                needs_time: [&gate, &call_gate].into_iter().flatten().any(|g| {
+                    g.memory.is_none() || g.spec.rate_limit.is_some() || g.record_needs_time
+                }) || any_timeout
+                    || listeners.registered(),
+                watch_late: self.overall_timeout.is_some_and(|t| t.strict)
+                    || self.attempt_timeout.is_some_and(|t| t.strict),
+                bare: gate.is_none()
+                    && call_gate.is_none()
+                    && !any_timeout
+                    && self.retry.as_ref().is_none_or(|r| r.budget.is_none()),
+            };
         Ok(Pipeline {
             shared: Arc::new(Shared {
                 name: intern(&self.name),
@@ -404,6 +367,7 @@ impl<K: Kind> Assembly<K> {
                 overall_timeout: self.overall_timeout,
                 attempt_timeout: self.attempt_timeout,
                 gate,
+                call_gate,
                 clock: self.clock,
                 random,
                 listeners,
@@ -412,6 +376,51 @@ impl<K: Kind> Assembly<K> {
                 noted: Default::default(),
             }),
         })
+    }
+}
+
+impl<K: Kind> Assembly<K> {
+    /// The stateful policies of one level bound to the store as the
+    /// resource `name`, or `None` when the level has none.
+    fn gate(&self, name: String, guards: Guards) -> Result<Option<Gate>, ConfigError> {
+        let spec = ResourceSpec {
+            name,
+            circuit: guards.circuit,
+            bulkhead: guards.bulkhead,
+            cooldown: guards.cooldown,
+            rate_limit: guards.rate_limit,
+            partition_idle: self.partition_idle,
+        };
+        if spec.is_empty() {
+            return Ok(None);
+        }
+        let memory = match (&self.store, &self.memory_store) {
+            (None, _) => Some(MemoryStore::global().bind_memory(&spec)),
+            (Some(_), Some(m)) => Some(m.bind_memory(&spec)),
+            (Some(_), None) => None,
+        };
+        let state: Arc<dyn ResourceState> = match (&memory, &self.store) {
+            (Some(m), _) => Arc::clone(m) as Arc<dyn ResourceState>,
+            (None, Some(store)) => store.bind(&spec).map_err(|e| {
+                ConfigError::new(
+                    "store",
+                    "bind",
+                    format!("could not prepare the resource: {e}"),
+                )
+            })?,
+            (None, None) => unreachable!("no store means the global memory store"),
+        };
+        Ok(Some(Gate {
+            state,
+            memory,
+            record_needs_time: spec.circuit.as_ref().is_some_and(|c| {
+                c.slow_call_rate.is_some()
+                    || matches!(c.mode, crate::breaker::BreakerMode::TimeWindow(_))
+            }),
+            success_recorded: spec.circuit.is_some() || spec.bulkhead.is_some(),
+            spec,
+            waiters: AtomicU32::new(0),
+        }))
     }
 }
 
