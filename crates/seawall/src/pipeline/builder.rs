@@ -32,6 +32,59 @@ pub(crate) mod declare;
 /// value; builders are `Clone`, so a half-built builder can serve as a
 /// template.
 ///
+/// # Order
+/// Policies nest in declaration order, outermost first; `build()` checks
+/// the order. A timeout declared before [`retry`](Self::retry) (or without
+/// one) bounds the whole call, one declared after it each attempt. The
+/// stateful policies ([`circuit_breaker`](Self::circuit_breaker),
+/// [`bulkhead`](Self::bulkhead), [`cooldown`](Self::cooldown),
+/// [`rate_limiter`](Self::rate_limiter)) are declared once each, on
+/// either side of the retry:
+///
+/// - **after the retry** (or in a pipeline without one) they guard each
+///   attempt: every attempt is admitted and its outcome recorded, a
+///   bulkhead slot is held only while an attempt runs, each attempt takes
+///   a rate-limit permit;
+/// - **before the retry** they guard the whole call: the call is admitted
+///   once before its first attempt and its final outcome recorded once
+///   (before the fallback): a success, the verdict of the final error, a
+///   timeout as a failure; a call refused by a policy after the retry, by
+///   the retry budget or failed by the store gives its admission back
+///   without an outcome. One exhausted retry is one failure in the
+///   circuit's window, a slow call is measured over the whole call, a
+///   bulkhead slot is held for the whole call, **retry waits included**, a
+///   rate limiter takes one permit per call, a cooldown is opened by the
+///   final error's retry-after hint.
+///
+/// Both may be combined, e.g. a breaker outside the retry and a bulkhead
+/// inside it. On each side the policies are admitted together in the order
+/// circuit breaker, bulkhead, cooldown, rate limiter. The policies declared
+/// before the retry keep their state in the store as the resource
+/// `{name}#call`, apart from those declared after it (`{name}`): two
+/// pipelines (or processes) share a state when they declare the same
+/// policies on the same side.
+///
+/// ```
+/// use std::time::Duration;
+/// use seawall::{CircuitBreaker, CircuitState, Pipeline, Retry};
+///
+/// let pipeline = Pipeline::builder("orders-doc")
+///     .circuit_breaker(CircuitBreaker::consecutive_failures(2))
+///     .retry(Retry::constant(Duration::from_millis(1)).max_attempts(3))
+///     .build()?;
+/// let mut tries = 0;
+/// let r = pipeline.call(|_ctx| {
+///     tries += 1;
+///     Err::<(), _>(std::io::Error::other("down"))
+/// });
+/// assert!(r.is_err());
+/// // Three attempts, one failure in the circuit's window.
+/// assert_eq!(tries, 3);
+/// assert_eq!(pipeline.circuit_metrics()?.failures, 1);
+/// assert_eq!(pipeline.circuit_state()?, CircuitState::Closed);
+/// # Ok::<_, Box<dyn std::error::Error>>(())
+/// ```
+///
 /// # Default
 /// No policy; the process-wide [`MemoryStore::global`] store; the system
 /// clock and random source; partitions evicted after 10 minutes idle.
@@ -103,7 +156,9 @@ impl<K: Kind> PipelineBuilder<K> {
     }
 
     /// Adds a retry policy. Timeouts declared after it bound each attempt,
-    /// stateful policies declared after it guard each attempt.
+    /// stateful policies declared after it guard each attempt; those
+    /// declared before it bound and guard the whole call (see
+    /// [Order](Self#order)).
     pub fn retry(self, retry: Retry) -> Self {
         self.declare(Declared::Retry(retry))
     }
@@ -115,22 +170,27 @@ impl<K: Kind> PipelineBuilder<K> {
         self.declare(Declared::Timeout(timeout.into()))
     }
 
-    /// Adds a circuit breaker (guards each attempt).
+    /// Adds a circuit breaker: of each attempt after `retry`, of the whole call
+    /// before it (one exhausted retry is one failure; see [Order](Self#order)).
     pub fn circuit_breaker(self, breaker: CircuitBreaker) -> Self {
         self.declare(Declared::CircuitBreaker(breaker))
     }
 
-    /// Adds a bulkhead (guards each attempt).
+    /// Adds a bulkhead: a slot per attempt after `retry`, per call before it
+    /// (held through the retry waits; see [Order](Self#order)).
     pub fn bulkhead(self, bulkhead: Bulkhead) -> Self {
         self.declare(Declared::Bulkhead(bulkhead))
     }
 
-    /// Adds a cooldown opened by retry-after hints (guards each attempt).
+    /// Adds a cooldown opened by retry-after hints: of each attempt after
+    /// `retry`, of the whole call before it (opened by the final error's hint;
+    /// see [Order](Self#order)).
     pub fn cooldown(self, cooldown: Cooldown) -> Self {
         self.declare(Declared::Cooldown(cooldown))
     }
 
-    /// Adds a rate limiter (guards each attempt).
+    /// Adds a rate limiter: a permit per attempt after `retry`, per call before
+    /// it (see [Order](Self#order)).
     pub fn rate_limiter(self, limiter: RateLimiter) -> Self {
         self.declare(Declared::RateLimiter(limiter))
     }
