@@ -429,3 +429,90 @@ fn the_call_level_state_is_its_own_resource() {
     assert_eq!(inner.call(|_| Ok::<_, Boom>(1)).unwrap(), 1);
     assert!(outer.call(|_| Ok::<_, Boom>(1)).is_err());
 }
+
+#[test]
+fn a_rate_limiter_before_the_retry_defers_the_call_when_the_wait_fits() {
+    for mode in modes() {
+        let store = MemoryStore::new();
+        let (b, events) = mode.builder("outer-limit-wait", &store);
+        let p = b
+            .rate_limiter(RateLimiter::fixed_window(1, secs(1)).max_wait(secs(2)))
+            .retry(retry3())
+            .build()
+            .unwrap();
+        let ops = AtomicU32::new(0);
+        let r = mode.call(&p, &ops, fail);
+        assert!(matches!(r, Err(Error::RetryExhausted { .. })), "{mode:?}");
+        // The second call waits for the next window, then makes its three
+        // attempts on one permit.
+        let r = mode.call(&p, &ops, |n| if n < 6 { Err(Boom) } else { Ok(n) });
+        assert_eq!(r.unwrap(), 6, "{mode:?}");
+        if mode.listen {
+            let e = events.lock().unwrap();
+            let deferred = e
+                .iter()
+                .filter(|k| matches!(k, EventKind::Deferred { .. }))
+                .count();
+            assert_eq!(deferred, 1, "{mode:?}");
+        }
+    }
+}
+
+#[test]
+fn a_call_that_panics_gives_back_its_call_level_slot() {
+    for mode in modes().into_iter().filter(|m| m.sync) {
+        let store = MemoryStore::new();
+        let (b, _) = mode.builder("outer-panic", &store);
+        let p = b
+            .bulkhead(Bulkhead::new(1))
+            .retry(retry3())
+            .build()
+            .unwrap();
+        let ops = AtomicU32::new(0);
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            mode.call(&p, &ops, |n| if n < 2 { Err(Boom) } else { panic!("op") })
+        }));
+        assert!(caught.is_err());
+        assert_eq!(p.in_flight().unwrap(), 0, "{mode:?}");
+        assert_eq!(mode.call(&p, &ops, Ok).unwrap(), 3, "{mode:?}");
+    }
+}
+
+#[test]
+fn an_async_call_queues_for_a_call_level_slot() {
+    for mode in modes().into_iter().filter(|m| !m.sync) {
+        let store = MemoryStore::new();
+        let (b, events) = mode.builder("outer-queue", &store);
+        let p = b
+            .bulkhead(Bulkhead::new(1).queue(1, ms(100)))
+            .retry(retry3())
+            .build()
+            .unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let inner = p.clone();
+        let nested = rt.block_on(p.run(|_ctx| {
+            let inner = inner.clone();
+            async move {
+                // The slot is this call's own: the nested call queues for
+                // its `max_wait`, then is refused.
+                let r: Result<u32, Error<Boom>> = inner.run(|_| async { Ok(0) }).await;
+                Ok::<_, Boom>(rejected(&r))
+            }
+        }));
+        assert_eq!(
+            nested.unwrap(),
+            Some(RejectionReason::BulkheadFull),
+            "{mode:?}"
+        );
+        assert_eq!(p.in_flight().unwrap(), 0, "{mode:?}");
+        if mode.listen {
+            let e = events.lock().unwrap();
+            assert!(
+                e.iter().any(|k| matches!(k, EventKind::Deferred { .. })),
+                "{mode:?}"
+            );
+        }
+    }
+}
