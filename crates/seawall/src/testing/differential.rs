@@ -1070,6 +1070,23 @@ pub fn corpus() -> Vec<Scenario> {
             ],
         );
 
+        // Each attempt times out; the call that runs out of attempts is one
+        // failure of the breaker declared before the retry.
+        timeout_with_breaker_outside_retry => scenario(
+            Flavors::Differ,
+            |b| plain(b
+                .circuit_breaker(CircuitBreaker::consecutive_failures(2).cooldown(secs(5)))
+                .retry(Retry::constant(ms(10)).max_attempts(2))
+                .timeout(Timeout::strict(ms(100)))),
+            vec![
+                call(vec![slow(150, Okay(1))], "Timeout"),
+                call(vec![slow(150, Okay(1)), Okay(2)], "Ok(2)"),
+                call(vec![slow(150, Okay(1))], "Timeout"),
+                call(vec![slow(150, Okay(1))], "Timeout"),
+                call(vec![Okay(3)], "CircuitOpen"),
+            ],
+        );
+
         bulkhead_full => scenario(
             Flavors::Agree,
             |b| plain(b.bulkhead(Bulkhead::new(1))),
