@@ -19,6 +19,20 @@
 //! place. The drivers (`drive.rs`) are a few lines each, so sync and async
 //! calls take the same decisions at the same instants.
 //!
+//! A pipeline has up to two gates, each its stateful policies bound to the
+//! store: the attempt's (policies declared after the retry, or without
+//! one) and the call's (declared before the retry, kept as the resource
+//! `{name}#call`). Both go through the same steps ([`Level`] says which
+//! gate a step is for): the call's gate admits the call once, before the
+//! attempt's gate admits its first attempt (a refusal of either is
+//! deferred the same way), and records the call's final outcome once, when
+//! the retry decided it, before the fallback: a success, the final error's
+//! verdict and retry-after hint, a timeout as a failure, measured from the
+//! call's admission. A call that ends refused by the attempt's gate or the
+//! retry budget, or failed by the store, gives the call's permit back
+//! without an outcome. A pipeline with a call's gate takes the general
+//! loop from the start.
+//!
 //! The common case is the engine's own entry, [`First`]: the first attempt
 //! of a call nobody listens to, admitted in place by the memory store's
 //! quick check (a closed circuit, a free slot, no cooldown, a permit) and,
@@ -437,6 +451,7 @@ impl<'g, K: Kind> Call<'g, K> {
     /// whose quick check admits (a closed circuit, a free slot, no cooldown,
     /// a permit), reading the clock only if a policy needs it. Anything
     /// else is for [`admit_after`](Self::admit_after).
+    ///
     /// The call-level gate, if any, admits the call first (once), then the
     /// attempt's gate the attempt.
     #[inline(always)]
