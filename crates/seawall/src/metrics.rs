@@ -92,6 +92,7 @@
 //! and descriptions.
 
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use ::metrics::{Label, Unit};
 use seawall_order::PolicyKind;
@@ -126,8 +127,8 @@ impl MetricsConfig {
     }
 
     /// Adds the attribute `pipeline.partition` (the partition key) to
-    /// every metric of a partitioned call. Each key becomes a series of its own: enable it
-    /// only for a small, bounded set of keys.
+    /// every metric of a partitioned call. Each key becomes a series of its
+    /// own: enable it only for a small, bounded set of keys.
     pub fn partition_label(mut self, enabled: bool) -> Self {
         self.partition = enabled;
         self
@@ -309,7 +310,7 @@ impl Sink {
             ),
             EventKind::CircuitOpened { cooldown } => {
                 // `isolate` opens the circuit for good: an unbounded cooldown.
-                let state = if *cooldown == std::time::Duration::MAX {
+                let state = if *cooldown == Duration::MAX {
                     circuit::ISOLATED
                 } else {
                     circuit::OPEN
