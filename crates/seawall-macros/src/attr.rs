@@ -388,7 +388,6 @@ fn check_order(steps: &[Step]) -> syn::Result<()> {
         Rule::SecondOnSide {
             scope: Scope::Call, ..
         } => format!("a timeout is already declared: {reason}"),
-        Rule::BeforeRetry { .. } => format!("`{key}` must be declared after `retry`: {reason}"),
     };
     err(key.span(), msg)
 }

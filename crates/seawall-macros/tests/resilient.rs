@@ -426,6 +426,58 @@ async fn calls_share_one_circuit_keyed_by_type_and_method() {
     assert!(events.contains(&"rejected"), "{events:?}");
 }
 
+clock!(order_clock);
+
+struct Ordered {
+    backend: Flaky,
+}
+
+impl Ordered {
+    /// The breaker guards the whole call: one exhausted retry is one failure.
+    #[resilient(
+        circuit_breaker(consecutive_failures = 2),
+        retry(max_attempts = 3, backoff = "constant", backoff_ms = 10),
+        clock = order_clock
+    )]
+    async fn outside(&self) -> Result<u32, ApiError> {
+        self.backend.next()
+    }
+
+    /// The breaker guards each attempt.
+    #[resilient(
+        retry(max_attempts = 3, backoff = "constant", backoff_ms = 10),
+        circuit_breaker(consecutive_failures = 2),
+        clock = order_clock
+    )]
+    fn inside(&self) -> Result<u32, ApiError> {
+        self.backend.next()
+    }
+}
+
+#[tokio::test]
+async fn a_breaker_declared_before_the_retry_guards_the_whole_call() {
+    let o = Ordered {
+        backend: Flaky::failing(u32::MAX),
+    };
+    assert_eq!(o.outside().await, Err(ApiError::Flaky(3)));
+    assert_eq!(o.outside().await, Err(ApiError::Flaky(6)));
+    assert_eq!(
+        o.outside().await,
+        Err(ApiError::Rejected(RejectionReason::CircuitOpen))
+    );
+    assert_eq!(o.backend.calls(), 6);
+
+    let i = Ordered {
+        backend: Flaky::failing(u32::MAX),
+    };
+    // Opened by the second attempt: the third is refused.
+    assert_eq!(
+        i.inside(),
+        Err(ApiError::Rejected(RejectionReason::CircuitOpen))
+    );
+    assert_eq!(i.backend.calls(), 2);
+}
+
 #[resilient(
     name = "search.query",
     bulkhead(max_concurrent = 1),

@@ -19,7 +19,8 @@
 //! 1. **Its module** in `seawall` (`src/<policy>/`): the settings type
 //!    with its setters and `validate()` (the numeric rules, reached by every
 //!    surface through `build()`), its pure rules and, for a policy that
-//!    guards each attempt, its cell and its place in the engine and stores.
+//!    guards calls or attempts, its cell and its place in the engine and
+//!    stores.
 //! 2. **One entry in the `policies!` table below**: its name, its
 //!    [`Place`], its name after the retry if it may stand on either side,
 //!    and its settings (key, attribute spelling, [`Value`] kind). From it
@@ -51,16 +52,22 @@
 //! every place that must word it.
 //!
 //! ```
-//! use seawall_order::{check, scope, PolicyKind, Rule, Scope};
+//! use seawall_order::{check, guards, scope, PolicyKind, Rule, Scope};
 //!
 //! let declared = [PolicyKind::Timeout, PolicyKind::Retry, PolicyKind::Timeout];
 //! assert_eq!(check(&declared), Ok(()));
 //! assert_eq!(scope(&declared, 0), Scope::Call);
 //! assert_eq!(scope(&declared, 2), Scope::Attempt);
 //!
-//! let e = check(&[PolicyKind::Bulkhead, PolicyKind::Retry]).unwrap_err();
-//! assert_eq!((e.at, e.kind), (0, PolicyKind::Bulkhead));
-//! assert_eq!(e.rule, Rule::BeforeRetry { retry: 1 });
+//! // A stateful policy guards the whole call before the retry, each
+//! // attempt after it.
+//! assert_eq!(check(&[PolicyKind::Bulkhead, PolicyKind::Retry]), Ok(()));
+//! assert_eq!(guards(&[PolicyKind::Bulkhead, PolicyKind::Retry], 0), Scope::Call);
+//! assert_eq!(guards(&[PolicyKind::Retry, PolicyKind::Bulkhead], 1), Scope::Attempt);
+//!
+//! let e = check(&[PolicyKind::Bulkhead, PolicyKind::Retry, PolicyKind::Bulkhead]).unwrap_err();
+//! assert_eq!((e.at, e.kind), (2, PolicyKind::Bulkhead));
+//! assert_eq!(e.rule, Rule::Twice { first: 0 });
 //! ```
 #![forbid(unsafe_code)]
 
@@ -150,7 +157,7 @@ policies! {
         Setting::table("budget", BUDGET),
     ];
     /// The circuit breaker.
-    CircuitBreaker = "circuit_breaker", AfterRetry, [
+    CircuitBreaker = "circuit_breaker", Stateful, [
         Setting::count("consecutive_failures"),
         Setting::count("count_window"),
         Setting::duration("window").in_seconds(),
@@ -164,20 +171,20 @@ policies! {
         Setting::count("half_open_calls"),
     ];
     /// The bulkhead.
-    Bulkhead = "bulkhead", AfterRetry, [
+    Bulkhead = "bulkhead", Stateful, [
         Setting::count("max_concurrent"),
         Setting::count("max_queued"),
         Setting::duration("max_wait"),
         Setting::duration("lease"),
     ];
     /// The cooldown opened by retry-after hints.
-    Cooldown = "cooldown", AfterRetry, [
+    Cooldown = "cooldown", Stateful, [
         Setting::duration("max_pause"),
         Setting::duration("max_wait"),
         Setting::duration("grace"),
     ];
     /// The rate limiter.
-    RateLimiter = "rate_limiter", AfterRetry, [
+    RateLimiter = "rate_limiter", Stateful, [
         Setting::choice("algorithm", ALGORITHMS),
         Setting::count("limit"),
         Setting::duration("period").attr("per"),
@@ -364,7 +371,7 @@ pub fn attribute_keys(settings: &[Setting]) -> String {
 impl PolicyKind {
     /// `true` for the policies that keep state in the pipeline's store.
     pub const fn is_stateful(self) -> bool {
-        matches!(self.place(), Place::AfterRetry)
+        matches!(self.place(), Place::Stateful)
     }
 }
 
@@ -377,9 +384,11 @@ pub enum Place {
     /// On either side of the retry, at most once on each side: before it
     /// (or without a retry) it covers the whole call, after it each attempt.
     EitherSide,
-    /// After the retry (or in a pipeline without one), once: the policy
-    /// guards each attempt through the store.
-    AfterRetry,
+    /// Once, on either side of the retry: a stateful policy, kept in the
+    /// pipeline's store. After the retry (or in a pipeline without one) it
+    /// guards each attempt; before it, the whole call, retries and their
+    /// waits included ([`guards`]).
+    Stateful,
 }
 
 /// What a policy covers at its position.
@@ -413,6 +422,21 @@ pub fn scope(declared: &[PolicyKind], at: usize) -> Scope {
     }
 }
 
+/// What the stateful policy at `at` guards in `declared`: the whole call
+/// (one admission, one outcome for all its attempts) when it is declared
+/// before the retry, each attempt otherwise. Without a retry a call is one
+/// attempt: the policy guards it as an attempt.
+///
+/// # Panics
+/// Never; an `at` past the end is read as "after everything".
+pub fn guards(declared: &[PolicyKind], at: usize) -> Scope {
+    let has_retry = declared.iter().any(|k| k.place() == Place::Retry);
+    match scope(declared, at) {
+        Scope::Call if has_retry => Scope::Call,
+        _ => Scope::Attempt,
+    }
+}
+
 /// A policy that may not stand where it was declared.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Misplaced {
@@ -441,12 +465,6 @@ pub enum Rule {
         /// The first declaration.
         first: usize,
     },
-    /// A policy of [`Place::AfterRetry`] declared before the retry at
-    /// index `retry`.
-    BeforeRetry {
-        /// The retry's declaration.
-        retry: usize,
-    },
 }
 
 impl Rule {
@@ -459,14 +477,12 @@ impl Rule {
                 "declare at most one timeout before `retry` (whole call) and one after it \
                  (each attempt)"
             }
-            Rule::BeforeRetry { .. } => "stateful policies guard each attempt",
         }
     }
 }
 
 /// Checks a declared list, outermost first. The first declaration (in
-/// list order) that breaks a rule is reported; a policy declared before the
-/// retry is reported when the retry is reached.
+/// list order) that breaks a rule is reported.
 ///
 /// # Errors
 /// The first [`Misplaced`] policy.
@@ -480,18 +496,9 @@ pub fn check(declared: &[PolicyKind]) -> Result<(), Misplaced> {
         if let Some(first) = (0..i).find(earlier) {
             let rule = match kind.place() {
                 Place::EitherSide => Rule::SecondOnSide { scope: here, first },
-                Place::Retry | Place::AfterRetry => Rule::Twice { first },
+                Place::Retry | Place::Stateful => Rule::Twice { first },
             };
             return Err(Misplaced { at: i, kind, rule });
-        }
-        if kind.place() == Place::Retry {
-            if let Some(j) = (0..i).find(|&j| declared[j].place() == Place::AfterRetry) {
-                return Err(Misplaced {
-                    at: j,
-                    kind: declared[j],
-                    rule: Rule::BeforeRetry { retry: i },
-                });
-            }
         }
     }
     Ok(())
@@ -618,21 +625,30 @@ mod tests {
     }
 
     #[test]
-    fn stateful_policies_come_after_the_retry() {
+    fn stateful_policies_stand_once_on_either_side_of_the_retry() {
         assert_eq!(check(&[Bulkhead, CircuitBreaker]), Ok(()));
         assert_eq!(check(&[Retry, RateLimiter, Cooldown]), Ok(()));
-        let e = check(&[Timeout, Cooldown, Bulkhead, Retry]).unwrap_err();
-        assert_eq!(e.at, 1, "the first one declared is named");
-        assert_eq!(e.kind, Cooldown);
-        assert_eq!(e.rule, Rule::BeforeRetry { retry: 3 });
+        assert_eq!(check(&[Timeout, Cooldown, Bulkhead, Retry]), Ok(()));
+        assert_eq!(check(&[CircuitBreaker, Retry, Bulkhead]), Ok(()));
+        let e = check(&[CircuitBreaker, Retry, CircuitBreaker]).unwrap_err();
+        assert_eq!((e.at, e.rule), (2, Rule::Twice { first: 0 }));
+    }
+
+    #[test]
+    fn a_stateful_policy_guards_the_call_only_before_a_retry() {
+        let d = [CircuitBreaker, Timeout, Retry, Bulkhead];
+        assert_eq!(guards(&d, 0), Scope::Call);
+        assert_eq!(guards(&d, 3), Scope::Attempt);
+        assert_eq!(guards(&[CircuitBreaker, Bulkhead], 0), Scope::Attempt);
+        assert_eq!(guards(&[CircuitBreaker], 0), Scope::Attempt);
     }
 
     #[test]
     fn the_first_broken_rule_in_list_order_is_reported() {
         let e = check(&[CircuitBreaker, CircuitBreaker, Retry]).unwrap_err();
         assert_eq!(e.rule, Rule::Twice { first: 0 });
-        let e = check(&[CircuitBreaker, Retry, Retry]).unwrap_err();
-        assert_eq!(e.rule, Rule::BeforeRetry { retry: 1 });
+        let e = check(&[CircuitBreaker, Retry, Retry, CircuitBreaker]).unwrap_err();
+        assert_eq!((e.at, e.rule), (2, Rule::Twice { first: 1 }));
     }
 
     /// Every list of up to four declarations, against the rules counted
@@ -643,11 +659,10 @@ mod tests {
             let retry = d.iter().position(|k| *k == Retry);
             let (before, after) = d.split_at(retry.unwrap_or(d.len()));
             let count = |s: &[PolicyKind], k| s.iter().filter(|x| **x == k).count();
-            let stateful_before = retry.is_some() && before.iter().any(|k| k.is_stateful());
             PolicyKind::ALL.iter().all(|&k| match k {
                 Timeout => count(before, k) <= 1 && count(after, k) <= 1,
                 _ => count(d, k) <= 1,
-            }) && !stateful_before
+            })
         }
         let all = PolicyKind::ALL;
         let mut lists: Vec<Vec<PolicyKind>> = vec![Vec::new()];

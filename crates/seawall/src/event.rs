@@ -274,21 +274,21 @@ impl fmt::Display for EventKind {
 }
 
 /// How much an event matters: its `tracing` level (see the [module
-/// docs](self)).
-#[cfg(feature = "tracing")]
+/// docs](self)); the metrics report it as `event.severity`.
+#[cfg(any(feature = "tracing", feature = "metrics"))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Severity {
+pub(crate) enum Severity {
     Trace,
     Debug,
     Info,
     Warn,
 }
 
-#[cfg(feature = "tracing")]
+#[cfg(any(feature = "tracing", feature = "metrics"))]
 impl EventKind {
     /// The level of the event's `tracing` event: the table of the module
     /// docs, stated once.
-    fn severity(&self) -> Severity {
+    pub(crate) fn severity(&self) -> Severity {
         match self {
             EventKind::AttemptFinished { .. } => Severity::Trace,
             EventKind::CallFinished {

@@ -49,6 +49,8 @@
 //!   (`seawall::tower`).
 //! - `reqwest` (with `http`): `client.get(url).send_through(&pipeline)`
 //!   (`seawall::reqwest`).
+//! - `reqwest-middleware` (with `reqwest`): `SeawallMiddleware` for
+//!   `reqwest_middleware::ClientBuilder` (`seawall::reqwest`).
 //! - `test-util`: tools for testing code that uses seawall
 //!   (`seawall::testing`: a virtual clock, fixed random sequences, contexts
 //!   for unit tests of an operation), the contract suite of state stores
@@ -61,8 +63,11 @@
 //! Policies nest in the order they are declared, outermost first:
 //! a timeout declared before the retry bounds the whole call, one declared
 //! after it bounds each attempt. The stateful policies (circuit breaker,
-//! bulkhead, cooldown, rate limiter) guard each attempt, in that order, and
-//! must be declared after the retry. The fallback is always outermost.
+//! bulkhead, cooldown, rate limiter; each declared once) guard each attempt
+//! when declared after the retry (or without one), and the whole call when
+//! declared before it: one admission and one outcome per call (see
+//! [`PipelineBuilder`]). On each side they are checked in that order. The
+//! fallback is always outermost.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 

@@ -20,32 +20,73 @@
 //! ```
 //!
 //! # Metrics
-//! Every metric has the label `resource`, the pipeline's name, and, when
-//! enabled by [`MetricsConfig::partition_label`], the label `partition`
-//! (the partition key; off by default: one series per key can be many).
+//! The names and attributes follow OpenTelemetry's conventions, in the
+//! manner of Polly's and seatbelt's resilience telemetry: a `resilience.`
+//! namespace, dotted lower-case names, durations in seconds, every
+//! resilience event counted by one counter whose attributes say which
+//! pipeline, which strategy and which event.
 //!
-//! | name | kind | labels | what |
+//! | name | kind | unit | attributes | what |
+//! | --- | --- | --- | --- | --- |
+//! | `resilience.seawall.events` | counter | `{event}` | `pipeline.name`, `strategy.name`, `event.name`, `event.severity`, and `event.reason` or `store.degraded` (table below) | resilience events: retries, rejections, circuit transitions, ... |
+//! | `resilience.seawall.attempt.duration` | histogram | `s` | `pipeline.name`, `attempt.number`, `attempt.outcome` | time of one attempt (the operation only); `attempt.number` counts from 1; `attempt.outcome` is `success`, `failure` or `timeout` |
+//! | `resilience.seawall.call.duration` | histogram | `s` | `pipeline.name`, `call.outcome` | time of a whole call, retries and fallback included; `call.outcome` is `success`, `fallback`, `failure`, `timeout`, `rejected` or `store_failure` |
+//! | `resilience.seawall.circuit.state` | gauge | | `pipeline.name` | the circuit's state: `0` closed, `1` open, `2` half-open, `3` isolated |
+//!
+//! `pipeline.name` is the pipeline's resource name. Every metric also has
+//! `pipeline.partition`, the partition key, when
+//! [`MetricsConfig::partition_label`] enables it, and then only for a
+//! partitioned call. It is off by default: each key becomes a series of its
+//! own, so enable it only for a small, bounded set of keys. Without it the
+//! circuit gauge of a partitioned pipeline reads the last transition of any
+//! of its partitions.
+//!
+//! The number of calls is the histogram's count: a counter of calls would
+//! say it twice.
+//!
+//! ## Events
+//! `event.severity` is the level of the event's `tracing` event (see
+//! [`event`](crate::event#tracing)): `debug`, `info` or `warn`.
+//! `strategy.name` is the policy's name as the builder and the
+//! configuration spell it, or `fallback` and `store`.
+//!
+//! | `event.name` | `strategy.name` | `event.severity` | more attributes |
 //! | --- | --- | --- | --- |
-//! | `seawall_calls_total` | counter | `outcome` | calls ended, by outcome: `success`, `fallback`, `failure`, `timeout`, `rejected`, `store_failure` |
-//! | `seawall_call_duration_seconds` | histogram | `outcome` | time of a whole call, retries and fallback included |
-//! | `seawall_attempt_duration_seconds` | histogram | `outcome` | time of an attempt (the operation only), by outcome: `success`, `failure`, `timeout` |
-//! | `seawall_retries_total` | counter | | retries scheduled |
-//! | `seawall_retry_give_ups_total` | counter | `reason` | retries stopped before attempts ran out: `deadline`, `budget` |
-//! | `seawall_rejections_total` | counter | `reason` | calls refused by a policy, by [`RejectionReason`](crate::RejectionReason): `circuit_open`, `bulkhead_full`, `rate_limited`, `cooldown_active`, `cooldown_exceeds_deadline`, `retry_budget_exhausted` |
-//! | `seawall_deferrals_total` | counter | `reason` | calls made to wait for a bulkhead slot, a cooldown or a rate-limit permit |
-//! | `seawall_timeouts_total` | counter | | attempts or calls that ran out of time |
-//! | `seawall_deadline_exceeded_total` | counter | | sync calls whose success came after the deadline and was kept |
-//! | `seawall_fallbacks_total` | counter | | calls whose result came from the fallback |
-//! | `seawall_cooldowns_total` | counter | | cooldowns opened or extended by a retry-after hint |
-//! | `seawall_circuit_transitions_total` | counter | `state` | circuit transitions, by the state entered: `open`, `half_open`, `closed`, `isolated` |
-//! | `seawall_circuit_state` | gauge | | the circuit's state: `0` closed, `1` open, `2` half-open, `3` isolated |
-//! | `seawall_store_errors_total` | counter | `degraded` | state store failures; `degraded="true"` when the call went on with local state |
+//! | `retry_scheduled` | `retry` | `debug` | |
+//! | `retry_gave_up` | `retry` | `debug` | `event.reason`: `deadline`, `budget` |
+//! | `timed_out` | `timeout` | `debug` | |
+//! | `deadline_exceeded` | `timeout` | `warn` | |
+//! | `fallback_executed` | `fallback` | `debug` | |
+//! | `rejected` | the refusing policy: `circuit_breaker`, `bulkhead`, `rate_limiter`, `cooldown`, `retry` (its budget) | `warn` for `bulkhead_full`, `rate_limited`, `retry_budget_exhausted`; `debug` for the others | `event.reason`: the [`RejectionReason`] (`circuit_open`, `bulkhead_full`, `rate_limited`, `cooldown_active`, `cooldown_exceeds_deadline`, `retry_budget_exhausted`) |
+//! | `deferred` | the policy that made the call wait | `debug` | `event.reason`: as for `rejected` |
+//! | `circuit_opened` | `circuit_breaker` | `warn` | |
+//! | `circuit_half_opened` | `circuit_breaker` | `info` | |
+//! | `circuit_closed` | `circuit_breaker` | `info` | |
+//! | `cooldown_started` | `cooldown` | `warn` | |
+//! | `store_unavailable` | `store` | `warn` | `store.degraded`: `true` when the call went on with local state |
 //!
-//! Durations are in seconds. The circuit gauge is set on each transition,
-//! so it appears with the first one. A circuit forced open by
-//! [`Pipeline::isolate`](crate::Pipeline::isolate) reads `3`; one forced
-//! closed by [`Pipeline::force_close`](crate::Pipeline::force_close) reads
-//! `0`, like a closed one (its event is the same as a close).
+//! The end of an attempt and of a call are the two histograms, not events.
+//!
+//! The circuit gauge is set on each transition, so it appears with the
+//! first one. A circuit forced open by
+//! [`Pipeline::isolate`](crate::Pipeline::isolate) reads `3` (its event is
+//! `circuit_opened`); one forced closed by
+//! [`Pipeline::force_close`](crate::Pipeline::force_close) reads `0`, like
+//! a closed one (its event is the same as a close).
+//!
+//! # Exporting
+//! Prometheus spells the names with underscores and adds the unit and the
+//! counter suffixes: `resilience_seawall_events_total`,
+//! `resilience_seawall_attempt_duration_seconds`,
+//! `resilience_seawall_call_duration_seconds`,
+//! `resilience_seawall_circuit_state`; attribute keys become
+//! `pipeline_name`, `event_name`, ... The OpenTelemetry Prometheus exporter
+//! does so by itself; with `metrics-exporter-prometheus`, call [`describe`]
+//! (it publishes the units) and enable
+//! `PrometheusBuilder::set_enable_unit_suffix`, and give the histograms
+//! buckets (`set_buckets`) to have `_bucket` series for quantiles. The
+//! repository's `dashboards/seawall-grafana.json` is a Grafana dashboard
+//! over these names.
 //!
 //! Call [`describe`] once after installing the recorder to publish units
 //! and descriptions.
@@ -54,30 +95,26 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use ::metrics::{Label, Unit};
+use seawall_order::PolicyKind;
 
 use crate::context::intern;
-use crate::event::{Event, EventKind, GiveUpReason};
+use crate::error::RejectionReason;
+use crate::event::{Event, EventKind, GiveUpReason, Severity};
 use crate::pipeline::{Kind, PipelineBuilder};
 
-const CALLS: &str = "seawall_calls_total";
-const CALL_DURATION: &str = "seawall_call_duration_seconds";
-const ATTEMPT_DURATION: &str = "seawall_attempt_duration_seconds";
-const RETRIES: &str = "seawall_retries_total";
-const GIVE_UPS: &str = "seawall_retry_give_ups_total";
-const REJECTIONS: &str = "seawall_rejections_total";
-const DEFERRALS: &str = "seawall_deferrals_total";
-const TIMEOUTS: &str = "seawall_timeouts_total";
-const DEADLINE_EXCEEDED: &str = "seawall_deadline_exceeded_total";
-const FALLBACKS: &str = "seawall_fallbacks_total";
-const COOLDOWNS: &str = "seawall_cooldowns_total";
-const TRANSITIONS: &str = "seawall_circuit_transitions_total";
-const CIRCUIT_STATE: &str = "seawall_circuit_state";
-const STORE_ERRORS: &str = "seawall_store_errors_total";
+/// The counter of resilience events.
+pub const EVENTS: &str = "resilience.seawall.events";
+/// The histogram of attempt durations, in seconds.
+pub const ATTEMPT_DURATION: &str = "resilience.seawall.attempt.duration";
+/// The histogram of call durations, in seconds.
+pub const CALL_DURATION: &str = "resilience.seawall.call.duration";
+/// The gauge of the circuit's state.
+pub const CIRCUIT_STATE: &str = "resilience.seawall.circuit.state";
 
 /// The options of the metrics listener.
 ///
 /// # Default
-/// No `partition` label.
+/// No `pipeline.partition` attribute.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct MetricsConfig {
     partition: bool,
@@ -89,9 +126,9 @@ impl MetricsConfig {
         Self::default()
     }
 
-    /// Adds the label `partition` (the partition key) to every metric of a
-    /// partitioned call. Each key becomes a series of its own: enable it
-    /// only for a small, bounded set of keys.
+    /// Adds the attribute `pipeline.partition` (the partition key) to
+    /// every metric of a partitioned call. Each key becomes a series of its
+    /// own: enable it only for a small, bounded set of keys.
     pub fn partition_label(mut self, enabled: bool) -> Self {
         self.partition = enabled;
         self
@@ -131,67 +168,57 @@ impl<K: Kind> PipelineBuilder<K> {
 /// recorder.
 pub fn describe() {
     use ::metrics::{describe_counter, describe_gauge, describe_histogram};
-    describe_counter!(CALLS, Unit::Count, "Calls ended, by outcome");
-    describe_histogram!(
-        CALL_DURATION,
-        Unit::Seconds,
-        "Time of a whole call, retries and fallback included"
+    describe_counter!(
+        EVENTS,
+        Unit::Count,
+        "Resilience events, by pipeline, strategy and event"
     );
     describe_histogram!(
         ATTEMPT_DURATION,
         Unit::Seconds,
-        "Time of one attempt of the operation, by outcome"
+        "Time of one attempt of the operation, by attempt number and outcome"
     );
-    describe_counter!(RETRIES, Unit::Count, "Retries scheduled");
-    describe_counter!(
-        GIVE_UPS,
-        Unit::Count,
-        "Retries stopped before the attempts ran out, by reason"
-    );
-    describe_counter!(
-        REJECTIONS,
-        Unit::Count,
-        "Calls refused by a policy, by reason"
-    );
-    describe_counter!(
-        DEFERRALS,
-        Unit::Count,
-        "Calls made to wait by a policy, by reason"
-    );
-    describe_counter!(
-        TIMEOUTS,
-        Unit::Count,
-        "Attempts or calls that ran out of time"
-    );
-    describe_counter!(
-        DEADLINE_EXCEEDED,
-        Unit::Count,
-        "Synchronous successes kept although they came after the deadline"
-    );
-    describe_counter!(
-        FALLBACKS,
-        Unit::Count,
-        "Calls whose result came from the fallback"
-    );
-    describe_counter!(
-        COOLDOWNS,
-        Unit::Count,
-        "Cooldowns opened or extended by a retry-after hint"
-    );
-    describe_counter!(
-        TRANSITIONS,
-        Unit::Count,
-        "Circuit transitions, by the state entered"
+    describe_histogram!(
+        CALL_DURATION,
+        Unit::Seconds,
+        "Time of a whole call, retries and fallback included, by outcome"
     );
     describe_gauge!(
         CIRCUIT_STATE,
         "Circuit state: 0 closed, 1 open, 2 half-open, 3 isolated"
     );
-    describe_counter!(
-        STORE_ERRORS,
-        Unit::Count,
-        "State store failures; degraded when the call went on with local state"
-    );
+}
+
+/// The `strategy.name` of the policy that refuses or defers a call for
+/// `reason`.
+fn refusing_strategy(reason: RejectionReason) -> &'static str {
+    match reason {
+        RejectionReason::CircuitOpen => PolicyKind::CircuitBreaker.name(),
+        RejectionReason::BulkheadFull => PolicyKind::Bulkhead.name(),
+        RejectionReason::RateLimited => PolicyKind::RateLimiter.name(),
+        RejectionReason::CooldownActive | RejectionReason::CooldownExceedsDeadline => {
+            PolicyKind::Cooldown.name()
+        }
+        RejectionReason::RetryBudgetExhausted => PolicyKind::Retry.name(),
+    }
+}
+
+/// The `event.severity` of an event: its `tracing` level.
+fn severity(kind: &EventKind) -> &'static str {
+    match kind.severity() {
+        Severity::Trace => "trace",
+        Severity::Debug => "debug",
+        Severity::Info => "info",
+        Severity::Warn => "warn",
+    }
+}
+
+/// The circuit gauge's value for a state.
+mod circuit {
+    pub(super) const CLOSED: f64 = 0.0;
+    pub(super) const OPEN: f64 = 1.0;
+    pub(super) const HALF_OPEN: f64 = 2.0;
+    pub(super) const ISOLATED: f64 = 3.0;
 }
 
 struct Sink {
@@ -211,84 +238,118 @@ impl Sink {
         }
     }
 
-    fn labels(&self, event: &Event<'_>, extra: Option<(&'static str, &'static str)>) -> Vec<Label> {
-        let mut labels = Vec::with_capacity(3);
+    /// `pipeline.name`, the given attributes, then `pipeline.partition`
+    /// when enabled.
+    fn labels(&self, event: &Event<'_>, extra: impl IntoIterator<Item = Label>) -> Vec<Label> {
+        let mut labels = Vec::with_capacity(6);
         labels.push(Label::from_static_parts(
-            "resource",
+            "pipeline.name",
             self.resource(event.resource),
         ));
-        if let Some((k, v)) = extra {
-            labels.push(Label::from_static_parts(k, v));
-        }
+        labels.extend(extra);
         if self.config.partition {
             if let Some(p) = event.partition {
-                labels.push(Label::new("partition", p.to_string()));
+                labels.push(Label::new("pipeline.partition", p.to_string()));
             }
         }
         labels
     }
 
-    fn count(
-        &self,
-        event: &Event<'_>,
-        name: &'static str,
-        extra: Option<(&'static str, &'static str)>,
-    ) {
-        ::metrics::counter!(name, self.labels(event, extra)).increment(1);
-    }
-
-    fn seconds(&self, event: &Event<'_>, name: &'static str, outcome: &'static str, d: Duration) {
-        ::metrics::histogram!(name, self.labels(event, Some(("outcome", outcome))))
-            .record(d.as_secs_f64());
-    }
-
-    fn circuit(&self, event: &Event<'_>, state: &'static str, value: f64) {
-        self.count(event, TRANSITIONS, Some(("state", state)));
-        ::metrics::gauge!(CIRCUIT_STATE, self.labels(event, None)).set(value);
-    }
-
+    /// Records an event: the one place that says which metric each event
+    /// kind feeds, with which attributes (the tables of the module docs).
     fn record(&self, event: &Event<'_>) {
-        match &event.kind {
+        let kind = &event.kind;
+        let (strategy, name, detail) = match kind {
+            EventKind::AttemptFinished {
+                attempt,
+                duration,
+                outcome,
+            } => {
+                let labels = [
+                    Label::new("attempt.number", attempt.to_string()),
+                    Label::from_static_parts("attempt.outcome", outcome.as_str()),
+                ];
+                ::metrics::histogram!(ATTEMPT_DURATION, self.labels(event, labels))
+                    .record(duration.as_secs_f64());
+                return;
+            }
             EventKind::CallFinished {
                 duration, outcome, ..
             } => {
-                let outcome = outcome.as_str();
-                self.count(event, CALLS, Some(("outcome", outcome)));
-                self.seconds(event, CALL_DURATION, outcome, *duration);
+                let labels = [Label::from_static_parts("call.outcome", outcome.as_str())];
+                ::metrics::histogram!(CALL_DURATION, self.labels(event, labels))
+                    .record(duration.as_secs_f64());
+                return;
             }
-            EventKind::AttemptFinished {
-                duration, outcome, ..
-            } => self.seconds(event, ATTEMPT_DURATION, outcome.as_str(), *duration),
-            EventKind::RetryScheduled { .. } => self.count(event, RETRIES, None),
-            EventKind::RetryGaveUp { reason, .. } => {
-                let reason = match reason {
-                    GiveUpReason::Deadline => "deadline",
-                    GiveUpReason::Budget => "budget",
-                };
-                self.count(event, GIVE_UPS, Some(("reason", reason)));
-            }
-            EventKind::Rejected { reason, .. } => {
-                self.count(event, REJECTIONS, Some(("reason", reason.as_str())))
-            }
-            EventKind::Deferred { reason, .. } => {
-                self.count(event, DEFERRALS, Some(("reason", reason.as_str())))
-            }
-            EventKind::TimedOut { .. } => self.count(event, TIMEOUTS, None),
-            EventKind::DeadlineExceeded { .. } => self.count(event, DEADLINE_EXCEEDED, None),
-            EventKind::FallbackExecuted => self.count(event, FALLBACKS, None),
-            EventKind::CooldownStarted { .. } => self.count(event, COOLDOWNS, None),
-            // `isolate` opens the circuit for good: an unbounded cooldown.
-            EventKind::CircuitOpened { cooldown } if *cooldown == Duration::MAX => {
-                self.circuit(event, "isolated", 3.0)
-            }
-            EventKind::CircuitOpened { .. } => self.circuit(event, "open", 1.0),
-            EventKind::CircuitHalfOpened => self.circuit(event, "half_open", 2.0),
-            EventKind::CircuitClosed => self.circuit(event, "closed", 0.0),
-            EventKind::StoreUnavailable { degraded, .. } => self.count(
-                event,
-                STORE_ERRORS,
-                Some(("degraded", if *degraded { "true" } else { "false" })),
+            EventKind::RetryScheduled { .. } => (PolicyKind::Retry.name(), "retry_scheduled", None),
+            EventKind::RetryGaveUp { reason, .. } => (
+                PolicyKind::Retry.name(),
+                "retry_gave_up",
+                Some((
+                    "event.reason",
+                    match reason {
+                        GiveUpReason::Deadline => "deadline",
+                        GiveUpReason::Budget => "budget",
+                    },
+                )),
             ),
-        }
+            EventKind::TimedOut { .. } => (PolicyKind::Timeout.name(), "timed_out", None),
+            EventKind::DeadlineExceeded { .. } => {
+                (PolicyKind::Timeout.name(), "deadline_exceeded", None)
+            }
+            EventKind::FallbackExecuted => ("fallback", "fallback_executed", None),
+            EventKind::Rejected { reason, .. } => (
+                refusing_strategy(*reason),
+                "rejected",
+                Some(("event.reason", reason.as_str())),
+            ),
+            EventKind::Deferred { reason, .. } => (
+                refusing_strategy(*reason),
+                "deferred",
+                Some(("event.reason", reason.as_str())),
+            ),
+            EventKind::CircuitOpened { cooldown } => {
+                // `isolate` opens the circuit for good: an unbounded cooldown.
+                let state = if *cooldown == Duration::MAX {
+                    circuit::ISOLATED
+                } else {
+                    circuit::OPEN
+                };
+                self.circuit(event, state);
+                (PolicyKind::CircuitBreaker.name(), "circuit_opened", None)
+            }
+            EventKind::CircuitHalfOpened => {
+                self.circuit(event, circuit::HALF_OPEN);
+                (
+                    PolicyKind::CircuitBreaker.name(),
+                    "circuit_half_opened",
+                    None,
+                )
+            }
+            EventKind::CircuitClosed => {
+                self.circuit(event, circuit::CLOSED);
+                (PolicyKind::CircuitBreaker.name(), "circuit_closed", None)
+            }
+            EventKind::CooldownStarted { .. } => {
+                (PolicyKind::Cooldown.name(), "cooldown_started", None)
+            }
+            EventKind::StoreUnavailable { degraded, .. } => (
+                "store",
+                "store_unavailable",
+                Some(("store.degraded", if *degraded { "true" } else { "false" })),
+            ),
+        };
+        let labels = [
+            Label::from_static_parts("strategy.name", strategy),
+            Label::from_static_parts("event.name", name),
+            Label::from_static_parts("event.severity", severity(kind)),
+        ]
+        .into_iter()
+        .chain(detail.map(|(k, v)| Label::from_static_parts(k, v)));
+        ::metrics::counter!(EVENTS, self.labels(event, labels)).increment(1);
+    }
+
+    fn circuit(&self, event: &Event<'_>, state: f64) {
+        ::metrics::gauge!(CIRCUIT_STATE, self.labels(event, [])).set(state);
     }
 }

@@ -24,6 +24,11 @@
 //! # }
 //! ```
 //!
+//! A whole client can be wrapped once instead, with
+//! `SeawallMiddleware` in a `reqwest_middleware::ClientBuilder` (feature
+//! `reqwest-middleware`): the same classification of responses, the last
+//! response given back after the retries.
+//!
 //! # Pipelines
 //! `send_through` takes any pipeline that runs
 //! `Result<reqwest::Response, reqwest::Error>`:
@@ -70,6 +75,11 @@ use crate::error::{Error, Rejection};
 use crate::http::classify_status;
 use crate::pipeline::{Handles, Judged, Pipeline};
 
+#[cfg(feature = "reqwest-middleware")]
+mod middleware;
+#[cfg(feature = "reqwest-middleware")]
+pub use middleware::SeawallMiddleware;
+
 mod sealed {
     pub trait Sealed {}
     impl Sealed for reqwest::RequestBuilder {}
@@ -103,12 +113,7 @@ impl SendThrough for RequestBuilder {
         let (client, request) = self.build_split();
         let request = request.map_err(SendError::Build)?;
         let copy = request.try_clone();
-        let may_retry = pipeline
-            .shared
-            .retry
-            .as_ref()
-            .is_some_and(|r| r.max_attempts > 1);
-        if copy.is_none() && may_retry {
+        if copy.is_none() && may_retry(pipeline) {
             return Err(SendError::BodyNotCloneable);
         }
         let mut first = Some(request);
@@ -127,15 +132,31 @@ impl SendThrough for RequestBuilder {
     }
 }
 
+/// `true` when `pipeline` may make more than one attempt, so a request it
+/// sends must be copied.
+fn may_retry<K: crate::pipeline::Kind>(pipeline: &Pipeline<K>) -> bool {
+    pipeline
+        .shared
+        .retry
+        .as_ref()
+        .is_some_and(|r| r.max_attempts > 1)
+}
+
+/// Gives `request` the time left before the attempt's deadline as its
+/// timeout, or keeps its own when that is shorter.
+fn limit_to_deadline(request: &mut Request, ctx: &Context) {
+    if let Some(left) = ctx.remaining() {
+        let timeout = request.timeout_mut();
+        *timeout = Some(timeout.map_or(left, |own| own.min(left)));
+    }
+}
+
 async fn attempt(
     client: Client,
     mut request: Request,
     ctx: Context,
 ) -> Judged<Response, reqwest::Error> {
-    if let Some(left) = ctx.remaining() {
-        let timeout = request.timeout_mut();
-        *timeout = Some(timeout.map_or(left, |own| own.min(left)));
-    }
+    limit_to_deadline(&mut request, &ctx);
     let response = match client.execute(request).await {
         Ok(response) => response,
         Err(e) => {
@@ -145,7 +166,7 @@ async fn attempt(
             }
         }
     };
-    match classify_status(response.status(), response.headers()) {
+    match classify_response(&response) {
         Some(verdict) if verdict.is_retryable() || verdict.is_failure() => {
             match response.error_for_status() {
                 // The response's verdict, with its `Retry-After`.
@@ -165,6 +186,14 @@ async fn attempt(
             verdict: None,
         },
     }
+}
+
+/// Judges a response by its status and `Retry-After` header, as
+/// [`classify_status`] does: `None` for a success, the verdict otherwise.
+/// It is how [`SendThrough::send_through`] judges every response, and the
+/// default of `SeawallMiddleware` (feature `reqwest-middleware`).
+pub fn classify_response(response: &Response) -> Option<Verdict> {
+    classify_status(response.status(), response.headers())
 }
 
 /// Judges a `reqwest::Error`, for `.classify(seawall::reqwest::classify)`:

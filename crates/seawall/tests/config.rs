@@ -169,6 +169,35 @@ fn yaml_fixture_builds_the_same_pipelines_as_toml() {
 }
 
 #[test]
+fn stateful_policies_listed_before_the_retry_guard_the_whole_call() {
+    let r = toml(
+        r#"
+        [pipelines.a]
+        policies = ["circuit_breaker", "rate_limiter", "retry", "bulkhead"]
+        retry = { delay = "1s", max_attempts = 3 }
+        circuit_breaker = { consecutive_failures = 2 }
+        rate_limiter = { limit = 10, period = "1s" }
+        bulkhead = { max_concurrent = 1 }
+        "#,
+    );
+    let a = Pipeline::builder("a")
+        .circuit_breaker(CircuitBreaker::consecutive_failures(2))
+        .rate_limiter(RateLimiter::gcra(10, secs(1)))
+        .retry(Retry::exponential(secs(1)).max_attempts(3))
+        .bulkhead(Bulkhead::new(1));
+    let text = debug(r.get("a"));
+    assert_eq!(text, built(a));
+    assert!(text.contains("name: \"a#call\""), "{text}");
+    // The same policies after the retry guard each attempt: another pipeline.
+    let after = Pipeline::builder("a")
+        .retry(Retry::exponential(secs(1)).max_attempts(3))
+        .circuit_breaker(CircuitBreaker::consecutive_failures(2))
+        .rate_limiter(RateLimiter::gcra(10, secs(1)))
+        .bulkhead(Bulkhead::new(1));
+    assert_ne!(text, built(after));
+}
+
+#[test]
 fn pipelines_inherit_default_field_by_field() {
     let r = toml(
         r#"
@@ -501,8 +530,8 @@ fn the_policies_list_must_match_the_sections() {
             "pipeline.policies lists `retry` twice",
         ),
         (
-            "[pipelines.a]\npolicies = [\"bulkhead\", \"retry\"]\nretry = { delay = \"1s\" }\nbulkhead = { max_concurrent = 1 }\n",
-            "pipeline.bulkhead must be declared after retry",
+            "[pipelines.a]\npolicies = [\"bulkhead\", \"retry\", \"bulkhead\"]\nretry = { delay = \"1s\" }\nbulkhead = { max_concurrent = 1 }\n",
+            "pipeline.policies lists `bulkhead` twice",
         ),
         (
             "[pipelines.a]\npolicies = [\"retry\", \"attempt_timeout\", \"attempt_timeout\"]\nretry = { delay = \"1s\" }\nattempt_timeout = \"1s\"\n",

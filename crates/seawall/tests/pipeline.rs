@@ -692,8 +692,9 @@ fn invalid_configuration_fails_at_build_naming_field_and_rule() {
     assert_eq!(
         err(Pipeline::builder("x")
             .circuit_breaker(CircuitBreaker::consecutive_failures(2))
-            .retry(Retry::constant(ms(1)))),
-        "pipeline.circuit_breaker must be declared after retry: stateful policies guard each attempt"
+            .retry(Retry::constant(ms(1)))
+            .circuit_breaker(CircuitBreaker::consecutive_failures(2))),
+        "pipeline.circuit_breaker is declared twice; declare each policy once"
     );
     assert_eq!(
         err(Pipeline::builder("x")
@@ -747,13 +748,13 @@ fn order_errors_name_the_first_misplaced_policy_and_the_rule() {
         "pipeline.timeout is declared twice for each attempt; declare at most one timeout \
          before `retry` (whole call) and one after it (each attempt)"
     );
-    // The first stateful policy in declaration order is the one named.
+    // A stateful policy stands once, on either side of the retry.
     assert_eq!(
         err(Pipeline::builder("x")
             .rate_limiter(RateLimiter::gcra(10, secs(1)))
-            .circuit_breaker(CircuitBreaker::consecutive_failures(2))
-            .retry(r())),
-        "pipeline.rate_limiter must be declared after retry: stateful policies guard each attempt"
+            .retry(r())
+            .rate_limiter(RateLimiter::gcra(10, secs(1)))),
+        "pipeline.rate_limiter is declared twice; declare each policy once"
     );
     assert_eq!(
         err(Pipeline::builder("x")
@@ -766,8 +767,9 @@ fn order_errors_name_the_first_misplaced_policy_and_the_rule() {
     assert_eq!(
         err(Pipeline::builder("x")
             .bulkhead(Bulkhead::new(0))
-            .retry(r().max_attempts(0))),
-        "pipeline.bulkhead must be declared after retry: stateful policies guard each attempt"
+            .retry(r().max_attempts(0))
+            .bulkhead(Bulkhead::new(0))),
+        "pipeline.bulkhead is declared twice; declare each policy once"
     );
     // One timeout on each side of the retry, stateful policies after it.
     assert!(Pipeline::builder("t-order-ok")

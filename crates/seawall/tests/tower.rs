@@ -534,6 +534,21 @@ fn services_and_futures_are_send_and_sync() {
     clone::<PipelineLayer>();
     send::<ServiceError<hyper_util::client::legacy::Error>>();
     sync::<ServiceError<hyper_util::client::legacy::Error>>();
+    // With a partition key and a fallback.
+    type Tenant = fn(&Request<Full<Bytes>>) -> Option<String>;
+    type Answer = fn(ServiceError<hyper_util::client::legacy::Error>) -> Response<Incoming>;
+    type Keyed = PipelineService<
+        HttpClient,
+        SuccessfulResponses,
+        RetryableErrors,
+        seawall::tower::CloneRequests,
+        Tenant,
+        seawall::tower::RespondWith<Answer>,
+    >;
+    send::<Keyed>();
+    sync::<Keyed>();
+    clone::<Keyed>();
+    send::<<Keyed as Service<Request<Full<Bytes>>>>::Future>();
 }
 
 #[test]
@@ -550,4 +565,161 @@ fn the_service_error_is_a_std_error() {
 fn a_request_that_is_not_clone_is_a_compile_error() {
     let t = trybuild::TestCases::new();
     t.compile_fail("tests/ui/tower_request_not_clone.rs");
+}
+
+fn tenant_get(server: &Server, tenant: &'static str) -> Request<Full<Bytes>> {
+    let mut request = server.get("/");
+    request
+        .headers_mut()
+        .insert("x-tenant", http::HeaderValue::from_static(tenant));
+    request
+}
+
+fn tenant_of<B>(request: &Request<B>) -> Option<String> {
+    let tenant = request.headers().get("x-tenant")?;
+    tenant.to_str().ok().map(str::to_owned)
+}
+
+#[tokio::test]
+async fn two_tenants_have_separate_circuits() {
+    let server = Server::start(|_| reply(500, "broken")).await;
+    let layer = http_layer(
+        Pipeline::builder("tower-tenant-circuits")
+            .circuit_breaker(CircuitBreaker::consecutive_failures(2))
+            .clock(VirtualClock::new()),
+    )
+    .partition_by(tenant_of::<Full<Bytes>> as fn(&_) -> _);
+    let mut service = layer.layer(client());
+    let mut send = async |tenant| {
+        let request = tenant_get(&server, tenant);
+        service.ready().await.unwrap().call(request).await
+    };
+
+    // Tenant a trips its circuit...
+    for _ in 0..2 {
+        assert_eq!(send("a").await.unwrap().status(), 500);
+    }
+    let error = send("a").await.unwrap_err();
+    assert_eq!(
+        error.rejection().unwrap().reason,
+        RejectionReason::CircuitOpen
+    );
+    // ...tenant b still reaches the server, and so would a request without
+    // a tenant.
+    assert_eq!(send("b").await.unwrap().status(), 500);
+    assert_eq!(server.hits(), 3);
+    let pipeline = layer.pipeline();
+    let state = |tenant| pipeline.partition(tenant).circuit_metrics().unwrap().state;
+    assert_eq!(state("a"), CircuitState::Open);
+    assert_eq!(state("b"), CircuitState::Closed);
+    assert_eq!(pipeline.circuit_state().unwrap(), CircuitState::Closed);
+}
+
+#[tokio::test]
+async fn two_tenants_have_separate_rate_limits() {
+    let server = Server::start(|_| reply(200, "ok")).await;
+    let layer = PipelineLayer::new(
+        Pipeline::builder("tower-tenant-limits")
+            .rate_limiter(RateLimiter::fixed_window(2, Duration::from_secs(60)))
+            .clock(VirtualClock::new()),
+    )
+    .unwrap()
+    .partition_by(tenant_of::<Full<Bytes>> as fn(&_) -> _);
+    let mut service = layer.layer(client());
+
+    let mut outcomes = Vec::new();
+    for tenant in ["a", "a", "a", "b", "b", "b"] {
+        let request = tenant_get(&server, tenant);
+        let result = service.ready().await.unwrap().call(request).await;
+        outcomes.push(match result {
+            Ok(response) => response.status().as_u16().to_string(),
+            Err(e) => e.rejection().unwrap().reason.as_str().to_owned(),
+        });
+    }
+
+    assert_eq!(
+        outcomes,
+        ["200", "200", "rate_limited", "200", "200", "rate_limited"]
+    );
+    assert_eq!(server.hits(), 4);
+}
+
+type BoxBody = http_body_util::combinators::BoxBody<Bytes, hyper::Error>;
+
+#[tokio::test]
+async fn the_fallback_answers_when_the_circuit_is_open() {
+    let server = Server::start(|_| reply(503, "down")).await;
+    let layer = PipelineLayer::new(
+        Pipeline::builder("tower-fallback")
+            .circuit_breaker(CircuitBreaker::consecutive_failures(2))
+            .clock(VirtualClock::new()),
+    )
+    .unwrap()
+    .classify_response(seawall::http::classify_response::<BoxBody> as fn(&_) -> _)
+    .fallback(|error: ServiceError<hyper_util::client::legacy::Error>| {
+        let text = format!("cached ({error})");
+        let body = Full::new(Bytes::from(text)).map_err(|never| match never {});
+        Response::new(BodyExt::boxed(body))
+    });
+    let client = ServiceBuilder::new()
+        .map_response(|response: Response<Incoming>| response.map(BodyExt::boxed))
+        .service(client());
+    let mut service = layer.layer(client);
+
+    let mut bodies = Vec::new();
+    for _ in 0..4 {
+        let response = service
+            .ready()
+            .await
+            .unwrap()
+            .call(server.get("/"))
+            .await
+            .unwrap();
+        let bytes = response.into_body().collect().await.unwrap().to_bytes();
+        bodies.push(String::from_utf8(bytes.to_vec()).unwrap());
+    }
+
+    assert_eq!(
+        bodies,
+        [
+            "down",
+            "down",
+            "cached (tower-fallback: call rejected: circuit_open (retry after 30s))",
+            "cached (tower-fallback: call rejected: circuit_open (retry after 30s))"
+        ]
+    );
+    assert_eq!(server.hits(), 2);
+}
+
+#[tokio::test]
+async fn the_fallback_answers_errors_of_the_inner_service() {
+    // A port nobody listens on.
+    let port = {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let clock = VirtualClock::new();
+    let layer = PipelineLayer::new(retrying("tower-fallback-refused", &clock, 2))
+        .unwrap()
+        .fallback(|error: ServiceError<hyper_util::client::legacy::Error>| {
+            let attempts = match error.pipeline_error() {
+                Some(Error::RetryExhausted { attempts, .. }) => *attempts,
+                _ => 0,
+            };
+            Response::builder()
+                .status(StatusCode::BAD_GATEWAY)
+                .body(attempts)
+                .unwrap()
+        });
+    let client = ServiceBuilder::new()
+        .map_response(|response: Response<Incoming>| response.map(|_| 0u32))
+        .service(client());
+    let request = Request::get(format!("http://127.0.0.1:{port}/"))
+        .body(Full::<Bytes>::default())
+        .unwrap();
+
+    let response = layer.layer(client).oneshot(request).await.unwrap();
+
+    assert_eq!(response.status(), StatusCode::BAD_GATEWAY);
+    assert_eq!(*response.body(), 2, "both attempts ran before the fallback");
 }

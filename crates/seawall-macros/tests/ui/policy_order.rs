@@ -3,8 +3,8 @@ use seawall::resilient;
 #[derive(Debug)]
 struct E;
 
-#[resilient(circuit_breaker(consecutive_failures = 5), retry(max_attempts = 3))]
-fn breaker_before_retry() -> Result<(), E> {
+#[resilient(bulkhead(max_concurrent = 1), retry, bulkhead(max_concurrent = 2))]
+fn bulkhead_on_both_sides() -> Result<(), E> {
     Ok(())
 }
 

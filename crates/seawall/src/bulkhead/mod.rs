@@ -1,8 +1,9 @@
 //! Bulkhead: a cap on concurrent attempts per resource (and partition).
 //!
-//! A slot is taken when an attempt starts and given back when it ends
-//! (success, error, panic or drop of the future); never held during a retry
-//! wait. Async calls may wait in a bounded queue for at most `max_wait`;
+//! Declared after the retry, a slot is taken when an attempt starts and
+//! given back when it ends (success, error, panic or drop of the future);
+//! never held during a retry wait. Declared before the retry, a slot is
+//! held for the whole call, retry waits included. Async calls may wait in a bounded queue for at most `max_wait`;
 //! sync calls are rejected at once. In a shared store each slot is a lease,
 //! so a slot held by a process that died comes back when the lease expires.
 

@@ -69,8 +69,11 @@
 //! builder would declare them: `["timeout", "retry", "attempt_timeout",
 //! "circuit_breaker", "bulkhead", "cooldown", "rate_limiter"]` is the full
 //! list. The list must read the way the pipeline nests: `timeout` (the
-//! whole call) before `retry`, `attempt_timeout` and the stateful policies
-//! after it. Inside one attempt the stateful policies are always checked in
+//! whole call) before `retry`, `attempt_timeout` after it. Each stateful
+//! policy is listed once, on either side: after `retry` (the default order)
+//! it guards each attempt, before it the whole call (one admission and one
+//! outcome per call, as in the builder: `["circuit_breaker", "retry",
+//! "bulkhead"]`). On each side the stateful policies are always checked in
 //! the order circuit breaker, bulkhead, cooldown, rate limiter.
 //!
 //! - Without `policies` (here or in `default`), every policy the pipeline

@@ -189,7 +189,7 @@ impl PolicyName {
         names(Place::EitherSide, false)
             .chain(names(Place::Retry, false))
             .chain(names(Place::EitherSide, true))
-            .chain(names(Place::AfterRetry, false))
+            .chain(names(Place::Stateful, false))
     }
 
     fn from_str(s: &str) -> Option<PolicyName> {

@@ -10,7 +10,7 @@ use super::kind::{
     AnyResult, ErrorHandlers, ErrorKind, FallbackHandlers, FallbackKind, Kind, WithAsyncFallback,
     WithFallback,
 };
-use super::{Gate, Pipeline, Plan, Shared};
+use super::{Gate, Pipeline, Plan, Shared, CALL_SUFFIX};
 use crate::breaker::CircuitBreaker;
 use crate::bulkhead::Bulkhead;
 use crate::classify::Verdict;
@@ -23,7 +23,7 @@ use crate::rate_limit::RateLimiter;
 use crate::retry::Retry;
 use crate::store::{MemoryStore, ResourceSpec, ResourceState, StateStore};
 use crate::timeout::Timeout;
-use declare::Declared;
+use declare::{Declared, Guards};
 
 #[path = "declare.rs"]
 pub(crate) mod declare;
@@ -31,6 +31,59 @@ pub(crate) mod declare;
 /// Builds a [`Pipeline`]. Every method takes and returns the builder by
 /// value; builders are `Clone`, so a half-built builder can serve as a
 /// template.
+///
+/// # Order
+/// Policies nest in declaration order, outermost first; `build()` checks
+/// the order. A timeout declared before [`retry`](Self::retry) (or without
+/// one) bounds the whole call, one declared after it each attempt. The
+/// stateful policies ([`circuit_breaker`](Self::circuit_breaker),
+/// [`bulkhead`](Self::bulkhead), [`cooldown`](Self::cooldown),
+/// [`rate_limiter`](Self::rate_limiter)) are declared once each, on
+/// either side of the retry:
+///
+/// - **after the retry** (or in a pipeline without one) they guard each
+///   attempt: every attempt is admitted and its outcome recorded, a
+///   bulkhead slot is held only while an attempt runs, each attempt takes
+///   a rate-limit permit;
+/// - **before the retry** they guard the whole call: the call is admitted
+///   once before its first attempt and its final outcome recorded once
+///   (before the fallback): a success, the verdict of the final error, a
+///   timeout as a failure; a call refused by a policy after the retry, by
+///   the retry budget or failed by the store gives its admission back
+///   without an outcome. One exhausted retry is one failure in the
+///   circuit's window, a slow call is measured over the whole call, a
+///   bulkhead slot is held for the whole call, **retry waits included**, a
+///   rate limiter takes one permit per call, a cooldown is opened by the
+///   final error's retry-after hint.
+///
+/// Both may be combined, e.g. a breaker outside the retry and a bulkhead
+/// inside it. On each side the policies are admitted together in the order
+/// circuit breaker, bulkhead, cooldown, rate limiter. The policies declared
+/// before the retry keep their state in the store as the resource
+/// `{name}#call`, apart from those declared after it (`{name}`): two
+/// pipelines (or processes) share a state when they declare the same
+/// policies on the same side.
+///
+/// ```
+/// use std::time::Duration;
+/// use seawall::{CircuitBreaker, CircuitState, Pipeline, Retry};
+///
+/// let pipeline = Pipeline::builder("orders-doc")
+///     .circuit_breaker(CircuitBreaker::consecutive_failures(2))
+///     .retry(Retry::constant(Duration::from_millis(1)).max_attempts(3))
+///     .build()?;
+/// let mut tries = 0;
+/// let r = pipeline.call(|_ctx| {
+///     tries += 1;
+///     Err::<(), _>(std::io::Error::other("down"))
+/// });
+/// assert!(r.is_err());
+/// // Three attempts, one failure in the circuit's window.
+/// assert_eq!(tries, 3);
+/// assert_eq!(pipeline.circuit_metrics()?.failures, 1);
+/// assert_eq!(pipeline.circuit_state()?, CircuitState::Closed);
+/// # Ok::<_, Box<dyn std::error::Error>>(())
+/// ```
 ///
 /// # Default
 /// No policy; the process-wide [`MemoryStore::global`] store; the system
@@ -106,7 +159,9 @@ impl<K: Kind> PipelineBuilder<K> {
     }
 
     /// Adds a retry policy. Timeouts declared after it bound each attempt,
-    /// stateful policies declared after it guard each attempt.
+    /// stateful policies declared after it guard each attempt; those
+    /// declared before it bound and guard the whole call (see
+    /// [Order](Self#order)).
     pub fn retry(self, retry: Retry) -> Self {
         self.declare(Declared::Retry(retry))
     }
@@ -118,22 +173,27 @@ impl<K: Kind> PipelineBuilder<K> {
         self.declare(Declared::Timeout(timeout.into()))
     }
 
-    /// Adds a circuit breaker (guards each attempt).
+    /// Adds a circuit breaker: of each attempt after `retry`, of the whole call
+    /// before it (one exhausted retry is one failure; see [Order](Self#order)).
     pub fn circuit_breaker(self, breaker: CircuitBreaker) -> Self {
         self.declare(Declared::CircuitBreaker(breaker))
     }
 
-    /// Adds a bulkhead (guards each attempt).
+    /// Adds a bulkhead: a slot per attempt after `retry`, per call before it
+    /// (held through the retry waits; see [Order](Self#order)).
     pub fn bulkhead(self, bulkhead: Bulkhead) -> Self {
         self.declare(Declared::Bulkhead(bulkhead))
     }
 
-    /// Adds a cooldown opened by retry-after hints (guards each attempt).
+    /// Adds a cooldown opened by retry-after hints: of each attempt after
+    /// `retry`, of the whole call before it (opened by the final error's hint;
+    /// see [Order](Self#order)).
     pub fn cooldown(self, cooldown: Cooldown) -> Self {
         self.declare(Declared::Cooldown(cooldown))
     }
 
-    /// Adds a rate limiter (guards each attempt).
+    /// Adds a rate limiter: a permit per attempt after `retry`, per call before
+    /// it (see [Order](Self#order)).
     pub fn rate_limiter(self, limiter: RateLimiter) -> Self {
         self.declare(Declared::RateLimiter(limiter))
     }
@@ -343,10 +403,8 @@ impl<K: Kind> PipelineBuilder<K> {
             retry: sorted.retry,
             overall_timeout: sorted.overall_timeout,
             attempt_timeout: sorted.attempt_timeout,
-            circuit: sorted.circuit,
-            bulkhead: sorted.bulkhead,
-            cooldown: sorted.cooldown,
-            rate_limit: sorted.rate_limit,
+            call: sorted.call,
+            attempt: sorted.attempt,
             store: self.store,
             memory_store: self.memory_store,
             clock: self.clock,
@@ -367,10 +425,8 @@ struct Assembly<K: Kind> {
     retry: Option<Retry>,
     overall_timeout: Option<Timeout>,
     attempt_timeout: Option<Timeout>,
-    circuit: Option<CircuitBreaker>,
-    bulkhead: Option<Bulkhead>,
-    cooldown: Option<Cooldown>,
-    rate_limit: Option<RateLimiter>,
+    call: Guards,
+    attempt: Guards,
     store: Option<Arc<dyn StateStore>>,
     memory_store: Option<MemoryStore>,
     clock: ClockHandle,
@@ -382,67 +438,30 @@ struct Assembly<K: Kind> {
 }
 
 impl<K: Kind> Assembly<K> {
-    fn assemble(self) -> Result<Pipeline<K>, ConfigError> {
-        let spec = ResourceSpec {
-            name: self.name.clone(),
-            circuit: self.circuit,
-            bulkhead: self.bulkhead,
-            cooldown: self.cooldown,
-            rate_limit: self.rate_limit,
-            partition_idle: self.partition_idle,
-        };
-        let gate = if spec.is_empty() {
-            None
-        } else {
-            let memory_store = match (&self.store, &self.memory_store) {
-                (None, _) => Some(MemoryStore::global()),
-                (Some(_), m) => m.as_ref(),
-            };
-            let memory = match memory_store {
-                Some(m) if self.strict_names => Some(m.bind_memory_strict(&spec)?),
-                Some(m) => Some(m.bind_memory(&spec)),
-                None => None,
-            };
-            let state: Arc<dyn ResourceState> = match (&memory, self.store) {
-                (Some(m), _) => Arc::clone(m) as Arc<dyn ResourceState>,
-                (None, Some(store)) => store.bind(&spec).map_err(|e| {
-                    ConfigError::new(
-                        "store",
-                        "bind",
-                        format!("could not prepare the resource: {e}"),
-                    )
-                })?,
-                (None, None) => unreachable!("no store means the global memory store"),
-            };
-            Some(Gate {
-                state,
-                memory,
-                record_needs_time: spec.circuit.as_ref().is_some_and(|c| {
-                    c.slow_call_rate.is_some()
-                        || matches!(c.mode, crate::breaker::BreakerMode::TimeWindow(_))
-                }),
-                success_recorded: spec.circuit.is_some() || spec.bulkhead.is_some(),
-                spec,
-                waiters: AtomicU32::new(0),
-            })
-        };
+    fn assemble(mut self) -> Result<Pipeline<K>, ConfigError> {
+        let attempt = std::mem::take(&mut self.attempt);
+        let call = std::mem::take(&mut self.call);
+        let gate = self.gate(self.name.clone(), attempt)?;
+        let call_gate = self.gate(format!("{}{CALL_SUFFIX}", self.name), call)?;
         let random: Arc<dyn Random> = self.random.unwrap_or_else(|| Arc::new(SystemRandom));
         let listeners = Listeners::new(self.listeners);
         let any_timeout = self.overall_timeout.is_some() || self.attempt_timeout.is_some();
-        let plan = Plan {
-            // A memory gate reads the clock itself, only when a policy
-            // needs the time (a cooldown in effect, a circuit that is not
-            // closed); these need it for every attempt.
-            needs_time: gate.as_ref().is_some_and(|g| {
-                g.memory.is_none() || g.spec.rate_limit.is_some() || g.record_needs_time
-            }) || any_timeout
-                || listeners.registered(),
-            watch_late: self.overall_timeout.is_some_and(|t| t.strict)
-                || self.attempt_timeout.is_some_and(|t| t.strict),
-            bare: gate.is_none()
-                && !any_timeout
-                && self.retry.as_ref().is_none_or(|r| r.budget.is_none()),
-        };
+        let plan =
+            Plan {
+                // A memory gate reads the clock itself, only when a policy
+                // needs the time (a cooldown in effect, a circuit that is not
+                // closed); these need it for every attempt.
+                needs_time: [&gate, &call_gate].into_iter().flatten().any(|g| {
+                    g.memory.is_none() || g.spec.rate_limit.is_some() || g.record_needs_time
+                }) || any_timeout
+                    || listeners.registered(),
+                watch_late: self.overall_timeout.is_some_and(|t| t.strict)
+                    || self.attempt_timeout.is_some_and(|t| t.strict),
+                bare: gate.is_none()
+                    && call_gate.is_none()
+                    && !any_timeout
+                    && self.retry.as_ref().is_none_or(|r| r.budget.is_none()),
+            };
         Ok(Pipeline {
             shared: Arc::new(Shared {
                 name: intern(&self.name),
@@ -450,6 +469,7 @@ impl<K: Kind> Assembly<K> {
                 overall_timeout: self.overall_timeout,
                 attempt_timeout: self.attempt_timeout,
                 gate,
+                call_gate,
                 clock: self.clock,
                 random,
                 listeners,
@@ -458,6 +478,55 @@ impl<K: Kind> Assembly<K> {
                 noted: Default::default(),
             }),
         })
+    }
+}
+
+impl<K: Kind> Assembly<K> {
+    /// The stateful policies of one level bound to the store as the
+    /// resource `name`, or `None` when the level has none.
+    fn gate(&self, name: String, guards: Guards) -> Result<Option<Gate>, ConfigError> {
+        let spec = ResourceSpec {
+            name,
+            circuit: guards.circuit,
+            bulkhead: guards.bulkhead,
+            cooldown: guards.cooldown,
+            rate_limit: guards.rate_limit,
+            partition_idle: self.partition_idle,
+        };
+        if spec.is_empty() {
+            return Ok(None);
+        }
+        let memory_store = match (&self.store, &self.memory_store) {
+            (None, _) => Some(MemoryStore::global()),
+            (Some(_), m) => m.as_ref(),
+        };
+        let memory = match memory_store {
+            Some(m) if self.strict_names => Some(m.bind_memory_strict(&spec)?),
+            Some(m) => Some(m.bind_memory(&spec)),
+            None => None,
+        };
+        let state: Arc<dyn ResourceState> = match (&memory, &self.store) {
+            (Some(m), _) => Arc::clone(m) as Arc<dyn ResourceState>,
+            (None, Some(store)) => store.bind(&spec).map_err(|e| {
+                ConfigError::new(
+                    "store",
+                    "bind",
+                    format!("could not prepare the resource: {e}"),
+                )
+            })?,
+            (None, None) => unreachable!("no store means the global memory store"),
+        };
+        Ok(Some(Gate {
+            state,
+            memory,
+            record_needs_time: spec.circuit.as_ref().is_some_and(|c| {
+                c.slow_call_rate.is_some()
+                    || matches!(c.mode, crate::breaker::BreakerMode::TimeWindow(_))
+            }),
+            success_recorded: spec.circuit.is_some() || spec.bulkhead.is_some(),
+            spec,
+            waiters: AtomicU32::new(0),
+        }))
     }
 }
 

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use seawall_order::{check, scope, Misplaced, PolicyKind, Rule, Scope};
+use seawall_order::{check, guards, scope, Misplaced, PolicyKind, Rule, Scope};
 
 use crate::breaker::CircuitBreaker;
 use crate::bulkhead::Bulkhead;
@@ -104,6 +104,16 @@ pub(crate) struct Sorted {
     pub(crate) retry: Option<Retry>,
     pub(crate) overall_timeout: Option<Timeout>,
     pub(crate) attempt_timeout: Option<Timeout>,
+    /// The stateful policies declared before the retry: they guard the
+    /// whole call ([`seawall_order::guards`]).
+    pub(crate) call: Guards,
+    /// The stateful policies that guard each attempt.
+    pub(crate) attempt: Guards,
+}
+
+/// The stateful policies of one level (the whole call or each attempt).
+#[derive(Default)]
+pub(crate) struct Guards {
     pub(crate) circuit: Option<CircuitBreaker>,
     pub(crate) bulkhead: Option<Bulkhead>,
     pub(crate) cooldown: Option<Cooldown>,
@@ -127,27 +137,36 @@ pub(crate) fn validate(declared: &[Declared], kinds: &[PolicyKind]) -> Result<()
         })
     };
     // What bounds each attempt: the timeout after the retry, else the one
-    // of the whole call.
+    // of the whole call; a policy that guards the whole call is bounded by
+    // the timeout of the whole call.
     let attempt_timeout = timeout(Scope::Attempt).or_else(|| timeout(Scope::Call));
-    declared
-        .iter()
-        .try_for_each(|d| d.validate(attempt_timeout))
+    declared.iter().enumerate().try_for_each(|(i, d)| {
+        let bound = match (d.kind().is_stateful(), guards(kinds, i)) {
+            (true, Scope::Call) => timeout(Scope::Call),
+            _ => attempt_timeout,
+        };
+        d.validate(bound)
+    })
 }
 
 /// Sorts the policies of a checked declaration by role.
 pub(crate) fn sort(declared: Vec<Declared>, kinds: &[PolicyKind]) -> Sorted {
     let mut s = Sorted::default();
     for (i, d) in declared.into_iter().enumerate() {
+        let level = match guards(kinds, i) {
+            Scope::Call => &mut s.call,
+            Scope::Attempt => &mut s.attempt,
+        };
         match d {
             Declared::Timeout(t) => match scope(kinds, i) {
                 Scope::Call => s.overall_timeout = Some(t),
                 Scope::Attempt => s.attempt_timeout = Some(t),
             },
             Declared::Retry(r) => s.retry = Some(r),
-            Declared::CircuitBreaker(c) => s.circuit = Some(c),
-            Declared::Bulkhead(b) => s.bulkhead = Some(b),
-            Declared::Cooldown(c) => s.cooldown = Some(c),
-            Declared::RateLimiter(r) => s.rate_limit = Some(r),
+            Declared::CircuitBreaker(c) => level.circuit = Some(c),
+            Declared::Bulkhead(b) => level.bulkhead = Some(b),
+            Declared::Cooldown(c) => level.cooldown = Some(c),
+            Declared::RateLimiter(r) => level.rate_limit = Some(r),
         }
     }
     s
@@ -162,9 +181,6 @@ pub(crate) fn misplaced(e: Misplaced) -> ConfigError {
             scope.describe(),
             e.rule.reason()
         ),
-        Rule::BeforeRetry { .. } => {
-            format!("must be declared after retry: {}", e.rule.reason())
-        }
     };
     ConfigError::new("pipeline", e.kind.name(), rule)
 }

@@ -19,6 +19,20 @@
 //! place. The drivers (`drive.rs`) are a few lines each, so sync and async
 //! calls take the same decisions at the same instants.
 //!
+//! A pipeline has up to two gates, each its stateful policies bound to the
+//! store: the attempt's (policies declared after the retry, or without
+//! one) and the call's (declared before the retry, kept as the resource
+//! `{name}#call`). Both go through the same steps ([`Level`] says which
+//! gate a step is for): the call's gate admits the call once, before the
+//! attempt's gate admits its first attempt (a refusal of either is
+//! deferred the same way), and records the call's final outcome once, when
+//! the retry decided it, before the fallback: a success, the final error's
+//! verdict and retry-after hint, a timeout as a failure, measured from the
+//! call's admission. A call that ends refused by the attempt's gate or the
+//! retry budget, or failed by the store, gives the call's permit back
+//! without an outcome. A pipeline with a call's gate takes the general
+//! loop from the start.
+//!
 //! The common case is the engine's own entry, [`First`]: the first attempt
 //! of a call nobody listens to, admitted in place by the memory store's
 //! quick check (a closed circuit, a free slot, no cooldown, a permit) and,
@@ -76,6 +90,15 @@ struct Waiting {
     /// The rate-limit permit reserved for this call, and when it is due on
     /// the pipeline's clock.
     reserved: Option<(Reservation, u64)>,
+}
+
+/// Which gate of the pipeline a step is for: the stateful policies declared
+/// before the retry (admitted once at the start of the call, given the
+/// call's outcome once at its end) or those after it (each attempt).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Level {
+    Call,
+    Attempt,
 }
 
 /// Which driver runs the call: the few rules that differ between blocking
@@ -138,6 +161,8 @@ pub(crate) enum Ended<'g, T, E> {
 pub(crate) enum Pending<T, E> {
     Success(T),
     Failed(Failure<E>),
+    /// The call's result, once the call-level gate recorded its outcome.
+    Done(Result<T, Error<E>>),
 }
 
 /// A failed attempt: its verdict, its error (none when it timed out) and
@@ -194,6 +219,14 @@ pub(crate) struct Call<'g, K: Kind> {
     /// The permit of the attempt under way, given back if the call is
     /// dropped (a timeout, a cancelled future) or panics before the record.
     permit: Option<Permit>,
+    /// The gate the admission under way (or the record handed to the
+    /// driver) is for: the call's until it admitted the call.
+    level: Level,
+    /// The permit of the call-level gate, held from the call's admission
+    /// to its end, given back like `permit`.
+    call_permit: Option<Permit>,
+    /// When the call-level gate admitted the call, once read.
+    call_at: Option<u64>,
     waiting: Option<Waiting>,
 }
 
@@ -206,13 +239,20 @@ pub(crate) struct Owned<'g, K: Kind>(pub(crate) Call<'g, K>);
 impl<K: Kind> Drop for Owned<'_, K> {
     fn drop(&mut self) {
         let call = &mut self.0;
-        if call.permit.is_some() || call.waiting.is_some() {
-            let gate = call.pipeline.shared.gate.as_ref();
+        if call.permit.is_some() || call.waiting.is_some() || call.call_permit.is_some() {
+            let shared = &*call.pipeline.shared;
+            let (waiting, level) = (call.waiting.take(), call.level);
             abandon(
-                gate,
+                shared.gate.as_ref(),
                 call.partition,
                 call.permit.take(),
-                call.waiting.take(),
+                waiting.filter(|_| level == Level::Attempt),
+            );
+            abandon(
+                shared.call_gate.as_ref(),
+                call.partition,
+                call.call_permit.take(),
+                waiting.filter(|_| level == Level::Call),
             );
         }
     }
@@ -283,6 +323,13 @@ impl<'g, K: Kind> Call<'g, K> {
             at,
             deadline,
             permit: None,
+            level: if shared.call_gate.is_some() {
+                Level::Call
+            } else {
+                Level::Attempt
+            },
+            call_permit: None,
+            call_at: None,
             waiting: None,
         }
     }
@@ -360,12 +407,47 @@ impl<'g, K: Kind> Call<'g, K> {
         &self.pipeline.shared.clock
     }
 
+    /// The gate of the step under way.
     fn gate(&self) -> &'g Gate {
-        self.pipeline
-            .shared
-            .gate
-            .as_ref()
+        self.gate_of(self.level)
             .expect("a permit comes from the gate")
+    }
+
+    fn gate_of(&self, level: Level) -> Option<&'g Gate> {
+        let shared = &*self.pipeline.shared;
+        match level {
+            Level::Attempt => shared.gate.as_ref(),
+            Level::Call => shared.call_gate.as_ref(),
+        }
+    }
+
+    /// Keeps the permit of the gate that just admitted: the attempt's (the
+    /// attempt may run), or the call's (the attempt's gate comes next:
+    /// `false`).
+    fn hold(&mut self, permit: Option<Permit>) -> bool {
+        match self.level {
+            Level::Attempt => {
+                self.permit = permit;
+                true
+            }
+            Level::Call => {
+                self.call_permit = permit;
+                self.call_at = self.at;
+                self.level = Level::Attempt;
+                false
+            }
+        }
+    }
+
+    /// Gives back the call-level permit without an outcome: the call ends
+    /// with a refusal of its own (an attempt's gate, the retry budget) or
+    /// a store error, which says nothing of the dependency.
+    fn release_call(&mut self) {
+        if let Some(permit) = self.call_permit.take() {
+            if let Some(gate) = self.gate_of(Level::Call) {
+                gate.state.release(self.partition, permit);
+            }
+        }
     }
 
     /// The wait of a deferred admission is over: its queue place is given
@@ -389,14 +471,22 @@ impl<'g, K: Kind> Call<'g, K> {
     /// whose quick check admits (a closed circuit, a free slot, no cooldown,
     /// a permit), reading the clock only if a policy needs it. Anything
     /// else is for [`admit_after`](Self::admit_after).
+    ///
+    /// The call-level gate, if any, admits the call first (once), then the
+    /// attempt's gate the attempt.
     #[inline(always)]
     pub(crate) fn admit_ordinary(&mut self) -> Result<Context, Quick> {
-        let ticket = admit_in_place(self.pipeline, self.partition, self.at)?;
-        self.permit = ticket.map(Ticket::permit);
-        if self.waiting.is_some() {
-            self.stop_waiting();
+        loop {
+            let gate = self.gate_of(self.level);
+            let clock = &self.pipeline.shared.clock;
+            let ticket = admit_in_place(gate, clock, self.partition, self.at)?;
+            if self.waiting.is_some() {
+                self.stop_waiting();
+            }
+            if self.hold(ticket.map(Ticket::permit)) {
+                return Ok(self.context());
+            }
         }
-        Ok(self.context())
     }
 
     /// Admits the attempt under way.
@@ -464,9 +554,12 @@ impl<'g, K: Kind> Call<'g, K> {
         }
         match admission.decision {
             Ok(permit) => {
-                self.permit = Some(permit);
                 self.stop_waiting();
-                Admit::Run(self.context())
+                if self.hold(Some(permit)) {
+                    Admit::Run(self.context())
+                } else {
+                    self.admit()
+                }
             }
             Err(r) => self.refuse_with(r, reserved),
         }
@@ -703,6 +796,7 @@ impl<'g, K: Kind> Call<'g, K> {
     /// Ends a refused call: the error, reported; hand it to
     /// [`finish`](Self::finish).
     pub(crate) fn refused<E>(&mut self, refused: Refused) -> Error<E> {
+        self.release_call();
         match refused {
             Refused::Rejected(r) => self.reject(r),
             Refused::Store(e) => Error::Store(e),
@@ -761,7 +855,7 @@ impl<'g, K: Kind> Call<'g, K> {
         if self.permit.is_some() {
             return self.ask_record(Pending::Success(v), Outcome::Success, None, None);
         }
-        Ended::Done(Ok(v))
+        self.done(Ok(v), Outcome::Success, None)
     }
 
     /// A sync attempt with a deadline that succeeded: on time, late (kept,
@@ -791,7 +885,7 @@ impl<'g, K: Kind> Call<'g, K> {
         }
         match pending {
             Some(record) => Ended::Record(record, Pending::Success(v)),
-            None => Ended::Done(Ok(v)),
+            None => self.done(Ok(v), Outcome::Success, None),
         }
     }
 
@@ -883,6 +977,22 @@ impl<'g, K: Kind> Call<'g, K> {
         end: Option<u64>,
     ) -> Option<Record<'g>> {
         let permit = self.permit.take()?;
+        self.record_in(Level::Attempt, permit, self.at, outcome, hint, end)
+    }
+
+    /// Records `outcome` with `permit` on the gate of `level`, for the
+    /// attempt or the call that began at `start`: in place on a memory
+    /// gate (`None`), or the record to hand to the store.
+    fn record_in(
+        &mut self,
+        level: Level,
+        permit: Permit,
+        start: Option<u64>,
+        outcome: Outcome,
+        hint: Option<Duration>,
+        end: Option<u64>,
+    ) -> Option<Record<'g>> {
+        self.level = level;
         let gate = self.gate();
         // Anything but an ordinary success may change the state at the
         // time it ended (a trip, a cooldown): stamped with that time.
@@ -893,7 +1003,7 @@ impl<'g, K: Kind> Call<'g, K> {
                 && hint.is_none()
                 && !gate.record_needs_time =>
             {
-                self.at.unwrap_or(0)
+                start.unwrap_or(0)
             }
             None => self.read_clock(),
         };
@@ -901,7 +1011,7 @@ impl<'g, K: Kind> Call<'g, K> {
             partition: self.partition,
             permit,
             outcome,
-            duration: self.duration_to(end),
+            duration: Duration::from_nanos(start.map_or(0, |s| end.saturating_sub(s))),
             retry_after: hint,
             now: Duration::from_nanos(end),
         };
@@ -938,8 +1048,29 @@ impl<'g, K: Kind> Call<'g, K> {
         K: Handles<T, E>,
     {
         match pending {
-            Pending::Success(v) => Ended::Done(Ok(v)),
+            Pending::Success(v) => self.done(Ok(v), Outcome::Success, None),
             Pending::Failed(f) => self.decide(f),
+            Pending::Done(result) => Ended::Done(result),
+        }
+    }
+
+    /// The call's result, before the fallback. The call-level gate, if it
+    /// admitted the call, records the call's `outcome` (and the final
+    /// error's retry-after `hint`) first, measured from the call's
+    /// admission to now.
+    #[inline(always)]
+    fn done<T, E>(
+        &mut self,
+        result: Result<T, Error<E>>,
+        outcome: Outcome,
+        hint: Option<Duration>,
+    ) -> Ended<'g, T, E> {
+        let Some(permit) = self.call_permit.take() else {
+            return Ended::Done(result);
+        };
+        match self.record_in(Level::Call, permit, self.call_at, outcome, hint, None) {
+            Some(record) => Ended::Record(record, Pending::Done(result)),
+            None => Ended::Done(result),
         }
     }
 
@@ -993,6 +1124,14 @@ impl<'g, K: Kind> Call<'g, K> {
             Next::Retry(delay) => Ended::Retry(delay),
             Next::Stop(reason) => {
                 let attempts = self.attempt;
+                let budget = matches!(reason, StopReason::Budget);
+                // The call's outcome: a timeout is a failure, an error is
+                // judged by its verdict.
+                let outcome = match failure.error {
+                    Some(_) => outcome_of(failure.verdict),
+                    None => Outcome::Failure,
+                };
+                let hint = failure.verdict.retry_after();
                 let err = match (failure.error, failure.timed_out) {
                     (Some(e), _) => match reason {
                         StopReason::NotRetried => Error::Operation(e),
@@ -1010,7 +1149,12 @@ impl<'g, K: Kind> Call<'g, K> {
                     },
                     (None, None) => unreachable!("a failed attempt has an error or a timeout"),
                 };
-                Ended::Done(Err(err))
+                if budget {
+                    // A refusal of seawall's own: no outcome for the call.
+                    self.release_call();
+                    return Ended::Done(Err(err));
+                }
+                self.done(Err(err), outcome, hint)
             }
         }
     }
@@ -1187,24 +1331,23 @@ fn overall_deadline<K: Kind>(shared: &super::Shared<K>, now: u64) -> Option<Dead
     })
 }
 
-/// The ordinary admission of an attempt (see [`Call::admit_ordinary`]),
-/// on the facts of the attempt: when it began (read here if a policy needs
+/// The ordinary admission of an attempt by `gate` (see
+/// [`Call::admit_ordinary`]), on the facts of the attempt: when it began (read here if a policy needs
 /// it, then its deadline is set). What the attempt holds comes back
 /// (nothing without a gate).
 #[inline(always)]
-fn admit_in_place<K: Kind>(
-    pipeline: &Pipeline<K>,
+fn admit_in_place(
+    gate: Option<&Gate>,
+    clock: &crate::clock::ClockHandle,
     partition: Option<&PartitionKey>,
     at: Option<u64>,
 ) -> Result<Option<Ticket>, Quick> {
-    let shared = &*pipeline.shared;
-    let Some(gate) = &shared.gate else {
+    let Some(gate) = gate else {
         return Ok(None);
     };
     let Some(memory) = gate.memory.as_deref() else {
         return Err(Quick::Other);
     };
-    let clock = &shared.clock;
     // Read at most once here when the attempt's start was not read (no
     // policy needs it then, only a cooldown in effect or an open circuit);
     // a refusal hands the call on with its start unread, and the general
@@ -1301,14 +1444,15 @@ impl Drop for Held<'_> {
 
 impl<'g, K: Kind> First<'g, K> {
     /// Starts a call on the ordinary path, or `None` when someone listens
-    /// (the general loop then runs it from the start).
+    /// or the pipeline has a call-level gate (the general loop then runs
+    /// it from the start).
     #[inline(always)]
     pub(crate) fn start(
         pipeline: &'g Pipeline<K>,
         partition: Option<&'g PartitionKey>,
     ) -> Option<Self> {
         let shared = &*pipeline.shared;
-        if shared.listeners.enabled() {
+        if shared.listeners.enabled() || shared.call_gate.is_some() {
             return None;
         }
         if let Some(b) = shared.retry.as_ref().and_then(|r| r.budget.as_ref()) {
@@ -1350,7 +1494,7 @@ impl<'g, K: Kind> First<'g, K> {
     #[inline(always)]
     pub(crate) fn admit(&mut self, held: &mut Held<'g>) -> Result<Context, Quick> {
         let shared = &*self.pipeline.shared;
-        held.ticket = admit_in_place(self.pipeline, self.partition, self.at)?;
+        held.ticket = admit_in_place(shared.gate.as_ref(), &shared.clock, self.partition, self.at)?;
         Ok(context_of(shared, 1, self.deadline, self.partition))
     }
 
@@ -1429,6 +1573,9 @@ impl<'g, K: Kind> First<'g, K> {
             at: self.at,
             deadline: self.deadline,
             permit: held.ticket.take().map(Ticket::permit),
+            level: Level::Attempt,
+            call_permit: None,
+            call_at: None,
             waiting: None,
         })
     }

@@ -34,7 +34,14 @@ pub use kind::{
     FallbackKind, Handles, HandlesSync, Kind, WithAsyncFallback, WithFallback,
 };
 
-/// The stateful policies of a pipeline, bound to their store.
+/// The suffix of the resource that keeps the state of the stateful
+/// policies declared before the retry (they guard the whole call): a
+/// pipeline `users-api` keeps them as `users-api#call`, apart from those
+/// declared after the retry (`users-api`, guarding each attempt).
+pub(crate) const CALL_SUFFIX: &str = "#call";
+
+/// The stateful policies of one level of a pipeline (each attempt, or the
+/// whole call), bound to their store.
 pub(crate) struct Gate {
     pub(crate) state: Arc<dyn ResourceState>,
     /// The same state when it lives in a [`MemoryStore`], called without
@@ -72,7 +79,12 @@ pub(crate) struct Shared<K: Kind> {
     pub(crate) retry: Option<Retry>,
     pub(crate) overall_timeout: Option<Timeout>,
     pub(crate) attempt_timeout: Option<Timeout>,
+    /// The stateful policies declared after the retry (or without one):
+    /// they guard each attempt.
     pub(crate) gate: Option<Gate>,
+    /// The stateful policies declared before the retry: admitted once at
+    /// the start of the call, given its outcome once at its end.
+    pub(crate) call_gate: Option<Gate>,
     pub(crate) clock: ClockHandle,
     pub(crate) random: Arc<dyn Random>,
     pub(crate) listeners: Listeners,
@@ -120,6 +132,7 @@ impl<K: Kind> fmt::Debug for Pipeline<K> {
             .field("overall_timeout", &s.overall_timeout)
             .field("attempt_timeout", &s.attempt_timeout)
             .field("stateful", &s.gate.as_ref().map(|g| &g.spec))
+            .field("call_stateful", &s.call_gate.as_ref().map(|g| &g.spec))
             .finish()
     }
 }
@@ -127,7 +140,10 @@ impl<K: Kind> fmt::Debug for Pipeline<K> {
 impl Pipeline {
     /// Starts building a pipeline for the resource `name`. The name keys the
     /// shared state: pipelines with the same name and store share one
-    /// circuit, bulkhead, rate limit and cooldown.
+    /// circuit, bulkhead, rate limit and cooldown. The stateful policies
+    /// declared before `retry` (guarding the whole call) keep their state
+    /// as the resource `{name}#call`: pipelines share it when they declare
+    /// the same policies on the same side of the retry.
     pub fn builder(name: impl Into<String>) -> PipelineBuilder<AnyResult> {
         PipelineBuilder::new(name.into())
     }
@@ -211,32 +227,42 @@ impl<K: Kind> Pipeline<K> {
         self.metrics(None)
     }
 
-    /// Attempts currently holding a bulkhead slot (0 without a bulkhead).
+    /// Calls (bulkhead declared before `retry`) or attempts (after it)
+    /// currently holding a bulkhead slot (0 without a bulkhead).
     ///
     /// # Errors
     /// When the store fails.
     pub fn in_flight(&self) -> Result<u32, StoreError> {
-        match &self.shared.gate {
+        match self.bulkhead_gate() {
             Some(g) => g.state.in_flight(None, self.now()),
             None => Ok(0),
         }
     }
 
+    /// The gates of the pipeline: the attempt's, then the call's.
+    fn gates(&self) -> impl Iterator<Item = &Gate> {
+        self.shared.gate.iter().chain(self.shared.call_gate.iter())
+    }
+
+    /// The gate that holds the bulkhead, else the attempt's.
+    fn bulkhead_gate(&self) -> Option<&Gate> {
+        self.gates()
+            .find(|g| g.spec.bulkhead.is_some())
+            .or(self.shared.gate.as_ref())
+    }
+
     /// Drops the state of partitions idle for longer than allowed; returns
     /// how many were dropped.
     pub fn evict_idle_partitions(&self) -> usize {
-        self.shared
-            .gate
-            .as_ref()
-            .map_or(0, |g| g.state.evict_idle(self.now()))
+        let now = self.now();
+        self.gates().map(|g| g.state.evict_idle(now)).sum()
     }
 
-    /// Partitions whose state is held in memory.
+    /// Partitions whose state is held in memory (counted once per level:
+    /// a partition of a pipeline with policies on both sides of the retry
+    /// counts twice).
     pub fn partitions(&self) -> usize {
-        self.shared
-            .gate
-            .as_ref()
-            .map_or(0, |g| g.state.partitions())
+        self.gates().map(|g| g.state.partitions()).sum()
     }
 
     fn now(&self) -> Duration {
@@ -244,10 +270,9 @@ impl<K: Kind> Pipeline<K> {
     }
 
     fn circuit_gate(&self) -> Result<&Gate, ControlError> {
-        match &self.shared.gate {
-            Some(g) if g.spec.circuit.is_some() => Ok(g),
-            _ => Err(ControlError::NoCircuitBreaker(self.shared.name)),
-        }
+        self.gates()
+            .find(|g| g.spec.circuit.is_some())
+            .ok_or(ControlError::NoCircuitBreaker(self.shared.name))
     }
 
     fn control(
@@ -497,7 +522,7 @@ impl<'p, K: Kind> Partition<'p, K> {
     /// # Errors
     /// When the store fails.
     pub fn in_flight(&self) -> Result<u32, StoreError> {
-        match &self.pipeline.shared.gate {
+        match self.pipeline.bulkhead_gate() {
             Some(g) => g.state.in_flight(Some(&self.key), self.pipeline.now()),
             None => Ok(0),
         }

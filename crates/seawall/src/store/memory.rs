@@ -896,7 +896,7 @@ impl MemoryResource {
     /// give, with nothing to report. `Err(None)`: anything else; nothing
     /// was taken and the caller asks `admit`. `now` is called only when a
     /// policy needs the time.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn try_admit(
         &self,
         partition: Option<&PartitionKey>,

@@ -962,6 +962,73 @@ pub fn corpus() -> Vec<Scenario> {
             ],
         );
 
+        // Declared before the retry, the breaker guards the whole call: one
+        // exhausted retry is one failure in its window.
+        breaker_outside_retry => scenario(
+            Flavors::Agree,
+            |b| plain(b
+                .circuit_breaker(CircuitBreaker::consecutive_failures(2).cooldown(secs(1)))
+                .retry(Retry::constant(ms(100)).max_attempts(3))),
+            vec![
+                call(vec![Fail(RETRY)], "RetryExhausted { attempts: 3"),
+                call(vec![Fail(RETRY)], "RetryExhausted { attempts: 3"),
+                call(vec![Okay(1)], "CircuitOpen"),
+                after(secs(1), vec![Fail(RETRY), Okay(2)], "Ok(2)"),
+                call(vec![Okay(3)], "Ok(3)"),
+            ],
+        );
+
+        // Declared before the retry, the bulkhead's slot is held for the
+        // whole call: a call nested in the second attempt is refused.
+        bulkhead_outside_retry => scenario(
+            Flavors::Agree,
+            |b| plain(b.bulkhead(Bulkhead::new(1)).retry(Retry::constant(ms(5)).max_attempts(2))),
+            vec![
+                call(vec![Fail(RETRY), Nested(None, vec![Okay(1)])], "Ok(0)"),
+                call(vec![Okay(2)], "Ok(2)"),
+            ],
+        );
+
+        rate_limit_outside_retry => scenario(
+            Flavors::Agree,
+            |b| plain(b
+                .rate_limiter(RateLimiter::fixed_window(2, secs(10)))
+                .retry(Retry::constant(ms(100)).max_attempts(3))),
+            vec![
+                call(vec![Fail(RETRY)], "RetryExhausted { attempts: 3"),
+                call(vec![Fail(RETRY), Okay(1)], "Ok(1)"),
+                call(vec![Okay(2)], "RateLimited"),
+            ],
+        );
+
+        // The final error's hint opens the cooldown of the whole call.
+        cooldown_outside_retry => scenario(
+            Flavors::Agree,
+            |b| classified(b
+                .cooldown(Cooldown::new().max_wait(Duration::ZERO))
+                .retry(Retry::constant(ms(100)).max_attempts(3))),
+            vec![
+                call(vec![Fail(THROTTLED)], "RetryExhausted { attempts: 3"),
+                after(ms(500), vec![Okay(1)], "CooldownActive"),
+                after(ms(1500), vec![Okay(2)], "Ok(2)"),
+            ],
+        );
+
+        // A breaker around the call and a bulkhead around each attempt: a
+        // call refused by the bulkhead is no outcome for the breaker.
+        breaker_outside_bulkhead_inside => scenario(
+            Flavors::Agree,
+            |b| plain(b
+                .circuit_breaker(CircuitBreaker::consecutive_failures(1).cooldown(secs(5)))
+                .retry(Retry::constant(ms(10)).max_attempts(2))
+                .bulkhead(Bulkhead::new(1))),
+            vec![
+                call(vec![Fail(RETRY), Nested(None, vec![Okay(1)])], "Ok(0)"),
+                call(vec![Fail(RETRY)], "RetryExhausted { attempts: 2"),
+                call(vec![Okay(2)], "CircuitOpen"),
+            ],
+        );
+
         timeout_per_attempt => scenario(
             Flavors::Differ,
             |b| plain(b.retry(Retry::constant(ms(100)).max_attempts(3)).timeout(secs(1))),
@@ -1000,6 +1067,23 @@ pub fn corpus() -> Vec<Scenario> {
                 call(vec![slow(150, Okay(1))], "Timeout"),
                 call(vec![slow(150, Okay(1))], "Timeout"),
                 call(vec![Okay(2)], "CircuitOpen"),
+            ],
+        );
+
+        // Each attempt times out; the call that runs out of attempts is one
+        // failure of the breaker declared before the retry.
+        timeout_with_breaker_outside_retry => scenario(
+            Flavors::Differ,
+            |b| plain(b
+                .circuit_breaker(CircuitBreaker::consecutive_failures(2).cooldown(secs(5)))
+                .retry(Retry::constant(ms(10)).max_attempts(2))
+                .timeout(Timeout::strict(ms(100)))),
+            vec![
+                call(vec![slow(150, Okay(1))], "Timeout"),
+                call(vec![slow(150, Okay(1)), Okay(2)], "Ok(2)"),
+                call(vec![slow(150, Okay(1))], "Timeout"),
+                call(vec![slow(150, Okay(1))], "Timeout"),
+                call(vec![Okay(3)], "CircuitOpen"),
             ],
         );
 

@@ -9,7 +9,9 @@ use tower_layer::Layer;
 use super::classify::{
     AttemptFailure, CloneRequests, RetryableErrors, SingleAttempt, SuccessfulResponses,
 };
-use super::service::{Classifiers, PipelineService};
+use super::fallback::{NoFallback, RespondWith};
+use super::partition::NoPartition;
+use super::service::{Parts, PipelineService};
 use super::LayerPipeline;
 use crate::error::ConfigError;
 use crate::pipeline::PipelineBuilder;
@@ -29,13 +31,27 @@ use crate::pipeline::PipelineBuilder;
 /// [`new`](PipelineLayer::new)) or [`SingleAttempt`] (made by
 /// [`single_attempt`](PipelineLayer::single_attempt)).
 ///
+/// `P` gives each request's partition ([`partition_by`](Self::partition_by)),
+/// `F` answers failed calls ([`fallback`](Self::fallback),
+/// [`error_responses`](Self::error_responses)).
+///
 /// # Default
 /// Every response is a success ([`SuccessfulResponses`]), every error a
-/// retryable failure ([`RetryableErrors`]).
-pub struct PipelineLayer<R = SuccessfulResponses, E = RetryableErrors, M = CloneRequests> {
+/// retryable failure ([`RetryableErrors`]); every request shares the
+/// pipeline's state ([`NoPartition`]); a failed call is the service's
+/// [`ServiceError`](super::ServiceError) ([`NoFallback`]).
+pub struct PipelineLayer<
+    R = SuccessfulResponses,
+    E = RetryableErrors,
+    M = CloneRequests,
+    P = NoPartition,
+    F = NoFallback,
+> {
     pipeline: LayerPipeline,
     classify_response: R,
     classify_error: E,
+    partition: P,
+    fallback: F,
     mode: PhantomData<fn() -> M>,
 }
 
@@ -57,6 +73,8 @@ impl PipelineLayer {
             pipeline: layer_pipeline(builder)?,
             classify_response: SuccessfulResponses,
             classify_error: RetryableErrors,
+            partition: NoPartition,
+            fallback: NoFallback,
             mode: PhantomData,
         })
     }
@@ -103,12 +121,14 @@ impl PipelineLayer<SuccessfulResponses, RetryableErrors, SingleAttempt> {
             pipeline,
             classify_response: SuccessfulResponses,
             classify_error: RetryableErrors,
+            partition: NoPartition,
+            fallback: NoFallback,
             mode: PhantomData,
         })
     }
 }
 
-impl<R, E, M> PipelineLayer<R, E, M> {
+impl<R, E, M, P, F> PipelineLayer<R, E, M, P, F> {
     /// Judges the inner service's responses with `classify`: `None` for a
     /// success, a [`Verdict`](crate::Verdict) for a failed attempt (retried
     /// when the verdict says so, recorded by the circuit breaker, its
@@ -125,11 +145,13 @@ impl<R, E, M> PipelineLayer<R, E, M> {
     ///     });
     /// # Ok::<_, seawall::ConfigError>(())
     /// ```
-    pub fn classify_response<R2>(self, classify: R2) -> PipelineLayer<R2, E, M> {
+    pub fn classify_response<R2>(self, classify: R2) -> PipelineLayer<R2, E, M, P, F> {
         PipelineLayer {
             pipeline: self.pipeline,
             classify_response: classify,
             classify_error: self.classify_error,
+            partition: self.partition,
+            fallback: self.fallback,
             mode: PhantomData,
         }
     }
@@ -148,11 +170,103 @@ impl<R, E, M> PipelineLayer<R, E, M> {
     ///     });
     /// # Ok::<_, seawall::ConfigError>(())
     /// ```
-    pub fn classify_error<E2>(self, classify: E2) -> PipelineLayer<R, E2, M> {
+    pub fn classify_error<E2>(self, classify: E2) -> PipelineLayer<R, E2, M, P, F> {
         PipelineLayer {
             pipeline: self.pipeline,
             classify_response: self.classify_response,
             classify_error: classify,
+            partition: self.partition,
+            fallback: self.fallback,
+            mode: PhantomData,
+        }
+    }
+
+    /// Runs each request in the partition `partition` gives it: each tenant,
+    /// host or route gets its own circuit, bulkhead, rate limit and
+    /// cooldown. The closure takes the request and returns its key (a
+    /// `String`, a `&'static str`, an integer: anything
+    /// `Into<PartitionKey>`), or `None` for the pipeline's shared state;
+    /// see [`PartitionRequest`](super::PartitionRequest).
+    ///
+    /// ```
+    /// use seawall::tower::PipelineLayer;
+    /// use seawall::{Pipeline, RateLimiter};
+    /// use std::time::Duration;
+    ///
+    /// // 100 requests a second for each tenant.
+    /// let per_tenant = PipelineLayer::new(
+    ///     Pipeline::builder("orders-api").rate_limiter(RateLimiter::gcra(100, Duration::from_secs(1))),
+    /// )?
+    /// .partition_by(|request: &http::Request<String>| {
+    ///     let tenant = request.headers().get("x-tenant")?;
+    ///     tenant.to_str().ok().map(str::to_owned)
+    /// });
+    /// # Ok::<_, seawall::ConfigError>(())
+    /// ```
+    pub fn partition_by<P2>(self, partition: P2) -> PipelineLayer<R, E, M, P2, F> {
+        PipelineLayer {
+            pipeline: self.pipeline,
+            classify_response: self.classify_response,
+            classify_error: self.classify_error,
+            partition,
+            fallback: self.fallback,
+            mode: PhantomData,
+        }
+    }
+
+    /// Answers every failed call (a rejection, a timeout, the inner
+    /// service's error after the retries, a store failure) with the
+    /// response `fallback` makes of its
+    /// [`ServiceError`](super::ServiceError). The service's error type
+    /// becomes the inner service's own, returned only when the inner
+    /// service fails in `poll_ready` (so `Infallible` stays `Infallible`).
+    ///
+    /// ```
+    /// use seawall::tower::{PipelineLayer, ServiceError};
+    /// use seawall::{CircuitBreaker, Pipeline};
+    ///
+    /// let layer = PipelineLayer::new(
+    ///     Pipeline::builder("prices-api").circuit_breaker(CircuitBreaker::consecutive_failures(5)),
+    /// )?
+    /// .fallback(|error: ServiceError<std::io::Error>| {
+    ///     http::Response::new(format!("cached prices ({error})"))
+    /// });
+    /// # Ok::<_, seawall::ConfigError>(())
+    /// ```
+    pub fn fallback<G>(self, fallback: G) -> PipelineLayer<R, E, M, P, RespondWith<G>> {
+        self.with_fallback(RespondWith(fallback))
+    }
+
+    /// Answers every failed call with its HTTP status (429 when rate
+    /// limited, 503 for the other rejections, each with `Retry-After`; 504
+    /// for a timeout; 500 for the inner service's error), as
+    /// [`error_response`](super::error_response) does: load shedding for a
+    /// server without a hand-written error handler (feature `http`).
+    ///
+    /// ```
+    /// use seawall::tower::PipelineLayer;
+    /// use seawall::{Bulkhead, Pipeline};
+    ///
+    /// // At most 64 requests at once; the others get a 503 with Retry-After.
+    /// let shed_load = PipelineLayer::single_attempt(
+    ///     Pipeline::builder("checkout-handler").bulkhead(Bulkhead::new(64)),
+    /// )?
+    /// .error_responses();
+    /// # let _ = shed_load;
+    /// # Ok::<_, seawall::ConfigError>(())
+    /// ```
+    #[cfg(feature = "http")]
+    pub fn error_responses(self) -> PipelineLayer<R, E, M, P, super::ErrorResponses> {
+        self.with_fallback(super::ErrorResponses)
+    }
+
+    fn with_fallback<G>(self, fallback: G) -> PipelineLayer<R, E, M, P, G> {
+        PipelineLayer {
+            pipeline: self.pipeline,
+            classify_response: self.classify_response,
+            classify_error: self.classify_error,
+            partition: self.partition,
+            fallback,
             mode: PhantomData,
         }
     }
@@ -163,18 +277,20 @@ impl<R, E, M> PipelineLayer<R, E, M> {
     }
 }
 
-impl<R: Clone, E: Clone, M> Clone for PipelineLayer<R, E, M> {
+impl<R: Clone, E: Clone, M, P: Clone, F: Clone> Clone for PipelineLayer<R, E, M, P, F> {
     fn clone(&self) -> Self {
         PipelineLayer {
             pipeline: self.pipeline.clone(),
             classify_response: self.classify_response.clone(),
             classify_error: self.classify_error.clone(),
+            partition: self.partition.clone(),
+            fallback: self.fallback.clone(),
             mode: PhantomData,
         }
     }
 }
 
-impl<R, E, M> fmt::Debug for PipelineLayer<R, E, M> {
+impl<R, E, M, P, F> fmt::Debug for PipelineLayer<R, E, M, P, F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PipelineLayer")
             .field("pipeline", &self.pipeline)
@@ -182,16 +298,18 @@ impl<R, E, M> fmt::Debug for PipelineLayer<R, E, M> {
     }
 }
 
-impl<S, R: Clone, E: Clone, M> Layer<S> for PipelineLayer<R, E, M> {
-    type Service = PipelineService<S, R, E, M>;
+impl<S, R: Clone, E: Clone, M, P: Clone, F: Clone> Layer<S> for PipelineLayer<R, E, M, P, F> {
+    type Service = PipelineService<S, R, E, M, P, F>;
 
     fn layer(&self, inner: S) -> Self::Service {
         PipelineService {
             inner,
             pipeline: self.pipeline.clone(),
-            classifiers: Arc::new(Classifiers {
+            parts: Arc::new(Parts {
                 response: self.classify_response.clone(),
                 error: self.classify_error.clone(),
+                partition: self.partition.clone(),
+                fallback: self.fallback.clone(),
             }),
             mode: PhantomData,
         }

@@ -62,6 +62,51 @@
 //!   attempt, e.g. a 503, whose retry-after hint delays the retry and opens
 //!   the cooldown.
 //!
+//! # Partitions
+//! [`partition_by`](PipelineLayer::partition_by) takes the partition key
+//! from each request (a tenant header, the host): each partition has its
+//! own circuit, bulkhead, rate limit and cooldown, so one noisy tenant
+//! cannot trip the circuit or spend the limit of another.
+//!
+//! # Fallbacks and HTTP answers
+//! [`fallback`](PipelineLayer::fallback) turns every failed call into a
+//! response made by a closure from its [`ServiceError`];
+//! [`error_responses`](PipelineLayer::error_responses) (feature `http`)
+//! answers with the status of [`error_response`]: 429 when rate limited,
+//! 503 for the other rejections, both with `Retry-After`. With either, the
+//! service's error is the inner service's own, so an axum `Router` takes
+//! the layer as is, without a `HandleErrorLayer`:
+//!
+//! ```
+//! use std::convert::Infallible;
+//! use std::time::Duration;
+//! use seawall::tower::PipelineLayer;
+//! use seawall::{Pipeline, RateLimiter};
+//! use tower::{service_fn, Layer, ServiceExt};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let per_tenant = PipelineLayer::single_attempt(
+//!     Pipeline::builder("api").rate_limiter(RateLimiter::fixed_window(1, Duration::from_secs(60))),
+//! )?
+//! .partition_by(|request: &http::Request<String>| {
+//!     request.headers().get("x-tenant")?.to_str().ok().map(str::to_owned)
+//! })
+//! .error_responses();
+//! let handler = service_fn(|_: http::Request<String>| async {
+//!     Ok::<_, Infallible>(http::Response::new(String::from("hello")))
+//! });
+//! let service = per_tenant.layer(handler);
+//!
+//! let request = || http::Request::builder().header("x-tenant", "acme").body(String::new());
+//! assert_eq!(service.clone().oneshot(request()?).await?.status(), 200);
+//! let limited = service.oneshot(request()?).await?;
+//! assert_eq!(limited.status(), 429);
+//! assert_eq!(limited.headers()["retry-after"], "60");
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! # What the caller gets
 //! - The response of the last attempt, **also when that response was judged
 //!   a failure** and no retry is left (or its verdict forbids one): the layer
@@ -79,8 +124,12 @@
 
 mod classify;
 mod error;
+mod fallback;
 mod future;
 mod layer;
+mod partition;
+#[cfg(feature = "http")]
+mod response;
 mod service;
 
 pub use classify::{
@@ -88,8 +137,12 @@ pub use classify::{
     RetryableRequest, SingleAttempt, SuccessfulResponses,
 };
 pub use error::ServiceError;
+pub use fallback::{Fallback, NoFallback, RespondWith};
 pub use future::ResponseFuture;
 pub use layer::PipelineLayer;
+pub use partition::{NoPartition, PartitionRequest};
+#[cfg(feature = "http")]
+pub use response::{error_response, ErrorResponses};
 pub use service::PipelineService;
 
 use crate::pipeline::{ErrorType, Pipeline};

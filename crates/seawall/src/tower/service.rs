@@ -12,12 +12,14 @@ use super::classify::{
     AttemptFailure, ClassifyError, ClassifyResponse, CloneRequests, RetryableErrors,
     RetryableRequest, SingleAttempt, SuccessfulResponses,
 };
+use super::fallback::{Fallback, NoFallback};
+use super::partition::{NoPartition, PartitionRequest};
 use super::{LayerPipeline, ResponseFuture, ServiceError};
 use crate::classify::Verdict;
-use crate::context::Context;
+use crate::context::{Context, PartitionKey};
 use crate::error::Error;
 
-impl<S, Req, R, E> Service<Req> for PipelineService<S, R, E, CloneRequests>
+impl<S, Req, R, E, P, F> Service<Req> for PipelineService<S, R, E, CloneRequests, P, F>
 where
     S: Service<Req> + Clone + Send + 'static,
     S::Future: Send + 'static,
@@ -26,21 +28,25 @@ where
     Req: RetryableRequest + Send + 'static,
     R: ClassifyResponse<S::Response> + Send + Sync + 'static,
     E: ClassifyError<S::Error> + Send + Sync + 'static,
+    P: PartitionRequest<Req> + Send + Sync + 'static,
+    F: Fallback<S::Response, S::Error> + Send + Sync + 'static,
 {
     type Response = S::Response;
-    type Error = ServiceError<S::Error>;
-    type Future = ResponseFuture<S::Response, S::Error>;
+    type Error = F::Error;
+    type Future = ResponseFuture<S::Response, F::Error>;
 
     fn poll_ready(&mut self, cx: &mut TaskContext<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx).map_err(ServiceError::NotReady)
+        let fallback = &self.parts.fallback;
+        self.inner.poll_ready(cx).map_err(|e| fallback.not_ready(e))
     }
 
     fn call(&mut self, request: Req) -> Self::Future {
-        self.call_with(move || request.clone_request())
+        let key = self.parts.partition.partition_key(&request);
+        self.call_with(key, move || request.clone_request())
     }
 }
 
-impl<S, Req, R, E> Service<Req> for PipelineService<S, R, E, SingleAttempt>
+impl<S, Req, R, E, P, F> Service<Req> for PipelineService<S, R, E, SingleAttempt, P, F>
 where
     S: Service<Req> + Clone + Send + 'static,
     S::Future: Send + 'static,
@@ -49,19 +55,23 @@ where
     Req: Send + 'static,
     R: ClassifyResponse<S::Response> + Send + Sync + 'static,
     E: ClassifyError<S::Error> + Send + Sync + 'static,
+    P: PartitionRequest<Req> + Send + Sync + 'static,
+    F: Fallback<S::Response, S::Error> + Send + Sync + 'static,
 {
     type Response = S::Response;
-    type Error = ServiceError<S::Error>;
-    type Future = ResponseFuture<S::Response, S::Error>;
+    type Error = F::Error;
+    type Future = ResponseFuture<S::Response, F::Error>;
 
     fn poll_ready(&mut self, cx: &mut TaskContext<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx).map_err(ServiceError::NotReady)
+        let fallback = &self.parts.fallback;
+        self.inner.poll_ready(cx).map_err(|e| fallback.not_ready(e))
     }
 
     fn call(&mut self, request: Req) -> Self::Future {
+        let key = self.parts.partition.partition_key(&request);
         let mut request = Some(request);
         // The layer refuses pipelines that retry: there is one attempt.
-        self.call_with(move || {
+        self.call_with(key, move || {
             request
                 .take()
                 .expect("a single-attempt layer makes one attempt")
@@ -69,11 +79,12 @@ where
     }
 }
 
-impl<S, R, E, M> PipelineService<S, R, E, M> {
+impl<S, R, E, M, P, F> PipelineService<S, R, E, M, P, F> {
     fn call_with<Req>(
         &mut self,
+        key: Option<PartitionKey>,
         next_request: impl FnMut() -> Req + Send + 'static,
-    ) -> ResponseFuture<S::Response, S::Error>
+    ) -> ResponseFuture<S::Response, F::Error>
     where
         S: Service<Req> + Clone + Send + 'static,
         S::Future: Send + 'static,
@@ -82,34 +93,49 @@ impl<S, R, E, M> PipelineService<S, R, E, M> {
         Req: Send + 'static,
         R: ClassifyResponse<S::Response> + Send + Sync + 'static,
         E: ClassifyError<S::Error> + Send + Sync + 'static,
+        P: Send + Sync + 'static,
+        F: Fallback<S::Response, S::Error> + Send + Sync + 'static,
     {
         // The ready service goes into the future; `self` keeps a clone,
         // which its caller must drive to readiness before the next call.
         let clone = self.inner.clone();
         let ready = std::mem::replace(&mut self.inner, clone);
         let pipeline = self.pipeline.clone();
-        let classifiers = Arc::clone(&self.classifiers);
-        ResponseFuture::new(call_through(pipeline, classifiers, ready, next_request))
+        let parts = Arc::clone(&self.parts);
+        ResponseFuture::new(async move {
+            let result = call_through(&pipeline, key, &parts, ready, next_request).await;
+            result.or_else(|e| parts.fallback.fall_back(e))
+        })
     }
 }
 
-/// The layer's classifiers, shared by the services it made.
-pub(super) struct Classifiers<R, E> {
+/// The layer's classifiers, partitioning and fallback, shared by the
+/// services it made.
+pub(super) struct Parts<R, E, P, F> {
     pub(super) response: R,
     pub(super) error: E,
+    pub(super) partition: P,
+    pub(super) fallback: F,
 }
 
 /// A service behind a pipeline, made by
 /// [`PipelineLayer`](super::PipelineLayer). Cloning it clones the inner
 /// service (not ready, as tower expects) and shares the pipeline.
-pub struct PipelineService<S, R = SuccessfulResponses, E = RetryableErrors, M = CloneRequests> {
+pub struct PipelineService<
+    S,
+    R = SuccessfulResponses,
+    E = RetryableErrors,
+    M = CloneRequests,
+    P = NoPartition,
+    F = NoFallback,
+> {
     pub(super) inner: S,
     pub(super) pipeline: LayerPipeline,
-    pub(super) classifiers: Arc<Classifiers<R, E>>,
+    pub(super) parts: Arc<Parts<R, E, P, F>>,
     pub(super) mode: PhantomData<fn() -> M>,
 }
 
-impl<S, R, E, M> PipelineService<S, R, E, M> {
+impl<S, R, E, M, P, F> PipelineService<S, R, E, M, P, F> {
     /// The inner service.
     pub fn get_ref(&self) -> &S {
         &self.inner
@@ -131,18 +157,18 @@ impl<S, R, E, M> PipelineService<S, R, E, M> {
     }
 }
 
-impl<S: Clone, R, E, M> Clone for PipelineService<S, R, E, M> {
+impl<S: Clone, R, E, M, P, F> Clone for PipelineService<S, R, E, M, P, F> {
     fn clone(&self) -> Self {
         PipelineService {
             inner: self.inner.clone(),
             pipeline: self.pipeline.clone(),
-            classifiers: Arc::clone(&self.classifiers),
+            parts: Arc::clone(&self.parts),
             mode: PhantomData,
         }
     }
 }
 
-impl<S: fmt::Debug, R, E, M> fmt::Debug for PipelineService<S, R, E, M> {
+impl<S: fmt::Debug, R, E, M, P, F> fmt::Debug for PipelineService<S, R, E, M, P, F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PipelineService")
             .field("inner", &self.inner)
@@ -193,9 +219,10 @@ fn failed<T, E>(
     AttemptFailure { verdict }
 }
 
-async fn call_through<S, Req, R, E>(
-    pipeline: LayerPipeline,
-    classifiers: Arc<Classifiers<R, E>>,
+async fn call_through<S, Req, R, E, P, F>(
+    pipeline: &LayerPipeline,
+    key: Option<PartitionKey>,
+    parts: &Parts<R, E, P, F>,
     service: S,
     mut next_request: impl FnMut() -> Req,
 ) -> Result<S::Response, ServiceError<S::Error>>
@@ -207,33 +234,35 @@ where
     let service = Mutex::new(Some(service));
     let last = Mutex::new(None);
     let result = {
-        let (service, last, classifiers) = (&service, &last, &*classifiers);
-        pipeline
-            .run(move |ctx: Context| {
-                let request = next_request();
-                async move {
-                    let mut lease = Lease::take(service);
-                    if !ctx.is_first_attempt() {
-                        if let Err(e) = poll_fn(|cx| lease.service().poll_ready(cx)).await {
-                            let verdict = classifiers.error.classify_error(&e);
-                            return Err(failed(last, verdict, Err(e)));
-                        }
-                    }
-                    let future = lease.service().call(request);
-                    drop(lease);
-                    match future.await {
-                        Ok(response) => match classifiers.response.classify_response(&response) {
-                            None => Ok(response),
-                            Some(verdict) => Err(failed(last, verdict, Ok(response))),
-                        },
-                        Err(e) => {
-                            let verdict = classifiers.error.classify_error(&e);
-                            Err(failed(last, verdict, Err(e)))
-                        }
+        let (service, last) = (&service, &last);
+        let attempt = move |ctx: Context| {
+            let request = next_request();
+            async move {
+                let mut lease = Lease::take(service);
+                if !ctx.is_first_attempt() {
+                    if let Err(e) = poll_fn(|cx| lease.service().poll_ready(cx)).await {
+                        let verdict = parts.error.classify_error(&e);
+                        return Err(failed(last, verdict, Err(e)));
                     }
                 }
-            })
-            .await
+                let future = lease.service().call(request);
+                drop(lease);
+                match future.await {
+                    Ok(response) => match parts.response.classify_response(&response) {
+                        None => Ok(response),
+                        Some(verdict) => Err(failed(last, verdict, Ok(response))),
+                    },
+                    Err(e) => {
+                        let verdict = parts.error.classify_error(&e);
+                        Err(failed(last, verdict, Err(e)))
+                    }
+                }
+            }
+        };
+        match key {
+            Some(key) => pipeline.partition(key).run(attempt).await,
+            None => pipeline.run(attempt).await,
+        }
     };
     let last = lock(&last).take();
     settle(result, last)
