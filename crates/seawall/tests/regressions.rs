@@ -228,11 +228,14 @@ type Timed = (Result<Duration, Error<Boom>>, Duration);
 
 /// Three calls at 250 ms on `limiter.max_wait(250 ms)`: sync ones on
 /// threads (the third made while the second sleeps) or async ones joined.
+/// `call_level`: the limiter is declared before a retry, so that it admits
+/// each call once (the call's gate) rather than each attempt.
 fn three_calls(
     limiter: &RateLimiter,
     flavor: Flavor,
     offset: Duration,
     listener: bool,
+    call_level: bool,
 ) -> [Timed; 3] {
     let virtual_clock = clock_at(offset + ms(250));
     let gated = GatedClock::new(virtual_clock.clone());
@@ -240,6 +243,11 @@ fn three_calls(
     let builder = Pipeline::builder(unique("reg-rl-wait"))
         .rate_limiter(limiter.clone().max_wait(ms(250)))
         .store(MemoryStore::new());
+    let builder = if call_level {
+        builder.retry(Retry::constant(ms(1)).max_attempts(2))
+    } else {
+        builder
+    };
     let builder = match flavor {
         Flavor::Sync => builder.clock(gated.clone()),
         Flavor::Async => builder.clock(virtual_clock.clone()),
@@ -283,16 +291,18 @@ fn three_calls(
 
 fn rate_limiter_max_wait_under_contention(flavor: Flavor) {
     let limiters = one_per_250ms();
-    let variants: Vec<(usize, Duration, bool)> = (0..limiters.len())
+    let variants: Vec<(usize, Duration, bool, bool)> = (0..limiters.len())
         .flat_map(|i| {
-            [Duration::ZERO, FAR]
-                .into_iter()
-                .flat_map(move |o| [(i, o, false), (i, o, true)])
+            [Duration::ZERO, FAR].into_iter().flat_map(move |o| {
+                [false, true]
+                    .into_iter()
+                    .flat_map(move |l| [(i, o, l, false), (i, o, l, true)])
+            })
         })
         .collect();
-    each_variant(&variants, |(i, offset, listener)| {
+    each_variant(&variants, |(i, offset, listener, call_level)| {
         let (name, limiter) = &limiters[i];
-        let results = three_calls(limiter, flavor, offset, listener);
+        let results = three_calls(limiter, flavor, offset, listener, call_level);
         let admitted: Vec<Duration> = results
             .iter()
             .filter_map(|(r, _)| r.as_ref().ok().copied())
