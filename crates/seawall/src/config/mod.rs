@@ -201,12 +201,13 @@ use crate::Pipeline;
 
 mod error;
 mod limits;
+mod named;
 mod policies;
 mod raw;
 mod registry;
 mod source;
 
-pub use error::{LoadError, Location, UnknownPipeline};
+pub use error::{LoadError, Location, LookupError, UnknownPipeline};
 #[cfg(feature = "watch")]
 pub use registry::Watcher;
 pub use registry::{PipelineHandle, Registry, RegistryBuilder};

@@ -51,6 +51,8 @@ pub(crate) struct RawPipeline {
     policies: Option<Vec<PolicyName>>,
     sections: Vec<(PolicyName, Section)>,
     partition_idle: Option<Dur>,
+    classifier: Option<String>,
+    fallback: Option<String>,
 }
 
 impl RawPipeline {
@@ -64,12 +66,14 @@ impl RawPipeline {
 
 const POLICIES: &str = "policies";
 const PARTITION_IDLE: &str = "partition_idle";
+const CLASSIFIER: &str = "classifier";
+const FALLBACK: &str = "fallback";
 
 /// The keys of a pipeline entry, in the order they are documented.
 fn entry_keys() -> Vec<&'static str> {
     let mut keys = vec![POLICIES];
     keys.extend(PolicyName::all().map(PolicyName::as_str));
-    keys.push(PARTITION_IDLE);
+    keys.extend([PARTITION_IDLE, CLASSIFIER, FALLBACK]);
     keys
 }
 
@@ -95,6 +99,8 @@ fn unknown_field<E: de::Error>(key: &str, expected: &[&str]) -> E {
 enum EntryKey {
     Policies,
     PartitionIdle,
+    Classifier,
+    Fallback,
     Section(PolicyName),
 }
 
@@ -116,6 +122,8 @@ impl Visitor<'_> for EntryKeySeed {
         match s {
             POLICIES => Ok(EntryKey::Policies),
             PARTITION_IDLE => Ok(EntryKey::PartitionIdle),
+            CLASSIFIER => Ok(EntryKey::Classifier),
+            FALLBACK => Ok(EntryKey::Fallback),
             _ => PolicyName::from_str(s)
                 .map(EntryKey::Section)
                 .ok_or_else(|| unknown_field(s, &entry_keys())),
@@ -138,6 +146,8 @@ impl<'de> Deserialize<'de> for RawPipeline {
                     let name = match key {
                         EntryKey::Policies => POLICIES,
                         EntryKey::PartitionIdle => PARTITION_IDLE,
+                        EntryKey::Classifier => CLASSIFIER,
+                        EntryKey::Fallback => FALLBACK,
                         EntryKey::Section(n) => n.as_str(),
                     };
                     if seen.contains(&name) {
@@ -147,6 +157,8 @@ impl<'de> Deserialize<'de> for RawPipeline {
                     match key {
                         EntryKey::Policies => p.policies = map.next_value()?,
                         EntryKey::PartitionIdle => p.partition_idle = map.next_value()?,
+                        EntryKey::Classifier => p.classifier = map.next_value()?,
+                        EntryKey::Fallback => p.fallback = map.next_value()?,
                         EntryKey::Section(n) => {
                             let seed = Optional(SectionSeed {
                                 settings: n.kind.settings(),
@@ -559,6 +571,10 @@ impl<'de> Deserialize<'de> for JitterValue {
 pub(crate) struct Resolved {
     policies: Vec<(PolicyName, Declared)>,
     partition_idle: Option<Duration>,
+    /// The name of the classifier registered in code, if one is named.
+    pub(crate) classifier: Option<String>,
+    /// The name of the fallback registered in code, if one is named.
+    pub(crate) fallback: Option<String>,
 }
 
 impl Resolved {
@@ -586,9 +602,14 @@ impl Resolved {
             .partition_idle
             .or_else(|| base.and_then(|b| b.partition_idle))
             .map(|d| d.0);
+        let named = |own: &Option<String>, base: Option<&Option<String>>| {
+            own.clone().or_else(|| base.cloned().flatten())
+        };
         Ok(Resolved {
             policies,
             partition_idle,
+            classifier: named(&own.classifier, base.map(|b| &b.classifier)),
+            fallback: named(&own.fallback, base.map(|b| &b.fallback)),
         })
     }
 
