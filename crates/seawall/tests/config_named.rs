@@ -338,3 +338,90 @@ fn a_reload_that_changes_the_named_fallback_takes_effect() {
     assert_eq!(quote(), Quote(9));
     assert_eq!(calls.load(Ordering::Relaxed), 1);
 }
+
+/// A throttled call opens the cooldown; the next is refused by it.
+fn throttle_then_call(p: &Pipeline<WithFallback<Quote, HttpError>>) -> [Result<Quote, String>; 2] {
+    let mut call = |e: HttpError| p.call(|_| Err(e.clone())).map_err(|e| format!("{e:?}"));
+    [
+        call(HttpError {
+            status: 429,
+            retry_after: Some(30),
+        }),
+        call(status(500)),
+    ]
+}
+
+#[test]
+fn fallback_on_limits_the_named_fallback_to_kinds_of_error() {
+    let clock = VirtualClock::new();
+    let text = |on: &str| {
+        format!(
+            "[pipelines.quotes]\ncooldown = {{ max_wait = \"0s\" }}\nclassifier = \"http\"\nfallback = \"cached_quote\"\nfallback_on = {on}\n"
+        )
+    };
+    let registry = builder(&clock)
+        .load_str(Format::Toml, &text(r#"["rejected"]"#))
+        .unwrap();
+    let quotes = || {
+        registry
+            .typed::<WithFallback<Quote, HttpError>>("quotes")
+            .unwrap()
+    };
+    let [first, second] = throttle_then_call(&quotes());
+    assert!(
+        first.unwrap_err().starts_with("Operation("),
+        "not a rejection: propagated"
+    );
+    assert_eq!(second, Ok(Quote(7)), "the cooldown's rejection falls back");
+
+    // A rejection reason: only rejections of that reason fall back. (The
+    // cooldown, unchanged by the reload, keeps its state: let it end.)
+    clock.advance(secs(31));
+    registry
+        .reload_str(Format::Toml, &text(r#"["circuit_open", "operation"]"#))
+        .unwrap();
+    let [first, second] = throttle_then_call(&quotes());
+    assert_eq!(first, Ok(Quote(7)), "an operation error falls back");
+    assert!(
+        second.unwrap_err().contains("CooldownActive"),
+        "not a circuit_open"
+    );
+}
+
+#[test]
+fn bad_fallback_on_lists_are_refused_with_their_line() {
+    let clock = VirtualClock::new();
+    let e = builder(&clock)
+        .load_str(
+            Format::Toml,
+            "[pipelines.quotes]\nfallback = \"cached_quote\"\nfallback_on = [\"timeouts\"]\n",
+        )
+        .unwrap_err();
+    assert!(matches!(e, LoadError::Parse { .. }), "{e:?}");
+    let msg = e.to_string();
+    assert!(msg.starts_with("<string>:3:"), "{msg}");
+    assert!(
+        msg.contains("unknown variant `timeouts`, expected one of `operation`, `retry_exhausted`, `timeout`, `rejected`, `store`, `circuit_open`"),
+        "{msg}"
+    );
+
+    let e = builder(&clock)
+        .load_str(
+            Format::Toml,
+            "[pipelines.quotes]\ntimeout = \"1s\"\nfallback_on = [\"timeout\"]\n",
+        )
+        .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "<string>:3:15: pipeline `quotes`: pipeline.fallback_on needs a `fallback`: name one, or remove `fallback_on`"
+    );
+
+    let e = builder(&clock)
+        .load_str(
+            Format::Yaml,
+            "pipelines:\n  quotes:\n    fallback: cached_quote\n    fallback_on: []\n",
+        )
+        .unwrap_err();
+    assert_eq!(e.line(), Some(4), "{e}");
+    assert!(e.to_string().contains("lists no kind of error"), "{e}");
+}

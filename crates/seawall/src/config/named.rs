@@ -7,9 +7,13 @@ use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 
+use serde::de::{self, Deserializer, Visitor};
+use serde::Deserialize;
+
+use super::raw::one_of;
 use crate::classify::Verdict;
 use crate::context::Context;
-use crate::error::{ConfigError, Error};
+use crate::error::{ConfigError, Error, RejectionReason};
 use crate::pipeline::{Kind, PipelineBuilder, WithAsyncFallback, WithFallback};
 use crate::Pipeline;
 
@@ -65,10 +69,98 @@ type ClassifyFn<E> = Arc<dyn Fn(&E) -> Verdict + Send + Sync>;
 /// Builds a pipeline with a fallback and, maybe, a classifier of the same
 /// error type.
 type FallbackBuild = Arc<
-    dyn Fn(PipelineBuilder, Option<&Arc<dyn Any + Send + Sync>>) -> Result<Typed, ConfigError>
+    dyn Fn(
+            PipelineBuilder,
+            Option<&Arc<dyn Any + Send + Sync>>,
+            Option<&[FallbackOn]>,
+        ) -> Result<Typed, ConfigError>
         + Send
         + Sync,
 >;
+
+/// A kind of final error a configured fallback takes (`fallback_on`): a
+/// variant of [`Error`], or a rejection of one reason.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FallbackOn {
+    Operation,
+    RetryExhausted,
+    Timeout,
+    Rejected,
+    Store,
+    Reason(RejectionReason),
+}
+
+impl FallbackOn {
+    const VARIANTS: [(&'static str, FallbackOn); 5] = [
+        ("operation", FallbackOn::Operation),
+        ("retry_exhausted", FallbackOn::RetryExhausted),
+        ("timeout", FallbackOn::Timeout),
+        ("rejected", FallbackOn::Rejected),
+        ("store", FallbackOn::Store),
+    ];
+
+    /// Every name, the variants of `Error` first, then the rejection
+    /// reasons.
+    fn names() -> Vec<&'static str> {
+        Self::VARIANTS
+            .iter()
+            .map(|(n, _)| *n)
+            .chain(RejectionReason::ALL.iter().map(|r| r.as_str()))
+            .collect()
+    }
+
+    fn from_str(s: &str) -> Option<FallbackOn> {
+        Self::VARIANTS
+            .iter()
+            .find(|(n, _)| *n == s)
+            .map(|(_, k)| *k)
+            .or_else(|| {
+                RejectionReason::ALL
+                    .into_iter()
+                    .find(|r| r.as_str() == s)
+                    .map(FallbackOn::Reason)
+            })
+    }
+
+    fn matches<E>(self, e: &Error<E>) -> bool {
+        match (self, e) {
+            (FallbackOn::Operation, Error::Operation(_))
+            | (FallbackOn::RetryExhausted, Error::RetryExhausted { .. })
+            | (FallbackOn::Timeout, Error::Timeout(_))
+            | (FallbackOn::Rejected, Error::Rejected(_))
+            | (FallbackOn::Store, Error::Store(_)) => true,
+            (FallbackOn::Reason(reason), Error::Rejected(r)) => r.reason == reason,
+            _ => false,
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for FallbackOn {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = FallbackOn;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a kind of error")
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<FallbackOn, E> {
+                FallbackOn::from_str(s).ok_or_else(|| {
+                    E::custom(format_args!(
+                        "unknown variant `{s}`, {}",
+                        one_of(&FallbackOn::names())
+                    ))
+                })
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+/// The filter of a fallback limited to the kinds of `on`.
+fn filter<E>(on: &[FallbackOn]) -> impl Fn(&Error<E>) -> bool + Send + Sync + 'static {
+    let on = on.to_vec();
+    move |e| on.iter().any(|k| k.matches(e))
+}
 
 #[derive(Clone)]
 struct Fallback {
@@ -124,9 +216,13 @@ impl Named {
         let fallback = Arc::new(fallback);
         self.add_fallback::<E>(
             name,
-            Arc::new(move |b, classify| {
+            Arc::new(move |b, classify, on| {
                 let f = Arc::clone(&fallback);
                 let b = b.fallback_sync(move |e: Error<E>, ctx| f(e, ctx));
+                let b = match on {
+                    Some(on) => b.fallback_when(filter(on)),
+                    None => b,
+                };
                 let b = match classify_of::<E>(classify) {
                     Some(c) => b.classify(move |e: &E| c(e)),
                     None => b,
@@ -146,9 +242,13 @@ impl Named {
         let fallback = Arc::new(fallback);
         self.add_fallback::<E>(
             name,
-            Arc::new(move |b, classify| {
+            Arc::new(move |b, classify, on| {
                 let f = Arc::clone(&fallback);
                 let b = b.fallback(move |e: Error<E>, ctx| f(e, ctx));
+                let b = match on {
+                    Some(on) => b.fallback_when(filter(on)),
+                    None => b,
+                };
                 let b = match classify_of::<E>(classify) {
                     Some(c) => b.classify(move |e: &E| c(e)),
                     None => b,
@@ -220,11 +320,12 @@ impl Named {
         builder: PipelineBuilder,
         classifier: Option<&str>,
         fallback: Option<&str>,
+        fallback_on: Option<&[FallbackOn]>,
     ) -> Result<Option<Typed>, ConfigError> {
         match self.lookup(classifier, fallback)? {
             (None, None) => Ok(None),
             (Some(c), None) => (c.build)(builder).map(Some),
-            (c, Some(f)) => (f.build)(builder, c.map(|c| &c.classify)).map(Some),
+            (c, Some(f)) => (f.build)(builder, c.map(|c| &c.classify), fallback_on).map(Some),
         }
     }
 }

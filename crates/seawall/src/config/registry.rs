@@ -449,10 +449,13 @@ impl Registry {
 
     /// A handle that always serves the latest configuration of pipeline
     /// `name`. If a reload removes the name, the handle keeps serving the
-    /// last pipeline it had.
+    /// last pipeline it had; if a reload names a classifier or a fallback
+    /// in its entry, the handle serves its policies without them (look the
+    /// pipeline up with [`typed`](Self::typed)).
     ///
     /// # Errors
-    /// [`UnknownPipeline`] when no such pipeline is configured.
+    /// [`UnknownPipeline`] when no such pipeline is configured, or when its
+    /// entry names a classifier or a fallback.
     pub fn handle(&self, name: &str) -> Result<PipelineHandle, UnknownPipeline> {
         // A pipeline with named handlers is refused, as by `pipeline`.
         self.pipeline(name)?;
@@ -605,6 +608,7 @@ impl Registry {
                     builder.clone(),
                     resolved.classifier.as_deref(),
                     resolved.fallback.as_deref(),
+                    resolved.fallback_on.as_deref(),
                 )
                 .map_err(|e| config.invalid(name, e))?;
             let pipeline = builder.build().map_err(|e| config.invalid(name, e))?;
