@@ -341,7 +341,7 @@ fn a_reload_that_changes_the_named_fallback_takes_effect() {
 
 /// A throttled call opens the cooldown; the next is refused by it.
 fn throttle_then_call(p: &Pipeline<WithFallback<Quote, HttpError>>) -> [Result<Quote, String>; 2] {
-    let mut call = |e: HttpError| p.call(|_| Err(e.clone())).map_err(|e| format!("{e:?}"));
+    let call = |e: HttpError| p.call(|_| Err(e.clone())).map_err(|e| format!("{e:?}"));
     [
         call(HttpError {
             status: 429,

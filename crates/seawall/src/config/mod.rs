@@ -181,7 +181,7 @@
 //! fallback = "cached_quote"
 //! "#)?;
 //! let quotes = registry.typed::<WithFallback<u32, HttpError>>("quotes")?;
-//! assert_eq!(quotes.call(|_ctx| Err(HttpError(503)))?, 100);
+//! assert_eq!(quotes.call(|_ctx| Err(HttpError(503))).ok(), Some(100));
 //! # Ok::<_, Box<dyn std::error::Error>>(())
 //! ```
 //!
