@@ -261,7 +261,9 @@
 //! which always serves the latest); calls in flight finish on the pipeline
 //! they started with. With the default [`MemoryStore`](crate::MemoryStore),
 //! a reload that leaves a policy's settings unchanged keeps its state: an
-//! open circuit stays open when only the retry changed. With the feature
+//! open circuit stays open when only the retry changed. A reload may name
+//! other registered classifiers and fallbacks (or none): a pipeline looked
+//! up with [`Registry::typed`] after it runs with them. With the feature
 //! `watch`, `Registry::watch` polls the file and reloads it when it
 //! changes.
 

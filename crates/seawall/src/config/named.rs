@@ -14,7 +14,7 @@ use super::raw::one_of;
 use crate::classify::Verdict;
 use crate::context::Context;
 use crate::error::{ConfigError, Error, RejectionReason};
-use crate::pipeline::{Kind, PipelineBuilder, WithAsyncFallback, WithFallback};
+use crate::pipeline::{AnyResult, Kind, PipelineBuilder, WithAsyncFallback, WithFallback};
 use crate::Pipeline;
 
 /// A built pipeline of some kind, with the name of its kind.
@@ -32,14 +32,13 @@ impl Typed {
         }
     }
 
-    /// The name of the kind of a pipeline without named handlers.
-    pub(crate) const ANY_RESULT: &'static str = "seawall::pipeline::kind::AnyResult";
-
-    /// A pipeline without named handlers, when `K` is its kind.
-    pub(crate) fn untyped<K: Kind>(pipeline: &Pipeline) -> Option<Pipeline<K>> {
+    /// A pipeline without named handlers, when `K` is its kind; else the
+    /// name of its kind.
+    pub(crate) fn untyped<K: Kind>(pipeline: &Pipeline) -> Result<Pipeline<K>, &'static str> {
         (pipeline as &dyn Any)
             .downcast_ref::<Pipeline<K>>()
             .cloned()
+            .ok_or(type_name::<AnyResult>())
     }
 
     /// The pipeline, when it is of kind `K`.

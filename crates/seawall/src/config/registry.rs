@@ -438,7 +438,7 @@ impl Registry {
         let entry = read(&slot.entry);
         let found = match &entry.typed {
             Some(t) => t.get::<K>().ok_or(t.kind()),
-            None => Typed::untyped::<K>(&entry.pipeline).ok_or(Typed::ANY_RESULT),
+            None => Typed::untyped::<K>(&entry.pipeline),
         };
         found.map_err(|configured| LookupError::Kind {
             name: name.to_owned(),
