@@ -1008,6 +1008,7 @@ fn public_types_are_send_and_sync() {
     send_sync::<Config>();
     send_sync::<LoadError>();
     send_sync::<seawall::config::UnknownPipeline>();
+    send_sync::<seawall::config::LookupError>();
     #[cfg(feature = "watch")]
     send_sync::<seawall::config::Watcher>();
 }

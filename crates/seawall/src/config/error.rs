@@ -143,15 +143,61 @@ impl LoadError {
     }
 }
 
-/// No pipeline of the name asked for is configured.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("no pipeline named `{name}` is configured (configured: {})", list(.configured))]
+/// No pipeline of the name asked for is configured, or (for an untyped
+/// lookup) it is configured with a classifier or a fallback, and is only
+/// handed out typed by [`Registry::typed`](super::Registry::typed).
+#[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct UnknownPipeline {
     /// The name asked for.
     pub name: String,
     /// The names that are configured, sorted.
     pub configured: Vec<String>,
+    /// The kind of the pipeline when it is configured with named handlers
+    /// (the untyped lookup is refused): e.g.
+    /// `seawall::pipeline::kind::ErrorType<my::HttpError>`.
+    pub typed: Option<String>,
+}
+
+impl fmt::Display for UnknownPipeline {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.typed {
+            Some(kind) => write!(
+                f,
+                "pipeline `{}` names a classifier or a fallback: it is a `Pipeline<{kind}>`, look it up with `Registry::typed`",
+                self.name
+            ),
+            None => write!(
+                f,
+                "no pipeline named `{}` is configured (configured: {})",
+                self.name,
+                list(&self.configured)
+            ),
+        }
+    }
+}
+
+impl std::error::Error for UnknownPipeline {}
+
+/// Why [`Registry::typed`](super::Registry::typed) could not hand out a
+/// pipeline.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LookupError {
+    /// No pipeline of that name is configured.
+    #[error(transparent)]
+    Unknown(UnknownPipeline),
+    /// The pipeline is of another kind than the one asked for: its entry
+    /// names other handlers (or none), or handlers of other types.
+    #[error("pipeline `{name}` is a `Pipeline<{configured}>`, not a `Pipeline<{asked}>`: its configured classifier and fallback decide its kind")]
+    Kind {
+        /// The pipeline.
+        name: String,
+        /// The kind it is configured as (a type name).
+        configured: String,
+        /// The kind asked for (a type name).
+        asked: String,
+    },
 }
 
 fn list(names: &[String]) -> String {

@@ -60,6 +60,9 @@
 //! | `cooldown` | table, below (`{}` for the defaults) |
 //! | `rate_limiter` | table, below |
 //! | `partition_idle` | duration: idle partitions are evicted after it (default `10m`) |
+//! | `classifier` | the name of a classifier registered in code (below) |
+//! | `fallback` | the name of a fallback registered in code (below) |
+//! | `fallback_on` | the kinds of final error the fallback takes (below; default: every error) |
 //!
 //! `strict = true` makes a late synchronous success an error
 //! ([`Timeout::strict`](crate::Timeout::strict)).
@@ -134,6 +137,78 @@
 //! `consecutive_failures`) is an error, unless it is inherited from
 //! `default` by a pipeline that picked another kind itself.
 //!
+//! ## Classifiers and fallbacks named in code
+//! A classifier or a fallback is code, so the file names one that the
+//! program registered on the [`RegistryBuilder`]:
+//! [`classifier`](RegistryBuilder::classifier) (errors of type `E`),
+//! [`fallback_sync`](RegistryBuilder::fallback_sync) or
+//! [`fallback`](RegistryBuilder::fallback) (async) (`Result<T, E>`). The
+//! entry's `classifier = "http"` and `fallback = "cached_quote"` (each
+//! inherited from `default` when the entry has none) apply them as the
+//! builder's [`classify`](PipelineBuilder::classify) and
+//! [`fallback_sync`](PipelineBuilder::fallback_sync) /
+//! [`fallback`](PipelineBuilder::fallback) would: the configured pipeline
+//! classifies and falls back exactly as one built in code.
+//!
+//! Named handlers fix the pipeline's kind, so such a pipeline is looked up
+//! typed, with [`Registry::typed`]: a `Pipeline<ErrorType<E>>` with a
+//! classifier alone, a `Pipeline<WithFallback<T, E>>` (or
+//! `WithAsyncFallback<T, E>`) with a fallback. The untyped lookups
+//! ([`get`](Registry::get), [`pipeline`](Registry::pipeline),
+//! [`handle`](Registry::handle)) refuse it rather than run it without its
+//! handlers, and a typed lookup of another kind is a
+//! [`LookupError::Kind`] naming both kinds.
+//!
+//! ```
+//! use seawall::config::{Format, Registry};
+//! use seawall::pipeline::WithFallback;
+//! use seawall::{Error, MemoryStore, Verdict};
+//!
+//! #[derive(Debug)]
+//! struct HttpError(u16);
+//!
+//! let registry = Registry::builder()
+//!     .store(MemoryStore::new())
+//!     .classifier("http", |e: &HttpError| match e.0 {
+//!         429 | 500.. => Verdict::retry(),
+//!         _ => Verdict::abort(),
+//!     })
+//!     .fallback_sync("cached_quote", |_e: Error<HttpError>, _ctx| Ok(100_u32))
+//!     .load_str(Format::Toml, r#"
+//! [pipelines.quotes]
+//! retry = { max_attempts = 3, delay = "1ms" }
+//! classifier = "http"
+//! fallback = "cached_quote"
+//! "#)?;
+//! let quotes = registry.typed::<WithFallback<u32, HttpError>>("quotes")?;
+//! assert_eq!(quotes.call(|_ctx| Err(HttpError(503))).ok(), Some(100));
+//! # Ok::<_, Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! `fallback_on` limits the fallback to some final errors, as
+//! [`fallback_when`](PipelineBuilder::fallback_when) does; any other error
+//! propagates unchanged. It lists kinds of [`Error`](crate::Error):
+//! `"operation"`, `"retry_exhausted"`, `"timeout"`, `"rejected"`,
+//! `"store"`, or a rejection of one reason: `"circuit_open"`,
+//! `"bulkhead_full"`, `"rate_limited"`, `"cooldown_active"`,
+//! `"cooldown_exceeds_deadline"`, `"retry_budget_exhausted"`. So
+//! `fallback_on = ["timeout", "circuit_open"]` answers from the cache
+//! when the service is slow or known down, and lets its own errors
+//! through. It needs a `fallback`, and must not be empty.
+//!
+//! A name that is not registered, or a classifier and a fallback of
+//! different error types named together, fails the load (or the reload,
+//! which keeps the old pipelines) with a [`LoadError::Invalid`] at the
+//! key:
+//!
+//! ```text
+//! seawall.toml:9:14: pipeline `quotes`: pipeline.classifier `grpc` is not registered (registered classifiers: `http`); register it with `RegistryBuilder::classifier`
+//! ```
+//!
+//! A reload may name other registered handlers, or none: look the
+//! pipeline up again after a reload to follow it. [`Config::builder`]
+//! declares the policies only; the handlers are added by the registry.
+//!
 //! ## YAML
 //! The same structure:
 //!
@@ -147,6 +222,7 @@
 //!     circuit_breaker:
 //!       consecutive_failures: 5
 //!       cooldown: 30s
+//!     classifier: http
 //! ```
 //!
 //! # Errors
@@ -185,7 +261,9 @@
 //! which always serves the latest); calls in flight finish on the pipeline
 //! they started with. With the default [`MemoryStore`](crate::MemoryStore),
 //! a reload that leaves a policy's settings unchanged keeps its state: an
-//! open circuit stays open when only the retry changed. With the feature
+//! open circuit stays open when only the retry changed. A reload may name
+//! other registered classifiers and fallbacks (or none): a pipeline looked
+//! up with [`Registry::typed`] after it runs with them. With the feature
 //! `watch`, `Registry::watch` polls the file and reloads it when it
 //! changes.
 
@@ -201,12 +279,13 @@ use crate::Pipeline;
 
 mod error;
 mod limits;
+mod named;
 mod policies;
 mod raw;
 mod registry;
 mod source;
 
-pub use error::{LoadError, Location, UnknownPipeline};
+pub use error::{LoadError, Location, LookupError, UnknownPipeline};
 #[cfg(feature = "watch")]
 pub use registry::Watcher;
 pub use registry::{PipelineHandle, Registry, RegistryBuilder};
@@ -355,7 +434,9 @@ impl Config {
 
     /// A builder with the configured policies of pipeline `name`, in their
     /// configured order, on the default store and clock; `None` when no
-    /// such pipeline is configured.
+    /// such pipeline is configured. A `classifier` or `fallback` the entry
+    /// names is not applied (a [`Registry`] applies them): add them to the
+    /// builder.
     pub fn builder(&self, name: &str) -> Option<PipelineBuilder> {
         let resolved = self.pipelines.get(name)?;
         Some(resolved.apply(Pipeline::builder(name), None))

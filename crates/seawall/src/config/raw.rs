@@ -17,6 +17,7 @@ use seawall_order::{check, scope, Misplaced, Place, PolicyKind, Rule, Scope, Set
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 
+use super::named::FallbackOn;
 use super::policies::{resolve, Layers};
 use crate::error::ConfigError;
 use crate::pipeline::{Declared, PipelineBuilder};
@@ -51,6 +52,9 @@ pub(crate) struct RawPipeline {
     policies: Option<Vec<PolicyName>>,
     sections: Vec<(PolicyName, Section)>,
     partition_idle: Option<Dur>,
+    classifier: Option<String>,
+    fallback: Option<String>,
+    fallback_on: Option<Vec<FallbackOn>>,
 }
 
 impl RawPipeline {
@@ -64,17 +68,20 @@ impl RawPipeline {
 
 const POLICIES: &str = "policies";
 const PARTITION_IDLE: &str = "partition_idle";
+const CLASSIFIER: &str = "classifier";
+const FALLBACK: &str = "fallback";
+const FALLBACK_ON: &str = "fallback_on";
 
 /// The keys of a pipeline entry, in the order they are documented.
 fn entry_keys() -> Vec<&'static str> {
     let mut keys = vec![POLICIES];
     keys.extend(PolicyName::all().map(PolicyName::as_str));
-    keys.push(PARTITION_IDLE);
+    keys.extend([PARTITION_IDLE, CLASSIFIER, FALLBACK, FALLBACK_ON]);
     keys
 }
 
 /// serde's wording of a list of expected names.
-fn one_of(names: &[&str]) -> String {
+pub(super) fn one_of(names: &[&str]) -> String {
     match names {
         [] => "there are no fields".to_owned(),
         [one] => format!("expected `{one}`"),
@@ -95,6 +102,9 @@ fn unknown_field<E: de::Error>(key: &str, expected: &[&str]) -> E {
 enum EntryKey {
     Policies,
     PartitionIdle,
+    Classifier,
+    Fallback,
+    FallbackOn,
     Section(PolicyName),
 }
 
@@ -116,6 +126,9 @@ impl Visitor<'_> for EntryKeySeed {
         match s {
             POLICIES => Ok(EntryKey::Policies),
             PARTITION_IDLE => Ok(EntryKey::PartitionIdle),
+            CLASSIFIER => Ok(EntryKey::Classifier),
+            FALLBACK => Ok(EntryKey::Fallback),
+            FALLBACK_ON => Ok(EntryKey::FallbackOn),
             _ => PolicyName::from_str(s)
                 .map(EntryKey::Section)
                 .ok_or_else(|| unknown_field(s, &entry_keys())),
@@ -138,6 +151,9 @@ impl<'de> Deserialize<'de> for RawPipeline {
                     let name = match key {
                         EntryKey::Policies => POLICIES,
                         EntryKey::PartitionIdle => PARTITION_IDLE,
+                        EntryKey::Classifier => CLASSIFIER,
+                        EntryKey::Fallback => FALLBACK,
+                        EntryKey::FallbackOn => FALLBACK_ON,
                         EntryKey::Section(n) => n.as_str(),
                     };
                     if seen.contains(&name) {
@@ -147,6 +163,9 @@ impl<'de> Deserialize<'de> for RawPipeline {
                     match key {
                         EntryKey::Policies => p.policies = map.next_value()?,
                         EntryKey::PartitionIdle => p.partition_idle = map.next_value()?,
+                        EntryKey::Classifier => p.classifier = map.next_value()?,
+                        EntryKey::Fallback => p.fallback = map.next_value()?,
+                        EntryKey::FallbackOn => p.fallback_on = map.next_value()?,
                         EntryKey::Section(n) => {
                             let seed = Optional(SectionSeed {
                                 settings: n.kind.settings(),
@@ -559,6 +578,12 @@ impl<'de> Deserialize<'de> for JitterValue {
 pub(crate) struct Resolved {
     policies: Vec<(PolicyName, Declared)>,
     partition_idle: Option<Duration>,
+    /// The name of the classifier registered in code, if one is named.
+    pub(crate) classifier: Option<String>,
+    /// The name of the fallback registered in code, if one is named.
+    pub(crate) fallback: Option<String>,
+    /// The kinds of final error the fallback takes (all when `None`).
+    pub(crate) fallback_on: Option<Vec<FallbackOn>>,
 }
 
 impl Resolved {
@@ -586,9 +611,34 @@ impl Resolved {
             .partition_idle
             .or_else(|| base.and_then(|b| b.partition_idle))
             .map(|d| d.0);
+        fn inherit<T: Clone>(own: &Option<T>, base: Option<&Option<T>>) -> Option<T> {
+            own.clone().or_else(|| base.cloned().flatten())
+        }
+        let fallback = inherit(&own.fallback, base.map(|b| &b.fallback));
+        let fallback_on = inherit(&own.fallback_on, base.map(|b| &b.fallback_on));
+        match &fallback_on {
+            Some(_) if fallback.is_none() => {
+                return Err(ConfigError::new(
+                    "pipeline",
+                    FALLBACK_ON,
+                    "needs a `fallback`: name one, or remove `fallback_on`",
+                ))
+            }
+            Some(on) if on.is_empty() => {
+                return Err(ConfigError::new(
+                    "pipeline",
+                    FALLBACK_ON,
+                    "lists no kind of error: the fallback would never run; remove `fallback_on` to take every error",
+                ))
+            }
+            _ => {}
+        }
         Ok(Resolved {
             policies,
             partition_idle,
+            classifier: inherit(&own.classifier, base.map(|b| &b.classifier)),
+            fallback,
+            fallback_on,
         })
     }
 

@@ -7,12 +7,14 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+use super::named::{Named, Typed};
 use super::raw::Resolved;
-use super::{source, validate, Config, Format, LoadError, UnknownPipeline};
+use super::{source, validate, Config, Format, LoadError, LookupError, UnknownPipeline};
+use crate::classify::Verdict;
 use crate::clock::{Clock, Random};
 use crate::context::Context;
 use crate::error::Error;
-use crate::pipeline::PipelineBuilder;
+use crate::pipeline::{Kind, PipelineBuilder};
 use crate::retry::RetryBudget;
 use crate::store::StateStore;
 use crate::Pipeline;
@@ -30,6 +32,7 @@ type Step = Arc<dyn Fn(&str, PipelineBuilder) -> PipelineBuilder + Send + Sync>;
 pub struct RegistryBuilder {
     steps: Vec<Step>,
     allow_empty: bool,
+    named: Named,
 }
 
 impl fmt::Debug for RegistryBuilder {
@@ -37,6 +40,7 @@ impl fmt::Debug for RegistryBuilder {
         f.debug_struct("RegistryBuilder")
             .field("steps", &self.steps.len())
             .field("allow_empty", &self.allow_empty)
+            .field("named", &self.named)
             .finish()
     }
 }
@@ -70,6 +74,99 @@ impl RegistryBuilder {
     /// ```
     pub fn allow_empty(mut self) -> Self {
         self.allow_empty = true;
+        self
+    }
+
+    /// Registers a classifier of errors of type `E` under `name`, for the
+    /// pipelines whose entry says `classifier = "name"`. Such a pipeline is
+    /// looked up with [`Registry::typed`] as a
+    /// `Pipeline<ErrorType<E>>` (or, with a fallback, as the fallback's
+    /// kind). A name registered again replaces the earlier registration.
+    ///
+    /// ```
+    /// use seawall::config::{Format, Registry};
+    /// use seawall::pipeline::ErrorType;
+    /// use seawall::{Error, Verdict};
+    ///
+    /// #[derive(Debug)]
+    /// struct HttpError(u16);
+    ///
+    /// let registry = Registry::builder()
+    ///     .classifier("http", |e: &HttpError| match e.0 {
+    ///         500.. => Verdict::retry(),
+    ///         _ => Verdict::abort(),
+    ///     })
+    ///     .load_str(Format::Toml, r#"
+    /// [pipelines.users]
+    /// retry = { max_attempts = 3, delay = "1ms" }
+    /// classifier = "http"
+    /// "#)?;
+    /// let users = registry.typed::<ErrorType<HttpError>>("users")?;
+    /// let mut attempts = 0;
+    /// let r = users.call(|_| {
+    ///     attempts += 1;
+    ///     Err::<(), _>(HttpError(404))
+    /// });
+    /// assert!(matches!(r, Err(Error::Operation(HttpError(404)))));
+    /// assert_eq!(attempts, 1, "an aborted error is not retried");
+    /// # Ok::<_, Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn classifier<E, F>(mut self, name: &str, classify: F) -> Self
+    where
+        E: 'static,
+        F: Fn(&E) -> Verdict + Send + Sync + 'static,
+    {
+        self.named.add_classifier(name, classify);
+        self
+    }
+
+    /// Registers an async fallback for `Result<T, E>` under `name`, for the
+    /// pipelines whose entry says `fallback = "name"`: looked up with
+    /// [`Registry::typed`] as a `Pipeline<WithAsyncFallback<T, E>>`. A
+    /// classifier named with it must handle errors of the same type `E`.
+    /// A name registered again replaces the earlier registration.
+    pub fn fallback<T, E, F, Fut>(mut self, name: &str, fallback: F) -> Self
+    where
+        T: 'static,
+        E: 'static,
+        F: Fn(Error<E>, Context) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<T, E>> + Send + 'static,
+    {
+        self.named.add_fallback_async(name, fallback);
+        self
+    }
+
+    /// Registers a synchronous fallback for `Result<T, E>` under `name`
+    /// (usable by `run` and `call`), for the pipelines whose entry says
+    /// `fallback = "name"`: looked up with [`Registry::typed`] as a
+    /// `Pipeline<WithFallback<T, E>>`. A classifier named with it must
+    /// handle errors of the same type `E`. A name registered again replaces
+    /// the earlier registration.
+    ///
+    /// ```
+    /// use seawall::config::{Format, Registry};
+    /// use seawall::pipeline::WithFallback;
+    /// use seawall::Error;
+    ///
+    /// let registry = Registry::builder()
+    ///     .fallback_sync("cached_quote", |_e: Error<std::io::Error>, _ctx| Ok(42_u32))
+    ///     .load_str(Format::Yaml, "
+    /// pipelines:
+    ///   quotes:
+    ///     timeout: 1s
+    ///     fallback: cached_quote
+    /// ")?;
+    /// let quotes = registry.typed::<WithFallback<u32, std::io::Error>>("quotes")?;
+    /// assert_eq!(quotes.call(|_| Err(std::io::Error::other("down")))?, 42);
+    /// # Ok::<_, Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn fallback_sync<T, E, F>(mut self, name: &str, fallback: F) -> Self
+    where
+        T: 'static,
+        E: 'static,
+        F: Fn(Error<E>, Context) -> Result<T, E> + Send + Sync + 'static,
+    {
+        self.named.add_fallback_sync(name, fallback);
         self
     }
 
@@ -162,6 +259,7 @@ impl RegistryBuilder {
             inner: Arc::new(Inner {
                 steps: self.steps,
                 allow_empty: self.allow_empty,
+                named: self.named,
                 slots: RwLock::new(HashMap::new()),
                 config: RwLock::new(Arc::new(Config::empty())),
                 reload: Mutex::new(()),
@@ -210,6 +308,8 @@ struct Inner {
     steps: Vec<Step>,
     /// A configuration without pipelines is loaded, not refused.
     allow_empty: bool,
+    /// The classifiers and fallbacks registered in code.
+    named: Named,
     slots: RwLock<HashMap<String, Arc<Slot>>>,
     config: RwLock<Arc<Config>>,
     /// Serializes reloads.
@@ -235,7 +335,12 @@ struct Slot {
 
 #[derive(Clone)]
 struct Entry {
+    /// The pipeline without the named handlers (what a handle taken
+    /// before they were named keeps serving).
     pipeline: Pipeline,
+    /// The pipeline with the named classifier and fallback, if the entry
+    /// names any.
+    typed: Option<Typed>,
     budget: Option<RetryBudget>,
 }
 
@@ -287,29 +392,73 @@ impl Registry {
     }
 
     /// The pipeline `name`, as currently configured; `None` when no such
-    /// pipeline is configured.
+    /// pipeline is configured, or when its entry names a classifier or a
+    /// fallback (look it up with [`typed`](Self::typed)).
     pub fn get(&self, name: &str) -> Option<Pipeline> {
-        let slots = read(&self.inner.slots);
-        let slot = slots.get(name).filter(|s| s.live.load(Ordering::Acquire))?;
-        let p = read(&slot.entry).pipeline.clone();
-        Some(p)
+        self.typed(name).ok()
     }
 
     /// The pipeline `name`, as currently configured.
     ///
     /// # Errors
-    /// [`UnknownPipeline`], naming the pipeline and those configured.
+    /// [`UnknownPipeline`], naming the pipeline and those configured; a
+    /// pipeline whose entry names a classifier or a fallback is not
+    /// handed out untyped (it would run without them): look it up with
+    /// [`typed`](Self::typed).
     pub fn pipeline(&self, name: &str) -> Result<Pipeline, UnknownPipeline> {
-        self.get(name).ok_or_else(|| self.unknown(name))
+        self.typed(name).map_err(|e| match e {
+            LookupError::Unknown(u) => u,
+            LookupError::Kind { configured, .. } => UnknownPipeline {
+                typed: Some(configured),
+                ..self.unknown(name)
+            },
+        })
+    }
+
+    /// The pipeline `name`, as currently configured, of kind `K`: the kind
+    /// its named handlers make it (`ErrorType<E>` for a classifier of `E`,
+    /// `WithFallback<T, E>` for a fallback registered with
+    /// [`fallback_sync`](RegistryBuilder::fallback_sync),
+    /// `WithAsyncFallback<T, E>` for one registered with
+    /// [`fallback`](RegistryBuilder::fallback)), or [`AnyResult`] when its
+    /// entry names none. Look it up again after a reload to follow it.
+    ///
+    /// # Errors
+    /// [`LookupError::Unknown`] when no such pipeline is configured,
+    /// [`LookupError::Kind`] when the pipeline is of another kind (naming
+    /// both).
+    ///
+    /// [`AnyResult`]: crate::pipeline::AnyResult
+    pub fn typed<K: Kind>(&self, name: &str) -> Result<Pipeline<K>, LookupError> {
+        let slots = read(&self.inner.slots);
+        let Some(slot) = slots.get(name).filter(|s| s.live.load(Ordering::Acquire)) else {
+            drop(slots);
+            return Err(LookupError::Unknown(self.unknown(name)));
+        };
+        let entry = read(&slot.entry);
+        let found = match &entry.typed {
+            Some(t) => t.get::<K>().ok_or(t.kind()),
+            None => Typed::untyped::<K>(&entry.pipeline),
+        };
+        found.map_err(|configured| LookupError::Kind {
+            name: name.to_owned(),
+            configured: configured.to_owned(),
+            asked: std::any::type_name::<K>().to_owned(),
+        })
     }
 
     /// A handle that always serves the latest configuration of pipeline
     /// `name`. If a reload removes the name, the handle keeps serving the
-    /// last pipeline it had.
+    /// last pipeline it had; if a reload names a classifier or a fallback
+    /// in its entry, the handle serves its policies without them (look the
+    /// pipeline up with [`typed`](Self::typed)).
     ///
     /// # Errors
-    /// [`UnknownPipeline`] when no such pipeline is configured.
+    /// [`UnknownPipeline`] when no such pipeline is configured, or when its
+    /// entry names a classifier or a fallback.
     pub fn handle(&self, name: &str) -> Result<PipelineHandle, UnknownPipeline> {
+        // A pipeline with named handlers is refused, as by `pipeline`.
+        self.pipeline(name)?;
         let slots = read(&self.inner.slots);
         match slots.get(name).filter(|s| s.live.load(Ordering::Acquire)) {
             Some(slot) => Ok(PipelineHandle {
@@ -326,6 +475,7 @@ impl Registry {
         UnknownPipeline {
             name: name.to_owned(),
             configured: self.names(),
+            typed: None,
         }
     }
 
@@ -429,6 +579,11 @@ impl Registry {
         // configuration leaves no trace in the store.
         for (name, resolved) in config.resolved() {
             validate(self.inner.builder(name, resolved, None))
+                .and_then(|()| {
+                    self.inner
+                        .named
+                        .check(resolved.classifier.as_deref(), resolved.fallback.as_deref())
+                })
                 .map_err(|e| config.invalid(name, e))?;
         }
         let previous: HashMap<String, Option<RetryBudget>> = read(&self.inner.slots)
@@ -445,12 +600,26 @@ impl Registry {
                 (Some(new), Some(old)) if new == old => Some(old.clone()),
                 (new, _) => new.cloned(),
             };
-            let pipeline = self
+            let builder = self.inner.builder(name, resolved, budget.as_ref());
+            let typed = self
                 .inner
-                .builder(name, resolved, budget.as_ref())
-                .build()
+                .named
+                .build(
+                    builder.clone(),
+                    resolved.classifier.as_deref(),
+                    resolved.fallback.as_deref(),
+                    resolved.fallback_on.as_deref(),
+                )
                 .map_err(|e| config.invalid(name, e))?;
-            built.push((name.to_owned(), Entry { pipeline, budget }));
+            let pipeline = builder.build().map_err(|e| config.invalid(name, e))?;
+            built.push((
+                name.to_owned(),
+                Entry {
+                    pipeline,
+                    typed,
+                    budget,
+                },
+            ));
         }
         let mut slots = write(&self.inner.slots);
         for slot in slots.values() {

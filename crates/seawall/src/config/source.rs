@@ -178,6 +178,8 @@ fn error_keys(error: &ConfigError, overall_timeout_invalid: bool) -> Vec<Vec<&'s
         "pipeline" => match error.field {
             "partition_idle" => vec![vec!["partition_idle"]],
             "name" => vec![],
+            // A handler registered in code, named in the entry.
+            named @ ("classifier" | "fallback" | "fallback_on") => vec![vec![named]],
             // `policies` itself, or a policy named by an ordering rule.
             other => vec![vec!["policies"], vec![other]],
         },
