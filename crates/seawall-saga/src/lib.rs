@@ -74,6 +74,8 @@
 //!
 //! - `test-util`: `seawall::testing::VirtualClock` can be the orchestrator's
 //!   clock (see [Testing](#testing)).
+//! - `redis-streams` (off by default): the choreography broker on Redis
+//!   Streams, `broker::redis_streams::RedisStreams` (see [`outbox`]).
 //!
 //! [`Step::through`] runs a step's action through a `seawall::Pipeline`
 //! (retry, circuit breaker, timeout, ...).
@@ -261,6 +263,7 @@
 //! the database clock; tests shorten the lease instead.
 #![forbid(unsafe_code)]
 
+pub mod broker;
 pub mod clock;
 pub mod definition;
 pub mod error;
@@ -268,6 +271,7 @@ pub mod event;
 pub mod id;
 pub mod log;
 pub mod orchestrator;
+pub mod outbox;
 pub mod retry;
 pub mod transition;
 
