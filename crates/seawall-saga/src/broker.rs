@@ -1,5 +1,5 @@
 //! The message broker between services: a small [`Broker`] trait and, with the
-//! feature `redis-streams`, [`RedisStreams`](redis_streams::RedisStreams) on
+//! feature `redis-streams`, `redis_streams::RedisStreams` on
 //! Redis Streams.
 //!
 //! A broker carries [`Envelope`]s on named streams. Consumers read a stream

@@ -430,6 +430,11 @@ impl<B: Broker> Relay<B> {
         })
     }
 
+    /// The broker the relay publishes to.
+    pub fn broker(&self) -> &B {
+        &self.broker
+    }
+
     /// Runs `f` on the relay's connection on a blocking thread.
     async fn with_conn<T: Send + 'static>(
         &self,

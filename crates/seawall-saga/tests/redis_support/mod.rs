@@ -8,7 +8,6 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-
 /// The `redis-server` binary: `$REDIS_SERVER`, or `redis-server` on the PATH.
 fn binary() -> PathBuf {
     if let Some(p) = std::env::var_os("REDIS_SERVER") {
