@@ -75,13 +75,15 @@
 //! ```
 
 use std::future::Future;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rusqlite::{params, Connection, OptionalExtension, Transaction};
 
 use crate::broker::{Broker, BrokerError, Envelope};
+
+pub mod postgres;
 
 /// The outbox schema version this build reads and writes.
 pub const SCHEMA_VERSION: u32 = 1;
@@ -116,6 +118,15 @@ pub enum OutboxError {
         /// What SQLite reported.
         #[source]
         source: Arc<rusqlite::Error>,
+    },
+    /// An error reported by Postgres.
+    #[error("postgres error while {operation}: {source}")]
+    Postgres {
+        /// What was being done.
+        operation: String,
+        /// What Postgres reported.
+        #[source]
+        source: Arc<tokio_postgres::Error>,
     },
     /// The broker failed; the events stay in the outbox.
     #[error(transparent)]
@@ -242,6 +253,33 @@ fn table_error(operation: &str, error: rusqlite::Error) -> OutboxError {
     OutboxError::sqlite(operation, error)
 }
 
+/// Refuses an empty aggregate or event type.
+fn check_event(aggregate: &str, event_type: &str) -> Result<(), OutboxError> {
+    if aggregate.is_empty() || event_type.is_empty() {
+        return Err(OutboxError::Invalid(format!(
+            "aggregate and event type must not be empty (aggregate {aggregate:?}, \
+             event type {event_type:?})"
+        )));
+    }
+    Ok(())
+}
+
+/// Refuses an empty consumer or message id.
+fn check_message(consumer: &str, message_id: &str) -> Result<(), OutboxError> {
+    if consumer.is_empty() || message_id.is_empty() {
+        return Err(OutboxError::Invalid(format!(
+            "consumer and message id must not be empty (consumer {consumer:?}, \
+             message id {message_id:?})"
+        )));
+    }
+    Ok(())
+}
+
+/// The event id of outbox row `id` of the service `source`.
+fn event_id(source: &str, id: i64) -> String {
+    format!("{source}:{id}")
+}
+
 /// The outbox: events written in the caller's transaction.
 #[derive(Debug)]
 #[non_exhaustive]
@@ -263,12 +301,7 @@ impl Outbox {
         event_type: &str,
         payload: &str,
     ) -> Result<i64, OutboxError> {
-        if aggregate.is_empty() || event_type.is_empty() {
-            return Err(OutboxError::Invalid(format!(
-                "aggregate and event type must not be empty (aggregate {aggregate:?}, \
-                 event type {event_type:?})"
-            )));
-        }
+        check_event(aggregate, event_type)?;
         tx.prepare_cached(
             "INSERT INTO seawall_outbox (aggregate, event_type, payload, created_at_ms)
              VALUES (?1, ?2, ?3, ?4)",
@@ -299,12 +332,7 @@ impl Inbox {
         consumer: &str,
         message_id: &str,
     ) -> Result<bool, OutboxError> {
-        if consumer.is_empty() || message_id.is_empty() {
-            return Err(OutboxError::Invalid(format!(
-                "consumer and message id must not be empty (consumer {consumer:?}, \
-                 message id {message_id:?})"
-            )));
-        }
+        check_message(consumer, message_id)?;
         let inserted = tx
             .prepare_cached(
                 "INSERT INTO seawall_inbox (consumer, message_id, handled_at_ms)
@@ -373,11 +401,119 @@ pub struct RelayReport {
     pub failures: u64,
 }
 
-/// Publishes the outbox of one SQLite database to a [`Broker`] (see the
-/// [module documentation](self) for the guarantees).
-pub struct Relay<B> {
+/// Where a relay reads the outbox: a SQLite file or a Postgres database.
+trait Store: Send + Sync {
+    /// Up to `batch` unsent rows, oldest first, as envelopes of `source`.
+    fn unsent<'a>(&'a self, source: &'a str, batch: usize)
+        -> StoreFuture<'a, Vec<(i64, Envelope)>>;
+    /// Marks rows sent.
+    fn mark_sent(&self, ids: Vec<i64>) -> StoreFuture<'_, ()>;
+    /// How many rows are unsent.
+    fn pending(&self) -> StoreFuture<'_, u64>;
+    /// Deletes the rows sent before `before_ms`.
+    fn purge_sent(&self, before_ms: i64) -> StoreFuture<'_, u64>;
+}
+
+type StoreFuture<'a, T> = crate::clock::BoxFuture<'a, Result<T, OutboxError>>;
+
+const SELECT_UNSENT: &str = "SELECT id, aggregate, event_type, payload, created_at_ms
+     FROM seawall_outbox WHERE sent_at_ms IS NULL ORDER BY id LIMIT $1";
+const MARK_SENT: &str = "UPDATE seawall_outbox SET sent_at_ms = $1 WHERE id = $2";
+const COUNT_UNSENT: &str = "SELECT count(*) FROM seawall_outbox WHERE sent_at_ms IS NULL";
+const PURGE_SENT: &str =
+    "DELETE FROM seawall_outbox WHERE sent_at_ms IS NOT NULL AND sent_at_ms < $1";
+
+/// The outbox of a SQLite file, on a connection of the relay's own.
+struct SqliteStore {
     conn: Arc<Mutex<Connection>>,
-    path: PathBuf,
+}
+
+impl SqliteStore {
+    /// Runs `f` on the connection on a blocking thread.
+    fn with_conn<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Connection) -> Result<T, OutboxError> + Send + 'static,
+    ) -> StoreFuture<'_, T> {
+        let conn = Arc::clone(&self.conn);
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || {
+                let mut conn = conn.lock().unwrap_or_else(|p| p.into_inner());
+                f(&mut conn)
+            })
+            .await
+            .map_err(|e| OutboxError::Aborted(e.to_string()))?
+        })
+    }
+}
+
+impl Store for SqliteStore {
+    fn unsent<'a>(
+        &'a self,
+        source: &'a str,
+        batch: usize,
+    ) -> StoreFuture<'a, Vec<(i64, Envelope)>> {
+        let source = source.to_owned();
+        self.with_conn(move |conn| {
+            let mut stmt = conn
+                .prepare_cached(SELECT_UNSENT)
+                .map_err(|e| table_error("reading the outbox", e))?;
+            let rows = stmt
+                .query_map([i64::try_from(batch).unwrap_or(i64::MAX)], |r| {
+                    let id: i64 = r.get(0)?;
+                    Ok((
+                        id,
+                        Envelope {
+                            event_id: event_id(&source, id),
+                            aggregate: r.get(1)?,
+                            event_type: r.get(2)?,
+                            payload: r.get(3)?,
+                            created_at_ms: r.get(4)?,
+                        },
+                    ))
+                })
+                .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
+                .map_err(|e| OutboxError::sqlite("reading the outbox", e))?;
+            Ok(rows)
+        })
+    }
+
+    fn mark_sent(&self, ids: Vec<i64>) -> StoreFuture<'_, ()> {
+        self.with_conn(move |conn| {
+            let err = |e| OutboxError::sqlite("marking events sent", e);
+            let tx = conn.transaction().map_err(err)?;
+            {
+                let mut mark = tx.prepare_cached(MARK_SENT).map_err(err)?;
+                let now = now_ms();
+                for id in ids {
+                    mark.execute(params![now, id]).map_err(err)?;
+                }
+            }
+            tx.commit().map_err(err)
+        })
+    }
+
+    fn pending(&self) -> StoreFuture<'_, u64> {
+        self.with_conn(|conn| {
+            conn.query_row(COUNT_UNSENT, [], |r| r.get::<_, i64>(0))
+                .map(|n| u64::try_from(n).unwrap_or(0))
+                .map_err(|e| table_error("counting unsent events", e))
+        })
+    }
+
+    fn purge_sent(&self, before_ms: i64) -> StoreFuture<'_, u64> {
+        self.with_conn(move |conn| {
+            conn.execute(PURGE_SENT, [before_ms])
+                .map(|n| n as u64)
+                .map_err(|e| table_error("purging sent events", e))
+        })
+    }
+}
+
+/// Publishes the outbox of one database to a [`Broker`] (see the [module
+/// documentation](self) for the guarantees).
+pub struct Relay<B> {
+    store: Box<dyn Store>,
+    location: String,
     broker: B,
     options: RelayOptions,
 }
@@ -385,16 +521,27 @@ pub struct Relay<B> {
 impl<B> std::fmt::Debug for Relay<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Relay")
-            .field("path", &self.path)
+            .field("location", &self.location)
             .field("options", &self.options)
             .finish_non_exhaustive()
     }
 }
 
+impl RelayOptions {
+    fn check(&self) -> Result<(), OutboxError> {
+        if self.source.is_empty() || self.stream.is_empty() {
+            return Err(OutboxError::Invalid(
+                "the relay's source and stream must not be empty".to_owned(),
+            ));
+        }
+        Ok(())
+    }
+}
+
 impl<B: Broker> Relay<B> {
-    /// A relay of the outbox in the database at `path`, on a connection of
-    /// its own (the database should be in WAL mode so that the relay does not
-    /// hold up the service's writes).
+    /// A relay of the outbox in the SQLite database at `path`, on a
+    /// connection of its own (the database should be in WAL mode so that the
+    /// relay does not hold up the service's writes).
     ///
     /// # Errors
     ///
@@ -406,14 +553,10 @@ impl<B: Broker> Relay<B> {
         broker: B,
         options: RelayOptions,
     ) -> Result<Self, OutboxError> {
-        if options.source.is_empty() || options.stream.is_empty() {
-            return Err(OutboxError::Invalid(
-                "the relay's source and stream must not be empty".to_owned(),
-            ));
-        }
-        let path = path.as_ref().to_path_buf();
+        options.check()?;
+        let path = path.as_ref();
         let opening = || format!("opening {}", path.display());
-        let conn = Connection::open_with_flags(&path, rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE)
+        let conn = Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE)
             .map_err(|e| OutboxError::sqlite(opening(), e))?;
         conn.busy_timeout(Duration::from_secs(5))
             .map_err(|e| OutboxError::sqlite(opening(), e))?;
@@ -423,8 +566,10 @@ impl<B: Broker> Relay<B> {
             });
         }
         Ok(Relay {
-            conn: Arc::new(Mutex::new(conn)),
-            path,
+            store: Box::new(SqliteStore {
+                conn: Arc::new(Mutex::new(conn)),
+            }),
+            location: path.display().to_string(),
             broker,
             options,
         })
@@ -435,20 +580,6 @@ impl<B: Broker> Relay<B> {
         &self.broker
     }
 
-    /// Runs `f` on the relay's connection on a blocking thread.
-    async fn with_conn<T: Send + 'static>(
-        &self,
-        f: impl FnOnce(&mut Connection) -> Result<T, OutboxError> + Send + 'static,
-    ) -> Result<T, OutboxError> {
-        let conn = Arc::clone(&self.conn);
-        tokio::task::spawn_blocking(move || {
-            let mut conn = conn.lock().unwrap_or_else(|p| p.into_inner());
-            f(&mut conn)
-        })
-        .await
-        .map_err(|e| OutboxError::Aborted(e.to_string()))?
-    }
-
     /// Publishes one batch of unsent events, oldest first, and marks them
     /// sent. Returns how many were published (0: the outbox is empty).
     ///
@@ -456,61 +587,22 @@ impl<B: Broker> Relay<B> {
     ///
     /// [`OutboxError::Broker`] when publishing failed: the batch stays unsent
     /// (some of it may have been published: it is published again next time).
-    /// [`OutboxError::Sqlite`] when reading or marking failed.
+    /// [`OutboxError::Sqlite`] or [`OutboxError::Postgres`] when reading or
+    /// marking failed.
     pub async fn relay_once(&self) -> Result<usize, OutboxError> {
-        let batch = self.options.batch;
-        let source = self.options.source.clone();
-        let rows: Vec<(i64, Envelope)> = self
-            .with_conn(move |conn| {
-                let mut stmt = conn
-                    .prepare_cached(
-                        "SELECT id, aggregate, event_type, payload, created_at_ms
-                         FROM seawall_outbox WHERE sent_at_ms IS NULL ORDER BY id LIMIT ?1",
-                    )
-                    .map_err(|e| table_error("reading the outbox", e))?;
-                let rows = stmt
-                    .query_map([i64::try_from(batch).unwrap_or(i64::MAX)], |r| {
-                        let id: i64 = r.get(0)?;
-                        Ok((
-                            id,
-                            Envelope {
-                                event_id: format!("{source}:{id}"),
-                                aggregate: r.get(1)?,
-                                event_type: r.get(2)?,
-                                payload: r.get(3)?,
-                                created_at_ms: r.get(4)?,
-                            },
-                        ))
-                    })
-                    .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
-                    .map_err(|e| OutboxError::sqlite("reading the outbox", e))?;
-                Ok(rows)
-            })
+        let rows = self
+            .store
+            .unsent(&self.options.source, self.options.batch)
             .await?;
         if rows.is_empty() {
             return Ok(0);
         }
-        let envelopes: Vec<Envelope> = rows.iter().map(|(_, e)| e.clone()).collect();
+        let (ids, envelopes): (Vec<i64>, Vec<Envelope>) = rows.into_iter().unzip();
         self.broker
             .publish(&self.options.stream, &envelopes)
             .await?;
-        let ids: Vec<i64> = rows.iter().map(|(id, _)| *id).collect();
         let count = ids.len();
-        self.with_conn(move |conn| {
-            let err = |e| OutboxError::sqlite("marking events sent", e);
-            let tx = conn.transaction().map_err(err)?;
-            {
-                let mut mark = tx
-                    .prepare_cached("UPDATE seawall_outbox SET sent_at_ms = ?1 WHERE id = ?2")
-                    .map_err(err)?;
-                let now = now_ms();
-                for id in ids {
-                    mark.execute(params![now, id]).map_err(err)?;
-                }
-            }
-            tx.commit().map_err(err)
-        })
-        .await?;
+        self.store.mark_sent(ids).await?;
         Ok(count)
     }
 
@@ -518,18 +610,9 @@ impl<B: Broker> Relay<B> {
     ///
     /// # Errors
     ///
-    /// [`OutboxError::Sqlite`].
+    /// [`OutboxError::Sqlite`] or [`OutboxError::Postgres`].
     pub async fn pending(&self) -> Result<u64, OutboxError> {
-        self.with_conn(|conn| {
-            conn.query_row(
-                "SELECT count(*) FROM seawall_outbox WHERE sent_at_ms IS NULL",
-                [],
-                |r| r.get::<_, i64>(0),
-            )
-            .map(|n| u64::try_from(n).unwrap_or(0))
-            .map_err(|e| table_error("counting unsent events", e))
-        })
-        .await
+        self.store.pending().await
     }
 
     /// Deletes the events marked sent more than `age` ago (they are kept
@@ -537,18 +620,10 @@ impl<B: Broker> Relay<B> {
     ///
     /// # Errors
     ///
-    /// [`OutboxError::Sqlite`].
+    /// [`OutboxError::Sqlite`] or [`OutboxError::Postgres`].
     pub async fn purge_sent(&self, age: Duration) -> Result<u64, OutboxError> {
-        let before = now_ms().saturating_sub(i64::try_from(age.as_millis()).unwrap_or(i64::MAX));
-        self.with_conn(move |conn| {
-            conn.execute(
-                "DELETE FROM seawall_outbox WHERE sent_at_ms IS NOT NULL AND sent_at_ms < ?1",
-                [before],
-            )
-            .map(|n| n as u64)
-            .map_err(|e| table_error("purging sent events", e))
-        })
-        .await
+        let age = i64::try_from(age.as_millis()).unwrap_or(i64::MAX);
+        self.store.purge_sent(now_ms().saturating_sub(age)).await
     }
 
     /// Relays until `shutdown` resolves: a batch at a time, waiting the poll
@@ -569,7 +644,7 @@ impl<B: Broker> Relay<B> {
                     report.failures += 1;
                     tracing::warn!(
                         target: "seawall_saga",
-                        path = %self.path.display(),
+                        location = %self.location,
                         %error,
                         "outbox relay failed; the events stay in the outbox"
                     );
