@@ -14,8 +14,10 @@
 //!    events per second from the first commit to the last inbox commit, and
 //!    p50/p99 latency from the producer's commit to the consumer's inbox
 //!    commit (each event is enqueued in its own transaction; the consumer
-//!    records a read batch in one transaction).
+//!    records a read batch in one transaction). `BENCH_RATE` (events per
+//!    second, default 0: as fast as the producer commits) paces the producer.
 
+use std::collections::HashMap;
 use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -48,20 +50,23 @@ fn open_db(path: &Path) -> Connection {
     conn
 }
 
-/// Enqueues `n` events, one transaction each; the payload is the commit time
-/// in microseconds (taken just before the commit).
-fn produce(conn: &mut Connection, n: usize) {
+/// Enqueues `n` events, one transaction each, at most `rate` per second (0:
+/// as fast as commits go). Returns each event's row id and the time its
+/// commit returned, in microseconds since the epoch.
+fn produce(conn: &mut Connection, n: usize, rate: u64) -> HashMap<i64, i64> {
+    let started = Instant::now();
+    let mut committed = HashMap::with_capacity(n);
     for i in 0..n {
+        if rate > 0 {
+            let due = started + Duration::from_secs_f64(i as f64 / rate as f64);
+            std::thread::sleep(due.saturating_duration_since(Instant::now()));
+        }
         let tx = conn.transaction().expect("begin");
-        Outbox::enqueue(
-            &tx,
-            &format!("agg-{}", i % 64),
-            "bench",
-            &micros_now().to_string(),
-        )
-        .expect("enqueue");
+        let id = Outbox::enqueue(&tx, &format!("agg-{}", i % 64), "bench", "{}").expect("enqueue");
         tx.commit().expect("commit");
+        committed.insert(id, micros_now());
     }
+    committed
 }
 
 /// A `redis-server` on a free loopback port, or `REDIS_URL`.
@@ -101,6 +106,10 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(20_000);
+    let rate: u64 = std::env::var("BENCH_RATE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
     let dir = tempfile::tempdir().expect("temporary directory");
     let (url, mut server) = redis(dir.path());
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -112,7 +121,7 @@ fn main() {
     // 1. A backlog.
     let producer_path = dir.path().join("producer.db");
     let mut producer = open_db(&producer_path);
-    produce(&mut producer, events);
+    produce(&mut producer, events, 0);
     let relay = Relay::open(
         &producer_path,
         RedisStreams::open(&url).expect("broker"),
@@ -153,8 +162,9 @@ fn main() {
     let sub = Subscription::new("bench-live", "bench", "bench-1");
     rt.block_on(broker.create_group(&sub)).expect("group");
     let consuming = std::thread::spawn(move || {
-        let mut latencies = Vec::with_capacity(events);
-        while latencies.len() < events {
+        // (row id, inbox commit time)
+        let mut handled: Vec<(i64, i64)> = Vec::with_capacity(events);
+        while handled.len() < events {
             let batch = rt
                 .block_on(broker.read(&sub, 256, Duration::from_millis(100)))
                 .expect("read");
@@ -165,29 +175,32 @@ fn main() {
             let mut sent = Vec::new();
             for d in &batch {
                 if Inbox::handle(&tx, "bench", &d.envelope.event_id).expect("inbox") {
-                    sent.push(d.envelope.payload.parse::<i64>().expect("payload"));
+                    let (_, id) = d.envelope.event_id.rsplit_once(':').expect("event id");
+                    sent.push(id.parse::<i64>().expect("row id"));
                 }
             }
             tx.commit().expect("commit");
             let now = micros_now();
-            latencies.extend(sent.into_iter().map(|t| now - t));
+            handled.extend(sent.into_iter().map(|id| (id, now)));
             let ids: Vec<String> = batch.into_iter().map(|d| d.id).collect();
             rt.block_on(broker.ack(&sub, &ids)).expect("ack");
         }
         stop.send(()).expect("stop");
         rt.block_on(relaying).expect("relay task");
-        latencies
+        handled
     });
     let started = Instant::now();
-    produce(&mut producer, events);
+    let committed = produce(&mut producer, events, rate);
     let produced = started.elapsed();
-    let mut latencies = consuming.join().expect("consumer");
+    let handled = consuming.join().expect("consumer");
+    let mut latencies: Vec<i64> = handled.iter().map(|(id, at)| at - committed[id]).collect();
     let elapsed = started.elapsed();
     latencies.sort_unstable();
     let at = |q: f64| latencies[((latencies.len() - 1) as f64 * q) as usize] as f64 / 1000.0;
     println!(
-        "end to end, {events} events: {:.0} events/s (producer alone {:.0} commits/s), \
+        "end to end, {events} events, producer rate {}: {:.0} events/s (producer {:.0} commits/s), \
          commit-to-inbox latency p50 {:.2} ms, p99 {:.2} ms",
+        if rate == 0 { "unbounded".to_owned() } else { format!("{rate}/s") },
         events as f64 / elapsed.as_secs_f64(),
         events as f64 / produced.as_secs_f64(),
         at(0.5),

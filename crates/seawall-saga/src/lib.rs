@@ -233,6 +233,20 @@
 //! # }
 //! ```
 //!
+//! # Choreography: outbox, relay, broker, inbox
+//!
+//! Between services that do not share an orchestrator, [`outbox`] carries
+//! events reliably: a service writes its state change and the event in one
+//! local transaction ([`outbox::Outbox::enqueue`] on SQLite,
+//! [`outbox::postgres::enqueue`] on Postgres), an [`outbox::Relay`] publishes
+//! the committed events to a [`broker::Broker`] (Redis Streams with the
+//! feature `redis-streams`) in order per aggregate and at least once, and each
+//! consumer records the message in the same local transaction as its effect
+//! ([`outbox::Inbox::handle`]), so a redelivered message has no second effect.
+//! Consumer groups share a stream's messages; the messages of a consumer that
+//! died are claimed by another ([`broker::Broker::claim_stale`]); a malformed
+//! message is parked in a dead-letter stream ([`broker::dead_letter_stream`]).
+//!
 //! # Inspection and events
 //!
 //! [`Orchestrator::list`] lists sagas by status, [`Orchestrator::history`]

@@ -10,7 +10,8 @@
 //! state change is never left without its event. [`migrate`] creates the
 //! tables (`seawall_outbox`, `seawall_inbox` and `seawall_outbox_schema`, the
 //! schema version); a database whose outbox schema is newer than this build
-//! is refused with [`OutboxError::UnsupportedSchema`].
+//! is refused with [`OutboxError::UnsupportedSchema`]. The same API on
+//! Postgres, through tokio-postgres's `Transaction`, is in [`postgres`].
 //!
 //! # Relay
 //!
@@ -26,7 +27,8 @@
 //!   is what the consumer's inbox de-duplicates by.
 //!
 //! **Order.** Rows are published in outbox order (the order of their commits:
-//! SQLite serialises writers), one batch at a time, and a batch is published
+//! SQLite serialises writers; on Postgres, [`postgres::enqueue`] serialises
+//! the transactions that enqueue events of one aggregate), one batch at a time, and a batch is published
 //! only after the previous one was marked sent. So the first publication of
 //! each event of an aggregate comes after the first publication of every
 //! earlier event of that aggregate. A re-publication after a failure may put a
@@ -509,6 +511,15 @@ impl Store for SqliteStore {
     }
 }
 
+/// The relay's busy handler: while the service holds the write lock, try
+/// again every millisecond, for 5 s at most. SQLite's own busy timeout backs
+/// off to 100 ms sleeps, which a service committing in a tight loop turns
+/// into seconds of relay latency.
+fn retry_busy(attempt: i32) -> bool {
+    std::thread::sleep(Duration::from_millis(1));
+    attempt < 5000
+}
+
 /// Publishes the outbox of one database to a [`Broker`] (see the [module
 /// documentation](self) for the guarantees).
 pub struct Relay<B> {
@@ -558,7 +569,7 @@ impl<B: Broker> Relay<B> {
         let opening = || format!("opening {}", path.display());
         let conn = Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE)
             .map_err(|e| OutboxError::sqlite(opening(), e))?;
-        conn.busy_timeout(Duration::from_secs(5))
+        conn.busy_handler(Some(retry_busy))
             .map_err(|e| OutboxError::sqlite(opening(), e))?;
         if schema_version(&conn)?.is_none() {
             return Err(OutboxError::NotMigrated {

@@ -265,7 +265,9 @@ impl Store for PostgresStore {
 impl<B: Broker> Relay<B> {
     /// A relay of the outbox in the Postgres database of `client` (a
     /// connection of the relay's own, whose connection future the caller
-    /// drives; tables in its `search_path`).
+    /// drives; tables in its `search_path`). A client whose connection is
+    /// lost is not made again: its rounds fail (the events stay in the
+    /// outbox) until the relay is replaced by one on a new client.
     ///
     /// # Errors
     ///
