@@ -24,7 +24,10 @@
 //!   the next relay publishes them **again**. Nothing is ever lost; an event
 //!   may be published more than once (*at least once*). Each publication of an
 //!   event carries the same [`Envelope::event_id`] (`{source}:{row id}`), which
-//!   is what the consumer's inbox de-duplicates by.
+//!   is what the consumer's inbox de-duplicates by. Row ids are never reused
+//!   (`AUTOINCREMENT`, a sequence on Postgres), so purging sent rows
+//!   ([`Relay::purge_sent`]) never makes a new event look like a handled one;
+//!   `source` must be unique per database.
 //!
 //! **Order.** Rows are published in outbox order (the order of their commits:
 //! SQLite serialises writers; on Postgres, [`postgres::enqueue`] serialises

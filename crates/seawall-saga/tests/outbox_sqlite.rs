@@ -13,6 +13,47 @@ mod null_broker {
     /// A broker that is always down.
     pub(crate) struct Down;
 
+    /// A broker that records what is published (the rest is down).
+    #[derive(Default)]
+    pub(crate) struct Recording(pub(crate) std::sync::Mutex<Vec<Envelope>>);
+
+    impl Broker for Recording {
+        fn publish<'a>(&'a self, _: &'a str, events: &'a [Envelope]) -> BrokerFuture<'a, ()> {
+            self.0.lock().unwrap().extend_from_slice(events);
+            Box::pin(async { Ok(()) })
+        }
+        fn create_group<'a>(&'a self, _: &'a Subscription) -> BrokerFuture<'a, ()> {
+            down()
+        }
+        fn read<'a>(
+            &'a self,
+            _: &'a Subscription,
+            _: usize,
+            _: Duration,
+        ) -> BrokerFuture<'a, Vec<Delivery>> {
+            down()
+        }
+        fn ack<'a>(&'a self, _: &'a Subscription, _: &'a [String]) -> BrokerFuture<'a, ()> {
+            down()
+        }
+        fn claim_stale<'a>(
+            &'a self,
+            _: &'a Subscription,
+            _: Duration,
+            _: usize,
+        ) -> BrokerFuture<'a, Vec<Delivery>> {
+            down()
+        }
+        fn dead_letter<'a>(
+            &'a self,
+            _: &'a Subscription,
+            _: &'a Delivery,
+            _: &'a str,
+        ) -> BrokerFuture<'a, ()> {
+            down()
+        }
+    }
+
     fn down<'a, T: Send + 'a>() -> BrokerFuture<'a, T> {
         Box::pin(async {
             Err(BrokerError::Unavailable {
@@ -201,4 +242,69 @@ fn a_broker_that_is_down_keeps_the_events_in_the_outbox() {
     }
     assert_eq!(rt.block_on(relay.pending()).unwrap(), 1);
     assert_eq!(unsent(&conn), 1);
+}
+
+#[test]
+fn the_relay_publishes_committed_events_in_order_with_stable_ids_and_purges_sent_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("svc.db");
+    let mut conn = Connection::open(&path).unwrap();
+    outbox::migrate(&conn).unwrap();
+    let mut ids = Vec::new();
+    for i in 0..5 {
+        let tx = conn.transaction().unwrap();
+        ids.push(Outbox::enqueue(&tx, ["a", "b"][i % 2], "changed", &i.to_string()).unwrap());
+        tx.commit().unwrap();
+    }
+    let relay = Relay::open(
+        &path,
+        null_broker::Recording::default(),
+        RelayOptions::new("svc", "events").batch(2),
+    )
+    .unwrap();
+    let rt = rt();
+    let batches: Vec<usize> = (0..4)
+        .map(|_| rt.block_on(relay.relay_once()).unwrap())
+        .collect();
+    assert_eq!(batches, [2, 2, 1, 0]);
+    let published = relay.broker().0.lock().unwrap().clone();
+    let seen: Vec<(String, String, String)> = published
+        .iter()
+        .map(|e| (e.event_id.clone(), e.aggregate.clone(), e.payload.clone()))
+        .collect();
+    let expected: Vec<(String, String, String)> = ids
+        .iter()
+        .enumerate()
+        .map(|(i, id)| {
+            (
+                format!("svc:{id}"),
+                ["a", "b"][i % 2].to_owned(),
+                i.to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(seen, expected);
+    assert_eq!(unsent(&conn), 0);
+    // Sent rows are kept until purged (bounded wait for the clock to pass
+    // their sending millisecond).
+    let mut purged = 0;
+    for _ in 0..100 {
+        purged += rt
+            .block_on(relay.purge_sent(std::time::Duration::ZERO))
+            .unwrap();
+        if purged == 5 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    assert_eq!(purged, 5);
+    let left: i64 = conn
+        .query_row("SELECT count(*) FROM seawall_outbox", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(left, 0);
+    // Ids are never reused: a new event is not mistaken for a handled one.
+    let tx = conn.transaction().unwrap();
+    let next = Outbox::enqueue(&tx, "a", "changed", "5").unwrap();
+    tx.commit().unwrap();
+    assert!(next > *ids.last().unwrap(), "{next} reused an id");
 }
