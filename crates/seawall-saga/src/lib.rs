@@ -74,6 +74,8 @@
 //!
 //! - `test-util`: `seawall::testing::VirtualClock` can be the orchestrator's
 //!   clock (see [Testing](#testing)).
+//! - `redis-streams` (off by default): the choreography broker on Redis
+//!   Streams, `broker::redis_streams::RedisStreams` (see [`outbox`]).
 //!
 //! [`Step::through`] runs a step's action through a `seawall::Pipeline`
 //! (retry, circuit breaker, timeout, ...).
@@ -231,6 +233,20 @@
 //! # }
 //! ```
 //!
+//! # Choreography: outbox, relay, broker, inbox
+//!
+//! Between services that do not share an orchestrator, [`outbox`] carries
+//! events reliably: a service writes its state change and the event in one
+//! local transaction ([`outbox::Outbox::enqueue`] on SQLite,
+//! [`outbox::postgres::enqueue`] on Postgres), an [`outbox::Relay`] publishes
+//! the committed events to a [`broker::Broker`] (Redis Streams with the
+//! feature `redis-streams`) in order per aggregate and at least once, and each
+//! consumer records the message in the same local transaction as its effect
+//! ([`outbox::Inbox::handle`]), so a redelivered message has no second effect.
+//! Consumer groups share a stream's messages; the messages of a consumer that
+//! died are claimed by another ([`broker::Broker::claim_stale`]); a malformed
+//! message is parked in a dead-letter stream ([`broker::dead_letter_stream`]).
+//!
 //! # Inspection and events
 //!
 //! [`Orchestrator::list`] lists sagas by status, [`Orchestrator::history`]
@@ -261,6 +277,7 @@
 //! the database clock; tests shorten the lease instead.
 #![forbid(unsafe_code)]
 
+pub mod broker;
 pub mod clock;
 pub mod definition;
 pub mod error;
@@ -268,6 +285,7 @@ pub mod event;
 pub mod id;
 pub mod log;
 pub mod orchestrator;
+pub mod outbox;
 pub mod retry;
 pub mod transition;
 
