@@ -298,6 +298,11 @@ impl Sink {
                 (PolicyKind::Timeout.name(), "deadline_exceeded", None)
             }
             EventKind::FallbackExecuted => ("fallback", "fallback_executed", None),
+            EventKind::ChaosInjected { kind, .. } => (
+                crate::chaos::NAME,
+                "chaos_injected",
+                Some(("chaos.kind", kind.as_str())),
+            ),
             EventKind::Rejected { reason, .. } => (
                 refusing_strategy(*reason),
                 "rejected",

@@ -13,6 +13,7 @@ use super::kind::{
 use super::{Gate, Pipeline, Plan, Shared, CALL_SUFFIX};
 use crate::breaker::CircuitBreaker;
 use crate::bulkhead::Bulkhead;
+use crate::chaos::{Chaos, ChaosFault};
 use crate::classify::Verdict;
 use crate::clock::{Clock, ClockHandle, Random, SystemRandom};
 use crate::context::{intern, Context};
@@ -100,6 +101,9 @@ pub struct PipelineBuilder<K: Kind = AnyResult> {
     partition_idle: Duration,
     strict_names: bool,
     handlers: K::Handlers,
+    /// The chaos policies, each with the number of policies declared
+    /// before it (its position in `declared`).
+    chaos: Vec<(usize, Chaos)>,
 }
 
 impl<K: Kind> Clone for PipelineBuilder<K> {
@@ -115,6 +119,7 @@ impl<K: Kind> Clone for PipelineBuilder<K> {
             partition_idle: self.partition_idle,
             strict_names: self.strict_names,
             handlers: self.handlers.clone(),
+            chaos: self.chaos.clone(),
         }
     }
 }
@@ -141,6 +146,7 @@ impl PipelineBuilder<AnyResult> {
             partition_idle: Duration::from_secs(600),
             strict_names: false,
             handlers: (),
+            chaos: Vec::new(),
         }
     }
 }
@@ -352,6 +358,36 @@ impl<K: Kind> PipelineBuilder<K> {
         })
     }
 
+    /// Adds a chaos policy (a latency or a behaviour: see [`crate::chaos`]),
+    /// applied to each attempt before the operation. Declare it after
+    /// [`retry`](Self::retry): `build()` refuses chaos declared before it.
+    pub fn chaos(mut self, chaos: Chaos) -> Self {
+        self.chaos.push((self.declared.len(), chaos));
+        self
+    }
+
+    /// Adds a chaos fault policy ([`Chaos::fault`]): a share of attempts
+    /// ends with the generated error of type `E` without running the
+    /// operation. Fixes the error type of the pipeline, like
+    /// [`classify`](Self::classify). Declared like [`chaos`](Self::chaos).
+    pub fn chaos_fault<E>(self, fault: ChaosFault<E>) -> PipelineBuilder<K::Out>
+    where
+        K: ErrorKind<E>,
+        E: 'static,
+    {
+        let at = self.declared.len();
+        let mut slot = 0;
+        let ChaosFault { mut chaos, fault } = fault;
+        let mut this = self.map_errors(|mut h| {
+            slot = h.faults.len();
+            h.faults.push(fault);
+            h
+        });
+        chaos.action = crate::chaos::Action::Fault(slot);
+        this.chaos.push((at, chaos));
+        this
+    }
+
     fn map_errors<E>(
         self,
         f: impl FnOnce(ErrorHandlers<E>) -> ErrorHandlers<E>,
@@ -375,6 +411,7 @@ impl<K: Kind> PipelineBuilder<K> {
             partition_idle: self.partition_idle,
             strict_names: self.strict_names,
             handlers,
+            chaos: self.chaos,
         }
     }
 
@@ -390,6 +427,7 @@ impl<K: Kind> PipelineBuilder<K> {
             return Err(ConfigError::new("pipeline", "name", "must not be empty"));
         }
         declare::validate(&self.declared, &kinds)?;
+        declare::validate_chaos(&self.chaos, &kinds)?;
         if self.partition_idle.is_zero() {
             return Err(ConfigError::new(
                 "pipeline",
@@ -413,6 +451,7 @@ impl<K: Kind> PipelineBuilder<K> {
             partition_idle: self.partition_idle,
             strict_names: self.strict_names,
             handlers: self.handlers,
+            chaos: self.chaos.into_iter().map(|(_, c)| c).collect(),
         }
         .assemble()
     }
@@ -435,6 +474,7 @@ struct Assembly<K: Kind> {
     partition_idle: Duration,
     strict_names: bool,
     handlers: K::Handlers,
+    chaos: Box<[Chaos]>,
 }
 
 impl<K: Kind> Assembly<K> {
@@ -459,6 +499,7 @@ impl<K: Kind> Assembly<K> {
                     || self.attempt_timeout.is_some_and(|t| t.strict),
                 bare: gate.is_none()
                     && call_gate.is_none()
+                    && self.chaos.is_empty()
                     && !any_timeout
                     && self.retry.as_ref().is_none_or(|r| r.budget.is_none()),
             };
@@ -476,6 +517,7 @@ impl<K: Kind> Assembly<K> {
                 handlers: self.handlers,
                 plan,
                 noted: Default::default(),
+                chaos: self.chaos,
             }),
         })
     }

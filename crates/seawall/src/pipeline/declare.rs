@@ -98,6 +98,28 @@ impl Validate for RateLimiter {
     }
 }
 
+/// The rules of the chaos policies: each one's settings, and its place
+/// after the retry (chaos before it would inject once per call, around all
+/// the attempts, which the engine does not do).
+pub(crate) fn validate_chaos(
+    chaos: &[(usize, crate::chaos::Chaos)],
+    kinds: &[PolicyKind],
+) -> Result<(), ConfigError> {
+    let retry = kinds.iter().position(|k| *k == PolicyKind::Retry);
+    chaos.iter().try_for_each(|(at, c)| {
+        c.validate()?;
+        match retry {
+            Some(r) if *at <= r => Err(ConfigError::new(
+                crate::chaos::NAME,
+                "position",
+                "must be declared after `retry`: chaos is injected into each attempt, \
+                 chaos around the whole call (before the retry) is not supported",
+            )),
+            _ => Ok(()),
+        }
+    })
+}
+
 /// The declared policies by role.
 #[derive(Default)]
 pub(crate) struct Sorted {

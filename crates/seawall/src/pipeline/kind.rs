@@ -20,6 +20,7 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::chaos::FaultFn;
 use crate::classify::Verdict;
 use crate::context::Context;
 use crate::error::Error;
@@ -80,6 +81,10 @@ pub struct ErrorHandlers<E> {
     pub(crate) retry_if: Option<Predicate<E>>,
     pub(crate) abort_if: Option<Predicate<E>>,
     pub(crate) on_retry: Option<RetryHook<E>>,
+    /// The fault generators of the pipeline's chaos policies, in
+    /// declaration order ([`Action::Fault`](crate::chaos::Action) is an
+    /// index into it).
+    pub(crate) faults: Vec<FaultFn<E>>,
 }
 
 impl<E> Clone for ErrorHandlers<E> {
@@ -89,6 +94,7 @@ impl<E> Clone for ErrorHandlers<E> {
             retry_if: self.retry_if.clone(),
             abort_if: self.abort_if.clone(),
             on_retry: self.on_retry.clone(),
+            faults: self.faults.clone(),
         }
     }
 }
@@ -100,6 +106,7 @@ impl<E> Default for ErrorHandlers<E> {
             retry_if: None,
             abort_if: None,
             on_retry: None,
+            faults: Vec::new(),
         }
     }
 }
@@ -111,6 +118,7 @@ impl<E> fmt::Debug for ErrorHandlers<E> {
             .field("retry_if", &self.retry_if.is_some())
             .field("abort_if", &self.abort_if.is_some())
             .field("on_retry", &self.on_retry.is_some())
+            .field("faults", &self.faults.len())
             .finish()
     }
 }
@@ -132,6 +140,11 @@ impl<E> ErrorHandlers<E> {
         if let Some(h) = &self.on_retry {
             h(e, attempt, delay)
         }
+    }
+
+    /// The error of the chaos fault generator `slot` for the attempt `ctx`.
+    pub(crate) fn fault(&self, slot: usize, ctx: &Context) -> Option<E> {
+        self.faults.get(slot).map(|f| f(ctx))
     }
 }
 
@@ -185,6 +198,10 @@ pub trait Handles<T, E>: Kind {
     fn verdict_or(h: &Self::Handlers, e: &E, judged: Option<Verdict>) -> Verdict;
     #[doc(hidden)]
     fn on_retry(h: &Self::Handlers, e: &E, attempt: u32, delay: Duration);
+    /// The error of the chaos fault generator `slot` (none for a kind
+    /// that does not know `E`: it has no fault generator).
+    #[doc(hidden)]
+    fn chaos_fault(h: &Self::Handlers, slot: usize, ctx: &Context) -> Option<E>;
     /// `true` when the fallback takes this final error.
     #[doc(hidden)]
     fn falls_back_on(h: &Self::Handlers, err: &Error<E>) -> bool;
@@ -232,6 +249,9 @@ impl<T, E: 'static> Handles<T, E> for AnyResult {
         default_verdict(e, judged)
     }
     fn on_retry(_: &(), _: &E, _: u32, _: Duration) {}
+    fn chaos_fault(_: &(), _: usize, _: &Context) -> Option<E> {
+        None
+    }
     fn falls_back_on(_: &(), _: &Error<E>) -> bool {
         false
     }
@@ -252,6 +272,9 @@ impl<T, E: 'static> Handles<T, E> for ErrorType<E> {
     }
     fn on_retry(h: &ErrorHandlers<E>, e: &E, attempt: u32, delay: Duration) {
         h.on_retry(e, attempt, delay)
+    }
+    fn chaos_fault(h: &ErrorHandlers<E>, slot: usize, ctx: &Context) -> Option<E> {
+        h.fault(slot, ctx)
     }
     fn falls_back_on(_: &ErrorHandlers<E>, _: &Error<E>) -> bool {
         false
@@ -274,6 +297,9 @@ impl<T: 'static, E: 'static> Handles<T, E> for WithFallback<T, E> {
     fn on_retry(h: &Self::Handlers, e: &E, attempt: u32, delay: Duration) {
         h.errors.on_retry(e, attempt, delay)
     }
+    fn chaos_fault(h: &Self::Handlers, slot: usize, ctx: &Context) -> Option<E> {
+        h.errors.fault(slot, ctx)
+    }
     fn falls_back_on(h: &Self::Handlers, err: &Error<E>) -> bool {
         h.applies(err)
     }
@@ -294,6 +320,9 @@ impl<T: 'static, E: 'static> Handles<T, E> for WithAsyncFallback<T, E> {
     }
     fn on_retry(h: &Self::Handlers, e: &E, attempt: u32, delay: Duration) {
         h.errors.on_retry(e, attempt, delay)
+    }
+    fn chaos_fault(h: &Self::Handlers, slot: usize, ctx: &Context) -> Option<E> {
+        h.errors.fault(slot, ctx)
     }
     fn falls_back_on(h: &Self::Handlers, err: &Error<E>) -> bool {
         h.applies(err)

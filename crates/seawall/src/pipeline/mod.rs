@@ -91,6 +91,8 @@ pub(crate) struct Shared<K: Kind> {
     pub(crate) handlers: K::Handlers,
     /// The error type this pipeline's rejections were noted with.
     pub(crate) noted: nested::Noted,
+    /// The chaos policies, in declaration order (each attempt).
+    pub(crate) chaos: Box<[crate::chaos::Chaos]>,
 }
 
 /// A built pipeline: cheap to clone (one reference count), `Send + Sync`,
