@@ -290,6 +290,54 @@ fn invalid_rates_and_chaos_before_the_retry_are_refused() {
         .retry(retry3())
         .build()
         .unwrap_err();
-    assert_eq!((e.policy, e.field), ("chaos", "position"), "{e}");
+    assert_eq!((e.policy, e.field), ("pipeline", "chaos"), "{e}");
     assert!(e.to_string().contains("after `retry`"), "{e}");
+}
+
+/// A file declares a latency injection (rate, latency, enabled); listed
+/// before the retry it is refused, naming the reason.
+#[cfg(feature = "serde")]
+#[test]
+fn a_configuration_file_declares_a_latency_injection() {
+    use seawall::config::{Config, Format};
+    let text = r#"
+        [pipelines.a]
+        retry = { backoff = "constant", delay = "10ms", max_attempts = 2 }
+        chaos = { rate = 1.0, latency = "40ms" }
+
+        [pipelines.off]
+        chaos = { rate = 1.0, latency = "40ms", enabled = false }
+    "#;
+    let config = Config::parse(Format::Toml, text).unwrap();
+    for (name, elapsed) in [("a", ms(40)), ("off", ms(0))] {
+        let clock = VirtualClock::new();
+        let p = config
+            .builder(name)
+            .unwrap()
+            .store(MemoryStore::new())
+            .clock(clock.clone())
+            .random(SequenceRandom::new([0.0]))
+            .build()
+            .unwrap();
+        let ops = AtomicU32::new(0);
+        let mode = Mode {
+            sync: true,
+            listen: false,
+        };
+        assert_eq!(mode.call(&p, &ops).ok(), Some(1));
+        assert_eq!(clock.now(), elapsed, "{name}");
+    }
+    let before = r#"
+        [pipelines.before]
+        policies = ["chaos", "retry"]
+        retry = { delay = "10ms" }
+        chaos = { rate = 0.5, latency = "40ms" }
+    "#;
+    let e = Config::parse(Format::Toml, before).unwrap_err().to_string();
+    assert!(e.contains("chaos is declared before `retry`"), "{e}");
+    let bad_rate = "[pipelines.r]\nchaos = { rate = 2.0, latency = \"1ms\" }\n";
+    let e = Config::parse(Format::Toml, bad_rate)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("chaos.rate must be a number in 0..=1"), "{e}");
 }

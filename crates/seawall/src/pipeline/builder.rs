@@ -101,9 +101,6 @@ pub struct PipelineBuilder<K: Kind = AnyResult> {
     partition_idle: Duration,
     strict_names: bool,
     handlers: K::Handlers,
-    /// The chaos policies, each with the number of policies declared
-    /// before it (its position in `declared`).
-    chaos: Vec<(usize, Chaos)>,
 }
 
 impl<K: Kind> Clone for PipelineBuilder<K> {
@@ -119,7 +116,6 @@ impl<K: Kind> Clone for PipelineBuilder<K> {
             partition_idle: self.partition_idle,
             strict_names: self.strict_names,
             handlers: self.handlers.clone(),
-            chaos: self.chaos.clone(),
         }
     }
 }
@@ -146,7 +142,6 @@ impl PipelineBuilder<AnyResult> {
             partition_idle: Duration::from_secs(600),
             strict_names: false,
             handlers: (),
-            chaos: Vec::new(),
         }
     }
 }
@@ -361,9 +356,8 @@ impl<K: Kind> PipelineBuilder<K> {
     /// Adds a chaos policy (a latency or a behaviour: see [`crate::chaos`]),
     /// applied to each attempt before the operation. Declare it after
     /// [`retry`](Self::retry): `build()` refuses chaos declared before it.
-    pub fn chaos(mut self, chaos: Chaos) -> Self {
-        self.chaos.push((self.declared.len(), chaos));
-        self
+    pub fn chaos(self, chaos: Chaos) -> Self {
+        self.declare(Declared::Chaos(chaos))
     }
 
     /// Adds a chaos fault policy ([`Chaos::fault`]): a share of attempts
@@ -375,17 +369,15 @@ impl<K: Kind> PipelineBuilder<K> {
         K: ErrorKind<E>,
         E: 'static,
     {
-        let at = self.declared.len();
         let mut slot = 0;
         let ChaosFault { mut chaos, fault } = fault;
-        let mut this = self.map_errors(|mut h| {
+        let this = self.map_errors(|mut h| {
             slot = h.faults.len();
             h.faults.push(fault);
             h
         });
         chaos.action = crate::chaos::Action::Fault(slot);
-        this.chaos.push((at, chaos));
-        this
+        this.declare(Declared::Chaos(chaos))
     }
 
     fn map_errors<E>(
@@ -411,7 +403,6 @@ impl<K: Kind> PipelineBuilder<K> {
             partition_idle: self.partition_idle,
             strict_names: self.strict_names,
             handlers,
-            chaos: self.chaos,
         }
     }
 
@@ -427,7 +418,6 @@ impl<K: Kind> PipelineBuilder<K> {
             return Err(ConfigError::new("pipeline", "name", "must not be empty"));
         }
         declare::validate(&self.declared, &kinds)?;
-        declare::validate_chaos(&self.chaos, &kinds)?;
         if self.partition_idle.is_zero() {
             return Err(ConfigError::new(
                 "pipeline",
@@ -451,7 +441,7 @@ impl<K: Kind> PipelineBuilder<K> {
             partition_idle: self.partition_idle,
             strict_names: self.strict_names,
             handlers: self.handlers,
-            chaos: self.chaos.into_iter().map(|(_, c)| c).collect(),
+            chaos: sorted.chaos.into_boxed_slice(),
         }
         .assemble()
     }
