@@ -259,6 +259,20 @@ fn the_switch_flipped_at_run_time_takes_effect_on_the_next_call() {
         assert_eq!(clock.now(), ms(5));
         switch.set(false);
         assert_eq!(mode.call(&p, &ops).ok(), Some(2));
+
+        // A closure as the switch, asked for each attempt.
+        let on = Arc::new(AtomicBool::new(false));
+        let when = on.clone();
+        let (b, _, _) = mode.builder(SequenceRandom::new([0.0]));
+        let p = b
+            .chaos_fault(fault(1.0).enabled_when(move || when.load(Ordering::Relaxed)))
+            .build()
+            .unwrap();
+        let ops = AtomicU32::new(0);
+        assert_eq!(mode.call(&p, &ops).ok(), Some(1), "{mode:?}");
+        on.store(true, Ordering::Relaxed);
+        assert!(matches!(mode.call(&p, &ops), Err(Error::Operation(_))));
+        assert_eq!(ops.load(Ordering::SeqCst), 1);
     }
 }
 
@@ -340,4 +354,39 @@ fn a_configuration_file_declares_a_latency_injection() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("chaos.rate must be a number in 0..=1"), "{e}");
+}
+
+/// Policies act in declaration order: latencies add up, a fault after them
+/// ends the attempt once they were slept; in sync code a strict timeout
+/// turns an attempt made late by a latency into a timeout.
+#[test]
+fn latencies_add_up_before_a_fault_and_a_strict_sync_timeout_sees_them() {
+    for mode in modes() {
+        let (b, clock, events) = mode.builder(SequenceRandom::new([0.0]));
+        let p = b
+            .chaos(Chaos::latency(1.0, ms(30)))
+            .chaos(Chaos::latency(1.0, ms(12)))
+            .chaos_fault(fault(1.0))
+            .build()
+            .unwrap();
+        let ops = AtomicU32::new(0);
+        assert!(matches!(mode.call(&p, &ops), Err(Error::Operation(_))));
+        assert_eq!((clock.now(), ops.load(Ordering::SeqCst)), (ms(42), 0));
+        if mode.listen {
+            assert_eq!(injected(&events).len(), 3, "{mode:?}");
+        }
+    }
+    let mode = Mode {
+        sync: true,
+        listen: false,
+    };
+    let (b, _, _) = mode.builder(SequenceRandom::new([0.0]));
+    let p = b
+        .timeout(Timeout::strict(ms(100)))
+        .chaos(Chaos::latency(1.0, ms(500)))
+        .build()
+        .unwrap();
+    let ops = AtomicU32::new(0);
+    let r = mode.call(&p, &ops);
+    assert!(matches!(r, Err(Error::Timeout(_))), "{r:?}");
 }

@@ -23,9 +23,10 @@
 //! # Semantics
 //! - Chaos is decided by the call engine for **each attempt**, after the
 //!   attempt was admitted by the stateful policies that guard it and
-//!   before the operation runs, in declaration order. It must be declared
-//!   after the retry (a pipeline without a retry is one attempt): chaos
-//!   declared before the retry is refused by `build()`.
+//!   before the operation runs, in declaration order. It is declared after
+//!   the retry (a pipeline without a retry is one attempt), any number of
+//!   times (a latency and a fault, say): chaos declared before the retry is
+//!   refused by `build()`.
 //! - Each enabled chaos policy draws one number `x` in `[0, 1)` from the
 //!   pipeline's random source ([`PipelineBuilder::random`](crate::PipelineBuilder::random),
 //!   so a seeded or sequenced source makes injections repeatable) and
@@ -51,7 +52,17 @@
 //! pipeline's other typed error handlers.
 //!
 //! # Configuration files and `#[resilient]`
-//! Not yet: chaos is declared in code only.
+//! Both declare a latency injection, `chaos = { rate = 0.1, latency =
+//! "200ms", enabled = true }` in a file, `chaos(rate = 0.1, latency_ms =
+//! 200)` in the attribute, after `retry` (a file's default order puts it
+//! innermost). A fault's error and a switch flipped at run time come from
+//! code: declare them with the builder.
+//!
+//! # Not (yet) supported
+//! - Chaos around the whole call (declared before the retry): `build()`
+//!   refuses it, naming the reason.
+//! - An injected outcome (a success value): the pipeline's value type is
+//!   not known to the builder unless a fallback fixes it.
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
