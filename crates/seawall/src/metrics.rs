@@ -57,7 +57,7 @@
 //! | `timed_out` | `timeout` | `debug` | |
 //! | `deadline_exceeded` | `timeout` | `warn` | |
 //! | `fallback_executed` | `fallback` | `debug` | |
-//! | `chaos_injected` | `chaos` | `debug` | `chaos.kind`: `fault`, `latency`, `behavior` |
+//! | `chaos_injected` | `chaos` | `debug` | `chaos.kind`: `fault`, `outcome`, `latency`, `behavior` |
 //! | `rejected` | the refusing policy: `circuit_breaker`, `bulkhead`, `rate_limiter`, `cooldown`, `retry` (its budget) | `warn` for `bulkhead_full`, `rate_limited`, `retry_budget_exhausted`; `debug` for the others | `event.reason`: the [`RejectionReason`] (`circuit_open`, `bulkhead_full`, `rate_limited`, `cooldown_active`, `cooldown_exceeds_deadline`, `retry_budget_exhausted`) |
 //! | `deferred` | the policy that made the call wait | `debug` | `event.reason`: as for `rejected` |
 //! | `circuit_opened` | `circuit_breaker` | `warn` | |

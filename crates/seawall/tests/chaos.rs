@@ -390,3 +390,35 @@ fn latencies_add_up_before_a_fault_and_a_strict_sync_timeout_sees_them() {
     let r = mode.call(&p, &ops);
     assert!(matches!(r, Err(Error::Timeout(_))), "{r:?}");
 }
+
+/// An outcome ends the attempt with the generated value without running
+/// the operation; it fixes the pipeline's value type, alone, after a
+/// classifier or with a fallback.
+#[test]
+fn an_outcome_skips_the_operation() {
+    for mode in modes() {
+        let (b, _, events) = mode.builder(SequenceRandom::new([0.3, 0.8]));
+        let p: Pipeline<seawall::pipeline::ValueType<u32, Boom>> = b
+            .chaos_outcome(Chaos::outcome(0.5, |ctx| 100 + ctx.attempt()))
+            .build()
+            .unwrap();
+        let ops = AtomicU32::new(0);
+        assert_eq!(mode.call(&p, &ops).ok(), Some(101), "{mode:?}");
+        assert_eq!(ops.load(Ordering::SeqCst), 0, "the operation did not run");
+        assert_eq!(mode.call(&p, &ops).ok(), Some(1), "0.8 does not inject");
+        if mode.listen {
+            assert_eq!(injected(&events), vec![(ChaosKind::Outcome, 1)]);
+        }
+
+        // After a classifier, and with a fallback (which keeps it).
+        let (b, _, _) = mode.builder(SequenceRandom::new([0.0]));
+        let p = b
+            .classify(|_: &Boom| Verdict::abort())
+            .chaos_outcome(Chaos::outcome(1.0, |_| 7u32))
+            .fallback_sync(|_, _| Ok(0))
+            .build()
+            .unwrap();
+        assert_eq!(mode.call(&p, &ops).ok(), Some(7), "{mode:?}");
+        assert_eq!(ops.load(Ordering::SeqCst), 1);
+    }
+}

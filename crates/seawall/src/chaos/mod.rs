@@ -1,5 +1,6 @@
 //! Chaos injection, as Polly v8's chaos strategies (Simmy): a fault (an
-//! error of the operation's type), a latency (a delay before the
+//! error of the operation's type), an outcome (a value of its type), a
+//! latency (a delay before the
 //! operation), a behaviour (a hook run before the operation), each with an
 //! injection rate (or a rate generator) and a switch that can be flipped at
 //! run time.
@@ -40,16 +41,24 @@
 //! - A fault ends the attempt with the generated error without running the
 //!   operation (after any injected latency): it is classified, retried and
 //!   recorded by the circuit breaker as an error of the operation.
+//! - An outcome ends the attempt with the generated value, a success,
+//!   without running the operation (after any injected latency).
 //! - A behaviour runs its hook before the operation, which then runs.
 //! - Every injection emits [`EventKind::ChaosInjected`](crate::EventKind::ChaosInjected).
 //! - A pipeline with chaos takes the engine's general loop; a disabled
 //!   policy costs one relaxed atomic load per attempt (a [`ChaosSwitch`]).
 //!
-//! # Typed faults
+//! # Typed faults and outcomes
 //! A fault's generator returns the pipeline's error type `E`, so it is
 //! declared with [`PipelineBuilder::chaos_fault`](crate::PipelineBuilder::chaos_fault),
 //! which fixes `E` like a classifier does; the generator is kept with the
-//! pipeline's other typed error handlers.
+//! pipeline's other typed error handlers. An outcome's generator returns
+//! the value type `T`: [`PipelineBuilder::chaos_outcome`](crate::PipelineBuilder::chaos_outcome)
+//! fixes `T` too (the pipeline's kind becomes
+//! [`ValueType<T, E>`](crate::pipeline::ValueType), or stays the fallback's
+//! kind, which knows `T`), so the value always has the type of the calls.
+//! An injected outcome ends the attempt as a success without running the
+//! operation.
 //!
 //! # Configuration files and `#[resilient]`
 //! Both declare a latency injection, `chaos = { rate = 0.1, latency =
@@ -58,11 +67,9 @@
 //! innermost). A fault's error and a switch flipped at run time come from
 //! code: declare them with the builder.
 //!
-//! # Not (yet) supported
-//! - Chaos around the whole call (declared before the retry): `build()`
-//!   refuses it, naming the reason.
-//! - An injected outcome (a success value): the pipeline's value type is
-//!   not known to the builder unless a fallback fixes it.
+//! # Not supported
+//! Chaos around the whole call (declared before the retry): `build()`
+//! refuses it, naming the reason.
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -76,6 +83,7 @@ use crate::error::ConfigError;
 type RateFn = Arc<dyn Fn(&Context) -> f64 + Send + Sync>;
 type Hook = Arc<dyn Fn(&Context) + Send + Sync>;
 pub(crate) type FaultFn<E> = Arc<dyn Fn(&Context) -> E + Send + Sync>;
+pub(crate) type OutcomeFn<T> = Arc<dyn Fn(&Context) -> T + Send + Sync>;
 
 /// The name of the policy in configuration errors and metrics.
 pub(crate) const NAME: &str = "chaos";
@@ -137,6 +145,9 @@ pub(crate) enum Action {
     /// The fault generator at this index of the pipeline's typed error
     /// handlers.
     Fault(usize),
+    /// The outcome generator at this index of the pipeline's typed
+    /// handlers.
+    Outcome(usize),
 }
 
 /// What a chaos injection was, as events report it.
@@ -145,6 +156,8 @@ pub(crate) enum Action {
 pub enum ChaosKind {
     /// An error was injected: the operation did not run.
     Fault,
+    /// A value was injected: the operation did not run.
+    Outcome,
     /// A delay was injected before the operation.
     Latency {
         /// The delay.
@@ -159,6 +172,7 @@ impl ChaosKind {
     pub const fn as_str(self) -> &'static str {
         match self {
             ChaosKind::Fault => "fault",
+            ChaosKind::Outcome => "outcome",
             ChaosKind::Latency { .. } => "latency",
             ChaosKind::Behavior => "behavior",
         }
@@ -181,6 +195,7 @@ impl fmt::Debug for Chaos {
             Action::Latency(l) => d.field("latency", l),
             Action::Behavior(_) => d.field("behavior", &true),
             Action::Fault(_) => d.field("fault", &true),
+            Action::Outcome(_) => d.field("outcome", &true),
         };
         match &self.rate {
             Rate::Fixed(r) => d.field("rate", r),
@@ -224,6 +239,19 @@ impl Chaos {
         ChaosFault {
             chaos: Chaos::new(rate, Action::Fault(0)),
             fault: Arc::new(fault),
+        }
+    }
+
+    /// Ends a share `rate` (0..=1) of attempts with the value `outcome`
+    /// makes, as a success, without running the operation. Declare it with
+    /// [`PipelineBuilder::chaos_outcome`](crate::PipelineBuilder::chaos_outcome).
+    pub fn outcome<T, F>(rate: f64, outcome: F) -> ChaosOutcome<T>
+    where
+        F: Fn(&Context) -> T + Send + Sync + 'static,
+    {
+        ChaosOutcome {
+            chaos: Chaos::new(rate, Action::Outcome(0)),
+            outcome: Arc::new(outcome),
         }
     }
 
@@ -295,6 +323,7 @@ impl Chaos {
             Action::Latency(delay) => ChaosKind::Latency { delay },
             Action::Behavior(_) => ChaosKind::Behavior,
             Action::Fault(_) => ChaosKind::Fault,
+            Action::Outcome(_) => ChaosKind::Outcome,
         }
     }
 }
@@ -316,52 +345,66 @@ pub struct ChaosFault<E> {
     pub(crate) fault: FaultFn<E>,
 }
 
-impl<E> Clone for ChaosFault<E> {
-    fn clone(&self) -> Self {
-        ChaosFault {
-            chaos: self.chaos.clone(),
-            fault: Arc::clone(&self.fault),
-        }
-    }
+/// An outcome injection for values of type `T`: see [`Chaos::outcome`].
+pub struct ChaosOutcome<T> {
+    pub(crate) chaos: Chaos,
+    pub(crate) outcome: OutcomeFn<T>,
 }
 
-impl<E> fmt::Debug for ChaosFault<E> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.chaos.fmt(f)
-    }
+/// The settings shared by the typed injections, delegated to [`Chaos`].
+macro_rules! typed_injection {
+    ($name:ident<$p:ident>, $field:ident) => {
+        impl<$p> Clone for $name<$p> {
+            fn clone(&self) -> Self {
+                $name {
+                    chaos: self.chaos.clone(),
+                    $field: Arc::clone(&self.$field),
+                }
+            }
+        }
+
+        impl<$p> fmt::Debug for $name<$p> {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                self.chaos.fmt(f)
+            }
+        }
+
+        impl<$p> $name<$p> {
+            /// See [`Chaos::enabled`].
+            pub fn enabled(self, switch: impl Into<ChaosSwitch>) -> Self {
+                $name {
+                    chaos: self.chaos.enabled(switch),
+                    ..self
+                }
+            }
+
+            /// See [`Chaos::enabled_when`].
+            pub fn enabled_when<F>(self, when: F) -> Self
+            where
+                F: Fn() -> bool + Send + Sync + 'static,
+            {
+                $name {
+                    chaos: self.chaos.enabled_when(when),
+                    ..self
+                }
+            }
+
+            /// See [`Chaos::rate_generator`].
+            pub fn rate_generator<F>(self, generator: F) -> Self
+            where
+                F: Fn(&Context) -> f64 + Send + Sync + 'static,
+            {
+                $name {
+                    chaos: self.chaos.rate_generator(generator),
+                    ..self
+                }
+            }
+        }
+    };
 }
 
-impl<E> ChaosFault<E> {
-    /// See [`Chaos::enabled`].
-    pub fn enabled(self, switch: impl Into<ChaosSwitch>) -> Self {
-        ChaosFault {
-            chaos: self.chaos.enabled(switch),
-            ..self
-        }
-    }
-
-    /// See [`Chaos::enabled_when`].
-    pub fn enabled_when<F>(self, when: F) -> Self
-    where
-        F: Fn() -> bool + Send + Sync + 'static,
-    {
-        ChaosFault {
-            chaos: self.chaos.enabled_when(when),
-            ..self
-        }
-    }
-
-    /// See [`Chaos::rate_generator`].
-    pub fn rate_generator<F>(self, generator: F) -> Self
-    where
-        F: Fn(&Context) -> f64 + Send + Sync + 'static,
-    {
-        ChaosFault {
-            chaos: self.chaos.rate_generator(generator),
-            ..self
-        }
-    }
-}
+typed_injection!(ChaosFault<E>, fault);
+typed_injection!(ChaosOutcome<T>, outcome);
 
 #[cfg(test)]
 mod tests {

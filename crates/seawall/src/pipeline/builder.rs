@@ -7,13 +7,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::kind::{
-    AnyResult, ErrorHandlers, ErrorKind, FallbackHandlers, FallbackKind, Kind, WithAsyncFallback,
-    WithFallback,
+    AnyResult, ErrorHandlers, ErrorKind, FallbackHandlers, FallbackKind, Kind, OutcomeKind,
+    WithAsyncFallback, WithFallback,
 };
 use super::{Gate, Pipeline, Plan, Shared, CALL_SUFFIX};
 use crate::breaker::CircuitBreaker;
 use crate::bulkhead::Bulkhead;
-use crate::chaos::{Chaos, ChaosFault};
+use crate::chaos::{Chaos, ChaosFault, ChaosOutcome};
 use crate::classify::Verdict;
 use crate::clock::{Clock, ClockHandle, Random, SystemRandom};
 use crate::context::{intern, Context};
@@ -378,6 +378,29 @@ impl<K: Kind> PipelineBuilder<K> {
         });
         chaos.action = crate::chaos::Action::Fault(slot);
         this.declare(Declared::Chaos(chaos))
+    }
+
+    /// Adds a chaos outcome policy ([`Chaos::outcome`]): a share of
+    /// attempts ends with the generated value of type `T`, as a success,
+    /// without running the operation. Fixes the value type of the pipeline
+    /// ([`ValueType`](super::ValueType), or the fallback's); `E` is the
+    /// error type fixed before, or inferred from the calls. Declared like
+    /// [`chaos`](Self::chaos).
+    pub fn chaos_outcome<T, E>(self, outcome: ChaosOutcome<T>) -> PipelineBuilder<K::Out>
+    where
+        K: OutcomeKind<T, E>,
+        T: 'static,
+        E: 'static,
+    {
+        let mut slot = 0;
+        let ChaosOutcome { mut chaos, outcome } = outcome;
+        let h = K::map_outcomes(self.handlers.clone(), |mut h| {
+            slot = h.outcomes.len();
+            h.outcomes.push(Arc::new(outcome));
+            h
+        });
+        chaos.action = crate::chaos::Action::Outcome(slot);
+        self.with_handlers(h).declare(Declared::Chaos(chaos))
     }
 
     fn map_errors<E>(

@@ -681,8 +681,8 @@ impl<'g, K: Kind> Call<'g, K> {
 
     /// What the chaos policies inject into the attempt `ctx`, in
     /// declaration order (see [`crate::chaos`]): latencies add up, a
-    /// behaviour runs its hook now, a fault ends the attempt (the policies
-    /// after it are not asked).
+    /// behaviour runs its hook now, a fault or an outcome ends the attempt
+    /// (the policies after it are not asked).
     pub(crate) fn inject<T, E>(&self, ctx: &Context) -> Injection<T, E>
     where
         K: Handles<T, E>,
@@ -707,6 +707,14 @@ impl<'g, K: Kind> Call<'g, K> {
                         return Injection {
                             delay,
                             result: Some(Err(e)),
+                        };
+                    }
+                }
+                Action::Outcome(slot) => {
+                    if let Some(v) = K::chaos_outcome(&shared.handlers, *slot, ctx) {
+                        return Injection {
+                            delay,
+                            result: Some(Ok(v)),
                         };
                     }
                 }

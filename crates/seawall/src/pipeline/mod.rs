@@ -31,7 +31,8 @@ pub use builder::PipelineBuilder;
 pub(crate) use drive::Judged;
 pub use kind::{
     AnyResult, BoxFallbackFuture, ErrorHandlers, ErrorKind, ErrorType, FallbackHandlers,
-    FallbackKind, Handles, HandlesSync, Kind, WithAsyncFallback, WithFallback,
+    FallbackKind, Handles, HandlesSync, Kind, OutcomeKind, ValueType, WithAsyncFallback,
+    WithFallback,
 };
 
 /// The suffix of the resource that keeps the state of the stateful
