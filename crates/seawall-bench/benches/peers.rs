@@ -233,6 +233,25 @@ fn full_chain(c: &mut Criterion) {
     g.finish();
 }
 
+/// The cost of a chaos policy that is switched off, against the same
+/// pipeline without chaos (a disabled policy costs one relaxed load per
+/// attempt, but a pipeline with chaos takes the engine's general loop).
+fn chaos(c: &mut Criterion) {
+    let mut g = c.benchmark_group("chaos disabled vs no chaos (sync)");
+    sync_case(&mut g, "no chaos", seawall_sync(pipelines::retry()));
+    let disabled = seawall::Pipeline::builder("bench-chaos-disabled")
+        .store(seawall::MemoryStore::new())
+        .retry(pipelines::retry_policy())
+        .chaos(
+            seawall::Chaos::latency(0.5, Duration::from_millis(1))
+                .enabled(seawall::ChaosSwitch::new(false)),
+        )
+        .build()
+        .expect("valid pipeline");
+    sync_case(&mut g, "chaos disabled", seawall_sync(disabled));
+    g.finish();
+}
+
 fn config() -> Criterion {
     Criterion::default()
         .warm_up_time(Duration::from_millis(500))
@@ -243,6 +262,6 @@ fn config() -> Criterion {
 criterion_group! {
     name = peers;
     config = config();
-    targets = retry, breaker, rate_limiter, bulkhead, timeout, full_chain
+    targets = retry, breaker, rate_limiter, bulkhead, timeout, full_chain, chaos
 }
 criterion_main!(peers);

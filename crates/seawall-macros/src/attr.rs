@@ -388,6 +388,7 @@ fn check_order(steps: &[Step]) -> syn::Result<()> {
         Rule::SecondOnSide {
             scope: Scope::Call, ..
         } => format!("a timeout is already declared: {reason}"),
+        Rule::BeforeRetry => format!("`{}` is declared before `retry`; {reason}", e.kind.name()),
     };
     err(key.span(), msg)
 }
@@ -801,6 +802,7 @@ mod tests {
                 PolicyKind::Bulkhead => "bulkhead(max_concurrent = 1)",
                 PolicyKind::Cooldown => "cooldown",
                 PolicyKind::RateLimiter => "rate_limiter(limit = 1, per_s = 1)",
+                PolicyKind::Chaos => "chaos(rate = 0.5, latency_ms = 1)",
             };
             let c = parse_str(minimal).unwrap();
             assert_eq!(c.steps.len(), 1);
@@ -838,6 +840,16 @@ mod tests {
         assert!(message("retry(backoff_ms = 1, backoff_s = 1)").contains("set the same value"));
         assert!(message("retry(max_attempts = 2, max_attempts = 3)").contains("given twice"));
         assert!(message("fallback = a, fallback = b").contains("given twice"));
+    }
+
+    #[test]
+    fn chaos_is_written_after_the_retry() {
+        assert!(parse_str("retry, chaos(rate = 0.5, latency_ms = 10)").is_ok());
+        assert!(parse_str("chaos(rate = 0.5, latency_ms = 10)").is_ok());
+        let e = message("chaos(rate = 0.5, latency_ms = 10), retry");
+        assert!(e.starts_with("`chaos` is declared before `retry`"), "{e}");
+        let e = message("retry, chaos(rate = 0.5)");
+        assert!(e.contains("needs `rate` and a latency"), "{e}");
     }
 
     #[test]

@@ -44,6 +44,7 @@ pub(crate) fn policy(
         PolicyKind::Bulkhead => bulkhead(given, span, key)?,
         PolicyKind::Cooldown => cooldown(given),
         PolicyKind::RateLimiter => rate_limiter(given, span, key)?,
+        PolicyKind::Chaos => chaos(given, span, key)?,
     };
     Ok(Built::new(kind, value))
 }
@@ -302,6 +303,22 @@ fn rate_limiter(g: &Given, span: Span, key: &Ident) -> syn::Result<TokenStream> 
         r.extend(quote!(.max_wait(#w)));
     }
     Ok(r)
+}
+
+/// A latency injection: the attribute cannot give a fault's typed error
+/// (the builder's `chaos_fault` does).
+fn chaos(g: &Given, span: Span, key: &Ident) -> syn::Result<TokenStream> {
+    let (Some(rate), Some(latency)) = (g.number("rate"), g.duration("latency")) else {
+        return err(
+            span,
+            format!(
+                "`{key}` needs `rate` and a latency, e.g. `{key}(rate = 0.1, latency_ms = 200)`"
+            ),
+        );
+    };
+    let latency = latency.tokens();
+    let enabled = g.flag("enabled").unwrap_or(true);
+    Ok(quote!(::seawall::Chaos::latency(#rate, #latency).enabled(#enabled)))
 }
 
 fn cooldown(g: &Given) -> TokenStream {

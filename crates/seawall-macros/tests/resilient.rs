@@ -773,3 +773,18 @@ fn zero_timeout() -> Result<(), ApiError> {
 fn a_zero_timeout_is_refused_by_the_builder() {
     let _ = zero_timeout();
 }
+
+clock!(chaos_clock);
+
+/// A latency injection written in the attribute: rate 1 adds the latency
+/// to every attempt on the pipeline's clock.
+#[resilient(retry(max_attempts = 2), chaos(rate = 1.0, latency_ms = 40), clock = chaos_clock)]
+fn slowed() -> Result<u32, ApiError> {
+    Ok(7)
+}
+
+#[test]
+fn a_chaos_latency_is_injected() {
+    assert_eq!(slowed(), Ok(7));
+    assert_eq!(chaos_clock().now(), Duration::from_millis(40));
+}

@@ -191,6 +191,15 @@ policies! {
         Setting::count("burst"),
         Setting::duration("max_wait"),
     ];
+    /// Chaos injection into each attempt. The configuration files and the
+    /// attribute declare a latency (`latency`, injected in a share `rate`
+    /// of the attempts, while `enabled`); faults, whose error comes from
+    /// code, are declared with the builder.
+    Chaos = "chaos", Attempt, [
+        Setting::number("rate"),
+        Setting::duration("latency"),
+        Setting::flag("enabled"),
+    ];
 }
 
 impl PolicyKind {
@@ -389,6 +398,9 @@ pub enum Place {
     /// guards each attempt; before it, the whole call, retries and their
     /// waits included ([`guards`]).
     Stateful,
+    /// After the retry (or in a pipeline without one), any number of times:
+    /// it acts on each attempt (chaos injection).
+    Attempt,
 }
 
 /// What a policy covers at its position.
@@ -465,6 +477,8 @@ pub enum Rule {
         /// The first declaration.
         first: usize,
     },
+    /// A policy of [`Place::Attempt`] declared before the retry.
+    BeforeRetry,
 }
 
 impl Rule {
@@ -477,6 +491,10 @@ impl Rule {
                 "declare at most one timeout before `retry` (whole call) and one after it \
                  (each attempt)"
             }
+            Rule::BeforeRetry => {
+                "it acts on each attempt: declare it after `retry` (acting once around the \
+                 whole call is not supported)"
+            }
         }
     }
 }
@@ -487,8 +505,19 @@ impl Rule {
 /// # Errors
 /// The first [`Misplaced`] policy.
 pub fn check(declared: &[PolicyKind]) -> Result<(), Misplaced> {
+    let has_retry = declared.iter().any(|k| k.place() == Place::Retry);
     for (i, &kind) in declared.iter().enumerate() {
         let here = scope(declared, i);
+        if kind.place() == Place::Attempt {
+            if has_retry && here == Scope::Call {
+                return Err(Misplaced {
+                    at: i,
+                    kind,
+                    rule: Rule::BeforeRetry,
+                });
+            }
+            continue;
+        }
         let earlier = |j: &usize| {
             declared[*j] == kind
                 && (kind.place() != Place::EitherSide || scope(declared, *j) == here)
@@ -496,7 +525,7 @@ pub fn check(declared: &[PolicyKind]) -> Result<(), Misplaced> {
         if let Some(first) = (0..i).find(earlier) {
             let rule = match kind.place() {
                 Place::EitherSide => Rule::SecondOnSide { scope: here, first },
-                Place::Retry | Place::Stateful => Rule::Twice { first },
+                Place::Retry | Place::Stateful | Place::Attempt => Rule::Twice { first },
             };
             return Err(Misplaced { at: i, kind, rule });
         }
@@ -644,6 +673,14 @@ mod tests {
     }
 
     #[test]
+    fn chaos_acts_on_each_attempt_any_number_of_times() {
+        assert_eq!(check(&[Retry, Chaos, Chaos]), Ok(()));
+        assert_eq!(check(&[Chaos, Chaos]), Ok(()));
+        let e = check(&[Chaos, Retry]).unwrap_err();
+        assert_eq!((e.at, e.rule), (0, Rule::BeforeRetry));
+    }
+
+    #[test]
     fn the_first_broken_rule_in_list_order_is_reported() {
         let e = check(&[CircuitBreaker, CircuitBreaker, Retry]).unwrap_err();
         assert_eq!(e.rule, Rule::Twice { first: 0 });
@@ -661,6 +698,7 @@ mod tests {
             let count = |s: &[PolicyKind], k| s.iter().filter(|x| **x == k).count();
             PolicyKind::ALL.iter().all(|&k| match k {
                 Timeout => count(before, k) <= 1 && count(after, k) <= 1,
+                Chaos => retry.is_none() || count(before, k) == 0,
                 _ => count(d, k) <= 1,
             })
         }
@@ -680,7 +718,7 @@ mod tests {
                 .collect();
             lists.extend(longer);
         }
-        assert_eq!(lists.len(), 1 + 6 + 36 + 216 + 1296);
+        assert_eq!(lists.len(), 1 + 7 + 49 + 343 + 2401);
         for l in &lists {
             assert_eq!(check(l).is_ok(), accepted(l), "{l:?}");
         }

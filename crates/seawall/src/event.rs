@@ -12,7 +12,7 @@
 //! | --- | --- |
 //! | `WARN` | the circuit opened; a cooldown started (the dependency asked for a pause); a rejection by a full bulkhead, a rate limiter or an empty retry budget (overload, reported by nothing else); a late synchronous success (`DeadlineExceeded`); the state store unavailable |
 //! | `INFO` | the circuit half-opened or closed |
-//! | `DEBUG` | a retry scheduled or given up, an attempt timed out, a call deferred (waiting for a slot, a permit or the end of a cooldown), the fallback executed, a rejection by an open circuit or an active cooldown (whose start was reported at `WARN`), a call that ended in anything but success |
+//! | `DEBUG` | a chaos injection, a retry scheduled or given up, an attempt timed out, a call deferred (waiting for a slot, a permit or the end of a cooldown), the fallback executed, a rejection by an open circuit or an active cooldown (whose start was reported at `WARN`), a call that ended in anything but success |
 //! | `TRACE` | the per-call summaries: every attempt finished, a call that ended in success |
 //!
 //! So `seawall=warn` shows what needs attention (circuit openings, overload,
@@ -32,6 +32,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::chaos::ChaosKind;
 use crate::context::PartitionKey;
 use crate::error::RejectionReason;
 
@@ -106,6 +107,13 @@ pub enum EventKind {
     CooldownStarted {
         /// How long new calls are paused.
         duration: Duration,
+    },
+    /// A chaos policy injected into an attempt (see [`crate::chaos`]).
+    ChaosInjected {
+        /// What was injected.
+        kind: ChaosKind,
+        /// The attempt (1-based).
+        attempt: u32,
     },
     /// An attempt ended (emitted only when someone listens).
     AttemptFinished {
@@ -242,6 +250,13 @@ impl fmt::Display for EventKind {
             EventKind::CooldownStarted { duration } => {
                 write!(f, "cooldown started for {duration:?}")
             }
+            EventKind::ChaosInjected { kind, attempt } => {
+                write!(f, "chaos injected {} into attempt {attempt}", kind.as_str())?;
+                if let ChaosKind::Latency { delay } = kind {
+                    write!(f, " ({delay:?})")?;
+                }
+                Ok(())
+            }
             EventKind::AttemptFinished {
                 attempt,
                 duration,
@@ -300,7 +315,8 @@ impl EventKind {
             | EventKind::RetryGaveUp { .. }
             | EventKind::TimedOut { .. }
             | EventKind::Deferred { .. }
-            | EventKind::FallbackExecuted => Severity::Debug,
+            | EventKind::FallbackExecuted
+            | EventKind::ChaosInjected { .. } => Severity::Debug,
             EventKind::Rejected { reason, .. } => match reason {
                 RejectionReason::BulkheadFull
                 | RejectionReason::RateLimited

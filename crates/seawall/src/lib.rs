@@ -73,6 +73,7 @@
 
 pub mod breaker;
 pub mod bulkhead;
+pub mod chaos;
 pub mod classify;
 pub mod clock;
 #[cfg(feature = "serde")]
@@ -102,6 +103,7 @@ pub mod tower;
 
 pub use breaker::{CircuitBreaker, CircuitMetrics, CircuitState};
 pub use bulkhead::Bulkhead;
+pub use chaos::{Chaos, ChaosSwitch};
 pub use classify::{Verdict, VerdictKind};
 pub use clock::{Clock, Random, SystemClock, SystemRandom};
 pub use context::{Context, PartitionKey};

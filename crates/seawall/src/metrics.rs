@@ -48,7 +48,7 @@
 //! `event.severity` is the level of the event's `tracing` event (see
 //! [`event`](crate::event#tracing)): `debug`, `info` or `warn`.
 //! `strategy.name` is the policy's name as the builder and the
-//! configuration spell it, or `fallback` and `store`.
+//! configuration spell it, or `fallback`, `chaos` and `store`.
 //!
 //! | `event.name` | `strategy.name` | `event.severity` | more attributes |
 //! | --- | --- | --- | --- |
@@ -57,6 +57,7 @@
 //! | `timed_out` | `timeout` | `debug` | |
 //! | `deadline_exceeded` | `timeout` | `warn` | |
 //! | `fallback_executed` | `fallback` | `debug` | |
+//! | `chaos_injected` | `chaos` | `debug` | `chaos.kind`: `fault`, `outcome`, `latency`, `behavior` |
 //! | `rejected` | the refusing policy: `circuit_breaker`, `bulkhead`, `rate_limiter`, `cooldown`, `retry` (its budget) | `warn` for `bulkhead_full`, `rate_limited`, `retry_budget_exhausted`; `debug` for the others | `event.reason`: the [`RejectionReason`] (`circuit_open`, `bulkhead_full`, `rate_limited`, `cooldown_active`, `cooldown_exceeds_deadline`, `retry_budget_exhausted`) |
 //! | `deferred` | the policy that made the call wait | `debug` | `event.reason`: as for `rejected` |
 //! | `circuit_opened` | `circuit_breaker` | `warn` | |
@@ -298,6 +299,11 @@ impl Sink {
                 (PolicyKind::Timeout.name(), "deadline_exceeded", None)
             }
             EventKind::FallbackExecuted => ("fallback", "fallback_executed", None),
+            EventKind::ChaosInjected { kind, .. } => (
+                crate::chaos::NAME,
+                "chaos_injected",
+                Some(("chaos.kind", kind.as_str())),
+            ),
             EventKind::Rejected { reason, .. } => (
                 refusing_strategy(*reason),
                 "rejected",

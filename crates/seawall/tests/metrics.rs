@@ -173,6 +173,14 @@ fn every_event() -> Vec<(EventKind, &'static str, Value)> {
             Counter(1),
         ),
         (
+            EventKind::ChaosInjected {
+                kind: seawall::chaos::ChaosKind::Latency { delay: ms(5) },
+                attempt: 1,
+            },
+            event("chaos.kind=latency,event.name=chaos_injected,event.severity=debug,pipeline.name=p,strategy.name=chaos"),
+            Counter(1),
+        ),
+        (
             rejected(RejectionReason::CircuitOpen),
             event("event.name=rejected,event.reason=circuit_open,event.severity=debug,pipeline.name=p,strategy.name=circuit_breaker"),
             Counter(1),

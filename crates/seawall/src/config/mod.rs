@@ -59,6 +59,7 @@
 //! | `bulkhead` | table, below |
 //! | `cooldown` | table, below (`{}` for the defaults) |
 //! | `rate_limiter` | table, below |
+//! | `chaos` | table, below: latency injection into each attempt |
 //! | `partition_idle` | duration: idle partitions are evicted after it (default `10m`) |
 //! | `classifier` | the name of a classifier registered in code (below) |
 //! | `fallback` | the name of a fallback registered in code (below) |
@@ -70,8 +71,8 @@
 //! ## Order of policies
 //! `policies` lists the policies in force in declaration order, as the
 //! builder would declare them: `["timeout", "retry", "attempt_timeout",
-//! "circuit_breaker", "bulkhead", "cooldown", "rate_limiter"]` is the full
-//! list. The list must read the way the pipeline nests: `timeout` (the
+//! "circuit_breaker", "bulkhead", "cooldown", "rate_limiter", "chaos"]` is
+//! the full list. The list must read the way the pipeline nests: `timeout` (the
 //! whole call) before `retry`, `attempt_timeout` after it. Each stateful
 //! policy is listed once, on either side: after `retry` (the default order)
 //! it guards each attempt, before it the whole call (one admission and one
@@ -131,6 +132,14 @@
 //! `algorithm` (`"gcra"`, the default, `"fixed_window"` or
 //! `"sliding_window"`), `limit` and `period` (required), `burst` (GCRA only,
 //! default `limit`), `max_wait` (default `0s`).
+//!
+//! ## `chaos`
+//! `rate` (required, `0` to `1`: the share of attempts that get the
+//! latency), `latency` (required), `enabled` (default `true`). A file
+//! declares a latency injection, listed after `retry` (the default order
+//! puts it innermost); a fault injection, whose error comes from code, and
+//! a switch flipped at run time are declared with the builder
+//! ([`crate::chaos`]).
 //!
 //! A field that applies only to another kind (say `multiplier` with a
 //! constant backoff, `burst` with a fixed window, `failure_rate` with

@@ -11,6 +11,7 @@ use seawall_order::PolicyKind;
 use super::raw::Section;
 use crate::breaker::CircuitBreaker;
 use crate::bulkhead::Bulkhead;
+use crate::chaos::Chaos;
 use crate::cooldown::Cooldown;
 use crate::error::ConfigError;
 use crate::pipeline::Declared;
@@ -41,6 +42,7 @@ pub(super) fn resolve(
         PolicyKind::RateLimiter => {
             Declared::RateLimiter(rate_limiter(layers.ok_or_else(missing)?)?)
         }
+        PolicyKind::Chaos => Declared::Chaos(chaos(layers.ok_or_else(missing)?)?),
     })
 }
 
@@ -324,6 +326,15 @@ fn cooldown(l: Layers<'_, Section>) -> Cooldown {
         c = c.grace(d.0);
     }
     c
+}
+
+/// A latency injection: the files cannot give a fault's typed error.
+fn chaos(l: Layers<'_, Section>) -> Result<Chaos, ConfigError> {
+    const P: &str = crate::chaos::NAME;
+    let rate = required(l.get(|c| c.number("rate")), P, "rate", "0.1")?;
+    let latency = required(l.get(|c| c.duration("latency")), P, "latency", "\"200ms\"")?.0;
+    let enabled = l.get(|c| c.flag("enabled")).unwrap_or(true);
+    Ok(Chaos::latency(rate, latency).enabled(enabled))
 }
 
 fn rate_limiter(l: Layers<'_, Section>) -> Result<RateLimiter, ConfigError> {

@@ -196,8 +196,8 @@ pub(crate) struct PolicyName {
 impl PolicyName {
     /// Every name, in the order used when `policies` is not given: the
     /// policies of either side before the retry, the retry, their names
-    /// after it, then the stateful policies (each group in registration
-    /// order).
+    /// after it, then the stateful policies, then chaos (each group in
+    /// registration order).
     fn all() -> impl Iterator<Item = PolicyName> {
         let names = |place: Place, after_retry: bool| {
             PolicyKind::ALL
@@ -209,6 +209,7 @@ impl PolicyName {
             .chain(names(Place::Retry, false))
             .chain(names(Place::EitherSide, true))
             .chain(names(Place::Stateful, false))
+            .chain(names(Place::Attempt, false))
     }
 
     fn from_str(s: &str) -> Option<PolicyName> {
@@ -776,7 +777,8 @@ mod tests {
                 "circuit_breaker",
                 "bulkhead",
                 "cooldown",
-                "rate_limiter"
+                "rate_limiter",
+                "chaos"
             ]
         );
         for p in PolicyName::all() {
@@ -823,6 +825,10 @@ mod tests {
                 PolicyKind::RateLimiter => (
                     "rate_limiter = { limit = 1, period = \"1s\" }",
                     Pipeline::builder("a").rate_limiter(RateLimiter::gcra(1, ms(1000))),
+                ),
+                PolicyKind::Chaos => (
+                    "chaos = { rate = 0.5, latency = \"1s\" }",
+                    Pipeline::builder("a").chaos(crate::Chaos::latency(0.5, ms(1000))),
                 ),
             };
             let config = Config::parse(Format::Toml, &format!("[pipelines.a]\n{section}\n"))

@@ -7,12 +7,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::kind::{
-    AnyResult, ErrorHandlers, ErrorKind, FallbackHandlers, FallbackKind, Kind, WithAsyncFallback,
-    WithFallback,
+    AnyResult, ErrorHandlers, ErrorKind, FallbackHandlers, FallbackKind, Kind, OutcomeKind,
+    WithAsyncFallback, WithFallback,
 };
 use super::{Gate, Pipeline, Plan, Shared, CALL_SUFFIX};
 use crate::breaker::CircuitBreaker;
 use crate::bulkhead::Bulkhead;
+use crate::chaos::{Chaos, ChaosFault, ChaosOutcome};
 use crate::classify::Verdict;
 use crate::clock::{Clock, ClockHandle, Random, SystemRandom};
 use crate::context::{intern, Context};
@@ -352,6 +353,56 @@ impl<K: Kind> PipelineBuilder<K> {
         })
     }
 
+    /// Adds a chaos policy (a latency or a behaviour: see [`crate::chaos`]),
+    /// applied to each attempt before the operation. Declare it after
+    /// [`retry`](Self::retry): `build()` refuses chaos declared before it.
+    pub fn chaos(self, chaos: Chaos) -> Self {
+        self.declare(Declared::Chaos(chaos))
+    }
+
+    /// Adds a chaos fault policy ([`Chaos::fault`]): a share of attempts
+    /// ends with the generated error of type `E` without running the
+    /// operation. Fixes the error type of the pipeline, like
+    /// [`classify`](Self::classify). Declared like [`chaos`](Self::chaos).
+    pub fn chaos_fault<E>(self, fault: ChaosFault<E>) -> PipelineBuilder<K::Out>
+    where
+        K: ErrorKind<E>,
+        E: 'static,
+    {
+        let mut slot = 0;
+        let ChaosFault { mut chaos, fault } = fault;
+        let this = self.map_errors(|mut h| {
+            slot = h.faults.len();
+            h.faults.push(fault);
+            h
+        });
+        chaos.action = crate::chaos::Action::Fault(slot);
+        this.declare(Declared::Chaos(chaos))
+    }
+
+    /// Adds a chaos outcome policy ([`Chaos::outcome`]): a share of
+    /// attempts ends with the generated value of type `T`, as a success,
+    /// without running the operation. Fixes the value type of the pipeline
+    /// ([`ValueType`](super::ValueType), or the fallback's); `E` is the
+    /// error type fixed before, or inferred from the calls. Declared like
+    /// [`chaos`](Self::chaos).
+    pub fn chaos_outcome<T, E>(self, outcome: ChaosOutcome<T>) -> PipelineBuilder<K::Out>
+    where
+        K: OutcomeKind<T, E>,
+        T: 'static,
+        E: 'static,
+    {
+        let mut slot = 0;
+        let ChaosOutcome { mut chaos, outcome } = outcome;
+        let h = K::map_outcomes(self.handlers.clone(), |mut h| {
+            slot = h.outcomes.len();
+            h.outcomes.push(Arc::new(outcome));
+            h
+        });
+        chaos.action = crate::chaos::Action::Outcome(slot);
+        self.with_handlers(h).declare(Declared::Chaos(chaos))
+    }
+
     fn map_errors<E>(
         self,
         f: impl FnOnce(ErrorHandlers<E>) -> ErrorHandlers<E>,
@@ -413,6 +464,7 @@ impl<K: Kind> PipelineBuilder<K> {
             partition_idle: self.partition_idle,
             strict_names: self.strict_names,
             handlers: self.handlers,
+            chaos: sorted.chaos.into_boxed_slice(),
         }
         .assemble()
     }
@@ -435,6 +487,7 @@ struct Assembly<K: Kind> {
     partition_idle: Duration,
     strict_names: bool,
     handlers: K::Handlers,
+    chaos: Box<[Chaos]>,
 }
 
 impl<K: Kind> Assembly<K> {
@@ -459,6 +512,7 @@ impl<K: Kind> Assembly<K> {
                     || self.attempt_timeout.is_some_and(|t| t.strict),
                 bare: gate.is_none()
                     && call_gate.is_none()
+                    && self.chaos.is_empty()
                     && !any_timeout
                     && self.retry.as_ref().is_none_or(|r| r.budget.is_none()),
             };
@@ -476,6 +530,7 @@ impl<K: Kind> Assembly<K> {
                 handlers: self.handlers,
                 plan,
                 noted: Default::default(),
+                chaos: self.chaos,
             }),
         })
     }

@@ -9,6 +9,7 @@ use seawall_order::{check, guards, scope, Misplaced, PolicyKind, Rule, Scope};
 
 use crate::breaker::CircuitBreaker;
 use crate::bulkhead::Bulkhead;
+use crate::chaos::Chaos;
 use crate::cooldown::Cooldown;
 use crate::error::ConfigError;
 use crate::rate_limit::RateLimiter;
@@ -53,6 +54,7 @@ declared! {
     Bulkhead(Bulkhead),
     Cooldown(Cooldown),
     RateLimiter(RateLimiter),
+    Chaos(Chaos),
 }
 
 /// A policy's numeric rules: its module's `validate()`, given what they
@@ -92,6 +94,12 @@ impl Validate for Cooldown {
     }
 }
 
+impl Validate for Chaos {
+    fn validate_in(&self, _: Option<Duration>) -> Result<(), ConfigError> {
+        self.validate()
+    }
+}
+
 impl Validate for RateLimiter {
     fn validate_in(&self, _: Option<Duration>) -> Result<(), ConfigError> {
         self.validate()
@@ -109,6 +117,8 @@ pub(crate) struct Sorted {
     pub(crate) call: Guards,
     /// The stateful policies that guard each attempt.
     pub(crate) attempt: Guards,
+    /// The chaos policies, in declaration order (each attempt).
+    pub(crate) chaos: Vec<Chaos>,
 }
 
 /// The stateful policies of one level (the whole call or each attempt).
@@ -167,6 +177,7 @@ pub(crate) fn sort(declared: Vec<Declared>, kinds: &[PolicyKind]) -> Sorted {
             Declared::Bulkhead(b) => level.bulkhead = Some(b),
             Declared::Cooldown(c) => level.cooldown = Some(c),
             Declared::RateLimiter(r) => level.rate_limit = Some(r),
+            Declared::Chaos(c) => s.chaos.push(c),
         }
     }
     s
@@ -181,6 +192,7 @@ pub(crate) fn misplaced(e: Misplaced) -> ConfigError {
             scope.describe(),
             e.rule.reason()
         ),
+        Rule::BeforeRetry => format!("is declared before `retry`; {}", e.rule.reason()),
     };
     ConfigError::new("pipeline", e.kind.name(), rule)
 }

@@ -213,7 +213,18 @@ where
                     }
                 };
                 // A panic drops the call, which gives its permit back.
-                let result = op(ctx);
+                let result = if call.has_chaos() {
+                    let injection = call.inject::<T, E>(&ctx);
+                    if !injection.delay.is_zero() {
+                        call.clock().sleep_blocking(injection.delay);
+                    }
+                    match injection.result {
+                        Some(result) => result,
+                        None => op(ctx),
+                    }
+                } else {
+                    op(ctx)
+                };
                 call.ended(Some(result), None)
             }
         };
@@ -276,12 +287,28 @@ where
                     }
                 };
                 let deadline = call.deadline();
-                let output = WithDeadline::new(op(ctx), call.clock(), deadline).await;
+                let clock = call.clock();
+                let output = if call.has_chaos() {
+                    // The injected latency runs inside the attempt's deadline.
+                    let injection = call.inject::<T, E>(&ctx);
+                    let op = &mut op;
+                    let attempt = async move {
+                        if !injection.delay.is_zero() {
+                            clock.sleep(injection.delay).await;
+                        }
+                        match injection.result {
+                            Some(result) => (result, None),
+                            None => op(ctx).await.split(),
+                        }
+                    };
+                    WithDeadline::new(attempt, clock, deadline).await
+                } else {
+                    WithDeadline::new(op(ctx), clock, deadline)
+                        .await
+                        .map(AttemptOutput::split)
+                };
                 match output {
-                    Some(output) => {
-                        let (result, judged) = output.split();
-                        call.ended(Some(result), judged)
-                    }
+                    Some((result, judged)) => call.ended(Some(result), judged),
                     None => call.ended(None, None),
                 }
             }

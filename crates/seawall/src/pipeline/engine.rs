@@ -173,6 +173,15 @@ pub(crate) struct Failure<E> {
     timed_out: Option<Deadline>,
 }
 
+/// What the chaos policies inject into the attempt under way
+/// ([`Call::inject`]): a delay to sleep on the pipeline's clock (inside the
+/// attempt's deadline), then the attempt's result in place of the
+/// operation's, if any.
+pub(crate) struct Injection<T, E> {
+    pub(crate) delay: Duration,
+    pub(crate) result: Option<Result<T, E>>,
+}
+
 /// What [`Call::finish`] leaves to do.
 pub(crate) enum Finish<T, E> {
     /// The call's result.
@@ -812,6 +821,62 @@ impl<'g, K: Kind> Call<'g, K> {
         Error::Rejected(r)
     }
 
+    // ---------------------------------------------------------------- chaos
+
+    /// The pipeline has chaos policies: the driver asks [`inject`](Self::inject)
+    /// before each attempt.
+    #[inline(always)]
+    pub(crate) fn has_chaos(&self) -> bool {
+        !self.pipeline.shared.chaos.is_empty()
+    }
+
+    /// What the chaos policies inject into the attempt `ctx`, in
+    /// declaration order (see [`crate::chaos`]): latencies add up, a
+    /// behaviour runs its hook now, a fault or an outcome ends the attempt
+    /// (the policies after it are not asked).
+    pub(crate) fn inject<T, E>(&self, ctx: &Context) -> Injection<T, E>
+    where
+        K: Handles<T, E>,
+    {
+        use crate::chaos::Action;
+        let shared = &*self.pipeline.shared;
+        let mut delay = Duration::ZERO;
+        for chaos in shared.chaos.iter() {
+            if !chaos.injects(ctx, &*shared.random) {
+                continue;
+            }
+            let attempt = self.attempt;
+            self.emit(|| EventKind::ChaosInjected {
+                kind: chaos.kind(),
+                attempt,
+            });
+            match &chaos.action {
+                Action::Latency(d) => delay = delay.saturating_add(*d),
+                Action::Behavior(hook) => hook(ctx),
+                Action::Fault(slot) => {
+                    if let Some(e) = K::chaos_fault(&shared.handlers, *slot, ctx) {
+                        return Injection {
+                            delay,
+                            result: Some(Err(e)),
+                        };
+                    }
+                }
+                Action::Outcome(slot) => {
+                    if let Some(v) = K::chaos_outcome(&shared.handlers, *slot, ctx) {
+                        return Injection {
+                            delay,
+                            result: Some(Ok(v)),
+                        };
+                    }
+                }
+            }
+        }
+        Injection {
+            delay,
+            result: None,
+        }
+    }
+
     // -------------------------------------------------------------- outcome
 
     /// The attempt under way ended: with the operation's result, or `None`
@@ -1444,15 +1509,15 @@ impl Drop for Held<'_> {
 
 impl<'g, K: Kind> First<'g, K> {
     /// Starts a call on the ordinary path, or `None` when someone listens
-    /// or the pipeline has a call-level gate (the general loop then runs
-    /// it from the start).
+    /// or the pipeline has a call-level gate or chaos policies (the general
+    /// loop then runs it from the start).
     #[inline(always)]
     pub(crate) fn start(
         pipeline: &'g Pipeline<K>,
         partition: Option<&'g PartitionKey>,
     ) -> Option<Self> {
         let shared = &*pipeline.shared;
-        if shared.listeners.enabled() || shared.call_gate.is_some() {
+        if shared.listeners.enabled() || shared.call_gate.is_some() || !shared.chaos.is_empty() {
             return None;
         }
         if let Some(b) = shared.retry.as_ref().and_then(|r| r.budget.as_ref()) {

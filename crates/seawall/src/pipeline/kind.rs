@@ -2,7 +2,8 @@
 //!
 //! A pipeline with no classifier and no fallback runs any
 //! `Result<T, E>` ([`AnyResult`]). A classifier, predicate or typed hook fixes
-//! the error type ([`ErrorType<E>`]); a fallback fixes both
+//! the error type ([`ErrorType<E>`]); a chaos outcome fixes both
+//! ([`ValueType<T, E>`]), and so does a fallback
 //! ([`WithFallback<T, E>`], [`WithAsyncFallback<T, E>`]). The handlers are
 //! stored type-erased, so these names are all a struct field needs:
 //!
@@ -20,6 +21,9 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::any::Any;
+
+use crate::chaos::{FaultFn, OutcomeFn};
 use crate::classify::Verdict;
 use crate::context::Context;
 use crate::error::Error;
@@ -55,6 +59,10 @@ pub struct AnyResult;
 /// typed hook was given); any `T`.
 pub struct ErrorType<E>(PhantomData<fn(E)>);
 
+/// A pipeline whose operations return `Result<T, E>` (a chaos outcome
+/// fixed the value type); usable with both `run` and `call`.
+pub struct ValueType<T, E>(PhantomData<fn() -> (T, E)>);
+
 /// A pipeline with a synchronous fallback producing `Result<T, E>`; usable
 /// with both `run` and `call`.
 pub struct WithFallback<T, E>(PhantomData<fn() -> (T, E)>);
@@ -72,7 +80,7 @@ macro_rules! debug_marker {
         }
     )*};
 }
-debug_marker!(ErrorType<E>, WithFallback<T, E>, WithAsyncFallback<T, E>);
+debug_marker!(ErrorType<E>, ValueType<T, E>, WithFallback<T, E>, WithAsyncFallback<T, E>);
 
 /// The error-side handlers: classifier, retry/abort predicates, retry hook.
 pub struct ErrorHandlers<E> {
@@ -80,6 +88,15 @@ pub struct ErrorHandlers<E> {
     pub(crate) retry_if: Option<Predicate<E>>,
     pub(crate) abort_if: Option<Predicate<E>>,
     pub(crate) on_retry: Option<RetryHook<E>>,
+    /// The fault generators of the pipeline's chaos policies, in
+    /// declaration order ([`Action::Fault`](crate::chaos::Action) is an
+    /// index into it).
+    pub(crate) faults: Vec<FaultFn<E>>,
+    /// The outcome generators of the chaos policies, each an
+    /// `OutcomeFn<T>` of the pipeline's value type: only a kind that fixes
+    /// `T` ([`ValueType`], a fallback) carries any, and reads them back as
+    /// that `T`.
+    pub(crate) outcomes: Vec<Arc<dyn Any + Send + Sync>>,
 }
 
 impl<E> Clone for ErrorHandlers<E> {
@@ -89,6 +106,8 @@ impl<E> Clone for ErrorHandlers<E> {
             retry_if: self.retry_if.clone(),
             abort_if: self.abort_if.clone(),
             on_retry: self.on_retry.clone(),
+            faults: self.faults.clone(),
+            outcomes: self.outcomes.clone(),
         }
     }
 }
@@ -100,6 +119,8 @@ impl<E> Default for ErrorHandlers<E> {
             retry_if: None,
             abort_if: None,
             on_retry: None,
+            faults: Vec::new(),
+            outcomes: Vec::new(),
         }
     }
 }
@@ -111,6 +132,7 @@ impl<E> fmt::Debug for ErrorHandlers<E> {
             .field("retry_if", &self.retry_if.is_some())
             .field("abort_if", &self.abort_if.is_some())
             .field("on_retry", &self.on_retry.is_some())
+            .field("faults", &self.faults.len())
             .finish()
     }
 }
@@ -133,6 +155,18 @@ impl<E> ErrorHandlers<E> {
             h(e, attempt, delay)
         }
     }
+
+    /// The error of the chaos fault generator `slot` for the attempt `ctx`.
+    pub(crate) fn fault(&self, slot: usize, ctx: &Context) -> Option<E> {
+        self.faults.get(slot).map(|f| f(ctx))
+    }
+
+    /// The value of the chaos outcome generator `slot` for the attempt
+    /// `ctx`; the kind that asks fixes `T`, the type it was declared with.
+    fn outcome<T: 'static>(&self, slot: usize, ctx: &Context) -> Option<T> {
+        let f = self.outcomes.get(slot)?.downcast_ref::<OutcomeFn<T>>()?;
+        Some(f(ctx))
+    }
 }
 
 fn keep_hint(v: Verdict, from: Verdict) -> Verdict {
@@ -144,6 +178,7 @@ fn keep_hint(v: Verdict, from: Verdict) -> Verdict {
 
 impl sealed::Sealed for AnyResult {}
 impl<E: 'static> sealed::Sealed for ErrorType<E> {}
+impl<T: 'static, E: 'static> sealed::Sealed for ValueType<T, E> {}
 impl<T: 'static, E: 'static> sealed::Sealed for WithFallback<T, E> {}
 impl<T: 'static, E: 'static> sealed::Sealed for WithAsyncFallback<T, E> {}
 
@@ -152,6 +187,10 @@ impl Kind for AnyResult {
     type Handlers = ();
 }
 impl<E: 'static> Kind for ErrorType<E> {
+    const HAS_FALLBACK: bool = false;
+    type Handlers = ErrorHandlers<E>;
+}
+impl<T: 'static, E: 'static> Kind for ValueType<T, E> {
     const HAS_FALLBACK: bool = false;
     type Handlers = ErrorHandlers<E>;
 }
@@ -185,6 +224,14 @@ pub trait Handles<T, E>: Kind {
     fn verdict_or(h: &Self::Handlers, e: &E, judged: Option<Verdict>) -> Verdict;
     #[doc(hidden)]
     fn on_retry(h: &Self::Handlers, e: &E, attempt: u32, delay: Duration);
+    /// The error of the chaos fault generator `slot` (none for a kind
+    /// that does not know `E`: it has no fault generator).
+    #[doc(hidden)]
+    fn chaos_fault(h: &Self::Handlers, slot: usize, ctx: &Context) -> Option<E>;
+    /// The value of the chaos outcome generator `slot` (none for a kind
+    /// that does not know `T`: it has no outcome generator).
+    #[doc(hidden)]
+    fn chaos_outcome(h: &Self::Handlers, slot: usize, ctx: &Context) -> Option<T>;
     /// `true` when the fallback takes this final error.
     #[doc(hidden)]
     fn falls_back_on(h: &Self::Handlers, err: &Error<E>) -> bool;
@@ -232,6 +279,12 @@ impl<T, E: 'static> Handles<T, E> for AnyResult {
         default_verdict(e, judged)
     }
     fn on_retry(_: &(), _: &E, _: u32, _: Duration) {}
+    fn chaos_fault(_: &(), _: usize, _: &Context) -> Option<E> {
+        None
+    }
+    fn chaos_outcome(_: &(), _: usize, _: &Context) -> Option<T> {
+        None
+    }
     fn falls_back_on(_: &(), _: &Error<E>) -> bool {
         false
     }
@@ -253,6 +306,12 @@ impl<T, E: 'static> Handles<T, E> for ErrorType<E> {
     fn on_retry(h: &ErrorHandlers<E>, e: &E, attempt: u32, delay: Duration) {
         h.on_retry(e, attempt, delay)
     }
+    fn chaos_fault(h: &ErrorHandlers<E>, slot: usize, ctx: &Context) -> Option<E> {
+        h.fault(slot, ctx)
+    }
+    fn chaos_outcome(_: &ErrorHandlers<E>, _: usize, _: &Context) -> Option<T> {
+        None
+    }
     fn falls_back_on(_: &ErrorHandlers<E>, _: &Error<E>) -> bool {
         false
     }
@@ -267,12 +326,45 @@ impl<T, E: 'static> Handles<T, E> for ErrorType<E> {
 }
 impl<T, E: 'static> HandlesSync<T, E> for ErrorType<E> {}
 
+impl<T: 'static, E: 'static> Handles<T, E> for ValueType<T, E> {
+    fn verdict_or(h: &ErrorHandlers<E>, e: &E, judged: Option<Verdict>) -> Verdict {
+        h.verdict_or(e, judged)
+    }
+    fn on_retry(h: &ErrorHandlers<E>, e: &E, attempt: u32, delay: Duration) {
+        h.on_retry(e, attempt, delay)
+    }
+    fn chaos_fault(h: &ErrorHandlers<E>, slot: usize, ctx: &Context) -> Option<E> {
+        h.fault(slot, ctx)
+    }
+    fn chaos_outcome(h: &ErrorHandlers<E>, slot: usize, ctx: &Context) -> Option<T> {
+        h.outcome(slot, ctx)
+    }
+    fn falls_back_on(_: &ErrorHandlers<E>, _: &Error<E>) -> bool {
+        false
+    }
+    #[allow(private_interfaces)]
+    fn fall_back(_: &ErrorHandlers<E>, err: Error<E>, _: Context) -> Fallen<T, E> {
+        Fallen::NotApplied(err)
+    }
+    #[allow(private_interfaces)]
+    fn note_rejection(noted: &Noted) {
+        nested::note::<E>(noted)
+    }
+}
+impl<T: 'static, E: 'static> HandlesSync<T, E> for ValueType<T, E> {}
+
 impl<T: 'static, E: 'static> Handles<T, E> for WithFallback<T, E> {
     fn verdict_or(h: &Self::Handlers, e: &E, judged: Option<Verdict>) -> Verdict {
         h.errors.verdict_or(e, judged)
     }
     fn on_retry(h: &Self::Handlers, e: &E, attempt: u32, delay: Duration) {
         h.errors.on_retry(e, attempt, delay)
+    }
+    fn chaos_fault(h: &Self::Handlers, slot: usize, ctx: &Context) -> Option<E> {
+        h.errors.fault(slot, ctx)
+    }
+    fn chaos_outcome(h: &Self::Handlers, slot: usize, ctx: &Context) -> Option<T> {
+        h.errors.outcome(slot, ctx)
     }
     fn falls_back_on(h: &Self::Handlers, err: &Error<E>) -> bool {
         h.applies(err)
@@ -294,6 +386,12 @@ impl<T: 'static, E: 'static> Handles<T, E> for WithAsyncFallback<T, E> {
     }
     fn on_retry(h: &Self::Handlers, e: &E, attempt: u32, delay: Duration) {
         h.errors.on_retry(e, attempt, delay)
+    }
+    fn chaos_fault(h: &Self::Handlers, slot: usize, ctx: &Context) -> Option<E> {
+        h.errors.fault(slot, ctx)
+    }
+    fn chaos_outcome(h: &Self::Handlers, slot: usize, ctx: &Context) -> Option<T> {
+        h.errors.outcome(slot, ctx)
     }
     fn falls_back_on(h: &Self::Handlers, err: &Error<E>) -> bool {
         h.applies(err)
@@ -330,6 +428,15 @@ impl<E: 'static> ErrorKind<E> for AnyResult {
     }
 }
 impl<E: 'static> ErrorKind<E> for ErrorType<E> {
+    type Out = Self;
+    fn map_errors<F: FnOnce(ErrorHandlers<E>) -> ErrorHandlers<E>>(
+        h: ErrorHandlers<E>,
+        f: F,
+    ) -> ErrorHandlers<E> {
+        f(h)
+    }
+}
+impl<T: 'static, E: 'static> ErrorKind<E> for ValueType<T, E> {
     type Out = Self;
     fn map_errors<F: FnOnce(ErrorHandlers<E>) -> ErrorHandlers<E>>(
         h: ErrorHandlers<E>,
@@ -378,6 +485,11 @@ impl<T, E: 'static> FallbackKind<T, E> for ErrorType<E> {
         h
     }
 }
+impl<T: 'static, E: 'static> FallbackKind<T, E> for ValueType<T, E> {
+    fn into_errors(h: ErrorHandlers<E>) -> ErrorHandlers<E> {
+        h
+    }
+}
 impl<T: 'static, E: 'static> FallbackKind<T, E> for WithFallback<T, E> {
     fn into_errors(h: Self::Handlers) -> ErrorHandlers<E> {
         h.errors
@@ -386,5 +498,70 @@ impl<T: 'static, E: 'static> FallbackKind<T, E> for WithFallback<T, E> {
 impl<T: 'static, E: 'static> FallbackKind<T, E> for WithAsyncFallback<T, E> {
     fn into_errors(h: Self::Handlers) -> ErrorHandlers<E> {
         h.errors
+    }
+}
+
+/// Kinds that can take a chaos outcome of type `T` for `Result<T, E>`: the
+/// value type is fixed ([`ValueType`], or kept by a fallback's kind).
+/// Sealed.
+pub trait OutcomeKind<T, E>: Kind {
+    /// The kind after the change.
+    type Out: Kind;
+    #[doc(hidden)]
+    fn map_outcomes<F: FnOnce(ErrorHandlers<E>) -> ErrorHandlers<E>>(
+        h: Self::Handlers,
+        f: F,
+    ) -> <Self::Out as Kind>::Handlers;
+}
+
+impl<T: 'static, E: 'static> OutcomeKind<T, E> for AnyResult {
+    type Out = ValueType<T, E>;
+    fn map_outcomes<F: FnOnce(ErrorHandlers<E>) -> ErrorHandlers<E>>(
+        _: (),
+        f: F,
+    ) -> ErrorHandlers<E> {
+        f(ErrorHandlers::default())
+    }
+}
+impl<T: 'static, E: 'static> OutcomeKind<T, E> for ErrorType<E> {
+    type Out = ValueType<T, E>;
+    fn map_outcomes<F: FnOnce(ErrorHandlers<E>) -> ErrorHandlers<E>>(
+        h: ErrorHandlers<E>,
+        f: F,
+    ) -> ErrorHandlers<E> {
+        f(h)
+    }
+}
+impl<T: 'static, E: 'static> OutcomeKind<T, E> for ValueType<T, E> {
+    type Out = Self;
+    fn map_outcomes<F: FnOnce(ErrorHandlers<E>) -> ErrorHandlers<E>>(
+        h: ErrorHandlers<E>,
+        f: F,
+    ) -> ErrorHandlers<E> {
+        f(h)
+    }
+}
+impl<T: 'static, E: 'static> OutcomeKind<T, E> for WithFallback<T, E> {
+    type Out = Self;
+    fn map_outcomes<F: FnOnce(ErrorHandlers<E>) -> ErrorHandlers<E>>(
+        h: Self::Handlers,
+        f: F,
+    ) -> Self::Handlers {
+        FallbackHandlers {
+            errors: f(h.errors),
+            ..h
+        }
+    }
+}
+impl<T: 'static, E: 'static> OutcomeKind<T, E> for WithAsyncFallback<T, E> {
+    type Out = Self;
+    fn map_outcomes<F: FnOnce(ErrorHandlers<E>) -> ErrorHandlers<E>>(
+        h: Self::Handlers,
+        f: F,
+    ) -> Self::Handlers {
+        FallbackHandlers {
+            errors: f(h.errors),
+            ..h
+        }
     }
 }

@@ -31,7 +31,8 @@ pub use builder::PipelineBuilder;
 pub(crate) use drive::Judged;
 pub use kind::{
     AnyResult, BoxFallbackFuture, ErrorHandlers, ErrorKind, ErrorType, FallbackHandlers,
-    FallbackKind, Handles, HandlesSync, Kind, WithAsyncFallback, WithFallback,
+    FallbackKind, Handles, HandlesSync, Kind, OutcomeKind, ValueType, WithAsyncFallback,
+    WithFallback,
 };
 
 /// The suffix of the resource that keeps the state of the stateful
@@ -91,6 +92,8 @@ pub(crate) struct Shared<K: Kind> {
     pub(crate) handlers: K::Handlers,
     /// The error type this pipeline's rejections were noted with.
     pub(crate) noted: nested::Noted,
+    /// The chaos policies, in declaration order (each attempt).
+    pub(crate) chaos: Box<[crate::chaos::Chaos]>,
 }
 
 /// A built pipeline: cheap to clone (one reference count), `Send + Sync`,
