@@ -23,7 +23,9 @@ use service::Role;
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let [role, target, url] = args.as_slice() else {
-        eprintln!("usage: store stock|payment|shipping DB_FILE REDIS_URL | store orders COUNT REDIS_URL");
+        eprintln!(
+            "usage: store stock|payment|shipping DB_FILE REDIS_URL | store orders COUNT REDIS_URL"
+        );
         return ExitCode::from(2);
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -49,7 +51,9 @@ fn main() -> ExitCode {
             return Ok(());
         }
         let Some(role) = Role::parse(role) else {
-            return Err(format!("unknown service {role:?} (stock, payment, shipping, orders)").into());
+            return Err(
+                format!("unknown service {role:?} (stock, payment, shipping, orders)").into(),
+            );
         };
         service::run(role, Path::new(target), url, std::future::pending(), |e| {
             println!("{:<8} order {:>3} {}", e.role.name(), e.order, e.effect);

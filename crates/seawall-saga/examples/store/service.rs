@@ -239,10 +239,12 @@ pub(crate) async fn run(
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         loop {
-            let mut batch = match broker.claim_stale(&subscription, STALE, 32).await {
-                Ok(batch) => batch,
-                Err(_) => Vec::new(),
-            };
+            // A failure to claim is a failure to reach Redis: reading below
+            // reports it too.
+            let mut batch: Vec<Delivery> = broker
+                .claim_stale(&subscription, STALE, 32)
+                .await
+                .unwrap_or_default();
             if batch.is_empty() {
                 match broker
                     .read(&subscription, 32, Duration::from_millis(100))
@@ -323,7 +325,11 @@ fn effects(path: &Path) -> Result<BTreeMap<(u64, String), u64>, Error> {
     let mut stmt =
         conn.prepare("SELECT order_id, effect, count(*) FROM effects GROUP BY order_id, effect")?;
     let rows = stmt.query_map([], |r| {
-        Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?, r.get::<_, i64>(2)?))
+        Ok((
+            r.get::<_, i64>(0)?,
+            r.get::<_, String>(1)?,
+            r.get::<_, i64>(2)?,
+        ))
     })?;
     for row in rows {
         let (order, effect, count) = row?;
