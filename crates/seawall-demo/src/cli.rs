@@ -16,6 +16,8 @@ pub(crate) enum Command {
     Herd(HerdOptions),
     /// The place-order saga, its compensations and its recovery.
     Saga(SagaOptions),
+    /// The store as three services talking through Redis Streams.
+    Choreography(ChoreographyOptions),
     /// Print this text and exit.
     Help(&'static str),
 }
@@ -54,6 +56,13 @@ pub(crate) struct SagaOptions {
     pub(crate) crash_after: Option<u32>,
 }
 
+/// Options of `choreography`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ChoreographyOptions {
+    /// Orders placed.
+    pub(crate) orders: u32,
+}
+
 /// A bad command line; the message is one line.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct UsageError(pub(crate) String);
@@ -70,6 +79,7 @@ Watch seawall protect callers from a flaky HTTP service, live.
 Usage: seawall-demo [OPTIONS]
        seawall-demo herd [--clients N] [--seed S] [--out FILE]
        seawall-demo saga [--db FILE] [--orders N] [--crash-after N]
+       seawall-demo choreography [--orders N]
 
 The service (on 127.0.0.1) is healthy, then fails with 503, then answers too
 slowly, then throttles with 429 + Retry-After, then is healthy again. Two
@@ -85,6 +95,7 @@ Options:
 Commands:
   herd   N clients fail at once and retry: no jitter vs +/-20 % vs full jitter
   saga   a place-order saga with compensations, killed halfway and recovered
+  choreography  stock, payment and shipping as services over Redis Streams
 ";
 
 const HERD_HELP: &str = "\
@@ -122,6 +133,22 @@ Options:
   -h, --help               print this help
 ";
 
+const CHOREOGRAPHY_HELP: &str = "\
+The store as three services (stock, payment, shipping), each with its own
+SQLite database, outbox relay and inbox, talking only through Redis Streams:
+stock reserves, payment charges, shipping ships or cancels; on a
+cancellation payment refunds and stock releases, each on its own. Prints a
+line per effect per service and a CHOREOGRAPHY summary line (JSON).
+
+Needs redis-server on PATH: starts its own on a free loopback port.
+
+Usage: seawall-demo choreography [OPTIONS]
+
+Options:
+      --orders <N>  orders placed, 1..=1000 [default: 10]
+  -h, --help        print this help
+";
+
 /// Parses the arguments of the process.
 ///
 /// # Errors
@@ -145,6 +172,9 @@ pub(crate) fn parse_from(
         match arg {
             Value(command) if first && command == "herd" => return parse_herd(parser),
             Value(command) if first && command == "saga" => return parse_saga(parser),
+            Value(command) if first && command == "choreography" => {
+                return parse_choreography(parser)
+            }
             Short('h') | Long("help") => return Ok(Command::Help(MAIN_HELP)),
             Long("duration") => {
                 live.duration = Duration::from_secs(number(&mut parser, "--duration", 5..=3600)?);
@@ -196,6 +226,18 @@ fn parse_saga(mut parser: lexopt::Parser) -> Result<Command, UsageError> {
     Ok(Command::Saga(saga))
 }
 
+fn parse_choreography(mut parser: lexopt::Parser) -> Result<Command, UsageError> {
+    let mut options = ChoreographyOptions { orders: 10 };
+    while let Some(arg) = parser.next()? {
+        match arg {
+            Short('h') | Long("help") => return Ok(Command::Help(CHOREOGRAPHY_HELP)),
+            Long("orders") => options.orders = number(&mut parser, "--orders", 1..=1000)?,
+            _ => return Err(arg.unexpected().into()),
+        }
+    }
+    Ok(Command::Choreography(options))
+}
+
 /// The value of option `name`, a number in `range`.
 fn number<T>(
     parser: &mut lexopt::Parser,
@@ -240,6 +282,20 @@ mod tests {
             (herd.clients, herd.seed, herd.out),
             (1000, 42, PathBuf::from("herd.svg"))
         );
+    }
+
+    #[test]
+    fn choreography_options() {
+        assert_eq!(
+            parse(&["choreography"]),
+            Ok(Command::Choreography(ChoreographyOptions { orders: 10 }))
+        );
+        assert_eq!(
+            parse(&["choreography", "--orders", "40"]),
+            Ok(Command::Choreography(ChoreographyOptions { orders: 40 }))
+        );
+        assert!(parse(&["choreography", "--orders", "1001"]).is_err());
+        assert!(parse(&["choreography", "--db", "x"]).is_err());
     }
 
     #[test]

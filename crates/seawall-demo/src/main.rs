@@ -5,6 +5,7 @@
 //! cargo run --release -p seawall-demo -- --help       # every option
 //! cargo run --release -p seawall-demo -- herd         # why backoff needs jitter
 //! cargo run --release -p seawall-demo -- saga         # compensations and recovery
+//! cargo run --release -p seawall-demo -- choreography # three services over Redis Streams
 //! ```
 //!
 //! Where to read:
@@ -15,10 +16,14 @@
 //! - [`service`] and [`scenario`]: the flaky service and its phases;
 //! - [`events`] and [`report`]: the live log and the summary;
 //! - [`herd`] and [`chart`]: the thundering-herd simulation;
-//! - `saga`: the place-order saga (feature `saga`, on by default).
+//! - `saga`: the place-order saga (feature `saga`, on by default);
+//! - `choreography`: the store as three services talking through Redis
+//!   Streams (feature `choreography`, on by default).
 #![forbid(unsafe_code)]
 
 mod chart;
+#[cfg(feature = "choreography")]
+mod choreography;
 mod cli;
 mod client;
 mod events;
@@ -30,6 +35,9 @@ mod report;
 mod saga;
 mod scenario;
 mod service;
+#[cfg(feature = "choreography")]
+#[path = "../../seawall-saga/examples/store/service.rs"]
+mod store;
 mod style;
 
 use std::io::Write;
@@ -56,6 +64,7 @@ fn main() -> ExitCode {
         Ok(Command::Live(options)) => run_live(&options),
         Ok(Command::Herd(options)) => herd::run(&options),
         Ok(Command::Saga(options)) => run_saga(&options),
+        Ok(Command::Choreography(options)) => run_choreography(&options),
         Err(usage) => Err(Failure::BadInput(format!("{} (see --help)", usage.0))),
     };
     match result {
@@ -88,6 +97,18 @@ fn run_saga(options: &cli::SagaOptions) -> Result<(), Failure> {
 fn run_saga(_options: &cli::SagaOptions) -> Result<(), Failure> {
     Err(Failure::BadInput(
         "this build has no saga support (build with the `saga` feature)".to_owned(),
+    ))
+}
+
+#[cfg(feature = "choreography")]
+fn run_choreography(options: &cli::ChoreographyOptions) -> Result<(), Failure> {
+    choreography::run(options)
+}
+
+#[cfg(not(feature = "choreography"))]
+fn run_choreography(_options: &cli::ChoreographyOptions) -> Result<(), Failure> {
+    Err(Failure::BadInput(
+        "this build has no choreography support (build with the `choreography` feature)".to_owned(),
     ))
 }
 

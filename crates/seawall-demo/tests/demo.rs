@@ -315,3 +315,61 @@ fn with_redis_the_pipeline_state_lives_in_redis() {
     );
     assert_eq!(protected["phases"]["failing"]["errors"], 0, "{protected}");
 }
+
+/// Whether `redis-server` can be started.
+#[cfg(feature = "choreography")]
+fn redis_installed() -> bool {
+    Command::new("redis-server")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+#[cfg(feature = "choreography")]
+#[test]
+fn choreography_settles_every_order_once() {
+    if !redis_installed() {
+        eprintln!("redis-server is not installed: skipped");
+        return;
+    }
+    // The demo bounds its own wait for the orders to settle (30 s).
+    let output = demo(&["choreography", "--orders", "12"]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let text = stdout(&output);
+    for line in ["stock    order   3 released", "payment  order   3 refunded"] {
+        assert!(text.contains(line), "no `{line}` in:\n{text}");
+    }
+    let summary = json_line(&output, "CHOREOGRAPHY ");
+    assert_eq!(summary["orders"], 12, "{summary}");
+    assert_eq!(summary["done"], 10, "{summary}");
+    assert_eq!(
+        summary["undone"], 2,
+        "orders 3 and 8 are cancelled: {summary}"
+    );
+    assert_eq!(summary["pending"], 0, "{summary}");
+    assert_eq!(summary["duplicates"], 0, "{summary}");
+    assert_eq!(summary["wrong"], 0, "{summary}");
+}
+
+#[cfg(feature = "choreography")]
+#[test]
+fn choreography_without_redis_server_is_a_one_line_error() {
+    let output = Command::new(DEMO)
+        .args(["choreography", "--orders", "2"])
+        .env("PATH", "")
+        .output()
+        .expect("the demo binary runs");
+    assert_bad_input(&output);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("redis-server"), "{stderr}");
+}
+
+#[cfg(feature = "choreography")]
+#[test]
+fn choreography_refuses_a_bad_order_count() {
+    assert_bad_input(&demo(&["choreography", "--orders", "0"]));
+}
