@@ -1,16 +1,15 @@
 //! The outbox and the inbox on Postgres, relayed to a real `redis-server`.
 #![cfg(feature = "redis-streams")]
 
-mod redis_support;
 mod support;
 
 use std::time::Duration;
 
 use redis::Commands;
-use redis_support::{unique, RedisServer};
 use seawall_saga::broker::redis_streams::RedisStreams;
 use seawall_saga::broker::{Broker, Subscription};
 use seawall_saga::outbox::{postgres, OutboxError, Relay, RelayOptions};
+use seawall_test_redis::{unique, RedisServer};
 use support::{pg_client, reset_schema, schema_name};
 
 /// A client whose `search_path` is `schema` (created if needed).

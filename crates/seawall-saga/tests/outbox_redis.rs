@@ -2,21 +2,19 @@
 //! `redis-server` and real SQLite files.
 #![cfg(feature = "redis-streams")]
 
-mod redis_support;
-
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use redis::Commands;
-use redis_support::{unique, RedisServer};
 use rusqlite::Connection;
 use seawall_saga::broker::redis_streams::RedisStreams;
 use seawall_saga::broker::{
     dead_letter_stream, Broker, BrokerError, BrokerFuture, Delivery, Envelope, Subscription,
 };
 use seawall_saga::outbox::{self, Inbox, Outbox, OutboxError, Relay, RelayOptions};
+use seawall_test_redis::{unique, RedisServer};
 
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()

@@ -5,7 +5,6 @@
 //! twice.
 #![cfg(feature = "redis-streams")]
 
-mod redis_support;
 #[path = "../examples/store/service.rs"]
 mod service;
 
@@ -13,8 +12,8 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use redis_support::RedisServer;
 use seawall_saga::broker::redis_streams::RedisStreams;
+use seawall_test_redis::RedisServer;
 use service::{Role, Summary};
 
 /// Set in a child process: the service it runs.

@@ -1,195 +1,14 @@
-//! Test support: a real `redis-server` per test, on a free loopback port,
-//! in a temporary directory, killed on drop.
+//! Test support: a real `redis-server` per test (`seawall-test-redis`), and
+//! what these tests count on it.
 
 #![allow(dead_code)]
 
 use std::collections::HashMap;
-use std::net::TcpListener;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
 use seawall::event::{Event, EventKind};
 
-/// The `redis-server` binary: `$REDIS_SERVER`, or `redis-server` on the PATH.
-fn binary() -> PathBuf {
-    if let Some(p) = std::env::var_os("REDIS_SERVER") {
-        return PathBuf::from(p);
-    }
-    let found = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|dir| dir.join("redis-server"))
-            .find(|p| p.is_file())
-    });
-    found.unwrap_or_else(|| {
-        panic!(
-            "redis-server not found on the PATH (nor in $REDIS_SERVER): the seawall-redis tests \
-             run a real Redis server; install it with `apt-get install redis-server`, as \
-             scripts/test.sh does"
-        )
-    })
-}
-
-fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind a free loopback port");
-    listener.local_addr().expect("local address").port()
-}
-
-/// A running `redis-server` on 127.0.0.1.
-pub(crate) struct RedisServer {
-    child: Option<Child>,
-    port: u16,
-    dir: tempfile::TempDir,
-    args: Vec<String>,
-}
-
-impl RedisServer {
-    /// A server with default settings.
-    pub(crate) fn start() -> RedisServer {
-        Self::start_with(&[])
-    }
-
-    /// A server with extra `redis-server` arguments (e.g. `--requirepass x`).
-    pub(crate) fn start_with(args: &[&str]) -> RedisServer {
-        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-        for _ in 0..5 {
-            let mut server = RedisServer {
-                child: None,
-                port: free_port(),
-                dir: tempfile::tempdir().expect("temporary directory"),
-                args: args.clone(),
-            };
-            if server.spawn() {
-                return server;
-            }
-        }
-        panic!("redis-server did not start on a free port after 5 tries");
-    }
-
-    /// Starts the process and waits until it answers PING (5 s at most).
-    fn spawn(&mut self) -> bool {
-        let child = Command::new(binary())
-            .arg("--port")
-            .arg(self.port.to_string())
-            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-            .arg("--dir")
-            .arg(self.dir.path())
-            .args(&self.args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn redis-server");
-        self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if let Some(status) = self
-                .child
-                .as_mut()
-                .and_then(|c| c.try_wait().ok().flatten())
-            {
-                let _ = status;
-                self.child = None;
-                return false;
-            }
-            if self.answers() {
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        self.kill();
-        false
-    }
-
-    fn answers(&self) -> bool {
-        let Ok(mut stream) = std::net::TcpStream::connect_timeout(
-            &([127, 0, 0, 1], self.port).into(),
-            Duration::from_millis(200),
-        ) else {
-            return false;
-        };
-        use std::io::{Read, Write};
-        let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
-        if stream.write_all(b"PING\r\n").is_err() {
-            return false;
-        }
-        let mut buf = [0u8; 64];
-        match stream.read(&mut buf) {
-            // "+PONG", or "-NOAUTH" on a server with a password: both answer.
-            Ok(n) if n > 0 => buf[0] == b'+' || buf[0] == b'-',
-            _ => false,
-        }
-    }
-
-    pub(crate) fn port(&self) -> u16 {
-        self.port
-    }
-
-    /// `redis://127.0.0.1:<port>`.
-    pub(crate) fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    /// Kills the server with SIGKILL (no shutdown, no save).
-    pub(crate) fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    /// Starts the server again on the same port (empty: nothing is saved).
-    pub(crate) fn restart(&mut self) {
-        self.kill();
-        for _ in 0..50 {
-            if self.spawn() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        panic!("redis-server did not restart on port {}", self.port);
-    }
-
-    /// The process id (for SIGSTOP / SIGCONT).
-    pub(crate) fn pid(&self) -> u32 {
-        self.child.as_ref().expect("server running").id()
-    }
-
-    /// Sends a signal with `kill(1)` (e.g. "STOP", "CONT").
-    pub(crate) fn signal(&self, signal: &str) {
-        let status = Command::new("kill")
-            .arg(format!("-{signal}"))
-            .arg(self.pid().to_string())
-            .status()
-            .expect("run kill");
-        assert!(status.success(), "kill -{signal} failed");
-    }
-
-    /// A plain connection for inspection (as the default user).
-    pub(crate) fn conn(&self) -> redis::Connection {
-        self.conn_as(&self.url())
-    }
-
-    pub(crate) fn conn_as(&self, url: &str) -> redis::Connection {
-        let client = redis::Client::open(url).expect("client");
-        let c = client
-            .get_connection_with_timeout(Duration::from_secs(2))
-            .expect("connect to the test server");
-        c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        c
-    }
-
-    /// `INFO commandstats` as `command -> calls`.
-    pub(crate) fn command_calls(&self) -> HashMap<String, u64> {
-        command_calls(&mut self.conn())
-    }
-}
-
-impl Drop for RedisServer {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
+pub(crate) use seawall_test_redis::{unique, RedisServer};
 
 /// `INFO commandstats` as `command -> calls`.
 pub(crate) fn command_calls(c: &mut redis::Connection) -> HashMap<String, u64> {
@@ -249,17 +68,6 @@ impl Events {
             .filter(|e| matches!(e, EventKind::StoreUnavailable { .. }))
             .count()
     }
-}
-
-/// A prefix no other test uses.
-pub(crate) fn unique(name: &str) -> String {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static N: AtomicU64 = AtomicU64::new(0);
-    format!(
-        "{name}-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
 }
 
 pub(crate) fn rt() -> tokio::runtime::Runtime {

@@ -1,7 +1,9 @@
-//! Test support: a real `redis-server` per test, on a free loopback port,
-//! in a temporary directory, killed on drop.
-
-#![allow(dead_code)]
+//! Test support of the seawall workspace: a real `redis-server` per test,
+//! on a free loopback port, in a temporary directory, killed on drop.
+//!
+//! The server binary is `$REDIS_SERVER`, or `redis-server` on the `PATH`
+//! (`scripts/test.sh` installs Debian's package). Every server listens on
+//! 127.0.0.1 only, saves nothing and leaves nothing behind.
 
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -20,8 +22,8 @@ fn binary() -> PathBuf {
     });
     found.unwrap_or_else(|| {
         panic!(
-            "redis-server not found on the PATH (nor in $REDIS_SERVER): the outbox tests \
-             run a real Redis server; install it with `apt-get install redis-server`, as \
+            "redis-server not found on the PATH (nor in $REDIS_SERVER): these tests run a real \
+             Redis server; install it with `apt-get install redis-server`, as \
              scripts/test.sh does"
         )
     })
@@ -33,7 +35,8 @@ fn free_port() -> u16 {
 }
 
 /// A running `redis-server` on 127.0.0.1.
-pub(crate) struct RedisServer {
+#[derive(Debug)]
+pub struct RedisServer {
     child: Option<Child>,
     port: u16,
     dir: tempfile::TempDir,
@@ -42,12 +45,12 @@ pub(crate) struct RedisServer {
 
 impl RedisServer {
     /// A server with default settings.
-    pub(crate) fn start() -> RedisServer {
+    pub fn start() -> RedisServer {
         Self::start_with(&[])
     }
 
     /// A server with extra `redis-server` arguments (e.g. `--requirepass x`).
-    pub(crate) fn start_with(args: &[&str]) -> RedisServer {
+    pub fn start_with(args: &[&str]) -> RedisServer {
         let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
         for _ in 0..5 {
             let mut server = RedisServer {
@@ -117,17 +120,18 @@ impl RedisServer {
         }
     }
 
-    pub(crate) fn port(&self) -> u16 {
+    /// The server's port on 127.0.0.1.
+    pub fn port(&self) -> u16 {
         self.port
     }
 
     /// `redis://127.0.0.1:<port>`.
-    pub(crate) fn url(&self) -> String {
+    pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
     /// Kills the server with SIGKILL (no shutdown, no save).
-    pub(crate) fn kill(&mut self) {
+    pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
@@ -135,7 +139,7 @@ impl RedisServer {
     }
 
     /// Starts the server again on the same port (empty: nothing is saved).
-    pub(crate) fn restart(&mut self) {
+    pub fn restart(&mut self) {
         self.kill();
         for _ in 0..50 {
             if self.spawn() {
@@ -147,12 +151,12 @@ impl RedisServer {
     }
 
     /// The process id (for SIGSTOP / SIGCONT).
-    pub(crate) fn pid(&self) -> u32 {
+    pub fn pid(&self) -> u32 {
         self.child.as_ref().expect("server running").id()
     }
 
     /// Sends a signal with `kill(1)` (e.g. "STOP", "CONT").
-    pub(crate) fn signal(&self, signal: &str) {
+    pub fn signal(&self, signal: &str) {
         let status = Command::new("kill")
             .arg(format!("-{signal}"))
             .arg(self.pid().to_string())
@@ -162,11 +166,12 @@ impl RedisServer {
     }
 
     /// A plain connection for inspection (as the default user).
-    pub(crate) fn conn(&self) -> redis::Connection {
+    pub fn conn(&self) -> redis::Connection {
         self.conn_as(&self.url())
     }
 
-    pub(crate) fn conn_as(&self, url: &str) -> redis::Connection {
+    /// A plain connection through `url` (another user, a password).
+    pub fn conn_as(&self, url: &str) -> redis::Connection {
         let client = redis::Client::open(url).expect("client");
         let c = client
             .get_connection_with_timeout(Duration::from_secs(2))
@@ -182,8 +187,9 @@ impl Drop for RedisServer {
     }
 }
 
-/// A name no other test uses.
-pub(crate) fn unique(name: &str) -> String {
+/// A name no other test uses (the process id and a counter), for key
+/// prefixes and pipeline names.
+pub fn unique(name: &str) -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
     static N: AtomicU64 = AtomicU64::new(0);
     format!(
