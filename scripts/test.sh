@@ -46,4 +46,4 @@ echo "==> cargo clippy"
 cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
 
 echo "==> cargo test"
-cargo test --workspace --all-features --locked "$@"
+cargo test --workspace --all-features --locked --no-fail-fast "$@"
