@@ -504,6 +504,7 @@ impl Shared {
             at: Duration::from_micros(us).saturating_add(Duration::from_nanos(
                 u64::try_from(reserved_ns).unwrap_or(0),
             )),
+            weight: 1,
         });
         let retry_after = match retry_us {
             // Half-open with every probe slot taken: the cooldown of the
@@ -629,8 +630,21 @@ impl Shared {
     }
 }
 
+/// The scripts take one rate-limit permit per admission: a weighted
+/// request is refused by the store rather than counted as one permit.
+fn unweighted(request: &AdmitRequest<'_>) -> Result<(), StoreError> {
+    if request.weight == 1 {
+        return Ok(());
+    }
+    Err(StoreError::Refused(format!(
+        "weighted rate-limit permits (weight {}) are not supported by the redis store yet",
+        request.weight
+    )))
+}
+
 impl ResourceState for RedisResource {
     fn admit(&self, request: &AdmitRequest<'_>) -> Result<Admission, StoreError> {
+        unweighted(request)?;
         let s = &*self.shared;
         let inv = s.admit_invocation(request);
         let hold = |r: Restart| s.restart_hold(r, request.now);
@@ -646,6 +660,7 @@ impl ResourceState for RedisResource {
             return StoreFuture::ready(self.admit(&request));
         }
         StoreFuture::boxed(async move {
+            unweighted(&request)?;
             let s = &*self.shared;
             let inv = s.admit_invocation(&request);
             let now = request.now;
@@ -761,6 +776,7 @@ impl ResourceState for RedisResource {
         request: &AdmitRequest<'_>,
         reserve: Reserve,
     ) -> Result<(Admission, Option<Reservation>), StoreError> {
+        unweighted(request)?;
         let s = &*self.shared;
         let inv = s.admit_reserving_invocation(request, reserve);
         let hold = |r: Restart| s.restart_hold(r, request.now);
@@ -779,6 +795,7 @@ impl ResourceState for RedisResource {
             return StoreFuture::ready(self.admit_reserving(&request, reserve));
         }
         StoreFuture::boxed(async move {
+            unweighted(&request)?;
             let s = &*self.shared;
             let inv = s.admit_reserving_invocation(&request, reserve);
             let now = request.now;

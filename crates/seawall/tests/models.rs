@@ -401,7 +401,7 @@ proptest! {
             panic!("{mismatch}\nspec: {spec:?}");
         }
         let now = run.clock().now();
-        let request = AdmitRequest { partition: partition.as_ref(), now };
+        let request = AdmitRequest { partition: partition.as_ref(), now, weight: 1 };
         let mut model = run.model().clone();
         let expected = (0..THREADS * per_thread)
             .filter(|_| model.admit(&request).decision.is_ok())

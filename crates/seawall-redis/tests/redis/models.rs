@@ -243,6 +243,7 @@ fn concurrent_admissions_at_one_instant_admit_what_the_model_admits() {
         let request = AdmitRequest {
             partition: partition.as_ref(),
             now,
+            weight: 1,
         };
         let mut model = run.model().clone();
         let expected = (0..THREADS * per_thread)
@@ -328,6 +329,7 @@ fn redis_store_answers_near_the_end_of_the_clock() {
                     let request = AdmitRequest {
                         partition: partition.as_ref(),
                         now,
+                        weight: 1,
                     };
                     let admission = state.admit(&request).map_err(fail)?;
                     if let Ok(permit) = admission.decision {
@@ -548,7 +550,7 @@ fn reserve_as_model(
         if op < 2 && !held.is_empty() {
             let index = usize::try_from(lag.as_nanos()).unwrap_or(0) % held.len();
             let at = held.remove(index);
-            state.give_back_reservation(None, Reservation { at });
+            state.give_back_reservation(None, Reservation { at, weight: 1 });
             model.give_back(at);
             continue;
         }
@@ -566,6 +568,7 @@ fn reserve_as_model(
         let request = AdmitRequest {
             partition: None,
             now: at,
+            weight: 1,
         };
         let (admission, reserved) = state
             .admit_reserving(&request, Reserve { within, held: None })

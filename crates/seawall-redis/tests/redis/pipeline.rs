@@ -181,7 +181,15 @@ fn every_key_has_a_ttl_and_one_hash_tag() {
         for partition in [None, Some(&key)] {
             for outcome in [Outcome::Failure, Outcome::Success, Outcome::Failure] {
                 let now = Duration::ZERO;
-                if let Ok(permit) = r.admit(&AdmitRequest { partition, now }).unwrap().decision {
+                if let Ok(permit) = r
+                    .admit(&AdmitRequest {
+                        partition,
+                        now,
+                        weight: 1,
+                    })
+                    .unwrap()
+                    .decision
+                {
                     r.record(&Record {
                         partition,
                         permit,
@@ -198,6 +206,7 @@ fn every_key_has_a_ttl_and_one_hash_tag() {
                 .admit(&AdmitRequest {
                     partition,
                     now: Duration::ZERO,
+                    weight: 1,
                 })
                 .unwrap();
         }
@@ -285,6 +294,7 @@ fn a_probe_that_never_reports_is_replaced_after_the_probe_lease() {
         r.admit(&AdmitRequest {
             partition: None,
             now: Duration::ZERO,
+            weight: 1,
         })
         .unwrap()
     };
@@ -371,6 +381,7 @@ fn slot_ids_with_trailing_zeros_are_given_back() {
         .admit(&AdmitRequest {
             partition: None,
             now,
+            weight: 1,
         })
         .unwrap()
         .decision

@@ -507,6 +507,7 @@ impl<'g, K: Kind> Call<'g, K> {
                 let request = AdmitRequest {
                     partition: self.partition,
                     now: Duration::from_nanos(now),
+                    weight: 1,
                 };
                 match gate.memory.as_deref() {
                     Some(memory) if self.may_reserve() => {
@@ -614,6 +615,7 @@ impl<'g, K: Kind> Call<'g, K> {
                 let request = AdmitRequest {
                     partition: self.partition,
                     now: Duration::from_nanos(now),
+                    weight: 1,
                 };
                 self.admit_reserving(memory, request, Some(reservation))
             }
@@ -621,6 +623,7 @@ impl<'g, K: Kind> Call<'g, K> {
                 let request = AdmitRequest {
                     partition: self.partition,
                     now: Duration::from_nanos(now),
+                    weight: 1,
                 };
                 Admit::AskReserving(request, self.reserve(now, Some(reservation)))
             }
