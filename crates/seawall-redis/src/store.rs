@@ -396,12 +396,17 @@ impl Shared {
         reserve: Reserve,
     ) -> Invocation {
         let mut inv = self.invocation(&Scripts::get().admit, request.partition, Some(request.now));
-        if self.reserves() {
+        // A held reservation is given back as it was taken.
+        let weight = reserve.held.map_or(request.weight, |r| r.weight);
+        if self.reserves() || weight != 1 {
             inv.arg(micros_nanos(reserve.within)).arg(
                 reserve
                     .held
                     .map_or_else(|| "-1".to_owned(), |r| micros_nanos(r.at)),
             );
+        }
+        if weight != 1 {
+            inv.arg(weight);
         }
         inv
     }
@@ -462,6 +467,9 @@ impl Shared {
                 r.reserved
                     .map_or_else(|| "-1".to_owned(), |res| micros_nanos(res.at)),
             );
+        if let Some(res) = r.reserved.filter(|res| res.weight != 1) {
+            inv.arg(res.weight);
+        }
         inv
     }
 
@@ -485,7 +493,7 @@ impl Shared {
     }
 
     fn admission(&self, reply: &[i64], now: Duration) -> Result<Admission, StoreError> {
-        self.admission_reserving(reply, now).map(|(a, _)| a)
+        self.admission_reserving(reply, now, 1).map(|(a, _)| a)
     }
 
     /// The admission, and the rate-limit permit it reserved.
@@ -493,6 +501,7 @@ impl Shared {
         &self,
         reply: &[i64],
         now: Duration,
+        weight: u32,
     ) -> Result<(Admission, Option<Reservation>), StoreError> {
         let &[reason, retry_us, probe, generation, slot, transition, trips, under_ns, reserved_us, reserved_ns] =
             reply
@@ -504,7 +513,7 @@ impl Shared {
             at: Duration::from_micros(us).saturating_add(Duration::from_nanos(
                 u64::try_from(reserved_ns).unwrap_or(0),
             )),
-            weight: 1,
+            weight,
         });
         let retry_after = match retry_us {
             // Half-open with every probe slot taken: the cooldown of the
@@ -630,21 +639,8 @@ impl Shared {
     }
 }
 
-/// The scripts take one rate-limit permit per admission: a weighted
-/// request is refused by the store rather than counted as one permit.
-fn unweighted(request: &AdmitRequest<'_>) -> Result<(), StoreError> {
-    if request.weight == 1 {
-        return Ok(());
-    }
-    Err(StoreError::Refused(format!(
-        "weighted rate-limit permits (weight {}) are not supported by the redis store yet",
-        request.weight
-    )))
-}
-
 impl ResourceState for RedisResource {
     fn admit(&self, request: &AdmitRequest<'_>) -> Result<Admission, StoreError> {
-        unweighted(request)?;
         let s = &*self.shared;
         let inv = s.admit_invocation(request);
         let hold = |r: Restart| s.restart_hold(r, request.now);
@@ -660,7 +656,6 @@ impl ResourceState for RedisResource {
             return StoreFuture::ready(self.admit(&request));
         }
         StoreFuture::boxed(async move {
-            unweighted(&request)?;
             let s = &*self.shared;
             let inv = s.admit_invocation(&request);
             let now = request.now;
@@ -776,12 +771,11 @@ impl ResourceState for RedisResource {
         request: &AdmitRequest<'_>,
         reserve: Reserve,
     ) -> Result<(Admission, Option<Reservation>), StoreError> {
-        unweighted(request)?;
         let s = &*self.shared;
         let inv = s.admit_reserving_invocation(request, reserve);
         let hold = |r: Restart| s.restart_hold(r, request.now);
         match s.link.admit_sync::<Vec<i64>>(&inv, &hold) {
-            Ok(reply) => s.admission_reserving(&reply, request.now),
+            Ok(reply) => s.admission_reserving(&reply, request.now, request.weight),
             Err(e) => s.admit_degraded(request, e).map(|a| (a, None)),
         }
     }
@@ -795,13 +789,12 @@ impl ResourceState for RedisResource {
             return StoreFuture::ready(self.admit_reserving(&request, reserve));
         }
         StoreFuture::boxed(async move {
-            unweighted(&request)?;
             let s = &*self.shared;
             let inv = s.admit_reserving_invocation(&request, reserve);
             let now = request.now;
             let hold = move |r: Restart| s.restart_hold(r, now);
             match s.link.admit_async::<Vec<i64>>(&inv, &hold).await {
-                Ok(reply) => s.admission_reserving(&reply, request.now),
+                Ok(reply) => s.admission_reserving(&reply, request.now, request.weight),
                 Err(e) => s.admit_degraded(&request, e).map(|a| (a, None)),
             }
         })

@@ -113,6 +113,7 @@ impl<K: Kind> Pipeline<K> {
 
     /// Runs an async call; see [`drive_sync_weighted`](Self::drive_sync_weighted).
     #[inline(always)]
+    #[cfg_attr(not(feature = "reqwest"), allow(dead_code))]
     pub(crate) fn drive_async<'a, T, E, Op, Fut>(
         &'a self,
         partition: Option<&'a PartitionKey>,
