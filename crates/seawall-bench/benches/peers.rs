@@ -172,6 +172,17 @@ fn rate_limiter(c: &mut Criterion) {
     });
     g.finish();
 
+    // A weighted call (4 permits) takes the general path of the engine;
+    // the unweighted row is the ordinary path.
+    let mut g = c.benchmark_group("weighted GCRA admission vs unweighted (sync)");
+    sync_case(&mut g, "unweighted", seawall_sync(pipelines::gcra()));
+    let p = pipelines::gcra();
+    sync_case(&mut g, "weight 4", move || {
+        let weighted = p.weighted(4).expect("a weight of 4");
+        matches!(weighted.call(|_| op(black_box(1))), Ok(1))
+    });
+    g.finish();
+
     let mut g = c.benchmark_group("rate limiter, GCRA (async)");
     async_case(&mut g, "seawall", SeawallAsync(pipelines::gcra()));
     async_case(&mut g, "tower-resilience", tower_resilience_token_bucket());

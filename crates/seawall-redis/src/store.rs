@@ -396,12 +396,17 @@ impl Shared {
         reserve: Reserve,
     ) -> Invocation {
         let mut inv = self.invocation(&Scripts::get().admit, request.partition, Some(request.now));
-        if self.reserves() {
+        // A held reservation is given back as it was taken.
+        let weight = reserve.held.map_or(request.weight, |r| r.weight);
+        if self.reserves() || weight != 1 {
             inv.arg(micros_nanos(reserve.within)).arg(
                 reserve
                     .held
                     .map_or_else(|| "-1".to_owned(), |r| micros_nanos(r.at)),
             );
+        }
+        if weight != 1 {
+            inv.arg(weight);
         }
         inv
     }
@@ -462,6 +467,9 @@ impl Shared {
                 r.reserved
                     .map_or_else(|| "-1".to_owned(), |res| micros_nanos(res.at)),
             );
+        if let Some(res) = r.reserved.filter(|res| res.weight != 1) {
+            inv.arg(res.weight);
+        }
         inv
     }
 
@@ -485,7 +493,7 @@ impl Shared {
     }
 
     fn admission(&self, reply: &[i64], now: Duration) -> Result<Admission, StoreError> {
-        self.admission_reserving(reply, now).map(|(a, _)| a)
+        self.admission_reserving(reply, now, 1).map(|(a, _)| a)
     }
 
     /// The admission, and the rate-limit permit it reserved.
@@ -493,6 +501,7 @@ impl Shared {
         &self,
         reply: &[i64],
         now: Duration,
+        weight: u32,
     ) -> Result<(Admission, Option<Reservation>), StoreError> {
         let &[reason, retry_us, probe, generation, slot, transition, trips, under_ns, reserved_us, reserved_ns] =
             reply
@@ -504,6 +513,7 @@ impl Shared {
             at: Duration::from_micros(us).saturating_add(Duration::from_nanos(
                 u64::try_from(reserved_ns).unwrap_or(0),
             )),
+            weight,
         });
         let retry_after = match retry_us {
             // Half-open with every probe slot taken: the cooldown of the
@@ -765,7 +775,7 @@ impl ResourceState for RedisResource {
         let inv = s.admit_reserving_invocation(request, reserve);
         let hold = |r: Restart| s.restart_hold(r, request.now);
         match s.link.admit_sync::<Vec<i64>>(&inv, &hold) {
-            Ok(reply) => s.admission_reserving(&reply, request.now),
+            Ok(reply) => s.admission_reserving(&reply, request.now, request.weight),
             Err(e) => s.admit_degraded(request, e).map(|a| (a, None)),
         }
     }
@@ -784,7 +794,7 @@ impl ResourceState for RedisResource {
             let now = request.now;
             let hold = move |r: Restart| s.restart_hold(r, now);
             match s.link.admit_async::<Vec<i64>>(&inv, &hold).await {
-                Ok(reply) => s.admission_reserving(&reply, request.now),
+                Ok(reply) => s.admission_reserving(&reply, request.now, request.weight),
                 Err(e) => s.admit_degraded(&request, e).map(|a| (a, None)),
             }
         })

@@ -119,6 +119,7 @@ impl Subject {
             .admit(&AdmitRequest {
                 partition: None,
                 now,
+                weight: 1,
             })
             .unwrap()
             .decision

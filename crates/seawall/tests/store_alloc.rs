@@ -123,6 +123,7 @@ fn exercise(
             .admit(&AdmitRequest {
                 partition: key,
                 now,
+                weight: 1,
             })
             .unwrap();
         transitions += u32::from(admission.transition.is_some());

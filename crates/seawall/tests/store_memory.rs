@@ -26,6 +26,7 @@ fn admit(
         .admit(&AdmitRequest {
             partition: key,
             now,
+            weight: 1,
         })
         .unwrap()
         .decision
@@ -295,6 +296,7 @@ fn half_open_admits_exactly_the_probe_count_under_races() {
                                 .admit(&AdmitRequest {
                                     partition: key,
                                     now: later,
+                                    weight: 1,
                                 })
                                 .unwrap();
                             if admission.transition == Some(CircuitTransition::HalfOpened) {
@@ -428,7 +430,14 @@ fn a_reservation_refused_when_due_or_given_back_frees_its_permit() {
         let state = MemoryStore::new().bind(&spec).unwrap();
         let ask = |now, within, held| {
             state
-                .admit_reserving(&AdmitRequest { partition, now }, Reserve { within, held })
+                .admit_reserving(
+                    &AdmitRequest {
+                        partition,
+                        now,
+                        weight: 1,
+                    },
+                    Reserve { within, held },
+                )
                 .unwrap()
         };
         let (first, none) = ask(ms(250), ms(250), None);
@@ -440,7 +449,13 @@ fn a_reservation_refused_when_due_or_given_back_frees_its_permit() {
             (r.reason, r.retry_after),
             (RejectionReason::RateLimited, Some(ms(250)))
         );
-        assert_eq!(reserved, Some(Reservation { at: ms(500) }));
+        assert_eq!(
+            reserved,
+            Some(Reservation {
+                at: ms(500),
+                weight: 1
+            })
+        );
         // The window it waits for is taken: a third is refused at once.
         let (third, none) = ask(ms(250), ms(250), None);
         assert_eq!(third.decision.unwrap_err().retry_after, Some(ms(500)));
@@ -467,7 +482,13 @@ fn a_reservation_refused_when_due_or_given_back_frees_its_permit() {
         assert!(admit(&*state, partition, ms(650)).is_ok());
         // A reservation given back by its call frees its window too.
         let (_, reserved) = ask(ms(650), ms(250), None);
-        assert_eq!(reserved, Some(Reservation { at: ms(750) }));
+        assert_eq!(
+            reserved,
+            Some(Reservation {
+                at: ms(750),
+                weight: 1
+            })
+        );
         state.give_back_reservation(partition, reserved.unwrap());
         assert!(admit(&*state, partition, ms(750)).is_ok());
         // A due reservation presented alone is admitted without a new

@@ -5,7 +5,11 @@
 -- which a refused rate limit reserves its next permit, the instant of a
 -- due reservation the call presents (-1: none), which stands for the
 -- rate-limit permit and is given back when an earlier policy refuses;
--- both as `microseconds:nanoseconds`.
+-- both as `microseconds:nanoseconds`; then the weight of the call (absent:
+-- 1; passed with a lead of 0 and no reservation by a weighted call whose
+-- limiter never waits): the rate-limit permits it takes, all or none. A
+-- weight that never fits (`rfits`) is refused at once, before any other
+-- check, with rate_limited and no retry_after.
 -- Reply: {reason, retry_after_us, probe, generation, slot (-1: none), transition, trips,
 --   under_ns, reserved_at_us (-1: none), reserved_at_ns}: a reserved permit comes with
 --   reason 4
@@ -18,6 +22,11 @@
 -- (microseconds, and the nanoseconds past them 0..999)
 -- reason: 0 admitted, 1 circuit_open, 2 bulkhead_full, 3 cooldown_active, 4 rate_limited
 -- transition: 0 none, 1 half-opened
+
+local RW = tonumber(A[D + 2]) or 1
+if HAS_R and RW ~= 1 and not rfits(RW) then
+  return {4, -1, 0, 0, -1, 0, 0, 0, -1, 0}
+end
 
 local reason, retry, under = 0, -1, 0
 local probe, gen, slot, tr = 0, 0, -1, 0
@@ -117,20 +126,26 @@ if reason == 0 and HAS_R and not HELD then
     local stored = redis.call('GET', KRL)
     if stored then tu, tn = upair(stored) end
     if tu < now or (tu == now and tn < now_ns) then tu, tn = now, now_ns end
-    -- The wait: TAT - now - tolerance; refused when it is positive.
-    local du, dn = psub(tu, tn, now, now_ns)
+    -- The call's last permit is RW - 1 intervals after the TAT; the TAT
+    -- moves by RW intervals.
+    local xu, xn = pmul(int_u, int_n, RW - 1)
+    local lu, ln = padd(tu, tn, xu, xn)
+    local nu, nn = padd(lu, ln, int_u, int_n)
+    -- The wait: TAT + (RW - 1) intervals - now - tolerance; refused when
+    -- it is positive.
+    local du, dn = psub(lu, ln, now, now_ns)
     du, dn = psub(du, dn, tol_u, tol_n)
     if du > 0 or (du == 0 and dn > 0) then
       reason = 4
       retry, under = retry_of(du, dn)
       -- Reserved when the wait is within the lead: the TAT moves as for an
-      -- admission, the permit is for TAT - tolerance.
+      -- admission, the permits are for now + wait.
       if within(du, dn) then
-        rnew = {padd(tu, tn, int_u, int_n)}
+        rnew = {nu, nn}
         rat = {padd(now, now_ns, du, dn)}
       end
     else
-      rnew = {padd(tu, tn, int_u, int_n)}
+      rnew = {nu, nn}
     end
   elseif R_ALG == 2 then
     -- Fixed window: the last window with a permit taken and its count;
@@ -141,8 +156,8 @@ if reason == 0 and HAS_R and not HELD then
     local v = redis.call('HMGET', KRL, 'w', 'n')
     local lw, n = tonumber(v[1]), tonumber(v[2]) or 0
     if not lw or lw < w then lw, n = w, 0 end
-    if n >= R_LIMIT then lw, n = lw + 1, 0 end
-    rnew = n + 1
+    if n + RW > R_LIMIT then lw, n = lw + 1, 0 end
+    rnew = n + RW
     if lw ~= w then
       -- The wait, to the caller's nanosecond, until the window starts.
       local du, dn = psub(lw * R_PERIOD, 0, now, now_ns)
@@ -152,7 +167,8 @@ if reason == 0 and HAS_R and not HELD then
     end
   else
     -- Sliding window: the log of the admissions of the last period (and
-    -- the reservations); the entry R_LIMIT places back decides.
+    -- the reservations), RW entries per call; the entry R_LIMIT - RW + 1
+    -- places back decides.
     redis.call('ZREMRANGEBYSCORE', KRL, '-inf', now - R_PERIOD)
     local card = redis.call('ZCARD', KRL)
     -- Entries are never logged earlier than the newest one.
@@ -162,27 +178,41 @@ if reason == 0 and HAS_R and not HELD then
       if n > t then return n end
       return t
     end
-    if card >= R_LIMIT then
-      local oldest = redis.call('ZRANGE', KRL, card - R_LIMIT, card - R_LIMIT, 'WITHSCORES')
+    local depth = R_LIMIT - RW + 1
+    if card >= depth then
+      local oldest = redis.call('ZRANGE', KRL, card - depth, card - depth, 'WITHSCORES')
       reason = 4
       retry = tonumber(oldest[2]) + R_PERIOD - now
       -- The log is kept in whole microseconds: so are its waits.
       if within(retry, 0) then
         local at = newest_or(tonumber(oldest[2]) + R_PERIOD)
         if within(at - now, 0) then
+          -- The call waits for its reserved instant (later than `retry`
+          -- when a newer entry is).
+          retry = at - now
           rat = {at, 0}
           rlog = at
         end
       end
     else
       rlog = newest_or(now)
+      -- Behind a newer entry (a reservation): the permit is for its
+      -- instant, a reservation the call waits for (as the in-memory log).
+      if rlog > now then
+        reason = 4
+        retry = rlog - now
+        rat = {rlog, 0}
+      end
     end
   end
 end
 
 -- A due reservation presented to a policy checked before the rate limit
 -- that refuses is given back.
-if HELD and reason ~= 0 then rgive(upair(A[D + 1])) end
+if HELD and reason ~= 0 then
+  local hu, hn = upair(A[D + 1])
+  rgive(hu, hn, RW)
+end
 
 -- A unique member of a sorted set, named after the current microsecond
 -- (the next free one when taken).
@@ -216,7 +246,7 @@ if HAS_R and ((reason == 0 and not HELD) or rat) then
     redis.call('HSET', KRL, 'w', int(w), 'n', rnew)
     redis.call('PEXPIRE', KRL, ms((w + 1) * R_PERIOD - now, 1000))
   else
-    add_unique(KRL, rlog or now)
+    for _ = 1, RW do add_unique(KRL, rlog or now) end
     redis.call('PEXPIRE', KRL, ms((rlog or now) - now + R_PERIOD, 1000))
   end
 end

@@ -115,6 +115,25 @@ local function psub(au, an, bu, bn)
   if n < 0 then u, n = u - 1, n + 1000 end
   return u, n
 end
+-- A pair times a whole number `k >= 0`.
+local function pmul(u, n, k)
+  local total = n * k
+  return u * k + math.floor(total / 1000), total % 1000
+end
+
+-- Whether a call of weight `w` can ever pass the rate limiter (the
+-- in-memory `weight_fits`): 1 <= w <= burst for GCRA (the last of its `w`
+-- permits must fit in the tolerance), 1 <= w <= limit for the windows.
+local function rfits(w)
+  if w < 1 then return false end
+  if R_ALG == 1 then
+    local iu, inn = upair(R_INT)
+    local eu, en = pmul(iu, inn, w - 1)
+    local tu, tn = upair(R_TOL)
+    return eu < tu or (eu == tu and en <= tn)
+  end
+  return w <= R_LIMIT
+end
 
 -- Loads `names` (all fields when nil: the circuit's and the cooldown's
 -- end, 'cu') from the state hash into a table; missing ones are 0.
@@ -206,12 +225,13 @@ local function cclose(h)
   cclear(h)
 end
 
--- Gives back the rate-limit permit reserved for instant `at_u:at_n`
--- (microseconds and nanoseconds) where the state can tell it apart (as the
--- in-memory rules do): GCRA while the TAT is still the one it set (to the
--- nanosecond), the fixed window while its window is the last one counted,
--- the sliding log by taking out one entry at `at_u`.
-local function rgive(at_u, at_n)
+-- Gives back the `w` rate-limit permits reserved for instant `at_u:at_n`
+-- (microseconds and nanoseconds) where the state can tell them apart (as
+-- the in-memory rules do): GCRA while the TAT is still the one it set (to
+-- the nanosecond; it moves back by `w` intervals), the fixed window while
+-- its window is the last one counted, the sliding log by taking out `w`
+-- entries at `at_u`.
+local function rgive(at_u, at_n, w)
   if not HAS_R then return end
   if R_ALG == 1 then
     local stored = redis.call('GET', KRL)
@@ -221,16 +241,17 @@ local function rgive(at_u, at_n)
     local iu, inn = upair(R_INT)
     local eu, en = padd(su, sn, iu, inn)
     if tu == eu and tn == en then
-      redis.call('SET', KRL, int(su) .. ':' .. int(sn), 'KEEPTTL')
+      local bu, bn = psub(eu, en, pmul(iu, inn, w))
+      redis.call('SET', KRL, int(bu) .. ':' .. int(bn), 'KEEPTTL')
     end
   elseif R_ALG == 2 then
     local v = redis.call('HMGET', KRL, 'w', 'n')
     local n = tonumber(v[2]) or 0
-    if tonumber(v[1]) == math.floor(at_u / R_PERIOD) and n > 0 then
-      redis.call('HSET', KRL, 'n', n - 1)
+    if tonumber(v[1]) == math.floor(at_u / R_PERIOD) and n >= w and w > 0 then
+      redis.call('HSET', KRL, 'n', n - w)
     end
   else
-    local m = redis.call('ZRANGEBYSCORE', KRL, at_u, at_u, 'LIMIT', 0, 1)
-    if m[1] then redis.call('ZREM', KRL, m[1]) end
+    local m = redis.call('ZRANGEBYSCORE', KRL, at_u, at_u, 'LIMIT', 0, w)
+    for _, member in ipairs(m) do redis.call('ZREM', KRL, member) end
   end
 end

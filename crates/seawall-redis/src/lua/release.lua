@@ -1,11 +1,14 @@
 -- Gives back a permit without an outcome (cancelled or panicked attempt),
 -- or a reserved rate-limit permit.
 -- ARGV[D..]: probe (0/1), generation, slot (-1: none), reserved instant
--- (`microseconds:nanoseconds`; -1 or absent: none)
+-- (`microseconds:nanoseconds`; -1 or absent: none), its weight (absent: 1)
 -- Reply: 1
 
 local reserved = A[D + 3]
-if reserved and reserved ~= '-1' then rgive(upair(reserved)) end
+if reserved and reserved ~= '-1' then
+  local ru, rn = upair(reserved)
+  rgive(ru, rn, tonumber(A[D + 4]) or 1)
+end
 
 local probe, pgen, slot = A[D] == '1', tonumber(A[D + 1]), A[D + 2]
 if slot ~= '-1' then redis.call('ZREM', KB, slot) end

@@ -170,6 +170,7 @@ fn admit(
         .admit(&AdmitRequest {
             partition: None,
             now,
+            weight: 1,
         })
         .unwrap()
         .decision

@@ -79,6 +79,7 @@ fn caller_clock_option_takes_the_time_from_the_caller() {
             .admit(&AdmitRequest {
                 partition: None,
                 now,
+                weight: 1,
             })
             .unwrap()
     };

@@ -104,6 +104,7 @@ fn gcra_of_a_fractional_interval_decides_as_the_memory_store() {
                 let request = AdmitRequest {
                     partition: None,
                     now,
+                    weight: 1,
                 };
                 let expected = on_memory.admit(&request).unwrap().decision;
                 let got = on_redis.admit(&request).unwrap().decision;
@@ -150,6 +151,7 @@ fn gcra_reads_the_state_of_earlier_scripts() {
             .admit(&AdmitRequest {
                 partition: None,
                 now,
+                weight: 1,
             })
             .unwrap()
             .decision

@@ -243,6 +243,7 @@ fn concurrent_admissions_at_one_instant_admit_what_the_model_admits() {
         let request = AdmitRequest {
             partition: partition.as_ref(),
             now,
+            weight: 1,
         };
         let mut model = run.model().clone();
         let expected = (0..THREADS * per_thread)
@@ -328,6 +329,7 @@ fn redis_store_answers_near_the_end_of_the_clock() {
                     let request = AdmitRequest {
                         partition: partition.as_ref(),
                         now,
+                        weight: 1,
                     };
                     let admission = state.admit(&request).map_err(fail)?;
                     if let Ok(permit) = admission.decision {
@@ -526,7 +528,8 @@ fn rate_limiters_reserve_and_give_back_as_their_model_to_the_nanosecond() {
 /// Runs `steps` (a step of the clock, a lag or a choice of reservation to
 /// give back, an operation) on a fresh resource limited by `limiter`, with
 /// calls that may wait, and on its model from `start`; every answer must
-/// be the model's.
+/// be the model's. Each call takes 1 to 4 permits (from the lag's
+/// microseconds): some weights exceed the limit or the burst.
 fn reserve_as_model(
     store: &RedisStore,
     limiter: RateLimiter,
@@ -541,17 +544,18 @@ fn reserve_as_model(
     let spec = ResourceSpec::new(unique("rate-model")).with_rate_limit(limiter.clone());
     let state = store.bind(&spec).unwrap();
     let mut model = RateLimit::new(&limiter);
-    let mut held: Vec<Duration> = Vec::new();
+    let mut held: Vec<(Duration, u32)> = Vec::new();
     let mut now = start;
     for &(step, lag, op) in steps {
         now += step;
         if op < 2 && !held.is_empty() {
             let index = usize::try_from(lag.as_nanos()).unwrap_or(0) % held.len();
-            let at = held.remove(index);
-            state.give_back_reservation(None, Reservation { at });
-            model.give_back(at);
+            let (at, weight) = held.remove(index);
+            state.give_back_reservation(None, Reservation { at, weight });
+            model.give_back_weighted(at, weight);
             continue;
         }
+        let weight = 1 + u32::try_from(lag.as_micros() % 4).unwrap();
         // Half the time, a clock read up to 30 ms behind the latest one
         // (not for the sliding log, which the store keeps at each call's
         // own time).
@@ -566,6 +570,7 @@ fn reserve_as_model(
         let request = AdmitRequest {
             partition: None,
             now: at,
+            weight,
         };
         let (admission, reserved) = state
             .admit_reserving(&request, Reserve { within, held: None })
@@ -583,11 +588,19 @@ fn reserve_as_model(
                 )))
             }
         };
-        let want = model.reserve(at, within).map_err(Some);
-        prop_assert_eq!(got, want, "{:?} at {:?} within {:?}", limiter, at, within);
+        let want = model.reserve_weighted(at, within, weight);
+        prop_assert_eq!(
+            got,
+            want,
+            "{:?} at {:?} within {:?} weight {}",
+            limiter,
+            at,
+            within,
+            weight
+        );
         if let Ok(t) = got {
             if t > at {
-                held.push(t);
+                held.push((t, weight));
             }
         }
     }

@@ -181,7 +181,15 @@ fn every_key_has_a_ttl_and_one_hash_tag() {
         for partition in [None, Some(&key)] {
             for outcome in [Outcome::Failure, Outcome::Success, Outcome::Failure] {
                 let now = Duration::ZERO;
-                if let Ok(permit) = r.admit(&AdmitRequest { partition, now }).unwrap().decision {
+                if let Ok(permit) = r
+                    .admit(&AdmitRequest {
+                        partition,
+                        now,
+                        weight: 1,
+                    })
+                    .unwrap()
+                    .decision
+                {
                     r.record(&Record {
                         partition,
                         permit,
@@ -198,6 +206,7 @@ fn every_key_has_a_ttl_and_one_hash_tag() {
                 .admit(&AdmitRequest {
                     partition,
                     now: Duration::ZERO,
+                    weight: 1,
                 })
                 .unwrap();
         }
@@ -285,6 +294,7 @@ fn a_probe_that_never_reports_is_replaced_after_the_probe_lease() {
         r.admit(&AdmitRequest {
             partition: None,
             now: Duration::ZERO,
+            weight: 1,
         })
         .unwrap()
     };
@@ -371,6 +381,7 @@ fn slot_ids_with_trailing_zeros_are_given_back() {
         .admit(&AdmitRequest {
             partition: None,
             now,
+            weight: 1,
         })
         .unwrap()
         .decision
@@ -493,4 +504,84 @@ fn a_waiting_call_reserves_its_permit_on_redis() {
             "{limiter:?}"
         );
     }
+}
+
+/// Weighted calls on Redis, on the caller's virtual clock: the exact
+/// admitted counts of every algorithm, a weight beyond the limit refused
+/// at once, and a weighted call with `max_wait` waiting the exact time.
+#[test]
+fn weighted_calls_take_their_permits_on_redis() {
+    let server = RedisServer::start();
+    let ms = Duration::from_millis;
+    let pipeline = |limiter: RateLimiter, clock: &seawall::testing::VirtualClock| {
+        let store = RedisStore::builder(server.url())
+            .prefix(unique("weighted"))
+            .caller_clock()
+            .fail_closed()
+            .build()
+            .unwrap();
+        Pipeline::builder("weighted")
+            .rate_limiter(limiter)
+            .store(store)
+            .clock(clock.clone())
+            .build()
+            .unwrap()
+    };
+    let refusal =
+        |p: &Pipeline, n: u32| match p.weighted(n).unwrap().call(|_| Ok::<_, std::io::Error>(())) {
+            Ok(()) => None,
+            Err(e) => Some(*e.rejection().expect("a rejection")),
+        };
+    let start = Duration::from_secs(1_000);
+
+    // GCRA 10/s: weight 4 twice, the third waits 200 ms.
+    let clock = seawall::testing::VirtualClock::starting_at(start);
+    let p = pipeline(RateLimiter::gcra(10, ms(1000)), &clock);
+    assert!(refusal(&p, 4).is_none());
+    assert!(refusal(&p, 4).is_none());
+    let r = refusal(&p, 4).unwrap();
+    assert_eq!(
+        (r.reason, r.retry_after),
+        (RejectionReason::RateLimited, Some(ms(200)))
+    );
+    assert!(refusal(&p, 2).is_none());
+    assert!(refusal(&p, 1).is_some());
+    let r = refusal(&p, 11).unwrap();
+    assert_eq!(
+        (r.reason, r.retry_after),
+        (RejectionReason::RateLimited, None)
+    );
+
+    // Fixed window of 10: 3 + 3 + 3, then 2 is refused and 1 passes.
+    let clock = seawall::testing::VirtualClock::starting_at(start);
+    let p = pipeline(RateLimiter::fixed_window(10, ms(1000)), &clock);
+    assert_eq!((0..5).filter(|_| refusal(&p, 3).is_none()).count(), 3);
+    assert_eq!(refusal(&p, 2).unwrap().retry_after, Some(ms(1000)));
+    assert!(refusal(&p, 1).is_none());
+    assert_eq!(refusal(&p, 11).unwrap().retry_after, None);
+
+    // Sliding window of 10: 6, then 3 half a period later; 2 more wait
+    // for the first 6 to expire.
+    let clock = seawall::testing::VirtualClock::starting_at(start);
+    let p = pipeline(RateLimiter::sliding_window(10, ms(1000)), &clock);
+    assert!(refusal(&p, 6).is_none());
+    clock.advance(ms(500));
+    assert!(refusal(&p, 3).is_none());
+    assert_eq!(refusal(&p, 2).unwrap().retry_after, Some(ms(500)));
+    assert!(refusal(&p, 1).is_none());
+    clock.advance(ms(500));
+    assert!(refusal(&p, 6).is_none());
+    assert!(refusal(&p, 1).is_some());
+
+    // A weighted call that may wait: burst 4, then 3 more at 300 ms.
+    let clock = seawall::testing::VirtualClock::starting_at(start);
+    let p = pipeline(
+        RateLimiter::gcra(10, ms(1000)).burst(4).max_wait(ms(2000)),
+        &clock,
+    );
+    assert!(refusal(&p, 4).is_none());
+    assert!(refusal(&p, 3).is_none());
+    assert_eq!(clock.now(), start + ms(300));
+    assert_eq!(refusal(&p, 5).unwrap().retry_after, None);
+    assert_eq!(clock.now(), start + ms(300));
 }

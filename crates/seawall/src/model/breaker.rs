@@ -426,7 +426,11 @@ pub fn check(
         match op {
             Op::Admit => {
                 let real = state
-                    .admit(&AdmitRequest { partition, now })
+                    .admit(&AdmitRequest {
+                        partition,
+                        now,
+                        weight: 1,
+                    })
                     .map_err(|e| format!("step {step}: admit failed: {e}"))?;
                 let (expected, transition) = model.admit(now);
                 let got = match real.decision {

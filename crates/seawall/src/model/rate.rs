@@ -53,6 +53,19 @@
 //! one); the sliding window takes one entry at its instant out of the log.
 //! Otherwise it stays spent: stricter, never looser.
 //!
+//! # Weights
+//! A call of weight `n` takes `n` permits at once, all or none
+//! ([`RateLimit::reserve_weighted`]); weight 1 is the rules above. GCRA:
+//! the call conforms when `max(tat, now) + (n - 1) * T - now <= tau` and
+//! moves `tat` by `n * T` (a refused one retries after
+//! `max(tat, now) + (n - 1) * T - now - tau`). Fixed window: the next `n`
+//! free permits are in the last window if `count + n <= limit`, else in
+//! the one after. Sliding window: `n` entries are logged, and the entry
+//! judged is the one `limit - n + 1` places back. A weight that never fits
+//! (0, more than `burst` for GCRA, more than `limit` for the windows) is
+//! refused with no wait at all (`Err(None)`); a reservation given back
+//! returns its `n` permits under the same conditions as above.
+//!
 //! How long a call may wait (`max_wait`, its deadline) is the pipeline's
 //! decision; the model only takes the lead it is given.
 
@@ -125,20 +138,66 @@ impl RateLimit {
     /// assert_eq!(r.reserve(ms(300), ms(250)), Ok(ms(500)));
     /// ```
     pub fn reserve(&mut self, now: Duration, within: Duration) -> Result<Duration, Duration> {
+        // Weight 1 always fits (burst and limit are at least 1).
+        self.reserve_weighted(now, within, 1)
+            .map_err(|wait| wait.unwrap_or(END))
+    }
+
+    /// [`reserve`](Self::reserve) for a call of weight `n`: takes (or
+    /// reserves) `n` permits at once, all or none. `Err(Some(wait))`: how
+    /// long until they are free; `Err(None)`: the weight never fits (see
+    /// the [module docs](self)).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use seawall::model::rate::RateLimit;
+    /// use seawall::RateLimiter;
+    ///
+    /// let ms = Duration::from_millis;
+    /// let mut r = RateLimit::new(&RateLimiter::gcra(10, ms(1000)));
+    /// assert_eq!(r.reserve_weighted(ms(0), ms(0), 4), Ok(ms(0)));
+    /// assert_eq!(r.reserve_weighted(ms(0), ms(0), 4), Ok(ms(0)));
+    /// assert_eq!(r.reserve_weighted(ms(0), ms(0), 4), Err(Some(ms(200))));
+    /// assert_eq!(r.reserve_weighted(ms(0), ms(0), 11), Err(None));
+    /// ```
+    pub fn reserve_weighted(
+        &mut self,
+        now: Duration,
+        within: Duration,
+        n: u32,
+    ) -> Result<Duration, Option<Duration>> {
         match self {
-            RateLimit::Gcra(g) => g.reserve(now, within),
-            RateLimit::FixedWindow(f) => f.reserve(now, within),
-            RateLimit::SlidingWindow(s) => s.reserve(now, within),
+            RateLimit::Gcra(g) => g.reserve(now, within, n),
+            RateLimit::FixedWindow(f) => f.reserve(now, within, n),
+            RateLimit::SlidingWindow(s) => s.reserve(now, within, n),
+        }
+    }
+
+    /// `true` when a call of weight `n` can ever pass: `1 <= n <= burst`
+    /// for GCRA, `1 <= n <= limit` for the windows.
+    pub fn fits(&self, n: u32) -> bool {
+        match self {
+            RateLimit::Gcra(g) => {
+                n >= 1 && g.interval.as_nanos() * u128::from(n - 1) <= g.tolerance.as_nanos()
+            }
+            RateLimit::FixedWindow(FixedWindow { limit, .. })
+            | RateLimit::SlidingWindow(SlidingWindow { limit, .. }) => n >= 1 && n <= *limit,
         }
     }
 
     /// Gives back the permit reserved for instant `at`, where the state can
     /// tell it apart (see the [module docs](self)).
     pub fn give_back(&mut self, at: Duration) {
+        self.give_back_weighted(at, 1);
+    }
+
+    /// Gives back the `n` permits reserved for instant `at` by a call of
+    /// weight `n`, where the state can tell them apart.
+    pub fn give_back_weighted(&mut self, at: Duration, n: u32) {
         match self {
-            RateLimit::Gcra(g) => g.give_back(at),
-            RateLimit::FixedWindow(f) => f.give_back(at),
-            RateLimit::SlidingWindow(s) => s.give_back(at),
+            RateLimit::Gcra(g) => g.give_back(at, n),
+            RateLimit::FixedWindow(f) => f.give_back(at, n),
+            RateLimit::SlidingWindow(s) => s.give_back(at, n),
         }
     }
 }
@@ -168,28 +227,42 @@ impl Gcra {
         self.tat
     }
 
-    /// Takes a permit at `now`, or reserves the next one when it is at most
-    /// `within` away (see [`RateLimit::reserve`]).
-    pub fn reserve(&mut self, now: Duration, within: Duration) -> Result<Duration, Duration> {
+    /// Takes `n` permits at `now`, or reserves them when they are at most
+    /// `within` away (see [`RateLimit::reserve_weighted`]).
+    pub fn reserve(
+        &mut self,
+        now: Duration,
+        within: Duration,
+        n: u32,
+    ) -> Result<Duration, Option<Duration>> {
         let now = instant(now);
-        let start = self.tat.max(now);
-        let wait = (start - now).saturating_sub(self.tolerance);
-        if wait > within {
-            return Err(wait);
+        let extra = self.interval.as_nanos() * u128::from(n.max(1) - 1);
+        if n == 0 || extra > self.tolerance.as_nanos() {
+            return Err(None);
         }
-        match start.checked_add(self.interval).filter(|&t| t <= END) {
+        let extra = Duration::from_nanos(extra as u64);
+        let start = self.tat.max(now);
+        let wait = (start + extra - now).saturating_sub(self.tolerance);
+        if wait > within {
+            return Err(Some(wait));
+        }
+        match (start + extra)
+            .checked_add(self.interval)
+            .filter(|&t| t <= END)
+        {
             Some(tat) => {
                 self.tat = tat;
                 Ok(now + wait)
             }
-            None => Err(self.interval),
+            None => Err(Some(self.interval)),
         }
     }
 
-    /// Gives back the permit reserved for `at` while no call came after it.
-    pub fn give_back(&mut self, at: Duration) {
+    /// Gives back the `n` permits reserved for `at` while no call came
+    /// after them.
+    pub fn give_back(&mut self, at: Duration, n: u32) {
         if at + self.tolerance + self.interval == self.tat {
-            self.tat -= self.interval;
+            self.tat = self.tat.saturating_sub(self.interval * n);
         }
     }
 }
@@ -214,9 +287,17 @@ impl FixedWindow {
         }
     }
 
-    /// Takes a permit at `now`, or reserves the next one when it is at most
-    /// `within` away (see [`RateLimit::reserve`]).
-    pub fn reserve(&mut self, now: Duration, within: Duration) -> Result<Duration, Duration> {
+    /// Takes `n` permits at `now`, or reserves them when they are at most
+    /// `within` away (see [`RateLimit::reserve_weighted`]).
+    pub fn reserve(
+        &mut self,
+        now: Duration,
+        within: Duration,
+        n: u32,
+    ) -> Result<Duration, Option<Duration>> {
+        if n == 0 || n > self.limit {
+            return Err(None);
+        }
         let now = instant(now);
         let period = self.period.as_nanos();
         let current = now.as_nanos() / period;
@@ -224,7 +305,7 @@ impl FixedWindow {
         if current > window {
             (window, count) = (current, 0);
         }
-        if count >= self.limit {
+        if u64::from(count) + u64::from(n) > u64::from(self.limit) {
             (window, count) = (window + 1, 0);
         }
         let start = window * period;
@@ -234,17 +315,17 @@ impl FixedWindow {
             Duration::from_nanos(start as u64)
         } else {
             let left = start.min(END.as_nanos()) - now.as_nanos();
-            return Err(Duration::from_nanos(left as u64));
+            return Err(Some(Duration::from_nanos(left as u64)));
         };
-        (self.window, self.count) = (window, count + 1);
+        (self.window, self.count) = (window, count + n);
         Ok(at)
     }
 
-    /// Gives back the permit reserved for `at` (the start of its window)
-    /// while its window is the last one counted.
-    pub fn give_back(&mut self, at: Duration) {
-        if at.as_nanos() / self.period.as_nanos() == self.window && self.count > 0 {
-            self.count -= 1;
+    /// Gives back the `n` permits reserved for `at` (the start of their
+    /// window) while their window is the last one counted.
+    pub fn give_back(&mut self, at: Duration, n: u32) {
+        if at.as_nanos() / self.period.as_nanos() == self.window && self.count >= n && n > 0 {
+            self.count -= n;
         }
     }
 }
@@ -267,9 +348,17 @@ impl SlidingWindow {
         }
     }
 
-    /// Takes a permit at `now`, or reserves the next one when it is at most
-    /// `within` away (see [`RateLimit::reserve`]).
-    pub fn reserve(&mut self, now: Duration, within: Duration) -> Result<Duration, Duration> {
+    /// Takes `n` permits at `now`, or reserves them when they are at most
+    /// `within` away (see [`RateLimit::reserve_weighted`]).
+    pub fn reserve(
+        &mut self,
+        now: Duration,
+        within: Duration,
+        n: u32,
+    ) -> Result<Duration, Option<Duration>> {
+        if n == 0 || n > self.limit {
+            return Err(None);
+        }
         let now = instant(now);
         // An entry at `t` counts while `now - t < period`.
         while self
@@ -280,27 +369,31 @@ impl SlidingWindow {
             self.log.pop_front();
         }
         let newest = self.log.back().copied();
-        let limit = self.limit as usize;
-        let at = if self.log.len() < limit {
-            newest.map_or(now, |n| n.max(now))
+        // At most `limit - n` entries may count for `n` more to pass.
+        let depth = (self.limit - n + 1) as usize;
+        let at = if self.log.len() < depth {
+            newest.map_or(now, |last| last.max(now))
         } else {
-            let oldest = self.log[self.log.len() - limit];
+            let oldest = self.log[self.log.len() - depth];
             match oldest.checked_add(self.period).filter(|&t| t <= END) {
                 Some(free) if free.max(newest.unwrap_or(free)) - now <= within => {
                     free.max(newest.unwrap_or(free))
                 }
-                _ => return Err(later(oldest, self.period).saturating_sub(now)),
+                _ => return Err(Some(later(oldest, self.period).saturating_sub(now))),
             }
         };
-        self.log.push_back(at);
+        self.log.extend(std::iter::repeat_n(at, n as usize));
         Ok(at)
     }
 
-    /// Gives back the permit reserved for `at`: one entry at `at` leaves
-    /// the log.
-    pub fn give_back(&mut self, at: Duration) {
-        if let Some(i) = self.log.iter().rposition(|&t| t == at) {
-            self.log.remove(i);
+    /// Gives back the `n` permits reserved for `at`: `n` entries at `at`
+    /// leave the log.
+    pub fn give_back(&mut self, at: Duration, n: u32) {
+        for _ in 0..n {
+            match self.log.iter().rposition(|&t| t == at) {
+                Some(i) => drop(self.log.remove(i)),
+                None => break,
+            }
         }
     }
 }

@@ -11,8 +11,10 @@
 //!   `bulkhead_full` without one; cooldown: `cooldown_active` with the time
 //!   left; rate limit: `rate_limited` with its `retry_after`), and what the
 //!   earlier checks took (a half-open probe, a bulkhead slot) is given back.
-//!   The rate limit, last, takes a permit only when the call is admitted. A
-//!   circuit transition caused by the admission (open to half-open) is
+//!   The rate limit, last, takes a permit only when the call is admitted
+//!   (the request's `weight` permits, all or none); a weight it can never
+//!   grant is refused before anything else (`rate_limited` with no
+//!   `retry_after`), taking nothing. A circuit transition caused by the admission (open to half-open) is
 //!   reported even when a later check refuses.
 //! - **Record** applies the retry-after hint to the cooldown (any outcome),
 //!   the outcome to the circuit, and gives back the slot.
@@ -140,7 +142,7 @@ impl<C: CircuitModel> Policies<C> {
         }
     }
 
-    fn admit(&mut self, now: Duration) -> Admission {
+    fn admit(&mut self, now: Duration, weight: u32) -> Admission {
         let mut permit = Permit::default();
         let mut transition = None;
         let refuse = |reason, retry_after, transition| Admission {
@@ -148,6 +150,11 @@ impl<C: CircuitModel> Policies<C> {
             transition,
             degraded: None,
         };
+        // A weight the rate limit never grants is refused first, taking
+        // nothing.
+        if self.rate.as_ref().is_some_and(|rate| !rate.fits(weight)) {
+            return refuse(RejectionReason::RateLimited, None, None);
+        }
         if let Some(circuit) = &mut self.circuit {
             let answer = circuit.admit(now);
             transition = answer.transition;
@@ -177,9 +184,9 @@ impl<C: CircuitModel> Policies<C> {
             }
         }
         if let Some(rate) = &mut self.rate {
-            if let Err(retry_after) = rate.acquire(now) {
+            if let Err(retry_after) = rate.reserve_weighted(now, Duration::ZERO, weight) {
                 self.give_back(permit);
-                return refuse(RejectionReason::RateLimited, Some(retry_after), transition);
+                return refuse(RejectionReason::RateLimited, retry_after, transition);
             }
         }
         Admission {
@@ -241,7 +248,7 @@ fn circuit_permit(permit: Permit) -> CircuitPermit {
 ///     .with_bulkhead(Bulkhead::new(5))
 ///     .with_rate_limit(RateLimiter::fixed_window(1, Duration::from_secs(1)));
 /// let mut model: Resource = Resource::new(&spec);
-/// let at = |now| AdmitRequest { partition: None, now };
+/// let at = |now| AdmitRequest { partition: None, now, weight: 1 };
 /// assert!(model.admit(&at(Duration::ZERO)).decision.is_ok());
 /// let refused = model.admit(&at(Duration::ZERO)).decision.unwrap_err();
 /// assert_eq!(refused.reason, RejectionReason::RateLimited);
@@ -310,7 +317,7 @@ impl<C: CircuitModel> Resource<C> {
     /// bulkhead, cooldown and rate limit, all or nothing.
     pub fn admit(&mut self, request: &AdmitRequest<'_>) -> Admission {
         let now = instant(request.now);
-        self.policies(request.partition).admit(now)
+        self.policies(request.partition).admit(now, request.weight)
     }
 
     /// [`ResourceState::record`]: records the outcome of an admitted
@@ -576,6 +583,7 @@ impl<'a, C: CircuitModel> Differential<'a, C> {
                 let request = AdmitRequest {
                     partition: partition.as_ref(),
                     now,
+                    weight: 1,
                 };
                 let expected = self.model.admit(&request);
                 let got = self
@@ -860,6 +868,7 @@ mod tests {
         AdmitRequest {
             partition: None,
             now,
+            weight: 1,
         }
     }
 
@@ -904,6 +913,7 @@ mod tests {
             let request = AdmitRequest {
                 partition: key,
                 now: S,
+                weight: 1,
             };
             assert!(m.admit(&request).decision.is_ok());
             assert!(m.admit(&request).decision.is_err());

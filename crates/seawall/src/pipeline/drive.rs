@@ -53,11 +53,14 @@ enum From<T, E> {
 impl<K: Kind> Pipeline<K> {
     /// Runs a blocking call. The ordinary steps (an admission decided in
     /// place, a success that nobody watches) run here; anything else in
-    /// the general loop, from where the call stands.
+    /// the general loop, from where the call stands. Each admission takes
+    /// `weight` rate-limit permits; a weighted call (not 1) takes the
+    /// general path.
     #[inline(always)]
-    pub(crate) fn drive_sync<T, E, Op>(
+    pub(crate) fn drive_sync_weighted<T, E, Op>(
         &self,
         partition: Option<&PartitionKey>,
+        weight: u32,
         mut op: Op,
     ) -> Result<T, Error<E>>
     where
@@ -76,8 +79,11 @@ impl<K: Kind> Pipeline<K> {
                 }
             };
         }
-        let Some(mut first) = First::start(self, partition) else {
-            let call = Owned(Call::start(self, partition, Driver::Sync));
+        let first = (weight == 1)
+            .then(|| First::start(self, partition))
+            .flatten();
+        let Some(mut first) = first else {
+            let call = Owned(Call::start(self, partition, Driver::Sync).weighted(weight));
             return sync_loop(call, op, None);
         };
         // `held` holds the attempt's permit, given back on a panic.
@@ -105,10 +111,30 @@ impl<K: Kind> Pipeline<K> {
         }
     }
 
-    /// Runs an async call; see [`drive_sync`](Self::drive_sync).
-    pub(crate) async fn drive_async<T, E, Op, Fut>(
+    /// Runs an async call; see [`drive_sync_weighted`](Self::drive_sync_weighted).
+    #[inline(always)]
+    #[cfg_attr(not(feature = "reqwest"), allow(dead_code))]
+    pub(crate) fn drive_async<'a, T, E, Op, Fut>(
+        &'a self,
+        partition: Option<&'a PartitionKey>,
+        op: Op,
+    ) -> impl Future<Output = Result<T, Error<E>>> + use<'a, K, T, E, Op, Fut>
+    where
+        K: Handles<T, E>,
+        Op: FnMut(Context) -> Fut,
+        Fut: Future,
+        Fut::Output: AttemptOutput<T, E>,
+    {
+        self.drive_async_weighted(partition, 1, op)
+    }
+
+    /// [`drive_async`](Self::drive_async) of a call taking `weight`
+    /// rate-limit permits per admission (a weighted call takes the general
+    /// path).
+    pub(crate) async fn drive_async_weighted<T, E, Op, Fut>(
         &self,
         partition: Option<&PartitionKey>,
+        weight: u32,
         mut op: Op,
     ) -> Result<T, Error<E>>
     where
@@ -130,8 +156,11 @@ impl<K: Kind> Pipeline<K> {
                 }
             };
         }
-        let Some(mut first) = First::start(self, partition) else {
-            let call = Owned(Call::start(self, partition, Driver::Async));
+        let first = (weight == 1)
+            .then(|| First::start(self, partition))
+            .flatten();
+        let Some(mut first) = first else {
+            let call = Owned(Call::start(self, partition, Driver::Async).weighted(weight));
             return async_loop(call, op, None).await;
         };
         let mut held = first.hold();

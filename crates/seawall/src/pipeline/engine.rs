@@ -237,6 +237,8 @@ pub(crate) struct Call<'g, K: Kind> {
     /// When the call-level gate admitted the call, once read.
     call_at: Option<u64>,
     waiting: Option<Waiting>,
+    /// The rate-limit permits each admission takes (1 unless weighted).
+    weight: u32,
 }
 
 /// A call that gives back what it holds when it is dropped before its end
@@ -340,7 +342,15 @@ impl<'g, K: Kind> Call<'g, K> {
             call_permit: None,
             call_at: None,
             waiting: None,
+            weight: 1,
         }
+    }
+
+    /// The call taking `weight` rate-limit permits per admission; a
+    /// weighted call is admitted by the general path.
+    pub(crate) fn weighted(mut self, weight: u32) -> Self {
+        self.weight = weight;
+        self
     }
 
     /// The start of an attempt must be read from the clock: a timeout, a
@@ -500,6 +510,9 @@ impl<'g, K: Kind> Call<'g, K> {
 
     /// Admits the attempt under way.
     pub(crate) fn admit(&mut self) -> Admit<'g> {
+        if self.weight != 1 {
+            return self.admit_after(Quick::Other);
+        }
         match self.admit_ordinary() {
             Ok(ctx) => Admit::Run(ctx),
             Err(quick) => self.admit_after(quick),
@@ -516,6 +529,7 @@ impl<'g, K: Kind> Call<'g, K> {
                 let request = AdmitRequest {
                     partition: self.partition,
                     now: Duration::from_nanos(now),
+                    weight: self.weight,
                 };
                 match gate.memory.as_deref() {
                     Some(memory) if self.may_reserve() => {
@@ -623,6 +637,7 @@ impl<'g, K: Kind> Call<'g, K> {
                 let request = AdmitRequest {
                     partition: self.partition,
                     now: Duration::from_nanos(now),
+                    weight: self.weight,
                 };
                 self.admit_reserving(memory, request, Some(reservation))
             }
@@ -630,6 +645,7 @@ impl<'g, K: Kind> Call<'g, K> {
                 let request = AdmitRequest {
                     partition: self.partition,
                     now: Duration::from_nanos(now),
+                    weight: self.weight,
                 };
                 Admit::AskReserving(request, self.reserve(now, Some(reservation)))
             }
@@ -1642,6 +1658,7 @@ impl<'g, K: Kind> First<'g, K> {
             call_permit: None,
             call_at: None,
             waiting: None,
+            weight: 1,
         })
     }
 }

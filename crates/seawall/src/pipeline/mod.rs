@@ -10,7 +10,7 @@ use std::time::Duration;
 use crate::breaker::{CircuitControl, CircuitMetrics, CircuitState, CircuitTransition};
 use crate::clock::{ClockHandle, Random};
 use crate::context::{Context, PartitionKey};
-use crate::error::{Error, StoreError};
+use crate::error::{ConfigError, Error, StoreError};
 use crate::event::{EventKind, Listeners};
 use crate::retry::Retry;
 use crate::store::{MemoryResource, ResourceSpec, ResourceState};
@@ -188,6 +188,23 @@ impl<K: Kind> Pipeline<K> {
         }
     }
 
+    /// Runs calls that each take `weight` permits of the rate limiter at
+    /// once (an API priced in cost units, a batch of `weight` rows):
+    /// `pipeline.weighted(4)?.run(..)`. Every attempt is admitted for all
+    /// its permits or none; a call with a `max_wait` waits for all of
+    /// them. A weight the rate limiter can never grant (more than the
+    /// burst of a GCRA, the limit of a window) is refused at once with
+    /// [`RejectionReason::RateLimited`](crate::RejectionReason::RateLimited)
+    /// and no `retry_after`. The other policies count each attempt once.
+    /// Weighted calls take the general path of the engine: the ordinary
+    /// path of unweighted calls is unchanged.
+    ///
+    /// # Errors
+    /// A weight of 0: `rate_limit.weight must be >= 1, got 0`.
+    pub fn weighted(&self, weight: u32) -> Result<Weighted<'_, K>, ConfigError> {
+        Weighted::new(self, None, weight)
+    }
+
     /// Forces the circuit open: every call is rejected until
     /// [`reset`](Self::reset).
     ///
@@ -335,7 +352,7 @@ impl<K: Kind> Pipeline<K> {
         Op: FnMut(Context) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        self.run_in(None, op)
+        self.run_in(None, 1, op)
     }
 
     /// [`run`](Self::run) in `partition`: the operation as given, or in the
@@ -345,6 +362,7 @@ impl<K: Kind> Pipeline<K> {
     fn run_in<'a, T, E, Op, Fut>(
         &'a self,
         partition: Option<&'a PartitionKey>,
+        weight: u32,
         op: Op,
     ) -> impl Future<Output = Result<T, Error<E>>> + use<'a, K, T, E, Op, Fut>
     where
@@ -352,7 +370,7 @@ impl<K: Kind> Pipeline<K> {
         Op: FnMut(Context) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        self.drive_async(partition, op)
+        self.drive_async_weighted(partition, weight, op)
     }
 
     #[cfg(feature = "tracing")]
@@ -360,6 +378,7 @@ impl<K: Kind> Pipeline<K> {
     fn run_in<'a, T, E, Op, Fut>(
         &'a self,
         partition: Option<&'a PartitionKey>,
+        weight: u32,
         op: Op,
     ) -> impl Future<Output = Result<T, Error<E>>> + use<'a, K, T, E, Op, Fut>
     where
@@ -370,27 +389,32 @@ impl<K: Kind> Pipeline<K> {
         if span::wanted() {
             let op = span::async_op(self.shared.name, partition, op);
             span::Either::Traced {
-                future: self.drive_async(partition, op),
+                future: self.drive_async_weighted(partition, weight, op),
             }
         } else {
             span::Either::Plain {
-                future: self.drive_async(partition, op),
+                future: self.drive_async_weighted(partition, weight, op),
             }
         }
     }
 
     /// [`call`](Self::call) in `partition`; see [`run_in`](Self::run_in).
     #[inline(always)]
-    fn call_in<T, E, Op>(&self, partition: Option<&PartitionKey>, op: Op) -> Result<T, Error<E>>
+    fn call_in<T, E, Op>(
+        &self,
+        partition: Option<&PartitionKey>,
+        weight: u32,
+        op: Op,
+    ) -> Result<T, Error<E>>
     where
         K: HandlesSync<T, E>,
         Op: FnMut(Context) -> Result<T, E>,
     {
         #[cfg(feature = "tracing")]
         if span::wanted() {
-            return self.call_traced(partition, op);
+            return self.call_traced(partition, weight, op);
         }
-        self.drive_sync(partition, op)
+        self.drive_sync_weighted(partition, weight, op)
     }
 
     /// [`call_in`](Self::call_in) with the spans: out of the way of the
@@ -398,12 +422,18 @@ impl<K: Kind> Pipeline<K> {
     #[cfg(feature = "tracing")]
     #[cold]
     #[inline(never)]
-    fn call_traced<T, E, Op>(&self, partition: Option<&PartitionKey>, op: Op) -> Result<T, Error<E>>
+    fn call_traced<T, E, Op>(
+        &self,
+        partition: Option<&PartitionKey>,
+        weight: u32,
+        op: Op,
+    ) -> Result<T, Error<E>>
     where
         K: HandlesSync<T, E>,
         Op: FnMut(Context) -> Result<T, E>,
     {
-        self.drive_sync(partition, span::sync_op(self.shared.name, partition, op))
+        let op = span::sync_op(self.shared.name, partition, op);
+        self.drive_sync_weighted(partition, weight, op)
     }
 
     /// Runs a blocking operation through the pipeline on the calling thread.
@@ -424,7 +454,7 @@ impl<K: Kind> Pipeline<K> {
         K: HandlesSync<T, E>,
         Op: FnMut(Context) -> Result<T, E>,
     {
-        self.call_in(None, op)
+        self.call_in(None, 1, op)
     }
 
     /// The context of attempt `attempt` with `deadline`, for the fallback.
@@ -444,6 +474,76 @@ impl<K: Kind> Pipeline<K> {
     }
 }
 
+/// A pipeline whose calls take several rate-limit permits each; see
+/// [`Pipeline::weighted`] and [`Partition::weighted`].
+#[derive(Debug)]
+pub struct Weighted<'p, K: Kind = AnyResult> {
+    pipeline: &'p Pipeline<K>,
+    key: Option<PartitionKey>,
+    weight: u32,
+}
+
+impl<'p, K: Kind> Weighted<'p, K> {
+    fn new(
+        pipeline: &'p Pipeline<K>,
+        key: Option<PartitionKey>,
+        weight: u32,
+    ) -> Result<Self, ConfigError> {
+        if weight == 0 {
+            return Err(ConfigError::new(
+                "rate_limit",
+                "weight",
+                format!("must be >= 1, got {weight}"),
+            ));
+        }
+        Ok(Weighted {
+            pipeline,
+            key,
+            weight,
+        })
+    }
+
+    /// The rate-limit permits each attempt takes.
+    pub fn weight(&self) -> u32 {
+        self.weight
+    }
+
+    /// The partition key, if the calls run in a partition.
+    pub fn key(&self) -> Option<&PartitionKey> {
+        self.key.as_ref()
+    }
+
+    /// Runs an async operation taking [`weight`](Self::weight) permits.
+    /// See [`Pipeline::run`].
+    ///
+    /// # Errors
+    /// As for [`Pipeline::run`].
+    pub fn run<T, E, Op, Fut>(
+        &self,
+        op: Op,
+    ) -> impl Future<Output = Result<T, Error<E>>> + use<'_, 'p, K, T, E, Op, Fut>
+    where
+        K: Handles<T, E>,
+        Op: FnMut(Context) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        self.pipeline.run_in(self.key.as_ref(), self.weight, op)
+    }
+
+    /// Runs a blocking operation taking [`weight`](Self::weight) permits.
+    /// See [`Pipeline::call`].
+    ///
+    /// # Errors
+    /// As for [`Pipeline::call`].
+    pub fn call<T, E, Op>(&self, op: Op) -> Result<T, Error<E>>
+    where
+        K: HandlesSync<T, E>,
+        Op: FnMut(Context) -> Result<T, E>,
+    {
+        self.pipeline.call_in(self.key.as_ref(), self.weight, op)
+    }
+}
+
 /// A pipeline bound to a partition key; see [`Pipeline::partition`].
 #[derive(Debug)]
 pub struct Partition<'p, K: Kind = AnyResult> {
@@ -455,6 +555,15 @@ impl<'p, K: Kind> Partition<'p, K> {
     /// The partition key.
     pub fn key(&self) -> &PartitionKey {
         &self.key
+    }
+
+    /// Calls in this partition taking `weight` rate-limit permits each; see
+    /// [`Pipeline::weighted`].
+    ///
+    /// # Errors
+    /// A weight of 0: `rate_limit.weight must be >= 1, got 0`.
+    pub fn weighted(self, weight: u32) -> Result<Weighted<'p, K>, ConfigError> {
+        Weighted::new(self.pipeline, Some(self.key), weight)
     }
 
     /// Runs an async operation in this partition. See [`Pipeline::run`].
@@ -470,7 +579,7 @@ impl<'p, K: Kind> Partition<'p, K> {
         Op: FnMut(Context) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        self.pipeline.run_in(Some(&self.key), op)
+        self.pipeline.run_in(Some(&self.key), 1, op)
     }
 
     /// Runs a blocking operation in this partition. See [`Pipeline::call`].
@@ -482,7 +591,7 @@ impl<'p, K: Kind> Partition<'p, K> {
         K: HandlesSync<T, E>,
         Op: FnMut(Context) -> Result<T, E>,
     {
-        self.pipeline.call_in(Some(&self.key), op)
+        self.pipeline.call_in(Some(&self.key), 1, op)
     }
 
     /// Forces this partition's circuit open.

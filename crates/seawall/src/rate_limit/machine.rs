@@ -165,37 +165,41 @@ impl RateCell<'_> {
         match self {
             RateCell::Gcra(tat) => apply(tat, |s| rules::gcra(s, params, now_ns)),
             RateCell::Fixed(word) => apply(word, |s| rules::fixed_window(s, params, now_ns)),
-            RateCell::Log(log) => sliding_log(&mut lock(log), params, now_ns, 0).map(|_| ()),
+            RateCell::Log(log) => sliding_log(&mut lock(log), params, now_ns, 0, 1).map(|_| ()),
             RateCell::Ring(ring) => ring.acquire(params, now_ns),
         }
     }
 
-    /// Takes one permit at `now_ns` or, when the next free one is at most
-    /// `within_ns` away, reserves it (see [`rules`](super::rules)): the
-    /// instant of the permit (`now_ns`: admitted at once), or how long until
-    /// one is free. The lock-free ring never reserves (a limiter whose calls
-    /// may wait keeps a log instead).
+    /// Takes `n` permits at `now_ns` (`n` with [`rules::weight_fits`]) or,
+    /// when the next free ones are at most `within_ns` away, reserves them
+    /// (see [`rules`](super::rules)): the instant of the permits (`now_ns`:
+    /// admitted at once), or how long until they are free. The lock-free
+    /// ring never reserves (a limiter whose calls may wait keeps a log
+    /// instead).
     pub(crate) fn reserve(
         self,
         params: &RateParams,
         now_ns: u64,
         within_ns: u64,
+        n: u32,
     ) -> Result<u64, Duration> {
         match self {
-            RateCell::Gcra(tat) => {
-                apply_grant(tat, |s| rules::gcra_reserve(s, params, now_ns, within_ns))
-            }
-            RateCell::Fixed(word) => apply_grant(word, |s| {
-                rules::fixed_window_reserve(s, params, now_ns, within_ns)
+            RateCell::Gcra(tat) => apply_grant(tat, |s| {
+                rules::gcra_reserve(s, params, now_ns, within_ns, n)
             }),
-            RateCell::Log(log) => sliding_log(&mut lock(log), params, now_ns, within_ns),
-            RateCell::Ring(ring) => ring.acquire(params, now_ns).map(|()| now_ns),
+            RateCell::Fixed(word) => apply_grant(word, |s| {
+                rules::fixed_window_reserve(s, params, now_ns, within_ns, n)
+            }),
+            RateCell::Log(log) => sliding_log(&mut lock(log), params, now_ns, within_ns, n),
+            RateCell::Ring(ring) if n == 1 => ring.acquire(params, now_ns).map(|()| now_ns),
+            RateCell::Ring(ring) => ring.acquire_weighted(params, now_ns, n).map(|()| now_ns),
         }
     }
 
-    /// Gives back the reservation for instant `at` where the rule can tell
-    /// it apart (see [`rules`](super::rules)); otherwise it stays spent.
-    pub(crate) fn give_back(self, params: &RateParams, at: u64) {
+    /// Gives back the reservation of `n` permits for instant `at` where the
+    /// rule can tell it apart (see [`rules`](super::rules)); otherwise it
+    /// stays spent.
+    pub(crate) fn give_back(self, params: &RateParams, at: u64, n: u32) {
         let undo = |word: &AtomicU64, rule: &dyn Fn(u64) -> Option<u64>| {
             let mut current = word.load(Ordering::Acquire);
             while let Some(next) = rule(current) {
@@ -207,12 +211,17 @@ impl RateCell<'_> {
             }
         };
         match self {
-            RateCell::Gcra(tat) => undo(tat, &|s| rules::gcra_give_back(s, params, at)),
-            RateCell::Fixed(word) => undo(word, &|s| rules::fixed_window_give_back(s, params, at)),
+            RateCell::Gcra(tat) => undo(tat, &|s| rules::gcra_give_back(s, params, at, n)),
+            RateCell::Fixed(word) => {
+                undo(word, &|s| rules::fixed_window_give_back(s, params, at, n))
+            }
             RateCell::Log(log) => {
                 let mut log = lock(log);
-                if let Some(i) = log.iter().rposition(|&t| t == at) {
-                    log.remove(i);
+                for _ in 0..n {
+                    match log.iter().rposition(|&t| t == at) {
+                        Some(i) => drop(log.remove(i)),
+                        None => break,
+                    }
                 }
             }
             RateCell::Ring(_) => {}
@@ -266,13 +275,14 @@ fn apply_grant(
 }
 
 /// The sliding-window rule on a deque log, pruned of the entries that no
-/// longer count (so that it holds at most `limit`, and the reservations):
-/// the instant the permit is logged at.
+/// longer count (so that it holds at most `limit`, and the reservations),
+/// for a call of weight `n`: the instant its `n` permits are logged at.
 fn sliding_log(
     log: &mut VecDeque<u64>,
     p: &RateParams,
     now: u64,
     within: u64,
+    n: u32,
 ) -> Result<u64, Duration> {
     while log
         .front()
@@ -280,10 +290,10 @@ fn sliding_log(
     {
         log.pop_front();
     }
-    let limit = p.limit as usize;
-    let oldest = (log.len() >= limit).then(|| log[log.len() - limit]);
+    let depth = rules::sliding_window_depth(p, n);
+    let oldest = (log.len() >= depth).then(|| log[log.len() - depth]);
     let at = rules::sliding_window_reserve(oldest, log.back().copied(), p, now, within)?;
-    log.push_back(at);
+    log.extend(std::iter::repeat_n(at, n as usize));
     Ok(at)
 }
 
@@ -399,6 +409,37 @@ impl Ring {
                 Err(actual) => head = actual,
             }
         }
+    }
+
+    /// Takes `n > 1` permits (with [`rules::weight_fits`]): when the
+    /// permit [`rules::sliding_window_depth`] places back allows them, one
+    /// at a time. A concurrent caller may take a permit in between, and the
+    /// call then be refused with the permits it took spent: stricter,
+    /// never looser (a limiter whose calls are weighted under contention
+    /// can keep an exact log by allowing a `max_wait`).
+    fn acquire_weighted(&self, p: &RateParams, now: u64, n: u32) -> Result<(), Duration> {
+        let depth = rules::sliding_window_depth(p, n) as u64;
+        let head = self.head.load(Ordering::Acquire);
+        let index = head & RING_INDEX_MASK;
+        let lap = (head >> RING_LAP_SHIFT) & RING_LAP_MASK;
+        let full = head & RING_FULL != 0;
+        // The permit `depth` places back from the newest: admission
+        // `head - depth`, in this lap or (when full) the previous one.
+        let oldest = if index >= depth {
+            Some((index - depth, lap))
+        } else if full {
+            Some((
+                index + u64::from(self.limit) - depth,
+                lap.wrapping_sub(1) & RING_LAP_MASK,
+            ))
+        } else {
+            None
+        }
+        .map(|(i, lap)| {
+            Self::written(self.slot(i as u32).load(Ordering::Acquire), lap).unwrap_or(now)
+        });
+        rules::sliding_window(oldest, p, now)?;
+        (0..n).try_for_each(|_| self.acquire(p, now))
     }
 
     /// The time of the admission just before the one at `index` of `lap`,
@@ -661,6 +702,41 @@ mod tests {
     }
 
     proptest::proptest! {
+        /// Weighted calls without waiting: every cell, the lock-free ring
+        /// included, grants `n` permits exactly when the reference model
+        /// does, with the same wait when it does not (times in whole
+        /// microseconds, one clock reader).
+        #[test]
+        fn weighted_cells_decide_as_the_model(
+            which in 0usize..4,
+            limit in 1u32..9,
+            period_us in 1u64..2_000,
+            base in proptest::sample::select(vec![0u64, 1_000_000 * SEC]),
+            steps in proptest::collection::vec((0u64..400, 1u32..10), 1..200),
+        ) {
+            let spec = algorithms(limit, Duration::from_micros(period_us))[which].clone();
+            let c = Cells::new(spec.clone());
+            for s in c.all() {
+                let mut model = crate::model::rate::RateLimit::new(&spec);
+                let mut now = base;
+                for &(step, weight) in &steps {
+                    now += step * 1_000;
+                    let want = model.reserve_weighted(Duration::from_nanos(now), Duration::ZERO, weight);
+                    prop_assert_eq!(rules::weight_fits(&c.p, weight), want != Err(None));
+                    if want == Err(None) {
+                        continue;
+                    }
+                    let got = s.reserve(&c.p, now, 0, weight);
+                    let want = want
+                        .map(|at| u64::try_from(at.as_nanos()).unwrap())
+                        .map_err(|wait| wait.unwrap_or_default());
+                    prop_assert_eq!(got, want, "at {} weight {}", now, weight);
+                }
+            }
+        }
+    }
+
+    proptest::proptest! {
         /// With reservations and give-backs, every cell a waiting limiter
         /// lives in (the state word, the deque log) answers exactly as the
         /// reference model: the instant of each permit, each refusal's
@@ -671,7 +747,7 @@ mod tests {
             limit in 1u32..5,
             period_ms in 1u64..50,
             base in proptest::sample::select(vec![0u64, 1_000_000 * SEC, u64::MAX - 100 * SEC]),
-            steps in proptest::collection::vec((0u64..30, 0u64..120, 0usize..8), 1..120),
+            steps in proptest::collection::vec((0u64..30, 0u64..120, 0usize..8, 1u32..7), 1..120),
         ) {
             let period = Duration::from_millis(period_ms);
             let spec = algorithms(limit, period)[which].clone().max_wait(period * 3);
@@ -681,25 +757,35 @@ mod tests {
             let cell = state.cell();
             prop_assert!(!matches!(cell, RateCell::Ring(_)));
             let mut model = crate::model::rate::RateLimit::new(&spec);
-            let mut held: Vec<u64> = Vec::new();
+            let mut held: Vec<(u64, u32)> = Vec::new();
             let mut now = base;
-            for &(step_ms, within_ms, give) in &steps {
+            for &(step_ms, within_ms, give, weight) in &steps {
                 now = now.saturating_add(step_ms * MS / 3);
                 if give < 2 && !held.is_empty() {
-                    let at = held.remove(give % held.len());
-                    cell.give_back(&p, at);
-                    model.give_back(Duration::from_nanos(at));
+                    let (at, n) = held.remove(give % held.len());
+                    cell.give_back(&p, at, n);
+                    model.give_back_weighted(Duration::from_nanos(at), n);
                     continue;
                 }
+                // Weights up to 6, some more than the limit or the burst.
                 let within = within_ms * MS;
-                let got = cell.reserve(&p, now, within);
-                let want = model
-                    .reserve(Duration::from_nanos(now), Duration::from_nanos(within))
-                    .map(|at| u64::try_from(at.as_nanos()).unwrap());
-                prop_assert_eq!(got, want, "at {} within {}", now, within);
+                let want = model.reserve_weighted(
+                    Duration::from_nanos(now),
+                    Duration::from_nanos(within),
+                    weight,
+                );
+                prop_assert_eq!(rules::weight_fits(&p, weight), want != Err(None));
+                if want == Err(None) {
+                    continue;
+                }
+                let got = cell.reserve(&p, now, within, weight);
+                let want = want
+                    .map(|at| u64::try_from(at.as_nanos()).unwrap())
+                    .map_err(|wait| wait.unwrap_or_default());
+                prop_assert_eq!(got, want, "at {} within {} weight {}", now, within, weight);
                 if let Ok(at) = got {
                     if at > now {
-                        held.push(at);
+                        held.push((at, weight));
                     }
                 }
             }

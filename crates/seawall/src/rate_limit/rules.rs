@@ -32,6 +32,23 @@
 //! The call runs at the reserved instant without asking the limiter again.
 //! With `within = 0` nothing is ever reserved: the plain rules above.
 //!
+//! # Weights
+//! A call may take `n` permits at once (an API priced in cost units, a
+//! batch of `n` rows). The weighted rule *is* the rule: an unweighted call
+//! is a call of weight 1, and every rule below takes its `n`.
+//!
+//! - GCRA: the call conforms when its last permit does,
+//!   `TAT + (n - 1) * T <= now + tau`; the TAT then moves by `n * T`.
+//! - Fixed window: admitted while `count + n <= limit` in its window.
+//! - Sliding window: the log holds `n` entries for the call (a plain log
+//!   of permits, so that expiry stays one entry at a time); admitted when
+//!   the entry `limit - n + 1` places back is at least `period` old, i.e.
+//!   when at most `limit - n` permits were taken in `(now - period, now]`.
+//!
+//! A weight the limiter can never grant ([`weight_fits`]: more than the
+//! burst for GCRA, more than the limit for the windows) is refused at once
+//! by the callers, without a `retry_after`: waiting would not help.
+//!
 //! - GCRA reserves naturally: the TAT moves by one interval, the permit's
 //!   instant is `max(TAT, now) - tau`.
 //! - Fixed window: the state word then holds the *last* window with a
@@ -99,6 +116,19 @@ impl RateParams {
     }
 }
 
+/// `true` when a call of weight `n` can ever be granted: `1 <= n <= burst`
+/// for GCRA, `1 <= n <= limit` for the windows. A call whose weight does
+/// not fit is refused at once, whatever the state.
+#[inline]
+pub(crate) fn weight_fits(p: &RateParams, n: u32) -> bool {
+    n >= 1
+        && match p.algorithm {
+            RateAlgorithm::FixedWindow | RateAlgorithm::SlidingWindow => n <= p.limit,
+            // `tau = T * (burst - 1)`: the last of `n` permits must fit in it.
+            _ => u64::from(n - 1).saturating_mul(p.interval_ns) <= p.tolerance_ns,
+        }
+}
+
 /// GCRA: admits a call at `now` on the theoretical arrival time `tat`.
 ///
 /// `Ok(next_tat)` when the call conforms, `Err(retry_after)` when it does
@@ -108,7 +138,7 @@ impl RateParams {
 /// end (stricter, never looser).
 #[inline(always)]
 pub(crate) fn gcra(tat: u64, p: &RateParams, now: u64) -> Result<u64, Duration> {
-    gcra_reserve(tat, p, now, 0).map(|grant| grant.next)
+    gcra_reserve(tat, p, now, 0, 1).map(|grant| grant.next)
 }
 
 /// A permit granted by a rule: the next state, and the instant the permit
@@ -119,23 +149,32 @@ pub(crate) struct Grant<S> {
     pub(crate) at: u64,
 }
 
-/// GCRA with reservations (see the [module docs](self)): a call that does
-/// not conform takes the next permit anyway when its wait,
-/// `max(tat, now) - tau - now`, is at most `within`; the TAT moves as for
-/// an admission and the permit is for `now + wait`.
+/// GCRA with reservations and weights (see the [module docs](self)): a
+/// call of weight `n` (with [`weight_fits`]) that does not conform takes
+/// its permits anyway when its wait, `max(tat, now) + (n - 1) * T - tau -
+/// now`, is at most `within`; the TAT moves by `n * T` as for an admission
+/// and the permits are for `now + wait`.
 #[inline(always)]
 pub(crate) fn gcra_reserve(
     tat: u64,
     p: &RateParams,
     now: u64,
     within: u64,
+    n: u32,
 ) -> Result<Grant<u64>, Duration> {
     let start = tat.max(now);
-    let wait = (start - now).saturating_sub(p.tolerance_ns);
+    // The interval of the call's permits after the first (0 unweighted).
+    let extra = u64::from(n.saturating_sub(1)).saturating_mul(p.interval_ns);
+    let wait = (start - now)
+        .saturating_add(extra)
+        .saturating_sub(p.tolerance_ns);
     if wait > within {
         return Err(Duration::from_nanos(wait));
     }
-    match start.checked_add(p.interval_ns) {
+    match start
+        .checked_add(extra)
+        .and_then(|last| last.checked_add(p.interval_ns))
+    {
         Some(next) => Ok(Grant {
             next,
             at: now + wait,
@@ -144,14 +183,16 @@ pub(crate) fn gcra_reserve(
     }
 }
 
-/// GCRA: the state once the reservation for instant `at` is given back,
-/// when it can be: no call came after it (the TAT is still the one it set,
-/// every admission moving the TAT forward), so the TAT moves back by one
-/// interval. `None` otherwise: the calls queued behind it keep their
-/// instants, and the interval stays spent (see the [module docs](self)).
-pub(crate) fn gcra_give_back(tat: u64, p: &RateParams, at: u64) -> Option<u64> {
-    let start = at.checked_add(p.tolerance_ns)?;
-    (start.checked_add(p.interval_ns) == Some(tat)).then_some(start)
+/// GCRA: the state once the reservation of `n` permits for instant `at` is
+/// given back, when it can be: no call came after it (the TAT is still the
+/// one it set, `at + tau + T`, every admission moving the TAT forward), so
+/// the TAT moves back by `n` intervals. `None` otherwise: the calls queued
+/// behind it keep their instants, and the intervals stay spent (see the
+/// [module docs](self)).
+pub(crate) fn gcra_give_back(tat: u64, p: &RateParams, at: u64, n: u32) -> Option<u64> {
+    let set = at.checked_add(p.tolerance_ns)?.checked_add(p.interval_ns)?;
+    let taken = u64::from(n).checked_mul(p.interval_ns)?;
+    (set == tat).then(|| tat.checked_sub(taken)).flatten()
 }
 
 /// `true` when GCRA state `tat` decides every future call as fresh state
@@ -201,30 +242,33 @@ fn fixed_window_pack(window: u64, count: u64, p: &RateParams) -> u64 {
 /// free permit starts) when it does not.
 #[inline]
 pub(crate) fn fixed_window(word: u64, p: &RateParams, now: u64) -> Result<u64, Duration> {
-    fixed_window_reserve(word, p, now, 0).map(|grant| grant.next)
+    fixed_window_reserve(word, p, now, 0, 1).map(|grant| grant.next)
 }
 
-/// Fixed window with reservations (see the [module docs](self)): the next
-/// free permit is in the last window counted if it is not full, else in the
-/// one after; a call in that window is admitted, any other reserves it
-/// when the window starts at most `within` from `now`.
+/// Fixed window with reservations and weights (see the
+/// [module docs](self)): the next `n` free permits (`n` with
+/// [`weight_fits`]) are in the last window counted if it has room for
+/// them, else in the one after; a call in that window is admitted, any
+/// other reserves them when the window starts at most `within` from `now`.
 #[inline]
 pub(crate) fn fixed_window_reserve(
     word: u64,
     p: &RateParams,
     now: u64,
     within: u64,
+    n: u32,
 ) -> Result<Grant<u64>, Duration> {
     let index = now / p.period_ns;
     let (last, count) = fixed_window_of(word, p, now);
-    let (window, count) = if count < u64::from(p.limit) {
+    let n = u64::from(n);
+    let (window, count) = if count + n <= u64::from(p.limit) {
         (last, count)
     } else if let Some(after) = last.checked_add(1) {
         (after, 0)
     } else {
         return Err(Duration::from_nanos(u64::MAX - now));
     };
-    let next = fixed_window_pack(window, count + 1, p);
+    let next = fixed_window_pack(window, count + n, p);
     if window == index {
         return Ok(Grant { next, at: now });
     }
@@ -237,12 +281,14 @@ pub(crate) fn fixed_window_reserve(
     }
 }
 
-/// Fixed window: the state once the reservation for instant `at` (the
-/// start of its window) is given back, when it can be: its window is still
-/// the last one counted. `None` otherwise (see the [module docs](self)).
-pub(crate) fn fixed_window_give_back(word: u64, p: &RateParams, at: u64) -> Option<u64> {
+/// Fixed window: the state once the reservation of `n` permits for
+/// instant `at` (the start of its window) is given back, when it can be:
+/// its window is still the last one counted. `None` otherwise (see the
+/// [module docs](self)).
+pub(crate) fn fixed_window_give_back(word: u64, p: &RateParams, at: u64, n: u32) -> Option<u64> {
     let (tag, count) = (word >> p.count_bits, word & p.count_mask());
-    (tag == (at / p.period_ns) & p.index_mask() && count > 0).then(|| word - 1)
+    let n = u64::from(n);
+    (tag == (at / p.period_ns) & p.index_mask() && count >= n && n > 0).then(|| word - n)
 }
 
 /// `true` when fixed-window state `word` decides every future call as
@@ -252,8 +298,16 @@ pub(crate) fn fixed_window_is_idle(word: u64, p: &RateParams, now: u64) -> bool 
     fixed_window_of(word, p, now) == (now / p.period_ns, 0)
 }
 
+/// Sliding window: how many entries back from the newest the entry judged
+/// for a call of weight `n` (with [`weight_fits`]) is: `limit - n + 1`
+/// (`limit` unweighted). That entry is the `oldest` of [`sliding_window`].
+#[inline]
+pub(crate) fn sliding_window_depth(p: &RateParams, n: u32) -> usize {
+    (p.limit - n.clamp(1, p.limit) + 1) as usize
+}
+
 /// Sliding window: admits a call at `now` given `oldest`, the time of the
-/// admission `limit` places back (`None`: fewer than `limit` admissions so
+/// permit [`sliding_window_depth`] places back (`None`: fewer permits so
 /// far).
 ///
 /// `Ok(())` when that admission is at least `period` old;
@@ -367,6 +421,58 @@ mod tests {
     }
 
     #[test]
+    fn weighted_calls_take_all_their_permits_or_none() {
+        // 10 per second, burst 10: weight 4 twice, the third waits 200 ms.
+        let p = params(RateLimiter::gcra(10, Duration::from_secs(1)));
+        let mut tat = 0;
+        assert_eq!(
+            run(&mut tat, 2, |s| gcra_reserve(s, &p, 0, 0, 4)
+                .map(|g| g.next)),
+            2
+        );
+        assert_eq!(
+            gcra_reserve(tat, &p, 0, 0, 4),
+            Err(Duration::from_millis(200))
+        );
+        assert_eq!(
+            gcra_reserve(tat, &p, 0, 0, 2).map(|g| g.next),
+            Ok(1_000 * MS)
+        );
+        assert!(weight_fits(&p, 10) && !weight_fits(&p, 11) && !weight_fits(&p, 0));
+        // Reserved 200 ms ahead, then given back while newest.
+        let grant = gcra_reserve(tat, &p, 0, 200 * MS, 4).unwrap();
+        assert_eq!(grant.at, 200 * MS);
+        assert_eq!(gcra_give_back(grant.next, &p, grant.at, 4), Some(tat));
+        let p1 = params(RateLimiter::gcra(10, Duration::from_secs(1)).burst(3));
+        assert!(weight_fits(&p1, 3) && !weight_fits(&p1, 4));
+
+        // Fixed window of 10: 4 + 4, then 4 waits for the next window; 2 fits.
+        let p = params(RateLimiter::fixed_window(10, Duration::from_secs(1)));
+        let mut word = 0;
+        let p = &p;
+        let rule = |n| move |s| fixed_window_reserve(s, p, 100 * MS, 0, n).map(|g| g.next);
+        assert_eq!(run(&mut word, 3, rule(4)), 2);
+        assert_eq!(
+            fixed_window_reserve(word, p, 100 * MS, 0, 4),
+            Err(Duration::from_millis(900))
+        );
+        assert_eq!(run(&mut word, 3, rule(2)), 1);
+        assert!(weight_fits(p, 10) && !weight_fits(p, 11));
+        let grant = fixed_window_reserve(word, p, 100 * MS, SEC, 3).unwrap();
+        assert_eq!(grant.at, SEC);
+        assert_eq!(
+            fixed_window_give_back(grant.next, p, SEC, 3),
+            Some(grant.next - 3)
+        );
+
+        // Sliding window of 10: the entry 10 - 4 + 1 = 7 back is judged.
+        let p = params(RateLimiter::sliding_window(10, Duration::from_secs(1)));
+        assert_eq!(sliding_window_depth(&p, 4), 7);
+        assert_eq!(sliding_window_depth(&p, 1), 10);
+        assert_eq!(sliding_window_depth(&p, 10), 1);
+    }
+
+    #[test]
     fn gcra_limit_one_burst_one_is_strictly_spaced() {
         let p = params(RateLimiter::gcra(1, Duration::from_secs(1)).burst(1));
         let mut tat = 0;
@@ -458,35 +564,38 @@ mod tests {
         let (now, lead) = (250 * MS, 250 * MS);
         let p = params(RateLimiter::gcra(1, Duration::from_millis(250)).max_wait(Duration::MAX));
         assert!(p.reserves);
-        let first = gcra_reserve(0, &p, now, lead).unwrap();
+        let first = gcra_reserve(0, &p, now, lead, 1).unwrap();
         assert_eq!(first.at, now);
-        let second = gcra_reserve(first.next, &p, now, lead).unwrap();
+        let second = gcra_reserve(first.next, &p, now, lead, 1).unwrap();
         assert_eq!(second.at, 500 * MS);
         assert_eq!(
-            gcra_reserve(second.next, &p, now, lead),
+            gcra_reserve(second.next, &p, now, lead, 1),
             Err(Duration::from_millis(500))
         );
         // Given back while it is the newest, and only then.
-        assert_eq!(gcra_give_back(second.next, &p, 500 * MS), Some(first.next));
-        assert_eq!(gcra_give_back(second.next, &p, now), None);
+        assert_eq!(
+            gcra_give_back(second.next, &p, 500 * MS, 1),
+            Some(first.next)
+        );
+        assert_eq!(gcra_give_back(second.next, &p, now, 1), None);
 
         let p = params(RateLimiter::fixed_window(1, Duration::from_millis(250)));
-        let first = fixed_window_reserve(0, &p, now, lead).unwrap();
+        let first = fixed_window_reserve(0, &p, now, lead, 1).unwrap();
         assert_eq!(first.at, now);
-        let second = fixed_window_reserve(first.next, &p, now, lead).unwrap();
+        let second = fixed_window_reserve(first.next, &p, now, lead, 1).unwrap();
         assert_eq!(second.at, 500 * MS);
         assert_eq!(
-            fixed_window_reserve(second.next, &p, now, lead),
+            fixed_window_reserve(second.next, &p, now, lead, 1),
             Err(Duration::from_millis(500))
         );
         // Windows up to the reserved one count as full; its own is not once
         // given back.
         assert!(!fixed_window_is_idle(second.next, &p, now));
-        let back = fixed_window_give_back(second.next, &p, 500 * MS).unwrap();
-        assert_eq!(fixed_window_give_back(second.next, &p, now), None);
+        let back = fixed_window_give_back(second.next, &p, 500 * MS, 1).unwrap();
+        assert_eq!(fixed_window_give_back(second.next, &p, now, 1), None);
         assert!(!fixed_window_is_idle(back, &p, now));
         assert_eq!(
-            fixed_window_reserve(back, &p, now, lead).map(|g| g.at),
+            fixed_window_reserve(back, &p, now, lead, 1).map(|g| g.at),
             Ok(500 * MS)
         );
         assert!(fixed_window_is_idle(back, &p, 500 * MS));
@@ -510,7 +619,7 @@ mod tests {
         );
         let p = params(RateLimiter::fixed_window(1, Duration::from_secs(1)));
         let full = fixed_window(0, &p, u64::MAX - 1).unwrap();
-        assert!(fixed_window_reserve(full, &p, u64::MAX - 1, u64::MAX).is_err());
+        assert!(fixed_window_reserve(full, &p, u64::MAX - 1, u64::MAX, 1).is_err());
     }
 
     #[test]

@@ -152,6 +152,7 @@ impl Subject<'_> {
             .admit(&AdmitRequest {
                 partition: key,
                 now: self.clock.now(),
+                weight: 1,
             })
             .unwrap_or_else(|e| panic!("{}: admit failed: {e}", self.check));
         assert!(

@@ -779,17 +779,18 @@ impl MemoryResource {
         map.find(hash, key).map(|i| f(map.view(i)))
     }
 
-    /// The admission on `view` at `now_ns`. With a lead `within_ns`, a
-    /// rate-limit refusal reserves the next permit when it is at most that
-    /// far (its instant written into `reserved`); a `held` reservation (its
-    /// instant) stands for the rate-limit permit, and is given back when an
-    /// earlier policy refuses.
-    #[inline]
+    /// The admission on `view` at `now_ns` of a call of weight `n`. With a
+    /// lead `within_ns`, a rate-limit refusal reserves the next `n` permits
+    /// when they are at most that far (their instant written into
+    /// `reserved`); a `held` reservation (its instant) stands for the
+    /// rate-limit permits, and is given back when an earlier policy refuses.
+    /// A weight the rate limiter can never grant is refused first, with no
+    /// `retry_after`.
     fn admit_in(
         &self,
         view: View<'_>,
         now_ns: u64,
-        (within_ns, held): (u64, Option<u64>),
+        (within_ns, held, n): (u64, Option<u64>, u32),
         reserved: &mut Option<u64>,
     ) -> Admission {
         let params = &self.params;
@@ -797,7 +798,7 @@ impl MemoryResource {
         let mut transition = None;
         let refuse = |reason, retry_after, transition| {
             if let (Some(at), Some(rate), Some(p)) = (held, view.rate, &params.rate) {
-                rate.give_back(p, at);
+                rate.give_back(p, at, n);
             }
             Admission {
                 decision: Err(Rejection::new(reason, retry_after)),
@@ -805,6 +806,11 @@ impl MemoryResource {
                 degraded: None,
             }
         };
+        if let (Some(_), Some(p)) = (view.rate, &params.rate) {
+            if !crate::rate_limit::rules::weight_fits(p, n) {
+                return refuse(RejectionReason::RateLimited, None, None);
+            }
+        }
         if let (Some(circuit), Some(p)) = (view.circuit, &params.circuit) {
             let answer = circuit.admit(p, now_ns);
             transition = answer.transition;
@@ -832,7 +838,7 @@ impl MemoryResource {
             }
         }
         if let (Some(rate), Some(p), None) = (view.rate, &params.rate, held) {
-            match rate.reserve(p, now_ns, within_ns) {
+            match rate.reserve(p, now_ns, within_ns, n) {
                 Ok(at) if at > now_ns => {
                     // Reserved: the call waits for it, holding nothing else.
                     give_back(view, permit);
@@ -1095,12 +1101,13 @@ impl ResourceState for MemoryResource {
     fn admit(&self, request: &AdmitRequest<'_>) -> Result<Admission, StoreError> {
         let now_ns = duration_nanos(request.now);
         let none = &mut None;
+        let lead = (0, None, request.weight);
         Ok(match request.partition {
-            None => self.admit_in(self.root_view(), now_ns, (0, None), none),
+            None => self.admit_in(self.root_view(), now_ns, lead, none),
             Some(_) if self.params.is_empty() => Admission::admitted(Permit::default()),
-            Some(key) => self.use_partition(key, now_ns, |view| {
-                self.admit_in(view, now_ns, (0, None), none)
-            }),
+            Some(key) => {
+                self.use_partition(key, now_ns, |view| self.admit_in(view, now_ns, lead, none))
+            }
         })
     }
 
@@ -1113,6 +1120,8 @@ impl ResourceState for MemoryResource {
         let lead = (
             duration_nanos(reserve.within),
             reserve.held.map(|r| duration_nanos(r.at)),
+            // A held reservation is given back as it was taken.
+            reserve.held.map_or(request.weight, |r| r.weight),
         );
         let mut reserved = None;
         let admission = match request.partition {
@@ -1124,6 +1133,7 @@ impl ResourceState for MemoryResource {
         };
         let reservation = reserved.map(|at| Reservation {
             at: Duration::from_nanos(at),
+            weight: request.weight,
         });
         Ok((admission, reservation))
     }
@@ -1133,7 +1143,7 @@ impl ResourceState for MemoryResource {
         let at = duration_nanos(reservation.at);
         let undo = |view: View<'_>| {
             if let Some(rate) = view.rate {
-                rate.give_back(p, at);
+                rate.give_back(p, at, reservation.weight);
             }
         };
         match partition {
@@ -1255,6 +1265,7 @@ mod tests {
         r.admit(&AdmitRequest {
             partition: key,
             now,
+            weight: 1,
         })
         .unwrap()
     }

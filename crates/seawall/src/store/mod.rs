@@ -129,6 +129,32 @@ pub struct AdmitRequest<'a> {
     /// The pipeline's clock. Stores with a clock of their own (a server's)
     /// use theirs instead.
     pub now: Duration,
+    /// The rate-limit permits the attempt takes at once: 1 for an ordinary
+    /// call (see [`AdmitRequest::new`]), `n` for a call priced in `n` cost
+    /// units or a batch of `n` rows. The rate limiter grants all `n` or
+    /// none; a weight it can never grant (0, or more than the burst of a
+    /// GCRA, the limit of a window) is refused at once with
+    /// [`RejectionReason::RateLimited`](crate::RejectionReason::RateLimited)
+    /// and no `retry_after`. The other policies count the attempt once.
+    pub weight: u32,
+}
+
+impl<'a> AdmitRequest<'a> {
+    /// A request for one attempt of weight 1 at `now`.
+    pub fn new(partition: Option<&'a PartitionKey>, now: Duration) -> Self {
+        AdmitRequest {
+            partition,
+            now,
+            weight: 1,
+        }
+    }
+
+    /// The same request taking `weight` rate-limit permits.
+    #[must_use]
+    pub fn with_weight(mut self, weight: u32) -> Self {
+        self.weight = weight;
+        self
+    }
 }
 
 /// A rate-limit permit taken for a later instant by a call that waits for
@@ -143,6 +169,8 @@ pub struct Reservation {
     /// [`AdmitRequest::now`] unless the store keeps a clock of its own):
     /// how the store finds it again.
     pub at: Duration,
+    /// The permits reserved: the [`AdmitRequest::weight`] of the call.
+    pub weight: u32,
 }
 
 /// What a call that may wait for a rate-limit permit brings to
