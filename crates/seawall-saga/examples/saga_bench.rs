@@ -5,8 +5,9 @@
 //! ```
 //!
 //! Prints three-step sagas per second on SQLite (one worker, `synchronous =
-//! FULL`) and on Postgres (one and four workers), and the time to recover
-//! 10,000 unfinished sagas. Postgres: `SEAWALL_TEST_POSTGRES_URL` if set,
+//! FULL`) and on Postgres (one and four workers), the latency of a saga whose
+//! three steps each wait 10 ms, run in sequence and as one parallel group, and
+//! the time to recover 10,000 unfinished sagas. Postgres: `SEAWALL_TEST_POSTGRES_URL` if set,
 //! otherwise a throw-away server started with `scripts/lib/postgres.sh`.
 //! Environment knobs: `BENCH_SAGAS` (default 3000), `BENCH_CONCURRENCY`
 //! (default 64), `BENCH_RECOVERY` (default 10000).
@@ -18,8 +19,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use seawall_saga::{
-    ListQuery, Orchestrator, PostgresLog, PostgresOptions, Saga, SagaLog, SagaStatus, SqliteLog,
-    SqliteOptions, StartOptions, Step, StepContext, Synchronous,
+    ListQuery, Orchestrator, Parallel, PostgresLog, PostgresOptions, Saga, SagaLog, SagaStatus,
+    SqliteLog, SqliteOptions, StartOptions, Step, StepContext, Synchronous,
 };
 use serde::{Deserialize, Serialize};
 
@@ -63,6 +64,61 @@ fn purchase(second_step_entered: Option<Arc<AtomicUsize>>) -> Saga<Order> {
         );
     }
     builder.build().expect("valid saga")
+}
+
+/// Three steps that each wait `step` (an I/O of that latency), in sequence
+/// or as one parallel group.
+fn waiting(step: Duration, parallel: bool) -> Saga<Order> {
+    let steps = ["reserve_stock", "charge", "schedule_delivery"].map(|name| {
+        Step::new(name, move |ctx: StepContext<Order>| async move {
+            tokio::time::sleep(step).await;
+            Ok::<_, String>(Receipt {
+                reference: format!("{}-{}", ctx.input().id, ctx.idempotency_key()),
+            })
+        })
+        .compensate(|_ctx, _receipt: Receipt| async { Ok::<_, String>(()) })
+    });
+    let name = if parallel {
+        "waiting_parallel"
+    } else {
+        "waiting_sequence"
+    };
+    let mut builder = Saga::builder(name);
+    if parallel {
+        let mut group = Parallel::new();
+        for step in steps {
+            group = group.step(step);
+        }
+        builder = builder.parallel(group);
+    } else {
+        for step in steps {
+            builder = builder.step(step);
+        }
+    }
+    builder.build().expect("valid saga")
+}
+
+/// The median and 99th percentile of `runs` sagas run one at a time.
+async fn latency(o: &Orchestrator, saga: &Saga<Order>, runs: usize) -> (Duration, Duration) {
+    let mut times = Vec::with_capacity(runs);
+    for i in 0..runs {
+        let started = Instant::now();
+        let outcome = o
+            .start(
+                saga,
+                Order {
+                    id: i as u64,
+                    cents: 100,
+                },
+            )
+            .await
+            .expect("saga runs");
+        assert_eq!(outcome.status, SagaStatus::Completed);
+        times.push(started.elapsed());
+    }
+    times.sort_unstable();
+    let at = |pct: usize| times[((times.len() * pct).div_ceil(100)).clamp(1, times.len()) - 1];
+    (at(50), at(99))
 }
 
 fn env_usize(name: &str, default: usize) -> usize {
@@ -243,6 +299,30 @@ async fn main() {
             let rate = throughput(std::slice::from_ref(&o), &saga, total / 10, 1).await;
             println!(
                 "sqlite   synchronous=FULL   1 worker, one saga at a time: {rate:>8.0} sagas/s"
+            );
+        }
+    }
+
+    {
+        let step = Duration::from_millis(10);
+        let (sequence, parallel) = (waiting(step, false), waiting(step, true));
+        let path = dir.path().join("latency.db");
+        let log = SqliteLog::open(&path).unwrap();
+        let o = Orchestrator::builder(log)
+            .saga(&sequence)
+            .saga(&parallel)
+            .build()
+            .unwrap();
+        let runs = env_usize("BENCH_LATENCY_RUNS", 100);
+        for (saga, label) in [
+            (&sequence, "in sequence  "),
+            (&parallel, "one parallel group"),
+        ] {
+            let (p50, p99) = latency(&o, saga, runs).await;
+            println!(
+                "sqlite   3 steps of 10 ms, {label}: p50 {:.1} ms, p99 {:.1} ms ({runs} sagas, one at a time)",
+                p50.as_secs_f64() * 1e3,
+                p99.as_secs_f64() * 1e3
             );
         }
     }
