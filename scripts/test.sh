@@ -36,7 +36,27 @@ fi
 # shellcheck source=lib/postgres.sh
 source scripts/lib/postgres.sh
 pg_start
-trap pg_stop EXIT
+# Redis servers the tests start list their process ids here; whatever a
+# test left running (a server held for a whole test binary, a killed test
+# process) is stopped at the end.
+SEAWALL_TEST_SERVERS="$(mktemp -d)"
+export SEAWALL_TEST_SERVERS
+stop_test_servers() {
+    local file pid
+    for file in "$SEAWALL_TEST_SERVERS"/*; do
+        [ -e "$file" ] || continue
+        pid="$(basename "$file")"
+        if [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = "redis-server" ]; then
+            kill -9 "$pid" 2>/dev/null || true
+        fi
+    done
+    rm -rf "$SEAWALL_TEST_SERVERS"
+}
+cleanup() {
+    stop_test_servers
+    pg_stop
+}
+trap cleanup EXIT
 echo "==> PostgreSQL at $SEAWALL_TEST_POSTGRES_URL"
 
 echo "==> cargo fmt --check"

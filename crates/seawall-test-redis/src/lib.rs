@@ -3,7 +3,11 @@
 //!
 //! The server binary is `$REDIS_SERVER`, or `redis-server` on the `PATH`
 //! (`scripts/test.sh` installs Debian's package). Every server listens on
-//! 127.0.0.1 only, saves nothing and leaves nothing behind.
+//! 127.0.0.1 only and saves nothing. A server is killed when its
+//! `RedisServer` is dropped; one that outlives its test process (held in a
+//! `static`, or a process that was killed) is listed in
+//! `$SEAWALL_TEST_SERVERS` (a directory, one empty file per process id),
+//! which `scripts/test.sh` reads at its end to stop whatever is left.
 
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -79,6 +83,7 @@ impl RedisServer {
             .stderr(Stdio::null())
             .spawn()
             .expect("spawn redis-server");
+        note_running(child.id());
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(5);
         while Instant::now() < deadline {
@@ -135,6 +140,7 @@ impl RedisServer {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
+            note_stopped(c.id());
         }
     }
 
@@ -184,6 +190,24 @@ impl RedisServer {
 impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+/// The file that lists a running server's process id, when the test
+/// command asked for the list.
+fn listed(pid: u32) -> Option<PathBuf> {
+    std::env::var_os("SEAWALL_TEST_SERVERS").map(|dir| PathBuf::from(dir).join(pid.to_string()))
+}
+
+fn note_running(pid: u32) {
+    if let Some(file) = listed(pid) {
+        let _ = std::fs::write(file, b"");
+    }
+}
+
+fn note_stopped(pid: u32) {
+    if let Some(file) = listed(pid) {
+        let _ = std::fs::remove_file(file);
     }
 }
 

@@ -317,6 +317,18 @@ impl Chaos {
         drawn(rate, random.next_f64())
     }
 
+    /// Whether the policy may inject into a call that starts now: `false`
+    /// only when its switch is off (one relaxed load). A closure switch is
+    /// asked once per attempt, by [`injects`](Self::injects), so it counts
+    /// as on here.
+    #[inline(always)]
+    pub(crate) fn may_inject(&self) -> bool {
+        match &self.enabled {
+            Enabled::Switch(s) => s.is_on(),
+            Enabled::Always | Enabled::When(_) => true,
+        }
+    }
+
     /// What an injection of this policy is, for its event.
     pub(crate) fn kind(&self) -> ChaosKind {
         match self.action {

@@ -510,9 +510,10 @@ impl<K: Kind> Assembly<K> {
                     || listeners.registered(),
                 watch_late: self.overall_timeout.is_some_and(|t| t.strict)
                     || self.attempt_timeout.is_some_and(|t| t.strict),
+                // (Chaos switched off leaves a pipeline bare: the drivers
+                // ask `chaos_may_inject` at the start of each call.)
                 bare: gate.is_none()
                     && call_gate.is_none()
-                    && self.chaos.is_empty()
                     && !any_timeout
                     && self.retry.as_ref().is_none_or(|r| r.budget.is_none()),
             };

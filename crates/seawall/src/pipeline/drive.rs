@@ -68,7 +68,11 @@ impl<K: Kind> Pipeline<K> {
         Op: FnMut(Context) -> Result<T, E>,
     {
         let shared = &*self.shared;
-        if shared.plan.bare && partition.is_none() && !shared.listeners.enabled() {
+        if shared.plan.bare
+            && partition.is_none()
+            && !shared.listeners.enabled()
+            && !shared.chaos_may_inject()
+        {
             return match op(Context::bare(shared.name)) {
                 Ok(v) => Ok(v),
                 Err(e) => {
@@ -144,7 +148,11 @@ impl<K: Kind> Pipeline<K> {
         Fut::Output: AttemptOutput<T, E>,
     {
         let shared = &*self.shared;
-        if shared.plan.bare && partition.is_none() && !shared.listeners.enabled() {
+        if shared.plan.bare
+            && partition.is_none()
+            && !shared.listeners.enabled()
+            && !shared.chaos_may_inject()
+        {
             let (result, judged) = op(Context::bare(shared.name)).await.split();
             return match result {
                 Ok(v) => Ok(v),

@@ -1533,7 +1533,7 @@ impl<'g, K: Kind> First<'g, K> {
         partition: Option<&'g PartitionKey>,
     ) -> Option<Self> {
         let shared = &*pipeline.shared;
-        if shared.listeners.enabled() || shared.call_gate.is_some() || !shared.chaos.is_empty() {
+        if shared.listeners.enabled() || shared.call_gate.is_some() || shared.chaos_may_inject() {
             return None;
         }
         if let Some(b) = shared.retry.as_ref().and_then(|r| r.budget.as_ref()) {

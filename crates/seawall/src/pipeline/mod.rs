@@ -96,6 +96,17 @@ pub(crate) struct Shared<K: Kind> {
     pub(crate) chaos: Box<[crate::chaos::Chaos]>,
 }
 
+impl<K: Kind> Shared<K> {
+    /// A chaos policy may inject into a call that starts now (none is
+    /// configured, or every one is switched off: `false`, one relaxed load
+    /// each). Such a call takes the general loop, which asks each policy
+    /// again for each attempt.
+    #[inline(always)]
+    pub(crate) fn chaos_may_inject(&self) -> bool {
+        self.chaos.iter().any(crate::chaos::Chaos::may_inject)
+    }
+}
+
 /// A built pipeline: cheap to clone (one reference count), `Send + Sync`,
 /// shared by every task and thread.
 ///
