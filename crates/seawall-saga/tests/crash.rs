@@ -421,7 +421,10 @@ fn crash_orchestrator(
     let o = Orchestrator::builder(log)
         .saga(&sagas[0])
         .saga(&sagas[1])
-        .compensation_retry(seawall::Retry::constant(Duration::from_millis(1)).max_attempts(4))
+        // Every attempt is logged before it runs, so a kill during a
+        // compensation uses one of its attempts: room for the kills that may
+        // land on one saga in a row, and for the flaky compensation's failure.
+        .compensation_retry(seawall::Retry::constant(Duration::from_millis(1)).max_attempts(20))
         .recovery_concurrency(8)
         .build()
         .unwrap();
