@@ -42,6 +42,7 @@ pub(crate) async fn run(options: &LiveOptions, redis_url: Option<&str>) -> Resul
     })?;
     let stats = Arc::new(Stats::default());
     let timeline = Arc::new(Timeline::default());
+    #[cfg(feature = "web")]
     let page = match options.web {
         Some(port) => Some(
             crate::web::serve(
@@ -55,15 +56,19 @@ pub(crate) async fn run(options: &LiveOptions, redis_url: Option<&str>) -> Resul
                     second_process: redis_url.is_some(),
                 },
             )
-            .await?,
+            .await?
+            .url(),
         ),
         None => None,
     };
+    // Without the feature, `--web` is refused before the run.
+    #[cfg(not(feature = "web"))]
+    let page: Option<String> = None;
     introduce(&scenario, options, redis_url, service.addr, style);
-    if let Some(page) = &page {
+    if let Some(url) = &page {
         say(&format!(
             "{}\n",
-            style.paint(Colour::Bold, &format!("live page: {}", page.url()))
+            style.paint(Colour::Bold, &format!("live page: {url}"))
         ));
     }
     let log = EventLog::start(
@@ -88,20 +93,24 @@ pub(crate) async fn run(options: &LiveOptions, redis_url: Option<&str>) -> Resul
     };
     let pipeline = protected::pipeline(&scenario, store, cache.clone(), listener)
         .map_err(|e| Failure::BadInput(format!("cannot build the protected pipeline: {e}")))?;
-    let second = match redis_url {
-        Some(url) => Some(crate::two_processes::arrange(
-            crate::two_processes::Arrangement {
-                redis_url: url.to_owned(),
-                prefix: prefix.clone(),
-                service: service.addr,
-                started,
-                options: options.clone(),
-                style,
-                opened,
-                cache: cache.clone(),
-            },
-        )),
-        None => None,
+    #[cfg(feature = "redis")]
+    let second = redis_url.map(|url| {
+        crate::two_processes::arrange(crate::two_processes::Arrangement {
+            redis_url: url.to_owned(),
+            prefix: prefix.clone(),
+            service: service.addr,
+            started,
+            options: options.clone(),
+            style,
+            opened,
+            cache: cache.clone(),
+        })
+    });
+    // Without the feature, `--redis` is refused before the run.
+    #[cfg(not(feature = "redis"))]
+    let second: Option<NoSecondProcess> = {
+        let _ = (opened, started);
+        None
     };
 
     let mut callers = Vec::new();
@@ -130,16 +139,24 @@ pub(crate) async fn run(options: &LiveOptions, redis_url: Option<&str>) -> Resul
         summary = summary.with_second_process();
     }
     summary.print(style);
-    if let Some(page) = page {
+    if let Some(url) = page {
         if !interrupted {
-            say(&format!(
-                "the live page stays up at {} until Ctrl-C\n",
-                page.url()
-            ));
+            say(&format!("the live page stays up at {url} until Ctrl-C\n"));
             let _ = tokio::signal::ctrl_c().await;
         }
     }
     Ok(())
+}
+
+/// No second process without the `redis` feature.
+#[cfg(not(feature = "redis"))]
+enum NoSecondProcess {}
+
+#[cfg(not(feature = "redis"))]
+impl NoSecondProcess {
+    async fn finish(self) -> Result<(), Failure> {
+        match self {}
+    }
 }
 
 /// Lets every caller call, each after its stagger, until `until` or Ctrl-C;

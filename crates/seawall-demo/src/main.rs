@@ -26,6 +26,9 @@
 //! - `choreography`: the store as three services talking through Redis
 //!   Streams (feature `choreography`, on by default).
 #![forbid(unsafe_code)]
+// A few helpers serve only `--web` or `--redis`: a build without those
+// features leaves them unused.
+#![cfg_attr(not(all(feature = "redis", feature = "web")), allow(dead_code))]
 
 mod chart;
 #[cfg(feature = "choreography")]

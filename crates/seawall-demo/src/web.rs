@@ -70,18 +70,12 @@ impl Page {
     }
 }
 
-/// Runs the herd comparison, binds 127.0.0.1:`port` (0: any free port) and
+/// Binds 127.0.0.1:`port` (0: any free port), runs the herd comparison and
 /// serves the page until the runtime shuts down.
 ///
 /// # Errors
 /// [`Failure::BadInput`] when the port cannot be bound.
 pub(crate) async fn serve(port: u16, run: Run) -> Result<Page, Failure> {
-    let series = herd::compare(herd::DEFAULT_CLIENTS, herd::DEFAULT_SEED)?;
-    let shared = Arc::new(Shared {
-        run,
-        herd_json: herd::json(&series, herd::DEFAULT_CLIENTS, herd::DEFAULT_SEED),
-        herd_svg: chart::render(&series, herd::DEFAULT_CLIENTS),
-    });
     let listener = TcpListener::bind(("127.0.0.1", port)).await.map_err(|e| {
         Failure::BadInput(format!(
             "cannot serve the live page on 127.0.0.1:{port}: {e} (--port 0 takes any free port)"
@@ -90,6 +84,12 @@ pub(crate) async fn serve(port: u16, run: Run) -> Result<Page, Failure> {
     let addr = listener
         .local_addr()
         .map_err(|e| Failure::Runtime(format!("the page's socket has no address: {e}")))?;
+    let series = herd::compare(herd::DEFAULT_CLIENTS, herd::DEFAULT_SEED)?;
+    let shared = Arc::new(Shared {
+        run,
+        herd_json: herd::json(&series, herd::DEFAULT_CLIENTS, herd::DEFAULT_SEED),
+        herd_svg: chart::render(&series, herd::DEFAULT_CLIENTS),
+    });
     let app = Router::new()
         .route("/", get(page))
         .route("/summary.json", get(summary))
