@@ -132,10 +132,14 @@ pub(crate) async fn run(options: &LiveOptions, redis_url: Option<&str>) -> Resul
     }
     let interrupted = call_until(callers, scenario, scenario.end(), &stats, style).await;
     log.finish().await;
-    timeline.finish(scenario.elapsed(Instant::now()));
-    let mut summary = Summary::new(&stats, &service.hits, &scenario, options.clients);
+    let two_processes = second.is_some();
     if let Some(second) = second {
         second.finish().await?;
+    }
+    // From here on nothing changes: the page shows the run as done.
+    timeline.finish(scenario.elapsed(Instant::now()));
+    let mut summary = Summary::new(&stats, &service.hits, &scenario, options.clients);
+    if two_processes {
         summary = summary.with_second_process();
     }
     summary.print(style);
