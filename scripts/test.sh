@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The test command: installs what the tests need (redis-server, PostgreSQL),
+# The test command: installs what the tests need (redis-server, PostgreSQL,
+# Chromium for the demo's live page),
 # starts a throw-away PostgreSQL on 127.0.0.1, then runs the format check,
 # clippy and the whole test suite. Redis servers are started by the tests
 # themselves (one per test, on a free loopback port, in a temp dir).
@@ -15,6 +16,8 @@ as_root() {
 missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
+# The demo's live page is loaded in headless Chromium (no Node).
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 if [ "${#missing[@]}" -gt 0 ]; then
     echo "==> installing ${missing[*]}"
     # Keep the packages from starting system-wide services: the tests start
@@ -32,6 +35,10 @@ if [ "${#missing[@]}" -gt 0 ]; then
 fi
 # The Debian package may start a system-wide redis on 6379; the tests never
 # use it (each test starts its own server on a free port).
+
+# The live page's test runs (rather than skips) with this browser.
+SEAWALL_TEST_CHROMIUM="$(command -v chromium)"
+export SEAWALL_TEST_CHROMIUM
 
 # shellcheck source=lib/postgres.sh
 source scripts/lib/postgres.sh

@@ -7,87 +7,17 @@
 //! orders, prints a line per effect per service, waits until every order is
 //! done or undone, and prints a `CHOREOGRAPHY {json}` summary line.
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use seawall_saga::broker::redis_streams::RedisStreams;
 
 use crate::cli::ChoreographyOptions;
+use crate::redis_server::RedisServer;
 use crate::store::{self, Role};
 use crate::{say, Failure};
 
 /// How long the orders may take to settle.
 const SETTLE: Duration = Duration::from_secs(30);
-
-/// A throw-away `redis-server` and its directory, both gone on drop.
-struct Redis {
-    child: Child,
-    dir: PathBuf,
-    port: u16,
-}
-
-impl Redis {
-    /// Starts `redis-server` on a free loopback port in `dir`.
-    fn start(dir: &Path) -> Result<Redis, Failure> {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map_err(|e| Failure::Runtime(format!("no free loopback port: {e}")))?
-            .port();
-        let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no", "--dir"])
-            .arg(dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| {
-                Failure::BadInput(format!("choreography needs redis-server on PATH ({e})"))
-            })?;
-        let redis = Redis {
-            child,
-            dir: dir.to_owned(),
-            port,
-        };
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while !redis.answers() {
-            if Instant::now() > deadline {
-                return Err(Failure::Runtime(
-                    "redis-server did not answer PING within 5 s".to_owned(),
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Ok(redis)
-    }
-
-    /// Whether the server answers PING.
-    fn answers(&self) -> bool {
-        let Ok(mut stream) = TcpStream::connect(("127.0.0.1", self.port)) else {
-            return false;
-        };
-        let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
-        let mut reply = [0u8; 5];
-        stream.write_all(b"PING\r\n").is_ok()
-            && stream.read_exact(&mut reply).is_ok()
-            && &reply == b"+PONG"
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-}
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
 
 /// Runs the three services and the orders; prints the effects and the
 /// summary.
@@ -98,11 +28,7 @@ impl Drop for Redis {
 pub(crate) fn run(options: &ChoreographyOptions) -> Result<(), Failure> {
     let dir =
         std::env::temp_dir().join(format!("seawall-demo-choreography-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)
-        .map_err(|e| Failure::Runtime(format!("cannot create {}: {e}", dir.display())))?;
-    let redis = Redis::start(&dir).inspect_err(|_| {
-        let _ = std::fs::remove_dir_all(&dir);
-    })?;
+    let redis = RedisServer::start(&dir, "choreography")?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -1,6 +1,7 @@
 //! Command-line arguments.
 
 use std::ffi::OsString;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
@@ -18,6 +19,8 @@ pub(crate) enum Command {
     Saga(SagaOptions),
     /// The store as three services talking through Redis Streams.
     Choreography(ChoreographyOptions),
+    /// The second process of `--redis`, started by the first.
+    Second(SecondOptions),
     /// Print this text and exit.
     Help(&'static str),
 }
@@ -29,8 +32,41 @@ pub(crate) struct LiveOptions {
     pub(crate) duration: Duration,
     /// Concurrent clients in each group.
     pub(crate) clients: usize,
-    /// Keep the pipeline's state in this Redis.
-    pub(crate) redis: Option<String>,
+    /// Keep the pipeline's state in Redis and share it with a second process.
+    pub(crate) redis: Option<RedisMode>,
+    /// Serve the live page on this port of 127.0.0.1 (0: any free port).
+    pub(crate) web: Option<u16>,
+}
+
+/// Which Redis `--redis` uses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum RedisMode {
+    /// A `redis-server` of the demo's own, on a free loopback port.
+    Own,
+    /// The server at this URL.
+    Url(String),
+}
+
+/// The port of the live page when `--web` comes without `--port`.
+pub(crate) const DEFAULT_PORT: u16 = 7800;
+
+/// Options of the second process of `--redis` (`--role second`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SecondOptions {
+    /// Length of the first process's run (the timings derive from it).
+    pub(crate) duration: Duration,
+    /// Concurrent protected clients.
+    pub(crate) clients: usize,
+    /// The flaky service of the first process.
+    pub(crate) service: SocketAddr,
+    /// The Redis holding the shared state.
+    pub(crate) redis_url: String,
+    /// The key prefix of the shared state.
+    pub(crate) prefix: String,
+    /// When the first process's run started, in milliseconds since the Unix epoch.
+    pub(crate) since_unix_ms: u64,
+    /// Paint the output (the first process's stdout is a terminal).
+    pub(crate) colour: bool,
 }
 
 /// Options of `herd`.
@@ -77,6 +113,8 @@ const MAIN_HELP: &str = "\
 Watch seawall protect callers from a flaky HTTP service, live.
 
 Usage: seawall-demo [OPTIONS]
+       seawall-demo --web [--port N] [OPTIONS]
+       seawall-demo --redis [--redis-url URL] [OPTIONS]
        seawall-demo herd [--clients N] [--seed S] [--out FILE]
        seawall-demo saga [--db FILE] [--orders N] [--crash-after N]
        seawall-demo choreography [--orders N]
@@ -89,8 +127,18 @@ pipeline (retry, circuit breaker, timeout, bulkhead, cooldown, fallback).
 Options:
       --duration <SECS>  length of the run, 5..=3600 [default: 60]
       --clients <N>      concurrent clients per group, 1..=256 [default: 16]
-      --redis <URL>      keep the pipeline's state in Redis
+      --web              also serve a live page on 127.0.0.1: requests per
+                         second, the circuit, the answers, latencies, the herd
+      --port <N>         the page's port, 0 for any free one [default: 7800]
+      --redis            keep the pipeline's state in Redis (a redis-server of
+                         its own, on a free loopback port) and, once the
+                         circuit opens, start a second process with the same
+                         pipeline: it is refused by the shared circuit
+      --redis-url <URL>  use this Redis instead (implies --redis)
   -h, --help             print this help
+
+Internal: `--role second --service ADDR --redis-url URL --prefix P
+--since-unix-ms MS` is how --redis starts its second process.
 
 Commands:
   herd   N clients fail at once and retry: no jitter vs +/-20 % vs full jitter
@@ -166,7 +214,10 @@ pub(crate) fn parse_from(
         duration: Duration::from_secs(60),
         clients: 16,
         redis: None,
+        web: None,
     };
+    let (mut web, mut port, mut redis, mut redis_url) = (false, None, false, None);
+    let mut second = SecondArgs::default();
     let mut first = true;
     while let Some(arg) = parser.next()? {
         match arg {
@@ -180,18 +231,110 @@ pub(crate) fn parse_from(
                 live.duration = Duration::from_secs(number(&mut parser, "--duration", 5..=3600)?);
             }
             Long("clients") => live.clients = number(&mut parser, "--clients", 1..=256)?,
-            Long("redis") => live.redis = Some(parser.value()?.string()?),
+            Long("web") => web = true,
+            Long("port") => port = Some(number(&mut parser, "--port", 0..=u16::MAX)?),
+            Long("redis") => redis = true,
+            Long("redis-url") => redis_url = Some(parser.value()?.string()?),
+            Long("role") => second.role = Some(parser.value()?.string()?),
+            Long("service") => second.service = Some(parser.value()?.string()?),
+            Long("prefix") => second.prefix = Some(parser.value()?.string()?),
+            Long("since-unix-ms") => {
+                second.since = Some(number(&mut parser, "--since-unix-ms", 0..=u64::MAX)?);
+            }
+            Long("colour") => second.colour = true,
             _ => return Err(arg.unexpected().into()),
         }
         first = false;
     }
+    if second.role.is_some() {
+        if web || port.is_some() || redis {
+            return Err(UsageError(
+                "'--role second' takes no '--web', '--port' or '--redis'".to_owned(),
+            ));
+        }
+        return second.finish(&live, redis_url).map(Command::Second);
+    }
+    if let Some(option) = second.stray() {
+        return Err(UsageError(format!(
+            "option '{option}' is only for '--role second'"
+        )));
+    }
+    live.web = match (web, port) {
+        (true, port) => Some(port.unwrap_or(DEFAULT_PORT)),
+        (false, None) => None,
+        (false, Some(_)) => return Err(UsageError("option '--port' needs '--web'".to_owned())),
+    };
+    live.redis = match (redis, redis_url) {
+        (_, Some(url)) => Some(RedisMode::Url(url)),
+        (true, None) => Some(RedisMode::Own),
+        (false, None) => None,
+    };
     Ok(Command::Live(live))
+}
+
+/// The options of `--role second`, as they come.
+#[derive(Debug, Default)]
+struct SecondArgs {
+    role: Option<String>,
+    service: Option<String>,
+    prefix: Option<String>,
+    since: Option<u64>,
+    colour: bool,
+}
+
+impl SecondArgs {
+    /// The first option given that only `--role second` takes.
+    fn stray(&self) -> Option<&'static str> {
+        [
+            (self.service.is_some(), "--service"),
+            (self.prefix.is_some(), "--prefix"),
+            (self.since.is_some(), "--since-unix-ms"),
+            (self.colour, "--colour"),
+        ]
+        .into_iter()
+        .find_map(|(given, name)| given.then_some(name))
+    }
+
+    fn finish(
+        self,
+        live: &LiveOptions,
+        redis_url: Option<String>,
+    ) -> Result<SecondOptions, UsageError> {
+        let role = self.role.unwrap_or_default();
+        if role != "second" {
+            return Err(UsageError(format!(
+                "invalid value '{role}' for option '--role': expected 'second'"
+            )));
+        }
+        let (Some(service), Some(redis_url), Some(prefix), Some(since_unix_ms)) =
+            (self.service, redis_url, self.prefix, self.since)
+        else {
+            return Err(UsageError(
+                "'--role second' needs '--service', '--redis-url', '--prefix' and '--since-unix-ms'"
+                    .to_owned(),
+            ));
+        };
+        let service = service.parse().map_err(|_| {
+            UsageError(format!(
+                "invalid value '{service}' for option '--service': expected IP:PORT"
+            ))
+        })?;
+        Ok(SecondOptions {
+            duration: live.duration,
+            clients: live.clients,
+            service,
+            redis_url,
+            prefix,
+            since_unix_ms,
+            colour: self.colour,
+        })
+    }
 }
 
 fn parse_herd(mut parser: lexopt::Parser) -> Result<Command, UsageError> {
     let mut herd = HerdOptions {
-        clients: 1000,
-        seed: 42,
+        clients: crate::herd::DEFAULT_CLIENTS,
+        seed: crate::herd::DEFAULT_SEED,
         out: PathBuf::from("herd.svg"),
     };
     while let Some(arg) = parser.next()? {
@@ -272,8 +415,8 @@ mod tests {
             panic!()
         };
         assert_eq!(
-            (live.duration, live.clients, live.redis),
-            (Duration::from_secs(60), 16, None)
+            (live.duration, live.clients, live.redis, live.web),
+            (Duration::from_secs(60), 16, None, None)
         );
         let Ok(Command::Herd(herd)) = parse(&["herd"]) else {
             panic!()
@@ -300,12 +443,16 @@ mod tests {
 
     #[test]
     fn options_are_read() {
-        let Ok(Command::Live(live)) = parse(&["--duration", "12", "--redis=redis://127.0.0.1/"])
+        let Ok(Command::Live(live)) =
+            parse(&["--duration", "12", "--redis-url=redis://127.0.0.1/"])
         else {
             panic!()
         };
         assert_eq!(live.duration, Duration::from_secs(12));
-        assert_eq!(live.redis.as_deref(), Some("redis://127.0.0.1/"));
+        assert_eq!(
+            live.redis,
+            Some(RedisMode::Url("redis://127.0.0.1/".to_owned()))
+        );
         let Ok(Command::Herd(herd)) =
             parse(&["herd", "--clients", "10", "--seed=7", "--out", "x.svg"])
         else {
@@ -318,6 +465,76 @@ mod tests {
     }
 
     #[test]
+    fn web_and_redis_flags() {
+        let live = |args: &[&str]| match parse(args) {
+            Ok(Command::Live(live)) => (live.web, live.redis),
+            other => panic!("{args:?}: {other:?}"),
+        };
+        assert_eq!(live(&["--web"]), (Some(DEFAULT_PORT), None));
+        assert_eq!(live(&["--web", "--port", "0"]), (Some(0), None));
+        assert_eq!(
+            live(&["--redis", "--port=9000", "--web"]),
+            (Some(9000), Some(RedisMode::Own))
+        );
+        assert_eq!(
+            live(&["--redis-url", "redis://h/", "--redis"]),
+            (None, Some(RedisMode::Url("redis://h/".to_owned())))
+        );
+        assert_eq!(
+            parse(&["--port", "9000"]).unwrap_err().0,
+            "option '--port' needs '--web'"
+        );
+        assert!(parse(&["--web", "--port", "65536"]).is_err());
+        // `--redis` takes no value: a URL after it is a stray argument.
+        assert!(parse(&["--redis", "redis://h/"]).is_err());
+    }
+
+    #[test]
+    fn the_second_process_is_started_with_its_role() {
+        let args = [
+            "--role",
+            "second",
+            "--service",
+            "127.0.0.1:4000",
+            "--redis-url",
+            "redis://127.0.0.1:5000",
+            "--prefix",
+            "p",
+            "--since-unix-ms",
+            "1700000000000",
+            "--duration",
+            "10",
+            "--clients",
+            "4",
+        ];
+        let Ok(Command::Second(second)) = parse(&args) else {
+            panic!()
+        };
+        assert_eq!(
+            second,
+            SecondOptions {
+                duration: Duration::from_secs(10),
+                clients: 4,
+                service: "127.0.0.1:4000".parse().unwrap(),
+                redis_url: "redis://127.0.0.1:5000".to_owned(),
+                prefix: "p".to_owned(),
+                since_unix_ms: 1_700_000_000_000,
+                colour: false,
+            }
+        );
+        assert!(parse(&args[..8]).is_err(), "no --since-unix-ms");
+        assert!(parse(&["--role", "third"]).is_err());
+        assert!(parse(&[&args[..], &["--web"]].concat()).is_err());
+        assert_eq!(
+            parse(&["--prefix", "p"]).unwrap_err().0,
+            "option '--prefix' is only for '--role second'"
+        );
+        let mut bad = args;
+        bad[3] = "localhost";
+        assert!(parse(&bad).unwrap_err().0.contains("IP:PORT"));
+    }
+
+    #[test]
     fn bad_input_is_one_line() {
         for args in [
             &["--nope"][..],
@@ -327,6 +544,9 @@ mod tests {
             &["herd", "--duration", "5"],
             &["--duration", "5", "herd"],
             &["saga", "--orders", "0"],
+            &["--port", "1"],
+            &["--role", "second"],
+            &["--service", "x"],
         ] {
             let e = parse(args).unwrap_err();
             assert!(!e.0.contains('\n') && !e.0.is_empty(), "{args:?}: {e:?}");

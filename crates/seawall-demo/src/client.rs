@@ -3,7 +3,8 @@
 
 use std::fmt;
 use std::net::SocketAddr;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;
@@ -14,8 +15,8 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use seawall::Verdict;
 
-use crate::scenario::Group;
-use crate::service::GROUP_HEADER;
+use crate::scenario::{Group, Scenario};
+use crate::service::{Hits, GROUP_HEADER};
 
 /// Why a request did not bring back an answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -99,19 +100,40 @@ pub(crate) fn classify(error: &FetchError) -> Verdict {
 pub(crate) struct HttpClient {
     inner: Client<HttpConnector, Empty<Bytes>>,
     uri: Uri,
-    group: Group,
+    /// Sent in the [`GROUP_HEADER`]: who is calling.
+    label: &'static str,
+    /// Where the client counts the requests it sends, if anywhere.
+    counted: Option<(Arc<Hits>, Group, Scenario)>,
 }
 
 impl HttpClient {
     /// A client of `group` for the service at `addr`.
     pub(crate) fn new(addr: SocketAddr, group: Group) -> Self {
+        Self::labelled(addr, group.name())
+    }
+
+    /// A client for the service at `addr` that introduces itself as `label`.
+    pub(crate) fn labelled(addr: SocketAddr, label: &'static str) -> Self {
         let uri = format!("http://{addr}/quote")
             .parse()
             .expect("a socket address makes a valid URI");
         let inner = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(30))
             .build_http();
-        HttpClient { inner, uri, group }
+        HttpClient {
+            inner,
+            uri,
+            label,
+            counted: None,
+        }
+    }
+
+    /// Counts every request the client sends in `hits`, as `group`'s,
+    /// under the phase of `scenario` it is sent in (for a process that does
+    /// not run the service, and so cannot count what reaches it).
+    pub(crate) fn counting(mut self, hits: Arc<Hits>, group: Group, scenario: Scenario) -> Self {
+        self.counted = Some((hits, group, scenario));
+        self
     }
 
     /// GETs a quote, giving up after `timeout`.
@@ -120,9 +142,12 @@ impl HttpClient {
     /// An error status, a timeout or a broken connection.
     pub(crate) async fn get(&self, timeout: Duration) -> Result<String, FetchError> {
         let request = Request::get(self.uri.clone())
-            .header(GROUP_HEADER, self.group.name())
+            .header(GROUP_HEADER, self.label)
             .body(Empty::new())
             .expect("a GET with a valid URI is a valid request");
+        if let Some((hits, group, scenario)) = &self.counted {
+            hits.add(*group, scenario.phase_at(Instant::now()));
+        }
         let exchange = async {
             let response = self.inner.request(request).await.map_err(transport)?;
             let status = response.status();

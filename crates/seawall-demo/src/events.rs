@@ -10,21 +10,23 @@
 //! status lines and the summary, not printed.
 //!
 //! Events are handed over a channel to the printing task, so the pipeline
-//! never waits for the terminal.
+//! never waits for the terminal. The same task writes each second and each
+//! change of the circuit to the [`Timeline`] the live page draws.
 
-use std::io::Write;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use seawall::{Event, EventKind};
+use seawall::{Event, EventKind, RejectionReason};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::MissedTickBehavior;
 
-use crate::report::{Answers, Stats};
+use crate::report::Stats;
+use crate::say;
 use crate::scenario::{Group, Phase, Scenario};
 use crate::service::Hits;
 use crate::style::{Colour, Style};
+use crate::timeline::{GroupSecond, Second, Timeline};
 
 /// How often the status lines are printed.
 const TICK: Duration = Duration::from_secs(1);
@@ -34,32 +36,85 @@ enum Message {
     Finish,
 }
 
+/// What the live view shows.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct View {
+    /// The groups of clients of this process.
+    pub(crate) groups: &'static [Group],
+    /// The circuit lives in a store shared with a process that opens it:
+    /// a refusal by an open circuit this process never saw open tells it
+    /// the circuit is open (the second process of `--redis`).
+    pub(crate) shared_circuit: bool,
+}
+
+impl View {
+    /// Both groups of the live run, state of this process's own.
+    pub(crate) const BOTH_GROUPS: View = View {
+        groups: &Group::ALL,
+        shared_circuit: false,
+    };
+}
+
 /// The printing side of the live view.
 #[derive(Debug)]
 pub(crate) struct EventLog {
     sender: mpsc::UnboundedSender<Message>,
     printer: JoinHandle<()>,
+    view: View,
 }
 
 impl EventLog {
     /// Starts the printing task, which reads the callers' answers from
-    /// `stats` and the service's requests from `hits`.
+    /// `stats` and the service's requests from `hits`, prints them and
+    /// writes them to `timeline`.
     pub(crate) fn start(
         scenario: Scenario,
         style: Style,
         stats: Arc<Stats>,
         hits: Arc<Hits>,
+        timeline: Arc<Timeline>,
+        view: View,
     ) -> Self {
         let (sender, receiver) = mpsc::unbounded_channel();
-        let printer = tokio::spawn(print_lines(receiver, scenario, style, stats, hits));
-        EventLog { sender, printer }
+        let printer = Printer {
+            scenario,
+            style,
+            view,
+            shown: None,
+            circuit: Circuit::Closed,
+            requests_seen: [0; Group::ALL.len()],
+            timeline,
+        };
+        let printer = tokio::spawn(print_lines(receiver, printer, stats, hits));
+        EventLog {
+            sender,
+            printer,
+            view,
+        }
     }
 
     /// A listener to register with `PipelineBuilder::on_event`.
     pub(crate) fn listener(&self) -> impl Fn(&Event<'_>) + Send + Sync + 'static {
         let sender = self.sender.clone();
+        let shared_circuit = self.view.shared_circuit;
+        // The circuit as the events sent so far tell it: a refusal is sent
+        // only when it changes that (once, not for every refused call).
+        let believed = Mutex::new(Circuit::Closed);
         move |event: &Event<'_>| {
-            if is_transition(&event.kind) {
+            let send = if is_transition(&event.kind) {
+                true
+            } else if shared_circuit && is_circuit_refusal(&event.kind) {
+                let mut believed = believed.lock().unwrap_or_else(|e| e.into_inner());
+                let next = believed.after(&event.kind, true);
+                std::mem::replace(&mut *believed, next) != next
+            } else {
+                false
+            };
+            if shared_circuit && is_transition(&event.kind) {
+                let mut believed = believed.lock().unwrap_or_else(|e| e.into_inner());
+                *believed = believed.after(&event.kind, true);
+            }
+            if send {
                 let _ = sender.send(Message::Event {
                     at: Instant::now(),
                     kind: event.kind.clone(),
@@ -87,22 +142,53 @@ fn is_transition(kind: &EventKind) -> bool {
     )
 }
 
+/// A refusal by an open circuit.
+fn is_circuit_refusal(kind: &EventKind) -> bool {
+    matches!(
+        kind,
+        EventKind::Rejected {
+            reason: RejectionReason::CircuitOpen,
+            ..
+        }
+    )
+}
+
 /// The protected pipeline's circuit, as its events tell it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Circuit {
+pub(crate) enum Circuit {
+    /// Calls go through.
     Closed,
+    /// Calls are refused.
     Open,
+    /// A probe goes through.
     HalfOpen,
 }
 
 impl Circuit {
-    fn after(self, kind: &EventKind) -> Circuit {
+    /// The state after `kind`; with `shared`, a refusal by an open circuit
+    /// while closed means another process opened it.
+    fn after(self, kind: &EventKind, shared: bool) -> Circuit {
         match kind {
             EventKind::CircuitOpened { .. } => Circuit::Open,
             EventKind::CircuitHalfOpened => Circuit::HalfOpen,
             EventKind::CircuitClosed => Circuit::Closed,
+            kind if shared && self == Circuit::Closed && is_circuit_refusal(kind) => Circuit::Open,
             _ => self,
         }
+    }
+
+    /// A stable name, for the page.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Circuit::Closed => "closed",
+            Circuit::Open => "open",
+            Circuit::HalfOpen => "half_open",
+        }
+    }
+
+    /// The position of the state in `[closed, open, half_open]`.
+    pub(crate) fn index(self) -> usize {
+        self as usize
     }
 
     fn show(self) -> (Colour, &'static str) {
@@ -114,30 +200,19 @@ impl Circuit {
     }
 }
 
-/// What the status lines of one group counted at the last tick.
-#[derive(Debug, Clone, Copy, Default)]
-struct Seen {
-    answers: Answers,
-    requests: u64,
-}
-
 /// The printing task: a transition line for each change of state, the
 /// status lines once a second, a banner for each phase of the service.
 async fn print_lines(
     mut receiver: mpsc::UnboundedReceiver<Message>,
-    scenario: Scenario,
-    style: Style,
+    mut printer: Printer,
     stats: Arc<Stats>,
     hits: Arc<Hits>,
 ) {
-    let mut printer = Printer {
-        scenario,
-        style,
-        shown: None,
-        circuit: Circuit::Closed,
-        seen: [Seen::default(); Group::ALL.len()],
-    };
-    printer.announce(scenario.phase_at(Instant::now()));
+    // Banners from the phase the view starts in (the second process of
+    // `--redis` starts halfway).
+    let phase = printer.scenario.phase_at(Instant::now());
+    printer.shown = phase.index().checked_sub(1).map(|i| Phase::ALL[i]);
+    printer.announce(phase);
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + TICK, TICK);
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
     loop {
@@ -180,24 +255,42 @@ fn describe(kind: &EventKind) -> (Colour, String) {
                 short(*duration)
             ),
         ),
+        EventKind::Rejected { .. } => (
+            Colour::Red,
+            "circuit OPEN in the shared store: refused before this process sent a single \
+             request, another process opened it; the fallback answers"
+                .into(),
+        ),
         other => (Colour::Red, other.to_string()),
     }
 }
 
-/// Writes status lines, transitions and phase banners to stdout.
+/// Writes status lines, transitions and phase banners to stdout, and the
+/// seconds and the circuit's changes to the timeline.
 struct Printer {
     scenario: Scenario,
     style: Style,
+    view: View,
     /// The last phase announced.
     shown: Option<Phase>,
     circuit: Circuit,
-    seen: [Seen; Group::ALL.len()],
+    /// Requests per group counted at the last status.
+    requests_seen: [u64; Group::ALL.len()],
+    timeline: Arc<Timeline>,
 }
 
 impl Printer {
     /// The line of a change of state, stamped with its time and phase.
     fn transition(&mut self, at: Instant, kind: &EventKind) {
-        self.circuit = self.circuit.after(kind);
+        let before = self.circuit;
+        self.circuit = self.circuit.after(kind, self.view.shared_circuit);
+        let since_start = self.scenario.elapsed(at);
+        if self.circuit != before {
+            self.timeline.circuit(since_start, self.circuit);
+        }
+        if let EventKind::CooldownStarted { duration } = kind {
+            self.timeline.cooldown(since_start, *duration);
+        }
         self.announce(self.scenario.phase_at(at));
         let (colour, text) = describe(kind);
         let stamp = self.stamp(at);
@@ -213,37 +306,47 @@ impl Printer {
     /// (the last lines, once the callers stopped).
     fn status(&mut self, now: Instant, stats: &Stats, hits: &Hits) {
         let middle = now.checked_sub(TICK / 2).unwrap_or(now);
-        let counted = Group::ALL.map(|group| Seen {
-            answers: stats.answers(group),
-            requests: hits.total(group),
+        let phase = self.scenario.phase_at(middle);
+        let recent = stats.take_recent();
+        let requests = Group::ALL.map(|g| hits.total(g));
+        let groups = Group::ALL.map(|g| {
+            let (tally, i) = (&recent[g.index()], g.index());
+            GroupSecond {
+                reached: requests[i].saturating_sub(self.requests_seen[i]),
+                answers: tally.answers(),
+                p50: tally.latency(50),
+                p99: tally.latency(99),
+            }
         });
-        let quiet = Group::ALL.iter().all(|g| {
-            let (now, last) = (counted[g.index()], self.seen[g.index()]);
-            now.answers == last.answers && now.requests == last.requests
-        });
-        if quiet {
+        self.requests_seen = requests;
+        if groups.iter().all(|g| *g == GroupSecond::default()) {
             return;
         }
-        self.announce(self.scenario.phase_at(middle));
-        for group in Group::ALL {
-            let seen = counted[group.index()];
-            let last = std::mem::replace(&mut self.seen[group.index()], seen);
-            let a = seen.answers.since(last.answers);
-            let requests = seen.requests.saturating_sub(last.requests);
+        self.timeline.push(Second {
+            at: self.scenario.elapsed(now),
+            phase,
+            circuit: self.circuit,
+            groups,
+        });
+        self.announce(phase);
+        for (i, group) in self.view.groups.iter().enumerate() {
+            let second = &groups[group.index()];
+            let a = second.answers;
             let stamp = format!(
                 "{:>6.1}s  {:<16}",
                 self.scenario.elapsed(now).as_secs_f64(),
-                self.scenario.phase_at(middle).label()
+                phase.label()
             );
-            let stamp = match group {
-                Group::Unprotected => stamp,
-                Group::Protected => " ".repeat(stamp.len()),
+            let stamp = if i == 0 {
+                stamp
+            } else {
+                " ".repeat(stamp.len())
             };
             let mut line = format!(
                 "{} {:<12} {:>5} to the service | answers: {:>5} fresh {} {}",
                 self.style.paint(Colour::Dim, &stamp),
                 group.name(),
-                requests,
+                second.reached,
                 a.fresh,
                 self.style.paint(
                     if a.fallback > 0 {
@@ -262,7 +365,7 @@ impl Printer {
                     &format!("{:>5} errors", a.errors)
                 ),
             );
-            if group == Group::Protected {
+            if *group == Group::Protected {
                 let (colour, text) = self.circuit.show();
                 line += &format!(" | {}", self.style.paint(colour, text));
             }
@@ -313,10 +416,7 @@ impl Printer {
     }
 
     fn write(&self, line: &str) {
-        // A closed stdout (`| head`) is not worth a panic.
-        let mut out = std::io::stdout().lock();
-        let _ = writeln!(out, "{line}");
-        let _ = out.flush();
+        say(&format!("{line}\n"));
     }
 }
 
@@ -334,7 +434,6 @@ pub(crate) fn short(d: Duration) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use seawall::RejectionReason;
 
     #[test]
     fn only_changes_of_state_are_printed_as_they_happen() {
@@ -351,16 +450,46 @@ mod tests {
 
     #[test]
     fn the_circuit_state_follows_its_events() {
-        let open = Circuit::Closed.after(&EventKind::CircuitOpened {
-            cooldown: Duration::from_secs(1),
-        });
-        assert_eq!(open, Circuit::Open);
-        assert_eq!(open.after(&EventKind::FallbackExecuted), Circuit::Open);
-        assert_eq!(open.after(&EventKind::CircuitHalfOpened), Circuit::HalfOpen);
-        assert_eq!(
-            Circuit::HalfOpen.after(&EventKind::CircuitClosed),
-            Circuit::Closed
-        );
+        for shared in [false, true] {
+            let open = Circuit::Closed.after(
+                &EventKind::CircuitOpened {
+                    cooldown: Duration::from_secs(1),
+                },
+                shared,
+            );
+            assert_eq!(open, Circuit::Open);
+            assert_eq!(
+                open.after(&EventKind::FallbackExecuted, shared),
+                Circuit::Open
+            );
+            assert_eq!(
+                open.after(&EventKind::CircuitHalfOpened, shared),
+                Circuit::HalfOpen
+            );
+            assert_eq!(
+                Circuit::HalfOpen.after(&EventKind::CircuitClosed, shared),
+                Circuit::Closed
+            );
+        }
+    }
+
+    #[test]
+    fn a_refusal_reveals_a_shared_circuit_opened_elsewhere() {
+        let refused = EventKind::Rejected {
+            reason: RejectionReason::CircuitOpen,
+            retry_after: None,
+        };
+        // In one process the refusal may overtake the event of the call
+        // that opened the circuit: it tells nothing.
+        assert_eq!(Circuit::Closed.after(&refused, false), Circuit::Closed);
+        assert_eq!(Circuit::Closed.after(&refused, true), Circuit::Open);
+        // Half-open with the probe taken refuses too: still half-open.
+        assert_eq!(Circuit::HalfOpen.after(&refused, true), Circuit::HalfOpen);
+        let full = EventKind::Rejected {
+            reason: RejectionReason::BulkheadFull,
+            retry_after: None,
+        };
+        assert_eq!(Circuit::Closed.after(&full, true), Circuit::Closed);
     }
 
     #[test]

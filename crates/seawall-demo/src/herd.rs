@@ -17,6 +17,12 @@ use crate::chart;
 use crate::cli::HerdOptions;
 use crate::{say, Failure};
 
+/// Clients of the comparison, unless told otherwise.
+pub(crate) const DEFAULT_CLIENTS: usize = 1000;
+
+/// Seed of the jitter's random source, unless told otherwise.
+pub(crate) const DEFAULT_SEED: u64 = 42;
+
 /// The width of one bucket of the histogram.
 pub(crate) const BUCKET: Duration = Duration::from_millis(100);
 
@@ -119,15 +125,36 @@ pub(crate) fn simulate(
     Ok(Series { strategy, buckets })
 }
 
+/// Runs the three strategies.
+///
+/// # Errors
+/// When a pipeline cannot be built.
+pub(crate) fn compare(clients: usize, seed: u64) -> Result<Vec<Series>, Failure> {
+    STRATEGIES
+        .iter()
+        .map(|s| simulate(s, clients, seed))
+        .collect()
+}
+
+/// The machine-readable comparison: clients, seed and each strategy's peak
+/// (the `HERD` line, and the live page's `herd`).
+pub(crate) fn json(series: &[Series], clients: usize, seed: u64) -> String {
+    let peaks: Vec<String> = series
+        .iter()
+        .map(|s| format!("\"{}\":{}", s.strategy.key, s.peak().0))
+        .collect();
+    format!(
+        "{{\"clients\":{clients},\"seed\":{seed},\"peaks\":{{{}}}}}",
+        peaks.join(",")
+    )
+}
+
 /// Runs the three strategies, prints their peaks and writes the chart.
 ///
 /// # Errors
 /// When the chart cannot be written (`BadInput`).
 pub(crate) fn run(options: &HerdOptions) -> Result<(), Failure> {
-    let series = STRATEGIES
-        .iter()
-        .map(|s| simulate(s, options.clients, options.seed))
-        .collect::<Result<Vec<_>, _>>()?;
+    let series = compare(options.clients, options.seed)?;
     let svg = chart::render(&series, options.clients);
     std::fs::write(&options.out, svg).map_err(|e| {
         Failure::BadInput(format!(
@@ -158,16 +185,10 @@ pub(crate) fn run(options: &HerdOptions) -> Result<(), Failure> {
         );
     }
     let _ = writeln!(text, "\nchart written to {}", options.out.display());
-    let peaks: Vec<String> = series
-        .iter()
-        .map(|s| format!("\"{}\":{}", s.strategy.key, s.peak().0))
-        .collect();
     let _ = writeln!(
         text,
-        "HERD {{\"clients\":{},\"seed\":{},\"peaks\":{{{}}}}}",
-        options.clients,
-        options.seed,
-        peaks.join(",")
+        "HERD {}",
+        json(&series, options.clients, options.seed)
     );
     say(&text);
     Ok(())

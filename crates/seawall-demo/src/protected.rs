@@ -44,14 +44,16 @@ pub(crate) type Protected = Pipeline<WithFallback<Answer, FetchError>>;
 pub(crate) struct LastGoodAnswer(Arc<Mutex<Option<String>>>);
 
 impl LastGoodAnswer {
-    fn keep(&self, body: &str) {
+    /// Keeps `body` as the last good answer.
+    pub(crate) fn keep(&self, body: &str) {
         let mut last = self.0.lock().unwrap_or_else(|e| e.into_inner());
         if last.as_deref() != Some(body) {
             *last = Some(body.to_owned());
         }
     }
 
-    fn get(&self) -> Option<String> {
+    /// The last good answer, if any.
+    pub(crate) fn get(&self) -> Option<String> {
         self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 }

@@ -3,7 +3,6 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::io::Write as _;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -11,6 +10,7 @@ use seawall::RejectionReason;
 
 use crate::events::short;
 use crate::protected::FallbackCause;
+use crate::say;
 use crate::scenario::{Group, Phase, Scenario};
 use crate::service::Hits;
 use crate::style::{Colour, Style};
@@ -74,8 +74,37 @@ impl Tally {
         self.latencies.extend_from_slice(&other.latencies);
     }
 
-    fn errors(&self) -> u64 {
+    /// Errors surfaced to callers, all kinds together.
+    pub(crate) fn errors(&self) -> u64 {
         self.errors.values().sum()
+    }
+
+    /// Calls counted.
+    pub(crate) fn calls(&self) -> u64 {
+        self.calls
+    }
+
+    /// Fallback answers after a refusal for `reason`.
+    pub(crate) fn refused(&self, reason: RejectionReason) -> u64 {
+        RejectionReason::ALL
+            .iter()
+            .position(|r| *r == reason)
+            .map_or(0, |i| self.rejected[i])
+    }
+
+    /// What the callers got, by kind of answer.
+    pub(crate) fn answers(&self) -> Answers {
+        Answers {
+            fresh: self.answered,
+            fallback: self.fallbacks,
+            errors: self.errors(),
+        }
+    }
+
+    /// The latency below which `pct` % of the calls finished (nearest rank),
+    /// `None` without calls.
+    pub(crate) fn latency(&self, pct: usize) -> Option<Duration> {
+        (self.calls > 0).then(|| self.percentile(pct))
     }
 
     /// The latency below which `pct` % of the calls finished (nearest rank).
@@ -93,35 +122,49 @@ impl Tally {
     }
 }
 
-/// Every call of the run, by group and phase (the phase a call started in).
+/// Every call of the run, by group and phase (the phase a call started in),
+/// and the calls that ended since the live view last took them.
 #[derive(Debug, Default)]
 pub(crate) struct Stats {
-    tallies: Mutex<[[Tally; Phase::ALL.len()]; Group::ALL.len()]>,
+    recorded: Mutex<Recorded>,
+}
+
+#[derive(Debug, Default)]
+struct Recorded {
+    by_phase: [[Tally; Phase::ALL.len()]; Group::ALL.len()],
+    recent: [Tally; Group::ALL.len()],
 }
 
 impl Stats {
     /// Records one call.
     pub(crate) fn record(&self, group: Group, phase: Phase, outcome: Outcome, latency: Duration) {
-        let mut tallies = self.tallies.lock().unwrap_or_else(|e| e.into_inner());
-        tallies[group.index()][phase.index()].add(outcome, latency);
+        let mut recorded = self.recorded.lock().unwrap_or_else(|e| e.into_inner());
+        recorded.by_phase[group.index()][phase.index()].add(outcome, latency);
+        recorded.recent[group.index()].add(outcome, latency);
     }
 
-    /// The answers `group`'s callers got so far, all phases together.
-    pub(crate) fn answers(&self, group: Group) -> Answers {
-        let tallies = self.tallies.lock().unwrap_or_else(|e| e.into_inner());
-        tallies[group.index()]
+    /// The calls that ended since the last time this was called, per group
+    /// (each call is taken once: summed up, they are every call).
+    pub(crate) fn take_recent(&self) -> [Tally; Group::ALL.len()] {
+        let mut recorded = self.recorded.lock().unwrap_or_else(|e| e.into_inner());
+        std::mem::take(&mut recorded.recent)
+    }
+
+    /// Every call of `group` so far, all phases together.
+    pub(crate) fn total(&self, group: Group) -> Tally {
+        self.snapshot()[group.index()]
             .iter()
-            .fold(Answers::default(), |sum, t| Answers {
-                fresh: sum.fresh + t.answered,
-                fallback: sum.fallback + t.fallbacks,
-                errors: sum.errors + t.errors(),
+            .fold(Tally::default(), |mut all, t| {
+                all.merge(t);
+                all
             })
     }
 
     fn snapshot(&self) -> [[Tally; Phase::ALL.len()]; Group::ALL.len()] {
-        self.tallies
+        self.recorded
             .lock()
             .unwrap_or_else(|e| e.into_inner())
+            .by_phase
             .clone()
     }
 }
@@ -137,17 +180,6 @@ pub(crate) struct Answers {
     pub(crate) errors: u64,
 }
 
-impl Answers {
-    /// The answers counted since `earlier`.
-    pub(crate) fn since(self, earlier: Answers) -> Answers {
-        Answers {
-            fresh: self.fresh.saturating_sub(earlier.fresh),
-            fallback: self.fallback.saturating_sub(earlier.fallback),
-            errors: self.errors.saturating_sub(earlier.errors),
-        }
-    }
-}
-
 /// The figures of the run, ready to print.
 #[derive(Debug)]
 pub(crate) struct Summary<'a> {
@@ -156,6 +188,8 @@ pub(crate) struct Summary<'a> {
     by_phase: [[Tally; Phase::ALL.len()]; Group::ALL.len()],
     total: [Tally; Group::ALL.len()],
     hits: &'a Hits,
+    /// Whether a second process called the service too (`--redis`).
+    second_process: bool,
 }
 
 impl<'a> Summary<'a> {
@@ -179,7 +213,14 @@ impl<'a> Summary<'a> {
             by_phase,
             total,
             hits,
+            second_process: false,
         }
+    }
+
+    /// Also reports the requests of the second process of `--redis`.
+    pub(crate) fn with_second_process(mut self) -> Self {
+        self.second_process = true;
+        self
     }
 
     /// Prints the tables, the conclusion and the `SUMMARY` line.
@@ -188,10 +229,8 @@ impl<'a> Summary<'a> {
         self.write_totals(&mut text, style);
         self.write_phases(&mut text, style);
         self.write_conclusion(&mut text, style);
-        let mut out = std::io::stdout().lock();
-        let _ = write!(out, "{text}");
-        let _ = writeln!(out, "SUMMARY {}", self.json());
-        let _ = out.flush();
+        let _ = writeln!(text, "SUMMARY {}", self.json());
+        say(&text);
     }
 
     fn write_totals(&self, text: &mut String, style: Style) {
@@ -335,6 +374,15 @@ impl<'a> Summary<'a> {
             short(u.percentile(99)),
         );
         let _ = writeln!(text, "{}", style.paint(Colour::Bold, &conclusion));
+        if self.second_process {
+            let sent = self.hits.second_process_total();
+            let line = format!(
+                "the second process, started when the circuit opened, sent the service {sent} \
+                 request{} (its own lines, `second | `, say which were probes).",
+                if sent == 1 { "" } else { "s" }
+            );
+            let _ = writeln!(text, "{}", style.paint(Colour::Bold, &line));
+        }
     }
 
     /// The machine-readable summary, one line of JSON.
@@ -365,8 +413,21 @@ impl<'a> Summary<'a> {
                 )
             })
             .collect();
+        let second = if self.second_process {
+            let by_phase: Vec<String> = Phase::ALL
+                .iter()
+                .map(|p| format!("\"{}\":{}", p.name(), self.hits.second_process(*p)))
+                .collect();
+            format!(
+                ",\"second_process\":{{\"server_requests\":{},\"phases\":{{{}}}}}",
+                self.hits.second_process_total(),
+                by_phase.join(",")
+            )
+        } else {
+            String::new()
+        };
         format!(
-            "{{\"clients_per_group\":{},\"phases\":[{}],\"groups\":{{{}}}}}",
+            "{{\"clients_per_group\":{},\"phases\":[{}],\"groups\":{{{}}}{second}}}",
             self.clients,
             phases.join(","),
             groups.join(",")
@@ -383,7 +444,9 @@ fn ratio(many: u64, few: u64) -> String {
     }
 }
 
-fn tally_json(t: &Tally, server_requests: u64) -> String {
+/// The figures of `t` as JSON members (no braces); `server_requests`:
+/// the requests that reached the service.
+pub(crate) fn tally_json(t: &Tally, server_requests: u64) -> String {
     let rejections: Vec<String> = RejectionReason::ALL
         .iter()
         .zip(t.rejected)

@@ -124,10 +124,16 @@ pub(crate) struct Scenario {
 impl Scenario {
     /// A run of `total` length starting now.
     pub(crate) fn new(total: Duration) -> Self {
+        Self::starting_at(total, Instant::now())
+    }
+
+    /// A run of `total` length that started (or starts) at `start`: the
+    /// second process of `--redis` follows the first one's run this way.
+    pub(crate) fn starting_at(total: Duration, start: Instant) -> Self {
         let phase_len = total / Phase::ALL.len() as u32;
         let client_timeout = Duration::from_millis(500);
         Scenario {
-            start: Instant::now(),
+            start,
             phase_len,
             client_timeout,
             call_budget: client_timeout * 2,
@@ -160,6 +166,16 @@ impl Scenario {
         self.start + self.phase_len * phase.index() as u32
     }
 
+    /// When `phase` ends.
+    pub(crate) fn ends(&self, phase: Phase) -> Instant {
+        self.starts(phase) + self.phase_len
+    }
+
+    /// The length of the run.
+    pub(crate) fn total(&self) -> Duration {
+        self.phase_len * Phase::ALL.len() as u32
+    }
+
     /// The offsets of `phase` from the start of the run, in seconds.
     pub(crate) fn span_secs(&self, phase: Phase) -> (f64, f64) {
         let from = self.phase_len.as_secs_f64() * phase.index() as f64;
@@ -182,6 +198,19 @@ mod tests {
         assert_eq!(at(9.9), Phase::Recovered);
         assert_eq!(at(99.0), Phase::Recovered);
         assert_eq!(s.starts(Phase::Slow), s.start + Duration::from_secs(4));
+        assert_eq!(s.ends(Phase::Failing), s.starts(Phase::Slow));
+        assert_eq!(s.ends(Phase::Recovered), s.end());
+        assert_eq!(s.total(), Duration::from_secs(10));
+    }
+
+    #[test]
+    fn a_run_started_earlier_is_followed_where_it_is() {
+        let first = Scenario::new(Duration::from_secs(10));
+        let later = first.start + Duration::from_millis(3500);
+        let second = Scenario::starting_at(Duration::from_secs(10), first.start);
+        assert_eq!(second.phase_at(later), Phase::Failing);
+        assert_eq!(second.elapsed(later), Duration::from_millis(3500));
+        assert_eq!(second.circuit_cooldown, first.circuit_cooldown);
     }
 
     #[test]

@@ -23,15 +23,31 @@ use crate::scenario::{Group, Phase, Scenario};
 /// The header naming the group of the caller.
 pub(crate) const GROUP_HEADER: &str = "x-group";
 
-/// Requests that reached the service, per group and phase.
+/// The value of [`GROUP_HEADER`] sent by the second process of `--redis`.
+pub(crate) const SECOND_PROCESS: &str = "second-process";
+
+/// Requests that reached the service, per group and phase, and those of
+/// the second process of `--redis`.
 #[derive(Debug, Default)]
 pub(crate) struct Hits {
     counts: [[AtomicU64; Phase::ALL.len()]; Group::ALL.len()],
+    second_process: [AtomicU64; Phase::ALL.len()],
 }
 
 impl Hits {
-    fn add(&self, group: Group, phase: Phase) {
+    /// Counts one request of `group` during `phase`.
+    pub(crate) fn add(&self, group: Group, phase: Phase) {
         self.counts[group.index()][phase.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Requests of the second process that arrived during `phase`.
+    pub(crate) fn second_process(&self, phase: Phase) -> u64 {
+        self.second_process[phase.index()].load(Ordering::Relaxed)
+    }
+
+    /// Requests of the second process, all phases together.
+    pub(crate) fn second_process_total(&self) -> u64 {
+        Phase::ALL.into_iter().map(|p| self.second_process(p)).sum()
     }
 
     /// Requests of `group` that arrived during `phase`.
@@ -91,12 +107,16 @@ async fn answer(
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let arrived = Instant::now();
     let phase = scenario.phase_at(arrived);
-    if let Some(group) = request
-        .headers()
-        .get(GROUP_HEADER)
-        .and_then(|v| Group::from_name(v.as_bytes()))
-    {
-        hits.add(group, phase);
+    match request.headers().get(GROUP_HEADER).map(|v| v.as_bytes()) {
+        Some(name) if name == SECOND_PROCESS.as_bytes() => {
+            hits.second_process[phase.index()].fetch_add(1, Ordering::Relaxed);
+        }
+        Some(name) => {
+            if let Some(group) = Group::from_name(name) {
+                hits.add(group, phase);
+            }
+        }
+        None => {}
     }
     let response = match phase {
         Phase::Healthy | Phase::Recovered => quote(&scenario, arrived),

@@ -43,6 +43,17 @@ impl Style {
         }
     }
 
+    /// Colours or not, as told (a child process whose stdout is a pipe to a
+    /// parent printing on a terminal).
+    pub(crate) fn with_colour(colour: bool) -> Self {
+        Style { colour }
+    }
+
+    /// Whether output is painted.
+    pub(crate) fn is_coloured(&self) -> bool {
+        self.colour
+    }
+
     /// `text` in `colour`, or as is.
     pub(crate) fn paint<'a>(&self, colour: Colour, text: &'a str) -> Cow<'a, str> {
         if self.colour {
