@@ -56,6 +56,7 @@ pub enum LogError {
         supported: u32,
     },
     /// The Postgres server could not be reached or refused the connection.
+    #[cfg(feature = "postgres")]
     #[error("cannot connect to postgres at {target}")]
     Connect {
         /// Host, port and database (never the password).
@@ -95,6 +96,7 @@ pub enum LogError {
         source: Arc<rusqlite::Error>,
     },
     /// An error reported by Postgres or the connection to it.
+    #[cfg(feature = "postgres")]
     #[error("postgres error: {0}")]
     Postgres(#[source] Arc<tokio_postgres::Error>),
     /// An I/O error: which operation failed, and the system's message.
@@ -119,7 +121,12 @@ impl LogError {
 
     /// True when the backend could not be reached (connect failure or timeout).
     pub fn is_unavailable(&self) -> bool {
-        matches!(self, LogError::Connect { .. } | LogError::Timeout(_))
+        match self {
+            #[cfg(feature = "postgres")]
+            LogError::Connect { .. } => true,
+            LogError::Timeout(_) => true,
+            _ => false,
+        }
     }
 }
 
@@ -152,6 +159,7 @@ impl LogError {
     }
 }
 
+#[cfg(feature = "postgres")]
 impl From<tokio_postgres::Error> for LogError {
     fn from(error: tokio_postgres::Error) -> Self {
         LogError::Postgres(Arc::new(error))

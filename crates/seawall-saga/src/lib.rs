@@ -6,7 +6,7 @@
 //! order, even if the process dies half-way. That is a [`Saga`]: a name and
 //! ordered [`Step`]s, each an async action and a compensation. The
 //! [`Orchestrator`] runs it against a [`SagaLog`]: [`SqliteLog`] (one file,
-//! embedded, the default choice) or [`PostgresLog`] (many orchestrator processes
+//! embedded, the default choice) or [`PostgresLog`] (feature `postgres`: many orchestrator processes
 //! on one database, with leases), and [`Orchestrator::serve`] turns a process
 //! into a worker that runs submitted sagas ([Workers](#workers)).
 //!
@@ -74,8 +74,26 @@
 //!
 //! - `test-util`: `seawall::testing::VirtualClock` can be the orchestrator's
 //!   clock (see [Testing](#testing)).
+//! - `postgres` (off by default): the saga log on Postgres, `PostgresLog`,
+//!   and the outbox on Postgres through tokio-postgres, `outbox::postgres`.
+//! - `sqlx-sqlite`, `sqlx-postgres` (off by default): the outbox, the inbox
+//!   and the relay on the caller's sqlx transaction or pool,
+//!   `outbox::sqlx_sqlite` and `outbox::sqlx_postgres` (see [`outbox`]).
+//!   They need sqlx 0.9, whose minimum Rust is 1.94.
 //! - `redis-streams` (off by default): the choreography broker on Redis
 //!   Streams, `broker::redis_streams::RedisStreams` (see [`outbox`]).
+//!
+//! # With sqlx
+//!
+//! A service on sqlx's SQLite driver can use this crate: cargo lets one
+//! crate only link the SQLite library, and sqlx 0.9 accepts the
+//! `libsqlite3-sys` of rusqlite 0.37, which [`SqliteLog`] and the SQLite
+//! outbox use, so both share one SQLite. (sqlx 0.8 pins an older
+//! `libsqlite3-sys` and cannot be in the same build.) A step that changes
+//! the service's own database writes the change and its outbox event in one
+//! sqlx transaction with `outbox::sqlx_sqlite::enqueue` (or
+//! `outbox::sqlx_postgres::enqueue`); the saga log itself keeps its own file
+//! (or schema) and connections.
 //!
 //! [`Step::through`] runs a step's action through a `seawall::Pipeline`
 //! (retry, circuit breaker, timeout, ...).
@@ -146,7 +164,7 @@
 //!   fsyncs the WAL, so acknowledged transitions survive power loss; see
 //!   [`Synchronous`]). Concurrent sagas share commits (group commit). Meant for
 //!   one orchestrator process per file.
-//! - [`PostgresLog`]: many orchestrator processes share one database. A worker
+//! - [`PostgresLog`] (feature `postgres`): many orchestrator processes share one database. A worker
 //!   claims a saga with a lease (`FOR UPDATE SKIP LOCKED`); a dead worker's
 //!   sagas are taken over once the lease expires; every write is fenced by the
 //!   lease token, so a worker that lost its lease cannot write further
@@ -238,7 +256,8 @@
 //! Between services that do not share an orchestrator, [`outbox`] carries
 //! events reliably: a service writes its state change and the event in one
 //! local transaction ([`outbox::Outbox::enqueue`] on SQLite,
-//! [`outbox::postgres::enqueue`] on Postgres), an [`outbox::Relay`] publishes
+//! `outbox::postgres::enqueue` on Postgres, `outbox::sqlx_sqlite::enqueue`
+//! and `outbox::sqlx_postgres::enqueue` on a sqlx transaction), an [`outbox::Relay`] publishes
 //! the committed events to a [`broker::Broker`] (Redis Streams with the
 //! feature `redis-streams`) in order per aggregate and at least once, and each
 //! consumer records the message in the same local transaction as its effect
@@ -296,6 +315,7 @@ pub use definition::{
 pub use error::{DefinitionError, LogError, OutputError, SagaError};
 pub use event::SagaEvent;
 pub use id::{IdempotencyKey, Phase, SagaId};
+#[cfg(feature = "postgres")]
 pub use log::postgres::{PostgresLog, PostgresOptions};
 pub use log::sqlite::{SqliteLog, SqliteOptions, Synchronous};
 pub use log::{ClaimAttempt, ClaimedSaga, Lease, ListQuery, NewSaga, SagaLog, SagaRecord, Wakeups};

@@ -10,8 +10,21 @@
 //! state change is never left without its event. [`migrate`] creates the
 //! tables (`seawall_outbox`, `seawall_inbox` and `seawall_outbox_schema`, the
 //! schema version); a database whose outbox schema is newer than this build
-//! is refused with [`OutboxError::UnsupportedSchema`]. The same API on
-//! Postgres, through tokio-postgres's `Transaction`, is in [`postgres`].
+//! is refused with [`OutboxError::UnsupportedSchema`].
+//!
+//! The same API takes other database handles, each behind a feature; one
+//! copy of the statements and rules serves them all, only the executor
+//! differs:
+//!
+//! | database | caller's handle | module | relay | feature |
+//! | --- | --- | --- | --- | --- |
+//! | SQLite | `rusqlite::Transaction` | this one | [`Relay::open`] (a path) | always |
+//! | SQLite | `sqlx::Transaction<Sqlite>`, `SqlitePool` | `sqlx_sqlite` | `Relay::sqlx_sqlite` | `sqlx-sqlite` |
+//! | Postgres | `tokio_postgres::Transaction`, `Client` | `postgres` | `Relay::postgres` | `postgres` |
+//! | Postgres | `sqlx::Transaction<Postgres>`, `PgPool` | `sqlx_postgres` | `Relay::sqlx_postgres` | `sqlx-postgres` |
+//!
+//! The tables are the same whichever executor wrote them: a service that
+//! writes with sqlx can relay with [`Relay::open`], and the other way round.
 //!
 //! # Relay
 //!
@@ -30,7 +43,7 @@
 //!   `source` must be unique per database.
 //!
 //! **Order.** Rows are published in outbox order (the order of their commits:
-//! SQLite serialises writers; on Postgres, [`postgres::enqueue`] serialises
+//! SQLite serialises writers; on Postgres, `postgres::enqueue` serialises
 //! the transactions that enqueue events of one aggregate), one batch at a time, and a batch is published
 //! only after the previous one was marked sent. So the first publication of
 //! each event of an aggregate comes after the first publication of every
@@ -84,11 +97,18 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use rusqlite::{params, Connection, OptionalExtension, Transaction};
+use rusqlite::{params, Connection, Transaction};
 
 use crate::broker::{Broker, BrokerError, Envelope};
 
+#[cfg(feature = "postgres")]
 pub mod postgres;
+#[cfg(any(feature = "postgres", feature = "sqlx-postgres"))]
+mod postgres_sql;
+#[cfg(feature = "sqlx-postgres")]
+pub mod sqlx_postgres;
+#[cfg(feature = "sqlx-sqlite")]
+pub mod sqlx_sqlite;
 
 /// The outbox schema version this build reads and writes.
 pub const SCHEMA_VERSION: u32 = 1;
@@ -125,6 +145,7 @@ pub enum OutboxError {
         source: Arc<rusqlite::Error>,
     },
     /// An error reported by Postgres.
+    #[cfg(feature = "postgres")]
     #[error("postgres error while {operation}: {source}")]
     Postgres {
         /// What was being done.
@@ -132,6 +153,16 @@ pub enum OutboxError {
         /// What Postgres reported.
         #[source]
         source: Arc<tokio_postgres::Error>,
+    },
+    /// An error reported by sqlx (features `sqlx-sqlite`, `sqlx-postgres`).
+    #[cfg(any(feature = "sqlx-sqlite", feature = "sqlx-postgres"))]
+    #[error("sqlx error while {operation}: {source}")]
+    Sqlx {
+        /// What was being done.
+        operation: String,
+        /// What sqlx reported.
+        #[source]
+        source: Arc<sqlx::Error>,
     },
     /// The broker failed; the events stay in the outbox.
     #[error(transparent)]
@@ -157,7 +188,8 @@ fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
-const SCHEMA: &str = "
+/// The outbox schema in a SQLite database (rusqlite and sqlx alike).
+const SQLITE_SCHEMA: &str = "
 CREATE TABLE seawall_outbox_schema (version INTEGER NOT NULL);
 CREATE TABLE seawall_outbox (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -190,14 +222,11 @@ pub fn migrate(conn: &Connection) -> Result<(), OutboxError> {
         .map_err(err)?;
     let outcome = (|| {
         match schema_version(conn)? {
-            None => conn.execute_batch(SCHEMA).map_err(err)?,
+            None => conn.execute_batch(SQLITE_SCHEMA).map_err(err)?,
             Some(_) => return Ok(()),
         }
-        conn.execute(
-            "INSERT INTO seawall_outbox_schema (version) VALUES (?1)",
-            [SCHEMA_VERSION],
-        )
-        .map_err(err)?;
+        conn.execute(SQLITE_SET_VERSION, [SCHEMA_VERSION])
+            .map_err(err)?;
         Ok(())
     })();
     let end = match outcome {
@@ -216,32 +245,42 @@ pub fn migrate(conn: &Connection) -> Result<(), OutboxError> {
 fn schema_version(conn: &Connection) -> Result<Option<u32>, OutboxError> {
     let err = |e| OutboxError::sqlite("reading the outbox schema version", e);
     let exists: bool = conn
-        .query_row(
-            "SELECT EXISTS (SELECT 1 FROM sqlite_master
-             WHERE type = 'table' AND name = 'seawall_outbox_schema')",
-            [],
-            |r| r.get(0),
-        )
+        .query_row(SQLITE_HAS_SCHEMA, [], |r| r.get(0))
         .map_err(err)?;
     if !exists {
         return Ok(None);
     }
-    let found: Option<rusqlite::types::Value> = conn
-        .query_row("SELECT max(version) FROM seawall_outbox_schema", [], |r| {
-            r.get(0)
-        })
-        .optional()
+    let (version, shown) = conn
+        .query_row(SQLITE_VERSION, [], |r| Ok((r.get(0)?, r.get(1)?)))
         .map_err(err)?;
-    match found {
-        Some(rusqlite::types::Value::Integer(v)) if v == i64::from(SCHEMA_VERSION) => {
-            Ok(Some(SCHEMA_VERSION))
-        }
-        other => Err(OutboxError::UnsupportedSchema {
-            found: match other {
-                Some(rusqlite::types::Value::Integer(v)) => v.to_string(),
-                Some(v) => format!("{v:?}"),
-                None => "none".to_owned(),
-            },
+    accept_version(version, shown).map(Some)
+}
+
+/// SQLite: whether the outbox tables were created.
+const SQLITE_HAS_SCHEMA: &str = "SELECT EXISTS (SELECT 1 FROM sqlite_master
+     WHERE type = 'table' AND name = 'seawall_outbox_schema')";
+/// SQLite: the schema version, as an integer when it is one, and as text
+/// for the error that refuses it.
+const SQLITE_VERSION: &str = "SELECT CASE WHEN typeof(v) = 'integer' THEN v END,
+     CASE WHEN v IS NULL THEN 'none' ELSE CAST(v AS TEXT) END
+     FROM (SELECT max(version) AS v FROM seawall_outbox_schema)";
+/// SQLite: records the schema version.
+const SQLITE_SET_VERSION: &str = "INSERT INTO seawall_outbox_schema (version) VALUES (?1)";
+/// SQLite: one event (its id is the row id).
+const SQLITE_ENQUEUE: &str =
+    "INSERT INTO seawall_outbox (aggregate, event_type, payload, created_at_ms)
+     VALUES (?1, ?2, ?3, ?4)";
+/// SQLite: one handled message (no row for a duplicate).
+const SQLITE_HANDLE: &str = "INSERT INTO seawall_inbox (consumer, message_id, handled_at_ms)
+     VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING";
+
+/// Accepts the schema version read from a database: `version` when it is
+/// an integer, `shown` as the error reports it. Every backend decides here.
+fn accept_version(version: Option<i64>, shown: String) -> Result<u32, OutboxError> {
+    match version {
+        Some(v) if v == i64::from(SCHEMA_VERSION) => Ok(SCHEMA_VERSION),
+        _ => Err(OutboxError::UnsupportedSchema {
+            found: shown,
             supported: SCHEMA_VERSION,
         }),
     }
@@ -250,12 +289,18 @@ fn schema_version(conn: &Connection) -> Result<Option<u32>, OutboxError> {
 /// Maps a failure of a statement on the outbox tables: a missing table means
 /// [`migrate`] has not run.
 fn table_error(operation: &str, error: rusqlite::Error) -> OutboxError {
-    if error.to_string().contains("no such table") {
+    if missing_table(&error.to_string()) {
         return OutboxError::NotMigrated {
             location: "this database".to_owned(),
         };
     }
     OutboxError::sqlite(operation, error)
+}
+
+/// Whether SQLite's message says a table is missing (the outbox was not
+/// migrated), for rusqlite's errors and sqlx's alike.
+fn missing_table(message: &str) -> bool {
+    message.contains("no such table")
 }
 
 /// Refuses an empty aggregate or event type.
@@ -307,12 +352,9 @@ impl Outbox {
         payload: &str,
     ) -> Result<i64, OutboxError> {
         check_event(aggregate, event_type)?;
-        tx.prepare_cached(
-            "INSERT INTO seawall_outbox (aggregate, event_type, payload, created_at_ms)
-             VALUES (?1, ?2, ?3, ?4)",
-        )
-        .and_then(|mut s| s.execute(params![aggregate, event_type, payload, now_ms()]))
-        .map_err(|e| table_error("enqueuing an event", e))?;
+        tx.prepare_cached(SQLITE_ENQUEUE)
+            .and_then(|mut s| s.execute(params![aggregate, event_type, payload, now_ms()]))
+            .map_err(|e| table_error("enqueuing an event", e))?;
         Ok(tx.last_insert_rowid())
     }
 }
@@ -339,10 +381,7 @@ impl Inbox {
     ) -> Result<bool, OutboxError> {
         check_message(consumer, message_id)?;
         let inserted = tx
-            .prepare_cached(
-                "INSERT INTO seawall_inbox (consumer, message_id, handled_at_ms)
-                 VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING",
-            )
+            .prepare_cached(SQLITE_HANDLE)
             .and_then(|mut s| s.execute(params![consumer, message_id, now_ms()]))
             .map_err(|e| table_error("recording a message in the inbox", e))?;
         Ok(inserted == 1)
@@ -601,8 +640,8 @@ impl<B: Broker> Relay<B> {
     ///
     /// [`OutboxError::Broker`] when publishing failed: the batch stays unsent
     /// (some of it may have been published: it is published again next time).
-    /// [`OutboxError::Sqlite`] or [`OutboxError::Postgres`] when reading or
-    /// marking failed.
+    /// A database error (`OutboxError::Sqlite`, `Postgres` or `Sqlx`) when
+    /// reading or marking failed.
     pub async fn relay_once(&self) -> Result<usize, OutboxError> {
         let rows = self
             .store
@@ -624,7 +663,7 @@ impl<B: Broker> Relay<B> {
     ///
     /// # Errors
     ///
-    /// [`OutboxError::Sqlite`] or [`OutboxError::Postgres`].
+    /// A database error (`OutboxError::Sqlite`, `Postgres` or `Sqlx`).
     pub async fn pending(&self) -> Result<u64, OutboxError> {
         self.store.pending().await
     }
@@ -634,7 +673,7 @@ impl<B: Broker> Relay<B> {
     ///
     /// # Errors
     ///
-    /// [`OutboxError::Sqlite`] or [`OutboxError::Postgres`].
+    /// A database error (`OutboxError::Sqlite`, `Postgres` or `Sqlx`).
     pub async fn purge_sent(&self, age: Duration) -> Result<u64, OutboxError> {
         let age = i64::try_from(age.as_millis()).unwrap_or(i64::MAX);
         self.store.purge_sent(now_ms().saturating_sub(age)).await

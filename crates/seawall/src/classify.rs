@@ -3,6 +3,14 @@
 
 use std::time::Duration;
 
+/// The longest wait a server's hint can ask for: one hour. Longer waits (up
+/// to `Retry-After: 99999999999999999999`, a date in year 9999, or a gRPC
+/// pushback of `i64::MAX` milliseconds) are cut to it. The pipeline's
+/// [`Cooldown`](crate::Cooldown) caps the pause further (5 minutes by
+/// default), and a retry gives up when the wait does not fit the call's
+/// deadline.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(60 * 60);
+
 /// What to do with an error returned by the operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]

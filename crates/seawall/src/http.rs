@@ -43,12 +43,7 @@ use http::{HeaderMap, Response, StatusCode};
 
 use crate::classify::Verdict;
 
-/// The longest wait a `Retry-After` header can ask for: one hour. Longer
-/// waits (up to `Retry-After: 99999999999999999999`, or a date in year 9999)
-/// are cut to it. The pipeline's [`Cooldown`](crate::Cooldown) caps the pause
-/// further (5 minutes by default), and a retry gives up when the wait does not
-/// fit the call's deadline.
-pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(60 * 60);
+pub use crate::classify::MAX_RETRY_AFTER;
 
 /// Judges an HTTP status (and its `Retry-After` header): `None` for a
 /// success, otherwise the verdict from the table in the [module

@@ -51,6 +51,9 @@
 //!   (`seawall::reqwest`).
 //! - `reqwest-middleware` (with `reqwest`): `SeawallMiddleware` for
 //!   `reqwest_middleware::ClientBuilder` (`seawall::reqwest`).
+//! - `tonic`: gRPC classification for tonic (`tonic::Status` codes, the
+//!   server's `grpc-retry-pushback-ms`) and each attempt's `grpc-timeout`
+//!   from the time left (`seawall::tonic`).
 //! - `test-util`: tools for testing code that uses seawall
 //!   (`seawall::testing`: a virtual clock, fixed random sequences, contexts
 //!   for unit tests of an operation), the contract suite of state stores
@@ -98,6 +101,8 @@ pub mod store;
 #[cfg(any(test, feature = "test-util"))]
 pub mod testing;
 pub mod timeout;
+#[cfg(feature = "tonic")]
+pub mod tonic;
 #[cfg(feature = "tower")]
 pub mod tower;
 

@@ -17,6 +17,7 @@ use crate::error::LogError;
 use crate::id::SagaId;
 use crate::transition::{SagaStatus, Transition, TransitionRecord};
 
+#[cfg(feature = "postgres")]
 pub mod postgres;
 pub mod sqlite;
 

@@ -32,38 +32,17 @@ use std::sync::Arc;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, GenericClient, Transaction};
 
+use super::postgres_sql as sql;
 use super::{
-    check_event, check_message, event_id, now_ms, OutboxError, Relay, RelayOptions, Store,
-    StoreFuture, COUNT_UNSENT, PURGE_SENT, SCHEMA_VERSION, SELECT_UNSENT,
+    accept_version, check_event, check_message, event_id, now_ms, OutboxError, Relay, RelayOptions,
+    Store, StoreFuture, COUNT_UNSENT, PURGE_SENT, SELECT_UNSENT,
 };
 use crate::broker::{Broker, Envelope};
-
-const SCHEMA: &str = "
-CREATE TABLE seawall_outbox_schema (version INTEGER NOT NULL);
-CREATE TABLE seawall_outbox (
-    id BIGSERIAL PRIMARY KEY,
-    aggregate TEXT NOT NULL,
-    event_type TEXT NOT NULL,
-    payload TEXT NOT NULL,
-    created_at_ms BIGINT NOT NULL,
-    sent_at_ms BIGINT
-);
-CREATE INDEX seawall_outbox_unsent ON seawall_outbox (id) WHERE sent_at_ms IS NULL;
-CREATE TABLE seawall_inbox (
-    consumer TEXT NOT NULL,
-    message_id TEXT NOT NULL,
-    handled_at_ms BIGINT NOT NULL,
-    PRIMARY KEY (consumer, message_id)
-);
-";
-
-/// The advisory lock key that serialises concurrent migrations ("SWOB").
-const MIGRATION_LOCK: i64 = 0x5357_4f42;
 
 fn pg(operation: &str, error: tokio_postgres::Error) -> OutboxError {
     if error.code() == Some(&SqlState::UNDEFINED_TABLE) {
         return OutboxError::NotMigrated {
-            location: "the postgres search path".to_owned(),
+            location: sql::LOCATION.to_owned(),
         };
     }
     OutboxError::Postgres {
@@ -83,19 +62,16 @@ fn pg(operation: &str, error: tokio_postgres::Error) -> OutboxError {
 pub async fn migrate(client: &mut Client) -> Result<(), OutboxError> {
     let err = |e| pg("migrating the outbox schema", e);
     let tx = client.transaction().await.map_err(err)?;
-    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+    tx.execute(sql::LOCK_MIGRATION, &[&sql::MIGRATION_LOCK])
         .await
         .map_err(err)?;
     if schema_version(&tx).await?.is_some() {
         return Ok(());
     }
-    tx.batch_execute(SCHEMA).await.map_err(err)?;
-    tx.execute(
-        "INSERT INTO seawall_outbox_schema (version) VALUES ($1)",
-        &[&i32::try_from(SCHEMA_VERSION).unwrap_or(i32::MAX)],
-    )
-    .await
-    .map_err(err)?;
+    tx.batch_execute(sql::SCHEMA).await.map_err(err)?;
+    tx.execute(sql::SET_VERSION, &[&sql::schema_version()])
+        .await
+        .map_err(err)?;
     tx.commit().await.map_err(err)
 }
 
@@ -107,10 +83,7 @@ pub async fn migrate(client: &mut Client) -> Result<(), OutboxError> {
 async fn schema_version(client: &impl GenericClient) -> Result<Option<u32>, OutboxError> {
     let err = |e| pg("reading the outbox schema version", e);
     let exists: bool = client
-        .query_one(
-            "SELECT to_regclass('seawall_outbox_schema') IS NOT NULL",
-            &[],
-        )
+        .query_one(sql::HAS_SCHEMA, &[])
         .await
         .map_err(err)?
         .get(0);
@@ -118,17 +91,12 @@ async fn schema_version(client: &impl GenericClient) -> Result<Option<u32>, Outb
         return Ok(None);
     }
     let found: Option<i32> = client
-        .query_one("SELECT max(version) FROM seawall_outbox_schema", &[])
+        .query_one(sql::VERSION, &[])
         .await
         .map_err(err)?
         .get(0);
-    match found {
-        Some(v) if i64::from(v) == i64::from(SCHEMA_VERSION) => Ok(Some(SCHEMA_VERSION)),
-        _ => Err(OutboxError::UnsupportedSchema {
-            found: found.map_or_else(|| "none".to_owned(), |v| v.to_string()),
-            supported: SCHEMA_VERSION,
-        }),
-    }
+    let (version, shown) = sql::version(found);
+    accept_version(version, shown).map(Some)
 }
 
 /// Records the event `event_type` of `aggregate` with `payload` in the
@@ -148,16 +116,12 @@ pub async fn enqueue(
 ) -> Result<i64, OutboxError> {
     check_event(aggregate, event_type)?;
     let err = |e| pg("enqueuing an event", e);
-    tx.execute(
-        "SELECT pg_advisory_xact_lock(hashtextextended($1, 1398230850))",
-        &[&aggregate],
-    )
-    .await
-    .map_err(err)?;
+    tx.execute(sql::LOCK_AGGREGATE, &[&aggregate])
+        .await
+        .map_err(err)?;
     let row = tx
         .query_one(
-            "INSERT INTO seawall_outbox (aggregate, event_type, payload, created_at_ms)
-             VALUES ($1, $2, $3, $4) RETURNING id",
+            sql::ENQUEUE,
             &[&aggregate, &event_type, &payload, &now_ms()],
         )
         .await
@@ -180,11 +144,7 @@ pub async fn handle(
 ) -> Result<bool, OutboxError> {
     check_message(consumer, message_id)?;
     let inserted = tx
-        .execute(
-            "INSERT INTO seawall_inbox (consumer, message_id, handled_at_ms)
-             VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
-            &[&consumer, &message_id, &now_ms()],
-        )
+        .execute(sql::HANDLE, &[&consumer, &message_id, &now_ms()])
         .await
         .map_err(|e| pg("recording a message in the inbox", e))?;
     Ok(inserted == 1)
@@ -230,10 +190,7 @@ impl Store for PostgresStore {
     fn mark_sent(&self, ids: Vec<i64>) -> StoreFuture<'_, ()> {
         Box::pin(async move {
             self.client
-                .execute(
-                    "UPDATE seawall_outbox SET sent_at_ms = $1 WHERE id = ANY($2)",
-                    &[&now_ms(), &ids],
-                )
+                .execute(sql::MARK_SENT, &[&now_ms(), &ids])
                 .await
                 .map(drop)
                 .map_err(|e| pg("marking events sent", e))
@@ -282,7 +239,7 @@ impl<B: Broker> Relay<B> {
         options.check()?;
         if schema_version(&client).await?.is_none() {
             return Err(OutboxError::NotMigrated {
-                location: "the postgres search path".to_owned(),
+                location: sql::LOCATION.to_owned(),
             });
         }
         Ok(Relay {
