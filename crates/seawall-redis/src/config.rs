@@ -334,15 +334,18 @@ impl RedisStoreBuilder {
             nodes.push((client, shown));
         }
         let connect_timeout = self.connect_timeout.unwrap_or(self.timeout);
-        // Redirections (`MOVED`, `ASK`) and short waits (`TRYAGAIN` while a
-        // slot migrates) are retried a few times, each within the timeouts.
+        // A command is tried once more after a redirection (`MOVED`, `ASK`),
+        // a short wait (`TRYAGAIN`) or a failed connection: enough to follow
+        // a redirection, and a blocking call stays within twice connect
+        // timeout + timeout. What is still failing then is the store's
+        // outage (or, for `TRYAGAIN`, the migration's wait).
         let max_wait = u64::try_from(self.timeout.as_millis())
             .unwrap_or(u64::MAX)
             .max(20);
         let client = redis::cluster::ClusterClientBuilder::new(infos)
             .connection_timeout(connect_timeout)
             .response_timeout(self.timeout)
-            .retries(3)
+            .retries(1)
             .min_retry_wait(10)
             .max_retry_wait(max_wait)
             .build()

@@ -200,6 +200,10 @@
 //!   `Error::Store`), without marking Redis as down for the others; once
 //!   the slot has moved, `MOVED` is followed and the state moved with its
 //!   keys.
+//! - **Timeouts**: the client tries a command once more after a
+//!   redirection or a failed connection, so a blocking call takes at most
+//!   2 × (C + T) on a cluster (C + T on a single server); an async call
+//!   stays within C + T.
 //! - The user needs, besides the scripting commands, `INFO`, `PING` and
 //!   `CLUSTER SLOTS`, `CLUSTER INFO`, `CLUSTER NODES`, `CLUSTER MYID`.
 //!
