@@ -774,10 +774,26 @@ impl Link {
                 self.identify(c, Some(inv.slot()))?;
                 self.load_sync(c, LoadOn::MasterOf(inv.first_key()))?;
                 self.check_hold(hold, inv)?;
-                inv.cmd.query(c).map_err(|e| self.failure(&e))
+                inv.cmd.query(c).map_err(|e| self.failure_after_load(&e))
             }
             Err(e) => Err(self.failure(&e)),
         }
+    }
+
+    /// [`failure`](Self::failure) of a call sent again right after its
+    /// scripts were loaded: `NOSCRIPT` once more means the call reached
+    /// another node than the one they were loaded on, the cluster changing
+    /// hands (a failover): an outage.
+    fn failure_after_load(&self, e: &redis::RedisError) -> Failure {
+        if is_noscript(e) {
+            return Failure::Store(self.settings.address.scrub_error(StoreError::Unavailable(
+                format!(
+                    "the scripts were missing again right after they were loaded ({e}): the \
+                     slot changed hands"
+                ),
+            )));
+        }
+        self.failure(e)
     }
 
     /// A failed script call: Redis failed, or (`TRYAGAIN`, once the client's
@@ -981,7 +997,7 @@ impl Link {
                         inv.cmd
                             .query_async(&mut c)
                             .await
-                            .map_err(|e| self.failure(&e))
+                            .map_err(|e| self.failure_after_load(&e))
                     }
                     .await
                 }
