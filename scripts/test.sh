@@ -3,7 +3,8 @@
 # Chromium for the demo's live page),
 # starts a throw-away PostgreSQL on 127.0.0.1, then runs the format check,
 # clippy and the whole test suite. Redis servers are started by the tests
-# themselves (one per test, on a free loopback port, in a temp dir).
+# themselves (one per test, on a free loopback port, in a temp dir; a Redis
+# Cluster of six such servers for the cluster tests).
 #
 # Usage: scripts/test.sh [extra cargo test args]
 set -euo pipefail
@@ -15,6 +16,8 @@ as_root() {
 
 missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+# redis-cli creates the test clusters (`redis-cli --cluster create`).
+command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
 # The demo's live page is loaded in headless Chromium (no Node).
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)

@@ -2,7 +2,10 @@
 
 use std::time::Duration;
 
+use std::sync::atomic::AtomicBool;
+
 use crate::error::{Redacted, RedisStoreError};
+use crate::link::{Client, ClusterTarget};
 use crate::RedisStore;
 
 /// What a store does when Redis cannot be reached or does not answer in
@@ -61,10 +64,11 @@ pub enum TimeSource {
 /// - half-open probes leased for 60 s (see [`probe_lease`](Self::probe_lease))
 /// - the server's clock
 ///
-/// Its `Debug` output shows the URL without its password.
+/// Its `Debug` output shows the URL (or the cluster's URLs) without
+/// passwords.
 #[derive(Clone)]
 pub struct RedisStoreBuilder {
-    pub(crate) url: String,
+    pub(crate) target: Target,
     pub(crate) prefix: String,
     pub(crate) timeout: Duration,
     pub(crate) connect_timeout: Option<Duration>,
@@ -75,11 +79,34 @@ pub struct RedisStoreBuilder {
     pub(crate) time_source: TimeSource,
 }
 
+/// What a store talks to: one server, or the nodes of a cluster.
+#[derive(Clone)]
+pub(crate) enum Target {
+    Server(String),
+    Cluster(Vec<String>),
+}
+
+impl Target {
+    /// The URL(s) as they may be shown, and their secrets.
+    pub(crate) fn redacted(&self) -> Redacted {
+        match self {
+            Target::Server(url) => Redacted::new(url),
+            Target::Cluster(urls) => Redacted::list(urls),
+        }
+    }
+}
+
 impl std::fmt::Debug for RedisStoreBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedisStoreBuilder")
-            .field("url", &Redacted::new(&self.url))
-            .field("prefix", &self.prefix)
+        let mut d = f.debug_struct("RedisStoreBuilder");
+        match &self.target {
+            Target::Server(url) => d.field("url", &Redacted::new(url)),
+            Target::Cluster(urls) => d.field(
+                "cluster",
+                &urls.iter().map(|u| Redacted::new(u)).collect::<Vec<_>>(),
+            ),
+        };
+        d.field("prefix", &self.prefix)
             .field("timeout", &self.timeout)
             .field("connect_timeout", &self.connect_timeout)
             .field("fail_mode", &self.fail_mode)
@@ -93,8 +120,16 @@ impl std::fmt::Debug for RedisStoreBuilder {
 
 impl RedisStoreBuilder {
     pub(crate) fn new(url: String) -> Self {
+        Self::with_target(Target::Server(url))
+    }
+
+    pub(crate) fn new_cluster(urls: Vec<String>) -> Self {
+        Self::with_target(Target::Cluster(urls))
+    }
+
+    fn with_target(target: Target) -> Self {
         RedisStoreBuilder {
-            url,
+            target,
             prefix: "seawall".to_owned(),
             timeout: Duration::from_millis(250),
             connect_timeout: None,
@@ -202,8 +237,11 @@ impl RedisStoreBuilder {
     ///
     /// # Errors
     /// [`RedisStoreError::InvalidUrl`] for a malformed URL or an
-    /// unsupported scheme; [`RedisStoreError::InvalidConfig`] naming the
-    /// setting and its rule otherwise.
+    /// unsupported scheme, and, in a cluster's list, naming the node: a
+    /// unix socket, a database other than 0, a user, password, TLS or
+    /// protocol other than the first node's;
+    /// [`RedisStoreError::InvalidConfig`] naming the setting and its rule
+    /// otherwise (`cluster` for an empty list).
     pub fn build(self) -> Result<RedisStore, RedisStoreError> {
         let invalid =
             |field: &'static str, rule: String| RedisStoreError::InvalidConfig { field, rule };
@@ -228,15 +266,113 @@ impl RedisStoreBuilder {
                 ),
             ));
         }
-        let client = redis::Client::open(self.url.as_str()).map_err(|e| {
-            let url = Redacted::new(&self.url);
-            RedisStoreError::InvalidUrl {
-                reason: url.scrub(&url_problem(&self.url, &e)),
-                url: url.shown().to_owned(),
-            }
-        })?;
+        let client = match &self.target {
+            Target::Server(url) => Client::Server(open(url)?),
+            Target::Cluster(urls) => Client::Cluster(Box::new(self.open_cluster(urls)?)),
+        };
         Ok(RedisStore::from_parts(self, client))
     }
+
+    /// The cluster client of `urls`, each node checked on its own and
+    /// against the first.
+    fn open_cluster(&self, urls: &[String]) -> Result<ClusterTarget, RedisStoreError> {
+        if urls.is_empty() {
+            return Err(RedisStoreError::InvalidConfig {
+                field: "cluster",
+                rule: "must list at least one node of the cluster, got none".into(),
+            });
+        }
+        let mut nodes = Vec::with_capacity(urls.len());
+        let mut infos = Vec::with_capacity(urls.len());
+        for url in urls {
+            let client = open(url)?;
+            let shown = Redacted::new(url);
+            let invalid = |reason: String| RedisStoreError::InvalidUrl {
+                url: shown.shown().to_owned(),
+                reason,
+            };
+            let info = client.get_connection_info().clone();
+            if matches!(info.addr(), redis::ConnectionAddr::Unix(_)) {
+                return Err(invalid(
+                    "a cluster node is reached over TCP (the cluster announces its nodes by \
+                     address): a unix socket cannot be one"
+                        .into(),
+                ));
+            }
+            let db = info.redis_settings().db();
+            if db != 0 {
+                return Err(invalid(format!(
+                    "a cluster has database 0 only, got database {db}"
+                )));
+            }
+            if let (Some((_, first_shown)), Some(first)) = (nodes.first(), infos.first()) {
+                let first: &redis::ConnectionInfo = first;
+                let (a, b) = (first.redis_settings(), info.redis_settings());
+                let differs = |what: &str| {
+                    invalid(format!(
+                        "its {what} differs from the first node's (`{first_shown}`): every node \
+                         of one cluster is reached with the same user, password, TLS and protocol"
+                    ))
+                };
+                if a.username() != b.username() {
+                    return Err(differs("user"));
+                }
+                if a.password() != b.password() {
+                    return Err(differs("password"));
+                }
+                let tls = |i: &redis::ConnectionInfo| {
+                    matches!(i.addr(), redis::ConnectionAddr::TcpTls { .. })
+                };
+                if tls(first) != tls(&info) {
+                    return Err(differs("TLS (scheme)"));
+                }
+                if a.protocol() != b.protocol() {
+                    return Err(differs("protocol"));
+                }
+            }
+            infos.push(info);
+            nodes.push((client, shown));
+        }
+        let connect_timeout = self.connect_timeout.unwrap_or(self.timeout);
+        // A command is tried once more after a redirection (`MOVED`, `ASK`),
+        // a short wait (`TRYAGAIN`) or a failed connection: enough to follow
+        // a redirection, and a blocking call stays within twice connect
+        // timeout + timeout. What is still failing then is the store's
+        // outage (or, for `TRYAGAIN`, the migration's wait).
+        let max_wait = u64::try_from(self.timeout.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(20);
+        let client = redis::cluster::ClusterClientBuilder::new(infos)
+            .connection_timeout(connect_timeout)
+            .response_timeout(self.timeout)
+            .retries(1)
+            .min_retry_wait(10)
+            .max_retry_wait(max_wait)
+            .build()
+            .map_err(|e| {
+                let all = Redacted::list(urls);
+                RedisStoreError::InvalidUrl {
+                    reason: all.scrub(&e.to_string()),
+                    url: all.shown().to_owned(),
+                }
+            })?;
+        Ok(ClusterTarget {
+            client,
+            nodes,
+            checked: AtomicBool::new(false),
+        })
+    }
+}
+
+/// The client of one server's URL.
+fn open(url: &str) -> Result<redis::Client, RedisStoreError> {
+    redis::Client::open(url).map_err(|e| {
+        let shown = Redacted::new(url);
+        RedisStoreError::InvalidUrl {
+            reason: shown.scrub(&url_problem(url, &e)),
+            url: shown.shown().to_owned(),
+        }
+    })
 }
 
 /// The schemes the redis client takes.
@@ -269,8 +405,8 @@ fn url_problem(url: &str, client: &redis::RedisError) -> String {
             format!("the URL has no scheme; {}", expected())
         }
         Err(_) if list => format!(
-            "the URL holds a list (`,`, `;` or whitespace); {}: lists of servers and \
-             clusters are not supported",
+            "the URL holds a list (`,`, `;` or whitespace); {}: the nodes of a cluster \
+             are given one URL each, to `RedisStore::cluster`",
             expected()
         ),
         Err(e) => format!("{e}; {}", expected()),

@@ -149,6 +149,24 @@ impl Redacted {
         Redacted { shown, secrets }
     }
 
+    /// The URLs of a cluster's nodes: shown as `cluster [url, …]`, each
+    /// as [`Redacted::new`] shows it, every one's secrets kept out.
+    pub(crate) fn list(urls: &[String]) -> Redacted {
+        let parts: Vec<Redacted> = urls.iter().map(|u| Redacted::new(u)).collect();
+        let shown = format!(
+            "cluster [{}]",
+            parts
+                .iter()
+                .map(Redacted::shown)
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        let mut secrets: Vec<String> = parts.into_iter().flat_map(|p| p.secrets).collect();
+        secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+        secrets.dedup();
+        Redacted { shown, secrets }
+    }
+
     /// The URL as it may be shown.
     pub(crate) fn shown(&self) -> &str {
         &self.shown
@@ -252,9 +270,11 @@ pub(crate) fn store_error(e: &RedisError, timeout: Duration) -> StoreError {
                  i.e. the @scripting category, and access to the store's keys): {e}"
             ))
         }
-        "BUSY" | "LOADING" | "MASTERDOWN" | "TRYAGAIN" | "CLUSTERDOWN" | "READONLY" => {
-            return StoreError::Unavailable(e.to_string())
-        }
+        // `MOVED` and `ASK` reach here only once the cluster client's own
+        // redirections are spent: the cluster is changing hands (a
+        // failover), as much an outage as a node that is down.
+        "BUSY" | "LOADING" | "MASTERDOWN" | "TRYAGAIN" | "CLUSTERDOWN" | "READONLY" | "MOVED"
+        | "ASK" => return StoreError::Unavailable(e.to_string()),
         _ => {}
     }
     match e.kind() {
@@ -270,7 +290,9 @@ pub(crate) fn store_error(e: &RedisError, timeout: Duration) -> StoreError {
             | ServerErrorKind::TryAgain
             | ServerErrorKind::ClusterDown
             | ServerErrorKind::MasterDown
-            | ServerErrorKind::ReadOnly,
+            | ServerErrorKind::ReadOnly
+            | ServerErrorKind::Moved
+            | ServerErrorKind::Ask,
         ) => StoreError::Unavailable(e.to_string()),
         ErrorKind::Server(_) | ErrorKind::Parse | ErrorKind::UnexpectedReturnType => {
             StoreError::Protocol(e.to_string())

@@ -1,18 +1,26 @@
 //! The connections of one store: a small pool of blocking connections for
 //! the sync path, one multiplexed connection per tokio runtime for the
-//! async path, the health state that makes an outage cost the timeout once
-//! rather than on every call, and the server's identity, which tells a
-//! restarted (emptied) server from the one the state was kept on.
+//! async path (on a cluster: the redis client's cluster connections, which
+//! route every command to the master of its slot and follow `MOVED` and
+//! `ASK`), the health state that makes an outage cost the timeout once
+//! rather than on every call, and the identity of the servers, which tells
+//! a restarted (emptied) server from the one the state was kept on.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, ErrorKind, FromRedisValue, RedisResult, ServerErrorKind};
+use redis::cluster_routing::{
+    MultipleNodeRoutingInfo, ResponsePolicy, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
+};
+use redis::{
+    AsyncConnectionConfig, Cmd, ErrorKind, FromRedisValue, RedisResult, ServerErrorKind, Value,
+};
 use seawall::StoreError;
 use tokio::sync::OnceCell;
 
+use crate::cluster::{self, NodeIdentity, SlotRange, LAST_SLOT};
 use crate::error::{is_outage, store_error, Redacted};
 use crate::scripts::{Invocation, Scripts};
 
@@ -28,10 +36,160 @@ pub(crate) struct LinkSettings {
     pub(crate) max_idle: usize,
 }
 
+/// Where the store's state lives: one server, or a Redis Cluster.
+pub(crate) enum Client {
+    Server(redis::Client),
+    Cluster(Box<ClusterTarget>),
+}
+
+/// A cluster: the redis client's cluster client, and the nodes it was
+/// given, checked once before the first connection (see
+/// [`cluster::check_nodes`]).
+pub(crate) struct ClusterTarget {
+    pub(crate) client: redis::cluster::ClusterClient,
+    pub(crate) nodes: Vec<(redis::Client, Redacted)>,
+    pub(crate) checked: AtomicBool,
+}
+
+/// A blocking connection: to the server, or to every master of the cluster.
+enum SyncConn {
+    Server(redis::Connection),
+    Cluster(Box<redis::cluster::ClusterConnection>),
+}
+
+/// An async connection (cheap to clone).
+#[derive(Clone)]
+enum AsyncConn {
+    Server(MultiplexedConnection),
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+impl redis::ConnectionLike for SyncConn {
+    fn req_packed_command(&mut self, cmd: &[u8]) -> RedisResult<Value> {
+        match self {
+            SyncConn::Server(c) => c.req_packed_command(cmd),
+            SyncConn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands(
+        &mut self,
+        cmd: &[u8],
+        offset: usize,
+        count: usize,
+    ) -> RedisResult<Vec<Value>> {
+        match self {
+            SyncConn::Server(c) => c.req_packed_commands(cmd, offset, count),
+            SyncConn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    // The cluster connection routes a command by its keys here.
+    fn req_command(&mut self, cmd: &Cmd) -> RedisResult<Value> {
+        match self {
+            SyncConn::Server(c) => c.req_command(cmd),
+            SyncConn::Cluster(c) => c.req_command(cmd),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            SyncConn::Server(c) => c.get_db(),
+            SyncConn::Cluster(c) => c.get_db(),
+        }
+    }
+
+    fn check_connection(&mut self) -> bool {
+        match self {
+            SyncConn::Server(c) => c.check_connection(),
+            SyncConn::Cluster(c) => c.check_connection(),
+        }
+    }
+
+    fn is_open(&self) -> bool {
+        match self {
+            SyncConn::Server(c) => c.is_open(),
+            SyncConn::Cluster(c) => c.is_open(),
+        }
+    }
+}
+
+impl redis::aio::ConnectionLike for AsyncConn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> redis::RedisFuture<'a, Value> {
+        match self {
+            AsyncConn::Server(c) => c.req_packed_command(cmd),
+            AsyncConn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<Value>> {
+        match self {
+            AsyncConn::Server(c) => c.req_packed_commands(pipeline, offset, count),
+            AsyncConn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            AsyncConn::Server(c) => c.get_db(),
+            AsyncConn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// A command sent to every master of a cluster, each answer checked.
+fn to_all_masters() -> RoutingInfo {
+    RoutingInfo::MultiNode((
+        MultipleNodeRoutingInfo::AllMasters,
+        Some(ResponsePolicy::AllSucceeded),
+    ))
+}
+
+/// A command sent to the master that serves `key`.
+fn to_master_of(key: &[u8]) -> RoutingInfo {
+    RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::with_key(
+        key,
+        SlotAddr::Master,
+    )))
+}
+
+/// A command sent to the node at `host:port`.
+fn to_node(host: &str, port: u16) -> RoutingInfo {
+    RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+        host: host.to_owned(),
+        port,
+    })
+}
+
+fn cluster_slots() -> Cmd {
+    let mut c = redis::cmd("CLUSTER");
+    c.arg("SLOTS");
+    c
+}
+
+fn cluster_info() -> Cmd {
+    let mut c = redis::cmd("CLUSTER");
+    c.arg("INFO");
+    c
+}
+
+/// Where scripts are loaded: on a cluster, every master when a pipeline
+/// binds; after `NOSCRIPT`, the master that answered it.
+#[derive(Clone, Copy)]
+enum LoadOn<'a> {
+    AllMasters,
+    MasterOf(&'a [u8]),
+}
+
 pub(crate) struct Link {
-    client: redis::Client,
+    client: Client,
     pub(crate) settings: LinkSettings,
-    pool: Mutex<Vec<redis::Connection>>,
+    pool: Mutex<Vec<SyncConn>>,
     /// One async connection per tokio runtime that used the store: a
     /// connection's driver task lives on the runtime that created it. A
     /// connection that failed is forgotten; the next call makes (and
@@ -51,15 +209,16 @@ pub(crate) struct Link {
 
 /// The async connection of one runtime, made once by the first call that
 /// needs it.
-type AsyncSlot = Arc<OnceCell<MultiplexedConnection>>;
+type AsyncSlot = Arc<OnceCell<AsyncConn>>;
 
 /// Asked before an admission is sent while a restart of the server is known:
 /// `Err` refuses the admission (see `Shared::restart_hold` in the store).
 pub(crate) type HoldCheck<'a> = &'a (dyn Fn(Restart) -> Result<(), StoreError> + Sync);
 
-/// A restart of the server, seen by this process: its identity (`run_id`
-/// in `INFO server`) changed between two connections, or it lost its
-/// scripts and its identity cannot be read.
+/// A restart of the server that serves a slot, seen by this process: the
+/// server that serves it now does not continue the data of the one seen
+/// there before (see [`NodeIdentity::continues`]), or it lost its scripts
+/// and its identity cannot be read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Restart {
     /// Restarts seen so far by this store (1 for the first).
@@ -93,11 +252,21 @@ impl Failure {
     }
 }
 
-/// What is known of the server.
+/// What is known of the servers: who served which slots when last seen,
+/// and the restarts seen, each over the slots it concerns.
 #[derive(Debug, Default)]
 struct ServerState {
-    run_id: Option<String>,
-    last: Option<Restart>,
+    view: Vec<Owner>,
+    restarts: Vec<(u16, u16, Restart)>,
+}
+
+/// Slots `start..=end` and the identity of the master that serves them
+/// (`None` when it cannot be read: a user without `INFO`).
+#[derive(Debug, Clone)]
+struct Owner {
+    start: u16,
+    end: u16,
+    node: Option<NodeIdentity>,
 }
 
 /// One record sent without waiting for its answer; dropped when the answer
@@ -144,7 +313,7 @@ impl Health {
 }
 
 impl Link {
-    pub(crate) fn new(client: redis::Client, settings: LinkSettings) -> Arc<Link> {
+    pub(crate) fn new(client: Client, settings: LinkSettings) -> Arc<Link> {
         Arc::new_cyclic(|weak| Link {
             client,
             settings,
@@ -164,77 +333,191 @@ impl Link {
         })
     }
 
-    /// The last restart of the server seen by this store, if any.
-    pub(crate) fn restart(&self) -> Option<Restart> {
+    /// The last restart seen of the server that serves `slot` (a single
+    /// server serves every slot), if any.
+    pub(crate) fn restart_for(&self, slot: u16) -> Option<Restart> {
         if self.restarts.load(Ordering::Acquire) == 0 {
             return None;
         }
-        lock(&self.server).last
+        lock(&self.server)
+            .restarts
+            .iter()
+            .filter(|(start, end, _)| (*start..=*end).contains(&slot))
+            .map(|(_, _, r)| *r)
+            .max_by_key(|r| r.epoch)
     }
 
-    /// Reads the server's identity on a new connection (or on one whose
-    /// server lost its scripts) and notes a restart.
-    fn identify(&self, c: &mut redis::Connection, scripts_lost: bool) -> Result<(), StoreError> {
-        let info = redis::cmd("INFO").arg("server").query::<String>(c);
-        self.note_identity(info, scripts_lost)
-    }
-
-    async fn identify_async(
-        &self,
-        c: &mut MultiplexedConnection,
-        scripts_lost: bool,
-    ) -> Result<(), StoreError> {
-        let info = redis::cmd("INFO")
-            .arg("server")
-            .query_async::<String>(c)
-            .await;
-        self.note_identity(info, scripts_lost)
-    }
-
-    /// A server whose `run_id` changed restarted; so did one that lost its
-    /// scripts when its identity cannot be read (a user without `INFO`).
-    /// A server that lost its scripts but kept its identity had them
-    /// flushed (`SCRIPT FLUSH`): its state is intact.
-    fn note_identity(
+    /// The identity of a server from its `INFO` answer: `None` when it may
+    /// not be read (a user without `INFO`), `Err` for an outage.
+    fn identity(
         &self,
         info: RedisResult<String>,
-        scripts_lost: bool,
-    ) -> Result<(), StoreError> {
-        let seen = Instant::now();
-        let (run_id, uptime) = match info {
-            Ok(text) => parse_info(&text),
+        seen: Instant,
+    ) -> Result<Option<NodeIdentity>, StoreError> {
+        match info {
+            Ok(text) => Ok(cluster::parse_info(&text, seen)),
             Err(e) => {
                 let e = self.error(&e, self.settings.timeout);
                 if is_outage(&e) {
-                    return Err(e);
+                    Err(e)
+                } else {
+                    Ok(None)
                 }
-                // Refused (no permission for INFO): identity unknown.
-                (None, None)
+            }
+        }
+    }
+
+    /// Reads who serves which slots and their identities on a new
+    /// connection (or on one that met `NOSCRIPT` for slot `lost`), and
+    /// notes the restarts. On a cluster, a master that does not report
+    /// `cluster_state:ok` is an outage.
+    fn identify(&self, c: &mut SyncConn, lost: Option<u16>) -> Result<(), StoreError> {
+        let t = self.settings.timeout;
+        let seen = Instant::now();
+        let view = match c {
+            SyncConn::Server(c) => {
+                let info = redis::cmd("INFO").query::<String>(c);
+                vec![Owner {
+                    start: 0,
+                    end: LAST_SLOT,
+                    node: self.identity(info, seen)?,
+                }]
+            }
+            SyncConn::Cluster(c) => {
+                let reply = c
+                    .route_command(
+                        &cluster_slots(),
+                        RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
+                    )
+                    .map_err(|e| self.error(&e, t))?;
+                let ranges = cluster::parse_slots(&reply)?;
+                let mut nodes: Vec<((String, u16), Option<NodeIdentity>)> = Vec::new();
+                for r in &ranges {
+                    if nodes.iter().any(|((h, p), _)| *h == r.host && *p == r.port) {
+                        continue;
+                    }
+                    let state = c
+                        .route_command(&cluster_info(), to_node(&r.host, r.port))
+                        .and_then(text)
+                        .map_err(|e| self.error(&e, t))?;
+                    cluster::check_state(&format!("{}:{}", r.host, r.port), &state)?;
+                    let info = c
+                        .route_command(&redis::cmd("INFO"), to_node(&r.host, r.port))
+                        .and_then(text);
+                    nodes.push(((r.host.clone(), r.port), self.identity(info, seen)?));
+                }
+                owners(&ranges, &nodes)
             }
         };
-        let mut server = lock(&self.server);
-        let restarted = match (&server.run_id, &run_id) {
-            (Some(before), Some(now)) => before != now,
-            _ => scripts_lost,
-        };
-        if run_id.is_some() {
-            server.run_id = run_id;
-        }
-        if restarted {
-            let epoch = self.restarts.load(Ordering::Acquire) + 1;
-            let started = uptime.and_then(|u| seen.checked_sub(u)).unwrap_or(seen);
-            server.last = Some(Restart { epoch, started });
-            self.restarts.store(epoch, Ordering::Release);
-            #[cfg(feature = "tracing")]
-            tracing::warn!(target: "seawall_redis", address = %self.settings.address, uptime = ?uptime, "redis restarted and lost its state; admissions wait for the windows and leases it held to end");
-        }
+        self.note_view(view, lost, seen);
         Ok(())
     }
 
-    fn check_hold(&self, hold: Option<HoldCheck<'_>>) -> Result<(), Failure> {
-        match (hold, self.restart()) {
-            (Some(check), Some(restart)) => check(restart).map_err(Failure::Held),
-            _ => Ok(()),
+    /// [`identify`](Self::identify) on an async connection.
+    async fn identify_async(&self, c: &mut AsyncConn, lost: Option<u16>) -> Result<(), StoreError> {
+        let t = self.settings.timeout;
+        let seen = Instant::now();
+        let view = match c {
+            AsyncConn::Server(c) => {
+                let info = redis::cmd("INFO").query_async::<String>(c).await;
+                vec![Owner {
+                    start: 0,
+                    end: LAST_SLOT,
+                    node: self.identity(info, seen)?,
+                }]
+            }
+            AsyncConn::Cluster(c) => {
+                let reply = c
+                    .route_command(
+                        cluster_slots(),
+                        RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
+                    )
+                    .await
+                    .map_err(|e| self.error(&e, t))?;
+                let ranges = cluster::parse_slots(&reply)?;
+                let mut nodes: Vec<((String, u16), Option<NodeIdentity>)> = Vec::new();
+                for r in &ranges {
+                    if nodes.iter().any(|((h, p), _)| *h == r.host && *p == r.port) {
+                        continue;
+                    }
+                    let state = c
+                        .route_command(cluster_info(), to_node(&r.host, r.port))
+                        .await
+                        .and_then(text)
+                        .map_err(|e| self.error(&e, t))?;
+                    cluster::check_state(&format!("{}:{}", r.host, r.port), &state)?;
+                    let info = c
+                        .route_command(redis::cmd("INFO"), to_node(&r.host, r.port))
+                        .await
+                        .and_then(text);
+                    nodes.push(((r.host.clone(), r.port), self.identity(info, seen)?));
+                }
+                owners(&ranges, &nodes)
+            }
+        };
+        self.note_view(view, lost, seen);
+        Ok(())
+    }
+
+    /// Compares who serves each slot now with who served it when last seen:
+    /// a slot whose master does not continue the data of the one before
+    /// (see [`NodeIdentity::continues`]) was emptied by a restart, dated to
+    /// when its new master started. Where an identity cannot be read, a
+    /// master that lost its scripts (the one that serves slot `lost`) is
+    /// taken as restarted; one that kept its identity had them flushed
+    /// (`SCRIPT FLUSH`) and its state is intact.
+    fn note_view(&self, view: Vec<Owner>, lost: Option<u16>, seen: Instant) {
+        let mut server = lock(&self.server);
+        let mut found: Vec<(u16, u16, Instant)> = Vec::new();
+        for now in &view {
+            let lost_here = |start: u16, end: u16| lost.is_some_and(|s| (start..=end).contains(&s));
+            let mut known = false;
+            for before in server
+                .view
+                .iter()
+                .filter(|b| b.start <= now.end && now.start <= b.end)
+            {
+                known = true;
+                let (start, end) = (now.start.max(before.start), now.end.min(before.end));
+                let restarted = match (&before.node, &now.node) {
+                    (Some(b), Some(n)) => !n.continues(b),
+                    _ => lost_here(start, end),
+                };
+                if restarted {
+                    let started = now.node.as_ref().map_or(seen, |n| n.started);
+                    found.push((start, end, started));
+                }
+            }
+            if !known && lost_here(now.start, now.end) {
+                found.push((now.start, now.end, seen));
+            }
+        }
+        server.view = view;
+        for (start, end, started) in found {
+            let epoch = self.restarts.load(Ordering::Acquire) + 1;
+            // A restart over these slots replaces those seen before.
+            server
+                .restarts
+                .retain(|(s, e, _)| !(start <= *s && *e <= end));
+            server
+                .restarts
+                .push((start, end, Restart { epoch, started }));
+            self.restarts.store(epoch, Ordering::Release);
+            #[cfg(feature = "tracing")]
+            tracing::warn!(target: "seawall_redis", address = %self.settings.address, slots = %format!("{start}-{end}"), "redis restarted and lost its state; admissions wait for the windows and leases it held to end");
+        }
+    }
+
+    /// `Err` (a hold) when the server that serves `inv`'s slot restarted
+    /// and `hold` says the admission must wait.
+    fn check_hold(&self, hold: Option<HoldCheck<'_>>, inv: &Invocation) -> Result<(), Failure> {
+        let Some(check) = hold else { return Ok(()) };
+        if self.restarts.load(Ordering::Acquire) == 0 {
+            return Ok(());
+        }
+        match self.restart_for(inv.slot()) {
+            Some(restart) => check(restart).map_err(Failure::Held),
+            None => Ok(()),
         }
     }
 
@@ -343,22 +626,59 @@ impl Link {
         tracing::info!(target: "seawall_redis", address = %self.settings.address, "redis reachable again");
     }
 
-    /// A new blocking connection, with timeouts, its server identified.
-    fn connect_sync(&self) -> Result<redis::Connection, StoreError> {
+    /// Checks a cluster's node list once (see [`cluster::check_nodes`]);
+    /// nothing for a single server.
+    fn check_nodes(&self) -> Result<(), StoreError> {
+        let Client::Cluster(target) = &self.client else {
+            return Ok(());
+        };
+        if target.checked.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        cluster::check_nodes(
+            &target.nodes,
+            self.settings.connect_timeout,
+            self.settings.timeout,
+            |node, e, d| node.scrub_error(self.error(e, d)),
+        )?;
+        target.checked.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// A new blocking connection, with timeouts, its servers identified.
+    fn connect_sync(&self) -> Result<SyncConn, StoreError> {
         let t = self.settings.timeout;
-        let mut conn = self
-            .client
-            .get_connection_with_timeout(self.settings.connect_timeout)
-            .map_err(|e| self.error(&e, self.settings.connect_timeout))?;
-        conn.set_read_timeout(Some(t))
-            .map_err(|e| self.error(&e, t))?;
-        conn.set_write_timeout(Some(t))
-            .map_err(|e| self.error(&e, t))?;
-        self.identify(&mut conn, false)?;
+        let ct = self.settings.connect_timeout;
+        let mut conn = match &self.client {
+            Client::Server(client) => {
+                let conn = client
+                    .get_connection_with_timeout(ct)
+                    .map_err(|e| self.error(&e, ct))?;
+                conn.set_read_timeout(Some(t))
+                    .map_err(|e| self.error(&e, t))?;
+                conn.set_write_timeout(Some(t))
+                    .map_err(|e| self.error(&e, t))?;
+                SyncConn::Server(conn)
+            }
+            Client::Cluster(target) => {
+                self.check_nodes()?;
+                let config = redis::cluster::ClusterConfig::new()
+                    .set_connection_timeout(ct)
+                    .set_response_timeout(t);
+                let conn = target
+                    .client
+                    .get_connection_with_config(config)
+                    .map_err(|e| self.error(&e, ct))?;
+                conn.set_write_timeout(Some(t))
+                    .map_err(|e| self.error(&e, t))?;
+                SyncConn::Cluster(Box::new(conn))
+            }
+        };
+        self.identify(&mut conn, None)?;
         Ok(conn)
     }
 
-    fn pool_return(&self, conn: redis::Connection) {
+    fn pool_return(&self, conn: SyncConn) {
         let mut pool = lock(&self.pool);
         if pool.len() < self.settings.max_idle {
             pool.push(conn);
@@ -367,12 +687,12 @@ impl Link {
 
     /// Runs `f` on a pooled blocking connection; a connection that failed is
     /// dropped, never reused. `hold` is asked once the connection is there
-    /// (a new one has identified its server) and before `f` runs.
+    /// (a new one has identified its servers) and before `f` runs.
     fn with_sync<T>(
         &self,
         ordered: bool,
-        hold: Option<HoldCheck<'_>>,
-        f: impl FnOnce(&mut redis::Connection) -> Result<T, Failure>,
+        hold: Option<(HoldCheck<'_>, &Invocation)>,
+        f: impl FnOnce(&mut SyncConn) -> Result<T, Failure>,
     ) -> Result<T, StoreError> {
         self.gate()?;
         if ordered {
@@ -389,7 +709,11 @@ impl Link {
                 }
             },
         };
-        let result = self.check_hold(hold).and_then(|()| f(&mut conn));
+        let held = match hold {
+            Some((check, inv)) => self.check_hold(Some(check), inv),
+            None => Ok(()),
+        };
+        let result = held.and_then(|()| f(&mut conn));
         match result {
             Ok(v) => {
                 self.pool_return(conn);
@@ -406,28 +730,91 @@ impl Link {
         }
     }
 
-    /// `EVALSHA`; after `NOSCRIPT` the server is identified again (a
-    /// restart is noted), every script loaded, `hold` asked, and the call
-    /// sent once more.
+    /// Loads every script: on a single server, on it; on a cluster, on
+    /// `on`.
+    fn load_sync(&self, c: &mut SyncConn, on: LoadOn<'_>) -> Result<(), StoreError> {
+        let t = self.settings.timeout;
+        for load in Scripts::get().loads() {
+            match c {
+                SyncConn::Server(c) => load.query::<String>(c).map(drop),
+                SyncConn::Cluster(c) => c.route_command(load, on.routing()).map(drop),
+            }
+            .map_err(|e| self.error(&e, t))?;
+        }
+        Ok(())
+    }
+
+    /// [`load_sync`](Self::load_sync) on an async connection.
+    async fn load_async(&self, c: &mut AsyncConn, on: LoadOn<'_>) -> Result<(), StoreError> {
+        let t = self.settings.timeout;
+        for load in Scripts::get().loads() {
+            match c {
+                AsyncConn::Server(c) => load.query_async::<String>(c).await.map(drop),
+                AsyncConn::Cluster(c) => {
+                    c.route_command(load.clone(), on.routing()).await.map(drop)
+                }
+            }
+            .map_err(|e| self.error(&e, t))?;
+        }
+        Ok(())
+    }
+
+    /// `EVALSHA`; after `NOSCRIPT` the servers are identified again (a
+    /// restart is noted), the scripts loaded on the server that lacked
+    /// them, `hold` asked, and the call sent once more.
     fn eval_sync<T: FromRedisValue>(
         &self,
-        c: &mut redis::Connection,
+        c: &mut SyncConn,
         inv: &Invocation,
         hold: Option<HoldCheck<'_>>,
     ) -> Result<T, Failure> {
-        let t = self.settings.timeout;
         match inv.cmd.query::<T>(c) {
             Ok(v) => Ok(v),
             Err(e) if is_noscript(&e) => {
-                self.identify(c, true)?;
-                for s in Scripts::get().all() {
-                    s.load(c).map_err(|e| self.error(&e, t))?;
-                }
-                self.check_hold(hold)?;
-                Ok(inv.cmd.query(c).map_err(|e| self.error(&e, t))?)
+                self.identify(c, Some(inv.slot()))?;
+                self.load_sync(c, LoadOn::MasterOf(inv.first_key()))?;
+                self.check_hold(hold, inv)?;
+                inv.cmd.query(c).map_err(|e| self.failure_after_load(&e))
             }
-            Err(e) => Err(self.error(&e, t).into()),
+            Err(e) => Err(self.failure(&e)),
         }
+    }
+
+    /// [`failure`](Self::failure) of a call sent again right after its
+    /// scripts were loaded: `NOSCRIPT` once more means the call reached
+    /// another node than the one they were loaded on, the cluster changing
+    /// hands (a failover): an outage.
+    fn failure_after_load(&self, e: &redis::RedisError) -> Failure {
+        if is_noscript(e) {
+            return Failure::Store(self.settings.address.scrub_error(StoreError::Unavailable(
+                format!(
+                    "the scripts were missing again right after they were loaded ({e}): the \
+                     slot changed hands"
+                ),
+            )));
+        }
+        self.failure(e)
+    }
+
+    /// A failed script call: Redis failed, or (`TRYAGAIN`, once the client's
+    /// own retries are spent) the slot of its keys is migrating between
+    /// cluster nodes. A script declares all six keys of its resource and
+    /// a migrating slot serves a command on several keys only when every
+    /// one of them exists, so calls on that resource wait for the end of
+    /// the migration: they follow the fail mode, without marking Redis as
+    /// down for the other resources.
+    fn failure(&self, e: &redis::RedisError) -> Failure {
+        let t = self.settings.timeout;
+        if e.kind() == ErrorKind::Server(ServerErrorKind::TryAgain) || e.code() == Some("TRYAGAIN")
+        {
+            return Failure::Held(self.settings.address.scrub_error(StoreError::Unavailable(
+                format!(
+                    "the cluster slot of these keys is migrating between nodes ({e}); calls \
+                     on them go through again once the migration ends"
+                ),
+            )));
+        }
+        self.error(e, t).into()
     }
 
     /// Runs a script on the blocking path.
@@ -442,7 +829,9 @@ impl Link {
         inv: &Invocation,
         hold: HoldCheck<'_>,
     ) -> Result<T, StoreError> {
-        self.with_sync(true, Some(hold), |c| self.eval_sync(c, inv, Some(hold)))
+        self.with_sync(true, Some((hold, inv)), |c| {
+            self.eval_sync(c, inv, Some(hold))
+        })
     }
 
     /// [`invoke_sync`](Self::invoke_sync) for releases, which are
@@ -454,18 +843,13 @@ impl Link {
         self.with_sync(false, None, |c| self.eval_sync(c, inv, None))
     }
 
-    /// Loads every script (also checks authentication and permissions).
+    /// Loads every script, on a cluster on every master (also checks
+    /// authentication and permissions, and a cluster's node list).
     pub(crate) fn load_scripts(&self) -> Result<(), StoreError> {
-        let t = self.settings.timeout;
-        self.with_sync(true, None, |c| {
-            for s in Scripts::get().all() {
-                s.load(c).map_err(|e| self.error(&e, t))?;
-            }
-            Ok(())
-        })
+        self.with_sync(true, None, |c| Ok(self.load_sync(c, LoadOn::AllMasters)?))
     }
 
-    /// One PING on the blocking path.
+    /// One PING on the blocking path (on a cluster, to every master).
     pub(crate) fn ping_sync(&self) -> Result<Duration, StoreError> {
         self.with_sync(true, None, |c| {
             let start = Instant::now();
@@ -476,9 +860,50 @@ impl Link {
         })
     }
 
-    /// The async connection of the current runtime, made (and its server
+    /// A new async connection, its servers identified.
+    async fn connect_async(&self) -> Result<AsyncConn, StoreError> {
+        let ct = self.settings.connect_timeout;
+        let t = self.settings.timeout;
+        let mut conn = match &self.client {
+            Client::Server(client) => {
+                let config = AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(ct))
+                    .set_response_timeout(Some(t));
+                AsyncConn::Server(
+                    client
+                        .get_multiplexed_async_connection_with_config(&config)
+                        .await
+                        .map_err(|e| self.error(&e, ct))?,
+                )
+            }
+            Client::Cluster(target) => {
+                if !target.checked.load(Ordering::Acquire) {
+                    // On connections of its own, without blocking the
+                    // runtime.
+                    let link = self.weak.upgrade().ok_or_else(no_runtime)?;
+                    tokio::task::spawn_blocking(move || link.check_nodes())
+                        .await
+                        .map_err(|e| StoreError::Unavailable(e.to_string()))??;
+                }
+                let config = redis::cluster::ClusterConfig::new()
+                    .set_connection_timeout(ct)
+                    .set_response_timeout(t);
+                AsyncConn::Cluster(
+                    target
+                        .client
+                        .get_async_connection_with_config(config)
+                        .await
+                        .map_err(|e| self.error(&e, ct))?,
+                )
+            }
+        };
+        self.identify_async(&mut conn, None).await?;
+        Ok(conn)
+    }
+
+    /// The async connection of the current runtime, made (and its servers
     /// identified) by the first call that needs it.
-    async fn connection(&self) -> Result<(AsyncSlot, MultiplexedConnection), StoreError> {
+    async fn connection(&self) -> Result<(AsyncSlot, AsyncConn), StoreError> {
         /// Runtimes remembered; the oldest is forgotten beyond this.
         const RUNTIMES: usize = 8;
         let runtime = tokio::runtime::Handle::try_current()
@@ -498,22 +923,7 @@ impl Link {
                 }
             }
         };
-        let conn = slot
-            .get_or_try_init(|| async {
-                let ct = self.settings.connect_timeout;
-                let config = AsyncConnectionConfig::new()
-                    .set_connection_timeout(Some(ct))
-                    .set_response_timeout(Some(self.settings.timeout));
-                let mut c = self
-                    .client
-                    .get_multiplexed_async_connection_with_config(&config)
-                    .await
-                    .map_err(|e| self.error(&e, ct))?;
-                self.identify_async(&mut c, false).await?;
-                Ok::<_, StoreError>(c)
-            })
-            .await?
-            .clone();
+        let conn = slot.get_or_try_init(|| self.connect_async()).await?.clone();
         Ok((slot, conn))
     }
 
@@ -575,25 +985,23 @@ impl Link {
         let t = self.settings.timeout;
         let result = async {
             let (slot, mut c) = self.connection().await?;
-            self.check_hold(hold)?;
+            self.check_hold(hold, inv)?;
             let result: Result<T, Failure> = match inv.cmd.query_async::<T>(&mut c).await {
                 Ok(v) => Ok(v),
                 Err(e) if is_noscript(&e) => {
                     async {
-                        self.identify_async(&mut c, true).await?;
-                        for s in Scripts::get().all() {
-                            s.load_async(&mut c).await.map_err(|e| self.error(&e, t))?;
-                        }
-                        self.check_hold(hold)?;
-                        Ok(inv
-                            .cmd
+                        self.identify_async(&mut c, Some(inv.slot())).await?;
+                        self.load_async(&mut c, LoadOn::MasterOf(inv.first_key()))
+                            .await?;
+                        self.check_hold(hold, inv)?;
+                        inv.cmd
                             .query_async(&mut c)
                             .await
-                            .map_err(|e| self.error(&e, t))?)
+                            .map_err(|e| self.failure_after_load(&e))
                     }
                     .await
                 }
-                Err(e) => Err(self.error(&e, t).into()),
+                Err(e) => Err(self.failure(&e)),
             };
             if let Err(Failure::Store(e)) = &result {
                 if is_outage(e) {
@@ -609,7 +1017,7 @@ impl Link {
         }
     }
 
-    /// One PING on the async path.
+    /// One PING on the async path (on a cluster, to every master).
     pub(crate) async fn ping_async(&self) -> Result<Duration, StoreError> {
         self.gate()?;
         tokio::runtime::Handle::try_current().map_err(|_| no_runtime())?;
@@ -637,22 +1045,37 @@ impl Link {
     }
 }
 
-fn is_noscript(e: &redis::RedisError) -> bool {
-    e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) || e.code() == Some("NOSCRIPT")
-}
-
-/// `run_id` and `uptime_in_seconds` from `INFO server`.
-fn parse_info(text: &str) -> (Option<String>, Option<Duration>) {
-    let (mut run_id, mut uptime) = (None, None);
-    for line in text.lines() {
-        let line = line.trim_end();
-        if let Some(id) = line.strip_prefix("run_id:") {
-            run_id = Some(id.to_owned());
-        } else if let Some(secs) = line.strip_prefix("uptime_in_seconds:") {
-            uptime = secs.parse().ok().map(Duration::from_secs);
+impl LoadOn<'_> {
+    fn routing(self) -> RoutingInfo {
+        match self {
+            LoadOn::AllMasters => to_all_masters(),
+            LoadOn::MasterOf(key) => to_master_of(key),
         }
     }
-    (run_id, uptime)
+}
+
+/// The slot ranges of a cluster and the identities of their masters.
+fn owners(ranges: &[SlotRange], nodes: &[((String, u16), Option<NodeIdentity>)]) -> Vec<Owner> {
+    ranges
+        .iter()
+        .map(|r| Owner {
+            start: r.start,
+            end: r.end,
+            node: nodes
+                .iter()
+                .find(|((h, p), _)| *h == r.host && *p == r.port)
+                .and_then(|(_, n)| n.clone()),
+        })
+        .collect()
+}
+
+/// A reply as a string (an `INFO`-style text).
+fn text(v: Value) -> RedisResult<String> {
+    redis::from_redis_value::<String>(v).map_err(redis::RedisError::from)
+}
+
+fn is_noscript(e: &redis::RedisError) -> bool {
+    e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) || e.code() == Some("NOSCRIPT")
 }
 
 fn no_runtime() -> StoreError {

@@ -37,35 +37,47 @@ pub(crate) struct Scripts {
     /// The lean record of a success that can report nothing (self-contained:
     /// no prelude, see [`SuccessArgs`]).
     pub(crate) success: Script,
+    /// `SCRIPT LOAD` of every script: commands of their own, which a
+    /// cluster connection routes to the masters.
+    loads: [redis::Cmd; 7],
 }
 
 impl Scripts {
     pub(crate) fn get() -> &'static Scripts {
         static SCRIPTS: OnceLock<Scripts> = OnceLock::new();
         SCRIPTS.get_or_init(|| {
-            let script = |body: &str| Script::new(&source(&[PRELUDE, body]));
+            let with_prelude = |body: &str| source(&[PRELUDE, body]);
+            let sources = [
+                with_prelude(include_str!("lua/admit.lua")),
+                with_prelude(include_str!("lua/record.lua")),
+                with_prelude(include_str!("lua/release.lua")),
+                with_prelude(include_str!("lua/metrics.lua")),
+                with_prelude(include_str!("lua/control.lua")),
+                with_prelude(include_str!("lua/in_flight.lua")),
+                source(&[include_str!("lua/success.lua")]),
+            ];
+            let [admit, record, release, metrics, control, in_flight, success] =
+                sources.each_ref().map(|s| Script::new(s));
             Scripts {
-                admit: script(include_str!("lua/admit.lua")),
-                record: script(include_str!("lua/record.lua")),
-                release: script(include_str!("lua/release.lua")),
-                metrics: script(include_str!("lua/metrics.lua")),
-                control: script(include_str!("lua/control.lua")),
-                in_flight: script(include_str!("lua/in_flight.lua")),
-                success: Script::new(&source(&[include_str!("lua/success.lua")])),
+                admit,
+                record,
+                release,
+                metrics,
+                control,
+                in_flight,
+                success,
+                loads: sources.map(|s| {
+                    let mut cmd = redis::cmd("SCRIPT");
+                    cmd.arg("LOAD").arg(s);
+                    cmd
+                }),
             }
         })
     }
 
-    pub(crate) fn all(&self) -> [&Script; 7] {
-        [
-            &self.admit,
-            &self.record,
-            &self.release,
-            &self.metrics,
-            &self.control,
-            &self.in_flight,
-            &self.success,
-        ]
+    /// `SCRIPT LOAD` of every script.
+    pub(crate) fn loads(&self) -> &[redis::Cmd; 7] {
+        &self.loads
     }
 }
 
@@ -112,6 +124,21 @@ impl Invocation {
         self.keys += 1;
         self.cmd.arg(key);
         self
+    }
+
+    /// The first key: every key of an invocation shares its hash tag, so
+    /// this key's slot is the invocation's.
+    pub(crate) fn first_key(&self) -> &[u8] {
+        // EVALSHA, the hash, the number of keys, then the keys.
+        match self.cmd.args_iter().nth(3) {
+            Some(redis::Arg::Simple(key)) => key,
+            _ => &[],
+        }
+    }
+
+    /// The cluster slot of the invocation's keys.
+    pub(crate) fn slot(&self) -> u16 {
+        key_slot(self.first_key())
     }
 
     /// Adds an argument (`ARGV[i]`).
@@ -180,6 +207,29 @@ impl Keys {
         tag.push('}');
         Keys(suffixes(spec).map(|s| format!("{tag}:{s}")))
     }
+}
+
+/// The Redis Cluster slot of `key`: CRC16 (XMODEM) of its hash tag (what
+/// is between the first `{` and the next `}`, when not empty) or of the
+/// whole key, modulo 16384.
+pub(crate) fn key_slot(key: &[u8]) -> u16 {
+    let tagged = key.iter().position(|&b| b == b'{').and_then(|open| {
+        let rest = &key[open + 1..];
+        let close = rest.iter().position(|&b| b == b'}')?;
+        (close > 0).then(|| &rest[..close])
+    });
+    let mut crc: u16 = 0;
+    for &b in tagged.unwrap_or(key) {
+        crc ^= u16::from(b) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 == 0 {
+                crc << 1
+            } else {
+                (crc << 1) ^ 0x1021
+            };
+        }
+    }
+    crc % 16384
 }
 
 fn micros(d: Duration) -> u64 {
@@ -391,6 +441,43 @@ mod tests {
             Keys::new("sw", &spec, Some(&p)).0[4],
             "{sw:users%3Aapi%7Bx%7D:s:7}:b"
         );
+    }
+
+    #[test]
+    fn key_slots_are_the_cluster_s() {
+        // The examples of the Redis Cluster specification.
+        assert_eq!(key_slot(b"123456789"), 0x31C3);
+        // As `CLUSTER KEYSLOT` of Redis 7 answers.
+        for (key, slot) in [
+            ("{sw:users%3Aapi%7Bx%7D}:s", 780),
+            ("{shop:inventory}:rg", 6959),
+            ("{seawall:payments:s:tenant-7}:b", 9304),
+            ("a{}b", 13694),
+            ("éclair", 9615),
+        ] {
+            assert_eq!(key_slot(key.as_bytes()), slot, "{key}");
+        }
+        assert_eq!(key_slot(b"{user1000}.following"), key_slot(b"user1000"));
+        // An empty tag hashes the whole key.
+        assert_ne!(key_slot(b"foo{}{bar}"), key_slot(b"bar"));
+        assert_eq!(key_slot(b"foo{{bar}}zap"), key_slot(b"{bar"));
+        assert_eq!(key_slot(b"foo{bar}{zap}"), key_slot(b"bar"));
+        // Every key of a resource, partitioned or not, in the slot of the
+        // first one.
+        let spec = ResourceSpec::new("a{b}:c")
+            .with_rate_limit(RateLimiter::gcra(5, Duration::from_secs(1)));
+        for partition in [
+            None,
+            Some(seawall::PartitionKey::from(7u64)),
+            Some(seawall::PartitionKey::from("t}{x")),
+        ] {
+            let keys = Keys::new("sw", &spec, partition.as_ref()).0;
+            let first = key_slot(keys[0].as_bytes());
+            assert!(
+                keys.iter().all(|k| key_slot(k.as_bytes()) == first),
+                "{keys:?}"
+            );
+        }
     }
 
     #[test]

@@ -15,8 +15,8 @@ use seawall::store::{
 use seawall::{MemoryStore, PartitionKey, Rejection, RejectionReason, StateStore, StoreError};
 
 use crate::config::{FailMode, RedisStoreBuilder, TimeSource};
-use crate::error::{is_outage, Redacted, RedisStoreError};
-use crate::link::{Link, LinkSettings, Restart};
+use crate::error::{is_outage, RedisStoreError};
+use crate::link::{Client, Link, LinkSettings, Restart};
 use crate::scripts::{self, Invocation, Keys, Scripts, SpecArgs, SuccessArgs};
 
 /// A [`StateStore`] on a Redis server, shared by every process that uses
@@ -77,6 +77,35 @@ impl RedisStore {
         RedisStoreBuilder::new(url.into())
     }
 
+    /// Starts configuring a store for the Redis Cluster that `nodes` belong
+    /// to (`redis://[user:password@]host[:port]` each, or `rediss://`;
+    /// some of its nodes are enough: the others are found through them).
+    /// Every resource's keys share one hash tag, hence one slot: each
+    /// script runs on the master of that slot, atomically, as on a single
+    /// server. See the [crate documentation](crate#redis-cluster).
+    ///
+    /// ```no_run
+    /// use seawall_redis::RedisStore;
+    ///
+    /// let store = RedisStore::cluster([
+    ///     "redis://10.0.0.1:7000",
+    ///     "redis://10.0.0.2:7000",
+    ///     "redis://10.0.0.3:7000",
+    /// ])
+    /// .prefix("shop")
+    /// .fail_closed()
+    /// .build()?;
+    /// # let _ = store;
+    /// # Ok::<_, seawall_redis::RedisStoreError>(())
+    /// ```
+    pub fn cluster<I>(nodes: I) -> RedisStoreBuilder
+    where
+        I: IntoIterator,
+        I::Item: Into<String>,
+    {
+        RedisStoreBuilder::new_cluster(nodes.into_iter().map(Into::into).collect())
+    }
+
     /// A store with the default settings (see [`RedisStoreBuilder`]).
     ///
     /// # Errors
@@ -85,9 +114,9 @@ impl RedisStore {
         Self::builder(url).build()
     }
 
-    pub(crate) fn from_parts(b: RedisStoreBuilder, client: redis::Client) -> RedisStore {
+    pub(crate) fn from_parts(b: RedisStoreBuilder, client: Client) -> RedisStore {
         let settings = LinkSettings {
-            address: Redacted::new(&b.url),
+            address: b.target.redacted(),
             timeout: b.timeout,
             connect_timeout: b.connect_timeout.unwrap_or(b.timeout),
             reconnect_interval: b.reconnect_interval,
@@ -160,18 +189,22 @@ impl StateStore for RedisStore {
             Err(e) if !is_outage(&e) => return Err(e),
             _ => {}
         }
+        let keys = Keys::new(&inner.prefix, spec, None);
         Ok(Arc::new(RedisResource {
             shared: Arc::new(Shared {
                 link: Arc::clone(&inner.link),
                 prefix: inner.prefix.clone(),
-                keys: Keys::new(&inner.prefix, spec, None),
                 args: SpecArgs::new(spec, inner.probe_lease),
                 success_args: SuccessArgs::new(spec),
                 hold: restart_hold(spec),
                 caller_hold: Mutex::new(CallerHold {
-                    epoch: inner.link.restart().map_or(0, |r| r.epoch),
+                    epoch: inner
+                        .link
+                        .restart_for(scripts::key_slot(keys.0[0].as_bytes()))
+                        .map_or(0, |r| r.epoch),
                     until: Duration::ZERO,
                 }),
+                keys,
                 spec: spec.clone(),
                 local,
                 caller_clock: inner.time_source == TimeSource::Caller,

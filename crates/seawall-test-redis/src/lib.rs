@@ -1,8 +1,11 @@
 //! Test support of the seawall workspace: a real `redis-server` per test,
-//! on a free loopback port, in a temporary directory, killed on drop.
+//! on a free loopback port, in a temporary directory, killed on drop; and a
+//! real Redis Cluster ([`RedisCluster`]: three masters with one replica
+//! each, created with `redis-cli --cluster create`).
 //!
-//! The server binary is `$REDIS_SERVER`, or `redis-server` on the `PATH`
-//! (`scripts/test.sh` installs Debian's package). Every server listens on
+//! The server binary is `$REDIS_SERVER`, or `redis-server` on the `PATH`;
+//! the cluster is created with `$REDIS_CLI`, or `redis-cli` on the `PATH`
+//! (`scripts/test.sh` installs Debian's packages). Every server listens on
 //! 127.0.0.1 only and saves nothing. A server is killed when its
 //! `RedisServer` is dropped; one that outlives its test process (held in a
 //! `static`, or a process that was killed) is listed in
@@ -14,20 +17,29 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+mod cluster;
+
+pub use cluster::{ClusterNode, RedisCluster};
+
 /// The `redis-server` binary: `$REDIS_SERVER`, or `redis-server` on the PATH.
 fn binary() -> PathBuf {
-    if let Some(p) = std::env::var_os("REDIS_SERVER") {
+    program("REDIS_SERVER", "redis-server", "redis-server")
+}
+
+/// `$variable`, or `name` on the PATH; panics naming the Debian package.
+fn program(variable: &str, name: &str, package: &str) -> PathBuf {
+    if let Some(p) = std::env::var_os(variable) {
         return PathBuf::from(p);
     }
     let found = std::env::var_os("PATH").and_then(|paths| {
         std::env::split_paths(&paths)
-            .map(|dir| dir.join("redis-server"))
+            .map(|dir| dir.join(name))
             .find(|p| p.is_file())
     });
     found.unwrap_or_else(|| {
         panic!(
-            "redis-server not found on the PATH (nor in $REDIS_SERVER): these tests run a real \
-             Redis server; install it with `apt-get install redis-server`, as \
+            "{name} not found on the PATH (nor in ${variable}): these tests run a real \
+             Redis server; install it with `apt-get install {package}`, as \
              scripts/test.sh does"
         )
     })
@@ -106,23 +118,7 @@ impl RedisServer {
     }
 
     fn answers(&self) -> bool {
-        let Ok(mut stream) = std::net::TcpStream::connect_timeout(
-            &([127, 0, 0, 1], self.port).into(),
-            Duration::from_millis(200),
-        ) else {
-            return false;
-        };
-        use std::io::{Read, Write};
-        let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
-        if stream.write_all(b"PING\r\n").is_err() {
-            return false;
-        }
-        let mut buf = [0u8; 64];
-        match stream.read(&mut buf) {
-            // "+PONG", or "-NOAUTH" on a server with a password: both answer.
-            Ok(n) if n > 0 => buf[0] == b'+' || buf[0] == b'-',
-            _ => false,
-        }
+        answers(self.port)
     }
 
     /// The server's port on 127.0.0.1.
@@ -190,6 +186,27 @@ impl RedisServer {
 impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+/// `true` when something on 127.0.0.1:`port` answers `PING` (`+PONG`, or
+/// `-NOAUTH` from a server with a password).
+fn answers(port: u16) -> bool {
+    let Ok(mut stream) = std::net::TcpStream::connect_timeout(
+        &([127, 0, 0, 1], port).into(),
+        Duration::from_millis(200),
+    ) else {
+        return false;
+    };
+    use std::io::{Read, Write};
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
+    if stream.write_all(b"PING\r\n").is_err() {
+        return false;
+    }
+    let mut buf = [0u8; 64];
+    match stream.read(&mut buf) {
+        Ok(n) if n > 0 => buf[0] == b'+' || buf[0] == b'-',
+        _ => false,
     }
 }
 

@@ -10,7 +10,7 @@ use seawall_redis::{RedisStore, TimeSource};
 use crate::support::{unique, RedisServer};
 
 /// Wall-clock time, the same clock the local server reads with `TIME`.
-struct WallClock;
+pub(crate) struct WallClock;
 
 impl ContractClock for WallClock {
     fn now(&self) -> Duration {

@@ -1,5 +1,8 @@
 //! Tests of `seawall-redis` against a real `redis-server`, started per test
-//! on a free loopback port (see `support.rs`).
+//! on a free loopback port (see `support.rs`), and against a real Redis
+//! Cluster of six nodes (`cluster.rs`: one cluster shared by the tests that
+//! leave its nodes alone; `failover.rs` and the restart test start their
+//! own).
 //!
 //! The server's clock decides windows and leases, so the time-based checks
 //! use short real durations (at most a few seconds) and check bounds;
@@ -8,9 +11,11 @@
 
 mod bad_input;
 mod breaker_model;
+mod cluster;
 mod contract;
 mod cross_process;
 mod differential;
+mod failover;
 mod models;
 mod outage;
 mod pipeline;

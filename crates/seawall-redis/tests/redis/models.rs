@@ -31,7 +31,7 @@ use seawall::testing::VirtualClock;
 use seawall::{
     Bulkhead, CircuitBreaker, Cooldown, PartitionKey, RateLimiter, StateStore, StoreError,
 };
-use seawall_redis::RedisStore;
+use seawall_redis::{RedisStore, RedisStoreBuilder};
 
 use crate::support::{rt, unique, RedisServer};
 
@@ -136,7 +136,12 @@ fn steps() -> impl Strategy<Value = Vec<Step>> {
 /// lease, which lets a new round of probes start when a process died with
 /// its probes, is not part of the circuit's model).
 fn store(server: &RedisServer) -> RedisStore {
-    RedisStore::builder(server.url())
+    model_store(RedisStore::builder(server.url()))
+}
+
+/// [`store`] on the server (or cluster) of `builder`.
+pub(crate) fn model_store(builder: RedisStoreBuilder) -> RedisStore {
+    builder
         .prefix(unique("models"))
         .caller_clock()
         .probe_lease(Duration::from_secs(100_000_000_000))
@@ -196,12 +201,17 @@ fn runner(cases: u32) -> TestRunner {
 /// One server for all the cases of a test, a fresh resource per case.
 fn agrees_from(start: Duration) {
     let server = RedisServer::start();
-    let store = store(&server);
+    agrees_on(&store(&server), start, 256);
+}
+
+/// `cases` random runs on `store` (a [`model_store`]), from `start`, each on
+/// a fresh resource, half of them through the async calls.
+pub(crate) fn agrees_on(store: &RedisStore, start: Duration, cases: u32) {
     let calls = AsyncCalls(rt());
     let strategy = (spec(), steps(), any::<bool>());
-    let result = runner(256).run(&strategy, |(spec, steps, async_calls)| {
+    let result = runner(cases).run(&strategy, |(spec, steps, async_calls)| {
         let calls = async_calls.then_some(&calls);
-        check(&store, &spec, start, &steps, calls).map_err(TestCaseError::fail)
+        check(store, &spec, start, &steps, calls).map_err(TestCaseError::fail)
     });
     if let Err(e) = result {
         panic!("{e}");

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use seawall::event::{Event, EventKind};
 
-pub(crate) use seawall_test_redis::{unique, RedisServer};
+pub(crate) use seawall_test_redis::{unique, RedisCluster, RedisServer};
 
 /// `INFO commandstats` as `command -> calls`.
 pub(crate) fn command_calls(c: &mut redis::Connection) -> HashMap<String, u64> {
@@ -24,6 +24,22 @@ pub(crate) fn command_calls(c: &mut redis::Connection) -> HashMap<String, u64> {
             Some((name.to_owned(), calls.parse().ok()?))
         })
         .collect()
+}
+
+/// The count of error replies starting with `code` (`INFO errorstats`,
+/// e.g. `MOVED`, `ASK`, `CROSSSLOT`).
+pub(crate) fn error_count(c: &mut redis::Connection, code: &str) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("errorstats")
+        .query(c)
+        .expect("INFO errorstats");
+    info.lines()
+        .find_map(|l| {
+            l.trim_end()
+                .strip_prefix(&format!("errorstat_{code}:count="))
+        })
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
 }
 
 /// Script calls (EVALSHA + EVAL) in a commandstats snapshot.
