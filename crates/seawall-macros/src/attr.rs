@@ -837,6 +837,7 @@ mod tests {
                 PolicyKind::Cooldown => "cooldown",
                 PolicyKind::RateLimiter => "rate_limiter(limit = 1, per_s = 1)",
                 PolicyKind::Chaos => "chaos(rate = 0.5, latency_ms = 1)",
+                PolicyKind::AdaptiveLimit => "adaptive_limit(algorithm = \"aimd\")",
             };
             let c = parse_str(minimal).unwrap();
             assert_eq!(c.steps.len(), 1);
