@@ -218,7 +218,10 @@ fn bulkhead(c: &mut Criterion) {
 /// plain tokio `Semaphore` (a fixed limit, nothing measured).
 fn adaptive(c: &mut Criterion) {
     for (algorithm, pipeline) in [
-        ("aimd", pipelines::adaptive_aimd as fn() -> seawall::Pipeline),
+        (
+            "aimd",
+            pipelines::adaptive_aimd as fn() -> seawall::Pipeline,
+        ),
         ("gradient2", pipelines::adaptive_gradient2),
     ] {
         let mut g = c.benchmark_group(format!("adaptive limit, {algorithm} (sync)"));
@@ -230,7 +233,11 @@ fn adaptive(c: &mut Criterion) {
         let mut g = c.benchmark_group(format!("adaptive limit, {algorithm} (async)"));
         async_case(&mut g, "seawall", SeawallAsync(pipeline()));
         async_case(&mut g, "tokio Semaphore", semaphore_async());
-        async_case(&mut g, "tower-resilience (aimd)", tower_resilience_adaptive());
+        async_case(
+            &mut g,
+            "tower-resilience (aimd)",
+            tower_resilience_adaptive(),
+        );
         g.finish();
     }
 }

@@ -588,8 +588,8 @@ mod tests {
         assert_eq!(st.limit, 21.0);
         assert_eq!(st.gathered, Gathered::default());
         // A drop anywhere in a window is one decrease.
-        st = update(&s, st, &at(1 * MS, 20, Signal::Dropped, 2_000 * MS));
-        st = update(&s, st, &at(1 * MS, 20, Signal::Success, 2_100 * MS));
+        st = update(&s, st, &at(MS, 20, Signal::Dropped, 2_000 * MS));
+        st = update(&s, st, &at(MS, 20, Signal::Success, 2_100 * MS));
         assert_eq!(st.limit, 18.0);
     }
 
