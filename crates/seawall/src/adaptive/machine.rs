@@ -254,6 +254,68 @@ mod tests {
         assert_eq!(l.snapshot().in_flight, 0);
     }
 
+    /// The cell's admissions against a plain model of the partition rule
+    /// (below the limit anyone; at it, a partition below
+    /// `ceil(limit x share)`), on random sequences of admissions and
+    /// releases.
+    #[test]
+    fn admissions_agree_with_a_model_of_the_shares() {
+        use proptest::prelude::*;
+
+        #[derive(Debug, Clone)]
+        enum Op {
+            Acquire(Option<usize>),
+            Release(usize),
+        }
+        let op = prop_oneof![
+            3 => proptest::option::of(0usize..3).prop_map(Op::Acquire),
+            2 => any::<usize>().prop_map(Op::Release),
+        ];
+        let shares = [("live", 0.7), ("batch", 0.2), ("rest", 0.1)];
+        proptest!(|(limit in 1u32..12, ops in proptest::collection::vec(op, 0..80))| {
+            let mut settings = AdaptiveLimit::aimd().limits(limit, limit, limit);
+            for (name, share) in shares {
+                settings = settings.partition(name, share);
+            }
+            let cell = Limiter::new(&settings);
+            let keys: Vec<PartitionKey> = shares.iter().map(|(n, _)| PartitionKey::from(*n)).collect();
+            let (mut total, mut busy) = (0u32, [0u32; 3]);
+            let mut held: Vec<(Lease, Option<usize>)> = Vec::new();
+            for op in ops {
+                match op {
+                    Op::Acquire(p) => {
+                        let key = p.map(|i| &keys[i]);
+                        let admits = total < limit
+                            || p.is_some_and(|i| {
+                                let share = (f64::from(limit) * shares[i].1).ceil().max(1.0);
+                                f64::from(busy[i]) < share
+                            });
+                        let got = cell.acquire(key);
+                        prop_assert_eq!(got.is_ok(), admits, "{:?} at {} {:?}", p, total, busy);
+                        if let Ok(lease) = got {
+                            total += 1;
+                            if let Some(i) = p {
+                                busy[i] += 1;
+                            }
+                            prop_assert_eq!(lease.in_flight, total);
+                            held.push((lease, p));
+                        }
+                    }
+                    Op::Release(k) if !held.is_empty() => {
+                        let (lease, p) = held.swap_remove(k % held.len());
+                        cell.give_back(lease);
+                        total -= 1;
+                        if let Some(i) = p {
+                            busy[i] -= 1;
+                        }
+                    }
+                    Op::Release(_) => {}
+                }
+                prop_assert_eq!(cell.snapshot().in_flight, total);
+            }
+        });
+    }
+
     #[test]
     fn many_threads_never_exceed_the_limit() {
         let l = Arc::new(Limiter::new(&AdaptiveLimit::aimd().limits(8, 8, 8)));

@@ -241,6 +241,8 @@ pub(crate) fn update(spec: &Spec, state: State, sample: &Sample) -> State {
             }
             Baseline::Known { next: due, .. } if sample.now >= due => {
                 next.baseline = Baseline::Measuring { sum: 0, samples: 0 };
+                // The update window starts again after the measurement.
+                next.gathered = Gathered::default();
                 next.window = match state.window.wrapping_add(1) {
                     0 => 1,
                     w => w,

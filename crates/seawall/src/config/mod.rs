@@ -224,7 +224,8 @@
 //! `"operation"`, `"retry_exhausted"`, `"timeout"`, `"rejected"`,
 //! `"store"`, or a rejection of one reason: `"circuit_open"`,
 //! `"bulkhead_full"`, `"rate_limited"`, `"cooldown_active"`,
-//! `"cooldown_exceeds_deadline"`, `"retry_budget_exhausted"`. So
+//! `"cooldown_exceeds_deadline"`, `"retry_budget_exhausted"`,
+//! `"concurrency_limited"`. So
 //! `fallback_on = ["timeout", "circuit_open"]` answers from the cache
 //! when the service is slow or known down, and lets its own errors
 //! through. It needs a `fallback`, and must not be empty.
