@@ -156,21 +156,27 @@ impl Limiter {
         if signal == Signal::Ignored {
             return None;
         }
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let before = *state;
         let sample = Sample {
             rtt,
             in_flight: lease.in_flight,
             signal,
             window: lease.window,
             now,
-            draw: random.next_f64(),
+            draw: if rules::draws(&before) {
+                random.next_f64()
+            } else {
+                0.0
+            },
         };
-        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        let before = *state;
         let after = rules::update(&self.spec, before, &sample);
-        if after == before {
+        *state = after;
+        // Most samples only join the update window: what admissions read
+        // changes with the limit or a measurement beginning or ending.
+        if after.limit == before.limit && rules::window(&after) == rules::window(&before) {
             return None;
         }
-        *state = after;
         let view = pack(
             rules::admitted_limit(&self.spec, &after),
             rules::window(&after),

@@ -108,7 +108,8 @@ pub(crate) struct Sample {
     /// When it ended.
     pub(crate) now: Nanos,
     /// A random number in `[0, 1)`, for the jitter of the next
-    /// measurement.
+    /// measurement (read only while the baseline is measured: see
+    /// [`draws`]).
     pub(crate) draw: f64,
 }
 
@@ -181,10 +182,11 @@ pub(crate) fn window(state: &State) -> u32 {
     }
 }
 
-/// A limit as a whole number of calls (at least 1).
+/// A limit as a whole number of calls (at least 1): rounded down.
 pub(crate) fn whole(limit: f64) -> u32 {
-    // `as` saturates, and maps NaN to 0.
-    (limit.floor() as u32).max(1)
+    // `as` rounds toward zero (down, for a limit, which is never
+    // negative), saturates, and maps NaN to 0.
+    (limit as u32).max(1)
 }
 
 /// The calls a partition with `share` of the limit may always have in
@@ -324,6 +326,13 @@ pub(crate) fn update(spec: &Spec, state: State, sample: &Sample) -> State {
     next
 }
 
+/// The sample's `draw` is read in `state`: while the baseline is measured
+/// (its end schedules the next measurement). A cell draws a number only
+/// then.
+pub(crate) fn draws(state: &State) -> bool {
+    matches!(state.baseline, Baseline::Measuring { .. })
+}
+
 /// The time until the next measurement: the interval plus up to `jitter`
 /// of it.
 fn jittered(m: Measure, draw: f64) -> Nanos {
@@ -333,7 +342,8 @@ fn jittered(m: Measure, draw: f64) -> Nanos {
 
 fn aimd(spec: &Spec, limit: f64, s: &Sample, backoff_ratio: f64, rtt_timeout: Nanos) -> f64 {
     let next = if s.signal == Signal::Dropped || s.rtt > rtt_timeout {
-        (limit * backoff_ratio).floor()
+        // Rounded down: `as` rounds toward zero.
+        f64::from((limit * backoff_ratio) as u32)
     } else if f64::from(s.in_flight) * 2.0 >= limit {
         limit + 1.0
     } else {
