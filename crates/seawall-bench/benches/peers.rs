@@ -213,6 +213,35 @@ fn bulkhead(c: &mut Criterion) {
     g.finish();
 }
 
+/// The success path of an adaptive concurrency limit: admit, sample,
+/// release. The peers: tower-resilience's adaptive limiter (AIMD) and a
+/// plain tokio `Semaphore` (a fixed limit, nothing measured).
+fn adaptive(c: &mut Criterion) {
+    for (algorithm, pipeline) in [
+        (
+            "aimd",
+            pipelines::adaptive_aimd as fn() -> seawall::Pipeline,
+        ),
+        ("gradient2", pipelines::adaptive_gradient2),
+    ] {
+        let mut g = c.benchmark_group(format!("adaptive limit, {algorithm} (sync)"));
+        sync_case(&mut g, "seawall", seawall_sync(pipeline()));
+        let s = semaphore();
+        sync_case(&mut g, "tokio Semaphore", move || semaphore_call(&s));
+        g.finish();
+
+        let mut g = c.benchmark_group(format!("adaptive limit, {algorithm} (async)"));
+        async_case(&mut g, "seawall", SeawallAsync(pipeline()));
+        async_case(&mut g, "tokio Semaphore", semaphore_async());
+        async_case(
+            &mut g,
+            "tower-resilience (aimd)",
+            tower_resilience_adaptive(),
+        );
+        g.finish();
+    }
+}
+
 fn timeout(c: &mut Criterion) {
     let rt = runtime();
     let mut g = c.benchmark_group("timeout (async)");
@@ -273,6 +302,6 @@ fn config() -> Criterion {
 criterion_group! {
     name = peers;
     config = config();
-    targets = retry, breaker, rate_limiter, bulkhead, timeout, full_chain, chaos
+    targets = retry, breaker, rate_limiter, bulkhead, adaptive, timeout, full_chain, chaos
 }
 criterion_main!(peers);

@@ -47,12 +47,16 @@ const CONTENDERS: &[&str] = &[
     "fixed",
     "sliding",
     "bulkhead",
+    "adaptive-aimd",
+    "adaptive-gradient2",
     "full",
     "async-retry",
     "async-breaker",
     "async-open",
     "async-gcra",
     "async-bulkhead",
+    "async-adaptive-aimd",
+    "async-adaptive-gradient2",
     "async-timeout",
     "async-full",
     "backon",
@@ -62,6 +66,8 @@ const CONTENDERS: &[&str] = &[
     "governor",
     "governor-keyed",
     "semaphore",
+    "async-semaphore",
+    "tower-resilience-adaptive",
     "tokio-timeout",
     "seatbelt-full",
 ];
@@ -96,6 +102,8 @@ fn main() {
         "fixed" => sync_loop(n, seawall_call(pipelines::fixed_window())),
         "sliding" => sync_loop(n, seawall_call(pipelines::sliding_window())),
         "bulkhead" => sync_loop(n, seawall_call(pipelines::bulkhead())),
+        "adaptive-aimd" => sync_loop(n, seawall_call(pipelines::adaptive_aimd())),
+        "adaptive-gradient2" => sync_loop(n, seawall_call(pipelines::adaptive_gradient2())),
         "full" => {
             let p = pipelines::full_chain();
             sync_loop(n, || matches!(p.call(|_| op(black_box(1))), Ok(1)))
@@ -105,6 +113,10 @@ fn main() {
         "async-open" => async_loop(&rt, n, SeawallAsync(pipelines::open_breaker())),
         "async-gcra" => async_loop(&rt, n, SeawallAsync(pipelines::gcra())),
         "async-bulkhead" => async_loop(&rt, n, SeawallAsync(pipelines::bulkhead())),
+        "async-adaptive-aimd" => async_loop(&rt, n, SeawallAsync(pipelines::adaptive_aimd())),
+        "async-adaptive-gradient2" => {
+            async_loop(&rt, n, SeawallAsync(pipelines::adaptive_gradient2()))
+        }
         "async-timeout" => async_loop(&rt, n, SeawallAsync(pipelines::timeout())),
         "async-full" => async_loop(&rt, n, SeawallAsync(pipelines::full_chain())),
         "backon" => sync_loop(n, backon_sync()),
@@ -135,6 +147,8 @@ fn main() {
             let s = semaphore();
             sync_loop(n, || semaphore_call(&s))
         }
+        "async-semaphore" => async_loop(&rt, n, semaphore_async()),
+        "tower-resilience-adaptive" => async_loop(&rt, n, tower_resilience_adaptive()),
         "tokio-timeout" => async_loop(&rt, n, tokio_timeout()),
         "seatbelt-full" => async_loop(&rt, n, seatbelt_full_chain(&rt)),
         _ => println!("usage: profile <contender> [calls]; contenders: {CONTENDERS:?}"),

@@ -157,6 +157,24 @@ pub mod pipelines {
             .expect("valid pipeline")
     }
 
+    /// An adaptive concurrency limit alone: Gradient2 with its defaults
+    /// (the limit starts at 20; the success path admits, samples and
+    /// releases).
+    pub fn adaptive_gradient2() -> Pipeline {
+        builder("bench-adaptive-gradient2")
+            .adaptive_limit(seawall::AdaptiveLimit::gradient2())
+            .build()
+            .expect("valid pipeline")
+    }
+
+    /// An adaptive concurrency limit alone: AIMD with its defaults.
+    pub fn adaptive_aimd() -> Pipeline {
+        builder("bench-adaptive-aimd")
+            .adaptive_limit(seawall::AdaptiveLimit::aimd())
+            .build()
+            .expect("valid pipeline")
+    }
+
     /// A timeout alone (1 s).
     pub fn timeout() -> Pipeline {
         builder("bench-timeout")

@@ -414,6 +414,7 @@ enum Read {
     Choice(String),
     Jitter(JitterKind),
     Table(Given),
+    Shares(Vec<(String, f64)>),
 }
 
 /// The settings of one list, in the order written.
@@ -455,6 +456,13 @@ impl Given {
     pub(crate) fn choice(&self, key: &str) -> Option<&str> {
         match &self.get(key)?.value {
             Read::Choice(c) => Some(c),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn shares(&self, key: &str) -> Option<&[(String, f64)]> {
+        match &self.get(key)?.value {
+            Read::Shares(s) => Some(s),
             _ => None,
         }
     }
@@ -631,7 +639,33 @@ fn read_value(
         }
         Value::Jitter => Read::Jitter(jitter(meta, key)?),
         Value::Table(nested) => Read::Table(read(meta, &format!("`{key}(...)`"), nested)?),
+        Value::Shares => Read::Shares(shares(meta, key)?),
     })
+}
+
+/// Names with their shares, `"live=0.9,batch=0.1"`: the syntax is checked
+/// here, the values by `build()`.
+fn shares(meta: &Meta, key: &Ident) -> syn::Result<Vec<(String, f64)>> {
+    let s = string(meta, key)?;
+    let text = s.value();
+    let mut out = Vec::new();
+    for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let parsed = part
+            .split_once('=')
+            .and_then(|(n, v)| Some((n.trim(), v.trim().parse::<f64>().ok()?)))
+            .filter(|(n, _)| !n.is_empty());
+        let Some((name, share)) = parsed else {
+            return err(
+                s.span(),
+                format!(
+                    "`{key}` expects names with shares, e.g. `{key} = \"live=0.9,batch=0.1\"`; \
+                     got `{part}`"
+                ),
+            );
+        };
+        out.push((name.to_owned(), share));
+    }
+    Ok(out)
 }
 
 fn jitter(meta: &Meta, key: &Ident) -> syn::Result<JitterKind> {
@@ -803,6 +837,7 @@ mod tests {
                 PolicyKind::Cooldown => "cooldown",
                 PolicyKind::RateLimiter => "rate_limiter(limit = 1, per_s = 1)",
                 PolicyKind::Chaos => "chaos(rate = 0.5, latency_ms = 1)",
+                PolicyKind::AdaptiveLimit => "adaptive_limit(algorithm = \"aimd\")",
             };
             let c = parse_str(minimal).unwrap();
             assert_eq!(c.steps.len(), 1);

@@ -23,7 +23,7 @@ impl Built {
     fn new(kind: PolicyKind, value: TokenStream) -> Built {
         Built {
             value,
-            rejects: kind.is_stateful(),
+            rejects: kind.is_stateful() || kind == PolicyKind::AdaptiveLimit,
         }
     }
 }
@@ -45,6 +45,7 @@ pub(crate) fn policy(
         PolicyKind::Cooldown => cooldown(given),
         PolicyKind::RateLimiter => rate_limiter(given, span, key)?,
         PolicyKind::Chaos => chaos(given, span, key)?,
+        PolicyKind::AdaptiveLimit => adaptive_limit(given, span)?,
     };
     Ok(Built::new(kind, value))
 }
@@ -319,6 +320,94 @@ fn chaos(g: &Given, span: Span, key: &Ident) -> syn::Result<TokenStream> {
     let latency = latency.tokens();
     let enabled = g.flag("enabled").unwrap_or(true);
     Ok(quote!(::seawall::Chaos::latency(#rate, #latency).enabled(#enabled)))
+}
+
+/// The attribute's words for the adaptive limit's algorithms.
+const LIMIT_ALGORITHMS: [(&str, &str); 3] = [
+    ("aimd", "aimd"),
+    ("vegas", "vegas"),
+    ("gradient2", "gradient2"),
+];
+
+/// An adaptive limit (Gradient2 unless `algorithm` says otherwise); a
+/// setting of another algorithm is refused by `build()`.
+fn adaptive_limit(g: &Given, span: Span) -> syn::Result<TokenStream> {
+    let algorithm = chosen(&LIMIT_ALGORITHMS, g.choice("algorithm"), "gradient2");
+    let constructor = Ident::new(algorithm, Span::call_site());
+    let mut a = quote!(::seawall::AdaptiveLimit::#constructor());
+    for key in ["initial_limit", "min_limit", "max_limit", "queue_size"] {
+        if let Some(n) = g.count(key) {
+            let setter = Ident::new(key, Span::call_site());
+            a.extend(quote!(.#setter(#n)));
+        }
+    }
+    for key in ["backoff_ratio", "smoothing", "buffer", "min_rtt_jitter"] {
+        if let Some(v) = g.number(key) {
+            let setter = Ident::new(key, Span::call_site());
+            a.extend(quote!(.#setter(#v)));
+        }
+    }
+    if let Some(d) = g.duration("update_interval") {
+        let d = d.tokens();
+        a.extend(quote!(.update_interval(#d)));
+    }
+    if let Some(d) = g.duration("rtt_timeout") {
+        let d = d.tokens();
+        a.extend(quote!(.rtt_timeout(#d)));
+    }
+    let min_rtt = [
+        g.duration("min_rtt_interval")
+            .map(|_| "min_rtt_interval_ms"),
+        g.count("min_rtt_samples").map(|_| "min_rtt_samples"),
+        g.count("min_rtt_concurrency")
+            .map(|_| "min_rtt_concurrency"),
+    ];
+    match (
+        g.duration("min_rtt_interval"),
+        g.count("min_rtt_samples"),
+        g.count("min_rtt_concurrency"),
+    ) {
+        (None, None, None) => {}
+        (Some(i), Some(n), Some(c)) => {
+            let i = i.tokens();
+            a.extend(quote!(.min_rtt(#i, #n, #c)));
+        }
+        _ => {
+            let given: Vec<_> = min_rtt.iter().flatten().copied().collect();
+            return err(
+                g.first_of(&["min_rtt_interval", "min_rtt_samples", "min_rtt_concurrency"])
+                    .map_or(span, |k| k.span()),
+                format!(
+                    "the baseline's measurement needs `min_rtt_interval_ms` (or `_s`), \
+                     `min_rtt_samples` and `min_rtt_concurrency` together; got only {}",
+                    given.join(", ")
+                ),
+            );
+        }
+    }
+    match (g.count("max_queued"), g.duration("max_wait")) {
+        (Some(0) | None, None) => {}
+        (Some(q), Some(w)) => {
+            let w = w.tokens();
+            a.extend(quote!(.queue(#q, #w)));
+        }
+        (Some(q), None) => {
+            return err(
+                g.key_span("max_queued").unwrap_or(span),
+                format!("a queue of {q} needs `max_wait_ms` (or `max_wait_s`)"),
+            )
+        }
+        (None, Some(_)) => {
+            return err(
+                g.key_span("max_wait").unwrap_or(span),
+                "`max_wait` needs `max_queued`: only queued calls wait",
+            )
+        }
+    }
+    for (name, share) in g.shares("partitions").unwrap_or_default() {
+        a.extend(quote!(.partition(#name, #share)));
+    }
+    Ok(a)
 }
 
 fn cooldown(g: &Given) -> TokenStream {

@@ -690,6 +690,42 @@ impl Names {
     }
 }
 
+/// One attempt at a time: a call made while another runs is refused by
+/// the adaptive limit (a limit fixed at 1), and the refusal converts into
+/// the function's error.
+#[resilient(
+    retry(max_attempts = 2, backoff_ms = 1),
+    adaptive_limit(
+        algorithm = "aimd",
+        min_limit = 1,
+        initial_limit = 1,
+        max_limit = 1,
+        update_interval_ms = 10,
+        rtt_timeout_ms = 100,
+        partitions = "live=0.9,batch=0.1",
+    ),
+    clock = adaptive_clock,
+)]
+fn one_at_a_time(depth: u32) -> Result<u32, ApiError> {
+    if depth == 0 {
+        return Ok(0);
+    }
+    match one_at_a_time(depth - 1) {
+        // The inner call, refused while this one runs.
+        Err(ApiError::Rejected(RejectionReason::ConcurrencyLimited)) => Ok(99),
+        other => other,
+    }
+}
+
+clock!(adaptive_clock);
+
+#[test]
+fn an_adaptive_limit_refuses_what_it_cannot_admit() {
+    assert_eq!(one_at_a_time(0), Ok(0));
+    assert_eq!(one_at_a_time(1), Ok(99));
+    assert_eq!(one_at_a_time(0), Ok(0));
+}
+
 #[tokio::test]
 async fn results_may_borrow_from_the_arguments() {
     let names = Names {
@@ -750,6 +786,28 @@ fn lease_shorter_than_timeout() -> Result<(), ApiError> {
 )]
 fn a_lease_within_the_attempt_timeout_is_refused_by_the_builder() {
     let _ = lease_shorter_than_timeout();
+}
+
+#[resilient(adaptive_limit(algorithm = "aimd", min_limit = 10, max_limit = 5))]
+fn inverted_limits() -> Result<(), ApiError> {
+    Ok(())
+}
+
+#[test]
+#[should_panic(expected = "adaptive_limit.max_limit must be >= min_limit (10), got 5")]
+fn inverted_adaptive_limits_are_refused_by_the_builder() {
+    let _ = inverted_limits();
+}
+
+#[resilient(adaptive_limit(partitions = "live=0.9,batch=0.2"))]
+fn shares_over_one() -> Result<(), ApiError> {
+    Ok(())
+}
+
+#[test]
+#[should_panic(expected = "adaptive_limit.partitions must have shares that add up to 1")]
+fn shares_that_do_not_add_up_are_refused_by_the_builder() {
+    let _ = shares_over_one();
 }
 
 #[resilient(rate_limiter(limit = 0, per_s = 1), store = unreachable_store)]

@@ -139,6 +139,7 @@ macro_rules! optional {
 const BACKOFFS: &[&str] = &["constant", "linear", "exponential", "decorrelated"];
 const BUDGET: &[Setting] = &[Setting::number("ratio"), Setting::count("max_tokens")];
 const ALGORITHMS: &[&str] = &["gcra", "fixed_window", "sliding_window"];
+const LIMIT_ALGORITHMS: &[&str] = &["aimd", "vegas", "gradient2"];
 
 policies! {
     /// A timeout: of the whole call before the retry, of each attempt after it.
@@ -200,6 +201,26 @@ policies! {
         Setting::duration("latency"),
         Setting::flag("enabled"),
     ];
+    /// The adaptive concurrency limit of each attempt, in this process.
+    AdaptiveLimit = "adaptive_limit", AttemptOnce, [
+        Setting::choice("algorithm", LIMIT_ALGORITHMS),
+        Setting::count("initial_limit"),
+        Setting::count("min_limit"),
+        Setting::count("max_limit"),
+        Setting::duration("update_interval"),
+        Setting::number("backoff_ratio"),
+        Setting::duration("rtt_timeout"),
+        Setting::number("smoothing"),
+        Setting::count("queue_size"),
+        Setting::number("buffer"),
+        Setting::duration("min_rtt_interval"),
+        Setting::count("min_rtt_samples"),
+        Setting::count("min_rtt_concurrency"),
+        Setting::number("min_rtt_jitter"),
+        Setting::count("max_queued"),
+        Setting::duration("max_wait"),
+        Setting::shares("partitions"),
+    ];
 }
 
 impl PolicyKind {
@@ -255,6 +276,10 @@ pub enum Value {
     Jitter,
     /// A nested table of settings.
     Table(&'static [Setting]),
+    /// Names with their shares, fractions that add up to 1: a table
+    /// `{ live = 0.9, batch = 0.1 }` in a file, a string
+    /// `"live=0.9,batch=0.1"` in the attribute.
+    Shares,
 }
 
 /// The units the attribute accepts for a duration.
@@ -313,6 +338,11 @@ impl Setting {
     /// A jitter.
     pub const fn jitter(key: &'static str) -> Setting {
         Setting::new(key, Value::Jitter)
+    }
+
+    /// Names with their shares.
+    pub const fn shares(key: &'static str) -> Setting {
+        Setting::new(key, Value::Shares)
     }
 
     /// A nested table.
@@ -401,6 +431,9 @@ pub enum Place {
     /// After the retry (or in a pipeline without one), any number of times:
     /// it acts on each attempt (chaos injection).
     Attempt,
+    /// After the retry (or in a pipeline without one), once: it guards
+    /// each attempt with state of this process (the adaptive limit).
+    AttemptOnce,
 }
 
 /// What a policy covers at its position.
@@ -477,7 +510,8 @@ pub enum Rule {
         /// The first declaration.
         first: usize,
     },
-    /// A policy of [`Place::Attempt`] declared before the retry.
+    /// A policy of [`Place::Attempt`] or [`Place::AttemptOnce`] declared
+    /// before the retry.
     BeforeRetry,
 }
 
@@ -508,14 +542,17 @@ pub fn check(declared: &[PolicyKind]) -> Result<(), Misplaced> {
     let has_retry = declared.iter().any(|k| k.place() == Place::Retry);
     for (i, &kind) in declared.iter().enumerate() {
         let here = scope(declared, i);
+        if matches!(kind.place(), Place::Attempt | Place::AttemptOnce)
+            && has_retry
+            && here == Scope::Call
+        {
+            return Err(Misplaced {
+                at: i,
+                kind,
+                rule: Rule::BeforeRetry,
+            });
+        }
         if kind.place() == Place::Attempt {
-            if has_retry && here == Scope::Call {
-                return Err(Misplaced {
-                    at: i,
-                    kind,
-                    rule: Rule::BeforeRetry,
-                });
-            }
             continue;
         }
         let earlier = |j: &usize| {
@@ -525,7 +562,9 @@ pub fn check(declared: &[PolicyKind]) -> Result<(), Misplaced> {
         if let Some(first) = (0..i).find(earlier) {
             let rule = match kind.place() {
                 Place::EitherSide => Rule::SecondOnSide { scope: here, first },
-                Place::Retry | Place::Stateful | Place::Attempt => Rule::Twice { first },
+                Place::Retry | Place::Stateful | Place::Attempt | Place::AttemptOnce => {
+                    Rule::Twice { first }
+                }
             };
             return Err(Misplaced { at: i, kind, rule });
         }
@@ -681,6 +720,16 @@ mod tests {
     }
 
     #[test]
+    fn the_adaptive_limit_guards_each_attempt_once() {
+        assert_eq!(check(&[Retry, AdaptiveLimit]), Ok(()));
+        assert_eq!(check(&[AdaptiveLimit, Bulkhead]), Ok(()));
+        let e = check(&[AdaptiveLimit, Retry]).unwrap_err();
+        assert_eq!((e.at, e.rule), (0, Rule::BeforeRetry));
+        let e = check(&[Retry, AdaptiveLimit, AdaptiveLimit]).unwrap_err();
+        assert_eq!((e.at, e.rule), (2, Rule::Twice { first: 1 }));
+    }
+
+    #[test]
     fn the_first_broken_rule_in_list_order_is_reported() {
         let e = check(&[CircuitBreaker, CircuitBreaker, Retry]).unwrap_err();
         assert_eq!(e.rule, Rule::Twice { first: 0 });
@@ -699,6 +748,7 @@ mod tests {
             PolicyKind::ALL.iter().all(|&k| match k {
                 Timeout => count(before, k) <= 1 && count(after, k) <= 1,
                 Chaos => retry.is_none() || count(before, k) == 0,
+                AdaptiveLimit => count(d, k) <= 1 && (retry.is_none() || count(before, k) == 0),
                 _ => count(d, k) <= 1,
             })
         }
@@ -718,7 +768,7 @@ mod tests {
                 .collect();
             lists.extend(longer);
         }
-        assert_eq!(lists.len(), 1 + 7 + 49 + 343 + 2401);
+        assert_eq!(lists.len(), 1 + 8 + 64 + 512 + 4096);
         for l in &lists {
             assert_eq!(check(l).is_ok(), accepted(l), "{l:?}");
         }

@@ -280,6 +280,9 @@ pub enum RejectionReason {
     CooldownExceedsDeadline,
     /// The retry budget has no tokens left for another retry.
     RetryBudgetExhausted,
+    /// The adaptive concurrency limit is reached (and its queue is full or
+    /// the wait ran out).
+    ConcurrencyLimited,
 }
 
 impl RejectionReason {
@@ -292,17 +295,19 @@ impl RejectionReason {
             RejectionReason::CooldownActive => "cooldown_active",
             RejectionReason::CooldownExceedsDeadline => "cooldown_exceeds_deadline",
             RejectionReason::RetryBudgetExhausted => "retry_budget_exhausted",
+            RejectionReason::ConcurrencyLimited => "concurrency_limited",
         }
     }
 
     /// All reasons, in a stable order.
-    pub const ALL: [RejectionReason; 6] = [
+    pub const ALL: [RejectionReason; 7] = [
         RejectionReason::CircuitOpen,
         RejectionReason::BulkheadFull,
         RejectionReason::RateLimited,
         RejectionReason::CooldownActive,
         RejectionReason::CooldownExceedsDeadline,
         RejectionReason::RetryBudgetExhausted,
+        RejectionReason::ConcurrencyLimited,
     ];
 }
 

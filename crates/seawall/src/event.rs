@@ -10,9 +10,9 @@
 //!
 //! | level | events |
 //! | --- | --- |
-//! | `WARN` | the circuit opened; a cooldown started (the dependency asked for a pause); a rejection by a full bulkhead, a rate limiter or an empty retry budget (overload, reported by nothing else); a late synchronous success (`DeadlineExceeded`); the state store unavailable |
+//! | `WARN` | the circuit opened; a cooldown started (the dependency asked for a pause); a rejection by a full bulkhead, a rate limiter, the adaptive concurrency limit or an empty retry budget (overload, reported by nothing else); a late synchronous success (`DeadlineExceeded`); the state store unavailable |
 //! | `INFO` | the circuit half-opened or closed |
-//! | `DEBUG` | a chaos injection, a retry scheduled or given up, an attempt timed out, a call deferred (waiting for a slot, a permit or the end of a cooldown), the fallback executed, a rejection by an open circuit or an active cooldown (whose start was reported at `WARN`), a call that ended in anything but success |
+//! | `DEBUG` | a change of the adaptive concurrency limit, a chaos injection, a retry scheduled or given up, an attempt timed out, a call deferred (waiting for a slot, a permit or the end of a cooldown), the fallback executed, a rejection by an open circuit or an active cooldown (whose start was reported at `WARN`), a call that ended in anything but success |
 //! | `TRACE` | the per-call summaries: every attempt finished, a call that ended in success |
 //!
 //! So `seawall=warn` shows what needs attention (circuit openings, overload,
@@ -114,6 +114,13 @@ pub enum EventKind {
         kind: ChaosKind,
         /// The attempt (1-based).
         attempt: u32,
+    },
+    /// The adaptive concurrency limit changed (see [`crate::adaptive`]).
+    LimitChanged {
+        /// The limit before.
+        previous: u32,
+        /// The limit now.
+        limit: u32,
     },
     /// An attempt ended (emitted only when someone listens).
     AttemptFinished {
@@ -257,6 +264,9 @@ impl fmt::Display for EventKind {
                 }
                 Ok(())
             }
+            EventKind::LimitChanged { previous, limit } => {
+                write!(f, "concurrency limit changed from {previous} to {limit}")
+            }
             EventKind::AttemptFinished {
                 attempt,
                 duration,
@@ -316,9 +326,11 @@ impl EventKind {
             | EventKind::TimedOut { .. }
             | EventKind::Deferred { .. }
             | EventKind::FallbackExecuted
-            | EventKind::ChaosInjected { .. } => Severity::Debug,
+            | EventKind::ChaosInjected { .. }
+            | EventKind::LimitChanged { .. } => Severity::Debug,
             EventKind::Rejected { reason, .. } => match reason {
                 RejectionReason::BulkheadFull
+                | RejectionReason::ConcurrencyLimited
                 | RejectionReason::RateLimited
                 | RejectionReason::RetryBudgetExhausted => Severity::Warn,
                 // An open circuit or an active cooldown refuses every call

@@ -1,7 +1,8 @@
 //! Seawall: a resilience toolbox for Rust.
 //!
 //! Retry (backoff + jitter + budget), circuit breaker, timeout, bulkhead,
-//! rate limiter, cooldown and fallback, composed into one [`Pipeline`], with
+//! rate limiter, cooldown, adaptive concurrency limit (AIMD, Vegas,
+//! Gradient2), chaos injection and fallback, composed into one [`Pipeline`], with
 //! state that can be shared across processes through a [`StateStore`]
 //! (in-memory by default, Redis with `seawall-redis`).
 //!
@@ -70,10 +71,12 @@
 //! when declared after the retry (or without one), and the whole call when
 //! declared before it: one admission and one outcome per call (see
 //! [`PipelineBuilder`]). On each side they are checked in that order. The
-//! fallback is always outermost.
+//! adaptive concurrency limit ([`adaptive`]) guards each attempt, in this
+//! process, before them. The fallback is always outermost.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod adaptive;
 pub mod breaker;
 pub mod bulkhead;
 pub mod chaos;
@@ -106,6 +109,7 @@ pub mod tonic;
 #[cfg(feature = "tower")]
 pub mod tower;
 
+pub use adaptive::{AdaptiveLimit, LimitAlgorithm, LimitSnapshot};
 pub use breaker::{CircuitBreaker, CircuitMetrics, CircuitState};
 pub use bulkhead::Bulkhead;
 pub use chaos::{Chaos, ChaosSwitch};

@@ -32,6 +32,7 @@
 //! | `resilience.seawall.attempt.duration` | histogram | `s` | `pipeline.name`, `attempt.number`, `attempt.outcome` | time of one attempt (the operation only); `attempt.number` counts from 1; `attempt.outcome` is `success`, `failure` or `timeout` |
 //! | `resilience.seawall.call.duration` | histogram | `s` | `pipeline.name`, `call.outcome` | time of a whole call, retries and fallback included; `call.outcome` is `success`, `fallback`, `failure`, `timeout`, `rejected` or `store_failure` |
 //! | `resilience.seawall.circuit.state` | gauge | | `pipeline.name` | the circuit's state: `0` closed, `1` open, `2` half-open, `3` isolated |
+//! | `resilience.seawall.concurrency.limit` | gauge | `{request}` | `pipeline.name` | the adaptive concurrency limit, set on each change |
 //!
 //! `pipeline.name` is the pipeline's resource name. Every metric also has
 //! `pipeline.partition`, the partition key, when
@@ -58,7 +59,8 @@
 //! | `deadline_exceeded` | `timeout` | `warn` | |
 //! | `fallback_executed` | `fallback` | `debug` | |
 //! | `chaos_injected` | `chaos` | `debug` | `chaos.kind`: `fault`, `outcome`, `latency`, `behavior` |
-//! | `rejected` | the refusing policy: `circuit_breaker`, `bulkhead`, `rate_limiter`, `cooldown`, `retry` (its budget) | `warn` for `bulkhead_full`, `rate_limited`, `retry_budget_exhausted`; `debug` for the others | `event.reason`: the [`RejectionReason`] (`circuit_open`, `bulkhead_full`, `rate_limited`, `cooldown_active`, `cooldown_exceeds_deadline`, `retry_budget_exhausted`) |
+//! | `limit_changed` | `adaptive_limit` | `debug` | `event.direction`: `increase`, `decrease` |
+//! | `rejected` | the refusing policy: `circuit_breaker`, `bulkhead`, `rate_limiter`, `cooldown`, `retry` (its budget), `adaptive_limit` | `warn` for `bulkhead_full`, `rate_limited`, `retry_budget_exhausted`, `concurrency_limited`; `debug` for the others | `event.reason`: the [`RejectionReason`] (`circuit_open`, `bulkhead_full`, `rate_limited`, `cooldown_active`, `cooldown_exceeds_deadline`, `retry_budget_exhausted`, `concurrency_limited`) |
 //! | `deferred` | the policy that made the call wait | `debug` | `event.reason`: as for `rejected` |
 //! | `circuit_opened` | `circuit_breaker` | `warn` | |
 //! | `circuit_half_opened` | `circuit_breaker` | `info` | |
@@ -111,6 +113,8 @@ pub const ATTEMPT_DURATION: &str = "resilience.seawall.attempt.duration";
 pub const CALL_DURATION: &str = "resilience.seawall.call.duration";
 /// The gauge of the circuit's state.
 pub const CIRCUIT_STATE: &str = "resilience.seawall.circuit.state";
+/// The gauge of the adaptive concurrency limit.
+pub const CONCURRENCY_LIMIT: &str = "resilience.seawall.concurrency.limit";
 
 /// The options of the metrics listener.
 ///
@@ -188,6 +192,10 @@ pub fn describe() {
         CIRCUIT_STATE,
         "Circuit state: 0 closed, 1 open, 2 half-open, 3 isolated"
     );
+    describe_gauge!(
+        CONCURRENCY_LIMIT,
+        "Adaptive concurrency limit: attempts admitted at once"
+    );
 }
 
 /// The `strategy.name` of the policy that refuses or defers a call for
@@ -201,6 +209,7 @@ fn refusing_strategy(reason: RejectionReason) -> &'static str {
             PolicyKind::Cooldown.name()
         }
         RejectionReason::RetryBudgetExhausted => PolicyKind::Retry.name(),
+        RejectionReason::ConcurrencyLimited => PolicyKind::AdaptiveLimit.name(),
     }
 }
 
@@ -304,6 +313,21 @@ impl Sink {
                 "chaos_injected",
                 Some(("chaos.kind", kind.as_str())),
             ),
+            EventKind::LimitChanged { previous, limit } => {
+                ::metrics::gauge!(CONCURRENCY_LIMIT, self.labels(event, [])).set(f64::from(*limit));
+                (
+                    PolicyKind::AdaptiveLimit.name(),
+                    "limit_changed",
+                    Some((
+                        "event.direction",
+                        if limit > previous {
+                            "increase"
+                        } else {
+                            "decrease"
+                        },
+                    )),
+                )
+            }
             EventKind::Rejected { reason, .. } => (
                 refusing_strategy(*reason),
                 "rejected",

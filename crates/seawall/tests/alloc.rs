@@ -96,6 +96,28 @@ fn pipelines() -> Vec<(
                 .build()
                 .unwrap(),
         ),
+        (
+            "adaptive limit (gradient2) + retry",
+            base("alloc-adaptive")
+                .retry(Retry::constant(Duration::from_millis(10)))
+                .adaptive_limit(AdaptiveLimit::gradient2())
+                .fallback_sync(|_, _| Ok(0))
+                .build()
+                .unwrap(),
+        ),
+        (
+            "adaptive limit (aimd, partitions) + bulkhead",
+            base("alloc-adaptive-aimd")
+                .adaptive_limit(
+                    AdaptiveLimit::aimd()
+                        .partition("live", 0.9)
+                        .partition("batch", 0.1),
+                )
+                .bulkhead(Bulkhead::new(100))
+                .fallback_sync(|_, _| Ok(0))
+                .build()
+                .unwrap(),
+        ),
     ]
 }
 
@@ -134,5 +156,14 @@ fn success_path_allocates_nothing() {
             part.call(|_| Ok(i)).unwrap();
         }
         assert_eq!(allocations() - before, 0, "partitioned {name}");
+
+        // a partition that names a share of the adaptive limit
+        let live = p.partition("live");
+        live.call(|_| Ok(1)).unwrap();
+        let before = allocations();
+        for i in 0..100u64 {
+            live.call(|_| Ok(i)).unwrap();
+        }
+        assert_eq!(allocations() - before, 0, "share {name}");
     }
 }

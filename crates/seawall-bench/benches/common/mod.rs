@@ -486,6 +486,20 @@ pub(crate) fn tower_resilience_bulkhead(
     Tower(layer.layer(tower_op()))
 }
 
+/// tower-resilience's adaptive limiter: AIMD with seawall's AIMD defaults
+/// (limits 20 to 200, starting at 20).
+pub(crate) fn tower_resilience_adaptive(
+) -> Tower<impl Service<u64, Response = u64> + Clone + Send + 'static> {
+    let algorithm = tower_resilience::adaptive::Aimd::builder()
+        .initial_limit(20)
+        .min_limit(20)
+        .max_limit(200)
+        .build()
+        .expect("valid AIMD");
+    let layer = tower_resilience::adaptive::AdaptiveLimiterLayer::new(algorithm);
+    Tower(layer.layer(tower_op()))
+}
+
 // ----------------------------------------------------------------- timeout
 
 /// `tokio::time::timeout` around the operation (1 s).

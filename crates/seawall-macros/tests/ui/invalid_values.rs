@@ -23,4 +23,14 @@ fn burst_of_a_window() -> Result<(), E> {
     Ok(())
 }
 
+#[resilient(adaptive_limit(partitions = "live:0.9"))]
+fn shares_without_equals() -> Result<(), E> {
+    Ok(())
+}
+
+#[resilient(adaptive_limit(algorithm = "vegas", min_rtt_samples = 10))]
+fn half_a_baseline_measurement() -> Result<(), E> {
+    Ok(())
+}
+
 fn main() {}

@@ -59,6 +59,7 @@
 //! | `bulkhead` | table, below |
 //! | `cooldown` | table, below (`{}` for the defaults) |
 //! | `rate_limiter` | table, below |
+//! | `adaptive_limit` | table, below (`{}` for Gradient2's defaults): the adaptive concurrency limit of each attempt |
 //! | `chaos` | table, below: latency injection into each attempt |
 //! | `partition_idle` | duration: idle partitions are evicted after it (default `10m`) |
 //! | `classifier` | the name of a classifier registered in code (below) |
@@ -71,8 +72,8 @@
 //! ## Order of policies
 //! `policies` lists the policies in force in declaration order, as the
 //! builder would declare them: `["timeout", "retry", "attempt_timeout",
-//! "circuit_breaker", "bulkhead", "cooldown", "rate_limiter", "chaos"]` is
-//! the full list. The list must read the way the pipeline nests: `timeout` (the
+//! "circuit_breaker", "bulkhead", "cooldown", "rate_limiter",
+//! "adaptive_limit", "chaos"]` is the full list. The list must read the way the pipeline nests: `timeout` (the
 //! whole call) before `retry`, `attempt_timeout` after it. Each stateful
 //! policy is listed once, on either side: after `retry` (the default order)
 //! it guards each attempt, before it the whole call (one admission and one
@@ -141,6 +142,29 @@
 //! a switch flipped at run time are declared with the builder
 //! ([`crate::chaos`]).
 //!
+//! ## `adaptive_limit`
+//! The adaptive concurrency limit of each attempt, in this process
+//! ([`crate::adaptive`], where the defaults of each algorithm are listed),
+//! listed after `retry`:
+//!
+//! | key | value | applies to |
+//! | --- | --- | --- |
+//! | `algorithm` | `"aimd"`, `"vegas"` or `"gradient2"` (default) | |
+//! | `initial_limit`, `min_limit`, `max_limit` | the limit's start and bounds | all |
+//! | `update_interval` | samples gathered before each update (default `100ms`) | all |
+//! | `backoff_ratio` | factor of a decrease, in [0.5, 1) | aimd |
+//! | `rtt_timeout` | a latency above it is a drop | aimd |
+//! | `smoothing` | weight of a new limit, in (0, 1] | vegas, gradient2 |
+//! | `queue_size` | headroom added to the limit | gradient2 |
+//! | `buffer` | share by which a latency may exceed the baseline | gradient2 |
+//! | `min_rtt_interval`, `min_rtt_samples`, `min_rtt_concurrency`, `min_rtt_jitter` | the baseline's measurement: how often, over how many attempts, at which pinned concurrency, with which random share of the interval added | vegas, gradient2 |
+//! | `max_queued`, `max_wait` | a queue for async calls (default none) | all |
+//! | `partitions` | shares of the limit by partition key, adding up to 1: `{ live = 0.9, batch = 0.1 }` | all |
+//!
+//! A setting of another algorithm is an error at its key (say
+//! `backoff_ratio` with `algorithm = "vegas"`), unless it is inherited from
+//! `default` by a pipeline that chose its algorithm itself.
+//!
 //! A field that applies only to another kind (say `multiplier` with a
 //! constant backoff, `burst` with a fixed window, `failure_rate` with
 //! `consecutive_failures`) is an error, unless it is inherited from
@@ -200,7 +224,8 @@
 //! `"operation"`, `"retry_exhausted"`, `"timeout"`, `"rejected"`,
 //! `"store"`, or a rejection of one reason: `"circuit_open"`,
 //! `"bulkhead_full"`, `"rate_limited"`, `"cooldown_active"`,
-//! `"cooldown_exceeds_deadline"`, `"retry_budget_exhausted"`. So
+//! `"cooldown_exceeds_deadline"`, `"retry_budget_exhausted"`,
+//! `"concurrency_limited"`. So
 //! `fallback_on = ["timeout", "circuit_open"]` answers from the cache
 //! when the service is slow or known down, and lets its own errors
 //! through. It needs a `fallback`, and must not be empty.

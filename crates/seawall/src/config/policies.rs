@@ -9,6 +9,7 @@ use std::time::Duration;
 use seawall_order::PolicyKind;
 
 use super::raw::Section;
+use crate::adaptive::{AdaptiveLimit, LimitAlgorithm};
 use crate::breaker::CircuitBreaker;
 use crate::bulkhead::Bulkhead;
 use crate::chaos::Chaos;
@@ -43,6 +44,13 @@ pub(super) fn resolve(
             Declared::RateLimiter(rate_limiter(layers.ok_or_else(missing)?)?)
         }
         PolicyKind::Chaos => Declared::Chaos(chaos(layers.ok_or_else(missing)?)?),
+        // Defaults for everything: a listed limit needs no section.
+        PolicyKind::AdaptiveLimit => {
+            Declared::AdaptiveLimit(adaptive_limit(layers.unwrap_or(Layers {
+                own: None,
+                base: None,
+            })))
+        }
     })
 }
 
@@ -337,6 +345,96 @@ fn chaos(l: Layers<'_, Section>) -> Result<Chaos, ConfigError> {
     Ok(Chaos::latency(rate, latency).enabled(enabled))
 }
 
+/// The adaptive limit's algorithms, by their registered words.
+const LIMIT_ALGORITHMS: [(&str, LimitAlgorithm); 3] = [
+    ("aimd", LimitAlgorithm::Aimd),
+    ("vegas", LimitAlgorithm::Vegas),
+    ("gradient2", LimitAlgorithm::Gradient2),
+];
+
+/// An adaptive limit, Gradient2 unless `algorithm` says otherwise. A
+/// setting of another algorithm is kept, for `build()` to refuse by name;
+/// one inherited from `default` by a pipeline that chose its own algorithm
+/// is left out.
+fn adaptive_limit(l: Layers<'_, Section>) -> AdaptiveLimit {
+    let kind_from_own = l.own_sets(|a| a.choice("algorithm"));
+    let algorithm = chosen(
+        &LIMIT_ALGORITHMS,
+        l.get(|a| a.choice("algorithm")),
+        LimitAlgorithm::Gradient2,
+    );
+    let mut a = match algorithm {
+        LimitAlgorithm::Aimd => AdaptiveLimit::aimd(),
+        LimitAlgorithm::Vegas => AdaptiveLimit::vegas(),
+        _ => AdaptiveLimit::gradient2(),
+    };
+    if let Some(n) = l.get(|a| a.count("initial_limit")) {
+        a = a.initial_limit(n);
+    }
+    if let Some(n) = l.get(|a| a.count("min_limit")) {
+        a = a.min_limit(n);
+    }
+    if let Some(n) = l.get(|a| a.count("max_limit")) {
+        a = a.max_limit(n);
+    }
+    if let Some(d) = l.get(|a| a.duration("update_interval")) {
+        a = a.update_interval(d.0);
+    }
+    // An algorithm's setting from the pipeline's own section, or from
+    // `default` unless the pipeline chose its algorithm itself.
+    let from = |key: &'static str| l.stray(kind_from_own, |s| s.has(key).then_some(()));
+    if from("backoff_ratio") {
+        if let Some(v) = l.get(|a| a.number("backoff_ratio")) {
+            a = a.backoff_ratio(v);
+        }
+    }
+    if from("rtt_timeout") {
+        if let Some(d) = l.get(|a| a.duration("rtt_timeout")) {
+            a = a.rtt_timeout(d.0);
+        }
+    }
+    if from("smoothing") {
+        if let Some(v) = l.get(|a| a.number("smoothing")) {
+            a = a.smoothing(v);
+        }
+    }
+    if from("queue_size") {
+        if let Some(n) = l.get(|a| a.count("queue_size")) {
+            a = a.queue_size(n);
+        }
+    }
+    if from("buffer") {
+        if let Some(v) = l.get(|a| a.number("buffer")) {
+            a = a.buffer(v);
+        }
+    }
+    if from("min_rtt_interval") {
+        a.min_rtt_interval = l.get(|a| a.duration("min_rtt_interval")).map(|d| d.0);
+    }
+    if from("min_rtt_samples") {
+        a.min_rtt_samples = l.get(|a| a.count("min_rtt_samples"));
+    }
+    if from("min_rtt_concurrency") {
+        a.min_rtt_concurrency = l.get(|a| a.count("min_rtt_concurrency"));
+    }
+    if from("min_rtt_jitter") {
+        if let Some(v) = l.get(|a| a.number("min_rtt_jitter")) {
+            a = a.min_rtt_jitter(v);
+        }
+    }
+    let queued = l.get(|a| a.count("max_queued"));
+    let wait = l.get(|a| a.duration("max_wait"));
+    if queued.is_some() || wait.is_some() {
+        a = a.queue(queued.unwrap_or(0), wait.map_or(Duration::ZERO, |d| d.0));
+    }
+    let partitions = l.own.and_then(|s| s.shares("partitions"));
+    let partitions = partitions.or_else(|| l.base.and_then(|s| s.shares("partitions")));
+    for (name, share) in partitions.unwrap_or_default() {
+        a = a.partition(name.clone(), *share);
+    }
+    a
+}
+
 fn rate_limiter(l: Layers<'_, Section>) -> Result<RateLimiter, ConfigError> {
     const P: &str = "rate_limiter";
     let kind_from_own = l.own_sets(|r| r.choice("algorithm"));
@@ -390,6 +488,10 @@ mod tests {
         assert_eq!(
             ALGORITHMS.map(|(w, _)| w).to_vec(),
             choices(PolicyKind::RateLimiter, "algorithm")
+        );
+        assert_eq!(
+            LIMIT_ALGORITHMS.map(|(w, _)| w).to_vec(),
+            choices(PolicyKind::AdaptiveLimit, "algorithm")
         );
     }
 

@@ -196,8 +196,8 @@ pub(crate) struct PolicyName {
 impl PolicyName {
     /// Every name, in the order used when `policies` is not given: the
     /// policies of either side before the retry, the retry, their names
-    /// after it, then the stateful policies, then chaos (each group in
-    /// registration order).
+    /// after it, then the stateful policies, the adaptive limit, then chaos
+    /// (each group in registration order).
     fn all() -> impl Iterator<Item = PolicyName> {
         let names = |place: Place, after_retry: bool| {
             PolicyKind::ALL
@@ -209,6 +209,7 @@ impl PolicyName {
             .chain(names(Place::Retry, false))
             .chain(names(Place::EitherSide, true))
             .chain(names(Place::Stateful, false))
+            .chain(names(Place::AttemptOnce, false))
             .chain(names(Place::Attempt, false))
     }
 
@@ -264,6 +265,7 @@ enum Given {
     Choice(&'static str),
     Jitter(Jitter),
     Table(Section),
+    Shares(Vec<(String, f64)>),
 }
 
 /// A policy's section: its settings as given, each read by the kind its
@@ -334,6 +336,13 @@ impl Section {
     pub(super) fn jitter(&self, key: &str) -> Option<Jitter> {
         match self.get(key)? {
             Given::Jitter(j) => Some(*j),
+            _ => None,
+        }
+    }
+
+    pub(super) fn shares(&self, key: &str) -> Option<&[(String, f64)]> {
+        match self.get(key)? {
+            Given::Shares(s) => Some(s),
             _ => None,
         }
     }
@@ -450,12 +459,39 @@ impl<'de> Visitor<'de> for SectionSeed {
                         shorthand: None,
                     }))?
                     .map(Given::Table),
+                Value::Shares => map
+                    .next_value::<Option<Shares>>()?
+                    .map(|s| Given::Shares(s.0)),
             };
             if let Some(value) = value {
                 section.given.push((setting.key, value));
             }
         }
         Ok(section)
+    }
+}
+
+/// Names with their shares, in the order written: `{ live = 0.9, batch =
+/// 0.1 }`.
+struct Shares(Vec<(String, f64)>);
+
+impl<'de> Deserialize<'de> for Shares {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Shares;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a table of names with their shares, e.g. { live = 0.9, batch = 0.1 }")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Shares, A::Error> {
+                let mut out = Vec::new();
+                while let Some((name, share)) = map.next_entry::<String, f64>()? {
+                    out.push((name, share));
+                }
+                Ok(Shares(out))
+            }
+        }
+        d.deserialize_map(V)
     }
 }
 
@@ -778,6 +814,7 @@ mod tests {
                 "bulkhead",
                 "cooldown",
                 "rate_limiter",
+                "adaptive_limit",
                 "chaos"
             ]
         );
@@ -829,6 +866,10 @@ mod tests {
                 PolicyKind::Chaos => (
                     "chaos = { rate = 0.5, latency = \"1s\" }",
                     Pipeline::builder("a").chaos(crate::Chaos::latency(0.5, ms(1000))),
+                ),
+                PolicyKind::AdaptiveLimit => (
+                    "adaptive_limit = {}",
+                    Pipeline::builder("a").adaptive_limit(crate::AdaptiveLimit::gradient2()),
                 ),
             };
             let config = Config::parse(Format::Toml, &format!("[pipelines.a]\n{section}\n"))

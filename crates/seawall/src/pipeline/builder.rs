@@ -11,6 +11,8 @@ use super::kind::{
     WithAsyncFallback, WithFallback,
 };
 use super::{Gate, Pipeline, Plan, Shared, CALL_SUFFIX};
+use crate::adaptive::machine::Limiter;
+use crate::adaptive::AdaptiveLimit;
 use crate::breaker::CircuitBreaker;
 use crate::bulkhead::Bulkhead;
 use crate::chaos::{Chaos, ChaosFault, ChaosOutcome};
@@ -197,6 +199,15 @@ impl<K: Kind> PipelineBuilder<K> {
     /// it (see [Order](Self#order)).
     pub fn rate_limiter(self, limiter: RateLimiter) -> Self {
         self.declare(Declared::RateLimiter(limiter))
+    }
+
+    /// Adds an adaptive concurrency limit (AIMD, Vegas or Gradient2; see
+    /// [`crate::adaptive`]): a cap on the attempts in flight in this
+    /// process that follows the latency and the errors it measures.
+    /// Declared after [`retry`](Self::retry), or in a pipeline without one:
+    /// `build()` refuses it before the retry.
+    pub fn adaptive_limit(self, limit: AdaptiveLimit) -> Self {
+        self.declare(Declared::AdaptiveLimit(limit))
     }
 
     /// Where the stateful policies keep their state (default:
@@ -465,6 +476,7 @@ impl<K: Kind> PipelineBuilder<K> {
             strict_names: self.strict_names,
             handlers: self.handlers,
             chaos: sorted.chaos.into_boxed_slice(),
+            adaptive: sorted.adaptive,
         }
         .assemble()
     }
@@ -488,6 +500,7 @@ struct Assembly<K: Kind> {
     strict_names: bool,
     handlers: K::Handlers,
     chaos: Box<[Chaos]>,
+    adaptive: Option<AdaptiveLimit>,
 }
 
 impl<K: Kind> Assembly<K> {
@@ -507,6 +520,7 @@ impl<K: Kind> Assembly<K> {
                 needs_time: [&gate, &call_gate].into_iter().flatten().any(|g| {
                     g.memory.is_none() || g.spec.rate_limit.is_some() || g.record_needs_time
                 }) || any_timeout
+                    || self.adaptive.is_some()
                     || listeners.registered(),
                 watch_late: self.overall_timeout.is_some_and(|t| t.strict)
                     || self.attempt_timeout.is_some_and(|t| t.strict),
@@ -514,6 +528,7 @@ impl<K: Kind> Assembly<K> {
                 // ask `chaos_may_inject` at the start of each call.)
                 bare: gate.is_none()
                     && call_gate.is_none()
+                    && self.adaptive.is_none()
                     && !any_timeout
                     && self.retry.as_ref().is_none_or(|r| r.budget.is_none()),
             };
@@ -532,6 +547,7 @@ impl<K: Kind> Assembly<K> {
                 plan,
                 noted: Default::default(),
                 chaos: self.chaos,
+                adaptive: self.adaptive.as_ref().map(Limiter::new),
             }),
         })
     }

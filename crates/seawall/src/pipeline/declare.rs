@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use seawall_order::{check, guards, scope, Misplaced, PolicyKind, Rule, Scope};
 
+use crate::adaptive::AdaptiveLimit;
 use crate::breaker::CircuitBreaker;
 use crate::bulkhead::Bulkhead;
 use crate::chaos::Chaos;
@@ -55,6 +56,7 @@ declared! {
     Cooldown(Cooldown),
     RateLimiter(RateLimiter),
     Chaos(Chaos),
+    AdaptiveLimit(AdaptiveLimit),
 }
 
 /// A policy's numeric rules: its module's `validate()`, given what they
@@ -100,6 +102,12 @@ impl Validate for Chaos {
     }
 }
 
+impl Validate for AdaptiveLimit {
+    fn validate_in(&self, _: Option<Duration>) -> Result<(), ConfigError> {
+        self.validate()
+    }
+}
+
 impl Validate for RateLimiter {
     fn validate_in(&self, _: Option<Duration>) -> Result<(), ConfigError> {
         self.validate()
@@ -119,6 +127,8 @@ pub(crate) struct Sorted {
     pub(crate) attempt: Guards,
     /// The chaos policies, in declaration order (each attempt).
     pub(crate) chaos: Vec<Chaos>,
+    /// The adaptive concurrency limit (each attempt).
+    pub(crate) adaptive: Option<AdaptiveLimit>,
 }
 
 /// The stateful policies of one level (the whole call or each attempt).
@@ -178,6 +188,7 @@ pub(crate) fn sort(declared: Vec<Declared>, kinds: &[PolicyKind]) -> Sorted {
             Declared::Cooldown(c) => level.cooldown = Some(c),
             Declared::RateLimiter(r) => level.rate_limit = Some(r),
             Declared::Chaos(c) => s.chaos.push(c),
+            Declared::AdaptiveLimit(a) => s.adaptive = Some(a),
         }
     }
     s

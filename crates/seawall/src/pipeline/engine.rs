@@ -53,6 +53,8 @@ use std::time::Duration;
 
 use super::kind::{Fallen, Handles};
 use super::{Gate, Kind, Pipeline};
+use crate::adaptive::machine::{Lease, Limiter};
+use crate::adaptive::rules::Signal;
 use crate::classify::{Verdict, VerdictKind};
 use crate::context::{Context, PartitionKey};
 use crate::error::{Error, Rejection, RejectionReason, StoreError, TimeoutError, TimeoutScope};
@@ -76,20 +78,30 @@ pub(super) struct Deadline {
 const QUEUE_POLL_MIN: Duration = Duration::from_millis(1);
 const QUEUE_POLL_MAX: Duration = Duration::from_millis(20);
 
-/// The waiting state of a deferred admission: since when it waits, whether
-/// it holds a place in the bulkhead queue of this process (given back when
-/// the wait ends, see [`Call::stop_waiting`]), the next poll interval, the
-/// rate-limit permit it reserved (given back if it is never used).
+/// The waiting state of a deferred admission: since when it waits, which
+/// queue of this process it holds a place in (the bulkhead's or the
+/// adaptive limit's, given back when the wait ends, see
+/// [`Call::stop_waiting`]), the next poll interval, the rate-limit permit
+/// it reserved (given back if it is never used).
 #[derive(Clone, Copy)]
 struct Waiting {
     since: u64,
     /// When the last wait began.
     last: u64,
-    queued: bool,
+    queued: Option<Queue>,
     poll: Duration,
     /// The rate-limit permit reserved for this call, and when it is due on
     /// the pipeline's clock.
     reserved: Option<(Reservation, u64)>,
+}
+
+/// A queue of this process a deferred call may wait in for a slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Queue {
+    /// The bulkhead's, of the gate the call waits for.
+    Bulkhead,
+    /// The adaptive limit's.
+    Adaptive,
 }
 
 /// Which gate of the pipeline a step is for: the stateful policies declared
@@ -239,6 +251,9 @@ pub(crate) struct Call<'g, K: Kind> {
     waiting: Option<Waiting>,
     /// The rate-limit permits each admission takes (1 unless weighted).
     weight: u32,
+    /// The adaptive limit's slot of the attempt under way, given back with
+    /// a sample when the attempt ends, without one if it never does.
+    lease: Option<Lease>,
 }
 
 /// A call that gives back what it holds when it is dropped before its end
@@ -250,9 +265,15 @@ pub(crate) struct Owned<'g, K: Kind>(pub(crate) Call<'g, K>);
 impl<K: Kind> Drop for Owned<'_, K> {
     fn drop(&mut self) {
         let call = &mut self.0;
-        if call.permit.is_some() || call.waiting.is_some() || call.call_permit.is_some() {
+        if call.permit.is_some()
+            || call.waiting.is_some()
+            || call.call_permit.is_some()
+            || call.lease.is_some()
+        {
             let shared = &*call.pipeline.shared;
             let (waiting, level) = (call.waiting.take(), call.level);
+            let adaptive = shared.adaptive.as_ref();
+            abandon_lease(adaptive, call.lease.take(), waiting);
             abandon(
                 shared.gate.as_ref(),
                 call.partition,
@@ -298,12 +319,26 @@ fn abandon(
         gate.state.release(partition, p);
     }
     if let Some(w) = waiting {
-        if w.queued {
+        if w.queued == Some(Queue::Bulkhead) {
             gate.waiters.fetch_sub(1, Ordering::Relaxed);
         }
         if let Some((reservation, _)) = w.reserved {
             gate.state.give_back_reservation(partition, reservation);
         }
+    }
+}
+
+/// Gives back what a call dropped or panicking holds of the adaptive
+/// limit: its slot (without a sample), its place in the limit's queue.
+#[cold]
+#[inline(never)]
+fn abandon_lease(adaptive: Option<&Limiter>, lease: Option<Lease>, waiting: Option<Waiting>) {
+    let Some(limiter) = adaptive else { return };
+    if let Some(lease) = lease {
+        limiter.give_back(lease);
+    }
+    if waiting.is_some_and(|w| w.queued == Some(Queue::Adaptive)) {
+        limiter.waiters.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -343,6 +378,7 @@ impl<'g, K: Kind> Call<'g, K> {
             call_at: None,
             waiting: None,
             weight: 1,
+            lease: None,
         }
     }
 
@@ -473,14 +509,55 @@ impl<'g, K: Kind> Call<'g, K> {
     /// back, and a reservation it did not use.
     fn stop_waiting(&mut self) {
         if let Some(w) = self.waiting.take() {
-            if w.queued {
-                self.gate().waiters.fetch_sub(1, Ordering::Relaxed);
+            if let Some(q) = w.queued {
+                self.queue_counter(q).fetch_sub(1, Ordering::Relaxed);
             }
             if let Some((reservation, _)) = w.reserved {
                 self.gate()
                     .state
                     .give_back_reservation(self.partition, reservation);
             }
+        }
+    }
+
+    /// The count of calls waiting in queue `q`.
+    fn queue_counter(&self, q: Queue) -> &'g std::sync::atomic::AtomicU32 {
+        match q {
+            Queue::Bulkhead => &self.gate().waiters,
+            Queue::Adaptive => {
+                let shared: &'g super::Shared<K> = &self.pipeline.shared;
+                &shared
+                    .adaptive
+                    .as_ref()
+                    .expect("a queue of the adaptive limit")
+                    .waiters
+            }
+        }
+    }
+
+    /// The adaptive limit's slot of an attempt that does not run (a
+    /// refusal, a wait): given back without a sample.
+    fn give_back_lease(&mut self) {
+        if let Some(lease) = self.lease.take() {
+            if let Some(limiter) = &self.pipeline.shared.adaptive {
+                limiter.give_back(lease);
+            }
+        }
+    }
+
+    /// The adaptive limit's slot of the attempt that ended at `end`, with
+    /// its sample; a change of the limit is reported.
+    fn release_lease(&mut self, signal: Signal, end: u64) {
+        let Some(lease) = self.lease.take() else {
+            return;
+        };
+        let shared = &*self.pipeline.shared;
+        let Some(limiter) = &shared.adaptive else {
+            return;
+        };
+        let rtt = self.at.map_or(0, |at| end.saturating_sub(at));
+        if let Some((previous, limit)) = limiter.release(lease, signal, rtt, end, &*shared.random) {
+            self.emit(|| EventKind::LimitChanged { previous, limit });
         }
     }
 
@@ -496,6 +573,9 @@ impl<'g, K: Kind> Call<'g, K> {
     #[inline(always)]
     pub(crate) fn admit_ordinary(&mut self) -> Result<Context, Quick> {
         loop {
+            if self.level == Level::Attempt && self.lease.is_none() {
+                self.lease = admit_adaptive(&self.pipeline.shared, self.partition)?;
+            }
             let gate = self.gate_of(self.level);
             let clock = &self.pipeline.shared.clock;
             let ticket = admit_in_place(gate, clock, self.partition, self.at)?;
@@ -521,10 +601,10 @@ impl<'g, K: Kind> Call<'g, K> {
 
     /// The admission, after the ordinary one did not decide it.
     pub(crate) fn admit_after(&mut self, quick: Quick) -> Admit<'g> {
-        let gate = self.gate();
         match quick {
             Quick::Refused(open) => self.refuse(open),
             Quick::Other => {
+                let gate = self.gate();
                 let now = self.now();
                 let request = AdmitRequest {
                     partition: self.partition,
@@ -563,6 +643,7 @@ impl<'g, K: Kind> Call<'g, K> {
                     error: e.to_string(),
                     degraded: false,
                 });
+                self.give_back_lease();
                 return Admit::Refused(Refused::Store(e));
             }
         };
@@ -596,6 +677,9 @@ impl<'g, K: Kind> Call<'g, K> {
     /// A refusal that may come with a reserved rate-limit permit: the call
     /// waits for it, or gives it back when it does not wait.
     fn refuse_with(&mut self, rejection: Rejection, reserved: Option<Reservation>) -> Admit<'g> {
+        // No slot of the adaptive limit is held while the call waits or
+        // after it was refused.
+        self.give_back_lease();
         match self.deferral(rejection, reserved) {
             Ok(wait) => {
                 self.emit(|| EventKind::Deferred {
@@ -732,7 +816,7 @@ impl<'g, K: Kind> Call<'g, K> {
         rejection: Rejection,
         reserved: Option<Reservation>,
     ) -> Result<Duration, Rejection> {
-        let gate = self.gate();
+        let gate = self.gate_of(self.level);
         if !may_wait(rejection.reason, self.driver) {
             return Err(rejection);
         }
@@ -742,13 +826,33 @@ impl<'g, K: Kind> Call<'g, K> {
             .map(|d| Duration::from_nanos(d.at.saturating_sub(now)));
         let fits = |wait: Duration| room.is_none_or(|r| wait < r);
         let first_wait = self.waiting.is_none();
+        let adaptive = self.pipeline.shared.adaptive.as_ref();
         let waiting = self.waiting.get_or_insert(Waiting {
             since: now,
             last: now,
-            queued: false,
+            queued: None,
             poll: QUEUE_POLL_MIN,
             reserved: None,
         });
+        // A call refused for want of a slot by one queue's policy after it
+        // waited in the other's leaves the other queue.
+        let waiters = |q: Queue| match q {
+            Queue::Bulkhead => gate.map(|g| &g.waiters),
+            Queue::Adaptive => adaptive.map(|l| &l.waiters),
+        };
+        let wanted = match rejection.reason {
+            RejectionReason::ConcurrencyLimited => Some(Queue::Adaptive),
+            RejectionReason::BulkheadFull => Some(Queue::Bulkhead),
+            _ => None,
+        };
+        if let (Some(held), Some(wanted)) = (waiting.queued, wanted) {
+            if held != wanted {
+                if let Some(w) = waiters(held) {
+                    w.fetch_sub(1, Ordering::Relaxed);
+                }
+                waiting.queued = None;
+            }
+        }
         // A clock that did not move while the call waited (a virtual clock
         // at the last instant of its range) has no later instant to wait
         // for: refused, never deferred in a loop.
@@ -769,7 +873,7 @@ impl<'g, K: Kind> Call<'g, K> {
                         rejection.retry_after,
                     ));
                 }
-                match &gate.spec.cooldown {
+                match gate.and_then(|g| g.spec.cooldown.as_ref()) {
                     Some(c) if left <= allowed(c.max_wait) => Ok(left),
                     _ => Err(rejection),
                 }
@@ -777,7 +881,10 @@ impl<'g, K: Kind> Call<'g, K> {
             // A limiter that refuses and says "now" (at the last instant of
             // the clock, when its next window cannot be told) gives no
             // wait: refused, never deferred in a loop.
-            RejectionReason::RateLimited => match (&gate.spec.rate_limit, rejection.retry_after) {
+            RejectionReason::RateLimited => match (
+                gate.and_then(|g| g.spec.rate_limit.as_ref()),
+                rejection.retry_after,
+            ) {
                 (Some(r), Some(left))
                     if !left.is_zero() && left <= allowed(r.max_wait) && fits(left) =>
                 {
@@ -787,33 +894,20 @@ impl<'g, K: Kind> Call<'g, K> {
                 }
                 _ => Err(rejection),
             },
-            _ => {
-                let Some(b) = &gate.spec.bulkhead else {
+            RejectionReason::ConcurrencyLimited => {
+                let Some(limiter) = adaptive else {
                     return Err(rejection);
                 };
-                if b.max_queued == 0 {
+                let queue = (Queue::Adaptive, &limiter.waiters);
+                let wait = queued(waiting, queue, limiter.max_queued, limiter.max_wait, room);
+                wait.ok_or(rejection)
+            }
+            _ => {
+                let Some((g, b)) = gate.and_then(|g| Some((g, g.spec.bulkhead.as_ref()?))) else {
                     return Err(rejection);
-                }
-                if !waiting.queued {
-                    let before = gate.waiters.fetch_add(1, Ordering::Relaxed);
-                    waiting.queued = true;
-                    if before >= b.max_queued {
-                        return Err(rejection);
-                    }
-                }
-                let left = allowed(b.max_wait);
-                if left.is_zero() {
-                    return Err(rejection);
-                }
-                let mut wait = waiting.poll.min(left);
-                if let Some(r) = room {
-                    if r.is_zero() {
-                        return Err(rejection);
-                    }
-                    wait = wait.min(r);
-                }
-                waiting.poll = (waiting.poll * 2).min(QUEUE_POLL_MAX);
-                Ok(wait)
+                };
+                let queue = (Queue::Bulkhead, &g.waiters);
+                queued(waiting, queue, b.max_queued, b.max_wait, room).ok_or(rejection)
             }
         }
     }
@@ -933,8 +1027,9 @@ impl<'g, K: Kind> Call<'g, K> {
         if self.listening {
             self.attempt_finished(AttemptOutcome::Success, None);
         }
-        if self.permit.is_some() {
-            return self.ask_record(Pending::Success(v), Outcome::Success, None, None);
+        if self.permit.is_some() || self.lease.is_some() {
+            let pending = Pending::Success(v);
+            return self.ask_record(pending, Outcome::Success, None, None, Signal::Success);
         }
         self.done(Ok(v), Outcome::Success, None)
     }
@@ -959,7 +1054,7 @@ impl<'g, K: Kind> Call<'g, K> {
         if self.listening {
             self.attempt_finished(AttemptOutcome::Success, Some(end));
         }
-        let pending = self.record(Outcome::Success, None, Some(end));
+        let pending = self.record(Outcome::Success, None, Some(end), Signal::Success);
         if let Some(late_by) = late_by {
             let late_by = Duration::from_nanos(late_by);
             self.emit(|| EventKind::DeadlineExceeded { late_by });
@@ -991,6 +1086,7 @@ impl<'g, K: Kind> Call<'g, K> {
             outcome,
             verdict.retry_after(),
             None,
+            load_signal(verdict),
         )
     }
 
@@ -1026,7 +1122,8 @@ impl<'g, K: Kind> Call<'g, K> {
             error: None,
             timed_out: Some(d),
         };
-        self.ask_record(Pending::Failed(failure), Outcome::Failure, None, end)
+        let pending = Pending::Failed(failure);
+        self.ask_record(pending, Outcome::Failure, None, end, Signal::Dropped)
     }
 
     /// The store's answer to [`Ended::Record`].
@@ -1056,7 +1153,16 @@ impl<'g, K: Kind> Call<'g, K> {
         outcome: Outcome,
         hint: Option<Duration>,
         end: Option<u64>,
+        signal: Signal,
     ) -> Option<Record<'g>> {
+        let end = if self.lease.is_some() {
+            // The adaptive limit measures every attempt to its end.
+            let end = end.unwrap_or_else(|| self.read_clock());
+            self.release_lease(signal, end);
+            Some(end)
+        } else {
+            end
+        };
         let permit = self.permit.take()?;
         self.record_in(Level::Attempt, permit, self.at, outcome, hint, end)
     }
@@ -1112,11 +1218,12 @@ impl<'g, K: Kind> Call<'g, K> {
         outcome: Outcome,
         hint: Option<Duration>,
         end: Option<u64>,
+        signal: Signal,
     ) -> Ended<'g, T, E>
     where
         K: Handles<T, E>,
     {
-        match self.record(outcome, hint, end) {
+        match self.record(outcome, hint, end, signal) {
             Some(record) => Ended::Record(record, pending),
             None => self.go_on(pending),
         }
@@ -1512,6 +1619,8 @@ pub(crate) struct Held<'g> {
     gate: Option<&'g Gate>,
     partition: Option<&'g PartitionKey>,
     ticket: Option<Ticket>,
+    adaptive: Option<&'g Limiter>,
+    lease: Option<Lease>,
 }
 
 impl Drop for Held<'_> {
@@ -1519,6 +1628,9 @@ impl Drop for Held<'_> {
     fn drop(&mut self) {
         if let Some(ticket) = self.ticket.take() {
             abandon(self.gate, self.partition, Some(ticket.permit()), None);
+        }
+        if let Some(lease) = self.lease.take() {
+            abandon_lease(self.adaptive, Some(lease), None);
         }
     }
 }
@@ -1563,10 +1675,13 @@ impl<'g, K: Kind> First<'g, K> {
     /// Nothing held yet, for this call's attempt.
     #[inline(always)]
     pub(crate) fn hold(&self) -> Held<'g> {
+        let shared = &*self.pipeline.shared;
         Held {
-            gate: self.pipeline.shared.gate.as_ref(),
+            gate: shared.gate.as_ref(),
             partition: self.partition,
             ticket: None,
+            adaptive: shared.adaptive.as_ref(),
+            lease: None,
         }
     }
 
@@ -1575,6 +1690,7 @@ impl<'g, K: Kind> First<'g, K> {
     #[inline(always)]
     pub(crate) fn admit(&mut self, held: &mut Held<'g>) -> Result<Context, Quick> {
         let shared = &*self.pipeline.shared;
+        held.lease = admit_adaptive(shared, self.partition)?;
         held.ticket = admit_in_place(shared.gate.as_ref(), &shared.clock, self.partition, self.at)?;
         Ok(context_of(shared, 1, self.deadline, self.partition))
     }
@@ -1604,6 +1720,13 @@ impl<'g, K: Kind> First<'g, K> {
         let shared = &*self.pipeline.shared;
         match result {
             Ok(v) if !watches_late(shared, driver, false, self.deadline) => {
+                if let (Some(lease), Some(limiter)) = (held.lease.take(), held.adaptive) {
+                    // Nobody listens: a change of the limit has no one to
+                    // tell.
+                    let end = shared.clock.now_nanos();
+                    let rtt = self.at.map_or(0, |at| end.saturating_sub(at));
+                    let _ = limiter.release(lease, Signal::Success, rtt, end, &*shared.random);
+                }
                 if let (Some(ticket), Some(gate)) = (held.ticket.take(), &shared.gate) {
                     // Nobody listens: a transition has no one to tell.
                     let _ = record_success_in_place(
@@ -1659,18 +1782,85 @@ impl<'g, K: Kind> First<'g, K> {
             call_at: None,
             waiting: None,
             weight: 1,
+            lease: held.lease.take(),
         })
     }
 }
 
 /// A refusal for `reason` may be waited out (a cooldown, a rate limit, a
-/// full bulkhead's queue in async code); any other is final at once.
+/// full bulkhead's or adaptive limit's queue in async code); any other is
+/// final at once.
 #[inline(always)]
 fn may_wait(reason: RejectionReason, driver: Driver) -> bool {
     match reason {
         RejectionReason::CooldownActive | RejectionReason::RateLimited => true,
-        RejectionReason::BulkheadFull => driver == Driver::Async,
+        RejectionReason::BulkheadFull | RejectionReason::ConcurrencyLimited => {
+            driver == Driver::Async
+        }
         _ => false,
+    }
+}
+
+/// The wait of a call refused for want of a slot, in a queue of this
+/// process (`queue`: which, and its count of waiting calls) that lets
+/// `max_queued` calls wait `max_wait` at most: the next poll, short of the
+/// deadline (`room`), or `None` when the call may not wait (no queue, the
+/// queue full, its wait or the deadline over). The call takes its place
+/// once, leaving the place it held in another queue.
+fn queued(
+    waiting: &mut Waiting,
+    queue: (Queue, &std::sync::atomic::AtomicU32),
+    max_queued: u32,
+    max_wait: Duration,
+    room: Option<Duration>,
+) -> Option<Duration> {
+    let (which, waiters) = queue;
+    if max_queued == 0 {
+        return None;
+    }
+    if waiting.queued != Some(which) {
+        let before = waiters.fetch_add(1, Ordering::Relaxed);
+        waiting.queued = Some(which);
+        if before >= max_queued {
+            return None;
+        }
+    }
+    let waited = Duration::from_nanos(waiting.last.saturating_sub(waiting.since));
+    let left = max_wait.saturating_sub(waited);
+    if left.is_zero() {
+        return None;
+    }
+    let mut wait = waiting.poll.min(left);
+    if let Some(r) = room {
+        if r.is_zero() {
+            return None;
+        }
+        wait = wait.min(r);
+    }
+    waiting.poll = (waiting.poll * 2).min(QUEUE_POLL_MAX);
+    Some(wait)
+}
+
+/// The adaptive limit's admission of an attempt (nothing without one).
+#[inline(always)]
+fn admit_adaptive<K: Kind>(
+    shared: &super::Shared<K>,
+    partition: Option<&PartitionKey>,
+) -> Result<Option<Lease>, Quick> {
+    match &shared.adaptive {
+        None => Ok(None),
+        Some(limiter) => limiter.acquire(partition).map(Some).map_err(Quick::Refused),
+    }
+}
+
+/// What an attempt judged `verdict` tells the adaptive limit: an answer
+/// of the dependency (an abort) is a sample of its latency, a failure or a
+/// request to slow down is a drop, an ignored error nothing.
+fn load_signal(verdict: Verdict) -> Signal {
+    match verdict.kind() {
+        VerdictKind::Ignore => Signal::Ignored,
+        VerdictKind::Abort => Signal::Success,
+        _ => Signal::Dropped,
     }
 }
 

@@ -94,6 +94,8 @@ pub(crate) struct Shared<K: Kind> {
     pub(crate) noted: nested::Noted,
     /// The chaos policies, in declaration order (each attempt).
     pub(crate) chaos: Box<[crate::chaos::Chaos]>,
+    /// The adaptive concurrency limit of each attempt, in this process.
+    pub(crate) adaptive: Option<crate::adaptive::machine::Limiter>,
 }
 
 impl<K: Kind> Shared<K> {
@@ -147,6 +149,7 @@ impl<K: Kind> fmt::Debug for Pipeline<K> {
             .field("attempt_timeout", &s.attempt_timeout)
             .field("stateful", &s.gate.as_ref().map(|g| &g.spec))
             .field("call_stateful", &s.call_gate.as_ref().map(|g| &g.spec))
+            .field("adaptive", &s.adaptive)
             .finish()
     }
 }
@@ -268,6 +271,22 @@ impl<K: Kind> Pipeline<K> {
             Some(g) => g.state.in_flight(None, self.now()),
             None => Ok(0),
         }
+    }
+
+    /// The adaptive concurrency limit as it stands (`None` without one).
+    ///
+    /// ```
+    /// use seawall::{AdaptiveLimit, Pipeline};
+    ///
+    /// let pipeline = Pipeline::builder("limit-doc")
+    ///     .adaptive_limit(AdaptiveLimit::aimd().limits(5, 10, 50))
+    ///     .build()?;
+    /// let now = pipeline.concurrency_limit().expect("declared");
+    /// assert_eq!((now.limit, now.admitted, now.in_flight), (10, 10, 0));
+    /// # Ok::<_, seawall::ConfigError>(())
+    /// ```
+    pub fn concurrency_limit(&self) -> Option<crate::adaptive::LimitSnapshot> {
+        self.shared.adaptive.as_ref().map(|l| l.snapshot())
     }
 
     /// The gates of the pipeline: the attempt's, then the call's.
