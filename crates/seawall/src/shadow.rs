@@ -164,17 +164,20 @@ impl Walk {
         }
     }
 
-    /// Whether `policy` is asked: not a policy in shadow mode once the call
-    /// is shadowed (a refusal would have ended the admission before it).
+    /// Whether `policy` takes part in the call: an enforcing policy
+    /// always; a policy in shadow mode until the call is shadowed. One
+    /// that does not take part is not asked (a refusal would have ended
+    /// the admission before it) and gives back what it took (it would have
+    /// been given back on that refusal).
     #[inline(always)]
-    pub(crate) fn asks(&self, policy: Policy) -> bool {
+    pub(crate) fn takes_part(&self, policy: Policy) -> bool {
         self.shadowed.is_none() || !self.shadow.has(policy)
     }
 
     /// `policy` refuses the call with `rejection`. `Err`: the admission
     /// ends with it (an enforcing policy). `Ok`: the call goes on, shadowed
     /// (a policy in shadow mode); the caller then gives back what the
-    /// policies in shadow mode took for it ([`keeps`](Self::keeps)).
+    /// policies that no longer [take part](Self::takes_part) took for it.
     #[inline(always)]
     pub(crate) fn refused(
         &mut self,
@@ -186,13 +189,6 @@ impl Walk {
         }
         self.shadowed.get_or_insert(rejection);
         Ok(())
-    }
-
-    /// Whether `policy` keeps what it granted the call: an enforcing policy
-    /// always, a policy in shadow mode unless the call is shadowed.
-    #[inline(always)]
-    pub(crate) fn keeps(&self, policy: Policy) -> bool {
-        self.shadowed.is_none() || !self.shadow.has(policy)
     }
 
     /// The refusal of a policy in shadow mode that the call was admitted
@@ -220,12 +216,13 @@ mod tests {
         assert!(shadow.has(Policy::Circuit) && shadow.has(Policy::Rate));
         assert!(!shadow.has(Policy::Bulkhead) && !shadow.has(Policy::Cooldown));
         let mut walk = Walk::new(shadow);
-        assert!(walk.asks(Policy::Circuit) && walk.keeps(Policy::Circuit));
+        assert!(walk.takes_part(Policy::Circuit));
         let open = Rejection::new(RejectionReason::CircuitOpen, Some(Duration::from_secs(3)));
         assert_eq!(walk.refused(Policy::Circuit, open), Ok(()));
-        // Shadowed: the shadow limiter is not asked, the bulkhead is.
-        assert!(!walk.asks(Policy::Rate) && walk.asks(Policy::Bulkhead));
-        assert!(!walk.keeps(Policy::Circuit) && walk.keeps(Policy::Bulkhead));
+        // Shadowed: the shadow limiter is not asked, the shadow circuit
+        // gives back what it took, the enforcing bulkhead goes on.
+        assert!(!walk.takes_part(Policy::Rate) && !walk.takes_part(Policy::Circuit));
+        assert!(walk.takes_part(Policy::Bulkhead));
         let full = Rejection::new(RejectionReason::BulkheadFull, None);
         assert_eq!(walk.refused(Policy::Bulkhead, full), Err(full));
         assert_eq!(walk.shadowed(), Some(open));

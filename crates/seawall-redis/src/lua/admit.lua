@@ -35,15 +35,11 @@ local sreason, sretry, sunder = 0, -1, 0
 local probe, gen, slot, tr = 0, 0, -1, 0
 local h, moved
 
--- Whether the policy `p` is asked: not one in shadow mode once the call
--- is shadowed (a refusal would have ended the admission before it).
-local function asks(p)
-  return sreason == 0 or not shadow(p)
-end
--- Whether the policy `p` keeps what it granted (decided once every check
--- ran): an enforcing one always, one in shadow mode unless the call is
--- shadowed.
-local function keeps(p)
+-- Whether the policy `p` takes part in the call (shadow::Walk): an
+-- enforcing one always, one in shadow mode until the call is shadowed.
+-- One that does not is not asked, and takes nothing (the permits are
+-- taken once every check ran).
+local function takes_part(p)
   return sreason == 0 or not shadow(p)
 end
 -- A refusal by the policy `p`: the answer when it enforces; the first
@@ -70,7 +66,7 @@ if HAS_C or HAS_CD then
   end
 end
 
-if HAS_C and asks(P_C) then
+if HAS_C and takes_part(P_C) then
   -- The circuit's refusal, if any: its retry_after code.
   local cref
   if h.st == ISOLATED then
@@ -123,7 +119,7 @@ if HAS_C and asks(P_C) then
 end
 
 local took_b = false
-if reason == 0 and HAS_B and asks(P_B) then
+if reason == 0 and HAS_B and takes_part(P_B) then
   if redis.call('ZCOUNT', KB, '(' .. int(tnow()), '+inf') >= B_MAX then
     refused(P_B, 2, -1, 0)
   else
@@ -131,7 +127,7 @@ if reason == 0 and HAS_B and asks(P_B) then
   end
 end
 
-if reason == 0 and HAS_CD and asks(P_CD) and h.cu > tnow() then
+if reason == 0 and HAS_CD and takes_part(P_CD) and h.cu > tnow() then
   refused(P_CD, 3, h.cu - now, 0)
 end
 
@@ -158,7 +154,7 @@ local HELD = A[D + 1] ~= nil and A[D + 1] ~= '-1'
 -- limiter's refusal {retry_after, under}.
 local rnew, rat, rlog, rref
 local took_r = false
-if reason == 0 and HAS_R and not HELD and asks(P_R) then
+if reason == 0 and HAS_R and not HELD and takes_part(P_R) then
   tnow()
   if R_ALG == 1 then
     -- GCRA: theoretical arrival time, tolerance of burst - 1 intervals.
@@ -274,13 +270,13 @@ local function add_unique(key, score)
 end
 
 if reason == 0 then
-  if probe == 1 and keeps(P_C) then
+  if probe == 1 and takes_part(P_C) then
     h.pr = h.pr + 1
     moved = true
   else
     probe = 0
   end
-  if took_b and keeps(P_B) then
+  if took_b and takes_part(P_B) then
     -- Leases expired by dead processes are dropped now and then.
     if now % 16 == 0 then redis.call('ZREMRANGEBYSCORE', KB, '-inf', now) end
     slot = add_unique(KB, now + B_LEASE)
@@ -290,7 +286,7 @@ end
 
 -- The rate limiter's permit: taken by an admission (unless a due
 -- reservation stands for it), or reserved for `rat`.
-if HAS_R and ((reason == 0 and took_r and keeps(P_R)) or rat) then
+if HAS_R and ((reason == 0 and took_r and takes_part(P_R)) or rat) then
   if R_ALG == 1 then
     redis.call('SET', KRL, int(rnew[1]) .. ':' .. int(rnew[2]), 'PX', ms(rnew[1] + 1 - now, 1000))
   elseif R_ALG == 2 then

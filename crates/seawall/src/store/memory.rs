@@ -856,9 +856,11 @@ impl MemoryResource {
                 refused!(Policy::Rate, RejectionReason::RateLimited, None);
             }
         }
-        if let (Some(circuit), Some(p), true) =
-            (view.circuit, &params.circuit, walk.asks(Policy::Circuit))
-        {
+        if let (Some(circuit), Some(p), true) = (
+            view.circuit,
+            &params.circuit,
+            walk.takes_part(Policy::Circuit),
+        ) {
             let answer = circuit.admit(p, now_ns);
             transition = answer.transition;
             match answer.decision {
@@ -871,15 +873,17 @@ impl MemoryResource {
                 }
             }
         }
-        if let (Some(slots), Some(max), true) =
-            (view.in_flight, params.bulkhead, walk.asks(Policy::Bulkhead))
-        {
+        if let (Some(slots), Some(max), true) = (
+            view.in_flight,
+            params.bulkhead,
+            walk.takes_part(Policy::Bulkhead),
+        ) {
             match slots.acquire(max) {
                 Some(slot) => permit.slot = Some(slot),
                 None => refused!(Policy::Bulkhead, RejectionReason::BulkheadFull, None),
             }
         }
-        if let (Some(until), true) = (view.cooldown_until, walk.asks(Policy::Cooldown)) {
+        if let (Some(until), true) = (view.cooldown_until, walk.takes_part(Policy::Cooldown)) {
             if let Err(left) = cooldown::machine::admit(until, now_ns) {
                 refused!(
                     Policy::Cooldown,
@@ -889,7 +893,7 @@ impl MemoryResource {
             }
         }
         if let (Some(rate), Some(p), None, true) =
-            (view.rate, &params.rate, held, walk.asks(Policy::Rate))
+            (view.rate, &params.rate, held, walk.takes_part(Policy::Rate))
         {
             // A limiter in shadow mode never makes a call wait.
             let shadow = params.shadow.has(Policy::Rate);
@@ -1162,15 +1166,15 @@ impl Ticket {
 }
 
 /// Gives back what the policies in shadow mode took for a call that is
-/// shadowed now (see [`Walk::keeps`]): a probe slot, a bulkhead slot.
+/// shadowed now (see [`Walk::takes_part`]): a probe slot, a bulkhead slot.
 #[cold]
 fn drop_shadowed(view: View<'_>, permit: &mut Permit, walk: &Walk) {
-    if !walk.keeps(Policy::Bulkhead) {
+    if !walk.takes_part(Policy::Bulkhead) {
         if let (Some(slot), Some(slots)) = (permit.slot.take(), view.in_flight) {
             slots.release(slot);
         }
     }
-    if !walk.keeps(Policy::Circuit) && permit.probe {
+    if !walk.takes_part(Policy::Circuit) && permit.probe {
         permit.probe = false;
         if let Some(circuit) = view.circuit {
             circuit.release_probe(permit.generation);
