@@ -48,6 +48,31 @@ ORDER = [
 # Groups of the core crate's own `overhead` bench.
 OVERHEAD_GROUPS = {"sync", "async"}
 
+# Groups that compare two configurations of seawall rather than seawall and
+# its peers: group -> (subject, reference, target). The subject stands in
+# the seawall column, the reference in the peer column; a target of
+# "within 1 ns" is for configurations that must take the same path.
+COMPARISONS = {
+    "weighted GCRA admission vs unweighted (sync)": ("weight 4", "unweighted", None),
+    "chaos disabled vs no chaos (sync)": ("chaos disabled", "no chaos", "within 1 ns"),
+    "breaker in shadow mode vs enforcing, closed (sync)": ("shadow", "enforcing", "within 1 ns"),
+    "breaker in shadow mode vs enforcing, open (sync)": (
+        "shadow (admitted)",
+        "enforcing (refused)",
+        None,
+    ),
+    "GCRA in shadow mode vs enforcing, under the limit (sync)": (
+        "shadow",
+        "enforcing",
+        "within 1 ns",
+    ),
+    "GCRA in shadow mode vs enforcing, over the limit (sync)": (
+        "shadow (admitted)",
+        "enforcing (refused)",
+        None,
+    ),
+}
+
 
 def load_criterion(root, since):
     """{group: {function: {threads: median_ns}}} for results newer than `since`."""
@@ -110,11 +135,31 @@ def time_target(scenario, threads, seawall, best, single):
     return "; ".join(notes)
 
 
+def comparison_rows(group, functions):
+    """Rows of a group of COMPARISONS: the subject against the reference."""
+    subject, reference, target = COMPARISONS[group]
+    ours, theirs = functions.get(subject, {}), functions.get(reference, {})
+    rows = []
+    for threads in sorted(set(ours) | set(theirs), key=int):
+        a, b = ours.get(threads), theirs.get(threads)
+        ratio = f"{a / b:.2f}" if a and b else "—"
+        note = ""
+        if target == "within 1 ns" and a is not None and b is not None:
+            note = f"within 1 ns: {mark(a - b <= 1.0)} ({a - b:+.1f} ns)"
+        rows.append(
+            (f"{group}: {subject}", threads, fmt_ns(a), f"{reference}, {fmt_ns(b)}", ratio, note)
+        )
+    return rows
+
+
 def timing_rows(results):
     rows = []
     groups = [g for g in ORDER if g in results]
     groups += sorted(g for g in results if g not in ORDER and g not in OVERHEAD_GROUPS)
     for group in groups:
+        if group in COMPARISONS:
+            rows += comparison_rows(group, results[group])
+            continue
         functions = results[group]
         seawall = functions.get("seawall", {})
         thread_counts = sorted(

@@ -292,6 +292,46 @@ fn chaos(c: &mut Criterion) {
     g.finish();
 }
 
+/// Shadow mode (`seawall::shadow`) against enforcing, for a breaker and a
+/// rate limiter: a call the policy admits takes the same path either way
+/// (closed, under the limit); a call it would refuse is admitted in shadow
+/// mode (and its operation runs) instead of being refused.
+fn shadow(c: &mut Criterion) {
+    let mut g = c.benchmark_group("breaker in shadow mode vs enforcing, closed (sync)");
+    sync_case(&mut g, "shadow", seawall_sync(pipelines::shadow_breaker()));
+    sync_case(&mut g, "enforcing", seawall_sync(pipelines::breaker()));
+    g.finish();
+
+    let mut g = c.benchmark_group("breaker in shadow mode vs enforcing, open (sync)");
+    sync_case(
+        &mut g,
+        "shadow (admitted)",
+        seawall_sync(pipelines::shadow_open_breaker()),
+    );
+    let open = pipelines::open_breaker();
+    sync_case(&mut g, "enforcing (refused)", move || {
+        open.call(|_| op(black_box(1))).is_err()
+    });
+    g.finish();
+
+    let mut g = c.benchmark_group("GCRA in shadow mode vs enforcing, under the limit (sync)");
+    sync_case(&mut g, "shadow", seawall_sync(pipelines::shadow_gcra()));
+    sync_case(&mut g, "enforcing", seawall_sync(pipelines::gcra()));
+    g.finish();
+
+    let mut g = c.benchmark_group("GCRA in shadow mode vs enforcing, over the limit (sync)");
+    sync_case(
+        &mut g,
+        "shadow (admitted)",
+        seawall_sync(pipelines::gcra_over_the_limit(true)),
+    );
+    let over = pipelines::gcra_over_the_limit(false);
+    sync_case(&mut g, "enforcing (refused)", move || {
+        over.call(|_| op(black_box(1))).is_err()
+    });
+    g.finish();
+}
+
 fn config() -> Criterion {
     Criterion::default()
         .warm_up_time(Duration::from_millis(500))
@@ -302,6 +342,6 @@ fn config() -> Criterion {
 criterion_group! {
     name = peers;
     config = config();
-    targets = retry, breaker, rate_limiter, bulkhead, adaptive, timeout, full_chain, chaos
+    targets = retry, breaker, rate_limiter, bulkhead, adaptive, timeout, full_chain, chaos, shadow
 }
 criterion_main!(peers);

@@ -50,6 +50,11 @@ const CONTENDERS: &[&str] = &[
     "adaptive-aimd",
     "adaptive-gradient2",
     "full",
+    "shadow-breaker",
+    "shadow-open",
+    "shadow-gcra",
+    "gcra-over",
+    "shadow-gcra-over",
     "async-retry",
     "async-breaker",
     "async-open",
@@ -108,6 +113,11 @@ fn main() {
             let p = pipelines::full_chain();
             sync_loop(n, || matches!(p.call(|_| op(black_box(1))), Ok(1)))
         }
+        "shadow-breaker" => sync_loop(n, seawall_call(pipelines::shadow_breaker())),
+        "shadow-open" => sync_loop(n, seawall_call(pipelines::shadow_open_breaker())),
+        "shadow-gcra" => sync_loop(n, seawall_call(pipelines::shadow_gcra())),
+        "gcra-over" => sync_loop(n, seawall_call(pipelines::gcra_over_the_limit(false))),
+        "shadow-gcra-over" => sync_loop(n, seawall_call(pipelines::gcra_over_the_limit(true))),
         "async-retry" => async_loop(&rt, n, SeawallAsync(pipelines::retry())),
         "async-breaker" => async_loop(&rt, n, SeawallAsync(pipelines::breaker())),
         "async-open" => async_loop(&rt, n, SeawallAsync(pipelines::open_breaker())),

@@ -118,6 +118,39 @@ pub mod pipelines {
         p
     }
 
+    /// [`breaker`] in shadow mode (`seawall::shadow`), closed: the path of
+    /// a call it admits is that of an enforcing breaker.
+    pub fn shadow_breaker() -> Pipeline {
+        builder("bench-breaker-shadow")
+            .circuit_breaker(count_window_breaker().shadow(true))
+            .build()
+            .expect("valid pipeline")
+    }
+
+    /// [`open_breaker`] in shadow mode: tripped open by 100 failures, it
+    /// would refuse every call, and admits it (no listener: the would-be
+    /// refusal is reported to nobody).
+    pub fn shadow_open_breaker() -> Pipeline {
+        let p = builder("bench-breaker-shadow-open")
+            .circuit_breaker(
+                count_window_breaker()
+                    .cooldown(Duration::from_secs(3600))
+                    .shadow(true),
+            )
+            .build()
+            .expect("valid pipeline");
+        for _ in 0..100 {
+            let _ = p.call(|_| failing_op(1));
+        }
+        assert_eq!(
+            p.circuit_state().expect("a breaker"),
+            seawall::CircuitState::Open,
+            "the breaker must be open"
+        );
+        assert!(p.call(|_| op(1)).is_ok(), "and admit in shadow mode");
+        p
+    }
+
     /// A GCRA rate limiter alone (10^9 per second, bursts of 10^6).
     pub fn gcra() -> Pipeline {
         builder("bench-gcra")
@@ -126,6 +159,35 @@ pub mod pipelines {
             )
             .build()
             .expect("valid pipeline")
+    }
+
+    /// [`gcra`] in shadow mode (`seawall::shadow`): never over its limit in
+    /// a run, so the path of an enforcing limiter.
+    pub fn shadow_gcra() -> Pipeline {
+        builder("bench-gcra-shadow")
+            .rate_limiter(
+                RateLimiter::gcra(UNREACHABLE_RATE, Duration::from_secs(1))
+                    .burst(1_000_000)
+                    .shadow(true),
+            )
+            .build()
+            .expect("valid pipeline")
+    }
+
+    /// A GCRA rate limiter of one call per hour whose permit is spent: every
+    /// call is over the limit, refused (enforcing) or admitted (`shadow`).
+    pub fn gcra_over_the_limit(shadow: bool) -> Pipeline {
+        let p = builder(if shadow {
+            "bench-gcra-over-shadow"
+        } else {
+            "bench-gcra-over"
+        })
+        .rate_limiter(RateLimiter::gcra(1, Duration::from_secs(3600)).shadow(shadow))
+        .build()
+        .expect("valid pipeline");
+        assert!(p.call(|_| op(1)).is_ok(), "the one permit");
+        assert_eq!(p.call(|_| op(1)).is_ok(), shadow, "over the limit");
+        p
     }
 
     /// A fixed-window rate limiter alone (`u32::MAX` per second).

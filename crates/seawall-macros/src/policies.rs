@@ -242,6 +242,11 @@ fn circuit_breaker(g: &Given, span: Span, key: &Ident) -> syn::Result<TokenStrea
     if let Some(n) = g.count("half_open_calls") {
         b.extend(quote!(.half_open_calls(#n)));
     }
+    if let Some(d) = g.duration("max_half_open") {
+        let d = d.tokens();
+        b.extend(quote!(.max_half_open(#d)));
+    }
+    b.extend(shadow(g));
     Ok(b)
 }
 
@@ -276,6 +281,7 @@ fn bulkhead(g: &Given, span: Span, key: &Ident) -> syn::Result<TokenStream> {
         let lease = lease.tokens();
         b.extend(quote!(.lease(#lease)));
     }
+    b.extend(shadow(g));
     Ok(b)
 }
 
@@ -303,6 +309,7 @@ fn rate_limiter(g: &Given, span: Span, key: &Ident) -> syn::Result<TokenStream> 
         let w = w.tokens();
         r.extend(quote!(.max_wait(#w)));
     }
+    r.extend(shadow(g));
     Ok(r)
 }
 
@@ -424,7 +431,17 @@ fn cooldown(g: &Given) -> TokenStream {
         let d = d.tokens();
         c.extend(quote!(.grace(#d)));
     }
+    c.extend(shadow(g));
     c
+}
+
+/// Shadow mode, for every stateful policy: `.shadow(true)` when the
+/// attribute says `shadow` (or `shadow = true`), nothing otherwise.
+fn shadow(g: &Given) -> TokenStream {
+    match g.flag("shadow") {
+        Some(true) => quote!(.shadow(true)),
+        _ => TokenStream::new(),
+    }
 }
 
 #[cfg(test)]

@@ -64,6 +64,7 @@ fn kind_name(kind: &EventKind) -> &'static str {
         EventKind::RetryScheduled { .. } => "retry_scheduled",
         EventKind::Rejected { .. } => "rejected",
         EventKind::CircuitOpened { .. } => "circuit_opened",
+        EventKind::ShadowRejected { .. } => "shadow_rejected",
         _ => "other",
     }
 }
@@ -424,6 +425,51 @@ async fn calls_share_one_circuit_keyed_by_type_and_method() {
     let events = events_of("Gateway::charge");
     assert!(events.contains(&"circuit_opened"), "{events:?}");
     assert!(events.contains(&"rejected"), "{events:?}");
+}
+
+clock!(shadow_clock);
+
+/// New limits rolled out in shadow mode: reported, never enforced.
+#[resilient(
+    circuit_breaker(consecutive_failures = 1, cooldown_s = 60, max_half_open_s = 5, shadow),
+    rate_limiter(limit = 1, per_s = 60, shadow = true),
+    clock = shadow_clock,
+    on_event = record
+)]
+fn rolled_out(fail: bool) -> Result<u32, ApiError> {
+    if fail {
+        Err(ApiError::Flaky(1))
+    } else {
+        Ok(1)
+    }
+}
+
+#[test]
+fn policies_in_shadow_mode_report_and_never_refuse() {
+    assert_eq!(rolled_out(true), Err(ApiError::Flaky(1)));
+    // The circuit is open and the one permit is taken: both would refuse;
+    // the circuit, first, is the refusal reported.
+    for _ in 0..3 {
+        assert_eq!(rolled_out(false), Ok(1));
+    }
+    let events = events_of("resilient::rolled_out");
+    assert_eq!(
+        events.iter().filter(|e| **e == "shadow_rejected").count(),
+        3,
+        "{events:?}"
+    );
+    assert!(!events.contains(&"rejected"), "{events:?}");
+}
+
+#[resilient(circuit_breaker(consecutive_failures = 1, max_half_open_ms = 0))]
+fn no_time_in_half_open() -> Result<(), ApiError> {
+    Ok(())
+}
+
+#[test]
+#[should_panic(expected = "circuit_breaker.max_half_open must be > 0")]
+fn a_zero_max_half_open_is_refused_by_the_builder() {
+    let _ = no_time_in_half_open();
 }
 
 clock!(order_clock);

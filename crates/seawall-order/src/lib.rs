@@ -170,6 +170,8 @@ policies! {
         Setting::number("cooldown_growth"),
         Setting::duration("max_cooldown"),
         Setting::count("half_open_calls"),
+        Setting::duration("max_half_open"),
+        Setting::flag("shadow"),
     ];
     /// The bulkhead.
     Bulkhead = "bulkhead", Stateful, [
@@ -177,12 +179,14 @@ policies! {
         Setting::count("max_queued"),
         Setting::duration("max_wait"),
         Setting::duration("lease"),
+        Setting::flag("shadow"),
     ];
     /// The cooldown opened by retry-after hints.
     Cooldown = "cooldown", Stateful, [
         Setting::duration("max_pause"),
         Setting::duration("max_wait"),
         Setting::duration("grace"),
+        Setting::flag("shadow"),
     ];
     /// The rate limiter.
     RateLimiter = "rate_limiter", Stateful, [
@@ -191,6 +195,7 @@ policies! {
         Setting::duration("period").attr("per"),
         Setting::count("burst"),
         Setting::duration("max_wait"),
+        Setting::flag("shadow"),
     ];
     /// Chaos injection into each attempt. The configuration files and the
     /// attribute declare a latency (`latency`, injected in a share `rate`

@@ -193,9 +193,13 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// How long a half-open probe may stay unreported before new probes are
-    /// admitted (a process that died mid-probe never reports). Keep it
-    /// longer than the attempt timeout.
+    /// For breakers without
+    /// [`max_half_open`](seawall::CircuitBreaker::max_half_open): how long
+    /// a round of half-open probes may stay unfinished before a new round
+    /// starts (a process that died mid-probe never reports). Measured from
+    /// the start of the round, as `max_half_open` is; a breaker that sets
+    /// `max_half_open` uses its own. Keep it longer than the attempt
+    /// timeout.
     pub fn probe_lease(mut self, lease: Duration) -> Self {
         self.probe_lease = lease;
         self

@@ -69,8 +69,14 @@
 //!   the microsecond they were taken in) scored by their expiry
 //!   (`Bulkhead::lease`). A process killed while holding a slot loses it
 //!   when the lease ends; give attempts a timeout shorter than the lease
-//!   (the pipeline checks this). Half-open probes are leased likewise
-//!   ([`RedisStoreBuilder::probe_lease`]).
+//!   (the pipeline checks this). A round of half-open probes that a dead
+//!   process left unfinished gives way too: after the breaker's
+//!   `max_half_open`, or for a breaker without one, after
+//!   [`RedisStoreBuilder::probe_lease`].
+//! - **Shadow mode** (`seawall::shadow`) and the breaker's other states
+//!   (`open_for`, `max_half_open`, disabled) follow the same rules as in
+//!   memory: the scripts restate them, and the model tests check them on a
+//!   real server.
 //! - **Same semantics as the in-memory store**: the store passes the
 //!   contract suite `seawall::store::contract` both with the server's clock
 //!   and with a caller's clock (where every wait is checked exactly), and

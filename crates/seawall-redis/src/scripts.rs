@@ -11,9 +11,9 @@
 //!   nanoseconds 0..999, which only GCRA uses; the lean success script
 //!   takes the microseconds alone), or empty for the server's `TIME` (the
 //!   default).
-//! - `ARGV[2..=26]`: the resource's spec, encoded once at bind time
+//! - `ARGV[2..=27]`: the resource's spec, encoded once at bind time
 //!   ([`SpecArgs`]).
-//! - `ARGV[27..]`: the operation's own arguments.
+//! - `ARGV[28..]`: the operation's own arguments.
 
 use std::fmt::Write as _;
 use std::sync::OnceLock;
@@ -245,13 +245,30 @@ fn flag(b: bool) -> String {
     if b { "1" } else { "0" }.to_owned()
 }
 
-/// `ARGV[2..=26]`: the spec, as the scripts read it.
+/// `ARGV[2..=27]`: the spec, as the scripts read it.
 #[derive(Debug, Clone)]
 pub(crate) struct SpecArgs(pub(crate) Vec<String>);
 
+/// The bits of the policies in shadow mode (`ARGV[27]`, `SHADOW` in the
+/// scripts).
+const SHADOW_CIRCUIT: u8 = 1;
+const SHADOW_BULKHEAD: u8 = 2;
+const SHADOW_COOLDOWN: u8 = 4;
+const SHADOW_RATE: u8 = 8;
+
+/// `true` when the circuit of `spec` runs in shadow mode.
+pub(crate) fn circuit_in_shadow(spec: &ResourceSpec) -> bool {
+    spec.circuit.as_ref().is_some_and(|c| c.shadow)
+}
+
 impl SpecArgs {
+    /// `probe_lease`: the longest a round of probes blocks the next one for
+    /// a breaker that does not say ([`CircuitBreaker::max_half_open`]).
+    ///
+    /// [`CircuitBreaker::max_half_open`]: seawall::CircuitBreaker::max_half_open
     pub(crate) fn new(spec: &ResourceSpec, probe_lease: Duration) -> SpecArgs {
-        let mut a: Vec<String> = Vec::with_capacity(25);
+        let mut a: Vec<String> = Vec::with_capacity(26);
+        let mut half_max = probe_lease;
         let idle = micros(spec.partition_idle);
         match &spec.circuit {
             Some(c) => {
@@ -278,13 +295,17 @@ impl SpecArgs {
                 a.push(c.cooldown_growth.to_string());
                 a.push(micros(c.max_cooldown).to_string());
                 a.push(c.half_open_calls.to_string());
+                if let Some(max) = c.max_half_open {
+                    half_max = max;
+                }
             }
             None => {
                 a.push(flag(false));
                 a.extend(["1", "1", "1", "0", "0", "1", "0", "1", "0", "1"].map(String::from));
             }
         }
-        a.push(micros(probe_lease).to_string());
+        // At least 1 us: zero would mean no limit to the scripts.
+        a.push(micros(half_max).max(1).to_string());
         a.push(idle.to_string());
         match &spec.bulkhead {
             Some(b) => {
@@ -326,7 +347,22 @@ impl SpecArgs {
             }
             None => a.extend(["0", "1", "1", "1", "0", "1"].map(String::from)),
         }
-        debug_assert_eq!(a.len(), 25);
+        let bit = |on: bool, b: u8| if on { b } else { 0 };
+        let shadow = bit(circuit_in_shadow(spec), SHADOW_CIRCUIT)
+            | bit(
+                spec.bulkhead.as_ref().is_some_and(|b| b.shadow),
+                SHADOW_BULKHEAD,
+            )
+            | bit(
+                spec.cooldown.as_ref().is_some_and(|c| c.shadow),
+                SHADOW_COOLDOWN,
+            )
+            | bit(
+                spec.rate_limit.as_ref().is_some_and(|r| r.shadow),
+                SHADOW_RATE,
+            );
+        a.push(shadow.to_string());
+        debug_assert_eq!(a.len(), 26);
         SpecArgs(a)
     }
 }
@@ -381,6 +417,14 @@ pub(crate) const RETRY_FOREVER: i64 = -3;
 pub(crate) const HALF_OPENED: i64 = 1;
 pub(crate) const OPENED: i64 = 2;
 pub(crate) const CLOSED: i64 = 3;
+pub(crate) const PROBES_EXPIRED: i64 = 4;
+
+/// Control operations of the control script.
+pub(crate) const CONTROL_ISOLATE: i64 = 1;
+pub(crate) const CONTROL_DISABLE: i64 = 2;
+pub(crate) const CONTROL_RESET: i64 = 3;
+pub(crate) const CONTROL_OPEN_FOR: i64 = 4;
+pub(crate) const CONTROL_ENABLE: i64 = 5;
 
 /// Circuit state codes.
 pub(crate) const ST_CLOSED: i64 = 0;
@@ -487,9 +531,9 @@ mod tests {
             .with_bulkhead(Bulkhead::new(3))
             .with_cooldown(seawall::Cooldown::new())
             .with_rate_limit(RateLimiter::gcra(10, Duration::from_secs(1)));
-        assert_eq!(SpecArgs::new(&full, Duration::from_secs(60)).0.len(), 25);
+        assert_eq!(SpecArgs::new(&full, Duration::from_secs(60)).0.len(), 26);
         let empty = ResourceSpec::new("r");
-        assert_eq!(SpecArgs::new(&empty, Duration::from_secs(60)).0.len(), 25);
+        assert_eq!(SpecArgs::new(&empty, Duration::from_secs(60)).0.len(), 26);
         let a = SpecArgs::new(&full, Duration::from_secs(60)).0;
         // GCRA interval: 100 ms = 100000 us; tolerance: 9 intervals.
         assert_eq!((a[23].as_str(), a[24].as_str()), ("900000:0", "100000:0"));
@@ -501,5 +545,28 @@ mod tests {
             (a[23].as_str(), a[24].as_str()),
             ("333333:333", "333333:333")
         );
+    }
+
+    #[test]
+    fn spec_args_carry_the_shadow_modes_and_the_longest_round_of_probes() {
+        let lease = Duration::from_secs(60);
+        let plain = ResourceSpec::new("r")
+            .with_circuit(CircuitBreaker::consecutive_failures(1))
+            .with_rate_limit(RateLimiter::gcra(10, Duration::from_secs(1)));
+        let a = SpecArgs::new(&plain, lease).0;
+        // ARGV[13] is a[11]; ARGV[27] is a[25].
+        assert_eq!((a[11].as_str(), a[25].as_str()), ("60000000", "0"));
+        let shadowed = ResourceSpec::new("r")
+            .with_circuit(
+                CircuitBreaker::consecutive_failures(1)
+                    .max_half_open(Duration::from_millis(1500))
+                    .shadow(true),
+            )
+            .with_bulkhead(Bulkhead::new(1))
+            .with_cooldown(seawall::Cooldown::new().shadow(true))
+            .with_rate_limit(RateLimiter::gcra(10, Duration::from_secs(1)).shadow(true));
+        let a = SpecArgs::new(&shadowed, lease).0;
+        assert_eq!((a[11].as_str(), a[25].as_str()), ("1500000", "13"));
+        assert!(circuit_in_shadow(&shadowed) && !circuit_in_shadow(&plain));
     }
 }

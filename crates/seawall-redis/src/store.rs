@@ -208,6 +208,7 @@ impl StateStore for RedisStore {
                 spec: spec.clone(),
                 local,
                 caller_clock: inner.time_source == TimeSource::Caller,
+                circuit_in_shadow: scripts::circuit_in_shadow(spec),
             }),
         }))
     }
@@ -228,6 +229,9 @@ struct Shared {
     keys: Keys,
     local: Option<Arc<dyn ResourceState>>,
     caller_clock: bool,
+    /// The circuit runs in shadow mode: it records nothing of a shadowed
+    /// call.
+    circuit_in_shadow: bool,
     /// How long admissions wait after a restart of the server (see
     /// [`restart_hold`]).
     hold: Duration,
@@ -465,6 +469,9 @@ impl Shared {
                     .retry_after
                     .map_or(-1, |d| i64::try_from(micros(d)).unwrap_or(i64::MAX)),
             );
+        if p.shadowed {
+            inv.arg(1);
+        }
         inv
     }
 
@@ -479,7 +486,8 @@ impl Shared {
         }
         let p = record.permit;
         let mode = match record.outcome {
-            Outcome::Success => self.success_args.mode,
+            // A circuit in shadow mode records nothing of a shadowed call.
+            Outcome::Success if !(p.shadowed && self.circuit_in_shadow) => self.success_args.mode,
             _ => "0",
         };
         inv.arg(p.slot.map_or(-1, |s| i64::try_from(s).unwrap_or(-1)))
@@ -536,7 +544,7 @@ impl Shared {
         now: Duration,
         weight: u32,
     ) -> Result<(Admission, Option<Reservation>), StoreError> {
-        let &[reason, retry_us, probe, generation, slot, transition, trips, under_ns, reserved_us, reserved_ns] =
+        let &[reason, retry_us, probe, generation, slot, transition, trips, under_ns, reserved_us, reserved_ns, shadow_reason, shadow_retry_us, shadow_under_ns] =
             reply
         else {
             return Err(protocol("admit", reply));
@@ -548,7 +556,7 @@ impl Shared {
             )),
             weight,
         });
-        let retry_after = match retry_us {
+        let retry_after = |retry_us: i64, under_ns: i64| match retry_us {
             // Half-open with every probe slot taken: the cooldown of the
             // current trip, as the in-memory store hints.
             scripts::RETRY_COOLDOWN => self
@@ -565,28 +573,36 @@ impl Shared {
                     .saturating_sub(Duration::from_nanos(u64::try_from(under_ns).unwrap_or(0)))
             }),
         };
-        let reason = match reason {
-            scripts::ADMITTED => None,
-            scripts::CIRCUIT_OPEN => Some(RejectionReason::CircuitOpen),
-            scripts::BULKHEAD_FULL => Some(RejectionReason::BulkheadFull),
-            scripts::COOLDOWN_ACTIVE => Some(RejectionReason::CooldownActive),
-            scripts::RATE_LIMITED => Some(RejectionReason::RateLimited),
-            _ => return Err(protocol("admit", reply)),
+        let reason_of = |code: i64| match code {
+            scripts::ADMITTED => Ok(None),
+            scripts::CIRCUIT_OPEN => Ok(Some(RejectionReason::CircuitOpen)),
+            scripts::BULKHEAD_FULL => Ok(Some(RejectionReason::BulkheadFull)),
+            scripts::COOLDOWN_ACTIVE => Ok(Some(RejectionReason::CooldownActive)),
+            scripts::RATE_LIMITED => Ok(Some(RejectionReason::RateLimited)),
+            _ => Err(protocol("admit", reply)),
         };
-        let decision = match reason {
+        let shadow = reason_of(shadow_reason)?
+            .map(|r| Rejection::new(r, retry_after(shadow_retry_us, shadow_under_ns)));
+        let decision = match reason_of(reason)? {
             None => Ok(Permit {
                 probe: probe == 1,
                 generation: u64::try_from(generation).unwrap_or(0),
                 slot: u64::try_from(slot).ok(),
                 local: false,
+                shadowed: shadow.is_some(),
             }),
-            Some(reason) => Err(Rejection::new(reason, retry_after)),
+            Some(reason) => Err(Rejection::new(reason, retry_after(retry_us, under_ns))),
+        };
+        let transition = match transition {
+            scripts::HALF_OPENED => Some(CircuitTransition::HalfOpened),
+            scripts::PROBES_EXPIRED => Some(CircuitTransition::ProbesExpired),
+            _ => None,
         };
         let admission = Admission {
             decision,
-            transition: (transition == scripts::HALF_OPENED)
-                .then_some(CircuitTransition::HalfOpened),
+            transition,
             degraded: None,
+            shadow,
         };
         Ok((admission, reservation))
     }
@@ -891,9 +907,11 @@ impl ResourceState for RedisResource {
             return Ok(None);
         }
         let op = match control {
-            CircuitControl::Isolate => 1,
-            CircuitControl::ForceClose => 2,
-            CircuitControl::Reset => 3,
+            CircuitControl::Isolate => scripts::CONTROL_ISOLATE,
+            CircuitControl::ForceClose => scripts::CONTROL_DISABLE,
+            CircuitControl::Reset => scripts::CONTROL_RESET,
+            CircuitControl::OpenFor(_) => scripts::CONTROL_OPEN_FOR,
+            CircuitControl::Enable => scripts::CONTROL_ENABLE,
             other => {
                 return Err(StoreError::Protocol(format!(
                     "circuit control {other:?} is not supported by this version of seawall-redis"
@@ -902,11 +920,16 @@ impl ResourceState for RedisResource {
         };
         let mut inv = s.invocation(&Scripts::get().control, partition, Some(now));
         inv.arg(op);
+        if let CircuitControl::OpenFor(d) = control {
+            inv.arg(micros(d));
+        }
         let reply: Vec<i64> = s.link.invoke_sync(&inv)?;
         let &[before, after] = &reply[..] else {
             return Err(protocol("control", &reply));
         };
-        Ok(if before == after {
+        Ok(if let CircuitControl::OpenFor(cooldown) = control {
+            Some(CircuitTransition::Opened { cooldown })
+        } else if before == after {
             None
         } else if after == scripts::ST_ISOLATED {
             Some(CircuitTransition::Opened {

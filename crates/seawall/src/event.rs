@@ -10,9 +10,9 @@
 //!
 //! | level | events |
 //! | --- | --- |
-//! | `WARN` | the circuit opened; a cooldown started (the dependency asked for a pause); a rejection by a full bulkhead, a rate limiter, the adaptive concurrency limit or an empty retry budget (overload, reported by nothing else); a late synchronous success (`DeadlineExceeded`); the state store unavailable |
+//! | `WARN` | the circuit opened; a round of half-open probes expired unfinished (calls hang); a cooldown started (the dependency asked for a pause); a rejection by a full bulkhead, a rate limiter, the adaptive concurrency limit or an empty retry budget (overload, reported by nothing else); a late synchronous success (`DeadlineExceeded`); the state store unavailable |
 //! | `INFO` | the circuit half-opened or closed |
-//! | `DEBUG` | a change of the adaptive concurrency limit, a chaos injection, a retry scheduled or given up, an attempt timed out, a call deferred (waiting for a slot, a permit or the end of a cooldown), the fallback executed, a rejection by an open circuit or an active cooldown (whose start was reported at `WARN`), a call that ended in anything but success |
+//! | `DEBUG` | a change of the adaptive concurrency limit, a chaos injection, a refusal by a policy in shadow mode (the call went on), a retry scheduled or given up, an attempt timed out, a call deferred (waiting for a slot, a permit or the end of a cooldown), the fallback executed, a rejection by an open circuit or an active cooldown (whose start was reported at `WARN`), a call that ended in anything but success |
 //! | `TRACE` | the per-call summaries: every attempt finished, a call that ended in success |
 //!
 //! So `seawall=warn` shows what needs attention (circuit openings, overload,
@@ -101,6 +101,18 @@ pub enum EventKind {
     },
     /// The circuit admits probe calls.
     CircuitHalfOpened,
+    /// A round of probes outlasted the breaker's
+    /// [`max_half_open`](crate::CircuitBreaker::max_half_open) unfinished:
+    /// a new round starts, and the unfinished probes no longer count.
+    CircuitProbesExpired,
+    /// A policy in [shadow mode](crate::shadow) would have refused (or made
+    /// wait) this call; the call went on.
+    ShadowRejected {
+        /// The refusal it would have been: the policy's reason.
+        reason: RejectionReason,
+        /// The `retry_after` the refusal would have carried.
+        retry_after: Option<Duration>,
+    },
     /// The circuit closed.
     CircuitClosed,
     /// A retry-after hint opened (or extended) the shared cooldown.
@@ -215,6 +227,19 @@ pub enum GiveUpReason {
     Budget,
 }
 
+impl EventKind {
+    /// The event of a circuit transition.
+    pub(crate) fn of_transition(t: crate::breaker::CircuitTransition) -> EventKind {
+        use crate::breaker::CircuitTransition;
+        match t {
+            CircuitTransition::Opened { cooldown } => EventKind::CircuitOpened { cooldown },
+            CircuitTransition::HalfOpened => EventKind::CircuitHalfOpened,
+            CircuitTransition::ProbesExpired => EventKind::CircuitProbesExpired,
+            CircuitTransition::Closed => EventKind::CircuitClosed,
+        }
+    }
+}
+
 impl fmt::Display for EventKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -253,6 +278,19 @@ impl fmt::Display for EventKind {
                 write!(f, "circuit opened for {cooldown:?}")
             }
             EventKind::CircuitHalfOpened => f.write_str("circuit half-open"),
+            EventKind::CircuitProbesExpired => {
+                f.write_str("circuit half-open: unfinished probes expired, a new round of probes")
+            }
+            EventKind::ShadowRejected {
+                reason,
+                retry_after,
+            } => {
+                write!(f, "shadow mode: would have rejected: {reason}")?;
+                if let Some(d) = retry_after {
+                    write!(f, " (retry after {d:?})")?;
+                }
+                Ok(())
+            }
             EventKind::CircuitClosed => f.write_str("circuit closed"),
             EventKind::CooldownStarted { duration } => {
                 write!(f, "cooldown started for {duration:?}")
@@ -327,7 +365,8 @@ impl EventKind {
             | EventKind::Deferred { .. }
             | EventKind::FallbackExecuted
             | EventKind::ChaosInjected { .. }
-            | EventKind::LimitChanged { .. } => Severity::Debug,
+            | EventKind::LimitChanged { .. }
+            | EventKind::ShadowRejected { .. } => Severity::Debug,
             EventKind::Rejected { reason, .. } => match reason {
                 RejectionReason::BulkheadFull
                 | RejectionReason::ConcurrencyLimited
@@ -341,6 +380,7 @@ impl EventKind {
             },
             EventKind::CircuitHalfOpened | EventKind::CircuitClosed => Severity::Info,
             EventKind::CircuitOpened { .. }
+            | EventKind::CircuitProbesExpired
             | EventKind::CooldownStarted { .. }
             | EventKind::DeadlineExceeded { .. }
             | EventKind::StoreUnavailable { .. } => Severity::Warn,

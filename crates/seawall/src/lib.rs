@@ -100,6 +100,7 @@ pub mod rate_limit;
 #[cfg(feature = "reqwest")]
 pub mod reqwest;
 pub mod retry;
+pub mod shadow;
 pub mod store;
 #[cfg(any(test, feature = "test-util"))]
 pub mod testing;

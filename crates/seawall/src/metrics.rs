@@ -62,8 +62,10 @@
 //! | `limit_changed` | `adaptive_limit` | `debug` | `event.direction`: `increase`, `decrease` |
 //! | `rejected` | the refusing policy: `circuit_breaker`, `bulkhead`, `rate_limiter`, `cooldown`, `retry` (its budget), `adaptive_limit` | `warn` for `bulkhead_full`, `rate_limited`, `retry_budget_exhausted`, `concurrency_limited`; `debug` for the others | `event.reason`: the [`RejectionReason`] (`circuit_open`, `bulkhead_full`, `rate_limited`, `cooldown_active`, `cooldown_exceeds_deadline`, `retry_budget_exhausted`, `concurrency_limited`) |
 //! | `deferred` | the policy that made the call wait | `debug` | `event.reason`: as for `rejected` |
+//! | `shadow_rejected` | the policy in [shadow mode](crate::shadow) that would have refused the call (it went on) | `debug` | `event.reason`: as for `rejected` |
 //! | `circuit_opened` | `circuit_breaker` | `warn` | |
 //! | `circuit_half_opened` | `circuit_breaker` | `info` | |
+//! | `circuit_probes_expired` | `circuit_breaker` | `warn` | |
 //! | `circuit_closed` | `circuit_breaker` | `info` | |
 //! | `cooldown_started` | `cooldown` | `warn` | |
 //! | `store_unavailable` | `store` | `warn` | `store.degraded`: `true` when the call went on with local state |
@@ -338,6 +340,11 @@ impl Sink {
                 "deferred",
                 Some(("event.reason", reason.as_str())),
             ),
+            EventKind::ShadowRejected { reason, .. } => (
+                refusing_strategy(*reason),
+                "shadow_rejected",
+                Some(("event.reason", reason.as_str())),
+            ),
             EventKind::CircuitOpened { cooldown } => {
                 // `isolate` opens the circuit for good: an unbounded cooldown.
                 let state = if *cooldown == Duration::MAX {
@@ -356,6 +363,11 @@ impl Sink {
                     None,
                 )
             }
+            EventKind::CircuitProbesExpired => (
+                PolicyKind::CircuitBreaker.name(),
+                "circuit_probes_expired",
+                None,
+            ),
             EventKind::CircuitClosed => {
                 self.circuit(event, circuit::CLOSED);
                 (PolicyKind::CircuitBreaker.name(), "circuit_closed", None)

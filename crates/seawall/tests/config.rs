@@ -242,6 +242,84 @@ fn pipelines_inherit_default_field_by_field() {
 }
 
 #[test]
+fn shadow_mode_and_the_longest_round_of_probes_come_from_both_formats() {
+    let toml_text = r#"
+        [default.rate_limiter]
+        limit = 100
+        period = "1s"
+        shadow = true
+
+        [pipelines.rollout]
+        circuit_breaker = { consecutive_failures = 3, max_half_open = "10s", shadow = true }
+        bulkhead = { max_concurrent = 4, shadow = true }
+        cooldown = { shadow = true }
+        rate_limiter = { limit = 2 }
+
+        [pipelines.enforced]
+        rate_limiter = { shadow = false }
+        "#;
+    let yaml_text = r#"
+default:
+  rate_limiter: { limit: 100, period: 1s, shadow: true }
+pipelines:
+  rollout:
+    circuit_breaker: { consecutive_failures: 3, max_half_open: 10s, shadow: true }
+    bulkhead: { max_concurrent: 4, shadow: true }
+    cooldown: { shadow: true }
+    rate_limiter: { limit: 2 }
+  enforced:
+    rate_limiter: { shadow: false }
+"#;
+    let rollout = Pipeline::builder("rollout")
+        .circuit_breaker(
+            CircuitBreaker::consecutive_failures(3)
+                .max_half_open(secs(10))
+                .shadow(true),
+        )
+        .bulkhead(Bulkhead::new(4).shadow(true))
+        .cooldown(Cooldown::new().shadow(true))
+        .rate_limiter(RateLimiter::gcra(2, secs(1)).shadow(true));
+    let enforced = Pipeline::builder("enforced").rate_limiter(RateLimiter::gcra(100, secs(1)));
+    for r in [toml(toml_text), registry(Format::Yaml, yaml_text)] {
+        assert_eq!(debug(r.get("rollout")), built(rollout.clone()));
+        assert_eq!(debug(r.get("enforced")), built(enforced.clone()));
+        // In shadow mode: over the limit of 2, never refused.
+        let p = r.pipeline("rollout").unwrap();
+        for _ in 0..5 {
+            p.call(|_| Ok::<_, std::io::Error>(())).unwrap();
+        }
+    }
+}
+
+#[test]
+fn bad_shadow_and_half_open_settings_are_reported_with_their_line() {
+    let (e, msg) = load_error(
+        Format::Toml,
+        "[pipelines.a]\ncircuit_breaker = { consecutive_failures = 1, max_half_open = \"0s\" }\n",
+    );
+    assert_eq!(e.line(), Some(2));
+    assert_eq!(
+        msg,
+        "<string>:2:63: pipeline `a`: circuit_breaker.max_half_open must be > 0"
+    );
+    let (e, msg) = load_error(
+        Format::Yaml,
+        "pipelines:\n  a:\n    bulkhead:\n      max_concurrent: 2\n      shadow: sometimes\n",
+    );
+    assert_eq!(e.line(), Some(5));
+    assert!(
+        msg.starts_with("<string>:5:15: pipelines.a.bulkhead.shadow: "),
+        "{msg}"
+    );
+    let (e, msg) = load_error(
+        Format::Toml,
+        "[pipelines.a]\nrate_limiter = { limit = 1, period = \"1s\", shadow = 1 }\n",
+    );
+    assert_eq!(e.line(), Some(2));
+    assert!(msg.contains("pipelines.a.rate_limiter.shadow: "), "{msg}");
+}
+
+#[test]
 fn the_position_of_timeout_decides_overall_or_per_attempt() {
     let clock = VirtualClock::new();
     let r = Registry::builder()

@@ -226,6 +226,43 @@ fn every_event() -> Vec<(EventKind, &'static str, Value)> {
             Counter(1),
         ),
         (
+            EventKind::ShadowRejected {
+                reason: RejectionReason::CircuitOpen,
+                retry_after: Some(secs(3)),
+            },
+            event("event.name=shadow_rejected,event.reason=circuit_open,event.severity=debug,pipeline.name=p,strategy.name=circuit_breaker"),
+            Counter(1),
+        ),
+        (
+            EventKind::ShadowRejected {
+                reason: RejectionReason::BulkheadFull,
+                retry_after: None,
+            },
+            event("event.name=shadow_rejected,event.reason=bulkhead_full,event.severity=debug,pipeline.name=p,strategy.name=bulkhead"),
+            Counter(1),
+        ),
+        (
+            EventKind::ShadowRejected {
+                reason: RejectionReason::CooldownActive,
+                retry_after: Some(secs(1)),
+            },
+            event("event.name=shadow_rejected,event.reason=cooldown_active,event.severity=debug,pipeline.name=p,strategy.name=cooldown"),
+            Counter(1),
+        ),
+        (
+            EventKind::ShadowRejected {
+                reason: RejectionReason::RateLimited,
+                retry_after: Some(ms(10)),
+            },
+            event("event.name=shadow_rejected,event.reason=rate_limited,event.severity=debug,pipeline.name=p,strategy.name=rate_limiter"),
+            Counter(1),
+        ),
+        (
+            EventKind::CircuitProbesExpired,
+            event("event.name=circuit_probes_expired,event.severity=warn,pipeline.name=p,strategy.name=circuit_breaker"),
+            Counter(1),
+        ),
+        (
             EventKind::CircuitOpened { cooldown: secs(30) },
             event("event.name=circuit_opened,event.severity=warn,pipeline.name=p,strategy.name=circuit_breaker"),
             Counter(1),

@@ -10,7 +10,9 @@
 //! decision (admitted, or refused with which reason and `retry_after`),
 //! every record's answer and the slots in flight must be the same, on the
 //! unpartitioned state and on partitions, on clocks starting at 0, at
-//! 10^6 s and near the end of the clock's range.
+//! 10^6 s and near the end of the clock's range. Any of the policies may
+//! run in shadow mode (`seawall::shadow`): admissions then also agree on
+//! whether a call is shadowed and over which refusal.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -130,15 +132,25 @@ fn spec_with(sliding: bool, unbounded: bool) -> impl Strategy<Value = ResourceSp
         proptest::option::weighted(0.6, cooldown(unbounded)),
         proptest::option::weighted(0.7, rate_limiter(if sliding { 3 } else { 2 })),
         prop_oneof![Just(Duration::ZERO), Just(MS), Just(S), Just(600 * S)],
+        shadow_modes(),
     )
-        .prop_map(|(circuit, bulkhead, cooldown, rate, idle)| {
+        .prop_map(|(circuit, bulkhead, cooldown, rate, idle, shadow)| {
             let mut spec = ResourceSpec::new("models").with_partition_idle(idle);
-            spec.circuit = circuit;
-            spec.bulkhead = bulkhead;
-            spec.cooldown = cooldown;
-            spec.rate_limit = rate;
+            spec.circuit = circuit.map(|c| c.shadow(shadow[0]));
+            spec.bulkhead = bulkhead.map(|b| b.shadow(shadow[1]));
+            spec.cooldown = cooldown.map(|c| c.shadow(shadow[2]));
+            spec.rate_limit = rate.map(|r| r.shadow(shadow[3]));
             spec
         })
+}
+
+/// Which of circuit, bulkhead, cooldown and rate limiter run in shadow
+/// mode: none half of the time, else each one time in three.
+fn shadow_modes() -> impl Strategy<Value = [bool; 4]> {
+    prop_oneof![
+        Just([false; 4]),
+        prop::array::uniform4(prop::bool::weighted(0.35)),
+    ]
 }
 
 fn spec() -> impl Strategy<Value = ResourceSpec> {

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use seawall::testing::VirtualClock;
-use seawall::{Bulkhead, CircuitBreaker, Pipeline, Retry};
+use seawall::{Bulkhead, CircuitBreaker, Pipeline, RateLimiter, Retry};
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing::{Event, Metadata, Subscriber};
@@ -257,6 +257,54 @@ fn a_warn_filter_shows_circuit_openings_and_overload_and_nothing_else() {
         .unwrap();
     });
     assert_eq!(warn.at("rejected: bulkhead"), [Level::WARN]);
+}
+
+#[test]
+fn shadow_refusals_are_debug_and_expired_probes_a_warning() {
+    use tracing::Level;
+    let clock = VirtualClock::new();
+    let shadow = Pipeline::builder("leveled-shadow")
+        .clock(clock.clone())
+        .store(seawall::MemoryStore::new())
+        .rate_limiter(RateLimiter::fixed_window(1, Duration::from_secs(60)).shadow(true))
+        .build()
+        .unwrap();
+    let all = Leveled::new(Level::TRACE);
+    tracing::subscriber::with_default(all.clone(), || {
+        shadow.call(|_| Ok::<_, &str>(())).unwrap();
+        shadow.call(|_| Ok::<_, &str>(())).unwrap();
+    });
+    assert_eq!(
+        all.at("shadow mode: would have rejected: rate_limited (retry after 60s)"),
+        [Level::DEBUG]
+    );
+    assert!(all.at("rejected: rate").iter().all(|l| *l == Level::DEBUG));
+
+    let probes = Pipeline::builder("leveled-probes")
+        .clock(clock.clone())
+        .store(seawall::MemoryStore::new())
+        .circuit_breaker(
+            CircuitBreaker::consecutive_failures(1)
+                .cooldown(Duration::from_secs(1))
+                .max_half_open(Duration::from_secs(1)),
+        )
+        .build()
+        .unwrap();
+    let warn = Leveled::new(Level::WARN);
+    tracing::subscriber::with_default(warn.clone(), || {
+        let _ = probes.call(|_| Err::<(), _>("down"));
+        clock.advance(Duration::from_secs(1));
+        probes
+            .call(|_| {
+                clock.advance(Duration::from_secs(1));
+                probes.call(|_| Ok::<_, &str>(()))
+            })
+            .unwrap();
+    });
+    assert_eq!(
+        warn.at("unfinished probes expired, a new round of probes"),
+        [Level::WARN]
+    );
 }
 
 // ------------------------------------------------------------------- spans

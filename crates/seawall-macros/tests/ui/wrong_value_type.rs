@@ -23,6 +23,11 @@ fn string_for_a_function() -> Result<(), E> {
     Ok(())
 }
 
+#[resilient(bulkhead(max_concurrent = 2, shadow = "yes"))]
+fn string_for_a_flag() -> Result<(), E> {
+    Ok(())
+}
+
 #[resilient(retry = 3)]
 fn value_for_a_list() -> Result<(), E> {
     Ok(())

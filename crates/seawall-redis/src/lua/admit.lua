@@ -1,6 +1,11 @@
 -- Admits one attempt through circuit, bulkhead, cooldown and rate limit, in
 -- that order, all or nothing: every check runs first, then the permits are
 -- taken together, so a later refusal never leaves a probe or a slot taken.
+-- A refusal by a policy in shadow mode (SHADOW) does not end the
+-- admission: the first is kept as the shadow refusal, the later policies
+-- in shadow mode are not asked, and the policies in shadow mode take
+-- nothing for the call (seawall::shadow); the enforcing ones are asked and
+-- take their permits as usual.
 -- ARGV[D..] (only for a rate limiter whose calls may wait): the lead within
 -- which a refused rate limit reserves its next permit, the instant of a
 -- due reservation the call presents (-1: none), which stands for the
@@ -11,8 +16,8 @@
 -- weight that never fits (`rfits`) is refused at once, before any other
 -- check, with rate_limited and no retry_after.
 -- Reply: {reason, retry_after_us, probe, generation, slot (-1: none), transition, trips,
---   under_ns, reserved_at_us (-1: none), reserved_at_ns}: a reserved permit comes with
---   reason 4
+--   under_ns, reserved_at_us (-1: none), reserved_at_ns, shadow_reason, shadow_retry_after_us,
+--   shadow_under_ns}: a reserved permit comes with reason 4
 -- retry_after_us: -1 none, -2 the cooldown of the current trip (half-open,
 -- every probe slot taken), -3 until the latest instant
 -- under_ns: nanoseconds (0..999) the exact wait is shorter than
@@ -21,28 +26,51 @@
 -- reserved_at: the instant of the reserved permit, on the script's clock
 -- (microseconds, and the nanoseconds past them 0..999)
 -- reason: 0 admitted, 1 circuit_open, 2 bulkhead_full, 3 cooldown_active, 4 rate_limited
--- transition: 0 none, 1 half-opened
-
-local RW = tonumber(A[D + 2]) or 1
-if HAS_R and RW ~= 1 and not rfits(RW) then
-  return {4, -1, 0, 0, -1, 0, 0, 0, -1, 0}
-end
+-- shadow_reason (and its retry_after, under): the refusal of a policy in
+-- shadow mode that an admitted call went on over (0: none)
+-- transition: 0 none, 1 half-opened, 4 a new round of probes
 
 local reason, retry, under = 0, -1, 0
+local sreason, sretry, sunder = 0, -1, 0
 local probe, gen, slot, tr = 0, 0, -1, 0
 local h, moved
 
+-- Whether the policy `p` takes part in the call (shadow::Walk): an
+-- enforcing one always, one in shadow mode until the call is shadowed.
+-- One that does not is not asked, and takes nothing (the permits are
+-- taken once every check ran).
+local function takes_part(p)
+  return sreason == 0 or not shadow(p)
+end
+-- A refusal by the policy `p`: the answer when it enforces; the first
+-- refusal in shadow mode is kept, and the call goes on.
+local function refused(p, why, wait, less)
+  if shadow(p) then
+    if sreason == 0 then sreason, sretry, sunder = why, wait, less or 0 end
+  else
+    reason, retry, under = why, wait, less or 0
+  end
+end
+
+local RW = tonumber(A[D + 2]) or 1
+if HAS_R and RW ~= 1 and not rfits(RW) then
+  refused(P_R, 4, -1, 0)
+  if reason ~= 0 then return {4, -1, 0, 0, -1, 0, 0, 0, -1, 0, 0, -1, 0} end
+end
+
 if HAS_C or HAS_CD then
   if HAS_C then
-    h = hload({'st', 'gen', 'trips', 'ou', 'pr', 'pok', 'pt', 'cu'})
+    h = hload({'st', 'gen', 'trips', 'ou', 'since', 'pr', 'pok', 'cu'})
   else
     h = hload({'cu'})
   end
 end
 
-if HAS_C then
+if HAS_C and takes_part(P_C) then
+  -- The circuit's refusal, if any: its retry_after code.
+  local cref
   if h.st == ISOLATED then
-    reason = 1
+    cref = -1
   elseif h.st == OPEN then
     if h.ou ~= FOREVER and tnow() >= h.ou then
       -- Half-open starts its own counts.
@@ -54,47 +82,60 @@ if HAS_C then
       tr = 1
       moved = true
     elseif h.ou == FOREVER then
-      reason = 1
-      retry = -3
+      cref = -3
     else
-      reason = 1
-      retry = h.ou - now
+      cref = h.ou - now
     end
   end
-  if reason == 0 and h.st == HALF_OPEN then
-    -- Probes whose process died never report: after the probe lease a new
-    -- round of probes starts (the old ones are of an older generation).
-    if h.pr >= HOC and tnow() - h.pt >= PROBE_LEASE then
-      h.gen = h.gen + 1
-      h.pr, h.pok = 0, 0
-      moved = true
+  if not cref and h.st == HALF_OPEN then
+    -- A round of probes older than HALF_MAX (from the round's start,
+    -- `since`, its end in whole milliseconds as open_until has it) no
+    -- longer blocks: with every slot taken, a new round starts (the old
+    -- probes are of an older generation). Processes that died mid-probe
+    -- never report: this frees their slots too.
+    if h.pr >= HOC and HALF_MAX > 0 then
+      local ends = open_until(h.since, HALF_MAX)
+      if ends ~= FOREVER and tnow() >= ends then
+        h.gen = h.gen + 1
+        h.since = now
+        h.pr, h.pok = 0, 0
+        tr = 4
+        moved = true
+      end
     end
     if h.pr < HOC then
       probe = 1
     else
-      reason = 1
-      retry = -2
+      cref = -2
     end
   end
   if h.st == ISOLATED or h.st == DISABLED then
     -- Forced states live while calls come.
     redis.call('PEXPIRE', KH, ms(IDLE))
   end
-  gen = h.gen
+  -- A call the circuit refuses (in shadow mode: admitted) has no
+  -- generation of it.
+  if cref then refused(P_C, 1, cref, 0) else gen = h.gen end
 end
 
-if reason == 0 and HAS_B then
-  if redis.call('ZCOUNT', KB, '(' .. int(tnow()), '+inf') >= B_MAX then reason = 2 end
+local took_b = false
+if reason == 0 and HAS_B and takes_part(P_B) then
+  if redis.call('ZCOUNT', KB, '(' .. int(tnow()), '+inf') >= B_MAX then
+    refused(P_B, 2, -1, 0)
+  else
+    took_b = true
+  end
 end
 
-if reason == 0 and HAS_CD and h.cu > tnow() then
-  reason = 3
-  retry = h.cu - now
+if reason == 0 and HAS_CD and takes_part(P_CD) and h.cu > tnow() then
+  refused(P_CD, 3, h.cu - now, 0)
 end
 
 local R_RES = A[D] ~= nil
+local R_SHADOW = HAS_R and shadow(P_R)
 local WU, WN = 0, 0
-if R_RES then WU, WN = upair(A[D]) end
+-- A limiter in shadow mode never makes a call wait: no lead.
+if R_RES and not R_SHADOW then WU, WN = upair(A[D]) end
 -- `wait_u:wait_n` (nanoseconds 0..999) is at most the lead.
 local function within(wait_u, wait_n)
   return wait_u < WU or (wait_u == WU and wait_n <= WN)
@@ -109,9 +150,11 @@ local HELD = A[D + 1] ~= nil and A[D + 1] ~= '-1'
 
 -- rnew: the rate limiter's next state; rat: the instant of a reserved
 -- permit as a pair (the state then moves although the call is refused);
--- rlog: the instant a sliding-window admission is logged at.
-local rnew, rat, rlog
-if reason == 0 and HAS_R and not HELD then
+-- rlog: the instant a sliding-window admission is logged at; rref: the
+-- limiter's refusal {retry_after, under}.
+local rnew, rat, rlog, rref
+local took_r = false
+if reason == 0 and HAS_R and not HELD and takes_part(P_R) then
   tnow()
   if R_ALG == 1 then
     -- GCRA: theoretical arrival time, tolerance of burst - 1 intervals.
@@ -136,8 +179,7 @@ if reason == 0 and HAS_R and not HELD then
     local du, dn = psub(lu, ln, now, now_ns)
     du, dn = psub(du, dn, tol_u, tol_n)
     if du > 0 or (du == 0 and dn > 0) then
-      reason = 4
-      retry, under = retry_of(du, dn)
+      rref = {retry_of(du, dn)}
       -- Reserved when the wait is within the lead: the TAT moves as for an
       -- admission, the permits are for now + wait.
       if within(du, dn) then
@@ -161,8 +203,7 @@ if reason == 0 and HAS_R and not HELD then
     if lw ~= w then
       -- The wait, to the caller's nanosecond, until the window starts.
       local du, dn = psub(lw * R_PERIOD, 0, now, now_ns)
-      reason = 4
-      retry, under = retry_of(du, dn)
+      rref = {retry_of(du, dn)}
       if within(du, dn) then rat = {lw * R_PERIOD, 0} else rnew = nil end
     end
   else
@@ -181,29 +222,35 @@ if reason == 0 and HAS_R and not HELD then
     local depth = R_LIMIT - RW + 1
     if card >= depth then
       local oldest = redis.call('ZRANGE', KRL, card - depth, card - depth, 'WITHSCORES')
-      reason = 4
-      retry = tonumber(oldest[2]) + R_PERIOD - now
+      local wait = tonumber(oldest[2]) + R_PERIOD - now
       -- The log is kept in whole microseconds: so are its waits.
-      if within(retry, 0) then
+      if within(wait, 0) then
         local at = newest_or(tonumber(oldest[2]) + R_PERIOD)
         if within(at - now, 0) then
-          -- The call waits for its reserved instant (later than `retry`
+          -- The call waits for its reserved instant (later than `wait`
           -- when a newer entry is).
-          retry = at - now
+          wait = at - now
           rat = {at, 0}
           rlog = at
         end
       end
+      rref = {wait, 0}
     else
       rlog = newest_or(now)
       -- Behind a newer entry (a reservation): the permit is for its
       -- instant, a reservation the call waits for (as the in-memory log).
       if rlog > now then
-        reason = 4
-        retry = rlog - now
+        rref = {rlog - now, 0}
         rat = {rlog, 0}
       end
     end
+  end
+  if rref then
+    -- A limiter in shadow mode reserves nothing.
+    if R_SHADOW then rnew, rat, rlog = nil, nil, nil end
+    refused(P_R, 4, rref[1], rref[2])
+  else
+    took_r = true
   end
 end
 
@@ -223,12 +270,13 @@ local function add_unique(key, score)
 end
 
 if reason == 0 then
-  if probe == 1 then
+  if probe == 1 and takes_part(P_C) then
     h.pr = h.pr + 1
-    h.pt = tnow()
     moved = true
+  else
+    probe = 0
   end
-  if HAS_B then
+  if took_b and takes_part(P_B) then
     -- Leases expired by dead processes are dropped now and then.
     if now % 16 == 0 then redis.call('ZREMRANGEBYSCORE', KB, '-inf', now) end
     slot = add_unique(KB, now + B_LEASE)
@@ -238,7 +286,7 @@ end
 
 -- The rate limiter's permit: taken by an admission (unless a due
 -- reservation stands for it), or reserved for `rat`.
-if HAS_R and ((reason == 0 and not HELD) or rat) then
+if HAS_R and ((reason == 0 and took_r and takes_part(P_R)) or rat) then
   if R_ALG == 1 then
     redis.call('SET', KRL, int(rnew[1]) .. ':' .. int(rnew[2]), 'PX', ms(rnew[1] + 1 - now, 1000))
   elseif R_ALG == 2 then
@@ -253,14 +301,16 @@ end
 
 if moved then
   if tr == 1 then
-    hsave(h, {'st', 'gen', 'since', 'pr', 'pok', 'pt', 'cf', 'nc', 'nf', 'ns', 'nh', 'tc', 'tf', 'ts'})
+    hsave(h, {'st', 'gen', 'since', 'pr', 'pok', 'cf', 'nc', 'nf', 'ns', 'nh', 'tc', 'tf', 'ts'})
   else
-    hsave(h, {'gen', 'pr', 'pok', 'pt'})
+    hsave(h, {'gen', 'since', 'pr', 'pok'})
   end
 end
 if retry > 0 then retry = math.ceil(retry) end
+if sretry > 0 then sretry = math.ceil(sretry) end
 local trips = 0
 if HAS_C then trips = h.trips end
 local rat_u, rat_n = -1, 0
 if rat then rat_u, rat_n = rat[1], rat[2] end
-return {reason, retry, probe, gen, slot, tr, trips, under, rat_u, rat_n}
+if reason ~= 0 then sreason, sretry, sunder = 0, -1, 0 end
+return {reason, retry, probe, gen, slot, tr, trips, under, rat_u, rat_n, sreason, sretry, sunder}

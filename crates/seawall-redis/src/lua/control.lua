@@ -1,15 +1,29 @@
 -- Manual control of the circuit.
--- ARGV[D]: 1 isolate (force open), 2 force close, 3 reset
--- Isolating an isolated circuit or force-closing a disabled one changes
--- nothing; a reset always starts a new generation with an empty window.
+-- ARGV[D]: 1 isolate (force open), 2 disable (force close), 3 reset, 4 open
+-- for ARGV[D + 1] microseconds, 5 enable
+-- Isolating an isolated circuit, disabling a disabled one or enabling one
+-- that is not disabled changes nothing; a reset (and enabling a disabled
+-- circuit) always starts a new generation with an empty window. Opening for
+-- a while opens from any state until the end (whole milliseconds, rounded
+-- up), keeping the trips.
 -- Reply: {state before, state after}
 
 local op = tonumber(A[D])
 cspec()
 local h = hload()
 local before = h.st
+if op == 4 then
+  h.st = OPEN
+  h.gen = h.gen + 1
+  h.since = tnow()
+  h.pr, h.pok, h.cf = 0, 0, 0
+  h.ou = open_until(now, tonumber(A[D + 1]))
+  hsave(h, {'st', 'gen', 'since', 'pr', 'pok', 'ou', 'cf'})
+  return {before, h.st}
+end
+if op == 5 and before ~= DISABLED then return {before, before} end
 local target = ISOLATED
-if op == 2 then target = DISABLED elseif op == 3 then target = CLOSED end
+if op == 2 then target = DISABLED elseif op == 3 or op == 5 then target = CLOSED end
 if target == CLOSED then
   cclose(h)
   hsave(h, {'st', 'gen', 'trips', 'ou', 'since', 'pr', 'pok', 'cf', 'nc', 'nf', 'ns', 'nh', 'tc', 'tf', 'ts'})

@@ -40,10 +40,12 @@ local IDLE = tonumber(A[14])
 -- The circuit's spec: its mode always (cheap), the rest by `cspec()` in
 -- the scripts that judge or move the circuit.
 local MODE, MODE_N, FR, SR, SLOW, MINC, CD_BASE, CD_GROWTH, CD_MAX = 0
-local HOC, PROBE_LEASE
+-- HALF_MAX: the longest a round of probes blocks the next one (the
+-- breaker's max_half_open, else the store's probe lease).
+local HOC, HALF_MAX
 if HAS_C then
   MODE = tonumber(A[3])
-  HOC, PROBE_LEASE = tonumber(A[12]), tonumber(A[13])
+  HOC, HALF_MAX = tonumber(A[12]), tonumber(A[13])
 end
 local function cspec()
   MODE_N = tonumber(A[4])
@@ -63,7 +65,18 @@ if HAS_R then
     R_LIMIT, R_PERIOD = tonumber(A[23]), tonumber(A[24])
   end
 end
-local D = 27
+-- The policies in shadow mode, a bit each (see `shadow`).
+local SHADOW = tonumber(A[27]) or 0
+local D = 28
+
+-- Policies, as the bits of SHADOW.
+local P_C, P_B, P_CD, P_R = 1, 2, 4, 8
+-- `true` when the policy `p` runs in shadow mode (seawall::shadow): it
+-- never refuses; a call it would refuse goes on, shadowed, and the
+-- policies in shadow mode hold and record nothing of it.
+local function shadow(p)
+  return math.floor(SHADOW / p) % 2 == 1
+end
 
 -- Circuit states.
 local CLOSED, OPEN, HALF_OPEN, ISOLATED, DISABLED = 0, 1, 2, 3, 4
@@ -138,7 +151,7 @@ end
 -- Loads `names` (all fields when nil: the circuit's and the cooldown's
 -- end, 'cu') from the state hash into a table; missing ones are 0.
 local function hload(names)
-  names = names or {'st', 'gen', 'trips', 'ou', 'since', 'pr', 'pok', 'pt', 'cf',
+  names = names or {'st', 'gen', 'trips', 'ou', 'since', 'pr', 'pok', 'cf',
     'nc', 'nf', 'ns', 'nh', 'tc', 'tf', 'ts', 'cu'}
   local v = redis.call('HMGET', KH, unpack(names))
   local h = {}

@@ -1,11 +1,19 @@
 -- Records the outcome of an admitted attempt and gives back its permit.
 -- ARGV[D..]: probe (0/1), generation, slot (-1: none), outcome (0 success,
--- 1 failure, 2 ignored), duration_us, retry_after_us (-1: none)
+-- 1 failure, 2 ignored), duration_us, retry_after_us (-1: none), shadowed
+-- (1: the call was admitted over a refusal in shadow mode; the policies in
+-- shadow mode record nothing of it; absent: 0)
 -- Reply: {transition, trips, cooldown_us (-1: none)}
 -- transition: 0 none, 2 opened, 3 closed
 
 local probe, pgen, slot = A[D] == '1', tonumber(A[D + 1]), A[D + 2]
 local outcome, dur, ra = tonumber(A[D + 3]), tonumber(A[D + 4]), tonumber(A[D + 5])
+if A[D + 6] == '1' then
+  -- A shadowed call: the circuit and the cooldown in shadow mode take
+  -- nothing from it.
+  if shadow(P_C) then HAS_C = false end
+  if shadow(P_CD) then ra = -1 end
+end
 
 if slot ~= '-1' then redis.call('ZREM', KB, slot) end
 

@@ -11,7 +11,8 @@
 //! `retry_after`), every record's answer and the slots in flight must be the
 //! same, on the unpartitioned state and on partitions, on clocks starting
 //! at 0 and at 10^6 s. A bulkhead slot held longer than its lease is free
-//! again, as the model says.
+//! again, as the model says. Any policy may run in shadow mode: whether a
+//! call is shadowed, and over which refusal, must agree too.
 //!
 //! The store keeps times in whole microseconds: every time, duration,
 //! period and emission interval here is a whole number of microseconds.
@@ -109,19 +110,30 @@ fn rate_limiter() -> impl Strategy<Value = RateLimiter> {
         })
 }
 
+/// Which of circuit, bulkhead, cooldown and rate limiter run in shadow
+/// mode (`seawall::shadow`): none half of the time, else each one time in
+/// three.
+fn shadow_modes() -> impl Strategy<Value = [bool; 4]> {
+    prop_oneof![
+        Just([false; 4]),
+        prop::array::uniform4(prop::bool::weighted(0.35)),
+    ]
+}
+
 fn spec() -> impl Strategy<Value = ResourceSpec> {
     (
         circuit(),
         proptest::option::weighted(0.7, bulkhead()),
         proptest::option::weighted(0.6, cooldown()),
         proptest::option::weighted(0.7, rate_limiter()),
+        shadow_modes(),
     )
-        .prop_map(|(circuit, bulkhead, cooldown, rate)| {
+        .prop_map(|(circuit, bulkhead, cooldown, rate, shadow)| {
             let mut spec = ResourceSpec::new("models");
-            spec.circuit = circuit;
-            spec.bulkhead = bulkhead;
-            spec.cooldown = cooldown;
-            spec.rate_limit = rate;
+            spec.circuit = circuit.map(|c| c.shadow(shadow[0]));
+            spec.bulkhead = bulkhead.map(|b| b.shadow(shadow[1]));
+            spec.cooldown = cooldown.map(|c| c.shadow(shadow[2]));
+            spec.rate_limit = rate.map(|r| r.shadow(shadow[3]));
             spec
         })
 }

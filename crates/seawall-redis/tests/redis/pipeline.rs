@@ -585,3 +585,205 @@ fn weighted_calls_take_their_permits_on_redis() {
     assert_eq!(refusal(&p, 5).unwrap().retry_after, None);
     assert_eq!(clock.now(), start + ms(300));
 }
+
+/// Two stores (two processes) sharing one circuit on the caller's virtual
+/// clock: an administrative open for a while, then the disabled state
+/// switched on by one process and off by the other.
+#[test]
+fn open_for_disable_and_enable_are_shared_by_every_process() {
+    let server = RedisServer::start();
+    let prefix = unique("states");
+    let clock = seawall::testing::VirtualClock::new();
+    clock.advance(Duration::from_secs(1_000_000));
+    let pipeline = || {
+        let store = RedisStore::builder(server.url())
+            .prefix(&prefix)
+            .caller_clock()
+            .fail_closed()
+            .build()
+            .unwrap();
+        Pipeline::builder("states")
+            .circuit_breaker(
+                CircuitBreaker::consecutive_failures(1)
+                    .cooldown(Duration::from_secs(10))
+                    .cooldown_growth(2.0, Duration::from_secs(100)),
+            )
+            .clock(clock.clone())
+            .store(store)
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (pipeline(), pipeline());
+    let ok = |_| Ok::<_, std::io::Error>(1);
+    let refused = |r: Result<u32, Error<std::io::Error>>| match r {
+        Err(Error::Rejected(r)) => Some((r.reason, r.retry_after)),
+        _ => None,
+    };
+    a.open_for(Duration::from_secs(60)).unwrap();
+    assert_eq!(b.circuit_state().unwrap(), CircuitState::Open);
+    assert_eq!(
+        refused(b.call(ok)),
+        Some((RejectionReason::CircuitOpen, Some(Duration::from_secs(60))))
+    );
+    clock.advance(Duration::from_secs(60));
+    // The probe fails: the first trip's cooldown.
+    assert!(b.call(|_| Err::<u32, _>(io("down"))).is_err());
+    assert_eq!(
+        refused(a.call(ok)),
+        Some((RejectionReason::CircuitOpen, Some(Duration::from_secs(10))))
+    );
+    // Disabled by one process: every process admits and records nothing.
+    a.disable().unwrap();
+    assert_eq!(b.circuit_state().unwrap(), CircuitState::Disabled);
+    for _ in 0..3 {
+        assert!(matches!(
+            b.call(|_| Err::<u32, _>(io("down"))),
+            Err(Error::Operation(_))
+        ));
+    }
+    assert_eq!(a.call(ok).unwrap(), 1);
+    b.enable().unwrap();
+    b.enable().unwrap();
+    let m = a.circuit_metrics().unwrap();
+    assert_eq!((m.state, m.trips), (CircuitState::Closed, 0));
+    assert!(b.call(|_| Err::<u32, _>(io("down"))).is_err());
+    assert_eq!(a.circuit_state().unwrap(), CircuitState::Open);
+    a.enable().unwrap();
+    assert_eq!(
+        b.circuit_state().unwrap(),
+        CircuitState::Open,
+        "only a disabled circuit"
+    );
+}
+
+/// `max_half_open` on Redis, on the caller's clock: a probe that never
+/// reports blocks the next round until the round is that old, then a new
+/// round starts (whatever the store's probe lease).
+#[test]
+fn a_round_of_probes_gives_way_after_max_half_open_on_redis() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder(server.url())
+        .prefix(unique("max-half-open"))
+        .caller_clock()
+        .probe_lease(Duration::from_secs(3600))
+        .fail_closed()
+        .build()
+        .unwrap();
+    let spec = ResourceSpec::new("probed").with_circuit(
+        CircuitBreaker::consecutive_failures(1)
+            .cooldown(Duration::from_millis(100))
+            .max_half_open(Duration::from_secs(2)),
+    );
+    let r = store.bind(&spec).unwrap();
+    let at = |ms: u64| AdmitRequest::new(None, Duration::from_millis(1_000_000 + ms));
+    let p = r.admit(&at(0)).unwrap().decision.unwrap();
+    let failed = r
+        .record(&Record {
+            partition: None,
+            permit: p,
+            outcome: Outcome::Failure,
+            duration: Duration::ZERO,
+            retry_after: None,
+            now: Duration::from_millis(1_000_000),
+        })
+        .unwrap();
+    assert!(failed.transition.is_some());
+    let lost = r.admit(&at(100)).unwrap();
+    assert_eq!(
+        lost.transition,
+        Some(seawall::breaker::CircuitTransition::HalfOpened)
+    );
+    let lost = lost.decision.unwrap();
+    assert!(
+        r.admit(&at(2099)).unwrap().decision.is_err(),
+        "the round is 1999 ms old"
+    );
+    let fresh = r.admit(&at(2100)).unwrap();
+    assert_eq!(
+        fresh.transition,
+        Some(seawall::breaker::CircuitTransition::ProbesExpired)
+    );
+    let fresh = fresh.decision.unwrap();
+    assert!(fresh.probe && fresh.generation != lost.generation);
+    // The lost probe reports too late to count.
+    let late = r
+        .record(&Record {
+            partition: None,
+            permit: lost,
+            outcome: Outcome::Failure,
+            duration: Duration::ZERO,
+            retry_after: None,
+            now: Duration::from_millis(1_002_200),
+        })
+        .unwrap();
+    assert_eq!(late.transition, None);
+    assert_eq!(
+        r.circuit_metrics(None, Duration::from_millis(1_002_200))
+            .unwrap()
+            .time_in_state,
+        Duration::from_millis(100),
+        "a new round restarts the time in state"
+    );
+}
+
+/// Shadow mode on Redis: two processes share policies in shadow mode; the
+/// calls over the limits run, the limits keep the state an enforcing one
+/// would (never more than the limit in flight), and each process reports
+/// what it would have refused.
+#[test]
+fn policies_in_shadow_mode_report_across_processes_and_never_refuse() {
+    let server = RedisServer::start();
+    let prefix = unique("shadow");
+    let pipeline = |events: &crate::support::Events| {
+        let store = RedisStore::builder(server.url())
+            .prefix(&prefix)
+            .fail_closed()
+            .build()
+            .unwrap();
+        Pipeline::builder("shadowed")
+            .bulkhead(Bulkhead::new(1).shadow(true))
+            .rate_limiter(RateLimiter::fixed_window(2, Duration::from_secs(3600)).shadow(true))
+            .on_event(events.listener())
+            .store(store)
+            .build()
+            .unwrap()
+    };
+    let (ea, eb) = (
+        crate::support::Events::default(),
+        crate::support::Events::default(),
+    );
+    let (a, b) = (pipeline(&ea), pipeline(&eb));
+    // b's call runs while a's holds the one slot: over the bulkhead.
+    let inner = a
+        .call(|_| {
+            assert_eq!(b.in_flight().unwrap(), 1);
+            b.call(|_| Ok::<_, std::io::Error>(b.in_flight().unwrap()))
+        })
+        .unwrap();
+    assert_eq!(inner, 1, "the shadowed call holds no slot");
+    assert_eq!(a.in_flight().unwrap(), 0);
+    // One permit went to a's call (b's, over the bulkhead, never reached
+    // the limiter, as a refusal would not have): a takes the second, b's
+    // next call is over the limit.
+    rt().block_on(async {
+        for p in [&a, &b] {
+            let r = p.run(|_| async { Ok::<_, std::io::Error>(7) }).await;
+            assert_eq!(r.unwrap(), 7);
+        }
+    });
+    let shadow = |events: &crate::support::Events| -> Vec<RejectionReason> {
+        events
+            .take()
+            .into_iter()
+            .filter_map(|e| match e {
+                seawall::EventKind::ShadowRejected { reason, .. } => Some(reason),
+                _ => None,
+            })
+            .collect()
+    };
+    assert_eq!(shadow(&ea), []);
+    assert_eq!(
+        shadow(&eb),
+        [RejectionReason::BulkheadFull, RejectionReason::RateLimited]
+    );
+}

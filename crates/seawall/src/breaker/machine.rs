@@ -18,6 +18,13 @@
 //! measure (time window). The window is written only while the circuit is
 //! closed, and is cleared when the circuit half-opens or closes.
 //!
+//! A breaker with `max_half_open` keeps the end of the current round of
+//! probes beside the word too (the word has no room for it): one
+//! `AtomicU64` of `[end in whole milliseconds | generation (13 bits)]`,
+//! written after the transition that starts the round. A round whose end
+//! is tagged with another generation than the state's (the writer has not
+//! stored it yet) is taken as not over, so a round never ends early.
+//!
 //! The parameters ([`BreakerParams`]) are kept apart from the state so that a
 //! partitioned resource pays for them once, not once per key.
 
@@ -67,13 +74,29 @@ fn encode(s: State) -> u64 {
 }
 
 /// One circuit: the state word, the time of the last transition and, in
-/// window modes, the window.
+/// window modes or with `max_half_open`, what it keeps beside them.
 #[derive(Debug)]
 pub(crate) struct Circuit {
     state: AtomicU64,
     since: AtomicU64,
-    window: Option<Box<Window>>,
+    beside: Option<Box<Beside>>,
 }
+
+/// What a circuit keeps beside its state word, allocated only for the
+/// breakers that need it.
+#[derive(Debug)]
+struct Beside {
+    /// The window (window modes).
+    window: Option<Window>,
+    /// The end of the current round of probes (`max_half_open`):
+    /// `[end in whole milliseconds | generation (13 bits)]`, raised with
+    /// `fetch_max` so that a writer that stalled never puts back an older
+    /// round (a later round always ends later on a clock that does not go
+    /// backwards).
+    round: AtomicU64,
+}
+
+const ROUND_GENERATION_BITS: u32 = 13;
 
 impl Circuit {
     /// A closed circuit with an empty window (window storage is allocated
@@ -81,16 +104,45 @@ impl Circuit {
     pub(crate) fn new(params: &BreakerParams) -> Self {
         let window = match params.spec.mode {
             BreakerMode::ConsecutiveFailures(_) => None,
-            BreakerMode::CountWindow(n) => Some(Box::new(Window::Count(CountWindow::new(n)))),
-            BreakerMode::TimeWindow(s) => Some(Box::new(Window::Time(TimeWindow::new(
+            BreakerMode::CountWindow(n) => Some(Window::Count(CountWindow::new(n))),
+            BreakerMode::TimeWindow(s) => Some(Window::Time(TimeWindow::new(
                 s,
                 params.slow_call_ns.is_some(),
-            )))),
+            ))),
         };
+        let beside = (window.is_some() || params.max_half_open.is_some()).then(|| {
+            Box::new(Beside {
+                window,
+                round: AtomicU64::new(0),
+            })
+        });
         Circuit {
             state: AtomicU64::new(encode(State::CLOSED)),
             since: AtomicU64::new(0),
-            window,
+            beside,
+        }
+    }
+
+    /// The window, in window modes.
+    #[inline(always)]
+    fn window(&self) -> Option<&Window> {
+        self.beside.as_deref().and_then(|b| b.window.as_ref())
+    }
+
+    /// The end of the round of probes of `generation`, in whole
+    /// milliseconds, when it is known.
+    fn round_end_ms(&self, generation: u64) -> Option<u64> {
+        let bits = self.beside.as_deref()?.round.load(Ordering::Acquire);
+        let tag = bits & ((1 << ROUND_GENERATION_BITS) - 1);
+        (tag == generation & GENERATION_MASK).then_some(bits >> ROUND_GENERATION_BITS)
+    }
+
+    /// Keeps the end of the round of probes that `generation` starts at
+    /// `now_ns`.
+    fn start_round(&self, params: &BreakerParams, generation: u64, now_ns: u64) {
+        if let (Some(beside), Some(end)) = (self.beside.as_deref(), params.round_end_ms(now_ns)) {
+            let bits = (end << ROUND_GENERATION_BITS) | (generation & GENERATION_MASK);
+            beside.round.fetch_max(bits, Ordering::AcqRel);
         }
     }
 
@@ -110,7 +162,7 @@ impl Circuit {
         if prev.moved_to(next) {
             self.since.store(now_ns, Ordering::Relaxed);
             if prev.starts_counts(next) {
-                if let Some(window) = &self.window {
+                if let Some(window) = self.window() {
                     window.clear();
                 }
             }
@@ -167,7 +219,18 @@ impl Circuit {
     /// Admits one call (closed: one atomic load).
     #[inline]
     pub(crate) fn admit(&self, params: &BreakerParams, now_ns: u64) -> CircuitAdmit {
-        self.apply(now_ns, |s| rules::admit(s, params, now_ns))
+        let answer = self.apply(now_ns, |s| {
+            let round = match s.kind {
+                Kind::HalfOpen if params.max_half_open.is_some() => self.round_end_ms(s.generation),
+                _ => None,
+            };
+            rules::admit(s, params, now_ns, round)
+        });
+        // A round of probes starts: its end is kept beside the state.
+        if let (Some(_), Ok((generation, true))) = (answer.transition, answer.decision) {
+            self.start_round(params, generation, now_ns);
+        }
+        answer
     }
 
     /// Gives back the probe slot of a half-open admission of `generation`.
@@ -198,7 +261,7 @@ impl Circuit {
             (Kind::Closed as u64) | ((generation & GENERATION_MASK) << GENERATION_SHIFT);
         let same = bits & (KIND_MASK | (GENERATION_MASK << GENERATION_SHIFT));
         if same == closed_in_generation && !params.is_slow_ns(duration_ns) {
-            let unchanged = match self.window.as_deref() {
+            let unchanged = match self.window() {
                 None => (bits >> PAYLOAD_SHIFT) & PAYLOAD_MASK == 0,
                 Some(Window::Count(w)) => w.only_fast_successes(),
                 Some(Window::Time(_)) => false,
@@ -256,7 +319,7 @@ impl Circuit {
                     slow,
                     judge,
                 } => {
-                    let window = self.window.as_deref()?;
+                    let window = self.window()?;
                     window.record(failure, slow, now_ns);
                     if !judge || !rules::window_trips(params, window.snapshot(now_ns)) {
                         return None;
@@ -279,7 +342,7 @@ impl Circuit {
         control: CircuitControl,
         now_ns: u64,
     ) -> Option<CircuitTransition> {
-        self.apply(now_ns, |s| match rules::control(s, control) {
+        self.apply(now_ns, |s| match rules::control(s, control, now_ns) {
             Some((next, transition)) => (transition, Some(next)),
             None => (None, None),
         })
@@ -288,7 +351,7 @@ impl Circuit {
     /// State, counts and trips.
     pub(crate) fn metrics(&self, params: &BreakerParams, now_ns: u64) -> CircuitMetrics {
         let state = decode(self.load());
-        let window = self.window.as_deref().map(|w| w.snapshot(now_ns));
+        let window = self.window().map(|w| w.snapshot(now_ns));
         let (calls, failures, slow_calls) = rules::counts(state, params, window);
         let since = self.since.load(Ordering::Relaxed);
         CircuitMetrics::from_counts(

@@ -29,6 +29,24 @@
 //!     .half_open_calls(2);
 //! # let _ = breaker;
 //! ```
+//!
+//! # Other states and modes
+//! Besides closed, open and half-open, a circuit can be:
+//! - **isolated** ([`Pipeline::isolate`](crate::Pipeline::isolate)): open
+//!   until reset, refusing every call without a hint;
+//! - **opened for a while** ([`Pipeline::open_for`](crate::Pipeline::open_for)):
+//!   open for an explicit duration, then half-open as after any cooldown;
+//! - **disabled** ([`Pipeline::disable`](crate::Pipeline::disable)): every
+//!   call is admitted and nothing is recorded, until
+//!   [`Pipeline::enable`](crate::Pipeline::enable) closes it again.
+//!
+//! A round of probes that takes longer than
+//! [`max_half_open`](CircuitBreaker::max_half_open) no longer blocks the
+//! next one: the first call that finds every probe slot taken after that
+//! starts a new round (a [`CircuitTransition::ProbesExpired`]), and the
+//! outcomes of the unfinished probes are ignored when they come. A breaker
+//! in [shadow mode](crate::shadow) ([`shadow`](CircuitBreaker::shadow))
+//! evolves as an enforcing one would but never refuses a call.
 
 use std::time::Duration;
 
@@ -54,7 +72,8 @@ pub enum BreakerMode {
 /// # Default
 /// Built by [`CircuitBreaker::failure_rate`]: count window of 100 calls,
 /// `minimum_calls` 20, no slow-call threshold (slow-call duration 60 s),
-/// cooldown 30 s without growth, 1 half-open probe.
+/// cooldown 30 s without growth, 1 half-open probe, no limit on the time
+/// in half-open, enforcing (not in shadow mode).
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct CircuitBreaker {
@@ -76,6 +95,13 @@ pub struct CircuitBreaker {
     pub max_cooldown: Duration,
     /// Probe calls admitted while half-open; all must succeed to close.
     pub half_open_calls: u32,
+    /// The longest a round of probes may stay unfinished before a new round
+    /// starts (`None`: no limit). See
+    /// [`max_half_open`](CircuitBreaker::max_half_open()).
+    pub max_half_open: Option<Duration>,
+    /// Shadow mode: the circuit is judged and reported but never refuses a
+    /// call (see [`crate::shadow`]).
+    pub shadow: bool,
 }
 
 impl CircuitBreaker {
@@ -101,6 +127,8 @@ impl CircuitBreaker {
             cooldown_growth: 1.0,
             max_cooldown: Duration::from_secs(30),
             half_open_calls: 1,
+            max_half_open: None,
+            shadow: false,
         }
     }
 
@@ -158,6 +186,39 @@ impl CircuitBreaker {
     /// fails the circuit opens again for at least that long.
     pub fn half_open_calls(mut self, calls: u32) -> Self {
         self.half_open_calls = calls;
+        self
+    }
+
+    /// The longest a round of probes blocks the next one (Resilience4j's
+    /// `maxWaitDurationInHalfOpenState`, without the trip).
+    ///
+    /// A round starts when the circuit half-opens. Once it is `max` old, a
+    /// call that finds every probe slot taken does not wait for the
+    /// unfinished probes: it starts a new round and is its first probe (a
+    /// [`CircuitTransition::ProbesExpired`], a new generation: the
+    /// outcomes of the old round's probes are ignored when they come, and
+    /// the time in state restarts). A probe that hangs therefore cannot
+    /// keep the circuit half-open for ever. The end of a round is kept in
+    /// whole milliseconds, rounded up, as the end of a cooldown is.
+    ///
+    /// The Redis store applies it to processes that died mid-probe too; it
+    /// uses its own `probe_lease` for breakers without it.
+    ///
+    /// # Errors
+    /// A zero `max` fails `build()`: `circuit_breaker.max_half_open must be > 0`.
+    pub fn max_half_open(mut self, max: Duration) -> Self {
+        self.max_half_open = Some(max);
+        self
+    }
+
+    /// Shadow mode: the circuit opens, half-opens, closes and reports as an
+    /// enforcing one would, but every call it would refuse is admitted,
+    /// with a [`ShadowRejected`](crate::EventKind::ShadowRejected) event
+    /// instead of the refusal. The outcome of such a call is not recorded
+    /// (an enforcing circuit would not have let it run). See
+    /// [`crate::shadow`].
+    pub fn shadow(mut self, shadow: bool) -> Self {
+        self.shadow = shadow;
         self
     }
 
@@ -270,6 +331,9 @@ impl CircuitBreaker {
                 "must be >= 1, got 0",
             ));
         }
+        if self.max_half_open.is_some_and(|d| d.is_zero()) {
+            return Err(ConfigError::new(P, "max_half_open", "must be > 0"));
+        }
         Ok(())
     }
 }
@@ -286,7 +350,10 @@ pub enum CircuitState {
     HalfOpen,
     /// Forced open by [`Pipeline::isolate`](crate::Pipeline::isolate): every call is rejected.
     Isolated,
-    /// Forced closed by [`Pipeline::force_close`](crate::Pipeline::force_close): every call is admitted, nothing is recorded.
+    /// Disabled by [`Pipeline::disable`](crate::Pipeline::disable) (or
+    /// [`force_close`](crate::Pipeline::force_close)): every call is
+    /// admitted, nothing is recorded, until
+    /// [`enable`](crate::Pipeline::enable) or [`reset`](crate::Pipeline::reset).
     Disabled,
 }
 
@@ -315,6 +382,10 @@ pub enum CircuitTransition {
     },
     /// Open to half-open.
     HalfOpened,
+    /// Half-open to half-open: a round of probes older than
+    /// [`CircuitBreaker::max_half_open`], some of them unfinished, gave way
+    /// to a new round.
+    ProbesExpired,
     /// Half-open (or forced) to closed.
     Closed,
 }
@@ -325,10 +396,21 @@ pub enum CircuitTransition {
 pub enum CircuitControl {
     /// Force open: reject every call until reset.
     Isolate,
-    /// Force closed: admit every call and record nothing until reset.
+    /// Disable: admit every call and record nothing until enabled or reset
+    /// ([`CircuitState::Disabled`]). Disabling a disabled circuit changes
+    /// nothing.
     ForceClose,
     /// Back to closed with an empty window and no trip history.
     Reset,
+    /// Open for this long (measured from now, the end kept in whole
+    /// milliseconds rounded up), then half-open as after a cooldown. The
+    /// trips so far are kept: a failed probe afterwards trips with the
+    /// cooldown that follows them. From any state, an open one included
+    /// (its end is replaced).
+    OpenFor(Duration),
+    /// A disabled circuit closes, with an empty window and no trip history;
+    /// any other state is left as it is.
+    Enable,
 }
 
 /// A snapshot of a circuit's state and counts.

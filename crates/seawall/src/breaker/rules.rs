@@ -112,11 +112,7 @@ impl State {
 
     /// Open: the end of the cooldown, in nanoseconds.
     pub(crate) fn open_until_ns(self) -> u64 {
-        if self.payload >= OPEN_FOREVER_MS {
-            u64::MAX
-        } else {
-            self.payload * NANOS_PER_MS
-        }
+        ms_instant(self.payload)
     }
 
     /// `true` when moving from `self` to `next` is a transition (the time
@@ -129,6 +125,16 @@ impl State {
     /// own counts) or closed (a fresh window).
     pub(crate) fn starts_counts(self, next: State) -> bool {
         self.moved_to(next) && matches!(next.kind, Kind::Closed | Kind::HalfOpen)
+    }
+}
+
+/// An instant kept in whole milliseconds (by [`open_until_ms`]), in
+/// nanoseconds: [`OPEN_FOREVER_MS`] is the maximum instant.
+pub(crate) fn ms_instant(ms: u64) -> u64 {
+    if ms >= OPEN_FOREVER_MS {
+        u64::MAX
+    } else {
+        ms * NANOS_PER_MS
     }
 }
 
@@ -153,6 +159,8 @@ pub(crate) struct BreakerParams {
     /// Calls needed before the rates are judged (a count window never holds
     /// more than its size).
     pub(crate) minimum_calls: u64,
+    /// The longest a round of probes blocks the next one.
+    pub(crate) max_half_open: Option<Duration>,
 }
 
 impl BreakerParams {
@@ -168,7 +176,15 @@ impl BreakerParams {
                 .slow_call_rate
                 .map(|_| duration_nanos(spec.slow_call_duration)),
             minimum_calls: u64::from(minimum_calls),
+            max_half_open: spec.max_half_open,
         }
+    }
+
+    /// The end of a round of probes starting at `now_ns`, in whole
+    /// milliseconds rounded up ([`OPEN_FOREVER_MS`]: never), when the
+    /// breaker limits the time in half-open.
+    pub(crate) fn round_end_ms(&self, now_ns: u64) -> Option<u64> {
+        self.max_half_open.map(|max| open_until_ms(now_ns, max))
     }
 
     /// A call lasting `duration` is slow.
@@ -200,9 +216,19 @@ pub(crate) struct Admit {
 /// it half-opens the circuit and is its first probe. Half-open admits up to
 /// `half_open_calls` probes and then refuses with the length of the
 /// cooldown that just ended as the hint (the probes' verdict is due by
-/// then, and a failed probe opens the circuit again for at least as long).
+/// then, and a failed probe opens the circuit again for at least as long),
+/// unless the round of probes is over: with `max_half_open`, once `now_ns`
+/// reaches `round_end_ms` (the end of the current round, kept by the
+/// store beside the state; `None` when not known yet, which never ends a
+/// round), the call starts a new round, a new generation whose first probe
+/// it is ([`CircuitTransition::ProbesExpired`]).
 #[inline]
-pub(crate) fn admit(s: State, p: &BreakerParams, now_ns: u64) -> (Admit, Option<State>) {
+pub(crate) fn admit(
+    s: State,
+    p: &BreakerParams,
+    now_ns: u64,
+    round_end_ms: Option<u64>,
+) -> (Admit, Option<State>) {
     let refuse = |hint| Admit {
         decision: Err(hint),
         transition: None,
@@ -229,7 +255,17 @@ pub(crate) fn admit(s: State, p: &BreakerParams, now_ns: u64) -> (Admit, Option<
         Kind::HalfOpen => {
             let (admitted, succeeded) = s.probes();
             if admitted >= p.half_open_calls {
-                return (refuse(Some(p.spec.cooldown_for_trip(s.trips))), None);
+                let over = p.max_half_open.is_some()
+                    && round_end_ms.is_some_and(|end| now_ns >= ms_instant(end));
+                if !over {
+                    return (refuse(Some(p.spec.cooldown_for_trip(s.trips))), None);
+                }
+                let next = s.next(Kind::HalfOpen, s.trips, probes_payload(1, 0));
+                let admit = Admit {
+                    decision: Ok((next.generation, true)),
+                    transition: Some(CircuitTransition::ProbesExpired),
+                };
+                return (admit, Some(next));
             }
             let next = State {
                 payload: probes_payload(admitted + 1, succeeded),
@@ -446,16 +482,28 @@ pub(crate) fn trip(s: State, p: &BreakerParams, now_ns: u64) -> (State, CircuitT
     (next, CircuitTransition::Opened { cooldown })
 }
 
-/// Manual control: the next state and the transition to report, `None`
-/// when nothing changes. Isolating an isolated circuit or force-closing a
-/// disabled one changes nothing; a reset always starts a new generation
-/// with an empty window and no trip history (reported when the circuit was
-/// not closed).
+/// Manual control at `now_ns`: the next state and the transition to
+/// report, `None` when nothing changes. Isolating an isolated circuit,
+/// disabling a disabled one or enabling one that is not disabled changes
+/// nothing; a reset always starts a new generation with an empty window
+/// and no trip history (reported when the circuit was not closed), and so
+/// does enabling a disabled circuit. Opening for `d` opens until
+/// `now_ns + d` (whole milliseconds, rounded up) from any state, keeping
+/// the trips.
 pub(crate) fn control(
     s: State,
     control: CircuitControl,
+    now_ns: u64,
 ) -> Option<(State, Option<CircuitTransition>)> {
     match control {
+        CircuitControl::OpenFor(d) => Some((
+            s.next(Kind::Open, s.trips, open_until_ms(now_ns, d)),
+            Some(CircuitTransition::Opened { cooldown: d }),
+        )),
+        CircuitControl::Enable if s.kind != Kind::Disabled => None,
+        CircuitControl::Enable => {
+            Some((s.next(Kind::Closed, 0, 0), Some(CircuitTransition::Closed)))
+        }
         CircuitControl::Isolate if s.kind == Kind::Isolated => None,
         CircuitControl::Isolate => Some((
             s.next(Kind::Isolated, s.trips, 0),
@@ -542,7 +590,7 @@ mod tests {
                 "at {now}: open until {until}, before the end of the cooldown"
             );
             let later = now.saturating_add(29 * S).min(u64::MAX - 1);
-            let (a, moved) = admit(next, &p, later);
+            let (a, moved) = admit(next, &p, later, None);
             assert_eq!(moved, None, "at {now}: half-opened early");
             assert!(matches!(a.decision, Err(Some(_))), "at {now}: {a:?}");
         }
@@ -556,13 +604,98 @@ mod tests {
                 .cooldown_growth(2.0, Duration::from_secs(60)),
         );
         let (open, _) = trip(State::CLOSED, &p, 0);
-        let (_, half) = admit(open, &p, 10 * S);
+        let (_, half) = admit(open, &p, 10 * S, None);
         let half = half.expect("half-opened");
-        let (a, _) = admit(half, &p, 10 * S);
+        let (a, _) = admit(half, &p, 10 * S, None);
         assert_eq!(a.decision, Err(Some(Duration::from_secs(10))));
         let (reopened, _) = trip(half, &p, 10 * S);
-        let (_, half) = admit(reopened, &p, 30 * S);
-        let (a, _) = admit(half.expect("half-opened"), &p, 30 * S);
+        let (_, half) = admit(reopened, &p, 30 * S, None);
+        let (a, _) = admit(half.expect("half-opened"), &p, 30 * S, None);
         assert_eq!(a.decision, Err(Some(Duration::from_secs(20))));
+    }
+
+    #[test]
+    fn a_round_of_probes_gives_way_at_its_end_only() {
+        let p = params(
+            CircuitBreaker::consecutive_failures(1)
+                .cooldown(Duration::from_secs(10))
+                .half_open_calls(2)
+                .max_half_open(Duration::from_millis(1500)),
+        );
+        let (open, _) = trip(State::CLOSED, &p, 0);
+        let (first, half) = admit(open, &p, 10 * S, None);
+        let half = half.expect("half-opened");
+        let end = p.round_end_ms(10 * S).expect("limited");
+        assert_eq!(end, 11_500);
+        let (_, half) = admit(half, &p, 10 * S, Some(end));
+        let half = half.expect("second probe");
+        // Every slot taken: refused until the end of the round, whatever
+        // is known of it; at the end, a new round if the end is known.
+        let just_before = 11_500 * NANOS_PER_MS - 1;
+        for round in [None, Some(end)] {
+            let (a, next) = admit(half, &p, just_before, round);
+            assert_eq!(
+                (a.decision, next),
+                (Err(Some(Duration::from_secs(10))), None)
+            );
+        }
+        assert_eq!(admit(half, &p, 12 * S, None).1, None, "an unknown end");
+        let (a, next) = admit(half, &p, 11_500 * NANOS_PER_MS, Some(end));
+        let next = next.expect("a new round");
+        assert_eq!(a.transition, Some(CircuitTransition::ProbesExpired));
+        assert_eq!(a.decision, Ok((next.generation, true)));
+        assert_eq!(
+            (next.kind, next.probes(), next.trips),
+            (Kind::HalfOpen, (1, 0), 1)
+        );
+        assert!(half.moved_to(next) && half.starts_counts(next));
+        // The old round's probes are of an older generation now.
+        let (g, _) = first.decision.unwrap();
+        let late = Verdict::Call {
+            failure: true,
+            slow: false,
+        };
+        assert_eq!(record(next, &p, g, true, late, 12 * S), Record::Nothing);
+        // Without a limit, nothing ever ends a round.
+        let unlimited = params(CircuitBreaker::consecutive_failures(1).half_open_calls(2));
+        assert_eq!(admit(half, &unlimited, u64::MAX, Some(0)).1, None);
+    }
+
+    #[test]
+    fn open_for_enable_and_disable() {
+        let p = params(CircuitBreaker::consecutive_failures(1).cooldown(Duration::from_secs(10)));
+        let d = Duration::from_millis(2500);
+        let (open, t) = control(State::CLOSED, CircuitControl::OpenFor(d), S / 2).unwrap();
+        assert_eq!(t, Some(CircuitTransition::Opened { cooldown: d }));
+        assert_eq!(
+            (open.kind, open.payload, open.trips),
+            (Kind::Open, 3_000, 0)
+        );
+        let (a, _) = admit(open, &p, S, None);
+        assert_eq!(a.decision, Err(Some(Duration::from_secs(2))));
+        let (a, half) = admit(open, &p, 3 * S, None);
+        assert_eq!(a.transition, Some(CircuitTransition::HalfOpened));
+        // A failed probe trips with the first trip's cooldown.
+        let (reopened, _) = trip(half.unwrap(), &p, 3 * S);
+        assert_eq!((reopened.trips, reopened.open_until_ns()), (1, 13 * S));
+        // open_for replaces the end of an open circuit, keeping the trips.
+        let (again, _) = control(reopened, CircuitControl::OpenFor(Duration::ZERO), 4 * S).unwrap();
+        assert_eq!((again.open_until_ns(), again.trips), (4 * S, 1));
+        assert_eq!(control(again, CircuitControl::Enable, 4 * S), None);
+        let (disabled, t) = control(again, CircuitControl::ForceClose, 4 * S).unwrap();
+        assert_eq!(
+            (disabled.kind, t),
+            (Kind::Disabled, Some(CircuitTransition::Closed))
+        );
+        assert_eq!(control(disabled, CircuitControl::ForceClose, 4 * S), None);
+        let (enabled, t) = control(disabled, CircuitControl::Enable, 4 * S).unwrap();
+        assert_eq!(
+            (enabled.kind, enabled.trips, t),
+            (Kind::Closed, 0, Some(CircuitTransition::Closed))
+        );
+        // The longest open ends at the maximum instant.
+        let (forever, _) =
+            control(State::CLOSED, CircuitControl::OpenFor(Duration::MAX), S).unwrap();
+        assert_eq!(forever.open_until_ns(), u64::MAX);
     }
 }

@@ -17,7 +17,8 @@ pub(crate) mod rules;
 /// Configuration of a bulkhead.
 ///
 /// # Default
-/// [`Bulkhead::new`]: no queue (reject at once when full), lease 60 s.
+/// [`Bulkhead::new`]: no queue (reject at once when full), lease 60 s,
+/// enforcing (not in shadow mode).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub struct Bulkhead {
@@ -29,6 +30,9 @@ pub struct Bulkhead {
     pub max_wait: Duration,
     /// Lease of a slot in a shared store.
     pub lease: Duration,
+    /// Shadow mode: the bulkhead counts and reports but never refuses (see
+    /// [`crate::shadow`]).
+    pub shadow: bool,
 }
 
 impl Bulkhead {
@@ -39,6 +43,7 @@ impl Bulkhead {
             max_queued: 0,
             max_wait: Duration::ZERO,
             lease: Duration::from_secs(60),
+            shadow: false,
         }
     }
 
@@ -53,6 +58,16 @@ impl Bulkhead {
     /// timeout by more than one second.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
+        self
+    }
+
+    /// Shadow mode: a call that finds every slot taken runs at once,
+    /// without a slot and without queueing, with a
+    /// [`ShadowRejected`](crate::EventKind::ShadowRejected) event instead
+    /// of the refusal. The slots count only the calls an enforcing bulkhead
+    /// would have let in (see [`crate::shadow`]).
+    pub fn shadow(mut self, shadow: bool) -> Self {
+        self.shadow = shadow;
         self
     }
 

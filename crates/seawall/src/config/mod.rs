@@ -117,22 +117,30 @@
 //! | `cooldown` | open time before probes | `30s` |
 //! | `cooldown_growth`, `max_cooldown` | cooldown factor per repeated trip, and its cap (set both) | none |
 //! | `half_open_calls` | probes admitted while half-open | `1` |
+//! | `max_half_open` | the longest a round of probes blocks the next one (> 0) | none |
+//! | `shadow` | [shadow mode](crate::shadow): judged and reported, never refuses | `false` |
 //!
 //! Set one mode key at most (`count_window = 100` without one). A pipeline
 //! that sets a mode key replaces the mode of `default` as a whole.
 //!
 //! ## `bulkhead`
 //! `max_concurrent` (required), `max_queued` (default `0`), `max_wait`
-//! (default `0s`: reject at once), `lease` (default `60s`).
+//! (default `0s`: reject at once), `lease` (default `60s`), `shadow`
+//! (default `false`).
 //!
 //! ## `cooldown`
 //! `max_pause` (default `5m`), `max_wait` (default `30s`), `grace` (default
-//! `60s`).
+//! `60s`), `shadow` (default `false`).
 //!
 //! ## `rate_limiter`
 //! `algorithm` (`"gcra"`, the default, `"fixed_window"` or
 //! `"sliding_window"`), `limit` and `period` (required), `burst` (GCRA only,
-//! default `limit`), `max_wait` (default `0s`).
+//! default `limit`), `max_wait` (default `0s`), `shadow` (default `false`).
+//!
+//! `shadow = true` puts a stateful policy in [shadow mode](crate::shadow):
+//! it keeps its state and reports what it would refuse
+//! (`shadow_rejected` events) but never refuses nor delays a call; set it
+//! back to `false` (a reload) to enforce the same limit.
 //!
 //! ## `chaos`
 //! `rate` (required, `0` to `1`: the share of attempts that get the

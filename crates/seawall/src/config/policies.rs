@@ -300,6 +300,12 @@ fn breaker(l: Layers<'_, Section>) -> Result<CircuitBreaker, ConfigError> {
     if let Some(n) = l.get(|b| b.count("half_open_calls")) {
         b = b.half_open_calls(n);
     }
+    if let Some(d) = l.get(|b| b.duration("max_half_open")) {
+        b = b.max_half_open(d.0);
+    }
+    if let Some(shadow) = l.get(|b| b.flag("shadow")) {
+        b = b.shadow(shadow);
+    }
     Ok(b)
 }
 
@@ -319,6 +325,9 @@ fn bulkhead(l: Layers<'_, Section>) -> Result<Bulkhead, ConfigError> {
     if let Some(lease) = l.get(|b| b.duration("lease")) {
         b = b.lease(lease.0);
     }
+    if let Some(shadow) = l.get(|b| b.flag("shadow")) {
+        b = b.shadow(shadow);
+    }
     Ok(b)
 }
 
@@ -332,6 +341,9 @@ fn cooldown(l: Layers<'_, Section>) -> Cooldown {
     }
     if let Some(d) = l.get(|c| c.duration("grace")) {
         c = c.grace(d.0);
+    }
+    if let Some(shadow) = l.get(|c| c.flag("shadow")) {
+        c = c.shadow(shadow);
     }
     c
 }
@@ -464,6 +476,9 @@ fn rate_limiter(l: Layers<'_, Section>) -> Result<RateLimiter, ConfigError> {
     }
     if let Some(w) = l.get(|r| r.duration("max_wait")) {
         r = r.max_wait(w.0);
+    }
+    if let Some(shadow) = l.get(|r| r.flag("shadow")) {
+        r = r.shadow(shadow);
     }
     Ok(r)
 }

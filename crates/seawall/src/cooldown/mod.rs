@@ -19,7 +19,8 @@ pub(crate) mod rules;
 ///
 /// # Default
 /// [`Cooldown::new`]: hints capped at 5 minutes, calls wait up to 30 s for
-/// the pause to end, state dropped 60 s after the pause ends.
+/// the pause to end, state dropped 60 s after the pause ends, enforcing
+/// (not in shadow mode).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub struct Cooldown {
@@ -29,6 +30,9 @@ pub struct Cooldown {
     pub max_wait: Duration,
     /// How long state is kept after the pause ended.
     pub grace: Duration,
+    /// Shadow mode: the pause is kept and reported but never holds a call
+    /// back (see [`crate::shadow`]).
+    pub shadow: bool,
 }
 
 impl Cooldown {
@@ -38,6 +42,7 @@ impl Cooldown {
             max_pause: Duration::from_secs(300),
             max_wait: Duration::from_secs(30),
             grace: Duration::from_secs(60),
+            shadow: false,
         }
     }
 
@@ -63,6 +68,15 @@ impl Cooldown {
     /// How long state is kept after the pause ended.
     pub fn grace(mut self, grace: Duration) -> Self {
         self.grace = grace;
+        self
+    }
+
+    /// Shadow mode: a call during the pause runs at once (no wait, no
+    /// refusal), with a [`ShadowRejected`](crate::EventKind::ShadowRejected)
+    /// event instead; its retry-after hint does not extend the pause (see
+    /// [`crate::shadow`]).
+    pub fn shadow(mut self, shadow: bool) -> Self {
+        self.shadow = shadow;
         self
     }
 

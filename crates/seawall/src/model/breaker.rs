@@ -5,7 +5,9 @@
 //! count window, a list of calls for a time window, no packing, no
 //! atomics), for every mode: consecutive failures, count window, time
 //! window, failure rate, slow-call rate, minimum calls, growing cooldown,
-//! half-open probe count and manual control. [`check`] applies a sequence
+//! half-open probe count, the longest round of probes (`max_half_open`)
+//! and manual control (isolate, disable and enable, reset, open for a
+//! while). [`check`] applies a sequence
 //! of [`Op`]s to a bound [`ResourceState`] and to the model and reports the
 //! first disagreement on a decision, a transition or the metrics.
 //!
@@ -121,6 +123,18 @@ impl Model {
         self.since = now;
     }
 
+    /// The end of a cooldown or a round of `d` starting at `now`: whole
+    /// milliseconds rounded up; an end too late to keep is the maximum
+    /// instant.
+    fn end_of(now: u64, d: Duration) -> u64 {
+        let end_ms = now.saturating_add(nanos(d)).div_ceil(MS);
+        if end_ms >= OPEN_FOREVER_MS {
+            u64::MAX
+        } else {
+            end_ms * MS
+        }
+    }
+
     fn clear(&mut self) {
         self.in_a_row = 0;
         self.last_calls.clear();
@@ -135,7 +149,11 @@ impl Model {
     /// refuses until the end of the cooldown with the time left, then
     /// half-opens and admits the first probe; half-open admits up to
     /// `half_open_calls` probes, then refuses with the length of the
-    /// cooldown that just ended as the hint.
+    /// cooldown that just ended as the hint, unless the breaker limits the
+    /// time in half-open and the round of probes (started when the circuit
+    /// half-opened, or by the last new round) is that old (its end in whole
+    /// milliseconds, rounded up): then a new round starts, whose first
+    /// probe the call is, and the probes of the old one no longer count.
     pub fn admit(&mut self, now: Duration) -> (Decision, Option<CircuitTransition>) {
         let now = nanos(now);
         match self.state {
@@ -159,6 +177,20 @@ impl Model {
                 self.probes_admitted += 1;
                 (Ok((self.generation, true)), None)
             }
+            CircuitState::HalfOpen
+                if self
+                    .spec
+                    .max_half_open
+                    .is_some_and(|max| now >= Self::end_of(self.since, max)) =>
+            {
+                self.clear();
+                self.transition(CircuitState::HalfOpen, now);
+                self.probes_admitted = 1;
+                (
+                    Ok((self.generation, true)),
+                    Some(CircuitTransition::ProbesExpired),
+                )
+            }
             CircuitState::HalfOpen => (Err(Some(self.spec.cooldown_for_trip(self.trips))), None),
         }
     }
@@ -178,14 +210,7 @@ impl Model {
     fn trip(&mut self, trips: u32, now: u64) -> Option<CircuitTransition> {
         self.trips = trips.min(MAX_TRIPS);
         let cooldown = self.spec.cooldown_for_trip(self.trips);
-        // The end of the cooldown, in whole milliseconds rounded up; an end
-        // too late to keep is the maximum instant.
-        let end_ms = now.saturating_add(nanos(cooldown)).div_ceil(MS);
-        self.open_until_ns = if end_ms >= OPEN_FOREVER_MS {
-            u64::MAX
-        } else {
-            end_ms * MS
-        };
+        self.open_until_ns = Self::end_of(now, cooldown);
         self.transition(CircuitState::Open, now);
         Some(CircuitTransition::Opened { cooldown })
     }
@@ -306,9 +331,20 @@ impl Model {
     }
 
     /// Manual control at `now`; the transition when the state changed.
+    ///
+    /// Isolating an isolated circuit, disabling (`ForceClose`) a disabled
+    /// one and enabling one that is not disabled change nothing. Opening
+    /// for `d` opens until `now + d` from any state, keeping the trips;
+    /// enabling a disabled circuit and resetting close it afresh.
     pub fn control(&mut self, control: CircuitControl, now: Duration) -> Option<CircuitTransition> {
         let now = nanos(now);
         match control {
+            CircuitControl::OpenFor(d) => {
+                self.open_until_ns = Self::end_of(now, d);
+                self.transition(CircuitState::Open, now);
+                Some(CircuitTransition::Opened { cooldown: d })
+            }
+            CircuitControl::Enable if self.state != CircuitState::Disabled => None,
             CircuitControl::Isolate if self.state == CircuitState::Isolated => None,
             CircuitControl::Isolate => {
                 self.transition(CircuitState::Isolated, now);
@@ -551,6 +587,9 @@ pub mod strategy {
             Just(CircuitControl::Isolate),
             Just(CircuitControl::ForceClose),
             Just(CircuitControl::Reset),
+            Just(CircuitControl::Enable),
+            (0u64..400).prop_map(|ms| CircuitControl::OpenFor(Duration::from_millis(ms))),
+            Just(CircuitControl::OpenFor(Duration::MAX)),
         ];
         prop_oneof![
             6 => Just(Op::Admit),
@@ -586,13 +625,25 @@ pub mod strategy {
     fn finish(
         breaker: CircuitBreaker,
         (cooldown, growth): (Duration, Option<(f64, Duration)>),
-        half_open: u32,
+        (half_open, max_half_open): (u32, Option<Duration>),
     ) -> CircuitBreaker {
-        let b = breaker.cooldown(cooldown).half_open_calls(half_open);
+        let mut b = breaker.cooldown(cooldown).half_open_calls(half_open);
+        if let Some(max) = max_half_open {
+            b = b.max_half_open(max);
+        }
         match growth {
             Some((factor, max)) => b.cooldown_growth(factor, max),
             None => b,
         }
+    }
+
+    /// 1 to 3 probes; a third of the time a round of probes lasts at most
+    /// 1 to 500 ms (whole milliseconds).
+    fn half_open() -> impl Strategy<Value = (u32, Option<Duration>)> {
+        (
+            1u32..4,
+            proptest::option::weighted(0.35, (1u64..500).prop_map(Duration::from_millis)),
+        )
     }
 
     fn slow_rate() -> impl Strategy<Value = Option<f64>> {
@@ -609,17 +660,25 @@ pub mod strategy {
     }
 
     /// Consecutive-failure breakers (1 to 4 failures), with or without a
-    /// growing cooldown, 1 to 3 probes.
+    /// growing cooldown, 1 to 3 probes, sometimes a limit on a round of
+    /// probes.
     pub fn consecutive() -> impl Strategy<Value = CircuitBreaker> {
-        (1u32..5, cooldowns(), 1u32..4)
+        (1u32..5, cooldowns(), half_open())
             .prop_map(|(n, c, h)| finish(CircuitBreaker::consecutive_failures(n), c, h))
     }
 
     /// Count-window breakers: failure rate, optional slow-call rate,
     /// minimum calls (some above the window size).
     pub fn count_window() -> impl Strategy<Value = CircuitBreaker> {
-        (1u32..7, 1u32..9, rate(), slow_rate(), cooldowns(), 1u32..4).prop_map(
-            |(n, min, rate, slow, c, h)| {
+        (
+            1u32..7,
+            1u32..9,
+            rate(),
+            slow_rate(),
+            cooldowns(),
+            half_open(),
+        )
+            .prop_map(|(n, min, rate, slow, c, h)| {
                 let mut b = CircuitBreaker::failure_rate(rate)
                     .count_window(n)
                     .minimum_calls(min);
@@ -627,14 +686,20 @@ pub mod strategy {
                     b = b.slow_calls(s, Duration::from_millis(50));
                 }
                 finish(b, c, h)
-            },
-        )
+            })
     }
 
     /// Time-window breakers of 1 to 3 seconds.
     pub fn time_window() -> impl Strategy<Value = CircuitBreaker> {
-        (1u64..4, 1u32..6, rate(), slow_rate(), cooldowns(), 1u32..4).prop_map(
-            |(w, min, rate, slow, c, h)| {
+        (
+            1u64..4,
+            1u32..6,
+            rate(),
+            slow_rate(),
+            cooldowns(),
+            half_open(),
+        )
+            .prop_map(|(w, min, rate, slow, c, h)| {
                 let mut b = CircuitBreaker::failure_rate(rate)
                     .window(Duration::from_secs(w))
                     .minimum_calls(min);
@@ -642,8 +707,7 @@ pub mod strategy {
                     b = b.slow_calls(s, Duration::from_millis(50));
                 }
                 finish(b, c, h)
-            },
-        )
+            })
     }
 
     /// A breaker of any mode.

@@ -15,9 +15,15 @@
 //!   (the request's `weight` permits, all or none); a weight it can never
 //!   grant is refused before anything else (`rate_limited` with no
 //!   `retry_after`), taking nothing. A circuit transition caused by the admission (open to half-open) is
-//!   reported even when a later check refuses.
+//!   reported even when a later check refuses. A policy in shadow mode
+//!   does not refuse: the call is admitted instead ([`Admission::shadow`]
+//!   says what it would have been told, the permit is
+//!   [`shadowed`](Permit::shadowed)), the policies in shadow mode give back
+//!   what they took and the later ones are not asked; the enforcing ones
+//!   still are (see [`crate::shadow`]).
 //! - **Record** applies the retry-after hint to the cooldown (any outcome),
-//!   the outcome to the circuit, and gives back the slot.
+//!   the outcome to the circuit, and gives back the slot; a policy in
+//!   shadow mode takes nothing from a shadowed call.
 //! - **Release** gives back the slot and the probe, and records nothing.
 //! - **In flight**: slots held at `now` (zero without a bulkhead).
 //! - **Partitions**: each partition key has policies of its own, fresh on
@@ -120,13 +126,32 @@ impl CircuitModel for NoCircuit {
     }
 }
 
-/// The policies of the unpartitioned state or of one partition.
+/// The policies of the unpartitioned state or of one partition, and which
+/// of them run in shadow mode.
 #[derive(Debug, Clone)]
 struct Policies<C> {
     circuit: Option<C>,
     bulkhead: Option<Bulkhead>,
     cooldown: Option<Cooldown>,
     rate: Option<RateLimit>,
+    shadow: ShadowModes,
+}
+
+/// Which policies run in shadow mode.
+#[derive(Debug, Clone, Copy, Default)]
+struct ShadowModes {
+    circuit: bool,
+    bulkhead: bool,
+    cooldown: bool,
+    rate: bool,
+}
+
+/// What an admission has taken so far, and the refusal of a policy in
+/// shadow mode that the call goes on over.
+#[derive(Debug, Default)]
+struct Taken {
+    permit: Permit,
+    shadowed: Option<Rejection>,
 }
 
 impl<C: CircuitModel> Policies<C> {
@@ -139,60 +164,118 @@ impl<C: CircuitModel> Policies<C> {
                 .map(|b| Bulkhead::from_spec(b, leases)),
             cooldown: spec.cooldown.as_ref().map(Cooldown::from_spec),
             rate: spec.rate_limit.as_ref().map(RateLimit::new),
+            shadow: ShadowModes {
+                circuit: spec.circuit.as_ref().is_some_and(|c| c.shadow),
+                bulkhead: spec.bulkhead.as_ref().is_some_and(|b| b.shadow),
+                cooldown: spec.cooldown.as_ref().is_some_and(|c| c.shadow),
+                rate: spec.rate_limit.as_ref().is_some_and(|r| r.shadow),
+            },
         }
     }
 
+    /// A refusal by a policy (`shadow`: in shadow mode). An enforcing
+    /// refusal is the answer: what the call took is given back. A refusal
+    /// in shadow mode lets the call go on: the first is kept, and what the
+    /// policies in shadow mode took is given back.
+    fn refusal(
+        &mut self,
+        taken: &mut Taken,
+        shadow: bool,
+        refusal: Rejection,
+    ) -> Option<Rejection> {
+        if !shadow {
+            self.give_back(taken.permit);
+            return Some(refusal);
+        }
+        taken.shadowed.get_or_insert(refusal);
+        if self.shadow.bulkhead {
+            if let (Some(slot), Some(bulkhead)) = (taken.permit.slot.take(), &mut self.bulkhead) {
+                bulkhead.release(slot);
+            }
+        }
+        if self.shadow.circuit && taken.permit.probe {
+            if let Some(circuit) = &mut self.circuit {
+                circuit.give_back(circuit_permit(taken.permit));
+            }
+            taken.permit.probe = false;
+        }
+        None
+    }
+
+    /// Admission: circuit, bulkhead, cooldown and rate limit in that order,
+    /// the first enforcing refusal the answer; a refusal in shadow mode
+    /// admits the call, and the policies in shadow mode after it are not
+    /// asked.
     fn admit(&mut self, now: Duration, weight: u32) -> Admission {
-        let mut permit = Permit::default();
+        let mut taken = Taken::default();
         let mut transition = None;
-        let refuse = |reason, retry_after, transition| Admission {
-            decision: Err(Rejection::new(reason, retry_after)),
+        let refuse = |rejection, transition| Admission {
+            decision: Err(rejection),
             transition,
             degraded: None,
+            shadow: None,
         };
+        // Whether a policy in shadow mode (`shadow`) is still asked.
+        let asked = |taken: &Taken, shadow: bool| !(shadow && taken.shadowed.is_some());
         // A weight the rate limit never grants is refused first, taking
         // nothing.
         if self.rate.as_ref().is_some_and(|rate| !rate.fits(weight)) {
-            return refuse(RejectionReason::RateLimited, None, None);
+            let r = Rejection::new(RejectionReason::RateLimited, None);
+            if let Some(r) = self.refusal(&mut taken, self.shadow.rate, r) {
+                return refuse(r, None);
+            }
         }
-        if let Some(circuit) = &mut self.circuit {
-            let answer = circuit.admit(now);
+        if self.circuit.is_some() && asked(&taken, self.shadow.circuit) {
+            let answer = self.circuit.as_mut().map(|c| c.admit(now));
+            let answer = answer.expect("a circuit");
             transition = answer.transition;
             match answer.decision {
                 Ok(p) => {
-                    permit.generation = p.generation;
-                    permit.probe = p.probe;
+                    taken.permit.generation = p.generation;
+                    taken.permit.probe = p.probe;
                 }
                 Err(retry_after) => {
-                    return refuse(RejectionReason::CircuitOpen, retry_after, transition)
+                    let r = Rejection::new(RejectionReason::CircuitOpen, retry_after);
+                    if let Some(r) = self.refusal(&mut taken, self.shadow.circuit, r) {
+                        return refuse(r, transition);
+                    }
                 }
             }
         }
-        if let Some(bulkhead) = &mut self.bulkhead {
-            match bulkhead.acquire(now) {
-                Some(slot) => permit.slot = Some(slot),
+        if self.bulkhead.is_some() && asked(&taken, self.shadow.bulkhead) {
+            match self.bulkhead.as_mut().and_then(|b| b.acquire(now)) {
+                Some(slot) => taken.permit.slot = Some(slot),
                 None => {
-                    self.give_back(permit);
-                    return refuse(RejectionReason::BulkheadFull, None, transition);
+                    let r = Rejection::new(RejectionReason::BulkheadFull, None);
+                    if let Some(r) = self.refusal(&mut taken, self.shadow.bulkhead, r) {
+                        return refuse(r, transition);
+                    }
                 }
             }
         }
-        if let Some(cooldown) = &self.cooldown {
-            if let Err(left) = cooldown.check(now) {
-                self.give_back(permit);
-                return refuse(RejectionReason::CooldownActive, Some(left), transition);
+        if self.cooldown.is_some() && asked(&taken, self.shadow.cooldown) {
+            if let Some(Err(left)) = self.cooldown.as_ref().map(|c| c.check(now)) {
+                let r = Rejection::new(RejectionReason::CooldownActive, Some(left));
+                if let Some(r) = self.refusal(&mut taken, self.shadow.cooldown, r) {
+                    return refuse(r, transition);
+                }
             }
         }
-        if let Some(rate) = &mut self.rate {
+        if self.rate.is_some() && asked(&taken, self.shadow.rate) {
+            let rate = self.rate.as_mut().expect("a rate limit");
             if let Err(retry_after) = rate.reserve_weighted(now, Duration::ZERO, weight) {
-                self.give_back(permit);
-                return refuse(RejectionReason::RateLimited, retry_after, transition);
+                let r = Rejection::new(RejectionReason::RateLimited, retry_after);
+                if let Some(r) = self.refusal(&mut taken, self.shadow.rate, r) {
+                    return refuse(r, transition);
+                }
             }
         }
+        taken.permit.shadowed = taken.shadowed.is_some();
         Admission {
-            decision: Ok(permit),
+            decision: Ok(taken.permit),
             transition,
             degraded: None,
+            shadow: taken.shadowed,
         }
     }
 
@@ -205,18 +288,26 @@ impl<C: CircuitModel> Policies<C> {
         }
     }
 
+    /// Records the outcome: the hint to the cooldown, the outcome to the
+    /// circuit (a policy in shadow mode takes neither from a shadowed
+    /// call), the slot given back.
     fn record(&mut self, record: &Record<'_>, now: Duration) -> Recorded {
         let mut recorded = Recorded::default();
+        let shadowed = record.permit.shadowed;
         if let (Some(hint), Some(cooldown)) = (record.retry_after, &mut self.cooldown) {
-            recorded.cooldown = cooldown.hint(hint, now);
+            if !(shadowed && self.shadow.cooldown) {
+                recorded.cooldown = cooldown.hint(hint, now);
+            }
         }
         if let Some(circuit) = &mut self.circuit {
-            recorded.transition = circuit.record(
-                circuit_permit(record.permit),
-                record.outcome,
-                record.duration,
-                now,
-            );
+            if !(shadowed && self.shadow.circuit) {
+                recorded.transition = circuit.record(
+                    circuit_permit(record.permit),
+                    record.outcome,
+                    record.duration,
+                    now,
+                );
+            }
         }
         if let (Some(slot), Some(bulkhead)) = (record.permit.slot, &mut self.bulkhead) {
             bulkhead.release(slot);
@@ -471,7 +562,8 @@ struct Held {
 
 /// Runs the same steps on a model and on a store, and compares every
 /// answer: each admission (admitted with which probe and generation,
-/// modulo 2^13, and whether it holds a slot; or refused with which reason
+/// modulo 2^13, whether it holds a slot and whether it is shadowed, with
+/// which refusal of a policy in shadow mode; or refused with which reason
 /// and `retry_after`; the transition), each record (transition, cooldown), and
 /// the slots in flight, of the partition a step touched after each step and
 /// of every partition used after the clock moves or idle partitions are
@@ -601,6 +693,11 @@ impl<'a, C: CircuitModel> Differential<'a, C> {
                     decision(&got.decision),
                 )?;
                 compare(
+                    "shadow refusal",
+                    format!("{:?}", expected.shadow),
+                    format!("{:?}", got.shadow),
+                )?;
+                compare(
                     "admission transition",
                     format!("{:?}", expected.transition),
                     format!("{:?}", got.transition),
@@ -723,10 +820,11 @@ const GENERATION_MASK: u64 = (1 << 13) - 1;
 fn decision(d: &Result<Permit, Rejection>) -> String {
     match d {
         Ok(p) => format!(
-            "admitted (probe {}, generation {}, slot {})",
+            "admitted (probe {}, generation {}, slot {}, shadowed {})",
             p.probe,
             p.generation & GENERATION_MASK,
-            p.slot.is_some()
+            p.slot.is_some(),
+            p.shadowed
         ),
         Err(r) => format!("refused ({}, retry after {:?})", r.reason, r.retry_after),
     }

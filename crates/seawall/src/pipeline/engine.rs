@@ -648,13 +648,16 @@ impl<'g, K: Kind> Call<'g, K> {
             }
         };
         if let Some(t) = admission.transition {
-            self.emit(|| transition_event(t));
+            self.emit(|| EventKind::of_transition(t));
         }
         if let Some(e) = &admission.degraded {
             self.emit(|| EventKind::StoreUnavailable {
                 error: e.to_string(),
                 degraded: true,
             });
+        }
+        if let (Some(r), Ok(_)) = (admission.shadow, &admission.decision) {
+            self.shadow_rejected(r);
         }
         match admission.decision {
             Ok(permit) => {
@@ -667,6 +670,17 @@ impl<'g, K: Kind> Call<'g, K> {
             }
             Err(r) => self.refuse_with(r, reserved),
         }
+    }
+
+    /// A policy in shadow mode would have refused `r`: reported, the call
+    /// goes on.
+    #[cold]
+    #[inline(never)]
+    fn shadow_rejected(&self, r: Rejection) {
+        self.emit(|| EventKind::ShadowRejected {
+            reason: r.reason,
+            retry_after: r.retry_after,
+        });
     }
 
     /// A refusal: deferred when a wait for it fits, final otherwise.
@@ -765,7 +779,7 @@ impl<'g, K: Kind> Call<'g, K> {
             .spec
             .rate_limit
             .as_ref()
-            .is_some_and(|r| !r.max_wait.is_zero())
+            .is_some_and(|r| !r.max_wait.is_zero() && !r.shadow)
     }
 
     /// The admission on the memory store of a call whose rate limiter lets
@@ -1269,7 +1283,7 @@ impl<'g, K: Kind> Call<'g, K> {
         match answer {
             Ok(r) => {
                 if let Some(t) = r.transition {
-                    self.emit(|| transition_event(t));
+                    self.emit(|| EventKind::of_transition(t));
                 }
                 if let Some(duration) = r.cooldown {
                     self.emit(|| EventKind::CooldownStarted { duration });
@@ -1902,15 +1916,6 @@ fn call_outcome<E>(err: &Error<E>) -> CallOutcome {
         Error::Rejected(r) => CallOutcome::Rejected(r.reason),
         Error::Store(_) => CallOutcome::StoreFailure,
         _ => CallOutcome::Failure,
-    }
-}
-
-fn transition_event(t: crate::breaker::CircuitTransition) -> EventKind {
-    use crate::breaker::CircuitTransition;
-    match t {
-        CircuitTransition::Opened { cooldown } => EventKind::CircuitOpened { cooldown },
-        CircuitTransition::HalfOpened => EventKind::CircuitHalfOpened,
-        CircuitTransition::Closed => EventKind::CircuitClosed,
     }
 }
 

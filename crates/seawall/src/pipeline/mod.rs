@@ -228,13 +228,87 @@ impl<K: Kind> Pipeline<K> {
         self.control(None, CircuitControl::Isolate)
     }
 
-    /// Forces the circuit closed: every call is admitted and nothing is
-    /// recorded until [`reset`](Self::reset).
+    /// Forces the circuit closed: the same as [`disable`](Self::disable).
     ///
     /// # Errors
     /// When there is no circuit breaker or the store fails.
     pub fn force_close(&self) -> Result<(), ControlError> {
         self.control(None, CircuitControl::ForceClose)
+    }
+
+    /// Disables the circuit (Resilience4j's `DISABLED`): every call is
+    /// admitted and nothing is recorded, until [`enable`](Self::enable) or
+    /// [`reset`](Self::reset). The window and trips it had are still shown
+    /// by [`circuit_metrics`](Self::circuit_metrics). Reported as
+    /// [`EventKind::CircuitClosed`]; disabling a disabled circuit changes
+    /// nothing. With a shared store, every process sharing the circuit sees
+    /// it disabled.
+    ///
+    /// ```
+    /// use seawall::{CircuitBreaker, CircuitState, Pipeline};
+    ///
+    /// let p = Pipeline::builder("switched")
+    ///     .circuit_breaker(CircuitBreaker::consecutive_failures(1))
+    ///     .build()?;
+    /// p.disable()?;
+    /// let _ = p.call(|_| Err::<(), _>("down"));
+    /// assert_eq!(p.circuit_state()?, CircuitState::Disabled); // nothing recorded
+    /// p.enable()?;
+    /// assert_eq!(p.circuit_state()?, CircuitState::Closed);
+    /// # Ok::<_, Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// When there is no circuit breaker or the store fails.
+    pub fn disable(&self) -> Result<(), ControlError> {
+        self.control(None, CircuitControl::ForceClose)
+    }
+
+    /// Enables a [disabled](Self::disable) circuit: it closes with an empty
+    /// window and no trip history (reported as
+    /// [`EventKind::CircuitClosed`]). A circuit that is not disabled is
+    /// left as it is, so a switch can call it at any time.
+    ///
+    /// # Errors
+    /// When there is no circuit breaker or the store fails.
+    pub fn enable(&self) -> Result<(), ControlError> {
+        self.control(None, CircuitControl::Enable)
+    }
+
+    /// Opens the circuit for `duration` from now, whatever its state (an
+    /// administrative open, for maintenance of the dependency, say): calls
+    /// are refused with the time left as their `retry_after`, and then the
+    /// circuit half-opens and probes as after any cooldown. The trips so
+    /// far are kept, so a failed probe afterwards opens it for the
+    /// cooldown that follows them. Reported as
+    /// [`EventKind::CircuitOpened`] with `duration` as the cooldown. The
+    /// end is kept in whole milliseconds, rounded up; a zero duration
+    /// half-opens the circuit at the next call. See
+    /// [`isolate`](Self::isolate) for an open without an end.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use seawall::testing::VirtualClock;
+    /// use seawall::{CircuitBreaker, CircuitState, Error, Pipeline};
+    ///
+    /// let clock = VirtualClock::new();
+    /// let p = Pipeline::builder("maintenance")
+    ///     .circuit_breaker(CircuitBreaker::consecutive_failures(5))
+    ///     .clock(clock.clone())
+    ///     .build()?;
+    /// p.open_for(Duration::from_secs(60))?;
+    /// let refused = p.call(|_| Ok::<_, std::io::Error>(())).unwrap_err();
+    /// assert!(matches!(refused, Error::Rejected(r) if r.retry_after == Some(Duration::from_secs(60))));
+    /// clock.advance(Duration::from_secs(60));
+    /// p.call(|_| Ok::<_, std::io::Error>(()))?; // the probe
+    /// assert_eq!(p.circuit_state()?, CircuitState::Closed);
+    /// # Ok::<_, Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// When there is no circuit breaker or the store fails.
+    pub fn open_for(&self, duration: Duration) -> Result<(), ControlError> {
+        self.control(None, CircuitControl::OpenFor(duration))
     }
 
     /// Closes the circuit with an empty window and no trip history.
@@ -350,11 +424,7 @@ impl<K: Kind> Pipeline<K> {
     }
 
     pub(crate) fn emit_transition(&self, partition: Option<&PartitionKey>, t: CircuitTransition) {
-        self.emit(partition, || match t {
-            CircuitTransition::Opened { cooldown } => EventKind::CircuitOpened { cooldown },
-            CircuitTransition::HalfOpened => EventKind::CircuitHalfOpened,
-            CircuitTransition::Closed => EventKind::CircuitClosed,
-        })
+        self.emit(partition, || EventKind::of_transition(t))
     }
 
     /// Runs an async operation through the pipeline.
@@ -649,6 +719,35 @@ impl<'p, K: Kind> Partition<'p, K> {
     pub fn reset(&self) -> Result<(), ControlError> {
         self.pipeline
             .control(Some(&self.key), CircuitControl::Reset)
+    }
+
+    /// Disables this partition's circuit; see [`Pipeline::disable`].
+    ///
+    /// # Errors
+    /// When there is no circuit breaker or the store fails.
+    pub fn disable(&self) -> Result<(), ControlError> {
+        self.pipeline
+            .control(Some(&self.key), CircuitControl::ForceClose)
+    }
+
+    /// Enables this partition's circuit if it is disabled; see
+    /// [`Pipeline::enable`].
+    ///
+    /// # Errors
+    /// When there is no circuit breaker or the store fails.
+    pub fn enable(&self) -> Result<(), ControlError> {
+        self.pipeline
+            .control(Some(&self.key), CircuitControl::Enable)
+    }
+
+    /// Opens this partition's circuit for `duration`; see
+    /// [`Pipeline::open_for`].
+    ///
+    /// # Errors
+    /// When there is no circuit breaker or the store fails.
+    pub fn open_for(&self, duration: Duration) -> Result<(), ControlError> {
+        self.pipeline
+            .control(Some(&self.key), CircuitControl::OpenFor(duration))
     }
 
     /// This partition's circuit state and window.

@@ -54,6 +54,9 @@ pub struct RateLimiter {
     /// Longest a call waits for a permit in all (zero: reject at once). See
     /// [`RateLimiter::max_wait`](RateLimiter::max_wait()).
     pub max_wait: Duration,
+    /// Shadow mode: the limiter counts and reports but never refuses (see
+    /// [`crate::shadow`]).
+    pub shadow: bool,
 }
 
 impl RateLimiter {
@@ -65,6 +68,7 @@ impl RateLimiter {
             period,
             burst: limit,
             max_wait: Duration::ZERO,
+            shadow: false,
         }
     }
 
@@ -125,6 +129,15 @@ impl RateLimiter {
     /// refused then (still never after more than `max_wait` in all).
     pub fn max_wait(mut self, max_wait: Duration) -> Self {
         self.max_wait = max_wait;
+        self
+    }
+
+    /// Shadow mode: a call over the limit runs at once, taking no permit
+    /// and never waiting, with a
+    /// [`ShadowRejected`](crate::EventKind::ShadowRejected) event instead
+    /// of the refusal (see [`crate::shadow`]).
+    pub fn shadow(mut self, shadow: bool) -> Self {
+        self.shadow = shadow;
         self
     }
 

@@ -17,6 +17,7 @@ use crate::clock::duration_nanos;
 use crate::cooldown;
 use crate::error::{ConfigError, RejectionReason};
 use crate::rate_limit::machine::{retain_by, RateCell, RateColumn, RateParams, RateState};
+use crate::shadow::{Policy, Shadow, Walk};
 
 /// A key's last use is kept in ticks of 2^20 ns (about 1.05 ms), rounded
 /// up: a shift, not a division, on every call.
@@ -42,12 +43,15 @@ const MIN_SWEEP_LEN: usize = 16;
 /// limit. Binding a name again with a *different* spec (a configuration
 /// reload, say) creates a new resource, but each unpartitioned policy whose
 /// own configuration is unchanged keeps its state: changing the rate limit
-/// does not close an open circuit. Partitions of the new resource start
+/// does not close an open circuit, and neither does switching a policy in
+/// or out of [shadow mode](crate::shadow). Partitions of the new resource start
 /// fresh. The store keeps every resource it has bound for as long as it
 /// lives (resource names are expected to be few and fixed).
 ///
 /// Pipelines built earlier with the name keep the old resource: while one
-/// of them lives, the two do not share the policies whose settings differ.
+/// of them lives, the two do not share the policies whose settings differ
+/// (they do share a policy that differs in shadow mode only: one pipeline
+/// enforces it, the other watches it).
 /// That is what a configuration reload wants, and a mistake anywhere else:
 /// with the `tracing` feature such a binding logs a warning (target
 /// `seawall`, naming the resource and the differing policies), and a
@@ -249,22 +253,36 @@ fn conflict(registry: &Registry, spec: &ResourceSpec) -> Option<Vec<&'static str
     if Arc::strong_count(previous) == 1 || previous.spec == *spec {
         return None;
     }
-    let old = &previous.spec;
+    let (old, new) = (unshadowed(&previous.spec), unshadowed(spec));
     let differing: Vec<&'static str> = [
-        ("circuit_breaker", old.circuit != spec.circuit),
-        ("bulkhead", old.bulkhead != spec.bulkhead),
-        ("cooldown", old.cooldown != spec.cooldown),
-        ("rate_limiter", old.rate_limit != spec.rate_limit),
-        ("partition_idle", old.partition_idle != spec.partition_idle),
+        ("circuit_breaker", old.circuit != new.circuit),
+        ("bulkhead", old.bulkhead != new.bulkhead),
+        ("cooldown", old.cooldown != new.cooldown),
+        ("rate_limiter", old.rate_limit != new.rate_limit),
+        ("partition_idle", old.partition_idle != new.partition_idle),
     ]
     .into_iter()
     .filter_map(|(name, differs)| differs.then_some(name))
     .collect();
-    Some(if differing.is_empty() {
-        vec!["settings"]
-    } else {
-        differing
+    // Settings that differ in shadow mode only: the two share every cell.
+    (!differing.is_empty() || old != new).then(|| {
+        if differing.is_empty() {
+            vec!["settings"]
+        } else {
+            differing
+        }
     })
+}
+
+/// `spec` with every policy out of shadow mode: the configuration its
+/// cells' state depends on.
+fn unshadowed(spec: &ResourceSpec) -> ResourceSpec {
+    let mut spec = spec.clone();
+    spec.circuit = spec.circuit.map(|c| c.shadow(false));
+    spec.bulkhead = spec.bulkhead.map(|b| b.shadow(false));
+    spec.cooldown = spec.cooldown.map(|c| c.shadow(false));
+    spec.rate_limit = spec.rate_limit.map(|r| r.shadow(false));
+    spec
 }
 
 impl StateStore for MemoryStore {
@@ -281,11 +299,14 @@ struct Params {
     max_pause_ns: Option<u64>,
     rate: Option<RateParams>,
     idle_ns: u64,
+    /// The policies in shadow mode.
+    shadow: Shadow,
 }
 
 impl Params {
     fn new(spec: &ResourceSpec) -> Self {
         Params {
+            shadow: Shadow::of(spec),
             circuit: spec.circuit.as_ref().map(BreakerParams::new),
             bulkhead: spec.bulkhead.as_ref().map(|b| b.max_concurrent),
             max_pause_ns: spec.cooldown.as_ref().map(|c| duration_nanos(c.max_pause)),
@@ -677,26 +698,33 @@ impl MemoryResource {
     fn new(spec: &ResourceSpec, previous: Option<&MemoryResource>) -> Self {
         let params = Params::new(spec);
         // A cell is kept from the previous binding when its own policy is
-        // configured the same way in both.
-        let keep = |same: bool| previous.filter(|_| same).map(|p| &p.root);
+        // configured the same way in both, shadow mode aside: a reload that
+        // only switches a policy in or out of shadow mode keeps its state
+        // (an enforcing policy starts from the state its shadow kept).
+        let (new, old) = (unshadowed(spec), previous.map(|p| unshadowed(&p.spec)));
+        let keep = |same: fn(&ResourceSpec, &ResourceSpec) -> bool| {
+            previous
+                .filter(|_| old.as_ref().is_some_and(|old| same(old, &new)))
+                .map(|p| &p.root)
+        };
         let root = Root {
             circuit: params.circuit.as_ref().map(|p| {
-                keep(previous.is_some_and(|prev| prev.spec.circuit == spec.circuit))
+                keep(|a, b| a.circuit == b.circuit)
                     .and_then(|r| r.circuit.clone())
                     .unwrap_or_else(|| Arc::new(Padded(Circuit::new(p))))
             }),
             in_flight: params.bulkhead.map(|max| {
-                keep(previous.is_some_and(|prev| prev.spec.bulkhead == spec.bulkhead))
+                keep(|a, b| a.bulkhead == b.bulkhead)
                     .and_then(|r| r.in_flight.clone())
                     .unwrap_or_else(|| Arc::new(StripedSlots::new(max)))
             }),
             cooldown_until: params.max_pause_ns.map(|_| {
-                keep(previous.is_some_and(|prev| prev.spec.cooldown == spec.cooldown))
+                keep(|a, b| a.cooldown == b.cooldown)
                     .and_then(|r| r.cooldown_until.clone())
                     .unwrap_or_default()
             }),
             rate: params.rate.as_ref().map(|p| {
-                keep(previous.is_some_and(|prev| prev.spec.rate_limit == spec.rate_limit))
+                keep(|a, b| a.rate_limit == b.rate_limit)
                     .and_then(|r| r.rate.clone())
                     .unwrap_or_else(|| Arc::new(Padded(RateState::new(p))))
             }),
@@ -785,7 +813,8 @@ impl MemoryResource {
     /// `reserved`); a `held` reservation (its instant) stands for the
     /// rate-limit permits, and is given back when an earlier policy refuses.
     /// A weight the rate limiter can never grant is refused first, with no
-    /// `retry_after`.
+    /// `retry_after`. A refusal by a policy in shadow mode admits the call
+    /// instead, as [`Walk`] says.
     fn admit_in(
         &self,
         view: View<'_>,
@@ -796,22 +825,42 @@ impl MemoryResource {
         let params = &self.params;
         let mut permit = Permit::default();
         let mut transition = None;
-        let refuse = |reason, retry_after, transition| {
+        let mut walk = Walk::new(params.shadow);
+        let refuse = |rejection: Rejection, transition| {
             if let (Some(at), Some(rate), Some(p)) = (held, view.rate, &params.rate) {
                 rate.give_back(p, at, n);
             }
             Admission {
-                decision: Err(Rejection::new(reason, retry_after)),
+                decision: Err(rejection),
                 transition,
                 degraded: None,
+                shadow: None,
             }
         };
+        // A refusal by `policy`: the admission's answer (what was taken is
+        // given back), or, in shadow mode, the call goes on without what
+        // the policies in shadow mode took.
+        macro_rules! refused {
+            ($policy:expr, $reason:expr, $retry_after:expr) => {
+                match walk.refused($policy, Rejection::new($reason, $retry_after)) {
+                    Err(rejection) => {
+                        give_back(view, permit);
+                        return refuse(rejection, transition);
+                    }
+                    Ok(()) => drop_shadowed(view, &mut permit, &walk),
+                }
+            };
+        }
         if let (Some(_), Some(p)) = (view.rate, &params.rate) {
             if !crate::rate_limit::rules::weight_fits(p, n) {
-                return refuse(RejectionReason::RateLimited, None, None);
+                refused!(Policy::Rate, RejectionReason::RateLimited, None);
             }
         }
-        if let (Some(circuit), Some(p)) = (view.circuit, &params.circuit) {
+        if let (Some(circuit), Some(p), true) = (
+            view.circuit,
+            &params.circuit,
+            walk.takes_part(Policy::Circuit),
+        ) {
             let answer = circuit.admit(p, now_ns);
             transition = answer.transition;
             match answer.decision {
@@ -820,43 +869,65 @@ impl MemoryResource {
                     permit.probe = probe;
                 }
                 Err(retry_after) => {
-                    return refuse(RejectionReason::CircuitOpen, retry_after, transition)
+                    refused!(Policy::Circuit, RejectionReason::CircuitOpen, retry_after)
                 }
             }
         }
-        if let (Some(slots), Some(max)) = (view.in_flight, params.bulkhead) {
-            let Some(slot) = slots.acquire(max) else {
-                give_back(view, permit);
-                return refuse(RejectionReason::BulkheadFull, None, transition);
-            };
-            permit.slot = Some(slot);
-        }
-        if let Some(until) = view.cooldown_until {
-            if let Err(left) = cooldown::machine::admit(until, now_ns) {
-                give_back(view, permit);
-                return refuse(RejectionReason::CooldownActive, Some(left), transition);
+        if let (Some(slots), Some(max), true) = (
+            view.in_flight,
+            params.bulkhead,
+            walk.takes_part(Policy::Bulkhead),
+        ) {
+            match slots.acquire(max) {
+                Some(slot) => permit.slot = Some(slot),
+                None => refused!(Policy::Bulkhead, RejectionReason::BulkheadFull, None),
             }
         }
-        if let (Some(rate), Some(p), None) = (view.rate, &params.rate, held) {
+        if let (Some(until), true) = (view.cooldown_until, walk.takes_part(Policy::Cooldown)) {
+            if let Err(left) = cooldown::machine::admit(until, now_ns) {
+                refused!(
+                    Policy::Cooldown,
+                    RejectionReason::CooldownActive,
+                    Some(left)
+                );
+            }
+        }
+        if let (Some(rate), Some(p), None, true) =
+            (view.rate, &params.rate, held, walk.takes_part(Policy::Rate))
+        {
+            // A limiter in shadow mode never makes a call wait.
+            let shadow = params.shadow.has(Policy::Rate);
+            let within_ns = if shadow { 0 } else { within_ns };
             match rate.reserve(p, now_ns, within_ns, n) {
+                Ok(at) if at > now_ns && shadow => {
+                    rate.give_back(p, at, n);
+                    let wait = Duration::from_nanos(at - now_ns);
+                    refused!(Policy::Rate, RejectionReason::RateLimited, Some(wait));
+                }
                 Ok(at) if at > now_ns => {
                     // Reserved: the call waits for it, holding nothing else.
                     give_back(view, permit);
                     *reserved = Some(at);
                     let wait = Duration::from_nanos(at - now_ns);
-                    return refuse(RejectionReason::RateLimited, Some(wait), transition);
+                    let rejection = Rejection::new(RejectionReason::RateLimited, Some(wait));
+                    return refuse(rejection, transition);
                 }
                 Ok(_) => {}
                 Err(retry_after) => {
-                    give_back(view, permit);
-                    return refuse(RejectionReason::RateLimited, Some(retry_after), transition);
+                    refused!(
+                        Policy::Rate,
+                        RejectionReason::RateLimited,
+                        Some(retry_after)
+                    );
                 }
             }
         }
+        permit.shadowed = walk.shadowed().is_some();
         Admission {
             decision: Ok(permit),
             transition,
             degraded: None,
+            shadow: walk.shadowed(),
         }
     }
 
@@ -865,16 +936,24 @@ impl MemoryResource {
         let now_ns = duration_nanos(record.now);
         let mut recorded = Recorded::default();
         // The cooldown and the circuit first, the slot last: a call that
-        // takes the freed slot sees both.
+        // takes the freed slot sees both. A shadowed call is recorded by
+        // the enforcing policies only.
+        let shadow = self.params.shadow;
         if let (Some(hint), Some(until), Some(max_pause)) = (
             record.retry_after,
             view.cooldown_until,
             self.params.max_pause_ns,
         ) {
-            recorded.cooldown =
-                cooldown::machine::extend(until, duration_nanos(hint), max_pause, now_ns);
+            if shadow.records(Policy::Cooldown, &record.permit) {
+                recorded.cooldown =
+                    cooldown::machine::extend(until, duration_nanos(hint), max_pause, now_ns);
+            }
         }
-        if let (Some(circuit), Some(p)) = (view.circuit, &self.params.circuit) {
+        if let (Some(circuit), Some(p), true) = (
+            view.circuit,
+            &self.params.circuit,
+            shadow.records(Policy::Circuit, &record.permit),
+        ) {
             recorded.transition = circuit.record(
                 p,
                 record.permit.generation,
@@ -937,6 +1016,8 @@ impl MemoryResource {
         if let Some(circuit) = view.circuit {
             match circuit.quick_admit(now) {
                 Ok(g) => generation = g,
+                // A circuit in shadow mode admits the call: `admit` says how.
+                Err(_) if params.shadow.has(Policy::Circuit) => return Err(None),
                 Err(open) => {
                     return Err(
                         open.map(|left| Rejection::new(RejectionReason::CircuitOpen, Some(left)))
@@ -1079,6 +1160,24 @@ impl Ticket {
             generation: self.generation(),
             slot: self.slot(),
             local: false,
+            shadowed: false,
+        }
+    }
+}
+
+/// Gives back what the policies in shadow mode took for a call that is
+/// shadowed now (see [`Walk::takes_part`]): a probe slot, a bulkhead slot.
+#[cold]
+fn drop_shadowed(view: View<'_>, permit: &mut Permit, walk: &Walk) {
+    if !walk.takes_part(Policy::Bulkhead) {
+        if let (Some(slot), Some(slots)) = (permit.slot.take(), view.in_flight) {
+            slots.release(slot);
+        }
+    }
+    if !walk.takes_part(Policy::Circuit) && permit.probe {
+        permit.probe = false;
+        if let Some(circuit) = view.circuit {
+            circuit.release_probe(permit.generation);
         }
     }
 }

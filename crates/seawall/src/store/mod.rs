@@ -200,6 +200,10 @@ pub struct Permit {
     pub slot: Option<u64>,
     /// Admitted on process-local state because the store failed (fail-open).
     pub local: bool,
+    /// Admitted only because a policy in shadow mode did not refuse it (see
+    /// [`crate::shadow`]): the policies in shadow mode record nothing of it
+    /// and hold nothing for it.
+    pub shadowed: bool,
 }
 
 /// The answer of [`ResourceState::admit`].
@@ -211,6 +215,9 @@ pub struct Admission {
     pub transition: Option<CircuitTransition>,
     /// The store failed and the answer comes from local state (fail-open).
     pub degraded: Option<StoreError>,
+    /// With an admitted (shadowed) permit: the refusal a policy in shadow
+    /// mode would have given (see [`crate::shadow`]).
+    pub shadow: Option<Rejection>,
 }
 
 impl Admission {
@@ -220,6 +227,7 @@ impl Admission {
             decision: Ok(permit),
             transition: None,
             degraded: None,
+            shadow: None,
         }
     }
     /// A refusal.
@@ -228,6 +236,7 @@ impl Admission {
             decision: Err(rejection),
             transition: None,
             degraded: None,
+            shadow: None,
         }
     }
 }
@@ -276,7 +285,8 @@ pub struct Recorded {
 ///
 /// Implementations must make each method atomic: two concurrent admissions
 /// must never both take the last slot, the last permit, or more probes than
-/// `half_open_calls`.
+/// `half_open_calls`. Policies in shadow mode follow the rule of
+/// [`crate::shadow`].
 pub trait ResourceState: Send + Sync + fmt::Debug {
     /// Admits one attempt through circuit, bulkhead, cooldown and rate limit,
     /// in that order, all or nothing.

@@ -1317,6 +1317,115 @@ pub fn corpus() -> Vec<Scenario> {
             ],
         );
 
+        // Shadow mode: the breaker opens as an enforcing one would, but no
+        // call is refused; a call it would have refused records nothing,
+        // so it stays open until its probe closes it.
+        breaker_in_shadow_mode => scenario(
+            Flavors::Agree,
+            |b| plain(b.circuit_breaker(
+                CircuitBreaker::consecutive_failures(2).cooldown(secs(30)).shadow(true),
+            )),
+            vec![
+                call(vec![Fail(RETRY)], "Operation"),
+                call(vec![Fail(RETRY)], "Operation"),
+                call(vec![Okay(1)], "Ok(1)"),
+                call(vec![Fail(RETRY)], "Operation"),
+                after(secs(30), vec![Okay(2)], "Ok(2)"),
+                call(vec![Fail(RETRY)], "Operation"),
+            ],
+        );
+
+        // A full bulkhead in shadow mode lets the nested call run at once,
+        // without a slot and without queueing (async calls would queue).
+        bulkhead_in_shadow_mode => scenario(
+            Flavors::Agree,
+            |b| plain(b.bulkhead(Bulkhead::new(1).queue(1, ms(100)).shadow(true))),
+            vec![
+                call(vec![Nested(None, vec![Nested(None, vec![Okay(1)])])], "Ok(0)"),
+                call(vec![Okay(2)], "Ok(2)"),
+            ],
+        );
+
+        // A rate limiter in shadow mode never makes a call wait, even with
+        // a max_wait.
+        rate_in_shadow_mode_never_waits => scenario(
+            Flavors::Agree,
+            |b| plain(b.rate_limiter(RateLimiter::gcra(1, secs(1)).max_wait(secs(1)).shadow(true))),
+            vec![
+                call(vec![Okay(1)], "Ok(1)"),
+                call(vec![Okay(2)], "Ok(2)"),
+                after(ms(500), vec![Okay(3)], "Ok(3)"),
+                after(ms(500), vec![Okay(4)], "Ok(4)"),
+            ],
+        );
+
+        cooldown_in_shadow_mode => scenario(
+            Flavors::Agree,
+            |b| classified(b.cooldown(Cooldown::new().max_wait(secs(5)).shadow(true))),
+            vec![
+                call(vec![Fail(THROTTLED)], "Operation(Boom(3))"),
+                call(vec![Okay(1)], "Ok(1)"),
+                call(vec![Fail(THROTTLED)], "Operation(Boom(3))"),
+                after(secs(2), vec![Okay(2)], "Ok(2)"),
+            ],
+        );
+
+        // A circuit in shadow mode admits the call it would refuse; the
+        // enforcing bulkhead still holds a slot for it, so the nested call
+        // is refused.
+        shadow_breaker_with_an_enforcing_bulkhead => scenario(
+            Flavors::Agree,
+            |b| plain(b
+                .circuit_breaker(CircuitBreaker::consecutive_failures(1).cooldown(secs(5)).shadow(true))
+                .bulkhead(Bulkhead::new(1))),
+            vec![
+                call(vec![Fail(RETRY)], "Operation"),
+                call(vec![Nested(None, vec![Okay(1)])], "Ok(0)"),
+                call(vec![Okay(2)], "Ok(2)"),
+            ],
+        );
+
+        // Declared before the retry, a rate limiter in shadow mode takes one
+        // permit per call and refuses none.
+        rate_in_shadow_mode_outside_retry => scenario(
+            Flavors::Agree,
+            |b| plain(b
+                .rate_limiter(RateLimiter::fixed_window(1, secs(10)).shadow(true))
+                .retry(Retry::constant(ms(100)).max_attempts(2))),
+            vec![
+                call(vec![Fail(RETRY), Okay(1)], "Ok(1)"),
+                call(vec![Okay(2)], "Ok(2)"),
+            ],
+        );
+
+        // The probe hangs past max_half_open: the nested call starts a new
+        // round of probes and closes the circuit; the late probe's outcome
+        // is of an older generation and counts for nothing.
+        breaker_round_of_probes_expires => scenario(
+            Flavors::Agree,
+            |b| plain(b.circuit_breaker(
+                CircuitBreaker::consecutive_failures(1).cooldown(secs(5)).max_half_open(secs(1)),
+            )),
+            vec![
+                call(vec![Fail(RETRY)], "Operation"),
+                after(secs(5), vec![slow(2000, Nested(None, vec![Okay(1)]))], "Ok(0)"),
+                call(vec![Okay(2)], "Ok(2)"),
+            ],
+        );
+
+        // Before max_half_open, the hanging probe still blocks.
+        breaker_round_of_probes_blocks_until_it_expires => scenario(
+            Flavors::Agree,
+            |b| plain(b.circuit_breaker(
+                CircuitBreaker::consecutive_failures(1).cooldown(secs(5)).max_half_open(secs(3)),
+            )),
+            vec![
+                call(vec![Fail(RETRY)], "Operation"),
+                after(secs(5), vec![slow(2000, Nested(None, vec![Okay(1)]))], "Ok(0)"),
+                call(vec![Okay(2)], "Ok(2)"),
+            ],
+        );
+
         partitions_cooldown => scenario(
             Flavors::Agree,
             |b| classified(b.cooldown(Cooldown::new().max_wait(Duration::ZERO))),
