@@ -45,6 +45,7 @@ pub(crate) fn policy(
         PolicyKind::Cooldown => cooldown(given),
         PolicyKind::RateLimiter => rate_limiter(given, span, key)?,
         PolicyKind::Chaos => chaos(given, span, key)?,
+        PolicyKind::Coalesce => coalesce(given),
     };
     Ok(Built::new(kind, value))
 }
@@ -319,6 +320,20 @@ fn chaos(g: &Given, span: Span, key: &Ident) -> syn::Result<TokenStream> {
     let latency = latency.tokens();
     let enabled = g.flag("enabled").unwrap_or(true);
     Ok(quote!(::seawall::Chaos::latency(#rate, #latency).enabled(#enabled)))
+}
+
+/// Request coalescing; with `ttl_ms` / `ttl_s`, a cache of successes
+/// (`max_entries` bounds it). The key is the attribute's `coalesce_key`.
+fn coalesce(g: &Given) -> TokenStream {
+    let mut c = quote!(::seawall::Coalesce::new());
+    if let Some(d) = g.duration("ttl") {
+        let d = d.tokens();
+        c.extend(quote!(.ttl(#d)));
+    }
+    if let Some(n) = g.count("max_entries") {
+        c.extend(quote!(.max_entries(#n)));
+    }
+    c
 }
 
 fn cooldown(g: &Given) -> TokenStream {

@@ -141,6 +141,14 @@ const BUDGET: &[Setting] = &[Setting::number("ratio"), Setting::count("max_token
 const ALGORITHMS: &[&str] = &["gcra", "fixed_window", "sliding_window"];
 
 policies! {
+    /// Request coalescing: concurrent calls with the same key share one
+    /// execution of the whole call, with an optional cache of successes
+    /// (`ttl`, bounded to `max_entries`). Declared first: it wraps
+    /// everything else (the fallback aside).
+    Coalesce = "coalesce", Outermost, [
+        Setting::duration("ttl"),
+        Setting::count("max_entries"),
+    ];
     /// A timeout: of the whole call before the retry, of each attempt after it.
     Timeout = "timeout" / "attempt_timeout", EitherSide, [
         Setting::duration("duration").attr("").shorthand(),
@@ -401,6 +409,9 @@ pub enum Place {
     /// After the retry (or in a pipeline without one), any number of times:
     /// it acts on each attempt (chaos injection).
     Attempt,
+    /// First in the list, once: it wraps the whole call, every other
+    /// policy included (request coalescing).
+    Outermost,
 }
 
 /// What a policy covers at its position.
@@ -479,6 +490,8 @@ pub enum Rule {
     },
     /// A policy of [`Place::Attempt`] declared before the retry.
     BeforeRetry,
+    /// A policy of [`Place::Outermost`] declared after another policy.
+    NotFirst,
 }
 
 impl Rule {
@@ -494,6 +507,10 @@ impl Rule {
             Rule::BeforeRetry => {
                 "it acts on each attempt: declare it after `retry` (acting once around the \
                  whole call is not supported)"
+            }
+            Rule::NotFirst => {
+                "it shares one execution of the whole call among concurrent callers: \
+                 declare it first, before every other policy"
             }
         }
     }
@@ -525,9 +542,18 @@ pub fn check(declared: &[PolicyKind]) -> Result<(), Misplaced> {
         if let Some(first) = (0..i).find(earlier) {
             let rule = match kind.place() {
                 Place::EitherSide => Rule::SecondOnSide { scope: here, first },
-                Place::Retry | Place::Stateful | Place::Attempt => Rule::Twice { first },
+                Place::Retry | Place::Stateful | Place::Attempt | Place::Outermost => {
+                    Rule::Twice { first }
+                }
             };
             return Err(Misplaced { at: i, kind, rule });
+        }
+        if kind.place() == Place::Outermost && i != 0 {
+            return Err(Misplaced {
+                at: i,
+                kind,
+                rule: Rule::NotFirst,
+            });
         }
     }
     Ok(())
@@ -681,6 +707,18 @@ mod tests {
     }
 
     #[test]
+    fn coalescing_stands_first_once() {
+        assert_eq!(check(&[Coalesce, Timeout, Retry, CircuitBreaker]), Ok(()));
+        assert_eq!(check(&[Coalesce]), Ok(()));
+        let e = check(&[Retry, Coalesce]).unwrap_err();
+        assert_eq!((e.at, e.rule), (1, Rule::NotFirst));
+        let e = check(&[Coalesce, Coalesce]).unwrap_err();
+        assert_eq!((e.at, e.rule), (1, Rule::Twice { first: 0 }));
+        assert_eq!(scope(&[Coalesce, Retry], 0), Scope::Call);
+        assert!(!Coalesce.is_stateful());
+    }
+
+    #[test]
     fn the_first_broken_rule_in_list_order_is_reported() {
         let e = check(&[CircuitBreaker, CircuitBreaker, Retry]).unwrap_err();
         assert_eq!(e.rule, Rule::Twice { first: 0 });
@@ -699,6 +737,7 @@ mod tests {
             PolicyKind::ALL.iter().all(|&k| match k {
                 Timeout => count(before, k) <= 1 && count(after, k) <= 1,
                 Chaos => retry.is_none() || count(before, k) == 0,
+                Coalesce => count(d, k) <= 1 && d.iter().skip(1).all(|x| *x != k),
                 _ => count(d, k) <= 1,
             })
         }
@@ -718,7 +757,7 @@ mod tests {
                 .collect();
             lists.extend(longer);
         }
-        assert_eq!(lists.len(), 1 + 7 + 49 + 343 + 2401);
+        assert_eq!(lists.len(), 1 + 8 + 64 + 512 + 4096);
         for l in &lists {
             assert_eq!(check(l).is_ok(), accepted(l), "{l:?}");
         }

@@ -1,7 +1,8 @@
 //! Seawall: a resilience toolbox for Rust.
 //!
 //! Retry (backoff + jitter + budget), circuit breaker, timeout, bulkhead,
-//! rate limiter, cooldown and fallback, composed into one [`Pipeline`], with
+//! rate limiter, cooldown, fallback, chaos injection and request coalescing
+//! (with a small cache of successes), composed into one [`Pipeline`], with
 //! state that can be shared across processes through a [`StateStore`]
 //! (in-memory by default, Redis with `seawall-redis`).
 //!
@@ -67,7 +68,8 @@
 //! when declared after the retry (or without one), and the whole call when
 //! declared before it: one admission and one outcome per call (see
 //! [`PipelineBuilder`]). On each side they are checked in that order. The
-//! fallback is always outermost.
+//! fallback is always outermost; request coalescing ([`coalesce`]), when
+//! declared, is declared first and shares one execution of the whole call.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -76,6 +78,7 @@ pub mod bulkhead;
 pub mod chaos;
 pub mod classify;
 pub mod clock;
+pub mod coalesce;
 #[cfg(feature = "serde")]
 pub mod config;
 pub mod context;
@@ -106,6 +109,7 @@ pub use bulkhead::Bulkhead;
 pub use chaos::{Chaos, ChaosSwitch};
 pub use classify::{Verdict, VerdictKind};
 pub use clock::{Clock, Random, SystemClock, SystemRandom};
+pub use coalesce::Coalesce;
 pub use context::{Context, PartitionKey};
 pub use cooldown::Cooldown;
 pub use error::{ConfigError, Error, Rejection, RejectionReason, StoreError, TimeoutError};

@@ -12,6 +12,7 @@ use super::raw::Section;
 use crate::breaker::CircuitBreaker;
 use crate::bulkhead::Bulkhead;
 use crate::chaos::Chaos;
+use crate::coalesce::Coalesce;
 use crate::cooldown::Cooldown;
 use crate::error::ConfigError;
 use crate::pipeline::Declared;
@@ -43,6 +44,11 @@ pub(super) fn resolve(
             Declared::RateLimiter(rate_limiter(layers.ok_or_else(missing)?)?)
         }
         PolicyKind::Chaos => Declared::Chaos(chaos(layers.ok_or_else(missing)?)?),
+        // Sharing alone needs no section: `coalesce = {}` or a listed name.
+        PolicyKind::Coalesce => Declared::Coalesce(coalesce(layers.unwrap_or(Layers {
+            own: None,
+            base: None,
+        }))),
     })
 }
 
@@ -324,6 +330,19 @@ fn cooldown(l: Layers<'_, Section>) -> Cooldown {
     }
     if let Some(d) = l.get(|c| c.duration("grace")) {
         c = c.grace(d.0);
+    }
+    c
+}
+
+/// Request coalescing; a `ttl` adds the cache, `max_entries` bounds it
+/// (the builder judges both).
+fn coalesce(l: Layers<'_, Section>) -> Coalesce {
+    let mut c = Coalesce::new();
+    if let Some(d) = l.get(|c| c.duration("ttl")) {
+        c = c.ttl(d.0);
+    }
+    if let Some(n) = l.get(|c| c.count("max_entries")) {
+        c = c.max_entries(n);
     }
     c
 }

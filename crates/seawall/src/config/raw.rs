@@ -194,10 +194,10 @@ pub(crate) struct PolicyName {
 }
 
 impl PolicyName {
-    /// Every name, in the order used when `policies` is not given: the
-    /// policies of either side before the retry, the retry, their names
-    /// after it, then the stateful policies, then chaos (each group in
-    /// registration order).
+    /// Every name, in the order used when `policies` is not given:
+    /// coalescing, the policies of either side before the retry, the
+    /// retry, their names after it, then the stateful policies, then chaos
+    /// (each group in registration order).
     fn all() -> impl Iterator<Item = PolicyName> {
         let names = |place: Place, after_retry: bool| {
             PolicyKind::ALL
@@ -205,7 +205,8 @@ impl PolicyName {
                 .filter(move |k| k.place() == place && (!after_retry || k.attempt_name().is_some()))
                 .map(move |&kind| PolicyName { kind, after_retry })
         };
-        names(Place::EitherSide, false)
+        names(Place::Outermost, false)
+            .chain(names(Place::EitherSide, false))
             .chain(names(Place::Retry, false))
             .chain(names(Place::EitherSide, true))
             .chain(names(Place::Stateful, false))
@@ -771,6 +772,7 @@ mod tests {
         assert_eq!(
             all,
             [
+                "coalesce",
                 "timeout",
                 "retry",
                 "attempt_timeout",
@@ -829,6 +831,11 @@ mod tests {
                 PolicyKind::Chaos => (
                     "chaos = { rate = 0.5, latency = \"1s\" }",
                     Pipeline::builder("a").chaos(crate::Chaos::latency(0.5, ms(1000))),
+                ),
+                PolicyKind::Coalesce => (
+                    "coalesce = { ttl = \"1s\", max_entries = 8 }",
+                    Pipeline::builder("a")
+                        .coalesce(crate::Coalesce::new().ttl(ms(1000)).max_entries(8)),
                 ),
             };
             let config = Config::parse(Format::Toml, &format!("[pipelines.a]\n{section}\n"))

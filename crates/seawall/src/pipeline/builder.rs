@@ -16,6 +16,7 @@ use crate::bulkhead::Bulkhead;
 use crate::chaos::{Chaos, ChaosFault, ChaosOutcome};
 use crate::classify::Verdict;
 use crate::clock::{Clock, ClockHandle, Random, SystemRandom};
+use crate::coalesce::{Coalesce, Coalescer};
 use crate::context::{intern, Context};
 use crate::cooldown::Cooldown;
 use crate::error::{ConfigError, Error};
@@ -157,6 +158,26 @@ impl<K: Kind> PipelineBuilder<K> {
     #[cfg(test)]
     pub(crate) fn declared_kinds(&self) -> Vec<seawall_order::PolicyKind> {
         self.declared.iter().map(Declared::kind).collect()
+    }
+
+    /// Adds request coalescing: concurrent calls made with the same key
+    /// ([`Pipeline::coalesce_key`], [`Partition::coalesced`](super::Partition::coalesced))
+    /// share one execution of the whole call, and with a `ttl` a cache of
+    /// successes answers them (see [`crate::coalesce`]). Declare it first:
+    /// `build()` refuses it after another policy.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use seawall::{Coalesce, Pipeline};
+    ///
+    /// let e = Pipeline::builder("prices")
+    ///     .coalesce(Coalesce::new().ttl(Duration::ZERO))
+    ///     .build()
+    ///     .unwrap_err();
+    /// assert!(e.to_string().starts_with("coalesce.ttl must be > 0"));
+    /// ```
+    pub fn coalesce(self, coalesce: Coalesce) -> Self {
+        self.declare(Declared::Coalesce(coalesce))
     }
 
     /// Adds a retry policy. Timeouts declared after it bound each attempt,
@@ -465,6 +486,7 @@ impl<K: Kind> PipelineBuilder<K> {
             strict_names: self.strict_names,
             handlers: self.handlers,
             chaos: sorted.chaos.into_boxed_slice(),
+            coalesce: sorted.coalesce,
         }
         .assemble()
     }
@@ -488,6 +510,7 @@ struct Assembly<K: Kind> {
     strict_names: bool,
     handlers: K::Handlers,
     chaos: Box<[Chaos]>,
+    coalesce: Option<Coalesce>,
 }
 
 impl<K: Kind> Assembly<K> {
@@ -532,6 +555,7 @@ impl<K: Kind> Assembly<K> {
                 plan,
                 noted: Default::default(),
                 chaos: self.chaos,
+                coalesce: self.coalesce.as_ref().map(Coalescer::new),
             }),
         })
     }

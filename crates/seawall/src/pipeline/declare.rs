@@ -10,6 +10,7 @@ use seawall_order::{check, guards, scope, Misplaced, PolicyKind, Rule, Scope};
 use crate::breaker::CircuitBreaker;
 use crate::bulkhead::Bulkhead;
 use crate::chaos::Chaos;
+use crate::coalesce::Coalesce;
 use crate::cooldown::Cooldown;
 use crate::error::ConfigError;
 use crate::rate_limit::RateLimiter;
@@ -48,6 +49,7 @@ macro_rules! declared {
 }
 
 declared! {
+    Coalesce(Coalesce),
     Timeout(Timeout),
     Retry(Retry),
     CircuitBreaker(CircuitBreaker),
@@ -100,6 +102,12 @@ impl Validate for Chaos {
     }
 }
 
+impl Validate for Coalesce {
+    fn validate_in(&self, _: Option<Duration>) -> Result<(), ConfigError> {
+        self.validate()
+    }
+}
+
 impl Validate for RateLimiter {
     fn validate_in(&self, _: Option<Duration>) -> Result<(), ConfigError> {
         self.validate()
@@ -119,6 +127,8 @@ pub(crate) struct Sorted {
     pub(crate) attempt: Guards,
     /// The chaos policies, in declaration order (each attempt).
     pub(crate) chaos: Vec<Chaos>,
+    /// Request coalescing (outermost).
+    pub(crate) coalesce: Option<Coalesce>,
 }
 
 /// The stateful policies of one level (the whole call or each attempt).
@@ -178,6 +188,7 @@ pub(crate) fn sort(declared: Vec<Declared>, kinds: &[PolicyKind]) -> Sorted {
             Declared::Cooldown(c) => level.cooldown = Some(c),
             Declared::RateLimiter(r) => level.rate_limit = Some(r),
             Declared::Chaos(c) => s.chaos.push(c),
+            Declared::Coalesce(c) => s.coalesce = Some(c),
         }
     }
     s
@@ -193,6 +204,7 @@ pub(crate) fn misplaced(e: Misplaced) -> ConfigError {
             e.rule.reason()
         ),
         Rule::BeforeRetry => format!("is declared before `retry`; {}", e.rule.reason()),
+        Rule::NotFirst => format!("is declared after another policy; {}", e.rule.reason()),
     };
     ConfigError::new("pipeline", e.kind.name(), rule)
 }

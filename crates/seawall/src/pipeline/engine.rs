@@ -48,7 +48,7 @@
 //! Whether anyone listens to events never changes a decision, an instant or
 //! the stored state: it only adds the events.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use super::kind::{Fallen, Handles};
@@ -239,6 +239,9 @@ pub(crate) struct Call<'g, K: Kind> {
     waiting: Option<Waiting>,
     /// The rate-limit permits each admission takes (1 unless weighted).
     weight: u32,
+    /// Set when the fallback made the call's result (a coalesced call's
+    /// leader asks, not to cache a fallback's value).
+    fallback_seen: Option<&'g AtomicBool>,
 }
 
 /// A call that gives back what it holds when it is dropped before its end
@@ -343,6 +346,7 @@ impl<'g, K: Kind> Call<'g, K> {
             call_at: None,
             waiting: None,
             weight: 1,
+            fallback_seen: None,
         }
     }
 
@@ -350,6 +354,12 @@ impl<'g, K: Kind> Call<'g, K> {
     /// weighted call is admitted by the general path.
     pub(crate) fn weighted(mut self, weight: u32) -> Self {
         self.weight = weight;
+        self
+    }
+
+    /// The call setting `seen` when its fallback makes its result.
+    pub(crate) fn reporting_fallback(mut self, seen: Option<&'g AtomicBool>) -> Self {
+        self.fallback_seen = seen;
         self
     }
 
@@ -1356,6 +1366,9 @@ impl<'g, K: Kind> Call<'g, K> {
 
     /// The fallback's result is the call's.
     pub(crate) fn fell_back<T, E>(&mut self, result: Result<T, E>) -> Result<T, Error<E>> {
+        if let Some(seen) = self.fallback_seen {
+            seen.store(true, Ordering::Relaxed);
+        }
         let result = result.map_err(Error::Fallback);
         if self.listening {
             self.call_finished(match &result {
@@ -1659,6 +1672,7 @@ impl<'g, K: Kind> First<'g, K> {
             call_at: None,
             waiting: None,
             weight: 1,
+            fallback_seen: None,
         })
     }
 }

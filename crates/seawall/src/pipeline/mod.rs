@@ -3,7 +3,7 @@
 
 use std::fmt;
 use std::future::Future;
-use std::sync::atomic::AtomicU32;
+use std::sync::atomic::{AtomicBool, AtomicU32};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,6 +17,7 @@ use crate::store::{MemoryResource, ResourceSpec, ResourceState};
 use crate::timeout::Timeout;
 
 mod builder;
+mod coalesced;
 mod drive;
 mod engine;
 mod kind;
@@ -27,6 +28,7 @@ mod span;
 #[cfg(feature = "serde")]
 pub(crate) use builder::declare::Declared;
 pub use builder::PipelineBuilder;
+pub use coalesced::Coalesced;
 #[cfg(feature = "reqwest")]
 pub(crate) use drive::Judged;
 pub use kind::{
@@ -94,6 +96,8 @@ pub(crate) struct Shared<K: Kind> {
     pub(crate) noted: nested::Noted,
     /// The chaos policies, in declaration order (each attempt).
     pub(crate) chaos: Box<[crate::chaos::Chaos]>,
+    /// Request coalescing and its cache, when declared.
+    pub(crate) coalesce: Option<crate::coalesce::Coalescer>,
 }
 
 impl<K: Kind> Shared<K> {
@@ -214,6 +218,34 @@ impl<K: Kind> Pipeline<K> {
     /// A weight of 0: `rate_limit.weight must be >= 1, got 0`.
     pub fn weighted(&self, weight: u32) -> Result<Weighted<'_, K>, ConfigError> {
         Weighted::new(self, None, weight)
+    }
+
+    /// Calls that share one execution with the concurrent calls of the
+    /// same `key` (and result type), and, with a cache, are answered by a
+    /// fresh success of that key: `pipeline.coalesce_key(user_id).run(..)`.
+    /// See [`crate::coalesce`]. On a pipeline without
+    /// [`coalesce`](PipelineBuilder::coalesce) they run as plain calls.
+    ///
+    /// ```
+    /// use seawall::{Coalesce, Pipeline};
+    ///
+    /// let pipeline = Pipeline::builder("profiles").coalesce(Coalesce::new()).build()?;
+    /// let profile = pipeline
+    ///     .coalesce_key("user-7")
+    ///     .call(|_ctx| Ok::<_, std::sync::Arc<std::io::Error>>(String::from("ada")))?;
+    /// assert_eq!(profile, "ada");
+    /// # Ok::<_, Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn coalesce_key(&self, key: impl Into<PartitionKey>) -> Coalesced<'_, K> {
+        Coalesced::new(self, None, Some(key.into()))
+    }
+
+    /// Calls that share one execution with every concurrent call of this
+    /// pipeline made the same way (and of the same result type): for a
+    /// pipeline that stands for one resource (the configuration, a token).
+    /// See [`coalesce_key`](Self::coalesce_key).
+    pub fn coalesced(&self) -> Coalesced<'_, K> {
+        Coalesced::new(self, None, None)
     }
 
     /// Forces the circuit open: every call is rejected until
@@ -363,7 +395,7 @@ impl<K: Kind> Pipeline<K> {
         Op: FnMut(Context) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        self.run_in(None, 1, op)
+        self.run_in(None, 1, None, op)
     }
 
     /// [`run`](Self::run) in `partition`: the operation as given, or in the
@@ -374,6 +406,7 @@ impl<K: Kind> Pipeline<K> {
         &'a self,
         partition: Option<&'a PartitionKey>,
         weight: u32,
+        fallback_seen: Option<&'a AtomicBool>,
         op: Op,
     ) -> impl Future<Output = Result<T, Error<E>>> + use<'a, K, T, E, Op, Fut>
     where
@@ -381,7 +414,7 @@ impl<K: Kind> Pipeline<K> {
         Op: FnMut(Context) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        self.drive_async_weighted(partition, weight, op)
+        self.drive_async_weighted(partition, weight, fallback_seen, op)
     }
 
     #[cfg(feature = "tracing")]
@@ -390,6 +423,7 @@ impl<K: Kind> Pipeline<K> {
         &'a self,
         partition: Option<&'a PartitionKey>,
         weight: u32,
+        fallback_seen: Option<&'a AtomicBool>,
         op: Op,
     ) -> impl Future<Output = Result<T, Error<E>>> + use<'a, K, T, E, Op, Fut>
     where
@@ -400,11 +434,11 @@ impl<K: Kind> Pipeline<K> {
         if span::wanted() {
             let op = span::async_op(self.shared.name, partition, op);
             span::Either::Traced {
-                future: self.drive_async_weighted(partition, weight, op),
+                future: self.drive_async_weighted(partition, weight, fallback_seen, op),
             }
         } else {
             span::Either::Plain {
-                future: self.drive_async_weighted(partition, weight, op),
+                future: self.drive_async_weighted(partition, weight, fallback_seen, op),
             }
         }
     }
@@ -415,6 +449,7 @@ impl<K: Kind> Pipeline<K> {
         &self,
         partition: Option<&PartitionKey>,
         weight: u32,
+        fallback_seen: Option<&AtomicBool>,
         op: Op,
     ) -> Result<T, Error<E>>
     where
@@ -423,9 +458,9 @@ impl<K: Kind> Pipeline<K> {
     {
         #[cfg(feature = "tracing")]
         if span::wanted() {
-            return self.call_traced(partition, weight, op);
+            return self.call_traced(partition, weight, fallback_seen, op);
         }
-        self.drive_sync_weighted(partition, weight, op)
+        self.drive_sync_weighted(partition, weight, fallback_seen, op)
     }
 
     /// [`call_in`](Self::call_in) with the spans: out of the way of the
@@ -437,6 +472,7 @@ impl<K: Kind> Pipeline<K> {
         &self,
         partition: Option<&PartitionKey>,
         weight: u32,
+        fallback_seen: Option<&AtomicBool>,
         op: Op,
     ) -> Result<T, Error<E>>
     where
@@ -444,7 +480,7 @@ impl<K: Kind> Pipeline<K> {
         Op: FnMut(Context) -> Result<T, E>,
     {
         let op = span::sync_op(self.shared.name, partition, op);
-        self.drive_sync_weighted(partition, weight, op)
+        self.drive_sync_weighted(partition, weight, fallback_seen, op)
     }
 
     /// Runs a blocking operation through the pipeline on the calling thread.
@@ -465,7 +501,7 @@ impl<K: Kind> Pipeline<K> {
         K: HandlesSync<T, E>,
         Op: FnMut(Context) -> Result<T, E>,
     {
-        self.call_in(None, 1, op)
+        self.call_in(None, 1, None, op)
     }
 
     /// The context of attempt `attempt` with `deadline`, for the fallback.
@@ -538,7 +574,8 @@ impl<'p, K: Kind> Weighted<'p, K> {
         Op: FnMut(Context) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        self.pipeline.run_in(self.key.as_ref(), self.weight, op)
+        self.pipeline
+            .run_in(self.key.as_ref(), self.weight, None, op)
     }
 
     /// Runs a blocking operation taking [`weight`](Self::weight) permits.
@@ -551,7 +588,8 @@ impl<'p, K: Kind> Weighted<'p, K> {
         K: HandlesSync<T, E>,
         Op: FnMut(Context) -> Result<T, E>,
     {
-        self.pipeline.call_in(self.key.as_ref(), self.weight, op)
+        self.pipeline
+            .call_in(self.key.as_ref(), self.weight, None, op)
     }
 }
 
@@ -577,6 +615,19 @@ impl<'p, K: Kind> Partition<'p, K> {
         Weighted::new(self.pipeline, Some(self.key), weight)
     }
 
+    /// Calls in this partition that share one execution per partition
+    /// (see [`crate::coalesce`]): concurrent calls of the same partition
+    /// and result type run the operation once.
+    pub fn coalesced(self) -> Coalesced<'p, K> {
+        Coalesced::new(self.pipeline, Some(self.key), None)
+    }
+
+    /// Calls in this partition that share one execution per partition and
+    /// `key` (see [`crate::coalesce`]).
+    pub fn coalesce_key(self, key: impl Into<PartitionKey>) -> Coalesced<'p, K> {
+        Coalesced::new(self.pipeline, Some(self.key), Some(key.into()))
+    }
+
     /// Runs an async operation in this partition. See [`Pipeline::run`].
     ///
     /// # Errors
@@ -590,7 +641,7 @@ impl<'p, K: Kind> Partition<'p, K> {
         Op: FnMut(Context) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        self.pipeline.run_in(Some(&self.key), 1, op)
+        self.pipeline.run_in(Some(&self.key), 1, None, op)
     }
 
     /// Runs a blocking operation in this partition. See [`Pipeline::call`].
@@ -602,7 +653,7 @@ impl<'p, K: Kind> Partition<'p, K> {
         K: HandlesSync<T, E>,
         Op: FnMut(Context) -> Result<T, E>,
     {
-        self.pipeline.call_in(Some(&self.key), 1, op)
+        self.pipeline.call_in(Some(&self.key), 1, None, op)
     }
 
     /// Forces this partition's circuit open.
