@@ -97,8 +97,8 @@
 //! [`Partition::coalesce_key`]: crate::pipeline::Partition::coalesce_key
 
 use std::any::{Any, TypeId};
-use std::future::Future;
 use std::pin::pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -214,6 +214,11 @@ impl FlightKey {
             key: key.cloned(),
         }
     }
+
+    /// The partition of the calls.
+    pub(crate) fn partition(&self) -> Option<&PartitionKey> {
+        self.partition.as_ref()
+    }
 }
 
 /// A value shared between calls: a `Result<T, Error<E>>` for followers, a
@@ -225,6 +230,8 @@ type SharedValue = Arc<dyn Any + Send + Sync>;
 pub(crate) struct Coalescer {
     flights: Mutex<HashMap<FlightKey, Arc<Flight>>>,
     cache: Option<Kept>,
+    /// Followers waiting now, read without taking a lock.
+    waiting: AtomicUsize,
 }
 
 struct Kept {
@@ -254,7 +261,7 @@ pub(crate) enum Join<'c> {
     /// [`Lead::finish`].
     Lead(Lead<'c>),
     /// An execution is under way: wait for it.
-    Follow(Arc<Flight>),
+    Follow(Follower<'c>),
 }
 
 impl Coalescer {
@@ -267,6 +274,7 @@ impl Coalescer {
                     settings.max_entries.unwrap_or(DEFAULT_MAX_ENTRIES) as usize,
                 )),
             }),
+            waiting: AtomicUsize::new(0),
         }
     }
 
@@ -296,7 +304,12 @@ impl Coalescer {
         }
         let mut flights = lock(&self.flights);
         if let Some(f) = flights.get(key) {
-            return Join::Follow(Arc::clone(f));
+            self.waiting.fetch_add(1, Ordering::Relaxed);
+            return Join::Follow(Follower {
+                coalescer: self,
+                key,
+                flight: Arc::clone(f),
+            });
         }
         if let Some(v) = now.and_then(|now| self.cached(key, now)) {
             return Join::Cached(v);
@@ -311,18 +324,12 @@ impl Coalescer {
         })
     }
 
-    /// Takes `flight` out of the table, if it is still there; whether any
-    /// follower holds it (none can join once it is out).
-    fn leave(&self, key: &FlightKey, flight: &Arc<Flight>) -> bool {
-        let mut flights = lock(&self.flights);
-        if flights.get(key).is_some_and(|f| Arc::ptr_eq(f, flight)) {
-            flights.remove(key);
-        }
-        drop(flights);
-        Arc::strong_count(flight) > 1
+    /// Calls waiting for the execution of another call with the same key.
+    pub(crate) fn waiters(&self) -> usize {
+        self.waiting.load(Ordering::Relaxed)
     }
 
-    /// Executions under way (for tests).
+    /// Executions under way or waiting for a new leader (for tests).
     #[cfg(test)]
     fn in_flight(&self) -> usize {
         lock(&self.flights).len()
@@ -330,8 +337,8 @@ impl Coalescer {
 }
 
 /// The leadership of one execution: ended by [`finish`](Self::finish);
-/// dropped before that (a dropped future, a panic), it wakes the followers,
-/// one of which takes over.
+/// dropped before that (a dropped future, a panic), it hands the execution
+/// to the first of its followers to wake ([`Landed::TakenOver`]).
 pub(crate) struct Lead<'c> {
     coalescer: &'c Coalescer,
     key: &'c FlightKey,
@@ -342,7 +349,8 @@ pub(crate) struct Lead<'c> {
 impl Lead<'_> {
     /// Ends the execution with `result`: a success is kept in the cache
     /// (unless `keep` says it must not be: the fallback's), then the
-    /// followers, if any, get a clone of it.
+    /// execution leaves the table and its followers, if any, get a clone
+    /// of the result.
     pub(crate) fn finish<T, E>(
         mut self,
         result: &Result<T, Error<E>>,
@@ -358,7 +366,17 @@ impl Lead<'_> {
             let value: SharedValue = Arc::new(v.clone());
             lock(&kept.entries).insert(self.key.clone(), value, expires);
         }
-        if self.coalescer.leave(self.key, &self.flight) {
+        let mut flights = lock(&self.coalescer.flights);
+        if flights
+            .get(self.key)
+            .is_some_and(|f| Arc::ptr_eq(f, &self.flight))
+        {
+            flights.remove(self.key);
+        }
+        drop(flights);
+        // Out of the table, no call can join it any more: the count of its
+        // holders is final, and without followers nothing is cloned.
+        if Arc::strong_count(&self.flight) > 1 {
             let shared: SharedValue = Arc::new(result.clone());
             self.flight.land(Slot::Done(shared));
         }
@@ -367,25 +385,113 @@ impl Lead<'_> {
 
 impl Drop for Lead<'_> {
     fn drop(&mut self) {
-        if !self.ended {
-            self.coalescer.leave(self.key, &self.flight);
-            self.flight.land(Slot::Abandoned);
+        if self.ended {
+            return;
         }
+        let mut flights = lock(&self.coalescer.flights);
+        let listed = flights
+            .get(self.key)
+            .is_some_and(|f| Arc::ptr_eq(f, &self.flight));
+        // The table's reference and this one: nobody else waits, and the
+        // execution leaves the table. Otherwise it stays, without a
+        // leader, for the first follower (or newcomer) to take over.
+        if listed && Arc::strong_count(&self.flight) <= 2 {
+            flights.remove(self.key);
+        }
+        drop(flights);
+        self.flight.land(Slot::Leaderless);
+    }
+}
+
+/// A call waiting for another's execution.
+pub(crate) struct Follower<'c> {
+    coalescer: &'c Coalescer,
+    key: &'c FlightKey,
+    flight: Arc<Flight>,
+}
+
+impl Drop for Follower<'_> {
+    fn drop(&mut self) {
+        self.coalescer.waiting.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// How a followed execution ended for a follower.
+pub(crate) enum Landed<'c> {
+    /// With this result (a `Result<T, Error<E>>`).
+    Done(SharedValue),
+    /// Its leader went away before the end, and this call takes its place:
+    /// run the call, then [`Lead::finish`] it for the other followers.
+    TakenOver(Lead<'c>),
+}
+
+impl<'c> Follower<'c> {
+    /// The end of the execution as `slot` says, or `None` while it runs. A
+    /// leaderless execution is claimed here, under the slot's lock: by
+    /// exactly one follower.
+    fn landed(&self, slot: &mut Slot) -> Option<Result<SharedValue, ()>> {
+        match slot {
+            Slot::Running => None,
+            Slot::Done(v) => Some(Ok(Arc::clone(v))),
+            Slot::Leaderless => {
+                *slot = Slot::Running;
+                Some(Err(()))
+            }
+        }
+    }
+
+    fn into_landed(self, landed: Result<SharedValue, ()>) -> Landed<'c> {
+        match landed {
+            Ok(v) => Landed::Done(v),
+            Err(()) => Landed::TakenOver(Lead {
+                coalescer: self.coalescer,
+                key: self.key,
+                flight: Arc::clone(&self.flight),
+                ended: false,
+            }),
+        }
+    }
+
+    /// Blocks until the execution ends or falls to this call.
+    pub(crate) fn wait_blocking(self) -> Landed<'c> {
+        let mut slot = lock(&self.flight.slot);
+        loop {
+            if let Some(landed) = self.landed(&mut slot) {
+                drop(slot);
+                return self.into_landed(landed);
+            }
+            slot = self
+                .flight
+                .ready
+                .wait(slot)
+                .unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// Waits until the execution ends or falls to this call.
+    pub(crate) async fn wait(self) -> Landed<'c> {
+        let landed = loop {
+            // Registered before the slot is read, so that an end between
+            // the two still wakes this follower.
+            let mut notified = pin!(self.flight.notify.notified());
+            notified.as_mut().enable();
+            let landed = self.landed(&mut lock(&self.flight.slot));
+            match landed {
+                Some(landed) => break landed,
+                None => notified.await,
+            }
+        };
+        self.into_landed(landed)
     }
 }
 
 enum Slot {
+    /// A leader runs the call.
     Running,
+    /// The call's result.
     Done(SharedValue),
-    Abandoned,
-}
-
-/// How a followed execution ended.
-pub(crate) enum Landed {
-    /// With this result (a `Result<T, Error<E>>`).
-    Done(SharedValue),
-    /// Its leader went away before the end: join again.
-    Abandoned,
+    /// The leader went away: the first follower to wake takes over.
+    Leaderless,
 }
 
 /// One execution under way, waited for by blocking and async followers.
@@ -410,41 +516,6 @@ impl Flight {
         *lock(&self.slot) = slot;
         self.ready.notify_all();
         self.notify.notify_waiters();
-    }
-
-    fn landed(slot: &Slot) -> Option<Landed> {
-        match slot {
-            Slot::Running => None,
-            Slot::Done(v) => Some(Landed::Done(Arc::clone(v))),
-            Slot::Abandoned => Some(Landed::Abandoned),
-        }
-    }
-
-    /// Blocks until the execution ends.
-    pub(crate) fn wait_blocking(&self) -> Landed {
-        let mut slot = lock(&self.slot);
-        loop {
-            if let Some(l) = Self::landed(&slot) {
-                return l;
-            }
-            slot = self.ready.wait(slot).unwrap_or_else(|e| e.into_inner());
-        }
-    }
-
-    /// Waits until the execution ends.
-    pub(crate) fn wait(&self) -> impl Future<Output = Landed> + Send + '_ {
-        async move {
-            loop {
-                // Registered before the slot is read, so that an end
-                // between the two still wakes this follower.
-                let mut notified = pin!(self.notify.notified());
-                notified.as_mut().enable();
-                if let Some(l) = Self::landed(&lock(&self.slot)) {
-                    return l;
-                }
-                notified.await;
-            }
-        }
     }
 }
 
@@ -508,17 +579,34 @@ mod tests {
         let Join::Lead(lead) = c.join(&k, &clock) else {
             panic!("the first call leads")
         };
-        let Join::Follow(flight) = c.join(&k, &clock) else {
+        let Join::Follow(follower) = c.join(&k, &clock) else {
             panic!("the second call follows")
         };
-        assert_eq!(c.in_flight(), 1);
+        assert_eq!((c.in_flight(), c.waiters()), (1, 1));
         drop(lead);
-        assert_eq!(c.in_flight(), 0);
-        assert!(matches!(flight.wait_blocking(), Landed::Abandoned));
-        let Join::Lead(lead) = c.join(&k, &clock) else {
-            panic!("a follower of a dropped leader leads")
+        // Kept for its follower, which takes over.
+        assert_eq!(c.in_flight(), 1);
+        let Landed::TakenOver(lead) = follower.wait_blocking() else {
+            panic!("the follower of a dropped leader leads")
+        };
+        assert_eq!(c.waiters(), 0);
+        let Join::Follow(late) = c.join(&k, &clock) else {
+            panic!("a newcomer follows the new leader")
         };
         lead.finish::<u32, ()>(&Ok(7), true, &clock);
+        assert_eq!(c.in_flight(), 0);
+        let Landed::Done(v) = late.wait_blocking() else {
+            panic!("the newcomer gets the result")
+        };
+        assert_eq!(
+            cloned::<Result<u32, Error<()>>>(&v).map(|r| r.ok()),
+            Some(Some(7))
+        );
+        // A leader nobody follows leaves the table when it is dropped.
+        let Join::Lead(lead) = c.join(&k, &clock) else {
+            panic!("leads")
+        };
+        drop(lead);
         assert_eq!(c.in_flight(), 0);
     }
 }

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::kind::{Handles, HandlesSync};
 use super::{Kind, Pipeline};
-use crate::coalesce::{cloned, Coalescer, FlightKey, Join, Landed};
+use crate::coalesce::{cloned, FlightKey, Join, Landed};
 use crate::context::{Context, PartitionKey};
 use crate::error::Error;
 use crate::event::EventKind;
@@ -46,17 +46,6 @@ impl<'p, K: Kind> Coalesced<'p, K> {
         self.partition.as_ref()
     }
 
-    fn emit(&self, kind: impl FnOnce() -> EventKind) {
-        self.pipeline.emit(self.partition.as_ref(), kind);
-    }
-
-    /// What a call that is not answered by the cache reports, once.
-    fn missed(&self, coalescer: &Coalescer) {
-        if coalescer.caches() {
-            self.emit(|| EventKind::CacheMiss);
-        }
-    }
-
     /// Runs an async operation, or shares the execution under way with the
     /// same key, or takes a fresh cached success. See [`Pipeline::run`]
     /// and [`crate::coalesce`].
@@ -67,7 +56,7 @@ impl<'p, K: Kind> Coalesced<'p, K> {
     pub fn run<T, E, Op, Fut>(
         &self,
         op: Op,
-    ) -> impl Future<Output = Result<T, Error<E>>> + use<'_, 'p, K, T, E, Op, Fut>
+    ) -> impl Future<Output = Result<T, Error<E>>> + use<'p, K, T, E, Op, Fut>
     where
         K: Handles<T, E>,
         T: Clone + Send + Sync + 'static,
@@ -75,49 +64,56 @@ impl<'p, K: Kind> Coalesced<'p, K> {
         Op: FnMut(Context) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
+        // The future owns its key (a reference count at most), so that it
+        // may outlive this value.
+        let key = FlightKey::new::<T, E>(self.partition.as_ref(), self.key.as_ref());
+        let pipeline = self.pipeline;
         async move {
-            let pipeline = self.pipeline;
-            let partition = self.partition.as_ref();
+            let partition = key.partition();
+            let emit = |kind: fn() -> EventKind| pipeline.emit(partition, kind);
             let Some(coalescer) = pipeline.shared.coalesce.as_ref() else {
                 return pipeline.run_in(partition, 1, None, op).await;
             };
-            let key = FlightKey::new::<T, E>(partition, self.key.as_ref());
             let clock = &pipeline.shared.clock;
-            let mut first = true;
-            loop {
-                match coalescer.join(&key, clock) {
-                    Join::Cached(v) => {
-                        if let Some(v) = cloned::<T>(&v) {
-                            self.emit(|| EventKind::CacheHit);
+            let lead = loop {
+                let follower = match coalescer.join(&key, clock) {
+                    Join::Cached(v) => match cloned::<T>(&v) {
+                        Some(v) => {
+                            emit(|| EventKind::CacheHit);
                             return Ok(v);
                         }
-                    }
+                        None => continue,
+                    },
                     Join::Lead(lead) => {
-                        if first {
-                            self.missed(coalescer);
-                        } else {
-                            self.emit(|| EventKind::CoalesceTakeover);
+                        if coalescer.caches() {
+                            emit(|| EventKind::CacheMiss);
                         }
-                        let seen = AtomicBool::new(false);
-                        let report = (K::HAS_FALLBACK && coalescer.caches()).then_some(&seen);
-                        let result = pipeline.run_in(partition, 1, report, op).await;
-                        lead.finish(&result, !seen.load(Ordering::Relaxed), clock);
-                        return result;
+                        break lead;
                     }
-                    Join::Follow(flight) => {
-                        if first {
-                            self.missed(coalescer);
+                    Join::Follow(follower) => follower,
+                };
+                if coalescer.caches() {
+                    emit(|| EventKind::CacheMiss);
+                }
+                match follower.wait().await {
+                    Landed::Done(v) => {
+                        if let Some(result) = cloned::<Result<T, Error<E>>>(&v) {
+                            emit(|| EventKind::Coalesced);
+                            return result;
                         }
-                        if let Landed::Done(v) = flight.wait().await {
-                            if let Some(result) = cloned::<Result<T, Error<E>>>(&v) {
-                                self.emit(|| EventKind::Coalesced);
-                                return result;
-                            }
-                        }
+                    }
+                    Landed::TakenOver(lead) => {
+                        emit(|| EventKind::CoalesceTakeover);
+                        break lead;
                     }
                 }
-                first = false;
-            }
+            };
+            let seen = AtomicBool::new(false);
+            let report = (K::HAS_FALLBACK && coalescer.caches()).then_some(&seen);
+            // A dropped future drops `lead`: a follower takes over.
+            let result = pipeline.run_in(partition, 1, report, op).await;
+            lead.finish(&result, !seen.load(Ordering::Relaxed), clock);
+            result
         }
     }
 
@@ -137,46 +133,50 @@ impl<'p, K: Kind> Coalesced<'p, K> {
     {
         let pipeline = self.pipeline;
         let partition = self.partition.as_ref();
+        let emit = |kind: fn() -> EventKind| pipeline.emit(partition, kind);
         let Some(coalescer) = pipeline.shared.coalesce.as_ref() else {
             return pipeline.call_in(partition, 1, None, op);
         };
         let key = FlightKey::new::<T, E>(partition, self.key.as_ref());
         let clock = &pipeline.shared.clock;
-        let mut first = true;
-        loop {
-            match coalescer.join(&key, clock) {
-                Join::Cached(v) => {
-                    if let Some(v) = cloned::<T>(&v) {
-                        self.emit(|| EventKind::CacheHit);
+        let lead = loop {
+            let follower = match coalescer.join(&key, clock) {
+                Join::Cached(v) => match cloned::<T>(&v) {
+                    Some(v) => {
+                        emit(|| EventKind::CacheHit);
                         return Ok(v);
                     }
-                }
+                    None => continue,
+                },
                 Join::Lead(lead) => {
-                    if first {
-                        self.missed(coalescer);
-                    } else {
-                        self.emit(|| EventKind::CoalesceTakeover);
+                    if coalescer.caches() {
+                        emit(|| EventKind::CacheMiss);
                     }
-                    let seen = AtomicBool::new(false);
-                    let report = (K::HAS_FALLBACK && coalescer.caches()).then_some(&seen);
-                    // A panic drops `lead`, which wakes the followers.
-                    let result = pipeline.call_in(partition, 1, report, op);
-                    lead.finish(&result, !seen.load(Ordering::Relaxed), clock);
-                    return result;
+                    break lead;
                 }
-                Join::Follow(flight) => {
-                    if first {
-                        self.missed(coalescer);
+                Join::Follow(follower) => follower,
+            };
+            if coalescer.caches() {
+                emit(|| EventKind::CacheMiss);
+            }
+            match follower.wait_blocking() {
+                Landed::Done(v) => {
+                    if let Some(result) = cloned::<Result<T, Error<E>>>(&v) {
+                        emit(|| EventKind::Coalesced);
+                        return result;
                     }
-                    if let Landed::Done(v) = flight.wait_blocking() {
-                        if let Some(result) = cloned::<Result<T, Error<E>>>(&v) {
-                            self.emit(|| EventKind::Coalesced);
-                            return result;
-                        }
-                    }
+                }
+                Landed::TakenOver(lead) => {
+                    emit(|| EventKind::CoalesceTakeover);
+                    break lead;
                 }
             }
-            first = false;
-        }
+        };
+        let seen = AtomicBool::new(false);
+        let report = (K::HAS_FALLBACK && coalescer.caches()).then_some(&seen);
+        // A panic drops `lead`: a follower takes over.
+        let result = pipeline.call_in(partition, 1, report, op);
+        lead.finish(&result, !seen.load(Ordering::Relaxed), clock);
+        result
     }
 }

@@ -248,6 +248,15 @@ impl<K: Kind> Pipeline<K> {
         Coalesced::new(self, None, None)
     }
 
+    /// Coalesced calls currently waiting for the execution of another call
+    /// with the same key (0 without [`coalesce`](PipelineBuilder::coalesce)).
+    pub fn coalesced_waiters(&self) -> usize {
+        self.shared
+            .coalesce
+            .as_ref()
+            .map_or(0, crate::coalesce::Coalescer::waiters)
+    }
+
     /// Forces the circuit open: every call is rejected until
     /// [`reset`](Self::reset).
     ///
