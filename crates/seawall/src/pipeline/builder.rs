@@ -36,7 +36,8 @@ pub(crate) mod declare;
 ///
 /// # Order
 /// Policies nest in declaration order, outermost first; `build()` checks
-/// the order. A timeout declared before [`retry`](Self::retry) (or without
+/// the order. [`coalesce`](Self::coalesce) is declared first, if at all: it
+/// shares one execution of the whole call. A timeout declared before [`retry`](Self::retry) (or without
 /// one) bounds the whole call, one declared after it each attempt. The
 /// stateful policies ([`circuit_breaker`](Self::circuit_breaker),
 /// [`bulkhead`](Self::bulkhead), [`cooldown`](Self::cooldown),
