@@ -471,14 +471,19 @@ impl<'c> Follower<'c> {
     /// Waits until the execution ends or falls to this call.
     pub(crate) async fn wait(self) -> Landed<'c> {
         let landed = loop {
-            // Registered before the slot is read, so that an end between
-            // the two still wakes this follower.
-            let mut notified = pin!(self.flight.notify.notified());
-            notified.as_mut().enable();
-            let landed = self.landed(&mut lock(&self.flight.slot));
-            match landed {
-                Some(landed) => break landed,
-                None => notified.await,
+            {
+                // Registered before the slot is read, so that an end
+                // between the two still wakes this follower.
+                let mut notified = pin!(self.flight.notify.notified());
+                notified.as_mut().enable();
+                if let Some(landed) = self.landed(&mut lock(&self.flight.slot)) {
+                    break landed;
+                }
+                notified.await;
+            }
+            // Woken: most often by the end, read before registering again.
+            if let Some(landed) = self.landed(&mut lock(&self.flight.slot)) {
+                break landed;
             }
         };
         self.into_landed(landed)
