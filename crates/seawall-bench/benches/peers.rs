@@ -271,7 +271,9 @@ fn chaos(c: &mut Criterion) {
 fn coalescing(c: &mut Criterion) {
     use seawall_bench::coalescing::{batch, pipeline};
     use std::sync::atomic::AtomicU64;
-    let mut g = c.benchmark_group("coalescing, N concurrent identical calls (async)");
+    let mut g = c.benchmark_group(
+        "coalescing, N concurrent identical calls, N in the threads column (async)",
+    );
     let rt = runtime();
     let p = pipeline();
     let runs = AtomicU64::new(0);

@@ -8,6 +8,7 @@
 //! evicted), and answers calls with the same key while they are fresh.
 //!
 //! ```
+//! use std::sync::Arc;
 //! use std::time::Duration;
 //! use seawall::{Coalesce, Pipeline, Retry};
 //!
@@ -18,12 +19,12 @@
 //! let mut runs = 0;
 //! let name = users.coalesce_key(42u64).call(|_ctx| {
 //!     runs += 1;
-//!     Ok::<_, std::io::Error>(String::from("ada"))
+//!     Ok::<_, Arc<std::io::Error>>(String::from("ada"))
 //! })?;
 //! // Within the ttl the same key is answered from the cache.
 //! let again = users.coalesce_key(42u64).call(|_ctx| {
 //!     runs += 1;
-//!     Ok::<_, std::io::Error>(String::from("grace"))
+//!     Ok::<_, Arc<std::io::Error>>(String::from("grace"))
 //! })?;
 //! assert_eq!((name.as_str(), again.as_str(), runs), ("ada", "ada", 1));
 //! # Ok::<_, Box<dyn std::error::Error>>(())
