@@ -434,6 +434,52 @@ fn bytes_per_partition_key(r: &mut Report) {
     println!("(dropping the partitioned pipeline freed {freed} B)");
 }
 
+/// Coalescing: operations run and allocations per call for 1 and for 64
+/// identical calls made at once (`seawall_bench::coalescing::batch`), with
+/// and without coalescing. Allocations include the batch's own: a box per
+/// call and a vector per batch, for both contenders.
+fn coalescing(r: &mut Report, rt: &tokio::runtime::Runtime) {
+    use seawall_bench::coalescing::{batch, pipeline};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    const BATCHES: u64 = 200;
+    let p = pipeline();
+    for n in [1usize, 64] {
+        for (contender, coalesced) in [("seawall", true), ("seawall, not coalesced", false)] {
+            let runs = AtomicU64::new(0);
+            // Warm up: the table's capacity.
+            rt.block_on(batch(&p, n, coalesced, &runs));
+            runs.store(0, Ordering::Relaxed);
+            let before = allocations();
+            let ok: usize = rt.block_on(async {
+                let mut ok = 0;
+                for _ in 0..BATCHES {
+                    ok += batch(&p, n, coalesced, &runs).await;
+                }
+                ok
+            });
+            let allocs = allocations() - before;
+            let calls = BATCHES * n as u64;
+            if ok as u64 != calls {
+                r.failures.push(format!(
+                    "coalescing, {n} calls, {contender}: {ok} of {calls} calls returned the value"
+                ));
+            }
+            r.add(
+                &format!("coalescing: operations run per call, {n} concurrent identical call(s)"),
+                contender,
+                runs.load(Ordering::Relaxed) as f64 / calls as f64,
+                "runs/call",
+            );
+            r.add(
+                &format!("coalescing: allocations per call, {n} concurrent identical call(s) (the batch itself: 1 per call, 1 per batch)"),
+                contender,
+                allocs as f64 / calls as f64,
+                "allocs/call",
+            );
+        }
+    }
+}
+
 fn main() {
     // `cargo bench` passes `--bench`; a filter argument is accepted and
     // ignored (this binary always reports every figure).
@@ -445,6 +491,7 @@ fn main() {
     allocations_per_call(&mut report, &rt);
     bytes_per_pipeline(&mut report, &rt);
     bytes_per_partition_key(&mut report);
+    coalescing(&mut report, &rt);
     if let Ok(path) = std::env::var("SEAWALL_BENCH_MEMORY_OUT") {
         std::fs::write(&path, report.json()).expect("write the memory report");
         println!("wrote {path}");

@@ -332,6 +332,38 @@ fn shadow(c: &mut Criterion) {
     g.finish();
 }
 
+/// Coalescing: `n` identical calls made at once (the parameter is the
+/// number of calls, not of threads), each running an operation that is
+/// pending once; the time is per call. Coalesced, the batch runs the
+/// operation once; plain, `n` times (the memory bench reports the
+/// operations run per call).
+fn coalescing(c: &mut Criterion) {
+    use seawall_bench::coalescing::{batch, pipeline};
+    use std::sync::atomic::AtomicU64;
+    let mut g = c.benchmark_group(
+        "coalescing, N concurrent identical calls, N in the threads column (async)",
+    );
+    let rt = runtime();
+    let p = pipeline();
+    let runs = AtomicU64::new(0);
+    for n in [1usize, 64] {
+        for (name, coalesced) in [("seawall", true), ("seawall, not coalesced", false)] {
+            g.bench_function(BenchmarkId::new(name, n), |b| {
+                b.iter_custom(|iters| {
+                    let start = std::time::Instant::now();
+                    rt.block_on(async {
+                        for _ in 0..iters {
+                            black_box(batch(&p, n, coalesced, &runs).await);
+                        }
+                    });
+                    start.elapsed() / n as u32
+                })
+            });
+        }
+    }
+    g.finish();
+}
+
 fn config() -> Criterion {
     Criterion::default()
         .warm_up_time(Duration::from_millis(500))
@@ -342,6 +374,6 @@ fn config() -> Criterion {
 criterion_group! {
     name = peers;
     config = config();
-    targets = retry, breaker, rate_limiter, bulkhead, adaptive, timeout, full_chain, chaos, shadow
+    targets = retry, breaker, rate_limiter, bulkhead, adaptive, timeout, full_chain, chaos, shadow, coalescing
 }
 criterion_main!(peers);

@@ -75,7 +75,24 @@ const CONTENDERS: &[&str] = &[
     "tower-resilience-adaptive",
     "tokio-timeout",
     "seatbelt-full",
+    "coalesce-1",
+    "coalesce-64",
+    "plain-1",
+    "plain-64",
 ];
+
+/// `n` calls in batches of `size` identical calls made at once
+/// (`seawall_bench::coalescing::batch`), coalesced or plain.
+fn coalescing_loop(rt: &tokio::runtime::Runtime, n: u64, size: usize, coalesced: bool) {
+    use std::sync::atomic::AtomicU64;
+    let p = seawall_bench::coalescing::pipeline();
+    let runs = AtomicU64::new(0);
+    rt.block_on(async {
+        for _ in 0..n / size as u64 {
+            black_box(seawall_bench::coalescing::batch(&p, size, coalesced, &runs).await);
+        }
+    });
+}
 
 fn main() {
     let mut args = std::env::args().skip(1).filter(|a| a != "--bench");
@@ -161,6 +178,10 @@ fn main() {
         "tower-resilience-adaptive" => async_loop(&rt, n, tower_resilience_adaptive()),
         "tokio-timeout" => async_loop(&rt, n, tokio_timeout()),
         "seatbelt-full" => async_loop(&rt, n, seatbelt_full_chain(&rt)),
+        "coalesce-1" => coalescing_loop(&rt, n, 1, true),
+        "coalesce-64" => coalescing_loop(&rt, n, 64, true),
+        "plain-1" => coalescing_loop(&rt, n, 1, false),
+        "plain-64" => coalescing_loop(&rt, n, 64, false),
         _ => println!("usage: profile <contender> [calls]; contenders: {CONTENDERS:?}"),
     }
 }

@@ -338,3 +338,101 @@ where
         .expect("at least one thread");
     last - first
 }
+
+/// `n` concurrent identical calls, the coalescing scenario: every call
+/// runs an operation that is pending once (as a call to a dependency is)
+/// before it returns, so that the calls started in one poll of the batch
+/// find the first one under way.
+pub mod coalescing {
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::task::{Context, Poll};
+
+    use seawall::{Coalesce, MemoryStore, Pipeline};
+
+    use super::{op, Oops};
+
+    /// A pipeline that coalesces calls with the same key.
+    pub fn pipeline() -> Pipeline {
+        Pipeline::builder("bench-coalesce")
+            .store(MemoryStore::new())
+            .coalesce(Coalesce::new())
+            .build()
+            .expect("valid pipeline")
+    }
+
+    /// Pending once, then ready: the operation's wait for its dependency.
+    struct PendingOnce(bool);
+
+    impl Future for PendingOnce {
+        type Output = ();
+        fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+            if self.0 {
+                return Poll::Ready(());
+            }
+            self.0 = true;
+            cx.waker().wake_by_ref();
+            Poll::Pending
+        }
+    }
+
+    type Call<'a> = Pin<Box<dyn Future<Output = bool> + 'a>>;
+
+    /// Polls every call of a batch until all are done; counts the calls
+    /// that got the operation's value.
+    struct All<'a> {
+        calls: Vec<Option<Call<'a>>>,
+        ok: usize,
+    }
+
+    impl Future for All<'_> {
+        type Output = usize;
+        fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<usize> {
+            let this = &mut *self;
+            let mut pending = false;
+            for slot in this.calls.iter_mut() {
+                if let Some(call) = slot {
+                    match call.as_mut().poll(cx) {
+                        Poll::Ready(ok) => {
+                            this.ok += usize::from(ok);
+                            *slot = None;
+                        }
+                        Poll::Pending => pending = true,
+                    }
+                }
+            }
+            if pending {
+                Poll::Pending
+            } else {
+                Poll::Ready(this.ok)
+            }
+        }
+    }
+
+    /// Makes `n` identical calls at once through `p`, coalesced (with the
+    /// key 1) or plain, counting the operations run in `runs`; returns the
+    /// calls that got the operation's value.
+    pub async fn batch(p: &Pipeline, n: usize, coalesced: bool, runs: &AtomicU64) -> usize {
+        let operation = move |_ctx: seawall::Context| async move {
+            runs.fetch_add(1, Ordering::Relaxed);
+            PendingOnce(false).await;
+            op(1)
+        };
+        let calls: Vec<Option<Call<'_>>> = (0..n)
+            .map(|_| {
+                let call: Call<'_> = if coalesced {
+                    Box::pin(
+                        async move { matches!(p.coalesce_key(1u64).run(operation).await, Ok(1)) },
+                    )
+                } else {
+                    Box::pin(async move {
+                        matches!(p.run(operation).await, Ok::<_, seawall::Error<Oops>>(1))
+                    })
+                };
+                Some(call)
+            })
+            .collect();
+        All { calls, ok: 0 }.await
+    }
+}

@@ -40,6 +40,9 @@ pub(crate) struct Config {
     /// `classify`, `retry_if`, `abort_if`: functions judging the body's
     /// errors, with the key that gave each.
     pub(crate) judges: Vec<(Ident, ExprPath)>,
+    /// `coalesce_key = expr`: the key of a coalesced call, an expression of
+    /// the function's arguments (`Into<seawall::PartitionKey>`).
+    pub(crate) coalesce_key: Option<(Ident, Expr)>,
 }
 
 /// One policy and the key that declared it (errors point at the key).
@@ -90,7 +93,7 @@ pub(crate) enum JitterKind {
 
 /// The keys of `#[resilient(...)]` that are not policies.
 const OTHER_KEYS: &str =
-    "fallback, classify, retry_if, abort_if, name, store, clock, on_event, context";
+    "fallback, classify, retry_if, abort_if, name, store, clock, on_event, context, coalesce_key";
 
 /// Every top-level key: each registered policy (a policy with a shorthand
 /// also as `{name}_ms` and `{name}_s`), then the other keys.
@@ -279,6 +282,7 @@ pub(crate) fn parse(args: TokenStream) -> syn::Result<Config> {
         on_event: None,
         context: None,
         judges: Vec::new(),
+        coalesce_key: None,
     };
     let mut seen = Seen::default();
     for meta in &metas {
@@ -325,6 +329,11 @@ pub(crate) fn parse(args: TokenStream) -> syn::Result<Config> {
                 let judge = path(meta, &key, what)?;
                 config.judges.push((key.clone(), judge));
             }
+            "coalesce_key" => {
+                seen.add(&key, "coalesce_key")?;
+                let expr = value(meta, &key)?.clone();
+                config.coalesce_key = Some((key.clone(), expr));
+            }
             "context" => {
                 seen.add(&key, "context")?;
                 let expr = value(meta, &key)?;
@@ -346,6 +355,15 @@ pub(crate) fn parse(args: TokenStream) -> syn::Result<Config> {
         }
     }
     check_order(&config.steps)?;
+    if let Some((key, _)) = &config.coalesce_key {
+        if !config.steps.iter().any(|s| s.kind == PolicyKind::Coalesce) {
+            return err(
+                key.span(),
+                "`coalesce_key` is the key of coalesced calls: declare `coalesce` first, \
+                 e.g. `coalesce(ttl_s = 30), coalesce_key = *id`",
+            );
+        }
+    }
     if let Some(store) = &config.store {
         if !config.steps.iter().any(|s| s.kind.is_stateful()) {
             let stateful: Vec<String> = PolicyKind::ALL
@@ -389,6 +407,10 @@ fn check_order(steps: &[Step]) -> syn::Result<()> {
             scope: Scope::Call, ..
         } => format!("a timeout is already declared: {reason}"),
         Rule::BeforeRetry => format!("`{}` is declared before `retry`; {reason}", e.kind.name()),
+        Rule::NotFirst => format!(
+            "`{}` is declared after another policy; {reason}",
+            e.kind.name()
+        ),
     };
     err(key.span(), msg)
 }
@@ -838,6 +860,7 @@ mod tests {
                 PolicyKind::RateLimiter => "rate_limiter(limit = 1, per_s = 1)",
                 PolicyKind::Chaos => "chaos(rate = 0.5, latency_ms = 1)",
                 PolicyKind::AdaptiveLimit => "adaptive_limit(algorithm = \"aimd\")",
+                PolicyKind::Coalesce => "coalesce",
             };
             let c = parse_str(minimal).unwrap();
             assert_eq!(c.steps.len(), 1);
@@ -875,6 +898,30 @@ mod tests {
         assert!(message("retry(backoff_ms = 1, backoff_s = 1)").contains("set the same value"));
         assert!(message("retry(max_attempts = 2, max_attempts = 3)").contains("given twice"));
         assert!(message("fallback = a, fallback = b").contains("given twice"));
+    }
+
+    #[test]
+    fn coalesce_is_written_first_with_its_key() {
+        let c = parse_str("coalesce(ttl_s = 30, max_entries = 100), retry, coalesce_key = *id")
+            .unwrap();
+        assert_eq!(c.steps.len(), 2);
+        let v = c.steps[0].policy.value.to_string();
+        assert!(
+            v.contains(". ttl (:: core :: time :: Duration :: from_secs (30u64))"),
+            "{v}"
+        );
+        assert!(v.contains(". max_entries (100u32)"), "{v}");
+        assert!(c.coalesce_key.is_some());
+        let e = message("retry, coalesce");
+        assert!(
+            e.starts_with("`coalesce` is declared after another policy"),
+            "{e}"
+        );
+        let e = message("retry, coalesce_key = id");
+        assert!(
+            e.starts_with("`coalesce_key` is the key of coalesced calls"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -84,9 +84,29 @@ pub(crate) fn expand(config: Config, item: ItemFn) -> syn::Result<TokenStream> {
         None => quote!(let _ = #ctx;),
     };
     let output = &sig.output;
+    // A coalesced function runs through `coalesce_key(..)` (or
+    // `coalesced()`, for a function without arguments): its calls with the
+    // same key share one execution.
+    let coalesce = config.steps.iter().find(|s| s.kind == PolicyKind::Coalesce);
+    let runner = match (coalesce, &config.coalesce_key) {
+        (None, _) => quote!(#pipeline),
+        (Some(_), Some((_, key))) => {
+            quote!(#pipeline.coalesce_key(::seawall::PartitionKey::from(#key)))
+        }
+        (Some(step), None) if sig.receiver.is_some() || !sig.args.is_empty() => {
+            return Err(syn::Error::new(
+                step.key.span(),
+                "`coalesce` shares one execution among concurrent calls with the same key, \
+                 and this function's calls differ by their arguments: give the key, \
+                 e.g. `coalesce_key = *user_id` (an expression of the arguments, \
+                 `Into<seawall::PartitionKey>`)",
+            ))
+        }
+        (Some(_), None) => quote!(#pipeline.coalesced()),
+    };
     let run = if sig.is_async {
         quote! {
-            #pipeline.run(|#ctx: ::seawall::Context| {
+            #runner.run(|#ctx: ::seawall::Context| {
                 #context_bind
                 #(#rebinds)*
                 #typed::<#output, _>(async move #block)
@@ -94,7 +114,7 @@ pub(crate) fn expand(config: Config, item: ItemFn) -> syn::Result<TokenStream> {
         }
     } else {
         quote! {
-            #pipeline.call(|#ctx: ::seawall::Context| -> #output {
+            #runner.call(|#ctx: ::seawall::Context| -> #output {
                 #context_bind
                 #(#rebinds)*
                 #block

@@ -1,6 +1,6 @@
 //! The `#[resilient(...)]` attribute of [seawall](https://crates.io/crates/seawall):
-//! retry, circuit breaker, timeout, bulkhead, rate limiter, cooldown and
-//! fallback declared on a function or method.
+//! retry, circuit breaker, timeout, bulkhead, rate limiter, cooldown, chaos
+//! latency, request coalescing and fallback declared on a function or method.
 //!
 //! Use it through `seawall` with the `macros` feature, which re-exports it as
 //! `seawall::resilient`; the generated code refers to the `seawall` crate.

@@ -46,6 +46,7 @@ pub(crate) fn policy(
         PolicyKind::RateLimiter => rate_limiter(given, span, key)?,
         PolicyKind::Chaos => chaos(given, span, key)?,
         PolicyKind::AdaptiveLimit => adaptive_limit(given, span)?,
+        PolicyKind::Coalesce => coalesce(given),
     };
     Ok(Built::new(kind, value))
 }
@@ -415,6 +416,20 @@ fn adaptive_limit(g: &Given, span: Span) -> syn::Result<TokenStream> {
         a.extend(quote!(.partition(#name, #share)));
     }
     Ok(a)
+}
+
+/// Request coalescing; with `ttl_ms` / `ttl_s`, a cache of successes
+/// (`max_entries` bounds it). The key is the attribute's `coalesce_key`.
+fn coalesce(g: &Given) -> TokenStream {
+    let mut c = quote!(::seawall::Coalesce::new());
+    if let Some(d) = g.duration("ttl") {
+        let d = d.tokens();
+        c.extend(quote!(.ttl(#d)));
+    }
+    if let Some(n) = g.count("max_entries") {
+        c.extend(quote!(.max_entries(#n)));
+    }
+    c
 }
 
 fn cooldown(g: &Given) -> TokenStream {

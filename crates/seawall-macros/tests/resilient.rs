@@ -892,3 +892,66 @@ fn a_chaos_latency_is_injected() {
     assert_eq!(slowed(), Ok(7));
     assert_eq!(chaos_clock().now(), Duration::from_millis(40));
 }
+
+clock!(coalesce_clock);
+static LOOKUPS: AtomicU32 = AtomicU32::new(0);
+
+/// Concurrent lookups of one id run once; a found name is kept 10 s on
+/// the virtual clock.
+#[resilient(
+    coalesce(ttl_s = 10, max_entries = 4),
+    retry(max_attempts = 2, backoff = "constant", backoff_ms = 1),
+    coalesce_key = *id,
+    clock = coalesce_clock
+)]
+async fn user_name(id: &u64, wait_for: u32) -> Result<String, ApiError> {
+    let n = LOOKUPS.fetch_add(1, Ordering::SeqCst) + 1;
+    // The first lookup holds the execution open until `wait_for` others
+    // wait for it (a bounded number of turns).
+    for _ in 0..1_000_000u32 {
+        if WAITING.load(Ordering::SeqCst) >= wait_for {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    Ok(format!("user {id} #{n}"))
+}
+
+static WAITING: AtomicU32 = AtomicU32::new(0);
+
+#[test]
+fn coalesced_calls_of_a_function_share_one_execution_and_its_cache() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        // Eight concurrent lookups of id 1: the body runs once. The
+        // followers are counted as they are polled into the wait.
+        let leader = tokio::spawn(user_name_owned(1, 7));
+        let followers: Vec<_> = (0..7)
+            .map(|_| {
+                tokio::spawn(async {
+                    WAITING.fetch_add(1, Ordering::SeqCst);
+                    user_name_owned(1, 0).await
+                })
+            })
+            .collect();
+        assert_eq!(leader.await.unwrap(), Ok(String::from("user 1 #1")));
+        for f in followers {
+            assert_eq!(f.await.unwrap(), Ok(String::from("user 1 #1")));
+        }
+        assert_eq!(LOOKUPS.load(Ordering::SeqCst), 1);
+        // Another id runs; id 1 is answered from the cache until its ttl.
+        assert_eq!(user_name(&2, 0).await, Ok(String::from("user 2 #2")));
+        coalesce_clock().advance(Duration::from_millis(9_999));
+        assert_eq!(user_name(&1, 0).await, Ok(String::from("user 1 #1")));
+        coalesce_clock().advance(Duration::from_millis(1));
+        assert_eq!(user_name(&1, 0).await, Ok(String::from("user 1 #3")));
+        assert_eq!(LOOKUPS.load(Ordering::SeqCst), 3);
+    });
+}
+
+async fn user_name_owned(id: u64, wait_for: u32) -> Result<String, ApiError> {
+    user_name(&id, wait_for).await
+}

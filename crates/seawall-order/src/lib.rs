@@ -142,6 +142,14 @@ const ALGORITHMS: &[&str] = &["gcra", "fixed_window", "sliding_window"];
 const LIMIT_ALGORITHMS: &[&str] = &["aimd", "vegas", "gradient2"];
 
 policies! {
+    /// Request coalescing: concurrent calls with the same key share one
+    /// execution of the whole call, with an optional cache of successes
+    /// (`ttl`, bounded to `max_entries`). Declared first: it wraps
+    /// everything else (the fallback aside).
+    Coalesce = "coalesce", Outermost, [
+        Setting::duration("ttl"),
+        Setting::count("max_entries"),
+    ];
     /// A timeout: of the whole call before the retry, of each attempt after it.
     Timeout = "timeout" / "attempt_timeout", EitherSide, [
         Setting::duration("duration").attr("").shorthand(),
@@ -439,6 +447,9 @@ pub enum Place {
     /// After the retry (or in a pipeline without one), once: it guards
     /// each attempt with state of this process (the adaptive limit).
     AttemptOnce,
+    /// First in the list, once: it wraps the whole call, every other
+    /// policy included (request coalescing).
+    Outermost,
 }
 
 /// What a policy covers at its position.
@@ -518,6 +529,8 @@ pub enum Rule {
     /// A policy of [`Place::Attempt`] or [`Place::AttemptOnce`] declared
     /// before the retry.
     BeforeRetry,
+    /// A policy of [`Place::Outermost`] declared after another policy.
+    NotFirst,
 }
 
 impl Rule {
@@ -533,6 +546,10 @@ impl Rule {
             Rule::BeforeRetry => {
                 "it acts on each attempt: declare it after `retry` (acting once around the \
                  whole call is not supported)"
+            }
+            Rule::NotFirst => {
+                "it shares one execution of the whole call among concurrent callers: \
+                 declare it first, before every other policy"
             }
         }
     }
@@ -567,11 +584,20 @@ pub fn check(declared: &[PolicyKind]) -> Result<(), Misplaced> {
         if let Some(first) = (0..i).find(earlier) {
             let rule = match kind.place() {
                 Place::EitherSide => Rule::SecondOnSide { scope: here, first },
-                Place::Retry | Place::Stateful | Place::Attempt | Place::AttemptOnce => {
-                    Rule::Twice { first }
-                }
+                Place::Retry
+                | Place::Stateful
+                | Place::Attempt
+                | Place::AttemptOnce
+                | Place::Outermost => Rule::Twice { first },
             };
             return Err(Misplaced { at: i, kind, rule });
+        }
+        if kind.place() == Place::Outermost && i != 0 {
+            return Err(Misplaced {
+                at: i,
+                kind,
+                rule: Rule::NotFirst,
+            });
         }
     }
     Ok(())
@@ -735,6 +761,18 @@ mod tests {
     }
 
     #[test]
+    fn coalescing_stands_first_once() {
+        assert_eq!(check(&[Coalesce, Timeout, Retry, CircuitBreaker]), Ok(()));
+        assert_eq!(check(&[Coalesce]), Ok(()));
+        let e = check(&[Retry, Coalesce]).unwrap_err();
+        assert_eq!((e.at, e.rule), (1, Rule::NotFirst));
+        let e = check(&[Coalesce, Coalesce]).unwrap_err();
+        assert_eq!((e.at, e.rule), (1, Rule::Twice { first: 0 }));
+        assert_eq!(scope(&[Coalesce, Retry], 0), Scope::Call);
+        assert!(!Coalesce.is_stateful());
+    }
+
+    #[test]
     fn the_first_broken_rule_in_list_order_is_reported() {
         let e = check(&[CircuitBreaker, CircuitBreaker, Retry]).unwrap_err();
         assert_eq!(e.rule, Rule::Twice { first: 0 });
@@ -754,6 +792,7 @@ mod tests {
                 Timeout => count(before, k) <= 1 && count(after, k) <= 1,
                 Chaos => retry.is_none() || count(before, k) == 0,
                 AdaptiveLimit => count(d, k) <= 1 && (retry.is_none() || count(before, k) == 0),
+                Coalesce => count(d, k) <= 1 && d.iter().skip(1).all(|x| *x != k),
                 _ => count(d, k) <= 1,
             })
         }

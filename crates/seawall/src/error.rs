@@ -7,7 +7,8 @@ use std::time::Duration;
 ///
 /// The operation's own error type `E` stays typed: match on
 /// [`Error::Operation`] or [`Error::RetryExhausted`] to get it back.
-#[derive(Debug)]
+/// It is `Clone` when `E` is (coalesced calls share one error by cloning it).
+#[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum Error<E> {
     /// The operation failed and was not retried (no retry policy, or the

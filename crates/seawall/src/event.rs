@@ -12,8 +12,8 @@
 //! | --- | --- |
 //! | `WARN` | the circuit opened; a round of half-open probes expired unfinished (calls hang); a cooldown started (the dependency asked for a pause); a rejection by a full bulkhead, a rate limiter, the adaptive concurrency limit or an empty retry budget (overload, reported by nothing else); a late synchronous success (`DeadlineExceeded`); the state store unavailable |
 //! | `INFO` | the circuit half-opened or closed |
-//! | `DEBUG` | a change of the adaptive concurrency limit, a chaos injection, a refusal by a policy in shadow mode (the call went on), a retry scheduled or given up, an attempt timed out, a call deferred (waiting for a slot, a permit or the end of a cooldown), the fallback executed, a rejection by an open circuit or an active cooldown (whose start was reported at `WARN`), a call that ended in anything but success |
-//! | `TRACE` | the per-call summaries: every attempt finished, a call that ended in success |
+//! | `DEBUG` | a change of the adaptive concurrency limit, a coalesced call taking over from a leader that went away, a chaos injection, a refusal by a policy in shadow mode (the call went on), a retry scheduled or given up, an attempt timed out, a call deferred (waiting for a slot, a permit or the end of a cooldown), the fallback executed, a rejection by an open circuit or an active cooldown (whose start was reported at `WARN`), a call that ended in anything but success |
+//! | `TRACE` | the per-call summaries: every attempt finished, a call that ended in success; a coalesced call answered by another's execution, a cache hit or miss |
 //!
 //! So `seawall=warn` shows what needs attention (circuit openings, overload,
 //! store outages), `seawall=info` adds the recoveries, and a successful call
@@ -134,6 +134,17 @@ pub enum EventKind {
         /// The limit now.
         limit: u32,
     },
+    /// A coalesced call got the result of the concurrent call with the
+    /// same key that ran it (see [`crate::coalesce`]): it ran nothing itself.
+    Coalesced,
+    /// The call with the same key that a coalesced call waited for went
+    /// away before its end (a dropped future, a panic): this call runs it
+    /// instead.
+    CoalesceTakeover,
+    /// A coalesced call was answered by a fresh cached success.
+    CacheHit,
+    /// A coalesced call found no fresh cached success for its key.
+    CacheMiss,
     /// An attempt ended (emitted only when someone listens).
     AttemptFinished {
         /// The attempt (1-based).
@@ -305,6 +316,14 @@ impl fmt::Display for EventKind {
             EventKind::LimitChanged { previous, limit } => {
                 write!(f, "concurrency limit changed from {previous} to {limit}")
             }
+            EventKind::Coalesced => {
+                f.write_str("shared the result of a concurrent call with the same key")
+            }
+            EventKind::CoalesceTakeover => f.write_str(
+                "the concurrent call with the same key went away before its end; running it here",
+            ),
+            EventKind::CacheHit => f.write_str("answered from the cache"),
+            EventKind::CacheMiss => f.write_str("not in the cache"),
             EventKind::AttemptFinished {
                 attempt,
                 duration,
@@ -353,7 +372,10 @@ impl EventKind {
     /// docs, stated once.
     pub(crate) fn severity(&self) -> Severity {
         match self {
-            EventKind::AttemptFinished { .. } => Severity::Trace,
+            EventKind::AttemptFinished { .. }
+            | EventKind::Coalesced
+            | EventKind::CacheHit
+            | EventKind::CacheMiss => Severity::Trace,
             EventKind::CallFinished {
                 outcome: CallOutcome::Success,
                 ..
@@ -366,7 +388,8 @@ impl EventKind {
             | EventKind::FallbackExecuted
             | EventKind::ChaosInjected { .. }
             | EventKind::LimitChanged { .. }
-            | EventKind::ShadowRejected { .. } => Severity::Debug,
+            | EventKind::ShadowRejected { .. }
+            | EventKind::CoalesceTakeover => Severity::Debug,
             EventKind::Rejected { reason, .. } => match reason {
                 RejectionReason::BulkheadFull
                 | RejectionReason::ConcurrencyLimited

@@ -2,7 +2,8 @@
 //!
 //! Retry (backoff + jitter + budget), circuit breaker, timeout, bulkhead,
 //! rate limiter, cooldown, adaptive concurrency limit (AIMD, Vegas,
-//! Gradient2), chaos injection and fallback, composed into one [`Pipeline`], with
+//! Gradient2), chaos injection, fallback and request coalescing (with a
+//! small cache of successes), composed into one [`Pipeline`], with
 //! state that can be shared across processes through a [`StateStore`]
 //! (in-memory by default, Redis with `seawall-redis`).
 //!
@@ -72,7 +73,9 @@
 //! declared before it: one admission and one outcome per call (see
 //! [`PipelineBuilder`]). On each side they are checked in that order. The
 //! adaptive concurrency limit ([`adaptive`]) guards each attempt, in this
-//! process, before them. The fallback is always outermost.
+//! process, before them. The fallback is always outermost; request
+//! coalescing ([`coalesce`]), when declared, is declared first and shares
+//! one execution of the whole call.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -82,6 +85,7 @@ pub mod bulkhead;
 pub mod chaos;
 pub mod classify;
 pub mod clock;
+pub mod coalesce;
 #[cfg(feature = "serde")]
 pub mod config;
 pub mod context;
@@ -116,6 +120,7 @@ pub use bulkhead::Bulkhead;
 pub use chaos::{Chaos, ChaosSwitch};
 pub use classify::{Verdict, VerdictKind};
 pub use clock::{Clock, Random, SystemClock, SystemRandom};
+pub use coalesce::Coalesce;
 pub use context::{Context, PartitionKey};
 pub use cooldown::Cooldown;
 pub use error::{ConfigError, Error, Rejection, RejectionReason, StoreError, TimeoutError};

@@ -47,7 +47,7 @@
 //!
 //! ## Events
 //! `event.severity` is the level of the event's `tracing` event (see
-//! [`event`](crate::event#tracing)): `debug`, `info` or `warn`.
+//! [`event`](crate::event#tracing)): `trace`, `debug`, `info` or `warn`.
 //! `strategy.name` is the policy's name as the builder and the
 //! configuration spell it, or `fallback`, `chaos` and `store`.
 //!
@@ -60,6 +60,10 @@
 //! | `fallback_executed` | `fallback` | `debug` | |
 //! | `chaos_injected` | `chaos` | `debug` | `chaos.kind`: `fault`, `outcome`, `latency`, `behavior` |
 //! | `limit_changed` | `adaptive_limit` | `debug` | `event.direction`: `increase`, `decrease` |
+//! | `coalesced` | `coalesce` | `trace` | |
+//! | `coalesce_takeover` | `coalesce` | `debug` | |
+//! | `cache_hit` | `coalesce` | `trace` | |
+//! | `cache_miss` | `coalesce` | `trace` | |
 //! | `rejected` | the refusing policy: `circuit_breaker`, `bulkhead`, `rate_limiter`, `cooldown`, `retry` (its budget), `adaptive_limit` | `warn` for `bulkhead_full`, `rate_limited`, `retry_budget_exhausted`, `concurrency_limited`; `debug` for the others | `event.reason`: the [`RejectionReason`] (`circuit_open`, `bulkhead_full`, `rate_limited`, `cooldown_active`, `cooldown_exceeds_deadline`, `retry_budget_exhausted`, `concurrency_limited`) |
 //! | `deferred` | the policy that made the call wait | `debug` | `event.reason`: as for `rejected` |
 //! | `shadow_rejected` | the policy in [shadow mode](crate::shadow) that would have refused the call (it went on) | `debug` | `event.reason`: as for `rejected` |
@@ -330,6 +334,10 @@ impl Sink {
                     )),
                 )
             }
+            EventKind::Coalesced => (crate::coalesce::NAME, "coalesced", None),
+            EventKind::CoalesceTakeover => (crate::coalesce::NAME, "coalesce_takeover", None),
+            EventKind::CacheHit => (crate::coalesce::NAME, "cache_hit", None),
+            EventKind::CacheMiss => (crate::coalesce::NAME, "cache_miss", None),
             EventKind::Rejected { reason, .. } => (
                 refusing_strategy(*reason),
                 "rejected",

@@ -167,3 +167,123 @@ fn success_path_allocates_nothing() {
         assert_eq!(allocations() - before, 0, "share {name}");
     }
 }
+
+#[derive(Debug, Clone)]
+struct Shared;
+
+/// A coalesced call allocates its execution (one `Arc`): a leader alone
+/// one allocation, a leader with followers one more (the result they
+/// share, cloned for each), a follower none, a cache hit none, a success
+/// kept in the cache one (the kept value).
+#[test]
+fn coalesced_calls_allocate_their_execution_only() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let p = Pipeline::builder("alloc-coalesce")
+        .coalesce(Coalesce::new())
+        .store(MemoryStore::new())
+        .build()
+        .unwrap();
+    // warm up: the table's capacity
+    p.coalesce_key(1u64)
+        .call(|_| Ok::<_, Shared>(1u64))
+        .unwrap();
+    let before = allocations();
+    for i in 0..1_000u64 {
+        assert_eq!(
+            p.coalesce_key(i % 8).call(|_| Ok::<_, Shared>(i)).unwrap(),
+            i
+        );
+    }
+    assert_eq!(allocations() - before, 1_000, "sync leader alone");
+    let p2 = p.clone();
+    let async_allocs = rt.block_on(async move {
+        p2.coalesce_key(1u64)
+            .run(|_| async { Ok::<_, Shared>(1u64) })
+            .await
+            .unwrap();
+        let before = allocations();
+        for i in 0..1_000u64 {
+            let v = p2
+                .coalesce_key(i % 8)
+                .run(|_| async move { Ok::<_, Shared>(i) })
+                .await
+                .unwrap();
+            assert_eq!(v, i);
+        }
+        allocations() - before
+    });
+    assert_eq!(async_allocs, 1_000, "async leader alone");
+
+    // A leader with followers: each thread counts its own allocations.
+    const FOLLOWERS: usize = 8;
+    let started = std::sync::atomic::AtomicBool::new(false);
+    let counts: Vec<u64> = std::thread::scope(|s| {
+        let leader = s.spawn(|| {
+            let before = allocations();
+            let v = p.coalesce_key(99u64).call(|_| {
+                started.store(true, std::sync::atomic::Ordering::SeqCst);
+                for _ in 0..20_000_000u32 {
+                    if p.coalesced_waiters() >= FOLLOWERS {
+                        break;
+                    }
+                    std::thread::yield_now();
+                }
+                Ok::<_, Shared>(5u64)
+            });
+            assert_eq!(v.unwrap(), 5);
+            allocations() - before
+        });
+        while !started.load(std::sync::atomic::Ordering::SeqCst) && !leader.is_finished() {
+            std::thread::yield_now();
+        }
+        let followers: Vec<_> = (0..FOLLOWERS)
+            .map(|_| {
+                s.spawn(|| {
+                    let before = allocations();
+                    let v = p.coalesce_key(99u64).call(|_| Ok::<_, Shared>(6u64));
+                    assert_eq!(v.unwrap(), 5);
+                    allocations() - before
+                })
+            })
+            .collect();
+        let mut counts = vec![leader.join().unwrap()];
+        counts.extend(followers.into_iter().map(|f| f.join().unwrap()));
+        counts
+    });
+    assert_eq!(counts[0], 2, "a leader with followers");
+    assert!(counts[1..].iter().all(|c| *c == 0), "followers: {counts:?}");
+
+    let cached = Pipeline::builder("alloc-coalesce-cached")
+        .coalesce(Coalesce::new().ttl(Duration::from_secs(3600)))
+        .store(MemoryStore::new())
+        .build()
+        .unwrap();
+    cached
+        .coalesce_key(1u64)
+        .call(|_| Ok::<_, Shared>(1u64))
+        .unwrap();
+    let before = allocations();
+    for _ in 0..1_000u64 {
+        assert_eq!(
+            cached
+                .coalesce_key(1u64)
+                .call(|_| Ok::<_, Shared>(2u64))
+                .unwrap(),
+            1
+        );
+    }
+    assert_eq!(allocations() - before, 0, "cache hits");
+    let before = allocations();
+    cached
+        .coalesce_key(2u64)
+        .call(|_| Ok::<_, Shared>(2u64))
+        .unwrap();
+    assert_eq!(
+        allocations() - before,
+        2,
+        "a miss: the execution and the kept value"
+    );
+}

@@ -573,7 +573,7 @@ fn an_unknown_policy_name_is_reported_with_its_line() {
     );
     assert_eq!(e.line(), Some(5));
     assert!(
-        msg.contains("pipelines.a.policies[1]: unknown variant `circuit-breaker`, expected one of `timeout`, `retry`"),
+        msg.contains("pipelines.a.policies[1]: unknown variant `circuit-breaker`, expected one of `coalesce`, `timeout`, `retry`"),
         "{msg}"
     );
     let (e, msg) = load_error(

@@ -181,6 +181,26 @@ fn every_event() -> Vec<(EventKind, &'static str, Value)> {
             Counter(1),
         ),
         (
+            EventKind::Coalesced,
+            event("event.name=coalesced,event.severity=trace,pipeline.name=p,strategy.name=coalesce"),
+            Counter(1),
+        ),
+        (
+            EventKind::CoalesceTakeover,
+            event("event.name=coalesce_takeover,event.severity=debug,pipeline.name=p,strategy.name=coalesce"),
+            Counter(1),
+        ),
+        (
+            EventKind::CacheHit,
+            event("event.name=cache_hit,event.severity=trace,pipeline.name=p,strategy.name=coalesce"),
+            Counter(1),
+        ),
+        (
+            EventKind::CacheMiss,
+            event("event.name=cache_miss,event.severity=trace,pipeline.name=p,strategy.name=coalesce"),
+            Counter(1),
+        ),
+        (
             rejected(RejectionReason::CircuitOpen),
             event("event.name=rejected,event.reason=circuit_open,event.severity=debug,pipeline.name=p,strategy.name=circuit_breaker"),
             Counter(1),

@@ -18,4 +18,14 @@ fn two_attempt_timeouts() -> Result<(), E> {
     Ok(())
 }
 
+#[resilient(retry, coalesce)]
+fn coalesce_after_retry() -> Result<(), E> {
+    Ok(())
+}
+
+#[resilient(coalesce(ttl_s = 1), retry)]
+fn coalesce_without_a_key(id: u64) -> Result<u64, E> {
+    Ok(id)
+}
+
 fn main() {}

@@ -52,6 +52,7 @@
 //! | key | value |
 //! | --- | --- |
 //! | `policies` | the policies in force, in declaration order, outermost first (see below) |
+//! | `coalesce` | table, below: concurrent calls with the same key share one execution (`{}` for sharing alone) |
 //! | `timeout` | bounds the whole call: a duration, or `{ duration = "5s", strict = true }` |
 //! | `attempt_timeout` | bounds each attempt (needs `retry`); same forms as `timeout` |
 //! | `retry` | table, below |
@@ -71,9 +72,10 @@
 //!
 //! ## Order of policies
 //! `policies` lists the policies in force in declaration order, as the
-//! builder would declare them: `["timeout", "retry", "attempt_timeout",
-//! "circuit_breaker", "bulkhead", "cooldown", "rate_limiter",
-//! "adaptive_limit", "chaos"]` is the full list. The list must read the way the pipeline nests: `timeout` (the
+//! builder would declare them: `["coalesce", "timeout", "retry",
+//! "attempt_timeout", "circuit_breaker", "bulkhead", "cooldown",
+//! "rate_limiter", "adaptive_limit", "chaos"]` is the full list. The list must read the way
+//! the pipeline nests: `coalesce` first, `timeout` (the
 //! whole call) before `retry`, `attempt_timeout` after it. Each stateful
 //! policy is listed once, on either side: after `retry` (the default order)
 //! it guards each attempt, before it the whole call (one admission and one
@@ -88,7 +90,7 @@
 //!   inherited from `default` but not listed is left out (this is how a
 //!   pipeline drops a default policy), a section the pipeline sets itself
 //!   but does not list is an error, and a listed policy needs a section
-//!   (`cooldown` excepted: it has defaults for everything).
+//!   (`cooldown` and `coalesce` excepted: they have defaults for everything).
 //! - `policies` itself is inherited from `default` as a whole.
 //!
 //! ## `retry`
@@ -141,6 +143,15 @@
 //! it keeps its state and reports what it would refuse
 //! (`shadow_rejected` events) but never refuses nor delays a call; set it
 //! back to `false` (a reload) to enforce the same limit.
+//!
+//! ## `coalesce`
+//! `ttl` (default none: no cache; with it, successes are kept this long and
+//! answer calls with the same key), `max_entries` (the cache's bound, with
+//! `ttl`; default `1024`). A zero `ttl` or `max_entries` is refused, at the
+//! key's line and column. Only calls made with a key share
+//! (`pipeline.coalesce_key(k)`, `partition(p).coalesced()`): see
+//! [`crate::coalesce`]; a pipeline without the section runs them as plain
+//! calls.
 //!
 //! ## `chaos`
 //! `rate` (required, `0` to `1`: the share of attempts that get the

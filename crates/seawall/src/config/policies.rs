@@ -13,6 +13,7 @@ use crate::adaptive::{AdaptiveLimit, LimitAlgorithm};
 use crate::breaker::CircuitBreaker;
 use crate::bulkhead::Bulkhead;
 use crate::chaos::Chaos;
+use crate::coalesce::Coalesce;
 use crate::cooldown::Cooldown;
 use crate::error::ConfigError;
 use crate::pipeline::Declared;
@@ -51,6 +52,11 @@ pub(super) fn resolve(
                 base: None,
             })))
         }
+        // Sharing alone needs no section: `coalesce = {}` or a listed name.
+        PolicyKind::Coalesce => Declared::Coalesce(coalesce(layers.unwrap_or(Layers {
+            own: None,
+            base: None,
+        }))),
     })
 }
 
@@ -344,6 +350,19 @@ fn cooldown(l: Layers<'_, Section>) -> Cooldown {
     }
     if let Some(shadow) = l.get(|c| c.flag("shadow")) {
         c = c.shadow(shadow);
+    }
+    c
+}
+
+/// Request coalescing; a `ttl` adds the cache, `max_entries` bounds it
+/// (the builder judges both).
+fn coalesce(l: Layers<'_, Section>) -> Coalesce {
+    let mut c = Coalesce::new();
+    if let Some(d) = l.get(|c| c.duration("ttl")) {
+        c = c.ttl(d.0);
+    }
+    if let Some(n) = l.get(|c| c.count("max_entries")) {
+        c = c.max_entries(n);
     }
     c
 }

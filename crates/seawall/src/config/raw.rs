@@ -194,9 +194,10 @@ pub(crate) struct PolicyName {
 }
 
 impl PolicyName {
-    /// Every name, in the order used when `policies` is not given: the
-    /// policies of either side before the retry, the retry, their names
-    /// after it, then the stateful policies, the adaptive limit, then chaos
+    /// Every name, in the order used when `policies` is not given:
+    /// coalescing, the policies of either side before the retry, the
+    /// retry, their names after it, then the stateful policies, the
+    /// adaptive limit, then chaos
     /// (each group in registration order).
     fn all() -> impl Iterator<Item = PolicyName> {
         let names = |place: Place, after_retry: bool| {
@@ -205,7 +206,8 @@ impl PolicyName {
                 .filter(move |k| k.place() == place && (!after_retry || k.attempt_name().is_some()))
                 .map(move |&kind| PolicyName { kind, after_retry })
         };
-        names(Place::EitherSide, false)
+        names(Place::Outermost, false)
+            .chain(names(Place::EitherSide, false))
             .chain(names(Place::Retry, false))
             .chain(names(Place::EitherSide, true))
             .chain(names(Place::Stateful, false))
@@ -807,6 +809,7 @@ mod tests {
         assert_eq!(
             all,
             [
+                "coalesce",
                 "timeout",
                 "retry",
                 "attempt_timeout",
@@ -870,6 +873,11 @@ mod tests {
                 PolicyKind::AdaptiveLimit => (
                     "adaptive_limit = {}",
                     Pipeline::builder("a").adaptive_limit(crate::AdaptiveLimit::gradient2()),
+                ),
+                PolicyKind::Coalesce => (
+                    "coalesce = { ttl = \"1s\", max_entries = 8 }",
+                    Pipeline::builder("a")
+                        .coalesce(crate::Coalesce::new().ttl(ms(1000)).max_entries(8)),
                 ),
             };
             let config = Config::parse(Format::Toml, &format!("[pipelines.a]\n{section}\n"))

@@ -18,6 +18,7 @@ use crate::bulkhead::Bulkhead;
 use crate::chaos::{Chaos, ChaosFault, ChaosOutcome};
 use crate::classify::Verdict;
 use crate::clock::{Clock, ClockHandle, Random, SystemRandom};
+use crate::coalesce::{Coalesce, Coalescer};
 use crate::context::{intern, Context};
 use crate::cooldown::Cooldown;
 use crate::error::{ConfigError, Error};
@@ -37,7 +38,8 @@ pub(crate) mod declare;
 ///
 /// # Order
 /// Policies nest in declaration order, outermost first; `build()` checks
-/// the order. A timeout declared before [`retry`](Self::retry) (or without
+/// the order. [`coalesce`](Self::coalesce) is declared first, if at all: it
+/// shares one execution of the whole call. A timeout declared before [`retry`](Self::retry) (or without
 /// one) bounds the whole call, one declared after it each attempt. The
 /// stateful policies ([`circuit_breaker`](Self::circuit_breaker),
 /// [`bulkhead`](Self::bulkhead), [`cooldown`](Self::cooldown),
@@ -159,6 +161,26 @@ impl<K: Kind> PipelineBuilder<K> {
     #[cfg(test)]
     pub(crate) fn declared_kinds(&self) -> Vec<seawall_order::PolicyKind> {
         self.declared.iter().map(Declared::kind).collect()
+    }
+
+    /// Adds request coalescing: concurrent calls made with the same key
+    /// ([`Pipeline::coalesce_key`], [`Partition::coalesced`](super::Partition::coalesced))
+    /// share one execution of the whole call, and with a `ttl` a cache of
+    /// successes answers them (see [`crate::coalesce`]). Declare it first:
+    /// `build()` refuses it after another policy.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use seawall::{Coalesce, Pipeline};
+    ///
+    /// let e = Pipeline::builder("prices")
+    ///     .coalesce(Coalesce::new().ttl(Duration::ZERO))
+    ///     .build()
+    ///     .unwrap_err();
+    /// assert!(e.to_string().starts_with("coalesce.ttl must be > 0"));
+    /// ```
+    pub fn coalesce(self, coalesce: Coalesce) -> Self {
+        self.declare(Declared::Coalesce(coalesce))
     }
 
     /// Adds a retry policy. Timeouts declared after it bound each attempt,
@@ -477,6 +499,7 @@ impl<K: Kind> PipelineBuilder<K> {
             handlers: self.handlers,
             chaos: sorted.chaos.into_boxed_slice(),
             adaptive: sorted.adaptive,
+            coalesce: sorted.coalesce,
         }
         .assemble()
     }
@@ -501,6 +524,7 @@ struct Assembly<K: Kind> {
     handlers: K::Handlers,
     chaos: Box<[Chaos]>,
     adaptive: Option<AdaptiveLimit>,
+    coalesce: Option<Coalesce>,
 }
 
 impl<K: Kind> Assembly<K> {
@@ -548,6 +572,7 @@ impl<K: Kind> Assembly<K> {
                 noted: Default::default(),
                 chaos: self.chaos,
                 adaptive: self.adaptive.as_ref().map(Limiter::new),
+                coalesce: self.coalesce.as_ref().map(Coalescer::new),
             }),
         })
     }

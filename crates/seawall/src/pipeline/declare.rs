@@ -11,6 +11,7 @@ use crate::adaptive::AdaptiveLimit;
 use crate::breaker::CircuitBreaker;
 use crate::bulkhead::Bulkhead;
 use crate::chaos::Chaos;
+use crate::coalesce::Coalesce;
 use crate::cooldown::Cooldown;
 use crate::error::ConfigError;
 use crate::rate_limit::RateLimiter;
@@ -49,6 +50,7 @@ macro_rules! declared {
 }
 
 declared! {
+    Coalesce(Coalesce),
     Timeout(Timeout),
     Retry(Retry),
     CircuitBreaker(CircuitBreaker),
@@ -108,6 +110,12 @@ impl Validate for AdaptiveLimit {
     }
 }
 
+impl Validate for Coalesce {
+    fn validate_in(&self, _: Option<Duration>) -> Result<(), ConfigError> {
+        self.validate()
+    }
+}
+
 impl Validate for RateLimiter {
     fn validate_in(&self, _: Option<Duration>) -> Result<(), ConfigError> {
         self.validate()
@@ -129,6 +137,8 @@ pub(crate) struct Sorted {
     pub(crate) chaos: Vec<Chaos>,
     /// The adaptive concurrency limit (each attempt).
     pub(crate) adaptive: Option<AdaptiveLimit>,
+    /// Request coalescing (outermost).
+    pub(crate) coalesce: Option<Coalesce>,
 }
 
 /// The stateful policies of one level (the whole call or each attempt).
@@ -189,6 +199,7 @@ pub(crate) fn sort(declared: Vec<Declared>, kinds: &[PolicyKind]) -> Sorted {
             Declared::RateLimiter(r) => level.rate_limit = Some(r),
             Declared::Chaos(c) => s.chaos.push(c),
             Declared::AdaptiveLimit(a) => s.adaptive = Some(a),
+            Declared::Coalesce(c) => s.coalesce = Some(c),
         }
     }
     s
@@ -204,6 +215,7 @@ pub(crate) fn misplaced(e: Misplaced) -> ConfigError {
             e.rule.reason()
         ),
         Rule::BeforeRetry => format!("is declared before `retry`; {}", e.rule.reason()),
+        Rule::NotFirst => format!("is declared after another policy; {}", e.rule.reason()),
     };
     ConfigError::new("pipeline", e.kind.name(), rule)
 }

@@ -4,6 +4,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::AtomicBool;
 use std::task::{Context as TaskContext, Poll};
 
 use super::engine::{Admit, Call, Driver, Ended, Finish, First, Owned, Quick};
@@ -55,12 +56,14 @@ impl<K: Kind> Pipeline<K> {
     /// place, a success that nobody watches) run here; anything else in
     /// the general loop, from where the call stands. Each admission takes
     /// `weight` rate-limit permits; a weighted call (not 1) takes the
-    /// general path.
+    /// general path, and so does a call that reports the use of its
+    /// fallback in `fallback_seen` (a coalesced call's leader).
     #[inline(always)]
     pub(crate) fn drive_sync_weighted<T, E, Op>(
         &self,
         partition: Option<&PartitionKey>,
         weight: u32,
+        fallback_seen: Option<&AtomicBool>,
         mut op: Op,
     ) -> Result<T, Error<E>>
     where
@@ -69,6 +72,7 @@ impl<K: Kind> Pipeline<K> {
     {
         let shared = &*self.shared;
         if shared.plan.bare
+            && fallback_seen.is_none()
             && partition.is_none()
             && !shared.listeners.enabled()
             && !shared.chaos_may_inject()
@@ -83,12 +87,14 @@ impl<K: Kind> Pipeline<K> {
                 }
             };
         }
-        let first = (weight == 1)
+        let first = (weight == 1 && fallback_seen.is_none())
             .then(|| First::start(self, partition))
             .flatten();
         let Some(mut first) = first else {
-            let call = Owned(Call::start(self, partition, Driver::Sync).weighted(weight));
-            return sync_loop(call, op, None);
+            let call = Call::start(self, partition, Driver::Sync)
+                .weighted(weight)
+                .reporting_fallback(fallback_seen);
+            return sync_loop(Owned(call), op, None);
         };
         // `held` holds the attempt's permit, given back on a panic.
         let mut held = first.hold();
@@ -129,16 +135,17 @@ impl<K: Kind> Pipeline<K> {
         Fut: Future,
         Fut::Output: AttemptOutput<T, E>,
     {
-        self.drive_async_weighted(partition, 1, op)
+        self.drive_async_weighted(partition, 1, None, op)
     }
 
     /// [`drive_async`](Self::drive_async) of a call taking `weight`
     /// rate-limit permits per admission (a weighted call takes the general
-    /// path).
+    /// path, as does one reporting its fallback in `fallback_seen`).
     pub(crate) async fn drive_async_weighted<T, E, Op, Fut>(
         &self,
         partition: Option<&PartitionKey>,
         weight: u32,
+        fallback_seen: Option<&AtomicBool>,
         mut op: Op,
     ) -> Result<T, Error<E>>
     where
@@ -149,6 +156,7 @@ impl<K: Kind> Pipeline<K> {
     {
         let shared = &*self.shared;
         if shared.plan.bare
+            && fallback_seen.is_none()
             && partition.is_none()
             && !shared.listeners.enabled()
             && !shared.chaos_may_inject()
@@ -164,12 +172,14 @@ impl<K: Kind> Pipeline<K> {
                 }
             };
         }
-        let first = (weight == 1)
+        let first = (weight == 1 && fallback_seen.is_none())
             .then(|| First::start(self, partition))
             .flatten();
         let Some(mut first) = first else {
-            let call = Owned(Call::start(self, partition, Driver::Async).weighted(weight));
-            return async_loop(call, op, None).await;
+            let call = Call::start(self, partition, Driver::Async)
+                .weighted(weight)
+                .reporting_fallback(fallback_seen);
+            return async_loop(Owned(call), op, None).await;
         };
         let mut held = first.hold();
         let from = match first.admit(&mut held) {

@@ -48,7 +48,7 @@
 //! Whether anyone listens to events never changes a decision, an instant or
 //! the stored state: it only adds the events.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use super::kind::{Fallen, Handles};
@@ -254,6 +254,9 @@ pub(crate) struct Call<'g, K: Kind> {
     /// The adaptive limit's slot of the attempt under way, given back with
     /// a sample when the attempt ends, without one if it never does.
     lease: Option<Lease>,
+    /// Set when the fallback made the call's result (a coalesced call's
+    /// leader asks, not to cache a fallback's value).
+    fallback_seen: Option<&'g AtomicBool>,
 }
 
 /// A call that gives back what it holds when it is dropped before its end
@@ -379,6 +382,7 @@ impl<'g, K: Kind> Call<'g, K> {
             waiting: None,
             weight: 1,
             lease: None,
+            fallback_seen: None,
         }
     }
 
@@ -386,6 +390,12 @@ impl<'g, K: Kind> Call<'g, K> {
     /// weighted call is admitted by the general path.
     pub(crate) fn weighted(mut self, weight: u32) -> Self {
         self.weight = weight;
+        self
+    }
+
+    /// The call setting `seen` when its fallback makes its result.
+    pub(crate) fn reporting_fallback(mut self, seen: Option<&'g AtomicBool>) -> Self {
+        self.fallback_seen = seen;
         self
     }
 
@@ -1477,6 +1487,9 @@ impl<'g, K: Kind> Call<'g, K> {
 
     /// The fallback's result is the call's.
     pub(crate) fn fell_back<T, E>(&mut self, result: Result<T, E>) -> Result<T, Error<E>> {
+        if let Some(seen) = self.fallback_seen {
+            seen.store(true, Ordering::Relaxed);
+        }
         let result = result.map_err(Error::Fallback);
         if self.listening {
             self.call_finished(match &result {
@@ -1797,6 +1810,7 @@ impl<'g, K: Kind> First<'g, K> {
             waiting: None,
             weight: 1,
             lease: held.lease.take(),
+            fallback_seen: None,
         })
     }
 }

@@ -3,7 +3,7 @@
 
 use std::fmt;
 use std::future::Future;
-use std::sync::atomic::AtomicU32;
+use std::sync::atomic::{AtomicBool, AtomicU32};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,6 +17,7 @@ use crate::store::{MemoryResource, ResourceSpec, ResourceState};
 use crate::timeout::Timeout;
 
 mod builder;
+mod coalesced;
 mod drive;
 mod engine;
 mod kind;
@@ -27,6 +28,7 @@ mod span;
 #[cfg(feature = "serde")]
 pub(crate) use builder::declare::Declared;
 pub use builder::PipelineBuilder;
+pub use coalesced::Coalesced;
 #[cfg(feature = "reqwest")]
 pub(crate) use drive::Judged;
 pub use kind::{
@@ -96,6 +98,8 @@ pub(crate) struct Shared<K: Kind> {
     pub(crate) chaos: Box<[crate::chaos::Chaos]>,
     /// The adaptive concurrency limit of each attempt, in this process.
     pub(crate) adaptive: Option<crate::adaptive::machine::Limiter>,
+    /// Request coalescing and its cache, when declared.
+    pub(crate) coalesce: Option<crate::coalesce::Coalescer>,
 }
 
 impl<K: Kind> Shared<K> {
@@ -217,6 +221,43 @@ impl<K: Kind> Pipeline<K> {
     /// A weight of 0: `rate_limit.weight must be >= 1, got 0`.
     pub fn weighted(&self, weight: u32) -> Result<Weighted<'_, K>, ConfigError> {
         Weighted::new(self, None, weight)
+    }
+
+    /// Calls that share one execution with the concurrent calls of the
+    /// same `key` (and result type), and, with a cache, are answered by a
+    /// fresh success of that key: `pipeline.coalesce_key(user_id).run(..)`.
+    /// See [`crate::coalesce`]. On a pipeline without
+    /// [`coalesce`](PipelineBuilder::coalesce) they run as plain calls.
+    ///
+    /// ```
+    /// use seawall::{Coalesce, Pipeline};
+    ///
+    /// let pipeline = Pipeline::builder("profiles").coalesce(Coalesce::new()).build()?;
+    /// let profile = pipeline
+    ///     .coalesce_key("user-7")
+    ///     .call(|_ctx| Ok::<_, std::sync::Arc<std::io::Error>>(String::from("ada")))?;
+    /// assert_eq!(profile, "ada");
+    /// # Ok::<_, Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn coalesce_key(&self, key: impl Into<PartitionKey>) -> Coalesced<'_, K> {
+        Coalesced::new(self, None, Some(key.into()))
+    }
+
+    /// Calls that share one execution with every concurrent call of this
+    /// pipeline made the same way (and of the same result type): for a
+    /// pipeline that stands for one resource (the configuration, a token).
+    /// See [`coalesce_key`](Self::coalesce_key).
+    pub fn coalesced(&self) -> Coalesced<'_, K> {
+        Coalesced::new(self, None, None)
+    }
+
+    /// Coalesced calls currently waiting for the execution of another call
+    /// with the same key (0 without [`coalesce`](PipelineBuilder::coalesce)).
+    pub fn coalesced_waiters(&self) -> usize {
+        self.shared
+            .coalesce
+            .as_ref()
+            .map_or(0, crate::coalesce::Coalescer::waiters)
     }
 
     /// Forces the circuit open: every call is rejected until
@@ -452,7 +493,7 @@ impl<K: Kind> Pipeline<K> {
         Op: FnMut(Context) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        self.run_in(None, 1, op)
+        self.run_in(None, 1, None, op)
     }
 
     /// [`run`](Self::run) in `partition`: the operation as given, or in the
@@ -463,6 +504,7 @@ impl<K: Kind> Pipeline<K> {
         &'a self,
         partition: Option<&'a PartitionKey>,
         weight: u32,
+        fallback_seen: Option<&'a AtomicBool>,
         op: Op,
     ) -> impl Future<Output = Result<T, Error<E>>> + use<'a, K, T, E, Op, Fut>
     where
@@ -470,7 +512,7 @@ impl<K: Kind> Pipeline<K> {
         Op: FnMut(Context) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        self.drive_async_weighted(partition, weight, op)
+        self.drive_async_weighted(partition, weight, fallback_seen, op)
     }
 
     #[cfg(feature = "tracing")]
@@ -479,6 +521,7 @@ impl<K: Kind> Pipeline<K> {
         &'a self,
         partition: Option<&'a PartitionKey>,
         weight: u32,
+        fallback_seen: Option<&'a AtomicBool>,
         op: Op,
     ) -> impl Future<Output = Result<T, Error<E>>> + use<'a, K, T, E, Op, Fut>
     where
@@ -489,11 +532,11 @@ impl<K: Kind> Pipeline<K> {
         if span::wanted() {
             let op = span::async_op(self.shared.name, partition, op);
             span::Either::Traced {
-                future: self.drive_async_weighted(partition, weight, op),
+                future: self.drive_async_weighted(partition, weight, fallback_seen, op),
             }
         } else {
             span::Either::Plain {
-                future: self.drive_async_weighted(partition, weight, op),
+                future: self.drive_async_weighted(partition, weight, fallback_seen, op),
             }
         }
     }
@@ -504,6 +547,7 @@ impl<K: Kind> Pipeline<K> {
         &self,
         partition: Option<&PartitionKey>,
         weight: u32,
+        fallback_seen: Option<&AtomicBool>,
         op: Op,
     ) -> Result<T, Error<E>>
     where
@@ -512,9 +556,9 @@ impl<K: Kind> Pipeline<K> {
     {
         #[cfg(feature = "tracing")]
         if span::wanted() {
-            return self.call_traced(partition, weight, op);
+            return self.call_traced(partition, weight, fallback_seen, op);
         }
-        self.drive_sync_weighted(partition, weight, op)
+        self.drive_sync_weighted(partition, weight, fallback_seen, op)
     }
 
     /// [`call_in`](Self::call_in) with the spans: out of the way of the
@@ -526,6 +570,7 @@ impl<K: Kind> Pipeline<K> {
         &self,
         partition: Option<&PartitionKey>,
         weight: u32,
+        fallback_seen: Option<&AtomicBool>,
         op: Op,
     ) -> Result<T, Error<E>>
     where
@@ -533,7 +578,7 @@ impl<K: Kind> Pipeline<K> {
         Op: FnMut(Context) -> Result<T, E>,
     {
         let op = span::sync_op(self.shared.name, partition, op);
-        self.drive_sync_weighted(partition, weight, op)
+        self.drive_sync_weighted(partition, weight, fallback_seen, op)
     }
 
     /// Runs a blocking operation through the pipeline on the calling thread.
@@ -554,7 +599,7 @@ impl<K: Kind> Pipeline<K> {
         K: HandlesSync<T, E>,
         Op: FnMut(Context) -> Result<T, E>,
     {
-        self.call_in(None, 1, op)
+        self.call_in(None, 1, None, op)
     }
 
     /// The context of attempt `attempt` with `deadline`, for the fallback.
@@ -627,7 +672,8 @@ impl<'p, K: Kind> Weighted<'p, K> {
         Op: FnMut(Context) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        self.pipeline.run_in(self.key.as_ref(), self.weight, op)
+        self.pipeline
+            .run_in(self.key.as_ref(), self.weight, None, op)
     }
 
     /// Runs a blocking operation taking [`weight`](Self::weight) permits.
@@ -640,7 +686,8 @@ impl<'p, K: Kind> Weighted<'p, K> {
         K: HandlesSync<T, E>,
         Op: FnMut(Context) -> Result<T, E>,
     {
-        self.pipeline.call_in(self.key.as_ref(), self.weight, op)
+        self.pipeline
+            .call_in(self.key.as_ref(), self.weight, None, op)
     }
 }
 
@@ -666,6 +713,19 @@ impl<'p, K: Kind> Partition<'p, K> {
         Weighted::new(self.pipeline, Some(self.key), weight)
     }
 
+    /// Calls in this partition that share one execution per partition
+    /// (see [`crate::coalesce`]): concurrent calls of the same partition
+    /// and result type run the operation once.
+    pub fn coalesced(self) -> Coalesced<'p, K> {
+        Coalesced::new(self.pipeline, Some(self.key), None)
+    }
+
+    /// Calls in this partition that share one execution per partition and
+    /// `key` (see [`crate::coalesce`]).
+    pub fn coalesce_key(self, key: impl Into<PartitionKey>) -> Coalesced<'p, K> {
+        Coalesced::new(self.pipeline, Some(self.key), Some(key.into()))
+    }
+
     /// Runs an async operation in this partition. See [`Pipeline::run`].
     ///
     /// # Errors
@@ -679,7 +739,7 @@ impl<'p, K: Kind> Partition<'p, K> {
         Op: FnMut(Context) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        self.pipeline.run_in(Some(&self.key), 1, op)
+        self.pipeline.run_in(Some(&self.key), 1, None, op)
     }
 
     /// Runs a blocking operation in this partition. See [`Pipeline::call`].
@@ -691,7 +751,7 @@ impl<'p, K: Kind> Partition<'p, K> {
         K: HandlesSync<T, E>,
         Op: FnMut(Context) -> Result<T, E>,
     {
-        self.pipeline.call_in(Some(&self.key), 1, op)
+        self.pipeline.call_in(Some(&self.key), 1, None, op)
     }
 
     /// Forces this partition's circuit open.
