@@ -1117,6 +1117,48 @@ pub fn corpus() -> Vec<Scenario> {
             ],
         );
 
+        // The adaptive limit is kept in the process whatever the store: a
+        // nested call over a limit of one is refused (at once in sync code,
+        // after the queue's wait in async code), each attempt takes and
+        // gives back its slot, a failure is a drop.
+        adaptive_limit_full => scenario(
+            Flavors::Agree,
+            |b| plain(b.adaptive_limit(crate::AdaptiveLimit::aimd().limits(1, 1, 1))),
+            vec![
+                call(vec![Nested(None, vec![Okay(1)])], "Ok(0)"),
+                call(vec![Okay(2)], "Ok(2)"),
+                call(vec![Fail(RETRY)], "Operation"),
+            ],
+        );
+
+        adaptive_limit_each_attempt => scenario(
+            Flavors::Agree,
+            |b| {
+                plain(
+                    b.retry(Retry::constant(ms(5)).max_attempts(3)).adaptive_limit(
+                        crate::AdaptiveLimit::gradient2()
+                            .limits(1, 1, 2)
+                            .update_interval(ms(1))
+                            .min_rtt(secs(1), 1, 1),
+                    ),
+                )
+            },
+            vec![
+                call(vec![Fail(RETRY), Fail(RETRY), Okay(1)], "Ok(1)"),
+                call(vec![Nested(None, vec![Okay(2)])], "Ok(0)"),
+                call(vec![Okay(3)], "Ok(3)"),
+            ],
+        );
+
+        adaptive_limit_queue => scenario(
+            Flavors::Differ,
+            |b| plain(b.adaptive_limit(crate::AdaptiveLimit::aimd().limits(1, 1, 1).queue(1, ms(100)))),
+            vec![
+                call(vec![Nested(None, vec![Okay(1)])], "Ok(0)"),
+                call(vec![Okay(2)], "Ok(2)"),
+            ],
+        );
+
         rate_gcra => scenario(
             Flavors::Agree,
             |b| plain(b.rate_limiter(RateLimiter::gcra(2, secs(1)))),
