@@ -30,7 +30,7 @@
 use std::sync::Arc;
 
 use tokio_postgres::error::SqlState;
-use tokio_postgres::{Client, GenericClient, Transaction};
+use tokio_postgres::{Client, GenericClient, Statement, Transaction};
 
 use super::{
     check_event, check_message, event_id, now_ms, OutboxError, Relay, RelayOptions, Store,
@@ -190,10 +190,15 @@ pub async fn handle(
     Ok(inserted == 1)
 }
 
-/// The outbox of a Postgres database, on the relay's client.
+/// The outbox of a Postgres database, on the relay's client, with the
+/// statements of a relay round prepared once (one round trip each).
 struct PostgresStore {
     client: Client,
+    unsent: Statement,
+    mark_sent: Statement,
 }
+
+const MARK_SENT_MANY: &str = "UPDATE seawall_outbox SET sent_at_ms = $1 WHERE id = ANY($2)";
 
 impl Store for PostgresStore {
     fn unsent<'a>(
@@ -205,7 +210,7 @@ impl Store for PostgresStore {
             let limit = i64::try_from(batch).unwrap_or(i64::MAX);
             let rows = self
                 .client
-                .query(SELECT_UNSENT, &[&limit])
+                .query(&self.unsent, &[&limit])
                 .await
                 .map_err(|e| pg("reading the outbox", e))?;
             Ok(rows
@@ -230,10 +235,7 @@ impl Store for PostgresStore {
     fn mark_sent(&self, ids: Vec<i64>) -> StoreFuture<'_, ()> {
         Box::pin(async move {
             self.client
-                .execute(
-                    "UPDATE seawall_outbox SET sent_at_ms = $1 WHERE id = ANY($2)",
-                    &[&now_ms(), &ids],
-                )
+                .execute(&self.mark_sent, &[&now_ms(), &ids])
                 .await
                 .map(drop)
                 .map_err(|e| pg("marking events sent", e))
@@ -285,8 +287,15 @@ impl<B: Broker> Relay<B> {
                 location: "the postgres search path".to_owned(),
             });
         }
+        let prepare = |e| pg("preparing the relay's statements", e);
+        let unsent = client.prepare(SELECT_UNSENT).await.map_err(prepare)?;
+        let mark_sent = client.prepare(MARK_SENT_MANY).await.map_err(prepare)?;
         Ok(Relay {
-            store: Box::new(PostgresStore { client }),
+            store: Box::new(PostgresStore {
+                client,
+                unsent,
+                mark_sent,
+            }),
             location: "postgres".to_owned(),
             broker,
             options,
