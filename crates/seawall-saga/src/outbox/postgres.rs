@@ -271,6 +271,13 @@ impl<B: Broker> Relay<B> {
     /// lost is not made again: its rounds fail (the events stay in the
     /// outbox) until the relay is replaced by one on a new client.
     ///
+    /// The relay sets `synchronous_commit = off` for this client's session:
+    /// its only writes mark events sent and purge sent ones, and a mark lost
+    /// to a server crash only makes the event published again (which the
+    /// consumers' inbox absorbs), so a relay round does not wait for a WAL
+    /// flush. Events themselves are committed by the producers' own
+    /// transactions, with their own settings.
+    ///
     /// # Errors
     ///
     /// [`OutboxError::Invalid`] for an empty source or stream,
@@ -287,6 +294,10 @@ impl<B: Broker> Relay<B> {
                 location: "the postgres search path".to_owned(),
             });
         }
+        client
+            .batch_execute("SET synchronous_commit = off")
+            .await
+            .map_err(|e| pg("setting up the relay's session", e))?;
         let prepare = |e| pg("preparing the relay's statements", e);
         let unsent = client.prepare(SELECT_UNSENT).await.map_err(prepare)?;
         let mark_sent = client.prepare(MARK_SENT_MANY).await.map_err(prepare)?;
