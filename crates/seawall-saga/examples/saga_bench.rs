@@ -10,7 +10,9 @@
 //! the time to recover 10,000 unfinished sagas. Postgres: `SEAWALL_TEST_POSTGRES_URL` if set,
 //! otherwise a throw-away server started with `scripts/lib/postgres.sh`.
 //! Environment knobs: `BENCH_SAGAS` (default 3000), `BENCH_CONCURRENCY`
-//! (default 64), `BENCH_RECOVERY` (default 10000).
+//! (default 64), `BENCH_RECOVERY` (default 10000), `BENCH_ONLY` (a comma
+//! separated choice of `sqlite`, `latency`, `postgres` and `recovery`; default
+//! all), `BENCH_PG_WRITERS` (the Postgres log's writers, default its default).
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -119,6 +121,11 @@ async fn latency(o: &Orchestrator, saga: &Saga<Order>, runs: usize) -> (Duration
     times.sort_unstable();
     let at = |pct: usize| times[((times.len() * pct).div_ceil(100)).clamp(1, times.len()) - 1];
     (at(50), at(99))
+}
+
+/// Whether `BENCH_ONLY` (default: every part) selects `part`.
+fn selected(part: &str) -> bool {
+    std::env::var("BENCH_ONLY").map_or(true, |only| only.split(',').any(|p| p.trim() == part))
 }
 
 fn env_usize(name: &str, default: usize) -> usize {
@@ -253,15 +260,16 @@ fn postgres_url() -> (String, Option<std::process::Child>) {
 }
 
 async fn pg_log(url: &str, schema: &str, worker: &str, lease: Duration) -> PostgresLog {
-    PostgresLog::connect(
-        url,
-        PostgresOptions::new()
-            .schema(schema)
-            .worker_name(worker)
-            .lease(lease),
-    )
-    .await
-    .expect("postgres log")
+    let mut options = PostgresOptions::new()
+        .schema(schema)
+        .worker_name(worker)
+        .lease(lease);
+    if let Ok(writers) = std::env::var("BENCH_PG_WRITERS") {
+        options = options.writers(writers.parse().expect("BENCH_PG_WRITERS: a number"));
+    }
+    PostgresLog::connect(url, options)
+        .await
+        .expect("postgres log")
 }
 
 async fn drop_schema(url: &str, schema: &str) {
@@ -289,7 +297,12 @@ async fn main() {
             .unwrap_or(1)
     );
 
-    for (mode, label) in [(Synchronous::Full, "FULL"), (Synchronous::Normal, "NORMAL")] {
+    let sqlite_modes = if selected("sqlite") {
+        &[(Synchronous::Full, "FULL"), (Synchronous::Normal, "NORMAL")][..]
+    } else {
+        &[]
+    };
+    for &(mode, label) in sqlite_modes {
         let path = dir.path().join(format!("bench-{label}.db"));
         let log = SqliteLog::open_with(&path, SqliteOptions::new().synchronous(mode)).unwrap();
         let o = Orchestrator::builder(log).saga(&saga).build().unwrap();
@@ -303,7 +316,7 @@ async fn main() {
         }
     }
 
-    {
+    if selected("latency") {
         let step = Duration::from_millis(10);
         let (sequence, parallel) = (waiting(step, false), waiting(step, true));
         let path = dir.path().join("latency.db");
@@ -327,8 +340,17 @@ async fn main() {
         }
     }
 
-    let (url, server) = postgres_url();
-    for workers in [1usize, 4] {
+    let (url, server) = if selected("postgres") || selected("recovery") {
+        postgres_url()
+    } else {
+        (String::new(), None)
+    };
+    let postgres_workers = if selected("postgres") {
+        &[1usize, 4][..]
+    } else {
+        &[]
+    };
+    for &workers in postgres_workers {
         let schema = format!("bench_{workers}w_{}", std::process::id());
         drop_schema(&url, &schema).await;
         let mut orchestrators = Vec::new();
@@ -347,6 +369,10 @@ async fn main() {
         drop_schema(&url, &schema).await;
     }
 
+    if !selected("recovery") {
+        drop(server);
+        return;
+    }
     let path = dir.path().join("recovery.db");
     let elapsed = recovery(
         || {

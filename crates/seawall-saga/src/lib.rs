@@ -168,7 +168,9 @@
 //!   claims a saga with a lease (`FOR UPDATE SKIP LOCKED`); a dead worker's
 //!   sagas are taken over once the lease expires; every write is fenced by the
 //!   lease token, so a worker that lost its lease cannot write further
-//!   transitions.
+//!   transitions. Concurrent sagas share commits here too: a few writer tasks
+//!   each write what is queued in one statement, every saga's write still
+//!   fenced on its own.
 //!
 //! Both implement the small [`SagaLog`] trait; the orchestrator holds it as a
 //! trait object, nothing is generic over the backend.

@@ -1270,6 +1270,97 @@ async fn recovery_runs_many_sagas_concurrently(backend: Backend) {
     assert_eq!(paged, all);
 }
 
+/// Writes that arrive together share a commit (both logs group them), yet
+/// each keeps its own outcome: a taken id, a lost lease or a refused write
+/// fails alone, two writes of one saga both land, and the others of the
+/// burst are written.
+async fn concurrent_writes_keep_their_own_outcomes(backend: Backend) {
+    let log = backend.open().await;
+    let now = std::time::SystemTime::now();
+    let new = |id: String| NewSaga {
+        id: SagaId::new(id),
+        name: "purchase".into(),
+        input: "{}".into(),
+        deadline: None,
+        created_at: now,
+    };
+    // A burst of creations, two of them with the same id.
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..17 {
+        let (log, new) = (log.clone(), new(format!("burst-{}", i.min(15))));
+        tasks.spawn(async move {
+            let created = log.create(&new, &[Transition::SagaStarted], true).await;
+            (new.id, created)
+        });
+    }
+    let mut leases = std::collections::BTreeMap::new();
+    let mut taken = 0;
+    while let Some(joined) = tasks.join_next().await {
+        match joined.unwrap() {
+            (id, Ok(Some(lease))) => assert!(leases.insert(id, lease).is_none()),
+            (id, Err(LogError::AlreadyExists(taken_id))) if taken_id == id => taken += 1,
+            other => panic!("unexpected creation outcome {other:?}"),
+        }
+    }
+    assert_eq!((leases.len(), taken), (16, 1));
+    // A burst of appends: saga 3 with a stale token (fenced), saga 5 at a
+    // sequence number already written (refused by the log), saga 7 twice.
+    let step = seawall_saga::StepRef::new(0, "reserve_stock");
+    let mut tasks = tokio::task::JoinSet::new();
+    for (i, (id, lease)) in leases.iter().enumerate() {
+        let mut writes = vec![(
+            lease.clone(),
+            1,
+            Transition::StepStarted { step: step.clone() },
+        )];
+        match i {
+            3 => writes[0].0 = seawall_saga::Lease::new(id.clone(), lease.token() + 7),
+            5 => writes[0].1 = 0,
+            7 => writes.push((
+                lease.clone(),
+                2,
+                Transition::StepCompleted {
+                    step: step.clone(),
+                    output: serde_json::json!({"hold": "h-7"}),
+                },
+            )),
+            _ => {}
+        }
+        for (lease, seq, transition) in writes {
+            let log = log.clone();
+            tasks.spawn(async move {
+                let appended = log
+                    .append(&lease, seq, &[transition], SagaStatus::Running, now)
+                    .await;
+                (i, seq, appended)
+            });
+        }
+    }
+    while let Some(joined) = tasks.join_next().await {
+        let (i, seq, appended) = joined.unwrap();
+        match i {
+            3 => assert!(
+                appended.as_ref().unwrap_err().is_lease_lost(),
+                "{appended:?}"
+            ),
+            5 => {
+                let err = appended.unwrap_err();
+                assert!(!err.is_lease_lost(), "{err:?}");
+            }
+            _ => assert!(appended.is_ok(), "saga {i}, seq {seq}: {appended:?}"),
+        }
+    }
+    for (i, id) in leases.keys().enumerate() {
+        let history = log.history(id).await.unwrap();
+        let expected = match i {
+            3 | 5 => vec!["saga_started"],
+            7 => vec!["saga_started", "step_started", "step_completed"],
+            _ => vec!["saga_started", "step_started"],
+        };
+        assert_eq!(kinds(&history), expected, "saga {i}");
+    }
+}
+
 static COUNTER: AtomicUsize = AtomicUsize::new(0);
 
 macro_rules! contract {
@@ -1312,6 +1403,7 @@ contract!(
     panicking_step_is_a_step_failure,
     resume_reports_missing_and_busy,
     lost_lease_refuses_writes,
+    concurrent_writes_keep_their_own_outcomes,
     recovery_continues_after_a_driver_is_dropped,
     deadline_passed_while_crashed_mid_step_compensates,
     recovery_runs_many_sagas_concurrently,

@@ -31,10 +31,17 @@
 //! after losing its connection. Notifications are only a shortcut: a lost one
 //! delays a saga until the worker's next poll.
 //!
-//! Each append is a single statement (fenced `UPDATE` plus `INSERT` of the
-//! transitions in one CTE), so it is atomic without an explicit transaction and
-//! concurrent sagas can share a connection. With Postgres' default
-//! `synchronous_commit = on`, an acknowledged append is durable.
+//! # Group commit
+//!
+//! Creations and appends are written by a few writer tasks, each taking what
+//! is queued when it is free and writing it in one statement (fenced `UPDATE`
+//! or `INSERT` of each saga's row plus the `INSERT` of the transitions of the
+//! rows written, in one CTE): atomic without an explicit transaction, and one
+//! commit for the transitions of many concurrent sagas. A saga whose lease was
+//! lost is refused while the others of its batch are written. With Postgres'
+//! default `synchronous_commit = on`, an acknowledged write is durable: it is
+//! acknowledged after the commit that holds it. See
+//! [`PostgresOptions::writers`] and [`PostgresOptions::max_batch`].
 //!
 //! # Tables
 //!
@@ -43,14 +50,14 @@
 //! A schema that has a `sagas` table but no saga log metadata is refused as
 //! [`LogError::Foreign`].
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use tokio::sync::{mpsc, RwLock};
+use tokio::sync::{mpsc, oneshot, RwLock};
 use tokio_postgres::{AsyncMessage, Client, NoTls, Row, Statement};
 
 use super::{
@@ -62,17 +69,24 @@ use crate::error::LogError;
 use crate::id::SagaId;
 use crate::transition::{Encoded, SagaStatus, Transition, TransitionRecord};
 
+mod group;
+
+use group::{BatchColumns, Pending, Queue, Write, WriteKind};
+
 /// Options of a [`PostgresLog`].
 ///
 /// # Default
 ///
-/// Schema `seawall_saga`, lease 30 s, 8 connections, connect timeout 5 s,
-/// operation timeout 30 s, a generated worker name.
+/// Schema `seawall_saga`, lease 30 s, 8 connections, 2 writers, at most 256
+/// writes per group commit, connect timeout 5 s, operation timeout 30 s, a
+/// generated worker name.
 #[derive(Clone, Debug)]
 pub struct PostgresOptions {
     schema: String,
     lease: Duration,
     connections: usize,
+    writers: usize,
+    max_batch: usize,
     connect_timeout: Duration,
     operation_timeout: Duration,
     worker_name: Option<String>,
@@ -85,6 +99,8 @@ impl PostgresOptions {
             schema: "seawall_saga".into(),
             lease: Duration::from_secs(30),
             connections: 8,
+            writers: 2,
+            max_batch: 256,
             connect_timeout: Duration::from_secs(5),
             operation_timeout: Duration::from_secs(30),
             worker_name: None,
@@ -106,11 +122,27 @@ impl PostgresOptions {
     }
 
     /// How many connections this log keeps (at least 1), opened as needed.
-    /// Each append is its own commit and a connection runs one statement at a
-    /// time, so throughput with many concurrent sagas grows with this number
-    /// (the server flushes concurrent commits together).
+    /// The [writers](Self::writers) use the first ones; reads, claims and
+    /// lease renewals are spread over all of them.
     pub fn connections(mut self, connections: usize) -> Self {
         self.connections = connections.max(1);
+        self
+    }
+
+    /// How many writer tasks group creations and appends into commits (at
+    /// least 1; at most the number of [connections](Self::connections)). A
+    /// writer writes, in one statement and one commit, every write queued
+    /// when it is free: more writers send smaller batches sooner, fewer
+    /// writers larger batches (fewer commits for the server to flush).
+    pub fn writers(mut self, writers: usize) -> Self {
+        self.writers = writers.max(1);
+        self
+    }
+
+    /// The most writes (one saga's creation or append each) grouped into one
+    /// commit (at least 1).
+    pub fn max_batch(mut self, max: usize) -> Self {
+        self.max_batch = max.max(1);
         self
     }
 
@@ -169,6 +201,8 @@ struct Inner {
     next: AtomicUsize,
     /// The `LISTEN`/`NOTIFY` channel of this schema.
     channel: String,
+    /// Creations and appends waiting for a writer.
+    writes: mpsc::UnboundedSender<Pending>,
 }
 
 impl fmt::Debug for PostgresLog {
@@ -184,8 +218,7 @@ impl fmt::Debug for PostgresLog {
 
 struct Conn {
     client: Client,
-    create: Statement,
-    append: Statement,
+    write: Statement,
     renew: Statement,
     renew_many: Statement,
     claim_batch: Statement,
@@ -198,9 +231,6 @@ struct Conn {
 }
 
 const RECORD_COLUMNS: &str = "id, name, status, input, deadline_ms, created_ms, updated_ms";
-const UNNEST: &str =
-    "unnest($8::int4[], $9::text[], $10::int4[], $11::text[], $12::int4[], $13::text[])
-                      AS t(seq, kind, step, step_name, attempt, data)";
 
 fn valid_schema(schema: &str) -> bool {
     let mut chars = schema.chars();
@@ -241,6 +271,9 @@ impl PostgresLog {
         let slots = (0..options.connections)
             .map(|_| RwLock::new(None))
             .collect();
+        let writers = options.writers.min(options.connections);
+        let (writes, queue) = mpsc::unbounded_channel();
+        let queue: Queue = Arc::new(tokio::sync::Mutex::new(queue));
         let log = PostgresLog {
             inner: Arc::new(Inner {
                 config,
@@ -250,10 +283,12 @@ impl PostgresLog {
                 slots,
                 next: AtomicUsize::new(0),
                 channel,
+                writes,
             }),
         };
         let first = log.migrate_and_open().await?;
         *log.inner.slots[0].write().await = Some(first);
+        group::spawn_writers(&log.inner, &queue, writers);
         Ok(log)
     }
 
@@ -372,35 +407,7 @@ impl PostgresLog {
 
     async fn prepare(&self, client: Client) -> Result<Arc<Conn>, LogError> {
         let s = format!("\"{}\"", self.inner.options.schema);
-        let create = client
-            .prepare(&format!(
-                "WITH s AS (
-                   INSERT INTO {s}.sagas
-                     (id, name, status, input, deadline_ms, created_ms, updated_ms,
-                      lease_owner, lease_token, lease_expires_at)
-                   VALUES ($1, $2, 'running', $3, $4, $5, $5, $6::text,
-                     CASE WHEN $6::text IS NULL THEN 0 ELSE 1 END,
-                     CASE WHEN $6::text IS NULL THEN NULL
-                          ELSE clock_timestamp() + $7::int8 * interval '1 millisecond' END)
-                   ON CONFLICT (id) DO NOTHING
-                   RETURNING id)
-                 INSERT INTO {s}.saga_transitions (saga_id, seq, at_ms, kind, step, step_name, attempt, data)
-                 SELECT s.id, t.seq, $5, t.kind, t.step, t.step_name, t.attempt, t.data FROM s, {UNNEST}"
-            ))
-            .await?;
-        let append = client
-            .prepare(&format!(
-                "WITH s AS (
-                   UPDATE {s}.sagas SET status = $3, updated_ms = $4,
-                     lease_owner = CASE WHEN $5 THEN NULL ELSE lease_owner END,
-                     lease_expires_at = CASE WHEN $5 THEN NULL
-                       ELSE clock_timestamp() + $6::int8 * interval '1 millisecond' END
-                   WHERE id = $1 AND lease_token = $2 AND lease_owner = $7
-                   RETURNING id)
-                 INSERT INTO {s}.saga_transitions (saga_id, seq, at_ms, kind, step, step_name, attempt, data)
-                 SELECT s.id, t.seq, $4, t.kind, t.step, t.step_name, t.attempt, t.data FROM s, {UNNEST}"
-            ))
-            .await?;
+        let write = client.prepare(&group::statement(&s)).await?;
         let renew = client
             .prepare(&format!(
                 "UPDATE {s}.sagas SET lease_expires_at = clock_timestamp() + $3::int8 * interval '1 millisecond'
@@ -467,8 +474,7 @@ impl PostgresLog {
         let announce = client.prepare("SELECT pg_notify($1, $2)").await?;
         Ok(Arc::new(Conn {
             client,
-            create,
-            append,
+            write,
             renew,
             renew_many,
             claim_batch,
@@ -481,9 +487,17 @@ impl PostgresLog {
         }))
     }
 
+    /// The next connection of the pool, round robin.
     async fn conn(&self) -> Result<Arc<Conn>, LogError> {
+        let index = self.inner.next.fetch_add(1, Ordering::Relaxed);
+        self.conn_at(index).await
+    }
+
+    /// The connection of pool slot `index` (modulo the pool's size), opened
+    /// again if it was lost.
+    async fn conn_at(&self, index: usize) -> Result<Arc<Conn>, LogError> {
         let slots = &self.inner.slots;
-        let slot = &slots[self.inner.next.fetch_add(1, Ordering::Relaxed) % slots.len()];
+        let slot = &slots[index % slots.len()];
         if let Some(conn) = slot.read().await.as_ref() {
             if !conn.client.is_closed() {
                 return Ok(conn.clone());
@@ -520,6 +534,99 @@ impl PostgresLog {
 
     fn lease_millis(&self) -> i64 {
         i64::try_from(self.inner.options.lease.as_millis()).unwrap_or(i64::MAX)
+    }
+
+    /// Queues `write` for the next group commit and waits for its outcome
+    /// (`true`: written; `false`: id taken or lease lost), within the
+    /// operation timeout.
+    async fn queue_write(&self, write: Write) -> Result<bool, LogError> {
+        let (reply, outcome) = oneshot::channel();
+        self.inner
+            .writes
+            .send(Pending { write, reply })
+            .map_err(|_| LogError::Closed)?;
+        let timeout = self.inner.options.operation_timeout;
+        match tokio::time::timeout(timeout, outcome).await {
+            Ok(Ok(result)) => result,
+            // The writers stopped (their runtime shut down).
+            Ok(Err(_)) => Err(LogError::Closed),
+            Err(_) => Err(LogError::Timeout(timeout)),
+        }
+    }
+
+    /// Writes `batch` on the connection of pool slot `slot` and answers each
+    /// write. When the statement fails as a whole with an error of the
+    /// server (it was rolled back), each write is tried again alone, so that
+    /// only the one at fault gets the error.
+    async fn write_batch(&self, slot: usize, batch: Vec<Pending>) {
+        let (writes, replies): (Vec<Write>, Vec<_>) =
+            batch.into_iter().map(|p| (p.write, p.reply)).unzip();
+        match self.write_all(slot, &writes).await {
+            Ok(written) => {
+                for (write, reply) in writes.iter().zip(replies) {
+                    let _ = reply.send(Ok(written.contains(write.saga_id.as_str())));
+                }
+            }
+            Err(LogError::Postgres(e)) if writes.len() > 1 && e.as_db_error().is_some() => {
+                for (write, reply) in writes.iter().zip(replies) {
+                    let outcome = self
+                        .write_all(slot, std::slice::from_ref(write))
+                        .await
+                        .map(|written| written.contains(write.saga_id.as_str()));
+                    let _ = reply.send(outcome);
+                }
+            }
+            Err(e) => {
+                for reply in replies {
+                    let _ = reply.send(Err(e.clone()));
+                }
+            }
+        }
+    }
+
+    /// Writes `writes` in one statement; returns the ids of the sagas written.
+    async fn write_all(&self, slot: usize, writes: &[Write]) -> Result<HashSet<String>, LogError> {
+        let timeout = self.inner.options.operation_timeout;
+        let work = async {
+            let conn = self.conn_at(slot).await?;
+            let c = BatchColumns::of(writes);
+            let rows = conn
+                .client
+                .query(
+                    &conn.write,
+                    &[
+                        &self.inner.owner,
+                        &self.lease_millis(),
+                        &c.create_id,
+                        &c.create_name,
+                        &c.create_input,
+                        &c.create_deadline,
+                        &c.create_at,
+                        &c.create_claim,
+                        &c.append_id,
+                        &c.append_token,
+                        &c.append_status,
+                        &c.append_at,
+                        &c.append_releases,
+                        &c.t_saga,
+                        &c.t_at,
+                        &c.t_seq,
+                        &c.t_kind,
+                        &c.t_step,
+                        &c.t_step_name,
+                        &c.t_attempt,
+                        &c.t_data,
+                    ],
+                )
+                .await?;
+            rows.iter()
+                .map(|row| row.try_get::<_, String>(0).map_err(LogError::from))
+                .collect()
+        };
+        match tokio::time::timeout(timeout, work).await {
+            Ok(result) => result,
+            Err(_) => Err(LogError::Timeout(timeout)),
+        }
     }
 
     /// One listening session: connects, `LISTEN`s, wakes the worker once
@@ -593,7 +700,7 @@ impl PostgresLog {
     }
 }
 
-/// Columns: arrays for `unnest` in `create` and `append`.
+/// One saga's transitions as columns, for the group commit's arrays.
 struct Columns {
     seq: Vec<i32>,
     kind: Vec<&'static str>,
@@ -725,36 +832,23 @@ impl SagaLog for PostgresLog {
         transitions: &'a [Transition],
         claim: bool,
     ) -> LogFuture<'a, Option<Lease>> {
-        Box::pin(self.with_conn(move |conn| async move {
-            let c = Columns::new(0, transitions)?;
-            let owner = claim.then(|| self.inner.owner.clone());
-            let created_ms = to_millis(saga.created_at);
-            let inserted = conn
-                .client
-                .execute(
-                    &conn.create,
-                    &[
-                        &saga.id.as_str(),
-                        &saga.name,
-                        &saga.input,
-                        &saga.deadline.map(to_millis),
-                        &created_ms,
-                        &owner,
-                        &self.lease_millis(),
-                        &c.seq,
-                        &c.kind,
-                        &c.step,
-                        &c.step_name,
-                        &c.attempt,
-                        &c.data,
-                    ],
-                )
-                .await?;
-            if inserted == 0 {
+        Box::pin(async move {
+            let write = Write {
+                saga_id: saga.id.clone(),
+                kind: WriteKind::Create {
+                    name: saga.name.clone(),
+                    input: saga.input.clone(),
+                    deadline_ms: saga.deadline.map(to_millis),
+                    claim,
+                },
+                at_ms: to_millis(saga.created_at),
+                transitions: Columns::new(0, transitions)?,
+            };
+            if !self.queue_write(write).await? {
                 return Err(LogError::AlreadyExists(saga.id.clone()));
             }
             Ok(claim.then(|| Lease::new(saga.id.clone(), 1)))
-        }))
+        })
     }
 
     fn append<'a>(
@@ -765,36 +859,24 @@ impl SagaLog for PostgresLog {
         status: SagaStatus,
         at: SystemTime,
     ) -> LogFuture<'a, ()> {
-        Box::pin(self.with_conn(move |conn| async move {
-            let c = Columns::new(first_seq, transitions)?;
-            let inserted = conn
-                .client
-                .execute(
-                    &conn.append,
-                    &[
-                        &lease.saga_id().as_str(),
-                        &lease.token(),
-                        &status.as_str(),
-                        &to_millis(at),
-                        &status.releases_lease(),
-                        &self.lease_millis(),
-                        &self.inner.owner,
-                        &c.seq,
-                        &c.kind,
-                        &c.step,
-                        &c.step_name,
-                        &c.attempt,
-                        &c.data,
-                    ],
-                )
-                .await?;
-            if inserted == 0 {
+        Box::pin(async move {
+            let write = Write {
+                saga_id: lease.saga_id().clone(),
+                kind: WriteKind::Append {
+                    token: lease.token(),
+                    status: status.as_str(),
+                    releases_lease: status.releases_lease(),
+                },
+                at_ms: to_millis(at),
+                transitions: Columns::new(first_seq, transitions)?,
+            };
+            if !self.queue_write(write).await? {
                 return Err(LogError::LeaseLost {
                     saga_id: lease.saga_id().clone(),
                 });
             }
             Ok(())
-        }))
+        })
     }
 
     fn renew<'a>(&'a self, lease: &'a Lease) -> LogFuture<'a, ()> {

@@ -448,17 +448,18 @@ where
         let Some(work) = self.work.take() else {
             return;
         };
-        if let Err(e) = conn.execute_batch("SAVEPOINT job") {
+        if let Err(e) = run_cached(conn, "SAVEPOINT job") {
             self.result = Some(Err(LogError::sqlite(&*self.operation, e)));
             return;
         }
         let result = work(conn).map_err(|e| e.during(&*self.operation));
-        let end = if result.is_ok() {
-            "RELEASE job"
-        } else {
-            "ROLLBACK TO job; RELEASE job"
+        let end = match result {
+            Ok(_) => run_cached(conn, "RELEASE job"),
+            Err(_) => {
+                run_cached(conn, "ROLLBACK TO job").and_then(|()| run_cached(conn, "RELEASE job"))
+            }
         };
-        self.result = Some(match conn.execute_batch(end) {
+        self.result = Some(match end {
             Ok(()) => result,
             Err(e) => Err(LogError::sqlite(&*self.operation, e)),
         });
@@ -477,6 +478,13 @@ where
     }
 }
 
+/// Runs a statement without parameters or rows from the connection's cache
+/// of prepared statements (a group commit's `BEGIN` and `COMMIT`, and the
+/// savepoint around each of its writes, are not parsed again every time).
+fn run_cached(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
+    conn.prepare_cached(sql)?.execute([]).map(drop)
+}
+
 fn writer_loop(
     conn: Connection,
     receiver: mpsc::Receiver<Box<dyn Job>>,
@@ -491,7 +499,7 @@ fn writer_loop(
                 Err(_) => break,
             }
         }
-        if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+        if let Err(e) = run_cached(&conn, "BEGIN IMMEDIATE") {
             let e = LogError::sqlite(format!("starting a transaction in {}", path.display()), e);
             for job in batch {
                 job.finish(Err(e.clone()));
@@ -501,8 +509,7 @@ fn writer_loop(
         for job in batch.iter_mut() {
             job.run(&conn);
         }
-        let commit = conn
-            .execute_batch("COMMIT")
+        let commit = run_cached(&conn, "COMMIT")
             .map_err(|e| LogError::sqlite(format!("committing to {}", path.display()), e));
         if commit.is_err() {
             let _ = conn.execute_batch("ROLLBACK");

@@ -30,7 +30,7 @@
 use std::sync::Arc;
 
 use tokio_postgres::error::SqlState;
-use tokio_postgres::{Client, GenericClient, Transaction};
+use tokio_postgres::{Client, GenericClient, Statement, Transaction};
 
 use super::postgres_sql as sql;
 use super::{
@@ -150,9 +150,12 @@ pub async fn handle(
     Ok(inserted == 1)
 }
 
-/// The outbox of a Postgres database, on the relay's client.
+/// The outbox of a Postgres database, on the relay's client, with the
+/// statements of a relay round prepared once (one round trip each).
 struct PostgresStore {
     client: Client,
+    unsent: Statement,
+    mark_sent: Statement,
 }
 
 impl Store for PostgresStore {
@@ -165,7 +168,7 @@ impl Store for PostgresStore {
             let limit = i64::try_from(batch).unwrap_or(i64::MAX);
             let rows = self
                 .client
-                .query(SELECT_UNSENT, &[&limit])
+                .query(&self.unsent, &[&limit])
                 .await
                 .map_err(|e| pg("reading the outbox", e))?;
             Ok(rows
@@ -190,7 +193,7 @@ impl Store for PostgresStore {
     fn mark_sent(&self, ids: Vec<i64>) -> StoreFuture<'_, ()> {
         Box::pin(async move {
             self.client
-                .execute(sql::MARK_SENT, &[&now_ms(), &ids])
+                .execute(&self.mark_sent, &[&now_ms(), &ids])
                 .await
                 .map(drop)
                 .map_err(|e| pg("marking events sent", e))
@@ -226,6 +229,13 @@ impl<B: Broker> Relay<B> {
     /// lost is not made again: its rounds fail (the events stay in the
     /// outbox) until the relay is replaced by one on a new client.
     ///
+    /// The relay sets `synchronous_commit = off` for this client's session:
+    /// its only writes mark events sent and purge sent ones, and a mark lost
+    /// to a server crash only makes the event published again (which the
+    /// consumers' inbox absorbs), so a relay round does not wait for a WAL
+    /// flush. Events themselves are committed by the producers' own
+    /// transactions, with their own settings.
+    ///
     /// # Errors
     ///
     /// [`OutboxError::Invalid`] for an empty source or stream,
@@ -242,8 +252,19 @@ impl<B: Broker> Relay<B> {
                 location: sql::LOCATION.to_owned(),
             });
         }
+        client
+            .batch_execute("SET synchronous_commit = off")
+            .await
+            .map_err(|e| pg("setting up the relay's session", e))?;
+        let prepare = |e| pg("preparing the relay's statements", e);
+        let unsent = client.prepare(SELECT_UNSENT).await.map_err(prepare)?;
+        let mark_sent = client.prepare(sql::MARK_SENT).await.map_err(prepare)?;
         Ok(Relay {
-            store: Box::new(PostgresStore { client }),
+            store: Box::new(PostgresStore {
+                client,
+                unsent,
+                mark_sent,
+            }),
             location: "postgres".to_owned(),
             broker,
             options,
