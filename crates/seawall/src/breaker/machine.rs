@@ -949,6 +949,105 @@ mod races {
     }
 }
 
+/// Races on a round of probes with `max_half_open`: threads that see a new
+/// round before its end is stored beside the state never end it early,
+/// and an expired round gives way to exactly one new round.
+#[cfg(test)]
+mod round_races {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use super::*;
+    use crate::breaker::CircuitBreaker;
+
+    const THREADS: usize = 8;
+    const MS: u64 = 1_000_000;
+
+    /// Every thread admits `tries` times at `now`: (admitted, new rounds).
+    fn race(c: &Circuit, p: &BreakerParams, now: u64, tries: usize) -> (u32, u32) {
+        let admitted = AtomicU32::new(0);
+        let rounds = AtomicU32::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..THREADS {
+                s.spawn(|| {
+                    for _ in 0..tries {
+                        let a = c.admit(p, now);
+                        if a.decision.is_ok() {
+                            admitted.fetch_add(1, Ordering::Relaxed);
+                        }
+                        if a.transition == Some(CircuitTransition::ProbesExpired) {
+                            rounds.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                });
+            }
+        });
+        (admitted.into_inner(), rounds.into_inner())
+    }
+
+    #[test]
+    fn a_round_ends_once_and_never_early() {
+        let p = BreakerParams::new(
+            &CircuitBreaker::consecutive_failures(1)
+                .cooldown(Duration::from_millis(1))
+                .half_open_calls(3)
+                .max_half_open(Duration::from_millis(10)),
+        );
+        for _ in 0..30 {
+            let c = Circuit::new(&p);
+            // Round 1 half-opens at 1 ms; its probe fails at 1 ms.
+            let (g, _) = c.admit(&p, 0).decision.unwrap();
+            c.record(&p, g, false, Outcome::Failure, Duration::ZERO, 0);
+            let (g, probe) = c.admit(&p, MS).decision.unwrap();
+            assert!(probe);
+            c.record(&p, g, true, Outcome::Failure, Duration::ZERO, MS);
+            // Round 2 starts at 20 ms, after round 1's end (11 ms), which
+            // is still the end kept beside the state when the threads race
+            // to half-open: exactly three probes, no new round.
+            assert_eq!(race(&c, &p, 20 * MS, 50), (3, 0));
+            // Before its own end (30 ms) nothing gives way either.
+            assert_eq!(race(&c, &p, 30 * MS - 1, 50), (0, 0));
+            // At its end: one new round, three probes in it.
+            assert_eq!(race(&c, &p, 30 * MS, 50), (3, 1));
+        }
+    }
+
+    /// The window of the race above, held open: the state is a new round
+    /// whose end is not stored yet (the word beside it still holds the end
+    /// of the previous round, which is past). The round is not over.
+    #[test]
+    fn an_end_of_another_generation_ends_nothing() {
+        let p = BreakerParams::new(
+            &CircuitBreaker::consecutive_failures(1)
+                .cooldown(Duration::from_millis(1))
+                .max_half_open(Duration::from_millis(10)),
+        );
+        let c = Circuit::new(&p);
+        let (g, _) = c.admit(&p, 0).decision.unwrap();
+        c.record(&p, g, false, Outcome::Failure, Duration::ZERO, 0);
+        let (g, _) = c.admit(&p, MS).decision.unwrap();
+        let stale = c.beside.as_deref().unwrap().round.load(Ordering::Acquire);
+        c.record(&p, g, true, Outcome::Failure, Duration::ZERO, MS);
+        let (g, _) = c.admit(&p, 20 * MS).decision.unwrap();
+        assert_eq!(c.round_end_ms(g), Some(30));
+        c.beside
+            .as_deref()
+            .unwrap()
+            .round
+            .store(stale, Ordering::Release);
+        assert_eq!(c.round_end_ms(g), None, "tagged with round 1's generation");
+        assert!(
+            c.admit(&p, 25 * MS).decision.is_err(),
+            "round 1's end is past"
+        );
+        // Once stored, the end counts.
+        c.start_round(&p, g, 20 * MS);
+        assert_eq!(
+            c.admit(&p, 30 * MS).transition,
+            Some(CircuitTransition::ProbesExpired)
+        );
+    }
+}
+
 /// The cell's lean paths (`quick_admit`, `record_success`) against the
 /// reference model: what the pipeline's fast path runs.
 #[cfg(test)]
