@@ -388,7 +388,22 @@ fn check_order(steps: &[Step]) -> syn::Result<()> {
         Rule::SecondOnSide {
             scope: Scope::Call, ..
         } => format!("a timeout is already declared: {reason}"),
-        Rule::BeforeRetry => format!("`{}` is declared before `retry`; {reason}", e.kind.name()),
+        Rule::BeforeRetry { retry } => format!(
+            "`{}` is declared before `{}`; {reason}",
+            e.kind.name(),
+            retry.name()
+        ),
+        Rule::RetryAndHedging { .. } => {
+            let other = match e.kind {
+                PolicyKind::Hedging => PolicyKind::Retry,
+                _ => PolicyKind::Hedging,
+            };
+            format!(
+                "`{}` is declared with `{}`; {reason}",
+                e.kind.name(),
+                other.name()
+            )
+        }
     };
     err(key.span(), msg)
 }
@@ -803,6 +818,7 @@ mod tests {
                 PolicyKind::Cooldown => "cooldown",
                 PolicyKind::RateLimiter => "rate_limiter(limit = 1, per_s = 1)",
                 PolicyKind::Chaos => "chaos(rate = 0.5, latency_ms = 1)",
+                PolicyKind::Hedging => "hedging(delay_ms = 10)",
             };
             let c = parse_str(minimal).unwrap();
             assert_eq!(c.steps.len(), 1);

@@ -10,9 +10,9 @@
 //!
 //! | level | events |
 //! | --- | --- |
-//! | `WARN` | the circuit opened; a cooldown started (the dependency asked for a pause); a rejection by a full bulkhead, a rate limiter or an empty retry budget (overload, reported by nothing else); a late synchronous success (`DeadlineExceeded`); the state store unavailable |
+//! | `WARN` | the circuit opened; a cooldown started (the dependency asked for a pause); a rejection by a full bulkhead, a rate limiter or an empty retry budget (overload, reported by nothing else); a hedge not started for an empty hedging budget; a late synchronous success (`DeadlineExceeded`); the state store unavailable |
 //! | `INFO` | the circuit half-opened or closed |
-//! | `DEBUG` | a chaos injection, a retry scheduled or given up, an attempt timed out, a call deferred (waiting for a slot, a permit or the end of a cooldown), the fallback executed, a rejection by an open circuit or an active cooldown (whose start was reported at `WARN`), a call that ended in anything but success |
+//! | `DEBUG` | a chaos injection, a hedged attempt started, a retry scheduled or given up, an attempt timed out, a call deferred (waiting for a slot, a permit or the end of a cooldown), the fallback executed, a rejection by an open circuit or an active cooldown (whose start was reported at `WARN`), a call that ended in anything but success |
 //! | `TRACE` | the per-call summaries: every attempt finished, a call that ended in success |
 //!
 //! So `seawall=warn` shows what needs attention (circuit openings, overload,
@@ -113,6 +113,19 @@ pub enum EventKind {
         /// What was injected.
         kind: ChaosKind,
         /// The attempt (1-based).
+        attempt: u32,
+    },
+    /// Hedging started a further attempt of the call (see [`crate::hedge`]).
+    HedgeStarted {
+        /// The attempt started (2 for the first hedge).
+        attempt: u32,
+        /// What started it.
+        trigger: HedgeTrigger,
+    },
+    /// Hedging would have started a further attempt, but its budget was
+    /// empty: the call goes on with the attempts it has.
+    HedgeBudgetExhausted {
+        /// The attempt that was not started.
         attempt: u32,
     },
     /// An attempt ended (emitted only when someone listens).
@@ -257,6 +270,12 @@ impl fmt::Display for EventKind {
                 }
                 Ok(())
             }
+            EventKind::HedgeStarted { attempt, trigger } => {
+                write!(f, "hedged attempt {attempt} started ({})", trigger.as_str())
+            }
+            EventKind::HedgeBudgetExhausted { attempt } => {
+                write!(f, "hedged attempt {attempt} not started: hedging budget exhausted")
+            }
             EventKind::AttemptFinished {
                 attempt,
                 duration,
@@ -316,7 +335,8 @@ impl EventKind {
             | EventKind::TimedOut { .. }
             | EventKind::Deferred { .. }
             | EventKind::FallbackExecuted
-            | EventKind::ChaosInjected { .. } => Severity::Debug,
+            | EventKind::ChaosInjected { .. }
+            | EventKind::HedgeStarted { .. } => Severity::Debug,
             EventKind::Rejected { reason, .. } => match reason {
                 RejectionReason::BulkheadFull
                 | RejectionReason::RateLimited
@@ -331,7 +351,29 @@ impl EventKind {
             EventKind::CircuitOpened { .. }
             | EventKind::CooldownStarted { .. }
             | EventKind::DeadlineExceeded { .. }
+            | EventKind::HedgeBudgetExhausted { .. }
             | EventKind::StoreUnavailable { .. } => Severity::Warn,
+        }
+    }
+}
+
+/// What started a hedged attempt ([`EventKind::HedgeStarted`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum HedgeTrigger {
+    /// The previous attempt had not answered within the hedging delay (or
+    /// the mode starts every attempt at once).
+    Delay,
+    /// An attempt failed.
+    Failure,
+}
+
+impl HedgeTrigger {
+    /// `"delay"` or `"failure"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HedgeTrigger::Delay => "delay",
+            HedgeTrigger::Failure => "failure",
         }
     }
 }

@@ -66,8 +66,10 @@
 //! bulkhead, cooldown, rate limiter; each declared once) guard each attempt
 //! when declared after the retry (or without one), and the whole call when
 //! declared before it: one admission and one outcome per call (see
-//! [`PipelineBuilder`]). On each side they are checked in that order. The
-//! fallback is always outermost.
+//! [`PipelineBuilder`]). On each side they are checked in that order.
+//! [Hedging](hedge) (async only) takes the retry's place: a pipeline makes
+//! its attempts with one or the other, and what is declared after hedging
+//! acts on each hedged attempt. The fallback is always outermost.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -83,6 +85,7 @@ pub mod cooldown;
 pub mod error;
 pub mod event;
 pub mod fallback;
+pub mod hedge;
 #[cfg(feature = "http")]
 pub mod http;
 #[cfg(feature = "metrics")]
@@ -109,7 +112,8 @@ pub use clock::{Clock, Random, SystemClock, SystemRandom};
 pub use context::{Context, PartitionKey};
 pub use cooldown::Cooldown;
 pub use error::{ConfigError, Error, Rejection, RejectionReason, StoreError, TimeoutError};
-pub use event::{AttemptOutcome, CallOutcome, Event, EventKind};
+pub use event::{AttemptOutcome, CallOutcome, Event, EventKind, HedgeTrigger};
+pub use hedge::Hedging;
 pub use pipeline::{Pipeline, PipelineBuilder};
 pub use rate_limit::RateLimiter;
 pub use retry::{Backoff, Jitter, Retry, RetryBudget};

@@ -58,6 +58,8 @@
 //! | `deadline_exceeded` | `timeout` | `warn` | |
 //! | `fallback_executed` | `fallback` | `debug` | |
 //! | `chaos_injected` | `chaos` | `debug` | `chaos.kind`: `fault`, `outcome`, `latency`, `behavior` |
+//! | `hedge_started` | `hedging` | `debug` | `hedge.trigger`: `delay`, `failure` |
+//! | `hedge_budget_exhausted` | `hedging` | `warn` | |
 //! | `rejected` | the refusing policy: `circuit_breaker`, `bulkhead`, `rate_limiter`, `cooldown`, `retry` (its budget) | `warn` for `bulkhead_full`, `rate_limited`, `retry_budget_exhausted`; `debug` for the others | `event.reason`: the [`RejectionReason`] (`circuit_open`, `bulkhead_full`, `rate_limited`, `cooldown_active`, `cooldown_exceeds_deadline`, `retry_budget_exhausted`) |
 //! | `deferred` | the policy that made the call wait | `debug` | `event.reason`: as for `rejected` |
 //! | `circuit_opened` | `circuit_breaker` | `warn` | |
@@ -304,6 +306,14 @@ impl Sink {
                 "chaos_injected",
                 Some(("chaos.kind", kind.as_str())),
             ),
+            EventKind::HedgeStarted { trigger, .. } => (
+                PolicyKind::Hedging.name(),
+                "hedge_started",
+                Some(("hedge.trigger", trigger.as_str())),
+            ),
+            EventKind::HedgeBudgetExhausted { .. } => {
+                (PolicyKind::Hedging.name(), "hedge_budget_exhausted", None)
+            }
             EventKind::Rejected { reason, .. } => (
                 refusing_strategy(*reason),
                 "rejected",

@@ -78,6 +78,8 @@ pub(crate) struct Shared<K: Kind> {
     pub(crate) plan: Plan,
     pub(crate) name: &'static str,
     pub(crate) retry: Option<Retry>,
+    /// Hedging, which makes the attempts instead of a retry (async only).
+    pub(crate) hedging: Option<crate::hedge::Hedging>,
     pub(crate) overall_timeout: Option<Timeout>,
     pub(crate) attempt_timeout: Option<Timeout>,
     /// The stateful policies declared after the retry (or without one):
@@ -143,6 +145,7 @@ impl<K: Kind> fmt::Debug for Pipeline<K> {
         f.debug_struct("Pipeline")
             .field("name", &s.name)
             .field("retry", &s.retry)
+            .field("hedging", &s.hedging)
             .field("overall_timeout", &s.overall_timeout)
             .field("attempt_timeout", &s.attempt_timeout)
             .field("stateful", &s.gate.as_ref().map(|g| &g.spec))
