@@ -64,6 +64,12 @@ const CONTENDERS: &[&str] = &[
     "semaphore",
     "tokio-timeout",
     "seatbelt-full",
+    "async-hedging",
+    "tower-hedge",
+    "tower-resilience-hedge",
+    "seatbelt-hedging",
+    "breaker-retry",
+    "retry-breaker",
 ];
 
 fn main() {
@@ -137,6 +143,12 @@ fn main() {
         }
         "tokio-timeout" => async_loop(&rt, n, tokio_timeout()),
         "seatbelt-full" => async_loop(&rt, n, seatbelt_full_chain(&rt)),
+        "async-hedging" => async_loop(&rt, n, SeawallAsync(pipelines::hedging())),
+        "tower-hedge" => async_loop(&rt, n, tower_hedge()),
+        "tower-resilience-hedge" => async_loop(&rt, n, tower_resilience_hedge()),
+        "seatbelt-hedging" => async_loop(&rt, n, seatbelt_hedging(&rt)),
+        "breaker-retry" => sync_loop(n, seawall_call(pipelines::breaker_before_retry())),
+        "retry-breaker" => sync_loop(n, seawall_call(pipelines::breaker_after_retry())),
         _ => println!("usage: profile <contender> [calls]; contenders: {CONTENDERS:?}"),
     }
 }

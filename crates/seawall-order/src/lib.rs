@@ -157,6 +157,16 @@ policies! {
         Setting::jitter("jitter"),
         Setting::table("budget", BUDGET),
     ];
+    /// Hedging: further attempts of the call started while earlier ones
+    /// run (after a delay, all at once, or after a failure), the first
+    /// acceptable answer wins. It makes the attempts of a call, as the
+    /// retry does: one of the two per pipeline.
+    Hedging = "hedging", Retry, [
+        Setting::count("max_hedged_attempts"),
+        Setting::choice("mode", HEDGING_MODES),
+        Setting::duration("delay"),
+        Setting::table("budget", BUDGET),
+    ];
     /// The circuit breaker.
     CircuitBreaker = "circuit_breaker", Stateful, [
         Setting::count("consecutive_failures"),
@@ -191,16 +201,6 @@ policies! {
         Setting::duration("period").attr("per"),
         Setting::count("burst"),
         Setting::duration("max_wait"),
-    ];
-    /// Hedging: further attempts of the call started while earlier ones
-    /// run (after a delay, all at once, or after a failure), the first
-    /// acceptable answer wins. It makes the attempts of a call, as the
-    /// retry does: one of the two per pipeline.
-    Hedging = "hedging", Retry, [
-        Setting::count("max_hedged_attempts"),
-        Setting::choice("mode", HEDGING_MODES),
-        Setting::duration("delay"),
-        Setting::table("budget", BUDGET),
     ];
     /// Chaos injection into each attempt. The configuration files and the
     /// attribute declare a latency (`latency`, injected in a share `rate`
