@@ -280,13 +280,29 @@ fn hedging(c: &mut Criterion) {
 /// path.
 fn breaker_order(c: &mut Criterion) {
     let mut g = c.benchmark_group("breaker before the retry vs after it (sync)");
-    sync_case(&mut g, "breaker, retry", seawall_sync(pipelines::breaker_before_retry()));
-    sync_case(&mut g, "retry, breaker", seawall_sync(pipelines::breaker_after_retry()));
+    sync_case(
+        &mut g,
+        "breaker, retry",
+        seawall_sync(pipelines::breaker_before_retry()),
+    );
+    sync_case(
+        &mut g,
+        "retry, breaker",
+        seawall_sync(pipelines::breaker_after_retry()),
+    );
     g.finish();
 
     let mut g = c.benchmark_group("breaker before the retry vs after it (async)");
-    async_case(&mut g, "breaker, retry", SeawallAsync(pipelines::breaker_before_retry()));
-    async_case(&mut g, "retry, breaker", SeawallAsync(pipelines::breaker_after_retry()));
+    async_case(
+        &mut g,
+        "breaker, retry",
+        SeawallAsync(pipelines::breaker_before_retry()),
+    );
+    async_case(
+        &mut g,
+        "retry, breaker",
+        SeawallAsync(pipelines::breaker_after_retry()),
+    );
     g.finish();
 }
 

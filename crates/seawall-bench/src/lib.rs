@@ -14,8 +14,7 @@ use std::time::{Duration, Instant};
 
 use seawall::pipeline::WithFallback;
 use seawall::{
-    Hedging,
-    Bulkhead, CircuitBreaker, Cooldown, Jitter, MemoryStore, Pipeline, RateLimiter, Retry,
+    Bulkhead, CircuitBreaker, Cooldown, Hedging, Jitter, MemoryStore, Pipeline, RateLimiter, Retry,
 };
 
 /// The error of the protected operation (never returned on the success path).

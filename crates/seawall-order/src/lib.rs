@@ -466,10 +466,7 @@ pub fn guards(declared: &[PolicyKind], at: usize) -> Scope {
 /// The policy that makes the attempts of a call in `declared` (the retry
 /// or hedging, the first declared), if any.
 pub fn attempts_by(declared: &[PolicyKind]) -> Option<PolicyKind> {
-    declared
-        .iter()
-        .copied()
-        .find(|k| k.place() == Place::Retry)
+    declared.iter().copied().find(|k| k.place() == Place::Retry)
 }
 
 /// A policy that may not stand where it was declared.

@@ -274,7 +274,10 @@ impl fmt::Display for EventKind {
                 write!(f, "hedged attempt {attempt} started ({})", trigger.as_str())
             }
             EventKind::HedgeBudgetExhausted { attempt } => {
-                write!(f, "hedged attempt {attempt} not started: hedging budget exhausted")
+                write!(
+                    f,
+                    "hedged attempt {attempt} not started: hedging budget exhausted"
+                )
             }
             EventKind::AttemptFinished {
                 attempt,

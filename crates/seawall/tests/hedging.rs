@@ -239,7 +239,13 @@ fn a_fast_answer_starts_no_hedge() {
         let (b, clock, events) = mode.builder();
         let p = b.hedging(Hedging::latency(ms(30))).build().unwrap();
         let probe = Arc::new(Probe::default());
-        let r = block_on(call_with(&p, &clock, mode.start, &probe, &[ok_after(29, 7)]));
+        let r = block_on(call_with(
+            &p,
+            &clock,
+            mode.start,
+            &probe,
+            &[ok_after(29, 7)],
+        ));
         assert_eq!(r.unwrap(), 7);
         assert_eq!(probe.started(), [1]);
         assert_eq!(mode.elapsed(&clock), ms(29));
@@ -296,10 +302,7 @@ fn fallback_mode_starts_the_next_attempt_only_on_a_failure() {
         let plans = [fail_after(100, 1), fail_after(10, 2), ok_after(10, 3)];
         let r = block_on(call_with(&p, &clock, mode.start, &probe, &plans));
         assert_eq!(r.unwrap(), 3);
-        assert_eq!(
-            probe.started_at(),
-            [(1, ms(0)), (2, ms(100)), (3, ms(110))]
-        );
+        assert_eq!(probe.started_at(), [(1, ms(0)), (2, ms(100)), (3, ms(110))]);
         assert_eq!(mode.elapsed(&clock), ms(120));
         assert!(probe.dropped().is_empty());
         if mode.listen {
@@ -318,7 +321,13 @@ fn fallback_mode_starts_the_next_attempt_only_on_a_failure() {
             .build()
             .unwrap();
         let probe = Arc::new(Probe::default());
-        let r = block_on(call_with(&p, &clock, mode.start, &probe, &[never(), never()]));
+        let r = block_on(call_with(
+            &p,
+            &clock,
+            mode.start,
+            &probe,
+            &[never(), never()],
+        ));
         assert!(matches!(r, Err(Error::Timeout(_))), "{r:?}");
         assert_eq!(probe.started(), [1]);
         assert_eq!(probe.dropped(), [1]);
@@ -340,10 +349,7 @@ fn a_failure_starts_the_next_hedge_at_once_in_latency_mode() {
         // Attempt 2 started at 5 ms (the failure), attempt 3 at 105 ms
         // (attempt 2 had not answered within the delay) and won.
         assert_eq!(r.unwrap(), 3);
-        assert_eq!(
-            probe.started_at(),
-            [(1, ms(0)), (2, ms(5)), (3, ms(105))]
-        );
+        assert_eq!(probe.started_at(), [(1, ms(0)), (2, ms(5)), (3, ms(105))]);
         assert_eq!(probe.dropped(), [2]);
         if mode.listen {
             assert_eq!(
@@ -379,10 +385,7 @@ fn dynamic_mode_asks_the_generator_for_each_hedge() {
         // Attempt 2 after 20 ms; attempt 3 only when attempt 2 failed (at
         // 70 ms), answering at 80 ms, before attempt 1 (100 ms).
         assert_eq!(r.unwrap(), 3);
-        assert_eq!(
-            probe.started_at(),
-            [(1, ms(0)), (2, ms(20)), (3, ms(70))]
-        );
+        assert_eq!(probe.started_at(), [(1, ms(0)), (2, ms(20)), (3, ms(70))]);
         assert_eq!(probe.dropped(), [1]);
         assert_eq!(mode.elapsed(&clock), ms(80));
         // The generator is asked for the attempt that would come next.
@@ -475,10 +478,7 @@ fn each_hedged_attempt_has_its_own_attempt_timeout_inside_the_calls() {
             deadlines,
             [(1, Some(ms(50))), (2, Some(ms(80))), (3, Some(ms(100)))]
         );
-        assert_eq!(
-            probe.started_at(),
-            [(1, ms(0)), (2, ms(30)), (3, ms(50))]
-        );
+        assert_eq!(probe.started_at(), [(1, ms(0)), (2, ms(30)), (3, ms(50))]);
         assert_eq!(mode.elapsed(&clock), ms(90));
         assert_eq!(probe.dropped(), [1, 2]);
 
@@ -516,7 +516,13 @@ fn the_budget_limits_hedges_to_a_share_of_calls_across_clones() {
             .unwrap();
         let clone = p.clone();
         let run = |p: &Pipeline, probe: &Arc<Probe>| {
-            block_on(call_with(p, &clock, mode.start, probe, &[ok_after(30, 1), ok_after(5, 2)]))
+            block_on(call_with(
+                p,
+                &clock,
+                mode.start,
+                probe,
+                &[ok_after(30, 1), ok_after(5, 2)],
+            ))
         };
         let probe = Arc::new(Probe::default());
         // The first call hedges (the token is spent).
@@ -597,10 +603,7 @@ fn each_hedged_attempt_takes_a_bulkhead_slot_declared_after_hedging() {
                     in_flight.lock().unwrap().push(p.in_flight().unwrap());
                 }
             };
-            let (r, ()) = tokio::join!(
-                call_with(&p, &clock, mode.start, &probe, &plans),
-                watch
-            );
+            let (r, ()) = tokio::join!(call_with(&p, &clock, mode.start, &probe, &plans), watch);
             r
         });
         // Two slots: the third attempt was refused and did not start; the
@@ -738,7 +741,8 @@ fn the_fallback_takes_the_error_of_a_hedged_call() {
         let (b, clock, _) = mode.builder();
         let p = b
             .hedging(Hedging::parallel().max_hedged_attempts(1))
-            .fallback(|e: Error<Boom>, _ctx| async move {
+            .fallback(|e: Error<Boom>, ctx: Context| async move {
+                assert_eq!(ctx.attempt(), 2);
                 match e {
                     Error::RetryExhausted { attempts, last } => Ok(100 * attempts + last.0),
                     _ => Ok(0),
@@ -755,6 +759,39 @@ fn the_fallback_takes_the_error_of_a_hedged_call() {
     }
 }
 
+/// A hedged call whose future is dropped (a caller's own timeout) drops
+/// every attempt and gives back every slot.
+#[test]
+fn a_dropped_call_drops_every_attempt_and_gives_back_its_slots() {
+    for mode in modes() {
+        let (b, clock, _) = mode.builder();
+        let p = b
+            .hedging(Hedging::latency(ms(10)).max_hedged_attempts(2))
+            .bulkhead(Bulkhead::new(8))
+            .build()
+            .unwrap();
+        let probe = Arc::new(Probe::default());
+        let plans = [never(), never(), never()];
+        let in_flight = block_on(async {
+            let watch = async {
+                Clock::sleep(&clock, ms(25)).await;
+                p.in_flight().unwrap()
+            };
+            let call = async {
+                tokio::select! {
+                    _ = call_with(&p, &clock, mode.start, &probe, &plans) => unreachable!(),
+                    () = Clock::sleep(&clock, ms(30)) => {}
+                }
+            };
+            tokio::join!(watch, call).0
+        });
+        assert_eq!(in_flight, 3);
+        assert_eq!(probe.started(), [1, 2, 3]);
+        assert_eq!(probe.dropped(), [1, 2, 3]);
+        assert_eq!(p.in_flight().unwrap(), 0);
+    }
+}
+
 #[test]
 fn a_blocking_call_with_hedging_is_refused_without_running() {
     for mode in modes() {
@@ -768,9 +805,9 @@ fn a_blocking_call_with_hedging_is_refused_without_running() {
         match r {
             Err(Error::Config(e)) => {
                 assert_eq!((e.policy, e.field), ("hedging", "call"));
-                assert!(e.to_string().starts_with(
-                    "hedging.call is async only: hedged attempts run concurrently"
-                ));
+                assert!(e
+                    .to_string()
+                    .starts_with("hedging.call is async only: hedged attempts run concurrently"));
             }
             other => panic!("{other:?}"),
         }
@@ -797,9 +834,13 @@ fn bad_settings_are_refused_at_build() {
         let e = build(
             Pipeline::builder("h").hedging(Hedging::parallel().budget(RetryBudget::new(ratio, 5))),
         );
-        assert!(e.starts_with("hedging.budget.ratio must be in (0, 1000], got"), "{e}");
+        assert!(
+            e.starts_with("hedging.budget.ratio must be in (0, 1000], got"),
+            "{e}"
+        );
     }
-    let e = build(Pipeline::builder("h").hedging(Hedging::parallel().budget(RetryBudget::new(0.1, 0))));
+    let e =
+        build(Pipeline::builder("h").hedging(Hedging::parallel().budget(RetryBudget::new(0.1, 0))));
     assert_eq!(e, "hedging.budget.max_tokens must be >= 1, got 0");
     let e = build(
         Pipeline::builder("h")
@@ -807,7 +848,9 @@ fn bad_settings_are_refused_at_build() {
             .hedging(Hedging::parallel()),
     );
     assert!(
-        e.starts_with("pipeline.hedging is declared with `retry`; hedging makes the further attempts"),
+        e.starts_with(
+            "pipeline.hedging is declared with `retry`; hedging makes the further attempts"
+        ),
         "{e}"
     );
     let e = build(
@@ -815,7 +858,10 @@ fn bad_settings_are_refused_at_build() {
             .chaos(Chaos::latency(0.5, ms(1)))
             .hedging(Hedging::parallel()),
     );
-    assert!(e.starts_with("pipeline.chaos is declared before `hedging`"), "{e}");
+    assert!(
+        e.starts_with("pipeline.chaos is declared before `hedging`"),
+        "{e}"
+    );
 }
 
 /// Many calls at once on one pipeline, from several threads, with a
@@ -846,7 +892,11 @@ fn many_concurrent_hedged_calls_give_back_every_slot() {
                     p.run(|ctx: Context| {
                         let clock = clock.clone();
                         // Every third call's first attempt is slow.
-                        let d = if ctx.attempt() == 1 && i % 3 == 0 { 50 } else { 1 };
+                        let d = if ctx.attempt() == 1 && i % 3 == 0 {
+                            50
+                        } else {
+                            1
+                        };
                         async move {
                             Clock::sleep(&clock, ms(d)).await;
                             Ok::<_, Boom>(i)

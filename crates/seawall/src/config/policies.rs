@@ -218,7 +218,10 @@ fn retry(l: Layers<'_, Section>) -> Result<Retry, ConfigError> {
 }
 
 /// The budget table of the retry or hedging (`policy`).
-fn budget(l: &Layers<'_, Section>, policy: &'static str) -> Result<Option<RetryBudget>, ConfigError> {
+fn budget(
+    l: &Layers<'_, Section>,
+    policy: &'static str,
+) -> Result<Option<RetryBudget>, ConfigError> {
     let Some(b) = Layers::of(
         l.own.and_then(|r| r.table("budget")),
         l.base.and_then(|r| r.table("budget")),

@@ -185,8 +185,7 @@ impl PartialEq for Hedging {
             (HedgingMode::Dynamic(a), HedgingMode::Dynamic(b)) => Arc::ptr_eq(a, b),
             _ => false,
         };
-        mode && self.max_hedged_attempts == other.max_hedged_attempts
-            && self.budget == other.budget
+        mode && self.max_hedged_attempts == other.max_hedged_attempts && self.budget == other.budget
     }
 }
 

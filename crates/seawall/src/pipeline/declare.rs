@@ -202,11 +202,9 @@ pub(crate) fn misplaced(e: Misplaced) -> ConfigError {
             scope.describe(),
             e.rule.reason()
         ),
-        Rule::BeforeRetry { retry } => format!(
-            "is declared before `{}`; {}",
-            retry.name(),
-            e.rule.reason()
-        ),
+        Rule::BeforeRetry { retry } => {
+            format!("is declared before `{}`; {}", retry.name(), e.rule.reason())
+        }
         Rule::RetryAndHedging { .. } => format!(
             "is declared with `{}`; {}",
             other_maker(e.kind).name(),

@@ -12,8 +12,8 @@ use super::engine::{
 use super::kind::{Handles, HandlesSync};
 use super::{Kind, Pipeline};
 use crate::classify::Verdict;
-use crate::context::{Context, PartitionKey};
 use crate::clock::Sleep;
+use crate::context::{Context, PartitionKey};
 use crate::error::{ConfigError, Error};
 use crate::event::HedgeTrigger;
 use crate::store::{Admission, Recorded, Reservation, StoreFuture};
@@ -380,7 +380,9 @@ where
                     call.retry();
                     break;
                 }
-                Ended::Hedge(_) => unreachable!("only the hedged loop runs a pipeline with hedging"),
+                Ended::Hedge(_) => {
+                    unreachable!("only the hedged loop runs a pipeline with hedging")
+                }
             }
         }
     };
@@ -584,7 +586,8 @@ where
             Admit::Run(ctx) => {
                 let attempt = if call.has_chaos() {
                     let injection = call.inject::<T, E>(&ctx);
-                    let delay = (!injection.delay.is_zero()).then(|| call.clock().sleep(injection.delay));
+                    let delay =
+                        (!injection.delay.is_zero()).then(|| call.clock().sleep(injection.delay));
                     let op = match injection.result {
                         Some(_) => None,
                         None => Some(op(ctx)),
@@ -633,9 +636,10 @@ where
         Ended::Done(result) => Some(Progress::Decided(Ended::Done(result))),
         // The call is decided; its gate records the outcome (the other
         // attempts are dropped first).
-        Ended::Record(record, Pending::Done(result)) => {
-            Some(Progress::Decided(Ended::Record(record, Pending::Done(result))))
-        }
+        Ended::Record(record, Pending::Done(result)) => Some(Progress::Decided(Ended::Record(
+            record,
+            Pending::Done(result),
+        ))),
         Ended::Record(record, pending) => {
             step.set(Step::Recording {
                 future: call.store().record_async(record),
@@ -757,7 +761,9 @@ where
                 }
             }
             if !primary_running && hedges.is_empty() {
-                let failure = last.take().expect("an attempt that ended without deciding failed");
+                let failure = last
+                    .take()
+                    .expect("an attempt that ended without deciding failed");
                 return Poll::Ready(call.hedges_exhausted(failure));
             }
             if hedges.len() == from {
@@ -770,6 +776,7 @@ where
     // fallback runs: they give back what they hold, without an outcome.
     drop(hedges);
     primary.set(HedgedLane::new(call.first_lane()));
+    call.hedging_decided();
     let mut ended = decided;
     let result = loop {
         match ended {

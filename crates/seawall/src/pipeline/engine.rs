@@ -1528,6 +1528,12 @@ impl<'g, K: Kind> Call<'g, K> {
         Some(lane)
     }
 
+    /// The hedged call is decided: the call's attempt is now the latest one
+    /// started (for the fallback's context).
+    pub(crate) fn hedging_decided(&mut self) {
+        self.attempt = self.launched;
+    }
+
     /// A hedged attempt refused by the attempt's gate while others are
     /// under way: it does not start (reported), the call goes on.
     pub(crate) fn hedge_refused(&mut self, refused: Refused) {
