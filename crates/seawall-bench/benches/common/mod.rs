@@ -691,17 +691,45 @@ impl tower::hedge::Policy<u64> for HedgeAll {
     }
 }
 
+/// A tower service that is not `Clone`: each thread makes its own.
+pub(crate) struct Fresh<S, F> {
+    service: S,
+    make: F,
+}
+
+impl<S, F: Fn() -> S + Clone> Clone for Fresh<S, F> {
+    fn clone(&self) -> Self {
+        Fresh {
+            service: (self.make)(),
+            make: self.make.clone(),
+        }
+    }
+}
+
+impl<S, F> AsyncCase for Fresh<S, F>
+where
+    S: Service<u64, Response = u64> + Send + 'static,
+    F: Fn() -> S + Clone + Send + 'static,
+{
+    async fn call(&mut self) -> bool {
+        let ready = match self.service.ready().await {
+            Ok(s) => s,
+            Err(_) => return false,
+        };
+        matches!(ready.call(black_box(1)).await, Ok(1))
+    }
+}
+
 /// tower's `Hedge`: a hedge when a request runs longer than the 90th
 /// percentile of the latencies of the last second, once 10 are known.
-/// (tower has no fixed delay: its delay is a latency percentile.)
-pub(crate) fn tower_hedge() -> Tower<impl Service<u64, Response = u64> + Clone + Send + 'static> {
-    Tower(tower::hedge::Hedge::new(
-        tower_op(),
-        HedgeAll,
-        10,
-        0.9,
-        Duration::from_secs(1),
-    ))
+/// (tower has no fixed delay: its delay is a latency percentile.) `Hedge`
+/// is not `Clone`: each thread has its own, latency histogram included.
+pub(crate) fn tower_hedge() -> impl AsyncCase {
+    let make = || tower::hedge::Hedge::new(tower_op(), HedgeAll, 10, 0.9, Duration::from_secs(1));
+    Fresh {
+        service: make(),
+        make,
+    }
 }
 
 /// tower-resilience's hedge: one hedge after 100 ms (2 attempts in all).

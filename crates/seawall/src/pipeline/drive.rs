@@ -666,8 +666,9 @@ where
     Fut: Future,
     Fut::Output: AttemptOutput<T, E>,
 {
-    let first = call.first_lane();
-    let mut primary = std::pin::pin!(HedgedLane::new(first));
+    // The first attempt's state stays in the call (a hedge's is swapped in
+    // for its steps and out again); only its step lives here.
+    let mut primary = std::pin::pin!(Step::<'_, Fut, T, E>::Start);
     let mut primary_running = true;
     let mut hedges: Vec<Pin<Box<HedgedLane<'_, Fut, T, E>>>> = Vec::new();
     let mut timer = std::pin::pin!(None::<Sleep>);
@@ -693,13 +694,15 @@ where
                 }
                 let running = usize::from(primary_running) + hedges.len();
                 call.set_others(u32::try_from(running - 1).unwrap_or(u32::MAX));
-                let lane = match on_primary {
-                    true => primary.as_mut(),
-                    false => hedges[i - 1].as_mut(),
+                let (attempt, progress) = match on_primary {
+                    true => (1, step_lane(call, &mut op, primary.as_mut(), cx)),
+                    false => {
+                        let lane = hedges[i - 1].as_mut();
+                        (lane.lane.attempt(), poll_lane(call, &mut op, lane, cx))
+                    }
                 };
-                let attempt = lane.lane.attempt();
                 let mut next = None;
-                let done = match poll_lane(call, &mut op, lane, cx) {
+                let done = match progress {
                     Progress::Pending { started } => {
                         // The latest attempt started: the next one is
                         // timed from now.
@@ -739,7 +742,7 @@ where
                     (false, _) => i += 1,
                     (true, true) => {
                         primary_running = false;
-                        primary.set(HedgedLane::new(call.first_lane()));
+                        primary.set(Step::Start);
                         i += 1;
                     }
                     (true, false) => drop(hedges.remove(i - 1)),
@@ -775,7 +778,9 @@ where
     // The losers are dropped before the call's outcome is recorded and the
     // fallback runs: they give back what they hold, without an outcome.
     drop(hedges);
-    primary.set(HedgedLane::new(call.first_lane()));
+    if primary_running {
+        primary.set(Step::Start);
+    }
     call.hedging_decided();
     let mut ended = decided;
     let result = loop {

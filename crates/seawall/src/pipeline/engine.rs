@@ -1462,15 +1462,6 @@ impl<'g, K: Kind> Call<'g, K> {
         }
     }
 
-    /// The attempt under way, taken out of the call into a lane of its own
-    /// (the call keeps an empty one): the call's first attempt, once the
-    /// hedged driver starts it.
-    pub(crate) fn first_lane(&mut self) -> Lane<'g> {
-        let mut lane = self.empty_lane(0);
-        self.swap_lane(&mut lane);
-        lane
-    }
-
     fn empty_lane(&self, attempt: u32) -> Lane<'g> {
         Lane {
             gate: self.pipeline.shared.gate.as_ref(),
@@ -1528,9 +1519,18 @@ impl<'g, K: Kind> Call<'g, K> {
         Some(lane)
     }
 
-    /// The hedged call is decided: the call's attempt is now the latest one
-    /// started (for the fallback's context).
+    /// The hedged call is decided: the first attempt, if it lost, gives
+    /// back what it holds (its state is the call's own), and the call's
+    /// attempt is now the latest one started (for the fallback's context).
     pub(crate) fn hedging_decided(&mut self) {
+        if self.permit.is_some() || self.waiting.is_some() {
+            abandon(
+                self.pipeline.shared.gate.as_ref(),
+                self.partition,
+                self.permit.take(),
+                self.waiting.take(),
+            );
+        }
         self.attempt = self.launched;
     }
 
