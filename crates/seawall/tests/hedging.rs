@@ -927,3 +927,140 @@ fn many_concurrent_hedged_calls_give_back_every_slot() {
         assert_eq!(p.in_flight().unwrap(), 0, "{slots}");
     }
 }
+
+/// A store that is not in memory as the engine sees it: the memory store's
+/// answers after a round trip of 1 ms on the virtual clock, so hedged
+/// attempts take the driver's `Ask` and `Record` steps while other
+/// attempts run. (A round trip that is not on the virtual clock would let
+/// a spurious poll of another attempt's sleep move the clock past it.)
+#[derive(Debug)]
+struct Remote(MemoryStore, VirtualClock);
+
+#[derive(Debug)]
+struct RemoteState(Arc<dyn store::ResourceState>, VirtualClock);
+
+impl store::StateStore for Remote {
+    fn bind(
+        &self,
+        spec: &store::ResourceSpec,
+    ) -> Result<Arc<dyn store::ResourceState>, StoreError> {
+        Ok(Arc::new(RemoteState(self.0.bind(spec)?, self.1.clone())))
+    }
+}
+
+/// `value` after 1 ms on `clock`.
+async fn round_trip<T>(clock: VirtualClock, value: T) -> T {
+    Clock::sleep(&clock, ms(1)).await;
+    value
+}
+
+impl store::ResourceState for RemoteState {
+    fn admit(&self, request: &store::AdmitRequest<'_>) -> Result<store::Admission, StoreError> {
+        self.0.admit(request)
+    }
+    fn admit_async<'a>(
+        &'a self,
+        request: store::AdmitRequest<'a>,
+    ) -> store::StoreFuture<'a, store::Admission> {
+        store::StoreFuture::boxed(round_trip(self.1.clone(), self.0.admit(&request)))
+    }
+    fn record(&self, record: &store::Record<'_>) -> Result<store::Recorded, StoreError> {
+        self.0.record(record)
+    }
+    fn record_async<'a>(
+        &'a self,
+        record: store::Record<'a>,
+    ) -> store::StoreFuture<'a, store::Recorded> {
+        store::StoreFuture::boxed(round_trip(self.1.clone(), self.0.record(&record)))
+    }
+    fn release(&self, partition: Option<&PartitionKey>, permit: store::Permit) {
+        self.0.release(partition, permit)
+    }
+    fn circuit_metrics(
+        &self,
+        partition: Option<&PartitionKey>,
+        now: Duration,
+    ) -> Result<CircuitMetrics, StoreError> {
+        self.0.circuit_metrics(partition, now)
+    }
+    fn control_circuit(
+        &self,
+        partition: Option<&PartitionKey>,
+        control: breaker::CircuitControl,
+        now: Duration,
+    ) -> Result<Option<breaker::CircuitTransition>, StoreError> {
+        self.0.control_circuit(partition, control, now)
+    }
+    fn in_flight(
+        &self,
+        partition: Option<&PartitionKey>,
+        now: Duration,
+    ) -> Result<u32, StoreError> {
+        self.0.in_flight(partition, now)
+    }
+}
+
+/// With a store that answers asynchronously, hedged attempts are admitted
+/// and recorded through it while the other attempts run; a success wins
+/// as soon as it is seen (the others are dropped before the store records
+/// it).
+#[test]
+fn hedged_attempts_ask_a_remote_store_while_others_run() {
+    for mode in modes() {
+        let pipeline = |b: PipelineBuilder, clock: &VirtualClock| {
+            b.store(Remote(MemoryStore::new(), clock.clone()))
+                .timeout(ms(100))
+                .hedging(Hedging::latency(ms(10)).max_hedged_attempts(1))
+                .circuit_breaker(
+                    CircuitBreaker::failure_rate(0.9)
+                        .count_window(100)
+                        .minimum_calls(100),
+                )
+                .bulkhead(Bulkhead::new(4))
+                .build()
+                .unwrap()
+        };
+        // The hedge answers first: it wins, the first attempt is dropped.
+        // Each admission and record takes 1 ms: the first attempt starts at
+        // 1 ms, the hedge is started at 11 ms and runs from 12 ms, answers
+        // at 17 ms, recorded at 18 ms.
+        let (b, clock, _) = mode.builder();
+        let p = pipeline(b, &clock);
+        let probe = Arc::new(Probe::default());
+        let r = block_on(call_with(
+            &p,
+            &clock,
+            mode.start,
+            &probe,
+            &[never(), ok_after(5, 2)],
+        ));
+        assert_eq!(r.unwrap(), 2, "{mode:?}");
+        assert_eq!(probe.started_at(), [(1, ms(1)), (2, ms(12))]);
+        assert_eq!(probe.dropped(), [1]);
+        assert_eq!(mode.elapsed(&clock), ms(18));
+        let m = p.circuit_metrics().unwrap();
+        assert_eq!((m.calls, m.failures), (1, 0));
+        assert_eq!(p.in_flight().unwrap(), 0);
+
+        // The hedge fails (recorded through the store while the first
+        // attempt runs), the first attempt runs into the call's timeout
+        // (100 ms), recorded at 101 ms.
+        let (b, clock, _) = mode.builder();
+        let p = pipeline(b, &clock);
+        let probe = Arc::new(Probe::default());
+        let r = block_on(call_with(
+            &p,
+            &clock,
+            mode.start,
+            &probe,
+            &[never(), fail_after(5, 2)],
+        ));
+        assert!(matches!(r, Err(Error::Timeout(_))), "{r:?}");
+        assert_eq!(probe.answered(), [2]);
+        assert_eq!(probe.dropped(), [1]);
+        assert_eq!(mode.elapsed(&clock), ms(101));
+        let m = p.circuit_metrics().unwrap();
+        assert_eq!((m.calls, m.failures), (2, 2));
+        assert_eq!(p.in_flight().unwrap(), 0);
+    }
+}

@@ -634,12 +634,13 @@ where
 {
     match ended {
         Ended::Done(result) => Some(Progress::Decided(Ended::Done(result))),
-        // The call is decided; its gate records the outcome (the other
-        // attempts are dropped first).
-        Ended::Record(record, Pending::Done(result)) => Some(Progress::Decided(Ended::Record(
-            record,
-            Pending::Done(result),
-        ))),
+        // The call is decided (a success wins when it is seen, not once a
+        // remote store has recorded it): the other attempts are dropped,
+        // then the store records the outcome.
+        Ended::Record(record, pending @ (Pending::Done(_) | Pending::Success(_))) => {
+            Some(Progress::Decided(Ended::Record(record, pending)))
+        }
+        // A failure is decided once recorded.
         Ended::Record(record, pending) => {
             step.set(Step::Recording {
                 future: call.store().record_async(record),
