@@ -31,8 +31,9 @@ pub enum Error<E> {
     Fallback(E),
     /// The pipeline cannot run this call as configured, e.g. a blocking
     /// [`call`](crate::Pipeline::call) on a pipeline with hedging (async
-    /// only): the operation did not run.
-    Config(ConfigError),
+    /// only): the operation did not run. (Boxed: a rare error that keeps
+    /// every `Result` of a call small.)
+    Config(Box<ConfigError>),
 }
 
 impl<E> Error<E> {

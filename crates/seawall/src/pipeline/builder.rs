@@ -569,6 +569,7 @@ impl<K: Kind> Assembly<K> {
                     && !any_timeout
                     && self.hedging.is_none()
                     && self.retry.as_ref().is_none_or(|r| r.budget.is_none()),
+                general: call_gate.is_some() || self.hedging.is_some(),
             };
         Ok(Pipeline {
             shared: Arc::new(Shared {

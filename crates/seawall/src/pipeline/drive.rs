@@ -93,7 +93,7 @@ impl<K: Kind> Pipeline<K> {
             .flatten();
         let Some(mut first) = first else {
             if shared.hedging.is_some() {
-                return Err(Error::Config(hedging_is_async()));
+                return Err(Error::Config(Box::new(hedging_is_async())));
             }
             let call = Owned(Call::start(self, partition, Driver::Sync).weighted(weight));
             return sync_loop(call, op, None);
@@ -176,9 +176,11 @@ impl<K: Kind> Pipeline<K> {
             .then(|| First::start(self, partition))
             .flatten();
         let Some(mut first) = first else {
-            let call = Owned(Call::start(self, partition, Driver::Async).weighted(weight));
+            let mut call = Owned(Call::start(self, partition, Driver::Async).weighted(weight));
             if shared.hedging.is_some() {
-                return hedged_loop(call, op).await;
+                // By reference: the hedged loop's future stays small, so
+                // the driver's does not grow for the calls that never hedge.
+                return hedged_loop(&mut call, &mut op).await;
             }
             return async_loop(call, op, None).await;
         };
@@ -660,7 +662,7 @@ where
 /// call ([`Call::swap_lane`]). The first attempt lives in this future; a
 /// hedged one is boxed when it starts, so a call that never hedges does
 /// not allocate.
-async fn hedged_loop<K, T, E, Op, Fut>(mut call: Owned<'_, K>, mut op: Op) -> Result<T, Error<E>>
+async fn hedged_loop<K, T, E, Op, Fut>(call: &mut Owned<'_, K>, op: &mut Op) -> Result<T, Error<E>>
 where
     K: Handles<T, E>,
     Op: FnMut(Context) -> Fut,
@@ -696,10 +698,10 @@ where
                 let running = usize::from(primary_running) + hedges.len();
                 call.set_others(u32::try_from(running - 1).unwrap_or(u32::MAX));
                 let (attempt, progress) = match on_primary {
-                    true => (1, step_lane(call, &mut op, primary.as_mut(), cx)),
+                    true => (1, step_lane(call, op, primary.as_mut(), cx)),
                     false => {
                         let lane = hedges[i - 1].as_mut();
-                        (lane.lane.attempt(), poll_lane(call, &mut op, lane, cx))
+                        (lane.lane.attempt(), poll_lane(call, op, lane, cx))
                     }
                 };
                 let mut next = None;

@@ -1762,20 +1762,17 @@ impl Drop for Held<'_> {
 }
 
 impl<'g, K: Kind> First<'g, K> {
-    /// Starts a call on the ordinary path, or `None` when someone listens
-    /// or the pipeline has a call-level gate or chaos policies (the general
-    /// loop then runs it from the start).
+    /// Starts a call on the ordinary path, or `None` when someone listens,
+    /// the pipeline has a call-level gate or hedging
+    /// ([`Plan::general`](super::Plan::general)) or chaos policies that may
+    /// inject (the general loop then runs it from the start).
     #[inline(always)]
     pub(crate) fn start(
         pipeline: &'g Pipeline<K>,
         partition: Option<&'g PartitionKey>,
     ) -> Option<Self> {
         let shared = &*pipeline.shared;
-        if shared.listeners.enabled()
-            || shared.call_gate.is_some()
-            || shared.hedging.is_some()
-            || shared.chaos_may_inject()
-        {
+        if shared.listeners.enabled() || shared.plan.general || shared.chaos_may_inject() {
             return None;
         }
         if let Some(b) = shared.retry.as_ref().and_then(|r| r.budget.as_ref()) {

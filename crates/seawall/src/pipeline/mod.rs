@@ -72,6 +72,10 @@ pub(crate) struct Plan {
     /// with a constant context (the engine admits, times and records
     /// nothing for it).
     pub(crate) bare: bool,
+    /// Every call takes the engine's general loop from its start: the
+    /// pipeline has a call-level gate (admitted before the first attempt)
+    /// or hedging (its own loop). One flag for the ordinary path to read.
+    pub(crate) general: bool,
 }
 
 pub(crate) struct Shared<K: Kind> {
