@@ -364,6 +364,49 @@ fn coalescing(c: &mut Criterion) {
     g.finish();
 }
 
+/// Hedging's success path: the operation answers at once, so no hedge
+/// fires (latency mode, one hedge after 100 ms, or tower's percentile).
+fn hedging(c: &mut Criterion) {
+    let rt = runtime();
+    let mut g = c.benchmark_group("hedging, success, no hedge fired (async)");
+    async_case(&mut g, "seawall", SeawallAsync(pipelines::hedging()));
+    async_case(&mut g, "tower", tower_hedge());
+    async_case(&mut g, "tower-resilience", tower_resilience_hedge());
+    async_case(&mut g, "seatbelt", seatbelt_hedging(&rt));
+    g.finish();
+}
+
+/// A count-window breaker declared before the retry (it guards the whole
+/// call) against the same breaker after it (each attempt), on the success
+/// path.
+fn breaker_order(c: &mut Criterion) {
+    let mut g = c.benchmark_group("breaker before the retry vs after it (sync)");
+    sync_case(
+        &mut g,
+        "breaker, retry",
+        seawall_sync(pipelines::breaker_before_retry()),
+    );
+    sync_case(
+        &mut g,
+        "retry, breaker",
+        seawall_sync(pipelines::breaker_after_retry()),
+    );
+    g.finish();
+
+    let mut g = c.benchmark_group("breaker before the retry vs after it (async)");
+    async_case(
+        &mut g,
+        "breaker, retry",
+        SeawallAsync(pipelines::breaker_before_retry()),
+    );
+    async_case(
+        &mut g,
+        "retry, breaker",
+        SeawallAsync(pipelines::breaker_after_retry()),
+    );
+    g.finish();
+}
+
 fn config() -> Criterion {
     Criterion::default()
         .warm_up_time(Duration::from_millis(500))
@@ -374,6 +417,6 @@ fn config() -> Criterion {
 criterion_group! {
     name = peers;
     config = config();
-    targets = retry, breaker, rate_limiter, bulkhead, adaptive, timeout, full_chain, chaos, shadow, coalescing
+    targets = retry, breaker, rate_limiter, bulkhead, adaptive, timeout, full_chain, chaos, shadow, coalescing, hedging, breaker_order
 }
 criterion_main!(peers);

@@ -79,6 +79,12 @@ const CONTENDERS: &[&str] = &[
     "coalesce-64",
     "plain-1",
     "plain-64",
+    "async-hedging",
+    "tower-hedge",
+    "tower-resilience-hedge",
+    "seatbelt-hedging",
+    "breaker-retry",
+    "retry-breaker",
 ];
 
 /// `n` calls in batches of `size` identical calls made at once
@@ -182,6 +188,12 @@ fn main() {
         "coalesce-64" => coalescing_loop(&rt, n, 64, true),
         "plain-1" => coalescing_loop(&rt, n, 1, false),
         "plain-64" => coalescing_loop(&rt, n, 64, false),
+        "async-hedging" => async_loop(&rt, n, SeawallAsync(pipelines::hedging())),
+        "tower-hedge" => async_loop(&rt, n, tower_hedge()),
+        "tower-resilience-hedge" => async_loop(&rt, n, tower_resilience_hedge()),
+        "seatbelt-hedging" => async_loop(&rt, n, seatbelt_hedging(&rt)),
+        "breaker-retry" => sync_loop(n, seawall_call(pipelines::breaker_before_retry())),
+        "retry-breaker" => sync_loop(n, seawall_call(pipelines::breaker_after_retry())),
         _ => println!("usage: profile <contender> [calls]; contenders: {CONTENDERS:?}"),
     }
 }

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use seawall::pipeline::WithFallback;
 use seawall::{
-    Bulkhead, CircuitBreaker, Cooldown, Jitter, MemoryStore, Pipeline, RateLimiter, Retry,
+    Bulkhead, CircuitBreaker, Cooldown, Hedging, Jitter, MemoryStore, Pipeline, RateLimiter, Retry,
 };
 
 /// The error of the protected operation (never returned on the success path).
@@ -241,6 +241,35 @@ pub mod pipelines {
     pub fn timeout() -> Pipeline {
         builder("bench-timeout")
             .timeout(Duration::from_secs(1))
+            .build()
+            .expect("valid pipeline")
+    }
+
+    /// Hedging in latency mode, one hedge after 100 ms (the peers'
+    /// settings): the operation answers at once, so no hedge fires.
+    pub fn hedging() -> Pipeline {
+        builder("bench-hedging")
+            .hedging(Hedging::latency(Duration::from_millis(100)).max_hedged_attempts(1))
+            .build()
+            .expect("valid pipeline")
+    }
+
+    /// The count-window breaker declared before the retry: it guards the
+    /// whole call (one admission, one outcome per call).
+    pub fn breaker_before_retry() -> Pipeline {
+        builder("bench-breaker-before-retry")
+            .circuit_breaker(count_window_breaker())
+            .retry(retry_policy())
+            .build()
+            .expect("valid pipeline")
+    }
+
+    /// The count-window breaker declared after the retry: it guards each
+    /// attempt.
+    pub fn breaker_after_retry() -> Pipeline {
+        builder("bench-breaker-after-retry")
+            .retry(retry_policy())
+            .circuit_breaker(count_window_breaker())
             .build()
             .expect("valid pipeline")
     }

@@ -406,7 +406,22 @@ fn check_order(steps: &[Step]) -> syn::Result<()> {
         Rule::SecondOnSide {
             scope: Scope::Call, ..
         } => format!("a timeout is already declared: {reason}"),
-        Rule::BeforeRetry => format!("`{}` is declared before `retry`; {reason}", e.kind.name()),
+        Rule::BeforeRetry { retry } => format!(
+            "`{}` is declared before `{}`; {reason}",
+            e.kind.name(),
+            retry.name()
+        ),
+        Rule::RetryAndHedging { .. } => {
+            let other = match e.kind {
+                PolicyKind::Hedging => PolicyKind::Retry,
+                _ => PolicyKind::Hedging,
+            };
+            format!(
+                "`{}` is declared with `{}`; {reason}",
+                e.kind.name(),
+                other.name()
+            )
+        }
         Rule::NotFirst => format!(
             "`{}` is declared after another policy; {reason}",
             e.kind.name()
@@ -861,6 +876,7 @@ mod tests {
                 PolicyKind::Chaos => "chaos(rate = 0.5, latency_ms = 1)",
                 PolicyKind::AdaptiveLimit => "adaptive_limit(algorithm = \"aimd\")",
                 PolicyKind::Coalesce => "coalesce",
+                PolicyKind::Hedging => "hedging(delay_ms = 10)",
             };
             let c = parse_str(minimal).unwrap();
             assert_eq!(c.steps.len(), 1);

@@ -27,6 +27,15 @@ use crate::sig::{analyse, Analysis, Passing};
 /// Expands `#[resilient(..)]` on `item`.
 pub(crate) fn expand(config: Config, item: ItemFn) -> syn::Result<TokenStream> {
     let sig = analyse(&item.sig)?;
+    if let Some(step) = config.steps.iter().find(|s| s.kind == PolicyKind::Hedging) {
+        if !sig.is_async {
+            return Err(syn::Error::new(
+                step.key.span(),
+                "`hedging` needs an async fn: hedged attempts run concurrently and the losers \
+                 are dropped, which a blocking call cannot do",
+            ));
+        }
+    }
     let ItemFn {
         attrs, vis, block, ..
     } = item;
@@ -319,7 +328,9 @@ fn on_error(config: &Config, sig: &Analysis, error: &Ident) -> syn::Result<Token
             ::seawall::Error::Rejected(r) => (#rejected)(r),
             ::seawall::Error::Timeout(t) => (#timed_out)(t),
             ::seawall::Error::Store(s) => (#stored)(s),
-            // `Error` is non-exhaustive; the variants above are all it has.
+            // `Error` is non-exhaustive; the variants above are all it
+            // returns here (`Error::Config` comes only from a blocking call
+            // with hedging, which does not compile).
             _ => ::core::unreachable!("seawall: unknown error variant"),
         })
     })

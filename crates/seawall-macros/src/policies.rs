@@ -44,6 +44,7 @@ pub(crate) fn policy(
         PolicyKind::Bulkhead => bulkhead(given, span, key)?,
         PolicyKind::Cooldown => cooldown(given),
         PolicyKind::RateLimiter => rate_limiter(given, span, key)?,
+        PolicyKind::Hedging => hedging(given, span, key)?,
         PolicyKind::Chaos => chaos(given, span, key)?,
         PolicyKind::AdaptiveLimit => adaptive_limit(given, span)?,
         PolicyKind::Coalesce => coalesce(given),
@@ -86,6 +87,69 @@ fn chosen<T: Copy>(words: &[(&str, T)], word: Option<&str>, default: T) -> T {
         .map_or(default, |(_, v)| *v)
 }
 
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum HedgingMode {
+    Latency,
+    Parallel,
+    Fallback,
+}
+
+/// The attribute's words for hedging's modes (the table's choices).
+const HEDGING_MODES: [(&str, HedgingMode); 3] = [
+    ("latency", HedgingMode::Latency),
+    ("parallel", HedgingMode::Parallel),
+    ("fallback", HedgingMode::Fallback),
+];
+
+/// The `budget(ratio = .., max_tokens = ..)` of the retry or hedging.
+fn budget(g: &Given) -> syn::Result<Option<(f64, u32)>> {
+    match g.table("budget") {
+        None => Ok(None),
+        Some((b, span)) => match (b.number("ratio"), b.count("max_tokens")) {
+            (Some(r), Some(t)) => Ok(Some((r, t))),
+            _ => err(
+                span,
+                "`budget` needs both `ratio` and `max_tokens`, e.g. `budget(ratio = 0.2, max_tokens = 10)`",
+            ),
+        },
+    }
+}
+
+/// Hedging: the latency mode (with its `delay_ms`/`delay_s`) unless `mode`
+/// says `parallel` or `fallback`. Async fns only (checked by the
+/// expansion).
+fn hedging(g: &Given, span: Span, key: &Ident) -> syn::Result<TokenStream> {
+    let mode = chosen(&HEDGING_MODES, g.choice("mode"), HedgingMode::Latency);
+    let mut h = match (mode, g.duration("delay")) {
+        (HedgingMode::Latency, Some(d)) => {
+            let d = d.tokens();
+            quote!(::seawall::Hedging::latency(#d))
+        }
+        (HedgingMode::Latency, None) => {
+            return err(
+                span,
+                format!(
+                    "`{key}` needs a delay in mode latency, e.g. `{key}(delay_ms = 100)`, or \
+                     `mode = \"parallel\"` or `mode = \"fallback\"`"
+                ),
+            )
+        }
+        (_, Some(_)) => {
+            let at = g.value_span("delay").unwrap_or(span);
+            return err(at, "`delay` applies to mode latency only: remove it");
+        }
+        (HedgingMode::Parallel, None) => quote!(::seawall::Hedging::parallel()),
+        (HedgingMode::Fallback, None) => quote!(::seawall::Hedging::fallback()),
+    };
+    if let Some(n) = g.count("max_hedged_attempts") {
+        h.extend(quote!(.max_hedged_attempts(#n)));
+    }
+    if let Some((ratio, tokens)) = budget(g)? {
+        h.extend(quote!(.budget(::seawall::RetryBudget::new(#ratio, #tokens))));
+    }
+    Ok(h)
+}
+
 fn retry(g: &Given) -> syn::Result<Built> {
     let backoff = chosen(&BACKOFFS, g.choice("backoff"), BackoffKind::Exponential);
     if let Some(span) = g.value_span("multiplier") {
@@ -99,18 +163,7 @@ fn retry(g: &Given) -> syn::Result<Built> {
     if let (Some(span), BackoffKind::Constant) = (g.value_span("cap"), backoff) {
         return err(span, "a constant backoff has no cap: remove `cap_ms`");
     }
-    let budget = match g.table("budget") {
-        None => None,
-        Some((b, span)) => match (b.number("ratio"), b.count("max_tokens")) {
-            (Some(r), Some(t)) => Some((r, t)),
-            _ => {
-                return err(
-                    span,
-                    "`budget` needs both `ratio` and `max_tokens`, e.g. `budget(ratio = 0.2, max_tokens = 10)`",
-                )
-            }
-        },
-    };
+    let budget = budget(g)?;
     let base = g.duration("delay").unwrap_or(Dur::millis(100)).tokens();
     let cap = g.duration("cap");
     let mut retry = match backoff {

@@ -955,3 +955,23 @@ fn coalesced_calls_of_a_function_share_one_execution_and_its_cache() {
 async fn user_name_owned(id: u64, wait_for: u32) -> Result<String, ApiError> {
     user_name(&id, wait_for).await
 }
+
+clock!(hedging_clock);
+
+/// Hedging written in the attribute: the first attempt is slow, the hedge
+/// started after the delay answers first; each attempt sees its number.
+#[resilient(timeout_s = 5, hedging(delay_ms = 20, max_hedged_attempts = 2), timeout_ms = 500, clock = hedging_clock, context = ctx)]
+async fn hedged() -> Result<u32, ApiError> {
+    let wait = if ctx.attempt() == 1 { 100 } else { 5 };
+    seawall::Clock::sleep(&hedging_clock(), Duration::from_millis(wait)).await;
+    Ok(ctx.attempt())
+}
+
+#[test]
+fn a_hedge_answers_first() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    assert_eq!(rt.block_on(hedged()), Ok(2));
+    assert_eq!(hedging_clock().now(), Duration::from_millis(25));
+}

@@ -140,6 +140,7 @@ const BACKOFFS: &[&str] = &["constant", "linear", "exponential", "decorrelated"]
 const BUDGET: &[Setting] = &[Setting::number("ratio"), Setting::count("max_tokens")];
 const ALGORITHMS: &[&str] = &["gcra", "fixed_window", "sliding_window"];
 const LIMIT_ALGORITHMS: &[&str] = &["aimd", "vegas", "gradient2"];
+const HEDGING_MODES: &[&str] = &["latency", "parallel", "fallback"];
 
 policies! {
     /// Request coalescing: concurrent calls with the same key share one
@@ -163,6 +164,16 @@ policies! {
         Setting::number("multiplier"),
         Setting::duration("cap"),
         Setting::jitter("jitter"),
+        Setting::table("budget", BUDGET),
+    ];
+    /// Hedging: further attempts of the call started while earlier ones
+    /// run (after a delay, all at once, or after a failure), the first
+    /// acceptable answer wins. It makes the attempts of a call, as the
+    /// retry does: one of the two per pipeline.
+    Hedging = "hedging", Retry, [
+        Setting::count("max_hedged_attempts"),
+        Setting::choice("mode", HEDGING_MODES),
+        Setting::duration("delay"),
         Setting::table("budget", BUDGET),
     ];
     /// The circuit breaker.
@@ -430,8 +441,11 @@ impl PolicyKind {
 /// Where a policy may stand in the declared list.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Place {
-    /// The retry itself, declared once. It splits the list: what comes
-    /// before it covers the whole call, what comes after it each attempt.
+    /// A policy that makes the attempts of a call: the retry, or hedging.
+    /// A pipeline declares at most one of them, once. It splits the list:
+    /// what comes before it covers the whole call, what comes after it
+    /// each attempt. ([`PolicyKind::Retry`] is this place's first policy;
+    /// the rules' messages name the one declared.)
     Retry,
     /// On either side of the retry, at most once on each side: before it
     /// (or without a retry) it covers the whole call, after it each attempt.
@@ -498,6 +512,12 @@ pub fn guards(declared: &[PolicyKind], at: usize) -> Scope {
     }
 }
 
+/// The policy that makes the attempts of a call in `declared` (the retry
+/// or hedging, the first declared), if any.
+pub fn attempts_by(declared: &[PolicyKind]) -> Option<PolicyKind> {
+    declared.iter().copied().find(|k| k.place() == Place::Retry)
+}
+
 /// A policy that may not stand where it was declared.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Misplaced {
@@ -526,9 +546,17 @@ pub enum Rule {
         /// The first declaration.
         first: usize,
     },
-    /// A policy of [`Place::Attempt`] or [`Place::AttemptOnce`] declared
-    /// before the retry.
-    BeforeRetry,
+    /// A policy of [`Place::Attempt`] declared before the retry (or
+    /// hedging), `retry` being the one declared.
+    BeforeRetry {
+        /// The policy that makes the attempts.
+        retry: PolicyKind,
+    },
+    /// Both the retry and hedging; `first` is the index of the first one.
+    RetryAndHedging {
+        /// The first declaration.
+        first: usize,
+    },
     /// A policy of [`Place::Outermost`] declared after another policy.
     NotFirst,
 }
@@ -543,9 +571,13 @@ impl Rule {
                 "declare at most one timeout before `retry` (whole call) and one after it \
                  (each attempt)"
             }
-            Rule::BeforeRetry => {
-                "it acts on each attempt: declare it after `retry` (acting once around the \
-                 whole call is not supported)"
+            Rule::BeforeRetry { .. } => {
+                "it acts on each attempt: declare it after the policy that makes the attempts \
+                 (acting once around the whole call is not supported)"
+            }
+            Rule::RetryAndHedging { .. } => {
+                "hedging makes the further attempts of a call itself (its `fallback` mode is a \
+                 retry without a wait): declare either `retry` or `hedging`"
             }
             Rule::NotFirst => {
                 "it shares one execution of the whole call among concurrent callers: \
@@ -561,21 +593,30 @@ impl Rule {
 /// # Errors
 /// The first [`Misplaced`] policy.
 pub fn check(declared: &[PolicyKind]) -> Result<(), Misplaced> {
-    let has_retry = declared.iter().any(|k| k.place() == Place::Retry);
+    let retry = attempts_by(declared);
     for (i, &kind) in declared.iter().enumerate() {
         let here = scope(declared, i);
-        if matches!(kind.place(), Place::Attempt | Place::AttemptOnce)
-            && has_retry
-            && here == Scope::Call
-        {
-            return Err(Misplaced {
-                at: i,
-                kind,
-                rule: Rule::BeforeRetry,
-            });
+        if matches!(kind.place(), Place::Attempt | Place::AttemptOnce) {
+            if let (Some(retry), Scope::Call) = (retry, here) {
+                return Err(Misplaced {
+                    at: i,
+                    kind,
+                    rule: Rule::BeforeRetry { retry },
+                });
+            }
         }
         if kind.place() == Place::Attempt {
             continue;
+        }
+        if kind.place() == Place::Retry {
+            let other = |j: &usize| declared[*j].place() == Place::Retry && declared[*j] != kind;
+            if let Some(first) = (0..i).find(other) {
+                return Err(Misplaced {
+                    at: i,
+                    kind,
+                    rule: Rule::RetryAndHedging { first },
+                });
+            }
         }
         let earlier = |j: &usize| {
             declared[*j] == kind
@@ -747,7 +788,27 @@ mod tests {
         assert_eq!(check(&[Retry, Chaos, Chaos]), Ok(()));
         assert_eq!(check(&[Chaos, Chaos]), Ok(()));
         let e = check(&[Chaos, Retry]).unwrap_err();
-        assert_eq!((e.at, e.rule), (0, Rule::BeforeRetry));
+        assert_eq!((e.at, e.rule), (0, Rule::BeforeRetry { retry: Retry }));
+        let e = check(&[Chaos, Hedging]).unwrap_err();
+        assert_eq!((e.at, e.rule), (0, Rule::BeforeRetry { retry: Hedging }));
+        assert_eq!(check(&[Hedging, Chaos]), Ok(()));
+    }
+
+    #[test]
+    fn hedging_splits_the_list_like_the_retry_and_excludes_it() {
+        let d = [Timeout, CircuitBreaker, Hedging, Bulkhead, Timeout];
+        assert_eq!(check(&d), Ok(()));
+        assert_eq!(scope(&d, 0), Scope::Call);
+        assert_eq!(guards(&d, 1), Scope::Call);
+        assert_eq!(guards(&d, 3), Scope::Attempt);
+        assert_eq!(scope(&d, 4), Scope::Attempt);
+        assert_eq!(attempts_by(&d), Some(Hedging));
+        let e = check(&[Retry, Timeout, Hedging]).unwrap_err();
+        assert_eq!((e.at, e.rule), (2, Rule::RetryAndHedging { first: 0 }));
+        let e = check(&[Hedging, Retry]).unwrap_err();
+        assert_eq!((e.at, e.rule), (1, Rule::RetryAndHedging { first: 0 }));
+        let e = check(&[Hedging, Hedging]).unwrap_err();
+        assert_eq!((e.at, e.rule), (1, Rule::Twice { first: 0 }));
     }
 
     #[test]
@@ -755,7 +816,7 @@ mod tests {
         assert_eq!(check(&[Retry, AdaptiveLimit]), Ok(()));
         assert_eq!(check(&[AdaptiveLimit, Bulkhead]), Ok(()));
         let e = check(&[AdaptiveLimit, Retry]).unwrap_err();
-        assert_eq!((e.at, e.rule), (0, Rule::BeforeRetry));
+        assert_eq!((e.at, e.rule), (0, Rule::BeforeRetry { retry: Retry }));
         let e = check(&[Retry, AdaptiveLimit, AdaptiveLimit]).unwrap_err();
         assert_eq!((e.at, e.rule), (2, Rule::Twice { first: 1 }));
     }
@@ -785,16 +846,17 @@ mod tests {
     #[test]
     fn agrees_with_a_count_of_each_side() {
         fn accepted(d: &[PolicyKind]) -> bool {
-            let retry = d.iter().position(|k| *k == Retry);
+            let retry = d.iter().position(|k| matches!(k, Retry | Hedging));
             let (before, after) = d.split_at(retry.unwrap_or(d.len()));
             let count = |s: &[PolicyKind], k| s.iter().filter(|x| **x == k).count();
-            PolicyKind::ALL.iter().all(|&k| match k {
-                Timeout => count(before, k) <= 1 && count(after, k) <= 1,
-                Chaos => retry.is_none() || count(before, k) == 0,
-                AdaptiveLimit => count(d, k) <= 1 && (retry.is_none() || count(before, k) == 0),
-                Coalesce => count(d, k) <= 1 && d.iter().skip(1).all(|x| *x != k),
-                _ => count(d, k) <= 1,
-            })
+            count(d, Retry) + count(d, Hedging) <= 1
+                && PolicyKind::ALL.iter().all(|&k| match k {
+                    Timeout => count(before, k) <= 1 && count(after, k) <= 1,
+                    Chaos => retry.is_none() || count(before, k) == 0,
+                    AdaptiveLimit => count(d, k) <= 1 && (retry.is_none() || count(before, k) == 0),
+                    Coalesce => count(d, k) <= 1 && d.iter().skip(1).all(|x| *x != k),
+                    _ => count(d, k) <= 1,
+                })
         }
         let all = PolicyKind::ALL;
         let mut lists: Vec<Vec<PolicyKind>> = vec![Vec::new()];
@@ -812,7 +874,8 @@ mod tests {
                 .collect();
             lists.extend(longer);
         }
-        assert_eq!(lists.len(), 1 + 8 + 64 + 512 + 4096);
+        let n = all.len();
+        assert_eq!(lists.len(), 1 + n + n * n + n * n * n + n * n * n * n);
         for l in &lists {
             assert_eq!(check(l).is_ok(), accepted(l), "{l:?}");
         }

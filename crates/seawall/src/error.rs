@@ -30,6 +30,11 @@ pub enum Error<E> {
     Store(StoreError),
     /// The fallback ran and returned an error of its own.
     Fallback(E),
+    /// The pipeline cannot run this call as configured, e.g. a blocking
+    /// [`call`](crate::Pipeline::call) on a pipeline with hedging (async
+    /// only): the operation did not run. (Boxed: a rare error that keeps
+    /// every `Result` of a call small.)
+    Config(Box<ConfigError>),
 }
 
 impl<E> Error<E> {
@@ -83,6 +88,7 @@ impl<E> Error<E> {
             Error::Rejected(r) => Error::Rejected(r),
             Error::Store(s) => Error::Store(s),
             Error::Fallback(e) => Error::Fallback(op(e)),
+            Error::Config(c) => Error::Config(c),
         }
     }
 }
@@ -105,6 +111,7 @@ impl<E: fmt::Display> fmt::Display for Error<E> {
             Error::Rejected(r) => r.fmt(f),
             Error::Store(s) => s.fmt(f),
             Error::Fallback(e) => write!(f, "fallback failed: {e}"),
+            Error::Config(c) => c.fmt(f),
         }
     }
 }
@@ -120,6 +127,7 @@ impl<E: std::error::Error + 'static> std::error::Error for Error<E> {
             Error::Timeout(t) => t.source(),
             Error::Rejected(r) => r.source(),
             Error::Store(s) => s.source(),
+            Error::Config(_) => None,
         }
     }
 }

@@ -10,9 +10,9 @@
 //!
 //! | level | events |
 //! | --- | --- |
-//! | `WARN` | the circuit opened; a round of half-open probes expired unfinished (calls hang); a cooldown started (the dependency asked for a pause); a rejection by a full bulkhead, a rate limiter, the adaptive concurrency limit or an empty retry budget (overload, reported by nothing else); a late synchronous success (`DeadlineExceeded`); the state store unavailable |
+//! | `WARN` | the circuit opened; a round of half-open probes expired unfinished (calls hang); a cooldown started (the dependency asked for a pause); a rejection by a full bulkhead, a rate limiter, the adaptive concurrency limit or an empty retry budget (overload, reported by nothing else); a hedge not started for an empty hedging budget; a late synchronous success (`DeadlineExceeded`); the state store unavailable |
 //! | `INFO` | the circuit half-opened or closed |
-//! | `DEBUG` | a change of the adaptive concurrency limit, a coalesced call taking over from a leader that went away, a chaos injection, a refusal by a policy in shadow mode (the call went on), a retry scheduled or given up, an attempt timed out, a call deferred (waiting for a slot, a permit or the end of a cooldown), the fallback executed, a rejection by an open circuit or an active cooldown (whose start was reported at `WARN`), a call that ended in anything but success |
+//! | `DEBUG` | a change of the adaptive concurrency limit, a coalesced call taking over from a leader that went away, a chaos injection, a hedged attempt started, a refusal by a policy in shadow mode (the call went on), a retry scheduled or given up, an attempt timed out, a call deferred (waiting for a slot, a permit or the end of a cooldown), the fallback executed, a rejection by an open circuit or an active cooldown (whose start was reported at `WARN`), a call that ended in anything but success |
 //! | `TRACE` | the per-call summaries: every attempt finished, a call that ended in success; a coalesced call answered by another's execution, a cache hit or miss |
 //!
 //! So `seawall=warn` shows what needs attention (circuit openings, overload,
@@ -145,6 +145,19 @@ pub enum EventKind {
     CacheHit,
     /// A coalesced call found no fresh cached success for its key.
     CacheMiss,
+    /// Hedging started a further attempt of the call (see [`crate::hedge`]).
+    HedgeStarted {
+        /// The attempt started (2 for the first hedge).
+        attempt: u32,
+        /// What started it.
+        trigger: HedgeTrigger,
+    },
+    /// Hedging would have started a further attempt, but its budget was
+    /// empty: the call goes on with the attempts it has.
+    HedgeBudgetExhausted {
+        /// The attempt that was not started.
+        attempt: u32,
+    },
     /// An attempt ended (emitted only when someone listens).
     AttemptFinished {
         /// The attempt (1-based).
@@ -324,6 +337,15 @@ impl fmt::Display for EventKind {
             ),
             EventKind::CacheHit => f.write_str("answered from the cache"),
             EventKind::CacheMiss => f.write_str("not in the cache"),
+            EventKind::HedgeStarted { attempt, trigger } => {
+                write!(f, "hedged attempt {attempt} started ({})", trigger.as_str())
+            }
+            EventKind::HedgeBudgetExhausted { attempt } => {
+                write!(
+                    f,
+                    "hedged attempt {attempt} not started: hedging budget exhausted"
+                )
+            }
             EventKind::AttemptFinished {
                 attempt,
                 duration,
@@ -389,7 +411,8 @@ impl EventKind {
             | EventKind::ChaosInjected { .. }
             | EventKind::LimitChanged { .. }
             | EventKind::ShadowRejected { .. }
-            | EventKind::CoalesceTakeover => Severity::Debug,
+            | EventKind::CoalesceTakeover
+            | EventKind::HedgeStarted { .. } => Severity::Debug,
             EventKind::Rejected { reason, .. } => match reason {
                 RejectionReason::BulkheadFull
                 | RejectionReason::ConcurrencyLimited
@@ -406,7 +429,29 @@ impl EventKind {
             | EventKind::CircuitProbesExpired
             | EventKind::CooldownStarted { .. }
             | EventKind::DeadlineExceeded { .. }
+            | EventKind::HedgeBudgetExhausted { .. }
             | EventKind::StoreUnavailable { .. } => Severity::Warn,
+        }
+    }
+}
+
+/// What started a hedged attempt ([`EventKind::HedgeStarted`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum HedgeTrigger {
+    /// The previous attempt had not answered within the hedging delay (or
+    /// the mode starts every attempt at once).
+    Delay,
+    /// An attempt failed.
+    Failure,
+}
+
+impl HedgeTrigger {
+    /// `"delay"` or `"failure"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HedgeTrigger::Delay => "delay",
+            HedgeTrigger::Failure => "failure",
         }
     }
 }

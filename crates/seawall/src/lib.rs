@@ -73,9 +73,11 @@
 //! declared before it: one admission and one outcome per call (see
 //! [`PipelineBuilder`]). On each side they are checked in that order. The
 //! adaptive concurrency limit ([`adaptive`]) guards each attempt, in this
-//! process, before them. The fallback is always outermost; request
-//! coalescing ([`coalesce`]), when declared, is declared first and shares
-//! one execution of the whole call.
+//! process, before them. [Hedging](hedge) (async only) takes the retry's
+//! place: a pipeline makes its attempts with one or the other, and what is
+//! declared after hedging acts on each hedged attempt. The fallback is
+//! always outermost; request coalescing ([`coalesce`]), when declared, is
+//! declared first and shares one execution of the whole call.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -93,6 +95,7 @@ pub mod cooldown;
 pub mod error;
 pub mod event;
 pub mod fallback;
+pub mod hedge;
 #[cfg(feature = "http")]
 pub mod http;
 #[cfg(feature = "metrics")]
@@ -124,7 +127,8 @@ pub use coalesce::Coalesce;
 pub use context::{Context, PartitionKey};
 pub use cooldown::Cooldown;
 pub use error::{ConfigError, Error, Rejection, RejectionReason, StoreError, TimeoutError};
-pub use event::{AttemptOutcome, CallOutcome, Event, EventKind};
+pub use event::{AttemptOutcome, CallOutcome, Event, EventKind, HedgeTrigger};
+pub use hedge::Hedging;
 pub use pipeline::{Pipeline, PipelineBuilder};
 pub use rate_limit::RateLimiter;
 pub use retry::{Backoff, Jitter, Retry, RetryBudget};

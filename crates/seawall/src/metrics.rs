@@ -64,6 +64,8 @@
 //! | `coalesce_takeover` | `coalesce` | `debug` | |
 //! | `cache_hit` | `coalesce` | `trace` | |
 //! | `cache_miss` | `coalesce` | `trace` | |
+//! | `hedge_started` | `hedging` | `debug` | `hedge.trigger`: `delay`, `failure` |
+//! | `hedge_budget_exhausted` | `hedging` | `warn` | |
 //! | `rejected` | the refusing policy: `circuit_breaker`, `bulkhead`, `rate_limiter`, `cooldown`, `retry` (its budget), `adaptive_limit` | `warn` for `bulkhead_full`, `rate_limited`, `retry_budget_exhausted`, `concurrency_limited`; `debug` for the others | `event.reason`: the [`RejectionReason`] (`circuit_open`, `bulkhead_full`, `rate_limited`, `cooldown_active`, `cooldown_exceeds_deadline`, `retry_budget_exhausted`, `concurrency_limited`) |
 //! | `deferred` | the policy that made the call wait | `debug` | `event.reason`: as for `rejected` |
 //! | `shadow_rejected` | the policy in [shadow mode](crate::shadow) that would have refused the call (it went on) | `debug` | `event.reason`: as for `rejected` |
@@ -338,6 +340,14 @@ impl Sink {
             EventKind::CoalesceTakeover => (crate::coalesce::NAME, "coalesce_takeover", None),
             EventKind::CacheHit => (crate::coalesce::NAME, "cache_hit", None),
             EventKind::CacheMiss => (crate::coalesce::NAME, "cache_miss", None),
+            EventKind::HedgeStarted { trigger, .. } => (
+                PolicyKind::Hedging.name(),
+                "hedge_started",
+                Some(("hedge.trigger", trigger.as_str())),
+            ),
+            EventKind::HedgeBudgetExhausted { .. } => {
+                (PolicyKind::Hedging.name(), "hedge_budget_exhausted", None)
+            }
             EventKind::Rejected { reason, .. } => (
                 refusing_strategy(*reason),
                 "rejected",

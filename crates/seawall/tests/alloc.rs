@@ -287,3 +287,72 @@ fn coalesced_calls_allocate_their_execution_only() {
         "a miss: the execution and the kept value"
     );
 }
+
+/// A pipeline with hedging whose first attempt answers before the hedging
+/// delay (no hedge fires) allocates nothing either: the first attempt
+/// lives in the call's future, the hedge timer is the runtime's, and the
+/// lanes of hedged attempts are boxed only when one starts. Answered at
+/// once and after a yield (the hedge timer is then armed and dropped).
+#[test]
+fn hedging_success_path_without_a_hedge_allocates_nothing() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let base = |name: &str| Pipeline::builder(name).store(MemoryStore::new());
+    let pipelines = [
+        (
+            "hedging",
+            base("alloc-hedging")
+                .hedging(Hedging::latency(Duration::from_secs(1)).max_hedged_attempts(2))
+                .build()
+                .unwrap(),
+        ),
+        (
+            "hedging fallback mode with a budget",
+            base("alloc-hedging-fallback")
+                .hedging(Hedging::fallback().budget(RetryBudget::new(0.1, 10)))
+                .build()
+                .unwrap(),
+        ),
+        (
+            "timeout, hedging, breaker, bulkhead, attempt timeout",
+            base("alloc-hedging-full")
+                .timeout(Duration::from_secs(2))
+                .hedging(Hedging::latency(Duration::from_secs(1)))
+                .circuit_breaker(CircuitBreaker::failure_rate(0.5))
+                .bulkhead(Bulkhead::new(100))
+                .timeout(Duration::from_secs(1))
+                .build()
+                .unwrap(),
+        ),
+    ];
+    for (name, p) in pipelines {
+        let allocs = rt.block_on(async move {
+            assert_eq!(p.run(|_| async { Ok::<_, Oops>(1) }).await.unwrap(), 1);
+            p.run(|_| async {
+                tokio::task::yield_now().await;
+                Ok::<_, Oops>(1)
+            })
+            .await
+            .unwrap();
+            let before = allocations();
+            for i in 0..1_000u64 {
+                assert_eq!(p.run(|_| async move { Ok::<_, Oops>(i) }).await.unwrap(), i);
+            }
+            let at_once = allocations() - before;
+            let before = allocations();
+            for i in 0..1_000u64 {
+                let r = p
+                    .run(|_| async move {
+                        tokio::task::yield_now().await;
+                        Ok::<_, Oops>(i)
+                    })
+                    .await;
+                assert_eq!(r.unwrap(), i);
+            }
+            (at_once, allocations() - before)
+        });
+        assert_eq!(allocs, (0, 0), "{name}");
+    }
+}

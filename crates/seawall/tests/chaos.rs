@@ -305,7 +305,7 @@ fn invalid_rates_and_chaos_before_the_retry_are_refused() {
         .build()
         .unwrap_err();
     assert_eq!((e.policy, e.field), ("pipeline", "chaos"), "{e}");
-    assert!(e.to_string().contains("after `retry`"), "{e}");
+    assert!(e.to_string().contains("is declared before `retry`"), "{e}");
 }
 
 /// A file declares a latency injection (rate, latency, enabled); listed

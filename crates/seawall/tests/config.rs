@@ -617,7 +617,7 @@ fn the_policies_list_must_match_the_sections() {
         ),
         (
             "[pipelines.a]\npolicies = [\"timeout\", \"attempt_timeout\"]\ntimeout = \"2s\"\nattempt_timeout = \"1s\"\n",
-            "pipeline.attempt_timeout needs a `retry` policy",
+            "pipeline.attempt_timeout needs a `retry` or `hedging` policy",
         ),
         (
             "[pipelines.a]\npolicies = [\"retry\", \"cooldown\", \"cooldown\"]\nretry = { delay = \"1s\" }\ncooldown = {}\n",
@@ -635,7 +635,7 @@ fn the_policies_list_must_match_the_sections() {
     assert_eq!(e.line(), Some(3));
     assert!(
         msg.ends_with(
-            "pipeline.attempt_timeout needs a `retry` policy; without retries use `timeout`"
+            "pipeline.attempt_timeout needs a `retry` or `hedging` policy; without either use `timeout`"
         ),
         "{msg}"
     );
@@ -1176,4 +1176,131 @@ mod policies_list_and_builder_agree {
             }
         }
     }
+}
+
+/// Hedging from TOML and YAML: the same pipeline as the builder's, in the
+/// default order (`timeout`, `hedging`, `attempt_timeout`, then the
+/// policies of each hedged attempt), and running hedged calls.
+#[test]
+fn hedging_sections_build_the_builders_pipeline() {
+    let toml_text = "
+[pipelines.quotes]
+timeout = \"2s\"
+attempt_timeout = \"500ms\"
+circuit_breaker = { consecutive_failures = 5 }
+bulkhead = { max_concurrent = 8 }
+
+[pipelines.quotes.hedging]
+delay = \"50ms\"
+max_hedged_attempts = 2
+budget = { ratio = 0.1, max_tokens = 20 }
+
+[pipelines.fanout]
+hedging = { mode = \"parallel\", max_hedged_attempts = 3 }
+
+[pipelines.failover]
+hedging = { mode = \"fallback\" }
+";
+    let yaml_text = "
+pipelines:
+  quotes:
+    timeout: 2s
+    attempt_timeout: 500ms
+    circuit_breaker: { consecutive_failures: 5 }
+    bulkhead: { max_concurrent: 8 }
+    hedging:
+      delay: 50ms
+      max_hedged_attempts: 2
+      budget: { ratio: 0.1, max_tokens: 20 }
+  fanout:
+    hedging: { mode: parallel, max_hedged_attempts: 3 }
+  failover:
+    hedging: { mode: fallback }
+";
+    let quotes = Pipeline::builder("quotes")
+        .timeout(secs(2))
+        .hedging(
+            Hedging::latency(ms(50))
+                .max_hedged_attempts(2)
+                .budget(RetryBudget::new(0.1, 20)),
+        )
+        .timeout(ms(500))
+        .circuit_breaker(CircuitBreaker::consecutive_failures(5))
+        .bulkhead(Bulkhead::new(8));
+    let fanout = Pipeline::builder("fanout").hedging(Hedging::parallel().max_hedged_attempts(3));
+    let failover = Pipeline::builder("failover").hedging(Hedging::fallback());
+    for (format, text) in [(Format::Toml, toml_text), (Format::Yaml, yaml_text)] {
+        let r = registry(format, text);
+        assert_eq!(debug(r.pipeline("quotes").ok()), built(quotes.clone()));
+        assert_eq!(debug(r.pipeline("fanout").ok()), built(fanout.clone()));
+        assert_eq!(debug(r.pipeline("failover").ok()), built(failover.clone()));
+        let p = r.pipeline("fanout").unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let attempts = AtomicU32::new(0);
+        let n = rt
+            .block_on(p.run(|ctx| {
+                attempts.fetch_add(1, Ordering::SeqCst);
+                std::future::ready(match ctx.attempt() {
+                    3 => Ok(ctx.attempt()),
+                    _ => Err("slow or failing"),
+                })
+            }))
+            .unwrap();
+        assert_eq!(n, 3);
+        assert!(matches!(
+            p.call(|_| Ok::<_, &str>(1)),
+            Err(Error::Config(e)) if e.policy == "hedging"
+        ));
+    }
+}
+
+#[test]
+fn hedging_errors_name_the_field_and_the_line() {
+    let cases: [(Format, &str, &str); 7] = [
+        (
+            Format::Toml,
+            "[pipelines.a.hedging]\ndelay = \"10ms\"\nmax_hedged_attempts = 0\n",
+            "<string>:3:23: pipeline `a`: hedging.max_hedged_attempts must be in 1..=10 (hedged attempts beyond the first), got 0",
+        ),
+        (
+            Format::Yaml,
+            "pipelines:\n  a:\n    hedging:\n      mode: parallel\n      budget: { ratio: 2000, max_tokens: 5 }\n",
+            "<string>:5:24: pipeline `a`: hedging.budget.ratio must be in (0, 1000], got 2000",
+        ),
+        (
+            Format::Toml,
+            "[pipelines.a.hedging]\nmode = \"parallel\"\ndelay = \"10ms\"\n",
+            "<string>:3:9: pipeline `a`: hedging.delay applies only to mode latency, not parallel",
+        ),
+        (
+            Format::Toml,
+            "[pipelines.a]\nhedging = {}\n",
+            "<string>:2:11: pipeline `a`: hedging.delay must be set, e.g. \"100ms\"",
+        ),
+        (
+            Format::Toml,
+            "[pipelines.a.hedging]\ndelay = \"3d\"\n",
+            "<string>:2:9: pipeline `a`: hedging.delay must be < 86400s (use mode `fallback` to hedge only on failures), got 259200s",
+        ),
+        (
+            Format::Toml,
+            "[pipelines.a]\nretry = { delay = \"1s\" }\nhedging = { mode = \"fallback\" }\n",
+            "pipeline `a`: pipeline.hedging is declared with `retry`; hedging makes the further attempts of a call itself",
+        ),
+        (
+            Format::Yaml,
+            "pipelines:\n  a:\n    hedging: { mode: nope }\n",
+            "<string>:3:22: pipelines.a.hedging.mode: unknown variant `nope`, expected one of `latency`, `parallel`, `fallback`",
+        ),
+    ];
+    for (format, text, expected) in cases {
+        let (_, msg) = load_error(format, text);
+        assert!(msg.contains(expected), "{msg}\nshould contain: {expected}");
+    }
+    // A negative delay is not a duration.
+    let (e, msg) = load_error(Format::Toml, "[pipelines.a.hedging]\ndelay = \"-5ms\"\n");
+    assert_eq!(e.line(), Some(2), "{msg}");
+    assert!(msg.contains("invalid duration `-5ms`"), "{msg}");
 }

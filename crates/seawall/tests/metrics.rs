@@ -201,6 +201,27 @@ fn every_event() -> Vec<(EventKind, &'static str, Value)> {
             Counter(1),
         ),
         (
+            EventKind::HedgeStarted {
+                attempt: 2,
+                trigger: HedgeTrigger::Delay,
+            },
+            event("event.name=hedge_started,event.severity=debug,hedge.trigger=delay,pipeline.name=p,strategy.name=hedging"),
+            Counter(1),
+        ),
+        (
+            EventKind::HedgeStarted {
+                attempt: 3,
+                trigger: HedgeTrigger::Failure,
+            },
+            event("event.name=hedge_started,event.severity=debug,hedge.trigger=failure,pipeline.name=p,strategy.name=hedging"),
+            Counter(1),
+        ),
+        (
+            EventKind::HedgeBudgetExhausted { attempt: 2 },
+            event("event.name=hedge_budget_exhausted,event.severity=warn,pipeline.name=p,strategy.name=hedging"),
+            Counter(1),
+        ),
+        (
             rejected(RejectionReason::CircuitOpen),
             event("event.name=rejected,event.reason=circuit_open,event.severity=debug,pipeline.name=p,strategy.name=circuit_breaker"),
             Counter(1),

@@ -528,3 +528,41 @@ fn a_live_name_bound_again_with_other_settings_is_a_warning() {
     });
     assert!(quiet.events.lock().unwrap().is_empty());
 }
+
+/// A hedge started is a DEBUG event, a hedge the empty budget did not
+/// start a WARN.
+#[test]
+fn hedges_are_debug_events_and_an_empty_budget_a_warning() {
+    use seawall::{Hedging, RetryBudget};
+    use tracing::Level;
+    let clock = VirtualClock::starting_at(Duration::from_secs(1_000_000));
+    let p = Pipeline::builder("traced-hedging")
+        .clock(clock.clone())
+        .hedging(Hedging::parallel().budget(RetryBudget::new(0.5, 1)))
+        .build()
+        .unwrap();
+    let all = Leveled::new(Level::TRACE);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let run = || {
+        rt.block_on(p.run(|ctx| {
+            std::future::ready(match ctx.attempt() {
+                2 => Ok(2),
+                _ => Err("first attempt fails"),
+            })
+        }))
+    };
+    tracing::subscriber::with_default(all.clone(), || {
+        // The first call spends the budget's only token; the second finds
+        // half a token and starts no hedge.
+        assert_eq!(run().unwrap(), 2);
+        assert!(run().is_err());
+    });
+    // The first attempt failed at once: the hedge started on its failure.
+    assert_eq!(all.at("hedged attempt 2 started (failure)"), [Level::DEBUG]);
+    assert_eq!(
+        all.at("hedged attempt 2 not started: hedging budget exhausted"),
+        [Level::WARN]
+    );
+}

@@ -689,3 +689,97 @@ impl AssembledSyncChain {
         attempt.retry(self.retry).call().unwrap_or(0) == 1
     }
 }
+
+// ----------------------------------------------------------------- hedging
+
+/// tower's hedge policy: every request may be hedged.
+#[derive(Clone)]
+pub(crate) struct HedgeAll;
+
+impl tower::hedge::Policy<u64> for HedgeAll {
+    fn clone_request(&self, req: &u64) -> Option<u64> {
+        Some(*req)
+    }
+    fn can_retry(&self, _req: &u64) -> bool {
+        true
+    }
+}
+
+/// A tower service that is not `Clone`: each thread makes its own.
+pub(crate) struct Fresh<S, F> {
+    service: S,
+    make: F,
+}
+
+impl<S, F: Fn() -> S + Clone> Clone for Fresh<S, F> {
+    fn clone(&self) -> Self {
+        Fresh {
+            service: (self.make)(),
+            make: self.make.clone(),
+        }
+    }
+}
+
+impl<S, F> AsyncCase for Fresh<S, F>
+where
+    S: Service<u64, Response = u64> + Send + 'static,
+    F: Fn() -> S + Clone + Send + 'static,
+{
+    async fn call(&mut self) -> bool {
+        let ready = match self.service.ready().await {
+            Ok(s) => s,
+            Err(_) => return false,
+        };
+        matches!(ready.call(black_box(1)).await, Ok(1))
+    }
+}
+
+/// tower's `Hedge`: a hedge when a request runs longer than the 90th
+/// percentile of the latencies of the last second, once 10 are known.
+/// (tower has no fixed delay: its delay is a latency percentile.) `Hedge`
+/// is not `Clone`: each thread has its own, latency histogram included.
+pub(crate) fn tower_hedge() -> impl AsyncCase {
+    let make = || tower::hedge::Hedge::new(tower_op(), HedgeAll, 10, 0.9, Duration::from_secs(1));
+    Fresh {
+        service: make(),
+        make,
+    }
+}
+
+/// tower-resilience's hedge: one hedge after 100 ms (2 attempts in all).
+pub(crate) fn tower_resilience_hedge(
+) -> Tower<impl Service<u64, Response = u64> + Clone + Send + 'static> {
+    let layer = tower_resilience::hedge::HedgeLayer::builder()
+        .delay(Duration::from_millis(100))
+        .max_hedged_attempts(2)
+        .build();
+    Tower(layer.layer(tower_op()))
+}
+
+fn seatbelt_hedging_recovery(
+    r: &Result<u64, Oops>,
+    _: seatbelt::hedging::RecoveryArgs<'_>,
+) -> seatbelt::RecoveryInfo {
+    match r {
+        Ok(_) => seatbelt::RecoveryInfo::never(),
+        Err(_) => seatbelt::RecoveryInfo::retry(),
+    }
+}
+
+/// seatbelt's hedging: one hedge after 100 ms.
+pub(crate) fn seatbelt_hedging(
+    rt: &tokio::runtime::Runtime,
+) -> Seatbelt<impl layered::Service<u64, Out = Result<u64, Oops>> + 'static> {
+    use layered::Stack;
+    let _enter = rt.enter();
+    let context = seatbelt_context();
+    let stack = (
+        seatbelt::hedging::Hedging::layer("hedging", &context)
+            .clone_input()
+            .recovery_with(seatbelt_hedging_recovery)
+            .max_hedged_attempts(1)
+            .hedging_delay(Duration::from_millis(100)),
+        seatbelt_op(),
+    );
+    Seatbelt(Arc::new(stack.into_service()))
+}

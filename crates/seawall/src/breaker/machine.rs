@@ -192,7 +192,7 @@ impl Circuit {
     /// `Err(Some(left))` while open with `left` of the cooldown to go (the
     /// time is read only then), `Err(None)` otherwise: the caller then asks
     /// [`admit`](Self::admit).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn quick_admit(
         &self,
         now: &mut impl FnMut() -> u64,

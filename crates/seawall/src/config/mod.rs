@@ -54,8 +54,9 @@
 //! | `policies` | the policies in force, in declaration order, outermost first (see below) |
 //! | `coalesce` | table, below: concurrent calls with the same key share one execution (`{}` for sharing alone) |
 //! | `timeout` | bounds the whole call: a duration, or `{ duration = "5s", strict = true }` |
-//! | `attempt_timeout` | bounds each attempt (needs `retry`); same forms as `timeout` |
+//! | `attempt_timeout` | bounds each attempt (needs `retry` or `hedging`); same forms as `timeout` |
 //! | `retry` | table, below |
+//! | `hedging` | table, below: further attempts while earlier ones run (async calls only) |
 //! | `circuit_breaker` | table, below |
 //! | `bulkhead` | table, below |
 //! | `cooldown` | table, below (`{}` for the defaults) |
@@ -74,8 +75,13 @@
 //! `policies` lists the policies in force in declaration order, as the
 //! builder would declare them: `["coalesce", "timeout", "retry",
 //! "attempt_timeout", "circuit_breaker", "bulkhead", "cooldown",
-//! "rate_limiter", "adaptive_limit", "chaos"]` is the full list. The list must read the way
-//! the pipeline nests: `coalesce` first, `timeout` (the
+//! "rate_limiter", "adaptive_limit", "chaos"]` is the full list with a
+//! retry; `hedging` takes the place of `retry` (a pipeline lists one of the
+//! two), so `["timeout", "hedging", "attempt_timeout", "circuit_breaker",
+//! "bulkhead", "rate_limiter"]` is the standard hedging pipeline: one
+//! timeout for the whole call, each hedged attempt with its own timeout,
+//! breaker record and bulkhead slot. The list must read the way the
+//! pipeline nests: `coalesce` first, `timeout` (the
 //! whole call) before `retry`, `attempt_timeout` after it. Each stateful
 //! policy is listed once, on either side: after `retry` (the default order)
 //! it guards each attempt, before it the whole call (one admission and one
@@ -104,7 +110,21 @@
 //! | `jitter` | `"none"`, `"full"`, `"equal"` or a percentage `"20%"` (proportional, ±20%) | `"none"` |
 //! | `budget` | `{ ratio = 0.2, max_tokens = 10 }`: retries limited to a share of calls | none; `max_tokens` 10 |
 //!
-//! A retry budget keeps its tokens across a reload that does not change it.
+//! A retry budget keeps its tokens across a reload that does not change it
+//! (a hedging budget too).
+//!
+//! ## `hedging`
+//! | key | value | default |
+//! | --- | --- | --- |
+//! | `mode` | `"latency"` (the next attempt when the previous one has not answered within `delay`), `"parallel"` (all at once) or `"fallback"` (the next attempt only after a failure) | `"latency"` |
+//! | `delay` | the latency mode's delay (not for the other modes) | required in mode latency |
+//! | `max_hedged_attempts` | attempts beyond the first, 1 to 10 | `1` |
+//! | `budget` | `{ ratio = 0.1, max_tokens = 10 }`: hedged attempts limited to a share of calls (the retry budget's rule) | none; `max_tokens` 10 |
+//!
+//! The dynamic mode (a delay generator), `hedge_if` and the on-hedging hook
+//! are code: declare them with the builder ([`crate::hedge`]). A pipeline
+//! with hedging runs async calls only (`run`); its sync `call` returns
+//! [`Error::Config`](crate::Error::Config).
 //!
 //! ## `circuit_breaker`
 //! | key | value | default |

@@ -16,6 +16,7 @@ use crate::chaos::Chaos;
 use crate::coalesce::Coalesce;
 use crate::cooldown::Cooldown;
 use crate::error::ConfigError;
+use crate::hedge::Hedging;
 use crate::pipeline::Declared;
 use crate::rate_limit::RateLimiter;
 use crate::retry::{Retry, RetryBudget};
@@ -44,6 +45,11 @@ pub(super) fn resolve(
         PolicyKind::RateLimiter => {
             Declared::RateLimiter(rate_limiter(layers.ok_or_else(missing)?)?)
         }
+        // Defaults for everything but the delay of the latency mode.
+        PolicyKind::Hedging => Declared::Hedging(hedging(layers.unwrap_or(Layers {
+            own: None,
+            base: None,
+        }))?),
         PolicyKind::Chaos => Declared::Chaos(chaos(layers.ok_or_else(missing)?)?),
         // Defaults for everything: a listed limit needs no section.
         PolicyKind::AdaptiveLimit => {
@@ -58,6 +64,20 @@ pub(super) fn resolve(
             base: None,
         }))),
     })
+}
+
+/// Hedging's modes, by their registered words.
+const HEDGING_MODES: [(&str, HedgingModeKind); 3] = [
+    ("latency", HedgingModeKind::Latency),
+    ("parallel", HedgingModeKind::Parallel),
+    ("fallback", HedgingModeKind::Fallback),
+];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HedgingModeKind {
+    Latency,
+    Parallel,
+    Fallback,
 }
 
 /// The backoffs, by their registered words.
@@ -205,15 +225,68 @@ fn retry(l: Layers<'_, Section>) -> Result<Retry, ConfigError> {
     if let Some(j) = l.get(|r| r.jitter("jitter")) {
         r = r.jitter(j);
     }
-    if let Some(b) = Layers::of(
-        l.own.and_then(|r| r.table("budget")),
-        l.base.and_then(|r| r.table("budget")),
-    ) {
-        let ratio = required(b.get(|b| b.number("ratio")), P, "budget.ratio", "0.2")?;
-        let max_tokens = b.get(|b| b.count("max_tokens")).unwrap_or(10);
-        r = r.budget(RetryBudget::new(ratio, max_tokens));
+    if let Some(b) = budget(&l, P)? {
+        r = r.budget(b);
     }
     Ok(r)
+}
+
+/// The budget table of the retry or hedging (`policy`).
+fn budget(
+    l: &Layers<'_, Section>,
+    policy: &'static str,
+) -> Result<Option<RetryBudget>, ConfigError> {
+    let Some(b) = Layers::of(
+        l.own.and_then(|r| r.table("budget")),
+        l.base.and_then(|r| r.table("budget")),
+    ) else {
+        return Ok(None);
+    };
+    let ratio = required(b.get(|b| b.number("ratio")), policy, "budget.ratio", "0.2")?;
+    let max_tokens = b.get(|b| b.count("max_tokens")).unwrap_or(10);
+    Ok(Some(RetryBudget::new(ratio, max_tokens)))
+}
+
+/// Hedging: the latency mode unless `mode` says otherwise; its `delay`
+/// only for the latency mode (the dynamic mode's generator comes from
+/// code).
+fn hedging(l: Layers<'_, Section>) -> Result<Hedging, ConfigError> {
+    const P: &str = crate::hedge::NAME;
+    let kind_from_own = l.own_sets(|h| h.choice("mode"));
+    let mode = chosen(
+        &HEDGING_MODES,
+        l.get(|h| h.choice("mode")),
+        HedgingModeKind::Latency,
+    );
+    let mut h = match mode {
+        HedgingModeKind::Latency => {
+            let delay = required(l.get(|h| h.duration("delay")), P, "delay", "\"100ms\"")?.0;
+            Hedging::latency(delay)
+        }
+        other => {
+            if l.stray(kind_from_own, |h| h.duration("delay")) {
+                return Err(ConfigError::new(
+                    P,
+                    "delay",
+                    format!(
+                        "applies only to mode latency, not {}",
+                        word(&HEDGING_MODES, other)
+                    ),
+                ));
+            }
+            match other {
+                HedgingModeKind::Parallel => Hedging::parallel(),
+                _ => Hedging::fallback(),
+            }
+        }
+    };
+    if let Some(n) = l.get(|h| h.count("max_hedged_attempts")) {
+        h = h.max_hedged_attempts(n);
+    }
+    if let Some(b) = budget(&l, P)? {
+        h = h.budget(b);
+    }
+    Ok(h)
 }
 
 fn breaker(l: Layers<'_, Section>) -> Result<CircuitBreaker, ConfigError> {

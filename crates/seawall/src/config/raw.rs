@@ -691,6 +691,7 @@ impl Resolved {
         for (_, p) in &self.policies {
             builder = builder.declare(match (p, budget) {
                 (Declared::Retry(r), Some(b)) => Declared::Retry(r.clone().budget(b.clone())),
+                (Declared::Hedging(h), Some(b)) => Declared::Hedging(h.clone().budget(b.clone())),
                 _ => p.clone(),
             });
         }
@@ -700,10 +701,12 @@ impl Resolved {
         builder
     }
 
-    /// The retry budget, if the retry has one.
+    /// The budget of the retry or of hedging (a pipeline has at most one
+    /// of them), if it has one.
     pub(crate) fn budget(&self) -> Option<&RetryBudget> {
         self.policies.iter().find_map(|(_, p)| match p {
             Declared::Retry(r) => r.budget.as_ref(),
+            Declared::Hedging(h) => h.budget.as_ref(),
             _ => None,
         })
     }
@@ -756,6 +759,8 @@ fn order(own: &RawPipeline, base: Option<&RawPipeline>) -> Result<Vec<PolicyName
     };
     let kinds: Vec<PolicyKind> = order.iter().map(|p| p.kind()).collect();
     let has_retry = kinds.iter().any(|k| k.place() == Place::Retry);
+    // The policy that makes the attempts: the retry, or hedging.
+    let retry = seawall_order::attempts_by(&kinds).map_or("retry", PolicyKind::name);
     for (i, name) in order.iter().enumerate() {
         let Some(attempt) = name.kind.attempt_name() else {
             continue;
@@ -764,19 +769,21 @@ fn order(own: &RawPipeline, base: Option<&RawPipeline>) -> Result<Vec<PolicyName
         match (name.after_retry, scope(&kinds, i)) {
             (false, Scope::Attempt) => {
                 return Err(err(format!(
-                    "lists `{call}` after `retry`: `{call}` bounds the whole call and comes before `retry`; use `{attempt}` to bound each attempt"
+                    "lists `{call}` after `{retry}`: `{call}` bounds the whole call and comes before `{retry}`; use `{attempt}` to bound each attempt"
                 )))
             }
             (true, Scope::Call) if !has_retry => {
                 return Err(ConfigError::new(
                     "pipeline",
                     attempt,
-                    format!("needs a `retry` policy; without retries use `{call}`"),
+                    format!(
+                        "needs a `retry` or `hedging` policy; without either use `{call}`"
+                    ),
                 ))
             }
             (true, Scope::Call) => {
                 return Err(err(format!(
-                    "lists `{attempt}` before `retry`: it bounds each attempt and comes after `retry`"
+                    "lists `{attempt}` before `{retry}`: it bounds each attempt and comes after `{retry}`"
                 )))
             }
             _ => {}
@@ -812,6 +819,7 @@ mod tests {
                 "coalesce",
                 "timeout",
                 "retry",
+                "hedging",
                 "attempt_timeout",
                 "circuit_breaker",
                 "bulkhead",
@@ -865,6 +873,10 @@ mod tests {
                 PolicyKind::RateLimiter => (
                     "rate_limiter = { limit = 1, period = \"1s\" }",
                     Pipeline::builder("a").rate_limiter(RateLimiter::gcra(1, ms(1000))),
+                ),
+                PolicyKind::Hedging => (
+                    "hedging = { delay = \"1s\" }",
+                    Pipeline::builder("a").hedging(crate::Hedging::latency(ms(1000))),
                 ),
                 PolicyKind::Chaos => (
                     "chaos = { rate = 0.5, latency = \"1s\" }",

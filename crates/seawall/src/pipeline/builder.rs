@@ -23,6 +23,7 @@ use crate::context::{intern, Context};
 use crate::cooldown::Cooldown;
 use crate::error::{ConfigError, Error};
 use crate::event::{Event, Listener, Listeners};
+use crate::hedge::Hedging;
 use crate::rate_limit::RateLimiter;
 use crate::retry::Retry;
 use crate::store::{MemoryStore, ResourceSpec, ResourceState, StateStore};
@@ -191,6 +192,38 @@ impl<K: Kind> PipelineBuilder<K> {
         self.declare(Declared::Retry(retry))
     }
 
+    /// Adds hedging (async only; see [`crate::hedge`]): further attempts
+    /// of the call start while earlier ones run, and the first acceptable
+    /// answer wins. It takes the place of [`retry`](Self::retry) (a
+    /// pipeline declares one of the two): a timeout declared after it
+    /// bounds each hedged attempt, stateful policies declared after it
+    /// guard each hedged attempt (a bulkhead slot and a circuit record per
+    /// attempt), those declared before it the whole call. A blocking
+    /// [`Pipeline::call`] on a pipeline with hedging returns
+    /// [`Error::Config`] without running the operation.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use seawall::{Bulkhead, CircuitBreaker, Hedging, Pipeline};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let pipeline = Pipeline::builder("quotes-doc")
+    ///     .timeout(Duration::from_secs(1)) // the whole call
+    ///     .hedging(Hedging::latency(Duration::from_millis(20)).max_hedged_attempts(2))
+    ///     .circuit_breaker(CircuitBreaker::consecutive_failures(5)) // each attempt
+    ///     .bulkhead(Bulkhead::new(8)) // a slot per attempt
+    ///     .build()?;
+    /// let quote = pipeline.run(|ctx| async move { Ok::<_, std::io::Error>(ctx.attempt()) }).await?;
+    /// assert_eq!(quote, 1);
+    /// let e = pipeline.call(|_ctx| Ok::<_, std::io::Error>(0)).unwrap_err();
+    /// assert!(matches!(e, seawall::Error::Config(_)));
+    /// # Ok(()) }
+    /// ```
+    pub fn hedging(self, hedging: Hedging) -> Self {
+        self.declare(Declared::Hedging(hedging))
+    }
+
     /// Adds a timeout: for the whole call when declared before `retry` (or
     /// when there is no retry), for each attempt when declared after it.
     /// Takes a `Duration` (lenient in sync code) or a [`Timeout`].
@@ -340,6 +373,23 @@ impl<K: Kind> PipelineBuilder<K> {
         })
     }
 
+    /// Hedges only errors matching `predicate`: with
+    /// [`hedging`](Self::hedging), an error the classifier judges a
+    /// retryable failure starts the next hedged attempt only when it
+    /// matches; any other error is an acceptable answer and ends the call.
+    /// `abort_if` wins over it. (The retry is narrowed by
+    /// [`retry_if`](Self::retry_if).)
+    pub fn hedge_if<E, F>(self, predicate: F) -> PipelineBuilder<K::Out>
+    where
+        K: ErrorKind<E>,
+        F: Fn(&E) -> bool + Send + Sync + 'static,
+    {
+        self.map_errors(move |mut h| {
+            h.hedge_if = Some(Arc::new(predicate));
+            h
+        })
+    }
+
     /// Calls `hook(error, attempt, delay)` before each retry wait.
     pub fn on_retry<E, F>(self, hook: F) -> PipelineBuilder<K::Out>
     where
@@ -485,6 +535,7 @@ impl<K: Kind> PipelineBuilder<K> {
         Assembly {
             name: self.name,
             retry: sorted.retry,
+            hedging: sorted.hedging,
             overall_timeout: sorted.overall_timeout,
             attempt_timeout: sorted.attempt_timeout,
             call: sorted.call,
@@ -510,6 +561,7 @@ impl<K: Kind> PipelineBuilder<K> {
 struct Assembly<K: Kind> {
     name: String,
     retry: Option<Retry>,
+    hedging: Option<Hedging>,
     overall_timeout: Option<Timeout>,
     attempt_timeout: Option<Timeout>,
     call: Guards,
@@ -554,12 +606,15 @@ impl<K: Kind> Assembly<K> {
                     && call_gate.is_none()
                     && self.adaptive.is_none()
                     && !any_timeout
+                    && self.hedging.is_none()
                     && self.retry.as_ref().is_none_or(|r| r.budget.is_none()),
+                general: call_gate.is_some() || self.hedging.is_some(),
             };
         Ok(Pipeline {
             shared: Arc::new(Shared {
                 name: intern(&self.name),
                 retry: self.retry,
+                hedging: self.hedging,
                 overall_timeout: self.overall_timeout,
                 attempt_timeout: self.attempt_timeout,
                 gate,

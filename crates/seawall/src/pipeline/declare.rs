@@ -14,6 +14,7 @@ use crate::chaos::Chaos;
 use crate::coalesce::Coalesce;
 use crate::cooldown::Cooldown;
 use crate::error::ConfigError;
+use crate::hedge::Hedging;
 use crate::rate_limit::RateLimiter;
 use crate::retry::Retry;
 use crate::timeout::Timeout;
@@ -57,6 +58,7 @@ declared! {
     Bulkhead(Bulkhead),
     Cooldown(Cooldown),
     RateLimiter(RateLimiter),
+    Hedging(Hedging),
     Chaos(Chaos),
     AdaptiveLimit(AdaptiveLimit),
 }
@@ -116,6 +118,12 @@ impl Validate for Coalesce {
     }
 }
 
+impl Validate for Hedging {
+    fn validate_in(&self, _: Option<Duration>) -> Result<(), ConfigError> {
+        self.validate()
+    }
+}
+
 impl Validate for RateLimiter {
     fn validate_in(&self, _: Option<Duration>) -> Result<(), ConfigError> {
         self.validate()
@@ -126,6 +134,7 @@ impl Validate for RateLimiter {
 #[derive(Default)]
 pub(crate) struct Sorted {
     pub(crate) retry: Option<Retry>,
+    pub(crate) hedging: Option<Hedging>,
     pub(crate) overall_timeout: Option<Timeout>,
     pub(crate) attempt_timeout: Option<Timeout>,
     /// The stateful policies declared before the retry: they guard the
@@ -193,6 +202,7 @@ pub(crate) fn sort(declared: Vec<Declared>, kinds: &[PolicyKind]) -> Sorted {
                 Scope::Attempt => s.attempt_timeout = Some(t),
             },
             Declared::Retry(r) => s.retry = Some(r),
+            Declared::Hedging(h) => s.hedging = Some(h),
             Declared::CircuitBreaker(c) => level.circuit = Some(c),
             Declared::Bulkhead(b) => level.bulkhead = Some(b),
             Declared::Cooldown(c) => level.cooldown = Some(c),
@@ -214,8 +224,24 @@ pub(crate) fn misplaced(e: Misplaced) -> ConfigError {
             scope.describe(),
             e.rule.reason()
         ),
-        Rule::BeforeRetry => format!("is declared before `retry`; {}", e.rule.reason()),
+        Rule::BeforeRetry { retry } => {
+            format!("is declared before `{}`; {}", retry.name(), e.rule.reason())
+        }
+        Rule::RetryAndHedging { .. } => format!(
+            "is declared with `{}`; {}",
+            other_maker(e.kind).name(),
+            e.rule.reason()
+        ),
         Rule::NotFirst => format!("is declared after another policy; {}", e.rule.reason()),
     };
     ConfigError::new("pipeline", e.kind.name(), rule)
+}
+
+/// The other policy that makes attempts: the retry for hedging, hedging
+/// for the retry.
+pub(crate) fn other_maker(kind: PolicyKind) -> PolicyKind {
+    match kind {
+        PolicyKind::Hedging => PolicyKind::Retry,
+        _ => PolicyKind::Hedging,
+    }
 }

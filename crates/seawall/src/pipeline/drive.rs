@@ -5,14 +5,19 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::AtomicBool;
-use std::task::{Context as TaskContext, Poll};
+use std::task::{ready, Context as TaskContext, Poll};
 
-use super::engine::{Admit, Call, Driver, Ended, Finish, First, Owned, Quick};
+use super::engine::{
+    Admit, Call, Driver, Ended, Failure, Finish, First, Lane, Owned, Pending, Quick, Refused,
+};
 use super::kind::{Handles, HandlesSync};
 use super::{Kind, Pipeline};
 use crate::classify::Verdict;
+use crate::clock::Sleep;
 use crate::context::{Context, PartitionKey};
-use crate::error::Error;
+use crate::error::{ConfigError, Error};
+use crate::event::HedgeTrigger;
+use crate::store::{Admission, Recorded, Reservation, StoreFuture};
 use crate::timeout::WithDeadline;
 
 /// What an attempt's future gives: the operation's result, and maybe the
@@ -91,6 +96,9 @@ impl<K: Kind> Pipeline<K> {
             .then(|| First::start(self, partition))
             .flatten();
         let Some(mut first) = first else {
+            if shared.hedging.is_some() {
+                return Err(Error::Config(Box::new(hedging_is_async())));
+            }
             let call = Call::start(self, partition, Driver::Sync)
                 .weighted(weight)
                 .reporting_fallback(fallback_seen);
@@ -176,10 +184,17 @@ impl<K: Kind> Pipeline<K> {
             .then(|| First::start(self, partition))
             .flatten();
         let Some(mut first) = first else {
-            let call = Call::start(self, partition, Driver::Async)
-                .weighted(weight)
-                .reporting_fallback(fallback_seen);
-            return async_loop(Owned(call), op, None).await;
+            let mut call = Owned(
+                Call::start(self, partition, Driver::Async)
+                    .weighted(weight)
+                    .reporting_fallback(fallback_seen),
+            );
+            if shared.hedging.is_some() {
+                // By reference: the hedged loop's future stays small, so
+                // the driver's does not grow for the calls that never hedge.
+                return hedged_loop(&mut call, &mut op).await;
+            }
+            return async_loop(call, op, None).await;
         };
         let mut held = first.hold();
         let from = match first.admit(&mut held) {
@@ -289,6 +304,7 @@ where
                     call.retry();
                     break;
                 }
+                Ended::Hedge(_) => unreachable!("a blocking call never hedges"),
             }
         }
     };
@@ -378,6 +394,9 @@ where
                     call.retry();
                     break;
                 }
+                Ended::Hedge(_) => {
+                    unreachable!("only the hedged loop runs a pipeline with hedging")
+                }
             }
         }
     };
@@ -403,5 +422,397 @@ impl Future for YieldNow {
         self.0 = true;
         cx.waker().wake_by_ref();
         Poll::Pending
+    }
+}
+
+/// The refusal of a blocking call on a pipeline with hedging.
+#[cold]
+fn hedging_is_async() -> ConfigError {
+    ConfigError::new(
+        crate::hedge::NAME,
+        "call",
+        "is async only: hedged attempts run concurrently and the losers are dropped, which a \
+         blocking call on one thread cannot do; call `run`",
+    )
+}
+
+pin_project_lite::pin_project! {
+    /// One attempt of a hedged call: the operation's future, after the
+    /// latency a chaos policy injected, or the result it injected instead.
+    struct Attempt<Fut, T, E> {
+        #[pin]
+        delay: Option<Sleep>,
+        injected: Option<Result<T, E>>,
+        #[pin]
+        op: Option<Fut>,
+    }
+}
+
+impl<Fut, T, E> Future for Attempt<Fut, T, E>
+where
+    Fut: Future,
+    Fut::Output: AttemptOutput<T, E>,
+{
+    type Output = (Result<T, E>, Option<Verdict>);
+
+    fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        if let Some(delay) = this.delay.as_mut().as_pin_mut() {
+            ready!(delay.poll(cx));
+            this.delay.set(None);
+        }
+        if let Some(result) = this.injected.take() {
+            return Poll::Ready((result, None));
+        }
+        match this.op.as_pin_mut() {
+            Some(op) => op.poll(cx).map(AttemptOutput::split),
+            // An attempt holds an operation or an injected result; the
+            // latter was taken when it completed.
+            None => Poll::Pending,
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// Where one attempt of a hedged call stands: each state awaits what
+    /// the engine asked for (a wait, the store) or the attempt itself.
+    #[project = StepProj]
+    enum Step<'g, Fut, T, E> {
+        /// To be admitted.
+        Start,
+        /// A deferred admission, waiting.
+        Waiting { #[pin] sleep: Sleep },
+        Asking { future: StoreFuture<'g, Admission> },
+        AskingReserving { future: StoreFuture<'g, (Admission, Option<Reservation>)> },
+        Running { #[pin] attempt: WithDeadline<'g, Attempt<Fut, T, E>> },
+        /// The attempt's outcome, given to the store.
+        Recording { future: StoreFuture<'g, Recorded>, pending: Option<Pending<T, E>> },
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// An attempt of a hedged call: what it holds (entered into the call
+    /// for each step) and where it stands.
+    struct HedgedLane<'g, Fut, T, E> {
+        lane: Lane<'g>,
+        #[pin]
+        step: Step<'g, Fut, T, E>,
+    }
+}
+
+impl<'g, Fut, T, E> HedgedLane<'g, Fut, T, E> {
+    fn new(lane: Lane<'g>) -> Self {
+        HedgedLane {
+            lane,
+            step: Step::Start,
+        }
+    }
+}
+
+/// What a step of a hedged attempt came to.
+enum Progress<'g, T, E> {
+    /// Still under way; `started` when its operation started in this step
+    /// (the next hedge is timed from then).
+    Pending { started: bool },
+    /// The call is decided (its result, or its outcome for the call's gate
+    /// to record first).
+    Decided(Ended<'g, T, E>),
+    /// The attempt failed; hedging goes on.
+    Failed(Failure<E>),
+    /// The attempt's gate refused it.
+    Refused(Refused),
+}
+
+/// Takes one attempt of a hedged call as far as it goes, entered into the
+/// call for its steps.
+fn poll_lane<'g, K, T, E, Op, Fut>(
+    call: &mut Call<'g, K>,
+    op: &mut Op,
+    lane: Pin<&mut HedgedLane<'g, Fut, T, E>>,
+    cx: &mut TaskContext<'_>,
+) -> Progress<'g, T, E>
+where
+    K: Handles<T, E>,
+    Op: FnMut(Context) -> Fut,
+    Fut: Future,
+    Fut::Output: AttemptOutput<T, E>,
+{
+    let this = lane.project();
+    call.swap_lane(this.lane);
+    let progress = step_lane(call, op, this.step, cx);
+    call.swap_lane(this.lane);
+    progress
+}
+
+fn step_lane<'g, K, T, E, Op, Fut>(
+    call: &mut Call<'g, K>,
+    op: &mut Op,
+    mut step: Pin<&mut Step<'g, Fut, T, E>>,
+    cx: &mut TaskContext<'_>,
+) -> Progress<'g, T, E>
+where
+    K: Handles<T, E>,
+    Op: FnMut(Context) -> Fut,
+    Fut: Future,
+    Fut::Output: AttemptOutput<T, E>,
+{
+    let mut started = false;
+    loop {
+        let admit = match step.as_mut().project() {
+            StepProj::Start => call.admit(),
+            StepProj::Waiting { sleep } => match sleep.poll(cx) {
+                Poll::Ready(()) => call.waited(),
+                Poll::Pending => return Progress::Pending { started },
+            },
+            StepProj::Asking { future } => match Pin::new(future).poll(cx) {
+                Poll::Ready(answer) => call.admitted(answer),
+                Poll::Pending => return Progress::Pending { started },
+            },
+            StepProj::AskingReserving { future } => match Pin::new(future).poll(cx) {
+                Poll::Ready(answer) => call.admitted_reserving(answer),
+                Poll::Pending => return Progress::Pending { started },
+            },
+            StepProj::Running { attempt } => {
+                let ended = match attempt.poll(cx) {
+                    Poll::Ready(Some((result, judged))) => call.ended(Some(result), judged),
+                    Poll::Ready(None) => call.ended(None, None),
+                    Poll::Pending => return Progress::Pending { started },
+                };
+                match after_attempt(call, step.as_mut(), ended) {
+                    Some(progress) => return progress,
+                    None => continue,
+                }
+            }
+            StepProj::Recording { future, pending } => {
+                let answer = match Pin::new(future).poll(cx) {
+                    Poll::Ready(answer) => answer,
+                    Poll::Pending => return Progress::Pending { started },
+                };
+                let pending = pending.take().expect("a record waits with its outcome");
+                let ended = call.recorded(pending, answer);
+                match after_attempt(call, step.as_mut(), ended) {
+                    Some(progress) => return progress,
+                    None => continue,
+                }
+            }
+        };
+        match admit {
+            Admit::Run(ctx) => {
+                let attempt = if call.has_chaos() {
+                    let injection = call.inject::<T, E>(&ctx);
+                    let delay =
+                        (!injection.delay.is_zero()).then(|| call.clock().sleep(injection.delay));
+                    let op = match injection.result {
+                        Some(_) => None,
+                        None => Some(op(ctx)),
+                    };
+                    Attempt {
+                        delay,
+                        injected: injection.result,
+                        op,
+                    }
+                } else {
+                    Attempt {
+                        delay: None,
+                        injected: None,
+                        op: Some(op(ctx)),
+                    }
+                };
+                let attempt = WithDeadline::new(attempt, call.clock(), call.deadline());
+                step.set(Step::Running { attempt });
+                started = true;
+            }
+            Admit::Ask(request) => step.set(Step::Asking {
+                future: call.store().admit_async(request),
+            }),
+            Admit::AskReserving(request, reserve) => step.set(Step::AskingReserving {
+                future: call.store().admit_reserving_async(request, reserve),
+            }),
+            Admit::Wait(wait) => step.set(Step::Waiting {
+                sleep: call.clock().sleep(wait),
+            }),
+            Admit::Refused(r) => return Progress::Refused(r),
+        }
+    }
+}
+
+/// What the end of an attempt (or of its record) leaves to the lane: a
+/// progress to report, or `None` when the lane goes on (a record to await).
+fn after_attempt<'g, K, Fut, T, E>(
+    call: &mut Call<'g, K>,
+    mut step: Pin<&mut Step<'g, Fut, T, E>>,
+    ended: Ended<'g, T, E>,
+) -> Option<Progress<'g, T, E>>
+where
+    K: Handles<T, E>,
+{
+    match ended {
+        Ended::Done(result) => Some(Progress::Decided(Ended::Done(result))),
+        // The call is decided (a success wins when it is seen, not once a
+        // remote store has recorded it): the other attempts are dropped,
+        // then the store records the outcome.
+        Ended::Record(record, pending @ (Pending::Done(_) | Pending::Success(_))) => {
+            Some(Progress::Decided(Ended::Record(record, pending)))
+        }
+        // A failure is decided once recorded.
+        Ended::Record(record, pending) => {
+            step.set(Step::Recording {
+                future: call.store().record_async(record),
+                pending: Some(pending),
+            });
+            None
+        }
+        Ended::Hedge(failure) => Some(Progress::Failed(failure)),
+        Ended::Retry(_) => unreachable!("a pipeline with hedging has no retry"),
+    }
+}
+
+/// The loop of a hedged call (async only): the first attempt, then hedged
+/// ones as the engine says (after a delay from the start of the latest, at
+/// once after a failure), until an answer wins; the other attempts are
+/// dropped then. Each attempt's steps are the engine's, entered into the
+/// call ([`Call::swap_lane`]). The first attempt lives in this future; a
+/// hedged one is boxed when it starts, so a call that never hedges does
+/// not allocate.
+async fn hedged_loop<K, T, E, Op, Fut>(call: &mut Owned<'_, K>, op: &mut Op) -> Result<T, Error<E>>
+where
+    K: Handles<T, E>,
+    Op: FnMut(Context) -> Fut,
+    Fut: Future,
+    Fut::Output: AttemptOutput<T, E>,
+{
+    // The first attempt's state stays in the call (a hedge's is swapped in
+    // for its steps and out again); only its step lives here.
+    let mut primary = std::pin::pin!(Step::<'_, Fut, T, E>::Start);
+    let mut primary_running = true;
+    let mut hedges: Vec<Pin<Box<HedgedLane<'_, Fut, T, E>>>> = Vec::new();
+    let mut timer = std::pin::pin!(None::<Sleep>);
+    let mut last: Option<Failure<E>> = None;
+    let decided = std::future::poll_fn(|cx| {
+        let call = &mut call.0;
+        // A spurious poll of a sleep on the virtual clock moves the clock
+        // to the earliest sleep it knows of, so each attempt started and
+        // each timer armed is polled (registered) before any other lane:
+        // a new lane goes right after the one that started it, the timer
+        // is armed as soon as the latest attempt starts, and a lane started
+        // by the timer is polled in a pass of its own.
+        let mut from = 0;
+        let mut first_pass = true;
+        loop {
+            let mut i = if first_pass { 0 } else { from + 1 };
+            // The first attempt (index 0 while it runs), then the hedges.
+            while i < 1 + hedges.len() {
+                let on_primary = i == 0;
+                if on_primary && !primary_running {
+                    i += 1;
+                    continue;
+                }
+                let running = usize::from(primary_running) + hedges.len();
+                call.set_others(u32::try_from(running - 1).unwrap_or(u32::MAX));
+                let (attempt, progress) = match on_primary {
+                    true => (1, step_lane(call, op, primary.as_mut(), cx)),
+                    false => {
+                        let lane = hedges[i - 1].as_mut();
+                        (lane.lane.attempt(), poll_lane(call, op, lane, cx))
+                    }
+                };
+                let mut next = None;
+                let done = match progress {
+                    Progress::Pending { started } => {
+                        // The latest attempt started: the next one is
+                        // timed from now.
+                        if started && attempt == call.launched() {
+                            timer.set(None);
+                            match call.hedge_delay() {
+                                Some(d) if d.is_zero() => next = call.hedge(HedgeTrigger::Delay),
+                                Some(d) => {
+                                    timer.set(Some(call.clock().sleep(d)));
+                                    if let Some(sleep) = timer.as_mut().as_pin_mut() {
+                                        // Registers it; a zero wait is
+                                        // never armed.
+                                        let _ = sleep.poll(cx);
+                                    }
+                                }
+                                None => {}
+                            }
+                        }
+                        false
+                    }
+                    Progress::Decided(ended) => return Poll::Ready(ended),
+                    Progress::Failed(failure) => {
+                        last = Some(failure);
+                        if let Some(lane) = call.hedge(HedgeTrigger::Failure) {
+                            timer.set(None);
+                            next = Some(lane);
+                        }
+                        true
+                    }
+                    Progress::Refused(r) if running > 1 => {
+                        call.hedge_refused(r);
+                        true
+                    }
+                    Progress::Refused(r) => return Poll::Ready(Ended::Done(Err(call.refused(r)))),
+                };
+                match (done, on_primary) {
+                    (false, _) => i += 1,
+                    (true, true) => {
+                        primary_running = false;
+                        primary.set(Step::Start);
+                        i += 1;
+                    }
+                    (true, false) => drop(hedges.remove(i - 1)),
+                }
+                // Polled next.
+                if let Some(lane) = next {
+                    hedges.insert(i.max(1) - 1, Box::pin(HedgedLane::new(lane)));
+                    i = i.max(1);
+                }
+            }
+            first_pass = false;
+            from = hedges.len();
+            if let Some(sleep) = timer.as_mut().as_pin_mut() {
+                if sleep.poll(cx).is_ready() {
+                    timer.set(None);
+                    if let Some(lane) = call.hedge(HedgeTrigger::Delay) {
+                        hedges.push(Box::pin(HedgedLane::new(lane)));
+                    }
+                }
+            }
+            if !primary_running && hedges.is_empty() {
+                let failure = last
+                    .take()
+                    .expect("an attempt that ended without deciding failed");
+                return Poll::Ready(call.hedges_exhausted(failure));
+            }
+            if hedges.len() == from {
+                return Poll::Pending;
+            }
+        }
+    })
+    .await;
+    // The losers are dropped before the call's outcome is recorded and the
+    // fallback runs: they give back what they hold, without an outcome.
+    drop(hedges);
+    if primary_running {
+        primary.set(Step::Start);
+    }
+    call.hedging_decided();
+    let mut ended = decided;
+    let result = loop {
+        match ended {
+            Ended::Done(result) => break result,
+            Ended::Record(record, pending) => {
+                let answer = call.store().record_async(record).await;
+                ended = call.recorded(pending, answer);
+            }
+            Ended::Retry(_) | Ended::Hedge(_) => unreachable!("a decided hedged call"),
+        }
+    };
+    match call.finish(result) {
+        Finish::Done(result) => result,
+        Finish::Fallback(fallback) => {
+            let result = fallback.await;
+            call.fell_back(result)
+        }
     }
 }

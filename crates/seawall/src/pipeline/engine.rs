@@ -167,6 +167,12 @@ pub(crate) enum Ended<'g, T, E> {
     /// Wait this long (an async driver yields when it is zero), then call
     /// [`Call::retry`] and admit the next attempt.
     Retry(Duration),
+    /// A hedged attempt failed in a way hedging answers with a further
+    /// attempt, and the call goes on: another attempt is under way or may
+    /// start. The driver keeps the failure (the call's answer if no other
+    /// comes: [`Call::hedges_exhausted`]) and starts the next attempt now
+    /// if one is left ([`Call::hedge`]).
+    Hedge(Failure<E>),
 }
 
 /// An attempt's outcome waiting for the store to record it.
@@ -257,6 +263,52 @@ pub(crate) struct Call<'g, K: Kind> {
     /// Set when the fallback made the call's result (a coalesced call's
     /// leader asks, not to cache a fallback's value).
     fallback_seen: Option<&'g AtomicBool>,
+    /// Hedging: the attempts started so far (the first included).
+    launched: u32,
+    /// Hedging: the attempts under way besides the one entered.
+    others: u32,
+    /// Hedging: no further attempt starts (its budget was empty).
+    hedge_closed: bool,
+}
+
+/// What one attempt under way holds, apart from its call: a hedged call
+/// has several attempts in flight, keeps each one's in a `Lane`, and
+/// enters it into the call ([`Call::swap_lane`]) for each of the
+/// attempt's steps, so every step is the engine's own. A lane dropped
+/// before its attempt ended (a loser) gives back what it holds, as a
+/// dropped call does.
+pub(crate) struct Lane<'g> {
+    gate: Option<&'g Gate>,
+    partition: Option<&'g PartitionKey>,
+    attempt: u32,
+    at: Option<u64>,
+    deadline: Option<Deadline>,
+    permit: Option<Permit>,
+    waiting: Option<Waiting>,
+    /// The adaptive limit of the pipeline and the lane's slot of it.
+    adaptive: Option<&'g Limiter>,
+    lease: Option<Lease>,
+}
+
+impl Drop for Lane<'_> {
+    fn drop(&mut self) {
+        if self.permit.is_some() || self.waiting.is_some() || self.lease.is_some() {
+            abandon_lease(self.adaptive, self.lease.take(), self.waiting);
+            abandon(
+                self.gate,
+                self.partition,
+                self.permit.take(),
+                self.waiting.take(),
+            );
+        }
+    }
+}
+
+impl Lane<'_> {
+    /// The attempt number of the lane (1 for the call's first attempt).
+    pub(crate) fn attempt(&self) -> u32 {
+        self.attempt
+    }
 }
 
 /// A call that gives back what it holds when it is dropped before its end
@@ -358,6 +410,9 @@ impl<'g, K: Kind> Call<'g, K> {
         if let Some(b) = shared.retry.as_ref().and_then(|r| r.budget.as_ref()) {
             b.deposit();
         }
+        if let Some(b) = shared.hedging.as_ref().and_then(|h| h.budget.as_ref()) {
+            b.deposit();
+        }
         let listening = shared.listeners.enabled();
         let (started, overall, at, deadline) = begin(shared, partition, listening);
         Call {
@@ -383,6 +438,9 @@ impl<'g, K: Kind> Call<'g, K> {
             weight: 1,
             lease: None,
             fallback_seen: None,
+            launched: 1,
+            others: 0,
+            hedge_closed: false,
         }
     }
 
@@ -1332,43 +1390,106 @@ impl<'g, K: Kind> Call<'g, K> {
     where
         K: Handles<T, E>,
     {
+        if self.pipeline.shared.hedging.is_some() {
+            return self.decide_hedged(failure);
+        }
         match self.next(failure.verdict, failure.error.as_ref()) {
             Next::Retry(delay) => Ended::Retry(delay),
-            Next::Stop(reason) => {
-                let attempts = self.attempt;
-                let budget = matches!(reason, StopReason::Budget);
-                // The call's outcome: a timeout is a failure, an error is
-                // judged by its verdict.
-                let outcome = match failure.error {
-                    Some(_) => outcome_of(failure.verdict),
-                    None => Outcome::Failure,
-                };
-                let hint = failure.verdict.retry_after();
-                let err = match (failure.error, failure.timed_out) {
-                    (Some(e), _) => match reason {
-                        StopReason::NotRetried => Error::Operation(e),
-                        StopReason::Exhausted | StopReason::Deadline => {
-                            Error::RetryExhausted { attempts, last: e }
-                        }
-                        StopReason::Budget => self.budget_refusal(),
-                    },
-                    (None, Some(d)) => match reason {
-                        StopReason::Budget => self.budget_refusal(),
-                        _ => Error::Timeout(
-                            TimeoutError::new(d.scope, d.after, attempts)
-                                .for_resource(self.pipeline.shared.name),
-                        ),
-                    },
-                    (None, None) => unreachable!("a failed attempt has an error or a timeout"),
-                };
-                if budget {
-                    // A refusal of seawall's own: no outcome for the call.
-                    self.release_call();
-                    return Ended::Done(Err(err));
-                }
-                self.done(Err(err), outcome, hint)
-            }
+            Next::Stop(reason) => self.stop(failure, reason),
         }
+    }
+
+    /// After a failed hedged attempt (recorded): a failure that hedging
+    /// answers ([`hedged`](Self::hedged)) lets the call go on while another
+    /// attempt is under way or may start; any other ends the call.
+    fn decide_hedged<T, E>(&mut self, failure: Failure<E>) -> Ended<'g, T, E>
+    where
+        K: Handles<T, E>,
+    {
+        let hedged = self.hedged(&failure);
+        if hedged && (self.others > 0 || self.may_hedge()) {
+            return Ended::Hedge(failure);
+        }
+        let reason = match hedged && self.launched > 1 {
+            true => StopReason::Exhausted,
+            false => StopReason::NotRetried,
+        };
+        self.stop(failure, reason)
+    }
+
+    /// Whether hedging answers `failure` with a further attempt: a
+    /// retryable failure that `hedge_if` does not decline, or an attempt
+    /// that timed out (not the whole call).
+    fn hedged<T, E>(&self, failure: &Failure<E>) -> bool
+    where
+        K: Handles<T, E>,
+    {
+        failure.verdict.is_retryable()
+            && failure
+                .error
+                .as_ref()
+                .is_none_or(|e| K::hedges(&self.pipeline.shared.handlers, e))
+    }
+
+    /// The end of a hedged call whose attempts all failed: `failure`, the
+    /// last one's, is the call's error.
+    pub(crate) fn hedges_exhausted<T, E>(&mut self, failure: Failure<E>) -> Ended<'g, T, E>
+    where
+        K: Handles<T, E>,
+    {
+        let reason = match self.launched > 1 {
+            true => StopReason::Exhausted,
+            false => StopReason::NotRetried,
+        };
+        self.stop(failure, reason)
+    }
+
+    /// The attempts the call made: the attempt under way, or for a hedged
+    /// call every attempt started.
+    fn attempts(&self) -> u32 {
+        match self.pipeline.shared.hedging {
+            Some(_) => self.launched,
+            None => self.attempt,
+        }
+    }
+
+    /// The call ends with the failure of its last attempt.
+    fn stop<T, E>(&mut self, failure: Failure<E>, reason: StopReason) -> Ended<'g, T, E>
+    where
+        K: Handles<T, E>,
+    {
+        let attempts = self.attempts();
+        let budget = matches!(reason, StopReason::Budget);
+        // The call's outcome: a timeout is a failure, an error is
+        // judged by its verdict.
+        let outcome = match failure.error {
+            Some(_) => outcome_of(failure.verdict),
+            None => Outcome::Failure,
+        };
+        let hint = failure.verdict.retry_after();
+        let err = match (failure.error, failure.timed_out) {
+            (Some(e), _) => match reason {
+                StopReason::NotRetried => Error::Operation(e),
+                StopReason::Exhausted | StopReason::Deadline => {
+                    Error::RetryExhausted { attempts, last: e }
+                }
+                StopReason::Budget => self.budget_refusal(),
+            },
+            (None, Some(d)) => match reason {
+                StopReason::Budget => self.budget_refusal(),
+                _ => Error::Timeout(
+                    TimeoutError::new(d.scope, d.after, attempts)
+                        .for_resource(self.pipeline.shared.name),
+                ),
+            },
+            (None, None) => unreachable!("a failed attempt has an error or a timeout"),
+        };
+        if budget {
+            // A refusal of seawall's own: no outcome for the call.
+            self.release_call();
+            return Ended::Done(Err(err));
+        }
+        self.done(Err(err), outcome, hint)
     }
 
     fn budget_refusal<E>(&self) -> Error<E> {
@@ -1432,6 +1553,130 @@ impl<'g, K: Kind> Call<'g, K> {
         if self.needs_time() {
             let now = self.read_clock();
             self.begin_at(now);
+        }
+    }
+
+    // -------------------------------------------------------------- hedging
+
+    /// The hedging of the pipeline (the hedged driver runs only with one).
+    fn hedging(&self) -> &'g crate::hedge::Hedging {
+        self.pipeline
+            .shared
+            .hedging
+            .as_ref()
+            .expect("the hedged driver runs a pipeline with hedging")
+    }
+
+    /// A further attempt may start: some are left and the budget was not
+    /// found empty.
+    fn may_hedge(&self) -> bool {
+        !self.hedge_closed && self.launched <= self.hedging().max_hedged_attempts
+    }
+
+    /// The attempts started so far (the number of the latest).
+    pub(crate) fn launched(&self) -> u32 {
+        self.launched
+    }
+
+    /// The attempts under way besides the one entered, for the decision on
+    /// its failure (the driver counts its lanes).
+    pub(crate) fn set_others(&mut self, others: u32) {
+        self.others = others;
+    }
+
+    /// When the next attempt starts, counted from the start of the latest
+    /// one: after this delay, or `None` when only a failure starts it (or
+    /// none is left).
+    pub(crate) fn hedge_delay(&self) -> Option<Duration> {
+        if !self.may_hedge() {
+            return None;
+        }
+        match self.hedging().delay_before(self.launched + 1) {
+            crate::hedge::HedgeDelay::After(d) => Some(d),
+            crate::hedge::HedgeDelay::OnFailure => None,
+        }
+    }
+
+    fn empty_lane(&self, attempt: u32) -> Lane<'g> {
+        Lane {
+            gate: self.pipeline.shared.gate.as_ref(),
+            partition: self.partition,
+            attempt,
+            at: None,
+            deadline: None,
+            permit: None,
+            waiting: None,
+            adaptive: self.pipeline.shared.adaptive.as_ref(),
+            lease: None,
+        }
+    }
+
+    /// Enters `lane` into the call for a step of its attempt, or takes it
+    /// back out (the same swap): the call holds what the lane held, the
+    /// lane what the call held.
+    pub(crate) fn swap_lane(&mut self, lane: &mut Lane<'g>) {
+        std::mem::swap(&mut self.attempt, &mut lane.attempt);
+        std::mem::swap(&mut self.at, &mut lane.at);
+        std::mem::swap(&mut self.deadline, &mut lane.deadline);
+        std::mem::swap(&mut self.permit, &mut lane.permit);
+        std::mem::swap(&mut self.waiting, &mut lane.waiting);
+        std::mem::swap(&mut self.lease, &mut lane.lease);
+    }
+
+    /// Starts the next hedged attempt, `trigger` saying why: `None` when
+    /// none is left or the budget is empty (reported once; no further
+    /// attempt starts in this call). The lane's attempt begins now (its
+    /// deadline from now); the hook sees its context, the event reports it.
+    /// Admit it like any attempt, entered into the call.
+    pub(crate) fn hedge(&mut self, trigger: crate::event::HedgeTrigger) -> Option<Lane<'g>> {
+        if !self.may_hedge() {
+            return None;
+        }
+        let hedging = self.hedging();
+        let attempt = self.launched + 1;
+        if let Some(b) = &hedging.budget {
+            if !b.withdraw() {
+                self.hedge_closed = true;
+                self.emit(|| EventKind::HedgeBudgetExhausted { attempt });
+                return None;
+            }
+        }
+        self.launched = attempt;
+        let now = self.read_clock();
+        let mut lane = self.empty_lane(attempt);
+        lane.at = Some(now);
+        lane.deadline = attempt_deadline(&self.pipeline.shared, now, self.overall);
+        let ctx = context_of(
+            &self.pipeline.shared,
+            attempt,
+            lane.deadline,
+            self.partition,
+        );
+        hedging.hedging_hook(&ctx);
+        self.emit(|| EventKind::HedgeStarted { attempt, trigger });
+        Some(lane)
+    }
+
+    /// The hedged call is decided: the first attempt, if it lost, gives
+    /// back what it holds (its state is the call's own), and the call's
+    /// attempt is now the latest one started (for the fallback's context).
+    pub(crate) fn hedging_decided(&mut self) {
+        if self.permit.is_some() || self.waiting.is_some() {
+            abandon(
+                self.pipeline.shared.gate.as_ref(),
+                self.partition,
+                self.permit.take(),
+                self.waiting.take(),
+            );
+        }
+        self.attempt = self.launched;
+    }
+
+    /// A hedged attempt refused by the attempt's gate while others are
+    /// under way: it does not start (reported), the call goes on.
+    pub(crate) fn hedge_refused(&mut self, refused: Refused) {
+        if let Refused::Rejected(r) = refused {
+            let _ = self.reject::<()>(r);
         }
     }
 
@@ -1502,7 +1747,7 @@ impl<'g, K: Kind> Call<'g, K> {
 
     #[cold]
     fn call_finished(&self, outcome: CallOutcome) {
-        let attempts = self.attempt;
+        let attempts = self.attempts();
         let duration = Duration::from_nanos(self.read_clock().saturating_sub(self.started));
         self.emit(|| EventKind::CallFinished {
             attempts,
@@ -1663,16 +1908,17 @@ impl Drop for Held<'_> {
 }
 
 impl<'g, K: Kind> First<'g, K> {
-    /// Starts a call on the ordinary path, or `None` when someone listens
-    /// or the pipeline has a call-level gate or chaos policies (the general
-    /// loop then runs it from the start).
+    /// Starts a call on the ordinary path, or `None` when someone listens,
+    /// the pipeline has a call-level gate or hedging
+    /// ([`Plan::general`](super::Plan::general)) or chaos policies that may
+    /// inject (the general loop then runs it from the start).
     #[inline(always)]
     pub(crate) fn start(
         pipeline: &'g Pipeline<K>,
         partition: Option<&'g PartitionKey>,
     ) -> Option<Self> {
         let shared = &*pipeline.shared;
-        if shared.listeners.enabled() || shared.call_gate.is_some() || shared.chaos_may_inject() {
+        if shared.listeners.enabled() || shared.plan.general || shared.chaos_may_inject() {
             return None;
         }
         if let Some(b) = shared.retry.as_ref().and_then(|r| r.budget.as_ref()) {
@@ -1811,6 +2057,9 @@ impl<'g, K: Kind> First<'g, K> {
             weight: 1,
             lease: held.lease.take(),
             fallback_seen: None,
+            launched: 1,
+            others: 0,
+            hedge_closed: false,
         })
     }
 }

@@ -88,6 +88,8 @@ pub struct ErrorHandlers<E> {
     pub(crate) retry_if: Option<Predicate<E>>,
     pub(crate) abort_if: Option<Predicate<E>>,
     pub(crate) on_retry: Option<RetryHook<E>>,
+    /// Narrows the errors hedging answers with a further attempt.
+    pub(crate) hedge_if: Option<Predicate<E>>,
     /// The fault generators of the pipeline's chaos policies, in
     /// declaration order ([`Action::Fault`](crate::chaos::Action) is an
     /// index into it).
@@ -106,6 +108,7 @@ impl<E> Clone for ErrorHandlers<E> {
             retry_if: self.retry_if.clone(),
             abort_if: self.abort_if.clone(),
             on_retry: self.on_retry.clone(),
+            hedge_if: self.hedge_if.clone(),
             faults: self.faults.clone(),
             outcomes: self.outcomes.clone(),
         }
@@ -119,6 +122,7 @@ impl<E> Default for ErrorHandlers<E> {
             retry_if: None,
             abort_if: None,
             on_retry: None,
+            hedge_if: None,
             faults: Vec::new(),
             outcomes: Vec::new(),
         }
@@ -132,6 +136,7 @@ impl<E> fmt::Debug for ErrorHandlers<E> {
             .field("retry_if", &self.retry_if.is_some())
             .field("abort_if", &self.abort_if.is_some())
             .field("on_retry", &self.on_retry.is_some())
+            .field("hedge_if", &self.hedge_if.is_some())
             .field("faults", &self.faults.len())
             .finish()
     }
@@ -154,6 +159,10 @@ impl<E> ErrorHandlers<E> {
         if let Some(h) = &self.on_retry {
             h(e, attempt, delay)
         }
+    }
+
+    fn hedges(&self, e: &E) -> bool {
+        self.hedge_if.as_ref().is_none_or(|p| p(e))
     }
 
     /// The error of the chaos fault generator `slot` for the attempt `ctx`.
@@ -224,6 +233,10 @@ pub trait Handles<T, E>: Kind {
     fn verdict_or(h: &Self::Handlers, e: &E, judged: Option<Verdict>) -> Verdict;
     #[doc(hidden)]
     fn on_retry(h: &Self::Handlers, e: &E, attempt: u32, delay: Duration);
+    /// `false` when `hedge_if` declines this error: hedging does not answer
+    /// it with a further attempt.
+    #[doc(hidden)]
+    fn hedges(h: &Self::Handlers, e: &E) -> bool;
     /// The error of the chaos fault generator `slot` (none for a kind
     /// that does not know `E`: it has no fault generator).
     #[doc(hidden)]
@@ -279,6 +292,9 @@ impl<T, E: 'static> Handles<T, E> for AnyResult {
         default_verdict(e, judged)
     }
     fn on_retry(_: &(), _: &E, _: u32, _: Duration) {}
+    fn hedges(_: &(), _: &E) -> bool {
+        true
+    }
     fn chaos_fault(_: &(), _: usize, _: &Context) -> Option<E> {
         None
     }
@@ -305,6 +321,9 @@ impl<T, E: 'static> Handles<T, E> for ErrorType<E> {
     }
     fn on_retry(h: &ErrorHandlers<E>, e: &E, attempt: u32, delay: Duration) {
         h.on_retry(e, attempt, delay)
+    }
+    fn hedges(h: &ErrorHandlers<E>, e: &E) -> bool {
+        h.hedges(e)
     }
     fn chaos_fault(h: &ErrorHandlers<E>, slot: usize, ctx: &Context) -> Option<E> {
         h.fault(slot, ctx)
@@ -333,6 +352,9 @@ impl<T: 'static, E: 'static> Handles<T, E> for ValueType<T, E> {
     fn on_retry(h: &ErrorHandlers<E>, e: &E, attempt: u32, delay: Duration) {
         h.on_retry(e, attempt, delay)
     }
+    fn hedges(h: &ErrorHandlers<E>, e: &E) -> bool {
+        h.hedges(e)
+    }
     fn chaos_fault(h: &ErrorHandlers<E>, slot: usize, ctx: &Context) -> Option<E> {
         h.fault(slot, ctx)
     }
@@ -360,6 +382,9 @@ impl<T: 'static, E: 'static> Handles<T, E> for WithFallback<T, E> {
     fn on_retry(h: &Self::Handlers, e: &E, attempt: u32, delay: Duration) {
         h.errors.on_retry(e, attempt, delay)
     }
+    fn hedges(h: &Self::Handlers, e: &E) -> bool {
+        h.errors.hedges(e)
+    }
     fn chaos_fault(h: &Self::Handlers, slot: usize, ctx: &Context) -> Option<E> {
         h.errors.fault(slot, ctx)
     }
@@ -386,6 +411,9 @@ impl<T: 'static, E: 'static> Handles<T, E> for WithAsyncFallback<T, E> {
     }
     fn on_retry(h: &Self::Handlers, e: &E, attempt: u32, delay: Duration) {
         h.errors.on_retry(e, attempt, delay)
+    }
+    fn hedges(h: &Self::Handlers, e: &E) -> bool {
+        h.errors.hedges(e)
     }
     fn chaos_fault(h: &Self::Handlers, slot: usize, ctx: &Context) -> Option<E> {
         h.errors.fault(slot, ctx)

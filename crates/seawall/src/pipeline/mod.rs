@@ -74,12 +74,18 @@ pub(crate) struct Plan {
     /// with a constant context (the engine admits, times and records
     /// nothing for it).
     pub(crate) bare: bool,
+    /// Every call takes the engine's general loop from its start: the
+    /// pipeline has a call-level gate (admitted before the first attempt)
+    /// or hedging (its own loop). One flag for the ordinary path to read.
+    pub(crate) general: bool,
 }
 
 pub(crate) struct Shared<K: Kind> {
     pub(crate) plan: Plan,
     pub(crate) name: &'static str,
     pub(crate) retry: Option<Retry>,
+    /// Hedging, which makes the attempts instead of a retry (async only).
+    pub(crate) hedging: Option<crate::hedge::Hedging>,
     pub(crate) overall_timeout: Option<Timeout>,
     pub(crate) attempt_timeout: Option<Timeout>,
     /// The stateful policies declared after the retry (or without one):
@@ -149,6 +155,7 @@ impl<K: Kind> fmt::Debug for Pipeline<K> {
         f.debug_struct("Pipeline")
             .field("name", &s.name)
             .field("retry", &s.retry)
+            .field("hedging", &s.hedging)
             .field("overall_timeout", &s.overall_timeout)
             .field("attempt_timeout", &s.attempt_timeout)
             .field("stateful", &s.gate.as_ref().map(|g| &g.spec))

@@ -296,6 +296,7 @@ fn settle(result: Result<Response, Error<Failed>>) -> reqwest_middleware::Result
         Err(Error::Timeout(t)) => Error::Timeout(t),
         Err(Error::Rejected(r)) => Error::Rejected(r),
         Err(Error::Store(s)) => Error::Store(s),
+        Err(Error::Config(c)) => Error::Config(c),
     };
     Err(reqwest_middleware::Error::middleware(SendError::Pipeline(
         pipeline_error,

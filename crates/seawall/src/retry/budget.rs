@@ -10,6 +10,10 @@ const SCALE: i64 = 1000;
 /// `retry_budget_exhausted` while fewer than one token is left. The bucket
 /// holds at most `max_tokens` and starts full.
 ///
+/// The same rule limits hedging ([`Hedging::budget`](crate::Hedging::budget)):
+/// every hedged attempt spends a token, and no hedge starts while fewer
+/// than one is left.
+///
 /// Clones share one bucket, so a budget given to several pipelines limits
 /// them together. A budget of `ratio` 0.2 lets a sick dependency see at most
 /// about 20% more requests than there are calls.
@@ -72,16 +76,22 @@ impl RetryBudget {
     }
 
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_for("retry")
+    }
+
+    /// The budget's rules, its errors naming `policy` (the retry or
+    /// hedging).
+    pub(crate) fn validate_for(&self, policy: &'static str) -> Result<(), ConfigError> {
         if !(self.ratio > 0.0 && self.ratio <= 1000.0) {
             return Err(ConfigError::new(
-                "retry",
+                policy,
                 "budget.ratio",
                 format!("must be in (0, 1000], got {}", self.ratio),
             ));
         }
         if self.max_tokens == 0 {
             return Err(ConfigError::new(
-                "retry",
+                policy,
                 "budget.max_tokens",
                 "must be >= 1, got 0",
             ));

@@ -737,7 +737,7 @@ impl MemoryResource {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn root_view(&self) -> View<'_> {
         View {
             circuit: self.root.circuit.as_deref().map(|c| &c.0),

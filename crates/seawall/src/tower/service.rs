@@ -287,6 +287,7 @@ fn settle<T, E>(
         Error::Timeout(t) => Error::Timeout(t),
         Error::Rejected(r) => Error::Rejected(r),
         Error::Store(s) => Error::Store(s),
+        Error::Config(c) => Error::Config(c),
     };
     Err(ServiceError::Pipeline(error))
 }
