@@ -1064,3 +1064,62 @@ fn hedged_attempts_ask_a_remote_store_while_others_run() {
         assert_eq!(p.in_flight().unwrap(), 0);
     }
 }
+
+/// The adaptive limit after hedging guards each hedged attempt: every
+/// attempt under way holds one slot of it, and the losers dropped when an
+/// answer wins, like a call dropped with attempts under way, give theirs
+/// back.
+#[test]
+fn each_hedged_attempt_holds_a_slot_of_the_adaptive_limit_and_gives_it_back() {
+    for mode in modes() {
+        let (b, clock, _events) = mode.builder();
+        let p = b
+            .hedging(Hedging::latency(ms(10)).max_hedged_attempts(2))
+            .adaptive_limit(AdaptiveLimit::aimd().initial_limit(20))
+            .build()
+            .unwrap();
+        let in_flight = |p: &Pipeline<_>| p.concurrency_limit().unwrap().in_flight;
+        let probe = Arc::new(Probe::default());
+        let plans = [never(), never(), ok_after(5, 3)];
+        let r = block_on(call_with(&p, &clock, mode.start, &probe, &plans));
+        assert_eq!(r.unwrap(), 3, "{mode:?}");
+        assert_eq!(probe.started(), [1, 2, 3], "{mode:?}");
+        assert_eq!(probe.dropped(), [1, 2], "{mode:?}");
+        assert_eq!(in_flight(&p), 0, "{mode:?}: the losers' slots");
+
+        // A call dropped with three attempts under way.
+        let probe = Arc::new(Probe::default());
+        let plans = [never(), never(), never()];
+        let seen = block_on(async {
+            let call = call_with(&p, &clock, mode.start, &probe, &plans);
+            let mut call = std::pin::pin!(call);
+            let mut seen = 0;
+            for _ in 0..1_000 {
+                let polled = futures_poll_once(call.as_mut()).await;
+                assert!(polled.is_none(), "{mode:?}: never answers");
+                seen = seen.max(in_flight(&p));
+                if probe.started().len() == 3 {
+                    break;
+                }
+            }
+            seen
+        });
+        assert_eq!(probe.started(), [1, 2, 3], "{mode:?}");
+        assert_eq!(seen, 3, "{mode:?}: one slot per attempt under way");
+        assert_eq!(in_flight(&p), 0, "{mode:?}: a dropped call's slots");
+    }
+}
+
+/// Polls `f` once, giving the runtime a turn first.
+async fn futures_poll_once<F: std::future::Future>(
+    mut f: std::pin::Pin<&mut F>,
+) -> Option<F::Output> {
+    tokio::task::yield_now().await;
+    std::future::poll_fn(|cx| {
+        std::task::Poll::Ready(match f.as_mut().poll(cx) {
+            std::task::Poll::Ready(v) => Some(v),
+            std::task::Poll::Pending => None,
+        })
+    })
+    .await
+}
