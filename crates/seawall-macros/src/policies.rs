@@ -45,6 +45,13 @@ pub(crate) fn policy(
         PolicyKind::Cooldown => cooldown(given),
         PolicyKind::RateLimiter => rate_limiter(given, span, key)?,
         PolicyKind::Chaos => chaos(given, span, key)?,
+        // Not found by name: a policy written in code has no key here.
+        PolicyKind::CustomCall | PolicyKind::CustomAttempt => {
+            return Err(syn::Error::new(
+                span,
+                "a policy written in code is declared with `PipelineBuilder::policy`, not in the attribute",
+            ))
+        }
     };
     Ok(Built::new(kind, value))
 }

@@ -15,6 +15,14 @@
 //! The fallback is not part of the list: it is always outermost, wherever it
 //! is declared.
 //!
+//! A policy written in code (`seawall::custom`) has no entry of its own: it
+//! declares a position, one of the table's entries after `@custom`
+//! ([`PolicyKind::CUSTOM`]: around the whole call, [`Place::AroundCall`];
+//! around each attempt, [`Place::AroundAttempt`]), and is checked as that
+//! entry, any number of times. These entries have no name of their own in
+//! the surfaces (the builder and the files name such a policy by its own
+//! name) and are not in [`PolicyKind::ALL`].
+//!
 //! # Adding a policy
 //! 1. **Its module** in `seawall` (`src/<policy>/`): the settings type
 //!    with its setters and `validate()` (the numeric rules, reached by every
@@ -68,32 +76,55 @@
 //! let e = check(&[PolicyKind::Bulkhead, PolicyKind::Retry, PolicyKind::Bulkhead]).unwrap_err();
 //! assert_eq!((e.at, e.kind), (2, PolicyKind::Bulkhead));
 //! assert_eq!(e.rule, Rule::Twice { first: 0 });
+//!
+//! // A policy written in code around the call stands outside all but a
+//! // timeout of the whole call.
+//! let e = check(&[PolicyKind::CircuitBreaker, PolicyKind::CustomCall]).unwrap_err();
+//! assert_eq!(e.rule, Rule::InsideCallPolicy { outer: 0 });
 //! ```
 #![forbid(unsafe_code)]
 
 /// Declares the policies: one entry per policy,
-/// `Kind = "name" [/ "name after the retry"], Place, [settings];`.
+/// `Kind = "name" [/ "name after the retry"], Place, [settings];`, then
+/// after `@custom` the positions a policy written in code may declare,
+/// `Kind = "name", Place;` (no settings: its settings are its code's).
 macro_rules! policies {
     ($(
         $(#[$doc:meta])*
         $kind:ident = $name:literal $(/ $attempt:literal)?, $place:ident, [$($setting:expr),* $(,)?];
+    )*
+    @custom
+    $(
+        $(#[$cdoc:meta])*
+        $ckind:ident = $cname:literal, $cplace:ident;
     )*) => {
-        /// A policy a pipeline can declare.
+        /// A policy a pipeline can declare: one of the table, or a policy
+        /// written in code at the position it declares.
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
         pub enum PolicyKind {
             $( $(#[$doc])* $kind, )*
+            $( $(#[$cdoc])* $ckind, )*
         }
 
         impl PolicyKind {
-            /// Every policy, in registration order: the order in which a
-            /// pipeline nests them when nothing else says.
+            /// Every policy of the table, in registration order: the order
+            /// in which a pipeline nests them when nothing else says. The
+            /// positions of policies written in code are in
+            /// [`CUSTOM`](Self::CUSTOM), not here: they have no section, no
+            /// key and no settings of their own.
             pub const ALL: &'static [PolicyKind] = &[$(PolicyKind::$kind),*];
 
+            /// The positions a policy written in code may declare.
+            pub const CUSTOM: &'static [PolicyKind] = &[$(PolicyKind::$ckind),*];
+
             /// The policy's name, as the builder method, the configuration
-            /// key and the attribute key spell it.
+            /// key and the attribute key spell it (for a policy written in
+            /// code, the name of its position: the builder and the
+            /// configuration files name such a policy by its own name).
             pub const fn name(self) -> &'static str {
                 match self {
                     $(PolicyKind::$kind => $name,)*
+                    $(PolicyKind::$ckind => $cname,)*
                 }
             }
 
@@ -101,6 +132,7 @@ macro_rules! policies {
             pub const fn place(self) -> Place {
                 match self {
                     $(PolicyKind::$kind => Place::$place,)*
+                    $(PolicyKind::$ckind => Place::$cplace,)*
                 }
             }
 
@@ -110,18 +142,26 @@ macro_rules! policies {
             pub const fn attempt_name(self) -> Option<&'static str> {
                 match self {
                     $(PolicyKind::$kind => optional!($($attempt)?),)*
+                    $(PolicyKind::$ckind => None,)*
                 }
             }
 
             /// The policy's settings, in the order the configuration files
-            /// and the attribute list them.
+            /// and the attribute list them (none for a policy written in
+            /// code).
             pub const fn settings(self) -> &'static [Setting] {
                 match self {
                     $(PolicyKind::$kind => {
                         const SETTINGS: &[Setting] = &[$($setting),*];
                         SETTINGS
                     })*
+                    $(PolicyKind::$ckind => &[],)*
                 }
+            }
+
+            /// `true` for the position of a policy written in code.
+            pub const fn is_custom(self) -> bool {
+                matches!(self, $(PolicyKind::$ckind)|*)
             }
         }
     };
@@ -200,10 +240,20 @@ policies! {
         Setting::duration("latency"),
         Setting::flag("enabled"),
     ];
+    @custom
+    /// A policy written in code (`seawall::custom`) that stands around the
+    /// whole call: before the retry, outside every policy of the call but a
+    /// timeout of the whole call.
+    CustomCall = "custom_call", AroundCall;
+    /// A policy written in code that stands around each attempt: after the
+    /// retry, inside the timeouts and the stateful policies that cover the
+    /// attempt, outside chaos.
+    CustomAttempt = "custom_attempt", AroundAttempt;
 }
 
 impl PolicyKind {
-    /// The policy named `name` (its [`name`](Self::name)).
+    /// The policy of the table named `name` (its [`name`](Self::name));
+    /// the positions of policies written in code are not found by name.
     pub fn from_name(name: &str) -> Option<PolicyKind> {
         Self::ALL.iter().copied().find(|k| k.name() == name)
     }
@@ -401,6 +451,18 @@ pub enum Place {
     /// After the retry (or in a pipeline without one), any number of times:
     /// it acts on each attempt (chaos injection).
     Attempt,
+    /// A policy written in code around the whole call, any number of
+    /// times: before the retry, and declared before every other policy of
+    /// the call but a timeout of the whole call (which may stand on either
+    /// side of it: around it, one deadline bounds the policy and every
+    /// pass it makes through the rest of the call; inside it, each pass
+    /// gets the whole timeout).
+    AroundCall,
+    /// A policy written in code around each attempt, any number of times:
+    /// after the retry (or in a pipeline without one), declared after the
+    /// timeouts and the stateful policies that cover the attempt, and
+    /// before chaos (which acts on the operation itself, inside it).
+    AroundAttempt,
 }
 
 /// What a policy covers at its position.
@@ -477,8 +539,31 @@ pub enum Rule {
         /// The first declaration.
         first: usize,
     },
-    /// A policy of [`Place::Attempt`] declared before the retry.
+    /// A policy of [`Place::Attempt`] or [`Place::AroundAttempt`] declared
+    /// before the retry.
     BeforeRetry,
+    /// A policy of [`Place::AroundCall`] declared after the retry.
+    AfterRetry,
+    /// A policy of [`Place::AroundCall`] declared after `outer`, a policy
+    /// of the call it must stand around (anything but a timeout or another
+    /// policy around the call).
+    InsideCallPolicy {
+        /// The policy it is declared inside of.
+        outer: usize,
+    },
+    /// A policy of [`Place::AroundAttempt`] declared before `inner`, a
+    /// policy covering the attempt that it must stand inside of (anything
+    /// but chaos or another policy around the attempt).
+    OutsideAttemptPolicy {
+        /// The policy it is declared around.
+        inner: usize,
+    },
+    /// A policy of [`Place::AroundAttempt`] declared after chaos (`chaos`,
+    /// its index), which acts on the operation inside it.
+    InsideChaos {
+        /// The chaos policy.
+        chaos: usize,
+    },
 }
 
 impl Rule {
@@ -495,6 +580,35 @@ impl Rule {
                 "it acts on each attempt: declare it after `retry` (acting once around the \
                  whole call is not supported)"
             }
+            Rule::AfterRetry => {
+                "it acts once around the whole call: declare it before `retry` (a policy \
+                 around each attempt declares that position)"
+            }
+            Rule::InsideCallPolicy { .. } => {
+                "a policy around the whole call stands outside every other policy of the \
+                 call but a timeout of the whole call: declare it before them"
+            }
+            Rule::OutsideAttemptPolicy { .. } => {
+                "a policy around each attempt stands inside the timeouts and the stateful \
+                 policies that cover the attempt: declare it after them"
+            }
+            Rule::InsideChaos { .. } => {
+                "chaos acts on the operation itself, inside the policies around each \
+                 attempt: declare it after them"
+            }
+        }
+    }
+
+    /// The other declaration the rule is about (the first of a policy
+    /// declared twice, the policy it is wrongly inside of or around), if
+    /// any.
+    pub const fn other(&self) -> Option<usize> {
+        match *self {
+            Rule::Twice { first } | Rule::SecondOnSide { first, .. } => Some(first),
+            Rule::InsideCallPolicy { outer } => Some(outer),
+            Rule::OutsideAttemptPolicy { inner } => Some(inner),
+            Rule::InsideChaos { chaos } => Some(chaos),
+            Rule::BeforeRetry | Rule::AfterRetry => None,
         }
     }
 }
@@ -508,15 +622,45 @@ pub fn check(declared: &[PolicyKind]) -> Result<(), Misplaced> {
     let has_retry = declared.iter().any(|k| k.place() == Place::Retry);
     for (i, &kind) in declared.iter().enumerate() {
         let here = scope(declared, i);
-        if kind.place() == Place::Attempt {
-            if has_retry && here == Scope::Call {
-                return Err(Misplaced {
-                    at: i,
-                    kind,
-                    rule: Rule::BeforeRetry,
-                });
+        let misplaced = |rule| Err(Misplaced { at: i, kind, rule });
+        match kind.place() {
+            Place::Attempt | Place::AroundAttempt if has_retry && here == Scope::Call => {
+                return misplaced(Rule::BeforeRetry);
             }
-            continue;
+            Place::Attempt => continue,
+            Place::AroundCall => {
+                if here == Scope::Attempt {
+                    return misplaced(Rule::AfterRetry);
+                }
+                // Only a timeout of the whole call, or another policy
+                // around it, may stand outside.
+                let inside = |j: &usize| {
+                    !matches!(declared[*j].place(), Place::EitherSide | Place::AroundCall)
+                };
+                if let Some(outer) = (0..i).find(inside) {
+                    return misplaced(Rule::InsideCallPolicy { outer });
+                }
+                continue;
+            }
+            Place::AroundAttempt => {
+                if let Some(chaos) = (0..i).find(|&j| declared[j].place() == Place::Attempt) {
+                    return misplaced(Rule::InsideChaos { chaos });
+                }
+                // Only chaos, or another policy around the attempt, may
+                // stand inside (a policy around the call declared later is
+                // misplaced by its own rule).
+                let around = |j: &usize| {
+                    !matches!(
+                        declared[*j].place(),
+                        Place::Attempt | Place::AroundAttempt | Place::AroundCall
+                    )
+                };
+                if let Some(inner) = (i + 1..declared.len()).find(around) {
+                    return misplaced(Rule::OutsideAttemptPolicy { inner });
+                }
+                continue;
+            }
+            Place::Retry | Place::EitherSide | Place::Stateful => {}
         }
         let earlier = |j: &usize| {
             declared[*j] == kind
@@ -525,9 +669,9 @@ pub fn check(declared: &[PolicyKind]) -> Result<(), Misplaced> {
         if let Some(first) = (0..i).find(earlier) {
             let rule = match kind.place() {
                 Place::EitherSide => Rule::SecondOnSide { scope: here, first },
-                Place::Retry | Place::Stateful | Place::Attempt => Rule::Twice { first },
+                _ => Rule::Twice { first },
             };
-            return Err(Misplaced { at: i, kind, rule });
+            return misplaced(rule);
         }
     }
     Ok(())
@@ -681,6 +825,65 @@ mod tests {
     }
 
     #[test]
+    fn a_policy_around_the_call_stands_outside_all_but_a_timeout() {
+        assert_eq!(check(&[CustomCall, CustomCall, Retry]), Ok(()));
+        assert_eq!(check(&[Timeout, CustomCall, Retry, Timeout]), Ok(()));
+        assert_eq!(check(&[CustomCall, Timeout, CustomCall]), Ok(()));
+        assert_eq!(check(&[CustomCall, CircuitBreaker, Retry, Chaos]), Ok(()));
+        let e = check(&[Retry, CustomCall]).unwrap_err();
+        assert_eq!((e.at, e.rule), (1, Rule::AfterRetry));
+        let e = check(&[Bulkhead, CustomCall, Retry]).unwrap_err();
+        assert_eq!((e.at, e.rule), (1, Rule::InsideCallPolicy { outer: 0 }));
+        // Without a retry too: the stateful policies guard the one attempt,
+        // inside the policy.
+        let e = check(&[Timeout, Chaos, CustomCall]).unwrap_err();
+        assert_eq!((e.at, e.rule), (2, Rule::InsideCallPolicy { outer: 1 }));
+        assert_eq!(e.rule.other(), Some(1));
+    }
+
+    #[test]
+    fn a_policy_around_the_attempt_stands_inside_all_but_chaos() {
+        assert_eq!(check(&[Retry, CustomAttempt, CustomAttempt, Chaos]), Ok(()));
+        assert_eq!(
+            check(&[
+                CircuitBreaker,
+                Timeout,
+                Retry,
+                Timeout,
+                Bulkhead,
+                CustomAttempt
+            ]),
+            Ok(())
+        );
+        assert_eq!(check(&[Timeout, RateLimiter, CustomAttempt, Chaos]), Ok(()));
+        assert_eq!(check(&[CustomCall, Retry, CustomAttempt]), Ok(()));
+        let e = check(&[CustomAttempt, Retry]).unwrap_err();
+        assert_eq!((e.at, e.rule), (0, Rule::BeforeRetry));
+        let e = check(&[Retry, CustomAttempt, Timeout]).unwrap_err();
+        assert_eq!((e.at, e.rule), (1, Rule::OutsideAttemptPolicy { inner: 2 }));
+        let e = check(&[CustomAttempt, CircuitBreaker]).unwrap_err();
+        assert_eq!((e.at, e.rule), (0, Rule::OutsideAttemptPolicy { inner: 1 }));
+        let e = check(&[Retry, Chaos, CustomAttempt]).unwrap_err();
+        assert_eq!((e.at, e.rule), (2, Rule::InsideChaos { chaos: 1 }));
+        // A policy around the call declared after one around the attempt
+        // is the one misplaced.
+        let e = check(&[Retry, CustomAttempt, CustomCall]).unwrap_err();
+        assert_eq!((e.at, e.rule), (2, Rule::AfterRetry));
+        let e = check(&[CustomAttempt, CustomCall]).unwrap_err();
+        assert_eq!((e.at, e.rule), (1, Rule::InsideCallPolicy { outer: 0 }));
+    }
+
+    #[test]
+    fn positions_of_code_are_not_in_the_table() {
+        for k in PolicyKind::CUSTOM {
+            assert!(k.is_custom() && !PolicyKind::ALL.contains(k));
+            assert_eq!(PolicyKind::from_name(k.name()), None);
+            assert!(k.settings().is_empty() && k.attempt_name().is_none());
+        }
+        assert!(PolicyKind::ALL.iter().all(|k| !k.is_custom()));
+    }
+
+    #[test]
     fn the_first_broken_rule_in_list_order_is_reported() {
         let e = check(&[CircuitBreaker, CircuitBreaker, Retry]).unwrap_err();
         assert_eq!(e.rule, Rule::Twice { first: 0 });
@@ -689,20 +892,40 @@ mod tests {
     }
 
     /// Every list of up to four declarations, against the rules counted
-    /// per side of the first retry.
+    /// per side of the first retry, and the positions of policies written
+    /// in code stated as what stands before and after them.
     #[test]
     fn agrees_with_a_count_of_each_side() {
         fn accepted(d: &[PolicyKind]) -> bool {
             let retry = d.iter().position(|k| *k == Retry);
             let (before, after) = d.split_at(retry.unwrap_or(d.len()));
             let count = |s: &[PolicyKind], k| s.iter().filter(|x| **x == k).count();
-            PolicyKind::ALL.iter().all(|&k| match k {
+            let counted = PolicyKind::ALL.iter().all(|&k| match k {
                 Timeout => count(before, k) <= 1 && count(after, k) <= 1,
                 Chaos => retry.is_none() || count(before, k) == 0,
                 _ => count(d, k) <= 1,
-            })
+            });
+            let placed = d.iter().enumerate().all(|(i, k)| match k {
+                CustomCall => {
+                    retry.is_none_or(|r| i < r)
+                        && d[..i].iter().all(|o| matches!(o, Timeout | CustomCall))
+                }
+                CustomAttempt => {
+                    retry.is_none_or(|r| i > r)
+                        && d[i + 1..]
+                            .iter()
+                            .all(|o| matches!(o, Chaos | CustomAttempt))
+                        && !d[..i].contains(&Chaos)
+                }
+                _ => true,
+            });
+            counted && placed
         }
-        let all = PolicyKind::ALL;
+        let all: Vec<PolicyKind> = PolicyKind::ALL
+            .iter()
+            .chain(PolicyKind::CUSTOM)
+            .copied()
+            .collect();
         let mut lists: Vec<Vec<PolicyKind>> = vec![Vec::new()];
         for _ in 0..4 {
             let longer: Vec<Vec<PolicyKind>> = lists
@@ -718,7 +941,7 @@ mod tests {
                 .collect();
             lists.extend(longer);
         }
-        assert_eq!(lists.len(), 1 + 7 + 49 + 343 + 2401);
+        assert_eq!(lists.len(), 1 + 9 + 81 + 729 + 6561);
         for l in &lists {
             assert_eq!(check(l).is_ok(), accepted(l), "{l:?}");
         }

@@ -280,6 +280,8 @@ pub enum RejectionReason {
     CooldownExceedsDeadline,
     /// The retry budget has no tokens left for another retry.
     RetryBudgetExhausted,
+    /// A policy written in code ([`crate::custom`]) refused the call.
+    PolicyRefused,
 }
 
 impl RejectionReason {
@@ -292,17 +294,19 @@ impl RejectionReason {
             RejectionReason::CooldownActive => "cooldown_active",
             RejectionReason::CooldownExceedsDeadline => "cooldown_exceeds_deadline",
             RejectionReason::RetryBudgetExhausted => "retry_budget_exhausted",
+            RejectionReason::PolicyRefused => "policy_refused",
         }
     }
 
     /// All reasons, in a stable order.
-    pub const ALL: [RejectionReason; 6] = [
+    pub const ALL: [RejectionReason; 7] = [
         RejectionReason::CircuitOpen,
         RejectionReason::BulkheadFull,
         RejectionReason::RateLimited,
         RejectionReason::CooldownActive,
         RejectionReason::CooldownExceedsDeadline,
         RejectionReason::RetryBudgetExhausted,
+        RejectionReason::PolicyRefused,
     ];
 }
 

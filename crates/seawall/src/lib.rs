@@ -1,9 +1,10 @@
 //! Seawall: a resilience toolbox for Rust.
 //!
 //! Retry (backoff + jitter + budget), circuit breaker, timeout, bulkhead,
-//! rate limiter, cooldown and fallback, composed into one [`Pipeline`], with
-//! state that can be shared across processes through a [`StateStore`]
-//! (in-memory by default, Redis with `seawall-redis`).
+//! rate limiter, cooldown, fallback and chaos injection, composed into one
+//! [`Pipeline`] with policies of your own ([`custom`]), with state that can
+//! be shared across processes through a [`StateStore`] (in-memory by
+//! default, Redis with `seawall-redis`).
 //!
 //! ```
 //! use std::time::Duration;
@@ -67,7 +68,9 @@
 //! when declared after the retry (or without one), and the whole call when
 //! declared before it: one admission and one outcome per call (see
 //! [`PipelineBuilder`]). On each side they are checked in that order. The
-//! fallback is always outermost.
+//! fallback is always outermost. A policy written in code declares whether
+//! it stands around the whole call or around each attempt, and the same
+//! order rules place it ([`custom`]).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -80,6 +83,7 @@ pub mod clock;
 pub mod config;
 pub mod context;
 pub mod cooldown;
+pub mod custom;
 pub mod error;
 pub mod event;
 pub mod fallback;

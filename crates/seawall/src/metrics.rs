@@ -48,7 +48,10 @@
 //! `event.severity` is the level of the event's `tracing` event (see
 //! [`event`](crate::event#tracing)): `debug`, `info` or `warn`.
 //! `strategy.name` is the policy's name as the builder and the
-//! configuration spell it, or `fallback`, `chaos` and `store`.
+//! configuration spell it, or `fallback`, `chaos` and `store`; for a policy
+//! written in code ([`crate::custom`]) its own name, and `custom` for its
+//! refusals (the `rejected` event of reason `policy_refused`, which does not
+//! know which policy refused: its `short_circuited` event does).
 //!
 //! | `event.name` | `strategy.name` | `event.severity` | more attributes |
 //! | --- | --- | --- | --- |
@@ -58,7 +61,8 @@
 //! | `deadline_exceeded` | `timeout` | `warn` | |
 //! | `fallback_executed` | `fallback` | `debug` | |
 //! | `chaos_injected` | `chaos` | `debug` | `chaos.kind`: `fault`, `outcome`, `latency`, `behavior` |
-//! | `rejected` | the refusing policy: `circuit_breaker`, `bulkhead`, `rate_limiter`, `cooldown`, `retry` (its budget) | `warn` for `bulkhead_full`, `rate_limited`, `retry_budget_exhausted`; `debug` for the others | `event.reason`: the [`RejectionReason`] (`circuit_open`, `bulkhead_full`, `rate_limited`, `cooldown_active`, `cooldown_exceeds_deadline`, `retry_budget_exhausted`) |
+//! | `short_circuited` | the policy written in code | `debug` | `policy.position`: `call`, `attempt` |
+//! | `rejected` | the refusing policy: `circuit_breaker`, `bulkhead`, `rate_limiter`, `cooldown`, `retry` (its budget), `custom` (a policy written in code) | `warn` for `bulkhead_full`, `rate_limited`, `retry_budget_exhausted`; `debug` for the others | `event.reason`: the [`RejectionReason`] (`circuit_open`, `bulkhead_full`, `rate_limited`, `cooldown_active`, `cooldown_exceeds_deadline`, `retry_budget_exhausted`, `policy_refused`) |
 //! | `deferred` | the policy that made the call wait | `debug` | `event.reason`: as for `rejected` |
 //! | `circuit_opened` | `circuit_breaker` | `warn` | |
 //! | `circuit_half_opened` | `circuit_breaker` | `info` | |
@@ -190,6 +194,9 @@ pub fn describe() {
     );
 }
 
+/// The `strategy.name` of a refusal by a policy written in code.
+const CUSTOM: &str = "custom";
+
 /// The `strategy.name` of the policy that refuses or defers a call for
 /// `reason`.
 fn refusing_strategy(reason: RejectionReason) -> &'static str {
@@ -201,6 +208,8 @@ fn refusing_strategy(reason: RejectionReason) -> &'static str {
             PolicyKind::Cooldown.name()
         }
         RejectionReason::RetryBudgetExhausted => PolicyKind::Retry.name(),
+        // Its name is in the policy's `short_circuited` event.
+        RejectionReason::PolicyRefused => CUSTOM,
     }
 }
 
@@ -303,6 +312,13 @@ impl Sink {
                 crate::chaos::NAME,
                 "chaos_injected",
                 Some(("chaos.kind", kind.as_str())),
+            ),
+            EventKind::ShortCircuited {
+                policy, position, ..
+            } => (
+                *policy,
+                "short_circuited",
+                Some(("policy.position", position.as_str())),
             ),
             EventKind::Rejected { reason, .. } => (
                 refusing_strategy(*reason),

@@ -43,6 +43,9 @@ pub(super) fn resolve(
             Declared::RateLimiter(rate_limiter(layers.ok_or_else(missing)?)?)
         }
         PolicyKind::Chaos => Declared::Chaos(chaos(layers.ok_or_else(missing)?)?),
+        // No section: a policy written in code is listed by name and
+        // declared by the registry that knows it.
+        PolicyKind::CustomCall | PolicyKind::CustomAttempt => return Err(missing()),
     })
 }
 

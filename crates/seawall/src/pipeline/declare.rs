@@ -11,6 +11,7 @@ use crate::breaker::CircuitBreaker;
 use crate::bulkhead::Bulkhead;
 use crate::chaos::Chaos;
 use crate::cooldown::Cooldown;
+use crate::custom::Position;
 use crate::error::ConfigError;
 use crate::rate_limit::RateLimiter;
 use crate::retry::Retry;
@@ -55,6 +56,55 @@ declared! {
     Cooldown(Cooldown),
     RateLimiter(RateLimiter),
     Chaos(Chaos),
+    CustomCall(Custom),
+    CustomAttempt(Custom),
+}
+
+/// A policy written in code ([`crate::custom`]), as declared at the
+/// position it declares (the variant of [`Declared`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Custom {
+    /// The policy's name.
+    pub(crate) name: &'static str,
+    /// Where the pipeline's typed handlers keep it; `None` for a policy a
+    /// configuration file names, until a registry binds it.
+    pub(crate) slot: Option<usize>,
+}
+
+impl Declared {
+    /// A policy written in code named `name`, at `position`.
+    pub(crate) fn custom(name: &'static str, position: Position, slot: Option<usize>) -> Self {
+        let custom = Custom { name, slot };
+        match position {
+            Position::Call => Declared::CustomCall(custom),
+            Position::Attempt => Declared::CustomAttempt(custom),
+        }
+    }
+
+    /// The policy written in code, if it is one.
+    pub(crate) fn as_custom(&self) -> Option<&Custom> {
+        match self {
+            Declared::CustomCall(c) | Declared::CustomAttempt(c) => Some(c),
+            _ => None,
+        }
+    }
+
+    /// The policy written in code, if it is one, to bind it.
+    pub(crate) fn as_custom_mut(&mut self) -> Option<&mut Custom> {
+        match self {
+            Declared::CustomCall(c) | Declared::CustomAttempt(c) => Some(c),
+            _ => None,
+        }
+    }
+
+    /// The name of the declaration in messages: a policy's registered
+    /// name, or a policy written in code's own.
+    fn name(&self) -> &'static str {
+        match self.as_custom() {
+            Some(c) => c.name,
+            None => self.kind().name(),
+        }
+    }
 }
 
 /// A policy's numeric rules: its module's `validate()`, given what they
@@ -106,6 +156,28 @@ impl Validate for RateLimiter {
     }
 }
 
+impl Validate for Custom {
+    fn validate_in(&self, _: Option<Duration>) -> Result<(), ConfigError> {
+        let name = self.name;
+        if name.trim().is_empty() {
+            return Err(ConfigError::new("policy", "name", "must not be empty"));
+        }
+        let builtin = PolicyKind::ALL
+            .iter()
+            .any(|k| k.name() == name || k.attempt_name() == Some(name));
+        if builtin {
+            return Err(ConfigError::new(
+                name,
+                "name",
+                format!(
+                    "`{name}` is the name of a built-in policy: give the policy a name of its own"
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// The declared policies by role.
 #[derive(Default)]
 pub(crate) struct Sorted {
@@ -119,6 +191,15 @@ pub(crate) struct Sorted {
     pub(crate) attempt: Guards,
     /// The chaos policies, in declaration order (each attempt).
     pub(crate) chaos: Vec<Chaos>,
+    /// The policies written in code around the whole call, in declaration
+    /// order (outermost first).
+    pub(crate) custom_call: Vec<Custom>,
+    /// How many of them stand outside the timeout of the whole call, when
+    /// it is declared among them (the others share its deadline).
+    pub(crate) custom_outside_timeout: Option<usize>,
+    /// The policies written in code around each attempt, in declaration
+    /// order.
+    pub(crate) custom_attempt: Vec<Custom>,
 }
 
 /// The stateful policies of one level (the whole call or each attempt).
@@ -133,8 +214,38 @@ pub(crate) struct Guards {
 /// Checks the order of `declared` ([`seawall_order::check`]) and gives
 /// the policies as the order rules know them.
 pub(crate) fn check_order(declared: &[Declared]) -> Result<Vec<PolicyKind>, ConfigError> {
+    // A policy a file names is bound by the registry that knows it.
+    if let Some(c) = declared
+        .iter()
+        .filter_map(Declared::as_custom)
+        .find(|c| c.slot.is_none())
+    {
+        return Err(ConfigError::new(
+            "pipeline",
+            "policies",
+            format!(
+                "lists `{}`, a policy written in code that its registry did not bind",
+                c.name
+            ),
+        ));
+    }
     let kinds: Vec<PolicyKind> = declared.iter().map(Declared::kind).collect();
-    check(&kinds).map_err(misplaced)?;
+    check(&kinds).map_err(|e| misplaced(e, declared))?;
+    // A policy written in code is its name in events, metrics and files:
+    // each is declared once.
+    for (i, d) in declared.iter().enumerate() {
+        let Some(c) = d.as_custom() else { continue };
+        let twice = declared[..i]
+            .iter()
+            .any(|o| o.as_custom().is_some_and(|o| o.name == c.name));
+        if twice {
+            return Err(ConfigError::new(
+                c.name,
+                "name",
+                "is declared twice; declare each policy once (a policy is known by its name in events, metrics and files)",
+            ));
+        }
+    }
     Ok(kinds)
 }
 
@@ -178,21 +289,58 @@ pub(crate) fn sort(declared: Vec<Declared>, kinds: &[PolicyKind]) -> Sorted {
             Declared::Cooldown(c) => level.cooldown = Some(c),
             Declared::RateLimiter(r) => level.rate_limit = Some(r),
             Declared::Chaos(c) => s.chaos.push(c),
+            Declared::CustomCall(c) => s.custom_call.push(c),
+            Declared::CustomAttempt(c) => s.custom_attempt.push(c),
+        }
+    }
+    // The timeout of the whole call among the policies around it: those
+    // declared before it stand outside it.
+    let overall = (0..kinds.len())
+        .find(|&i| kinds[i] == PolicyKind::Timeout && scope(kinds, i) == Scope::Call);
+    if let Some(at) = overall {
+        let outside = kinds[..at]
+            .iter()
+            .filter(|k| **k == PolicyKind::CustomCall)
+            .count();
+        if outside < s.custom_call.len() {
+            s.custom_outside_timeout = Some(outside);
         }
     }
     s
 }
 
-/// The builder's wording of a broken order rule: `pipeline.<policy> <rule>`.
-pub(crate) fn misplaced(e: Misplaced) -> ConfigError {
+/// The builder's wording of a broken order rule: `pipeline.<policy> <rule>`,
+/// or for a policy written in code `<name>.position <rule>`.
+pub(crate) fn misplaced(e: Misplaced, declared: &[Declared]) -> ConfigError {
+    let other = e.rule.other().map_or("", |j| declared[j].name());
+    let reason = e.rule.reason();
     let rule = match e.rule {
-        Rule::Twice { .. } => format!("is declared twice; {}", e.rule.reason()),
-        Rule::SecondOnSide { scope, .. } => format!(
-            "is declared twice for {}; {}",
-            scope.describe(),
-            e.rule.reason()
+        Rule::Twice { .. } => format!("is declared twice; {reason}"),
+        Rule::SecondOnSide { scope, .. } => {
+            format!("is declared twice for {}; {reason}", scope.describe())
+        }
+        Rule::BeforeRetry if e.kind.is_custom() => {
+            "is `attempt` (around each attempt) but the policy is declared before `retry`; \
+             declare it after `retry`, or give it the position `call` to act once around \
+             the whole call"
+                .to_owned()
+        }
+        Rule::BeforeRetry => format!("is declared before `retry`; {reason}"),
+        Rule::AfterRetry => {
+            format!("is `call` (around the whole call) but the policy is declared after `retry`; {reason}")
+        }
+        Rule::InsideCallPolicy { .. } => format!(
+            "is `call` (around the whole call) but the policy is declared after `{other}`; {reason}"
         ),
-        Rule::BeforeRetry => format!("is declared before `retry`; {}", e.rule.reason()),
+        Rule::OutsideAttemptPolicy { .. } => format!(
+            "is `attempt` (around each attempt) but the policy is declared before `{other}`; {reason}"
+        ),
+        Rule::InsideChaos { .. } => format!(
+            "is `attempt` (around each attempt) but the policy is declared after `{other}`; {reason}"
+        ),
     };
-    ConfigError::new("pipeline", e.kind.name(), rule)
+    match declared[e.at].as_custom() {
+        Some(c) => ConfigError::new(c.name, "position", rule),
+        None => ConfigError::new("pipeline", e.kind.name(), rule),
+    }
 }

@@ -43,7 +43,7 @@ impl<T, E> AttemptOutput<T, E> for Judged<T, E> {
 }
 
 /// Where the general loop takes a call over from the ordinary first steps.
-enum From<T, E> {
+pub(super) enum From<T, E> {
     /// The ordinary admission did not decide.
     Admission(Quick),
     /// The attempt ended, not in the ordinary way.
@@ -201,7 +201,10 @@ impl<K: Kind> Pipeline<K> {
 }
 
 #[inline(always)]
-fn finish_sync<K, T, E>(call: &mut Call<'_, K>, result: Result<T, Error<E>>) -> Result<T, Error<E>>
+pub(super) fn finish_sync<K, T, E>(
+    call: &mut Call<'_, K>,
+    result: Result<T, Error<E>>,
+) -> Result<T, Error<E>>
 where
     K: HandlesSync<T, E>,
 {
@@ -216,6 +219,27 @@ where
 #[inline(never)]
 fn sync_loop<K, T, E, Op>(
     mut call: Owned<'_, K>,
+    op: Op,
+    from: Option<From<T, E>>,
+) -> Result<T, Error<E>>
+where
+    K: HandlesSync<T, E>,
+    Op: FnMut(Context) -> Result<T, E>,
+{
+    // A call that has not started its attempts, wrapped by policies
+    // written in code: its passes make them.
+    if from.is_none() && call.wraps_call() {
+        return super::chain::call_around(&mut call.0, op);
+    }
+    let result = sync_attempts(&mut call, op, from);
+    finish_sync(&mut call.0, result)
+}
+
+/// The attempts of a blocking call, from where `from` says it stands, until
+/// its result before the fallback.
+#[inline(always)]
+pub(super) fn sync_attempts<K, T, E, Op>(
+    call: &mut Owned<'_, K>,
     mut op: Op,
     mut from: Option<From<T, E>>,
 ) -> Result<T, Error<E>>
@@ -223,7 +247,7 @@ where
     K: HandlesSync<T, E>,
     Op: FnMut(Context) -> Result<T, E>,
 {
-    let result = 'call: loop {
+    'call: loop {
         let mut ended = match from.take() {
             Some(From::Ended(result, judged)) => call.ended(result, judged),
             from => {
@@ -250,19 +274,13 @@ where
                     }
                 };
                 // A panic drops the call, which gives its permit back.
-                let result = if call.has_chaos() {
-                    let injection = call.inject::<T, E>(&ctx);
-                    if !injection.delay.is_zero() {
-                        call.clock().sleep_blocking(injection.delay);
-                    }
-                    match injection.result {
-                        Some(result) => result,
-                        None => op(ctx),
-                    }
+                if call.has_custom_attempt() {
+                    let (result, judged) = super::chain::attempt_sync(call, ctx, &mut op);
+                    call.ended_through(result, judged)
                 } else {
-                    op(ctx)
-                };
-                call.ended(Some(result), None)
+                    let result = operate_sync(call, ctx, &mut op);
+                    call.ended(Some(result), None)
+                }
             }
         };
         loop {
@@ -281,13 +299,90 @@ where
                 }
             }
         }
-    };
-    finish_sync(&mut call.0, result)
+    }
+}
+
+/// One run of the operation in the attempt under way of a blocking call,
+/// with the chaos policies' injection: a latency slept on the pipeline's
+/// clock, then the injected result or the operation's.
+#[inline(always)]
+pub(super) fn operate_sync<K, T, E, Op>(call: &Call<'_, K>, ctx: Context, op: Op) -> Result<T, E>
+where
+    K: Handles<T, E>,
+    Op: FnOnce(Context) -> Result<T, E>,
+{
+    if !call.has_chaos() {
+        return op(ctx);
+    }
+    let injection = call.inject::<T, E>(&ctx);
+    if !injection.delay.is_zero() {
+        call.clock().sleep_blocking(injection.delay);
+    }
+    match injection.result {
+        Some(result) => result,
+        None => op(ctx),
+    }
+}
+
+/// One run of the operation in the attempt under way of an async call,
+/// with the chaos policies' injection: a latency slept on the pipeline's
+/// clock (inside the attempt's deadline), then the injected result or the
+/// operation's, with its own verdict on its error.
+pub(super) fn operate_async<'c, K, T, E, Op, Fut>(
+    call: &Call<'c, K>,
+    ctx: Context,
+    op: Op,
+) -> impl Future<Output = (Result<T, E>, Option<Verdict>)> + use<'c, K, T, E, Op, Fut>
+where
+    K: Handles<T, E>,
+    Op: FnOnce(Context) -> Fut,
+    Fut: Future,
+    Fut::Output: AttemptOutput<T, E>,
+{
+    let injection = call.inject::<T, E>(&ctx);
+    let clock = call.clock();
+    async move {
+        if !injection.delay.is_zero() {
+            clock.sleep(injection.delay).await;
+        }
+        match injection.result {
+            Some(result) => (result, None),
+            None => op(ctx).await.split(),
+        }
+    }
 }
 
 /// The general loop of an async call, from where `from` says it stands.
 async fn async_loop<K, T, E, Op, Fut>(
     mut call: Owned<'_, K>,
+    op: Op,
+    from: Option<From<T, E>>,
+) -> Result<T, Error<E>>
+where
+    K: Handles<T, E>,
+    Op: FnMut(Context) -> Fut,
+    Fut: Future,
+    Fut::Output: AttemptOutput<T, E>,
+{
+    // A call that has not started its attempts, wrapped by policies
+    // written in code: its passes make them.
+    if from.is_none() && call.wraps_call() {
+        return Box::pin(super::chain::run_around(&mut call.0, op)).await;
+    }
+    let result = async_attempts(&mut call, op, from).await;
+    match call.finish(result) {
+        Finish::Done(result) => result,
+        Finish::Fallback(fallback) => {
+            let result = fallback.await;
+            call.fell_back(result)
+        }
+    }
+}
+
+/// The attempts of an async call, from where `from` says it stands, until
+/// its result before the fallback.
+pub(super) async fn async_attempts<K, T, E, Op, Fut>(
+    call: &mut Owned<'_, K>,
     mut op: Op,
     mut from: Option<From<T, E>>,
 ) -> Result<T, Error<E>>
@@ -297,7 +392,7 @@ where
     Fut: Future,
     Fut::Output: AttemptOutput<T, E>,
 {
-    let result = 'call: loop {
+    'call: loop {
         let mut ended = match from.take() {
             Some(From::Ended(result, judged)) => call.ended(result, judged),
             from => {
@@ -325,28 +420,28 @@ where
                 };
                 let deadline = call.deadline();
                 let clock = call.clock();
-                let output = if call.has_chaos() {
-                    // The injected latency runs inside the attempt's deadline.
-                    let injection = call.inject::<T, E>(&ctx);
-                    let op = &mut op;
-                    let attempt = async move {
-                        if !injection.delay.is_zero() {
-                            clock.sleep(injection.delay).await;
-                        }
-                        match injection.result {
-                            Some(result) => (result, None),
-                            None => op(ctx).await.split(),
-                        }
-                    };
-                    WithDeadline::new(attempt, clock, deadline).await
+                if call.has_custom_attempt() {
+                    // The policies' passes run inside the attempt's deadline.
+                    let through = super::chain::attempt_async(call, ctx, &mut op);
+                    match WithDeadline::new(Box::pin(through), clock, deadline).await {
+                        Some((result, judged)) => call.ended_through(result, judged),
+                        None => call.ended(None, None),
+                    }
                 } else {
-                    WithDeadline::new(op(ctx), clock, deadline)
-                        .await
-                        .map(AttemptOutput::split)
-                };
-                match output {
-                    Some((result, judged)) => call.ended(Some(result), judged),
-                    None => call.ended(None, None),
+                    let output = if call.has_chaos() {
+                        // The injected latency runs inside the attempt's
+                        // deadline.
+                        let attempt = operate_async(call, ctx, &mut op);
+                        WithDeadline::new(attempt, clock, deadline).await
+                    } else {
+                        WithDeadline::new(op(ctx), clock, deadline)
+                            .await
+                            .map(AttemptOutput::split)
+                    };
+                    match output {
+                        Some((result, judged)) => call.ended(Some(result), judged),
+                        None => call.ended(None, None),
+                    }
                 }
             }
         };
@@ -369,13 +464,6 @@ where
                     break;
                 }
             }
-        }
-    };
-    match call.finish(result) {
-        Finish::Done(result) => result,
-        Finish::Fallback(fallback) => {
-            let result = fallback.await;
-            call.fell_back(result)
         }
     }
 }

@@ -17,6 +17,7 @@ use crate::store::{MemoryResource, ResourceSpec, ResourceState};
 use crate::timeout::Timeout;
 
 mod builder;
+mod chain;
 mod drive;
 mod engine;
 mod kind;
@@ -72,6 +73,9 @@ pub(crate) struct Plan {
     /// with a constant context (the engine admits, times and records
     /// nothing for it).
     pub(crate) bare: bool,
+    /// Every call takes the general loop from its start: a call-level gate
+    /// admits it, or policies written in code wrap it or its attempts.
+    pub(crate) general: bool,
 }
 
 pub(crate) struct Shared<K: Kind> {
@@ -94,6 +98,8 @@ pub(crate) struct Shared<K: Kind> {
     pub(crate) noted: nested::Noted,
     /// The chaos policies, in declaration order (each attempt).
     pub(crate) chaos: Box<[crate::chaos::Chaos]>,
+    /// The policies written in code (see `chain`).
+    pub(crate) custom: chain::Customs,
 }
 
 impl<K: Kind> Shared<K> {
