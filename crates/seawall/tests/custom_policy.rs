@@ -1186,3 +1186,133 @@ fn policies_that_only_run_what_they_wrap_change_nothing() {
     compare!(limited_with_deadline);
     compare!(hinted_cooldown);
 }
+
+#[cfg(feature = "serde")]
+mod config {
+    use super::*;
+    use seawall::config::{Config, Format, LoadError, Registry};
+    use seawall::pipeline::WithFallback;
+
+    const FILE: &str = r#"
+[pipelines.quotes]
+policies = ["audit", "timeout", "retry", "count"]
+timeout = "1s"
+retry = { max_attempts = 3, delay = "10ms" }
+"#;
+
+    #[test]
+    fn a_policy_registered_in_code_is_declared_where_the_file_lists_it() {
+        for case in cases() {
+            let audit = Arc::new(TestPolicy::new("audit", Position::Call, Act::Wrap));
+            let count = Arc::new(TestPolicy::new("count", Position::Attempt, Act::Wrap));
+            let clock = VirtualClock::starting_at(case.start);
+            let registry = Registry::builder()
+                .store(MemoryStore::new())
+                .clock(clock.clone())
+                .policy(Arc::clone(&audit))
+                .policy(Arc::clone(&count))
+                .load_str(Format::Toml, FILE)
+                .unwrap();
+            // Typed by its policies, refused untyped.
+            assert!(registry.get("quotes").is_none());
+            let quotes = registry.typed::<ValueType<u32, Boom>>("quotes").unwrap();
+            let op = Op::failing(1);
+            assert_eq!(v(case.call(&quotes, &clock, &op)), Ok(202));
+            assert_eq!(audit.seen().len(), 1);
+            // Inside the timeout of the whole call, declared after `audit`.
+            assert_eq!(audit.seen()[0].remaining, None);
+            let counted: Vec<_> = count
+                .seen()
+                .iter()
+                .map(|s| (s.attempt, s.remaining))
+                .collect();
+            assert_eq!(counted, [(1, Some(secs(1))), (2, Some(secs(1) - ms(10)))]);
+        }
+    }
+
+    #[test]
+    fn with_a_fallback_the_policies_keep_its_kind() {
+        let registry = Registry::builder()
+            .store(MemoryStore::new())
+            .policy(TestPolicy::new("maintenance", Position::Call, Act::Refuse))
+            .fallback_sync("cached", |_e: Error<Boom>, _ctx| Ok(1_u32))
+            .load_str(
+                Format::Yaml,
+                "pipelines:\n  quotes:\n    policies: [maintenance, retry]\n    retry: { delay: 1ms }\n    fallback: cached\n",
+            )
+            .unwrap();
+        let quotes = registry.typed::<WithFallback<u32, Boom>>("quotes").unwrap();
+        assert_eq!(v(quotes.call(|_| Ok::<_, Boom>(5))), Ok(1));
+    }
+
+    fn invalid(registry: seawall::config::RegistryBuilder, text: &str) -> String {
+        match registry.load_str(Format::Toml, text) {
+            Err(e @ LoadError::Invalid { .. }) => e.to_string(),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_misplaced_or_unknown_policy_is_a_load_error_at_its_line() {
+        let registry = || {
+            Registry::builder()
+                .store(MemoryStore::new())
+                .policy(at("audit", Position::Call))
+                .policy(at("count", Position::Attempt))
+        };
+        let e = invalid(
+            registry(),
+            "[pipelines.a]\nretry = { delay = \"1ms\" }\npolicies = [\"retry\", \"audit\"]\n",
+        );
+        assert_eq!(
+            e,
+            "<string>:3:12: pipeline `a`: audit.position is `call` (around the whole call) but \
+             the policy is declared after `retry`; it acts once around the whole call: declare it \
+             before `retry` (a policy around each attempt declares that position)"
+        );
+        let e = invalid(
+            registry(),
+            "[pipelines.a]\nretry = { delay = \"1ms\" }\npolicies = [\"audit\", \"retry\", \"audti\"]\n",
+        );
+        assert!(
+            e.starts_with("<string>:3:12: pipeline `a`: pipeline.policies lists `audti`, which is neither a policy of the file nor a policy registered in code (registered policies: `audit`, `count`)"),
+            "{e}"
+        );
+        let e = invalid(
+            registry(),
+            "[pipelines.a]\nretry = { delay = \"1ms\" }\npolicies = [\"audit\", \"retry\", \"audit\"]\n",
+        );
+        assert!(e.ends_with("pipeline.policies lists `audit` twice"), "{e}");
+        // Handlers of other types, named together.
+        let e = invalid(
+            registry().fallback_sync("text", |_e: Error<Boom>, _ctx| Ok(String::new())),
+            "[pipelines.a]\npolicies = [\"audit\"]\nfallback = \"text\"\n",
+        );
+        assert!(
+            e.contains("`audit` handles `core::result::Result<u32, custom_policy::support::Boom>`, but fallback `text` handles `core::result::Result<alloc::string::String, custom_policy::support::Boom>`"),
+            "{e}"
+        );
+        // A refused load leaves the registry as it was: nothing was built.
+    }
+
+    #[test]
+    fn a_file_naming_a_policy_parses_and_only_a_registry_builds_it() {
+        let config = Config::parse(Format::Toml, FILE).unwrap();
+        let e = config.builder("quotes").unwrap().build().unwrap_err();
+        assert_eq!((e.policy, e.field), ("pipeline", "policies"));
+        assert!(
+            e.rule.starts_with("lists `audit`, which is not a policy of the file (expected one of `timeout`, `retry`")
+                && e.rule.ends_with("a policy written in code is declared by a `Registry` that registers it (`RegistryBuilder::policy`)"),
+            "{e}"
+        );
+        // Not a name: refused by the parser, with the names it knows.
+        let e = Config::parse(Format::Toml, "[pipelines.a]\npolicies = [\"Audit-1\"]\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown variant `Audit-1`"), "{e}");
+        let e = Config::parse(Format::Toml, "[pipelines.a]\npolicies = [\"fallback\"]\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown variant `fallback`"), "{e}");
+    }
+}

@@ -158,6 +158,13 @@ impl<K: Kind> PipelineBuilder<K> {
         self
     }
 
+    /// Makes `build()` fail with `error` (the first one given).
+    #[cfg(feature = "serde")]
+    pub(crate) fn refuse(mut self, error: ConfigError) -> Self {
+        self.refused.get_or_insert(error);
+        self
+    }
+
     /// The declared policies, in order (for tests of the registration).
     #[cfg(test)]
     pub(crate) fn declared_kinds(&self) -> Vec<seawall_order::PolicyKind> {
@@ -491,6 +498,17 @@ impl<K: Kind> PipelineBuilder<K> {
             }
             None => this.declare(Declared::custom(name, position, Some(slot))),
         }
+    }
+
+    /// The builder, of the kind that knows `T` and `E` (to bind policies
+    /// written in code into it).
+    #[cfg(feature = "serde")]
+    pub(crate) fn value_type<T, E>(self) -> PipelineBuilder<K::Out>
+    where
+        K: OutcomeKind<T, E>,
+    {
+        let h = K::map_outcomes(self.handlers.clone(), |h| h);
+        self.with_handlers(h)
     }
 
     fn map_errors<E>(
