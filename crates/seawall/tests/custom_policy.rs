@@ -1,9 +1,9 @@
 //! Policies written in code (`seawall::custom`): a policy that wraps, one
 //! that answers without running what it wraps, one that runs it twice, a
 //! hedge; around the whole call and around each attempt; with the order
-//! rules, the deadlines and the events of the built-in policies. Every case
-//! runs sync and async, with and without a listener, on virtual clocks
-//! starting at 0 and at 10^6 s.
+//! rules, the deadlines and the events of the built-in policies. The cases
+//! of behaviour run sync and async, with and without a listener, on
+//! virtual clocks starting at 0 and at 10^6 s.
 
 mod support;
 
@@ -455,6 +455,22 @@ fn a_short_circuit_around_the_call_runs_nothing_and_is_reported() {
             .build()
             .unwrap();
         assert_eq!(v(case.call(&p, &clock, &op)), Ok(42));
+        if !case.sync {
+            let (b, _, _) = case.builder("refuse-async-fallback");
+            let p = b
+                .policy(TestPolicy::new("maintenance", Position::Call, Act::Refuse))
+                .retry(retry(2))
+                .fallback(|e: Error<Boom>, _ctx| async move {
+                    match e {
+                        Error::Rejected(_) => Ok(43),
+                        _ => Err(Boom(0)),
+                    }
+                })
+                .build()
+                .unwrap();
+            let f = |_ctx: Context| async { Ok::<u32, Boom>(1) };
+            assert_eq!(support::rt().block_on(p.run(f)).ok(), Some(43));
+        }
     }
 }
 
