@@ -426,6 +426,12 @@ fn check_order(steps: &[Step]) -> syn::Result<()> {
             "`{}` is declared after another policy; {reason}",
             e.kind.name()
         ),
+        // Rules of policies written in code, which the attribute does not
+        // declare.
+        Rule::AfterRetry
+        | Rule::InsideCallPolicy { .. }
+        | Rule::OutsideAttemptPolicy { .. }
+        | Rule::InsideChaos { .. } => format!("`{}` is misplaced; {reason}", e.kind.name()),
     };
     err(key.span(), msg)
 }
@@ -877,6 +883,9 @@ mod tests {
                 PolicyKind::AdaptiveLimit => "adaptive_limit(algorithm = \"aimd\")",
                 PolicyKind::Coalesce => "coalesce",
                 PolicyKind::Hedging => "hedging(delay_ms = 10)",
+                // Not in the table's `ALL`: policies written in code are
+                // declared with the builder.
+                PolicyKind::CustomCall | PolicyKind::CustomAttempt => continue,
             };
             let c = parse_str(minimal).unwrap();
             assert_eq!(c.steps.len(), 1);

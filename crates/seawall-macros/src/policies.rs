@@ -48,6 +48,13 @@ pub(crate) fn policy(
         PolicyKind::Chaos => chaos(given, span, key)?,
         PolicyKind::AdaptiveLimit => adaptive_limit(given, span)?,
         PolicyKind::Coalesce => coalesce(given),
+        // Not found by name: a policy written in code has no key here.
+        PolicyKind::CustomCall | PolicyKind::CustomAttempt => {
+            return Err(syn::Error::new(
+                span,
+                "a policy written in code is declared with `PipelineBuilder::policy`, not in the attribute",
+            ))
+        }
     };
     Ok(Built::new(kind, value))
 }

@@ -15,6 +15,14 @@
 //! The fallback is not part of the list: it is always outermost, wherever it
 //! is declared.
 //!
+//! A policy written in code (`seawall::custom`) has no entry of its own: it
+//! declares a position, one of the table's entries after `@custom`
+//! ([`PolicyKind::CUSTOM`]: around the whole call, [`Place::AroundCall`];
+//! around each attempt, [`Place::AroundAttempt`]), and is checked as that
+//! entry, any number of times. These entries have no name of their own in
+//! the surfaces (the builder and the files name such a policy by its own
+//! name) and are not in [`PolicyKind::ALL`].
+//!
 //! # Adding a policy
 //! 1. **Its module** in `seawall` (`src/<policy>/`): the settings type
 //!    with its setters and `validate()` (the numeric rules, reached by every
@@ -68,32 +76,55 @@
 //! let e = check(&[PolicyKind::Bulkhead, PolicyKind::Retry, PolicyKind::Bulkhead]).unwrap_err();
 //! assert_eq!((e.at, e.kind), (2, PolicyKind::Bulkhead));
 //! assert_eq!(e.rule, Rule::Twice { first: 0 });
+//!
+//! // A policy written in code around the call stands outside all but a
+//! // timeout of the whole call.
+//! let e = check(&[PolicyKind::CircuitBreaker, PolicyKind::CustomCall]).unwrap_err();
+//! assert_eq!(e.rule, Rule::InsideCallPolicy { outer: 0 });
 //! ```
 #![forbid(unsafe_code)]
 
 /// Declares the policies: one entry per policy,
-/// `Kind = "name" [/ "name after the retry"], Place, [settings];`.
+/// `Kind = "name" [/ "name after the retry"], Place, [settings];`, then
+/// after `@custom` the positions a policy written in code may declare,
+/// `Kind = "name", Place;` (no settings: its settings are its code's).
 macro_rules! policies {
     ($(
         $(#[$doc:meta])*
         $kind:ident = $name:literal $(/ $attempt:literal)?, $place:ident, [$($setting:expr),* $(,)?];
+    )*
+    @custom
+    $(
+        $(#[$cdoc:meta])*
+        $ckind:ident = $cname:literal, $cplace:ident;
     )*) => {
-        /// A policy a pipeline can declare.
+        /// A policy a pipeline can declare: one of the table, or a policy
+        /// written in code at the position it declares.
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
         pub enum PolicyKind {
             $( $(#[$doc])* $kind, )*
+            $( $(#[$cdoc])* $ckind, )*
         }
 
         impl PolicyKind {
-            /// Every policy, in registration order: the order in which a
-            /// pipeline nests them when nothing else says.
+            /// Every policy of the table, in registration order: the order
+            /// in which a pipeline nests them when nothing else says. The
+            /// positions of policies written in code are in
+            /// [`CUSTOM`](Self::CUSTOM), not here: they have no section, no
+            /// key and no settings of their own.
             pub const ALL: &'static [PolicyKind] = &[$(PolicyKind::$kind),*];
 
+            /// The positions a policy written in code may declare.
+            pub const CUSTOM: &'static [PolicyKind] = &[$(PolicyKind::$ckind),*];
+
             /// The policy's name, as the builder method, the configuration
-            /// key and the attribute key spell it.
+            /// key and the attribute key spell it (for a policy written in
+            /// code, the name of its position: the builder and the
+            /// configuration files name such a policy by its own name).
             pub const fn name(self) -> &'static str {
                 match self {
                     $(PolicyKind::$kind => $name,)*
+                    $(PolicyKind::$ckind => $cname,)*
                 }
             }
 
@@ -101,6 +132,7 @@ macro_rules! policies {
             pub const fn place(self) -> Place {
                 match self {
                     $(PolicyKind::$kind => Place::$place,)*
+                    $(PolicyKind::$ckind => Place::$cplace,)*
                 }
             }
 
@@ -110,18 +142,26 @@ macro_rules! policies {
             pub const fn attempt_name(self) -> Option<&'static str> {
                 match self {
                     $(PolicyKind::$kind => optional!($($attempt)?),)*
+                    $(PolicyKind::$ckind => None,)*
                 }
             }
 
             /// The policy's settings, in the order the configuration files
-            /// and the attribute list them.
+            /// and the attribute list them (none for a policy written in
+            /// code).
             pub const fn settings(self) -> &'static [Setting] {
                 match self {
                     $(PolicyKind::$kind => {
                         const SETTINGS: &[Setting] = &[$($setting),*];
                         SETTINGS
                     })*
+                    $(PolicyKind::$ckind => &[],)*
                 }
+            }
+
+            /// `true` for the position of a policy written in code.
+            pub const fn is_custom(self) -> bool {
+                matches!(self, $(PolicyKind::$ckind)|*)
             }
         }
     };
@@ -245,10 +285,20 @@ policies! {
         Setting::duration("max_wait"),
         Setting::shares("partitions"),
     ];
+    @custom
+    /// A policy written in code (`seawall::custom`) that stands around the
+    /// whole call: before the retry, outside every policy of the call but a
+    /// timeout of the whole call.
+    CustomCall = "custom_call", AroundCall;
+    /// A policy written in code that stands around each attempt: after the
+    /// retry, inside the timeouts and the stateful policies that cover the
+    /// attempt, outside chaos.
+    CustomAttempt = "custom_attempt", AroundAttempt;
 }
 
 impl PolicyKind {
-    /// The policy named `name` (its [`name`](Self::name)).
+    /// The policy of the table named `name` (its [`name`](Self::name));
+    /// the positions of policies written in code are not found by name.
     pub fn from_name(name: &str) -> Option<PolicyKind> {
         Self::ALL.iter().copied().find(|k| k.name() == name)
     }
@@ -464,6 +514,18 @@ pub enum Place {
     /// First in the list, once: it wraps the whole call, every other
     /// policy included (request coalescing).
     Outermost,
+    /// A policy written in code around the whole call, any number of
+    /// times: before the retry, and declared before every other policy of
+    /// the call but a timeout of the whole call (which may stand on either
+    /// side of it: around it, one deadline bounds the policy and every
+    /// pass it makes through the rest of the call; inside it, each pass
+    /// gets the whole timeout).
+    AroundCall,
+    /// A policy written in code around each attempt, any number of times:
+    /// after the retry (or in a pipeline without one), declared after the
+    /// timeouts and the stateful policies that cover the attempt, and
+    /// before chaos (which acts on the operation itself, inside it).
+    AroundAttempt,
 }
 
 /// What a policy covers at its position.
@@ -546,8 +608,9 @@ pub enum Rule {
         /// The first declaration.
         first: usize,
     },
-    /// A policy of [`Place::Attempt`] declared before the retry (or
-    /// hedging), `retry` being the one declared.
+    /// A policy of [`Place::Attempt`], [`Place::AttemptOnce`] or
+    /// [`Place::AroundAttempt`] declared before the retry (or hedging),
+    /// `retry` being the one declared.
     BeforeRetry {
         /// The policy that makes the attempts.
         retry: PolicyKind,
@@ -559,6 +622,29 @@ pub enum Rule {
     },
     /// A policy of [`Place::Outermost`] declared after another policy.
     NotFirst,
+    /// A policy of [`Place::AroundCall`] declared after the retry (or
+    /// hedging).
+    AfterRetry,
+    /// A policy of [`Place::AroundCall`] declared after `outer`, a policy
+    /// of the call it must stand around (anything but request coalescing,
+    /// a timeout or another policy around the call).
+    InsideCallPolicy {
+        /// The policy it is declared inside of.
+        outer: usize,
+    },
+    /// A policy of [`Place::AroundAttempt`] declared before `inner`, a
+    /// policy covering the attempt that it must stand inside of (anything
+    /// but chaos or another policy around the attempt).
+    OutsideAttemptPolicy {
+        /// The policy it is declared around.
+        inner: usize,
+    },
+    /// A policy of [`Place::AroundAttempt`] declared after chaos (`chaos`,
+    /// its index), which acts on the operation inside it.
+    InsideChaos {
+        /// The chaos policy.
+        chaos: usize,
+    },
 }
 
 impl Rule {
@@ -583,6 +669,37 @@ impl Rule {
                 "it shares one execution of the whole call among concurrent callers: \
                  declare it first, before every other policy"
             }
+            Rule::AfterRetry => {
+                "it acts once around the whole call: declare it before the policy that makes \
+                 the attempts (a policy around each attempt declares that position)"
+            }
+            Rule::InsideCallPolicy { .. } => {
+                "a policy around the whole call stands outside every other policy of the \
+                 call but request coalescing and a timeout of the whole call: declare it \
+                 before them"
+            }
+            Rule::OutsideAttemptPolicy { .. } => {
+                "a policy around each attempt stands inside the timeouts and the stateful \
+                 policies that cover the attempt: declare it after them"
+            }
+            Rule::InsideChaos { .. } => {
+                "chaos acts on the operation itself, inside the policies around each \
+                 attempt: declare it after them"
+            }
+        }
+    }
+
+    /// The other declaration the rule is about (the first of a policy
+    /// declared twice, the policy it is wrongly inside of or around), if
+    /// any.
+    pub const fn other(&self) -> Option<usize> {
+        match *self {
+            Rule::Twice { first } | Rule::SecondOnSide { first, .. } => Some(first),
+            Rule::InsideCallPolicy { outer } => Some(outer),
+            Rule::OutsideAttemptPolicy { inner } => Some(inner),
+            Rule::InsideChaos { chaos } => Some(chaos),
+            Rule::RetryAndHedging { first } => Some(first),
+            Rule::BeforeRetry { .. } | Rule::AfterRetry | Rule::NotFirst => None,
         }
     }
 }
@@ -596,27 +713,58 @@ pub fn check(declared: &[PolicyKind]) -> Result<(), Misplaced> {
     let retry = attempts_by(declared);
     for (i, &kind) in declared.iter().enumerate() {
         let here = scope(declared, i);
-        if matches!(kind.place(), Place::Attempt | Place::AttemptOnce) {
-            if let (Some(retry), Scope::Call) = (retry, here) {
-                return Err(Misplaced {
-                    at: i,
-                    kind,
-                    rule: Rule::BeforeRetry { retry },
-                });
+        let misplaced = |rule| Err(Misplaced { at: i, kind, rule });
+        match kind.place() {
+            Place::Attempt | Place::AttemptOnce | Place::AroundAttempt
+                if here == Scope::Call && retry.is_some() =>
+            {
+                let retry = retry.unwrap_or(PolicyKind::Retry);
+                return misplaced(Rule::BeforeRetry { retry });
             }
-        }
-        if kind.place() == Place::Attempt {
-            continue;
-        }
-        if kind.place() == Place::Retry {
-            let other = |j: &usize| declared[*j].place() == Place::Retry && declared[*j] != kind;
-            if let Some(first) = (0..i).find(other) {
-                return Err(Misplaced {
-                    at: i,
-                    kind,
-                    rule: Rule::RetryAndHedging { first },
-                });
+            Place::Attempt => continue,
+            Place::AroundCall => {
+                if here == Scope::Attempt {
+                    return misplaced(Rule::AfterRetry);
+                }
+                // Only request coalescing, a timeout of the whole call, or
+                // another policy around it, may stand outside.
+                let inside = |j: &usize| {
+                    !matches!(
+                        declared[*j].place(),
+                        Place::Outermost | Place::EitherSide | Place::AroundCall
+                    )
+                };
+                if let Some(outer) = (0..i).find(inside) {
+                    return misplaced(Rule::InsideCallPolicy { outer });
+                }
+                continue;
             }
+            Place::AroundAttempt => {
+                if let Some(chaos) = (0..i).find(|&j| declared[j].place() == Place::Attempt) {
+                    return misplaced(Rule::InsideChaos { chaos });
+                }
+                // Only chaos, or another policy around the attempt, may
+                // stand inside (a policy around the call declared later is
+                // misplaced by its own rule).
+                let around = |j: &usize| {
+                    !matches!(
+                        declared[*j].place(),
+                        Place::Attempt | Place::AroundAttempt | Place::AroundCall
+                    )
+                };
+                if let Some(inner) = (i + 1..declared.len()).find(around) {
+                    return misplaced(Rule::OutsideAttemptPolicy { inner });
+                }
+                continue;
+            }
+            Place::Retry => {
+                let other =
+                    |j: &usize| declared[*j].place() == Place::Retry && declared[*j] != kind;
+                if let Some(first) = (0..i).find(other) {
+                    return misplaced(Rule::RetryAndHedging { first });
+                }
+            }
+            Place::EitherSide | Place::Stateful | Place::AttemptOnce | Place::Outermost => {}
         }
         let earlier = |j: &usize| {
             declared[*j] == kind
@@ -625,20 +773,12 @@ pub fn check(declared: &[PolicyKind]) -> Result<(), Misplaced> {
         if let Some(first) = (0..i).find(earlier) {
             let rule = match kind.place() {
                 Place::EitherSide => Rule::SecondOnSide { scope: here, first },
-                Place::Retry
-                | Place::Stateful
-                | Place::Attempt
-                | Place::AttemptOnce
-                | Place::Outermost => Rule::Twice { first },
+                _ => Rule::Twice { first },
             };
-            return Err(Misplaced { at: i, kind, rule });
+            return misplaced(rule);
         }
         if kind.place() == Place::Outermost && i != 0 {
-            return Err(Misplaced {
-                at: i,
-                kind,
-                rule: Rule::NotFirst,
-            });
+            return misplaced(Rule::NotFirst);
         }
     }
     Ok(())
@@ -834,6 +974,85 @@ mod tests {
     }
 
     #[test]
+    fn a_policy_around_the_call_stands_outside_all_but_a_timeout() {
+        assert_eq!(check(&[CustomCall, CustomCall, Retry]), Ok(()));
+        assert_eq!(check(&[Timeout, CustomCall, Retry, Timeout]), Ok(()));
+        assert_eq!(check(&[CustomCall, Timeout, CustomCall]), Ok(()));
+        assert_eq!(check(&[CustomCall, CircuitBreaker, Retry, Chaos]), Ok(()));
+        let e = check(&[Retry, CustomCall]).unwrap_err();
+        assert_eq!((e.at, e.rule), (1, Rule::AfterRetry));
+        let e = check(&[Bulkhead, CustomCall, Retry]).unwrap_err();
+        assert_eq!((e.at, e.rule), (1, Rule::InsideCallPolicy { outer: 0 }));
+        // Without a retry too: the stateful policies guard the one attempt,
+        // inside the policy.
+        let e = check(&[Timeout, Chaos, CustomCall]).unwrap_err();
+        assert_eq!((e.at, e.rule), (2, Rule::InsideCallPolicy { outer: 1 }));
+        assert_eq!(e.rule.other(), Some(1));
+    }
+
+    #[test]
+    fn a_policy_around_the_attempt_stands_inside_all_but_chaos() {
+        assert_eq!(check(&[Retry, CustomAttempt, CustomAttempt, Chaos]), Ok(()));
+        assert_eq!(
+            check(&[
+                CircuitBreaker,
+                Timeout,
+                Retry,
+                Timeout,
+                Bulkhead,
+                CustomAttempt
+            ]),
+            Ok(())
+        );
+        assert_eq!(check(&[Timeout, RateLimiter, CustomAttempt, Chaos]), Ok(()));
+        assert_eq!(check(&[CustomCall, Retry, CustomAttempt]), Ok(()));
+        let e = check(&[CustomAttempt, Retry]).unwrap_err();
+        assert_eq!((e.at, e.rule), (0, Rule::BeforeRetry { retry: Retry }));
+        let e = check(&[Retry, CustomAttempt, Timeout]).unwrap_err();
+        assert_eq!((e.at, e.rule), (1, Rule::OutsideAttemptPolicy { inner: 2 }));
+        let e = check(&[CustomAttempt, CircuitBreaker]).unwrap_err();
+        assert_eq!((e.at, e.rule), (0, Rule::OutsideAttemptPolicy { inner: 1 }));
+        let e = check(&[Retry, Chaos, CustomAttempt]).unwrap_err();
+        assert_eq!((e.at, e.rule), (2, Rule::InsideChaos { chaos: 1 }));
+        // A policy around the call declared after one around the attempt
+        // is the one misplaced.
+        let e = check(&[Retry, CustomAttempt, CustomCall]).unwrap_err();
+        assert_eq!((e.at, e.rule), (2, Rule::AfterRetry));
+        let e = check(&[CustomAttempt, CustomCall]).unwrap_err();
+        assert_eq!((e.at, e.rule), (1, Rule::InsideCallPolicy { outer: 0 }));
+    }
+
+    #[test]
+    fn policies_of_code_meet_coalescing_hedging_and_the_adaptive_limit() {
+        assert_eq!(check(&[Coalesce, CustomCall, Retry]), Ok(()));
+        assert_eq!(
+            check(&[Coalesce, Timeout, CustomCall, Hedging, CustomAttempt]),
+            Ok(())
+        );
+        assert_eq!(check(&[Retry, AdaptiveLimit, CustomAttempt, Chaos]), Ok(()));
+        let e = check(&[CustomCall, Coalesce]).unwrap_err();
+        assert_eq!((e.at, e.rule), (1, Rule::NotFirst));
+        let e = check(&[Hedging, CustomCall]).unwrap_err();
+        assert_eq!((e.at, e.rule), (1, Rule::AfterRetry));
+        let e = check(&[CustomAttempt, Hedging]).unwrap_err();
+        assert_eq!((e.at, e.rule), (0, Rule::BeforeRetry { retry: Hedging }));
+        let e = check(&[Retry, CustomAttempt, AdaptiveLimit]).unwrap_err();
+        assert_eq!((e.at, e.rule), (1, Rule::OutsideAttemptPolicy { inner: 2 }));
+        let e = check(&[Retry, Hedging]).unwrap_err();
+        assert_eq!(e.rule.other(), Some(0));
+    }
+
+    #[test]
+    fn positions_of_code_are_not_in_the_table() {
+        for k in PolicyKind::CUSTOM {
+            assert!(k.is_custom() && !PolicyKind::ALL.contains(k));
+            assert_eq!(PolicyKind::from_name(k.name()), None);
+            assert!(k.settings().is_empty() && k.attempt_name().is_none());
+        }
+        assert!(PolicyKind::ALL.iter().all(|k| !k.is_custom()));
+    }
+
+    #[test]
     fn the_first_broken_rule_in_list_order_is_reported() {
         let e = check(&[CircuitBreaker, CircuitBreaker, Retry]).unwrap_err();
         assert_eq!(e.rule, Rule::Twice { first: 0 });
@@ -842,23 +1061,45 @@ mod tests {
     }
 
     /// Every list of up to four declarations, against the rules counted
-    /// per side of the first retry.
+    /// per side of the first retry, and the positions of policies written
+    /// in code stated as what stands before and after them.
     #[test]
     fn agrees_with_a_count_of_each_side() {
         fn accepted(d: &[PolicyKind]) -> bool {
             let retry = d.iter().position(|k| matches!(k, Retry | Hedging));
             let (before, after) = d.split_at(retry.unwrap_or(d.len()));
             let count = |s: &[PolicyKind], k| s.iter().filter(|x| **x == k).count();
-            count(d, Retry) + count(d, Hedging) <= 1
+            let counted = count(d, Retry) + count(d, Hedging) <= 1
                 && PolicyKind::ALL.iter().all(|&k| match k {
                     Timeout => count(before, k) <= 1 && count(after, k) <= 1,
                     Chaos => retry.is_none() || count(before, k) == 0,
                     AdaptiveLimit => count(d, k) <= 1 && (retry.is_none() || count(before, k) == 0),
                     Coalesce => count(d, k) <= 1 && d.iter().skip(1).all(|x| *x != k),
                     _ => count(d, k) <= 1,
-                })
+                });
+            let placed = d.iter().enumerate().all(|(i, k)| match k {
+                CustomCall => {
+                    retry.is_none_or(|r| i < r)
+                        && d[..i]
+                            .iter()
+                            .all(|o| matches!(o, Coalesce | Timeout | CustomCall))
+                }
+                CustomAttempt => {
+                    retry.is_none_or(|r| i > r)
+                        && d[i + 1..]
+                            .iter()
+                            .all(|o| matches!(o, Chaos | CustomAttempt))
+                        && !d[..i].contains(&Chaos)
+                }
+                _ => true,
+            });
+            counted && placed
         }
-        let all = PolicyKind::ALL;
+        let all: Vec<PolicyKind> = PolicyKind::ALL
+            .iter()
+            .chain(PolicyKind::CUSTOM)
+            .copied()
+            .collect();
         let mut lists: Vec<Vec<PolicyKind>> = vec![Vec::new()];
         for _ in 0..4 {
             let longer: Vec<Vec<PolicyKind>> = lists

@@ -292,6 +292,8 @@ pub enum RejectionReason {
     /// The adaptive concurrency limit is reached (and its queue is full or
     /// the wait ran out).
     ConcurrencyLimited,
+    /// A policy written in code ([`crate::custom`]) refused the call.
+    PolicyRefused,
 }
 
 impl RejectionReason {
@@ -305,11 +307,12 @@ impl RejectionReason {
             RejectionReason::CooldownExceedsDeadline => "cooldown_exceeds_deadline",
             RejectionReason::RetryBudgetExhausted => "retry_budget_exhausted",
             RejectionReason::ConcurrencyLimited => "concurrency_limited",
+            RejectionReason::PolicyRefused => "policy_refused",
         }
     }
 
     /// All reasons, in a stable order.
-    pub const ALL: [RejectionReason; 7] = [
+    pub const ALL: [RejectionReason; 8] = [
         RejectionReason::CircuitOpen,
         RejectionReason::BulkheadFull,
         RejectionReason::RateLimited,
@@ -317,6 +320,7 @@ impl RejectionReason {
         RejectionReason::CooldownExceedsDeadline,
         RejectionReason::RetryBudgetExhausted,
         RejectionReason::ConcurrencyLimited,
+        RejectionReason::PolicyRefused,
     ];
 }
 

@@ -12,7 +12,7 @@
 //! | --- | --- |
 //! | `WARN` | the circuit opened; a round of half-open probes expired unfinished (calls hang); a cooldown started (the dependency asked for a pause); a rejection by a full bulkhead, a rate limiter, the adaptive concurrency limit or an empty retry budget (overload, reported by nothing else); a hedge not started for an empty hedging budget; a late synchronous success (`DeadlineExceeded`); the state store unavailable |
 //! | `INFO` | the circuit half-opened or closed |
-//! | `DEBUG` | a change of the adaptive concurrency limit, a coalesced call taking over from a leader that went away, a chaos injection, a hedged attempt started, a refusal by a policy in shadow mode (the call went on), a retry scheduled or given up, an attempt timed out, a call deferred (waiting for a slot, a permit or the end of a cooldown), the fallback executed, a rejection by an open circuit or an active cooldown (whose start was reported at `WARN`), a call that ended in anything but success |
+//! | `DEBUG` | a change of the adaptive concurrency limit, a coalesced call taking over from a leader that went away, a chaos injection, a hedged attempt started, a refusal by a policy in shadow mode (the call went on), a retry scheduled or given up, an attempt timed out, a call deferred (waiting for a slot, a permit or the end of a cooldown), the fallback executed, a rejection by an open circuit or an active cooldown (whose start was reported at `WARN`) or by a policy written in code, a policy written in code that answered without running what it wraps, a call that ended in anything but success |
 //! | `TRACE` | the per-call summaries: every attempt finished, a call that ended in success; a coalesced call answered by another's execution, a cache hit or miss |
 //!
 //! So `seawall=warn` shows what needs attention (circuit openings, overload,
@@ -34,6 +34,7 @@ use std::time::Duration;
 
 use crate::chaos::ChaosKind;
 use crate::context::PartitionKey;
+use crate::custom::Position;
 use crate::error::RejectionReason;
 
 /// Something that happened inside a pipeline.
@@ -156,6 +157,16 @@ pub enum EventKind {
     /// empty: the call goes on with the attempts it has.
     HedgeBudgetExhausted {
         /// The attempt that was not started.
+        attempt: u32,
+    },
+    /// A policy written in code ([`crate::custom`]) answered without running
+    /// what it wraps (a short-circuit).
+    ShortCircuited {
+        /// The policy's name.
+        policy: &'static str,
+        /// Where it stands: around the whole call or around each attempt.
+        position: Position,
+        /// The attempt of its context (1 around the whole call).
         attempt: u32,
     },
     /// An attempt ended (emitted only when someone listens).
@@ -346,6 +357,19 @@ impl fmt::Display for EventKind {
                     "hedged attempt {attempt} not started: hedging budget exhausted"
                 )
             }
+            EventKind::ShortCircuited {
+                policy,
+                position,
+                attempt,
+            } => match position {
+                Position::Call => {
+                    write!(f, "policy `{policy}` answered without running the call")
+                }
+                Position::Attempt => write!(
+                    f,
+                    "policy `{policy}` answered without running attempt {attempt}"
+                ),
+            },
             EventKind::AttemptFinished {
                 attempt,
                 duration,
@@ -412,7 +436,8 @@ impl EventKind {
             | EventKind::LimitChanged { .. }
             | EventKind::ShadowRejected { .. }
             | EventKind::CoalesceTakeover
-            | EventKind::HedgeStarted { .. } => Severity::Debug,
+            | EventKind::HedgeStarted { .. }
+            | EventKind::ShortCircuited { .. } => Severity::Debug,
             EventKind::Rejected { reason, .. } => match reason {
                 RejectionReason::BulkheadFull
                 | RejectionReason::ConcurrencyLimited
@@ -423,6 +448,8 @@ impl EventKind {
                 RejectionReason::CircuitOpen
                 | RejectionReason::CooldownActive
                 | RejectionReason::CooldownExceedsDeadline => Severity::Debug,
+                // The policy's own decision, reported as it wants.
+                RejectionReason::PolicyRefused => Severity::Debug,
             },
             EventKind::CircuitHalfOpened | EventKind::CircuitClosed => Severity::Info,
             EventKind::CircuitOpened { .. }

@@ -3,9 +3,10 @@
 //! Retry (backoff + jitter + budget), circuit breaker, timeout, bulkhead,
 //! rate limiter, cooldown, adaptive concurrency limit (AIMD, Vegas,
 //! Gradient2), chaos injection, fallback and request coalescing (with a
-//! small cache of successes), composed into one [`Pipeline`], with
-//! state that can be shared across processes through a [`StateStore`]
-//! (in-memory by default, Redis with `seawall-redis`).
+//! small cache of successes), composed into one [`Pipeline`] with policies
+//! of your own ([`custom`]), with state that can be shared across processes
+//! through a [`StateStore`] (in-memory by default, Redis with
+//! `seawall-redis`).
 //!
 //! ```
 //! use std::time::Duration;
@@ -77,7 +78,9 @@
 //! place: a pipeline makes its attempts with one or the other, and what is
 //! declared after hedging acts on each hedged attempt. The fallback is
 //! always outermost; request coalescing ([`coalesce`]), when declared, is
-//! declared first and shares one execution of the whole call.
+//! declared first and shares one execution of the whole call. A policy
+//! written in code declares whether it stands around the whole call or
+//! around each attempt, and the same order rules place it ([`custom`]).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -92,6 +95,7 @@ pub mod coalesce;
 pub mod config;
 pub mod context;
 pub mod cooldown;
+pub mod custom;
 pub mod error;
 pub mod event;
 pub mod fallback;

@@ -49,7 +49,10 @@
 //! `event.severity` is the level of the event's `tracing` event (see
 //! [`event`](crate::event#tracing)): `trace`, `debug`, `info` or `warn`.
 //! `strategy.name` is the policy's name as the builder and the
-//! configuration spell it, or `fallback`, `chaos` and `store`.
+//! configuration spell it, or `fallback`, `chaos` and `store`; for a policy
+//! written in code ([`crate::custom`]) its own name, and `custom` for its
+//! refusals (the `rejected` event of reason `policy_refused`, which does not
+//! know which policy refused: its `short_circuited` event does).
 //!
 //! | `event.name` | `strategy.name` | `event.severity` | more attributes |
 //! | --- | --- | --- | --- |
@@ -66,7 +69,8 @@
 //! | `cache_miss` | `coalesce` | `trace` | |
 //! | `hedge_started` | `hedging` | `debug` | `hedge.trigger`: `delay`, `failure` |
 //! | `hedge_budget_exhausted` | `hedging` | `warn` | |
-//! | `rejected` | the refusing policy: `circuit_breaker`, `bulkhead`, `rate_limiter`, `cooldown`, `retry` (its budget), `adaptive_limit` | `warn` for `bulkhead_full`, `rate_limited`, `retry_budget_exhausted`, `concurrency_limited`; `debug` for the others | `event.reason`: the [`RejectionReason`] (`circuit_open`, `bulkhead_full`, `rate_limited`, `cooldown_active`, `cooldown_exceeds_deadline`, `retry_budget_exhausted`, `concurrency_limited`) |
+//! | `short_circuited` | the policy written in code | `debug` | `policy.position`: `call`, `attempt` |
+//! | `rejected` | the refusing policy: `circuit_breaker`, `bulkhead`, `rate_limiter`, `cooldown`, `retry` (its budget), `adaptive_limit`, `custom` (a policy written in code) | `warn` for `bulkhead_full`, `rate_limited`, `retry_budget_exhausted`, `concurrency_limited`; `debug` for the others | `event.reason`: the [`RejectionReason`] (`circuit_open`, `bulkhead_full`, `rate_limited`, `cooldown_active`, `cooldown_exceeds_deadline`, `retry_budget_exhausted`, `concurrency_limited`, `policy_refused`) |
 //! | `deferred` | the policy that made the call wait | `debug` | `event.reason`: as for `rejected` |
 //! | `shadow_rejected` | the policy in [shadow mode](crate::shadow) that would have refused the call (it went on) | `debug` | `event.reason`: as for `rejected` |
 //! | `circuit_opened` | `circuit_breaker` | `warn` | |
@@ -206,6 +210,9 @@ pub fn describe() {
     );
 }
 
+/// The `strategy.name` of a refusal by a policy written in code.
+const CUSTOM: &str = "custom";
+
 /// The `strategy.name` of the policy that refuses or defers a call for
 /// `reason`.
 fn refusing_strategy(reason: RejectionReason) -> &'static str {
@@ -218,6 +225,8 @@ fn refusing_strategy(reason: RejectionReason) -> &'static str {
         }
         RejectionReason::RetryBudgetExhausted => PolicyKind::Retry.name(),
         RejectionReason::ConcurrencyLimited => PolicyKind::AdaptiveLimit.name(),
+        // Its name is in the policy's `short_circuited` event.
+        RejectionReason::PolicyRefused => CUSTOM,
     }
 }
 
@@ -348,6 +357,13 @@ impl Sink {
             EventKind::HedgeBudgetExhausted { .. } => {
                 (PolicyKind::Hedging.name(), "hedge_budget_exhausted", None)
             }
+            EventKind::ShortCircuited {
+                policy, position, ..
+            } => (
+                *policy,
+                "short_circuited",
+                Some(("policy.position", position.as_str())),
+            ),
             EventKind::Rejected { reason, .. } => (
                 refusing_strategy(*reason),
                 "rejected",

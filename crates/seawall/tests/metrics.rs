@@ -340,6 +340,20 @@ fn every_event() -> Vec<(EventKind, &'static str, Value)> {
             Counter(1),
         ),
         (
+            EventKind::ShortCircuited {
+                policy: "maintenance",
+                position: seawall::custom::Position::Call,
+                attempt: 1,
+            },
+            event("event.name=short_circuited,event.severity=debug,pipeline.name=p,policy.position=call,strategy.name=maintenance"),
+            Counter(1),
+        ),
+        (
+            rejected(RejectionReason::PolicyRefused),
+            event("event.name=rejected,event.reason=policy_refused,event.severity=debug,pipeline.name=p,strategy.name=custom"),
+            Counter(1),
+        ),
+        (
             EventKind::AttemptFinished {
                 attempt: 3,
                 duration: ms(250),

@@ -164,7 +164,7 @@ impl fmt::Display for UnknownPipeline {
         match &self.typed {
             Some(kind) => write!(
                 f,
-                "pipeline `{}` names a classifier or a fallback: it is a `Pipeline<{kind}>`, look it up with `Registry::typed`",
+                "pipeline `{}` names handlers registered in code (a classifier, a fallback or a policy): it is a `Pipeline<{kind}>`, look it up with `Registry::typed`",
                 self.name
             ),
             None => write!(

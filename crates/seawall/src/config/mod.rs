@@ -51,7 +51,7 @@
 //! ## Pipeline entry
 //! | key | value |
 //! | --- | --- |
-//! | `policies` | the policies in force, in declaration order, outermost first (see below) |
+//! | `policies` | the policies in force, in declaration order, outermost first (see below); it may list policies written in code by name |
 //! | `coalesce` | table, below: concurrent calls with the same key share one execution (`{}` for sharing alone) |
 //! | `timeout` | bounds the whole call: a duration, or `{ duration = "5s", strict = true }` |
 //! | `attempt_timeout` | bounds each attempt (needs `retry` or `hedging`); same forms as `timeout` |
@@ -98,6 +98,9 @@
 //!   but does not list is an error, and a listed policy needs a section
 //!   (`cooldown` and `coalesce` excepted: they have defaults for everything).
 //! - `policies` itself is inherited from `default` as a whole.
+//! - A name that is no policy of the file (a snake_case word) names a
+//!   policy written in code, registered on the [`RegistryBuilder`] (see
+//!   below); it has no section, and it is in force only where it is listed.
 //!
 //! ## `retry`
 //! | key | value | default |
@@ -269,6 +272,24 @@
 //! when the service is slow or known down, and lets its own errors
 //! through. It needs a `fallback`, and must not be empty.
 //!
+//! ## Policies written in code
+//! A policy written in code ([`crate::custom::Policy`]) registered with
+//! [`RegistryBuilder::policy`] is listed in `policies` by its name, at the
+//! place where it stands: `policies = ["audit", "timeout", "retry",
+//! "count"]` declares `audit` around the whole call, outside the timeout,
+//! and `count` around each attempt. Its place must fit the position it
+//! declares, by the builder's rules (a load error at `policies` otherwise,
+//! naming the policy, its position and the rule). Such a pipeline is
+//! looked up typed, as `Pipeline<ValueType<T, E>>` for a policy of
+//! `Result<T, E>`, or as its fallback's kind; a classifier, a fallback and
+//! policies named together handle the same `T` and `E`.
+//! [`Config::parse`] accepts the names without knowing them; a registry
+//! that does not register a listed name refuses the load:
+//!
+//! ```text
+//! seawall.toml:3:12: pipeline `quotes`: pipeline.policies lists `audti`, which is neither a policy of the file nor a policy registered in code (registered policies: `audit`, `count`); register it with `RegistryBuilder::policy`
+//! ```
+//!
 //! A name that is not registered, or a classifier and a fallback of
 //! different error types named together, fails the load (or the reload,
 //! which keeps the old pipelines) with a [`LoadError::Invalid`] at the
@@ -280,7 +301,9 @@
 //!
 //! A reload may name other registered handlers, or none: look the
 //! pipeline up again after a reload to follow it. [`Config::builder`]
-//! declares the policies only; the handlers are added by the registry.
+//! declares the policies of the file only; the handlers are added by the
+//! registry (a builder of an entry that lists a policy written in code
+//! refuses to build: only a registry can place it).
 //!
 //! ## YAML
 //! The same structure:
@@ -484,7 +507,9 @@ impl Config {
             config.pipelines.insert(name.to_owned(), resolved);
         }
         for (name, resolved) in &config.pipelines {
-            validate(resolved.apply(Pipeline::builder(name.as_str()), None))
+            // The policies written in code are checked by the registry
+            // that knows them.
+            validate(resolved.apply(Pipeline::builder(name.as_str()), None, None))
                 .map_err(|e| config.invalid(name, e))?;
         }
         Ok(config)
@@ -509,10 +534,12 @@ impl Config {
     /// configured order, on the default store and clock; `None` when no
     /// such pipeline is configured. A `classifier` or `fallback` the entry
     /// names is not applied (a [`Registry`] applies them): add them to the
-    /// builder.
+    /// builder. An entry that lists a policy written in code gives a
+    /// builder that refuses to build (`pipeline.policies`): only a registry
+    /// that registers the policy can declare it at its place.
     pub fn builder(&self, name: &str) -> Option<PipelineBuilder> {
         let resolved = self.pipelines.get(name)?;
-        Some(resolved.apply(Pipeline::builder(name), None))
+        Some(resolved.apply(Pipeline::builder(name), None, Some(&|_| None)))
     }
 
     pub(crate) fn resolved(&self) -> impl Iterator<Item = (&str, &Resolved)> + '_ {
@@ -574,8 +601,18 @@ impl StateStore for ValidationStore {
 /// Runs every check of `build()` on `builder` without binding its stateful
 /// policies to a store.
 pub(crate) fn validate(builder: PipelineBuilder) -> Result<(), ConfigError> {
-    match builder.store(ValidationStore).build() {
-        Ok(_) => Ok(()),
+    validate_by(builder, |b| b.build().map(drop))
+}
+
+/// Runs every check of `build`, which builds the pipeline of `builder`
+/// (typed by the handlers named in code), without binding its stateful
+/// policies to a store.
+pub(crate) fn validate_by(
+    builder: PipelineBuilder,
+    build: impl FnOnce(PipelineBuilder) -> Result<(), ConfigError>,
+) -> Result<(), ConfigError> {
+    match build(builder.store(ValidationStore)) {
+        Ok(()) => Ok(()),
         Err(e) if e.policy == "store" && e.rule.contains(VALIDATION_ONLY) => Ok(()),
         Err(e) => Err(e),
     }

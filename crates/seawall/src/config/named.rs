@@ -12,9 +12,12 @@ use serde::Deserialize;
 
 use super::raw::one_of;
 use crate::classify::Verdict;
-use crate::context::Context;
+use crate::context::{intern, Context};
+use crate::custom::{Policy, Position};
 use crate::error::{ConfigError, Error, RejectionReason};
-use crate::pipeline::{AnyResult, Kind, PipelineBuilder, WithAsyncFallback, WithFallback};
+use crate::pipeline::{
+    AnyResult, Kind, OutcomeKind, PipelineBuilder, ValueType, WithAsyncFallback, WithFallback,
+};
 use crate::Pipeline;
 
 /// A built pipeline of some kind, with the name of its kind.
@@ -66,16 +69,71 @@ struct Classifier {
 type ClassifyFn<E> = Arc<dyn Fn(&E) -> Verdict + Send + Sync>;
 
 /// Builds a pipeline with a fallback and, maybe, a classifier of the same
-/// error type.
+/// error type and policies written in code of the same types.
 type FallbackBuild = Arc<
     dyn Fn(
             PipelineBuilder,
             Option<&Arc<dyn Any + Send + Sync>>,
             Option<&[FallbackOn]>,
+            &[Binding<'_>],
         ) -> Result<Typed, ConfigError>
         + Send
         + Sync,
 >;
+
+/// Builds a pipeline with policies written in code (no fallback) and,
+/// maybe, a classifier of the same error type.
+type PoliciesBuild = Arc<
+    dyn Fn(
+            PipelineBuilder,
+            Option<&Arc<dyn Any + Send + Sync>>,
+            &[Binding<'_>],
+        ) -> Result<Typed, ConfigError>
+        + Send
+        + Sync,
+>;
+
+/// A policy written in code, erased: a `CustomPolicy<T, E>` for its `T`
+/// and `E`.
+#[derive(Clone)]
+struct NamedPolicy {
+    /// Its name, kept for the pipelines that declare it.
+    name: &'static str,
+    position: Position,
+    value: TypeId,
+    error: TypeId,
+    /// `Result<T, E>`, for messages.
+    result_name: &'static str,
+    policy: Arc<dyn Any + Send + Sync>,
+    /// Builds the pipeline whose first listed policy written in code is
+    /// this one, when it has no fallback.
+    build: PoliciesBuild,
+}
+
+/// A policy written in code listed by a pipeline, to declare at its place.
+pub(crate) struct Binding<'a> {
+    name: &'static str,
+    position: Position,
+    policy: &'a Arc<dyn Any + Send + Sync>,
+}
+
+/// Binds the policies written in code of `bindings` into a builder that
+/// knows their `T` and `E` (checked by [`Named::lookup`]).
+fn bind<K, T, E>(mut builder: PipelineBuilder<K>, bindings: &[Binding<'_>]) -> PipelineBuilder<K>
+where
+    K: OutcomeKind<T, E, Out = K>,
+    T: 'static,
+    E: 'static,
+{
+    for b in bindings {
+        if let Some(p) = b.policy.downcast_ref::<CustomPolicy<T, E>>() {
+            builder = builder.bind_policy(b.name, b.position, Arc::clone(p));
+        }
+    }
+    builder
+}
+
+type CustomPolicy<T, E> = Arc<dyn Policy<T, E>>;
 
 /// A kind of final error a configured fallback takes (`fallback_on`): a
 /// variant of [`Error`], or a rejection of one reason.
@@ -163,16 +221,21 @@ fn filter<E>(on: &[FallbackOn]) -> impl Fn(&Error<E>) -> bool + Send + Sync + 's
 
 #[derive(Clone)]
 struct Fallback {
+    value: TypeId,
     error: TypeId,
     error_name: &'static str,
+    /// `Result<T, E>`, for messages.
+    result_name: &'static str,
     build: FallbackBuild,
 }
 
-/// The classifiers and fallbacks of a registry, by name.
+/// The classifiers, fallbacks and policies written in code of a registry,
+/// by name.
 #[derive(Clone, Default)]
 pub(crate) struct Named {
     classifiers: BTreeMap<String, Classifier>,
     fallbacks: BTreeMap<String, Fallback>,
+    policies: BTreeMap<String, NamedPolicy>,
 }
 
 impl fmt::Debug for Named {
@@ -180,8 +243,14 @@ impl fmt::Debug for Named {
         f.debug_struct("Named")
             .field("classifiers", &self.classifiers.keys().collect::<Vec<_>>())
             .field("fallbacks", &self.fallbacks.keys().collect::<Vec<_>>())
+            .field("policies", &self.policies.keys().collect::<Vec<_>>())
             .finish()
     }
+}
+
+/// `Result<T, E>`, named.
+fn result_name<T, E>() -> &'static str {
+    type_name::<Result<T, E>>()
 }
 
 impl Named {
@@ -213,11 +282,12 @@ impl Named {
         F: Fn(Error<E>, Context) -> Result<T, E> + Send + Sync + 'static,
     {
         let fallback = Arc::new(fallback);
-        self.add_fallback::<E>(
+        self.add_fallback::<T, E>(
             name,
-            Arc::new(move |b, classify, on| {
+            Arc::new(move |b, classify, on, bindings| {
                 let f = Arc::clone(&fallback);
                 let b = b.fallback_sync(move |e: Error<E>, ctx| f(e, ctx));
+                let b = bind(b, bindings);
                 let b = match on {
                     Some(on) => b.fallback_when(filter(on)),
                     None => b,
@@ -239,11 +309,12 @@ impl Named {
         Fut: Future<Output = Result<T, E>> + Send + 'static,
     {
         let fallback = Arc::new(fallback);
-        self.add_fallback::<E>(
+        self.add_fallback::<T, E>(
             name,
-            Arc::new(move |b, classify, on| {
+            Arc::new(move |b, classify, on, bindings| {
                 let f = Arc::clone(&fallback);
                 let b = b.fallback(move |e: Error<E>, ctx| f(e, ctx));
+                let b = bind(b, bindings);
                 let b = match on {
                     Some(on) => b.fallback_when(filter(on)),
                     None => b,
@@ -257,28 +328,133 @@ impl Named {
         );
     }
 
-    fn add_fallback<E: 'static>(&mut self, name: &str, build: FallbackBuild) {
+    fn add_fallback<T: 'static, E: 'static>(&mut self, name: &str, build: FallbackBuild) {
         self.fallbacks.insert(
             name.to_owned(),
             Fallback {
+                value: TypeId::of::<T>(),
                 error: TypeId::of::<E>(),
                 error_name: type_name::<E>(),
+                result_name: result_name::<T, E>(),
                 build,
             },
         );
     }
 
-    /// Checks that the names exist and that a classifier and a fallback
-    /// named together handle the same error type.
-    pub(crate) fn check(
+    pub(crate) fn add_policy<T, E, P>(&mut self, policy: P)
+    where
+        T: Send + 'static,
+        E: Send + 'static,
+        P: Policy<T, E> + 'static,
+    {
+        let name = intern(policy.name());
+        let position = policy.position();
+        let policy: CustomPolicy<T, E> = Arc::new(policy);
+        self.policies.insert(
+            name.to_owned(),
+            NamedPolicy {
+                name,
+                position,
+                value: TypeId::of::<T>(),
+                error: TypeId::of::<E>(),
+                result_name: result_name::<T, E>(),
+                policy: Arc::new(policy),
+                build: Arc::new(|b, classify, bindings| {
+                    let b = bind(b.value_type::<T, E>(), bindings);
+                    let b = match classify_of::<E>(classify) {
+                        Some(c) => b.classify(move |e: &E| c(e)),
+                        None => b,
+                    };
+                    b.build().map(Typed::new::<ValueType<T, E>>)
+                }),
+            },
+        );
+    }
+
+    /// The name (as kept) and the position of the policy written in code
+    /// registered as `name`.
+    pub(crate) fn position(&self, name: &str) -> Option<(&'static str, Position)> {
+        self.policies.get(name).map(|p| (p.name, p.position))
+    }
+
+    /// Checks that the names exist and that the handlers named together
+    /// handle the same types: a classifier's errors those of the fallback
+    /// and of the policies written in code, whose results are the
+    /// fallback's.
+    pub(crate) fn check<'a>(
         &self,
         classifier: Option<&str>,
         fallback: Option<&str>,
+        policies: impl IntoIterator<Item = &'a str>,
     ) -> Result<(), ConfigError> {
-        self.lookup(classifier, fallback).map(drop)
+        self.lookup(classifier, fallback, policies).map(drop)
     }
 
-    fn lookup(
+    #[allow(clippy::type_complexity)]
+    fn lookup<'a>(
+        &self,
+        classifier: Option<&str>,
+        fallback: Option<&str>,
+        policies: impl IntoIterator<Item = &'a str>,
+    ) -> Result<
+        (
+            Option<&Classifier>,
+            Option<&Fallback>,
+            Vec<(&'a str, &NamedPolicy)>,
+        ),
+        ConfigError,
+    > {
+        let (c, f) = self.lookup_handlers(classifier, fallback)?;
+        let mut listed: Vec<(&'a str, &NamedPolicy)> = Vec::new();
+        for name in policies {
+            let Some(p) = self.policies.get(name) else {
+                let known: Vec<String> = self.policies.keys().map(|n| format!("`{n}`")).collect();
+                let known = if known.is_empty() {
+                    "none".to_owned()
+                } else {
+                    known.join(", ")
+                };
+                return Err(ConfigError::new(
+                    "pipeline",
+                    "policies",
+                    format!(
+                        "lists `{name}`, which is neither a policy of the file nor a policy registered in code (registered policies: {known}); register it with `RegistryBuilder::policy`"
+                    ),
+                ));
+            };
+            // One `Result<T, E>` for every handler of the pipeline.
+            let other = match (listed.first(), f) {
+                (_, Some(f)) if (f.value, f.error) != (p.value, p.error) => Some(format!(
+                    "fallback `{}` handles `{}`",
+                    fallback.unwrap_or_default(),
+                    f.result_name
+                )),
+                (Some((first, q)), _) if (q.value, q.error) != (p.value, p.error) => {
+                    Some(format!("policy `{first}` handles `{}`", q.result_name))
+                }
+                _ => match (c, classifier) {
+                    (Some(c), Some(cn)) if c.error != p.error => {
+                        Some(format!("classifier `{cn}` handles `{}`", c.error_name))
+                    }
+                    _ => None,
+                },
+            };
+            if let Some(other) = other {
+                return Err(ConfigError::new(
+                    "pipeline",
+                    "policies",
+                    format!(
+                        "`{name}` handles `{}`, but {other}: name handlers of the same types",
+                        p.result_name
+                    ),
+                ));
+            }
+            listed.push((name, p));
+        }
+        Ok((c, f, listed))
+    }
+
+    fn lookup_handlers(
         &self,
         classifier: Option<&str>,
         fallback: Option<&str>,
@@ -312,19 +488,32 @@ impl Named {
         Ok((c, f))
     }
 
-    /// Builds the pipeline of `builder` with the named handlers; `None`
-    /// when it names none.
-    pub(crate) fn build(
+    /// Builds the pipeline of `builder` with the named handlers (the
+    /// policies written in code at the places `builder` declares them);
+    /// `None` when it names none.
+    pub(crate) fn build<'a>(
         &self,
         builder: PipelineBuilder,
         classifier: Option<&str>,
         fallback: Option<&str>,
         fallback_on: Option<&[FallbackOn]>,
+        policies: impl IntoIterator<Item = &'a str>,
     ) -> Result<Option<Typed>, ConfigError> {
-        match self.lookup(classifier, fallback)? {
-            (None, None) => Ok(None),
-            (Some(c), None) => (c.build)(builder).map(Some),
-            (c, Some(f)) => (f.build)(builder, c.map(|c| &c.classify), fallback_on).map(Some),
+        let (c, f, listed) = self.lookup(classifier, fallback, policies)?;
+        let bindings: Vec<Binding<'_>> = listed
+            .iter()
+            .map(|(_, p)| Binding {
+                name: p.name,
+                position: p.position,
+                policy: &p.policy,
+            })
+            .collect();
+        let classify = c.map(|c| &c.classify);
+        match (c, f, listed.first()) {
+            (None, None, None) => Ok(None),
+            (_, Some(f), _) => (f.build)(builder, classify, fallback_on, &bindings).map(Some),
+            (_, None, Some((_, p))) => (p.build)(builder, classify, &bindings).map(Some),
+            (Some(c), None, None) => (c.build)(builder).map(Some),
         }
     }
 }

@@ -63,6 +63,9 @@ pub(super) fn resolve(
             own: None,
             base: None,
         }))),
+        // No section: a policy written in code is listed by name and
+        // declared by the registry that knows it.
+        PolicyKind::CustomCall | PolicyKind::CustomAttempt => return Err(missing()),
     })
 }
 

@@ -11,6 +11,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use seawall_order::{check, scope, Misplaced, Place, PolicyKind, Rule, Scope, Setting, Value};
@@ -19,6 +20,7 @@ use serde::Deserialize;
 
 use super::named::FallbackOn;
 use super::policies::{resolve, Layers};
+use crate::custom::Position;
 use crate::error::ConfigError;
 use crate::pipeline::{Declared, PipelineBuilder};
 use crate::retry::{Jitter, RetryBudget};
@@ -49,7 +51,7 @@ impl RawFile {
 /// section per registered policy.
 #[derive(Debug, Default, Clone)]
 pub(crate) struct RawPipeline {
-    policies: Option<Vec<PolicyName>>,
+    policies: Option<Vec<Listed>>,
     sections: Vec<(PolicyName, Section)>,
     partition_idle: Option<Dur>,
     classifier: Option<String>,
@@ -251,6 +253,66 @@ impl<'de> Deserialize<'de> for PolicyName {
                     let names: Vec<&str> = PolicyName::all().map(PolicyName::as_str).collect();
                     E::custom(format_args!("unknown variant `{s}`, {}", one_of(&names)))
                 })
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+/// An entry of `policies`: a policy of the file, or a policy written in
+/// code ([`crate::custom`]) by the name it is registered under.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Listed {
+    Policy(PolicyName),
+    Code(Arc<str>),
+}
+
+impl Listed {
+    fn as_str(&self) -> &str {
+        match self {
+            Listed::Policy(p) => p.as_str(),
+            Listed::Code(name) => name,
+        }
+    }
+
+    fn policy(&self) -> Option<PolicyName> {
+        match self {
+            Listed::Policy(p) => Some(*p),
+            Listed::Code(_) => None,
+        }
+    }
+}
+
+/// A name a policy written in code may be listed under: a snake_case
+/// word that is no key of a pipeline entry (`fallback` is always
+/// outermost and is not listed).
+fn code_name(s: &str) -> bool {
+    let word = s.starts_with(|c: char| c.is_ascii_lowercase())
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+    word && !entry_keys().contains(&s)
+}
+
+impl<'de> Deserialize<'de> for Listed {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = Listed;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a policy name")
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<Listed, E> {
+                if let Some(p) = PolicyName::from_str(s) {
+                    return Ok(Listed::Policy(p));
+                }
+                if code_name(s) {
+                    return Ok(Listed::Code(s.into()));
+                }
+                let names: Vec<&str> = PolicyName::all().map(PolicyName::as_str).collect();
+                Err(E::custom(format_args!(
+                    "unknown variant `{s}`, {}, or the snake_case name of a policy registered in code",
+                    one_of(&names)
+                )))
             }
         }
         d.deserialize_str(V)
@@ -616,6 +678,9 @@ impl<'de> Deserialize<'de> for JitterValue {
 #[derive(Debug, Clone)]
 pub(crate) struct Resolved {
     policies: Vec<(PolicyName, Declared)>,
+    /// The policies written in code listed in `policies`, by name, each
+    /// with how many policies of the file are listed before it.
+    code: Vec<(Arc<str>, usize)>,
     partition_idle: Option<Duration>,
     /// The name of the classifier registered in code, if one is named.
     pub(crate) classifier: Option<String>,
@@ -630,9 +695,17 @@ impl Resolved {
         own: &RawPipeline,
         base: Option<&RawPipeline>,
     ) -> Result<Resolved, ConfigError> {
-        let order = order(own, base)?;
-        let mut policies = Vec::with_capacity(order.len());
-        for p in order {
+        let listed = order(own, base)?;
+        let mut policies = Vec::with_capacity(listed.len());
+        let mut code = Vec::new();
+        for entry in listed {
+            let p = match entry {
+                Listed::Policy(p) => p,
+                Listed::Code(name) => {
+                    code.push((name, policies.len()));
+                    continue;
+                }
+            };
             let missing = || {
                 ConfigError::new(
                     "pipeline",
@@ -674,6 +747,7 @@ impl Resolved {
         }
         Ok(Resolved {
             policies,
+            code,
             partition_idle,
             classifier: inherit(&own.classifier, base.map(|b| &b.classifier)),
             fallback,
@@ -683,22 +757,35 @@ impl Resolved {
 
     /// Declares the policies on `builder`, in order. `budget` replaces the
     /// retry budget (to keep the tokens of an unchanged budget on reload).
+    /// The policies written in code are left out without `code`; with it,
+    /// each is declared at its place, under the name and at the position
+    /// `code` gives for it, to be bound by the registry (one `code` does not
+    /// know makes `build()` fail).
     pub(crate) fn apply(
         &self,
         mut builder: PipelineBuilder,
         budget: Option<&RetryBudget>,
+        code: Option<Code<'_>>,
     ) -> PipelineBuilder {
-        for (_, p) in &self.policies {
+        let mut listed = self.code.iter().peekable();
+        for (i, (_, p)) in self.policies.iter().enumerate() {
+            builder = declare_code(builder, &mut listed, i, code);
             builder = builder.declare(match (p, budget) {
                 (Declared::Retry(r), Some(b)) => Declared::Retry(r.clone().budget(b.clone())),
                 (Declared::Hedging(h), Some(b)) => Declared::Hedging(h.clone().budget(b.clone())),
                 _ => p.clone(),
             });
         }
+        builder = declare_code(builder, &mut listed, self.policies.len(), code);
         if let Some(idle) = self.partition_idle {
             builder = builder.partition_idle(idle);
         }
         builder
+    }
+
+    /// The names of the policies written in code listed in `policies`.
+    pub(crate) fn code(&self) -> impl Iterator<Item = &str> + '_ {
+        self.code.iter().map(|(name, _)| &**name)
     }
 
     /// The budget of the retry or of hedging (a pipeline has at most one
@@ -721,31 +808,73 @@ impl Resolved {
     }
 }
 
+/// What the registry knows of a policy written in code listed by name: the
+/// name it keeps and its position.
+pub(crate) type Code<'a> = &'a dyn Fn(&str) -> Option<(&'static str, Position)>;
+
+/// Declares the policies written in code listed before the policy of the
+/// file at `before` (all the rest when it is the last).
+fn declare_code<'a>(
+    mut builder: PipelineBuilder,
+    listed: &mut std::iter::Peekable<impl Iterator<Item = &'a (Arc<str>, usize)>>,
+    before: usize,
+    code: Option<Code<'_>>,
+) -> PipelineBuilder {
+    while let Some((name, _)) = listed.next_if(|(_, at)| *at <= before) {
+        let Some(known) = code else { continue };
+        builder =
+            match known(name) {
+                Some((name, position)) => builder.declare(Declared::custom(name, position, None)),
+                None => builder.refuse(ConfigError::new(
+                    "pipeline",
+                    "policies",
+                    format!(
+                    "lists `{name}`, which is not a policy of the file ({}): a policy written in \
+                     code is declared by a `Registry` that registers it \
+                     (`RegistryBuilder::policy`)",
+                    one_of(&PolicyName::all().map(PolicyName::as_str).collect::<Vec<_>>())
+                ),
+                )),
+            };
+    }
+    builder
+}
+
 /// The policies in force, in declaration order. The order rules are
 /// [`seawall_order::check`]'s (applied again by the builder); here they are
 /// only worded for the `policies` list, and the name of a policy that may
 /// stand on either side of the retry is held to the side its position puts
-/// it on ([`seawall_order::scope`]).
-fn order(own: &RawPipeline, base: Option<&RawPipeline>) -> Result<Vec<PolicyName>, ConfigError> {
+/// it on ([`seawall_order::scope`]). A policy written in code is listed by
+/// name, once; where it may stand is the builder's to check, once the
+/// registry knows its position.
+fn order(own: &RawPipeline, base: Option<&RawPipeline>) -> Result<Vec<Listed>, ConfigError> {
     let err = |rule: String| ConfigError::new("pipeline", "policies", rule);
     let listed = own
         .policies
         .as_ref()
         .or_else(|| base.and_then(|b| b.policies.as_ref()));
-    let order: Vec<PolicyName> = match listed {
+    let listed: Vec<Listed> = match listed {
         Some(list) => {
-            let kinds: Vec<PolicyKind> = list.iter().map(|p| p.kind()).collect();
+            for (i, entry) in list.iter().enumerate() {
+                if let Listed::Code(_) = entry {
+                    if list[..i].contains(entry) {
+                        return Err(err(format!("lists `{}` twice", entry.as_str())));
+                    }
+                }
+            }
+            let files: Vec<PolicyName> = list.iter().filter_map(Listed::policy).collect();
+            let kinds: Vec<PolicyKind> = files.iter().map(|p| p.kind()).collect();
             if let Err(Misplaced {
                 at,
                 rule: Rule::Twice { first } | Rule::SecondOnSide { first, .. },
                 ..
             }) = check(&kinds)
             {
-                if list[first] == list[at] {
-                    return Err(err(format!("lists `{}` twice", list[at].as_str())));
+                if files[first] == files[at] {
+                    return Err(err(format!("lists `{}` twice", files[at].as_str())));
                 }
             }
-            if let Some(p) = PolicyName::all().find(|p| p.configured(own) && !list.contains(p)) {
+            if let Some(p) = PolicyName::all().find(|p| p.configured(own) && !files.contains(p)) {
                 return Err(err(format!(
                     "does not list `{0}`, which this pipeline configures: add it to `policies` or remove the `{0}` section",
                     p.as_str()
@@ -755,8 +884,10 @@ fn order(own: &RawPipeline, base: Option<&RawPipeline>) -> Result<Vec<PolicyName
         }
         None => PolicyName::all()
             .filter(|p| p.configured(own) || base.is_some_and(|b| p.configured(b)))
+            .map(Listed::Policy)
             .collect(),
     };
+    let order: Vec<PolicyName> = listed.iter().filter_map(Listed::policy).collect();
     let kinds: Vec<PolicyKind> = order.iter().map(|p| p.kind()).collect();
     let has_retry = kinds.iter().any(|k| k.place() == Place::Retry);
     // The policy that makes the attempts: the retry, or hedging.
@@ -789,7 +920,7 @@ fn order(own: &RawPipeline, base: Option<&RawPipeline>) -> Result<Vec<PolicyName
             _ => {}
         }
     }
-    Ok(order)
+    Ok(listed)
 }
 
 #[cfg(test)]
@@ -891,6 +1022,9 @@ mod tests {
                     Pipeline::builder("a")
                         .coalesce(crate::Coalesce::new().ttl(ms(1000)).max_entries(8)),
                 ),
+                // Not in the table: a policy written in code is listed by
+                // its name (`tests/custom_policy.rs`).
+                PolicyKind::CustomCall | PolicyKind::CustomAttempt => continue,
             };
             let config = Config::parse(Format::Toml, &format!("[pipelines.a]\n{section}\n"))
                 .unwrap_or_else(|e| panic!("{kind:?}: {e}"));

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuar
 
 use super::named::{Named, Typed};
 use super::raw::Resolved;
-use super::{source, validate, Config, Format, LoadError, LookupError, UnknownPipeline};
+use super::{source, validate_by, Config, Format, LoadError, LookupError, UnknownPipeline};
 use crate::classify::Verdict;
 use crate::clock::{Clock, Random};
 use crate::context::Context;
@@ -167,6 +167,62 @@ impl RegistryBuilder {
         F: Fn(Error<E>, Context) -> Result<T, E> + Send + Sync + 'static,
     {
         self.named.add_fallback_sync(name, fallback);
+        self
+    }
+
+    /// Registers a policy written in code ([`crate::custom`]) for
+    /// `Result<T, E>` under its [`name`](crate::custom::Policy::name), for
+    /// the pipelines whose `policies` list names it: it is declared at its
+    /// place in the list, which must fit the
+    /// [position](crate::custom::Policy::position) it declares (a load
+    /// error at `policies` otherwise). Such a pipeline is looked up with
+    /// [`Registry::typed`] as a `Pipeline<ValueType<T, E>>` (or, with a
+    /// fallback, as the fallback's kind); the classifier, the fallback and
+    /// the other policies it names must handle the same types. A name
+    /// registered again replaces the earlier registration.
+    ///
+    /// ```
+    /// use std::sync::atomic::{AtomicU32, Ordering};
+    /// use std::sync::Arc;
+    /// use seawall::config::{Format, Registry};
+    /// use seawall::custom::{Next, Policy, PolicyFuture, Position};
+    /// use seawall::pipeline::ValueType;
+    /// use seawall::Context;
+    ///
+    /// /// Counts the calls that reach the pipeline.
+    /// struct Calls(Arc<AtomicU32>);
+    ///
+    /// impl Policy<u32, std::io::Error> for Calls {
+    ///     fn name(&self) -> &str { "calls" }
+    ///     fn position(&self) -> Position { Position::Call }
+    ///     fn call<'a>(&'a self, _: Context, next: Next<'a, u32, std::io::Error>)
+    ///         -> PolicyFuture<'a, u32, std::io::Error>
+    ///     {
+    ///         self.0.fetch_add(1, Ordering::Relaxed);
+    ///         Box::pin(async move { next.run().await })
+    ///     }
+    /// }
+    ///
+    /// let calls = Arc::new(AtomicU32::new(0));
+    /// let registry = Registry::builder()
+    ///     .policy(Calls(Arc::clone(&calls)))
+    ///     .load_str(Format::Toml, r#"
+    /// [pipelines.quotes]
+    /// policies = ["calls", "retry"]
+    /// retry = { max_attempts = 2, delay = "1ms" }
+    /// "#)?;
+    /// let quotes = registry.typed::<ValueType<u32, std::io::Error>>("quotes")?;
+    /// assert_eq!(quotes.call(|_| Ok(7))?, 7);
+    /// assert_eq!(calls.load(Ordering::Relaxed), 1);
+    /// # Ok::<_, Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn policy<T, E, P>(mut self, policy: P) -> Self
+    where
+        T: Send + 'static,
+        E: Send + 'static,
+        P: crate::custom::Policy<T, E> + 'static,
+    {
+        self.named.add_policy(policy);
         self
     }
 
@@ -362,13 +418,23 @@ impl Inner {
         lock(&self.file)
     }
 
+    /// The builder of pipeline `name`, with the policies written in code
+    /// it lists (to be bound by [`Named::build`]) or without them (the
+    /// untyped pipeline a [`PipelineHandle`] serves).
     fn builder(
         &self,
         name: &str,
         resolved: &Resolved,
         budget: Option<&RetryBudget>,
+        code: bool,
     ) -> PipelineBuilder {
-        let mut b = resolved.apply(Pipeline::builder(name), budget);
+        let named = &self.named;
+        let known = |policy: &str| named.position(policy);
+        let mut b = resolved.apply(
+            Pipeline::builder(name),
+            budget,
+            code.then_some(&known as super::raw::Code<'_>),
+        );
         for step in &self.steps {
             b = step(name, b);
         }
@@ -392,8 +458,9 @@ impl Registry {
     }
 
     /// The pipeline `name`, as currently configured; `None` when no such
-    /// pipeline is configured, or when its entry names a classifier or a
-    /// fallback (look it up with [`typed`](Self::typed)).
+    /// pipeline is configured, or when its entry names a classifier, a
+    /// fallback or a policy written in code (look it up with
+    /// [`typed`](Self::typed)).
     pub fn get(&self, name: &str) -> Option<Pipeline> {
         self.typed(name).ok()
     }
@@ -402,8 +469,9 @@ impl Registry {
     ///
     /// # Errors
     /// [`UnknownPipeline`], naming the pipeline and those configured; a
-    /// pipeline whose entry names a classifier or a fallback is not
-    /// handed out untyped (it would run without them): look it up with
+    /// pipeline whose entry names a classifier, a fallback or a policy
+    /// written in code is not handed out untyped (it would run without
+    /// them): look it up with
     /// [`typed`](Self::typed).
     pub fn pipeline(&self, name: &str) -> Result<Pipeline, UnknownPipeline> {
         self.typed(name).map_err(|e| match e {
@@ -417,7 +485,9 @@ impl Registry {
 
     /// The pipeline `name`, as currently configured, of kind `K`: the kind
     /// its named handlers make it (`ErrorType<E>` for a classifier of `E`,
-    /// `WithFallback<T, E>` for a fallback registered with
+    /// `ValueType<T, E>` for policies written in code registered with
+    /// [`policy`](RegistryBuilder::policy), `WithFallback<T, E>` for a
+    /// fallback registered with
     /// [`fallback_sync`](RegistryBuilder::fallback_sync),
     /// `WithAsyncFallback<T, E>` for one registered with
     /// [`fallback`](RegistryBuilder::fallback)), or [`AnyResult`] when its
@@ -449,13 +519,14 @@ impl Registry {
 
     /// A handle that always serves the latest configuration of pipeline
     /// `name`. If a reload removes the name, the handle keeps serving the
-    /// last pipeline it had; if a reload names a classifier or a fallback
-    /// in its entry, the handle serves its policies without them (look the
-    /// pipeline up with [`typed`](Self::typed)).
+    /// last pipeline it had; if a reload names a classifier, a fallback or
+    /// policies written in code in its entry, the handle serves its other
+    /// policies without them (look the pipeline up with
+    /// [`typed`](Self::typed)).
     ///
     /// # Errors
     /// [`UnknownPipeline`] when no such pipeline is configured, or when its
-    /// entry names a classifier or a fallback.
+    /// entry names a classifier, a fallback or a policy written in code.
     pub fn handle(&self, name: &str) -> Result<PipelineHandle, UnknownPipeline> {
         // A pipeline with named handlers is refused, as by `pipeline`.
         self.pipeline(name)?;
@@ -578,11 +649,19 @@ impl Registry {
         // Check every pipeline before building any, so that a refused
         // configuration leaves no trace in the store.
         for (name, resolved) in config.resolved() {
-            validate(self.inner.builder(name, resolved, None))
+            let named = &self.inner.named;
+            let (classifier, fallback) =
+                (resolved.classifier.as_deref(), resolved.fallback.as_deref());
+            named
+                .check(classifier, fallback, resolved.code())
                 .and_then(|()| {
-                    self.inner
-                        .named
-                        .check(resolved.classifier.as_deref(), resolved.fallback.as_deref())
+                    validate_by(self.inner.builder(name, resolved, None, true), |b| {
+                        let on = resolved.fallback_on.as_deref();
+                        match named.build(b.clone(), classifier, fallback, on, resolved.code())? {
+                            Some(_) => Ok(()),
+                            None => b.build().map(drop),
+                        }
+                    })
                 })
                 .map_err(|e| config.invalid(name, e))?;
         }
@@ -600,18 +679,21 @@ impl Registry {
                 (Some(new), Some(old)) if new == old => Some(old.clone()),
                 (new, _) => new.cloned(),
             };
-            let builder = self.inner.builder(name, resolved, budget.as_ref());
+            let builder = self.inner.builder(name, resolved, budget.as_ref(), true);
             let typed = self
                 .inner
                 .named
                 .build(
-                    builder.clone(),
+                    builder,
                     resolved.classifier.as_deref(),
                     resolved.fallback.as_deref(),
                     resolved.fallback_on.as_deref(),
+                    resolved.code(),
                 )
                 .map_err(|e| config.invalid(name, e))?;
-            let pipeline = builder.build().map_err(|e| config.invalid(name, e))?;
+            // Untyped, a pipeline runs without the handlers named in code.
+            let untyped = self.inner.builder(name, resolved, budget.as_ref(), false);
+            let pipeline = untyped.build().map_err(|e| config.invalid(name, e))?;
             built.push((
                 name.to_owned(),
                 Entry {

@@ -192,6 +192,9 @@ fn error_keys(error: &ConfigError, overall_timeout_invalid: bool) -> Vec<Vec<&'s
             vec![vec![key, "duration"], vec![key]]
         }
         "store" => vec![],
+        // A policy written in code, listed in `policies`: its position or
+        // its name.
+        _ if matches!(error.field, "position" | "name") => vec![vec!["policies"]],
         policy => {
             let mut full = vec![policy];
             full.extend(field);

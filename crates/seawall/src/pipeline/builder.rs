@@ -106,6 +106,9 @@ pub struct PipelineBuilder<K: Kind = AnyResult> {
     partition_idle: Duration,
     strict_names: bool,
     handlers: K::Handlers,
+    /// A configuration error found before `build()` (a configuration file
+    /// naming what only a registry can declare), which `build()` returns.
+    refused: Option<ConfigError>,
 }
 
 impl<K: Kind> Clone for PipelineBuilder<K> {
@@ -121,6 +124,7 @@ impl<K: Kind> Clone for PipelineBuilder<K> {
             partition_idle: self.partition_idle,
             strict_names: self.strict_names,
             handlers: self.handlers.clone(),
+            refused: self.refused.clone(),
         }
     }
 }
@@ -147,6 +151,7 @@ impl PipelineBuilder<AnyResult> {
             partition_idle: Duration::from_secs(600),
             strict_names: false,
             handlers: (),
+            refused: None,
         }
     }
 }
@@ -155,6 +160,13 @@ impl<K: Kind> PipelineBuilder<K> {
     /// Appends a policy to the declared list; `build()` checks the order.
     pub(crate) fn declare(mut self, policy: Declared) -> Self {
         self.declared.push(policy);
+        self
+    }
+
+    /// Makes `build()` fail with `error` (the first one given).
+    #[cfg(feature = "serde")]
+    pub(crate) fn refuse(mut self, error: ConfigError) -> Self {
+        self.refused.get_or_insert(error);
         self
     }
 
@@ -486,6 +498,102 @@ impl<K: Kind> PipelineBuilder<K> {
         self.with_handlers(h).declare(Declared::Chaos(chaos))
     }
 
+    /// Adds a policy written in code ([`crate::custom`]) at the place it
+    /// stands in the chain: declare it where its
+    /// [`position`](crate::custom::Policy::position) says (around the whole
+    /// call: before `retry` and before the other policies of the call but a
+    /// timeout; around each attempt: after `retry`, the timeouts and the
+    /// stateful policies of the attempt, before chaos). `build()` checks the
+    /// order, and refuses a policy declared where its position cannot be, or
+    /// two policies of one name.
+    ///
+    /// Fixes the value and error types of the pipeline, as
+    /// [`chaos_outcome`](Self::chaos_outcome) does
+    /// ([`ValueType`](super::ValueType), or the fallback's kind): the
+    /// policy answers for `Result<T, E>`; both are inferred from the calls
+    /// when nothing fixed them before.
+    ///
+    /// ```
+    /// use seawall::custom::{Next, Policy, PolicyFuture, Position};
+    /// use seawall::{Context, Pipeline, Retry};
+    ///
+    /// /// Claims a position it cannot have here.
+    /// struct Audit;
+    /// impl<T: Send + 'static, E: Send + 'static> Policy<T, E> for Audit {
+    ///     fn name(&self) -> &str { "audit" }
+    ///     fn position(&self) -> Position { Position::Call }
+    ///     fn call<'a>(&'a self, _: Context, next: Next<'a, T, E>) -> PolicyFuture<'a, T, E> {
+    ///         Box::pin(async move { next.run().await })
+    ///     }
+    /// }
+    ///
+    /// let e = Pipeline::builder("ledger")
+    ///     .retry(Retry::constant(std::time::Duration::ZERO))
+    ///     .policy::<u32, std::io::Error, _>(Audit)
+    ///     .build()
+    ///     .unwrap_err();
+    /// assert_eq!((e.policy, e.field), ("audit", "position"));
+    /// assert!(e.rule.contains("declared after `retry`"), "{e}");
+    /// ```
+    pub fn policy<T, E, P>(self, policy: P) -> PipelineBuilder<K::Out>
+    where
+        K: OutcomeKind<T, E>,
+        T: Send + 'static,
+        E: Send + 'static,
+        P: crate::custom::Policy<T, E> + 'static,
+    {
+        let name = intern(policy.name());
+        let position = policy.position();
+        let policy: super::kind::CustomPolicy<T, E> = Arc::new(policy);
+        self.bind_policy(name, position, policy)
+    }
+
+    /// Adds a policy written in code, kept as the pipeline keeps it; a
+    /// declaration of it by name (from a configuration file) takes it, else
+    /// it is declared here.
+    pub(crate) fn bind_policy<T, E>(
+        self,
+        name: &'static str,
+        position: crate::custom::Position,
+        policy: super::kind::CustomPolicy<T, E>,
+    ) -> PipelineBuilder<K::Out>
+    where
+        K: OutcomeKind<T, E>,
+        T: 'static,
+        E: 'static,
+    {
+        let mut slot = 0;
+        let h = K::map_outcomes(self.handlers.clone(), |mut h| {
+            slot = h.policies.len();
+            h.policies.push(Arc::new(policy));
+            h
+        });
+        let mut this = self.with_handlers(h);
+        let named = this
+            .declared
+            .iter_mut()
+            .filter_map(Declared::as_custom_mut)
+            .find(|c| c.name == name && c.slot.is_none());
+        match named {
+            Some(c) => {
+                c.slot = Some(slot);
+                this
+            }
+            None => this.declare(Declared::custom(name, position, Some(slot))),
+        }
+    }
+
+    /// The builder, of the kind that knows `T` and `E` (to bind policies
+    /// written in code into it).
+    #[cfg(feature = "serde")]
+    pub(crate) fn value_type<T, E>(self) -> PipelineBuilder<K::Out>
+    where
+        K: OutcomeKind<T, E>,
+    {
+        let h = K::map_outcomes(self.handlers.clone(), |h| h);
+        self.with_handlers(h)
+    }
+
     fn map_errors<E>(
         self,
         f: impl FnOnce(ErrorHandlers<E>) -> ErrorHandlers<E>,
@@ -509,6 +617,7 @@ impl<K: Kind> PipelineBuilder<K> {
             partition_idle: self.partition_idle,
             strict_names: self.strict_names,
             handlers,
+            refused: self.refused,
         }
     }
 
@@ -519,6 +628,9 @@ impl<K: Kind> PipelineBuilder<K> {
     /// `retry.max_attempts must be >= 1, got 0`; or, when the store cannot
     /// prepare the resource, a `store` error.
     pub fn build(self) -> Result<Pipeline<K>, ConfigError> {
+        if let Some(e) = self.refused {
+            return Err(e);
+        }
         let kinds = declare::check_order(&self.declared)?;
         if self.name.trim().is_empty() {
             return Err(ConfigError::new("pipeline", "name", "must not be empty"));
@@ -551,6 +663,11 @@ impl<K: Kind> PipelineBuilder<K> {
             chaos: sorted.chaos.into_boxed_slice(),
             adaptive: sorted.adaptive,
             coalesce: sorted.coalesce,
+            custom: super::chain::Customs::new(
+                sorted.custom_call,
+                sorted.custom_outside_timeout,
+                sorted.custom_attempt,
+            ),
         }
         .assemble()
     }
@@ -577,6 +694,7 @@ struct Assembly<K: Kind> {
     chaos: Box<[Chaos]>,
     adaptive: Option<AdaptiveLimit>,
     coalesce: Option<Coalesce>,
+    custom: super::chain::Customs,
 }
 
 impl<K: Kind> Assembly<K> {
@@ -607,8 +725,9 @@ impl<K: Kind> Assembly<K> {
                     && self.adaptive.is_none()
                     && !any_timeout
                     && self.hedging.is_none()
-                    && self.retry.as_ref().is_none_or(|r| r.budget.is_none()),
-                general: call_gate.is_some() || self.hedging.is_some(),
+                    && self.retry.as_ref().is_none_or(|r| r.budget.is_none())
+                    && self.custom.is_empty(),
+                general: call_gate.is_some() || self.hedging.is_some() || !self.custom.is_empty(),
             };
         Ok(Pipeline {
             shared: Arc::new(Shared {
@@ -628,6 +747,7 @@ impl<K: Kind> Assembly<K> {
                 chaos: self.chaos,
                 adaptive: self.adaptive.as_ref().map(Limiter::new),
                 coalesce: self.coalesce.as_ref().map(Coalescer::new),
+                custom: self.custom,
             }),
         })
     }

@@ -49,7 +49,7 @@ impl<T, E> AttemptOutput<T, E> for Judged<T, E> {
 }
 
 /// Where the general loop takes a call over from the ordinary first steps.
-enum From<T, E> {
+pub(super) enum From<T, E> {
     /// The ordinary admission did not decide.
     Admission(Quick),
     /// The attempt ended, not in the ordinary way.
@@ -189,7 +189,7 @@ impl<K: Kind> Pipeline<K> {
                     .weighted(weight)
                     .reporting_fallback(fallback_seen),
             );
-            if shared.hedging.is_some() {
+            if shared.hedging.is_some() && !call.wraps_call() {
                 // By reference: the hedged loop's future stays small, so
                 // the driver's does not grow for the calls that never hedge.
                 return hedged_loop(&mut call, &mut op).await;
@@ -226,7 +226,10 @@ impl<K: Kind> Pipeline<K> {
 }
 
 #[inline(always)]
-fn finish_sync<K, T, E>(call: &mut Call<'_, K>, result: Result<T, Error<E>>) -> Result<T, Error<E>>
+pub(super) fn finish_sync<K, T, E>(
+    call: &mut Call<'_, K>,
+    result: Result<T, Error<E>>,
+) -> Result<T, Error<E>>
 where
     K: HandlesSync<T, E>,
 {
@@ -241,6 +244,27 @@ where
 #[inline(never)]
 fn sync_loop<K, T, E, Op>(
     mut call: Owned<'_, K>,
+    op: Op,
+    from: Option<From<T, E>>,
+) -> Result<T, Error<E>>
+where
+    K: HandlesSync<T, E>,
+    Op: FnMut(Context) -> Result<T, E>,
+{
+    // A call that has not started its attempts, wrapped by policies
+    // written in code: its passes make them.
+    if from.is_none() && call.wraps_call() {
+        return super::chain::call_around(&mut call.0, op);
+    }
+    let result = sync_attempts(&mut call, op, from);
+    finish_sync(&mut call.0, result)
+}
+
+/// The attempts of a blocking call, from where `from` says it stands, until
+/// its result before the fallback.
+#[inline(always)]
+pub(super) fn sync_attempts<K, T, E, Op>(
+    call: &mut Owned<'_, K>,
     mut op: Op,
     mut from: Option<From<T, E>>,
 ) -> Result<T, Error<E>>
@@ -248,7 +272,7 @@ where
     K: HandlesSync<T, E>,
     Op: FnMut(Context) -> Result<T, E>,
 {
-    let result = 'call: loop {
+    'call: loop {
         let mut ended = match from.take() {
             Some(From::Ended(result, judged)) => call.ended(result, judged),
             from => {
@@ -275,19 +299,13 @@ where
                     }
                 };
                 // A panic drops the call, which gives its permit back.
-                let result = if call.has_chaos() {
-                    let injection = call.inject::<T, E>(&ctx);
-                    if !injection.delay.is_zero() {
-                        call.clock().sleep_blocking(injection.delay);
-                    }
-                    match injection.result {
-                        Some(result) => result,
-                        None => op(ctx),
-                    }
+                if call.has_custom_attempt() {
+                    let (result, judged) = super::chain::attempt_sync(call, ctx, &mut op);
+                    call.ended_through(result, judged)
                 } else {
-                    op(ctx)
-                };
-                call.ended(Some(result), None)
+                    let result = operate_sync(call, ctx, &mut op);
+                    call.ended(Some(result), None)
+                }
             }
         };
         loop {
@@ -307,13 +325,90 @@ where
                 Ended::Hedge(_) => unreachable!("a blocking call never hedges"),
             }
         }
-    };
-    finish_sync(&mut call.0, result)
+    }
+}
+
+/// One run of the operation in the attempt under way of a blocking call,
+/// with the chaos policies' injection: a latency slept on the pipeline's
+/// clock, then the injected result or the operation's.
+#[inline(always)]
+pub(super) fn operate_sync<K, T, E, Op>(call: &Call<'_, K>, ctx: Context, op: Op) -> Result<T, E>
+where
+    K: Handles<T, E>,
+    Op: FnOnce(Context) -> Result<T, E>,
+{
+    if !call.has_chaos() {
+        return op(ctx);
+    }
+    let injection = call.inject::<T, E>(&ctx);
+    if !injection.delay.is_zero() {
+        call.clock().sleep_blocking(injection.delay);
+    }
+    match injection.result {
+        Some(result) => result,
+        None => op(ctx),
+    }
+}
+
+/// One run of the operation in the attempt under way of an async call,
+/// with the chaos policies' injection: a latency slept on the pipeline's
+/// clock (inside the attempt's deadline), then the injected result or the
+/// operation's, with its own verdict on its error.
+pub(super) fn operate_async<'c, K, T, E, Op, Fut>(
+    call: &Call<'c, K>,
+    ctx: Context,
+    op: Op,
+) -> impl Future<Output = (Result<T, E>, Option<Verdict>)> + use<'c, K, T, E, Op, Fut>
+where
+    K: Handles<T, E>,
+    Op: FnOnce(Context) -> Fut,
+    Fut: Future,
+    Fut::Output: AttemptOutput<T, E>,
+{
+    let injection = call.inject::<T, E>(&ctx);
+    let clock = call.clock();
+    async move {
+        if !injection.delay.is_zero() {
+            clock.sleep(injection.delay).await;
+        }
+        match injection.result {
+            Some(result) => (result, None),
+            None => op(ctx).await.split(),
+        }
+    }
 }
 
 /// The general loop of an async call, from where `from` says it stands.
 async fn async_loop<K, T, E, Op, Fut>(
     mut call: Owned<'_, K>,
+    op: Op,
+    from: Option<From<T, E>>,
+) -> Result<T, Error<E>>
+where
+    K: Handles<T, E>,
+    Op: FnMut(Context) -> Fut,
+    Fut: Future,
+    Fut::Output: AttemptOutput<T, E>,
+{
+    // A call that has not started its attempts, wrapped by policies
+    // written in code: its passes make them.
+    if from.is_none() && call.wraps_call() {
+        return Box::pin(super::chain::run_around(&mut call.0, op)).await;
+    }
+    let result = async_attempts(&mut call, op, from).await;
+    match call.finish(result) {
+        Finish::Done(result) => result,
+        Finish::Fallback(fallback) => {
+            let result = fallback.await;
+            call.fell_back(result)
+        }
+    }
+}
+
+/// The attempts of an async call, from where `from` says it stands, until
+/// its result before the fallback.
+pub(super) async fn async_attempts<K, T, E, Op, Fut>(
+    call: &mut Owned<'_, K>,
     mut op: Op,
     mut from: Option<From<T, E>>,
 ) -> Result<T, Error<E>>
@@ -323,7 +418,7 @@ where
     Fut: Future,
     Fut::Output: AttemptOutput<T, E>,
 {
-    let result = 'call: loop {
+    'call: loop {
         let mut ended = match from.take() {
             Some(From::Ended(result, judged)) => call.ended(result, judged),
             from => {
@@ -351,28 +446,28 @@ where
                 };
                 let deadline = call.deadline();
                 let clock = call.clock();
-                let output = if call.has_chaos() {
-                    // The injected latency runs inside the attempt's deadline.
-                    let injection = call.inject::<T, E>(&ctx);
-                    let op = &mut op;
-                    let attempt = async move {
-                        if !injection.delay.is_zero() {
-                            clock.sleep(injection.delay).await;
-                        }
-                        match injection.result {
-                            Some(result) => (result, None),
-                            None => op(ctx).await.split(),
-                        }
-                    };
-                    WithDeadline::new(attempt, clock, deadline).await
+                if call.has_custom_attempt() {
+                    // The policies' passes run inside the attempt's deadline.
+                    let through = super::chain::attempt_async(call, ctx, &mut op);
+                    match WithDeadline::new(Box::pin(through), clock, deadline).await {
+                        Some((result, judged)) => call.ended_through(result, judged),
+                        None => call.ended(None, None),
+                    }
                 } else {
-                    WithDeadline::new(op(ctx), clock, deadline)
-                        .await
-                        .map(AttemptOutput::split)
-                };
-                match output {
-                    Some((result, judged)) => call.ended(Some(result), judged),
-                    None => call.ended(None, None),
+                    let output = if call.has_chaos() {
+                        // The injected latency runs inside the attempt's
+                        // deadline.
+                        let attempt = operate_async(call, ctx, &mut op);
+                        WithDeadline::new(attempt, clock, deadline).await
+                    } else {
+                        WithDeadline::new(op(ctx), clock, deadline)
+                            .await
+                            .map(AttemptOutput::split)
+                    };
+                    match output {
+                        Some((result, judged)) => call.ended(Some(result), judged),
+                        None => call.ended(None, None),
+                    }
                 }
             }
         };
@@ -398,13 +493,6 @@ where
                     unreachable!("only the hedged loop runs a pipeline with hedging")
                 }
             }
-        }
-    };
-    match call.finish(result) {
-        Finish::Done(result) => result,
-        Finish::Fallback(fallback) => {
-            let result = fallback.await;
-            call.fell_back(result)
         }
     }
 }
@@ -681,6 +769,29 @@ where
     Fut: Future,
     Fut::Output: AttemptOutput<T, E>,
 {
+    let result = hedged_attempts(call, op).await;
+    match call.finish(result) {
+        Finish::Done(result) => result,
+        Finish::Fallback(fallback) => {
+            let result = fallback.await;
+            call.fell_back(result)
+        }
+    }
+}
+
+/// The attempts of a hedged call ([`hedged_loop`]), until its result
+/// before the fallback: what a pass of a policy written in code around the
+/// call runs.
+pub(super) async fn hedged_attempts<K, T, E, Op, Fut>(
+    call: &mut Owned<'_, K>,
+    op: &mut Op,
+) -> Result<T, Error<E>>
+where
+    K: Handles<T, E>,
+    Op: FnMut(Context) -> Fut,
+    Fut: Future,
+    Fut::Output: AttemptOutput<T, E>,
+{
     // The first attempt's state stays in the call (a hedge's is swapped in
     // for its steps and out again); only its step lives here.
     let mut primary = std::pin::pin!(Step::<'_, Fut, T, E>::Start);
@@ -798,21 +909,14 @@ where
     }
     call.hedging_decided();
     let mut ended = decided;
-    let result = loop {
+    loop {
         match ended {
-            Ended::Done(result) => break result,
+            Ended::Done(result) => return result,
             Ended::Record(record, pending) => {
                 let answer = call.store().record_async(record).await;
                 ended = call.recorded(pending, answer);
             }
             Ended::Retry(_) | Ended::Hedge(_) => unreachable!("a decided hedged call"),
-        }
-    };
-    match call.finish(result) {
-        Finish::Done(result) => result,
-        Finish::Fallback(fallback) => {
-            let result = fallback.await;
-            call.fell_back(result)
         }
     }
 }

@@ -67,7 +67,7 @@ use crate::store::{
 
 /// The deadline binding an attempt, and where it comes from.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct Deadline {
+pub(crate) struct Deadline {
     at: u64,
     scope: TimeoutScope,
     after: Duration,
@@ -413,6 +413,19 @@ impl<'g, K: Kind> Call<'g, K> {
         if let Some(b) = shared.hedging.as_ref().and_then(|h| h.budget.as_ref()) {
             b.deposit();
         }
+        Self::fresh(pipeline, partition, driver)
+    }
+
+    /// A call that starts now, without crediting the retry budget (a
+    /// pass of the policies written in code around the call, whose call
+    /// credited it).
+    #[inline(always)]
+    fn fresh(
+        pipeline: &'g Pipeline<K>,
+        partition: Option<&'g PartitionKey>,
+        driver: Driver,
+    ) -> Self {
+        let shared = &*pipeline.shared;
         let listening = shared.listeners.enabled();
         let (started, overall, at, deadline) = begin(shared, partition, listening);
         Call {
@@ -1444,9 +1457,9 @@ impl<'g, K: Kind> Call<'g, K> {
         self.stop(failure, reason)
     }
 
-    /// The attempts the call made: the attempt under way, or for a hedged
-    /// call every attempt started.
-    fn attempts(&self) -> u32 {
+    /// The attempts the call made so far: the attempt under way, or for a
+    /// hedged call every attempt started.
+    pub(crate) fn attempts(&self) -> u32 {
         match self.pipeline.shared.hedging {
             Some(_) => self.launched,
             None => self.attempt,
@@ -1909,9 +1922,9 @@ impl Drop for Held<'_> {
 
 impl<'g, K: Kind> First<'g, K> {
     /// Starts a call on the ordinary path, or `None` when someone listens,
-    /// the pipeline has a call-level gate or hedging
-    /// ([`Plan::general`](super::Plan::general)) or chaos policies that may
-    /// inject (the general loop then runs it from the start).
+    /// the pipeline has a call-level gate, hedging or policies written in
+    /// code ([`Plan::general`](super::Plan::general)) or chaos policies that
+    /// may inject (the general loop then runs it from the start).
     #[inline(always)]
     pub(crate) fn start(
         pipeline: &'g Pipeline<K>,
@@ -2188,5 +2201,137 @@ fn outcome_of(verdict: Verdict) -> Outcome {
         VerdictKind::Ignore | VerdictKind::Throttled => Outcome::Ignored,
         _ if verdict.is_failure() => Outcome::Failure,
         _ => Outcome::Success,
+    }
+}
+
+// ------------------------------------------------- policies written in code
+
+/// The steps of a call that policies written in code wrap (`chain.rs`):
+/// around the whole call, the call the caller sees admits and runs nothing
+/// (each pass of a policy is a call of its own, [`Call::start_within`]),
+/// it only ends ([`Call::wraps_call`], [`Call::ran`]); around each attempt,
+/// the attempt ends with the policies' result ([`Call::ended_through`]).
+/// The engine's rules are the same: only where they start and what they
+/// are given.
+impl<'g, K: Kind> Call<'g, K> {
+    /// Policies written in code wrap this call, which has not started its
+    /// attempts: its passes run them, it only ends
+    /// ([`finish`](Self::finish): the fallback, the call's event).
+    #[inline(always)]
+    pub(crate) fn wraps_call(&self) -> bool {
+        self.pipeline.shared.custom.around_call()
+    }
+
+    /// The attempts the passes of the policies made, for the call's end.
+    pub(crate) fn ran(&mut self, attempts: u32) {
+        self.attempt = attempts;
+    }
+
+    /// The rate-limit permits each admission of the call takes.
+    pub(crate) fn weight(&self) -> u32 {
+        self.weight
+    }
+
+    /// Policies written in code wrap each attempt: the drivers run the
+    /// attempt through them.
+    #[inline(always)]
+    pub(crate) fn has_custom_attempt(&self) -> bool {
+        self.pipeline.shared.custom.around_attempt()
+    }
+
+    /// The pipeline of the call.
+    pub(crate) fn pipeline(&self) -> &'g Pipeline<K> {
+        self.pipeline
+    }
+
+    /// The partition of the call.
+    pub(crate) fn partition(&self) -> Option<&'g PartitionKey> {
+        self.partition
+    }
+
+    /// The deadline of the attempt under way.
+    pub(crate) fn bound(&self) -> Option<Deadline> {
+        self.deadline
+    }
+
+    /// A pass through the rest of the call, bound by `overall`, the
+    /// deadline of a timeout of the whole call declared around the policy
+    /// that makes the pass (else the pass starts its own, as any call). The
+    /// call it is a pass of credited the retry budget.
+    pub(crate) fn start_within(
+        pipeline: &'g Pipeline<K>,
+        partition: Option<&'g PartitionKey>,
+        driver: Driver,
+        overall: Option<Deadline>,
+    ) -> Self {
+        let mut call = Self::fresh(pipeline, partition, driver);
+        if let Some(d) = overall {
+            call.overall = Some(d);
+            let now = call.now();
+            call.begin_at(now);
+        }
+        call
+    }
+
+    /// The attempt under way ended through the policies around it: their
+    /// result, in the pipeline's terms. An error of the operation, however
+    /// a policy returns it, is the attempt's failure (`judged`: the
+    /// operation's own verdict on it); a timeout is the attempt's timeout;
+    /// a rejection or a store error ends the call at once, not retried, the
+    /// attempt's permit and the call's given back without an outcome: a
+    /// policy's refusal says nothing of the dependency.
+    pub(crate) fn ended_through<T, E>(
+        &mut self,
+        result: Result<T, Error<E>>,
+        judged: Option<Verdict>,
+    ) -> Ended<'g, T, E>
+    where
+        K: Handles<T, E>,
+    {
+        match result {
+            Ok(v) => self.ended(Some(Ok(v)), None),
+            Err(
+                Error::Operation(e) | Error::RetryExhausted { last: e, .. } | Error::Fallback(e),
+            ) => self.ended(Some(Err(e)), judged),
+            Err(Error::Timeout(t)) => {
+                let end = self.read_clock();
+                if self.listening {
+                    self.attempt_finished(AttemptOutcome::Timeout, Some(end));
+                }
+                let d = Deadline {
+                    at: end,
+                    scope: t.scope,
+                    after: t.after,
+                    strict: false,
+                };
+                self.timed_out_at(d, Some(end))
+            }
+            Err(err) => {
+                if let Some(permit) = self.permit.take() {
+                    self.gate().state.release(self.partition, permit);
+                }
+                self.release_call();
+                Ended::Done(Err(err))
+            }
+        }
+    }
+}
+
+impl Deadline {
+    /// The deadline of a timeout of the whole call for a pass that starts
+    /// at `now`.
+    pub(crate) fn overall<K: Kind>(pipeline: &Pipeline<K>, now: u64) -> Option<Deadline> {
+        overall_deadline(&pipeline.shared, now)
+    }
+
+    /// The instant, in nanoseconds on the pipeline's clock.
+    pub(crate) fn at(&self) -> u64 {
+        self.at
+    }
+
+    /// The error of a pass refused for this deadline, after `attempts`
+    /// attempts, of `resource`.
+    pub(crate) fn error(&self, attempts: u32, resource: &'static str) -> TimeoutError {
+        TimeoutError::new(self.scope, self.after, attempts).for_resource(resource)
     }
 }

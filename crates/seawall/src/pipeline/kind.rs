@@ -2,8 +2,9 @@
 //!
 //! A pipeline with no classifier and no fallback runs any
 //! `Result<T, E>` ([`AnyResult`]). A classifier, predicate or typed hook fixes
-//! the error type ([`ErrorType<E>`]); a chaos outcome fixes both
-//! ([`ValueType<T, E>`]), and so does a fallback
+//! the error type ([`ErrorType<E>`]); a chaos outcome or a policy written
+//! in code ([`crate::custom`]) fixes both ([`ValueType<T, E>`]), and so
+//! does a fallback
 //! ([`WithFallback<T, E>`], [`WithAsyncFallback<T, E>`]). The handlers are
 //! stored type-erased, so these names are all a struct field needs:
 //!
@@ -59,8 +60,9 @@ pub struct AnyResult;
 /// typed hook was given); any `T`.
 pub struct ErrorType<E>(PhantomData<fn(E)>);
 
-/// A pipeline whose operations return `Result<T, E>` (a chaos outcome
-/// fixed the value type); usable with both `run` and `call`.
+/// A pipeline whose operations return `Result<T, E>` (a chaos outcome or a
+/// policy written in code fixed the value type); usable with both `run` and
+/// `call`.
 pub struct ValueType<T, E>(PhantomData<fn() -> (T, E)>);
 
 /// A pipeline with a synchronous fallback producing `Result<T, E>`; usable
@@ -99,7 +101,14 @@ pub struct ErrorHandlers<E> {
     /// `T` ([`ValueType`], a fallback) carries any, and reads them back as
     /// that `T`.
     pub(crate) outcomes: Vec<Arc<dyn Any + Send + Sync>>,
+    /// The policies written in code, each a [`CustomPolicy<T, E>`] of the
+    /// pipeline's value type (only a kind that fixes `T` carries any), in
+    /// declaration order (their declarations hold an index into it).
+    pub(crate) policies: Vec<Arc<dyn Any + Send + Sync>>,
 }
+
+/// A policy written in code, as the pipeline keeps it.
+pub(crate) type CustomPolicy<T, E> = Arc<dyn crate::custom::Policy<T, E>>;
 
 impl<E> Clone for ErrorHandlers<E> {
     fn clone(&self) -> Self {
@@ -111,6 +120,7 @@ impl<E> Clone for ErrorHandlers<E> {
             hedge_if: self.hedge_if.clone(),
             faults: self.faults.clone(),
             outcomes: self.outcomes.clone(),
+            policies: self.policies.clone(),
         }
     }
 }
@@ -125,6 +135,7 @@ impl<E> Default for ErrorHandlers<E> {
             hedge_if: None,
             faults: Vec::new(),
             outcomes: Vec::new(),
+            policies: Vec::new(),
         }
     }
 }
@@ -138,6 +149,7 @@ impl<E> fmt::Debug for ErrorHandlers<E> {
             .field("on_retry", &self.on_retry.is_some())
             .field("hedge_if", &self.hedge_if.is_some())
             .field("faults", &self.faults.len())
+            .field("policies", &self.policies.len())
             .finish()
     }
 }
@@ -175,6 +187,18 @@ impl<E> ErrorHandlers<E> {
     fn outcome<T: 'static>(&self, slot: usize, ctx: &Context) -> Option<T> {
         let f = self.outcomes.get(slot)?.downcast_ref::<OutcomeFn<T>>()?;
         Some(f(ctx))
+    }
+
+    /// The policy written in code at `slot`, of the pipeline's value type.
+    fn policy<T: 'static>(&self, slot: usize) -> Option<&dyn crate::custom::Policy<T, E>>
+    where
+        E: 'static,
+    {
+        let p = self
+            .policies
+            .get(slot)?
+            .downcast_ref::<CustomPolicy<T, E>>()?;
+        Some(&**p)
     }
 }
 
@@ -245,6 +269,10 @@ pub trait Handles<T, E>: Kind {
     /// that does not know `T`: it has no outcome generator).
     #[doc(hidden)]
     fn chaos_outcome(h: &Self::Handlers, slot: usize, ctx: &Context) -> Option<T>;
+    /// The policy written in code at `slot` (none for a kind that does not
+    /// know `T`: it has none).
+    #[doc(hidden)]
+    fn policy(h: &Self::Handlers, slot: usize) -> Option<&dyn crate::custom::Policy<T, E>>;
     /// `true` when the fallback takes this final error.
     #[doc(hidden)]
     fn falls_back_on(h: &Self::Handlers, err: &Error<E>) -> bool;
@@ -301,6 +329,9 @@ impl<T, E: 'static> Handles<T, E> for AnyResult {
     fn chaos_outcome(_: &(), _: usize, _: &Context) -> Option<T> {
         None
     }
+    fn policy(_: &(), _: usize) -> Option<&dyn crate::custom::Policy<T, E>> {
+        None
+    }
     fn falls_back_on(_: &(), _: &Error<E>) -> bool {
         false
     }
@@ -329,6 +360,9 @@ impl<T, E: 'static> Handles<T, E> for ErrorType<E> {
         h.fault(slot, ctx)
     }
     fn chaos_outcome(_: &ErrorHandlers<E>, _: usize, _: &Context) -> Option<T> {
+        None
+    }
+    fn policy(_: &ErrorHandlers<E>, _: usize) -> Option<&dyn crate::custom::Policy<T, E>> {
         None
     }
     fn falls_back_on(_: &ErrorHandlers<E>, _: &Error<E>) -> bool {
@@ -361,6 +395,9 @@ impl<T: 'static, E: 'static> Handles<T, E> for ValueType<T, E> {
     fn chaos_outcome(h: &ErrorHandlers<E>, slot: usize, ctx: &Context) -> Option<T> {
         h.outcome(slot, ctx)
     }
+    fn policy(h: &ErrorHandlers<E>, slot: usize) -> Option<&dyn crate::custom::Policy<T, E>> {
+        h.policy(slot)
+    }
     fn falls_back_on(_: &ErrorHandlers<E>, _: &Error<E>) -> bool {
         false
     }
@@ -391,6 +428,9 @@ impl<T: 'static, E: 'static> Handles<T, E> for WithFallback<T, E> {
     fn chaos_outcome(h: &Self::Handlers, slot: usize, ctx: &Context) -> Option<T> {
         h.errors.outcome(slot, ctx)
     }
+    fn policy(h: &Self::Handlers, slot: usize) -> Option<&dyn crate::custom::Policy<T, E>> {
+        h.errors.policy(slot)
+    }
     fn falls_back_on(h: &Self::Handlers, err: &Error<E>) -> bool {
         h.applies(err)
     }
@@ -420,6 +460,9 @@ impl<T: 'static, E: 'static> Handles<T, E> for WithAsyncFallback<T, E> {
     }
     fn chaos_outcome(h: &Self::Handlers, slot: usize, ctx: &Context) -> Option<T> {
         h.errors.outcome(slot, ctx)
+    }
+    fn policy(h: &Self::Handlers, slot: usize) -> Option<&dyn crate::custom::Policy<T, E>> {
+        h.errors.policy(slot)
     }
     fn falls_back_on(h: &Self::Handlers, err: &Error<E>) -> bool {
         h.applies(err)

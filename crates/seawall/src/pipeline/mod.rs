@@ -17,6 +17,7 @@ use crate::store::{MemoryResource, ResourceSpec, ResourceState};
 use crate::timeout::Timeout;
 
 mod builder;
+mod chain;
 mod coalesced;
 mod drive;
 mod engine;
@@ -75,8 +76,9 @@ pub(crate) struct Plan {
     /// nothing for it).
     pub(crate) bare: bool,
     /// Every call takes the engine's general loop from its start: the
-    /// pipeline has a call-level gate (admitted before the first attempt)
-    /// or hedging (its own loop). One flag for the ordinary path to read.
+    /// pipeline has a call-level gate (admitted before the first attempt),
+    /// hedging (its own loop) or policies written in code that wrap the
+    /// call or its attempts. One flag for the ordinary path to read.
     pub(crate) general: bool,
 }
 
@@ -106,6 +108,8 @@ pub(crate) struct Shared<K: Kind> {
     pub(crate) adaptive: Option<crate::adaptive::machine::Limiter>,
     /// Request coalescing and its cache, when declared.
     pub(crate) coalesce: Option<crate::coalesce::Coalescer>,
+    /// The policies written in code (see `chain`).
+    pub(crate) custom: chain::Customs,
 }
 
 impl<K: Kind> Shared<K> {
