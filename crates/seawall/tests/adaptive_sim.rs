@@ -199,6 +199,7 @@ fn vegas_finds_the_capacity_and_follows_it() {
         for p in &phases {
             // Its equilibrium: the capacity plus a queue of 3 to 6, with
             // the overshoot of each measurement of the baseline.
+            assert!(p.error() <= 0.2, "{p:?}");
             let (low, high) = (p.capacity + 3, p.capacity + 6);
             assert!(
                 p.mean >= f64::from(low) - 1.0 && p.mean <= f64::from(high) + 2.0,
