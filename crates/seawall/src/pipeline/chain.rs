@@ -37,7 +37,7 @@ use std::time::Duration;
 
 use super::builder::declare::Custom;
 use super::drive::{
-    async_attempts, finish_sync, hedged_attempts, operate_async, operate_sync, AttemptOutput,
+    async_attempts, finish_sync, hedged_loop, operate_async, operate_sync, AttemptOutput,
 };
 use super::engine::{Call, Deadline, Driver, Finish, Owned};
 use super::kind::{Handles, HandlesSync};
@@ -683,7 +683,7 @@ where
         let mut call = Owned(call.weighted(weight));
         async move {
             let result = if pipeline.shared.hedging.is_some() {
-                hedged_attempts(&mut call, &mut |ctx| (lock(op))(ctx)).await
+                hedged_loop(&mut call, &mut |ctx| (lock(op))(ctx), false).await
             } else {
                 async_attempts(&mut call, |ctx| (lock(op))(ctx), None).await
             };

@@ -192,7 +192,7 @@ impl<K: Kind> Pipeline<K> {
             if shared.hedging.is_some() && !call.wraps_call() {
                 // By reference: the hedged loop's future stays small, so
                 // the driver's does not grow for the calls that never hedge.
-                return hedged_loop(&mut call, &mut op).await;
+                return hedged_loop(&mut call, &mut op, true).await;
             }
             return async_loop(call, op, None).await;
         };
@@ -762,29 +762,15 @@ where
 /// call ([`Call::swap_lane`]). The first attempt lives in this future; a
 /// hedged one is boxed when it starts, so a call that never hedges does
 /// not allocate.
-async fn hedged_loop<K, T, E, Op, Fut>(call: &mut Owned<'_, K>, op: &mut Op) -> Result<T, Error<E>>
-where
-    K: Handles<T, E>,
-    Op: FnMut(Context) -> Fut,
-    Fut: Future,
-    Fut::Output: AttemptOutput<T, E>,
-{
-    let result = hedged_attempts(call, op).await;
-    match call.finish(result) {
-        Finish::Done(result) => result,
-        Finish::Fallback(fallback) => {
-            let result = fallback.await;
-            call.fell_back(result)
-        }
-    }
-}
-
-/// The attempts of a hedged call ([`hedged_loop`]), until its result
-/// before the fallback: what a pass of a policy written in code around the
-/// call runs.
-pub(super) async fn hedged_attempts<K, T, E, Op, Fut>(
+///
+/// With `end`, the call then ends (the fallback); without, the loop gives
+/// the result before the fallback: what a pass of a policy written in code
+/// around the call runs. One function for both, so an ordinary hedged call
+/// awaits no nested future.
+pub(super) async fn hedged_loop<K, T, E, Op, Fut>(
     call: &mut Owned<'_, K>,
     op: &mut Op,
+    end: bool,
 ) -> Result<T, Error<E>>
 where
     K: Handles<T, E>,
@@ -909,14 +895,24 @@ where
     }
     call.hedging_decided();
     let mut ended = decided;
-    loop {
+    let result = loop {
         match ended {
-            Ended::Done(result) => return result,
+            Ended::Done(result) => break result,
             Ended::Record(record, pending) => {
                 let answer = call.store().record_async(record).await;
                 ended = call.recorded(pending, answer);
             }
             Ended::Retry(_) | Ended::Hedge(_) => unreachable!("a decided hedged call"),
+        }
+    };
+    if !end {
+        return result;
+    }
+    match call.finish(result) {
+        Finish::Done(result) => result,
+        Finish::Fallback(fallback) => {
+            let result = fallback.await;
+            call.fell_back(result)
         }
     }
 }
