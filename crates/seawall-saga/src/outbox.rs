@@ -330,6 +330,33 @@ fn event_id(source: &str, id: i64) -> String {
     format!("{source}:{id}")
 }
 
+/// The unsent rows a sqlx query of [`SELECT_UNSENT`]'s columns read, as
+/// envelopes: one statement of the columns' order for both sqlx executors.
+#[cfg(any(feature = "sqlx-sqlite", feature = "sqlx-postgres"))]
+fn sqlx_envelopes<R>(source: &str, rows: &[R]) -> Result<Vec<(i64, Envelope)>, sqlx::Error>
+where
+    R: sqlx::Row,
+    usize: sqlx::ColumnIndex<R>,
+    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    rows.iter()
+        .map(|r| {
+            let id: i64 = r.try_get(0)?;
+            Ok((
+                id,
+                Envelope {
+                    event_id: event_id(source, id),
+                    aggregate: r.try_get(1)?,
+                    event_type: r.try_get(2)?,
+                    payload: r.try_get(3)?,
+                    created_at_ms: r.try_get(4)?,
+                },
+            ))
+        })
+        .collect()
+}
+
 /// The outbox: events written in the caller's transaction.
 #[derive(Debug)]
 #[non_exhaustive]

@@ -25,12 +25,12 @@
 
 use std::sync::Arc;
 
-use sqlx::{Acquire, PgConnection, PgPool, Postgres, Row, Transaction};
+use sqlx::{Acquire, PgConnection, PgPool, Postgres, Transaction};
 
 use super::postgres_sql as sql;
 use super::{
-    accept_version, check_event, check_message, event_id, now_ms, OutboxError, Relay, RelayOptions,
-    Store, StoreFuture, COUNT_UNSENT, PURGE_SENT, SELECT_UNSENT,
+    accept_version, check_event, check_message, now_ms, OutboxError, Relay, RelayOptions, Store,
+    StoreFuture, COUNT_UNSENT, PURGE_SENT, SELECT_UNSENT,
 };
 use crate::broker::{Broker, Envelope};
 
@@ -180,22 +180,7 @@ impl Store for SqlxPostgresStore {
                 .fetch_all(&self.pool)
                 .await
                 .map_err(err)?;
-            rows.iter()
-                .map(|r| {
-                    let id: i64 = r.try_get(0)?;
-                    Ok((
-                        id,
-                        Envelope {
-                            event_id: event_id(source, id),
-                            aggregate: r.try_get(1)?,
-                            event_type: r.try_get(2)?,
-                            payload: r.try_get(3)?,
-                            created_at_ms: r.try_get(4)?,
-                        },
-                    ))
-                })
-                .collect::<Result<_, sqlx::Error>>()
-                .map_err(err)
+            super::sqlx_envelopes(source, &rows).map_err(err)
         })
     }
 

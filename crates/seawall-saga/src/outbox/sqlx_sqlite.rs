@@ -41,11 +41,11 @@
 
 use std::sync::Arc;
 
-use sqlx::{Acquire, Row, Sqlite, SqliteConnection, SqlitePool, Transaction};
+use sqlx::{Acquire, Sqlite, SqliteConnection, SqlitePool, Transaction};
 
 use super::{
-    accept_version, check_event, check_message, event_id, missing_table, now_ms, OutboxError,
-    Relay, RelayOptions, Store, StoreFuture, COUNT_UNSENT, MARK_SENT, PURGE_SENT, SELECT_UNSENT,
+    accept_version, check_event, check_message, missing_table, now_ms, OutboxError, Relay,
+    RelayOptions, Store, StoreFuture, COUNT_UNSENT, MARK_SENT, PURGE_SENT, SELECT_UNSENT,
     SQLITE_ENQUEUE, SQLITE_HANDLE, SQLITE_HAS_SCHEMA, SQLITE_SCHEMA, SQLITE_SET_VERSION,
     SQLITE_VERSION,
 };
@@ -186,22 +186,7 @@ impl Store for SqlxSqliteStore {
                 .fetch_all(&self.pool)
                 .await
                 .map_err(err)?;
-            rows.iter()
-                .map(|r| {
-                    let id: i64 = r.try_get(0)?;
-                    Ok((
-                        id,
-                        Envelope {
-                            event_id: event_id(source, id),
-                            aggregate: r.try_get(1)?,
-                            event_type: r.try_get(2)?,
-                            payload: r.try_get(3)?,
-                            created_at_ms: r.try_get(4)?,
-                        },
-                    ))
-                })
-                .collect::<Result<_, sqlx::Error>>()
-                .map_err(err)
+            super::sqlx_envelopes(source, &rows).map_err(err)
         })
     }
 
