@@ -475,6 +475,7 @@ fn adaptive_limit(g: &Given, span: Span) -> syn::Result<TokenStream> {
     for (name, share) in g.shares("partitions").unwrap_or_default() {
         a.extend(quote!(.partition(#name, #share)));
     }
+    a.extend(shadow(g));
     Ok(a)
 }
 

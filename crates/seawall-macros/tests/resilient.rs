@@ -461,6 +461,32 @@ fn policies_in_shadow_mode_report_and_never_refuse() {
     assert!(!events.contains(&"rejected"), "{events:?}");
 }
 
+/// An adaptive limit of 1 rolled out in shadow mode: each call nested in
+/// another is over it, runs anyway and is reported.
+#[resilient(
+    adaptive_limit(algorithm = "aimd", min_limit = 1, initial_limit = 1, max_limit = 1, shadow),
+    on_event = record
+)]
+fn nested_in_shadow(depth: u32) -> Result<u32, ApiError> {
+    if depth == 0 {
+        Ok(0)
+    } else {
+        nested_in_shadow(depth - 1).map(|d| d + 1)
+    }
+}
+
+#[test]
+fn an_adaptive_limit_in_shadow_mode_reports_and_never_refuses() {
+    assert_eq!(nested_in_shadow(3), Ok(3));
+    let events = events_of("resilient::nested_in_shadow");
+    assert_eq!(
+        events.iter().filter(|e| **e == "shadow_rejected").count(),
+        3,
+        "{events:?}"
+    );
+    assert!(!events.contains(&"rejected"), "{events:?}");
+}
+
 #[resilient(circuit_breaker(consecutive_failures = 1, max_half_open_ms = 0))]
 fn no_time_in_half_open() -> Result<(), ApiError> {
     Ok(())

@@ -284,6 +284,7 @@ policies! {
         Setting::count("max_queued"),
         Setting::duration("max_wait"),
         Setting::shares("partitions"),
+        Setting::flag("shadow"),
     ];
     @custom
     /// A policy written in code (`seawall::custom`) that stands around the

@@ -3,7 +3,8 @@
 //! `METRICS_ONLY`, Lyft's shadow mode for its rate limits).
 //!
 //! Any stateful policy can run in shadow mode: [`CircuitBreaker::shadow`],
-//! [`Bulkhead::shadow`], [`Cooldown::shadow`], [`RateLimiter::shadow`];
+//! [`Bulkhead::shadow`], [`Cooldown::shadow`], [`RateLimiter::shadow`],
+//! and the adaptive concurrency limit, [`AdaptiveLimit::shadow`];
 //! `shadow = true` in a configuration file, `shadow` in `#[resilient]`.
 //! Such a policy keeps its state exactly as it would if it enforced, so
 //! that its events, its metrics and [`circuit_metrics`] say what would have
@@ -82,14 +83,24 @@
 //!   permits than an enforcing one would for calls that would have waited.
 //!   The event's `retry_after` is the wait the call would have been told.
 //!
+//! - **Adaptive limit** (per process, admitted before the store's
+//!   policies): an attempt over the limit runs **without a slot** and
+//!   gives **no sample**, like a call over a shadow bulkhead; the limit
+//!   keeps adapting from the attempts it admits, as an enforcing one would,
+//!   and [`concurrency_limit`](crate::Pipeline::concurrency_limit) reads at
+//!   most the limit in flight. The dependency serves every attempt, though,
+//!   so the latencies the limit measures are those of the whole load: it
+//!   finds the limit of the load the dependency really sees.
+//!
 //! A policy in shadow mode never makes a call wait: the queue of a
-//! bulkhead, the `max_wait` of a cooldown or a rate limiter apply only
-//! when it enforces.
+//! bulkhead or of an adaptive limit, the `max_wait` of a cooldown or a
+//! rate limiter apply only when it enforces.
 //!
 //! [`CircuitBreaker::shadow`]: crate::CircuitBreaker::shadow
 //! [`Bulkhead::shadow`]: crate::Bulkhead::shadow
 //! [`Cooldown::shadow`]: crate::Cooldown::shadow
 //! [`RateLimiter::shadow`]: crate::RateLimiter::shadow
+//! [`AdaptiveLimit::shadow`]: crate::AdaptiveLimit::shadow
 //! [`circuit_metrics`]: crate::Pipeline::circuit_metrics
 //! [`EventKind::ShadowRejected`]: crate::EventKind::ShadowRejected
 //! [`Pipeline::isolate`]: crate::Pipeline::isolate

@@ -257,6 +257,9 @@ fn shadow_mode_and_the_longest_round_of_probes_come_from_both_formats() {
 
         [pipelines.enforced]
         rate_limiter = { shadow = false }
+
+        [pipelines.limit]
+        adaptive_limit = { algorithm = "aimd", shadow = true }
         "#;
     let yaml_text = r#"
 default:
@@ -269,6 +272,8 @@ pipelines:
     rate_limiter: { limit: 2 }
   enforced:
     rate_limiter: { shadow: false }
+  limit:
+    adaptive_limit: { algorithm: aimd, shadow: true }
 "#;
     let rollout = Pipeline::builder("rollout")
         .circuit_breaker(
@@ -280,9 +285,13 @@ pipelines:
         .cooldown(Cooldown::new().shadow(true))
         .rate_limiter(RateLimiter::gcra(2, secs(1)).shadow(true));
     let enforced = Pipeline::builder("enforced").rate_limiter(RateLimiter::gcra(100, secs(1)));
+    let limit = Pipeline::builder("limit")
+        .rate_limiter(RateLimiter::gcra(100, secs(1)).shadow(true))
+        .adaptive_limit(AdaptiveLimit::aimd().shadow(true));
     for r in [toml(toml_text), registry(Format::Yaml, yaml_text)] {
         assert_eq!(debug(r.get("rollout")), built(rollout.clone()));
         assert_eq!(debug(r.get("enforced")), built(enforced.clone()));
+        assert_eq!(debug(r.get("limit")), built(limit.clone()));
         // In shadow mode: over the limit of 2, never refused.
         let p = r.pipeline("rollout").unwrap();
         for _ in 0..5 {

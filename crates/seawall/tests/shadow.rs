@@ -512,3 +512,102 @@ proptest! {
         compare(&policies, &steps, flavor, if far { FAR } else { Duration::ZERO })?;
     }
 }
+
+/// A fixed adaptive limit of 2 in shadow mode (AIMD pinned at 2: the
+/// limit cannot move, so what the test reads is the shadow rule alone).
+fn shadow_limit() -> seawall::AdaptiveLimit {
+    seawall::AdaptiveLimit::aimd().limits(2, 2, 2).shadow(true)
+}
+
+/// Four attempts nested in one another, async: the innermost reads the
+/// attempts in flight.
+async fn nested_async(p: &Pipeline, depth: u32) -> Result<u32, Error<Boom>> {
+    if depth == 0 {
+        return Ok(p.concurrency_limit().unwrap().in_flight);
+    }
+    p.run(|_| Box::pin(async move { nested_async(p, depth - 1).await.map_err(|_| Boom(0)) }))
+        .await
+}
+
+fn nested_sync(p: &Pipeline, depth: u32) -> Result<u32, Error<Boom>> {
+    if depth == 0 {
+        return Ok(p.concurrency_limit().unwrap().in_flight);
+    }
+    p.call(|_| nested_sync(p, depth - 1).map_err(|_| Boom(0)))
+}
+
+#[test]
+fn a_shadow_adaptive_limit_never_refuses_nor_queues_and_lends_no_slot() {
+    for flavor in FLAVORS {
+        for offset in [Duration::ZERO, FAR] {
+            for listen in [false, true] {
+                let clock = clock_at(offset);
+                let (log, listener) = recorder();
+                let mut b = Pipeline::builder(unique("shadow-adaptive"))
+                    // A queue that an enforcing limit would make the
+                    // attempts over it wait in.
+                    .adaptive_limit(shadow_limit().queue(8, secs(1)))
+                    .clock(clock.clone());
+                if listen {
+                    b = b.on_event(listener);
+                }
+                let p = b.build().unwrap();
+                // Four attempts in flight at once: the two over the limit
+                // run at once and hold no slot.
+                let innermost = match flavor {
+                    Flavor::Sync => nested_sync(&p, 4),
+                    Flavor::Async => support::rt().block_on(nested_async(&p, 4)),
+                };
+                assert_eq!(innermost.unwrap(), 2, "{flavor:?}");
+                assert_eq!(clock.now(), offset, "nothing waited");
+                assert_eq!(p.concurrency_limit().unwrap().in_flight, 0);
+                if listen {
+                    let r = shadow_rejections(&log);
+                    assert_eq!(r.len(), 2, "{r:?}");
+                    assert!(r
+                        .iter()
+                        .all(|r| r.reason == RejectionReason::ConcurrencyLimited));
+                }
+                // Enforcing, the same nesting is refused at the third.
+                let p = Pipeline::builder(unique("enforcing-adaptive"))
+                    .adaptive_limit(shadow_limit().shadow(false))
+                    .clock(clock.clone())
+                    .build()
+                    .unwrap();
+                let e = match flavor {
+                    Flavor::Sync => nested_sync(&p, 4),
+                    Flavor::Async => support::rt().block_on(nested_async(&p, 4)),
+                };
+                assert!(e.is_err(), "{e:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_shadow_adaptive_limit_holds_at_most_its_limit_across_threads() {
+    const THREADS: usize = 8;
+    const CALLS: usize = 300;
+    let p = Pipeline::builder(unique("shadow-adaptive-threads"))
+        .adaptive_limit(shadow_limit())
+        .build()
+        .unwrap();
+    let most = AtomicU32::new(0);
+    std::thread::scope(|s| {
+        for _ in 0..THREADS {
+            s.spawn(|| {
+                for _ in 0..CALLS {
+                    let r = p.call(|_| {
+                        let held = p.concurrency_limit().unwrap().in_flight;
+                        most.fetch_max(held, Ordering::Relaxed);
+                        std::thread::yield_now();
+                        Ok::<_, Boom>(held)
+                    });
+                    assert!(r.unwrap() <= 2);
+                }
+            });
+        }
+    });
+    assert!(most.load(Ordering::Relaxed) <= 2);
+    assert_eq!(p.concurrency_limit().unwrap().in_flight, 0);
+}

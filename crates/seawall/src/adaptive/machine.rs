@@ -30,6 +30,22 @@ pub(crate) struct Lease {
 
 const NO_PARTITION: u32 = u32::MAX;
 
+impl Lease {
+    /// What an attempt admitted over the limit in shadow mode holds:
+    /// nothing to give back, no sample to make.
+    pub(crate) const UNHELD: Lease = Lease {
+        in_flight: 0,
+        window: 0,
+        partition: NO_PARTITION,
+    };
+
+    /// The lease holds a slot (every lease but [`UNHELD`](Self::UNHELD)).
+    #[inline(always)]
+    fn is_held(self) -> bool {
+        self.in_flight != 0
+    }
+}
+
 /// The adaptive limit of one pipeline, per process.
 pub(crate) struct Limiter {
     spec: Spec,
@@ -46,6 +62,8 @@ pub(crate) struct Limiter {
     pub(crate) waiters: AtomicU32,
     pub(crate) max_queued: u32,
     pub(crate) max_wait: Duration,
+    /// Shadow mode: an attempt over the limit runs without a slot.
+    shadow: bool,
 }
 
 impl std::fmt::Debug for Limiter {
@@ -84,7 +102,14 @@ impl Limiter {
             waiters: AtomicU32::new(0),
             max_queued: settings.max_queued,
             max_wait: settings.max_wait,
+            shadow: settings.shadow,
         }
+    }
+
+    /// The limit is in shadow mode: it reports, never refuses.
+    #[inline(always)]
+    pub(crate) fn shadow(&self) -> bool {
+        self.shadow
     }
 
     /// The partition of a call: the index of the share its key names.
@@ -152,6 +177,9 @@ impl Limiter {
         now: u64,
         random: &dyn Random,
     ) -> Option<(u32, u32)> {
+        if !lease.is_held() {
+            return None;
+        }
         self.give_back(lease);
         if signal == Signal::Ignored {
             return None;
@@ -191,6 +219,9 @@ impl Limiter {
     /// its caller, refused by a later policy).
     #[inline]
     pub(crate) fn give_back(&self, lease: Lease) {
+        if !lease.is_held() {
+            return;
+        }
         let _ = self
             .in_flight
             .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| Some(give_back(n)));

@@ -203,6 +203,9 @@ pub struct AdaptiveLimit {
     pub max_wait: Duration,
     /// The partitions and their shares of the limit, in declaration order.
     pub partitions: Vec<(String, f64)>,
+    /// Shadow mode: the limit adapts and reports the attempts it would
+    /// refuse, but never refuses nor queues one (see [`shadow`](Self::shadow)).
+    pub shadow: bool,
 }
 
 impl AdaptiveLimit {
@@ -225,6 +228,7 @@ impl AdaptiveLimit {
             max_queued: 0,
             max_wait: Duration::ZERO,
             partitions: Vec::new(),
+            shadow: false,
         }
     }
 
@@ -339,6 +343,34 @@ impl AdaptiveLimit {
     /// up to 1).
     pub fn partition(mut self, name: impl Into<String>, share: f64) -> Self {
         self.partitions.push((name.into(), share));
+        self
+    }
+
+    /// Shadow mode ([`crate::shadow`]): an attempt over the limit is not
+    /// refused nor queued; it runs at once, without a slot and without
+    /// giving a sample (the limit measures the attempts it admits, as an
+    /// enforcing limit would), and a
+    /// [`ShadowRejected`](crate::EventKind::ShadowRejected) event with
+    /// [`ConcurrencyLimited`](crate::RejectionReason::ConcurrencyLimited)
+    /// reports it. [`concurrency_limit`](crate::Pipeline::concurrency_limit)
+    /// shows the limit it finds; mind that the dependency then serves every
+    /// attempt, so the latencies it measures are those of the load it
+    /// really sees, not of the load an enforcing limit would let through.
+    ///
+    /// ```
+    /// use seawall::{AdaptiveLimit, Pipeline};
+    ///
+    /// let pipeline = Pipeline::builder("rollout")
+    ///     .adaptive_limit(AdaptiveLimit::aimd().limits(1, 1, 10).shadow(true))
+    ///     .build()?;
+    /// // One attempt in flight, a second one nested in it: over the limit
+    /// // of 1, it runs anyway.
+    /// let n = pipeline.call(|_| pipeline.call(|_| Ok::<_, std::io::Error>(2)))?;
+    /// assert_eq!(n, 2);
+    /// # Ok::<_, Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn shadow(mut self, shadow: bool) -> Self {
+        self.shadow = shadow;
         self
     }
 

@@ -202,6 +202,7 @@
 //! | `min_rtt_interval`, `min_rtt_samples`, `min_rtt_concurrency`, `min_rtt_jitter` | the baseline's measurement: how often, over how many attempts, at which pinned concurrency, with which random share of the interval added | vegas, gradient2 |
 //! | `max_queued`, `max_wait` | a queue for async calls (default none) | all |
 //! | `partitions` | shares of the limit by partition key, adding up to 1: `{ live = 0.9, batch = 0.1 }` | all |
+//! | `shadow` | [shadow mode](crate::shadow): adapts and reports, never refuses nor queues (default `false`) | all |
 //!
 //! A setting of another algorithm is an error at its key (say
 //! `backoff_ratio` with `algorithm = "vegas"`), unless it is inherited from

@@ -539,6 +539,9 @@ fn adaptive_limit(l: Layers<'_, Section>) -> AdaptiveLimit {
     for (name, share) in partitions.unwrap_or_default() {
         a = a.partition(name.clone(), *share);
     }
+    if let Some(shadow) = l.get(|a| a.flag("shadow")) {
+        a = a.shadow(shadow);
+    }
     a
 }
 

@@ -147,6 +147,9 @@ pub(crate) enum Admit<'g> {
 pub(crate) enum Quick {
     /// The circuit is open and its cooldown not over.
     Refused(Rejection),
+    /// The adaptive limit in shadow mode would refuse the attempt: it is
+    /// reported, and the attempt goes on without a slot of it.
+    Shadowed(Rejection),
     /// Anything else: the full admission decides.
     Other,
 }
@@ -684,6 +687,11 @@ impl<'g, K: Kind> Call<'g, K> {
     pub(crate) fn admit_after(&mut self, quick: Quick) -> Admit<'g> {
         match quick {
             Quick::Refused(open) => self.refuse(open),
+            Quick::Shadowed(r) => {
+                self.shadow_rejected(r);
+                self.lease = Some(Lease::UNHELD);
+                self.admit()
+            }
             Quick::Other => {
                 let gate = self.gate();
                 let now = self.now();
@@ -2139,7 +2147,11 @@ fn admit_adaptive<K: Kind>(
 ) -> Result<Option<Lease>, Quick> {
     match &shared.adaptive {
         None => Ok(None),
-        Some(limiter) => limiter.acquire(partition).map(Some).map_err(Quick::Refused),
+        Some(limiter) => match limiter.acquire(partition) {
+            Ok(lease) => Ok(Some(lease)),
+            Err(r) if limiter.shadow() => Err(Quick::Shadowed(r)),
+            Err(r) => Err(Quick::Refused(r)),
+        },
     }
 }
 
