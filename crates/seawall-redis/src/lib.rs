@@ -269,6 +269,7 @@ mod cluster;
 mod config;
 mod error;
 mod link;
+mod refusals;
 mod scripts;
 mod store;
 
