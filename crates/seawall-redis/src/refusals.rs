@@ -29,6 +29,17 @@ struct Entry {
     weight: u32,
     /// The ticket of the admission that brought the answer.
     ticket: u64,
+    /// The link's epoch when that admission was sent: after an outage or
+    /// a restart seen since, the entry no longer answers.
+    epoch: u64,
+    /// The wait is counted from the clock's whole microsecond, as the
+    /// script counted it (`until` is then a whole microsecond).
+    micros: bool,
+}
+
+/// `d` down to its whole microsecond.
+fn floor_micros(d: Duration) -> Duration {
+    d - Duration::from_nanos(u64::from(d.subsec_nanos() % 1000))
 }
 
 #[derive(Debug, Default)]
@@ -78,9 +89,10 @@ pub(crate) struct Refusals {
 /// What Redis answered to an admission, as far as the cache is concerned.
 pub(crate) enum Answer {
     /// Refused with this reason for exactly this long from when the
-    /// admission was sent, by a state that cannot admit the same call
-    /// sooner (see the module documentation).
-    RefusedFor(RejectionReason, Duration),
+    /// admission was sent (from its whole microsecond when the flag is
+    /// set: the script counted the wait so), by a state that cannot admit
+    /// the same call sooner (see the module documentation).
+    RefusedFor(RejectionReason, Duration, bool),
     /// Anything else: admitted, or refused without a known end.
     Other,
 }
@@ -101,13 +113,14 @@ impl Refusals {
     }
 
     /// The refusal Redis gave an admission of `partition` and `weight`,
-    /// while its end is after `now`, its `retry_after` counted down to
-    /// `now`.
+    /// while its end is after `now` and the link's `epoch` is the one it
+    /// was given in, its `retry_after` counted down to `now`.
     pub(crate) fn lookup(
         &self,
         partition: Option<&PartitionKey>,
         weight: u32,
         now: Duration,
+        epoch: u64,
     ) -> Option<Rejection> {
         if self.len.load(Ordering::Acquire) == 0 {
             return None;
@@ -117,7 +130,9 @@ impl Refusals {
             None => entries.whole.as_ref(),
             Some(p) => entries.parts.get(p),
         }?;
-        (e.weight == weight && now < e.until).then(|| Rejection::new(e.reason, Some(e.until - now)))
+        let now = if e.micros { floor_micros(now) } else { now };
+        (e.weight == weight && e.epoch == epoch && now < e.until)
+            .then(|| Rejection::new(e.reason, Some(e.until - now)))
     }
 
     /// The ticket of an admission about to be sent: answers are kept in
@@ -130,15 +145,17 @@ impl Refusals {
     }
 
     /// Learns Redis's `answer` to the admission of `partition` and
-    /// `weight` sent at `sent` (the store's clock) with `ticket`. `now` is
-    /// the store's clock on arrival (for dropping expired entries when the
-    /// cache is full).
+    /// `weight` sent at `sent` (the store's clock) with `ticket`, in the
+    /// link's `epoch`. `now` is the store's clock on arrival (for dropping
+    /// expired entries when the cache is full).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn learn(
         &self,
         partition: Option<&PartitionKey>,
         weight: u32,
         sent: Duration,
         ticket: u64,
+        epoch: u64,
         answer: Answer,
         now: Duration,
     ) {
@@ -156,8 +173,9 @@ impl Refusals {
                 }
                 self.len.store(entries.len(), Ordering::Release);
             }
-            Answer::RefusedFor(reason, wait) => {
-                let until = sent.saturating_add(wait);
+            Answer::RefusedFor(reason, wait, micros) => {
+                let from = if micros { floor_micros(sent) } else { sent };
+                let until = from.saturating_add(wait);
                 if until <= now {
                     return;
                 }
@@ -166,6 +184,8 @@ impl Refusals {
                     until,
                     weight,
                     ticket,
+                    epoch,
+                    micros,
                 };
                 let mut entries = self.entries.write().unwrap_or_else(PoisonError::into_inner);
                 if ticket <= entries.cleared {
@@ -199,9 +219,10 @@ impl Refusals {
         }
     }
 
-    /// A control of `partition`'s circuit was made through this store:
-    /// its entry goes, and the answers to admissions sent before it are
-    /// not kept.
+    /// A control of `partition`'s circuit, or a record that may have
+    /// changed its state (a failure, a probe, a slow call, a retry-after
+    /// hint), was made through this store: its entry goes, and the answers
+    /// to admissions sent before it are not kept.
     pub(crate) fn clear(&self, partition: Option<&PartitionKey>) {
         if !self.enabled() {
             return;
@@ -226,7 +247,7 @@ mod tests {
     const S: Duration = Duration::from_secs(1);
 
     fn refused(wait: Duration) -> Answer {
-        Answer::RefusedFor(RejectionReason::CircuitOpen, wait)
+        Answer::RefusedFor(RejectionReason::CircuitOpen, wait, false)
     }
 
     #[test]
@@ -234,8 +255,8 @@ mod tests {
         for origin in [Duration::ZERO, Duration::from_secs(1_000_000)] {
             let r = Refusals::new(4);
             let t = r.ticket();
-            r.learn(None, 1, origin, t, refused(5 * S), origin + S);
-            let at = |d| r.lookup(None, 1, origin + d);
+            r.learn(None, 1, origin, t, 0, refused(5 * S), origin + S);
+            let at = |d| r.lookup(None, 1, origin + d, 0);
             assert_eq!(at(S).unwrap().retry_after, Some(4 * S));
             assert_eq!(
                 at(5 * S - Duration::from_nanos(1)).unwrap().retry_after,
@@ -243,12 +264,12 @@ mod tests {
             );
             assert!(at(5 * S).is_none(), "ends at the instant Redis gave");
             assert!(
-                r.lookup(None, 2, origin + S).is_none(),
+                r.lookup(None, 2, origin + S, 0).is_none(),
                 "another weight asks Redis"
             );
             let p = PartitionKey::from(7u64);
             assert!(
-                r.lookup(Some(&p), 1, origin + S).is_none(),
+                r.lookup(Some(&p), 1, origin + S, 0).is_none(),
                 "another partition asks Redis"
             );
         }
@@ -258,15 +279,31 @@ mod tests {
     fn an_admission_answered_later_removes_the_entry_an_older_one_does_not() {
         let r = Refusals::new(4);
         let (t1, t2) = (r.ticket(), r.ticket());
-        r.learn(None, 1, Duration::ZERO, t2, refused(5 * S), Duration::ZERO);
-        r.learn(None, 1, Duration::ZERO, t1, Answer::Other, Duration::ZERO);
+        r.learn(
+            None,
+            1,
+            Duration::ZERO,
+            t2,
+            0,
+            refused(5 * S),
+            Duration::ZERO,
+        );
+        r.learn(
+            None,
+            1,
+            Duration::ZERO,
+            t1,
+            0,
+            Answer::Other,
+            Duration::ZERO,
+        );
         assert!(
-            r.lookup(None, 1, S).is_some(),
+            r.lookup(None, 1, S, 0).is_some(),
             "an older answer changes nothing"
         );
         let t3 = r.ticket();
-        r.learn(None, 1, S, t3, Answer::Other, S);
-        assert!(r.lookup(None, 1, S).is_none());
+        r.learn(None, 1, S, t3, 0, Answer::Other, S);
+        assert!(r.lookup(None, 1, S, 0).is_none());
         assert_eq!(r.held(), 0);
     }
 
@@ -274,22 +311,31 @@ mod tests {
     fn a_control_drops_the_entry_and_the_answers_sent_before_it() {
         let r = Refusals::new(4);
         let t1 = r.ticket();
-        r.learn(None, 1, Duration::ZERO, t1, refused(5 * S), Duration::ZERO);
+        r.learn(
+            None,
+            1,
+            Duration::ZERO,
+            t1,
+            0,
+            refused(5 * S),
+            Duration::ZERO,
+        );
         let in_flight = r.ticket();
         r.clear(None);
-        assert!(r.lookup(None, 1, S).is_none());
+        assert!(r.lookup(None, 1, S, 0).is_none());
         r.learn(
             None,
             1,
             Duration::ZERO,
             in_flight,
+            0,
             refused(5 * S),
             Duration::ZERO,
         );
-        assert!(r.lookup(None, 1, S).is_none(), "sent before the control");
+        assert!(r.lookup(None, 1, S, 0).is_none(), "sent before the control");
         let after = r.ticket();
-        r.learn(None, 1, S, after, refused(5 * S), S);
-        assert!(r.lookup(None, 1, 2 * S).is_some());
+        r.learn(None, 1, S, after, 0, refused(5 * S), S);
+        assert!(r.lookup(None, 1, 2 * S, 0).is_some());
     }
 
     #[test]
@@ -302,6 +348,7 @@ mod tests {
                 1,
                 Duration::ZERO,
                 t,
+                0,
                 refused(S * (k as u32 + 1)),
                 Duration::ZERO,
             );
@@ -314,12 +361,13 @@ mod tests {
             1,
             20 * S,
             t,
+            0,
             refused(S),
             20 * S,
         );
         assert_eq!(r.held(), 1);
         let t = r.ticket();
-        r.learn(None, 1, 20 * S, t, refused(S), 20 * S);
+        r.learn(None, 1, 20 * S, t, 0, refused(S), 20 * S);
         assert_eq!(
             r.held(),
             2,
@@ -328,11 +376,52 @@ mod tests {
     }
 
     #[test]
+    fn a_wait_in_whole_microseconds_is_counted_from_the_whole_microsecond() {
+        let r = Refusals::new(4);
+        let t = r.ticket();
+        let sent = S + Duration::from_nanos(400);
+        let wait = Answer::RefusedFor(RejectionReason::CircuitOpen, 2 * S, true);
+        r.learn(None, 1, sent, t, 0, wait, sent);
+        let at = |d: Duration| r.lookup(None, 1, d, 0).map(|r| r.retry_after.unwrap());
+        assert_eq!(at(sent), Some(2 * S));
+        assert_eq!(
+            at(3 * S - Duration::from_nanos(1)),
+            Some(Duration::from_micros(1))
+        );
+        assert_eq!(at(3 * S), None);
+    }
+
+    #[test]
+    fn an_outage_or_a_restart_seen_since_ends_the_replay() {
+        let r = Refusals::new(4);
+        let t = r.ticket();
+        r.learn(
+            None,
+            1,
+            Duration::ZERO,
+            t,
+            3,
+            refused(5 * S),
+            Duration::ZERO,
+        );
+        assert!(r.lookup(None, 1, S, 3).is_some());
+        assert!(r.lookup(None, 1, S, 4).is_none());
+    }
+
+    #[test]
     fn turned_off_it_keeps_nothing() {
         let r = Refusals::new(0);
         let t = r.ticket();
-        r.learn(None, 1, Duration::ZERO, t, refused(5 * S), Duration::ZERO);
-        assert!(r.lookup(None, 1, S).is_none());
+        r.learn(
+            None,
+            1,
+            Duration::ZERO,
+            t,
+            0,
+            refused(5 * S),
+            Duration::ZERO,
+        );
+        assert!(r.lookup(None, 1, S, 0).is_none());
     }
 
     #[test]
@@ -351,6 +440,7 @@ mod tests {
                                 1,
                                 Duration::ZERO,
                                 t,
+                                0,
                                 Answer::Other,
                                 Duration::ZERO,
                             );
@@ -360,11 +450,12 @@ mod tests {
                                 1,
                                 Duration::ZERO,
                                 t,
+                                0,
                                 refused(10 * S),
                                 Duration::ZERO,
                             );
                         }
-                        if let Some(rej) = r.lookup(Some(&p), 1, S) {
+                        if let Some(rej) = r.lookup(Some(&p), 1, S, 0) {
                             assert_eq!(rej.retry_after, Some(9 * S));
                         }
                         assert!(r.held() <= 17);

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use redis::Script;
 use seawall::breaker::{CircuitControl, CircuitMetrics, CircuitState, CircuitTransition};
+use seawall::rate_limit::RateAlgorithm;
 use seawall::store::{
     Admission, AdmitRequest, Outcome, Permit, Record, Recorded, Reservation, Reserve, ResourceSpec,
     ResourceState, StoreFuture,
@@ -367,6 +368,16 @@ impl Drop for PendingRecord {
     }
 }
 
+/// An admission about to be sent, as the refusals replayed locally need it.
+#[derive(Debug, Clone, Copy)]
+struct Sending {
+    /// The store's clock.
+    at: Duration,
+    ticket: u64,
+    /// The link's epoch.
+    epoch: u64,
+}
+
 /// The arguments of a release, owned so that it can run in the background.
 struct ReleaseArgs {
     partition: Option<PartitionKey>,
@@ -582,14 +593,19 @@ impl Shared {
 
     /// The refusal Redis gave an admission like `request` whose end has not
     /// come yet, answered without a round trip. Never for a call that
-    /// presents a due reservation: Redis gives it back when it refuses.
+    /// presents a due reservation (Redis gives it back when it refuses),
+    /// nor while Redis is skipped after a failure (the [`FailMode`]
+    /// answers), nor after an outage or a restart seen since it was given.
     fn replayed(&self, request: &AdmitRequest<'_>, reserve: Reserve) -> Option<Admission> {
-        if reserve.held.is_some() {
+        if reserve.held.is_some() || !self.link.is_available() {
             return None;
         }
-        let rejection =
-            self.refusals
-                .lookup(request.partition, request.weight, self.clock(request.now))?;
+        let rejection = self.refusals.lookup(
+            request.partition,
+            request.weight,
+            self.clock(request.now),
+            self.link.epoch(),
+        )?;
         Some(Admission {
             decision: Err(rejection),
             transition: None,
@@ -598,9 +614,24 @@ impl Shared {
         })
     }
 
-    /// Before an admission is sent: the store's clock and its ticket.
-    fn sending(&self, request: &AdmitRequest<'_>) -> (Duration, u64) {
-        (self.clock(request.now), self.refusals.ticket())
+    /// Before an admission is sent: the store's clock, its ticket and the
+    /// link's epoch.
+    fn sending(&self, request: &AdmitRequest<'_>) -> Sending {
+        Sending {
+            at: self.clock(request.now),
+            ticket: self.refusals.ticket(),
+            epoch: self.link.epoch(),
+        }
+    }
+
+    /// A record was made through this store: one that may have changed
+    /// the partition's circuit or cooldown (see [`Shared::record_is_silent`])
+    /// ends the refusal replayed for it, and the answers to admissions
+    /// sent before it are not kept.
+    fn recorded_here(&self, record: &Record<'_>) {
+        if !self.record_is_silent(record) {
+            self.refusals.clear(record.partition);
+        }
     }
 
     /// Learns Redis's `reply` to the admission `request` sent at `sent`
@@ -612,7 +643,7 @@ impl Shared {
     /// limit whose calls never wait (no reservation is ever given back, so
     /// its state only moves towards refusing longer). Anything else
     /// removes the partition's entry.
-    fn learn(&self, request: &AdmitRequest<'_>, sent: Duration, ticket: u64, reply: &[i64]) {
+    fn learn(&self, request: &AdmitRequest<'_>, sent: Sending, reply: &[i64]) {
         if !self.refusals.enabled() {
             return;
         }
@@ -628,16 +659,27 @@ impl Shared {
             }
             _ => None,
         };
+        // On the caller's clock, the script counts the waits of the circuit,
+        // the cooldown and the sliding log from the clock's whole
+        // microsecond; GCRA's and the fixed window's from the nanosecond.
+        let micros = self.caller_clock
+            && (kept != Some(RejectionReason::RateLimited)
+                || self
+                    .spec
+                    .rate_limit
+                    .as_ref()
+                    .is_some_and(|r| r.algorithm == RateAlgorithm::SlidingWindow));
         let answer = match (kept, retry_us > 0) {
             (Some(r), true) => exact_wait(retry_us, under_ns)
-                .map_or(Answer::Other, |wait| Answer::RefusedFor(r, wait)),
+                .map_or(Answer::Other, |wait| Answer::RefusedFor(r, wait, micros)),
             _ => Answer::Other,
         };
         self.refusals.learn(
             request.partition,
             request.weight,
-            sent,
-            ticket,
+            sent.at,
+            sent.ticket,
+            sent.epoch,
             answer,
             self.clock(request.now),
         );
@@ -796,10 +838,10 @@ impl ResourceState for RedisResource {
         }
         let inv = s.admit_invocation(request);
         let hold = |r: Restart| s.restart_hold(r, request.now);
-        let (sent, ticket) = s.sending(request);
+        let sent = s.sending(request);
         match s.link.admit_sync::<Vec<i64>>(&inv, &hold) {
             Ok(reply) => {
-                s.learn(request, sent, ticket, &reply);
+                s.learn(request, sent, &reply);
                 s.admission(&reply, request.now)
             }
             Err(e) => s.admit_degraded(request, e),
@@ -819,10 +861,10 @@ impl ResourceState for RedisResource {
             let inv = s.admit_invocation(&request);
             let now = request.now;
             let hold = move |r: Restart| s.restart_hold(r, now);
-            let (sent, ticket) = s.sending(&request);
+            let sent = s.sending(&request);
             match s.link.admit_async::<Vec<i64>>(&inv, &hold).await {
                 Ok(reply) => {
-                    s.learn(&request, sent, ticket, &reply);
+                    s.learn(&request, sent, &reply);
                     s.admission(&reply, request.now)
                 }
                 Err(e) => s.admit_degraded(&request, e),
@@ -836,7 +878,9 @@ impl ResourceState for RedisResource {
             return s.record_local(record);
         }
         let inv = s.record_invocation(record);
-        match s.link.invoke_sync::<Vec<i64>>(&inv) {
+        let reply = s.link.invoke_sync::<Vec<i64>>(&inv);
+        s.recorded_here(record);
+        match reply {
             Ok(reply) => s.recorded(&reply),
             Err(e) => s.record_degraded(e),
         }
@@ -893,7 +937,9 @@ impl ResourceState for RedisResource {
         StoreFuture::boxed(async move {
             let s = &*self.shared;
             let inv = s.record_invocation(&record);
-            match s.link.invoke_async::<Vec<i64>>(&inv).await {
+            let reply = s.link.invoke_async::<Vec<i64>>(&inv).await;
+            s.recorded_here(&record);
+            match reply {
                 Ok(reply) => s.recorded(&reply),
                 Err(e) => s.record_degraded(e),
             }
@@ -940,10 +986,10 @@ impl ResourceState for RedisResource {
         }
         let inv = s.admit_reserving_invocation(request, reserve);
         let hold = |r: Restart| s.restart_hold(r, request.now);
-        let (sent, ticket) = s.sending(request);
+        let sent = s.sending(request);
         match s.link.admit_sync::<Vec<i64>>(&inv, &hold) {
             Ok(reply) => {
-                s.learn(request, sent, ticket, &reply);
+                s.learn(request, sent, &reply);
                 s.admission_reserving(&reply, request.now, request.weight)
             }
             Err(e) => s.admit_degraded(request, e).map(|a| (a, None)),
@@ -966,10 +1012,10 @@ impl ResourceState for RedisResource {
             let inv = s.admit_reserving_invocation(&request, reserve);
             let now = request.now;
             let hold = move |r: Restart| s.restart_hold(r, now);
-            let (sent, ticket) = s.sending(&request);
+            let sent = s.sending(&request);
             match s.link.admit_async::<Vec<i64>>(&inv, &hold).await {
                 Ok(reply) => {
-                    s.learn(&request, sent, ticket, &reply);
+                    s.learn(&request, sent, &reply);
                     s.admission_reserving(&reply, request.now, request.weight)
                 }
                 Err(e) => s.admit_degraded(&request, e).map(|a| (a, None)),
