@@ -122,6 +122,10 @@
 //!   frees one sooner), and a call that presents a due reservation always
 //!   goes to Redis.
 //!
+//! Nothing is kept for a resource whose circuit runs in shadow mode: an
+//! admission may move such a circuit (half-open it, start a new round of
+//! probes) while the cooldown or the rate limit refuses the call.
+//!
 //! An entry answers only calls of the weight that was refused (a lighter
 //! call may fit the rate limit). It ends at T; before T it goes when this
 //! store sees an answer from Redis to a later admission of the partition

@@ -650,7 +650,13 @@ impl Shared {
         let &[reason, retry_us, _, _, _, _, _, under_ns, reserved_us, _, _, _, _] = reply else {
             return;
         };
+        // An admission may move a circuit even when a later policy refuses
+        // it (an open circuit half-opens, a round of probes expires): an
+        // enforcing circuit that lets a call on to the cooldown or the rate
+        // limit is closed, or half-open with a probe free (only admissions
+        // take probes), so it does not; one in shadow mode may be open.
         let kept = match rejection_reason(reason) {
+            _ if self.circuit_in_shadow => None,
             Some(Some(r @ (RejectionReason::CircuitOpen | RejectionReason::CooldownActive))) => {
                 Some(r)
             }
