@@ -14,7 +14,11 @@
 //!   runtime, async `run` on a current-thread runtime, sync `call`) and in
 //!   four processes (async `run`, one shared state);
 //! - round trips per call, from the server's `INFO commandstats`, and the
-//!   server's mean time per script call.
+//!   server's mean time per script call;
+//! - the refusal of a call by a shared circuit that another process opened
+//!   (open for an hour): time per refusal and round trips per call, with
+//!   the refusal replayed locally (the default) and with
+//!   `local_refusals(0)` (every refusal asked of Redis), sync and async.
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -276,6 +280,73 @@ fn child(a: &Args, url: &str) {
     println!("LAT_NS {}", nanos.join(","));
 }
 
+/// A pipeline whose circuit stays open for an hour once tripped.
+fn breaker_chain(store: RedisStore) -> Pipeline {
+    Pipeline::builder("bench-open-circuit")
+        .circuit_breaker(
+            CircuitBreaker::consecutive_failures(1).cooldown(Duration::from_secs(3600)),
+        )
+        .store(store)
+        .build()
+        .expect("pipeline")
+}
+
+/// Refusals by a shared circuit another process opened: per refusal, with
+/// the refusal replayed locally and without.
+fn open_circuit_refusals(url: &str, prefix: &str, n: usize, rt: &tokio::runtime::Runtime) {
+    let prefix = format!("{prefix}-open");
+    let store = |replay: usize| {
+        RedisStore::builder(url)
+            .prefix(&prefix)
+            .fail_closed()
+            .local_refusals(replay)
+            .build()
+            .unwrap()
+    };
+    // Another process trips the circuit.
+    let opener = breaker_chain(store(0));
+    let _ = opener.call(|_| Err::<u64, _>(std::io::Error::other("down")));
+    println!(
+        "{:<34} {:>12} {:>12} {:>12} {:>17}",
+        "open shared circuit refusal", "mean", "p50", "p99", "round trips/call"
+    );
+    for (name, replay) in [("replayed locally", 4096), ("local_refusals(0)", 0)] {
+        let p = breaker_chain(store(replay));
+        let refuse = |r: Result<u64, seawall::Error<std::io::Error>>| {
+            assert!(matches!(r, Err(seawall::Error::Rejected(_))));
+        };
+        refuse(p.call(|_| Ok(1)));
+        reset_stats(url);
+        let (sync_lat, sync_total) = time_sync(n, || refuse(p.call(|_| Ok(1))));
+        let sync_trips = script_calls(url) as f64 / n as f64;
+        reset_stats(url);
+        let (async_lat, async_total) = {
+            let p = p.clone();
+            time_on(rt, n, move || {
+                let p = p.clone();
+                async move {
+                    let r = p.run(|_| async { Ok::<u64, std::io::Error>(1) }).await;
+                    assert!(matches!(r, Err(seawall::Error::Rejected(_))));
+                }
+            })
+        };
+        let async_trips = script_calls(url) as f64 / n as f64;
+        for (path, lat, total, trips) in [
+            ("sync call", &sync_lat, sync_total, sync_trips),
+            ("async run", &async_lat, async_total, async_trips),
+        ] {
+            println!(
+                "{:<34} {:>12} {:>12} {:>12} {:>17.2}",
+                format!("{name}, {path}"),
+                format!("{:.0} ns", total.as_nanos() as f64 / n as f64),
+                format!("{} ns", percentile(lat, 0.5).as_nanos()),
+                format!("{} ns", percentile(lat, 0.99).as_nanos()),
+                trips
+            );
+        }
+    }
+}
+
 fn main() {
     let a = args();
     let server = if a.url.is_none() && !a.child {
@@ -466,6 +537,8 @@ fn main() {
         multi_secs,
         multi_trips,
     );
+    println!();
+    open_circuit_refusals(&url, &a.prefix, n, &rt);
     println!();
     let ratio =
         |lat: &[Duration], ping: Duration| added(lat, 0.5).as_secs_f64() / ping.as_secs_f64();

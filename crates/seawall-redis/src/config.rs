@@ -63,6 +63,8 @@ pub enum TimeSource {
 /// - up to 8 idle connections kept for the blocking `call` path
 /// - half-open probes leased for 60 s (see [`probe_lease`](Self::probe_lease))
 /// - the server's clock
+/// - refusals with a known end replayed locally, for up to 4096
+///   partitions per resource (see [`local_refusals`](Self::local_refusals))
 ///
 /// Its `Debug` output shows the URL (or the cluster's URLs) without
 /// passwords.
@@ -77,6 +79,7 @@ pub struct RedisStoreBuilder {
     pub(crate) max_idle_connections: usize,
     pub(crate) probe_lease: Duration,
     pub(crate) time_source: TimeSource,
+    pub(crate) local_refusals: usize,
 }
 
 /// What a store talks to: one server, or the nodes of a cluster.
@@ -114,6 +117,7 @@ impl std::fmt::Debug for RedisStoreBuilder {
             .field("max_idle_connections", &self.max_idle_connections)
             .field("probe_lease", &self.probe_lease)
             .field("time_source", &self.time_source)
+            .field("local_refusals", &self.local_refusals)
             .finish()
     }
 }
@@ -138,6 +142,7 @@ impl RedisStoreBuilder {
             max_idle_connections: 8,
             probe_lease: Duration::from_secs(60),
             time_source: TimeSource::Server,
+            local_refusals: 4096,
         }
     }
 
@@ -232,6 +237,28 @@ impl RedisStoreBuilder {
     /// [`caller_clock`](Self::caller_clock)).
     pub fn time_source(mut self, source: TimeSource) -> Self {
         self.time_source = source;
+        self
+    }
+
+    /// How many partitions of each resource (besides its unpartitioned
+    /// state) may have a refusal replayed locally; 0 turns the replay off,
+    /// and every admission is then a round trip.
+    ///
+    /// When Redis refuses an admission because the circuit is open until
+    /// T, a cooldown is active until T, or a rate limit whose calls never
+    /// wait is exhausted until T, the store refuses the admissions of that
+    /// partition (and weight) in this process until T with the same
+    /// reason, its `retry_after` counted down, without a round trip. Until
+    /// T, Redis would refuse them too, except after a manual control of
+    /// the circuit made by another process (or another binding of the
+    /// resource) or a restart of the server: see the [crate
+    /// documentation](crate#refusals-answered-locally) for the exact
+    /// guarantee. Turn it off where such a control must be seen by every
+    /// process at its next admission. Past the bound, the entries already
+    /// expired go first, then any: an entry dropped costs its next
+    /// admission a round trip, nothing else.
+    pub fn local_refusals(mut self, partitions: usize) -> Self {
+        self.local_refusals = partitions;
         self
     }
 

@@ -39,7 +39,10 @@
 //!   the client. Scripts are loaded when a pipeline binds the store and
 //!   reloaded automatically after `NOSCRIPT` (a server restart or
 //!   `SCRIPT FLUSH`). A cancelled attempt gives its permit back with one
-//!   more script call, in the background.
+//!   more script call, in the background. A refusal with a known end
+//!   (a circuit open until T, a cooldown, an exhausted rate limit) is
+//!   answered without a round trip until T after the first: see [Refusals
+//!   answered locally](#refusals-answered-locally).
 //! - **Successes are not waited for.** On a multi-thread tokio runtime, the
 //!   record of a success that can change nothing the caller is told (not a
 //!   half-open probe, not a slow call, no retry-after hint) is queued on the
@@ -93,6 +96,81 @@
 //!   fixed window's last window still the one it set; a sliding log's
 //!   entry). While Redis is down (fail-open), the local answer reserves
 //!   nothing.
+//!
+//! # Refusals answered locally
+//! A refusal whose end Redis gives, and which nothing but a manual control
+//! or a restart can bring forward, costs no round trip after the first:
+//! the store keeps it, per resource and partition, and refuses the
+//! admissions of that partition in this process until its end, with the
+//! same reason and a `retry_after` counted down on the store's clock (the
+//! caller's `now` with [`TimeSource::Caller`]; otherwise a monotonic clock
+//! of the process, from the instant the admission that brought the refusal
+//! was sent, so that the entry ends no later than the state on the server
+//! does). The rules of when a call is refused stay in the scripts: the
+//! store only replays an answer Redis gave, until the instant Redis gave as
+//! its end. Three refusals are kept:
+//! - **a circuit open until T** (`circuit_open` with a `retry_after`):
+//!   until T the circuit admits no call, in any process; at T the first
+//!   admission goes to Redis, which starts the half-open round. A circuit
+//!   that is half-open with every probe taken, isolated, or open without
+//!   end is not kept (those end at any time, or only by a control);
+//! - **a cooldown active until T**: its end only ever moves later;
+//! - **a rate limit exhausted until T**, for a limiter whose calls never
+//!   wait (`max_wait` zero): without reservations its state only moves
+//!   towards refusing longer. A limiter whose calls may wait is always
+//!   asked (a call may reserve a permit, and a reservation given back
+//!   frees one sooner), and a call that presents a due reservation always
+//!   goes to Redis.
+//!
+//! Nothing is kept for a resource whose circuit runs in shadow mode: an
+//! admission may move such a circuit (half-open it, start a new round of
+//! probes) while the cooldown or the rate limit refuses the call.
+//!
+//! An entry answers only calls of the weight that was refused (a lighter
+//! call may fit the rate limit). It ends at T; before T it goes when this
+//! store sees an answer from Redis to a later admission of the partition
+//! that is not such a refusal, when a record made through this store may
+//! have moved the circuit or the cooldown (a failure, a probe, a slow
+//! call, a retry-after hint), when a control of the circuit is made
+//! through this store (then answers to admissions sent before the
+//! control are not kept either), and when Redis fails or is seen to have
+//! restarted. While Redis is skipped after a failure nothing is replayed:
+//! the [`FailMode`] answers. At most
+//! [`local_refusals`](RedisStoreBuilder::local_refusals) partitions per
+//! resource are kept (4096 by default; 0 turns the replay off); past that,
+//! expired entries go first, then any.
+//!
+//! What holds, exactly:
+//! - **No call is admitted locally.** An entry only refuses.
+//! - **Another process's trip is seen at the next admission**: a process
+//!   with no entry for the partition asks Redis, which refuses.
+//!   Meanwhile a process that replays an earlier refusal (a rate limit
+//!   until T, a cooldown until T) refuses all the same, under the older
+//!   reason, until T; it reports the trip from T on.
+//! - **Until T nobody can be admitted** on Redis either, except through:
+//!   - a manual control made by another process (or another pipeline
+//!     bound to the same resource): `reset`, `disable`, `enable`, or
+//!     `open_for` with an end earlier than T. This process sees it at T
+//!     at the latest; an `isolate` or a longer `open_for` refuses anyway.
+//!     Where a manual control must be seen by every process at its next
+//!     admission, turn the replay off (`local_refusals(0)`);
+//!   - a restart of the server that this process has not yet noticed (an
+//!     open circuit and a cooldown are lost in a restart, see [When
+//!     Redis restarts empty](#when-redis-restarts-empty)): the refusal is
+//!     replayed until T. A restart noticed, or an outage, ends every
+//!     entry of the store.
+//! - **A refusal for another reason made since by another process** (a
+//!   full bulkhead, a longer cooldown, a later next permit) is reported
+//!   once the entry ends; the call is refused meanwhile, with the
+//!   `retry_after` of the entry, which may be shorter than Redis's new
+//!   one.
+//! - On the server's clock, the entry ends up to one network latency
+//!   before the state does: the next admission then asks Redis, which
+//!   refuses once more, with the rest of the wait.
+//!
+//! A refusal replayed costs a read lock and a hash lookup (none at all
+//! when the resource has no entry): see the `redis_bench` example for
+//! figures.
 //!
 //! # When Redis fails
 //! Every command has a timeout ([`RedisStoreBuilder::timeout`]; connecting
@@ -269,6 +347,7 @@ mod cluster;
 mod config;
 mod error;
 mod link;
+mod refusals;
 mod scripts;
 mod store;
 

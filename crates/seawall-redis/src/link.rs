@@ -200,6 +200,8 @@ pub(crate) struct Link {
     server: Mutex<ServerState>,
     /// Restarts seen (0: none; read without the lock on every admission).
     restarts: AtomicU64,
+    /// Failures that made Redis be skipped (see [`Link::epoch`]).
+    outages: AtomicU64,
     /// Records sent on the async connection whose answer is not awaited
     /// (see [`Link::unawaited`]); the blocking path waits for them.
     unawaited: Mutex<usize>,
@@ -329,6 +331,7 @@ impl Link {
             },
             server: Mutex::new(ServerState::default()),
             restarts: AtomicU64::new(0),
+            outages: AtomicU64::new(0),
             weak: weak.clone(),
         })
     }
@@ -561,6 +564,14 @@ impl Link {
         self.health.skip_until.load(Ordering::Acquire) == 0
     }
 
+    /// Changes with every outage and every restart of the server seen:
+    /// what was learned of the server's state before may no longer hold.
+    pub(crate) fn epoch(&self) -> u64 {
+        self.outages
+            .load(Ordering::Acquire)
+            .wrapping_add(self.restarts.load(Ordering::Acquire))
+    }
+
     /// `Err` while Redis is skipped after a failure.
     fn gate(&self) -> Result<(), StoreError> {
         let until = self.health.skip_until.load(Ordering::Acquire);
@@ -582,6 +593,7 @@ impl Link {
             return;
         }
         let first = self.health.skip_until.load(Ordering::Acquire) == 0;
+        self.outages.fetch_add(1, Ordering::AcqRel);
         *lock(&self.health.last_error) = Some(e.clone());
         // Every pooled connection may be as dead as the one that failed.
         lock(&self.pool).clear();

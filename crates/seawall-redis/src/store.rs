@@ -4,10 +4,11 @@ use std::fmt;
 use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::Poll;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis::Script;
 use seawall::breaker::{CircuitControl, CircuitMetrics, CircuitState, CircuitTransition};
+use seawall::rate_limit::RateAlgorithm;
 use seawall::store::{
     Admission, AdmitRequest, Outcome, Permit, Record, Recorded, Reservation, Reserve, ResourceSpec,
     ResourceState, StoreFuture,
@@ -17,6 +18,7 @@ use seawall::{MemoryStore, PartitionKey, Rejection, RejectionReason, StateStore,
 use crate::config::{FailMode, RedisStoreBuilder, TimeSource};
 use crate::error::{is_outage, RedisStoreError};
 use crate::link::{Client, Link, LinkSettings, Restart};
+use crate::refusals::{Answer, Refusals};
 use crate::scripts::{self, Invocation, Keys, Scripts, SpecArgs, SuccessArgs};
 
 /// A [`StateStore`] on a Redis server, shared by every process that uses
@@ -55,6 +57,9 @@ struct StoreInner {
     time_source: TimeSource,
     /// The process-local state answered from while Redis fails (fail-open).
     local: MemoryStore,
+    /// Partitions per resource whose refusal with a known end is replayed
+    /// locally (0: none).
+    local_refusals: usize,
 }
 
 impl fmt::Debug for RedisStore {
@@ -130,6 +135,7 @@ impl RedisStore {
                 probe_lease: b.probe_lease,
                 time_source: b.time_source,
                 local: MemoryStore::new(),
+                local_refusals: b.local_refusals,
             }),
         }
     }
@@ -209,6 +215,8 @@ impl StateStore for RedisStore {
                 local,
                 caller_clock: inner.time_source == TimeSource::Caller,
                 circuit_in_shadow: scripts::circuit_in_shadow(spec),
+                refusals: Refusals::new(inner.local_refusals),
+                born: Instant::now(),
             }),
         }))
     }
@@ -238,6 +246,11 @@ struct Shared {
     /// On the caller's clock: the restart last seen, and the end of its
     /// hold.
     caller_hold: Mutex<CallerHold>,
+    /// Refusals Redis gave with a known end, replayed until that end.
+    refusals: Refusals,
+    /// The origin of the store's clock on the server's time source (see
+    /// [`Shared::clock`]).
+    born: Instant,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -282,6 +295,29 @@ fn micros(d: Duration) -> u64 {
 /// 0..999).
 fn micros_nanos(d: Duration) -> String {
     format!("{}:{}", micros(d), d.subsec_nanos() % 1000)
+}
+
+/// A wait as the admission script gives it: whole microseconds (`us`, at
+/// least 0), less the nanoseconds the exact wait is shorter (`under_ns`:
+/// GCRA keeps its times to the nanosecond).
+fn exact_wait(us: i64, under_ns: i64) -> Option<Duration> {
+    u64::try_from(us).ok().map(|us| {
+        Duration::from_micros(us)
+            .saturating_sub(Duration::from_nanos(u64::try_from(under_ns).unwrap_or(0)))
+    })
+}
+
+/// The reason of an admission script's reply code: `Some(None)` for an
+/// admission, `None` for a code it never gives.
+fn rejection_reason(code: i64) -> Option<Option<RejectionReason>> {
+    match code {
+        scripts::ADMITTED => Some(None),
+        scripts::CIRCUIT_OPEN => Some(Some(RejectionReason::CircuitOpen)),
+        scripts::BULKHEAD_FULL => Some(Some(RejectionReason::BulkheadFull)),
+        scripts::COOLDOWN_ACTIVE => Some(Some(RejectionReason::CooldownActive)),
+        scripts::RATE_LIMITED => Some(Some(RejectionReason::RateLimited)),
+        _ => None,
+    }
 }
 
 fn protocol(what: &str, reply: &[i64]) -> StoreError {
@@ -330,6 +366,16 @@ impl Drop for PendingRecord {
         let inv = self.shared.release_invocation(&args);
         let _ = self.shared.link.invoke_sync_unordered::<i64>(&inv);
     }
+}
+
+/// An admission about to be sent, as the refusals replayed locally need it.
+#[derive(Debug, Clone, Copy)]
+struct Sending {
+    /// The store's clock.
+    at: Duration,
+    ticket: u64,
+    /// The link's epoch.
+    epoch: u64,
 }
 
 /// The arguments of a release, owned so that it can run in the background.
@@ -533,6 +579,118 @@ impl Shared {
         }
     }
 
+    /// The store's clock: the caller's `now` on the caller's time source;
+    /// on the server's, a monotonic clock of this process (the server's
+    /// `TIME` is not read without a round trip). Refusals kept locally
+    /// expire on it.
+    fn clock(&self, now: Duration) -> Duration {
+        if self.caller_clock {
+            now
+        } else {
+            self.born.elapsed()
+        }
+    }
+
+    /// The refusal Redis gave an admission like `request` whose end has not
+    /// come yet, answered without a round trip. Never for a call that
+    /// presents a due reservation (Redis gives it back when it refuses),
+    /// nor while Redis is skipped after a failure (the [`FailMode`]
+    /// answers), nor after an outage or a restart seen since it was given.
+    fn replayed(&self, request: &AdmitRequest<'_>, reserve: Reserve) -> Option<Admission> {
+        if reserve.held.is_some() || !self.link.is_available() {
+            return None;
+        }
+        let rejection = self.refusals.lookup(
+            request.partition,
+            request.weight,
+            self.clock(request.now),
+            self.link.epoch(),
+        )?;
+        Some(Admission {
+            decision: Err(rejection),
+            transition: None,
+            degraded: None,
+            shadow: None,
+        })
+    }
+
+    /// Before an admission is sent: the store's clock, its ticket and the
+    /// link's epoch.
+    fn sending(&self, request: &AdmitRequest<'_>) -> Sending {
+        Sending {
+            at: self.clock(request.now),
+            ticket: self.refusals.ticket(),
+            epoch: self.link.epoch(),
+        }
+    }
+
+    /// A record was made through this store: one that may have changed
+    /// the partition's circuit or cooldown (see [`Shared::record_is_silent`])
+    /// ends the refusal replayed for it, and the answers to admissions
+    /// sent before it are not kept.
+    fn recorded_here(&self, record: &Record<'_>) {
+        if !self.record_is_silent(record) {
+            self.refusals.clear(record.partition);
+        }
+    }
+
+    /// Learns Redis's `reply` to the admission `request` sent at `sent`
+    /// with `ticket`. A refusal is kept until its end when no admission of
+    /// the same partition and weight can pass before it, in any process,
+    /// but through the exceptions the crate documentation lists: a circuit
+    /// open until an instant (only a manual control or the end of the open
+    /// period moves it), a cooldown (its end only moves later), a rate
+    /// limit whose calls never wait (no reservation is ever given back, so
+    /// its state only moves towards refusing longer). Anything else
+    /// removes the partition's entry.
+    fn learn(&self, request: &AdmitRequest<'_>, sent: Sending, reply: &[i64]) {
+        if !self.refusals.enabled() {
+            return;
+        }
+        let &[reason, retry_us, _, _, _, _, _, under_ns, reserved_us, _, _, _, _] = reply else {
+            return;
+        };
+        // An admission may move a circuit even when a later policy refuses
+        // it (an open circuit half-opens, a round of probes expires): an
+        // enforcing circuit that lets a call on to the cooldown or the rate
+        // limit is closed, or half-open with a probe free (only admissions
+        // take probes), so it does not; one in shadow mode may be open.
+        let kept = match rejection_reason(reason) {
+            _ if self.circuit_in_shadow => None,
+            Some(Some(r @ (RejectionReason::CircuitOpen | RejectionReason::CooldownActive))) => {
+                Some(r)
+            }
+            Some(Some(r @ RejectionReason::RateLimited)) if !self.reserves() && reserved_us < 0 => {
+                Some(r)
+            }
+            _ => None,
+        };
+        // On the caller's clock, the script counts the waits of the circuit,
+        // the cooldown and the sliding log from the clock's whole
+        // microsecond; GCRA's and the fixed window's from the nanosecond.
+        let micros = self.caller_clock
+            && (kept != Some(RejectionReason::RateLimited)
+                || self
+                    .spec
+                    .rate_limit
+                    .as_ref()
+                    .is_some_and(|r| r.algorithm == RateAlgorithm::SlidingWindow));
+        let answer = match (kept, retry_us > 0) {
+            (Some(r), true) => exact_wait(retry_us, under_ns)
+                .map_or(Answer::Other, |wait| Answer::RefusedFor(r, wait, micros)),
+            _ => Answer::Other,
+        };
+        self.refusals.learn(
+            request.partition,
+            request.weight,
+            sent.at,
+            sent.ticket,
+            sent.epoch,
+            answer,
+            self.clock(request.now),
+        );
+    }
+
     fn admission(&self, reply: &[i64], now: Duration) -> Result<Admission, StoreError> {
         self.admission_reserving(reply, now, 1).map(|(a, _)| a)
     }
@@ -566,21 +724,9 @@ impl Shared {
                 .map(|c| c.cooldown_for_trip(u32::try_from(trips).unwrap_or(u32::MAX))),
             // Open until the latest instant of the clock.
             scripts::RETRY_FOREVER => Some(Duration::from_nanos(u64::MAX).saturating_sub(now)),
-            // Whole microseconds, less the nanoseconds the exact wait is
-            // shorter (GCRA keeps its times to the nanosecond).
-            us => u64::try_from(us).ok().map(|us| {
-                Duration::from_micros(us)
-                    .saturating_sub(Duration::from_nanos(u64::try_from(under_ns).unwrap_or(0)))
-            }),
+            us => exact_wait(us, under_ns),
         };
-        let reason_of = |code: i64| match code {
-            scripts::ADMITTED => Ok(None),
-            scripts::CIRCUIT_OPEN => Ok(Some(RejectionReason::CircuitOpen)),
-            scripts::BULKHEAD_FULL => Ok(Some(RejectionReason::BulkheadFull)),
-            scripts::COOLDOWN_ACTIVE => Ok(Some(RejectionReason::CooldownActive)),
-            scripts::RATE_LIMITED => Ok(Some(RejectionReason::RateLimited)),
-            _ => Err(protocol("admit", reply)),
-        };
+        let reason_of = |code: i64| rejection_reason(code).ok_or_else(|| protocol("admit", reply));
         let shadow = reason_of(shadow_reason)?
             .map(|r| Rejection::new(r, retry_after(shadow_retry_us, shadow_under_ns)));
         let decision = match reason_of(reason)? {
@@ -689,17 +835,29 @@ impl Shared {
 }
 
 impl ResourceState for RedisResource {
+    /// One round trip, or none while a refusal Redis gave with a known end
+    /// still holds (see the crate documentation).
     fn admit(&self, request: &AdmitRequest<'_>) -> Result<Admission, StoreError> {
         let s = &*self.shared;
+        if let Some(refused) = s.replayed(request, Reserve::default()) {
+            return Ok(refused);
+        }
         let inv = s.admit_invocation(request);
         let hold = |r: Restart| s.restart_hold(r, request.now);
+        let sent = s.sending(request);
         match s.link.admit_sync::<Vec<i64>>(&inv, &hold) {
-            Ok(reply) => s.admission(&reply, request.now),
+            Ok(reply) => {
+                s.learn(request, sent, &reply);
+                s.admission(&reply, request.now)
+            }
             Err(e) => s.admit_degraded(request, e),
         }
     }
 
     fn admit_async<'a>(&'a self, request: AdmitRequest<'a>) -> StoreFuture<'a, Admission> {
+        if let Some(refused) = self.shared.replayed(&request, Reserve::default()) {
+            return StoreFuture::ready(Ok(refused));
+        }
         if tokio::runtime::Handle::try_current().is_err() {
             // Polled outside tokio: the blocking path still answers.
             return StoreFuture::ready(self.admit(&request));
@@ -709,8 +867,12 @@ impl ResourceState for RedisResource {
             let inv = s.admit_invocation(&request);
             let now = request.now;
             let hold = move |r: Restart| s.restart_hold(r, now);
+            let sent = s.sending(&request);
             match s.link.admit_async::<Vec<i64>>(&inv, &hold).await {
-                Ok(reply) => s.admission(&reply, request.now),
+                Ok(reply) => {
+                    s.learn(&request, sent, &reply);
+                    s.admission(&reply, request.now)
+                }
                 Err(e) => s.admit_degraded(&request, e),
             }
         })
@@ -722,7 +884,9 @@ impl ResourceState for RedisResource {
             return s.record_local(record);
         }
         let inv = s.record_invocation(record);
-        match s.link.invoke_sync::<Vec<i64>>(&inv) {
+        let reply = s.link.invoke_sync::<Vec<i64>>(&inv);
+        s.recorded_here(record);
+        match reply {
             Ok(reply) => s.recorded(&reply),
             Err(e) => s.record_degraded(e),
         }
@@ -779,7 +943,9 @@ impl ResourceState for RedisResource {
         StoreFuture::boxed(async move {
             let s = &*self.shared;
             let inv = s.record_invocation(&record);
-            match s.link.invoke_async::<Vec<i64>>(&inv).await {
+            let reply = s.link.invoke_async::<Vec<i64>>(&inv).await;
+            s.recorded_here(&record);
+            match reply {
                 Ok(reply) => s.recorded(&reply),
                 Err(e) => s.record_degraded(e),
             }
@@ -821,10 +987,17 @@ impl ResourceState for RedisResource {
         reserve: Reserve,
     ) -> Result<(Admission, Option<Reservation>), StoreError> {
         let s = &*self.shared;
+        if let Some(refused) = s.replayed(request, reserve) {
+            return Ok((refused, None));
+        }
         let inv = s.admit_reserving_invocation(request, reserve);
         let hold = |r: Restart| s.restart_hold(r, request.now);
+        let sent = s.sending(request);
         match s.link.admit_sync::<Vec<i64>>(&inv, &hold) {
-            Ok(reply) => s.admission_reserving(&reply, request.now, request.weight),
+            Ok(reply) => {
+                s.learn(request, sent, &reply);
+                s.admission_reserving(&reply, request.now, request.weight)
+            }
             Err(e) => s.admit_degraded(request, e).map(|a| (a, None)),
         }
     }
@@ -834,6 +1007,9 @@ impl ResourceState for RedisResource {
         request: AdmitRequest<'a>,
         reserve: Reserve,
     ) -> StoreFuture<'a, (Admission, Option<Reservation>)> {
+        if let Some(refused) = self.shared.replayed(&request, reserve) {
+            return StoreFuture::ready(Ok((refused, None)));
+        }
         if tokio::runtime::Handle::try_current().is_err() {
             return StoreFuture::ready(self.admit_reserving(&request, reserve));
         }
@@ -842,8 +1018,12 @@ impl ResourceState for RedisResource {
             let inv = s.admit_reserving_invocation(&request, reserve);
             let now = request.now;
             let hold = move |r: Restart| s.restart_hold(r, now);
+            let sent = s.sending(&request);
             match s.link.admit_async::<Vec<i64>>(&inv, &hold).await {
-                Ok(reply) => s.admission_reserving(&reply, request.now, request.weight),
+                Ok(reply) => {
+                    s.learn(&request, sent, &reply);
+                    s.admission_reserving(&reply, request.now, request.weight)
+                }
                 Err(e) => s.admit_degraded(&request, e).map(|a| (a, None)),
             }
         })
@@ -923,7 +1103,11 @@ impl ResourceState for RedisResource {
         if let CircuitControl::OpenFor(d) = control {
             inv.arg(micros(d));
         }
-        let reply: Vec<i64> = s.link.invoke_sync(&inv)?;
+        let reply = s.link.invoke_sync::<Vec<i64>>(&inv);
+        // Whatever came of it, the refusal kept for the partition may no
+        // longer hold, nor may those of admissions sent before.
+        s.refusals.clear(partition);
+        let reply = reply?;
         let &[before, after] = &reply[..] else {
             return Err(protocol("control", &reply));
         };

@@ -16,6 +16,7 @@ mod contract;
 mod cross_process;
 mod differential;
 mod failover;
+mod local_refusals;
 mod models;
 mod outage;
 mod pipeline;

@@ -34,7 +34,12 @@ fn store_at(url: &str, prefix: &str, open: bool, caller_clock: bool) -> RedisSto
         // Generous: a call that times out on a loaded machine may still take
         // a place late, which the exact counts below would not expect.
         .timeout(Duration::from_secs(2))
-        .reconnect_interval(Duration::from_millis(100));
+        .reconnect_interval(Duration::from_millis(100))
+        // Every call must reach the server: on the caller's clock the hold
+        // starts at the first admission that sees the restart, which a
+        // refusal replayed locally until the end of its window would put
+        // off to the next window.
+        .local_refusals(0);
     let b = if caller_clock { b.caller_clock() } else { b };
     if open { b.fail_open() } else { b.fail_closed() }
         .build()
