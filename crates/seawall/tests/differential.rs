@@ -37,5 +37,5 @@ fn the_corpus_has_every_scenario_once() {
     let names: Vec<&str> = corpus().iter().map(|s| s.name()).collect();
     let unique: HashSet<&str> = names.iter().copied().collect();
     assert_eq!(unique.len(), names.len(), "duplicate names in {names:?}");
-    assert_eq!(names.len(), 55, "{names:?}");
+    assert_eq!(names.len(), 58, "{names:?}");
 }

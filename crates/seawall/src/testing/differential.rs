@@ -56,8 +56,8 @@ use crate::pipeline::{ErrorType, Handles, HandlesSync, Kind, WithFallback};
 use crate::store::StateStore;
 use crate::testing::{SeededRandom, VirtualClock};
 use crate::{
-    Bulkhead, CircuitBreaker, Clock, Context, Cooldown, Error, Jitter, Pipeline, PipelineBuilder,
-    RateLimiter, Retry, RetryBudget, Timeout, Verdict,
+    Bulkhead, CircuitBreaker, Clock, Context, Cooldown, Error, Hedging, Jitter, Pipeline,
+    PipelineBuilder, RateLimiter, Retry, RetryBudget, Timeout, Verdict,
 };
 
 // ------------------------------------------------------------ the helpers
@@ -297,6 +297,12 @@ enum Flavors {
     Agree,
     /// A timeout expires: sync and async legitimately differ.
     Differ,
+    /// Hedging: async runs only (a blocking call on a pipeline with
+    /// hedging is refused without running). Concurrent attempts need no
+    /// more of the scripts: each attempt takes the next step in the order
+    /// the attempts start, and a `Slow` step sleeps on the virtual clock
+    /// while the others run.
+    AsyncOnly,
 }
 
 /// One scenario of the corpus: a pipeline and the calls made through it.
@@ -329,7 +335,13 @@ impl Scenario {
     /// runs then legitimately differ, and are compared each with runs of
     /// their own flavour only.
     pub fn flavors_agree(&self) -> bool {
-        self.flavors == Flavors::Agree
+        self.flavors != Flavors::Differ
+    }
+
+    /// Whether the scenario runs in `mode`: every mode, but the async
+    /// ones only for a scenario with hedging.
+    pub fn runs_in(&self, mode: Mode) -> bool {
+        self.flavors != Flavors::AsyncOnly || mode.flavor == Flavor::Async
     }
 
     fn named(mut self, name: &'static str) -> Self {
@@ -569,11 +581,12 @@ pub fn run<S: StateStore>(scenario: &Scenario, mode: Mode, store: S) -> Run {
     run_here(scenario, mode, store)
 }
 
-/// Runs `scenario` in every mode of [`modes`], each run on a fresh store
-/// from `store`.
+/// Runs `scenario` in every mode of [`modes`] it runs in
+/// ([`Scenario::runs_in`]), each run on a fresh store from `store`.
 pub fn run_all<S: StateStore>(scenario: &Scenario, mut store: impl FnMut() -> S) -> Vec<Run> {
     modes()
         .into_iter()
+        .filter(|&mode| scenario.runs_in(mode))
         .map(|mode| run(scenario, mode, store()))
         .collect()
 }
@@ -1465,6 +1478,68 @@ pub fn corpus() -> Vec<Scenario> {
                 call(vec![Fail(RETRY)], "Operation"),
                 after(secs(5), vec![slow(2000, Nested(None, vec![Okay(1)]))], "Ok(0)"),
                 call(vec![Okay(2)], "Ok(2)"),
+            ],
+        );
+
+        // Hedging with a bulkhead after it: each attempt under way holds a
+        // slot, a loser gives its slot back without an outcome, a hedge
+        // refused for want of a slot does not start and is tried again
+        // after the delay while the first attempt runs.
+        hedging_latency_bulkhead_after => scenario(
+            Flavors::AsyncOnly,
+            |b| plain(b.hedging(Hedging::latency(ms(10)).max_hedged_attempts(2))
+                .bulkhead(Bulkhead::new(2))),
+            vec![
+                // The hedge started at 10 ms wins at 15 ms.
+                call(vec![slow(50, Okay(1)), slow(5, Okay(2)), Okay(3)], "Ok(2)"),
+                // Two slots: the third attempt, tried at 20, 30, ... 90 ms,
+                // is refused each time; the first answers at 95 ms.
+                call(vec![slow(95, Okay(1)), slow(200, Okay(2)), Okay(3)], "Ok(1)"),
+                // Each failure starts the next attempt at once.
+                call(
+                    vec![slow(5, Fail(RETRY)), slow(5, Fail(RETRY)), slow(5, Fail(RETRY))],
+                    "RetryExhausted { attempts: 3",
+                ),
+                // The first fails at 15 ms and gives its slot to the third
+                // attempt, started then.
+                call(vec![slow(15, Fail(RETRY)), slow(30, Okay(5)), slow(1, Okay(6))], "Ok(6)"),
+            ],
+        );
+
+        // Hedging with a circuit breaker after it: every attempt that ended
+        // is recorded (a loser dropped records nothing), a hedge refused by
+        // the open circuit with nothing under way ends the call, and one
+        // refused by a half-open circuit busy with its probe is tried again.
+        hedging_latency_breaker_after => scenario(
+            Flavors::AsyncOnly,
+            |b| plain(b.hedging(Hedging::latency(ms(10)).max_hedged_attempts(2))
+                .circuit_breaker(CircuitBreaker::consecutive_failures(2).cooldown(secs(1)))),
+            vec![
+                // Attempt 2 (10 ms) fails at 13 ms and starts attempt 3,
+                // which wins; the first is dropped.
+                call(vec![slow(15, Fail(RETRY)), slow(3, Fail(RETRY)), Okay(7)], "Ok(7)"),
+                // Two failures open the circuit: the third attempt is
+                // refused with none under way.
+                call(vec![slow(5, Fail(RETRY)), slow(5, Fail(RETRY)), Okay(8)], "CircuitOpen"),
+                call(vec![Okay(9)], "CircuitOpen"),
+                // Half-open: the first attempt is the probe; the hedges
+                // tried at 10 and 20 ms are refused; the probe closes it.
+                after(secs(1), vec![slow(25, Okay(1)), Okay(2)], "Ok(1)"),
+                call(vec![slow(12, Okay(3)), Okay(4)], "Ok(4)"),
+            ],
+        );
+
+        // Hedging with a rate limiter after it: each attempt takes a
+        // permit; a refused hedge is tried again after the delay and
+        // starts once a permit is free.
+        hedging_latency_rate_after => scenario(
+            Flavors::AsyncOnly,
+            |b| plain(b.hedging(Hedging::latency(ms(10)).max_hedged_attempts(2))
+                .rate_limiter(RateLimiter::gcra(1, ms(25)))),
+            vec![
+                // Refused at 10 and 20 ms, started at 30 ms, wins at 35 ms.
+                call(vec![slow(100, Okay(1)), slow(5, Okay(2)), Okay(3)], "Ok(2)"),
+                after(ms(100), vec![slow(5, Okay(4))], "Ok(4)"),
             ],
         );
 
