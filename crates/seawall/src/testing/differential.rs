@@ -25,11 +25,19 @@
 //! timeouts are cooperative (the crate docs and [`crate::timeout`] say so):
 //! scenarios with a timeout that expires compare sync runs with sync runs
 //! and async runs with async runs only ([`Scenario::flavors_agree`]).
+//! Scenarios with hedging run async only ([`Scenario::runs_in`]); their
+//! attempts run concurrently, each taking the next step of the script in
+//! the order the attempts start.
+//!
+//! A store other than the memory store (which answers in place) holds the
+//! virtual clock while one of its requests is in flight, so the sleeps of
+//! the other attempts of a hedged call do not run ahead of its answer.
 //!
 //! Each scenario also states the result a few calls must have, so that a
 //! scenario that stops exercising what it is named after fails too.
 //!
-//! The corpus is stated once, here, so that the in-memory store and every
+//! The corpus is stated once, here, so that the in-memory store, the
+//! reference model of the stateful policies ([`ModelStore`]) and every
 //! other store (seawall-redis runs it on a real server, on the caller's
 //! clock) run the very same scenarios:
 //!
@@ -51,9 +59,15 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::breaker::CircuitMetrics;
+use crate::breaker::{CircuitControl, CircuitTransition};
 use crate::clock::BoxSleep;
+use crate::context::PartitionKey;
+use crate::error::StoreError;
 use crate::pipeline::{ErrorType, Handles, HandlesSync, Kind, WithFallback};
-use crate::store::StateStore;
+use crate::store::{
+    Admission, AdmitRequest, Permit, Record, Recorded, Reservation, Reserve, ResourceSpec,
+    ResourceState, StateStore, StoreFuture,
+};
 use crate::testing::{SeededRandom, VirtualClock};
 use crate::{
     Bulkhead, CircuitBreaker, Clock, Context, Cooldown, Error, Hedging, Jitter, Pipeline,
@@ -616,10 +630,17 @@ mod traced {
 
 fn run_here<S: StateStore>(s: &Scenario, mode: Mode, store: S) -> Run {
     let clock = LoggingClock::new(VirtualClock::starting_at(mode.offset));
-    let mut builder = Pipeline::builder(unique(s.name))
-        .store(store)
-        .clock(clock.clone())
-        .random(SeededRandom::new(42));
+    let builder = Pipeline::builder(unique(s.name));
+    // The memory store answers in place; any other store's requests hold
+    // the virtual clock while they are in flight.
+    let builder = match (&store as &dyn std::any::Any).downcast_ref::<crate::MemoryStore>() {
+        Some(memory) => builder.store(memory.clone()),
+        None => builder.store(Holding {
+            store,
+            clock: clock.inner.clone(),
+        }),
+    };
+    let mut builder = builder.clock(clock.clone()).random(SeededRandom::new(42));
     if mode.listener {
         builder = builder.on_event(|_| {});
     }
@@ -652,6 +673,180 @@ fn run_here<S: StateStore>(s: &Scenario, mode: Mode, store: S) -> Run {
     Run {
         mode,
         calls: observed,
+    }
+}
+
+/// A store whose requests hold the virtual clock while they are in
+/// flight ([`VirtualClock::hold`]): the concurrent attempts of a hedged
+/// call sleep on the virtual clock while one of them waits for a real
+/// server, and a sleep polled then would move the clock to its end, ahead
+/// of the answer (on the memory store, which answers in place, time never
+/// moves during a request).
+#[derive(Debug)]
+struct Holding<S> {
+    store: S,
+    clock: VirtualClock,
+}
+
+impl<S: StateStore> StateStore for Holding<S> {
+    fn bind(&self, spec: &ResourceSpec) -> Result<Arc<dyn ResourceState>, StoreError> {
+        Ok(Arc::new(HoldingResource {
+            inner: self.store.bind(spec)?,
+            clock: self.clock.clone(),
+        }))
+    }
+}
+
+#[derive(Debug)]
+struct HoldingResource {
+    inner: Arc<dyn ResourceState>,
+    clock: VirtualClock,
+}
+
+impl HoldingResource {
+    /// `future`, holding the clock until it is answered.
+    fn holding<'a, T: Send + 'a>(&self, future: StoreFuture<'a, T>) -> StoreFuture<'a, T> {
+        let hold = self.clock.hold();
+        StoreFuture::boxed(async move {
+            let answer = future.await;
+            drop(hold);
+            answer
+        })
+    }
+}
+
+impl ResourceState for HoldingResource {
+    fn admit(&self, request: &AdmitRequest<'_>) -> Result<Admission, StoreError> {
+        self.inner.admit(request)
+    }
+    fn admit_async<'a>(&'a self, request: AdmitRequest<'a>) -> StoreFuture<'a, Admission> {
+        self.holding(self.inner.admit_async(request))
+    }
+    fn admit_reserving(
+        &self,
+        request: &AdmitRequest<'_>,
+        reserve: Reserve,
+    ) -> Result<(Admission, Option<Reservation>), StoreError> {
+        self.inner.admit_reserving(request, reserve)
+    }
+    fn admit_reserving_async<'a>(
+        &'a self,
+        request: AdmitRequest<'a>,
+        reserve: Reserve,
+    ) -> StoreFuture<'a, (Admission, Option<Reservation>)> {
+        self.holding(self.inner.admit_reserving_async(request, reserve))
+    }
+    fn give_back_reservation(&self, partition: Option<&PartitionKey>, reservation: Reservation) {
+        self.inner.give_back_reservation(partition, reservation)
+    }
+    fn record(&self, record: &Record<'_>) -> Result<Recorded, StoreError> {
+        self.inner.record(record)
+    }
+    fn record_async<'a>(&'a self, record: Record<'a>) -> StoreFuture<'a, Recorded> {
+        self.holding(self.inner.record_async(record))
+    }
+    fn release(&self, partition: Option<&PartitionKey>, permit: Permit) {
+        self.inner.release(partition, permit)
+    }
+    fn circuit_metrics(
+        &self,
+        partition: Option<&PartitionKey>,
+        now: Duration,
+    ) -> Result<CircuitMetrics, StoreError> {
+        self.inner.circuit_metrics(partition, now)
+    }
+    fn control_circuit(
+        &self,
+        partition: Option<&PartitionKey>,
+        control: CircuitControl,
+        now: Duration,
+    ) -> Result<Option<CircuitTransition>, StoreError> {
+        self.inner.control_circuit(partition, control, now)
+    }
+    fn in_flight(
+        &self,
+        partition: Option<&PartitionKey>,
+        now: Duration,
+    ) -> Result<u32, StoreError> {
+        self.inner.in_flight(partition, now)
+    }
+    fn evict_idle(&self, now: Duration) -> usize {
+        self.inner.evict_idle(now)
+    }
+    fn partitions(&self) -> usize {
+        self.inner.partitions()
+    }
+}
+
+/// A store that answers from the reference model of the stateful policies
+/// ([`crate::model::Resource`], its circuit the breaker's model
+/// [`crate::model::breaker::Model`]), process-local as the memory store
+/// (a bulkhead slot is held until it is given back): the corpus run on it
+/// checks that the memory store (and through it every store compared with
+/// the memory store) answers each call of a scenario as the model does.
+///
+/// The model makes no rate-limit reservation (a call told to wait asks
+/// again when its wait is over, which no scenario of the corpus tells
+/// apart: none has two calls competing for one permit) and has no manual
+/// control of the circuit (an error; no scenario uses it).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ModelStore;
+
+impl StateStore for ModelStore {
+    fn bind(&self, spec: &ResourceSpec) -> Result<Arc<dyn ResourceState>, StoreError> {
+        Ok(Arc::new(ModelResource(Mutex::new(
+            crate::model::Resource::new(spec),
+        ))))
+    }
+}
+
+#[derive(Debug)]
+struct ModelResource(Mutex<crate::model::Resource<crate::model::breaker::Model>>);
+
+impl ModelResource {
+    fn model(
+        &self,
+    ) -> std::sync::MutexGuard<'_, crate::model::Resource<crate::model::breaker::Model>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl ResourceState for ModelResource {
+    fn admit(&self, request: &AdmitRequest<'_>) -> Result<Admission, StoreError> {
+        Ok(self.model().admit(request))
+    }
+    fn record(&self, record: &Record<'_>) -> Result<Recorded, StoreError> {
+        Ok(self.model().record(record))
+    }
+    fn release(&self, partition: Option<&PartitionKey>, permit: Permit) {
+        self.model().release(partition, permit)
+    }
+    fn circuit_metrics(
+        &self,
+        partition: Option<&PartitionKey>,
+        now: Duration,
+    ) -> Result<CircuitMetrics, StoreError> {
+        Ok(self
+            .model()
+            .circuit_metrics(partition, now)
+            .unwrap_or_else(CircuitMetrics::closed_empty))
+    }
+    fn control_circuit(
+        &self,
+        _partition: Option<&PartitionKey>,
+        _control: CircuitControl,
+        _now: Duration,
+    ) -> Result<Option<CircuitTransition>, StoreError> {
+        Err(StoreError::Refused(
+            "the reference model has no manual control of the circuit".into(),
+        ))
+    }
+    fn in_flight(
+        &self,
+        partition: Option<&PartitionKey>,
+        now: Duration,
+    ) -> Result<u32, StoreError> {
+        Ok(self.model().in_flight(partition, now))
     }
 }
 
