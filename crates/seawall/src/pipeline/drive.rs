@@ -789,8 +789,8 @@ fn arm<'g, K: Kind>(
 
 /// The loop of a hedged call (async only): the first attempt, then hedged
 /// ones as the engine says (after a delay from the start of the latest or
-/// from a hedge's refusal, at once after a failure), until an answer wins; the other attempts are
-/// dropped then. Each attempt's steps are the engine's, entered into the
+/// from a hedge's refusal, at once after a failure), until an answer wins;
+/// the other attempts are dropped then. Each attempt's steps are the engine's, entered into the
 /// call ([`Call::swap_lane`]). The first attempt lives in this future; a
 /// hedged one is boxed when it starts, so a call that never hedges does
 /// not allocate.

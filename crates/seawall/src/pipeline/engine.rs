@@ -170,8 +170,8 @@ pub(crate) enum Ended<'g, T, E> {
     /// A hedged attempt failed in a way hedging answers with a further
     /// attempt, and the call goes on: another attempt is under way or may
     /// start. The driver keeps the failure (the call's answer if no other
-    /// comes: [`Call::hedges_exhausted`]) and starts the next attempt now
-    /// if one is left ([`Call::hedge`]).
+    /// comes: [`Call::hedges_exhausted`]) and tries the next hedge now if
+    /// one is left ([`Call::hedge`]).
     Hedge(Failure<E>),
 }
 
