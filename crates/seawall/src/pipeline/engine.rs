@@ -275,8 +275,9 @@ pub(crate) struct Call<'g, K: Kind> {
     /// Hedging: the attempts started so far (the first included); the
     /// number of the latest.
     launched: u32,
-    /// Hedging: the hedges tried and not yet admitted nor refused.
-    admitting: u32,
+    /// Hedging: the hedges tried and not yet admitted nor refused (at most
+    /// `MAX_HEDGED_ATTEMPTS`).
+    admitting: u8,
     /// Hedging: the attempts under way besides the one entered.
     others: u32,
     /// Hedging: no further attempt starts (its budget was empty).
@@ -1596,7 +1597,8 @@ impl<'g, K: Kind> Call<'g, K> {
     /// being admitted leave room under `max_hedged_attempts`, and the
     /// budget was not found empty.
     fn may_hedge(&self) -> bool {
-        !self.hedge_closed && self.launched + self.admitting <= self.hedging().max_hedged_attempts
+        !self.hedge_closed
+            && self.launched + u32::from(self.admitting) <= self.hedging().max_hedged_attempts
     }
 
     /// The attempts under way besides the one entered, for the decision on
@@ -1616,7 +1618,7 @@ impl<'g, K: Kind> Call<'g, K> {
         if !self.may_hedge() {
             return None;
         }
-        let next = self.launched + self.admitting + 1;
+        let next = self.launched + u32::from(self.admitting) + 1;
         match self.hedging().delay_before(next) {
             crate::hedge::HedgeDelay::After(d)
                 if d.is_zero() && matches!(since, HedgeSince::Refused) =>
@@ -1670,7 +1672,7 @@ impl<'g, K: Kind> Call<'g, K> {
         if let Some(b) = &hedging.budget {
             if !b.withdraw() {
                 self.hedge_closed = true;
-                let attempt = self.launched + self.admitting + 1;
+                let attempt = self.launched + u32::from(self.admitting) + 1;
                 self.emit(|| EventKind::HedgeBudgetExhausted { attempt });
                 return None;
             }
@@ -1678,7 +1680,7 @@ impl<'g, K: Kind> Call<'g, K> {
         self.admitting += 1;
         let now = self.read_clock();
         // Its number until it starts: the one it would have.
-        let mut lane = self.empty_lane(self.launched + self.admitting);
+        let mut lane = self.empty_lane(self.launched + u32::from(self.admitting));
         lane.at = Some(now);
         lane.deadline = attempt_deadline(&self.pipeline.shared, now, self.overall);
         lane.trigger = Some(trigger);
