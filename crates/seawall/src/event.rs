@@ -146,9 +146,12 @@ pub enum EventKind {
     CacheHit,
     /// A coalesced call found no fresh cached success for its key.
     CacheMiss,
-    /// Hedging started a further attempt of the call (see [`crate::hedge`]).
+    /// Hedging started a further attempt of the call, once the policies
+    /// after hedging admitted it (see [`crate::hedge`]; a refused hedge is
+    /// a `Rejected` event, not this one).
     HedgeStarted {
-        /// The attempt started (2 for the first hedge).
+        /// The attempt started (2 for the first hedge; attempts are
+        /// numbered in the order they start).
         attempt: u32,
         /// What started it.
         trigger: HedgeTrigger,

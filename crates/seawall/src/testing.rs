@@ -153,6 +153,21 @@ impl VirtualClock {
         due.into_iter().for_each(Waker::wake);
     }
 
+    /// Holds time where it is until the guard is dropped: no async sleep
+    /// moves the clock past now meanwhile (an explicit
+    /// [`advance`](Self::advance) still does). A store request in flight
+    /// to a real server holds it, so that the other attempts' sleeps do
+    /// not run ahead of the answer.
+    pub(crate) fn hold(&self) -> Hold {
+        let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+        self.sleepers()
+            .push((self.now_nanos(), id, Waker::noop().clone()));
+        Hold {
+            clock: self.clone(),
+            id,
+        }
+    }
+
     pub(crate) fn sleep_future(&self, duration: Duration) -> VirtualSleep {
         VirtualSleep {
             clock: self.clone(),
@@ -172,6 +187,20 @@ impl Clock for VirtualClock {
     }
     fn sleep_blocking(&self, duration: Duration) {
         self.advance(duration)
+    }
+}
+
+/// Time held by [`VirtualClock::hold`] until it is dropped.
+#[derive(Debug)]
+pub(crate) struct Hold {
+    clock: VirtualClock,
+    id: u64,
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        let id = self.id;
+        self.clock.sleepers().retain(|e| e.1 != id);
     }
 }
 

@@ -1123,3 +1123,185 @@ async fn futures_poll_once<F: std::future::Future>(
     })
     .await
 }
+
+fn rejections(events: &Events) -> usize {
+    events
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|e| matches!(e, EventKind::Rejected { .. }))
+        .count()
+}
+
+/// A call through `p` that holds its attempt's slot for 25 ms (its own
+/// hedges are refused while the other call holds the second slot).
+async fn occupy_for_25ms<K>(p: &Pipeline<K>, clock: &VirtualClock, start: Duration)
+where
+    K: seawall::pipeline::Handles<u32, Boom>,
+{
+    let probe = Arc::new(Probe::default());
+    let plans = [ok_after(25, 9), ok_after(25, 9), ok_after(25, 9)];
+    let r = call_with(p, clock, start, &probe, &plans).await;
+    assert!(matches!(r, Ok(9)), "{r:?}");
+}
+
+/// A hedged attempt refused by a policy declared after hedging did not
+/// start: it does not count, and the next hedge is tried after the next
+/// delay, timed from the refusal, while the first attempt still runs. Here
+/// the hedges tried at 10 ms and 20 ms are refused, the one tried at 30 ms
+/// starts (as attempt 2) and wins; for every kind of refusal.
+#[test]
+fn a_refused_hedge_does_not_count_and_the_next_is_tried_after_the_delay() {
+    for source in [
+        "rate limiter",
+        "bulkhead",
+        "circuit breaker",
+        "adaptive limit",
+    ] {
+        for mode in modes() {
+            let (b, clock, events) = mode.builder();
+            let b = b.hedging(Hedging::latency(ms(10)).max_hedged_attempts(2));
+            let p = match source {
+                // One permit per 25 ms: the first attempt takes it at 0.
+                "rate limiter" => b.rate_limiter(RateLimiter::gcra(1, ms(25))),
+                "bulkhead" => b.bulkhead(Bulkhead::new(2)),
+                "circuit breaker" => b.circuit_breaker(CircuitBreaker::consecutive_failures(5)),
+                _ => b.adaptive_limit(AdaptiveLimit::aimd().initial_limit(2).min_limit(2)),
+            }
+            .build()
+            .unwrap();
+            let probe = Arc::new(Probe::default());
+            let plans = [ok_after(100, 1), ok_after(5, 2), ok_after(5, 3)];
+            let r = block_on(async {
+                // What refuses the hedges from 5 ms to 25 ms: another call
+                // holding the second slot, or the circuit held open.
+                let interfere = async {
+                    match source {
+                        "bulkhead" | "adaptive limit" => {
+                            occupy_for_25ms(&p, &clock, mode.start).await
+                        }
+                        "circuit breaker" => {
+                            Clock::sleep(&clock, ms(5)).await;
+                            p.isolate().unwrap();
+                            Clock::sleep(&clock, ms(20)).await;
+                            p.reset().unwrap();
+                        }
+                        _ => {}
+                    }
+                };
+                // Polled first: it holds the slot (or registers its
+                // sleep) before the hedged call's timer moves the clock.
+                let ((), r) =
+                    tokio::join!(interfere, call_with(&p, &clock, mode.start, &probe, &plans));
+                r
+            });
+            assert_eq!(r.unwrap(), 2, "{source} {mode:?}");
+            assert_eq!(
+                probe.started_at(),
+                [(1, ms(0)), (2, ms(30))],
+                "{source} {mode:?}"
+            );
+            assert_eq!(probe.dropped(), [1], "{source} {mode:?}");
+            assert_eq!(mode.elapsed(&clock), ms(35), "{source} {mode:?}");
+            if mode.listen {
+                assert_eq!(hedges(&events), [(2, HedgeTrigger::Delay)], "{source}");
+                // The other call's hedges are refused at 10 and 20 ms too.
+                let refused = match source {
+                    "bulkhead" | "adaptive limit" => 4,
+                    _ => 2,
+                };
+                assert_eq!(rejections(&events), refused, "{source} {mode:?}");
+            }
+        }
+    }
+}
+
+/// When every hedge is refused, each refusal arms the timer again (never
+/// a try at once): one try per delay while the first attempt runs, and
+/// with a delay of zero (parallel mode) none until an attempt fails.
+#[test]
+fn when_every_hedge_is_refused_one_is_tried_per_delay_and_never_at_once() {
+    for mode in modes() {
+        let (b, clock, events) = mode.builder();
+        let p = b
+            .hedging(Hedging::latency(ms(10)).max_hedged_attempts(2))
+            .bulkhead(Bulkhead::new(1))
+            .build()
+            .unwrap();
+        let probe = Arc::new(Probe::default());
+        let plans = [ok_after(55, 1), ok_after(1, 2), ok_after(1, 3)];
+        let r = block_on(call_with(&p, &clock, mode.start, &probe, &plans));
+        assert_eq!(r.unwrap(), 1, "{mode:?}");
+        assert_eq!(probe.started(), [1], "{mode:?}");
+        assert_eq!(mode.elapsed(&clock), ms(55), "{mode:?}");
+        if mode.listen {
+            // Tried at 10, 20, 30, 40 and 50 ms.
+            assert_eq!(rejections(&events), 5, "{mode:?}");
+            assert_eq!(hedges(&events), [], "{mode:?}");
+        }
+        assert_eq!(p.in_flight().unwrap(), 0, "{mode:?}");
+
+        // Parallel: the hedge refused at 0 is tried again when the first
+        // attempt fails (its slot given back), and starts; the third,
+        // tried at once then, is refused and not tried again.
+        let (b, clock, events) = mode.builder();
+        let p = b
+            .hedging(Hedging::parallel().max_hedged_attempts(2))
+            .bulkhead(Bulkhead::new(1))
+            .build()
+            .unwrap();
+        let probe = Arc::new(Probe::default());
+        let plans = [fail_after(50, 1), ok_after(5, 2), ok_after(1, 3)];
+        let r = block_on(call_with(&p, &clock, mode.start, &probe, &plans));
+        assert_eq!(r.unwrap(), 2, "{mode:?}");
+        assert_eq!(probe.started_at(), [(1, ms(0)), (2, ms(50))], "{mode:?}");
+        assert_eq!(mode.elapsed(&clock), ms(55), "{mode:?}");
+        if mode.listen {
+            assert_eq!(rejections(&events), 2, "{mode:?}");
+            assert_eq!(hedges(&events), [(2, HedgeTrigger::Failure)], "{mode:?}");
+        }
+        assert_eq!(p.in_flight().unwrap(), 0, "{mode:?}");
+    }
+}
+
+/// Dynamic mode: after a refusal the generator is asked again for the same
+/// attempt number (the refused one did not start), its delay timed from the
+/// refusal; a refused hedge gives its budget token back.
+#[test]
+fn a_refused_dynamic_hedge_asks_for_the_same_number_and_keeps_its_token() {
+    for mode in modes() {
+        let (b, clock, events) = mode.builder();
+        let asked = Arc::new(Mutex::new(Vec::new()));
+        let a = asked.clone();
+        let budget = RetryBudget::new(0.1, 1);
+        let p = b
+            .hedging(
+                Hedging::dynamic(move |n| {
+                    a.lock().unwrap().push(n);
+                    match n {
+                        2 => HedgeDelay::After(ms(10)),
+                        _ => HedgeDelay::OnFailure,
+                    }
+                })
+                .max_hedged_attempts(2)
+                .budget(budget.clone()),
+            )
+            .rate_limiter(RateLimiter::gcra(1, ms(25)))
+            .build()
+            .unwrap();
+        let probe = Arc::new(Probe::default());
+        let plans = [ok_after(100, 1), ok_after(5, 2), ok_after(5, 3)];
+        let r = block_on(call_with(&p, &clock, mode.start, &probe, &plans));
+        assert_eq!(r.unwrap(), 2, "{mode:?}");
+        assert_eq!(probe.started_at(), [(1, ms(0)), (2, ms(30))], "{mode:?}");
+        // At the first attempt's start, at each refusal (10 and 20 ms),
+        // at the start of attempt 2 (30 ms).
+        assert_eq!(*asked.lock().unwrap(), [2, 2, 2, 3], "{mode:?}");
+        // The one token was spent by the hedge that started.
+        assert_eq!(budget.tokens(), 0.0, "{mode:?}");
+        if mode.listen {
+            assert_eq!(hedges(&events), [(2, HedgeTrigger::Delay)], "{mode:?}");
+            assert_eq!(rejections(&events), 2, "{mode:?}");
+        }
+    }
+}

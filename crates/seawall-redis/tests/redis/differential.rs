@@ -8,7 +8,11 @@
 //! sleeps, end times, nested results and store state.
 //!
 //! No observable is excused: on the caller's clock every scenario of the
-//! corpus observes on Redis exactly what it observes in memory. (The async
+//! corpus observes on Redis exactly what it observes in memory, the
+//! hedging scenarios included (async only: the attempts of a hedged call
+//! take their bulkhead slots, circuit permits and rate-limit permits on
+//! the server concurrently; the runner holds the virtual clock while a
+//! request is in flight, so no attempt's sleep runs ahead of an answer). (The async
 //! runs use a current-thread runtime, where `RedisStore` awaits every
 //! record; on a multi-thread runtime it sends a silent success without
 //! waiting for its answer, and the state read after a call, on another

@@ -54,13 +54,33 @@
 //!   dropped, as a timeout drops them), and give back what they hold
 //!   without an outcome.
 //! - **Budget** ([`Hedging::budget`], the [`RetryBudget`] rule): every call
-//!   earns `ratio` tokens, every hedged attempt spends one; with fewer than
-//!   one token left no hedge starts (a `HedgeBudgetExhausted` event) and
-//!   the call goes on with the attempts it has. Clones of a pipeline, and
-//!   pipelines given clones of one budget, share it.
+//!   earns `ratio` tokens, every hedge tried spends one (given back if it
+//!   is refused, see below); with fewer than one token left no hedge is
+//!   tried (a `HedgeBudgetExhausted` event) and the call goes on with the
+//!   attempts it has. Clones of a pipeline, and pipelines given clones of
+//!   one budget, share it.
 //! - **Hook** ([`Hedging::on_hedging`]): called with each hedged attempt's
-//!   context just before it starts; every hedge is also a
+//!   context just before it starts (once the policies after hedging
+//!   admitted it); every hedge started is also a
 //!   [`EventKind::HedgeStarted`](crate::EventKind::HedgeStarted) event.
+//! - **Refused hedges**: a hedge refused by the policies declared after
+//!   hedging (a full bulkhead, an open circuit, no rate-limit permit, the
+//!   adaptive limit reached, after any wait they allow) while other
+//!   attempts are under way did not start. It is reported (a `Rejected`
+//!   event), runs no hook, gives its budget token back and takes no
+//!   attempt number and no place under `max_hedged_attempts`: attempts are
+//!   numbered in the order they start, and `max_hedged_attempts` bounds
+//!   the hedges started. The next hedge is tried after the next delay,
+//!   timed from the refusal: the delay of the mode (latency), or the
+//!   generator's for the same attempt number again (dynamic). A delay of
+//!   zero (parallel mode, or `HedgeDelay::After(0)`) is not tried again at
+//!   once, which would meet the same refusal: the next hedge then waits for
+//!   an attempt to fail. So a call whose hedges are all refused tries one
+//!   per delay while its attempts run, never in a loop; a call whose first
+//!   attempt runs on makes further tries until its deadline (declare a
+//!   timeout before hedging to bound it). Polly counts a refused hedged
+//!   attempt as a failed one (which starts the next at once); seawall does
+//!   not hedge its own refusals, as it does not retry them.
 //!
 //! # Where hedging stands
 //! Hedging makes the attempts of a call, as the retry does, and takes the
@@ -82,9 +102,10 @@
 //! - **chaos** after it acts on each hedged attempt;
 //! - an attempt refused by the policies after it (a full bulkhead, an open
 //!   circuit, no permit) does not start: the call goes on with the
-//!   attempts under way, and a refusal ends the call only when none is
-//!   under way (seawall's own refusals are never hedged, as they are never
-//!   retried).
+//!   attempts under way (the next hedge tried after the next delay, see
+//!   *Refused hedges* above), and a refusal ends the call only when none
+//!   is under way (seawall's own refusals are never hedged, as they are
+//!   never retried).
 //!
 //! # Async only
 //! The attempts run concurrently and the losers are dropped, which a
@@ -262,8 +283,9 @@ impl Hedging {
         self
     }
 
-    /// When the attempt numbered `attempt` (2 for the first hedge) starts,
-    /// counted from the start of the previous attempt: after a delay, or
+    /// When the attempt numbered `attempt` (2 for the first hedge) is
+    /// tried, counted from the start of the previous attempt (or from the
+    /// refusal of a hedge that was to have this number): after a delay, or
     /// only on a failure.
     pub fn delay_before(&self, attempt: u32) -> HedgeDelay {
         match &self.mode {

@@ -43,7 +43,7 @@ use super::bulkhead::Bulkhead;
 use super::cooldown::Cooldown;
 use super::rate::RateLimit;
 use super::{instant, END};
-use crate::breaker::{CircuitBreaker, CircuitTransition};
+use crate::breaker::{CircuitBreaker, CircuitMetrics, CircuitTransition};
 use crate::context::PartitionKey;
 use crate::error::{Rejection, RejectionReason, StoreError};
 use crate::store::{
@@ -92,6 +92,14 @@ pub trait CircuitModel: fmt::Debug {
         duration: Duration,
         now: Duration,
     ) -> Option<CircuitTransition>;
+
+    /// The circuit's metrics at `now`, as
+    /// [`ResourceState::circuit_metrics`] reports them; `None` (the
+    /// default) for a model that keeps none.
+    fn metrics(&self, now: Duration) -> Option<CircuitMetrics> {
+        let _ = now;
+        None
+    }
 }
 
 /// The circuit model of a resource without a circuit breaker.
@@ -426,6 +434,25 @@ impl<C: CircuitModel> Resource<C> {
         };
         if let Some(policies) = policies {
             policies.give_back(permit);
+        }
+    }
+
+    /// [`ResourceState::circuit_metrics`]: the circuit's metrics at `now`
+    /// (a partition not used yet has a fresh circuit); `None` without a
+    /// circuit breaker, or when the circuit model keeps none.
+    pub fn circuit_metrics(
+        &self,
+        partition: Option<&PartitionKey>,
+        now: Duration,
+    ) -> Option<CircuitMetrics> {
+        let now = instant(now);
+        let policies = match partition {
+            None => Some(&self.root),
+            Some(key) => self.partitions.get(key),
+        };
+        match policies {
+            Some(p) => p.circuit.as_ref()?.metrics(now),
+            None => C::new(self.spec.circuit.as_ref()?).metrics(now),
         }
     }
 
@@ -863,6 +890,10 @@ impl CircuitModel for super::breaker::Model {
             duration,
             now,
         )
+    }
+
+    fn metrics(&self, now: Duration) -> Option<CircuitMetrics> {
+        Some(super::breaker::Model::metrics(self, now))
     }
 }
 

@@ -8,7 +8,8 @@ use std::sync::atomic::AtomicBool;
 use std::task::{ready, Context as TaskContext, Poll};
 
 use super::engine::{
-    Admit, Call, Driver, Ended, Failure, Finish, First, Lane, Owned, Pending, Quick, Refused,
+    Admit, Call, Driver, Ended, Failure, Finish, First, HedgeSince, Lane, Owned, Pending, Quick,
+    Refused,
 };
 use super::kind::{Handles, HandlesSync};
 use super::{Kind, Pipeline};
@@ -686,6 +687,7 @@ where
         };
         match admit {
             Admit::Run(ctx) => {
+                let ctx = call.hedge_started(ctx);
                 let attempt = if call.has_chaos() {
                     let injection = call.inject::<T, E>(&ctx);
                     let delay =
@@ -719,7 +721,10 @@ where
             Admit::Wait(wait) => step.set(Step::Waiting {
                 sleep: call.clock().sleep(wait),
             }),
-            Admit::Refused(r) => return Progress::Refused(r),
+            Admit::Refused(r) => {
+                call.hedge_not_started();
+                return Progress::Refused(r);
+            }
         }
     }
 }
@@ -755,10 +760,37 @@ where
     }
 }
 
+/// Arms the timer of the next hedge after an attempt started or a hedge
+/// was refused, as the engine says ([`Call::hedge_timer`]): a wait, polled
+/// once to register it (`armed` set: not polled again in this poll of the
+/// call); no wait (only a failure starts the next); or a hedge to try at
+/// once, returned.
+fn arm<'g, K: Kind>(
+    call: &mut Call<'g, K>,
+    mut timer: Pin<&mut Option<Sleep>>,
+    armed: &mut bool,
+    cx: &mut TaskContext<'_>,
+    since: HedgeSince,
+) -> Option<Lane<'g>> {
+    timer.set(None);
+    match call.hedge_timer(since)? {
+        d if d.is_zero() => call.hedge(HedgeTrigger::Delay),
+        d => {
+            timer.set(Some(call.clock().sleep(d)));
+            if let Some(sleep) = timer.as_pin_mut() {
+                // Registers it.
+                let _ = sleep.poll(cx);
+                *armed = true;
+            }
+            None
+        }
+    }
+}
+
 /// The loop of a hedged call (async only): the first attempt, then hedged
-/// ones as the engine says (after a delay from the start of the latest, at
-/// once after a failure), until an answer wins; the other attempts are
-/// dropped then. Each attempt's steps are the engine's, entered into the
+/// ones as the engine says (after a delay from the start of the latest or
+/// from a hedge's refusal, at once after a failure), until an answer wins;
+/// the other attempts are dropped then. Each attempt's steps are the engine's, entered into the
 /// call ([`Call::swap_lane`]). The first attempt lives in this future; a
 /// hedged one is boxed when it starts, so a call that never hedges does
 /// not allocate.
@@ -795,6 +827,10 @@ where
         // by the timer is polled in a pass of its own.
         let mut from = 0;
         let mut first_pass = true;
+        // A timer armed in this poll was polled then: polled again at
+        // once, a sleep on the virtual clock would move the clock before
+        // the other tasks' sleeps of this round are registered.
+        let mut armed = false;
         loop {
             let mut i = if first_pass { 0 } else { from + 1 };
             // The first attempt (index 0 while it runs), then the hedges.
@@ -806,32 +842,18 @@ where
                 }
                 let running = usize::from(primary_running) + hedges.len();
                 call.set_others(u32::try_from(running - 1).unwrap_or(u32::MAX));
-                let (attempt, progress) = match on_primary {
-                    true => (1, step_lane(call, op, primary.as_mut(), cx)),
-                    false => {
-                        let lane = hedges[i - 1].as_mut();
-                        (lane.lane.attempt(), poll_lane(call, op, lane, cx))
-                    }
+                let progress = match on_primary {
+                    true => step_lane(call, op, primary.as_mut(), cx),
+                    false => poll_lane(call, op, hedges[i - 1].as_mut(), cx),
                 };
                 let mut next = None;
                 let done = match progress {
                     Progress::Pending { started } => {
-                        // The latest attempt started: the next one is
-                        // timed from now.
-                        if started && attempt == call.launched() {
-                            timer.set(None);
-                            match call.hedge_delay() {
-                                Some(d) if d.is_zero() => next = call.hedge(HedgeTrigger::Delay),
-                                Some(d) => {
-                                    timer.set(Some(call.clock().sleep(d)));
-                                    if let Some(sleep) = timer.as_mut().as_pin_mut() {
-                                        // Registers it; a zero wait is
-                                        // never armed.
-                                        let _ = sleep.poll(cx);
-                                    }
-                                }
-                                None => {}
-                            }
+                        // An attempt started (attempts are numbered as they
+                        // start: it is the latest): the next hedge is timed
+                        // from now.
+                        if started {
+                            next = arm(call, timer.as_mut(), &mut armed, cx, HedgeSince::Started);
                         }
                         false
                     }
@@ -844,8 +866,11 @@ where
                         }
                         true
                     }
+                    // A refused hedge did not start: the next one is timed
+                    // from the refusal, never tried at once.
                     Progress::Refused(r) if running > 1 => {
                         call.hedge_refused(r);
+                        next = arm(call, timer.as_mut(), &mut armed, cx, HedgeSince::Refused);
                         true
                     }
                     Progress::Refused(r) => return Poll::Ready(Ended::Done(Err(call.refused(r)))),
@@ -867,7 +892,7 @@ where
             }
             first_pass = false;
             from = hedges.len();
-            if let Some(sleep) = timer.as_mut().as_pin_mut() {
+            if let Some(sleep) = timer.as_mut().as_pin_mut().filter(|_| !armed) {
                 if sleep.poll(cx).is_ready() {
                     timer.set(None);
                     if let Some(lane) = call.hedge(HedgeTrigger::Delay) {

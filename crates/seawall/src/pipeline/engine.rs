@@ -173,9 +173,18 @@ pub(crate) enum Ended<'g, T, E> {
     /// A hedged attempt failed in a way hedging answers with a further
     /// attempt, and the call goes on: another attempt is under way or may
     /// start. The driver keeps the failure (the call's answer if no other
-    /// comes: [`Call::hedges_exhausted`]) and starts the next attempt now
-    /// if one is left ([`Call::hedge`]).
+    /// comes: [`Call::hedges_exhausted`]) and tries the next hedge now if
+    /// one is left ([`Call::hedge`]).
     Hedge(Failure<E>),
+}
+
+/// What a hedged call's timer is armed after ([`Call::hedge_timer`]).
+#[derive(Clone, Copy)]
+pub(crate) enum HedgeSince {
+    /// The latest attempt started.
+    Started,
+    /// A hedge was refused.
+    Refused,
 }
 
 /// An attempt's outcome waiting for the store to record it.
@@ -266,12 +275,19 @@ pub(crate) struct Call<'g, K: Kind> {
     /// Set when the fallback made the call's result (a coalesced call's
     /// leader asks, not to cache a fallback's value).
     fallback_seen: Option<&'g AtomicBool>,
-    /// Hedging: the attempts started so far (the first included).
+    /// Hedging: the attempts started so far (the first included); the
+    /// number of the latest.
     launched: u32,
+    /// Hedging: the hedges tried and not yet admitted nor refused (at most
+    /// `MAX_HEDGED_ATTEMPTS`).
+    admitting: u8,
     /// Hedging: the attempts under way besides the one entered.
     others: u32,
     /// Hedging: no further attempt starts (its budget was empty).
     hedge_closed: bool,
+    /// Hedging: why the hedge entered was tried, until it starts (`None`
+    /// for the first attempt, or once started).
+    trigger: Option<crate::event::HedgeTrigger>,
 }
 
 /// What one attempt under way holds, apart from its call: a hedged call
@@ -291,6 +307,8 @@ pub(crate) struct Lane<'g> {
     /// The adaptive limit of the pipeline and the lane's slot of it.
     adaptive: Option<&'g Limiter>,
     lease: Option<Lease>,
+    /// Why the hedge was tried, until it starts.
+    trigger: Option<crate::event::HedgeTrigger>,
 }
 
 impl Drop for Lane<'_> {
@@ -304,13 +322,6 @@ impl Drop for Lane<'_> {
                 self.waiting.take(),
             );
         }
-    }
-}
-
-impl Lane<'_> {
-    /// The attempt number of the lane (1 for the call's first attempt).
-    pub(crate) fn attempt(&self) -> u32 {
-        self.attempt
     }
 }
 
@@ -455,8 +466,10 @@ impl<'g, K: Kind> Call<'g, K> {
             lease: None,
             fallback_seen: None,
             launched: 1,
+            admitting: 0,
             others: 0,
             hedge_closed: false,
+            trigger: None,
         }
     }
 
@@ -1588,15 +1601,12 @@ impl<'g, K: Kind> Call<'g, K> {
             .expect("the hedged driver runs a pipeline with hedging")
     }
 
-    /// A further attempt may start: some are left and the budget was not
-    /// found empty.
+    /// A further hedge may be tried: the attempts started and the hedges
+    /// being admitted leave room under `max_hedged_attempts`, and the
+    /// budget was not found empty.
     fn may_hedge(&self) -> bool {
-        !self.hedge_closed && self.launched <= self.hedging().max_hedged_attempts
-    }
-
-    /// The attempts started so far (the number of the latest).
-    pub(crate) fn launched(&self) -> u32 {
-        self.launched
+        !self.hedge_closed
+            && self.launched + u32::from(self.admitting) <= self.hedging().max_hedged_attempts
     }
 
     /// The attempts under way besides the one entered, for the decision on
@@ -1605,14 +1615,24 @@ impl<'g, K: Kind> Call<'g, K> {
         self.others = others;
     }
 
-    /// When the next attempt starts, counted from the start of the latest
-    /// one: after this delay, or `None` when only a failure starts it (or
-    /// none is left).
-    pub(crate) fn hedge_delay(&self) -> Option<Duration> {
+    /// When the next hedge is tried, counted from now, `since` saying what
+    /// just happened: the latest attempt started, or a hedge was refused.
+    /// `Some(d)`: after `d` (zero: at once); `None`: only when an attempt
+    /// fails (or no hedge is left). The generator is asked for the number
+    /// the next attempt would have; after a refusal that is the refused
+    /// one's number again, and a delay of zero waits for a failure instead,
+    /// since a hedge tried at once would meet the same refusal.
+    pub(crate) fn hedge_timer(&self, since: HedgeSince) -> Option<Duration> {
         if !self.may_hedge() {
             return None;
         }
-        match self.hedging().delay_before(self.launched + 1) {
+        let next = self.launched + u32::from(self.admitting) + 1;
+        match self.hedging().delay_before(next) {
+            crate::hedge::HedgeDelay::After(d)
+                if d.is_zero() && matches!(since, HedgeSince::Refused) =>
+            {
+                None
+            }
             crate::hedge::HedgeDelay::After(d) => Some(d),
             crate::hedge::HedgeDelay::OnFailure => None,
         }
@@ -1629,6 +1649,7 @@ impl<'g, K: Kind> Call<'g, K> {
             waiting: None,
             adaptive: self.pipeline.shared.adaptive.as_ref(),
             lease: None,
+            trigger: None,
         }
     }
 
@@ -1642,40 +1663,54 @@ impl<'g, K: Kind> Call<'g, K> {
         std::mem::swap(&mut self.permit, &mut lane.permit);
         std::mem::swap(&mut self.waiting, &mut lane.waiting);
         std::mem::swap(&mut self.lease, &mut lane.lease);
+        std::mem::swap(&mut self.trigger, &mut lane.trigger);
     }
 
-    /// Starts the next hedged attempt, `trigger` saying why: `None` when
-    /// none is left or the budget is empty (reported once; no further
-    /// attempt starts in this call). The lane's attempt begins now (its
-    /// deadline from now); the hook sees its context, the event reports it.
-    /// Admit it like any attempt, entered into the call.
+    /// Tries the next hedge, `trigger` saying why: `None` when none is left
+    /// or the budget is empty (reported once; no further hedge is tried in
+    /// this call). The hedge spends a budget token and begins now (its
+    /// deadline from now); admit it like any attempt, entered into the
+    /// call. It starts when admitted ([`hedge_started`](Self::hedge_started)),
+    /// or is refused ([`hedge_refused`](Self::hedge_refused)).
     pub(crate) fn hedge(&mut self, trigger: crate::event::HedgeTrigger) -> Option<Lane<'g>> {
         if !self.may_hedge() {
             return None;
         }
         let hedging = self.hedging();
-        let attempt = self.launched + 1;
         if let Some(b) = &hedging.budget {
             if !b.withdraw() {
                 self.hedge_closed = true;
+                let attempt = self.launched + u32::from(self.admitting) + 1;
                 self.emit(|| EventKind::HedgeBudgetExhausted { attempt });
                 return None;
             }
         }
-        self.launched = attempt;
+        self.admitting += 1;
         let now = self.read_clock();
-        let mut lane = self.empty_lane(attempt);
+        // Its number until it starts: the one it would have.
+        let mut lane = self.empty_lane(self.launched + u32::from(self.admitting));
         lane.at = Some(now);
         lane.deadline = attempt_deadline(&self.pipeline.shared, now, self.overall);
-        let ctx = context_of(
-            &self.pipeline.shared,
-            attempt,
-            lane.deadline,
-            self.partition,
-        );
-        hedging.hedging_hook(&ctx);
-        self.emit(|| EventKind::HedgeStarted { attempt, trigger });
+        lane.trigger = Some(trigger);
         Some(lane)
+    }
+
+    /// The attempt entered was admitted with `ctx`: a hedge starts now and
+    /// takes the next number (attempts are numbered in the order they
+    /// start, a refused hedge taking none); the hook sees its context, the
+    /// event reports it. The context to run the attempt with.
+    pub(crate) fn hedge_started(&mut self, ctx: Context) -> Context {
+        let Some(trigger) = self.trigger.take() else {
+            return ctx;
+        };
+        self.admitting -= 1;
+        self.launched += 1;
+        let attempt = self.launched;
+        self.attempt = attempt;
+        let ctx = self.context();
+        self.hedging().hedging_hook(&ctx);
+        self.emit(|| EventKind::HedgeStarted { attempt, trigger });
+        ctx
     }
 
     /// The hedged call is decided: the first attempt, if it lost, gives
@@ -1693,8 +1728,21 @@ impl<'g, K: Kind> Call<'g, K> {
         self.attempt = self.launched;
     }
 
-    /// A hedged attempt refused by the attempt's gate while others are
-    /// under way: it does not start (reported), the call goes on.
+    /// The attempt entered was refused by its gate: a hedge did not start.
+    /// It gives its budget token back and leaves its number and its place
+    /// under `max_hedged_attempts` to the next hedge
+    /// ([`hedge_timer`](Self::hedge_timer) says when that one is tried).
+    pub(crate) fn hedge_not_started(&mut self) {
+        if self.trigger.take().is_some() {
+            self.admitting -= 1;
+            if let Some(b) = &self.hedging().budget {
+                b.refund();
+            }
+        }
+    }
+
+    /// A hedge refused while other attempts are under way: reported, the
+    /// call goes on.
     pub(crate) fn hedge_refused(&mut self, refused: Refused) {
         if let Refused::Rejected(r) = refused {
             let _ = self.reject::<()>(r);
@@ -2079,8 +2127,10 @@ impl<'g, K: Kind> First<'g, K> {
             lease: held.lease.take(),
             fallback_seen: None,
             launched: 1,
+            admitting: 0,
             others: 0,
             hedge_closed: false,
+            trigger: None,
         })
     }
 }

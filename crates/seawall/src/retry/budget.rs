@@ -75,6 +75,17 @@ impl RetryBudget {
             .is_ok()
     }
 
+    /// Gives back the token of a hedge that did not start (refused by
+    /// the policies after hedging), up to `max_tokens`.
+    pub(crate) fn refund(&self) {
+        let max = i64::from(self.max_tokens) * SCALE;
+        let _ = self
+            .tokens
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |t| {
+                Some((t + SCALE).min(max))
+            });
+    }
+
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         self.validate_for("retry")
     }

@@ -25,11 +25,19 @@
 //! timeouts are cooperative (the crate docs and [`crate::timeout`] say so):
 //! scenarios with a timeout that expires compare sync runs with sync runs
 //! and async runs with async runs only ([`Scenario::flavors_agree`]).
+//! Scenarios with hedging run async only ([`Scenario::runs_in`]); their
+//! attempts run concurrently, each taking the next step of the script in
+//! the order the attempts start.
+//!
+//! A store other than the memory store (which answers in place) holds the
+//! virtual clock while one of its requests is in flight, so the sleeps of
+//! the other attempts of a hedged call do not run ahead of its answer.
 //!
 //! Each scenario also states the result a few calls must have, so that a
 //! scenario that stops exercising what it is named after fails too.
 //!
-//! The corpus is stated once, here, so that the in-memory store and every
+//! The corpus is stated once, here, so that the in-memory store, the
+//! reference model of the stateful policies ([`ModelStore`]) and every
 //! other store (seawall-redis runs it on a real server, on the caller's
 //! clock) run the very same scenarios:
 //!
@@ -51,13 +59,19 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::breaker::CircuitMetrics;
+use crate::breaker::{CircuitControl, CircuitTransition};
 use crate::clock::BoxSleep;
+use crate::context::PartitionKey;
+use crate::error::StoreError;
 use crate::pipeline::{ErrorType, Handles, HandlesSync, Kind, WithFallback};
-use crate::store::StateStore;
+use crate::store::{
+    Admission, AdmitRequest, Permit, Record, Recorded, Reservation, Reserve, ResourceSpec,
+    ResourceState, StateStore, StoreFuture,
+};
 use crate::testing::{SeededRandom, VirtualClock};
 use crate::{
-    Bulkhead, CircuitBreaker, Clock, Context, Cooldown, Error, Jitter, Pipeline, PipelineBuilder,
-    RateLimiter, Retry, RetryBudget, Timeout, Verdict,
+    Bulkhead, CircuitBreaker, Clock, Context, Cooldown, Error, Hedging, Jitter, Pipeline,
+    PipelineBuilder, RateLimiter, Retry, RetryBudget, Timeout, Verdict,
 };
 
 // ------------------------------------------------------------ the helpers
@@ -297,6 +311,12 @@ enum Flavors {
     Agree,
     /// A timeout expires: sync and async legitimately differ.
     Differ,
+    /// Hedging: async runs only (a blocking call on a pipeline with
+    /// hedging is refused without running). Concurrent attempts need no
+    /// more of the scripts: each attempt takes the next step in the order
+    /// the attempts start, and a `Slow` step sleeps on the virtual clock
+    /// while the others run.
+    AsyncOnly,
 }
 
 /// One scenario of the corpus: a pipeline and the calls made through it.
@@ -329,7 +349,13 @@ impl Scenario {
     /// runs then legitimately differ, and are compared each with runs of
     /// their own flavour only.
     pub fn flavors_agree(&self) -> bool {
-        self.flavors == Flavors::Agree
+        self.flavors != Flavors::Differ
+    }
+
+    /// Whether the scenario runs in `mode`: every mode, but the async
+    /// ones only for a scenario with hedging.
+    pub fn runs_in(&self, mode: Mode) -> bool {
+        self.flavors != Flavors::AsyncOnly || mode.flavor == Flavor::Async
     }
 
     fn named(mut self, name: &'static str) -> Self {
@@ -569,11 +595,12 @@ pub fn run<S: StateStore>(scenario: &Scenario, mode: Mode, store: S) -> Run {
     run_here(scenario, mode, store)
 }
 
-/// Runs `scenario` in every mode of [`modes`], each run on a fresh store
-/// from `store`.
+/// Runs `scenario` in every mode of [`modes`] it runs in
+/// ([`Scenario::runs_in`]), each run on a fresh store from `store`.
 pub fn run_all<S: StateStore>(scenario: &Scenario, mut store: impl FnMut() -> S) -> Vec<Run> {
     modes()
         .into_iter()
+        .filter(|&mode| scenario.runs_in(mode))
         .map(|mode| run(scenario, mode, store()))
         .collect()
 }
@@ -603,10 +630,17 @@ mod traced {
 
 fn run_here<S: StateStore>(s: &Scenario, mode: Mode, store: S) -> Run {
     let clock = LoggingClock::new(VirtualClock::starting_at(mode.offset));
-    let mut builder = Pipeline::builder(unique(s.name))
-        .store(store)
-        .clock(clock.clone())
-        .random(SeededRandom::new(42));
+    let builder = Pipeline::builder(unique(s.name));
+    // The memory store answers in place; any other store's requests hold
+    // the virtual clock while they are in flight.
+    let builder = match (&store as &dyn std::any::Any).downcast_ref::<crate::MemoryStore>() {
+        Some(memory) => builder.store(memory.clone()),
+        None => builder.store(Holding {
+            store,
+            clock: clock.inner.clone(),
+        }),
+    };
+    let mut builder = builder.clock(clock.clone()).random(SeededRandom::new(42));
     if mode.listener {
         builder = builder.on_event(|_| {});
     }
@@ -639,6 +673,180 @@ fn run_here<S: StateStore>(s: &Scenario, mode: Mode, store: S) -> Run {
     Run {
         mode,
         calls: observed,
+    }
+}
+
+/// A store whose requests hold the virtual clock while they are in
+/// flight ([`VirtualClock::hold`]): the concurrent attempts of a hedged
+/// call sleep on the virtual clock while one of them waits for a real
+/// server, and a sleep polled then would move the clock to its end, ahead
+/// of the answer (on the memory store, which answers in place, time never
+/// moves during a request).
+#[derive(Debug)]
+struct Holding<S> {
+    store: S,
+    clock: VirtualClock,
+}
+
+impl<S: StateStore> StateStore for Holding<S> {
+    fn bind(&self, spec: &ResourceSpec) -> Result<Arc<dyn ResourceState>, StoreError> {
+        Ok(Arc::new(HoldingResource {
+            inner: self.store.bind(spec)?,
+            clock: self.clock.clone(),
+        }))
+    }
+}
+
+#[derive(Debug)]
+struct HoldingResource {
+    inner: Arc<dyn ResourceState>,
+    clock: VirtualClock,
+}
+
+impl HoldingResource {
+    /// `future`, holding the clock until it is answered.
+    fn holding<'a, T: Send + 'a>(&self, future: StoreFuture<'a, T>) -> StoreFuture<'a, T> {
+        let hold = self.clock.hold();
+        StoreFuture::boxed(async move {
+            let answer = future.await;
+            drop(hold);
+            answer
+        })
+    }
+}
+
+impl ResourceState for HoldingResource {
+    fn admit(&self, request: &AdmitRequest<'_>) -> Result<Admission, StoreError> {
+        self.inner.admit(request)
+    }
+    fn admit_async<'a>(&'a self, request: AdmitRequest<'a>) -> StoreFuture<'a, Admission> {
+        self.holding(self.inner.admit_async(request))
+    }
+    fn admit_reserving(
+        &self,
+        request: &AdmitRequest<'_>,
+        reserve: Reserve,
+    ) -> Result<(Admission, Option<Reservation>), StoreError> {
+        self.inner.admit_reserving(request, reserve)
+    }
+    fn admit_reserving_async<'a>(
+        &'a self,
+        request: AdmitRequest<'a>,
+        reserve: Reserve,
+    ) -> StoreFuture<'a, (Admission, Option<Reservation>)> {
+        self.holding(self.inner.admit_reserving_async(request, reserve))
+    }
+    fn give_back_reservation(&self, partition: Option<&PartitionKey>, reservation: Reservation) {
+        self.inner.give_back_reservation(partition, reservation)
+    }
+    fn record(&self, record: &Record<'_>) -> Result<Recorded, StoreError> {
+        self.inner.record(record)
+    }
+    fn record_async<'a>(&'a self, record: Record<'a>) -> StoreFuture<'a, Recorded> {
+        self.holding(self.inner.record_async(record))
+    }
+    fn release(&self, partition: Option<&PartitionKey>, permit: Permit) {
+        self.inner.release(partition, permit)
+    }
+    fn circuit_metrics(
+        &self,
+        partition: Option<&PartitionKey>,
+        now: Duration,
+    ) -> Result<CircuitMetrics, StoreError> {
+        self.inner.circuit_metrics(partition, now)
+    }
+    fn control_circuit(
+        &self,
+        partition: Option<&PartitionKey>,
+        control: CircuitControl,
+        now: Duration,
+    ) -> Result<Option<CircuitTransition>, StoreError> {
+        self.inner.control_circuit(partition, control, now)
+    }
+    fn in_flight(
+        &self,
+        partition: Option<&PartitionKey>,
+        now: Duration,
+    ) -> Result<u32, StoreError> {
+        self.inner.in_flight(partition, now)
+    }
+    fn evict_idle(&self, now: Duration) -> usize {
+        self.inner.evict_idle(now)
+    }
+    fn partitions(&self) -> usize {
+        self.inner.partitions()
+    }
+}
+
+/// A store that answers from the reference model of the stateful policies
+/// ([`crate::model::Resource`], its circuit the breaker's model
+/// [`crate::model::breaker::Model`]), process-local as the memory store
+/// (a bulkhead slot is held until it is given back): the corpus run on it
+/// checks that the memory store (and through it every store compared with
+/// the memory store) answers each call of a scenario as the model does.
+///
+/// The model makes no rate-limit reservation (a call told to wait asks
+/// again when its wait is over, which no scenario of the corpus tells
+/// apart: none has two calls competing for one permit) and has no manual
+/// control of the circuit (an error; no scenario uses it).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ModelStore;
+
+impl StateStore for ModelStore {
+    fn bind(&self, spec: &ResourceSpec) -> Result<Arc<dyn ResourceState>, StoreError> {
+        Ok(Arc::new(ModelResource(Mutex::new(
+            crate::model::Resource::new(spec),
+        ))))
+    }
+}
+
+#[derive(Debug)]
+struct ModelResource(Mutex<crate::model::Resource<crate::model::breaker::Model>>);
+
+impl ModelResource {
+    fn model(
+        &self,
+    ) -> std::sync::MutexGuard<'_, crate::model::Resource<crate::model::breaker::Model>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl ResourceState for ModelResource {
+    fn admit(&self, request: &AdmitRequest<'_>) -> Result<Admission, StoreError> {
+        Ok(self.model().admit(request))
+    }
+    fn record(&self, record: &Record<'_>) -> Result<Recorded, StoreError> {
+        Ok(self.model().record(record))
+    }
+    fn release(&self, partition: Option<&PartitionKey>, permit: Permit) {
+        self.model().release(partition, permit)
+    }
+    fn circuit_metrics(
+        &self,
+        partition: Option<&PartitionKey>,
+        now: Duration,
+    ) -> Result<CircuitMetrics, StoreError> {
+        Ok(self
+            .model()
+            .circuit_metrics(partition, now)
+            .unwrap_or_else(CircuitMetrics::closed_empty))
+    }
+    fn control_circuit(
+        &self,
+        _partition: Option<&PartitionKey>,
+        _control: CircuitControl,
+        _now: Duration,
+    ) -> Result<Option<CircuitTransition>, StoreError> {
+        Err(StoreError::Refused(
+            "the reference model has no manual control of the circuit".into(),
+        ))
+    }
+    fn in_flight(
+        &self,
+        partition: Option<&PartitionKey>,
+        now: Duration,
+    ) -> Result<u32, StoreError> {
+        Ok(self.model().in_flight(partition, now))
     }
 }
 
@@ -1465,6 +1673,68 @@ pub fn corpus() -> Vec<Scenario> {
                 call(vec![Fail(RETRY)], "Operation"),
                 after(secs(5), vec![slow(2000, Nested(None, vec![Okay(1)]))], "Ok(0)"),
                 call(vec![Okay(2)], "Ok(2)"),
+            ],
+        );
+
+        // Hedging with a bulkhead after it: each attempt under way holds a
+        // slot, a loser gives its slot back without an outcome, a hedge
+        // refused for want of a slot does not start and is tried again
+        // after the delay while the first attempt runs.
+        hedging_latency_bulkhead_after => scenario(
+            Flavors::AsyncOnly,
+            |b| plain(b.hedging(Hedging::latency(ms(10)).max_hedged_attempts(2))
+                .bulkhead(Bulkhead::new(2))),
+            vec![
+                // The hedge started at 10 ms wins at 15 ms.
+                call(vec![slow(50, Okay(1)), slow(5, Okay(2)), Okay(3)], "Ok(2)"),
+                // Two slots: the third attempt, tried at 20, 30, ... 90 ms,
+                // is refused each time; the first answers at 95 ms.
+                call(vec![slow(95, Okay(1)), slow(200, Okay(2)), Okay(3)], "Ok(1)"),
+                // Each failure starts the next attempt at once.
+                call(
+                    vec![slow(5, Fail(RETRY)), slow(5, Fail(RETRY)), slow(5, Fail(RETRY))],
+                    "RetryExhausted { attempts: 3",
+                ),
+                // The first fails at 15 ms and gives its slot to the third
+                // attempt, started then.
+                call(vec![slow(15, Fail(RETRY)), slow(30, Okay(5)), slow(1, Okay(6))], "Ok(6)"),
+            ],
+        );
+
+        // Hedging with a circuit breaker after it: every attempt that ended
+        // is recorded (a loser dropped records nothing), a hedge refused by
+        // the open circuit with nothing under way ends the call, and one
+        // refused by a half-open circuit busy with its probe is tried again.
+        hedging_latency_breaker_after => scenario(
+            Flavors::AsyncOnly,
+            |b| plain(b.hedging(Hedging::latency(ms(10)).max_hedged_attempts(2))
+                .circuit_breaker(CircuitBreaker::consecutive_failures(2).cooldown(secs(1)))),
+            vec![
+                // Attempt 2 (10 ms) fails at 13 ms and starts attempt 3,
+                // which wins; the first is dropped.
+                call(vec![slow(15, Fail(RETRY)), slow(3, Fail(RETRY)), Okay(7)], "Ok(7)"),
+                // Two failures open the circuit: the third attempt is
+                // refused with none under way.
+                call(vec![slow(5, Fail(RETRY)), slow(5, Fail(RETRY)), Okay(8)], "CircuitOpen"),
+                call(vec![Okay(9)], "CircuitOpen"),
+                // Half-open: the first attempt is the probe; the hedges
+                // tried at 10 and 20 ms are refused; the probe closes it.
+                after(secs(1), vec![slow(25, Okay(1)), Okay(2)], "Ok(1)"),
+                call(vec![slow(12, Okay(3)), Okay(4)], "Ok(4)"),
+            ],
+        );
+
+        // Hedging with a rate limiter after it: each attempt takes a
+        // permit; a refused hedge is tried again after the delay and
+        // starts once a permit is free.
+        hedging_latency_rate_after => scenario(
+            Flavors::AsyncOnly,
+            |b| plain(b.hedging(Hedging::latency(ms(10)).max_hedged_attempts(2))
+                .rate_limiter(RateLimiter::gcra(1, ms(25)))),
+            vec![
+                // Refused at 10 and 20 ms, started at 30 ms, wins at 35 ms.
+                call(vec![slow(100, Okay(1)), slow(5, Okay(2)), Okay(3)], "Ok(2)"),
+                after(ms(100), vec![slow(5, Okay(4))], "Ok(4)"),
             ],
         );
 
