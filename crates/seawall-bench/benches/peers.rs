@@ -172,8 +172,8 @@ fn rate_limiter(c: &mut Criterion) {
     });
     g.finish();
 
-    // A weighted call (4 permits) takes the general path of the engine;
-    // the unweighted row is the ordinary path.
+    // A weighted call (4 permits) takes the same path as an unweighted
+    // one: the weight goes to the same admission.
     let mut g = c.benchmark_group("weighted GCRA admission vs unweighted (sync)");
     sync_case(&mut g, "unweighted", seawall_sync(pipelines::gcra()));
     let p = pipelines::gcra();
@@ -181,6 +181,11 @@ fn rate_limiter(c: &mut Criterion) {
         let weighted = p.weighted(4).expect("a weight of 4");
         matches!(weighted.call(|_| op(black_box(1))), Ok(1))
     });
+    g.finish();
+
+    let mut g = c.benchmark_group("weighted GCRA admission vs unweighted (async)");
+    async_case(&mut g, "unweighted", SeawallAsync(pipelines::gcra()));
+    async_case(&mut g, "weight 4", SeawallWeighted(pipelines::gcra(), 4));
     g.finish();
 
     let mut g = c.benchmark_group("rate limiter, GCRA (async)");

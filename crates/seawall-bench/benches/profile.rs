@@ -43,6 +43,7 @@ const CONTENDERS: &[&str] = &[
     "consecutive",
     "open",
     "gcra",
+    "gcra-weighted",
     "keyed",
     "fixed",
     "sliding",
@@ -59,6 +60,7 @@ const CONTENDERS: &[&str] = &[
     "async-breaker",
     "async-open",
     "async-gcra",
+    "async-gcra-weighted",
     "async-bulkhead",
     "async-adaptive-aimd",
     "async-adaptive-gradient2",
@@ -117,6 +119,14 @@ fn main() {
         "consecutive" => sync_loop(n, seawall_call(pipelines::consecutive_breaker())),
         "open" => sync_loop(n, seawall_call(pipelines::open_breaker())),
         "gcra" => sync_loop(n, seawall_call(pipelines::gcra())),
+        "gcra-weighted" => {
+            // Each call takes 4 permits of the same limiter as `gcra`.
+            let p = pipelines::gcra();
+            sync_loop(n, || {
+                let weighted = p.weighted(4).expect("a weight of 4");
+                matches!(weighted.call(|_| op(black_box(1))), Ok(1))
+            })
+        }
         "keyed" => {
             // One key of many (the peer table's keyed row).
             let p = pipelines::gcra();
@@ -145,6 +155,7 @@ fn main() {
         "async-breaker" => async_loop(&rt, n, SeawallAsync(pipelines::breaker())),
         "async-open" => async_loop(&rt, n, SeawallAsync(pipelines::open_breaker())),
         "async-gcra" => async_loop(&rt, n, SeawallAsync(pipelines::gcra())),
+        "async-gcra-weighted" => async_loop(&rt, n, SeawallWeighted(pipelines::gcra(), 4)),
         "async-bulkhead" => async_loop(&rt, n, SeawallAsync(pipelines::bulkhead())),
         "async-adaptive-aimd" => async_loop(&rt, n, SeawallAsync(pipelines::adaptive_aimd())),
         "async-adaptive-gradient2" => {

@@ -163,3 +163,104 @@ fn a_weighted_call_with_max_wait_waits_the_exact_time() {
     assert!(r.is_ok());
     assert_eq!(clock.now(), ms(700));
 }
+
+/// What a call came to: `None` admitted (the operation's value), or the
+/// refusal's reason and `retry_after`.
+type Outcome = Option<(RejectionReason, Option<Duration>)>;
+
+fn outcome(r: Result<u32, Error<Fail>>) -> Outcome {
+    refusal(r.map(|_| ())).map(|r| (r.reason, r.retry_after))
+}
+
+/// GCRA of 10 per second (burst 10) with a bulkhead of 1, a breaker and a
+/// retry, on the default store: without a listener every call below takes
+/// the engine's ordinary path (its weight given to the same admission as
+/// an unweighted call), with one the general loop. `name`: its own state
+/// in the process-wide store.
+fn guarded(name: &str, clock: &VirtualClock, listening: bool) -> Pipeline {
+    // The retry outermost: each attempt is admitted by the gate inside it.
+    let mut b = Pipeline::builder(name)
+        .retry(Retry::constant(Duration::ZERO).max_attempts(2))
+        .circuit_breaker(CircuitBreaker::consecutive_failures(3))
+        .bulkhead(Bulkhead::new(1))
+        .rate_limiter(RateLimiter::gcra(10, secs(1)))
+        .clock(clock.clone());
+    if listening {
+        b = b.on_event(|_| {});
+    }
+    b.build().unwrap()
+}
+
+/// The calls of [`the_ordinary_path_takes_every_permit_of_a_weighted_call`]
+/// as `(weight, failures before success, advance the clock first)`, and
+/// what each must come to.
+fn ordinary_script() -> Vec<(u32, u32, Duration, Outcome)> {
+    let rate_limited = |after| Some((RejectionReason::RateLimited, after));
+    vec![
+        // 4 permits, then 3 twice: the first attempt fails, the retry takes
+        // 3 more. All 10 are spent: the TAT is 1 s, the tolerance 900 ms.
+        (4, 0, Duration::ZERO, None),
+        (3, 1, Duration::ZERO, None),
+        (1, 0, Duration::ZERO, rate_limited(Some(ms(100)))),
+        // More than the burst: refused at once, nothing taken.
+        (11, 0, Duration::ZERO, rate_limited(None)),
+        // 300 ms later, 3 permits are free: all 3 at once, then none.
+        (3, 0, ms(300), None),
+        (1, 0, Duration::ZERO, rate_limited(Some(ms(100)))),
+        (2, 0, ms(100), rate_limited(Some(ms(100)))),
+        (1, 0, Duration::ZERO, None),
+    ]
+}
+
+#[test]
+fn the_ordinary_path_takes_every_permit_of_a_weighted_call() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    for start in [Duration::ZERO, secs(1_000_000)] {
+        for listening in [false, true] {
+            for sync in [true, false] {
+                let clock = VirtualClock::starting_at(start);
+                let name = format!("w-ordinary-{start:?}-{listening}-{sync}");
+                let p = guarded(&name, &clock, listening);
+                let runs = std::sync::atomic::AtomicU32::new(0);
+                for (i, (weight, failures, advance, want)) in
+                    ordinary_script().into_iter().enumerate()
+                {
+                    clock.advance(advance);
+                    let left = std::sync::atomic::AtomicU32::new(failures);
+                    let attempt = || {
+                        runs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let failing = left
+                            .fetch_update(
+                                std::sync::atomic::Ordering::Relaxed,
+                                std::sync::atomic::Ordering::Relaxed,
+                                |n| n.checked_sub(1),
+                            )
+                            .is_ok();
+                        if failing {
+                            Err(Fail)
+                        } else {
+                            Ok(weight)
+                        }
+                    };
+                    let w = p.weighted(weight).unwrap();
+                    let got = if sync {
+                        w.call(|_| attempt())
+                    } else {
+                        rt.block_on(w.run(|_| std::future::ready(attempt())))
+                    };
+                    let context =
+                        format!("call {i} from {start:?}, listening {listening}, sync {sync}");
+                    assert_eq!(outcome(got), want, "{context}");
+                }
+                // One attempt for each of the 4 admitted calls, one more for
+                // the retried one; a refused call runs nothing.
+                assert_eq!(runs.into_inner(), 5, "from {start:?}");
+                // Nothing waited on the virtual clock.
+                assert_eq!(clock.now(), start + ms(400));
+            }
+        }
+    }
+}

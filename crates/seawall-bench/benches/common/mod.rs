@@ -53,6 +53,18 @@ impl AsyncCase for SeawallAsync<seawall::pipeline::WithFallback<u64, Oops>> {
     }
 }
 
+/// A seawall pipeline called with `weighted(weight)?.run`: each call takes
+/// `weight` rate-limit permits.
+#[derive(Clone)]
+pub(crate) struct SeawallWeighted(pub(crate) Pipeline, pub(crate) u32);
+
+impl AsyncCase for SeawallWeighted {
+    async fn call(&mut self) -> bool {
+        let weighted = self.0.weighted(self.1).expect("a weight of at least 1");
+        matches!(weighted.run(|_| async { op(black_box(1)) }).await, Ok(1))
+    }
+}
+
 /// A tower service driven as tower services are: `ready()`, then `call`.
 #[derive(Clone)]
 pub(crate) struct Tower<S>(pub(crate) S);

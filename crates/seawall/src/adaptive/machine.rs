@@ -2,10 +2,14 @@
 //! applied to the state of one pipeline in this process. Admission is
 //! lock-free (a compare-and-swap on the count of calls in flight against
 //! the published limit, the bulkhead's slot rule); the end of a call gives
-//! its slot back and applies the sample to the limit under a short lock,
-//! then publishes the limit admissions read.
+//! its slot back and, most of the time, only joins its sample to the
+//! update window under way, lock-free too ([`Window`]: until the time
+//! [`rules::joins_until`] gives, a sample does nothing else). Any other
+//! sample is applied to the limit under a short lock, with the window's
+//! samples joined before it; the lock's holder then publishes the limit
+//! admissions read.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
@@ -57,7 +61,10 @@ pub(crate) struct Limiter {
     in_flight: AtomicU32,
     /// Calls in flight of each partition.
     busy: Box<[AtomicU32]>,
+    /// The limit's state; its update window lacks the samples joined in
+    /// `window` since the lock's last holder took them.
     state: Mutex<State>,
+    window: Window,
     /// Async calls queued for a slot in this process.
     pub(crate) waiters: AtomicU32,
     pub(crate) max_queued: u32,
@@ -99,6 +106,7 @@ impl Limiter {
             shares,
             spec,
             state: Mutex::new(state),
+            window: Window::default(),
             waiters: AtomicU32::new(0),
             max_queued: settings.max_queued,
             max_wait: settings.max_wait,
@@ -184,8 +192,20 @@ impl Limiter {
         if signal == Signal::Ignored {
             return None;
         }
+        if self
+            .window
+            .try_join(rtt, lease.in_flight, signal == Signal::Dropped, now)
+        {
+            // The limit stays: admissions read the same.
+            return None;
+        }
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        let before = *state;
+        // The samples joined since the last holder, before this one.
+        let joined = self.window.take();
+        let before = State {
+            gathered: state.gathered.absorb(&joined),
+            ..*state
+        };
         let sample = Sample {
             rtt,
             in_flight: lease.in_flight,
@@ -200,6 +220,7 @@ impl Limiter {
         };
         let after = rules::update(&self.spec, before, &sample);
         *state = after;
+        self.window.reopen(rules::joins_until(&self.spec, &after));
         // Most samples only join the update window: what admissions read
         // changes with the limit or a measurement beginning or ending.
         if after.limit == before.limit && rules::window(&after) == rules::window(&before) {
@@ -245,6 +266,97 @@ impl Limiter {
             baseline,
             measuring,
         }
+    }
+}
+
+/// The samples joined to the update window without the lock, since its
+/// holder last took them: a sample that ends before `until` (see
+/// [`rules::joins_until`]) adds its latency, its calls in flight and its
+/// drop here ([`Gathered::join`](rules::Gathered::join) on atomics), and
+/// the holder of the lock takes them ([`take`](Self::take)) before it
+/// applies a sample of its own. The holder closes the window to joins
+/// while it takes them, and waits for the joins under way: a sample is in
+/// the window whole, or not at all.
+#[derive(Debug, Default)]
+struct Window {
+    /// Samples ending before this time may join (0: none may).
+    until: AtomicU64,
+    /// [`CLOSED`] while the lock's holder takes the samples; below it the
+    /// joins under way.
+    gate: AtomicU64,
+    sum: AtomicU64,
+    samples: AtomicU32,
+    in_flight: AtomicU32,
+    dropped: AtomicBool,
+}
+
+/// The window is closed to joins.
+const CLOSED: u64 = 1 << 63;
+/// A latency at most this long joins without the lock (about 18 minutes),
+/// and at most [`MAX_JOINED`] samples do: their sum never overflows.
+const MAX_JOIN_RTT: u64 = 1 << 40;
+const MAX_JOINED: u32 = 1 << 22;
+
+impl Window {
+    /// Joins a sample that ended at `now` when it only joins the window:
+    /// `false` when the lock's holder must apply it.
+    #[inline]
+    fn try_join(&self, rtt: u64, in_flight: u32, dropped: bool, now: u64) -> bool {
+        if now >= self.until.load(Ordering::Acquire) || rtt >= MAX_JOIN_RTT {
+            return false;
+        }
+        if self.gate.fetch_add(1, Ordering::Acquire) & CLOSED != 0 {
+            self.gate.fetch_sub(1, Ordering::Release);
+            return false;
+        }
+        // Inside: the window is not taken before this join leaves. `until`
+        // may have moved since it was read above.
+        let joins = now < self.until.load(Ordering::Acquire)
+            && self.samples.load(Ordering::Relaxed) < MAX_JOINED;
+        if joins {
+            self.sum.fetch_add(rtt, Ordering::Relaxed);
+            self.samples.fetch_add(1, Ordering::Relaxed);
+            if in_flight > self.in_flight.load(Ordering::Relaxed) {
+                self.in_flight.fetch_max(in_flight, Ordering::Relaxed);
+            }
+            if dropped {
+                self.dropped.store(true, Ordering::Relaxed);
+            }
+        }
+        self.gate.fetch_sub(1, Ordering::Release);
+        joins
+    }
+
+    /// The samples joined since the last call, taken out of the window,
+    /// which stays closed to joins until [`reopen`](Self::reopen). Called
+    /// under the limit's lock.
+    fn take(&self) -> rules::Gathered {
+        let mut gate = self.gate.fetch_or(CLOSED, Ordering::AcqRel);
+        // Wait for the joins under way: a few instructions each.
+        let mut spins = 0u32;
+        while gate & !CLOSED != 0 {
+            if spins < 64 {
+                std::hint::spin_loop();
+                spins += 1;
+            } else {
+                std::thread::yield_now();
+            }
+            gate = self.gate.load(Ordering::Acquire);
+        }
+        rules::Gathered {
+            opened: None,
+            sum: self.sum.swap(0, Ordering::Relaxed),
+            samples: self.samples.swap(0, Ordering::Relaxed),
+            in_flight: self.in_flight.swap(0, Ordering::Relaxed),
+            dropped: self.dropped.swap(false, Ordering::Relaxed),
+        }
+    }
+
+    /// Opens the window to the samples ending before `until` again. Called
+    /// under the limit's lock, after [`take`](Self::take).
+    fn reopen(&self, until: u64) {
+        self.until.store(until, Ordering::Release);
+        self.gate.fetch_and(!CLOSED, Ordering::Release);
     }
 }
 
@@ -328,13 +440,13 @@ mod tests {
                                 f64::from(busy[i]) < share
                             });
                         let got = cell.acquire(key);
-                        prop_assert_eq!(got.is_ok(), admits, "{:?} at {} {:?}", p, total, busy);
+                        proptest::prop_assert_eq!(got.is_ok(), admits, "{:?} at {} {:?}", p, total, busy);
                         if let Ok(lease) = got {
                             total += 1;
                             if let Some(i) = p {
                                 busy[i] += 1;
                             }
-                            prop_assert_eq!(lease.in_flight, total);
+                            proptest::prop_assert_eq!(lease.in_flight, total);
                             held.push((lease, p));
                         }
                     }
@@ -348,9 +460,135 @@ mod tests {
                     }
                     Op::Release(_) => {}
                 }
-                prop_assert_eq!(cell.snapshot().in_flight, total);
+                proptest::prop_assert_eq!(cell.snapshot().in_flight, total);
             }
         });
+    }
+
+    impl Limiter {
+        /// The state with the samples joined without the lock absorbed:
+        /// what the rules applied to every sample in turn give.
+        fn settled(&self) -> State {
+            let mut state = self.state.lock().unwrap();
+            let joined = self.window.take();
+            state.gathered = state.gathered.absorb(&joined);
+            self.window.reopen(rules::joins_until(&self.spec, &state));
+            *state
+        }
+    }
+
+    proptest::proptest! {
+        /// The cell decides as the rules applied to every sample in turn
+        /// (the reference), whether a sample joined the window without the
+        /// lock or not: the same changes of the limit reported, the same
+        /// limit admitted, the same state; AIMD, Vegas and Gradient2, clocks
+        /// from 0 and 10^6 s.
+        #[test]
+        fn the_cell_applies_the_rules_to_every_sample_in_turn(
+            which in 0usize..3,
+            update_ms in 1u64..30,
+            base in proptest::sample::select(vec![0u64, 1_000_000_000_000_000]),
+            steps in proptest::collection::vec((0u64..8_000, 1u64..40_000, 0u8..10, 0u32..4), 1..300),
+        ) {
+            let ms = Duration::from_millis;
+            let settings = match which {
+                0 => AdaptiveLimit::aimd().rtt_timeout(ms(20)),
+                1 => AdaptiveLimit::vegas().min_rtt(ms(50), 2, 2),
+                _ => AdaptiveLimit::gradient2().min_rtt(ms(50), 2, 2),
+            }
+            .limits(2, 6, 40)
+            .update_interval(ms(update_ms));
+            let cell = Limiter::new(&settings);
+            let (random, model_random) = (SeededRandom::new(7), SeededRandom::new(7));
+            let mut model = rules::initial(&cell.spec);
+            let mut now = base;
+            let mut held = Vec::new();
+            for (step_us, rtt_us, kind, ends) in steps {
+                now += step_us * 1_000;
+                // A few calls in flight at once, so that samples carry
+                // different counts; refused ones are skipped.
+                if let Ok(lease) = cell.acquire(None) {
+                    proptest::prop_assert_eq!(lease.window, rules::window(&model));
+                    held.push(lease);
+                }
+                for _ in 0..ends.min(held.len() as u32) {
+                    let lease = held.remove(0);
+                    let signal = match kind {
+                        0 => Signal::Dropped,
+                        1 => Signal::Ignored,
+                        _ => Signal::Success,
+                    };
+                    let rtt = rtt_us * 1_000;
+                    let got = cell.release(lease, signal, rtt, now, &random);
+                    let before = model;
+                    if signal != Signal::Ignored {
+                        let sample = Sample {
+                            rtt,
+                            in_flight: lease.in_flight,
+                            signal,
+                            window: lease.window,
+                            now,
+                            draw: if rules::draws(&before) { model_random.next_f64() } else { 0.0 },
+                        };
+                        model = rules::update(&cell.spec, before, &sample);
+                    }
+                    let (from, to) = (rules::whole(before.limit), rules::whole(model.limit));
+                    proptest::prop_assert_eq!(got, (from != to).then_some((from, to)), "at {}", now);
+                    proptest::prop_assert_eq!(cell.snapshot().admitted, rules::admitted_limit(&cell.spec, &model));
+                }
+            }
+            proptest::prop_assert_eq!(cell.settled(), model);
+        }
+    }
+
+    #[test]
+    fn samples_joined_by_many_threads_are_all_in_the_window() {
+        let l = Limiter::new(
+            &AdaptiveLimit::aimd()
+                .limits(1_000, 1_000, 1_000)
+                .update_interval(Duration::from_secs(1)),
+        );
+        let random = SeededRandom::new(1);
+        // The first sample opens the window (at 5 s), under the lock.
+        l.release(
+            l.acquire(None).unwrap(),
+            Signal::Success,
+            1,
+            5_000_000_000,
+            &random,
+        );
+        let (threads, each) = (8u32, 2_000u32);
+        std::thread::scope(|s| {
+            for t in 0..threads {
+                let (l, random) = (&l, &random);
+                s.spawn(move || {
+                    for i in 0..each {
+                        let lease = l.acquire(None).unwrap();
+                        let signal = if t == 3 && i == 7 {
+                            Signal::Dropped
+                        } else {
+                            Signal::Success
+                        };
+                        // Every sample inside the window (5 s to 6 s).
+                        let now = 5_000_000_000 + u64::from(i) * 1_000;
+                        assert_eq!(
+                            l.release(lease, signal, 2 + u64::from(t), now, random),
+                            None
+                        );
+                    }
+                });
+            }
+        });
+        let g = l.settled().gathered;
+        assert_eq!(g.opened, Some(5_000_000_000));
+        assert_eq!(g.samples, 1 + threads * each);
+        let sum: u64 = (0..u64::from(threads))
+            .map(|t| (2 + t) * u64::from(each))
+            .sum();
+        assert_eq!(g.sum, 1 + sum);
+        assert!(g.dropped);
+        assert!((1..=threads).contains(&g.in_flight), "{}", g.in_flight);
+        assert_eq!(l.snapshot().in_flight, 0);
     }
 
     #[test]

@@ -138,6 +138,63 @@ pub(crate) struct Gathered {
     pub(crate) dropped: bool,
 }
 
+impl Gathered {
+    /// The window with `sample` joined: opened by its first sample, the
+    /// latencies summed (saturating), one more sample, the most calls in
+    /// flight, a drop if any sample dropped.
+    #[inline]
+    pub(crate) fn join(self, sample: &Sample) -> Gathered {
+        Gathered {
+            opened: Some(self.opened.unwrap_or(sample.now)),
+            sum: self.sum.saturating_add(sample.rtt),
+            samples: self.samples + 1,
+            in_flight: self.in_flight.max(sample.in_flight),
+            dropped: self.dropped || sample.signal == Signal::Dropped,
+        }
+    }
+
+    /// The window with the samples of `later` joined after its own, in
+    /// the order they came: the same window as joining each in turn
+    /// ([`join`](Self::join): each field is a sum, a maximum or an "or",
+    /// the order of the joins changes none of them; the sum saturates
+    /// once, where it would have). `later.opened` is not read: the window
+    /// was opened before them.
+    pub(crate) fn absorb(self, later: &Gathered) -> Gathered {
+        Gathered {
+            opened: self.opened,
+            sum: self.sum.saturating_add(later.sum),
+            samples: self.samples + later.samples,
+            in_flight: self.in_flight.max(later.in_flight),
+            dropped: self.dropped || later.dropped,
+        }
+    }
+}
+
+/// The time before which a sample (not [`Signal::Ignored`]) only joins
+/// the update window under way: [`update`] of a sample that ends before
+/// it is `gathered.join(sample)` and changes nothing else (no
+/// measurement of the baseline under way or due, the window open and not
+/// closing). 0 (no sample) when no window is open, or the baseline is
+/// measured. A cell may join such samples without applying [`update`],
+/// in any order, and [`absorb`](Gathered::absorb) them later.
+pub(crate) fn joins_until(spec: &Spec, state: &State) -> Nanos {
+    let Some(opened) = state.gathered.opened else {
+        return 0;
+    };
+    if spec.update_interval == 0 {
+        // Every sample closes its window.
+        return 0;
+    }
+    // `now - opened < update_interval` for every `now` before it (a `now`
+    // before `opened` counts as `opened`).
+    let closes = opened.saturating_add(spec.update_interval);
+    match state.baseline {
+        Baseline::Unused => closes,
+        Baseline::Known { next, .. } => closes.min(next),
+        Baseline::Measuring { .. } => 0,
+    }
+}
+
 /// The baseline latency, for the algorithms that have one.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) enum Baseline {
@@ -256,15 +313,8 @@ pub(crate) fn update(spec: &Spec, state: State, sample: &Sample) -> State {
     }
     // The update window: the algorithm runs once it closes, on all its
     // samples as one.
-    let g = state.gathered;
-    let opened = g.opened.unwrap_or(sample.now);
-    let gathered = Gathered {
-        opened: Some(opened),
-        sum: g.sum.saturating_add(sample.rtt),
-        samples: g.samples + 1,
-        in_flight: g.in_flight.max(sample.in_flight),
-        dropped: g.dropped || sample.signal == Signal::Dropped,
-    };
+    let gathered = state.gathered.join(sample);
+    let opened = gathered.opened.unwrap_or(sample.now);
     if sample.now.saturating_sub(opened) < spec.update_interval {
         next.gathered = gathered;
         return next;
@@ -603,6 +653,122 @@ mod tests {
         st = update(&s, st, &at(MS, 20, Signal::Dropped, 2_000 * MS));
         st = update(&s, st, &at(MS, 20, Signal::Success, 2_100 * MS));
         assert_eq!(st.limit, 18.0);
+    }
+
+    /// The three algorithms, with an update window of 0 to 30 ms and the
+    /// baseline measured on 2 samples every 50 ms.
+    fn any_spec(which: usize, update_ms: u64) -> Spec {
+        let baseline = Measure {
+            concurrency: 2,
+            samples: 2,
+            interval: 50 * MS,
+            jitter: 0.2,
+        };
+        let algorithm = match which {
+            0 => Algorithm::Aimd {
+                backoff_ratio: 0.9,
+                rtt_timeout: 20 * MS,
+            },
+            1 => Algorithm::Vegas {
+                smoothing: 0.5,
+                baseline,
+            },
+            _ => Algorithm::Gradient2 {
+                smoothing: 0.2,
+                queue_size: 4,
+                buffer: 0.1,
+                baseline,
+            },
+        };
+        Spec {
+            algorithm,
+            update_interval: update_ms * MS,
+            min_limit: 2,
+            max_limit: 100,
+            initial_limit: 10,
+        }
+    }
+
+    proptest::proptest! {
+        /// Before [`joins_until`] a sample only joins the window: `update`
+        /// is `join` and nothing else; and samples joined apart, then
+        /// absorbed, make the window joined in turn. On random runs of the
+        /// three algorithms, clocks from 0 and 10^6 s.
+        #[test]
+        fn before_joins_until_a_sample_only_joins_the_window(
+            which in 0usize..3,
+            update_ms in 0u64..30,
+            base in proptest::sample::select(vec![0, 1_000_000_000 * MS]),
+            steps in proptest::collection::vec(
+                (0u64..8_000, 1u64..40_000, 1u32..30, 0u8..10),
+                1..200,
+            ),
+        ) {
+            let spec = any_spec(which, update_ms);
+            let mut state = initial(&spec);
+            let mut now = base;
+            let mut last = Sample {
+                rtt: 0,
+                in_flight: 0,
+                signal: Signal::Success,
+                window: 0,
+                now: base,
+                draw: 0.0,
+            };
+            for (step_us, rtt_us, in_flight, kind) in steps {
+                now += step_us * 1_000;
+                let sample = Sample {
+                    rtt: rtt_us * 1_000,
+                    in_flight,
+                    signal: match kind {
+                        0 => Signal::Dropped,
+                        1 => Signal::Ignored,
+                        _ => Signal::Success,
+                    },
+                    window: if kind == 2 { 0 } else { state.window },
+                    now,
+                    draw: f64::from(in_flight) / 30.0,
+                };
+                let next = update(&spec, state, &sample);
+                if sample.signal != Signal::Ignored && now < joins_until(&spec, &state) {
+                    let joined = State { gathered: state.gathered.join(&sample), ..state };
+                    proptest::prop_assert_eq!(next, joined);
+                    // Joined apart (in a window of their own, `last` too),
+                    // then absorbed: the window joined in turn.
+                    let apart = Gathered::default().join(&last).join(&sample);
+                    proptest::prop_assert_eq!(
+                        state.gathered.absorb(&apart),
+                        state.gathered.join(&last).join(&sample)
+                    );
+                }
+                last = sample;
+                state = next;
+            }
+        }
+    }
+
+    #[test]
+    fn an_absorbed_window_saturates_where_joins_would() {
+        let near = Gathered {
+            opened: Some(1),
+            sum: u64::MAX - 5,
+            samples: 1,
+            in_flight: 3,
+            dropped: false,
+        };
+        let (a, b) = (sample(4, 7, Signal::Dropped), sample(9, 2, Signal::Success));
+        let apart = Gathered::default().join(&a).join(&b);
+        assert_eq!(near.absorb(&apart), near.join(&a).join(&b));
+        assert_eq!(
+            near.absorb(&apart),
+            Gathered {
+                opened: Some(1),
+                sum: u64::MAX,
+                samples: 3,
+                in_flight: 7,
+                dropped: true,
+            }
+        );
     }
 
     #[test]

@@ -61,9 +61,9 @@ impl<K: Kind> Pipeline<K> {
     /// Runs a blocking call. The ordinary steps (an admission decided in
     /// place, a success that nobody watches) run here; anything else in
     /// the general loop, from where the call stands. Each admission takes
-    /// `weight` rate-limit permits; a weighted call (not 1) takes the
-    /// general path, and so does a call that reports the use of its
-    /// fallback in `fallback_seen` (a coalesced call's leader).
+    /// `weight` rate-limit permits, on either path; a call that reports
+    /// the use of its fallback in `fallback_seen` (a coalesced call's
+    /// leader) takes the general one.
     #[inline(always)]
     pub(crate) fn drive_sync_weighted<T, E, Op>(
         &self,
@@ -93,8 +93,9 @@ impl<K: Kind> Pipeline<K> {
                 }
             };
         }
-        let first = (weight == 1 && fallback_seen.is_none())
-            .then(|| First::start(self, partition))
+        let first = fallback_seen
+            .is_none()
+            .then(|| First::start(self, partition, weight))
             .flatten();
         let Some(mut first) = first else {
             if shared.hedging.is_some() {
@@ -148,8 +149,8 @@ impl<K: Kind> Pipeline<K> {
     }
 
     /// [`drive_async`](Self::drive_async) of a call taking `weight`
-    /// rate-limit permits per admission (a weighted call takes the general
-    /// path, as does one reporting its fallback in `fallback_seen`).
+    /// rate-limit permits per admission (a call reporting its fallback in
+    /// `fallback_seen` takes the general path).
     pub(crate) async fn drive_async_weighted<T, E, Op, Fut>(
         &self,
         partition: Option<&PartitionKey>,
@@ -181,8 +182,9 @@ impl<K: Kind> Pipeline<K> {
                 }
             };
         }
-        let first = (weight == 1 && fallback_seen.is_none())
-            .then(|| First::start(self, partition))
+        let first = fallback_seen
+            .is_none()
+            .then(|| First::start(self, partition, weight))
             .flatten();
         let Some(mut first) = first else {
             let mut call = Owned(

@@ -473,8 +473,8 @@ impl<'g, K: Kind> Call<'g, K> {
         }
     }
 
-    /// The call taking `weight` rate-limit permits per admission; a
-    /// weighted call is admitted by the general path.
+    /// The call taking `weight` rate-limit permits per admission (by the
+    /// same admission as any other, ordinary or not).
     pub(crate) fn weighted(mut self, weight: u32) -> Self {
         self.weight = weight;
         self
@@ -675,7 +675,7 @@ impl<'g, K: Kind> Call<'g, K> {
             }
             let gate = self.gate_of(self.level);
             let clock = &self.pipeline.shared.clock;
-            let ticket = admit_in_place(gate, clock, self.partition, self.at)?;
+            let ticket = admit_in_place(gate, clock, self.partition, self.weight, self.at)?;
             if self.waiting.is_some() {
                 self.stop_waiting();
             }
@@ -687,9 +687,6 @@ impl<'g, K: Kind> Call<'g, K> {
 
     /// Admits the attempt under way.
     pub(crate) fn admit(&mut self) -> Admit<'g> {
-        if self.weight != 1 {
-            return self.admit_after(Quick::Other);
-        }
         match self.admit_ordinary() {
             Ok(ctx) => Admit::Run(ctx),
             Err(quick) => self.admit_after(quick),
@@ -1862,13 +1859,14 @@ fn overall_deadline<K: Kind>(shared: &super::Shared<K>, now: u64) -> Option<Dead
 
 /// The ordinary admission of an attempt by `gate` (see
 /// [`Call::admit_ordinary`]), on the facts of the attempt: when it began (read here if a policy needs
-/// it, then its deadline is set). What the attempt holds comes back
-/// (nothing without a gate).
+/// it, then its deadline is set) and the rate-limit permits it takes
+/// (`weight`). What the attempt holds comes back (nothing without a gate).
 #[inline(always)]
 fn admit_in_place(
     gate: Option<&Gate>,
     clock: &crate::clock::ClockHandle,
     partition: Option<&PartitionKey>,
+    weight: u32,
     at: Option<u64>,
 ) -> Result<Option<Ticket>, Quick> {
     let Some(gate) = gate else {
@@ -1882,7 +1880,7 @@ fn admit_in_place(
     // a refusal hands the call on with its start unread, and the general
     // admission reads it.
     let started = at;
-    let quick = memory.try_admit(partition, &mut || {
+    let quick = memory.try_admit(partition, weight, &mut || {
         started.unwrap_or_else(|| clock.now_nanos())
     });
     match quick {
@@ -1942,13 +1940,14 @@ fn context_of<K: Kind>(
 
 /// The first attempt of a call that nobody listens to, on the ordinary
 /// path: only the facts the engine needs to admit, run and record it in
-/// place (when it began, its deadline, its permit), kept in registers.
-/// Anything out of the ordinary makes a [`Call`] of it
-/// ([`First::into_call`]) where it stands, for the general loop: the same
-/// steps, on the same facts.
+/// place (when it began, its deadline, the rate-limit permits it takes,
+/// its permit), kept in registers. Anything out of the ordinary makes a
+/// [`Call`] of it ([`First::into_call`]) where it stands, for the general
+/// loop: the same steps, on the same facts.
 pub(crate) struct First<'g, K: Kind> {
     pipeline: &'g Pipeline<K>,
     partition: Option<&'g PartitionKey>,
+    weight: u32,
     at: Option<u64>,
     deadline: Option<Deadline>,
 }
@@ -1977,7 +1976,8 @@ impl Drop for Held<'_> {
 }
 
 impl<'g, K: Kind> First<'g, K> {
-    /// Starts a call on the ordinary path, or `None` when someone listens,
+    /// Starts a call taking `weight` rate-limit permits per admission on
+    /// the ordinary path, or `None` when someone listens,
     /// the pipeline has a call-level gate, hedging or policies written in
     /// code ([`Plan::general`](super::Plan::general)) or chaos policies that
     /// may inject (the general loop then runs it from the start).
@@ -1985,6 +1985,7 @@ impl<'g, K: Kind> First<'g, K> {
     pub(crate) fn start(
         pipeline: &'g Pipeline<K>,
         partition: Option<&'g PartitionKey>,
+        weight: u32,
     ) -> Option<Self> {
         let shared = &*pipeline.shared;
         if shared.listeners.enabled() || shared.plan.general || shared.chaos_may_inject() {
@@ -1997,6 +1998,7 @@ impl<'g, K: Kind> First<'g, K> {
         Some(First {
             pipeline,
             partition,
+            weight,
             at,
             deadline,
         })
@@ -2009,6 +2011,7 @@ impl<'g, K: Kind> First<'g, K> {
         First {
             pipeline,
             partition: None,
+            weight: 1,
             at: None,
             deadline: None,
         }
@@ -2033,7 +2036,13 @@ impl<'g, K: Kind> First<'g, K> {
     pub(crate) fn admit(&mut self, held: &mut Held<'g>) -> Result<Context, Quick> {
         let shared = &*self.pipeline.shared;
         held.lease = admit_adaptive(shared, self.partition)?;
-        held.ticket = admit_in_place(shared.gate.as_ref(), &shared.clock, self.partition, self.at)?;
+        held.ticket = admit_in_place(
+            shared.gate.as_ref(),
+            &shared.clock,
+            self.partition,
+            self.weight,
+            self.at,
+        )?;
         Ok(context_of(shared, 1, self.deadline, self.partition))
     }
 
@@ -2123,7 +2132,7 @@ impl<'g, K: Kind> First<'g, K> {
             call_permit: None,
             call_at: None,
             waiting: None,
-            weight: 1,
+            weight: self.weight,
             lease: held.lease.take(),
             fallback_seen: None,
             launched: 1,

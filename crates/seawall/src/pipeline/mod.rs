@@ -225,8 +225,8 @@ impl<K: Kind> Pipeline<K> {
     /// burst of a GCRA, the limit of a window) is refused at once with
     /// [`RejectionReason::RateLimited`](crate::RejectionReason::RateLimited)
     /// and no `retry_after`. The other policies count each attempt once.
-    /// Weighted calls take the general path of the engine: the ordinary
-    /// path of unweighted calls is unchanged.
+    /// A weighted call takes the same path through the engine as any
+    /// other: its weight goes to the same admission.
     ///
     /// # Errors
     /// A weight of 0: `rate_limit.weight must be >= 1, got 0`.

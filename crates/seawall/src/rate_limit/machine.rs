@@ -151,22 +151,27 @@ pub(crate) enum RateCell<'a> {
 }
 
 impl RateCell<'_> {
-    /// Takes one permit at `now_ns`, or tells how long until one is free.
+    /// Takes `n` permits at `now_ns` (`n` with [`rules::weight_fits`]), or
+    /// tells how long until they are free: [`reserve`](Self::reserve)
+    /// with no lead.
     #[inline(always)]
-    pub(crate) fn acquire(self, params: &RateParams, now_ns: u64) -> Result<(), Duration> {
+    pub(crate) fn acquire(self, params: &RateParams, now_ns: u64, n: u32) -> Result<(), Duration> {
         match self {
-            RateCell::Gcra(tat) => apply(tat, |s| rules::gcra(s, params, now_ns)),
-            other => other.acquire_other(params, now_ns),
+            // The rule itself, not a closure calling it: always inlined,
+            // whatever the size of the caller. An unweighted call, the
+            // common case, has the weight's arithmetic folded away.
+            RateCell::Gcra(tat) if n == 1 => apply(tat, rules::gcra, params, now_ns, 1),
+            RateCell::Gcra(tat) => apply(tat, rules::gcra, params, now_ns, n),
+            other => other.acquire_other(params, now_ns, n),
         }
     }
 
     #[inline(never)]
-    fn acquire_other(self, params: &RateParams, now_ns: u64) -> Result<(), Duration> {
+    fn acquire_other(self, params: &RateParams, now_ns: u64, n: u32) -> Result<(), Duration> {
         match self {
-            RateCell::Gcra(tat) => apply(tat, |s| rules::gcra(s, params, now_ns)),
-            RateCell::Fixed(word) => apply(word, |s| rules::fixed_window(s, params, now_ns)),
-            RateCell::Log(log) => sliding_log(&mut lock(log), params, now_ns, 0, 1).map(|_| ()),
-            RateCell::Ring(ring) => ring.acquire(params, now_ns),
+            RateCell::Fixed(word) => apply(word, rules::fixed_window, params, now_ns, n),
+            RateCell::Ring(ring) if n == 1 => ring.acquire(params, now_ns),
+            other => other.reserve(params, now_ns, 0, n).map(|_| ()),
         }
     }
 
@@ -248,10 +253,16 @@ impl RateCell<'_> {
 /// again from the value found if another thread wrote in between. The
 /// word is written only when the rule admits.
 #[inline(always)]
-fn apply(word: &AtomicU64, rule: impl Fn(u64) -> Result<u64, Duration>) -> Result<(), Duration> {
+fn apply(
+    word: &AtomicU64,
+    rule: impl Fn(u64, &RateParams, u64, u32) -> Result<u64, Duration>,
+    params: &RateParams,
+    now_ns: u64,
+    n: u32,
+) -> Result<(), Duration> {
     let mut current = word.load(Ordering::Acquire);
     loop {
-        let next = rule(current)?;
+        let next = rule(current, params, now_ns, n)?;
         match word.compare_exchange_weak(current, next, Ordering::AcqRel, Ordering::Acquire) {
             Ok(_) => return Ok(()),
             Err(actual) => current = actual,
@@ -515,7 +526,7 @@ mod tests {
     }
 
     fn admitted(p: &RateParams, s: RateCell<'_>, now: u64, tries: u32) -> u32 {
-        (0..tries).filter(|_| s.acquire(p, now).is_ok()).count() as u32
+        (0..tries).filter(|_| s.acquire(p, now, 1).is_ok()).count() as u32
     }
 
     /// The pure rules applied one call after the other: the state word, or
@@ -539,11 +550,11 @@ mod tests {
                     Ok(())
                 }
                 RateAlgorithm::FixedWindow => {
-                    self.word = rules::fixed_window(self.word, p, now)?;
+                    self.word = rules::fixed_window(self.word, p, now, 1)?;
                     Ok(())
                 }
                 _ => {
-                    self.word = rules::gcra(self.word, p, now)?;
+                    self.word = rules::gcra(self.word, p, now, 1)?;
                     Ok(())
                 }
             }
@@ -566,10 +577,10 @@ mod tests {
         let c = Cells::new(RateLimiter::gcra(10, Duration::from_secs(1)).burst(3));
         let (p, s) = (&c.p, c.all()[0]);
         assert_eq!(admitted(p, s, 0, 10), 3);
-        assert_eq!(s.acquire(p, 0), Err(Duration::from_millis(100)));
-        assert_eq!(s.acquire(p, 99 * MS), Err(Duration::from_millis(1)));
+        assert_eq!(s.acquire(p, 0, 1), Err(Duration::from_millis(100)));
+        assert_eq!(s.acquire(p, 99 * MS, 1), Err(Duration::from_millis(1)));
         assert_eq!(admitted(p, s, 100 * MS, 10), 1);
-        assert_eq!(s.acquire(p, 150 * MS), Err(Duration::from_millis(50)));
+        assert_eq!(s.acquire(p, 150 * MS, 1), Err(Duration::from_millis(50)));
         // After a long pause the full burst is back, never more.
         assert_eq!(admitted(p, s, 10_000 * MS, 10), 3);
         assert!(!s.is_idle(p, 10_000 * MS));
@@ -581,7 +592,7 @@ mod tests {
         let c = Cells::new(RateLimiter::fixed_window(3, Duration::from_millis(100)));
         let (p, s) = (&c.p, c.all()[0]);
         assert_eq!(admitted(p, s, 0, 5), 3);
-        assert_eq!(s.acquire(p, 100 * MS - 1), Err(Duration::from_nanos(1)));
+        assert_eq!(s.acquire(p, 100 * MS - 1, 1), Err(Duration::from_nanos(1)));
         // The next window starts exactly at 100 ms.
         assert_eq!(admitted(p, s, 100 * MS, 5), 3);
         assert_eq!(admitted(p, s, 199 * MS, 5), 0);
@@ -594,15 +605,15 @@ mod tests {
         let c = Cells::new(RateLimiter::sliding_window(3, Duration::from_millis(100)));
         for s in c.all() {
             let p = &c.p;
-            assert!(s.acquire(p, 0).is_ok());
-            assert!(s.acquire(p, 10 * MS).is_ok());
-            assert!(s.acquire(p, 20 * MS).is_ok());
-            assert_eq!(s.acquire(p, 50 * MS), Err(Duration::from_millis(50)));
-            assert_eq!(s.acquire(p, 100 * MS - 1), Err(Duration::from_nanos(1)));
+            assert!(s.acquire(p, 0, 1).is_ok());
+            assert!(s.acquire(p, 10 * MS, 1).is_ok());
+            assert!(s.acquire(p, 20 * MS, 1).is_ok());
+            assert_eq!(s.acquire(p, 50 * MS, 1), Err(Duration::from_millis(50)));
+            assert_eq!(s.acquire(p, 100 * MS - 1, 1), Err(Duration::from_nanos(1)));
             // At 100 ms the first admission is exactly `period` old.
-            assert!(s.acquire(p, 100 * MS).is_ok());
-            assert_eq!(s.acquire(p, 100 * MS), Err(Duration::from_millis(10)));
-            assert!(s.acquire(p, 110 * MS).is_ok());
+            assert!(s.acquire(p, 100 * MS, 1).is_ok());
+            assert_eq!(s.acquire(p, 100 * MS, 1), Err(Duration::from_millis(10)));
+            assert!(s.acquire(p, 110 * MS, 1).is_ok());
             assert!(!s.is_idle(p, 150 * MS));
             assert!(s.is_idle(p, 210 * MS));
         }
@@ -613,14 +624,14 @@ mod tests {
         let c = Cells::new(RateLimiter::sliding_window(2, Duration::from_millis(100)));
         for s in c.all() {
             let p = &c.p;
-            assert!(s.acquire(p, 50 * MS).is_ok());
-            assert!(s.acquire(p, 10 * MS).is_ok(), "an older clock read");
+            assert!(s.acquire(p, 50 * MS, 1).is_ok());
+            assert!(s.acquire(p, 10 * MS, 1).is_ok(), "an older clock read");
             // Both count until 150 ms.
-            assert_eq!(s.acquire(p, 120 * MS), Err(Duration::from_millis(30)));
-            assert_eq!(s.acquire(p, 149 * MS), Err(Duration::from_millis(1)));
-            assert!(s.acquire(p, 150 * MS).is_ok());
-            assert!(s.acquire(p, 150 * MS).is_ok());
-            assert_eq!(s.acquire(p, 150 * MS), Err(Duration::from_millis(100)));
+            assert_eq!(s.acquire(p, 120 * MS, 1), Err(Duration::from_millis(30)));
+            assert_eq!(s.acquire(p, 149 * MS, 1), Err(Duration::from_millis(1)));
+            assert!(s.acquire(p, 150 * MS, 1).is_ok());
+            assert!(s.acquire(p, 150 * MS, 1).is_ok());
+            assert_eq!(s.acquire(p, 150 * MS, 1), Err(Duration::from_millis(100)));
         }
     }
 
@@ -628,10 +639,10 @@ mod tests {
     fn sliding_ring_rounds_times_up_to_the_microsecond() {
         let c = Cells::new(RateLimiter::sliding_window(1, Duration::from_millis(1)));
         let (p, s) = (&c.p, c.root.cell());
-        assert!(s.acquire(p, 1_500).is_ok());
+        assert!(s.acquire(p, 1_500, 1).is_ok());
         // Kept as 2 us: free again at 1.002 ms, never before 1.0015 ms.
-        assert_eq!(s.acquire(p, MS + 1_500), Err(Duration::from_nanos(500)));
-        assert!(s.acquire(p, MS + 2_000).is_ok());
+        assert_eq!(s.acquire(p, MS + 1_500, 1), Err(Duration::from_nanos(500)));
+        assert!(s.acquire(p, MS + 2_000, 1).is_ok());
     }
 
     #[test]
@@ -641,7 +652,7 @@ mod tests {
         for lap in 0..1_000u64 {
             let t = lap * 10 * MS;
             assert_eq!(admitted(p, s, t, 5), 3, "lap {lap}");
-            assert!(s.acquire(p, t + 10 * MS - 1).is_err());
+            assert!(s.acquire(p, t + 10 * MS - 1, 1).is_err());
         }
     }
 
@@ -658,7 +669,7 @@ mod tests {
                     let _ = admitted(&c.p, s, now, 7);
                     let _ = s.is_idle(&c.p, now);
                 }
-                assert!(s.acquire(&c.p, u64::MAX).is_err(), "full at the end");
+                assert!(s.acquire(&c.p, u64::MAX, 1).is_err(), "full at the end");
             }
         }
     }
@@ -694,7 +705,7 @@ mod tests {
                 for &(step, back) in &steps {
                     now += step;
                     let at = base + if back { now.saturating_sub(step / 2) } else { now } * 1_000;
-                    proptest::prop_assert_eq!(s.acquire(&c.p, at), model.acquire(&c.p, at), "at {}", at);
+                    proptest::prop_assert_eq!(s.acquire(&c.p, at, 1), model.acquire(&c.p, at), "at {}", at);
                     proptest::prop_assert_eq!(s.is_idle(&c.p, at), model.is_idle(&c.p, at), "idle at {}", at);
                 }
             }
@@ -832,7 +843,7 @@ mod tests {
                         // The clock is read before admission: the ring may
                         // record a later time (never an earlier one).
                         let now = start.elapsed().as_nanos() as u64;
-                        if s.acquire(p, now).is_ok() {
+                        if s.acquire(p, now, 1).is_ok() {
                             mine.push(now);
                         }
                     }
@@ -866,7 +877,7 @@ mod tests {
             column
                 .get(i)
                 .unwrap()
-                .acquire(&p, i as u64 * 10 * SEC)
+                .acquire(&p, i as u64 * 10 * SEC, 1)
                 .unwrap();
         }
         column.retain(&[false, true, false, true]);

@@ -129,16 +129,18 @@ pub(crate) fn weight_fits(p: &RateParams, n: u32) -> bool {
         }
 }
 
-/// GCRA: admits a call at `now` on the theoretical arrival time `tat`.
+/// GCRA: admits a call of weight `n` at `now` on the theoretical arrival
+/// time `tat`: [`gcra_reserve`] with no lead.
 ///
 /// `Ok(next_tat)` when the call conforms, `Err(retry_after)` when it does
 /// not (the state is then unchanged). Fresh state is `tat = 0`. A call
 /// whose TAT would pass the end of the clock's range (`u64::MAX`) is
 /// refused, with the emission interval as its wait: the limit holds to the
-/// end (stricter, never looser).
+/// end (stricter, never looser). A weight that does not fit
+/// ([`weight_fits`]) never conforms.
 #[inline(always)]
-pub(crate) fn gcra(tat: u64, p: &RateParams, now: u64) -> Result<u64, Duration> {
-    gcra_reserve(tat, p, now, 0, 1).map(|grant| grant.next)
+pub(crate) fn gcra(tat: u64, p: &RateParams, now: u64, n: u32) -> Result<u64, Duration> {
+    gcra_reserve(tat, p, now, 0, n).map(|grant| grant.next)
 }
 
 /// A permit granted by a rule: the next state, and the instant the permit
@@ -234,15 +236,16 @@ fn fixed_window_pack(window: u64, count: u64, p: &RateParams) -> u64 {
     ((window & p.index_mask()) << p.count_bits) | count
 }
 
-/// Fixed window: admits a call at `now` on the packed state `word`
-/// (`[window index | count]`; fresh state is `0`).
+/// Fixed window: admits a call of weight `n` at `now` on the packed state
+/// `word` (`[window index | count]`; fresh state is `0`):
+/// [`fixed_window_reserve`] with no lead.
 ///
-/// `Ok(next_word)` when the call's window holds fewer than `limit`
-/// admissions, `Err(retry_after)` (the time until the window of the next
-/// free permit starts) when it does not.
+/// `Ok(next_word)` when the call's window has room for its `n` permits,
+/// `Err(retry_after)` (the time until the window of the next free permits
+/// starts) when it has not.
 #[inline]
-pub(crate) fn fixed_window(word: u64, p: &RateParams, now: u64) -> Result<u64, Duration> {
-    fixed_window_reserve(word, p, now, 0, 1).map(|grant| grant.next)
+pub(crate) fn fixed_window(word: u64, p: &RateParams, now: u64, n: u32) -> Result<u64, Duration> {
+    fixed_window_reserve(word, p, now, 0, n).map(|grant| grant.next)
 }
 
 /// Fixed window with reservations and weights (see the
@@ -405,18 +408,21 @@ mod tests {
         let p = params(RateLimiter::gcra(10, Duration::from_secs(1)).burst(3));
         for base in [0, 1_000_000 * SEC, u64::MAX / 2] {
             let mut tat = 0;
-            assert_eq!(run(&mut tat, 10, |s| gcra(s, &p, base)), 3, "at {base}");
-            assert_eq!(gcra(tat, &p, base), Err(Duration::from_millis(100)));
-            assert_eq!(gcra(tat, &p, base + 99 * MS), Err(Duration::from_millis(1)));
+            assert_eq!(run(&mut tat, 10, |s| gcra(s, &p, base, 1)), 3, "at {base}");
+            assert_eq!(gcra(tat, &p, base, 1), Err(Duration::from_millis(100)));
             assert_eq!(
-                gcra(tat, &p, base + 100 * MS - 1),
+                gcra(tat, &p, base + 99 * MS, 1),
+                Err(Duration::from_millis(1))
+            );
+            assert_eq!(
+                gcra(tat, &p, base + 100 * MS - 1, 1),
                 Err(Duration::from_nanos(1))
             );
-            assert_eq!(run(&mut tat, 10, |s| gcra(s, &p, base + 100 * MS)), 1);
+            assert_eq!(run(&mut tat, 10, |s| gcra(s, &p, base + 100 * MS, 1)), 1);
             assert!(!gcra_is_idle(tat, base + 100 * MS));
             assert!(gcra_is_idle(tat, base + 400 * MS));
             // After a long pause the burst is back, never more.
-            assert_eq!(run(&mut tat, 10, |s| gcra(s, &p, base + 10 * SEC)), 3);
+            assert_eq!(run(&mut tat, 10, |s| gcra(s, &p, base + 10 * SEC, 1)), 3);
         }
     }
 
@@ -445,6 +451,12 @@ mod tests {
         assert_eq!(gcra_give_back(grant.next, &p, grant.at, 4), Some(tat));
         let p1 = params(RateLimiter::gcra(10, Duration::from_secs(1)).burst(3));
         assert!(weight_fits(&p1, 3) && !weight_fits(&p1, 4));
+        // A weight that does not fit never conforms, even on fresh state.
+        for now in [0, 1_000_000 * SEC, u64::MAX] {
+            assert!(gcra(0, &p1, now, 3).is_ok() || now == u64::MAX);
+            assert!(gcra(0, &p1, now, 4).is_err(), "at {now}");
+            assert!(gcra(0, &p1, now, u32::MAX).is_err(), "at {now}");
+        }
 
         // Fixed window of 10: 4 + 4, then 4 waits for the next window; 2 fits.
         let p = params(RateLimiter::fixed_window(10, Duration::from_secs(1)));
@@ -476,9 +488,9 @@ mod tests {
     fn gcra_limit_one_burst_one_is_strictly_spaced() {
         let p = params(RateLimiter::gcra(1, Duration::from_secs(1)).burst(1));
         let mut tat = 0;
-        assert_eq!(run(&mut tat, 5, |s| gcra(s, &p, 0)), 1);
-        assert_eq!(gcra(tat, &p, SEC - 1), Err(Duration::from_nanos(1)));
-        assert_eq!(run(&mut tat, 5, |s| gcra(s, &p, SEC)), 1);
+        assert_eq!(run(&mut tat, 5, |s| gcra(s, &p, 0, 1)), 1);
+        assert_eq!(gcra(tat, &p, SEC - 1, 1), Err(Duration::from_nanos(1)));
+        assert_eq!(run(&mut tat, 5, |s| gcra(s, &p, SEC, 1)), 1);
     }
 
     #[test]
@@ -486,16 +498,16 @@ mod tests {
         let p = params(RateLimiter::gcra(2, Duration::from_secs(1)));
         let mut tat = 0;
         let end = u64::MAX - 2 * SEC;
-        assert_eq!(run(&mut tat, 5, |s| gcra(s, &p, end)), 2);
-        assert!(gcra(tat, &p, end).is_err());
+        assert_eq!(run(&mut tat, 5, |s| gcra(s, &p, end, 1)), 2);
+        assert!(gcra(tat, &p, end, 1).is_err());
         // No TAT fits past the end of the clock: refused, never wrapped
         // around or saturated into a free-for-all.
         for now in [u64::MAX - 400 * MS, u64::MAX - 1, u64::MAX] {
-            assert_eq!(gcra(0, &p, now), Err(Duration::from_millis(500)));
-            assert!(gcra(u64::MAX, &p, now).is_err());
+            assert_eq!(gcra(0, &p, now, 1), Err(Duration::from_millis(500)));
+            assert!(gcra(u64::MAX, &p, now, 1).is_err());
         }
         // A caller far behind the state is refused, with a finite wait.
-        assert!(gcra(u64::MAX, &p, 0).is_err());
+        assert!(gcra(u64::MAX, &p, 0, 1).is_err());
     }
 
     #[test]
@@ -503,23 +515,23 @@ mod tests {
         let p = params(RateLimiter::fixed_window(3, Duration::from_millis(100)));
         for base in [0, 1_000_000 * SEC] {
             let mut word = 0;
-            assert_eq!(run(&mut word, 5, |s| fixed_window(s, &p, base)), 3);
+            assert_eq!(run(&mut word, 5, |s| fixed_window(s, &p, base, 1)), 3);
             assert_eq!(
-                fixed_window(word, &p, base + 99 * MS),
+                fixed_window(word, &p, base + 99 * MS, 1),
                 Err(Duration::from_millis(1))
             );
             assert_eq!(
-                fixed_window(word, &p, base + 100 * MS - 1),
+                fixed_window(word, &p, base + 100 * MS - 1, 1),
                 Err(Duration::from_nanos(1))
             );
             assert!(!fixed_window_is_idle(word, &p, base + 50 * MS));
             assert!(fixed_window_is_idle(word, &p, base + 100 * MS));
             assert_eq!(
-                run(&mut word, 5, |s| fixed_window(s, &p, base + 100 * MS)),
+                run(&mut word, 5, |s| fixed_window(s, &p, base + 100 * MS, 1)),
                 3
             );
             assert_eq!(
-                run(&mut word, 5, |s| fixed_window(s, &p, base + 199 * MS)),
+                run(&mut word, 5, |s| fixed_window(s, &p, base + 199 * MS, 1)),
                 0
             );
         }
@@ -533,25 +545,25 @@ mod tests {
             let tries = limit.min(1_000) + 3;
             let expect = limit.min(tries);
             assert_eq!(
-                run(&mut word, tries, |s| fixed_window(s, &p, 5 * SEC)),
+                run(&mut word, tries, |s| fixed_window(s, &p, 5 * SEC, 1)),
                 expect
             );
         }
         // The last windows of the clock.
         let p = params(RateLimiter::fixed_window(2, Duration::from_secs(1)));
         let mut word = 0;
-        assert_eq!(run(&mut word, 3, |s| fixed_window(s, &p, u64::MAX)), 2);
-        assert!(fixed_window(word, &p, u64::MAX).is_err());
+        assert_eq!(run(&mut word, 3, |s| fixed_window(s, &p, u64::MAX, 1)), 2);
+        assert!(fixed_window(word, &p, u64::MAX, 1).is_err());
     }
 
     #[test]
     fn fixed_window_counts_late_callers_against_the_newer_window() {
         let p = params(RateLimiter::fixed_window(2, Duration::from_millis(100)));
         let mut word = 0;
-        assert_eq!(run(&mut word, 2, |s| fixed_window(s, &p, 150 * MS)), 2);
+        assert_eq!(run(&mut word, 2, |s| fixed_window(s, &p, 150 * MS, 1)), 2);
         // A caller whose clock read is older must not reset the window.
         assert_eq!(
-            fixed_window(word, &p, 50 * MS),
+            fixed_window(word, &p, 50 * MS, 1),
             Err(Duration::from_millis(150))
         );
         assert!(!fixed_window_is_idle(word, &p, 50 * MS));
@@ -618,7 +630,7 @@ mod tests {
             sliding_window_reserve(Some(u64::MAX - 1), None, &p, u64::MAX - 2, u64::MAX).is_err()
         );
         let p = params(RateLimiter::fixed_window(1, Duration::from_secs(1)));
-        let full = fixed_window(0, &p, u64::MAX - 1).unwrap();
+        let full = fixed_window(0, &p, u64::MAX - 1, 1).unwrap();
         assert!(fixed_window_reserve(full, &p, u64::MAX - 1, u64::MAX, 1).is_err());
     }
 

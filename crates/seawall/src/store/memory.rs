@@ -980,17 +980,20 @@ impl MemoryResource {
     /// circuit is open and its cooldown not over; the answer `admit` would
     /// give, with nothing to report. `Err(None)`: anything else; nothing
     /// was taken and the caller asks `admit`. `now` is called only when a
-    /// policy needs the time.
+    /// policy needs the time. The attempt takes `weight` rate-limit
+    /// permits (see [`rules`](crate::rate_limit::rules)); a weight the
+    /// rate limiter can never grant is for `admit`, which says why.
     #[inline(always)]
     pub(crate) fn try_admit(
         &self,
         partition: Option<&PartitionKey>,
+        weight: u32,
         now: &mut impl FnMut() -> u64,
     ) -> Result<Ticket, Option<Rejection>> {
         match partition {
-            None => self.try_admit_in(self.root_view(), now),
+            None => self.try_admit_in(self.root_view(), weight, now),
             // A partition counts the admission as a use of its key.
-            Some(key) => self.try_admit_partition(key, now()),
+            Some(key) => self.try_admit_partition(key, weight, now()),
         }
     }
 
@@ -1000,18 +1003,30 @@ impl MemoryResource {
     fn try_admit_partition(
         &self,
         key: &PartitionKey,
+        weight: u32,
         now_ns: u64,
     ) -> Result<Ticket, Option<Rejection>> {
-        self.use_partition(key, now_ns, |view| self.try_admit_in(view, &mut || now_ns))
+        self.use_partition(key, now_ns, |view| {
+            self.try_admit_in(view, weight, &mut || now_ns)
+        })
     }
 
     #[inline(always)]
     fn try_admit_in(
         &self,
         view: View<'_>,
+        weight: u32,
         now: &mut impl FnMut() -> u64,
     ) -> Result<Ticket, Option<Rejection>> {
         let params = &self.params;
+        if weight != 1 {
+            if let (Some(_), Some(p)) = (view.rate, &params.rate) {
+                if !crate::rate_limit::rules::weight_fits(p, weight) {
+                    // Refused at once, with its reason: `admit` says it.
+                    return Err(None);
+                }
+            }
+        }
         let mut generation = 0;
         if let Some(circuit) = view.circuit {
             match circuit.quick_admit(now) {
@@ -1040,7 +1055,7 @@ impl MemoryResource {
             }
         }
         if let (Some(rate), Some(p)) = (view.rate, &params.rate) {
-            if rate.acquire(p, now()).is_err() {
+            if rate.acquire(p, now(), weight).is_err() {
                 give_back(view, taken.permit());
                 return Err(None);
             }
