@@ -9,7 +9,7 @@ use std::time::Duration;
 use redis::Script;
 use seawall::breaker::{CircuitControl, CircuitMetrics, CircuitState, CircuitTransition};
 use seawall::store::{
-    Admission, AdmitRequest, Outcome, Permit, Record, Recorded, Reservation, Reserve, ResourceSpec,
+    Admission, AdmitRequest, BudgetStep, Outcome, Permit, Record, Recorded, Reservation, Reserve, ResourceSpec,
     ResourceState, StoreFuture,
 };
 use seawall::{MemoryStore, PartitionKey, Rejection, RejectionReason, StateStore, StoreError};
@@ -205,6 +205,7 @@ impl StateStore for RedisStore {
                     until: Duration::ZERO,
                 }),
                 keys,
+                budget_args: budget_args(spec),
                 spec: spec.clone(),
                 local,
                 caller_clock: inner.time_source == TimeSource::Caller,
@@ -227,6 +228,10 @@ struct Shared {
     success_args: SuccessArgs,
     /// The keys of the unpartitioned state.
     keys: Keys,
+    /// The admit script's argument for a deposit to the retry budget kept
+    /// in the store, and for a withdrawal (`step:earn:cap`, see
+    /// `admit.lua`); empty without one.
+    budget_args: [String; 2],
     local: Option<Arc<dyn ResourceState>>,
     caller_clock: bool,
     /// The circuit runs in shadow mode: it records nothing of a shadowed
@@ -244,6 +249,15 @@ struct Shared {
 struct CallerHold {
     epoch: u64,
     until: Duration,
+}
+
+/// The admit script's budget argument for a deposit and a withdrawal: the
+/// budget's rule ([`seawall::retry::BudgetRule`]) as `step:earn:cap`.
+fn budget_args(spec: &ResourceSpec) -> [String; 2] {
+    match spec.retry_budget.as_ref().map(|b| b.rule()) {
+        Some(rule) => [1, 2].map(|step| format!("{step}:{}:{}", rule.earn.max(0), rule.cap)),
+        None => [String::new(), String::new()],
+    }
 }
 
 /// How long the state lost in a restart of the server still matters to
@@ -433,6 +447,11 @@ impl Shared {
         reserve: Reserve,
     ) -> Invocation {
         let mut inv = self.invocation(&Scripts::get().admit, request.partition, Some(request.now));
+        inv.arg(match request.budget {
+            Some(BudgetStep::Deposit) => self.budget_args[0].as_str(),
+            Some(BudgetStep::Withdraw) => self.budget_args[1].as_str(),
+            _ => "",
+        });
         // A held reservation is given back as it was taken.
         let weight = reserve.held.map_or(request.weight, |r| r.weight);
         if self.reserves() || weight != 1 {
@@ -579,6 +598,7 @@ impl Shared {
             scripts::BULKHEAD_FULL => Ok(Some(RejectionReason::BulkheadFull)),
             scripts::COOLDOWN_ACTIVE => Ok(Some(RejectionReason::CooldownActive)),
             scripts::RATE_LIMITED => Ok(Some(RejectionReason::RateLimited)),
+            scripts::RETRY_BUDGET_EXHAUSTED => Ok(Some(RejectionReason::RetryBudgetExhausted)),
             _ => Err(protocol("admit", reply)),
         };
         let shadow = reason_of(shadow_reason)?

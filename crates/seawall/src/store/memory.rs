@@ -1412,6 +1412,7 @@ mod tests {
             partition: key,
             now,
             weight: 1,
+            budget: None,
         })
         .unwrap()
     }
