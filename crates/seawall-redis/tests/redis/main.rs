@@ -10,6 +10,7 @@
 //! every duration is checked exactly.
 
 mod bad_input;
+mod budget;
 mod breaker_model;
 mod cluster;
 mod contract;
