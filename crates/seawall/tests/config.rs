@@ -1334,7 +1334,10 @@ pipelines:
     let retry = |budget: RetryBudget| Retry::constant(ms(10)).budget(budget);
     let users = Pipeline::builder("users").retry(retry(RetryBudget::new(0.1, 20).shared()));
     let local = Pipeline::builder("local").retry(retry(RetryBudget::new(0.1, 20)));
-    assert_ne!(built(users.clone()), built(Pipeline::builder("users").retry(retry(RetryBudget::new(0.1, 20)))));
+    assert_ne!(
+        built(users.clone()),
+        built(Pipeline::builder("users").retry(retry(RetryBudget::new(0.1, 20))))
+    );
     for (format, text) in [(Format::Toml, toml_text), (Format::Yaml, yaml_text)] {
         let r = registry(format, text);
         assert_eq!(debug(r.pipeline("users").ok()), built(users.clone()));

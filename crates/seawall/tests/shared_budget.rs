@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
+use seawall::event::GiveUpReason;
 use seawall::model::budget::{self, strategy};
 use seawall::store::StateStore;
-use seawall::event::GiveUpReason;
 use seawall::testing::VirtualClock;
 use seawall::*;
 
@@ -67,7 +67,11 @@ fn failing(
     let mut b = Pipeline::builder(name)
         .store(MemoryStore::new())
         .clock(clock.clone())
-        .retry(Retry::constant(Duration::from_millis(5)).max_attempts(5).budget(budget));
+        .retry(
+            Retry::constant(Duration::from_millis(5))
+                .max_attempts(5)
+                .budget(budget),
+        );
     if let Some(events) = events {
         b = b.on_event(move |e: &Event<'_>| events.lock().unwrap().push(e.kind.clone()));
     }
@@ -150,8 +154,10 @@ fn a_shared_budget_answers_every_call_as_the_process_budget_does() {
                                 )
                             })
                             .count();
-                        let refused =
-                            want.iter().filter(|(_, k)| k == "retry_budget_exhausted").count();
+                        let refused = want
+                            .iter()
+                            .filter(|(_, k)| k == "retry_budget_exhausted")
+                            .count();
                         assert_eq!(gave_up, refused);
                     }
                 }
@@ -168,7 +174,11 @@ fn pipelines_of_one_name_on_one_store_share_the_bucket() {
         Pipeline::builder("users-api")
             .store(store.clone())
             .clock(clock.clone())
-            .retry(Retry::constant(Duration::ZERO).max_attempts(3).budget(budget))
+            .retry(
+                Retry::constant(Duration::ZERO)
+                    .max_attempts(3)
+                    .budget(budget),
+            )
             .build()
             .unwrap()
     };
@@ -213,7 +223,9 @@ fn many_threads_retry_within_ratio_times_calls_plus_max_tokens() {
         .map(|t| {
             let (p, attempts) = (p.clone(), attempts.clone());
             std::thread::spawn(move || {
-                let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .build()
+                    .unwrap();
                 for _ in 0..CALLS {
                     let attempts = &attempts;
                     let op = || {
@@ -249,7 +261,9 @@ fn many_threads_retry_within_ratio_times_calls_plus_max_tokens() {
 #[test]
 fn a_hedging_budget_cannot_be_shared() {
     let e = Pipeline::builder("hedged")
-        .hedging(Hedging::latency(Duration::from_millis(10)).budget(RetryBudget::new(0.1, 5).shared()))
+        .hedging(
+            Hedging::latency(Duration::from_millis(10)).budget(RetryBudget::new(0.1, 5).shared()),
+        )
         .build()
         .unwrap_err();
     assert_eq!((e.policy, e.field), ("hedging", "budget.shared"));
@@ -257,5 +271,8 @@ fn a_hedging_budget_cannot_be_shared() {
         .retry(Retry::constant(Duration::ZERO).budget(RetryBudget::new(0.0, 5).shared()))
         .build()
         .unwrap_err();
-    assert_eq!(e.to_string(), "retry.budget.ratio must be in (0, 1000], got 0");
+    assert_eq!(
+        e.to_string(),
+        "retry.budget.ratio must be in (0, 1000], got 0"
+    );
 }

@@ -13,8 +13,8 @@ use seawall::event::GiveUpReason;
 use seawall::model::budget::{self, strategy};
 use seawall::store::{AdmitRequest, BudgetStep, StateStore};
 use seawall::{
-    Bulkhead, Error, EventKind, MemoryStore, Pipeline, RejectionReason, Retry,
-    RetryBudget, StoreError,
+    Bulkhead, Error, EventKind, MemoryStore, Pipeline, RejectionReason, Retry, RetryBudget,
+    StoreError,
 };
 use seawall_redis::RedisStore;
 
@@ -37,7 +37,8 @@ fn agrees_from(start: Duration) {
         // (the rule in Lua): both as the model says, hence as each other.
         let memory = MemoryStore::new().bind(&spec).unwrap();
         let redis = store.bind(&spec).unwrap();
-        let in_memory = budget::check(&setup, &*memory, &ops, start).map_err(TestCaseError::fail)?;
+        let in_memory =
+            budget::check(&setup, &*memory, &ops, start).map_err(TestCaseError::fail)?;
         let in_redis = budget::check(&setup, &*redis, &ops, start)
             .map_err(|e| TestCaseError::fail(format!("redis: {e}")))?;
         if in_memory != in_redis {
@@ -108,7 +109,13 @@ fn the_bucket_is_one_per_resource_across_stores() {
 
 /// A pipeline whose attempts all fail (3 attempts, no wait), with a
 /// shared budget of `tokens` earning `ratio`, and a bulkhead if asked.
-fn failing(store: RedisStore, ratio: f64, tokens: u32, bulkhead: bool, events: &Events) -> Pipeline {
+fn failing(
+    store: RedisStore,
+    ratio: f64,
+    tokens: u32,
+    bulkhead: bool,
+    events: &Events,
+) -> Pipeline {
     let mut b = Pipeline::builder("budgeted")
         .retry(
             Retry::constant(Duration::ZERO)
@@ -123,7 +130,11 @@ fn failing(store: RedisStore, ratio: f64, tokens: u32, bulkhead: bool, events: &
 }
 
 /// Attempts of one failing call, sync or async.
-fn attempts(p: &Pipeline, rt: &tokio::runtime::Runtime, sync: bool) -> (u32, Error<std::io::Error>) {
+fn attempts(
+    p: &Pipeline,
+    rt: &tokio::runtime::Runtime,
+    sync: bool,
+) -> (u32, Error<std::io::Error>) {
     let n = AtomicU32::new(0);
     let op = || {
         n.fetch_add(1, Ordering::SeqCst);
@@ -158,7 +169,10 @@ fn the_budget_rides_on_the_admission_no_extra_round_trip() {
             let events = Events::default();
             // Plenty of tokens: every call makes its three attempts.
             let p = failing(store(), 1.0, 1000, bulkhead, &events);
-            let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query(&mut conn).unwrap();
+            let _: () = redis::cmd("CONFIG")
+                .arg("RESETSTAT")
+                .query(&mut conn)
+                .unwrap();
             let (n, _) = attempts(&p, &rt, sync);
             assert_eq!(n, 3);
             let scripts = script_calls(&command_calls(&mut conn));
@@ -206,7 +220,11 @@ fn a_store_down_follows_the_fail_mode() {
             .collect();
         assert_eq!(calls, [(2, true), (1, true), (2, true)], "sync {sync}");
         let events = events.take();
-        assert_eq!(Events::degraded(&events), 8, "every admission answered locally");
+        assert_eq!(
+            Events::degraded(&events),
+            8,
+            "every admission answered locally"
+        );
         let gave_up = events
             .iter()
             .filter(|e| {
@@ -225,7 +243,10 @@ fn a_store_down_follows_the_fail_mode() {
         let (n, e) = attempts(&closed, &rt, sync);
         assert_eq!(n, 0);
         assert!(
-            matches!(e, Error::Store(StoreError::Unavailable(_) | StoreError::Timeout(_))),
+            matches!(
+                e,
+                Error::Store(StoreError::Unavailable(_) | StoreError::Timeout(_))
+            ),
             "{e:?}"
         );
     }

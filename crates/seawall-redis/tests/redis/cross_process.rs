@@ -277,11 +277,17 @@ fn four_processes_retry_within_one_shared_budget() {
     let bound = (u64::from(BUDGET_TOKENS) * 1000 + calls * 10) / 1000;
     assert_eq!(bound, 28);
     let shared_retries = total(shared);
-    assert!(shared_retries <= bound, "{shared_retries} retries: {shared:?}");
+    assert!(
+        shared_retries <= bound,
+        "{shared_retries} retries: {shared:?}"
+    );
     // Every call fails, so the bucket is drained: the only deposits lost
     // are those made while it was full, before the first retry (at most
     // one per process), and less than a token is left at the end.
-    assert!(shared_retries >= bound - 1, "{shared_retries} retries: {shared:?}");
+    assert!(
+        shared_retries >= bound - 1,
+        "{shared_retries} retries: {shared:?}"
+    );
     // Each process on a budget of its own: 20 tokens, 200 deposits of 10
     // (the first lost to the full bucket): 21 retries each, 84 in all,
     // against a bound of 4 x (0.01 x 200 + 20) = 88.

@@ -10,8 +10,8 @@
 //! every duration is checked exactly.
 
 mod bad_input;
-mod budget;
 mod breaker_model;
+mod budget;
 mod cluster;
 mod contract;
 mod cross_process;

@@ -253,7 +253,13 @@ mod tests {
     #[test]
     fn the_rule_in_thousandths() {
         let rule = RetryBudget::new(0.1, 3).rule();
-        assert_eq!(rule, BudgetRule { earn: 100, cap: 3000 });
+        assert_eq!(
+            rule,
+            BudgetRule {
+                earn: 100,
+                cap: 3000
+            }
+        );
         assert_eq!(rule.deposited(2950), 3000);
         assert_eq!(rule.deposited(3000), 3000);
         // A bucket above the cap (a rebind with a smaller cap) is left as

@@ -1271,7 +1271,13 @@ impl ResourceState for MemoryResource {
         );
         let mut reserved = None;
         let admission = match request.partition {
-            None => self.admit_in(self.root_view(), now_ns, lead, request.budget, &mut reserved),
+            None => self.admit_in(
+                self.root_view(),
+                now_ns,
+                lead,
+                request.budget,
+                &mut reserved,
+            ),
             Some(_) if self.params.is_empty() => Admission::admitted(Permit::default()),
             Some(key) => self.use_partition(key, now_ns, |view| {
                 self.admit_in(view, now_ns, lead, request.budget, &mut reserved)
