@@ -276,3 +276,86 @@ fn a_hedging_budget_cannot_be_shared() {
         "retry.budget.ratio must be in (0, 1000], got 0"
     );
 }
+
+/// A policy written in code around the whole call that makes three passes
+/// while they fail.
+struct ThreePasses;
+
+impl seawall::custom::Policy<(), Boom> for ThreePasses {
+    fn name(&self) -> &str {
+        "three-passes"
+    }
+
+    fn position(&self) -> seawall::custom::Position {
+        seawall::custom::Position::Call
+    }
+
+    fn call<'a>(
+        &'a self,
+        _ctx: Context,
+        next: seawall::custom::Next<'a, (), Boom>,
+    ) -> seawall::custom::PolicyFuture<'a, (), Boom> {
+        Box::pin(async move {
+            let mut result = next.run().await;
+            for _ in 1..3 {
+                if result.is_ok() {
+                    break;
+                }
+                result = next.run().await;
+            }
+            result
+        })
+    }
+}
+
+#[test]
+fn passes_of_a_policy_around_the_call_deposit_once_per_call() {
+    for sync in [true, false] {
+        let build = |name: &str, budget: RetryBudget| {
+            Pipeline::builder(name)
+                .store(MemoryStore::new())
+                .clock(VirtualClock::new())
+                .policy(ThreePasses)
+                .retry(
+                    Retry::constant(Duration::ZERO)
+                        .max_attempts(2)
+                        .budget(budget),
+                )
+                .build()
+                .unwrap()
+        };
+        let local = build("local-passes", RetryBudget::new(0.5, 1));
+        let shared = build("shared-passes", RetryBudget::new(0.5, 1).shared());
+        // Every call fails: three passes of up to two attempts each.
+        macro_rules! calls {
+            ($p:expr) => {
+                (0..12)
+                    .map(|_| {
+                        let n = AtomicU32::new(0);
+                        let op = || {
+                            n.fetch_add(1, Ordering::Relaxed);
+                            Err::<(), _>(Boom)
+                        };
+                        let r = if sync {
+                            $p.call(|_| op())
+                        } else {
+                            block_on($p.run(|_| {
+                                let r = op();
+                                async move { r }
+                            }))
+                        };
+                        outcome(n.load(Ordering::Relaxed), r)
+                    })
+                    .collect::<Vec<_>>()
+            };
+        }
+        let want = calls!(local);
+        let got = calls!(shared);
+        assert_eq!(got, want, "sync {sync}");
+        // The budget earns half a token per call, not per pass: 1 token to
+        // start (the first call's deposit finds it full) plus 11 halves,
+        // 6 retries in all (3 per call if every pass deposited).
+        let attempts: u32 = got.iter().map(|(n, _)| n).sum();
+        assert_eq!(attempts, 12 * 3 + 6, "sync {sync}");
+    }
+}

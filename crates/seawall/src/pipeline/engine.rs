@@ -479,6 +479,13 @@ impl<'g, K: Kind> Call<'g, K> {
         self
     }
 
+    /// A pass of the call that does not deposit to a retry budget kept in
+    /// the store (the call's first pass did: one deposit per call).
+    pub(crate) fn earned(mut self, earned: bool) -> Self {
+        self.earned = earned;
+        self
+    }
+
     /// The call setting `seen` when its fallback makes its result.
     pub(crate) fn reporting_fallback(mut self, seen: Option<&'g AtomicBool>) -> Self {
         self.fallback_seen = seen;
