@@ -39,6 +39,8 @@ fn seawall_call(p: seawall::Pipeline) -> impl Fn() -> bool {
 
 const CONTENDERS: &[&str] = &[
     "retry",
+    "retry-budget",
+    "retry-budget-shared",
     "breaker",
     "consecutive",
     "open",
@@ -115,6 +117,8 @@ fn main() {
         .expect("tokio runtime");
     match which.as_str() {
         "retry" => sync_loop(n, seawall_call(pipelines::retry())),
+        "retry-budget" => sync_loop(n, seawall_call(pipelines::retry_budget())),
+        "retry-budget-shared" => sync_loop(n, seawall_call(pipelines::retry_budget_shared())),
         "breaker" => sync_loop(n, seawall_call(pipelines::breaker())),
         "consecutive" => sync_loop(n, seawall_call(pipelines::consecutive_breaker())),
         "open" => sync_loop(n, seawall_call(pipelines::open_breaker())),

@@ -79,6 +79,24 @@ pub mod pipelines {
             .expect("valid pipeline")
     }
 
+    /// The retry with a budget kept in the process (0.1 per call, 10
+    /// tokens).
+    pub fn retry_budget() -> Pipeline {
+        builder("bench-retry-budget")
+            .retry(retry_policy().budget(seawall::RetryBudget::new(0.1, 10)))
+            .build()
+            .expect("valid pipeline")
+    }
+
+    /// The same budget kept in the store (`RetryBudget::shared`, the memory
+    /// store): every call is admitted by the store, which earns the budget.
+    pub fn retry_budget_shared() -> Pipeline {
+        builder("bench-retry-budget-shared")
+            .retry(retry_policy().budget(seawall::RetryBudget::new(0.1, 10).shared()))
+            .build()
+            .expect("valid pipeline")
+    }
+
     /// A count-window circuit breaker alone, closed.
     pub fn breaker() -> Pipeline {
         builder("bench-breaker")

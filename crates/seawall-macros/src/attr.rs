@@ -912,7 +912,7 @@ mod tests {
         );
         assert_eq!(
             message("retry(budget(ratio = 1, tokens = 2))"),
-            "unknown key `tokens` in `budget(...)`; expected one of: ratio, max_tokens"
+            "unknown key `tokens` in `budget(...)`; expected one of: ratio, max_tokens, shared"
         );
     }
 

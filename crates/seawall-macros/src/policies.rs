@@ -109,16 +109,42 @@ const HEDGING_MODES: [(&str, HedgingMode); 3] = [
 ];
 
 /// The `budget(ratio = .., max_tokens = ..)` of the retry or hedging.
-fn budget(g: &Given) -> syn::Result<Option<(f64, u32)>> {
+fn budget(g: &Given) -> syn::Result<Option<Budget>> {
     match g.table("budget") {
         None => Ok(None),
         Some((b, span)) => match (b.number("ratio"), b.count("max_tokens")) {
-            (Some(r), Some(t)) => Ok(Some((r, t))),
+            (Some(ratio), Some(tokens)) => Ok(Some(Budget {
+                ratio,
+                tokens,
+                shared: b.flag("shared").unwrap_or(false).then(|| {
+                    b.key_span("shared").unwrap_or(span)
+                }),
+            })),
             _ => err(
                 span,
                 "`budget` needs both `ratio` and `max_tokens`, e.g. `budget(ratio = 0.2, max_tokens = 10)`",
             ),
         },
+    }
+}
+
+/// A `budget(ratio = .., max_tokens = .., shared)` table; `shared`: where
+/// it was set to true.
+#[derive(Clone, Copy)]
+struct Budget {
+    ratio: f64,
+    tokens: u32,
+    shared: Option<Span>,
+}
+
+impl Budget {
+    fn tokens(self) -> TokenStream {
+        let (ratio, tokens) = (self.ratio, self.tokens);
+        let mut b = quote!(::seawall::RetryBudget::new(#ratio, #tokens));
+        if self.shared.is_some() {
+            b.extend(quote!(.shared()));
+        }
+        b
     }
 }
 
@@ -151,8 +177,15 @@ fn hedging(g: &Given, span: Span, key: &Ident) -> syn::Result<TokenStream> {
     if let Some(n) = g.count("max_hedged_attempts") {
         h.extend(quote!(.max_hedged_attempts(#n)));
     }
-    if let Some((ratio, tokens)) = budget(g)? {
-        h.extend(quote!(.budget(::seawall::RetryBudget::new(#ratio, #tokens))));
+    if let Some(b) = budget(g)? {
+        if let Some(at) = b.shared {
+            return err(
+                at,
+                "`shared` applies to a retry's budget only: a hedging budget is kept in the process",
+            );
+        }
+        let b = b.tokens();
+        h.extend(quote!(.budget(#b)));
     }
     Ok(h)
 }
@@ -198,8 +231,9 @@ fn retry(g: &Given) -> syn::Result<Built> {
         JitterKind::Percent(p) => quote!(::seawall::Jitter::Proportional(#p)),
     };
     retry.extend(quote!(.jitter(#jitter)));
-    if let Some((ratio, tokens)) = budget {
-        retry.extend(quote!(.budget(::seawall::RetryBudget::new(#ratio, #tokens))));
+    if let Some(b) = budget {
+        let b = b.tokens();
+        retry.extend(quote!(.budget(#b)));
     }
     Ok(Built {
         value: retry,

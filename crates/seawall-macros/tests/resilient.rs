@@ -1001,3 +1001,31 @@ fn a_hedge_answers_first() {
     assert_eq!(rt.block_on(hedged()), Ok(2));
     assert_eq!(hedging_clock().now(), Duration::from_millis(25));
 }
+
+static SHARED_BUDGET_ATTEMPTS: AtomicU32 = AtomicU32::new(0);
+
+/// A retry budget kept in the store (the global memory store here): one
+/// token to start, half a token per call.
+#[resilient(retry(
+    max_attempts = 3,
+    backoff = "constant",
+    backoff_ms = 0,
+    budget(ratio = 0.5, max_tokens = 1, shared)
+))]
+fn spends_a_shared_budget() -> Result<(), ApiError> {
+    SHARED_BUDGET_ATTEMPTS.fetch_add(1, Ordering::SeqCst);
+    Err(ApiError::Flaky(0))
+}
+
+#[test]
+fn a_shared_budget_from_the_attribute_limits_the_retries() {
+    let mut attempts = Vec::new();
+    for _ in 0..3 {
+        let before = SHARED_BUDGET_ATTEMPTS.load(Ordering::SeqCst);
+        let e = spends_a_shared_budget().unwrap_err();
+        assert_eq!(e, ApiError::Rejected(RejectionReason::RetryBudgetExhausted));
+        attempts.push(SHARED_BUDGET_ATTEMPTS.load(Ordering::SeqCst) - before);
+    }
+    // The token, then half a token (no retry), then a whole one again.
+    assert_eq!(attempts, [2, 1, 2]);
+}

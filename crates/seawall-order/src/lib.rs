@@ -177,7 +177,13 @@ macro_rules! optional {
 }
 
 const BACKOFFS: &[&str] = &["constant", "linear", "exponential", "decorrelated"];
-const BUDGET: &[Setting] = &[Setting::number("ratio"), Setting::count("max_tokens")];
+/// The budget of a retry or hedging: `shared` keeps a retry's in the
+/// pipeline's store (`RetryBudget::shared`); a hedging budget refuses it.
+const BUDGET: &[Setting] = &[
+    Setting::number("ratio"),
+    Setting::count("max_tokens"),
+    Setting::flag("shared"),
+];
 const ALGORITHMS: &[&str] = &["gcra", "fixed_window", "sliding_window"];
 const LIMIT_ALGORITHMS: &[&str] = &["aimd", "vegas", "gradient2"];
 const HEDGING_MODES: &[&str] = &["latency", "parallel", "fallback"];

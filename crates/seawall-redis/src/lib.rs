@@ -62,12 +62,14 @@
 //! - **Keys** are `{prefix:resource}:suffix`, or
 //!   `{prefix:resource:s:key}:suffix` / `{prefix:resource:i:7}:suffix` for
 //!   a partition: one hash tag, so a resource's keys share a cluster slot.
-//!   A resource has at most six keys: its state hash (circuit and cooldown),
-//!   its count-window ring or time-window buckets, its bulkhead leases and
-//!   its rate limiter. Every key written has a TTL: circuit state lives for
-//!   the resource's `partition_idle` (plus what is left of an open period),
-//!   a cooldown for its pause plus `grace`, leases and rate state for their
-//!   lease or period.
+//!   A resource has at most seven keys: its state hash (circuit and cooldown),
+//!   its count-window ring or time-window buckets, its bulkhead leases, its
+//!   rate limiter and its retry budget's bucket (`:rb`). Every key written
+//!   has a TTL: circuit state lives for the resource's `partition_idle`
+//!   (plus what is left of an open period), a cooldown for its pause plus
+//!   `grace`, leases and rate state for their lease or period, the retry
+//!   budget's bucket for `partition_idle` from its last change (then it is
+//!   full again).
 //! - **Bulkhead slots are leases**: a sorted set of slot ids (named after
 //!   the microsecond they were taken in) scored by their expiry
 //!   (`Bulkhead::lease`). A process killed while holding a slot loses it
@@ -76,6 +78,24 @@
 //!   process left unfinished gives way too: after the breaker's
 //!   `max_half_open`, or for a breaker without one, after
 //!   [`RedisStoreBuilder::probe_lease`].
+//! - **A retry budget kept in the store** (`RetryBudget::shared`): one
+//!   bucket per resource (and partition) for every process, in thousandths
+//!   of a token. The admission script deposits a call's share with its first
+//!   admission and withdraws a retry's token with the retry's admission,
+//!   after the cooldown and before the rate limiter, taken only if every
+//!   check admits: no round trip of its own. A pipeline with no other
+//!   stateful policy after its retry pays one script call per attempt and no
+//!   record. The script restates the rule of `seawall::retry::BudgetRule`;
+//!   the model test (`tests/redis/budget.rs`) runs random sequences on Redis,
+//!   on the memory store and on `seawall::model::budget` and requires the
+//!   same answers. Four processes against an always-failing dependency stay
+//!   within `ratio x calls + max_tokens` retries in all
+//!   (`cross_process::four_processes_retry_within_one_shared_budget`). While
+//!   Redis is down the fail mode decides: fail-open answers from a bucket of
+//!   the process (full at first), fail-closed ends the call with
+//!   `Error::Store` (`budget::a_store_down_follows_the_fail_mode`). A server
+//!   restarted empty starts every bucket full again (at most `max_tokens`
+//!   more retries per resource and restart; admissions are not held for it).
 //! - **Shadow mode** (`seawall::shadow`) and the breaker's other states
 //!   (`open_for`, `max_half_open`, disabled) follow the same rules as in
 //!   memory: the scripts restate them, and the model tests check them on a

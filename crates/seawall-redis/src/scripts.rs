@@ -5,7 +5,7 @@
 //! - `KEYS`: the state hash (circuit and cooldown), the count-window ring
 //!   (a string of two-bit codes), the time-window buckets (hash) and their
 //!   index (sorted set), the bulkhead leases (sorted set), the rate
-//!   limiter's state. All six share one hash tag,
+//!   limiter's state, the retry budget's bucket. All seven share one hash tag,
 //!   `{prefix:resource[:partition]}`, hence one cluster slot.
 //! - `ARGV[1]`: the caller's time as `microseconds:nanoseconds` (the
 //!   nanoseconds 0..999, which only GCRA uses; the lean success script
@@ -99,7 +99,7 @@ fn source(parts: &[&str]) -> String {
     out
 }
 
-/// One call of a script: `EVALSHA sha 6 keys… args…`, built once and sent
+/// One call of a script: `EVALSHA sha 7 keys… args…`, built once and sent
 /// as it is. The link sends it itself (rather than through the client's
 /// script helper) so that it sees a `NOSCRIPT`: a server that lost its
 /// scripts may have lost its state too (see `Link::invoke_sync`).
@@ -109,8 +109,8 @@ pub(crate) struct Invocation {
 }
 
 impl Invocation {
-    /// Every script takes the six keys of one resource.
-    pub(crate) const KEYS: usize = 6;
+    /// Every script takes the seven keys of one resource.
+    pub(crate) const KEYS: usize = 7;
 
     pub(crate) fn new(script: &Script) -> Invocation {
         let mut cmd = redis::cmd("EVALSHA");
@@ -120,7 +120,7 @@ impl Invocation {
 
     /// Adds a key (`KEYS[i]`); keys come before arguments.
     pub(crate) fn key(&mut self, key: impl redis::ToRedisArgs) -> &mut Self {
-        debug_assert!(self.keys < Self::KEYS, "a script takes six keys");
+        debug_assert!(self.keys < Self::KEYS, "a script takes seven keys");
         self.keys += 1;
         self.cmd.arg(key);
         self
@@ -149,16 +149,16 @@ impl Invocation {
     }
 }
 
-/// Suffixes of the six keys, in `KEYS` order. The rate limiter's key
+/// Suffixes of the seven keys, in `KEYS` order. The rate limiter's key
 /// names its algorithm, so that changing the algorithm never meets a key of
 /// the wrong type.
-fn suffixes(spec: &ResourceSpec) -> [&'static str; 6] {
+fn suffixes(spec: &ResourceSpec) -> [&'static str; 7] {
     let rate = match spec.rate_limit.as_ref().map(|r| r.algorithm) {
         Some(RateAlgorithm::FixedWindow) => "rf",
         Some(RateAlgorithm::SlidingWindow) => "rs",
         _ => "rg",
     };
-    ["s", "cw", "tw", "tz", "b", rate]
+    ["s", "cw", "tw", "tz", "b", rate, "rb"]
 }
 
 /// Escapes the characters that would make two names share keys or break
@@ -175,9 +175,9 @@ fn escape(out: &mut String, s: &str) {
     }
 }
 
-/// The six keys of one resource (and partition).
+/// The seven keys of one resource (and partition).
 #[derive(Debug, Clone)]
-pub(crate) struct Keys(pub(crate) [String; 6]);
+pub(crate) struct Keys(pub(crate) [String; 7]);
 
 impl Keys {
     /// `{prefix:resource}:suffix`, or `{prefix:resource:i:7}:suffix` /
@@ -406,6 +406,7 @@ pub(crate) const CIRCUIT_OPEN: i64 = 1;
 pub(crate) const BULKHEAD_FULL: i64 = 2;
 pub(crate) const COOLDOWN_ACTIVE: i64 = 3;
 pub(crate) const RATE_LIMITED: i64 = 4;
+pub(crate) const RETRY_BUDGET_EXHAUSTED: i64 = 5;
 
 /// `retry_after` codes of the admit script: the cooldown of the current
 /// trip (half-open, every probe slot taken), and "open until the latest

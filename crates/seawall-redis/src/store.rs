@@ -10,8 +10,8 @@ use redis::Script;
 use seawall::breaker::{CircuitControl, CircuitMetrics, CircuitState, CircuitTransition};
 use seawall::rate_limit::RateAlgorithm;
 use seawall::store::{
-    Admission, AdmitRequest, Outcome, Permit, Record, Recorded, Reservation, Reserve, ResourceSpec,
-    ResourceState, StoreFuture,
+    Admission, AdmitRequest, BudgetStep, Outcome, Permit, Record, Recorded, Reservation, Reserve,
+    ResourceSpec, ResourceState, StoreFuture,
 };
 use seawall::{MemoryStore, PartitionKey, Rejection, RejectionReason, StateStore, StoreError};
 
@@ -211,6 +211,7 @@ impl StateStore for RedisStore {
                     until: Duration::ZERO,
                 }),
                 keys,
+                budget_args: budget_args(spec),
                 spec: spec.clone(),
                 local,
                 caller_clock: inner.time_source == TimeSource::Caller,
@@ -235,6 +236,10 @@ struct Shared {
     success_args: SuccessArgs,
     /// The keys of the unpartitioned state.
     keys: Keys,
+    /// The admit script's argument for a deposit to the retry budget kept
+    /// in the store, and for a withdrawal (`step:earn:cap`, see
+    /// `admit.lua`); empty without one.
+    budget_args: [String; 2],
     local: Option<Arc<dyn ResourceState>>,
     caller_clock: bool,
     /// The circuit runs in shadow mode: it records nothing of a shadowed
@@ -257,6 +262,15 @@ struct Shared {
 struct CallerHold {
     epoch: u64,
     until: Duration,
+}
+
+/// The admit script's budget argument for a deposit and a withdrawal: the
+/// budget's rule ([`seawall::retry::BudgetRule`]) as `step:earn:cap`.
+fn budget_args(spec: &ResourceSpec) -> [String; 2] {
+    match spec.retry_budget.as_ref().map(|b| b.rule()) {
+        Some(rule) => [1, 2].map(|step| format!("{step}:{}:{}", rule.earn.max(0), rule.cap)),
+        None => [String::new(), String::new()],
+    }
 }
 
 /// How long the state lost in a restart of the server still matters to
@@ -316,6 +330,7 @@ fn rejection_reason(code: i64) -> Option<Option<RejectionReason>> {
         scripts::BULKHEAD_FULL => Some(Some(RejectionReason::BulkheadFull)),
         scripts::COOLDOWN_ACTIVE => Some(Some(RejectionReason::CooldownActive)),
         scripts::RATE_LIMITED => Some(Some(RejectionReason::RateLimited)),
+        scripts::RETRY_BUDGET_EXHAUSTED => Some(Some(RejectionReason::RetryBudgetExhausted)),
         _ => None,
     }
 }
@@ -479,6 +494,11 @@ impl Shared {
         reserve: Reserve,
     ) -> Invocation {
         let mut inv = self.invocation(&Scripts::get().admit, request.partition, Some(request.now));
+        inv.arg(match request.budget {
+            Some(BudgetStep::Deposit) => self.budget_args[0].as_str(),
+            Some(BudgetStep::Withdraw) => self.budget_args[1].as_str(),
+            _ => "",
+        });
         // A held reservation is given back as it was taken.
         let weight = reserve.held.map_or(request.weight, |r| r.weight);
         if self.reserves() || weight != 1 {
@@ -595,9 +615,12 @@ impl Shared {
     /// come yet, answered without a round trip. Never for a call that
     /// presents a due reservation (Redis gives it back when it refuses),
     /// nor while Redis is skipped after a failure (the [`FailMode`]
-    /// answers), nor after an outage or a restart seen since it was given.
+    /// answers), nor after an outage or a restart seen since it was given,
+    /// nor for an admission that moves a retry budget kept in the store
+    /// (its deposit must reach Redis, and the script asks the budget
+    /// before the rate limiter).
     fn replayed(&self, request: &AdmitRequest<'_>, reserve: Reserve) -> Option<Admission> {
-        if reserve.held.is_some() || !self.link.is_available() {
+        if reserve.held.is_some() || request.budget.is_some() || !self.link.is_available() {
             return None;
         }
         let rejection = self.refusals.lookup(

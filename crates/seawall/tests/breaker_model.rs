@@ -120,6 +120,7 @@ impl Subject {
                 partition: None,
                 now,
                 weight: 1,
+                budget: None,
             })
             .unwrap()
             .decision

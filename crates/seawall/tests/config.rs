@@ -1313,3 +1313,74 @@ fn hedging_errors_name_the_field_and_the_line() {
     assert_eq!(e.line(), Some(2), "{msg}");
     assert!(msg.contains("invalid duration `-5ms`"), "{msg}");
 }
+
+#[test]
+fn a_shared_retry_budget_is_read_from_toml_and_yaml() {
+    let toml_text = "
+[pipelines.users.retry]
+backoff = \"constant\"
+delay = \"10ms\"
+budget = { ratio = 0.1, max_tokens = 20, shared = true }
+
+[pipelines.local.retry]
+backoff = \"constant\"
+delay = \"10ms\"
+budget = { ratio = 0.1, max_tokens = 20, shared = false }
+";
+    let yaml_text = "
+pipelines:
+  users:
+    retry:
+      backoff: constant
+      delay: 10ms
+      budget: { ratio: 0.1, max_tokens: 20, shared: true }
+  local:
+    retry:
+      backoff: constant
+      delay: 10ms
+      budget: { ratio: 0.1, max_tokens: 20, shared: false }
+";
+    let retry = |budget: RetryBudget| Retry::constant(ms(10)).budget(budget);
+    let users = Pipeline::builder("users").retry(retry(RetryBudget::new(0.1, 20).shared()));
+    let local = Pipeline::builder("local").retry(retry(RetryBudget::new(0.1, 20)));
+    assert_ne!(
+        built(users.clone()),
+        built(Pipeline::builder("users").retry(retry(RetryBudget::new(0.1, 20))))
+    );
+    for (format, text) in [(Format::Toml, toml_text), (Format::Yaml, yaml_text)] {
+        let r = registry(format, text);
+        assert_eq!(debug(r.pipeline("users").ok()), built(users.clone()));
+        assert_eq!(debug(r.pipeline("local").ok()), built(local.clone()));
+    }
+}
+
+#[test]
+fn shared_budget_errors_name_the_field_and_the_line() {
+    let cases: [(Format, &str, &str); 4] = [
+        (
+            Format::Toml,
+            "[pipelines.a.hedging]\ndelay = \"10ms\"\nbudget = { ratio = 0.1, max_tokens = 5, shared = true }\n",
+            "<string>:3:50: pipeline `a`: hedging.budget.shared is for a retry's budget only",
+        ),
+        (
+            Format::Yaml,
+            "pipelines:\n  a:\n    hedging:\n      mode: parallel\n      budget: { ratio: 0.1, max_tokens: 5, shared: true }\n",
+            "<string>:5:52: pipeline `a`: hedging.budget.shared is for a retry's budget only",
+        ),
+        (
+            Format::Toml,
+            "[pipelines.a.retry]\ndelay = \"10ms\"\nbudget = { ratio = 0.1, shared = \"yes\" }\n",
+            "<string>:3:34: pipelines.a.retry.budget.shared: invalid type: string \"yes\", expected a boolean",
+        ),
+        (
+            Format::Yaml,
+            "pipelines:\n  a:\n    retry:\n      delay: 10ms\n      budget: { ratio: 0.1, shared: 3 }\n",
+            "<string>:5:37: pipelines.a.retry.budget.shared: invalid type: integer `3`, expected a boolean",
+        ),
+    ];
+    for (format, text, expected) in cases {
+        let (_, msg) = load_error(format, text);
+        assert!(msg.contains(expected), "{msg}\nshould contain: {expected}");
+        assert!(msg.contains("shared"), "{msg}");
+    }
+}

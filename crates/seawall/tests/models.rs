@@ -423,7 +423,7 @@ proptest! {
                     && r.max_wait.is_zero()
             });
         let weight = if ring { 1 } else { weight };
-        let request = AdmitRequest { partition: partition.as_ref(), now, weight };
+        let request = AdmitRequest { partition: partition.as_ref(), now, weight, budget: None };
         let mut model = run.model().clone();
         let expected = (0..THREADS * per_thread)
             .filter(|_| model.admit(&request).decision.is_ok())

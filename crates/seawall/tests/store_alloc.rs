@@ -124,6 +124,7 @@ fn exercise(
                 partition: key,
                 now,
                 weight: 1,
+                budget: None,
             })
             .unwrap();
         transitions += u32::from(admission.transition.is_some());

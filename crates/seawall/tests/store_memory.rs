@@ -27,6 +27,7 @@ fn admit(
             partition: key,
             now,
             weight: 1,
+            budget: None,
         })
         .unwrap()
         .decision
@@ -297,6 +298,7 @@ fn half_open_admits_exactly_the_probe_count_under_races() {
                                     partition: key,
                                     now: later,
                                     weight: 1,
+                                    budget: None,
                                 })
                                 .unwrap();
                             if admission.transition == Some(CircuitTransition::HalfOpened) {
@@ -435,6 +437,7 @@ fn a_reservation_refused_when_due_or_given_back_frees_its_permit() {
                         partition,
                         now,
                         weight: 1,
+                        budget: None,
                     },
                     Reserve { within, held },
                 )

@@ -23,4 +23,9 @@ async fn no_delay_in_latency_mode() -> Result<(), E> {
     Ok(())
 }
 
+#[resilient(hedging(delay_ms = 10, budget(ratio = 0.1, max_tokens = 5, shared)))]
+async fn a_shared_hedging_budget() -> Result<(), E> {
+    Ok(())
+}
+
 fn main() {}

@@ -1,12 +1,16 @@
--- Admits one attempt through circuit, bulkhead, cooldown and rate limit, in
--- that order, all or nothing: every check runs first, then the permits are
+-- Admits one attempt through circuit, bulkhead, cooldown, retry budget and
+-- rate limit, in that order, all or nothing: every check runs first, then the permits are
 -- taken together, so a later refusal never leaves a probe or a slot taken.
 -- A refusal by a policy in shadow mode (SHADOW) does not end the
 -- admission: the first is kept as the shadow refusal, the later policies
 -- in shadow mode are not asked, and the policies in shadow mode take
 -- nothing for the call (seawall::shadow); the enforcing ones are asked and
 -- take their permits as usual.
--- ARGV[D..] (only for a rate limiter whose calls may wait): the lead within
+-- ARGV[D]: the step of the retry budget kept in the store, empty for none:
+-- `step:earn:cap`, step 1 a call's deposit, 2 a retry's withdrawal; earn
+-- and cap in thousandths of a token (seawall::retry::BudgetRule, restated
+-- below; a model test holds the two to the same answers).
+-- ARGV[E..] (E = D + 1; only for a rate limiter whose calls may wait): the lead within
 -- which a refused rate limit reserves its next permit, the instant of a
 -- due reservation the call presents (-1: none), which stands for the
 -- rate-limit permit and is given back when an earlier policy refuses;
@@ -25,7 +29,8 @@
 -- its caller's `now`)
 -- reserved_at: the instant of the reserved permit, on the script's clock
 -- (microseconds, and the nanoseconds past them 0..999)
--- reason: 0 admitted, 1 circuit_open, 2 bulkhead_full, 3 cooldown_active, 4 rate_limited
+-- reason: 0 admitted, 1 circuit_open, 2 bulkhead_full, 3 cooldown_active, 4 rate_limited,
+-- 5 retry_budget_exhausted
 -- shadow_reason (and its retry_after, under): the refusal of a policy in
 -- shadow mode that an admitted call went on over (0: none)
 -- transition: 0 none, 1 half-opened, 4 a new round of probes
@@ -52,7 +57,27 @@ local function refused(p, why, wait, less)
   end
 end
 
-local RW = tonumber(A[D + 2]) or 1
+local E = D + 1
+
+-- The retry budget (BudgetRule): a bucket of thousandths of a token,
+-- full when missing, kept while used (it expires after the idle time, full
+-- again). A call deposits `earn`, never above the cap (a bucket at or
+-- above it is left as it is), whatever the answer; a retry withdraws 1000
+-- from a bucket holding at least that, once every other check admits it,
+-- and is refused otherwise.
+local BSTEP, BEARN, BCAP = string.match(A[D] or '', '^(%d):(%d+):(%d+)$')
+local btok
+if BSTEP then
+  BSTEP, BEARN, BCAP = tonumber(BSTEP), tonumber(BEARN), tonumber(BCAP)
+  btok = tonumber(redis.call('GET', KRB)) or BCAP
+  if BSTEP == 1 and btok < BCAP then
+    btok = btok + BEARN
+    if btok > BCAP then btok = BCAP end
+    redis.call('SET', KRB, int(btok), 'PX', ms(IDLE))
+  end
+end
+
+local RW = tonumber(A[E + 2]) or 1
 if HAS_R and RW ~= 1 and not rfits(RW) then
   refused(P_R, 4, -1, 0)
   if reason ~= 0 then return {4, -1, 0, 0, -1, 0, 0, 0, -1, 0, 0, -1, 0} end
@@ -131,11 +156,18 @@ if reason == 0 and HAS_CD and takes_part(P_CD) and h.cu > tnow() then
   refused(P_CD, 3, h.cu - now, 0)
 end
 
-local R_RES = A[D] ~= nil
+-- The budget is asked after the cooldown, before the rate limiter: a retry
+-- with less than one token is refused; its token is taken below, with the
+-- other permits.
+if reason == 0 and BSTEP == 2 and btok < 1000 then
+  reason, retry, under = 5, -1, 0
+end
+
+local R_RES = A[E] ~= nil
 local R_SHADOW = HAS_R and shadow(P_R)
 local WU, WN = 0, 0
 -- A limiter in shadow mode never makes a call wait: no lead.
-if R_RES and not R_SHADOW then WU, WN = upair(A[D]) end
+if R_RES and not R_SHADOW then WU, WN = upair(A[E]) end
 -- `wait_u:wait_n` (nanoseconds 0..999) is at most the lead.
 local function within(wait_u, wait_n)
   return wait_u < WU or (wait_u == WU and wait_n <= WN)
@@ -146,7 +178,7 @@ local function retry_of(wait_u, wait_n)
   if wait_n > 0 then return wait_u + 1, 1000 - wait_n end
   return wait_u, 0
 end
-local HELD = A[D + 1] ~= nil and A[D + 1] ~= '-1'
+local HELD = A[E + 1] ~= nil and A[E + 1] ~= '-1'
 
 -- rnew: the rate limiter's next state; rat: the instant of a reserved
 -- permit as a pair (the state then moves although the call is refused);
@@ -257,7 +289,7 @@ end
 -- A due reservation presented to a policy checked before the rate limit
 -- that refuses is given back.
 if HELD and reason ~= 0 then
-  local hu, hn = upair(A[D + 1])
+  local hu, hn = upair(A[E + 1])
   rgive(hu, hn, RW)
 end
 
@@ -297,6 +329,10 @@ if HAS_R and ((reason == 0 and took_r and takes_part(P_R)) or rat) then
     for _ = 1, RW do add_unique(KRL, rlog or now) end
     redis.call('PEXPIRE', KRL, ms((rlog or now) - now + R_PERIOD, 1000))
   end
+end
+
+if reason == 0 and BSTEP == 2 then
+  redis.call('SET', KRB, int(btok - 1000), 'PX', ms(IDLE))
 end
 
 if moved then

@@ -6,6 +6,8 @@
 
 local tonumber, format = tonumber, string.format
 local KH, KCW, KTW, KTZ, KB, KRL = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+-- The retry budget's bucket (seawall::RetryBudget::shared).
+local KRB = KEYS[7]
 local A = ARGV
 
 -- The server's clock decides, unless the caller's time was passed (tests).

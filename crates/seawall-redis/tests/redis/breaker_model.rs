@@ -171,6 +171,7 @@ fn admit(
             partition: None,
             now,
             weight: 1,
+            budget: None,
         })
         .unwrap()
         .decision

@@ -147,6 +147,7 @@ fn no_script_touches_two_slots() {
             partition: p,
             now,
             weight: 1,
+            budget: None,
         };
         let record = |permit, outcome, duration| Record {
             partition: p,

@@ -80,6 +80,7 @@ fn caller_clock_option_takes_the_time_from_the_caller() {
                 partition: None,
                 now,
                 weight: 1,
+                budget: None,
             })
             .unwrap()
     };

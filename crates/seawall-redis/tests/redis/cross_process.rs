@@ -1,5 +1,5 @@
-//! Several OS processes sharing one rate limit, one bulkhead and one
-//! circuit through Redis. The children are this test binary re-invoked with
+//! Several OS processes sharing one rate limit, one bulkhead, one circuit
+//! and one retry budget through Redis. The children are this test binary re-invoked with
 //! `SEAWALL_REDIS_CHILD=<role>`, running the `cross_process::child` test;
 //! each prints its findings on lines starting with `@@ `.
 
@@ -8,7 +8,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use seawall::{
-    Bulkhead, CircuitBreaker, CircuitState, Error, Pipeline, RateLimiter, RejectionReason,
+    Bulkhead, CircuitBreaker, CircuitState, Error, Pipeline, RateLimiter, RejectionReason, Retry,
+    RetryBudget,
 };
 use seawall_redis::RedisStore;
 
@@ -60,6 +61,8 @@ fn child() {
         "observe" => child_observe(store),
         "trip" => child_trip(store),
         "hold" => child_hold(store),
+        "budget" => child_budget(store, index, true),
+        "budget-local" => child_budget(store, index, false),
         other => panic!("unknown child role {other}"),
     }
 }
@@ -199,6 +202,96 @@ fn four_processes_admit_exactly_the_rate_limit() {
         let winners = lines.iter().filter(|l| field(l, algorithm) > 0).count();
         assert!(winners >= 2, "{algorithm}: {lines:?}");
     }
+}
+
+// ---------------------------------------------------------- retry budget
+
+const BUDGET_CALLS: u32 = 200;
+const BUDGET_RATIO: f64 = 0.01;
+const BUDGET_TOKENS: u32 = 20;
+
+/// `BUDGET_CALLS` calls to a dependency that always fails, up to 4 retries
+/// each, under a budget kept in Redis (`shared`) or in this process; sync
+/// in even children, async in odd ones.
+fn child_budget(store: RedisStore, index: u32, shared: bool) {
+    let budget = RetryBudget::new(BUDGET_RATIO, BUDGET_TOKENS);
+    let p = Pipeline::builder("sick-dependency")
+        .retry(
+            Retry::constant(Duration::ZERO)
+                .max_attempts(5)
+                .budget(if shared { budget.shared() } else { budget }),
+        )
+        .store(store)
+        .build()
+        .unwrap();
+    let attempts = std::sync::atomic::AtomicU32::new(0);
+    let op = || {
+        attempts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Err::<(), _>(std::io::Error::other("down"))
+    };
+    let mut refused = 0;
+    let mut tally = |e: Error<std::io::Error>| match e {
+        Error::Rejected(r) => {
+            assert_eq!(r.reason, RejectionReason::RetryBudgetExhausted);
+            refused += 1;
+        }
+        Error::RetryExhausted { .. } => {}
+        other => panic!("{other:?}"),
+    };
+    if index.is_multiple_of(2) {
+        for _ in 0..BUDGET_CALLS {
+            tally(p.call(|_| op()).unwrap_err());
+        }
+    } else {
+        rt().block_on(async {
+            for _ in 0..BUDGET_CALLS {
+                let result = p.run(|_| {
+                    let r = op();
+                    async move { r }
+                });
+                tally(result.await.unwrap_err());
+            }
+        });
+    }
+    let attempts = attempts.load(std::sync::atomic::Ordering::Relaxed);
+    println!("@@ retries={} refused={refused}", attempts - BUDGET_CALLS);
+}
+
+#[test]
+fn four_processes_retry_within_one_shared_budget() {
+    let server = RedisServer::start();
+    let prefix = unique("xbudget");
+    let start = unix_ms() + 1000;
+    let children: Vec<Child> = (0..4)
+        .map(|i| spawn("budget", &server, &prefix, i, Some(start)))
+        .chain((0..4).map(|i| spawn("budget-local", &server, &prefix, i, Some(start))))
+        .collect();
+    let lines: Vec<Vec<String>> = children.into_iter().map(finish).collect();
+    let total = |lines: &[Vec<String>]| -> u64 {
+        lines.iter().flatten().map(|l| field(l, "retries")).sum()
+    };
+    let (shared, local) = lines.split_at(4);
+    let calls = 4 * u64::from(BUDGET_CALLS);
+    // In thousandths: 20 tokens to start, 10 per call, 1000 per retry.
+    // The bound, ratio x calls + max_tokens: 0.01 x 800 + 20 = 28 retries.
+    let bound = (u64::from(BUDGET_TOKENS) * 1000 + calls * 10) / 1000;
+    assert_eq!(bound, 28);
+    let shared_retries = total(shared);
+    assert!(
+        shared_retries <= bound,
+        "{shared_retries} retries: {shared:?}"
+    );
+    // Every call fails, so the bucket is drained: the only deposits lost
+    // are those made while it was full, before the first retry (at most
+    // one per process), and less than a token is left at the end.
+    assert!(
+        shared_retries >= bound - 1,
+        "{shared_retries} retries: {shared:?}"
+    );
+    // Each process on a budget of its own: 20 tokens, 200 deposits of 10
+    // (the first lost to the full bucket): 21 retries each, 84 in all,
+    // against a bound of 4 x (0.01 x 200 + 20) = 88.
+    assert_eq!(total(local), 84, "{local:?}");
 }
 
 // -------------------------------------------------------------- bulkhead

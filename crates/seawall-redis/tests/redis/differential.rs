@@ -109,6 +109,7 @@ fn gcra_of_a_fractional_interval_decides_as_the_memory_store() {
                     partition: None,
                     now,
                     weight: 1,
+                    budget: None,
                 };
                 let expected = on_memory.admit(&request).unwrap().decision;
                 let got = on_redis.admit(&request).unwrap().decision;
@@ -156,6 +157,7 @@ fn gcra_reads_the_state_of_earlier_scripts() {
                 partition: None,
                 now,
                 weight: 1,
+                budget: None,
             })
             .unwrap()
             .decision

@@ -11,6 +11,7 @@
 
 mod bad_input;
 mod breaker_model;
+mod budget;
 mod cluster;
 mod contract;
 mod cross_process;

@@ -266,6 +266,7 @@ fn concurrent_admissions_at_one_instant_admit_what_the_model_admits() {
             partition: partition.as_ref(),
             now,
             weight: 1,
+            budget: None,
         };
         let mut model = run.model().clone();
         let expected = (0..THREADS * per_thread)
@@ -352,6 +353,7 @@ fn redis_store_answers_near_the_end_of_the_clock() {
                         partition: partition.as_ref(),
                         now,
                         weight: 1,
+                        budget: None,
                     };
                     let admission = state.admit(&request).map_err(fail)?;
                     if let Ok(permit) = admission.decision {
@@ -593,6 +595,7 @@ fn reserve_as_model(
             partition: None,
             now: at,
             weight,
+            budget: None,
         };
         let (admission, reserved) = state
             .admit_reserving(&request, Reserve { within, held: None })

@@ -186,6 +186,7 @@ fn every_key_has_a_ttl_and_one_hash_tag() {
                         partition,
                         now,
                         weight: 1,
+                        budget: None,
                     })
                     .unwrap()
                     .decision
@@ -207,6 +208,7 @@ fn every_key_has_a_ttl_and_one_hash_tag() {
                     partition,
                     now: Duration::ZERO,
                     weight: 1,
+                    budget: None,
                 })
                 .unwrap();
         }
@@ -295,6 +297,7 @@ fn a_probe_that_never_reports_is_replaced_after_the_probe_lease() {
             partition: None,
             now: Duration::ZERO,
             weight: 1,
+            budget: None,
         })
         .unwrap()
     };
@@ -382,6 +385,7 @@ fn slot_ids_with_trailing_zeros_are_given_back() {
             partition: None,
             now,
             weight: 1,
+            budget: None,
         })
         .unwrap()
         .decision

@@ -111,7 +111,7 @@
 //! | `multiplier` | growth factor, exponential only | `2.0` |
 //! | `cap` | largest delay before jitter, not for constant | none |
 //! | `jitter` | `"none"`, `"full"`, `"equal"` or a percentage `"20%"` (proportional, ±20%) | `"none"` |
-//! | `budget` | `{ ratio = 0.2, max_tokens = 10 }`: retries limited to a share of calls | none; `max_tokens` 10 |
+//! | `budget` | `{ ratio = 0.2, max_tokens = 10, shared = true }`: retries limited to a share of calls; `shared` keeps the bucket in the pipeline's store, one for every process on it (`RetryBudget::shared`) | none; `max_tokens` 10; `shared` false |
 //!
 //! A retry budget keeps its tokens across a reload that does not change it
 //! (a hedging budget too).
@@ -122,7 +122,7 @@
 //! | `mode` | `"latency"` (the next attempt when the previous one has not answered within `delay`), `"parallel"` (all at once) or `"fallback"` (the next attempt only after a failure) | `"latency"` |
 //! | `delay` | the latency mode's delay (not for the other modes) | required in mode latency |
 //! | `max_hedged_attempts` | attempts beyond the first, 1 to 10 | `1` |
-//! | `budget` | `{ ratio = 0.1, max_tokens = 10 }`: hedged attempts limited to a share of calls (the retry budget's rule) | none; `max_tokens` 10 |
+//! | `budget` | `{ ratio = 0.1, max_tokens = 10 }`: hedged attempts limited to a share of calls (the retry budget's rule), kept in the process (`shared = true` is a `ConfigError`) | none; `max_tokens` 10 |
 //!
 //! The dynamic mode (a delay generator), `hedge_if` and the on-hedging hook
 //! are code: declare them with the builder ([`crate::hedge`]). A pipeline

@@ -247,7 +247,12 @@ fn budget(
     };
     let ratio = required(b.get(|b| b.number("ratio")), policy, "budget.ratio", "0.2")?;
     let max_tokens = b.get(|b| b.count("max_tokens")).unwrap_or(10);
-    Ok(Some(RetryBudget::new(ratio, max_tokens)))
+    let budget = RetryBudget::new(ratio, max_tokens);
+    // A hedging budget refuses `shared` when the pipeline is built.
+    Ok(Some(match b.get(|b| b.flag("shared")) {
+        Some(true) => budget.shared(),
+        _ => budget,
+    }))
 }
 
 /// Hedging: the latency mode unless `mode` says otherwise; its `delay`

@@ -466,6 +466,7 @@ pub fn check(
                         partition,
                         now,
                         weight: 1,
+                        budget: None,
                     })
                     .map_err(|e| format!("step {step}: admit failed: {e}"))?;
                 let (expected, transition) = model.admit(now);

@@ -9,6 +9,8 @@
 //! ([`resource::Differential`]). A third-party [`StateStore`] can be checked
 //! the same way.
 //!
+//! - [`budget`]: the retry budget kept in a store, with a driver that
+//!   checks a store against it.
 //! - [`breaker`]: the circuit breaker in every mode, with a driver that
 //!   checks a store against it.
 //! - [`bulkhead`]: at most `max_concurrent` slots held; in a shared store a
@@ -30,6 +32,7 @@
 use std::time::Duration;
 
 pub mod breaker;
+pub mod budget;
 pub mod bulkhead;
 pub mod cooldown;
 pub mod rate;

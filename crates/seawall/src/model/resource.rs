@@ -347,7 +347,7 @@ fn circuit_permit(permit: Permit) -> CircuitPermit {
 ///     .with_bulkhead(Bulkhead::new(5))
 ///     .with_rate_limit(RateLimiter::fixed_window(1, Duration::from_secs(1)));
 /// let mut model: Resource = Resource::new(&spec);
-/// let at = |now| AdmitRequest { partition: None, now, weight: 1 };
+/// let at = |now| AdmitRequest { partition: None, now, weight: 1, budget: None };
 /// assert!(model.admit(&at(Duration::ZERO)).decision.is_ok());
 /// let refused = model.admit(&at(Duration::ZERO)).decision.unwrap_err();
 /// assert_eq!(refused.reason, RejectionReason::RateLimited);
@@ -703,6 +703,7 @@ impl<'a, C: CircuitModel> Differential<'a, C> {
                     partition: partition.as_ref(),
                     now,
                     weight: 1,
+                    budget: None,
                 };
                 let expected = self.model.admit(&request);
                 let got = self
@@ -998,6 +999,7 @@ mod tests {
             partition: None,
             now,
             weight: 1,
+            budget: None,
         }
     }
 
@@ -1043,6 +1045,7 @@ mod tests {
                 partition: key,
                 now: S,
                 weight: 1,
+                budget: None,
             };
             assert!(m.admit(&request).decision.is_ok());
             assert!(m.admit(&request).decision.is_err());

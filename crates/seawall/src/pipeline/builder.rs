@@ -25,7 +25,7 @@ use crate::error::{ConfigError, Error};
 use crate::event::{Event, Listener, Listeners};
 use crate::hedge::Hedging;
 use crate::rate_limit::RateLimiter;
-use crate::retry::Retry;
+use crate::retry::{Retry, RetryBudget};
 use crate::store::{MemoryStore, ResourceSpec, ResourceState, StateStore};
 use crate::timeout::Timeout;
 use declare::{Declared, Guards};
@@ -701,8 +701,17 @@ impl<K: Kind> Assembly<K> {
     fn assemble(mut self) -> Result<Pipeline<K>, ConfigError> {
         let attempt = std::mem::take(&mut self.attempt);
         let call = std::mem::take(&mut self.call);
-        let gate = self.gate(self.name.clone(), attempt)?;
-        let call_gate = self.gate(format!("{}{CALL_SUFFIX}", self.name), call)?;
+        // A retry budget kept in the store lives in the attempt's gate,
+        // which admits every attempt: a gate of its own when no other
+        // stateful policy guards the attempts.
+        let stored_budget = self
+            .retry
+            .as_ref()
+            .and_then(|r| r.budget.clone())
+            .filter(RetryBudget::is_shared);
+        let budget_in_store = stored_budget.is_some();
+        let gate = self.gate(self.name.clone(), attempt, stored_budget)?;
+        let call_gate = self.gate(format!("{}{CALL_SUFFIX}", self.name), call, None)?;
         let random: Arc<dyn Random> = self.random.unwrap_or_else(|| Arc::new(SystemRandom));
         let listeners = Listeners::new(self.listeners);
         let any_timeout = self.overall_timeout.is_some() || self.attempt_timeout.is_some();
@@ -727,7 +736,11 @@ impl<K: Kind> Assembly<K> {
                     && self.hedging.is_none()
                     && self.retry.as_ref().is_none_or(|r| r.budget.is_none())
                     && self.custom.is_empty(),
-                general: call_gate.is_some() || self.hedging.is_some() || !self.custom.is_empty(),
+                general: call_gate.is_some()
+                    || self.hedging.is_some()
+                    || !self.custom.is_empty()
+                    || budget_in_store,
+                budget_in_store,
             };
         Ok(Pipeline {
             shared: Arc::new(Shared {
@@ -756,13 +769,19 @@ impl<K: Kind> Assembly<K> {
 impl<K: Kind> Assembly<K> {
     /// The stateful policies of one level bound to the store as the
     /// resource `name`, or `None` when the level has none.
-    fn gate(&self, name: String, guards: Guards) -> Result<Option<Gate>, ConfigError> {
+    fn gate(
+        &self,
+        name: String,
+        guards: Guards,
+        retry_budget: Option<RetryBudget>,
+    ) -> Result<Option<Gate>, ConfigError> {
         let spec = ResourceSpec {
             name,
             circuit: guards.circuit,
             bulkhead: guards.bulkhead,
             cooldown: guards.cooldown,
             rate_limit: guards.rate_limit,
+            retry_budget,
             partition_idle: self.partition_idle,
         };
         if spec.is_empty() {
@@ -796,6 +815,7 @@ impl<K: Kind> Assembly<K> {
                     || matches!(c.mode, crate::breaker::BreakerMode::TimeWindow(_))
             }),
             success_recorded: spec.circuit.is_some() || spec.bulkhead.is_some(),
+            records: !spec.budget_only(),
             spec,
             waiters: AtomicU32::new(0),
         }))

@@ -630,9 +630,12 @@ where
 {
     let (pipeline, partition, weight) = (outer.pipeline(), outer.partition(), outer.weight());
     let clock = &pipeline.shared.clock;
+    // Only the first pass deposits to a retry budget kept in the store.
+    let first = AtomicBool::new(true);
     let run = |_ctx: Context, bound: Option<Deadline>| {
         let call = Call::start_within(pipeline, partition, Driver::Sync, bound);
-        let mut call = Owned(call.weighted(weight));
+        let earned = !first.swap(false, Ordering::Relaxed);
+        let mut call = Owned(call.weighted(weight).earned(earned));
         let result = super::drive::sync_attempts(&mut call, &mut op, None);
         std::future::ready(Ran {
             result,
@@ -678,9 +681,13 @@ where
     // it only to call it.
     let op = Mutex::new(op);
     let op = &op;
+    // Only the first pass deposits to a retry budget kept in the store.
+    let first = AtomicBool::new(true);
+    let first = &first;
     let run = move |_ctx: Context, bound: Option<Deadline>| {
         let call = Call::start_within(pipeline, partition, Driver::Async, bound);
-        let mut call = Owned(call.weighted(weight));
+        let earned = !first.swap(false, Ordering::Relaxed);
+        let mut call = Owned(call.weighted(weight).earned(earned));
         async move {
             let result = if pipeline.shared.hedging.is_some() {
                 hedged_loop(&mut call, &mut |ctx| (lock(op))(ctx), false).await

@@ -61,7 +61,7 @@ use crate::error::{Error, Rejection, RejectionReason, StoreError, TimeoutError, 
 use crate::event::{AttemptOutcome, CallOutcome, EventKind, GiveUpReason};
 use crate::fallback::BoxFallbackFuture;
 use crate::store::{
-    Admission, AdmitRequest, Outcome, Permit, Record, Recorded, Reservation, Reserve,
+    Admission, AdmitRequest, BudgetStep, Outcome, Permit, Record, Recorded, Reservation, Reserve,
     ResourceState, Ticket,
 };
 
@@ -288,6 +288,9 @@ pub(crate) struct Call<'g, K: Kind> {
     /// Hedging: why the hedge entered was tried, until it starts (`None`
     /// for the first attempt, or once started).
     trigger: Option<crate::event::HedgeTrigger>,
+    /// The call's deposit to a retry budget kept in the store was made
+    /// (with its first admission by the attempt's gate).
+    earned: bool,
 }
 
 /// What one attempt under way holds, apart from its call: a hedged call
@@ -397,6 +400,17 @@ fn abandon(
     }
 }
 
+/// The retry budget kept in this process, if any (a budget kept in the
+/// store is earned and spent by the admissions).
+#[inline(always)]
+fn local_budget<K: Kind>(shared: &super::Shared<K>) -> Option<&crate::RetryBudget> {
+    shared
+        .retry
+        .as_ref()
+        .and_then(|r| r.budget.as_ref())
+        .filter(|b| !b.is_shared())
+}
+
 /// Gives back what a call dropped or panicking holds of the adaptive
 /// limit: its slot (without a sample), its place in the limit's queue.
 #[cold]
@@ -421,7 +435,7 @@ impl<'g, K: Kind> Call<'g, K> {
         driver: Driver,
     ) -> Self {
         let shared = &*pipeline.shared;
-        if let Some(b) = shared.retry.as_ref().and_then(|r| r.budget.as_ref()) {
+        if let Some(b) = local_budget(shared) {
             b.deposit();
         }
         if let Some(b) = shared.hedging.as_ref().and_then(|h| h.budget.as_ref()) {
@@ -470,6 +484,7 @@ impl<'g, K: Kind> Call<'g, K> {
             others: 0,
             hedge_closed: false,
             trigger: None,
+            earned: false,
         }
     }
 
@@ -477,6 +492,13 @@ impl<'g, K: Kind> Call<'g, K> {
     /// same admission as any other, ordinary or not).
     pub(crate) fn weighted(mut self, weight: u32) -> Self {
         self.weight = weight;
+        self
+    }
+
+    /// A pass of the call that does not deposit to a retry budget kept in
+    /// the store (the call's first pass did: one deposit per call).
+    pub(crate) fn earned(mut self, earned: bool) -> Self {
+        self.earned = earned;
         self
     }
 
@@ -687,6 +709,9 @@ impl<'g, K: Kind> Call<'g, K> {
 
     /// Admits the attempt under way.
     pub(crate) fn admit(&mut self) -> Admit<'g> {
+        if self.pipeline.shared.plan.budget_in_store {
+            return self.admit_after(Quick::Other);
+        }
         match self.admit_ordinary() {
             Ok(ctx) => Admit::Run(ctx),
             Err(quick) => self.admit_after(quick),
@@ -709,6 +734,7 @@ impl<'g, K: Kind> Call<'g, K> {
                     partition: self.partition,
                     now: Duration::from_nanos(now),
                     weight: self.weight,
+                    budget: self.budget_step(),
                 };
                 match gate.memory.as_deref() {
                     Some(memory) if self.may_reserve() => {
@@ -722,6 +748,22 @@ impl<'g, K: Kind> Call<'g, K> {
                 }
             }
         }
+    }
+
+    /// What the admission under way does to a retry budget kept in the
+    /// store: the call's first admission by the attempt's gate deposits,
+    /// a retry's admission withdraws; nothing without such a budget (or
+    /// at the call's gate).
+    fn budget_step(&mut self) -> Option<BudgetStep> {
+        self.gate().spec.retry_budget.as_ref()?;
+        if self.attempt > 1 {
+            return Some(BudgetStep::Withdraw);
+        }
+        if self.earned {
+            return None;
+        }
+        self.earned = true;
+        Some(BudgetStep::Deposit)
     }
 
     /// The store's answer to [`Admit::Ask`] (or the memory store's).
@@ -835,6 +877,7 @@ impl<'g, K: Kind> Call<'g, K> {
                     partition: self.partition,
                     now: Duration::from_nanos(now),
                     weight: self.weight,
+                    budget: self.budget_step(),
                 };
                 self.admit_reserving(memory, request, Some(reservation))
             }
@@ -843,6 +886,7 @@ impl<'g, K: Kind> Call<'g, K> {
                     partition: self.partition,
                     now: Duration::from_nanos(now),
                     weight: self.weight,
+                    budget: self.budget_step(),
                 };
                 Admit::AskReserving(request, self.reserve(now, Some(reservation)))
             }
@@ -1029,6 +1073,16 @@ impl<'g, K: Kind> Call<'g, K> {
     /// [`finish`](Self::finish).
     pub(crate) fn refused<E>(&mut self, refused: Refused) -> Error<E> {
         self.release_call();
+        if let Refused::Rejected(r) = &refused {
+            if r.reason == RejectionReason::RetryBudgetExhausted {
+                // The retry's admission found the budget in the store empty.
+                let attempts = self.attempt.saturating_sub(1);
+                self.emit(|| EventKind::RetryGaveUp {
+                    attempts,
+                    reason: GiveUpReason::Budget,
+                });
+            }
+        }
         match refused {
             Refused::Rejected(r) => self.reject(r),
             Refused::Store(e) => Error::Store(e),
@@ -1294,6 +1348,10 @@ impl<'g, K: Kind> Call<'g, K> {
     ) -> Option<Record<'g>> {
         self.level = level;
         let gate = self.gate();
+        if !gate.records {
+            // Only a retry budget: an outcome changes nothing.
+            return None;
+        }
         // Anything but an ordinary success may change the state at the
         // time it ended (a trip, a cooldown): stamped with that time.
         let end = match end {
@@ -1558,7 +1616,7 @@ impl<'g, K: Kind> Call<'g, K> {
                 return Next::Stop(StopReason::Deadline);
             }
         }
-        if let Some(b) = &retry.budget {
+        if let Some(b) = retry.budget.as_ref().filter(|b| !b.is_shared()) {
             if !b.withdraw() {
                 self.emit(|| EventKind::RetryGaveUp {
                     attempts: attempt,
@@ -1991,7 +2049,7 @@ impl<'g, K: Kind> First<'g, K> {
         if shared.listeners.enabled() || shared.plan.general || shared.chaos_may_inject() {
             return None;
         }
-        if let Some(b) = shared.retry.as_ref().and_then(|r| r.budget.as_ref()) {
+        if let Some(b) = local_budget(shared) {
             b.deposit();
         }
         let (_, _, at, deadline) = begin(shared, partition, false);
@@ -2140,6 +2198,7 @@ impl<'g, K: Kind> First<'g, K> {
             others: 0,
             hedge_closed: false,
             trigger: None,
+            earned: false,
         })
     }
 }

@@ -56,6 +56,9 @@ pub(crate) struct Gate {
     /// A success changes state (a circuit breaker or a bulkhead slot);
     /// with only a rate limit and a cooldown there is nothing to record.
     pub(crate) success_recorded: bool,
+    /// An outcome may change state: anything but a gate holding only a
+    /// retry budget kept in the store (never asked to record).
+    pub(crate) records: bool,
     /// Async calls currently queued for a bulkhead slot in this process.
     pub(crate) waiters: AtomicU32,
 }
@@ -80,6 +83,12 @@ pub(crate) struct Plan {
     /// hedging (its own loop) or policies written in code that wrap the
     /// call or its attempts. One flag for the ordinary path to read.
     pub(crate) general: bool,
+    /// The retry budget is kept in the store ([`RetryBudget::shared`]):
+    /// every admission by the attempt's gate goes to the store's full
+    /// admission, which earns or spends it.
+    ///
+    /// [`RetryBudget::shared`]: crate::RetryBudget::shared
+    pub(crate) budget_in_store: bool,
 }
 
 pub(crate) struct Shared<K: Kind> {

@@ -26,7 +26,8 @@ mod backoff;
 mod budget;
 
 pub use backoff::{Backoff, Jitter};
-pub use budget::RetryBudget;
+pub(crate) use budget::{deposit, refund, withdraw};
+pub use budget::{BudgetRule, RetryBudget};
 
 /// Configuration of a retry policy.
 ///

@@ -153,6 +153,7 @@ impl Subject<'_> {
                 partition: key,
                 now: self.clock.now(),
                 weight: 1,
+                budget: None,
             })
             .unwrap_or_else(|e| panic!("{}: admit failed: {e}", self.check));
         assert!(

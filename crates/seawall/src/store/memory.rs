@@ -5,7 +5,7 @@ use std::fmt;
 use std::hash::BuildHasher;
 
 use hashbrown::{DefaultHashBuilder, HashTable};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 
@@ -17,6 +17,7 @@ use crate::clock::duration_nanos;
 use crate::cooldown;
 use crate::error::{ConfigError, RejectionReason};
 use crate::rate_limit::machine::{retain_by, RateCell, RateColumn, RateParams, RateState};
+use crate::retry::BudgetRule;
 use crate::shadow::{Policy, Shadow, Walk};
 
 /// A key's last use is kept in ticks of 2^20 ns (about 1.05 ms), rounded
@@ -259,6 +260,7 @@ fn conflict(registry: &Registry, spec: &ResourceSpec) -> Option<Vec<&'static str
         ("bulkhead", old.bulkhead != new.bulkhead),
         ("cooldown", old.cooldown != new.cooldown),
         ("rate_limiter", old.rate_limit != new.rate_limit),
+        ("retry.budget", old.retry_budget != new.retry_budget),
         ("partition_idle", old.partition_idle != new.partition_idle),
     ]
     .into_iter()
@@ -298,6 +300,8 @@ struct Params {
     bulkhead: Option<u32>,
     max_pause_ns: Option<u64>,
     rate: Option<RateParams>,
+    /// The retry budget kept in the store.
+    budget: Option<BudgetRule>,
     idle_ns: u64,
     /// The policies in shadow mode.
     shadow: Shadow,
@@ -311,6 +315,7 @@ impl Params {
             bulkhead: spec.bulkhead.as_ref().map(|b| b.max_concurrent),
             max_pause_ns: spec.cooldown.as_ref().map(|c| duration_nanos(c.max_pause)),
             rate: spec.rate_limit.as_ref().map(RateParams::new),
+            budget: spec.retry_budget.as_ref().map(|b| b.rule()),
             idle_ns: duration_nanos(spec.partition_idle),
         }
     }
@@ -320,6 +325,7 @@ impl Params {
             && self.bulkhead.is_none()
             && self.max_pause_ns.is_none()
             && self.rate.is_none()
+            && self.budget.is_none()
     }
 }
 
@@ -345,6 +351,7 @@ struct Root {
     in_flight: Option<Arc<StripedSlots>>,
     cooldown_until: Option<Arc<Padded<AtomicU64>>>,
     rate: Option<Arc<Padded<RateState>>>,
+    budget: Option<Arc<Padded<AtomicI64>>>,
 }
 
 /// The cells one operation works on (root or partition): one per
@@ -355,6 +362,8 @@ struct View<'a> {
     in_flight: Option<Slots<'a>>,
     cooldown_until: Option<&'a AtomicU64>,
     rate: Option<RateCell<'a>>,
+    /// The retry budget's bucket, in thousandths of a token.
+    budget: Option<&'a AtomicI64>,
 }
 
 /// The keys of one shard: integers in 8 bytes each until a key of another
@@ -450,6 +459,7 @@ struct ShardMap {
     in_flight: Vec<AtomicU32>,
     cooldown_until: Vec<AtomicU64>,
     rate: Option<RateColumn>,
+    budget: Vec<AtomicI64>,
     /// Keys left after the last sweep.
     swept_len: usize,
 }
@@ -464,6 +474,7 @@ impl ShardMap {
             in_flight: Vec::new(),
             cooldown_until: Vec::new(),
             rate: params.rate.as_ref().map(RateColumn::new),
+            budget: Vec::new(),
             swept_len: 0,
         }
     }
@@ -508,6 +519,10 @@ impl ShardMap {
         if let Some(rate) = &mut self.rate {
             rate.push();
         }
+        if let Some(b) = &params.budget {
+            // A bucket starts full.
+            self.budget.push(AtomicI64::new(b.cap));
+        }
         let keys = &self.keys;
         self.index.insert_unique(hash, i, |&j| keys.hash(j, hasher));
         i
@@ -521,6 +536,7 @@ impl ShardMap {
             in_flight: self.in_flight.get(i).map(Slots::One),
             cooldown_until: self.cooldown_until.get(i),
             rate: self.rate.as_ref().and_then(|r| r.get(i)),
+            budget: self.budget.get(i),
         }
     }
 
@@ -569,11 +585,13 @@ impl ShardMap {
             if let Some(rate) = &mut self.rate {
                 rate.retain(&keep);
             }
+            retain_by(&mut self.budget, &keep);
             self.keys.shrink();
             shrink(&mut self.last_used);
             shrink(&mut self.circuit);
             shrink(&mut self.in_flight);
             shrink(&mut self.cooldown_until);
+            shrink(&mut self.budget);
             // Key numbers moved: index them again.
             self.index.clear();
             let kept = self.keys.len() as u32;
@@ -613,6 +631,7 @@ impl ShardMap {
             + self.in_flight.capacity() * std::mem::size_of::<AtomicU32>()
             + self.cooldown_until.capacity() * std::mem::size_of::<AtomicU64>()
             + self.rate.as_ref().map_or(0, RateColumn::heap_bytes)
+            + self.budget.capacity() * std::mem::size_of::<AtomicI64>()
     }
 }
 
@@ -728,6 +747,11 @@ impl MemoryResource {
                     .and_then(|r| r.rate.clone())
                     .unwrap_or_else(|| Arc::new(Padded(RateState::new(p))))
             }),
+            budget: params.budget.map(|b| {
+                keep(|a, b| a.retry_budget == b.retry_budget)
+                    .and_then(|r| r.budget.clone())
+                    .unwrap_or_else(|| Arc::new(Padded(AtomicI64::new(b.cap))))
+            }),
         };
         MemoryResource {
             spec: spec.clone(),
@@ -744,6 +768,7 @@ impl MemoryResource {
             in_flight: self.root.in_flight.as_deref().map(Slots::Striped),
             cooldown_until: self.root.cooldown_until.as_deref().map(|c| &c.0),
             rate: self.root.rate.as_deref().map(|r| r.0.cell()),
+            budget: self.root.budget.as_deref().map(|b| &b.0),
         }
     }
 
@@ -820,15 +845,27 @@ impl MemoryResource {
         view: View<'_>,
         now_ns: u64,
         (within_ns, held, n): (u64, Option<u64>, u32),
+        step: Option<BudgetStep>,
         reserved: &mut Option<u64>,
     ) -> Admission {
         let params = &self.params;
+        let budget = view.budget.zip(params.budget);
+        // A call's deposit is made whatever the answer.
+        if let (Some((bucket, rule)), Some(BudgetStep::Deposit)) = (budget, step) {
+            crate::retry::deposit(rule, bucket);
+        }
+        // A token withdrawn for a retry, given back if a later check
+        // refuses.
+        let mut spent = None;
         let mut permit = Permit::default();
         let mut transition = None;
         let mut walk = Walk::new(params.shadow);
-        let refuse = |rejection: Rejection, transition| {
+        let refuse = |rejection: Rejection, transition, spent: Option<(&AtomicI64, BudgetRule)>| {
             if let (Some(at), Some(rate), Some(p)) = (held, view.rate, &params.rate) {
                 rate.give_back(p, at, n);
+            }
+            if let Some((bucket, rule)) = spent {
+                crate::retry::refund(rule, bucket);
             }
             Admission {
                 decision: Err(rejection),
@@ -845,7 +882,7 @@ impl MemoryResource {
                 match walk.refused($policy, Rejection::new($reason, $retry_after)) {
                     Err(rejection) => {
                         give_back(view, permit);
-                        return refuse(rejection, transition);
+                        return refuse(rejection, transition, spent);
                     }
                     Ok(()) => drop_shadowed(view, &mut permit, &walk),
                 }
@@ -892,6 +929,15 @@ impl MemoryResource {
                 );
             }
         }
+        if let (Some((bucket, rule)), Some(BudgetStep::Withdraw)) = (budget, step) {
+            if crate::retry::withdraw(rule, bucket) {
+                spent = Some((bucket, rule));
+            } else {
+                give_back(view, permit);
+                let rejection = Rejection::new(RejectionReason::RetryBudgetExhausted, None);
+                return refuse(rejection, transition, None);
+            }
+        }
         if let (Some(rate), Some(p), None, true) =
             (view.rate, &params.rate, held, walk.takes_part(Policy::Rate))
         {
@@ -910,7 +956,7 @@ impl MemoryResource {
                     *reserved = Some(at);
                     let wait = Duration::from_nanos(at - now_ns);
                     let rejection = Rejection::new(RejectionReason::RateLimited, Some(wait));
-                    return refuse(rejection, transition);
+                    return refuse(rejection, transition, spent);
                 }
                 Ok(_) => {}
                 Err(retry_after) => {
@@ -1216,12 +1262,13 @@ impl ResourceState for MemoryResource {
         let now_ns = duration_nanos(request.now);
         let none = &mut None;
         let lead = (0, None, request.weight);
+        let step = request.budget;
         Ok(match request.partition {
-            None => self.admit_in(self.root_view(), now_ns, lead, none),
+            None => self.admit_in(self.root_view(), now_ns, lead, step, none),
             Some(_) if self.params.is_empty() => Admission::admitted(Permit::default()),
-            Some(key) => {
-                self.use_partition(key, now_ns, |view| self.admit_in(view, now_ns, lead, none))
-            }
+            Some(key) => self.use_partition(key, now_ns, |view| {
+                self.admit_in(view, now_ns, lead, step, none)
+            }),
         })
     }
 
@@ -1239,10 +1286,16 @@ impl ResourceState for MemoryResource {
         );
         let mut reserved = None;
         let admission = match request.partition {
-            None => self.admit_in(self.root_view(), now_ns, lead, &mut reserved),
+            None => self.admit_in(
+                self.root_view(),
+                now_ns,
+                lead,
+                request.budget,
+                &mut reserved,
+            ),
             Some(_) if self.params.is_empty() => Admission::admitted(Permit::default()),
             Some(key) => self.use_partition(key, now_ns, |view| {
-                self.admit_in(view, now_ns, lead, &mut reserved)
+                self.admit_in(view, now_ns, lead, request.budget, &mut reserved)
             }),
         };
         let reservation = reserved.map(|at| Reservation {
@@ -1380,6 +1433,7 @@ mod tests {
             partition: key,
             now,
             weight: 1,
+            budget: None,
         })
         .unwrap()
     }

@@ -1,5 +1,6 @@
 //! Shared state of the stateful policies (circuit breaker, bulkhead,
-//! cooldown, rate limiter) behind one trait.
+//! cooldown, rate limiter, and a [shared](crate::RetryBudget::shared) retry
+//! budget) behind one trait.
 //!
 //! [`StateStore`] is shaped as the atomic operations the policies need, never
 //! as get/set from the client: [`ResourceState::admit`] admits one attempt
@@ -27,6 +28,7 @@ use crate::context::PartitionKey;
 use crate::cooldown::Cooldown;
 use crate::error::{Rejection, StoreError};
 use crate::rate_limit::RateLimiter;
+use crate::retry::RetryBudget;
 
 #[cfg(any(test, feature = "test-util"))]
 pub mod contract;
@@ -69,6 +71,10 @@ pub struct ResourceSpec {
     pub cooldown: Option<Cooldown>,
     /// The rate limiter, if any.
     pub rate_limit: Option<RateLimiter>,
+    /// The retry budget kept in the store ([`RetryBudget::shared`]), if
+    /// any: a bucket per resource (and partition), earned and spent by the
+    /// admissions that carry a [`BudgetStep`].
+    pub retry_budget: Option<RetryBudget>,
     /// A partition unused for this long may be evicted.
     pub partition_idle: Duration,
 }
@@ -82,6 +88,7 @@ impl ResourceSpec {
             bulkhead: None,
             cooldown: None,
             rate_limit: None,
+            retry_budget: None,
             partition_idle: Duration::from_secs(600),
         }
     }
@@ -106,6 +113,11 @@ impl ResourceSpec {
         self.rate_limit = Some(r);
         self
     }
+    /// Sets the retry budget kept in the store.
+    pub fn with_retry_budget(mut self, b: RetryBudget) -> Self {
+        self.retry_budget = Some(b);
+        self
+    }
     /// Sets the idle time after which a partition may be evicted.
     pub fn with_partition_idle(mut self, idle: Duration) -> Self {
         self.partition_idle = idle;
@@ -118,7 +130,36 @@ impl ResourceSpec {
             && self.bulkhead.is_none()
             && self.cooldown.is_none()
             && self.rate_limit.is_none()
+            && self.retry_budget.is_none()
     }
+
+    /// `true` when the only stateful part is the retry budget: an
+    /// admission spends or earns, and an outcome has nothing to record.
+    pub fn budget_only(&self) -> bool {
+        self.retry_budget.is_some()
+            && self.circuit.is_none()
+            && self.bulkhead.is_none()
+            && self.cooldown.is_none()
+            && self.rate_limit.is_none()
+    }
+}
+
+/// What an admission does to the resource's retry budget
+/// ([`ResourceSpec::retry_budget`]); nothing without one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum BudgetStep {
+    /// The first attempt of a call: deposits the budget's ratio, whatever
+    /// the admission's answer.
+    Deposit,
+    /// A retry: withdraws one token if every other policy admits it, and is
+    /// refused with
+    /// [`RejectionReason::RetryBudgetExhausted`](crate::RejectionReason::RetryBudgetExhausted)
+    /// (no `retry_after`) when less than one is left. The budget is asked
+    /// after the cooldown and before the rate limiter; a refusal by an
+    /// earlier policy withdraws nothing, and a token withdrawn is given back
+    /// when the rate limiter refuses.
+    Withdraw,
 }
 
 /// A request to admit one attempt.
@@ -137,6 +178,9 @@ pub struct AdmitRequest<'a> {
     /// [`RejectionReason::RateLimited`](crate::RejectionReason::RateLimited)
     /// and no `retry_after`. The other policies count the attempt once.
     pub weight: u32,
+    /// What the admission does to the retry budget kept in the store, if
+    /// any (see [`BudgetStep`]).
+    pub budget: Option<BudgetStep>,
 }
 
 impl<'a> AdmitRequest<'a> {
@@ -146,6 +190,7 @@ impl<'a> AdmitRequest<'a> {
             partition,
             now,
             weight: 1,
+            budget: None,
         }
     }
 
@@ -153,6 +198,13 @@ impl<'a> AdmitRequest<'a> {
     #[must_use]
     pub fn with_weight(mut self, weight: u32) -> Self {
         self.weight = weight;
+        self
+    }
+
+    /// The same request earning or spending the retry budget.
+    #[must_use]
+    pub fn with_budget(mut self, step: BudgetStep) -> Self {
+        self.budget = Some(step);
         self
     }
 }
@@ -288,8 +340,9 @@ pub struct Recorded {
 /// `half_open_calls`. Policies in shadow mode follow the rule of
 /// [`crate::shadow`].
 pub trait ResourceState: Send + Sync + fmt::Debug {
-    /// Admits one attempt through circuit, bulkhead, cooldown and rate limit,
-    /// in that order, all or nothing.
+    /// Admits one attempt through circuit, bulkhead, cooldown, retry budget
+    /// and rate limit, in that order, all or nothing (a deposit to the
+    /// budget is made whatever the answer).
     ///
     /// # Errors
     /// When the store fails and is configured to fail closed.
