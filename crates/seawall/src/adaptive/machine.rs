@@ -188,7 +188,7 @@ impl Limiter {
         if !lease.is_held() {
             return None;
         }
-        self.give_back(lease);
+        self.free(lease);
         if signal == Signal::Ignored {
             return None;
         }
@@ -240,9 +240,14 @@ impl Limiter {
     /// its caller, refused by a later policy).
     #[inline]
     pub(crate) fn give_back(&self, lease: Lease) {
-        if !lease.is_held() {
-            return;
+        if lease.is_held() {
+            self.free(lease);
         }
+    }
+
+    /// Frees the slot of a lease that holds one.
+    #[inline]
+    fn free(&self, lease: Lease) {
         let _ = self
             .in_flight
             .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| Some(give_back(n)));
