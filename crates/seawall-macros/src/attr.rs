@@ -92,8 +92,8 @@ pub(crate) enum JitterKind {
 }
 
 /// The keys of `#[resilient(...)]` that are not policies.
-const OTHER_KEYS: &str =
-    "fallback, classify, retry_if, abort_if, name, store, clock, on_event, context, coalesce_key";
+const OTHER_KEYS: &str = "policy, fallback, classify, retry_if, abort_if, name, store, clock, \
+     on_event, context, coalesce_key";
 
 /// Every top-level key: each registered policy (a policy with a shorthand
 /// also as `{name}_ms` and `{name}_s`), then the other keys.
@@ -299,6 +299,25 @@ pub(crate) fn parse(args: TokenStream) -> syn::Result<Config> {
             continue;
         }
         match text.as_str() {
+            // A policy written in code: a function returning it, declared
+            // here in list order; its position is its own, checked by
+            // `build()` (the attribute cannot know it).
+            "policy" => {
+                let make = path(
+                    meta,
+                    &key,
+                    "a function returning a `seawall::custom::Policy`",
+                )?;
+                let value = quote::quote!(#make());
+                config.steps.push(Step {
+                    key,
+                    kind: PolicyKind::CustomCall,
+                    policy: Built {
+                        value,
+                        rejects: true,
+                    },
+                });
+            }
             "fallback" => {
                 seen.add(&key, "fallback")?;
                 config.fallback = Some(path(meta, &key, "a function")?);
@@ -391,6 +410,9 @@ pub(crate) fn parse(args: TokenStream) -> syn::Result<Config> {
 /// The order of policies, checked by the builder's own rules; the error
 /// points at the key of the misplaced policy.
 fn check_order(steps: &[Step]) -> syn::Result<()> {
+    // Policies written in code declare their position in code: `build()`
+    // checks them; the rest is checked here.
+    let steps: Vec<&Step> = steps.iter().filter(|s| !s.kind.is_custom()).collect();
     let kinds: Vec<PolicyKind> = steps.iter().map(|s| s.kind).collect();
     let Err(e) = check(&kinds) else {
         return Ok(());

@@ -54,18 +54,32 @@ pub(crate) fn expand(config: Config, item: ItemFn) -> syn::Result<TokenStream> {
     let build = builder(&config, &name);
     // A classifier or predicate fixes the pipeline's error type, which the
     // static must then name.
-    let pipeline_ty = match (config.judges.first(), &sig.error) {
-        (None, _) => quote!(::seawall::Pipeline),
-        (Some(_), Some(e)) => quote!(::seawall::Pipeline<::seawall::pipeline::ErrorType<#e>>),
-        (Some((key, _)), None) => {
+    let custom = config.steps.iter().find(|s| s.kind.is_custom());
+    let pipeline_ty = match (custom, &sig.value, &sig.error) {
+        // A policy written in code fixes both types of the pipeline.
+        (Some(_), Some(t), Some(e)) => {
+            quote!(::seawall::Pipeline<::seawall::pipeline::ValueType<#t, #e>>)
+        }
+        (Some(step), _, _) => {
             return Err(syn::Error::new(
-                key.span(),
-                format!(
-                    "`{key}` needs the return type spelled `Result<T, E>` (not an alias), \
-                     so that the pipeline can name the error type `E`"
-                ),
+                step.key.span(),
+                "`policy` needs the return type spelled `Result<T, E>` (not an alias), so \
+                 that the pipeline can name the types its policy handles",
             ))
         }
+        (None, _, _) => match (config.judges.first(), &sig.error) {
+            (None, _) => quote!(::seawall::Pipeline),
+            (Some(_), Some(e)) => quote!(::seawall::Pipeline<::seawall::pipeline::ErrorType<#e>>),
+            (Some((key, _)), None) => {
+                return Err(syn::Error::new(
+                    key.span(),
+                    format!(
+                        "`{key}` needs the return type spelled `Result<T, E>` (not an alias), \
+                     so that the pipeline can name the error type `E`"
+                    ),
+                ))
+            }
+        },
     };
 
     // Each attempt binds the arguments anew: references are copied (or
@@ -367,8 +381,12 @@ fn convert(
 fn builder(config: &Config, name: &TokenStream) -> TokenStream {
     let mut chain = TokenStream::new();
     for step in &config.steps {
-        // Each policy is declared by the builder method of its name.
-        let method = Ident::new(step.kind.name(), Span::call_site());
+        // Each policy is declared by the builder method of its name; a
+        // policy written in code by `policy`.
+        let method = match step.kind.is_custom() {
+            true => Ident::new("policy", Span::call_site()),
+            false => Ident::new(step.kind.name(), Span::call_site()),
+        };
         let value = &step.policy.value;
         chain.extend(quote!(.#method(#value)));
     }

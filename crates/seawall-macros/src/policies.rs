@@ -49,12 +49,10 @@ pub(crate) fn policy(
         PolicyKind::AdaptiveLimit => adaptive_limit(given, span)?,
         PolicyKind::Coalesce => coalesce(given),
         // Not found by name: a policy written in code has no key here.
-        PolicyKind::CustomCall | PolicyKind::CustomAttempt => {
-            return Err(syn::Error::new(
-                span,
-                "a policy written in code is declared with `PipelineBuilder::policy`, not in the attribute",
-            ))
-        }
+        PolicyKind::CustomCall | PolicyKind::CustomAttempt => return Err(syn::Error::new(
+            span,
+            "a policy written in code is declared with `policy = path`, a function returning it",
+        )),
     };
     Ok(Built::new(kind, value))
 }

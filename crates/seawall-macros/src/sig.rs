@@ -43,6 +43,8 @@ pub(crate) struct Analysis {
     pub(crate) output: Type,
     /// `E`, when the return type is spelled `Result<T, E>`.
     pub(crate) error: Option<Type>,
+    /// `T`, when the return type is spelled `Result<T, E>`.
+    pub(crate) value: Option<Type>,
     pub(crate) is_async: bool,
 }
 
@@ -158,13 +160,17 @@ pub(crate) fn analyse(sig: &Signature) -> syn::Result<Analysis> {
             }
         }
     }
-    let error = error_type(&output);
+    let (value, error) = match result_types(&output) {
+        Some((t, e)) => (Some(t), Some(e)),
+        None => (None, None),
+    };
     Ok(Analysis {
         outer,
         receiver,
         args,
         output,
         error,
+        value,
         is_async,
     })
 }
@@ -178,8 +184,8 @@ fn returns_result(ty: &Type) -> bool {
     }
 }
 
-/// `E` in `Result<T, E>`.
-fn error_type(ty: &Type) -> Option<Type> {
+/// `T` and `E` in `Result<T, E>`.
+fn result_types(ty: &Type) -> Option<(Type, Type)> {
     let Type::Path(p) = strip(ty) else {
         return None;
     };
@@ -192,7 +198,7 @@ fn error_type(ty: &Type) -> Option<Type> {
         _ => None,
     });
     match (types.next(), types.next(), types.next()) {
-        (Some(_), Some(e), None) => Some(e.clone()),
+        (Some(t), Some(e), None) => Some((t.clone(), e.clone())),
         _ => None,
     }
 }

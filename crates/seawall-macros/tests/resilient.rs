@@ -1029,3 +1029,130 @@ fn a_shared_budget_from_the_attribute_limits_the_retries() {
     // The token, then half a token (no retry), then a whole one again.
     assert_eq!(attempts, [2, 1, 2]);
 }
+
+/// A policy written in code that counts its passes and adds 100 to a
+/// success: around the whole call or around each attempt.
+struct Counting {
+    name: &'static str,
+    position: seawall::custom::Position,
+    passes: &'static AtomicU32,
+}
+
+impl seawall::custom::Policy<u32, ApiError> for Counting {
+    fn name(&self) -> &str {
+        self.name
+    }
+
+    fn position(&self) -> seawall::custom::Position {
+        self.position
+    }
+
+    fn call<'a>(
+        &'a self,
+        _ctx: seawall::Context,
+        next: seawall::custom::Next<'a, u32, ApiError>,
+    ) -> seawall::custom::PolicyFuture<'a, u32, ApiError> {
+        self.passes.fetch_add(1, Ordering::SeqCst);
+        Box::pin(async move { next.run().await.map(|v| v + 100) })
+    }
+}
+
+static AROUND_CALL: AtomicU32 = AtomicU32::new(0);
+static AROUND_ATTEMPT: AtomicU32 = AtomicU32::new(0);
+static CUSTOM_RUNS: AtomicU32 = AtomicU32::new(0);
+
+fn around_call() -> Counting {
+    Counting {
+        name: "around_call",
+        position: seawall::custom::Position::Call,
+        passes: &AROUND_CALL,
+    }
+}
+
+fn around_attempt() -> Counting {
+    Counting {
+        name: "around_attempt",
+        position: seawall::custom::Position::Attempt,
+        passes: &AROUND_ATTEMPT,
+    }
+}
+
+clock!(custom_clock);
+
+/// Fails its first two runs: the retry makes three attempts, each through
+/// the policy around the attempt, all inside one pass of the one around
+/// the call.
+#[resilient(
+    policy = around_call,
+    retry(max_attempts = 3, backoff_ms = 10),
+    policy = around_attempt,
+    clock = custom_clock
+)]
+fn with_policies_of_code() -> Result<u32, ApiError> {
+    let run = CUSTOM_RUNS.fetch_add(1, Ordering::SeqCst) + 1;
+    if run <= 2 {
+        Err(ApiError::Flaky(run))
+    } else {
+        Ok(run)
+    }
+}
+
+#[test]
+fn policies_written_in_code_are_declared_in_list_order() {
+    // The attempt's policy adds 100 to the third run, the call's another 100.
+    assert_eq!(with_policies_of_code(), Ok(203));
+    assert_eq!(CUSTOM_RUNS.load(Ordering::SeqCst), 3);
+    assert_eq!(AROUND_CALL.load(Ordering::SeqCst), 1);
+    assert_eq!(AROUND_ATTEMPT.load(Ordering::SeqCst), 3);
+}
+
+static MISPLACED: AtomicU32 = AtomicU32::new(0);
+
+fn misplaced() -> Counting {
+    Counting {
+        name: "counting",
+        position: seawall::custom::Position::Call,
+        passes: &MISPLACED,
+    }
+}
+
+/// A policy around the call declared after the retry: refused by `build()`
+/// with the rule, as the builder refuses it.
+#[resilient(retry(max_attempts = 2), policy = misplaced)]
+fn with_a_misplaced_policy() -> Result<u32, ApiError> {
+    Ok(1)
+}
+
+#[test]
+#[should_panic(
+    expected = "counting.position is `call` (around the whole call) but the policy is declared after `retry`"
+)]
+fn a_policy_of_code_in_the_wrong_place_is_refused_by_the_builder() {
+    let _ = with_a_misplaced_policy();
+}
+
+static ASYNC_PASSES: AtomicU32 = AtomicU32::new(0);
+
+fn around_async_call() -> Counting {
+    Counting {
+        name: "around_async_call",
+        position: seawall::custom::Position::Call,
+        passes: &ASYNC_PASSES,
+    }
+}
+
+#[resilient(policy = around_async_call, timeout_ms = 500)]
+async fn async_with_a_policy_of_code(n: u32) -> Result<u32, ApiError> {
+    Ok(n)
+}
+
+#[test]
+fn an_async_function_runs_through_a_policy_of_code() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    assert_eq!(rt.block_on(async_with_a_policy_of_code(7)), Ok(107));
+    assert_eq!(rt.block_on(async_with_a_policy_of_code(8)), Ok(108));
+    assert_eq!(ASYNC_PASSES.load(Ordering::SeqCst), 2);
+}
