@@ -9,7 +9,7 @@
 //! samples joined before it; the lock's holder then publishes the limit
 //! admissions read.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
@@ -276,92 +276,98 @@ impl Limiter {
 
 /// The samples joined to the update window without the lock, since its
 /// holder last took them: a sample that ends before `until` (see
-/// [`rules::joins_until`]) adds its latency, its calls in flight and its
-/// drop here ([`Gathered::join`](rules::Gathered::join) on atomics), and
-/// the holder of the lock takes them ([`take`](Self::take)) before it
-/// applies a sample of its own. The holder closes the window to joins
-/// while it takes them, and waits for the joins under way: a sample is in
-/// the window whole, or not at all.
+/// [`rules::joins_until`]) adds its latency and its count to `joined` in
+/// one compare-and-swap, and its calls in flight to `in_flight`
+/// ([`Gathered::join`](rules::Gathered::join) on atomics); the holder of
+/// the lock takes them ([`take`](Self::take)) before it applies a sample
+/// of its own. Taking swaps `joined` for [`CLOSED`] in one step, so a
+/// sample is in the window whole or not at all, and nobody waits: a join
+/// that finds the window closed is applied under the lock instead. A drop
+/// is always applied under the lock (it is rare, and applying it is the
+/// same as joining it, by the rule).
 #[derive(Debug, Default)]
 struct Window {
     /// Samples ending before this time may join (0: none may).
     until: AtomicU64,
-    /// [`CLOSED`] while the lock's holder takes the samples; below it the
-    /// joins under way.
-    gate: AtomicU64,
-    sum: AtomicU64,
-    samples: AtomicU32,
+    /// The samples joined: their count above [`SUM_BITS`], the sum of their
+    /// latencies below; [`CLOSED`] while none may join.
+    joined: AtomicU64,
+    /// The most calls in flight of a sample joined (or applied since).
     in_flight: AtomicU32,
-    dropped: AtomicBool,
 }
 
 /// The window is closed to joins.
 const CLOSED: u64 = 1 << 63;
-/// A latency at most this long joins without the lock (about 18 minutes),
-/// and at most [`MAX_JOINED`] samples do: their sum never overflows.
-const MAX_JOIN_RTT: u64 = 1 << 40;
-const MAX_JOINED: u32 = 1 << 22;
+/// The low bits of [`Window::joined`]: the sum of the latencies joined, in
+/// nanoseconds (at most about 73 minutes; a sample that would pass it is
+/// applied under the lock).
+const SUM_BITS: u32 = 42;
+const SUM_MASK: u64 = (1 << SUM_BITS) - 1;
+/// One sample, in [`Window::joined`].
+const ONE_SAMPLE: u64 = 1 << SUM_BITS;
+/// At most this many samples join (the count's bits stay below
+/// [`CLOSED`]); the next is applied under the lock.
+const MAX_JOINED: u64 = (1 << (63 - SUM_BITS)) - 1;
 
 impl Window {
     /// Joins a sample that ended at `now` when it only joins the window:
     /// `false` when the lock's holder must apply it.
     #[inline]
     fn try_join(&self, rtt: u64, in_flight: u32, dropped: bool, now: u64) -> bool {
-        if now >= self.until.load(Ordering::Acquire) || rtt >= MAX_JOIN_RTT {
+        if dropped || now >= self.until.load(Ordering::Acquire) || rtt > SUM_MASK {
             return false;
         }
-        if self.gate.fetch_add(1, Ordering::Acquire) & CLOSED != 0 {
-            self.gate.fetch_sub(1, Ordering::Release);
-            return false;
+        // Before the sample joins, so that the holder who takes it takes
+        // this too. Should the join fail, the call was in flight in the
+        // window all the same.
+        if in_flight > self.in_flight.load(Ordering::Relaxed) {
+            self.in_flight.fetch_max(in_flight, Ordering::Relaxed);
         }
-        // Inside: the window is not taken before this join leaves. `until`
-        // may have moved since it was read above.
-        let joins = now < self.until.load(Ordering::Acquire)
-            && self.samples.load(Ordering::Relaxed) < MAX_JOINED;
-        if joins {
-            self.sum.fetch_add(rtt, Ordering::Relaxed);
-            self.samples.fetch_add(1, Ordering::Relaxed);
-            if in_flight > self.in_flight.load(Ordering::Relaxed) {
-                self.in_flight.fetch_max(in_flight, Ordering::Relaxed);
+        let mut joined = self.joined.load(Ordering::Relaxed);
+        loop {
+            if joined & CLOSED != 0
+                || joined >> SUM_BITS >= MAX_JOINED
+                || (joined & SUM_MASK) + rtt > SUM_MASK
+            {
+                return false;
             }
-            if dropped {
-                self.dropped.store(true, Ordering::Relaxed);
+            match self.joined.compare_exchange_weak(
+                joined,
+                joined + ONE_SAMPLE + rtt,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return true,
+                Err(actual) => joined = actual,
             }
         }
-        self.gate.fetch_sub(1, Ordering::Release);
-        joins
     }
 
     /// The samples joined since the last call, taken out of the window,
     /// which stays closed to joins until [`reopen`](Self::reopen). Called
     /// under the limit's lock.
     fn take(&self) -> rules::Gathered {
-        let mut gate = self.gate.fetch_or(CLOSED, Ordering::AcqRel);
-        // Wait for the joins under way: a few instructions each.
-        let mut spins = 0u32;
-        while gate & !CLOSED != 0 {
-            if spins < 64 {
-                std::hint::spin_loop();
-                spins += 1;
-            } else {
-                std::thread::yield_now();
-            }
-            gate = self.gate.load(Ordering::Acquire);
-        }
+        let joined = self.joined.swap(CLOSED, Ordering::AcqRel);
+        // Closed already: nothing joined since.
+        let joined = if joined & CLOSED != 0 { 0 } else { joined };
         rules::Gathered {
             opened: None,
-            sum: self.sum.swap(0, Ordering::Relaxed),
-            samples: self.samples.swap(0, Ordering::Relaxed),
+            sum: joined & SUM_MASK,
+            samples: (joined >> SUM_BITS) as u32,
             in_flight: self.in_flight.swap(0, Ordering::Relaxed),
-            dropped: self.dropped.swap(false, Ordering::Relaxed),
+            dropped: false,
         }
     }
 
-    /// Opens the window to the samples ending before `until` again. Called
-    /// under the limit's lock, after [`take`](Self::take).
+    /// Opens the window to the samples ending before `until` again (none
+    /// when it is 0: the window stays closed, so that a join that read an
+    /// earlier `until` does not slip in). Called under the limit's lock,
+    /// after [`take`](Self::take).
     fn reopen(&self, until: u64) {
         self.until.store(until, Ordering::Release);
-        self.gate.fetch_and(!CLOSED, Ordering::Release);
+        if until != 0 {
+            self.joined.store(0, Ordering::Release);
+        }
     }
 }
 
@@ -544,6 +550,42 @@ mod tests {
             }
             proptest::prop_assert_eq!(cell.settled(), model);
         }
+    }
+
+    /// Latencies whose sum would not fit the joined word are applied
+    /// under the lock: the window's sum stays exact.
+    #[test]
+    fn latencies_too_long_to_join_are_applied_under_the_lock() {
+        let l = Limiter::new(
+            &AdaptiveLimit::aimd()
+                .limits(10, 10, 10)
+                .rtt_timeout(Duration::from_secs(1 << 20))
+                .update_interval(Duration::from_secs(1 << 20)),
+        );
+        let random = SeededRandom::new(1);
+        let long = 1u64 << 41;
+        let mut model = rules::initial(&l.spec);
+        for (i, rtt) in [1, long, long, long, 5, SUM_MASK + 1, 7]
+            .into_iter()
+            .enumerate()
+        {
+            let lease = l.acquire(None).unwrap();
+            let now = 1_000 + i as u64;
+            l.release(lease, Signal::Success, rtt, now, &random);
+            let sample = Sample {
+                rtt,
+                in_flight: lease.in_flight,
+                signal: Signal::Success,
+                window: lease.window,
+                now,
+                draw: 0.0,
+            };
+            model = rules::update(&l.spec, model, &sample);
+        }
+        let settled = l.settled();
+        assert_eq!(settled, model);
+        assert_eq!(settled.gathered.samples, 7);
+        assert_eq!(settled.gathered.sum, 1 + 3 * long + 5 + SUM_MASK + 1 + 7);
     }
 
     #[test]
