@@ -64,10 +64,14 @@ impl std::fmt::Debug for AsyncPath {
 
 impl ResourceState for AsyncPath {
     fn admit(&self, request: &AdmitRequest<'_>) -> Result<Admission, StoreError> {
-        self.rt.block_on(self.inner.admit_async(*request))
+        // Made inside the runtime: made outside one, the futures answer on
+        // the blocking path.
+        self.rt
+            .block_on(async { self.inner.admit_async(*request).await })
     }
     fn record(&self, record: &Record<'_>) -> Result<Recorded, StoreError> {
-        self.rt.block_on(self.inner.record_async(*record))
+        self.rt
+            .block_on(async { self.inner.record_async(*record).await })
     }
     fn release(&self, partition: Option<&PartitionKey>, permit: Permit) {
         self.inner.release(partition, permit);
