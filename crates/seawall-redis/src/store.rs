@@ -870,15 +870,33 @@ impl Shared {
         self.pending(record).invocation()
     }
 
+    /// The circuit mode `success.lua` records a silent success in: "0"
+    /// (nothing) without a circuit, for an ignored outcome, and for a
+    /// shadowed call of a circuit in shadow mode (which records nothing of
+    /// it).
+    fn success_mode(&self, record: &Record<'_>) -> &'static str {
+        match record.outcome {
+            Outcome::Success if !(record.permit.shadowed && self.circuit_in_shadow) => {
+                self.success_args.mode
+            }
+            _ => "0",
+        }
+    }
+
+    /// `true` for a silent record that changes nothing on the server: no
+    /// slot to free, nothing for the circuit (see `success.lua`). It is not
+    /// sent.
+    fn record_is_void(&self, record: &Record<'_>) -> bool {
+        record.permit.slot.is_none()
+            && self.record_is_silent(record)
+            && self.success_mode(record) == "0"
+    }
+
     /// A silent success (or ignored outcome) as it waits to be sent: the
     /// arguments of the Lua function `success` (`success.lua`).
     fn pending(self: &Arc<Self>, record: &Record<'_>) -> Pending {
         let p = record.permit;
-        let mode = match record.outcome {
-            // A circuit in shadow mode records nothing of a shadowed call.
-            Outcome::Success if !(p.shadowed && self.circuit_in_shadow) => self.success_args.mode,
-            _ => "0",
-        };
+        let mode = self.success_mode(record);
         let mut args = String::with_capacity(48);
         if self.caller_clock {
             let _ = write!(args, "{}", micros(record.now));
@@ -1261,6 +1279,9 @@ impl ResourceState for RedisResource {
         if record.permit.local {
             return s.record_local(record);
         }
+        if s.record_is_void(record) {
+            return Ok(Recorded::default());
+        }
         s.carrier.flush_sync();
         let inv = self.shared.record_invocation(record);
         let reply = s.link.invoke_sync::<Vec<i64>>(&inv);
@@ -1285,6 +1306,9 @@ impl ResourceState for RedisResource {
             return StoreFuture::ready(self.record(&record));
         }
         let s = &self.shared;
+        if s.record_is_void(&record) {
+            return StoreFuture::ready(Ok(Recorded::default()));
+        }
         if s.record_is_silent(&record) && s.link.is_available() && background_runs() {
             let pending = s.pending(&record);
             if s.carrier.delay.is_zero() {

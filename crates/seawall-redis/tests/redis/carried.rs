@@ -274,3 +274,44 @@ fn a_cancelled_admission_carrying_a_success_frees_its_slot() {
         let _: () = redis::cmd("DEL").arg(&key).query(&mut conn).unwrap();
     }
 }
+
+/// A success with nothing to change on the server (no bulkhead slot to
+/// free, no circuit to count it) is not sent at all, on either path: one
+/// script call per attempt, its admission.
+#[test]
+fn a_success_with_nothing_to_change_is_not_sent() {
+    const N: u64 = 20;
+    let server = RedisServer::start();
+    let store = RedisStore::builder(server.url())
+        .prefix(unique("carried-void"))
+        .fail_closed()
+        .build()
+        .unwrap();
+    let p = Pipeline::builder("rate-only")
+        .rate_limiter(seawall::RateLimiter::gcra(
+            1_000_000,
+            Duration::from_secs(1),
+        ))
+        .store(store)
+        .build()
+        .unwrap();
+    let mut conn = server.conn();
+    reset_stats(&mut conn);
+    for _ in 0..N {
+        p.call(|_| Ok::<_, std::io::Error>(())).unwrap();
+    }
+    let pc = p.clone();
+    rt().block_on(async move {
+        for _ in 0..N {
+            pc.run(|_| async { Ok::<_, std::io::Error>(()) })
+                .await
+                .unwrap();
+        }
+    });
+    // Whatever was sent has been answered by now: the blocking calls above
+    // waited for their own, and a record sent on its own would follow
+    // within its delay; the admissions are all there is.
+    std::thread::sleep(Duration::from_millis(50));
+    let stats = command_calls(&mut conn);
+    assert_eq!(script_calls(&stats), 2 * N, "{stats:?}");
+}
