@@ -136,6 +136,10 @@
 //!   waiting in the store asked (their attempts have ended); another
 //!   store, or another process, counts them until they reach Redis.
 //!
+//! A silent success with nothing to change on the server (no bulkhead
+//! slot to free, no circuit to count it) is not sent at all, on either
+//! path (`carried::a_success_with_nothing_to_change_is_not_sent`).
+//!
 //! What holds:
 //! - **Cost**: an async call that succeeds at its first attempt costs one
 //!   script call (its admission), one round trip of latency; a success sent
@@ -155,11 +159,14 @@
 //! - **Transitions made by another process** are seen at the next
 //!   admission, as before: an admission always reads the state on Redis
 //!   (the successes it carries only add this process's own outcomes).
-//! - **A runtime shut down, a store dropped** with successes waiting: the
-//!   timer task is dropped with its runtime, and the slots of the
-//!   successes waiting are given back on the blocking path (the release
-//!   script; the successes themselves are lost, which for a closed circuit
-//!   is immaterial) (`carried::a_waiting_success_survives_the_store_and_its_runtime`).
+//! - **A store dropped** with successes waiting: its timer task keeps what
+//!   it needs and sends them after their delay. **A runtime shut down**
+//!   with successes waiting: the timer task is dropped with its runtime,
+//!   and the slots of the successes waiting are given back on the blocking
+//!   path (the release script; the successes themselves are lost, which
+//!   for a closed circuit is immaterial)
+//!   (`carried::a_waiting_success_survives_the_store_and_its_runtime`: both
+//!   at once).
 //! - **A carrying admission that fails**: after `NOSCRIPT` the scripts are
 //!   loaded again and the admission sent once more with what it carries
 //!   (`carried::a_carried_success_survives_a_script_reload`); an admission

@@ -40,6 +40,9 @@ fn bound(breaker: &CircuitBreaker) -> Arc<dyn ResourceState> {
         // Probes never expire during a case (the in-memory store has no
         // probe lease).
         .probe_lease(Duration::from_secs(10_000_000))
+        // Every case makes a runtime and an async connection of its own,
+        // beside the other tests' servers: a generous timeout.
+        .timeout(Duration::from_secs(2))
         .fail_closed()
         .build()
         .unwrap();
