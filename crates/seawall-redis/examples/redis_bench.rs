@@ -13,8 +13,13 @@
 //!   other), in one process (async `run` as a task on a multi-thread
 //!   runtime, async `run` on a current-thread runtime, sync `call`) and in
 //!   four processes (async `run`, one shared state);
-//! - round trips per call, from the server's `INFO commandstats`, and the
-//!   server's mean time per script call;
+//! - round trips per call (script calls per call: every call here is one
+//!   successful attempt), from the server's `INFO commandstats`, and the
+//!   server's mean time per script call; the async run also with
+//!   `success_delay(0)` (every success sent on its own, not carried by
+//!   the next admission); the CPU time per call of the server (`INFO cpu`)
+//!   and of this process (`/proc/self/stat`), which a loaded machine
+//!   disturbs less than wall-clock figures;
 //! - the refusal of a call by a shared circuit that another process opened
 //!   (open for an hour): time per refusal and round trips per call, with
 //!   the refusal replayed locally (the default) and with
@@ -196,7 +201,10 @@ fn time_sync(n: usize, mut f: impl FnMut()) -> (Vec<Duration>, Duration) {
     (lat, total)
 }
 
+/// Script calls so far; first waits a little for the successes still
+/// waiting to be carried (sent on their own after 1 ms).
 fn script_calls(url: &str) -> u64 {
+    std::thread::sleep(Duration::from_millis(20));
     let client = redis::Client::open(url).unwrap();
     let mut c = client.get_connection().unwrap();
     let info: String = redis::cmd("INFO")
@@ -229,6 +237,37 @@ fn script_usec(url: &str) -> f64 {
         })
         .and_then(|v| v.parse().ok())
         .unwrap_or(0.0)
+}
+
+/// CPU time used so far by the server (`INFO cpu`: user + system).
+fn server_cpu(url: &str) -> Duration {
+    let client = redis::Client::open(url).unwrap();
+    let mut c = client.get_connection().unwrap();
+    let info: String = redis::cmd("INFO").arg("cpu").query(&mut c).unwrap();
+    let secs: f64 = info
+        .lines()
+        .filter_map(|l| {
+            l.strip_prefix("used_cpu_user:")
+                .or_else(|| l.strip_prefix("used_cpu_sys:"))
+        })
+        .filter_map(|v| v.trim().parse::<f64>().ok())
+        .sum();
+    Duration::from_secs_f64(secs)
+}
+
+/// CPU time used so far by this process (user + system, from
+/// `/proc/self/stat`, in clock ticks of 10 ms); zero where it cannot be
+/// read.
+fn own_cpu() -> Duration {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return Duration::ZERO;
+    };
+    // The fields after the command name (which is in parentheses).
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    // utime and stime: fields 14 and 15 of the line, 12 and 13 here.
+    Duration::from_millis((ticks(11) + ticks(12)) * 10)
 }
 
 fn reset_stats(url: &str) {
@@ -413,6 +452,7 @@ fn main() {
     });
 
     reset_stats(&url);
+    let cpu_before = (server_cpu(&url), own_cpu());
     let (run_lat, run_total) = {
         let p = p.clone();
         time_on(&rt, n, move || {
@@ -423,7 +463,46 @@ fn main() {
         })
     };
     let run_trips = script_calls(&url) as f64 / n as f64;
+    let run_cpu = (
+        server_cpu(&url).saturating_sub(cpu_before.0),
+        own_cpu().saturating_sub(cpu_before.1),
+    );
     let run_usec = script_usec(&url);
+
+    // Every success sent on its own (its answer not awaited), not carried.
+    let alone = chain(
+        RedisStore::builder(url.as_str())
+            .prefix(&a.prefix)
+            .fail_closed()
+            .success_delay(Duration::ZERO)
+            .build()
+            .unwrap(),
+    );
+    {
+        let alone = alone.clone();
+        time_on(&rt, 1000, move || {
+            let alone = alone.clone();
+            async move {
+                alone.run(|_| op()).await.unwrap();
+            }
+        });
+    }
+    reset_stats(&url);
+    let cpu_before = (server_cpu(&url), own_cpu());
+    let (alone_lat, alone_total) = {
+        let alone = alone.clone();
+        time_on(&rt, n, move || {
+            let alone = alone.clone();
+            async move {
+                alone.run(|_| op()).await.unwrap();
+            }
+        })
+    };
+    let alone_trips = script_calls(&url) as f64 / n as f64;
+    let alone_cpu = (
+        server_cpu(&url).saturating_sub(cpu_before.0),
+        own_cpu().saturating_sub(cpu_before.1),
+    );
 
     // A current-thread runtime awaits every record (two round trips).
     reset_stats(&url);
@@ -517,6 +596,13 @@ fn main() {
         run_trips,
     );
     row(
+        "1 process, async run, success_delay(0)",
+        &alone_lat,
+        n as f64,
+        alone_total.as_secs_f64(),
+        alone_trips,
+    );
+    row(
         "1 process, async run, current-thread",
         &current_lat,
         n as f64,
@@ -543,10 +629,26 @@ fn main() {
     let ratio =
         |lat: &[Duration], ping: Duration| added(lat, 0.5).as_secs_f64() / ping.as_secs_f64();
     println!(
-        "added p50 / PING p50 (target < 2x): async run {:.2}x, current-thread {:.2}x, sync call {:.2}x (vs blocking PING)",
+        "added p50 / PING p50 (target <= 1.5x): async run {:.2}x, success_delay(0) {:.2}x, current-thread {:.2}x, sync call {:.2}x (vs blocking PING)",
         ratio(&run_lat, ping_p50),
+        ratio(&alone_lat, ping_p50),
         ratio(&current_lat, ping_p50),
         ratio(&call_lat, ping_sync_p50)
+    );
+    println!(
+        "script calls per successful attempt (target <= 1.05): async run {run_trips:.3}, success_delay(0) {alone_trips:.3}, 4 processes {multi_trips:.3}"
+    );
+    println!(
+        "async single-process throughput: {:.0} calls/s",
+        n as f64 / run_total.as_secs_f64()
+    );
+    let per_call = |d: Duration| us(d / u32::try_from(n).unwrap_or(u32::MAX));
+    println!(
+        "CPU per call (server | this process, which includes the bench's own timing): async run {} | {}, success_delay(0) {} | {}",
+        per_call(run_cpu.0),
+        per_call(run_cpu.1),
+        per_call(alone_cpu.0),
+        per_call(alone_cpu.1)
     );
     drop(server);
 }

@@ -65,6 +65,8 @@ pub enum TimeSource {
 /// - the server's clock
 /// - refusals with a known end replayed locally, for up to 4096
 ///   partitions per resource (see [`local_refusals`](Self::local_refusals))
+/// - a silent success waits up to 1 ms for the next admission of its
+///   partition to carry it (see [`success_delay`](Self::success_delay))
 ///
 /// Its `Debug` output shows the URL (or the cluster's URLs) without
 /// passwords.
@@ -80,6 +82,7 @@ pub struct RedisStoreBuilder {
     pub(crate) probe_lease: Duration,
     pub(crate) time_source: TimeSource,
     pub(crate) local_refusals: usize,
+    pub(crate) success_delay: Duration,
 }
 
 /// What a store talks to: one server, or the nodes of a cluster.
@@ -118,6 +121,7 @@ impl std::fmt::Debug for RedisStoreBuilder {
             .field("probe_lease", &self.probe_lease)
             .field("time_source", &self.time_source)
             .field("local_refusals", &self.local_refusals)
+            .field("success_delay", &self.success_delay)
             .finish()
     }
 }
@@ -143,6 +147,7 @@ impl RedisStoreBuilder {
             probe_lease: Duration::from_secs(60),
             time_source: TimeSource::Server,
             local_refusals: 4096,
+            success_delay: Duration::from_millis(1),
         }
     }
 
@@ -262,6 +267,23 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// How long the record of a silent success (see the [crate
+    /// documentation](crate#how-it-works)) made on the async path of a
+    /// multi-thread runtime may wait for the next admission of its resource
+    /// and partition through this store to carry it; past that it is sent
+    /// on its own. At most 1 s. Zero sends every such record on its own at
+    /// once (its answer not awaited): one more script call per call, and
+    /// a slot freed one round trip after its call ends.
+    ///
+    /// Its bulkhead slot is freed on the server by the next admission of
+    /// the partition or after this delay (plus the timer's resolution of
+    /// about 1 ms and the scheduling of the task that sends it), whichever
+    /// comes first.
+    pub fn success_delay(mut self, delay: Duration) -> Self {
+        self.success_delay = delay;
+        self
+    }
+
     /// Validates the settings and creates the store. Nothing is sent to
     /// Redis yet: the connection is checked (and the scripts are loaded)
     /// when a pipeline binds the store.
@@ -284,6 +306,9 @@ impl RedisStoreBuilder {
         }
         if self.reconnect_interval.is_zero() {
             return Err(invalid("reconnect_interval", "must be > 0".into()));
+        }
+        if self.success_delay > Duration::from_secs(1) {
+            return Err(invalid("success_delay", "must be <= 1 s".into()));
         }
         if self.probe_lease < Duration::from_millis(1) {
             return Err(invalid("probe_lease", "must be >= 1 ms".into()));

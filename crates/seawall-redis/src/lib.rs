@@ -32,27 +32,20 @@
 //! ```
 //!
 //! # How it works
-//! - **One round trip to admit, one to record.** An attempt is admitted
+//! - **One script call per successful attempt.** An attempt is admitted
 //!   through circuit, bulkhead, cooldown and rate limit by one Lua script,
-//!   and its outcome recorded by another; each is a single `EVALSHA`,
-//!   atomic on the server. Nothing is read, changed and written back from
-//!   the client. Scripts are loaded when a pipeline binds the store and
-//!   reloaded automatically after `NOSCRIPT` (a server restart or
-//!   `SCRIPT FLUSH`). A cancelled attempt gives its permit back with one
-//!   more script call, in the background. A refusal with a known end
-//!   (a circuit open until T, a cooldown, an exhausted rate limit) is
-//!   answered without a round trip until T after the first: see [Refusals
-//!   answered locally](#refusals-answered-locally).
-//! - **Successes are not waited for.** On a multi-thread tokio runtime, the
-//!   record of a success that can change nothing the caller is told (not a
-//!   half-open probe, not a slow call, no retry-after hint) is queued on the
-//!   connection and its answer is not awaited, so an async call costs one
-//!   round trip of latency. Such records (the most frequent) also run a
-//!   lean script of their own. The caller's next admission follows it on the
-//!   same connection; the blocking path waits for such records before it
-//!   sends anything, so `call`, `in_flight` and the circuit controls see
-//!   them too. If the runtime shuts down first, the slot is given back on
-//!   the blocking path.
+//!   a single `EVALSHA`, atomic on the server. Nothing is read, changed and
+//!   written back from the client. Scripts are loaded when a pipeline binds
+//!   the store and reloaded automatically after `NOSCRIPT` (a server
+//!   restart or `SCRIPT FLUSH`). A failure, a probe, a slow call or an
+//!   outcome with a retry-after hint is recorded by a script call of its
+//!   own; a success that can change nothing the caller is told (see [The
+//!   success path](#the-success-path)) costs none on the async path. A
+//!   cancelled attempt gives its permit back with one more script call, in
+//!   the background. A refusal with a known end (a circuit open until T, a
+//!   cooldown, an exhausted rate limit) is answered without a round trip
+//!   until T after the first: see [Refusals answered
+//!   locally](#refusals-answered-locally).
 //! - **The server's clock decides** windows, leases and open periods (the
 //!   scripts read `TIME`), so processes on hosts with skewed clocks agree.
 //!   The `now` a pipeline passes is ignored, except with
@@ -116,6 +109,88 @@
 //!   fixed window's last window still the one it set; a sliding log's
 //!   entry). While Redis is down (fail-open), the local answer reserves
 //!   nothing.
+//!
+//! # The success path
+//! A *silent* success is the record of a success (or an ignored outcome)
+//! that is not a half-open probe, not a slow call (for a breaker that
+//! judges slow calls) and carries no retry-after hint: it never moves the
+//! circuit nor opens a cooldown, so its answer tells the caller nothing.
+//! On the async path of a multi-thread tokio runtime (`Pipeline::run`),
+//! such a record is not sent on its own:
+//! - it waits in the store, and the **next async admission of the same
+//!   resource and partition** through the store carries it: that
+//!   admission's script first applies each success it carries (the rule of
+//!   `success.lua`, one Lua function shared by both scripts), then admits.
+//!   A resource's keys, and a partition's, share one hash tag, so on a
+//!   Redis Cluster the carried records are in the admission's slot;
+//!   records of other resources or partitions are never carried;
+//! - a success that no admission carries within
+//!   [`success_delay`](RedisStoreBuilder::success_delay) (1 ms by default)
+//!   is sent on its own by a timer task (one script call, its answer not
+//!   awaited);
+//! - it is sent before anything of the store that must see it: any call on
+//!   the blocking path (`call`, the circuit's metrics and controls) sends
+//!   every success waiting first, a record that is not silent queues them
+//!   on the connection before itself. The slots in flight
+//!   (`Pipeline::in_flight`) do not count the slots of the successes
+//!   waiting in the store asked (their attempts have ended); another
+//!   store, or another process, counts them until they reach Redis.
+//!
+//! A silent success with nothing to change on the server (no bulkhead
+//! slot to free, no circuit to count it) is not sent at all, on either
+//! path (`carried::a_success_with_nothing_to_change_is_not_sent`).
+//!
+//! What holds:
+//! - **Cost**: an async call that succeeds at its first attempt costs one
+//!   script call (its admission), one round trip of latency; a success sent
+//!   on its own after its delay costs one more script call
+//!   (`carried::a_successful_attempt_costs_one_script_call`: at most 1.05
+//!   script calls per attempt, counted by `INFO commandstats`; the
+//!   `redis_bench` example measures it with the default delay).
+//! - **A slot is freed on the server** by the next admission of its
+//!   partition through the same store, or once its success's delay has
+//!   passed (plus the timer's resolution, about 1 ms, and the scheduling
+//!   of the task), whichever comes first, while Redis answers. Another
+//!   store sees it free without any further admission by the first
+//!   (`carried::a_slot_freed_by_a_waiting_success_is_seen_free_within_the_delay`).
+//!   Meanwhile a bulkhead may refuse an admission of another process that
+//!   it would have let through had the success been sent at once: the
+//!   bulkhead errs towards fewer calls, never more.
+//! - **Transitions made by another process** are seen at the next
+//!   admission, as before: an admission always reads the state on Redis
+//!   (the successes it carries only add this process's own outcomes).
+//! - **A store dropped** with successes waiting: its timer task keeps what
+//!   it needs and sends them after their delay. **A runtime shut down**
+//!   with successes waiting: the timer task is dropped with its runtime,
+//!   and the slots of the successes waiting are given back on the blocking
+//!   path (the release script; the successes themselves are lost, which
+//!   for a closed circuit is immaterial)
+//!   (`carried::a_waiting_success_survives_the_store_and_its_runtime`: both
+//!   at once).
+//! - **A carrying admission that fails**: after `NOSCRIPT` the scripts are
+//!   loaded again and the admission sent once more with what it carries
+//!   (`carried::a_carried_success_survives_a_script_reload`); an admission
+//!   that fails otherwise (a timeout, a lost connection, a hold after a
+//!   restart) or is cancelled may or may not have run, so its successes
+//!   are not sent again (a success must not count twice): their slots are
+//!   given back by the release script, which is idempotent
+//!   (`carried::a_cancelled_admission_carrying_a_success_frees_its_slot`).
+//!   While Redis is skipped after a failure nothing is sent: as for any
+//!   record that cannot be made, the slot comes back with its lease.
+//! - **The same semantics as the in-memory store**: the model tests
+//!   (`tests/redis/models.rs`) drive their async runs through
+//!   `admit_async` / `record_async`, where successes are carried, and
+//!   compare every answer and the slots in flight with the reference
+//!   models.
+//!
+//! The blocking path (`Pipeline::call`) does not carry: a success would
+//! wait with no runtime to send it after its delay, so each record is a
+//! script call of its own, awaited (two round trips per attempt). A
+//! current-thread runtime awaits every record too: it may not run again
+//! before the next call. [`success_delay`](RedisStoreBuilder::success_delay)
+//! zero sends every silent success on its own at once, queued on the
+//! connection before the call returns and not awaited (one round trip of
+//! latency, two script calls per attempt).
 //!
 //! # Refusals answered locally
 //! A refusal whose end Redis gives, and which nothing but a manual control

@@ -13,7 +13,10 @@
 //!   default).
 //! - `ARGV[2..=27]`: the resource's spec, encoded once at bind time
 //!   ([`SpecArgs`]).
-//! - `ARGV[28..]`: the operation's own arguments.
+//! - `ARGV[28..]`: the operation's own arguments; an admission that carries
+//!   successes (`admit_carrying`) has one more, the last: the records it
+//!   carries, which `lua/carry.lua` takes off before the admission reads
+//!   its own.
 
 use std::fmt::Write as _;
 use std::sync::OnceLock;
@@ -25,6 +28,12 @@ use seawall::rate_limit::RateAlgorithm;
 use seawall::store::ResourceSpec;
 
 const PRELUDE: &str = include_str!("lua/prelude.lua");
+/// The rule of a silent success, as the Lua function `success(A)`.
+const SUCCESS: &str = include_str!("lua/success.lua");
+/// The successes an admission carries, applied by `success`.
+const CARRY: &str = include_str!("lua/carry.lua");
+/// The admission script.
+const ADMIT: &str = include_str!("lua/admit.lua");
 
 /// The scripts, compiled (hashed) once per process.
 pub(crate) struct Scripts {
@@ -37,9 +46,13 @@ pub(crate) struct Scripts {
     /// The lean record of a success that can report nothing (self-contained:
     /// no prelude, see [`SuccessArgs`]).
     pub(crate) success: Script,
+    /// The admission carrying silent successes of the same keys, applied
+    /// first by the same rule as `success` (see `lua/carry.lua`): the
+    /// admission's arguments, then the carried records as one more.
+    pub(crate) admit_carrying: Script,
     /// `SCRIPT LOAD` of every script: commands of their own, which a
     /// cluster connection routes to the masters.
-    loads: [redis::Cmd; 7],
+    loads: [redis::Cmd; 8],
 }
 
 impl Scripts {
@@ -48,15 +61,16 @@ impl Scripts {
         SCRIPTS.get_or_init(|| {
             let with_prelude = |body: &str| source(&[PRELUDE, body]);
             let sources = [
-                with_prelude(include_str!("lua/admit.lua")),
+                with_prelude(ADMIT),
                 with_prelude(include_str!("lua/record.lua")),
                 with_prelude(include_str!("lua/release.lua")),
                 with_prelude(include_str!("lua/metrics.lua")),
                 with_prelude(include_str!("lua/control.lua")),
                 with_prelude(include_str!("lua/in_flight.lua")),
-                source(&[include_str!("lua/success.lua")]),
+                source(&[SUCCESS, "return success(ARGV)\n"]),
+                source(&[SUCCESS, CARRY, PRELUDE, ADMIT]),
             ];
-            let [admit, record, release, metrics, control, in_flight, success] =
+            let [admit, record, release, metrics, control, in_flight, success, admit_carrying] =
                 sources.each_ref().map(|s| Script::new(s));
             Scripts {
                 admit,
@@ -66,6 +80,7 @@ impl Scripts {
                 control,
                 in_flight,
                 success,
+                admit_carrying,
                 loads: sources.map(|s| {
                     let mut cmd = redis::cmd("SCRIPT");
                     cmd.arg("LOAD").arg(s);
@@ -76,7 +91,7 @@ impl Scripts {
     }
 
     /// `SCRIPT LOAD` of every script.
-    pub(crate) fn loads(&self) -> &[redis::Cmd; 7] {
+    pub(crate) fn loads(&self) -> &[redis::Cmd; 8] {
         &self.loads
     }
 }
@@ -446,7 +461,7 @@ mod tests {
     #[test]
     fn every_script_is_read_before_authentication() {
         let scripts = [
-            ("admit", include_str!("lua/admit.lua")),
+            ("admit", ADMIT),
             ("record", include_str!("lua/record.lua")),
             ("release", include_str!("lua/release.lua")),
             ("metrics", include_str!("lua/metrics.lua")),
@@ -457,8 +472,10 @@ mod tests {
             let len = source(&[PRELUDE, body]).len();
             assert!(len <= MAX_SCRIPT_LEN, "{name}: {len} bytes");
         }
-        let len = source(&[include_str!("lua/success.lua")]).len();
+        let len = source(&[SUCCESS, "return success(ARGV)\n"]).len();
         assert!(len <= MAX_SCRIPT_LEN, "success: {len} bytes");
+        let len = source(&[SUCCESS, CARRY, PRELUDE, ADMIT]).len();
+        assert!(len <= MAX_SCRIPT_LEN, "admit_carrying: {len} bytes");
         // Comments and blank lines go; code stays, a trailing comment too.
         assert_eq!(
             source(&["-- a\n\n  -- b\nlocal x = 1 -- c\n", "return x"]),

@@ -1,7 +1,9 @@
 //! [`RedisStore`] and the state of one bound resource.
 
 use std::fmt;
+use std::fmt::Write as _;
 use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::Poll;
 use std::time::{Duration, Instant};
@@ -60,6 +62,8 @@ struct StoreInner {
     /// Partitions per resource whose refusal with a known end is replayed
     /// locally (0: none).
     local_refusals: usize,
+    /// Silent successes waiting for an admission to carry them.
+    carrier: Arc<Carrier>,
 }
 
 impl fmt::Debug for RedisStore {
@@ -136,6 +140,7 @@ impl RedisStore {
                 time_source: b.time_source,
                 local: MemoryStore::new(),
                 local_refusals: b.local_refusals,
+                carrier: Arc::new(Carrier::new(b.success_delay)),
             }),
         }
     }
@@ -218,6 +223,7 @@ impl StateStore for RedisStore {
                 circuit_in_shadow: scripts::circuit_in_shadow(spec),
                 refusals: Refusals::new(inner.local_refusals),
                 born: Instant::now(),
+                carrier: Arc::clone(&inner.carrier),
             }),
         }))
     }
@@ -256,6 +262,8 @@ struct Shared {
     /// The origin of the store's clock on the server's time source (see
     /// [`Shared::clock`]).
     born: Instant,
+    /// The store's silent successes waiting to be carried.
+    carrier: Arc<Carrier>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -348,38 +356,334 @@ fn background_runs() -> bool {
         .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
 }
 
-/// A record sent without waiting for its answer. If it is dropped
-/// unanswered (its runtime shut down before the command was written), the
-/// slot is given back on the blocking path: the release is idempotent, the
-/// lost success of a closed circuit is immaterial.
-struct PendingRecord {
-    unawaited: Option<crate::link::Unawaited>,
+/// The most successes one admission carries; the others wait for the next
+/// admission or for their delay.
+const MAX_CARRIED: usize = 32;
+
+/// The record of a silent success (see [`Shared::record_is_silent`]) made
+/// on the async path and not yet sent: it waits in the store's [`Carrier`]
+/// for the next admission of its resource and partition, or is sent on its
+/// own.
+struct Pending {
     shared: Arc<Shared>,
     partition: Option<PartitionKey>,
     permit: Permit,
-    answered: bool,
+    /// The arguments of the Lua function `success` (`success.lua`), joined
+    /// by `,`.
+    args: String,
+    /// When it was recorded.
+    since: Instant,
 }
 
-impl PendingRecord {
-    fn answered(&mut self) {
-        self.answered = true;
+impl Pending {
+    /// The record sent on its own: the `success` script.
+    fn invocation(&self) -> Invocation {
+        let mut inv = Invocation::new(&Scripts::get().success);
+        self.shared.keys_of(&mut inv, self.partition.as_ref());
+        for a in self.args.split(',') {
+            inv.arg(a);
+        }
+        inv
     }
-}
 
-impl Drop for PendingRecord {
-    fn drop(&mut self) {
-        // First: the blocking path waits for unawaited records.
-        drop(self.unawaited.take());
-        if self.answered || self.permit.slot.is_none() {
+    /// Gives its slot back on the blocking path (the release is idempotent;
+    /// the success of a closed circuit is immaterial).
+    fn give_back_sync(self) {
+        if self.permit.slot.is_none() {
             return;
         }
         let args = ReleaseArgs {
-            partition: self.partition.take(),
+            partition: self.partition,
             permit: self.permit,
             reserved: None,
         };
         let inv = self.shared.release_invocation(&args);
         let _ = self.shared.link.invoke_sync_unordered::<i64>(&inv);
+    }
+}
+
+/// Records on their way to Redis (carried by an admission, or sent on their
+/// own), counted as unawaited so that the blocking path waits for them. If
+/// a batch is dropped before [`answered`](Batch::answered) (its command
+/// failed, timed out, or was cancelled, and may not have run), the slots of
+/// its records are given back by the release script: in a task inside a
+/// tokio runtime, on the blocking path outside one or when that task cannot
+/// run (the runtime shuts down). A slot is never left to its lease while
+/// Redis answers.
+struct Batch {
+    records: Vec<Pending>,
+    unawaited: Option<crate::link::Unawaited>,
+    /// Already the give-back task's: its drop gives back on the blocking
+    /// path.
+    giving_back: bool,
+}
+
+impl Batch {
+    fn new(records: Vec<Pending>) -> Batch {
+        let unawaited = records.first().map(|p| p.shared.link.unawaited());
+        Batch {
+            records,
+            unawaited,
+            giving_back: false,
+        }
+    }
+
+    fn answered(&mut self) {
+        self.records.clear();
+    }
+}
+
+impl Drop for Batch {
+    fn drop(&mut self) {
+        // First: the blocking path waits for unawaited records.
+        drop(self.unawaited.take());
+        let records = std::mem::take(&mut self.records);
+        if records.iter().all(|p| p.permit.slot.is_none()) {
+            return;
+        }
+        if !self.giving_back {
+            if let Ok(handle) = tokio::runtime::Handle::try_current() {
+                let mut batch = Batch {
+                    records,
+                    unawaited: None,
+                    giving_back: true,
+                };
+                handle.spawn(async move {
+                    while let Some(p) = batch.records.pop() {
+                        if p.permit.slot.is_none() {
+                            continue;
+                        }
+                        let args = ReleaseArgs {
+                            partition: p.partition.clone(),
+                            permit: p.permit,
+                            reserved: None,
+                        };
+                        let inv = p.shared.release_invocation(&args);
+                        if p.shared.link.invoke_async_quiet::<i64>(&inv).await.is_err() {
+                            batch.records.push(p);
+                            return;
+                        }
+                    }
+                });
+                return;
+            }
+        }
+        for p in records {
+            p.give_back_sync();
+        }
+    }
+}
+
+/// The silent successes of one store waiting for an admission to carry
+/// them. Each goes with the next async admission of its resource (the
+/// same binding) and partition through the store, or on its own once it
+/// has waited `delay` (a timer task on the runtime that recorded it), or
+/// before anything that must see it: any call on the blocking path, a
+/// record that may move the circuit, the circuit's metrics and controls,
+/// the slots in flight. While one waits, a timer task is armed; if that
+/// task is dropped (its runtime shuts down), the slots waiting are given
+/// back on the blocking path.
+struct Carrier {
+    delay: Duration,
+    state: Mutex<CarrierState>,
+    /// Records waiting (read without the lock).
+    waiting: AtomicUsize,
+}
+
+#[derive(Default)]
+struct CarrierState {
+    records: Vec<Pending>,
+    /// A timer task runs (see [`Carrier::flush_when_due`]).
+    armed: bool,
+}
+
+impl Carrier {
+    fn new(delay: Duration) -> Carrier {
+        Carrier {
+            delay,
+            state: Mutex::new(CarrierState::default()),
+            waiting: AtomicUsize::new(0),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, CarrierState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Keeps `p` until an admission carries it or its delay ends. Must run
+    /// inside a tokio runtime.
+    fn push(self: &Arc<Self>, p: Pending) {
+        let arm = {
+            let mut st = self.lock();
+            st.records.push(p);
+            self.waiting.store(st.records.len(), Ordering::Release);
+            !std::mem::replace(&mut st.armed, true)
+        };
+        if arm {
+            // Spawned without the lock held: a runtime shutting down drops
+            // the task at once, and its guard takes the lock.
+            tokio::spawn(Carrier::flush_when_due(Armed(Some(Arc::clone(self)))));
+        }
+    }
+
+    /// The records an admission of `shared`'s `partition` carries.
+    fn take(&self, shared: &Arc<Shared>, partition: Option<&PartitionKey>) -> Vec<Pending> {
+        if self.waiting.load(Ordering::Acquire) == 0 {
+            return Vec::new();
+        }
+        let mut st = self.lock();
+        let mut taken = Vec::new();
+        let mut i = 0;
+        while i < st.records.len() && taken.len() < MAX_CARRIED {
+            let p = &st.records[i];
+            if Arc::ptr_eq(&p.shared, shared) && p.partition.as_ref() == partition {
+                taken.push(st.records.remove(i));
+            } else {
+                i += 1;
+            }
+        }
+        self.waiting.store(st.records.len(), Ordering::Release);
+        taken
+    }
+
+    /// The bulkhead slots of the records of `shared`'s `partition` waiting.
+    fn slots(&self, shared: &Arc<Shared>, partition: Option<&PartitionKey>) -> Vec<u64> {
+        if self.waiting.load(Ordering::Acquire) == 0 {
+            return Vec::new();
+        }
+        self.lock()
+            .records
+            .iter()
+            .filter(|p| Arc::ptr_eq(&p.shared, shared) && p.partition.as_ref() == partition)
+            .filter_map(|p| p.permit.slot)
+            .collect()
+    }
+
+    /// Every record waiting.
+    fn take_all(&self) -> Vec<Pending> {
+        if self.waiting.load(Ordering::Acquire) == 0 {
+            return Vec::new();
+        }
+        let mut st = self.lock();
+        self.waiting.store(0, Ordering::Release);
+        std::mem::take(&mut st.records)
+    }
+
+    /// The records whose delay has ended at `now`, and when the next one's
+    /// ends (`None`: nothing waits, the timer is disarmed).
+    fn take_due(&self, now: Instant) -> (Vec<Pending>, Option<Instant>) {
+        let mut st = self.lock();
+        let (due, kept): (Vec<Pending>, Vec<Pending>) = std::mem::take(&mut st.records)
+            .into_iter()
+            .partition(|p| p.since + self.delay <= now);
+        st.records = kept;
+        self.waiting.store(st.records.len(), Ordering::Release);
+        let next = st.records.iter().map(|p| p.since + self.delay).min();
+        if next.is_none() {
+            st.armed = false;
+        }
+        (due, next)
+    }
+
+    /// The timer task: sends each record on its own once its delay ends,
+    /// until nothing waits. `armed` is its argument, so that it is dropped
+    /// with the task even if the task never ran.
+    async fn flush_when_due(mut armed: Armed) {
+        let Some(carrier) = armed.0.clone() else {
+            return;
+        };
+        loop {
+            let (due, next) = carrier.take_due(Instant::now());
+            for p in due {
+                send_alone(p);
+            }
+            match next {
+                Some(at) => tokio::time::sleep_until(at.into()).await,
+                None => {
+                    armed.0 = None;
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Sends every record waiting on the blocking path, before a call there
+    /// (which must see them). A record that fails has its slot given back.
+    fn flush_sync(&self) {
+        for p in self.take_all() {
+            let inv = p.invocation();
+            if p.shared
+                .link
+                .invoke_sync_unordered::<Vec<i64>>(&inv)
+                .is_err()
+            {
+                p.give_back_sync();
+            }
+        }
+    }
+
+    /// Queues every record waiting on the async connection of the current
+    /// runtime, each on its own, before a command that must see them.
+    async fn flush_queued(&self) {
+        for p in self.take_all() {
+            send_queued(p).await;
+        }
+    }
+}
+
+/// The timer task of a [`Carrier`], while it runs: dropped before it ends
+/// (its runtime shut down), it disarms the carrier and gives back the
+/// slots of the records waiting, on the blocking path.
+struct Armed(Option<Arc<Carrier>>);
+
+impl Drop for Armed {
+    fn drop(&mut self) {
+        let Some(carrier) = self.0.take() else { return };
+        let records = {
+            let mut st = carrier.lock();
+            st.armed = false;
+            carrier.waiting.store(0, Ordering::Release);
+            std::mem::take(&mut st.records)
+        };
+        for p in records {
+            p.give_back_sync();
+        }
+    }
+}
+
+/// Sends a record on its own in a task of its own.
+fn send_alone(p: Pending) {
+    let inv = p.invocation();
+    let link = Arc::clone(&p.shared.link);
+    let mut batch = Batch::new(vec![p]);
+    tokio::spawn(async move {
+        if link.invoke_async_quiet::<Vec<i64>>(&inv).await.is_ok() {
+            batch.answered();
+        }
+    });
+}
+
+/// Sends a record on its own: queued on the connection before this
+/// returns (the command is written before any sent later on the same
+/// connection), its answer not awaited.
+async fn send_queued(p: Pending) {
+    let inv = p.invocation();
+    let link = Arc::clone(&p.shared.link);
+    let mut batch = Batch::new(vec![p]);
+    // Unconstrained: tokio's cooperative budget must not keep the first
+    // poll from queueing the command.
+    let send = tokio::task::unconstrained(async move {
+        // Answered, or failed: then the slot is given back when `batch`
+        // drops (the runtime may be shutting down under it).
+        if link.invoke_async_quiet::<Vec<i64>>(&inv).await.is_ok() {
+            batch.answered();
+        }
+    });
+    let mut send = Box::pin(send);
+    let queued_only =
+        std::future::poll_fn(|cx| Poll::Ready(send.as_mut().poll(cx).is_pending())).await;
+    if queued_only {
+        tokio::spawn(send);
     }
 }
 
@@ -474,8 +778,8 @@ impl Shared {
         inv
     }
 
-    fn admit_invocation(&self, request: &AdmitRequest<'_>) -> Invocation {
-        self.admit_reserving_invocation(request, Reserve::default())
+    fn admit_invocation(&self, request: &AdmitRequest<'_>, carried: &[Pending]) -> Invocation {
+        self.admit_reserving_invocation(request, Reserve::default(), carried)
     }
 
     /// `true` when the rate limiter's calls may wait for a permit: every
@@ -488,12 +792,22 @@ impl Shared {
             .is_some_and(|r| !r.max_wait.is_zero())
     }
 
+    /// The admission; with `carried` records (of the same keys), the
+    /// admission that applies them first (`carry.lua`), their arguments
+    /// last.
     fn admit_reserving_invocation(
         &self,
         request: &AdmitRequest<'_>,
         reserve: Reserve,
+        carried: &[Pending],
     ) -> Invocation {
-        let mut inv = self.invocation(&Scripts::get().admit, request.partition, Some(request.now));
+        let scripts = Scripts::get();
+        let script = if carried.is_empty() {
+            &scripts.admit
+        } else {
+            &scripts.admit_carrying
+        };
+        let mut inv = self.invocation(script, request.partition, Some(request.now));
         inv.arg(match request.budget {
             Some(BudgetStep::Deposit) => self.budget_args[0].as_str(),
             Some(BudgetStep::Withdraw) => self.budget_args[1].as_str(),
@@ -511,10 +825,20 @@ impl Shared {
         if weight != 1 {
             inv.arg(weight);
         }
+        if !carried.is_empty() {
+            let mut all = String::with_capacity(carried.len() * 48);
+            for (i, p) in carried.iter().enumerate() {
+                if i > 0 {
+                    all.push(';');
+                }
+                all.push_str(&p.args);
+            }
+            inv.arg(all);
+        }
         inv
     }
 
-    fn record_invocation(&self, record: &Record<'_>) -> Invocation {
+    fn record_invocation(self: &Arc<Self>, record: &Record<'_>) -> Invocation {
         if self.record_is_silent(record) {
             return self.success_invocation(record);
         }
@@ -542,27 +866,59 @@ impl Shared {
     }
 
     /// The lean record of a silent success (or ignored outcome).
-    fn success_invocation(&self, record: &Record<'_>) -> Invocation {
-        let mut inv = Invocation::new(&Scripts::get().success);
-        self.keys_of(&mut inv, record.partition);
-        if self.caller_clock {
-            inv.arg(micros(record.now));
-        } else {
-            inv.arg("");
-        }
-        let p = record.permit;
-        let mode = match record.outcome {
-            // A circuit in shadow mode records nothing of a shadowed call.
-            Outcome::Success if !(p.shadowed && self.circuit_in_shadow) => self.success_args.mode,
+    fn success_invocation(self: &Arc<Self>, record: &Record<'_>) -> Invocation {
+        self.pending(record).invocation()
+    }
+
+    /// The circuit mode `success.lua` records a silent success in: "0"
+    /// (nothing) without a circuit, for an ignored outcome, and for a
+    /// shadowed call of a circuit in shadow mode (which records nothing of
+    /// it).
+    fn success_mode(&self, record: &Record<'_>) -> &'static str {
+        match record.outcome {
+            Outcome::Success if !(record.permit.shadowed && self.circuit_in_shadow) => {
+                self.success_args.mode
+            }
             _ => "0",
-        };
-        inv.arg(p.slot.map_or(-1, |s| i64::try_from(s).unwrap_or(-1)))
-            .arg(p.generation)
-            .arg(mode);
-        for a in &self.success_args.rest {
-            inv.arg(a.as_str());
         }
-        inv
+    }
+
+    /// `true` for a silent record that changes nothing on the server: no
+    /// slot to free, nothing for the circuit (see `success.lua`). It is not
+    /// sent.
+    fn record_is_void(&self, record: &Record<'_>) -> bool {
+        record.permit.slot.is_none()
+            && self.record_is_silent(record)
+            && self.success_mode(record) == "0"
+    }
+
+    /// A silent success (or ignored outcome) as it waits to be sent: the
+    /// arguments of the Lua function `success` (`success.lua`).
+    fn pending(self: &Arc<Self>, record: &Record<'_>) -> Pending {
+        let p = record.permit;
+        let mode = self.success_mode(record);
+        let mut args = String::with_capacity(48);
+        if self.caller_clock {
+            let _ = write!(args, "{}", micros(record.now));
+        }
+        let _ = write!(
+            args,
+            ",{},{},{}",
+            p.slot.map_or(-1, |s| i64::try_from(s).unwrap_or(-1)),
+            p.generation,
+            mode
+        );
+        for a in &self.success_args.rest {
+            args.push(',');
+            args.push_str(a);
+        }
+        Pending {
+            shared: Arc::clone(self),
+            partition: record.partition.cloned(),
+            permit: p,
+            args,
+            since: Instant::now(),
+        }
     }
 
     fn release_invocation(&self, r: &ReleaseArgs) -> Invocation {
@@ -852,6 +1208,15 @@ impl Shared {
             && matches!(record.outcome, Outcome::Success | Outcome::Ignored)
     }
 
+    /// The successes waiting that an async admission of `partition` carries
+    /// (none while Redis is skipped: they wait for their delay).
+    fn carried(&self, me: &Arc<Shared>, partition: Option<&PartitionKey>) -> Batch {
+        if !self.link.is_available() {
+            return Batch::new(Vec::new());
+        }
+        Batch::new(self.carrier.take(me, partition))
+    }
+
     fn in_flight_invocation(&self, partition: Option<&PartitionKey>, now: Duration) -> Invocation {
         self.invocation(&Scripts::get().in_flight, partition, Some(now))
     }
@@ -865,7 +1230,8 @@ impl ResourceState for RedisResource {
         if let Some(refused) = s.replayed(request, Reserve::default()) {
             return Ok(refused);
         }
-        let inv = s.admit_invocation(request);
+        s.carrier.flush_sync();
+        let inv = s.admit_invocation(request, &[]);
         let hold = |r: Restart| s.restart_hold(r, request.now);
         let sent = s.sending(request);
         match s.link.admit_sync::<Vec<i64>>(&inv, &hold) {
@@ -887,16 +1253,23 @@ impl ResourceState for RedisResource {
         }
         StoreFuture::boxed(async move {
             let s = &*self.shared;
-            let inv = s.admit_invocation(&request);
+            let mut carried = s.carried(&self.shared, request.partition);
+            let inv = s.admit_invocation(&request, &carried.records);
             let now = request.now;
             let hold = move |r: Restart| s.restart_hold(r, now);
             let sent = s.sending(&request);
             match s.link.admit_async::<Vec<i64>>(&inv, &hold).await {
                 Ok(reply) => {
+                    carried.answered();
                     s.learn(&request, sent, &reply);
                     s.admission(&reply, request.now)
                 }
-                Err(e) => s.admit_degraded(&request, e),
+                Err(e) => {
+                    // The carried records may not have run: their slots
+                    // are given back.
+                    drop(carried);
+                    s.admit_degraded(&request, e)
+                }
             }
         })
     }
@@ -906,7 +1279,11 @@ impl ResourceState for RedisResource {
         if record.permit.local {
             return s.record_local(record);
         }
-        let inv = s.record_invocation(record);
+        if s.record_is_void(record) {
+            return Ok(Recorded::default());
+        }
+        s.carrier.flush_sync();
+        let inv = self.shared.record_invocation(record);
         let reply = s.link.invoke_sync::<Vec<i64>>(&inv);
         s.recorded_here(record);
         match reply {
@@ -915,56 +1292,37 @@ impl ResourceState for RedisResource {
         }
     }
 
-    /// Records in one round trip. On a multi-thread runtime, a success that
-    /// cannot change anything the caller is told (not a probe, not slow, no
-    /// retry-after hint) is queued on the connection before this returns,
-    /// and its answer is not waited for: the caller's next admission follows
-    /// it on the same connection, and the call costs one round trip instead
-    /// of two. (A current-thread runtime may not run again before the
+    /// On a multi-thread runtime, a success that cannot change anything
+    /// the caller is told (not a probe, not slow, no retry-after hint)
+    /// costs no round trip of its own: it waits in the store until the next
+    /// admission of its partition carries it, or for
+    /// [`success_delay`](crate::RedisStoreBuilder::success_delay), then is
+    /// sent on its own (see the crate documentation). Any other record is
+    /// one round trip, after the successes waiting were queued on the
+    /// connection. (A current-thread runtime may not run again before the
     /// next call, so there every record is awaited.)
     fn record_async<'a>(&'a self, record: Record<'a>) -> StoreFuture<'a, Recorded> {
         if record.permit.local || tokio::runtime::Handle::try_current().is_err() {
             return StoreFuture::ready(self.record(&record));
         }
         let s = &self.shared;
+        if s.record_is_void(&record) {
+            return StoreFuture::ready(Ok(Recorded::default()));
+        }
         if s.record_is_silent(&record) && s.link.is_available() && background_runs() {
-            let inv = s.record_invocation(&record);
-            let mut pending = PendingRecord {
-                unawaited: Some(s.link.unawaited()),
-                shared: Arc::clone(s),
-                partition: record.partition.cloned(),
-                permit: record.permit,
-                answered: false,
-            };
-            // Unconstrained: tokio's cooperative budget must not keep the
-            // first poll from queueing the command.
-            let send = tokio::task::unconstrained(async move {
-                // Answered, or failed: then the slot is given back on the
-                // blocking path when `pending` drops (the runtime may be
-                // shutting down under it).
-                if pending
-                    .shared
-                    .link
-                    .invoke_async_quiet::<Vec<i64>>(&inv)
-                    .await
-                    .is_ok()
-                {
-                    pending.answered();
-                }
-            });
-            return StoreFuture::boxed(async move {
-                let mut send = Box::pin(send);
-                let queued_only =
-                    std::future::poll_fn(|cx| Poll::Ready(send.as_mut().poll(cx).is_pending()))
-                        .await;
-                if queued_only {
-                    tokio::spawn(send);
-                }
-                Ok(Recorded::default())
-            });
+            let pending = s.pending(&record);
+            if s.carrier.delay.is_zero() {
+                return StoreFuture::boxed(async move {
+                    send_queued(pending).await;
+                    Ok(Recorded::default())
+                });
+            }
+            s.carrier.push(pending);
+            return StoreFuture::ready(Ok(Recorded::default()));
         }
         StoreFuture::boxed(async move {
-            let s = &*self.shared;
+            let s = &self.shared;
+            s.carrier.flush_queued().await;
             let inv = s.record_invocation(&record);
             let reply = s.link.invoke_async::<Vec<i64>>(&inv).await;
             s.recorded_here(&record);
@@ -1013,7 +1371,8 @@ impl ResourceState for RedisResource {
         if let Some(refused) = s.replayed(request, reserve) {
             return Ok((refused, None));
         }
-        let inv = s.admit_reserving_invocation(request, reserve);
+        s.carrier.flush_sync();
+        let inv = s.admit_reserving_invocation(request, reserve, &[]);
         let hold = |r: Restart| s.restart_hold(r, request.now);
         let sent = s.sending(request);
         match s.link.admit_sync::<Vec<i64>>(&inv, &hold) {
@@ -1038,12 +1397,14 @@ impl ResourceState for RedisResource {
         }
         StoreFuture::boxed(async move {
             let s = &*self.shared;
-            let inv = s.admit_reserving_invocation(&request, reserve);
+            let mut carried = s.carried(&self.shared, request.partition);
+            let inv = s.admit_reserving_invocation(&request, reserve, &carried.records);
             let now = request.now;
             let hold = move |r: Restart| s.restart_hold(r, now);
             let sent = s.sending(&request);
             match s.link.admit_async::<Vec<i64>>(&inv, &hold).await {
                 Ok(reply) => {
+                    carried.answered();
                     s.learn(&request, sent, &reply);
                     s.admission_reserving(&reply, request.now, request.weight)
                 }
@@ -1075,6 +1436,7 @@ impl ResourceState for RedisResource {
         if s.spec.circuit.is_none() {
             return Ok(CircuitMetrics::closed_empty());
         }
+        s.carrier.flush_sync();
         let inv = s.invocation(&Scripts::get().metrics, partition, Some(now));
         let reply: Vec<i64> = s.link.invoke_sync(&inv)?;
         let &[state, calls, failures, slow, in_state_us, trips] = &reply[..] else {
@@ -1121,6 +1483,7 @@ impl ResourceState for RedisResource {
                 )))
             }
         };
+        s.carrier.flush_sync();
         let mut inv = s.invocation(&Scripts::get().control, partition, Some(now));
         inv.arg(op);
         if let CircuitControl::OpenFor(d) = control {
@@ -1156,9 +1519,13 @@ impl ResourceState for RedisResource {
         if s.spec.bulkhead.is_none() {
             return Ok(0);
         }
-        let n: i64 = s
-            .link
-            .invoke_sync(&s.in_flight_invocation(partition, now))?;
+        // Successes waiting to be carried are finished: their slots are
+        // not counted (they stay waiting).
+        let mut inv = s.in_flight_invocation(partition, now);
+        for slot in s.carrier.slots(&self.shared, partition) {
+            inv.arg(slot);
+        }
+        let n: i64 = s.link.invoke_sync(&inv)?;
         Ok(u32::try_from(n).unwrap_or(0))
     }
 }

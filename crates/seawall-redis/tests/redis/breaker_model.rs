@@ -40,6 +40,9 @@ fn bound(breaker: &CircuitBreaker) -> Arc<dyn ResourceState> {
         // Probes never expire during a case (the in-memory store has no
         // probe lease).
         .probe_lease(Duration::from_secs(10_000_000))
+        // Every case makes a runtime and an async connection of its own,
+        // beside the other tests' servers: a generous timeout.
+        .timeout(Duration::from_secs(2))
         .fail_closed()
         .build()
         .unwrap();
@@ -64,10 +67,14 @@ impl std::fmt::Debug for AsyncPath {
 
 impl ResourceState for AsyncPath {
     fn admit(&self, request: &AdmitRequest<'_>) -> Result<Admission, StoreError> {
-        self.rt.block_on(self.inner.admit_async(*request))
+        // Made inside the runtime: made outside one, the futures answer on
+        // the blocking path.
+        self.rt
+            .block_on(async { self.inner.admit_async(*request).await })
     }
     fn record(&self, record: &Record<'_>) -> Result<Recorded, StoreError> {
-        self.rt.block_on(self.inner.record_async(*record))
+        self.rt
+            .block_on(async { self.inner.record_async(*record).await })
     }
     fn release(&self, partition: Option<&PartitionKey>, permit: Permit) {
         self.inner.release(partition, permit);

@@ -162,25 +162,35 @@ fn no_script_touches_two_slots() {
             .record(&record(permit, Outcome::Failure, Duration::ZERO))
             .unwrap();
         let permit = rt
-            .block_on(state.admit_async(request))
+            .block_on(async { state.admit_async(request).await })
             .unwrap()
             .decision
             .unwrap();
         // Slow: the full record script, on the async path.
-        rt.block_on(state.record_async(record(
-            permit,
-            Outcome::Success,
-            Duration::from_millis(20),
-        )))
+        rt.block_on(async {
+            state
+                .record_async(record(permit, Outcome::Success, Duration::from_millis(20)))
+                .await
+        })
         .unwrap();
         let permit = rt
-            .block_on(state.admit_async(request))
+            .block_on(async { state.admit_async(request).await })
             .unwrap()
             .decision
             .unwrap();
-        // Silent: the lean success script, not awaited.
-        rt.block_on(state.record_async(record(permit, Outcome::Success, Duration::ZERO)))
+        // Silent: carried by the next admission, in the same slot.
+        rt.block_on(async {
+            state
+                .record_async(record(permit, Outcome::Success, Duration::ZERO))
+                .await
+        })
+        .unwrap();
+        let permit = rt
+            .block_on(async { state.admit_async(request).await })
+            .unwrap()
+            .decision
             .unwrap();
+        state.release(p, permit);
         let (admission, reservation) = state
             .admit_reserving(
                 &request,
@@ -205,7 +215,7 @@ fn no_script_touches_two_slots() {
             state.control_circuit(p, control, now).unwrap();
         }
         state.in_flight(p, now).unwrap();
-        calls += 12;
+        calls += 13;
     }
     // Releases run in the background: wait for them.
     let deadline = Instant::now() + Duration::from_secs(5);

@@ -12,6 +12,7 @@
 mod bad_input;
 mod breaker_model;
 mod budget;
+mod carried;
 mod cluster;
 mod contract;
 mod cross_process;

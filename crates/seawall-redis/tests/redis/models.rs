@@ -39,8 +39,9 @@ use crate::support::{rt, unique, RedisServer};
 const S: Duration = Duration::from_secs(1);
 
 /// Calls through `admit_async` / `record_async`, driven on a multi-thread
-/// runtime (where a silent success is sent without waiting for its
-/// answer).
+/// runtime (where a silent success waits to be carried by the next
+/// admission of its partition: the composed admission script is compared
+/// with the models).
 #[derive(Debug)]
 struct AsyncCalls(tokio::runtime::Runtime);
 
@@ -50,7 +51,9 @@ impl StoreCalls for AsyncCalls {
         state: &dyn ResourceState,
         request: AdmitRequest<'_>,
     ) -> Result<Admission, StoreError> {
-        self.0.block_on(state.admit_async(request))
+        // Made inside the runtime: made outside one, the futures answer on
+        // the blocking path.
+        self.0.block_on(async { state.admit_async(request).await })
     }
 
     fn record(
@@ -58,7 +61,7 @@ impl StoreCalls for AsyncCalls {
         state: &dyn ResourceState,
         record: Record<'_>,
     ) -> Result<Recorded, StoreError> {
-        self.0.block_on(state.record_async(record))
+        self.0.block_on(async { state.record_async(record).await })
     }
 }
 
@@ -157,6 +160,10 @@ pub(crate) fn model_store(builder: RedisStoreBuilder) -> RedisStore {
         .prefix(unique("models"))
         .caller_clock()
         .probe_lease(Duration::from_secs(100_000_000_000))
+        // The async runs carry their successes in the next admission (a
+        // success waits for one that long; the slots in flight, read on
+        // the blocking path, flush them first).
+        .success_delay(Duration::from_secs(1))
         .fail_closed()
         .timeout(Duration::from_secs(2))
         .build()

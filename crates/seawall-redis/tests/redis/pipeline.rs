@@ -773,6 +773,14 @@ fn policies_in_shadow_mode_report_across_processes_and_never_refuse() {
         for p in [&a, &b] {
             let r = p.run(|_| async { Ok::<_, std::io::Error>(7) }).await;
             assert_eq!(r.unwrap(), 7);
+            // The success's slot is freed on the server before the next
+            // process calls: the success, carried by no admission, is
+            // sent on its own after the store's delay.
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while a.in_flight().unwrap() + b.in_flight().unwrap() > 0 {
+                assert!(std::time::Instant::now() < deadline, "the slot is freed");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
         }
     });
     let shadow = |events: &crate::support::Events| -> Vec<RejectionReason> {

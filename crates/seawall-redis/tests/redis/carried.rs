@@ -1,0 +1,317 @@
+//! A silent success (not a probe, not slow, no retry-after hint) made on
+//! the async path costs no script call of its own: it is carried by the
+//! next admission of its partition, or sent on its own after the store's
+//! `success_delay`. Counted by the server (`INFO commandstats`); the bound
+//! on a slot's release checked from another store (connections of its
+//! own), with bounded polls and no timing assertion.
+
+use std::future::Future;
+use std::task::Poll;
+use std::time::{Duration, Instant};
+
+use seawall::store::{AdmitRequest, Outcome, Record, ResourceSpec};
+use seawall::{Bulkhead, CircuitBreaker, Pipeline, StateStore};
+use seawall_redis::RedisStore;
+
+use crate::support::{command_calls, rt, script_calls, unique, RedisServer};
+
+fn reset_stats(conn: &mut redis::Connection) {
+    let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query(conn).unwrap();
+}
+
+/// Polls `done` every 10 ms for at most 10 s.
+fn eventually(mut done: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if done() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    done()
+}
+
+fn pipeline(store: RedisStore, name: &str, slots: u32) -> Pipeline {
+    Pipeline::builder(name)
+        .circuit_breaker(
+            CircuitBreaker::failure_rate(0.5)
+                .count_window(1000)
+                .minimum_calls(1000),
+        )
+        .bulkhead(Bulkhead::new(slots).lease(Duration::from_secs(60)))
+        .store(store)
+        .build()
+        .unwrap()
+}
+
+/// N async calls through a bulkhead and a count-window breaker cost N
+/// admissions and at most 5 % more script calls: each success is carried
+/// by the next call's admission (the last one, sent on its own after the
+/// delay, is counted too). The breaker counted every success once.
+#[test]
+fn a_successful_attempt_costs_one_script_call() {
+    const N: u64 = 200;
+    let server = RedisServer::start();
+    let store = RedisStore::builder(server.url())
+        .prefix(unique("carried"))
+        .success_delay(Duration::from_secs(1))
+        .fail_closed()
+        .build()
+        .unwrap();
+    let p = pipeline(store.clone(), "counted", 1);
+    let mut conn = server.conn();
+    let rt = rt();
+    // Connect (and identify the server) first.
+    rt.block_on(store.ping_async()).unwrap();
+    reset_stats(&mut conn);
+    let pc = p.clone();
+    rt.block_on(async move {
+        for _ in 0..N {
+            // One slot: each call is admitted only if the success before
+            // it reached Redis first.
+            pc.run(|_| async { Ok::<_, std::io::Error>(()) })
+                .await
+                .unwrap();
+        }
+    });
+    // The last success is sent on its own once its delay ends.
+    let mut stats = command_calls(&mut conn);
+    assert!(
+        eventually(|| {
+            stats = command_calls(&mut conn);
+            script_calls(&stats) > N
+        }),
+        "{stats:?}"
+    );
+    let calls = script_calls(&stats);
+    assert!(
+        calls * 100 <= N * 105,
+        "{calls} script calls for {N} attempts: {stats:?}"
+    );
+    // The breaker saw every success, once.
+    let metrics = p.circuit_metrics().unwrap();
+    assert_eq!(metrics.calls, N, "{metrics:?}");
+    assert_eq!(p.in_flight().unwrap(), 0);
+}
+
+/// A success that no admission carries is sent on its own after the
+/// store's delay: another store, with connections of its own, sees the
+/// slot free without any further admission by the first, and its own
+/// admission right after is let through the one-slot bulkhead.
+#[test]
+fn a_slot_freed_by_a_waiting_success_is_seen_free_within_the_delay() {
+    let server = RedisServer::start();
+    let prefix = unique("carried-bound");
+    let store = |delay| {
+        RedisStore::builder(server.url())
+            .prefix(&prefix)
+            .success_delay(delay)
+            .fail_closed()
+            .build()
+            .unwrap()
+    };
+    // The default delay (1 ms), then a longer one.
+    for (i, delay) in [Duration::from_millis(1), Duration::from_millis(200)]
+        .into_iter()
+        .enumerate()
+    {
+        let name = format!("bound-{i}");
+        let a = pipeline(store(delay), &name, 1);
+        let b = pipeline(store(delay), &name, 1);
+        let rt = rt();
+        rt.block_on(a.run(|_| async { Ok::<_, std::io::Error>(()) }))
+            .unwrap();
+        assert!(
+            eventually(|| b.in_flight().unwrap() == 0),
+            "the slot is freed without another admission"
+        );
+        b.call(|_| Ok::<_, std::io::Error>(())).unwrap();
+        // The runtime outlives the calls above (a runtime shut down gives
+        // the slot back too, on the blocking path).
+        drop(rt);
+    }
+}
+
+/// A store dropped with a success waiting, and its runtime shut down right
+/// after: the slot is given back all the same.
+#[test]
+fn a_waiting_success_survives_the_store_and_its_runtime() {
+    let server = RedisServer::start();
+    let prefix = unique("carried-drop");
+    let build = || {
+        RedisStore::builder(server.url())
+            .prefix(&prefix)
+            .success_delay(Duration::from_secs(1))
+            .fail_closed()
+            .build()
+            .unwrap()
+    };
+    let observer = pipeline(build(), "dropped", 1);
+    {
+        let a = pipeline(build(), "dropped", 1);
+        let rt = rt();
+        rt.block_on(a.run(|_| async { Ok::<_, std::io::Error>(()) }))
+            .unwrap();
+        drop(a);
+        // Shut down with the success still waiting (its delay is 1 s).
+        drop(rt);
+    }
+    assert!(eventually(|| observer.in_flight().unwrap() == 0));
+}
+
+/// The scripts flushed from the server between a success and the admission
+/// that carries it: the admission meets `NOSCRIPT`, the scripts are
+/// loaded again and the admission sent once more with what it carries.
+/// The success is counted once and its slot is free.
+#[test]
+fn a_carried_success_survives_a_script_reload() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder(server.url())
+        .prefix(unique("carried-noscript"))
+        .success_delay(Duration::from_secs(1))
+        .fail_closed()
+        .build()
+        .unwrap();
+    let p = pipeline(store, "reloaded", 1);
+    let mut conn = server.conn();
+    let rt = rt();
+    let pc = p.clone();
+    rt.block_on(async move {
+        pc.run(|_| async { Ok::<_, std::io::Error>(()) })
+            .await
+            .unwrap();
+    });
+    let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut conn).unwrap();
+    let pc = p.clone();
+    // One slot: admitted only once the first success was applied.
+    rt.block_on(async move {
+        pc.run(|_| async { Ok::<_, std::io::Error>(()) })
+            .await
+            .unwrap();
+    });
+    assert_eq!(p.circuit_metrics().unwrap().calls, 2);
+    assert_eq!(p.in_flight().unwrap(), 0);
+}
+
+/// An admission carrying a success, cancelled after it was sent (or
+/// before): whether or not the server ran it, the success's slot is free
+/// afterwards (given back by the release script when the admission's
+/// answer never came).
+#[test]
+fn a_cancelled_admission_carrying_a_success_frees_its_slot() {
+    let server = RedisServer::start();
+    let prefix = unique("carried-cancel");
+    let store = RedisStore::builder(server.url())
+        .prefix(&prefix)
+        .success_delay(Duration::from_secs(1))
+        .fail_closed()
+        .build()
+        .unwrap();
+    let spec = ResourceSpec::new("cancelled")
+        .with_bulkhead(Bulkhead::new(2).lease(Duration::from_secs(60)));
+    let state = store.bind(&spec).unwrap();
+    let rt = rt();
+    let request = AdmitRequest {
+        partition: None,
+        now: Duration::ZERO,
+        weight: 1,
+        budget: None,
+    };
+    let mut conn = server.conn();
+    let key = format!("{{{prefix}:cancelled}}:b");
+    for polls in [0, 1] {
+        // The futures are made inside the runtime (made outside one, they
+        // answer on the blocking path).
+        let permit = rt
+            .block_on(async { state.admit_async(request).await })
+            .unwrap()
+            .decision
+            .unwrap();
+        let slot = permit.slot.expect("a bulkhead slot");
+        rt.block_on(async {
+            state
+                .record_async(Record {
+                    partition: None,
+                    permit,
+                    outcome: Outcome::Success,
+                    duration: Duration::ZERO,
+                    retry_after: None,
+                    now: Duration::ZERO,
+                })
+                .await
+        })
+        .unwrap();
+        let held: Option<f64> = redis::cmd("ZSCORE")
+            .arg(&key)
+            .arg(slot)
+            .query(&mut conn)
+            .unwrap();
+        assert!(held.is_some(), "the success waits to be carried");
+        // This store knows the attempt ended: it does not count the slot.
+        assert_eq!(state.in_flight(None, Duration::ZERO).unwrap(), 0);
+        rt.block_on(async {
+            let mut admit = state.admit_async(request);
+            for _ in 0..polls {
+                std::future::poll_fn(|cx| {
+                    let _ = std::pin::Pin::new(&mut admit).poll(cx);
+                    Poll::Ready(())
+                })
+                .await;
+            }
+            drop(admit);
+        });
+        assert!(
+            eventually(|| {
+                redis::cmd("ZSCORE")
+                    .arg(&key)
+                    .arg(slot)
+                    .query::<Option<f64>>(&mut conn)
+                    .unwrap()
+                    .is_none()
+            }),
+            "the slot of the carried success is free ({polls} polls)"
+        );
+        let _: () = redis::cmd("DEL").arg(&key).query(&mut conn).unwrap();
+    }
+}
+
+/// A success with nothing to change on the server (no bulkhead slot to
+/// free, no circuit to count it) is not sent at all, on either path: one
+/// script call per attempt, its admission.
+#[test]
+fn a_success_with_nothing_to_change_is_not_sent() {
+    const N: u64 = 20;
+    let server = RedisServer::start();
+    let store = RedisStore::builder(server.url())
+        .prefix(unique("carried-void"))
+        .fail_closed()
+        .build()
+        .unwrap();
+    let p = Pipeline::builder("rate-only")
+        .rate_limiter(seawall::RateLimiter::gcra(
+            1_000_000,
+            Duration::from_secs(1),
+        ))
+        .store(store)
+        .build()
+        .unwrap();
+    let mut conn = server.conn();
+    reset_stats(&mut conn);
+    for _ in 0..N {
+        p.call(|_| Ok::<_, std::io::Error>(())).unwrap();
+    }
+    let pc = p.clone();
+    rt().block_on(async move {
+        for _ in 0..N {
+            pc.run(|_| async { Ok::<_, std::io::Error>(()) })
+                .await
+                .unwrap();
+        }
+    });
+    // Whatever was sent has been answered by now: the blocking calls above
+    // waited for their own, and a record sent on its own would follow
+    // within its delay; the admissions are all there is.
+    std::thread::sleep(Duration::from_millis(50));
+    let stats = command_calls(&mut conn);
+    assert_eq!(script_calls(&stats), 2 * N, "{stats:?}");
+}
