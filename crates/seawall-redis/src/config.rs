@@ -5,6 +5,7 @@ use std::time::Duration;
 use std::sync::atomic::AtomicBool;
 
 use crate::error::{Redacted, RedisStoreError};
+use crate::lease::Leasing;
 use crate::link::{Client, ClusterTarget};
 use crate::RedisStore;
 
@@ -80,6 +81,7 @@ pub struct RedisStoreBuilder {
     pub(crate) probe_lease: Duration,
     pub(crate) time_source: TimeSource,
     pub(crate) local_refusals: usize,
+    pub(crate) leases: std::collections::HashMap<String, Leasing>,
 }
 
 /// What a store talks to: one server, or the nodes of a cluster.
@@ -118,6 +120,7 @@ impl std::fmt::Debug for RedisStoreBuilder {
             .field("probe_lease", &self.probe_lease)
             .field("time_source", &self.time_source)
             .field("local_refusals", &self.local_refusals)
+            .field("leases", &self.leases)
             .finish()
     }
 }
@@ -143,6 +146,7 @@ impl RedisStoreBuilder {
             probe_lease: Duration::from_secs(60),
             time_source: TimeSource::Server,
             local_refusals: 4096,
+            leases: std::collections::HashMap::new(),
         }
     }
 
@@ -262,6 +266,45 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// Admits the calls of the resource (the pipeline) named `resource` in
+    /// **leased mode**: this process leases a batch of rate-limit permits
+    /// from Redis at a time and admits from it locally, without a round
+    /// trip, renewing the batch in the background before it runs out. For
+    /// a rate limit shared by many processes at rates where a round trip
+    /// per call is too much; the limit then holds up to a stated overshoot
+    /// (at most the permits every process holds at once). Every other
+    /// resource stays in exact mode (the default). See the [crate
+    /// documentation](crate#leased-mode) for what holds.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use seawall::{Pipeline, RateLimiter};
+    /// use seawall_redis::{Leasing, RedisStore};
+    ///
+    /// let store = RedisStore::builder("redis://127.0.0.1:6379")
+    ///     .leased("search-api", Leasing::batch(500).ttl(Duration::from_secs(1)))
+    ///     .build()?;
+    /// let search = Pipeline::builder("search-api")
+    ///     .rate_limiter(RateLimiter::gcra(100_000, Duration::from_secs(1)))
+    ///     .store(store)
+    ///     .build()?;
+    /// # let _ = search;
+    /// # Ok::<_, Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// `build()` refuses a batch of 0, a TTL of 0 and a low-water mark not
+    /// below the batch ([`RedisStoreError::InvalidConfig`] naming
+    /// `leased.batch`, `leased.ttl` or `leased.low_water`); binding the
+    /// resource refuses a batch larger than the rate limiter's burst (GCRA)
+    /// or limit (fixed window), and a resource that has anything but a GCRA
+    /// or fixed-window rate limiter whose calls never wait (the pipeline's
+    /// `build()` then fails with a `ConfigError` of the store's bind naming
+    /// the field and the rule).
+    pub fn leased(mut self, resource: impl Into<String>, leasing: Leasing) -> Self {
+        self.leases.insert(resource.into(), leasing);
+        self
+    }
+
     /// Validates the settings and creates the store. Nothing is sent to
     /// Redis yet: the connection is checked (and the scripts are loaded)
     /// when a pipeline binds the store.
@@ -296,6 +339,9 @@ impl RedisStoreBuilder {
                     self.prefix
                 ),
             ));
+        }
+        for leasing in self.leases.values() {
+            leasing.validate()?;
         }
         let client = match &self.target {
             Target::Server(url) => Client::Server(open(url)?),

@@ -366,6 +366,7 @@
 mod cluster;
 mod config;
 mod error;
+mod lease;
 mod link;
 mod refusals;
 mod scripts;
@@ -373,4 +374,5 @@ mod store;
 
 pub use config::{FailMode, RedisStoreBuilder, TimeSource};
 pub use error::RedisStoreError;
+pub use lease::Leasing;
 pub use store::RedisStore;

@@ -37,9 +37,13 @@ pub(crate) struct Scripts {
     /// The lean record of a success that can report nothing (self-contained:
     /// no prelude, see [`SuccessArgs`]).
     pub(crate) success: Script,
+    /// The lease of a batch of rate-limit permits (leased mode): the
+    /// admission rule of `admit.lua`, run as a function, and the instant
+    /// to give the batch back with (`lua/lease.lua`).
+    pub(crate) lease: Script,
     /// `SCRIPT LOAD` of every script: commands of their own, which a
     /// cluster connection routes to the masters.
-    loads: [redis::Cmd; 7],
+    loads: [redis::Cmd; 8],
 }
 
 impl Scripts {
@@ -55,8 +59,9 @@ impl Scripts {
                 with_prelude(include_str!("lua/control.lua")),
                 with_prelude(include_str!("lua/in_flight.lua")),
                 source(&[include_str!("lua/success.lua")]),
+                lease_source(),
             ];
-            let [admit, record, release, metrics, control, in_flight, success] =
+            let [admit, record, release, metrics, control, in_flight, success, lease] =
                 sources.each_ref().map(|s| Script::new(s));
             Scripts {
                 admit,
@@ -66,6 +71,7 @@ impl Scripts {
                 control,
                 in_flight,
                 success,
+                lease,
                 loads: sources.map(|s| {
                     let mut cmd = redis::cmd("SCRIPT");
                     cmd.arg("LOAD").arg(s);
@@ -76,9 +82,21 @@ impl Scripts {
     }
 
     /// `SCRIPT LOAD` of every script.
-    pub(crate) fn loads(&self) -> &[redis::Cmd; 7] {
+    pub(crate) fn loads(&self) -> &[redis::Cmd; 8] {
         &self.loads
     }
+}
+
+/// The lease script: the prelude, `admit.lua` unchanged as the body of a
+/// function (its `return`s return from it), then `lease.lua`.
+fn lease_source() -> String {
+    source(&[
+        PRELUDE,
+        "local function admit_rule()\n",
+        include_str!("lua/admit.lua"),
+        "\nend\n",
+        include_str!("lua/lease.lua"),
+    ])
 }
 
 /// The text of a script sent to the server: `parts` without their comment
@@ -459,6 +477,8 @@ mod tests {
         }
         let len = source(&[include_str!("lua/success.lua")]).len();
         assert!(len <= MAX_SCRIPT_LEN, "success: {len} bytes");
+        let len = lease_source().len();
+        assert!(len <= MAX_SCRIPT_LEN, "lease: {len} bytes");
         // Comments and blank lines go; code stays, a trailing comment too.
         assert_eq!(
             source(&["-- a\n\n  -- b\nlocal x = 1 -- c\n", "return x"]),

@@ -60,6 +60,8 @@ struct StoreInner {
     /// Partitions per resource whose refusal with a known end is replayed
     /// locally (0: none).
     local_refusals: usize,
+    /// The resources admitted in leased mode (see `lease.rs`).
+    leases: std::collections::HashMap<String, crate::lease::Leasing>,
 }
 
 impl fmt::Debug for RedisStore {
@@ -136,6 +138,7 @@ impl RedisStore {
                 time_source: b.time_source,
                 local: MemoryStore::new(),
                 local_refusals: b.local_refusals,
+                leases: b.leases,
             }),
         }
     }
@@ -196,7 +199,7 @@ impl StateStore for RedisStore {
             _ => {}
         }
         let keys = Keys::new(&inner.prefix, spec, None);
-        Ok(Arc::new(RedisResource {
+        let resource = RedisResource {
             shared: Arc::new(Shared {
                 link: Arc::clone(&inner.link),
                 prefix: inner.prefix.clone(),
@@ -219,16 +222,20 @@ impl StateStore for RedisStore {
                 refusals: Refusals::new(inner.local_refusals),
                 born: Instant::now(),
             }),
-        }))
+        };
+        match inner.leases.get(&spec.name) {
+            Some(leasing) => crate::lease::bind(Arc::clone(&resource.shared), resource, leasing),
+            None => Ok(Arc::new(resource)),
+        }
     }
 }
 
 /// One resource bound to a [`RedisStore`].
-struct RedisResource {
+pub(crate) struct RedisResource {
     shared: Arc<Shared>,
 }
 
-struct Shared {
+pub(crate) struct Shared {
     link: Arc<Link>,
     prefix: String,
     spec: ResourceSpec,
@@ -493,7 +500,17 @@ impl Shared {
         request: &AdmitRequest<'_>,
         reserve: Reserve,
     ) -> Invocation {
-        let mut inv = self.invocation(&Scripts::get().admit, request.partition, Some(request.now));
+        self.admission_invocation(&Scripts::get().admit, request, reserve)
+    }
+
+    /// An admission by `script` (`admit`, or `lease`, which runs its rule).
+    fn admission_invocation(
+        &self,
+        script: &Script,
+        request: &AdmitRequest<'_>,
+        reserve: Reserve,
+    ) -> Invocation {
+        let mut inv = self.invocation(script, request.partition, Some(request.now));
         inv.arg(match request.budget {
             Some(BudgetStep::Deposit) => self.budget_args[0].as_str(),
             Some(BudgetStep::Withdraw) => self.budget_args[1].as_str(),
@@ -854,6 +871,85 @@ impl Shared {
 
     fn in_flight_invocation(&self, partition: Option<&PartitionKey>, now: Duration) -> Invocation {
         self.invocation(&Scripts::get().in_flight, partition, Some(now))
+    }
+}
+
+/// What leased mode (`lease.rs`) uses of the exact path: the lease is the
+/// admission script's weighted admission, its give-back the release
+/// script's, its failures the fail mode's.
+impl Shared {
+    /// The spec of the resource.
+    pub(crate) fn spec(&self) -> &ResourceSpec {
+        &self.spec
+    }
+
+    /// The lease of `batch` rate-limit permits: the reply of the lease
+    /// script (the admission's, then the instant to give the batch back
+    /// with, see `lua/lease.lua`), on the blocking path.
+    pub(crate) fn lease_sync(&self, now: Duration, batch: u32) -> Result<Vec<i64>, StoreError> {
+        let request = AdmitRequest::new(None, now).with_weight(batch);
+        let inv = self.admission_invocation(&Scripts::get().lease, &request, Reserve::default());
+        let hold = |r: Restart| self.restart_hold(r, now);
+        self.link.admit_sync::<Vec<i64>>(&inv, &hold)
+    }
+
+    /// [`lease_sync`](Self::lease_sync) on the async path.
+    pub(crate) async fn lease_async(
+        &self,
+        now: Duration,
+        batch: u32,
+    ) -> Result<Vec<i64>, StoreError> {
+        let request = AdmitRequest::new(None, now).with_weight(batch);
+        let inv = self.admission_invocation(&Scripts::get().lease, &request, Reserve::default());
+        let hold = move |r: Restart| self.restart_hold(r, now);
+        self.link.admit_async::<Vec<i64>>(&inv, &hold).await
+    }
+
+    /// The admission part of a lease script's reply.
+    pub(crate) fn lease_admission(
+        &self,
+        reply: &[i64],
+        now: Duration,
+    ) -> Result<Admission, StoreError> {
+        self.admission(reply.get(..13).unwrap_or(reply), now)
+    }
+
+    /// Gives `permits` of a batch back, as a reservation at `at` is given
+    /// back (`rgive` in `lua/prelude.lua`), in the background.
+    pub(crate) fn give_back_lease(self: &Arc<Self>, at: Duration, permits: u32) {
+        if permits == 0 || !self.link.is_available() {
+            return;
+        }
+        self.release_in_background(ReleaseArgs {
+            partition: None,
+            permit: Permit::default(),
+            reserved: Some(Reservation {
+                at,
+                weight: permits,
+            }),
+        });
+    }
+
+    /// The store's clock (see [`Shared::clock`]).
+    pub(crate) fn store_clock(&self, now: Duration) -> Duration {
+        self.clock(now)
+    }
+
+    /// Redis failed: the fail mode answers (see [`Shared::admit_degraded`]).
+    pub(crate) fn degraded(
+        &self,
+        request: &AdmitRequest<'_>,
+        e: StoreError,
+    ) -> Result<Admission, StoreError> {
+        self.admit_degraded(request, e)
+    }
+
+    /// The longest a store operation takes: connect timeout + timeout.
+    pub(crate) fn longest_wait(&self) -> Duration {
+        self.link
+            .settings
+            .connect_timeout
+            .saturating_add(self.link.settings.timeout)
     }
 }
 

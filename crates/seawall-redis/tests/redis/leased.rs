@@ -1,0 +1,364 @@
+//! Leased mode: a batch of rate-limit permits leased from Redis at a time,
+//! admitted from locally, renewed in the background, given back when
+//! unused. Commands are counted by the server (`INFO commandstats`); the
+//! exact answers are checked on the caller's clock. The four-process bound
+//! and the dead process are in `cross_process.rs`.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use seawall::store::{AdmitRequest, ResourceSpec, ResourceState};
+use seawall::{
+    Bulkhead, CircuitBreaker, Pipeline, RateLimiter, RejectionReason, StateStore, StoreError,
+};
+use seawall_redis::{FailMode, Leasing, RedisStore, RedisStoreBuilder, RedisStoreError};
+
+use crate::support::{command_calls, rt, script_calls, unique, RedisServer};
+
+const S: Duration = Duration::from_secs(1);
+const MS: Duration = Duration::from_millis(1);
+
+/// Script calls the server ran between two snapshots.
+fn scripts(before: &HashMap<String, u64>, after: &HashMap<String, u64>) -> u64 {
+    script_calls(after) - script_calls(before)
+}
+
+fn caller(b: RedisStoreBuilder, prefix: &str) -> RedisStore {
+    b.prefix(prefix)
+        .caller_clock()
+        .fail_closed()
+        .timeout(Duration::from_secs(2))
+        .build()
+        .unwrap()
+}
+
+fn admit(s: &dyn ResourceState, now: Duration, weight: u32) -> Result<(), Option<Duration>> {
+    let a = s
+        .admit(&AdmitRequest::new(None, now).with_weight(weight))
+        .unwrap();
+    a.decision.map(|_| ()).map_err(|r| {
+        assert_eq!(r.reason, RejectionReason::RateLimited);
+        r.retry_after
+    })
+}
+
+#[test]
+fn a_batch_of_zero_or_above_the_limit_is_a_config_error() {
+    let e = RedisStore::builder("redis://127.0.0.1:1")
+        .leased("api", Leasing::batch(0))
+        .build()
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            RedisStoreError::InvalidConfig {
+                field: "leased.batch",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert_eq!(
+        e.to_string(),
+        "redis_store.leased.batch must be >= 1, got 0"
+    );
+    for (leasing, field) in [
+        (Leasing::batch(10).ttl(Duration::ZERO), "leased.ttl"),
+        (Leasing::batch(10).low_water(10), "leased.low_water"),
+    ] {
+        let e = RedisStore::builder("redis://127.0.0.1:1")
+            .leased("api", leasing)
+            .build()
+            .unwrap_err();
+        assert!(
+            matches!(&e, RedisStoreError::InvalidConfig { field: f, .. } if *f == field),
+            "{e}"
+        );
+    }
+
+    let server = RedisServer::start();
+    let store = |batch: u32| {
+        RedisStore::builder(server.url())
+            .prefix(unique("badlease"))
+            .leased("api", Leasing::batch(batch))
+            .build()
+            .unwrap()
+    };
+    // Above the burst of a GCRA, the limit of a fixed window.
+    for (limiter, what) in [
+        (RateLimiter::gcra(1000, S).burst(100), "burst (100)"),
+        (RateLimiter::fixed_window(100, S), "limit (100)"),
+    ] {
+        let e = Pipeline::builder("api")
+            .rate_limiter(limiter.clone())
+            .store(store(101))
+            .build()
+            .unwrap_err();
+        assert_eq!((e.policy, e.field), ("store", "bind"));
+        let msg = e.to_string();
+        assert!(
+            msg.contains(&format!(
+                "leased.batch of resource `api` must be <= the rate limiter's {what}, got 101"
+            )),
+            "{msg}"
+        );
+        // At the bound, it binds.
+        Pipeline::builder("api")
+            .rate_limiter(limiter)
+            .store(store(100))
+            .build()
+            .unwrap();
+    }
+    // Anything but a GCRA or fixed-window limiter alone, whose calls never
+    // wait, is refused.
+    let refused = [
+        Pipeline::builder("api")
+            .rate_limiter(RateLimiter::gcra(100, S))
+            .circuit_breaker(CircuitBreaker::consecutive_failures(3))
+            .store(store(10))
+            .build(),
+        Pipeline::builder("api")
+            .rate_limiter(RateLimiter::gcra(100, S))
+            .bulkhead(Bulkhead::new(3))
+            .store(store(10))
+            .build(),
+        Pipeline::builder("api")
+            .rate_limiter(RateLimiter::sliding_window(100, S))
+            .store(store(10))
+            .build(),
+        Pipeline::builder("api")
+            .rate_limiter(RateLimiter::gcra(100, S).max_wait(S))
+            .store(store(10))
+            .build(),
+        Pipeline::builder("api")
+            .bulkhead(Bulkhead::new(3))
+            .store(store(10))
+            .build(),
+    ];
+    for r in refused {
+        let e = r.unwrap_err();
+        assert_eq!((e.policy, e.field), ("store", "bind"));
+        assert!(
+            e.to_string().contains("leased.resource of resource `api`"),
+            "{e}"
+        );
+    }
+    // Another resource of the store is not leased.
+    Pipeline::builder("other")
+        .rate_limiter(RateLimiter::sliding_window(100, S))
+        .store(store(10))
+        .build()
+        .unwrap();
+}
+
+/// On the caller's clock: a GCRA of 100 per second (burst 100), batches of
+/// 10. At one instant exactly the burst is admitted, in 10 leases (one
+/// script call each) and one refused lease; then calls are refused locally
+/// with the refused lease's `retry_after` until it ends.
+#[test]
+fn leased_admissions_take_the_limit_exactly_in_one_call_per_batch() {
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    for origin in [Duration::ZERO, Duration::from_secs(1_000_000)] {
+        for limiter in [RateLimiter::gcra(100, S), RateLimiter::fixed_window(100, S)] {
+            let prefix = unique("lease");
+            let spec = ResourceSpec::new("api").with_rate_limit(limiter.clone());
+            let b =
+                RedisStore::builder(server.url()).leased("api", Leasing::batch(10).low_water(5));
+            let state = caller(b, &prefix).bind(&spec).unwrap();
+            let before = command_calls(&mut conn);
+            let t0 = origin + MS;
+            let admitted = (0..150).filter(|_| admit(&*state, t0, 1).is_ok()).count();
+            assert_eq!(admitted, 100, "{limiter:?}");
+            assert_eq!(
+                scripts(&before, &command_calls(&mut conn)),
+                11,
+                "{limiter:?}: ten batches and one refused lease"
+            );
+            // The refused lease of 10: GCRA's TAT is at t0 + 1 s, the
+            // tenth permit after it is due at t0 + 100 ms; the fixed
+            // window's next one starts at origin + 1 s.
+            let end = match limiter.algorithm {
+                seawall::rate_limit::RateAlgorithm::Gcra => t0 + 100 * MS,
+                _ => origin + S,
+            };
+            let before = command_calls(&mut conn);
+            for now in [t0, t0 + (end - t0) / 2, end - Duration::from_nanos(1)] {
+                assert_eq!(admit(&*state, now, 1), Err(Some(end - now)), "{limiter:?}");
+            }
+            assert_eq!(scripts(&before, &command_calls(&mut conn)), 0);
+            // At its end, a lease again.
+            assert_eq!(admit(&*state, end, 1), Ok(()));
+            assert_eq!(scripts(&before, &command_calls(&mut conn)), 1);
+        }
+    }
+}
+
+/// Unused permits are given back: when the resource is dropped, and when
+/// the batch expires (at the first admission after its TTL).
+#[test]
+fn unused_permits_are_given_back() {
+    let server = RedisServer::start();
+    for limiter in [
+        RateLimiter::gcra(100, 10 * S),
+        RateLimiter::fixed_window(100, 10 * S),
+    ] {
+        let spec = ResourceSpec::new("api").with_rate_limit(limiter.clone());
+        let t0 = Duration::from_secs(1_000_000);
+        // Dropped with 7 of its 10 left: an exact store then has 97.
+        let prefix = unique("giveback");
+        let leased = |prefix: &str| {
+            caller(
+                RedisStore::builder(server.url())
+                    .leased("api", Leasing::batch(10).low_water(1).ttl(S)),
+                prefix,
+            )
+            .bind(&spec)
+            .unwrap()
+        };
+        let exact = caller(RedisStore::builder(server.url()), &prefix)
+            .bind(&spec)
+            .unwrap();
+        let state = leased(&prefix);
+        for _ in 0..3 {
+            assert_eq!(admit(&*state, t0, 1), Ok(()));
+        }
+        drop(state);
+        assert_eq!(admit(&*exact, t0, 97), Ok(()), "{limiter:?}");
+        assert!(admit(&*exact, t0, 1).is_err(), "{limiter:?}");
+
+        // Expired with 7 left: given back at the next admission, which
+        // leases a new batch.
+        let prefix = unique("expire");
+        let exact = caller(RedisStore::builder(server.url()), &prefix)
+            .bind(&spec)
+            .unwrap();
+        let state = leased(&prefix);
+        for _ in 0..3 {
+            assert_eq!(admit(&*state, t0, 1), Ok(()));
+        }
+        // Within the TTL: from the batch.
+        assert_eq!(admit(&*state, t0 + S - MS, 1), Ok(()));
+        // After it: 6 given back, 10 leased, 1 taken. The fixed window
+        // then counts the 4 used and the new 10; GCRA, whose TAT the 6
+        // moved back to t0 + 0.4 s, is full again at t0 + 1 s, less the
+        // new 10.
+        let t1 = t0 + S;
+        assert_eq!(admit(&*state, t1, 1), Ok(()));
+        let free = match limiter.algorithm {
+            seawall::rate_limit::RateAlgorithm::Gcra => 100 - 10,
+            _ => 100 - 4 - 10,
+        };
+        assert_eq!(admit(&*exact, t1, free), Ok(()), "{limiter:?}");
+        assert!(admit(&*exact, t1, 1).is_err(), "{limiter:?}");
+    }
+}
+
+/// Renewal starts at the low-water mark, in the background, before the
+/// batch runs out: after the admission that leaves the mark, the server
+/// runs the next lease without another admission. Sync (a renewal thread)
+/// and async (a spawned task). Over many admissions, about one script call
+/// per batch.
+#[test]
+fn renewal_runs_in_the_background_before_the_batch_runs_out() {
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    let rt = rt();
+    for sync in [true, false] {
+        let store = RedisStore::builder(server.url())
+            .prefix(unique("renew"))
+            .leased("api", Leasing::batch(100).low_water(40))
+            .build()
+            .unwrap();
+        let p = Pipeline::builder("api")
+            .rate_limiter(RateLimiter::gcra(1_000_000, S))
+            .store(store)
+            .build()
+            .unwrap();
+        let call = |n: usize| {
+            for _ in 0..n {
+                if sync {
+                    p.call(|_| Ok::<_, std::io::Error>(())).unwrap();
+                } else {
+                    rt.block_on(p.run(|_| async { Ok::<_, std::io::Error>(()) }))
+                        .unwrap();
+                }
+            }
+        };
+        let before = command_calls(&mut conn);
+        // The first lease, then 59 more from it: 40 left.
+        call(60);
+        let mut seen = scripts(&before, &command_calls(&mut conn));
+        for _ in 0..500 {
+            if seen >= 2 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+            seen = scripts(&before, &command_calls(&mut conn));
+        }
+        assert_eq!(seen, 2, "sync {sync}: the renewal ran with 40 permits left");
+        // 10,000 more: 100 batches, give or take the one under way.
+        let before = command_calls(&mut conn);
+        call(10_000);
+        let n = scripts(&before, &command_calls(&mut conn));
+        assert!((99..=101).contains(&n), "sync {sync}: {n} script calls");
+    }
+}
+
+/// Redis stopped (SIGSTOP) while a process holds a batch: the batch is
+/// still admitted from; once it is spent, the fail mode answers
+/// (fail-closed `Error::Store`, fail-open local permits, degraded).
+#[test]
+fn a_stopped_redis_follows_the_fail_mode_once_the_batch_is_spent() {
+    let server = RedisServer::start();
+    for mode in [FailMode::Closed, FailMode::Open] {
+        let store = RedisStore::builder(server.url())
+            .prefix(unique("stopped"))
+            .timeout(Duration::from_millis(200))
+            .reconnect_interval(Duration::from_millis(100))
+            .fail_mode(mode)
+            .leased("api", Leasing::batch(20).low_water(1))
+            .build()
+            .unwrap();
+        let spec = ResourceSpec::new("api").with_rate_limit(RateLimiter::gcra(1000, S));
+        let state = store.bind(&spec).unwrap();
+        let now = Duration::ZERO;
+        let a = state.admit(&AdmitRequest::new(None, now)).unwrap();
+        assert!(a.decision.is_ok() && a.degraded.is_none());
+        server.signal("STOP");
+        // 19 left: all admitted from the batch, none degraded.
+        for i in 0..19 {
+            let a = state.admit(&AdmitRequest::new(None, now)).unwrap();
+            assert!(a.decision.is_ok(), "{mode:?} {i}");
+            assert!(a.degraded.is_none(), "{mode:?} {i}");
+        }
+        // Spent: the fail mode answers.
+        for _ in 0..3 {
+            let a = state.admit(&AdmitRequest::new(None, now));
+            match mode {
+                FailMode::Closed => assert!(
+                    matches!(a, Err(StoreError::Timeout(_) | StoreError::Unavailable(_))),
+                    "{a:?}"
+                ),
+                _ => {
+                    let a = a.unwrap();
+                    assert!(a.decision.unwrap().local);
+                    assert!(a.degraded.is_some());
+                }
+            }
+        }
+        server.signal("CONT");
+        // Back on Redis once it is reconnected to (5 s at most).
+        let mut back = false;
+        for _ in 0..100 {
+            if let Ok(a) = state.admit(&AdmitRequest::new(None, now)) {
+                if a.degraded.is_none() && a.decision.as_ref().is_ok_and(|p| !p.local) {
+                    back = true;
+                    break;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert!(back, "{mode:?}: not back on Redis");
+    }
+}
