@@ -315,7 +315,8 @@ impl RedisStoreBuilder {
     /// unix socket, a database other than 0, a user, password, TLS or
     /// protocol other than the first node's;
     /// [`RedisStoreError::InvalidConfig`] naming the setting and its rule
-    /// otherwise (`cluster` for an empty list).
+    /// otherwise (`cluster` for an empty list; `leased.batch`,
+    /// `leased.ttl`, `leased.low_water` for a [`Leasing`] out of range).
     pub fn build(self) -> Result<RedisStore, RedisStoreError> {
         let invalid =
             |field: &'static str, rule: String| RedisStoreError::InvalidConfig { field, rule };
