@@ -362,3 +362,88 @@ fn a_stopped_redis_follows_the_fail_mode_once_the_batch_is_spent() {
         assert!(back, "{mode:?}: not back on Redis");
     }
 }
+
+/// Keeps the server busy for a second (every other client waits).
+const BUSY_SECOND: &str = "local t = redis.call('TIME') \
+    local start = t[1] * 1000000 + t[2] \
+    repeat t = redis.call('TIME') until t[1] * 1000000 + t[2] - start >= 1000000";
+
+/// Redis slow (busy for a second, past the timeout) while a process holds
+/// a batch: the batch is admitted from; the renewal sent meanwhile times
+/// out, and if the server runs it late its permits are counted and lost
+/// (never admitted: under-admission of at most one batch); once the batch
+/// is spent, the fail mode answers. Nothing is admitted over the limit.
+#[test]
+fn a_slow_redis_admits_from_the_batch_and_nothing_over_the_limit() {
+    let server = RedisServer::start();
+    for mode in [FailMode::Closed, FailMode::Open] {
+        let prefix = unique("slowlease");
+        let store = RedisStore::builder(server.url())
+            .prefix(&prefix)
+            .timeout(Duration::from_millis(200))
+            .reconnect_interval(Duration::from_millis(100))
+            .fail_mode(mode)
+            .leased("api", Leasing::batch(10).low_water(5))
+            .build()
+            .unwrap();
+        let spec =
+            ResourceSpec::new("api").with_rate_limit(RateLimiter::fixed_window(100, 3600 * S));
+        let state = store.bind(&spec).unwrap();
+        let req = AdmitRequest::new(None, Duration::ZERO);
+        assert!(state.admit(&req).unwrap().decision.is_ok());
+
+        let mut probe = server.conn();
+        probe
+            .set_read_timeout(Some(Duration::from_millis(50)))
+            .unwrap();
+        let mut sleeping = server.conn();
+        let sleeper = std::thread::spawn(move || {
+            let _: () = redis::cmd("EVAL")
+                .arg(BUSY_SECOND)
+                .arg(0)
+                .query(&mut sleeping)
+                .unwrap();
+        });
+        for _ in 0..500 {
+            if redis::cmd("PING").query::<()>(&mut probe).is_err() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // 9 left: 4 leave 5 and start the renewal (which times out), 5 more
+        // spend the batch; none waits or is degraded.
+        for i in 0..9 {
+            let a = state.admit(&req).unwrap();
+            assert!(a.decision.is_ok() && a.degraded.is_none(), "{mode:?} {i}");
+        }
+        let a = state.admit(&req);
+        match mode {
+            FailMode::Closed => assert!(
+                matches!(a, Err(StoreError::Timeout(_) | StoreError::Unavailable(_))),
+                "{a:?}"
+            ),
+            _ => assert!(a.unwrap().degraded.is_some()),
+        }
+        sleeper.join().unwrap();
+        for _ in 0..500 {
+            if store.ping().is_ok() && store.is_available() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(store.is_available(), "no recovery");
+        // The window holds the first batch, and the late renewal if the
+        // server ran it: an exact store finds 90 or 80 places left.
+        let exact = RedisStore::builder(server.url())
+            .prefix(&prefix)
+            .fail_closed()
+            .build()
+            .unwrap()
+            .bind(&spec)
+            .unwrap();
+        let left = (0..120)
+            .take_while(|_| exact.admit(&req).unwrap().decision.is_ok())
+            .count();
+        assert!(left == 90 || left == 80, "{mode:?}: {left} left");
+    }
+}
