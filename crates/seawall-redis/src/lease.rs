@@ -132,18 +132,43 @@ pub(crate) fn bind(
     let refuse = |field: &str, rule: String| {
         StoreError::Refused(format!("leased.{field} of resource `{}` {rule}", spec.name))
     };
-    let others = spec.circuit.is_some()
-        || spec.bulkhead.is_some()
-        || spec.cooldown.is_some()
-        || spec.retry_budget.is_some();
+    let others = spec.circuit.is_some() || spec.cooldown.is_some() || spec.retry_budget.is_some();
     let limiter =
-        match &spec.rate_limit {
-            Some(r) if !others => r,
+        match (&spec.rate_limit, &spec.bulkhead) {
+            (Some(r), None) if !others => r,
+            (None, Some(b)) if !others => {
+                if leasing.batch > b.max_concurrent {
+                    return Err(refuse(
+                        "batch",
+                        format!(
+                            "must be <= the bulkhead's max_concurrent ({}), got {}",
+                            b.max_concurrent, leasing.batch
+                        ),
+                    ));
+                }
+                if b.shadow {
+                    return Err(refuse(
+                        "resource",
+                        "must have a bulkhead that is not in shadow mode".into(),
+                    ));
+                }
+                if leasing.ttl >= b.lease {
+                    return Err(refuse(
+                        "ttl",
+                        format!(
+                            "must be below the bulkhead's lease ({:?}) by at least the attempt \
+                         timeout, got {:?}",
+                            b.lease, leasing.ttl
+                        ),
+                    ));
+                }
+                return Ok(crate::slots::bind(shared, exact, leasing));
+            }
             _ => return Err(refuse(
                 "resource",
-                "must have a rate limiter and no circuit breaker, bulkhead, cooldown or shared \
-                 retry budget (those are asked on every call, one round trip each: leasing \
-                 would save nothing)"
+                "must have a rate limiter or a bulkhead, alone: no circuit breaker, cooldown or \
+                 shared retry budget (those are asked on every call, one round trip each: \
+                 leasing would save nothing), and not both"
                     .into(),
             )),
         };
@@ -377,9 +402,13 @@ impl Lease {
     /// After an admission left `left` permits: at the low-water mark, the
     /// next batch is leased in the background (a spawned task inside a
     /// tokio runtime, the resource's renewal thread otherwise).
+    /// No lease is started while Redis's refusal of the last one holds.
     #[inline]
     fn after_take(self: &Arc<Self>, left: u64, now: Duration) {
-        if left > self.low || !self.claim() {
+        if left > self.low
+            || self.clock(now) < self.refused_until.load(Ordering::Acquire)
+            || !self.claim()
+        {
             return;
         }
         self.renew_in_background(now);

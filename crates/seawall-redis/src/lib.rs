@@ -507,6 +507,7 @@ mod lease;
 mod link;
 mod refusals;
 mod scripts;
+mod slots;
 mod store;
 
 pub use config::{FailMode, RedisStoreBuilder, TimeSource};

@@ -41,9 +41,12 @@ pub(crate) struct Scripts {
     /// admission rule of `admit.lua`, run as a function, and the instant
     /// to give the batch back with (`lua/lease.lua`).
     pub(crate) lease: Script,
+    /// The extension of the bulkhead slots a process holds in leased mode
+    /// (`lua/extend.lua`).
+    pub(crate) extend: Script,
     /// `SCRIPT LOAD` of every script: commands of their own, which a
     /// cluster connection routes to the masters.
-    loads: [redis::Cmd; 8],
+    loads: [redis::Cmd; 9],
 }
 
 impl Scripts {
@@ -60,8 +63,9 @@ impl Scripts {
                 with_prelude(include_str!("lua/in_flight.lua")),
                 source(&[include_str!("lua/success.lua")]),
                 lease_source(),
+                with_prelude(include_str!("lua/extend.lua")),
             ];
-            let [admit, record, release, metrics, control, in_flight, success, lease] =
+            let [admit, record, release, metrics, control, in_flight, success, lease, extend] =
                 sources.each_ref().map(|s| Script::new(s));
             Scripts {
                 admit,
@@ -72,6 +76,7 @@ impl Scripts {
                 in_flight,
                 success,
                 lease,
+                extend,
                 loads: sources.map(|s| {
                     let mut cmd = redis::cmd("SCRIPT");
                     cmd.arg("LOAD").arg(s);
@@ -82,7 +87,7 @@ impl Scripts {
     }
 
     /// `SCRIPT LOAD` of every script.
-    pub(crate) fn loads(&self) -> &[redis::Cmd; 8] {
+    pub(crate) fn loads(&self) -> &[redis::Cmd; 9] {
         &self.loads
     }
 }
@@ -470,6 +475,7 @@ mod tests {
             ("metrics", include_str!("lua/metrics.lua")),
             ("control", include_str!("lua/control.lua")),
             ("in_flight", include_str!("lua/in_flight.lua")),
+            ("extend", include_str!("lua/extend.lua")),
         ];
         for (name, body) in scripts {
             let len = source(&[PRELUDE, body]).len();

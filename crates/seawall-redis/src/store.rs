@@ -905,6 +905,62 @@ impl Shared {
         self.link.admit_async::<Vec<i64>>(&inv, &hold).await
     }
 
+    /// The lease of up to `slots` bulkhead slots (see `lua/lease.lua`),
+    /// on the blocking path: a refusal, or an admission and the slot ids
+    /// from the 17th field on.
+    pub(crate) fn slot_lease_sync(
+        &self,
+        now: Duration,
+        slots: u32,
+    ) -> Result<Vec<i64>, StoreError> {
+        let inv = self.slot_lease_invocation(now, slots);
+        let hold = |r: Restart| self.restart_hold(r, now);
+        self.link.admit_sync::<Vec<i64>>(&inv, &hold)
+    }
+
+    /// [`slot_lease_sync`](Self::slot_lease_sync) on the async path.
+    pub(crate) async fn slot_lease_async(
+        &self,
+        now: Duration,
+        slots: u32,
+    ) -> Result<Vec<i64>, StoreError> {
+        let inv = self.slot_lease_invocation(now, slots);
+        let hold = move |r: Restart| self.restart_hold(r, now);
+        self.link.admit_async::<Vec<i64>>(&inv, &hold).await
+    }
+
+    fn slot_lease_invocation(&self, now: Duration, slots: u32) -> Invocation {
+        let mut inv = self.invocation(&Scripts::get().lease, None, Some(now));
+        // No budget step, no lead, no held reservation, weight 1.
+        inv.arg("").arg("0:0").arg("-1").arg(1).arg(slots);
+        inv
+    }
+
+    /// Extends the leases of the bulkhead slots `ids`: for each, whether it
+    /// was still held.
+    pub(crate) fn extend_slots(&self, now: Duration, ids: &[u64]) -> Result<Vec<i64>, StoreError> {
+        let mut inv = self.invocation(&Scripts::get().extend, None, Some(now));
+        for id in ids {
+            inv.arg(*id);
+        }
+        self.link.invoke_sync::<Vec<i64>>(&inv)
+    }
+
+    /// Gives the bulkhead slot `id` back, in the background.
+    pub(crate) fn give_back_slot(self: &Arc<Self>, id: u64) {
+        if !self.link.is_available() {
+            return;
+        }
+        self.release_in_background(ReleaseArgs {
+            partition: None,
+            permit: Permit {
+                slot: Some(id),
+                ..Permit::default()
+            },
+            reserved: None,
+        });
+    }
+
     /// The admission part of a lease script's reply.
     pub(crate) fn lease_admission(
         &self,
@@ -928,6 +984,11 @@ impl Shared {
                 weight: permits,
             }),
         });
+    }
+
+    /// `false` while Redis is skipped after a failure.
+    pub(crate) fn is_available(&self) -> bool {
+        self.link.is_available()
     }
 
     /// The store's clock (see [`Shared::clock`]).

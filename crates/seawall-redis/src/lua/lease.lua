@@ -11,6 +11,25 @@
 -- Reply: the admission's 13 fields (`admit.lua`), then 1 when the batch
 -- can be given back (0: not), and its instant (microseconds, nanoseconds
 -- 0..999).
+-- ARGV[D + 4] (with the lead, the held reservation and the weight before
+-- it, unused by a bulkhead alone): a batch of bulkhead slots. Each slot is
+-- an admission by the same rule, taken one after the other until the
+-- batch is full or the bulkhead refuses. Reply: the refusal when no slot
+-- was free; else an admission's 13 fields, 0, 0, 0, then the slot ids.
+
+local K = tonumber(A[D + 4])
+if K and HAS_B then
+  local ids, x = {}, nil
+  for _ = 1, K do
+    x = admit_rule()
+    if x[1] ~= 0 then break end
+    ids[#ids + 1] = x[5]
+  end
+  if #ids == 0 then return x end
+  local out = {0, -1, 0, 0, -1, 0, 0, 0, -1, 0, 0, -1, 0, 0, 0, 0}
+  for _, id in ipairs(ids) do out[#out + 1] = id end
+  return out
+end
 
 local r = admit_rule()
 local ok, gu, gn = 0, 0, 0

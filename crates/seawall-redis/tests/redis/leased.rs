@@ -131,7 +131,8 @@ fn a_batch_of_zero_or_above_the_limit_is_a_config_error() {
             .store(store(10))
             .build(),
         Pipeline::builder("api")
-            .bulkhead(Bulkhead::new(3))
+            .bulkhead(Bulkhead::new(30))
+            .cooldown(seawall::Cooldown::new())
             .store(store(10))
             .build(),
     ];
@@ -143,6 +144,33 @@ fn a_batch_of_zero_or_above_the_limit_is_a_config_error() {
             "{e}"
         );
     }
+    // A bulkhead: a batch above its max_concurrent, a TTL not below its
+    // lease.
+    let e = Pipeline::builder("api")
+        .bulkhead(Bulkhead::new(3))
+        .store(store(10))
+        .build()
+        .unwrap_err();
+    assert!(
+        e.to_string().contains(
+            "leased.batch of resource `api` must be <= the bulkhead's max_concurrent (3), got 10"
+        ),
+        "{e}"
+    );
+    let e = Pipeline::builder("api")
+        .bulkhead(Bulkhead::new(30).lease(S))
+        .store(store(10))
+        .build()
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("leased.ttl of resource `api`"),
+        "{e}"
+    );
+    Pipeline::builder("api")
+        .bulkhead(Bulkhead::new(10))
+        .store(store(10))
+        .build()
+        .unwrap();
     // Another resource of the store is not leased.
     Pipeline::builder("other")
         .rate_limiter(RateLimiter::sliding_window(100, S))
@@ -446,4 +474,120 @@ fn a_slow_redis_admits_from_the_batch_and_nothing_over_the_limit() {
             .count();
         assert!(left == 90 || left == 80, "{mode:?}: {left} left");
     }
+}
+
+/// A bulkhead in leased mode: two stores (as two processes) on one
+/// bulkhead of 10, batches of 4. Together they never hold more than 10
+/// slots, in use or in their pools; a store's idle slots beyond one batch
+/// are given back by its keeper; a slot of the pool goes back to the pool
+/// when its call ends, without a script call.
+#[test]
+fn leased_bulkhead_slots_never_exceed_the_capacity() {
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    let prefix = unique("slots");
+    let spec = ResourceSpec::new("api").with_bulkhead(Bulkhead::new(10).lease(10 * S));
+    let leased = || {
+        RedisStore::builder(server.url())
+            .prefix(&prefix)
+            .fail_closed()
+            .leased("api", Leasing::batch(4).low_water(1).ttl(S))
+            .build()
+            .unwrap()
+            .bind(&spec)
+            .unwrap()
+    };
+    let (a, b) = (leased(), leased());
+    let now = Duration::ZERO;
+    let req = AdmitRequest::new(None, now);
+    let take = |s: &dyn ResourceState| s.admit(&req).unwrap().decision;
+    // A takes all 10, B none.
+    let mut held = Vec::new();
+    for i in 0..10 {
+        held.push(take(&*a).unwrap_or_else(|r| panic!("A {i}: {r:?}")));
+    }
+    assert_eq!(take(&*a).unwrap_err().reason, RejectionReason::BulkheadFull);
+    assert_eq!(take(&*b).unwrap_err().reason, RejectionReason::BulkheadFull);
+    assert_eq!(a.in_flight(None, now).unwrap(), 10);
+    // A's calls end: their slots go back to A's pool without a script call
+    // (the slots taken exactly, if any, to Redis).
+    let before = command_calls(&mut conn);
+    let pooled = held.iter().filter(|p| p.slot.is_none()).count() as u64;
+    for p in held.drain(..) {
+        a.release(None, p);
+    }
+    let calls = scripts(&before, &command_calls(&mut conn));
+    assert!(
+        calls <= 10 - pooled + 2,
+        "{calls} script calls for {pooled} pooled slots"
+    );
+    // A's keeper gives back what is beyond one batch (within a few ticks).
+    let mut in_use = a.in_flight(None, now).unwrap();
+    for _ in 0..300 {
+        if in_use <= 4 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+        in_use = a.in_flight(None, now).unwrap();
+    }
+    assert!(in_use <= 4, "{in_use} slots still held");
+    // B takes what is free; A's pool still serves A; together at most 10.
+    let mut b_held = 0;
+    while take(&*b).is_ok() {
+        b_held += 1;
+        assert!(b_held <= 10);
+    }
+    let mut a_held = 0;
+    while take(&*a).is_ok() {
+        a_held += 1;
+        assert!(a_held <= 10);
+    }
+    assert_eq!(a_held + b_held, 10, "A {a_held}, B {b_held}");
+    assert!(a_held >= 4 - 1, "A's pool kept its batch: {a_held}");
+    assert_eq!(a.in_flight(None, now).unwrap(), 10);
+}
+
+/// The pool's slot leases are extended while it holds them: a slot held
+/// past the bulkhead's lease is still counted on Redis; once the resource
+/// is dropped, its idle slots are given back.
+#[test]
+fn leased_bulkhead_slots_outlive_the_lease_while_held() {
+    let server = RedisServer::start();
+    let prefix = unique("extend");
+    let spec = ResourceSpec::new("api").with_bulkhead(Bulkhead::new(5).lease(S));
+    let state = RedisStore::builder(server.url())
+        .prefix(&prefix)
+        .fail_closed()
+        .leased(
+            "api",
+            Leasing::batch(2)
+                .low_water(0)
+                .ttl(Duration::from_millis(300)),
+        )
+        .build()
+        .unwrap()
+        .bind(&spec)
+        .unwrap();
+    let exact = RedisStore::builder(server.url())
+        .prefix(&prefix)
+        .fail_closed()
+        .build()
+        .unwrap()
+        .bind(&spec)
+        .unwrap();
+    let now = Duration::ZERO;
+    let permit = state
+        .admit(&AdmitRequest::new(None, now))
+        .unwrap()
+        .decision
+        .unwrap();
+    let start = std::time::Instant::now();
+    // Past the lease (1 s) by half of it: both slots of the batch are
+    // still held (one in use, one idle in the pool).
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(start.elapsed() >= Duration::from_millis(1500));
+    assert_eq!(exact.in_flight(None, now).unwrap(), 2);
+    state.release(None, permit);
+    drop(state);
+    assert_eq!(exact.in_flight(None, now).unwrap(), 0, "given back at drop");
 }
