@@ -268,13 +268,15 @@ impl RedisStoreBuilder {
 
     /// Admits the calls of the resource (the pipeline) named `resource` in
     /// **leased mode**: this process leases a batch of rate-limit permits
-    /// from Redis at a time and admits from it locally, without a round
-    /// trip, renewing the batch in the background before it runs out. For
-    /// a rate limit shared by many processes at rates where a round trip
-    /// per call is too much; the limit then holds up to a stated overshoot
-    /// (at most the permits every process holds at once). Every other
-    /// resource stays in exact mode (the default). See the [crate
-    /// documentation](crate#leased-mode) for what holds.
+    /// (or of bulkhead slots) from Redis at a time and admits from it
+    /// locally, without a round trip, leasing the next batch in the
+    /// background before it runs out. For a rate limit or a bulkhead shared
+    /// by many processes at rates where a round trip per call is too much.
+    /// A rate limit then holds up to a stated overshoot (at most the
+    /// permits every process holds at once); a bulkhead is never exceeded,
+    /// but the slots a process holds idle are not free to the others.
+    /// Every other resource stays in exact mode (the default). See the
+    /// [crate documentation](crate#leased-mode) for what holds.
     ///
     /// ```no_run
     /// use std::time::Duration;
@@ -296,10 +298,11 @@ impl RedisStoreBuilder {
     /// below the batch ([`RedisStoreError::InvalidConfig`] naming
     /// `leased.batch`, `leased.ttl` or `leased.low_water`); binding the
     /// resource refuses a batch larger than the rate limiter's burst (GCRA)
-    /// or limit (fixed window), and a resource that has anything but a GCRA
-    /// or fixed-window rate limiter whose calls never wait (the pipeline's
-    /// `build()` then fails with a `ConfigError` of the store's bind naming
-    /// the field and the rule).
+    /// or limit (fixed window) or the bulkhead's `max_concurrent`, a TTL
+    /// not below the bulkhead's lease, and a resource that has anything but
+    /// a GCRA or fixed-window rate limiter whose calls never wait, or a
+    /// bulkhead, alone (the pipeline's `build()` then fails with a
+    /// `ConfigError` of the store's bind naming the field and the rule).
     pub fn leased(mut self, resource: impl Into<String>, leasing: Leasing) -> Self {
         self.leases.insert(resource.into(), leasing);
         self

@@ -1,6 +1,7 @@
-//! Leased mode: a process leases a batch of rate-limit permits from Redis
-//! and admits from it locally (see the crate documentation,
-//! [Leased mode](crate#leased-mode)).
+//! Leased mode for a rate limit: a process leases a batch of rate-limit
+//! permits from Redis and admits from it locally (see the crate
+//! documentation, [Leased mode](crate#leased-mode)); the bulkhead's is in
+//! `slots.rs`.
 //!
 //! The lease is the admission script's weighted admission of a batch (run
 //! by `lua/lease.lua`, which adds the instant to give it back with); the
@@ -25,7 +26,8 @@ use seawall::{PartitionKey, Rejection, StoreError};
 use crate::error::RedisStoreError;
 use crate::store::{RedisResource, Shared};
 
-/// How a resource in leased mode leases its rate-limit permits (see
+/// How a resource in leased mode leases its rate-limit permits or bulkhead
+/// slots (see
 /// [`RedisStoreBuilder::leased`](crate::RedisStoreBuilder::leased) and the
 /// [crate documentation](crate#leased-mode)).
 ///
@@ -46,10 +48,10 @@ pub struct Leasing {
 }
 
 impl Leasing {
-    /// Leases `permits` rate-limit permits at a time (a batch). At least 1,
-    /// and at most the rate limiter's burst (GCRA) or limit (fixed
-    /// window). The TTL defaults to 1 s, the low-water mark to half the
-    /// batch.
+    /// Leases `permits` rate-limit permits (or bulkhead slots) at a time
+    /// (a batch). At least 1, and at most the rate limiter's burst (GCRA),
+    /// its limit (fixed window) or the bulkhead's `max_concurrent`. The TTL
+    /// defaults to 1 s, the low-water mark to half the batch.
     pub fn batch(permits: u32) -> Leasing {
         Leasing {
             batch: permits,
@@ -60,7 +62,10 @@ impl Leasing {
 
     /// How long after its lease was sent a batch may be admitted from;
     /// what is left of it then is given back (see the crate
-    /// documentation). Must be > 0.
+    /// documentation). For a bulkhead, how long after its last lease or
+    /// extension the pool may be admitted from (it is extended every half
+    /// TTL): below the bulkhead's lease by at least the attempt timeout.
+    /// Must be > 0.
     #[must_use]
     pub fn ttl(mut self, ttl: Duration) -> Leasing {
         self.ttl = ttl;
@@ -92,8 +97,9 @@ impl Leasing {
         self.low_water.unwrap_or(self.batch / 2)
     }
 
-    /// The most permits a process holds at once: a renewal starts at the
-    /// low-water mark or below and adds one batch (one lease at a time).
+    /// The most rate-limit permits a process holds at once: a renewal
+    /// starts at the low-water mark or below and adds one batch (one lease
+    /// at a time).
     pub fn most_held(&self) -> u64 {
         u64::from(self.batch) + u64::from(self.low_water_mark())
     }

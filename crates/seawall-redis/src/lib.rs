@@ -194,10 +194,13 @@
 //!
 //! # Leased mode
 //! Exact mode (the default) costs one round trip per admission: every
-//! process asks Redis, and Redis decides, atomically. For a rate limit
-//! shared by many processes at rates where that is too much, a resource
-//! can be admitted in **leased mode** instead
-//! ([`RedisStoreBuilder::leased`] with a [`Leasing`]):
+//! process asks Redis, and Redis decides, atomically. For a rate limit or
+//! a bulkhead shared by many processes at rates where that is too much, a
+//! resource can be admitted in **leased mode** instead
+//! ([`RedisStoreBuilder::leased`] with a [`Leasing`]): each process leases
+//! a batch of permits (or slots) from Redis, admits from it locally, gives
+//! back what it does not use, and leases again in the background before
+//! the batch runs out.
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -215,6 +218,7 @@
 //! # Ok::<_, Box<dyn std::error::Error>>(())
 //! ```
 //!
+//! For a rate limit:
 //! - **A lease is a weighted admission.** Each process leases a batch of
 //!   `b` permits at a time: the admission script's own rule admits a call
 //!   of weight `b` (`lua/lease.lua` runs `admit.lua` unchanged, then reads
@@ -231,9 +235,9 @@
 //!   the background: a spawned task inside a tokio runtime, the resource's
 //!   renewal thread otherwise (started at the first renewal of a blocking
 //!   caller, parked while idle, ended with the resource; one lease at a
-//!   time; the batch it brings is added to what is left). A call that finds the batch empty waits for
-//!   the lease under way (at most connect timeout + timeout), or leases
-//!   for itself when none is.
+//!   time; the batch it brings is added to what is left). A call that
+//!   finds the batch empty waits for the lease under way (at most connect
+//!   timeout + timeout), or leases for itself when none is.
 //! - **Refused by Redis.** When Redis refuses a lease (the limit is
 //!   exhausted for a batch), the call is refused with the rate limiter's
 //!   reason and Redis's `retry_after` (when a batch is free again), and the
@@ -257,16 +261,6 @@
 //!   The TTL bounds how long a live process may spend a permit after its
 //!   lease: a process paused (SIGSTOP, a long pause) gives its batch back
 //!   when it wakes instead of spending permits of the past.
-//! - **Scope**: a resource in leased mode has a GCRA or fixed-window rate
-//!   limiter whose calls never wait (`max_wait` zero, not in shadow mode)
-//!   and no circuit breaker, bulkhead, cooldown or shared retry budget:
-//!   those are asked on every call, one round trip each, which leasing
-//!   would not save. Anything else, and a batch larger than the limiter's
-//!   burst (GCRA) or limit (fixed window), is refused when the pipeline is
-//!   built (a `ConfigError` of the store's bind, naming `leased.batch` or
-//!   `leased.resource` and the rule); a batch of 0, a TTL of 0 or a
-//!   low-water mark not below the batch by [`RedisStoreBuilder::build`]
-//!   ([`RedisStoreError::InvalidConfig`]). Bulkhead slots are not leased.
 //! - **Redis failing**: the batch in hand is still admitted from; once it
 //!   is spent, the [`FailMode`] answers as in exact mode (fail-open:
 //!   process-local state, degraded; fail-closed: `Error::Store`)
@@ -314,6 +308,57 @@
 //! 10 ms of a process's share of the rate (with the low-water mark at
 //! half) keeps renewals in the background while a round trip is under a
 //! few milliseconds.
+//!
+//! For a bulkhead:
+//! - **A pool of slots.** A process leases a batch of `b` slots in one
+//!   script call (`lua/lease.lua`: each slot an admission by `admit.lua`'s
+//!   rule, taken one after the other until the batch is full or the
+//!   bulkhead refuses), keeps them in a pool, and admits from it locally
+//!   (an atomic counter of free slots); a call's slot goes back to the
+//!   pool when it ends, without a round trip. The admission that leaves
+//!   at most the low-water mark free leases the next batch in the
+//!   background (the resource's keeper thread); a call that finds the pool
+//!   empty waits for the lease under way or leases for itself; when no
+//!   slot is free on Redis, the call is refused with `bulkhead_full`.
+//! - **Kept alive while held.** Every TTL / 2 the keeper extends the
+//!   leases of the pool's slots to the bulkhead's lease from then
+//!   (`lua/extend.lua`; a slot whose lease has already ended is counted
+//!   free by the others and leaves the pool), and gives back idle slots
+//!   beyond one batch (the release script's); dropping the resource gives
+//!   back the idle ones. The pool is admitted from only until TTL after
+//!   its last lease or extension: keep TTL plus the attempt timeout within
+//!   the bulkhead's lease (a TTL not below the lease is refused).
+//! - **No over-concurrency.** A call admitted locally runs on a slot its
+//!   process holds on Redis, whose lease then lasts at least the
+//!   bulkhead's lease minus the TTL more: every other process counts it
+//!   (`leased::leased_bulkhead_slots_never_exceed_the_capacity`,
+//!   `leased::leased_bulkhead_slots_outlive_the_lease_while_held`; four
+//!   processes of two callers each on a bulkhead of 6, batches of 2:
+//!   `cross_process::four_processes_on_a_leased_bulkhead_never_exceed_its_capacity`).
+//!   The price is the other way: a process's idle slots (up to a batch,
+//!   plus the low-water mark) are not free to the others, so fewer calls
+//!   may run at once than the capacity (at most 4 of 6 at once in that
+//!   test).
+//! - **A dead process's slots** (in use and idle) come back when their
+//!   leases end, at most the bulkhead's lease after the keeper last
+//!   extended them
+//!   (`cross_process::a_killed_process_s_leased_slots_come_back_with_their_lease`).
+//! - **Redis failing**: the pool's free slots are admitted from; once none
+//!   is free (or the TTL passes without an extension), the [`FailMode`]
+//!   answers (`leased::a_stopped_redis_leaves_the_pool_then_follows_the_fail_mode`).
+//!
+//! **Scope.** A resource in leased mode has either a GCRA or fixed-window
+//! rate limiter whose calls never wait (`max_wait` zero, not in shadow
+//! mode), or a bulkhead (not in shadow mode), and no circuit breaker,
+//! cooldown or shared retry budget: those are asked on every call, one
+//! round trip each, which leasing would not save. Anything else, a batch
+//! larger than the limiter's burst (GCRA), its limit (fixed window) or the
+//! bulkhead's `max_concurrent`, and a TTL not below the bulkhead's lease,
+//! are refused when the pipeline is built (a `ConfigError` of the store's
+//! bind naming `leased.resource`, `leased.batch` or `leased.ttl` and the
+//! rule); a batch of 0, a TTL of 0 or a low-water mark not below the batch
+//! by [`RedisStoreBuilder::build`] ([`RedisStoreError::InvalidConfig`]).
+//! Calls of a partition are admitted exactly.
 //!
 //! # When Redis fails
 //! Every command has a timeout ([`RedisStoreBuilder::timeout`]; connecting
@@ -457,15 +502,15 @@
 //! `connect_timeout` C, in either fail mode; `N` processes with batches of
 //! `b` and low-water mark `l`:
 //!
-//! | Redis is… | leased (fail-closed and fail-open) |
-//! |---|---|
-//! | **answering** | over-admission: fewer than `N × (b + l)` over the exact bound in any span (`cross_process::four_leasing_processes_stay_within_the_stated_overshoot`; the `leased_bench` figures below); at one instant on the caller's clock, exactly the limit, one script call per batch (`leased::leased_admissions_take_the_limit_exactly_in_one_call_per_batch`); renewal in the background at the low-water mark, about one script call per batch (`leased::renewal_runs_in_the_background_before_the_batch_runs_out`) |
-//! | **slow** (answers after T) | over-admission: none beyond the bound; the batch in hand is admitted from without waiting; the renewal under way times out, and a late one the server runs is counted there and never admitted (under-admission of at most one batch); once the batch is spent, the fail mode answers (`leased::a_slow_redis_admits_from_the_batch_and_nothing_over_the_limit`) |
-//! | **stopped** (SIGSTOP) | over-admission: none beyond the bound; the batch in hand is admitted from, without a round trip; once it is spent, fail-closed: `Error::Store`, fail-open: process-local state, degraded (`leased::a_stopped_redis_follows_the_fail_mode_once_the_batch_is_spent`) |
-//! | | stall: none while the batch lasts; the call that finds it spent waits for the lease under way, then asks once (at most 2 × (C + T), by construction, not timed in the test); later calls skip Redis while it is reconnected to |
-//! | | recovery: leases again after SIGCONT, once the background reconnection succeeds (same test; within 5 s with `reconnect_interval` 100 ms) |
-//! | **a process is killed** | its batch is not given back: its permits come back as the limiter refills (`cross_process::a_killed_process_s_batch_comes_back_as_the_limit_refills`) |
-//! | **killed and restarted empty**, **failed over** | not tested in leased mode, hence not stated (a lease is an admission and waits for a restart as admissions do; the batch in hand is spent meanwhile) |
+//! | Redis is… | leased rate limit | leased bulkhead |
+//! |---|---|---|
+//! | **answering** | over-admission: fewer than `N × (b + l)` over the exact bound in any span (`cross_process::four_leasing_processes_stay_within_the_stated_overshoot`; the `leased_bench` figures above); at one instant on the caller's clock, exactly the limit, one script call per batch (`leased::leased_admissions_take_the_limit_exactly_in_one_call_per_batch`); renewal in the background at the low-water mark, about one script call per batch (`leased::renewal_runs_in_the_background_before_the_batch_runs_out`) | over-concurrency: none (`cross_process::four_processes_on_a_leased_bulkhead_never_exceed_its_capacity`, `leased::leased_bulkhead_slots_never_exceed_the_capacity`); slots held past the bulkhead's lease while in a pool (`leased::leased_bulkhead_slots_outlive_the_lease_while_held`) |
+//! | **slow** (answers after T) | over-admission: none beyond the bound; the batch in hand is admitted from without waiting; the renewal under way times out, and a late one the server runs is counted there and never admitted (under-admission of at most one batch); once the batch is spent, the fail mode answers (`leased::a_slow_redis_admits_from_the_batch_and_nothing_over_the_limit`) | not tested, hence not stated |
+//! | **stopped** (SIGSTOP) | over-admission: none beyond the bound; the batch in hand is admitted from, without a round trip; once it is spent, fail-closed: `Error::Store`, fail-open: process-local state, degraded (`leased::a_stopped_redis_follows_the_fail_mode_once_the_batch_is_spent`) | the pool's free slots are admitted from; then the fail mode answers; the pool's slots stay held on Redis (`leased::a_stopped_redis_leaves_the_pool_then_follows_the_fail_mode`) |
+//! | | stall: none while the batch lasts; the call that finds it spent waits for the lease under way, then asks once (at most 2 × (C + T), by construction, not timed in the test); later calls skip Redis while it is reconnected to | the same, by construction |
+//! | | recovery: leases again after SIGCONT, once the background reconnection succeeds (same test; within 5 s with `reconnect_interval` 100 ms) | back on Redis after SIGCONT (same test) |
+//! | **a process is killed** | its batch is not given back: its permits come back as the limiter refills (`cross_process::a_killed_process_s_batch_comes_back_as_the_limit_refills`) | its slots come back when their leases end (`cross_process::a_killed_process_s_leased_slots_come_back_with_their_lease`) |
+//! | **killed and restarted empty**, **failed over** | not tested in leased mode, hence not stated (a lease is an admission and waits for a restart as admissions do; the batch in hand is spent meanwhile) | not tested, hence not stated (a restarted server has lost the pools' slots: the keeper's next extension finds them gone and empties the pool) |
 //!
 //! On a Redis Cluster (three masters with one replica each, node timeout
 //! 2 s, `timeout` T = 250 ms, `reconnect_interval` 100 ms), with four

@@ -65,6 +65,8 @@ fn child() {
         "budget-local" => child_budget(store, index, false),
         "lease-rate" => child_lease_rate(index),
         "lease-die" => child_lease_die(),
+        "slots" => child_slots(index),
+        "slots-die" => child_slots_die(),
         other => panic!("unknown child role {other}"),
     }
 }
@@ -735,4 +737,186 @@ fn a_killed_process_s_batch_comes_back_as_the_limit_refills() {
     assert!(wait <= Duration::from_secs(3), "{wait:?}");
     std::thread::sleep(wait);
     assert!(admit(100).is_ok(), "the full burst is back");
+}
+
+// ------------------------------------------------- leased bulkhead slots
+
+const SLOTS: u32 = 6;
+
+fn slots_pipeline(batch: u32) -> Pipeline {
+    Pipeline::builder("leased-slots")
+        .bulkhead(Bulkhead::new(SLOTS).lease(Duration::from_secs(2)))
+        .store(
+            RedisStore::builder(env(URL))
+                .prefix(env(PREFIX))
+                .timeout(Duration::from_secs(2))
+                .fail_closed()
+                .leased(
+                    "leased-slots",
+                    Leasing::batch(batch)
+                        .low_water(0)
+                        .ttl(Duration::from_millis(500)),
+                )
+                .build()
+                .unwrap(),
+        )
+        .build()
+        .unwrap()
+}
+
+/// Two callers (threads in even children, tasks in odd ones) call for
+/// `LEASE_RUN`, each call holding its slot 2 ms; prints each admitted
+/// call's span (unix microseconds) and the refusals.
+fn child_slots(index: u32) {
+    let p = slots_pipeline(2);
+    let spans = std::sync::Mutex::new(Vec::<(u64, u64)>::new());
+    let refused = std::sync::atomic::AtomicU64::new(0);
+    let tally = |r: Result<(), Error<std::io::Error>>| {
+        if let Err(e) = r {
+            assert_eq!(
+                e.rejection().map(|r| r.reason),
+                Some(RejectionReason::BulkheadFull),
+                "{e}"
+            );
+            refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    };
+    let end = Instant::now() + LEASE_RUN;
+    if index.is_multiple_of(2) {
+        std::thread::scope(|s| {
+            for _ in 0..2 {
+                s.spawn(|| {
+                    for _ in 0..100_000 {
+                        if Instant::now() >= end {
+                            break;
+                        }
+                        tally(p.call(|_| {
+                            let start = unix_us();
+                            std::thread::sleep(Duration::from_millis(2));
+                            spans.lock().unwrap().push((start, unix_us()));
+                            Ok(())
+                        }));
+                    }
+                });
+            }
+        });
+    } else {
+        rt().block_on(async {
+            let caller = || async {
+                for _ in 0..100_000 {
+                    if Instant::now() >= end {
+                        break;
+                    }
+                    tally(
+                        p.run(|_| async {
+                            let start = unix_us();
+                            tokio::time::sleep(Duration::from_millis(2)).await;
+                            spans.lock().unwrap().push((start, unix_us()));
+                            Ok(())
+                        })
+                        .await,
+                    );
+                }
+            };
+            tokio::join!(caller(), caller());
+        });
+    }
+    let spans = spans.into_inner().unwrap();
+    let list: Vec<String> = spans.iter().map(|(a, b)| format!("{a}-{b}")).collect();
+    println!(
+        "@@ admitted={} refused={} spans={}",
+        spans.len(),
+        refused.into_inner(),
+        list.join(",")
+    );
+}
+
+/// Four processes of two callers each (eight callers) on a bulkhead of 6
+/// in leased mode (batches of 2, TTL 500 ms, so that the pools' leases are
+/// extended during the run): at no instant do more than 6 calls run.
+#[test]
+fn four_processes_on_a_leased_bulkhead_never_exceed_its_capacity() {
+    let server = RedisServer::start();
+    let prefix = unique("xslots");
+    let start = unix_ms() + 1000;
+    let children: Vec<Child> = (0..4)
+        .map(|i| spawn("slots", &server, &prefix, i, Some(start)))
+        .collect();
+    let lines: Vec<String> = children.into_iter().flat_map(finish).collect();
+    assert_eq!(lines.len(), 4);
+    // +1 at each start, -1 at each end (ends first at equal instants).
+    let mut edges: Vec<(u64, i64)> = Vec::new();
+    for l in &lines {
+        for span in l.split("spans=").nth(1).unwrap_or("").split(',') {
+            if let Some((a, b)) = span.split_once('-') {
+                edges.push((a.parse().unwrap(), 1));
+                edges.push((b.parse().unwrap(), -1));
+            }
+        }
+    }
+    edges.sort_unstable();
+    let (mut running, mut most) = (0i64, 0i64);
+    for (_, d) in &edges {
+        running += d;
+        most = most.max(running);
+    }
+    let admitted: u64 = lines.iter().map(|l| field(l, "admitted")).sum();
+    let refused: u64 = lines.iter().map(|l| field(l, "refused")).sum();
+    eprintln!("leased slots: {admitted} calls, {refused} refused, at most {most} at once");
+    assert!(most <= i64::from(SLOTS), "{most} calls at once");
+    assert!(
+        admitted > 0 && refused > 0,
+        "{admitted} admitted, {refused} refused"
+    );
+}
+
+/// Holds a call in a pool of 3 slots and waits to be killed.
+fn child_slots_die() {
+    let p = slots_pipeline(3);
+    let _ = p.call(|_| {
+        println!("@@ holding");
+        std::thread::sleep(Duration::from_secs(60));
+        Ok::<_, std::io::Error>(())
+    });
+}
+
+/// A process killed while it holds a pool of slots: its slots (the one in
+/// use and the idle ones) come back when their leases end, at most the
+/// bulkhead's lease (2 s) after its keeper last extended them.
+#[test]
+fn a_killed_process_s_leased_slots_come_back_with_their_lease() {
+    let server = RedisServer::start();
+    let prefix = unique("xslotsdie");
+    let mut child = spawn("slots-die", &server, &prefix, 0, None);
+    let holding = BufReader::new(child.stdout.take().unwrap())
+        .lines()
+        .map_while(Result::ok)
+        .take(100)
+        .any(|l| l.starts_with("@@ holding"));
+    assert!(holding, "the child holds no slot");
+    let state = seawall::StateStore::bind(
+        &RedisStore::builder(server.url())
+            .prefix(&prefix)
+            .fail_closed()
+            .build()
+            .unwrap(),
+        &seawall::store::ResourceSpec::new("leased-slots")
+            .with_bulkhead(Bulkhead::new(SLOTS).lease(Duration::from_secs(2))),
+    )
+    .unwrap();
+    assert_eq!(state.in_flight(None, Duration::ZERO).unwrap(), 3);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let killed = Instant::now();
+    let back = loop {
+        if state.in_flight(None, Duration::ZERO).unwrap() == 0 {
+            break killed.elapsed();
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(5),
+            "slots never came back"
+        );
+        std::thread::sleep(Duration::from_millis(25));
+    };
+    assert!(back <= Duration::from_millis(2500), "{back:?}");
 }

@@ -591,3 +591,60 @@ fn leased_bulkhead_slots_outlive_the_lease_while_held() {
     drop(state);
     assert_eq!(exact.in_flight(None, now).unwrap(), 0, "given back at drop");
 }
+
+/// A bulkhead in leased mode with Redis stopped (SIGSTOP): the pool's
+/// free slots are admitted from; once none is free, the fail mode answers.
+/// Nothing runs over the capacity: the pool's slots are held on Redis.
+#[test]
+fn a_stopped_redis_leaves_the_pool_then_follows_the_fail_mode() {
+    let server = RedisServer::start();
+    for mode in [FailMode::Closed, FailMode::Open] {
+        let prefix = unique("stoppedslots");
+        let store = RedisStore::builder(server.url())
+            .prefix(&prefix)
+            .timeout(Duration::from_millis(200))
+            .reconnect_interval(Duration::from_millis(100))
+            .fail_mode(mode)
+            .leased("api", Leasing::batch(5).low_water(0))
+            .build()
+            .unwrap();
+        let spec = ResourceSpec::new("api").with_bulkhead(Bulkhead::new(10).lease(10 * S));
+        let state = store.bind(&spec).unwrap();
+        let req = AdmitRequest::new(None, Duration::ZERO);
+        let first = state.admit(&req).unwrap();
+        assert!(first.decision.is_ok() && first.degraded.is_none());
+        server.signal("STOP");
+        for i in 0..4 {
+            let a = state.admit(&req).unwrap();
+            assert!(a.decision.is_ok() && a.degraded.is_none(), "{mode:?} {i}");
+        }
+        let a = state.admit(&req);
+        match mode {
+            FailMode::Closed => assert!(
+                matches!(a, Err(StoreError::Timeout(_) | StoreError::Unavailable(_))),
+                "{a:?}"
+            ),
+            _ => {
+                let a = a.unwrap();
+                assert!(a.decision.unwrap().local && a.degraded.is_some());
+            }
+        }
+        server.signal("CONT");
+        for _ in 0..500 {
+            if store.ping().is_ok() && store.is_available() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // The pool's 5 slots are held on Redis, whatever ran meanwhile.
+        let exact = RedisStore::builder(server.url())
+            .prefix(&prefix)
+            .fail_closed()
+            .build()
+            .unwrap()
+            .bind(&spec)
+            .unwrap();
+        let held = exact.in_flight(None, Duration::ZERO).unwrap();
+        assert!((5..=10).contains(&held), "{mode:?}: {held} slots held");
+    }
+}
