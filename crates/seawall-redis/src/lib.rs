@@ -344,8 +344,11 @@
 //!   extended them
 //!   (`cross_process::a_killed_process_s_leased_slots_come_back_with_their_lease`).
 //! - **Redis failing**: the pool's free slots are admitted from; once none
-//!   is free (or the TTL passes without an extension), the [`FailMode`]
-//!   answers (`leased::a_stopped_redis_leaves_the_pool_then_follows_the_fail_mode`).
+//!   is free, the [`FailMode`] answers
+//!   (`leased::a_stopped_redis_leaves_the_pool_then_follows_the_fail_mode`).
+//!   A pool whose TTL passed without an extension is not admitted from,
+//!   nor grown: calls are admitted exactly (or by the fail mode) until the
+//!   keeper extends it again, and the slots whose leases ended leave it.
 //!
 //! **Scope.** A resource in leased mode has either a GCRA or fixed-window
 //! rate limiter whose calls never wait (`max_wait` zero, not in shadow

@@ -161,6 +161,13 @@ impl Pool {
         }
     }
 
+    /// `true` when the pool holds slots whose leases are no longer known
+    /// to hold (an extension failed): they are not admitted from, and no
+    /// more are leased, until the keeper extends them.
+    fn stale(&self, clock: u64) -> bool {
+        clock >= self.valid_until.load(Ordering::Acquire) && !lock(&self.ids).is_empty()
+    }
+
     /// `true` when this caller may lease (no lease under way).
     fn claim(&self) -> bool {
         !self.growing.load(Ordering::Relaxed) && !self.growing.swap(true, Ordering::AcqRel)
@@ -361,6 +368,9 @@ impl SlotLeasedResource {
             if self.take(request) {
                 return Ok(pooled());
             }
+            if p.stale(p.clock(request.now)) {
+                return self.stale_pool(request);
+            }
             if p.claim() {
                 let sent = p.clock(request.now);
                 let out = match p.shared.slot_lease_sync(request.now, p.batch) {
@@ -387,6 +397,10 @@ impl SlotLeasedResource {
             if self.take(&request) {
                 return Ok(pooled());
             }
+            if p.stale(p.clock(request.now)) {
+                p.keeper(false).map(std::thread::Thread::unpark);
+                return self.exact.admit_async(request).await;
+            }
             if p.claim() {
                 let sent = p.clock(request.now);
                 let out = match p.shared.slot_lease_async(request.now, p.batch).await {
@@ -404,6 +418,13 @@ impl SlotLeasedResource {
             p.wait_async().await;
         }
         self.exact.admit_async(request).await
+    }
+
+    /// The pool is stale: the keeper is woken to extend it, and the call is
+    /// admitted exactly meanwhile (its own slot, with its own lease).
+    fn stale_pool(&self, request: &AdmitRequest<'_>) -> Result<Admission, StoreError> {
+        self.pool.keeper(false).map(std::thread::Thread::unpark);
+        self.exact.admit(request)
     }
 
     /// A permit of the pool: its slot goes back to the pool.
