@@ -292,15 +292,15 @@
 //! The `leased_bench` example (four processes of one thread each, sync
 //! calls, one shared GCRA limit, 3 s; on a shared 2-core machine under
 //! other load, so the figures are indicative) measured: with a limit of
-//! 150,000/s (burst 5000, batches of 1000): 147,000 admissions/s in all,
-//! 0.013 script calls per admission, the densest second 154,000
-//! admissions, under the exact bound (155,000; the stated bound allows
-//! 6004 more); with 1,000,000/s (burst 20,000, batches of 5000):
-//! 1,001,667/s, the densest second 1,014,805 (exact bound 1,020,000);
+//! 150,000/s (burst 5000, batches of 1000): 151,000 admissions/s in all
+//! (the limit), 0.005 script calls per admission, the densest second
+//! 154,155 admissions, under the exact bound (155,000; the stated bound
+//! allows 6004 more); with 1,000,000/s (burst 20,000, batches of 5000):
+//! 1,003,333/s, the densest second 1,015,470 (exact bound 1,020,000);
 //! with a limit that never binds (batches of 20,000): 3.5 million
-//! admissions/s. Exact mode on the same limit: about 20,000/s. One
-//! admission from the batch, on the store's state directly: 38 ns; it
-//! allocates nothing, on the blocking path or the async one
+//! admissions/s. Exact mode on the 150,000/s limit: about 20,000/s. One
+//! admission from the batch, on the store's state directly: 40 to 50 ns;
+//! it allocates nothing, on the blocking path or the async one
 //! (`tests/lease_alloc.rs`).
 //!
 //! The bound is also the price: the more permits a process holds, the
