@@ -407,7 +407,8 @@ impl Lease {
 
     /// After an admission left `left` permits: at the low-water mark, the
     /// next batch is leased in the background (a spawned task inside a
-    /// tokio runtime, the resource's renewal thread otherwise).
+    /// multi-thread tokio runtime, the resource's renewal thread
+    /// otherwise).
     /// No lease is started while Redis's refusal of the last one holds.
     #[inline]
     fn after_take(self: &Arc<Self>, left: u64, now: Duration) {
@@ -420,12 +421,17 @@ impl Lease {
         self.renew_in_background(now);
     }
 
+    /// On a multi-thread tokio runtime, a spawned task; otherwise (no
+    /// runtime, or a current-thread one, which a blocking caller may be
+    /// keeping from running the task) the renewal thread.
     #[cold]
     fn renew_in_background(self: &Arc<Self>, now: Duration) {
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            let lease = Arc::clone(self);
-            handle.spawn(async move { lease.renew_async(now).await });
-            return;
+            if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread {
+                let lease = Arc::clone(self);
+                handle.spawn(async move { lease.renew_async(now).await });
+                return;
+            }
         }
         let renewer = self.renewer.get_or_init(|| {
             let weak: Weak<Lease> = Arc::downgrade(self);

@@ -232,8 +232,8 @@
 //!   heavier than a batch are admitted exactly.
 //! - **Renewed before it runs out.** The admission that leaves at most the
 //!   low-water mark (half the batch by default) starts the next lease in
-//!   the background: a spawned task inside a tokio runtime, the resource's
-//!   renewal thread otherwise (started at the first renewal of a blocking
+//!   the background: a spawned task inside a multi-thread tokio runtime,
+//!   the resource's renewal thread otherwise (started at the first renewal of a blocking
 //!   caller, parked while idle, ended with the resource; one lease at a
 //!   time; the batch it brings is added to what is left). A call that
 //!   finds the batch empty waits for the lease under way (at most connect

@@ -284,15 +284,20 @@ fn unused_permits_are_given_back() {
 
 /// Renewal starts at the low-water mark, in the background, before the
 /// batch runs out: after the admission that leaves the mark, the server
-/// runs the next lease without another admission. Sync (a renewal thread)
-/// and async (a spawned task). Over many admissions, about one script call
-/// per batch.
+/// runs the next lease without another admission. Sync (a renewal thread),
+/// async on a multi-thread runtime (a spawned task) and on a
+/// current-thread one (the renewal thread). Over many admissions, about
+/// one script call per batch.
 #[test]
 fn renewal_runs_in_the_background_before_the_batch_runs_out() {
     let server = RedisServer::start();
     let mut conn = server.conn();
-    let rt = rt();
-    for sync in [true, false] {
+    let multi = rt();
+    let current = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    for mode in ["sync", "multi-thread", "current-thread"] {
         let store = RedisStore::builder(server.url())
             .prefix(unique("renew"))
             .leased("api", Leasing::batch(100).low_water(40))
@@ -305,11 +310,11 @@ fn renewal_runs_in_the_background_before_the_batch_runs_out() {
             .unwrap();
         let call = |n: usize| {
             for _ in 0..n {
-                if sync {
-                    p.call(|_| Ok::<_, std::io::Error>(())).unwrap();
-                } else {
-                    rt.block_on(p.run(|_| async { Ok::<_, std::io::Error>(()) }))
-                        .unwrap();
+                let run = || p.run(|_| async { Ok::<_, std::io::Error>(()) });
+                match mode {
+                    "sync" => p.call(|_| Ok::<_, std::io::Error>(())).unwrap(),
+                    "multi-thread" => multi.block_on(run()).unwrap(),
+                    _ => current.block_on(run()).unwrap(),
                 }
             }
         };
@@ -324,12 +329,12 @@ fn renewal_runs_in_the_background_before_the_batch_runs_out() {
             std::thread::sleep(Duration::from_millis(10));
             seen = scripts(&before, &command_calls(&mut conn));
         }
-        assert_eq!(seen, 2, "sync {sync}: the renewal ran with 40 permits left");
+        assert_eq!(seen, 2, "{mode}: the renewal ran with 40 permits left");
         // 10,000 more: 100 batches, give or take the one under way.
         let before = command_calls(&mut conn);
         call(10_000);
         let n = scripts(&before, &command_calls(&mut conn));
-        assert!((99..=101).contains(&n), "sync {sync}: {n} script calls");
+        assert!((99..=101).contains(&n), "{mode}: {n} script calls");
     }
 }
 
