@@ -5,6 +5,7 @@ use std::time::Duration;
 use std::sync::atomic::AtomicBool;
 
 use crate::error::{Redacted, RedisStoreError};
+use crate::lease::Leasing;
 use crate::link::{Client, ClusterTarget};
 use crate::RedisStore;
 
@@ -83,6 +84,7 @@ pub struct RedisStoreBuilder {
     pub(crate) time_source: TimeSource,
     pub(crate) local_refusals: usize,
     pub(crate) success_delay: Duration,
+    pub(crate) leases: std::collections::HashMap<String, Leasing>,
 }
 
 /// What a store talks to: one server, or the nodes of a cluster.
@@ -122,6 +124,7 @@ impl std::fmt::Debug for RedisStoreBuilder {
             .field("time_source", &self.time_source)
             .field("local_refusals", &self.local_refusals)
             .field("success_delay", &self.success_delay)
+            .field("leases", &self.leases)
             .finish()
     }
 }
@@ -148,6 +151,7 @@ impl RedisStoreBuilder {
             time_source: TimeSource::Server,
             local_refusals: 4096,
             success_delay: Duration::from_millis(1),
+            leases: std::collections::HashMap::new(),
         }
     }
 
@@ -284,6 +288,48 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// Admits the calls of the resource (the pipeline) named `resource` in
+    /// **leased mode**: this process leases a batch of rate-limit permits
+    /// (or of bulkhead slots) from Redis at a time and admits from it
+    /// locally, without a round trip, leasing the next batch in the
+    /// background before it runs out. For a rate limit or a bulkhead shared
+    /// by many processes at rates where a round trip per call is too much.
+    /// A rate limit then holds up to a stated overshoot (at most the
+    /// permits every process holds at once); a bulkhead is never exceeded,
+    /// but the slots a process holds idle are not free to the others.
+    /// Every other resource stays in exact mode (the default). See the
+    /// [crate documentation](crate#leased-mode) for what holds.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use seawall::{Pipeline, RateLimiter};
+    /// use seawall_redis::{Leasing, RedisStore};
+    ///
+    /// let store = RedisStore::builder("redis://127.0.0.1:6379")
+    ///     .leased("search-api", Leasing::batch(500).ttl(Duration::from_secs(1)))
+    ///     .build()?;
+    /// let search = Pipeline::builder("search-api")
+    ///     .rate_limiter(RateLimiter::gcra(100_000, Duration::from_secs(1)))
+    ///     .store(store)
+    ///     .build()?;
+    /// # let _ = search;
+    /// # Ok::<_, Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// `build()` refuses a batch of 0, a TTL of 0 and a low-water mark not
+    /// below the batch ([`RedisStoreError::InvalidConfig`] naming
+    /// `leased.batch`, `leased.ttl` or `leased.low_water`); binding the
+    /// resource refuses a batch larger than the rate limiter's burst (GCRA)
+    /// or limit (fixed window) or the bulkhead's `max_concurrent`, a TTL
+    /// not below the bulkhead's lease, and a resource that has anything but
+    /// a GCRA or fixed-window rate limiter whose calls never wait, or a
+    /// bulkhead, alone (the pipeline's `build()` then fails with a
+    /// `ConfigError` of the store's bind naming the field and the rule).
+    pub fn leased(mut self, resource: impl Into<String>, leasing: Leasing) -> Self {
+        self.leases.insert(resource.into(), leasing);
+        self
+    }
+
     /// Validates the settings and creates the store. Nothing is sent to
     /// Redis yet: the connection is checked (and the scripts are loaded)
     /// when a pipeline binds the store.
@@ -294,7 +340,8 @@ impl RedisStoreBuilder {
     /// unix socket, a database other than 0, a user, password, TLS or
     /// protocol other than the first node's;
     /// [`RedisStoreError::InvalidConfig`] naming the setting and its rule
-    /// otherwise (`cluster` for an empty list).
+    /// otherwise (`cluster` for an empty list; `leased.batch`,
+    /// `leased.ttl`, `leased.low_water` for a [`Leasing`] out of range).
     pub fn build(self) -> Result<RedisStore, RedisStoreError> {
         let invalid =
             |field: &'static str, rule: String| RedisStoreError::InvalidConfig { field, rule };
@@ -321,6 +368,9 @@ impl RedisStoreBuilder {
                     self.prefix
                 ),
             ));
+        }
+        for leasing in self.leases.values() {
+            leasing.validate()?;
         }
         let client = match &self.target {
             Target::Server(url) => Client::Server(open(url)?),

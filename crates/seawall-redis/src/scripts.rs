@@ -50,9 +50,16 @@ pub(crate) struct Scripts {
     /// first by the same rule as `success` (see `lua/carry.lua`): the
     /// admission's arguments, then the carried records as one more.
     pub(crate) admit_carrying: Script,
+    /// The lease of a batch of rate-limit permits (leased mode): the
+    /// admission rule of `admit.lua`, run as a function, and the instant
+    /// to give the batch back with (`lua/lease.lua`).
+    pub(crate) lease: Script,
+    /// The extension of the bulkhead slots a process holds in leased mode
+    /// (`lua/extend.lua`).
+    pub(crate) extend: Script,
     /// `SCRIPT LOAD` of every script: commands of their own, which a
     /// cluster connection routes to the masters.
-    loads: [redis::Cmd; 8],
+    loads: [redis::Cmd; 10],
 }
 
 impl Scripts {
@@ -69,8 +76,10 @@ impl Scripts {
                 with_prelude(include_str!("lua/in_flight.lua")),
                 source(&[SUCCESS, "return success(ARGV)\n"]),
                 source(&[SUCCESS, CARRY, PRELUDE, ADMIT]),
+                lease_source(),
+                with_prelude(include_str!("lua/extend.lua")),
             ];
-            let [admit, record, release, metrics, control, in_flight, success, admit_carrying] =
+            let [admit, record, release, metrics, control, in_flight, success, admit_carrying, lease, extend] =
                 sources.each_ref().map(|s| Script::new(s));
             Scripts {
                 admit,
@@ -81,6 +90,8 @@ impl Scripts {
                 in_flight,
                 success,
                 admit_carrying,
+                lease,
+                extend,
                 loads: sources.map(|s| {
                     let mut cmd = redis::cmd("SCRIPT");
                     cmd.arg("LOAD").arg(s);
@@ -91,9 +102,21 @@ impl Scripts {
     }
 
     /// `SCRIPT LOAD` of every script.
-    pub(crate) fn loads(&self) -> &[redis::Cmd; 8] {
+    pub(crate) fn loads(&self) -> &[redis::Cmd; 10] {
         &self.loads
     }
+}
+
+/// The lease script: the prelude, `admit.lua` unchanged as the body of a
+/// function (its `return`s return from it), then `lease.lua`.
+fn lease_source() -> String {
+    source(&[
+        PRELUDE,
+        "local function admit_rule()\n",
+        ADMIT,
+        "\nend\n",
+        include_str!("lua/lease.lua"),
+    ])
 }
 
 /// The text of a script sent to the server: `parts` without their comment
@@ -467,6 +490,7 @@ mod tests {
             ("metrics", include_str!("lua/metrics.lua")),
             ("control", include_str!("lua/control.lua")),
             ("in_flight", include_str!("lua/in_flight.lua")),
+            ("extend", include_str!("lua/extend.lua")),
         ];
         for (name, body) in scripts {
             let len = source(&[PRELUDE, body]).len();
@@ -476,6 +500,8 @@ mod tests {
         assert!(len <= MAX_SCRIPT_LEN, "success: {len} bytes");
         let len = source(&[SUCCESS, CARRY, PRELUDE, ADMIT]).len();
         assert!(len <= MAX_SCRIPT_LEN, "admit_carrying: {len} bytes");
+        let len = lease_source().len();
+        assert!(len <= MAX_SCRIPT_LEN, "lease: {len} bytes");
         // Comments and blank lines go; code stays, a trailing comment too.
         assert_eq!(
             source(&["-- a\n\n  -- b\nlocal x = 1 -- c\n", "return x"]),

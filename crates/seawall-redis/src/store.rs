@@ -64,6 +64,8 @@ struct StoreInner {
     local_refusals: usize,
     /// Silent successes waiting for an admission to carry them.
     carrier: Arc<Carrier>,
+    /// The resources admitted in leased mode (see `lease.rs`).
+    leases: std::collections::HashMap<String, crate::lease::Leasing>,
 }
 
 impl fmt::Debug for RedisStore {
@@ -141,6 +143,7 @@ impl RedisStore {
                 local: MemoryStore::new(),
                 local_refusals: b.local_refusals,
                 carrier: Arc::new(Carrier::new(b.success_delay)),
+                leases: b.leases,
             }),
         }
     }
@@ -201,7 +204,7 @@ impl StateStore for RedisStore {
             _ => {}
         }
         let keys = Keys::new(&inner.prefix, spec, None);
-        Ok(Arc::new(RedisResource {
+        let resource = RedisResource {
             shared: Arc::new(Shared {
                 link: Arc::clone(&inner.link),
                 prefix: inner.prefix.clone(),
@@ -225,16 +228,20 @@ impl StateStore for RedisStore {
                 born: Instant::now(),
                 carrier: Arc::clone(&inner.carrier),
             }),
-        }))
+        };
+        match inner.leases.get(&spec.name) {
+            Some(leasing) => crate::lease::bind(Arc::clone(&resource.shared), resource, leasing),
+            None => Ok(Arc::new(resource)),
+        }
     }
 }
 
 /// One resource bound to a [`RedisStore`].
-struct RedisResource {
+pub(crate) struct RedisResource {
     shared: Arc<Shared>,
 }
 
-struct Shared {
+pub(crate) struct Shared {
     link: Arc<Link>,
     prefix: String,
     spec: ResourceSpec,
@@ -807,6 +814,18 @@ impl Shared {
         } else {
             &scripts.admit_carrying
         };
+        self.admission_invocation(script, request, reserve, carried)
+    }
+
+    /// An admission by `script` (`admit`, `admit_carrying`, or `lease`,
+    /// which runs its rule), with `carried` records for `admit_carrying`.
+    fn admission_invocation(
+        &self,
+        script: &Script,
+        request: &AdmitRequest<'_>,
+        reserve: Reserve,
+        carried: &[Pending],
+    ) -> Invocation {
         let mut inv = self.invocation(script, request.partition, Some(request.now));
         inv.arg(match request.budget {
             Some(BudgetStep::Deposit) => self.budget_args[0].as_str(),
@@ -1219,6 +1238,148 @@ impl Shared {
 
     fn in_flight_invocation(&self, partition: Option<&PartitionKey>, now: Duration) -> Invocation {
         self.invocation(&Scripts::get().in_flight, partition, Some(now))
+    }
+}
+
+/// What leased mode (`lease.rs`) uses of the exact path: the lease is the
+/// admission script's weighted admission, its give-back the release
+/// script's, its failures the fail mode's.
+impl Shared {
+    /// The spec of the resource.
+    pub(crate) fn spec(&self) -> &ResourceSpec {
+        &self.spec
+    }
+
+    /// The lease of `batch` rate-limit permits: the reply of the lease
+    /// script (the admission's, then the instant to give the batch back
+    /// with, see `lua/lease.lua`), on the blocking path.
+    pub(crate) fn lease_sync(&self, now: Duration, batch: u32) -> Result<Vec<i64>, StoreError> {
+        let request = AdmitRequest::new(None, now).with_weight(batch);
+        let inv =
+            self.admission_invocation(&Scripts::get().lease, &request, Reserve::default(), &[]);
+        let hold = |r: Restart| self.restart_hold(r, now);
+        self.link.admit_sync::<Vec<i64>>(&inv, &hold)
+    }
+
+    /// [`lease_sync`](Self::lease_sync) on the async path.
+    pub(crate) async fn lease_async(
+        &self,
+        now: Duration,
+        batch: u32,
+    ) -> Result<Vec<i64>, StoreError> {
+        let request = AdmitRequest::new(None, now).with_weight(batch);
+        let inv =
+            self.admission_invocation(&Scripts::get().lease, &request, Reserve::default(), &[]);
+        let hold = move |r: Restart| self.restart_hold(r, now);
+        self.link.admit_async::<Vec<i64>>(&inv, &hold).await
+    }
+
+    /// The lease of up to `slots` bulkhead slots (see `lua/lease.lua`),
+    /// on the blocking path: a refusal, or an admission and the slot ids
+    /// from the 17th field on.
+    pub(crate) fn slot_lease_sync(
+        &self,
+        now: Duration,
+        slots: u32,
+    ) -> Result<Vec<i64>, StoreError> {
+        let inv = self.slot_lease_invocation(now, slots);
+        let hold = |r: Restart| self.restart_hold(r, now);
+        self.link.admit_sync::<Vec<i64>>(&inv, &hold)
+    }
+
+    /// [`slot_lease_sync`](Self::slot_lease_sync) on the async path.
+    pub(crate) async fn slot_lease_async(
+        &self,
+        now: Duration,
+        slots: u32,
+    ) -> Result<Vec<i64>, StoreError> {
+        let inv = self.slot_lease_invocation(now, slots);
+        let hold = move |r: Restart| self.restart_hold(r, now);
+        self.link.admit_async::<Vec<i64>>(&inv, &hold).await
+    }
+
+    fn slot_lease_invocation(&self, now: Duration, slots: u32) -> Invocation {
+        let mut inv = self.invocation(&Scripts::get().lease, None, Some(now));
+        // No budget step, no lead, no held reservation, weight 1.
+        inv.arg("").arg("0:0").arg("-1").arg(1).arg(slots);
+        inv
+    }
+
+    /// Extends the leases of the bulkhead slots `ids`: for each, whether it
+    /// was still held.
+    pub(crate) fn extend_slots(&self, now: Duration, ids: &[u64]) -> Result<Vec<i64>, StoreError> {
+        let mut inv = self.invocation(&Scripts::get().extend, None, Some(now));
+        for id in ids {
+            inv.arg(*id);
+        }
+        self.link.invoke_sync::<Vec<i64>>(&inv)
+    }
+
+    /// Gives the bulkhead slot `id` back, in the background.
+    pub(crate) fn give_back_slot(self: &Arc<Self>, id: u64) {
+        if !self.link.is_available() {
+            return;
+        }
+        self.release_in_background(ReleaseArgs {
+            partition: None,
+            permit: Permit {
+                slot: Some(id),
+                ..Permit::default()
+            },
+            reserved: None,
+        });
+    }
+
+    /// The admission part of a lease script's reply.
+    pub(crate) fn lease_admission(
+        &self,
+        reply: &[i64],
+        now: Duration,
+    ) -> Result<Admission, StoreError> {
+        self.admission(reply.get(..13).unwrap_or(reply), now)
+    }
+
+    /// Gives `permits` of a batch back, as a reservation at `at` is given
+    /// back (`rgive` in `lua/prelude.lua`), in the background.
+    pub(crate) fn give_back_lease(self: &Arc<Self>, at: Duration, permits: u32) {
+        if permits == 0 || !self.link.is_available() {
+            return;
+        }
+        self.release_in_background(ReleaseArgs {
+            partition: None,
+            permit: Permit::default(),
+            reserved: Some(Reservation {
+                at,
+                weight: permits,
+            }),
+        });
+    }
+
+    /// `false` while Redis is skipped after a failure.
+    pub(crate) fn is_available(&self) -> bool {
+        self.link.is_available()
+    }
+
+    /// The store's clock (see [`Shared::clock`]).
+    pub(crate) fn store_clock(&self, now: Duration) -> Duration {
+        self.clock(now)
+    }
+
+    /// Redis failed: the fail mode answers (see [`Shared::admit_degraded`]).
+    pub(crate) fn degraded(
+        &self,
+        request: &AdmitRequest<'_>,
+        e: StoreError,
+    ) -> Result<Admission, StoreError> {
+        self.admit_degraded(request, e)
+    }
+
+    /// The longest a store operation takes: connect timeout + timeout.
+    pub(crate) fn longest_wait(&self) -> Duration {
+        self.link
+            .settings
+            .connect_timeout
+            .saturating_add(self.link.settings.timeout)
     }
 }
 

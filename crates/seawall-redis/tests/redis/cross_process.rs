@@ -11,7 +11,7 @@ use seawall::{
     Bulkhead, CircuitBreaker, CircuitState, Error, Pipeline, RateLimiter, RejectionReason, Retry,
     RetryBudget,
 };
-use seawall_redis::RedisStore;
+use seawall_redis::{Leasing, RedisStore};
 
 use crate::support::{rt, unique, RedisServer};
 
@@ -63,6 +63,10 @@ fn child() {
         "hold" => child_hold(store),
         "budget" => child_budget(store, index, true),
         "budget-local" => child_budget(store, index, false),
+        "lease-rate" => child_lease_rate(index),
+        "lease-die" => child_lease_die(),
+        "slots" => child_slots(index),
+        "slots-die" => child_slots_die(),
         other => panic!("unknown child role {other}"),
     }
 }
@@ -529,4 +533,390 @@ fn a_killed_holder_s_slot_returns_after_the_lease_and_not_before() {
         "slot came back {back:?} after it was taken (lease {LEASE:?})"
     );
     assert_eq!(p.in_flight().unwrap(), 0);
+}
+
+// ------------------------------------------------------------ leased mode
+
+/// GCRA: 2000 per second, bursts of 100; batches of 50, renewed at 25.
+const LEASE_RATE: u32 = 2000;
+const LEASE_BURST: u32 = 100;
+const LEASE_BATCH: u32 = 50;
+const LEASE_LOW: u32 = 25;
+/// How long each child calls, as fast as it can.
+const LEASE_RUN: Duration = Duration::from_millis(1500);
+
+fn unix_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64
+}
+
+fn leased_store(batch: u32, low: u32) -> RedisStore {
+    RedisStore::builder(env(URL))
+        .prefix(env(PREFIX))
+        .timeout(Duration::from_secs(2))
+        .fail_closed()
+        .leased("leased", Leasing::batch(batch).low_water(low))
+        .build()
+        .unwrap()
+}
+
+/// Leases a batch with one call, waits until 300 ms after the start, then
+/// calls for `LEASE_RUN` as fast as it can (sync in even children, async
+/// in odd ones) and prints the instant (unix microseconds) each admitted
+/// call ran at.
+fn child_lease_rate(index: u32) {
+    let p = Pipeline::builder("leased")
+        .rate_limiter(RateLimiter::gcra(LEASE_RATE, Duration::from_secs(1)).burst(LEASE_BURST))
+        .store(leased_store(LEASE_BATCH, LEASE_LOW))
+        .build()
+        .unwrap();
+    let times = std::sync::Mutex::new(Vec::<u64>::new());
+    let mut refused = 0u64;
+    let mut tally = |r: Result<(), Error<std::io::Error>>| match r {
+        Ok(()) => {}
+        Err(e) => {
+            assert_eq!(
+                e.rejection().map(|r| r.reason),
+                Some(RejectionReason::RateLimited),
+                "{e}"
+            );
+            refused += 1;
+        }
+    };
+    let op = || {
+        times.lock().unwrap().push(unix_us());
+        Ok::<_, std::io::Error>(())
+    };
+    // One call leases a batch (49 left, above the low-water mark); then
+    // every process waits while the limiter refills its burst, and all
+    // call at once: the densest second then holds the burst, a second's
+    // permits and the batches held, near the bound.
+    tally(p.call(|_| op()));
+    let start: u64 = env(START).parse().unwrap();
+    let go = start + 300;
+    let now = unix_ms();
+    if go > now {
+        std::thread::sleep(Duration::from_millis(go - now));
+    }
+    let end = Instant::now() + LEASE_RUN;
+    if index.is_multiple_of(2) {
+        for _ in 0..50_000_000u64 {
+            if Instant::now() >= end {
+                break;
+            }
+            tally(p.call(|_| op()));
+        }
+    } else {
+        rt().block_on(async {
+            for _ in 0..50_000_000u64 {
+                if Instant::now() >= end {
+                    break;
+                }
+                tally(p.run(|_| async { op() }).await);
+            }
+        });
+    }
+    let times = times.into_inner().unwrap();
+    let list: Vec<String> = times.iter().map(u64::to_string).collect();
+    println!(
+        "@@ admitted={} refused={refused} times={}",
+        times.len(),
+        list.join(",")
+    );
+}
+
+/// The most instants of `sorted` in any span `[t, t + width)`.
+fn densest(sorted: &[u64], width: u64) -> usize {
+    let mut best = 0;
+    let mut i = 0;
+    for j in 0..sorted.len() {
+        while sorted[j] >= sorted[i] + width {
+            i += 1;
+        }
+        best = best.max(j + 1 - i);
+    }
+    best
+}
+
+/// Four processes, two sync and two async, on one GCRA limit in leased
+/// mode: in any span of one second, fewer admissions than the exact
+/// bound (burst + one second's permits) plus what the four can hold at
+/// once (a batch and the low-water mark each, and the call under way).
+#[test]
+fn four_leasing_processes_stay_within_the_stated_overshoot() {
+    let server = RedisServer::start();
+    let prefix = unique("xlease");
+    let start = unix_ms() + 1000;
+    let children: Vec<Child> = (0..4)
+        .map(|i| spawn("lease-rate", &server, &prefix, i, Some(start)))
+        .collect();
+    let lines: Vec<String> = children.into_iter().flat_map(finish).collect();
+    assert_eq!(lines.len(), 4);
+    let mut times: Vec<u64> = Vec::new();
+    for l in &lines {
+        let list = l.split("times=").nth(1).unwrap_or("");
+        times.extend(
+            list.split(',')
+                .filter(|t| !t.is_empty())
+                .map(|t| t.parse::<u64>().unwrap()),
+        );
+        assert_eq!(
+            field(l, "admitted") as usize,
+            list.split(',').filter(|t| !t.is_empty()).count()
+        );
+    }
+    times.sort_unstable();
+    let exact = u64::from(LEASE_BURST) + u64::from(LEASE_RATE);
+    let held = 4 * (u64::from(LEASE_BATCH) + u64::from(LEASE_LOW) + 1);
+    let most = densest(&times, 1_000_000) as u64;
+    eprintln!(
+        "leased: {} admitted in {:?}, at most {most} in one second: exact bound {exact}, \
+         overshoot {} of at most {held}",
+        times.len(),
+        LEASE_RUN,
+        most.saturating_sub(exact - 1)
+    );
+    assert!(most < exact + held, "{most} in one second");
+    // The limit was reached: the processes asked for more than it gives.
+    let refused: u64 = lines.iter().map(|l| field(l, "refused")).sum();
+    assert!(
+        refused > 0 && most >= u64::from(LEASE_RATE),
+        "{most}, {refused} refused"
+    );
+}
+
+/// Leases a batch of 60 of a GCRA of 100 per 5 s, says so, and waits to be
+/// killed.
+fn child_lease_die() {
+    let p = Pipeline::builder("leased")
+        .rate_limiter(RateLimiter::gcra(100, Duration::from_secs(5)))
+        .store(leased_store(60, 1))
+        .build()
+        .unwrap();
+    p.call(|_| Ok::<_, std::io::Error>(())).unwrap();
+    println!("@@ leased");
+    std::thread::sleep(Duration::from_secs(60));
+}
+
+/// A process killed while it holds a batch never gives it back: its
+/// permits come back as the limiter refills (60 permits of a GCRA with an
+/// interval of 50 ms: within 3 s of the lease), as used ones do.
+#[test]
+fn a_killed_process_s_batch_comes_back_as_the_limit_refills() {
+    let server = RedisServer::start();
+    let prefix = unique("xleasedie");
+    let mut child = spawn("lease-die", &server, &prefix, 0, None);
+    let stdout = child.stdout.take().unwrap();
+    let leased = BufReader::new(stdout)
+        .lines()
+        .map_while(Result::ok)
+        .take(100)
+        .any(|l| l.starts_with("@@ leased"));
+    assert!(leased, "the child leased no batch");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let store = RedisStore::builder(server.url())
+        .prefix(&prefix)
+        .fail_closed()
+        .build()
+        .unwrap();
+    let spec = seawall::store::ResourceSpec::new("leased")
+        .with_rate_limit(RateLimiter::gcra(100, Duration::from_secs(5)));
+    let state = seawall::StateStore::bind(&store, &spec).unwrap();
+    let admit = |w: u32| {
+        state
+            .admit(&seawall::store::AdmitRequest::new(None, Duration::ZERO).with_weight(w))
+            .unwrap()
+            .decision
+    };
+    // The full burst is not there: the dead batch holds 60 of it, and
+    // comes back within 60 intervals (3 s).
+    let wait = admit(100).unwrap_err().retry_after.unwrap();
+    assert!(wait <= Duration::from_secs(3), "{wait:?}");
+    std::thread::sleep(wait);
+    assert!(admit(100).is_ok(), "the full burst is back");
+}
+
+// ------------------------------------------------- leased bulkhead slots
+
+const SLOTS: u32 = 6;
+
+fn slots_pipeline(batch: u32) -> Pipeline {
+    Pipeline::builder("leased-slots")
+        .bulkhead(Bulkhead::new(SLOTS).lease(Duration::from_secs(2)))
+        .store(
+            RedisStore::builder(env(URL))
+                .prefix(env(PREFIX))
+                .timeout(Duration::from_secs(2))
+                .fail_closed()
+                .leased(
+                    "leased-slots",
+                    Leasing::batch(batch)
+                        .low_water(0)
+                        .ttl(Duration::from_millis(500)),
+                )
+                .build()
+                .unwrap(),
+        )
+        .build()
+        .unwrap()
+}
+
+/// Two callers (threads in even children, tasks in odd ones) call for
+/// `LEASE_RUN`, each call holding its slot 2 ms; prints each admitted
+/// call's span (unix microseconds) and the refusals.
+fn child_slots(index: u32) {
+    let p = slots_pipeline(2);
+    let spans = std::sync::Mutex::new(Vec::<(u64, u64)>::new());
+    let refused = std::sync::atomic::AtomicU64::new(0);
+    let tally = |r: Result<(), Error<std::io::Error>>| {
+        if let Err(e) = r {
+            assert_eq!(
+                e.rejection().map(|r| r.reason),
+                Some(RejectionReason::BulkheadFull),
+                "{e}"
+            );
+            refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    };
+    let end = Instant::now() + LEASE_RUN;
+    if index.is_multiple_of(2) {
+        std::thread::scope(|s| {
+            for _ in 0..2 {
+                s.spawn(|| {
+                    for _ in 0..100_000 {
+                        if Instant::now() >= end {
+                            break;
+                        }
+                        tally(p.call(|_| {
+                            let start = unix_us();
+                            std::thread::sleep(Duration::from_millis(2));
+                            spans.lock().unwrap().push((start, unix_us()));
+                            Ok(())
+                        }));
+                    }
+                });
+            }
+        });
+    } else {
+        rt().block_on(async {
+            let caller = || async {
+                for _ in 0..100_000 {
+                    if Instant::now() >= end {
+                        break;
+                    }
+                    tally(
+                        p.run(|_| async {
+                            let start = unix_us();
+                            tokio::time::sleep(Duration::from_millis(2)).await;
+                            spans.lock().unwrap().push((start, unix_us()));
+                            Ok(())
+                        })
+                        .await,
+                    );
+                }
+            };
+            tokio::join!(caller(), caller());
+        });
+    }
+    let spans = spans.into_inner().unwrap();
+    let list: Vec<String> = spans.iter().map(|(a, b)| format!("{a}-{b}")).collect();
+    println!(
+        "@@ admitted={} refused={} spans={}",
+        spans.len(),
+        refused.into_inner(),
+        list.join(",")
+    );
+}
+
+/// Four processes of two callers each (eight callers) on a bulkhead of 6
+/// in leased mode (batches of 2, TTL 500 ms, so that the pools' leases are
+/// extended during the run): at no instant do more than 6 calls run.
+#[test]
+fn four_processes_on_a_leased_bulkhead_never_exceed_its_capacity() {
+    let server = RedisServer::start();
+    let prefix = unique("xslots");
+    let start = unix_ms() + 1000;
+    let children: Vec<Child> = (0..4)
+        .map(|i| spawn("slots", &server, &prefix, i, Some(start)))
+        .collect();
+    let lines: Vec<String> = children.into_iter().flat_map(finish).collect();
+    assert_eq!(lines.len(), 4);
+    // +1 at each start, -1 at each end (ends first at equal instants).
+    let mut edges: Vec<(u64, i64)> = Vec::new();
+    for l in &lines {
+        for span in l.split("spans=").nth(1).unwrap_or("").split(',') {
+            if let Some((a, b)) = span.split_once('-') {
+                edges.push((a.parse().unwrap(), 1));
+                edges.push((b.parse().unwrap(), -1));
+            }
+        }
+    }
+    edges.sort_unstable();
+    let (mut running, mut most) = (0i64, 0i64);
+    for (_, d) in &edges {
+        running += d;
+        most = most.max(running);
+    }
+    let admitted: u64 = lines.iter().map(|l| field(l, "admitted")).sum();
+    let refused: u64 = lines.iter().map(|l| field(l, "refused")).sum();
+    eprintln!("leased slots: {admitted} calls, {refused} refused, at most {most} at once");
+    assert!(most <= i64::from(SLOTS), "{most} calls at once");
+    assert!(
+        admitted > 0 && refused > 0,
+        "{admitted} admitted, {refused} refused"
+    );
+}
+
+/// Holds a call in a pool of 3 slots and waits to be killed.
+fn child_slots_die() {
+    let p = slots_pipeline(3);
+    let _ = p.call(|_| {
+        println!("@@ holding");
+        std::thread::sleep(Duration::from_secs(60));
+        Ok::<_, std::io::Error>(())
+    });
+}
+
+/// A process killed while it holds a pool of slots: its slots (the one in
+/// use and the idle ones) come back when their leases end, at most the
+/// bulkhead's lease (2 s) after its keeper last extended them.
+#[test]
+fn a_killed_process_s_leased_slots_come_back_with_their_lease() {
+    let server = RedisServer::start();
+    let prefix = unique("xslotsdie");
+    let mut child = spawn("slots-die", &server, &prefix, 0, None);
+    let holding = BufReader::new(child.stdout.take().unwrap())
+        .lines()
+        .map_while(Result::ok)
+        .take(100)
+        .any(|l| l.starts_with("@@ holding"));
+    assert!(holding, "the child holds no slot");
+    let state = seawall::StateStore::bind(
+        &RedisStore::builder(server.url())
+            .prefix(&prefix)
+            .fail_closed()
+            .build()
+            .unwrap(),
+        &seawall::store::ResourceSpec::new("leased-slots")
+            .with_bulkhead(Bulkhead::new(SLOTS).lease(Duration::from_secs(2))),
+    )
+    .unwrap();
+    assert_eq!(state.in_flight(None, Duration::ZERO).unwrap(), 3);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let killed = Instant::now();
+    let back = loop {
+        if state.in_flight(None, Duration::ZERO).unwrap() == 0 {
+            break killed.elapsed();
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(5),
+            "slots never came back"
+        );
+        std::thread::sleep(Duration::from_millis(25));
+    };
+    assert!(back <= Duration::from_millis(2500), "{back:?}");
 }

@@ -18,6 +18,7 @@ mod contract;
 mod cross_process;
 mod differential;
 mod failover;
+mod leased;
 mod local_refusals;
 mod models;
 mod outage;
