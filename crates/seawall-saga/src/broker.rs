@@ -123,7 +123,8 @@ pub trait Broker: Send + Sync {
     /// Takes over up to `count` messages pending for at least `min_idle` in
     /// the group (delivered to a consumer that did not acknowledge them:
     /// typically a consumer that died) and delivers them to this subscription's
-    /// consumer.
+    /// consumer. (RabbitMQ needs no claim: the broker gives the messages of a
+    /// closed channel back to the queue, and `read` returns them.)
     fn claim_stale<'a>(
         &'a self,
         subscription: &'a Subscription,

@@ -329,22 +329,31 @@ fn a_consumer_cut_off_reads_its_unacknowledged_messages_again() {
         }
         proxy.cut();
         let ids: Vec<String> = first.iter().map(|d| d.id.clone()).collect();
+        // Unavailable, or written to a connection already closed (the client
+        // may not have seen it close yet): it never reaches the broker.
         let lost = consumer.ack(&sub, &ids).await;
-        assert!(matches!(&lost, Err(e) if e.is_unavailable()), "{lost:?}");
+        assert!(
+            lost.as_ref().is_ok() || lost.as_ref().is_err_and(|e| e.is_unavailable()),
+            "{lost:?}"
+        );
         proxy.restore();
         // The messages are back; their old ids acknowledge nothing.
         let mut again = Vec::new();
+        let mut failures = 0;
         for _ in 0..100 {
-            again.extend(
-                consumer
-                    .read(&sub, 10, Duration::from_millis(50))
-                    .await
-                    .unwrap(),
-            );
+            match consumer.read(&sub, 10, Duration::from_millis(50)).await {
+                Ok(batch) => again.extend(batch),
+                Err(e) if e.is_unavailable() => failures += 1,
+                Err(e) => panic!("{e}"),
+            }
             if again.len() >= 2 {
                 break;
             }
         }
+        assert!(
+            failures <= 1,
+            "{failures} failed reads after the broker was back"
+        );
         assert_eq!(again.len(), 2);
         consumer.ack(&sub, &ids).await.unwrap();
         for d in &again {

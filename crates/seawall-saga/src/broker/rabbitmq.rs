@@ -5,7 +5,7 @@
 //! |---|---|
 //! | [`publish`](Broker::publish) | `basic.publish` to the durable fanout exchange named after the stream, persistent, `mandatory`, on a channel in confirm mode; returns once the broker confirmed every event |
 //! | [`create_group`](Broker::create_group) | `exchange.declare {stream}` (durable fanout), `queue.declare {stream}:{group}` (durable), `queue.bind`, `queue.declare {stream}:dead-letter` (durable) |
-//! | [`read`](Broker::read) | `basic.get {stream}:{group}` (manual acknowledgement) until `count` messages or the queue is empty; polled until `block` runs out when it is |
+//! | [`read`](Broker::read) | `basic.get {stream}:{group}` (manual acknowledgement), one per message, until `count` messages, the queue is empty or half the timeout has passed; an empty queue is polled until `block` runs out |
 //! | [`ack`](Broker::ack) | `basic.ack` of the delivery tags on the channel that read them |
 //! | [`claim_stale`](Broker::claim_stale) | nothing: the broker gives a dead consumer's messages back by itself (below) |
 //! | [`dead_letter`](Broker::dead_letter) | `basic.publish` to the queue `{stream}:dead-letter` (confirmed), then `basic.ack` |
@@ -127,7 +127,8 @@ struct Session {
     /// Delivery tags read on `get` and not acknowledged yet: acknowledging
     /// a tag twice would make the broker close the channel.
     outstanding: Mutex<HashSet<u64>>,
-    /// The exchanges declared on this connection.
+    /// The exchanges (`exchange {name}`) and queues (`queue {name}`) declared on
+    /// this connection.
     declared: Mutex<HashSet<String>>,
 }
 
@@ -357,7 +358,8 @@ impl RabbitMq {
 impl Session {
     /// Declares the durable fanout exchange of `stream` once per connection.
     async fn declare_stream(&self, stream: &str) -> Result<(), Failure> {
-        if lock(&self.declared).contains(stream) {
+        let key = format!("exchange {stream}");
+        if lock(&self.declared).contains(&key) {
             return Ok(());
         }
         self.publish
@@ -371,12 +373,16 @@ impl Session {
                 FieldTable::default(),
             )
             .await?;
-        lock(&self.declared).insert(stream.to_owned());
+        lock(&self.declared).insert(key);
         Ok(())
     }
 
-    /// Declares a durable queue.
-    async fn declare_queue(&self, queue: &str) -> Result<(), Failure> {
+    /// Declares a durable queue (once per connection when `cached`).
+    async fn declare_queue(&self, queue: &str, cached: bool) -> Result<(), Failure> {
+        let key = format!("queue {queue}");
+        if cached && lock(&self.declared).contains(&key) {
+            return Ok(());
+        }
         self.publish
             .queue_declare(
                 short(queue)?,
@@ -387,6 +393,7 @@ impl Session {
                 FieldTable::default(),
             )
             .await?;
+        lock(&self.declared).insert(key);
         Ok(())
     }
 
@@ -503,6 +510,9 @@ impl Session {
             }
         }
         let operation = format!("parking a message of {}", subscription.stream);
+        // Declared by `create_group`; again here, should another version
+        // have created the group.
+        self.declare_queue(&queue, true).await?;
         self.publish_confirmed(
             &operation,
             "",
@@ -513,14 +523,18 @@ impl Session {
         self.ack(&[id]).await
     }
 
-    /// One `basic.get` on the group's queue, as a delivery; a malformed
-    /// message is parked and `Ok(Some(None))` is returned.
+    /// One `basic.get` on the group's queue: `None` when it is empty,
+    /// otherwise the delivery (`None` for a malformed message, parked) and
+    /// how many messages the queue still holds.
     async fn get_one(
         &self,
         subscription: &Subscription,
         queue: &ShortString,
-    ) -> Result<Option<Option<Delivery>>, Failure> {
-        let Some(BasicGetMessage { delivery, .. }) = self
+    ) -> Result<Option<(Option<Delivery>, u32)>, Failure> {
+        let Some(BasicGetMessage {
+            delivery,
+            message_count,
+        }) = self
             .get
             .basic_get(queue.clone(), BasicGetOptions { no_ack: false })
             .await?
@@ -531,7 +545,7 @@ impl Session {
         lock(&self.outstanding).insert(tag);
         let id = self.id(tag);
         match envelope(&delivery.properties, &delivery.data) {
-            Ok(envelope) => Ok(Some(Some(Delivery { id, envelope }))),
+            Ok(envelope) => Ok(Some((Some(Delivery { id, envelope }), message_count))),
             Err(reason) => {
                 tracing::warn!(
                     target: "seawall_saga",
@@ -548,7 +562,7 @@ impl Session {
                     &delivery.data,
                 )
                 .await?;
-                Ok(Some(None))
+                Ok(Some((None, message_count)))
             }
         }
     }
@@ -592,7 +606,7 @@ impl Broker for RabbitMq {
                 let stream = &subscription.stream;
                 session.declare_stream(stream).await?;
                 let queue = group_queue(subscription);
-                session.declare_queue(&queue).await?;
+                session.declare_queue(&queue, false).await?;
                 session
                     .publish
                     .queue_bind(
@@ -603,7 +617,9 @@ impl Broker for RabbitMq {
                         FieldTable::default(),
                     )
                     .await?;
-                session.declare_queue(&dead_letter_stream(stream)).await
+                session
+                    .declare_queue(&dead_letter_stream(stream), false)
+                    .await
             })
             .await
         })
@@ -617,17 +633,27 @@ impl Broker for RabbitMq {
     ) -> BrokerFuture<'a, Vec<Delivery>> {
         Box::pin(async move {
             let operation = format!("reading {}", subscription.stream);
+            // One `basic.get` per message: a batch is cut short after half
+            // the timeout, so that a slow broker answers with fewer messages
+            // rather than with none.
+            let collect_for = self.timeout / 2;
             self.run(&operation, block, |session| async move {
                 let queue = short(&group_queue(subscription))?;
-                let deadline = tokio::time::Instant::now() + block;
+                let started = tokio::time::Instant::now();
+                let deadline = started + block;
                 let mut wait = POLL_FIRST;
                 let mut deliveries = Vec::new();
                 loop {
-                    while deliveries.len() < count.max(1) {
-                        match session.get_one(subscription, &queue).await? {
-                            None => break,
-                            Some(Some(d)) => deliveries.push(d),
-                            Some(None) => {}
+                    while deliveries.len() < count.max(1)
+                        && (deliveries.is_empty() || started.elapsed() < collect_for)
+                    {
+                        let Some((delivery, left)) = session.get_one(subscription, &queue).await?
+                        else {
+                            break;
+                        };
+                        deliveries.extend(delivery);
+                        if left == 0 {
+                            break;
                         }
                     }
                     let now = tokio::time::Instant::now();
