@@ -43,7 +43,8 @@
 //! RabbitMQ gives the unacknowledged messages of a channel back to their
 //! queue as soon as the channel or its connection closes (the process died,
 //! the network failed): they are read again by the group's consumers (with
-//! AMQP's `redelivered` flag), after messages that were waiting. So
+//! AMQP's `redelivered` flag; the broker puts them back at their place in
+//! the queue when it can). So
 //! [`claim_stale`](Broker::claim_stale) has nothing to take over and
 //! returns no message; a consumer that is alive but holds messages without
 //! acknowledging them keeps them until the broker's `consumer_timeout`
@@ -59,7 +60,10 @@
 //! gives [`BrokerError::Refused`]. Either way the connection is closed and
 //! the messages read through it and not yet acknowledged go back to their
 //! queue, to be read again (the inbox drops the ones already handled); their
-//! ids are then stale, and acknowledging them does nothing.
+//! ids are then stale, and acknowledging them does nothing. (A publication
+//! that no group receives is refused too, but keeps the connection.) An
+//! acknowledgement written just as the connection drops may report success
+//! and never arrive: its messages come back all the same.
 //!
 //! A blocking [`read`](Broker::read) polls an empty queue (every 1 ms at
 //! first, backing off to 25 ms) until a message comes or `block` runs out.
