@@ -78,7 +78,8 @@ fn free_ports() -> [u16; 3] {
 }
 
 /// The guard: starts the port mapper and the server, prints their process
-/// ids, and kills both when its standard input closes.
+/// ids, and kills both when its standard input closes, then removes the
+/// temporary directory (a server held in a `static` is never dropped).
 const GUARD: &str = r#"
 "$SEAWALL_EPMD" -port "$ERL_EPMD_PORT" -address 127.0.0.1 </dev/null >"$SEAWALL_DIR/epmd.log" 2>&1 &
 epmd=$!
@@ -88,6 +89,7 @@ echo "$epmd $server"
 read -r _ || true
 kill -9 "$server" "$epmd" 2>/dev/null
 wait
+rm -rf "$SEAWALL_DIR"
 "#;
 
 /// A running `rabbitmq-server` on 127.0.0.1.
