@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The test command: installs what the tests need (redis-server, PostgreSQL,
-# Chromium for the demo's live page),
+# RabbitMQ, Chromium for the demo's live page),
 # starts a throw-away PostgreSQL on 127.0.0.1, then runs the format check,
 # clippy and the whole test suite. Redis servers are started by the tests
 # themselves (one per test, on a free loopback port, in a temp dir; a Redis
@@ -19,6 +19,11 @@ command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 # redis-cli creates the test clusters (`redis-cli --cluster create`).
 command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
+# The RabbitMQ broker's tests (feature `rabbitmq` of seawall-saga) start
+# Debian's server script directly (as root, /usr/sbin/rabbitmq-server would
+# switch users).
+[ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] || command -v rabbitmq-server >/dev/null 2>&1 ||
+    missing+=(rabbitmq-server)
 # The demo's live page is loaded in headless Chromium (no Node).
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 if [ "${#missing[@]}" -gt 0 ]; then
@@ -35,6 +40,11 @@ if [ "${#missing[@]}" -gt 0 ]; then
     as_root apt-get update -qq
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
     if [ "$made_policy" = 1 ]; then as_root rm -f "$policy"; fi
+    # A policy that was already there may have let the package start the
+    # system-wide node: stop it (the tests start their own).
+    if [[ " ${missing[*]} " == *" rabbitmq-server "* ]] && command -v rabbitmqctl >/dev/null 2>&1; then
+        as_root rabbitmqctl stop >/dev/null 2>&1 || true
+    fi
 fi
 # The Debian package may start a system-wide redis on 6379; the tests never
 # use it (each test starts its own server on a free port).
@@ -46,9 +56,10 @@ export SEAWALL_TEST_CHROMIUM
 # shellcheck source=lib/postgres.sh
 source scripts/lib/postgres.sh
 pg_start
-# Redis servers the tests start list their process ids here; whatever a
-# test left running (a server held for a whole test binary, a killed test
-# process) is stopped at the end.
+# Redis and RabbitMQ servers the tests start list their process ids here
+# (RabbitMQ: the Erlang VM and its port mapper); whatever a test left
+# running (a server held for a whole test binary, a killed test process) is
+# stopped at the end.
 SEAWALL_TEST_SERVERS="$(mktemp -d)"
 export SEAWALL_TEST_SERVERS
 stop_test_servers() {
@@ -56,9 +67,9 @@ stop_test_servers() {
     for file in "$SEAWALL_TEST_SERVERS"/*; do
         [ -e "$file" ] || continue
         pid="$(basename "$file")"
-        if [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = "redis-server" ]; then
-            kill -9 "$pid" 2>/dev/null || true
-        fi
+        case "$(cat "/proc/$pid/comm" 2>/dev/null)" in
+            redis-server | beam.smp | epmd) kill -9 "$pid" 2>/dev/null || true ;;
+        esac
     done
     rm -rf "$SEAWALL_TEST_SERVERS"
 }

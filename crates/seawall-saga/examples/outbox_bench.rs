@@ -1,12 +1,16 @@
-//! Throughput and latency of the outbox relay to Redis Streams, from SQLite
-//! and from Postgres.
+//! Throughput and latency of the outbox relay to Redis Streams (and to
+//! RabbitMQ with the feature `rabbitmq`), from SQLite and from Postgres.
 //!
 //! ```text
 //! cargo run --release -p seawall-saga --features redis-streams --example outbox_bench
+//! cargo run --release -p seawall-saga --features rabbitmq,redis-streams --example outbox_bench
 //! ```
 //!
 //! Starts a throw-away `redis-server` on a free loopback port (or uses
-//! `REDIS_URL` when set). SQLite: two files in a temporary directory, both in
+//! `REDIS_URL` when set); with the feature `rabbitmq`, a throw-away
+//! `rabbitmq-server` on free loopback ports (or `RABBITMQ_URL`, an
+//! `amqp://` URL). `BENCH_BROKER` picks the brokers: `redis`, `rabbitmq`
+//! or both (`redis,rabbitmq`, the default when the feature is on). SQLite: two files in a temporary directory, both in
 //! WAL mode with `synchronous = FULL`. Postgres: `SEAWALL_TEST_POSTGRES_URL`
 //! if set, otherwise a throw-away server started with
 //! `scripts/lib/postgres.sh` (default `synchronous_commit = on`); the producer
@@ -23,6 +27,9 @@
 //!    `BENCH_RATE` (events per second, default 0: as fast as the producer
 //!    commits) paces the producer.
 //!
+//! Every stream has its consumer group before anything is relayed to it (on
+//! RabbitMQ a publication that no group receives is refused).
+//!
 //! `BENCH_SOURCE` picks the sources: `sqlite`, `postgres` or both
 //! (`sqlite,postgres`, the default).
 
@@ -35,6 +42,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rusqlite::Connection;
+#[cfg(feature = "rabbitmq")]
+use seawall_saga::broker::rabbitmq::RabbitMq;
 use seawall_saga::broker::redis_streams::RedisStreams;
 use seawall_saga::broker::{Broker, Delivery, Subscription};
 use seawall_saga::outbox::{self, postgres, Inbox, Outbox, Relay, RelayOptions};
@@ -106,7 +115,7 @@ impl EndToEnd {
             self.latencies[((self.latencies.len() - 1) as f64 * q) as usize] as f64 / 1000.0
         };
         println!(
-            "{source:<8} end to end, {} events, producer rate {}: {:.0} events/s (producer {:.0} commits/s), \
+            "{source:<16} end to end, {} events, producer rate {}: {:.0} events/s (producer {:.0} commits/s), \
              commit-to-inbox latency p50 {:.2} ms, p99 {:.2} ms",
             self.events,
             if rate == 0 { "unbounded".to_owned() } else { format!("{rate}/s") },
@@ -120,17 +129,17 @@ impl EndToEnd {
 
 fn print_backlog(source: &str, events: usize, elapsed: Duration) {
     println!(
-        "{source:<8} relay, backlog of {events}: {:.0} events/s ({elapsed:.2?})",
+        "{source:<16} relay, backlog of {events}: {:.0} events/s ({elapsed:.2?})",
         events as f64 / elapsed.as_secs_f64()
     );
 }
 
-async fn drain(relay: &Relay<RedisStreams>) {
+async fn drain<B: Broker>(relay: &Relay<B>) {
     while relay.relay_once().await.expect("relay") > 0 {}
 }
 
 /// A consumer group on `stream`, created before anything is relayed to it.
-fn subscribe(rt: &Runtime, broker: &RedisStreams, stream: &str) -> Subscription {
+fn subscribe<B: Broker>(rt: &Runtime, broker: &B, stream: &str) -> Subscription {
     let sub = Subscription::new(stream, "bench", "bench-1");
     rt.block_on(broker.create_group(&sub)).expect("group");
     sub
@@ -178,26 +187,42 @@ fn produce_sqlite(conn: &mut Connection, n: usize, rate: u64) -> HashMap<i64, i6
     committed
 }
 
-fn bench_sqlite(rt: Runtime, redis_url: &str, dir: &Path, events: usize, rate: u64) {
+/// A broker to bench: its name and how to open one.
+struct Target<'a, B> {
+    name: &'a str,
+    open: &'a dyn Fn() -> B,
+}
+
+fn bench_sqlite<B: Broker + Send + 'static>(
+    rt: Runtime,
+    target: &Target<'_, B>,
+    dir: &Path,
+    events: usize,
+    rate: u64,
+) {
+    let label = format!("sqlite/{}", target.name);
+    let dir = dir.join(label.replace('/', "-"));
+    std::fs::create_dir_all(&dir).expect("bench directory");
     // 1. A backlog.
     let producer_path = dir.join("producer.db");
     let mut producer = open_sqlite(&producer_path);
     produce_sqlite(&mut producer, events, 0);
     let relay = Relay::open(
         &producer_path,
-        RedisStreams::open(redis_url).expect("broker"),
+        (target.open)(),
         RelayOptions::new("bench", "sqlite-backlog"),
     )
     .expect("relay");
+    subscribe(&rt, relay.broker(), "sqlite-backlog");
     let started = Instant::now();
     rt.block_on(drain(&relay));
-    print_backlog("sqlite", events, started.elapsed());
+    print_backlog(&label, events, started.elapsed());
 
     // 2. End to end.
     let relay = Arc::new(
         Relay::open(
             &producer_path,
-            RedisStreams::open(redis_url).expect("broker"),
+            (target.open)(),
             RelayOptions::new("bench", "sqlite-live").poll_interval(Duration::from_millis(1)),
         )
         .expect("relay"),
@@ -214,7 +239,7 @@ fn bench_sqlite(rt: Runtime, redis_url: &str, dir: &Path, events: usize, rate: u
         })
     };
     let mut inbox = open_sqlite(&dir.join("consumer.db"));
-    let broker = RedisStreams::open(redis_url).expect("broker");
+    let broker = (target.open)();
     let sub = subscribe(&rt, &broker, "sqlite-live");
     let consuming = std::thread::spawn(move || {
         // (row id, inbox commit time)
@@ -247,7 +272,7 @@ fn bench_sqlite(rt: Runtime, redis_url: &str, dir: &Path, events: usize, rate: u
     let committed = produce_sqlite(&mut producer, events, rate);
     let produced = started.elapsed();
     let handled = consuming.join().expect("consumer");
-    EndToEnd::new(&committed, &handled, started.elapsed(), produced).print("sqlite", rate);
+    EndToEnd::new(&committed, &handled, started.elapsed(), produced).print(&label, rate);
 }
 
 // Postgres.
@@ -341,7 +366,14 @@ async fn produce_postgres(
     committed
 }
 
-fn bench_postgres(rt: Runtime, redis_url: &str, pg_url: &str, events: usize, rate: u64) {
+fn bench_postgres<B: Broker + Send + 'static>(
+    rt: Runtime,
+    target: &Target<'_, B>,
+    pg_url: &str,
+    events: usize,
+    rate: u64,
+) {
+    let label = format!("postgres/{}", target.name);
     let producer_schema = format!("outbox_bench_producer_{}", std::process::id());
     let consumer_schema = format!("outbox_bench_consumer_{}", std::process::id());
 
@@ -351,21 +383,22 @@ fn bench_postgres(rt: Runtime, redis_url: &str, pg_url: &str, events: usize, rat
     let relay = rt.block_on(async {
         Relay::postgres(
             pg_client(pg_url, &producer_schema, false).await,
-            RedisStreams::open(redis_url).expect("broker"),
+            (target.open)(),
             RelayOptions::new("bench", "postgres-backlog"),
         )
         .await
         .expect("relay")
     });
+    subscribe(&rt, relay.broker(), "postgres-backlog");
     let started = Instant::now();
     rt.block_on(drain(&relay));
-    print_backlog("postgres", events, started.elapsed());
+    print_backlog(&label, events, started.elapsed());
 
     // 2. End to end.
     let relay = rt.block_on(async {
         Relay::postgres(
             pg_client(pg_url, &producer_schema, false).await,
-            RedisStreams::open(redis_url).expect("broker"),
+            (target.open)(),
             RelayOptions::new("bench", "postgres-live").poll_interval(Duration::from_millis(1)),
         )
         .await
@@ -380,7 +413,7 @@ fn bench_postgres(rt: Runtime, redis_url: &str, pg_url: &str, events: usize, rat
             .await
     });
     let mut inbox = rt.block_on(pg_client(pg_url, &consumer_schema, true));
-    let broker = RedisStreams::open(redis_url).expect("broker");
+    let broker = (target.open)();
     let sub = subscribe(&rt, &broker, "postgres-live");
     let consuming = rt.spawn(async move {
         // (row id, inbox commit time)
@@ -417,7 +450,7 @@ fn bench_postgres(rt: Runtime, redis_url: &str, pg_url: &str, events: usize, rat
     let committed = rt.block_on(produce_postgres(&mut producer, events, rate));
     let produced = started.elapsed();
     let handled = rt.block_on(consuming).expect("consumer");
-    EndToEnd::new(&committed, &handled, started.elapsed(), produced).print("postgres", rate);
+    EndToEnd::new(&committed, &handled, started.elapsed(), produced).print(&label, rate);
     rt.block_on(producer.batch_execute(&format!(
         "DROP SCHEMA \"{producer_schema}\" CASCADE; DROP SCHEMA \"{consumer_schema}\" CASCADE"
     )))
@@ -460,23 +493,57 @@ fn runtime() -> Runtime {
         .expect("runtime")
 }
 
-fn main() {
-    let events: usize = env_parse("BENCH_EVENTS", 20_000);
-    let rate: u64 = env_parse("BENCH_RATE", 0);
+/// Runs the benches of the sources asked for on one broker.
+fn bench<B: Broker + Send + 'static>(target: &Target<'_, B>, dir: &Path, events: usize, rate: u64) {
     let sources = std::env::var("BENCH_SOURCE").unwrap_or_else(|_| "sqlite,postgres".into());
     let wants = |source: &str| sources.split(',').any(|s| s.trim() == source);
-    let dir = tempfile::tempdir().expect("temporary directory");
-    let (redis_url, mut server) = redis(dir.path());
     if wants("sqlite") {
-        bench_sqlite(runtime(), &redis_url, dir.path(), events, rate);
+        bench_sqlite(runtime(), target, dir, events, rate);
     }
     if wants("postgres") {
         let (pg_url, pg_server) = postgres_url();
-        bench_postgres(runtime(), &redis_url, &pg_url, events, rate);
+        bench_postgres(runtime(), target, &pg_url, events, rate);
         drop(pg_server);
     }
-    if let Some(child) = server.as_mut() {
-        let _ = child.kill();
-        let _ = child.wait();
+}
+
+fn main() {
+    let events: usize = env_parse("BENCH_EVENTS", 20_000);
+    let rate: u64 = env_parse("BENCH_RATE", 0);
+    let default_brokers = if cfg!(feature = "rabbitmq") {
+        "redis,rabbitmq"
+    } else {
+        "redis"
+    };
+    let brokers = std::env::var("BENCH_BROKER").unwrap_or_else(|_| default_brokers.into());
+    let wants = |broker: &str| brokers.split(',').any(|b| b.trim() == broker);
+    let dir = tempfile::tempdir().expect("temporary directory");
+    if wants("redis") {
+        let (redis_url, mut server) = redis(dir.path());
+        let open = || RedisStreams::open(&redis_url).expect("broker");
+        let target = Target {
+            name: "redis",
+            open: &open,
+        };
+        bench(&target, dir.path(), events, rate);
+        if let Some(child) = server.as_mut() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+    #[cfg(feature = "rabbitmq")]
+    if wants("rabbitmq") {
+        let server = std::env::var("RABBITMQ_URL")
+            .is_err()
+            .then(seawall_test_rabbitmq::RabbitServer::start);
+        let url = std::env::var("RABBITMQ_URL")
+            .unwrap_or_else(|_| server.as_ref().expect("server").url());
+        let open = || RabbitMq::open(&url).expect("broker");
+        let target = Target {
+            name: "rabbitmq",
+            open: &open,
+        };
+        bench(&target, dir.path(), events, rate);
+        drop(server);
     }
 }

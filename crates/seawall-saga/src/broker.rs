@@ -1,6 +1,9 @@
 //! The message broker between services: a small [`Broker`] trait and, with the
 //! feature `redis-streams`, `redis_streams::RedisStreams` on
-//! Redis Streams.
+//! Redis Streams; with the feature `rabbitmq`, `rabbitmq::RabbitMq` on
+//! RabbitMQ (a stream is a fanout exchange, a group a queue bound to it, and
+//! a dead consumer's messages come back to the queue by themselves: see its
+//! module for the mapping).
 //!
 //! A broker carries [`Envelope`]s on named streams. Consumers read a stream
 //! through a consumer group ([`Subscription`]): each message goes to one
@@ -22,6 +25,8 @@ use std::time::Duration;
 
 use crate::clock::BoxFuture;
 
+#[cfg(feature = "rabbitmq")]
+pub mod rabbitmq;
 #[cfg(feature = "redis-streams")]
 pub mod redis_streams;
 
@@ -50,7 +55,8 @@ pub struct Envelope {
 /// A message read from a stream by a consumer of a group.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Delivery {
-    /// The broker's id of this message (a Redis stream id). A re-published
+    /// The broker's id of this message (a Redis stream id; on RabbitMQ, the
+    /// reading channel and the delivery tag). A re-published
     /// event has a new one: de-duplicate by [`Envelope::event_id`].
     pub id: String,
     /// The event.
@@ -117,7 +123,8 @@ pub trait Broker: Send + Sync {
     /// Takes over up to `count` messages pending for at least `min_idle` in
     /// the group (delivered to a consumer that did not acknowledge them:
     /// typically a consumer that died) and delivers them to this subscription's
-    /// consumer.
+    /// consumer. (RabbitMQ needs no claim: the broker gives the messages of a
+    /// closed channel back to the queue, and `read` returns them.)
     fn claim_stale<'a>(
         &'a self,
         subscription: &'a Subscription,

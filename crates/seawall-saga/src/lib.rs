@@ -82,6 +82,9 @@
 //!   They need sqlx 0.9, whose minimum Rust is 1.94.
 //! - `redis-streams` (off by default): the choreography broker on Redis
 //!   Streams, `broker::redis_streams::RedisStreams` (see [`outbox`]).
+//! - `rabbitmq` (off by default): the choreography broker on RabbitMQ,
+//!   `broker::rabbitmq::RabbitMq` (AMQP 0-9-1 through lapin, on tokio; plain
+//!   `amqp://`, no TLS).
 //!
 //! # With sqlx
 //!
@@ -261,11 +264,12 @@
 //! `outbox::postgres::enqueue` on Postgres, `outbox::sqlx_sqlite::enqueue`
 //! and `outbox::sqlx_postgres::enqueue` on a sqlx transaction), an [`outbox::Relay`] publishes
 //! the committed events to a [`broker::Broker`] (Redis Streams with the
-//! feature `redis-streams`) in order per aggregate and at least once, and each
+//! feature `redis-streams`, RabbitMQ with the feature `rabbitmq`) in order per aggregate and at least once, and each
 //! consumer records the message in the same local transaction as its effect
 //! ([`outbox::Inbox::handle`]), so a redelivered message has no second effect.
 //! Consumer groups share a stream's messages; the messages of a consumer that
-//! died are claimed by another ([`broker::Broker::claim_stale`]); a malformed
+//! died are claimed by another ([`broker::Broker::claim_stale`]; RabbitMQ
+//! gives them back to the group by itself); a malformed
 //! message is parked in a dead-letter stream ([`broker::dead_letter_stream`]).
 //!
 //! # Inspection and events

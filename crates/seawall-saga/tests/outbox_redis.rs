@@ -2,125 +2,20 @@
 //! `redis-server` and real SQLite files.
 #![cfg(feature = "redis-streams")]
 
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+mod choreography;
+
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::Commands;
-use rusqlite::Connection;
-use seawall_saga::broker::redis_streams::RedisStreams;
-use seawall_saga::broker::{
-    dead_letter_stream, Broker, BrokerError, BrokerFuture, Delivery, Envelope, Subscription,
+use choreography::{
+    consume, consumer_db, die_mid_batch, drain, effects, enqueue, handle, rt, service_db,
+    DiesAfterPublish,
 };
-use seawall_saga::outbox::{self, Inbox, Outbox, OutboxError, Relay, RelayOptions};
+use redis::Commands;
+use seawall_saga::broker::redis_streams::RedisStreams;
+use seawall_saga::broker::{dead_letter_stream, Broker, Subscription};
+use seawall_saga::outbox::{Outbox, OutboxError, Relay, RelayOptions};
 use seawall_test_redis::{unique, RedisServer};
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("tokio runtime")
-}
-
-/// A service database with the outbox tables, in WAL mode.
-fn service_db(dir: &Path, name: &str) -> (PathBuf, Connection) {
-    let path = dir.join(format!("{name}.db"));
-    let conn = Connection::open(&path).unwrap();
-    conn.query_row("PRAGMA journal_mode = WAL", [], |_| Ok(()))
-        .unwrap();
-    conn.busy_timeout(Duration::from_secs(5)).unwrap();
-    outbox::migrate(&conn).unwrap();
-    (path, conn)
-}
-
-/// A consumer database: the outbox schema (for the inbox) and an effects table.
-fn consumer_db(dir: &Path, name: &str) -> Connection {
-    let (_, conn) = service_db(dir, name);
-    conn.execute_batch(
-        "CREATE TABLE effects (n INTEGER PRIMARY KEY AUTOINCREMENT, event_id TEXT NOT NULL,
-         aggregate TEXT NOT NULL, payload TEXT NOT NULL)",
-    )
-    .unwrap();
-    conn
-}
-
-/// Enqueues `(aggregate, payload)` events, each in its own transaction.
-fn enqueue(conn: &mut Connection, events: &[(&str, String)]) {
-    for (aggregate, payload) in events {
-        let tx = conn.transaction().unwrap();
-        Outbox::enqueue(&tx, aggregate, "changed", payload).unwrap();
-        tx.commit().unwrap();
-    }
-}
-
-/// Relays until the outbox is empty (bounded).
-async fn drain<B: Broker>(relay: &Relay<B>) {
-    for _ in 0..1000 {
-        if relay.relay_once().await.unwrap() == 0 {
-            return;
-        }
-    }
-    panic!("the outbox did not drain");
-}
-
-/// Handles one delivery: the effect and the inbox record in one transaction,
-/// then the acknowledgement. Returns whether it had an effect.
-async fn handle(
-    db: &mut Connection,
-    broker: &RedisStreams,
-    sub: &Subscription,
-    delivery: &Delivery,
-) -> bool {
-    let e = &delivery.envelope;
-    let tx = db.transaction().unwrap();
-    // The inbox is per group: the consumers of a group share its effects.
-    let first = Inbox::handle(&tx, &sub.group, &e.event_id).unwrap();
-    if first {
-        tx.execute(
-            "INSERT INTO effects (event_id, aggregate, payload) VALUES (?1, ?2, ?3)",
-            [&e.event_id, &e.aggregate, &e.payload],
-        )
-        .unwrap();
-    }
-    tx.commit().unwrap();
-    broker
-        .ack(sub, std::slice::from_ref(&delivery.id))
-        .await
-        .unwrap();
-    first
-}
-
-/// Reads and handles until a read returns nothing. Returns (effects, duplicates).
-async fn consume(db: &mut Connection, broker: &RedisStreams, sub: &Subscription) -> (usize, usize) {
-    let (mut applied, mut duplicates) = (0, 0);
-    for _ in 0..1000 {
-        let batch = broker.read(sub, 50, Duration::ZERO).await.unwrap();
-        if batch.is_empty() {
-            return (applied, duplicates);
-        }
-        for d in &batch {
-            if handle(db, broker, sub, d).await {
-                applied += 1;
-            } else {
-                duplicates += 1;
-            }
-        }
-    }
-    panic!("the stream did not drain");
-}
-
-/// The payloads applied per aggregate, in the order applied.
-fn effects(db: &Connection, aggregate: &str) -> Vec<String> {
-    let mut stmt = db
-        .prepare("SELECT payload FROM effects WHERE aggregate = ?1 ORDER BY n")
-        .unwrap();
-    stmt.query_map([aggregate], |r| r.get(0))
-        .unwrap()
-        .collect::<Result<_, _>>()
-        .unwrap()
-}
 
 fn stream_len(server: &RedisServer, stream: &str) -> usize {
     server.conn().xlen(stream).unwrap()
@@ -196,64 +91,6 @@ fn events_of_an_aggregate_arrive_in_order() {
     }
 }
 
-/// Publishes through Redis, then fails (`fail`) or never returns (`hang`):
-/// a relay that dies after XADD, before marking the batch sent.
-struct DiesAfterPublish {
-    inner: RedisStreams,
-    fail: AtomicBool,
-    hang: AtomicBool,
-    published: AtomicUsize,
-}
-
-impl Broker for DiesAfterPublish {
-    fn publish<'a>(&'a self, stream: &'a str, events: &'a [Envelope]) -> BrokerFuture<'a, ()> {
-        Box::pin(async move {
-            self.inner.publish(stream, events).await?;
-            self.published.fetch_add(events.len(), Ordering::SeqCst);
-            if self.hang.swap(false, Ordering::SeqCst) {
-                std::future::pending::<()>().await;
-            }
-            if self.fail.swap(false, Ordering::SeqCst) {
-                return Err(BrokerError::Unavailable {
-                    operation: "publishing".into(),
-                    detail: "connection lost after XADD".into(),
-                });
-            }
-            Ok(())
-        })
-    }
-    fn create_group<'a>(&'a self, s: &'a Subscription) -> BrokerFuture<'a, ()> {
-        self.inner.create_group(s)
-    }
-    fn read<'a>(
-        &'a self,
-        s: &'a Subscription,
-        n: usize,
-        b: Duration,
-    ) -> BrokerFuture<'a, Vec<Delivery>> {
-        self.inner.read(s, n, b)
-    }
-    fn ack<'a>(&'a self, s: &'a Subscription, ids: &'a [String]) -> BrokerFuture<'a, ()> {
-        self.inner.ack(s, ids)
-    }
-    fn claim_stale<'a>(
-        &'a self,
-        s: &'a Subscription,
-        idle: Duration,
-        n: usize,
-    ) -> BrokerFuture<'a, Vec<Delivery>> {
-        self.inner.claim_stale(s, idle, n)
-    }
-    fn dead_letter<'a>(
-        &'a self,
-        s: &'a Subscription,
-        d: &'a Delivery,
-        r: &'a str,
-    ) -> BrokerFuture<'a, ()> {
-        self.inner.dead_letter(s, d, r)
-    }
-}
-
 #[test]
 fn a_relay_that_dies_after_publishing_republishes_and_the_inbox_drops_the_copies() {
     let (server, dir, stream) = setup("republish");
@@ -267,12 +104,7 @@ fn a_relay_that_dies_after_publishing_republishes_and_the_inbox_drops_the_copies
     rt.block_on(consumer.create_group(&sub)).unwrap();
 
     // 1. The publish fails after XADD: the batch stays unsent.
-    let broker = DiesAfterPublish {
-        inner: RedisStreams::open(&server.url()).unwrap(),
-        fail: AtomicBool::new(true),
-        hang: AtomicBool::new(false),
-        published: AtomicUsize::new(0),
-    };
+    let broker = DiesAfterPublish::new(RedisStreams::open(&server.url()).unwrap(), true);
     let relay = Relay::open(&path, broker, RelayOptions::new("orders", &stream).batch(4)).unwrap();
     let failed = rt.block_on(relay.relay_once());
     assert!(matches!(failed, Err(OutboxError::Broker(_))), "{failed:?}");
@@ -281,27 +113,9 @@ fn a_relay_that_dies_after_publishing_republishes_and_the_inbox_drops_the_copies
     drop(relay);
 
     // 2. A new relay is dropped mid-batch, after XADD, before marking sent.
-    let broker = DiesAfterPublish {
-        inner: RedisStreams::open(&server.url()).unwrap(),
-        fail: AtomicBool::new(false),
-        hang: AtomicBool::new(true),
-        published: AtomicUsize::new(0),
-    };
+    let broker = DiesAfterPublish::new(RedisStreams::open(&server.url()).unwrap(), false);
     let relay = Relay::open(&path, broker, RelayOptions::new("orders", &stream).batch(4)).unwrap();
-    rt.block_on(async {
-        tokio::select! {
-            r = relay.relay_once() => panic!("the hanging publish returned {r:?}"),
-            () = async {
-                for _ in 0..500 {
-                    if relay_published(&relay) == 4 { return; }
-                    tokio::task::yield_now().await;
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
-                panic!("the batch was not published");
-            } => {}
-        }
-    });
-    drop(relay);
+    die_mid_batch(&rt, relay, 4);
     assert_eq!(stream_len(&server, &stream), 8);
 
     // 3. A third relay publishes everything; the consumer applies each event once.
@@ -317,10 +131,6 @@ fn a_relay_that_dies_after_publishing_republishes_and_the_inbox_drops_the_copies
     assert_eq!((applied, duplicates), (10, 8));
     let expected: Vec<String> = (0..10).map(|i| i.to_string()).collect();
     assert_eq!(effects(&inbox, "a"), expected);
-}
-
-fn relay_published(relay: &Relay<DiesAfterPublish>) -> usize {
-    relay.broker().published.load(Ordering::SeqCst)
 }
 
 #[test]
