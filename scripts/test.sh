@@ -43,7 +43,7 @@ if [ "${#missing[@]}" -gt 0 ]; then
     # A policy that was already there may have let the package start the
     # system-wide node: stop it (the tests start their own).
     if [[ " ${missing[*]} " == *" rabbitmq-server "* ]] && command -v rabbitmqctl >/dev/null 2>&1; then
-        as_root rabbitmqctl stop >/dev/null 2>&1 || true
+        as_root timeout 30 rabbitmqctl stop >/dev/null 2>&1 || true
     fi
 fi
 # The Debian package may start a system-wide redis on 6379; the tests never
