@@ -68,7 +68,7 @@ impl Scripts {
                 with_prelude(include_str!("lua/control.lua")),
                 with_prelude(include_str!("lua/in_flight.lua")),
                 source(&[SUCCESS, "return success(ARGV)\n"]),
-                source(&[SUCCESS, CARRY, PRELUDE, ADMIT]),
+                source(&[PRELUDE, SUCCESS, CARRY, ADMIT]),
             ];
             let [admit, record, release, metrics, control, in_flight, success, admit_carrying] =
                 sources.each_ref().map(|s| Script::new(s));
@@ -97,7 +97,8 @@ impl Scripts {
 }
 
 /// The text of a script sent to the server: `parts` without their comment
-/// lines and blank lines. Kept short because a server that requires a
+/// lines, blank lines and indentation (the scripts have no multi-line
+/// strings). Kept short because a server that requires a
 /// password refuses an argument over 16 KiB from a client that has not
 /// authenticated yet with a protocol error, before it can say that the
 /// password is missing (a test holds every script under that).
@@ -108,7 +109,7 @@ fn source(parts: &[&str]) -> String {
         if code.is_empty() || code.starts_with("--") {
             continue;
         }
-        out.push_str(line);
+        out.push_str(code);
         out.push('\n');
     }
     out
@@ -474,11 +475,12 @@ mod tests {
         }
         let len = source(&[SUCCESS, "return success(ARGV)\n"]).len();
         assert!(len <= MAX_SCRIPT_LEN, "success: {len} bytes");
-        let len = source(&[SUCCESS, CARRY, PRELUDE, ADMIT]).len();
+        let len = source(&[PRELUDE, SUCCESS, CARRY, ADMIT]).len();
         assert!(len <= MAX_SCRIPT_LEN, "admit_carrying: {len} bytes");
-        // Comments and blank lines go; code stays, a trailing comment too.
+        // Comments, blank lines and indentation go; code stays, a trailing
+        // comment too.
         assert_eq!(
-            source(&["-- a\n\n  -- b\nlocal x = 1 -- c\n", "return x"]),
+            source(&["-- a\n\n  -- b\nlocal x = 1 -- c\n", "  return x"]),
             "local x = 1 -- c\nreturn x\n"
         );
     }
