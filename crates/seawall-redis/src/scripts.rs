@@ -75,7 +75,7 @@ impl Scripts {
                 with_prelude(include_str!("lua/control.lua")),
                 with_prelude(include_str!("lua/in_flight.lua")),
                 source(&[SUCCESS, "return success(ARGV)\n"]),
-                source(&[SUCCESS, CARRY, PRELUDE, ADMIT]),
+                source(&[PRELUDE, SUCCESS, CARRY, ADMIT]),
                 lease_source(),
                 with_prelude(include_str!("lua/extend.lua")),
             ];
@@ -120,7 +120,8 @@ fn lease_source() -> String {
 }
 
 /// The text of a script sent to the server: `parts` without their comment
-/// lines and blank lines. Kept short because a server that requires a
+/// lines, blank lines and indentation (the scripts have no multi-line
+/// strings). Kept short because a server that requires a
 /// password refuses an argument over 16 KiB from a client that has not
 /// authenticated yet with a protocol error, before it can say that the
 /// password is missing (a test holds every script under that).
@@ -131,7 +132,7 @@ fn source(parts: &[&str]) -> String {
         if code.is_empty() || code.starts_with("--") {
             continue;
         }
-        out.push_str(line);
+        out.push_str(code);
         out.push('\n');
     }
     out
@@ -498,13 +499,14 @@ mod tests {
         }
         let len = source(&[SUCCESS, "return success(ARGV)\n"]).len();
         assert!(len <= MAX_SCRIPT_LEN, "success: {len} bytes");
-        let len = source(&[SUCCESS, CARRY, PRELUDE, ADMIT]).len();
+        let len = source(&[PRELUDE, SUCCESS, CARRY, ADMIT]).len();
         assert!(len <= MAX_SCRIPT_LEN, "admit_carrying: {len} bytes");
         let len = lease_source().len();
         assert!(len <= MAX_SCRIPT_LEN, "lease: {len} bytes");
-        // Comments and blank lines go; code stays, a trailing comment too.
+        // Comments, blank lines and indentation go; code stays, a trailing
+        // comment too.
         assert_eq!(
-            source(&["-- a\n\n  -- b\nlocal x = 1 -- c\n", "return x"]),
+            source(&["-- a\n\n  -- b\nlocal x = 1 -- c\n", "  return x"]),
             "local x = 1 -- c\nreturn x\n"
         );
     }

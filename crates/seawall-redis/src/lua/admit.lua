@@ -65,15 +65,15 @@ local E = D + 1
 -- above it is left as it is), whatever the answer; a retry withdraws 1000
 -- from a bucket holding at least that, once every other check admits it,
 -- and is refused otherwise.
-local BSTEP, BEARN, BCAP = string.match(A[D] or '', '^(%d):(%d+):(%d+)$')
-local btok
+local BSTEP, BEARN, BCAP, btok
+if A[D] and A[D] ~= '' then BSTEP, BEARN, BCAP = string.match(A[D], '^(%d):(%d+):(%d+)$') end
 if BSTEP then
   BSTEP, BEARN, BCAP = tonumber(BSTEP), tonumber(BEARN), tonumber(BCAP)
   btok = tonumber(redis.call('GET', KRB)) or BCAP
   if BSTEP == 1 and btok < BCAP then
     btok = btok + BEARN
     if btok > BCAP then btok = BCAP end
-    redis.call('SET', KRB, int(btok), 'PX', ms(IDLE))
+    redis.call('SET', KRB, int(btok), 'PX', ms(tonumber(A[14])))
   end
 end
 
@@ -85,7 +85,7 @@ end
 
 if HAS_C or HAS_CD then
   if HAS_C then
-    h = hload({'st', 'gen', 'trips', 'ou', 'since', 'pr', 'pok', 'cu'})
+    h = CARRIED_H or hload({'st', 'gen', 'trips', 'ou', 'since', 'pr', 'pok', 'cu'})
   else
     h = hload({'cu'})
   end
@@ -113,6 +113,7 @@ if HAS_C and takes_part(P_C) then
     end
   end
   if not cref and h.st == HALF_OPEN then
+    cspec()
     -- A round of probes older than HALF_MAX (from the round's start,
     -- `since`, its end in whole milliseconds as open_until has it) no
     -- longer blocks: with every slot taken, a new round starts (the old
@@ -136,7 +137,7 @@ if HAS_C and takes_part(P_C) then
   end
   if h.st == ISOLATED or h.st == DISABLED then
     -- Forced states live while calls come.
-    redis.call('PEXPIRE', KH, ms(IDLE))
+    redis.call('PEXPIRE', KH, ms(tonumber(A[14])))
   end
   -- A call the circuit refuses (in shadow mode: admitted) has no
   -- generation of it.
@@ -320,7 +321,7 @@ end
 -- reservation stands for it), or reserved for `rat`.
 if HAS_R and ((reason == 0 and took_r and takes_part(P_R)) or rat) then
   if R_ALG == 1 then
-    redis.call('SET', KRL, int(rnew[1]) .. ':' .. int(rnew[2]), 'PX', ms(rnew[1] + 1 - now, 1000))
+    redis.call('SET', KRL, format('%d:%d', rnew[1], rnew[2]), 'PX', ms(rnew[1] + 1 - now, 1000))
   elseif R_ALG == 2 then
     local w = math.floor((rat and rat[1] or now) / R_PERIOD)
     redis.call('HSET', KRL, 'w', int(w), 'n', rnew)
@@ -332,7 +333,7 @@ if HAS_R and ((reason == 0 and took_r and takes_part(P_R)) or rat) then
 end
 
 if reason == 0 and BSTEP == 2 then
-  redis.call('SET', KRB, int(btok - 1000), 'PX', ms(IDLE))
+  redis.call('SET', KRB, int(btok - 1000), 'PX', ms(tonumber(A[14])))
 end
 
 if moved then

@@ -1,12 +1,20 @@
 -- seawall-redis: the successes an admission carries (see src/store.rs,
 -- `Carrier`), applied before it is judged, each by `success` (success.lua,
--- which comes first). They are the last argument, taken off ARGV here so
--- that prelude.lua and admit.lua see the layout of a plain admission:
--- records separated by `;`, each the seven arguments of `success` (its A)
--- separated by `,`. Every record concerns the admission's keys.
+-- which comes after prelude.lua and before this). They are the last
+-- argument, taken off ARGV here, before admit.lua reads the arguments of a
+-- plain admission: records separated by `;`, each the seven arguments of
+-- `success` (its A) separated by `,`. Every record concerns the
+-- admission's keys.
+-- With a circuit, the state hash is read once for the successes and the
+-- admission (`CARRIED_H`, which admit.lua takes instead of reading it
+-- again: the fields the admission reads and those `success` reads in the
+-- circuit's mode); the successes update it as they write.
 local carried = table.remove(ARGV)
+if HAS_C then
+  CARRIED_H = hload(success_fields(MODE, {'trips', 'ou', 'since', 'pr', 'pok'}))
+end
 for rec in string.gmatch(carried, '[^;]+') do
   local a = {}
   for f in string.gmatch(rec .. ',', '([^,]*),') do a[#a + 1] = f end
-  success(a)
+  success(a, CARRIED_H)
 end

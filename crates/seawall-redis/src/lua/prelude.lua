@@ -1,8 +1,10 @@
 -- seawall-redis: the shared head of every script (see src/scripts.rs for
 -- the layout of KEYS and ARGV). Times are microseconds, TTLs milliseconds.
--- Written for speed: every redis.call and every number converted costs,
--- so state is read in one HMGET, only changed fields are written, and the
--- server's clock is read only when a decision needs it.
+-- Written for speed: every redis.call and every number converted costs
+-- (`tonumber` of a string is a `strtod`), so state is read in one HMGET,
+-- only changed fields are written, the server's clock is read only when a
+-- decision needs it, and the spec's numbers are converted only where they
+-- are used: an admission of a closed circuit converts four.
 
 local tonumber, format = tonumber, string.format
 local KH, KCW, KTW, KTZ, KB, KRL = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
@@ -36,27 +38,24 @@ local function tnow()
 end
 
 -- The resource's spec, fixed at bind time; each part parsed only when
--- configured.
+-- configured, and only what every call of it uses. Read where used: the
+-- idle time `A[14]`, the cooldown's longest pause `A[19]` and grace
+-- `A[20]`.
 local HAS_C, HAS_B, HAS_CD, HAS_R = A[2] == '1', A[15] == '1', A[18] == '1', A[21] == '1'
-local IDLE = tonumber(A[14])
--- The circuit's spec: its mode always (cheap), the rest by `cspec()` in
--- the scripts that judge or move the circuit.
-local MODE, MODE_N, FR, SR, SLOW, MINC, CD_BASE, CD_GROWTH, CD_MAX = 0
--- HALF_MAX: the longest a round of probes blocks the next one (the
--- breaker's max_half_open, else the store's probe lease).
-local HOC, HALF_MAX
-if HAS_C then
-  MODE = tonumber(A[3])
-  HOC, HALF_MAX = tonumber(A[12]), tonumber(A[13])
-end
+-- The circuit's spec: its mode always, the rest by `cspec()` in the
+-- scripts that judge or move the circuit and where a round of probes
+-- starts or ends. HALF_MAX: the longest a round of probes blocks the next
+-- one (the breaker's max_half_open, else the store's probe lease).
+local MODE, MODE_N, FR, SR, SLOW, MINC, CD_BASE, CD_GROWTH, CD_MAX, HOC, HALF_MAX = 0
+if HAS_C then MODE = tonumber(A[3]) end
 local function cspec()
   MODE_N = tonumber(A[4])
   FR, SR, SLOW, MINC = tonumber(A[5]), tonumber(A[6]), tonumber(A[7]), tonumber(A[8])
   CD_BASE, CD_GROWTH, CD_MAX = tonumber(A[9]), tonumber(A[10]), tonumber(A[11])
+  HOC, HALF_MAX = tonumber(A[12]), tonumber(A[13])
 end
-local B_MAX, B_LEASE, CD_PAUSE, CD_GRACE, R_ALG, R_LIMIT, R_PERIOD, R_TOL, R_INT
+local B_MAX, B_LEASE, R_ALG, R_LIMIT, R_PERIOD, R_TOL, R_INT
 if HAS_B then B_MAX, B_LEASE = tonumber(A[16]), tonumber(A[17]) end
-if HAS_CD then CD_PAUSE, CD_GRACE = tonumber(A[19]), tonumber(A[20]) end
 if HAS_R then
   R_ALG = tonumber(A[22])
   if R_ALG == 1 then
@@ -68,7 +67,8 @@ if HAS_R then
   end
 end
 -- The policies in shadow mode, a bit each (see `shadow`).
-local SHADOW = tonumber(A[27]) or 0
+local SHADOW = 0
+if A[27] ~= '0' then SHADOW = tonumber(A[27]) or 0 end
 local D = 28
 
 -- Policies, as the bits of SHADOW.
@@ -77,7 +77,7 @@ local P_C, P_B, P_CD, P_R = 1, 2, 4, 8
 -- never refuses; a call it would refuse goes on, shadowed, and the
 -- policies in shadow mode hold and record nothing of it.
 local function shadow(p)
-  return math.floor(SHADOW / p) % 2 == 1
+  return SHADOW ~= 0 and math.floor(SHADOW / p) % 2 == 1
 end
 
 -- Circuit states.
@@ -136,6 +136,22 @@ local function pmul(u, n, k)
   return u * k + math.floor(total / 1000), total % 1000
 end
 
+-- Loads `names` (all fields when nil: the circuit's and the cooldown's
+-- end, 'cu') from the state hash into a table; missing ones are 0.
+local function hload(names)
+  names = names or {'st', 'gen', 'trips', 'ou', 'since', 'pr', 'pok', 'cf',
+    'nc', 'nf', 'ns', 'nh', 'tc', 'tf', 'ts', 'cu'}
+  local v = redis.call('HMGET', KH, unpack(names))
+  local h = {}
+  for i = 1, #names do h[names[i]] = tonumber(v[i]) or 0 end
+  return h
+end
+
+-- The state hash as an admission carrying successes read it (carry.lua),
+-- with the successes' writes: the admission takes it instead of reading
+-- the hash again.
+local CARRIED_H
+
 -- Whether a call of weight `w` can ever pass the rate limiter (the
 -- in-memory `weight_fits`): 1 <= w <= burst for GCRA (the last of its `w`
 -- permits must fit in the tolerance), 1 <= w <= limit for the windows.
@@ -150,28 +166,17 @@ local function rfits(w)
   return w <= R_LIMIT
 end
 
--- Loads `names` (all fields when nil: the circuit's and the cooldown's
--- end, 'cu') from the state hash into a table; missing ones are 0.
-local function hload(names)
-  names = names or {'st', 'gen', 'trips', 'ou', 'since', 'pr', 'pok', 'cf',
-    'nc', 'nf', 'ns', 'nh', 'tc', 'tf', 'ts', 'cu'}
-  local v = redis.call('HMGET', KH, unpack(names))
-  local h = {}
-  for i = 1, #names do h[names[i]] = tonumber(v[i]) or 0 end
-  return h
-end
-
 -- How long the state hash is kept: the idle time plus what is left of an
 -- open period, at least a time window, at least the cooldown plus grace.
 local function httl(h)
-  local ttl = IDLE
+  local ttl = tonumber(A[14])
   if h.st == OPEN and h.ou > tnow() then
     -- Open until the latest instant: kept for a year past the idle time.
     if h.ou == FOREVER then ttl = ttl + 31536000000000 else ttl = ttl + (h.ou - now) end
   end
   if MODE == 3 and tonumber(A[4]) * 1000000 > ttl then ttl = tonumber(A[4]) * 1000000 end
   if HAS_CD and (h.cu or 0) > 0 then
-    local c = h.cu - tnow() + CD_GRACE
+    local c = h.cu - tnow() + tonumber(A[20])
     if c > ttl then ttl = c end
   end
   return ms(ttl)

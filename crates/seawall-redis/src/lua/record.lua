@@ -134,7 +134,8 @@ end
 
 if HAS_CD and ra >= 0 then
   -- A retry-after hint opens or extends the cooldown, never shrinks it.
-  if ra > CD_PAUSE then ra = CD_PAUSE end
+  local pause = tonumber(A[19])
+  if ra > pause then ra = pause end
   if tnow() + ra > h.cu then
     h.cu = now + ra
     touch({'cu'})

@@ -4,31 +4,61 @@
 -- frequent record, so it reads only what it needs. Its effect is exactly
 -- that of record.lua for such an outcome. Run on its own (followed by
 -- `return success(ARGV)`), or for each success an admission carries
--- (carry.lua, before prelude.lua and admit.lua): the one statement of the
--- rule for both.
+-- (carry.lua, after prelude.lua and before admit.lua): the one statement of
+-- the rule for both.
 -- KEYS: as every script (src/scripts.rs).
 -- A (ARGV when run on its own): [1] the caller's time in microseconds, or empty for TIME,
 -- [2] slot (-1: none), [3] generation, [4] circuit mode (0: nothing to
 -- record, 1 consecutive, 2 count window, 3 time window), [5] window size,
 -- [6] idle time (us), [7] cooldown grace (us; -1: no cooldown)
+-- H (optional): the state hash already read (carry.lua reads it once for
+-- every success carried and for the admission: `hload()` of prelude.lua,
+-- missing fields 0), updated in place; without it, the fields the mode
+-- needs are read here.
 -- Reply: {0, 0, -1} (no transition, no cooldown)
+-- Written for speed (the most frequent record): every number converted
+-- costs, so each argument is converted only when needed.
 
 local tonumber, format = tonumber, string.format
 
-local function success(A)
+-- The fields of the state hash `success` reads in circuit mode `mode`
+-- (1, 2 or 3), after `first` (a list to extend, or nil).
+local function success_fields(mode, first)
+  local names = first or {}
+  names[#names + 1], names[#names + 2], names[#names + 3] = 'st', 'gen', 'cu'
+  if mode == 1 then
+    names[#names + 1] = 'cf'
+  elseif mode == 2 then
+    local k = #names
+    names[k + 1], names[k + 2], names[k + 3], names[k + 4] = 'nh', 'nc', 'nf', 'ns'
+  else
+    local k = #names
+    names[k + 1], names[k + 2], names[k + 3] = 'tc', 'tf', 'ts'
+  end
+  return names
+end
+
+local function success(A, H)
   local KH, KCW, KTW, KTZ, KB = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
   local nothing = {0, 0, -1}
 
   if A[2] ~= '-1' then redis.call('ZREM', KB, A[2]) end
-  local mode = tonumber(A[4])
-  if mode == 0 then return nothing end
+  local mode = A[4]
+  if mode == '0' then return nothing end
+  mode = tonumber(mode)
 
-  local v = redis.call('HMGET', KH, 'st', 'gen', 'cf', 'nh', 'nc', 'nf', 'ns', 'tc', 'tf', 'ts', 'cu')
-  if (tonumber(v[1]) or 0) ~= 0 or (tonumber(v[2]) or 0) ~= tonumber(A[3]) then
+  local h = H
+  if not h then
+    local names = success_fields(mode)
+    local v = redis.call('HMGET', KH, unpack(names))
+    h = {}
+    for i = 1, #names do h[names[i]] = tonumber(v[i]) or 0 end
+  end
+  if h.st ~= 0 or h.gen ~= tonumber(A[3]) then
     -- Not closed, or a newer generation: not recorded.
     return nothing
   end
-  local n, idle, grace = tonumber(A[5]), tonumber(A[6]), tonumber(A[7])
+  local n = tonumber(A[5])
 
   local now
   local function tnow()
@@ -45,11 +75,10 @@ local function success(A)
 
   -- As httl() in prelude.lua, for a closed circuit.
   local function ttl()
-    local t = idle
+    local t = tonumber(A[6])
     if mode == 3 and n * 1000000 > t then t = n * 1000000 end
-    local cu = tonumber(v[11]) or 0
-    if grace >= 0 and cu > 0 then
-      local c = cu - tnow() + grace
+    if h.cu > 0 and A[7] ~= '-1' then
+      local c = h.cu - tnow() + tonumber(A[7])
       if c > t then t = c end
     end
     local m = math.ceil(t / 1000)
@@ -59,25 +88,37 @@ local function success(A)
 
   if mode == 1 then
     -- A success ends a run of failures.
-    if (tonumber(v[3]) or 0) > 0 then
+    if h.cf > 0 then
+      h.cf = 0
       redis.call('HSET', KH, 'cf', 0)
       redis.call('PEXPIRE', KH, ttl())
     end
   elseif mode == 2 then
-    local nh, nc, nf, ns = tonumber(v[4]) or 0, tonumber(v[5]) or 0, tonumber(v[6]) or 0, tonumber(v[7]) or 0
+    local nh = h.nh
     local old = redis.call('BITFIELD', KCW, 'SET', 'u2', '#' .. format('%d', nh % n), 0)[1]
-    if nh >= n then
-      nc = nc - 1
-      if old % 2 == 1 then nf = nf - 1 end
-      if old >= 2 then ns = ns - 1 end
+    -- Only the counts that change are written: once the window is full,
+    -- the calls stay at its size, and a success replacing a success
+    -- changes neither failures nor slow calls.
+    local w = {'HSET', KH, 'nh', nh + 1}
+    h.nh = nh + 1
+    if nh < n then
+      h.nc = h.nc + 1
+      w[5], w[6] = 'nc', h.nc
     end
-    nh, nc = nh + 1, nc + 1
+    if nh >= n and old % 2 == 1 then
+      h.nf = h.nf - 1
+      w[#w + 1], w[#w + 2] = 'nf', h.nf
+    end
+    if nh >= n and old >= 2 then
+      h.ns = h.ns - 1
+      w[#w + 1], w[#w + 2] = 'ns', h.ns
+    end
     local t = ttl()
-    redis.call('HSET', KH, 'nh', nh, 'nc', nc, 'nf', nf, 'ns', ns)
+    redis.call(unpack(w))
     redis.call('PEXPIRE', KH, t)
     redis.call('PEXPIRE', KCW, t)
   else
-    local tc, tf, ts = tonumber(v[8]) or 0, tonumber(v[9]) or 0, tonumber(v[10]) or 0
+    local tc, tf, ts = h.tc, h.tf, h.ts
     local sec = math.floor(tnow() / 1000000)
     local edge = sec - n
     local secs = format('%d', sec)
@@ -96,6 +137,7 @@ local function success(A)
     end
     redis.call('HINCRBY', KTW, secs .. 'c', 1)
     tc = tc + 1
+    h.tc, h.tf, h.ts = tc, tf, ts
     local t = ttl()
     redis.call('HSET', KH, 'tc', tc, 'tf', tf, 'ts', ts)
     redis.call('PEXPIRE', KH, t)
