@@ -218,10 +218,7 @@ pub(crate) fn bind(
         expires: AtomicU64::new(0),
         give_at: AtomicU64::new(NONE),
         refused_until: AtomicU64::new(0),
-        renewing: AtomicBool::new(false),
-        landed: Mutex::new(()),
-        landed_cv: Condvar::new(),
-        notify: tokio::sync::Notify::new(),
+        under_way: UnderWay::new(),
         renewer: OnceLock::new(),
         pending: AtomicBool::new(false),
         pending_now: AtomicU64::new(0),
@@ -233,8 +230,63 @@ pub(crate) fn bind(
 /// No instant (to give a batch back with).
 const NONE: u64 = u64::MAX;
 
-fn nanos(d: Duration) -> u64 {
+pub(crate) fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// One lease under way at a time (of a batch of permits, or of slots), and
+/// the callers that wait for it to land: blocking ones on a condition
+/// variable, async ones on a `Notify`, each at most the store's longest
+/// operation.
+pub(crate) struct UnderWay {
+    busy: AtomicBool,
+    landed: Mutex<()>,
+    landed_cv: Condvar,
+    notify: tokio::sync::Notify,
+}
+
+impl UnderWay {
+    pub(crate) fn new() -> Self {
+        UnderWay {
+            busy: AtomicBool::new(false),
+            landed: Mutex::new(()),
+            landed_cv: Condvar::new(),
+            notify: tokio::sync::Notify::new(),
+        }
+    }
+
+    /// `true` when this caller may lease (no lease under way).
+    pub(crate) fn claim(&self) -> bool {
+        !self.busy.load(Ordering::Relaxed) && !self.busy.swap(true, Ordering::AcqRel)
+    }
+
+    /// The end of a lease: waiters go on.
+    pub(crate) fn finish(&self) {
+        {
+            let _g = self.landed.lock().unwrap_or_else(PoisonError::into_inner);
+            self.busy.store(false, Ordering::Release);
+        }
+        self.landed_cv.notify_all();
+        self.notify.notify_waiters();
+    }
+
+    /// A blocking caller waits for the lease under way, at most `longest`.
+    pub(crate) fn wait_sync(&self, longest: Duration) {
+        let g = self.landed.lock().unwrap_or_else(PoisonError::into_inner);
+        let _ = self
+            .landed_cv
+            .wait_timeout_while(g, longest, |()| self.busy.load(Ordering::Acquire));
+    }
+
+    /// An async caller waits for the lease under way, at most `longest`.
+    pub(crate) async fn wait_async(&self, longest: Duration) {
+        let notified = self.notify.notified();
+        let mut notified = std::pin::pin!(notified);
+        notified.as_mut().enable();
+        if self.busy.load(Ordering::Acquire) {
+            let _ = tokio::time::timeout(longest, notified).await;
+        }
+    }
 }
 
 /// The local batch of one leased resource.
@@ -253,13 +305,8 @@ struct Lease {
     /// Until when Redis refused the last lease (store's clock,
     /// nanoseconds).
     refused_until: AtomicU64,
-    /// A lease is under way (one at a time).
-    renewing: AtomicBool,
-    /// Blocking callers wait on it for a lease under way.
-    landed: Mutex<()>,
-    landed_cv: Condvar,
-    /// Async callers wait on it for a lease under way.
-    notify: tokio::sync::Notify,
+    /// The lease under way (one at a time), and its waiters.
+    under_way: UnderWay,
     /// The thread that renews batches for blocking callers.
     renewer: OnceLock<Option<std::thread::Thread>>,
     /// A renewal asked of the renewer, and the caller's `now` for it.
@@ -325,11 +372,6 @@ impl Lease {
             .give_back_lease(Duration::from_nanos(at), permits);
     }
 
-    /// `true` when this caller may lease (no lease under way).
-    fn claim(&self) -> bool {
-        !self.renewing.load(Ordering::Relaxed) && !self.renewing.swap(true, Ordering::AcqRel)
-    }
-
     /// The refusal to answer locally while Redis's refusal of the last
     /// lease holds: the rate limiter's, with the rest of its wait.
     fn refused(&self, clock: u64) -> Option<Admission> {
@@ -370,16 +412,6 @@ impl Lease {
         }
     }
 
-    /// The end of a lease: waiters go on.
-    fn finish(&self) {
-        {
-            let _g = self.landed.lock().unwrap_or_else(PoisonError::into_inner);
-            self.renewing.store(false, Ordering::Release);
-        }
-        self.landed_cv.notify_all();
-        self.notify.notify_waiters();
-    }
-
     /// A lease in the background, on the blocking path; the batch is added
     /// when granted.
     fn renew_sync(&self, now: Duration) {
@@ -390,7 +422,7 @@ impl Lease {
                     .fetch_add(u64::from(self.batch), Ordering::AcqRel);
             }
         }
-        self.finish();
+        self.under_way.finish();
     }
 
     /// [`renew_sync`](Self::renew_sync) on the async path.
@@ -402,7 +434,7 @@ impl Lease {
                     .fetch_add(u64::from(self.batch), Ordering::AcqRel);
             }
         }
-        self.finish();
+        self.under_way.finish();
     }
 
     /// After an admission left `left` permits: at the low-water mark, the
@@ -414,7 +446,7 @@ impl Lease {
     fn after_take(self: &Arc<Self>, left: u64, now: Duration) {
         if left > self.low
             || self.clock(now) < self.refused_until.load(Ordering::Acquire)
-            || !self.claim()
+            || !self.under_way.claim()
         {
             return;
         }
@@ -448,29 +480,7 @@ impl Lease {
                 thread.unpark();
             }
             // No thread: the next call that finds the batch empty leases.
-            None => self.finish(),
-        }
-    }
-
-    /// A blocking caller waits for the lease under way (at most connect
-    /// timeout + timeout).
-    fn wait_sync(&self) {
-        let g = self.landed.lock().unwrap_or_else(PoisonError::into_inner);
-        let _ = self
-            .landed_cv
-            .wait_timeout_while(g, self.shared.longest_wait(), |()| {
-                self.renewing.load(Ordering::Acquire)
-            });
-    }
-
-    /// An async caller waits for the lease under way (at most connect
-    /// timeout + timeout).
-    async fn wait_async(&self) {
-        let notified = self.notify.notified();
-        let mut notified = std::pin::pin!(notified);
-        notified.as_mut().enable();
-        if self.renewing.load(Ordering::Acquire) {
-            let _ = tokio::time::timeout(self.shared.longest_wait(), notified).await;
+            None => self.under_way.finish(),
         }
     }
 }
@@ -553,13 +563,13 @@ impl LeasedResource {
             if let Some(refused) = l.refused(clock) {
                 return Ok(refused);
             }
-            if l.claim() {
+            if l.under_way.claim() {
                 let result = l.shared.lease_sync(request.now, l.batch);
                 let out = self.landed_here(result, clock, request);
-                l.finish();
+                l.under_way.finish();
                 return out;
             }
-            l.wait_sync();
+            l.under_way.wait_sync(l.shared.longest_wait());
         }
         self.exact.admit(request)
     }
@@ -599,13 +609,13 @@ impl LeasedResource {
             if let Some(refused) = l.refused(clock) {
                 return Ok(refused);
             }
-            if l.claim() {
+            if l.under_way.claim() {
                 let result = l.shared.lease_async(request.now, l.batch).await;
                 let out = self.landed_here(result, clock, &request);
-                l.finish();
+                l.under_way.finish();
                 return out;
             }
-            l.wait_async().await;
+            l.under_way.wait_async(l.shared.longest_wait()).await;
         }
         self.exact.admit_async(request).await
     }

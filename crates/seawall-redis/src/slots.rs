@@ -8,7 +8,7 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError, Weak};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::time::Duration;
 
 use seawall::breaker::{CircuitControl, CircuitMetrics, CircuitTransition};
@@ -18,12 +18,8 @@ use seawall::store::{
 };
 use seawall::{PartitionKey, StoreError};
 
-use crate::lease::Leasing;
+use crate::lease::{nanos, Leasing, UnderWay};
 use crate::store::{RedisResource, Shared};
-
-fn nanos(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
-}
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
@@ -44,13 +40,8 @@ struct Pool {
     /// bulkhead's lease, plus the TTL (store's clock, nanoseconds): no
     /// local admission after it.
     valid_until: AtomicU64,
-    /// A lease of more slots is under way (one at a time).
-    growing: AtomicBool,
-    /// Blocking callers wait on it for a lease under way.
-    landed: Mutex<()>,
-    landed_cv: Condvar,
-    /// Async callers wait on it for a lease under way.
-    notify: tokio::sync::Notify,
+    /// The lease of more slots under way (one at a time), and its waiters.
+    under_way: UnderWay,
     /// The caller's clock last seen (for the background work on the
     /// caller's clock).
     last_now: AtomicU64,
@@ -131,36 +122,6 @@ impl Pool {
         Ok(Leased::Granted)
     }
 
-    fn finish_growth(&self) {
-        {
-            let _g = lock(&self.landed);
-            self.growing.store(false, Ordering::Release);
-        }
-        self.landed_cv.notify_all();
-        self.notify.notify_waiters();
-    }
-
-    /// A blocking caller waits for the lease under way (at most connect
-    /// timeout + timeout).
-    fn wait_sync(&self) {
-        let g = lock(&self.landed);
-        let _ = self
-            .landed_cv
-            .wait_timeout_while(g, self.shared.longest_wait(), |()| {
-                self.growing.load(Ordering::Acquire)
-            });
-    }
-
-    /// An async caller waits for the lease under way.
-    async fn wait_async(&self) {
-        let notified = self.notify.notified();
-        let mut notified = std::pin::pin!(notified);
-        notified.as_mut().enable();
-        if self.growing.load(Ordering::Acquire) {
-            let _ = tokio::time::timeout(self.shared.longest_wait(), notified).await;
-        }
-    }
-
     /// `true` when the pool holds slots whose leases are no longer known
     /// to hold (an extension failed): they are not admitted from, and no
     /// more are leased, until the keeper extends them.
@@ -168,16 +129,11 @@ impl Pool {
         clock >= self.valid_until.load(Ordering::Acquire) && !lock(&self.ids).is_empty()
     }
 
-    /// `true` when this caller may lease (no lease under way).
-    fn claim(&self) -> bool {
-        !self.growing.load(Ordering::Relaxed) && !self.growing.swap(true, Ordering::AcqRel)
-    }
-
     /// Grows the pool by a batch, in the background (the keeper thread).
     fn grow_in_background(self: &Arc<Self>) {
         match self.keeper(true) {
             Some(thread) => thread.unpark(),
-            None => self.finish_growth(),
+            None => self.under_way.finish(),
         }
     }
 
@@ -206,7 +162,7 @@ impl Pool {
         if let Ok(reply) = self.shared.slot_lease_sync(now, self.batch) {
             let _ = self.land(&reply, sent, now, 0);
         }
-        self.finish_growth();
+        self.under_way.finish();
     }
 
     /// Extends every slot lease of the pool; a slot whose lease had ended
@@ -298,10 +254,7 @@ pub(crate) fn bind(
             ids: Mutex::new(Vec::new()),
             free: AtomicI64::new(0),
             valid_until: AtomicU64::new(0),
-            growing: AtomicBool::new(false),
-            landed: Mutex::new(()),
-            landed_cv: Condvar::new(),
-            notify: tokio::sync::Notify::new(),
+            under_way: UnderWay::new(),
             last_now: AtomicU64::new(0),
             keeper: OnceLock::new(),
             grow_pending: AtomicBool::new(false),
@@ -350,7 +303,7 @@ impl SlotLeasedResource {
         p.last_now.store(nanos(request.now), Ordering::Relaxed);
         match p.take(p.clock(request.now)) {
             Some(left) => {
-                if left <= p.low && p.claim() {
+                if left <= p.low && p.under_way.claim() {
                     p.grow_in_background();
                 }
                 true
@@ -371,7 +324,7 @@ impl SlotLeasedResource {
             if p.stale(p.clock(request.now)) {
                 return self.stale_pool(request);
             }
-            if p.claim() {
+            if p.under_way.claim() {
                 let sent = p.clock(request.now);
                 let out = match p.shared.slot_lease_sync(request.now, p.batch) {
                     Err(e) => p.shared.degraded(request, e),
@@ -381,12 +334,12 @@ impl SlotLeasedResource {
                         Err(e) => Err(e),
                     },
                 };
-                p.finish_growth();
+                p.under_way.finish();
                 // The keeper extends the pool from now on.
                 p.keeper(false);
                 return out;
             }
-            p.wait_sync();
+            p.under_way.wait_sync(p.shared.longest_wait());
         }
         self.exact.admit(request)
     }
@@ -401,7 +354,7 @@ impl SlotLeasedResource {
                 p.keeper(false).map(std::thread::Thread::unpark);
                 return self.exact.admit_async(request).await;
             }
-            if p.claim() {
+            if p.under_way.claim() {
                 let sent = p.clock(request.now);
                 let out = match p.shared.slot_lease_async(request.now, p.batch).await {
                     Err(e) => p.shared.degraded(&request, e),
@@ -411,11 +364,11 @@ impl SlotLeasedResource {
                         Err(e) => Err(e),
                     },
                 };
-                p.finish_growth();
+                p.under_way.finish();
                 p.keeper(false);
                 return out;
             }
-            p.wait_async().await;
+            p.under_way.wait_async(p.shared.longest_wait()).await;
         }
         self.exact.admit_async(request).await
     }
