@@ -202,8 +202,12 @@ impl<K: Kind> Pipeline<K> {
         let mut held = first.hold();
         let from = match first.admit(&mut held) {
             Ok(ctx) => {
-                let deadline = first.deadline();
-                let output = WithDeadline::new(op(ctx), first.clock(), deadline).await;
+                // Without a deadline the attempt's future is awaited as it
+                // is: no timer to arm, nothing to wrap.
+                let output = match first.deadline() {
+                    None => Some(op(ctx).await),
+                    deadline => WithDeadline::new(op(ctx), first.clock(), deadline).await,
+                };
                 match output {
                     Some(output) => {
                         let (result, judged) = output.split();
