@@ -12,9 +12,11 @@
 //! loopback port. Each row: p50 and mean round trip, and the server's time
 //! per call (`INFO commandstats`). The admission rows send the scripts of
 //! the crate as they are built (`src/scripts.rs`): generic (the spec as
-//! arguments, as before 0.1's compiled admissions) and compiled for the
-//! spec (`SpecScripts`: the spec as constants, `ARGV` the time and the
-//! operation's arguments).
+//! 26 arguments, as every admission sent it before the admission scripts
+//! were compiled for their spec) and compiled for the spec (`SpecScripts`:
+//! the spec as constants, `ARGV` the time and the operation's arguments).
+//! The server's time is `usec_per_call` of `EVALSHA` (of `PING` for the
+//! first row).
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
