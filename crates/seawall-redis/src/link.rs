@@ -894,7 +894,8 @@ impl Link {
 
     /// Loads the store's scripts and `compiled` (scripts compiled for the
     /// spec being bound, already [registered](Self::register)), on a
-    /// cluster on every master.
+    /// cluster on every master (also checks authentication and
+    /// permissions, and a cluster's node list).
     pub(crate) fn load_scripts_with(&self, compiled: &[redis::Cmd]) -> Result<(), StoreError> {
         let mut loads: Vec<redis::Cmd> = Scripts::get().loads().to_vec();
         loads.extend(compiled.iter().cloned());
