@@ -206,6 +206,9 @@ pub(crate) struct Link {
     /// (see [`Link::unawaited`]); the blocking path waits for them.
     unawaited: Mutex<usize>,
     settled: Condvar,
+    /// `SCRIPT LOAD` of the scripts compiled for the specs bound so far
+    /// (see [`Link::register`]), by hash, each once.
+    compiled: Mutex<Vec<(String, redis::Cmd)>>,
     weak: Weak<Link>,
 }
 
@@ -323,6 +326,7 @@ impl Link {
             managers: Mutex::new(Vec::new()),
             unawaited: Mutex::new(0),
             settled: Condvar::new(),
+            compiled: Mutex::new(Vec::new()),
             health: Health {
                 origin: Instant::now(),
                 skip_until: AtomicU64::new(0),
@@ -742,11 +746,44 @@ impl Link {
         }
     }
 
+    /// Remembers scripts compiled for one spec (`loads`: their hash and
+    /// `SCRIPT LOAD`), loaded from now on with the others after `NOSCRIPT`
+    /// (a server that lost its scripts lost them all); a script already
+    /// known is not added twice.
+    pub(crate) fn register(&self, loads: impl IntoIterator<Item = (String, redis::Cmd)>) {
+        let mut compiled = lock(&self.compiled);
+        for (hash, load) in loads {
+            if !compiled.iter().any(|(h, _)| *h == hash) {
+                compiled.push((hash, load));
+            }
+        }
+    }
+
+    /// The `SCRIPT LOAD` of every script: the store's, then those compiled
+    /// for the specs bound so far.
+    fn all_loads(&self) -> Vec<redis::Cmd> {
+        let compiled = lock(&self.compiled);
+        let mut loads = Vec::with_capacity(Scripts::get().loads().len() + compiled.len());
+        loads.extend(Scripts::get().loads().iter().cloned());
+        loads.extend(compiled.iter().map(|(_, load)| load.clone()));
+        loads
+    }
+
     /// Loads every script: on a single server, on it; on a cluster, on
     /// `on`.
     fn load_sync(&self, c: &mut SyncConn, on: LoadOn<'_>) -> Result<(), StoreError> {
+        self.load_these_sync(c, on, &self.all_loads())
+    }
+
+    /// Loads `loads`: on a single server, on it; on a cluster, on `on`.
+    fn load_these_sync(
+        &self,
+        c: &mut SyncConn,
+        on: LoadOn<'_>,
+        loads: &[redis::Cmd],
+    ) -> Result<(), StoreError> {
         let t = self.settings.timeout;
-        for load in Scripts::get().loads() {
+        for load in loads {
             match c {
                 SyncConn::Server(c) => load.query::<String>(c).map(drop),
                 SyncConn::Cluster(c) => c.route_command(load, on.routing()).map(drop),
@@ -759,7 +796,7 @@ impl Link {
     /// [`load_sync`](Self::load_sync) on an async connection.
     async fn load_async(&self, c: &mut AsyncConn, on: LoadOn<'_>) -> Result<(), StoreError> {
         let t = self.settings.timeout;
-        for load in Scripts::get().loads() {
+        for load in &self.all_loads() {
             match c {
                 AsyncConn::Server(c) => load.query_async::<String>(c).await.map(drop),
                 AsyncConn::Cluster(c) => {
@@ -855,10 +892,16 @@ impl Link {
         self.with_sync(false, None, |c| self.eval_sync(c, inv, None))
     }
 
-    /// Loads every script, on a cluster on every master (also checks
-    /// authentication and permissions, and a cluster's node list).
-    pub(crate) fn load_scripts(&self) -> Result<(), StoreError> {
-        self.with_sync(true, None, |c| Ok(self.load_sync(c, LoadOn::AllMasters)?))
+    /// Loads the store's scripts and `compiled` (scripts compiled for the
+    /// spec being bound, already [registered](Self::register)), on a
+    /// cluster on every master (also checks authentication and
+    /// permissions, and a cluster's node list).
+    pub(crate) fn load_scripts_with(&self, compiled: &[redis::Cmd]) -> Result<(), StoreError> {
+        let mut loads: Vec<redis::Cmd> = Scripts::get().loads().to_vec();
+        loads.extend(compiled.iter().cloned());
+        self.with_sync(true, None, |c| {
+            Ok(self.load_these_sync(c, LoadOn::AllMasters, &loads)?)
+        })
     }
 
     /// One PING on the blocking path (on a cluster, to every master).

@@ -17,6 +17,11 @@
 //!   successes (`admit_carrying`) has one more, the last: the records it
 //!   carries, which `lua/carry.lua` takes off before the admission reads
 //!   its own.
+//!
+//! The admission scripts, the most frequent calls, are compiled for each
+//! spec ([`SpecScripts`]): the spec is in their text, and the call sends
+//! `ARGV[1]` and the operation's arguments only (which the scripts still
+//! read as `A[28..]`, `A` standing for `ARGV`).
 
 use std::fmt::Write as _;
 use std::sync::OnceLock;
@@ -35,9 +40,10 @@ const CARRY: &str = include_str!("lua/carry.lua");
 /// The admission script.
 const ADMIT: &str = include_str!("lua/admit.lua");
 
-/// The scripts, compiled (hashed) once per process.
+/// The scripts that take the spec as arguments, compiled (hashed) once per
+/// process; the admission scripts are compiled for each spec
+/// ([`SpecScripts`]).
 pub(crate) struct Scripts {
-    pub(crate) admit: Script,
     pub(crate) record: Script,
     pub(crate) release: Script,
     pub(crate) metrics: Script,
@@ -46,10 +52,6 @@ pub(crate) struct Scripts {
     /// The lean record of a success that can report nothing (self-contained:
     /// no prelude, see [`SuccessArgs`]).
     pub(crate) success: Script,
-    /// The admission carrying silent successes of the same keys, applied
-    /// first by the same rule as `success` (see `lua/carry.lua`): the
-    /// admission's arguments, then the carried records as one more.
-    pub(crate) admit_carrying: Script,
     /// The lease of a batch of rate-limit permits (leased mode): the
     /// admission rule of `admit.lua`, run as a function, and the instant
     /// to give the batch back with (`lua/lease.lua`).
@@ -59,7 +61,7 @@ pub(crate) struct Scripts {
     pub(crate) extend: Script,
     /// `SCRIPT LOAD` of every script: commands of their own, which a
     /// cluster connection routes to the masters.
-    loads: [redis::Cmd; 10],
+    loads: [redis::Cmd; 8],
 }
 
 impl Scripts {
@@ -68,28 +70,24 @@ impl Scripts {
         SCRIPTS.get_or_init(|| {
             let with_prelude = |body: &str| source(&[PRELUDE, body]);
             let sources = [
-                with_prelude(ADMIT),
                 with_prelude(include_str!("lua/record.lua")),
                 with_prelude(include_str!("lua/release.lua")),
                 with_prelude(include_str!("lua/metrics.lua")),
                 with_prelude(include_str!("lua/control.lua")),
                 with_prelude(include_str!("lua/in_flight.lua")),
                 source(&[SUCCESS, "return success(ARGV)\n"]),
-                source(&[PRELUDE, SUCCESS, CARRY, ADMIT]),
                 lease_source(),
                 with_prelude(include_str!("lua/extend.lua")),
             ];
-            let [admit, record, release, metrics, control, in_flight, success, admit_carrying, lease, extend] =
+            let [record, release, metrics, control, in_flight, success, lease, extend] =
                 sources.each_ref().map(|s| Script::new(s));
             Scripts {
-                admit,
                 record,
                 release,
                 metrics,
                 control,
                 in_flight,
                 success,
-                admit_carrying,
                 lease,
                 extend,
                 loads: sources.map(|s| {
@@ -102,9 +100,100 @@ impl Scripts {
     }
 
     /// `SCRIPT LOAD` of every script.
-    pub(crate) fn loads(&self) -> &[redis::Cmd; 10] {
+    pub(crate) fn loads(&self) -> &[redis::Cmd; 8] {
         &self.loads
     }
+}
+
+/// The admission scripts of one spec: `admit.lua` (and the admission that
+/// carries successes) with the spec compiled in as constants, so that an
+/// admission sends only the time and its own arguments (`ARGV[2..]`, which
+/// the scripts see at `ARGV[28..]` as usual): the same Lua, the same rules,
+/// without the 26 spec arguments to send, parse and convert on every call.
+/// Loaded when a pipeline binds, and with every script after `NOSCRIPT`
+/// (see `Link::register`).
+pub(crate) struct SpecScripts {
+    pub(crate) admit: Script,
+    /// The admission carrying silent successes of the same keys, applied
+    /// first by the same rule as `success` (see `lua/carry.lua`): the
+    /// admission's arguments, then the carried records as one more.
+    pub(crate) admit_carrying: Script,
+    /// `SCRIPT LOAD` of both.
+    pub(crate) loads: [redis::Cmd; 2],
+}
+
+impl SpecScripts {
+    pub(crate) fn new(args: &SpecArgs) -> SpecScripts {
+        let prelude = compiled_prelude(args);
+        let sources = [
+            source(&[&prelude, ADMIT]),
+            source(&[&prelude, SUCCESS, CARRY, ADMIT]),
+        ];
+        let [admit, admit_carrying] = sources.each_ref().map(|s| Script::new(s));
+        SpecScripts {
+            admit,
+            admit_carrying,
+            loads: sources.map(|s| {
+                let mut cmd = redis::cmd("SCRIPT");
+                cmd.arg("LOAD").arg(s);
+                cmd
+            }),
+        }
+    }
+}
+
+/// What the generic prelude takes its arguments with.
+const ARGS_LINE: &str = "local A = ARGV\n";
+
+/// `prelude.lua` with the spec `args` compiled in: `A` is `ARGV` as the
+/// generic scripts see it, the spec's values in `A[2..=27]` written as
+/// constants (plain decimal numbers as numbers, which `tonumber` returns as
+/// they are; GCRA's tolerance and interval as the pairs `upair` would
+/// split them into; every other value as the string it is in `ARGV`), and
+/// the call's own arguments, `ARGV[2..]`, from `A[28]`.
+fn compiled_prelude(args: &SpecArgs) -> String {
+    let mut header = String::from("local A = {ARGV[1]");
+    for (i, v) in args.0.iter().enumerate() {
+        // `A[i + 2]`: the flags and the shadow bits are compared as
+        // strings.
+        let as_string = matches!(i + 2, 2 | 15 | 18 | 21 | 27);
+        let pair = matches!(i + 2, 25 | 26)
+            .then(|| v.split_once(':'))
+            .flatten()
+            .filter(|(u, n)| {
+                [u, n]
+                    .iter()
+                    .all(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))
+            });
+        if let Some((u, n)) = pair {
+            let _ = write!(header, ", {{{u}, {n}}}");
+        } else if !as_string && is_plain_decimal(v) {
+            let _ = write!(header, ", {v}");
+        } else {
+            let _ = write!(header, ", '{}'", lua_escaped(v));
+        }
+    }
+    header.push_str("}\nfor i = 2, #ARGV do A[i + 26] = ARGV[i] end\n");
+    assert!(PRELUDE.contains(ARGS_LINE), "prelude.lua takes ARGV as A");
+    PRELUDE.replacen(ARGS_LINE, &header, 1)
+}
+
+/// `true` for `-?digits(.digits)?`: the same number to Lua's lexer as to
+/// `tonumber` (both `strtod`), unlike `inf` or `nan`.
+fn is_plain_decimal(v: &str) -> bool {
+    let digits = v.strip_prefix('-').unwrap_or(v);
+    let (int, frac) = digits.split_once('.').unwrap_or((digits, "0"));
+    !int.is_empty()
+        && !frac.is_empty()
+        && int.bytes().all(|b| b.is_ascii_digit())
+        && frac.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// `v` inside a single-quoted Lua string.
+fn lua_escaped(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('\'', "\\'")
+        .replace('\n', "\\n")
 }
 
 /// The lease script: the prelude, `admit.lua` unchanged as the body of a
@@ -501,6 +590,18 @@ mod tests {
         assert!(len <= MAX_SCRIPT_LEN, "success: {len} bytes");
         let len = source(&[PRELUDE, SUCCESS, CARRY, ADMIT]).len();
         assert!(len <= MAX_SCRIPT_LEN, "admit_carrying: {len} bytes");
+        // Compiled for a spec with every policy, the longest spec text.
+        let full = ResourceSpec::new("r")
+            .with_circuit(CircuitBreaker::failure_rate(0.5).cooldown_growth(2.5, Duration::MAX))
+            .with_bulkhead(Bulkhead::new(u32::MAX))
+            .with_cooldown(seawall::Cooldown::new())
+            .with_rate_limit(RateLimiter::gcra(3, Duration::from_secs(1)));
+        let prelude = compiled_prelude(&SpecArgs::new(&full, Duration::MAX));
+        let len = source(&[&prelude, SUCCESS, CARRY, ADMIT]).len();
+        assert!(
+            len <= MAX_SCRIPT_LEN,
+            "compiled admit_carrying: {len} bytes"
+        );
         let len = lease_source().len();
         assert!(len <= MAX_SCRIPT_LEN, "lease: {len} bytes");
         // Comments, blank lines and indentation go; code stays, a trailing
@@ -513,6 +614,54 @@ mod tests {
 
     use super::*;
     use seawall::{Bulkhead, CircuitBreaker, RateLimiter};
+
+    #[test]
+    fn compiled_scripts_hold_the_spec_as_arguments_would() {
+        let spec = ResourceSpec::new("r")
+            .with_circuit(CircuitBreaker::failure_rate(0.5).count_window(100))
+            .with_bulkhead(Bulkhead::new(64))
+            .with_rate_limit(RateLimiter::gcra(3, Duration::from_secs(1)));
+        let args = SpecArgs::new(&spec, Duration::from_secs(60));
+        let prelude = compiled_prelude(&args);
+        let header = prelude
+            .lines()
+            .find(|l| l.starts_with("local A = {"))
+            .expect("the spec's table");
+        // Flags and shadow bits as strings; numbers as numbers; GCRA's
+        // pairs split; the call's own arguments after the spec.
+        assert!(
+            header.starts_with("local A = {ARGV[1], '1', 2, 100, 0.5, 0, "),
+            "{header}"
+        );
+        assert!(
+            header.ends_with(", {666666, 666}, {333333, 333}, '0'}"),
+            "{header}"
+        );
+        assert_eq!(header.matches(", ").count(), 28, "{header}");
+        assert!(prelude.contains("for i = 2, #ARGV do A[i + 26] = ARGV[i] end\n"));
+        assert!(!prelude.contains(ARGS_LINE));
+        // Two specs, two scripts; the same spec, the same script.
+        let other = SpecArgs::new(&spec, Duration::from_secs(61));
+        assert_ne!(
+            SpecScripts::new(&args).admit.get_hash(),
+            SpecScripts::new(&other).admit.get_hash()
+        );
+        assert_eq!(
+            SpecScripts::new(&args).admit_carrying.get_hash(),
+            SpecScripts::new(&args).admit_carrying.get_hash()
+        );
+    }
+
+    #[test]
+    fn only_plain_decimals_are_written_as_numbers() {
+        for v in ["0", "12", "-3", "0.5", "18446744073709551615"] {
+            assert!(is_plain_decimal(v), "{v}");
+        }
+        for v in ["", "-", "inf", "NaN", "1e5", ".5", "5.", "1:2", "0x10"] {
+            assert!(!is_plain_decimal(v), "{v}");
+        }
+        assert_eq!(lua_escaped("a'b\\c"), "a\\'b\\\\c");
+    }
 
     #[test]
     fn keys_share_one_hash_tag_and_escape_names() {

@@ -21,7 +21,7 @@ use crate::config::{FailMode, RedisStoreBuilder, TimeSource};
 use crate::error::{is_outage, RedisStoreError};
 use crate::link::{Client, Link, LinkSettings, Restart};
 use crate::refusals::{Answer, Refusals};
-use crate::scripts::{self, Invocation, Keys, Scripts, SpecArgs, SuccessArgs};
+use crate::scripts::{self, Invocation, Keys, Scripts, SpecArgs, SpecScripts, SuccessArgs};
 
 /// A [`StateStore`] on a Redis server, shared by every process that uses
 /// the same server and key prefix.
@@ -199,7 +199,15 @@ impl StateStore for RedisStore {
             FailMode::Closed => None,
             _ => Some(inner.local.bind(spec)?),
         };
-        match inner.link.load_scripts() {
+        let args = SpecArgs::new(spec, inner.probe_lease);
+        let compiled = SpecScripts::new(&args);
+        inner.link.register(
+            [&compiled.admit, &compiled.admit_carrying]
+                .map(|s| s.get_hash().to_owned())
+                .into_iter()
+                .zip(compiled.loads.iter().cloned()),
+        );
+        match inner.link.load_scripts_with(&compiled.loads) {
             Err(e) if !is_outage(&e) => return Err(e),
             _ => {}
         }
@@ -208,7 +216,8 @@ impl StateStore for RedisStore {
             shared: Arc::new(Shared {
                 link: Arc::clone(&inner.link),
                 prefix: inner.prefix.clone(),
-                args: SpecArgs::new(spec, inner.probe_lease),
+                args,
+                compiled,
                 success_args: SuccessArgs::new(spec),
                 hold: restart_hold(spec),
                 caller_hold: Mutex::new(CallerHold {
@@ -246,6 +255,8 @@ pub(crate) struct Shared {
     prefix: String,
     spec: ResourceSpec,
     args: SpecArgs,
+    /// The admission scripts compiled for the spec.
+    compiled: SpecScripts,
     success_args: SuccessArgs,
     /// The keys of the unpartitioned state.
     keys: Keys,
@@ -771,6 +782,21 @@ impl Shared {
         partition: Option<&PartitionKey>,
         now: Option<Duration>,
     ) -> Invocation {
+        let mut inv = self.compiled_invocation(script, partition, now);
+        for a in &self.args.0 {
+            inv.arg(a.as_str());
+        }
+        inv
+    }
+
+    /// [`invocation`](Self::invocation) of a script compiled for the spec
+    /// ([`SpecScripts`]): without the spec's arguments.
+    fn compiled_invocation(
+        &self,
+        script: &Script,
+        partition: Option<&PartitionKey>,
+        now: Option<Duration>,
+    ) -> Invocation {
         let mut inv = Invocation::new(script);
         self.keys_of(&mut inv, partition);
         match now {
@@ -779,9 +805,6 @@ impl Shared {
             Some(now) if self.caller_clock => inv.arg(micros_nanos(now)),
             _ => inv.arg(""),
         };
-        for a in &self.args.0 {
-            inv.arg(a.as_str());
-        }
         inv
     }
 
@@ -808,13 +831,13 @@ impl Shared {
         reserve: Reserve,
         carried: &[Pending],
     ) -> Invocation {
-        let scripts = Scripts::get();
         let script = if carried.is_empty() {
-            &scripts.admit
+            &self.compiled.admit
         } else {
-            &scripts.admit_carrying
+            &self.compiled.admit_carrying
         };
-        self.admission_invocation(script, request, reserve, carried)
+        let inv = self.compiled_invocation(script, request.partition, Some(request.now));
+        self.admission_args(inv, request, reserve, carried)
     }
 
     /// An admission by `script` (`admit`, `admit_carrying`, or `lease`,
@@ -826,7 +849,18 @@ impl Shared {
         reserve: Reserve,
         carried: &[Pending],
     ) -> Invocation {
-        let mut inv = self.invocation(script, request.partition, Some(request.now));
+        let inv = self.invocation(script, request.partition, Some(request.now));
+        self.admission_args(inv, request, reserve, carried)
+    }
+
+    /// Adds an admission's own arguments to `inv`.
+    fn admission_args(
+        &self,
+        mut inv: Invocation,
+        request: &AdmitRequest<'_>,
+        reserve: Reserve,
+        carried: &[Pending],
+    ) -> Invocation {
         inv.arg(match request.budget {
             Some(BudgetStep::Deposit) => self.budget_args[0].as_str(),
             Some(BudgetStep::Withdraw) => self.budget_args[1].as_str(),

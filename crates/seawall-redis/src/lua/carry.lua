@@ -1,15 +1,15 @@
 -- seawall-redis: the successes an admission carries (see src/store.rs,
 -- `Carrier`), applied before it is judged, each by `success` (success.lua,
 -- which comes after prelude.lua and before this). They are the last
--- argument, taken off ARGV here, before admit.lua reads the arguments of a
--- plain admission: records separated by `;`, each the seven arguments of
--- `success` (its A) separated by `,`. Every record concerns the
--- admission's keys.
+-- argument, taken off the arguments (A, see prelude.lua) here, before
+-- admit.lua reads the arguments of a plain admission: records separated
+-- by `;`, each the seven arguments of `success` (its A) separated by `,`.
+-- Every record concerns the admission's keys.
 -- With a circuit, the state hash is read once for the successes and the
 -- admission (`CARRIED_H`, which admit.lua takes instead of reading it
 -- again: the fields the admission reads and those `success` reads in the
 -- circuit's mode); the successes update it as they write.
-local carried = table.remove(ARGV)
+local carried = table.remove(A)
 if HAS_C then
   CARRIED_H = hload(success_fields(MODE, {'trips', 'ou', 'since', 'pr', 'pok'}))
 end

@@ -10,6 +10,9 @@ local tonumber, format = tonumber, string.format
 local KH, KCW, KTW, KTZ, KB, KRL = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 -- The retry budget's bucket (seawall::RetryBudget::shared).
 local KRB = KEYS[7]
+-- The arguments, as ARGV has them in the generic scripts; an admission
+-- script compiled for one spec (src/scripts.rs, `SpecScripts`) builds A
+-- instead, the spec as constants in A[2..27].
 local A = ARGV
 
 -- The server's clock decides, unless the caller's time was passed (tests).
@@ -60,7 +63,7 @@ if HAS_R then
   R_ALG = tonumber(A[22])
   if R_ALG == 1 then
     -- GCRA's tolerance and emission interval, as `microseconds:nanoseconds`
-    -- (parsed with `upair` by the scripts that use them).
+    -- (parsed with `upair` by the scripts that use them), or split already.
     R_TOL, R_INT = A[25], A[26]
   else
     R_LIMIT, R_PERIOD = tonumber(A[23]), tonumber(A[24])
@@ -106,8 +109,10 @@ end
 -- A GCRA time or duration, kept as `microseconds:nanoseconds` (the
 -- nanoseconds 0..999), as two integers. A plain number (a state written by
 -- an earlier version, in fractional microseconds) is read rounded up to
--- the nanosecond.
+-- the nanosecond. A pair already split, `{microseconds, nanoseconds}` (the
+-- GCRA spec of a script compiled for its spec), is taken as it is.
 local function upair(s)
+  if type(s) == 'table' then return s[1], s[2] end
   local u, n = string.match(s, '^(%d+):(%d+)$')
   if u then return tonumber(u), tonumber(n) end
   local x = tonumber(s) or 0

@@ -44,6 +44,9 @@ fn child() {
         .fail_closed()
         .build()
         .unwrap();
+    // The rate limiters are bound (their scripts loaded) before the start,
+    // so that the processes race with their admissions only.
+    let rate = (role == "rate").then(|| rate_pipelines(&store));
     if let Ok(start) = std::env::var(START) {
         let start: u64 = start.parse().unwrap();
         let now = unix_ms();
@@ -56,7 +59,7 @@ fn child() {
         .and_then(|i| i.parse().ok())
         .unwrap_or(0);
     match role.as_str() {
-        "rate" => child_rate(store, index),
+        "rate" => child_rate(rate.expect("bound above"), index),
         "bulkhead" => child_bulkhead(store),
         "observe" => child_observe(store),
         "trip" => child_trip(store),
@@ -154,8 +157,7 @@ fn rate_pipelines(store: &RedisStore) -> [Pipeline; 3] {
     ]
 }
 
-fn child_rate(store: RedisStore, index: u32) {
-    let pipelines = rate_pipelines(&store);
+fn child_rate(pipelines: [Pipeline; 3], index: u32) {
     let mut admitted = [0u32; 3];
     let count = |r: Result<(), Error<std::io::Error>>| match r {
         Ok(()) => 1,

@@ -8,7 +8,9 @@ use std::time::Duration;
 use seawall::{Bulkhead, CircuitBreaker, Cooldown, Pipeline, RateLimiter, Retry};
 use seawall_redis::RedisStore;
 
-use crate::support::{command_calls, rt, script_calls, script_loads, unique, RedisServer};
+use crate::support::{
+    command_calls, error_count, rt, script_calls, script_loads, unique, RedisServer,
+};
 
 const CALLS: u32 = 25;
 
@@ -134,4 +136,49 @@ fn scripts_flushed_from_the_server_are_reloaded() {
         script_loads(&stats) >= 2,
         "reloaded after each flush: {stats:?}"
     );
+}
+
+/// The admission scripts are compiled for each spec: a server that lost its
+/// scripts gets those of every spec bound so far with the first `NOSCRIPT`,
+/// so that the other resources' admissions find theirs (one `NOSCRIPT`,
+/// one restart noted, for the server).
+#[test]
+fn a_flushed_server_gets_the_admission_scripts_of_every_spec_at_once() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder(server.url())
+        .prefix(unique("specs"))
+        .fail_closed()
+        .build()
+        .unwrap();
+    let pipeline = |name: &str, slots: u32| {
+        Pipeline::builder(name)
+            .circuit_breaker(CircuitBreaker::consecutive_failures(3))
+            .bulkhead(Bulkhead::new(slots))
+            .store(store.clone())
+            .build()
+            .unwrap()
+    };
+    // Two specs, two sets of admission scripts.
+    let (a, b) = (pipeline("spec-a", 2), pipeline("spec-b", 3));
+    let mut conn = server.conn();
+    let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut conn).unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut conn)
+        .unwrap();
+    a.call(|_| Ok::<_, std::io::Error>(())).unwrap();
+    let loads = script_loads(&command_calls(&mut conn));
+    assert_eq!(error_count(&mut conn, "NOSCRIPT"), 1);
+    // The store's eight scripts, and two admission scripts for each spec.
+    assert_eq!(loads, 8 + 2 * 2);
+    b.call(|_| Ok::<_, std::io::Error>(())).unwrap();
+    rt().block_on(b.run(|_| async { Ok::<_, std::io::Error>(()) }))
+        .unwrap();
+    assert_eq!(
+        error_count(&mut conn, "NOSCRIPT"),
+        1,
+        "b's scripts were there"
+    );
+    assert_eq!(script_loads(&command_calls(&mut conn)), loads);
+    assert_eq!(b.in_flight().unwrap(), 0);
 }

@@ -1,0 +1,340 @@
+//! Where the latency of an admission goes, on one async connection, in one
+//! run: a PING, an `EVALSHA` of a trivial script with the keys and
+//! arguments of an admission, and the admission scripts themselves with the
+//! arguments the `redis_bench` chain sends (circuit breaker over a count
+//! window, bulkhead, GCRA rate limiter, cooldown).
+//!
+//! ```text
+//! cargo run --release -p seawall-redis --example script_breakdown [-- --calls 20000 --url redis://127.0.0.1:6379]
+//! ```
+//!
+//! Without `--url`, starts its own `redis-server` (from the PATH) on a free
+//! loopback port. Each row: p50 and mean round trip, and the server's time
+//! per call (`INFO commandstats`). The admission rows send the scripts of
+//! the crate as they are built (`src/scripts.rs`): generic (the spec as
+//! 26 arguments, as every admission sent it before the admission scripts
+//! were compiled for their spec) and compiled for the spec (`SpecScripts`:
+//! the spec as constants, `ARGV` the time and the operation's arguments).
+//! The server's time is `usec_per_call` of `EVALSHA` (of `PING` for the
+//! first row).
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use redis::aio::MultiplexedConnection;
+
+struct Server {
+    child: Child,
+    url: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Server {
+    fn start() -> Server {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let dir = tempfile::tempdir().unwrap();
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(dir.path())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("redis-server on the PATH");
+        let url = format!("redis://127.0.0.1:{port}");
+        let client = redis::Client::open(url.as_str()).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while client
+            .get_connection_with_timeout(Duration::from_millis(100))
+            .is_err()
+        {
+            assert!(Instant::now() < deadline, "redis-server did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Server {
+            child,
+            url,
+            _dir: dir,
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The scripts' text as the crate sends it: comment lines, blank lines and
+/// indentation left out.
+fn source(parts: &[&str]) -> String {
+    let mut out = String::new();
+    for line in parts.iter().flat_map(|p| p.lines()) {
+        let code = line.trim_start();
+        if code.is_empty() || code.starts_with("--") {
+            continue;
+        }
+        out.push_str(code);
+        out.push('\n');
+    }
+    out
+}
+
+const PRELUDE: &str = include_str!("../src/lua/prelude.lua");
+const SUCCESS: &str = include_str!("../src/lua/success.lua");
+const CARRY: &str = include_str!("../src/lua/carry.lua");
+const ADMIT: &str = include_str!("../src/lua/admit.lua");
+
+/// The spec of the `redis_bench` chain, as `SpecArgs` encodes it
+/// (`ARGV[2..=27]`), with a bulkhead of `max` slots.
+fn spec_args(max: &str) -> Vec<String> {
+    [
+        "1",
+        "2",
+        "100",
+        "0.5",
+        "0",
+        "60000000",
+        "20",
+        "30000000",
+        "1",
+        "30000000",
+        "1",
+        "60000000",
+        "600000000",
+        "1",
+        max,
+        "10000000",
+        "1",
+        "300000000",
+        "60000000",
+        "1",
+        "1",
+        "10000000",
+        "1000000",
+        "999999:900",
+        "0:100",
+        "0",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+/// `prelude.lua` with the spec compiled in, as `SpecScripts` builds it.
+fn compiled_prelude(spec: &[String]) -> String {
+    let mut header = String::from("local A = {ARGV[1]");
+    for (i, v) in spec.iter().enumerate() {
+        let as_string = matches!(i + 2, 2 | 15 | 18 | 21 | 27);
+        let plain = !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit() || b == b'.');
+        if let (25 | 26, Some((u, n))) = (i + 2, v.split_once(':')) {
+            header.push_str(&format!(", {{{u}, {n}}}"));
+        } else if as_string || !plain {
+            header.push_str(&format!(", '{v}'"));
+        } else {
+            header.push_str(&format!(", {v}"));
+        }
+    }
+    header.push_str("}\nfor i = 2, #ARGV do A[i + 26] = ARGV[i] end\n");
+    PRELUDE.replacen("local A = ARGV\n", &header, 1)
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
+    sorted[i]
+}
+
+async fn info_usec(c: &mut MultiplexedConnection) -> f64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(c)
+        .await
+        .unwrap();
+    info.lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_ping:"))
+        .filter_map(|l| {
+            l.split(',')
+                .find_map(|kv| kv.strip_prefix("usec_per_call="))
+                .and_then(|v| v.parse::<f64>().ok())
+        })
+        .next()
+        .unwrap_or(0.0)
+}
+
+async fn reset(c: &mut MultiplexedConnection) {
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(c)
+        .await
+        .unwrap();
+}
+
+async fn load(c: &mut MultiplexedConnection, text: &str) -> String {
+    redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(text)
+        .query_async(c)
+        .await
+        .unwrap()
+}
+
+/// Times `n` calls of `cmd(i)`, one after another; prints a row.
+async fn row(
+    c: &mut MultiplexedConnection,
+    name: &str,
+    n: usize,
+    mut cmd: impl FnMut(Option<&redis::Value>) -> redis::Cmd,
+) {
+    let mut last: Option<redis::Value> = None;
+    for _ in 0..1000.min(n) {
+        last = Some(cmd(last.as_ref()).query_async(c).await.unwrap());
+    }
+    reset(c).await;
+    let mut lat = Vec::with_capacity(n);
+    let start = Instant::now();
+    for _ in 0..n {
+        let command = cmd(last.as_ref());
+        let t = Instant::now();
+        last = Some(command.query_async(c).await.unwrap());
+        lat.push(t.elapsed());
+    }
+    let total = start.elapsed();
+    let server = info_usec(c).await;
+    lat.sort();
+    println!(
+        "{name:<52} {:>9.1} {:>9.1} {:>10.1}",
+        percentile(&lat, 0.5).as_secs_f64() * 1e6,
+        total.as_secs_f64() * 1e6 / n as f64,
+        server
+    );
+}
+
+/// The slot (`reply[5]`) of an admission's answer, as the success it
+/// carries next names it.
+fn slot_of(v: Option<&redis::Value>) -> String {
+    match v {
+        Some(redis::Value::Array(a)) => match a.get(4) {
+            Some(redis::Value::Int(s)) => s.to_string(),
+            _ => "-1".into(),
+        },
+        _ => "-1".into(),
+    }
+}
+
+fn main() {
+    let mut url = std::env::var("SEAWALL_REDIS_URL").ok();
+    let mut n = 20_000usize;
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--url" => url = it.next(),
+            "--calls" => n = it.next().and_then(|v| v.parse().ok()).expect("--calls N"),
+            other => panic!("unknown argument {other}"),
+        }
+    }
+    let server = url.is_none().then(Server::start);
+    let url = url.unwrap_or_else(|| server.as_ref().unwrap().url.clone());
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(rt.spawn(run(url, n))).unwrap();
+    drop(server);
+}
+
+async fn run(url: String, n: usize) {
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    let tag = format!("{{bd-{}:bench-dependency}}", std::process::id());
+    let keys: Vec<String> = ["s", "cw", "tw", "tz", "b", "rg", "rb"]
+        .iter()
+        .map(|s| format!("{tag}:{s}"))
+        .collect();
+
+    let trivial = load(&mut c, "return 1").await;
+    let table = load(&mut c, "return {0,-1,0,0,-1,0,0,0,-1,0,0,-1,0}").await;
+    let admit = load(&mut c, &source(&[PRELUDE, ADMIT])).await;
+    let carrying = load(&mut c, &source(&[PRELUDE, SUCCESS, CARRY, ADMIT])).await;
+    let compiled = compiled_prelude(&spec_args("64"));
+    let compiled_carrying = load(&mut c, &source(&[&compiled, SUCCESS, CARRY, ADMIT])).await;
+    let eval = |sha: &str, keys: &[String], args: &[String]| {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(sha).arg(keys.len()).arg(keys).arg(args);
+        cmd
+    };
+    // ARGV: the server's clock, the spec, no retry budget.
+    let argv = |max: &str| {
+        let mut a = vec![String::new()];
+        a.extend(spec_args(max));
+        a.push(String::new());
+        a
+    };
+    let wide = argv("1000000000");
+    let bench = argv("64");
+    let carried = |slot: String| format!(",{slot},0,2,100,600000000,60000000");
+
+    println!("{n} calls per row, one async connection, redis at {url}");
+    println!(
+        "{:<52} {:>9} {:>9} {:>10}",
+        "", "p50 us", "mean us", "server us"
+    );
+    row(&mut c, "PING", n, |_| redis::cmd("PING")).await;
+    row(&mut c, "EVALSHA 'return 1', no keys", n, |_| {
+        eval(&trivial, &[], &[])
+    })
+    .await;
+    row(&mut c, "EVALSHA 'return 1', 7 keys + 29 args", n, |_| {
+        eval(&trivial, &keys, &bench)
+    })
+    .await;
+    row(
+        &mut c,
+        "EVALSHA 13-number table, 7 keys + 29 args",
+        n,
+        |_| eval(&table, &keys, &bench),
+    )
+    .await;
+    row(
+        &mut c,
+        "admission (admit.lua), bulkhead never full",
+        n,
+        |_| eval(&admit, &keys, &wide),
+    )
+    .await;
+    let _: () = redis::cmd("DEL")
+        .arg(&keys)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    row(
+        &mut c,
+        "admission carrying a success (redis_bench)",
+        n,
+        |last| {
+            let mut a = bench.clone();
+            a.push(carried(slot_of(last)));
+            eval(&carrying, &keys, &a)
+        },
+    )
+    .await;
+    let _: () = redis::cmd("DEL")
+        .arg(&keys)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    row(
+        &mut c,
+        "the same, the spec compiled in (SpecScripts)",
+        n,
+        |last| {
+            let a = vec![String::new(), String::new(), carried(slot_of(last))];
+            eval(&compiled_carrying, &keys, &a)
+        },
+    )
+    .await;
+}
