@@ -18,7 +18,7 @@ use seawall::{
     Bulkhead, CircuitBreaker, Cooldown, Error, PartitionKey, Pipeline, RateLimiter,
     RejectionReason, StateStore, StoreError,
 };
-use seawall_redis::{RedisStore, RedisStoreError, TimeSource};
+use seawall_redis::{Leasing, RedisStore, RedisStoreError, TimeSource};
 
 use crate::contract::WallClock;
 use crate::support::{command_calls, error_count, rt, unique, RedisCluster, RedisServer};
@@ -227,6 +227,100 @@ fn no_script_touches_two_slots() {
         "the scripts ran on the masters"
     );
     assert_eq!(errors_on_masters(cluster, "CROSSSLOT"), crossslot_before);
+}
+
+// -------------------------------------------------------------- leased
+
+/// Leased mode on a cluster: the lease, give-back, extension and release
+/// scripts all run on the master of the resource's slot. A leased GCRA of
+/// 100 per second (batches of 10) admits exactly its burst at one instant
+/// on the caller's clock, on the blocking and the async path; a leased
+/// bulkhead of 4 (batches of 2, TTL 300 ms) never holds more than 4 slots,
+/// and its keeper's extensions keep them held past the bulkhead's lease
+/// (1 s) on the server's clock; given back when the resource is dropped.
+#[test]
+fn leased_mode_runs_on_the_master_of_the_resource_s_slot() {
+    let cluster = shared();
+    let prefix = unique("cluster-leased");
+    let builder = || {
+        RedisStore::cluster(cluster.master_urls())
+            .prefix(&prefix)
+            .timeout(Duration::from_secs(2))
+            .fail_closed()
+    };
+    let rt = rt();
+    let t0 = Duration::from_secs(1_000_000);
+    for (name, asynchronous) in [("sync-api", false), ("async-api", true)] {
+        let spec =
+            ResourceSpec::new(name).with_rate_limit(RateLimiter::gcra(100, Duration::from_secs(1)));
+        let state = builder()
+            .caller_clock()
+            .leased(name, Leasing::batch(10).low_water(5))
+            .build()
+            .unwrap()
+            .bind(&spec)
+            .unwrap();
+        let request = AdmitRequest::new(None, t0);
+        let admitted = (0..150)
+            .filter(|_| {
+                let a = if asynchronous {
+                    rt.block_on(async { state.admit_async(request).await })
+                } else {
+                    state.admit(&request)
+                };
+                a.unwrap().decision.is_ok()
+            })
+            .count();
+        assert_eq!(admitted, 100, "{name}");
+    }
+
+    let spec =
+        ResourceSpec::new("pool").with_bulkhead(Bulkhead::new(4).lease(Duration::from_secs(1)));
+    let leasing = Leasing::batch(2)
+        .low_water(0)
+        .ttl(Duration::from_millis(300));
+    let state = builder()
+        .leased("pool", leasing)
+        .build()
+        .unwrap()
+        .bind(&spec)
+        .unwrap();
+    let exact = builder().build().unwrap().bind(&spec).unwrap();
+    let now = Duration::ZERO;
+    let request = AdmitRequest::new(None, now);
+    let mut held = Vec::new();
+    for i in 0..4 {
+        let a = if i % 2 == 0 {
+            state.admit(&request)
+        } else {
+            rt.block_on(async { state.admit_async(request).await })
+        };
+        held.push(a.unwrap().decision.unwrap_or_else(|r| panic!("{i}: {r:?}")));
+    }
+    let refused = state.admit(&request).unwrap().decision.unwrap_err();
+    assert_eq!(refused.reason, RejectionReason::BulkheadFull);
+    let start = Instant::now();
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(start.elapsed() >= Duration::from_millis(1500));
+    assert_eq!(
+        exact.in_flight(None, now).unwrap(),
+        4,
+        "held past the lease"
+    );
+    assert!(exact.admit(&request).unwrap().decision.is_err());
+    for p in held {
+        state.release(None, p);
+    }
+    drop(state);
+    let mut left = exact.in_flight(None, now).unwrap();
+    for _ in 0..100 {
+        if left == 0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        left = exact.in_flight(None, now).unwrap();
+    }
+    assert_eq!(left, 0, "given back at drop");
 }
 
 // -------------------------------------------------------- MOVED / ASK
