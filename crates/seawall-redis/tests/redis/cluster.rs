@@ -21,7 +21,7 @@ use seawall::{
 use seawall_redis::{Leasing, RedisStore, RedisStoreError, TimeSource};
 
 use crate::contract::WallClock;
-use crate::support::{command_calls, error_count, rt, unique, RedisCluster, RedisServer};
+use crate::support::{command_calls, error_count, rt, unique, Events, RedisCluster, RedisServer};
 
 /// The cluster shared by the tests of this file that never stop, restart
 /// or reconfigure its nodes (the migration test moves one slot that no
@@ -414,7 +414,11 @@ fn finish_migration(cluster: &RedisCluster, slot: u16, to: u16) {
 /// follow the fail mode with a typed error, Redis is not marked down, and
 /// a resource on another slot goes through meanwhile. Once the slot has
 /// moved, `MOVED` is followed, sync and async, and the state moved with
-/// the keys: exactly 10 are admitted in all.
+/// the keys: exactly 10 are admitted in all. A fail-open store on the same
+/// resource answers locally meanwhile (degraded), Redis not marked down,
+/// and is answered by Redis again after the move; a leased store (batches
+/// of 2) spends its batch in hand while the slot migrates, then follows
+/// its fail mode, then leases on the new master.
 #[test]
 fn moved_and_ask_are_followed_while_a_slot_migrates() {
     const LIMIT: u32 = 10;
@@ -438,6 +442,35 @@ fn moved_and_ask_are_followed_while_a_slot_migrates() {
     };
     let p = pipeline(&name);
     let elsewhere = pipeline("elsewhere");
+    let events = Events::default();
+    let open_store = RedisStore::cluster(cluster.master_urls())
+        .prefix(&prefix)
+        .timeout(Duration::from_secs(2))
+        .fail_open()
+        .build()
+        .unwrap();
+    let open = Pipeline::builder(&name)
+        .rate_limiter(RateLimiter::fixed_window(LIMIT, Duration::from_secs(3600)))
+        .on_event(events.listener())
+        .store(open_store.clone())
+        .build()
+        .unwrap();
+    let leased = Pipeline::builder(&name)
+        .rate_limiter(RateLimiter::fixed_window(LIMIT, Duration::from_secs(3600)))
+        .store(
+            RedisStore::cluster(cluster.master_urls())
+                .prefix(&prefix)
+                .timeout(Duration::from_secs(2))
+                .fail_closed()
+                .leased(name.as_str(), Leasing::batch(2).low_water(0))
+                .build()
+                .unwrap(),
+        )
+        .build()
+        .unwrap();
+    let one = |p: &Pipeline| p.call(|_| Ok::<_, std::io::Error>(()));
+    // A batch of 2 leased, one of them spent.
+    one(&leased).unwrap();
     assert_ne!(cluster.keyslot(&format!("{{{prefix}:elsewhere}}:s")), slot);
     let rt = rt();
     let both = |p: &Pipeline| {
@@ -480,6 +513,20 @@ fn moved_and_ask_are_followed_while_a_slot_migrates() {
     for r in both(&elsewhere) {
         r.unwrap();
     }
+    // The batch in hand, then the fail mode.
+    one(&leased).unwrap();
+    match one(&leased) {
+        Err(Error::Store(StoreError::Unavailable(m))) => assert!(m.contains("migrating"), "{m}"),
+        other => panic!("leased, the batch spent, while the slot migrates: {other:?}"),
+    }
+    for r in both(&open) {
+        r.unwrap();
+    }
+    assert_eq!(Events::degraded(&events.take()), 2, "answered locally");
+    assert!(
+        open_store.is_available(),
+        "a migrating slot is not an outage"
+    );
     assert!(
         error_count(&mut cluster.conn(from), "ASK") >= asks + 2,
         "both paths were sent to the importing master"
@@ -490,7 +537,19 @@ fn moved_and_ask_are_followed_while_a_slot_migrates() {
     call(4);
     assert!(error_count(&mut cluster.conn(from), "MOVED") > moved);
     assert_eq!(cluster.master_of_slot(slot), to);
-    assert_eq!(admitted, LIMIT);
+    assert_eq!(
+        admitted + 2,
+        LIMIT,
+        "the leased batch and the exact admissions"
+    );
+    // The limit is spent: refused by Redis, on the new master.
+    for r in both(&open).into_iter().chain([one(&leased)]) {
+        assert_eq!(
+            r.unwrap_err().rejection().unwrap().reason,
+            RejectionReason::RateLimited
+        );
+    }
+    assert_eq!(Events::degraded(&events.take()), 0, "answered by Redis");
 }
 
 // ------------------------------------------------------------ restart
@@ -498,8 +557,9 @@ fn moved_and_ask_are_followed_while_a_slot_migrates() {
 /// A master restarted empty (faster than the cluster's node timeout: no
 /// failover) lost the windows of its slots: admissions to a resource on it
 /// wait until the restarted master is one window old (fail-closed:
-/// `Error::Store` naming the restart), then admit one quota again; a
-/// resource on another master is not held.
+/// `Error::Store` naming the restart; fail-open: answered locally,
+/// degraded, never through Redis before then), then admit one quota again;
+/// a resource on another master is not held.
 #[test]
 fn a_master_restarted_empty_is_waited_for_on_its_slots_only() {
     const LIMIT: u32 = 3;
@@ -530,12 +590,41 @@ fn a_master_restarted_empty_is_waited_for_on_its_slots_only() {
         .find(|n| cluster.master_of_slot(slot_of(n)) != master)
         .unwrap();
     let other = pipeline(&other_name);
+    // A fail-open store (every call reaches Redis: no refusal replayed) on
+    // another resource of the same master.
+    let open_name = (0..)
+        .map(|i| format!("open-{i}"))
+        .find(|n| cluster.master_of_slot(slot_of(n)) == master)
+        .unwrap();
+    let events = Events::default();
+    let open = Pipeline::builder(&open_name)
+        .rate_limiter(RateLimiter::sliding_window(LIMIT, WINDOW))
+        .on_event(events.listener())
+        .store(
+            RedisStore::cluster(cluster.master_urls())
+                .prefix(&prefix)
+                .timeout(Duration::from_millis(500))
+                .reconnect_interval(Duration::from_millis(100))
+                .local_refusals(0)
+                .fail_open()
+                .build()
+                .unwrap(),
+        )
+        .build()
+        .unwrap();
     let ok = |p: &Pipeline| p.call(|_| Ok::<_, std::io::Error>(()));
     for _ in 0..LIMIT {
         ok(&held).unwrap();
+        ok(&open).unwrap();
     }
     assert!(ok(&held).unwrap_err().rejection().is_some());
+    assert!(ok(&open).unwrap_err().rejection().is_some());
+    assert_eq!(Events::degraded(&events.take()), 0);
+    // The fail-open store's admissions after the restart: locally, and
+    // through Redis.
+    let (mut open_local, mut open_shared) = (0, 0);
 
+    let restarting = Instant::now();
     cluster.restart(master);
     let restarted = Instant::now();
     // Until the store is through the outage: then `held` is held, `other`
@@ -559,6 +648,22 @@ fn a_master_restarted_empty_is_waited_for_on_its_slots_only() {
             }
             Ok(()) | Err(Error::Rejected(_)) => {}
             Err(e) => panic!("the other master's resource: {e}"),
+        }
+        let r = ok(&open);
+        let degraded = Events::degraded(&events.take()) > 0;
+        match r {
+            Ok(()) if degraded => open_local += 1,
+            Ok(()) => {
+                // Through Redis only once the restarted master is a window
+                // old (it started after `restarting`; never early).
+                assert!(
+                    restarting.elapsed() >= WINDOW,
+                    "fail-open admitted through Redis in the window of the restart"
+                );
+                open_shared += 1;
+            }
+            Err(Error::Rejected(_)) => {}
+            Err(e) => panic!("fail-open: {e}"),
         }
         match ok(&held) {
             Err(Error::Store(StoreError::Unavailable(m))) if m.contains("restarted") => {
@@ -592,6 +697,18 @@ fn a_master_restarted_empty_is_waited_for_on_its_slots_only() {
         }
     }
     assert_eq!(admitted, LIMIT, "one quota in the new window");
+    // Fail-open: answered locally while held, through Redis after, one
+    // quota in the new window.
+    assert!(open_local > 0, "the fail-open store never answered locally");
+    while open_shared < LIMIT + 2 {
+        match ok(&open) {
+            Ok(()) => open_shared += 1,
+            Err(e) if e.rejection().is_some() => break,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!(Events::degraded(&events.take()), 0, "through Redis after");
+    assert_eq!(open_shared, LIMIT, "one quota in the new window, fail-open");
 }
 
 // ---------------------------------------------------------- bad input
