@@ -612,7 +612,12 @@ fn a_master_restarted_empty_is_waited_for_on_its_slots_only() {
         )
         .build()
         .unwrap();
+    let open_slot = slot_of(&open_name);
     let ok = |p: &Pipeline| p.call(|_| Ok::<_, std::io::Error>(()));
+    // The fail-open store's first admission: its quota is free again a
+    // window later at the earliest (then only if the master kept its data:
+    // a failover under load instead of the restart).
+    let first_open = Instant::now();
     for _ in 0..LIMIT {
         ok(&held).unwrap();
         ok(&open).unwrap();
@@ -655,10 +660,15 @@ fn a_master_restarted_empty_is_waited_for_on_its_slots_only() {
             Ok(()) if degraded => open_local += 1,
             Ok(()) => {
                 // Through Redis only once the restarted master is a window
-                // old (it started after `restarting`; never early).
+                // old (it started after `restarting`; never early), or the
+                // first quota's window has passed.
                 assert!(
-                    restarting.elapsed() >= WINDOW,
-                    "fail-open admitted through Redis in the window of the restart"
+                    first_open.elapsed() >= WINDOW,
+                    "fail-open admitted through Redis in the window of the restart, {:?} after \
+                     it ({open_local} local, {holds} held, {replayed} replayed, {outage} \
+                     outage answers; master of the slot now {}, was {master})",
+                    restarting.elapsed(),
+                    cluster.master_of_slot(open_slot),
                 );
                 open_shared += 1;
             }
@@ -713,7 +723,7 @@ fn a_master_restarted_empty_is_waited_for_on_its_slots_only() {
                 std::thread::sleep(Duration::from_millis(50));
             }
             Ok(()) => {
-                assert!(restarting.elapsed() >= WINDOW, "through Redis while held");
+                assert!(first_open.elapsed() >= WINDOW, "through Redis while held");
                 open_shared += 1;
                 assert!(open_shared <= LIMIT, "more than one quota");
             }
