@@ -237,10 +237,12 @@ pub(crate) struct Restart {
 
 /// Why a call through the link failed: Redis failed (an outage is noted,
 /// the connection dropped), or the admission waits after a restart (Redis
-/// is fine).
+/// is fine), or Redis is skipped after an outage already noted (nothing
+/// new is noted: the skip's error names that outage).
 enum Failure {
     Store(StoreError),
     Held(StoreError),
+    Skipped(StoreError),
 }
 
 impl From<StoreError> for Failure {
@@ -252,7 +254,7 @@ impl From<StoreError> for Failure {
 impl Failure {
     fn into_error(self) -> StoreError {
         match self {
-            Failure::Store(e) | Failure::Held(e) => e,
+            Failure::Store(e) | Failure::Held(e) | Failure::Skipped(e) => e,
         }
     }
 }
@@ -735,7 +737,7 @@ impl Link {
                 self.pool_return(conn);
                 Ok(v)
             }
-            Err(Failure::Held(e)) => {
+            Err(Failure::Held(e) | Failure::Skipped(e)) => {
                 self.pool_return(conn);
                 Err(e)
             }
@@ -1035,7 +1037,7 @@ impl Link {
         inv: &Invocation,
         hold: Option<HoldCheck<'_>>,
     ) -> Result<T, Failure> {
-        self.gate()?;
+        self.gate().map_err(Failure::Skipped)?;
         tokio::runtime::Handle::try_current().map_err(|_| no_runtime())?;
         let t = self.settings.timeout;
         let result = async {

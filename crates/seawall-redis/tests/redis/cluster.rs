@@ -18,10 +18,10 @@ use seawall::{
     Bulkhead, CircuitBreaker, Cooldown, Error, PartitionKey, Pipeline, RateLimiter,
     RejectionReason, StateStore, StoreError,
 };
-use seawall_redis::{RedisStore, RedisStoreError, TimeSource};
+use seawall_redis::{Leasing, RedisStore, RedisStoreError, TimeSource};
 
 use crate::contract::WallClock;
-use crate::support::{command_calls, error_count, rt, unique, RedisCluster, RedisServer};
+use crate::support::{command_calls, error_count, rt, unique, Events, RedisCluster, RedisServer};
 
 /// The cluster shared by the tests of this file that never stop, restart
 /// or reconfigure its nodes (the migration test moves one slot that no
@@ -229,6 +229,100 @@ fn no_script_touches_two_slots() {
     assert_eq!(errors_on_masters(cluster, "CROSSSLOT"), crossslot_before);
 }
 
+// -------------------------------------------------------------- leased
+
+/// Leased mode on a cluster: the lease, give-back, extension and release
+/// scripts all run on the master of the resource's slot. A leased GCRA of
+/// 100 per second (batches of 10) admits exactly its burst at one instant
+/// on the caller's clock, on the blocking and the async path; a leased
+/// bulkhead of 4 (batches of 2, TTL 300 ms) never holds more than 4 slots,
+/// and its keeper's extensions keep them held past the bulkhead's lease
+/// (1 s) on the server's clock; given back when the resource is dropped.
+#[test]
+fn leased_mode_runs_on_the_master_of_the_resource_s_slot() {
+    let cluster = shared();
+    let prefix = unique("cluster-leased");
+    let builder = || {
+        RedisStore::cluster(cluster.master_urls())
+            .prefix(&prefix)
+            .timeout(Duration::from_secs(2))
+            .fail_closed()
+    };
+    let rt = rt();
+    let t0 = Duration::from_secs(1_000_000);
+    for (name, asynchronous) in [("sync-api", false), ("async-api", true)] {
+        let spec =
+            ResourceSpec::new(name).with_rate_limit(RateLimiter::gcra(100, Duration::from_secs(1)));
+        let state = builder()
+            .caller_clock()
+            .leased(name, Leasing::batch(10).low_water(5))
+            .build()
+            .unwrap()
+            .bind(&spec)
+            .unwrap();
+        let request = AdmitRequest::new(None, t0);
+        let admitted = (0..150)
+            .filter(|_| {
+                let a = if asynchronous {
+                    rt.block_on(async { state.admit_async(request).await })
+                } else {
+                    state.admit(&request)
+                };
+                a.unwrap().decision.is_ok()
+            })
+            .count();
+        assert_eq!(admitted, 100, "{name}");
+    }
+
+    let spec =
+        ResourceSpec::new("pool").with_bulkhead(Bulkhead::new(4).lease(Duration::from_secs(1)));
+    let leasing = Leasing::batch(2)
+        .low_water(0)
+        .ttl(Duration::from_millis(300));
+    let state = builder()
+        .leased("pool", leasing)
+        .build()
+        .unwrap()
+        .bind(&spec)
+        .unwrap();
+    let exact = builder().build().unwrap().bind(&spec).unwrap();
+    let now = Duration::ZERO;
+    let request = AdmitRequest::new(None, now);
+    let mut held = Vec::new();
+    for i in 0..4 {
+        let a = if i % 2 == 0 {
+            state.admit(&request)
+        } else {
+            rt.block_on(async { state.admit_async(request).await })
+        };
+        held.push(a.unwrap().decision.unwrap_or_else(|r| panic!("{i}: {r:?}")));
+    }
+    let refused = state.admit(&request).unwrap().decision.unwrap_err();
+    assert_eq!(refused.reason, RejectionReason::BulkheadFull);
+    let start = Instant::now();
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(start.elapsed() >= Duration::from_millis(1500));
+    assert_eq!(
+        exact.in_flight(None, now).unwrap(),
+        4,
+        "held past the lease"
+    );
+    assert!(exact.admit(&request).unwrap().decision.is_err());
+    for p in held {
+        state.release(None, p);
+    }
+    drop(state);
+    let mut left = exact.in_flight(None, now).unwrap();
+    for _ in 0..100 {
+        if left == 0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        left = exact.in_flight(None, now).unwrap();
+    }
+    assert_eq!(left, 0, "given back at drop");
+}
+
 // -------------------------------------------------------- MOVED / ASK
 
 /// A name of a resource under `prefix` whose slot holds no key yet.
@@ -320,7 +414,11 @@ fn finish_migration(cluster: &RedisCluster, slot: u16, to: u16) {
 /// follow the fail mode with a typed error, Redis is not marked down, and
 /// a resource on another slot goes through meanwhile. Once the slot has
 /// moved, `MOVED` is followed, sync and async, and the state moved with
-/// the keys: exactly 10 are admitted in all.
+/// the keys: exactly 10 are admitted in all. A fail-open store on the same
+/// resource answers locally meanwhile (degraded), Redis not marked down,
+/// and is answered by Redis again after the move; a leased store (batches
+/// of 2) spends its batch in hand while the slot migrates, then follows
+/// its fail mode, then leases on the new master.
 #[test]
 fn moved_and_ask_are_followed_while_a_slot_migrates() {
     const LIMIT: u32 = 10;
@@ -344,6 +442,35 @@ fn moved_and_ask_are_followed_while_a_slot_migrates() {
     };
     let p = pipeline(&name);
     let elsewhere = pipeline("elsewhere");
+    let events = Events::default();
+    let open_store = RedisStore::cluster(cluster.master_urls())
+        .prefix(&prefix)
+        .timeout(Duration::from_secs(2))
+        .fail_open()
+        .build()
+        .unwrap();
+    let open = Pipeline::builder(&name)
+        .rate_limiter(RateLimiter::fixed_window(LIMIT, Duration::from_secs(3600)))
+        .on_event(events.listener())
+        .store(open_store.clone())
+        .build()
+        .unwrap();
+    let leased = Pipeline::builder(&name)
+        .rate_limiter(RateLimiter::fixed_window(LIMIT, Duration::from_secs(3600)))
+        .store(
+            RedisStore::cluster(cluster.master_urls())
+                .prefix(&prefix)
+                .timeout(Duration::from_secs(2))
+                .fail_closed()
+                .leased(name.as_str(), Leasing::batch(2).low_water(0))
+                .build()
+                .unwrap(),
+        )
+        .build()
+        .unwrap();
+    let one = |p: &Pipeline| p.call(|_| Ok::<_, std::io::Error>(()));
+    // A batch of 2 leased, one of them spent.
+    one(&leased).unwrap();
     assert_ne!(cluster.keyslot(&format!("{{{prefix}:elsewhere}}:s")), slot);
     let rt = rt();
     let both = |p: &Pipeline| {
@@ -386,6 +513,20 @@ fn moved_and_ask_are_followed_while_a_slot_migrates() {
     for r in both(&elsewhere) {
         r.unwrap();
     }
+    // The batch in hand, then the fail mode.
+    one(&leased).unwrap();
+    match one(&leased) {
+        Err(Error::Store(StoreError::Unavailable(m))) => assert!(m.contains("migrating"), "{m}"),
+        other => panic!("leased, the batch spent, while the slot migrates: {other:?}"),
+    }
+    for r in both(&open) {
+        r.unwrap();
+    }
+    assert_eq!(Events::degraded(&events.take()), 2, "answered locally");
+    assert!(
+        open_store.is_available(),
+        "a migrating slot is not an outage"
+    );
     assert!(
         error_count(&mut cluster.conn(from), "ASK") >= asks + 2,
         "both paths were sent to the importing master"
@@ -396,7 +537,19 @@ fn moved_and_ask_are_followed_while_a_slot_migrates() {
     call(4);
     assert!(error_count(&mut cluster.conn(from), "MOVED") > moved);
     assert_eq!(cluster.master_of_slot(slot), to);
-    assert_eq!(admitted, LIMIT);
+    assert_eq!(
+        admitted + 2,
+        LIMIT,
+        "the leased batch and the exact admissions"
+    );
+    // The limit is spent: refused by Redis, on the new master.
+    for r in both(&open).into_iter().chain([one(&leased)]) {
+        assert_eq!(
+            r.unwrap_err().rejection().unwrap().reason,
+            RejectionReason::RateLimited
+        );
+    }
+    assert_eq!(Events::degraded(&events.take()), 0, "answered by Redis");
 }
 
 // ------------------------------------------------------------ restart
@@ -404,8 +557,9 @@ fn moved_and_ask_are_followed_while_a_slot_migrates() {
 /// A master restarted empty (faster than the cluster's node timeout: no
 /// failover) lost the windows of its slots: admissions to a resource on it
 /// wait until the restarted master is one window old (fail-closed:
-/// `Error::Store` naming the restart), then admit one quota again; a
-/// resource on another master is not held.
+/// `Error::Store` naming the restart; fail-open: answered locally,
+/// degraded, never through Redis before then), then admit one quota again;
+/// a resource on another master is not held.
 #[test]
 fn a_master_restarted_empty_is_waited_for_on_its_slots_only() {
     const LIMIT: u32 = 3;
@@ -436,12 +590,46 @@ fn a_master_restarted_empty_is_waited_for_on_its_slots_only() {
         .find(|n| cluster.master_of_slot(slot_of(n)) != master)
         .unwrap();
     let other = pipeline(&other_name);
+    // A fail-open store (every call reaches Redis: no refusal replayed) on
+    // another resource of the same master.
+    let open_name = (0..)
+        .map(|i| format!("open-{i}"))
+        .find(|n| cluster.master_of_slot(slot_of(n)) == master)
+        .unwrap();
+    let events = Events::default();
+    let open = Pipeline::builder(&open_name)
+        .rate_limiter(RateLimiter::sliding_window(LIMIT, WINDOW))
+        .on_event(events.listener())
+        .store(
+            RedisStore::cluster(cluster.master_urls())
+                .prefix(&prefix)
+                .timeout(Duration::from_millis(500))
+                .reconnect_interval(Duration::from_millis(100))
+                .local_refusals(0)
+                .fail_open()
+                .build()
+                .unwrap(),
+        )
+        .build()
+        .unwrap();
+    let open_slot = slot_of(&open_name);
     let ok = |p: &Pipeline| p.call(|_| Ok::<_, std::io::Error>(()));
+    // The fail-open store's first admission: its quota is free again a
+    // window later at the earliest (then only if the master kept its data:
+    // a failover under load instead of the restart).
+    let first_open = Instant::now();
     for _ in 0..LIMIT {
         ok(&held).unwrap();
+        ok(&open).unwrap();
     }
     assert!(ok(&held).unwrap_err().rejection().is_some());
+    assert!(ok(&open).unwrap_err().rejection().is_some());
+    assert_eq!(Events::degraded(&events.take()), 0);
+    // The fail-open store's admissions after the restart: locally, and
+    // through Redis.
+    let (mut open_local, mut open_shared) = (0, 0);
 
+    let restarting = Instant::now();
     cluster.restart(master);
     let restarted = Instant::now();
     // Until the store is through the outage: then `held` is held, `other`
@@ -465,6 +653,27 @@ fn a_master_restarted_empty_is_waited_for_on_its_slots_only() {
             }
             Ok(()) | Err(Error::Rejected(_)) => {}
             Err(e) => panic!("the other master's resource: {e}"),
+        }
+        let r = ok(&open);
+        let degraded = Events::degraded(&events.take()) > 0;
+        match r {
+            Ok(()) if degraded => open_local += 1,
+            Ok(()) => {
+                // Through Redis only once the restarted master is a window
+                // old (it started after `restarting`; never early), or the
+                // first quota's window has passed.
+                assert!(
+                    first_open.elapsed() >= WINDOW,
+                    "fail-open admitted through Redis in the window of the restart, {:?} after \
+                     it ({open_local} local, {holds} held, {replayed} replayed, {outage} \
+                     outage answers; master of the slot now {}, was {master})",
+                    restarting.elapsed(),
+                    cluster.master_of_slot(open_slot),
+                );
+                open_shared += 1;
+            }
+            Err(Error::Rejected(_)) => {}
+            Err(e) => panic!("fail-open: {e}"),
         }
         match ok(&held) {
             Err(Error::Store(StoreError::Unavailable(m))) if m.contains("restarted") => {
@@ -498,6 +707,32 @@ fn a_master_restarted_empty_is_waited_for_on_its_slots_only() {
         }
     }
     assert_eq!(admitted, LIMIT, "one quota in the new window");
+    // Fail-open: answered locally while held (its store dates the restart
+    // on its own, up to a second apart), then through Redis, one quota in
+    // the new window.
+    loop {
+        assert!(
+            restarted.elapsed() < Duration::from_secs(30),
+            "the fail-open store never answered through Redis again"
+        );
+        let r = ok(&open);
+        let degraded = Events::degraded(&events.take()) > 0;
+        match r {
+            Ok(()) | Err(Error::Rejected(_)) if degraded => {
+                open_local += u32::from(r.is_ok());
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Ok(()) => {
+                assert!(first_open.elapsed() >= WINDOW, "through Redis while held");
+                open_shared += 1;
+                assert!(open_shared <= LIMIT, "more than one quota");
+            }
+            Err(e) if e.rejection().is_some() => break,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(open_local > 0, "the fail-open store never answered locally");
+    assert_eq!(open_shared, LIMIT, "one quota in the new window, fail-open");
 }
 
 // ---------------------------------------------------------- bad input

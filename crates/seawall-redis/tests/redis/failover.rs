@@ -12,16 +12,33 @@
 //! one line per call (`@@ <unix µs> <kind> <latency µs>`). The test prints
 //! how long each phase lasted and how many admissions went over the limit
 //! (`cargo test -p seawall-redis --test redis failover -- --nocapture`).
+//!
+//! Leased mode through the same failover is tested in one process, with
+//! three stores of their own connections (`leased_mode_…`): the batch in
+//! hand is spent, then the fail mode answers, then each store leases on
+//! the promoted replica.
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use seawall::store::{AdmitRequest, Permit, ResourceSpec, StateStore};
 use seawall::{Bulkhead, Error, Pipeline, RateLimiter, RejectionReason, StoreError};
-use seawall_redis::RedisStore;
+use seawall_redis::{Leasing, RedisStore};
 
 use crate::support::{rt, unique, Events, RedisCluster};
+
+/// The failover tests run one at a time: each fails a master of a cluster
+/// of its own over, under load of its own, and two at once on a shared
+/// two-core machine slow each other's stores past their timeouts.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn one_at_a_time() -> MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
 const CHILD: &str = "SEAWALL_FAILOVER_CHILD";
 const URLS: &str = "SEAWALL_FAILOVER_URLS";
@@ -209,6 +226,7 @@ fn ms(us: u64) -> f64 {
 
 #[test]
 fn a_killed_master_s_slots_follow_the_fail_mode_then_resume_on_the_promoted_replica() {
+    let _one = one_at_a_time();
     let mut cluster = RedisCluster::start_with(&["--cluster-node-timeout", NODE_TIMEOUT_MS]);
     let prefix = unique("failover");
     let slot = cluster.keyslot(&format!("{{{prefix}:failover}}:s"));
@@ -374,5 +392,370 @@ fn a_killed_master_s_slots_follow_the_fail_mode_then_resume_on_the_promoted_repl
         over_shared.0,
         over_shared.1,
         calls.iter().map(Vec::len).collect::<Vec<_>>(),
+    );
+}
+
+// ------------------------------------------------------------ leased mode
+
+/// What one call of the leased failover test answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Leased {
+    /// Admitted on a permit or slot leased from Redis.
+    Shared,
+    /// Admitted on process-local state (fail-open).
+    Local,
+    /// Refused on process-local state (fail-open).
+    LocalRefused,
+    /// Refused by the rate limit or the bulkhead (through Redis, or its
+    /// refusal replayed).
+    Refused,
+    /// `Error::Store` with an outage (fail-closed).
+    Store,
+    /// `Error::Store` naming a restart: the failover taken for one.
+    Held,
+}
+
+/// One call of the leased failover test: resource (0: rate limit, 1:
+/// bulkhead), start and end (unix µs), answer.
+#[derive(Debug, Clone)]
+struct LeasedCall {
+    resource: usize,
+    at: u64,
+    end: u64,
+    kind: Leased,
+    /// The store's error, for `Store`.
+    error: Option<StoreError>,
+}
+
+fn leased_kind(
+    a: Result<seawall::store::Admission, StoreError>,
+) -> (Leased, Option<Permit>, Option<StoreError>) {
+    let error = a.as_ref().err().cloned();
+    let (kind, permit) = match a {
+        Ok(a) => match a.decision {
+            Ok(p) if p.local => (Leased::Local, Some(p)),
+            Err(_) if a.degraded.is_some() => (Leased::LocalRefused, None),
+            Ok(p) => {
+                assert!(a.degraded.is_none(), "admitted through Redis, degraded");
+                (Leased::Shared, Some(p))
+            }
+            Err(_) => (Leased::Refused, None),
+        },
+        Err(StoreError::Unavailable(m)) if m.contains("restart") => (Leased::Held, None),
+        Err(StoreError::Unavailable(_) | StoreError::Timeout(_)) => (Leased::Store, None),
+        Err(e) => panic!("unexpected {e}"),
+    };
+    (kind, permit, error)
+}
+
+/// Leased mode through a failover, three stores (each with connections of
+/// its own, as three processes have: two fail closed, on the blocking and
+/// the async path, one fails open) on a leased fixed window of 100 per
+/// second (batches of 10, renewed at 5; one thread per store) and a leased
+/// bulkhead of 4 (batches of 2, TTL 500 ms; two threads per store, six in
+/// all, each call holding its slot 5 ms), both on the slot of the master
+/// killed. The
+/// batch in hand is spent; then the fail mode answers; the replica is
+/// promoted and every store leases on it again, without a restart and
+/// without a hold (no call is held as after a restart). Counted per
+/// one-second window of the server's clock: admissions through Redis stay
+/// within the stated overshoot bound (`limit + N × (b + l)`) outside the
+/// failover, and within it plus what the old master had not replicated
+/// during it; slots in use through Redis never exceed the capacity. The
+/// phases and counts are printed
+/// (`cargo test -p seawall-redis --test redis failover::leased -- --nocapture`).
+#[test]
+fn leased_mode_spends_the_batch_follows_the_fail_mode_then_leases_on_the_promoted_replica() {
+    let _one = one_at_a_time();
+    const LIMIT: u64 = 100;
+    const BATCH: u32 = 10;
+    const LOW: u32 = 5;
+    const CAPACITY: u32 = 4;
+    const STORES: u64 = 3;
+    /// A limit no store reaches: each holds a batch at the kill.
+    const STEADY: u32 = 100_000;
+    let mut cluster = RedisCluster::start_with(&["--cluster-node-timeout", NODE_TIMEOUT_MS]);
+    let prefix = unique("leased-failover");
+    let slot_of = |name: &str| cluster.keyslot(&format!("{{{prefix}:{name}}}:s"));
+    let master = cluster.master_of_slot(slot_of("rate"));
+    let on_master = |stem: &str| {
+        (0..)
+            .map(|i| format!("{stem}-{i}"))
+            .find(|n| cluster.master_of_slot(slot_of(n)) == master)
+            .unwrap()
+    };
+    let (pool, steady) = (on_master("pool"), on_master("steady"));
+    let replica = cluster.replica_of(master);
+    let urls = cluster.master_urls();
+    let specs = [
+        ResourceSpec::new("rate").with_rate_limit(RateLimiter::fixed_window(
+            LIMIT as u32,
+            Duration::from_secs(1),
+        )),
+        ResourceSpec::new(&pool)
+            .with_bulkhead(Bulkhead::new(CAPACITY).lease(Duration::from_secs(10))),
+        ResourceSpec::new(&steady)
+            .with_rate_limit(RateLimiter::fixed_window(STEADY, Duration::from_secs(1))),
+    ];
+    let stop = Arc::new(AtomicBool::new(false));
+    // Calls running on slots leased from Redis, and on local ones.
+    let running = Arc::new([AtomicU32::new(0), AtomicU32::new(0)]);
+    let peak = Arc::new([AtomicU32::new(0), AtomicU32::new(0)]);
+    let mut threads = Vec::new();
+    for (open, asynchronous) in [(false, false), (false, true), (true, false)] {
+        let b = RedisStore::cluster(urls.clone())
+            .prefix(&prefix)
+            .timeout(TIMEOUT)
+            .reconnect_interval(Duration::from_millis(100))
+            .leased("rate", Leasing::batch(BATCH).low_water(LOW))
+            .leased(steady.as_str(), Leasing::batch(BATCH).low_water(LOW))
+            .leased(
+                pool.as_str(),
+                Leasing::batch(2)
+                    .low_water(0)
+                    .ttl(Duration::from_millis(500)),
+            );
+        let store = if open { b.fail_open() } else { b.fail_closed() }
+            .build()
+            .unwrap();
+        let states = specs.each_ref().map(|spec| store.bind(spec).unwrap());
+        // One thread on both rate limits, two on the bulkhead.
+        for resources in [vec![0, 2], vec![1], vec![1]] {
+            let states: Vec<_> = resources.iter().map(|&r| Arc::clone(&states[r])).collect();
+            let (stop, running, peak) = (stop.clone(), running.clone(), peak.clone());
+            threads.push(std::thread::spawn(move || {
+                let rt = rt();
+                let mut calls = Vec::new();
+                // Bounded: the test stops the thread long before.
+                for _ in 0..20_000 {
+                    if stop.load(Ordering::Acquire) {
+                        break;
+                    }
+                    for (&resource, state) in resources.iter().zip(&states) {
+                        let at = unix_us();
+                        let request = AdmitRequest::new(None, Duration::from_micros(at));
+                        let a = if asynchronous {
+                            rt.block_on(async { state.admit_async(request).await })
+                        } else {
+                            state.admit(&request)
+                        };
+                        let (kind, permit, error) = leased_kind(a);
+                        if resource == 1 {
+                            if let Some(permit) = permit {
+                                let i = usize::from(kind == Leased::Local);
+                                let now = running[i].fetch_add(1, Ordering::SeqCst) + 1;
+                                peak[i].fetch_max(now, Ordering::SeqCst);
+                                std::thread::sleep(Duration::from_millis(5));
+                                running[i].fetch_sub(1, Ordering::SeqCst);
+                                state.release(None, permit);
+                            }
+                        }
+                        calls.push(LeasedCall {
+                            resource,
+                            at,
+                            end: unix_us(),
+                            kind,
+                            error,
+                        });
+                    }
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                (open, calls)
+            }));
+        }
+    }
+
+    std::thread::sleep(Duration::from_millis(1500));
+    let killed = unix_us();
+    cluster.kill(master);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !cluster.is_master(replica) {
+        assert!(Instant::now() < deadline, "the replica was never promoted");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let promoted = unix_us();
+    assert!(
+        cluster.wait_until_ready(Duration::from_secs(30)),
+        "the cluster never served every slot again"
+    );
+    let ready = unix_us();
+    std::thread::sleep(Duration::from_millis(2000));
+    stop.store(true, Ordering::Release);
+    let logs: Vec<(bool, Vec<LeasedCall>)> =
+        threads.into_iter().map(|t| t.join().unwrap()).collect();
+
+    let (mut detection, mut resumption) = (Vec::new(), Vec::new());
+    let mut spent = Vec::new();
+    for (i, (open, calls)) in logs.iter().enumerate() {
+        assert!(!calls.is_empty(), "thread {i} made no call");
+        for c in calls {
+            match (open, c.kind) {
+                (_, Leased::Held) => panic!("thread {i}: the failover was taken for a restart"),
+                (true, Leased::Store) => panic!("thread {i} (fail-open) answered Error::Store"),
+                (false, Leased::Local | Leased::LocalRefused) => {
+                    panic!("thread {i} (fail-closed) answered locally")
+                }
+                _ => {}
+            }
+        }
+        let first = calls
+            .iter()
+            .find(|c| {
+                // The steady rate limit (the other may be refused then).
+                c.resource != 0
+                    && c.at >= killed
+                    && matches!(c.kind, Leased::Local | Leased::LocalRefused | Leased::Store)
+            })
+            .unwrap_or_else(|| panic!("thread {i} never followed its fail mode"));
+        detection.push(first.at - killed);
+        // Answered by Redis again: admitted, or refused (a bulkhead whose
+        // slots the other stores' pools hold).
+        let back = calls
+            .iter()
+            .find(|c| {
+                c.at > first.at
+                    && c.at >= promoted
+                    && matches!(c.kind, Leased::Shared | Leased::Refused)
+            })
+            .unwrap_or_else(|| panic!("thread {i} never answered through Redis again"));
+        resumption.push(back.at - killed);
+        // Once every node reports the cluster ok (until then a node that
+        // still reports `cluster_state:fail` to a new connection is an
+        // outage again), nothing falls back.
+        let settled = back.at.max(ready);
+        if let Some(c) = calls
+            .iter()
+            .find(|c| c.at > settled && !matches!(c.kind, Leased::Shared | Leased::Refused))
+        {
+            panic!(
+                "thread {i} fell back again {} ms after the kill, {} ms after the cluster was \
+                 ready: {:?} {:?}",
+                ms(c.at - killed),
+                ms(c.at - ready),
+                c.kind,
+                c.error
+            );
+        }
+    }
+    let all_back = killed + resumption.iter().max().unwrap();
+    // While the slot has no master, a store admits from what it held at the
+    // kill and nothing more: the rate limit's batch in hand (at most a
+    // batch plus the low-water mark), the pool's slots until TTL after
+    // their last extension (sent before the kill).
+    for (i, (_, calls)) in logs.iter().enumerate() {
+        let shared_between = |resource: usize, from: u64| {
+            calls
+                .iter()
+                .filter(|c| {
+                    c.resource == resource
+                        && c.kind == Leased::Shared
+                        && c.at >= from
+                        && c.at < promoted
+                })
+                .count() as u64
+        };
+        let from_batch = shared_between(2, killed);
+        assert!(
+            from_batch <= u64::from(BATCH + LOW),
+            "thread {i}: {from_batch} admitted from the batch without a master"
+        );
+        if calls[0].resource == 0 {
+            spent.push(from_batch);
+        }
+        let late = shared_between(1, killed + 550_000);
+        assert_eq!(late, 0, "thread {i}: pool admitted from after its TTL");
+    }
+
+    // Leasing again after the failover: every store's rate limit, and the
+    // bulkhead's pools.
+    let shared_after = |calls: &[LeasedCall], resource: usize| {
+        calls
+            .iter()
+            .any(|c| c.resource == resource && c.at >= all_back && c.kind == Leased::Shared)
+    };
+    for (i, (_, calls)) in logs.iter().enumerate() {
+        if calls[0].resource == 0 {
+            assert!(shared_after(calls, 0), "thread {i} leased no permit after");
+            assert!(shared_after(calls, 2), "thread {i} leased no permit after");
+        }
+    }
+    assert!(
+        logs.iter().any(|(_, c)| shared_after(c, 1)),
+        "no slot leased after"
+    );
+
+    // Rate-limit admissions per window of the server's clock (a call in
+    // `w` when it started and ended in it; straddlers counted in neither).
+    let window = |us: u64| us / 1_000_000;
+    let rate = || {
+        logs.iter()
+            .flat_map(|(_, c)| c.iter())
+            .filter(|c| c.resource == 0)
+    };
+    let first = rate().map(|c| window(c.at)).min().unwrap();
+    let last = rate().map(|c| window(c.end)).max().unwrap();
+    let bound = LIMIT + STORES * u64::from(BATCH + LOW);
+    let (mut over_outside, mut over_during, mut most_local) = (0, 0, 0);
+    for w in first + 1..last {
+        let count = |kind: Leased| {
+            rate()
+                .filter(|c| c.kind == kind && window(c.at) == w && window(c.end) == w)
+                .count() as u64
+        };
+        let (shared, local) = (count(Leased::Shared), count(Leased::Local));
+        let during = w >= window(killed) && w <= window(all_back);
+        if during {
+            assert!(
+                shared <= bound + LIMIT,
+                "window {w}: {shared} through Redis"
+            );
+            // One fail-open process: one local quota per (local) window.
+            assert!(local <= LIMIT, "window {w}: {local} local");
+            over_during = over_during.max(shared.saturating_sub(LIMIT));
+            most_local = most_local.max(local);
+        } else {
+            assert_eq!(local, 0, "window {w}");
+            assert!(shared <= bound, "window {w}: {shared} admitted");
+            over_outside = over_outside.max(shared.saturating_sub(LIMIT));
+        }
+    }
+    let peaks = [0, 1].map(|i| peak[i].load(Ordering::SeqCst));
+    assert!(
+        peaks[0] <= CAPACITY,
+        "{} slots in use through Redis",
+        peaks[0]
+    );
+    assert!(peaks[1] <= CAPACITY, "{} local slots in use", peaks[1]);
+
+    let range = |v: &[u64]| {
+        format!(
+            "{:.0}..{:.0} ms",
+            ms(*v.iter().min().unwrap()),
+            ms(*v.iter().max().unwrap())
+        )
+    };
+    eprintln!(
+        "leased failover (node timeout {NODE_TIMEOUT_MS} ms, store timeout {TIMEOUT:?}, limit \
+         {LIMIT}/s in batches of {BATCH} renewed at {LOW}, bulkhead of {CAPACITY} in batches \
+         of 2):\n  \
+         detection (kill to first fail-mode answer, per store and resource, the batch in hand spent): {}\n  \
+         promotion (kill to replica answering ROLE master): {:.0} ms\n  \
+         cluster ok (kill to every node cluster_state:ok): {:.0} ms\n  \
+         resumption (kill to first answer through Redis after the promotion): {}\n  \
+         rate limit, admitted from the batch in hand after the kill (a limit not \
+         reached), per store: {spent:?} (bound {}); most over the limit in one window: {over_outside} outside the failover \
+         (bound {}), {over_during} during it; most local admissions in one window: \
+         {most_local}\n  \
+         bulkhead, most slots in use at once: {} through Redis, {} local\n  \
+         calls: {:?}",
+        range(&detection),
+        ms(promoted - killed),
+        ms(ready - killed),
+        range(&resumption),
+        BATCH + LOW,
+        bound - LIMIT,
+        peaks[0],
+        peaks[1],
+        logs.iter().map(|(_, c)| c.len()).collect::<Vec<_>>(),
     );
 }

@@ -481,6 +481,106 @@ fn a_slow_redis_admits_from_the_batch_and_nothing_over_the_limit() {
     }
 }
 
+/// A bulkhead in leased mode with Redis slow (busy for a second, past the
+/// timeout) while a process holds a pool of 5 slots, one in use: the 4
+/// free ones are admitted from, none degraded; the growth the last of them
+/// starts times out, and if the server runs it late its slots are held on
+/// Redis by nobody until their lease ends (under-admission of at most one
+/// batch, for one lease); once the pool is spent, the fail mode answers.
+/// Slots in use through Redis never exceed the capacity: the pool's 5 are
+/// held on Redis, plus the late growth's, within the 10.
+#[test]
+fn a_slow_redis_admits_from_the_pool_and_nothing_over_the_capacity() {
+    let server = RedisServer::start();
+    for mode in [FailMode::Closed, FailMode::Open] {
+        let prefix = unique("slowslots");
+        let store = RedisStore::builder(server.url())
+            .prefix(&prefix)
+            .timeout(Duration::from_millis(200))
+            .reconnect_interval(Duration::from_millis(100))
+            .fail_mode(mode)
+            .leased("api", Leasing::batch(5).low_water(0))
+            .build()
+            .unwrap();
+        let spec = ResourceSpec::new("api").with_bulkhead(Bulkhead::new(10).lease(10 * S));
+        let state = store.bind(&spec).unwrap();
+        let req = AdmitRequest::new(None, Duration::ZERO);
+        let first = state.admit(&req).unwrap();
+        assert!(first.decision.is_ok() && first.degraded.is_none());
+        let mut held = vec![first.decision.unwrap()];
+
+        let mut probe = server.conn();
+        probe
+            .set_read_timeout(Some(Duration::from_millis(50)))
+            .unwrap();
+        let mut sleeping = server.conn();
+        let sleeper = std::thread::spawn(move || {
+            let _: () = redis::cmd("EVAL")
+                .arg(BUSY_SECOND)
+                .arg(0)
+                .query(&mut sleeping)
+                .unwrap();
+        });
+        for _ in 0..500 {
+            if redis::cmd("PING").query::<()>(&mut probe).is_err() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // 4 free: all admitted from the pool, none degraded; the last
+        // leaves none and starts the growth (which times out).
+        for i in 0..4 {
+            let a = state.admit(&req).unwrap();
+            assert!(a.degraded.is_none(), "{mode:?} {i}");
+            held.push(a.decision.unwrap_or_else(|r| panic!("{mode:?} {i}: {r:?}")));
+        }
+        assert!(
+            held.iter().all(|p| !p.local && p.slot.is_none()),
+            "from the pool"
+        );
+        // Spent: the fail mode answers.
+        let a = state.admit(&req);
+        match mode {
+            FailMode::Closed => assert!(
+                matches!(a, Err(StoreError::Timeout(_) | StoreError::Unavailable(_))),
+                "{a:?}"
+            ),
+            _ => {
+                let a = a.unwrap();
+                let p = a.decision.unwrap();
+                assert!(p.local && a.degraded.is_some());
+                state.release(None, p);
+            }
+        }
+        sleeper.join().unwrap();
+        for _ in 0..500 {
+            if store.ping().is_ok() && store.is_available() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(store.is_available(), "no recovery");
+        // On Redis: the pool's 5, in use, and the late growth's 5 if the
+        // server ran it; nothing else.
+        let exact = RedisStore::builder(server.url())
+            .prefix(&prefix)
+            .fail_closed()
+            .build()
+            .unwrap()
+            .bind(&spec)
+            .unwrap();
+        let on_redis = exact.in_flight(None, Duration::ZERO).unwrap();
+        eprintln!("slow redis, leased bulkhead, {mode:?}: {on_redis} slots held on Redis after");
+        assert!(
+            on_redis == 5 || on_redis == 10,
+            "{mode:?}: {on_redis} slots held"
+        );
+        for p in held {
+            state.release(None, p);
+        }
+    }
+}
+
 /// A bulkhead in leased mode: two stores (as two processes) on one
 /// bulkhead of 10, batches of 4. Together they never hold more than 10
 /// slots, in use or in their pools; a store's idle slots beyond one batch

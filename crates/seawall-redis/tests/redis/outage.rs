@@ -347,3 +347,53 @@ fn a_slow_redis_costs_the_timeout_and_admits_nothing_over_the_limits() {
         }
     }
 }
+
+/// While Redis is skipped, async calls are answered by the skip itself:
+/// each names the outage once, as blocking calls do, and none counts as a
+/// new failure (the error of one does not become the cause of the next, so
+/// the message does not grow with every call).
+#[test]
+fn calls_skipped_during_an_outage_name_it_once_on_both_paths() {
+    let mut server = RedisServer::start();
+    let store = RedisStore::builder(server.url())
+        .prefix(unique("skipped"))
+        .timeout(TIMEOUT)
+        // Longer than the test: no reconnection attempt ends the skip.
+        .reconnect_interval(Duration::from_secs(60))
+        .fail_closed()
+        .build()
+        .unwrap();
+    let p = Pipeline::builder("dependency")
+        .rate_limiter(RateLimiter::gcra(10_000, Duration::from_secs(1)))
+        .store(store)
+        .build()
+        .unwrap();
+    let rt = rt();
+    p.call(|_| Ok::<_, std::io::Error>(())).unwrap();
+    server.kill();
+    let message = |r: Result<(), Error<std::io::Error>>| match r {
+        Err(Error::Store(e)) => e.to_string(),
+        other => panic!("while Redis is down: {other:?}"),
+    };
+    // The call that meets the outage, then calls that skip Redis.
+    let first = message(p.call(|_| Ok::<_, std::io::Error>(())));
+    let skipped: Vec<String> = (0..20)
+        .flat_map(|_| {
+            [
+                message(p.call(|_| Ok::<_, std::io::Error>(()))),
+                message(rt.block_on(p.run(|_| async { Ok::<_, std::io::Error>(()) }))),
+            ]
+        })
+        .collect();
+    let longest = skipped.iter().map(String::len).max().unwrap();
+    assert!(
+        longest <= first.len() + 200,
+        "the message grew from {} to {longest} bytes: {}",
+        first.len(),
+        skipped.last().unwrap()
+    );
+    assert!(
+        skipped.iter().all(|m| m.matches("is down").count() == 1),
+        "{skipped:?}"
+    );
+}

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use seawall::testing::VirtualClock;
 use seawall::{Bulkhead, Error, Pipeline, RateLimiter, StoreError};
-use seawall_redis::RedisStore;
+use seawall_redis::{Leasing, RedisStore};
 
 use crate::support::{unique, RedisServer};
 
@@ -413,4 +413,165 @@ fn two_stores_each_see_the_restart() {
         admitted_among(&call_b, &b, 150),
     );
     assert_eq!(na + nb, 200, "one quota in the next window, shared");
+}
+
+// ------------------------------------------------------------ leased mode
+
+/// A store whose resources `rate` and `pool` are leased.
+fn leased_store(server: &RedisServer, prefix: &str, open: bool) -> RedisStore {
+    let b = RedisStore::builder(server.url())
+        .prefix(prefix)
+        .timeout(Duration::from_secs(2))
+        .reconnect_interval(Duration::from_millis(100))
+        .local_refusals(0)
+        .caller_clock()
+        .leased("rate", Leasing::batch(BATCH).low_water(LOW))
+        // The keeper extends the pool every 100 ms (real time): it finds
+        // the pool's slots gone soon after the restart.
+        .leased(
+            "pool",
+            Leasing::batch(2)
+                .low_water(0)
+                .ttl(Duration::from_millis(200)),
+        );
+    if open { b.fail_open() } else { b.fail_closed() }
+        .build()
+        .unwrap()
+}
+
+const BATCH: u32 = 20;
+const LOW: u32 = 10;
+
+/// Leased fixed window of 200 per second, batches of 20 renewed at 10: 150
+/// admitted, a restart, then calls in the same window (on the store's
+/// clock) until the reachable store answered 300; then the next window.
+/// Returns what was admitted after the restart, and how many calls were
+/// held by it.
+fn leased_quota_after_restart(open: bool, asynchronous: bool) -> (u32, u32) {
+    let mut server = RedisServer::start();
+    let store = leased_store(&server, &unique("restart-leased"), open);
+    let clock = VirtualClock::starting_at(Duration::from_secs(1_000));
+    let p = Pipeline::builder("rate")
+        .rate_limiter(RateLimiter::fixed_window(200, Duration::from_secs(1)))
+        .clock(clock.clone())
+        .store(store.clone())
+        .build()
+        .unwrap();
+    let rt = crate::support::rt();
+    let sync = || p.call(|_| Ok::<_, std::io::Error>(()));
+    let run = || rt.block_on(p.run(|_| async { Ok::<_, std::io::Error>(()) }));
+    let call: Call<'_> = if asynchronous { &run } else { &sync };
+    assert_eq!(admitted_among(call, &store, 150), 150);
+
+    server.restart();
+    let held = AtomicU32::new(0);
+    let counting = || {
+        let r = call();
+        if answer(&r) == Answer::Held {
+            held.fetch_add(1, Ordering::Relaxed);
+        }
+        r
+    };
+    let after_restart = admitted_among(&counting, &store, 300);
+
+    // One window later (the batch in hand expired and given back), the
+    // quota is back, exactly once, through Redis.
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(admitted_among(call, &store, 250), 200);
+    let held = held.load(Ordering::Relaxed);
+    eprintln!(
+        "leased rate limit, fail-open {open}, async {asynchronous}: {after_restart} admitted \
+         in the window of the restart after it, {held} calls held"
+    );
+    (after_restart, held)
+}
+
+#[test]
+fn a_restarted_empty_redis_lets_a_leased_rate_limit_spend_its_batch_and_no_second_quota() {
+    // Fail-closed: the batch in hand at the restart (at most a batch plus
+    // the low-water mark) is spent; the next lease waits for the window of
+    // the restart to end, as an exact admission does.
+    for asynchronous in [false, true] {
+        let (after, held) = leased_quota_after_restart(false, asynchronous);
+        assert!(
+            after <= BATCH + LOW,
+            "async {asynchronous}: {after} admitted after the restart"
+        );
+        assert!(held > 0, "async {asynchronous}: the restart was never seen");
+    }
+}
+
+#[test]
+fn a_restarted_empty_redis_under_fail_open_admits_the_leased_batch_and_one_local_quota() {
+    let (after, _) = leased_quota_after_restart(true, false);
+    assert!(
+        after <= BATCH + LOW + 200,
+        "{after} admitted after the restart"
+    );
+}
+
+#[test]
+fn a_restarted_empty_redis_never_puts_a_leased_bulkhead_over_capacity() {
+    for open in [false, true] {
+        let mut server = RedisServer::start();
+        let store = leased_store(&server, &unique("restart-leased-pool"), open);
+        let clock = VirtualClock::starting_at(Duration::from_secs(1_000));
+        let p = Pipeline::builder("pool")
+            .bulkhead(Bulkhead::new(5).lease(Duration::from_secs(10)))
+            .clock(clock.clone())
+            .store(store.clone())
+            .build()
+            .unwrap();
+        let running = Arc::new(AtomicU32::new(0));
+        let peak = Arc::new(AtomicU32::new(0));
+        // One at a time: each admitted from the pool, or by a lease.
+        let holders: Vec<Holders> = (0..5)
+            .map(|_| Holders::start(&p, &running, &peak, 1))
+            .collect();
+        assert!(counted(&p, &running, &peak).unwrap_err().is_rejected());
+
+        server.restart();
+        // Calls while the five still run, their slots gone from Redis.
+        let start = Instant::now();
+        let (mut answered, mut held) = (0, 0);
+        while answered < 50 {
+            assert!(start.elapsed() < PATIENCE, "the store never answered again");
+            let r = counted(&p, &running, &peak);
+            if answer(&r) == Answer::Held {
+                held += 1;
+            }
+            if store.is_available() {
+                answered += 1;
+            } else {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            if !open {
+                assert!(r.is_err());
+            }
+        }
+        let most = peak.load(Ordering::SeqCst);
+        eprintln!(
+            "leased bulkhead of 5, fail-open {open}: at most {most} running through the \
+             restart, {held} calls held"
+        );
+        if open {
+            assert!(most <= 10, "over capacity: {most}");
+        } else {
+            assert_eq!(most, 5, "over capacity");
+            assert!(held > 0, "the restart was never seen");
+        }
+        for h in holders {
+            h.finish();
+        }
+
+        // One lease later, the bulkhead admits exactly its capacity again.
+        clock.advance(Duration::from_secs(10));
+        let holders: Vec<Holders> = (0..5)
+            .map(|_| Holders::start(&p, &running, &peak, 1))
+            .collect();
+        assert!(counted(&p, &running, &peak).unwrap_err().is_rejected());
+        for h in holders {
+            h.finish();
+        }
+    }
 }
