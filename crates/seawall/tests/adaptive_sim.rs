@@ -68,10 +68,28 @@ impl Phase {
 /// Drives `limit` through the three phases (capacity, half, capacity) on a
 /// virtual clock starting at `start`.
 fn simulate(name: &str, limit: AdaptiveLimit, start: Duration) -> Vec<Phase> {
+    let phases = [
+        (CAPACITY, FIRST_PHASE),
+        (CAPACITY / 2, PHASE),
+        (CAPACITY, PHASE),
+    ];
+    run(name, limit, start, CLIENTS, &phases)
+}
+
+/// Drives `limit` with `clients` through `phases` (a capacity and how long
+/// it lasts) on a virtual clock starting at `start`; the limit is read over
+/// the last `PHASE / 2` of each phase.
+fn run(
+    name: &str,
+    limit: AdaptiveLimit,
+    start: Duration,
+    clients: u32,
+    phases: &[(u32, Duration)],
+) -> Vec<Phase> {
     let clock = VirtualClock::starting_at(start);
     let server = Arc::new(Server {
         clock: clock.clone(),
-        capacity: AtomicU32::new(CAPACITY),
+        capacity: AtomicU32::new(phases[0].0),
         in_flight: AtomicU32::new(0),
     });
     let pipeline = Pipeline::builder(format!("sim-{name}-{}", start.as_secs()))
@@ -82,13 +100,14 @@ fn simulate(name: &str, limit: AdaptiveLimit, start: Duration) -> Vec<Phase> {
         .random(SeededRandom::new(7))
         .build()
         .expect("valid");
-    let end = start + FIRST_PHASE + PHASE * 2;
+    let end = start + phases.iter().map(|&(_, length)| length).sum::<Duration>();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()
         .expect("runtime");
+    let phases = phases.to_vec();
     runtime.block_on(async {
         let local = tokio::task::LocalSet::new();
-        for _ in 0..CLIENTS {
+        for _ in 0..clients {
             let (pipeline, server, clock) = (pipeline.clone(), server.clone(), clock.clone());
             local.spawn_local(async move {
                 while clock.now() < end {
@@ -108,13 +127,8 @@ fn simulate(name: &str, limit: AdaptiveLimit, start: Duration) -> Vec<Phase> {
         let observer = {
             let (pipeline, server, clock) = (pipeline.clone(), server.clone(), clock.clone());
             local.spawn_local(async move {
-                let mut phases = Vec::new();
-                let phases_run = [
-                    (CAPACITY, FIRST_PHASE),
-                    (CAPACITY / 2, PHASE),
-                    (CAPACITY, PHASE),
-                ];
-                for (capacity, length) in phases_run {
+                let mut seen_phases = Vec::new();
+                for (capacity, length) in phases {
                     server.capacity.store(capacity, Ordering::SeqCst);
                     let phase_end = clock.now() + length;
                     Clock::sleep(&clock, length - PHASE / 2).await;
@@ -125,14 +139,14 @@ fn simulate(name: &str, limit: AdaptiveLimit, start: Duration) -> Vec<Phase> {
                         Clock::sleep(&clock, Duration::from_millis(20)).await;
                     }
                     let mean = seen.iter().map(|&l| f64::from(l)).sum::<f64>() / seen.len() as f64;
-                    phases.push(Phase {
+                    seen_phases.push(Phase {
                         capacity,
                         mean,
                         low: *seen.iter().min().expect("samples"),
                         high: *seen.iter().max().expect("samples"),
                     });
                 }
-                phases
+                seen_phases
             })
         };
         local.run_until(observer).await.expect("observer")
@@ -155,18 +169,17 @@ fn report(name: &str, phases: &[Phase]) {
 /// Every limit is updated once per round trip of the dependency, and
 /// measures its baseline every 3 s (so each phase sees a measurement).
 ///
-/// Gradient2 settles where `(1 + buffer) x capacity + queue_size` calls
-/// are in flight: with a buffer of 5 %, 35.5 for a capacity of 30 (the
-/// default 10 % gives 37, 23 % over).
+/// Gradient2, with its default buffer and headroom, settles where the
+/// latency leaves the buffer: about `(1 + buffer) x capacity` calls, plus
+/// one.
 fn gradient2() -> AdaptiveLimit {
     AdaptiveLimit::gradient2()
         .update_interval(BASE)
-        .buffer(0.05)
         .min_rtt(Duration::from_secs(3), 50, 3)
 }
 
-/// Vegas keeps a queue of `3 log10(limit)` to `6 log10(limit)` calls (3 to
-/// 6 below a limit of 100): it settles that far above the capacity.
+/// Vegas keeps a queue of `log10(limit)` to `3 log10(limit)` calls (1 to 3
+/// below a limit of 100): it settles that far above the capacity.
 fn vegas() -> AdaptiveLimit {
     AdaptiveLimit::vegas()
         .update_interval(BASE)
@@ -197,10 +210,10 @@ fn vegas_finds_the_capacity_and_follows_it() {
         let phases = simulate("vegas", vegas(), start);
         report("vegas", &phases);
         for p in &phases {
-            // Its equilibrium: the capacity plus a queue of 3 to 6, with
+            // Its equilibrium: the capacity plus a queue of 1 to 3, with
             // the overshoot of each measurement of the baseline.
             assert!(p.error() <= 0.2, "{p:?}");
-            let (low, high) = (p.capacity + 3, p.capacity + 6);
+            let (low, high) = (p.capacity + 1, p.capacity + 3);
             assert!(
                 p.mean >= f64::from(low) - 1.0 && p.mean <= f64::from(high) + 2.0,
                 "{p:?}: Vegas settles between {low} and {high}"
@@ -217,5 +230,39 @@ fn aimd_finds_the_capacity_and_follows_it() {
         for p in &phases {
             assert!(p.error() <= 0.2, "{p:?}");
         }
+    }
+}
+
+/// The capacities of the sweep, from small to large.
+const CAPACITIES: [u32; 4] = [20, 30, 60, 150];
+
+/// Drives `limit` against a server of each capacity of [`CAPACITIES`] (one
+/// phase, long enough for Gradient2's headroom to climb from 20 to it),
+/// clocks from 0 and 10^6 s; prints the settled limits.
+fn sweep(name: &str, limit: fn() -> AdaptiveLimit) -> Vec<Phase> {
+    let mut settled = Vec::new();
+    for start in [Duration::ZERO, Duration::from_secs(1_000_000)] {
+        for capacity in CAPACITIES {
+            let clients = capacity + (capacity / 4).max(12);
+            let length = Duration::from_secs(6) + Duration::from_millis(u64::from(capacity) * 60);
+            let phases = run(name, limit(), start, clients, &[(capacity, length)]);
+            report(name, &phases);
+            settled.extend(phases);
+        }
+    }
+    settled
+}
+
+#[test]
+fn gradient2_with_its_defaults_settles_within_20_percent_from_20_to_150() {
+    for p in sweep("gradient2", gradient2) {
+        assert!(p.error() <= 0.2, "{p:?}");
+    }
+}
+
+#[test]
+fn vegas_with_its_defaults_settles_within_20_percent_from_20_to_150() {
+    for p in sweep("vegas", vegas) {
+        assert!(p.error() <= 0.2, "{p:?}");
     }
 }

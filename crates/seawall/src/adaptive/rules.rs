@@ -18,13 +18,15 @@
 //!   `rtt_timeout` multiplies the limit by `backoff_ratio`; a success while
 //!   the limit is at least half used adds one.
 //! - **Vegas**: the queue at the dependency is estimated as
-//!   `limit x (1 - baseline / rtt)`; below `log10(limit)` the limit grows
-//!   by `6 log10(limit)`, below `3 log10(limit)` by `log10(limit)`, above
-//!   `6 log10(limit)` it shrinks by `log10(limit)`, a drop shrinks it by
-//!   `log10(limit)`; the new limit is smoothed.
+//!   `limit x (1 - baseline / rtt)`; at most `log10(limit)`, the limit
+//!   grows by `3 log10(limit)`, above `3 log10(limit)` it shrinks by
+//!   `log10(limit)`, a drop shrinks it by `log10(limit)`; the new limit is
+//!   smoothed. (Brakmo and Peterson's `alpha = 1`, `beta = 3`, scaled by
+//!   `log10(limit)` as Netflix scales its `3` and `6`.)
 //! - **Gradient2**: the gradient `baseline x (1 + buffer) / rtt`, clamped
 //!   to `[0.5, 1]` (0.5 for a drop), scales the limit, `queue_size` is
-//!   added as headroom, and the result is smoothed.
+//!   added as headroom while the gradient is 1 (the latency within the
+//!   buffer), and the result is smoothed.
 //!
 //! Vegas and Gradient2 compare each latency with a **baseline**, the
 //! latency of the dependency without load. It is measured as Envoy's
@@ -411,11 +413,11 @@ fn vegas(spec: &Spec, limit: f64, s: &Sample, base: Nanos, smoothing: f64) -> f6
         return limit;
     } else {
         let queue = (limit * (1.0 - base as f64 / s.rtt.max(1) as f64)).ceil();
-        let (alpha, beta) = (3.0 * step, 6.0 * step);
-        if queue <= step {
+        // The queue is kept between `alpha` and `beta`; at or below
+        // `alpha` the limit grows by `beta` at once.
+        let (alpha, beta) = (step, 3.0 * step);
+        if queue <= alpha {
             limit + beta
-        } else if queue < alpha {
-            limit + step
         } else if queue > beta {
             limit - step
         } else {
@@ -443,7 +445,16 @@ fn gradient2(
     } else {
         (base as f64 * (1.0 + buffer) / s.rtt.max(1) as f64).clamp(0.5, 1.0)
     };
-    let target = limit * gradient + f64::from(queue_size);
+    // The headroom probes for more capacity while the dependency shows no
+    // queue beyond the buffer; once it does, the gradient alone sets the
+    // limit, which then settles at `(1 + buffer) x capacity` rather than
+    // `queue_size` calls above it.
+    let headroom = if gradient >= 1.0 {
+        f64::from(queue_size)
+    } else {
+        0.0
+    };
+    let target = limit * gradient + headroom;
     clamp(spec, (1.0 - smoothing) * limit + smoothing * target)
 }
 
@@ -567,7 +578,7 @@ mod tests {
     }
 
     #[test]
-    fn gradient2_grows_by_its_headroom_and_shrinks_with_latency() {
+    fn gradient2_grows_by_its_headroom_within_the_buffer_and_shrinks_with_latency() {
         let s = spec(Algorithm::Gradient2 {
             smoothing: 0.2,
             queue_size: 4,
@@ -578,11 +589,18 @@ mod tests {
         // No queueing: 100 x 1 + 4, smoothed by 0.2.
         let up = update(&s, st, &sample(10 * MS, 100, Signal::Success));
         assert!((up.limit - 100.8).abs() < 1e-9, "{}", up.limit);
-        // Twice the latency: gradient 0.55.
+        // Within the buffer: the same.
+        let within = update(&s, st, &sample(11 * MS, 100, Signal::Success));
+        assert!((within.limit - 100.8).abs() < 1e-9, "{}", within.limit);
+        // Twice the latency: gradient 0.55, no headroom.
         let down = update(&s, st, &sample(20 * MS, 100, Signal::Success));
-        assert!((down.limit - (0.8 * 100.0 + 0.2 * 59.0)).abs() < 1e-9);
+        assert!((down.limit - (0.8 * 100.0 + 0.2 * 55.0)).abs() < 1e-9);
+        // Just past the buffer: the gradient alone.
+        let past = update(&s, st, &sample(12 * MS, 100, Signal::Success));
+        let gradient = 11.0 / 12.0;
+        assert!((past.limit - (0.8 * 100.0 + 0.2 * 100.0 * gradient)).abs() < 1e-9);
         // Clamped at 0.5, also for a drop.
-        let floor = 0.8 * 100.0 + 0.2 * 54.0;
+        let floor = 0.8 * 100.0 + 0.2 * 50.0;
         let way_down = update(&s, st, &sample(90 * MS, 100, Signal::Success));
         assert!((way_down.limit - floor).abs() < 1e-9);
         let dropped = update(&s, st, &sample(1, 10, Signal::Dropped));
@@ -598,22 +616,27 @@ mod tests {
             baseline: measure(),
         });
         let st = known(&s, 100.0, 10 * MS);
-        // log10(100) = 2: no queue grows by 12.
+        // log10(100) = 2: no queue grows by beta, 6.
         assert_eq!(
             update(&s, st, &sample(10 * MS, 100, Signal::Success)).limit,
-            112.0
+            106.0
         );
-        // Queue of ceil(100 x (1 - 10/10.4)) = 4: below alpha (6), +2.
+        // Queue of ceil(100 x (1 - 10/10.2)) = 2: at alpha (2), +6.
+        assert_eq!(
+            update(&s, st, &sample(10_200_000, 100, Signal::Success)).limit,
+            106.0
+        );
+        // Queue of ceil(100 x (1 - 10/10.4)) = 4: between alpha and beta,
+        // unchanged.
         assert_eq!(
             update(&s, st, &sample(10_400_000, 100, Signal::Success)).limit,
-            102.0
-        );
-        // Queue 9: between alpha and beta, unchanged.
-        assert_eq!(
-            update(&s, st, &sample(11 * MS, 100, Signal::Success)).limit,
             100.0
         );
-        // Queue 50: above beta (12), -2; a drop too.
+        // Queue 9: above beta (6), -2; queue 50 too; a drop too.
+        assert_eq!(
+            update(&s, st, &sample(11 * MS, 100, Signal::Success)).limit,
+            98.0
+        );
         assert_eq!(
             update(&s, st, &sample(20 * MS, 100, Signal::Success)).limit,
             98.0
