@@ -6,7 +6,7 @@
 //!
 //! Run with `--nocapture` to see the figures (the README quotes them).
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,6 +29,8 @@ const BACKOFF: Duration = Duration::from_millis(25);
 struct Server {
     clock: VirtualClock,
     capacity: AtomicU32,
+    /// Its latency without load, in nanoseconds.
+    base: AtomicU64,
     in_flight: AtomicU32,
 }
 
@@ -39,10 +41,11 @@ impl Server {
     async fn handle(&self) -> Result<(), Overloaded> {
         let n = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
         let capacity = self.capacity.load(Ordering::SeqCst);
+        let base = Duration::from_nanos(self.base.load(Ordering::SeqCst));
         let latency = if n <= capacity {
-            BASE
+            base
         } else {
-            BASE * n / capacity
+            base * n / capacity
         };
         Clock::sleep(&self.clock, latency).await;
         self.in_flight.fetch_sub(1, Ordering::SeqCst);
@@ -69,27 +72,29 @@ impl Phase {
 /// virtual clock starting at `start`.
 fn simulate(name: &str, limit: AdaptiveLimit, start: Duration) -> Vec<Phase> {
     let phases = [
-        (CAPACITY, FIRST_PHASE),
-        (CAPACITY / 2, PHASE),
-        (CAPACITY, PHASE),
+        (CAPACITY, BASE, FIRST_PHASE),
+        (CAPACITY / 2, BASE, PHASE),
+        (CAPACITY, BASE, PHASE),
     ];
     run(name, limit, start, CLIENTS, &phases)
 }
 
-/// Drives `limit` with `clients` through `phases` (a capacity and how long
-/// it lasts) on a virtual clock starting at `start`; the limit is read over
-/// the last `PHASE / 2` of each phase.
+/// Drives `limit` with `clients` through `phases` (the server's capacity,
+/// its latency without load, and how long it lasts) on a virtual clock
+/// starting at `start`; the limit is read over the last `PHASE / 2` of
+/// each phase (all of a shorter one).
 fn run(
     name: &str,
     limit: AdaptiveLimit,
     start: Duration,
     clients: u32,
-    phases: &[(u32, Duration)],
+    phases: &[(u32, Duration, Duration)],
 ) -> Vec<Phase> {
     let clock = VirtualClock::starting_at(start);
     let server = Arc::new(Server {
         clock: clock.clone(),
         capacity: AtomicU32::new(phases[0].0),
+        base: AtomicU64::new(phases[0].1.as_nanos() as u64),
         in_flight: AtomicU32::new(0),
     });
     let pipeline = Pipeline::builder(format!("sim-{name}-{}", start.as_secs()))
@@ -100,7 +105,7 @@ fn run(
         .random(SeededRandom::new(7))
         .build()
         .expect("valid");
-    let end = start + phases.iter().map(|&(_, length)| length).sum::<Duration>();
+    let end = start + phases.iter().map(|&(_, _, length)| length).sum::<Duration>();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()
         .expect("runtime");
@@ -128,10 +133,11 @@ fn run(
             let (pipeline, server, clock) = (pipeline.clone(), server.clone(), clock.clone());
             local.spawn_local(async move {
                 let mut seen_phases = Vec::new();
-                for (capacity, length) in phases {
+                for (capacity, base, length) in phases {
                     server.capacity.store(capacity, Ordering::SeqCst);
+                    server.base.store(base.as_nanos() as u64, Ordering::SeqCst);
                     let phase_end = clock.now() + length;
-                    Clock::sleep(&clock, length - PHASE / 2).await;
+                    Clock::sleep(&clock, length.saturating_sub(PHASE / 2)).await;
                     let mut seen = Vec::new();
                     while clock.now() < phase_end {
                         let now = pipeline.concurrency_limit().expect("declared");
@@ -245,7 +251,7 @@ fn sweep(name: &str, limit: fn() -> AdaptiveLimit) -> Vec<Phase> {
         for capacity in CAPACITIES {
             let clients = capacity + (capacity / 4).max(12);
             let length = Duration::from_secs(6) + Duration::from_millis(u64::from(capacity) * 60);
-            let phases = run(name, limit(), start, clients, &[(capacity, length)]);
+            let phases = run(name, limit(), start, clients, &[(capacity, BASE, length)]);
             report(name, &phases);
             settled.extend(phases);
         }
@@ -264,5 +270,53 @@ fn gradient2_with_its_defaults_settles_within_20_percent_from_20_to_150() {
 fn vegas_with_its_defaults_settles_within_20_percent_from_20_to_150() {
     for p in sweep("vegas", vegas) {
         assert!(p.error() <= 0.2, "{p:?}");
+    }
+}
+
+/// The dependency answers in half its usual latency while the first
+/// baseline is measured (a warm cache, an idle replica), then in its usual
+/// latency for good: against that baseline every latency looks queued, and
+/// the limit falls to `min_limit` and stays there. After
+/// `MIN_LIMIT_WINDOWS` (5) update windows at the minimum the baseline is
+/// measured again, and the limit climbs back to the capacity long before
+/// `min_rtt_interval` (60 s by default) would have measured it. Returns
+/// the three phases: the fast one, the fall, the recovery.
+fn remeasured_at_the_minimum(name: &str, limit: AdaptiveLimit, fall: Duration) -> Vec<Phase> {
+    let phases = [
+        (CAPACITY, BASE / 2, Duration::from_secs(1)),
+        (CAPACITY, BASE, fall),
+        (CAPACITY, BASE, Duration::from_secs(10)),
+    ];
+    let mut all = Vec::new();
+    for start in [Duration::ZERO, Duration::from_secs(1_000_000)] {
+        let phases = run(name, limit.clone(), start, CLIENTS, &phases);
+        report(name, &phases);
+        all.extend(phases);
+    }
+    all
+}
+
+#[test]
+fn gradient2_held_at_its_minimum_measures_its_baseline_again() {
+    // Its defaults: limits 20 to 200, baseline every 60 s.
+    let limit = AdaptiveLimit::gradient2();
+    for p in remeasured_at_the_minimum("gradient2", limit, Duration::from_millis(2_500)).chunks(3) {
+        // Fallen to the minimum (the measurement under way keeps it).
+        assert_eq!(p[1].low, 20, "{p:?}");
+        // Back within 20 % of the capacity, 13.5 s after the first
+        // measurement.
+        assert!(p[2].error() <= 0.2, "{p:?}");
+    }
+}
+
+#[test]
+fn vegas_held_at_its_minimum_measures_its_baseline_again() {
+    // Its defaults, with a minimum of 10 (Vegas, at a queue of 3 calls
+    // per `log10(limit)`, holds 6 calls against a baseline of half the
+    // latency, above its default minimum of 1).
+    let limit = AdaptiveLimit::vegas().min_limit(10);
+    for p in remeasured_at_the_minimum("vegas", limit, Duration::from_secs(5)).chunks(3) {
+        assert_eq!(p[1].low, 10, "{p:?}");
+        assert!(p[2].error() <= 0.2, "{p:?}");
     }
 }

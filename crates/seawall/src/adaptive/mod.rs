@@ -65,7 +65,15 @@
 //!   `min_rtt_concurrency` until `min_rtt_samples` attempts admitted at
 //!   that concurrency ended (their mean latency is the baseline), then
 //!   measured again every `min_rtt_interval` plus up to `min_rtt_jitter`
-//!   of it at random; a limit starts by measuring it.
+//!   of it at random; a limit starts by measuring it. As in Envoy, a limit
+//!   left at `min_limit` by 5 update windows in a row measures its
+//!   baseline again at once: a baseline lower than the dependency's
+//!   latency without load (measured while it was unusually fast, or before
+//!   it became slower for good) makes every latency look queued and holds
+//!   the limit at its minimum, which would otherwise last until the next
+//!   `min_rtt_interval`. A dependency that cannot serve `min_limit` calls
+//!   at once then has its baseline measured every 5 windows: set
+//!   `min_limit` below its capacity.
 //! - **Partitions** split the limit by shares that add up to 1 (`live`
 //!   0.9, `batch` 0.1): below the limit any call is admitted; at the limit
 //!   a call is still admitted while its partition has fewer than

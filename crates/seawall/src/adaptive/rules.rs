@@ -35,7 +35,9 @@
 //! concurrency ended, their mean latency is the baseline, and it is
 //! measured again every `min_rtt_interval` (plus a random jitter, so
 //! processes do not pin at the same time). A lower latency seen between
-//! measurements lowers the baseline at once (Vegas).
+//! measurements lowers the baseline at once (Vegas). As in Envoy, a limit
+//! left at `min_limit` by [`MIN_LIMIT_WINDOWS`] update windows in a row
+//! measures its baseline again at once, without waiting for the interval.
 
 use std::time::Duration;
 
@@ -126,7 +128,17 @@ pub(crate) struct State {
     pub(crate) window: u32,
     /// The samples of the update window under way.
     pub(crate) gathered: Gathered,
+    /// Update windows in a row that left the limit at `min_limit` (Vegas
+    /// and Gradient2; see [`MIN_LIMIT_WINDOWS`]).
+    pub(crate) at_min: u32,
 }
+
+/// Update windows in a row at `min_limit` after which the baseline is
+/// measured again at once, as Envoy's gradient controller does: a limit
+/// held at its minimum by a baseline lower than the dependency's latency
+/// without load (measured while it was unusually fast, or before it
+/// became slower for good) would otherwise wait for `min_rtt_interval`.
+pub(crate) const MIN_LIMIT_WINDOWS: u32 = 5;
 
 /// The samples of an update window: when it opened (`None`: no sample
 /// yet), the sum and count of their latencies, the most calls in flight,
@@ -220,6 +232,7 @@ pub(crate) fn initial(spec: &Spec) -> State {
         },
         window: 1,
         gathered: Gathered::default(),
+        at_min: 0,
     }
 }
 
@@ -301,14 +314,7 @@ pub(crate) fn update(spec: &Spec, state: State, sample: &Sample) -> State {
                 return next;
             }
             Baseline::Known { next: due, .. } if sample.now >= due => {
-                next.baseline = Baseline::Measuring { sum: 0, samples: 0 };
-                // The update window starts again after the measurement.
-                next.gathered = Gathered::default();
-                next.window = match state.window.wrapping_add(1) {
-                    0 => 1,
-                    w => w,
-                };
-                return next;
+                return remeasure(next);
             }
             _ => {}
         }
@@ -336,7 +342,10 @@ pub(crate) fn update(spec: &Spec, state: State, sample: &Sample) -> State {
         Algorithm::Aimd {
             backoff_ratio,
             rtt_timeout,
-        } => aimd(spec, state.limit, sample, backoff_ratio, rtt_timeout),
+        } => {
+            next.limit = aimd(spec, state.limit, sample, backoff_ratio, rtt_timeout);
+            return next;
+        }
         Algorithm::Vegas { smoothing, .. } => {
             let Baseline::Known {
                 rtt: base,
@@ -351,9 +360,10 @@ pub(crate) fn update(spec: &Spec, state: State, sample: &Sample) -> State {
                     rtt: sample.rtt.max(1),
                     next: due,
                 };
-                return next;
+                state.limit
+            } else {
+                vegas(spec, state.limit, sample, base, smoothing)
             }
-            vegas(spec, state.limit, sample, base, smoothing)
         }
         Algorithm::Gradient2 {
             smoothing,
@@ -375,7 +385,33 @@ pub(crate) fn update(spec: &Spec, state: State, sample: &Sample) -> State {
             )
         }
     };
+    // Held at the minimum: the baseline may be too low for the
+    // dependency's latency now; measured again after a few windows.
+    next.at_min = if whole(next.limit) <= spec.min_limit {
+        state.at_min + 1
+    } else {
+        0
+    };
+    if next.at_min >= MIN_LIMIT_WINDOWS {
+        return remeasure(next);
+    }
     next
+}
+
+/// `state` with a measurement of the baseline begun: in a new measurement
+/// window, the update window and the count of windows at the minimum
+/// starting again after it.
+fn remeasure(state: State) -> State {
+    State {
+        baseline: Baseline::Measuring { sum: 0, samples: 0 },
+        gathered: Gathered::default(),
+        window: match state.window.wrapping_add(1) {
+            0 => 1,
+            w => w,
+        },
+        at_min: 0,
+        ..state
+    }
 }
 
 /// The sample's `draw` is read in `state`: while the baseline is measured
@@ -646,6 +682,64 @@ mod tests {
         let lower = update(&s, st, &sample(5 * MS, 100, Signal::Success));
         assert_eq!(lower.limit, 100.0);
         assert!(matches!(lower.baseline, Baseline::Known { rtt, .. } if rtt == 5 * MS));
+    }
+
+    #[test]
+    fn five_windows_in_a_row_at_the_minimum_measure_the_baseline_again() {
+        for algorithm in [
+            Algorithm::Gradient2 {
+                smoothing: 1.0,
+                queue_size: 4,
+                buffer: 0.1,
+                baseline: measure(),
+            },
+            Algorithm::Vegas {
+                smoothing: 1.0,
+                baseline: measure(),
+            },
+        ] {
+            let s = spec(algorithm);
+            // Latencies 4 times the baseline: the limit falls to 10 and
+            // stays there.
+            let slow = |now| Sample {
+                now,
+                ..sample(40 * MS, 20, Signal::Success)
+            };
+            let mut st = known(&s, 11.0, 10 * MS);
+            st = update(&s, st, &slow(1));
+            assert_eq!((st.limit, st.at_min), (10.0, 1), "{algorithm:?}");
+            for n in 2..MIN_LIMIT_WINDOWS {
+                st = update(&s, st, &slow(u64::from(n)));
+                assert_eq!(st.at_min, n);
+                assert!(matches!(st.baseline, Baseline::Known { .. }));
+            }
+            let window = st.window;
+            st = update(&s, st, &slow(9));
+            // The fifth: measured again, long before the interval.
+            assert_eq!(st.baseline, Baseline::Measuring { sum: 0, samples: 0 });
+            assert_eq!((st.window, st.at_min), (window + 1, 0));
+            assert_eq!((admitted_limit(&s, &st), st.limit), (3, 10.0));
+            // A window that leaves the minimum starts the count again.
+            let mut st = known(&s, 10.0, 10 * MS);
+            st.at_min = MIN_LIMIT_WINDOWS - 1;
+            let fast = Sample {
+                now: 1,
+                ..sample(10 * MS, 10, Signal::Success)
+            };
+            st = update(&s, st, &fast);
+            assert!(st.limit > 10.0);
+            assert_eq!(st.at_min, 0);
+        }
+        // AIMD has no baseline: it never counts.
+        let s = spec(Algorithm::Aimd {
+            backoff_ratio: 0.5,
+            rtt_timeout: MS,
+        });
+        let mut st = initial(&s);
+        for _ in 0..10 {
+            st = update(&s, st, &sample(10 * MS, 20, Signal::Dropped));
+            assert_eq!((st.limit, st.at_min), (10.0, 0));
+        }
     }
 
     #[test]
