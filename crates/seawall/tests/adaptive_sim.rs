@@ -105,7 +105,11 @@ fn run(
         .random(SeededRandom::new(7))
         .build()
         .expect("valid");
-    let end = start + phases.iter().map(|&(_, _, length)| length).sum::<Duration>();
+    let end = start
+        + phases
+            .iter()
+            .map(|&(_, _, length)| length)
+            .sum::<Duration>();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()
         .expect("runtime");

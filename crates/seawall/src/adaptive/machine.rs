@@ -176,7 +176,12 @@ impl Limiter {
     /// Gives the slot of `lease` back and applies the call's sample: it
     /// ran `rtt` nanoseconds and ended at `now` with `signal`. Returns the
     /// estimated limit before and after, when it changed.
-    #[inline]
+    ///
+    /// Inlined into the call's end: most samples only join the window
+    /// ([`Window::try_join`]); the others go to [`apply`](Self::apply),
+    /// out of line, so that the common case pays for no call and saves no
+    /// registers.
+    #[inline(always)]
     pub(crate) fn release(
         &self,
         lease: Lease,
@@ -199,6 +204,20 @@ impl Limiter {
             // The limit stays: admissions read the same.
             return None;
         }
+        self.apply(lease, signal, rtt, now, random)
+    }
+
+    /// Applies a sample that does not only join the window (see
+    /// [`release`](Self::release)) under the lock.
+    #[inline(never)]
+    fn apply(
+        &self,
+        lease: Lease,
+        signal: Signal,
+        rtt: u64,
+        now: u64,
+        random: &dyn Random,
+    ) -> Option<(u32, u32)> {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         // The samples joined since the last holder, before this one.
         let joined = self.window.take();
@@ -246,7 +265,7 @@ impl Limiter {
     }
 
     /// Frees the slot of a lease that holds one.
-    #[inline]
+    #[inline(always)]
     fn free(&self, lease: Lease) {
         let _ = self
             .in_flight
@@ -312,7 +331,7 @@ const MAX_JOINED: u64 = (1 << (63 - SUM_BITS)) - 1;
 impl Window {
     /// Joins a sample that ended at `now` when it only joins the window:
     /// `false` when the lock's holder must apply it.
-    #[inline]
+    #[inline(always)]
     fn try_join(&self, rtt: u64, in_flight: u32, dropped: bool, now: u64) -> bool {
         if dropped || now >= self.until.load(Ordering::Acquire) || rtt > SUM_MASK {
             return false;
