@@ -630,6 +630,56 @@ mod tests {
         }
     }
 
+    /// On the system clock the cell compares raw readings with the
+    /// window's bound turned into a reading: the samples ending at the
+    /// readings just before the bound join without the lock, the one at
+    /// the bound closes the window, and the cell decides as the rules
+    /// applied to the scaled readings (the latency the distance between
+    /// them, the end its time).
+    #[test]
+    fn on_the_system_clock_the_cell_decides_on_the_scaled_readings() {
+        let clock = ClockHandle::System;
+        let l = Limiter::new(
+            &AdaptiveLimit::aimd()
+                .limits(10, 10, 20)
+                .update_interval(Duration::from_millis(1)),
+        );
+        let random = SeededRandom::new(1);
+        let mut model = rules::initial(&l.spec);
+        let mut release = |start: u64, end: u64, joins: bool| {
+            let lease = Lease {
+                start,
+                ..l.acquire(None, &clock).unwrap()
+            };
+            let before = model;
+            let sample = Sample {
+                rtt: clock.nanos_between(start, end),
+                in_flight: lease.in_flight,
+                signal: Signal::Success,
+                window: lease.window,
+                now: clock.nanos_at(end),
+                draw: 0.0,
+            };
+            model = rules::update(&l.spec, before, &sample);
+            let got = l.release(lease, Signal::Success, end, &clock, &random);
+            let (from, to) = (rules::whole(before.limit), rules::whole(model.limit));
+            assert_eq!(got, (from != to).then_some((from, to)));
+            let joined = l.window.joined.load(Ordering::Acquire);
+            assert_eq!(joined & CLOSED == 0 && joined >> SUM_BITS > 0, joins);
+        };
+        let opened = clock.ticks() + 1_000;
+        // Opens the window (under the lock).
+        release(opened - 500, opened, false);
+        let bound = clock.first_reading_at(clock.nanos_at(opened) + 1_000_000);
+        assert_eq!(l.window.until.load(Ordering::Acquire), bound);
+        release(opened, bound - 2, true);
+        release(opened + 7, bound - 1, true);
+        // At the bound: a millisecond after the window opened, it closes.
+        release(opened + 9, bound, false);
+        assert_eq!(l.settled(), model);
+        assert_eq!(model.gathered, rules::Gathered::default());
+    }
+
     /// Latencies whose sum would not fit the joined word are applied
     /// under the lock: the window's sum stays exact.
     #[test]
