@@ -43,14 +43,20 @@ pub trait Clock: Send + Sync + fmt::Debug + 'static {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SystemClock;
 
+/// The process's `quanta` clock and its origin (its first raw reading).
 #[inline]
-fn system_now_nanos() -> u64 {
+fn system() -> &'static (quanta::Clock, u64) {
     static CLOCK: OnceLock<(quanta::Clock, u64)> = OnceLock::new();
-    let (clock, origin) = CLOCK.get_or_init(|| {
+    CLOCK.get_or_init(|| {
         let clock = quanta::Clock::new();
         let origin = clock.raw();
         (clock, origin)
-    });
+    })
+}
+
+#[inline]
+fn system_now_nanos() -> u64 {
+    let (clock, origin) = system();
     clock.delta_as_nanos(*origin, clock.raw())
 }
 
@@ -98,6 +104,88 @@ impl ClockHandle {
             #[cfg(any(test, feature = "test-util"))]
             ClockHandle::Virtual(v) => v.now_nanos(),
             ClockHandle::Custom(c) => duration_nanos(c.now()),
+        }
+    }
+
+    /// A reading of the clock in its own unit: the raw counter of the
+    /// system clock (the time-stamp counter, unscaled), nanoseconds for
+    /// the others. [`nanos_at`](Self::nanos_at) and
+    /// [`nanos_between`](Self::nanos_between) turn readings into
+    /// nanoseconds: a reading that only measures a duration, or is
+    /// compared with a bound turned into a reading once
+    /// ([`first_reading_at`](Self::first_reading_at)), is never scaled.
+    #[inline]
+    pub(crate) fn ticks(&self) -> u64 {
+        match self {
+            ClockHandle::System => system().0.raw(),
+            #[cfg(any(test, feature = "test-util"))]
+            ClockHandle::Virtual(v) => v.now_nanos(),
+            ClockHandle::Custom(c) => duration_nanos(c.now()),
+        }
+    }
+
+    /// The time of a reading of [`ticks`](Self::ticks): what
+    /// [`now_nanos`](Self::now_nanos) would have given then.
+    #[inline]
+    pub(crate) fn nanos_at(&self, ticks: u64) -> u64 {
+        match self {
+            ClockHandle::System => {
+                let (clock, origin) = system();
+                clock.delta_as_nanos(*origin, ticks)
+            }
+            _ => ticks,
+        }
+    }
+
+    /// Nanoseconds from reading `from` to reading `to` (0 when `to` is not
+    /// after `from`), scaled once.
+    #[inline]
+    pub(crate) fn nanos_between(&self, from: u64, to: u64) -> u64 {
+        match self {
+            ClockHandle::System => system().0.delta_as_nanos(from, to),
+            _ => to.saturating_sub(from),
+        }
+    }
+
+    /// The first reading whose time ([`nanos_at`](Self::nanos_at)) is
+    /// `nanos` or later: every reading before it is earlier than `nanos`.
+    /// (When no reading within about 2^62 ticks of the origin reaches
+    /// `nanos`, 0: no reading is known to be earlier.)
+    pub(crate) fn first_reading_at(&self, nanos: u64) -> u64 {
+        match self {
+            ClockHandle::System => {
+                let origin = system().1;
+                if nanos == 0 {
+                    return 0;
+                }
+                // `nanos_at(lo) < nanos <= nanos_at(hi)`; the time of a
+                // reading grows with it (a product and a shift of the
+                // distance to the origin).
+                let (mut lo, mut step) = (origin, 1u64);
+                let mut hi = loop {
+                    let Some(hi) = origin.checked_add(step) else {
+                        return 0;
+                    };
+                    if self.nanos_at(hi) >= nanos {
+                        break hi;
+                    }
+                    if step >= 1 << 62 {
+                        return 0;
+                    }
+                    lo = hi;
+                    step *= 2;
+                };
+                while hi - lo > 1 {
+                    let mid = lo + (hi - lo) / 2;
+                    if self.nanos_at(mid) >= nanos {
+                        hi = mid;
+                    } else {
+                        lo = mid;
+                    }
+                }
+                hi
+            }
+            _ => nanos,
         }
     }
 
@@ -273,6 +361,31 @@ mod tests {
             let x = r.next_f64();
             assert!((0.0..1.0).contains(&x));
         }
+    }
+
+    /// A bound turned into a reading of the system clock: every reading
+    /// before it is earlier than the bound, it is not; readings are scaled
+    /// as `now_nanos` scales them.
+    #[test]
+    fn the_first_reading_at_a_time_is_exact() {
+        let clock = ClockHandle::System;
+        let now = clock.ticks();
+        assert!(clock.nanos_at(now) <= clock.now_nanos());
+        assert_eq!(clock.first_reading_at(0), 0);
+        for nanos in [1, 7, 1_000, 123_456_789, 3_600_000_000_000, 1 << 50] {
+            let t = clock.first_reading_at(nanos);
+            assert!(clock.nanos_at(t) >= nanos, "{nanos}");
+            assert!(clock.nanos_at(t - 1) < nanos, "{nanos}");
+        }
+        assert_eq!(clock.nanos_between(now, now + 1_000_000), {
+            let (c, _) = system();
+            c.delta_as_nanos(now, now + 1_000_000)
+        });
+        assert_eq!(clock.nanos_between(now, now), 0);
+        let virtual_clock = ClockHandle::from_clock(VirtualClock::new());
+        assert_eq!(virtual_clock.first_reading_at(42), 42);
+        assert_eq!(virtual_clock.nanos_between(5, 42), 37);
+        assert_eq!(virtual_clock.nanos_at(42), 42);
     }
 
     #[test]

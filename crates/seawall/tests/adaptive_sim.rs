@@ -6,7 +6,7 @@
 //!
 //! Run with `--nocapture` to see the figures (the README quotes them).
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,6 +29,8 @@ const BACKOFF: Duration = Duration::from_millis(25);
 struct Server {
     clock: VirtualClock,
     capacity: AtomicU32,
+    /// Its latency without load, in nanoseconds.
+    base: AtomicU64,
     in_flight: AtomicU32,
 }
 
@@ -39,10 +41,11 @@ impl Server {
     async fn handle(&self) -> Result<(), Overloaded> {
         let n = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
         let capacity = self.capacity.load(Ordering::SeqCst);
+        let base = Duration::from_nanos(self.base.load(Ordering::SeqCst));
         let latency = if n <= capacity {
-            BASE
+            base
         } else {
-            BASE * n / capacity
+            base * n / capacity
         };
         Clock::sleep(&self.clock, latency).await;
         self.in_flight.fetch_sub(1, Ordering::SeqCst);
@@ -68,10 +71,30 @@ impl Phase {
 /// Drives `limit` through the three phases (capacity, half, capacity) on a
 /// virtual clock starting at `start`.
 fn simulate(name: &str, limit: AdaptiveLimit, start: Duration) -> Vec<Phase> {
+    let phases = [
+        (CAPACITY, BASE, FIRST_PHASE),
+        (CAPACITY / 2, BASE, PHASE),
+        (CAPACITY, BASE, PHASE),
+    ];
+    run(name, limit, start, CLIENTS, &phases)
+}
+
+/// Drives `limit` with `clients` through `phases` (the server's capacity,
+/// its latency without load, and how long it lasts) on a virtual clock
+/// starting at `start`; the limit is read over the last `PHASE / 2` of
+/// each phase (all of a shorter one).
+fn run(
+    name: &str,
+    limit: AdaptiveLimit,
+    start: Duration,
+    clients: u32,
+    phases: &[(u32, Duration, Duration)],
+) -> Vec<Phase> {
     let clock = VirtualClock::starting_at(start);
     let server = Arc::new(Server {
         clock: clock.clone(),
-        capacity: AtomicU32::new(CAPACITY),
+        capacity: AtomicU32::new(phases[0].0),
+        base: AtomicU64::new(phases[0].1.as_nanos() as u64),
         in_flight: AtomicU32::new(0),
     });
     let pipeline = Pipeline::builder(format!("sim-{name}-{}", start.as_secs()))
@@ -82,13 +105,18 @@ fn simulate(name: &str, limit: AdaptiveLimit, start: Duration) -> Vec<Phase> {
         .random(SeededRandom::new(7))
         .build()
         .expect("valid");
-    let end = start + FIRST_PHASE + PHASE * 2;
+    let end = start
+        + phases
+            .iter()
+            .map(|&(_, _, length)| length)
+            .sum::<Duration>();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()
         .expect("runtime");
+    let phases = phases.to_vec();
     runtime.block_on(async {
         let local = tokio::task::LocalSet::new();
-        for _ in 0..CLIENTS {
+        for _ in 0..clients {
             let (pipeline, server, clock) = (pipeline.clone(), server.clone(), clock.clone());
             local.spawn_local(async move {
                 while clock.now() < end {
@@ -108,16 +136,12 @@ fn simulate(name: &str, limit: AdaptiveLimit, start: Duration) -> Vec<Phase> {
         let observer = {
             let (pipeline, server, clock) = (pipeline.clone(), server.clone(), clock.clone());
             local.spawn_local(async move {
-                let mut phases = Vec::new();
-                let phases_run = [
-                    (CAPACITY, FIRST_PHASE),
-                    (CAPACITY / 2, PHASE),
-                    (CAPACITY, PHASE),
-                ];
-                for (capacity, length) in phases_run {
+                let mut seen_phases = Vec::new();
+                for (capacity, base, length) in phases {
                     server.capacity.store(capacity, Ordering::SeqCst);
+                    server.base.store(base.as_nanos() as u64, Ordering::SeqCst);
                     let phase_end = clock.now() + length;
-                    Clock::sleep(&clock, length - PHASE / 2).await;
+                    Clock::sleep(&clock, length.saturating_sub(PHASE / 2)).await;
                     let mut seen = Vec::new();
                     while clock.now() < phase_end {
                         let now = pipeline.concurrency_limit().expect("declared");
@@ -125,14 +149,14 @@ fn simulate(name: &str, limit: AdaptiveLimit, start: Duration) -> Vec<Phase> {
                         Clock::sleep(&clock, Duration::from_millis(20)).await;
                     }
                     let mean = seen.iter().map(|&l| f64::from(l)).sum::<f64>() / seen.len() as f64;
-                    phases.push(Phase {
+                    seen_phases.push(Phase {
                         capacity,
                         mean,
                         low: *seen.iter().min().expect("samples"),
                         high: *seen.iter().max().expect("samples"),
                     });
                 }
-                phases
+                seen_phases
             })
         };
         local.run_until(observer).await.expect("observer")
@@ -155,18 +179,17 @@ fn report(name: &str, phases: &[Phase]) {
 /// Every limit is updated once per round trip of the dependency, and
 /// measures its baseline every 3 s (so each phase sees a measurement).
 ///
-/// Gradient2 settles where `(1 + buffer) x capacity + queue_size` calls
-/// are in flight: with a buffer of 5 %, 35.5 for a capacity of 30 (the
-/// default 10 % gives 37, 23 % over).
+/// Gradient2, with its default buffer and headroom, settles where the
+/// latency leaves the buffer: about `(1 + buffer) x capacity` calls, plus
+/// one.
 fn gradient2() -> AdaptiveLimit {
     AdaptiveLimit::gradient2()
         .update_interval(BASE)
-        .buffer(0.05)
         .min_rtt(Duration::from_secs(3), 50, 3)
 }
 
-/// Vegas keeps a queue of `3 log10(limit)` to `6 log10(limit)` calls (3 to
-/// 6 below a limit of 100): it settles that far above the capacity.
+/// Vegas keeps a queue of `log10(limit)` to `3 log10(limit)` calls (1 to 3
+/// below a limit of 100): it settles that far above the capacity.
 fn vegas() -> AdaptiveLimit {
     AdaptiveLimit::vegas()
         .update_interval(BASE)
@@ -197,10 +220,10 @@ fn vegas_finds_the_capacity_and_follows_it() {
         let phases = simulate("vegas", vegas(), start);
         report("vegas", &phases);
         for p in &phases {
-            // Its equilibrium: the capacity plus a queue of 3 to 6, with
+            // Its equilibrium: the capacity plus a queue of 1 to 3, with
             // the overshoot of each measurement of the baseline.
             assert!(p.error() <= 0.2, "{p:?}");
-            let (low, high) = (p.capacity + 3, p.capacity + 6);
+            let (low, high) = (p.capacity + 1, p.capacity + 3);
             assert!(
                 p.mean >= f64::from(low) - 1.0 && p.mean <= f64::from(high) + 2.0,
                 "{p:?}: Vegas settles between {low} and {high}"
@@ -217,5 +240,87 @@ fn aimd_finds_the_capacity_and_follows_it() {
         for p in &phases {
             assert!(p.error() <= 0.2, "{p:?}");
         }
+    }
+}
+
+/// The capacities of the sweep, from small to large.
+const CAPACITIES: [u32; 4] = [20, 30, 60, 150];
+
+/// Drives `limit` against a server of each capacity of [`CAPACITIES`] (one
+/// phase, long enough for Gradient2's headroom to climb from 20 to it),
+/// clocks from 0 and 10^6 s; prints the settled limits.
+fn sweep(name: &str, limit: fn() -> AdaptiveLimit) -> Vec<Phase> {
+    let mut settled = Vec::new();
+    for start in [Duration::ZERO, Duration::from_secs(1_000_000)] {
+        for capacity in CAPACITIES {
+            let clients = capacity + (capacity / 4).max(12);
+            let length = Duration::from_secs(6) + Duration::from_millis(u64::from(capacity) * 60);
+            let phases = run(name, limit(), start, clients, &[(capacity, BASE, length)]);
+            report(name, &phases);
+            settled.extend(phases);
+        }
+    }
+    settled
+}
+
+#[test]
+fn gradient2_with_its_defaults_settles_within_20_percent_from_20_to_150() {
+    for p in sweep("gradient2", gradient2) {
+        assert!(p.error() <= 0.2, "{p:?}");
+    }
+}
+
+#[test]
+fn vegas_with_its_defaults_settles_within_20_percent_from_20_to_150() {
+    for p in sweep("vegas", vegas) {
+        assert!(p.error() <= 0.2, "{p:?}");
+    }
+}
+
+/// The dependency answers in half its usual latency while the first
+/// baseline is measured (a warm cache, an idle replica), then in its usual
+/// latency for good: against that baseline every latency looks queued, and
+/// the limit falls to `min_limit` and stays there. After
+/// `MIN_LIMIT_WINDOWS` (5) update windows at the minimum the baseline is
+/// measured again, and the limit climbs back to the capacity long before
+/// `min_rtt_interval` (60 s by default) would have measured it. Returns
+/// the three phases: the fast one, the fall, the recovery.
+fn remeasured_at_the_minimum(name: &str, limit: AdaptiveLimit, fall: Duration) -> Vec<Phase> {
+    let phases = [
+        (CAPACITY, BASE / 2, Duration::from_secs(1)),
+        (CAPACITY, BASE, fall),
+        (CAPACITY, BASE, Duration::from_secs(10)),
+    ];
+    let mut all = Vec::new();
+    for start in [Duration::ZERO, Duration::from_secs(1_000_000)] {
+        let phases = run(name, limit.clone(), start, CLIENTS, &phases);
+        report(name, &phases);
+        all.extend(phases);
+    }
+    all
+}
+
+#[test]
+fn gradient2_held_at_its_minimum_measures_its_baseline_again() {
+    // Its defaults: limits 20 to 200, baseline every 60 s.
+    let limit = AdaptiveLimit::gradient2();
+    for p in remeasured_at_the_minimum("gradient2", limit, Duration::from_millis(2_500)).chunks(3) {
+        // Fallen to the minimum (the measurement under way keeps it).
+        assert_eq!(p[1].low, 20, "{p:?}");
+        // Back within 20 % of the capacity, 13.5 s after the first
+        // measurement.
+        assert!(p[2].error() <= 0.2, "{p:?}");
+    }
+}
+
+#[test]
+fn vegas_held_at_its_minimum_measures_its_baseline_again() {
+    // Its defaults, with a minimum of 10 (Vegas, at a queue of 3 calls
+    // per `log10(limit)`, holds 6 calls against a baseline of half the
+    // latency, above its default minimum of 1).
+    let limit = AdaptiveLimit::vegas().min_limit(10);
+    for p in remeasured_at_the_minimum("vegas", limit, Duration::from_secs(5)).chunks(3) {
+        assert_eq!(p[1].low, 10, "{p:?}");
+        assert!(p[2].error() <= 0.2, "{p:?}");
     }
 }

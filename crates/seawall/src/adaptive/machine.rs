@@ -16,7 +16,7 @@ use std::time::Duration;
 use super::rules::{self, Sample, Signal, Spec, State};
 use super::{AdaptiveLimit, LimitSnapshot};
 use crate::bulkhead::rules::{give_back, take};
-use crate::clock::Random;
+use crate::clock::{ClockHandle, Random};
 use crate::context::PartitionKey;
 use crate::error::{Rejection, RejectionReason};
 
@@ -24,6 +24,9 @@ use crate::error::{Rejection, RejectionReason};
 /// make a sample of.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Lease {
+    /// When it was admitted: a reading of the pipeline's clock
+    /// ([`ClockHandle::ticks`]), unscaled.
+    start: u64,
     /// Calls in flight when it was admitted, itself included.
     in_flight: u32,
     /// The measurement window it was admitted in (0: none).
@@ -38,6 +41,7 @@ impl Lease {
     /// What an attempt admitted over the limit in shadow mode holds:
     /// nothing to give back, no sample to make.
     pub(crate) const UNHELD: Lease = Lease {
+        start: 0,
         in_flight: 0,
         window: 0,
         partition: NO_PARTITION,
@@ -135,9 +139,19 @@ impl Limiter {
     }
 
     /// Admits a call when fewer calls than the limit are in flight, or,
-    /// with partitions, when its partition has fewer than its share.
-    #[inline]
-    pub(crate) fn acquire(&self, key: Option<&PartitionKey>) -> Result<Lease, Rejection> {
+    /// with partitions, when its partition has fewer than its share; an
+    /// admitted call's latency is measured from now, on `clock`.
+    #[inline(always)]
+    pub(crate) fn acquire(
+        &self,
+        key: Option<&PartitionKey>,
+        clock: &ClockHandle,
+    ) -> Result<Lease, Rejection> {
+        // Read before the compare-and-swap, not after: read right after
+        // the locked instruction, the time-stamp counter cost 12 ns more
+        // an async call (criterion, `peers`, 1 thread). A refused call
+        // reads it for nothing.
+        let start = clock.ticks();
         let view = self.view.load(Ordering::Acquire);
         let (limit, window) = ((view >> 32) as u32, view as u32);
         let partition = if self.busy.is_empty() {
@@ -167,6 +181,7 @@ impl Limiter {
             }
         };
         Ok(Lease {
+            start,
             in_flight,
             window,
             partition,
@@ -174,15 +189,40 @@ impl Limiter {
     }
 
     /// Gives the slot of `lease` back and applies the call's sample: it
-    /// ran `rtt` nanoseconds and ended at `now` with `signal`. Returns the
-    /// estimated limit before and after, when it changed.
-    #[inline]
+    /// ended with `signal` at `end`, a reading of `clock`
+    /// ([`ClockHandle::ticks`], the clock the lease was taken on). Returns
+    /// the estimated limit before and after, when it changed.
+    ///
+    /// The latency is the distance between the two readings, scaled once;
+    /// the end is scaled only when the sample does more than join the
+    /// window (the window's bound is a reading: see [`Window`]).
+    #[inline(always)]
     pub(crate) fn release(
         &self,
         lease: Lease,
         signal: Signal,
+        end: u64,
+        clock: &ClockHandle,
+        random: &dyn Random,
+    ) -> Option<(u32, u32)> {
+        let rtt = clock.nanos_between(lease.start, end);
+        self.sample(lease, signal, rtt, end, clock, random)
+    }
+
+    /// [`release`](Self::release) of a sample of `rtt` nanoseconds.
+    ///
+    /// Inlined into the call's end: most samples only join the window
+    /// ([`Window::try_join`]); the others go to [`apply`](Self::apply),
+    /// out of line, so that the common case pays for no call and saves no
+    /// registers.
+    #[inline(always)]
+    fn sample(
+        &self,
+        lease: Lease,
+        signal: Signal,
         rtt: u64,
-        now: u64,
+        end: u64,
+        clock: &ClockHandle,
         random: &dyn Random,
     ) -> Option<(u32, u32)> {
         if !lease.is_held() {
@@ -194,11 +234,26 @@ impl Limiter {
         }
         if self
             .window
-            .try_join(rtt, lease.in_flight, signal == Signal::Dropped, now)
+            .try_join(rtt, lease.in_flight, signal == Signal::Dropped, end)
         {
             // The limit stays: admissions read the same.
             return None;
         }
+        self.apply(lease, signal, rtt, clock.nanos_at(end), clock, random)
+    }
+
+    /// Applies a sample that does not only join the window (see
+    /// [`release`](Self::release)) under the lock.
+    #[inline(never)]
+    fn apply(
+        &self,
+        lease: Lease,
+        signal: Signal,
+        rtt: u64,
+        now: u64,
+        clock: &ClockHandle,
+        random: &dyn Random,
+    ) -> Option<(u32, u32)> {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         // The samples joined since the last holder, before this one.
         let joined = self.window.take();
@@ -220,7 +275,10 @@ impl Limiter {
         };
         let after = rules::update(&self.spec, before, &sample);
         *state = after;
-        self.window.reopen(rules::joins_until(&self.spec, &after));
+        // The bound as a reading of the clock: a sample's end is compared
+        // with it unscaled.
+        let until = clock.first_reading_at(rules::joins_until(&self.spec, &after));
+        self.window.reopen(until);
         // Most samples only join the update window: what admissions read
         // changes with the limit or a measurement beginning or ending.
         if after.limit == before.limit && rules::window(&after) == rules::window(&before) {
@@ -246,7 +304,7 @@ impl Limiter {
     }
 
     /// Frees the slot of a lease that holds one.
-    #[inline]
+    #[inline(always)]
     fn free(&self, lease: Lease) {
         let _ = self
             .in_flight
@@ -275,8 +333,9 @@ impl Limiter {
 }
 
 /// The samples joined to the update window without the lock, since its
-/// holder last took them: a sample that ends before `until` (see
-/// [`rules::joins_until`]) adds its latency and its count to `joined` in
+/// holder last took them: a sample that ends before `until` (the first
+/// reading of the clock at [`rules::joins_until`], so that a reading
+/// before it is a time before that) adds its latency and its count to `joined` in
 /// one compare-and-swap, and its calls in flight to `in_flight`
 /// ([`Gathered::join`](rules::Gathered::join) on atomics); the holder of
 /// the lock takes them ([`take`](Self::take)) before it applies a sample
@@ -287,7 +346,8 @@ impl Limiter {
 /// same as joining it, by the rule).
 #[derive(Debug, Default)]
 struct Window {
-    /// Samples ending before this time may join (0: none may).
+    /// Samples ending before this reading of the clock may join (0: none
+    /// may).
     until: AtomicU64,
     /// The samples joined: their count above [`SUM_BITS`], the sum of their
     /// latencies below; [`CLOSED`] while none may join.
@@ -310,11 +370,11 @@ const ONE_SAMPLE: u64 = 1 << SUM_BITS;
 const MAX_JOINED: u64 = (1 << (63 - SUM_BITS)) - 1;
 
 impl Window {
-    /// Joins a sample that ended at `now` when it only joins the window:
-    /// `false` when the lock's holder must apply it.
-    #[inline]
-    fn try_join(&self, rtt: u64, in_flight: u32, dropped: bool, now: u64) -> bool {
-        if dropped || now >= self.until.load(Ordering::Acquire) || rtt > SUM_MASK {
+    /// Joins a sample that ended at `end` (a reading of the clock) when it
+    /// only joins the window: `false` when the lock's holder must apply it.
+    #[inline(always)]
+    fn try_join(&self, rtt: u64, in_flight: u32, dropped: bool, end: u64) -> bool {
+        if dropped || end >= self.until.load(Ordering::Acquire) || rtt > SUM_MASK {
             return false;
         }
         // Before the sample joins, so that the holder who takes it takes
@@ -381,16 +441,39 @@ mod tests {
 
     use super::*;
     use crate::clock::SeededRandom;
+    use crate::testing::VirtualClock;
+
+    impl Limiter {
+        /// [`acquire`](Limiter::acquire) on a virtual clock, whose readings
+        /// are nanoseconds.
+        fn admit(&self, key: Option<&PartitionKey>) -> Result<Lease, Rejection> {
+            self.acquire(key, &ClockHandle::from_clock(VirtualClock::new()))
+        }
+
+        /// The end of a call of `rtt` nanoseconds at `now` (nanoseconds,
+        /// the readings of a virtual clock).
+        fn end(
+            &self,
+            lease: Lease,
+            signal: Signal,
+            rtt: u64,
+            now: u64,
+            random: &dyn Random,
+        ) -> Option<(u32, u32)> {
+            let clock = ClockHandle::from_clock(VirtualClock::new());
+            self.sample(lease, signal, rtt, now, &clock, random)
+        }
+    }
 
     #[test]
     fn admits_up_to_the_limit_and_partitions_up_to_their_share() {
         let l = Limiter::new(&AdaptiveLimit::aimd().limits(10, 10, 20));
-        let leases: Vec<_> = (0..10).map(|_| l.acquire(None).unwrap()).collect();
+        let leases: Vec<_> = (0..10).map(|_| l.admit(None).unwrap()).collect();
         assert_eq!(leases[9].in_flight, 10);
-        let r = l.acquire(None).unwrap_err();
+        let r = l.admit(None).unwrap_err();
         assert_eq!(r.reason, RejectionReason::ConcurrencyLimited);
         l.give_back(leases[0]);
-        assert!(l.acquire(None).is_ok());
+        assert!(l.admit(None).is_ok());
 
         let l = Limiter::new(
             &AdaptiveLimit::aimd()
@@ -401,12 +484,12 @@ mod tests {
         let batch = PartitionKey::from("batch");
         let live = PartitionKey::from("live");
         // Spare capacity is anyone's: batch takes all ten.
-        let held: Vec<_> = (0..10).map(|_| l.acquire(Some(&batch)).unwrap()).collect();
-        assert!(l.acquire(Some(&batch)).is_err());
-        assert!(l.acquire(None).is_err());
+        let held: Vec<_> = (0..10).map(|_| l.admit(Some(&batch)).unwrap()).collect();
+        assert!(l.admit(Some(&batch)).is_err());
+        assert!(l.admit(None).is_err());
         // Live still has its share of nine.
-        let lives: Vec<_> = (0..9).map(|_| l.acquire(Some(&live)).unwrap()).collect();
-        assert!(l.acquire(Some(&live)).is_err());
+        let lives: Vec<_> = (0..9).map(|_| l.admit(Some(&live)).unwrap()).collect();
+        assert!(l.admit(Some(&live)).is_err());
         assert_eq!(l.snapshot().in_flight, 19);
         for x in held.into_iter().chain(lives) {
             l.give_back(x);
@@ -450,7 +533,7 @@ mod tests {
                                 let share = (f64::from(limit) * shares[i].1).ceil().max(1.0);
                                 f64::from(busy[i]) < share
                             });
-                        let got = cell.acquire(key);
+                        let got = cell.admit(key);
                         proptest::prop_assert_eq!(got.is_ok(), admits, "{:?} at {} {:?}", p, total, busy);
                         if let Ok(lease) = got {
                             total += 1;
@@ -518,7 +601,7 @@ mod tests {
                 now += step_us * 1_000;
                 // A few calls in flight at once, so that samples carry
                 // different counts; refused ones are skipped.
-                if let Ok(lease) = cell.acquire(None) {
+                if let Ok(lease) = cell.admit(None) {
                     proptest::prop_assert_eq!(lease.window, rules::window(&model));
                     held.push(lease);
                 }
@@ -530,7 +613,7 @@ mod tests {
                         _ => Signal::Success,
                     };
                     let rtt = rtt_us * 1_000;
-                    let got = cell.release(lease, signal, rtt, now, &random);
+                    let got = cell.end(lease, signal, rtt, now, &random);
                     let before = model;
                     if signal != Signal::Ignored {
                         let sample = Sample {
@@ -552,6 +635,56 @@ mod tests {
         }
     }
 
+    /// On the system clock the cell compares raw readings with the
+    /// window's bound turned into a reading: the samples ending at the
+    /// readings just before the bound join without the lock, the one at
+    /// the bound closes the window, and the cell decides as the rules
+    /// applied to the scaled readings (the latency the distance between
+    /// them, the end its time).
+    #[test]
+    fn on_the_system_clock_the_cell_decides_on_the_scaled_readings() {
+        let clock = ClockHandle::System;
+        let l = Limiter::new(
+            &AdaptiveLimit::aimd()
+                .limits(10, 10, 20)
+                .update_interval(Duration::from_millis(1)),
+        );
+        let random = SeededRandom::new(1);
+        let mut model = rules::initial(&l.spec);
+        let mut release = |start: u64, end: u64, joins: bool| {
+            let lease = Lease {
+                start,
+                ..l.acquire(None, &clock).unwrap()
+            };
+            let before = model;
+            let sample = Sample {
+                rtt: clock.nanos_between(start, end),
+                in_flight: lease.in_flight,
+                signal: Signal::Success,
+                window: lease.window,
+                now: clock.nanos_at(end),
+                draw: 0.0,
+            };
+            model = rules::update(&l.spec, before, &sample);
+            let got = l.release(lease, Signal::Success, end, &clock, &random);
+            let (from, to) = (rules::whole(before.limit), rules::whole(model.limit));
+            assert_eq!(got, (from != to).then_some((from, to)));
+            let joined = l.window.joined.load(Ordering::Acquire);
+            assert_eq!(joined & CLOSED == 0 && joined >> SUM_BITS > 0, joins);
+        };
+        let opened = clock.ticks() + 1_000;
+        // Opens the window (under the lock).
+        release(opened - 500, opened, false);
+        let bound = clock.first_reading_at(clock.nanos_at(opened) + 1_000_000);
+        assert_eq!(l.window.until.load(Ordering::Acquire), bound);
+        release(opened, bound - 2, true);
+        release(opened + 7, bound - 1, true);
+        // At the bound: a millisecond after the window opened, it closes.
+        release(opened + 9, bound, false);
+        assert_eq!(l.settled(), model);
+        assert_eq!(model.gathered, rules::Gathered::default());
+    }
+
     /// Latencies whose sum would not fit the joined word are applied
     /// under the lock: the window's sum stays exact.
     #[test]
@@ -569,9 +702,9 @@ mod tests {
             .into_iter()
             .enumerate()
         {
-            let lease = l.acquire(None).unwrap();
+            let lease = l.admit(None).unwrap();
             let now = 1_000 + i as u64;
-            l.release(lease, Signal::Success, rtt, now, &random);
+            l.end(lease, Signal::Success, rtt, now, &random);
             let sample = Sample {
                 rtt,
                 in_flight: lease.in_flight,
@@ -597,8 +730,8 @@ mod tests {
         );
         let random = SeededRandom::new(1);
         // The first sample opens the window (at 5 s), under the lock.
-        l.release(
-            l.acquire(None).unwrap(),
+        l.end(
+            l.admit(None).unwrap(),
             Signal::Success,
             1,
             5_000_000_000,
@@ -610,7 +743,7 @@ mod tests {
                 let (l, random) = (&l, &random);
                 s.spawn(move || {
                     for i in 0..each {
-                        let lease = l.acquire(None).unwrap();
+                        let lease = l.admit(None).unwrap();
                         let signal = if t == 3 && i == 7 {
                             Signal::Dropped
                         } else {
@@ -618,10 +751,7 @@ mod tests {
                         };
                         // Every sample inside the window (5 s to 6 s).
                         let now = 5_000_000_000 + u64::from(i) * 1_000;
-                        assert_eq!(
-                            l.release(lease, signal, 2 + u64::from(t), now, random),
-                            None
-                        );
+                        assert_eq!(l.end(lease, signal, 2 + u64::from(t), now, random), None);
                     }
                 });
             }
@@ -648,10 +778,10 @@ mod tests {
                 let (l, peak, random) = (&l, &peak, &random);
                 s.spawn(move || {
                     for _ in 0..2_000 {
-                        if let Ok(lease) = l.acquire(None) {
+                        if let Ok(lease) = l.admit(None) {
                             let now = l.in_flight.load(Ordering::Acquire);
                             peak.fetch_max(now, Ordering::Relaxed);
-                            l.release(lease, Signal::Success, 1, 1, random);
+                            l.end(lease, Signal::Success, 1, 1, random);
                         }
                     }
                 });
@@ -670,20 +800,17 @@ mod tests {
         );
         let random = SeededRandom::new(1);
         let ms = 1_000_000;
-        let lease = l.acquire(None).unwrap();
+        let lease = l.admit(None).unwrap();
         // One in flight of ten, the window still open.
-        assert_eq!(l.release(lease, Signal::Success, 1, ms, &random), None);
-        let leases: Vec<_> = (0..5).map(|_| l.acquire(None).unwrap()).collect();
+        assert_eq!(l.end(lease, Signal::Success, 1, ms, &random), None);
+        let leases: Vec<_> = (0..5).map(|_| l.admit(None).unwrap()).collect();
         // The window closes: five in flight at most, half the limit.
         assert_eq!(
-            l.release(leases[4], Signal::Success, 1, 2 * ms, &random),
+            l.end(leases[4], Signal::Success, 1, 2 * ms, &random),
             Some((10, 11))
         );
         assert_eq!(l.snapshot().admitted, 11);
-        assert_eq!(
-            l.release(leases[0], Signal::Ignored, 1, 9 * ms, &random),
-            None
-        );
+        assert_eq!(l.end(leases[0], Signal::Ignored, 1, 9 * ms, &random), None);
         assert_eq!(l.snapshot().in_flight, 3);
     }
 }

@@ -18,13 +18,15 @@
 //!   `rtt_timeout` multiplies the limit by `backoff_ratio`; a success while
 //!   the limit is at least half used adds one.
 //! - **Vegas**: the queue at the dependency is estimated as
-//!   `limit x (1 - baseline / rtt)`; below `log10(limit)` the limit grows
-//!   by `6 log10(limit)`, below `3 log10(limit)` by `log10(limit)`, above
-//!   `6 log10(limit)` it shrinks by `log10(limit)`, a drop shrinks it by
-//!   `log10(limit)`; the new limit is smoothed.
+//!   `limit x (1 - baseline / rtt)`; at most `log10(limit)`, the limit
+//!   grows by `3 log10(limit)`, above `3 log10(limit)` it shrinks by
+//!   `log10(limit)`, a drop shrinks it by `log10(limit)`; the new limit is
+//!   smoothed. (Brakmo and Peterson's `alpha = 1`, `beta = 3`, scaled by
+//!   `log10(limit)` as Netflix scales its `3` and `6`.)
 //! - **Gradient2**: the gradient `baseline x (1 + buffer) / rtt`, clamped
 //!   to `[0.5, 1]` (0.5 for a drop), scales the limit, `queue_size` is
-//!   added as headroom, and the result is smoothed.
+//!   added as headroom while the gradient is 1 (the latency within the
+//!   buffer), and the result is smoothed.
 //!
 //! Vegas and Gradient2 compare each latency with a **baseline**, the
 //! latency of the dependency without load. It is measured as Envoy's
@@ -33,7 +35,9 @@
 //! concurrency ended, their mean latency is the baseline, and it is
 //! measured again every `min_rtt_interval` (plus a random jitter, so
 //! processes do not pin at the same time). A lower latency seen between
-//! measurements lowers the baseline at once (Vegas).
+//! measurements lowers the baseline at once (Vegas). As in Envoy, a limit
+//! left at `min_limit` by [`MIN_LIMIT_WINDOWS`] update windows in a row
+//! measures its baseline again at once, without waiting for the interval.
 
 use std::time::Duration;
 
@@ -124,7 +128,17 @@ pub(crate) struct State {
     pub(crate) window: u32,
     /// The samples of the update window under way.
     pub(crate) gathered: Gathered,
+    /// Update windows in a row that left the limit at `min_limit` (Vegas
+    /// and Gradient2; see [`MIN_LIMIT_WINDOWS`]).
+    pub(crate) at_min: u32,
 }
+
+/// Update windows in a row at `min_limit` after which the baseline is
+/// measured again at once, as Envoy's gradient controller does: a limit
+/// held at its minimum by a baseline lower than the dependency's latency
+/// without load (measured while it was unusually fast, or before it
+/// became slower for good) would otherwise wait for `min_rtt_interval`.
+pub(crate) const MIN_LIMIT_WINDOWS: u32 = 5;
 
 /// The samples of an update window: when it opened (`None`: no sample
 /// yet), the sum and count of their latencies, the most calls in flight,
@@ -218,6 +232,7 @@ pub(crate) fn initial(spec: &Spec) -> State {
         },
         window: 1,
         gathered: Gathered::default(),
+        at_min: 0,
     }
 }
 
@@ -299,14 +314,7 @@ pub(crate) fn update(spec: &Spec, state: State, sample: &Sample) -> State {
                 return next;
             }
             Baseline::Known { next: due, .. } if sample.now >= due => {
-                next.baseline = Baseline::Measuring { sum: 0, samples: 0 };
-                // The update window starts again after the measurement.
-                next.gathered = Gathered::default();
-                next.window = match state.window.wrapping_add(1) {
-                    0 => 1,
-                    w => w,
-                };
-                return next;
+                return remeasure(next);
             }
             _ => {}
         }
@@ -334,7 +342,10 @@ pub(crate) fn update(spec: &Spec, state: State, sample: &Sample) -> State {
         Algorithm::Aimd {
             backoff_ratio,
             rtt_timeout,
-        } => aimd(spec, state.limit, sample, backoff_ratio, rtt_timeout),
+        } => {
+            next.limit = aimd(spec, state.limit, sample, backoff_ratio, rtt_timeout);
+            return next;
+        }
         Algorithm::Vegas { smoothing, .. } => {
             let Baseline::Known {
                 rtt: base,
@@ -349,9 +360,10 @@ pub(crate) fn update(spec: &Spec, state: State, sample: &Sample) -> State {
                     rtt: sample.rtt.max(1),
                     next: due,
                 };
-                return next;
+                state.limit
+            } else {
+                vegas(spec, state.limit, sample, base, smoothing)
             }
-            vegas(spec, state.limit, sample, base, smoothing)
         }
         Algorithm::Gradient2 {
             smoothing,
@@ -373,7 +385,33 @@ pub(crate) fn update(spec: &Spec, state: State, sample: &Sample) -> State {
             )
         }
     };
+    // Held at the minimum: the baseline may be too low for the
+    // dependency's latency now; measured again after a few windows.
+    next.at_min = if whole(next.limit) <= spec.min_limit {
+        state.at_min + 1
+    } else {
+        0
+    };
+    if next.at_min >= MIN_LIMIT_WINDOWS {
+        return remeasure(next);
+    }
     next
+}
+
+/// `state` with a measurement of the baseline begun: in a new measurement
+/// window, the update window and the count of windows at the minimum
+/// starting again after it.
+fn remeasure(state: State) -> State {
+    State {
+        baseline: Baseline::Measuring { sum: 0, samples: 0 },
+        gathered: Gathered::default(),
+        window: match state.window.wrapping_add(1) {
+            0 => 1,
+            w => w,
+        },
+        at_min: 0,
+        ..state
+    }
 }
 
 /// The sample's `draw` is read in `state`: while the baseline is measured
@@ -411,11 +449,11 @@ fn vegas(spec: &Spec, limit: f64, s: &Sample, base: Nanos, smoothing: f64) -> f6
         return limit;
     } else {
         let queue = (limit * (1.0 - base as f64 / s.rtt.max(1) as f64)).ceil();
-        let (alpha, beta) = (3.0 * step, 6.0 * step);
-        if queue <= step {
+        // The queue is kept between `alpha` and `beta`; at or below
+        // `alpha` the limit grows by `beta` at once.
+        let (alpha, beta) = (step, 3.0 * step);
+        if queue <= alpha {
             limit + beta
-        } else if queue < alpha {
-            limit + step
         } else if queue > beta {
             limit - step
         } else {
@@ -443,7 +481,16 @@ fn gradient2(
     } else {
         (base as f64 * (1.0 + buffer) / s.rtt.max(1) as f64).clamp(0.5, 1.0)
     };
-    let target = limit * gradient + f64::from(queue_size);
+    // The headroom probes for more capacity while the dependency shows no
+    // queue beyond the buffer; once it does, the gradient alone sets the
+    // limit, which then settles at `(1 + buffer) x capacity` rather than
+    // `queue_size` calls above it.
+    let headroom = if gradient >= 1.0 {
+        f64::from(queue_size)
+    } else {
+        0.0
+    };
+    let target = limit * gradient + headroom;
     clamp(spec, (1.0 - smoothing) * limit + smoothing * target)
 }
 
@@ -567,7 +614,7 @@ mod tests {
     }
 
     #[test]
-    fn gradient2_grows_by_its_headroom_and_shrinks_with_latency() {
+    fn gradient2_grows_by_its_headroom_within_the_buffer_and_shrinks_with_latency() {
         let s = spec(Algorithm::Gradient2 {
             smoothing: 0.2,
             queue_size: 4,
@@ -578,11 +625,18 @@ mod tests {
         // No queueing: 100 x 1 + 4, smoothed by 0.2.
         let up = update(&s, st, &sample(10 * MS, 100, Signal::Success));
         assert!((up.limit - 100.8).abs() < 1e-9, "{}", up.limit);
-        // Twice the latency: gradient 0.55.
+        // Within the buffer: the same.
+        let within = update(&s, st, &sample(11 * MS, 100, Signal::Success));
+        assert!((within.limit - 100.8).abs() < 1e-9, "{}", within.limit);
+        // Twice the latency: gradient 0.55, no headroom.
         let down = update(&s, st, &sample(20 * MS, 100, Signal::Success));
-        assert!((down.limit - (0.8 * 100.0 + 0.2 * 59.0)).abs() < 1e-9);
+        assert!((down.limit - (0.8 * 100.0 + 0.2 * 55.0)).abs() < 1e-9);
+        // Just past the buffer: the gradient alone.
+        let past = update(&s, st, &sample(12 * MS, 100, Signal::Success));
+        let gradient = 11.0 / 12.0;
+        assert!((past.limit - (0.8 * 100.0 + 0.2 * 100.0 * gradient)).abs() < 1e-9);
         // Clamped at 0.5, also for a drop.
-        let floor = 0.8 * 100.0 + 0.2 * 54.0;
+        let floor = 0.8 * 100.0 + 0.2 * 50.0;
         let way_down = update(&s, st, &sample(90 * MS, 100, Signal::Success));
         assert!((way_down.limit - floor).abs() < 1e-9);
         let dropped = update(&s, st, &sample(1, 10, Signal::Dropped));
@@ -598,22 +652,27 @@ mod tests {
             baseline: measure(),
         });
         let st = known(&s, 100.0, 10 * MS);
-        // log10(100) = 2: no queue grows by 12.
+        // log10(100) = 2: no queue grows by beta, 6.
         assert_eq!(
             update(&s, st, &sample(10 * MS, 100, Signal::Success)).limit,
-            112.0
+            106.0
         );
-        // Queue of ceil(100 x (1 - 10/10.4)) = 4: below alpha (6), +2.
+        // Queue of ceil(100 x (1 - 10/10.2)) = 2: at alpha (2), +6.
+        assert_eq!(
+            update(&s, st, &sample(10_200_000, 100, Signal::Success)).limit,
+            106.0
+        );
+        // Queue of ceil(100 x (1 - 10/10.4)) = 4: between alpha and beta,
+        // unchanged.
         assert_eq!(
             update(&s, st, &sample(10_400_000, 100, Signal::Success)).limit,
-            102.0
-        );
-        // Queue 9: between alpha and beta, unchanged.
-        assert_eq!(
-            update(&s, st, &sample(11 * MS, 100, Signal::Success)).limit,
             100.0
         );
-        // Queue 50: above beta (12), -2; a drop too.
+        // Queue 9: above beta (6), -2; queue 50 too; a drop too.
+        assert_eq!(
+            update(&s, st, &sample(11 * MS, 100, Signal::Success)).limit,
+            98.0
+        );
         assert_eq!(
             update(&s, st, &sample(20 * MS, 100, Signal::Success)).limit,
             98.0
@@ -623,6 +682,64 @@ mod tests {
         let lower = update(&s, st, &sample(5 * MS, 100, Signal::Success));
         assert_eq!(lower.limit, 100.0);
         assert!(matches!(lower.baseline, Baseline::Known { rtt, .. } if rtt == 5 * MS));
+    }
+
+    #[test]
+    fn five_windows_in_a_row_at_the_minimum_measure_the_baseline_again() {
+        for algorithm in [
+            Algorithm::Gradient2 {
+                smoothing: 1.0,
+                queue_size: 4,
+                buffer: 0.1,
+                baseline: measure(),
+            },
+            Algorithm::Vegas {
+                smoothing: 1.0,
+                baseline: measure(),
+            },
+        ] {
+            let s = spec(algorithm);
+            // Latencies 4 times the baseline: the limit falls to 10 and
+            // stays there.
+            let slow = |now| Sample {
+                now,
+                ..sample(40 * MS, 20, Signal::Success)
+            };
+            let mut st = known(&s, 11.0, 10 * MS);
+            st = update(&s, st, &slow(1));
+            assert_eq!((st.limit, st.at_min), (10.0, 1), "{algorithm:?}");
+            for n in 2..MIN_LIMIT_WINDOWS {
+                st = update(&s, st, &slow(u64::from(n)));
+                assert_eq!(st.at_min, n);
+                assert!(matches!(st.baseline, Baseline::Known { .. }));
+            }
+            let window = st.window;
+            st = update(&s, st, &slow(9));
+            // The fifth: measured again, long before the interval.
+            assert_eq!(st.baseline, Baseline::Measuring { sum: 0, samples: 0 });
+            assert_eq!((st.window, st.at_min), (window + 1, 0));
+            assert_eq!((admitted_limit(&s, &st), st.limit), (3, 10.0));
+            // A window that leaves the minimum starts the count again.
+            let mut st = known(&s, 10.0, 10 * MS);
+            st.at_min = MIN_LIMIT_WINDOWS - 1;
+            let fast = Sample {
+                now: 1,
+                ..sample(10 * MS, 10, Signal::Success)
+            };
+            st = update(&s, st, &fast);
+            assert!(st.limit > 10.0);
+            assert_eq!(st.at_min, 0);
+        }
+        // AIMD has no baseline: it never counts.
+        let s = spec(Algorithm::Aimd {
+            backoff_ratio: 0.5,
+            rtt_timeout: MS,
+        });
+        let mut st = initial(&s);
+        for _ in 0..10 {
+            st = update(&s, st, &sample(10 * MS, 20, Signal::Dropped));
+            assert_eq!((st.limit, st.at_min), (10.0, 0));
+        }
     }
 
     #[test]

@@ -719,11 +719,12 @@ impl<K: Kind> Assembly<K> {
             Plan {
                 // A memory gate reads the clock itself, only when a policy
                 // needs the time (a cooldown in effect, a circuit that is not
-                // closed); these need it for every attempt.
+                // closed); these need it for every attempt. (The adaptive
+                // limit reads the clock itself, unscaled, at admission and
+                // at the end.)
                 needs_time: [&gate, &call_gate].into_iter().flatten().any(|g| {
                     g.memory.is_none() || g.spec.rate_limit.is_some() || g.record_needs_time
                 }) || any_timeout
-                    || self.adaptive.is_some()
                     || listeners.registered(),
                 watch_late: self.overall_timeout.is_some_and(|t| t.strict)
                     || self.attempt_timeout.is_some_and(|t| t.strict),

@@ -664,8 +664,9 @@ impl<'g, K: Kind> Call<'g, K> {
         }
     }
 
-    /// The adaptive limit's slot of the attempt that ended at `end`, with
-    /// its sample; a change of the limit is reported.
+    /// The adaptive limit's slot of the attempt that ended at `end` (a
+    /// reading of the clock, [`ClockHandle::ticks`](crate::clock::ClockHandle::ticks)),
+    /// with its sample; a change of the limit is reported.
     fn release_lease(&mut self, signal: Signal, end: u64) {
         let Some(lease) = self.lease.take() else {
             return;
@@ -674,8 +675,9 @@ impl<'g, K: Kind> Call<'g, K> {
         let Some(limiter) = &shared.adaptive else {
             return;
         };
-        let rtt = self.at.map_or(0, |at| end.saturating_sub(at));
-        if let Some((previous, limit)) = limiter.release(lease, signal, rtt, end, &*shared.random) {
+        let clock = &shared.clock;
+        if let Some((previous, limit)) = limiter.release(lease, signal, end, clock, &*shared.random)
+        {
             self.emit(|| EventKind::LimitChanged { previous, limit });
         }
     }
@@ -1323,10 +1325,13 @@ impl<'g, K: Kind> Call<'g, K> {
         signal: Signal,
     ) -> Option<Record<'g>> {
         let end = if self.lease.is_some() {
-            // The adaptive limit measures every attempt to its end.
-            let end = end.unwrap_or_else(|| self.read_clock());
-            self.release_lease(signal, end);
-            Some(end)
+            // The adaptive limit measures every attempt to its end, on a
+            // reading of its own (the same time as `end`'s on a virtual
+            // clock).
+            let clock = &self.pipeline.shared.clock;
+            let ticks = clock.ticks();
+            self.release_lease(signal, ticks);
+            Some(end.unwrap_or_else(|| clock.nanos_at(ticks)))
         } else {
             end
         };
@@ -2132,9 +2137,9 @@ impl<'g, K: Kind> First<'g, K> {
                 if let (Some(lease), Some(limiter)) = (held.lease.take(), held.adaptive) {
                     // Nobody listens: a change of the limit has no one to
                     // tell.
-                    let end = shared.clock.now_nanos();
-                    let rtt = self.at.map_or(0, |at| end.saturating_sub(at));
-                    let _ = limiter.release(lease, Signal::Success, rtt, end, &*shared.random);
+                    let clock = &shared.clock;
+                    let end = clock.ticks();
+                    let _ = limiter.release(lease, Signal::Success, end, clock, &*shared.random);
                 }
                 if let (Some(ticket), Some(gate)) = (held.ticket.take(), &shared.gate) {
                     // Nobody listens: a transition has no one to tell.
@@ -2265,7 +2270,7 @@ fn admit_adaptive<K: Kind>(
 ) -> Result<Option<Lease>, Quick> {
     match &shared.adaptive {
         None => Ok(None),
-        Some(limiter) => match limiter.acquire(partition) {
+        Some(limiter) => match limiter.acquire(partition, &shared.clock) {
             Ok(lease) => Ok(Some(lease)),
             Err(r) if limiter.shadow() => Err(Quick::Shadowed(r)),
             Err(r) => Err(Quick::Refused(r)),
