@@ -86,12 +86,15 @@ fn admitted_among(call: Call<'_>, store: &RedisStore, answered: u32) -> u32 {
         );
         let r = call();
         let reachable = store.is_available();
-        match answer(&r) {
+        let a = answer(&r);
+        match a {
             Answer::Admitted => admitted += 1,
             Answer::Down => std::thread::sleep(Duration::from_millis(20)),
             Answer::Rejected | Answer::Held => {}
         }
-        if reachable {
+        // A call that failed on the outage is not an answer of the server,
+        // even when the link came back before `is_available` was read.
+        if reachable && a != Answer::Down {
             seen += 1;
         }
     }
