@@ -13,7 +13,7 @@ use seawall::{
 };
 use seawall_redis::{FailMode, Leasing, RedisStore, RedisStoreBuilder, RedisStoreError};
 
-use crate::support::{command_calls, rt, script_calls, unique, RedisServer};
+use crate::support::{busy_for_a_second, command_calls, rt, script_calls, unique, RedisServer};
 
 const S: Duration = Duration::from_secs(1);
 const MS: Duration = Duration::from_millis(1);
@@ -396,11 +396,6 @@ fn a_stopped_redis_follows_the_fail_mode_once_the_batch_is_spent() {
     }
 }
 
-/// Keeps the server busy for a second (every other client waits).
-const BUSY_SECOND: &str = "local t = redis.call('TIME') \
-    local start = t[1] * 1000000 + t[2] \
-    repeat t = redis.call('TIME') until t[1] * 1000000 + t[2] - start >= 1000000";
-
 /// Redis slow (busy for a second, past the timeout) while a process holds
 /// a batch: the batch is admitted from; the renewal sent meanwhile times
 /// out, and if the server runs it late its permits are counted and lost
@@ -425,24 +420,7 @@ fn a_slow_redis_admits_from_the_batch_and_nothing_over_the_limit() {
         let req = AdmitRequest::new(None, Duration::ZERO);
         assert!(state.admit(&req).unwrap().decision.is_ok());
 
-        let mut probe = server.conn();
-        probe
-            .set_read_timeout(Some(Duration::from_millis(50)))
-            .unwrap();
-        let mut sleeping = server.conn();
-        let sleeper = std::thread::spawn(move || {
-            let _: () = redis::cmd("EVAL")
-                .arg(BUSY_SECOND)
-                .arg(0)
-                .query(&mut sleeping)
-                .unwrap();
-        });
-        for _ in 0..500 {
-            if redis::cmd("PING").query::<()>(&mut probe).is_err() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        let sleeper = busy_for_a_second(&server);
         // 9 left: 4 leave 5 and start the renewal (which times out), 5 more
         // spend the batch; none waits or is degraded.
         for i in 0..9 {
@@ -509,24 +487,7 @@ fn a_slow_redis_admits_from_the_pool_and_nothing_over_the_capacity() {
         assert!(first.decision.is_ok() && first.degraded.is_none());
         let mut held = vec![first.decision.unwrap()];
 
-        let mut probe = server.conn();
-        probe
-            .set_read_timeout(Some(Duration::from_millis(50)))
-            .unwrap();
-        let mut sleeping = server.conn();
-        let sleeper = std::thread::spawn(move || {
-            let _: () = redis::cmd("EVAL")
-                .arg(BUSY_SECOND)
-                .arg(0)
-                .query(&mut sleeping)
-                .unwrap();
-        });
-        for _ in 0..500 {
-            if redis::cmd("PING").query::<()>(&mut probe).is_err() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        let sleeper = busy_for_a_second(&server);
         // 4 free: all admitted from the pool, none degraded; the last
         // leaves none and starts the growth (which times out).
         for i in 0..4 {

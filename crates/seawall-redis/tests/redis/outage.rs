@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use seawall::{Bulkhead, CircuitBreaker, CircuitState, Error, Pipeline, RateLimiter, StoreError};
 use seawall_redis::RedisStore;
 
-use crate::support::{rt, unique, Events, RedisServer};
+use crate::support::{busy_for_a_second, rt, unique, Events, RedisServer};
 
 const TIMEOUT: Duration = Duration::from_millis(200);
 /// The longest any call may take while Redis misbehaves: connect timeout +
@@ -248,11 +248,6 @@ fn an_unreachable_server_at_build_time_does_not_stop_the_build() {
 /// refused; fail-open: admitted locally); the admission the server runs
 /// late is never handed out, so nothing is admitted twice: its slot and
 /// its place in the window are lost until its lease and window end.
-/// Lua that returns after a second of the server's time.
-const BUSY_SECOND: &str = "local t = redis.call('TIME') \
-    local start = t[1] * 1000000 + t[2] \
-    repeat t = redis.call('TIME') until t[1] * 1000000 + t[2] - start >= 1000000";
-
 #[test]
 fn a_slow_redis_costs_the_timeout_and_admits_nothing_over_the_limits() {
     let server = RedisServer::start();
@@ -272,30 +267,7 @@ fn a_slow_redis_costs_the_timeout_and_admits_nothing_over_the_limits() {
         let (results, _) = both(&p, &rt, &called);
         assert!(results.iter().all(Result::is_ok));
 
-        let mut probe = server.conn();
-        probe
-            .set_read_timeout(Some(Duration::from_millis(50)))
-            .unwrap();
-        let mut sleeping = server.conn();
-        let sleeper = std::thread::spawn(move || {
-            // A script that keeps the server busy for a second (every
-            // other client waits: below `lua-time-limit`, nobody is told
-            // BUSY); `DEBUG SLEEP` would need `enable-debug-command`.
-            let _: () = redis::cmd("EVAL")
-                .arg(BUSY_SECOND)
-                .arg(0)
-                .query(&mut sleeping)
-                .unwrap();
-        });
-        // The script runs when a PING stalls.
-        let waiting = Instant::now();
-        while redis::cmd("PING").query::<()>(&mut probe).is_ok() {
-            assert!(
-                waiting.elapsed() < Duration::from_secs(5),
-                "the busy script never began"
-            );
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        let sleeper = busy_for_a_second(&server);
         let start = Instant::now();
         let r = p.call(|_| Ok::<_, std::io::Error>(called.fetch_add(1, Ordering::SeqCst)));
         let took = start.elapsed();

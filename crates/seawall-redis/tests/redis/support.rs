@@ -93,3 +93,36 @@ pub(crate) fn rt() -> tokio::runtime::Runtime {
         .build()
         .expect("tokio runtime")
 }
+
+/// Lua that returns after a second of the server's time, keeping every
+/// other client waiting (below `lua-time-limit`, nobody is told BUSY;
+/// `DEBUG SLEEP` would need `enable-debug-command`).
+const BUSY_SECOND: &str = "local t = redis.call('TIME') \
+    local start = t[1] * 1000000 + t[2] \
+    repeat t = redis.call('TIME') until t[1] * 1000000 + t[2] - start >= 1000000";
+
+/// Makes `server` busy for a second: returns once a PING stalls (the busy
+/// script runs), with the thread that sent it, to join.
+pub(crate) fn busy_for_a_second(server: &RedisServer) -> std::thread::JoinHandle<()> {
+    let mut probe = server.conn();
+    probe
+        .set_read_timeout(Some(std::time::Duration::from_millis(50)))
+        .unwrap();
+    let mut sleeping = server.conn();
+    let sleeper = std::thread::spawn(move || {
+        let _: () = redis::cmd("EVAL")
+            .arg(BUSY_SECOND)
+            .arg(0)
+            .query(&mut sleeping)
+            .unwrap();
+    });
+    let waiting = std::time::Instant::now();
+    while redis::cmd("PING").query::<()>(&mut probe).is_ok() {
+        assert!(
+            waiting.elapsed() < std::time::Duration::from_secs(5),
+            "the busy script never began"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    sleeper
+}
