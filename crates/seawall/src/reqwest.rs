@@ -118,7 +118,7 @@ impl SendThrough for RequestBuilder {
         }
         let mut first = Some(request);
         pipeline
-            .drive_async(None, |ctx| {
+            .drive_async(crate::pipeline::Plain, |ctx| {
                 // The first attempt sends the request itself; later ones
                 // (which exist only when it could be copied) send copies.
                 let request = first

@@ -89,7 +89,7 @@ impl<F: Future> Future for WithDeadline<'_, F> {
     /// `None` when the deadline passed first.
     type Output = Option<F::Output>;
 
-    #[inline]
+    #[inline(always)]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
         if let Poll::Ready(v) = this.future.poll(cx) {

@@ -8,7 +8,7 @@ use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::kind::{Handles, HandlesSync};
-use super::{Kind, Pipeline};
+use super::{Given, Kind, Pipeline};
 use crate::coalesce::{cloned, FlightKey, Follower, Join, Landed, Lead};
 use crate::context::{Context, PartitionKey};
 use crate::error::Error;
@@ -71,7 +71,7 @@ impl<'p, K: Kind> Coalesced<'p, K> {
         async move {
             let partition = key.partition();
             let Some(coalescer) = pipeline.shared.coalesce.as_ref() else {
-                return pipeline.run_in(partition, 1, None, op).await;
+                return pipeline.run_in(Given::partitioned_in(partition), op).await;
             };
             let steps = Steps {
                 pipeline,
@@ -91,7 +91,9 @@ impl<'p, K: Kind> Coalesced<'p, K> {
             };
             let seen = AtomicBool::new(false);
             // A dropped future drops `lead`: a follower takes over.
-            let result = pipeline.run_in(partition, 1, steps.report(&seen), op).await;
+            let result = pipeline
+                .run_in(Given::reporting(partition, steps.report(&seen)), op)
+                .await;
             steps.finish(lead, &result, &seen);
             result
         }
@@ -114,7 +116,7 @@ impl<'p, K: Kind> Coalesced<'p, K> {
         let pipeline = self.pipeline;
         let partition = self.partition.as_ref();
         let Some(coalescer) = pipeline.shared.coalesce.as_ref() else {
-            return pipeline.call_in(partition, 1, None, op);
+            return pipeline.call_in(Given::partitioned_in(partition), op);
         };
         let key = FlightKey::new::<T, E>(partition, self.key.as_ref());
         let steps = Steps {
@@ -135,7 +137,7 @@ impl<'p, K: Kind> Coalesced<'p, K> {
         };
         let seen = AtomicBool::new(false);
         // A panic drops `lead`: a follower takes over.
-        let result = pipeline.call_in(partition, 1, steps.report(&seen), op);
+        let result = pipeline.call_in(Given::reporting(partition, steps.report(&seen)), op);
         steps.finish(lead, &result, &seen);
         result
     }

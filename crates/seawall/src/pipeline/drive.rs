@@ -4,18 +4,17 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::AtomicBool;
 use std::task::{ready, Context as TaskContext, Poll};
 
 use super::engine::{
-    Admit, Call, Driver, Ended, Failure, Finish, First, HedgeSince, Lane, Owned, Pending, Quick,
-    Refused,
+    Admit, Call, CallArgs, Driver, Ended, Failure, Finish, First, HedgeSince, Lane, Owned, Pending,
+    Quick, Refused,
 };
 use super::kind::{Handles, HandlesSync};
 use super::{Kind, Pipeline};
 use crate::classify::Verdict;
 use crate::clock::Sleep;
-use crate::context::{Context, PartitionKey};
+use crate::context::Context;
 use crate::error::{ConfigError, Error};
 use crate::event::HedgeTrigger;
 use crate::store::{Admission, Recorded, Reservation, StoreFuture};
@@ -58,18 +57,16 @@ pub(super) enum From<T, E> {
 }
 
 impl<K: Kind> Pipeline<K> {
-    /// Runs a blocking call. The ordinary steps (an admission decided in
-    /// place, a success that nobody watches) run here; anything else in
-    /// the general loop, from where the call stands. Each admission takes
-    /// `weight` rate-limit permits, on either path; a call that reports
-    /// the use of its fallback in `fallback_seen` (a coalesced call's
-    /// leader) takes the general one.
+    /// Runs a blocking call made with `args`. The ordinary steps (an
+    /// admission decided in place, a success that nobody watches) run here;
+    /// anything else in the general loop, from where the call stands. Each
+    /// admission takes the call's weight in rate-limit permits, on either
+    /// path; a call that reports the use of its fallback (a coalesced
+    /// call's leader) takes the general one.
     #[inline(always)]
-    pub(crate) fn drive_sync_weighted<T, E, Op>(
-        &self,
-        partition: Option<&PartitionKey>,
-        weight: u32,
-        fallback_seen: Option<&AtomicBool>,
+    pub(crate) fn drive_sync<'a, T, E, Op>(
+        &'a self,
+        args: impl CallArgs<'a>,
         mut op: Op,
     ) -> Result<T, Error<E>>
     where
@@ -77,6 +74,8 @@ impl<K: Kind> Pipeline<K> {
         Op: FnMut(Context) -> Result<T, E>,
     {
         let shared = &*self.shared;
+        let (partition, weight, fallback_seen) =
+            (args.partition(), args.weight(), args.fallback_seen());
         if shared.plan.bare
             && fallback_seen.is_none()
             && partition.is_none()
@@ -86,7 +85,7 @@ impl<K: Kind> Pipeline<K> {
             return match op(Context::bare(shared.name)) {
                 Ok(v) => Ok(v),
                 Err(e) => {
-                    let first = First::after_bare(self);
+                    let first = First::after_bare(self, args);
                     let mut held = first.hold();
                     let call = first.into_call(Driver::Sync, &mut held);
                     sync_loop(call, op, Some(From::Ended(Some(Err(e)), None)))
@@ -95,7 +94,7 @@ impl<K: Kind> Pipeline<K> {
         }
         let first = fallback_seen
             .is_none()
-            .then(|| First::start(self, partition, weight))
+            .then(|| First::start(self, args))
             .flatten();
         let Some(mut first) = first else {
             if shared.hedging.is_some() {
@@ -131,31 +130,11 @@ impl<K: Kind> Pipeline<K> {
         }
     }
 
-    /// Runs an async call; see [`drive_sync_weighted`](Self::drive_sync_weighted).
-    #[inline(always)]
-    #[cfg_attr(not(feature = "reqwest"), allow(dead_code))]
-    pub(crate) fn drive_async<'a, T, E, Op, Fut>(
+    /// Runs an async call made with `args`; see
+    /// [`drive_sync`](Self::drive_sync).
+    pub(crate) async fn drive_async<'a, T, E, Op, Fut>(
         &'a self,
-        partition: Option<&'a PartitionKey>,
-        op: Op,
-    ) -> impl Future<Output = Result<T, Error<E>>> + use<'a, K, T, E, Op, Fut>
-    where
-        K: Handles<T, E>,
-        Op: FnMut(Context) -> Fut,
-        Fut: Future,
-        Fut::Output: AttemptOutput<T, E>,
-    {
-        self.drive_async_weighted(partition, 1, None, op)
-    }
-
-    /// [`drive_async`](Self::drive_async) of a call taking `weight`
-    /// rate-limit permits per admission (a call reporting its fallback in
-    /// `fallback_seen` takes the general path).
-    pub(crate) async fn drive_async_weighted<T, E, Op, Fut>(
-        &self,
-        partition: Option<&PartitionKey>,
-        weight: u32,
-        fallback_seen: Option<&AtomicBool>,
+        args: impl CallArgs<'a>,
         mut op: Op,
     ) -> Result<T, Error<E>>
     where
@@ -165,6 +144,8 @@ impl<K: Kind> Pipeline<K> {
         Fut::Output: AttemptOutput<T, E>,
     {
         let shared = &*self.shared;
+        let (partition, weight, fallback_seen) =
+            (args.partition(), args.weight(), args.fallback_seen());
         if shared.plan.bare
             && fallback_seen.is_none()
             && partition.is_none()
@@ -175,7 +156,7 @@ impl<K: Kind> Pipeline<K> {
             return match result {
                 Ok(v) => Ok(v),
                 Err(e) => {
-                    let first = First::after_bare(self);
+                    let first = First::after_bare(self, args);
                     let mut held = first.hold();
                     let call = first.into_call(Driver::Async, &mut held);
                     async_loop(call, op, Some(From::Ended(Some(Err(e)), judged))).await
@@ -184,7 +165,7 @@ impl<K: Kind> Pipeline<K> {
         }
         let first = fallback_seen
             .is_none()
-            .then(|| First::start(self, partition, weight))
+            .then(|| First::start(self, args))
             .flatten();
         let Some(mut first) = first else {
             let mut call = Owned(

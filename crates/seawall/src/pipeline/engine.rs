@@ -2001,16 +2001,97 @@ fn context_of<K: Kind>(
     }
 }
 
+/// What a call brings besides its operation: its partition, the rate-limit
+/// permits each admission takes, and where a coalesced call's leader
+/// reports the use of its fallback. [`Plain`], a call of `run` or `call`,
+/// states them as constants, so that the ordinary path of such a call
+/// carries none of them; [`Given`] holds them.
+pub(crate) trait CallArgs<'g>: Copy {
+    /// The partition the call was made in.
+    fn partition(self) -> Option<&'g PartitionKey>;
+    /// The rate-limit permits each admission takes.
+    fn weight(self) -> u32;
+    /// Where the call reports the use of its fallback (a coalesced call's
+    /// leader).
+    fn fallback_seen(self) -> Option<&'g AtomicBool>;
+}
+
+/// A call without partition, of weight 1, reporting nothing.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Plain;
+
+impl<'g> CallArgs<'g> for Plain {
+    #[inline(always)]
+    fn partition(self) -> Option<&'g PartitionKey> {
+        None
+    }
+    #[inline(always)]
+    fn weight(self) -> u32 {
+        1
+    }
+    #[inline(always)]
+    fn fallback_seen(self) -> Option<&'g AtomicBool> {
+        None
+    }
+}
+
+/// A call's partition, weight and fallback report, as given.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Given<'g> {
+    pub(crate) partition: Option<&'g PartitionKey>,
+    pub(crate) weight: u32,
+    pub(crate) fallback_seen: Option<&'g AtomicBool>,
+}
+
+impl<'g> Given<'g> {
+    /// A call in `partition`, of weight 1, reporting nothing.
+    pub(crate) fn partitioned(partition: &'g PartitionKey) -> Self {
+        Self::partitioned_in(Some(partition))
+    }
+
+    /// A call in `partition`, if any, of weight 1, reporting nothing.
+    pub(crate) fn partitioned_in(partition: Option<&'g PartitionKey>) -> Self {
+        Self::reporting(partition, None)
+    }
+
+    /// A call in `partition`, if any, of weight 1, reporting the use of
+    /// its fallback in `fallback_seen`.
+    pub(crate) fn reporting(
+        partition: Option<&'g PartitionKey>,
+        fallback_seen: Option<&'g AtomicBool>,
+    ) -> Self {
+        Given {
+            partition,
+            weight: 1,
+            fallback_seen,
+        }
+    }
+}
+
+impl<'g> CallArgs<'g> for Given<'g> {
+    #[inline(always)]
+    fn partition(self) -> Option<&'g PartitionKey> {
+        self.partition
+    }
+    #[inline(always)]
+    fn weight(self) -> u32 {
+        self.weight
+    }
+    #[inline(always)]
+    fn fallback_seen(self) -> Option<&'g AtomicBool> {
+        self.fallback_seen
+    }
+}
+
 /// The first attempt of a call that nobody listens to, on the ordinary
 /// path: only the facts the engine needs to admit, run and record it in
 /// place (when it began, its deadline, the rate-limit permits it takes,
 /// its permit), kept in registers. Anything out of the ordinary makes a
 /// [`Call`] of it ([`First::into_call`]) where it stands, for the general
 /// loop: the same steps, on the same facts.
-pub(crate) struct First<'g, K: Kind> {
+pub(crate) struct First<'g, K: Kind, A: CallArgs<'g>> {
     pipeline: &'g Pipeline<K>,
-    partition: Option<&'g PartitionKey>,
-    weight: u32,
+    args: A,
     at: Option<u64>,
     deadline: Option<Deadline>,
 }
@@ -2018,38 +2099,54 @@ pub(crate) struct First<'g, K: Kind> {
 /// What the ordinary first attempt holds, given back if it never ends (a
 /// panic, a dropped future). Kept apart from the [`First`] facts so that
 /// only this small guard lives in memory for the unwinding path.
-pub(crate) struct Held<'g> {
-    gate: Option<&'g Gate>,
-    partition: Option<&'g PartitionKey>,
+pub(crate) struct Held<'g, K: Kind, A: CallArgs<'g>> {
+    shared: &'g super::Shared<K>,
+    args: A,
     ticket: Option<Ticket>,
-    adaptive: Option<&'g Limiter>,
     lease: Option<Lease>,
 }
 
-impl Drop for Held<'_> {
+impl<'g, K: Kind, A: CallArgs<'g>> Drop for Held<'g, K, A> {
     #[inline(always)]
     fn drop(&mut self) {
         if let Some(ticket) = self.ticket.take() {
-            abandon(self.gate, self.partition, Some(ticket.permit()), None);
+            abandon(
+                self.shared.gate.as_ref(),
+                self.args.partition(),
+                Some(ticket.permit()),
+                None,
+            );
         }
-        if let Some(lease) = self.lease.take() {
-            abandon_lease(self.adaptive, Some(lease), None);
+        if let Some(lease) = self.take_lease() {
+            abandon_lease(self.shared.adaptive.as_ref(), Some(lease), None);
         }
     }
 }
 
-impl<'g, K: Kind> First<'g, K> {
-    /// Starts a call taking `weight` rate-limit permits per admission on
-    /// the ordinary path, or `None` when someone listens,
+impl<'g, K: Kind, A: CallArgs<'g>> Held<'g, K, A> {
+    /// The adaptive limit's lease, if the attempt holds one. Its tag is
+    /// read first: the lease is read only when there is one, so a call
+    /// that holds none never reads the whole field back right after
+    /// writing its tag (a load the processor could not forward from that
+    /// store).
+    #[inline(always)]
+    fn take_lease(&mut self) -> Option<Lease> {
+        if self.lease.is_some() {
+            self.lease.take()
+        } else {
+            None
+        }
+    }
+}
+
+impl<'g, K: Kind, A: CallArgs<'g>> First<'g, K, A> {
+    /// Starts a call made with `args` on the ordinary path, or `None` when
+    /// someone listens,
     /// the pipeline has a call-level gate, hedging or policies written in
     /// code ([`Plan::general`](super::Plan::general)) or chaos policies that
     /// may inject (the general loop then runs it from the start).
     #[inline(always)]
-    pub(crate) fn start(
-        pipeline: &'g Pipeline<K>,
-        partition: Option<&'g PartitionKey>,
-        weight: u32,
-    ) -> Option<Self> {
+    pub(crate) fn start(pipeline: &'g Pipeline<K>, args: A) -> Option<Self> {
         let shared = &*pipeline.shared;
         if shared.listeners.enabled() || shared.plan.general || shared.chaos_may_inject() {
             return None;
@@ -2057,24 +2154,23 @@ impl<'g, K: Kind> First<'g, K> {
         if let Some(b) = local_budget(shared) {
             b.deposit();
         }
-        let (_, _, at, deadline) = begin(shared, partition, false);
+        let (_, _, at, deadline) = begin(shared, args.partition(), false);
         Some(First {
             pipeline,
-            partition,
-            weight,
+            args,
             at,
             deadline,
         })
     }
 
     /// A call of a bare pipeline (see [`Plan::bare`](super::Plan::bare))
-    /// whose first attempt, the operation itself, did not succeed.
+    /// made with `args` whose first attempt, the operation itself, did not
+    /// succeed.
     #[inline(always)]
-    pub(crate) fn after_bare(pipeline: &'g Pipeline<K>) -> Self {
+    pub(crate) fn after_bare(pipeline: &'g Pipeline<K>, args: A) -> Self {
         First {
             pipeline,
-            partition: None,
-            weight: 1,
+            args,
             at: None,
             deadline: None,
         }
@@ -2082,13 +2178,11 @@ impl<'g, K: Kind> First<'g, K> {
 
     /// Nothing held yet, for this call's attempt.
     #[inline(always)]
-    pub(crate) fn hold(&self) -> Held<'g> {
-        let shared = &*self.pipeline.shared;
+    pub(crate) fn hold(&self) -> Held<'g, K, A> {
         Held {
-            gate: shared.gate.as_ref(),
-            partition: self.partition,
+            shared: &self.pipeline.shared,
+            args: self.args,
             ticket: None,
-            adaptive: shared.adaptive.as_ref(),
             lease: None,
         }
     }
@@ -2096,17 +2190,18 @@ impl<'g, K: Kind> First<'g, K> {
     /// The ordinary admission (see [`Call::admit_ordinary`]); what the
     /// attempt holds goes into `held` until it ends.
     #[inline(always)]
-    pub(crate) fn admit(&mut self, held: &mut Held<'g>) -> Result<Context, Quick> {
+    pub(crate) fn admit(&mut self, held: &mut Held<'g, K, A>) -> Result<Context, Quick> {
         let shared = &*self.pipeline.shared;
-        held.lease = admit_adaptive(shared, self.partition)?;
+        let partition = self.args.partition();
+        held.lease = admit_adaptive(shared, partition)?;
         held.ticket = admit_in_place(
             shared.gate.as_ref(),
             &shared.clock,
-            self.partition,
-            self.weight,
+            partition,
+            self.args.weight(),
             self.at,
         )?;
-        Ok(context_of(shared, 1, self.deadline, self.partition))
+        Ok(context_of(shared, 1, self.deadline, partition))
     }
 
     /// The deadline of the attempt, for the async driver's timer.
@@ -2128,13 +2223,13 @@ impl<'g, K: Kind> First<'g, K> {
     pub(crate) fn ended<T, E>(
         &mut self,
         result: Result<T, E>,
-        held: &mut Held<'g>,
+        held: &mut Held<'g, K, A>,
         driver: Driver,
     ) -> Result<T, Result<T, E>> {
         let shared = &*self.pipeline.shared;
         match result {
             Ok(v) if !watches_late(shared, driver, false, self.deadline) => {
-                if let (Some(lease), Some(limiter)) = (held.lease.take(), held.adaptive) {
+                if let (Some(lease), Some(limiter)) = (held.take_lease(), &shared.adaptive) {
                     // Nobody listens: a change of the limit has no one to
                     // tell.
                     let clock = &shared.clock;
@@ -2145,7 +2240,7 @@ impl<'g, K: Kind> First<'g, K> {
                     // Nobody listens: a transition has no one to tell.
                     let _ = record_success_in_place(
                         gate,
-                        self.partition,
+                        self.args.partition(),
                         ticket,
                         self.at,
                         &shared.clock,
@@ -2176,12 +2271,12 @@ impl<'g, K: Kind> First<'g, K> {
 
     /// The call, where the first attempt stands, for the general loop.
     #[inline(always)]
-    pub(crate) fn into_call(self, driver: Driver, held: &mut Held<'g>) -> Owned<'g, K> {
+    pub(crate) fn into_call(self, driver: Driver, held: &mut Held<'g, K, A>) -> Owned<'g, K> {
         let shared = &*self.pipeline.shared;
         let overall = self.at.and_then(|at| overall_deadline(shared, at));
         Owned(Call {
             pipeline: self.pipeline,
-            partition: self.partition,
+            partition: self.args.partition(),
             driver,
             listening: false,
             attempt: 1,
@@ -2195,8 +2290,8 @@ impl<'g, K: Kind> First<'g, K> {
             call_permit: None,
             call_at: None,
             waiting: None,
-            weight: self.weight,
-            lease: held.lease.take(),
+            weight: self.args.weight(),
+            lease: held.take_lease(),
             fallback_seen: None,
             launched: 1,
             admitting: 0,

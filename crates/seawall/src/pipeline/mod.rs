@@ -3,7 +3,7 @@
 
 use std::fmt;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU32};
+use std::sync::atomic::AtomicU32;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,6 +32,7 @@ pub use builder::PipelineBuilder;
 pub use coalesced::Coalesced;
 #[cfg(feature = "reqwest")]
 pub(crate) use drive::Judged;
+pub(crate) use engine::{CallArgs, Given, Plain};
 pub use kind::{
     AnyResult, BoxFallbackFuture, ErrorHandlers, ErrorKind, ErrorType, FallbackHandlers,
     FallbackKind, Handles, HandlesSync, Kind, OutcomeKind, ValueType, WithAsyncFallback,
@@ -513,72 +514,64 @@ impl<K: Kind> Pipeline<K> {
         Op: FnMut(Context) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        self.run_in(None, 1, None, op)
+        self.run_in(Plain, op)
     }
 
     /// [`run`](Self::run) in `partition`: the operation as given, or in the
     /// spans of its attempts when a subscriber wants them.
     #[cfg(not(feature = "tracing"))]
     #[inline(always)]
-    fn run_in<'a, T, E, Op, Fut>(
+    fn run_in<'a, T, E, Op, Fut, A>(
         &'a self,
-        partition: Option<&'a PartitionKey>,
-        weight: u32,
-        fallback_seen: Option<&'a AtomicBool>,
+        args: A,
         op: Op,
-    ) -> impl Future<Output = Result<T, Error<E>>> + use<'a, K, T, E, Op, Fut>
+    ) -> impl Future<Output = Result<T, Error<E>>> + use<'a, K, T, E, Op, Fut, A>
     where
         K: Handles<T, E>,
         Op: FnMut(Context) -> Fut,
         Fut: Future<Output = Result<T, E>>,
+        A: CallArgs<'a>,
     {
-        self.drive_async_weighted(partition, weight, fallback_seen, op)
+        self.drive_async(args, op)
     }
 
     #[cfg(feature = "tracing")]
     #[inline(always)]
-    fn run_in<'a, T, E, Op, Fut>(
+    fn run_in<'a, T, E, Op, Fut, A>(
         &'a self,
-        partition: Option<&'a PartitionKey>,
-        weight: u32,
-        fallback_seen: Option<&'a AtomicBool>,
+        args: A,
         op: Op,
-    ) -> impl Future<Output = Result<T, Error<E>>> + use<'a, K, T, E, Op, Fut>
+    ) -> impl Future<Output = Result<T, Error<E>>> + use<'a, K, T, E, Op, Fut, A>
     where
         K: Handles<T, E>,
         Op: FnMut(Context) -> Fut,
         Fut: Future<Output = Result<T, E>>,
+        A: CallArgs<'a>,
     {
         if span::wanted() {
-            let op = span::async_op(self.shared.name, partition, op);
+            let op = span::async_op(self.shared.name, args.partition(), op);
             span::Either::Traced {
-                future: self.drive_async_weighted(partition, weight, fallback_seen, op),
+                future: self.drive_async(args, op),
             }
         } else {
             span::Either::Plain {
-                future: self.drive_async_weighted(partition, weight, fallback_seen, op),
+                future: self.drive_async(args, op),
             }
         }
     }
 
     /// [`call`](Self::call) in `partition`; see [`run_in`](Self::run_in).
     #[inline(always)]
-    fn call_in<T, E, Op>(
-        &self,
-        partition: Option<&PartitionKey>,
-        weight: u32,
-        fallback_seen: Option<&AtomicBool>,
-        op: Op,
-    ) -> Result<T, Error<E>>
+    fn call_in<'a, T, E, Op>(&'a self, args: impl CallArgs<'a>, op: Op) -> Result<T, Error<E>>
     where
         K: HandlesSync<T, E>,
         Op: FnMut(Context) -> Result<T, E>,
     {
         #[cfg(feature = "tracing")]
         if span::wanted() {
-            return self.call_traced(partition, weight, fallback_seen, op);
+            return self.call_traced(args, op);
         }
-        self.drive_sync_weighted(partition, weight, fallback_seen, op)
+        self.drive_sync(args, op)
     }
 
     /// [`call_in`](Self::call_in) with the spans: out of the way of the
@@ -586,19 +579,13 @@ impl<K: Kind> Pipeline<K> {
     #[cfg(feature = "tracing")]
     #[cold]
     #[inline(never)]
-    fn call_traced<T, E, Op>(
-        &self,
-        partition: Option<&PartitionKey>,
-        weight: u32,
-        fallback_seen: Option<&AtomicBool>,
-        op: Op,
-    ) -> Result<T, Error<E>>
+    fn call_traced<'a, T, E, Op>(&'a self, args: impl CallArgs<'a>, op: Op) -> Result<T, Error<E>>
     where
         K: HandlesSync<T, E>,
         Op: FnMut(Context) -> Result<T, E>,
     {
-        let op = span::sync_op(self.shared.name, partition, op);
-        self.drive_sync_weighted(partition, weight, fallback_seen, op)
+        let op = span::sync_op(self.shared.name, args.partition(), op);
+        self.drive_sync(args, op)
     }
 
     /// Runs a blocking operation through the pipeline on the calling thread.
@@ -619,7 +606,7 @@ impl<K: Kind> Pipeline<K> {
         K: HandlesSync<T, E>,
         Op: FnMut(Context) -> Result<T, E>,
     {
-        self.call_in(None, 1, None, op)
+        self.call_in(Plain, op)
     }
 
     /// The context of attempt `attempt` with `deadline`, for the fallback.
@@ -692,8 +679,14 @@ impl<'p, K: Kind> Weighted<'p, K> {
         Op: FnMut(Context) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        self.pipeline
-            .run_in(self.key.as_ref(), self.weight, None, op)
+        self.pipeline.run_in(
+            Given {
+                partition: self.key.as_ref(),
+                weight: self.weight,
+                fallback_seen: None,
+            },
+            op,
+        )
     }
 
     /// Runs a blocking operation taking [`weight`](Self::weight) permits.
@@ -706,8 +699,14 @@ impl<'p, K: Kind> Weighted<'p, K> {
         K: HandlesSync<T, E>,
         Op: FnMut(Context) -> Result<T, E>,
     {
-        self.pipeline
-            .call_in(self.key.as_ref(), self.weight, None, op)
+        self.pipeline.call_in(
+            Given {
+                partition: self.key.as_ref(),
+                weight: self.weight,
+                fallback_seen: None,
+            },
+            op,
+        )
     }
 }
 
@@ -759,7 +758,7 @@ impl<'p, K: Kind> Partition<'p, K> {
         Op: FnMut(Context) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        self.pipeline.run_in(Some(&self.key), 1, None, op)
+        self.pipeline.run_in(Given::partitioned(&self.key), op)
     }
 
     /// Runs a blocking operation in this partition. See [`Pipeline::call`].
@@ -771,7 +770,7 @@ impl<'p, K: Kind> Partition<'p, K> {
         K: HandlesSync<T, E>,
         Op: FnMut(Context) -> Result<T, E>,
     {
-        self.pipeline.call_in(Some(&self.key), 1, None, op)
+        self.pipeline.call_in(Given::partitioned(&self.key), op)
     }
 
     /// Forces this partition's circuit open.

@@ -255,26 +255,29 @@ impl Middleware for SeawallMiddleware {
         let (slot, next) = (&slot, &next);
         let result = self
             .pipeline
-            .drive_async(key.as_ref(), |ctx: Context| {
-                // The first attempt sends the request itself; later ones
-                // (which exist only when it could be copied) send copies.
-                let request = first
-                    .take()
-                    .or_else(|| copy.as_ref().and_then(Request::try_clone));
-                async move {
-                    let Some(mut request) = request else {
-                        let refused = SendError::BodyNotCloneable;
-                        return self.judge(Err(reqwest_middleware::Error::middleware(refused)));
-                    };
-                    limit_to_deadline(&mut request, &ctx);
-                    let mut lease = Lease::take(slot);
-                    let mut spare = Extensions::new();
-                    let extensions = lease.extensions.as_deref_mut().unwrap_or(&mut spare);
-                    let result = next.clone().run(request, extensions).await;
-                    drop(lease);
-                    self.judge(result)
-                }
-            })
+            .drive_async(
+                crate::pipeline::Given::partitioned_in(key.as_ref()),
+                |ctx: Context| {
+                    // The first attempt sends the request itself; later ones
+                    // (which exist only when it could be copied) send copies.
+                    let request = first
+                        .take()
+                        .or_else(|| copy.as_ref().and_then(Request::try_clone));
+                    async move {
+                        let Some(mut request) = request else {
+                            let refused = SendError::BodyNotCloneable;
+                            return self.judge(Err(reqwest_middleware::Error::middleware(refused)));
+                        };
+                        limit_to_deadline(&mut request, &ctx);
+                        let mut lease = Lease::take(slot);
+                        let mut spare = Extensions::new();
+                        let extensions = lease.extensions.as_deref_mut().unwrap_or(&mut spare);
+                        let result = next.clone().run(request, extensions).await;
+                        drop(lease);
+                        self.judge(result)
+                    }
+                },
+            )
             .await;
         settle(result)
     }
