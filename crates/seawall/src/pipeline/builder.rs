@@ -731,6 +731,7 @@ impl<K: Kind> Assembly<K> {
                 // (Chaos switched off leaves a pipeline bare: the drivers
                 // ask `chaos_may_inject` at the start of each call.)
                 bare: gate.is_none()
+                    && !listeners.registered()
                     && call_gate.is_none()
                     && self.adaptive.is_none()
                     && !any_timeout

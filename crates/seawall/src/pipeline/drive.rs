@@ -16,7 +16,7 @@ use crate::classify::Verdict;
 use crate::clock::Sleep;
 use crate::context::Context;
 use crate::error::{ConfigError, Error};
-use crate::event::HedgeTrigger;
+use crate::event::{HedgeTrigger, Listeners};
 use crate::store::{Admission, Recorded, Reservation, StoreFuture};
 use crate::timeout::WithDeadline;
 
@@ -79,7 +79,7 @@ impl<K: Kind> Pipeline<K> {
         if shared.plan.bare
             && fallback_seen.is_none()
             && partition.is_none()
-            && !shared.listeners.enabled()
+            && !Listeners::tracing()
             && !shared.chaos_may_inject()
         {
             return match op(Context::bare(shared.name)) {
@@ -149,7 +149,7 @@ impl<K: Kind> Pipeline<K> {
         if shared.plan.bare
             && fallback_seen.is_none()
             && partition.is_none()
-            && !shared.listeners.enabled()
+            && !Listeners::tracing()
             && !shared.chaos_may_inject()
         {
             let (result, judged) = op(Context::bare(shared.name)).await.split();

@@ -694,8 +694,11 @@ impl<'g, K: Kind> Call<'g, K> {
     #[inline(always)]
     pub(crate) fn admit_ordinary(&mut self) -> Result<Context, Quick> {
         loop {
-            if self.level == Level::Attempt && self.lease.is_none() {
-                self.lease = admit_adaptive(&self.pipeline.shared, self.partition)?;
+            let shared = &*self.pipeline.shared;
+            if let (Level::Attempt, None, Some(limiter)) =
+                (self.level, &self.lease, &shared.adaptive)
+            {
+                self.lease = Some(admit_adaptive(limiter, &shared.clock, self.partition)?);
             }
             let gate = self.gate_of(self.level);
             let clock = &self.pipeline.shared.clock;
@@ -2193,7 +2196,9 @@ impl<'g, K: Kind, A: CallArgs<'g>> First<'g, K, A> {
     pub(crate) fn admit(&mut self, held: &mut Held<'g, K, A>) -> Result<Context, Quick> {
         let shared = &*self.pipeline.shared;
         let partition = self.args.partition();
-        held.lease = admit_adaptive(shared, partition)?;
+        if let Some(limiter) = &shared.adaptive {
+            held.lease = Some(admit_adaptive(limiter, &shared.clock, partition)?);
+        }
         held.ticket = admit_in_place(
             shared.gate.as_ref(),
             &shared.clock,
@@ -2357,19 +2362,17 @@ fn queued(
     Some(wait)
 }
 
-/// The adaptive limit's admission of an attempt (nothing without one).
+/// The admission of an attempt by the adaptive `limiter`.
 #[inline(always)]
-fn admit_adaptive<K: Kind>(
-    shared: &super::Shared<K>,
+fn admit_adaptive(
+    limiter: &Limiter,
+    clock: &crate::clock::ClockHandle,
     partition: Option<&PartitionKey>,
-) -> Result<Option<Lease>, Quick> {
-    match &shared.adaptive {
-        None => Ok(None),
-        Some(limiter) => match limiter.acquire(partition, &shared.clock) {
-            Ok(lease) => Ok(Some(lease)),
-            Err(r) if limiter.shadow() => Err(Quick::Shadowed(r)),
-            Err(r) => Err(Quick::Refused(r)),
-        },
+) -> Result<Lease, Quick> {
+    match limiter.acquire(partition, clock) {
+        Ok(lease) => Ok(lease),
+        Err(r) if limiter.shadow() => Err(Quick::Shadowed(r)),
+        Err(r) => Err(Quick::Refused(r)),
     }
 }
 

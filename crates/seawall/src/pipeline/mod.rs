@@ -74,10 +74,10 @@ pub(crate) struct Plan {
     /// Sync calls read the clock at the end of an attempt with a deadline
     /// to tell a late result (a strict timeout).
     pub(crate) watch_late: bool,
-    /// No stateful policy, no timeout, no retry budget: the first attempt
-    /// of an unpartitioned call nobody listens to is the operation itself,
-    /// with a constant context (the engine admits, times and records
-    /// nothing for it).
+    /// No stateful policy, no timeout, no retry budget, no listener: the
+    /// first attempt of an unpartitioned call that no `tracing` subscriber
+    /// watches is the operation itself, with a constant context (the engine
+    /// admits, times and records nothing for it).
     pub(crate) bare: bool,
     /// Every call takes the engine's general loop from its start: the
     /// pipeline has a call-level gate (admitted before the first attempt),
