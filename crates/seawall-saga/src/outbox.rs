@@ -492,7 +492,7 @@ const SELECT_UNSENT: &str = "SELECT id, aggregate, event_type, payload, created_
 const MARK_SENT: &str = "UPDATE seawall_outbox SET sent_at_ms = $1 WHERE id = $2";
 const COUNT_UNSENT: &str = "SELECT count(*) FROM seawall_outbox WHERE sent_at_ms IS NULL";
 const PURGE_SENT: &str =
-    "DELETE FROM seawall_outbox WHERE sent_at_ms IS NOT NULL AND sent_at_ms < $1";
+    "DELETE FROM seawall_outbox WHERE sent_at_ms IS NOT NULL AND sent_at_ms <= $1";
 
 /// The outbox of a SQLite file, on a connection of the relay's own.
 struct SqliteStore {
@@ -695,8 +695,10 @@ impl<B: Broker> Relay<B> {
         self.store.pending().await
     }
 
-    /// Deletes the events marked sent more than `age` ago (they are kept
-    /// until then, for inspection). Returns how many were deleted.
+    /// Deletes the events marked sent `age` or more ago (they are kept
+    /// until then, for inspection; `Duration::ZERO` deletes every event
+    /// marked sent, including one marked in the same millisecond). Returns
+    /// how many were deleted.
     ///
     /// # Errors
     ///
@@ -737,5 +739,33 @@ impl<B: Broker> Relay<B> {
                 () = tokio::time::sleep(wait) => {}
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `purge_sent(age)` deletes the events sent `age` or more ago: with an
+    /// age of zero, one sent in the very millisecond of the purge too (the
+    /// statement every store runs, at its bound).
+    #[test]
+    fn an_event_sent_at_the_purge_bound_is_purged_and_a_later_one_kept() {
+        let conn = Connection::open_in_memory().unwrap();
+        migrate(&conn).unwrap();
+        for sent in [1_000_i64, 1_001] {
+            conn.execute(
+                "INSERT INTO seawall_outbox \
+                 (aggregate, event_type, payload, created_at_ms, sent_at_ms) \
+                 VALUES ('a', 'e', '{}', 0, ?1)",
+                [sent],
+            )
+            .unwrap();
+        }
+        assert_eq!(conn.execute(PURGE_SENT, [1_000_i64]).unwrap(), 1);
+        let left: i64 = conn
+            .query_row("SELECT sent_at_ms FROM seawall_outbox", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(left, 1_001);
     }
 }
