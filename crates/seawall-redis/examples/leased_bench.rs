@@ -25,15 +25,12 @@
 //! Counting by whole milliseconds, a span of 1000 of them stands for the
 //! spans of one second that start within its first millisecond.
 
-#[path = "support/server.rs"]
-mod server;
-use server::Server;
-
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use seawall::{Pipeline, RateLimiter};
 use seawall_redis::{Leasing, RedisStore};
+use seawall_test_redis::RedisServer as Server;
 
 struct Args {
     url: Option<String>,
@@ -212,10 +209,7 @@ fn main() {
     } else {
         None
     };
-    let url = a
-        .url
-        .clone()
-        .unwrap_or_else(|| own.as_ref().unwrap().url.clone());
+    let url = a.url.clone().unwrap_or_else(|| own.as_ref().unwrap().url());
     if a.child {
         child(&a, &url);
         return;

@@ -25,15 +25,12 @@
 //!   the refusal replayed locally (the default) and with
 //!   `local_refusals(0)` (every refusal asked of Redis), sync and async.
 
-#[path = "support/server.rs"]
-mod server;
-use server::Server;
-
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use seawall::{Bulkhead, CircuitBreaker, Cooldown, Pipeline, RateLimiter, Retry};
 use seawall_redis::RedisStore;
+use seawall_test_redis::RedisServer as Server;
 
 struct Args {
     url: Option<String>,
@@ -344,7 +341,7 @@ fn main() {
     let url = a
         .url
         .clone()
-        .unwrap_or_else(|| server.as_ref().unwrap().url.clone());
+        .unwrap_or_else(|| server.as_ref().unwrap().url());
     if a.child {
         child(&a, &url);
         return;

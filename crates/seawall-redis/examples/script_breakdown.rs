@@ -18,28 +18,15 @@
 //! The server's time is `usec_per_call` of `EVALSHA` (of `PING` for the
 //! first row).
 
-#[path = "support/server.rs"]
-mod server;
-use server::Server;
-
 use std::time::{Duration, Instant};
 
 use redis::aio::MultiplexedConnection;
+use seawall_test_redis::RedisServer as Server;
 
-/// The scripts' text as the crate sends it: comment lines, blank lines and
-/// indentation left out.
-fn source(parts: &[&str]) -> String {
-    let mut out = String::new();
-    for line in parts.iter().flat_map(|p| p.lines()) {
-        let code = line.trim_start();
-        if code.is_empty() || code.starts_with("--") {
-            continue;
-        }
-        out.push_str(code);
-        out.push('\n');
-    }
-    out
-}
+/// The scripts' text as the crate sends it.
+#[path = "../src/script_text.rs"]
+mod script_text;
+use script_text::source;
 
 const PRELUDE: &str = include_str!("../src/lua/prelude.lua");
 const SUCCESS: &str = include_str!("../src/lua/success.lua");
@@ -129,6 +116,11 @@ async fn reset(c: &mut MultiplexedConnection) {
         .unwrap();
 }
 
+/// Deletes `keys`: the next row starts from fresh state.
+async fn clear(c: &mut MultiplexedConnection, keys: &[String]) {
+    let _: () = redis::cmd("DEL").arg(keys).query_async(c).await.unwrap();
+}
+
 async fn load(c: &mut MultiplexedConnection, text: &str) -> String {
     redis::cmd("SCRIPT")
         .arg("LOAD")
@@ -193,7 +185,7 @@ fn main() {
         }
     }
     let server = url.is_none().then(Server::start);
-    let url = url.unwrap_or_else(|| server.as_ref().unwrap().url.clone());
+    let url = url.unwrap_or_else(|| server.as_ref().unwrap().url());
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -262,11 +254,7 @@ async fn run(url: String, n: usize) {
         |_| eval(&admit, &keys, &wide),
     )
     .await;
-    let _: () = redis::cmd("DEL")
-        .arg(&keys)
-        .query_async(&mut c)
-        .await
-        .unwrap();
+    clear(&mut c, &keys).await;
     row(
         &mut c,
         "admission carrying a success (redis_bench)",
@@ -278,11 +266,7 @@ async fn run(url: String, n: usize) {
         },
     )
     .await;
-    let _: () = redis::cmd("DEL")
-        .arg(&keys)
-        .query_async(&mut c)
-        .await
-        .unwrap();
+    clear(&mut c, &keys).await;
     row(
         &mut c,
         "the same, the spec compiled in (SpecScripts)",

@@ -668,6 +668,7 @@ mod error;
 mod lease;
 mod link;
 mod refusals;
+mod script_text;
 mod scripts;
 mod slots;
 mod store;

@@ -32,6 +32,8 @@ use seawall::breaker::BreakerMode;
 use seawall::rate_limit::RateAlgorithm;
 use seawall::store::ResourceSpec;
 
+use crate::script_text::source;
+
 const PRELUDE: &str = include_str!("lua/prelude.lua");
 /// The rule of a silent success, as the Lua function `success(A)`.
 const SUCCESS: &str = include_str!("lua/success.lua");
@@ -90,11 +92,7 @@ impl Scripts {
                 success,
                 lease,
                 extend,
-                loads: sources.map(|s| {
-                    let mut cmd = redis::cmd("SCRIPT");
-                    cmd.arg("LOAD").arg(s);
-                    cmd
-                }),
+                loads: sources.map(script_load),
             }
         })
     }
@@ -133,13 +131,16 @@ impl SpecScripts {
         SpecScripts {
             admit,
             admit_carrying,
-            loads: sources.map(|s| {
-                let mut cmd = redis::cmd("SCRIPT");
-                cmd.arg("LOAD").arg(s);
-                cmd
-            }),
+            loads: sources.map(script_load),
         }
     }
+}
+
+/// `SCRIPT LOAD` of the script `source`.
+fn script_load(source: String) -> redis::Cmd {
+    let mut cmd = redis::cmd("SCRIPT");
+    cmd.arg("LOAD").arg(source);
+    cmd
 }
 
 /// What the generic prelude takes its arguments with.
@@ -206,25 +207,6 @@ fn lease_source() -> String {
         "\nend\n",
         include_str!("lua/lease.lua"),
     ])
-}
-
-/// The text of a script sent to the server: `parts` without their comment
-/// lines, blank lines and indentation (the scripts have no multi-line
-/// strings). Kept short because a server that requires a
-/// password refuses an argument over 16 KiB from a client that has not
-/// authenticated yet with a protocol error, before it can say that the
-/// password is missing (a test holds every script under that).
-fn source(parts: &[&str]) -> String {
-    let mut out = String::new();
-    for line in parts.iter().flat_map(|p| p.lines()) {
-        let code = line.trim_start();
-        if code.is_empty() || code.starts_with("--") {
-            continue;
-        }
-        out.push_str(code);
-        out.push('\n');
-    }
-    out
 }
 
 /// One call of a script: `EVALSHA sha 7 keys… args…`, built once and sent

@@ -220,6 +220,25 @@ fn read_calls(child: &mut Child) -> std::thread::JoinHandle<Vec<Call>> {
     })
 }
 
+/// Kills `master` and waits (30 s at most each) for `replica` to be
+/// promoted and for every slot to be served again: when each happened
+/// (`unix_us`): the kill, the promotion, the cluster ready.
+fn fail_over(cluster: &mut RedisCluster, master: u16, replica: u16) -> (u64, u64, u64) {
+    let killed = unix_us();
+    cluster.kill(master);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !cluster.is_master(replica) {
+        assert!(Instant::now() < deadline, "the replica was never promoted");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let promoted = unix_us();
+    assert!(
+        cluster.wait_until_ready(Duration::from_secs(30)),
+        "the cluster never served every slot again"
+    );
+    (killed, promoted, unix_us())
+}
+
 fn ms(us: u64) -> f64 {
     us as f64 / 1000.0
 }
@@ -240,19 +259,7 @@ fn a_killed_master_s_slots_follow_the_fail_mode_then_resume_on_the_promoted_repl
 
     // Steady state first, then the master dies.
     std::thread::sleep(Duration::from_millis(2500));
-    let killed = unix_us();
-    cluster.kill(master);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !cluster.is_master(replica) {
-        assert!(Instant::now() < deadline, "the replica was never promoted");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let promoted = unix_us();
-    assert!(
-        cluster.wait_until_ready(Duration::from_secs(30)),
-        "the cluster never served every slot again"
-    );
-    let ready = unix_us();
+    let (killed, promoted, ready) = fail_over(&mut cluster, master, replica);
     // Time for every process to come back, then some admissions after.
     std::thread::sleep(Duration::from_millis(3000));
     std::fs::write(&stop, b"").unwrap();
@@ -566,19 +573,7 @@ fn leased_mode_spends_the_batch_follows_the_fail_mode_then_leases_on_the_promote
     }
 
     std::thread::sleep(Duration::from_millis(1500));
-    let killed = unix_us();
-    cluster.kill(master);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !cluster.is_master(replica) {
-        assert!(Instant::now() < deadline, "the replica was never promoted");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let promoted = unix_us();
-    assert!(
-        cluster.wait_until_ready(Duration::from_secs(30)),
-        "the cluster never served every slot again"
-    );
-    let ready = unix_us();
+    let (killed, promoted, ready) = fail_over(&mut cluster, master, replica);
     std::thread::sleep(Duration::from_millis(2000));
     stop.store(true, Ordering::Release);
     let logs: Vec<(bool, Vec<LeasedCall>)> =

@@ -5,6 +5,7 @@
 //! and the dead process are in `cross_process.rs`.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use seawall::store::{AdmitRequest, ResourceSpec, ResourceState};
@@ -40,6 +41,54 @@ fn admit(s: &dyn ResourceState, now: Duration, weight: u32) -> Result<(), Option
         assert_eq!(r.reason, RejectionReason::RateLimited);
         r.retry_after
     })
+}
+
+/// A store leasing `leasing` for the resource `api` under `prefix`, quick
+/// to time out and to reconnect, answering an outage with `mode`.
+fn outage_store(
+    server: &RedisServer,
+    prefix: &str,
+    mode: FailMode,
+    leasing: Leasing,
+) -> RedisStore {
+    RedisStore::builder(server.url())
+        .prefix(prefix)
+        .timeout(Duration::from_millis(200))
+        .reconnect_interval(Duration::from_millis(100))
+        .fail_mode(mode)
+        .leased("api", leasing)
+        .build()
+        .unwrap()
+}
+
+/// Waits (10 s at most) until `store` reaches Redis again.
+fn wait_available(store: &RedisStore) {
+    for _ in 0..500 {
+        if store.ping().is_ok() && store.is_available() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `spec` under `prefix` through an exact fail-closed store: what Redis
+/// holds.
+fn exact(server: &RedisServer, prefix: &str, spec: &ResourceSpec) -> Arc<dyn ResourceState> {
+    RedisStore::builder(server.url())
+        .prefix(prefix)
+        .fail_closed()
+        .build()
+        .unwrap()
+        .bind(spec)
+        .unwrap()
+}
+
+/// A fail-closed store's answer once Redis cannot be reached.
+fn assert_unreachable<T: std::fmt::Debug>(a: &Result<T, StoreError>) {
+    assert!(
+        matches!(a, Err(StoreError::Timeout(_) | StoreError::Unavailable(_))),
+        "{a:?}"
+    );
 }
 
 #[test]
@@ -345,14 +394,12 @@ fn renewal_runs_in_the_background_before_the_batch_runs_out() {
 fn a_stopped_redis_follows_the_fail_mode_once_the_batch_is_spent() {
     let server = RedisServer::start();
     for mode in [FailMode::Closed, FailMode::Open] {
-        let store = RedisStore::builder(server.url())
-            .prefix(unique("stopped"))
-            .timeout(Duration::from_millis(200))
-            .reconnect_interval(Duration::from_millis(100))
-            .fail_mode(mode)
-            .leased("api", Leasing::batch(20).low_water(1))
-            .build()
-            .unwrap();
+        let store = outage_store(
+            &server,
+            &unique("stopped"),
+            mode,
+            Leasing::batch(20).low_water(1),
+        );
         let spec = ResourceSpec::new("api").with_rate_limit(RateLimiter::gcra(1000, S));
         let state = store.bind(&spec).unwrap();
         let now = Duration::ZERO;
@@ -369,10 +416,7 @@ fn a_stopped_redis_follows_the_fail_mode_once_the_batch_is_spent() {
         for _ in 0..3 {
             let a = state.admit(&AdmitRequest::new(None, now));
             match mode {
-                FailMode::Closed => assert!(
-                    matches!(a, Err(StoreError::Timeout(_) | StoreError::Unavailable(_))),
-                    "{a:?}"
-                ),
+                FailMode::Closed => assert_unreachable(&a),
                 _ => {
                     let a = a.unwrap();
                     assert!(a.decision.unwrap().local);
@@ -406,14 +450,7 @@ fn a_slow_redis_admits_from_the_batch_and_nothing_over_the_limit() {
     let server = RedisServer::start();
     for mode in [FailMode::Closed, FailMode::Open] {
         let prefix = unique("slowlease");
-        let store = RedisStore::builder(server.url())
-            .prefix(&prefix)
-            .timeout(Duration::from_millis(200))
-            .reconnect_interval(Duration::from_millis(100))
-            .fail_mode(mode)
-            .leased("api", Leasing::batch(10).low_water(5))
-            .build()
-            .unwrap();
+        let store = outage_store(&server, &prefix, mode, Leasing::batch(10).low_water(5));
         let spec =
             ResourceSpec::new("api").with_rate_limit(RateLimiter::fixed_window(100, 3600 * S));
         let state = store.bind(&spec).unwrap();
@@ -429,29 +466,15 @@ fn a_slow_redis_admits_from_the_batch_and_nothing_over_the_limit() {
         }
         let a = state.admit(&req);
         match mode {
-            FailMode::Closed => assert!(
-                matches!(a, Err(StoreError::Timeout(_) | StoreError::Unavailable(_))),
-                "{a:?}"
-            ),
+            FailMode::Closed => assert_unreachable(&a),
             _ => assert!(a.unwrap().degraded.is_some()),
         }
         sleeper.join().unwrap();
-        for _ in 0..500 {
-            if store.ping().is_ok() && store.is_available() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_available(&store);
         assert!(store.is_available(), "no recovery");
         // The window holds the first batch, and the late renewal if the
         // server ran it: an exact store finds 90 or 80 places left.
-        let exact = RedisStore::builder(server.url())
-            .prefix(&prefix)
-            .fail_closed()
-            .build()
-            .unwrap()
-            .bind(&spec)
-            .unwrap();
+        let exact = exact(&server, &prefix, &spec);
         let left = (0..120)
             .take_while(|_| exact.admit(&req).unwrap().decision.is_ok())
             .count();
@@ -472,14 +495,7 @@ fn a_slow_redis_admits_from_the_pool_and_nothing_over_the_capacity() {
     let server = RedisServer::start();
     for mode in [FailMode::Closed, FailMode::Open] {
         let prefix = unique("slowslots");
-        let store = RedisStore::builder(server.url())
-            .prefix(&prefix)
-            .timeout(Duration::from_millis(200))
-            .reconnect_interval(Duration::from_millis(100))
-            .fail_mode(mode)
-            .leased("api", Leasing::batch(5).low_water(0))
-            .build()
-            .unwrap();
+        let store = outage_store(&server, &prefix, mode, Leasing::batch(5).low_water(0));
         let spec = ResourceSpec::new("api").with_bulkhead(Bulkhead::new(10).lease(10 * S));
         let state = store.bind(&spec).unwrap();
         let req = AdmitRequest::new(None, Duration::ZERO);
@@ -502,10 +518,7 @@ fn a_slow_redis_admits_from_the_pool_and_nothing_over_the_capacity() {
         // Spent: the fail mode answers.
         let a = state.admit(&req);
         match mode {
-            FailMode::Closed => assert!(
-                matches!(a, Err(StoreError::Timeout(_) | StoreError::Unavailable(_))),
-                "{a:?}"
-            ),
+            FailMode::Closed => assert_unreachable(&a),
             _ => {
                 let a = a.unwrap();
                 let p = a.decision.unwrap();
@@ -514,22 +527,11 @@ fn a_slow_redis_admits_from_the_pool_and_nothing_over_the_capacity() {
             }
         }
         sleeper.join().unwrap();
-        for _ in 0..500 {
-            if store.ping().is_ok() && store.is_available() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_available(&store);
         assert!(store.is_available(), "no recovery");
         // On Redis: the pool's 5, in use, and the late growth's 5 if the
         // server ran it; nothing else.
-        let exact = RedisStore::builder(server.url())
-            .prefix(&prefix)
-            .fail_closed()
-            .build()
-            .unwrap()
-            .bind(&spec)
-            .unwrap();
+        let exact = exact(&server, &prefix, &spec);
         let on_redis = exact.in_flight(None, Duration::ZERO).unwrap();
         eprintln!("slow redis, leased bulkhead, {mode:?}: {on_redis} slots held on Redis after");
         assert!(
@@ -634,13 +636,7 @@ fn leased_bulkhead_slots_outlive_the_lease_while_held() {
         .unwrap()
         .bind(&spec)
         .unwrap();
-    let exact = RedisStore::builder(server.url())
-        .prefix(&prefix)
-        .fail_closed()
-        .build()
-        .unwrap()
-        .bind(&spec)
-        .unwrap();
+    let exact = exact(&server, &prefix, &spec);
     let now = Duration::ZERO;
     let permit = state
         .admit(&AdmitRequest::new(None, now))
@@ -666,14 +662,7 @@ fn a_stopped_redis_leaves_the_pool_then_follows_the_fail_mode() {
     let server = RedisServer::start();
     for mode in [FailMode::Closed, FailMode::Open] {
         let prefix = unique("stoppedslots");
-        let store = RedisStore::builder(server.url())
-            .prefix(&prefix)
-            .timeout(Duration::from_millis(200))
-            .reconnect_interval(Duration::from_millis(100))
-            .fail_mode(mode)
-            .leased("api", Leasing::batch(5).low_water(0))
-            .build()
-            .unwrap();
+        let store = outage_store(&server, &prefix, mode, Leasing::batch(5).low_water(0));
         let spec = ResourceSpec::new("api").with_bulkhead(Bulkhead::new(10).lease(10 * S));
         let state = store.bind(&spec).unwrap();
         let req = AdmitRequest::new(None, Duration::ZERO);
@@ -686,30 +675,16 @@ fn a_stopped_redis_leaves_the_pool_then_follows_the_fail_mode() {
         }
         let a = state.admit(&req);
         match mode {
-            FailMode::Closed => assert!(
-                matches!(a, Err(StoreError::Timeout(_) | StoreError::Unavailable(_))),
-                "{a:?}"
-            ),
+            FailMode::Closed => assert_unreachable(&a),
             _ => {
                 let a = a.unwrap();
                 assert!(a.decision.unwrap().local && a.degraded.is_some());
             }
         }
         server.signal("CONT");
-        for _ in 0..500 {
-            if store.ping().is_ok() && store.is_available() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_available(&store);
         // The pool's 5 slots are held on Redis, whatever ran meanwhile.
-        let exact = RedisStore::builder(server.url())
-            .prefix(&prefix)
-            .fail_closed()
-            .build()
-            .unwrap()
-            .bind(&spec)
-            .unwrap();
+        let exact = exact(&server, &prefix, &spec);
         let held = exact.in_flight(None, Duration::ZERO).unwrap();
         assert!((5..=10).contains(&held), "{mode:?}: {held} slots held");
     }

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use seawall::testing::VirtualClock;
 use seawall::{Bulkhead, Error, Pipeline, RateLimiter, StoreError};
-use seawall_redis::{Leasing, RedisStore};
+use seawall_redis::{Leasing, RedisStore, RedisStoreBuilder};
 
 use crate::support::{unique, RedisServer};
 
@@ -29,7 +29,14 @@ fn store(server: &RedisServer, prefix: &str, open: bool, caller_clock: bool) -> 
 }
 
 fn store_at(url: &str, prefix: &str, open: bool, caller_clock: bool) -> RedisStore {
-    let b = RedisStore::builder(url)
+    let b = builder_at(url, prefix);
+    let b = if caller_clock { b.caller_clock() } else { b };
+    build(b, open)
+}
+
+/// The settings every store of these tests shares.
+fn builder_at(url: &str, prefix: &str) -> RedisStoreBuilder {
+    RedisStore::builder(url)
         .prefix(prefix)
         // Generous: a call that times out on a loaded machine may still take
         // a place late, which the exact counts below would not expect.
@@ -39,11 +46,27 @@ fn store_at(url: &str, prefix: &str, open: bool, caller_clock: bool) -> RedisSto
         // starts at the first admission that sees the restart, which a
         // refusal replayed locally until the end of its window would put
         // off to the next window.
-        .local_refusals(0);
-    let b = if caller_clock { b.caller_clock() } else { b };
+        .local_refusals(0)
+}
+
+/// `b` failing open or closed, built.
+fn build(b: RedisStoreBuilder, open: bool) -> RedisStore {
     if open { b.fail_open() } else { b.fail_closed() }
         .build()
         .unwrap()
+}
+
+/// A pipeline limited to 200 calls per second (fixed window) through
+/// `store`, on a virtual clock far from 0.
+fn window_pipeline(store: &RedisStore) -> (Pipeline, VirtualClock) {
+    let clock = VirtualClock::starting_at(Duration::from_secs(1_000));
+    let p = Pipeline::builder("rate")
+        .rate_limiter(RateLimiter::fixed_window(200, Duration::from_secs(1)))
+        .clock(clock.clone())
+        .store(store.clone())
+        .build()
+        .unwrap();
+    (p, clock)
 }
 
 /// What one call came to.
@@ -112,13 +135,7 @@ fn second_quota(open: bool, asynchronous: bool) -> u32 {
 
 fn second_quota_on(mut server: RedisServer, url: &str, open: bool, asynchronous: bool) -> u32 {
     let store = store_at(url, &unique("restart-rate"), open, true);
-    let clock = VirtualClock::starting_at(Duration::from_secs(1_000));
-    let p = Pipeline::builder("rate")
-        .rate_limiter(RateLimiter::fixed_window(200, Duration::from_secs(1)))
-        .clock(clock.clone())
-        .store(store.clone())
-        .build()
-        .unwrap();
+    let (p, clock) = window_pipeline(&store);
     let rt = crate::support::rt();
     let sync = || p.call(|_| Ok::<_, std::io::Error>(()));
     let run = || rt.block_on(p.run(|_| async { Ok::<_, std::io::Error>(()) }));
@@ -422,11 +439,7 @@ fn two_stores_each_see_the_restart() {
 
 /// A store whose resources `rate` and `pool` are leased.
 fn leased_store(server: &RedisServer, prefix: &str, open: bool) -> RedisStore {
-    let b = RedisStore::builder(server.url())
-        .prefix(prefix)
-        .timeout(Duration::from_secs(2))
-        .reconnect_interval(Duration::from_millis(100))
-        .local_refusals(0)
+    let b = builder_at(&server.url(), prefix)
         .caller_clock()
         .leased("rate", Leasing::batch(BATCH).low_water(LOW))
         // The keeper extends the pool every 100 ms (real time): it finds
@@ -437,9 +450,7 @@ fn leased_store(server: &RedisServer, prefix: &str, open: bool) -> RedisStore {
                 .low_water(0)
                 .ttl(Duration::from_millis(200)),
         );
-    if open { b.fail_open() } else { b.fail_closed() }
-        .build()
-        .unwrap()
+    build(b, open)
 }
 
 const BATCH: u32 = 20;
@@ -453,13 +464,7 @@ const LOW: u32 = 10;
 fn leased_quota_after_restart(open: bool, asynchronous: bool) -> (u32, u32) {
     let mut server = RedisServer::start();
     let store = leased_store(&server, &unique("restart-leased"), open);
-    let clock = VirtualClock::starting_at(Duration::from_secs(1_000));
-    let p = Pipeline::builder("rate")
-        .rate_limiter(RateLimiter::fixed_window(200, Duration::from_secs(1)))
-        .clock(clock.clone())
-        .store(store.clone())
-        .build()
-        .unwrap();
+    let (p, clock) = window_pipeline(&store);
     let rt = crate::support::rt();
     let sync = || p.call(|_| Ok::<_, std::io::Error>(()));
     let run = || rt.block_on(p.run(|_| async { Ok::<_, std::io::Error>(()) }));
