@@ -239,6 +239,15 @@ fn fail_over(cluster: &mut RedisCluster, master: u16, replica: u16) -> (u64, u64
     (killed, promoted, unix_us())
 }
 
+/// The span of `v` (microseconds), in milliseconds.
+fn range(v: &[u64]) -> String {
+    format!(
+        "{:.0}..{:.0} ms",
+        ms(*v.iter().min().unwrap()),
+        ms(*v.iter().max().unwrap())
+    )
+}
+
 fn ms(us: u64) -> f64 {
     us as f64 / 1000.0
 }
@@ -373,13 +382,6 @@ fn a_killed_master_s_slots_follow_the_fail_mode_then_resume_on_the_promoted_repl
     }
     assert!(full_windows_after > 0, "the limit is reached again after");
 
-    let range = |v: &[u64]| {
-        format!(
-            "{:.0}..{:.0} ms",
-            ms(*v.iter().min().unwrap()),
-            ms(*v.iter().max().unwrap())
-        )
-    };
     eprintln!(
         "failover (node timeout {NODE_TIMEOUT_MS} ms, store timeout {TIMEOUT:?}, reconnect \
          every 100 ms, limit {LIMIT}/s):\n  \
@@ -722,13 +724,6 @@ fn leased_mode_spends_the_batch_follows_the_fail_mode_then_leases_on_the_promote
     );
     assert!(peaks[1] <= CAPACITY, "{} local slots in use", peaks[1]);
 
-    let range = |v: &[u64]| {
-        format!(
-            "{:.0}..{:.0} ms",
-            ms(*v.iter().min().unwrap()),
-            ms(*v.iter().max().unwrap())
-        )
-    };
     eprintln!(
         "leased failover (node timeout {NODE_TIMEOUT_MS} ms, store timeout {TIMEOUT:?}, limit \
          {LIMIT}/s in batches of {BATCH} renewed at {LOW}, bulkhead of {CAPACITY} in batches \

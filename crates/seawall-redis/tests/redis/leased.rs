@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use seawall::store::{AdmitRequest, ResourceSpec, ResourceState};
+use seawall::store::{AdmitRequest, Permit, ResourceSpec, ResourceState};
 use seawall::{
     Bulkhead, CircuitBreaker, Pipeline, RateLimiter, RejectionReason, StateStore, StoreError,
 };
@@ -59,6 +59,24 @@ fn outage_store(
         .leased("api", leasing)
         .build()
         .unwrap()
+}
+
+/// A bulkhead of 10 leased 5 slots at a time through an [`outage_store`],
+/// and its first slot, taken from Redis.
+fn outage_pool(
+    server: &RedisServer,
+    prefix: &str,
+    mode: FailMode,
+) -> (RedisStore, ResourceSpec, Arc<dyn ResourceState>, Permit) {
+    let store = outage_store(server, prefix, mode, Leasing::batch(5).low_water(0));
+    let spec = ResourceSpec::new("api").with_bulkhead(Bulkhead::new(10).lease(10 * S));
+    let state = store.bind(&spec).unwrap();
+    let first = state
+        .admit(&AdmitRequest::new(None, Duration::ZERO))
+        .unwrap();
+    assert!(first.decision.is_ok() && first.degraded.is_none());
+    let first = first.decision.unwrap();
+    (store, spec, state, first)
 }
 
 /// Waits (10 s at most) until `store` reaches Redis again.
@@ -495,13 +513,9 @@ fn a_slow_redis_admits_from_the_pool_and_nothing_over_the_capacity() {
     let server = RedisServer::start();
     for mode in [FailMode::Closed, FailMode::Open] {
         let prefix = unique("slowslots");
-        let store = outage_store(&server, &prefix, mode, Leasing::batch(5).low_water(0));
-        let spec = ResourceSpec::new("api").with_bulkhead(Bulkhead::new(10).lease(10 * S));
-        let state = store.bind(&spec).unwrap();
+        let (store, spec, state, first) = outage_pool(&server, &prefix, mode);
         let req = AdmitRequest::new(None, Duration::ZERO);
-        let first = state.admit(&req).unwrap();
-        assert!(first.decision.is_ok() && first.degraded.is_none());
-        let mut held = vec![first.decision.unwrap()];
+        let mut held = vec![first];
 
         let sleeper = busy_for_a_second(&server);
         // 4 free: all admitted from the pool, none degraded; the last
@@ -662,12 +676,8 @@ fn a_stopped_redis_leaves_the_pool_then_follows_the_fail_mode() {
     let server = RedisServer::start();
     for mode in [FailMode::Closed, FailMode::Open] {
         let prefix = unique("stoppedslots");
-        let store = outage_store(&server, &prefix, mode, Leasing::batch(5).low_water(0));
-        let spec = ResourceSpec::new("api").with_bulkhead(Bulkhead::new(10).lease(10 * S));
-        let state = store.bind(&spec).unwrap();
+        let (store, spec, state, _first) = outage_pool(&server, &prefix, mode);
         let req = AdmitRequest::new(None, Duration::ZERO);
-        let first = state.admit(&req).unwrap();
-        assert!(first.decision.is_ok() && first.degraded.is_none());
         server.signal("STOP");
         for i in 0..4 {
             let a = state.admit(&req).unwrap();

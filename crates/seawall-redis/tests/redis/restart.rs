@@ -56,17 +56,63 @@ fn build(b: RedisStoreBuilder, open: bool) -> RedisStore {
         .unwrap()
 }
 
-/// A pipeline limited to 200 calls per second (fixed window) through
-/// `store`, on a virtual clock far from 0.
-fn window_pipeline(store: &RedisStore) -> (Pipeline, VirtualClock) {
+/// A pipeline with a bulkhead of 5 (slot leases of 10 s) through `store`,
+/// on a virtual clock far from 0.
+fn pool_pipeline(store: &RedisStore) -> (Pipeline, VirtualClock) {
     let clock = VirtualClock::starting_at(Duration::from_secs(1_000));
-    let p = Pipeline::builder("rate")
-        .rate_limiter(RateLimiter::fixed_window(200, Duration::from_secs(1)))
+    let p = Pipeline::builder("pool")
+        .bulkhead(Bulkhead::new(5).lease(Duration::from_secs(10)))
         .clock(clock.clone())
         .store(store.clone())
         .build()
         .unwrap();
     (p, clock)
+}
+
+/// A pipeline limiting calls to `limit` per second (fixed window) through
+/// `store`, on `clock`.
+fn window_pipeline(store: &RedisStore, clock: &VirtualClock, limit: u32) -> Pipeline {
+    Pipeline::builder("rate")
+        .rate_limiter(RateLimiter::fixed_window(limit, Duration::from_secs(1)))
+        .clock(clock.clone())
+        .store(store.clone())
+        .build()
+        .unwrap()
+}
+
+/// A fixed window of 200 calls per second through `store`, on a virtual
+/// clock far from 0, called sync or async: `first.0` calls of which
+/// `first.1` admitted, a restart of `server`, then calls in the same window
+/// (each shown to `seen`) until the reachable store answered 300 of them;
+/// one window later the quota is back, exactly once, through Redis.
+/// Returns what was admitted in the window of the restart after it.
+fn quota_through_restart(
+    server: &mut RedisServer,
+    store: &RedisStore,
+    asynchronous: bool,
+    first: (u32, u32),
+    seen: &dyn Fn(&CallResult),
+) -> u32 {
+    let clock = VirtualClock::starting_at(Duration::from_secs(1_000));
+    let p = window_pipeline(store, &clock, 200);
+    let rt = crate::support::rt();
+    let sync = || p.call(|_| Ok::<_, std::io::Error>(()));
+    let run = || rt.block_on(p.run(|_| async { Ok::<_, std::io::Error>(()) }));
+    let call: Call<'_> = if asynchronous { &run } else { &sync };
+    assert_eq!(admitted_among(call, store, first.0), first.1);
+
+    server.restart();
+    let watched = || {
+        let r = call();
+        seen(&r);
+        r
+    };
+    let after_restart = admitted_among(&watched, store, 300);
+
+    // One window later the quota is back, exactly once, through Redis.
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(admitted_among(call, store, 250), 200);
+    after_restart
 }
 
 /// What one call came to.
@@ -93,8 +139,11 @@ fn answer<T: std::fmt::Debug>(r: &Result<T, Error<std::io::Error>>) -> Answer {
     }
 }
 
+/// What one call through the pipeline gave.
+type CallResult = Result<(), Error<std::io::Error>>;
+
 /// One call through the pipeline, on the blocking or the async path.
-type Call<'a> = &'a dyn Fn() -> Result<(), Error<std::io::Error>>;
+type Call<'a> = &'a dyn Fn() -> CallResult;
 
 /// Calls until `answered` calls were answered by a reachable store (bounded
 /// by [`PATIENCE`]); returns how many were admitted, counting those
@@ -135,21 +184,8 @@ fn second_quota(open: bool, asynchronous: bool) -> u32 {
 
 fn second_quota_on(mut server: RedisServer, url: &str, open: bool, asynchronous: bool) -> u32 {
     let store = store_at(url, &unique("restart-rate"), open, true);
-    let (p, clock) = window_pipeline(&store);
-    let rt = crate::support::rt();
-    let sync = || p.call(|_| Ok::<_, std::io::Error>(()));
-    let run = || rt.block_on(p.run(|_| async { Ok::<_, std::io::Error>(()) }));
-    let call: Call<'_> = if asynchronous { &run } else { &sync };
     // The window's quota, then a refusal.
-    assert_eq!(admitted_among(call, &store, 201), 200);
-
-    server.restart();
-    let after_restart = admitted_among(call, &store, 300);
-
-    // One window later the quota is back, exactly once, through Redis.
-    clock.advance(Duration::from_secs(1));
-    assert_eq!(admitted_among(call, &store, 250), 200);
-    after_restart
+    quota_through_restart(&mut server, &store, asynchronous, (201, 200), &|_| {})
 }
 
 #[test]
@@ -193,12 +229,7 @@ fn a_restarted_empty_redis_holds_for_exactly_one_window_on_the_store_clock() {
     let mut server = RedisServer::start();
     let store = store(&server, &unique("restart-hold"), false, true);
     let clock = VirtualClock::starting_at(Duration::from_secs(1_000));
-    let p = Pipeline::builder("rate")
-        .rate_limiter(RateLimiter::fixed_window(10, Duration::from_secs(1)))
-        .clock(clock.clone())
-        .store(store.clone())
-        .build()
-        .unwrap();
+    let p = window_pipeline(&store, &clock, 10);
     let call = || p.call(|_| Ok::<_, std::io::Error>(()));
     assert_eq!(admitted_among(&call, &store, 1), 1);
     server.restart();
@@ -261,11 +292,7 @@ impl Holders {
 }
 
 /// One call that counts itself among the running ones.
-fn counted(
-    p: &Pipeline,
-    running: &AtomicU32,
-    peak: &AtomicU32,
-) -> Result<(), Error<std::io::Error>> {
+fn counted(p: &Pipeline, running: &AtomicU32, peak: &AtomicU32) -> CallResult {
     p.call(|_| {
         let now = running.fetch_add(1, Ordering::SeqCst) + 1;
         peak.fetch_max(now, Ordering::SeqCst);
@@ -274,18 +301,39 @@ fn counted(
     })
 }
 
+/// [`counted`] calls, each shown to `seen`, until `store` answered 50 of
+/// them; fail-closed, every one is refused.
+fn counted_until_answered(
+    p: &Pipeline,
+    running: &AtomicU32,
+    peak: &AtomicU32,
+    store: &RedisStore,
+    open: bool,
+    mut seen: impl FnMut(&CallResult),
+) {
+    let start = Instant::now();
+    let mut answered = 0;
+    while answered < 50 {
+        assert!(start.elapsed() < PATIENCE, "the store never answered again");
+        let r = counted(p, running, peak);
+        seen(&r);
+        if store.is_available() {
+            answered += 1;
+        } else {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if !open {
+            assert!(r.is_err());
+        }
+    }
+}
+
 #[test]
 fn a_restarted_empty_redis_never_puts_the_bulkhead_over_capacity() {
     for open in [false, true] {
         let mut server = RedisServer::start();
         let store = store(&server, &unique("restart-bulkhead"), open, true);
-        let clock = VirtualClock::starting_at(Duration::from_secs(1_000));
-        let p = Pipeline::builder("pool")
-            .bulkhead(Bulkhead::new(5).lease(Duration::from_secs(10)))
-            .clock(clock.clone())
-            .store(store.clone())
-            .build()
-            .unwrap();
+        let (p, clock) = pool_pipeline(&store);
         let running = Arc::new(AtomicU32::new(0));
         let peak = Arc::new(AtomicU32::new(0));
         let holders = Holders::start(&p, &running, &peak, 5);
@@ -295,20 +343,7 @@ fn a_restarted_empty_redis_never_puts_the_bulkhead_over_capacity() {
         // Calls while the five still run: the store answers again, and no
         // sixth call runs (fail-open: the local bulkhead is full too, as it
         // admitted nothing; the Redis one was refused).
-        let start = Instant::now();
-        let mut answered = 0;
-        while answered < 50 {
-            assert!(start.elapsed() < PATIENCE, "the store never answered again");
-            let r = counted(&p, &running, &peak);
-            if store.is_available() {
-                answered += 1;
-            } else {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            if !open {
-                assert!(r.is_err());
-            }
-        }
+        counted_until_answered(&p, &running, &peak, &store, open, |_| {});
         assert!(
             peak.load(Ordering::SeqCst) <= if open { 10 } else { 5 },
             "over capacity"
@@ -403,14 +438,7 @@ fn two_stores_each_see_the_restart() {
     let mut server = RedisServer::start();
     let prefix = unique("restart-two");
     let clock = VirtualClock::starting_at(Duration::from_secs(1_000));
-    let pipeline = |store: &RedisStore| {
-        Pipeline::builder("rate")
-            .rate_limiter(RateLimiter::fixed_window(200, Duration::from_secs(1)))
-            .clock(clock.clone())
-            .store(store.clone())
-            .build()
-            .unwrap()
-    };
+    let pipeline = |store: &RedisStore| window_pipeline(store, &clock, 200);
     let (a, b) = (
         store(&server, &prefix, false, true),
         store(&server, &prefix, false, true),
@@ -464,28 +492,15 @@ const LOW: u32 = 10;
 fn leased_quota_after_restart(open: bool, asynchronous: bool) -> (u32, u32) {
     let mut server = RedisServer::start();
     let store = leased_store(&server, &unique("restart-leased"), open);
-    let (p, clock) = window_pipeline(&store);
-    let rt = crate::support::rt();
-    let sync = || p.call(|_| Ok::<_, std::io::Error>(()));
-    let run = || rt.block_on(p.run(|_| async { Ok::<_, std::io::Error>(()) }));
-    let call: Call<'_> = if asynchronous { &run } else { &sync };
-    assert_eq!(admitted_among(call, &store, 150), 150);
-
-    server.restart();
     let held = AtomicU32::new(0);
-    let counting = || {
-        let r = call();
-        if answer(&r) == Answer::Held {
+    let counting = |r: &CallResult| {
+        if answer(r) == Answer::Held {
             held.fetch_add(1, Ordering::Relaxed);
         }
-        r
     };
-    let after_restart = admitted_among(&counting, &store, 300);
-
-    // One window later (the batch in hand expired and given back), the
-    // quota is back, exactly once, through Redis.
-    clock.advance(Duration::from_secs(1));
-    assert_eq!(admitted_among(call, &store, 250), 200);
+    // One window later the batch in hand has expired and been given back.
+    let after_restart =
+        quota_through_restart(&mut server, &store, asynchronous, (150, 150), &counting);
     let held = held.load(Ordering::Relaxed);
     eprintln!(
         "leased rate limit, fail-open {open}, async {asynchronous}: {after_restart} admitted \
@@ -523,13 +538,7 @@ fn a_restarted_empty_redis_never_puts_a_leased_bulkhead_over_capacity() {
     for open in [false, true] {
         let mut server = RedisServer::start();
         let store = leased_store(&server, &unique("restart-leased-pool"), open);
-        let clock = VirtualClock::starting_at(Duration::from_secs(1_000));
-        let p = Pipeline::builder("pool")
-            .bulkhead(Bulkhead::new(5).lease(Duration::from_secs(10)))
-            .clock(clock.clone())
-            .store(store.clone())
-            .build()
-            .unwrap();
+        let (p, clock) = pool_pipeline(&store);
         let running = Arc::new(AtomicU32::new(0));
         let peak = Arc::new(AtomicU32::new(0));
         // One at a time: each admitted from the pool, or by a lease.
@@ -540,23 +549,12 @@ fn a_restarted_empty_redis_never_puts_a_leased_bulkhead_over_capacity() {
 
         server.restart();
         // Calls while the five still run, their slots gone from Redis.
-        let start = Instant::now();
-        let (mut answered, mut held) = (0, 0);
-        while answered < 50 {
-            assert!(start.elapsed() < PATIENCE, "the store never answered again");
-            let r = counted(&p, &running, &peak);
-            if answer(&r) == Answer::Held {
+        let mut held = 0;
+        counted_until_answered(&p, &running, &peak, &store, open, |r| {
+            if answer(r) == Answer::Held {
                 held += 1;
             }
-            if store.is_available() {
-                answered += 1;
-            } else {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            if !open {
-                assert!(r.is_err());
-            }
-        }
+        });
         let most = peak.load(Ordering::SeqCst);
         eprintln!(
             "leased bulkhead of 5, fail-open {open}: at most {most} running through the \
