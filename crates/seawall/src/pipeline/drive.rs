@@ -74,14 +74,7 @@ impl<K: Kind> Pipeline<K> {
         Op: FnMut(Context) -> Result<T, E>,
     {
         let shared = &*self.shared;
-        let (partition, weight, fallback_seen) =
-            (args.partition(), args.weight(), args.fallback_seen());
-        if shared.plan.bare
-            && fallback_seen.is_none()
-            && partition.is_none()
-            && !Listeners::tracing()
-            && !shared.chaos_may_inject()
-        {
+        if self.runs_bare(&args) {
             return match op(Context::bare(shared.name)) {
                 Ok(v) => Ok(v),
                 Err(e) => {
@@ -92,6 +85,8 @@ impl<K: Kind> Pipeline<K> {
                 }
             };
         }
+        let (partition, weight, fallback_seen) =
+            (args.partition(), args.weight(), args.fallback_seen());
         let first = fallback_seen
             .is_none()
             .then(|| First::start(self, args))
@@ -130,9 +125,71 @@ impl<K: Kind> Pipeline<K> {
         }
     }
 
+    /// Whether a call made with `args` runs the operation as given: a
+    /// pipeline without admission policies, listeners or chaos, a call in
+    /// no partition that reports no fallback, and no subscriber that wants
+    /// the spans of `tracing`.
+    #[inline(always)]
+    fn runs_bare<'a>(&self, args: &impl CallArgs<'a>) -> bool {
+        let shared = &*self.shared;
+        shared.plan.bare
+            && args.fallback_seen().is_none()
+            && args.partition().is_none()
+            && !Listeners::tracing()
+            && !shared.chaos_may_inject()
+    }
+
     /// Runs an async call made with `args`; see
-    /// [`drive_sync`](Self::drive_sync).
+    /// [`drive_sync`](Self::drive_sync). A call that runs the operation as
+    /// given ends here when it succeeds; anything else goes on in a future
+    /// of its own, so this one stays small, and so does its drop.
     pub(crate) async fn drive_async<'a, T, E, Op, Fut>(
+        &'a self,
+        args: impl CallArgs<'a>,
+        mut op: Op,
+    ) -> Result<T, Error<E>>
+    where
+        K: Handles<T, E>,
+        Op: FnMut(Context) -> Fut,
+        Fut: Future,
+        Fut::Output: AttemptOutput<T, E>,
+    {
+        if !self.runs_bare(&args) {
+            return self.async_first(args, op).await;
+        }
+        let (result, judged) = op(Context::bare(self.shared.name)).await.split();
+        match result {
+            Ok(v) => Ok(v),
+            Err(e) => {
+                let from = From::Ended(Some(Err(e)), judged);
+                self.async_after_bare(args, op, from).await
+            }
+        }
+    }
+
+    /// The general loop of an async call whose first attempt, the
+    /// operation itself, ended as `from` says.
+    async fn async_after_bare<'a, T, E, Op, Fut>(
+        &'a self,
+        args: impl CallArgs<'a>,
+        op: Op,
+        from: From<T, E>,
+    ) -> Result<T, Error<E>>
+    where
+        K: Handles<T, E>,
+        Op: FnMut(Context) -> Fut,
+        Fut: Future,
+        Fut::Output: AttemptOutput<T, E>,
+    {
+        let first = First::after_bare(self, args);
+        let mut held = first.hold();
+        let call = first.into_call(Driver::Async, &mut held);
+        async_loop(call, op, Some(from)).await
+    }
+
+    /// An async call that does not run the operation as given: the
+    /// ordinary steps here, anything else in the general loop.
+    async fn async_first<'a, T, E, Op, Fut>(
         &'a self,
         args: impl CallArgs<'a>,
         mut op: Op,
@@ -146,23 +203,6 @@ impl<K: Kind> Pipeline<K> {
         let shared = &*self.shared;
         let (partition, weight, fallback_seen) =
             (args.partition(), args.weight(), args.fallback_seen());
-        if shared.plan.bare
-            && fallback_seen.is_none()
-            && partition.is_none()
-            && !Listeners::tracing()
-            && !shared.chaos_may_inject()
-        {
-            let (result, judged) = op(Context::bare(shared.name)).await.split();
-            return match result {
-                Ok(v) => Ok(v),
-                Err(e) => {
-                    let first = First::after_bare(self, args);
-                    let mut held = first.hold();
-                    let call = first.into_call(Driver::Async, &mut held);
-                    async_loop(call, op, Some(From::Ended(Some(Err(e)), judged))).await
-                }
-            };
-        }
         let first = fallback_seen
             .is_none()
             .then(|| First::start(self, args))
