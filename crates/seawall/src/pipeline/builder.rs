@@ -715,6 +715,10 @@ impl<K: Kind> Assembly<K> {
         let random: Arc<dyn Random> = self.random.unwrap_or_else(|| Arc::new(SystemRandom));
         let listeners = Listeners::new(self.listeners);
         let any_timeout = self.overall_timeout.is_some() || self.attempt_timeout.is_some();
+        let general = call_gate.is_some()
+            || self.hedging.is_some()
+            || !self.custom.is_empty()
+            || budget_in_store;
         let plan =
             Plan {
                 // A memory gate reads the clock itself, only when a policy
@@ -738,11 +742,9 @@ impl<K: Kind> Assembly<K> {
                     && self.hedging.is_none()
                     && self.retry.as_ref().is_none_or(|r| r.budget.is_none())
                     && self.custom.is_empty(),
-                general: call_gate.is_some()
-                    || self.hedging.is_some()
-                    || !self.custom.is_empty()
-                    || budget_in_store,
+                general,
                 budget_in_store,
+                in_place: !general && !listeners.registered() && self.chaos.is_empty(),
             };
         Ok(Pipeline {
             shared: Arc::new(Shared {

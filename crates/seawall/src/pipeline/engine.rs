@@ -400,6 +400,16 @@ fn abandon(
     }
 }
 
+/// Marks the branch that calls it as the one laid out apart, so that a call
+/// that skips it runs straight through: an adaptive limit, a retry budget,
+/// a strict timeout, a clock read at the start or end of an attempt. Each is
+/// configured on some pipelines and tested on every call; a call that takes
+/// the branch pays a jump there and back, small beside what the branch does
+/// (a clock read, an atomic update).
+#[cold]
+#[inline(never)]
+fn apart() {}
+
 /// The retry budget kept in this process, if any (a budget kept in the
 /// store is earned and spent by the admissions).
 #[inline(always)]
@@ -1899,6 +1909,7 @@ fn begin<K: Kind>(
     listening: bool,
 ) -> (u64, Option<Deadline>, Option<u64>, Option<Deadline>) {
     if shared.plan.needs_time || partition.is_some() || listening {
+        apart();
         let now = shared.clock.now_nanos();
         let overall = overall_deadline(shared, now);
         (
@@ -1975,6 +1986,7 @@ fn record_success_in_place(
         return None;
     }
     let (end, duration_ns) = if gate.record_needs_time {
+        apart();
         let end = clock.now_nanos();
         (end, at.map_or(0, |at| end.saturating_sub(at)))
     } else {
@@ -2135,6 +2147,7 @@ impl<'g, K: Kind, A: CallArgs<'g>> Held<'g, K, A> {
     #[inline(always)]
     fn take_lease(&mut self) -> Option<Lease> {
         if self.lease.is_some() {
+            apart();
             self.lease.take()
         } else {
             None
@@ -2151,10 +2164,16 @@ impl<'g, K: Kind, A: CallArgs<'g>> First<'g, K, A> {
     #[inline(always)]
     pub(crate) fn start(pipeline: &'g Pipeline<K>, args: A) -> Option<Self> {
         let shared = &*pipeline.shared;
-        if shared.listeners.enabled() || shared.plan.general || shared.chaos_may_inject() {
+        let taken_over = if shared.plan.in_place {
+            crate::event::Listeners::tracing()
+        } else {
+            shared.listeners.enabled() || shared.plan.general || shared.chaos_may_inject()
+        };
+        if taken_over {
             return None;
         }
         if let Some(b) = local_budget(shared) {
+            apart();
             b.deposit();
         }
         let (_, _, at, deadline) = begin(shared, args.partition(), false);
@@ -2197,6 +2216,7 @@ impl<'g, K: Kind, A: CallArgs<'g>> First<'g, K, A> {
         let shared = &*self.pipeline.shared;
         let partition = self.args.partition();
         if let Some(limiter) = &shared.adaptive {
+            apart();
             held.lease = Some(admit_adaptive(limiter, &shared.clock, partition)?);
         }
         held.ticket = admit_in_place(
@@ -2396,7 +2416,12 @@ fn watches_late<K: Kind>(
     listening: bool,
     deadline: Option<Deadline>,
 ) -> bool {
-    driver == Driver::Sync && (listening || shared.plan.watch_late) && deadline.is_some()
+    let watches = driver == Driver::Sync && (listening || shared.plan.watch_late);
+    if watches && deadline.is_some() {
+        apart();
+        return true;
+    }
+    false
 }
 
 /// The deadline of an attempt beginning at `now`: the nearer of the call's

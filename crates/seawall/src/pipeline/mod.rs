@@ -90,6 +90,11 @@ pub(crate) struct Plan {
     ///
     /// [`RetryBudget::shared`]: crate::RetryBudget::shared
     pub(crate) budget_in_store: bool,
+    /// Nothing but a `tracing` subscriber can take a call off the ordinary
+    /// path: not [`general`](Self::general), no registered listener, no
+    /// chaos policy. One flag for [`First::start`](engine::First::start)
+    /// to read before it asks each of them.
+    pub(crate) in_place: bool,
 }
 
 pub(crate) struct Shared<K: Kind> {
