@@ -4,7 +4,8 @@
 //! A partition key keeps one counter; the unpartitioned resource splits its
 //! slots into stripes ([`StripedSlots`]) so that threads taking and giving
 //! back slots at once do not write to the same cache line. A slot is one
-//! compare-and-swap to take and one to give back.
+//! compare-and-swap to take; a stripe's slot is one locked subtraction to
+//! give back, a partition's one compare-and-swap.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -40,6 +41,22 @@ pub(crate) fn release_slot(in_flight: &AtomicU32) {
             Ok(_) => return,
             Err(actual) => current = actual,
         }
+    }
+}
+
+/// Gives a slot of `in_flight`, which never holds more than `cap`, back by
+/// [`rules::give_back`] in one locked subtraction, without reading the
+/// count first (a read there would wait for the locked take before it and
+/// hold the subtraction up). The holder of a slot finds the count positive,
+/// and the subtraction is the rule's answer. A count of zero (a permit
+/// given back twice) or above `cap` (wrapped by such a release under way)
+/// has nothing to give: what was subtracted is put back. While a count is
+/// wrapped it reads as more than `cap`, so no slot is taken on it.
+#[inline]
+pub(crate) fn release_slot_of(in_flight: &AtomicU32, cap: u32) {
+    let before = in_flight.fetch_sub(1, Ordering::Release);
+    if rules::give_back(before) == before || before > cap {
+        in_flight.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -140,14 +157,20 @@ impl StripedSlots {
     #[inline]
     pub(crate) fn release(&self, slot: u64) {
         if let Some(stripe) = self.stripes.get(slot as usize) {
-            release_slot(&stripe.in_flight);
+            release_slot_of(&stripe.in_flight, stripe.cap);
         }
     }
 
     pub(crate) fn in_flight(&self) -> u32 {
         self.stripes
             .iter()
-            .map(|s| s.in_flight.load(Ordering::Acquire))
+            // A count wrapped by a permit given back twice is put back
+            // at once; until then it holds no slot.
+            .map(|s| {
+                Some(s.in_flight.load(Ordering::Acquire))
+                    .filter(|&n| n <= s.cap)
+                    .unwrap_or(0)
+            })
             .sum()
     }
 }
@@ -249,6 +272,33 @@ mod tests {
             );
             assert!(taken.load(Ordering::Relaxed) > 0);
             assert_eq!(slots.in_flight(), 0);
+        }
+    }
+
+    #[test]
+    fn permits_given_back_twice_at_once_leave_a_stripe_empty() {
+        for (max, stripes) in [(1, 1), (4, 2), (64, 16)] {
+            let slots = StripedSlots::with_stripes(max, stripes);
+            let n = slots.stripes.len() as u64;
+            std::thread::scope(|scope| {
+                for t in 0..8u64 {
+                    let slots = &slots;
+                    scope.spawn(move || {
+                        for i in 0..5_000u64 {
+                            // Nothing is taken: every release is a permit
+                            // given back twice.
+                            slots.release((t + i) % n);
+                            assert!(slots.in_flight() <= max);
+                        }
+                    });
+                }
+            });
+            assert_eq!(slots.in_flight(), 0, "max {max}");
+            for s in slots.stripes.iter() {
+                assert_eq!(s.in_flight.load(Ordering::Relaxed), 0, "max {max}");
+            }
+            let taken: Vec<u64> = std::iter::from_fn(|| slots.acquire()).take(1_000).collect();
+            assert_eq!(taken.len() as u32, max, "exactly max slots after");
         }
     }
 

@@ -107,7 +107,10 @@ impl<K: Kind> Pipeline<K> {
                 let result = op(ctx);
                 match first.ended(result, &mut held, Driver::Sync) {
                     // Nobody listens on the ordinary path: the call is over.
-                    Ok(v) => Ok(v),
+                    Ok(v) => {
+                        held.spent();
+                        Ok(v)
+                    }
                     Err(result) => {
                         let from = From::Ended(Some(result), None);
                         let call = first.into_call(Driver::Sync, &mut held);
@@ -235,7 +238,10 @@ impl<K: Kind> Pipeline<K> {
                         match first.ended(result, &mut held, Driver::Async) {
                             // Nobody listens on the ordinary path: the call
                             // is over.
-                            Ok(v) => return Ok(v),
+                            Ok(v) => {
+                                held.spent();
+                                return Ok(v);
+                            }
                             Err(result) => From::Ended(Some(result), judged),
                         }
                     }

@@ -2153,6 +2153,13 @@ impl<'g, K: Kind, A: CallArgs<'g>> Held<'g, K, A> {
             None
         }
     }
+
+    /// The guard of an attempt whose end [`First::ended`] recorded: what
+    /// it held is spent, and the guard goes without being looked at again.
+    #[inline(always)]
+    pub(crate) fn spent(self) {
+        std::mem::forget(self);
+    }
 }
 
 impl<'g, K: Kind, A: CallArgs<'g>> First<'g, K, A> {
@@ -2242,8 +2249,9 @@ impl<'g, K: Kind, A: CallArgs<'g>> First<'g, K, A> {
     }
 
     /// The ordinary end of the attempt: a success with nothing to watch,
-    /// recorded in place as [`Call::ended`] would; anything else comes
-    /// back.
+    /// recorded in place as [`Call::ended`] would, which spends what `held`
+    /// holds (the caller then lets it go by [`Held::spent`]); anything else
+    /// comes back, with `held` as it was.
     #[inline(always)]
     pub(crate) fn ended<T, E>(
         &mut self,
@@ -2261,7 +2269,7 @@ impl<'g, K: Kind, A: CallArgs<'g>> First<'g, K, A> {
                     let end = clock.ticks();
                     let _ = limiter.release(lease, Signal::Success, end, clock, &*shared.random);
                 }
-                if let (Some(ticket), Some(gate)) = (held.ticket.take(), &shared.gate) {
+                if let (Some(ticket), Some(gate)) = (held.ticket, &shared.gate) {
                     // Nobody listens: a transition has no one to tell.
                     let _ = record_success_in_place(
                         gate,
