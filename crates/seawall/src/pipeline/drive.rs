@@ -135,11 +135,13 @@ impl<K: Kind> Pipeline<K> {
     #[inline(always)]
     fn runs_bare<'a>(&self, args: &impl CallArgs<'a>) -> bool {
         let shared = &*self.shared;
+        // A bare pipeline is never general and has no registered listener:
+        // `in_place` then says it has no chaos policy to ask.
         shared.plan.bare
             && args.fallback_seen().is_none()
             && args.partition().is_none()
             && !Listeners::tracing()
-            && !shared.chaos_may_inject()
+            && (shared.plan.in_place || !shared.chaos_may_inject())
     }
 
     /// Runs an async call made with `args`; see
