@@ -146,8 +146,12 @@ impl<K: Kind> Pipeline<K> {
 
     /// Runs an async call made with `args`; see
     /// [`drive_sync`](Self::drive_sync). A call that runs the operation as
-    /// given ends here when it succeeds; anything else goes on in a future
-    /// of its own, so this one stays small, and so does its drop.
+    /// given does so in a future of its own ([`async_bare`]), which holds
+    /// nothing of the engine, so that its drop stays small; the ordinary
+    /// steps run here, anything else in the general loop, from where the
+    /// call stands.
+    ///
+    /// [`async_bare`]: Self::async_bare
     pub(crate) async fn drive_async<'a, T, E, Op, Fut>(
         &'a self,
         args: impl CallArgs<'a>,
@@ -159,52 +163,9 @@ impl<K: Kind> Pipeline<K> {
         Fut: Future,
         Fut::Output: AttemptOutput<T, E>,
     {
-        if !self.runs_bare(&args) {
-            return self.async_first(args, op).await;
+        if self.runs_bare(&args) {
+            return self.async_bare(args, op).await;
         }
-        let (result, judged) = op(Context::bare(self.shared.name)).await.split();
-        match result {
-            Ok(v) => Ok(v),
-            Err(e) => {
-                let from = From::Ended(Some(Err(e)), judged);
-                self.async_after_bare(args, op, from).await
-            }
-        }
-    }
-
-    /// The general loop of an async call whose first attempt, the
-    /// operation itself, ended as `from` says.
-    async fn async_after_bare<'a, T, E, Op, Fut>(
-        &'a self,
-        args: impl CallArgs<'a>,
-        op: Op,
-        from: From<T, E>,
-    ) -> Result<T, Error<E>>
-    where
-        K: Handles<T, E>,
-        Op: FnMut(Context) -> Fut,
-        Fut: Future,
-        Fut::Output: AttemptOutput<T, E>,
-    {
-        let first = First::after_bare(self, args);
-        let mut held = first.hold();
-        let call = first.into_call(Driver::Async, &mut held);
-        async_loop(call, op, Some(from)).await
-    }
-
-    /// An async call that does not run the operation as given: the
-    /// ordinary steps here, anything else in the general loop.
-    async fn async_first<'a, T, E, Op, Fut>(
-        &'a self,
-        args: impl CallArgs<'a>,
-        mut op: Op,
-    ) -> Result<T, Error<E>>
-    where
-        K: Handles<T, E>,
-        Op: FnMut(Context) -> Fut,
-        Fut: Future,
-        Fut::Output: AttemptOutput<T, E>,
-    {
         let shared = &*self.shared;
         let (partition, weight, fallback_seen) =
             (args.partition(), args.weight(), args.fallback_seen());
@@ -258,6 +219,51 @@ impl<K: Kind> Pipeline<K> {
             }
         };
         async_loop(first.into_call(Driver::Async, &mut held), op, Some(from)).await
+    }
+
+    /// An async call that runs the operation as given (see
+    /// [`runs_bare`](Self::runs_bare)): it ends here when the operation
+    /// succeeds; anything else goes on in the general loop, in a future of
+    /// its own ([`async_after_bare`](Self::async_after_bare)).
+    async fn async_bare<'a, T, E, Op, Fut>(
+        &'a self,
+        args: impl CallArgs<'a>,
+        mut op: Op,
+    ) -> Result<T, Error<E>>
+    where
+        K: Handles<T, E>,
+        Op: FnMut(Context) -> Fut,
+        Fut: Future,
+        Fut::Output: AttemptOutput<T, E>,
+    {
+        let (result, judged) = op(Context::bare(self.shared.name)).await.split();
+        match result {
+            Ok(v) => Ok(v),
+            Err(e) => {
+                let from = From::Ended(Some(Err(e)), judged);
+                self.async_after_bare(args, op, from).await
+            }
+        }
+    }
+
+    /// The general loop of an async call whose first attempt, the
+    /// operation itself, ended as `from` says.
+    async fn async_after_bare<'a, T, E, Op, Fut>(
+        &'a self,
+        args: impl CallArgs<'a>,
+        op: Op,
+        from: From<T, E>,
+    ) -> Result<T, Error<E>>
+    where
+        K: Handles<T, E>,
+        Op: FnMut(Context) -> Fut,
+        Fut: Future,
+        Fut::Output: AttemptOutput<T, E>,
+    {
+        let first = First::after_bare(self, args);
+        let mut held = first.hold();
+        let call = first.into_call(Driver::Async, &mut held);
+        async_loop(call, op, Some(from)).await
     }
 }
 
