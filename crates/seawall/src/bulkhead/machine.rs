@@ -166,10 +166,9 @@ impl StripedSlots {
             .iter()
             // A count wrapped by a permit given back twice is put back
             // at once; until then it holds no slot.
-            .map(|s| {
-                Some(s.in_flight.load(Ordering::Acquire))
-                    .filter(|&n| n <= s.cap)
-                    .unwrap_or(0)
+            .map(|s| match s.in_flight.load(Ordering::Acquire) {
+                n if n <= s.cap => n,
+                _ => 0,
             })
             .sum()
     }
