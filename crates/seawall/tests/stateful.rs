@@ -397,6 +397,52 @@ fn async_bulkhead_queue_admits_a_waiter_and_refuses_beyond_the_queue() {
     assert_eq!(p.in_flight().unwrap(), 0);
 }
 
+/// Each partition has a bulkhead of its own, and so a queue of its own: a
+/// call waiting in one partition's queue takes no place in another's.
+#[test]
+fn each_partition_queues_for_its_own_bulkhead() {
+    for start in [Duration::ZERO, secs(1_000_000)] {
+        let clock = VirtualClock::starting_at(start);
+        let p = Pipeline::builder("s-partition-queue")
+            .bulkhead(Bulkhead::new(1).queue(1, ms(500)))
+            .store(MemoryStore::new())
+            .clock(clock.clone())
+            .build()
+            .unwrap();
+        let hold = |key: &'static str, hold: u64| {
+            let (p, clock) = (p.clone(), clock.clone());
+            async move {
+                p.partition(key)
+                    .run(move |_| {
+                        let clock = clock.clone();
+                        async move {
+                            seawall::Clock::sleep(&clock, ms(hold)).await;
+                            Ok::<_, Fail>(key)
+                        }
+                    })
+                    .await
+            }
+        };
+        let (a, b, b_waiter, a_waiter, b_third) = rt().block_on(async {
+            tokio::join!(
+                hold("a", 100),
+                hold("b", 200),
+                hold("b", 0),
+                hold("a", 0),
+                hold("b", 0),
+            )
+        });
+        assert_eq!((a.unwrap(), b.unwrap()), ("a", "b"));
+        assert_eq!(b_waiter.unwrap(), "b");
+        // Partition `a`'s queue was empty: its call waits for `a`'s slot.
+        assert_eq!(a_waiter.unwrap(), "a", "{start:?}");
+        assert_eq!(reason(b_third), RejectionReason::BulkheadFull);
+        for key in ["a", "b"] {
+            assert_eq!(p.partition(key).in_flight().unwrap(), 0);
+        }
+    }
+}
+
 #[test]
 fn partitions_have_their_own_state() {
     let p = Pipeline::builder("s-partitions")

@@ -48,6 +48,8 @@ impl Bulkhead {
     }
 
     /// Lets up to `max_queued` async calls wait at most `max_wait` for a slot.
+    /// The queue is kept in this process; each partition has a queue of its
+    /// own, as it has slots of its own.
     pub fn queue(mut self, max_queued: u32, max_wait: Duration) -> Self {
         self.max_queued = max_queued;
         self.max_wait = max_wait;

@@ -822,6 +822,7 @@ impl<K: Kind> Assembly<K> {
             records: !spec.budget_only(),
             spec,
             waiters: AtomicU32::new(0),
+            partition_waiters: Default::default(),
         }))
     }
 }

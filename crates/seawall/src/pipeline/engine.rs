@@ -392,7 +392,7 @@ fn abandon(
     }
     if let Some(w) = waiting {
         if w.queued == Some(Queue::Bulkhead) {
-            gate.waiters.fetch_sub(1, Ordering::Relaxed);
+            gate.leave_queue(partition);
         }
         if let Some((reservation, _)) = w.reserved {
             gate.state.give_back_reservation(partition, reservation);
@@ -639,7 +639,7 @@ impl<'g, K: Kind> Call<'g, K> {
     fn stop_waiting(&mut self) {
         if let Some(w) = self.waiting.take() {
             if let Some(q) = w.queued {
-                self.queue_counter(q).fetch_sub(1, Ordering::Relaxed);
+                self.leave_queue(q);
             }
             if let Some((reservation, _)) = w.reserved {
                 self.gate()
@@ -649,17 +649,19 @@ impl<'g, K: Kind> Call<'g, K> {
         }
     }
 
-    /// The count of calls waiting in queue `q`.
-    fn queue_counter(&self, q: Queue) -> &'g std::sync::atomic::AtomicU32 {
+    /// Leaves queue `q`: the bulkhead's of the call's partition at the
+    /// current level, or the adaptive limit's.
+    fn leave_queue(&self, q: Queue) {
         match q {
-            Queue::Bulkhead => &self.gate().waiters,
+            Queue::Bulkhead => {
+                if let Some(gate) = self.gate_of(self.level) {
+                    gate.leave_queue(self.partition);
+                }
+            }
             Queue::Adaptive => {
-                let shared: &'g super::Shared<K> = &self.pipeline.shared;
-                &shared
-                    .adaptive
-                    .as_ref()
-                    .expect("a queue of the adaptive limit")
-                    .waiters
+                if let Some(limiter) = &self.pipeline.shared.adaptive {
+                    limiter.waiters.fetch_sub(1, Ordering::Relaxed);
+                }
             }
         }
     }
@@ -1008,10 +1010,6 @@ impl<'g, K: Kind> Call<'g, K> {
         });
         // A call refused for want of a slot by one queue's policy after it
         // waited in the other's leaves the other queue.
-        let waiters = |q: Queue| match q {
-            Queue::Bulkhead => gate.map(|g| &g.waiters),
-            Queue::Adaptive => adaptive.map(|l| &l.waiters),
-        };
         let wanted = match rejection.reason {
             RejectionReason::ConcurrencyLimited => Some(Queue::Adaptive),
             RejectionReason::BulkheadFull => Some(Queue::Bulkhead),
@@ -1019,12 +1017,11 @@ impl<'g, K: Kind> Call<'g, K> {
         };
         if let (Some(held), Some(wanted)) = (waiting.queued, wanted) {
             if held != wanted {
-                if let Some(w) = waiters(held) {
-                    w.fetch_sub(1, Ordering::Relaxed);
-                }
-                waiting.queued = None;
+                self.leave_queue(held);
+                self.waiting.as_mut().expect("waiting").queued = None;
             }
         }
+        let waiting = self.waiting.as_mut().expect("waiting");
         // A clock that did not move while the call waited (a virtual clock
         // at the last instant of its range) has no later instant to wait
         // for: refused, never deferred in a loop.
@@ -1070,7 +1067,8 @@ impl<'g, K: Kind> Call<'g, K> {
                 let Some(limiter) = adaptive else {
                     return Err(rejection);
                 };
-                let queue = (Queue::Adaptive, &limiter.waiters);
+                let join = || limiter.waiters.fetch_add(1, Ordering::Relaxed);
+                let queue = (Queue::Adaptive, join);
                 let wait = queued(waiting, queue, limiter.max_queued, limiter.max_wait, room);
                 wait.ok_or(rejection)
             }
@@ -1078,7 +1076,8 @@ impl<'g, K: Kind> Call<'g, K> {
                 let Some((g, b)) = gate.and_then(|g| Some((g, g.spec.bulkhead.as_ref()?))) else {
                     return Err(rejection);
                 };
-                let queue = (Queue::Bulkhead, &g.waiters);
+                let partition = self.partition;
+                let queue = (Queue::Bulkhead, || g.join_queue(partition));
                 queued(waiting, queue, b.max_queued, b.max_wait, room).ok_or(rejection)
             }
         }
@@ -2351,24 +2350,25 @@ fn may_wait(reason: RejectionReason, driver: Driver) -> bool {
 }
 
 /// The wait of a call refused for want of a slot, in a queue of this
-/// process (`queue`: which, and its count of waiting calls) that lets
+/// process (`queue`: which, and how to take a place in it, giving the count
+/// of calls that held one before) that lets
 /// `max_queued` calls wait `max_wait` at most: the next poll, short of the
 /// deadline (`room`), or `None` when the call may not wait (no queue, the
 /// queue full, its wait or the deadline over). The call takes its place
 /// once, leaving the place it held in another queue.
 fn queued(
     waiting: &mut Waiting,
-    queue: (Queue, &std::sync::atomic::AtomicU32),
+    queue: (Queue, impl FnOnce() -> u32),
     max_queued: u32,
     max_wait: Duration,
     room: Option<Duration>,
 ) -> Option<Duration> {
-    let (which, waiters) = queue;
+    let (which, join) = queue;
     if max_queued == 0 {
         return None;
     }
     if waiting.queued != Some(which) {
-        let before = waiters.fetch_add(1, Ordering::Relaxed);
+        let before = join();
         waiting.queued = Some(which);
         if before >= max_queued {
             return None;

@@ -3,8 +3,9 @@
 
 use std::fmt;
 use std::future::Future;
-use std::sync::atomic::AtomicU32;
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::breaker::{CircuitControl, CircuitMetrics, CircuitState, CircuitTransition};
@@ -60,8 +61,53 @@ pub(crate) struct Gate {
     /// An outcome may change state: anything but a gate holding only a
     /// retry budget kept in the store (never asked to record).
     pub(crate) records: bool,
-    /// Async calls currently queued for a bulkhead slot in this process.
+    /// Async calls of no partition currently queued for a bulkhead slot in
+    /// this process.
     pub(crate) waiters: AtomicU32,
+    /// The same for each partition: a partition has a bulkhead, and so a
+    /// queue, of its own. A partition's count goes when its queue empties.
+    pub(crate) partition_waiters: Mutex<HashMap<PartitionKey, u32>>,
+}
+
+impl Gate {
+    /// Takes a place in the bulkhead queue of `partition`: the calls that
+    /// held one before.
+    pub(crate) fn join_queue(&self, partition: Option<&PartitionKey>) -> u32 {
+        match partition {
+            None => self.waiters.fetch_add(1, Ordering::Relaxed),
+            Some(key) => {
+                let mut queues = self.partition_queues();
+                let count = queues.entry(key.clone()).or_insert(0);
+                *count += 1;
+                *count - 1
+            }
+        }
+    }
+
+    /// Leaves the bulkhead queue of `partition`.
+    pub(crate) fn leave_queue(&self, partition: Option<&PartitionKey>) {
+        match partition {
+            None => {
+                self.waiters.fetch_sub(1, Ordering::Relaxed);
+            }
+            Some(key) => {
+                let mut queues = self.partition_queues();
+                if let Some(count) = queues.get_mut(key) {
+                    *count -= 1;
+                    if *count == 0 {
+                        queues.remove(key);
+                    }
+                }
+            }
+        }
+    }
+
+    fn partition_queues(&self) -> std::sync::MutexGuard<'_, HashMap<PartitionKey, u32>> {
+        // Counts only: a panic while one was held left it whole.
+        self.partition_waiters
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 /// Facts about a pipeline computed once at build time for the hot path.
