@@ -20,8 +20,12 @@ pub(crate) const LAST_SLOT: u16 = 16383;
 pub(crate) struct NodeIdentity {
     pub(crate) run_id: String,
     /// When the process started, on this process's monotonic clock: when it
-    /// was seen, less its uptime (whole seconds, so up to a second late,
-    /// never early); when it was seen if the uptime is unknown.
+    /// was seen, less its uptime less a second; when it was seen if the
+    /// uptime is unknown. Redis gives the uptime as the distance between
+    /// two times in whole seconds (now and the start, each rounded down),
+    /// up to a second more than the time the process has run: a second
+    /// less is never more, so the start read is never early (up to two
+    /// seconds late).
     pub(crate) started: Instant,
     /// `master_replid`: the history of the data set it serves.
     replid: String,
@@ -60,7 +64,9 @@ pub(crate) fn parse_info(text: &str, seen: Instant) -> Option<NodeIdentity> {
     }
     Some(NodeIdentity {
         run_id: run_id?,
-        started: uptime.and_then(|u| seen.checked_sub(u)).unwrap_or(seen),
+        started: uptime
+            .and_then(|u| seen.checked_sub(u.saturating_sub(Duration::from_secs(1))))
+            .unwrap_or(seen),
         replid: replid.to_owned(),
         replid2: replid2.to_owned(),
     })
@@ -289,7 +295,10 @@ mod tests {
         )
         .unwrap();
         assert_eq!(a.run_id, "aaa");
-        assert_eq!(seen - a.started, Duration::from_secs(7));
+        // Up 7 s by two readings in whole seconds: at least 6 s.
+        assert_eq!(seen - a.started, Duration::from_secs(6));
+        let fresh = parse_info("run_id:ddd\nuptime_in_seconds:0\n", seen).unwrap();
+        assert_eq!(fresh.started, seen);
         let promoted = parse_info(
             "run_id:bbb\nuptime_in_seconds:1\nmaster_replid:r2\nmaster_replid2:r1\n",
             seen,

@@ -508,8 +508,9 @@
 //! resource wait until
 //! what was lost can no longer matter: until the restarted server is as
 //! old as the resource's longest rate window (for GCRA, its burst) or
-//! bulkhead lease (its uptime, read in whole seconds, so up to a second
-//! longer), or, on the caller's clock ([`TimeSource::Caller`]), for that
+//! bulkhead lease (its uptime, which Redis counts in whole seconds, taken
+//! a second short so that it is never more than the time it has run: up
+//! to two seconds longer), or, on the caller's clock ([`TimeSource::Caller`]), for that
 //! long from the first admission that saw the restart. Meanwhile
 //! [`FailMode::Closed`] refuses with `Error::Store` and [`FailMode::Open`]
 //! answers locally, as in an outage. Since the default lease is 60 s, a
