@@ -18,8 +18,8 @@ use crate::cooldown::Cooldown;
 use crate::error::ConfigError;
 use crate::hedge::Hedging;
 use crate::pipeline::Declared;
-use crate::rate_limit::RateLimiter;
-use crate::retry::{Retry, RetryBudget};
+use crate::rate_limit::{RateAlgorithm, RateLimiter};
+use crate::retry::{BackoffKind, BackoffSetting, Retry, RetryBudget};
 use crate::timeout::Timeout;
 
 /// A registered policy from its section (and the one of `default`). The
@@ -83,34 +83,15 @@ enum HedgingModeKind {
     Fallback,
 }
 
-/// The backoffs, by their registered words.
-const BACKOFFS: [(&str, BackoffKind); 4] = [
-    ("constant", BackoffKind::Constant),
-    ("linear", BackoffKind::Linear),
-    ("exponential", BackoffKind::Exponential),
-    ("decorrelated", BackoffKind::Decorrelated),
-];
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum BackoffKind {
-    Constant,
-    Linear,
-    Exponential,
-    Decorrelated,
+/// The backoffs, by their registered words (the retry module's).
+fn backoffs() -> [(&'static str, BackoffKind); 4] {
+    BackoffKind::ALL.map(|k| (k.word(), k))
 }
 
-/// The rate limiter's algorithms, by their registered words.
-const ALGORITHMS: [(&str, Algorithm); 3] = [
-    ("gcra", Algorithm::Gcra),
-    ("fixed_window", Algorithm::FixedWindow),
-    ("sliding_window", Algorithm::SlidingWindow),
-];
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Algorithm {
-    Gcra,
-    FixedWindow,
-    SlidingWindow,
+/// The rate limiter's algorithms, by their registered words (the rate
+/// limiter module's).
+fn algorithms() -> [(&'static str, RateAlgorithm); 3] {
+    RateAlgorithm::ALL.map(|a| (a.word(), a))
 }
 
 /// The meaning of a registered word (`default` when none is given).
@@ -184,41 +165,31 @@ fn retry(l: Layers<'_, Section>) -> Result<Retry, ConfigError> {
     const P: &str = "retry";
     let kind_from_own = l.own_sets(|r| r.choice("backoff"));
     let kind = chosen(
-        &BACKOFFS,
+        &backoffs(),
         l.get(|r| r.choice("backoff")),
         BackoffKind::Exponential,
     );
     let delay = required(l.get(|r| r.duration("delay")), P, "delay", "\"200ms\"")?.0;
-    if kind != BackoffKind::Exponential && l.stray(kind_from_own, |r| r.number("multiplier")) {
-        return Err(ConfigError::new(
-            P,
-            "multiplier",
-            format!(
-                "applies only to exponential backoff, not {}",
-                word(&BACKOFFS, kind)
-            ),
-        ));
-    }
-    if kind == BackoffKind::Constant && l.stray(kind_from_own, |r| r.duration("cap")) {
-        return Err(ConfigError::new(
-            P,
-            "cap",
-            "does not apply to constant backoff",
-        ));
-    }
     let mut r = match kind {
         BackoffKind::Constant => Retry::constant(delay),
         BackoffKind::Linear => Retry::linear(delay),
         BackoffKind::Exponential => Retry::exponential(delay),
         BackoffKind::Decorrelated => Retry::decorrelated(delay, Duration::MAX),
     };
-    if kind == BackoffKind::Exponential {
-        if let Some(m) = l.get(|r| r.number("multiplier")) {
+    // A setting that does not apply to the backoff (the retry module
+    // says which) is passed on for `build()` to refuse by name, unless it
+    // is inherited from `default` by a pipeline that chose its backoff
+    // itself: then it is left out.
+    let passed = |setting: BackoffSetting| {
+        setting.applies_to(kind) || l.stray(kind_from_own, |r| r.has(setting.field()).then_some(()))
+    };
+    if let Some(m) = l.get(|r| r.number("multiplier")) {
+        if passed(BackoffSetting::Multiplier) {
             r = r.multiplier(m);
         }
     }
-    if kind != BackoffKind::Constant {
-        if let Some(cap) = l.get(|r| r.duration("cap")) {
+    if let Some(cap) = l.get(|r| r.duration("cap")) {
+        if passed(BackoffSetting::Cap) {
             r = r.cap(cap.0);
         }
     }
@@ -554,26 +525,23 @@ fn rate_limiter(l: Layers<'_, Section>) -> Result<RateLimiter, ConfigError> {
     const P: &str = "rate_limiter";
     let kind_from_own = l.own_sets(|r| r.choice("algorithm"));
     let algorithm = chosen(
-        &ALGORITHMS,
+        &algorithms(),
         l.get(|r| r.choice("algorithm")),
-        Algorithm::Gcra,
+        RateAlgorithm::Gcra,
     );
     let limit = required(l.get(|r| r.count("limit")), P, "limit", "100")?;
     let period = required(l.get(|r| r.duration("period")), P, "period", "\"1s\"")?.0;
-    if algorithm != Algorithm::Gcra && l.stray(kind_from_own, |r| r.count("burst")) {
-        return Err(ConfigError::new(
-            P,
-            "burst",
-            format!("applies only to gcra, not {}", word(&ALGORITHMS, algorithm)),
-        ));
-    }
     let mut r = match algorithm {
-        Algorithm::Gcra => RateLimiter::gcra(limit, period),
-        Algorithm::FixedWindow => RateLimiter::fixed_window(limit, period),
-        Algorithm::SlidingWindow => RateLimiter::sliding_window(limit, period),
+        RateAlgorithm::FixedWindow => RateLimiter::fixed_window(limit, period),
+        RateAlgorithm::SlidingWindow => RateLimiter::sliding_window(limit, period),
+        _ => RateLimiter::gcra(limit, period),
     };
-    if algorithm == Algorithm::Gcra {
-        if let Some(b) = l.get(|r| r.count("burst")) {
+    // A burst of a window (the rate limiter module says which algorithms
+    // take one) is passed on for `build()` to refuse by name, unless it is
+    // inherited from `default` by a pipeline that chose its algorithm
+    // itself: then it is left out.
+    if let Some(b) = l.get(|r| r.count("burst")) {
+        if algorithm.takes_burst() || l.stray(kind_from_own, |r| r.count("burst")) {
             r = r.burst(b);
         }
     }
@@ -600,11 +568,11 @@ mod tests {
             other => panic!("{other:?}"),
         };
         assert_eq!(
-            BACKOFFS.map(|(w, _)| w).to_vec(),
+            backoffs().map(|(w, _)| w).to_vec(),
             choices(PolicyKind::Retry, "backoff")
         );
         assert_eq!(
-            ALGORITHMS.map(|(w, _)| w).to_vec(),
+            algorithms().map(|(w, _)| w).to_vec(),
             choices(PolicyKind::RateLimiter, "algorithm")
         );
         assert_eq!(

@@ -39,6 +39,33 @@ pub enum RateAlgorithm {
     Gcra,
 }
 
+impl RateAlgorithm {
+    /// Every algorithm, in the order the configuration files list them.
+    pub(crate) const ALL: [RateAlgorithm; 3] = [
+        RateAlgorithm::Gcra,
+        RateAlgorithm::FixedWindow,
+        RateAlgorithm::SlidingWindow,
+    ];
+
+    /// The algorithm's word (`algorithm = "..."` in the configuration
+    /// files).
+    pub(crate) fn word(self) -> &'static str {
+        match self {
+            RateAlgorithm::Gcra => "gcra",
+            RateAlgorithm::FixedWindow => "fixed_window",
+            RateAlgorithm::SlidingWindow => "sliding_window",
+        }
+    }
+
+    /// Whether [`RateLimiter::burst`] applies to the algorithm: GCRA only
+    /// (a window admits `limit` per period, and no burst of its own). The
+    /// one statement of it, read by the setter, the validation and the
+    /// configuration files.
+    pub(crate) fn takes_burst(self) -> bool {
+        self == RateAlgorithm::Gcra
+    }
+}
+
 /// Configuration of a rate limiter.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -57,6 +84,9 @@ pub struct RateLimiter {
     /// Shadow mode: the limiter counts and reports but never refuses (see
     /// [`crate::shadow`]).
     pub shadow: bool,
+    /// A burst was given to an algorithm it does not apply to: refused by
+    /// `build()`, never ignored.
+    burst_unapplied: bool,
 }
 
 impl RateLimiter {
@@ -69,6 +99,7 @@ impl RateLimiter {
             burst: limit,
             max_wait: Duration::ZERO,
             shadow: false,
+            burst_unapplied: false,
         }
     }
 
@@ -88,9 +119,14 @@ impl RateLimiter {
         }
     }
 
-    /// GCRA burst size.
+    /// GCRA burst size. The windows have none: `build()` refuses it there
+    /// (`rate_limiter.burst applies only to gcra, not fixed_window`).
     pub fn burst(mut self, burst: u32) -> Self {
-        self.burst = burst;
+        if self.algorithm.takes_burst() {
+            self.burst = burst;
+        } else {
+            self.burst_unapplied = true;
+        }
         self
     }
 
@@ -148,6 +184,23 @@ impl RateLimiter {
 
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         const P: &str = "rate_limiter";
+        // A setting the algorithm does not take is a mistake, never ignored.
+        if self.burst_unapplied {
+            let to: Vec<_> = RateAlgorithm::ALL
+                .into_iter()
+                .filter(|a| a.takes_burst())
+                .map(RateAlgorithm::word)
+                .collect();
+            return Err(ConfigError::new(
+                P,
+                "burst",
+                format!(
+                    "applies only to {}, not {}",
+                    to.join(" and "),
+                    self.algorithm.word()
+                ),
+            ));
+        }
         if self.limit == 0 {
             return Err(ConfigError::new(P, "limit", "must be >= 1, got 0"));
         }
@@ -214,5 +267,30 @@ mod tests {
         assert!(RateLimiter::sliding_window(5, Duration::from_secs(1))
             .validate()
             .is_ok());
+    }
+
+    /// A burst given to a window is refused by name, in the words of the
+    /// configuration files, never ignored.
+    #[test]
+    fn a_burst_of_a_window_is_refused() {
+        let s = Duration::from_secs(1);
+        assert_eq!(
+            RateLimiter::fixed_window(5, s)
+                .burst(50)
+                .validate()
+                .map_err(|e| e.to_string()),
+            Err("rate_limiter.burst applies only to gcra, not fixed_window".into())
+        );
+        assert_eq!(
+            RateLimiter::sliding_window(5, s)
+                .burst(5)
+                .validate()
+                .map_err(|e| e.to_string()),
+            Err("rate_limiter.burst applies only to gcra, not sliding_window".into())
+        );
+        assert!(RateLimiter::gcra(5, s).burst(50).validate().is_ok());
+        for algorithm in RateAlgorithm::ALL {
+            assert_eq!(algorithm.takes_burst(), algorithm == RateAlgorithm::Gcra);
+        }
     }
 }

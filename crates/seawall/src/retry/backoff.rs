@@ -37,6 +37,84 @@ pub enum Backoff {
     },
 }
 
+/// The kinds of [`Backoff`], by the words of the configuration files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BackoffKind {
+    Constant,
+    Linear,
+    Exponential,
+    Decorrelated,
+}
+
+impl BackoffKind {
+    /// Every kind, in the order the configuration files list them.
+    pub(crate) const ALL: [BackoffKind; 4] = [
+        BackoffKind::Constant,
+        BackoffKind::Linear,
+        BackoffKind::Exponential,
+        BackoffKind::Decorrelated,
+    ];
+
+    /// The kind's word (`backoff = "..."` in the configuration files).
+    pub(crate) fn word(self) -> &'static str {
+        match self {
+            BackoffKind::Constant => "constant",
+            BackoffKind::Linear => "linear",
+            BackoffKind::Exponential => "exponential",
+            BackoffKind::Decorrelated => "decorrelated",
+        }
+    }
+}
+
+/// A setting of a retry that applies to some kinds of backoff only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BackoffSetting {
+    /// [`Retry::multiplier`](super::Retry::multiplier).
+    Multiplier,
+    /// [`Retry::cap`](super::Retry::cap).
+    Cap,
+}
+
+impl BackoffSetting {
+    /// The setting's field, as errors and the configuration files name it.
+    pub(crate) fn field(self) -> &'static str {
+        match self {
+            BackoffSetting::Multiplier => "multiplier",
+            BackoffSetting::Cap => "cap",
+        }
+    }
+
+    /// Whether the setting applies to a backoff of `kind`: the one
+    /// statement of it, read by the setters of [`Retry`](super::Retry),
+    /// its validation and the configuration files. The multiplier is the
+    /// growth factor of an exponential backoff; every backoff but the
+    /// constant one has a cap.
+    pub(crate) fn applies_to(self, kind: BackoffKind) -> bool {
+        match self {
+            BackoffSetting::Multiplier => kind == BackoffKind::Exponential,
+            BackoffSetting::Cap => kind != BackoffKind::Constant,
+        }
+    }
+
+    /// The refusal of the setting given to a backoff of `kind` it does not
+    /// apply to, in the words of [`applies_to`](Self::applies_to).
+    pub(crate) fn refusal(self, kind: BackoffKind) -> ConfigError {
+        let to: Vec<_> = BackoffKind::ALL
+            .into_iter()
+            .filter(|&k| self.applies_to(k))
+            .collect();
+        let rule = match to[..] {
+            [only] => format!(
+                "applies only to {} backoff, not {}",
+                only.word(),
+                kind.word()
+            ),
+            _ => format!("does not apply to {} backoff", kind.word()),
+        };
+        ConfigError::new("retry", self.field(), rule)
+    }
+}
+
 fn mul(d: Duration, factor: f64) -> Duration {
     let secs = d.as_secs_f64() * factor;
     if !secs.is_finite() || secs >= Duration::MAX.as_secs_f64() {
@@ -68,6 +146,16 @@ impl Backoff {
                 let span = hi - base;
                 (base + mul(span, random.next_f64())).min(cap)
             }
+        }
+    }
+
+    /// The kind of this backoff.
+    pub(crate) fn kind(&self) -> BackoffKind {
+        match self {
+            Backoff::Constant { .. } => BackoffKind::Constant,
+            Backoff::Linear { .. } => BackoffKind::Linear,
+            Backoff::Exponential { .. } => BackoffKind::Exponential,
+            Backoff::Decorrelated { .. } => BackoffKind::Decorrelated,
         }
     }
 

@@ -26,6 +26,7 @@ mod backoff;
 mod budget;
 
 pub use backoff::{Backoff, Jitter};
+pub(crate) use backoff::{BackoffKind, BackoffSetting};
 pub(crate) use budget::{deposit, refund, withdraw};
 pub use budget::{BudgetRule, RetryBudget};
 
@@ -44,6 +45,9 @@ pub struct Retry {
     pub jitter: Jitter,
     /// Shared budget limiting retries to a share of calls.
     pub budget: Option<RetryBudget>,
+    /// The first setting given to a backoff it does not apply to, and that
+    /// backoff's kind: refused by `build()`, never ignored.
+    unapplied: Option<(BackoffSetting, BackoffKind)>,
 }
 
 impl Retry {
@@ -82,6 +86,7 @@ impl Retry {
             backoff,
             jitter: Jitter::None,
             budget: None,
+            unapplied: None,
         }
     }
 
@@ -91,23 +96,43 @@ impl Retry {
         self
     }
 
-    /// Growth factor of an exponential backoff.
+    /// Growth factor of an exponential backoff. Any other backoff has
+    /// none: `build()` refuses it there (`retry.multiplier applies only to
+    /// exponential backoff, not linear`).
     pub fn multiplier(mut self, m: f64) -> Self {
-        if let Backoff::Exponential { multiplier, .. } = &mut self.backoff {
-            *multiplier = m;
+        if self.takes(BackoffSetting::Multiplier) {
+            if let Backoff::Exponential { multiplier, .. } = &mut self.backoff {
+                *multiplier = m;
+            }
         }
         self
     }
 
-    /// Upper bound of the delay (before jitter).
+    /// Upper bound of the delay (before jitter). A constant backoff has
+    /// none: `build()` refuses it there (`retry.cap does not apply to
+    /// constant backoff`).
     pub fn cap(mut self, max: Duration) -> Self {
-        match &mut self.backoff {
-            Backoff::Linear { cap, .. }
-            | Backoff::Exponential { cap, .. }
-            | Backoff::Decorrelated { cap, .. } => *cap = max,
-            Backoff::Constant { .. } => {}
+        if self.takes(BackoffSetting::Cap) {
+            match &mut self.backoff {
+                Backoff::Linear { cap, .. }
+                | Backoff::Exponential { cap, .. }
+                | Backoff::Decorrelated { cap, .. } => *cap = max,
+                Backoff::Constant { .. } => {}
+            }
         }
         self
+    }
+
+    /// `true` when `setting` applies to the backoff
+    /// ([`BackoffSetting::applies_to`]); otherwise the first such setting
+    /// is kept for `validate()` to refuse.
+    fn takes(&mut self, setting: BackoffSetting) -> bool {
+        let kind = self.backoff.kind();
+        let applies = setting.applies_to(kind);
+        if !applies && self.unapplied.is_none() {
+            self.unapplied = Some((setting, kind));
+        }
+        applies
     }
 
     /// How the delay is randomised.
@@ -131,6 +156,9 @@ impl Retry {
     }
 
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        if let Some((setting, kind)) = self.unapplied {
+            return Err(setting.refusal(kind));
+        }
         if self.max_attempts == 0 {
             return Err(ConfigError::new(
                 "retry",
@@ -176,5 +204,69 @@ mod tests {
             .validate()
             .unwrap_err();
         assert_eq!(e.field, "multiplier");
+    }
+
+    /// A setting given to a backoff it does not apply to is refused by
+    /// name, in the words of the configuration files, never ignored.
+    #[test]
+    fn settings_of_another_backoff_are_refused() {
+        let d = Duration::from_secs(10);
+        let refused = |r: Retry| r.validate().map_err(|e| e.to_string());
+        assert_eq!(
+            refused(Retry::constant(d).cap(Duration::from_secs(1))),
+            Err("retry.cap does not apply to constant backoff".into())
+        );
+        for (r, kind) in [
+            (Retry::constant(d), "constant"),
+            (Retry::linear(d), "linear"),
+            (Retry::decorrelated(d, d), "decorrelated"),
+        ] {
+            assert_eq!(
+                refused(r.multiplier(3.0)),
+                Err(format!(
+                    "retry.multiplier applies only to exponential backoff, not {kind}"
+                ))
+            );
+        }
+        // The first one given is named.
+        assert_eq!(
+            refused(Retry::constant(d).multiplier(3.0).cap(d)).unwrap_err(),
+            "retry.multiplier applies only to exponential backoff, not constant"
+        );
+        assert_eq!(
+            refused(Retry::exponential(d).multiplier(3.0).cap(d)),
+            Ok(())
+        );
+        assert_eq!(refused(Retry::linear(d).cap(d)), Ok(()));
+        assert_eq!(refused(Retry::decorrelated(d, d).cap(d)), Ok(()));
+    }
+
+    /// The statement of which setting applies to which backoff is where
+    /// the setters keep the setting: a setting that applies changes the
+    /// backoff, one that does not leaves it as it was.
+    #[test]
+    fn the_statement_matches_where_settings_are_kept() {
+        let d = Duration::from_millis(5);
+        let all = [
+            Retry::constant(d),
+            Retry::linear(d),
+            Retry::exponential(d),
+            Retry::decorrelated(d, Duration::from_secs(1)),
+        ];
+        for r in all {
+            let kind = r.backoff.kind();
+            for setting in [BackoffSetting::Multiplier, BackoffSetting::Cap] {
+                let set = match setting {
+                    BackoffSetting::Multiplier => r.clone().multiplier(7.0),
+                    BackoffSetting::Cap => r.clone().cap(Duration::from_secs(7)),
+                };
+                assert_eq!(
+                    set.backoff != r.backoff,
+                    setting.applies_to(kind),
+                    "{setting:?} on {kind:?}"
+                );
+                assert_eq!(set.validate().is_ok(), setting.applies_to(kind));
+            }
+        }
     }
 }
