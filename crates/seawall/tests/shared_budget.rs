@@ -277,6 +277,69 @@ fn a_hedging_budget_cannot_be_shared() {
     );
 }
 
+/// A ratio that would earn nothing per call (a call earns its ratio in
+/// whole thousandths of a token, rounded) is refused at `build()` with the
+/// bound and why, kept in the process or in the store, for a retry or a
+/// hedging; from the bound up, the bucket refills as the ratio says.
+#[test]
+fn a_ratio_below_a_thousandth_is_refused() {
+    let why = "must be >= 0.001, got 0.0004: a call earns its ratio in whole thousandths of a token (rounded), so a smaller ratio would earn none or more than asked";
+    for budget in [
+        RetryBudget::new(0.0004, 1),
+        RetryBudget::new(0.0004, 1).shared(),
+    ] {
+        let e = Pipeline::builder("tiny")
+            .retry(
+                Retry::constant(Duration::ZERO)
+                    .max_attempts(2)
+                    .budget(budget),
+            )
+            .build()
+            .map(|_| ())
+            .unwrap_err();
+        assert_eq!(e.to_string(), format!("retry.budget.ratio {why}"));
+    }
+    let e = Pipeline::builder("tiny")
+        .hedging(Hedging::latency(Duration::from_millis(10)).budget(RetryBudget::new(0.0004, 1)))
+        .build()
+        .map(|_| ())
+        .unwrap_err();
+    assert_eq!(e.to_string(), format!("hedging.budget.ratio {why}"));
+
+    // At the bound: the one token spent comes back after 1000 calls,
+    // in the process and in the store alike.
+    for budget in [
+        RetryBudget::new(0.001, 1),
+        RetryBudget::new(0.001, 1).shared(),
+    ] {
+        let p = Pipeline::builder(format!("thousandth-{}", budget.is_shared()))
+            .retry(
+                Retry::constant(Duration::ZERO)
+                    .max_attempts(2)
+                    .budget(budget),
+            )
+            .build()
+            .unwrap();
+        let failing = || {
+            let n = AtomicU32::new(0);
+            let r = p.call(|_| {
+                n.fetch_add(1, Ordering::Relaxed);
+                Err::<(), _>(Boom)
+            });
+            outcome(n.load(Ordering::Relaxed), r)
+        };
+        let retried = (2, "exhausted after 2".to_owned());
+        assert_eq!(failing(), retried);
+        for _ in 0..998 {
+            p.call(|_| Ok::<_, Boom>(())).unwrap();
+        }
+        // 998 deposits and this call's: 0.999 of a token.
+        assert_eq!(failing(), (1, "retry_budget_exhausted".to_owned()));
+        // One more: a whole token.
+        assert_eq!(failing(), retried);
+    }
+}
+
 /// A policy written in code around the whole call that makes three passes
 /// while they fail.
 struct ThreePasses;

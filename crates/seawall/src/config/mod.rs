@@ -111,7 +111,7 @@
 //! | `multiplier` | growth factor, exponential only | `2.0` |
 //! | `cap` | largest delay before jitter, not for constant | none |
 //! | `jitter` | `"none"`, `"full"`, `"equal"` or a percentage `"20%"` (proportional, ±20%) | `"none"` |
-//! | `budget` | `{ ratio = 0.2, max_tokens = 10, shared = true }`: retries limited to a share of calls; `shared` keeps the bucket in the pipeline's store, one for every process on it (`RetryBudget::shared`) | none; `max_tokens` 10; `shared` false |
+//! | `budget` | `{ ratio = 0.2, max_tokens = 10, shared = true }`: retries limited to a share of calls (`ratio` from 0.001, a thousandth of a token per call, to 1000); `shared` keeps the bucket in the pipeline's store, one for every process on it (`RetryBudget::shared`) | none; `max_tokens` 10; `shared` false |
 //!
 //! A retry budget keeps its tokens across a reload that does not change it
 //! (a hedging budget too).

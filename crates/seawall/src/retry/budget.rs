@@ -72,8 +72,10 @@ impl PartialEq for RetryBudget {
 /// restates it, and a model test holds both to the same answers).
 ///
 /// - A missing bucket is full: [`cap`](Self::cap).
-/// - A call deposits [`earn`](Self::earn) (`ratio` in thousandths, rounded),
-///   never above the cap; a bucket at or above the cap is left as it is.
+/// - A call deposits [`earn`](Self::earn) (`ratio` in thousandths, rounded;
+///   at least one, since a budget's ratio is at least
+///   [`MIN_RATIO`](RetryBudget::MIN_RATIO)), never above the cap; a bucket
+///   at or above the cap is left as it is.
 /// - A retry withdraws [`SCALE`](Self::SCALE) (one token) from a bucket
 ///   holding at least that much, and is refused otherwise.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,7 +107,20 @@ impl BudgetRule {
 }
 
 impl RetryBudget {
+    /// The smallest ratio, one thousandth of a token per call.
+    ///
+    /// The bucket counts whole thousandths of a token, an integer that
+    /// every store keeps exactly (the Redis store's admit script as well),
+    /// and a call earns its ratio rounded to the thousandth: a ratio below
+    /// this would earn nothing at all (below 0.0005) or more than asked,
+    /// so `build()` refuses it.
+    pub const MIN_RATIO: f64 = 1.0 / BudgetRule::SCALE as f64;
+
     /// A budget earning `ratio` tokens per call, holding at most `max_tokens`.
+    ///
+    /// `ratio` is in `[0.001, 1000]` ([`MIN_RATIO`](Self::MIN_RATIO): the
+    /// bucket counts thousandths of a token, and a call earns its ratio
+    /// rounded to the thousandth); `build()` refuses any other.
     ///
     /// # Default
     /// Kept in the process (see [`shared`](Self::shared)).
@@ -186,6 +201,17 @@ impl RetryBudget {
                 policy,
                 "budget.ratio",
                 format!("must be in (0, 1000], got {}", self.ratio),
+            ));
+        }
+        if self.ratio < Self::MIN_RATIO {
+            return Err(ConfigError::new(
+                policy,
+                "budget.ratio",
+                format!(
+                    "must be >= {}, got {}: a call earns its ratio in whole thousandths of a token (rounded), so a smaller ratio would earn none or more than asked",
+                    Self::MIN_RATIO,
+                    self.ratio
+                ),
             ));
         }
         if self.max_tokens == 0 {
@@ -276,6 +302,39 @@ mod tests {
         let tokens = AtomicI64::new(0);
         refund(rule, &tokens);
         assert_eq!(tokens.load(Ordering::Relaxed), 1000);
+    }
+
+    /// A ratio below a thousandth of a token per call would earn nothing
+    /// (rounded to the thousandth) or more than asked: refused, with the
+    /// bound and why; from the bound up, every call earns.
+    #[test]
+    fn ratios_below_a_thousandth_are_refused() {
+        for ratio in [0.0004, 0.0005, 0.000_999_9, 1e-300] {
+            for policy in ["retry", "hedging"] {
+                let e = RetryBudget::new(ratio, 1).validate_for(policy).unwrap_err();
+                assert_eq!(e.field, "budget.ratio");
+                assert_eq!(
+                    e.to_string(),
+                    format!(
+                        "{policy}.budget.ratio must be >= 0.001, got {ratio}: a call earns its ratio in whole thousandths of a token (rounded), so a smaller ratio would earn none or more than asked"
+                    )
+                );
+            }
+        }
+        for ratio in [RetryBudget::MIN_RATIO, 0.001, 0.0014, 0.3333, 1000.0] {
+            let b = RetryBudget::new(ratio, 1);
+            assert!(b.validate().is_ok(), "{ratio}");
+            assert!(b.rule().earn >= 1, "{ratio}");
+        }
+        // The bucket refills from empty, a thousandth per call.
+        let b = RetryBudget::new(0.001, 1);
+        assert!(b.withdraw());
+        for _ in 0..999 {
+            b.deposit();
+        }
+        assert!(!b.withdraw());
+        b.deposit();
+        assert!(b.withdraw());
     }
 
     #[test]
