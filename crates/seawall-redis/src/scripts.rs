@@ -441,9 +441,10 @@ impl SpecArgs {
                     _ => 1,
                 };
                 // GCRA's interval and tolerance to the nanosecond, as the
-                // in-memory rule has them (`period / limit`, at least 1 ns;
-                // `burst - 1` intervals), written `microseconds:nanoseconds`
-                // so that the script's arithmetic is exact.
+                // in-memory rule has them (`period / limit` rounded up, at
+                // least 1 ns; `burst - 1` intervals), written
+                // `microseconds:nanoseconds` so that the script's
+                // arithmetic is exact.
                 let interval_ns = u64::try_from(r.emission_interval().as_nanos())
                     .unwrap_or(u64::MAX)
                     .max(1);

@@ -95,7 +95,9 @@ fn cooldown(unbounded: bool) -> impl Strategy<Value = Cooldown> {
 }
 
 /// Limits with an emission interval of whole microseconds (the resolution
-/// a shared store keeps), from one microsecond to seconds.
+/// a shared store keeps), from one microsecond to seconds; for GCRA, which
+/// keeps its times to the nanosecond, a period that is often no multiple
+/// of the limit (an interval a fraction of a nanosecond more, rounded up).
 fn rate_limiter(algorithms: u8) -> impl Strategy<Value = RateLimiter> {
     (
         0..algorithms,
@@ -109,8 +111,9 @@ fn rate_limiter(algorithms: u8) -> impl Strategy<Value = RateLimiter> {
     )
         .prop_map(|(algorithm, limit, interval_us, burst)| {
             let period = Duration::from_micros(interval_us) * limit;
+            let fraction = Duration::from_nanos(interval_us % u64::from(limit));
             match algorithm {
-                0 => RateLimiter::gcra(limit, period).burst(burst),
+                0 => RateLimiter::gcra(limit, period + fraction).burst(burst),
                 1 => RateLimiter::fixed_window(limit, period),
                 _ => RateLimiter::sliding_window(limit, period),
             }

@@ -264,3 +264,36 @@ fn the_ordinary_path_takes_every_permit_of_a_weighted_call() {
         }
     }
 }
+
+/// GCRA at a rate whose interval is a fraction of a nanosecond more than a
+/// whole number of them (400,000 per millisecond: 2.5 ns) never admits
+/// more than the limit and the burst in a period: the interval is rounded
+/// up (3 ns), not truncated (2 ns, which admitted 500,500 permits).
+#[test]
+fn gcra_never_admits_more_than_the_limit_at_a_few_nanoseconds_per_permit() {
+    for start in [Duration::ZERO, secs(1_000_000)] {
+        let clock = VirtualClock::starting_at(start);
+        let p = pipeline(
+            "fractional-interval",
+            RateLimiter::gcra(400_000, ms(1)).burst(1000),
+            &clock,
+        );
+        let mut granted = 0u64;
+        // One millisecond in steps of a microsecond, both ends included.
+        for _ in 0..=1000 {
+            while weighted(&p, 100).is_none() {
+                granted += 100;
+            }
+            clock.advance(Duration::from_micros(1));
+        }
+        assert!(
+            granted <= 400_000 + 1000,
+            "{granted} permits in 1 ms from {start:?}"
+        );
+        // 3 ns per permit after the burst: 1000 + 333,333, in calls of 100.
+        assert!(
+            granted >= 334_000,
+            "{granted} permits in 1 ms from {start:?}"
+        );
+    }
+}

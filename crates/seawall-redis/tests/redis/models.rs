@@ -537,8 +537,11 @@ fn rate_limiters_reserve_and_give_back_as_their_model_to_the_nanosecond() {
     );
     let result = runner(64).run(&strategy, |(which, limit, burst, unit_ns, start, steps)| {
         let limiter = if which == 0 {
-            // An interval of `unit_ns`, to the nanosecond.
-            RateLimiter::gcra(limit, Duration::from_nanos(unit_ns * u64::from(limit))).burst(burst)
+            // An interval of `unit_ns`, to the nanosecond, and often a
+            // fraction more (a period no multiple of the limit), which
+            // both round up.
+            let period = unit_ns * u64::from(limit) + unit_ns % u64::from(limit);
+            RateLimiter::gcra(limit, Duration::from_nanos(period)).burst(burst)
         } else {
             let unit = Duration::from_micros(unit_ns / 1000);
             RateLimiter::fixed_window(limit, unit * limit)

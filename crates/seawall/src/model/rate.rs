@@ -7,7 +7,8 @@
 //! until a permit would be free if nothing else happened.
 //!
 //! - **GCRA** (generic cell rate algorithm), with the emission interval
-//!   `T = period / limit` (truncated to the nanosecond) and the tolerance
+//!   `T = period / limit` (rounded up to the nanosecond: never faster than
+//!   the limit, whatever the rate) and the tolerance
 //!   `tau = T * (burst - 1)`, keeps the theoretical arrival time `tat` of
 //!   the next call (zero at first). A call at `now` conforms when
 //!   `max(tat, now) - now <= tau`, and then moves `tat` to
@@ -213,7 +214,11 @@ pub struct Gcra {
 impl Gcra {
     /// Fresh state for `spec` (its algorithm is not checked).
     pub fn new(spec: &RateLimiter) -> Self {
-        let interval = spec.emission_interval();
+        let nanos = spec
+            .period
+            .as_nanos()
+            .div_ceil(u128::from(spec.limit.max(1)));
+        let interval = Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX));
         let tolerance = interval.as_nanos() * u128::from(spec.burst.saturating_sub(1));
         Gcra {
             interval,

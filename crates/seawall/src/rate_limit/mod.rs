@@ -35,7 +35,9 @@ pub enum RateAlgorithm {
     /// At most `limit` calls in any span of `period` (an exact sliding log).
     SlidingWindow,
     /// Generic cell rate algorithm: one call every `period / limit`, with
-    /// bursts of up to `burst` calls.
+    /// bursts of up to `burst` calls. The interval is kept to the
+    /// nanosecond, rounded up (see
+    /// [`RateLimiter::emission_interval`]): never faster than the limit.
     Gcra,
 }
 
@@ -177,9 +179,27 @@ impl RateLimiter {
         self
     }
 
-    /// Nanoseconds between two calls at the steady rate (GCRA emission interval).
+    /// The time between two calls at the steady rate (GCRA emission
+    /// interval): `period / limit`, rounded **up** to the nanosecond.
+    ///
+    /// GCRA keeps its times to the nanosecond, so a rate whose interval is
+    /// no whole number of nanoseconds runs at the next slower one: never
+    /// more than `limit` calls per `period` (after the burst), and fewer
+    /// by less than one nanosecond per call, which shows only when the
+    /// interval is a few nanoseconds (`gcra(400_000, 1 ms)`, 2.5 ns, runs
+    /// at 3 ns: 333,333 calls per millisecond). A rate finer than one
+    /// nanosecond per call is refused by `build()`.
     pub fn emission_interval(&self) -> Duration {
-        self.period / self.limit.max(1)
+        const NANOS_PER_SEC: u128 = 1_000_000_000;
+        let nanos = self
+            .period
+            .as_nanos()
+            .div_ceil(u128::from(self.limit.max(1)));
+        // At most the period: it fits a `Duration`.
+        Duration::new(
+            (nanos / NANOS_PER_SEC) as u64,
+            (nanos % NANOS_PER_SEC) as u32,
+        )
     }
 
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
@@ -211,7 +231,7 @@ impl RateLimiter {
             if self.burst == 0 {
                 return Err(ConfigError::new(P, "burst", "must be >= 1, got 0"));
             }
-            if self.emission_interval().is_zero() {
+            if self.period.as_nanos() < u128::from(self.limit) {
                 return Err(ConfigError::new(
                     P,
                     "limit",
@@ -292,5 +312,31 @@ mod tests {
         for algorithm in RateAlgorithm::ALL {
             assert_eq!(algorithm.takes_burst(), algorithm == RateAlgorithm::Gcra);
         }
+    }
+
+    /// The emission interval is rounded up to the nanosecond: never a rate
+    /// faster than the limit; finer than a nanosecond is refused.
+    #[test]
+    fn the_emission_interval_is_rounded_up() {
+        let ms = Duration::from_millis(1);
+        let interval = |limit, period| RateLimiter::gcra(limit, period).emission_interval();
+        assert_eq!(interval(400_000, ms), Duration::from_nanos(3));
+        assert_eq!(interval(500_000, ms), Duration::from_nanos(2));
+        assert_eq!(
+            interval(3, Duration::from_secs(1)),
+            Duration::from_nanos(333_333_334)
+        );
+        assert_eq!(interval(1_000_000, ms), Duration::from_nanos(1));
+        assert_eq!(interval(1, Duration::MAX), Duration::MAX);
+        assert_eq!(
+            interval(2, Duration::MAX),
+            Duration::new(u64::MAX / 2 + 1, 0)
+        );
+        assert!(RateLimiter::gcra(1_000_000, ms).validate().is_ok());
+        let e = RateLimiter::gcra(1_000_001, ms).validate().unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "rate_limiter.limit 1000001 per 1ms is finer than 1 ns per call"
+        );
     }
 }

@@ -9,7 +9,9 @@
 //! state (never admitting more than the limit).
 //!
 //! - GCRA ([`gcra`]): the state is the theoretical arrival time (TAT) of
-//!   the next call. With the emission interval `T = period / limit` and the
+//!   the next call. With the emission interval `T = period / limit`
+//!   (rounded up to the nanosecond, so never faster than the limit:
+//!   [`RateLimiter::emission_interval`]) and the
 //!   tolerance `tau = T * (burst - 1)`, a call at `now` conforms when
 //!   `TAT <= now + tau`; it then moves the TAT to `max(TAT, now) + T`. A
 //!   refused call is told to retry after exactly `TAT - tau - now`.
@@ -554,6 +556,50 @@ mod tests {
         let mut word = 0;
         assert_eq!(run(&mut word, 3, |s| fixed_window(s, &p, u64::MAX, 1)), 2);
         assert!(fixed_window(word, &p, u64::MAX, 1).is_err());
+    }
+
+    /// GCRA keeps its interval to the nanosecond, rounded up: a rate whose
+    /// interval is a fraction of a nanosecond more than a whole number of
+    /// them never admits more than the limit in a period (after the
+    /// burst).
+    #[test]
+    fn gcra_never_admits_more_than_the_limit_when_the_interval_has_a_fraction() {
+        // 400,000 per millisecond: 2.5 ns, kept as 3 ns.
+        let p = params(RateLimiter::gcra(400_000, Duration::from_millis(1)).burst(1000));
+        assert_eq!(p.interval_ns, 3);
+        for (limit, burst) in [
+            (400_000, 1_000),
+            (3, 1),
+            (7, 2),
+            (999_999, 100),
+            (1_000_000, 1),
+        ] {
+            let p = params(RateLimiter::gcra(limit, Duration::from_millis(1)).burst(burst));
+            for base in [0, 1_000_000 * SEC] {
+                let (mut tat, mut granted) = (0, 0u64);
+                // One period, both ends included, in steps of 1 us; calls
+                // of a tenth of the burst.
+                let weight = (burst / 10).max(1);
+                for us in 0..=1_000 {
+                    let now = base + us * 1_000;
+                    while let Ok(next) = gcra(tat, &p, now, weight) {
+                        tat = next;
+                        granted += u64::from(weight);
+                    }
+                }
+                let most = u64::from(limit) + u64::from(burst);
+                assert!(
+                    granted <= most,
+                    "{limit}/ms burst {burst}: {granted} > {most}"
+                );
+                // Slower than asked by less than one nanosecond per call,
+                // when the burst lasts a step.
+                if u64::from(burst) * p.interval_ns >= 1_000 {
+                    let least = 1_000_000 / p.interval_ns - u64::from(weight);
+                    assert!(granted >= least, "{limit}/ms: {granted} < {least}");
+                }
+            }
+        }
     }
 
     #[test]

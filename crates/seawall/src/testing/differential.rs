@@ -1534,7 +1534,9 @@ pub fn corpus() -> Vec<Scenario> {
                 // must come back.
                 call(vec![Okay(3)], "RateLimited"),
                 call(vec![Okay(4)], "RateLimited"),
-                after(secs(1), vec![Fail(RETRY)], "Operation"),
+                // The whole burst back: 3 per second is an interval of
+                // 333,333,334 ns (rounded up), 1 s and 2 ns for three.
+                after(secs(2), vec![Fail(RETRY)], "Operation"),
                 call(vec![Fail(RETRY)], "Operation"),
                 call(vec![Fail(RETRY)], "Operation"),
                 after(secs(1), vec![Okay(5)], "CircuitOpen"),
