@@ -297,3 +297,35 @@ fn gcra_never_admits_more_than_the_limit_at_a_few_nanoseconds_per_permit() {
         );
     }
 }
+
+/// A fixed window with a limit of 2^31 or more is fresh after any idle
+/// time: the stored window is never read as a later one (idle 3,000,000 s
+/// at 1 ms windows was refused for 1,294,967 s).
+#[test]
+fn a_fixed_window_with_a_huge_limit_is_fresh_after_any_idle_time() {
+    for start in [Duration::ZERO, secs(1_000_000)] {
+        for limit in [u32::MAX, 1 << 31] {
+            let mut idles = vec![secs(3_000_000)];
+            idles.extend((0..45).flat_map(|k| {
+                let windows = 1u64 << k;
+                [windows - 1, windows, windows + 1].map(|w| ms(w.max(1)))
+            }));
+            for idle in idles {
+                let clock = VirtualClock::starting_at(start);
+                let p = pipeline(
+                    "huge-window",
+                    RateLimiter::fixed_window(limit, ms(1)),
+                    &clock,
+                );
+                assert_eq!(weighted(&p, limit), None);
+                assert!(weighted(&p, 1).is_some(), "the window is full");
+                clock.advance(idle);
+                assert_eq!(
+                    weighted(&p, limit),
+                    None,
+                    "limit {limit}, idle {idle:?} from {start:?}"
+                );
+            }
+        }
+    }
+}

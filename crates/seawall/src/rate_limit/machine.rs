@@ -4,6 +4,9 @@
 //! - GCRA and fixed window: one `AtomicU64` holding the rule's state word;
 //!   an admission is one load and one compare-and-swap of the word the rule
 //!   computed ([`apply`], the shape of governor's `measure_and_replace`).
+//!   A fixed window whose state does not fit one word
+//!   ([`RateParams::packs`]: more than about one permit per 4 ns) keeps
+//!   it whole behind a small mutex instead.
 //! - Sliding window, unpartitioned: the log kept lock-free in a ring of
 //!   `limit` slots (see [`Ring`]): one load of the slot of the admission
 //!   `limit` places back, one compare-and-swap on the head, one store.
@@ -19,8 +22,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
-use super::rules;
 pub(crate) use super::rules::RateParams;
+use super::rules::{self, Window};
 use super::RateAlgorithm;
 
 /// The unpartitioned state of one rate limiter.
@@ -30,6 +33,8 @@ pub(crate) enum RateState {
     Gcra(AtomicU64),
     /// Fixed window: `[window index | count]`.
     Fixed(AtomicU64),
+    /// Fixed window whose state does not fit one word.
+    FixedWide(Mutex<Window>),
     /// Sliding window, lock-free: the last `limit` admission times.
     Ring(Box<Ring>),
     /// Sliding window whose calls may wait: the log behind a mutex.
@@ -44,7 +49,10 @@ impl RateState {
                 RateState::Log(Mutex::new(VecDeque::new()))
             }
             RateAlgorithm::SlidingWindow => RateState::Ring(Box::new(Ring::new(params.limit))),
-            RateAlgorithm::FixedWindow => RateState::Fixed(AtomicU64::new(0)),
+            RateAlgorithm::FixedWindow if params.packs() => {
+                RateState::Fixed(AtomicU64::new(params.pack(Window::default())))
+            }
+            RateAlgorithm::FixedWindow => RateState::FixedWide(Mutex::new(Window::default())),
             _ => RateState::Gcra(AtomicU64::new(0)),
         }
     }
@@ -55,6 +63,7 @@ impl RateState {
         match self {
             RateState::Gcra(tat) => RateCell::Gcra(tat),
             RateState::Fixed(word) => RateCell::Fixed(word),
+            RateState::FixedWide(state) => RateCell::FixedWide(state),
             RateState::Ring(ring) => RateCell::Ring(ring),
             RateState::Log(log) => RateCell::Log(log),
         }
@@ -69,6 +78,8 @@ pub(crate) enum RateColumn {
     Gcra(Vec<AtomicU64>),
     /// Fixed window: one state word per key.
     Fixed(Vec<AtomicU64>),
+    /// Fixed window whose state does not fit one word: one state per key.
+    FixedWide(Vec<Mutex<Window>>),
     /// Sliding window: one log per key.
     Logs(Vec<Mutex<VecDeque<u64>>>),
 }
@@ -78,7 +89,8 @@ impl RateColumn {
     pub(crate) fn new(params: &RateParams) -> Self {
         match params.algorithm {
             RateAlgorithm::SlidingWindow => RateColumn::Logs(Vec::new()),
-            RateAlgorithm::FixedWindow => RateColumn::Fixed(Vec::new()),
+            RateAlgorithm::FixedWindow if params.packs() => RateColumn::Fixed(Vec::new()),
+            RateAlgorithm::FixedWindow => RateColumn::FixedWide(Vec::new()),
             _ => RateColumn::Gcra(Vec::new()),
         }
     }
@@ -86,7 +98,9 @@ impl RateColumn {
     /// Appends fresh state for one more key.
     pub(crate) fn push(&mut self) {
         match self {
+            // Fresh state packs as 0.
             RateColumn::Gcra(words) | RateColumn::Fixed(words) => words.push(AtomicU64::new(0)),
+            RateColumn::FixedWide(states) => states.push(Mutex::new(Window::default())),
             RateColumn::Logs(logs) => logs.push(Mutex::new(VecDeque::new())),
         }
     }
@@ -97,6 +111,7 @@ impl RateColumn {
         match self {
             RateColumn::Gcra(words) => words.get(i).map(RateCell::Gcra),
             RateColumn::Fixed(words) => words.get(i).map(RateCell::Fixed),
+            RateColumn::FixedWide(states) => states.get(i).map(RateCell::FixedWide),
             RateColumn::Logs(logs) => logs.get(i).map(RateCell::Log),
         }
     }
@@ -105,6 +120,7 @@ impl RateColumn {
     pub(crate) fn retain(&mut self, keep: &[bool]) {
         match self {
             RateColumn::Gcra(words) | RateColumn::Fixed(words) => retain_by(words, keep),
+            RateColumn::FixedWide(states) => retain_by(states, keep),
             RateColumn::Logs(logs) => retain_by(logs, keep),
         }
     }
@@ -116,6 +132,9 @@ impl RateColumn {
         match self {
             RateColumn::Gcra(words) | RateColumn::Fixed(words) => {
                 words.capacity() * std::mem::size_of::<AtomicU64>()
+            }
+            RateColumn::FixedWide(states) => {
+                states.capacity() * std::mem::size_of::<Mutex<Window>>()
             }
             RateColumn::Logs(logs) => {
                 logs.capacity() * std::mem::size_of::<Mutex<VecDeque<u64>>>()
@@ -144,6 +163,8 @@ pub(crate) enum RateCell<'a> {
     Gcra(&'a AtomicU64),
     /// Fixed window: `[window index | count]`.
     Fixed(&'a AtomicU64),
+    /// Fixed window whose state does not fit one word.
+    FixedWide(&'a Mutex<Window>),
     /// Sliding window: the log behind a mutex.
     Log(&'a Mutex<VecDeque<u64>>),
     /// Sliding window, lock-free.
@@ -169,7 +190,7 @@ impl RateCell<'_> {
     #[inline(never)]
     fn acquire_other(self, params: &RateParams, now_ns: u64, n: u32) -> Result<(), Duration> {
         match self {
-            RateCell::Fixed(word) => apply(word, rules::fixed_window, params, now_ns, n),
+            RateCell::Fixed(word) => apply(word, fixed_window_word, params, now_ns, n),
             RateCell::Ring(ring) if n == 1 => ring.acquire(params, now_ns),
             other => other.reserve(params, now_ns, 0, n).map(|_| ()),
         }
@@ -193,8 +214,19 @@ impl RateCell<'_> {
                 rules::gcra_reserve(s, params, now_ns, within_ns, n)
             }),
             RateCell::Fixed(word) => apply_grant(word, |s| {
-                rules::fixed_window_reserve(s, params, now_ns, within_ns, n)
+                rules::fixed_window_reserve(params.unpack(s), params, now_ns, within_ns, n).map(
+                    |grant| rules::Grant {
+                        next: params.pack(grant.next),
+                        at: grant.at,
+                    },
+                )
             }),
+            RateCell::FixedWide(state) => {
+                let mut state = lock(state);
+                let grant = rules::fixed_window_reserve(*state, params, now_ns, within_ns, n)?;
+                *state = grant.next;
+                Ok(grant.at)
+            }
             RateCell::Log(log) => sliding_log(&mut lock(log), params, now_ns, within_ns, n),
             RateCell::Ring(ring) if n == 1 => ring.acquire(params, now_ns).map(|()| now_ns),
             RateCell::Ring(ring) => ring.acquire_weighted(params, now_ns, n).map(|()| now_ns),
@@ -217,8 +249,15 @@ impl RateCell<'_> {
         };
         match self {
             RateCell::Gcra(tat) => undo(tat, &|s| rules::gcra_give_back(s, params, at, n)),
-            RateCell::Fixed(word) => {
-                undo(word, &|s| rules::fixed_window_give_back(s, params, at, n))
+            RateCell::Fixed(word) => undo(word, &|s| {
+                rules::fixed_window_give_back(params.unpack(s), params, at, n)
+                    .map(|w| params.pack(w))
+            }),
+            RateCell::FixedWide(state) => {
+                let mut state = lock(state);
+                if let Some(back) = rules::fixed_window_give_back(*state, params, at, n) {
+                    *state = back;
+                }
             }
             RateCell::Log(log) => {
                 let mut log = lock(log);
@@ -238,9 +277,12 @@ impl RateCell<'_> {
     pub(crate) fn is_idle(self, params: &RateParams, now_ns: u64) -> bool {
         match self {
             RateCell::Gcra(tat) => rules::gcra_is_idle(tat.load(Ordering::Acquire), now_ns),
-            RateCell::Fixed(word) => {
-                rules::fixed_window_is_idle(word.load(Ordering::Acquire), params, now_ns)
-            }
+            RateCell::Fixed(word) => rules::fixed_window_is_idle(
+                params.unpack(word.load(Ordering::Acquire)),
+                params,
+                now_ns,
+            ),
+            RateCell::FixedWide(state) => rules::fixed_window_is_idle(*lock(state), params, now_ns),
             RateCell::Log(log) => {
                 rules::sliding_window_is_idle(lock(log).back().copied(), params, now_ns)
             }
@@ -268,6 +310,12 @@ fn apply(
             Err(actual) => current = actual,
         }
     }
+}
+
+/// The fixed-window rule on its packed word.
+#[inline]
+fn fixed_window_word(word: u64, p: &RateParams, now_ns: u64, n: u32) -> Result<u64, Duration> {
+    rules::fixed_window(p.unpack(word), p, now_ns, n).map(|w| p.pack(w))
 }
 
 /// [`apply`] for a rule that grants a permit for an instant: the instant.
@@ -308,10 +356,11 @@ fn sliding_log(
     Ok(at)
 }
 
-fn lock(log: &Mutex<VecDeque<u64>>) -> std::sync::MutexGuard<'_, VecDeque<u64>> {
-    // The log is consistent after every push and pop: a panic elsewhere
-    // while it was held leaves nothing half-written.
-    log.lock().unwrap_or_else(|e| e.into_inner())
+fn lock<T>(state: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A log is consistent after every push and pop, a window after every
+    // write: a panic elsewhere while it was held leaves nothing
+    // half-written.
+    state.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The lock-free sliding log: the times of the last `limit` admissions.
@@ -519,7 +568,7 @@ mod tests {
                     assert!(matches!(self.root, RateState::Ring(_)));
                     vec![RateCell::Log(&self.log), self.root.cell()]
                 }
-                RateAlgorithm::FixedWindow => vec![RateCell::Fixed(&self.word)],
+                RateAlgorithm::FixedWindow => vec![self.root.cell()],
                 _ => vec![RateCell::Gcra(&self.word)],
             }
         }
@@ -534,6 +583,7 @@ mod tests {
     #[derive(Default)]
     struct Sequential {
         word: u64,
+        window: Window,
         log: Vec<u64>,
     }
 
@@ -550,7 +600,7 @@ mod tests {
                     Ok(())
                 }
                 RateAlgorithm::FixedWindow => {
-                    self.word = rules::fixed_window(self.word, p, now, 1)?;
+                    self.window = rules::fixed_window(self.window, p, now, 1)?;
                     Ok(())
                 }
                 _ => {
@@ -565,7 +615,7 @@ mod tests {
                 RateAlgorithm::SlidingWindow => {
                     rules::sliding_window_is_idle(self.log.last().copied(), p, now)
                 }
-                RateAlgorithm::FixedWindow => rules::fixed_window_is_idle(self.word, p, now),
+                RateAlgorithm::FixedWindow => rules::fixed_window_is_idle(self.window, p, now),
                 _ => rules::gcra_is_idle(self.word, now),
             }
         }
@@ -800,6 +850,93 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    proptest::proptest! {
+        /// A fixed window whose state does not fit one word (limits from
+        /// 2^28, periods of microseconds) keeps it whole and answers as
+        /// the model: weighted calls up to the whole limit, reservations
+        /// and give-backs, across idle times of any length up to the end
+        /// of the clock.
+        #[test]
+        fn wide_fixed_windows_decide_as_the_model(
+            limit in (1u32 << 28)..=u32::MAX,
+            period_us in 1u64..2_000,
+            base in proptest::sample::select(vec![0u64, 1_000_000 * SEC]),
+            steps in proptest::collection::vec((0u32..64, 0u64..3, 0usize..4, 0usize..6), 1..100),
+        ) {
+            let period = Duration::from_micros(period_us);
+            let spec = RateLimiter::fixed_window(limit, period).max_wait(period * 2);
+            let p = RateParams::new(&spec);
+            prop_assert!(!p.packs());
+            let state = RateState::new(&p);
+            let cell = state.cell();
+            prop_assert!(matches!(cell, RateCell::FixedWide(_)));
+            let mut model = crate::model::rate::RateLimit::new(&spec);
+            let weights = [1, limit / 3, limit / 2 + 1, limit];
+            let mut held: Vec<(u64, u32)> = Vec::new();
+            let mut now = base;
+            for &(shift, lead, which, give) in &steps {
+                // Steps of a nanosecond to half the clock's range.
+                now = now.saturating_add((1u64 << shift.min(62)) - 1);
+                if give < 1 && !held.is_empty() {
+                    let (at, n) = held.remove(which % held.len());
+                    cell.give_back(&p, at, n);
+                    model.give_back_weighted(Duration::from_nanos(at), n);
+                    continue;
+                }
+                let weight = weights[which];
+                let within = lead * period_us * 1_000;
+                let want = model
+                    .reserve_weighted(Duration::from_nanos(now), Duration::from_nanos(within), weight)
+                    .map(|at| u64::try_from(at.as_nanos()).unwrap())
+                    .map_err(|wait| wait.unwrap_or_default());
+                let got = cell.reserve(&p, now, within, weight);
+                prop_assert_eq!(got, want, "at {} within {} weight {}", now, within, weight);
+                if let Ok(at) = got {
+                    if at > now {
+                        held.push((at, weight));
+                    }
+                }
+            }
+        }
+    }
+
+    /// A fixed window whose state fits one word keeps the largest index
+    /// and count exactly, up to the end of the clock.
+    #[test]
+    fn packed_fixed_windows_keep_every_index_whole() {
+        for (limit, period) in [
+            (1, Duration::from_secs(1)),
+            (3, Duration::from_millis(100)),
+            ((1 << 18) - 1, Duration::from_millis(1)),
+            (1 << 28, Duration::from_secs(16)),
+            (1, Duration::from_nanos(2)),
+        ] {
+            let p = RateParams::new(&RateLimiter::fixed_window(limit, period));
+            assert!(p.packs(), "{limit} per {period:?}");
+            let last = u64::MAX / p.period_ns;
+            for index in [0, 1, last / 2, last - 1, last] {
+                for count in [0, 1, u64::from(limit)] {
+                    let w = Window { index, count };
+                    assert_eq!(p.unpack(p.pack(w)), w, "{limit} per {period:?}");
+                }
+            }
+            // The last window of the clock: taken whole, and none after it.
+            let state = RateState::new(&p);
+            let cell = state.cell();
+            assert!(matches!(cell, RateCell::Fixed(_)));
+            assert_eq!(cell.acquire(&p, last * p.period_ns, limit), Ok(()));
+            assert!(cell.acquire(&p, u64::MAX, 1).is_err());
+        }
+        for (limit, period) in [
+            (1, Duration::from_nanos(1)),
+            (1 << 19, Duration::from_millis(1)),
+            (u32::MAX, Duration::from_secs(1)),
+        ] {
+            let p = RateParams::new(&RateLimiter::fixed_window(limit, period));
+            assert!(!p.packs(), "{limit} per {period:?}");
         }
     }
 

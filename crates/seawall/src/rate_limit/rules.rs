@@ -15,11 +15,14 @@
 //!   tolerance `tau = T * (burst - 1)`, a call at `now` conforms when
 //!   `TAT <= now + tau`; it then moves the TAT to `max(TAT, now) + T`. A
 //!   refused call is told to retry after exactly `TAT - tau - now`.
-//! - Fixed window ([`fixed_window`]): the state is `[window index | count]`
-//!   in one word, the count using just the bits `limit` needs; the window
-//!   of a call is `floor(now / period)`. A call is admitted while its
-//!   window holds fewer than `limit` admissions; a refused one retries at
-//!   the start of the next window.
+//! - Fixed window ([`fixed_window`]): the state is the index of the last
+//!   window with a permit taken and its count ([`Window`]); the window of a
+//!   call is `floor(now / period)`. A call is admitted while its window
+//!   holds fewer than `limit` admissions; a refused one retries at the
+//!   start of the next window. The index is kept whole, so a stored window
+//!   is before, at or after the caller's as the numbers say, after any
+//!   idle time; the memory store packs the state into one word when the
+//!   largest index and the count fit together ([`RateParams::packs`]).
 //! - Sliding window ([`sliding_window`]): an exact log of admission times.
 //!   A call is admitted when fewer than `limit` admissions happened in
 //!   `(now - period, now]`, i.e. when the admission `limit` places back is
@@ -86,8 +89,11 @@ pub(crate) struct RateParams {
     pub(crate) interval_ns: u64,
     /// GCRA tolerance: `interval * (burst - 1)`.
     pub(crate) tolerance_ns: u64,
-    /// Fixed window: bits of the count field.
+    /// Fixed window: bits of the count field of the packed word.
     pub(crate) count_bits: u32,
+    /// Fixed window: the largest window index and the largest count fit
+    /// one word together (see [`RateParams::packs`]).
+    packs: bool,
     /// Calls may wait for a permit (`max_wait > 0`): the state must be
     /// able to give back a reservation.
     pub(crate) reserves: bool,
@@ -98,24 +104,55 @@ impl RateParams {
         let limit = spec.limit.max(1);
         let period_ns = duration_nanos(spec.period).max(1);
         let interval_ns = duration_nanos(spec.emission_interval()).max(1);
+        let count_bits = u32::BITS - limit.leading_zeros();
+        // The index of the last window of the clock, and its bits.
+        let index_bits = u64::BITS - (u64::MAX / period_ns).leading_zeros();
         RateParams {
             algorithm: spec.algorithm,
             limit,
             period_ns,
             interval_ns,
             tolerance_ns: interval_ns.saturating_mul(u64::from(spec.burst.max(1) - 1)),
-            count_bits: u32::BITS - limit.leading_zeros(),
+            count_bits,
+            packs: index_bits + count_bits <= u64::BITS,
             reserves: !spec.max_wait.is_zero(),
         }
     }
 
-    fn count_mask(&self) -> u64 {
-        (1u64 << self.count_bits) - 1
+    /// Fixed window: `true` when every state fits one word exactly,
+    /// `[window index | count]` with the count in [`count_bits`](Self::count_bits):
+    /// the index of the last window of the clock (`u64::MAX / period`) and
+    /// the limit fit 64 bits together. Otherwise (more than about one
+    /// permit per 4 ns, say `fixed_window(u32::MAX, 1 s)`) the state is
+    /// kept whole, two numbers.
+    pub(crate) fn packs(&self) -> bool {
+        self.packs
     }
 
-    fn index_mask(&self) -> u64 {
-        u64::MAX >> self.count_bits
+    /// A fixed-window state as one word (when it [`packs`](Self::packs)).
+    #[inline]
+    pub(crate) fn pack(&self, w: Window) -> u64 {
+        debug_assert!(self.packs);
+        (w.index << self.count_bits) | w.count
     }
+
+    /// The fixed-window state of a word [`pack`](Self::pack) made.
+    #[inline]
+    pub(crate) fn unpack(&self, word: u64) -> Window {
+        Window {
+            index: word >> self.count_bits,
+            count: word & ((1u64 << self.count_bits) - 1),
+        }
+    }
+}
+
+/// The fixed window's state: the last window with a permit taken, by its
+/// whole index `floor(t / period)`, and its count (at most `limit`).
+/// Fresh state is the default (window 0, no permit taken).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Window {
+    pub(crate) index: u64,
+    pub(crate) count: u64,
 }
 
 /// `true` when a call of weight `n` can ever be granted: `1 <= n <= burst`
@@ -207,47 +244,33 @@ pub(crate) fn gcra_is_idle(tat: u64, now: u64) -> bool {
 }
 
 /// The last fixed window with a permit taken, seen from `now`, and its
-/// count: `(window index, count)`. Every window from `now`'s up to it
-/// counts as full.
-fn fixed_window_of(word: u64, p: &RateParams, now: u64) -> (u64, u64) {
-    let (tag, count) = (word >> p.count_bits, word & p.count_mask());
+/// count. Every window from `now`'s up to it counts as full: a stored
+/// window at or after `now`'s (a reservation, or a caller whose `now` is
+/// older than the state's) is counted as it is, an earlier one is over.
+#[inline]
+fn fixed_window_of(state: Window, p: &RateParams, now: u64) -> Window {
     let index = now / p.period_ns;
-    let mask = p.index_mask();
-    if tag == index & mask {
-        (index, count)
-    } else if let Some(ahead) = fixed_window_ahead(tag, index, p) {
-        // A reservation in a later window, or a caller with a newer `now`:
-        // count against that window.
-        (index.saturating_add(ahead), count)
+    if state.index >= index {
+        state
     } else {
-        (index, 0)
+        Window { index, count: 0 }
     }
 }
 
-/// How many windows the stored tag is ahead of window `index`, when it is
-/// (a reservation, or the caller's `now` is older than the state's). Tags
-/// are window indexes modulo the tag field; a tag less than half the field
-/// ahead counts as ahead.
-fn fixed_window_ahead(tag: u64, index: u64, p: &RateParams) -> Option<u64> {
-    let mask = p.index_mask();
-    let diff = tag.wrapping_sub(index & mask) & mask;
-    (diff != 0 && diff <= mask / 2).then_some(diff)
-}
-
-fn fixed_window_pack(window: u64, count: u64, p: &RateParams) -> u64 {
-    ((window & p.index_mask()) << p.count_bits) | count
-}
-
-/// Fixed window: admits a call of weight `n` at `now` on the packed state
-/// `word` (`[window index | count]`; fresh state is `0`):
+/// Fixed window: admits a call of weight `n` at `now` on `state`:
 /// [`fixed_window_reserve`] with no lead.
 ///
-/// `Ok(next_word)` when the call's window has room for its `n` permits,
+/// `Ok(next_state)` when the call's window has room for its `n` permits,
 /// `Err(retry_after)` (the time until the window of the next free permits
 /// starts) when it has not.
 #[inline]
-pub(crate) fn fixed_window(word: u64, p: &RateParams, now: u64, n: u32) -> Result<u64, Duration> {
-    fixed_window_reserve(word, p, now, 0, n).map(|grant| grant.next)
+pub(crate) fn fixed_window(
+    state: Window,
+    p: &RateParams,
+    now: u64,
+    n: u32,
+) -> Result<Window, Duration> {
+    fixed_window_reserve(state, p, now, 0, n).map(|grant| grant.next)
 }
 
 /// Fixed window with reservations and weights (see the
@@ -257,14 +280,14 @@ pub(crate) fn fixed_window(word: u64, p: &RateParams, now: u64, n: u32) -> Resul
 /// other reserves them when the window starts at most `within` from `now`.
 #[inline]
 pub(crate) fn fixed_window_reserve(
-    word: u64,
+    state: Window,
     p: &RateParams,
     now: u64,
     within: u64,
     n: u32,
-) -> Result<Grant<u64>, Duration> {
+) -> Result<Grant<Window>, Duration> {
     let index = now / p.period_ns;
-    let (last, count) = fixed_window_of(word, p, now);
+    let Window { index: last, count } = fixed_window_of(state, p, now);
     let n = u64::from(n);
     let (window, count) = if count + n <= u64::from(p.limit) {
         (last, count)
@@ -273,7 +296,10 @@ pub(crate) fn fixed_window_reserve(
     } else {
         return Err(Duration::from_nanos(u64::MAX - now));
     };
-    let next = fixed_window_pack(window, count + n, p);
+    let next = Window {
+        index: window,
+        count: count + n,
+    };
     if window == index {
         return Ok(Grant { next, at: now });
     }
@@ -290,17 +316,28 @@ pub(crate) fn fixed_window_reserve(
 /// instant `at` (the start of its window) is given back, when it can be:
 /// its window is still the last one counted. `None` otherwise (see the
 /// [module docs](self)).
-pub(crate) fn fixed_window_give_back(word: u64, p: &RateParams, at: u64, n: u32) -> Option<u64> {
-    let (tag, count) = (word >> p.count_bits, word & p.count_mask());
+pub(crate) fn fixed_window_give_back(
+    state: Window,
+    p: &RateParams,
+    at: u64,
+    n: u32,
+) -> Option<Window> {
     let n = u64::from(n);
-    (tag == (at / p.period_ns) & p.index_mask() && count >= n && n > 0).then(|| word - n)
+    (state.index == at / p.period_ns && state.count >= n && n > 0).then(|| Window {
+        count: state.count - n,
+        ..state
+    })
 }
 
-/// `true` when fixed-window state `word` decides every future call as
+/// `true` when fixed-window state `state` decides every future call as
 /// fresh state would, from `now` on: no permit taken in `now`'s window or
 /// after.
-pub(crate) fn fixed_window_is_idle(word: u64, p: &RateParams, now: u64) -> bool {
-    fixed_window_of(word, p, now) == (now / p.period_ns, 0)
+pub(crate) fn fixed_window_is_idle(state: Window, p: &RateParams, now: u64) -> bool {
+    fixed_window_of(state, p, now)
+        == Window {
+            index: now / p.period_ns,
+            count: 0,
+        }
 }
 
 /// Sliding window: how many entries back from the newest the entry judged
@@ -393,7 +430,7 @@ mod tests {
 
     /// Applies `rule` `tries` times at `now`, threading the state; returns
     /// how many were admitted.
-    fn run(state: &mut u64, tries: u32, rule: impl Fn(u64) -> Result<u64, Duration>) -> u32 {
+    fn run<S: Copy>(state: &mut S, tries: u32, rule: impl Fn(S) -> Result<S, Duration>) -> u32 {
         let mut admitted = 0;
         for _ in 0..tries {
             if let Ok(next) = rule(*state) {
@@ -462,7 +499,7 @@ mod tests {
 
         // Fixed window of 10: 4 + 4, then 4 waits for the next window; 2 fits.
         let p = params(RateLimiter::fixed_window(10, Duration::from_secs(1)));
-        let mut word = 0;
+        let mut word = Window::default();
         let p = &p;
         let rule = |n| move |s| fixed_window_reserve(s, p, 100 * MS, 0, n).map(|g| g.next);
         assert_eq!(run(&mut word, 3, rule(4)), 2);
@@ -476,7 +513,10 @@ mod tests {
         assert_eq!(grant.at, SEC);
         assert_eq!(
             fixed_window_give_back(grant.next, p, SEC, 3),
-            Some(grant.next - 3)
+            Some(Window {
+                count: grant.next.count - 3,
+                ..grant.next
+            })
         );
 
         // Sliding window of 10: the entry 10 - 4 + 1 = 7 back is judged.
@@ -516,7 +556,7 @@ mod tests {
     fn fixed_window_counts_exactly_and_resets_at_the_edge() {
         let p = params(RateLimiter::fixed_window(3, Duration::from_millis(100)));
         for base in [0, 1_000_000 * SEC] {
-            let mut word = 0;
+            let mut word = Window::default();
             assert_eq!(run(&mut word, 5, |s| fixed_window(s, &p, base, 1)), 3);
             assert_eq!(
                 fixed_window(word, &p, base + 99 * MS, 1),
@@ -543,7 +583,7 @@ mod tests {
     fn fixed_window_at_its_limits() {
         for limit in [1, 2, 7, 8, u32::MAX] {
             let p = params(RateLimiter::fixed_window(limit, Duration::from_secs(1)));
-            let mut word = 0;
+            let mut word = Window::default();
             let tries = limit.min(1_000) + 3;
             let expect = limit.min(tries);
             assert_eq!(
@@ -553,7 +593,7 @@ mod tests {
         }
         // The last windows of the clock.
         let p = params(RateLimiter::fixed_window(2, Duration::from_secs(1)));
-        let mut word = 0;
+        let mut word = Window::default();
         assert_eq!(run(&mut word, 3, |s| fixed_window(s, &p, u64::MAX, 1)), 2);
         assert!(fixed_window(word, &p, u64::MAX, 1).is_err());
     }
@@ -602,10 +642,53 @@ mod tests {
         }
     }
 
+    /// The window index is kept whole: a stored window is never taken for
+    /// a later one (nor for the caller's), however long the limiter was
+    /// idle, whatever the limit and the period.
+    #[test]
+    fn fixed_window_is_fresh_after_any_idle_time() {
+        for (limit, period) in [
+            (u32::MAX, MS),
+            (u32::MAX, SEC),
+            (1 << 31, MS),
+            (3, 100 * MS),
+            (1, 1),
+            (1 << 20, 1),
+        ] {
+            let p = params(RateLimiter::fixed_window(
+                limit,
+                Duration::from_nanos(period),
+            ));
+            for base in [0, 1_000_000 * SEC] {
+                // The whole window taken at `base`.
+                let full = fixed_window(Window::default(), &p, base, limit).unwrap();
+                assert!(fixed_window(full, &p, base, 1).is_err());
+                for bits in 0..64 {
+                    for windows in [(1u64 << bits) - 1, 1 << bits, (1 << bits) + 1] {
+                        let Some(now) = windows
+                            .checked_mul(period)
+                            .and_then(|idle| idle.checked_add(base - base % period))
+                            .filter(|&now| now / period > base / period)
+                        else {
+                            continue;
+                        };
+                        let at = format!("{limit} per {period} ns, {windows} windows after {base}");
+                        assert!(fixed_window_is_idle(full, &p, now), "{at}");
+                        assert_eq!(
+                            fixed_window(full, &p, now, limit).map(|w| w.count),
+                            Ok(u64::from(limit)),
+                            "{at}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn fixed_window_counts_late_callers_against_the_newer_window() {
         let p = params(RateLimiter::fixed_window(2, Duration::from_millis(100)));
-        let mut word = 0;
+        let mut word = Window::default();
         assert_eq!(run(&mut word, 2, |s| fixed_window(s, &p, 150 * MS, 1)), 2);
         // A caller whose clock read is older must not reset the window.
         assert_eq!(
@@ -638,7 +721,7 @@ mod tests {
         assert_eq!(gcra_give_back(second.next, &p, now, 1), None);
 
         let p = params(RateLimiter::fixed_window(1, Duration::from_millis(250)));
-        let first = fixed_window_reserve(0, &p, now, lead, 1).unwrap();
+        let first = fixed_window_reserve(Window::default(), &p, now, lead, 1).unwrap();
         assert_eq!(first.at, now);
         let second = fixed_window_reserve(first.next, &p, now, lead, 1).unwrap();
         assert_eq!(second.at, 500 * MS);
@@ -676,7 +759,7 @@ mod tests {
             sliding_window_reserve(Some(u64::MAX - 1), None, &p, u64::MAX - 2, u64::MAX).is_err()
         );
         let p = params(RateLimiter::fixed_window(1, Duration::from_secs(1)));
-        let full = fixed_window(0, &p, u64::MAX - 1, 1).unwrap();
+        let full = fixed_window(Window::default(), &p, u64::MAX - 1, 1).unwrap();
         assert!(fixed_window_reserve(full, &p, u64::MAX - 1, u64::MAX, 1).is_err());
     }
 
