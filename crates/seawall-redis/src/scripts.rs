@@ -520,10 +520,13 @@ pub(crate) const RATE_LIMITED: i64 = 4;
 pub(crate) const RETRY_BUDGET_EXHAUSTED: i64 = 5;
 
 /// `retry_after` codes of the admit script: the cooldown of the current
-/// trip (half-open, every probe slot taken), and "open until the latest
-/// instant".
+/// trip (half-open, every probe slot taken), "open until the latest
+/// instant", and from `RETRY_OPENED_FOR` down, `RETRY_OPENED_FOR - d`: the
+/// `d` microseconds of the explicit open the circuit is half-open after
+/// (every probe slot taken).
 pub(crate) const RETRY_COOLDOWN: i64 = -2;
 pub(crate) const RETRY_FOREVER: i64 = -3;
+pub(crate) const RETRY_OPENED_FOR: i64 = -4;
 
 /// Transition codes.
 pub(crate) const HALF_OPENED: i64 = 1;

@@ -1147,6 +1147,11 @@ impl Shared {
             weight,
         });
         let retry_after = |retry_us: i64, under_ns: i64| match retry_us {
+            // Half-open after an explicit open, every probe slot taken: the
+            // duration it was opened for, as the in-memory store hints.
+            us if us <= scripts::RETRY_OPENED_FOR => Some(Duration::from_micros(
+                u64::try_from(scripts::RETRY_OPENED_FOR - us).unwrap_or(0),
+            )),
             // Half-open with every probe slot taken: the cooldown of the
             // current trip, as the in-memory store hints.
             scripts::RETRY_COOLDOWN => self

@@ -1,18 +1,21 @@
 //! The breaker's other states through pipelines on the memory store, on
 //! the virtual clock: opened for an explicit duration (`open_for`), a
 //! limit on the time a round of probes may block the next one
-//! (`max_half_open`), and the disabled state switched on and off
-//! (`disable`, `enable`). Sync and async, clocks at 0 and at 10^6 s,
-//! unpartitioned and in a partition.
+//! (`max_half_open`), the disabled and isolated states switched on and off
+//! (`disable`, `enable`, `isolate`), the time in state of a circuit that
+//! never moved, and the settings `build()` refuses. Sync and async, clocks
+//! at 0 and at 10^6 s, unpartitioned and in a partition.
 
 mod support;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use seawall::breaker::CircuitState;
+use seawall::breaker::{CircuitMetrics, CircuitState};
+use seawall::pipeline::{ControlError, Partition};
+use seawall::testing::VirtualClock;
 use seawall::{CircuitBreaker, ConfigError, Error, EventKind, Pipeline, RejectionReason};
-use support::{exec, recorder, secs, unique, Boom, FAR, FLAVORS};
+use support::{exec, recorder, secs, unique, Boom, Flavor, FAR, FLAVORS};
 
 fn ok(_: seawall::Context) -> Result<u32, Boom> {
     Ok(1)
@@ -159,9 +162,9 @@ fn disable_admits_everything_records_nothing_and_enable_closes() {
             assert!(matches!(exec(&p, flavor, boom), Err(Error::Operation(_))));
         }
         let m = p.circuit_metrics().unwrap();
-        // Nothing recorded (a consecutive-mode circuit shows its failures in
-        // a row only while closed).
-        assert_eq!((m.state, m.failures), (CircuitState::Disabled, 0));
+        // Nothing recorded: the failure in a row it was disabled with is
+        // all it shows.
+        assert_eq!((m.state, m.failures), (CircuitState::Disabled, 1));
         assert_eq!(p.circuit_state().unwrap(), CircuitState::Disabled);
         p.enable().unwrap();
         let m = p.circuit_metrics().unwrap();
@@ -299,4 +302,280 @@ fn controls_without_a_breaker_say_so() {
             format!("pipeline `{}` has no circuit breaker", p.name())
         );
     }
+}
+
+/// One circuit of a pipeline, the unpartitioned one or a partition's, and
+/// the way its calls are made.
+struct Level<'p> {
+    p: &'p Pipeline,
+    partitioned: bool,
+    flavor: Flavor,
+}
+
+impl Level<'_> {
+    fn call(&self, op: fn(seawall::Context) -> Result<u32, Boom>) -> Result<u32, Error<Boom>> {
+        if !self.partitioned {
+            return exec(self.p, self.flavor, op);
+        }
+        let part = self.p.partition("tenant");
+        match self.flavor {
+            Flavor::Sync => part.call(op),
+            Flavor::Async => support::rt().block_on(part.run(|ctx| std::future::ready(op(ctx)))),
+        }
+    }
+
+    fn metrics(&self) -> CircuitMetrics {
+        if self.partitioned {
+            self.p.partition("tenant").circuit_metrics().unwrap()
+        } else {
+            self.p.circuit_metrics().unwrap()
+        }
+    }
+
+    fn control(
+        &self,
+        whole: fn(&Pipeline) -> Result<(), ControlError>,
+        part: fn(&Partition<'_>) -> Result<(), ControlError>,
+    ) {
+        if self.partitioned {
+            part(&self.p.partition("tenant")).unwrap();
+        } else {
+            whole(self.p).unwrap();
+        }
+    }
+}
+
+/// Runs `test` on a fresh pipeline with `breaker` for every flavour, clock
+/// origin (0 and 10^6 s) and level (unpartitioned, partition).
+fn every_way(name: &str, breaker: CircuitBreaker, test: impl Fn(&Level<'_>, &VirtualClock)) {
+    for flavor in FLAVORS {
+        for offset in [Duration::ZERO, FAR] {
+            for partitioned in [false, true] {
+                let clock = support::clock_at(offset);
+                let p = Pipeline::builder(unique(name))
+                    .circuit_breaker(breaker.clone())
+                    .clock(clock.clone())
+                    .build()
+                    .unwrap();
+                let level = Level {
+                    p: &p,
+                    partitioned,
+                    flavor,
+                };
+                test(&level, &clock);
+            }
+        }
+    }
+}
+
+#[test]
+fn after_open_for_a_full_half_open_circuit_hints_the_duration_it_was_opened_for() {
+    let breaker = CircuitBreaker::consecutive_failures(5)
+        .cooldown(secs(30))
+        .cooldown_growth(2.0, secs(300));
+    every_way("open-for-hint", breaker, |level, clock| {
+        let refused_while_probing = || {
+            let mut refused = None;
+            let probe = |_: seawall::Context| {
+                refused = refused_with(level.call(ok));
+                Ok::<u32, Boom>(1)
+            };
+            let r = if level.partitioned {
+                level.p.partition("tenant").call(probe)
+            } else {
+                level.p.call(probe)
+            };
+            assert_eq!(r.unwrap(), 1);
+            refused
+        };
+        level.control(|p| p.open_for(secs(60)), |p| p.open_for(secs(60)));
+        clock.advance(secs(60));
+        // The probe is running: the call that finds its slot taken is
+        // told the 60 s that just ended, not the configured 30 s.
+        assert_eq!(
+            refused_while_probing(),
+            Some((RejectionReason::CircuitOpen, Some(secs(60)))),
+            "{:?}, partitioned {}",
+            level.flavor,
+            level.partitioned
+        );
+        assert_eq!(level.metrics().state, CircuitState::Closed);
+        // Opened for a while, then a failed probe: a trip, whose cooldown
+        // (30 s) is the hint of the next round.
+        level.control(|p| p.open_for(secs(45)), |p| p.open_for(secs(45)));
+        clock.advance(secs(45));
+        assert!(matches!(level.call(boom), Err(Error::Operation(_))));
+        clock.advance(secs(30));
+        assert_eq!(
+            refused_while_probing(),
+            Some((RejectionReason::CircuitOpen, Some(secs(30))))
+        );
+    });
+}
+
+#[test]
+fn isolating_or_disabling_keeps_the_failures_in_a_row_on_show() {
+    let breaker = CircuitBreaker::consecutive_failures(5).cooldown(secs(30));
+    every_way("keeps-in-a-row", breaker, |level, _| {
+        let shown = |level: &Level<'_>| {
+            let m = level.metrics();
+            (m.state, m.calls, m.failures)
+        };
+        assert!(level.call(boom).is_err());
+        assert!(level.call(boom).is_err());
+        assert_eq!(shown(level), (CircuitState::Closed, 2, 2));
+        level.control(|p| p.disable(), |p| p.disable());
+        assert_eq!(shown(level), (CircuitState::Disabled, 2, 2));
+        // Nothing is recorded while disabled.
+        assert!(level.call(boom).is_err());
+        assert_eq!(shown(level), (CircuitState::Disabled, 2, 2));
+        level.control(|p| p.isolate(), |p| p.isolate());
+        assert_eq!(shown(level), (CircuitState::Isolated, 2, 2));
+        level.control(|p| p.disable(), |p| p.disable());
+        assert_eq!(shown(level), (CircuitState::Disabled, 2, 2));
+        // Enabled again: a fresh window.
+        level.control(|p| p.enable(), |p| p.enable());
+        assert_eq!(shown(level), (CircuitState::Closed, 0, 0));
+        assert!(level.call(boom).is_err());
+        level.control(|p| p.isolate(), |p| p.isolate());
+        assert_eq!(shown(level), (CircuitState::Isolated, 1, 1));
+        // An open circuit shows no failures in a row, nor does isolating it.
+        level.control(|p| p.reset(), |p| p.reset());
+        level.control(|p| p.open_for(secs(5)), |p| p.open_for(secs(5)));
+        level.control(|p| p.isolate(), |p| p.isolate());
+        assert_eq!(shown(level), (CircuitState::Isolated, 0, 0));
+    });
+    // As in a count window, which keeps its window.
+    let window = CircuitBreaker::failure_rate(0.9)
+        .count_window(10)
+        .minimum_calls(10);
+    every_way("keeps-window", window, |level, _| {
+        assert!(level.call(boom).is_err());
+        assert!(level.call(boom).is_err());
+        level.control(|p| p.disable(), |p| p.disable());
+        let m = level.metrics();
+        assert_eq!(
+            (m.state, m.calls, m.failures),
+            (CircuitState::Disabled, 2, 2)
+        );
+    });
+}
+
+#[test]
+fn a_circuit_that_never_moved_counts_its_time_in_state_from_its_first_use() {
+    let breaker = CircuitBreaker::consecutive_failures(3).cooldown(secs(30));
+    every_way("first-state", breaker, |level, clock| {
+        // Not used yet: in its first state for no time at all, on a clock
+        // at 0 as on one at 10^6 s.
+        assert_eq!(level.metrics().time_in_state, Duration::ZERO);
+        clock.advance(secs(7));
+        assert_eq!(level.metrics().time_in_state, Duration::ZERO);
+        assert_eq!(level.call(ok).unwrap(), 1);
+        assert_eq!(level.metrics().time_in_state, Duration::ZERO);
+        clock.advance(secs(5));
+        assert!(level.call(boom).is_err());
+        let m = level.metrics();
+        assert_eq!((m.state, m.time_in_state), (CircuitState::Closed, secs(5)));
+        // A transition restarts it.
+        assert!(level.call(boom).is_err());
+        assert!(level.call(boom).is_err());
+        clock.advance(secs(2));
+        let m = level.metrics();
+        assert_eq!((m.state, m.time_in_state), (CircuitState::Open, secs(2)));
+    });
+    // A manual control is a first use too.
+    every_way(
+        "first-state-control",
+        CircuitBreaker::consecutive_failures(3),
+        |level, clock| {
+            clock.advance(secs(3));
+            level.control(|p| p.enable(), |p| p.enable());
+            clock.advance(secs(4));
+            let m = level.metrics();
+            assert_eq!((m.state, m.time_in_state), (CircuitState::Closed, secs(4)));
+        },
+    );
+}
+
+#[test]
+fn a_consecutive_failures_breaker_refuses_window_settings_at_build() {
+    let refused = |breaker: CircuitBreaker| -> ConfigError {
+        Pipeline::builder(unique("consecutive-window"))
+            .circuit_breaker(breaker)
+            .build()
+            .map(drop)
+            .unwrap_err()
+    };
+    let rule = "applies only to a count or time window, not consecutive_failures";
+    let e = refused(CircuitBreaker::consecutive_failures(3).minimum_calls(50));
+    assert_eq!(
+        (e.policy, e.field, e.rule.as_str()),
+        ("circuit_breaker", "minimum_calls", rule)
+    );
+    assert_eq!(
+        e.to_string(),
+        "circuit_breaker.minimum_calls applies only to a count or time window, not consecutive_failures"
+    );
+    let mut b = CircuitBreaker::consecutive_failures(3);
+    b.failure_rate = 0.3;
+    assert_eq!(refused(b).field, "failure_rate");
+    let mut b = CircuitBreaker::consecutive_failures(3);
+    b.slow_call_duration = secs(1);
+    assert_eq!(refused(b).field, "slow_call_duration");
+    let e = refused(CircuitBreaker::consecutive_failures(3).slow_calls(0.5, secs(1)));
+    assert_eq!((e.field, e.rule.as_str()), ("slow_call_rate", rule));
+    // Not in the window modes, nor on a consecutive breaker turned into one.
+    for ok in [
+        CircuitBreaker::consecutive_failures(3),
+        CircuitBreaker::failure_rate(0.3).minimum_calls(50),
+        CircuitBreaker::consecutive_failures(3).count_window(10),
+        CircuitBreaker::consecutive_failures(3).window(secs(10)),
+    ] {
+        Pipeline::builder(unique("window-settings"))
+            .circuit_breaker(ok.clone())
+            .build()
+            .unwrap_or_else(|e| panic!("{ok:?}: {e}"));
+    }
+}
+
+#[test]
+fn half_open_calls_above_what_the_state_holds_are_refused_at_build() {
+    let build = |calls: u32| {
+        Pipeline::builder(unique("half-open-calls"))
+            .circuit_breaker(CircuitBreaker::consecutive_failures(1).half_open_calls(calls))
+            .build()
+            .map(drop)
+    };
+    let e = build(3_000_000).unwrap_err();
+    assert_eq!((e.policy, e.field), ("circuit_breaker", "half_open_calls"));
+    assert_eq!(
+        e.to_string(),
+        "circuit_breaker.half_open_calls must be <= 2097151, got 3000000"
+    );
+    assert!(build(2_097_152).is_err());
+    assert!(build(u32::MAX).is_err());
+    build(2_097_151).unwrap();
+}
+
+#[test]
+fn the_most_half_open_calls_all_must_succeed_to_close() {
+    let clock = support::clock_at(FAR);
+    let calls = 2_097_151u32;
+    let p = Pipeline::builder(unique("half-open-most"))
+        .circuit_breaker(
+            CircuitBreaker::consecutive_failures(1)
+                .cooldown(secs(1))
+                .half_open_calls(calls),
+        )
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    assert!(p.call(boom).is_err());
+    clock.advance(secs(1));
+    for _ in 1..calls {
+        assert_eq!(p.call(ok).unwrap(), 1);
+    }
+    assert_eq!(p.circuit_state().unwrap(), CircuitState::HalfOpen);
+    assert_eq!(p.call(ok).unwrap(), 1);
+    assert_eq!(p.circuit_state().unwrap(), CircuitState::Closed);
 }

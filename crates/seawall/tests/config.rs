@@ -328,6 +328,71 @@ fn bad_shadow_and_half_open_settings_are_reported_with_their_line() {
     assert!(msg.contains("pipelines.a.rate_limiter.shadow: "), "{msg}");
 }
 
+/// A setting of the window modes on a consecutive-failures breaker, and
+/// more half-open probes than a circuit can count, are refused by the
+/// breaker's own rule, as the builder refuses them, located at the value.
+#[test]
+fn breaker_settings_are_refused_by_the_breakers_rule_with_their_position() {
+    let mut rate = CircuitBreaker::consecutive_failures(3);
+    rate.failure_rate = 0.3;
+    let cases = [
+        (
+            CircuitBreaker::consecutive_failures(3).minimum_calls(50),
+            Format::Toml,
+            "[pipelines.a]\ncircuit_breaker = { consecutive_failures = 3, minimum_calls = 50 }\n",
+            (2, 63),
+            "circuit_breaker.minimum_calls applies only to a count or time window, not consecutive_failures",
+        ),
+        (
+            rate,
+            Format::Yaml,
+            "pipelines:\n  a:\n    circuit_breaker:\n      consecutive_failures: 3\n      failure_rate: 0.3\n",
+            (5, 21),
+            "circuit_breaker.failure_rate applies only to a count or time window, not consecutive_failures",
+        ),
+        (
+            CircuitBreaker::consecutive_failures(1).half_open_calls(3_000_000),
+            Format::Toml,
+            "[pipelines.a.circuit_breaker]\nconsecutive_failures = 1\nhalf_open_calls = 3000000\n",
+            (3, 19),
+            "circuit_breaker.half_open_calls must be <= 2097151, got 3000000",
+        ),
+    ];
+    for (breaker, format, text, (line, column), rule) in cases {
+        let built = Pipeline::builder("a").circuit_breaker(breaker).build();
+        assert_eq!(
+            built.map(drop).map_err(|e| e.to_string()),
+            Err(rule.to_owned())
+        );
+        let (e, msg) = load_error(format, text);
+        assert_eq!(
+            msg,
+            format!("<string>:{line}:{column}: pipeline `a`: {rule}"),
+            "{format:?}"
+        );
+        match e {
+            LoadError::Invalid { error, .. } => assert_eq!(error.to_string(), rule),
+            other => panic!("{other:?}"),
+        }
+    }
+    // Inherited from `default` by a pipeline that chose consecutive
+    // failures itself: left out; with the mode it does not fit, refused in
+    // `default`.
+    let r = toml(
+        "[default.circuit_breaker]\nfailure_rate = 0.3\nminimum_calls = 50\n[pipelines.a.circuit_breaker]\nconsecutive_failures = 3\n",
+    );
+    assert_eq!(
+        debug(r.get("a")),
+        built(Pipeline::builder("a").circuit_breaker(CircuitBreaker::consecutive_failures(3)))
+    );
+    let (e, msg) = load_error(
+        Format::Toml,
+        "[default.circuit_breaker]\nconsecutive_failures = 3\nminimum_calls = 50\n[pipelines.a]\ntimeout = \"1s\"\n",
+    );
+    assert_eq!(e.line(), Some(3), "{msg}");
+    assert!(msg.ends_with("circuit_breaker.minimum_calls applies only to a count or time window, not consecutive_failures"), "{msg}");
+}
+
 #[test]
 fn the_position_of_timeout_decides_overall_or_per_attempt() {
     let clock = VirtualClock::new();

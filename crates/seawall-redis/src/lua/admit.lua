@@ -23,7 +23,9 @@
 --   under_ns, reserved_at_us (-1: none), reserved_at_ns, shadow_reason, shadow_retry_after_us,
 --   shadow_under_ns}: a reserved permit comes with reason 4
 -- retry_after_us: -1 none, -2 the cooldown of the current trip (half-open,
--- every probe slot taken), -3 until the latest instant
+-- every probe slot taken), -3 until the latest instant, -4 - d (d >= 0):
+-- d microseconds, the duration of the explicit open the circuit is
+-- half-open after (every probe slot taken)
 -- under_ns: nanoseconds (0..999) the exact wait is shorter than
 -- retry_after_us (GCRA keeps its times to the nanosecond, the fixed window
 -- its caller's `now`)
@@ -38,7 +40,7 @@
 local reason, retry, under = 0, -1, 0
 local sreason, sretry, sunder = 0, -1, 0
 local probe, gen, slot, tr = 0, 0, -1, 0
-local h, moved
+local h, moved, begun
 
 -- Whether the policy `p` takes part in the call (shadow::Walk): an
 -- enforcing one always, one in shadow mode until the call is shadowed.
@@ -91,6 +93,9 @@ if HAS_C or HAS_CD then
   end
 end
 
+-- The first admission begins the circuit.
+if HAS_C then begun = cbegin(h) end
+
 if HAS_C and takes_part(P_C) then
   -- The circuit's refusal, if any: its retry_after code.
   local cref
@@ -132,7 +137,11 @@ if HAS_C and takes_part(P_C) then
     if h.pr < HOC then
       probe = 1
     else
-      cref = -2
+      -- The length of the open period that ended: after an explicit open
+      -- its duration (`ol`, microseconds plus one), else the cooldown of
+      -- the trips.
+      local ol = tonumber(redis.call('HGET', KH, 'ol')) or 0
+      if ol > 0 then cref = -3 - ol else cref = -2 end
     end
   end
   if h.st == ISOLATED or h.st == DISABLED then
@@ -342,6 +351,8 @@ if moved then
   else
     hsave(h, {'gen', 'since', 'pr', 'pok'})
   end
+elseif begun then
+  hsave(h, {'since'})
 end
 if retry > 0 then retry = math.ceil(retry) end
 if sretry > 0 then sretry = math.ceil(sretry) end

@@ -1,4 +1,5 @@
--- The circuit's state and window, read only.
+-- The circuit's state and window, read only (a circuit not begun has been
+-- closed since now).
 -- Reply: {state, calls, failures, slow_calls, time_in_state_us, trips}
 
 cspec()
@@ -10,8 +11,9 @@ if h.st == HALF_OPEN then
   -- The probes' own counts: a failed or slow probe trips at once.
   calls = h.pok
 elseif MODE == 1 then
-  -- Consecutive mode: the failures in a row of a closed circuit.
-  if h.st == CLOSED then calls, fails = h.cf, h.cf end
+  -- Consecutive mode: the failures in a row of a closed circuit, kept on
+  -- show by isolating or disabling it.
+  if h.st == CLOSED or h.st == ISOLATED or h.st == DISABLED then calls, fails = h.cf, h.cf end
 elseif MODE == 2 then
   calls, fails, slows = h.nc, h.nf, h.ns
 else

@@ -16,8 +16,9 @@ local KRB = KEYS[7]
 local A = ARGV
 
 -- The server's clock decides, unless the caller's time was passed (tests).
--- A circuit that never moved has been closed since: now on the server's
--- clock, time zero on the caller's (like the in-memory store).
+-- A circuit begins with its first admission, record or control, which
+-- writes its `since` (see `cbegin`); one not begun yet has been closed
+-- since now, as in the in-memory store (`since0`).
 -- `now` is in whole microseconds; `now_ns`, the nanoseconds past it
 -- (0..999), is known on the caller's clock only and used by GCRA, whose
 -- times are kept to the nanosecond.
@@ -28,14 +29,13 @@ local function tnow()
     if A[1] == '' then
       local t = redis.call('TIME')
       now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-      since0 = now
     else
       -- The caller's time: `microseconds[:nanoseconds]`.
       local u, n = string.match(A[1], '^(%d+):?(%d*)$')
       now = tonumber(u)
       now_ns = tonumber(n) or 0
-      since0 = 0
     end
+    since0 = now
   end
   return now
 end
@@ -142,14 +142,27 @@ local function pmul(u, n, k)
 end
 
 -- Loads `names` (all fields when nil: the circuit's and the cooldown's
--- end, 'cu') from the state hash into a table; missing ones are 0.
+-- end, 'cu') from the state hash into a table; missing ones are 0. A
+-- missing `since` (asked for) marks a circuit not begun: `h.unbegun`.
 local function hload(names)
   names = names or {'st', 'gen', 'trips', 'ou', 'since', 'pr', 'pok', 'cf',
-    'nc', 'nf', 'ns', 'nh', 'tc', 'tf', 'ts', 'cu'}
+    'nc', 'nf', 'ns', 'nh', 'tc', 'tf', 'ts', 'cu', 'ol'}
   local v = redis.call('HMGET', KH, unpack(names))
   local h = {}
-  for i = 1, #names do h[names[i]] = tonumber(v[i]) or 0 end
+  for i = 1, #names do
+    h[names[i]] = tonumber(v[i]) or 0
+    if not v[i] and names[i] == 'since' then h.unbegun = true end
+  end
   return h
+end
+
+-- Begins a circuit not begun (its first admission, record or control):
+-- closed since now. `true` when it did: `since` is then to be saved.
+local function cbegin(h)
+  if not h.unbegun then return false end
+  h.unbegun = nil
+  h.since = tnow()
+  return true
 end
 
 -- The state hash as an admission carrying successes read it (carry.lua),
@@ -198,8 +211,11 @@ local function hsave(h, names)
   redis.call('PEXPIRE', KH, httl(h))
 end
 
--- Fields a transition writes, and the window's.
-local function moved_fields() return {'st', 'gen', 'trips', 'ou', 'since', 'pr', 'pok', 'cf'} end
+-- Fields a transition writes, and the window's. `ol`: the duration of the
+-- explicit open (control.lua) the circuit is open or half-open after, in
+-- microseconds plus one (0: none, the circuit opened for a cooldown);
+-- every other transition clears it.
+local function moved_fields() return {'st', 'gen', 'trips', 'ou', 'since', 'pr', 'pok', 'cf', 'ol'} end
 local function window_fields() return {'nc', 'nf', 'ns', 'nh', 'tc', 'tf', 'ts'} end
 
 local function cooldown_for(trips)
@@ -230,7 +246,7 @@ local function copen(h)
   h.st = OPEN
   h.gen = h.gen + 1
   h.since = tnow()
-  h.pr, h.pok, h.cf = 0, 0, 0
+  h.pr, h.pok, h.cf, h.ol = 0, 0, 0, 0
   h.ou = open_until(now, cooldown_for(h.trips))
 end
 
@@ -246,7 +262,7 @@ local function cclose(h)
   h.st = CLOSED
   h.gen = h.gen + 1
   h.since = tnow()
-  h.pr, h.pok, h.trips, h.ou = 0, 0, 0, 0
+  h.pr, h.pok, h.trips, h.ou, h.ol = 0, 0, 0, 0, 0
   cclear(h)
 end
 

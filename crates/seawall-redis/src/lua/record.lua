@@ -25,7 +25,10 @@ local function touch(names)
 end
 
 if HAS_C or (HAS_CD and ra >= 0) then h = hload() end
-if HAS_C then cspec() end
+if HAS_C then
+  cspec()
+  if cbegin(h) then touch({'since'}) end
+end
 
 if HAS_C then
   if outcome == 2 then

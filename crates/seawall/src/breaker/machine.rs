@@ -8,10 +8,19 @@
 //!
 //! ```text
 //! bits  0..3   kind        closed | open | half-open | isolated | disabled
+//!                          | closed, not begun | open for a while | half-open after it
 //! bits  3..9   trips       trips since the circuit last closed (saturates at 63)
 //! bits  9..22  generation  +1 on every transition (wraps at 2^13)
 //! bits 22..64  payload     see `rules::State`
 //! ```
+//!
+//! A circuit is made closed and *not begun*: its time in state counts
+//! from its first admission, record or control (the time of the others is
+//! not known to the cell), which begins it. A circuit not begun is not a
+//! kind that passes, so its first admission takes the full path, which
+//! begins it; from then on a closed circuit admits with one load. Open by
+//! [`CircuitControl::OpenFor`] and half-open after it are kinds of their
+//! own (`rules::State::opened_for`), the duration kept beside the word.
 //!
 //! Window modes keep their window beside the word: a lock-free ring of the
 //! last N outcomes (count window) or one tagged counter per second and
@@ -39,6 +48,13 @@ use crate::store::Outcome;
 const NANOS_PER_SEC: u64 = 1_000_000_000;
 
 const KIND_MASK: u64 = 0b111;
+/// Closed, not begun (see the module documentation).
+const NOT_BEGUN: u64 = 5;
+/// [`Kind::Open`] and [`Kind::HalfOpen`] after an explicit open.
+const OPEN_FOR: u64 = 6;
+const HALF_OPEN_FOR: u64 = 7;
+/// `since` of a circuit not begun.
+const SINCE_NOT_BEGUN: u64 = u64::MAX;
 const TRIPS_SHIFT: u32 = 3;
 const TRIPS_MASK: u64 = (1 << 6) - 1;
 const GENERATION_SHIFT: u32 = 9;
@@ -47,9 +63,9 @@ const PAYLOAD_MASK: u64 = (1 << 42) - 1;
 
 fn kind_of(bits: u64) -> Kind {
     match bits & KIND_MASK {
-        0 => Kind::Closed,
-        1 => Kind::Open,
-        2 => Kind::HalfOpen,
+        0 | NOT_BEGUN => Kind::Closed,
+        1 | OPEN_FOR => Kind::Open,
+        2 | HALF_OPEN_FOR => Kind::HalfOpen,
         3 => Kind::Isolated,
         _ => Kind::Disabled,
     }
@@ -62,23 +78,34 @@ fn decode(bits: u64) -> State {
         trips: ((bits >> TRIPS_SHIFT) & TRIPS_MASK) as u32,
         generation: (bits >> GENERATION_SHIFT) & GENERATION_MASK,
         payload: (bits >> PAYLOAD_SHIFT) & PAYLOAD_MASK,
+        opened_for: (bits & KIND_MASK) >= OPEN_FOR,
     }
 }
 
 #[inline]
 fn encode(s: State) -> u64 {
-    (s.kind as u64)
-        | ((u64::from(s.trips) & TRIPS_MASK) << TRIPS_SHIFT)
+    let kind = match (s.kind, s.opened_for) {
+        (Kind::Open, true) => OPEN_FOR,
+        (Kind::HalfOpen, true) => HALF_OPEN_FOR,
+        (kind, _) => kind as u64,
+    };
+    kind | ((u64::from(s.trips) & TRIPS_MASK) << TRIPS_SHIFT)
         | ((s.generation & GENERATION_MASK) << GENERATION_SHIFT)
         | ((s.payload & PAYLOAD_MASK) << PAYLOAD_SHIFT)
 }
 
-/// One circuit: the state word, the time of the last transition and, in
-/// window modes or with `max_half_open`, what it keeps beside them.
+/// One circuit: the state word, the time of the last transition (or of
+/// the first use, [`SINCE_NOT_BEGUN`] before it), the duration of the last
+/// explicit open and, in window modes or with `max_half_open`, what it
+/// keeps beside them.
 #[derive(Debug)]
 pub(crate) struct Circuit {
     state: AtomicU64,
     since: AtomicU64,
+    /// The duration of the last [`CircuitControl::OpenFor`] in nanoseconds
+    /// (saturating), written before the state word that says it: the hint
+    /// of a full half-open circuit after it.
+    opened_for: AtomicU64,
     beside: Option<Box<Beside>>,
 }
 
@@ -99,8 +126,8 @@ struct Beside {
 const ROUND_GENERATION_BITS: u32 = 13;
 
 impl Circuit {
-    /// A closed circuit with an empty window (window storage is allocated
-    /// for window modes only).
+    /// A closed circuit with an empty window, not begun (window storage is
+    /// allocated for window modes only).
     pub(crate) fn new(params: &BreakerParams) -> Self {
         let window = match params.spec.mode {
             BreakerMode::ConsecutiveFailures(_) => None,
@@ -117,10 +144,50 @@ impl Circuit {
             })
         });
         Circuit {
-            state: AtomicU64::new(encode(State::CLOSED)),
-            since: AtomicU64::new(0),
+            state: AtomicU64::new(encode(State::CLOSED) | NOT_BEGUN),
+            since: AtomicU64::new(SINCE_NOT_BEGUN),
+            opened_for: AtomicU64::new(0),
             beside,
         }
+    }
+
+    /// The state word, the circuit begun at `now_ns` if it was not: its
+    /// first admission, record or control.
+    #[inline]
+    fn load_begun(&self, now_ns: u64) -> u64 {
+        let bits = self.load();
+        if bits & KIND_MASK == NOT_BEGUN {
+            self.begin(bits, now_ns)
+        } else {
+            bits
+        }
+    }
+
+    /// Begins the circuit not begun whose word is `bits`: closed since
+    /// `now_ns`. Returns the word then.
+    #[cold]
+    #[inline(never)]
+    fn begin(&self, mut bits: u64, now_ns: u64) -> u64 {
+        while bits & KIND_MASK == NOT_BEGUN {
+            let begun = bits & !KIND_MASK;
+            match self
+                .state
+                .compare_exchange(bits, begun, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => {
+                    // Unless a transition wrote its time meanwhile.
+                    let _ = self.since.compare_exchange(
+                        SINCE_NOT_BEGUN,
+                        now_ns,
+                        Ordering::Relaxed,
+                        Ordering::Relaxed,
+                    );
+                    return begun;
+                }
+                Err(actual) => bits = actual,
+            }
+        }
+        bits
     }
 
     /// The window, in window modes.
@@ -170,11 +237,16 @@ impl Circuit {
         Ok(())
     }
 
-    /// Applies `rule` to the state until its next state is written (or it
-    /// has none); returns the rule's answer.
+    /// Applies `rule` to the state `current` (the word as loaded) until
+    /// its next state is written (or it has none); returns the rule's
+    /// answer.
     #[inline]
-    fn apply<T>(&self, now_ns: u64, mut rule: impl FnMut(State) -> (T, Option<State>)) -> T {
-        let mut current = self.load();
+    fn apply<T>(
+        &self,
+        mut current: u64,
+        now_ns: u64,
+        mut rule: impl FnMut(State) -> (T, Option<State>),
+    ) -> T {
         loop {
             let (answer, next) = rule(decode(current));
             let Some(next) = next else {
@@ -203,7 +275,7 @@ impl Circuit {
         if (PASS_KINDS >> (bits & KIND_MASK)) & 1 == 1 {
             return Ok((bits >> GENERATION_SHIFT) & GENERATION_MASK);
         }
-        if bits & KIND_MASK != Kind::Open as u64 {
+        if !matches!(bits & KIND_MASK, 1 | OPEN_FOR) {
             return Err(None);
         }
         Err(Self::quick_refusal(bits, now()))
@@ -219,12 +291,18 @@ impl Circuit {
     /// Admits one call (closed: one atomic load).
     #[inline]
     pub(crate) fn admit(&self, params: &BreakerParams, now_ns: u64) -> CircuitAdmit {
-        let answer = self.apply(now_ns, |s| {
-            let round = match s.kind {
-                Kind::HalfOpen if params.max_half_open.is_some() => self.round_end_ms(s.generation),
-                _ => None,
+        let current = self.load_begun(now_ns);
+        let answer = self.apply(current, now_ns, |s| {
+            let (round, opened_for) = match s.kind {
+                Kind::HalfOpen => (
+                    params
+                        .max_half_open
+                        .and_then(|_| self.round_end_ms(s.generation)),
+                    s.opened_for.then(|| self.opened_for()),
+                ),
+                _ => (None, None),
             };
-            rules::admit(s, params, now_ns, round)
+            rules::admit(s, params, now_ns, round, opened_for)
         });
         // A round of probes starts: its end is kept beside the state.
         if let (Some(_), Ok((generation, true))) = (answer.transition, answer.decision) {
@@ -233,9 +311,16 @@ impl Circuit {
         answer
     }
 
+    /// The duration of the last explicit open.
+    fn opened_for(&self) -> Duration {
+        Duration::from_nanos(self.opened_for.load(Ordering::Acquire))
+    }
+
     /// Gives back the probe slot of a half-open admission of `generation`.
     pub(crate) fn release_probe(&self, generation: u64) {
-        self.apply(0, |s| ((), rules::release_probe(s, generation)));
+        self.apply(self.load(), 0, |s| {
+            ((), rules::release_probe(s, generation))
+        });
     }
 
     /// [`record`](Self::record) of a success that is not a probe, with the
@@ -305,7 +390,7 @@ impl Circuit {
         now_ns: u64,
     ) -> Option<CircuitTransition> {
         let verdict = Verdict::of(params, outcome, duration);
-        let mut current = self.load();
+        let mut current = self.load_begun(now_ns);
         loop {
             let state = decode(current);
             match rules::record(state, params, generation, probe, verdict, now_ns) {
@@ -342,18 +427,34 @@ impl Circuit {
         control: CircuitControl,
         now_ns: u64,
     ) -> Option<CircuitTransition> {
-        self.apply(now_ns, |s| match rules::control(s, control, now_ns) {
-            Some((next, transition)) => (transition, Some(next)),
-            None => (None, None),
+        let current = self.load_begun(now_ns);
+        self.apply(current, now_ns, |s| {
+            match rules::control(s, control, now_ns) {
+                Some((next, transition)) => {
+                    if let CircuitControl::OpenFor(d) = control {
+                        // Written before the word that says it (every attempt
+                        // writes it again: the duration of the last open wins
+                        // with its word).
+                        let ns = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+                        self.opened_for.store(ns, Ordering::Release);
+                    }
+                    (transition, Some(next))
+                }
+                None => (None, None),
+            }
         })
     }
 
-    /// State, counts and trips.
+    /// State, counts and trips; a circuit not begun has been in its state
+    /// for no time yet.
     pub(crate) fn metrics(&self, params: &BreakerParams, now_ns: u64) -> CircuitMetrics {
         let state = decode(self.load());
         let window = self.window().map(|w| w.snapshot(now_ns));
         let (calls, failures, slow_calls) = rules::counts(state, params, window);
-        let since = self.since.load(Ordering::Relaxed);
+        let since = match self.since.load(Ordering::Relaxed) {
+            SINCE_NOT_BEGUN => now_ns,
+            since => since,
+        };
         CircuitMetrics::from_counts(
             state.kind.state(),
             calls,
@@ -645,14 +746,78 @@ mod tests {
 
     #[test]
     fn the_word_round_trips() {
-        let s = State {
-            kind: Kind::HalfOpen,
-            trips: rules::MAX_TRIPS,
-            generation: GENERATION_MASK,
-            payload: PAYLOAD_MASK,
-        };
-        assert_eq!(decode(encode(s)), s);
+        for kind in [
+            Kind::Closed,
+            Kind::Open,
+            Kind::HalfOpen,
+            Kind::Isolated,
+            Kind::Disabled,
+        ] {
+            for opened_for in [false, true] {
+                let s = State {
+                    kind,
+                    trips: rules::MAX_TRIPS,
+                    generation: GENERATION_MASK,
+                    payload: PAYLOAD_MASK,
+                    opened_for: opened_for && matches!(kind, Kind::Open | Kind::HalfOpen),
+                };
+                assert_eq!(decode(encode(s)), s);
+            }
+        }
         assert_eq!(decode(encode(State::CLOSED)), State::CLOSED);
+        assert_eq!(decode(encode(State::CLOSED) | NOT_BEGUN), State::CLOSED);
+    }
+
+    #[test]
+    fn a_circuit_begins_with_its_first_admission_record_or_control() {
+        let p = consecutive(3);
+        let c = Circuit::new(&p);
+        assert_eq!(c.quick_admit(&mut || 0), Err(None), "the full path first");
+        assert_eq!(c.metrics(&p, 5 * S).time_in_state, Duration::ZERO);
+        assert!(c.is_idle());
+        let (generation, probe) = admit_ok(&c, &p, 5 * S);
+        assert_eq!((generation, probe), (0, false));
+        assert_eq!(c.quick_admit(&mut || 0), Ok(0), "then one load");
+        assert_eq!(c.metrics(&p, 7 * S).time_in_state, Duration::from_secs(2));
+        for first in [
+            |c: &Circuit, p: &BreakerParams| {
+                c.record(p, 0, false, Outcome::Failure, Duration::ZERO, 5 * S);
+            },
+            |c: &Circuit, _: &BreakerParams| {
+                c.control(CircuitControl::Enable, 5 * S);
+            },
+        ] {
+            let c = Circuit::new(&p);
+            first(&c, &p);
+            assert_eq!(c.metrics(&p, 7 * S).time_in_state, Duration::from_secs(2));
+        }
+        // A transition is a use too.
+        let c = Circuit::new(&p);
+        c.control(CircuitControl::Isolate, 5 * S);
+        assert_eq!(c.metrics(&p, 6 * S).time_in_state, Duration::from_secs(1));
+    }
+
+    #[test]
+    fn the_duration_of_an_explicit_open_is_the_hint_of_a_full_half_open_circuit() {
+        let p = consecutive(1);
+        let c = Circuit::new(&p);
+        let d = Duration::from_millis(60_250);
+        c.control(CircuitControl::OpenFor(d), 0);
+        assert_eq!(
+            c.quick_admit(&mut || S),
+            Err(Some(Duration::from_millis(59_250))),
+            "refused at once with the time left"
+        );
+        let (g, probe) = admit_ok(&c, &p, 61 * S);
+        assert!(probe);
+        assert_eq!(c.admit(&p, 61 * S).decision, Err(Some(d)));
+        // The probe fails: the next round hints the cooldown of the trip.
+        c.record(&p, g, true, Outcome::Failure, Duration::ZERO, 61 * S);
+        admit_ok(&c, &p, 71 * S);
+        assert_eq!(
+            c.admit(&p, 71 * S).decision,
+            Err(Some(Duration::from_secs(10)))
+        );
     }
 
     #[test]

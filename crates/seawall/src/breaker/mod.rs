@@ -74,6 +74,13 @@ pub enum BreakerMode {
 /// `minimum_calls` 20, no slow-call threshold (slow-call duration 60 s),
 /// cooldown 30 s without growth, 1 half-open probe, no limit on the time
 /// in half-open, enforcing (not in shadow mode).
+///
+/// Built by [`CircuitBreaker::consecutive_failures`]: the same, but with
+/// the window settings left out: `failure_rate` 1.0, `minimum_calls` 0, no
+/// slow-call threshold (slow-call duration 60 s). Those settings judge a
+/// window, so a consecutive-failures breaker with any other value fails
+/// `build()` (`circuit_breaker.minimum_calls applies only to a count or
+/// time window, not consecutive_failures`) rather than ignoring it.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct CircuitBreaker {
@@ -85,7 +92,8 @@ pub struct CircuitBreaker {
     pub slow_call_rate: Option<f64>,
     /// A call lasting at least this long is slow.
     pub slow_call_duration: Duration,
-    /// Calls needed in the window before any judgement.
+    /// Calls needed in the window before any judgement (window modes; 0 in
+    /// consecutive-failures mode).
     pub minimum_calls: u32,
     /// How long the circuit stays open before admitting probes.
     pub cooldown: Duration,
@@ -93,7 +101,9 @@ pub struct CircuitBreaker {
     pub cooldown_growth: f64,
     /// Upper bound of a growing cooldown.
     pub max_cooldown: Duration,
-    /// Probe calls admitted while half-open; all must succeed to close.
+    /// Probe calls admitted while half-open, 1 to
+    /// [`MAX_HALF_OPEN_CALLS`](Self::MAX_HALF_OPEN_CALLS); all must succeed
+    /// to close.
     pub half_open_calls: u32,
     /// The longest a round of probes may stay unfinished before a new round
     /// starts (`None`: no limit). See
@@ -105,10 +115,23 @@ pub struct CircuitBreaker {
 }
 
 impl CircuitBreaker {
+    /// The most probes a half-open circuit admits (2^21 - 1: the probe
+    /// counters of the circuit's state have 21 bits). A larger
+    /// [`half_open_calls`](Self::half_open_calls) fails `build()`.
+    pub const MAX_HALF_OPEN_CALLS: u32 = rules::MAX_HALF_OPEN_CALLS;
+
+    /// `minimum_calls` of [`failure_rate`](Self::failure_rate).
+    const MINIMUM_CALLS: u32 = 20;
+
     /// Opens after `failures` failures in a row.
+    ///
+    /// The settings of the window modes (`failure_rate`, `minimum_calls`,
+    /// `slow_calls`) do not apply: set on such a breaker, they fail
+    /// `build()`.
     pub fn consecutive_failures(failures: u32) -> Self {
         CircuitBreaker {
             mode: BreakerMode::ConsecutiveFailures(failures),
+            minimum_calls: 0,
             ..Self::failure_rate(1.0)
         }
     }
@@ -122,7 +145,7 @@ impl CircuitBreaker {
             failure_rate: threshold,
             slow_call_rate: None,
             slow_call_duration: Duration::from_secs(60),
-            minimum_calls: 20,
+            minimum_calls: Self::MINIMUM_CALLS,
             cooldown: Duration::from_secs(30),
             cooldown_growth: 1.0,
             max_cooldown: Duration::from_secs(30),
@@ -134,7 +157,7 @@ impl CircuitBreaker {
 
     /// Judges the last `calls` calls.
     pub fn count_window(mut self, calls: u32) -> Self {
-        self.mode = BreakerMode::CountWindow(calls);
+        self.set_window_mode(BreakerMode::CountWindow(calls));
         self
     }
 
@@ -143,8 +166,19 @@ impl CircuitBreaker {
         let secs = window
             .as_secs()
             .saturating_add(u64::from(window.subsec_nanos() > 0));
-        self.mode = BreakerMode::TimeWindow(u32::try_from(secs).unwrap_or(u32::MAX));
+        self.set_window_mode(BreakerMode::TimeWindow(
+            u32::try_from(secs).unwrap_or(u32::MAX),
+        ));
         self
+    }
+
+    /// Switches to the window mode `mode`; from consecutive-failures mode,
+    /// `minimum_calls` (which that mode leaves at 0) takes its default.
+    fn set_window_mode(&mut self, mode: BreakerMode) {
+        if matches!(self.mode, BreakerMode::ConsecutiveFailures(_)) && self.minimum_calls == 0 {
+            self.minimum_calls = Self::MINIMUM_CALLS;
+        }
+        self.mode = mode;
     }
 
     /// Also opens when the share of calls lasting at least `duration`
@@ -181,9 +215,16 @@ impl CircuitBreaker {
     /// Probe calls admitted while half-open.
     ///
     /// A call refused while every probe slot is taken carries the length
-    /// of the cooldown that just ended as its `retry_after`: a hint, not a
-    /// promise. The probes' verdict is usually in by then, and if a probe
-    /// fails the circuit opens again for at least that long.
+    /// of the cooldown that just ended as its `retry_after` (after
+    /// [`Pipeline::open_for`](crate::Pipeline::open_for), the duration it
+    /// was opened for): a hint, not a promise. The probes' verdict is
+    /// usually in by then, and if a probe fails the circuit opens again
+    /// for a cooldown.
+    ///
+    /// # Errors
+    /// 0, or more than [`MAX_HALF_OPEN_CALLS`](Self::MAX_HALF_OPEN_CALLS),
+    /// fails `build()`: `circuit_breaker.half_open_calls must be <= 2097151,
+    /// got 3000000`.
     pub fn half_open_calls(mut self, calls: u32) -> Self {
         self.half_open_calls = calls;
         self
@@ -275,6 +316,33 @@ impl CircuitBreaker {
             }
             _ => {}
         }
+        if matches!(self.mode, BreakerMode::ConsecutiveFailures(_)) {
+            // The settings that judge a window: left as
+            // `consecutive_failures` sets them, or refused.
+            let consecutive = Self::consecutive_failures(1);
+            let set = [
+                (
+                    "failure_rate",
+                    self.failure_rate != consecutive.failure_rate,
+                ),
+                (
+                    "minimum_calls",
+                    self.minimum_calls != consecutive.minimum_calls,
+                ),
+                ("slow_call_rate", self.slow_call_rate.is_some()),
+                (
+                    "slow_call_duration",
+                    self.slow_call_duration != consecutive.slow_call_duration,
+                ),
+            ];
+            if let Some((field, _)) = set.into_iter().find(|(_, set)| *set) {
+                return Err(ConfigError::new(
+                    P,
+                    field,
+                    "applies only to a count or time window, not consecutive_failures",
+                ));
+            }
+        }
         if !rate_ok(self.failure_rate) {
             return Err(ConfigError::new(
                 P,
@@ -288,13 +356,6 @@ impl CircuitBreaker {
                     P,
                     "slow_call_rate",
                     format!("must be in (0, 1], got {r}"),
-                ));
-            }
-            if matches!(self.mode, BreakerMode::ConsecutiveFailures(_)) {
-                return Err(ConfigError::new(
-                    P,
-                    "slow_call_rate",
-                    "needs a count or time window, not consecutive_failures",
                 ));
             }
             if self.slow_call_duration.is_zero() {
@@ -329,6 +390,17 @@ impl CircuitBreaker {
                 P,
                 "half_open_calls",
                 "must be >= 1, got 0",
+            ));
+        }
+        if self.half_open_calls > Self::MAX_HALF_OPEN_CALLS {
+            return Err(ConfigError::new(
+                P,
+                "half_open_calls",
+                format!(
+                    "must be <= {}, got {}",
+                    Self::MAX_HALF_OPEN_CALLS,
+                    self.half_open_calls
+                ),
             ));
         }
         if self.max_half_open.is_some_and(|d| d.is_zero()) {
@@ -425,7 +497,8 @@ pub enum CircuitControl {
 ///   so the probes counted are those that succeeded);
 /// - closing starts a fresh window.
 ///
-/// Isolated and disabled circuits keep showing the window they had.
+/// Isolated and disabled circuits keep showing the window they had
+/// (consecutive mode: the failures in a row of the closed circuit).
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct CircuitMetrics {
@@ -442,7 +515,9 @@ pub struct CircuitMetrics {
     pub failure_rate: f64,
     /// `slow_calls / calls`, 0 when empty.
     pub slow_call_rate: f64,
-    /// Time since the last transition.
+    /// Time since the last transition; for a circuit that never moved,
+    /// since it began: its first admission, record or control (zero
+    /// before it), not the clock's origin.
     pub time_in_state: Duration,
     /// Trips since the circuit last closed (drives cooldown growth).
     pub trips: u32,
@@ -536,6 +611,56 @@ mod tests {
             .validate()
             .is_err());
         assert!(CircuitBreaker::failure_rate(0.5).validate().is_ok());
+    }
+
+    #[test]
+    fn window_settings_on_consecutive_failures_are_refused() {
+        let rule = "applies only to a count or time window, not consecutive_failures";
+        let refused = |b: CircuitBreaker| {
+            let e = b.validate().unwrap_err();
+            assert_eq!(e.rule, rule, "{b:?}");
+            e.field
+        };
+        let consecutive = CircuitBreaker::consecutive_failures(3);
+        assert_eq!(
+            refused(consecutive.clone().minimum_calls(50)),
+            "minimum_calls"
+        );
+        let mut b = consecutive.clone();
+        b.failure_rate = 0.3;
+        assert_eq!(refused(b), "failure_rate");
+        assert_eq!(
+            refused(consecutive.clone().slow_calls(0.5, Duration::from_secs(1))),
+            "slow_call_rate"
+        );
+        let mut b = consecutive.clone();
+        b.slow_call_duration = Duration::from_secs(1);
+        assert_eq!(refused(b), "slow_call_duration");
+        assert!(consecutive.validate().is_ok());
+        // Turned into a window mode, it takes the window defaults.
+        let window = consecutive.count_window(10);
+        assert_eq!(window.minimum_calls, 20);
+        assert!(window.validate().is_ok());
+        assert!(CircuitBreaker::failure_rate(0.3)
+            .minimum_calls(50)
+            .window(Duration::from_secs(10))
+            .validate()
+            .is_ok());
+    }
+
+    #[test]
+    fn half_open_calls_fit_the_probe_counters() {
+        let b = |n| CircuitBreaker::consecutive_failures(1).half_open_calls(n);
+        assert!(b(CircuitBreaker::MAX_HALF_OPEN_CALLS).validate().is_ok());
+        assert_eq!(CircuitBreaker::MAX_HALF_OPEN_CALLS, 2_097_151);
+        let e = b(3_000_000).validate().unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "circuit_breaker.half_open_calls must be <= 2097151, got 3000000"
+        );
+        assert!(b(CircuitBreaker::MAX_HALF_OPEN_CALLS + 1)
+            .validate()
+            .is_err());
     }
 
     #[test]

@@ -69,7 +69,9 @@ impl Kind {
 /// `payload` means, by kind: closed, failures in a row (consecutive mode);
 /// open, the end of the cooldown in whole milliseconds rounded up
 /// ([`OPEN_FOREVER_MS`]: the maximum instant); half-open, the probes
-/// admitted (bits 0..21) and succeeded (bits 21..42); otherwise 0.
+/// admitted (bits 0..21) and succeeded (bits 21..42); isolated and
+/// disabled, the failures in a row they were entered with (consecutive
+/// mode: shown, not counted on); otherwise 0.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct State {
     pub(crate) kind: Kind,
@@ -78,6 +80,11 @@ pub(crate) struct State {
     /// +1 on every transition, modulo 2^13.
     pub(crate) generation: u64,
     pub(crate) payload: u64,
+    /// Open by [`CircuitControl::OpenFor`], or half-open after it: the
+    /// open period was not a cooldown of the trips, so its length (which
+    /// the store keeps beside the state) is the hint of a full half-open
+    /// circuit. Cleared by every other transition.
+    pub(crate) opened_for: bool,
 }
 
 const PROBE_BITS: u32 = 21;
@@ -90,15 +97,37 @@ impl State {
         trips: 0,
         generation: 0,
         payload: 0,
+        opened_for: false,
     };
 
-    /// The state after a transition to `kind`: the next generation.
+    /// The state after a transition to `kind`: the next generation (not
+    /// [`opened_for`](Self::opened_for)).
     fn next(self, kind: Kind, trips: u32, payload: u64) -> State {
         State {
             kind,
             trips: trips.min(MAX_TRIPS),
             generation: (self.generation + 1) & GENERATION_MASK,
             payload,
+            opened_for: false,
+        }
+    }
+
+    /// A new round of probes (the next generation), its first probe
+    /// admitted, after the same open period as `self`.
+    fn first_probe(self) -> State {
+        State {
+            opened_for: self.opened_for,
+            ..self.next(Kind::HalfOpen, self.trips, probes_payload(1, 0))
+        }
+    }
+
+    /// The failures in a row a closed circuit has counted (consecutive
+    /// mode), which isolating or disabling it keeps on show; 0 for other
+    /// states.
+    fn in_a_row(self) -> u64 {
+        match self.kind {
+            Kind::Closed | Kind::Isolated | Kind::Disabled => self.payload,
+            _ => 0,
         }
     }
 
@@ -216,18 +245,22 @@ pub(crate) struct Admit {
 /// it half-opens the circuit and is its first probe. Half-open admits up to
 /// `half_open_calls` probes and then refuses with the length of the
 /// cooldown that just ended as the hint (the probes' verdict is due by
-/// then, and a failed probe opens the circuit again for at least as long),
-/// unless the round of probes is over: with `max_half_open`, once `now_ns`
-/// reaches `round_end_ms` (the end of the current round, kept by the
-/// store beside the state; `None` when not known yet, which never ends a
-/// round), the call starts a new round, a new generation whose first probe
-/// it is ([`CircuitTransition::ProbesExpired`]).
+/// then): the cooldown of the trips, or after an explicit open
+/// ([`State::opened_for`]) `opened_for`, the duration it was opened for,
+/// which the store keeps beside the state (`None`: not known, the cooldown
+/// of the trips). Unless the round of probes is over: with
+/// `max_half_open`, once `now_ns` reaches `round_end_ms` (the end of the
+/// current round, kept by the store beside the state; `None` when not
+/// known yet, which never ends a round), the call starts a new round, a
+/// new generation whose first probe it is
+/// ([`CircuitTransition::ProbesExpired`]).
 #[inline]
 pub(crate) fn admit(
     s: State,
     p: &BreakerParams,
     now_ns: u64,
     round_end_ms: Option<u64>,
+    opened_for: Option<Duration>,
 ) -> (Admit, Option<State>) {
     let refuse = |hint| Admit {
         decision: Err(hint),
@@ -245,7 +278,7 @@ pub(crate) fn admit(
             if let Some(left) = open_refusal(s, now_ns) {
                 return (refuse(Some(left)), None);
             }
-            let next = s.next(Kind::HalfOpen, s.trips, probes_payload(1, 0));
+            let next = s.first_probe();
             let admit = Admit {
                 decision: Ok((next.generation, true)),
                 transition: Some(CircuitTransition::HalfOpened),
@@ -258,9 +291,13 @@ pub(crate) fn admit(
                 let over = p.max_half_open.is_some()
                     && round_end_ms.is_some_and(|end| now_ns >= ms_instant(end));
                 if !over {
-                    return (refuse(Some(p.spec.cooldown_for_trip(s.trips))), None);
+                    let ended = match opened_for.filter(|_| s.opened_for) {
+                        Some(d) => d,
+                        None => p.spec.cooldown_for_trip(s.trips),
+                    };
+                    return (refuse(Some(ended)), None);
                 }
-                let next = s.next(Kind::HalfOpen, s.trips, probes_payload(1, 0));
+                let next = s.first_probe();
                 let admit = Admit {
                     decision: Ok((next.generation, true)),
                     transition: Some(CircuitTransition::ProbesExpired),
@@ -487,9 +524,11 @@ pub(crate) fn trip(s: State, p: &BreakerParams, now_ns: u64) -> (State, CircuitT
 /// disabling a disabled one or enabling one that is not disabled changes
 /// nothing; a reset always starts a new generation with an empty window
 /// and no trip history (reported when the circuit was not closed), and so
-/// does enabling a disabled circuit. Opening for `d` opens until
-/// `now_ns + d` (whole milliseconds, rounded up) from any state, keeping
-/// the trips.
+/// does enabling a disabled circuit. Isolating and disabling keep the
+/// failures in a row on show (consecutive mode). Opening for `d` opens
+/// until `now_ns + d` (whole milliseconds, rounded up) from any state,
+/// keeping the trips; the store keeps `d` beside the state
+/// ([`State::opened_for`]).
 pub(crate) fn control(
     s: State,
     control: CircuitControl,
@@ -497,7 +536,10 @@ pub(crate) fn control(
 ) -> Option<(State, Option<CircuitTransition>)> {
     match control {
         CircuitControl::OpenFor(d) => Some((
-            s.next(Kind::Open, s.trips, open_until_ms(now_ns, d)),
+            State {
+                opened_for: true,
+                ..s.next(Kind::Open, s.trips, open_until_ms(now_ns, d))
+            },
             Some(CircuitTransition::Opened { cooldown: d }),
         )),
         CircuitControl::Enable if s.kind != Kind::Disabled => None,
@@ -506,14 +548,14 @@ pub(crate) fn control(
         }
         CircuitControl::Isolate if s.kind == Kind::Isolated => None,
         CircuitControl::Isolate => Some((
-            s.next(Kind::Isolated, s.trips, 0),
+            s.next(Kind::Isolated, s.trips, s.in_a_row()),
             Some(CircuitTransition::Opened {
                 cooldown: Duration::MAX,
             }),
         )),
         CircuitControl::ForceClose if s.kind == Kind::Disabled => None,
         CircuitControl::ForceClose => Some((
-            s.next(Kind::Disabled, s.trips, 0),
+            s.next(Kind::Disabled, s.trips, s.in_a_row()),
             Some(CircuitTransition::Closed),
         )),
         CircuitControl::Reset => Some((
@@ -527,9 +569,10 @@ pub(crate) fn control(
 ///
 /// Half-open: the probes' own counts (a failed or slow probe trips at once,
 /// so those still counted are successes). Consecutive mode: the failures
-/// in a row of a closed circuit, nothing otherwise. Window modes: the
-/// window, `window` (the one that opened the circuit while open; empty
-/// after a failed probe).
+/// in a row of a closed circuit, and those an isolated or disabled one was
+/// entered with; nothing otherwise. Window modes: the window, `window`
+/// (the one that opened the circuit while open; empty after a failed
+/// probe; as it was when the circuit was isolated or disabled).
 pub(crate) fn counts(
     s: State,
     p: &BreakerParams,
@@ -541,7 +584,7 @@ pub(crate) fn counts(
     }
     match (p.spec.mode, window) {
         (BreakerMode::ConsecutiveFailures(_), _) | (_, None) => {
-            let in_a_row = if s.kind == Kind::Closed { s.payload } else { 0 };
+            let in_a_row = s.in_a_row();
             (in_a_row, in_a_row, 0)
         }
         (_, Some(counts)) => counts,
@@ -590,7 +633,7 @@ mod tests {
                 "at {now}: open until {until}, before the end of the cooldown"
             );
             let later = now.saturating_add(29 * S).min(u64::MAX - 1);
-            let (a, moved) = admit(next, &p, later, None);
+            let (a, moved) = admit(next, &p, later, None, None);
             assert_eq!(moved, None, "at {now}: half-opened early");
             assert!(matches!(a.decision, Err(Some(_))), "at {now}: {a:?}");
         }
@@ -604,13 +647,13 @@ mod tests {
                 .cooldown_growth(2.0, Duration::from_secs(60)),
         );
         let (open, _) = trip(State::CLOSED, &p, 0);
-        let (_, half) = admit(open, &p, 10 * S, None);
+        let (_, half) = admit(open, &p, 10 * S, None, None);
         let half = half.expect("half-opened");
-        let (a, _) = admit(half, &p, 10 * S, None);
+        let (a, _) = admit(half, &p, 10 * S, None, None);
         assert_eq!(a.decision, Err(Some(Duration::from_secs(10))));
         let (reopened, _) = trip(half, &p, 10 * S);
-        let (_, half) = admit(reopened, &p, 30 * S, None);
-        let (a, _) = admit(half.expect("half-opened"), &p, 30 * S, None);
+        let (_, half) = admit(reopened, &p, 30 * S, None, None);
+        let (a, _) = admit(half.expect("half-opened"), &p, 30 * S, None, None);
         assert_eq!(a.decision, Err(Some(Duration::from_secs(20))));
     }
 
@@ -623,24 +666,28 @@ mod tests {
                 .max_half_open(Duration::from_millis(1500)),
         );
         let (open, _) = trip(State::CLOSED, &p, 0);
-        let (first, half) = admit(open, &p, 10 * S, None);
+        let (first, half) = admit(open, &p, 10 * S, None, None);
         let half = half.expect("half-opened");
         let end = p.round_end_ms(10 * S).expect("limited");
         assert_eq!(end, 11_500);
-        let (_, half) = admit(half, &p, 10 * S, Some(end));
+        let (_, half) = admit(half, &p, 10 * S, Some(end), None);
         let half = half.expect("second probe");
         // Every slot taken: refused until the end of the round, whatever
         // is known of it; at the end, a new round if the end is known.
         let just_before = 11_500 * NANOS_PER_MS - 1;
         for round in [None, Some(end)] {
-            let (a, next) = admit(half, &p, just_before, round);
+            let (a, next) = admit(half, &p, just_before, round, None);
             assert_eq!(
                 (a.decision, next),
                 (Err(Some(Duration::from_secs(10))), None)
             );
         }
-        assert_eq!(admit(half, &p, 12 * S, None).1, None, "an unknown end");
-        let (a, next) = admit(half, &p, 11_500 * NANOS_PER_MS, Some(end));
+        assert_eq!(
+            admit(half, &p, 12 * S, None, None).1,
+            None,
+            "an unknown end"
+        );
+        let (a, next) = admit(half, &p, 11_500 * NANOS_PER_MS, Some(end), None);
         let next = next.expect("a new round");
         assert_eq!(a.transition, Some(CircuitTransition::ProbesExpired));
         assert_eq!(a.decision, Ok((next.generation, true)));
@@ -658,7 +705,65 @@ mod tests {
         assert_eq!(record(next, &p, g, true, late, 12 * S), Record::Nothing);
         // Without a limit, nothing ever ends a round.
         let unlimited = params(CircuitBreaker::consecutive_failures(1).half_open_calls(2));
-        assert_eq!(admit(half, &unlimited, u64::MAX, Some(0)).1, None);
+        assert_eq!(admit(half, &unlimited, u64::MAX, Some(0), None).1, None);
+    }
+
+    #[test]
+    fn after_an_explicit_open_a_full_half_open_circuit_hints_its_duration() {
+        let p = params(
+            CircuitBreaker::consecutive_failures(1)
+                .cooldown(Duration::from_secs(10))
+                .max_half_open(Duration::from_secs(1)),
+        );
+        let d = Duration::from_secs(60);
+        let (open, _) = control(State::CLOSED, CircuitControl::OpenFor(d), 0).unwrap();
+        assert!(open.opened_for);
+        let (_, half) = admit(open, &p, 60 * S, None, Some(d));
+        let half = half.expect("half-opened");
+        assert!(half.opened_for, "half-open after the explicit open");
+        let (a, _) = admit(half, &p, 60 * S, None, Some(d));
+        assert_eq!(a.decision, Err(Some(d)));
+        // Not known to the store: the cooldown of the trips.
+        let (a, _) = admit(half, &p, 60 * S, None, None);
+        assert_eq!(a.decision, Err(Some(Duration::from_secs(10))));
+        // A new round of probes follows the same open period.
+        let (_, round) = admit(half, &p, 61 * S, Some(61_000), Some(d));
+        assert!(round.expect("a new round").opened_for);
+        // A trip is a cooldown: the duration no longer counts.
+        let (reopened, _) = trip(half, &p, 60 * S);
+        assert!(!reopened.opened_for);
+        let (_, half) = admit(reopened, &p, 70 * S, None, Some(d));
+        let (a, _) = admit(half.expect("half-opened"), &p, 70 * S, None, Some(d));
+        assert_eq!(a.decision, Err(Some(Duration::from_secs(10))));
+    }
+
+    #[test]
+    fn isolating_or_disabling_keeps_the_failures_in_a_row() {
+        let p = params(CircuitBreaker::consecutive_failures(5));
+        let closed = State {
+            payload: 2,
+            ..State::CLOSED
+        };
+        assert_eq!(counts(closed, &p, None), (2, 2, 0));
+        let (disabled, _) = control(closed, CircuitControl::ForceClose, 0).unwrap();
+        assert_eq!(counts(disabled, &p, None), (2, 2, 0));
+        let (isolated, _) = control(disabled, CircuitControl::Isolate, 0).unwrap();
+        assert_eq!(counts(isolated, &p, None), (2, 2, 0));
+        // Nothing is counted on.
+        let failure = Verdict::Call {
+            failure: true,
+            slow: false,
+        };
+        assert_eq!(
+            record(disabled, &p, disabled.generation, false, failure, 0),
+            Record::Nothing
+        );
+        // An open circuit has none to keep.
+        let (open, _) = trip(closed, &p, 0);
+        let (isolated, _) = control(open, CircuitControl::Isolate, 0).unwrap();
+        assert_eq!(counts(isolated, &p, None), (0, 0, 0));
+        let (enabled, _) = control(disabled, CircuitControl::Enable, 0).unwrap();
+        assert_eq!(counts(enabled, &p, None), (0, 0, 0));
     }
 
     #[test]
@@ -671,9 +776,9 @@ mod tests {
             (open.kind, open.payload, open.trips),
             (Kind::Open, 3_000, 0)
         );
-        let (a, _) = admit(open, &p, S, None);
+        let (a, _) = admit(open, &p, S, None, None);
         assert_eq!(a.decision, Err(Some(Duration::from_secs(2))));
-        let (a, half) = admit(open, &p, 3 * S, None);
+        let (a, half) = admit(open, &p, 3 * S, None, None);
         assert_eq!(a.transition, Some(CircuitTransition::HalfOpened));
         // A failed probe trips with the first trip's cooldown.
         let (reopened, _) = trip(half.unwrap(), &p, 3 * S);

@@ -74,7 +74,11 @@ pub struct Model {
     last_calls: VecDeque<(bool, bool)>,
     /// Time window: `(second, failure, slow)` of every recorded call.
     timed_calls: Vec<(u64, bool, bool)>,
-    since: u64,
+    /// The time of the last transition, or of the first use (`None`
+    /// before it).
+    since: Option<u64>,
+    /// Open by an explicit `open_for(d)`, or half-open after it: `d`.
+    opened_for: Option<Duration>,
 }
 
 fn nanos(d: Duration) -> u64 {
@@ -82,7 +86,9 @@ fn nanos(d: Duration) -> u64 {
 }
 
 impl Model {
-    /// A closed circuit that never moved (closed since time 0).
+    /// A closed circuit that never moved, not begun: its first admission,
+    /// record or control begins it, and its time in state counts from
+    /// then (zero before).
     pub fn new(spec: CircuitBreaker) -> Self {
         Model {
             spec,
@@ -95,8 +101,14 @@ impl Model {
             in_a_row: 0,
             last_calls: VecDeque::new(),
             timed_calls: Vec::new(),
-            since: 0,
+            since: None,
+            opened_for: None,
         }
+    }
+
+    /// The first use of the circuit, at `now`, begins it.
+    fn begin(&mut self, now: u64) {
+        self.since.get_or_insert(now);
     }
 
     /// The configuration.
@@ -117,10 +129,22 @@ impl Model {
         self.spec.slow_call_rate.is_some() && duration >= self.spec.slow_call_duration
     }
 
+    /// A transition to `state` (not after an explicit open).
     fn transition(&mut self, state: CircuitState, now: u64) {
         self.state = state;
         self.generation = (self.generation + 1) & GENERATION_MASK;
-        self.since = now;
+        self.since = Some(now);
+        self.opened_for = None;
+    }
+
+    /// A new round of probes (after the same open period), its first
+    /// probe admitted.
+    fn first_probe(&mut self, now: u64) {
+        let opened_for = self.opened_for;
+        self.clear();
+        self.transition(CircuitState::HalfOpen, now);
+        self.opened_for = opened_for;
+        self.probes_admitted = 1;
     }
 
     /// The end of a cooldown or a round of `d` starting at `now`: whole
@@ -149,13 +173,15 @@ impl Model {
     /// refuses until the end of the cooldown with the time left, then
     /// half-opens and admits the first probe; half-open admits up to
     /// `half_open_calls` probes, then refuses with the length of the
-    /// cooldown that just ended as the hint, unless the breaker limits the
+    /// cooldown that just ended as the hint (after an explicit open, the
+    /// duration it was opened for), unless the breaker limits the
     /// time in half-open and the round of probes (started when the circuit
     /// half-opened, or by the last new round) is that old (its end in whole
     /// milliseconds, rounded up): then a new round starts, whose first
     /// probe the call is, and the probes of the old one no longer count.
     pub fn admit(&mut self, now: Duration) -> (Decision, Option<CircuitTransition>) {
         let now = nanos(now);
+        self.begin(now);
         match self.state {
             CircuitState::Closed | CircuitState::Disabled => (Ok((self.generation, false)), None),
             CircuitState::Isolated => (Err(None), None),
@@ -165,9 +191,7 @@ impl Model {
             ),
             CircuitState::Open => {
                 // Entering half-open starts the probes' own counts.
-                self.clear();
-                self.transition(CircuitState::HalfOpen, now);
-                self.probes_admitted = 1;
+                self.first_probe(now);
                 (
                     Ok((self.generation, true)),
                     Some(CircuitTransition::HalfOpened),
@@ -181,17 +205,21 @@ impl Model {
                 if self
                     .spec
                     .max_half_open
-                    .is_some_and(|max| now >= Self::end_of(self.since, max)) =>
+                    .is_some_and(|max| now >= Self::end_of(self.since.unwrap_or(now), max)) =>
             {
-                self.clear();
-                self.transition(CircuitState::HalfOpen, now);
-                self.probes_admitted = 1;
+                self.first_probe(now);
                 (
                     Ok((self.generation, true)),
                     Some(CircuitTransition::ProbesExpired),
                 )
             }
-            CircuitState::HalfOpen => (Err(Some(self.spec.cooldown_for_trip(self.trips))), None),
+            CircuitState::HalfOpen => (
+                Err(Some(
+                    self.opened_for
+                        .unwrap_or_else(|| self.spec.cooldown_for_trip(self.trips)),
+                )),
+                None,
+            ),
         }
     }
 
@@ -236,7 +264,14 @@ impl Model {
                         .map(|&(_, f, s)| (f, s)),
                 )
             }
-            _ if self.state == CircuitState::Closed => (self.in_a_row, self.in_a_row, 0),
+            // Isolating or disabling keeps the failures in a row on show.
+            _ if matches!(
+                self.state,
+                CircuitState::Closed | CircuitState::Isolated | CircuitState::Disabled
+            ) =>
+            {
+                (self.in_a_row, self.in_a_row, 0)
+            }
             _ => (0, 0, 0),
         }
     }
@@ -252,6 +287,7 @@ impl Model {
         now: Duration,
     ) -> Option<CircuitTransition> {
         let now = nanos(now);
+        self.begin(now);
         if generation & GENERATION_MASK != self.generation {
             return None;
         }
@@ -333,20 +369,31 @@ impl Model {
     /// Manual control at `now`; the transition when the state changed.
     ///
     /// Isolating an isolated circuit, disabling (`ForceClose`) a disabled
-    /// one and enabling one that is not disabled change nothing. Opening
-    /// for `d` opens until `now + d` from any state, keeping the trips;
-    /// enabling a disabled circuit and resetting close it afresh.
+    /// one and enabling one that is not disabled change nothing; isolating
+    /// and disabling keep the counts on show (consecutive mode: the
+    /// failures in a row of a closed circuit). Opening for `d` opens until
+    /// `now + d` from any state, keeping the trips; enabling a disabled
+    /// circuit and resetting close it afresh.
     pub fn control(&mut self, control: CircuitControl, now: Duration) -> Option<CircuitTransition> {
         let now = nanos(now);
+        self.begin(now);
+        let keeps_in_a_row = matches!(
+            self.state,
+            CircuitState::Closed | CircuitState::Isolated | CircuitState::Disabled
+        );
         match control {
             CircuitControl::OpenFor(d) => {
                 self.open_until_ns = Self::end_of(now, d);
                 self.transition(CircuitState::Open, now);
+                self.opened_for = Some(d);
                 Some(CircuitTransition::Opened { cooldown: d })
             }
             CircuitControl::Enable if self.state != CircuitState::Disabled => None,
             CircuitControl::Isolate if self.state == CircuitState::Isolated => None,
             CircuitControl::Isolate => {
+                if !keeps_in_a_row {
+                    self.in_a_row = 0;
+                }
                 self.transition(CircuitState::Isolated, now);
                 Some(CircuitTransition::Opened {
                     cooldown: Duration::MAX,
@@ -354,6 +401,9 @@ impl Model {
             }
             CircuitControl::ForceClose if self.state == CircuitState::Disabled => None,
             CircuitControl::ForceClose => {
+                if !keeps_in_a_row {
+                    self.in_a_row = 0;
+                }
                 self.transition(CircuitState::Disabled, now);
                 Some(CircuitTransition::Closed)
             }
@@ -368,7 +418,8 @@ impl Model {
     }
 
     /// The metrics at `now`: the window's counts (half-open: the probes'
-    /// own counts), the time since the last transition, the trips.
+    /// own counts), the time since the last transition (or since the first
+    /// use; zero before it), the trips.
     pub fn metrics(&self, now: Duration) -> CircuitMetrics {
         let now = nanos(now);
         let (calls, failures, slow_calls) = self.window(now);
@@ -377,7 +428,7 @@ impl Model {
             calls,
             failures,
             slow_calls,
-            Duration::from_nanos(now.saturating_sub(self.since)),
+            Duration::from_nanos(now.saturating_sub(self.since.unwrap_or(now))),
             self.trips,
         )
     }

@@ -104,6 +104,9 @@ pub fn run_all(store: &dyn StateStore, clock: &dyn ContractClock) {
     partitions_are_isolated(store, clock);
     same_name_and_spec_share_state(store, clock);
     manual_control(store, clock);
+    half_open_hints_the_open_period_that_ended(store, clock);
+    isolated_and_disabled_circuits_keep_their_counts(store, clock);
+    a_circuit_counts_its_first_state_from_its_first_use(store, clock);
 }
 
 /// A bound resource and the clock, with checking helpers.
@@ -1044,6 +1047,171 @@ pub fn manual_control(store: &dyn StateStore, clock: &dyn ContractClock) {
         s.fail(None, "closed again").is_some(),
         "{CHECK}: judges again after a reset"
     );
+}
+
+/// A half-open circuit with every probe slot taken refuses with the length
+/// of the open period that just ended: the duration of an explicit open
+/// (`open_for`), else the cooldown of the trips.
+///
+/// # Panics
+/// When the store breaks the contract.
+pub fn half_open_hints_the_open_period_that_ended(
+    store: &dyn StateStore,
+    clock: &dyn ContractClock,
+) {
+    const CHECK: &str = "half_open_hints_the_open_period_that_ended";
+    let s = bind(
+        CHECK,
+        store,
+        clock,
+        ResourceSpec::new(unique_name(CHECK))
+            .with_circuit(CircuitBreaker::consecutive_failures(1).cooldown(ms(100))),
+    );
+    let p = PartitionKey::from("p");
+    for key in [None, Some(&p)] {
+        s.assert_opened(
+            s.control(key, CircuitControl::OpenFor(ms(150))),
+            ms(150),
+            "open for 150 ms",
+        );
+        clock.advance(ms(150));
+        let probe = s.ok(key, "the probe after the explicit open");
+        assert!(probe.probe, "{CHECK}: a probe");
+        let r = s.refused(key, RejectionReason::CircuitOpen, "every probe slot taken");
+        assert_eq!(
+            r.retry_after,
+            Some(ms(150)),
+            "{CHECK}: the duration the circuit was opened for"
+        );
+        // The probe fails: a trip, for the cooldown.
+        s.assert_opened(
+            s.record(key, probe, Outcome::Failure).transition,
+            ms(100),
+            "the probe fails",
+        );
+        clock.advance(ms(100));
+        let probe = s.ok(key, "the probe after the cooldown");
+        let r = s.refused(key, RejectionReason::CircuitOpen, "every probe slot taken");
+        assert_eq!(
+            r.retry_after,
+            Some(ms(100)),
+            "{CHECK}: the cooldown of the trip"
+        );
+        s.record(key, probe, Outcome::Success);
+        assert_eq!(s.state_of(key), CircuitState::Closed, "{CHECK}: closed");
+    }
+}
+
+/// Isolated and disabled circuits keep showing the counts they had:
+/// consecutive mode, the failures in a row of the closed circuit; a
+/// window mode, its window.
+///
+/// # Panics
+/// When the store breaks the contract.
+pub fn isolated_and_disabled_circuits_keep_their_counts(
+    store: &dyn StateStore,
+    clock: &dyn ContractClock,
+) {
+    const CHECK: &str = "isolated_and_disabled_circuits_keep_their_counts";
+    fn shown(s: &Subject<'_>, key: Option<&PartitionKey>) -> (CircuitState, u64, u64) {
+        let m = s.metrics(key);
+        (m.state, m.calls, m.failures)
+    }
+    for breaker in [
+        CircuitBreaker::consecutive_failures(5).cooldown(ms(100)),
+        CircuitBreaker::failure_rate(1.0)
+            .count_window(10)
+            .minimum_calls(10)
+            .cooldown(ms(100)),
+    ] {
+        let s = bind(
+            CHECK,
+            store,
+            clock,
+            ResourceSpec::new(unique_name(CHECK)).with_circuit(breaker),
+        );
+        let p = PartitionKey::from("p");
+        for key in [None, Some(&p)] {
+            s.fail(key, "first failure");
+            s.fail(key, "second failure");
+            assert_eq!(shown(&s, key), (CircuitState::Closed, 2, 2), "{CHECK}");
+            s.control(key, CircuitControl::ForceClose);
+            assert_eq!(
+                shown(&s, key),
+                (CircuitState::Disabled, 2, 2),
+                "{CHECK}: disabled"
+            );
+            assert_eq!(s.fail(key, "disabled"), None, "{CHECK}: nothing recorded");
+            assert_eq!(
+                shown(&s, key),
+                (CircuitState::Disabled, 2, 2),
+                "{CHECK}: still"
+            );
+            s.control(key, CircuitControl::Isolate);
+            assert_eq!(
+                shown(&s, key),
+                (CircuitState::Isolated, 2, 2),
+                "{CHECK}: isolated"
+            );
+            s.control(key, CircuitControl::Reset);
+            assert_eq!(
+                shown(&s, key),
+                (CircuitState::Closed, 0, 0),
+                "{CHECK}: reset"
+            );
+        }
+    }
+}
+
+/// A circuit that never moved has been in its first state since its first
+/// admission, record or control (not since the clock's origin); before
+/// that, for no time.
+///
+/// # Panics
+/// When the store breaks the contract.
+pub fn a_circuit_counts_its_first_state_from_its_first_use(
+    store: &dyn StateStore,
+    clock: &dyn ContractClock,
+) {
+    const CHECK: &str = "a_circuit_counts_its_first_state_from_its_first_use";
+    let s = bind(
+        CHECK,
+        store,
+        clock,
+        ResourceSpec::new(unique_name(CHECK))
+            .with_circuit(CircuitBreaker::consecutive_failures(3).cooldown(ms(100))),
+    );
+    let in_state = |key, expected: Duration, what: &str| {
+        let got = s.metrics(key).time_in_state;
+        if clock.is_exact() || expected.is_zero() {
+            assert_eq!(got, expected, "{CHECK}: {what}");
+        } else {
+            assert!(
+                got >= expected && got <= expected + ms(50),
+                "{CHECK}: {what}: expected about {expected:?}, got {got:?}"
+            );
+        }
+    };
+    let p = PartitionKey::from("p");
+    for key in [None, Some(&p)] {
+        in_state(key, Duration::ZERO, "not used yet");
+        clock.advance(ms(20));
+        in_state(key, Duration::ZERO, "still not used");
+        s.succeed(key, "first use");
+        clock.advance(ms(30));
+        s.fail(key, "a failure moves nothing");
+        in_state(key, ms(30), "since the first use");
+    }
+    let controlled = PartitionKey::from("controlled");
+    let key = Some(&controlled);
+    clock.advance(ms(10));
+    assert_eq!(
+        s.control(key, CircuitControl::Enable),
+        None,
+        "{CHECK}: not disabled"
+    );
+    clock.advance(ms(40));
+    in_state(key, ms(40), "since the first control");
 }
 
 #[cfg(test)]

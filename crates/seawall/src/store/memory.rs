@@ -82,13 +82,16 @@ const MIN_SWEEP_LEN: usize = 16;
 ///   call after it half-opens the circuit and is its first probe.
 /// - half-open: admits exactly `half_open_calls` probes, however many calls
 ///   race, and refuses the others with the cooldown that just ended as the
-///   `retry_after`; a failed or slow probe opens it again (one more trip,
+///   `retry_after` (after an explicit open, `open_for`, the duration it was
+///   opened for); a failed or slow probe opens it again (one more trip,
 ///   cooldown `cooldown_for_trip(trips)`); when every probe succeeded it
 ///   closes with an empty window and no trips. Half-open has counts of its
 ///   own (the probes that succeeded), see
 ///   [`CircuitMetrics`](crate::breaker::CircuitMetrics).
 /// - isolated (forced open) rejects every call, disabled (forced closed)
-///   admits every call and records nothing; only a reset leaves either.
+///   admits every call and records nothing; both keep showing the counts
+///   they were entered with. A reset or an explicit open (`open_for`)
+///   leaves either, and enabling leaves the disabled state.
 ///
 /// Every transition starts a new *generation*; the outcome of a call
 /// admitted in an older generation is not recorded (its slots are still
@@ -96,10 +99,12 @@ const MIN_SWEEP_LEN: usize = 16;
 /// kept in whole milliseconds, rounded up (an end past 2^42 - 1 ms, about
 /// 139 years after the clock's origin, keeps the circuit open until the
 /// clock's latest instant); generations count modulo 8192;
-/// trips saturate at 63; `half_open_calls` is capped at 2,097,151. A time
-/// window counts the last `W` whole seconds, the current one included. A
-/// circuit that never moved reports the time since the clock's origin as
-/// its time in state.
+/// trips saturate at 63; `half_open_calls` is at most 2,097,151
+/// ([`CircuitBreaker::MAX_HALF_OPEN_CALLS`](crate::CircuitBreaker::MAX_HALF_OPEN_CALLS),
+/// a larger one fails `build()`). A time window counts the last `W` whole
+/// seconds, the current one included. A circuit begins with its first
+/// admission, record or control: a circuit that never moved reports the
+/// time since then as its time in state (no time before it).
 ///
 /// # Cooldown
 /// A retry-after hint `h` on [`record`](ResourceState::record) (any outcome)
@@ -1353,15 +1358,11 @@ impl ResourceState for MemoryResource {
         Ok(match (partition, &self.root.circuit) {
             (None, Some(circuit)) => circuit.metrics(params, now_ns),
             (None, None) => CircuitMetrics::closed_empty(),
-            // A key not in memory has a fresh circuit, closed since time 0
-            // like every circuit that never moved.
+            // A key not in memory has a fresh circuit, not begun.
             (Some(key), _) => self
                 .read_partition(key, |view| view.circuit.map(|c| c.metrics(params, now_ns)))
                 .flatten()
-                .unwrap_or_else(|| CircuitMetrics {
-                    time_in_state: now,
-                    ..CircuitMetrics::closed_empty()
-                }),
+                .unwrap_or_else(CircuitMetrics::closed_empty),
         })
     }
 
@@ -1679,8 +1680,8 @@ mod tests {
         );
         assert_eq!(
             r.circuit_metrics(Some(&k), MS).unwrap().time_in_state,
-            MS,
-            "a fresh circuit has been closed since time 0"
+            Duration::ZERO,
+            "a fresh circuit has not begun"
         );
     }
 
@@ -1819,9 +1820,11 @@ mod tests {
         println!(
             "breaker + bulkhead + cooldown + GCRA, integer keys: {full:.1} B per idle key (1M keys)"
         );
-        // The consecutive-failures circuit (24 B), the slot count (4 B), the
-        // pause (8 B) on top of the GCRA-only layout.
-        assert!(full <= gcra + 40.0, "{full:.1} bytes per key");
+        // The consecutive-failures circuit (32 B: its word, the time of its
+        // last transition, the duration of its last explicit open, where
+        // its window would be), the slot count (4 B), the pause (8 B) on
+        // top of the GCRA-only layout.
+        assert!(full <= gcra + 48.0, "{full:.1} bytes per key");
     }
 
     #[test]

@@ -559,18 +559,11 @@ fn call_async<'a, K: Handles<u32, Boom>>(
 }
 
 /// `circuit_metrics` and `in_flight` of the root, then of the call's
-/// partition. A circuit that has not changed state since it was created
-/// reports its time in state from the clock's origin (there is no earlier
-/// transition to count from): on a clock far from 0 that is the offset.
-/// No circuit can have been in its state for longer than the run has
-/// lasted, so the time in state is compared up to the run's age.
-fn state_of<K: Kind>(p: &Pipeline<K>, key: Option<&'static str>, age: Duration) -> Vec<String> {
-    let circuit = |m: Result<CircuitMetrics, _>| {
-        m.ok().map(|mut m: CircuitMetrics| {
-            m.time_in_state = m.time_in_state.min(age);
-            m
-        })
-    };
+/// partition. A circuit's time in state counts from its last transition,
+/// or from its first use (none before it), never from the clock's origin,
+/// so it is the same on every clock.
+fn state_of<K: Kind>(p: &Pipeline<K>, key: Option<&'static str>) -> Vec<String> {
+    let circuit = |m: Result<CircuitMetrics, _>| m.ok();
     let mut v = vec![
         format!("root circuit {:?}", circuit(p.circuit_metrics())),
         format!("root in_flight {:?}", p.in_flight().ok()),
@@ -667,7 +660,7 @@ fn run_here<S: StateStore>(s: &Scenario, mode: Mode, store: S) -> Run {
             sleeps: clock.sleeps()[sleeps_before..].to_vec(),
             ended_at: clock.elapsed(),
             nested: env.nested().clone(),
-            state: with_pipeline!(&built, p => state_of(p, c.key, clock.elapsed())),
+            state: with_pipeline!(&built, p => state_of(p, c.key)),
         });
     }
     Run {
