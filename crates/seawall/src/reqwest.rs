@@ -61,9 +61,11 @@
 //!
 //! # Bodies
 //! Each attempt sends its own copy of the request (`Request::try_clone`). A
-//! streaming body cannot be copied: with a pipeline that may retry, the call
-//! fails at once with [`SendError::BodyNotCloneable`], nothing sent; a
-//! pipeline without retry sends it once.
+//! streaming body cannot be copied: with a pipeline that may make more than
+//! one attempt (a retry or hedging, see
+//! [`Pipeline::may_attempt_more_than_once`]), the call fails at once with
+//! [`SendError::BodyNotCloneable`], nothing sent; any other pipeline sends
+//! it once.
 
 use std::future::Future;
 
@@ -95,8 +97,8 @@ pub trait SendThrough: sealed::Sealed {
     /// # Errors
     /// [`SendError::Build`] when the request cannot be built,
     /// [`SendError::BodyNotCloneable`] when its body is a stream and the
-    /// pipeline may retry, [`SendError::Pipeline`] when the call through
-    /// the pipeline fails.
+    /// pipeline may make more than one attempt, [`SendError::Pipeline`]
+    /// when the call through the pipeline fails.
     fn send_through<K>(
         self,
         pipeline: &Pipeline<K>,
@@ -113,7 +115,7 @@ impl SendThrough for RequestBuilder {
         let (client, request) = self.build_split();
         let request = request.map_err(SendError::Build)?;
         let copy = request.try_clone();
-        if copy.is_none() && may_retry(pipeline) {
+        if copy.is_none() && pipeline.may_attempt_more_than_once() {
             return Err(SendError::BodyNotCloneable);
         }
         let mut first = Some(request);
@@ -130,16 +132,6 @@ impl SendThrough for RequestBuilder {
             .await
             .map_err(SendError::Pipeline)
     }
-}
-
-/// `true` when `pipeline` may make more than one attempt, so a request it
-/// sends must be copied.
-fn may_retry<K: crate::pipeline::Kind>(pipeline: &Pipeline<K>) -> bool {
-    pipeline
-        .shared
-        .retry
-        .as_ref()
-        .is_some_and(|r| r.max_attempts > 1)
 }
 
 /// Gives `request` the time left before the attempt's deadline as its
@@ -239,11 +231,12 @@ pub enum SendError {
     #[error("request could not be built: {0}")]
     Build(#[source] reqwest::Error),
     /// The request's body is a stream, which cannot be sent twice, and the
-    /// pipeline may retry; nothing was sent. Give the request a body made of
-    /// bytes, or send it through a pipeline without retry.
+    /// pipeline may make more than one attempt (a retry or hedging); nothing
+    /// was sent. Give the request a body made of bytes, or send it through
+    /// a pipeline without retry or hedging.
     #[error(
         "request body is a stream and cannot be sent once per attempt: \
-         buffer it, or use a pipeline without retry"
+         buffer it, or use a pipeline without retry or hedging"
     )]
     BodyNotCloneable,
     /// The call through the pipeline failed: reqwest's error (typed, in

@@ -21,8 +21,8 @@ use seawall::pipeline::Handles;
 use seawall::reqwest::{SendError, SendThrough};
 use seawall::testing::VirtualClock;
 use seawall::{
-    CircuitBreaker, CircuitState, Clock, Cooldown, Error, EventKind, Pipeline, RejectionReason,
-    Retry, Verdict,
+    CircuitBreaker, CircuitState, Clock, Cooldown, Error, EventKind, Hedging, Pipeline,
+    RejectionReason, Retry, Verdict,
 };
 use tokio::net::TcpListener;
 
@@ -317,6 +317,32 @@ async fn a_streaming_body_is_refused_when_the_pipeline_may_retry() {
     assert!(error
         .to_string()
         .contains("cannot be sent once per attempt"));
+    assert_eq!(server.hits(), 0);
+}
+
+#[tokio::test]
+async fn a_streaming_body_is_refused_when_the_pipeline_hedges() {
+    // Hedging makes more than one attempt, each with its own copy of the
+    // request: a stream cannot be copied, so nothing is sent.
+    let server = Server::start(|_| (200, ms(200))).await;
+    for (name, hedging) in [
+        ("reqwest-stream-hedge-latency", Hedging::latency(ms(1))),
+        ("reqwest-stream-hedge-parallel", Hedging::parallel()),
+    ] {
+        let pipeline = Pipeline::builder(name).hedging(hedging).build().unwrap();
+
+        let error = reqwest::Client::new()
+            .post(server.url())
+            .body(streaming_body())
+            .send_through(&pipeline)
+            .await
+            .unwrap_err();
+
+        assert!(
+            matches!(error, SendError::BodyNotCloneable),
+            "{name}: {error:?}"
+        );
+    }
     assert_eq!(server.hits(), 0);
 }
 

@@ -18,7 +18,7 @@ use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
 use seawall::reqwest::{SeawallMiddleware, SendError};
 use seawall::testing::VirtualClock;
 use seawall::{
-    CircuitBreaker, CircuitState, Pipeline, RateLimiter, RejectionReason, Retry, Verdict,
+    CircuitBreaker, CircuitState, Hedging, Pipeline, RateLimiter, RejectionReason, Retry, Verdict,
 };
 use tokio::net::TcpListener;
 
@@ -313,6 +313,33 @@ async fn a_stream_body_with_a_retrying_pipeline_is_a_typed_error() {
         .unwrap_err();
 
     assert!(matches!(send_error(&error), SendError::BodyNotCloneable));
+    assert_eq!(server.hits(), 0, "nothing was sent");
+}
+
+#[tokio::test]
+async fn a_stream_body_with_a_hedging_pipeline_is_a_typed_error() {
+    // Hedging makes more than one attempt: refused before anything is
+    // sent, not sent once and then answered with an error.
+    let server = Server::start(|_, _| reply(200)).await;
+    for (name, hedging) in [
+        ("mw-stream-hedge-parallel", Hedging::parallel()),
+        ("mw-stream-hedge-latency", Hedging::latency(ms(1))),
+    ] {
+        let pipeline = Pipeline::builder(name).hedging(hedging).build().unwrap();
+        let client = client(SeawallMiddleware::new(pipeline));
+
+        let error = client
+            .post(server.url())
+            .body(stream_body())
+            .send()
+            .await
+            .unwrap_err();
+
+        assert!(
+            matches!(send_error(&error), SendError::BodyNotCloneable),
+            "{name}"
+        );
+    }
     assert_eq!(server.hits(), 0, "nothing was sent");
 }
 

@@ -28,7 +28,9 @@ use seawall::tower::{
     PipelineLayer, PipelineService, RetryableErrors, ServiceError, SingleAttempt,
     SuccessfulResponses,
 };
-use seawall::{CircuitBreaker, CircuitState, Error, Pipeline, RateLimiter, RejectionReason, Retry};
+use seawall::{
+    CircuitBreaker, CircuitState, Error, Hedging, Pipeline, RateLimiter, RejectionReason, Retry,
+};
 use tokio::net::TcpListener;
 use tower::{Layer, Service, ServiceBuilder, ServiceExt};
 
@@ -422,6 +424,29 @@ async fn a_server_sheds_load_with_a_single_attempt_layer() {
 
     assert_eq!(statuses, [200, 200, 429]);
     assert_eq!(handled.load(Ordering::SeqCst), 2);
+}
+
+#[test]
+fn a_single_attempt_layer_refuses_a_pipeline_that_hedges() {
+    // Hedging makes more than one attempt, which a request moved into the
+    // call's one attempt cannot have: refused at build, never a panic at
+    // the first hedge.
+    for hedging in [
+        Hedging::latency(ms(10)),
+        Hedging::parallel().max_hedged_attempts(3),
+        Hedging::fallback(),
+    ] {
+        let error =
+            PipelineLayer::single_attempt(Pipeline::builder("tower-single-hedge").hedging(hedging))
+                .unwrap_err();
+        assert_eq!((error.policy, error.field), ("pipeline", "hedging"));
+        assert!(
+            error
+                .to_string()
+                .starts_with("pipeline.hedging must not be declared"),
+            "{error}"
+        );
+    }
 }
 
 #[test]

@@ -1,9 +1,9 @@
 //! The pipeline: policies composed in declaration order, built once, shared
 //! by every task and thread.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -267,6 +267,37 @@ impl<K: Kind> Pipeline<K> {
     /// The resource name.
     pub fn name(&self) -> &str {
         self.shared.name
+    }
+
+    /// `true` when a call may make more than one attempt: a
+    /// [`retry`](PipelineBuilder::retry) allowing more than one, or
+    /// [`hedging`](PipelineBuilder::hedging) (its hedged attempts). What
+    /// cannot be sent twice (a request moved into its attempt, a streaming
+    /// body) fits only a pipeline for which this is `false`: the tower, reqwest
+    /// and reqwest-middleware adapters refuse the others before anything is
+    /// sent.
+    ///
+    /// A [policy written in code](crate::custom) may run what it wraps
+    /// more than once as well; this tells nothing of it.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use seawall::{Bulkhead, Hedging, Pipeline, Retry};
+    ///
+    /// let once = Pipeline::builder("a").bulkhead(Bulkhead::new(8)).build()?;
+    /// let retried = Pipeline::builder("b").retry(Retry::constant(Duration::ZERO).max_attempts(2)).build()?;
+    /// let hedged = Pipeline::builder("c").hedging(Hedging::latency(Duration::from_millis(50))).build()?;
+    /// assert!(!once.may_attempt_more_than_once());
+    /// assert!(retried.may_attempt_more_than_once());
+    /// assert!(hedged.may_attempt_more_than_once());
+    /// # Ok::<_, seawall::ConfigError>(())
+    /// ```
+    pub fn may_attempt_more_than_once(&self) -> bool {
+        let s = &self.shared;
+        s.retry.as_ref().is_some_and(|r| r.max_attempts > 1)
+            || s.hedging
+                .as_ref()
+                .is_some_and(|h| h.max_hedged_attempts > 0)
     }
 
     /// Runs calls under a partition key: the partition gets its own circuit,

@@ -7,7 +7,7 @@ use http::Extensions;
 use reqwest::{Request, Response};
 use reqwest_middleware::{Middleware, Next};
 
-use super::{classify, classify_response, limit_to_deadline, may_retry, SendError};
+use super::{classify, classify_response, limit_to_deadline, SendError};
 use crate::classify::Verdict;
 use crate::context::{Context, PartitionKey};
 use crate::error::Error;
@@ -69,9 +69,11 @@ type PartitionFn = dyn Fn(&Request) -> Option<PartitionKey> + Send + Sync;
 ///
 /// # Bodies
 /// Each attempt sends its own copy of the request (`Request::try_clone`).
-/// A streaming body cannot be copied: with a pipeline that may retry, the
-/// call fails at once with [`SendError::BodyNotCloneable`], nothing sent; a
-/// pipeline without retry sends it once.
+/// A streaming body cannot be copied: with a pipeline that may make more
+/// than one attempt (a retry or hedging, see
+/// [`Pipeline::may_attempt_more_than_once`]), the call fails at once with
+/// [`SendError::BodyNotCloneable`], nothing sent; any other pipeline sends
+/// it once.
 ///
 /// # Timeouts
 /// Each attempt's request timeout is the time left before the attempt's
@@ -245,7 +247,7 @@ impl Middleware for SeawallMiddleware {
     ) -> reqwest_middleware::Result<Response> {
         let key = self.partition.as_ref().and_then(|p| p(&request));
         let copy = request.try_clone();
-        if copy.is_none() && may_retry(&self.pipeline) {
+        if copy.is_none() && self.pipeline.may_attempt_more_than_once() {
             return Err(reqwest_middleware::Error::middleware(
                 SendError::BodyNotCloneable,
             ));

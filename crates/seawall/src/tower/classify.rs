@@ -113,7 +113,7 @@ impl<E> ClassifyError<E> for RetryableErrors {
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not `Clone`, so a seawall `PipelineService` cannot send it once per attempt",
     label = "requests sent through a `PipelineLayer` must be `Clone`",
-    note = "every attempt sends its own copy of the request: derive or implement `Clone` for the request type (for `http::Request<B>`, use a body that is `Clone`, such as `http_body_util::Full<Bytes>` or `String`), or, for a pipeline without retry, make the layer with `PipelineLayer::single_attempt`"
+    note = "every attempt sends its own copy of the request: derive or implement `Clone` for the request type (for `http::Request<B>`, use a body that is `Clone`, such as `http_body_util::Full<Bytes>` or `String`), or, for a pipeline without retry or hedging, make the layer with `PipelineLayer::single_attempt`"
 )]
 pub trait RetryableRequest: Sized {
     /// The copy sent by one attempt.
@@ -129,7 +129,8 @@ impl<T: Clone> RetryableRequest for T {
 
 /// How a [`PipelineLayer`](super::PipelineLayer) made with
 /// [`PipelineLayer::new`](super::PipelineLayer::new) sends requests: each
-/// attempt sends a clone ([`RetryableRequest`]), so the pipeline may retry.
+/// attempt sends a clone ([`RetryableRequest`]), so the pipeline may retry
+/// or hedge.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct CloneRequests;
 
@@ -137,6 +138,7 @@ pub struct CloneRequests;
 /// [`PipelineLayer::single_attempt`](super::PipelineLayer::single_attempt)
 /// sends requests: the request is moved into the call's one attempt, so it
 /// need not be `Clone` (a server's `http::Request<hyper::body::Incoming>`,
-/// say), and the pipeline has no retry.
+/// say), and the pipeline makes one attempt per call (no retry, no
+/// hedging).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SingleAttempt;

@@ -81,8 +81,9 @@ impl PipelineLayer {
 }
 
 impl PipelineLayer<SuccessfulResponses, RetryableErrors, SingleAttempt> {
-    /// Builds the pipeline from `builder`, which must not retry, and makes
-    /// a layer that moves each request into the call's one attempt: for
+    /// Builds the pipeline from `builder`, which must make one attempt per
+    /// call (no retry of more than one attempt, no hedging), and makes a
+    /// layer that moves each request into the call's one attempt: for
     /// requests that are not `Clone`, such as those an axum or hyper server
     /// hands to its services, guarded by a circuit breaker, bulkhead, rate
     /// limiter, cooldown or timeout.
@@ -99,23 +100,29 @@ impl PipelineLayer<SuccessfulResponses, RetryableErrors, SingleAttempt> {
     /// ```
     ///
     /// # Errors
-    /// The [`ConfigError`] of [`PipelineBuilder::build`], or
-    /// `pipeline.retry ...` when the builder has a retry allowing more than
-    /// one attempt.
+    /// The [`ConfigError`] of [`PipelineBuilder::build`], or one for a
+    /// builder whose calls may make more than one attempt
+    /// ([`Pipeline::may_attempt_more_than_once`](crate::Pipeline::may_attempt_more_than_once)):
+    /// `pipeline.retry ...` for a retry allowing more than one attempt,
+    /// `pipeline.hedging ...` for hedging.
     pub fn single_attempt(builder: PipelineBuilder) -> Result<Self, ConfigError> {
         let pipeline = layer_pipeline(builder)?;
-        if pipeline
-            .shared
-            .retry
-            .as_ref()
-            .is_some_and(|r| r.max_attempts > 1)
-        {
-            return Err(ConfigError::new(
-                "pipeline",
-                "retry",
-                "must allow one attempt at most in `PipelineLayer::single_attempt`: \
-                 its requests are not copied, so they cannot be sent again",
-            ));
+        if pipeline.may_attempt_more_than_once() {
+            return Err(match pipeline.shared.hedging {
+                Some(_) => ConfigError::new(
+                    "pipeline",
+                    "hedging",
+                    "must not be declared in `PipelineLayer::single_attempt`: hedged \
+                     attempts each send the request, which is not copied, so it cannot be \
+                     sent more than once",
+                ),
+                None => ConfigError::new(
+                    "pipeline",
+                    "retry",
+                    "must allow one attempt at most in `PipelineLayer::single_attempt`: \
+                     its requests are not copied, so they cannot be sent again",
+                ),
+            });
         }
         Ok(PipelineLayer {
             pipeline,
