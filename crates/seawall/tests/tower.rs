@@ -542,6 +542,78 @@ async fn readiness_is_not_lost_on_clone_or_retry() {
     assert_eq!(other.ready().await.unwrap().call(5).await.unwrap(), 10);
 }
 
+/// Ready 20 ms after the first poll following a call, as a service behind
+/// a buffer or a concurrency limit may be; a clone starts where its
+/// original stands. The first call answers after a second, the others
+/// after 50 ms.
+#[derive(Clone, Default)]
+struct SlowToBeReady {
+    since: Option<std::time::Instant>,
+    calls: Arc<AtomicU32>,
+}
+
+impl Service<u32> for SlowToBeReady {
+    type Response = String;
+    type Error = &'static str;
+    type Future = Pin<Box<dyn Future<Output = Result<String, &'static str>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        let since = *self.since.get_or_insert_with(std::time::Instant::now);
+        if since.elapsed() < ms(20) {
+            let waker = cx.waker().clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(ms(2)).await;
+                waker.wake();
+            });
+            return Poll::Pending;
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: u32) -> Self::Future {
+        self.since = None;
+        let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
+        Box::pin(async move {
+            tokio::time::sleep(ms(if n == 1 { 1000 } else { 50 })).await;
+            Ok(format!("call {n}"))
+        })
+    }
+}
+
+#[tokio::test]
+async fn hedged_attempts_each_wait_for_a_ready_service() {
+    // Parallel: both hedges start at once, while the first attempt runs;
+    // latency: the third attempt starts while the second still waits for
+    // the inner service to be ready.
+    for (name, hedging) in [
+        (
+            "tower-hedge-parallel",
+            Hedging::parallel().max_hedged_attempts(2),
+        ),
+        (
+            "tower-hedge-latency",
+            Hedging::latency(ms(5)).max_hedged_attempts(2),
+        ),
+    ] {
+        let layer = PipelineLayer::new(Pipeline::builder(name).hedging(hedging)).unwrap();
+        let inner = SlowToBeReady::default();
+        let calls = Arc::clone(&inner.calls);
+        let service = layer.layer(inner);
+
+        let started = std::time::Instant::now();
+        let answer = tokio::spawn(service.oneshot(7)).await;
+
+        let answer = answer.expect("the call does not panic").unwrap();
+        assert_ne!(answer, "call 1", "{name}: a hedge answers first");
+        assert!(
+            started.elapsed() < ms(600),
+            "{name}: {:?}",
+            started.elapsed()
+        );
+        assert_eq!(calls.load(Ordering::SeqCst), 3, "{name}");
+    }
+}
+
 #[test]
 fn services_and_futures_are_send_and_sync() {
     fn send<T: Send>() {}

@@ -42,10 +42,13 @@
 //! attempt. The first attempt uses the service that `poll_ready` made ready
 //! (the ready service is moved into the call's future and replaced by a
 //! clone, as tower's own middleware do, so readiness is never lost on
-//! clone); later attempts wait for the inner service to be ready again.
+//! clone); each later attempt calls a clone of the inner service once that
+//! clone is ready, so hedged attempts that run at the same time each wait
+//! for a service of their own.
 //!
 //! A layer made by [`single_attempt`](PipelineLayer::single_attempt) moves
-//! the request into the call's one attempt instead: no retry, but any
+//! the request into the call's one attempt instead: no retry or hedging
+//! (refused at build), but any
 //! request type, such as the `Request<Incoming>` a hyper or axum server
 //! hands to its handlers, behind a circuit breaker, bulkhead, rate limiter
 //! or timeout.

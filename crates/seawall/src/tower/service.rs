@@ -70,7 +70,7 @@ where
     fn call(&mut self, request: Req) -> Self::Future {
         let key = self.parts.partition.partition_key(&request);
         let mut request = Some(request);
-        // The layer refuses pipelines that retry: there is one attempt.
+        // The layer refuses pipelines that may make more than one attempt.
         self.call_with(key, move || {
             request
                 .take()
@@ -181,31 +181,38 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// The inner service, taken by one attempt and put back when the attempt
-/// is done with it (or dropped, e.g. by a timeout).
-struct Lease<'a, S> {
-    slot: &'a Mutex<Option<S>>,
-    service: Option<S>,
+/// The inner service of one call. The first attempt to reach it calls the
+/// service that `poll_ready` made ready; every later one calls a clone of
+/// it, once that clone is ready. So attempts that run at the same time
+/// (hedging) each wait for a service of their own, and none holds
+/// another's.
+struct Inner<S>(Mutex<Slot<S>>);
+
+struct Slot<S> {
+    service: S,
+    /// `service` is ready and no attempt has called it yet.
+    ready: bool,
 }
 
-impl<'a, S> Lease<'a, S> {
-    fn take(slot: &'a Mutex<Option<S>>) -> Self {
-        let service = lock(slot).take();
-        Lease { slot, service }
+impl<S> Inner<S> {
+    fn new(ready: S) -> Self {
+        Inner(Mutex::new(Slot {
+            service: ready,
+            ready: true,
+        }))
     }
 
-    fn service(&mut self) -> &mut S {
-        self.service
-            .as_mut()
-            .expect("attempts run one at a time and each gives the service back")
-    }
-}
-
-impl<S> Drop for Lease<'_, S> {
-    fn drop(&mut self) {
-        if let Some(s) = self.service.take() {
-            *lock(self.slot) = Some(s);
+    /// Sends `request` to the ready service if no attempt did yet, or
+    /// gives back a clone of the service (not ready) and the request.
+    fn call_ready<Req>(&self, request: Req) -> Result<S::Future, (S, Req)>
+    where
+        S: Service<Req> + Clone,
+    {
+        let mut slot = lock(&self.0);
+        if std::mem::take(&mut slot.ready) {
+            return Ok(slot.service.call(request));
         }
+        Err((slot.service.clone(), request))
     }
 }
 
@@ -227,26 +234,27 @@ async fn call_through<S, Req, R, E, P, F>(
     mut next_request: impl FnMut() -> Req,
 ) -> Result<S::Response, ServiceError<S::Error>>
 where
-    S: Service<Req>,
+    S: Service<Req> + Clone,
     R: ClassifyResponse<S::Response>,
     E: ClassifyError<S::Error>,
 {
-    let service = Mutex::new(Some(service));
+    let inner = Inner::new(service);
     let last = Mutex::new(None);
     let result = {
-        let (service, last) = (&service, &last);
-        let attempt = move |ctx: Context| {
+        let (inner, last) = (&inner, &last);
+        let attempt = move |_: Context| {
             let request = next_request();
             async move {
-                let mut lease = Lease::take(service);
-                if !ctx.is_first_attempt() {
-                    if let Err(e) = poll_fn(|cx| lease.service().poll_ready(cx)).await {
-                        let verdict = parts.error.classify_error(&e);
-                        return Err(failed(last, verdict, Err(e)));
+                let future = match inner.call_ready(request) {
+                    Ok(future) => future,
+                    Err((mut service, request)) => {
+                        if let Err(e) = poll_fn(|cx| service.poll_ready(cx)).await {
+                            let verdict = parts.error.classify_error(&e);
+                            return Err(failed(last, verdict, Err(e)));
+                        }
+                        service.call(request)
                     }
-                }
-                let future = lease.service().call(request);
-                drop(lease);
+                };
                 match future.await {
                     Ok(response) => match parts.response.classify_response(&response) {
                         None => Ok(response),
