@@ -52,7 +52,10 @@
 //! call for that long. This holds with or without a classifier: a
 //! classifier of your own decides the kind, the response's hint is added
 //! when it gives none. Every other response (2xx, 3xx, and the 4xx a retry
-//! cannot fix) is returned as is, as reqwest itself does.
+//! cannot fix) is returned as is, as reqwest itself does; so is a status of
+//! 600 to 999, which reqwest does not call an error, but the pipeline
+//! records it as the failure `classify_status` judges it (not retried), as
+//! `SeawallMiddleware` does.
 //!
 //! # Timeouts
 //! Each attempt's request timeout is the time left before the attempt's
@@ -158,26 +161,17 @@ async fn attempt(
             }
         }
     };
-    match classify_response(&response) {
-        Some(verdict) if verdict.is_retryable() || verdict.is_failure() => {
-            match response.error_for_status() {
-                // The response's verdict, with its `Retry-After`.
-                Err(e) => Judged {
-                    result: Err(e),
-                    verdict: Some(verdict),
-                },
-                // A status reqwest does not call an error (600 and up).
-                Ok(response) => Judged {
-                    result: Ok(response),
-                    verdict: None,
-                },
-            }
-        }
-        _ => Judged {
-            result: Ok(response),
-            verdict: None,
-        },
-    }
+    let verdict = classify_response(&response);
+    let result = match verdict {
+        // A retryable status (408, 429, 5xx) or a failure becomes reqwest's
+        // status error, if reqwest has one for it; with its verdict, and so
+        // its `Retry-After`.
+        Some(v) if v.is_retryable() || v.is_failure() => response.error_for_status(),
+        _ => Ok(response),
+    };
+    // A response kept as is goes with its verdict too: a status reqwest does
+    // not call an error (600 and up) is still recorded as a failure.
+    Judged { result, verdict }
 }
 
 /// Judges a response by its status and `Retry-After` header, as

@@ -281,6 +281,55 @@ async fn an_open_circuit_rejects_without_sending() {
 }
 
 #[tokio::test]
+async fn a_status_above_599_is_a_failure_returned_as_is() {
+    // `classify_status` judges 600 to 999 a failure: recorded, not retried.
+    // reqwest does not call such a status an error, so the caller gets the
+    // response itself, as with the middleware.
+    let server = Server::start(|_| now(600)).await;
+    let pipeline = Pipeline::builder("reqwest-600")
+        .retry(Retry::constant(ms(1)).max_attempts(3))
+        .circuit_breaker(CircuitBreaker::consecutive_failures(1))
+        .clock(VirtualClock::new())
+        .classify(seawall::reqwest::classify)
+        .build()
+        .unwrap();
+
+    let response = reqwest::Client::new()
+        .get(server.url())
+        .send_through(&pipeline)
+        .await
+        .unwrap();
+
+    assert_eq!(response.status().as_u16(), 600);
+    assert_eq!(server.hits(), 1, "a failure that is not retried");
+    assert_eq!(pipeline.circuit_state().unwrap(), CircuitState::Open);
+}
+
+#[tokio::test]
+async fn a_client_error_is_not_a_failure_of_the_server() {
+    // A 404 blames the request: returned as is, not retried, and the
+    // circuit counts it as an answer of a healthy server.
+    let server = Server::start(|_| now(404)).await;
+    let pipeline = Pipeline::builder("reqwest-404-circuit")
+        .retry(Retry::constant(ms(1)).max_attempts(3))
+        .circuit_breaker(CircuitBreaker::consecutive_failures(1))
+        .clock(VirtualClock::new())
+        .build()
+        .unwrap();
+
+    for _ in 0..2 {
+        let response = reqwest::Client::new()
+            .get(server.url())
+            .send_through(&pipeline)
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 404);
+    }
+    assert_eq!(server.hits(), 2);
+    assert_eq!(pipeline.circuit_state().unwrap(), CircuitState::Closed);
+}
+
+#[tokio::test]
 async fn a_request_that_cannot_be_built_is_not_sent() {
     let clock = VirtualClock::new();
     let pipeline = retrying("reqwest-build", &clock).build().unwrap();

@@ -198,7 +198,13 @@ impl<K: Kind> Pipeline<K> {
                 match output {
                     Some(output) => {
                         let (result, judged) = output.split();
-                        match first.ended(result, &mut held, Driver::Async) {
+                        // A result the operation judged itself is recorded
+                        // as its verdict says, in the general loop.
+                        let ended = match judged {
+                            None => first.ended(result, &mut held, Driver::Async),
+                            Some(_) => Err(result),
+                        };
+                        match ended {
                             // Nobody listens on the ordinary path: the call
                             // is over.
                             Ok(v) => {
@@ -785,9 +791,10 @@ where
         // The call is decided (a success wins when it is seen, not once a
         // remote store has recorded it): the other attempts are dropped,
         // then the store records the outcome.
-        Ended::Record(record, pending @ (Pending::Done(_) | Pending::Success(_))) => {
-            Some(Progress::Decided(Ended::Record(record, pending)))
-        }
+        Ended::Record(
+            record,
+            pending @ (Pending::Done(_) | Pending::Success(_) | Pending::Judged(..)),
+        ) => Some(Progress::Decided(Ended::Record(record, pending))),
         // A failure is decided once recorded.
         Ended::Record(record, pending) => {
             step.set(Step::Recording {

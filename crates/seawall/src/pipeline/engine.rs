@@ -190,6 +190,9 @@ pub(crate) enum HedgeSince {
 /// An attempt's outcome waiting for the store to record it.
 pub(crate) enum Pending<T, E> {
     Success(T),
+    /// A value the operation judged itself ([`Call::ended`]): the call's
+    /// value, its outcome for the call-level gate and its retry-after hint.
+    Judged(T, Outcome, Option<Duration>),
     Failed(Failure<E>),
     /// The call's result, once the call-level gate recorded its outcome.
     Done(Result<T, Error<E>>),
@@ -1172,8 +1175,10 @@ impl<'g, K: Kind> Call<'g, K> {
 
     /// The attempt under way ended: with the operation's result, or `None`
     /// when the async driver dropped it at its deadline. `judged` is the
-    /// operation's own verdict on an error, used when the pipeline has no
-    /// classifier of its own (an adapter that saw more than the error).
+    /// operation's own verdict on its result (an adapter that saw more than
+    /// the result, such as the status of a response): on an error, used
+    /// when the pipeline has no classifier of its own; on a value, see
+    /// [`answered`](Self::answered).
     #[inline(always)]
     pub(crate) fn ended<T, E>(
         &mut self,
@@ -1183,11 +1188,38 @@ impl<'g, K: Kind> Call<'g, K> {
     where
         K: Handles<T, E>,
     {
-        match result {
-            Some(Ok(v)) => self.succeeded(v),
-            Some(Err(e)) => self.failed(e, judged),
-            None => self.timed_out(),
+        match (result, judged) {
+            (Some(Ok(v)), None) => self.succeeded(v),
+            (Some(Ok(v)), Some(verdict)) => self.answered(v, verdict),
+            (Some(Err(e)), judged) => self.failed(e, judged),
+            (None, _) => self.timed_out(),
         }
+    }
+
+    /// A value the operation returns although it judged it `verdict` (an
+    /// HTTP status that no error of the operation's type stands for, such
+    /// as a 600): the value ends the call as a success does (it is never
+    /// retried or hedged) and is recorded as the verdict says, a failure
+    /// against the circuit, its retry-after hint honoured.
+    #[cold]
+    #[inline(never)]
+    fn answered<T, E>(&mut self, v: T, verdict: Verdict) -> Ended<'g, T, E>
+    where
+        K: Handles<T, E>,
+    {
+        if self.listening {
+            let outcome = match verdict.is_failure() {
+                true => AttemptOutcome::Failure,
+                false => AttemptOutcome::Success,
+            };
+            self.attempt_finished(outcome, None);
+        }
+        let (outcome, hint) = (outcome_of(verdict), verdict.retry_after());
+        if self.permit.is_some() || self.lease.is_some() {
+            let pending = Pending::Judged(v, outcome, hint);
+            return self.ask_record(pending, outcome, hint, None, load_signal(verdict));
+        }
+        self.done(Ok(v), outcome, hint)
     }
 
     #[inline(always)]
@@ -1425,6 +1457,7 @@ impl<'g, K: Kind> Call<'g, K> {
     {
         match pending {
             Pending::Success(v) => self.done(Ok(v), Outcome::Success, None),
+            Pending::Judged(v, outcome, hint) => self.done(Ok(v), outcome, hint),
             Pending::Failed(f) => self.decide(f),
             Pending::Done(result) => Ended::Done(result),
         }
