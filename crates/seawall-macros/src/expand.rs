@@ -14,7 +14,7 @@
 //! }
 //! ```
 
-use proc_macro2::{Span, TokenStream};
+use proc_macro2::{Delimiter, Group, Span, TokenStream};
 use quote::{quote, quote_spanned, ToTokens};
 use syn::spanned::Spanned;
 use syn::{Ident, ItemFn};
@@ -136,12 +136,23 @@ pub(crate) fn expand(config: Config, item: ItemFn) -> syn::Result<TokenStream> {
             }).await
         }
     } else {
-        quote! {
-            #runner.call(|#ctx: ::seawall::Context| -> #output {
+        // The body's statements go straight into the closure's body, whose
+        // braces are the body's own: nested as a block of its own, a body
+        // written on one line (`{ Ok(3) }`) would be the closure's tail
+        // expression in redundant braces, which rustc lints (`unused_braces`)
+        // in the user's crate.
+        let stmts = &block.stmts;
+        let mut body = Group::new(
+            Delimiter::Brace,
+            quote! {
                 #context_bind
                 #(#rebinds)*
-                #block
-            })
+                #(#stmts)*
+            },
+        );
+        body.set_span(block.brace_token.span.join());
+        quote! {
+            #runner.call(|#ctx: ::seawall::Context| -> #output #body)
         }
     };
     let typed_helper = if sig.is_async {
