@@ -620,7 +620,7 @@ mod tests {
             "{header}"
         );
         assert!(
-            header.ends_with(", {666666, 666}, {333333, 333}, '0'}"),
+            header.ends_with(", {666666, 668}, {333333, 334}, '0'}"),
             "{header}"
         );
         assert_eq!(header.matches(", ").count(), 28, "{header}");
@@ -718,13 +718,13 @@ mod tests {
         let a = SpecArgs::new(&full, Duration::from_secs(60)).0;
         // GCRA interval: 100 ms = 100000 us; tolerance: 9 intervals.
         assert_eq!((a[23].as_str(), a[24].as_str()), ("900000:0", "100000:0"));
-        // 1/3 s: to the nanosecond, as the in-memory rule has it.
+        // 1/3 s: to the nanosecond, rounded up, as the in-memory rule has it.
         let third = ResourceSpec::new("r")
             .with_rate_limit(RateLimiter::gcra(3, Duration::from_secs(1)).burst(2));
         let a = SpecArgs::new(&third, Duration::from_secs(60)).0;
         assert_eq!(
             (a[23].as_str(), a[24].as_str()),
-            ("333333:333", "333333:333")
+            ("333333:334", "333333:334")
         );
     }
 

@@ -170,7 +170,7 @@ fn gcra_reads_the_state_of_earlier_scripts() {
         .query(&mut server.conn())
         .unwrap();
     assert_eq!(
-        stored, "334333:584",
-        "the TAT moved one interval, to the ns"
+        stored, "334333:585",
+        "the TAT moved one interval (1/3 s rounded up to the ns)"
     );
 }
