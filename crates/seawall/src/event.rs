@@ -88,11 +88,16 @@ pub enum EventKind {
         /// When known, how long until a call could be admitted.
         retry_after: Option<Duration>,
     },
-    /// A call waits for a bulkhead slot, a cooldown or a rate-limit permit.
+    /// A call waits for a bulkhead slot, a cooldown or a rate-limit permit:
+    /// once per wait. A call queued for a slot (bulkhead, adaptive limit)
+    /// reports once, when it takes its place in the queue, however many
+    /// times it looks for a free slot while it waits.
     Deferred {
         /// Which policy made it wait.
         reason: RejectionReason,
-        /// How long it waits (at most).
+        /// How long it waits (at most): the cooldown or the time to the
+        /// permit; for a queued call, what is left of the queue's
+        /// `max_wait` (short of the call's deadline).
         wait: Duration,
     },
     /// The circuit opened.

@@ -371,10 +371,12 @@ fn rate_limited_call_waits_for_its_permit_when_it_fits() {
 #[test]
 fn async_bulkhead_queue_admits_a_waiter_and_refuses_beyond_the_queue() {
     let clock = VirtualClock::new();
+    let (log, listener) = recorder();
     let p = Pipeline::builder("s-queue")
         .bulkhead(Bulkhead::new(1).queue(1, ms(500)))
         .store(MemoryStore::new())
         .clock(clock.clone())
+        .on_event(listener)
         .build()
         .unwrap();
     let rt = rt();
@@ -395,6 +397,22 @@ fn async_bulkhead_queue_admits_a_waiter_and_refuses_beyond_the_queue() {
     assert_eq!(b.unwrap(), "waiter");
     assert_eq!(reason(c), RejectionReason::BulkheadFull);
     assert_eq!(p.in_flight().unwrap(), 0);
+    // The waiter looked for a slot several times in 100 ms and reported
+    // one wait, of the queue's `max_wait`, when it took its place.
+    let deferred: Vec<_> = log
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|k| matches!(k, EventKind::Deferred { .. }))
+        .cloned()
+        .collect();
+    assert_eq!(
+        deferred,
+        [EventKind::Deferred {
+            reason: RejectionReason::BulkheadFull,
+            wait: ms(500),
+        }]
+    );
 }
 
 /// Each partition has a bulkhead of its own, and so a queue of its own: a

@@ -856,11 +856,13 @@ impl<'g, K: Kind> Call<'g, K> {
         // after it was refused.
         self.give_back_lease();
         match self.deferral(rejection, reserved) {
-            Ok(wait) => {
-                self.emit(|| EventKind::Deferred {
-                    reason: rejection.reason,
-                    wait,
-                });
+            Ok((wait, reported)) => {
+                if let Some(at_most) = reported {
+                    self.emit(|| EventKind::Deferred {
+                        reason: rejection.reason,
+                        wait: at_most,
+                    });
+                }
                 Admit::Wait(wait)
             }
             Err(r) => {
@@ -984,15 +986,19 @@ impl<'g, K: Kind> Call<'g, K> {
         lead
     }
 
-    /// How long to wait before asking the gate again, or the final refusal.
-    /// A call never waits longer in all than the policy's `max_wait`, nor
-    /// past its deadline. A rate-limit refusal that `reserved` the call's
-    /// permit waits for it (the caller gives it back on a refusal).
+    /// How long to wait before asking the gate again, and the wait to
+    /// report (`Deferred`) when this one begins a wait, or the final
+    /// refusal. A call never waits longer in all than the policy's
+    /// `max_wait`, nor past its deadline. A rate-limit refusal that
+    /// `reserved` the call's permit waits for it (the caller gives it back
+    /// on a refusal). A wait for a cooldown or a permit is one wait, of its
+    /// length; a call in a queue polls for a slot, and reports once, when it
+    /// takes its place, the most it may wait.
     fn deferral(
         &mut self,
         rejection: Rejection,
         reserved: Option<Reservation>,
-    ) -> Result<Duration, Rejection> {
+    ) -> Result<(Duration, Option<Duration>), Rejection> {
         let gate = self.gate_of(self.level);
         if !may_wait(rejection.reason, self.driver) {
             return Err(rejection);
@@ -1046,7 +1052,7 @@ impl<'g, K: Kind> Call<'g, K> {
                     ));
                 }
                 match gate.and_then(|g| g.spec.cooldown.as_ref()) {
-                    Some(c) if left <= allowed(c.max_wait) => Ok(left),
+                    Some(c) if left <= allowed(c.max_wait) => Ok((left, Some(left))),
                     _ => Err(rejection),
                 }
             }
@@ -1062,7 +1068,7 @@ impl<'g, K: Kind> Call<'g, K> {
                 {
                     let due = now.saturating_add(crate::clock::duration_nanos(left));
                     waiting.reserved = reserved.map(|res| (res, due));
-                    Ok(left)
+                    Ok((left, Some(left)))
                 }
                 _ => Err(rejection),
             },
@@ -2386,21 +2392,23 @@ fn may_wait(reason: RejectionReason, driver: Driver) -> bool {
 /// process (`queue`: which, and how to take a place in it, giving the count
 /// of calls that held one before) that lets
 /// `max_queued` calls wait `max_wait` at most: the next poll, short of the
-/// deadline (`room`), or `None` when the call may not wait (no queue, the
-/// queue full, its wait or the deadline over). The call takes its place
-/// once, leaving the place it held in another queue.
+/// deadline (`room`), and, when the call takes its place now, the most it
+/// may wait; or `None` when the call may not wait (no queue, the queue
+/// full, its wait or the deadline over). The call takes its place once,
+/// leaving the place it held in another queue.
 fn queued(
     waiting: &mut Waiting,
     queue: (Queue, impl FnOnce() -> u32),
     max_queued: u32,
     max_wait: Duration,
     room: Option<Duration>,
-) -> Option<Duration> {
+) -> Option<(Duration, Option<Duration>)> {
     let (which, join) = queue;
     if max_queued == 0 {
         return None;
     }
-    if waiting.queued != Some(which) {
+    let joins = waiting.queued != Some(which);
+    if joins {
         let before = join();
         waiting.queued = Some(which);
         if before >= max_queued {
@@ -2413,14 +2421,16 @@ fn queued(
         return None;
     }
     let mut wait = waiting.poll.min(left);
+    let mut at_most = left;
     if let Some(r) = room {
         if r.is_zero() {
             return None;
         }
         wait = wait.min(r);
+        at_most = at_most.min(r);
     }
     waiting.poll = (waiting.poll * 2).min(QUEUE_POLL_MAX);
-    Some(wait)
+    Some((wait, joins.then_some(at_most)))
 }
 
 /// The admission of an attempt by the adaptive `limiter`.
