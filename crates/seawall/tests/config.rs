@@ -1522,3 +1522,39 @@ fn shared_budget_errors_name_the_field_and_the_line() {
         assert!(msg.contains("shared"), "{msg}");
     }
 }
+
+/// A setting of the adaptive limit in `default` is inherited, field by
+/// field, by a pipeline that chose an algorithm it applies to; one that
+/// does not apply to the pipeline's algorithm is left out.
+#[test]
+fn adaptive_settings_in_default_are_inherited_by_an_algorithm_they_apply_to() {
+    // While the baseline is measured, the limit admits `min_rtt_concurrency`.
+    let admitted = |text: &str| {
+        let r = Registry::builder()
+            .load_str(Format::Toml, text)
+            .unwrap_or_else(|e| panic!("{text}: {e}"));
+        r.pipeline("p")
+            .unwrap()
+            .concurrency_limit()
+            .unwrap()
+            .admitted
+    };
+    for (default, own, expected) in [
+        ("", "algorithm = \"vegas\", min_rtt_concurrency = 5", 5),
+        ("min_rtt_concurrency = 5", "max_limit = 500", 5),
+        ("min_rtt_concurrency = 5", "algorithm = \"vegas\"", 5),
+        (
+            "algorithm = \"gradient2\"\nmin_rtt_concurrency = 5",
+            "algorithm = \"gradient2\"",
+            5,
+        ),
+        // Of Gradient2 and Vegas only: left out by an AIMD pipeline, which
+        // admits its initial limit.
+        ("min_rtt_concurrency = 5", "algorithm = \"aimd\"", 20),
+    ] {
+        let text = format!(
+            "[default.adaptive_limit]\n{default}\n[pipelines.p]\nadaptive_limit = {{ {own} }}\n"
+        );
+        assert_eq!(admitted(&text), expected, "{text}");
+    }
+}

@@ -173,7 +173,38 @@ pub enum LimitAlgorithm {
     Gradient2,
 }
 
+/// The settings of one algorithm or some, and the algorithms each applies
+/// to; every other setting applies to all.
+const ALGORITHM_SETTINGS: [(&str, &[LimitAlgorithm]); 9] = {
+    use LimitAlgorithm::{Aimd, Gradient2, Vegas};
+    [
+        ("backoff_ratio", &[Aimd]),
+        ("rtt_timeout", &[Aimd]),
+        ("smoothing", &[Vegas, Gradient2]),
+        ("queue_size", &[Gradient2]),
+        ("buffer", &[Gradient2]),
+        ("min_rtt_interval", &[Vegas, Gradient2]),
+        ("min_rtt_samples", &[Vegas, Gradient2]),
+        ("min_rtt_concurrency", &[Vegas, Gradient2]),
+        ("min_rtt_jitter", &[Vegas, Gradient2]),
+    ]
+};
+
 impl LimitAlgorithm {
+    /// The algorithms `setting` (a field of [`AdaptiveLimit`], as named in
+    /// configuration files) applies to: `None` when it applies to all.
+    pub(crate) fn takers(setting: &str) -> Option<&'static [LimitAlgorithm]> {
+        ALGORITHM_SETTINGS
+            .iter()
+            .find(|(name, _)| *name == setting)
+            .map(|(_, to)| *to)
+    }
+
+    /// `setting` applies to this algorithm.
+    pub(crate) fn takes(self, setting: &str) -> bool {
+        Self::takers(setting).is_none_or(|to| to.contains(&self))
+    }
+
     /// Its name in configuration files: `aimd`, `vegas`, `gradient2`.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -463,8 +494,9 @@ impl AdaptiveLimit {
             return err("update_interval", "must be > 0".into());
         }
         // A setting of another algorithm is a mistake, never ignored.
-        let applies = |field: &'static str, set: bool, to: &[LimitAlgorithm]| {
-            if set && !to.contains(&self.algorithm) {
+        let applies = |field: &'static str, set: bool| {
+            if set && !self.algorithm.takes(field) {
+                let to = LimitAlgorithm::takers(field).unwrap_or_default();
                 let names: Vec<_> = to.iter().map(|a| a.as_str()).collect();
                 return err(
                     field,
@@ -477,20 +509,19 @@ impl AdaptiveLimit {
             }
             Ok(())
         };
-        use LimitAlgorithm::{Aimd, Gradient2, Vegas};
-        applies("backoff_ratio", self.backoff_ratio.is_some(), &[Aimd])?;
-        applies("rtt_timeout", self.rtt_timeout.is_some(), &[Aimd])?;
-        applies("smoothing", self.smoothing.is_some(), &[Vegas, Gradient2])?;
-        applies("queue_size", self.queue_size.is_some(), &[Gradient2])?;
-        applies("buffer", self.buffer.is_some(), &[Gradient2])?;
-        let baseline = [
+        let set = [
+            ("backoff_ratio", self.backoff_ratio.is_some()),
+            ("rtt_timeout", self.rtt_timeout.is_some()),
+            ("smoothing", self.smoothing.is_some()),
+            ("queue_size", self.queue_size.is_some()),
+            ("buffer", self.buffer.is_some()),
             ("min_rtt_interval", self.min_rtt_interval.is_some()),
             ("min_rtt_samples", self.min_rtt_samples.is_some()),
             ("min_rtt_concurrency", self.min_rtt_concurrency.is_some()),
             ("min_rtt_jitter", self.min_rtt_jitter.is_some()),
         ];
-        for (field, set) in baseline {
-            applies(field, set, &[Vegas, Gradient2])?;
+        for (field, set) in set {
+            applies(field, set)?;
         }
         if let Some(r) = self.backoff_ratio {
             if !(0.5..1.0).contains(&r) {

@@ -447,7 +447,7 @@ const LIMIT_ALGORITHMS: [(&str, LimitAlgorithm); 3] = [
 /// An adaptive limit, Gradient2 unless `algorithm` says otherwise. A
 /// setting of another algorithm is kept, for `build()` to refuse by name;
 /// one inherited from `default` by a pipeline that chose its own algorithm
-/// is left out.
+/// is left out (one of that algorithm is inherited, field by field).
 fn adaptive_limit(l: Layers<'_, Section>) -> AdaptiveLimit {
     let kind_from_own = l.own_sets(|a| a.choice("algorithm"));
     let algorithm = chosen(
@@ -473,8 +473,11 @@ fn adaptive_limit(l: Layers<'_, Section>) -> AdaptiveLimit {
         a = a.update_interval(d.0);
     }
     // An algorithm's setting from the pipeline's own section, or from
-    // `default` unless the pipeline chose its algorithm itself.
-    let from = |key: &'static str| l.stray(kind_from_own, |s| s.has(key).then_some(()));
+    // `default` when it applies to the algorithm or the pipeline did not
+    // choose its algorithm itself.
+    let from = |key: &'static str| {
+        algorithm.takes(key) || l.stray(kind_from_own, |s| s.has(key).then_some(()))
+    };
     if from("backoff_ratio") {
         if let Some(v) = l.get(|a| a.number("backoff_ratio")) {
             a = a.backoff_ratio(v);
