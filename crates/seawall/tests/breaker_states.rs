@@ -579,3 +579,39 @@ fn the_most_half_open_calls_all_must_succeed_to_close() {
     assert_eq!(p.call(ok).unwrap(), 1);
     assert_eq!(p.circuit_state().unwrap(), CircuitState::Closed);
 }
+
+/// A time window counts the last `W` seconds on any clock reading: from the
+/// second 2^31 on (68 years), an empty second is not taken for a later
+/// one that swallows the call.
+#[test]
+fn a_time_window_counts_its_calls_at_any_clock_reading() {
+    for start in [
+        0,
+        1_000_000,
+        1 << 31,
+        2_200_000_000,
+        3_000_000_000,
+        4_000_000_000,
+        5_000_000_000,
+    ] {
+        let clock = VirtualClock::starting_at(Duration::from_secs(start));
+        let p = Pipeline::builder(&unique("time-window-far"))
+            .circuit_breaker(
+                CircuitBreaker::failure_rate(0.5)
+                    .window(secs(10))
+                    .minimum_calls(2),
+            )
+            .clock(clock.clone())
+            .build()
+            .unwrap();
+        assert!(p.call(boom).is_err());
+        clock.advance(secs(1));
+        assert!(p.call(boom).is_err());
+        let m = p.circuit_metrics().unwrap();
+        assert_eq!(
+            (m.state, m.calls, m.failures),
+            (CircuitState::Open, 2, 2),
+            "from {start} s"
+        );
+    }
+}

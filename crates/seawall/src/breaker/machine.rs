@@ -687,13 +687,15 @@ impl TimeWindow {
     }
 }
 
-/// Adds one to a `[second | count]` counter for `second`.
+/// Adds one to a `[second | count]` counter for `second`. A counter at
+/// zero is empty whatever its tag (a new one is tagged 0, which from the
+/// second 2^31 on would read as a later second).
 fn bump(counter: &AtomicU64, second: u64) {
     let tag = second as u32;
     let mut current = counter.load(Ordering::Acquire);
     loop {
         let (old_tag, count) = ((current >> 32) as u32, current & u64::from(u32::MAX));
-        let next = if old_tag == tag || (old_tag.wrapping_sub(tag) as i32) > 0 {
+        let next = if count != 0 && (old_tag == tag || (old_tag.wrapping_sub(tag) as i32) > 0) {
             // This second (or a later one, when time went backwards for
             // this caller: count into it rather than wipe it).
             (u64::from(old_tag) << 32) | (count + 1).min(u64::from(u32::MAX))
