@@ -7,6 +7,9 @@
 //! arrives late is kept and reported by a `DeadlineExceeded` event (the
 //! default, [`Timeout::new`]) or turned into [`Error::Timeout`](crate::Error::Timeout)
 //! ([`Timeout::strict`]).
+//!
+//! A result is late when it arrives after the deadline: one that arrives
+//! at the deadline is on time, in async and sync code alike.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -61,6 +64,14 @@ impl From<Duration> for Timeout {
     }
 }
 
+/// How late a result that arrived at `end` is for `deadline` (nanoseconds
+/// of the pipeline's clock): `None` when it is on time, at the deadline
+/// included.
+#[inline]
+pub(crate) fn late_by(end: u64, deadline: u64) -> Option<u64> {
+    end.checked_sub(deadline).filter(|&late| late > 0)
+}
+
 pin_project_lite::pin_project! {
     /// Runs a future until a deadline. The timer is armed only if the future
     /// does not finish on its first poll, so a fast success costs no timer.
@@ -98,7 +109,7 @@ impl<F: Future> Future for WithDeadline<'_, F> {
                 // only if it is not late (a virtual clock may have moved past
                 // the deadline while the operation ran).
                 if let Some(d) = *this.deadline {
-                    if this.clock.now_nanos() >= d {
+                    if late_by(this.clock.now_nanos(), d).is_some() {
                         return Poll::Ready(None);
                     }
                 }

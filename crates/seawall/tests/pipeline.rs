@@ -957,3 +957,38 @@ fn strict_names_check_the_global_store_too() {
         .unwrap_err();
     assert!(e.rule.contains("different bulkhead"), "{e}");
 }
+
+/// A result that arrives at the deadline is on time, one that arrives a
+/// nanosecond after it late: the same in async code (the future is dropped)
+/// and in sync code with a strict timeout, on clocks from 0 and far from it.
+#[test]
+fn a_result_at_the_deadline_is_on_time_sync_and_async() {
+    for start in [Duration::ZERO, secs(1_000_000)] {
+        for (took, on_time) in [(ms(100), true), (ms(100) + Duration::from_nanos(1), false)] {
+            let clock = VirtualClock::starting_at(start);
+            let p = Pipeline::builder("deadline-edge")
+                .timeout(Timeout::strict(ms(100)))
+                .clock(clock.clone())
+                .build()
+                .unwrap();
+            let sync = p.call(|_| {
+                clock.advance(took);
+                Ok::<_, std::io::Error>(1)
+            });
+            assert_eq!(sync.is_ok(), on_time, "sync, {took:?} from {start:?}");
+            let c = clock.clone();
+            let run = rt().block_on(p.run(move |_| {
+                let c = c.clone();
+                async move {
+                    seawall::Clock::sleep(&c, took).await;
+                    Ok::<_, std::io::Error>(1)
+                }
+            }));
+            assert_eq!(
+                run.is_ok(),
+                on_time,
+                "async, {took:?} from {start:?}: {run:?}"
+            );
+        }
+    }
+}

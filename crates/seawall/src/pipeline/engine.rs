@@ -1263,7 +1263,7 @@ impl<'g, K: Kind> Call<'g, K> {
         K: Handles<T, E>,
     {
         let end = self.read_clock();
-        let late_by = end.checked_sub(d.at).filter(|&l| l > 0);
+        let late_by = crate::timeout::late_by(end, d.at);
         if late_by.is_some() && d.strict {
             if self.listening {
                 self.attempt_finished(AttemptOutcome::Timeout, Some(end));
