@@ -595,7 +595,7 @@ fn a_time_window_counts_its_calls_at_any_clock_reading() {
         5_000_000_000,
     ] {
         let clock = VirtualClock::starting_at(Duration::from_secs(start));
-        let p = Pipeline::builder(&unique("time-window-far"))
+        let p = Pipeline::builder(unique("time-window-far"))
             .circuit_breaker(
                 CircuitBreaker::failure_rate(0.5)
                     .window(secs(10))
