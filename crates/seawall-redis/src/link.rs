@@ -545,9 +545,14 @@ impl Link {
         if *n == 0 {
             return;
         }
-        let deadline = Instant::now() + self.settings.connect_timeout + self.settings.timeout;
+        let longest = self
+            .settings
+            .connect_timeout
+            .saturating_add(self.settings.timeout);
+        // A deadline past what an Instant holds: wait without one.
+        let deadline = Instant::now().checked_add(longest);
         while *n > 0 {
-            let left = deadline.saturating_duration_since(Instant::now());
+            let left = deadline.map_or(longest, |d| d.saturating_duration_since(Instant::now()));
             if left.is_zero() {
                 return;
             }
@@ -1067,7 +1072,7 @@ impl Link {
             }
             result
         };
-        let limit = self.settings.connect_timeout + t;
+        let limit = self.settings.connect_timeout.saturating_add(t);
         match tokio::time::timeout(limit, result).await {
             Ok(r) => r,
             Err(_) => Err(StoreError::Timeout(t).into()),
@@ -1078,7 +1083,10 @@ impl Link {
     pub(crate) async fn ping_async(&self) -> Result<Duration, StoreError> {
         self.gate()?;
         tokio::runtime::Handle::try_current().map_err(|_| no_runtime())?;
-        let limit = self.settings.connect_timeout + self.settings.timeout;
+        let limit = self
+            .settings
+            .connect_timeout
+            .saturating_add(self.settings.timeout);
         let result = async {
             let (slot, mut c) = self.connection().await?;
             let start = Instant::now();

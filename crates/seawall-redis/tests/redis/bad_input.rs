@@ -168,3 +168,50 @@ proptest::proptest! {
         }
     }
 }
+
+#[test]
+fn the_longest_timeouts_never_overflow_on_either_path() {
+    let server = RedisServer::start();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    for (label, builder) in [
+        (
+            "timeout",
+            RedisStore::builder(server.url()).timeout(Duration::MAX),
+        ),
+        (
+            "connect_timeout",
+            RedisStore::builder(server.url()).connect_timeout(Duration::MAX),
+        ),
+        (
+            "both",
+            RedisStore::builder(server.url())
+                .timeout(Duration::MAX)
+                .connect_timeout(Duration::MAX),
+        ),
+    ] {
+        let store = builder.prefix(unique("longest")).build().unwrap();
+        let p = Pipeline::builder("longest")
+            .circuit_breaker(seawall::CircuitBreaker::failure_rate(0.5).minimum_calls(100))
+            .bulkhead(Bulkhead::new(2))
+            .store(store.clone())
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            store.ping_async().await.expect(label);
+            for _ in 0..3 {
+                p.run(|_| async { Ok::<_, std::io::Error>(()) })
+                    .await
+                    .expect(label);
+            }
+        });
+        // The blocking path first waits for the records the async path
+        // sent without awaiting them.
+        p.call(|_| Ok::<_, std::io::Error>(())).expect(label);
+        store.ping().expect(label);
+        assert_eq!(p.circuit_metrics().expect(label).calls, 4, "{label}");
+    }
+}
