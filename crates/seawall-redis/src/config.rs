@@ -337,8 +337,9 @@ impl RedisStoreBuilder {
     /// # Errors
     /// [`RedisStoreError::InvalidUrl`] for a malformed URL or an
     /// unsupported scheme, and, in a cluster's list, naming the node: a
-    /// unix socket, a database other than 0, a user, password, TLS or
-    /// protocol other than the first node's;
+    /// unix socket, a database other than 0, a user, password or protocol
+    /// other than the first node's; a TLS URL (`rediss://`, `valkeys://`:
+    /// TLS is not supported by this build);
     /// [`RedisStoreError::InvalidConfig`] naming the setting and its rule
     /// otherwise (`cluster` for an empty list; `leased.batch`,
     /// `leased.ttl`, `leased.low_water` for a [`Leasing`] out of range).
@@ -417,7 +418,7 @@ impl RedisStoreBuilder {
                 let differs = |what: &str| {
                     invalid(format!(
                         "its {what} differs from the first node's (`{first_shown}`): every node \
-                         of one cluster is reached with the same user, password, TLS and protocol"
+                         of one cluster is reached with the same user, password and protocol"
                     ))
                 };
                 if a.username() != b.username() {
@@ -425,12 +426,6 @@ impl RedisStoreBuilder {
                 }
                 if a.password() != b.password() {
                     return Err(differs("password"));
-                }
-                let tls = |i: &redis::ConnectionInfo| {
-                    matches!(i.addr(), redis::ConnectionAddr::TcpTls { .. })
-                };
-                if tls(first) != tls(&info) {
-                    return Err(differs("TLS (scheme)"));
                 }
                 if a.protocol() != b.protocol() {
                     return Err(differs("protocol"));
@@ -472,6 +467,16 @@ impl RedisStoreBuilder {
 
 /// The client of one server's URL.
 fn open(url: &str) -> Result<redis::Client, RedisStoreError> {
+    if let Some(scheme) = tls_scheme(url) {
+        let shown = Redacted::new(url);
+        return Err(RedisStoreError::InvalidUrl {
+            reason: format!(
+                "TLS (`{scheme}://`) is not supported by this build of seawall-redis; {}",
+                expected()
+            ),
+            url: shown.shown().to_owned(),
+        });
+    }
     redis::Client::open(url).map_err(|e| {
         let shown = Redacted::new(url);
         RedisStoreError::InvalidUrl {
@@ -481,26 +486,32 @@ fn open(url: &str) -> Result<redis::Client, RedisStoreError> {
     })
 }
 
-/// The schemes the redis client takes.
-const SCHEMES: [&str; 7] = [
-    "redis",
-    "rediss",
-    "valkey",
-    "valkeys",
-    "redis+unix",
-    "valkey+unix",
-    "unix",
-];
+/// The schemes the store takes (the redis client is built without TLS).
+const SCHEMES: [&str; 5] = ["redis", "valkey", "redis+unix", "valkey+unix", "unix"];
+
+/// The TLS schemes, which this build refuses.
+const TLS_SCHEMES: [&str; 2] = ["rediss", "valkeys"];
+
+/// The TLS scheme `url` names, if any (as the redis client reads a scheme:
+/// case-insensitively, after surrounding whitespace).
+fn tls_scheme(url: &str) -> Option<&'static str> {
+    let scheme = url.trim().split_once(':')?.0;
+    TLS_SCHEMES
+        .into_iter()
+        .find(|tls| scheme.eq_ignore_ascii_case(tls))
+}
+
+/// What a URL should look like.
+fn expected() -> String {
+    format!(
+        "expected one server's URL, `{}://…`, as in `redis://127.0.0.1:6379`",
+        SCHEMES.join("://…`, `")
+    )
+}
 
 /// Why the redis client refused `url` (its error `client`), in words that
 /// name the problem.
 fn url_problem(url: &str, client: &redis::RedisError) -> String {
-    let expected = || {
-        format!(
-            "expected one server's URL, `{}://…`, as in `redis://127.0.0.1:6379`",
-            SCHEMES.join("://…`, `")
-        )
-    };
     if url.trim().is_empty() {
         return format!("the URL is empty; {}", expected());
     }

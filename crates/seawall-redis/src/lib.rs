@@ -546,7 +546,7 @@
 //! runtime, as on a single server.
 //!
 //! - **The node list** is checked at `build()` (one URL per node, each
-//!   with the same user, password, TLS and protocol, database 0, no unix
+//!   with the same user, password and protocol, database 0, no unix
 //!   socket: [`RedisStoreError::InvalidUrl`] naming the node) and when a
 //!   pipeline first binds the store, on connections of its own: each node
 //!   that answers must be a cluster node, of the same cluster as the first
@@ -647,7 +647,13 @@
 //!
 //! # Requirements
 //! Redis 6.2 or later, or Valkey, a single server or a Redis Cluster; plain
-//! `EVALSHA`, no functions API. The server's script cache holds the
+//! `EVALSHA`, no functions API. The store connects over plain TCP
+//! (`redis://[user:password@]host[:port][/db]`, `valkey://…`) or a unix
+//! socket (`redis+unix://`, `valkey+unix://`, `unix://`). **TLS is not
+//! supported** by this build: a `rediss://` or `valkeys://` URL is refused
+//! by [`RedisStoreBuilder::build`] ([`RedisStoreError::InvalidUrl`]); reach
+//! a TLS-only server through a local TLS proxy (stunnel, a sidecar).
+//! The server's script cache holds the
 //! store's eight scripts and two admission scripts per distinct spec
 //! (resource configuration) bound, of about 12 and 15 KiB. The
 //! async path (`Pipeline::run`) needs a tokio runtime with timers enabled;

@@ -83,14 +83,17 @@ impl fmt::Debug for RedisStore {
 
 impl RedisStore {
     /// Starts configuring a store for the server at `url`
-    /// (`redis://[user:password@]host[:port][/db]`, or `redis+unix://`).
+    /// (`redis://[user:password@]host[:port][/db]`, or `redis+unix://`;
+    /// TLS, `rediss://`, is not supported: see the
+    /// [crate documentation](crate#requirements)).
     pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
         RedisStoreBuilder::new(url.into())
     }
 
     /// Starts configuring a store for the Redis Cluster that `nodes` belong
-    /// to (`redis://[user:password@]host[:port]` each, or `rediss://`;
-    /// some of its nodes are enough: the others are found through them).
+    /// to (`redis://[user:password@]host[:port]` each; TLS, `rediss://`,
+    /// is not supported; some of its nodes are enough: the others are found
+    /// through them).
     /// Every resource's keys share one hash tag, hence one slot: each
     /// script runs on the master of that slot, atomically, as on a single
     /// server. See the [crate documentation](crate#redis-cluster).

@@ -127,7 +127,7 @@ fn malformed_urls_name_their_problem() {
         ("redis://0.0.0.0:6379", "wildcard address"),
         ("redis://host/abc", "Invalid database number"),
         ("redis://host/0?protocol=9", "Invalid protocol version"),
-        ("rediss://host", "TLS"),
+        ("rediss://host", "TLS (`rediss://`) is not supported"),
         ("redis+unix://", "Missing path"),
         ("redis://a:6379,b:6379", "list"),
         ("redis://a:6379 redis://b:6379", "list"),
@@ -213,5 +213,41 @@ fn the_longest_timeouts_never_overflow_on_either_path() {
         p.call(|_| Ok::<_, std::io::Error>(())).expect(label);
         store.ping().expect(label);
         assert_eq!(p.circuit_metrics().expect(label).calls, 4, "{label}");
+    }
+}
+
+#[test]
+fn tls_urls_are_refused_at_build_as_not_supported() {
+    let says_not_supported = |url: &str, e: RedisStoreError| match e {
+        RedisStoreError::InvalidUrl { url: shown, reason } => {
+            assert!(
+                reason.contains("TLS") && reason.contains("is not supported by this build"),
+                "{url:?}: {reason}"
+            );
+            // What the message offers instead takes no TLS.
+            let offered = reason.split_once("expected").map_or("", |(_, o)| o);
+            assert!(
+                !offered.contains("rediss") && !offered.contains("valkeys"),
+                "{url:?}: {reason}"
+            );
+            assert!(!shown.contains("pw"), "password shown: {shown}");
+        }
+        other => panic!("{url:?}: expected InvalidUrl, got {other:?}"),
+    };
+    for url in [
+        "rediss://127.0.0.1:6380",
+        "rediss://:pw@127.0.0.1:6380/0",
+        "valkeys://127.0.0.1:6380",
+        "REDISS://127.0.0.1:6380",
+        " rediss://127.0.0.1:6380",
+    ] {
+        says_not_supported(url, RedisStore::builder(url).build().unwrap_err());
+    }
+    for nodes in [
+        vec!["rediss://127.0.0.1:7000", "rediss://127.0.0.1:7001"],
+        vec!["redis://127.0.0.1:7000", "valkeys://127.0.0.1:7001"],
+    ] {
+        let e = RedisStore::cluster(nodes.clone()).build().unwrap_err();
+        says_not_supported(&nodes.join(" "), e);
     }
 }
