@@ -304,10 +304,15 @@ if HELD and reason ~= 0 then
 end
 
 -- A unique member of a sorted set, named after the current microsecond
--- (the next free one when taken).
+-- (the next free one when taken). Past 2^53 us `id + 1` is `id` in a
+-- double: the step is then the gap to the next double (2 or 4 us), so
+-- that every try names another member and the loop ends, whatever the
+-- clock. Only the member's name moves: the score is the caller's.
 local function add_unique(key, score)
   local id = now
-  while redis.call('ZADD', key, 'NX', score, int(id)) == 0 do id = id + 1 end
+  local step = 1
+  while id + step == id do step = step * 2 end
+  while redis.call('ZADD', key, 'NX', score, int(id)) == 0 do id = id + step end
   return id
 end
 

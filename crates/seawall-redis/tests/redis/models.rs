@@ -406,11 +406,9 @@ fn redis_store_answers_near_the_end_of_the_clock() {
 
 /// Two bulkhead slots (or two sliding-window admissions) taken in the
 /// same microsecond get members named after it, the second one the next
-/// free microsecond. Past 2^53 us, `id + 1` is `id` in a Lua double: the
-/// admit script loops for ever, the server answers `BUSY` to every client
-/// until the script is killed, and the store times out.
+/// free member. Past 2^53 us, `id + 1` is `id` in a Lua double: the admit
+/// script steps by the gap to the next double instead, and ends.
 #[test]
-#[ignore = "RedisStore: admit.lua add_unique() never ends past 2^53 us (id + 1 == id in a double); the server stays BUSY"]
 fn two_slots_in_one_microsecond_near_the_end_of_the_range() {
     let server = RedisServer::start();
     let store = store(&server);
@@ -640,4 +638,72 @@ fn reserve_as_model(
         }
     }
     Ok(())
+}
+
+/// A sliding window on a caller's clock 290 years on (past 2^53 us): the
+/// store answers every call, as the memory store does, and two admissions
+/// in one microsecond never keep the server busy.
+#[test]
+fn a_sliding_window_past_2_pow_53_us_agrees_with_the_memory_store() {
+    use seawall::{Error, MemoryStore, Pipeline};
+
+    let start = Duration::from_secs(290 * 31_557_600);
+    assert!(start.as_micros() > 1 << 53);
+    let server = RedisServer::start();
+    let redis = RedisStore::builder(server.url())
+        .prefix(unique("far-sliding"))
+        .caller_clock()
+        .fail_closed()
+        .timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let ms = Duration::from_millis;
+    // (advance before, weight) per call.
+    let steps = [
+        (0, 1),
+        (0, 2),
+        (0, 1),
+        (500, 1),
+        (499, 2),
+        (1, 1),
+        (0, 3),
+        (0, 1),
+        (600, 4),
+        (0, 5),
+        (1000, 1),
+        (0, 1),
+        (0, 1),
+        (0, 1),
+        (0, 1),
+    ];
+    let run = |store: &dyn Fn(seawall::PipelineBuilder) -> seawall::PipelineBuilder| {
+        let clock = VirtualClock::starting_at(start);
+        let p = store(
+            Pipeline::builder("far-sliding")
+                .rate_limiter(RateLimiter::sliding_window(4, S))
+                .clock(clock.clone()),
+        )
+        .build()
+        .unwrap();
+        steps
+            .iter()
+            .map(|&(advance, weight)| {
+                clock.advance(ms(advance));
+                let r = p
+                    .weighted(weight)
+                    .unwrap()
+                    .call(|_| Ok::<_, std::io::Error>(()));
+                match r {
+                    Ok(()) => "admitted".to_owned(),
+                    Err(Error::Rejected(r)) => format!("{:?} {:?}", r.reason, r.retry_after),
+                    Err(e) => format!("error {e}"),
+                }
+            })
+            .collect::<Vec<_>>()
+    };
+    let memory = run(&|b| b.store(MemoryStore::new()));
+    let on_redis = run(&|b| b.store(redis.clone()));
+    assert!(memory.iter().any(|a| a == "admitted"));
+    assert!(memory.iter().any(|a| a != "admitted"));
+    assert_eq!(on_redis, memory);
 }
