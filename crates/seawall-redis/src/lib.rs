@@ -59,7 +59,11 @@
 //!   its count-window ring or time-window buckets, its bulkhead leases, its
 //!   rate limiter and its retry budget's bucket (`:rb`). Every key written
 //!   has a TTL: circuit state lives for the resource's `partition_idle`
-//!   (plus what is left of an open period), a cooldown for its pause plus
+//!   (plus what is left of an open period) but has none while the circuit
+//!   is isolated or disabled (as in memory, an isolated circuit stays so
+//!   until reset, a disabled one until enabled or reset, however long no
+//!   call comes; the usual TTL is set again when it leaves that state),
+//!   a cooldown for its pause plus
 //!   `grace`, leases and rate state for their lease or period, the retry
 //!   budget's bucket for `partition_idle` from its last change (then it is
 //!   full again).

@@ -145,8 +145,9 @@ if HAS_C and takes_part(P_C) then
     end
   end
   if h.st == ISOLATED or h.st == DISABLED then
-    -- Forced states live while calls come.
-    redis.call('PEXPIRE', KH, ms(tonumber(A[14])))
+    -- Forced states have no TTL (hexpire): they hold until reset or
+    -- enable, however long no call comes.
+    redis.call('PERSIST', KH)
   end
   -- A call the circuit refuses (in shadow mode: admitted) has no
   -- generation of it.

@@ -200,6 +200,17 @@ local function httl(h)
   return ms(ttl)
 end
 
+-- Sets the state hash's TTL (httl), or none while the circuit is isolated
+-- or disabled: a forced state holds until reset or enable, however long no
+-- call comes, as in memory.
+local function hexpire(h)
+  if h.st == ISOLATED or h.st == DISABLED then
+    redis.call('PERSIST', KH)
+  else
+    redis.call('PEXPIRE', KH, httl(h))
+  end
+end
+
 -- Writes the fields named in `names`, and the TTL.
 local function hsave(h, names)
   local args = {'HSET', KH}
@@ -208,7 +219,7 @@ local function hsave(h, names)
     args[#args + 1] = h[names[i]]
   end
   redis.call(unpack(args))
-  redis.call('PEXPIRE', KH, httl(h))
+  hexpire(h)
 end
 
 -- Fields a transition writes, and the window's. `ol`: the duration of the

@@ -799,3 +799,89 @@ fn policies_in_shadow_mode_report_across_processes_and_never_refuse() {
         [RejectionReason::BulkheadFull, RejectionReason::RateLimited]
     );
 }
+
+/// An isolated circuit stays so until reset and a disabled one until
+/// enabled, however long no call comes, as in memory: the state hash has
+/// no TTL while the circuit is in that state, and its usual one again
+/// once it leaves it. For a resource and a partition alike.
+#[test]
+fn isolated_and_disabled_circuits_outlive_partition_idle() {
+    let server = RedisServer::start();
+    let prefix = unique("forced");
+    let store = RedisStore::builder(server.url())
+        .prefix(&prefix)
+        .fail_closed()
+        .build()
+        .unwrap();
+    let pipeline = |name: &str| {
+        Pipeline::builder(name)
+            .circuit_breaker(CircuitBreaker::consecutive_failures(1))
+            .partition_idle(Duration::from_secs(1))
+            .store(store.clone())
+            .build()
+            .unwrap()
+    };
+    let (iso, dis) = (pipeline("iso"), pipeline("dis"));
+    iso.isolate().unwrap();
+    iso.partition("tenant").isolate().unwrap();
+    dis.disable().unwrap();
+    dis.partition("tenant").disable().unwrap();
+    // One admission each, as calls would keep the state alive.
+    assert!(iso.call(|_| Ok::<_, std::io::Error>(())).is_err());
+    assert!(dis
+        .partition("tenant")
+        .call(|_| Ok::<_, std::io::Error>(()))
+        .is_ok());
+
+    // Twice the idle time, on the server's clock.
+    std::thread::sleep(Duration::from_millis(2200));
+
+    let isolated = |r: Result<(), Error<std::io::Error>>| matches!(r, Err(Error::Rejected(ref r)) if r.reason == RejectionReason::CircuitOpen);
+    assert_eq!(iso.circuit_state().unwrap(), CircuitState::Isolated);
+    assert!(isolated(iso.call(|_| Ok(()))));
+    let part = iso.partition("tenant");
+    assert_eq!(
+        part.circuit_metrics().unwrap().state,
+        CircuitState::Isolated
+    );
+    assert!(isolated(part.call(|_| Ok(()))));
+    assert_eq!(dis.circuit_state().unwrap(), CircuitState::Disabled);
+    assert_eq!(
+        dis.partition("tenant").circuit_metrics().unwrap().state,
+        CircuitState::Disabled
+    );
+    // Disabled: a failure is neither recorded nor trips the circuit.
+    for _ in 0..2 {
+        assert!(matches!(
+            dis.call(|_| Err::<(), _>(io("down"))),
+            Err(Error::Operation(_))
+        ));
+        assert!(matches!(
+            dis.partition("tenant").call(|_| Err::<(), _>(io("down"))),
+            Err(Error::Operation(_))
+        ));
+    }
+    assert_eq!(dis.circuit_state().unwrap(), CircuitState::Disabled);
+    assert_eq!(
+        dis.partition("tenant").circuit_metrics().unwrap().state,
+        CircuitState::Disabled
+    );
+
+    // Leaving the forced state brings the usual TTL back.
+    iso.reset().unwrap();
+    iso.partition("tenant").reset().unwrap();
+    dis.enable().unwrap();
+    dis.partition("tenant").enable().unwrap();
+    let mut conn = server.conn();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{{{prefix}:*"))
+        .query(&mut conn)
+        .unwrap();
+    assert!(keys.len() >= 4, "{keys:?}");
+    for k in &keys {
+        let pttl: i64 = redis::cmd("PTTL").arg(k).query(&mut conn).unwrap();
+        assert!(pttl > 0, "{k} has no TTL ({pttl})");
+    }
+    assert_eq!(iso.circuit_state().unwrap(), CircuitState::Closed);
+    assert!(iso.call(|_| Ok::<_, std::io::Error>(())).is_ok());
+}
