@@ -57,7 +57,7 @@
 //! 'static`, as they cross threads). An error type that is not `Clone`
 //! (such as `std::io::Error`) is shared by wrapping it in an `Arc`
 //! (`.map_err(Arc::new)` in the operation). Cloning keeps
-//! [`Error`](crate::Error) as it is: followers match the same variants as
+//! [`Error`] as it is: followers match the same variants as
 //! the leader, with the same typed error inside.
 //!
 //! # A leader that goes away
