@@ -360,20 +360,7 @@ fn breaker_settings_are_refused_by_the_breakers_rule_with_their_position() {
     ];
     for (breaker, format, text, (line, column), rule) in cases {
         let built = Pipeline::builder("a").circuit_breaker(breaker).build();
-        assert_eq!(
-            built.map(drop).map_err(|e| e.to_string()),
-            Err(rule.to_owned())
-        );
-        let (e, msg) = load_error(format, text);
-        assert_eq!(
-            msg,
-            format!("<string>:{line}:{column}: pipeline `a`: {rule}"),
-            "{format:?}"
-        );
-        match e {
-            LoadError::Invalid { error, .. } => assert_eq!(error.to_string(), rule),
-            other => panic!("{other:?}"),
-        }
+        refused_alike(built, format, text, (line, column), rule);
     }
     // Inherited from `default` by a pipeline that chose consecutive
     // failures itself: left out; with the mode it does not fit, refused in
@@ -817,18 +804,7 @@ fn the_builder_refuses_settings_of_another_kind_as_the_files_do() {
         ),
     ];
     for (builder, format, text, (line, column), rule) in cases {
-        let built = builder.build().map(|_| ());
-        assert_eq!(built.map_err(|e| e.to_string()), Err(rule.to_owned()));
-        let (e, msg) = load_error(format, text);
-        assert_eq!(
-            msg,
-            format!("<string>:{line}:{column}: pipeline `a`: {rule}"),
-            "{format:?}"
-        );
-        match e {
-            LoadError::Invalid { error, .. } => assert_eq!(error.to_string(), rule),
-            other => panic!("{other:?}"),
-        }
+        refused_alike(builder.build(), format, text, (line, column), rule);
     }
     // Inherited from `default` by a pipeline that chose another kind
     // itself: left out, as before; a setting that applies is inherited.
@@ -1556,5 +1532,30 @@ fn adaptive_settings_in_default_are_inherited_by_an_algorithm_they_apply_to() {
             "[default.adaptive_limit]\n{default}\n[pipelines.p]\nadaptive_limit = {{ {own} }}\n"
         );
         assert_eq!(admitted(&text), expected, "{text}");
+    }
+}
+
+/// The builder refuses `built` with `rule`, and the file `text` (pipeline
+/// `a`) with the same rule at `line:column`.
+fn refused_alike<T>(
+    built: Result<T, ConfigError>,
+    format: Format,
+    text: &str,
+    (line, column): (usize, usize),
+    rule: &str,
+) {
+    assert_eq!(
+        built.map(drop).map_err(|e| e.to_string()),
+        Err(rule.to_owned())
+    );
+    let (e, msg) = load_error(format, text);
+    assert_eq!(
+        msg,
+        format!("<string>:{line}:{column}: pipeline `a`: {rule}"),
+        "{format:?}"
+    );
+    match e {
+        LoadError::Invalid { error, .. } => assert_eq!(error.to_string(), rule),
+        other => panic!("{other:?}"),
     }
 }
