@@ -191,8 +191,8 @@ fn resource_prefix(f: &mut fmt::Formatter<'_>, resource: &str) -> fmt::Result {
 pub enum TimeoutScope {
     /// The per-attempt timeout (declared after the retry policy).
     Attempt,
-    /// The overall deadline of the call (declared before the retry policy,
-    /// or given per call).
+    /// The overall deadline of the call (declared before the retry
+    /// policy).
     Overall,
 }
 

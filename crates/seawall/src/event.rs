@@ -52,7 +52,10 @@ pub struct Event<'a> {
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub enum EventKind {
-    /// Attempt `attempt` failed and the next one starts after `delay`.
+    /// Attempt `attempt` failed and the next one starts after `delay`,
+    /// once admitted: a retry budget shared through the store
+    /// ([`RetryBudget::shared`](crate::RetryBudget::shared)) is asked after
+    /// the wait, and may still refuse it (then `RetryGaveUp` follows).
     RetryScheduled {
         /// The attempt that failed (1-based).
         attempt: u32,

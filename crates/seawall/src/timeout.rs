@@ -72,6 +72,14 @@ pub(crate) fn late_by(end: u64, deadline: u64) -> Option<u64> {
     end.checked_sub(deadline).filter(|&late| late > 0)
 }
 
+/// Whether a wait of `wait` nanoseconds from `now` fits before `deadline`:
+/// one that ends at the deadline does (what follows it is on time, by
+/// [`late_by`]).
+#[inline]
+pub(crate) fn wait_fits(now: u64, wait: u64, deadline: u64) -> bool {
+    late_by(now.saturating_add(wait), deadline).is_none()
+}
+
 pin_project_lite::pin_project! {
     /// Runs a future until a deadline. The timer is armed only if the future
     /// does not finish on its first poll, so a fast success costs no timer.

@@ -58,8 +58,11 @@ impl Cooldown {
     /// rate-limit permit) counts: a call whose wait for the pause to end
     /// exceeds what remains of its `max_wait` is refused at once with
     /// `cooldown_active` (with `cooldown_exceeds_deadline` when the pause
-    /// outlasts its deadline). A call never waits longer than `max_wait`
-    /// in all.
+    /// outlasts its deadline; a pause that ends at the deadline does not).
+    /// A call never waits longer than `max_wait` in all for one admission:
+    /// a cooldown declared before the retry admits the call once, one
+    /// declared after it admits each attempt, and each attempt may wait up
+    /// to `max_wait` again.
     pub fn max_wait(mut self, max: Duration) -> Self {
         self.max_wait = max;
         self

@@ -239,6 +239,13 @@ impl<K: Kind> PipelineBuilder<K> {
     /// Adds a timeout: for the whole call when declared before `retry` (or
     /// when there is no retry), for each attempt when declared after it.
     /// Takes a `Duration` (lenient in sync code) or a [`Timeout`].
+    ///
+    /// The deadline runs from the start of the call or the attempt, so it
+    /// covers the waits of its admission (for a rate-limit permit, the end
+    /// of a cooldown, a queue slot) wherever it is declared among the
+    /// policies of its side of the retry: the policies of one side admit
+    /// together, and a wait that would not end by the deadline is refused
+    /// at once.
     pub fn timeout(self, timeout: impl Into<Timeout>) -> Self {
         self.declare(Declared::Timeout(timeout.into()))
     }
@@ -402,7 +409,12 @@ impl<K: Kind> PipelineBuilder<K> {
         })
     }
 
-    /// Calls `hook(error, attempt, delay)` before each retry wait.
+    /// Calls `hook(error, attempt, delay)` before each retry wait that
+    /// follows an error of the operation. A retry after an attempt that
+    /// timed out (which has no `E`) is not reported here: the
+    /// [`RetryScheduled`](crate::EventKind::RetryScheduled) event reports
+    /// every retry. With a budget shared through the store the retry is
+    /// admitted after the wait, and may still be refused then.
     pub fn on_retry<E, F>(self, hook: F) -> PipelineBuilder<K::Out>
     where
         K: ErrorKind<E>,

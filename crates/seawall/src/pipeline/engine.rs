@@ -966,7 +966,7 @@ impl<'g, K: Kind> Call<'g, K> {
 
     /// The longest wait for which the rate limiter may reserve this call's
     /// permit at `now`: what its `max_wait` still allows (the time already
-    /// waited counts), short of the deadline ([`deferral`](Self::deferral)
+    /// waited counts), up to the deadline ([`deferral`](Self::deferral)
     /// takes a wait that fits exactly these bounds). Zero when the call
     /// cannot wait again (a clock that did not move).
     fn reserve_lead(&self, now: u64) -> Duration {
@@ -980,7 +980,7 @@ impl<'g, K: Kind> Call<'g, K> {
         };
         let mut lead = r.max_wait.saturating_sub(Duration::from_nanos(waited));
         if let Some(d) = self.deadline {
-            let room = d.at.saturating_sub(now).saturating_sub(1);
+            let room = d.at.saturating_sub(now);
             lead = lead.min(Duration::from_nanos(room));
         }
         lead
@@ -1004,10 +1004,13 @@ impl<'g, K: Kind> Call<'g, K> {
             return Err(rejection);
         }
         let now = self.now();
-        let room = self
-            .deadline
-            .map(|d| Duration::from_nanos(d.at.saturating_sub(now)));
-        let fits = |wait: Duration| room.is_none_or(|r| wait < r);
+        let deadline = self.deadline.map(|d| d.at);
+        let room = deadline.map(|at| Duration::from_nanos(at.saturating_sub(now)));
+        let fits = |wait: Duration| {
+            deadline.is_none_or(|at| {
+                crate::timeout::wait_fits(now, crate::clock::duration_nanos(wait), at)
+            })
+        };
         let first_wait = self.waiting.is_none();
         let adaptive = self.pipeline.shared.adaptive.as_ref();
         let waiting = self.waiting.get_or_insert(Waiting {
@@ -1664,7 +1667,7 @@ impl<'g, K: Kind> Call<'g, K> {
         }
         if let Some(d) = self.overall {
             let now = self.read_clock();
-            if now.saturating_add(crate::clock::duration_nanos(delay)) >= d.at {
+            if !crate::timeout::wait_fits(now, crate::clock::duration_nanos(delay), d.at) {
                 self.emit(|| EventKind::RetryGaveUp {
                     attempts: attempt,
                     reason: GiveUpReason::Deadline,

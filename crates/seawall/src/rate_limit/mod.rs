@@ -137,10 +137,13 @@ impl RateLimiter {
     ///
     /// A call the limiter refuses waits when the next free permit is at
     /// most `max_wait` away, less the time the call has already waited
-    /// (for a cooldown, say, or an earlier permit), and comes strictly
-    /// before its deadline; otherwise it is refused at once with
-    /// `rate_limited` and `retry_after`, the time until that permit. A call
-    /// never waits longer than `max_wait` in all.
+    /// (for a cooldown, say, or an earlier permit), and ends by its
+    /// deadline (a permit due at the deadline is on time); otherwise it is
+    /// refused at once with `rate_limited` and `retry_after`, the time until
+    /// that permit. A call never waits longer than `max_wait` in all for one
+    /// admission: a limiter declared before the retry admits the call once,
+    /// one declared after it admits each attempt, and each attempt may wait
+    /// up to `max_wait` again.
     ///
     /// A call that waits **reserves** its permit for the instant it waits
     /// for (the permit counts from then, as if it were admitted then), and

@@ -15,7 +15,8 @@
 //! A retry never runs again after a rejection by one of seawall's own
 //! policies, honours the classifier's retry-after hint (waiting at least that
 //! long), and gives up with the real last error as soon as the next wait
-//! would not fit the call's deadline.
+//! would not end by the call's deadline (a wait that ends at the deadline
+//! fits: a result at the deadline is on time).
 
 use std::time::Duration;
 
@@ -108,9 +109,10 @@ impl Retry {
         self
     }
 
-    /// Upper bound of the delay (before jitter). A constant backoff has
-    /// none: `build()` refuses it there (`retry.cap does not apply to
-    /// constant backoff`).
+    /// Upper bound of the delay (before jitter). At least the base delay:
+    /// `build()` refuses a cap below it (`retry.cap must be >= base`). A
+    /// constant backoff has none: `build()` refuses it there (`retry.cap
+    /// does not apply to constant backoff`).
     pub fn cap(mut self, max: Duration) -> Self {
         if self.takes(BackoffSetting::Cap) {
             match &mut self.backoff {

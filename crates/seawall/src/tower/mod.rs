@@ -46,6 +46,18 @@
 //! clone is ready, so hedged attempts that run at the same time each wait
 //! for a service of their own.
 //!
+//! `poll_ready` is the inner service's: the layer is ready when the inner
+//! service is, whatever the pipeline's state. Two consequences, unlike a
+//! circuit-breaker layer that answers `poll_ready` itself: while the inner
+//! service is not ready (a saturated `ConcurrencyLimit` or `Buffer` inside
+//! the layer), a call waits for it even when the circuit is open, and is
+//! refused only once it is made (`Rejected(CircuitOpen)`, without reaching
+//! the inner service); and the pipeline's bulkhead, rate limiter and
+//! adaptive limit never hold `poll_ready` back: they refuse (or queue) the
+//! call when it is made. For backpressure in `poll_ready`, put tower's
+//! `ConcurrencyLimit` outside the layer; to refuse at once while the
+//! circuit is open, keep backpressure layers outside it too.
+//!
 //! A layer made by [`single_attempt`](PipelineLayer::single_attempt) moves
 //! the request into the call's one attempt instead: no retry or hedging
 //! (refused at build), but any
