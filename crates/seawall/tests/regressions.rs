@@ -665,6 +665,83 @@ fn a_wait_that_ends_at_the_deadline_fits() {
     });
 }
 
+/// A breaker declared before the retry records the failure of a call whose
+/// attempts failed and whose next attempt seawall refused (the retry
+/// budget, a rate limiter after the retry): it stayed closed, blind, while
+/// every call reached the dependency once and failed. A call refused
+/// before any attempt ran still records nothing.
+#[test]
+fn a_call_refused_after_a_failed_attempt_is_a_failure_of_the_call() {
+    let mut variants = Vec::new();
+    for offset in [Duration::ZERO, FAR] {
+        for flavor in FLAVORS {
+            for listener in [false, true] {
+                for case in 0..2 {
+                    variants.push((offset, flavor, listener, case));
+                }
+            }
+        }
+    }
+    each_variant(&variants, |(offset, flavor, listener, case)| {
+        let clock = clock_at(offset);
+        let b = Pipeline::builder(unique("reg-refused-after-failure"))
+            .circuit_breaker(CircuitBreaker::consecutive_failures(3).cooldown(secs(30)));
+        let b = match case {
+            // The budget runs dry at once: every call's retry is refused.
+            0 => b.retry(
+                Retry::constant(ms(1))
+                    .max_attempts(3)
+                    .budget(RetryBudget::new(0.01, 1)),
+            ),
+            // Seven permits, one an attempt: calls 1 and 2 take three
+            // each (exhausted), call 3 the last, its retry refused.
+            _ => b
+                .retry(Retry::constant(ms(1)).max_attempts(3))
+                .rate_limiter(RateLimiter::fixed_window(7, secs(3600))),
+        };
+        let p = listen(b.store(MemoryStore::new()).clock(clock.clone()), listener)
+            .build()
+            .unwrap();
+        let mut ran = 0;
+        let mut results = Vec::new();
+        for _ in 0..4 {
+            results.push(exec(&p, flavor, |_| {
+                ran += 1;
+                Err::<u32, _>(Boom(1))
+            }));
+        }
+        let state = p.circuit_state().unwrap();
+        let last = rejection_of(&results[3]);
+        ensure(
+            state == CircuitState::Open
+                && matches!(last, Ok(r) if r.reason == RejectionReason::CircuitOpen),
+            || format!("state {state:?} after {ran} attempts; results {results:?}"),
+        )?;
+        // Refused before any attempt: nothing recorded.
+        let p = listen(
+            Pipeline::builder(unique("reg-refused-before-attempt"))
+                .circuit_breaker(CircuitBreaker::consecutive_failures(1))
+                .retry(Retry::constant(ms(1)).max_attempts(2))
+                .rate_limiter(RateLimiter::fixed_window(1, secs(3600)))
+                .store(MemoryStore::new())
+                .clock(clock.clone()),
+            listener,
+        )
+        .build()
+        .unwrap();
+        let first = exec(&p, flavor, |_| Ok::<u32, Boom>(1));
+        let refused = exec(&p, flavor, |_| Ok::<u32, Boom>(2));
+        let m = p.circuit_metrics().unwrap();
+        ensure(
+            matches!(first, Ok(1))
+                && matches!(rejection_of(&refused), Ok(r) if r.reason == RejectionReason::RateLimited)
+                && m.state == CircuitState::Closed
+                && m.failures == 0,
+            || format!("{first:?}, {refused:?}, {m:?}"),
+        )
+    });
+}
+
 // The cooldown branch has the same shape: a call deferred by a cooldown
 // that a hint extends while it waits must not wait past `max_wait` in all.
 #[test]

@@ -54,10 +54,13 @@ pub(crate) mod declare;
 /// - **before the retry** they guard the whole call: the call is admitted
 ///   once before its first attempt and its final outcome recorded once
 ///   (before the fallback): a success, the verdict of the final error, a
-///   timeout as a failure; a call refused by a policy after the retry, by
-///   the retry budget or failed by the store gives its admission back
-///   without an outcome. One exhausted retry is one failure in the
-///   circuit's window, a slow call is measured over the whole call, a
+///   timeout as a failure. A call whose attempt failed and whose next
+///   attempt is refused (by a policy after the retry, the retry budget, a
+///   refused hedge) records that failure, and returns the refusal; a call
+///   refused before any attempt failed, or failed by the store, gives its
+///   admission back without an outcome. One exhausted retry is one
+///   failure in the circuit's window, a slow call is measured over the
+///   whole call, a
 ///   bulkhead slot is held for the whole call, **retry waits included**, a
 ///   rate limiter takes one permit per call, a cooldown is opened by the
 ///   final error's retry-after hint.

@@ -330,7 +330,7 @@ where
                 };
                 let ctx = loop {
                     match admit {
-                        Admit::Run(ctx) => break ctx,
+                        Admit::Run(ctx) => break Ok(ctx),
                         Admit::Ask(request) => {
                             let answer = call.store().admit(&request);
                             admit = call.admitted(answer);
@@ -343,16 +343,20 @@ where
                             call.clock().sleep_blocking(wait);
                             admit = call.waited();
                         }
-                        Admit::Refused(r) => break 'call Err(call.refused(r)),
+                        Admit::Refused(r) => break Err(call.refused(r)),
                     }
                 };
-                // A panic drops the call, which gives its permit back.
-                if call.has_custom_attempt() {
-                    let (result, judged) = super::chain::attempt_sync(call, ctx, &mut op);
-                    call.ended_through(result, judged)
-                } else {
-                    let result = operate_sync(call, ctx, &mut op);
-                    call.ended(Some(result), None)
+                match ctx {
+                    Err(ended) => ended,
+                    // A panic drops the call, which gives its permit back.
+                    Ok(ctx) if call.has_custom_attempt() => {
+                        let (result, judged) = super::chain::attempt_sync(call, ctx, &mut op);
+                        call.ended_through(result, judged)
+                    }
+                    Ok(ctx) => {
+                        let result = operate_sync(call, ctx, &mut op);
+                        call.ended(Some(result), None)
+                    }
                 }
             }
         };
@@ -476,7 +480,7 @@ where
                 };
                 let ctx = loop {
                     match admit {
-                        Admit::Run(ctx) => break ctx,
+                        Admit::Run(ctx) => break Ok(ctx),
                         Admit::Ask(request) => {
                             let answer = call.store().admit_async(request).await;
                             admit = call.admitted(answer);
@@ -489,32 +493,37 @@ where
                             call.clock().sleep(wait).await;
                             admit = call.waited();
                         }
-                        Admit::Refused(r) => break 'call Err(call.refused(r)),
+                        Admit::Refused(r) => break Err(call.refused(r)),
                     }
                 };
-                let deadline = call.deadline();
-                let clock = call.clock();
-                if call.has_custom_attempt() {
-                    // The policies' passes run inside the attempt's deadline.
-                    let through = super::chain::attempt_async(call, ctx, &mut op);
-                    match WithDeadline::new(Box::pin(through), clock, deadline).await {
-                        Some((result, judged)) => call.ended_through(result, judged),
-                        None => call.ended(None, None),
-                    }
-                } else {
-                    let output = if call.has_chaos() {
-                        // The injected latency runs inside the attempt's
-                        // deadline.
-                        let attempt = operate_async(call, ctx, &mut op);
-                        WithDeadline::new(attempt, clock, deadline).await
-                    } else {
-                        WithDeadline::new(op(ctx), clock, deadline)
-                            .await
-                            .map(AttemptOutput::split)
-                    };
-                    match output {
-                        Some((result, judged)) => call.ended(Some(result), judged),
-                        None => call.ended(None, None),
+                match ctx {
+                    Err(ended) => ended,
+                    Ok(ctx) => {
+                        let deadline = call.deadline();
+                        let clock = call.clock();
+                        if call.has_custom_attempt() {
+                            // The policies' passes run inside the attempt's deadline.
+                            let through = super::chain::attempt_async(call, ctx, &mut op);
+                            match WithDeadline::new(Box::pin(through), clock, deadline).await {
+                                Some((result, judged)) => call.ended_through(result, judged),
+                                None => call.ended(None, None),
+                            }
+                        } else {
+                            let output = if call.has_chaos() {
+                                // The injected latency runs inside the attempt's
+                                // deadline.
+                                let attempt = operate_async(call, ctx, &mut op);
+                                WithDeadline::new(attempt, clock, deadline).await
+                            } else {
+                                WithDeadline::new(op(ctx), clock, deadline)
+                                    .await
+                                    .map(AttemptOutput::split)
+                            };
+                            match output {
+                                Some((result, judged)) => call.ended(Some(result), judged),
+                                None => call.ended(None, None),
+                            }
+                        }
                     }
                 }
             }
@@ -921,7 +930,7 @@ where
                         next = arm(call, timer.as_mut(), &mut armed, cx, HedgeSince::Refused);
                         true
                     }
-                    Progress::Refused(r) => return Poll::Ready(Ended::Done(Err(call.refused(r)))),
+                    Progress::Refused(r) => return Poll::Ready(call.refused(r)),
                 };
                 match (done, on_primary) {
                     (false, _) => i += 1,

@@ -29,8 +29,10 @@
 //! the retry decided it, before the fallback: a success, the final error's
 //! verdict and retry-after hint, a timeout as a failure, measured from the
 //! call's admission. A call that ends refused by the attempt's gate or the
-//! retry budget, or failed by the store, gives the call's permit back
-//! without an outcome. A pipeline with a call's gate takes the general
+//! retry budget after an attempt failed records that failure
+//! ([`Call::refused`]); one refused before any attempt failed, or failed
+//! by the store, gives the call's permit back without an outcome. A
+//! pipeline with a call's gate takes the general
 //! loop from the start.
 //!
 //! The common case is the engine's own entry, [`First`]: the first attempt
@@ -269,6 +271,11 @@ pub(crate) struct Call<'g, K: Kind> {
     call_permit: Option<Permit>,
     /// When the call-level gate admitted the call, once read.
     call_at: Option<u64>,
+    /// The outcome (and retry-after hint) of the call's last failed
+    /// attempt, kept while the call-level gate holds a permit: a call that
+    /// ends with a refusal after an attempt failed records it
+    /// ([`refused`](Self::refused)).
+    call_failed: Option<(Outcome, Option<Duration>)>,
     waiting: Option<Waiting>,
     /// The rate-limit permits each admission takes (1 unless weighted).
     weight: u32,
@@ -488,6 +495,7 @@ impl<'g, K: Kind> Call<'g, K> {
             },
             call_permit: None,
             call_at: None,
+            call_failed: None,
             waiting: None,
             weight: 1,
             lease: None,
@@ -627,8 +635,9 @@ impl<'g, K: Kind> Call<'g, K> {
     }
 
     /// Gives back the call-level permit without an outcome: the call ends
-    /// with a refusal of its own (an attempt's gate, the retry budget) or
-    /// a store error, which says nothing of the dependency.
+    /// with a refusal of its own (an attempt's gate, the retry budget)
+    /// before any attempt failed, or a store error, which says nothing of
+    /// the dependency.
     fn release_call(&mut self) {
         if let Some(permit) = self.call_permit.take() {
             if let Some(gate) = self.gate_of(Level::Call) {
@@ -1097,8 +1106,21 @@ impl<'g, K: Kind> Call<'g, K> {
 
     /// Ends a refused call: the error, reported; hand it to
     /// [`finish`](Self::finish).
-    pub(crate) fn refused<E>(&mut self, refused: Refused) -> Error<E> {
-        self.release_call();
+    ///
+    /// A refusal after an attempt failed (the retry or the hedge that
+    /// followed it refused) ends the call with that failure as the call's
+    /// outcome, as an exhausted retry would: the call-level gate records it
+    /// (handed to the driver as [`Ended::Record`]). Before any attempt
+    /// failed, or on a store error, the call's permit goes back without
+    /// an outcome.
+    pub(crate) fn refused<T, E>(&mut self, refused: Refused) -> Ended<'g, T, E> {
+        let failed = match refused {
+            Refused::Rejected(_) => self.call_failed.take(),
+            Refused::Store(_) => None,
+        };
+        if failed.is_none() {
+            self.release_call();
+        }
         if let Refused::Rejected(r) = &refused {
             if r.reason == RejectionReason::RetryBudgetExhausted {
                 // The retry's admission found the budget in the store empty.
@@ -1109,9 +1131,13 @@ impl<'g, K: Kind> Call<'g, K> {
                 });
             }
         }
-        match refused {
+        let err = match refused {
             Refused::Rejected(r) => self.reject(r),
             Refused::Store(e) => Error::Store(e),
+        };
+        match failed {
+            Some((outcome, hint)) => self.done(Err(err), outcome, hint),
+            None => Ended::Done(Err(err)),
         }
     }
 
@@ -1538,6 +1564,11 @@ impl<'g, K: Kind> Call<'g, K> {
     where
         K: Handles<T, E>,
     {
+        if self.call_permit.is_some() {
+            // Recorded by the call-level gate should the call end with a
+            // refusal of the attempt that follows.
+            self.call_failed = Some(failed_call(&failure));
+        }
         if self.pipeline.shared.hedging.is_some() {
             return self.decide_hedged(failure);
         }
@@ -1607,14 +1638,7 @@ impl<'g, K: Kind> Call<'g, K> {
         K: Handles<T, E>,
     {
         let attempts = self.attempts();
-        let budget = matches!(reason, StopReason::Budget);
-        // The call's outcome: a timeout is a failure, an error is
-        // judged by its verdict.
-        let outcome = match failure.error {
-            Some(_) => outcome_of(failure.verdict),
-            None => Outcome::Failure,
-        };
-        let hint = failure.verdict.retry_after();
+        let (outcome, hint) = failed_call(&failure);
         let err = match (failure.error, failure.timed_out) {
             (Some(e), _) => match reason {
                 StopReason::NotRetried => Error::Operation(e),
@@ -1632,11 +1656,8 @@ impl<'g, K: Kind> Call<'g, K> {
             },
             (None, None) => unreachable!("a failed attempt has an error or a timeout"),
         };
-        if budget {
-            // A refusal of seawall's own: no outcome for the call.
-            self.release_call();
-            return Ended::Done(Err(err));
-        }
+        // A budget refusal too: the call's last attempt failed, and the
+        // call-level gate records that failure.
         self.done(Err(err), outcome, hint)
     }
 
@@ -2363,6 +2384,7 @@ impl<'g, K: Kind, A: CallArgs<'g>> First<'g, K, A> {
             level: Level::Attempt,
             call_permit: None,
             call_at: None,
+            call_failed: None,
             waiting: None,
             weight: self.args.weight(),
             lease: held.take_lease(),
@@ -2508,6 +2530,17 @@ fn call_outcome<E>(err: &Error<E>) -> CallOutcome {
 }
 
 /// How the store records an attempt judged `verdict`.
+/// What a call that ends with the failure of its last attempt records at
+/// the call level: a timeout is a failure, an error is judged by its
+/// verdict; and the error's retry-after hint.
+fn failed_call<E>(failure: &Failure<E>) -> (Outcome, Option<Duration>) {
+    let outcome = match failure.error {
+        Some(_) => outcome_of(failure.verdict),
+        None => Outcome::Failure,
+    };
+    (outcome, failure.verdict.retry_after())
+}
+
 fn outcome_of(verdict: Verdict) -> Outcome {
     match verdict.kind() {
         VerdictKind::Ignore | VerdictKind::Throttled => Outcome::Ignored,
