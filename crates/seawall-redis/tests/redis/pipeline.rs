@@ -187,6 +187,7 @@ fn every_key_has_a_ttl_and_one_hash_tag() {
                         now,
                         weight: 1,
                         budget: None,
+                        shadowed: false,
                     })
                     .unwrap()
                     .decision
@@ -209,6 +210,7 @@ fn every_key_has_a_ttl_and_one_hash_tag() {
                     now: Duration::ZERO,
                     weight: 1,
                     budget: None,
+                    shadowed: false,
                 })
                 .unwrap();
         }
@@ -298,6 +300,7 @@ fn a_probe_that_never_reports_is_replaced_after_the_probe_lease() {
             now: Duration::ZERO,
             weight: 1,
             budget: None,
+            shadowed: false,
         })
         .unwrap()
     };
@@ -386,6 +389,7 @@ fn slot_ids_with_trailing_zeros_are_given_back() {
             now,
             weight: 1,
             budget: None,
+            shadowed: false,
         })
         .unwrap()
         .decision
