@@ -95,8 +95,9 @@
 //!   more retries per resource and restart; admissions are not held for it).
 //! - **Shadow mode** (`seawall::shadow`) and the breaker's other states
 //!   (`open_for`, `max_half_open`, disabled) follow the same rules as in
-//!   memory: the scripts restate them, and the model tests check them on a
-//!   real server.
+//!   memory: the scripts restate them (an admission of a call shadowed
+//!   already, `AdmitRequest::shadowed`, included), and the model tests
+//!   check them on a real server.
 //! - **Same semantics as the in-memory store**: the store passes the
 //!   contract suite `seawall::store::contract` both with the server's clock
 //!   and with a caller's clock (where every wait is checked exactly), and

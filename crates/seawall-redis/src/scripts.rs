@@ -366,6 +366,14 @@ const SHADOW_BULKHEAD: u8 = 2;
 const SHADOW_COOLDOWN: u8 = 4;
 const SHADOW_RATE: u8 = 8;
 
+/// `true` when a policy of `spec` runs in shadow mode.
+pub(crate) fn any_in_shadow(spec: &ResourceSpec) -> bool {
+    circuit_in_shadow(spec)
+        || spec.bulkhead.as_ref().is_some_and(|b| b.shadow)
+        || spec.cooldown.as_ref().is_some_and(|c| c.shadow)
+        || spec.rate_limit.as_ref().is_some_and(|r| r.shadow)
+}
+
 /// `true` when the circuit of `spec` runs in shadow mode.
 pub(crate) fn circuit_in_shadow(spec: &ResourceSpec) -> bool {
     spec.circuit.as_ref().is_some_and(|c| c.shadow)

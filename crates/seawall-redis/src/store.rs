@@ -236,6 +236,7 @@ impl StateStore for RedisStore {
                 local,
                 caller_clock: inner.time_source == TimeSource::Caller,
                 circuit_in_shadow: scripts::circuit_in_shadow(spec),
+                any_in_shadow: scripts::any_in_shadow(spec),
                 refusals: Refusals::new(inner.local_refusals),
                 born: Instant::now(),
                 carrier: Arc::clone(&inner.carrier),
@@ -272,6 +273,9 @@ pub(crate) struct Shared {
     /// The circuit runs in shadow mode: it records nothing of a shadowed
     /// call.
     circuit_in_shadow: bool,
+    /// A policy runs in shadow mode: an admission of a call shadowed
+    /// already ([`AdmitRequest::shadowed`]) leaves it out.
+    any_in_shadow: bool,
     /// How long admissions wait after a restart of the server (see
     /// [`restart_hold`]).
     hold: Duration,
@@ -864,11 +868,18 @@ impl Shared {
         reserve: Reserve,
         carried: &[Pending],
     ) -> Invocation {
-        inv.arg(match request.budget {
+        let budget = match request.budget {
             Some(BudgetStep::Deposit) => self.budget_args[0].as_str(),
             Some(BudgetStep::Withdraw) => self.budget_args[1].as_str(),
             _ => "",
-        });
+        };
+        if self.pre_shadowed(request) {
+            // A call shadowed already: `s` before the budget's argument
+            // (see `admit.lua`).
+            inv.arg(format!("s{budget}"));
+        } else {
+            inv.arg(budget);
+        }
         // A held reservation is given back as it was taken.
         let weight = reserve.held.map_or(request.weight, |r| r.weight);
         if self.reserves() || weight != 1 {
@@ -1126,8 +1137,17 @@ impl Shared {
         );
     }
 
-    fn admission(&self, reply: &[i64], now: Duration) -> Result<Admission, StoreError> {
-        self.admission_reserving(reply, now, 1).map(|(a, _)| a)
+    /// Whether `request` is for a call shadowed already that meets a
+    /// policy in shadow mode here: the script leaves such policies out and
+    /// the permit is shadowed (see [`AdmitRequest::shadowed`]).
+    fn pre_shadowed(&self, request: &AdmitRequest<'_>) -> bool {
+        request.shadowed && self.any_in_shadow
+    }
+
+    /// The admission of a call shadowed already (`pre`, see
+    /// [`pre_shadowed`](Self::pre_shadowed)) or not.
+    fn admission(&self, reply: &[i64], now: Duration, pre: bool) -> Result<Admission, StoreError> {
+        self.admission_reserving(reply, now, 1, pre).map(|(a, _)| a)
     }
 
     /// The admission, and the rate-limit permit it reserved.
@@ -1136,6 +1156,7 @@ impl Shared {
         reply: &[i64],
         now: Duration,
         weight: u32,
+        pre: bool,
     ) -> Result<(Admission, Option<Reservation>), StoreError> {
         let &[reason, retry_us, probe, generation, slot, transition, trips, under_ns, reserved_us, reserved_ns, shadow_reason, shadow_retry_us, shadow_under_ns] =
             reply
@@ -1175,7 +1196,7 @@ impl Shared {
                 generation: u64::try_from(generation).unwrap_or(0),
                 slot: u64::try_from(slot).ok(),
                 local: false,
-                shadowed: shadow.is_some(),
+                shadowed: pre || shadow.is_some(),
             }),
             Some(reason) => Err(Rejection::new(reason, retry_after(retry_us, under_ns))),
         };
@@ -1378,7 +1399,7 @@ impl Shared {
         reply: &[i64],
         now: Duration,
     ) -> Result<Admission, StoreError> {
-        self.admission(reply.get(..13).unwrap_or(reply), now)
+        self.admission(reply.get(..13).unwrap_or(reply), now, false)
     }
 
     /// Gives `permits` of a batch back, as a reservation at `at` is given
@@ -1440,7 +1461,7 @@ impl ResourceState for RedisResource {
         match s.link.admit_sync::<Vec<i64>>(&inv, &hold) {
             Ok(reply) => {
                 s.learn(request, sent, &reply);
-                s.admission(&reply, request.now)
+                s.admission(&reply, request.now, s.pre_shadowed(request))
             }
             Err(e) => s.admit_degraded(request, e),
         }
@@ -1465,7 +1486,7 @@ impl ResourceState for RedisResource {
                 Ok(reply) => {
                     carried.answered();
                     s.learn(&request, sent, &reply);
-                    s.admission(&reply, request.now)
+                    s.admission(&reply, request.now, s.pre_shadowed(&request))
                 }
                 Err(e) => {
                     // The carried records may not have run: their slots
@@ -1581,7 +1602,7 @@ impl ResourceState for RedisResource {
         match s.link.admit_sync::<Vec<i64>>(&inv, &hold) {
             Ok(reply) => {
                 s.learn(request, sent, &reply);
-                s.admission_reserving(&reply, request.now, request.weight)
+                s.admission_reserving(&reply, request.now, request.weight, s.pre_shadowed(request))
             }
             Err(e) => s.admit_degraded(request, e).map(|a| (a, None)),
         }
@@ -1609,7 +1630,12 @@ impl ResourceState for RedisResource {
                 Ok(reply) => {
                     carried.answered();
                     s.learn(&request, sent, &reply);
-                    s.admission_reserving(&reply, request.now, request.weight)
+                    s.admission_reserving(
+                        &reply,
+                        request.now,
+                        request.weight,
+                        s.pre_shadowed(&request),
+                    )
                 }
                 Err(e) => s.admit_degraded(&request, e).map(|a| (a, None)),
             }

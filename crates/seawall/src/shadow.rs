@@ -54,10 +54,38 @@
 //! record it as any call. A call admitted with no refusal is recorded by
 //! every policy, as usual.
 //!
-//! This rule is stated once, by the memory store's admission (this
-//! module's `Walk`); the Redis store's script restates it and the model
-//! tests (`seawall::model::resource`) check both against a plain
-//! statement of it.
+//! ## Across the levels of a pipeline
+//! A call meets the stateful policies at several levels: those declared
+//! before the retry admit the call once (the resource `{name}#call`), then
+//! each attempt meets the adaptive limit and the policies declared after
+//! the retry. An enforcing refusal at any level ends the call (what the
+//! earlier levels hold is given back without an outcome), so the rule
+//! goes on across them: **once a call is shadowed, the policies in shadow
+//! mode it would not have reached are not asked and record nothing of it**.
+//! - A call shadowed by its call-level policies meets the adaptive limit
+//!   and the attempts' policies shadowed already: those in shadow mode
+//!   are not asked (a shadow limiter takes no permit, a shadow bulkhead no
+//!   slot, a shadow adaptive limit no slot and no sample), the enforcing
+//!   ones are, for every attempt.
+//! - An attempt shadowed by the adaptive limit meets the attempts'
+//!   policies shadowed already, in the same way.
+//! - An attempt shadowed by the attempts' policies gives back the slot the
+//!   adaptive limit in shadow mode lent it (it takes no sample).
+//! - Once an attempt is shadowed, the call is: the call-level policies in
+//!   shadow mode give back what they hold for it (a probe slot, a bulkhead
+//!   slot) and record nothing of it, and its later attempts are shadowed
+//!   from the start. (A hedge is the exception: a refused hedge does not
+//!   end an enforcing call, so a hedge shadowed shadows itself alone.)
+//!
+//! This rule is stated once, in this module: `Walk` for one admission
+//! (started shadowed for a call shadowed already: the store's
+//! [`AdmitRequest::shadowed`](crate::store::AdmitRequest::shadowed)),
+//! `takes_part` for the adaptive limit and `Shadow::split` for what a
+//! call-level permit keeps once the call is shadowed; the call engine
+//! applies them. The memory store's admission walks with `Walk`; the
+//! Redis store's script restates it and the model tests
+//! (`seawall::model::resource`) check both against a plain statement of
+//! it, admissions shadowed already included.
 //!
 //! # What it means for each policy
 //! - **Circuit breaker**: it opens, half-opens (admitting its probes) and
@@ -156,33 +184,49 @@ impl Shadow {
     }
 }
 
+/// Whether a policy takes part in a call that is shadowed (`shadowed`)
+/// or not: an enforcing one (`in_shadow` false) always, one in shadow
+/// mode until the call is shadowed. One that does not take part is not
+/// asked (a refusal would have ended the call before it), gives back what
+/// it took and records nothing. The one statement of
+/// [the rule](self#across-the-levels-of-a-pipeline), for every level.
+#[inline(always)]
+pub(crate) fn takes_part(in_shadow: bool, shadowed: bool) -> bool {
+    !(shadowed && in_shadow)
+}
+
 /// An admission under way, through the policies in admission order: what
 /// a refusal becomes (see [the rule](self#the-rule)).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Walk {
     shadow: Shadow,
-    shadowed: Option<Rejection>,
+    /// The call is shadowed (by this walk or before it).
+    shadowed: bool,
+    /// The refusal of a policy in shadow mode this walk met first.
+    refusal: Option<Rejection>,
 }
 
 impl Walk {
     /// An admission through the policies of a resource whose policies in
-    /// shadow mode are `shadow`.
+    /// shadow mode are `shadow`, for a call `shadowed` already or not (by
+    /// a policy in shadow mode it met before this resource: see
+    /// [across the levels](self#across-the-levels-of-a-pipeline)). A
+    /// resource without a policy in shadow mode takes no notice of it.
     #[inline(always)]
-    pub(crate) fn new(shadow: Shadow) -> Walk {
+    pub(crate) fn new(shadow: Shadow, shadowed: bool) -> Walk {
         Walk {
             shadow,
-            shadowed: None,
+            shadowed: shadowed && shadow.any(),
+            refusal: None,
         }
     }
 
-    /// Whether `policy` takes part in the call: an enforcing policy
-    /// always; a policy in shadow mode until the call is shadowed. One
-    /// that does not take part is not asked (a refusal would have ended
-    /// the admission before it) and gives back what it took (it would have
-    /// been given back on that refusal).
+    /// Whether `policy` takes part in the call (see [`takes_part`]). One
+    /// that does not take part is not asked and gives back what it took
+    /// (it would have been given back on that refusal).
     #[inline(always)]
     pub(crate) fn takes_part(&self, policy: Policy) -> bool {
-        self.shadowed.is_none() || !self.shadow.has(policy)
+        takes_part(self.shadow.has(policy), self.shadowed)
     }
 
     /// `policy` refuses the call with `rejection`. `Err`: the admission
@@ -198,15 +242,57 @@ impl Walk {
         if !self.shadow.has(policy) {
             return Err(rejection);
         }
-        self.shadowed.get_or_insert(rejection);
+        self.shadowed = true;
+        self.refusal.get_or_insert(rejection);
         Ok(())
     }
 
-    /// The refusal of a policy in shadow mode that the call was admitted
-    /// over, if any.
+    /// Whether the call is shadowed: the permit's
+    /// [`shadowed`](Permit::shadowed).
     #[inline(always)]
-    pub(crate) fn shadowed(&self) -> Option<Rejection> {
+    pub(crate) fn shadowed(&self) -> bool {
         self.shadowed
+    }
+
+    /// The refusal of a policy in shadow mode that this admission went on
+    /// over, if any (none for a call shadowed before it: that refusal was
+    /// reported where it happened).
+    #[inline(always)]
+    pub(crate) fn refusal(&self) -> Option<Rejection> {
+        self.refusal
+    }
+}
+
+impl Shadow {
+    /// `permit`, admitted unshadowed, once its call is shadowed at a later
+    /// level: what it keeps (shadowed: the policies in shadow mode will
+    /// record nothing of it) and what the policies in shadow mode held for
+    /// it, to give back now with
+    /// [`ResourceState::release`](crate::store::ResourceState::release)
+    /// (`None` when they held nothing).
+    pub(crate) fn split(self, permit: Permit) -> (Permit, Option<Permit>) {
+        let mut kept = permit;
+        kept.shadowed = true;
+        let mut given = Permit {
+            probe: false,
+            slot: None,
+            ..permit
+        };
+        if self.has(Policy::Circuit) && permit.probe {
+            kept.probe = false;
+            given.probe = true;
+        }
+        if self.has(Policy::Bulkhead) {
+            given.slot = kept.slot.take();
+        }
+        let holds = given.probe || given.slot.is_some();
+        (kept, holds.then_some(given))
+    }
+
+    /// Whether any policy runs in shadow mode.
+    #[inline(always)]
+    pub(crate) fn any(self) -> bool {
+        self.0 != 0
     }
 }
 
@@ -226,7 +312,7 @@ mod tests {
         let shadow = Shadow::of(&spec);
         assert!(shadow.has(Policy::Circuit) && shadow.has(Policy::Rate));
         assert!(!shadow.has(Policy::Bulkhead) && !shadow.has(Policy::Cooldown));
-        let mut walk = Walk::new(shadow);
+        let mut walk = Walk::new(shadow, false);
         assert!(walk.takes_part(Policy::Circuit));
         let open = Rejection::new(RejectionReason::CircuitOpen, Some(Duration::from_secs(3)));
         assert_eq!(walk.refused(Policy::Circuit, open), Ok(()));
@@ -236,7 +322,8 @@ mod tests {
         assert!(walk.takes_part(Policy::Bulkhead));
         let full = Rejection::new(RejectionReason::BulkheadFull, None);
         assert_eq!(walk.refused(Policy::Bulkhead, full), Err(full));
-        assert_eq!(walk.shadowed(), Some(open));
+        assert_eq!(walk.refusal(), Some(open));
+        assert!(walk.shadowed());
         let permit = Permit {
             shadowed: true,
             ..Permit::default()
@@ -244,5 +331,52 @@ mod tests {
         assert!(!shadow.records(Policy::Circuit, &permit));
         assert!(shadow.records(Policy::Bulkhead, &permit));
         assert!(shadow.records(Policy::Circuit, &Permit::default()));
+    }
+
+    #[test]
+    fn a_walk_of_a_call_shadowed_already_asks_only_the_enforcing_policies() {
+        let spec = ResourceSpec::new("r")
+            .with_circuit(CircuitBreaker::consecutive_failures(1).shadow(true))
+            .with_bulkhead(Bulkhead::new(1))
+            .with_rate_limit(RateLimiter::gcra(1, Duration::from_secs(1)).shadow(true));
+        let walk = Walk::new(Shadow::of(&spec), true);
+        assert!(walk.shadowed() && walk.refusal().is_none());
+        assert!(!walk.takes_part(Policy::Circuit) && !walk.takes_part(Policy::Rate));
+        assert!(walk.takes_part(Policy::Bulkhead));
+        // Without a policy in shadow mode, the flag changes nothing.
+        let enforcing = ResourceSpec::new("e").with_bulkhead(Bulkhead::new(1));
+        assert!(!Walk::new(Shadow::of(&enforcing), true).shadowed());
+        // The adaptive limit: the same rule.
+        assert!(takes_part(false, true) && takes_part(true, false));
+        assert!(!takes_part(true, true));
+    }
+
+    #[test]
+    fn a_permit_split_gives_back_what_the_shadow_policies_hold() {
+        let permit = Permit {
+            probe: true,
+            generation: 7,
+            slot: Some(3),
+            ..Permit::default()
+        };
+        let both = ResourceSpec::new("r")
+            .with_circuit(CircuitBreaker::consecutive_failures(1).shadow(true))
+            .with_bulkhead(Bulkhead::new(1).shadow(true));
+        let (kept, given) = Shadow::of(&both).split(permit);
+        assert!(kept.shadowed && !kept.probe && kept.slot.is_none());
+        let given = given.expect("a probe and a slot to give back");
+        assert!(given.probe && given.slot == Some(3) && given.generation == 7);
+        // An enforcing bulkhead keeps its slot; a circuit in shadow mode
+        // with no probe holds nothing.
+        let circuit = ResourceSpec::new("c")
+            .with_circuit(CircuitBreaker::consecutive_failures(1).shadow(true))
+            .with_bulkhead(Bulkhead::new(1));
+        let plain = Permit {
+            probe: false,
+            ..permit
+        };
+        let (kept, given) = Shadow::of(&circuit).split(plain);
+        assert!(kept.shadowed && kept.slot == Some(3));
+        assert_eq!(given, None);
     }
 }

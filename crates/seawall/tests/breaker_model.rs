@@ -121,6 +121,7 @@ impl Subject {
                 now,
                 weight: 1,
                 budget: None,
+                shadowed: false,
             })
             .unwrap()
             .decision

@@ -271,6 +271,9 @@ fn to_the_nanosecond() -> impl Strategy<Value = (ResourceSpec, Vec<Step>)> {
                     Step::Admit { partition: None } if sliding => Step::Admit {
                         partition: Some(PartitionKey::from(9u64)),
                     },
+                    Step::AdmitShadowed { partition: None } if sliding => Step::AdmitShadowed {
+                        partition: Some(PartitionKey::from(9u64)),
+                    },
                     other => other,
                 })
                 .collect();
@@ -426,7 +429,7 @@ proptest! {
                     && r.max_wait.is_zero()
             });
         let weight = if ring { 1 } else { weight };
-        let request = AdmitRequest { partition: partition.as_ref(), now, weight, budget: None };
+        let request = AdmitRequest { partition: partition.as_ref(), now, weight, budget: None, shadowed: false };
         let mut model = run.model().clone();
         let expected = (0..THREADS * per_thread)
             .filter(|_| model.admit(&request).decision.is_ok())

@@ -611,3 +611,439 @@ fn a_shadow_adaptive_limit_holds_at_most_its_limit_across_threads() {
     assert!(most.load(Ordering::Relaxed) <= 2);
     assert_eq!(p.concurrency_limit().unwrap().in_flight, 0);
 }
+
+// ------------------------------------------------- across the levels
+
+/// Runs `during` while a call through `p` (made with `flavor` on another
+/// thread) is in its operation, then lets that call end with `Ok(0)`; its
+/// result comes back with `during`'s. A call `p` refuses at once (an
+/// enforcing refusal) holds nothing: `during` runs after it.
+fn while_held<R>(
+    p: &Pipeline<seawall::pipeline::ErrorType<Boom>>,
+    flavor: Flavor,
+    during: impl FnOnce() -> R,
+) -> (Result<u32, Error<Boom>>, R) {
+    let (entered, wait_entered) = std::sync::mpsc::channel::<()>();
+    let (release, wait_release) = std::sync::mpsc::channel::<()>();
+    std::thread::scope(|s| {
+        let entered_op = entered.clone();
+        let holder = s.spawn(move || {
+            let r = exec(p, flavor, |_| {
+                entered_op.send(()).unwrap();
+                wait_release.recv().unwrap();
+                Ok(0)
+            });
+            let _ = entered.send(());
+            r
+        });
+        wait_entered.recv().unwrap();
+        let r = during();
+        let _ = release.send(());
+        (holder.join().unwrap(), r)
+    })
+}
+
+/// A pipeline `name` on a memory store, `shaped` by the test, its stateful
+/// policies enforcing or in shadow mode (`shadow`), with a listener
+/// recording its events when `listen`.
+fn levels(
+    name: &str,
+    clock: &VirtualClock,
+    listen: bool,
+    shaped: impl FnOnce(
+        seawall::PipelineBuilder<seawall::pipeline::ErrorType<Boom>>,
+    ) -> seawall::PipelineBuilder<seawall::pipeline::ErrorType<Boom>>,
+) -> (Pipeline<seawall::pipeline::ErrorType<Boom>>, support::Log) {
+    let (log, listener) = recorder();
+    let mut b = Pipeline::builder(unique(name))
+        .store(seawall::MemoryStore::new())
+        .clock(clock.clone())
+        .classify(|_: &Boom| Verdict::retry());
+    if listen {
+        b = b.on_event(listener);
+    }
+    (shaped(b).build().unwrap(), log)
+}
+
+/// What a circuit counted: its state, its calls and failures.
+fn counts(p: &Pipeline<seawall::pipeline::ErrorType<Boom>>) -> (CircuitState, u64, u64) {
+    let m = p.circuit_metrics().unwrap();
+    (m.state, m.calls, m.failures)
+}
+
+/// Every combination the pipeline tests run on: sync and async, with and
+/// without a listener, on clocks at 0 and at 10^6 s.
+fn each_run(mut test: impl FnMut(Flavor, bool, &VirtualClock)) {
+    for flavor in FLAVORS {
+        for listen in [false, true] {
+            for offset in [Duration::ZERO, FAR] {
+                test(flavor, listen, &clock_at(offset));
+            }
+        }
+    }
+}
+
+#[test]
+fn an_attempt_refused_in_shadow_leaves_nothing_to_the_shadow_policies_before_the_retry() {
+    each_run(|flavor, listen, clock| {
+        let mk = |s: bool| {
+            levels("levels-attempt", clock, listen, |b| {
+                b.circuit_breaker(CircuitBreaker::consecutive_failures(1).shadow(s))
+                    .retry(seawall::Retry::constant(ms(10)).max_attempts(2))
+                    .rate_limiter(RateLimiter::fixed_window(1, secs(3600)).shadow(s))
+            })
+        };
+        let ((e, _), (s, log)) = (mk(false), mk(true));
+        // The second attempt is refused by the limiter: the enforcing call
+        // gives its admission back without an outcome, the circuit before
+        // the retry counts nothing.
+        let refused = Rejection::new(RejectionReason::RateLimited, Some(secs(3600)));
+        match exec(&e, flavor, boom) {
+            Err(Error::Rejected(r)) => assert_eq!(r.reason, RejectionReason::RateLimited),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            exec(&s, flavor, boom),
+            Err(Error::RetryExhausted { attempts: 2, .. })
+        ));
+        assert_eq!(e.circuit_state().unwrap(), CircuitState::Closed);
+        assert_eq!(
+            s.circuit_state().unwrap(),
+            CircuitState::Closed,
+            "{flavor:?} {listen}"
+        );
+        assert_eq!(counts(&e), counts(&s));
+        if listen {
+            let r = shadow_rejections(&log);
+            assert_eq!(r.len(), 1, "{r:?}");
+            assert_eq!(r[0].reason, refused.reason);
+        }
+    });
+}
+
+#[test]
+fn a_call_shadowed_before_the_retry_takes_no_permit_after_it() {
+    each_run(|flavor, listen, clock| {
+        let mk = |s: bool| {
+            levels("levels-call", clock, listen, |b| {
+                b.circuit_breaker(
+                    CircuitBreaker::consecutive_failures(1)
+                        .cooldown(secs(3600))
+                        .shadow(s),
+                )
+                .retry(seawall::Retry::constant(ms(10)).max_attempts(1))
+                .rate_limiter(RateLimiter::fixed_window(2, secs(3600)).shadow(s))
+            })
+        };
+        let ((e, _), (s, log)) = (mk(false), mk(true));
+        for p in [&e, &s] {
+            // Opens the circuit, takes permit 1.
+            assert!(matches!(
+                exec(p, flavor, boom),
+                Err(Error::Operation(_) | Error::RetryExhausted { .. })
+            ));
+        }
+        assert!(matches!(
+            exec(&e, flavor, ok),
+            Err(Error::Rejected(r)) if r.reason == RejectionReason::CircuitOpen
+        ));
+        // Refused by the circuit in shadow mode: it runs, and takes no
+        // permit of the limiter it would not have reached.
+        assert_eq!(exec(&s, flavor, ok).unwrap(), 1);
+        e.reset().unwrap();
+        s.reset().unwrap();
+        assert_eq!(exec(&e, flavor, ok).unwrap(), 1);
+        let before = shadow_rejections(&log).len();
+        assert_eq!(exec(&s, flavor, ok).unwrap(), 1);
+        assert_eq!(
+            shadow_rejections(&log)[before..],
+            [],
+            "{flavor:?} listening {listen}: permit 2 was free"
+        );
+        // Both limiters are spent now.
+        assert!(matches!(
+            exec(&e, flavor, ok),
+            Err(Error::Rejected(r)) if r.reason == RejectionReason::RateLimited
+        ));
+        if listen {
+            let before = shadow_rejections(&log).len();
+            assert_eq!(exec(&s, flavor, ok).unwrap(), 1);
+            let r = shadow_rejections(&log)[before..].to_vec();
+            assert_eq!(r.len(), 1, "{r:?}");
+            assert_eq!(r[0].reason, RejectionReason::RateLimited);
+        }
+    });
+}
+
+#[test]
+fn an_attempt_over_a_shadow_adaptive_limit_is_not_judged_by_the_shadow_policies_after_it() {
+    each_run(|flavor, listen, clock| {
+        let mk = |s: bool| {
+            levels("levels-adaptive", clock, listen, |b| {
+                b.adaptive_limit(seawall::AdaptiveLimit::aimd().limits(1, 1, 1).shadow(s))
+                    .circuit_breaker(CircuitBreaker::consecutive_failures(1).shadow(s))
+            })
+        };
+        let ((e, _), (s, log)) = (mk(false), mk(true));
+        let (held, during) =
+            while_held(&e, flavor, || exec(&e, flavor, |_| Err::<u32, _>(Boom(2))));
+        assert_eq!(held.unwrap(), 0);
+        assert!(
+            matches!(during, Err(Error::Rejected(r)) if r.reason == RejectionReason::ConcurrencyLimited),
+            "{during:?}"
+        );
+        let (held, during) =
+            while_held(&s, flavor, || exec(&s, flavor, |_| Err::<u32, _>(Boom(2))));
+        assert_eq!(held.unwrap(), 0);
+        assert!(
+            matches!(during, Err(Error::Operation(Boom(2)))),
+            "{during:?}"
+        );
+        assert_eq!(e.circuit_state().unwrap(), CircuitState::Closed);
+        assert_eq!(
+            s.circuit_state().unwrap(),
+            CircuitState::Closed,
+            "{flavor:?} {listen}"
+        );
+        assert_eq!(counts(&e), counts(&s));
+        assert_eq!(s.concurrency_limit().unwrap().in_flight, 0);
+        if listen {
+            let r = shadow_rejections(&log);
+            assert_eq!(r.len(), 1, "{r:?}");
+            assert_eq!(r[0].reason, RejectionReason::ConcurrencyLimited);
+        }
+    });
+}
+
+// ------------------------------- shadow against enforcing, across levels
+
+/// Which side of the retry a stateful policy stands on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Side {
+    /// Declared before the retry: it admits the call once.
+    Call,
+    /// Declared after the retry: it admits each attempt.
+    Attempt,
+}
+
+fn side() -> impl Strategy<Value = Side> {
+    prop_oneof![Just(Side::Call), Just(Side::Attempt)]
+}
+
+/// A pipeline with policies on both sides of a retry, and an adaptive
+/// limit of 1 on the attempts.
+#[derive(Debug, Clone)]
+struct Layered {
+    circuit: Option<(CircuitBreaker, Side)>,
+    bulkhead: Option<Side>,
+    cooldown: Option<Side>,
+    rate: Option<(RateLimiter, Side)>,
+    attempts: u32,
+    adaptive: bool,
+}
+
+fn layered() -> impl Strategy<Value = Layered> {
+    let limiter = (0u8..3, 1u32..4, 100u64..2_000).prop_map(|(alg, limit, per)| match alg {
+        0 => RateLimiter::gcra(limit, ms(per)),
+        1 => RateLimiter::fixed_window(limit, ms(per)),
+        _ => RateLimiter::sliding_window(limit, ms(per)),
+    });
+    (
+        proptest::option::weighted(
+            0.7,
+            (seawall::model::breaker::strategy::any_breaker(), side()),
+        ),
+        proptest::option::weighted(0.5, side()),
+        proptest::option::weighted(0.5, side()),
+        proptest::option::weighted(0.6, (limiter, side())),
+        1u32..4,
+        any::<bool>(),
+    )
+        .prop_map(
+            |(circuit, bulkhead, cooldown, rate, attempts, adaptive)| Layered {
+                circuit,
+                bulkhead,
+                cooldown,
+                rate,
+                attempts,
+                adaptive,
+            },
+        )
+}
+
+/// One call of a layered run: the clock moves, then each attempt ends as
+/// told (0: success; 1: a retried failure; 2: a failure not retried with
+/// a retry-after hint of `hint` ms), while another call holds the
+/// adaptive limit's slot when `held`.
+#[derive(Debug, Clone, Copy)]
+struct LayeredStep {
+    advance: Duration,
+    outcomes: [u8; 3],
+    hint: u64,
+    held: bool,
+}
+
+fn layered_steps() -> impl Strategy<Value = Vec<LayeredStep>> {
+    let step = (
+        prop_oneof![
+            3 => Just(Duration::ZERO),
+            3 => (1u64..400).prop_map(ms),
+            1 => (1u64..4).prop_map(secs),
+        ],
+        prop::array::uniform3(prop_oneof![2 => Just(0u8), 3 => Just(1u8), 1 => Just(2u8)]),
+        1u64..3_000,
+        prop::bool::weighted(0.3),
+    )
+        .prop_map(|(advance, outcomes, hint, held)| LayeredStep {
+            advance,
+            outcomes,
+            hint,
+            held,
+        });
+    prop::collection::vec(step, 1..50)
+}
+
+/// The layered pipeline, its policies enforcing or in shadow mode. The
+/// retry waits for nothing (a retried failure has no hint), so that both
+/// pipelines see every attempt at the same instant.
+fn layered_pipeline(
+    l: &Layered,
+    shadow: bool,
+    clock: &VirtualClock,
+    log: Option<impl Fn(&seawall::Event<'_>) + Send + Sync + 'static>,
+) -> Pipeline<seawall::pipeline::ErrorType<Boom>> {
+    type B = seawall::PipelineBuilder<seawall::pipeline::ErrorType<Boom>>;
+    let mut b = Pipeline::builder(unique(if shadow { "layered-shadow" } else { "layered" }))
+        .store(seawall::MemoryStore::new())
+        .classify(|e: &Boom| match e.0 {
+            0 => Verdict::retry(),
+            ms => Verdict::failure().with_retry_after(Duration::from_millis(u64::from(ms))),
+        })
+        .clock(clock.clone());
+    if let Some(log) = log {
+        b = b.on_event(log);
+    }
+    let side = |mut b: B, at: Side| {
+        if let Some((c, _)) = l.circuit.as_ref().filter(|(_, s)| *s == at) {
+            b = b.circuit_breaker(c.clone().shadow(shadow));
+        }
+        if l.bulkhead == Some(at) {
+            b = b.bulkhead(Bulkhead::new(1).shadow(shadow));
+        }
+        if l.cooldown == Some(at) {
+            b = b.cooldown(Cooldown::new().max_wait(Duration::ZERO).shadow(shadow));
+        }
+        if let Some((r, _)) = l.rate.as_ref().filter(|(_, s)| *s == at) {
+            b = b.rate_limiter(r.clone().shadow(shadow));
+        }
+        b
+    };
+    b = side(b, Side::Call);
+    b = b.retry(seawall::Retry::constant(Duration::ZERO).max_attempts(l.attempts));
+    if l.adaptive {
+        b = b.adaptive_limit(
+            seawall::AdaptiveLimit::aimd()
+                .limits(1, 1, 1)
+                .shadow(shadow),
+        );
+    }
+    side(b, Side::Attempt).build().unwrap()
+}
+
+/// The step's call through `p` (with another call holding the adaptive
+/// limit's slot when `held`): the results of the holder, if any, and of
+/// the call.
+fn layered_call(
+    p: &Pipeline<seawall::pipeline::ErrorType<Boom>>,
+    step: LayeredStep,
+    flavor: Flavor,
+) -> Vec<Result<u32, Error<Boom>>> {
+    let op = move |ctx: seawall::Context| -> Result<u32, Boom> {
+        let i = (ctx.attempt() as usize - 1).min(2);
+        match step.outcomes[i] {
+            0 => Ok(1),
+            1 => Err(Boom(0)),
+            _ => Err(Boom(step.hint as u32)),
+        }
+    };
+    if step.held {
+        let (held, r) = while_held(p, flavor, || exec(p, flavor, op));
+        vec![held, r]
+    } else {
+        vec![exec(p, flavor, op)]
+    }
+}
+
+fn compare_layered(
+    l: &Layered,
+    steps: &[LayeredStep],
+    flavor: Flavor,
+    offset: Duration,
+) -> Result<(), TestCaseError> {
+    let clock = clock_at(offset);
+    let enforcing = layered_pipeline(l, false, &clock, None::<fn(&seawall::Event<'_>)>);
+    let (log, listener) = recorder();
+    let shadow = layered_pipeline(l, true, &clock, Some(listener));
+    // The same without a listener: the engine's ordinary path.
+    let quiet = layered_pipeline(l, true, &clock, None::<fn(&seawall::Event<'_>)>);
+    for (i, &step) in steps.iter().enumerate() {
+        clock.advance(step.advance);
+        let expected = layered_call(&enforcing, step, flavor);
+        let before = shadow_rejections(&log).len();
+        let got = layered_call(&shadow, step, flavor);
+        let reported = shadow_rejections(&log)[before..].to_vec();
+        let unheard = layered_call(&quiet, step, flavor);
+        let refusals: Vec<Rejection> = expected
+            .iter()
+            .filter_map(|r| match r {
+                Err(Error::Rejected(r)) => Some(*r),
+                _ => None,
+            })
+            .collect();
+        prop_assert_eq!(reported, refusals, "call {}: {:?}", i, expected);
+        for (e, (g, u)) in expected.iter().zip(got.iter().zip(&unheard)) {
+            prop_assert_eq!(format!("{g:?}"), format!("{u:?}"), "call {}", i);
+            match e {
+                Err(Error::Rejected(_)) => {
+                    prop_assert!(!matches!(g, Err(Error::Rejected(_))), "call {}: {:?}", i, g);
+                }
+                other => prop_assert_eq!(format!("{other:?}"), format!("{g:?}"), "call {}", i),
+            }
+        }
+        if l.circuit.is_some() {
+            let m = enforcing.circuit_metrics().unwrap();
+            prop_assert_eq!(&m, &shadow.circuit_metrics().unwrap(), "call {}", i);
+            prop_assert_eq!(&m, &quiet.circuit_metrics().unwrap(), "call {}", i);
+        }
+        for p in [&shadow, &quiet] {
+            prop_assert_eq!(p.in_flight().unwrap(), 0);
+            if l.adaptive {
+                prop_assert_eq!(p.concurrency_limit().unwrap().in_flight, 0);
+            }
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 128,
+        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource("proptest-regressions"))),
+        ..ProptestConfig::default()
+    })]
+
+    /// Policies on both sides of a retry, and an adaptive limit: a
+    /// pipeline whose policies are in shadow mode (with a listener, and
+    /// without one) reports exactly the refusals of the same pipeline
+    /// enforcing, call by call, decides the rest the same and keeps the
+    /// same circuit.
+    #[test]
+    fn shadow_mode_decides_as_enforcing_mode_across_levels(
+        l in layered(),
+        steps in layered_steps(),
+        flavor in prop_oneof![Just(Flavor::Sync), Just(Flavor::Async)],
+        far in any::<bool>(),
+    ) {
+        compare_layered(&l, &steps, flavor, if far { FAR } else { Duration::ZERO })?;
+    }
+}

@@ -125,6 +125,7 @@ fn exercise(
                 now,
                 weight: 1,
                 budget: None,
+                shadowed: false,
             })
             .unwrap();
         transitions += u32::from(admission.transition.is_some());

@@ -28,6 +28,7 @@ fn admit(
             now,
             weight: 1,
             budget: None,
+            shadowed: false,
         })
         .unwrap()
         .decision
@@ -299,6 +300,7 @@ fn half_open_admits_exactly_the_probe_count_under_races() {
                                     now: later,
                                     weight: 1,
                                     budget: None,
+                                    shadowed: false,
                                 })
                                 .unwrap();
                             if admission.transition == Some(CircuitTransition::HalfOpened) {
@@ -438,6 +440,7 @@ fn a_reservation_refused_when_due_or_given_back_frees_its_permit() {
                         now,
                         weight: 1,
                         budget: None,
+                        shadowed: false,
                     },
                     Reserve { within, held },
                 )

@@ -6,10 +6,15 @@
 -- in shadow mode are not asked, and the policies in shadow mode take
 -- nothing for the call (seawall::shadow); the enforcing ones are asked and
 -- take their permits as usual.
+-- A call shadowed already (seawall::store::AdmitRequest::shadowed: a policy
+-- in shadow mode it met before this admission would have refused it) starts
+-- the walk shadowed: no policy in shadow mode takes part, the enforcing
+-- ones do, and the reply reports no shadow refusal of its own.
 -- ARGV[D]: the step of the retry budget kept in the store, empty for none:
 -- `step:earn:cap`, step 1 a call's deposit, 2 a retry's withdrawal; earn
 -- and cap in thousandths of a token (seawall::retry::BudgetRule, restated
--- below; a model test holds the two to the same answers).
+-- below; a model test holds the two to the same answers); preceded by `s`
+-- for a call shadowed already.
 -- ARGV[E..] (E = D + 1; only for a rate limiter whose calls may wait): the lead within
 -- which a refused rate limit reserves its next permit, the instant of a
 -- due reservation the call presents (-1: none), which stands for the
@@ -42,12 +47,18 @@ local sreason, sretry, sunder = 0, -1, 0
 local probe, gen, slot, tr = 0, 0, -1, 0
 local h, moved, begun
 
+-- The call is shadowed already (`s` before the budget's argument).
+local PRE = false
+local BARG = A[D]
+if BARG and string.byte(BARG, 1) == 115 then PRE, BARG = true, string.sub(BARG, 2) end
+
 -- Whether the policy `p` takes part in the call (shadow::Walk): an
--- enforcing one always, one in shadow mode until the call is shadowed.
+-- enforcing one always, one in shadow mode until the call is shadowed
+-- (by a refusal here, or before this admission).
 -- One that does not is not asked, and takes nothing (the permits are
 -- taken once every check ran).
 local function takes_part(p)
-  return sreason == 0 or not shadow(p)
+  return not shadow(p) or (sreason == 0 and not PRE)
 end
 -- A refusal by the policy `p`: the answer when it enforces; the first
 -- refusal in shadow mode is kept, and the call goes on.
@@ -68,7 +79,7 @@ local E = D + 1
 -- from a bucket holding at least that, once every other check admits it,
 -- and is refused otherwise.
 local BSTEP, BEARN, BCAP, btok
-if A[D] and A[D] ~= '' then BSTEP, BEARN, BCAP = string.match(A[D], '^(%d):(%d+):(%d+)$') end
+if BARG and BARG ~= '' then BSTEP, BEARN, BCAP = string.match(BARG, '^(%d):(%d+):(%d+)$') end
 if BSTEP then
   BSTEP, BEARN, BCAP = tonumber(BSTEP), tonumber(BEARN), tonumber(BCAP)
   btok = tonumber(redis.call('GET', KRB)) or BCAP
@@ -80,7 +91,7 @@ if BSTEP then
 end
 
 local RW = tonumber(A[E + 2]) or 1
-if HAS_R and RW ~= 1 and not rfits(RW) then
+if HAS_R and RW ~= 1 and takes_part(P_R) and not rfits(RW) then
   refused(P_R, 4, -1, 0)
   if reason ~= 0 then return {4, -1, 0, 0, -1, 0, 0, 0, -1, 0, 0, -1, 0} end
 end
@@ -93,8 +104,8 @@ if HAS_C or HAS_CD then
   end
 end
 
--- The first admission begins the circuit.
-if HAS_C then begun = cbegin(h) end
+-- The first admission begins the circuit (one that takes part).
+if HAS_C and takes_part(P_C) then begun = cbegin(h) end
 
 if HAS_C and takes_part(P_C) then
   -- The circuit's refusal, if any: its retry_after code.

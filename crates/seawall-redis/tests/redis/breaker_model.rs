@@ -179,6 +179,7 @@ fn admit(
             now,
             weight: 1,
             budget: None,
+            shadowed: false,
         })
         .unwrap()
         .decision

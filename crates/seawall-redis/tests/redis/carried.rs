@@ -216,6 +216,7 @@ fn a_cancelled_admission_carrying_a_success_frees_its_slot() {
         now: Duration::ZERO,
         weight: 1,
         budget: None,
+        shadowed: false,
     };
     let mut conn = server.conn();
     let key = format!("{{{prefix}:cancelled}}:b");

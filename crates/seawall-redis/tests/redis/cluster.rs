@@ -148,6 +148,7 @@ fn no_script_touches_two_slots() {
             now,
             weight: 1,
             budget: None,
+            shadowed: false,
         };
         let record = |permit, outcome, duration| Record {
             partition: p,

@@ -81,6 +81,7 @@ fn caller_clock_option_takes_the_time_from_the_caller() {
                 now,
                 weight: 1,
                 budget: None,
+                shadowed: false,
             })
             .unwrap()
     };

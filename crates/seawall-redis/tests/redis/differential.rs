@@ -110,6 +110,7 @@ fn gcra_of_a_fractional_interval_decides_as_the_memory_store() {
                     now,
                     weight: 1,
                     budget: None,
+                    shadowed: false,
                 };
                 let expected = on_memory.admit(&request).unwrap().decision;
                 let got = on_redis.admit(&request).unwrap().decision;
@@ -158,6 +159,7 @@ fn gcra_reads_the_state_of_earlier_scripts() {
                 now,
                 weight: 1,
                 budget: None,
+                shadowed: false,
             })
             .unwrap()
             .decision

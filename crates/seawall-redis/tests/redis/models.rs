@@ -274,6 +274,7 @@ fn concurrent_admissions_at_one_instant_admit_what_the_model_admits() {
             now,
             weight: 1,
             budget: None,
+            shadowed: false,
         };
         let mut model = run.model().clone();
         let expected = (0..THREADS * per_thread)
@@ -361,6 +362,7 @@ fn redis_store_answers_near_the_end_of_the_clock() {
                         now,
                         weight: 1,
                         budget: None,
+                        shadowed: false,
                     };
                     let admission = state.admit(&request).map_err(fail)?;
                     if let Ok(permit) = admission.decision {
@@ -604,6 +606,7 @@ fn reserve_as_model(
             now: at,
             weight,
             budget: None,
+            shadowed: false,
         };
         let (admission, reserved) = state
             .admit_reserving(&request, Reserve { within, held: None })

@@ -187,6 +187,7 @@ fn every_key_has_a_ttl_and_one_hash_tag() {
                         now,
                         weight: 1,
                         budget: None,
+                        shadowed: false,
                     })
                     .unwrap()
                     .decision
@@ -209,6 +210,7 @@ fn every_key_has_a_ttl_and_one_hash_tag() {
                     now: Duration::ZERO,
                     weight: 1,
                     budget: None,
+                    shadowed: false,
                 })
                 .unwrap();
         }
@@ -298,6 +300,7 @@ fn a_probe_that_never_reports_is_replaced_after_the_probe_lease() {
             now: Duration::ZERO,
             weight: 1,
             budget: None,
+            shadowed: false,
         })
         .unwrap()
     };
@@ -386,6 +389,7 @@ fn slot_ids_with_trailing_zeros_are_given_back() {
             now,
             weight: 1,
             budget: None,
+            shadowed: false,
         })
         .unwrap()
         .decision
@@ -884,4 +888,134 @@ fn isolated_and_disabled_circuits_outlive_partition_idle() {
     }
     assert_eq!(iso.circuit_state().unwrap(), CircuitState::Closed);
     assert!(iso.call(|_| Ok::<_, std::io::Error>(())).is_ok());
+}
+
+type IoPipeline = Pipeline<seawall::pipeline::ErrorType<std::io::Error>>;
+type IoBuilder = seawall::PipelineBuilder<seawall::pipeline::ErrorType<std::io::Error>>;
+
+/// A call through `p` (`sync` or async) with the outcome `ok`.
+fn shadow_call(p: &IoPipeline, sync: bool, ok: bool) -> Result<u32, Error<std::io::Error>> {
+    let op = move || if ok { Ok(1) } else { Err(io("down")) };
+    if sync {
+        p.call(|_| op())
+    } else {
+        rt().block_on(p.run(|_| async move { op() }))
+    }
+}
+
+/// Shadow mode across the levels of a pipeline, on Redis as in memory
+/// (`seawall::shadow`): a pipeline in shadow mode keeps the circuit and
+/// the permits of the same pipeline enforcing, sync and async, with and
+/// without a listener.
+#[test]
+fn shadow_mode_across_levels_keeps_the_state_of_enforcing_mode() {
+    let server = RedisServer::start();
+    let hour = Duration::from_secs(3600);
+    for sync in [true, false] {
+        for listen in [false, true] {
+            // The pipeline `shape(shadow)` on a store under `prefix`.
+            let build = |prefix: &str, shape: &dyn Fn(IoBuilder) -> IoBuilder| {
+                let store = RedisStore::builder(server.url())
+                    .prefix(prefix)
+                    .fail_closed()
+                    .build()
+                    .unwrap();
+                let mut b = Pipeline::builder("levels")
+                    .store(store)
+                    .classify(|_: &std::io::Error| Verdict::retry());
+                if listen {
+                    b = b.on_event(|_| {});
+                }
+                shape(b).build().unwrap()
+            };
+            let what = format!("sync {sync}, listening {listen}");
+
+            // An attempt refused after the retry: the circuit before it
+            // counts nothing of the call.
+            let shape = |s: bool| {
+                move |b: IoBuilder| {
+                    b.circuit_breaker(CircuitBreaker::consecutive_failures(1).shadow(s))
+                        .retry(Retry::constant(Duration::from_millis(1)).max_attempts(2))
+                        .rate_limiter(RateLimiter::sliding_window(1, hour).shadow(s))
+                }
+            };
+            let e = build(&unique("levels"), &shape(false));
+            let s = build(&unique("levels"), &shape(true));
+            assert!(matches!(
+                shadow_call(&e, sync, false),
+                Err(Error::Rejected(_))
+            ));
+            assert!(shadow_call(&s, sync, false).is_err());
+            assert_eq!(e.circuit_state().unwrap(), CircuitState::Closed, "{what}");
+            assert_eq!(s.circuit_state().unwrap(), CircuitState::Closed, "{what}");
+
+            // A call refused before the retry takes no permit after it.
+            let shape = |s: bool| {
+                move |b: IoBuilder| {
+                    b.circuit_breaker(
+                        CircuitBreaker::consecutive_failures(1)
+                            .cooldown(hour)
+                            .shadow(s),
+                    )
+                    .retry(Retry::constant(Duration::from_millis(1)).max_attempts(1))
+                    .rate_limiter(RateLimiter::sliding_window(2, hour).shadow(s))
+                }
+            };
+            let (pe, ps) = (unique("levels"), unique("levels"));
+            let (e, s) = (build(&pe, &shape(false)), build(&ps, &shape(true)));
+            for p in [&e, &s] {
+                assert!(shadow_call(p, sync, false).is_err());
+            }
+            assert!(matches!(
+                shadow_call(&e, sync, true),
+                Err(Error::Rejected(_))
+            ));
+            assert_eq!(shadow_call(&s, sync, true).unwrap(), 1);
+            e.reset().unwrap();
+            s.reset().unwrap();
+            assert_eq!(shadow_call(&e, sync, true).unwrap(), 1, "{what}");
+            // The shadow pipeline's limiter, read through the same
+            // pipeline enforcing on the same state: permit 2 is free.
+            let twin = build(&ps, &shape(false));
+            assert_eq!(shadow_call(&twin, sync, true).unwrap(), 1, "{what}");
+
+            // An attempt over a shadow adaptive limit meets no shadow
+            // policy of the store.
+            let shape = |s: bool| {
+                move |b: IoBuilder| {
+                    b.adaptive_limit(seawall::AdaptiveLimit::aimd().limits(1, 1, 1).shadow(s))
+                        .circuit_breaker(CircuitBreaker::consecutive_failures(1).shadow(s))
+                }
+            };
+            let e = build(&unique("levels"), &shape(false));
+            let s = build(&unique("levels"), &shape(true));
+            for (p, enforcing) in [(&e, true), (&s, false)] {
+                let (entered, wait_entered) = std::sync::mpsc::channel::<()>();
+                let (release, wait_release) = std::sync::mpsc::channel::<()>();
+                std::thread::scope(|scope| {
+                    let holder = scope.spawn(move || {
+                        p.call(|_| {
+                            entered.send(()).unwrap();
+                            wait_release.recv().unwrap();
+                            Ok::<_, std::io::Error>(0)
+                        })
+                    });
+                    wait_entered.recv().unwrap();
+                    let r = shadow_call(p, sync, false);
+                    if enforcing {
+                        assert!(
+                            matches!(&r, Err(Error::Rejected(r))
+                                if r.reason == RejectionReason::ConcurrencyLimited),
+                            "{what}: {r:?}"
+                        );
+                    } else {
+                        assert!(matches!(r, Err(Error::Operation(_))), "{what}: {r:?}");
+                    }
+                    release.send(()).unwrap();
+                    assert_eq!(holder.join().unwrap().unwrap(), 0);
+                });
+                assert_eq!(p.circuit_state().unwrap(), CircuitState::Closed, "{what}");
+            }
+        }
+    }
 }

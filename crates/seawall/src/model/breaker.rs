@@ -518,6 +518,7 @@ pub fn check(
                         now,
                         weight: 1,
                         budget: None,
+                        shadowed: false,
                     })
                     .map_err(|e| format!("step {step}: admit failed: {e}"))?;
                 let (expected, transition) = model.admit(now);

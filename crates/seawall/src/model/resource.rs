@@ -20,7 +20,10 @@
 //!   says what it would have been told, the permit is
 //!   [`shadowed`](Permit::shadowed)), the policies in shadow mode give back
 //!   what they took and the later ones are not asked; the enforcing ones
-//!   still are (see [`crate::shadow`]).
+//!   still are (see [`crate::shadow`]). A call
+//!   [shadowed already](AdmitRequest::shadowed) meets no policy in shadow
+//!   mode (when the resource has one, its permit is shadowed), and the
+//!   admission reports no shadow refusal of its own.
 //! - **Record** applies the retry-after hint to the cooldown (any outcome),
 //!   the outcome to the circuit, and gives back the slot; a policy in
 //!   shadow mode takes nothing from a shadowed call.
@@ -213,9 +216,12 @@ impl<C: CircuitModel> Policies<C> {
     /// Admission: circuit, bulkhead, cooldown and rate limit in that order,
     /// the first enforcing refusal the answer; a refusal in shadow mode
     /// admits the call, and the policies in shadow mode after it are not
-    /// asked.
-    fn admit(&mut self, now: Duration, weight: u32) -> Admission {
+    /// asked. A call `shadowed` already is not asked by any policy in
+    /// shadow mode.
+    fn admit(&mut self, now: Duration, weight: u32, shadowed: bool) -> Admission {
         let mut taken = Taken::default();
+        let s = self.shadow;
+        let before = shadowed && (s.circuit || s.bulkhead || s.cooldown || s.rate);
         let mut transition = None;
         let refuse = |rejection, transition| Admission {
             decision: Err(rejection),
@@ -224,10 +230,12 @@ impl<C: CircuitModel> Policies<C> {
             shadow: None,
         };
         // Whether a policy in shadow mode (`shadow`) is still asked.
-        let asked = |taken: &Taken, shadow: bool| !(shadow && taken.shadowed.is_some());
+        let asked = |taken: &Taken, shadow: bool| !(shadow && (before || taken.shadowed.is_some()));
         // A weight the rate limit never grants is refused first, taking
         // nothing.
-        if self.rate.as_ref().is_some_and(|rate| !rate.fits(weight)) {
+        if asked(&taken, self.shadow.rate)
+            && self.rate.as_ref().is_some_and(|rate| !rate.fits(weight))
+        {
             let r = Rejection::new(RejectionReason::RateLimited, None);
             if let Some(r) = self.refusal(&mut taken, self.shadow.rate, r) {
                 return refuse(r, None);
@@ -278,7 +286,7 @@ impl<C: CircuitModel> Policies<C> {
                 }
             }
         }
-        taken.permit.shadowed = taken.shadowed.is_some();
+        taken.permit.shadowed = before || taken.shadowed.is_some();
         Admission {
             decision: Ok(taken.permit),
             transition,
@@ -347,7 +355,7 @@ fn circuit_permit(permit: Permit) -> CircuitPermit {
 ///     .with_bulkhead(Bulkhead::new(5))
 ///     .with_rate_limit(RateLimiter::fixed_window(1, Duration::from_secs(1)));
 /// let mut model: Resource = Resource::new(&spec);
-/// let at = |now| AdmitRequest { partition: None, now, weight: 1, budget: None };
+/// let at = |now| AdmitRequest { partition: None, now, weight: 1, budget: None, shadowed: false };
 /// assert!(model.admit(&at(Duration::ZERO)).decision.is_ok());
 /// let refused = model.admit(&at(Duration::ZERO)).decision.unwrap_err();
 /// assert_eq!(refused.reason, RejectionReason::RateLimited);
@@ -416,7 +424,8 @@ impl<C: CircuitModel> Resource<C> {
     /// bulkhead, cooldown and rate limit, all or nothing.
     pub fn admit(&mut self, request: &AdmitRequest<'_>) -> Admission {
         let now = instant(request.now);
-        self.policies(request.partition).admit(now, request.weight)
+        self.policies(request.partition)
+            .admit(now, request.weight, request.shadowed)
     }
 
     /// [`ResourceState::record`]: records the outcome of an admitted
@@ -473,6 +482,13 @@ pub enum Step {
     /// Admits one attempt; an admitted one is held until recorded or
     /// released.
     Admit {
+        /// The partition of the call.
+        partition: Option<PartitionKey>,
+    },
+    /// Admits one attempt of a call
+    /// [shadowed already](AdmitRequest::shadowed), as `Admit` does
+    /// otherwise.
+    AdmitShadowed {
         /// The partition of the call.
         partition: Option<PartitionKey>,
     },
@@ -698,12 +714,13 @@ impl<'a, C: CircuitModel> Differential<'a, C> {
             }
         };
         let touched = match step {
-            Step::Admit { partition } => {
+            Step::Admit { partition } | Step::AdmitShadowed { partition } => {
                 let request = AdmitRequest {
                     partition: partition.as_ref(),
                     now,
                     weight: 1,
                     budget: None,
+                    shadowed: matches!(step, Step::AdmitShadowed { .. }),
                 };
                 let expected = self.model.admit(&request);
                 let got = self
@@ -967,6 +984,7 @@ pub mod strategy {
     pub fn step(max_secs: u64) -> impl Strategy<Value = Step> {
         prop_oneof![
             5 => partition().prop_map(|partition| Step::Admit { partition }),
+            1 => partition().prop_map(|partition| Step::AdmitShadowed { partition }),
             3 => (any::<usize>(), outcome(), duration(), hint())
                 .prop_map(|(permit, outcome, duration, retry_after)| Step::Record {
                     permit,
@@ -1000,6 +1018,7 @@ mod tests {
             now,
             weight: 1,
             budget: None,
+            shadowed: false,
         }
     }
 
@@ -1046,6 +1065,7 @@ mod tests {
                 now: S,
                 weight: 1,
                 budget: None,
+                shadowed: false,
             };
             assert!(m.admit(&request).decision.is_ok());
             assert!(m.admit(&request).decision.is_err());

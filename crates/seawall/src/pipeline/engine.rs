@@ -32,8 +32,16 @@
 //! retry budget after an attempt failed records that failure
 //! ([`Call::refused`]); one refused before any attempt failed, or failed
 //! by the store, gives the call's permit back without an outcome. A
-//! pipeline with a call's gate takes the general
-//! loop from the start.
+//! pipeline with a call's gate takes the general loop from the start. In
+//! shadow mode the same holds of the call a policy in shadow mode would
+//! have refused, at any level (see
+//! [`shadow`](crate::shadow#across-the-levels-of-a-pipeline)): from then
+//! on its admissions are [shadowed already](crate::store::AdmitRequest::shadowed)
+//! (the policies in shadow mode are not asked, an adaptive limit in shadow
+//! mode lends no slot), and the call's gate keeps only what its enforcing
+//! policies hold for it (`Shadow::split`), so that the policies in shadow
+//! mode before it record nothing of it more than the enforcing pipeline
+//! would.
 //!
 //! The common case is the engine's own entry, [`First`]: the first attempt
 //! of a call nobody listens to, admitted in place by the memory store's
@@ -62,6 +70,7 @@ use crate::context::{Context, PartitionKey};
 use crate::error::{Error, Rejection, RejectionReason, StoreError, TimeoutError, TimeoutScope};
 use crate::event::{AttemptOutcome, CallOutcome, EventKind, GiveUpReason};
 use crate::fallback::BoxFallbackFuture;
+use crate::shadow::{self, Shadow};
 use crate::store::{
     Admission, AdmitRequest, BudgetStep, Outcome, Permit, Record, Recorded, Reservation, Reserve,
     ResourceState, Ticket,
@@ -301,6 +310,16 @@ pub(crate) struct Call<'g, K: Kind> {
     /// The call's deposit to a retry budget kept in the store was made
     /// (with its first admission by the attempt's gate).
     earned: bool,
+    /// A policy in shadow mode would have refused the call (at its gate,
+    /// or an attempt of it, by its gate or the adaptive limit): the
+    /// policies in shadow mode it meets from now on are not asked, and
+    /// those before hold and record nothing of it (see
+    /// [`shadow`](crate::shadow#across-the-levels-of-a-pipeline)).
+    shadowed: bool,
+    /// The adaptive limit in shadow mode would have refused the attempt
+    /// under way: its gate's policies in shadow mode are not asked. (The
+    /// call is shadowed too, unless the attempt is a hedge.)
+    attempt_shadowed: bool,
 }
 
 /// What one attempt under way holds, apart from its call: a hedged call
@@ -322,6 +341,8 @@ pub(crate) struct Lane<'g> {
     lease: Option<Lease>,
     /// Why the hedge was tried, until it starts.
     trigger: Option<crate::event::HedgeTrigger>,
+    /// The adaptive limit in shadow mode would have refused the attempt.
+    attempt_shadowed: bool,
 }
 
 impl Drop for Lane<'_> {
@@ -506,6 +527,8 @@ impl<'g, K: Kind> Call<'g, K> {
             hedge_closed: false,
             trigger: None,
             earned: false,
+            shadowed: false,
+            attempt_shadowed: false,
         }
     }
 
@@ -722,9 +745,19 @@ impl<'g, K: Kind> Call<'g, K> {
             if let (Level::Attempt, None, Some(limiter)) =
                 (self.level, &self.lease, &shared.adaptive)
             {
-                self.lease = Some(admit_adaptive(limiter, &shared.clock, self.partition)?);
+                self.lease = Some(if shadow::takes_part(limiter.shadow(), self.shadowed()) {
+                    admit_adaptive(limiter, &shared.clock, self.partition)?
+                } else {
+                    apart();
+                    Lease::UNHELD
+                });
             }
             let gate = self.gate_of(self.level);
+            if self.shadowed() && gate.is_some_and(|g| Shadow::of(&g.spec).any()) {
+                // The quick check asks every policy: the full admission
+                // leaves out those in shadow mode.
+                return Err(Quick::Other);
+            }
             let clock = &self.pipeline.shared.clock;
             let ticket = admit_in_place(gate, clock, self.partition, self.weight, self.at)?;
             if self.waiting.is_some() {
@@ -754,17 +787,14 @@ impl<'g, K: Kind> Call<'g, K> {
             Quick::Shadowed(r) => {
                 self.shadow_rejected(r);
                 self.lease = Some(Lease::UNHELD);
+                self.attempt_shadowed = true;
+                self.shadow_call();
                 self.admit()
             }
             Quick::Other => {
                 let gate = self.gate();
                 let now = self.now();
-                let request = AdmitRequest {
-                    partition: self.partition,
-                    now: Duration::from_nanos(now),
-                    weight: self.weight,
-                    budget: self.budget_step(),
-                };
+                let request = self.request(now);
                 match gate.memory.as_deref() {
                     Some(memory) if self.may_reserve() => {
                         self.admit_reserving(memory, request, None)
@@ -775,6 +805,61 @@ impl<'g, K: Kind> Call<'g, K> {
                     }
                     None => Admit::Ask(request),
                 }
+            }
+        }
+    }
+
+    /// The store's request for the admission under way, at `now`.
+    fn request(&mut self, now: u64) -> AdmitRequest<'g> {
+        AdmitRequest {
+            partition: self.partition,
+            now: Duration::from_nanos(now),
+            weight: self.weight,
+            budget: self.budget_step(),
+            shadowed: self.shadowed(),
+        }
+    }
+
+    /// The admission under way is for a call or an attempt shadowed
+    /// already.
+    #[inline(always)]
+    fn shadowed(&self) -> bool {
+        self.shadowed || self.attempt_shadowed
+    }
+
+    /// The call is shadowed from now on (see
+    /// [`shadow`](crate::shadow#across-the-levels-of-a-pipeline)): what the
+    /// call-level policies in shadow mode hold for it is given back, and
+    /// they will record nothing of it. A hedge shadows itself alone: a
+    /// refused hedge does not end an enforcing call.
+    fn shadow_call(&mut self) {
+        if self.trigger.is_some() || self.shadowed {
+            return;
+        }
+        self.shadowed = true;
+        let Some(gate) = self.gate_of(Level::Call) else {
+            return;
+        };
+        let shadow = Shadow::of(&gate.spec);
+        match self.call_permit {
+            Some(permit) if shadow.any() && !permit.shadowed => {
+                let (kept, given) = shadow.split(permit);
+                self.call_permit = Some(kept);
+                if let Some(given) = given {
+                    gate.state.release(self.partition, given);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// An attempt admitted shadowed by its gate: the slot a shadow
+    /// adaptive limit lent it is given back (it makes no sample).
+    fn shadowed_attempt(&mut self) {
+        if let (Some(limiter), Some(lease)) = (&self.pipeline.shared.adaptive, self.lease) {
+            if limiter.shadow() {
+                limiter.give_back(lease);
+                self.lease = Some(Lease::UNHELD);
             }
         }
     }
@@ -832,7 +917,14 @@ impl<'g, K: Kind> Call<'g, K> {
         match admission.decision {
             Ok(permit) => {
                 self.stop_waiting();
-                if self.hold(Some(permit)) {
+                let attempt = self.hold(Some(permit));
+                if permit.shadowed {
+                    if attempt {
+                        self.shadowed_attempt();
+                    }
+                    self.shadow_call();
+                }
+                if attempt {
                     Admit::Run(self.context())
                 } else {
                     self.admit()
@@ -902,25 +994,10 @@ impl<'g, K: Kind> Call<'g, K> {
             }
             return Admit::Wait(Duration::from_nanos(due - now));
         }
+        let request = self.request(now);
         match self.gate().memory.as_deref() {
-            Some(memory) => {
-                let request = AdmitRequest {
-                    partition: self.partition,
-                    now: Duration::from_nanos(now),
-                    weight: self.weight,
-                    budget: self.budget_step(),
-                };
-                self.admit_reserving(memory, request, Some(reservation))
-            }
-            None => {
-                let request = AdmitRequest {
-                    partition: self.partition,
-                    now: Duration::from_nanos(now),
-                    weight: self.weight,
-                    budget: self.budget_step(),
-                };
-                Admit::AskReserving(request, self.reserve(now, Some(reservation)))
-            }
+            Some(memory) => self.admit_reserving(memory, request, Some(reservation)),
+            None => Admit::AskReserving(request, self.reserve(now, Some(reservation))),
         }
     }
 
@@ -1716,6 +1793,7 @@ impl<'g, K: Kind> Call<'g, K> {
     /// After the wait of [`Ended::Retry`]: the next attempt begins.
     pub(crate) fn retry(&mut self) {
         self.attempt += 1;
+        self.attempt_shadowed = false;
         self.at = None;
         self.deadline = None;
         self.stop_waiting();
@@ -1785,6 +1863,7 @@ impl<'g, K: Kind> Call<'g, K> {
             adaptive: self.pipeline.shared.adaptive.as_ref(),
             lease: None,
             trigger: None,
+            attempt_shadowed: false,
         }
     }
 
@@ -1799,6 +1878,7 @@ impl<'g, K: Kind> Call<'g, K> {
         std::mem::swap(&mut self.waiting, &mut lane.waiting);
         std::mem::swap(&mut self.lease, &mut lane.lease);
         std::mem::swap(&mut self.trigger, &mut lane.trigger);
+        std::mem::swap(&mut self.attempt_shadowed, &mut lane.attempt_shadowed);
     }
 
     /// Tries the next hedge, `trigger` saying why: `None` when none is left
@@ -2395,6 +2475,8 @@ impl<'g, K: Kind, A: CallArgs<'g>> First<'g, K, A> {
             hedge_closed: false,
             trigger: None,
             earned: false,
+            shadowed: false,
+            attempt_shadowed: false,
         })
     }
 }

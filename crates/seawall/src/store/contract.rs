@@ -107,6 +107,7 @@ pub fn run_all(store: &dyn StateStore, clock: &dyn ContractClock) {
     half_open_hints_the_open_period_that_ended(store, clock);
     isolated_and_disabled_circuits_keep_their_counts(store, clock);
     a_circuit_counts_its_first_state_from_its_first_use(store, clock);
+    a_call_shadowed_already_meets_no_policy_in_shadow_mode(store, clock);
 }
 
 /// A bound resource and the clock, with checking helpers.
@@ -150,6 +151,11 @@ fn ms(n: u64) -> Duration {
 
 impl Subject<'_> {
     fn admit(&self, key: Option<&PartitionKey>) -> Admission {
+        self.admit_shadowed(key, false)
+    }
+
+    /// Admits a call [shadowed already](AdmitRequest::shadowed) or not.
+    fn admit_shadowed(&self, key: Option<&PartitionKey>, shadowed: bool) -> Admission {
         let admission = self
             .state
             .admit(&AdmitRequest {
@@ -157,6 +163,7 @@ impl Subject<'_> {
                 now: self.clock.now(),
                 weight: 1,
                 budget: None,
+                shadowed,
             })
             .unwrap_or_else(|e| panic!("{}: admit failed: {e}", self.check));
         assert!(
@@ -1212,6 +1219,69 @@ pub fn a_circuit_counts_its_first_state_from_its_first_use(
     );
     clock.advance(ms(40));
     in_state(key, ms(40), "since the first control");
+}
+
+/// A call [shadowed already](AdmitRequest::shadowed) meets no policy in
+/// shadow mode (see [`crate::shadow`]): they are not asked, take nothing
+/// (no bulkhead slot) and record nothing of it (no circuit outcome); the
+/// enforcing ones are asked (a full rate limiter refuses it) and take their
+/// permits. Its permit is shadowed, and the admission reports no shadow
+/// refusal of its own.
+///
+/// # Panics
+/// When the store breaks the contract.
+pub fn a_call_shadowed_already_meets_no_policy_in_shadow_mode(
+    store: &dyn StateStore,
+    clock: &dyn ContractClock,
+) {
+    const CHECK: &str = "a_call_shadowed_already_meets_no_policy_in_shadow_mode";
+    let s = bind(
+        CHECK,
+        store,
+        clock,
+        ResourceSpec::new(unique_name(CHECK))
+            .with_circuit(CircuitBreaker::consecutive_failures(1).shadow(true))
+            .with_bulkhead(Bulkhead::new(1).shadow(true))
+            .with_rate_limit(RateLimiter::fixed_window(2, Duration::from_secs(3600))),
+    );
+    for key in [None, Some(&PartitionKey::from("shadowed"))] {
+        let admission = s.admit_shadowed(key, true);
+        assert_eq!(
+            admission.shadow, None,
+            "{CHECK}: no shadow refusal of its own"
+        );
+        let permit = match admission.decision {
+            Ok(p) => p,
+            Err(r) => panic!("{CHECK}: expected admission, got {r}"),
+        };
+        assert!(permit.shadowed, "{CHECK}: the permit is shadowed");
+        assert_eq!(
+            permit.slot, None,
+            "{CHECK}: the shadow bulkhead is not asked"
+        );
+        assert_eq!(s.in_flight(key), 0, "{CHECK}: no slot taken");
+        // The shadow circuit records nothing of it.
+        s.record(key, permit, Outcome::Failure);
+        assert_eq!(
+            s.metrics(key).state,
+            CircuitState::Closed,
+            "{CHECK}: a shadow circuit takes no outcome of a shadowed call"
+        );
+        // An ordinary call is asked by every policy: the slot is free.
+        let plain = s.ok(key, "an ordinary call");
+        assert!(
+            !plain.shadowed && plain.slot.is_some(),
+            "{CHECK}: {plain:?}"
+        );
+        // The enforcing limiter was asked by both: the next is refused,
+        // shadowed already or not.
+        match s.admit_shadowed(key, true).decision {
+            Err(r) => assert_eq!(r.reason, RejectionReason::RateLimited, "{CHECK}"),
+            Ok(p) => panic!("{CHECK}: the enforcing limiter admitted {p:?}"),
+        }
+        s.state.release(key, plain);
+        assert_eq!(s.in_flight(key), 0, "{CHECK}: all slots back");
+    }
 }
 
 #[cfg(test)]

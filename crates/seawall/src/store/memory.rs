@@ -844,13 +844,14 @@ impl MemoryResource {
     /// rate-limit permits, and is given back when an earlier policy refuses.
     /// A weight the rate limiter can never grant is refused first, with no
     /// `retry_after`. A refusal by a policy in shadow mode admits the call
-    /// instead, as [`Walk`] says.
+    /// instead, as [`Walk`] says; a call `shadowed` already meets no policy
+    /// in shadow mode.
     fn admit_in(
         &self,
         view: View<'_>,
         now_ns: u64,
         (within_ns, held, n): (u64, Option<u64>, u32),
-        step: Option<BudgetStep>,
+        (step, shadowed): (Option<BudgetStep>, bool),
         reserved: &mut Option<u64>,
     ) -> Admission {
         let params = &self.params;
@@ -864,7 +865,7 @@ impl MemoryResource {
         let mut spent = None;
         let mut permit = Permit::default();
         let mut transition = None;
-        let mut walk = Walk::new(params.shadow);
+        let mut walk = Walk::new(params.shadow, shadowed);
         let refuse = |rejection: Rejection, transition, spent: Option<(&AtomicI64, BudgetRule)>| {
             if let (Some(at), Some(rate), Some(p)) = (held, view.rate, &params.rate) {
                 rate.give_back(p, at, n);
@@ -893,7 +894,7 @@ impl MemoryResource {
                 }
             };
         }
-        if let (Some(_), Some(p)) = (view.rate, &params.rate) {
+        if let (Some(_), Some(p), true) = (view.rate, &params.rate, walk.takes_part(Policy::Rate)) {
             if !crate::rate_limit::rules::weight_fits(p, n) {
                 refused!(Policy::Rate, RejectionReason::RateLimited, None);
             }
@@ -973,12 +974,12 @@ impl MemoryResource {
                 }
             }
         }
-        permit.shadowed = walk.shadowed().is_some();
+        permit.shadowed = walk.shadowed();
         Admission {
             decision: Ok(permit),
             transition,
             degraded: None,
-            shadow: walk.shadowed(),
+            shadow: walk.refusal(),
         }
     }
 
@@ -1267,7 +1268,7 @@ impl ResourceState for MemoryResource {
         let now_ns = duration_nanos(request.now);
         let none = &mut None;
         let lead = (0, None, request.weight);
-        let step = request.budget;
+        let step = (request.budget, request.shadowed);
         Ok(match request.partition {
             None => self.admit_in(self.root_view(), now_ns, lead, step, none),
             Some(_) if self.params.is_empty() => Admission::admitted(Permit::default()),
@@ -1295,12 +1296,18 @@ impl ResourceState for MemoryResource {
                 self.root_view(),
                 now_ns,
                 lead,
-                request.budget,
+                (request.budget, request.shadowed),
                 &mut reserved,
             ),
             Some(_) if self.params.is_empty() => Admission::admitted(Permit::default()),
             Some(key) => self.use_partition(key, now_ns, |view| {
-                self.admit_in(view, now_ns, lead, request.budget, &mut reserved)
+                self.admit_in(
+                    view,
+                    now_ns,
+                    lead,
+                    (request.budget, request.shadowed),
+                    &mut reserved,
+                )
             }),
         };
         let reservation = reserved.map(|at| Reservation {
@@ -1435,6 +1442,7 @@ mod tests {
             now,
             weight: 1,
             budget: None,
+            shadowed: false,
         })
         .unwrap()
     }

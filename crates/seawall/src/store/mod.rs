@@ -181,6 +181,17 @@ pub struct AdmitRequest<'a> {
     /// What the admission does to the retry budget kept in the store, if
     /// any (see [`BudgetStep`]).
     pub budget: Option<BudgetStep>,
+    /// The call is shadowed already: a policy in shadow mode it met before
+    /// this admission (a policy declared before the retry, the adaptive
+    /// limit, an earlier attempt) would have refused it, so it would not
+    /// have reached this resource (see
+    /// [`shadow`](crate::shadow#across-the-levels-of-a-pipeline)). The
+    /// policies in shadow mode are not asked and take nothing; the
+    /// enforcing ones are asked as usual; an admitted permit is
+    /// [`shadowed`](Permit::shadowed), and the admission reports no shadow
+    /// refusal of its own ([`Admission::shadow`] is `None`). No effect on
+    /// a resource without a policy in shadow mode.
+    pub shadowed: bool,
 }
 
 impl<'a> AdmitRequest<'a> {
@@ -191,6 +202,7 @@ impl<'a> AdmitRequest<'a> {
             now,
             weight: 1,
             budget: None,
+            shadowed: false,
         }
     }
 
@@ -205,6 +217,13 @@ impl<'a> AdmitRequest<'a> {
     #[must_use]
     pub fn with_budget(mut self, step: BudgetStep) -> Self {
         self.budget = Some(step);
+        self
+    }
+
+    /// The same request for a call [shadowed](Self::shadowed) already.
+    #[must_use]
+    pub fn shadowed(mut self, shadowed: bool) -> Self {
+        self.shadowed = shadowed;
         self
     }
 }
