@@ -59,7 +59,8 @@
 //! before the retry admit the call once (the resource `{name}#call`), then
 //! each attempt meets the adaptive limit and the policies declared after
 //! the retry. An enforcing refusal at any level ends the call (what the
-//! earlier levels hold is given back without an outcome), so the rule
+//! earlier levels hold is given back without an outcome, or, after an
+//! attempt failed, with that failure as the call's outcome), so the rule
 //! goes on across them: **once a call is shadowed, the policies in shadow
 //! mode it would not have reached are not asked and record nothing of it**.
 //! - A call shadowed by its call-level policies meets the adaptive limit
@@ -74,7 +75,11 @@
 //! - Once an attempt is shadowed, the call is: the call-level policies in
 //!   shadow mode give back what they hold for it (a probe slot, a bulkhead
 //!   slot) and record nothing of it, and its later attempts are shadowed
-//!   from the start. (A hedge is the exception: a refused hedge does not
+//!   from the start. When an attempt had failed before, the enforcing
+//!   call would have ended with that failure: the call's gate records it
+//!   when the call ends, in place of the call's own outcome (for the
+//!   enforcing policies before the retry too: they record one outcome per
+//!   call). (A hedge is the exception: a refused hedge does not
 //!   end an enforcing call, so a hedge shadowed shadows itself alone.)
 //!
 //! This rule is stated once, in this module: `Walk` for one admission

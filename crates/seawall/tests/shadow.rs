@@ -684,7 +684,8 @@ fn each_run(mut test: impl FnMut(Flavor, bool, &VirtualClock)) {
 }
 
 #[test]
-fn an_attempt_refused_in_shadow_leaves_nothing_to_the_shadow_policies_before_the_retry() {
+fn an_attempt_refused_in_shadow_leaves_the_shadow_policies_before_the_retry_what_enforcing_records()
+{
     each_run(|flavor, listen, clock| {
         let mk = |s: bool| {
             levels("levels-attempt", clock, listen, |b| {
@@ -695,8 +696,10 @@ fn an_attempt_refused_in_shadow_leaves_nothing_to_the_shadow_policies_before_the
         };
         let ((e, _), (s, log)) = (mk(false), mk(true));
         // The second attempt is refused by the limiter: the enforcing call
-        // gives its admission back without an outcome, the circuit before
-        // the retry counts nothing.
+        // ends with the failure of its first attempt, which the circuit
+        // before the retry records (it opens); in shadow mode the call goes
+        // on, and the circuit records that same failure, not the call's own
+        // outcome.
         let refused = Rejection::new(RejectionReason::RateLimited, Some(secs(3600)));
         match exec(&e, flavor, boom) {
             Err(Error::Rejected(r)) => assert_eq!(r.reason, RejectionReason::RateLimited),
@@ -706,10 +709,10 @@ fn an_attempt_refused_in_shadow_leaves_nothing_to_the_shadow_policies_before_the
             exec(&s, flavor, boom),
             Err(Error::RetryExhausted { attempts: 2, .. })
         ));
-        assert_eq!(e.circuit_state().unwrap(), CircuitState::Closed);
+        assert_eq!(e.circuit_state().unwrap(), CircuitState::Open);
         assert_eq!(
             s.circuit_state().unwrap(),
-            CircuitState::Closed,
+            CircuitState::Open,
             "{flavor:?} {listen}"
         );
         assert_eq!(counts(&e), counts(&s));

@@ -930,8 +930,9 @@ fn shadow_mode_across_levels_keeps_the_state_of_enforcing_mode() {
             };
             let what = format!("sync {sync}, listening {listen}");
 
-            // An attempt refused after the retry: the circuit before it
-            // counts nothing of the call.
+            // An attempt refused after the retry, after the first one
+            // failed: the circuit before it records that failure, enforcing
+            // or in shadow mode (where the call goes on).
             let shape = |s: bool| {
                 move |b: IoBuilder| {
                     b.circuit_breaker(CircuitBreaker::consecutive_failures(1).shadow(s))
@@ -946,8 +947,8 @@ fn shadow_mode_across_levels_keeps_the_state_of_enforcing_mode() {
                 Err(Error::Rejected(_))
             ));
             assert!(shadow_call(&s, sync, false).is_err());
-            assert_eq!(e.circuit_state().unwrap(), CircuitState::Closed, "{what}");
-            assert_eq!(s.circuit_state().unwrap(), CircuitState::Closed, "{what}");
+            assert_eq!(e.circuit_state().unwrap(), CircuitState::Open, "{what}");
+            assert_eq!(s.circuit_state().unwrap(), CircuitState::Open, "{what}");
 
             // A call refused before the retry takes no permit after it.
             let shape = |s: bool| {

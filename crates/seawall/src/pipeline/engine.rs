@@ -285,6 +285,11 @@ pub(crate) struct Call<'g, K: Kind> {
     /// ends with a refusal after an attempt failed records it
     /// ([`refused`](Self::refused)).
     call_failed: Option<(Outcome, Option<Duration>)>,
+    /// The outcome the call-level gate records when the call ends, in
+    /// place of the call's own: a call shadowed after an attempt failed
+    /// ends, for the policies in shadow mode before the retry, as the
+    /// enforcing pipeline ended it, with that failure ([`shadow_call`](Self::shadow_call)).
+    call_ended_shadowed: Option<(Outcome, Option<Duration>)>,
     waiting: Option<Waiting>,
     /// The rate-limit permits each admission takes (1 unless weighted).
     weight: u32,
@@ -517,6 +522,7 @@ impl<'g, K: Kind> Call<'g, K> {
             call_permit: None,
             call_at: None,
             call_failed: None,
+            call_ended_shadowed: None,
             waiting: None,
             weight: 1,
             lease: None,
@@ -843,7 +849,15 @@ impl<'g, K: Kind> Call<'g, K> {
         let shadow = Shadow::of(&gate.spec);
         match self.call_permit {
             Some(permit) if shadow.any() && !permit.shadowed => {
-                let (kept, given) = shadow.split(permit);
+                let (mut kept, given) = shadow.split(permit);
+                if let Some(failed) = self.call_failed {
+                    // Enforcing, the call would end here with the failure
+                    // of its last attempt, which the call's gate records
+                    // (`refused`): the policies in shadow mode record it
+                    // when the call ends, in place of its own outcome.
+                    kept.shadowed = false;
+                    self.call_ended_shadowed = Some(failed);
+                }
                 self.call_permit = Some(kept);
                 if let Some(given) = given {
                     gate.state.release(self.partition, given);
@@ -1589,6 +1603,7 @@ impl<'g, K: Kind> Call<'g, K> {
         let Some(permit) = self.call_permit.take() else {
             return Ended::Done(result);
         };
+        let (outcome, hint) = self.call_ended_shadowed.take().unwrap_or((outcome, hint));
         match self.record_in(Level::Call, permit, self.call_at, outcome, hint, None) {
             Some(record) => Ended::Record(record, Pending::Done(result)),
             None => Ended::Done(result),
@@ -2465,6 +2480,7 @@ impl<'g, K: Kind, A: CallArgs<'g>> First<'g, K, A> {
             call_permit: None,
             call_at: None,
             call_failed: None,
+            call_ended_shadowed: None,
             waiting: None,
             weight: self.args.weight(),
             lease: held.take_lease(),
