@@ -576,12 +576,16 @@ fn circuit_state_gauge_follows_every_state() {
         assert_eq!(gauge(), Some(Value::Gauge(3.0)));
         p.reset().unwrap();
         assert_eq!(gauge(), Some(Value::Gauge(0.0)));
+        // The longest open is an open, not an isolation.
+        p.open_for(Duration::MAX).unwrap();
+        assert_eq!(gauge(), Some(Value::Gauge(1.0)));
+        p.reset().unwrap();
     });
     let all = reader.read();
     for (event, severity, n) in [
-        ("circuit_opened", "warn", 2),
+        ("circuit_opened", "warn", 3),
         ("circuit_half_opened", "info", 1),
-        ("circuit_closed", "info", 2),
+        ("circuit_closed", "info", 3),
     ] {
         assert_eq!(
             all.get(&format!(

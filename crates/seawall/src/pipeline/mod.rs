@@ -427,7 +427,10 @@ impl<K: Kind> Pipeline<K> {
     /// cooldown that follows them. Reported as
     /// [`EventKind::CircuitOpened`] with `duration` as the cooldown. The
     /// end is kept in whole milliseconds, rounded up; a zero duration
-    /// half-opens the circuit at the next call. See
+    /// half-opens the circuit at the next call. A duration past the clock's
+    /// range (over `u64::MAX` nanoseconds) opens until its last instant and
+    /// is reported as `Duration::from_nanos(u64::MAX)`: an open, not an
+    /// isolation (whose cooldown reads `Duration::MAX`). See
     /// [`isolate`](Self::isolate) for an open without an end.
     ///
     /// ```
@@ -549,6 +552,14 @@ impl<K: Kind> Pipeline<K> {
         c: CircuitControl,
     ) -> Result<(), ControlError> {
         let gate = self.circuit_gate()?;
+        // No clock reading lies past `u64::MAX` ns: a longer open ends
+        // there, and is told from `isolate` (`Duration::MAX`).
+        let c = match c {
+            CircuitControl::OpenFor(d) => {
+                CircuitControl::OpenFor(d.min(Duration::from_nanos(u64::MAX)))
+            }
+            c => c,
+        };
         let t = gate.state.control_circuit(partition, c, self.now())?;
         if let Some(t) = t {
             self.emit_transition(partition, t);
