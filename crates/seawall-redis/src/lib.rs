@@ -103,8 +103,13 @@
 //!   and with a caller's clock (where every wait is checked exactly), and
 //!   its circuit agrees with the reference model `seawall::model::breaker`
 //!   on random sequences of calls, step by step. Resolutions: times are
-//!   kept in microseconds; the end of a circuit's cooldown in whole
-//!   milliseconds, rounded up, as in memory.
+//!   kept in microseconds, the rate limiters' to the nanosecond of the
+//!   caller's clock as in memory (GCRA's arrival time, the fixed window's
+//!   waits, the sliding log's entries: scored by their whole microsecond,
+//!   named after their nanoseconds); the end of a circuit's cooldown in
+//!   whole milliseconds, rounded up, as in memory. Lua numbers are
+//!   doubles: times are exact up to 2^53 us (about 285 years of a
+//!   caller's clock).
 //! - **Rate-limit reservations** as in memory: a call that may wait for
 //!   a permit (`RateLimiter::max_wait`) reserves it in the admission
 //!   script, so that concurrent callers, in every process, queue behind it

@@ -149,7 +149,8 @@ const ARGS_LINE: &str = "local A = ARGV\n";
 /// `prelude.lua` with the spec `args` compiled in: `A` is `ARGV` as the
 /// generic scripts see it, the spec's values in `A[2..=27]` written as
 /// constants (plain decimal numbers as numbers, which `tonumber` returns as
-/// they are; GCRA's tolerance and interval as the pairs `upair` would
+/// they are; GCRA's tolerance and interval, or the sliding window's
+/// period, as the pairs `upair` would
 /// split them into; every other value as the string it is in `ARGV`), and
 /// the call's own arguments, `ARGV[2..]`, from `A[28]`.
 fn compiled_prelude(args: &SpecArgs) -> String {
@@ -457,11 +458,16 @@ impl SpecArgs {
                     .unwrap_or(u64::MAX)
                     .max(1);
                 let tolerance_ns = interval_ns.saturating_mul(u64::from(r.burst.max(1) - 1));
+                // The sliding log keeps its times to the nanosecond, as the
+                // in-memory log: its period as a pair in the tolerance's
+                // place (a sliding window has none).
+                let period_ns = u64::try_from(r.period.as_nanos()).unwrap_or(u64::MAX);
+                let fine = if alg == 3 { period_ns } else { tolerance_ns };
                 a.push(flag(true));
                 a.push(alg.to_string());
                 a.push(r.limit.to_string());
                 a.push(micros(r.period).to_string());
-                a.push(nanos_pair(tolerance_ns));
+                a.push(nanos_pair(fine));
                 a.push(nanos_pair(interval_ns));
             }
             None => a.extend(["0", "1", "1", "1", "0", "1"].map(String::from)),

@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 
 use redis::Script;
 use seawall::breaker::{CircuitControl, CircuitMetrics, CircuitState, CircuitTransition};
-use seawall::rate_limit::RateAlgorithm;
 use seawall::store::{
     Admission, AdmitRequest, BudgetStep, Outcome, Permit, Record, Recorded, Reservation, Reserve,
     ResourceSpec, ResourceState, StoreFuture,
@@ -1111,16 +1110,11 @@ impl Shared {
             }
             _ => None,
         };
-        // On the caller's clock, the script counts the waits of the circuit,
-        // the cooldown and the sliding log from the clock's whole
-        // microsecond; GCRA's and the fixed window's from the nanosecond.
-        let micros = self.caller_clock
-            && (kept != Some(RejectionReason::RateLimited)
-                || self
-                    .spec
-                    .rate_limit
-                    .as_ref()
-                    .is_some_and(|r| r.algorithm == RateAlgorithm::SlidingWindow));
+        // On the caller's clock, the script counts the waits of the circuit
+        // and the cooldown from the clock's whole microsecond; the rate
+        // limiter's (GCRA, the fixed window, the sliding log) from the
+        // nanosecond.
+        let micros = self.caller_clock && kept != Some(RejectionReason::RateLimited);
         let answer = match (kept, retry_us > 0) {
             (Some(r), true) => exact_wait(retry_us, under_ns)
                 .map_or(Answer::Other, |wait| Answer::RefusedFor(r, wait, micros)),

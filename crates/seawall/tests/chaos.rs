@@ -196,6 +196,39 @@ fn latency_adds_the_exact_virtual_time() {
     }
 }
 
+/// A latency of zero is no injection (as in Polly): the policy draws,
+/// then injects nothing, reports nothing and sleeps nothing; the next
+/// policy draws the next number. Sync and async, with and without a
+/// listener, on a clock at 0 and at 10^6 s.
+#[test]
+fn a_zero_latency_is_no_injection() {
+    for mode in modes() {
+        for start in [Duration::ZERO, Duration::from_secs(1_000_000)] {
+            // The zero latency draws 0.0 and 0.0 (both would inject), the
+            // 10 ms one 0.3 (injects) and 0.9 (does not).
+            let (b, clock, events) = mode.builder(SequenceRandom::new([0.0, 0.3, 0.0, 0.9]));
+            clock.advance(start);
+            let p = b
+                .chaos(Chaos::latency(1.0, Duration::ZERO))
+                .chaos(Chaos::latency(0.5, ms(10)))
+                .build()
+                .unwrap();
+            let ops = AtomicU32::new(0);
+            assert_eq!(mode.call(&p, &ops).ok(), Some(1));
+            assert_eq!(clock.now(), start + ms(10), "{mode:?}");
+            assert_eq!(mode.call(&p, &ops).ok(), Some(2));
+            assert_eq!(clock.now(), start + ms(10), "{mode:?}");
+            if mode.listen {
+                assert_eq!(
+                    injected(&events),
+                    vec![(ChaosKind::Latency { delay: ms(10) }, 1)],
+                    "{mode:?}"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn an_injected_latency_longer_than_the_attempt_timeout_times_out_in_async() {
     let mode = Mode {

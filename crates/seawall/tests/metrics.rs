@@ -705,6 +705,42 @@ fn timeouts_rejections_and_give_ups_are_counted() {
     );
 }
 
+/// A latency of zero is no injection: it feeds no `chaos_injected`
+/// metric, sync or async; a latency of 5 ms beside it does, once a call.
+#[test]
+fn a_zero_latency_feeds_no_chaos_metric() {
+    let recorder = DebuggingRecorder::new();
+    let reader = Reader::new(&recorder);
+    let p = Pipeline::builder("metrics-zero-latency")
+        .chaos(seawall::chaos::Chaos::latency(1.0, Duration::ZERO))
+        .chaos(seawall::chaos::Chaos::latency(1.0, ms(5)))
+        .store(MemoryStore::new())
+        .clock(VirtualClock::new())
+        .listener_for_test()
+        .build()
+        .unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    ::metrics::with_local_recorder(&recorder, || {
+        p.call(|_| Ok::<_, Down>(())).unwrap();
+        rt.block_on(p.run(|_| async { Ok::<_, Down>(()) })).unwrap();
+    });
+    let injected: Vec<_> = reader
+        .read()
+        .into_iter()
+        .filter(|(k, _)| k.contains("chaos_injected"))
+        .collect();
+    assert_eq!(
+        injected,
+        vec![(
+            format!("{EVENTS}{{chaos.kind=latency,event.name=chaos_injected,event.severity=debug,pipeline.name=metrics-zero-latency,strategy.name=chaos}}"),
+            Value::Counter(2)
+        )]
+    );
+}
+
 /// `on_event(listener())` is the same as `with_metrics()`.
 trait ListenerForTest {
     fn listener_for_test(self) -> Self;

@@ -1671,3 +1671,159 @@ fn invalid_config_panics_in_the_config_loader_on_extreme_values() {
         panicked.join("\n  ")
     );
 }
+
+// An unpartitioned sliding window whose calls never wait kept its log in
+// whole microseconds, rounded up, while a partitioned one or one whose calls
+// may wait kept nanoseconds: a call exactly one period after a call logged
+// at 1 ns was refused, told to retry after 999 ns. Every sliding log keeps
+// its times to the nanosecond now.
+
+/// Where a sliding window keeps its log: unpartitioned (the lock-free
+/// ring), unpartitioned with calls that may wait (a locked log), or under a
+/// partition key.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum SlidingLog {
+    Ring,
+    Waiting,
+    Partitioned,
+}
+
+/// The end of the clock's range less 10 s, to the nanosecond.
+const NEAR_THE_END: Duration = Duration::from_nanos(u64::MAX - 10_000_000_000);
+
+#[test]
+fn a_sliding_window_decides_on_nanoseconds_wherever_it_keeps_its_log() {
+    let mut variants = Vec::new();
+    for log in [
+        SlidingLog::Ring,
+        SlidingLog::Waiting,
+        SlidingLog::Partitioned,
+    ] {
+        for flavor in FLAVORS {
+            for listener in [false, true] {
+                for offset in [Duration::ZERO, FAR, NEAR_THE_END] {
+                    variants.push((log, flavor, listener, offset));
+                }
+            }
+        }
+    }
+    each_variant(&variants, |(log, flavor, listener, offset)| {
+        let clock = clock_at(offset + Duration::from_nanos(1));
+        let limiter = RateLimiter::sliding_window(1, ms(100));
+        let limiter = if log == SlidingLog::Waiting {
+            limiter.max_wait(ms(100))
+        } else {
+            limiter
+        };
+        let p = listen(
+            Pipeline::builder(unique("reg-sliding-ns"))
+                .store(MemoryStore::new())
+                .clock(clock.clone())
+                .rate_limiter(limiter),
+            listener,
+        )
+        .build()
+        .unwrap();
+        let call = || {
+            let op = |_: Context| Ok::<_, Boom>(());
+            match (log, flavor) {
+                (SlidingLog::Partitioned, Flavor::Sync) => p.partition(7u64).call(op),
+                (SlidingLog::Partitioned, Flavor::Async) => {
+                    rt().block_on(p.partition(7u64).run(|ctx| std::future::ready(op(ctx))))
+                }
+                _ => exec(&p, flavor, op),
+            }
+        };
+        // Logged at 1 ns, then exactly one period later: admitted.
+        ensure(call().is_ok(), || "the first call".into())?;
+        clock.advance(ms(100));
+        let second = call();
+        ensure(second.is_ok(), || format!("one period later: {second:?}"))?;
+        // 1 ns short of the next period: refused, told to retry after
+        // 1 ns (a call that may wait waits exactly that long).
+        clock.advance(ms(100) - Duration::from_nanos(1));
+        let before = clock.now();
+        let third = call();
+        if log == SlidingLog::Waiting {
+            ensure(third.is_ok(), || format!("the waiting call: {third:?}"))?;
+            ensure(clock.now() - before == Duration::from_nanos(1), || {
+                format!("waited {:?}", clock.now() - before)
+            })?;
+        } else {
+            let r = rejection_of(&third)?;
+            ensure(r.retry_after == Some(Duration::from_nanos(1)), || {
+                format!("retry after {:?}", r.retry_after)
+            })?;
+        }
+        Ok(())
+    });
+}
+
+// Weighted calls on an unpartitioned sliding window whose calls never wait
+// took their permits one at a time after one check: under contention a
+// call could be refused after taking some of them, and those stayed spent.
+// A weighted call now claims all its permits at once or none, as GCRA and
+// the fixed window always did.
+
+#[test]
+fn weighted_calls_under_contention_take_all_their_permits_or_none() {
+    let limiters = [
+        RateLimiter::sliding_window(10, secs(3_600)),
+        RateLimiter::fixed_window(10, secs(3_600)),
+        RateLimiter::gcra(10, secs(3_600)),
+    ];
+    let mut variants = Vec::new();
+    for which in 0..limiters.len() {
+        for flavor in FLAVORS {
+            for listener in [false, true] {
+                for offset in [Duration::ZERO, FAR] {
+                    variants.push((which, flavor, listener, offset));
+                }
+            }
+        }
+    }
+    each_variant(&variants, |(which, flavor, listener, offset)| {
+        for round in 0..50 {
+            let clock = clock_at(offset);
+            let p = listen(
+                Pipeline::builder(unique("reg-weighted-contention"))
+                    .store(MemoryStore::new())
+                    .clock(clock.clone())
+                    .rate_limiter(limiters[which].clone()),
+                listener,
+            )
+            .build()
+            .unwrap();
+            let granted = AtomicU32::new(0);
+            let start = std::sync::Barrier::new(4);
+            std::thread::scope(|scope| {
+                for _ in 0..4 {
+                    scope.spawn(|| {
+                        let rt = rt();
+                        start.wait();
+                        for _ in 0..3 {
+                            let w = p.weighted(3).unwrap();
+                            let r = match flavor {
+                                Flavor::Sync => w.call(|_| Ok::<_, Boom>(())),
+                                Flavor::Async => {
+                                    rt.block_on(w.run(|_| async { Ok::<_, Boom>(()) }))
+                                }
+                            };
+                            if r.is_ok() {
+                                granted.fetch_add(3, Ordering::Relaxed);
+                            }
+                        }
+                    });
+                }
+            });
+            let left = (0..11)
+                .filter(|_| exec(&p, flavor, |_| Ok::<_, Boom>(())).is_ok())
+                .count() as u32;
+            let granted = granted.into_inner();
+            ensure(granted + left == 10, || {
+                format!("round {round}: {granted} permits granted, {left} left")
+            })?;
+        }
+        Ok(())
+    });
+}

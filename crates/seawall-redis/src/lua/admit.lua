@@ -32,8 +32,8 @@
 -- d microseconds, the duration of the explicit open the circuit is
 -- half-open after (every probe slot taken)
 -- under_ns: nanoseconds (0..999) the exact wait is shorter than
--- retry_after_us (GCRA keeps its times to the nanosecond, the fixed window
--- its caller's `now`)
+-- retry_after_us (GCRA and the sliding log keep their times to the
+-- nanosecond, the fixed window its caller's `now`)
 -- reserved_at: the instant of the reserved permit, on the script's clock
 -- (microseconds, and the nanoseconds past them 0..999)
 -- reason: 0 admitted, 1 circuit_open, 2 bulkhead_full, 3 cooldown_active, 4 rate_limited,
@@ -190,10 +190,8 @@ local R_SHADOW = HAS_R and shadow(P_R)
 local WU, WN = 0, 0
 -- A limiter in shadow mode never makes a call wait: no lead.
 if R_RES and not R_SHADOW then WU, WN = upair(A[E]) end
--- `wait_u:wait_n` (nanoseconds 0..999) is at most the lead.
-local function within(wait_u, wait_n)
-  return wait_u < WU or (wait_u == WU and wait_n <= WN)
-end
+-- `u:n` (nanoseconds 0..999) is at most the lead.
+local function within(u, n) return not later(u, n, WU, WN) end
 -- A refusal's exact wait `wait_u:wait_n`: retry_after_us rounded up, and
 -- how much shorter the exact wait is.
 local function retry_of(wait_u, wait_n)
@@ -222,7 +220,7 @@ if reason == 0 and HAS_R and not HELD and takes_part(P_R) then
     local tu, tn = now, now_ns
     local stored = redis.call('GET', KRL)
     if stored then tu, tn = upair(stored) end
-    if tu < now or (tu == now and tn < now_ns) then tu, tn = now, now_ns end
+    if later(now, now_ns, tu, tn) then tu, tn = now, now_ns end
     -- The call's last permit is RW - 1 intervals after the TAT; the TAT
     -- moves by RW intervals.
     local xu, xn = pmul(int_u, int_n, RW - 1)
@@ -232,7 +230,7 @@ if reason == 0 and HAS_R and not HELD and takes_part(P_R) then
     -- it is positive.
     local du, dn = psub(lu, ln, now, now_ns)
     du, dn = psub(du, dn, tol_u, tol_n)
-    if du > 0 or (du == 0 and dn > 0) then
+    if later(du, dn, 0, 0) then
       rref = {retry_of(du, dn)}
       -- Reserved when the wait is within the lead: the TAT moves as for an
       -- admission, the permits are for now + wait.
@@ -263,39 +261,48 @@ if reason == 0 and HAS_R and not HELD and takes_part(P_R) then
   else
     -- Sliding window: the log of the admissions of the last period (and
     -- the reservations), RW entries per call; the entry R_LIMIT - RW + 1
-    -- places back decides.
-    redis.call('ZREMRANGEBYSCORE', KRL, '-inf', now - R_PERIOD)
+    -- places back decides. Entries are kept to the nanosecond, as the
+    -- in-memory log's: scored by their whole microseconds, named after
+    -- their nanoseconds (see `lns`). An entry is expired once it is a
+    -- period old: those of earlier microseconds than now - period go; the
+    -- few of that microsecond may stay, judged as expired where they are.
+    redis.call('ZREMRANGEBYSCORE', KRL, '-inf', '(' .. int(psub(now, now_ns, upair(R_PER))))
     local card = redis.call('ZCARD', KRL)
-    -- Entries are never logged earlier than the newest one.
-    local function newest_or(t)
-      if not R_RES or card == 0 then return t end
-      local n = tonumber(redis.call('ZRANGE', KRL, -1, -1, 'WITHSCORES')[2])
-      if n > t then return n end
-      return t
+    local function entry(i)
+      local e = redis.call('ZRANGE', KRL, i, i, 'WITHSCORES')
+      return tonumber(e[2]), lns(e[1])
     end
-    local depth = R_LIMIT - RW + 1
-    if card >= depth then
-      local oldest = redis.call('ZRANGE', KRL, card - depth, card - depth, 'WITHSCORES')
-      local wait = tonumber(oldest[2]) + R_PERIOD - now
-      -- The log is kept in whole microseconds: so are its waits.
-      if within(wait, 0) then
-        local at = newest_or(tonumber(oldest[2]) + R_PERIOD)
-        if within(at - now, 0) then
-          -- The call waits for its reserved instant (later than `wait`
-          -- when a newer entry is).
-          wait = at - now
-          rat = {at, 0}
-          rlog = at
-        end
+    -- The later of `u:n` and the newest entry: entries are never logged
+    -- earlier than the newest one.
+    local function newer(u, n)
+      if R_RES and card > 0 then
+        local lu, ln = entry(-1)
+        if later(lu, ln, u, n) then return lu, ln end
       end
-      rref = {wait, 0}
+      return u, n
+    end
+    local wu, wn, fu, fn = 0, 0
+    if card > R_LIMIT - RW then
+      fu, fn = entry(card - R_LIMIT + RW - 1)
+      fu, fn = padd(fu, fn, upair(R_PER))
+      wu, wn = psub(fu, fn, now, now_ns)
+    end
+    if later(wu, wn, 0, 0) then
+      -- Refused until that entry is a period old; reserved then (or at
+      -- the newest entry, if later) when that is within the lead: the
+      -- call waits for its reserved instant.
+      local au, an = newer(fu, fn)
+      local du, dn = psub(au, an, now, now_ns)
+      if within(du, dn) then wu, wn, rat = du, dn, {au, an} rlog = rat end
+      rref = {retry_of(wu, wn)}
     else
-      rlog = newest_or(now)
+      local lu, ln = newer(now, now_ns)
+      rlog = {lu, ln}
       -- Behind a newer entry (a reservation): the permit is for its
       -- instant, a reservation the call waits for (as the in-memory log).
-      if rlog > now then
-        rref = {rlog - now, 0}
-        rat = {rlog, 0}
+      if later(lu, ln, now, now_ns) then
+        rref = {retry_of(psub(lu, ln, now, now_ns))}
+        rat = rlog
       end
     end
   end
@@ -319,12 +326,13 @@ end
 -- (the next free one when taken). Past 2^53 us `id + 1` is `id` in a
 -- double: the step is then the gap to the next double (2 or 4 us), so
 -- that every try names another member and the loop ends, whatever the
--- clock. Only the member's name moves: the score is the caller's.
-local function add_unique(key, score)
+-- clock. Only the member's name moves: the score is the caller's. `name`:
+-- a prefix of the member's name (the sliding log's nanoseconds).
+local function add_unique(key, score, name)
   local id = now
   local step = 1
   while id + step == id do step = step * 2 end
-  while redis.call('ZADD', key, 'NX', score, int(id)) == 0 do id = id + step end
+  while redis.call('ZADD', key, 'NX', score, (name or '') .. int(id)) == 0 do id = id + step end
   return id
 end
 
@@ -353,8 +361,9 @@ if HAS_R and ((reason == 0 and took_r and takes_part(P_R)) or rat) then
     redis.call('HSET', KRL, 'w', int(w), 'n', rnew)
     redis.call('PEXPIRE', KRL, ms((w + 1) * R_PERIOD - now, 1000))
   else
-    for _ = 1, RW do add_unique(KRL, rlog or now) end
-    redis.call('PEXPIRE', KRL, ms((rlog or now) - now + R_PERIOD, 1000))
+    local l = rlog or {now, now_ns}
+    for _ = 1, RW do add_unique(KRL, l[1], format('%03d:', l[2])) end
+    redis.call('PEXPIRE', KRL, ms(l[1] - now + upair(R_PER) + 1, 1000))
   end
 end
 

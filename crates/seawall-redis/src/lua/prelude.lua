@@ -20,8 +20,8 @@ local A = ARGV
 -- writes its `since` (see `cbegin`); one not begun yet has been closed
 -- since now, as in the in-memory store (`since0`).
 -- `now` is in whole microseconds; `now_ns`, the nanoseconds past it
--- (0..999), is known on the caller's clock only and used by GCRA, whose
--- times are kept to the nanosecond.
+-- (0..999), is known on the caller's clock only and used by the rate
+-- limiters, whose times are kept to the nanosecond.
 local now, since0
 local now_ns = 0
 local function tnow()
@@ -57,7 +57,7 @@ local function cspec()
   CD_BASE, CD_GROWTH, CD_MAX = tonumber(A[9]), tonumber(A[10]), tonumber(A[11])
   HOC, HALF_MAX = tonumber(A[12]), tonumber(A[13])
 end
-local B_MAX, B_LEASE, R_ALG, R_LIMIT, R_PERIOD, R_TOL, R_INT
+local B_MAX, B_LEASE, R_ALG, R_LIMIT, R_PERIOD, R_TOL, R_INT, R_PER
 if HAS_B then B_MAX, B_LEASE = tonumber(A[16]), tonumber(A[17]) end
 if HAS_R then
   R_ALG = tonumber(A[22])
@@ -65,8 +65,12 @@ if HAS_R then
     -- GCRA's tolerance and emission interval, as `microseconds:nanoseconds`
     -- (parsed with `upair` by the scripts that use them), or split already.
     R_TOL, R_INT = A[25], A[26]
-  else
+  elseif R_ALG == 2 then
     R_LIMIT, R_PERIOD = tonumber(A[23]), tonumber(A[24])
+  else
+    -- The sliding log keeps its times to the nanosecond: its period as a
+    -- pair (in A[25], parsed with `upair` where used).
+    R_LIMIT, R_PER = tonumber(A[23]), A[25]
   end
 end
 -- The policies in shadow mode, a bit each (see `shadow`).
@@ -122,6 +126,11 @@ local function upair(s)
   return u, n
 end
 
+-- The nanoseconds (0..999) of a sliding-log entry: its member is named
+-- `nanoseconds:id`, its score the whole microseconds, so that entries of
+-- one microsecond sort by their nanoseconds (zero-padded to 3 digits).
+local function lns(m) return tonumber(m:match('^(%d+):')) or 0 end
+
 -- The sum and the difference of two pairs, the nanoseconds brought back to
 -- 0..999 (a difference may have negative microseconds), so that the
 -- arithmetic is exact integer arithmetic on nanoseconds.
@@ -135,6 +144,8 @@ local function psub(au, an, bu, bn)
   if n < 0 then u, n = u - 1, n + 1000 end
   return u, n
 end
+-- `true` when the pair `a:b` is later than `c:d`.
+local function later(a, b, c, d) return a > c or (a == c and b > d) end
 -- A pair times a whole number `k >= 0`.
 local function pmul(u, n, k)
   local total = n * k
@@ -282,7 +293,7 @@ end
 -- the in-memory rules do): GCRA while the TAT is still the one it set (to
 -- the nanosecond; it moves back by `w` intervals), the fixed window while
 -- its window is the last one counted, the sliding log by taking out `w`
--- entries at `at_u`.
+-- entries at `at_u:at_n`.
 local function rgive(at_u, at_n, w)
   if not HAS_R then return end
   if R_ALG == 1 then
@@ -303,7 +314,8 @@ local function rgive(at_u, at_n, w)
       redis.call('HSET', KRL, 'n', n - w)
     end
   else
-    local m = redis.call('ZRANGEBYSCORE', KRL, at_u, at_u, 'LIMIT', 0, w)
-    for _, member in ipairs(m) do redis.call('ZREM', KRL, member) end
+    for _, m in ipairs(redis.call('ZRANGEBYSCORE', KRL, at_u, at_u)) do
+      if w > 0 and lns(m) == at_n then redis.call('ZREM', KRL, m) w = w - 1 end
+    end
   end
 end

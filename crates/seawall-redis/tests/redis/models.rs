@@ -14,8 +14,10 @@
 //! again, as the model says. Any policy may run in shadow mode: whether a
 //! call is shadowed, and over which refusal, must agree too.
 //!
-//! The store keeps times in whole microseconds: every time, duration,
-//! period and emission interval here is a whole number of microseconds.
+//! The store keeps times in whole microseconds (the rate limiters' to the
+//! nanosecond): every time, duration, period and emission interval of the
+//! composed runs is a whole number of microseconds; the rate-limit tests
+//! marked so go to the nanosecond.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -522,13 +524,14 @@ fn rate_limiters_reserve_and_give_back_as_their_model() {
 /// with emission intervals that are no whole number of microseconds (its
 /// times are kept to the nanosecond, its reservations given back exactly).
 /// The fixed window's periods stay whole microseconds (its store keeps
-/// them so); the sliding log, kept in whole microseconds, is left out.
+/// them so); the sliding log's periods are any number of nanoseconds (its
+/// entries are kept to the nanosecond).
 #[test]
 fn rate_limiters_reserve_and_give_back_as_their_model_to_the_nanosecond() {
     let server = RedisServer::start();
     let store = store(&server);
     let strategy = (
-        0usize..2,
+        0usize..3,
         1u32..4,
         1u32..3,
         1_000u64..40_000_000,
@@ -542,9 +545,11 @@ fn rate_limiters_reserve_and_give_back_as_their_model_to_the_nanosecond() {
             // both round up.
             let period = unit_ns * u64::from(limit) + unit_ns % u64::from(limit);
             RateLimiter::gcra(limit, Duration::from_nanos(period)).burst(burst)
-        } else {
+        } else if which == 1 {
             let unit = Duration::from_micros(unit_ns / 1000);
             RateLimiter::fixed_window(limit, unit * limit)
+        } else {
+            RateLimiter::sliding_window(limit, Duration::from_nanos(unit_ns * u64::from(limit)))
         };
         let period = limiter.period;
         let ns = Duration::from_nanos;
@@ -641,6 +646,58 @@ fn reserve_as_model(
         }
     }
     Ok(())
+}
+
+/// A sliding window whose calls never wait keeps its log to the
+/// nanosecond, as the in-memory one and the model do: clock reads between
+/// whole microseconds, periods of any number of nanoseconds, weighted calls
+/// (some beyond the limit), on clocks at 0 and at 10^6 s. Refusals replayed
+/// locally count their waits from the nanosecond too.
+#[test]
+fn a_sliding_window_decides_to_the_nanosecond_as_its_model() {
+    use seawall::model::rate::RateLimit;
+    let server = RedisServer::start();
+    let store = store(&server);
+    let strategy = (
+        1u32..5,
+        1_000u64..40_000_000,
+        prop::sample::select(vec![Duration::ZERO, 1_000_000 * S]),
+        prop::collection::vec((0u64..30_000_000, 1u32..6), 1..60),
+    );
+    let result = runner(64).run(&strategy, |(limit, period_ns, start, steps)| {
+        let limiter = RateLimiter::sliding_window(limit, Duration::from_nanos(period_ns));
+        let spec = ResourceSpec::new(unique("sliding-ns")).with_rate_limit(limiter.clone());
+        let state = store.bind(&spec).unwrap();
+        let mut model = RateLimit::new(&limiter);
+        // The brief's case first: logged at 1 ns, then one period later.
+        let mut now = start + Duration::from_nanos(1);
+        let mut steps = steps;
+        steps.insert(0, (0, 1));
+        steps.insert(1, (period_ns, 1));
+        for &(step, weight) in &steps {
+            now += Duration::from_nanos(step);
+            let request = AdmitRequest {
+                partition: None,
+                now,
+                weight,
+                budget: None,
+            };
+            let got = state
+                .admit(&request)
+                .map_err(fail)?
+                .decision
+                .map(|_| ())
+                .map_err(|r| r.retry_after);
+            let want = model
+                .reserve_weighted(now, Duration::ZERO, weight)
+                .map(|_| ());
+            prop_assert_eq!(got, want, "{:?} at {:?} weight {}", limiter, now, weight);
+        }
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
 }
 
 /// A sliding window on a caller's clock 290 years on (past 2^53 us): the

@@ -37,14 +37,18 @@
 //! - A latency is slept on the pipeline's clock before the operation, and
 //!   is inside the attempt's deadline: in async code a latency longer than
 //!   the attempt timeout times the attempt out. Latencies of several
-//!   policies add up.
+//!   policies add up. A latency of zero is no injection (as in Polly, whose
+//!   chaos latency skips a latency of zero or less): the policy draws as
+//!   usual, then injects nothing, reports nothing (no event, no metric) and
+//!   sleeps nothing, sync and async.
 //! - A fault ends the attempt with the generated error without running the
 //!   operation (after any injected latency): it is classified, retried and
 //!   recorded by the circuit breaker as an error of the operation.
 //! - An outcome ends the attempt with the generated value, a success,
 //!   without running the operation (after any injected latency).
 //! - A behaviour runs its hook before the operation, which then runs.
-//! - Every injection emits [`EventKind::ChaosInjected`](crate::EventKind::ChaosInjected).
+//! - Every injection emits [`EventKind::ChaosInjected`](crate::EventKind::ChaosInjected)
+//!   (a latency of zero is none, see above).
 //! - A pipeline with chaos takes the engine's general loop; a disabled
 //!   policy costs one relaxed atomic load per attempt (a [`ChaosSwitch`]).
 //!
@@ -215,7 +219,8 @@ impl Chaos {
     }
 
     /// Injects `delay` before the operation in a share `rate` (0..=1) of
-    /// attempts.
+    /// attempts. A `delay` of zero never injects: no event, no metric (see
+    /// the [module docs](self)).
     pub fn latency(rate: f64, delay: Duration) -> Self {
         Chaos::new(rate, Action::Latency(delay))
     }
@@ -299,7 +304,9 @@ impl Chaos {
 
     /// Whether the policy injects into the attempt `ctx`: enabled (one
     /// relaxed load for a switch), then one draw from `random` against the
-    /// rate.
+    /// rate, and something to inject: a latency of zero is none (the one
+    /// statement of it; the draw is made all the same, so that a zero
+    /// latency leaves the other policies' draws where they were).
     #[inline]
     pub(crate) fn injects(&self, ctx: &Context, random: &dyn Random) -> bool {
         let on = match &self.enabled {
@@ -314,7 +321,13 @@ impl Chaos {
             Rate::Fixed(r) => *r,
             Rate::Generated(g) => g(ctx),
         };
-        drawn(rate, random.next_f64())
+        drawn(rate, random.next_f64()) && !self.injects_nothing()
+    }
+
+    /// `true` when an injection of the policy would change nothing: a
+    /// latency of zero.
+    fn injects_nothing(&self) -> bool {
+        matches!(self.action, Action::Latency(delay) if delay.is_zero())
     }
 
     /// Whether the policy may inject into a call that starts now: `false`

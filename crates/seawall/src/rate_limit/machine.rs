@@ -8,8 +8,12 @@
 //!   ([`RateParams::packs`]: more than about one permit per 4 ns) keeps
 //!   it whole behind a small mutex instead.
 //! - Sliding window, unpartitioned: the log kept lock-free in a ring of
-//!   `limit` slots (see [`Ring`]): one load of the slot of the admission
-//!   `limit` places back, one compare-and-swap on the head, one store.
+//!   `limit` slots (see [`Ring`]): the loads of the slot of the permit
+//!   `limit` places back, one compare-and-swap on the head (a weighted
+//!   call claims its `n` slots in it, all or none), the stores of its time.
+//!
+//! Every sliding log keeps its times to the nanosecond, as the rules take
+//! them: the ring, the deque and the model decide alike on any clock.
 //! - Sliding window, partitioned: the log in a deque behind a small mutex
 //!   that grows with use, up to `limit` entries (and the reservations), so
 //!   that an idle key costs little. An unpartitioned sliding window whose
@@ -191,7 +195,9 @@ impl RateCell<'_> {
     fn acquire_other(self, params: &RateParams, now_ns: u64, n: u32) -> Result<(), Duration> {
         match self {
             RateCell::Fixed(word) => apply(word, fixed_window_word, params, now_ns, n),
-            RateCell::Ring(ring) if n == 1 => ring.acquire(params, now_ns),
+            // The unweighted call, the common case, with the weight's loops
+            // folded away.
+            RateCell::Ring(ring) if n == 1 => ring.acquire(params, now_ns, 1),
             other => other.reserve(params, now_ns, 0, n).map(|_| ()),
         }
     }
@@ -228,8 +234,7 @@ impl RateCell<'_> {
                 Ok(grant.at)
             }
             RateCell::Log(log) => sliding_log(&mut lock(log), params, now_ns, within_ns, n),
-            RateCell::Ring(ring) if n == 1 => ring.acquire(params, now_ns).map(|()| now_ns),
-            RateCell::Ring(ring) => ring.acquire_weighted(params, now_ns, n).map(|()| now_ns),
+            RateCell::Ring(ring) => ring.acquire(params, now_ns, n).map(|()| now_ns),
         }
     }
 
@@ -363,23 +368,28 @@ fn lock<T>(state: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     state.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The lock-free sliding log: the times of the last `limit` admissions.
+/// The lock-free sliding log: the times of the last `limit` permits.
 ///
-/// Admission number `n` (counted from 0) writes slot `n mod limit`, so the
-/// slot it would write holds admission `n - limit`: the oldest of the last
-/// `limit`, which [`rules::sliding_window`] judges. The call then claims
-/// its number with a compare-and-swap on `head` and writes its time into
-/// the slot.
+/// Permit number `k` (counted from 0) is written in slot `k mod limit`, so
+/// the slot it would write holds permit `k - limit`. A call of weight `n`
+/// (1 unweighted) pushes the `n` permits in the slots it is to write out
+/// of the last `limit`; the newest of them is the permit
+/// [`rules::sliding_window_depth`] places back, which [`rules::sliding_window`]
+/// judges (the log is in order, so it is the latest of them; the call takes
+/// the latest of their times, which is that one's whenever no predecessor
+/// is still being written). The call then claims its `n` numbers with one
+/// compare-and-swap on `head`, all or none, and writes its time into their
+/// slots.
 ///
 /// `head` packs the slot index (low 32 bits), the lap (bits 32..63) and a
-/// flag set once the first lap is complete (bit 63). A slot packs the time
-/// in microseconds (rounded up: stricter, never looser; low 56 bits) and a
-/// tag (high 8 bits) of the lap that wrote it plus one. A claimant that
-/// finds a tag other than its own lap's sees an admission that claimed its
-/// number but has not written its time yet: an admission happening now,
-/// counted as such. Times are kept in order
-/// ([`rules::sliding_window_entry`]), unless a predecessor is still being
-/// written.
+/// flag set once the first lap is complete (bit 63). A slot keeps the time
+/// to the nanosecond, as the other logs do: its 64 bits are split over two
+/// words, each also carrying a tag (high 8 bits) of the lap that wrote it
+/// plus one (see [`Slot`]). A claimant that finds a tag other than the
+/// previous lap's, in either word, sees a permit that was claimed but whose
+/// time is not written yet: taken now, counted as such. Times are kept in
+/// order ([`rules::sliding_window_entry`]), unless a predecessor is still
+/// being written.
 ///
 /// The slots are allocated in chunks of 4096, the first up front and the
 /// others on first use, so that a large limit costs memory only as far as
@@ -388,7 +398,28 @@ fn lock<T>(state: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 pub(crate) struct Ring {
     head: AtomicU64,
     limit: u32,
-    chunks: Box<[OnceLock<Box<[AtomicU64]>>]>,
+    chunks: Box<[OnceLock<Box<[Slot]>>]>,
+}
+
+/// One slot of the [`Ring`]: a time in nanoseconds, the high 32 bits in
+/// `hi` and the low 32 in `lo`, each word tagged (high 8 bits) with the lap
+/// that wrote it plus one.
+///
+/// Each word is written once per lap, by the one call that claimed the
+/// slot's number in that lap, so two words with the same tag were written
+/// by the same call: a reader that finds the expected tag in both reads
+/// that call's time whole, to the nanosecond, over the whole clock
+/// (`0..=u64::MAX`: no base, nothing to wrap), and one that finds another
+/// tag in either (a write under way, or a torn pair) counts the permit as
+/// being written. The tags repeat every 256 laps: a reader would take a
+/// time 256 laps old for the previous lap's only if the previous lap's
+/// writer were still stalled between its claim and its stores after 255
+/// more laps of claims. Both words share one cache line (16-byte aligned).
+#[derive(Debug, Default)]
+#[repr(C, align(16))]
+struct Slot {
+    hi: AtomicU64,
+    lo: AtomicU64,
 }
 
 const RING_CHUNK: u32 = 4096;
@@ -396,9 +427,29 @@ const RING_FULL: u64 = 1 << 63;
 const RING_LAP_SHIFT: u32 = 32;
 const RING_LAP_MASK: u64 = (1 << 31) - 1;
 const RING_INDEX_MASK: u64 = (1 << 32) - 1;
-const RING_TIME_MASK: u64 = (1 << 56) - 1;
+const RING_HALF_MASK: u64 = (1 << 32) - 1;
 const RING_TAG_SHIFT: u32 = 56;
-const NANOS_PER_MICRO: u64 = 1_000;
+
+impl Slot {
+    /// The time written in lap `lap`, if both words were.
+    #[inline(always)]
+    fn written(&self, lap: u64) -> Option<u64> {
+        let tag = (lap.wrapping_add(1) & 0xff) << RING_TAG_SHIFT;
+        let hi = self.hi.load(Ordering::Acquire);
+        let lo = self.lo.load(Ordering::Acquire);
+        (((hi ^ tag) | (lo ^ tag)) >> RING_TAG_SHIFT == 0)
+            .then_some(((hi & RING_HALF_MASK) << 32) | (lo & RING_HALF_MASK))
+    }
+
+    /// Writes time `at` for lap `lap`.
+    #[inline(always)]
+    fn write(&self, lap: u64, at: u64) {
+        let tag = (lap.wrapping_add(1) & 0xff) << RING_TAG_SHIFT;
+        self.hi.store(tag | (at >> 32), Ordering::Release);
+        self.lo
+            .store(tag | (at & RING_HALF_MASK), Ordering::Release);
+    }
+}
 
 impl Ring {
     fn new(limit: u32) -> Self {
@@ -416,54 +467,71 @@ impl Ring {
     }
 
     #[inline]
-    fn slot(&self, index: u32) -> &AtomicU64 {
+    fn slot(&self, index: u32) -> &Slot {
         let chunk = (index / RING_CHUNK) as usize;
         let slots = self.chunks[chunk].get_or_init(|| {
             let len = (self.limit - chunk as u32 * RING_CHUNK).min(RING_CHUNK);
-            (0..len).map(|_| AtomicU64::new(0)).collect()
+            (0..len).map(|_| Slot::default()).collect()
         });
         &slots[(index % RING_CHUNK) as usize]
     }
 
-    /// The time written for lap `lap` in `bits`, if they were.
-    #[inline]
-    fn written(bits: u64, lap: u64) -> Option<u64> {
-        let tag = bits >> RING_TAG_SHIFT;
-        (tag == (lap.wrapping_add(1) & 0xff))
-            .then_some((bits & RING_TIME_MASK).saturating_mul(NANOS_PER_MICRO))
+    /// Slot number `j` of lap `lap` counted on from `index` (`j` up to two
+    /// laps' worth): the slot and the lap it is in.
+    #[inline(always)]
+    fn place(&self, j: u32, lap: u64) -> (u32, u64) {
+        if j < self.limit {
+            (j, lap)
+        } else {
+            (j - self.limit, lap.wrapping_add(1) & RING_LAP_MASK)
+        }
     }
 
-    #[inline]
-    fn acquire(&self, p: &RateParams, now: u64) -> Result<(), Duration> {
+    /// Takes `n` permits at `now` (`n` with [`rules::weight_fits`]), all
+    /// or none, or tells how long until they are free: the `n` permits the
+    /// call pushes out of the last `limit` must no longer count.
+    #[inline(always)]
+    fn acquire(&self, p: &RateParams, now: u64, n: u32) -> Result<(), Duration> {
+        debug_assert!((1..=self.limit).contains(&n));
         let mut head = self.head.load(Ordering::Acquire);
         loop {
             let index = (head & RING_INDEX_MASK) as u32;
             let lap = (head >> RING_LAP_SHIFT) & RING_LAP_MASK;
-            let slot = self.slot(index);
             let full = head & RING_FULL != 0;
-            // The admission `limit` places back, written in the previous lap;
-            // claimed but not written yet, it is happening now.
-            let oldest = full.then(|| {
-                let previous_lap = lap.wrapping_sub(1) & RING_LAP_MASK;
-                Self::written(slot.load(Ordering::Acquire), previous_lap).unwrap_or(now)
-            });
+            // The permits in the slots the call is to write, written in the
+            // previous lap (none before the first lap is complete); claimed
+            // but not written yet, they are taken now.
+            let previous = lap.wrapping_sub(1) & RING_LAP_MASK;
+            let first = self.slot(index);
+            let mut oldest = full.then(|| first.written(previous).unwrap_or(now));
+            for k in 1..n {
+                let (j, l) = self.place(index + k, previous);
+                if l == previous && !full {
+                    continue;
+                }
+                let t = self.slot(j).written(l).unwrap_or(now);
+                oldest = Some(oldest.map_or(t, |o| o.max(t)));
+            }
             rules::sliding_window(oldest, p, now)?;
-            let next = if index + 1 >= self.limit {
-                RING_FULL | (((lap + 1) & RING_LAP_MASK) << RING_LAP_SHIFT)
+            let end = index + n;
+            let next = if end >= self.limit {
+                RING_FULL
+                    | (((lap + 1) & RING_LAP_MASK) << RING_LAP_SHIFT)
+                    | u64::from(end - self.limit)
             } else {
-                (head & !RING_INDEX_MASK) | u64::from(index + 1)
+                (head & !RING_INDEX_MASK) | u64::from(end)
             };
             match self
                 .head
                 .compare_exchange_weak(head, next, Ordering::AcqRel, Ordering::Acquire)
             {
                 Ok(_) => {
-                    // In whole microseconds, rounded up.
-                    let newest = self.before(index, lap, full).map(|t| t / NANOS_PER_MICRO);
-                    let at = rules::sliding_window_entry(newest, now.div_ceil(NANOS_PER_MICRO))
-                        .min(RING_TIME_MASK);
-                    let tag = (lap + 1) & 0xff;
-                    slot.store((tag << RING_TAG_SHIFT) | at, Ordering::Release);
+                    let at = rules::sliding_window_entry(self.before(index, lap, full), now);
+                    first.write(lap, at);
+                    for k in 1..n {
+                        let (j, l) = self.place(index + k, lap);
+                        self.slot(j).write(l, at);
+                    }
                     return Ok(());
                 }
                 Err(actual) => head = actual,
@@ -471,39 +539,8 @@ impl Ring {
         }
     }
 
-    /// Takes `n > 1` permits (with [`rules::weight_fits`]): when the
-    /// permit [`rules::sliding_window_depth`] places back allows them, one
-    /// at a time. A concurrent caller may take a permit in between, and the
-    /// call then be refused with the permits it took spent: stricter,
-    /// never looser (a limiter whose calls are weighted under contention
-    /// can keep an exact log by allowing a `max_wait`).
-    fn acquire_weighted(&self, p: &RateParams, now: u64, n: u32) -> Result<(), Duration> {
-        let depth = rules::sliding_window_depth(p, n) as u64;
-        let head = self.head.load(Ordering::Acquire);
-        let index = head & RING_INDEX_MASK;
-        let lap = (head >> RING_LAP_SHIFT) & RING_LAP_MASK;
-        let full = head & RING_FULL != 0;
-        // The permit `depth` places back from the newest: admission
-        // `head - depth`, in this lap or (when full) the previous one.
-        let oldest = if index >= depth {
-            Some((index - depth, lap))
-        } else if full {
-            Some((
-                index + u64::from(self.limit) - depth,
-                lap.wrapping_sub(1) & RING_LAP_MASK,
-            ))
-        } else {
-            None
-        }
-        .map(|(i, lap)| {
-            Self::written(self.slot(i as u32).load(Ordering::Acquire), lap).unwrap_or(now)
-        });
-        rules::sliding_window(oldest, p, now)?;
-        (0..n).try_for_each(|_| self.acquire(p, now))
-    }
-
-    /// The time of the admission just before the one at `index` of `lap`,
-    /// if it is written.
+    /// The time of the permit just before the one at `index` of `lap`, if
+    /// it is written.
     #[inline]
     fn before(&self, index: u32, lap: u64, full: bool) -> Option<u64> {
         let (index, lap) = match index.checked_sub(1) {
@@ -511,10 +548,10 @@ impl Ring {
             None if full || lap > 0 => (self.limit - 1, lap.wrapping_sub(1) & RING_LAP_MASK),
             None => return None,
         };
-        Self::written(self.slot(index).load(Ordering::Acquire), lap)
+        self.slot(index).written(lap)
     }
 
-    /// The time of the newest admission, if any is written.
+    /// The time of the newest permit, if any is written.
     fn newest(&self) -> Option<u64> {
         let head = self.head.load(Ordering::Acquire);
         let index = (head & RING_INDEX_MASK) as u32;
@@ -588,23 +625,23 @@ mod tests {
     }
 
     impl Sequential {
-        fn acquire(&mut self, p: &RateParams, now: u64) -> Result<(), Duration> {
+        fn acquire(&mut self, p: &RateParams, now: u64, n: u32) -> Result<(), Duration> {
             match p.algorithm {
                 RateAlgorithm::SlidingWindow => {
-                    let limit = p.limit as usize;
+                    let depth = rules::sliding_window_depth(p, n);
                     let oldest =
-                        (self.log.len() >= limit).then(|| self.log[self.log.len() - limit]);
+                        (self.log.len() >= depth).then(|| self.log[self.log.len() - depth]);
                     rules::sliding_window(oldest, p, now)?;
                     let at = rules::sliding_window_entry(self.log.last().copied(), now);
-                    self.log.push(at);
+                    self.log.extend(std::iter::repeat_n(at, n as usize));
                     Ok(())
                 }
                 RateAlgorithm::FixedWindow => {
-                    self.window = rules::fixed_window(self.window, p, now, 1)?;
+                    self.window = rules::fixed_window(self.window, p, now, n)?;
                     Ok(())
                 }
                 _ => {
-                    self.word = rules::gcra(self.word, p, now, 1)?;
+                    self.word = rules::gcra(self.word, p, now, n)?;
                     Ok(())
                 }
             }
@@ -685,14 +722,60 @@ mod tests {
         }
     }
 
+    /// Every sliding log, the lock-free ring included, keeps its times to
+    /// the nanosecond: a permit counts for exactly `period`, from 0 to the
+    /// end of the clock.
     #[test]
-    fn sliding_ring_rounds_times_up_to_the_microsecond() {
-        let c = Cells::new(RateLimiter::sliding_window(1, Duration::from_millis(1)));
-        let (p, s) = (&c.p, c.root.cell());
-        assert!(s.acquire(p, 1_500, 1).is_ok());
-        // Kept as 2 us: free again at 1.002 ms, never before 1.0015 ms.
-        assert_eq!(s.acquire(p, MS + 1_500, 1), Err(Duration::from_nanos(500)));
-        assert!(s.acquire(p, MS + 2_000, 1).is_ok());
+    fn sliding_logs_keep_times_to_the_nanosecond() {
+        for base in [0, 1_000_000 * SEC, u64::MAX - SEC] {
+            let c = Cells::new(RateLimiter::sliding_window(2, Duration::from_millis(1)));
+            for s in c.all() {
+                let p = &c.p;
+                assert!(s.acquire(p, base + 1, 1).is_ok());
+                assert!(s.acquire(p, base + 999, 1).is_ok());
+                assert_eq!(s.acquire(p, base + MS, 1), Err(Duration::from_nanos(1)));
+                // Exactly one period after the first permit.
+                assert!(s.acquire(p, base + MS + 1, 1).is_ok(), "at {base}");
+                assert_eq!(
+                    s.acquire(p, base + MS + 998, 1),
+                    Err(Duration::from_nanos(1))
+                );
+                assert!(s.acquire(p, base + MS + 999, 1).is_ok());
+                assert!(!s.is_idle(p, base + 2 * MS + 998));
+                assert!(s.is_idle(p, base + 2 * MS + 999));
+            }
+        }
+        // The last nanoseconds of the clock, whole.
+        let c = Cells::new(RateLimiter::sliding_window(1, Duration::from_nanos(3)));
+        for s in c.all() {
+            let p = &c.p;
+            assert!(s.acquire(p, u64::MAX - 7, 1).is_ok());
+            assert_eq!(s.acquire(p, u64::MAX - 5, 1), Err(Duration::from_nanos(1)));
+            assert!(s.acquire(p, u64::MAX - 4, 1).is_ok());
+            assert_eq!(s.acquire(p, u64::MAX - 2, 1), Err(Duration::from_nanos(1)));
+            assert!(s.acquire(p, u64::MAX - 1, 1).is_ok());
+            // Free again past the end of the clock: the wait saturates.
+            assert!(s.acquire(p, u64::MAX, 1).is_err());
+        }
+    }
+
+    /// A weighted call on the ring writes its permits across the end of a
+    /// lap and is judged on the permits it pushes out, lap after lap (the
+    /// slots' tags wrap after 256 laps), to the nanosecond.
+    #[test]
+    fn sliding_ring_takes_weighted_calls_across_laps() {
+        for base in [0, 1_000_000 * SEC, u64::MAX - 2_000 * SEC] {
+            let c = Cells::new(RateLimiter::sliding_window(4, Duration::from_nanos(10)));
+            let (p, s) = (&c.p, c.root.cell());
+            for round in 0..1_000u64 {
+                // 3 permits a round on a ring of 4: every slot in turn is
+                // the first, the second and the third of a call.
+                let t = base + round * 10;
+                assert_eq!(s.reserve(p, t, 0, 3), Ok(t), "round {round}");
+                assert_eq!(s.reserve(p, t + 9, 0, 2), Err(Duration::from_nanos(1)));
+                assert_eq!(s.reserve(p, t + 9, 0, 4), Err(Duration::from_nanos(1)));
+            }
+        }
     }
 
     #[test]
@@ -735,27 +818,32 @@ mod tests {
 
     proptest::proptest! {
         /// Every cell decides exactly as its pure rule applied call after
-        /// call, and reports idle exactly when the rule does: times in whole
-        /// microseconds (the ring's resolution) from a base of 0, 10^6 s or
-        /// near the end of the clock, with clock reads that may lag a
-        /// little, and any limit.
+        /// call, and reports idle exactly when the rule does: times to the
+        /// nanosecond from a base of 0, 10^6 s or near the end of the
+        /// clock, with clock reads that may lag a little, any limit, and
+        /// calls of weight 1 and, now and then, of up to the limit (on the
+        /// ring, across the end of a lap).
         #[test]
         fn cells_decide_as_the_rules_applied_in_sequence(
             which in 0usize..4,
             limit in 1u32..12,
-            period_us in 1u64..2_000,
-            base in proptest::sample::select(vec![0u64, 1_000_000 * SEC, u64::MAX / 1_000 * 1_000 - 10 * SEC]),
-            steps in proptest::collection::vec((0u64..400, proptest::prelude::any::<bool>()), 1..300),
+            period_ns in 12u64..2_000_000,
+            base in proptest::sample::select(vec![0u64, 1_000_000 * SEC, u64::MAX - 10 * SEC]),
+            steps in proptest::collection::vec((0u64..400_000, proptest::prelude::any::<bool>(), 0u32..24), 1..300),
         ) {
-            let spec = algorithms(limit, Duration::from_micros(period_us))[which].clone();
+            let spec = algorithms(limit, Duration::from_nanos(period_ns))[which].clone();
             let c = Cells::new(spec);
             for s in c.all() {
                 let mut model = Sequential::default();
                 let mut now = 0u64;
-                for &(step, back) in &steps {
+                for &(step, back, weight) in &steps {
                     now += step;
-                    let at = base + if back { now.saturating_sub(step / 2) } else { now } * 1_000;
-                    proptest::prop_assert_eq!(s.acquire(&c.p, at, 1), model.acquire(&c.p, at), "at {}", at);
+                    let at = base + if back { now.saturating_sub(step / 2) } else { now };
+                    let n = if weight < 12 { 1 } else { 1 + weight % limit };
+                    if !rules::weight_fits(&c.p, n) {
+                        continue;
+                    }
+                    proptest::prop_assert_eq!(s.acquire(&c.p, at, n), model.acquire(&c.p, at, n), "at {} weight {}", at, n);
                     proptest::prop_assert_eq!(s.is_idle(&c.p, at), model.is_idle(&c.p, at), "idle at {}", at);
                 }
             }
@@ -765,23 +853,23 @@ mod tests {
     proptest::proptest! {
         /// Weighted calls without waiting: every cell, the lock-free ring
         /// included, grants `n` permits exactly when the reference model
-        /// does, with the same wait when it does not (times in whole
-        /// microseconds, one clock reader).
+        /// does, with the same wait when it does not (times to the
+        /// nanosecond, one clock reader).
         #[test]
         fn weighted_cells_decide_as_the_model(
             which in 0usize..4,
             limit in 1u32..9,
-            period_us in 1u64..2_000,
-            base in proptest::sample::select(vec![0u64, 1_000_000 * SEC]),
-            steps in proptest::collection::vec((0u64..400, 1u32..10), 1..200),
+            period_ns in 9u64..2_000_000,
+            base in proptest::sample::select(vec![0u64, 1_000_000 * SEC, u64::MAX - 10 * SEC]),
+            steps in proptest::collection::vec((0u64..400_000, 1u32..10), 1..200),
         ) {
-            let spec = algorithms(limit, Duration::from_micros(period_us))[which].clone();
+            let spec = algorithms(limit, Duration::from_nanos(period_ns))[which].clone();
             let c = Cells::new(spec.clone());
             for s in c.all() {
                 let mut model = crate::model::rate::RateLimit::new(&spec);
                 let mut now = base;
                 for &(step, weight) in &steps {
-                    now += step * 1_000;
+                    now += step;
                     let want = model.reserve_weighted(Duration::from_nanos(now), Duration::ZERO, weight);
                     prop_assert_eq!(rules::weight_fits(&c.p, weight), want != Err(None));
                     if want == Err(None) {
@@ -963,6 +1051,52 @@ mod tests {
         }
     }
 
+    /// Weighted calls under contention take all their permits or none:
+    /// four threads starting together each ask three times for 3 of 10
+    /// permits; the permits granted to them and the ones left (counted by
+    /// calls of weight 1 afterwards) make the limit, in every cell, round
+    /// after round, at 0, 10^6 s and near the end of the clock.
+    #[test]
+    fn weighted_calls_take_all_their_permits_or_none_under_contention() {
+        let hour = Duration::from_secs(3_600);
+        // The end of the clock less two periods (GCRA refuses a permit
+        // whose arrival time would pass the end).
+        for base in [0, 1_000_000 * SEC, u64::MAX - 7_200 * SEC] {
+            for spec in algorithms(10, hour) {
+                let p = RateParams::new(&spec);
+                if !rules::weight_fits(&p, 3) {
+                    continue;
+                }
+                for round in 0..100 {
+                    let c = Cells::new(spec.clone());
+                    for s in c.all() {
+                        let granted = std::sync::atomic::AtomicU32::new(0);
+                        let start = std::sync::Barrier::new(4);
+                        std::thread::scope(|scope| {
+                            for _ in 0..4 {
+                                scope.spawn(|| {
+                                    start.wait();
+                                    for _ in 0..3 {
+                                        if s.acquire(&c.p, base, 3).is_ok() {
+                                            granted.fetch_add(3, Ordering::Relaxed);
+                                        }
+                                    }
+                                });
+                            }
+                        });
+                        let left = admitted(&c.p, s, base, 11);
+                        assert_eq!(
+                            granted.load(Ordering::Relaxed) + left,
+                            10,
+                            "{:?} round {round} at {base}",
+                            c.p
+                        );
+                    }
+                }
+            }
+        }
+    }
+
     /// Many threads on a small ring over real time: no span of `period`
     /// ever holds more than `limit` admissions.
     #[test]
@@ -992,8 +1126,8 @@ mod tests {
         assert!(times.len() >= 4);
         times.sort_unstable();
         // The ring decides on the times it recorded, which are at least
-        // the clock reads, rounded up to the microsecond, and kept in order
-        // unless a predecessor is still being written: allow 10 % for that.
+        // the clock reads, and kept in order unless a predecessor is still
+        // being written: allow 10 % for that.
         for w in times.windows(5) {
             assert!(
                 w[4] + period / 10 >= w[0] + period,

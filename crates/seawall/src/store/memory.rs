@@ -1481,15 +1481,19 @@ mod tests {
         /// whatever the mix of integer and string keys in a shard. Without a
         /// breaker (whose partial failure run may be dropped with an idle
         /// key) keys are also evicted between calls, which must change no
-        /// decision. Times in whole microseconds (the unpartitioned sliding
-        /// log's resolution) from 0 or 10^6 s.
+        /// decision. Times to the nanosecond from 0, 10^6 s or near the end
+        /// of the clock.
         #[test]
         fn a_partition_decides_as_a_resource_of_its_own(
             which in 0usize..3,
             with_circuit in proptest::prelude::any::<bool>(),
-            base_s in proptest::sample::select(vec![0u64, 1_000_000]),
+            base in proptest::sample::select(vec![
+                Duration::ZERO,
+                Duration::from_secs(1_000_000),
+                Duration::from_nanos(u64::MAX) - Duration::from_secs(100),
+            ]),
             ops in proptest::collection::vec(
-                (0usize..4, 0u64..1_500, 0u8..5, proptest::option::of(0u64..40)),
+                (0usize..4, 0u64..1_500_000, 0u8..5, proptest::option::of(0u64..40)),
                 1..150,
             ),
         ) {
@@ -1524,9 +1528,9 @@ mod tests {
                 .map(|_| MemoryStore::new().bind(&spec("single")).unwrap())
                 .collect();
             let mut held: Vec<Vec<(Permit, Permit)>> = vec![Vec::new(); keys.len()];
-            let mut now = Duration::from_secs(base_s);
-            for (k, step_us, op, hint_ms) in ops {
-                now += Duration::from_micros(step_us);
+            let mut now = base;
+            for (k, step_ns, op, hint_ms) in ops {
+                now += Duration::from_nanos(step_ns);
                 let (key, single) = (&keys[k], &*singles[k]);
                 match op {
                     0 | 1 => {
@@ -1540,7 +1544,7 @@ mod tests {
                     }
                     2 | 3 => {
                         if let Some((pa, pb)) = held[k].pop() {
-                            let outcome = [Outcome::Failure, Outcome::Success][step_us as usize % 2];
+                            let outcome = [Outcome::Failure, Outcome::Success][step_ns as usize % 2];
                             let hint = hint_ms.map(Duration::from_millis);
                             let a = record(&*keyed, Some(key), pa, outcome, hint, now);
                             let b = record(single, None, pb, outcome, hint, now);
