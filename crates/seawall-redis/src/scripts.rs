@@ -605,10 +605,19 @@ mod tests {
         let len = lease_source().len();
         assert!(len <= MAX_SCRIPT_LEN, "lease: {len} bytes");
         // Comments, blank lines and indentation go; code stays, a trailing
-        // comment too.
+        // comment too; the spaces after a comma and around `=`, `==` and
+        // `~=` go, except in strings.
         assert_eq!(
             source(&["-- a\n\n  -- b\nlocal x = 1 -- c\n", "  return x"]),
-            "local x = 1 -- c\nreturn x\n"
+            "local x=1 -- c\nreturn x\n"
+        );
+        assert_eq!(
+            source(&["if a == b or c ~= d then f(a, b,  'x, = y', \"p == \\\" q\") end\n"]),
+            "if a==b or c~=d then f(a,b,'x, = y',\"p == \\\" q\") end\n"
+        );
+        assert_eq!(
+            source(&["local y = x <= 1 and x >= -1 and a - -b\n"]),
+            "local y=x <= 1 and x >= -1 and a - -b\n"
         );
     }
 

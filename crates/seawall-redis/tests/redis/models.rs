@@ -681,6 +681,7 @@ fn a_sliding_window_decides_to_the_nanosecond_as_its_model() {
                 now,
                 weight,
                 budget: None,
+                shadowed: false,
             };
             let got = state
                 .admit(&request)
