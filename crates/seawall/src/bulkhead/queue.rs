@@ -159,12 +159,12 @@ impl WaitQueue {
         // Ordered with a release's fence: either the release sees this
         // waiter, or the waiter's next request sees the slot given back.
         fence(Ordering::SeqCst);
-        Some(Place {
+        Some(Place(Box::new(Seat {
             queue: Arc::clone(self),
             waiter,
             owner: None,
             admitted: false,
-        })
+        })))
     }
 
     /// A slot was given back in this process: wakes the oldest waiter not
@@ -287,9 +287,13 @@ impl WaitQueue {
 
 /// A call's place in a [`WaitQueue`], left when it is dropped (passing on
 /// a wake-up it did not use) or when the call took its slot
-/// ([`admitted`](Self::admitted)).
+/// ([`admitted`](Self::admitted)). One word (a call's state carries it).
 #[derive(Debug)]
-pub(crate) struct Place {
+pub(crate) struct Place(Box<Seat>);
+
+/// What a [`Place`] holds.
+#[derive(Debug)]
+struct Seat {
     queue: Arc<WaitQueue>,
     waiter: Arc<Notify>,
     /// The partition queues the queue belongs to, and its key: the queue
@@ -302,45 +306,46 @@ impl Place {
     /// Completes when the place is woken (at once if it was woken since
     /// the last wake-up was awaited).
     pub(crate) fn notified(&self) -> OwnedNotified {
-        Arc::clone(&self.waiter).notified_owned()
+        Arc::clone(&self.0.waiter).notified_owned()
     }
 
     /// The call may ask for a slot now (see [`WaitQueue::may_ask`]).
     pub(crate) fn may_ask(&self, oldest_asks: bool) -> bool {
-        self.queue.may_ask(&self.waiter, oldest_asks)
+        self.0.queue.may_ask(&self.0.waiter, oldest_asks)
     }
 
     /// The call's wait ended (woken or not): a clock held for its turn
     /// may move on.
     pub(crate) fn awake(&self) {
-        self.queue.awake(&self.waiter);
+        self.0.queue.awake(&self.0.waiter);
     }
 
     /// The call was refused a slot again (see [`WaitQueue::refused`]):
     /// whether it had been woken.
     pub(crate) fn refused(&self) -> bool {
-        self.queue.refused(&self.waiter)
+        self.0.queue.refused(&self.0.waiter)
     }
 
     /// The call took its slot: it leaves the queue without passing a
     /// wake-up on.
     pub(crate) fn admitted(mut self) {
-        self.admitted = true;
+        self.0.admitted = true;
     }
 
     /// The place is in `queue`.
     pub(crate) fn is_in(&self, queue: &Arc<WaitQueue>) -> bool {
-        Arc::ptr_eq(&self.queue, queue)
+        Arc::ptr_eq(&self.0.queue, queue)
     }
 }
 
 impl Drop for Place {
     fn drop(&mut self) {
-        let left = self.queue.leave(&self.waiter, self.admitted);
-        if let Some((owner, key)) = &self.owner {
+        let seat = &*self.0;
+        let left = seat.queue.leave(&seat.waiter, seat.admitted);
+        if let Some((owner, key)) = &seat.owner {
             owner.waiting.fetch_sub(1, Ordering::AcqRel);
             if left == 0 {
-                owner.forget_if_empty(key, &self.queue);
+                owner.forget_if_empty(key, &seat.queue);
             }
         }
     }
@@ -457,7 +462,7 @@ impl Queues {
         match &mut place {
             Some(place) => {
                 self.partitions.waiting.fetch_add(1, Ordering::AcqRel);
-                place.owner = Some((Arc::clone(&self.partitions), key.clone()));
+                place.0.owner = Some((Arc::clone(&self.partitions), key.clone()));
             }
             None if queue.is_empty() => {
                 queues.remove(key);
@@ -472,7 +477,7 @@ impl Queues {
 
     /// A slot of `partition` was given back in this process: wakes the
     /// oldest waiter of its queue.
-    #[inline]
+    #[inline(never)]
     pub(crate) fn release(&self, partition: Option<&PartitionKey>) {
         match partition {
             None => {

@@ -55,8 +55,9 @@ pin_project_lite::pin_project! {
     /// first, so a virtual clock is not moved past the instant the slot was
     /// given back.
     pub(crate) struct Wait {
-        #[pin]
-        notified: Option<tokio::sync::futures::OwnedNotified>,
+        // Boxed: only a call in a queue has one, and every call's future
+        // has room for the wait.
+        notified: Option<Pin<Box<tokio::sync::futures::OwnedNotified>>>,
         #[pin]
         sleep: Sleep,
     }
@@ -65,7 +66,10 @@ pin_project_lite::pin_project! {
 impl Wait {
     /// A wait of `sleep`, ended early by `notified` if any.
     pub(crate) fn new(notified: Option<tokio::sync::futures::OwnedNotified>, sleep: Sleep) -> Self {
-        Wait { notified, sleep }
+        Wait {
+            notified: notified.map(Box::pin),
+            sleep,
+        }
     }
 }
 
@@ -74,8 +78,8 @@ impl Future for Wait {
 
     fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<()> {
         let this = self.project();
-        if let Some(notified) = this.notified.as_pin_mut() {
-            if notified.poll(cx).is_ready() {
+        if let Some(notified) = this.notified {
+            if notified.as_mut().poll(cx).is_ready() {
                 return Poll::Ready(());
             }
         }
