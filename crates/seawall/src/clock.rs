@@ -19,6 +19,15 @@ use std::time::Duration;
 #[cfg(any(test, feature = "test-util"))]
 use crate::testing::VirtualClock;
 
+/// Time held by [`ClockHandle::hold`] until it is dropped.
+#[derive(Debug)]
+pub(crate) struct TimeHold(
+    // Kept for its drop, which lets the clock move on.
+    #[cfg(any(test, feature = "test-util"))]
+    #[allow(dead_code)]
+    crate::testing::Hold,
+);
+
 /// A boxed sleep future, returned by custom [`Clock`] implementations.
 pub type BoxSleep = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 
@@ -201,6 +210,18 @@ impl ClockHandle {
             ClockHandle::Custom(c) => Sleep::Boxed {
                 sleep: c.sleep(duration),
             },
+        }
+    }
+
+    /// Holds a virtual clock where it is until the hold is dropped: no
+    /// async sleep moves it past now meanwhile. A waiter woken in a queue
+    /// holds it until it has had its turn, so that it runs at the instant
+    /// it was woken. Nothing for other clocks.
+    pub(crate) fn hold(&self) -> Option<TimeHold> {
+        match self {
+            #[cfg(any(test, feature = "test-util"))]
+            ClockHandle::Virtual(v) => Some(TimeHold(v.hold())),
+            _ => None,
         }
     }
 

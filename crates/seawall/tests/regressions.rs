@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use seawall::pipeline::ErrorType;
 use seawall::testing::VirtualClock;
 use seawall::*;
 use support::*;
@@ -1822,6 +1823,566 @@ fn weighted_calls_under_contention_take_all_their_permits_or_none() {
             let granted = granted.into_inner();
             ensure(granted + left == 10, || {
                 format!("round {round}: {granted} permits granted, {left} left")
+            })?;
+        }
+        Ok(())
+    });
+}
+
+// ------------------------------------------------------------------------
+// A queued call polled for a slot (1 ms doubling to 20 ms) instead of being
+// handed it when it freed: it started up to 20 ms late, a later waiter could
+// run before an earlier one, and a newcomer arriving as the slot freed took
+// it ahead of a waiter queued long before. The bulkhead's queue and the
+// adaptive limit's share the rule: a freed slot goes to the oldest waiter,
+// at the same instant.
+
+/// Which queue a test waits in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Queued {
+    Bulkhead,
+    Adaptive,
+}
+
+/// A case of the queue tests: the queue, the clock's start, a listener.
+type QueueCase = (Queued, Duration, bool);
+
+fn queue_cases() -> Vec<QueueCase> {
+    let mut cases = Vec::new();
+    for which in [Queued::Bulkhead, Queued::Adaptive] {
+        for offset in [Duration::ZERO, FAR] {
+            for listener in [false, true] {
+                cases.push((which, offset, listener));
+            }
+        }
+    }
+    cases
+}
+
+/// A pipeline of `slots` slots with a queue of `max_queued` calls waiting
+/// `max_wait` at most, in `which`; with `pause`, a cooldown that a failure
+/// opens for that long. Its events, when the case listens.
+fn queued_pipeline(
+    (which, _, listener): QueueCase,
+    clock: &VirtualClock,
+    slots: u32,
+    max_queued: u32,
+    max_wait: Duration,
+    pause: Option<Duration>,
+) -> (Pipeline<ErrorType<Boom>>, Log) {
+    let mut b = Pipeline::builder(unique("reg-queue"));
+    if pause.is_some() {
+        b = b.cooldown(Cooldown::new());
+    }
+    b = match which {
+        Queued::Bulkhead => b.bulkhead(Bulkhead::new(slots).queue(max_queued, max_wait)),
+        Queued::Adaptive => b.adaptive_limit(
+            AdaptiveLimit::aimd()
+                .limits(slots, slots, slots)
+                .queue(max_queued, max_wait),
+        ),
+    };
+    let (log, l) = recorder();
+    if listener {
+        b = b.on_event(l);
+    }
+    let p = b
+        .store(MemoryStore::new())
+        .clock(clock.clone())
+        .classify(move |_: &Boom| match pause {
+            Some(pause) => Verdict::throttled().with_retry_after(pause),
+            None => Verdict::failure(),
+        })
+        .build()
+        .unwrap();
+    (p, log)
+}
+
+/// What became of one call of a [`queue_plan`]: when its operation started
+/// and when its result came, in milliseconds from the plan's start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Ran {
+    name: &'static str,
+    started: Option<u64>,
+    ended: u64,
+    refused: Option<RejectionReason>,
+}
+
+/// Runs calls `(name, arrives, holds)` concurrently on one thread: each
+/// arrives `arrives` ms after the start and holds its slot `holds` ms. The
+/// calls in the order their operations started, then those refused.
+fn queue_plan(
+    p: &Pipeline<ErrorType<Boom>>,
+    clock: &VirtualClock,
+    plan: &[(&'static str, u64, u64)],
+) -> Vec<Ran> {
+    let base = clock.now();
+    let since = |c: &VirtualClock| (c.now() - base).as_millis() as u64;
+    let order: Arc<Mutex<Vec<(&'static str, u64)>>> = Arc::default();
+    let calls = plan.iter().map(|&(name, arrives, holds)| {
+        let (p, clock, order) = (p.clone(), clock.clone(), order.clone());
+        async move {
+            Clock::sleep(&clock, ms(arrives)).await;
+            let r = p
+                .run(|_| {
+                    let (clock, order) = (clock.clone(), order.clone());
+                    async move {
+                        order.lock().unwrap().push((name, since(&clock)));
+                        Clock::sleep(&clock, ms(holds)).await;
+                        Ok::<_, Boom>(())
+                    }
+                })
+                .await;
+            (
+                name,
+                r.err().map(|e| match e {
+                    Error::Rejected(r) => r.reason,
+                    other => panic!("{name}: {other:?}"),
+                }),
+                since(&clock),
+            )
+        }
+    });
+    let results = rt().block_on(futures_join_all(calls));
+    let order = order.lock().unwrap().clone();
+    let mut ran: Vec<Ran> = order
+        .iter()
+        .map(|&(name, started)| {
+            let (_, refused, ended) = results.iter().find(|r| r.0 == name).unwrap();
+            Ran {
+                name,
+                started: Some(started),
+                ended: *ended,
+                refused: *refused,
+            }
+        })
+        .collect();
+    for (name, refused, ended) in results {
+        if !order.iter().any(|o| o.0 == name) {
+            ran.push(Ran {
+                name,
+                started: None,
+                ended,
+                refused,
+            });
+        }
+    }
+    ran
+}
+
+/// Awaits every future, polled in the order given (no dependency on the
+/// `futures` crate).
+async fn futures_join_all<F: std::future::Future>(
+    futures: impl Iterator<Item = F>,
+) -> Vec<F::Output> {
+    let mut futures: Vec<_> = futures.map(|f| Some(Box::pin(f))).collect();
+    let mut outputs: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        for (f, out) in futures.iter_mut().zip(outputs.iter_mut()) {
+            if let Some(fut) = f {
+                if let std::task::Poll::Ready(v) = fut.as_mut().poll(cx) {
+                    *out = Some(v);
+                    *f = None;
+                }
+            }
+        }
+        if futures.iter().all(Option::is_none) {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    })
+    .await;
+    outputs.into_iter().map(Option::unwrap).collect()
+}
+
+fn started(ran: &[Ran]) -> Vec<(&'static str, Option<u64>)> {
+    ran.iter().map(|r| (r.name, r.started)).collect()
+}
+
+#[test]
+fn a_queued_call_starts_the_instant_the_slot_frees() {
+    each_variant(&queue_cases(), |case| {
+        let clock = clock_at(case.1);
+        let (p, _) = queued_pipeline(case, &clock, 1, 1, secs(10), None);
+        let ran = queue_plan(&p, &clock, &[("holder", 0, 1_000), ("waiter", 0, 0)]);
+        ensure(
+            started(&ran) == [("holder", Some(0)), ("waiter", Some(1_000))],
+            || format!("{ran:?}"),
+        )
+    });
+}
+
+#[test]
+fn queued_calls_start_oldest_first_whenever_the_slot_frees() {
+    each_variant(&queue_cases(), |case| {
+        for release in 4..=45 {
+            let clock = clock_at(case.1);
+            let (p, _) = queued_pipeline(case, &clock, 1, 2, secs(10), None);
+            let ran = queue_plan(
+                &p,
+                &clock,
+                &[("holder", 0, release), ("first", 0, 1), ("second", 3, 1)],
+            );
+            let expected = [
+                ("holder", Some(0)),
+                ("first", Some(release)),
+                ("second", Some(release + 1)),
+            ];
+            ensure(started(&ran) == expected, || {
+                format!("release at {release}: {ran:?}")
+            })?;
+        }
+        Ok(())
+    });
+}
+
+#[test]
+fn a_newcomer_arriving_as_the_slot_frees_queues_behind_the_waiter() {
+    each_variant(&queue_cases(), |case| {
+        let clock = clock_at(case.1);
+        let (p, _) = queued_pipeline(case, &clock, 1, 2, secs(10), None);
+        let ran = queue_plan(
+            &p,
+            &clock,
+            &[("holder", 0, 100), ("waiter", 1, 10), ("newcomer", 100, 10)],
+        );
+        let expected = [
+            ("holder", Some(0)),
+            ("waiter", Some(100)),
+            ("newcomer", Some(110)),
+        ];
+        ensure(started(&ran) == expected, || format!("{ran:?}"))?;
+        // With a queue of one, the newcomer finds it full and is refused.
+        let clock = clock_at(case.1);
+        let (p, _) = queued_pipeline(case, &clock, 1, 1, secs(10), None);
+        let ran = queue_plan(
+            &p,
+            &clock,
+            &[("holder", 0, 100), ("waiter", 1, 10), ("newcomer", 100, 10)],
+        );
+        let refused = match case.0 {
+            Queued::Bulkhead => RejectionReason::BulkheadFull,
+            Queued::Adaptive => RejectionReason::ConcurrencyLimited,
+        };
+        ensure(
+            started(&ran)
+                == [
+                    ("holder", Some(0)),
+                    ("waiter", Some(100)),
+                    ("newcomer", None),
+                ]
+                && ran[2].refused == Some(refused)
+                && ran[2].ended == 100,
+            || format!("queue of one: {ran:?}"),
+        )
+    });
+}
+
+/// A blocking call never waits: while an async call waits for the slot
+/// that just freed, the blocking call made at that instant is refused
+/// instead of taking it.
+#[test]
+fn a_blocking_call_does_not_take_the_slot_handed_to_a_waiter() {
+    each_variant(&queue_cases(), |case| {
+        let clock = clock_at(case.1);
+        let (p, _) = queued_pipeline(case, &clock, 1, 1, secs(10), None);
+        let sync_result = Arc::new(Mutex::new(None));
+        let (p2, c2, out) = (p.clone(), clock.clone(), sync_result.clone());
+        let waiter_started = Arc::new(Mutex::new(None));
+        let (p3, c3, w) = (p.clone(), clock.clone(), waiter_started.clone());
+        let base = clock.now();
+        rt().block_on(async move {
+            let holder = async move {
+                let _ = p2
+                    .run(|_| {
+                        let c2 = c2.clone();
+                        async move {
+                            Clock::sleep(&c2, ms(50)).await;
+                            Ok::<_, Boom>(())
+                        }
+                    })
+                    .await;
+                // The slot was just given back and the waiter woken, not
+                // yet run: a blocking call now finds the waiter ahead.
+                *out.lock().unwrap() = Some(p2.call(|_| Ok::<_, Boom>(())));
+            };
+            let waiter = async move {
+                Clock::sleep(&c3, ms(1)).await;
+                p3.run(|_| {
+                    *w.lock().unwrap() = Some(c3.now() - base);
+                    async { Ok::<_, Boom>(()) }
+                })
+                .await
+            };
+            let (_, r) = tokio::join!(holder, waiter);
+            r.unwrap();
+        });
+        let sync = sync_result.lock().unwrap().take().unwrap();
+        let expected = match case.0 {
+            Queued::Bulkhead => RejectionReason::BulkheadFull,
+            Queued::Adaptive => RejectionReason::ConcurrencyLimited,
+        };
+        ensure(
+            matches!(&sync, Err(Error::Rejected(r)) if r.reason == expected)
+                && *waiter_started.lock().unwrap() == Some(ms(50)),
+            || {
+                format!(
+                    "blocking call {sync:?}, waiter started at {:?}",
+                    waiter_started.lock().unwrap()
+                )
+            },
+        )
+    });
+}
+
+#[test]
+fn a_dropped_waiter_passes_its_turn_to_the_next() {
+    each_variant(&queue_cases(), |case| {
+        for drop_at in [99, 100, 101] {
+            let clock = clock_at(case.1);
+            let (p, _) = queued_pipeline(case, &clock, 1, 2, secs(10), None);
+            let base = clock.now();
+            let second_started = Arc::new(Mutex::new(None));
+            let (p1, c1) = (p.clone(), clock.clone());
+            let (p2, c2) = (p.clone(), clock.clone());
+            let (p3, c3, s) = (p.clone(), clock.clone(), second_started.clone());
+            let (holder, first, second) = rt().block_on(async move {
+                let holder = p1.run(|_| {
+                    let c1 = c1.clone();
+                    async move {
+                        Clock::sleep(&c1, ms(100)).await;
+                        Ok::<_, Boom>(())
+                    }
+                });
+                let first = async move {
+                    let run = p2.run(|_| async { Ok::<_, Boom>("first ran") });
+                    tokio::select! {
+                        biased;
+                        r = run => Some(r),
+                        () = Clock::sleep(&c2, ms(drop_at)) => None,
+                    }
+                };
+                let second = async move {
+                    Clock::sleep(&c3, ms(1)).await;
+                    p3.run(|_| {
+                        *s.lock().unwrap() = Some(c3.now() - base);
+                        async { Ok::<_, Boom>(()) }
+                    })
+                    .await
+                };
+                tokio::join!(holder, first, second)
+            });
+            holder.unwrap();
+            second.map_err(|e| format!("dropped at {drop_at}: second: {e:?}"))?;
+            let second_at = second_started.lock().unwrap().unwrap();
+            // The first waiter ran when the slot freed at 100 ms, unless it
+            // was dropped first; the second starts then or at once after.
+            let expected = match &first {
+                Some(Ok(_)) => ms(100),
+                None => ms(100),
+                Some(Err(e)) => return Err(format!("first: {e:?}")),
+            };
+            ensure(second_at == expected, || {
+                format!("dropped at {drop_at}: first {first:?}, second started at {second_at:?}")
+            })?;
+            // Nothing is left behind: a blocking call is admitted at once.
+            ensure(p.call(|_| Ok::<_, Boom>(())).is_ok(), || {
+                format!("dropped at {drop_at}: a place was left in the queue")
+            })?;
+        }
+        Ok(())
+    });
+}
+
+#[test]
+fn many_queued_calls_start_in_the_order_they_arrived() {
+    each_variant(&queue_cases(), |case| {
+        let clock = clock_at(case.1);
+        let (p, _) = queued_pipeline(case, &clock, 1, 40, secs(100), None);
+        let names: Vec<&'static str> = (0..40)
+            .map(|i| &*Box::leak(format!("w{i:02}").into_boxed_str()))
+            .collect();
+        let mut plan = vec![("holder", 0, 100)];
+        plan.extend(names.iter().enumerate().map(|(i, n)| (*n, i as u64 + 1, 5)));
+        let ran = queue_plan(&p, &clock, &plan);
+        let mut expected = vec![("holder", Some(0))];
+        expected.extend(
+            names
+                .iter()
+                .enumerate()
+                .map(|(i, n)| (*n, Some(100 + 5 * i as u64))),
+        );
+        ensure(started(&ran) == expected, || format!("{ran:?}"))
+    });
+}
+
+// ------------------------------------------------------------------------
+// The bulkhead queue's `max_wait` counted the time a call spent waiting
+// for other policies (a cooldown): the call was refused 20 ms after it
+// joined the queue instead of 100 ms.
+
+#[test]
+fn the_queue_wait_counts_from_joining_the_queue() {
+    each_variant(&queue_cases(), |case| {
+        let clock = clock_at(case.1);
+        let (p, log) = queued_pipeline(case, &clock, 1, 4, ms(100), Some(ms(80)));
+        // An 80 ms pause.
+        let r = rt().block_on(p.run(|_| async { Err::<(), _>(Boom(1)) }));
+        ensure(r.is_err(), || format!("{r:?}"))?;
+        // Two calls wait it out; at 80 ms one takes the slot for 150 ms,
+        // the other queues and may wait there 100 ms: until 180 ms.
+        let ran = queue_plan(&p, &clock, &[("first", 0, 150), ("second", 0, 0)]);
+        let refused = match case.0 {
+            Queued::Bulkhead => RejectionReason::BulkheadFull,
+            Queued::Adaptive => RejectionReason::ConcurrencyLimited,
+        };
+        ensure(
+            started(&ran) == [("first", Some(80)), ("second", None)]
+                && ran[1].refused == Some(refused)
+                && ran[1].ended == 180,
+            || format!("{ran:?}"),
+        )?;
+        if case.2 {
+            let deferred: Vec<_> = log
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|k| matches!(k, EventKind::Deferred { reason, .. } if *reason == refused))
+                .cloned()
+                .collect();
+            ensure(
+                deferred
+                    == [EventKind::Deferred {
+                        reason: refused,
+                        wait: ms(100),
+                    }],
+                || format!("{deferred:?}"),
+            )?;
+        }
+        Ok(())
+    });
+}
+
+/// Many tasks on several threads queue, run, give slots back and drop
+/// their calls at once: the slots are never exceeded, no wake-up is lost
+/// (no call waits its `max_wait` out: none is refused), and no place is
+/// left behind (a blocking call is admitted at once after).
+#[test]
+fn many_tasks_queue_without_losing_a_wake_up_or_a_place() {
+    #[derive(Debug, Clone, Copy)]
+    enum Shape {
+        Bulkhead,
+        Partitioned,
+        Adaptive,
+    }
+    let variants: Vec<(Shape, bool)> = [Shape::Bulkhead, Shape::Partitioned, Shape::Adaptive]
+        .into_iter()
+        .flat_map(|s| [(s, false), (s, true)])
+        .collect();
+    struct Out<'a>(&'a AtomicU32);
+    impl Drop for Out<'_> {
+        fn drop(&mut self) {
+            self.0.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+    each_variant(&variants, |(shape, listener)| {
+        const SLOTS: u32 = 3;
+        const TASKS: u32 = 48;
+        let b = Pipeline::builder(unique("reg-queue-many"));
+        let b = match shape {
+            Shape::Bulkhead | Shape::Partitioned => {
+                b.bulkhead(Bulkhead::new(SLOTS).queue(TASKS, secs(30)))
+            }
+            Shape::Adaptive => b.adaptive_limit(
+                AdaptiveLimit::aimd()
+                    .limits(SLOTS, SLOTS, SLOTS)
+                    .queue(TASKS, secs(30)),
+            ),
+        };
+        let p = listen(b.store(MemoryStore::new()), listener)
+            .build()
+            .unwrap();
+        let keys = ["a", "b", "c"];
+        let busy: Arc<Vec<AtomicU32>> =
+            Arc::new((0..keys.len()).map(|_| AtomicU32::new(0)).collect());
+        let peak = Arc::new(AtomicU32::new(0));
+        let refused = Arc::new(AtomicU32::new(0));
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(4)
+            .enable_time()
+            .build()
+            .unwrap();
+        let started = Instant::now();
+        rt.block_on(async {
+            let tasks: Vec<_> = (0..TASKS)
+                .map(|t| {
+                    let (p, busy, peak, refused) =
+                        (p.clone(), busy.clone(), peak.clone(), refused.clone());
+                    tokio::spawn(async move {
+                        for i in 0..15u32 {
+                            let k = ((t + i) % 3) as usize;
+                            let counter = match shape {
+                                Shape::Partitioned => k,
+                                _ => 0,
+                            };
+                            let op = |_ctx: Context| {
+                                let (busy, peak) = (busy.clone(), peak.clone());
+                                async move {
+                                    let now = busy[counter].fetch_add(1, Ordering::SeqCst) + 1;
+                                    peak.fetch_max(now, Ordering::SeqCst);
+                                    // Counted out even when the call is dropped.
+                                    let _out = Out(&busy[counter]);
+                                    tokio::task::yield_now().await;
+                                    if (t * 7 + i) % 5 == 0 {
+                                        tokio::time::sleep(Duration::from_micros(200)).await;
+                                    }
+                                    Ok::<_, Boom>(())
+                                }
+                            };
+                            let call = async {
+                                match shape {
+                                    Shape::Partitioned => p.partition(keys[k]).run(op).await,
+                                    _ => p.run(op).await,
+                                }
+                            };
+                            let r = if (t + 3 * i) % 4 == 0 {
+                                // Dropped while it runs or waits, at times.
+                                match tokio::time::timeout(Duration::from_micros(150), call).await {
+                                    Ok(r) => r,
+                                    Err(_) => continue,
+                                }
+                            } else {
+                                call.await
+                            };
+                            if r.is_err() {
+                                refused.fetch_add(1, Ordering::SeqCst);
+                            }
+                        }
+                    })
+                })
+                .collect();
+            for t in tasks {
+                t.await.unwrap();
+            }
+        });
+        let elapsed = started.elapsed();
+        ensure(peak.load(Ordering::SeqCst) <= SLOTS, || {
+            format!("{} slots taken at once", peak.load(Ordering::SeqCst))
+        })?;
+        ensure(refused.load(Ordering::SeqCst) == 0, || {
+            format!(
+                "{} calls refused after {elapsed:?}: a wake-up was lost",
+                refused.load(Ordering::SeqCst)
+            )
+        })?;
+        for key in keys {
+            let sync = match shape {
+                Shape::Partitioned => p.partition(key).call(|_| Ok::<_, Boom>(())),
+                _ => p.call(|_| Ok::<_, Boom>(())),
+            };
+            ensure(sync.is_ok(), || {
+                format!("{key}: a place was left behind: {sync:?}")
             })?;
         }
         Ok(())

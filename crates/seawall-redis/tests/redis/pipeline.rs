@@ -1020,3 +1020,82 @@ fn shadow_mode_across_levels_keeps_the_state_of_enforcing_mode() {
         }
     }
 }
+
+/// A bulkhead queue on Redis: a slot given back in this process is handed
+/// to the oldest local waiter (the waiters start in the order they queued);
+/// a slot given back by another process wakes nobody here, and the oldest
+/// waiter sees it at its fallback interval (at most 20 ms), not at the end
+/// of its `max_wait`.
+#[test]
+fn a_bulkhead_queue_on_redis_is_served_in_order_and_sees_other_processes() {
+    let server = RedisServer::start();
+    let prefix = unique("queue");
+    let store = || {
+        RedisStore::builder(server.url())
+            .prefix(&prefix)
+            .fail_closed()
+            .build()
+            .unwrap()
+    };
+    let bulkhead = Bulkhead::new(1).queue(8, Duration::from_secs(10));
+    let a = Pipeline::builder("queued")
+        .bulkhead(bulkhead.clone())
+        .store(store())
+        .build()
+        .unwrap();
+    let b = Pipeline::builder("queued")
+        .bulkhead(bulkhead)
+        .store(store())
+        .build()
+        .unwrap();
+    let rt = rt();
+    let log: std::sync::Arc<std::sync::Mutex<Vec<&'static str>>> = Default::default();
+    let hold = |p: &Pipeline, ms: u64, name: &'static str| {
+        let (p, log) = (p.clone(), log.clone());
+        async move {
+            p.run(|_| {
+                log.lock().unwrap().push(name);
+                async move {
+                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                    Ok::<_, std::io::Error>(())
+                }
+            })
+            .await
+        }
+    };
+    // In this process: the holder, then three waiters queued in turn; each
+    // runs after the one queued before it.
+    rt.block_on(async {
+        let mut tasks = vec![tokio::spawn(hold(&a, 300, "holder"))];
+        for name in ["first", "second", "third"] {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            tasks.push(tokio::spawn(hold(&a, 5, name)));
+        }
+        for t in tasks {
+            t.await.unwrap().unwrap();
+        }
+    });
+    assert_eq!(*log.lock().unwrap(), ["holder", "first", "second", "third"]);
+
+    // Another process holds the slot: this one's waiter asks again at its
+    // fallback interval and runs soon after the slot is given back there.
+    let (released, started) = rt.block_on(async {
+        let remote = async {
+            hold(&b, 300, "remote").await.unwrap();
+            Instant::now()
+        };
+        let local = async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            a.run(|_| async { Ok::<_, std::io::Error>(Instant::now()) })
+                .await
+                .unwrap()
+        };
+        tokio::join!(remote, local)
+    });
+    let late = started.saturating_duration_since(released);
+    assert!(
+        late < Duration::from_secs(1),
+        "the waiter saw the remote release {late:?} after it"
+    );
+    assert_eq!(a.in_flight().unwrap(), 0);
+}

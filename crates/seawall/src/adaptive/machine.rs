@@ -10,11 +10,12 @@
 //! admissions read.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use super::rules::{self, Sample, Signal, Spec, State};
 use super::{AdaptiveLimit, LimitSnapshot};
+use crate::bulkhead::queue::{Place, WaitQueue};
 use crate::bulkhead::rules::{give_back, take};
 use crate::clock::{ClockHandle, Random};
 use crate::context::PartitionKey;
@@ -69,8 +70,10 @@ pub(crate) struct Limiter {
     /// `window` since the lock's last holder took them.
     state: Mutex<State>,
     window: Window,
-    /// Async calls queued for a slot in this process.
-    pub(crate) waiters: AtomicU32,
+    /// The queues of async calls waiting for a slot in this process, one
+    /// per partition share and the last for calls of no share (`None`: no
+    /// queue, or shadow mode).
+    queues: Option<Box<[Arc<WaitQueue>]>>,
     pub(crate) max_queued: u32,
     pub(crate) max_wait: Duration,
     /// Shadow mode: an attempt over the limit runs without a slot.
@@ -91,8 +94,8 @@ fn pack(limit: u32, window: u32) -> u64 {
 }
 
 impl Limiter {
-    /// The cell of a validated limit.
-    pub(crate) fn new(settings: &AdaptiveLimit) -> Self {
+    /// The cell of a validated limit, for a pipeline on `clock`.
+    pub(crate) fn new(settings: &AdaptiveLimit, clock: &ClockHandle) -> Self {
         let spec = settings.spec();
         let state = rules::initial(&spec);
         let shares: Box<[(Box<str>, f64)]> = settings
@@ -111,7 +114,11 @@ impl Limiter {
             spec,
             state: Mutex::new(state),
             window: Window::default(),
-            waiters: AtomicU32::new(0),
+            queues: (settings.max_queued > 0 && !settings.shadow).then(|| {
+                (0..=settings.partitions.len())
+                    .map(|_| Arc::new(WaitQueue::new(clock.clone())))
+                    .collect()
+            }),
             max_queued: settings.max_queued,
             max_wait: settings.max_wait,
             shadow: settings.shadow,
@@ -136,6 +143,66 @@ impl Limiter {
             .iter()
             .position(|(n, _)| &**n == name)
             .map_or(NO_PARTITION, |i| i as u32)
+    }
+
+    /// The queue of the calls of `key`'s share, if the limit has a queue.
+    pub(crate) fn queue(&self, key: Option<&PartitionKey>) -> Option<&Arc<WaitQueue>> {
+        let queues = self.queues.as_deref()?;
+        queues
+            .get(self.partition_of(key) as usize)
+            .or(queues.last())
+    }
+
+    /// A call of `key` holding `place` in the limit's queue (if any) may
+    /// ask for a slot: nobody waits in its queue, or its place was woken
+    /// (see [`crate::bulkhead::queue`]). One branch without a queue.
+    #[inline(always)]
+    pub(crate) fn may_ask(&self, key: Option<&PartitionKey>, place: Option<&Place>) -> bool {
+        match &self.queues {
+            None => true,
+            Some(_) => self.may_ask_queued(key, place),
+        }
+    }
+
+    #[inline(never)]
+    fn may_ask_queued(&self, key: Option<&PartitionKey>, place: Option<&Place>) -> bool {
+        let Some(queue) = self.queue(key) else {
+            return true;
+        };
+        if queue.is_empty() {
+            return true;
+        }
+        place.is_some_and(|p| p.is_in(queue) && p.may_ask(false))
+    }
+
+    /// A slot of `partition` was given back: the oldest waiter of its
+    /// share's queue asks for it, or, with none, the oldest of another
+    /// queue (below the limit a slot is anyone's).
+    #[cold]
+    #[inline(never)]
+    fn freed(&self, partition: u32) {
+        let Some(queues) = self.queues.as_deref() else {
+            return;
+        };
+        let own = (partition as usize).min(queues.len() - 1);
+        if queues[own].release() {
+            return;
+        }
+        for q in queues.iter().cycle().skip(own + 1).take(queues.len() - 1) {
+            if q.release() {
+                return;
+            }
+        }
+    }
+
+    /// The limit admits `more` calls than before: as many waiters ask.
+    #[cold]
+    #[inline(never)]
+    fn raised(&self, more: u32) {
+        let mut left = more;
+        for q in self.queues.as_deref().unwrap_or_default() {
+            left = q.wake(left);
+        }
     }
 
     /// Admits a call when fewer calls than the limit are in flight, or,
@@ -284,12 +351,14 @@ impl Limiter {
         if after.limit == before.limit && rules::window(&after) == rules::window(&before) {
             return None;
         }
-        let view = pack(
-            rules::admitted_limit(&self.spec, &after),
-            rules::window(&after),
-        );
+        let admitted = rules::admitted_limit(&self.spec, &after);
+        let view = pack(admitted, rules::window(&after));
         self.view.store(view, Ordering::Release);
         drop(state);
+        let before_admitted = rules::admitted_limit(&self.spec, &before);
+        if admitted > before_admitted && self.queues.is_some() {
+            self.raised(admitted - before_admitted);
+        }
         let (from, to) = (rules::whole(before.limit), rules::whole(after.limit));
         (from != to).then_some((from, to))
     }
@@ -311,6 +380,9 @@ impl Limiter {
             .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| Some(give_back(n)));
         if let Some(busy) = self.busy.get(lease.partition as usize) {
             let _ = busy.fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| Some(give_back(n)));
+        }
+        if self.queues.is_some() {
+            self.freed(lease.partition);
         }
     }
 
@@ -467,7 +539,10 @@ mod tests {
 
     #[test]
     fn admits_up_to_the_limit_and_partitions_up_to_their_share() {
-        let l = Limiter::new(&AdaptiveLimit::aimd().limits(10, 10, 20));
+        let l = Limiter::new(
+            &AdaptiveLimit::aimd().limits(10, 10, 20),
+            &ClockHandle::System,
+        );
         let leases: Vec<_> = (0..10).map(|_| l.admit(None).unwrap()).collect();
         assert_eq!(leases[9].in_flight, 10);
         let r = l.admit(None).unwrap_err();
@@ -480,6 +555,7 @@ mod tests {
                 .limits(10, 10, 20)
                 .partition("live", 0.9)
                 .partition("batch", 0.1),
+            &ClockHandle::System,
         );
         let batch = PartitionKey::from("batch");
         let live = PartitionKey::from("live");
@@ -520,7 +596,7 @@ mod tests {
             for (name, share) in shares {
                 settings = settings.partition(name, share);
             }
-            let cell = Limiter::new(&settings);
+            let cell = Limiter::new(&settings, &ClockHandle::System);
             let keys: Vec<PartitionKey> = shares.iter().map(|(n, _)| PartitionKey::from(*n)).collect();
             let (mut total, mut busy) = (0u32, [0u32; 3]);
             let mut held: Vec<(Lease, Option<usize>)> = Vec::new();
@@ -592,7 +668,7 @@ mod tests {
             }
             .limits(2, 6, 40)
             .update_interval(ms(update_ms));
-            let cell = Limiter::new(&settings);
+            let cell = Limiter::new(&settings, &ClockHandle::System);
             let (random, model_random) = (SeededRandom::new(7), SeededRandom::new(7));
             let mut model = rules::initial(&cell.spec);
             let mut now = base;
@@ -648,6 +724,7 @@ mod tests {
             &AdaptiveLimit::aimd()
                 .limits(10, 10, 20)
                 .update_interval(Duration::from_millis(1)),
+            &ClockHandle::System,
         );
         let random = SeededRandom::new(1);
         let mut model = rules::initial(&l.spec);
@@ -694,6 +771,7 @@ mod tests {
                 .limits(10, 10, 10)
                 .rtt_timeout(Duration::from_secs(1 << 20))
                 .update_interval(Duration::from_secs(1 << 20)),
+            &ClockHandle::System,
         );
         let random = SeededRandom::new(1);
         let long = 1u64 << 41;
@@ -727,6 +805,7 @@ mod tests {
             &AdaptiveLimit::aimd()
                 .limits(1_000, 1_000, 1_000)
                 .update_interval(Duration::from_secs(1)),
+            &ClockHandle::System,
         );
         let random = SeededRandom::new(1);
         // The first sample opens the window (at 5 s), under the lock.
@@ -770,7 +849,10 @@ mod tests {
 
     #[test]
     fn many_threads_never_exceed_the_limit() {
-        let l = Arc::new(Limiter::new(&AdaptiveLimit::aimd().limits(8, 8, 8)));
+        let l = Arc::new(Limiter::new(
+            &AdaptiveLimit::aimd().limits(8, 8, 8),
+            &ClockHandle::System,
+        ));
         let peak = Arc::new(AtomicU32::new(0));
         let random = SeededRandom::new(1);
         std::thread::scope(|s| {
@@ -797,6 +879,7 @@ mod tests {
             &AdaptiveLimit::aimd()
                 .limits(10, 10, 20)
                 .update_interval(Duration::from_millis(1)),
+            &ClockHandle::System,
         );
         let random = SeededRandom::new(1);
         let ms = 1_000_000;

@@ -27,8 +27,9 @@
 //! - The limit guards **each attempt** in this process: an attempt is
 //!   admitted while fewer attempts than the limit are in flight and is
 //!   refused with [`RejectionReason::ConcurrencyLimited`](crate::RejectionReason::ConcurrencyLimited)
-//!   otherwise (async calls may wait in a bounded queue first, as for the
-//!   [`Bulkhead`](crate::Bulkhead)). It is declared after the retry, or in
+//!   otherwise (async calls may wait in a bounded queue first, oldest
+//!   first, as for the [`Bulkhead`](crate::Bulkhead): see
+//!   [`AdaptiveLimit::queue`]). It is declared after the retry, or in
 //!   a pipeline without one; declared before it, `build()` refuses it. It
 //!   is admitted before the stateful policies of the store (circuit
 //!   breaker, bulkhead, cooldown, rate limiter); a refusal by one of them
@@ -256,9 +257,10 @@ pub struct AdaptiveLimit {
     /// Vegas and Gradient2: the share of `min_rtt_interval` added at
     /// random to it (`None`: 0.1).
     pub min_rtt_jitter: Option<f64>,
-    /// Async calls allowed to wait for a slot at the same time.
+    /// Async calls allowed to wait for a slot at the same time, first in,
+    /// first out (see [`queue`](Self::queue)).
     pub max_queued: u32,
-    /// How long a queued call waits at most.
+    /// How long a queued call waits at most, from when it joins the queue.
     pub max_wait: Duration,
     /// The partitions and their shares of the limit, in declaration order.
     pub partitions: Vec<(String, f64)>,
@@ -391,7 +393,19 @@ impl AdaptiveLimit {
     }
 
     /// Lets up to `max_queued` async calls wait at most `max_wait` for a
-    /// slot (sync calls are refused at once).
+    /// slot, counted from when a call joins the queue (time it spent
+    /// waiting for other policies, a cooldown or a rate limit, does not
+    /// count). Sync calls never wait: they are refused at once.
+    ///
+    /// The queue is first in, first out, in this process: each partition
+    /// share has one, and calls of no share one more. A slot given back
+    /// (or a higher limit) is handed to the oldest waiter at once, and a
+    /// call does not take a slot while older calls wait in its queue: it
+    /// queues behind them, or is refused when the queue is full or it may
+    /// not wait. A slot given back by a partition whose queue is empty
+    /// goes to the oldest waiter of another (below the limit a slot is
+    /// anyone's). A waiter dropped, or whose wait or deadline runs out,
+    /// leaves its place and passes a slot handed to it on to the next.
     pub fn queue(mut self, max_queued: u32, max_wait: Duration) -> Self {
         self.max_queued = max_queued;
         self.max_wait = max_wait;

@@ -3,15 +3,18 @@
 //! Declared after the retry, a slot is taken when an attempt starts and
 //! given back when it ends (success, error, panic or drop of the future);
 //! never held during a retry wait. Declared before the retry, a slot is
-//! held for the whole call, retry waits included. Async calls may wait in a bounded queue for at most `max_wait`;
-//! sync calls are rejected at once. In a shared store each slot is a lease,
-//! so a slot held by a process that died comes back when the lease expires.
+//! held for the whole call, retry waits included. Async calls may wait in a
+//! bounded queue, oldest first, for at most `max_wait` from when they join
+//! it (see [`Bulkhead::queue`]); sync calls are rejected at once. In a
+//! shared store each slot is a lease, so a slot held by a process that died
+//! comes back when the lease expires.
 
 use std::time::Duration;
 
 use crate::error::ConfigError;
 
 pub(crate) mod machine;
+pub(crate) mod queue;
 pub(crate) mod rules;
 
 /// Configuration of a bulkhead.
@@ -24,9 +27,11 @@ pub(crate) mod rules;
 pub struct Bulkhead {
     /// Attempts allowed to run at the same time.
     pub max_concurrent: u32,
-    /// Async calls allowed to wait for a slot at the same time (per process).
+    /// Async calls allowed to wait for a slot at the same time (per process),
+    /// first in, first out (see [`queue`](Self::queue)).
     pub max_queued: u32,
-    /// How long a queued call waits at most (zero: reject at once).
+    /// How long a queued call waits at most, from when it joins the queue
+    /// (zero: reject at once).
     pub max_wait: Duration,
     /// Lease of a slot in a shared store.
     pub lease: Duration,
@@ -47,9 +52,32 @@ impl Bulkhead {
         }
     }
 
-    /// Lets up to `max_queued` async calls wait at most `max_wait` for a slot.
-    /// The queue is kept in this process; each partition has a queue of its
-    /// own, as it has slots of its own.
+    /// Lets up to `max_queued` async calls wait at most `max_wait` for a
+    /// slot, counted from when a call joins the queue (time it spent
+    /// waiting for other policies, a cooldown or a rate limit, does not
+    /// count). Sync calls never wait: they are refused at once.
+    ///
+    /// The queue is kept in this process, first in, first out; each
+    /// partition has a queue of its own, as it has slots of its own (and a
+    /// bulkhead declared before the retry one apart from one declared after
+    /// it). A slot given back in this process is handed to the oldest
+    /// waiter at once, and a call does not take a slot while older calls
+    /// wait in its queue: it queues behind them, or is refused
+    /// (`bulkhead_full`) when the queue is full or it may not wait. (Such
+    /// a call is refused before the other policies of the admission are
+    /// asked: while calls wait, a newcomer that the circuit would refuse
+    /// may be reported as refused by the bulkhead.) A waiter dropped, or
+    /// whose wait or deadline runs out, leaves its place and passes a slot
+    /// handed to it on to the next.
+    ///
+    /// With a store shared by several processes (Redis), slots given back
+    /// by other processes wake nobody here. As a fallback for them, the
+    /// oldest waiter of each queue also asks the store again 1 ms after it
+    /// joined, then at intervals doubling up to 20 ms, so a slot freed
+    /// elsewhere is seen within 20 ms; only the oldest asks, so the order
+    /// holds. (The interval is kept on every store, so that a call
+    /// observes the same waits on each; on the memory store it finds
+    /// nothing the wake-ups did not.)
     pub fn queue(mut self, max_queued: u32, max_wait: Duration) -> Self {
         self.max_queued = max_queued;
         self.max_wait = max_wait;

@@ -2,7 +2,6 @@
 
 use std::fmt;
 use std::future::Future;
-use std::sync::atomic::AtomicU32;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,6 +13,7 @@ use super::{Gate, Pipeline, Plan, Shared, CALL_SUFFIX};
 use crate::adaptive::machine::Limiter;
 use crate::adaptive::AdaptiveLimit;
 use crate::breaker::CircuitBreaker;
+use crate::bulkhead::queue::Queues;
 use crate::bulkhead::Bulkhead;
 use crate::chaos::{Chaos, ChaosFault, ChaosOutcome};
 use crate::classify::Verdict;
@@ -728,6 +728,7 @@ impl<K: Kind> Assembly<K> {
         let gate = self.gate(self.name.clone(), attempt, stored_budget)?;
         let call_gate = self.gate(format!("{}{CALL_SUFFIX}", self.name), call, None)?;
         let random: Arc<dyn Random> = self.random.unwrap_or_else(|| Arc::new(SystemRandom));
+        let adaptive = self.adaptive.as_ref().map(|a| Limiter::new(a, &self.clock));
         let listeners = Listeners::new(self.listeners);
         let any_timeout = self.overall_timeout.is_some() || self.attempt_timeout.is_some();
         let general = call_gate.is_some()
@@ -777,7 +778,7 @@ impl<K: Kind> Assembly<K> {
                 plan,
                 noted: Default::default(),
                 chaos: self.chaos,
-                adaptive: self.adaptive.as_ref().map(Limiter::new),
+                adaptive,
                 coalesce: self.coalesce.as_ref().map(Coalescer::new),
                 custom: self.custom,
             }),
@@ -835,9 +836,12 @@ impl<K: Kind> Assembly<K> {
             }),
             success_recorded: spec.circuit.is_some() || spec.bulkhead.is_some(),
             records: !spec.budget_only(),
+            queues: spec
+                .bulkhead
+                .as_ref()
+                .filter(|b| b.max_queued > 0 && !b.shadow)
+                .map(|_| Queues::new(self.clock.clone())),
             spec,
-            waiters: AtomicU32::new(0),
-            partition_waiters: Default::default(),
         }))
     }
 }

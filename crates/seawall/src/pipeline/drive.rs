@@ -48,6 +48,45 @@ impl<T, E> AttemptOutput<T, E> for Judged<T, E> {
     }
 }
 
+pin_project_lite::pin_project! {
+    /// The async wait of a deferred admission ([`Admit::Wait`], built by
+    /// [`Call::wait`]): its sleep, ended early when the call's place in a
+    /// queue is woken (a slot was given back for it). The wake-up is polled
+    /// first, so a virtual clock is not moved past the instant the slot was
+    /// given back.
+    pub(crate) struct Wait {
+        // Boxed: only a call in a queue has one, and every call's future
+        // has room for the wait.
+        notified: Option<Pin<Box<tokio::sync::futures::OwnedNotified>>>,
+        #[pin]
+        sleep: Sleep,
+    }
+}
+
+impl Wait {
+    /// A wait of `sleep`, ended early by `notified` if any.
+    pub(crate) fn new(notified: Option<tokio::sync::futures::OwnedNotified>, sleep: Sleep) -> Self {
+        Wait {
+            notified: notified.map(Box::pin),
+            sleep,
+        }
+    }
+}
+
+impl Future for Wait {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<()> {
+        let this = self.project();
+        if let Some(notified) = this.notified {
+            if notified.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(());
+            }
+        }
+        this.sleep.poll(cx)
+    }
+}
+
 /// Where the general loop takes a call over from the ordinary first steps.
 pub(super) enum From<T, E> {
     /// The ordinary admission did not decide.
@@ -490,7 +529,7 @@ where
                             admit = call.admitted_reserving(answer);
                         }
                         Admit::Wait(wait) => {
-                            call.clock().sleep(wait).await;
+                            call.wait(wait).await;
                             admit = call.waited();
                         }
                         Admit::Refused(r) => break Err(call.refused(r)),
@@ -626,7 +665,7 @@ pin_project_lite::pin_project! {
         /// To be admitted.
         Start,
         /// A deferred admission, waiting.
-        Waiting { #[pin] sleep: Sleep },
+        Waiting { #[pin] wait: Wait },
         Asking { future: StoreFuture<'g, Admission> },
         AskingReserving { future: StoreFuture<'g, (Admission, Option<Reservation>)> },
         Running { #[pin] attempt: WithDeadline<'g, Attempt<Fut, T, E>> },
@@ -705,7 +744,7 @@ where
     loop {
         let admit = match step.as_mut().project() {
             StepProj::Start => call.admit(),
-            StepProj::Waiting { sleep } => match sleep.poll(cx) {
+            StepProj::Waiting { wait } => match wait.poll(cx) {
                 Poll::Ready(()) => call.waited(),
                 Poll::Pending => return Progress::Pending { started },
             },
@@ -775,7 +814,7 @@ where
                 future: call.store().admit_reserving_async(request, reserve),
             }),
             Admit::Wait(wait) => step.set(Step::Waiting {
-                sleep: call.clock().sleep(wait),
+                wait: call.wait(wait),
             }),
             Admit::Refused(r) => {
                 call.hedge_not_started();

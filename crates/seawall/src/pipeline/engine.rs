@@ -65,6 +65,7 @@ use super::kind::{Fallen, Handles};
 use super::{Gate, Kind, Pipeline};
 use crate::adaptive::machine::{Lease, Limiter};
 use crate::adaptive::rules::Signal;
+use crate::bulkhead::queue::Place;
 use crate::classify::{Verdict, VerdictKind};
 use crate::context::{Context, PartitionKey};
 use crate::error::{Error, Rejection, RejectionReason, StoreError, TimeoutError, TimeoutScope};
@@ -85,25 +86,58 @@ pub(crate) struct Deadline {
     strict: bool,
 }
 
-/// The shortest and longest poll of a queued bulkhead admission.
-const QUEUE_POLL_MIN: Duration = Duration::from_millis(1);
-const QUEUE_POLL_MAX: Duration = Duration::from_millis(20);
+/// The shortest and longest interval at which the oldest waiter of a
+/// bulkhead queue asks the store again, the fallback for slots given back
+/// by other processes sharing the store, which wake nobody in this process
+/// (a release in this process wakes the oldest waiter at once, see
+/// [`crate::bulkhead::queue`]). The interval doubles from the shortest to
+/// the longest. The same on every store, so that a call observes the same
+/// waits on each (the differential corpus compares them); on the memory
+/// store, which only this process changes, the oldest waiter finds nothing
+/// new there.
+pub(crate) const QUEUE_POLL_MIN: Duration = Duration::from_millis(1);
+pub(crate) const QUEUE_POLL_MAX: Duration = Duration::from_millis(20);
 
-/// The waiting state of a deferred admission: since when it waits, which
-/// queue of this process it holds a place in (the bulkhead's or the
-/// adaptive limit's, given back when the wait ends, see
-/// [`Call::stop_waiting`]), the next poll interval, the rate-limit permit
-/// it reserved (given back if it is never used).
-#[derive(Clone, Copy)]
+/// The waiting state of a deferred admission: since when it waits, the
+/// place it holds in a queue of this process (the bulkhead's or the
+/// adaptive limit's, left when the wait ends, see [`Call::stop_waiting`],
+/// or when the call is dropped), the next interval at which it asks a
+/// shared store again, the rate-limit permit it reserved (given back if it
+/// is never used).
 struct Waiting {
     since: u64,
     /// When the last wait began.
     last: u64,
-    queued: Option<Queue>,
+    /// When the last wait ends unless the call's place is woken first.
+    until: u64,
+    queued: Option<Queued>,
     poll: Duration,
     /// The rate-limit permit reserved for this call, and when it is due on
     /// the pipeline's clock.
     reserved: Option<(Reservation, u64)>,
+}
+
+/// A deferred call's place in a queue of this process.
+struct Queued {
+    which: Queue,
+    place: Place,
+    /// When it joined the queue: its `max_wait` counts from then.
+    joined: u64,
+}
+
+impl Waiting {
+    /// The place the call holds in queue `which`, if any.
+    fn place_in(&self, which: Queue) -> Option<&Place> {
+        self.queued
+            .as_ref()
+            .filter(|q| q.which == which)
+            .map(|q| &q.place)
+    }
+
+    /// The reserved rate-limit permit, if any.
+    fn reservation(&self) -> Option<Reservation> {
+        self.reserved.map(|(r, _)| r)
+    }
 }
 
 /// A queue of this process a deferred call may wait in for a slot.
@@ -353,13 +387,10 @@ pub(crate) struct Lane<'g> {
 impl Drop for Lane<'_> {
     fn drop(&mut self) {
         if self.permit.is_some() || self.waiting.is_some() || self.lease.is_some() {
-            abandon_lease(self.adaptive, self.lease.take(), self.waiting);
-            abandon(
-                self.gate,
-                self.partition,
-                self.permit.take(),
-                self.waiting.take(),
-            );
+            // Its place in a queue is left as the waiting state goes.
+            let reserved = self.waiting.take().and_then(|w| w.reservation());
+            abandon_lease(self.adaptive, self.lease.take());
+            abandon(self.gate, self.partition, self.permit.take(), reserved);
         }
     }
 }
@@ -379,20 +410,21 @@ impl<K: Kind> Drop for Owned<'_, K> {
             || call.lease.is_some()
         {
             let shared = &*call.pipeline.shared;
-            let (waiting, level) = (call.waiting.take(), call.level);
-            let adaptive = shared.adaptive.as_ref();
-            abandon_lease(adaptive, call.lease.take(), waiting);
+            // Its place in a queue is left as the waiting state goes.
+            let reserved = call.waiting.take().and_then(|w| w.reservation());
+            let level = call.level;
+            abandon_lease(shared.adaptive.as_ref(), call.lease.take());
             abandon(
                 shared.gate.as_ref(),
                 call.partition,
                 call.permit.take(),
-                waiting.filter(|_| level == Level::Attempt),
+                reserved.filter(|_| level == Level::Attempt),
             );
             abandon(
                 shared.call_gate.as_ref(),
                 call.partition,
                 call.call_permit.take(),
-                waiting.filter(|_| level == Level::Call),
+                reserved.filter(|_| level == Level::Call),
             );
         }
     }
@@ -411,28 +443,23 @@ impl<'g, K: Kind> std::ops::DerefMut for Owned<'g, K> {
     }
 }
 
-/// Gives back what a call dropped or panicking holds: its permit (without
-/// an outcome), its place in the bulkhead queue, its reserved rate-limit
-/// permit.
+/// Gives back what a call dropped or panicking holds of `gate`: its permit
+/// (without an outcome), its reserved rate-limit permit. (Its place in a
+/// queue goes with its waiting state.)
 #[cold]
 #[inline(never)]
 fn abandon(
     gate: Option<&Gate>,
     partition: Option<&PartitionKey>,
     permit: Option<Permit>,
-    waiting: Option<Waiting>,
+    reserved: Option<Reservation>,
 ) {
     let Some(gate) = gate else { return };
     if let Some(p) = permit {
-        gate.state.release(partition, p);
+        gate.release(partition, p);
     }
-    if let Some(w) = waiting {
-        if w.queued == Some(Queue::Bulkhead) {
-            gate.leave_queue(partition);
-        }
-        if let Some((reservation, _)) = w.reserved {
-            gate.state.give_back_reservation(partition, reservation);
-        }
+    if let Some(reservation) = reserved {
+        gate.state.give_back_reservation(partition, reservation);
     }
 }
 
@@ -458,17 +485,15 @@ fn local_budget<K: Kind>(shared: &super::Shared<K>) -> Option<&crate::RetryBudge
 }
 
 /// Gives back what a call dropped or panicking holds of the adaptive
-/// limit: its slot (without a sample), its place in the limit's queue.
+/// limit: its slot (without a sample). (Its place in the limit's queue
+/// goes with its waiting state.)
 #[cold]
 #[inline(never)]
-fn abandon_lease(adaptive: Option<&Limiter>, lease: Option<Lease>, waiting: Option<Waiting>) {
-    let Some(limiter) = adaptive else { return };
-    if let Some(lease) = lease {
-        limiter.give_back(lease);
-    }
-    if waiting.is_some_and(|w| w.queued == Some(Queue::Adaptive)) {
-        limiter.waiters.fetch_sub(1, Ordering::Relaxed);
-    }
+fn abandon_lease(adaptive: Option<&Limiter>, lease: Option<Lease>) {
+    let (Some(limiter), Some(lease)) = (adaptive, lease) else {
+        return;
+    };
+    limiter.give_back(lease);
 }
 
 impl<'g, K: Kind> Call<'g, K> {
@@ -670,40 +695,54 @@ impl<'g, K: Kind> Call<'g, K> {
     fn release_call(&mut self) {
         if let Some(permit) = self.call_permit.take() {
             if let Some(gate) = self.gate_of(Level::Call) {
-                gate.state.release(self.partition, permit);
+                gate.release(self.partition, permit);
             }
         }
     }
 
-    /// The wait of a deferred admission is over: its queue place is given
-    /// back, and a reservation it did not use.
-    fn stop_waiting(&mut self) {
+    /// The wait of a deferred admission is over: `admitted` (the call took
+    /// its slot) or not, its queue place is left (passing on a wake-up it
+    /// did not use), and a reservation it did not use is given back.
+    fn stop_waiting(&mut self, admitted: bool) {
         if let Some(w) = self.waiting.take() {
-            if let Some(q) = w.queued {
-                self.leave_queue(q);
-            }
             if let Some((reservation, _)) = w.reserved {
                 self.gate()
                     .state
                     .give_back_reservation(self.partition, reservation);
             }
+            if let (Some(q), true) = (w.queued, admitted) {
+                q.place.admitted();
+            }
         }
     }
 
-    /// Leaves queue `q`: the bulkhead's of the call's partition at the
-    /// current level, or the adaptive limit's.
-    fn leave_queue(&self, q: Queue) {
-        match q {
-            Queue::Bulkhead => {
-                if let Some(gate) = self.gate_of(self.level) {
-                    gate.leave_queue(self.partition);
-                }
-            }
-            Queue::Adaptive => {
-                if let Some(limiter) = &self.pipeline.shared.adaptive {
-                    limiter.waiters.fetch_sub(1, Ordering::Relaxed);
-                }
-            }
+    /// A future that completes after `wait`, or as soon as the call's
+    /// place in a queue is woken (a slot was given back for it): the
+    /// driver's wait for [`Admit::Wait`], then it calls
+    /// [`waited`](Self::waited).
+    pub(crate) fn wait(&self, wait: Duration) -> super::drive::Wait {
+        let notified = self
+            .waiting
+            .as_ref()
+            .and_then(|w| w.queued.as_ref())
+            .map(|q| q.place.notified());
+        super::drive::Wait::new(notified, self.clock().sleep(wait))
+    }
+
+    /// The call may ask for a bulkhead slot of the gate under way: nobody
+    /// waits in its queue, or its place there was woken (see
+    /// [`crate::bulkhead::queue`]); else it is refused as by a full
+    /// bulkhead, and queues.
+    fn held_back(&self) -> Option<Rejection> {
+        let gate = self.gate_of(self.level)?;
+        let queues = gate.queues.as_ref()?;
+        let place = self
+            .waiting
+            .as_ref()
+            .and_then(|w| w.place_in(Queue::Bulkhead));
+        match queues.may_ask(self.partition, place, true) {
+            true => None,
+            false => Some(Rejection::new(RejectionReason::BulkheadFull, None)),
         }
     }
 
@@ -752,7 +791,11 @@ impl<'g, K: Kind> Call<'g, K> {
                 (self.level, &self.lease, &shared.adaptive)
             {
                 self.lease = Some(if shadow::takes_part(limiter.shadow(), self.shadowed()) {
-                    admit_adaptive(limiter, &shared.clock, self.partition)?
+                    let place = self
+                        .waiting
+                        .as_ref()
+                        .and_then(|w| w.place_in(Queue::Adaptive));
+                    admit_adaptive(limiter, &shared.clock, self.partition, place)?
                 } else {
                     apart();
                     Lease::UNHELD
@@ -767,7 +810,7 @@ impl<'g, K: Kind> Call<'g, K> {
             let clock = &self.pipeline.shared.clock;
             let ticket = admit_in_place(gate, clock, self.partition, self.weight, self.at)?;
             if self.waiting.is_some() {
-                self.stop_waiting();
+                self.stop_waiting(true);
             }
             if self.hold(ticket.map(Ticket::permit)) {
                 return Ok(self.context());
@@ -798,6 +841,9 @@ impl<'g, K: Kind> Call<'g, K> {
                 self.admit()
             }
             Quick::Other => {
+                if let Some(full) = self.held_back() {
+                    return self.refuse(full);
+                }
                 let gate = self.gate();
                 let now = self.now();
                 let request = self.request(now);
@@ -930,7 +976,7 @@ impl<'g, K: Kind> Call<'g, K> {
         }
         match admission.decision {
             Ok(permit) => {
-                self.stop_waiting();
+                self.stop_waiting(true);
                 let attempt = self.hold(Some(permit));
                 if permit.shadowed {
                     if attempt {
@@ -986,7 +1032,7 @@ impl<'g, K: Kind> Call<'g, K> {
                         .state
                         .give_back_reservation(self.partition, reservation);
                 }
-                self.stop_waiting();
+                self.stop_waiting(false);
                 Admit::Refused(Refused::Rejected(r))
             }
         }
@@ -998,6 +1044,9 @@ impl<'g, K: Kind> Call<'g, K> {
     pub(crate) fn waited(&mut self) -> Admit<'g> {
         let now = self.read_clock();
         self.begin_at(now);
+        if let Some(q) = self.waiting.as_ref().and_then(|w| w.queued.as_ref()) {
+            q.place.awake();
+        }
         let held = self.waiting.as_mut().and_then(|w| w.reserved.take());
         let Some((reservation, due)) = held else {
             return self.admit();
@@ -1007,6 +1056,13 @@ impl<'g, K: Kind> Call<'g, K> {
                 w.reserved = Some((reservation, due));
             }
             return Admit::Wait(Duration::from_nanos(due - now));
+        }
+        if let Some(full) = self.held_back() {
+            // The permit stays reserved while the call waits for its slot.
+            if let Some(w) = &mut self.waiting {
+                w.reserved = Some((reservation, due));
+            }
+            return self.refuse(full);
         }
         let request = self.request(now);
         match self.gate().memory.as_deref() {
@@ -1073,7 +1129,7 @@ impl<'g, K: Kind> Call<'g, K> {
         let Some(r) = &self.gate().spec.rate_limit else {
             return Duration::ZERO;
         };
-        let waited = match self.waiting {
+        let waited = match &self.waiting {
             Some(w) if now <= w.last => return Duration::ZERO,
             Some(w) => now - w.since,
             None => 0,
@@ -1088,12 +1144,14 @@ impl<'g, K: Kind> Call<'g, K> {
 
     /// How long to wait before asking the gate again, and the wait to
     /// report (`Deferred`) when this one begins a wait, or the final
-    /// refusal. A call never waits longer in all than the policy's
-    /// `max_wait`, nor past its deadline. A rate-limit refusal that
-    /// `reserved` the call's permit waits for it (the caller gives it back
-    /// on a refusal). A wait for a cooldown or a permit is one wait, of its
-    /// length; a call in a queue polls for a slot, and reports once, when it
-    /// takes its place, the most it may wait.
+    /// refusal. A call never waits past its deadline. A wait for a cooldown
+    /// or a permit is one wait, of its length, within the policy's
+    /// `max_wait` counted from the call's first wait; a rate-limit refusal
+    /// that `reserved` the call's permit waits for it (the caller gives it
+    /// back on a refusal). A call refused for want of a slot waits in a
+    /// queue of this process ([`queued`]) until its place is woken, at most
+    /// the queue's `max_wait` from when it joined, and reports once, when
+    /// it joins, the most it may wait.
     fn deferral(
         &mut self,
         rejection: Rejection,
@@ -1113,31 +1171,38 @@ impl<'g, K: Kind> Call<'g, K> {
         };
         let first_wait = self.waiting.is_none();
         let adaptive = self.pipeline.shared.adaptive.as_ref();
+        let partition = self.partition;
         let waiting = self.waiting.get_or_insert(Waiting {
             since: now,
             last: now,
+            until: now,
             queued: None,
             poll: QUEUE_POLL_MIN,
             reserved: None,
         });
-        // A call refused for want of a slot by one queue's policy after it
-        // waited in the other's leaves the other queue.
         let wanted = match rejection.reason {
             RejectionReason::ConcurrencyLimited => Some(Queue::Adaptive),
             RejectionReason::BulkheadFull => Some(Queue::Bulkhead),
             _ => None,
         };
-        if let (Some(held), Some(wanted)) = (waiting.queued, wanted) {
-            if held != wanted {
-                self.leave_queue(held);
-                self.waiting.as_mut().expect("waiting").queued = None;
+        if let Some(wanted) = wanted {
+            match waiting.place_in(wanted) {
+                // Woken and refused again, or not yet its turn: it waits
+                // again in its place.
+                Some(place) => {
+                    place.refused();
+                }
+                // Refused for want of a slot by one queue's policy after it
+                // waited in the other's: it leaves the other queue.
+                None => waiting.queued = None,
             }
         }
-        let waiting = self.waiting.as_mut().expect("waiting");
-        // A clock that did not move while the call waited (a virtual clock
-        // at the last instant of its range) has no later instant to wait
-        // for: refused, never deferred in a loop.
-        if !first_wait && now <= waiting.last {
+        // A clock that did not move while the call waited out a wait (a
+        // virtual clock at the last instant of its range) has no later
+        // instant to wait for: refused, never deferred in a loop. (A wait
+        // for a slot ends early, at the same instant, when a slot is given
+        // back.)
+        if !first_wait && now <= waiting.last && now >= waiting.until {
             return Err(rejection);
         }
         waiting.last = now;
@@ -1145,7 +1210,7 @@ impl<'g, K: Kind> Call<'g, K> {
         // counts.
         let waited = Duration::from_nanos(now.saturating_sub(waiting.since));
         let allowed = |max_wait: Duration| max_wait.saturating_sub(waited);
-        match rejection.reason {
+        let deferred = match rejection.reason {
             RejectionReason::CooldownActive => {
                 let left = rejection.retry_after.unwrap_or(Duration::ZERO);
                 if !fits(left) {
@@ -1179,20 +1244,24 @@ impl<'g, K: Kind> Call<'g, K> {
                 let Some(limiter) = adaptive else {
                     return Err(rejection);
                 };
-                let join = || limiter.waiters.fetch_add(1, Ordering::Relaxed);
-                let queue = (Queue::Adaptive, join);
-                let wait = queued(waiting, queue, limiter.max_queued, limiter.max_wait, room);
-                wait.ok_or(rejection)
+                let join = || limiter.queue(partition)?.join(limiter.max_queued);
+                let queue = (Queue::Adaptive, join, false);
+                queued(waiting, queue, limiter.max_wait, room, now).ok_or(rejection)
             }
             _ => {
                 let Some((g, b)) = gate.and_then(|g| Some((g, g.spec.bulkhead.as_ref()?))) else {
                     return Err(rejection);
                 };
-                let partition = self.partition;
-                let queue = (Queue::Bulkhead, || g.join_queue(partition));
-                queued(waiting, queue, b.max_queued, b.max_wait, room).ok_or(rejection)
+                let join = || g.queues.as_ref()?.join(partition, b.max_queued);
+                // The oldest waiter asks again at the fallback interval.
+                let queue = (Queue::Bulkhead, join, true);
+                queued(waiting, queue, b.max_wait, room, now).ok_or(rejection)
             }
+        };
+        if let Ok((wait, _)) = deferred {
+            waiting.until = now.saturating_add(crate::clock::duration_nanos(wait));
         }
+        deferred
     }
 
     /// Ends a refused call: the error, reported; hand it to
@@ -1474,6 +1543,10 @@ impl<'g, K: Kind> Call<'g, K> {
     where
         K: Handles<T, E>,
     {
+        // The store gave the slot back.
+        if let Some(gate) = self.gate_of(self.level) {
+            gate.freed(self.partition);
+        }
         self.report_recorded(answer);
         self.go_on(pending)
     }
@@ -1551,6 +1624,7 @@ impl<'g, K: Kind> Call<'g, K> {
         match gate.memory.as_deref() {
             Some(memory) => {
                 let answer = memory.record(&record);
+                gate.freed(self.partition);
                 self.report_recorded(answer);
                 None
             }
@@ -1811,7 +1885,7 @@ impl<'g, K: Kind> Call<'g, K> {
         self.attempt_shadowed = false;
         self.at = None;
         self.deadline = None;
-        self.stop_waiting();
+        self.stop_waiting(false);
         if self.needs_time() {
             let now = self.read_clock();
             self.begin_at(now);
@@ -1948,11 +2022,12 @@ impl<'g, K: Kind> Call<'g, K> {
     /// attempt is now the latest one started (for the fallback's context).
     pub(crate) fn hedging_decided(&mut self) {
         if self.permit.is_some() || self.waiting.is_some() {
+            let reserved = self.waiting.take().and_then(|w| w.reservation());
             abandon(
                 self.pipeline.shared.gate.as_ref(),
                 self.partition,
                 self.permit.take(),
-                self.waiting.take(),
+                reserved,
             );
         }
         self.attempt = self.launched;
@@ -2109,6 +2184,11 @@ fn admit_in_place(
     let Some(memory) = gate.memory.as_deref() else {
         return Err(Quick::Other);
     };
+    // Calls wait in the bulkhead's queue: the general admission decides
+    // whose turn it is.
+    if gate.queues.as_ref().is_some_and(|q| !q.is_empty(partition)) {
+        return Err(Quick::Other);
+    }
     // Read at most once here when the attempt's start was not read (no
     // policy needs it then, only a cooldown in effect or an open circuit);
     // a refusal hands the call on with its start unread, and the general
@@ -2149,7 +2229,9 @@ fn record_success_in_place(
     } else {
         (at.unwrap_or(0), 0)
     };
-    memory.record_success(partition, ticket, duration_ns, end)
+    let transition = memory.record_success(partition, ticket, duration_ns, end);
+    gate.freed(partition);
+    transition
 }
 
 /// The context of attempt `attempt` with `deadline`: a constant (dropped
@@ -2290,7 +2372,7 @@ impl<'g, K: Kind, A: CallArgs<'g>> Drop for Held<'g, K, A> {
             );
         }
         if let Some(lease) = self.take_lease() {
-            abandon_lease(self.shared.adaptive.as_ref(), Some(lease), None);
+            abandon_lease(self.shared.adaptive.as_ref(), Some(lease));
         }
     }
 }
@@ -2381,7 +2463,7 @@ impl<'g, K: Kind, A: CallArgs<'g>> First<'g, K, A> {
         let partition = self.args.partition();
         if let Some(limiter) = &shared.adaptive {
             apart();
-            held.lease = Some(admit_adaptive(limiter, &shared.clock, partition)?);
+            held.lease = Some(admit_adaptive(limiter, &shared.clock, partition, None)?);
         }
         held.ticket = admit_in_place(
             shared.gate.as_ref(),
@@ -2511,58 +2593,67 @@ fn may_wait(reason: RejectionReason, driver: Driver) -> bool {
     }
 }
 
-/// The wait of a call refused for want of a slot, in a queue of this
-/// process (`queue`: which, and how to take a place in it, giving the count
-/// of calls that held one before) that lets
-/// `max_queued` calls wait `max_wait` at most: the next poll, short of the
-/// deadline (`room`), and, when the call takes its place now, the most it
-/// may wait; or `None` when the call may not wait (no queue, the queue
-/// full, its wait or the deadline over). The call takes its place once,
-/// leaving the place it held in another queue.
+/// The wait of a call refused for want of a slot in a queue of this
+/// process (`queue`: which, how to take a place in it, `None` when it is
+/// full or there is none, and whether its oldest waiter asks a store shared
+/// with other processes again at the fallback interval) that lets a call
+/// wait `max_wait` at most from when it joins: until its place is woken, at
+/// most what is left of `max_wait`, short of the deadline (`room`), and,
+/// when the call joins now, the most it may wait; or `None` when the call
+/// may not wait (no queue, the queue full, its wait or the deadline over).
+/// The call takes its place once.
 fn queued(
     waiting: &mut Waiting,
-    queue: (Queue, impl FnOnce() -> u32),
-    max_queued: u32,
+    queue: (Queue, impl FnOnce() -> Option<Place>, bool),
     max_wait: Duration,
     room: Option<Duration>,
+    now: u64,
 ) -> Option<(Duration, Option<Duration>)> {
-    let (which, join) = queue;
-    if max_queued == 0 {
-        return None;
-    }
-    let joins = waiting.queued != Some(which);
+    let (which, join, polls) = queue;
+    let joins = waiting.place_in(which).is_none();
     if joins {
-        let before = join();
-        waiting.queued = Some(which);
-        if before >= max_queued {
-            return None;
-        }
+        let place = join()?;
+        waiting.queued = Some(Queued {
+            which,
+            place,
+            joined: now,
+        });
+        waiting.poll = QUEUE_POLL_MIN;
     }
-    let waited = Duration::from_nanos(waiting.last.saturating_sub(waiting.since));
-    let left = max_wait.saturating_sub(waited);
+    let joined = waiting.queued.as_ref()?.joined;
+    let left = max_wait.saturating_sub(Duration::from_nanos(now.saturating_sub(joined)));
     if left.is_zero() {
         return None;
     }
-    let mut wait = waiting.poll.min(left);
-    let mut at_most = left;
-    if let Some(r) = room {
-        if r.is_zero() {
-            return None;
-        }
-        wait = wait.min(r);
-        at_most = at_most.min(r);
-    }
-    waiting.poll = (waiting.poll * 2).min(QUEUE_POLL_MAX);
+    let at_most = match room {
+        Some(r) if r.is_zero() => return None,
+        Some(r) => left.min(r),
+        None => left,
+    };
+    let wait = if polls {
+        let wait = waiting.poll.min(at_most);
+        waiting.poll = (waiting.poll * 2).min(QUEUE_POLL_MAX);
+        wait
+    } else {
+        at_most
+    };
     Some((wait, joins.then_some(at_most)))
 }
 
-/// The admission of an attempt by the adaptive `limiter`.
+/// The admission of an attempt by the adaptive `limiter`, for a call
+/// holding `place` in its queue (if any): refused while older calls wait
+/// in the queue ([`Limiter::may_ask`]).
 #[inline(always)]
 fn admit_adaptive(
     limiter: &Limiter,
     clock: &crate::clock::ClockHandle,
     partition: Option<&PartitionKey>,
+    place: Option<&Place>,
 ) -> Result<Lease, Quick> {
+    if !limiter.may_ask(partition, place) {
+        let r = Rejection::new(RejectionReason::ConcurrencyLimited, None);
+        return Err(Quick::Refused(r));
+    }
     match limiter.acquire(partition, clock) {
         Ok(lease) => Ok(lease),
         Err(r) if limiter.shadow() => Err(Quick::Shadowed(r)),
@@ -2751,7 +2842,7 @@ impl<'g, K: Kind> Call<'g, K> {
             }
             Err(err) => {
                 if let Some(permit) = self.permit.take() {
-                    self.gate().state.release(self.partition, permit);
+                    self.gate().release(self.partition, permit);
                 }
                 self.release_call();
                 Ended::Done(Err(err))

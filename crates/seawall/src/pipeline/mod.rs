@@ -1,20 +1,19 @@
 //! The pipeline: policies composed in declaration order, built once, shared
 //! by every task and thread.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::breaker::{CircuitControl, CircuitMetrics, CircuitState, CircuitTransition};
+use crate::bulkhead::queue::Queues;
 use crate::clock::{ClockHandle, Random};
 use crate::context::{Context, PartitionKey};
 use crate::error::{ConfigError, Error, StoreError};
 use crate::event::{EventKind, Listeners};
 use crate::retry::Retry;
-use crate::store::{MemoryResource, ResourceSpec, ResourceState};
+use crate::store::{MemoryResource, Permit, ResourceSpec, ResourceState};
 use crate::timeout::Timeout;
 
 mod builder;
@@ -61,52 +60,27 @@ pub(crate) struct Gate {
     /// An outcome may change state: anything but a gate holding only a
     /// retry budget kept in the store (never asked to record).
     pub(crate) records: bool,
-    /// Async calls of no partition currently queued for a bulkhead slot in
-    /// this process.
-    pub(crate) waiters: AtomicU32,
-    /// The same for each partition: a partition has a bulkhead, and so a
-    /// queue, of its own. A partition's count goes when its queue empties.
-    pub(crate) partition_waiters: Mutex<HashMap<PartitionKey, u32>>,
+    /// The bulkhead's queues of async calls waiting for a slot in this
+    /// process (one per partition), when the bulkhead has a queue and
+    /// enforces.
+    pub(crate) queues: Option<Queues>,
 }
 
 impl Gate {
-    /// Takes a place in the bulkhead queue of `partition`: the calls that
-    /// held one before.
-    pub(crate) fn join_queue(&self, partition: Option<&PartitionKey>) -> u32 {
-        match partition {
-            None => self.waiters.fetch_add(1, Ordering::Relaxed),
-            Some(key) => {
-                let mut queues = self.partition_queues();
-                let count = queues.entry(key.clone()).or_insert(0);
-                *count += 1;
-                *count - 1
-            }
-        }
+    /// Gives `permit` of `partition` back without an outcome, waking the
+    /// oldest waiter of the bulkhead's queue.
+    pub(crate) fn release(&self, partition: Option<&PartitionKey>, permit: Permit) {
+        self.state.release(partition, permit);
+        self.freed(partition);
     }
 
-    /// Leaves the bulkhead queue of `partition`.
-    pub(crate) fn leave_queue(&self, partition: Option<&PartitionKey>) {
-        match partition {
-            None => {
-                self.waiters.fetch_sub(1, Ordering::Relaxed);
-            }
-            Some(key) => {
-                let mut queues = self.partition_queues();
-                if let Some(count) = queues.get_mut(key) {
-                    *count -= 1;
-                    if *count == 0 {
-                        queues.remove(key);
-                    }
-                }
-            }
+    /// A slot of `partition` was given back in this process (a release, a
+    /// record): the oldest waiter of its queue, if any, asks for it now.
+    #[inline(always)]
+    pub(crate) fn freed(&self, partition: Option<&PartitionKey>) {
+        if let Some(queues) = &self.queues {
+            queues.release(partition);
         }
-    }
-
-    fn partition_queues(&self) -> std::sync::MutexGuard<'_, HashMap<PartitionKey, u32>> {
-        // Counts only: a panic while one was held left it whole.
-        self.partition_waiters
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
