@@ -2388,3 +2388,54 @@ fn many_tasks_queue_without_losing_a_wake_up_or_a_place() {
         Ok(())
     });
 }
+
+/// A pipeline with a retry budget kept in the store takes the full
+/// admission for every attempt: the adaptive limit was never asked there,
+/// so it limited nothing (every call ran, none refused, the limit's count
+/// of calls in flight stayed 0).
+#[test]
+fn a_retry_budget_in_the_store_keeps_the_adaptive_limit() {
+    for offset in [Duration::ZERO, FAR] {
+        for listener in [false, true] {
+            let clock = clock_at(offset);
+            let p = listen(
+                Pipeline::builder(unique("reg-budget-adaptive"))
+                    .retry(
+                        Retry::constant(ms(1))
+                            .max_attempts(2)
+                            .budget(RetryBudget::new(0.1, 10).shared()),
+                    )
+                    .adaptive_limit(AdaptiveLimit::aimd().limits(1, 1, 1))
+                    .store(MemoryStore::new())
+                    .clock(clock.clone()),
+                listener,
+            )
+            .build()
+            .unwrap();
+            let c = clock.clone();
+            let (first, second, in_flight) = rt().block_on(async {
+                let held = p.run(|_| {
+                    let c = c.clone();
+                    async move {
+                        Clock::sleep(&c, ms(10)).await;
+                        Ok::<u32, Boom>(1)
+                    }
+                });
+                let other = async {
+                    Clock::sleep(&c, ms(1)).await;
+                    let in_flight = p.concurrency_limit().unwrap().in_flight;
+                    (p.run(|_| async { Ok::<u32, Boom>(2) }).await, in_flight)
+                };
+                let (first, (second, in_flight)) = tokio::join!(held, other);
+                (first, second, in_flight)
+            });
+            assert!(matches!(first, Ok(1)), "{offset:?} {listener}: {first:?}");
+            assert_eq!(in_flight, 1, "{offset:?} {listener}");
+            assert!(
+                matches!(&second, Err(Error::Rejected(r)) if r.reason == RejectionReason::ConcurrencyLimited),
+                "{offset:?} {listener}: {second:?}"
+            );
+            assert_eq!(p.concurrency_limit().unwrap().in_flight, 0);
+        }
+    }
+}

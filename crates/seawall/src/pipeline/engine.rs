@@ -786,21 +786,7 @@ impl<'g, K: Kind> Call<'g, K> {
     #[inline(always)]
     pub(crate) fn admit_ordinary(&mut self) -> Result<Context, Quick> {
         loop {
-            let shared = &*self.pipeline.shared;
-            if let (Level::Attempt, None, Some(limiter)) =
-                (self.level, &self.lease, &shared.adaptive)
-            {
-                self.lease = Some(if shadow::takes_part(limiter.shadow(), self.shadowed()) {
-                    let place = self
-                        .waiting
-                        .as_ref()
-                        .and_then(|w| w.place_in(Queue::Adaptive));
-                    admit_adaptive(limiter, &shared.clock, self.partition, place)?
-                } else {
-                    apart();
-                    Lease::UNHELD
-                });
-            }
+            self.admit_adaptive_slot()?;
             let gate = self.gate_of(self.level);
             if self.shadowed() && gate.is_some_and(|g| Shadow::of(&g.spec).any()) {
                 // The quick check asks every policy: the full admission
@@ -818,10 +804,36 @@ impl<'g, K: Kind> Call<'g, K> {
         }
     }
 
+    /// The adaptive limit's slot of the attempt under way, taken first
+    /// (at the attempt's level, once): every admission of an attempt goes
+    /// through here, whichever way its gate is then asked.
+    #[inline(always)]
+    fn admit_adaptive_slot(&mut self) -> Result<(), Quick> {
+        let shared = &*self.pipeline.shared;
+        if let (Level::Attempt, None, Some(limiter)) = (self.level, &self.lease, &shared.adaptive) {
+            self.lease = Some(if shadow::takes_part(limiter.shadow(), self.shadowed()) {
+                let place = self
+                    .waiting
+                    .as_ref()
+                    .and_then(|w| w.place_in(Queue::Adaptive));
+                admit_adaptive(limiter, &shared.clock, self.partition, place)?
+            } else {
+                apart();
+                Lease::UNHELD
+            });
+        }
+        Ok(())
+    }
+
     /// Admits the attempt under way.
     pub(crate) fn admit(&mut self) -> Admit<'g> {
         if self.pipeline.shared.plan.budget_in_store {
-            return self.admit_after(Quick::Other);
+            // A retry budget kept in the store is asked in the full
+            // admission, after the adaptive limit.
+            return match self.admit_adaptive_slot() {
+                Ok(()) => self.admit_after(Quick::Other),
+                Err(quick) => self.admit_after(quick),
+            };
         }
         match self.admit_ordinary() {
             Ok(ctx) => Admit::Run(ctx),
