@@ -2439,3 +2439,52 @@ fn a_retry_budget_in_the_store_keeps_the_adaptive_limit() {
         }
     }
 }
+
+/// The same, sync: a blocking call holding the adaptive limit's one slot
+/// refuses a second one made meanwhile.
+#[test]
+fn a_retry_budget_in_the_store_keeps_the_adaptive_limit_sync() {
+    for offset in [Duration::ZERO, FAR] {
+        for listener in [false, true] {
+            let p = listen(
+                Pipeline::builder(unique("reg-budget-adaptive-sync"))
+                    .retry(
+                        Retry::constant(ms(1))
+                            .max_attempts(2)
+                            .budget(RetryBudget::new(0.1, 10).shared()),
+                    )
+                    .adaptive_limit(AdaptiveLimit::aimd().limits(1, 1, 1))
+                    .store(MemoryStore::new())
+                    .clock(clock_at(offset)),
+                listener,
+            )
+            .build()
+            .unwrap();
+            let (entered, go) = (std::sync::mpsc::channel(), std::sync::mpsc::channel::<()>());
+            let (entered_tx, entered_rx) = entered;
+            let (go_tx, go_rx) = go;
+            let holder = {
+                let p = p.clone();
+                std::thread::spawn(move || {
+                    p.call(|_| {
+                        entered_tx.send(()).unwrap();
+                        go_rx.recv().unwrap();
+                        Ok::<u32, Boom>(1)
+                    })
+                })
+            };
+            entered_rx.recv().unwrap();
+            let in_flight = p.concurrency_limit().unwrap().in_flight;
+            let second = p.call(|_| Ok::<u32, Boom>(2));
+            go_tx.send(()).unwrap();
+            let first = holder.join().unwrap();
+            assert!(matches!(first, Ok(1)), "{offset:?} {listener}: {first:?}");
+            assert_eq!(in_flight, 1, "{offset:?} {listener}");
+            assert!(
+                matches!(&second, Err(Error::Rejected(r)) if r.reason == RejectionReason::ConcurrencyLimited),
+                "{offset:?} {listener}: {second:?}"
+            );
+            assert_eq!(p.concurrency_limit().unwrap().in_flight, 0);
+        }
+    }
+}
