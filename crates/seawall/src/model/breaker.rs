@@ -385,7 +385,9 @@ impl Model {
             CircuitControl::OpenFor(d) => {
                 self.open_until_ns = Self::end_of(now, d);
                 self.transition(CircuitState::Open, now);
-                self.opened_for = Some(d);
+                // Kept as a store keeps it, in nanoseconds of the clock: a
+                // longer duration is the longest one (`u64::MAX` ns).
+                self.opened_for = Some(Duration::from_nanos(nanos(d)));
                 Some(CircuitTransition::Opened { cooldown: d })
             }
             CircuitControl::Enable if self.state != CircuitState::Disabled => None,
