@@ -159,8 +159,10 @@
 //!
 //! ## `rate_limiter`
 //! `algorithm` (`"gcra"`, the default, `"fixed_window"` or
-//! `"sliding_window"`), `limit` and `period` (required), `burst` (GCRA only,
-//! default `limit`), `max_wait` (default `0s`), `shadow` (default `false`).
+//! `"sliding_window"`), `limit` and `period` (required; `period` at most 292
+//! years, [`RateLimiter::MAX_PERIOD`](crate::RateLimiter::MAX_PERIOD)),
+//! `burst` (GCRA only, default `limit`), `max_wait` (default `0s`), `shadow`
+//! (default `false`).
 //!
 //! `shadow = true` puts a stateful policy in [shadow mode](crate::shadow):
 //! it keeps its state and reports what it would refuse

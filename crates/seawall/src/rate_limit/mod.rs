@@ -92,6 +92,16 @@ pub struct RateLimiter {
 }
 
 impl RateLimiter {
+    /// The longest span a limiter keeps, 2^63 - 1 ns (about 292 years):
+    /// its `period` and, for a GCRA burst above the limit, the span its
+    /// permits may be taken ahead of time (`burst` x
+    /// [`emission_interval`](Self::emission_interval)). Limits are kept in
+    /// nanoseconds of the pipeline's clock, whose range is twice that, so
+    /// a permit's instant fits the clock for the first 292 years of its
+    /// readings. A longer one fails `build()`: `rate_limiter.period must
+    /// be <= 292 years (9223372036.854775807s), got ...`.
+    pub const MAX_PERIOD: Duration = Duration::from_nanos(i64::MAX as u64);
+
     /// GCRA: `limit` calls per `period`, bursts of up to `limit`.
     pub fn gcra(limit: u32, period: Duration) -> Self {
         RateLimiter {
@@ -230,9 +240,30 @@ impl RateLimiter {
         if self.period.is_zero() {
             return Err(ConfigError::new(P, "period", "must be > 0"));
         }
+        let longest = || format!("must be <= 292 years ({:?})", Self::MAX_PERIOD);
+        if self.period > Self::MAX_PERIOD {
+            return Err(ConfigError::new(
+                P,
+                "period",
+                format!("{}, got {:?}", longest(), self.period),
+            ));
+        }
         if self.algorithm == RateAlgorithm::Gcra {
             if self.burst == 0 {
                 return Err(ConfigError::new(P, "burst", "must be >= 1, got 0"));
+            }
+            let ahead = self.emission_interval().checked_mul(self.burst);
+            if self.burst > self.limit && ahead.is_none_or(|d| d > Self::MAX_PERIOD) {
+                return Err(ConfigError::new(
+                    P,
+                    "burst",
+                    format!(
+                        "x the emission interval ({:?}) {}, got {}",
+                        self.emission_interval(),
+                        longest(),
+                        self.burst
+                    ),
+                ));
             }
             if self.period.as_nanos() < u128::from(self.limit) {
                 return Err(ConfigError::new(
@@ -341,5 +372,84 @@ mod tests {
             e.to_string(),
             "rate_limiter.limit 1000001 per 1ms is finer than 1 ns per call"
         );
+    }
+
+    /// A period longer than the clock's range can hold was accepted and
+    /// kept as the longest one: a GCRA limiter of `Duration::MAX` refused
+    /// every call, its first included, on a clock that had run for a
+    /// while, with a `retry_after` of 584 years. It is refused at
+    /// `build()`; at the longest period every algorithm admits its limit
+    /// on a clock far from zero.
+    #[test]
+    fn a_period_beyond_the_clock_is_refused_and_the_longest_admits_its_limit() {
+        use crate::testing::VirtualClock;
+        use crate::{MemoryStore, Pipeline};
+
+        let years = |n: u64| Duration::from_secs(n * 365 * 24 * 3600);
+        for period in [
+            Duration::MAX,
+            Duration::from_secs(u64::MAX),
+            Duration::from_nanos(u64::MAX),
+            RateLimiter::MAX_PERIOD + Duration::from_nanos(1),
+            years(300),
+        ] {
+            for limiter in [
+                RateLimiter::gcra(1, period),
+                RateLimiter::fixed_window(1, period),
+                RateLimiter::sliding_window(1, period),
+            ] {
+                let e = Pipeline::builder("long-period")
+                    .store(MemoryStore::new())
+                    .rate_limiter(limiter.clone())
+                    .build()
+                    .unwrap_err();
+                assert_eq!(
+                    (e.policy, e.field),
+                    ("rate_limiter", "period"),
+                    "{limiter:?}"
+                );
+                assert_eq!(
+                    e.to_string(),
+                    format!(
+                        "rate_limiter.period must be <= 292 years (9223372036.854775807s), got {period:?}"
+                    )
+                );
+            }
+        }
+        // A burst above the limit may not take permits further ahead.
+        let e = RateLimiter::gcra(1, years(100))
+            .burst(3)
+            .validate()
+            .unwrap_err();
+        assert_eq!((e.policy, e.field), ("rate_limiter", "burst"));
+        assert!(RateLimiter::gcra(1, years(100)).burst(2).validate().is_ok());
+
+        for limiter in [
+            RateLimiter::gcra(2, RateLimiter::MAX_PERIOD),
+            RateLimiter::gcra(3, RateLimiter::MAX_PERIOD),
+            RateLimiter::gcra(1, years(146)).burst(2),
+            RateLimiter::fixed_window(2, RateLimiter::MAX_PERIOD),
+            RateLimiter::sliding_window(2, RateLimiter::MAX_PERIOD),
+        ] {
+            let limit = limiter.limit.max(limiter.burst);
+            for start in [Duration::ZERO, Duration::from_secs(1_000_000), years(200)] {
+                let clock = VirtualClock::starting_at(start);
+                let p = Pipeline::builder("long-period")
+                    .store(MemoryStore::new())
+                    .clock(clock.clone())
+                    .rate_limiter(limiter.clone())
+                    .build()
+                    .unwrap();
+                for n in 0..limit {
+                    assert_eq!(
+                        p.call(|_| Ok::<_, ()>(n)).ok(),
+                        Some(n),
+                        "{limiter:?} at {start:?}: call {n}"
+                    );
+                }
+                let refused = p.call(|_| Ok::<_, ()>(0)).unwrap_err();
+                assert!(refused.is_rejected(), "{limiter:?} at {start:?}");
+            }
+        }
     }
 }
