@@ -615,3 +615,31 @@ fn a_time_window_counts_its_calls_at_any_clock_reading() {
         );
     }
 }
+
+#[test]
+fn an_open_circuit_reads_open_after_its_cooldown_until_a_call_half_opens_it() {
+    for flavor in FLAVORS {
+        for offset in [Duration::ZERO, FAR] {
+            let clock = support::clock_at(offset);
+            let p = Pipeline::builder(unique("open-read"))
+                .circuit_breaker(
+                    CircuitBreaker::consecutive_failures(1)
+                        .cooldown(secs(10))
+                        .half_open_calls(2),
+                )
+                .clock(clock.clone())
+                .build()
+                .unwrap();
+            assert!(matches!(exec(&p, flavor, boom), Err(Error::Operation(_))));
+            clock.advance(secs(25));
+            let m = p.circuit_metrics().unwrap();
+            assert_eq!(m.state, CircuitState::Open);
+            assert_eq!(m.time_in_state, secs(25));
+            assert_eq!(p.circuit_state().unwrap(), CircuitState::Open);
+            assert_eq!(exec(&p, flavor, ok).unwrap(), 1);
+            let m = p.circuit_metrics().unwrap();
+            assert_eq!(m.state, CircuitState::HalfOpen);
+            assert_eq!(m.time_in_state, Duration::ZERO);
+        }
+    }
+}

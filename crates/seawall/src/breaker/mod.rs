@@ -416,7 +416,10 @@ impl CircuitBreaker {
 pub enum CircuitState {
     /// Calls flow; outcomes are recorded.
     Closed,
-    /// Calls are rejected until the cooldown ends.
+    /// Calls are rejected until the cooldown ends. The first call after
+    /// that half-opens the circuit: until it comes, the circuit still
+    /// reads `Open` ([`Pipeline::circuit_state`](crate::Pipeline::circuit_state),
+    /// [`CircuitMetrics`], its `time_in_state` counted from the trip).
     Open,
     /// A limited number of probe calls are admitted.
     HalfOpen,
