@@ -40,6 +40,10 @@
 //!   call is admitted and nothing is recorded, until
 //!   [`Pipeline::enable`](crate::Pipeline::enable) closes it again.
 //!
+//! A call that never ends (its future dropped, its operation panicking)
+//! records no outcome: a closed circuit's window does not count it, and a
+//! half-open probe gives its slot back, so the next call is the probe.
+//!
 //! A round of probes that takes longer than
 //! [`max_half_open`](CircuitBreaker::max_half_open) no longer blocks the
 //! next one: the first call that finds every probe slot taken after that
