@@ -615,3 +615,86 @@ fn a_time_window_counts_its_calls_at_any_clock_reading() {
         );
     }
 }
+
+#[test]
+fn an_open_circuit_reads_open_after_its_cooldown_until_a_call_half_opens_it() {
+    for flavor in FLAVORS {
+        for offset in [Duration::ZERO, FAR] {
+            let clock = support::clock_at(offset);
+            let p = Pipeline::builder(unique("open-read"))
+                .circuit_breaker(
+                    CircuitBreaker::consecutive_failures(1)
+                        .cooldown(secs(10))
+                        .half_open_calls(2),
+                )
+                .clock(clock.clone())
+                .build()
+                .unwrap();
+            assert!(matches!(exec(&p, flavor, boom), Err(Error::Operation(_))));
+            clock.advance(secs(25));
+            let m = p.circuit_metrics().unwrap();
+            assert_eq!(m.state, CircuitState::Open);
+            assert_eq!(m.time_in_state, secs(25));
+            assert_eq!(p.circuit_state().unwrap(), CircuitState::Open);
+            assert_eq!(exec(&p, flavor, ok).unwrap(), 1);
+            let m = p.circuit_metrics().unwrap();
+            assert_eq!(m.state, CircuitState::HalfOpen);
+            assert_eq!(m.time_in_state, Duration::ZERO);
+        }
+    }
+}
+
+#[test]
+fn a_call_that_never_ends_records_nothing_and_gives_a_probe_slot_back() {
+    use std::future::Future;
+    use std::task::{Context as TaskContext, Poll, Waker};
+
+    // Starts a call whose operation never answers, polls it once, drops it.
+    fn abandon(p: &Pipeline, flavor: Flavor) {
+        match flavor {
+            Flavor::Async => {
+                let fut = p.run(|_| std::future::pending::<Result<u32, Boom>>());
+                let mut fut = std::pin::pin!(fut);
+                let mut cx = TaskContext::from_waker(Waker::noop());
+                assert!(matches!(fut.as_mut().poll(&mut cx), Poll::Pending));
+            }
+            Flavor::Sync => {
+                let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    let _ = p.call(|_| -> Result<u32, Boom> { panic!("the operation panics") });
+                }));
+                assert!(caught.is_err());
+            }
+        }
+    }
+
+    for flavor in FLAVORS {
+        for offset in [Duration::ZERO, FAR] {
+            let clock = support::clock_at(offset);
+            let p = Pipeline::builder(unique("never-ends"))
+                .circuit_breaker(
+                    CircuitBreaker::failure_rate(0.5)
+                        .count_window(4)
+                        .minimum_calls(2)
+                        .cooldown(secs(5))
+                        .half_open_calls(1),
+                )
+                .clock(clock.clone())
+                .build()
+                .unwrap();
+            for _ in 0..5 {
+                abandon(&p, flavor);
+            }
+            let m = p.circuit_metrics().unwrap();
+            assert_eq!((m.state, m.calls), (CircuitState::Closed, 0));
+            // Trip it, then abandon the probe: the next call is the probe.
+            for _ in 0..2 {
+                assert!(matches!(exec(&p, flavor, boom), Err(Error::Operation(_))));
+            }
+            clock.advance(secs(5));
+            abandon(&p, flavor);
+            assert_eq!(p.circuit_state().unwrap(), CircuitState::HalfOpen);
+            assert_eq!(exec(&p, flavor, ok).unwrap(), 1);
+            assert_eq!(p.circuit_state().unwrap(), CircuitState::Closed);
+        }
+    }
+}

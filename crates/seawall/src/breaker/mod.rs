@@ -40,6 +40,10 @@
 //!   call is admitted and nothing is recorded, until
 //!   [`Pipeline::enable`](crate::Pipeline::enable) closes it again.
 //!
+//! A call that never ends (its future dropped, its operation panicking)
+//! records no outcome: a closed circuit's window does not count it, and a
+//! half-open probe gives its slot back, so the next call is the probe.
+//!
 //! A round of probes that takes longer than
 //! [`max_half_open`](CircuitBreaker::max_half_open) no longer blocks the
 //! next one: the first call that finds every probe slot taken after that
@@ -416,7 +420,10 @@ impl CircuitBreaker {
 pub enum CircuitState {
     /// Calls flow; outcomes are recorded.
     Closed,
-    /// Calls are rejected until the cooldown ends.
+    /// Calls are rejected until the cooldown ends. The first call after
+    /// that half-opens the circuit: until it comes, the circuit still
+    /// reads `Open` ([`Pipeline::circuit_state`](crate::Pipeline::circuit_state),
+    /// [`CircuitMetrics`], its `time_in_state` counted from the trip).
     Open,
     /// A limited number of probe calls are admitted.
     HalfOpen,
