@@ -2488,3 +2488,44 @@ fn a_retry_budget_in_the_store_keeps_the_adaptive_limit_sync() {
         }
     }
 }
+
+// ------------------------------------------------------------------------
+// An async operation that ran past its timeout inside its first poll (it
+// blocked, or the clock moved while it ran) had its late result kept as a
+// success; the same result after a yield was a timeout.
+
+/// "A result is late when it arrives after the deadline ... in async and
+/// sync code alike": a future that answers on its first poll 2 s after a
+/// 1 s timeout began is a timeout, of the call and of an attempt alike;
+/// one that answers at the deadline is on time.
+#[test]
+fn an_async_result_past_the_deadline_on_its_first_poll_is_late() {
+    for offset in [Duration::ZERO, FAR] {
+        for listener in [false, true] {
+            for per_attempt in [false, true] {
+                for (took, late) in [(secs(2), true), (secs(1), false)] {
+                    let clock = clock_at(offset);
+                    let b = Pipeline::builder(unique("reg-late-first-poll")).clock(clock.clone());
+                    let b = if per_attempt {
+                        b.retry(Retry::constant(ms(1)).max_attempts(1))
+                            .timeout(secs(1))
+                    } else {
+                        b.timeout(secs(1))
+                    };
+                    let p = listen(b, listener).build().unwrap();
+                    let c = clock.clone();
+                    let r = rt().block_on(p.run(move |_| {
+                        c.advance(took);
+                        async { Ok::<u32, Boom>(7) }
+                    }));
+                    let what = format!("{offset:?} {listener} {per_attempt} {took:?}: {r:?}");
+                    if late {
+                        assert!(matches!(&r, Err(Error::Timeout(_))), "{what}");
+                    } else {
+                        assert!(matches!(&r, Ok(7)), "{what}");
+                    }
+                }
+            }
+        }
+    }
+}
