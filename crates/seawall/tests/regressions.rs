@@ -2529,3 +2529,104 @@ fn an_async_result_past_the_deadline_on_its_first_poll_is_late() {
         }
     }
 }
+
+// ------------------------------------------------------------------------
+// A call refused at the admission of an attempt reported that attempt
+// among those that ran (`CallFinished { attempts: 1 }` for a call whose
+// operation never ran).
+
+/// The `attempts` of the `CallFinished` event of a call ended by a
+/// refusal at an attempt's admission: the attempts that ran before it.
+#[test]
+fn a_refused_attempt_is_not_counted_as_run() {
+    let finished = |log: &Log| -> Vec<u32> {
+        log.lock()
+            .unwrap()
+            .iter()
+            .filter_map(|e| match e {
+                EventKind::CallFinished { attempts, .. } => Some(*attempts),
+                _ => None,
+            })
+            .collect()
+    };
+    for offset in [Duration::ZERO, FAR] {
+        for flavor in FLAVORS {
+            // Refused before any attempt ran: the window's one permit is taken.
+            let clock = clock_at(offset);
+            let (log, listener) = recorder();
+            let p = Pipeline::builder(unique("reg-refused-count"))
+                .store(MemoryStore::new())
+                .clock(clock.clone())
+                .retry(Retry::constant(ms(1)).max_attempts(3))
+                .rate_limiter(RateLimiter::fixed_window(1, secs(3600)))
+                .on_event(listener)
+                .build()
+                .unwrap();
+            assert!(exec(&p, flavor, |_| Ok::<u32, Boom>(1)).is_ok());
+            let mut ran = 0;
+            let r = exec(&p, flavor, |_| {
+                ran += 1;
+                Ok::<u32, Boom>(2)
+            });
+            assert!(r.is_err() && ran == 0, "{offset:?} {flavor:?}: {r:?}");
+            assert_eq!(finished(&log), vec![1, 0], "{offset:?} {flavor:?}");
+
+            // Refused after one attempt ran and failed: one attempt.
+            let clock = clock_at(offset);
+            let (log, listener) = recorder();
+            let p = Pipeline::builder(unique("reg-refused-count-2"))
+                .store(MemoryStore::new())
+                .clock(clock.clone())
+                .retry(Retry::constant(ms(1)).max_attempts(3))
+                .rate_limiter(RateLimiter::fixed_window(1, secs(3600)))
+                .on_event(listener)
+                .build()
+                .unwrap();
+            let r = exec(&p, flavor, |_| Err::<u32, Boom>(Boom(1)));
+            assert!(r.is_err(), "{offset:?} {flavor:?}: {r:?}");
+            assert_eq!(finished(&log), vec![1], "{offset:?} {flavor:?}");
+        }
+        // Hedging: the first attempt refused.
+        let clock = clock_at(offset);
+        let (log, listener) = recorder();
+        let p = Pipeline::builder(unique("reg-refused-count-hedged"))
+            .store(MemoryStore::new())
+            .clock(clock.clone())
+            .hedging(Hedging::latency(ms(10)).max_hedged_attempts(2))
+            .rate_limiter(RateLimiter::fixed_window(1, secs(3600)))
+            .on_event(listener)
+            .build()
+            .unwrap();
+        assert!(exec(&p, Flavor::Async, |_| Ok::<u32, Boom>(1)).is_ok());
+        let r = exec(&p, Flavor::Async, |_| Ok::<u32, Boom>(2));
+        assert!(r.is_err(), "{offset:?}: {r:?}");
+        assert_eq!(finished(&log), vec![1, 0], "{offset:?} hedged");
+
+        // Refused by the policies guarding the whole call, retried or hedged.
+        for hedged in [false, true] {
+            let clock = clock_at(offset);
+            let (log, listener) = recorder();
+            let b = Pipeline::builder(unique("reg-refused-count-call"))
+                .store(MemoryStore::new())
+                .clock(clock.clone())
+                .circuit_breaker(CircuitBreaker::consecutive_failures(1));
+            let b = if hedged {
+                b.hedging(Hedging::latency(ms(10)).max_hedged_attempts(2))
+            } else {
+                b.retry(Retry::constant(ms(1)).max_attempts(3))
+            };
+            let p = b.on_event(listener).build().unwrap();
+            p.isolate().unwrap();
+            let flavors: &[Flavor] = if hedged { &[Flavor::Async] } else { &FLAVORS };
+            for &flavor in flavors {
+                let r = exec(&p, flavor, |_| Ok::<u32, Boom>(1));
+                assert!(r.is_err(), "{offset:?} {flavor:?} {hedged}: {r:?}");
+            }
+            assert!(
+                finished(&log).iter().all(|&n| n == 0) && !finished(&log).is_empty(),
+                "{offset:?} {hedged}: {:?}",
+                finished(&log)
+            );
+        }
+    }
+}
