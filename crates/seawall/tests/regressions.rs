@@ -2630,3 +2630,79 @@ fn a_refused_attempt_is_not_counted_as_run() {
         }
     }
 }
+
+// ------------------------------------------------------------------------
+// A timeout of the whole call declared before a policy written in code
+// around the call did not bound the policy: a policy still busy after its
+// pass (on anything but its inner runs) kept the call running forever.
+
+/// Runs what it wraps, then waits for something that never comes.
+struct HangsAfterItsPass;
+
+impl seawall::custom::Policy<u32, Boom> for HangsAfterItsPass {
+    fn name(&self) -> &str {
+        "hangs_after_its_pass"
+    }
+    fn position(&self) -> seawall::custom::Position {
+        seawall::custom::Position::Call
+    }
+    fn call<'a>(
+        &'a self,
+        _ctx: Context,
+        next: seawall::custom::Next<'a, u32, Boom>,
+    ) -> seawall::custom::PolicyFuture<'a, u32, Boom> {
+        Box::pin(async move {
+            let r = next.run().await;
+            std::future::pending::<()>().await;
+            r
+        })
+    }
+}
+
+/// "A timeout declared before the policy bounds the policy and every pass
+/// it makes through the rest of the call with one deadline": the call ends
+/// with the timeout at the deadline, reported as such.
+#[test]
+fn a_timeout_before_a_call_policy_bounds_a_policy_that_hangs() {
+    use std::future::Future;
+    use std::task::{Context as TaskContext, Poll, Waker};
+    for offset in [Duration::ZERO, FAR] {
+        for listener in [false, true] {
+            let clock = clock_at(offset);
+            let (log, record) = recorder();
+            let b = Pipeline::builder(unique("reg-call-policy-hangs"))
+                .clock(clock.clone())
+                .timeout(secs(1))
+                .policy(HangsAfterItsPass);
+            let b = if listener { b.on_event(record) } else { b };
+            let p = b.build().unwrap();
+            let mut call = Box::pin(p.run(|_| async { Ok::<u32, Boom>(1) }));
+            let mut cx = TaskContext::from_waker(Waker::noop());
+            // The virtual clock moves to the deadline once the timer is
+            // polled again; a call the deadline does not bound stays pending.
+            let ended = (0..10).find_map(|_| match call.as_mut().poll(&mut cx) {
+                Poll::Ready(r) => Some(r),
+                Poll::Pending => None,
+            });
+            let what = format!("{offset:?} {listener}: {ended:?}");
+            match &ended {
+                Some(Err(Error::Timeout(t))) => {
+                    assert_eq!(t.after, secs(1), "{what}");
+                    assert_eq!(t.attempts, 1, "{what}");
+                }
+                _ => panic!("{what}"),
+            }
+            assert_eq!(clock.now(), offset + secs(1), "{what}");
+            if listener {
+                let events = log.lock().unwrap().clone();
+                assert!(
+                    events.contains(&EventKind::TimedOut {
+                        attempt: 1,
+                        after: secs(1)
+                    }),
+                    "{what}: {events:?}"
+                );
+            }
+        }
+    }
+}
