@@ -82,7 +82,9 @@ pub(crate) fn wait_fits(now: u64, wait: u64, deadline: u64) -> bool {
 
 pin_project_lite::pin_project! {
     /// Runs a future until a deadline. The timer is armed only if the future
-    /// does not finish on its first poll, so a fast success costs no timer.
+    /// does not finish on its first poll, so a fast success costs no timer
+    /// (one clock reading: a result is late by the clock, whether or not
+    /// the future yielded before it).
     pub(crate) struct WithDeadline<'c, F> {
         #[pin]
         future: F,
@@ -112,14 +114,12 @@ impl<F: Future> Future for WithDeadline<'_, F> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
         if let Poll::Ready(v) = this.future.poll(cx) {
-            if this.sleep.is_some() {
-                // The result arrived after the timer was armed: it counts
-                // only if it is not late (a virtual clock may have moved past
-                // the deadline while the operation ran).
-                if let Some(d) = *this.deadline {
-                    if late_by(this.clock.now_nanos(), d).is_some() {
-                        return Poll::Ready(None);
-                    }
+            // The result counts only if it is not late: the operation may
+            // have run past the deadline inside a poll (blocking work, a
+            // virtual clock moved), on its first poll as on a later one.
+            if let Some(d) = *this.deadline {
+                if late_by(this.clock.now_nanos(), d).is_some() {
+                    return Poll::Ready(None);
                 }
             }
             return Poll::Ready(Some(v));

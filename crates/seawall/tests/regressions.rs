@@ -2488,3 +2488,221 @@ fn a_retry_budget_in_the_store_keeps_the_adaptive_limit_sync() {
         }
     }
 }
+
+// ------------------------------------------------------------------------
+// An async operation that ran past its timeout inside its first poll (it
+// blocked, or the clock moved while it ran) had its late result kept as a
+// success; the same result after a yield was a timeout.
+
+/// "A result is late when it arrives after the deadline ... in async and
+/// sync code alike": a future that answers on its first poll 2 s after a
+/// 1 s timeout began is a timeout, of the call and of an attempt alike;
+/// one that answers at the deadline is on time.
+#[test]
+fn an_async_result_past_the_deadline_on_its_first_poll_is_late() {
+    for offset in [Duration::ZERO, FAR] {
+        for listener in [false, true] {
+            for per_attempt in [false, true] {
+                for (took, late) in [(secs(2), true), (secs(1), false)] {
+                    let clock = clock_at(offset);
+                    let b = Pipeline::builder(unique("reg-late-first-poll")).clock(clock.clone());
+                    let b = if per_attempt {
+                        b.retry(Retry::constant(ms(1)).max_attempts(1))
+                            .timeout(secs(1))
+                    } else {
+                        b.timeout(secs(1))
+                    };
+                    let p = listen(b, listener).build().unwrap();
+                    let c = clock.clone();
+                    let r = rt().block_on(p.run(move |_| {
+                        c.advance(took);
+                        async { Ok::<u32, Boom>(7) }
+                    }));
+                    let what = format!("{offset:?} {listener} {per_attempt} {took:?}: {r:?}");
+                    if late {
+                        assert!(matches!(&r, Err(Error::Timeout(_))), "{what}");
+                    } else {
+                        assert!(matches!(&r, Ok(7)), "{what}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+// ------------------------------------------------------------------------
+// A call refused at the admission of an attempt reported that attempt
+// among those that ran (`CallFinished { attempts: 1 }` for a call whose
+// operation never ran).
+
+/// The `attempts` of the `CallFinished` event of a call ended by a
+/// refusal at an attempt's admission: the attempts that ran before it.
+#[test]
+fn a_refused_attempt_is_not_counted_as_run() {
+    let finished = |log: &Log| -> Vec<u32> {
+        log.lock()
+            .unwrap()
+            .iter()
+            .filter_map(|e| match e {
+                EventKind::CallFinished { attempts, .. } => Some(*attempts),
+                _ => None,
+            })
+            .collect()
+    };
+    for offset in [Duration::ZERO, FAR] {
+        for flavor in FLAVORS {
+            // Refused before any attempt ran: the window's one permit is taken.
+            let clock = clock_at(offset);
+            let (log, listener) = recorder();
+            let p = Pipeline::builder(unique("reg-refused-count"))
+                .store(MemoryStore::new())
+                .clock(clock.clone())
+                .retry(Retry::constant(ms(1)).max_attempts(3))
+                .rate_limiter(RateLimiter::fixed_window(1, secs(3600)))
+                .on_event(listener)
+                .build()
+                .unwrap();
+            assert!(exec(&p, flavor, |_| Ok::<u32, Boom>(1)).is_ok());
+            let mut ran = 0;
+            let r = exec(&p, flavor, |_| {
+                ran += 1;
+                Ok::<u32, Boom>(2)
+            });
+            assert!(r.is_err() && ran == 0, "{offset:?} {flavor:?}: {r:?}");
+            assert_eq!(finished(&log), vec![1, 0], "{offset:?} {flavor:?}");
+
+            // Refused after one attempt ran and failed: one attempt.
+            let clock = clock_at(offset);
+            let (log, listener) = recorder();
+            let p = Pipeline::builder(unique("reg-refused-count-2"))
+                .store(MemoryStore::new())
+                .clock(clock.clone())
+                .retry(Retry::constant(ms(1)).max_attempts(3))
+                .rate_limiter(RateLimiter::fixed_window(1, secs(3600)))
+                .on_event(listener)
+                .build()
+                .unwrap();
+            let r = exec(&p, flavor, |_| Err::<u32, Boom>(Boom(1)));
+            assert!(r.is_err(), "{offset:?} {flavor:?}: {r:?}");
+            assert_eq!(finished(&log), vec![1], "{offset:?} {flavor:?}");
+        }
+        // Hedging: the first attempt refused.
+        let clock = clock_at(offset);
+        let (log, listener) = recorder();
+        let p = Pipeline::builder(unique("reg-refused-count-hedged"))
+            .store(MemoryStore::new())
+            .clock(clock.clone())
+            .hedging(Hedging::latency(ms(10)).max_hedged_attempts(2))
+            .rate_limiter(RateLimiter::fixed_window(1, secs(3600)))
+            .on_event(listener)
+            .build()
+            .unwrap();
+        assert!(exec(&p, Flavor::Async, |_| Ok::<u32, Boom>(1)).is_ok());
+        let r = exec(&p, Flavor::Async, |_| Ok::<u32, Boom>(2));
+        assert!(r.is_err(), "{offset:?}: {r:?}");
+        assert_eq!(finished(&log), vec![1, 0], "{offset:?} hedged");
+
+        // Refused by the policies guarding the whole call, retried or hedged.
+        for hedged in [false, true] {
+            let clock = clock_at(offset);
+            let (log, listener) = recorder();
+            let b = Pipeline::builder(unique("reg-refused-count-call"))
+                .store(MemoryStore::new())
+                .clock(clock.clone())
+                .circuit_breaker(CircuitBreaker::consecutive_failures(1));
+            let b = if hedged {
+                b.hedging(Hedging::latency(ms(10)).max_hedged_attempts(2))
+            } else {
+                b.retry(Retry::constant(ms(1)).max_attempts(3))
+            };
+            let p = b.on_event(listener).build().unwrap();
+            p.isolate().unwrap();
+            let flavors: &[Flavor] = if hedged { &[Flavor::Async] } else { &FLAVORS };
+            for &flavor in flavors {
+                let r = exec(&p, flavor, |_| Ok::<u32, Boom>(1));
+                assert!(r.is_err(), "{offset:?} {flavor:?} {hedged}: {r:?}");
+            }
+            assert!(
+                finished(&log).iter().all(|&n| n == 0) && !finished(&log).is_empty(),
+                "{offset:?} {hedged}: {:?}",
+                finished(&log)
+            );
+        }
+    }
+}
+
+// ------------------------------------------------------------------------
+// A timeout of the whole call declared before a policy written in code
+// around the call did not bound the policy: a policy still busy after its
+// pass (on anything but its inner runs) kept the call running forever.
+
+/// Runs what it wraps, then waits for something that never comes.
+struct HangsAfterItsPass;
+
+impl seawall::custom::Policy<u32, Boom> for HangsAfterItsPass {
+    fn name(&self) -> &str {
+        "hangs_after_its_pass"
+    }
+    fn position(&self) -> seawall::custom::Position {
+        seawall::custom::Position::Call
+    }
+    fn call<'a>(
+        &'a self,
+        _ctx: Context,
+        next: seawall::custom::Next<'a, u32, Boom>,
+    ) -> seawall::custom::PolicyFuture<'a, u32, Boom> {
+        Box::pin(async move {
+            let r = next.run().await;
+            std::future::pending::<()>().await;
+            r
+        })
+    }
+}
+
+/// "A timeout declared before the policy bounds the policy and every pass
+/// it makes through the rest of the call with one deadline": the call ends
+/// with the timeout at the deadline, reported as such.
+#[test]
+fn a_timeout_before_a_call_policy_bounds_a_policy_that_hangs() {
+    use std::future::Future;
+    use std::task::{Context as TaskContext, Poll, Waker};
+    for offset in [Duration::ZERO, FAR] {
+        for listener in [false, true] {
+            let clock = clock_at(offset);
+            let (log, record) = recorder();
+            let b = Pipeline::builder(unique("reg-call-policy-hangs"))
+                .clock(clock.clone())
+                .timeout(secs(1))
+                .policy(HangsAfterItsPass);
+            let b = if listener { b.on_event(record) } else { b };
+            let p = b.build().unwrap();
+            let mut call = Box::pin(p.run(|_| async { Ok::<u32, Boom>(1) }));
+            let mut cx = TaskContext::from_waker(Waker::noop());
+            // The virtual clock moves to the deadline once the timer is
+            // polled again; a call the deadline does not bound stays pending.
+            let ended = (0..10).find_map(|_| match call.as_mut().poll(&mut cx) {
+                Poll::Ready(r) => Some(r),
+                Poll::Pending => None,
+            });
+            let what = format!("{offset:?} {listener}: {ended:?}");
+            match &ended {
+                Some(Err(Error::Timeout(t))) => {
+                    assert_eq!(t.after, secs(1), "{what}");
+                    assert_eq!(t.attempts, 1, "{what}");
+                }
+                _ => panic!("{what}"),
+            }
+            assert_eq!(clock.now(), offset + secs(1), "{what}");
+            if listener {
+                let events = log.lock().unwrap().clone();
+                assert!(
+                    events.contains(&EventKind::TimedOut {
+                        attempt: 1,
+                        after: secs(1)
+                    }),
+                    "{what}: {events:?}"
+                );
+            }
+        }
+    }
+}

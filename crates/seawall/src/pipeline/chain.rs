@@ -47,6 +47,7 @@ use crate::context::{Context, PartitionKey};
 use crate::custom::{Done, Exchange, Job, Next, Policy, PolicyFuture, Position};
 use crate::error::Error;
 use crate::event::EventKind;
+use crate::timeout::WithDeadline;
 
 /// The policies written in code of a pipeline, as declared.
 #[derive(Debug, Default)]
@@ -588,6 +589,15 @@ where
     fn attempts(&self) -> u32 {
         self.attempts
     }
+
+    /// The deadline of the outermost pass when a timeout of the whole call
+    /// stands before every policy (it bounds them all, with one deadline).
+    fn outermost_bound(&self) -> Option<Deadline> {
+        match self.timeout_from {
+            Some(0) => self.passes.first().and_then(|p| p.bound),
+            _ => None,
+        }
+    }
 }
 
 /// Wakes the blocked thread.
@@ -712,7 +722,25 @@ where
         run,
         sleep,
     );
-    let (result, _) = std::future::poll_fn(|cx| runner.poll_run(cx)).await;
+    // A timeout of the whole call declared before the policies bounds them
+    // too: a policy still busy at the deadline (on anything but its inner
+    // runs, which the deadline bounds already) is dropped with its pass.
+    let bound = runner.outermost_bound();
+    let passes = std::future::poll_fn(|cx| runner.poll_run(cx));
+    let through = WithDeadline::new(passes, clock, bound.map(|b| b.at())).await;
+    let (result, _) = match through {
+        Some(through) => through,
+        None => {
+            let b = bound.expect("only a deadline expires");
+            let attempts = runner.attempts();
+            let after = b.error(attempts, pipeline.shared.name);
+            runner.emit(|| EventKind::TimedOut {
+                attempt: attempts.max(1),
+                after: after.after,
+            });
+            (Err(Error::Timeout(after)), None)
+        }
+    };
     outer.ran(runner.attempts());
     drop(runner);
     match outer.finish(result) {

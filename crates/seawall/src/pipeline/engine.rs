@@ -343,6 +343,9 @@ pub(crate) struct Call<'g, K: Kind> {
     others: u32,
     /// Hedging: no further attempt starts (its budget was empty).
     hedge_closed: bool,
+    /// The attempt the call ended on was refused at its admission: it did
+    /// not run, and [`attempts`](Self::attempts) does not count it.
+    unstarted: bool,
     /// Hedging: why the hedge entered was tried, until it starts (`None`
     /// for the first attempt, or once started).
     trigger: Option<crate::event::HedgeTrigger>,
@@ -556,6 +559,7 @@ impl<'g, K: Kind> Call<'g, K> {
             admitting: 0,
             others: 0,
             hedge_closed: false,
+            unstarted: false,
             trigger: None,
             earned: false,
             shadowed: false,
@@ -1286,6 +1290,12 @@ impl<'g, K: Kind> Call<'g, K> {
     /// failed, or on a store error, the call's permit goes back without
     /// an outcome.
     pub(crate) fn refused<T, E>(&mut self, refused: Refused) -> Ended<'g, T, E> {
+        // The attempt refused did not run (a hedged call's refused first
+        // attempt is marked by `hedge_not_started`; a refused hedge never
+        // counted).
+        if self.pipeline.shared.hedging.is_none() {
+            self.unstarted = true;
+        }
         let failed = match refused {
             Refused::Rejected(_) => self.call_failed.take(),
             Refused::Store(_) => None,
@@ -1802,12 +1812,14 @@ impl<'g, K: Kind> Call<'g, K> {
     }
 
     /// The attempts the call made so far: the attempt under way, or for a
-    /// hedged call every attempt started.
+    /// hedged call every attempt started; not the attempt the call ended
+    /// on when its admission refused it.
     pub(crate) fn attempts(&self) -> u32 {
-        match self.pipeline.shared.hedging {
+        let made = match self.pipeline.shared.hedging {
             Some(_) => self.launched,
             None => self.attempt,
-        }
+        };
+        made - u32::from(self.unstarted)
     }
 
     /// The call ends with the failure of its last attempt.
@@ -2055,6 +2067,9 @@ impl<'g, K: Kind> Call<'g, K> {
             if let Some(b) = &self.hedging().budget {
                 b.refund();
             }
+        } else {
+            // The first attempt, counted from the start, did not start.
+            self.unstarted = true;
         }
     }
 
@@ -2583,6 +2598,7 @@ impl<'g, K: Kind, A: CallArgs<'g>> First<'g, K, A> {
             admitting: 0,
             others: 0,
             hedge_closed: false,
+            unstarted: false,
             trigger: None,
             earned: false,
             shadowed: false,
