@@ -1819,7 +1819,7 @@ impl<'g, K: Kind> Call<'g, K> {
             Some(_) => self.launched,
             None => self.attempt,
         };
-        made - u32::from(self.unstarted)
+        made.saturating_sub(u32::from(self.unstarted))
     }
 
     /// The call ends with the failure of its last attempt.
