@@ -326,3 +326,93 @@ max_wait = "50ms"
         .unwrap();
     assert_eq!(from_file.concurrency_limit().unwrap().limit, 20);
 }
+
+/// Rounds of `n` concurrent attempts of 10 ms each; returns how many of
+/// each round were refused, round by round.
+fn rounds(p: &Pipeline, clock: &VirtualClock, n: usize, count: usize) -> Vec<usize> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    (0..count)
+        .map(|_| {
+            rt.block_on(async {
+                let calls = (0..n).map(|_| {
+                    let clock = clock.clone();
+                    p.run(move |_| {
+                        let clock = clock.clone();
+                        async move {
+                            clock.sleep(10 * MS).await;
+                            Ok::<_, std::io::Error>(())
+                        }
+                    })
+                });
+                let mut refused = 0;
+                for r in futures_join(calls.collect()).await {
+                    if r.is_err() {
+                        refused += 1;
+                    }
+                }
+                refused
+            })
+        })
+        .collect()
+}
+
+/// Polls the futures together on the current task.
+async fn futures_join<F: Future>(futures: Vec<F>) -> Vec<F::Output> {
+    let mut futures: Vec<_> = futures.into_iter().map(Box::pin).collect();
+    let mut outs: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut done = true;
+        for (f, out) in futures.iter_mut().zip(outs.iter_mut()) {
+            if out.is_none() {
+                match f.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => *out = Some(v),
+                    std::task::Poll::Pending => done = false,
+                }
+            }
+        }
+        if done {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    })
+    .await;
+    outs.into_iter().map(Option::unwrap).collect()
+}
+
+#[test]
+fn a_light_load_at_the_minimum_does_not_measure_the_baseline_again() {
+    for start in [Duration::ZERO, Duration::from_secs(1_000_000)] {
+        // Gradient2's defaults: the limit starts at its minimum, 20. Nine
+        // attempts at once, as fast as without load, never move it (fewer
+        // than half the limit in flight): once the baseline is measured,
+        // none is refused until `min_rtt_interval` (60 s) has passed.
+        let clock = VirtualClock::starting_at(start);
+        let p = Pipeline::builder("adaptive-light-load")
+            .adaptive_limit(AdaptiveLimit::gradient2())
+            .clock(clock.clone())
+            .build()
+            .unwrap();
+        let first = rounds(&p, &clock, 9, 20);
+        // Measured at 3 at once (50 samples), then admitted up to 20.
+        assert_eq!(first[0], 6);
+        assert_eq!(first[19], 0, "{first:?}");
+        let state = p.concurrency_limit().unwrap();
+        assert!(!state.measuring, "{state:?}");
+        // 20 s of such rounds, 200 update windows at `min_limit`.
+        let later = rounds(&p, &clock, 9, 2_000);
+        assert!(
+            later.iter().all(|&r| r == 0),
+            "{} refused",
+            later.iter().sum::<usize>()
+        );
+        let state = p.concurrency_limit().unwrap();
+        assert_eq!(
+            (state.limit, state.admitted, state.measuring),
+            (20, 20, false)
+        );
+        assert_eq!(state.baseline, Some(10 * MS));
+    }
+}

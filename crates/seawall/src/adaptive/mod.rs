@@ -72,8 +72,13 @@
 //!   latency without load (measured while it was unusually fast, or before
 //!   it became slower for good) makes every latency look queued and holds
 //!   the limit at its minimum, which would otherwise last until the next
-//!   `min_rtt_interval`. A dependency that cannot serve `min_limit` calls
-//!   at once then has its baseline measured every 5 windows: set
+//!   `min_rtt_interval`. A window with fewer than half the limit in flight
+//!   and no drop says nothing of the limit: it leaves the limit as it is
+//!   (Netflix's "app limited") and does not count, so a light load that
+//!   never moves the limit from `min_limit` (Gradient2's default
+//!   `min_limit` is its initial limit) never measures its baseline again
+//!   before `min_rtt_interval`. A dependency that cannot serve `min_limit`
+//!   calls at once then has its baseline measured every 5 windows: set
 //!   `min_limit` below its capacity.
 //! - **Partitions** split the limit by shares that add up to 1 (`live`
 //!   0.9, `batch` 0.1): below the limit any call is admitted; at the limit

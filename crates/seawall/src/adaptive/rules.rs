@@ -37,7 +37,8 @@
 //! processes do not pin at the same time). A lower latency seen between
 //! measurements lowers the baseline at once (Vegas). As in Envoy, a limit
 //! left at `min_limit` by [`MIN_LIMIT_WINDOWS`] update windows in a row
-//! measures its baseline again at once, without waiting for the interval.
+//! measures its baseline again at once, without waiting for the interval;
+//! a window far from the limit (see `far_from_limit`) does not count.
 
 use std::time::Duration;
 
@@ -128,8 +129,9 @@ pub(crate) struct State {
     pub(crate) window: u32,
     /// The samples of the update window under way.
     pub(crate) gathered: Gathered,
-    /// Update windows in a row that left the limit at `min_limit` (Vegas
-    /// and Gradient2; see [`MIN_LIMIT_WINDOWS`]).
+    /// Update windows in a row that left the limit at `min_limit`, those
+    /// far from the limit skipped (Vegas and Gradient2; see
+    /// [`MIN_LIMIT_WINDOWS`]).
     pub(crate) at_min: u32,
 }
 
@@ -285,6 +287,15 @@ fn log10(limit: f64) -> f64 {
     f64::from(n.ilog10().max(1))
 }
 
+/// `true` when `s`, a success with fewer than half of `limit` in flight,
+/// was measured too far from the limit for its latency to say anything of
+/// it: Vegas and Gradient2 leave the limit as it is (Netflix's "app
+/// limited"), and the window does not count towards
+/// [`MIN_LIMIT_WINDOWS`]. A drop always speaks.
+fn far_from_limit(limit: f64, s: &Sample) -> bool {
+    s.signal != Signal::Dropped && f64::from(s.in_flight) * 2.0 < limit
+}
+
 fn clamp(spec: &Spec, limit: f64) -> f64 {
     limit.clamp(f64::from(spec.min_limit), f64::from(spec.max_limit))
 }
@@ -386,8 +397,12 @@ pub(crate) fn update(spec: &Spec, state: State, sample: &Sample) -> State {
         }
     };
     // Held at the minimum: the baseline may be too low for the
-    // dependency's latency now; measured again after a few windows.
-    next.at_min = if whole(next.limit) <= spec.min_limit {
+    // dependency's latency now; measured again after a few windows. A
+    // window far from the limit says nothing of it (the limit stays where
+    // it was, at its minimum or not): it does not count.
+    next.at_min = if far_from_limit(state.limit, sample) {
+        state.at_min
+    } else if whole(next.limit) <= spec.min_limit {
         state.at_min + 1
     } else {
         0
@@ -444,8 +459,7 @@ fn vegas(spec: &Spec, limit: f64, s: &Sample, base: Nanos, smoothing: f64) -> f6
     let step = log10(limit);
     let target = if s.signal == Signal::Dropped {
         limit - step
-    } else if f64::from(s.in_flight) * 2.0 < limit {
-        // Far from the limit: the latency says nothing of it.
+    } else if far_from_limit(limit, s) {
         return limit;
     } else {
         let queue = (limit * (1.0 - base as f64 / s.rtt.max(1) as f64)).ceil();
@@ -475,8 +489,7 @@ fn gradient2(
 ) -> f64 {
     let gradient = if s.signal == Signal::Dropped {
         0.5
-    } else if f64::from(s.in_flight) < limit / 2.0 {
-        // Far from the limit: the latency says nothing of it.
+    } else if far_from_limit(limit, s) {
         return limit;
     } else {
         (base as f64 * (1.0 + buffer) / s.rtt.max(1) as f64).clamp(0.5, 1.0)
@@ -739,6 +752,43 @@ mod tests {
         for _ in 0..10 {
             st = update(&s, st, &sample(10 * MS, 20, Signal::Dropped));
             assert_eq!((st.limit, st.at_min), (10.0, 0));
+        }
+    }
+
+    #[test]
+    fn windows_far_from_the_limit_do_not_count_towards_the_minimum() {
+        for algorithm in [
+            Algorithm::Gradient2 {
+                smoothing: 1.0,
+                queue_size: 4,
+                buffer: 0.1,
+                baseline: measure(),
+            },
+            Algorithm::Vegas {
+                smoothing: 1.0,
+                baseline: measure(),
+            },
+        ] {
+            let s = spec(algorithm);
+            // At the minimum, 10, with 4 in flight at the baseline's
+            // latency: the limit stays, and so does the baseline.
+            let light = |now| Sample {
+                now,
+                ..sample(10 * MS, 4, Signal::Success)
+            };
+            let mut st = known(&s, 10.0, 10 * MS);
+            for n in 0..(3 * MIN_LIMIT_WINDOWS) {
+                st = update(&s, st, &light(u64::from(n)));
+                assert_eq!((st.limit, st.at_min), (10.0, 0), "{algorithm:?}");
+                assert!(matches!(st.baseline, Baseline::Known { .. }));
+            }
+            // Nor do they break a run of windows held at the minimum.
+            st.at_min = MIN_LIMIT_WINDOWS - 2;
+            st = update(&s, st, &light(100));
+            assert_eq!(st.at_min, MIN_LIMIT_WINDOWS - 2, "{algorithm:?}");
+            // A drop speaks, however few are in flight.
+            st = update(&s, st, &sample(10 * MS, 1, Signal::Dropped));
+            assert_eq!(st.at_min, MIN_LIMIT_WINDOWS - 1, "{algorithm:?}");
         }
     }
 
