@@ -42,7 +42,11 @@
 //!   own; a success that can change nothing the caller is told (see [The
 //!   success path](#the-success-path)) costs none on the async path. A
 //!   cancelled attempt gives its permit back with one more script call, in
-//!   the background. A refusal with a known end (a circuit open until T, a
+//!   the background (on the blocking path when its runtime shuts down
+//!   before that call is sent: an attempt that panics inside `block_on` of
+//!   a runtime dropped at once,
+//!   `carried::a_panicked_attempt_frees_its_slot_when_its_runtime_shuts_down`).
+//!   A refusal with a known end (a circuit open until T, a
 //!   cooldown, an exhausted rate limit) is answered without a round trip
 //!   until T after the first: see [Refusals answered
 //!   locally](#refusals-answered-locally).

@@ -721,6 +721,26 @@ struct Sending {
     epoch: u64,
 }
 
+/// A release on its way in a task: dropped before the task has finished
+/// (the runtime shut down), it is made on the blocking path.
+struct Release(Option<(Arc<Shared>, ReleaseArgs)>);
+
+impl Release {
+    /// The task has made the release: nothing is left for the drop.
+    fn sent(&mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Release {
+    fn drop(&mut self) {
+        if let Some((shared, args)) = self.0.take() {
+            let inv = shared.release_invocation(&args);
+            let _ = shared.link.invoke_sync_unordered::<i64>(&inv);
+        }
+    }
+}
+
 /// The arguments of a release, owned so that it can run in the background.
 struct ReleaseArgs {
     partition: Option<PartitionKey>,
@@ -1003,15 +1023,21 @@ impl Shared {
     }
 
     /// Runs the release script: spawned inside a tokio runtime, a blocking
-    /// call bounded by the store's timeout outside one.
+    /// call bounded by the store's timeout outside one or when the task
+    /// cannot run (the runtime shuts down before it has sent the release;
+    /// the script is idempotent, so a release the task had sent already
+    /// is harmless).
     fn release_in_background(self: &Arc<Self>, args: ReleaseArgs) {
         let s = self;
         match tokio::runtime::Handle::try_current() {
             Ok(handle) => {
-                let shared = Arc::clone(s);
+                let mut release = Release(Some((Arc::clone(s), args)));
                 handle.spawn(async move {
-                    let inv = shared.release_invocation(&args);
-                    let _ = shared.link.invoke_async_quiet::<i64>(&inv).await;
+                    if let Some((shared, args)) = &release.0 {
+                        let inv = shared.release_invocation(args);
+                        let _ = shared.link.invoke_async_quiet::<i64>(&inv).await;
+                    }
+                    release.sent();
                 });
             }
             Err(_) => {

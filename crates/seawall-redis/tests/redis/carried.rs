@@ -159,6 +159,35 @@ fn a_waiting_success_survives_the_store_and_its_runtime() {
     assert!(eventually(|| observer.in_flight().unwrap() == 0));
 }
 
+/// An attempt that panics on a current-thread runtime, which is shut down
+/// right after: its slot is given back (on the blocking path, the task
+/// that was to give it back never ran) and another store sees it free,
+/// long before its 60 s lease ends.
+#[test]
+fn a_panicked_attempt_frees_its_slot_when_its_runtime_shuts_down() {
+    let server = RedisServer::start();
+    let prefix = unique("carried-panic");
+    let build = || {
+        RedisStore::builder(server.url())
+            .prefix(&prefix)
+            .fail_closed()
+            .build()
+            .unwrap()
+    };
+    let observer = pipeline(build(), "panicked", 1);
+    let a = pipeline(build(), "panicked", 1);
+    let rt = rt();
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        rt.block_on(
+            a.run(|_| async { panic!("the operation panics") as Result<(), std::io::Error> }),
+        )
+    }));
+    assert!(panicked.is_err());
+    drop(rt);
+    assert!(eventually(|| observer.in_flight().unwrap() == 0));
+    assert!(observer.call(|_| Ok::<_, std::io::Error>(())).is_ok());
+}
+
 /// The scripts flushed from the server between a success and the admission
 /// that carries it: the admission meets `NOSCRIPT`, the scripts are
 /// loaded again and the admission sent once more with what it carries.
