@@ -618,8 +618,11 @@ fn leased_mode_spends_the_batch_follows_the_fail_mode_then_leases_on_the_promote
         resumption.push(back.at - killed);
         // Once every node reports the cluster ok (until then a node that
         // still reports `cluster_state:fail` to a new connection is an
-        // outage again), nothing falls back.
-        let settled = back.at.max(ready);
+        // outage again), and the store has had its reconnect interval
+        // (100 ms) twice to learn the new owner of the slot (a call that
+        // still finds the old map marks the store down until the next
+        // reconnect), nothing falls back.
+        let settled = back.at.max(ready + 200_000);
         if let Some(c) = calls
             .iter()
             .find(|c| c.at > settled && !matches!(c.kind, Leased::Shared | Leased::Refused))
