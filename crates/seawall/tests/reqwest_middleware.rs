@@ -385,6 +385,68 @@ async fn connection_errors_are_retried_and_come_back_typed() {
     assert_eq!(clock.now(), ms(20), "three attempts, two waits");
 }
 
+#[derive(Debug, Clone, PartialEq)]
+struct Tenant(&'static str);
+
+/// A middleware behind seawall's: notes the `Tenant` extension each attempt
+/// carries, and holds the first attempt until the second has started.
+#[derive(Clone, Default)]
+struct HoldsTheFirst {
+    seen: Arc<std::sync::Mutex<Vec<Option<Tenant>>>>,
+    second: Arc<tokio::sync::Notify>,
+}
+
+#[async_trait::async_trait]
+impl reqwest_middleware::Middleware for HoldsTheFirst {
+    async fn handle(
+        &self,
+        request: reqwest::Request,
+        extensions: &mut http::Extensions,
+        next: reqwest_middleware::Next<'_>,
+    ) -> reqwest_middleware::Result<reqwest::Response> {
+        let nth = {
+            let mut seen = self.seen.lock().unwrap();
+            seen.push(extensions.get::<Tenant>().cloned());
+            seen.len()
+        };
+        if nth == 1 {
+            let _ = tokio::time::timeout(Duration::from_secs(5), self.second.notified()).await;
+        } else {
+            self.second.notify_one();
+        }
+        next.run(request, extensions).await
+    }
+}
+
+#[tokio::test]
+async fn a_hedged_attempt_carries_the_callers_extensions() {
+    let server = Server::start(|_, _| reply(200)).await;
+    let pipeline = Pipeline::builder("mw-hedge-extensions")
+        .hedging(Hedging::latency(ms(10)).max_hedged_attempts(1))
+        .clock(VirtualClock::new())
+        .build()
+        .unwrap();
+    let inner = HoldsTheFirst::default();
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(SeawallMiddleware::new(pipeline))
+        .with(inner.clone())
+        .build();
+
+    let response = client
+        .get(server.url())
+        .with_extension(Tenant("acme"))
+        .send()
+        .await
+        .unwrap();
+
+    assert_eq!(response.status(), 200);
+    // The hedge ran while the first attempt held the call's extensions.
+    assert_eq!(
+        *inner.seen.lock().unwrap(),
+        [Some(Tenant("acme")), Some(Tenant("acme"))]
+    );
+}
+
 #[test]
 fn the_middleware_is_send_sync_and_clone() {
     fn bounds<T: Send + Sync + Clone + 'static>() {}

@@ -274,6 +274,14 @@ impl<K: Kind> Pipeline<K> {
                 .is_some_and(|h| h.max_hedged_attempts > 0)
     }
 
+    /// `true` when the attempts of a call may run at the same time: with
+    /// [`hedging`](PipelineBuilder::hedging), or a [policy written in
+    /// code](crate::custom) (which may wait for several runs at once).
+    #[cfg_attr(not(feature = "reqwest-middleware"), allow(dead_code))]
+    pub(crate) fn may_overlap_attempts(&self) -> bool {
+        self.shared.hedging.is_some() || !self.shared.custom.is_empty()
+    }
+
     /// Runs calls under a partition key: the partition gets its own circuit,
     /// bulkhead, rate limit and cooldown.
     pub fn partition(&self, key: impl Into<PartitionKey>) -> Partition<'_, K> {

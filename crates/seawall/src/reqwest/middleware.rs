@@ -75,6 +75,12 @@ type PartitionFn = dyn Fn(&Request) -> Option<PartitionKey> + Send + Sync;
 /// [`SendError::BodyNotCloneable`], nothing sent; any other pipeline sends
 /// it once.
 ///
+/// # Extensions
+/// Every attempt hands the call's extensions to the next middleware, and
+/// what it writes there reaches the caller. An attempt that runs beside
+/// another (a hedge) gets a copy of them as the call began; what the next
+/// middleware writes in that copy is dropped with it.
+///
 /// # Timeouts
 /// Each attempt's request timeout is the time left before the attempt's
 /// deadline, or the request's own timeout when that is shorter.
@@ -216,7 +222,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// The call's extensions, taken by one attempt and put back when the
-/// attempt is done with them (or dropped, e.g. by a timeout).
+/// attempt is done with them (or dropped, e.g. by a timeout). An attempt
+/// that finds them taken (a hedge running beside the attempt that holds
+/// them) runs with a copy of them as the call began.
 struct Lease<'s, 'e> {
     slot: &'s Mutex<Option<&'e mut Extensions>>,
     extensions: Option<&'e mut Extensions>,
@@ -252,9 +260,15 @@ impl Middleware for SeawallMiddleware {
                 SendError::BodyNotCloneable,
             ));
         }
+        // An attempt that runs while another holds the call's extensions
+        // (a hedge) gets a copy of them as the call began.
+        let initial = self
+            .pipeline
+            .may_overlap_attempts()
+            .then(|| extensions.clone());
         let mut first = Some(request);
         let slot = Mutex::new(Some(extensions));
-        let (slot, next) = (&slot, &next);
+        let (slot, next, initial) = (&slot, &next, &initial);
         let result = self
             .pipeline
             .drive_async(
@@ -272,8 +286,14 @@ impl Middleware for SeawallMiddleware {
                         };
                         limit_to_deadline(&mut request, &ctx);
                         let mut lease = Lease::take(slot);
-                        let mut spare = Extensions::new();
-                        let extensions = lease.extensions.as_deref_mut().unwrap_or(&mut spare);
+                        let mut copy;
+                        let extensions = match lease.extensions.as_deref_mut() {
+                            Some(extensions) => extensions,
+                            None => {
+                                copy = initial.clone().unwrap_or_default();
+                                &mut copy
+                            }
+                        };
                         let result = next.clone().run(request, extensions).await;
                         drop(lease);
                         self.judge(result)
