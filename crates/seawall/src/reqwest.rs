@@ -66,9 +66,10 @@
 //! Each attempt sends its own copy of the request (`Request::try_clone`). A
 //! streaming body cannot be copied: with a pipeline that may make more than
 //! one attempt (a retry or hedging, see
-//! [`Pipeline::may_attempt_more_than_once`]), the call fails at once with
-//! [`SendError::BodyNotCloneable`], nothing sent; any other pipeline sends
-//! it once.
+//! [`Pipeline::may_attempt_more_than_once`]) or that has a [policy written
+//! in code](crate::custom) (which may run its attempt again), the call
+//! fails at once with [`SendError::BodyNotCloneable`], nothing sent; any
+//! other pipeline sends it once.
 
 use std::future::Future;
 
@@ -100,7 +101,8 @@ pub trait SendThrough: sealed::Sealed {
     /// # Errors
     /// [`SendError::Build`] when the request cannot be built,
     /// [`SendError::BodyNotCloneable`] when its body is a stream and the
-    /// pipeline may make more than one attempt, [`SendError::Pipeline`]
+    /// pipeline may run it more than once (see [Bodies](self#bodies)),
+    /// [`SendError::Pipeline`]
     /// when the call through the pipeline fails.
     fn send_through<K>(
         self,
@@ -118,7 +120,7 @@ impl SendThrough for RequestBuilder {
         let (client, request) = self.build_split();
         let request = request.map_err(SendError::Build)?;
         let copy = request.try_clone();
-        if copy.is_none() && pipeline.may_attempt_more_than_once() {
+        if copy.is_none() && pipeline.may_run_operation_more_than_once() {
             return Err(SendError::BodyNotCloneable);
         }
         let mut first = Some(request);
@@ -129,7 +131,7 @@ impl SendThrough for RequestBuilder {
                 let request = first
                     .take()
                     .or_else(|| copy.as_ref().and_then(Request::try_clone))
-                    .expect("a request that cannot be copied is sent once");
+                    .expect("a pipeline that may run its operation again has a copy");
                 attempt(client.clone(), request, ctx)
             })
             .await
@@ -225,12 +227,13 @@ pub enum SendError {
     #[error("request could not be built: {0}")]
     Build(#[source] reqwest::Error),
     /// The request's body is a stream, which cannot be sent twice, and the
-    /// pipeline may make more than one attempt (a retry or hedging); nothing
+    /// pipeline may make more than one attempt (a retry or hedging) or has
+    /// a policy written in code (which may run its attempt again); nothing
     /// was sent. Give the request a body made of bytes, or send it through
     /// a pipeline without retry or hedging.
     #[error(
         "request body is a stream and cannot be sent once per attempt: \
-         buffer it, or use a pipeline without retry or hedging"
+         buffer it, or use a pipeline without retry, hedging or policies written in code"
     )]
     BodyNotCloneable,
     /// The call through the pipeline failed: reqwest's error (typed, in

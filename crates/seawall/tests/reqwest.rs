@@ -395,6 +395,55 @@ async fn a_streaming_body_is_refused_when_the_pipeline_hedges() {
     assert_eq!(server.hits(), 0);
 }
 
+/// A policy written in code that runs what it wraps again after a failure.
+struct RunsTwice;
+
+impl<T: Send + 'static, E: Send + 'static> seawall::custom::Policy<T, E> for RunsTwice {
+    fn name(&self) -> &str {
+        "runs_twice"
+    }
+    fn position(&self) -> seawall::custom::Position {
+        seawall::custom::Position::Attempt
+    }
+    fn call<'a>(
+        &'a self,
+        _ctx: seawall::Context,
+        next: seawall::custom::Next<'a, T, E>,
+    ) -> seawall::custom::PolicyFuture<'a, T, E> {
+        Box::pin(async move {
+            match next.run().await {
+                Ok(v) => Ok(v),
+                Err(_) => next.run().await,
+            }
+        })
+    }
+}
+
+#[tokio::test]
+async fn a_streaming_body_is_refused_when_a_policy_written_in_code_may_run_it_again() {
+    let server = Server::start(|_| now(503)).await;
+    let pipeline = Pipeline::builder("reqwest-stream-policy")
+        .policy::<reqwest::Response, reqwest::Error, _>(RunsTwice)
+        .build()
+        .unwrap();
+
+    // In a task of its own: a panic shows as an error of the task.
+    let url = server.url();
+    let sent = tokio::spawn(async move {
+        reqwest::Client::new()
+            .post(url)
+            .body(streaming_body())
+            .send_through(&pipeline)
+            .await
+            .map(|response| response.status())
+    })
+    .await
+    .expect("the call ends without a panic");
+
+    assert!(matches!(sent, Err(SendError::BodyNotCloneable)), "{sent:?}");
+    assert_eq!(server.hits(), 0, "nothing was sent");
+}
+
 #[tokio::test]
 async fn a_streaming_body_is_sent_once_without_retry() {
     let server = Server::start(|_| now(200)).await;

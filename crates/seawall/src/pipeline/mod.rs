@@ -274,6 +274,15 @@ impl<K: Kind> Pipeline<K> {
                 .is_some_and(|h| h.max_hedged_attempts > 0)
     }
 
+    /// `true` when a call may run its operation more than once: it
+    /// [may make more than one attempt](Self::may_attempt_more_than_once),
+    /// or it has a [policy written in code](crate::custom), which may run
+    /// what it wraps again.
+    #[cfg_attr(not(feature = "reqwest"), allow(dead_code))]
+    pub(crate) fn may_run_operation_more_than_once(&self) -> bool {
+        self.may_attempt_more_than_once() || !self.shared.custom.is_empty()
+    }
+
     /// `true` when the attempts of a call may run at the same time: with
     /// [`hedging`](PipelineBuilder::hedging), or a [policy written in
     /// code](crate::custom) (which may wait for several runs at once).
