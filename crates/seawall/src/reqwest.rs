@@ -275,12 +275,15 @@ impl SendError {
         }
     }
 
-    /// The rejection, when a policy refused the call (nothing was sent).
+    /// The rejection, when a policy refused the call (nothing was sent) or
+    /// one of its retries (a retry budget with no token left, a circuit the
+    /// earlier attempts opened: they were sent).
     pub fn rejection(&self) -> Option<&Rejection> {
         self.pipeline_error().and_then(Error::rejection)
     }
 
-    /// `true` when a policy refused the call (nothing was sent).
+    /// `true` when a policy refused the call or one of its retries; see
+    /// [`rejection`](Self::rejection).
     pub fn is_rejected(&self) -> bool {
         self.rejection().is_some()
     }

@@ -447,6 +447,27 @@ async fn a_hedged_attempt_carries_the_callers_extensions() {
     );
 }
 
+#[tokio::test]
+async fn a_retry_refused_by_the_budget_comes_back_as_the_refusal() {
+    let server = Server::start(|_, _| reply(503)).await;
+    let clock = VirtualClock::new();
+    // One token: one retry, then the budget refuses the next one.
+    let budget = seawall::RetryBudget::new(0.001, 1);
+    let pipeline = Pipeline::builder("mw-budget-refusal")
+        .retry(Retry::constant(ms(10)).max_attempts(3).budget(budget))
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let client = client(SeawallMiddleware::new(pipeline));
+
+    let error = client.get(server.url()).send().await.unwrap_err();
+
+    let refused = send_error(&error).rejection().unwrap();
+    assert_eq!(refused.reason, RejectionReason::RetryBudgetExhausted);
+    assert!(send_error(&error).is_rejected());
+    assert_eq!(server.hits(), 2, "the first attempt and its one retry");
+}
+
 #[test]
 fn the_middleware_is_send_sync_and_clone() {
     fn bounds<T: Send + Sync + Clone + 'static>() {}

@@ -62,9 +62,11 @@ type PartitionFn = dyn Fn(&Request) -> Option<PartitionKey> + Send + Sync;
 ///   headers and body, as reqwest-retry gives it.
 /// - The last attempt's error, as the next middleware (or reqwest) gave it.
 /// - `reqwest_middleware::Error::Middleware` holding a
-///   [`SendError`] when the pipeline refused the call (nothing sent), timed
-///   out or its store failed ([`SendError::Pipeline`]), or when the body
-///   cannot be copied ([`SendError::BodyNotCloneable`]); find it with
+///   [`SendError`] when the pipeline refused the call (nothing sent) or one
+///   of its retries (a retry budget with no token left, a circuit the
+///   earlier attempts opened: their answers are dropped), timed out or its
+///   store failed ([`SendError::Pipeline`]), or when the body cannot be
+///   copied ([`SendError::BodyNotCloneable`]); find it with
 ///   `anyhow::Error::downcast_ref::<SendError>()`.
 ///
 /// # Bodies
