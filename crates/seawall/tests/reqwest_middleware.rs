@@ -468,6 +468,63 @@ async fn a_retry_refused_by_the_budget_comes_back_as_the_refusal() {
     assert_eq!(server.hits(), 2, "the first attempt and its one retry");
 }
 
+/// The attempt and call outcomes a listener sees.
+fn outcomes(events: &std::sync::Mutex<Vec<seawall::EventKind>>) -> Vec<String> {
+    events
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|event| match event {
+            seawall::EventKind::AttemptFinished { outcome, .. } => {
+                Some(format!("attempt {}", outcome.as_str()))
+            }
+            seawall::EventKind::CallFinished { outcome, .. } => {
+                Some(format!("call {}", outcome.as_str()))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_response_kept_as_is_is_reported_as_send_through_reports_it() {
+    use seawall::reqwest::SendThrough;
+
+    // A 404 is not a failure; a 600 is one, not retried; both reach the
+    // caller as they are, on both adapters alike.
+    for (status, attempt) in [(404, "success"), (600, "failure")] {
+        let server = Server::start(move |_, _| reply(status)).await;
+        let listened = |name: &str| {
+            let events = Arc::new(std::sync::Mutex::new(Vec::new()));
+            let log = Arc::clone(&events);
+            let pipeline = retrying(name, &VirtualClock::new())
+                .on_event(move |e| log.lock().unwrap().push(e.kind.clone()))
+                .build()
+                .unwrap();
+            (pipeline, events)
+        };
+        let (pipeline, sent) = listened(&format!("mw-kept-send-through-{status}"));
+        let response = reqwest::Client::new()
+            .get(server.url())
+            .send_through(&pipeline)
+            .await
+            .unwrap();
+        assert_eq!(response.status().as_u16(), status);
+        let (pipeline, wrapped) = listened(&format!("mw-kept-middleware-{status}"));
+        let response = client(SeawallMiddleware::new(pipeline))
+            .get(server.url())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status().as_u16(), status);
+
+        let expected = [format!("attempt {attempt}"), "call success".to_string()];
+        assert_eq!(outcomes(&sent), expected, "{status}");
+        assert_eq!(outcomes(&wrapped), expected, "{status}");
+        assert_eq!(server.hits(), 2, "not retried");
+    }
+}
+
 #[test]
 fn the_middleware_is_send_sync_and_clone() {
     fn bounds<T: Send + Sync + Clone + 'static>() {}

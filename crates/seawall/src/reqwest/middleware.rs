@@ -56,6 +56,11 @@ type PartitionFn = dyn Fn(&Request) -> Option<PartitionKey> + Send + Sync;
 ///   a nested seawall pipeline is ignored); replace it with
 ///   [`classify_error`](Self::classify_error).
 ///
+/// A response judged but not retried (a 4xx, a status of 600 and up) ends
+/// the call as it is, a success for the caller and the listeners, and is
+/// recorded as its verdict says (a 600 counts against the circuit), as
+/// `send_through` keeps it.
+///
 /// # What the caller gets
 /// - The response of the last attempt, **also when it was judged a
 ///   failure** and no retry is left: the caller sees the last 503 with its
@@ -176,6 +181,10 @@ impl SeawallMiddleware {
         let (result, verdict) = match result {
             Ok(response) => match (self.classify_response)(&response) {
                 None => (Ok(response), None),
+                // A response that is not retried (a 4xx, a 600) ends the
+                // call as it is, recorded as its verdict says, as
+                // `send_through` keeps it.
+                Some(verdict) if !verdict.is_retryable() => (Ok(response), Some(verdict)),
                 Some(verdict) => (Err(Failed::Response(response)), Some(verdict)),
             },
             Err(e) => {
