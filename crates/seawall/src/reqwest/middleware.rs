@@ -116,8 +116,10 @@ impl SeawallMiddleware {
     }
 
     /// Judges responses with `classify`: `None` for a success, a
-    /// [`Verdict`] for a failed attempt (retried when the verdict says so,
-    /// recorded by the circuit breaker, its retry-after hint honoured).
+    /// [`Verdict`] otherwise (retried when the verdict says so, recorded by
+    /// the circuit breaker as it says, its retry-after hint honoured; a
+    /// response that is not retried ends the call as it is, see
+    /// [Classification](Self#classification)).
     ///
     /// ```
     /// use seawall::reqwest::{classify_response, SeawallMiddleware};
