@@ -60,7 +60,12 @@
 //! # Timeouts
 //! Each attempt's request timeout is the time left before the attempt's
 //! deadline ([`Context::remaining`]), or the request's own timeout when
-//! that is shorter; so one budget spans every retry.
+//! that is shorter; so one budget spans every retry. A request timeout
+//! takes the place of the client's (`ClientBuilder::timeout`), which
+//! reqwest does not let the adapter read: with a pipeline that has a
+//! deadline, set the timeout on the request (`RequestBuilder::timeout`) or
+//! give the pipeline an attempt timeout; without a deadline the request is
+//! sent as it is and the client's timeout holds.
 //!
 //! # Bodies
 //! Each attempt sends its own copy of the request (`Request::try_clone`). A

@@ -528,6 +528,27 @@ async fn a_shorter_request_timeout_is_kept() {
         .is_some_and(reqwest::Error::is_timeout));
 }
 
+#[tokio::test]
+async fn without_a_deadline_the_clients_timeout_holds() {
+    let server = Server::start(|_| (200, ms(3_000))).await;
+    let pipeline = Pipeline::builder("reqwest-client-timeout")
+        .circuit_breaker(CircuitBreaker::consecutive_failures(5))
+        .classify(seawall::reqwest::classify)
+        .build()
+        .unwrap();
+    let client = reqwest::Client::builder().timeout(ms(100)).build().unwrap();
+
+    let started = Instant::now();
+    let error = client
+        .get(server.url())
+        .send_through(&pipeline)
+        .await
+        .unwrap_err();
+
+    assert!(started.elapsed() < ms(1_000), "{:?}", started.elapsed());
+    assert!(error.is_timeout(), "{error:?}");
+}
+
 #[test]
 fn the_future_is_send() {
     fn send<T: Send>(_: &T) {}

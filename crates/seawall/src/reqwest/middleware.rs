@@ -89,8 +89,10 @@ type PartitionFn = dyn Fn(&Request) -> Option<PartitionKey> + Send + Sync;
 /// middleware writes in that copy is dropped with it.
 ///
 /// # Timeouts
-/// Each attempt's request timeout is the time left before the attempt's
-/// deadline, or the request's own timeout when that is shorter.
+/// As for [`send_through`](super::SendThrough::send_through) (see [the
+/// reqwest adapter](super#timeouts)): each attempt's request timeout is the
+/// time left before the attempt's deadline, or the request's own timeout
+/// when that is shorter, in the place of the client's own timeout.
 #[derive(Clone)]
 pub struct SeawallMiddleware {
     pipeline: Pipeline,
