@@ -178,6 +178,52 @@ async fn when_retries_run_out_the_last_response_comes_back() {
     assert_eq!(server.hits(), 3);
 }
 
+/// A retry refused by a policy (the circuit the failed attempt opened, an
+/// empty retry budget) gives the caller the response that attempt got, as
+/// when the retries run out; with and without a listener.
+#[tokio::test]
+async fn when_a_policy_refuses_the_retry_the_last_response_comes_back() {
+    for listener in [false, true] {
+        let layers = [
+            (
+                "circuit",
+                Pipeline::builder(format!("tower-refused-retry-circuit-{listener}"))
+                    .retry(Retry::constant(ms(10)).max_attempts(3))
+                    .circuit_breaker(CircuitBreaker::consecutive_failures(1)),
+                1,
+            ),
+            (
+                "budget",
+                Pipeline::builder(format!("tower-refused-retry-budget-{listener}")).retry(
+                    Retry::constant(ms(10))
+                        .max_attempts(3)
+                        .budget(seawall::RetryBudget::new(0.001, 1)),
+                ),
+                2,
+            ),
+        ];
+        for (policy, builder, hits) in layers {
+            let server = Server::start(|n| reply(503, format!("down #{n}"))).await;
+            let clock = VirtualClock::starting_at(Duration::from_secs(1_000_000));
+            let mut builder = builder.clock(clock.clone());
+            if listener {
+                builder = builder.on_event(|_| {});
+            }
+            let service = http_layer(builder).layer(client());
+
+            let response = service.oneshot(server.get("/down")).await.unwrap();
+
+            assert_eq!(
+                response.status(),
+                StatusCode::SERVICE_UNAVAILABLE,
+                "{policy}"
+            );
+            assert_eq!(body(response).await, format!("down #{hits}"), "{policy}");
+            assert_eq!(server.hits(), hits, "{policy}");
+        }
+    }
+}
+
 #[tokio::test]
 async fn a_client_error_is_not_retried() {
     let server = Server::start(|_| reply(404, "no such item")).await;

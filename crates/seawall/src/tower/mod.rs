@@ -124,14 +124,16 @@
 //!
 //! # What the caller gets
 //! - The response of the last attempt, **also when that response was judged
-//!   a failure** and no retry is left (or its verdict forbids one): the layer
-//!   never turns a response into an error, so an HTTP client sees the last
-//!   503 with its headers and body, as it would without the layer.
+//!   a failure** and no retry is left, its verdict forbids one, or a policy
+//!   refused the retry (an open circuit, a full bulkhead, the retry budget):
+//!   the layer never turns a response into an error, so an HTTP client sees
+//!   the last 503 with its headers and body, as it would without the layer.
 //! - [`ServiceError::Pipeline`] when the inner service failed (its error
 //!   stays typed inside [`Error::Operation`](crate::Error::Operation) or
 //!   [`Error::RetryExhausted`](crate::Error::RetryExhausted)),
 //!   an attempt or the call timed out, a policy rejected the call (the inner
-//!   service was not called for it) or the state store failed.
+//!   service was not called for it, or its last attempt failed with an
+//!   error and the policy refused the retry) or the state store failed.
 //! - [`ServiceError::NotReady`] when the inner service fails in `poll_ready`.
 //!
 //! The response future is `Send` (inner service, its future, request,

@@ -277,7 +277,8 @@ where
 }
 
 /// Turns the pipeline's result back into the inner service's types: the
-/// last failed attempt's response or error replaces its verdict.
+/// last failed attempt's response or error replaces its verdict, and its
+/// response replaces a refusal of its retry.
 fn settle<T, E>(
     result: Result<T, Error<AttemptFailure>>,
     last: Option<Result<T, E>>,
@@ -293,7 +294,12 @@ fn settle<T, E>(
             None => unreachable!("a failed attempt always leaves its response or error"),
         },
         Error::Timeout(t) => Error::Timeout(t),
-        Error::Rejected(r) => Error::Rejected(r),
+        Error::Rejected(r) => match last {
+            // A policy refused the retry of an attempt the inner service
+            // answered: the caller gets that answer.
+            Some(Ok(response)) => return Ok(response),
+            _ => Error::Rejected(r),
+        },
         Error::Store(s) => Error::Store(s),
         Error::Config(c) => Error::Config(c),
     };
