@@ -447,8 +447,10 @@ async fn a_hedged_attempt_carries_the_callers_extensions() {
     );
 }
 
+/// A retry refused by a policy (here an empty retry budget) ends the call
+/// with the response the last attempt got, as when no retry is left.
 #[tokio::test]
-async fn a_retry_refused_by_the_budget_comes_back_as_the_refusal() {
+async fn a_retry_refused_by_the_budget_gives_back_the_last_response() {
     let server = Server::start(|_, _| reply(503)).await;
     let clock = VirtualClock::new();
     // One token: one retry, then the budget refuses the next one.
@@ -460,12 +462,33 @@ async fn a_retry_refused_by_the_budget_comes_back_as_the_refusal() {
         .unwrap();
     let client = client(SeawallMiddleware::new(pipeline));
 
-    let error = client.get(server.url()).send().await.unwrap_err();
+    let response = client.get(server.url()).send().await.unwrap();
 
-    let refused = send_error(&error).rejection().unwrap();
-    assert_eq!(refused.reason, RejectionReason::RetryBudgetExhausted);
-    assert!(send_error(&error).is_rejected());
+    assert_eq!(response.status(), 503);
     assert_eq!(server.hits(), 2, "the first attempt and its one retry");
+}
+
+/// A retry refused by a circuit the earlier attempts opened: the caller
+/// gets the last 503; the next call is refused before anything is sent.
+#[tokio::test]
+async fn a_retry_refused_by_an_open_circuit_gives_back_the_last_response() {
+    let server = Server::start(|_, _| reply(503)).await;
+    let pipeline = Pipeline::builder("mw-open-refusal")
+        .retry(Retry::constant(ms(10)).max_attempts(3))
+        .circuit_breaker(CircuitBreaker::consecutive_failures(2))
+        .clock(VirtualClock::new())
+        .build()
+        .unwrap();
+    let client = client(SeawallMiddleware::new(pipeline));
+
+    let response = client.get(server.url()).send().await.unwrap();
+    assert_eq!(response.status(), 503);
+    assert_eq!(server.hits(), 2, "two attempts open the circuit");
+
+    let error = client.get(server.url()).send().await.unwrap_err();
+    let refused = send_error(&error).rejection().unwrap();
+    assert_eq!(refused.reason, RejectionReason::CircuitOpen);
+    assert_eq!(server.hits(), 2, "nothing sent while the circuit is open");
 }
 
 /// The attempt and call outcomes a listener sees.

@@ -16,6 +16,8 @@ use crate::retry::Retry;
 use crate::store::{MemoryResource, Permit, ResourceSpec, ResourceState};
 use crate::timeout::Timeout;
 
+#[cfg(any(feature = "tower", feature = "reqwest-middleware"))]
+pub(crate) mod answer;
 mod builder;
 mod chain;
 mod coalesced;

@@ -11,6 +11,7 @@ use super::{classify, classify_response, limit_to_deadline, SendError};
 use crate::classify::Verdict;
 use crate::context::{Context, PartitionKey};
 use crate::error::Error;
+use crate::pipeline::answer::LastAnswer;
 use crate::pipeline::{Judged, Pipeline};
 
 type ClassifyResponseFn = dyn Fn(&Response) -> Option<Verdict> + Send + Sync;
@@ -63,15 +64,17 @@ type PartitionFn = dyn Fn(&Request) -> Option<PartitionKey> + Send + Sync;
 ///
 /// # What the caller gets
 /// - The response of the last attempt, **also when it was judged a
-///   failure** and no retry is left: the caller sees the last 503 with its
-///   headers and body, as reqwest-retry gives it.
+///   failure** and no retry is left, or a policy refused the retry (a
+///   retry budget with no token left, a circuit the earlier attempts
+///   opened, a full bulkhead): the caller sees the last 503 with its
+///   headers and body, as reqwest-retry gives it, and as the
+///   tower layer (feature `tower`) does.
 /// - The last attempt's error, as the next middleware (or reqwest) gave it.
 /// - `reqwest_middleware::Error::Middleware` holding a
-///   [`SendError`] when the pipeline refused the call (nothing sent) or one
-///   of its retries (a retry budget with no token left, a circuit the
-///   earlier attempts opened: their answers are dropped), timed out or its
-///   store failed ([`SendError::Pipeline`]), or when the body cannot be
-///   copied ([`SendError::BodyNotCloneable`]); find it with
+///   [`SendError`] when the pipeline refused the call (nothing sent) or the
+///   retry of an attempt that ended in an error, timed out or its store
+///   failed ([`SendError::Pipeline`]), or when the body cannot be copied
+///   ([`SendError::BodyNotCloneable`]); find it with
 ///   `anyhow::Error::downcast_ref::<SendError>()`.
 ///
 /// # Bodies
@@ -180,8 +183,13 @@ impl SeawallMiddleware {
         &self.pipeline
     }
 
-    /// One attempt's outcome as the pipeline sees it.
-    fn judge(&self, result: reqwest_middleware::Result<Response>) -> Judged<Response, Failed> {
+    /// One attempt's outcome as the pipeline sees it; a failed attempt's
+    /// response or error is kept in `last` for the caller.
+    fn judge(
+        &self,
+        last: &LastAnswer<Response, reqwest_middleware::Error>,
+        result: reqwest_middleware::Result<Response>,
+    ) -> Judged<Response, Failed> {
         let (result, verdict) = match result {
             Ok(response) => match (self.classify_response)(&response) {
                 None => (Ok(response), None),
@@ -189,11 +197,15 @@ impl SeawallMiddleware {
                 // call as it is, recorded as its verdict says, as
                 // `send_through` keeps it.
                 Some(verdict) if !verdict.is_retryable() => (Ok(response), Some(verdict)),
-                Some(verdict) => (Err(Failed::Response(response)), Some(verdict)),
+                Some(verdict) => {
+                    last.keep(Ok(response));
+                    (Err(Failed), Some(verdict))
+                }
             },
             Err(e) => {
                 let verdict = (self.classify_error)(&e);
-                (Err(Failed::Error(e)), Some(verdict))
+                last.keep(Err(e));
+                (Err(Failed), Some(verdict))
             }
         };
         Judged { result, verdict }
@@ -226,11 +238,9 @@ fn classify_middleware_error(error: &reqwest_middleware::Error) -> Verdict {
     }
 }
 
-/// A failed attempt: the response judged a failure, or the error.
-enum Failed {
-    Response(Response),
-    Error(reqwest_middleware::Error),
-}
+/// A failed attempt, as the pipeline sees it: its response or error waits
+/// in the call's [`LastAnswer`].
+struct Failed;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
@@ -283,7 +293,8 @@ impl Middleware for SeawallMiddleware {
             .then(|| extensions.clone());
         let mut first = Some(request);
         let slot = Mutex::new(Some(extensions));
-        let (slot, next, initial) = (&slot, &next, &initial);
+        let last = LastAnswer::new();
+        let (slot, next, initial, last_ref) = (&slot, &next, &initial, &last);
         let result = self
             .pipeline
             .drive_async(
@@ -297,7 +308,8 @@ impl Middleware for SeawallMiddleware {
                     async move {
                         let Some(mut request) = request else {
                             let refused = SendError::BodyNotCloneable;
-                            return self.judge(Err(reqwest_middleware::Error::middleware(refused)));
+                            let refused = Err(reqwest_middleware::Error::middleware(refused));
+                            return self.judge(last_ref, refused);
                         };
                         limit_to_deadline(&mut request, &ctx);
                         let mut lease = Lease::take(slot);
@@ -311,27 +323,25 @@ impl Middleware for SeawallMiddleware {
                         };
                         let result = next.clone().run(request, extensions).await;
                         drop(lease);
-                        self.judge(result)
+                        self.judge(last_ref, result)
                     }
                 },
             )
             .await;
-        settle(result)
+        settle(last.settle(result))
     }
 }
 
-/// The pipeline's result as the middleware's: the last failed attempt's
-/// response or error replaces it; the pipeline's own failures become a
-/// [`SendError`].
-fn settle(result: Result<Response, Error<Failed>>) -> reqwest_middleware::Result<Response> {
+/// The call's result as the middleware's: the last failed attempt's
+/// response or error (see [`LastAnswer::settle`]); the pipeline's own
+/// failures become a [`SendError`].
+fn settle(
+    result: Result<Response, Error<reqwest_middleware::Error>>,
+) -> reqwest_middleware::Result<Response> {
     let pipeline_error = match result {
         Ok(response) => return Ok(response),
-        Err(Error::Operation(failed) | Error::RetryExhausted { last: failed, .. })
-        | Err(Error::Fallback(failed)) => {
-            return match failed {
-                Failed::Response(response) => Ok(response),
-                Failed::Error(e) => Err(e),
-            }
+        Err(Error::Operation(e) | Error::RetryExhausted { last: e, .. } | Error::Fallback(e)) => {
+            return Err(e)
         }
         Err(Error::Timeout(t)) => Error::Timeout(t),
         Err(Error::Rejected(r)) => Error::Rejected(r),

@@ -17,7 +17,7 @@ use super::partition::{NoPartition, PartitionRequest};
 use super::{LayerPipeline, ResponseFuture, ServiceError};
 use crate::classify::Verdict;
 use crate::context::{Context, PartitionKey};
-use crate::error::Error;
+use crate::pipeline::answer::LastAnswer;
 
 impl<S, Req, R, E, P, F> Service<Req> for PipelineService<S, R, E, CloneRequests, P, F>
 where
@@ -218,11 +218,11 @@ impl<S> Inner<S> {
 
 /// Keeps what a failed attempt produced and tells the pipeline its verdict.
 fn failed<T, E>(
-    last: &Mutex<Option<Result<T, E>>>,
+    last: &LastAnswer<T, E>,
     verdict: Verdict,
     outcome: Result<T, E>,
 ) -> AttemptFailure {
-    *lock(last) = Some(outcome);
+    last.keep(outcome);
     AttemptFailure { verdict }
 }
 
@@ -239,7 +239,7 @@ where
     E: ClassifyError<S::Error>,
 {
     let inner = Inner::new(service);
-    let last = Mutex::new(None);
+    let last = LastAnswer::new();
     let result = {
         let (inner, last) = (&inner, &last);
         let attempt = move |_: Context| {
@@ -272,94 +272,5 @@ where
             None => pipeline.run(attempt).await,
         }
     };
-    let last = lock(&last).take();
-    settle(result, last)
-}
-
-/// Turns the pipeline's result back into the inner service's types: the
-/// last failed attempt's response or error replaces its verdict, and its
-/// response replaces a refusal of its retry.
-fn settle<T, E>(
-    result: Result<T, Error<AttemptFailure>>,
-    last: Option<Result<T, E>>,
-) -> Result<T, ServiceError<E>> {
-    let error = match result {
-        Ok(response) => return Ok(response),
-        Err(error) => error,
-    };
-    let error = match error {
-        Error::Operation(_) | Error::RetryExhausted { .. } | Error::Fallback(_) => match last {
-            Some(Ok(response)) => return Ok(response),
-            Some(Err(e)) => error.map(|_| e),
-            None => unreachable!("a failed attempt always leaves its response or error"),
-        },
-        Error::Timeout(t) => Error::Timeout(t),
-        Error::Rejected(r) => match last {
-            // A policy refused the retry of an attempt the inner service
-            // answered: the caller gets that answer.
-            Some(Ok(response)) => return Ok(response),
-            _ => Error::Rejected(r),
-        },
-        Error::Store(s) => Error::Store(s),
-        Error::Config(c) => Error::Config(c),
-    };
-    Err(ServiceError::Pipeline(error))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::error::{Rejection, RejectionReason, TimeoutError, TimeoutScope};
-    use std::time::Duration;
-
-    fn fail(kind: Verdict) -> AttemptFailure {
-        AttemptFailure { verdict: kind }
-    }
-
-    #[test]
-    fn a_failed_response_goes_back_to_the_caller() {
-        let r: Result<&str, ServiceError<&str>> = settle(
-            Err(Error::RetryExhausted {
-                attempts: 3,
-                last: fail(Verdict::retry()),
-            }),
-            Some(Ok("503")),
-        );
-        assert_eq!(r.unwrap(), "503");
-        let r: Result<&str, ServiceError<&str>> = settle(
-            Err(Error::Operation(fail(Verdict::abort()))),
-            Some(Ok("404")),
-        );
-        assert_eq!(r.unwrap(), "404");
-    }
-
-    #[test]
-    fn a_failed_error_keeps_its_type_and_attempts() {
-        let r: Result<(), ServiceError<&str>> = settle(
-            Err(Error::RetryExhausted {
-                attempts: 2,
-                last: fail(Verdict::retry()),
-            }),
-            Some(Err("refused")),
-        );
-        match r {
-            Err(ServiceError::Pipeline(Error::RetryExhausted { attempts, last })) => {
-                assert_eq!((attempts, last), (2, "refused"))
-            }
-            other => panic!("{other:?}"),
-        }
-    }
-
-    #[test]
-    fn errors_without_an_attempt_pass_through() {
-        let rejection = Rejection::new(RejectionReason::CircuitOpen, None);
-        let r: Result<(), ServiceError<&str>> =
-            settle(Err(Error::Rejected(rejection)), Some(Err("stale")));
-        let e = r.unwrap_err();
-        assert!(e.is_rejected() && !e.is_timeout());
-        assert_eq!(e.to_string(), "call rejected: circuit_open");
-        let timeout = TimeoutError::new(TimeoutScope::Attempt, Duration::from_millis(5), 1);
-        let r: Result<(), ServiceError<&str>> = settle(Err(Error::Timeout(timeout)), None);
-        assert!(r.unwrap_err().is_timeout());
-    }
+    last.settle(result).map_err(ServiceError::Pipeline)
 }
