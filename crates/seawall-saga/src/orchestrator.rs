@@ -49,7 +49,10 @@ impl StartOptions {
         self
     }
 
-    /// No step starts after this instant; if one would, the saga compensates.
+    /// No stage starts after this instant; if one would, the saga
+    /// compensates. A step under way is not stopped, nor is one whose worker
+    /// died during it: it runs again to learn how it ended (see the
+    /// [crate docs](crate#execution)).
     pub fn deadline(mut self, deadline: SystemTime) -> Self {
         self.deadline = Some(deadline);
         self
@@ -1067,7 +1070,14 @@ impl<I: SagaInput> Run<I> {
             let steps = self.definition.stages[stage].steps.clone();
             let failed = self.progress.failure().is_some();
             let first_open = steps.clone().find(|&i| self.progress.output(i).is_none());
-            if let (false, Some(deadline), Some(first)) = (failed, self.deadline, first_open) {
+            // The deadline is checked before a stage starts. A stage that had
+            // started when its worker died (a step's start logged, its end
+            // not) is under way: its steps run again, to learn how they ended,
+            // as they would have ended had the worker lived.
+            let under_way = steps.clone().any(|i| self.progress.is_running(i));
+            if let (false, false, Some(deadline), Some(first)) =
+                (failed, under_way, self.deadline, first_open)
+            {
                 if self.orchestrator.clock.wall_time() >= deadline {
                     let step = self.step_ref(first);
                     return self.record(Transition::DeadlineExceeded { step });

@@ -509,7 +509,10 @@ impl Progress {
                 self.settle();
             }
             Transition::DeadlineExceeded { step } => {
-                // Also after a crash during the stage: its steps do not start again.
+                // The orchestrator records it before a stage starts. A
+                // history written by an earlier release may hold it after a
+                // crash during a stage: its running steps then do not start
+                // again.
                 expect(&[Running])?;
                 in_current(step.index)?;
                 if self.failure.is_some() || self.outputs[step.index].is_some() {
