@@ -12,7 +12,7 @@ use tokio::task::JoinSet;
 
 use seawall::{Random, Retry, SystemClock, SystemRandom};
 
-use crate::clock::{BoxFuture, WallClock};
+use crate::clock::{log_precision, BoxFuture, WallClock};
 use crate::definition::{GroupCompensation, Outputs, Saga, SagaDefinition, SagaInput, StepContext};
 use crate::error::{DefinitionError, LogError, OutputError, SagaError};
 use crate::event::{trace, Listener, Listeners, SagaEvent};
@@ -547,13 +547,14 @@ impl Orchestrator {
             name: saga.name().to_owned(),
             source,
         })?;
-        let created_at = self.inner.clock.wall_time();
+        let created_at = self.inner.now();
         let deadline = match (options.deadline, options.timeout) {
             (Some(d), Some(t)) => Some(d.min(created_at + t)),
             (Some(d), None) => Some(d),
             (None, Some(t)) => Some(created_at + t),
             (None, None) => None,
-        };
+        }
+        .map(log_precision);
         Ok(NewSaga {
             id,
             name: saga.name().to_owned(),
@@ -702,6 +703,11 @@ impl Orchestrator {
 }
 
 impl Inner {
+    /// The current wall-clock time, as the log keeps it.
+    fn now(&self) -> SystemTime {
+        log_precision(self.clock.wall_time())
+    }
+
     fn driver(&self, record: &SagaRecord) -> Result<Arc<dyn Driver>, SagaError> {
         self.sagas
             .get(&record.name)
@@ -734,7 +740,7 @@ impl Inner {
             return error;
         };
         let seq = history.last().map(|t| t.seq + 1).unwrap_or(0);
-        let at = self.clock.wall_time();
+        let at = self.now();
         let status = claimed.record.status;
         match self
             .log
@@ -968,7 +974,7 @@ impl<I: SagaInput> Run<I> {
         let transitions = std::mem::take(&mut self.pending);
         let status = self.progress.status();
         let log = &self.orchestrator.log;
-        let at = self.orchestrator.clock.wall_time();
+        let at = self.orchestrator.now();
         let first_seq = self.progress.applied() - transitions.len() as u32;
         if let Some(new) = self.unsaved.take() {
             if status == SagaStatus::Running {

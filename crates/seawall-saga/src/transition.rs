@@ -347,7 +347,7 @@ pub(crate) struct Encoded {
 pub struct TransitionRecord {
     /// Position in the saga's history, from 0, without gaps.
     pub seq: u32,
-    /// When it was committed (the orchestrator's clock).
+    /// When it was committed (the orchestrator's clock, to the millisecond).
     pub at: SystemTime,
     /// What happened.
     pub transition: Transition,

@@ -1329,6 +1329,53 @@ async fn deadline_passed_while_crashed_mid_group_compensates_the_group(backend: 
     assert_eq!(car_keys[0], car_keys[1]);
 }
 
+/// On a clock between two milliseconds, what the listeners, the steps and
+/// the caller are told (commit times, creation, deadline) is what the log
+/// keeps and reads back.
+async fn events_and_records_carry_the_instants_the_log_keeps(backend: Backend) {
+    let clock = VirtualClock::starting_at(Duration::new(1_700_000_000, 123_456_789));
+    let seen_deadline = Arc::new(Mutex::new(None));
+    let (step_clock, seen) = (clock.clone(), seen_deadline.clone());
+    let saga = Saga::<u32>::builder("instants")
+        .step(Step::new("one", move |ctx: StepContext<u32>| {
+            let (clock, seen) = (step_clock.clone(), seen.clone());
+            async move {
+                *seen.lock().unwrap() = ctx.deadline();
+                clock.advance(Duration::from_micros(1_250));
+                Ok::<_, String>(1u32)
+            }
+        }))
+        .build()
+        .unwrap();
+    let events = Arc::new(Mutex::new(Vec::<SagaEvent>::new()));
+    let sink = events.clone();
+    let o = Orchestrator::builder(backend.open().await)
+        .saga(&saga)
+        .clock(clock.clone())
+        .on_event(move |e| sink.lock().unwrap().push(e.clone()))
+        .build()
+        .unwrap();
+    let outcome = o
+        .start_with(
+            &saga,
+            1,
+            StartOptions::new().timeout(Duration::from_micros(10_400)),
+        )
+        .await
+        .unwrap();
+    assert_eq!(outcome.status, SagaStatus::Completed);
+    let history = o.history(&outcome.id).await.unwrap();
+    let events = events.lock().unwrap().clone();
+    assert_eq!(events.len(), history.len());
+    for (event, record) in events.iter().zip(&history) {
+        assert_eq!((event.seq, event.at), (record.seq, record.at));
+    }
+    let record = o.get(&outcome.id).await.unwrap().unwrap();
+    assert_eq!(record.created_at, history[0].at);
+    assert_eq!(*seen_deadline.lock().unwrap(), record.deadline);
+    assert!(record.deadline.is_some());
+}
+
 async fn recovery_runs_many_sagas_concurrently(backend: Backend) {
     let journal = Journal::default();
     let saga = purchase(&journal, &Knobs::default());
@@ -1508,4 +1555,5 @@ contract!(
     a_stuck_compensation_in_a_group_awaits_the_others_and_resumes,
     recovery_reruns_only_the_group_steps_whose_end_is_not_logged,
     deadline_passed_while_crashed_mid_group_compensates_the_group,
+    events_and_records_carry_the_instants_the_log_keeps,
 );
