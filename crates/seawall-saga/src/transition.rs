@@ -984,8 +984,10 @@ mod tests {
         );
     }
 
-    /// A process died during step 1 and the deadline passed before the next
-    /// one claimed the saga: step 1 does not start again, the saga compensates.
+    /// A history that records the deadline while step 1 ran (after a crash
+    /// during it; the orchestrator runs such a step again before it checks
+    /// the deadline) is still read:
+    /// step 1 does not start again, the saga compensates.
     #[test]
     fn a_deadline_after_a_crash_mid_step_compensates() {
         let mut p = Progress::replay(
