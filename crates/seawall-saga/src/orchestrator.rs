@@ -1084,7 +1084,9 @@ impl<I: SagaInput> Run<I> {
             if let (false, false, Some(deadline), Some(first)) =
                 (failed, under_way, self.deadline, first_open)
             {
-                if self.orchestrator.clock.wall_time() >= deadline {
+                // A stage that starts at the deadline is on time (as a
+                // result at a seawall deadline is); one after it is not.
+                if self.orchestrator.clock.wall_time() > deadline {
                     let step = self.step_ref(first);
                     return self.record(Transition::DeadlineExceeded { step });
                 }

@@ -1376,6 +1376,39 @@ async fn events_and_records_carry_the_instants_the_log_keeps(backend: Backend) {
     assert!(record.deadline.is_some());
 }
 
+/// A stage due at the saga's deadline starts (the deadline has not passed);
+/// one due a millisecond later does not.
+async fn a_stage_at_the_deadline_starts_and_one_after_it_does_not(backend: Backend) {
+    let clock = VirtualClock::starting_at(Duration::from_secs(1_000_000));
+    let step_clock = clock.clone();
+    let saga = Saga::<u32>::builder("boundary")
+        .step(Step::new("first", move |ctx: StepContext<u32>| {
+            let clock = step_clock.clone();
+            async move {
+                clock.advance(Duration::from_millis(u64::from(*ctx.input())));
+                Ok::<_, String>(())
+            }
+        }))
+        .step(Step::new("second", |_ctx: StepContext<u32>| async {
+            Ok::<_, String>(())
+        }))
+        .build()
+        .unwrap();
+    let o = Orchestrator::builder(backend.open().await)
+        .saga(&saga)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let timeout = StartOptions::new().timeout(Duration::from_millis(10));
+    let on_time = o.start_with(&saga, 10, timeout.clone()).await.unwrap();
+    assert_eq!(on_time.status, SagaStatus::Completed);
+    let late = o.start_with(&saga, 11, timeout).await.unwrap();
+    assert_eq!(late.status, SagaStatus::Compensated);
+    let failure = late.failure.unwrap();
+    assert!(failure.deadline_exceeded);
+    assert_eq!(failure.step.name, "second");
+}
+
 async fn recovery_runs_many_sagas_concurrently(backend: Backend) {
     let journal = Journal::default();
     let saga = purchase(&journal, &Knobs::default());
@@ -1556,4 +1589,5 @@ contract!(
     recovery_reruns_only_the_group_steps_whose_end_is_not_logged,
     deadline_passed_while_crashed_mid_group_compensates_the_group,
     events_and_records_carry_the_instants_the_log_keeps,
+    a_stage_at_the_deadline_starts_and_one_after_it_does_not,
 );
