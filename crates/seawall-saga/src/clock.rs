@@ -72,6 +72,15 @@ pub(crate) fn to_millis(time: SystemTime) -> i64 {
     }
 }
 
+/// `time` as the log keeps it: to the millisecond (see [`to_millis`]). The
+/// orchestrator takes every instant it logs (transition timestamps, a saga's
+/// creation and deadline) at this precision before it uses it, so what its
+/// listeners, its outcomes and the steps' contexts see is what the log reads
+/// back, in this process or another.
+pub(crate) fn log_precision(time: SystemTime) -> SystemTime {
+    from_millis(to_millis(time))
+}
+
 /// The inverse of [`to_millis`].
 pub(crate) fn from_millis(millis: i64) -> SystemTime {
     if millis >= 0 {

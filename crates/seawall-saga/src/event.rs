@@ -22,7 +22,8 @@ pub struct SagaEvent {
     pub saga_name: Arc<str>,
     /// Position of the transition in the saga's history.
     pub seq: u32,
-    /// When it was committed (the orchestrator's clock).
+    /// When it was committed (the orchestrator's clock, to the millisecond:
+    /// the [`TransitionRecord::at`](crate::TransitionRecord::at) the log keeps).
     pub at: SystemTime,
     /// The saga's status after the transition.
     pub status: SagaStatus,

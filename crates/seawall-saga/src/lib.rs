@@ -130,7 +130,11 @@
 //! is checked before each stage starts: once it has passed, no further step
 //! starts and the saga compensates. A step that is already running is not
 //! cancelled (cancelling a half-done effect would leave it neither done nor
-//! compensated); it can bound itself with [`StepContext::remaining`].
+//! compensated); it can bound itself with [`StepContext::remaining`]. The same
+//! holds across a crash: a step whose start is logged and whose end is not
+//! runs again on recovery (with the same idempotency key), even once the
+//! deadline has passed, so that an effect it took is known and compensated;
+//! the deadline then stops the stages after it.
 //!
 //! # Durability: at-least-once with a stable key
 //!

@@ -12,7 +12,7 @@ use tokio::task::JoinSet;
 
 use seawall::{Random, Retry, SystemClock, SystemRandom};
 
-use crate::clock::{BoxFuture, WallClock};
+use crate::clock::{log_precision, BoxFuture, WallClock};
 use crate::definition::{GroupCompensation, Outputs, Saga, SagaDefinition, SagaInput, StepContext};
 use crate::error::{DefinitionError, LogError, OutputError, SagaError};
 use crate::event::{trace, Listener, Listeners, SagaEvent};
@@ -49,7 +49,10 @@ impl StartOptions {
         self
     }
 
-    /// No step starts after this instant; if one would, the saga compensates.
+    /// No stage starts after this instant; if one would, the saga
+    /// compensates. A step under way is not stopped, nor is one whose worker
+    /// died during it: it runs again to learn how it ended (see the
+    /// [crate docs](crate#execution)).
     pub fn deadline(mut self, deadline: SystemTime) -> Self {
         self.deadline = Some(deadline);
         self
@@ -544,13 +547,14 @@ impl Orchestrator {
             name: saga.name().to_owned(),
             source,
         })?;
-        let created_at = self.inner.clock.wall_time();
+        let created_at = self.inner.now();
         let deadline = match (options.deadline, options.timeout) {
             (Some(d), Some(t)) => Some(d.min(created_at + t)),
             (Some(d), None) => Some(d),
             (None, Some(t)) => Some(created_at + t),
             (None, None) => None,
-        };
+        }
+        .map(log_precision);
         Ok(NewSaga {
             id,
             name: saga.name().to_owned(),
@@ -699,6 +703,11 @@ impl Orchestrator {
 }
 
 impl Inner {
+    /// The current wall-clock time, as the log keeps it.
+    fn now(&self) -> SystemTime {
+        log_precision(self.clock.wall_time())
+    }
+
     fn driver(&self, record: &SagaRecord) -> Result<Arc<dyn Driver>, SagaError> {
         self.sagas
             .get(&record.name)
@@ -731,7 +740,7 @@ impl Inner {
             return error;
         };
         let seq = history.last().map(|t| t.seq + 1).unwrap_or(0);
-        let at = self.clock.wall_time();
+        let at = self.now();
         let status = claimed.record.status;
         match self
             .log
@@ -965,7 +974,7 @@ impl<I: SagaInput> Run<I> {
         let transitions = std::mem::take(&mut self.pending);
         let status = self.progress.status();
         let log = &self.orchestrator.log;
-        let at = self.orchestrator.clock.wall_time();
+        let at = self.orchestrator.now();
         let first_seq = self.progress.applied() - transitions.len() as u32;
         if let Some(new) = self.unsaved.take() {
             if status == SagaStatus::Running {
@@ -1067,8 +1076,17 @@ impl<I: SagaInput> Run<I> {
             let steps = self.definition.stages[stage].steps.clone();
             let failed = self.progress.failure().is_some();
             let first_open = steps.clone().find(|&i| self.progress.output(i).is_none());
-            if let (false, Some(deadline), Some(first)) = (failed, self.deadline, first_open) {
-                if self.orchestrator.clock.wall_time() >= deadline {
+            // The deadline is checked before a stage starts. A stage that had
+            // started when its worker died (a step's start logged, its end
+            // not) is under way: its steps run again, to learn how they ended,
+            // as they would have ended had the worker lived.
+            let under_way = steps.clone().any(|i| self.progress.is_running(i));
+            if let (false, false, Some(deadline), Some(first)) =
+                (failed, under_way, self.deadline, first_open)
+            {
+                // A stage that starts at the deadline is on time (as a
+                // result at a seawall deadline is); one after it is not.
+                if self.orchestrator.clock.wall_time() > deadline {
                     let step = self.step_ref(first);
                     return self.record(Transition::DeadlineExceeded { step });
                 }

@@ -347,7 +347,7 @@ pub(crate) struct Encoded {
 pub struct TransitionRecord {
     /// Position in the saga's history, from 0, without gaps.
     pub seq: u32,
-    /// When it was committed (the orchestrator's clock).
+    /// When it was committed (the orchestrator's clock, to the millisecond).
     pub at: SystemTime,
     /// What happened.
     pub transition: Transition,
@@ -509,7 +509,10 @@ impl Progress {
                 self.settle();
             }
             Transition::DeadlineExceeded { step } => {
-                // Also after a crash during the stage: its steps do not start again.
+                // The orchestrator records it before a stage starts. A
+                // history written by an earlier release may hold it after a
+                // crash during a stage: its running steps then do not start
+                // again.
                 expect(&[Running])?;
                 in_current(step.index)?;
                 if self.failure.is_some() || self.outputs[step.index].is_some() {
@@ -981,8 +984,10 @@ mod tests {
         );
     }
 
-    /// A process died during step 1 and the deadline passed before the next
-    /// one claimed the saga: step 1 does not start again, the saga compensates.
+    /// A history that records the deadline while step 1 ran (after a crash
+    /// during it; the orchestrator runs such a step again before it checks
+    /// the deadline) is still read:
+    /// step 1 does not start again, the saga compensates.
     #[test]
     fn a_deadline_after_a_crash_mid_step_compensates() {
         let mut p = Progress::replay(

@@ -879,8 +879,11 @@ async fn recovery_continues_after_a_driver_is_dropped(backend: Backend) {
     assert!(kinds(&history).contains(&"claimed"));
 }
 
-/// A worker dies during a step and the saga's deadline passes before another
-/// one claims it: the step does not start again, the saga compensates.
+/// A worker dies during a step (after its effect) and the saga's deadline
+/// passes before another one claims it: the step runs again with the same
+/// key, as it would have ended had the worker lived, and is compensated with
+/// the step before it; the next step does not start. (A charge taken before
+/// the crash is refunded, not left behind.)
 async fn deadline_passed_while_crashed_mid_step_compensates(backend: Backend) {
     let journal = Journal::default();
     let knobs = Knobs::default();
@@ -922,11 +925,37 @@ async fn deadline_passed_while_crashed_mid_step_compensates(backend: Backend) {
     assert_eq!(outcomes[0].status, SagaStatus::Compensated);
     let failure = outcomes[0].failure.clone().unwrap();
     assert!(failure.deadline_exceeded);
-    assert_eq!(failure.step.name, "charge");
-    // The charge (started, not logged as completed) did not run again.
+    assert_eq!(failure.step.name, "schedule_delivery");
+    // The charge (started, not logged as completed) ran again with the same
+    // key, and was refunded.
     assert_eq!(
         journal.entries(),
-        vec!["do reserve_stock", "do charge", "undo reserve_stock hold-4"]
+        vec![
+            "do reserve_stock",
+            "do charge",
+            "do charge",
+            "undo charge pay-4 400",
+            "undo reserve_stock hold-4"
+        ]
+    );
+    let keys = journal.keys();
+    assert_eq!(keys[1], keys[2]);
+    let history = restarted.history(&SagaId::new("late-crash")).await.unwrap();
+    let kinds = kinds(&history);
+    let claimed = kinds.iter().position(|k| *k == "claimed").unwrap();
+    assert_eq!(
+        kinds[claimed..],
+        [
+            "claimed",
+            "step_started",
+            "step_completed",
+            "deadline_exceeded",
+            "compensation_started",
+            "compensation_completed",
+            "compensation_started",
+            "compensation_completed",
+            "saga_compensated"
+        ]
     );
 }
 
@@ -1235,6 +1264,151 @@ async fn recovery_reruns_only_the_group_steps_whose_end_is_not_logged(backend: B
     assert_eq!(car_keys[0], car_keys[1]);
 }
 
+/// A worker dies while a parallel group runs (the hotel's completion logged,
+/// the car's not, its effect taken) and the saga's deadline passes before
+/// another worker claims it: the car runs again with the same key, and the
+/// whole group is compensated; `pay` does not start.
+async fn deadline_passed_while_crashed_mid_group_compensates_the_group(backend: Backend) {
+    let trip = Trip::default();
+    trip.hang_car.store(true, Ordering::SeqCst);
+    let saga = trip.saga(GroupCompensation::ReverseOrder);
+    let clock = VirtualClock::new();
+    let with_clock = |log| {
+        Orchestrator::builder(log)
+            .saga(&saga)
+            .clock(clock.clone())
+            .compensation_retry(Retry::constant(Duration::ZERO).max_attempts(2))
+            .build()
+            .unwrap()
+    };
+    let o = with_clock(backend.open().await);
+    let driver = {
+        let (o, saga) = (o.clone(), saga.clone());
+        tokio::spawn(async move {
+            o.start_with(
+                &saga,
+                1,
+                StartOptions::new()
+                    .id("trip-late")
+                    .timeout(Duration::from_secs(10)),
+            )
+            .await
+        })
+    };
+    trip.car_reached.notified().await;
+    let id = SagaId::new("trip-late");
+    for _ in 0..400 {
+        let history = o.history(&id).await.unwrap();
+        if history.iter().any(|t| matches!(&t.transition, Transition::StepCompleted { step, .. } if step.name == "hotel")) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    driver.abort();
+    assert!(driver.await.unwrap_err().is_cancelled());
+    trip.hang_car.store(false, Ordering::SeqCst);
+    clock.advance(Duration::from_secs(11));
+
+    let restarted = with_clock(backend.open().await);
+    let (outcomes, failures) = recover_until_idle(&restarted).await;
+    assert!(failures.is_empty(), "{failures:?}");
+    assert_eq!(outcomes.len(), 1);
+    assert_eq!(outcomes[0].status, SagaStatus::Compensated);
+    let failure = outcomes[0].failure.clone().unwrap();
+    assert!(failure.deadline_exceeded);
+    assert_eq!(failure.step.name, "pay");
+    let entries = trip.entries();
+    assert_eq!(entries[0], "do flight");
+    let mut group = entries[1..4].to_vec();
+    group.sort();
+    assert_eq!(group, ["do car", "do car", "do hotel"], "{entries:?}");
+    assert_eq!(entries[4..], ["undo car", "undo hotel", "undo flight"]);
+    let keys = trip.journal.keys();
+    let car_keys: Vec<_> = keys.iter().filter(|k| k.contains("/car/action")).collect();
+    assert_eq!(car_keys.len(), 2);
+    assert_eq!(car_keys[0], car_keys[1]);
+}
+
+/// On a clock between two milliseconds, what the listeners, the steps and
+/// the caller are told (commit times, creation, deadline) is what the log
+/// keeps and reads back.
+async fn events_and_records_carry_the_instants_the_log_keeps(backend: Backend) {
+    let clock = VirtualClock::starting_at(Duration::new(1_700_000_000, 123_456_789));
+    let seen_deadline = Arc::new(Mutex::new(None));
+    let (step_clock, seen) = (clock.clone(), seen_deadline.clone());
+    let saga = Saga::<u32>::builder("instants")
+        .step(Step::new("one", move |ctx: StepContext<u32>| {
+            let (clock, seen) = (step_clock.clone(), seen.clone());
+            async move {
+                *seen.lock().unwrap() = ctx.deadline();
+                clock.advance(Duration::from_micros(1_250));
+                Ok::<_, String>(1u32)
+            }
+        }))
+        .build()
+        .unwrap();
+    let events = Arc::new(Mutex::new(Vec::<SagaEvent>::new()));
+    let sink = events.clone();
+    let o = Orchestrator::builder(backend.open().await)
+        .saga(&saga)
+        .clock(clock.clone())
+        .on_event(move |e| sink.lock().unwrap().push(e.clone()))
+        .build()
+        .unwrap();
+    let outcome = o
+        .start_with(
+            &saga,
+            1,
+            StartOptions::new().timeout(Duration::from_micros(10_400)),
+        )
+        .await
+        .unwrap();
+    assert_eq!(outcome.status, SagaStatus::Completed);
+    let history = o.history(&outcome.id).await.unwrap();
+    let events = events.lock().unwrap().clone();
+    assert_eq!(events.len(), history.len());
+    for (event, record) in events.iter().zip(&history) {
+        assert_eq!((event.seq, event.at), (record.seq, record.at));
+    }
+    let record = o.get(&outcome.id).await.unwrap().unwrap();
+    assert_eq!(record.created_at, history[0].at);
+    assert_eq!(*seen_deadline.lock().unwrap(), record.deadline);
+    assert!(record.deadline.is_some());
+}
+
+/// A stage due at the saga's deadline starts (the deadline has not passed);
+/// one due a millisecond later does not.
+async fn a_stage_at_the_deadline_starts_and_one_after_it_does_not(backend: Backend) {
+    let clock = VirtualClock::starting_at(Duration::from_secs(1_000_000));
+    let step_clock = clock.clone();
+    let saga = Saga::<u32>::builder("boundary")
+        .step(Step::new("first", move |ctx: StepContext<u32>| {
+            let clock = step_clock.clone();
+            async move {
+                clock.advance(Duration::from_millis(u64::from(*ctx.input())));
+                Ok::<_, String>(())
+            }
+        }))
+        .step(Step::new("second", |_ctx: StepContext<u32>| async {
+            Ok::<_, String>(())
+        }))
+        .build()
+        .unwrap();
+    let o = Orchestrator::builder(backend.open().await)
+        .saga(&saga)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let timeout = StartOptions::new().timeout(Duration::from_millis(10));
+    let on_time = o.start_with(&saga, 10, timeout.clone()).await.unwrap();
+    assert_eq!(on_time.status, SagaStatus::Completed);
+    let late = o.start_with(&saga, 11, timeout).await.unwrap();
+    assert_eq!(late.status, SagaStatus::Compensated);
+    let failure = late.failure.unwrap();
+    assert!(failure.deadline_exceeded);
+    assert_eq!(failure.step.name, "second");
+}
+
 async fn recovery_runs_many_sagas_concurrently(backend: Backend) {
     let journal = Journal::default();
     let saga = purchase(&journal, &Knobs::default());
@@ -1413,4 +1587,7 @@ contract!(
     a_continue_on_error_compensation_is_abandoned_and_compensation_goes_on,
     a_stuck_compensation_in_a_group_awaits_the_others_and_resumes,
     recovery_reruns_only_the_group_steps_whose_end_is_not_logged,
+    deadline_passed_while_crashed_mid_group_compensates_the_group,
+    events_and_records_carry_the_instants_the_log_keeps,
+    a_stage_at_the_deadline_starts_and_one_after_it_does_not,
 );
