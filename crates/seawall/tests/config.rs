@@ -1164,9 +1164,11 @@ fn the_watcher_reloads_a_changed_file() {
         .load_file(&file.0)
         .unwrap();
     let (tx, rx) = mpsc::channel();
-    let watcher = r.watch(ms(1), move |result| {
-        let _ = tx.send(result.map_err(|e| e.to_string()));
-    });
+    let watcher = r
+        .watch(ms(1), move |result| {
+            let _ = tx.send(result.map_err(|e| e.to_string()));
+        })
+        .unwrap();
     file.write("[pipelines.b]\ntimeout = \"1s\"\n");
     let first = rx.recv_timeout(secs(30)).expect("a reload within 30 s");
     assert_eq!(first, Ok(()));
@@ -1181,6 +1183,20 @@ fn the_watcher_reloads_a_changed_file() {
     assert!(third.unwrap_err().contains("no pipeline is configured"));
     assert_eq!(r.names(), ["b"]);
     drop(watcher);
+}
+
+#[cfg(feature = "watch")]
+#[test]
+fn a_watch_period_of_zero_is_refused() {
+    let file = TempFile::new("watch-zero.toml", "[pipelines.a]\ntimeout = \"1s\"\n");
+    let r = Registry::builder()
+        .store(MemoryStore::new())
+        .load_file(&file.0)
+        .unwrap();
+    let e = r.watch(Duration::ZERO, |_| {}).unwrap_err();
+    assert_eq!((e.policy, e.field), ("registry", "watch"));
+    assert!(e.to_string().contains("must be > 0"), "{e}");
+    assert!(r.watch(ms(1), |_| {}).is_ok());
 }
 
 #[test]

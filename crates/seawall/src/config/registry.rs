@@ -746,16 +746,28 @@ impl Registry {
     ///     if let Err(e) = result {
     ///         eprintln!("configuration not reloaded: {e}");
     ///     }
-    /// });
+    /// })?;
     /// # Ok::<_, Box<dyn std::error::Error>>(())
     /// ```
+    ///
+    /// # Errors
+    /// A [`ConfigError`](crate::ConfigError) (`registry.watch`) when `every`
+    /// is zero: the thread would read the file without pause.
     #[cfg(feature = "watch")]
     pub fn watch(
         &self,
         every: std::time::Duration,
         on_reload: impl Fn(Result<(), &LoadError>) + Send + 'static,
-    ) -> Watcher {
+    ) -> Result<Watcher, crate::ConfigError> {
         use std::sync::mpsc::{self, RecvTimeoutError};
+
+        if every.is_zero() {
+            return Err(crate::ConfigError::new(
+                "registry",
+                "watch",
+                "period must be > 0, got 0s",
+            ));
+        }
 
         let registry = Arc::downgrade(&self.inner);
         let (stop, stopped) = mpsc::channel::<()>();
@@ -791,10 +803,10 @@ impl Registry {
                 }
             })
             .expect("spawning the watch thread");
-        Watcher {
+        Ok(Watcher {
             stop: Some(stop),
             thread: Some(thread),
-        }
+        })
     }
 }
 
