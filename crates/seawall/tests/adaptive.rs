@@ -66,6 +66,66 @@ fn a_sync_call_over_the_limit_is_refused_at_once_with_or_without_a_listener() {
     }
 }
 
+/// Vegas and Gradient2 measure their baseline at a pinned concurrency (3
+/// by default); a `max_limit` below it still bounds the attempts in
+/// flight, sync and async.
+#[test]
+fn the_baseline_measurement_admits_no_more_than_the_max_limit() {
+    for (name, limit) in [
+        ("vegas", AdaptiveLimit::vegas()),
+        ("gradient2", AdaptiveLimit::gradient2()),
+    ] {
+        for start in [Duration::ZERO, Duration::from_secs(1_000_000)] {
+            let clock = VirtualClock::starting_at(start);
+            let p = Pipeline::builder(format!("adaptive-pinned-{name}-{}", start.as_secs()))
+                .adaptive_limit(limit.clone().limits(2, 2, 2))
+                .clock(clock.clone())
+                .build()
+                .unwrap();
+            let now = p.concurrency_limit().unwrap();
+            assert!(now.measuring, "{name}");
+            assert_eq!(now.admitted, 2, "{name}");
+            // Sync: a third call nested in two others is refused.
+            let inner = p.clone();
+            let third = p.call(|_| {
+                inner.call(|_| {
+                    Ok::<_, std::io::Error>(rejected(inner.call(|_| Ok::<_, std::io::Error>(()))))
+                })
+            });
+            assert_eq!(
+                third.unwrap(),
+                RejectionReason::ConcurrencyLimited,
+                "{name}"
+            );
+            // Async: two calls hold the slots, a third is refused at once.
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .build()
+                .unwrap();
+            let hold = || {
+                let clock = clock.clone();
+                p.run(move |_| {
+                    let clock = clock.clone();
+                    async move {
+                        clock.sleep(MS * 100).await;
+                        Ok::<_, std::io::Error>(())
+                    }
+                })
+            };
+            let (a, b, c) = rt.block_on(async {
+                tokio::join!(
+                    hold(),
+                    hold(),
+                    p.run(|_| async { Ok::<_, std::io::Error>(()) })
+                )
+            });
+            a.unwrap();
+            b.unwrap();
+            assert_eq!(rejected(c), RejectionReason::ConcurrencyLimited, "{name}");
+            assert_eq!(p.concurrency_limit().unwrap().in_flight, 0);
+        }
+    }
+}
+
 #[test]
 fn an_async_call_waits_in_the_queue_for_a_slot() {
     let clock = VirtualClock::new();

@@ -63,12 +63,14 @@
 //!
 //!   Vegas and Gradient2 compare each latency with a **baseline**, the
 //!   latency without load, measured as Envoy does: the limit is pinned to
-//!   `min_rtt_concurrency` until `min_rtt_samples` attempts admitted at
-//!   that concurrency ended (their mean latency is the baseline), then
-//!   measured again every `min_rtt_interval` plus up to `min_rtt_jitter`
-//!   of it at random; a limit starts by measuring it. As in Envoy, a limit
-//!   left at `min_limit` by 5 update windows in a row measures its
-//!   baseline again at once: a baseline lower than the dependency's
+//!   `min_rtt_concurrency` (or `max_limit` when that is lower: the limit
+//!   never exceeds `max_limit`, measuring included) until
+//!   `min_rtt_samples` attempts admitted at that concurrency ended (their
+//!   mean latency is the baseline), then measured again every
+//!   `min_rtt_interval` plus up to `min_rtt_jitter` of it at random; a
+//!   limit starts by measuring it. As in Envoy, a limit left at
+//!   `min_limit` by 5 update windows in a row measures its baseline again
+//!   at once: a baseline lower than the dependency's
 //!   latency without load (measured while it was unusually fast, or before
 //!   it became slower for good) makes every latency look queued and holds
 //!   the limit at its minimum, which would otherwise last until the next
@@ -382,7 +384,8 @@ impl AdaptiveLimit {
     }
 
     /// Vegas and Gradient2: measure the baseline every `interval` (plus
-    /// the jitter), over `samples` attempts admitted at `concurrency`.
+    /// the jitter), over `samples` attempts admitted at `concurrency` (at
+    /// most `max_limit`).
     pub fn min_rtt(mut self, interval: Duration, samples: u32, concurrency: u32) -> Self {
         self.min_rtt_interval = Some(interval);
         self.min_rtt_samples = Some(samples);

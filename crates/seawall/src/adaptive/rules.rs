@@ -31,14 +31,15 @@
 //! Vegas and Gradient2 compare each latency with a **baseline**, the
 //! latency of the dependency without load. It is measured as Envoy's
 //! gradient controller does: the limit is pinned to a low concurrency
-//! (`min_rtt_concurrency`) until `min_rtt_samples` calls admitted at that
-//! concurrency ended, their mean latency is the baseline, and it is
-//! measured again every `min_rtt_interval` (plus a random jitter, so
-//! processes do not pin at the same time). A lower latency seen between
-//! measurements lowers the baseline at once (Vegas). As in Envoy, a limit
-//! left at `min_limit` by [`MIN_LIMIT_WINDOWS`] update windows in a row
-//! measures its baseline again at once, without waiting for the interval;
-//! a window far from the limit (see `far_from_limit`) does not count.
+//! (`min_rtt_concurrency`, at most `max_limit`) until `min_rtt_samples`
+//! calls admitted at that concurrency ended, their mean latency is the
+//! baseline, and it is measured again every `min_rtt_interval` (plus a
+//! random jitter, so processes do not pin at the same time). A lower
+//! latency seen between measurements lowers the baseline at once
+//! (Vegas). As in Envoy, a limit left at `min_limit` by
+//! [`MIN_LIMIT_WINDOWS`] update windows in a row measures its baseline
+//! again at once, without waiting for the interval; a window far from the
+//! limit (see `far_from_limit`) does not count.
 
 use std::time::Duration;
 
@@ -238,11 +239,12 @@ pub(crate) fn initial(spec: &Spec) -> State {
     }
 }
 
-/// The limit calls are admitted against: the pinned concurrency while the
-/// baseline is measured, the estimated limit (rounded down) otherwise.
+/// The limit calls are admitted against: the pinned concurrency (never
+/// above `max_limit`) while the baseline is measured, the estimated limit
+/// (rounded down) otherwise.
 pub(crate) fn admitted_limit(spec: &Spec, state: &State) -> u32 {
     match (state.baseline, measure(spec)) {
-        (Baseline::Measuring { .. }, Some(m)) => m.concurrency,
+        (Baseline::Measuring { .. }, Some(m)) => m.concurrency.min(spec.max_limit),
         _ => whole(state.limit),
     }
 }
@@ -613,6 +615,32 @@ mod tests {
         st = update(&s, st, &late);
         assert_eq!((admitted_limit(&s, &st), window(&st)), (3, 2));
         assert_eq!(st.limit, 20.0);
+    }
+
+    #[test]
+    fn the_pinned_concurrency_never_exceeds_the_max_limit() {
+        for algorithm in [
+            Algorithm::Gradient2 {
+                smoothing: 0.2,
+                queue_size: 4,
+                buffer: 0.1,
+                baseline: measure(),
+            },
+            Algorithm::Vegas {
+                smoothing: 1.0,
+                baseline: measure(),
+            },
+        ] {
+            let s = Spec {
+                min_limit: 1,
+                initial_limit: 2,
+                max_limit: 2,
+                ..spec(algorithm)
+            };
+            let st = initial(&s);
+            assert!(matches!(st.baseline, Baseline::Measuring { .. }));
+            assert_eq!(admitted_limit(&s, &st), 2, "{algorithm:?}");
+        }
     }
 
     fn known(s: &Spec, limit: f64, base: Nanos) -> State {
