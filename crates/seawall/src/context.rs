@@ -131,9 +131,13 @@ impl Context {
             .map(|d| Duration::from_nanos(d.saturating_sub(self.clock.now_nanos())))
     }
 
-    /// `true` once the deadline has passed.
+    /// `true` once the deadline has passed: a result returned now would be
+    /// late. At the deadline itself it is not yet (a result at the deadline
+    /// is on time, see [`crate::timeout`]), though
+    /// [`remaining`](Self::remaining) is zero then.
     pub fn is_expired(&self) -> bool {
-        self.remaining() == Some(Duration::ZERO)
+        self.deadline
+            .is_some_and(|d| crate::timeout::late_by(self.clock.now_nanos(), d).is_some())
     }
 }
 
@@ -455,6 +459,22 @@ mod tests {
             assert!(!ctx.is_expired());
             clock.advance(Duration::from_secs(1));
             assert_eq!(ctx.remaining(), Some(Duration::ZERO));
+            assert!(ctx.is_expired());
+        }
+    }
+
+    #[test]
+    fn a_context_at_its_deadline_is_not_expired_yet() {
+        for start in [Duration::ZERO, Duration::from_secs(1_000_000)] {
+            let clock = crate::testing::VirtualClock::starting_at(start);
+            let ctx = Context::builder("users-api")
+                .deadline_in(Duration::from_millis(100))
+                .clock(clock.clone())
+                .build();
+            clock.advance(Duration::from_millis(100));
+            assert_eq!(ctx.remaining(), Some(Duration::ZERO));
+            assert!(!ctx.is_expired(), "a result now is on time");
+            clock.advance(Duration::from_nanos(1));
             assert!(ctx.is_expired());
         }
     }

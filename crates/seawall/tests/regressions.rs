@@ -2706,3 +2706,48 @@ fn a_timeout_before_a_call_policy_bounds_a_policy_that_hangs() {
         }
     }
 }
+
+// ------------------------------------------------------------------------
+// `Context::is_expired` said `true` at the deadline itself, where a result
+// is on time: an operation that checked it gave up on an answer the
+// timeout would have kept.
+
+/// An operation at its deadline finds its context not yet expired, and its
+/// answer is kept (a strict timeout in sync code, the async timeout); one
+/// nanosecond later the context is expired and the answer is late.
+#[test]
+fn a_context_at_its_deadline_is_not_expired() {
+    for offset in [Duration::ZERO, FAR] {
+        for listener in [false, true] {
+            for (took, late) in [(ms(100), false), (ms(100) + Duration::from_nanos(1), true)] {
+                let what = format!("{offset:?} {listener} {took:?}");
+                let clock = clock_at(offset);
+                let b = Pipeline::builder(unique("reg-expired-at-deadline"))
+                    .clock(clock.clone())
+                    .timeout(Timeout::strict(ms(100)));
+                let p = listen(b, listener).build().unwrap();
+                let c = clock.clone();
+                let r = p.call(|ctx| {
+                    c.advance(took);
+                    Ok::<bool, Boom>(ctx.is_expired())
+                });
+                if late {
+                    assert!(matches!(&r, Err(Error::Timeout(_))), "sync {what}: {r:?}");
+                } else {
+                    assert!(matches!(&r, Ok(false)), "sync {what}: {r:?}");
+                }
+                let c = clock.clone();
+                let r = rt().block_on(p.run(move |ctx| {
+                    c.advance(took);
+                    let expired = ctx.is_expired();
+                    async move { Ok::<bool, Boom>(expired) }
+                }));
+                if late {
+                    assert!(matches!(&r, Err(Error::Timeout(_))), "async {what}: {r:?}");
+                } else {
+                    assert!(matches!(&r, Ok(false)), "async {what}: {r:?}");
+                }
+            }
+        }
+    }
+}
