@@ -477,6 +477,57 @@ fn a_cancelled_wait_gives_its_reserved_permit_back() {
     });
 }
 
+/// Two calls waiting for their reserved permits, dropped newest first:
+/// each is the newest reservation when it goes, so both permits come back
+/// and the next caller waits only for the first. The fixed window kept the
+/// older one spent: its window was no longer the last one counted once the
+/// newer window had been emptied, and the next caller waited a window more
+/// than with GCRA.
+#[test]
+fn waiters_dropped_newest_first_give_every_permit_back() {
+    let limiters = one_per_250ms();
+    let variants: Vec<(usize, Duration, bool, Flavor)> = (0..limiters.len())
+        .flat_map(|i| {
+            [Duration::ZERO, FAR].into_iter().flat_map(move |offset| {
+                [false, true]
+                    .into_iter()
+                    .flat_map(move |listener| FLAVORS.map(|flavor| (i, offset, listener, flavor)))
+            })
+        })
+        .collect();
+    each_variant(&variants, |(i, offset, listener, flavor)| {
+        use std::future::Future;
+        use std::task::{Context as TaskContext, Waker};
+        let (name, limiter) = &limiters[i];
+        let clock = clock_at(offset + ms(250));
+        let start = clock.now();
+        let p = listen(
+            Pipeline::builder(unique("reg-rl-cancel-two"))
+                .rate_limiter(limiter.clone().max_wait(ms(500)))
+                .store(MemoryStore::new())
+                .clock(clock.clone()),
+            listener,
+        )
+        .build()
+        .unwrap();
+        exec(&p, flavor, |_| Ok::<_, Boom>(())).map_err(|e| format!("{name}: {e:?}"))?;
+        let mut cx = TaskContext::from_waker(Waker::noop());
+        // They reserve the permits at 250 and 500 ms.
+        let mut older = Box::pin(p.run(|_| async { Ok::<_, Boom>(()) }));
+        let mut newer = Box::pin(p.run(|_| async { Ok::<_, Boom>(()) }));
+        ensure(
+            older.as_mut().poll(&mut cx).is_pending() && newer.as_mut().poll(&mut cx).is_pending(),
+            || format!("{name}: a waiter ended at once"),
+        )?;
+        drop(newer);
+        drop(older);
+        let next = exec(&p, flavor, |_| Ok::<_, Boom>(clock.now() - start));
+        ensure(matches!(next, Ok(d) if d == ms(250)), || {
+            format!("{name}: the next call: {next:?}; expected an admission at 250ms")
+        })
+    });
+}
+
 /// A call waiting for its reserved permit holds no bulkhead slot ("a slot
 /// is held only while an attempt runs"): while it waits the bulkhead is
 /// empty; it holds the slot when it runs.

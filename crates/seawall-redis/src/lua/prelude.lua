@@ -292,7 +292,8 @@ end
 -- (microseconds and nanoseconds) where the state can tell them apart (as
 -- the in-memory rules do): GCRA while the TAT is still the one it set (to
 -- the nanosecond; it moves back by `w` intervals), the fixed window while
--- its window is the last one counted, the sliding log by taking out `w`
+-- its window is the last one counted (an emptied one kept as the window
+-- before it, full), the sliding log by taking out `w`
 -- entries at `at_u:at_n`.
 local function rgive(at_u, at_n, w)
   if not HAS_R then return end
@@ -310,8 +311,15 @@ local function rgive(at_u, at_n, w)
   elseif R_ALG == 2 then
     local v = redis.call('HMGET', KRL, 'w', 'n')
     local n = tonumber(v[2]) or 0
-    if tonumber(v[1]) == math.floor(at_u / R_PERIOD) and n >= w and w > 0 then
-      redis.call('HSET', KRL, 'n', n - w)
+    local win = tonumber(v[1])
+    if win == math.floor(at_u / R_PERIOD) and n >= w and w > 0 then
+      if n == w and win > 0 then
+        -- An emptied window is kept as the one before it, full (the same
+        -- state for every call), as the in-memory rule does.
+        redis.call('HSET', KRL, 'w', win - 1, 'n', R_LIMIT)
+      else
+        redis.call('HSET', KRL, 'n', n - w)
+      end
     end
   else
     for _, m in ipairs(redis.call('ZRANGEBYSCORE', KRL, at_u, at_u)) do

@@ -51,7 +51,10 @@
 //! where the state can tell it apart: GCRA while `tat` is still the one it
 //! set (no call came after it; `tat` moves back by `T`); the fixed window
 //! while its window is still the last one counted (the count goes down by
-//! one); the sliding window takes one entry at its instant out of the log.
+//! one; a window left with none is kept as the one before it, full, which
+//! counts alike, so that the reservation before it can be given back in
+//! its turn); the sliding window takes one entry at its instant out of the
+//! log.
 //! Otherwise it stays spent: stricter, never looser.
 //!
 //! # Weights
@@ -327,10 +330,16 @@ impl FixedWindow {
     }
 
     /// Gives back the `n` permits reserved for `at` (the start of their
-    /// window) while their window is the last one counted.
+    /// window) while their window is the last one counted. A window left
+    /// with none is kept as the window before it, full (the same state for
+    /// every call), so that the reservation before it can be given back in
+    /// its turn.
     pub fn give_back(&mut self, at: Duration, n: u32) {
         if at.as_nanos() / self.period.as_nanos() == self.window && self.count >= n && n > 0 {
             self.count -= n;
+            if self.count == 0 && self.window > 0 {
+                (self.window, self.count) = (self.window - 1, self.limit);
+            }
         }
     }
 }

@@ -168,10 +168,11 @@ impl RateLimiter {
     /// A call cancelled while it waits (its future dropped) gives its
     /// permit back. GCRA and the fixed window keep the whole queue in one
     /// number, so they take back only the newest reservation (no call came
-    /// after it); an older one stays spent, stricter than needed, until the
-    /// queue behind it has passed (at most `max_wait`). A sliding window
-    /// takes the reserved entry out of its log; a hole between two
-    /// reservations is not filled.
+    /// after it, or those that did gave theirs back: waiters dropped newest
+    /// first all give theirs back); an older one stays spent, stricter
+    /// than needed, until the queue behind it has passed (at most
+    /// `max_wait`). A sliding window takes the reserved entry out of its
+    /// log; a hole between two reservations is not filled.
     ///
     /// The Redis store (`seawall-redis`) reserves as the in-memory one does,
     /// across processes. A store that does not reserve (the default of

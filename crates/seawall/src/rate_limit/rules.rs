@@ -68,7 +68,9 @@
 //! exactly where the state can tell it apart: GCRA and the fixed window
 //! keep one number for the whole queue, so only the newest reservation can
 //! be taken out of it (the TAT still the one it set, the window still the
-//! last one counted); an older one stays spent, which is stricter, never
+//! last one counted; a window emptied so is kept as the one before it,
+//! full, so that the reservation before it is the newest in its turn); an
+//! older one stays spent, which is stricter, never
 //! looser, and lasts only until the queue behind it has passed (at most
 //! `max_wait`). The sliding log takes out exactly the entry reserved; a
 //! later caller is still placed after the newest entry, so a hole between
@@ -315,7 +317,9 @@ pub(crate) fn fixed_window_reserve(
 /// Fixed window: the state once the reservation of `n` permits for
 /// instant `at` (the start of its window) is given back, when it can be:
 /// its window is still the last one counted. `None` otherwise (see the
-/// [module docs](self)).
+/// [module docs](self)). A window left with no permit is stored as the
+/// window before it, full: the same state for every call, since every
+/// window up to the last one counted counts as full.
 pub(crate) fn fixed_window_give_back(
     state: Window,
     p: &RateParams,
@@ -323,9 +327,15 @@ pub(crate) fn fixed_window_give_back(
     n: u32,
 ) -> Option<Window> {
     let n = u64::from(n);
-    (state.index == at / p.period_ns && state.count >= n && n > 0).then(|| Window {
-        count: state.count - n,
-        ..state
+    if state.index != at / p.period_ns || state.count < n || n == 0 {
+        return None;
+    }
+    Some(match (state.count - n, state.index.checked_sub(1)) {
+        (0, Some(before)) => Window {
+            index: before,
+            count: u64::from(p.limit),
+        },
+        (count, _) => Window { count, ..state },
     })
 }
 
@@ -514,8 +524,8 @@ mod tests {
         assert_eq!(
             fixed_window_give_back(grant.next, p, SEC, 3),
             Some(Window {
-                count: grant.next.count - 3,
-                ..grant.next
+                index: 0,
+                count: 10
             })
         );
 
