@@ -619,18 +619,7 @@ mod tests {
 
     #[test]
     fn the_pinned_concurrency_never_exceeds_the_max_limit() {
-        for algorithm in [
-            Algorithm::Gradient2 {
-                smoothing: 0.2,
-                queue_size: 4,
-                buffer: 0.1,
-                baseline: measure(),
-            },
-            Algorithm::Vegas {
-                smoothing: 1.0,
-                baseline: measure(),
-            },
-        ] {
+        for algorithm in latency_algorithms() {
             let s = Spec {
                 min_limit: 1,
                 initial_limit: 2,
