@@ -533,6 +533,38 @@ fn an_unknown_field_is_reported_with_its_file_line_and_path() {
     assert!(msg.contains("unknown field `pipeline`"), "{msg}");
 }
 
+/// A YAML mapping may repeat a key; a pipeline named twice is refused at
+/// its second entry rather than replaced by it without a word (TOML refuses
+/// a table defined twice on its own).
+#[test]
+fn a_pipeline_named_twice_is_refused_with_its_line() {
+    let (e, msg) = load_error(
+        Format::Yaml,
+        "pipelines:\n  payments:\n    retry: { delay: 100ms, max_attempts: 5 }\n  search:\n    timeout: 1s\n  payments:\n    timeout: 2s\n",
+    );
+    assert!(matches!(e, LoadError::Parse { .. }), "{e:?}");
+    assert_eq!(e.line(), Some(6), "{msg}");
+    assert!(
+        msg.contains("6:3: pipelines.payments: duplicate pipeline `payments`: each pipeline is configured once"),
+        "{msg}"
+    );
+
+    let (e, msg) = load_error(
+        Format::Toml,
+        "[pipelines.payments]\ntimeout = \"1s\"\n\n[pipelines.payments]\ntimeout = \"2s\"\n",
+    );
+    assert!(matches!(e, LoadError::Parse { .. }), "{e:?}");
+    assert_eq!(e.line(), Some(4), "{msg}");
+
+    // Names that differ are two pipelines.
+    let config = Config::parse(
+        Format::Yaml,
+        "pipelines:\n  payments:\n    timeout: 1s\n  Payments:\n    timeout: 2s\n",
+    )
+    .unwrap();
+    assert_eq!(config.names().collect::<Vec<_>>(), ["Payments", "payments"]);
+}
+
 #[test]
 fn a_bad_duration_is_reported_with_its_line() {
     let (e, msg) = load_error(

@@ -34,7 +34,59 @@ pub(crate) struct RawFile {
     // `Option`s so that an empty YAML key (`pipelines:`, `users:`) reads
     // as nothing configured rather than as a type error.
     #[serde(default)]
-    pipelines: Option<BTreeMap<String, Option<RawPipeline>>>,
+    pipelines: Option<Pipelines>,
+}
+
+/// The `pipelines` table: each name once (a YAML mapping may repeat a key,
+/// which would otherwise drop the first entry without a word).
+#[derive(Debug, Default)]
+struct Pipelines(BTreeMap<String, Option<RawPipeline>>);
+
+impl<'de> Deserialize<'de> for Pipelines {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Pipelines;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a table of pipelines by name")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Pipelines, A::Error> {
+                let mut pipelines = BTreeMap::new();
+                while let Some(name) = map.next_key_seed(NewName(&pipelines))? {
+                    let entry = map.next_value()?;
+                    pipelines.insert(name, entry);
+                }
+                Ok(Pipelines(pipelines))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+/// The name of a pipeline not named before: refused while the key is read,
+/// so that the error points at the second entry.
+struct NewName<'a>(&'a BTreeMap<String, Option<RawPipeline>>);
+
+impl<'de> DeserializeSeed<'de> for NewName<'_> {
+    type Value = String;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<String, D::Error> {
+        d.deserialize_string(self)
+    }
+}
+
+impl Visitor<'_> for NewName<'_> {
+    type Value = String;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a pipeline name")
+    }
+    fn visit_str<E: de::Error>(self, name: &str) -> Result<String, E> {
+        if self.0.contains_key(name) {
+            return Err(E::custom(format_args!(
+                "duplicate pipeline `{name}`: each pipeline is configured once"
+            )));
+        }
+        Ok(name.to_owned())
+    }
 }
 
 impl RawFile {
@@ -42,7 +94,7 @@ impl RawFile {
     pub(crate) fn pipelines(&self) -> impl Iterator<Item = (&str, RawPipeline)> + '_ {
         self.pipelines
             .iter()
-            .flatten()
+            .flat_map(|p| &p.0)
             .map(|(name, p)| (name.as_str(), p.clone().unwrap_or_default()))
     }
 }
