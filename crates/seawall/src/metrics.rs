@@ -83,7 +83,8 @@
 //! The end of an attempt and of a call are the two histograms, not events.
 //!
 //! The circuit gauge is set on each transition, so it appears with the
-//! first one. A circuit forced open by
+//! first one; a [reload](crate::config#reloading) that replaces the circuit
+//! reports its close. A circuit forced open by
 //! [`Pipeline::isolate`](crate::Pipeline::isolate) reads `3` (its event is
 //! `circuit_opened`); one forced closed by
 //! [`Pipeline::force_close`](crate::Pipeline::force_close) reads `0`, like

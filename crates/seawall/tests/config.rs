@@ -959,6 +959,68 @@ fn a_reload_that_keeps_the_breaker_keeps_an_open_circuit() {
     );
 }
 
+/// A reload that replaces an open circuit with a closed one (the breaker's
+/// settings changed) reports the close to the pipeline's listeners, so
+/// that what follows the circuit's transitions (the state gauge of the
+/// metrics) does not go on reading the state of the circuit replaced; a
+/// reload that keeps the circuit reports nothing.
+#[test]
+fn a_reload_that_replaces_an_open_circuit_reports_it_closed() {
+    let seen: Arc<std::sync::Mutex<Vec<EventKind>>> = Arc::default();
+    let log = Arc::clone(&seen);
+    let r = Registry::builder()
+        .store(MemoryStore::new())
+        .clock(VirtualClock::new())
+        .configure(move |_, b| {
+            let log = Arc::clone(&log);
+            b.on_event(move |e| {
+                if matches!(
+                    e.kind,
+                    EventKind::CircuitOpened { .. } | EventKind::CircuitClosed
+                ) {
+                    log.lock().unwrap().push(e.kind.clone());
+                }
+            })
+        })
+        .load_str(Format::Toml, &breaker_config(2))
+        .unwrap();
+    let closes = || {
+        seen.lock()
+            .unwrap()
+            .iter()
+            .filter(|k| **k == EventKind::CircuitClosed)
+            .count()
+    };
+    let calls = AtomicU32::new(0);
+    assert!(r
+        .pipeline("payments")
+        .unwrap()
+        .call(failing(&calls))
+        .is_err());
+    assert_eq!(seen.lock().unwrap().len(), 1, "opened");
+
+    // The same breaker: the circuit stays open, nothing to report.
+    r.reload_str(Format::Toml, &breaker_config(3)).unwrap();
+    assert_eq!(
+        r.pipeline("payments").unwrap().circuit_state().unwrap(),
+        CircuitState::Open
+    );
+    assert_eq!(closes(), 0);
+
+    // Another breaker: a closed circuit, reported once.
+    let other = breaker_config(3).replace("consecutive_failures = 2", "consecutive_failures = 5");
+    r.reload_str(Format::Toml, &other).unwrap();
+    assert_eq!(
+        r.pipeline("payments").unwrap().circuit_state().unwrap(),
+        CircuitState::Closed
+    );
+    assert_eq!(closes(), 1);
+
+    // A closed circuit replaced by another closed one: nothing to report.
+    r.reload_str(Format::Toml, &breaker_config(3)).unwrap();
+    assert_eq!(closes(), 1);
+}
+
 #[test]
 fn a_failed_reload_keeps_the_old_pipelines_and_says_why() {
     let r = toml(&breaker_config(2));

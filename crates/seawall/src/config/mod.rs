@@ -360,7 +360,13 @@
 //! which always serves the latest); calls in flight finish on the pipeline
 //! they started with. With the default [`MemoryStore`](crate::MemoryStore),
 //! a reload that leaves a policy's settings unchanged keeps its state: an
-//! open circuit stays open when only the retry changed. A reload may name
+//! open circuit stays open when only the retry changed. One that changes
+//! the circuit breaker's settings starts closed circuits, and reports the
+//! close of the pipeline's own (unpartitioned) circuit
+//! ([`EventKind::CircuitClosed`](crate::EventKind::CircuitClosed), as
+//! [`Pipeline::reset`](crate::Pipeline::reset) does) when the circuit it
+//! replaces was in another state, so that the metrics' state gauge
+//! follows. A reload may name
 //! other registered classifiers and fallbacks (or none): a pipeline looked
 //! up with [`Registry::typed`] after it runs with them. With the feature
 //! `watch`, `Registry::watch` polls the file and reloads it when it

@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuar
 use super::named::{Named, Typed};
 use super::raw::Resolved;
 use super::{source, validate_by, Config, Format, LoadError, LookupError, UnknownPipeline};
+use crate::breaker::{CircuitState, CircuitTransition};
 use crate::classify::Verdict;
 use crate::clock::{Clock, Random};
 use crate::context::Context;
@@ -389,6 +390,15 @@ struct Slot {
     live: AtomicBool,
 }
 
+/// What a reload keeps or compares of the pipeline it replaces.
+struct Previous {
+    /// Its retry (or hedging) budget, whose tokens an unchanged budget
+    /// keeps.
+    budget: Option<RetryBudget>,
+    /// The state of its circuit, if it has a circuit breaker.
+    circuit: Option<CircuitState>,
+}
+
 #[derive(Clone)]
 struct Entry {
     /// The pipeline without the named handlers (what a handle taken
@@ -665,16 +675,23 @@ impl Registry {
                 })
                 .map_err(|e| config.invalid(name, e))?;
         }
-        let previous: HashMap<String, Option<RetryBudget>> = read(&self.inner.slots)
+        let previous: HashMap<String, Previous> = read(&self.inner.slots)
             .iter()
-            .map(|(n, s)| (n.clone(), read(&s.entry).budget.clone()))
+            .map(|(n, s)| {
+                let entry = read(&s.entry);
+                let previous = Previous {
+                    budget: entry.budget.clone(),
+                    circuit: entry.pipeline.circuit_state().ok(),
+                };
+                (n.clone(), previous)
+            })
             .collect();
         let mut built = Vec::new();
         for (name, resolved) in config.resolved() {
             // An unchanged budget keeps its tokens.
             let budget = match (
                 resolved.budget(),
-                previous.get(name).and_then(Option::as_ref),
+                previous.get(name).and_then(|p| p.budget.as_ref()),
             ) {
                 (Some(new), Some(old)) if new == old => Some(old.clone()),
                 (new, _) => new.cloned(),
@@ -702,6 +719,19 @@ impl Registry {
                     budget,
                 },
             ));
+        }
+        // A circuit the reload replaced (its settings changed) starts
+        // closed: said as a close, so that listeners (the state gauge)
+        // do not go on reading the state of the circuit it replaced.
+        for (name, entry) in &built {
+            let before = previous.get(name).and_then(|p| p.circuit);
+            if before.is_some_and(|s| s != CircuitState::Closed)
+                && entry.pipeline.circuit_state().ok() == Some(CircuitState::Closed)
+            {
+                entry
+                    .pipeline
+                    .emit_transition(None, CircuitTransition::Closed);
+            }
         }
         let mut slots = write(&self.inner.slots);
         for slot in slots.values() {
