@@ -1021,6 +1021,53 @@ fn a_reload_that_replaces_an_open_circuit_reports_it_closed() {
     assert_eq!(closes(), 1);
 }
 
+fn adaptive_config(max_attempts: u32, shadow: bool, max_limit: u32) -> String {
+    format!(
+        "[pipelines.search]\n\
+         retry = {{ backoff = \"constant\", delay = \"1ms\", max_attempts = {max_attempts} }}\n\
+         adaptive_limit = {{ algorithm = \"aimd\", initial_limit = 10, min_limit = 2, \
+         max_limit = {max_limit}, rtt_timeout = \"100ms\", update_interval = \"10ms\", \
+         shadow = {shadow} }}\n"
+    )
+}
+
+/// An adaptive limit is kept by the pipeline, not by the store: a reload
+/// that leaves its algorithm's settings unchanged goes on from the limit it
+/// found (the retry changed, or shadow mode switched off to enforce the
+/// limit found in it); one that changes them starts again from
+/// `initial_limit`.
+#[test]
+fn a_reload_that_keeps_the_adaptive_limit_keeps_the_limit_it_found() {
+    let clock = VirtualClock::new();
+    let r = Registry::builder()
+        .store(MemoryStore::new())
+        .clock(clock.clone())
+        .load_str(Format::Toml, &adaptive_config(1, true, 50))
+        .unwrap();
+    let limit = |r: &Registry| r.pipeline("search").unwrap().concurrency_limit().unwrap().limit;
+    assert_eq!(limit(&r), 10);
+    let p = r.pipeline("search").unwrap();
+    for _ in 0..20 {
+        // Each attempt takes longer than `rtt_timeout`: a drop.
+        let _ = p.call(|_| {
+            clock.advance(ms(200));
+            Ok::<_, std::io::Error>(())
+        });
+    }
+    let found = limit(&r);
+    assert!(found < 10, "the limit went down to {found}");
+
+    r.reload_str(Format::Toml, &adaptive_config(2, true, 50)).unwrap();
+    assert_eq!(limit(&r), found, "only the retry changed");
+    r.reload_str(Format::Toml, &adaptive_config(2, false, 50)).unwrap();
+    assert_eq!(limit(&r), found, "shadow mode switched off");
+    let p = r.pipeline("search").unwrap();
+    assert_eq!(p.concurrency_limit().unwrap().admitted, found);
+
+    r.reload_str(Format::Toml, &adaptive_config(2, false, 40)).unwrap();
+    assert_eq!(limit(&r), 10, "another max_limit: a new limit");
+}
+
 #[test]
 fn a_failed_reload_keeps_the_old_pipelines_and_says_why() {
     let r = toml(&breaker_config(2));

@@ -55,6 +55,15 @@ impl Lease {
     }
 }
 
+/// What a limit found (its estimate, its baseline), under the settings
+/// of its rules: a limit of the same settings can go on from it
+/// ([`Limiter::resuming`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Learned {
+    spec: Spec,
+    state: State,
+}
+
 /// The adaptive limit of one pipeline, per process.
 pub(crate) struct Limiter {
     spec: Spec,
@@ -95,9 +104,23 @@ fn pack(limit: u32, window: u32) -> u64 {
 
 impl Limiter {
     /// The cell of a validated limit, for a pipeline on `clock`.
+    #[cfg(test)]
     pub(crate) fn new(settings: &AdaptiveLimit, clock: &ClockHandle) -> Self {
+        Self::resuming(settings, clock, None)
+    }
+
+    /// The cell of a validated limit that goes on from what `learned`
+    /// found when its rules' settings are the same (its shadow mode, queue
+    /// and partitions may differ); otherwise a new one.
+    pub(crate) fn resuming(
+        settings: &AdaptiveLimit,
+        clock: &ClockHandle,
+        learned: Option<&Learned>,
+    ) -> Self {
         let spec = settings.spec();
-        let state = rules::initial(&spec);
+        let state = learned
+            .filter(|l| l.spec == spec)
+            .map_or_else(|| rules::initial(&spec), |l| l.state);
         let shares: Box<[(Box<str>, f64)]> = settings
             .partitions
             .iter()
@@ -383,6 +406,15 @@ impl Limiter {
         }
         if self.queues.is_some() {
             self.freed(lease.partition);
+        }
+    }
+
+    /// What the limit found so far, for a limit that replaces it.
+    #[cfg(feature = "serde")]
+    pub(crate) fn learned(&self) -> Learned {
+        Learned {
+            spec: self.spec,
+            state: *self.state.lock().unwrap_or_else(PoisonError::into_inner),
         }
     }
 

@@ -366,7 +366,11 @@
 //! ([`EventKind::CircuitClosed`](crate::EventKind::CircuitClosed), as
 //! [`Pipeline::reset`](crate::Pipeline::reset) does) when the circuit it
 //! replaces was in another state, so that the metrics' state gauge
-//! follows. A reload may name
+//! follows. An adaptive limit, kept by the pipeline whatever the store,
+//! goes on from the limit (and baseline) it found when its algorithm's
+//! settings are unchanged: its `shadow`, queue and `partitions` may
+//! change, so that a limit found in shadow mode is enforced as it stands.
+//! A reload may name
 //! other registered classifiers and fallbacks (or none): a pipeline looked
 //! up with [`Registry::typed`] after it runs with them. With the feature
 //! `watch`, `Registry::watch` polls the file and reloads it when it

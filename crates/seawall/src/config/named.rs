@@ -11,6 +11,7 @@ use serde::de::{self, Deserializer, Visitor};
 use serde::Deserialize;
 
 use super::raw::one_of;
+use crate::adaptive::machine::Learned;
 use crate::classify::Verdict;
 use crate::context::{intern, Context};
 use crate::custom::{Policy, Position};
@@ -25,6 +26,8 @@ use crate::Pipeline;
 pub(crate) struct Typed {
     pipeline: Arc<dyn Any + Send + Sync>,
     kind: &'static str,
+    /// What the pipeline's adaptive limit found so far.
+    learned: fn(&(dyn Any + Send + Sync)) -> Option<Learned>,
 }
 
 impl Typed {
@@ -32,7 +35,17 @@ impl Typed {
         Typed {
             pipeline: Arc::new(pipeline),
             kind: type_name::<K>(),
+            learned: |p| {
+                p.downcast_ref::<Pipeline<K>>()
+                    .and_then(Pipeline::learned_limit)
+            },
         }
+    }
+
+    /// What the pipeline's adaptive limit found so far (`None` without
+    /// one).
+    pub(crate) fn learned_limit(&self) -> Option<Learned> {
+        (self.learned)(&*self.pipeline)
     }
 
     /// A pipeline without named handlers, when `K` is its kind; else the

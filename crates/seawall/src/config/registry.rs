@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuar
 use super::named::{Named, Typed};
 use super::raw::Resolved;
 use super::{source, validate_by, Config, Format, LoadError, LookupError, UnknownPipeline};
+use crate::adaptive::machine::Learned;
 use crate::breaker::{CircuitState, CircuitTransition};
 use crate::classify::Verdict;
 use crate::clock::{Clock, Random};
@@ -397,6 +398,8 @@ struct Previous {
     budget: Option<RetryBudget>,
     /// The state of its circuit, if it has a circuit breaker.
     circuit: Option<CircuitState>,
+    /// What its adaptive limit found, if it has one.
+    limit: Option<Learned>,
 }
 
 #[derive(Clone)]
@@ -682,6 +685,10 @@ impl Registry {
                 let previous = Previous {
                     budget: entry.budget.clone(),
                     circuit: entry.pipeline.circuit_state().ok(),
+                    limit: match &entry.typed {
+                        Some(t) => t.learned_limit(),
+                        None => entry.pipeline.learned_limit(),
+                    },
                 };
                 (n.clone(), previous)
             })
@@ -696,7 +703,11 @@ impl Registry {
                 (Some(new), Some(old)) if new == old => Some(old.clone()),
                 (new, _) => new.cloned(),
             };
-            let builder = self.inner.builder(name, resolved, budget.as_ref(), true);
+            let limit = previous.get(name).and_then(|p| p.limit);
+            let builder = self
+                .inner
+                .builder(name, resolved, budget.as_ref(), true)
+                .resume_limit(limit);
             let typed = self
                 .inner
                 .named
@@ -709,7 +720,10 @@ impl Registry {
                 )
                 .map_err(|e| config.invalid(name, e))?;
             // Untyped, a pipeline runs without the handlers named in code.
-            let untyped = self.inner.builder(name, resolved, budget.as_ref(), false);
+            let untyped = self
+                .inner
+                .builder(name, resolved, budget.as_ref(), false)
+                .resume_limit(limit);
             let pipeline = untyped.build().map_err(|e| config.invalid(name, e))?;
             built.push((
                 name.to_owned(),

@@ -10,7 +10,7 @@ use super::kind::{
     WithAsyncFallback, WithFallback,
 };
 use super::{Gate, Pipeline, Plan, Shared, CALL_SUFFIX};
-use crate::adaptive::machine::Limiter;
+use crate::adaptive::machine::{Learned, Limiter};
 use crate::adaptive::AdaptiveLimit;
 use crate::breaker::CircuitBreaker;
 use crate::bulkhead::queue::Queues;
@@ -112,6 +112,9 @@ pub struct PipelineBuilder<K: Kind = AnyResult> {
     /// A configuration error found before `build()` (a configuration file
     /// naming what only a registry can declare), which `build()` returns.
     refused: Option<ConfigError>,
+    /// What the adaptive limit of the pipeline this one replaces found (a
+    /// registry's reload), to go on from.
+    learned: Option<Learned>,
 }
 
 impl<K: Kind> Clone for PipelineBuilder<K> {
@@ -128,6 +131,7 @@ impl<K: Kind> Clone for PipelineBuilder<K> {
             strict_names: self.strict_names,
             handlers: self.handlers.clone(),
             refused: self.refused.clone(),
+            learned: self.learned,
         }
     }
 }
@@ -155,6 +159,7 @@ impl PipelineBuilder<AnyResult> {
             strict_names: false,
             handlers: (),
             refused: None,
+            learned: None,
         }
     }
 }
@@ -170,6 +175,14 @@ impl<K: Kind> PipelineBuilder<K> {
     #[cfg(feature = "serde")]
     pub(crate) fn refuse(mut self, error: ConfigError) -> Self {
         self.refused.get_or_insert(error);
+        self
+    }
+
+    /// Lets the adaptive limit go on from what the one of a replaced
+    /// pipeline found, when their rules' settings are the same.
+    #[cfg(feature = "serde")]
+    pub(crate) fn resume_limit(mut self, learned: Option<Learned>) -> Self {
+        self.learned = learned;
         self
     }
 
@@ -633,6 +646,7 @@ impl<K: Kind> PipelineBuilder<K> {
             strict_names: self.strict_names,
             handlers,
             refused: self.refused,
+            learned: self.learned,
         }
     }
 
@@ -677,6 +691,7 @@ impl<K: Kind> PipelineBuilder<K> {
             handlers: self.handlers,
             chaos: sorted.chaos.into_boxed_slice(),
             adaptive: sorted.adaptive,
+            learned: self.learned,
             coalesce: sorted.coalesce,
             custom: super::chain::Customs::new(
                 sorted.custom_call,
@@ -708,6 +723,7 @@ struct Assembly<K: Kind> {
     handlers: K::Handlers,
     chaos: Box<[Chaos]>,
     adaptive: Option<AdaptiveLimit>,
+    learned: Option<Learned>,
     coalesce: Option<Coalesce>,
     custom: super::chain::Customs,
 }
@@ -728,7 +744,10 @@ impl<K: Kind> Assembly<K> {
         let gate = self.gate(self.name.clone(), attempt, stored_budget)?;
         let call_gate = self.gate(format!("{}{CALL_SUFFIX}", self.name), call, None)?;
         let random: Arc<dyn Random> = self.random.unwrap_or_else(|| Arc::new(SystemRandom));
-        let adaptive = self.adaptive.as_ref().map(|a| Limiter::new(a, &self.clock));
+        let adaptive = self
+            .adaptive
+            .as_ref()
+            .map(|a| Limiter::resuming(a, &self.clock, self.learned.as_ref()));
         let listeners = Listeners::new(self.listeners);
         let any_timeout = self.overall_timeout.is_some() || self.attempt_timeout.is_some();
         let general = call_gate.is_some()

@@ -503,6 +503,13 @@ impl<K: Kind> Pipeline<K> {
         self.shared.adaptive.as_ref().map(|l| l.snapshot())
     }
 
+    /// What the adaptive limit found so far (`None` without one), for the
+    /// pipeline that replaces this one on a reload.
+    #[cfg(feature = "serde")]
+    pub(crate) fn learned_limit(&self) -> Option<crate::adaptive::machine::Learned> {
+        self.shared.adaptive.as_ref().map(|l| l.learned())
+    }
+
     /// The gates of the pipeline: the attempt's, then the call's.
     fn gates(&self) -> impl Iterator<Item = &Gate> {
         self.shared.gate.iter().chain(self.shared.call_gate.iter())
