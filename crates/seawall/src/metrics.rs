@@ -84,7 +84,11 @@
 //!
 //! The circuit gauge is set on each transition, so it appears with the
 //! first one; a [reload](crate::config#reloading) that replaces the circuit
-//! reports its close. A circuit forced open by
+//! reports its close (and one that replaces an adaptive limit, the change
+//! of the limit). The series of a pipeline a reload removes are no
+//! longer updated but stay in the recorder (the facade has no removal; an
+//! exporter drops idle series by its own rules, such as
+//! `metrics-exporter-prometheus`'s `idle_timeout`). A circuit forced open by
 //! [`Pipeline::isolate`](crate::Pipeline::isolate) reads `3` (its event is
 //! `circuit_opened`); one forced closed by
 //! [`Pipeline::force_close`](crate::Pipeline::force_close) reads `0`, like

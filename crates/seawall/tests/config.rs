@@ -1035,16 +1035,32 @@ fn adaptive_config(max_attempts: u32, shadow: bool, max_limit: u32) -> String {
 /// that leaves its algorithm's settings unchanged goes on from the limit it
 /// found (the retry changed, or shadow mode switched off to enforce the
 /// limit found in it); one that changes them starts again from
-/// `initial_limit`.
+/// `initial_limit`, reported as a change of the limit.
 #[test]
 fn a_reload_that_keeps_the_adaptive_limit_keeps_the_limit_it_found() {
     let clock = VirtualClock::new();
+    let changes: Arc<std::sync::Mutex<Vec<(u32, u32)>>> = Arc::default();
+    let log = Arc::clone(&changes);
     let r = Registry::builder()
         .store(MemoryStore::new())
         .clock(clock.clone())
+        .configure(move |_, b| {
+            let log = Arc::clone(&log);
+            b.on_event(move |e| {
+                if let EventKind::LimitChanged { previous, limit } = e.kind {
+                    log.lock().unwrap().push((previous, limit));
+                }
+            })
+        })
         .load_str(Format::Toml, &adaptive_config(1, true, 50))
         .unwrap();
-    let limit = |r: &Registry| r.pipeline("search").unwrap().concurrency_limit().unwrap().limit;
+    let limit = |r: &Registry| {
+        r.pipeline("search")
+            .unwrap()
+            .concurrency_limit()
+            .unwrap()
+            .limit
+    };
     assert_eq!(limit(&r), 10);
     let p = r.pipeline("search").unwrap();
     for _ in 0..20 {
@@ -1056,16 +1072,26 @@ fn a_reload_that_keeps_the_adaptive_limit_keeps_the_limit_it_found() {
     }
     let found = limit(&r);
     assert!(found < 10, "the limit went down to {found}");
+    let reported = changes.lock().unwrap().len();
 
-    r.reload_str(Format::Toml, &adaptive_config(2, true, 50)).unwrap();
+    r.reload_str(Format::Toml, &adaptive_config(2, true, 50))
+        .unwrap();
     assert_eq!(limit(&r), found, "only the retry changed");
-    r.reload_str(Format::Toml, &adaptive_config(2, false, 50)).unwrap();
+    r.reload_str(Format::Toml, &adaptive_config(2, false, 50))
+        .unwrap();
     assert_eq!(limit(&r), found, "shadow mode switched off");
     let p = r.pipeline("search").unwrap();
     assert_eq!(p.concurrency_limit().unwrap().admitted, found);
+    assert_eq!(
+        changes.lock().unwrap().len(),
+        reported,
+        "no change to report"
+    );
 
-    r.reload_str(Format::Toml, &adaptive_config(2, false, 40)).unwrap();
+    r.reload_str(Format::Toml, &adaptive_config(2, false, 40))
+        .unwrap();
     assert_eq!(limit(&r), 10, "another max_limit: a new limit");
+    assert_eq!(changes.lock().unwrap()[reported..], [(found, 10)]);
 }
 
 #[test]

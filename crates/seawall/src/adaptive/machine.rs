@@ -64,6 +64,14 @@ pub(crate) struct Learned {
     state: State,
 }
 
+impl Learned {
+    /// The limit found, as [`LimitSnapshot::limit`] reads it.
+    #[cfg(feature = "serde")]
+    pub(crate) fn limit(&self) -> u32 {
+        rules::whole(self.state.limit)
+    }
+}
+
 /// The adaptive limit of one pipeline, per process.
 pub(crate) struct Limiter {
     spec: Spec,

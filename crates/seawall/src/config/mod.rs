@@ -370,7 +370,10 @@
 //! goes on from the limit (and baseline) it found when its algorithm's
 //! settings are unchanged: its `shadow`, queue and `partitions` may
 //! change, so that a limit found in shadow mode is enforced as it stands.
-//! A reload may name
+//! One of other settings starts from its `initial_limit`, reported as a
+//! change of the limit ([`EventKind::LimitChanged`](crate::EventKind::LimitChanged))
+//! when that differs from the limit replaced. A coalescing cache starts
+//! empty. A reload may name
 //! other registered classifiers and fallbacks (or none): a pipeline looked
 //! up with [`Registry::typed`] after it runs with them. With the feature
 //! `watch`, `Registry::watch` polls the file and reloads it when it

@@ -16,6 +16,7 @@ use crate::classify::Verdict;
 use crate::clock::{Clock, Random};
 use crate::context::Context;
 use crate::error::Error;
+use crate::event::EventKind;
 use crate::pipeline::{Kind, PipelineBuilder};
 use crate::retry::RetryBudget;
 use crate::store::StateStore;
@@ -735,16 +736,30 @@ impl Registry {
             ));
         }
         // A circuit the reload replaced (its settings changed) starts
-        // closed: said as a close, so that listeners (the state gauge)
-        // do not go on reading the state of the circuit it replaced.
+        // closed, and an adaptive limit of other settings from its initial
+        // limit: said as a close and as a change of the limit, so that
+        // listeners (the gauges) do not go on reading what was replaced.
         for (name, entry) in &built {
-            let before = previous.get(name).and_then(|p| p.circuit);
-            if before.is_some_and(|s| s != CircuitState::Closed)
+            let Some(before) = previous.get(name) else {
+                continue;
+            };
+            if before.circuit.is_some_and(|s| s != CircuitState::Closed)
                 && entry.pipeline.circuit_state().ok() == Some(CircuitState::Closed)
             {
                 entry
                     .pipeline
                     .emit_transition(None, CircuitTransition::Closed);
+            }
+            let limits = (
+                before.limit.map(|l| l.limit()),
+                entry.pipeline.concurrency_limit().map(|s| s.limit),
+            );
+            if let (Some(previous), Some(limit)) = limits {
+                if previous != limit {
+                    entry
+                        .pipeline
+                        .emit(None, || EventKind::LimitChanged { previous, limit });
+                }
             }
         }
         let mut slots = write(&self.inner.slots);
