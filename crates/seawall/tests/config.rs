@@ -791,6 +791,41 @@ fn settings_of_another_kind_are_errors_unless_inherited() {
     );
 }
 
+/// A window setting written in the section of a consecutive-failures
+/// breaker is refused whatever its value, the values that mode leaves them
+/// at included (`failure_rate = 1.0`, `minimum_calls = 0`, the default
+/// `slow_call_duration`): a file names the key, so it is never ignored.
+#[test]
+fn window_settings_of_a_consecutive_breaker_are_refused_whatever_their_value() {
+    for (setting, line) in [
+        ("failure_rate = 1.0", 3),
+        ("minimum_calls = 0", 3),
+        ("slow_call_duration = \"60s\"", 3),
+        ("slow_call_rate = 1.0", 3),
+    ] {
+        let field = setting.split(' ').next().unwrap();
+        let text = format!("[pipelines.a.circuit_breaker]\nconsecutive_failures = 3\n{setting}\n");
+        let (e, msg) = load_error(Format::Toml, &text);
+        assert_eq!(e.line(), Some(line), "{msg}");
+        let rule = format!(
+            "pipeline `a`: circuit_breaker.{field} applies only to a count or time window, not consecutive_failures"
+        );
+        assert!(msg.contains(&rule), "{msg}\nshould contain: {rule}");
+        // From `default`, with the mode it does not fit: an error there.
+        let text = format!(
+            "[default.circuit_breaker]\nconsecutive_failures = 3\n{setting}\n[pipelines.a]\ntimeout = \"1s\"\n"
+        );
+        let (e, msg) = load_error(Format::Toml, &text);
+        assert_eq!(e.line(), Some(line), "{msg}");
+        assert!(msg.contains(&rule), "{msg}");
+        // Inherited by a pipeline that chose the mode itself: left out.
+        toml(&format!(
+            "[default.circuit_breaker]\ncount_window = 10\n{setting}\n\
+             [pipelines.a.circuit_breaker]\nconsecutive_failures = 3\n"
+        ));
+    }
+}
+
 /// The builder refuses a setting given to a kind it does not apply to,
 /// with the error a file gets for the same setting (the file's located at
 /// its value): never built and silently ignored.

@@ -283,6 +283,25 @@ impl CircuitBreaker {
         }
     }
 
+    /// The settings that judge a window, which a consecutive-failures
+    /// breaker refuses.
+    pub(crate) const WINDOW_SETTINGS: [&'static str; 4] = [
+        "failure_rate",
+        "minimum_calls",
+        "slow_call_rate",
+        "slow_call_duration",
+    ];
+
+    /// The refusal of a window setting (`field`) given to a
+    /// consecutive-failures breaker.
+    pub(crate) fn window_only(field: &'static str) -> ConfigError {
+        ConfigError::new(
+            "circuit_breaker",
+            field,
+            "applies only to a count or time window, not consecutive_failures",
+        )
+    }
+
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         const P: &str = "circuit_breaker";
         let rate_ok = |r: f64| r > 0.0 && r <= 1.0;
@@ -325,26 +344,17 @@ impl CircuitBreaker {
             // `consecutive_failures` sets them, or refused.
             let consecutive = Self::consecutive_failures(1);
             let set = [
-                (
-                    "failure_rate",
-                    self.failure_rate != consecutive.failure_rate,
-                ),
-                (
-                    "minimum_calls",
-                    self.minimum_calls != consecutive.minimum_calls,
-                ),
-                ("slow_call_rate", self.slow_call_rate.is_some()),
-                (
-                    "slow_call_duration",
-                    self.slow_call_duration != consecutive.slow_call_duration,
-                ),
+                self.failure_rate != consecutive.failure_rate,
+                self.minimum_calls != consecutive.minimum_calls,
+                self.slow_call_rate.is_some(),
+                self.slow_call_duration != consecutive.slow_call_duration,
             ];
-            if let Some((field, _)) = set.into_iter().find(|(_, set)| *set) {
-                return Err(ConfigError::new(
-                    P,
-                    field,
-                    "applies only to a count or time window, not consecutive_failures",
-                ));
+            if let Some((field, _)) = Self::WINDOW_SETTINGS
+                .into_iter()
+                .zip(set)
+                .find(|(_, set)| *set)
+            {
+                return Err(Self::window_only(field));
             }
         }
         if !rate_ok(self.failure_rate) {

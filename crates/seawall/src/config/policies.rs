@@ -291,30 +291,18 @@ fn breaker(l: Layers<'_, Section>) -> Result<CircuitBreaker, ConfigError> {
     }
     let mode = if mode_from_own { l.own } else { l.base };
     let mut b = if let Some(n) = mode.and_then(|m| m.count("consecutive_failures")) {
-        // The settings of the window modes, handed to the breaker, which
-        // refuses them at build; left out when inherited from `default` by
-        // a pipeline that chose its mode itself.
-        let mut b = CircuitBreaker::consecutive_failures(n);
+        // A setting of the window modes is refused whatever its value (the
+        // breaker itself can only tell one that differs from what
+        // `consecutive_failures` sets); left out when inherited from
+        // `default` by a pipeline that chose its mode itself.
         let stray = |field: &str| l.stray(mode_from_own, |s| s.has(field).then_some(()));
-        if stray("failure_rate") {
-            if let Some(rate) = l.get(|s| s.number("failure_rate")) {
-                b.failure_rate = rate;
-            }
+        if let Some(field) = CircuitBreaker::WINDOW_SETTINGS
+            .into_iter()
+            .find(|f| stray(f))
+        {
+            return Err(CircuitBreaker::window_only(field));
         }
-        if stray("minimum_calls") {
-            if let Some(calls) = l.get(|s| s.count("minimum_calls")) {
-                b = b.minimum_calls(calls);
-            }
-        }
-        if stray("slow_call_rate") {
-            b.slow_call_rate = l.get(|s| s.number("slow_call_rate"));
-        }
-        if stray("slow_call_duration") {
-            if let Some(d) = l.get(|s| s.duration("slow_call_duration")) {
-                b.slow_call_duration = d.0;
-            }
-        }
-        b
+        CircuitBreaker::consecutive_failures(n)
     } else {
         let mut b =
             CircuitBreaker::failure_rate(l.get(|b| b.number("failure_rate")).unwrap_or(0.5));
