@@ -659,7 +659,7 @@ impl Registry {
         if !self.inner.allow_empty && config.names().next().is_none() {
             return Err(config.empty_error());
         }
-        let _reloading = lock(&self.inner.reload);
+        let reloading = lock(&self.inner.reload);
         // Check every pipeline before building any, so that a refused
         // configuration leaves no trace in the store.
         for (name, resolved) in config.resolved() {
@@ -737,8 +737,10 @@ impl Registry {
         }
         // A circuit the reload replaced (its settings changed) starts
         // closed, and an adaptive limit of other settings from its initial
-        // limit: said as a close and as a change of the limit, so that
-        // listeners (the gauges) do not go on reading what was replaced.
+        // limit: said as a close and as a change of the limit, once the
+        // new pipelines are in place, so that listeners (the gauges) do
+        // not go on reading what was replaced.
+        let mut reports = Vec::new();
         for (name, entry) in &built {
             let Some(before) = previous.get(name) else {
                 continue;
@@ -746,9 +748,8 @@ impl Registry {
             if before.circuit.is_some_and(|s| s != CircuitState::Closed)
                 && entry.pipeline.circuit_state().ok() == Some(CircuitState::Closed)
             {
-                entry
-                    .pipeline
-                    .emit_transition(None, CircuitTransition::Closed);
+                let closed = EventKind::of_transition(CircuitTransition::Closed);
+                reports.push((entry.pipeline.clone(), closed));
             }
             let limits = (
                 before.limit.map(|l| l.limit()),
@@ -756,9 +757,8 @@ impl Registry {
             );
             if let (Some(previous), Some(limit)) = limits {
                 if previous != limit {
-                    entry
-                        .pipeline
-                        .emit(None, || EventKind::LimitChanged { previous, limit });
+                    let changed = EventKind::LimitChanged { previous, limit };
+                    reports.push((entry.pipeline.clone(), changed));
                 }
             }
         }
@@ -782,6 +782,11 @@ impl Registry {
             }
         }
         *write(&self.inner.config) = Arc::new(config);
+        drop(slots);
+        drop(reloading);
+        for (pipeline, kind) in reports {
+            pipeline.emit(None, || kind);
+        }
         Ok(())
     }
 
