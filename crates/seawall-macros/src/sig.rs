@@ -90,11 +90,30 @@ pub(crate) fn analyse(sig: &Signature) -> syn::Result<Analysis> {
     let output = match &sig.output {
         ReturnType::Type(_, ty) if returns_result(ty) => (**ty).clone(),
         ReturnType::Type(_, ty) => {
-            return err(
-                ty.span(),
-                "#[resilient] needs a function returning `Result<T, E>`: the pipeline judges \
-                 each attempt by its `Err`",
-            )
+            let alias = match strip(ty) {
+                Type::Path(p) => p
+                    .path
+                    .segments
+                    .last()
+                    .map(|s| s.ident.to_string())
+                    .filter(|name| name.ends_with("Result")),
+                _ => None,
+            };
+            return match alias {
+                Some(name) => err(
+                    ty.span(),
+                    format!(
+                        "#[resilient] knows `Result<T, E>` and aliases named `Result`, not \
+                         `{name}`: spell the type out, or name the alias `Result` (`type \
+                         Result<T> = std::result::Result<T, MyError>;`)"
+                    ),
+                ),
+                None => err(
+                    ty.span(),
+                    "#[resilient] needs a function returning `Result<T, E>`: the pipeline \
+                     judges each attempt by its `Err`",
+                ),
+            };
         }
         ReturnType::Default => {
             return err(
