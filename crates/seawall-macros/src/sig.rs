@@ -77,14 +77,43 @@ pub(crate) fn analyse(sig: &Signature) -> syn::Result<Analysis> {
         return err(v.span(), "#[resilient] cannot wrap a variadic function");
     }
     let is_async = sig.asyncness.is_some();
+    if let ReturnType::Type(_, ty) = &sig.output {
+        if let Some(span) = impl_trait(quote::ToTokens::to_token_stream(&**ty)) {
+            return err(
+                span,
+                "#[resilient] cannot wrap a function whose return type has `impl Trait`: \
+                 each attempt runs as a closure, whose return type is written out; name the \
+                 type, or box it (`Box<dyn Trait>`)",
+            );
+        }
+    }
     let output = match &sig.output {
         ReturnType::Type(_, ty) if returns_result(ty) => (**ty).clone(),
         ReturnType::Type(_, ty) => {
-            return err(
-                ty.span(),
-                "#[resilient] needs a function returning `Result<T, E>`: the pipeline judges \
-                 each attempt by its `Err`",
-            )
+            let alias = match strip(ty) {
+                Type::Path(p) => p
+                    .path
+                    .segments
+                    .last()
+                    .map(|s| s.ident.to_string())
+                    .filter(|name| name.ends_with("Result")),
+                _ => None,
+            };
+            return match alias {
+                Some(name) => err(
+                    ty.span(),
+                    format!(
+                        "#[resilient] knows `Result<T, E>` and aliases named `Result`, not \
+                         `{name}`: spell the type out, or name the alias `Result` (`type \
+                         Result<T> = std::result::Result<T, MyError>;`)"
+                    ),
+                ),
+                None => err(
+                    ty.span(),
+                    "#[resilient] needs a function returning `Result<T, E>`: the pipeline \
+                     judges each attempt by its `Err`",
+                ),
+            };
         }
         ReturnType::Default => {
             return err(
@@ -172,6 +201,15 @@ pub(crate) fn analyse(sig: &Signature) -> syn::Result<Analysis> {
         error,
         value,
         is_async,
+    })
+}
+
+/// Where `impl` first appears in `tokens` (an `impl Trait` in a type).
+fn impl_trait(tokens: proc_macro2::TokenStream) -> Option<Span> {
+    tokens.into_iter().find_map(|token| match token {
+        proc_macro2::TokenTree::Ident(i) if i == "impl" => Some(i.span()),
+        proc_macro2::TokenTree::Group(g) => impl_trait(g.stream()),
+        _ => None,
     })
 }
 

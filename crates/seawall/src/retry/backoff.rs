@@ -124,6 +124,24 @@ fn mul(d: Duration, factor: f64) -> Duration {
     }
 }
 
+/// `d x factor`, saturating at [`Duration::MAX`]: to the nanosecond when
+/// `factor` is a whole number (a whole multiplier's powers, the first
+/// delay's `m^0` among them), through seconds as `f64` otherwise.
+fn scale(d: Duration, factor: f64) -> Duration {
+    const NANOS_PER_SEC: u128 = 1_000_000_000;
+    // Below 2^64, so that `factor as u128` is exact.
+    if factor.fract() == 0.0 && (0.0..18_446_744_073_709_551_616.0).contains(&factor) {
+        let Some(nanos) = d.as_nanos().checked_mul(factor as u128) else {
+            return Duration::MAX;
+        };
+        return match u64::try_from(nanos / NANOS_PER_SEC) {
+            Ok(secs) => Duration::new(secs, (nanos % NANOS_PER_SEC) as u32),
+            Err(_) => Duration::MAX,
+        };
+    }
+    mul(d, factor)
+}
+
 impl Backoff {
     /// The delay after the `attempt`-th attempt failed (1-based), given the
     /// previous delay (decorrelated only).
@@ -138,7 +156,7 @@ impl Backoff {
                 cap,
             } => {
                 let exp = i32::try_from(n - 1).unwrap_or(i32::MAX);
-                mul(base, multiplier.powi(exp)).min(cap)
+                scale(base, multiplier.powi(exp)).min(cap)
             }
             Backoff::Decorrelated { base, cap } => {
                 let prev = if previous.is_zero() { base } else { previous };
@@ -283,6 +301,49 @@ mod tests {
         assert_eq!(got, [ms(100), ms(200), ms(250)]);
         let c = Backoff::Constant { delay: ms(7) };
         assert_eq!(c.delay(9, Duration::ZERO, &r), ms(7));
+    }
+
+    /// The first delay is the base and a whole multiplier's delays are
+    /// its exact multiples, whatever the size of the base: durations past
+    /// 2^53 nanoseconds (about 104 days) are not rounded through `f64`.
+    #[test]
+    fn exponential_delays_are_exact_multiples_of_the_base() {
+        let r = SeededRandom::new(1);
+        let big = Duration::from_millis(u64::MAX - 1);
+        let odd = Duration::from_secs(86_400 * 365 * 100) + Duration::from_nanos(1);
+        for (base, multiplier, want) in [
+            (big, 10.0, [big, big * 10, big * 100]),
+            (odd, 1.0, [odd, odd, odd]),
+            (odd, 3.0, [odd, odd * 3, odd * 9]),
+            (
+                Duration::from_nanos(7),
+                2.0,
+                [7, 14, 28].map(Duration::from_nanos),
+            ),
+        ] {
+            let e = Backoff::Exponential {
+                base,
+                multiplier,
+                cap: Duration::MAX,
+            };
+            let got: Vec<_> = (1..=3).map(|n| e.delay(n, Duration::ZERO, &r)).collect();
+            assert_eq!(got, want, "{base:?} x {multiplier}");
+        }
+        // Past `Duration::MAX`, the largest delay.
+        let e = Backoff::Exponential {
+            base: big,
+            multiplier: 2.0,
+            cap: Duration::MAX,
+        };
+        assert_eq!(e.delay(200, Duration::ZERO, &r), Duration::MAX);
+        // A multiplier with a fraction is still applied.
+        let e = Backoff::Exponential {
+            base: ms(500),
+            multiplier: 1.5,
+            cap: Duration::MAX,
+        };
+        let got: Vec<_> = (1..=3).map(|n| e.delay(n, Duration::ZERO, &r)).collect();
+        assert_eq!(got, [ms(500), ms(750), ms(1125)]);
     }
 
     #[test]
