@@ -616,6 +616,55 @@ fn a_time_window_counts_its_calls_at_any_clock_reading() {
     }
 }
 
+/// A time window holds only the calls of its last `W` seconds after an
+/// idle gap of any length: after 68 years (2^31 s) and more, a call is not
+/// counted into a second left from before the gap (and lost), nor after
+/// 136 years (2^32 s) are that second's calls counted again.
+#[test]
+fn a_time_window_forgets_its_calls_after_a_gap_of_any_length() {
+    for gap in [
+        1u64 << 31,
+        3_000_000_000,
+        (1 << 32) - 3,
+        (1 << 32) + 7,
+        5_000_000_000,
+    ] {
+        for start in [0, 1_000_000] {
+            let clock = VirtualClock::starting_at(Duration::from_secs(start));
+            let p = Pipeline::builder(unique("time-window-gap"))
+                .circuit_breaker(
+                    CircuitBreaker::failure_rate(0.5)
+                        .window(secs(10))
+                        .minimum_calls(4),
+                )
+                .clock(clock.clone())
+                .build()
+                .unwrap();
+            // A call in every second of the window.
+            for _ in 0..10 {
+                assert_eq!(p.call(ok).unwrap(), 1);
+                clock.advance(secs(1));
+            }
+            clock.advance(secs(gap));
+            for _ in 0..3 {
+                assert!(p.call(boom).is_err());
+            }
+            let m = p.circuit_metrics().unwrap();
+            assert_eq!(
+                (m.state, m.calls, m.failures),
+                (CircuitState::Closed, 3, 3),
+                "gap {gap} s from {start} s"
+            );
+            assert!(p.call(boom).is_err());
+            assert_eq!(
+                p.circuit_state().unwrap(),
+                CircuitState::Open,
+                "gap {gap} s from {start} s"
+            );
+        }
+    }
+}
+
 #[test]
 fn an_open_circuit_reads_open_after_its_cooldown_until_a_call_half_opens_it() {
     for flavor in FLAVORS {

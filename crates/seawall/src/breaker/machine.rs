@@ -619,9 +619,12 @@ fn adjust(total: &AtomicU32, was: bool, is: bool) {
 
 /// The calls of the last W whole seconds: per second, one counter per
 /// measure (calls, failures and, when a slow-call rate is configured, slow
-/// calls), each an `AtomicU64` of `[second: 32 bits | count: 32 bits]`. A
+/// calls), each an `AtomicU64` of `[second: 35 bits | count: 29 bits]`.
+/// The tag is the whole second of the clock (every second up to
+/// `u64::MAX` nanoseconds fits in 35 bits), so a counter left from any
+/// earlier second, however long ago, is never read as a current one. A
 /// counter tagged with an older second is reset by the first write of its
-/// new second; counts saturate.
+/// new second; counts saturate at 2^29 - 1 per second.
 #[derive(Debug)]
 struct TimeWindow {
     seconds: u32,
@@ -632,6 +635,15 @@ struct TimeWindow {
 const CALLS: usize = 0;
 const FAILURES: usize = 1;
 const SLOW: usize = 2;
+
+/// Bits of a time-window counter's count; the second takes the others.
+const COUNT_BITS: u32 = 29;
+const COUNT_MAX: u64 = (1 << COUNT_BITS) - 1;
+
+/// A time-window counter's `(second, count)`.
+fn unpack(bits: u64) -> (u64, u64) {
+    (bits >> COUNT_BITS, bits & COUNT_MAX)
+}
 
 impl TimeWindow {
     fn new(seconds: u32, with_slow: bool) -> Self {
@@ -663,15 +675,14 @@ impl TimeWindow {
     }
 
     fn snapshot(&self, now_ns: u64) -> (u64, u64, u64) {
-        let tag_now = (now_ns / NANOS_PER_SEC) as u32;
+        let second_now = now_ns / NANOS_PER_SEC;
         let mut sums = [0u64; 3];
         for bucket in self.counters.chunks(self.measures) {
             for (measure, counter) in bucket.iter().enumerate() {
-                let bits = counter.load(Ordering::Acquire);
-                let (tag, count) = ((bits >> 32) as u32, bits & u64::from(u32::MAX));
-                // Seconds (now - W, now]; a tag ahead of `now` (time went
-                // backwards for this caller) wraps to a huge distance.
-                if tag_now.wrapping_sub(tag) < self.seconds {
+                let (second, count) = unpack(counter.load(Ordering::Acquire));
+                // Seconds (now - W, now]; a second ahead of `now` (time
+                // went backwards for this caller) wraps to a huge distance.
+                if second_now.wrapping_sub(second) < u64::from(self.seconds) {
                     sums[measure] = sums[measure].saturating_add(count);
                 }
             }
@@ -688,19 +699,17 @@ impl TimeWindow {
 }
 
 /// Adds one to a `[second | count]` counter for `second`. A counter at
-/// zero is empty whatever its tag (a new one is tagged 0, which from the
-/// second 2^31 on would read as a later second).
+/// zero is empty whatever its tag (a new one is tagged 0).
 fn bump(counter: &AtomicU64, second: u64) {
-    let tag = second as u32;
     let mut current = counter.load(Ordering::Acquire);
     loop {
-        let (old_tag, count) = ((current >> 32) as u32, current & u64::from(u32::MAX));
-        let next = if count != 0 && (old_tag == tag || (old_tag.wrapping_sub(tag) as i32) > 0) {
+        let (old_second, count) = unpack(current);
+        let next = if count != 0 && old_second >= second {
             // This second (or a later one, when time went backwards for
             // this caller: count into it rather than wipe it).
-            (u64::from(old_tag) << 32) | (count + 1).min(u64::from(u32::MAX))
+            (old_second << COUNT_BITS) | (count + 1).min(COUNT_MAX)
         } else {
-            (u64::from(tag) << 32) | 1
+            (second << COUNT_BITS) | 1
         };
         if next == current {
             return;

@@ -97,7 +97,8 @@ pub struct CircuitBreaker {
     /// A call lasting at least this long is slow.
     pub slow_call_duration: Duration,
     /// Calls needed in the window before any judgement (window modes; 0 in
-    /// consecutive-failures mode).
+    /// consecutive-failures mode); a count window takes at most its size
+    /// (see [`minimum_calls`](CircuitBreaker::minimum_calls())).
     pub minimum_calls: u32,
     /// How long the circuit stays open before admitting probes.
     pub cooldown: Duration,
@@ -194,6 +195,28 @@ impl CircuitBreaker {
     }
 
     /// Calls needed in the window before the rates are judged.
+    ///
+    /// A count window never holds more calls than its size, so a larger
+    /// minimum is taken as the size: the window is judged once it is full.
+    ///
+    /// ```
+    /// use seawall::testing::VirtualClock;
+    /// use seawall::{CircuitBreaker, CircuitState, Pipeline};
+    ///
+    /// let p = Pipeline::builder("minimum-above-the-window")
+    ///     .circuit_breaker(CircuitBreaker::failure_rate(0.5).count_window(5).minimum_calls(10))
+    ///     .clock(VirtualClock::new())
+    ///     .build()?;
+    /// for _ in 0..5 {
+    ///     let _ = p.call(|_| Err::<(), _>("down"));
+    /// }
+    /// assert_eq!(p.circuit_state()?, CircuitState::Open); // 5 calls: the window is full
+    /// # Ok::<_, Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// 0 in a window mode fails `build()`: `circuit_breaker.minimum_calls
+    /// must be >= 1, got 0`.
     pub fn minimum_calls(mut self, calls: u32) -> Self {
         self.minimum_calls = calls;
         self
@@ -516,6 +539,37 @@ pub enum CircuitControl {
 ///
 /// Isolated and disabled circuits keep showing the window they had
 /// (consecutive mode: the failures in a row of the closed circuit).
+///
+/// A time window ages in every state: a call leaves it once it is older
+/// than the window, so the window of an open, isolated or disabled circuit
+/// empties as time passes (a count window keeps its calls until new ones
+/// push them out).
+///
+/// ```
+/// use std::time::Duration;
+/// use seawall::testing::VirtualClock;
+/// use seawall::{CircuitBreaker, CircuitState, Pipeline};
+///
+/// let clock = VirtualClock::new();
+/// let p = Pipeline::builder("aging-window")
+///     .circuit_breaker(
+///         CircuitBreaker::failure_rate(0.5)
+///             .minimum_calls(2)
+///             .window(Duration::from_secs(10))
+///             .cooldown(Duration::from_secs(60)),
+///     )
+///     .clock(clock.clone())
+///     .build()?;
+/// for _ in 0..2 {
+///     let _ = p.call(|_| Err::<(), _>("down"));
+/// }
+/// let m = p.circuit_metrics()?;
+/// assert_eq!((m.state, m.calls, m.failures), (CircuitState::Open, 2, 2));
+/// clock.advance(Duration::from_secs(10));
+/// let m = p.circuit_metrics()?;
+/// assert_eq!((m.state, m.calls), (CircuitState::Open, 0)); // aged out, still open
+/// # Ok::<_, Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct CircuitMetrics {

@@ -31,7 +31,9 @@ pub struct Bulkhead {
     /// first in, first out (see [`queue`](Self::queue)).
     pub max_queued: u32,
     /// How long a queued call waits at most, from when it joins the queue
-    /// (zero: reject at once).
+    /// (zero without a queue: a call that finds every slot taken is
+    /// refused at once; a queue needs more than zero, see
+    /// [`queue`](Bulkhead::queue)).
     pub max_wait: Duration,
     /// Lease of a slot in a shared store.
     pub lease: Duration,
@@ -78,6 +80,12 @@ impl Bulkhead {
     /// holds. (The interval is kept on every store, so that a call
     /// observes the same waits on each; on the memory store it finds
     /// nothing the wake-ups did not.)
+    ///
+    /// # Errors
+    /// A zero `max_wait` with a queue (`max_queued` > 0) fails `build()`:
+    /// `bulkhead.max_wait must be > 0 when max_queued is 3`. For no queue,
+    /// leave it out (or ask for `queue(0, Duration::ZERO)`): a call that
+    /// finds every slot taken is then refused at once.
     pub fn queue(mut self, max_queued: u32, max_wait: Duration) -> Self {
         self.max_queued = max_queued;
         self.max_wait = max_wait;
