@@ -94,6 +94,27 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! # Answering with a status
+//!
+//! A call that fails in the pipeline answers with the status [`status`]
+//! gives it (also as `From<Error<E>> for Status`, for `?` in a server's
+//! handler), so that a refusal reaches a gRPC client as a code its own
+//! retry policy knows, with a pushback when the policy knows its wait:
+//!
+//! | failure | code | [`RETRY_PUSHBACK`] |
+//! | --- | --- | --- |
+//! | rate limited | `RESOURCE_EXHAUSTED` | the limiter's wait |
+//! | any other rejection (circuit open, bulkhead full, cooldown, adaptive limit, retry budget) | `UNAVAILABLE` | the policy's wait, when it knows one |
+//! | the state store failed | `UNAVAILABLE` | none |
+//! | the call or an attempt timed out | `DEADLINE_EXCEEDED` | none |
+//! | the operation's error (after the retries, or the fallback's) | a `Status` as it is; another error as tonic makes a status of it (a `Status` among its sources, else `UNKNOWN`) | the error's own |
+//! | an invalid configuration | `INTERNAL` | none |
+//!
+//! The pushback is in whole milliseconds, rounded up. Behind a tower
+//! `PipelineLayer` (features `tower` and `tonic`), `status_errors()` makes
+//! the layered service fail with that status, which tonic passes on to the
+//! caller as it is (rather than as `UNKNOWN`).
 
 use std::time::Duration;
 
@@ -103,6 +124,7 @@ use tonic::{Code, Request, Status};
 pub use crate::classify::MAX_RETRY_AFTER;
 use crate::classify::{Verdict, VerdictKind};
 use crate::context::Context;
+use crate::error::{Error, RejectionReason};
 
 /// The trailer of gRPC's server pushback: milliseconds to wait before the
 /// next attempt, or a negative or unreadable value for "do not retry".
@@ -308,9 +330,170 @@ pub fn parse_grpc_timeout(value: impl AsRef<[u8]>) -> Option<Duration> {
     })
 }
 
+/// The status a call that failed with `error` answers with: the table in
+/// the [module docs](self). The status's message is the error's text.
+///
+/// # Examples
+/// ```
+/// use std::time::Duration;
+/// use seawall::{Error, Rejection, RejectionReason};
+/// use tonic::{Code, Status};
+///
+/// let open = Rejection::new(RejectionReason::CircuitOpen, Some(Duration::from_millis(1500)));
+/// let status = seawall::tonic::status(Error::<Status>::Rejected(open));
+/// assert_eq!(status.code(), Code::Unavailable);
+/// assert_eq!(status.metadata().get("grpc-retry-pushback-ms").unwrap(), "1500");
+///
+/// let failed = seawall::tonic::status(Error::Operation(Status::not_found("no such user")));
+/// assert_eq!(failed.code(), Code::NotFound);
+/// ```
+pub fn status<E>(error: Error<E>) -> Status
+where
+    E: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let (code, message, pushback) = match &error {
+        Error::Rejected(r) => {
+            let code = match r.reason {
+                RejectionReason::RateLimited => Code::ResourceExhausted,
+                _ => Code::Unavailable,
+            };
+            (code, r.to_string(), r.retry_after)
+        }
+        Error::Store(e) => (Code::Unavailable, e.to_string(), None),
+        Error::Timeout(t) => (Code::DeadlineExceeded, t.to_string(), None),
+        Error::Config(c) => (Code::Internal, c.to_string(), None),
+        _ => match error.into_operation_error() {
+            Some(e) => return Status::from_error(e.into()),
+            None => return Status::unknown("the call failed"),
+        },
+    };
+    let mut status = Status::new(code, message);
+    if let Some(ms) = pushback
+        .map(|d| d.as_nanos().div_ceil(1_000_000))
+        .filter(|&ms| ms > 0)
+    {
+        let ms = u64::try_from(ms).unwrap_or(u64::MAX);
+        status.metadata_mut().insert(RETRY_PUSHBACK, ms.into());
+    }
+    status
+}
+
+impl<E> From<Error<E>> for Status
+where
+    E: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    /// [`status`]`(error)`.
+    fn from(error: Error<E>) -> Status {
+        status(error)
+    }
+}
+
+/// The fallback of
+/// [`PipelineLayer::status_errors`](crate::tower::PipelineLayer::status_errors)
+/// (features `tower` and `tonic`): the layered service fails with the
+/// [`status`] of the call's error (or, when the inner service fails in
+/// `poll_ready`, the status tonic makes of that error), so that tonic hands
+/// the caller that status as it is.
+#[cfg(feature = "tower")]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StatusErrors;
+
+#[cfg(feature = "tower")]
+impl<R, E> crate::tower::Fallback<R, E> for StatusErrors
+where
+    E: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    type Error = Status;
+
+    fn not_ready(&self, error: E) -> Status {
+        Status::from_error(error.into())
+    }
+
+    fn fall_back(&self, error: crate::tower::ServiceError<E>) -> Result<R, Status> {
+        Err(match error {
+            crate::tower::ServiceError::Pipeline(e) => status(e),
+            other => match other.into_inner_error() {
+                Some(e) => Status::from_error(e.into()),
+                None => Status::unknown("the call failed"),
+            },
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use crate::error::{Rejection, StoreError, TimeoutError, TimeoutScope};
+
+    fn pushback_of(status: &Status) -> Option<&str> {
+        status
+            .metadata()
+            .get(RETRY_PUSHBACK)
+            .map(|v| v.to_str().unwrap())
+    }
+
+    #[test]
+    fn each_failure_answers_the_status_of_the_table() {
+        let rejected =
+            |reason, wait| status(Error::<Status>::Rejected(Rejection::new(reason, wait)));
+        let limited = rejected(
+            RejectionReason::RateLimited,
+            Some(Duration::from_micros(2_500_100)),
+        );
+        assert_eq!(limited.code(), Code::ResourceExhausted);
+        // Whole milliseconds, rounded up.
+        assert_eq!(pushback_of(&limited), Some("2501"));
+        for reason in [
+            RejectionReason::CircuitOpen,
+            RejectionReason::BulkheadFull,
+            RejectionReason::CooldownActive,
+            RejectionReason::ConcurrencyLimited,
+            RejectionReason::RetryBudgetExhausted,
+        ] {
+            let s = rejected(reason, None);
+            assert_eq!(s.code(), Code::Unavailable, "{reason:?}");
+            assert_eq!(pushback_of(&s), None, "{reason:?}");
+            assert!(s.message().contains(&reason.to_string()), "{s:?}");
+        }
+        let open = rejected(RejectionReason::CircuitOpen, Some(Duration::from_secs(5)));
+        assert_eq!(pushback_of(&open), Some("5000"));
+        // A zero wait is no pushback (read back as none).
+        let now = rejected(RejectionReason::CooldownActive, Some(Duration::ZERO));
+        assert_eq!(pushback_of(&now), None);
+        let late = status(Error::<Status>::Timeout(TimeoutError::new(
+            TimeoutScope::Overall,
+            Duration::from_secs(1),
+            1,
+        )));
+        assert_eq!(late.code(), Code::DeadlineExceeded);
+        let store = status(Error::<Status>::Store(StoreError::Unavailable(
+            "down".into(),
+        )));
+        assert_eq!(store.code(), Code::Unavailable);
+    }
+
+    #[test]
+    fn the_operation_s_own_status_comes_back_as_it_is() {
+        let mut own = Status::not_found("no such user");
+        own.metadata_mut()
+            .insert(RETRY_PUSHBACK, "7".parse().unwrap());
+        for error in [
+            Error::Operation(own.clone()),
+            Error::RetryExhausted {
+                attempts: 3,
+                last: own.clone(),
+            },
+            Error::Fallback(own.clone()),
+        ] {
+            let s = Status::from(error);
+            assert_eq!((s.code(), s.message()), (Code::NotFound, "no such user"));
+            assert_eq!(pushback_of(&s), Some("7"));
+        }
+        // Another error: as tonic makes a status of it.
+        let io = std::io::Error::other("reset");
+        assert_eq!(status(Error::Operation(io)).code(), Code::Unknown);
+    }
 
     fn pushback(value: &'static str) -> MetadataMap {
         let mut metadata = MetadataMap::new();

@@ -123,3 +123,115 @@ async fn a_request_s_own_shorter_timeout_is_kept() {
         [Some("250000u".to_owned())]
     );
 }
+
+/// A tonic client over a tower layer answering with `status_errors()`: a
+/// refusal reaches the caller as the status `seawall::tonic::status` gives
+/// it, with the policy's wait as `grpc-retry-pushback-ms`, not as
+/// `UNKNOWN`.
+#[cfg(feature = "tower")]
+mod through_a_layer {
+    use std::net::SocketAddr;
+
+    use seawall::tower::PipelineLayer;
+    use seawall::{CircuitBreaker, Pipeline, PipelineBuilder, RateLimiter};
+    use tonic::transport::Endpoint;
+    use tonic::{Code, Status};
+    use tower::Layer;
+
+    use super::example::{Answer, Greeter, HelloReply, HelloRequest};
+    use super::*;
+
+    /// One `SayHello` through `builder` as a single-attempt layer over a
+    /// channel to `addr`, whose failed gRPC answers the layer judges by
+    /// their status; every call of `names` in turn.
+    async fn calls(
+        builder: PipelineBuilder,
+        addr: SocketAddr,
+        names: &[&str],
+    ) -> Vec<Result<String, Status>> {
+        let channel = Endpoint::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let layer = PipelineLayer::single_attempt(builder)
+            .unwrap()
+            .classify_response(|r: &http::Response<tonic::body::Body>| {
+                let status = Status::from_header_map(r.headers())?;
+                (status.code() != Code::Ok).then(|| seawall::tonic::classify(&status))
+            })
+            .status_errors();
+        let mut grpc = tonic::client::Grpc::new(layer.layer(channel));
+        let mut out = Vec::new();
+        for name in names {
+            grpc.ready().await.unwrap();
+            let request = tonic::Request::new(HelloRequest {
+                name: (*name).to_owned(),
+            });
+            let path = http::uri::PathAndQuery::from_static("/seawall.example.Greeter/SayHello");
+            let codec = tonic_prost::ProstCodec::<HelloRequest, HelloReply>::default();
+            let reply = grpc.unary(request, path, codec).await;
+            out.push(reply.map(|r| r.into_inner().message));
+        }
+        out
+    }
+
+    fn pushback(status: &Status) -> Option<&str> {
+        status
+            .metadata()
+            .get(seawall::tonic::RETRY_PUSHBACK)
+            .map(|v| v.to_str().unwrap())
+    }
+
+    #[tokio::test]
+    async fn an_open_circuit_answers_unavailable_with_its_cooldown_as_pushback() {
+        let greeter = Greeter::new([
+            Answer::Fail(Code::Unavailable, None),
+            Answer::Fail(Code::Unavailable, None),
+        ]);
+        let (addr, server) = greeter.serve().await.unwrap();
+        let builder = Pipeline::builder("greeter-layer-circuit").circuit_breaker(
+            CircuitBreaker::consecutive_failures(2).cooldown(Duration::from_secs(30)),
+        );
+        let got = calls(builder, addr, &["a", "b", "c"]).await;
+        server.abort();
+        // The server's two UNAVAILABLE, as they were; then the circuit's.
+        for answer in &got[..2] {
+            let status = answer.as_ref().unwrap_err();
+            assert_eq!(
+                (status.code(), status.message()),
+                (Code::Unavailable, "scripted")
+            );
+        }
+        let refused = got[2].as_ref().unwrap_err();
+        assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
+        assert!(refused.message().contains("circuit_open"), "{refused:?}");
+        let ms: u64 = pushback(refused).unwrap().parse().unwrap();
+        // The cooldown ends on a whole millisecond, rounded up.
+        assert!((29_000..=30_001).contains(&ms), "{ms}");
+        assert_eq!(
+            greeter.timeouts.lock().unwrap().len(),
+            2,
+            "the third call never left"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_rate_limited_call_answers_resource_exhausted_with_its_wait() {
+        let greeter = Greeter::new([]);
+        let (addr, server) = greeter.serve().await.unwrap();
+        let builder = Pipeline::builder("greeter-layer-rate")
+            .rate_limiter(RateLimiter::gcra(1, Duration::from_secs(10)));
+        let got = calls(builder, addr, &["a", "b"]).await;
+        server.abort();
+        assert_eq!(got[0].as_ref().unwrap(), "hello, a");
+        let refused = got[1].as_ref().unwrap_err();
+        assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+        let ms: u64 = pushback(refused).unwrap().parse().unwrap();
+        assert!((9_000..=10_000).contains(&ms), "{ms}");
+        // The client's own retry policy reads it as throttling, with the wait.
+        let verdict = seawall::tonic::classify(refused);
+        assert_eq!(verdict.retry_after(), Some(Duration::from_millis(ms)));
+        assert_eq!(greeter.timeouts.lock().unwrap().len(), 1);
+    }
+}

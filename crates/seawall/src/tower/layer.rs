@@ -267,6 +267,31 @@ impl<R, E, M, P, F> PipelineLayer<R, E, M, P, F> {
         self.with_fallback(super::ErrorResponses)
     }
 
+    /// Makes the layered service fail with the gRPC status of each failed
+    /// call, as [`seawall::tonic::status`](crate::tonic::status) gives it
+    /// (`RESOURCE_EXHAUSTED` when rate limited, `UNAVAILABLE` for the other
+    /// rejections, each with `grpc-retry-pushback-ms` when the policy knows
+    /// its wait; `DEADLINE_EXCEEDED` for a timeout; the inner service's own
+    /// status otherwise): a tonic client or server over the layer hands the
+    /// caller that status as it is, not as `UNKNOWN` (feature `tonic`).
+    ///
+    /// ```
+    /// use seawall::tower::PipelineLayer;
+    /// use seawall::{CircuitBreaker, Pipeline};
+    ///
+    /// // Over a tonic `Channel`: an open circuit answers UNAVAILABLE.
+    /// let layer = PipelineLayer::single_attempt(
+    ///     Pipeline::builder("greeter").circuit_breaker(CircuitBreaker::consecutive_failures(5)),
+    /// )?
+    /// .status_errors();
+    /// # let _ = layer;
+    /// # Ok::<_, seawall::ConfigError>(())
+    /// ```
+    #[cfg(feature = "tonic")]
+    pub fn status_errors(self) -> PipelineLayer<R, E, M, P, crate::tonic::StatusErrors> {
+        self.with_fallback(crate::tonic::StatusErrors)
+    }
+
     fn with_fallback<G>(self, fallback: G) -> PipelineLayer<R, E, M, P, G> {
         PipelineLayer {
             pipeline: self.pipeline,
