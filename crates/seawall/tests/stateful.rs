@@ -547,3 +547,64 @@ fn queued_call_keeps_its_place_when_polled_before_the_holder() {
     );
     assert_eq!(reason(third), RejectionReason::BulkheadFull);
 }
+
+/// A slot given back at the very instant a waiter's `max_wait` runs out is
+/// the waiter's: it waits at most `max_wait`, and that instant is within
+/// it; a microsecond later it is not. Whatever is polled first at that
+/// instant (a third future, sleeping or not, changes the order).
+#[test]
+fn a_slot_given_back_as_the_wait_runs_out_is_taken() {
+    for start in [Duration::ZERO, secs(1_000_000)] {
+        for listening in [false, true] {
+            for other in [None, Some(None), Some(Some(ms(5))), Some(Some(ms(10)))] {
+                for late in [false, true] {
+                    let clock = VirtualClock::starting_at(start);
+                    let mut b = Pipeline::builder("s-queue-tie")
+                        .bulkhead(Bulkhead::new(1).queue(1, ms(10)))
+                        .clock(clock.clone());
+                    if listening {
+                        b = b.on_event(|_: &Event<'_>| {});
+                    }
+                    let p = b.build().unwrap();
+                    let hold = ms(10) + Duration::from_micros(u64::from(late));
+                    let (held, waited, ()) = rt().block_on(async {
+                        let c1 = clock.clone();
+                        let holder = p.run(move |_| {
+                            let c1 = c1.clone();
+                            async move {
+                                seawall::Clock::sleep(&c1, hold).await;
+                                Ok::<_, Fail>("holder")
+                            }
+                        });
+                        let waiter = p.run(|_| async { Ok::<_, Fail>("waiter") });
+                        let c2 = clock.clone();
+                        match other {
+                            None => {
+                                let (h, w) = tokio::join!(holder, waiter);
+                                (h, w, ())
+                            }
+                            Some(sleep) => {
+                                let third = async move {
+                                    if let Some(d) = sleep {
+                                        seawall::Clock::sleep(&c2, d).await;
+                                    }
+                                };
+                                tokio::join!(holder, waiter, third)
+                            }
+                        }
+                    });
+                    let case =
+                        format!("{start:?} listening {listening} other {other:?} late {late}");
+                    assert_eq!(held.ok(), Some("holder"), "{case}");
+                    if late {
+                        assert_eq!(reason(waited), RejectionReason::BulkheadFull, "{case}");
+                    } else {
+                        assert_eq!(waited.ok(), Some("waiter"), "{case}");
+                    }
+                    assert_eq!(clock.now(), start + hold, "{case}");
+                    assert_eq!(p.in_flight().unwrap(), 0, "{case}");
+                }
+            }
+        }
+    }
+}

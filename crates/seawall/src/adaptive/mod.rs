@@ -403,7 +403,8 @@ impl AdaptiveLimit {
     /// Lets up to `max_queued` async calls wait at most `max_wait` for a
     /// slot, counted from when a call joins the queue (time it spent
     /// waiting for other policies, a cooldown or a rate limit, does not
-    /// count). Sync calls never wait: they are refused at once.
+    /// count); a slot given back at the very instant the wait runs out is
+    /// still the waiter's. Sync calls never wait: they are refused at once.
     ///
     /// The queue is first in, first out, in this process: each partition
     /// share has one, and calls of no share one more. A slot given back

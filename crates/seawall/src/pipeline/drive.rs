@@ -48,6 +48,8 @@ impl<T, E> AttemptOutput<T, E> for Judged<T, E> {
     }
 }
 
+use crate::clock::TimeHold;
+
 pin_project_lite::pin_project! {
     /// The async wait of a deferred admission ([`Admit::Wait`], built by
     /// [`Call::wait`]): its sleep, ended early when the call's place in a
@@ -60,15 +62,28 @@ pin_project_lite::pin_project! {
         notified: Option<Pin<Box<tokio::sync::futures::OwnedNotified>>>,
         #[pin]
         sleep: Sleep,
+        // A wait of no time: it yields once, so that what else is due at
+        // this instant runs first, holding a virtual clock at the instant
+        // meanwhile (`Some(hold)`, taken when it is over).
+        yields: Option<Option<TimeHold>>,
+        yielded: bool,
     }
 }
 
 impl Wait {
-    /// A wait of `sleep`, ended early by `notified` if any.
-    pub(crate) fn new(notified: Option<tokio::sync::futures::OwnedNotified>, sleep: Sleep) -> Self {
+    /// A wait of `sleep`, ended early by `notified` if any; a wait of no
+    /// time (`yields`, with the hold of a virtual clock) lets the other
+    /// work due at this instant run first.
+    pub(crate) fn new(
+        notified: Option<tokio::sync::futures::OwnedNotified>,
+        sleep: Sleep,
+        yields: Option<Option<TimeHold>>,
+    ) -> Self {
         Wait {
             notified: notified.map(Box::pin),
             sleep,
+            yields,
+            yielded: false,
         }
     }
 }
@@ -78,6 +93,16 @@ impl Future for Wait {
 
     fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<()> {
         let this = self.project();
+        if let Some(hold) = this.yields {
+            // First poll: yield, keeping the hold; the next ends the wait.
+            if !*this.yielded {
+                *this.yielded = true;
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            drop(hold.take());
+            return Poll::Ready(());
+        }
         if let Some(notified) = this.notified {
             if notified.as_mut().poll(cx).is_ready() {
                 return Poll::Ready(());

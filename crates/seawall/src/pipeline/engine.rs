@@ -115,6 +115,9 @@ struct Waiting {
     /// The rate-limit permit reserved for this call, and when it is due on
     /// the pipeline's clock.
     reserved: Option<(Reservation, u64)>,
+    /// The call's wait in a queue ran out and it took its last look (see
+    /// [`queued`]).
+    last_look: bool,
 }
 
 /// A deferred call's place in a queue of this process.
@@ -730,7 +733,8 @@ impl<'g, K: Kind> Call<'g, K> {
             .as_ref()
             .and_then(|w| w.queued.as_ref())
             .map(|q| q.place.notified());
-        super::drive::Wait::new(notified, self.clock().sleep(wait))
+        let yields = wait.is_zero().then(|| self.clock().hold());
+        super::drive::Wait::new(notified, self.clock().sleep(wait), yields)
     }
 
     /// The call may ask for a bulkhead slot of the gate under way: nobody
@@ -1195,6 +1199,7 @@ impl<'g, K: Kind> Call<'g, K> {
             queued: None,
             poll: QUEUE_POLL_MIN,
             reserved: None,
+            last_look: false,
         });
         let wanted = match rejection.reason {
             RejectionReason::ConcurrencyLimited => Some(Queue::Adaptive),
@@ -2627,8 +2632,10 @@ fn may_wait(reason: RejectionReason, driver: Driver) -> bool {
 /// with other processes again at the fallback interval) that lets a call
 /// wait `max_wait` at most from when it joins: until its place is woken, at
 /// most what is left of `max_wait`, short of the deadline (`room`), and,
-/// when the call joins now, the most it may wait; or `None` when the call
-/// may not wait (no queue, the queue full, its wait or the deadline over).
+/// when the call joins now, the most it may wait; once `max_wait` is over,
+/// a wait of no time for a last look (a slot given back at that instant is
+/// the call's); or `None` when the call may not wait (no queue, the queue
+/// full, its wait over and looked at, or the deadline over).
 /// The call takes its place once.
 fn queued(
     waiting: &mut Waiting,
@@ -2651,7 +2658,14 @@ fn queued(
     let joined = waiting.queued.as_ref()?.joined;
     let left = max_wait.saturating_sub(Duration::from_nanos(now.saturating_sub(joined)));
     if left.is_zero() {
-        return None;
+        // The wait ran out: a slot given back at this very instant is
+        // still within `max_wait`. One last look, once the work due now
+        // has run (a wait of no time yields), then the refusal.
+        if waiting.last_look || room.is_some_and(|r| r.is_zero()) {
+            return None;
+        }
+        waiting.last_look = true;
+        return Some((Duration::ZERO, None));
     }
     let at_most = match room {
         Some(r) if r.is_zero() => return None,
