@@ -707,6 +707,62 @@ fn a_timeout_around_the_policy_bounds_its_passes_and_one_inside_renews_for_each(
     }
 }
 
+/// A timeout of the whole call that ends during a retry's second attempt,
+/// through a policy around the call, reports what the same pipeline
+/// without the policy reports: two attempts, and the timeout of the second.
+#[test]
+fn a_timeout_around_the_policy_counts_the_attempts_it_cut() {
+    type Seen = ((TimeoutScope, Duration, u32), Vec<(u32, Duration)>, u32);
+    fn run<K: HandlesSync<u32, Boom>>(
+        case: Case,
+        b: PipelineBuilder<K>,
+        clock: &VirtualClock,
+        events: &Events,
+    ) -> Seen {
+        let p = b
+            .retry(Retry::constant(ms(100)).max_attempts(10))
+            .timeout(ms(600))
+            .build()
+            .unwrap();
+        let op = Op::new(|run| (Err(Boom(run)), ms(700)));
+        let timeout = match case.call(&p, clock, &op).unwrap_err() {
+            Error::Timeout(t) => (t.scope, t.after, t.attempts),
+            other => panic!("{case:?}: {other:?}"),
+        };
+        let timed_out = events
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|e| match e {
+                EventKind::TimedOut { attempt, after } => Some((*attempt, *after)),
+                _ => None,
+            })
+            .collect();
+        (timeout, timed_out, op.runs())
+    }
+    // Async: a blocking attempt is not cut (a late failure is its own
+    // error), so the deadline cuts no attempt there.
+    for case in cases().into_iter().filter(|c| !c.sync) {
+        let (b, clock, events) = case.builder("deadline-cut-plain");
+        let plain = run(case, b.timeout(secs(1)), &clock, &events);
+        let (b, clock, events) = case.builder("deadline-cut-policy");
+        let wrap = TestPolicy::new(
+            "wrap",
+            Position::Call,
+            Act::Again {
+                runs: 1,
+                pause: ms(0),
+            },
+        );
+        let wrapped = run(case, b.timeout(secs(1)).policy(wrap), &clock, &events);
+        assert_eq!(wrapped, plain, "{case:?}");
+        assert_eq!(plain.0, (TimeoutScope::Overall, secs(1), 2), "{case:?}");
+        if case.listen {
+            assert_eq!(plain.1, [(1, ms(600)), (2, secs(1))], "{case:?}");
+        }
+    }
+}
+
 #[test]
 fn an_attempt_deadline_bounds_the_policy_around_the_attempt() {
     for case in cases() {

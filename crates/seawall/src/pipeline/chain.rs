@@ -30,7 +30,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context as TaskContext, Poll, Wake, Waker};
 use std::time::Duration;
@@ -694,20 +694,30 @@ where
     // Only the first pass deposits to a retry budget kept in the store.
     let first = AtomicBool::new(true);
     let first = &first;
+    // The attempts of inner runs the deadline cut.
+    let cut = AtomicU32::new(0);
+    let cut = &cut;
     let run = move |_ctx: Context, bound: Option<Deadline>| {
         let call = Call::start_within(pipeline, partition, Driver::Async, bound);
         let earned = !first.swap(false, Ordering::Relaxed);
-        let mut call = Owned(call.weighted(weight).earned(earned));
+        let mut run = InnerRun {
+            call: Owned(call.weighted(weight).earned(earned)),
+            cut,
+            ended: false,
+        };
         async move {
+            let call = &mut run.call;
             let result = if pipeline.shared.hedging.is_some() {
-                hedged_loop(&mut call, &mut |ctx| (lock(op))(ctx), false).await
+                hedged_loop(call, &mut |ctx| (lock(op))(ctx), false).await
             } else {
-                async_attempts(&mut call, |ctx| (lock(op))(ctx), None).await
+                async_attempts(call, |ctx| (lock(op))(ctx), None).await
             };
+            let attempts = call.attempts();
+            run.end();
             Ran {
                 result,
                 judged: None,
-                attempts: call.attempts(),
+                attempts,
             }
         }
     };
@@ -732,7 +742,11 @@ where
         Some(through) => through,
         None => {
             let b = bound.expect("only a deadline expires");
-            let attempts = runner.attempts();
+            // The runs under way end here: their attempts count.
+            runner.jobs.clear();
+            let attempts = runner
+                .attempts()
+                .saturating_add(cut.load(Ordering::Relaxed));
             let after = b.error(attempts, pipeline.shared.name);
             runner.emit(|| EventKind::TimedOut {
                 attempt: attempts.max(1),
@@ -748,6 +762,30 @@ where
         Finish::Fallback(fallback) => {
             let result = fallback.await;
             outer.fell_back(result)
+        }
+    }
+}
+
+/// An inner run of an async call through the policies written in code
+/// around it: a run whose future is dropped before it ends (a timeout of
+/// the whole call cut it) adds the attempts it made to `cut`.
+struct InnerRun<'a, 'g, K: Kind> {
+    call: Owned<'g, K>,
+    cut: &'a AtomicU32,
+    ended: bool,
+}
+
+impl<K: Kind> InnerRun<'_, '_, K> {
+    /// The run ended: its attempts are in its result.
+    fn end(&mut self) {
+        self.ended = true;
+    }
+}
+
+impl<K: Kind> Drop for InnerRun<'_, '_, K> {
+    fn drop(&mut self) {
+        if !self.ended {
+            self.cut.fetch_add(self.call.attempts(), Ordering::Relaxed);
         }
     }
 }
