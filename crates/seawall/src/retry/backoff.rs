@@ -115,19 +115,10 @@ impl BackoffSetting {
     }
 }
 
-fn mul(d: Duration, factor: f64) -> Duration {
-    let secs = d.as_secs_f64() * factor;
-    if !secs.is_finite() || secs >= Duration::MAX.as_secs_f64() {
-        Duration::MAX
-    } else {
-        Duration::from_secs_f64(secs.max(0.0))
-    }
-}
-
 /// `d x factor`, saturating at [`Duration::MAX`]: to the nanosecond when
 /// `factor` is a whole number (a whole multiplier's powers, the first
 /// delay's `m^0` among them), through seconds as `f64` otherwise.
-fn scale(d: Duration, factor: f64) -> Duration {
+fn mul(d: Duration, factor: f64) -> Duration {
     const NANOS_PER_SEC: u128 = 1_000_000_000;
     // Below 2^64, so that `factor as u128` is exact.
     if factor.fract() == 0.0 && (0.0..18_446_744_073_709_551_616.0).contains(&factor) {
@@ -139,7 +130,12 @@ fn scale(d: Duration, factor: f64) -> Duration {
             Err(_) => Duration::MAX,
         };
     }
-    mul(d, factor)
+    let secs = d.as_secs_f64() * factor;
+    if !secs.is_finite() || secs >= Duration::MAX.as_secs_f64() {
+        Duration::MAX
+    } else {
+        Duration::from_secs_f64(secs.max(0.0))
+    }
 }
 
 impl Backoff {
@@ -156,7 +152,7 @@ impl Backoff {
                 cap,
             } => {
                 let exp = i32::try_from(n - 1).unwrap_or(i32::MAX);
-                scale(base, multiplier.powi(exp)).min(cap)
+                mul(base, multiplier.powi(exp)).min(cap)
             }
             Backoff::Decorrelated { base, cap } => {
                 let prev = if previous.is_zero() { base } else { previous };
