@@ -735,6 +735,20 @@ fn the_policies_list_must_match_the_sections() {
 }
 
 #[test]
+fn a_pipeline_name_with_a_hash_is_refused_where_it_is_written() {
+    let text = "[pipelines.ok]\n\n[pipelines.\"orders#call\"]\nretry = { delay = \"1s\" }\n";
+    let (e, msg) = load_error(Format::Toml, text);
+    assert!(matches!(e, LoadError::Invalid { .. }), "{e:?}");
+    assert_eq!(e.line(), Some(3), "{msg}");
+    assert!(msg.contains("pipeline.name must not contain `#`"), "{msg}");
+    let yaml = "pipelines:\n  ok: {}\n  \"orders#call\":\n    retry: { delay: 1s }\n";
+    let (e, msg) = load_error(Format::Yaml, yaml);
+    // The pipeline's entry (its mapping), as for its other errors.
+    assert_eq!(e.line(), Some(4), "{msg}");
+    assert!(msg.contains("pipeline.name must not contain `#`"), "{msg}");
+}
+
+#[test]
 fn settings_of_another_kind_are_errors_unless_inherited() {
     let cases = [
         (

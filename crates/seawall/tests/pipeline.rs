@@ -710,6 +710,13 @@ fn invalid_configuration_fails_at_build_naming_field_and_rule() {
         err(Pipeline::builder(" ")),
         "pipeline.name must not be empty"
     );
+    // `x#call` is where `x` keeps the policies before its retry: a
+    // pipeline of that name would share (and change) that state.
+    assert_eq!(
+        err(Pipeline::builder("x#call").circuit_breaker(CircuitBreaker::consecutive_failures(2))),
+        "pipeline.name must not contain `#` (it names the state of the policies before the \
+         retry), got `x#call`"
+    );
     assert_eq!(
         err(Pipeline::builder("x").bulkhead(Bulkhead::new(0))),
         "bulkhead.max_concurrent must be >= 1, got 0"

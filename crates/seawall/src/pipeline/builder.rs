@@ -69,9 +69,9 @@ pub(crate) mod declare;
 /// inside it. On each side the policies are admitted together in the order
 /// circuit breaker, bulkhead, cooldown, rate limiter. The policies declared
 /// before the retry keep their state in the store as the resource
-/// `{name}#call`, apart from those declared after it (`{name}`): two
-/// pipelines (or processes) share a state when they declare the same
-/// policies on the same side.
+/// `{name}#call` (which is why a name may not contain `#`), apart from
+/// those declared after it (`{name}`): two pipelines (or processes) share a
+/// state when they declare the same policies on the same side.
 ///
 /// ```
 /// use std::time::Duration;
@@ -663,6 +663,18 @@ impl<K: Kind> PipelineBuilder<K> {
         let kinds = declare::check_order(&self.declared)?;
         if self.name.trim().is_empty() {
             return Err(ConfigError::new("pipeline", "name", "must not be empty"));
+        }
+        let separator = &CALL_SUFFIX[..1];
+        if self.name.contains(separator) {
+            return Err(ConfigError::new(
+                "pipeline",
+                "name",
+                format!(
+                    "must not contain `{separator}` (it names the state of the policies \
+                     before the retry), got `{}`",
+                    self.name
+                ),
+            ));
         }
         declare::validate(&self.declared, &kinds)?;
         if self.partition_idle.is_zero() {

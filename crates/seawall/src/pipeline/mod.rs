@@ -44,7 +44,9 @@ pub use kind::{
 /// The suffix of the resource that keeps the state of the stateful
 /// policies declared before the retry (they guard the whole call): a
 /// pipeline `users-api` keeps them as `users-api#call`, apart from those
-/// declared after the retry (`users-api`, guarding each attempt).
+/// declared after the retry (`users-api`, guarding each attempt). Its
+/// first character is refused in a pipeline's name, so that no pipeline's
+/// resource is another's call-level one.
 pub(crate) const CALL_SUFFIX: &str = "#call";
 
 /// The stateful policies of one level of a pipeline (each attempt, or the
@@ -212,7 +214,15 @@ impl Pipeline {
     /// circuit, bulkhead, rate limit and cooldown. The stateful policies
     /// declared before `retry` (guarding the whole call) keep their state
     /// as the resource `{name}#call`: pipelines share it when they declare
-    /// the same policies on the same side of the retry.
+    /// the same policies on the same side of the retry. `build()` refuses
+    /// an empty name and a name containing `#`.
+    ///
+    /// ```
+    /// use seawall::Pipeline;
+    ///
+    /// let e = Pipeline::builder("orders#call").build().unwrap_err();
+    /// assert_eq!((e.policy, e.field), ("pipeline", "name"));
+    /// ```
     pub fn builder(name: impl Into<String>) -> PipelineBuilder<AnyResult> {
         PipelineBuilder::new(name.into())
     }
