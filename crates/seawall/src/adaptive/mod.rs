@@ -415,6 +415,7 @@ impl AdaptiveLimit {
     /// goes to the oldest waiter of another (below the limit a slot is
     /// anyone's). A waiter dropped, or whose wait or deadline runs out,
     /// leaves its place and passes a slot handed to it on to the next.
+    /// `max_queued` 0 is no queue whatever `max_wait` says.
     pub fn queue(mut self, max_queued: u32, max_wait: Duration) -> Self {
         self.max_queued = max_queued;
         self.max_wait = max_wait;

@@ -86,7 +86,10 @@ impl Bulkhead {
     /// A zero `max_wait` with a queue (`max_queued` > 0) fails `build()`:
     /// `bulkhead.max_wait must be > 0 when max_queued is 3`. For no queue,
     /// leave it out (or ask for `queue(0, Duration::ZERO)`): a call that
-    /// finds every slot taken is then refused at once.
+    /// finds every slot taken is then refused at once. `max_queued` 0 is no
+    /// queue whatever `max_wait` says (no call may wait, so the wait bounds
+    /// nothing), which lets a wait set for many bulkheads stay when one of
+    /// them turns its queue off.
     pub fn queue(mut self, max_queued: u32, max_wait: Duration) -> Self {
         self.max_queued = max_queued;
         self.max_wait = max_wait;
