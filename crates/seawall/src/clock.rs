@@ -225,6 +225,19 @@ impl ClockHandle {
         }
     }
 
+    /// A queue holding `self` ([`hold`](Self::hold)) holds `other` too:
+    /// both are one virtual clock (or its clones), or neither is virtual
+    /// (nothing is held).
+    pub(crate) fn holds_as(&self, other: &ClockHandle) -> bool {
+        match (self, other) {
+            #[cfg(any(test, feature = "test-util"))]
+            (ClockHandle::Virtual(a), ClockHandle::Virtual(b)) => a.is_same_clock(b),
+            #[cfg(any(test, feature = "test-util"))]
+            (ClockHandle::Virtual(_), _) | (_, ClockHandle::Virtual(_)) => false,
+            _ => true,
+        }
+    }
+
     pub(crate) fn sleep_blocking(&self, duration: Duration) {
         match self {
             ClockHandle::System => std::thread::sleep(duration),

@@ -129,6 +129,11 @@ impl VirtualClock {
         Arc::strong_count(&self.inner)
     }
 
+    /// Both handles share one time (one is a clone of the other).
+    pub(crate) fn is_same_clock(&self, other: &VirtualClock) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
     pub(crate) fn now_nanos(&self) -> u64 {
         self.inner.nanos.load(Ordering::SeqCst)
     }

@@ -240,6 +240,74 @@ fn two_pipelines_with_one_name_and_store_share_one_circuit() {
     assert!(c.call(|_| Ok::<_, Fail>(())).is_ok());
 }
 
+/// Two pipelines of one name on one store share the bulkhead's slots, and
+/// so its queue: a slot given back through one goes at once to the oldest
+/// waiter, whichever pipeline it queued through, and a call through one
+/// does not pass a call queued through the other (nor find room in a
+/// queue the other filled).
+#[test]
+fn two_pipelines_with_one_name_and_store_share_one_bulkhead_queue() {
+    for start in [Duration::ZERO, secs(1_000_000)] {
+        for listening in [false, true] {
+            for max_queued in [1, 5] {
+                let clock = VirtualClock::starting_at(start);
+                let store = MemoryStore::new();
+                let (log, listener) = recorder();
+                let listener = Arc::new(listener);
+                let build = || {
+                    let mut b = Pipeline::builder("s-shared-queue")
+                        .bulkhead(Bulkhead::new(1).queue(max_queued, secs(10)))
+                        .store(store.clone())
+                        .clock(clock.clone());
+                    if listening {
+                        let l = Arc::clone(&listener);
+                        b = b.on_event(move |e: &Event<'_>| l(e));
+                    }
+                    b.build().unwrap()
+                };
+                let (a, b) = (build(), build());
+                let started: Arc<Mutex<Vec<(&str, Duration)>>> = Arc::default();
+                let call = |p: &Pipeline, name: &'static str, at: u64, hold: u64| {
+                    let (p, clock, started) = (p.clone(), clock.clone(), started.clone());
+                    async move {
+                        seawall::Clock::sleep(&clock, ms(at)).await;
+                        p.run(move |_| {
+                            let (clock, started) = (clock.clone(), started.clone());
+                            async move {
+                                started.lock().unwrap().push((name, clock.now() - start));
+                                seawall::Clock::sleep(&clock, ms(hold)).await;
+                                Ok::<_, Fail>(name)
+                            }
+                        })
+                        .await
+                    }
+                };
+                let (holder, b_waiter, a_waiter) = rt().block_on(async {
+                    tokio::join!(
+                        call(&a, "holder", 0, 100),
+                        call(&b, "b-waiter", 1, 10),
+                        call(&a, "a-waiter", 2, 10),
+                    )
+                });
+                let case =
+                    format!("start {start:?}, listening {listening}, max_queued {max_queued}");
+                assert_eq!(holder.unwrap(), "holder", "{case}");
+                assert_eq!(b_waiter.unwrap(), "b-waiter", "{case}");
+                let mut want = vec![("holder", ms(0)), ("b-waiter", ms(100))];
+                if max_queued == 1 {
+                    assert_eq!(reason(a_waiter), RejectionReason::BulkheadFull, "{case}");
+                } else {
+                    assert_eq!(a_waiter.unwrap(), "a-waiter", "{case}");
+                    want.push(("a-waiter", ms(110)));
+                }
+                assert_eq!(*started.lock().unwrap(), want, "{case}");
+                assert_eq!((a.in_flight().unwrap(), b.in_flight().unwrap()), (0, 0));
+                assert_eq!(log.lock().unwrap().is_empty(), !listening, "{case}");
+            }
+        }
+    }
+}
+
 #[test]
 fn manual_control_isolates_forces_closed_and_resets() {
     let p = Pipeline::builder("s-manual")

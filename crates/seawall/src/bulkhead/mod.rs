@@ -63,18 +63,21 @@ impl Bulkhead {
     /// The queue is kept in this process, first in, first out; each
     /// partition has a queue of its own, as it has slots of its own (and a
     /// bulkhead declared before the retry one apart from one declared after
-    /// it). A slot given back in this process is handed to the oldest
-    /// waiter at once, and a call does not take a slot while older calls
-    /// wait in its queue: it queues behind them, or is refused
-    /// (`bulkhead_full`) when the queue is full or it may not wait. (Such
-    /// a call is refused before the other policies of the admission are
-    /// asked: while calls wait, a newcomer that the circuit would refuse
-    /// may be reported as refused by the bulkhead.) A waiter dropped, or
+    /// it), and pipelines that share the slots in this process (one name
+    /// and equal settings on one memory store) share the queue. A slot
+    /// given back in this process is handed to the oldest waiter at once,
+    /// and a call does not take a slot while older calls wait in its
+    /// queue: it queues behind them, or is refused (`bulkhead_full`) when
+    /// the queue is full or it may not wait. (Such a call is refused
+    /// before the other policies of the admission are asked: while calls
+    /// wait, a newcomer that the circuit would refuse may be reported as
+    /// refused by the bulkhead.) A waiter dropped, or
     /// whose wait or deadline runs out, leaves its place and passes a slot
     /// handed to it on to the next.
     ///
     /// With a store shared by several processes (Redis), slots given back
-    /// by other processes wake nobody here. As a fallback for them, the
+    /// by other processes (or by another pipeline of this process bound to
+    /// the same resource) wake nobody here. As a fallback for them, the
     /// oldest waiter of each queue also asks the store again 1 ms after it
     /// joined, then at intervals doubling up to 20 ms, so a slot freed
     /// elsewhere is seen within 20 ms; only the oldest asks, so the order

@@ -1,6 +1,8 @@
 //! The queue of calls waiting in this process for a slot: one FIFO type
-//! ([`WaitQueue`]) for the bulkhead's queues (one per gate and partition,
-//! [`Queues`]) and the adaptive limit's (one per partition share).
+//! ([`WaitQueue`]) for the bulkhead's queues (one per bulkhead state and
+//! partition, [`Queues`], shared by the pipelines of this process that
+//! share the state: [`Queues::of`]) and the adaptive limit's (one per
+//! partition share).
 //!
 //! Slots are counted by the store (or the limiter), not here: a queue only
 //! says whose turn it is to ask for one. The rule, stated once:
@@ -33,13 +35,14 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{fence, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
 use tokio::sync::futures::OwnedNotified;
 use tokio::sync::Notify;
 
 use crate::clock::{ClockHandle, TimeHold};
 use crate::context::PartitionKey;
+use crate::store::ResourceState;
 
 /// A FIFO of the calls waiting for a slot. See the [module docs](self).
 #[derive(Debug)]
@@ -351,9 +354,9 @@ impl Drop for Place {
     }
 }
 
-/// The bulkhead queues of one gate: the unpartitioned calls' and one per
-/// partition key with waiters (a partition has slots, and so a queue, of
-/// its own); a partition's queue goes once empty.
+/// The bulkhead queues of one bulkhead state: the unpartitioned calls' and
+/// one per partition key with waiters (a partition has slots, and so a
+/// queue, of its own); a partition's queue goes once empty.
 #[derive(Debug)]
 pub(crate) struct Queues {
     whole: Arc<WaitQueue>,
@@ -397,8 +400,37 @@ impl Partitioned {
     }
 }
 
+/// The bulkhead queues of this process by the state whose slots they wait
+/// for (its address: a live entry's state is held by the gates that hold
+/// its queues, so the address is not reused meanwhile).
+static SHARED: Mutex<Vec<(usize, Weak<Queues>)>> = Mutex::new(Vec::new());
+
 impl Queues {
-    /// The queues of a gate of a pipeline on `clock`.
+    /// The queues for the bulkhead slots counted by `state`, of a pipeline
+    /// on `clock`: a slot is waited for in one queue whichever pipeline of
+    /// this process takes it, so the queues are those of the other live
+    /// pipelines bound to the same state (pipelines of one name and equal
+    /// settings on one memory store) when there are any, and new ones
+    /// otherwise. (Pipelines on two virtual clocks keep queues of their
+    /// own: a woken waiter holds its queue's clock.)
+    pub(crate) fn of(state: &Arc<dyn ResourceState>, clock: &ClockHandle) -> Arc<Queues> {
+        let key = Arc::as_ptr(state).cast::<()>() as usize;
+        let mut shared = SHARED.lock().unwrap_or_else(PoisonError::into_inner);
+        shared.retain(|(_, queues)| queues.strong_count() > 0);
+        let live = shared
+            .iter()
+            .filter(|(k, _)| *k == key)
+            .filter_map(|(_, queues)| queues.upgrade())
+            .find(|queues| queues.clock.holds_as(clock));
+        if let Some(queues) = live {
+            return queues;
+        }
+        let queues = Arc::new(Queues::new(clock.clone()));
+        shared.push((key, Arc::downgrade(&queues)));
+        queues
+    }
+
+    /// New queues of a pipeline on `clock`.
     pub(crate) fn new(clock: ClockHandle) -> Self {
         Queues {
             whole: Arc::new(WaitQueue::new(clock.clone())),

@@ -858,6 +858,11 @@ impl<K: Kind> Assembly<K> {
             })?,
             (None, None) => unreachable!("no store means the global memory store"),
         };
+        let queues = spec
+            .bulkhead
+            .as_ref()
+            .filter(|b| b.max_queued > 0 && !b.shadow)
+            .map(|_| Queues::of(&state, &self.clock));
         Ok(Some(Gate {
             state,
             memory,
@@ -867,11 +872,7 @@ impl<K: Kind> Assembly<K> {
             }),
             success_recorded: spec.circuit.is_some() || spec.bulkhead.is_some(),
             records: !spec.budget_only(),
-            queues: spec
-                .bulkhead
-                .as_ref()
-                .filter(|b| b.max_queued > 0 && !b.shadow)
-                .map(|_| Queues::new(self.clock.clone())),
+            queues,
             spec,
         }))
     }

@@ -66,8 +66,8 @@ pub(crate) struct Gate {
     pub(crate) records: bool,
     /// The bulkhead's queues of async calls waiting for a slot in this
     /// process (one per partition), when the bulkhead has a queue and
-    /// enforces.
-    pub(crate) queues: Option<Queues>,
+    /// enforces: those of every pipeline bound to `state` ([`Queues::of`]).
+    pub(crate) queues: Option<Arc<Queues>>,
 }
 
 impl Gate {
