@@ -850,7 +850,9 @@ struct Run<I> {
     halt: Halt,
     _renewal: Option<LeaseGuard>,
     unsaved: Option<NewSaga>,
-    pending: Vec<Transition>,
+    /// The transitions recorded and not yet committed, each with the
+    /// status it leads to (what its event reports).
+    pending: Vec<(Transition, SagaStatus)>,
     progress: Progress,
 }
 
@@ -962,7 +964,7 @@ impl<I: SagaInput> Run<I> {
                 saga_id: self.id.clone(),
                 detail,
             })?;
-        self.pending.push(transition);
+        self.pending.push((transition, self.progress.status()));
         Ok(())
     }
 
@@ -971,7 +973,8 @@ impl<I: SagaInput> Run<I> {
         if self.pending.is_empty() {
             return Ok(());
         }
-        let transitions = std::mem::take(&mut self.pending);
+        let (transitions, statuses): (Vec<Transition>, Vec<SagaStatus>) =
+            std::mem::take(&mut self.pending).into_iter().unzip();
         let status = self.progress.status();
         let log = &self.orchestrator.log;
         let at = self.orchestrator.now();
@@ -993,7 +996,9 @@ impl<I: SagaInput> Run<I> {
             log.append(lease, first_seq, &transitions, status, at)
                 .await?;
         }
-        for (offset, transition) in transitions.iter().enumerate() {
+        // Each event tells the status its own transition led to, not the
+        // status at the end of the commit.
+        for (offset, (transition, status)) in transitions.iter().zip(statuses).enumerate() {
             self.orchestrator.emit(
                 &self.id,
                 &self.definition.name,

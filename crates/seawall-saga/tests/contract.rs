@@ -1376,6 +1376,111 @@ async fn events_and_records_carry_the_instants_the_log_keeps(backend: Backend) {
     assert!(record.deadline.is_some());
 }
 
+/// Each event reports the status its own transition led to, also when it was
+/// committed together with the transitions after it: the last step's
+/// completion is `running`, only the saga's end is `completed`; a failed
+/// step is `compensating` even when the saga ends at once; the last failed
+/// compensation attempt is `compensating`, the saga becoming stuck is `stuck`.
+async fn every_event_reports_the_status_its_own_transition_led_to(backend: Backend) {
+    let undo_fails = Arc::new(AtomicBool::new(false));
+    let fails = undo_fails.clone();
+    let saga = Saga::<u32>::builder("statuses")
+        .step(
+            Step::new("first", |ctx: StepContext<u32>| async move {
+                if *ctx.input() == 0 {
+                    return Err("refused".to_owned());
+                }
+                Ok(())
+            })
+            .compensate(move |_ctx, ()| {
+                let fails = fails.clone();
+                async move {
+                    if fails.load(Ordering::SeqCst) {
+                        return Err("undo refused");
+                    }
+                    Ok(())
+                }
+            }),
+        )
+        .step(Step::new("second", |ctx: StepContext<u32>| async move {
+            if *ctx.input() == 2 {
+                return Err("refused".to_owned());
+            }
+            Ok(())
+        }))
+        .build()
+        .unwrap();
+    let events: Arc<Mutex<Vec<SagaEvent>>> = Arc::default();
+    let sink = events.clone();
+    let o = Orchestrator::builder(backend.open().await)
+        .saga(&saga)
+        .clock(VirtualClock::new())
+        .compensation_retry(Retry::constant(Duration::ZERO).max_attempts(1))
+        .on_event(move |e| sink.lock().unwrap().push(e.clone()))
+        .build()
+        .unwrap();
+    let statuses = |id: &SagaId| -> Vec<(&'static str, SagaStatus)> {
+        events
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|e| &e.saga_id == id)
+            .map(|e| (e.transition.kind(), e.status))
+            .collect()
+    };
+    use SagaStatus::{Compensated, Compensating, Completed, Running, Stuck};
+
+    let done = o.start(&saga, 1).await.unwrap();
+    assert_eq!(done.status, Completed);
+    assert_eq!(
+        statuses(&done.id),
+        [
+            ("saga_started", Running),
+            ("step_started", Running),
+            ("step_completed", Running),
+            ("step_started", Running),
+            ("step_completed", Running),
+            ("saga_completed", Completed),
+        ]
+    );
+
+    let refused = o.start(&saga, 0).await.unwrap();
+    assert_eq!(refused.status, Compensated);
+    assert_eq!(
+        statuses(&refused.id),
+        [
+            ("saga_started", Running),
+            ("step_started", Running),
+            ("step_failed", Compensating),
+            ("saga_compensated", Compensated),
+        ]
+    );
+
+    let undone = o.start(&saga, 2).await.unwrap();
+    assert_eq!(undone.status, Compensated);
+    assert_eq!(
+        statuses(&undone.id)[4..],
+        [
+            ("step_failed", Compensating),
+            ("compensation_started", Compensating),
+            ("compensation_completed", Compensating),
+            ("saga_compensated", Compensated),
+        ]
+    );
+
+    undo_fails.store(true, Ordering::SeqCst);
+    let stuck = o.start(&saga, 2).await.unwrap();
+    assert_eq!(stuck.status, Stuck);
+    assert_eq!(
+        statuses(&stuck.id)[5..],
+        [
+            ("compensation_started", Compensating),
+            ("compensation_failed", Compensating),
+            ("saga_stuck", Stuck),
+        ]
+    );
+}
+
 /// A stage due at the saga's deadline starts (the deadline has not passed);
 /// one due a millisecond later does not.
 async fn a_stage_at_the_deadline_starts_and_one_after_it_does_not(backend: Backend) {
@@ -1590,4 +1695,5 @@ contract!(
     deadline_passed_while_crashed_mid_group_compensates_the_group,
     events_and_records_carry_the_instants_the_log_keeps,
     a_stage_at_the_deadline_starts_and_one_after_it_does_not,
+    every_event_reports_the_status_its_own_transition_led_to,
 );
