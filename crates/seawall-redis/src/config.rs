@@ -21,7 +21,9 @@ pub enum FailMode {
     #[default]
     Open,
     /// Refuse: the pipeline answers `Error::Store` and does not call the
-    /// operation.
+    /// operation. A call whose weight the rate limiter can never grant is
+    /// still refused as such (`rate_limited`, no `retry_after`): that
+    /// answer needs no state.
     Closed,
 }
 

@@ -492,7 +492,9 @@
 //!   pipeline emits `StoreUnavailable { degraded: true }`. Limits then hold
 //!   per process.
 //! - [`FailMode::Closed`]: calls fail with `Error::Store` and the operation
-//!   is not called.
+//!   is not called; a call whose weight the rate limiter can never grant is
+//!   still refused as such (`rate_limited`, no `retry_after`,
+//!   `outage::a_weight_over_the_burst_is_refused_as_such_while_redis_is_gone`).
 //!
 //! An outcome that cannot be recorded is lost (fail-open) or reported as
 //! an error event (fail-closed); its slot comes back with its lease. An

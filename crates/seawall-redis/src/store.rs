@@ -1266,7 +1266,7 @@ impl Shared {
         e: StoreError,
     ) -> Result<Admission, StoreError> {
         let Some(local) = &self.local else {
-            return Err(e);
+            return self.never_granted(request).ok_or(e);
         };
         let mut admission = local.admit(request)?;
         if let Ok(p) = &mut admission.decision {
@@ -1274,6 +1274,18 @@ impl Shared {
         }
         admission.degraded = Some(e);
         Ok(admission)
+    }
+
+    /// Fail-closed, Redis failing: the refusal of a weight the rate limit
+    /// can never grant ([`RateLimiter::grants`](seawall::RateLimiter::grants)),
+    /// which the admission script gives before any other check and
+    /// without reading its state, so that it does not depend on Redis.
+    /// `None` for any other call, and for a limiter in shadow mode (the
+    /// other policies would decide it).
+    fn never_granted(&self, request: &AdmitRequest<'_>) -> Option<Admission> {
+        let rate = self.spec.rate_limit.as_ref()?;
+        (!rate.shadow && !rate.grants(request.weight))
+            .then(|| Admission::rejected(Rejection::new(RejectionReason::RateLimited, None)))
     }
 
     /// Redis failed on a record: the outcome is lost (its slot comes back

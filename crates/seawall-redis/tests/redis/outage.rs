@@ -158,6 +158,51 @@ fn killed_and_restarted_redis_under_fail_closed() {
     assert!(took < Duration::from_secs(5), "recovered after {took:?}");
 }
 
+/// Under fail-closed with Redis gone, a weight the rate limit can never
+/// grant is refused as on a reachable Redis (`rate_limited`, no
+/// `retry_after`), on both paths, and not as a store failure; a weight
+/// that fits answers `Error::Store`.
+#[test]
+fn a_weight_over_the_burst_is_refused_as_such_while_redis_is_gone() {
+    let mut server = RedisServer::start();
+    let store = store(&server, &unique("outage-weight"), false);
+    let p = Pipeline::builder("weighted")
+        .rate_limiter(RateLimiter::gcra(10, Duration::from_secs(1)))
+        .store(store)
+        .build()
+        .unwrap();
+    let rt = rt();
+    let called = AtomicU32::new(0);
+    let call = |weight: u32| {
+        let w = p.weighted(weight).unwrap();
+        let sync = w.call(|_| Ok::<_, std::io::Error>(called.fetch_add(1, Ordering::SeqCst)));
+        let run = rt.block_on(
+            w.run(|_| async { Ok::<_, std::io::Error>(called.fetch_add(1, Ordering::SeqCst)) }),
+        );
+        [sync, run]
+    };
+    let never = |r: &Result<u32, Error<std::io::Error>>| {
+        matches!(r, Err(Error::Rejected(r))
+            if r.reason == seawall::RejectionReason::RateLimited && r.retry_after.is_none())
+    };
+    assert!(call(11).iter().all(never));
+    assert!(call(2).iter().all(Result::is_ok));
+
+    server.kill();
+    for _ in 0..3 {
+        for r in call(11) {
+            assert!(never(&r), "fail-closed, weight over the burst: {r:?}");
+        }
+        for r in call(2) {
+            assert!(
+                matches!(r, Err(Error::Store(_))),
+                "fail-closed, weight 2: {r:?}"
+            );
+        }
+    }
+    assert_eq!(called.load(Ordering::SeqCst), 2);
+}
+
 #[test]
 fn a_paused_redis_costs_the_timeout_once_then_is_skipped() {
     let server = RedisServer::start();

@@ -317,9 +317,12 @@ impl<K: Kind> Pipeline<K> {
     /// `pipeline.weighted(4)?.run(..)`. Every attempt is admitted for all
     /// its permits or none; a call with a `max_wait` waits for all of
     /// them. A weight the rate limiter can never grant (more than the
-    /// burst of a GCRA, the limit of a window) is refused at once with
+    /// burst of a GCRA, the limit of a window:
+    /// [`RateLimiter::grants`](crate::RateLimiter::grants)) is refused at
+    /// once with
     /// [`RejectionReason::RateLimited`](crate::RejectionReason::RateLimited)
-    /// and no `retry_after`. The other policies count each attempt once.
+    /// and no `retry_after`, on every store, also one that cannot be
+    /// reached. The other policies count each attempt once.
     /// A weighted call takes the same path through the engine as any
     /// other: its weight goes to the same admission.
     ///

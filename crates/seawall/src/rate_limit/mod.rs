@@ -216,6 +216,25 @@ impl RateLimiter {
         )
     }
 
+    /// `true` when a call of `weight` permits can ever be admitted: from 1
+    /// to the burst for GCRA, to the limit for the windows. A weighted call
+    /// over it is refused at once (`rate_limited`, no `retry_after`),
+    /// whatever the limiter's state; a store answers it without its state
+    /// (see [`Pipeline::weighted`](crate::Pipeline::weighted)).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use seawall::RateLimiter;
+    ///
+    /// let limiter = RateLimiter::gcra(100, Duration::from_secs(1)).burst(10);
+    /// assert!(limiter.grants(10));
+    /// assert!(!limiter.grants(11));
+    /// assert!(!limiter.grants(0));
+    /// ```
+    pub fn grants(&self, weight: u32) -> bool {
+        rules::weight_fits(&rules::RateParams::new(self), weight)
+    }
+
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         const P: &str = "rate_limiter";
         // A setting the algorithm does not take is a mistake, never ignored.
