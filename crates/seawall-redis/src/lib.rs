@@ -46,6 +46,14 @@
 //!   before that call is sent: an attempt that panics inside `block_on` of
 //!   a runtime dropped at once,
 //!   `carried::a_panicked_attempt_frees_its_slot_when_its_runtime_shuts_down`).
+//!   So does a call dropped while its admission is on its way to Redis (a
+//!   timeout or a `select!` around `Pipeline::run`): the admission is
+//!   finished in a task of the runtime, and the bulkhead slot, the probe or
+//!   the reserved rate-limit permit it took is given back
+//!   (`carried::a_slot_taken_by_an_admission_dropped_in_flight_is_given_back`,
+//!   `carried::a_permit_reserved_by_an_admission_dropped_in_flight_is_given_back`);
+//!   only a runtime shut down meanwhile leaves them to their lease (a
+//!   reservation to its instant).
 //!   A refusal with a known end (a circuit open until T, a
 //!   cooldown, an exhausted rate limit) is answered without a round trip
 //!   until T after the first: see [Refusals answered

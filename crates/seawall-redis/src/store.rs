@@ -749,6 +749,66 @@ struct ReleaseArgs {
     reserved: Option<Reservation>,
 }
 
+/// The answer of an admission script on its way from Redis.
+type AdmitReply = std::pin::Pin<Box<dyn Future<Output = Result<Vec<i64>, StoreError>> + Send>>;
+
+/// An admission sent on the async path, owned by its call's future: when
+/// the call is dropped while the admission is in flight, the admission is
+/// finished in a task of the runtime and what it took given back (see the
+/// crate documentation).
+struct Admitting {
+    reply: Option<AdmitReply>,
+    /// Polled once at least: the admission may have been sent.
+    sent: bool,
+    shared: Arc<Shared>,
+    partition: Option<PartitionKey>,
+    now: Duration,
+    weight: u32,
+    pre: bool,
+}
+
+impl Future for Admitting {
+    type Output = Result<Vec<i64>, StoreError>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> Poll<Self::Output> {
+        let this = &mut *self;
+        let Some(reply) = this.reply.as_mut() else {
+            return Poll::Ready(Err(StoreError::Unavailable(
+                "admission polled after its answer".into(),
+            )));
+        };
+        this.sent = true;
+        let answer = std::task::ready!(reply.as_mut().poll(cx));
+        this.reply = None;
+        Poll::Ready(answer)
+    }
+}
+
+impl Drop for Admitting {
+    fn drop(&mut self) {
+        let Some(reply) = self.reply.take() else {
+            return;
+        };
+        if !self.sent {
+            return;
+        }
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let shared = Arc::clone(&self.shared);
+        let partition = self.partition.take();
+        let (now, weight, pre) = (self.now, self.weight, self.pre);
+        handle.spawn(async move {
+            if let Ok(reply) = reply.await {
+                shared.give_back_admitted(&reply, partition, now, weight, pre);
+            }
+        });
+    }
+}
+
 impl Shared {
     /// After a restart of the server (which lost the windows and leases it
     /// held), admissions are refused until the state lost can no longer
@@ -1005,6 +1065,51 @@ impl Shared {
             args,
             since: Instant::now(),
         }
+    }
+
+    /// Sends the admission `inv` of `request` on the async connection (see
+    /// [`Admitting`]).
+    fn admitting(self: &Arc<Self>, inv: Invocation, request: &AdmitRequest<'_>) -> Admitting {
+        let shared = Arc::clone(self);
+        let now = request.now;
+        let reply: AdmitReply = Box::pin(async move {
+            let s = &*shared;
+            let hold = move |r: Restart| s.restart_hold(r, now);
+            s.link.admit_async::<Vec<i64>>(&inv, &hold).await
+        });
+        Admitting {
+            reply: Some(reply),
+            sent: false,
+            shared: Arc::clone(self),
+            partition: request.partition.cloned(),
+            now,
+            weight: request.weight,
+            pre: self.pre_shadowed(request),
+        }
+    }
+
+    /// Gives back what the admission answered by `reply` took (a slot, a
+    /// probe, a reserved permit), for a call that is gone.
+    fn give_back_admitted(
+        self: &Arc<Self>,
+        reply: &[i64],
+        partition: Option<PartitionKey>,
+        now: Duration,
+        weight: u32,
+        pre: bool,
+    ) {
+        let Ok((admission, reserved)) = self.admission_reserving(reply, now, weight, pre) else {
+            return;
+        };
+        let permit = admission.decision.unwrap_or_default();
+        if permit.slot.is_none() && !permit.probe && reserved.is_none() {
+            return;
+        }
+        self.release_in_background(ReleaseArgs {
+            partition,
+            permit,
+            reserved,
+        });
     }
 
     fn release_invocation(&self, r: &ReleaseArgs) -> Invocation {
@@ -1511,10 +1616,8 @@ impl ResourceState for RedisResource {
             let s = &*self.shared;
             let mut carried = s.carried(&self.shared, request.partition);
             let inv = s.admit_invocation(&request, &carried.records);
-            let now = request.now;
-            let hold = move |r: Restart| s.restart_hold(r, now);
             let sent = s.sending(&request);
-            match s.link.admit_async::<Vec<i64>>(&inv, &hold).await {
+            match self.shared.admitting(inv, &request).await {
                 Ok(reply) => {
                     carried.answered();
                     s.learn(&request, sent, &reply);
@@ -1655,10 +1758,8 @@ impl ResourceState for RedisResource {
             let s = &*self.shared;
             let mut carried = s.carried(&self.shared, request.partition);
             let inv = s.admit_reserving_invocation(&request, reserve, &carried.records);
-            let now = request.now;
-            let hold = move |r: Restart| s.restart_hold(r, now);
             let sent = s.sending(&request);
-            match s.link.admit_async::<Vec<i64>>(&inv, &hold).await {
+            match self.shared.admitting(inv, &request).await {
                 Ok(reply) => {
                     carried.answered();
                     s.learn(&request, sent, &reply);

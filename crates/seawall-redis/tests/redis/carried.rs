@@ -305,6 +305,116 @@ fn a_cancelled_admission_carrying_a_success_frees_its_slot() {
     }
 }
 
+/// A pipeline on `server` (store timeout 5 s) and a runtime, for calls
+/// dropped while their admission is in flight.
+fn dropped_in_flight_setup(
+    server: &RedisServer,
+    prefix: &str,
+    build: impl FnOnce(seawall::PipelineBuilder) -> seawall::PipelineBuilder,
+) -> (Pipeline, tokio::runtime::Runtime) {
+    let store = RedisStore::builder(server.url())
+        .prefix(prefix)
+        .timeout(Duration::from_secs(5))
+        .fail_closed()
+        .build()
+        .unwrap();
+    let p = build(Pipeline::builder("dropped").store(store))
+        .build()
+        .unwrap();
+    (p, rt())
+}
+
+/// Runs a call of `p` that is dropped after 50 ms while Redis holds its
+/// admission (`CLIENT PAUSE` of 300 ms), then waits until Redis has run
+/// `scripts` script calls more than before the call (at most 5 s).
+fn drop_while_in_flight(
+    p: &Pipeline,
+    rt: &tokio::runtime::Runtime,
+    conn: &mut redis::Connection,
+    scripts: u64,
+) {
+    let before = script_calls(&command_calls(conn));
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(300)
+        .arg("WRITE")
+        .query(conn)
+        .unwrap();
+    let dropped = rt.block_on(async {
+        tokio::time::timeout(
+            Duration::from_millis(50),
+            p.run(|_| async { Ok::<_, std::io::Error>(()) }),
+        )
+        .await
+    });
+    assert!(dropped.is_err(), "the call ended: {dropped:?}");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while script_calls(&command_calls(conn)) < before + scripts && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A call dropped while its admission is on its way to Redis (a timeout
+/// or a `select!` around `Pipeline::run`) gives back the bulkhead slot the
+/// admission took: the slot is not left to its lease (60 s here).
+#[test]
+fn a_slot_taken_by_an_admission_dropped_in_flight_is_given_back() {
+    let server = RedisServer::start();
+    let prefix = unique("slot-dropped");
+    let (p, rt) = dropped_in_flight_setup(&server, &prefix, |b| {
+        b.bulkhead(Bulkhead::new(1).lease(Duration::from_secs(60)))
+    });
+    let call = || rt.block_on(p.run(|_| async { Ok::<_, std::io::Error>(()) }));
+    // The connection is made, the slot given back.
+    assert!(call().is_ok());
+    let mut conn = server.conn();
+    let key = format!("{{{prefix}:dropped}}:b");
+    let taken =
+        |conn: &mut redis::Connection| redis::cmd("ZCARD").arg(&key).query::<u64>(conn).unwrap();
+    assert!(
+        eventually(|| taken(&mut conn) == 0),
+        "the first slot is back"
+    );
+    // The admission, then the release.
+    drop_while_in_flight(&p, &rt, &mut conn, 2);
+    assert!(
+        eventually(|| taken(&mut conn) == 0),
+        "the slot of the dropped call is back"
+    );
+    assert!(call().is_ok());
+}
+
+/// A call dropped while its admission is on its way to Redis gives back
+/// the rate-limit permit the admission reserved for it: the next call
+/// reserves that same permit (and waits for it), as after a call dropped
+/// while it waits.
+#[test]
+fn a_permit_reserved_by_an_admission_dropped_in_flight_is_given_back() {
+    let server = RedisServer::start();
+    let prefix = unique("permit-dropped");
+    // One permit a minute; calls may wait a minute.
+    let minute = Duration::from_secs(60);
+    let (p, rt) = dropped_in_flight_setup(&server, &prefix, |b| {
+        b.rate_limiter(seawall::RateLimiter::gcra(1, minute).max_wait(minute))
+    });
+    assert!(rt
+        .block_on(p.run(|_| async { Ok::<_, std::io::Error>(()) }))
+        .is_ok());
+    let mut conn = server.conn();
+    // The admission reserves the permit in a minute; then the give-back.
+    drop_while_in_flight(&p, &rt, &mut conn, 2);
+    // Given back, that permit is reserved again and the call waits for it;
+    // kept, the next is two minutes away and the call is refused at once.
+    let waited = rt.block_on(async {
+        tokio::time::timeout(
+            Duration::from_millis(500),
+            p.run(|_| async { Ok::<_, std::io::Error>(()) }),
+        )
+        .await
+    });
+    assert!(waited.is_err(), "the call did not wait: {waited:?}");
+}
+
 /// A success with nothing to change on the server (no bulkhead slot to
 /// free, no circuit to count it) is not sent at all, on either path: one
 /// script call per attempt, its admission.
