@@ -9,18 +9,58 @@
 /// because a server that requires a password refuses an argument over
 /// 16 KiB from a client that has not authenticated yet with a protocol
 /// error, before it can say that the password is missing (a test holds
-/// every script under that).
+/// every script under that). The functions of the shared parts that the
+/// script never calls are left out (see `unused`): every function defined
+/// costs the server a closure on every call of the script.
 pub(crate) fn source(parts: &[&str]) -> String {
+    let mut lines: Vec<&str> = parts
+        .iter()
+        .flat_map(|p| p.lines())
+        .filter(|line| {
+            let code = line.trim_start();
+            !code.is_empty() && !code.starts_with("--")
+        })
+        .collect();
+    while let Some((start, end)) = unused(&lines) {
+        lines.drain(start..end);
+    }
     let mut out = String::new();
-    for line in parts.iter().flat_map(|p| p.lines()) {
-        let code = line.trim_start();
-        if code.is_empty() || code.starts_with("--") {
-            continue;
-        }
-        tighten(code, &mut out);
+    for line in lines {
+        tighten(line.trim_start(), &mut out);
         out.push('\n');
     }
     out
+}
+
+/// The lines `start..end` of the first function of the script's top level
+/// (`local function name(` at the start of a line, up to its own line or
+/// the first `end` at the start of a line) whose name no other line names:
+/// a function no code calls.
+fn unused(lines: &[&str]) -> Option<(usize, usize)> {
+    let word = |c: u8| c.is_ascii_alphanumeric() || c == b'_';
+    let names = |line: &str, name: &str| {
+        line.match_indices(name).any(|(i, _)| {
+            let b = line.as_bytes();
+            let before = i.checked_sub(1).map(|j| b[j]);
+            let after = b.get(i + name.len()).copied();
+            !before.is_some_and(word) && !after.is_some_and(word)
+        })
+    };
+    lines.iter().enumerate().find_map(|(start, line)| {
+        let rest = line.strip_prefix("local function ")?;
+        let name = &rest[..rest.find('(')?];
+        let end = if line.ends_with(" end") {
+            start + 1
+        } else {
+            start + 1 + lines[start + 1..].iter().position(|l| *l == "end")? + 1
+        };
+        let called = lines[..start]
+            .iter()
+            .chain(&lines[end..])
+            .chain(std::iter::once(&&rest[name.len()..]))
+            .any(|l| names(l, name));
+        (!called).then_some((start, end))
+    })
 }
 
 /// Appends `line` to `out` without the spaces that separate nothing: after

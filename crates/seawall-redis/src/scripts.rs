@@ -621,6 +621,36 @@ mod tests {
         );
     }
 
+    /// A function of the shared parts that nothing calls is left out, also
+    /// one called only by such a function; one called elsewhere stays, and
+    /// so does every other line.
+    #[test]
+    fn functions_no_code_calls_are_left_out() {
+        let text = source(&[
+            "local function used(x) return x end\n\
+             local function dead(x)\n  if x then\n    return lone(x)\n  end\nend\n\
+             local function lone(x) return x + 1 end\n\
+             local function used_later(x)\n  return x\nend\n\
+             local k = 1\n",
+            "return used(k) + used_later(k)\n",
+        ]);
+        assert_eq!(
+            text,
+            "local function used(x) return x end\n\
+             local function used_later(x)\nreturn x\nend\n\
+             local k=1\nreturn used(k) + used_later(k)\n"
+        );
+        // The admission never opens nor closes a circuit; the record does.
+        let admit = source(&[PRELUDE, SUCCESS, CARRY, ADMIT]);
+        let record = source(&[PRELUDE, include_str!("lua/record.lua")]);
+        for name in ["copen", "cclose", "cooldown_for"] {
+            assert!(!admit.contains(&format!("function {name}(")), "{name}");
+            assert!(record.contains(&format!("function {name}(")), "{name}");
+        }
+        assert!(admit.contains("function hload_admit("));
+        assert!(!record.contains("function hload_admit("));
+    }
+
     use super::*;
     use seawall::{Bulkhead, CircuitBreaker, RateLimiter};
 
