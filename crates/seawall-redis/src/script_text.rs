@@ -2,6 +2,8 @@
 //! no dependency, so that the `script_breakdown` example replays exactly
 //! what the crate sends.
 
+use std::fmt::Write as _;
+
 /// The text of a script sent to the server: `parts` without their comment
 /// lines, blank lines and indentation, and without the spaces after a
 /// comma and around `=`, `==` and `~=` outside string literals (the
@@ -130,4 +132,62 @@ fn tighten(line: &str, out: &mut String) {
             }
         }
     }
+}
+
+/// What the generic prelude takes its arguments with.
+pub(crate) const ARGS_LINE: &str = "local A = ARGV\n";
+
+/// `prelude` (the text of `prelude.lua`) with the spec (`ARGV[2..=27]` of
+/// the generic scripts, `spec`) compiled in: `A` is `ARGV` as the
+/// generic scripts see it, the spec's values in `A[2..=27]` written as
+/// constants (plain decimal numbers as numbers, which `tonumber` returns as
+/// they are; GCRA's tolerance and interval, or the sliding window's
+/// period, as the pairs `upair` would
+/// split them into; every other value as the string it is in `ARGV`), and
+/// the call's own arguments, `ARGV[2..]`, from `A[28]`.
+pub(crate) fn compiled(prelude: &str, spec: &[String]) -> String {
+    let mut header = String::from("local A = {ARGV[1]");
+    for (i, v) in spec.iter().enumerate() {
+        // `A[i + 2]`: the flags and the shadow bits are compared as
+        // strings.
+        let as_string = matches!(i + 2, 2 | 15 | 18 | 21 | 27);
+        let pair = matches!(i + 2, 25 | 26)
+            .then(|| v.split_once(':'))
+            .flatten()
+            .filter(|(u, n)| {
+                [u, n]
+                    .iter()
+                    .all(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))
+            });
+        if let Some((u, n)) = pair {
+            let _ = write!(header, ", {{{u}, {n}}}");
+        } else if !as_string && is_plain_decimal(v) {
+            let _ = write!(header, ", {v}");
+        } else {
+            let _ = write!(header, ", '{}'", lua_escaped(v));
+        }
+    }
+    // The call's own arguments, `ARGV[2..]`, at `A[28..]`, in the same
+    // constructor (one allocation, no resize).
+    header.push_str(", unpack(ARGV, 2)}\n");
+    assert!(prelude.contains(ARGS_LINE), "prelude.lua takes ARGV as A");
+    prelude.replacen(ARGS_LINE, &header, 1)
+}
+
+/// `true` for `-?digits(.digits)?`: the same number to Lua's lexer as to
+/// `tonumber` (both `strtod`), unlike `inf` or `nan`.
+pub(crate) fn is_plain_decimal(v: &str) -> bool {
+    let digits = v.strip_prefix('-').unwrap_or(v);
+    let (int, frac) = digits.split_once('.').unwrap_or((digits, "0"));
+    !int.is_empty()
+        && !frac.is_empty()
+        && int.bytes().all(|b| b.is_ascii_digit())
+        && frac.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// `v` inside a single-quoted Lua string.
+pub(crate) fn lua_escaped(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('\'', "\\'")
+        .replace('\n', "\\n")
 }
