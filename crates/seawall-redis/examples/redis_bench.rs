@@ -12,7 +12,8 @@
 //!   p50/p99 latency added to a trivial operation (calls one after the
 //!   other), in one process (async `run` as a task on a multi-thread
 //!   runtime, async `run` on a current-thread runtime, sync `call`) and in
-//!   four processes (async `run`, one shared state);
+//!   four processes (async `run`, one shared state); and the throughput of
+//!   one process whose 32 tasks call at once (async `run`, one connection);
 //! - round trips per call (script calls per call: every call here is one
 //!   successful attempt), from the server's `INFO commandstats`, and the
 //!   server's mean time per script call; the async run also with
@@ -31,6 +32,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use seawall::{Bulkhead, CircuitBreaker, Cooldown, Pipeline, RateLimiter, Retry};
 use seawall_redis::RedisStore;
 use seawall_test_redis::RedisServer as Server;
+
+/// Tasks of the concurrent single-process row (half the bulkhead).
+const TASKS: usize = 32;
 
 struct Args {
     url: Option<String>,
@@ -131,6 +135,43 @@ where
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
     rt.block_on(rt.spawn(time_async(n, f))).unwrap()
+}
+
+/// Times `n` calls of `p.run` made by `tasks` tasks at once on `rt` (a
+/// service's handlers, each awaiting its own calls): the sorted latencies
+/// of every call and the total time.
+fn time_concurrent(
+    rt: &tokio::runtime::Runtime,
+    p: &Pipeline<seawall::pipeline::WithFallback<u64, std::io::Error>>,
+    n: usize,
+    tasks: usize,
+) -> (Vec<Duration>, Duration) {
+    let start = Instant::now();
+    let handles: Vec<_> = (0..tasks)
+        .map(|i| {
+            let p = p.clone();
+            let calls = n / tasks + usize::from(i < n % tasks);
+            rt.spawn(async move {
+                let mut lat = Vec::with_capacity(calls);
+                for _ in 0..calls {
+                    let t = Instant::now();
+                    p.run(|_| op()).await.unwrap();
+                    lat.push(t.elapsed());
+                }
+                lat
+            })
+        })
+        .collect();
+    let mut lat: Vec<Duration> = rt.block_on(async {
+        let mut all = Vec::with_capacity(n);
+        for h in handles {
+            all.extend(h.await.unwrap());
+        }
+        all
+    });
+    let total = start.elapsed();
+    lat.sort();
+    (lat, total)
 }
 
 fn time_sync(n: usize, mut f: impl FnMut()) -> (Vec<Duration>, Duration) {
@@ -449,6 +490,12 @@ fn main() {
         own_cpu().saturating_sub(cpu_before.1),
     );
 
+    // One process, calls at once: the throughput of a service whose
+    // handlers share the store's connection.
+    reset_stats(&url);
+    let (conc_lat, conc_total) = time_concurrent(&rt, &p, n, TASKS);
+    let conc_trips = script_calls(&url) as f64 / n as f64;
+
     // A current-thread runtime awaits every record (two round trips).
     reset_stats(&url);
     let (current_lat, current_total) = current.block_on(time_async(n, || async {
@@ -548,6 +595,13 @@ fn main() {
         alone_trips,
     );
     row(
+        &format!("1 process, async run, {TASKS} tasks"),
+        &conc_lat,
+        n as f64,
+        conc_total.as_secs_f64(),
+        conc_trips,
+    );
+    row(
         "1 process, async run, current-thread",
         &current_lat,
         n as f64,
@@ -584,8 +638,9 @@ fn main() {
         "script calls per successful attempt (target <= 1.05): async run {run_trips:.3}, success_delay(0) {alone_trips:.3}, 4 processes {multi_trips:.3}"
     );
     println!(
-        "async single-process throughput: {:.0} calls/s",
-        n as f64 / run_total.as_secs_f64()
+        "async single-process throughput: {:.0} calls/s one after another, {:.0} calls/s from {TASKS} tasks at once",
+        n as f64 / run_total.as_secs_f64(),
+        n as f64 / conc_total.as_secs_f64()
     );
     let per_call = |d: Duration| us(d / u32::try_from(n).unwrap_or(u32::MAX));
     println!(

@@ -26,7 +26,7 @@ use seawall_test_redis::RedisServer as Server;
 /// The scripts' text as the crate sends it.
 #[path = "../src/script_text.rs"]
 mod script_text;
-use script_text::source;
+use script_text::{compiled, source};
 
 const PRELUDE: &str = include_str!("../src/lua/prelude.lua");
 const SUCCESS: &str = include_str!("../src/lua/success.lua");
@@ -66,24 +66,6 @@ fn spec_args(max: &str) -> Vec<String> {
     ]
     .map(String::from)
     .to_vec()
-}
-
-/// `prelude.lua` with the spec compiled in, as `SpecScripts` builds it.
-fn compiled_prelude(spec: &[String]) -> String {
-    let mut header = String::from("local A = {ARGV[1]");
-    for (i, v) in spec.iter().enumerate() {
-        let as_string = matches!(i + 2, 2 | 15 | 18 | 21 | 27);
-        let plain = !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit() || b == b'.');
-        if let (25 | 26, Some((u, n))) = (i + 2, v.split_once(':')) {
-            header.push_str(&format!(", {{{u}, {n}}}"));
-        } else if as_string || !plain {
-            header.push_str(&format!(", '{v}'"));
-        } else {
-            header.push_str(&format!(", {v}"));
-        }
-    }
-    header.push_str("}\nfor i = 2, #ARGV do A[i + 26] = ARGV[i] end\n");
-    PRELUDE.replacen("local A = ARGV\n", &header, 1)
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -208,7 +190,7 @@ async fn run(url: String, n: usize) {
     let table = load(&mut c, "return {0,-1,0,0,-1,0,0,0,-1,0,0,-1,0}").await;
     let admit = load(&mut c, &source(&[PRELUDE, ADMIT])).await;
     let carrying = load(&mut c, &source(&[PRELUDE, SUCCESS, CARRY, ADMIT])).await;
-    let compiled = compiled_prelude(&spec_args("64"));
+    let compiled = compiled(PRELUDE, &spec_args("64"));
     let compiled_carrying = load(&mut c, &source(&[&compiled, SUCCESS, CARRY, ADMIT])).await;
     let eval = |sha: &str, keys: &[String], args: &[String]| {
         let mut cmd = redis::cmd("EVALSHA");

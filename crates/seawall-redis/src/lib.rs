@@ -172,21 +172,25 @@
 //!   server, that script call is Lua work: each `redis.call`, each
 //!   argument, each number converted and each Lua function the script
 //!   makes costs. An admission carrying successes reads the state hash
-//!   once for them and for itself, a count-window success writes only the
-//!   counts it changes, and the spec's numbers are converted only where
-//!   used. The admission scripts are compiled for each spec: the spec is
-//!   in their text (two scripts per distinct spec, loaded when a pipeline
-//!   binds), so an admission sends the time and its own arguments only,
-//!   not the spec's 26 values. For the chain of the `redis_bench` example
-//!   (count-window breaker, bulkhead, GCRA limiter, cooldown), counted
-//!   with callgrind on `redis-server` 7.0: an admission takes about 213k
-//!   instructions (239k with the spec as arguments), one carrying a
-//!   success 320k (340k), a `PING` 4k and an empty script with the same
-//!   keys and the spec as arguments 56k; about 36 us of the server's time
-//!   on a loaded machine (`INFO commandstats`; the `script_breakdown`
-//!   example sets these side by side). Of the 320k, the script's twelve
-//!   `redis.call`s take about 90k and the functions its Lua makes on every
-//!   call about 30k: they, not the round trip, bound a single process's
+//!   once for them and for itself, and of a closed circuit only the fields
+//!   a closed circuit uses; a count-window success writes only the counts
+//!   it changes, and writes the window's ring only while the window holds
+//!   a failure or a slow call (a success written over a success changes
+//!   nothing); a script holds only the functions it calls; and the spec's
+//!   numbers are converted only where used. The admission scripts are
+//!   compiled for each spec: the spec is in their text (two scripts per
+//!   distinct spec, loaded when a pipeline binds), so an admission sends
+//!   the time and its own arguments only, not the spec's 26 values. For
+//!   the chain of the `redis_bench` example (count-window breaker,
+//!   bulkhead, GCRA limiter, cooldown), counted with callgrind on
+//!   `redis-server` 7.0 (`--toggle-collect=processCommand`): an admission
+//!   takes about 234k instructions (252k with the spec as arguments), one
+//!   carrying a success 299k (313k), a `PING` 10k and an empty script with
+//!   the same keys and the spec as arguments 30k; about 28 us of the
+//!   server's time on a loaded machine (`INFO commandstats`; the
+//!   `script_breakdown` example sets these side by side). The ten
+//!   `redis.call`s of an admission carrying a success, their arguments and
+//!   the Lua around them, not the round trip, bound a single process's
 //!   latency and throughput.
 //! - **A slot is freed on the server** by the next admission of its
 //!   partition through the same store, or once its success's delay has

@@ -2,6 +2,8 @@
 //! no dependency, so that the `script_breakdown` example replays exactly
 //! what the crate sends.
 
+use std::fmt::Write as _;
+
 /// The text of a script sent to the server: `parts` without their comment
 /// lines, blank lines and indentation, and without the spaces after a
 /// comma and around `=`, `==` and `~=` outside string literals (the
@@ -9,18 +11,58 @@
 /// because a server that requires a password refuses an argument over
 /// 16 KiB from a client that has not authenticated yet with a protocol
 /// error, before it can say that the password is missing (a test holds
-/// every script under that).
+/// every script under that). The functions of the shared parts that the
+/// script never calls are left out (see `unused`): every function defined
+/// costs the server a closure on every call of the script.
 pub(crate) fn source(parts: &[&str]) -> String {
+    let mut lines: Vec<&str> = parts
+        .iter()
+        .flat_map(|p| p.lines())
+        .filter(|line| {
+            let code = line.trim_start();
+            !code.is_empty() && !code.starts_with("--")
+        })
+        .collect();
+    while let Some((start, end)) = unused(&lines) {
+        lines.drain(start..end);
+    }
     let mut out = String::new();
-    for line in parts.iter().flat_map(|p| p.lines()) {
-        let code = line.trim_start();
-        if code.is_empty() || code.starts_with("--") {
-            continue;
-        }
-        tighten(code, &mut out);
+    for line in lines {
+        tighten(line.trim_start(), &mut out);
         out.push('\n');
     }
     out
+}
+
+/// The lines `start..end` of the first function of the script's top level
+/// (`local function name(` at the start of a line, up to its own line or
+/// the first `end` at the start of a line) whose name no other line names:
+/// a function no code calls.
+fn unused(lines: &[&str]) -> Option<(usize, usize)> {
+    let word = |c: u8| c.is_ascii_alphanumeric() || c == b'_';
+    let names = |line: &str, name: &str| {
+        line.match_indices(name).any(|(i, _)| {
+            let b = line.as_bytes();
+            let before = i.checked_sub(1).map(|j| b[j]);
+            let after = b.get(i + name.len()).copied();
+            !before.is_some_and(word) && !after.is_some_and(word)
+        })
+    };
+    lines.iter().enumerate().find_map(|(start, line)| {
+        let rest = line.strip_prefix("local function ")?;
+        let name = &rest[..rest.find('(')?];
+        let end = if line.ends_with(" end") {
+            start + 1
+        } else {
+            start + 1 + lines[start + 1..].iter().position(|l| *l == "end")? + 1
+        };
+        let called = lines[..start]
+            .iter()
+            .chain(&lines[end..])
+            .chain(std::iter::once(&&rest[name.len()..]))
+            .any(|l| names(l, name));
+        (!called).then_some((start, end))
+    })
 }
 
 /// Appends `line` to `out` without the spaces that separate nothing: after
@@ -90,4 +132,62 @@ fn tighten(line: &str, out: &mut String) {
             }
         }
     }
+}
+
+/// What the generic prelude takes its arguments with.
+pub(crate) const ARGS_LINE: &str = "local A = ARGV\n";
+
+/// `prelude` (the text of `prelude.lua`) with the spec (`ARGV[2..=27]` of
+/// the generic scripts, `spec`) compiled in: `A` is `ARGV` as the
+/// generic scripts see it, the spec's values in `A[2..=27]` written as
+/// constants (plain decimal numbers as numbers, which `tonumber` returns as
+/// they are; GCRA's tolerance and interval, or the sliding window's
+/// period, as the pairs `upair` would
+/// split them into; every other value as the string it is in `ARGV`), and
+/// the call's own arguments, `ARGV[2..]`, from `A[28]`.
+pub(crate) fn compiled(prelude: &str, spec: &[String]) -> String {
+    let mut header = String::from("local A = {ARGV[1]");
+    for (i, v) in spec.iter().enumerate() {
+        // `A[i + 2]`: the flags and the shadow bits are compared as
+        // strings.
+        let as_string = matches!(i + 2, 2 | 15 | 18 | 21 | 27);
+        let pair = matches!(i + 2, 25 | 26)
+            .then(|| v.split_once(':'))
+            .flatten()
+            .filter(|(u, n)| {
+                [u, n]
+                    .iter()
+                    .all(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))
+            });
+        if let Some((u, n)) = pair {
+            let _ = write!(header, ", {{{u}, {n}}}");
+        } else if !as_string && is_plain_decimal(v) {
+            let _ = write!(header, ", {v}");
+        } else {
+            let _ = write!(header, ", '{}'", lua_escaped(v));
+        }
+    }
+    // The call's own arguments, `ARGV[2..]`, at `A[28..]`, in the same
+    // constructor (one allocation, no resize).
+    header.push_str(", unpack(ARGV, 2)}\n");
+    assert!(prelude.contains(ARGS_LINE), "prelude.lua takes ARGV as A");
+    prelude.replacen(ARGS_LINE, &header, 1)
+}
+
+/// `true` for `-?digits(.digits)?`: the same number to Lua's lexer as to
+/// `tonumber` (both `strtod`), unlike `inf` or `nan`.
+pub(crate) fn is_plain_decimal(v: &str) -> bool {
+    let digits = v.strip_prefix('-').unwrap_or(v);
+    let (int, frac) = digits.split_once('.').unwrap_or((digits, "0"));
+    !int.is_empty()
+        && !frac.is_empty()
+        && int.bytes().all(|b| b.is_ascii_digit())
+        && frac.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// `v` inside a single-quoted Lua string.
+pub(crate) fn lua_escaped(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('\'', "\\'")
+        .replace('\n', "\\n")
 }

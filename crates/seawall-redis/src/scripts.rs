@@ -32,7 +32,7 @@ use seawall::breaker::BreakerMode;
 use seawall::rate_limit::RateAlgorithm;
 use seawall::store::ResourceSpec;
 
-use crate::script_text::source;
+use crate::script_text::{compiled, source};
 
 const PRELUDE: &str = include_str!("lua/prelude.lua");
 /// The rule of a silent success, as the Lua function `success(A)`.
@@ -143,59 +143,10 @@ fn script_load(source: String) -> redis::Cmd {
     cmd
 }
 
-/// What the generic prelude takes its arguments with.
-const ARGS_LINE: &str = "local A = ARGV\n";
-
-/// `prelude.lua` with the spec `args` compiled in: `A` is `ARGV` as the
-/// generic scripts see it, the spec's values in `A[2..=27]` written as
-/// constants (plain decimal numbers as numbers, which `tonumber` returns as
-/// they are; GCRA's tolerance and interval, or the sliding window's
-/// period, as the pairs `upair` would
-/// split them into; every other value as the string it is in `ARGV`), and
-/// the call's own arguments, `ARGV[2..]`, from `A[28]`.
+/// `prelude.lua` with the spec `args` compiled in (see
+/// [`script_text::compiled`](crate::script_text::compiled)).
 fn compiled_prelude(args: &SpecArgs) -> String {
-    let mut header = String::from("local A = {ARGV[1]");
-    for (i, v) in args.0.iter().enumerate() {
-        // `A[i + 2]`: the flags and the shadow bits are compared as
-        // strings.
-        let as_string = matches!(i + 2, 2 | 15 | 18 | 21 | 27);
-        let pair = matches!(i + 2, 25 | 26)
-            .then(|| v.split_once(':'))
-            .flatten()
-            .filter(|(u, n)| {
-                [u, n]
-                    .iter()
-                    .all(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))
-            });
-        if let Some((u, n)) = pair {
-            let _ = write!(header, ", {{{u}, {n}}}");
-        } else if !as_string && is_plain_decimal(v) {
-            let _ = write!(header, ", {v}");
-        } else {
-            let _ = write!(header, ", '{}'", lua_escaped(v));
-        }
-    }
-    header.push_str("}\nfor i = 2, #ARGV do A[i + 26] = ARGV[i] end\n");
-    assert!(PRELUDE.contains(ARGS_LINE), "prelude.lua takes ARGV as A");
-    PRELUDE.replacen(ARGS_LINE, &header, 1)
-}
-
-/// `true` for `-?digits(.digits)?`: the same number to Lua's lexer as to
-/// `tonumber` (both `strtod`), unlike `inf` or `nan`.
-fn is_plain_decimal(v: &str) -> bool {
-    let digits = v.strip_prefix('-').unwrap_or(v);
-    let (int, frac) = digits.split_once('.').unwrap_or((digits, "0"));
-    !int.is_empty()
-        && !frac.is_empty()
-        && int.bytes().all(|b| b.is_ascii_digit())
-        && frac.bytes().all(|b| b.is_ascii_digit())
-}
-
-/// `v` inside a single-quoted Lua string.
-fn lua_escaped(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('\'', "\\'")
-        .replace('\n', "\\n")
+    compiled(PRELUDE, &args.0)
 }
 
 /// The lease script: the prelude, `admit.lua` unchanged as the body of a
@@ -621,7 +572,38 @@ mod tests {
         );
     }
 
+    /// A function of the shared parts that nothing calls is left out, also
+    /// one called only by such a function; one called elsewhere stays, and
+    /// so does every other line.
+    #[test]
+    fn functions_no_code_calls_are_left_out() {
+        let text = source(&[
+            "local function used(x) return x end\n\
+             local function dead(x)\n  if x then\n    return lone(x)\n  end\nend\n\
+             local function lone(x) return x + 1 end\n\
+             local function used_later(x)\n  return x\nend\n\
+             local k = 1\n",
+            "return used(k) + used_later(k)\n",
+        ]);
+        assert_eq!(
+            text,
+            "local function used(x) return x end\n\
+             local function used_later(x)\nreturn x\nend\n\
+             local k=1\nreturn used(k) + used_later(k)\n"
+        );
+        // The admission never opens nor closes a circuit; the record does.
+        let admit = source(&[PRELUDE, SUCCESS, CARRY, ADMIT]);
+        let record = source(&[PRELUDE, include_str!("lua/record.lua")]);
+        for name in ["copen", "cclose", "cooldown_for"] {
+            assert!(!admit.contains(&format!("function {name}(")), "{name}");
+            assert!(record.contains(&format!("function {name}(")), "{name}");
+        }
+        assert!(admit.contains("function hload_admit("));
+        assert!(!record.contains("function hload_admit("));
+    }
+
     use super::*;
+    use crate::script_text::{is_plain_decimal, lua_escaped, ARGS_LINE};
     use seawall::{Bulkhead, CircuitBreaker, RateLimiter};
 
     #[test]
@@ -643,11 +625,10 @@ mod tests {
             "{header}"
         );
         assert!(
-            header.ends_with(", {666666, 668}, {333333, 334}, '0'}"),
+            header.ends_with(", {666666, 668}, {333333, 334}, '0', unpack(ARGV, 2)}"),
             "{header}"
         );
-        assert_eq!(header.matches(", ").count(), 28, "{header}");
-        assert!(prelude.contains("for i = 2, #ARGV do A[i + 26] = ARGV[i] end\n"));
+        assert_eq!(header.matches(", ").count(), 30, "{header}");
         assert!(!prelude.contains(ARGS_LINE));
         // Two specs, two scripts; the same spec, the same script.
         let other = SpecArgs::new(&spec, Duration::from_secs(61));

@@ -98,7 +98,7 @@ end
 
 if HAS_C or HAS_CD then
   if HAS_C then
-    h = CARRIED_H or hload({'st', 'gen', 'trips', 'ou', 'since', 'pr', 'pok', 'cu'})
+    h = CARRIED_H or hload_admit({'st', 'gen', 'since', 'cu'})
   else
     h = hload({'cu'})
   end

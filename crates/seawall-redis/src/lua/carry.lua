@@ -11,10 +11,8 @@
 -- circuit's mode); the successes update it as they write.
 local carried = table.remove(A)
 if HAS_C then
-  CARRIED_H = hload(success_fields(MODE, {'trips', 'ou', 'since', 'pr', 'pok'}))
+  CARRIED_H = hload_admit(success_fields(MODE, {'since'}))
 end
 for rec in string.gmatch(carried, '[^;]+') do
-  local a = {}
-  for f in string.gmatch(rec .. ',', '([^,]*),') do a[#a + 1] = f end
-  success(a, CARRIED_H)
+  success({string.match(rec, '^([^,]*),([^,]*),([^,]*),([^,]*),([^,]*),([^,]*),([^,]*)$')}, CARRIED_H)
 end

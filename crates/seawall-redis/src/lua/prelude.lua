@@ -167,6 +167,22 @@ local function hload(names)
   return h
 end
 
+-- `hload(names)` for an admission: `names` without the fields that a
+-- closed circuit holds at 0 (its trips, open end and probes: every way to
+-- closed, `cclose`, and a circuit not begun leave them so), which are read
+-- only when the circuit is not closed.
+local function hload_admit(names)
+  local h = hload(names)
+  if h.st == CLOSED then
+    h.trips, h.ou, h.pr, h.pok = 0, 0, 0, 0
+  else
+    local v = redis.call('HMGET', KH, 'trips', 'ou', 'pr', 'pok')
+    h.trips, h.ou = tonumber(v[1]) or 0, tonumber(v[2]) or 0
+    h.pr, h.pok = tonumber(v[3]) or 0, tonumber(v[4]) or 0
+  end
+  return h
+end
+
 -- Begins a circuit not begun (its first admission, record or control):
 -- closed since now. `true` when it did: `since` is then to be saved.
 local function cbegin(h)

@@ -38,13 +38,38 @@ local function success_fields(mode, first)
   return names
 end
 
+-- The reply of a success: no transition, no cooldown.
+local NOTHING = {0, 0, -1}
+
+-- The time of the record `A`: its caller's, else the server's.
+local function success_now(A)
+  if A[1] == '' then
+    local t = redis.call('TIME')
+    return tonumber(t[1]) * 1000000 + tonumber(t[2])
+  end
+  return tonumber(A[1])
+end
+
+-- As httl() in prelude.lua, for a closed circuit: the TTL of the state
+-- (milliseconds, formatted) of the record `A` in circuit mode `mode`, of
+-- window size `n`, state `h`; `now`: the record's time if read already.
+local function success_ttl(A, h, mode, n, now)
+  local t = tonumber(A[6])
+  if mode == 3 and n * 1000000 > t then t = n * 1000000 end
+  if h.cu > 0 and A[7] ~= '-1' then
+    local c = h.cu - (now or success_now(A)) + tonumber(A[7])
+    if c > t then t = c end
+  end
+  local m = math.ceil(t / 1000)
+  if m < 1 then m = 1 end
+  return format('%d', m)
+end
+
 local function success(A, H)
   local KH, KCW, KTW, KTZ, KB = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-  local nothing = {0, 0, -1}
-
   if A[2] ~= '-1' then redis.call('ZREM', KB, A[2]) end
   local mode = A[4]
-  if mode == '0' then return nothing end
+  if mode == '0' then return NOTHING end
   mode = tonumber(mode)
 
   local h = H
@@ -56,46 +81,29 @@ local function success(A, H)
   end
   if h.st ~= 0 or h.gen ~= tonumber(A[3]) then
     -- Not closed, or a newer generation: not recorded.
-    return nothing
+    return NOTHING
   end
   local n = tonumber(A[5])
-
-  local now
-  local function tnow()
-    if not now then
-      if A[1] == '' then
-        local t = redis.call('TIME')
-        now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-      else
-        now = tonumber(A[1])
-      end
-    end
-    return now
-  end
-
-  -- As httl() in prelude.lua, for a closed circuit.
-  local function ttl()
-    local t = tonumber(A[6])
-    if mode == 3 and n * 1000000 > t then t = n * 1000000 end
-    if h.cu > 0 and A[7] ~= '-1' then
-      local c = h.cu - tnow() + tonumber(A[7])
-      if c > t then t = c end
-    end
-    local m = math.ceil(t / 1000)
-    if m < 1 then m = 1 end
-    return format('%d', m)
-  end
 
   if mode == 1 then
     -- A success ends a run of failures.
     if h.cf > 0 then
       h.cf = 0
       redis.call('HSET', KH, 'cf', 0)
-      redis.call('PEXPIRE', KH, ttl())
+      redis.call('PEXPIRE', KH, success_ttl(A, h, mode, n))
     end
   elseif mode == 2 then
     local nh = h.nh
-    local old = redis.call('BITFIELD', KCW, 'SET', 'u2', '#' .. format('%d', nh % n), 0)[1]
+    -- A window with no failure and no slow call holds only zeros (the
+    -- ring's positions past the head too: it starts empty), so a success
+    -- written over one changes nothing: the ring is written, and kept,
+    -- only while the window holds a failure or a slow call. A ring gone
+    -- (expired) reads as zeros, the same.
+    local coded = h.nf > 0 or h.ns > 0
+    local old = 0
+    if coded then
+      old = redis.call('BITFIELD', KCW, 'SET', 'u2', '#' .. format('%d', nh % n), 0)[1]
+    end
     -- Only the counts that change are written: once the window is full,
     -- the calls stay at its size, and a success replacing a success
     -- changes neither failures nor slow calls.
@@ -113,13 +121,14 @@ local function success(A, H)
       h.ns = h.ns - 1
       w[#w + 1], w[#w + 2] = 'ns', h.ns
     end
-    local t = ttl()
+    local t = success_ttl(A, h, mode, n)
     redis.call(unpack(w))
     redis.call('PEXPIRE', KH, t)
-    redis.call('PEXPIRE', KCW, t)
+    if coded then redis.call('PEXPIRE', KCW, t) end
   else
     local tc, tf, ts = h.tc, h.tf, h.ts
-    local sec = math.floor(tnow() / 1000000)
+    local now = success_now(A)
+    local sec = math.floor(now / 1000000)
     local edge = sec - n
     local secs = format('%d', sec)
     local old = redis.call('ZRANGEBYSCORE', KTZ, '-inf', edge)
@@ -138,11 +147,11 @@ local function success(A, H)
     redis.call('HINCRBY', KTW, secs .. 'c', 1)
     tc = tc + 1
     h.tc, h.tf, h.ts = tc, tf, ts
-    local t = ttl()
+    local t = success_ttl(A, h, mode, n, now)
     redis.call('HSET', KH, 'tc', tc, 'tf', tf, 'ts', ts)
     redis.call('PEXPIRE', KH, t)
     redis.call('PEXPIRE', KTW, t)
     redis.call('PEXPIRE', KTZ, t)
   end
-  return nothing
+  return NOTHING
 end

@@ -182,3 +182,93 @@ fn a_flushed_server_gets_the_admission_scripts_of_every_spec_at_once() {
     assert_eq!(script_loads(&command_calls(&mut conn)), loads);
     assert_eq!(b.in_flight().unwrap(), 0);
 }
+
+/// A count window that holds no failure and no slow call is all
+/// successes: a success written over one changes nothing, so the ring
+/// (`BITFIELD`) is written only while a failure is in the window, on the
+/// blocking path (a success recorded on its own) and on the async one (a
+/// success carried by the next admission). The window's counts are those
+/// of the in-memory store all along.
+#[test]
+fn a_window_of_successes_is_not_written_for_each_success() {
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    let rt = rt();
+    for carried in [false, true] {
+        let label = if carried { "async" } else { "sync" };
+        let store = RedisStore::builder(server.url())
+            .prefix(unique("clean"))
+            .build()
+            .unwrap();
+        let p = Pipeline::builder("clean-window")
+            .circuit_breaker(
+                CircuitBreaker::failure_rate(0.9)
+                    .count_window(4)
+                    .minimum_calls(100),
+            )
+            .store(store)
+            .build()
+            .unwrap();
+        let call = |fail: bool| {
+            let result = if carried {
+                rt.block_on(p.run(|_| async move {
+                    if fail {
+                        Err(std::io::Error::other("down"))
+                    } else {
+                        Ok(())
+                    }
+                }))
+            } else {
+                p.call(|_| {
+                    if fail {
+                        Err(std::io::Error::other("down"))
+                    } else {
+                        Ok(())
+                    }
+                })
+            };
+            assert_eq!(result.is_err(), fail, "{label}");
+        };
+        // The circuit's counts as Redis has them, every success applied.
+        let counts = || {
+            let m = p.circuit_metrics().unwrap();
+            (m.calls, m.failures)
+        };
+        let bitfields = |conn: &mut redis::Connection| {
+            command_calls(conn).get("bitfield").copied().unwrap_or(0)
+        };
+        let _: () = redis::cmd("CONFIG")
+            .arg("RESETSTAT")
+            .query(&mut conn)
+            .unwrap();
+        for _ in 0..10 {
+            call(false);
+        }
+        assert_eq!(counts(), (4, 0), "{label}");
+        assert_eq!(bitfields(&mut conn), 0, "{label}: only successes");
+        // A failure, then four successes: the last one pushes it out of the
+        // window; each of the four is written over the ring, the next ones
+        // are not.
+        call(true);
+        assert_eq!(counts(), (4, 1), "{label}");
+        for i in 1..=4 {
+            call(false);
+            let failures = if i < 4 { 1 } else { 0 };
+            assert_eq!(counts(), (4, failures), "{label}: success {i}");
+        }
+        assert_eq!(bitfields(&mut conn), 5, "{label}");
+        for _ in 0..6 {
+            call(false);
+        }
+        assert_eq!(counts(), (4, 0), "{label}");
+        assert_eq!(
+            bitfields(&mut conn),
+            5,
+            "{label}: the window is clean again"
+        );
+        // A failure again: the ring starts from zeros where it was left.
+        call(true);
+        call(false);
+        assert_eq!(counts(), (4, 1), "{label}");
+    }
+}
