@@ -4,8 +4,9 @@
 use std::time::Duration;
 
 /// The longest wait a server's hint can ask for: one hour. Longer waits (up
-/// to `Retry-After: 99999999999999999999`, a date in year 9999, or a gRPC
-/// pushback of `i64::MAX` milliseconds) are cut to it. The pipeline's
+/// to `Retry-After: 99999999999999999999`, a date in year 9999, a gRPC
+/// pushback of `i64::MAX` milliseconds, or a hint your own classifier gives
+/// [`Verdict::with_retry_after`]) are cut to it. The pipeline's
 /// [`Cooldown`](crate::Cooldown) caps the pause further (5 minutes by
 /// default), and a retry gives up when the wait does not fit the call's
 /// deadline.
@@ -74,9 +75,14 @@ impl Verdict {
             retry_after: None,
         }
     }
-    /// Adds a retry-after hint.
+    /// Adds a retry-after hint, at most [`MAX_RETRY_AFTER`]: a longer one
+    /// is cut to it.
     pub const fn with_retry_after(mut self, after: Duration) -> Self {
-        self.retry_after = Some(after);
+        self.retry_after = Some(if after.as_nanos() > MAX_RETRY_AFTER.as_nanos() {
+            MAX_RETRY_AFTER
+        } else {
+            after
+        });
         self
     }
     /// The kind of verdict.

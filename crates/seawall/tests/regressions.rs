@@ -2802,3 +2802,45 @@ fn a_context_at_its_deadline_is_not_expired() {
         }
     }
 }
+
+/// A retry-after hint longer than an hour from a classifier of the user's
+/// own is cut to [`MAX_RETRY_AFTER`](seawall::classify::MAX_RETRY_AFTER),
+/// as the hints seawall parses are: the retry waits an hour, not the two
+/// the hint asked for.
+#[test]
+fn a_classifier_hint_longer_than_an_hour_is_cut_to_an_hour() {
+    let hour = Duration::from_secs(3600);
+    for offset in [Duration::ZERO, FAR] {
+        for flavor in FLAVORS {
+            let (log, listener) = recorder();
+            for listener in [None, Some(listener)] {
+                let what = format!("{offset:?} {flavor:?} {}", listener.is_some());
+                let clock = clock_at(offset);
+                let mut b = Pipeline::builder(unique("reg-hint-cut"))
+                    .clock(clock.clone())
+                    .retry(Retry::constant(ms(5)).max_attempts(2))
+                    .classify(|_: &Boom| Verdict::retry().with_retry_after(2 * 3600 * secs(1)));
+                if let Some(l) = listener {
+                    b = b.on_event(l);
+                }
+                let p = b.build().unwrap();
+                let r = exec(&p, flavor, |_| Err::<(), _>(Boom(1)));
+                assert!(
+                    matches!(r, Err(Error::RetryExhausted { attempts: 2, .. })),
+                    "{what}: {r:?}"
+                );
+                assert_eq!(clock.now() - offset, hour, "{what}");
+            }
+            assert!(log.lock().unwrap().contains(&EventKind::RetryScheduled {
+                attempt: 1,
+                delay: hour
+            }));
+        }
+    }
+    assert_eq!(
+        Verdict::throttled()
+            .with_retry_after(Duration::MAX)
+            .retry_after(),
+        Some(hour)
+    );
+}
