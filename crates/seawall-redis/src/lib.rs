@@ -117,11 +117,14 @@
 //!   on random sequences of calls, step by step. Resolutions: times are
 //!   kept in microseconds, the rate limiters' to the nanosecond of the
 //!   caller's clock as in memory (GCRA's arrival time, the fixed window's
-//!   waits, the sliding log's entries: scored by their whole microsecond,
-//!   named after their nanoseconds); the end of a circuit's cooldown in
-//!   whole milliseconds, rounded up, as in memory. Lua numbers are
-//!   doubles: times are exact up to 2^53 us (about 285 years of a
-//!   caller's clock).
+//!   windows, aligned on multiples of its period to the nanosecond
+//!   whatever the period, and its waits, the sliding log's entries: scored
+//!   by their whole microsecond, named after their nanoseconds); the end
+//!   of a circuit's cooldown in whole milliseconds, rounded up, as in
+//!   memory. Lua numbers are doubles: times are exact up to 2^53 us (about
+//!   285 years of a caller's clock), and a fixed window's index (the clock
+//!   over the period) up to 2^53, which a period of 1 us or more never
+//!   reaches.
 //! - **Rate-limit reservations** as in memory: a call that may wait for
 //!   a permit (`RateLimiter::max_wait`) reserves it in the admission
 //!   script, so that concurrent callers, in every process, queue behind it

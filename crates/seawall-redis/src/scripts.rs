@@ -409,11 +409,11 @@ impl SpecArgs {
                     .unwrap_or(u64::MAX)
                     .max(1);
                 let tolerance_ns = interval_ns.saturating_mul(u64::from(r.burst.max(1) - 1));
-                // The sliding log keeps its times to the nanosecond, as the
-                // in-memory log: its period as a pair in the tolerance's
-                // place (a sliding window has none).
+                // The windows keep their times to the nanosecond, as in
+                // memory: their period as a pair in the tolerance's place
+                // (a window has none).
                 let period_ns = u64::try_from(r.period.as_nanos()).unwrap_or(u64::MAX);
-                let fine = if alg == 3 { period_ns } else { tolerance_ns };
+                let fine = if alg == 1 { tolerance_ns } else { period_ns };
                 a.push(flag(true));
                 a.push(alg.to_string());
                 a.push(r.limit.to_string());
@@ -730,6 +730,14 @@ mod tests {
             (a[23].as_str(), a[24].as_str()),
             ("333333:334", "333333:334")
         );
+        // A fixed window's period, to the nanosecond, in the tolerance's
+        // place: its windows are aligned on it.
+        let fixed = ResourceSpec::new("r").with_rate_limit(RateLimiter::fixed_window(
+            3,
+            Duration::from_nanos(333_333_334),
+        ));
+        let a = SpecArgs::new(&fixed, Duration::from_secs(60)).0;
+        assert_eq!(a[23].as_str(), "333333:334");
     }
 
     #[test]

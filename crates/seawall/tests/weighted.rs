@@ -128,6 +128,48 @@ fn a_weight_beyond_the_burst_or_the_limit_is_refused_at_once() {
     }
 }
 
+/// In shadow mode the limiter never refuses: a weight beyond its burst or
+/// limit runs at once, reported as the refusal it would have been (no
+/// `retry_after`), and takes nothing.
+#[test]
+fn a_weight_beyond_the_burst_runs_in_shadow_mode_and_is_reported() {
+    let clock = VirtualClock::new();
+    for limiter in [
+        RateLimiter::gcra(10, secs(1)).burst(3),
+        RateLimiter::fixed_window(3, secs(1)),
+        RateLimiter::sliding_window(3, secs(1)),
+        RateLimiter::gcra(10, secs(1)).burst(3).max_wait(secs(60)),
+    ] {
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let s = seen.clone();
+        let p = Pipeline::builder("w-over-shadow")
+            .rate_limiter(limiter.clone().shadow(true))
+            .store(MemoryStore::new())
+            .clock(clock.clone())
+            .on_event(move |e| {
+                if let EventKind::ShadowRejected {
+                    reason,
+                    retry_after,
+                } = e.kind
+                {
+                    s.lock().unwrap().push((reason, retry_after));
+                }
+            })
+            .build()
+            .unwrap();
+        assert!(weighted(&p, 4).is_none(), "{limiter:?}");
+        assert_eq!(
+            *seen.lock().unwrap(),
+            vec![(RejectionReason::RateLimited, None)],
+            "{limiter:?}"
+        );
+        assert_eq!(clock.now(), Duration::ZERO, "no wait");
+        // Nothing was taken: the full burst is still there.
+        assert!(weighted(&p, 3).is_none(), "{limiter:?}");
+        assert_eq!(seen.lock().unwrap().len(), 1, "{limiter:?}");
+    }
+}
+
 #[test]
 fn a_weight_of_zero_is_a_configuration_error() {
     let clock = VirtualClock::new();

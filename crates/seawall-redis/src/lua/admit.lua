@@ -246,7 +246,7 @@ if reason == 0 and HAS_R and not HELD and takes_part(P_R) then
     -- every window from the caller's up to it counts as full. The next free
     -- permit is in that window if it is not full, else in the one after: a
     -- call in it passes, any other retries when it starts.
-    local w = math.floor(now / R_PERIOD)
+    local w = fwindow(now, now_ns)
     local v = redis.call('HMGET', KRL, 'w', 'n')
     local lw, n = tonumber(v[1]), tonumber(v[2]) or 0
     if not lw or lw < w then lw, n = w, 0 end
@@ -254,9 +254,10 @@ if reason == 0 and HAS_R and not HELD and takes_part(P_R) then
     rnew = n + RW
     if lw ~= w then
       -- The wait, to the caller's nanosecond, until the window starts.
-      local du, dn = psub(lw * R_PERIOD, 0, now, now_ns)
+      local au, an = fstart(lw)
+      local du, dn = psub(au, an, now, now_ns)
       rref = {retry_of(du, dn)}
-      if within(du, dn) then rat = {lw * R_PERIOD, 0} else rnew = nil end
+      if within(du, dn) then rat = {au, an} else rnew = nil end
     end
   else
     -- Sliding window: the log of the admissions of the last period (and
@@ -357,9 +358,9 @@ if HAS_R and ((reason == 0 and took_r and takes_part(P_R)) or rat) then
   if R_ALG == 1 then
     redis.call('SET', KRL, format('%d:%d', rnew[1], rnew[2]), 'PX', ms(rnew[1] + 1 - now, 1000))
   elseif R_ALG == 2 then
-    local w = math.floor((rat and rat[1] or now) / R_PERIOD)
+    local w = rat and fwindow(rat[1], rat[2]) or fwindow(now, now_ns)
     redis.call('HSET', KRL, 'w', int(w), 'n', rnew)
-    redis.call('PEXPIRE', KRL, ms((w + 1) * R_PERIOD - now, 1000))
+    redis.call('PEXPIRE', KRL, ms(fstart(w + 1) + 1 - now, 1000))
   else
     local l = rlog or {now, now_ns}
     for _ = 1, RW do add_unique(KRL, l[1], format('%03d:', l[2])) end

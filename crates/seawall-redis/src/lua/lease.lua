@@ -44,7 +44,7 @@ if r[1] == 0 and HAS_R then
     end
   elseif R_ALG == 2 then
     local w = tonumber(redis.call('HGET', KRL, 'w'))
-    if w then gu, ok = w * R_PERIOD, 1 end
+    if w then gu, gn = fstart(w) ok = 1 end
   end
 end
 r[14], r[15], r[16] = ok, gu, gn

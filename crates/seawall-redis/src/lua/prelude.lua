@@ -57,7 +57,7 @@ local function cspec()
   CD_BASE, CD_GROWTH, CD_MAX = tonumber(A[9]), tonumber(A[10]), tonumber(A[11])
   HOC, HALF_MAX = tonumber(A[12]), tonumber(A[13])
 end
-local B_MAX, B_LEASE, R_ALG, R_LIMIT, R_PERIOD, R_TOL, R_INT, R_PER
+local B_MAX, B_LEASE, R_ALG, R_LIMIT, R_TOL, R_INT, R_PER
 if HAS_B then B_MAX, B_LEASE = tonumber(A[16]), tonumber(A[17]) end
 if HAS_R then
   R_ALG = tonumber(A[22])
@@ -66,7 +66,10 @@ if HAS_R then
     -- (parsed with `upair` by the scripts that use them), or split already.
     R_TOL, R_INT = A[25], A[26]
   elseif R_ALG == 2 then
-    R_LIMIT, R_PERIOD = tonumber(A[23]), tonumber(A[24])
+    -- The fixed window's windows are aligned on multiples of its period
+    -- to the nanosecond, as in memory: the period as a pair too (in A[25],
+    -- parsed with `upair` by `fwindow` and `fstart`).
+    R_LIMIT, R_PER = tonumber(A[23]), A[25]
   else
     -- The sliding log keeps its times to the nanosecond: its period as a
     -- pair (in A[25], parsed with `upair` where used).
@@ -150,6 +153,59 @@ local function later(a, b, c, d) return a > c or (a == c and b > d) end
 local function pmul(u, n, k)
   local total = n * k
   return u * k + math.floor(total / 1000), total % 1000
+end
+
+-- The whole periods `pu:pn` in the pair `xu:xn`, from about `c`: `c`
+-- periods end at or before it, `c + 1` after it.
+local function pfit(c, xu, xn, pu, pn)
+  if c < 0 then c = 0 end
+  while true do
+    local cu, cn = pmul(pu, pn, c)
+    if c > 0 and later(cu, cn, xu, xn) then
+      c = c - 1
+    else
+      local eu, en = padd(cu, cn, pu, pn)
+      if later(eu, en, xu, xn) then return c end
+      c = c + 1
+    end
+  end
+end
+
+-- The fixed window of the instant `u:n` (a pair): its index, the instant
+-- over the period rounded down, to the nanosecond as in memory, whatever
+-- the period (1/3 s is no whole number of microseconds, 500 ns less than
+-- one). Exact integer arithmetic on doubles while the index stays below
+-- 2^53 (always, for a period of 1 us or more).
+local function fwindow(u, n)
+  local pu, pn = upair(R_PER)
+  if pn == 0 then
+    -- Whole microseconds: the nanoseconds never reach the next window.
+    local t = math.fmod(u, pu)
+    return (u - t) / pu
+  end
+  local p = pu * 1000 + pn
+  if p > 2 ^ 53 then
+    -- A period over 2^53 ns (104 days) fits fewer than 1024 times in the
+    -- clock: the index is the fitted quotient.
+    return pfit(math.floor((u * 1000 + n) / p), u, n, pu, pn)
+  end
+  -- u = s p + t (microseconds counted as plain numbers): the instant holds
+  -- 1000 s periods, and those of t microseconds and n nanoseconds (fewer
+  -- than 1000).
+  local t = math.fmod(u, p)
+  local s = (u - t) / p
+  return s * 1000 + pfit(math.floor((t * 1000 + n) / p), t, n, pu, pn)
+end
+
+-- The start of the fixed window of index `w`, as a pair (`w` periods).
+local function fstart(w)
+  local pu, pn = upair(R_PER)
+  local p = pu * 1000 + pn
+  if w < 1000 or p > 2 ^ 53 then return pmul(pu, pn, w) end
+  -- 1000 periods are `p` microseconds.
+  local wr = math.fmod(w, 1000)
+  local u, n = pmul(pu, pn, wr)
+  return u + (w - wr) / 1000 * p, n
 end
 
 -- Loads `names` (all fields when nil: the circuit's and the cooldown's
@@ -328,7 +384,7 @@ local function rgive(at_u, at_n, w)
     local v = redis.call('HMGET', KRL, 'w', 'n')
     local n = tonumber(v[2]) or 0
     local win = tonumber(v[1])
-    if win == math.floor(at_u / R_PERIOD) and n >= w and w > 0 then
+    if win == fwindow(at_u, at_n) and n >= w and w > 0 then
       if n == w and win > 0 then
         -- An emptied window is kept as the one before it, full (the same
         -- state for every call), as the in-memory rule does.

@@ -523,9 +523,9 @@ fn rate_limiters_reserve_and_give_back_as_their_model() {
 /// nanosecond: clock reads and leads between whole microseconds, and GCRA
 /// with emission intervals that are no whole number of microseconds (its
 /// times are kept to the nanosecond, its reservations given back exactly).
-/// The fixed window's periods stay whole microseconds (its store keeps
-/// them so); the sliding log's periods are any number of nanoseconds (its
-/// entries are kept to the nanosecond).
+/// The windows' periods are any number of nanoseconds: the fixed window's
+/// windows are aligned on multiples of its period to the nanosecond, the
+/// sliding log's entries are kept to the nanosecond.
 #[test]
 fn rate_limiters_reserve_and_give_back_as_their_model_to_the_nanosecond() {
     let server = RedisServer::start();
@@ -546,8 +546,9 @@ fn rate_limiters_reserve_and_give_back_as_their_model_to_the_nanosecond() {
             let period = unit_ns * u64::from(limit) + unit_ns % u64::from(limit);
             RateLimiter::gcra(limit, Duration::from_nanos(period)).burst(burst)
         } else if which == 1 {
-            let unit = Duration::from_micros(unit_ns / 1000);
-            RateLimiter::fixed_window(limit, unit * limit)
+            // Often a fraction of a microsecond more.
+            let period = unit_ns * u64::from(limit) + unit_ns % 1000;
+            RateLimiter::fixed_window(limit, Duration::from_nanos(period))
         } else {
             RateLimiter::sliding_window(limit, Duration::from_nanos(unit_ns * u64::from(limit)))
         };

@@ -594,6 +594,68 @@ fn weighted_calls_take_their_permits_on_redis() {
     assert_eq!(clock.now(), start + ms(300));
 }
 
+/// A fixed window whose period is no whole number of microseconds (1/3 s
+/// kept as 333,333,334 ns, 1.5 us, 500 ns) has its windows aligned on
+/// multiples of the period to the nanosecond on Redis, as in memory: a
+/// call waits for the next window's exact start, a refused one is told the
+/// exact time to it. The windows were those of the period cut to whole
+/// microseconds (333,333 us: a permit 334 ns early near 0, 2 ms early at
+/// 10^6 s), and a period under a microsecond refused every call, told to
+/// retry after 292 years.
+#[test]
+fn a_fixed_window_between_microseconds_is_aligned_to_the_nanosecond_on_redis() {
+    let server = RedisServer::start();
+    let ns = Duration::from_nanos;
+    for period in [ns(333_333_334), ns(1_500), ns(500)] {
+        for start in [Duration::ZERO, Duration::from_secs(1_000_000)] {
+            // The start of the first window at or after `start`.
+            let p = period.as_nanos();
+            let first = ns(u64::try_from(start.as_nanos().div_ceil(p) * p).unwrap());
+            let clock = seawall::testing::VirtualClock::starting_at(first);
+            let store = || {
+                RedisStore::builder(server.url())
+                    .prefix(unique("fine-window"))
+                    .caller_clock()
+                    .fail_closed()
+                    .build()
+                    .unwrap()
+            };
+            let waits = Pipeline::builder("fine-window")
+                .rate_limiter(RateLimiter::fixed_window(1, period).max_wait(period * 2))
+                .store(store())
+                .clock(clock.clone())
+                .build()
+                .unwrap();
+            for k in 0..4u32 {
+                let ran = waits
+                    .call(|_| Ok::<_, std::io::Error>(clock.now()))
+                    .unwrap();
+                assert_eq!(ran, first + period * k, "{period:?} from {start:?}");
+            }
+            let refuses = Pipeline::builder("fine-window-refused")
+                .rate_limiter(RateLimiter::fixed_window(1, period))
+                .store(store())
+                .clock(clock.clone())
+                .build()
+                .unwrap();
+            let now = clock.now();
+            assert!(refuses.call(|_| Ok::<_, std::io::Error>(())).is_ok());
+            let r = refuses.call(|_| Ok::<_, std::io::Error>(())).unwrap_err();
+            assert_eq!(
+                r.rejection().and_then(|r| r.retry_after),
+                Some(period),
+                "{period:?} from {start:?}"
+            );
+            clock.advance(period - ns(1));
+            let r = refuses.call(|_| Ok::<_, std::io::Error>(())).unwrap_err();
+            assert_eq!(r.rejection().and_then(|r| r.retry_after), Some(ns(1)));
+            clock.advance(ns(1));
+            assert_eq!(clock.now(), now + period);
+            assert!(refuses.call(|_| Ok::<_, std::io::Error>(())).is_ok());
+        }
+    }
+}
+
 /// Two stores (two processes) sharing one circuit on the caller's virtual
 /// clock: an administrative open for a while, then the disabled state
 /// switched on by one process and off by the other.

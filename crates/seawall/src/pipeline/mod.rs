@@ -322,7 +322,9 @@ impl<K: Kind> Pipeline<K> {
     /// once with
     /// [`RejectionReason::RateLimited`](crate::RejectionReason::RateLimited)
     /// and no `retry_after`, on every store, also one that cannot be
-    /// reached. The other policies count each attempt once.
+    /// reached; a limiter in [shadow mode](crate::shadow) reports that
+    /// refusal instead (`ShadowRejected`, no `retry_after`) and the call
+    /// runs. The other policies count each attempt once.
     /// A weighted call takes the same path through the engine as any
     /// other: its weight goes to the same admission.
     ///

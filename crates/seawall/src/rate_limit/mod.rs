@@ -219,8 +219,9 @@ impl RateLimiter {
     /// `true` when a call of `weight` permits can ever be admitted: from 1
     /// to the burst for GCRA, to the limit for the windows. A weighted call
     /// over it is refused at once (`rate_limited`, no `retry_after`),
-    /// whatever the limiter's state; a store answers it without its state
-    /// (see [`Pipeline::weighted`](crate::Pipeline::weighted)).
+    /// whatever the limiter's state, or in [shadow mode](crate::shadow)
+    /// reported so and run; a store answers it without its state (see
+    /// [`Pipeline::weighted`](crate::Pipeline::weighted)).
     ///
     /// ```
     /// use std::time::Duration;

@@ -176,7 +176,9 @@ pub struct AdmitRequest<'a> {
     /// none; a weight it can never grant (0, or more than the burst of a
     /// GCRA, the limit of a window) is refused at once with
     /// [`RejectionReason::RateLimited`](crate::RejectionReason::RateLimited)
-    /// and no `retry_after`. The other policies count the attempt once.
+    /// and no `retry_after` (by a limiter in [shadow mode](crate::shadow),
+    /// a shadow refusal: the call is admitted). The other policies count
+    /// the attempt once.
     pub weight: u32,
     /// What the admission does to the retry budget kept in the store, if
     /// any (see [`BudgetStep`]).
