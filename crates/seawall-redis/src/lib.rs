@@ -187,8 +187,8 @@
 //!   the chain of the `redis_bench` example (count-window breaker,
 //!   bulkhead, GCRA limiter, cooldown), counted with callgrind on
 //!   `redis-server` 7.0 (`--toggle-collect=processCommand`): an admission
-//!   takes about 234k instructions (252k with the spec as arguments), one
-//!   carrying a success 299k (313k), a `PING` 10k and an empty script with
+//!   takes about 239k instructions (255k with the spec as arguments), one
+//!   carrying a success 303k (318k), a `PING` 11k and an empty script with
 //!   the same keys and the spec as arguments 30k; about 28 us of the
 //!   server's time on a loaded machine (`INFO commandstats`; the
 //!   `script_breakdown` example sets these side by side). The ten
