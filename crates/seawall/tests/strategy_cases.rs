@@ -1774,3 +1774,436 @@ mod retry_long_runs {
         }
     }
 }
+
+#[cfg(feature = "serde")]
+mod chaos_from_files {
+    use super::*;
+    use seawall::config::{Format, Registry};
+
+    /// The pipeline `p` of a TOML text, on a virtual clock at [`FAR`].
+    fn pipeline(text: &str) -> (Result<Pipeline, String>, VirtualClock) {
+        let clock = VirtualClock::starting_at(FAR);
+        let r = Registry::builder()
+            .store(MemoryStore::new())
+            .clock(clock.clone())
+            .load_str(Format::Toml, text)
+            .map(|r| r.pipeline("p").unwrap())
+            .map_err(|e| e.to_string());
+        (r, clock)
+    }
+
+    #[test]
+    fn a_latency_declared_in_a_file_delays_each_attempt() {
+        for flavor in FLAVORS {
+            let (p, clock) = pipeline(
+                "[pipelines.p]\nretry = { delay = \"1s\", max_attempts = 2 }\nchaos = { rate = 1.0, latency = \"200ms\" }\n",
+            );
+            let p = p.unwrap();
+            let r = support::exec(&p, flavor, |ctx| {
+                if ctx.attempt() == 1 {
+                    Err(Boom(1))
+                } else {
+                    Ok(2)
+                }
+            });
+            assert_eq!(r.unwrap(), 2);
+            assert_eq!(clock.now(), FAR + ms(1_400));
+        }
+    }
+
+    #[test]
+    fn a_latency_switched_off_or_of_zero_in_a_file_injects_nothing() {
+        for text in [
+            "[pipelines.p]\nchaos = { rate = 1.0, latency = \"200ms\", enabled = false }\n",
+            "[pipelines.p]\nchaos = { rate = 1.0, latency = \"0ms\" }\n",
+            "[pipelines.p]\nchaos = { rate = 0.0, latency = \"200ms\" }\n",
+        ] {
+            for flavor in FLAVORS {
+                let (p, clock) = pipeline(text);
+                let p = p.unwrap();
+                assert_eq!(
+                    support::exec(&p, flavor, |_| Ok::<u32, Boom>(1)).unwrap(),
+                    1
+                );
+                assert_eq!(clock.now(), FAR, "{text}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_rate_outside_the_unit_interval_in_a_file_is_refused() {
+        for rate in ["1.5", "-0.1"] {
+            let (p, _) = pipeline(&format!(
+                "[pipelines.p]\nchaos = {{ rate = {rate}, latency = \"200ms\" }}\n"
+            ));
+            let e = p.map(|_| ()).unwrap_err();
+            assert!(e.contains("chaos.rate"), "{e}");
+        }
+    }
+}
+
+mod chaos_composition {
+    use super::*;
+
+    fn injected(events: &Events) -> Vec<ChaosKind> {
+        events
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|e| match e {
+                EventKind::ChaosInjected { kind, .. } => Some(*kind),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn injections_apply_in_declaration_order_and_latencies_add_up() {
+        for flavor in FLAVORS {
+            for listen in [false, true] {
+                // Latencies first: both slept, then the fault.
+                let (b, clock, events) = builder("chaos-order", listen);
+                let p = b
+                    .random(SequenceRandom::new([0.0]))
+                    .chaos(Chaos::latency(1.0, ms(100)))
+                    .chaos(Chaos::latency(1.0, ms(200)))
+                    .chaos_fault(Chaos::fault(1.0, |_| Boom(5)))
+                    .build()
+                    .unwrap();
+                let r = support::exec(&p, flavor, |_| Ok::<u32, Boom>(1));
+                assert!(matches!(r, Err(Error::Operation(Boom(5)))), "{r:?}");
+                assert_eq!(clock.now(), FAR + ms(300));
+                if listen {
+                    assert_eq!(
+                        injected(&events),
+                        [
+                            ChaosKind::Latency { delay: ms(100) },
+                            ChaosKind::Latency { delay: ms(200) },
+                            ChaosKind::Fault
+                        ]
+                    );
+                }
+                // A fault declared first ends the attempt before the
+                // latencies declared after it.
+                let (b, clock, events) = builder("chaos-order", listen);
+                let p = b
+                    .random(SequenceRandom::new([0.0]))
+                    .chaos_fault(Chaos::fault(1.0, |_| Boom(5)))
+                    .chaos(Chaos::latency(1.0, ms(100)))
+                    .build()
+                    .unwrap();
+                let r = support::exec(&p, flavor, |_| Ok::<u32, Boom>(1));
+                assert!(matches!(r, Err(Error::Operation(Boom(5)))), "{r:?}");
+                assert_eq!(clock.now(), FAR);
+                if listen {
+                    assert_eq!(injected(&events), [ChaosKind::Fault]);
+                }
+                // An outcome ends the attempt: the behaviour after it
+                // does not run.
+                let (b, clock, _) = builder("chaos-order", listen);
+                let p = b
+                    .random(SequenceRandom::new([0.0]))
+                    .chaos(Chaos::latency(1.0, ms(100)))
+                    .chaos_outcome::<u32, Boom>(Chaos::outcome(1.0, |_| 9))
+                    .chaos(Chaos::behavior(1.0, |_| panic!("after the outcome")))
+                    .build()
+                    .unwrap();
+                assert_eq!(
+                    support::exec(&p, flavor, |_| Ok::<u32, Boom>(1)).unwrap(),
+                    9
+                );
+                assert_eq!(clock.now(), FAR + ms(100));
+            }
+        }
+    }
+
+    #[test]
+    fn a_switch_turned_on_during_a_call_takes_effect_on_its_next_attempt() {
+        for flavor in FLAVORS {
+            for listen in [false, true] {
+                let (b, _, events) = builder("chaos-switch", listen);
+                let switch = ChaosSwitch::new(false);
+                let p = b
+                    .retry(Retry::constant(ms(10)).max_attempts(3))
+                    .chaos_fault(
+                        Chaos::fault(1.0, |ctx| Boom(100 + ctx.attempt())).enabled(switch.clone()),
+                    )
+                    .build()
+                    .unwrap();
+                let r = support::exec(&p, flavor, |ctx| {
+                    switch.set(true);
+                    Err::<u32, _>(Boom(ctx.attempt()))
+                });
+                assert!(
+                    matches!(
+                        r,
+                        Err(Error::RetryExhausted {
+                            attempts: 3,
+                            last: Boom(103)
+                        })
+                    ),
+                    "{r:?}"
+                );
+                if listen {
+                    assert_eq!(injected(&events), [ChaosKind::Fault, ChaosKind::Fault]);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_rate_generator_and_the_enabled_check_are_asked_for_each_attempt() {
+        for flavor in FLAVORS {
+            let (b, _, _) = builder("chaos-per-attempt", false);
+            let asked = Arc::new(AtomicU32::new(0));
+            let a = asked.clone();
+            let rates = Arc::new(Mutex::new(Vec::new()));
+            let rr = rates.clone();
+            let p = b
+                .retry(Retry::constant(ms(1)).max_attempts(3))
+                .chaos(Chaos::latency(1.0, ms(5)).enabled_when(move || {
+                    a.fetch_add(1, Ordering::SeqCst);
+                    false
+                }))
+                .chaos_fault(Chaos::fault(0.5, |ctx| Boom(ctx.attempt())).rate_generator(
+                    move |ctx| {
+                        rr.lock().unwrap().push(ctx.attempt());
+                        0.5
+                    },
+                ))
+                // The disabled latency draws nothing: the fault draws 0.4,
+                // 0.4 and 0.6.
+                .random(SequenceRandom::new([0.4, 0.4, 0.6]))
+                .build()
+                .unwrap();
+            let r = support::exec(&p, flavor, |ctx| Ok::<u32, Boom>(100 + ctx.attempt()));
+            assert_eq!(r.unwrap(), 103);
+            assert_eq!(asked.load(Ordering::SeqCst), 3);
+            assert_eq!(*rates.lock().unwrap(), [1, 2, 3]);
+        }
+    }
+
+    #[test]
+    fn chaos_after_hedging_acts_on_each_hedged_attempt() {
+        for listen in [false, true] {
+            let (b, clock, events) = builder("chaos-hedge", listen);
+            let p = b
+                .hedging(Hedging::latency(ms(10)).max_hedged_attempts(2))
+                .chaos(Chaos::latency(1.0, ms(100)).rate_generator(|ctx| {
+                    if ctx.attempt() == 1 {
+                        1.0
+                    } else {
+                        0.0
+                    }
+                }))
+                .build()
+                .unwrap();
+            let r = block_on(p.run(|ctx| async move { Ok::<u32, Boom>(ctx.attempt()) }));
+            assert_eq!(r.unwrap(), 2);
+            assert_eq!(clock.now(), FAR + ms(10));
+            if listen {
+                assert_eq!(injected(&events), [ChaosKind::Latency { delay: ms(100) }]);
+            }
+        }
+    }
+}
+
+mod hedging_deadlines {
+    use super::*;
+
+    #[test]
+    fn each_hedged_attempt_gets_its_own_deadline_within_the_calls() {
+        for listen in [false, true] {
+            let (b, _, _) = builder("hedge-deadlines", listen);
+            let p = b
+                .timeout(ms(250))
+                .hedging(Hedging::latency(ms(100)).max_hedged_attempts(2))
+                .timeout(ms(200))
+                .build()
+                .unwrap();
+            let seen = Arc::new(Mutex::new(Vec::new()));
+            let s = seen.clone();
+            let r = block_on(p.run(|ctx| {
+                s.lock().unwrap().push((ctx.attempt(), ctx.remaining()));
+                std::future::pending::<Result<u32, Boom>>()
+            }));
+            match r {
+                Err(Error::Timeout(t)) => {
+                    assert_eq!(t.scope, seawall::error::TimeoutScope::Overall)
+                }
+                other => panic!("{other:?}"),
+            }
+            assert_eq!(
+                *seen.lock().unwrap(),
+                [(1, Some(ms(200))), (2, Some(ms(150))), (3, Some(ms(50)))]
+            );
+        }
+    }
+
+    #[test]
+    fn when_every_hedged_attempt_times_out_the_call_times_out() {
+        for listen in [false, true] {
+            let (b, clock, _) = builder("hedge-all-timeout", listen);
+            let p = b
+                .hedging(Hedging::latency(ms(100)).max_hedged_attempts(2))
+                .timeout(ms(150))
+                .build()
+                .unwrap();
+            let r = block_on(p.run(|_| std::future::pending::<Result<u32, Boom>>()));
+            match r {
+                Err(Error::Timeout(t)) => {
+                    assert_eq!(
+                        (t.scope, t.attempts),
+                        (seawall::error::TimeoutScope::Attempt, 3)
+                    )
+                }
+                other => panic!("{other:?}"),
+            }
+            // Attempt 1 timed out at 150 ms and started attempt 3 at once;
+            // attempt 2 (from 100 ms) and 3 time out at 250 and 300 ms.
+            assert_eq!(clock.now(), FAR + ms(300));
+        }
+    }
+}
+
+mod giving_back {
+    use super::*;
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+
+    #[test]
+    fn a_call_dropped_during_its_retry_wait_gives_back_its_slot_and_probe() {
+        for listen in [false, true] {
+            let (b, clock, _) = builder("dropped-wait", listen);
+            let p = b
+                .circuit_breaker(CircuitBreaker::consecutive_failures(1).cooldown(secs(5)))
+                .bulkhead(Bulkhead::new(1))
+                .retry(Retry::constant(secs(10)).max_attempts(3))
+                .build()
+                .unwrap();
+            p.open_for(Duration::ZERO).unwrap();
+            let runs = AtomicU32::new(0);
+            let c = clock.clone();
+            block_on(async {
+                tokio::select! {
+                    r = p.run(|_| {
+                        runs.fetch_add(1, Ordering::SeqCst);
+                        async { Err::<u32, _>(Boom(1)) }
+                    }) => panic!("the call ended: {r:?}"),
+                    _ = Clock::sleep(&c, secs(5)) => {}
+                }
+            });
+            assert_eq!(runs.load(Ordering::SeqCst), 1);
+            assert_eq!(p.in_flight().unwrap(), 0);
+            // The probe's slot is free: the next call is the probe.
+            assert_eq!(p.circuit_state().unwrap(), CircuitState::HalfOpen);
+            assert_eq!(
+                block_on(p.run(|_| async { Ok::<u32, Boom>(1) })).unwrap(),
+                1
+            );
+            assert_eq!(p.circuit_state().unwrap(), CircuitState::Closed);
+        }
+    }
+
+    #[test]
+    fn a_panicking_callback_gives_back_what_the_attempt_holds() {
+        for flavor in FLAVORS {
+            let b = || {
+                builder("panicking", false)
+                    .0
+                    .retry(Retry::constant(ms(1)).max_attempts(2))
+                    .bulkhead(Bulkhead::new(1))
+                    .circuit_breaker(CircuitBreaker::consecutive_failures(5))
+            };
+            fn check<K>(p: Pipeline<K>, flavor: Flavor)
+            where
+                K: seawall::pipeline::HandlesSync<u32, Boom>,
+            {
+                let r = catch_unwind(AssertUnwindSafe(|| {
+                    support::exec(&p, flavor, |_| Err::<u32, _>(Boom(1)))
+                }));
+                assert!(r.is_err());
+                assert_eq!(p.in_flight().unwrap(), 0);
+                assert_eq!(p.circuit_state().unwrap(), CircuitState::Closed);
+            }
+            check(
+                b().chaos(Chaos::behavior(1.0, |_| panic!("behaviour")))
+                    .build()
+                    .unwrap(),
+                flavor,
+            );
+            check(
+                b().chaos_fault(Chaos::fault(1.0, |_| -> Boom { panic!("fault") }))
+                    .build()
+                    .unwrap(),
+                flavor,
+            );
+            check(
+                b().on_retry(|_: &Boom, _, _| panic!("hook"))
+                    .build()
+                    .unwrap(),
+                flavor,
+            );
+            check(
+                b().classify(|_: &Boom| -> Verdict { panic!("classifier") })
+                    .build()
+                    .unwrap(),
+                flavor,
+            );
+        }
+        let (b, clock, _) = builder("panicking-hedge", false);
+        let p = b
+            .hedging(Hedging::latency(ms(10)).on_hedging(|_| panic!("hedging hook")))
+            .bulkhead(Bulkhead::new(2))
+            .build()
+            .unwrap();
+        let r = catch_unwind(AssertUnwindSafe(|| {
+            block_on(p.run(|_| {
+                let c = clock.clone();
+                async move {
+                    Clock::sleep(&c, secs(1)).await;
+                    Ok::<u32, Boom>(1)
+                }
+            }))
+        }));
+        assert!(r.is_err());
+        assert_eq!(p.in_flight().unwrap(), 0);
+    }
+}
+
+mod composition {
+    use super::*;
+
+    #[test]
+    fn a_pipeline_without_policies_runs_the_operation_once() {
+        for flavor in FLAVORS {
+            let p = Pipeline::builder("empty").build().unwrap();
+            let runs = AtomicU32::new(0);
+            let r = support::exec(&p, flavor, |_| {
+                runs.fetch_add(1, Ordering::SeqCst);
+                Err::<u32, _>(Boom(1))
+            });
+            assert!(matches!(r, Err(Error::Operation(Boom(1)))), "{r:?}");
+            assert_eq!(runs.load(Ordering::SeqCst), 1);
+            let r = support::exec(&p, flavor, |ctx| {
+                Ok::<_, Boom>((ctx.attempt(), ctx.remaining()))
+            });
+            assert_eq!(r.unwrap(), (1, None));
+        }
+    }
+
+    #[test]
+    fn a_policy_declared_twice_on_one_side_is_refused() {
+        let e = Pipeline::builder("twice")
+            .retry(Retry::constant(secs(1)))
+            .retry(Retry::constant(secs(1)))
+            .build()
+            .unwrap_err();
+        assert!(e.to_string().contains("declared twice"), "{e}");
+        let e = Pipeline::builder("both")
+            .retry(Retry::constant(secs(1)))
+            .hedging(Hedging::parallel())
+            .build()
+            .unwrap_err();
+        assert!(e.to_string().contains("hedging"), "{e}");
+    }
+}
