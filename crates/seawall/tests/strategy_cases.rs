@@ -167,6 +167,7 @@ mod hedging {
             let r = block_on(call(&p, &clock, &seen, &plans));
             assert_eq!(r.unwrap(), 2);
             assert_eq!(started(&seen), [(1, ms(0)), (2, ms(12_345))]);
+            // Asked for the hedges `max_hedged_attempts` allows, no more.
             assert_eq!(*asked.lock().unwrap(), [2]);
             assert_eq!(*seen.dropped.lock().unwrap(), [1]);
             if listen {
@@ -2205,5 +2206,101 @@ mod composition {
             .build()
             .unwrap_err();
         assert!(e.to_string().contains("hedging"), "{e}");
+    }
+}
+
+mod circuit_breaker_verdicts {
+    use super::*;
+
+    /// A probe's verdict decides the half-open circuit: a failure opens
+    /// it again, an abort (the dependency answered) closes it like a
+    /// success, an ignored or throttled error gives the probe's slot back
+    /// to the next call.
+    #[test]
+    fn a_probes_verdict_decides_the_half_open_circuit() {
+        let cases = [
+            (Verdict::failure(), CircuitState::Open),
+            (Verdict::retry(), CircuitState::Open),
+            (Verdict::abort(), CircuitState::Closed),
+            (Verdict::ignore(), CircuitState::HalfOpen),
+            (Verdict::throttled(), CircuitState::HalfOpen),
+            (
+                Verdict::throttled().with_retry_after(secs(2)),
+                CircuitState::HalfOpen,
+            ),
+        ];
+        for (verdict, after) in cases {
+            for flavor in FLAVORS {
+                for listen in [false, true] {
+                    let (b, _, _) = builder("breaker-verdicts", listen);
+                    let p = b
+                        .circuit_breaker(CircuitBreaker::consecutive_failures(1).cooldown(secs(5)))
+                        .classify(move |_: &Boom| verdict)
+                        .build()
+                        .unwrap();
+                    p.open_for(Duration::ZERO).unwrap();
+                    let r = support::exec(&p, flavor, |_| Err::<u32, _>(Boom(1)));
+                    assert!(matches!(r, Err(Error::Operation(Boom(1)))), "{r:?}");
+                    assert_eq!(p.circuit_state().unwrap(), after, "{verdict:?}");
+                    let r = support::exec(&p, flavor, |_| Ok::<u32, Boom>(1));
+                    if after == CircuitState::Open {
+                        assert!(matches!(r, Err(Error::Rejected(_))), "{r:?}");
+                    } else {
+                        assert_eq!(r.unwrap(), 1);
+                        assert_eq!(p.circuit_state().unwrap(), CircuitState::Closed);
+                    }
+                }
+            }
+        }
+    }
+}
+
+mod rate_limiter_waits {
+    use super::*;
+
+    #[test]
+    fn each_algorithm_refuses_with_the_exact_wait_for_its_next_permit() {
+        // Two permits per 10 s, calls at 3 s and 4 s past a window start.
+        let cases = [
+            (RateLimiter::fixed_window(2, secs(10)), secs(6)),
+            (RateLimiter::sliding_window(2, secs(10)), secs(9)),
+            (RateLimiter::gcra(2, secs(10)), secs(4)),
+        ];
+        for (limiter, wait) in cases {
+            for flavor in FLAVORS {
+                let (b, clock, _) = builder("rate-exact", false);
+                let p = b.rate_limiter(limiter.clone()).build().unwrap();
+                clock.advance(secs(3));
+                assert!(support::exec(&p, flavor, |_| Ok::<u32, Boom>(1)).is_ok());
+                clock.advance(secs(1));
+                assert!(support::exec(&p, flavor, |_| Ok::<u32, Boom>(1)).is_ok());
+                let r = support::exec(&p, flavor, |_| Ok::<u32, Boom>(1));
+                match r {
+                    Err(Error::Rejected(rej)) => {
+                        assert_eq!(rej.reason, RejectionReason::RateLimited);
+                        assert_eq!(rej.retry_after, Some(wait), "{limiter:?}");
+                    }
+                    other => panic!("{other:?}"),
+                }
+                // A weight the limit can never hold is refused without a wait.
+                let w = p.weighted(3).unwrap();
+                let r = match flavor {
+                    Flavor::Sync => w.call(|_| Ok::<u32, Boom>(1)),
+                    Flavor::Async => block_on(w.run(|_| async { Ok::<u32, Boom>(1) })),
+                };
+                assert!(
+                    matches!(r, Err(Error::Rejected(ref rej)) if rej.retry_after.is_none()),
+                    "{r:?}"
+                );
+                clock.advance(wait);
+                assert!(support::exec(&p, flavor, |_| Ok::<u32, Boom>(1)).is_ok());
+            }
+        }
+        assert!(Pipeline::builder("rate-weight")
+            .rate_limiter(RateLimiter::gcra(2, secs(1)))
+            .build()
+            .unwrap()
+            .weighted(0)
+            .is_err());
     }
 }
