@@ -2304,3 +2304,56 @@ mod rate_limiter_waits {
             .is_err());
     }
 }
+
+mod chaos_sync_timeouts {
+    use super::*;
+
+    /// In sync code the timeout is cooperative: an injected latency is
+    /// slept whole, as a slow blocking operation would take its time, and
+    /// the attempt is late: reported (lenient) or a timeout (strict).
+    #[test]
+    fn a_sync_latency_past_the_attempt_timeout_makes_the_attempt_late() {
+        for strict in [false, true] {
+            for listen in [false, true] {
+                let (b, clock, events) = builder("chaos-sync-late", listen);
+                let t = if strict {
+                    Timeout::strict(ms(100))
+                } else {
+                    Timeout::new(ms(100))
+                };
+                let p = b
+                    .retry(Retry::constant(ms(10)).max_attempts(2))
+                    .timeout(t)
+                    .chaos(Chaos::latency(1.0, secs(1)))
+                    .build()
+                    .unwrap();
+                let runs = AtomicU32::new(0);
+                let r = p.call(|ctx| {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, Boom>(ctx.remaining())
+                });
+                if strict {
+                    match r {
+                        Err(Error::Timeout(t)) => assert_eq!(t.attempts, 2),
+                        other => panic!("{other:?}"),
+                    }
+                    assert_eq!(runs.load(Ordering::SeqCst), 2);
+                    assert_eq!(clock.now(), FAR + ms(2_010));
+                } else {
+                    // The operation ran with no time left.
+                    assert_eq!(r.unwrap(), Some(Duration::ZERO));
+                    assert_eq!(clock.now(), FAR + secs(1));
+                    if listen {
+                        assert_eq!(
+                            count(&events, |e| matches!(
+                                e,
+                                EventKind::DeadlineExceeded { late_by } if *late_by == ms(900)
+                            )),
+                            1
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
