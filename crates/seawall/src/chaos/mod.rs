@@ -36,7 +36,12 @@
 //!   `[0, 1]` (NaN counts as 0).
 //! - A latency is slept on the pipeline's clock before the operation, and
 //!   is inside the attempt's deadline: in async code a latency longer than
-//!   the attempt timeout times the attempt out. Latencies of several
+//!   the attempt timeout times the attempt out. In sync code, where the
+//!   timeout is cooperative, it is slept whole, as a slow blocking
+//!   operation would take its time, and the operation then runs with no
+//!   time left: the attempt is late, reported by a `DeadlineExceeded`
+//!   event ([`Timeout::new`](crate::Timeout::new)) or a timeout
+//!   ([`Timeout::strict`](crate::Timeout::strict)). Latencies of several
 //!   policies add up. A latency of zero is no injection (as in Polly, whose
 //!   chaos latency skips a latency of zero or less): the policy draws as
 //!   usual, then injects nothing, reports nothing (no event, no metric) and

@@ -47,9 +47,12 @@
 //!   end the call while another runs or may still start. Any other outcome
 //!   is acceptable and wins at once: a success, or an error that is not to
 //!   be hedged (returned as [`Error::Operation`](crate::Error::Operation)).
-//!   When every attempt failed, the call fails with the last one's outcome
-//!   ([`Error::RetryExhausted`](crate::Error::RetryExhausted) with the
-//!   number of attempts, or the timeout).
+//!   When every attempt failed, the call fails with the outcome of the
+//!   attempt that ended last, whichever attempt that is (a slow first
+//!   attempt that fails after its hedges gives its error; the first
+//!   attempt's outcome is not preferred, as a retry returns its last):
+//!   [`Error::RetryExhausted`](crate::Error::RetryExhausted) with the
+//!   number of attempts, or the timeout.
 //! - **Losers** are dropped as soon as an answer wins (their futures are
 //!   dropped, as a timeout drops them), and give back what they hold
 //!   without an outcome.
@@ -222,6 +225,13 @@ impl Hedging {
 
     /// Latency mode: the next attempt starts when the previous one has not
     /// answered within `delay` (a delay of zero is [`parallel`](Self::parallel)).
+    ///
+    /// # Errors
+    /// A delay of a day or more fails `build()` (`hedging.delay must be <
+    /// 86400s`): it would never hedge in practice; [`fallback`](Self::fallback)
+    /// says "only on failures". A [`dynamic`](Self::dynamic) generator may
+    /// answer any delay, `Duration::MAX` included (that hedge then starts
+    /// only on a failure).
     pub fn latency(delay: Duration) -> Self {
         Self::with_mode(HedgingMode::Latency(delay))
     }

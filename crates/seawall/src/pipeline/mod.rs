@@ -371,8 +371,16 @@ impl<K: Kind> Pipeline<K> {
             .map_or(0, crate::coalesce::Coalescer::waiters)
     }
 
-    /// Forces the circuit open: every call is rejected until
-    /// [`reset`](Self::reset).
+    /// Forces the circuit open: every call is rejected, without a
+    /// `retry_after`, until [`reset`](Self::reset) (or another control:
+    /// [`open_for`](Self::open_for), [`disable`](Self::disable)); no
+    /// cooldown ends it.
+    ///
+    /// Like every control and reading of a `Pipeline` ([`circuit_state`](Self::circuit_state)
+    /// included), it acts on the circuit of the calls made without a
+    /// partition: a partition's circuit is its own, controlled through
+    /// [`Partition::isolate`] and its siblings. Pipelines of the same name
+    /// on the same store share the circuit, and so its controls.
     ///
     /// # Errors
     /// When there is no circuit breaker or the store fails.

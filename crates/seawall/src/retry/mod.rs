@@ -109,7 +109,11 @@ impl Retry {
         self
     }
 
-    /// Upper bound of the delay (before jitter). At least the base delay:
+    /// Upper bound of the delay before jitter: full and equal jitter never
+    /// wait longer than the cap, a [`Jitter::Proportional`] of `p` % may
+    /// wait up to `p` % beyond it (the jitter spreads the capped delay
+    /// both ways, so that clients at the cap do not retry in lockstep).
+    /// At least the base delay:
     /// `build()` refuses a cap below it (`retry.cap must be >= base`). A
     /// constant backoff has none: `build()` refuses it there (`retry.cap
     /// does not apply to constant backoff`).
