@@ -473,6 +473,40 @@ mod circuit_breaker {
         }
     }
 
+    #[test]
+    fn a_probe_judged_healthy_closes_and_one_not_counted_gives_its_slot_back() {
+        let verdicts = [
+            (Verdict::abort(), CircuitState::Closed),
+            (Verdict::ignore(), CircuitState::HalfOpen),
+            (Verdict::throttled(), CircuitState::HalfOpen),
+            (
+                Verdict::throttled().with_retry_after(secs(1)),
+                CircuitState::HalfOpen,
+            ),
+        ];
+        for flavor in FLAVORS {
+            for (verdict, after) in verdicts {
+                let clock = far_clock();
+                let p = Pipeline::builder(unique("probe-verdicts"))
+                    .circuit_breaker(CircuitBreaker::consecutive_failures(1).cooldown(secs(5)))
+                    .classify(move |_: &Boom| verdict)
+                    .clock(clock.clone())
+                    .build()
+                    .unwrap();
+                p.open_for(secs(5)).unwrap();
+                clock.advance(secs(5));
+                assert!(matches!(
+                    exec(&p, flavor, boom),
+                    Err(Error::Operation(Boom(1)))
+                ));
+                assert_eq!(p.circuit_state().unwrap(), after, "{flavor:?} {verdict:?}");
+                // The single probe slot is free again (or the circuit closed).
+                assert_eq!(exec(&p, flavor, ok).unwrap(), 1, "{flavor:?} {verdict:?}");
+                assert_eq!(p.circuit_state().unwrap(), CircuitState::Closed);
+            }
+        }
+    }
+
     /// Departure: every probe must succeed. A failed probe opens the circuit
     /// again at once, where a rate over the round of probes would have
     /// closed it (documented on `CircuitBreaker::half_open_calls`).
@@ -1088,6 +1122,32 @@ mod rate_limiter {
                 .filter(|k| matches!(k, EventKind::ShadowRejected { .. }))
                 .count();
             assert_eq!(shadowed, 3, "{flavor:?}");
+        }
+    }
+
+    #[test]
+    fn a_call_refused_by_the_circuit_spends_no_permit() {
+        for flavor in FLAVORS {
+            let clock = far_clock();
+            let p = Pipeline::builder(unique("circuit-then-limit"))
+                .circuit_breaker(CircuitBreaker::consecutive_failures(1).cooldown(secs(5)))
+                .rate_limiter(RateLimiter::fixed_window(2, secs(100)))
+                .clock(clock.clone())
+                .build()
+                .unwrap();
+            let _ = exec(&p, flavor, boom);
+            for _ in 0..5 {
+                assert_eq!(
+                    refusal(&exec(&p, flavor, ok)).map(|r| r.0),
+                    Some(RejectionReason::CircuitOpen)
+                );
+            }
+            clock.advance(secs(5));
+            assert_eq!(exec(&p, flavor, ok).unwrap(), 1);
+            assert_eq!(
+                refusal(&exec(&p, flavor, ok)),
+                Some((RejectionReason::RateLimited, Some(secs(95))))
+            );
         }
     }
 
