@@ -1102,6 +1102,51 @@ mod rate_limiter {
     }
 
     #[test]
+    fn a_dropped_weighted_waiter_gives_back_all_its_permits() {
+        let limiters = [
+            RateLimiter::gcra(10, secs(1)).max_wait(secs(1)),
+            RateLimiter::fixed_window(10, secs(1)).max_wait(secs(1)),
+            RateLimiter::sliding_window(10, secs(1)).max_wait(secs(1)),
+        ];
+        for limiter in limiters {
+            let clock = far_clock();
+            let p = limited(limiter.clone(), &clock);
+            let start = clock.now();
+            assert_eq!(p.weighted(10).unwrap().call(ok).unwrap(), 1);
+            rt().block_on(async {
+                let weighted = p.weighted(6).unwrap();
+                let mut waiting: Pin<Box<dyn Future<Output = _>>> =
+                    Box::pin(weighted.run(|_| std::future::ready(Ok::<u32, Boom>(2))));
+                let first = std::future::poll_fn(|cx| Poll::Ready(waiting.as_mut().poll(cx))).await;
+                assert!(first.is_pending(), "{limiter:?}");
+            });
+            assert_eq!(clock.now(), start);
+            // All 10 permits of the next period are free again.
+            assert_eq!(p.weighted(10).unwrap().call(ok).unwrap(), 1);
+            assert_eq!(clock.now() - start, secs(1), "{limiter:?}");
+        }
+    }
+
+    #[test]
+    fn a_weighted_sliding_window_judges_the_entry_its_weight_reaches_back_to() {
+        let clock = far_clock();
+        let p = limited(
+            RateLimiter::sliding_window(10, secs(1)).max_wait(secs(1)),
+            &clock,
+        );
+        let start = clock.now();
+        assert_eq!(p.weighted(4).unwrap().call(ok).unwrap(), 1);
+        clock.advance(ms(500));
+        assert_eq!(p.weighted(4).unwrap().call(ok).unwrap(), 1);
+        // 4 more: they fit once the first 4 leave the window, at 1 s.
+        assert_eq!(p.weighted(4).unwrap().call(ok).unwrap(), 1);
+        assert_eq!(clock.now() - start, secs(1));
+        // 6 more: once the 4 taken at 500 ms leave, at 1.5 s.
+        assert_eq!(p.weighted(6).unwrap().call(ok).unwrap(), 1);
+        assert_eq!(clock.now() - start, ms(1500));
+    }
+
+    #[test]
     fn a_limiter_in_shadow_mode_reports_and_admits_without_spending() {
         for flavor in FLAVORS {
             let clock = far_clock();
