@@ -1608,6 +1608,46 @@ mod timeout {
     }
 
     #[test]
+    fn a_late_sync_success_is_kept_and_reported_or_refused_when_strict() {
+        for strict in [false, true] {
+            let clock = far_clock();
+            let (log, listener) = recorder();
+            let timeout = if strict {
+                seawall::Timeout::strict(secs(1))
+            } else {
+                seawall::Timeout::new(secs(1))
+            };
+            let p = Pipeline::builder(unique("sync-timeout"))
+                .timeout(timeout)
+                .clock(clock.clone())
+                .on_event(listener)
+                .build()
+                .unwrap();
+            let c = clock.clone();
+            // At the deadline: on time.
+            let r = p.call(move |_| {
+                c.advance(secs(1));
+                Ok::<u32, Boom>(1)
+            });
+            assert_eq!(r.unwrap(), 1, "strict {strict}");
+            let c = clock.clone();
+            let r = p.call(move |_| {
+                c.advance(ms(1500));
+                Ok::<u32, Boom>(1)
+            });
+            if strict {
+                assert!(matches!(r, Err(Error::Timeout(_))), "{r:?}");
+            } else {
+                assert_eq!(r.unwrap(), 1);
+                assert!(log
+                    .lock()
+                    .unwrap()
+                    .contains(&EventKind::DeadlineExceeded { late_by: ms(500) }));
+            }
+        }
+    }
+
+    #[test]
     fn each_attempt_has_its_own_timeout_after_the_retry() {
         let clock = far_clock();
         let attempts = Arc::new(AtomicU32::new(0));
@@ -1617,10 +1657,9 @@ mod timeout {
             .clock(clock.clone())
             .build()
             .unwrap();
-        let start = clock.now();
-        let a = attempts.clone();
+        let (a, c) = (attempts.clone(), clock.clone());
         let r = rt().block_on(p.run(move |_| {
-            let clock = clock.clone();
+            let clock = c.clone();
             let n = a.fetch_add(1, Ordering::Relaxed);
             async move {
                 if n < 2 {
@@ -1631,6 +1670,7 @@ mod timeout {
         }));
         assert_eq!(r.unwrap(), 2);
         assert_eq!(attempts.load(Ordering::Relaxed), 3);
-        let _ = start;
+        // Two attempts cut at 1 s each, two waits of 100 ms.
+        assert_eq!(clock.now() - FAR, ms(2200));
     }
 }
