@@ -1377,6 +1377,29 @@ mod bulkhead {
     }
 
     #[test]
+    fn a_bulkhead_in_shadow_mode_never_queues_nor_refuses() {
+        let clock = far_clock();
+        let (log, listener) = recorder();
+        let p = Pipeline::builder(unique("shadow-bulkhead"))
+            .bulkhead(Bulkhead::new(1).queue(1, secs(1)).shadow(true))
+            .clock(clock.clone())
+            .on_event(listener)
+            .build()
+            .unwrap();
+        let ran = plan(&p, &clock, &[(0, 500), (10, 0), (20, 0)]);
+        assert_eq!(ran, [Ok(0), Ok(10), Ok(20)]);
+        let log = log.lock().unwrap();
+        let shadowed = log
+            .iter()
+            .filter(|k| matches!(k, EventKind::ShadowRejected { .. }))
+            .count();
+        assert_eq!(shadowed, 2);
+        assert!(!log.iter().any(|k| matches!(k, EventKind::Deferred { .. })));
+        drop(log);
+        assert_eq!(p.in_flight().unwrap(), 0);
+    }
+
+    #[test]
     fn settings_out_of_range_fail_build() {
         let e = Pipeline::builder(unique("no-slot"))
             .bulkhead(Bulkhead::new(0))
