@@ -144,6 +144,15 @@ impl CircuitBreaker {
     /// Opens when the failure rate in the window reaches `threshold`
     /// (count window of 100 calls unless [`window`](Self::window) or
     /// [`count_window`](Self::count_window) say otherwise).
+    ///
+    /// The rates are judged when a failed or slow call is recorded, never
+    /// on a success that is neither: a success cannot raise a rate, but it
+    /// can bring the window up to [`minimum_calls`](Self::minimum_calls),
+    /// and a window whose minimum is reached by such a success opens at its
+    /// next failed or slow call, not at once (a departure from breakers
+    /// that judge every call: with a window of 5, three failures then two
+    /// successes leave the circuit closed at 60 %; the next failure opens
+    /// it). So an ordinary success never pays for a judgement.
     pub fn failure_rate(threshold: f64) -> Self {
         CircuitBreaker {
             mode: BreakerMode::CountWindow(100),
@@ -240,6 +249,14 @@ impl CircuitBreaker {
     }
 
     /// Probe calls admitted while half-open.
+    ///
+    /// Every probe must succeed: the last of `calls` successes closes the
+    /// circuit, and one failed or slow probe opens it again at once (one
+    /// more trip), without waiting for the others. The window's thresholds
+    /// do not apply to the probes (a departure from breakers that judge the
+    /// round of probes by the failure rate: 3 successes and 1 failure out
+    /// of 4 probes close those at a 50 % threshold, and open this one). An
+    /// ignored error gives its probe slot back and counts for nothing.
     ///
     /// A call refused while every probe slot is taken carries the length
     /// of the cooldown that just ended as its `retry_after` (after

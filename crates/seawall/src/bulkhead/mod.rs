@@ -44,6 +44,11 @@ pub struct Bulkhead {
 
 impl Bulkhead {
     /// At most `max_concurrent` attempts in flight.
+    ///
+    /// # Errors
+    /// 0 fails `build()` (`bulkhead.max_concurrent must be >= 1, got 0`):
+    /// a bulkhead that admits nothing is a switch, not a limit; to refuse
+    /// every call, [`isolate`](crate::Pipeline::isolate) a circuit.
     pub fn new(max_concurrent: u32) -> Self {
         Bulkhead {
             max_concurrent,
