@@ -2846,46 +2846,38 @@ fn a_classifier_hint_longer_than_an_hour_is_cut_to_an_hour() {
 }
 
 /// A growing backoff (linear, exponential, decorrelated) with a zero base
-/// never grows: every delay is zero, so the retries hammer the dependency
-/// back to back. `build()` accepted it silently; it now refuses it by the
-/// key of the files (`delay`), in builder, file and attribute alike. A
-/// constant backoff of zero (retry at once) stays allowed.
+/// retries at once, as a constant backoff of zero does: every delay is
+/// zero, with or without jitter, on a clock far from its origin. It is a
+/// valid setting (tests and in-process retries use it), so `build()` takes
+/// it.
 #[test]
-fn a_growing_backoff_with_a_zero_base_is_refused() {
+fn a_growing_backoff_with_a_zero_base_retries_at_once() {
     let growing = [
         ("linear", Retry::linear(Duration::ZERO)),
         ("exponential", Retry::exponential(Duration::ZERO)),
         ("decorrelated", Retry::decorrelated(Duration::ZERO, secs(1))),
     ];
     for (kind, retry) in growing {
-        let e = Pipeline::builder(unique("reg-zero-base"))
-            .retry(retry)
-            .build()
-            .err()
-            .unwrap_or_else(|| panic!("{kind}: a zero base was accepted"));
-        assert_eq!((e.policy, e.field), ("retry", "delay"), "{kind}");
-        assert_eq!(
-            e.to_string(),
-            format!(
-                "retry.delay must be > 0 for {kind} backoff (use constant for retries at once)"
-            )
-        );
-    }
-    let p = Pipeline::builder(unique("reg-zero-constant"))
-        .retry(Retry::constant(Duration::ZERO).max_attempts(2))
-        .build()
-        .unwrap();
-    let r = p.call(|_| Err::<(), _>(Boom(1)));
-    assert!(matches!(r, Err(Error::RetryExhausted { attempts: 2, .. })));
-    // A file says the same.
-    #[cfg(feature = "serde")]
-    {
-        use seawall::config::{Format, Registry};
-        let text = "[pipelines.zero]\nretry = { backoff = \"exponential\", delay = \"0s\" }\n";
-        let e = match Registry::builder().load_str(Format::Toml, text) {
-            Ok(_) => panic!("a zero base was loaded"),
-            Err(e) => e.to_string(),
-        };
-        assert!(e.contains("retry.delay must be > 0"), "{e}");
+        for jitter in [Jitter::None, Jitter::Full, Jitter::Equal] {
+            let clock = VirtualClock::new();
+            clock.advance(Duration::from_secs(86_400 * 40));
+            let start = clock.now();
+            let p = Pipeline::builder(unique("reg-zero-base"))
+                .clock(clock.clone())
+                .retry(retry.clone().max_attempts(4).jitter(jitter))
+                .build()
+                .unwrap_or_else(|e| panic!("{kind} {jitter:?}: {e}"));
+            let calls = AtomicU32::new(0);
+            let r = p.call(|_| {
+                calls.fetch_add(1, Ordering::Relaxed);
+                Err::<(), _>(Boom(1))
+            });
+            assert!(
+                matches!(r, Err(Error::RetryExhausted { attempts: 4, .. })),
+                "{kind} {jitter:?}: {r:?}"
+            );
+            assert_eq!(calls.load(Ordering::Relaxed), 4, "{kind} {jitter:?}");
+            assert_eq!(clock.now(), start, "{kind} {jitter:?}: a retry waited");
+        }
     }
 }

@@ -107,7 +107,7 @@
 //! | --- | --- | --- |
 //! | `max_attempts` | attempts in all, the first included | `3` |
 //! | `backoff` | `"constant"`, `"linear"`, `"exponential"` or `"decorrelated"` | `"exponential"` |
-//! | `delay` | the first delay (constant: every delay; zero retries at once, refused for the growing backoffs) | required |
+//! | `delay` | the first delay (constant: every delay) | required |
 //! | `multiplier` | growth factor, exponential only | `2.0` |
 //! | `cap` | largest delay before jitter, not for constant | none |
 //! | `jitter` | `"none"`, `"full"`, `"equal"` or a percentage `"20%"` (proportional, ±20%) | `"none"` |

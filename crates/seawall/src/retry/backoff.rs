@@ -189,18 +189,6 @@ impl Backoff {
             Backoff::Linear { base, cap }
             | Backoff::Exponential { base, cap, .. }
             | Backoff::Decorrelated { base, cap } => {
-                // Each delay of these grows from the base: a zero base
-                // never grows, every retry would follow at once.
-                if base.is_zero() {
-                    return Err(ConfigError::new(
-                        "retry",
-                        "delay",
-                        format!(
-                            "must be > 0 for {} backoff (use constant for retries at once)",
-                            self.kind().word()
-                        ),
-                    ));
-                }
                 if let Backoff::Exponential { multiplier, .. } = *self {
                     if !(multiplier >= 1.0 && multiplier.is_finite()) {
                         return Err(ConfigError::new(

@@ -52,17 +52,15 @@ pub struct Retry {
 }
 
 impl Retry {
-    /// The same delay before every retry; zero retries at once.
+    /// The same delay before every retry.
     pub fn constant(delay: Duration) -> Self {
         Self::with_backoff(Backoff::Constant { delay })
     }
 
     /// `base`, `2 x base`, `3 x base`, ...
     ///
-    /// # Errors
-    /// A zero `base` fails `build()` (`retry.delay must be > 0 for linear
-    /// backoff`): it would never grow. For retries at once, use
-    /// [`constant`](Self::constant)`(Duration::ZERO)`.
+    /// A base of zero retries at once, as [`constant`](Self::constant)
+    /// with zero does (every delay is zero; jitter keeps it zero).
     pub fn linear(base: Duration) -> Self {
         Self::with_backoff(Backoff::Linear {
             base,
@@ -72,9 +70,8 @@ impl Retry {
 
     /// `base`, `base x m`, `base x m^2`, ... (multiplier 2 unless set).
     ///
-    /// # Errors
-    /// A zero `base` fails `build()` (`retry.delay must be > 0 for
-    /// exponential backoff`): it would never grow.
+    /// A base of zero retries at once, as [`constant`](Self::constant)
+    /// with zero does (every delay is zero; jitter keeps it zero).
     pub fn exponential(base: Duration) -> Self {
         Self::with_backoff(Backoff::Exponential {
             base,
@@ -85,10 +82,6 @@ impl Retry {
 
     /// AWS "decorrelated jitter": each delay drawn from
     /// `[base, previous x 3]`, capped.
-    ///
-    /// # Errors
-    /// A zero `base` fails `build()` (`retry.delay must be > 0 for
-    /// decorrelated backoff`): every draw would be zero.
     pub fn decorrelated(base: Duration, cap: Duration) -> Self {
         Self::with_backoff(Backoff::Decorrelated { base, cap })
     }
