@@ -26,6 +26,9 @@ use seawall::testing::VirtualClock;
 use seawall::*;
 use support::*;
 
+/// The result of one call in these cases.
+type Outcome = Result<u32, Error<Boom>>;
+
 /// A builder on a fresh store and a virtual clock already far from 0.
 fn builder(name: &str) -> (PipelineBuilder, VirtualClock) {
     let clock = clock_at(FAR);
@@ -174,11 +177,17 @@ mod adaptive_limit {
             (AdaptiveLimit::aimd().limits(1, 3, 2), "initial_limit"),
             (AdaptiveLimit::aimd().limits(3, 3, 2), "max_limit"),
             (AdaptiveLimit::aimd().backoff_ratio(0.4), "backoff_ratio"),
-            (AdaptiveLimit::aimd().backoff_ratio(f64::NAN), "backoff_ratio"),
+            (
+                AdaptiveLimit::aimd().backoff_ratio(f64::NAN),
+                "backoff_ratio",
+            ),
             (AdaptiveLimit::gradient2().smoothing(0.0), "smoothing"),
             (AdaptiveLimit::gradient2().buffer(-0.1), "buffer"),
             (AdaptiveLimit::vegas().min_rtt_jitter(1.5), "min_rtt_jitter"),
-            (AdaptiveLimit::vegas().min_rtt_jitter(f64::NAN), "min_rtt_jitter"),
+            (
+                AdaptiveLimit::vegas().min_rtt_jitter(f64::NAN),
+                "min_rtt_jitter",
+            ),
             (AdaptiveLimit::aimd().queue(2, Duration::ZERO), "max_wait"),
             (
                 AdaptiveLimit::aimd().update_interval(Duration::ZERO),
@@ -234,10 +243,7 @@ mod adaptive_limit {
             )
         });
         assert_eq!(a.unwrap(), 1);
-        assert_eq!(
-            reason(&refused),
-            Some(RejectionReason::ConcurrencyLimited)
-        );
+        assert_eq!(reason(&refused), Some(RejectionReason::ConcurrencyLimited));
         assert_eq!(ran.load(Ordering::SeqCst), 0);
         assert_eq!(clock.now() - start, ms(100));
     }
@@ -369,11 +375,7 @@ mod hedging {
     #[test]
     fn every_hedge_starts_after_its_delay_and_the_first_answer_wins() {
         for listening in [false, true] {
-            let plans = [
-                (Some(100), Ok(1)),
-                (Some(100), Ok(2)),
-                (Some(100), Ok(3)),
-            ];
+            let plans = [(Some(100), Ok(1)), (Some(100), Ok(2)), (Some(100), Ok(3))];
             let (r, started, took, log) = hedged(
                 Hedging::latency(ms(20)).max_hedged_attempts(2),
                 &plans,
@@ -605,19 +607,13 @@ mod cache {
                 let (p, _, log) = cached(secs(60), listening);
                 let ran = AtomicU32::new(0);
                 assert_eq!(keyed(&p, flavor, "foo", "bar", &ran).unwrap(), "bar");
-                assert_eq!(
-                    keyed(&p, flavor, "foo", "missing", &ran).unwrap(),
-                    "bar"
-                );
+                assert_eq!(keyed(&p, flavor, "foo", "missing", &ran).unwrap(), "bar");
                 assert_eq!(ran.load(Ordering::SeqCst), 1, "{flavor:?}");
                 if listening {
                     assert_eq!(hits_and_misses(&log), (1, 1));
                 }
                 // Another key runs.
-                assert_eq!(
-                    keyed(&p, flavor, "foo2", "other", &ran).unwrap(),
-                    "other"
-                );
+                assert_eq!(keyed(&p, flavor, "foo2", "other", &ran).unwrap(), "other");
             }
         }
     }
@@ -1395,16 +1391,15 @@ mod breaker {
                 CircuitBreaker::consecutive_failures(1).half_open_calls(0),
                 "half_open_calls",
             ),
-            (
-                CircuitBreaker::failure_rate(0.5).count_window(0),
-                "window",
-            ),
+            (CircuitBreaker::failure_rate(0.5).count_window(0), "window"),
             (
                 CircuitBreaker::consecutive_failures(1).cooldown_growth(0.5, secs(10)),
                 "cooldown_growth",
             ),
         ] {
-            let r = Pipeline::builder("fs-cb-bad").circuit_breaker(cb.clone()).build();
+            let r = Pipeline::builder("fs-cb-bad")
+                .circuit_breaker(cb.clone())
+                .build();
             let e = r.expect_err(&format!("{cb:?}"));
             assert!(e.field.starts_with(field) || e.field.contains(field), "{e}");
         }
@@ -1570,14 +1565,11 @@ mod classic {
             .unwrap();
         let at = Mutex::new(None);
         let (a, b2) = rt().block_on(async {
-            tokio::join!(
-                p.run(|_| after(&clock, ms(100), Ok::<_, Boom>(1))),
-                async {
-                    let r = p.run(|_| async { Ok::<_, Boom>(2) }).await;
-                    *at.lock().unwrap() = Some(clock.now() - FAR);
-                    r
-                },
-            )
+            tokio::join!(p.run(|_| after(&clock, ms(100), Ok::<_, Boom>(1))), async {
+                let r = p.run(|_| async { Ok::<_, Boom>(2) }).await;
+                *at.lock().unwrap() = Some(clock.now() - FAR);
+                r
+            },)
         });
         assert_eq!(a.unwrap(), 1);
         assert_eq!(reason(&b2), Some(RejectionReason::BulkheadFull));
@@ -1670,7 +1662,9 @@ mod classic {
             RateLimiter::sliding_window(1, Duration::ZERO),
             RateLimiter::gcra(1, secs(1)).burst(0),
         ] {
-            let r = Pipeline::builder("fs-rl-bad").rate_limiter(rl.clone()).build();
+            let r = Pipeline::builder("fs-rl-bad")
+                .rate_limiter(rl.clone())
+                .build();
             assert!(r.is_err(), "{rl:?}");
         }
     }
@@ -1755,5 +1749,769 @@ mod classic {
             .unwrap();
         let r = rt().block_on(p.run(|_| async { Err(Boom(5)) }));
         assert_eq!(r.unwrap().0, Some(5));
+    }
+}
+
+mod events {
+    use super::*;
+
+    /// How many of each circuit event and retry were reported, and how the
+    /// call finished.
+    fn tally(log: &Log) -> ([usize; 4], Vec<CallOutcome>) {
+        let log = log.lock().unwrap();
+        let mut n = [0; 4];
+        let mut outcomes = Vec::new();
+        for e in log.iter() {
+            match e {
+                EventKind::RetryScheduled { .. } => n[0] += 1,
+                EventKind::CircuitOpened { .. } => n[1] += 1,
+                EventKind::CircuitHalfOpened => n[2] += 1,
+                EventKind::CircuitClosed => n[3] += 1,
+                EventKind::CallFinished { outcome, .. } => outcomes.push(*outcome),
+                _ => {}
+            }
+        }
+        (n, outcomes)
+    }
+
+    /// A retry around a breaker that opens on every failure and half-opens
+    /// by the next attempt: each failed attempt opens it, each retry probes.
+    fn retry_over_a_tripping_breaker(b: PipelineBuilder) -> PipelineBuilder {
+        b.retry(Retry::constant(ms(1)).max_attempts(10))
+            .circuit_breaker(CircuitBreaker::consecutive_failures(1).cooldown(ms(1)))
+    }
+
+    #[test]
+    fn every_transition_of_a_probing_breaker_under_a_retry_is_reported() {
+        for flavor in FLAVORS {
+            let (b, _, log) = builder_listening("fs-ev-success");
+            let p = retry_over_a_tripping_breaker(b).build().unwrap();
+            let mut n = 0;
+            let r = exec(&p, flavor, |_| {
+                n += 1;
+                if n <= 4 {
+                    Err(Boom(n))
+                } else {
+                    Ok(true)
+                }
+            });
+            assert!(r.unwrap());
+            assert_eq!(
+                tally(&log),
+                ([4, 4, 4, 1], vec![CallOutcome::Success]),
+                "{flavor:?}"
+            );
+            assert_eq!(p.circuit_state().unwrap(), CircuitState::Closed);
+        }
+    }
+
+    #[test]
+    fn an_error_that_is_not_retried_ends_the_probing_with_the_circuit_open() {
+        for flavor in FLAVORS {
+            let (b, _, log) = builder_listening("fs-ev-unhandled");
+            let p = retry_over_a_tripping_breaker(b)
+                .retry_if(|e: &Boom| e.0 != 3)
+                .build()
+                .unwrap();
+            let mut n = 0;
+            let r = exec(&p, flavor, |_| {
+                n += 1;
+                Err::<u32, _>(Boom(n))
+            });
+            assert!(matches!(r, Err(Error::Operation(Boom(3)))), "{r:?}");
+            assert_eq!(
+                tally(&log),
+                ([2, 3, 2, 0], vec![CallOutcome::Failure]),
+                "{flavor:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_exhausted_retry_over_a_probing_breaker_reports_each_trip() {
+        for flavor in FLAVORS {
+            let (b, _, log) = builder_listening("fs-ev-exhausted");
+            let p = b
+                .retry(Retry::constant(ms(1)).max_attempts(4))
+                .circuit_breaker(CircuitBreaker::consecutive_failures(1).cooldown(ms(1)))
+                .build()
+                .unwrap();
+            let r = exec(&p, flavor, |_| Err::<u32, _>(Boom(1)));
+            assert!(matches!(r, Err(Error::RetryExhausted { attempts: 4, .. })));
+            assert_eq!(
+                tally(&log),
+                ([3, 4, 3, 0], vec![CallOutcome::Failure]),
+                "{flavor:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn each_refusal_of_a_rate_limiter_is_reported_and_finishes_its_call() {
+        for flavor in FLAVORS {
+            let (b, clock, log) = builder_listening("fs-ev-rl");
+            let p = b
+                .rate_limiter(RateLimiter::gcra(10, secs(1)).burst(1))
+                .build()
+                .unwrap();
+            let mut results = Vec::new();
+            for i in 0..5 {
+                if i == 2 {
+                    clock.advance(ms(110));
+                }
+                results.push(exec(&p, flavor, |_| Ok::<_, Boom>(i)).is_ok());
+            }
+            assert_eq!(results, [true, false, true, false, false]);
+            let refused = count(&log, |e| {
+                matches!(
+                    e,
+                    EventKind::Rejected {
+                        reason: RejectionReason::RateLimited,
+                        ..
+                    }
+                )
+            });
+            let (_, outcomes) = tally(&log);
+            assert_eq!((refused, outcomes.len()), (3, 5), "{flavor:?}");
+            assert_eq!(
+                outcomes
+                    .iter()
+                    .filter(|o| matches!(o, CallOutcome::Success))
+                    .count(),
+                2
+            );
+        }
+    }
+
+    #[test]
+    fn each_refusal_of_a_full_bulkhead_is_reported() {
+        let (b, _, log) = builder_listening("fs-ev-bh");
+        let p = b.bulkhead(Bulkhead::new(1)).build().unwrap();
+        let r = p.call(|_| {
+            let a = p.call(|_| Ok::<u32, Boom>(1));
+            let b = p.call(|_| Ok::<u32, Boom>(2));
+            Ok::<_, Boom>((a, b))
+        });
+        let (a, b2) = r.unwrap();
+        assert_eq!(reason(&a), Some(RejectionReason::BulkheadFull));
+        assert_eq!(reason(&b2), Some(RejectionReason::BulkheadFull));
+        let refused = count(&log, |e| {
+            matches!(
+                e,
+                EventKind::Rejected {
+                    reason: RejectionReason::BulkheadFull,
+                    ..
+                }
+            )
+        });
+        assert_eq!(refused, 2);
+        assert_eq!(tally(&log).1.len(), 3);
+    }
+
+    #[test]
+    fn a_failing_fallback_is_reported_as_run_and_the_call_as_failed() {
+        for flavor in FLAVORS {
+            let (b, _, log) = builder_listening("fs-ev-fb-fail");
+            let p = b
+                .retry(Retry::constant(ms(1)).max_attempts(3))
+                .retry_if(|e: &Boom| e.0 == 0)
+                .circuit_breaker(CircuitBreaker::consecutive_failures(5))
+                .fallback_sync(|_e: Error<Boom>, _| Err::<bool, _>(Boom(99)))
+                .build()
+                .unwrap();
+            let r = exec(&p, flavor, |_| Err(Boom(1)));
+            assert!(matches!(r, Err(Error::Fallback(Boom(99)))), "{r:?}");
+            let fallbacks = count(&log, |e| matches!(e, EventKind::FallbackExecuted));
+            let (n, outcomes) = tally(&log);
+            assert_eq!((fallbacks, n[0]), (1, 0));
+            assert_eq!(outcomes.len(), 1, "{flavor:?}: {outcomes:?}");
+            let m = p.circuit_metrics().unwrap();
+            assert_eq!((m.calls, m.failures), (1, 1));
+        }
+    }
+}
+
+mod more {
+    use super::*;
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+
+    #[test]
+    fn a_panicking_attempt_gives_its_adaptive_slot_back() {
+        let (b, _) = builder("fs-al-panic");
+        let p = b
+            .adaptive_limit(AdaptiveLimit::aimd().limits(1, 1, 2))
+            .build()
+            .unwrap();
+        let r = catch_unwind(AssertUnwindSafe(|| {
+            p.call(|_| -> Result<u32, Boom> { panic!("boom") })
+        }));
+        assert!(r.is_err());
+        assert_eq!(p.concurrency_limit().unwrap().in_flight, 0);
+        assert_eq!(p.call(|_| Ok::<_, Boom>(1)).unwrap(), 1);
+    }
+
+    #[test]
+    fn a_dropped_waiter_leaves_the_adaptive_queue_to_the_next() {
+        let (b, clock) = builder("fs-al-drop");
+        let p = b
+            .adaptive_limit(AdaptiveLimit::aimd().limits(1, 1, 2).queue(2, secs(1)))
+            .build()
+            .unwrap();
+        let (a, dropped, c) = rt().block_on(async {
+            tokio::join!(
+                p.run(|_| after(&clock, ms(100), Ok::<_, Boom>(1))),
+                // Waits in the queue and gives up at 10 ms.
+                async {
+                    let call = p.run(|_| async { Ok::<_, Boom>(2) });
+                    tokio::select! {
+                        r = call => Some(r),
+                        _ = Clock::sleep(&clock, ms(10)) => None,
+                    }
+                },
+                p.run(|_| async { Ok::<_, Boom>(3) }),
+            )
+        });
+        assert_eq!(a.unwrap(), 1);
+        assert!(dropped.is_none());
+        assert_eq!(c.unwrap(), 3);
+        assert_eq!(clock.now() - FAR, ms(100));
+        assert_eq!(p.concurrency_limit().unwrap().in_flight, 0);
+    }
+
+    #[test]
+    fn a_retry_wait_holds_no_adaptive_slot() {
+        for flavor in FLAVORS {
+            let (b, _) = builder("fs-al-retry");
+            let held = Arc::new(Mutex::new(Vec::new()));
+            let p = b
+                .retry(Retry::constant(ms(10)).max_attempts(3))
+                .adaptive_limit(AdaptiveLimit::aimd().limits(1, 1, 2))
+                .build()
+                .unwrap();
+            let h = held.clone();
+            let p2 = p.clone();
+            let hook = move || {
+                h.lock()
+                    .unwrap()
+                    .push(p2.concurrency_limit().unwrap().in_flight)
+            };
+            let mut n = 0;
+            let r = exec(&p, flavor, |_| {
+                n += 1;
+                hook();
+                if n < 3 {
+                    Err(Boom(n))
+                } else {
+                    Ok(n)
+                }
+            });
+            assert_eq!(r.unwrap(), 3, "{flavor:?}");
+            assert_eq!(*held.lock().unwrap(), [1, 1, 1]);
+            assert_eq!(p.concurrency_limit().unwrap().in_flight, 0);
+        }
+    }
+
+    #[test]
+    fn aimd_grows_its_limit_after_a_window_of_successes_using_half_of_it() {
+        for flavor in FLAVORS {
+            let (b, clock) = builder("fs-al-grow");
+            let p = b
+                .adaptive_limit(
+                    AdaptiveLimit::aimd()
+                        .limits(1, 2, 10)
+                        .update_interval(ms(100)),
+                )
+                .build()
+                .unwrap();
+            let _ = exec(&p, flavor, |_| Ok::<_, Boom>(1));
+            clock.advance(ms(100));
+            let _ = exec(&p, flavor, |_| Ok::<_, Boom>(1));
+            assert_eq!(p.concurrency_limit().unwrap().limit, 3, "{flavor:?}");
+        }
+    }
+
+    #[test]
+    fn ignored_errors_leave_an_adaptive_limit_alone_and_timeouts_lower_it() {
+        let (b, clock) = builder("fs-al-verdicts");
+        let p = b
+            .adaptive_limit(
+                AdaptiveLimit::aimd()
+                    .limits(1, 10, 20)
+                    .update_interval(ms(100)),
+            )
+            .timeout(ms(50))
+            .classify(|e: &Boom| {
+                if e.0 == 0 {
+                    Verdict::ignore()
+                } else {
+                    Verdict::retry()
+                }
+            })
+            .build()
+            .unwrap();
+        for _ in 0..3 {
+            let _ = rt().block_on(p.run(|_| async { Err::<u32, _>(Boom(0)) }));
+            clock.advance(ms(100));
+        }
+        assert_eq!(p.concurrency_limit().unwrap().limit, 10);
+        let r = rt().block_on(p.run(|_| after(&clock, secs(1), Ok::<u32, Boom>(1))));
+        assert!(matches!(r, Err(Error::Timeout(_))));
+        // The next sample closes the window that holds the drop.
+        clock.advance(ms(100));
+        let _ = rt().block_on(p.run(|_| async { Ok::<u32, Boom>(1) }));
+        assert_eq!(p.concurrency_limit().unwrap().limit, 9);
+    }
+
+    #[test]
+    fn a_count_window_judges_only_its_last_calls() {
+        for flavor in FLAVORS {
+            let (b, _) = builder("fs-cb-count-metrics");
+            let p = b
+                .circuit_breaker(
+                    CircuitBreaker::failure_rate(0.9)
+                        .count_window(5)
+                        .minimum_calls(5),
+                )
+                .build()
+                .unwrap();
+            for i in 0..7u32 {
+                let _ = exec(
+                    &p,
+                    flavor,
+                    |_| if i % 2 == 0 { Ok(i) } else { Err(Boom(i)) },
+                );
+            }
+            // The last five: F S F S ... from calls 2..=6: S F S F S.
+            let m = p.circuit_metrics().unwrap();
+            assert_eq!((m.calls, m.failures), (5, 2), "{flavor:?}");
+            assert!((m.failure_rate - 0.4).abs() < 1e-9, "{m:?}");
+        }
+    }
+
+    #[test]
+    fn calls_lasting_the_slow_duration_are_slow_and_open_the_circuit() {
+        let (b, clock) = builder("fs-cb-slow");
+        let p = b
+            .circuit_breaker(
+                CircuitBreaker::failure_rate(0.5)
+                    .count_window(2)
+                    .minimum_calls(2)
+                    .slow_calls(1.0, secs(1)),
+            )
+            .build()
+            .unwrap();
+        let slow = |d: Duration| {
+            rt().block_on(p.run(|_| after(&clock, d, Ok::<u32, Boom>(1))))
+                .unwrap()
+        };
+        slow(ms(999));
+        slow(secs(1));
+        assert_eq!(p.circuit_state().unwrap(), CircuitState::Closed);
+        assert_eq!(p.circuit_metrics().unwrap().slow_calls, 1);
+        slow(secs(1));
+        assert_eq!(p.circuit_state().unwrap(), CircuitState::Open);
+    }
+
+    #[test]
+    fn manual_controls_open_close_and_reset_the_circuit() {
+        for flavor in FLAVORS {
+            let (b, clock) = builder("fs-cb-manual");
+            let p = b
+                .circuit_breaker(CircuitBreaker::consecutive_failures(1).cooldown(secs(30)))
+                .build()
+                .unwrap();
+            p.isolate().unwrap();
+            let r = exec(&p, flavor, |_| Ok::<u32, Boom>(1));
+            assert_eq!(r.unwrap_err().rejection().unwrap().retry_after, None);
+            p.reset().unwrap();
+            assert_eq!(p.circuit_state().unwrap(), CircuitState::Closed);
+            p.open_for(secs(5)).unwrap();
+            let r = exec(&p, flavor, |_| Ok::<u32, Boom>(1));
+            assert_eq!(
+                r.unwrap_err().rejection().unwrap().retry_after,
+                Some(secs(5))
+            );
+            clock.advance(secs(5));
+            assert_eq!(exec(&p, flavor, |_| Ok::<u32, Boom>(2)).unwrap(), 2);
+            assert_eq!(p.circuit_state().unwrap(), CircuitState::Closed);
+            p.force_close().unwrap();
+            for _ in 0..3 {
+                let _ = exec(&p, flavor, |_| Err::<u32, _>(Boom(1)));
+            }
+            assert_eq!(p.circuit_state().unwrap(), CircuitState::Disabled);
+            p.enable().unwrap();
+            assert_eq!(p.circuit_state().unwrap(), CircuitState::Closed);
+        }
+    }
+
+    #[test]
+    fn concurrent_calls_with_one_key_share_one_execution_and_its_error() {
+        let (b, clock, log) = builder_listening("fs-coalesce-share");
+        let p = b.coalesce(Coalesce::new()).build().unwrap();
+        let ran = AtomicU32::new(0);
+        let call = || {
+            p.coalesce_key("k").run(|_| {
+                ran.fetch_add(1, Ordering::SeqCst);
+                after(&clock, ms(50), Err::<u32, _>(Boom(7)))
+            })
+        };
+        let (a, b2, c) = rt().block_on(async { tokio::join!(call(), call(), call()) });
+        for r in [a, b2, c] {
+            assert!(matches!(r, Err(Error::Operation(Boom(7)))), "{r:?}");
+        }
+        assert_eq!(ran.load(Ordering::SeqCst), 1);
+        assert_eq!(count(&log, |e| matches!(e, EventKind::Coalesced)), 2);
+    }
+
+    #[test]
+    fn a_cached_value_is_fresh_for_its_ttl_after_a_slow_leader_ends() {
+        let (b, clock) = builder("fs-cache-slow-leader");
+        let p = b.coalesce(Coalesce::new().ttl(secs(5))).build().unwrap();
+        let r = rt().block_on(
+            p.coalesce_key("k")
+                .run(|_| after(&clock, secs(3), Ok::<_, Boom>("first"))),
+        );
+        assert_eq!(r.unwrap(), "first");
+        clock.advance(secs(4));
+        let r = p.coalesce_key("k").call(|_| Ok::<_, Boom>("second"));
+        assert_eq!(r.unwrap(), "first");
+    }
+
+    #[test]
+    fn a_hedge_refused_by_a_rate_limit_after_hedging_does_not_start() {
+        let (b, clock) = builder("fs-hedge-rl");
+        let p = b
+            .hedging(Hedging::latency(ms(10)).max_hedged_attempts(2))
+            .rate_limiter(RateLimiter::fixed_window(2, secs(60)))
+            .build()
+            .unwrap();
+        let started = AtomicU32::new(0);
+        let r = rt().block_on(p.run(|ctx: Context| {
+            started.fetch_add(1, Ordering::SeqCst);
+            let n = ctx.attempt();
+            after(&clock, ms(100), Ok::<_, Boom>(n))
+        }));
+        assert_eq!(r.unwrap(), 1);
+        assert_eq!(started.load(Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn an_error_not_to_be_hedged_wins_at_once() {
+        let (b, clock) = builder("fs-hedge-if");
+        let p = b
+            .hedging(Hedging::latency(ms(10)).max_hedged_attempts(2))
+            .hedge_if(|e: &Boom| e.0 != 9)
+            .build()
+            .unwrap();
+        let r = rt().block_on(p.run(|ctx: Context| {
+            let clock = clock.clone();
+            async move {
+                if ctx.attempt() == 1 {
+                    std::future::pending::<()>().await;
+                }
+                after(&clock, ms(1), Err::<u32, _>(Boom(9))).await
+            }
+        }));
+        assert!(matches!(r, Err(Error::Operation(Boom(9)))), "{r:?}");
+        assert_eq!(clock.now() - FAR, ms(11));
+    }
+
+    #[test]
+    fn the_context_deadline_spans_every_retry_under_an_outer_timeout() {
+        for flavor in FLAVORS {
+            let (b, clock) = builder("fs-ctx-deadline");
+            let p = b
+                .timeout(secs(1))
+                .retry(Retry::constant(ms(100)).max_attempts(3))
+                .build()
+                .unwrap();
+            let mut remaining = Vec::new();
+            let _ = exec(&p, flavor, |ctx| {
+                remaining.push(ctx.remaining());
+                Err::<u32, _>(Boom(1))
+            });
+            assert_eq!(
+                remaining,
+                [Some(secs(1)), Some(ms(900)), Some(ms(800))],
+                "{flavor:?}"
+            );
+            assert_eq!(clock.now() - FAR, ms(200));
+        }
+    }
+
+    #[test]
+    fn a_weighted_call_takes_all_its_permits_or_none() {
+        for flavor in FLAVORS {
+            let (b, _) = builder("fs-rl-weighted");
+            let p = b
+                .rate_limiter(RateLimiter::fixed_window(5, secs(1)))
+                .build()
+                .unwrap();
+            let w = p.weighted(3).unwrap();
+            let ok = match flavor {
+                Flavor::Sync => w.call(|_| Ok::<_, Boom>(1)),
+                Flavor::Async => rt().block_on(w.run(|_| async { Ok::<_, Boom>(1) })),
+            };
+            assert!(ok.is_ok());
+            let refused = match flavor {
+                Flavor::Sync => w.call(|_| Ok::<_, Boom>(2)),
+                Flavor::Async => rt().block_on(w.run(|_| async { Ok::<_, Boom>(2) })),
+            };
+            assert_eq!(reason(&refused), Some(RejectionReason::RateLimited));
+            for i in 0..2 {
+                assert!(exec(&p, flavor, |_| Ok::<_, Boom>(i)).is_ok());
+            }
+            assert!(exec(&p, flavor, |_| Ok::<_, Boom>(9)).is_err());
+        }
+    }
+}
+
+mod keys {
+    use super::*;
+
+    #[test]
+    fn the_pipeline_wide_key_caches_for_every_coalesced_call() {
+        for flavor in FLAVORS {
+            let (b, _, log) = builder_listening("fs-cache-global");
+            let p = b.coalesce(Coalesce::new().ttl(secs(60))).build().unwrap();
+            let first = match flavor {
+                Flavor::Sync => p.coalesced().call(|_| Ok::<_, Boom>("bar")),
+                Flavor::Async => {
+                    rt().block_on(p.coalesced().run(|_| async { Ok::<_, Boom>("bar") }))
+                }
+            };
+            let second = p.coalesced().call(|_| Ok::<_, Boom>("missing"));
+            assert_eq!((first.unwrap(), second.unwrap()), ("bar", "bar"));
+            assert_eq!(count(&log, |e| matches!(e, EventKind::CacheHit)), 1);
+        }
+    }
+
+    #[test]
+    fn cached_values_are_kept_apart_by_partition_key_and_type() {
+        let (b, _) = builder("fs-cache-apart");
+        let p = b.coalesce(Coalesce::new().ttl(secs(60))).build().unwrap();
+        let a = p
+            .partition("a")
+            .coalesce_key("k")
+            .call(|_| Ok::<_, Boom>("a"))
+            .unwrap();
+        let b2 = p
+            .partition("b")
+            .coalesce_key("k")
+            .call(|_| Ok::<_, Boom>("b"))
+            .unwrap();
+        let plain = p.coalesce_key("k").call(|_| Ok::<_, Boom>("none")).unwrap();
+        let part = p
+            .partition("a")
+            .coalesced()
+            .call(|_| Ok::<_, Boom>("pa"))
+            .unwrap();
+        let typed = p.coalesce_key("k").call(|_| Ok::<_, Boom>(7u32)).unwrap();
+        assert_eq!((a, b2, plain, part, typed), ("a", "b", "none", "pa", 7));
+        let again = p
+            .partition("a")
+            .coalesce_key("k")
+            .call(|_| Ok::<_, Boom>("x"))
+            .unwrap();
+        assert_eq!(again, "a");
+    }
+
+    #[test]
+    fn a_hedge_with_the_shortest_delay_runs_and_the_first_answer_wins() {
+        let (b, clock) = builder("fs-hedge-1ns");
+        let p = b
+            .hedging(
+                Hedging::latency(Duration::from_nanos(1))
+                    .max_hedged_attempts(2)
+                    .budget(RetryBudget::new(0.1, 10)),
+            )
+            .build()
+            .unwrap();
+        let started = AtomicU32::new(0);
+        let r = rt().block_on(p.run(|ctx: Context| {
+            started.fetch_add(1, Ordering::SeqCst);
+            let n = ctx.attempt();
+            after(&clock, ms(100), Ok::<_, Boom>(n))
+        }));
+        assert_eq!(r.unwrap(), 1);
+        assert_eq!(started.load(Ordering::SeqCst), 3);
+        assert_eq!(clock.now() - FAR, ms(100));
+    }
+}
+
+mod timeouts {
+    use super::*;
+    use seawall::error::TimeoutScope;
+
+    fn timeout_of(r: &Result<u32, Error<Boom>>) -> Option<(TimeoutScope, Duration, u32)> {
+        match r {
+            Err(Error::Timeout(t)) => Some((t.scope, t.after, t.attempts)),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn attempts_that_all_time_out_end_with_the_last_attempts_timeout() {
+        let (b, clock) = builder("fs-to-retry-blocked");
+        let p = b
+            .retry(Retry::constant(ms(1)).max_attempts(3))
+            .timeout(ms(50))
+            .build()
+            .unwrap();
+        let r = rt().block_on(p.run(|_| std::future::pending::<Result<u32, Boom>>()));
+        assert_eq!(
+            timeout_of(&r),
+            Some((TimeoutScope::Attempt, ms(50), 3)),
+            "{r:?}"
+        );
+        assert_eq!(clock.now() - FAR, ms(152));
+    }
+
+    #[test]
+    fn an_overall_timeout_reports_the_attempts_that_ran() {
+        let (b, clock) = builder("fs-to-overall-blocked");
+        let p = b
+            .timeout(ms(100))
+            .retry(Retry::constant(ms(10)).max_attempts(5))
+            .build()
+            .unwrap();
+        let mut n = 0;
+        let r = rt().block_on(p.run(|_| {
+            n += 1;
+            let clock = clock.clone();
+            let first = n == 1;
+            async move {
+                if first {
+                    after(&clock, ms(30), Err(Boom(1))).await
+                } else {
+                    std::future::pending().await
+                }
+            }
+        }));
+        assert_eq!(
+            timeout_of(&r),
+            Some((TimeoutScope::Overall, ms(100), 2)),
+            "{r:?}"
+        );
+        assert_eq!(clock.now() - FAR, ms(100));
+    }
+
+    #[test]
+    fn a_strict_attempt_timeout_in_a_blocking_call_is_retried() {
+        let (b, clock) = builder("fs-to-strict-retry");
+        let p = b
+            .retry(Retry::constant(ms(1)).max_attempts(3))
+            .timeout(Timeout::strict(ms(50)))
+            .build()
+            .unwrap();
+        let r = p.call(|ctx| {
+            if ctx.attempt() < 3 {
+                clock.advance(ms(60));
+            }
+            Ok::<u32, Boom>(ctx.attempt())
+        });
+        assert_eq!(r.unwrap(), 3);
+        let r = p.call(|_| {
+            clock.advance(ms(60));
+            Ok::<u32, Boom>(0)
+        });
+        assert_eq!(
+            timeout_of(&r),
+            Some((TimeoutScope::Attempt, ms(50), 3)),
+            "{r:?}"
+        );
+    }
+
+    #[test]
+    fn a_result_at_the_deadline_is_on_time_and_one_after_it_late() {
+        for (took, late) in [(ms(50), false), (ms(50) + Duration::from_nanos(1), true)] {
+            let (b, clock) = builder("fs-to-edge");
+            let p = b.timeout(Timeout::strict(ms(50))).build().unwrap();
+            let r = p.call(|_| {
+                clock.advance(took);
+                Ok::<u32, Boom>(1)
+            });
+            assert_eq!(r.is_err(), late, "{took:?}: {r:?}");
+            let (b, clock) = builder("fs-to-edge-async");
+            let p = b.timeout(ms(50)).build().unwrap();
+            let r = rt().block_on(p.run(|_| after(&clock, took, Ok::<u32, Boom>(1))));
+            assert_eq!(r.is_err(), late, "async {took:?}: {r:?}");
+        }
+    }
+}
+
+mod waits_and_timeouts {
+    use super::*;
+
+    #[test]
+    fn a_permit_wait_that_would_outlast_the_deadline_is_refused_at_once() {
+        for flavor in FLAVORS {
+            let (b, clock) = builder("fs-rl-deadline");
+            let p = b
+                .timeout(ms(100))
+                .rate_limiter(RateLimiter::gcra(1, secs(1)).burst(1).max_wait(secs(10)))
+                .build()
+                .unwrap();
+            exec(&p, flavor, |_| Ok::<_, Boom>(1)).unwrap();
+            let r = exec(&p, flavor, |_| Ok::<_, Boom>(2));
+            let rej = r.unwrap_err().rejection().cloned().unwrap();
+            assert_eq!(
+                (rej.reason, rej.retry_after),
+                (RejectionReason::RateLimited, Some(secs(1)))
+            );
+            assert_eq!(clock.now(), FAR, "{flavor:?}");
+        }
+    }
+
+    /// A call holding the only slot for `hold` and a call queued behind
+    /// it, both under a timeout of the whole call of `timeout`.
+    fn queued_behind(
+        adaptive: bool,
+        timeout: Duration,
+        hold: Duration,
+        listening: bool,
+    ) -> (Outcome, Outcome, Duration) {
+        let (b, clock, _) = builder_listening("fs-queue-deadline");
+        let b = if listening {
+            b
+        } else {
+            builder("fs-queue-deadline").0.clock(clock.clone())
+        };
+        let b = b.timeout(timeout);
+        let p = if adaptive {
+            b.adaptive_limit(AdaptiveLimit::aimd().limits(1, 1, 2).queue(1, secs(10)))
+        } else {
+            b.bulkhead(Bulkhead::new(1).queue(1, secs(10)))
+        }
+        .build()
+        .unwrap();
+        let at = Mutex::new(Duration::ZERO);
+        let (a, b2) = rt().block_on(async {
+            tokio::join!(p.run(|_| after(&clock, hold, Ok::<_, Boom>(1))), async {
+                let r = p.run(|_| async { Ok::<_, Boom>(2) }).await;
+                *at.lock().unwrap() = clock.now() - FAR;
+                r
+            },)
+        });
+        let at = *at.lock().unwrap();
+        (a, b2, at)
+    }
+
+    #[test]
+    fn a_slot_given_back_at_a_queued_calls_deadline_is_still_its_own() {
+        for adaptive in [false, true] {
+            for listening in [false, true] {
+                for t in [99, 100, 101] {
+                    // The holder answers at the deadline (on time).
+                    let (a, b2, at) = queued_behind(adaptive, ms(t), ms(t), listening);
+                    assert_eq!((a.unwrap(), at), (1, ms(t)));
+                    assert_eq!(b2.unwrap(), 2, "adaptive {adaptive}, {t} ms");
+                    // The holder times out at the deadline.
+                    let (a, b2, _) = queued_behind(adaptive, ms(t), secs(1), listening);
+                    assert!(matches!(a, Err(Error::Timeout(_))), "{a:?}");
+                    assert_eq!(b2.unwrap(), 2, "adaptive {adaptive}, {t} ms");
+                }
+            }
+        }
     }
 }

@@ -2844,3 +2844,50 @@ fn a_classifier_hint_longer_than_an_hour_is_cut_to_an_hour() {
         Some(hour)
     );
 }
+
+// An async call queued for a slot of the adaptive limit under a timeout of
+// the whole call was refused (`concurrency_limited`) when the slot was
+// given back at the very instant its deadline ran out, where the
+// bulkhead's queue let it run: the queue's last look, taken when `max_wait`
+// runs out, was not taken at the deadline. What happens at the deadline is
+// on time.
+#[test]
+fn adaptive_queue_refused_a_slot_given_back_at_the_waiters_deadline() {
+    let mut variants = Vec::new();
+    for offset in [Duration::ZERO, FAR] {
+        for listener in [false, true] {
+            for adaptive in [true, false] {
+                variants.push((offset, listener, adaptive));
+            }
+        }
+    }
+    each_variant(&variants, |(offset, listener, adaptive)| {
+        let clock = clock_at(offset);
+        let b = Pipeline::builder(unique("reg-queue-deadline"))
+            .store(store::MemoryStore::new())
+            .clock(clock.clone())
+            .timeout(ms(100));
+        let b = if adaptive {
+            b.adaptive_limit(AdaptiveLimit::aimd().limits(1, 1, 2).queue(1, secs(10)))
+        } else {
+            b.bulkhead(Bulkhead::new(1).queue(1, secs(10)))
+        };
+        let p = listen(b, listener).build().unwrap();
+        let (holder, waiter) = rt().block_on(async {
+            tokio::join!(
+                p.run(|_| {
+                    let clock = clock.clone();
+                    async move {
+                        Clock::sleep(&clock, ms(100)).await;
+                        Ok::<_, Boom>(1)
+                    }
+                }),
+                p.run(|_| async { Ok::<_, Boom>(2) }),
+            )
+        });
+        ensure(
+            matches!((&holder, &waiter), (Ok(1), Ok(2))) && clock.now() - offset == ms(100),
+            || format!("{holder:?}, {waiter:?} at {:?}", clock.now() - offset),
+        )
+    });
+}

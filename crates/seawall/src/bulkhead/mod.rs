@@ -57,7 +57,8 @@ impl Bulkhead {
     /// Lets up to `max_queued` async calls wait at most `max_wait` for a
     /// slot, counted from when a call joins the queue (time it spent
     /// waiting for other policies, a cooldown or a rate limit, does not
-    /// count); a slot given back at the very instant the wait runs out is
+    /// count) and never past the call's deadline; a slot given back at the
+    /// very instant the wait runs out (its `max_wait` or the deadline) is
     /// still the waiter's. Sync calls never wait: they are refused at once.
     ///
     /// The queue is kept in this process, first in, first out; each
