@@ -2515,3 +2515,99 @@ mod waits_and_timeouts {
         }
     }
 }
+
+mod deadlines_and_windows {
+    use super::*;
+
+    #[test]
+    fn a_call_whose_deadline_runs_out_in_a_queue_is_refused_as_by_a_full_bulkhead() {
+        for listening in [false, true] {
+            let clock = clock_at(FAR);
+            let store = MemoryStore::new();
+            let name = unique("fs-shared-bh");
+            let holder = Pipeline::builder(name.clone())
+                .store(store.clone())
+                .clock(clock.clone())
+                .bulkhead(Bulkhead::new(1).queue(1, secs(10)))
+                .build()
+                .unwrap();
+            let (log, l) = recorder();
+            let b = Pipeline::builder(name)
+                .store(store)
+                .clock(clock.clone())
+                .timeout(ms(100))
+                .bulkhead(Bulkhead::new(1).queue(1, secs(10)));
+            let b = if listening { b.on_event(l) } else { b };
+            let waiter = b.build().unwrap();
+            let at = Mutex::new(Duration::ZERO);
+            let ran = AtomicU32::new(0);
+            let (a, b2) = rt().block_on(async {
+                tokio::join!(
+                    holder.run(|_| after(&clock, secs(1), Ok::<_, Boom>(1))),
+                    async {
+                        let r = waiter
+                            .run(|_| {
+                                ran.fetch_add(1, Ordering::SeqCst);
+                                async { Ok::<_, Boom>(2) }
+                            })
+                            .await;
+                        *at.lock().unwrap() = clock.now() - FAR;
+                        r
+                    }
+                )
+            });
+            assert_eq!(a.unwrap(), 1);
+            assert_eq!(reason(&b2), Some(RejectionReason::BulkheadFull), "{b2:?}");
+            assert_eq!(
+                (*at.lock().unwrap(), ran.load(Ordering::SeqCst)),
+                (ms(100), 0)
+            );
+            if listening {
+                let deferred = count(&log, |e| matches!(e, EventKind::Deferred { .. }));
+                assert_eq!(deferred, 1);
+            }
+        }
+    }
+
+    #[test]
+    fn a_time_window_forgets_old_calls_then_trips_probes_and_closes() {
+        for flavor in FLAVORS {
+            let (b, clock) = builder("fs-cb-time-seq");
+            let p = b
+                .circuit_breaker(
+                    CircuitBreaker::failure_rate(0.5)
+                        .window(secs(2))
+                        .minimum_calls(3)
+                        .cooldown(ms(1)),
+                )
+                .build()
+                .unwrap();
+            let f = |p: &Pipeline| {
+                let _ = exec(p, flavor, |_| Err::<u32, _>(Boom(1)));
+                p.circuit_state().unwrap()
+            };
+            let s = |p: &Pipeline| {
+                let _ = exec(p, flavor, |_| Ok::<u32, Boom>(1));
+                p.circuit_state().unwrap()
+            };
+            use CircuitState::{Closed, Open};
+            let mut states = vec![f(&p), s(&p)];
+            // Both roll out of the window.
+            clock.advance(ms(2100));
+            states.extend([f(&p), s(&p)]);
+            clock.advance(ms(500));
+            // 1 failure in 3, then 2 in 4: the rate reaches 0.5.
+            states.extend([s(&p), f(&p), f(&p)]);
+            clock.advance(ms(1));
+            // A failed probe opens it again; a successful one closes it.
+            states.push(f(&p));
+            clock.advance(ms(1));
+            states.push(s(&p));
+            assert_eq!(
+                states,
+                [Closed, Closed, Closed, Closed, Closed, Open, Open, Open, Closed],
+                "{flavor:?}"
+            );
+        }
+    }
+}
