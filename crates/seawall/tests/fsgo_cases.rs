@@ -2611,3 +2611,31 @@ mod deadlines_and_windows {
         }
     }
 }
+
+mod cooldown_deadline {
+    use super::*;
+
+    #[test]
+    fn a_pause_that_ends_at_the_deadline_is_waited_and_a_longer_one_refused_at_once() {
+        for flavor in FLAVORS {
+            for (pause, runs) in [(99u64, true), (100, true), (101, false)] {
+                let (b, clock) = builder("fs-cd-deadline");
+                let p = b
+                    .timeout(ms(100))
+                    .cooldown(Cooldown::new().max_wait(secs(1)))
+                    .classify(move |_: &Boom| Verdict::throttled().with_retry_after(ms(pause)))
+                    .build()
+                    .unwrap();
+                let _ = exec(&p, flavor, |_| Err::<u32, _>(Boom(1)));
+                let t0 = clock.now();
+                let r = exec(&p, flavor, |_| Ok::<u32, Boom>(2));
+                if runs {
+                    assert_eq!((r.unwrap(), clock.now() - t0), (2, ms(pause)));
+                } else {
+                    assert_eq!(reason(&r), Some(RejectionReason::CooldownExceedsDeadline));
+                    assert_eq!(clock.now(), t0, "{flavor:?}");
+                }
+            }
+        }
+    }
+}
