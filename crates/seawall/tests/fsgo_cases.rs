@@ -11,8 +11,11 @@
 //! with a listener where the events are part of the behaviour. Where
 //! seawall departs on purpose from what such a user may expect (its own
 //! refusals are never retried, a retry gives up when its wait would not fit
-//! the deadline, hedging and retry are one per pipeline), the case asserts
-//! seawall's documented behaviour.
+//! the deadline, a permit or a slot a call cannot have within its deadline
+//! is the policy's refusal rather than a timeout, hedging and retry are one
+//! per pipeline, the fallback is outermost, a cooldown is never zero, every
+//! half-open probe must succeed), the case asserts seawall's documented
+//! behaviour.
 
 mod support;
 
@@ -1385,6 +1388,10 @@ mod breaker {
         for (cb, field) in [
             (CircuitBreaker::consecutive_failures(0), "failures"),
             (CircuitBreaker::failure_rate(0.0), "failure_rate"),
+            (
+                CircuitBreaker::consecutive_failures(1).cooldown(Duration::ZERO),
+                "cooldown",
+            ),
             (CircuitBreaker::failure_rate(1.5), "failure_rate"),
             (CircuitBreaker::failure_rate(f64::NAN), "failure_rate"),
             (

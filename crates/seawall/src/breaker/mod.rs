@@ -223,6 +223,15 @@ impl CircuitBreaker {
     }
 
     /// How long the circuit stays open before admitting probes.
+    ///
+    /// # Errors
+    /// A zero cooldown fails `build()`:
+    /// `circuit_breaker.cooldown must be > 0`. A circuit that half-opens at
+    /// the instant it opens would let the next call through at once, which
+    /// is no breaker. To probe as soon as possible, give the smallest
+    /// cooldown that means something to the dependency (a millisecond is
+    /// the finest: a cooldown's end is kept in whole milliseconds, rounded
+    /// up).
     pub fn cooldown(mut self, cooldown: Duration) -> Self {
         self.cooldown = cooldown;
         if self.cooldown_growth <= 1.0 {
@@ -240,6 +249,12 @@ impl CircuitBreaker {
     }
 
     /// Probe calls admitted while half-open.
+    ///
+    /// The circuit closes once that many probes succeeded, and opens again
+    /// at the first failed (or slow) probe: every probe must succeed. The
+    /// thresholds of the closed state (consecutive failures, failure rate)
+    /// do not apply to the probes, and there is no ratio of successful
+    /// probes that closes it.
     ///
     /// A call refused while every probe slot is taken carries the length
     /// of the cooldown that just ended as its `retry_after` (after
