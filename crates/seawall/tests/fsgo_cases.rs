@@ -2646,3 +2646,53 @@ mod cooldown_deadline {
         }
     }
 }
+
+mod budget_timing_and_sharing {
+    use super::*;
+
+    #[test]
+    fn a_process_budget_refuses_before_the_backoff_and_a_shared_one_after_it() {
+        for flavor in FLAVORS {
+            for (shared, waited) in [(false, ms(10)), (true, ms(20))] {
+                let (b, clock) = builder("fs-budget-timing");
+                let budget = RetryBudget::new(0.1, 1);
+                let budget = if shared { budget.shared() } else { budget };
+                let p = b
+                    .retry(Retry::constant(ms(10)).max_attempts(3).budget(budget))
+                    .build()
+                    .unwrap();
+                let r = exec(&p, flavor, |_| Err::<u32, _>(Boom(1)));
+                assert_eq!(reason(&r), Some(RejectionReason::RetryBudgetExhausted));
+                assert_eq!(clock.now() - FAR, waited, "{flavor:?} shared {shared}");
+            }
+        }
+    }
+
+    #[test]
+    fn concurrent_hedged_calls_with_one_key_share_one_hedged_execution() {
+        let (b, clock, log) = builder_listening("fs-coalesce-hedge");
+        let p = b
+            .coalesce(Coalesce::new().ttl(secs(1)))
+            .hedging(Hedging::latency(ms(10)))
+            .build()
+            .unwrap();
+        let started = AtomicU32::new(0);
+        let call = || {
+            p.coalesce_key("k").run(|ctx: Context| {
+                started.fetch_add(1, Ordering::SeqCst);
+                let d = if ctx.attempt() == 1 { ms(100) } else { ms(5) };
+                after(&clock, d, Ok::<_, Boom>(ctx.attempt()))
+            })
+        };
+        let (a, b2) = rt().block_on(async { tokio::join!(call(), call()) });
+        assert_eq!((a.unwrap(), b2.unwrap()), (2, 2));
+        assert_eq!(started.load(Ordering::SeqCst), 2);
+        assert_eq!(clock.now() - FAR, ms(15));
+        // A blocking call of a hedged pipeline is refused, cache or not.
+        let blocking = p.coalesce_key("k").call(|_| Ok::<u32, Boom>(9));
+        assert!(matches!(blocking, Err(Error::Config(_))), "{blocking:?}");
+        let cached = rt().block_on(p.coalesce_key("k").run(|_| async { Ok::<u32, Boom>(9) }));
+        assert_eq!(cached.unwrap(), 2);
+        assert_eq!(count(&log, |e| matches!(e, EventKind::Coalesced)), 1);
+    }
+}

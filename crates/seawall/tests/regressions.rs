@@ -2891,3 +2891,35 @@ fn adaptive_queue_refused_a_slot_given_back_at_the_waiters_deadline() {
         )
     });
 }
+
+// A blocking call of a hedged pipeline with a cache was answered from the
+// cache (or would follow a concurrent async call, or lead an execution
+// whose `Error::Config` async followers then got), where the docs say a
+// blocking call of a hedged pipeline returns `Error::Config` without
+// running anything.
+#[test]
+fn blocking_call_of_a_hedged_pipeline_was_answered_from_the_cache() {
+    let variants: Vec<(Duration, bool)> = [Duration::ZERO, FAR]
+        .into_iter()
+        .flat_map(|o| [(o, false), (o, true)])
+        .collect();
+    each_variant(&variants, |(offset, listener)| {
+        let clock = clock_at(offset);
+        let b = Pipeline::builder(unique("reg-hedged-cache"))
+            .store(store::MemoryStore::new())
+            .clock(clock.clone())
+            .coalesce(Coalesce::new().ttl(secs(60)))
+            .hedging(Hedging::latency(ms(10)));
+        let p = listen(b, listener).build().unwrap();
+        let led = rt().block_on(p.coalesce_key("k").run(|_| async { Ok::<u32, Boom>(1) }));
+        let mut ran = 0;
+        let blocking = p.coalesce_key("k").call(|_| {
+            ran += 1;
+            Ok::<u32, Boom>(2)
+        });
+        ensure(
+            matches!(led, Ok(1)) && matches!(blocking, Err(Error::Config(_))) && ran == 0,
+            || format!("{led:?}, {blocking:?}, ran {ran}"),
+        )
+    });
+}
