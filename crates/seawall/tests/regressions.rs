@@ -2881,3 +2881,82 @@ fn a_growing_backoff_with_a_zero_base_retries_at_once() {
         }
     }
 }
+
+// An async call queued for a slot of the adaptive limit under a timeout of
+// the whole call was refused (`concurrency_limited`) when the slot was
+// given back at the very instant its deadline ran out, where the
+// bulkhead's queue let it run: the queue's last look, taken when `max_wait`
+// runs out, was not taken at the deadline. What happens at the deadline is
+// on time.
+#[test]
+fn adaptive_queue_refused_a_slot_given_back_at_the_waiters_deadline() {
+    let mut variants = Vec::new();
+    for offset in [Duration::ZERO, FAR] {
+        for listener in [false, true] {
+            for adaptive in [true, false] {
+                variants.push((offset, listener, adaptive));
+            }
+        }
+    }
+    each_variant(&variants, |(offset, listener, adaptive)| {
+        let clock = clock_at(offset);
+        let b = Pipeline::builder(unique("reg-queue-deadline"))
+            .store(store::MemoryStore::new())
+            .clock(clock.clone())
+            .timeout(ms(100));
+        let b = if adaptive {
+            b.adaptive_limit(AdaptiveLimit::aimd().limits(1, 1, 2).queue(1, secs(10)))
+        } else {
+            b.bulkhead(Bulkhead::new(1).queue(1, secs(10)))
+        };
+        let p = listen(b, listener).build().unwrap();
+        let (holder, waiter) = rt().block_on(async {
+            tokio::join!(
+                p.run(|_| {
+                    let clock = clock.clone();
+                    async move {
+                        Clock::sleep(&clock, ms(100)).await;
+                        Ok::<_, Boom>(1)
+                    }
+                }),
+                p.run(|_| async { Ok::<_, Boom>(2) }),
+            )
+        });
+        ensure(
+            matches!((&holder, &waiter), (Ok(1), Ok(2))) && clock.now() - offset == ms(100),
+            || format!("{holder:?}, {waiter:?} at {:?}", clock.now() - offset),
+        )
+    });
+}
+
+// A blocking call of a hedged pipeline with a cache was answered from the
+// cache (or would follow a concurrent async call, or lead an execution
+// whose `Error::Config` async followers then got), where the docs say a
+// blocking call of a hedged pipeline returns `Error::Config` without
+// running anything.
+#[test]
+fn blocking_call_of_a_hedged_pipeline_was_answered_from_the_cache() {
+    let variants: Vec<(Duration, bool)> = [Duration::ZERO, FAR]
+        .into_iter()
+        .flat_map(|o| [(o, false), (o, true)])
+        .collect();
+    each_variant(&variants, |(offset, listener)| {
+        let clock = clock_at(offset);
+        let b = Pipeline::builder(unique("reg-hedged-cache"))
+            .store(store::MemoryStore::new())
+            .clock(clock.clone())
+            .coalesce(Coalesce::new().ttl(secs(60)))
+            .hedging(Hedging::latency(ms(10)));
+        let p = listen(b, listener).build().unwrap();
+        let led = rt().block_on(p.coalesce_key("k").run(|_| async { Ok::<u32, Boom>(1) }));
+        let mut ran = 0;
+        let blocking = p.coalesce_key("k").call(|_| {
+            ran += 1;
+            Ok::<u32, Boom>(2)
+        });
+        ensure(
+            matches!(led, Ok(1)) && matches!(blocking, Err(Error::Config(_))) && ran == 0,
+            || format!("{led:?}, {blocking:?}, ran {ran}"),
+        )
+    });
+}

@@ -403,8 +403,13 @@ impl AdaptiveLimit {
     /// Lets up to `max_queued` async calls wait at most `max_wait` for a
     /// slot, counted from when a call joins the queue (time it spent
     /// waiting for other policies, a cooldown or a rate limit, does not
-    /// count); a slot given back at the very instant the wait runs out is
-    /// still the waiter's. Sync calls never wait: they are refused at once.
+    /// count) and never past the call's deadline; a slot given back at the
+    /// very instant the wait runs out (its `max_wait` or the deadline) is
+    /// still the waiter's. A call whose wait runs out without a slot is
+    /// refused (`concurrency_limited`), whichever ran out: a timeout of the whole
+    /// call declared before this policy bounds the wait, and the call then
+    /// ends with the refusal, not with `Error::Timeout` (the operation did
+    /// not run). Sync calls never wait: they are refused at once.
     ///
     /// The queue is first in, first out, in this process: each partition
     /// share has one, and calls of no share one more. A slot given back

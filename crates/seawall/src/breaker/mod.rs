@@ -232,6 +232,15 @@ impl CircuitBreaker {
     }
 
     /// How long the circuit stays open before admitting probes.
+    ///
+    /// # Errors
+    /// A zero cooldown fails `build()`:
+    /// `circuit_breaker.cooldown must be > 0`. A circuit that half-opens at
+    /// the instant it opens would let the next call through at once, which
+    /// is no breaker. To probe as soon as possible, give the smallest
+    /// cooldown that means something to the dependency (a millisecond is
+    /// the finest: a cooldown's end is kept in whole milliseconds, rounded
+    /// up).
     pub fn cooldown(mut self, cooldown: Duration) -> Self {
         self.cooldown = cooldown;
         if self.cooldown_growth <= 1.0 {

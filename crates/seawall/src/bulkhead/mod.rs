@@ -62,8 +62,13 @@ impl Bulkhead {
     /// Lets up to `max_queued` async calls wait at most `max_wait` for a
     /// slot, counted from when a call joins the queue (time it spent
     /// waiting for other policies, a cooldown or a rate limit, does not
-    /// count); a slot given back at the very instant the wait runs out is
-    /// still the waiter's. Sync calls never wait: they are refused at once.
+    /// count) and never past the call's deadline; a slot given back at the
+    /// very instant the wait runs out (its `max_wait` or the deadline) is
+    /// still the waiter's. A call whose wait runs out without a slot is
+    /// refused (`bulkhead_full`), whichever ran out: a timeout of the whole
+    /// call declared before this policy bounds the wait, and the call then
+    /// ends with the refusal, not with `Error::Timeout` (the operation did
+    /// not run). Sync calls never wait: they are refused at once.
     ///
     /// The queue is kept in this process, first in, first out; each
     /// partition has a queue of its own, as it has slots of its own (and a

@@ -114,7 +114,9 @@
 //! The attempts run concurrently and the losers are dropped, which a
 //! blocking call on one thread cannot do: [`Pipeline::call`](crate::Pipeline::call)
 //! on a pipeline with hedging returns [`Error::Config`](crate::Error::Config)
-//! at once, without running the operation, and `#[resilient(hedging(..))]`
+//! at once, without running the operation (a coalesced one too: it takes
+//! neither a cached value nor a concurrent call's result), and
+//! `#[resilient(hedging(..))]`
 //! on a sync fn is a compile error.
 
 use std::fmt;

@@ -118,6 +118,13 @@ impl<'p, K: Kind> Coalesced<'p, K> {
         let Some(coalescer) = pipeline.shared.coalesce.as_ref() else {
             return pipeline.call_in(Given::partitioned_in(partition), op);
         };
+        // A blocking call of a hedged pipeline is refused whatever the
+        // table holds: it neither takes a cached value or a concurrent
+        // call's result nor leads an execution that async callers would
+        // follow (they would get its refusal).
+        if pipeline.shared.hedging.is_some() {
+            return Err(Error::Config(Box::new(super::drive::hedging_is_async())));
+        }
         let key = FlightKey::new::<T, E>(partition, self.key.as_ref());
         let steps = Steps {
             pipeline,

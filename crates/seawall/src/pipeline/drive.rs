@@ -636,7 +636,7 @@ impl Future for YieldNow {
 
 /// The refusal of a blocking call on a pipeline with hedging.
 #[cold]
-fn hedging_is_async() -> ConfigError {
+pub(super) fn hedging_is_async() -> ConfigError {
     ConfigError::new(
         crate::hedge::NAME,
         "call",

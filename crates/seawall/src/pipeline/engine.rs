@@ -2657,18 +2657,21 @@ fn queued(
     }
     let joined = waiting.queued.as_ref()?.joined;
     let left = max_wait.saturating_sub(Duration::from_nanos(now.saturating_sub(joined)));
-    if left.is_zero() {
-        // The wait ran out: a slot given back at this very instant is
-        // still within `max_wait`. One last look, once the work due now
-        // has run (a wait of no time yields), then the refusal.
-        if waiting.last_look || room.is_some_and(|r| r.is_zero()) {
+    let deadline_over = room.is_some_and(|r| r.is_zero());
+    if left.is_zero() || deadline_over {
+        // The wait ran out, its `max_wait` or the call's deadline: a slot
+        // given back at this very instant is still within both (what
+        // happens at the deadline is on time). One last look, once the
+        // work due now has run (a wait of no time yields), then the
+        // refusal. A call that finds its deadline over as it joins never
+        // waited: refused at once.
+        if waiting.last_look || (joins && deadline_over) {
             return None;
         }
         waiting.last_look = true;
         return Some((Duration::ZERO, None));
     }
     let at_most = match room {
-        Some(r) if r.is_zero() => return None,
         Some(r) => left.min(r),
         None => left,
     };
