@@ -44,6 +44,16 @@ struct Args {
     start_ms: u64,
 }
 
+/// Says what was wrong with the command line, and how to use it, then
+/// exits with status 2.
+fn usage(problem: &str) -> ! {
+    eprintln!(
+        "redis_bench: {problem}\n\
+         usage: redis_bench [--calls N] [--url redis://127.0.0.1:6379]"
+    );
+    std::process::exit(2)
+}
+
 fn args() -> Args {
     let mut a = Args {
         url: std::env::var("SEAWALL_REDIS_URL").ok(),
@@ -55,17 +65,31 @@ fn args() -> Args {
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
         match arg.as_str() {
-            "--url" => a.url = it.next(),
-            "--calls" => a.calls = it.next().and_then(|n| n.parse().ok()).expect("--calls N"),
+            "--url" => a.url = Some(it.next().unwrap_or_else(|| usage("--url needs a URL"))),
+            "--calls" => {
+                a.calls = it
+                    .next()
+                    .and_then(|n| n.parse().ok())
+                    .filter(|&n| n > 0)
+                    .unwrap_or_else(|| usage("--calls needs a number of calls > 0"))
+            }
             "--child" => a.child = true,
-            "--prefix" => a.prefix = it.next().expect("--prefix P"),
+            "--prefix" => {
+                a.prefix = it
+                    .next()
+                    .unwrap_or_else(|| usage("--prefix needs a prefix"))
+            }
             "--start-ms" => {
                 a.start_ms = it
                     .next()
                     .and_then(|n| n.parse().ok())
-                    .expect("--start-ms T")
+                    .unwrap_or_else(|| usage("--start-ms needs a time in ms"))
             }
-            other => panic!("unknown argument {other}"),
+            "-h" | "--help" => {
+                println!("usage: redis_bench [--calls N] [--url redis://127.0.0.1:6379]");
+                std::process::exit(0)
+            }
+            other => usage(&format!("unknown argument {other}")),
         }
     }
     a
