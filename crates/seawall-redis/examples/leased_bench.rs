@@ -32,6 +32,9 @@ use seawall::{Pipeline, RateLimiter};
 use seawall_redis::{Leasing, RedisStore};
 use seawall_test_redis::RedisServer as Server;
 
+#[path = "support/cli.rs"]
+mod cli;
+
 struct Args {
     url: Option<String>,
     limit: u32,
@@ -58,28 +61,44 @@ fn args() -> Args {
         prefix: format!("leased-bench-{}", std::process::id()),
         start_ms: 0,
     };
-    let mut it = std::env::args().skip(1);
-    let number = |it: &mut std::iter::Skip<std::env::Args>, what: &str| -> u64 {
-        it.next()
-            .and_then(|n| n.parse().ok())
-            .unwrap_or_else(|| panic!("{what} N"))
-    };
-    while let Some(arg) = it.next() {
-        match arg.as_str() {
-            "--url" => a.url = it.next(),
-            "--limit" => a.limit = number(&mut it, "--limit") as u32,
-            "--burst" => a.burst = number(&mut it, "--burst") as u32,
-            "--batch" => a.batch = number(&mut it, "--batch") as u32,
-            "--seconds" => a.seconds = number(&mut it, "--seconds"),
-            "--threads" => a.threads = number(&mut it, "--threads") as usize,
-            "--exact" => a.exact = true,
-            "--child" => a.child = true,
-            "--prefix" => a.prefix = it.next().expect("--prefix P"),
-            "--start-ms" => a.start_ms = number(&mut it, "--start-ms"),
-            other => panic!("unknown argument {other}"),
+    let parsed = parse(&mut a);
+    cli::or_usage(NAME, USAGE, parsed);
+    a
+}
+
+const NAME: &str = "leased_bench";
+const USAGE: &str = "[--limit N] [--burst N] [--batch N] [--seconds N] [--threads N] [--exact] [--url redis://127.0.0.1:6379]";
+
+fn parse(a: &mut Args) -> Result<(), cli::Error> {
+    use cli::*;
+    let mut p = Parser::from_env();
+    while let Some(arg) = p.next()? {
+        match arg {
+            Long("url") => a.url = Some(p.value()?.string()?),
+            Long("limit") => a.limit = p.value()?.parse()?,
+            Long("burst") => a.burst = p.value()?.parse()?,
+            Long("batch") => a.batch = p.value()?.parse()?,
+            Long("seconds") => a.seconds = p.value()?.parse()?,
+            Long("threads") => a.threads = p.value()?.parse()?,
+            Long("exact") => a.exact = true,
+            Long("child") => a.child = true,
+            Long("prefix") => a.prefix = p.value()?.string()?,
+            Long("start-ms") => a.start_ms = p.value()?.parse()?,
+            Short('h') | Long("help") => help(NAME, USAGE),
+            _ => return Err(arg.unexpected()),
         }
     }
-    a
+    let counts = [
+        ("limit", u64::from(a.limit)),
+        ("burst", u64::from(a.burst)),
+        ("batch", u64::from(a.batch)),
+        ("seconds", a.seconds),
+        ("threads", a.threads as u64),
+    ];
+    match counts.iter().find(|(_, n)| *n == 0) {
+        Some((name, _)) => Err(format!("--{name} must be > 0").into()),
+        None => Ok(()),
+    }
 }
 
 fn unix_ms() -> u64 {
@@ -110,9 +129,10 @@ fn low_water(batch: u32) -> u32 {
     batch / 2
 }
 
-/// Calls from `start_ms` for `seconds`; prints the admissions per
-/// millisecond from `start_ms` and the refusals.
-fn child(a: &Args, url: &str) {
+/// The pipeline every process calls through: the shared GCRA limit, in
+/// leased mode unless `--exact`. A setting the store or the limiter
+/// refuses is a usage error.
+fn pipeline(a: &Args, url: &str) -> Result<Pipeline, cli::Error> {
     let mut b = RedisStore::builder(url)
         .prefix(&a.prefix)
         .timeout(Duration::from_secs(1))
@@ -123,11 +143,19 @@ fn child(a: &Args, url: &str) {
             Leasing::batch(a.batch).low_water(low_water(a.batch)),
         );
     }
+    let store = b.build().map_err(|e| e.to_string())?;
     let p = Pipeline::builder("shared-limit")
         .rate_limiter(RateLimiter::gcra(a.limit, Duration::from_secs(1)).burst(a.burst))
-        .store(b.build().unwrap())
+        .store(store)
         .build()
-        .unwrap();
+        .map_err(|e| e.to_string())?;
+    Ok(p)
+}
+
+/// Calls from `start_ms` for `seconds`; prints the admissions per
+/// millisecond from `start_ms` and the refusals.
+fn child(a: &Args, url: &str) {
+    let p = pipeline(a, url).unwrap_or_else(|e| cli::or_usage(NAME, USAGE, Err(e)));
     let now = unix_ms();
     if a.start_ms > now {
         std::thread::sleep(Duration::from_millis(a.start_ms - now));
@@ -214,6 +242,9 @@ fn main() {
         child(&a, &url);
         return;
     }
+    // A setting the store or the limiter refuses stops here, not in the
+    // four processes.
+    cli::or_usage(NAME, USAGE, pipeline(&a, &url).map(drop));
     if !a.exact {
         local_cost(&url, &a.prefix);
     }

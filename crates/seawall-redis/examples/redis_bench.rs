@@ -33,6 +33,9 @@ use seawall::{Bulkhead, CircuitBreaker, Cooldown, Pipeline, RateLimiter, Retry};
 use seawall_redis::RedisStore;
 use seawall_test_redis::RedisServer as Server;
 
+#[path = "support/cli.rs"]
+mod cli;
+
 /// Tasks of the concurrent single-process row (half the bulkhead).
 const TASKS: usize = 32;
 
@@ -44,15 +47,8 @@ struct Args {
     start_ms: u64,
 }
 
-/// Says what was wrong with the command line, and how to use it, then
-/// exits with status 2.
-fn usage(problem: &str) -> ! {
-    eprintln!(
-        "redis_bench: {problem}\n\
-         usage: redis_bench [--calls N] [--url redis://127.0.0.1:6379]"
-    );
-    std::process::exit(2)
-}
+const NAME: &str = "redis_bench";
+const USAGE: &str = "[--calls N] [--url redis://127.0.0.1:6379]";
 
 fn args() -> Args {
     let mut a = Args {
@@ -62,37 +58,29 @@ fn args() -> Args {
         prefix: format!("bench-{}", std::process::id()),
         start_ms: 0,
     };
-    let mut it = std::env::args().skip(1);
-    while let Some(arg) = it.next() {
-        match arg.as_str() {
-            "--url" => a.url = Some(it.next().unwrap_or_else(|| usage("--url needs a URL"))),
-            "--calls" => {
-                a.calls = it
-                    .next()
-                    .and_then(|n| n.parse().ok())
-                    .filter(|&n| n > 0)
-                    .unwrap_or_else(|| usage("--calls needs a number of calls > 0"))
-            }
-            "--child" => a.child = true,
-            "--prefix" => {
-                a.prefix = it
-                    .next()
-                    .unwrap_or_else(|| usage("--prefix needs a prefix"))
-            }
-            "--start-ms" => {
-                a.start_ms = it
-                    .next()
-                    .and_then(|n| n.parse().ok())
-                    .unwrap_or_else(|| usage("--start-ms needs a time in ms"))
-            }
-            "-h" | "--help" => {
-                println!("usage: redis_bench [--calls N] [--url redis://127.0.0.1:6379]");
-                std::process::exit(0)
-            }
-            other => usage(&format!("unknown argument {other}")),
+    let parsed = parse(&mut a);
+    cli::or_usage(NAME, USAGE, parsed);
+    a
+}
+
+fn parse(a: &mut Args) -> Result<(), cli::Error> {
+    use cli::*;
+    let mut p = Parser::from_env();
+    while let Some(arg) = p.next()? {
+        match arg {
+            Long("url") => a.url = Some(p.value()?.string()?),
+            Long("calls") => a.calls = p.value()?.parse()?,
+            Long("child") => a.child = true,
+            Long("prefix") => a.prefix = p.value()?.string()?,
+            Long("start-ms") => a.start_ms = p.value()?.parse()?,
+            Short('h') | Long("help") => help(NAME, USAGE),
+            _ => return Err(arg.unexpected()),
         }
     }
-    a
+    if a.calls == 0 {
+        return Err("--calls must be > 0".into());
+    }
+    Ok(())
 }
 
 fn unix_ms() -> u64 {

@@ -23,6 +23,9 @@ use std::time::{Duration, Instant};
 use redis::aio::MultiplexedConnection;
 use seawall_test_redis::RedisServer as Server;
 
+#[path = "support/cli.rs"]
+mod cli;
+
 /// The scripts' text as the crate sends it.
 #[path = "../src/script_text.rs"]
 mod script_text;
@@ -155,17 +158,31 @@ fn slot_of(v: Option<&redis::Value>) -> String {
     }
 }
 
+const NAME: &str = "script_breakdown";
+const USAGE: &str = "[--calls N] [--url redis://127.0.0.1:6379]";
+
+fn parse(url: &mut Option<String>, n: &mut usize) -> Result<(), cli::Error> {
+    use cli::*;
+    let mut p = Parser::from_env();
+    while let Some(arg) = p.next()? {
+        match arg {
+            Long("url") => *url = Some(p.value()?.string()?),
+            Long("calls") => *n = p.value()?.parse()?,
+            Short('h') | Long("help") => help(NAME, USAGE),
+            _ => return Err(arg.unexpected()),
+        }
+    }
+    if *n == 0 {
+        return Err("--calls must be > 0".into());
+    }
+    Ok(())
+}
+
 fn main() {
     let mut url = std::env::var("SEAWALL_REDIS_URL").ok();
     let mut n = 20_000usize;
-    let mut it = std::env::args().skip(1);
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--url" => url = it.next(),
-            "--calls" => n = it.next().and_then(|v| v.parse().ok()).expect("--calls N"),
-            other => panic!("unknown argument {other}"),
-        }
-    }
+    let parsed = parse(&mut url, &mut n);
+    cli::or_usage(NAME, USAGE, parsed);
     let server = url.is_none().then(Server::start);
     let url = url.unwrap_or_else(|| server.as_ref().unwrap().url());
     let rt = tokio::runtime::Builder::new_multi_thread()
