@@ -48,19 +48,6 @@ fn builder_listening(name: &str) -> (PipelineBuilder, VirtualClock, Log) {
     (b.on_event(listener), clock, log)
 }
 
-fn reason<T: std::fmt::Debug, E: std::fmt::Debug>(
-    r: &Result<T, Error<E>>,
-) -> Option<RejectionReason> {
-    match r {
-        Err(Error::Rejected(rej)) => Some(rej.reason),
-        _ => None,
-    }
-}
-
-fn count(log: &Log, pred: impl Fn(&EventKind) -> bool) -> usize {
-    log.lock().unwrap().iter().filter(|e| pred(e)).count()
-}
-
 /// Sleeps `d` on the clock, then answers `r`.
 async fn after<T>(clock: &VirtualClock, d: Duration, r: T) -> T {
     Clock::sleep(clock, d).await;

@@ -32,7 +32,9 @@ use seawall::{
     Bulkhead, CircuitBreaker, Context, Error, EventKind, Jitter, Pipeline, RateLimiter,
     RejectionReason, Retry, Verdict,
 };
-use support::{exec, ms, recorder, rt, secs, unique, Boom, Flavor, FAR, FLAVORS};
+use support::{
+    clock_at, exec, ms, recorder, refusal, rt, secs, unique, Boom, Flavor, FAR, FLAVORS,
+};
 
 fn ok(_: Context) -> Result<u32, Boom> {
     Ok(1)
@@ -54,17 +56,6 @@ fn ignoring(e: &Boom) -> Verdict {
     } else {
         Verdict::failure()
     }
-}
-
-fn refusal(r: &Result<u32, Error<Boom>>) -> Option<(RejectionReason, Option<Duration>)> {
-    match r {
-        Err(Error::Rejected(r)) => Some((r.reason, r.retry_after)),
-        _ => None,
-    }
-}
-
-fn far_clock() -> VirtualClock {
-    VirtualClock::starting_at(FAR)
 }
 
 fn counts(m: &CircuitMetrics) -> (CircuitState, u64, u64, u64) {
@@ -97,7 +88,7 @@ mod circuit_breaker {
         for flavor in FLAVORS {
             let p = Pipeline::builder(unique("rate"))
                 .circuit_breaker(window_of_five())
-                .clock(far_clock())
+                .clock(clock_at(FAR))
                 .build()
                 .unwrap();
             for (i, op) in [ok, ok, boom, boom].into_iter().enumerate() {
@@ -130,7 +121,7 @@ mod circuit_breaker {
         for flavor in FLAVORS {
             let p = Pipeline::builder(unique("success-completes"))
                 .circuit_breaker(window_of_five())
-                .clock(far_clock())
+                .clock(clock_at(FAR))
                 .build()
                 .unwrap();
             for op in [boom, boom, boom, ok, ok] {
@@ -150,7 +141,7 @@ mod circuit_breaker {
         for flavor in FLAVORS {
             let p = Pipeline::builder(unique("minimum"))
                 .circuit_breaker(window_of_five())
-                .clock(far_clock())
+                .clock(clock_at(FAR))
                 .build()
                 .unwrap();
             for _ in 0..4 {
@@ -167,7 +158,7 @@ mod circuit_breaker {
     #[test]
     fn slow_calls_open_the_window_at_the_slow_call_rate_whatever_the_failures() {
         for flavor in FLAVORS {
-            let clock = far_clock();
+            let clock = clock_at(FAR);
             let p = Pipeline::builder(unique("slow"))
                 .circuit_breaker(window_of_five().slow_calls(0.5, secs(4)))
                 .clock(clock.clone())
@@ -202,7 +193,7 @@ mod circuit_breaker {
     #[test]
     fn a_time_window_forgets_the_calls_older_than_its_length() {
         for flavor in FLAVORS {
-            let clock = far_clock();
+            let clock = clock_at(FAR);
             let p = Pipeline::builder(unique("time-window"))
                 .circuit_breaker(
                     CircuitBreaker::failure_rate(0.5)
@@ -228,7 +219,7 @@ mod circuit_breaker {
     #[test]
     fn an_open_circuit_refuses_until_its_cooldown_ends_then_probes() {
         for flavor in FLAVORS {
-            let clock = far_clock();
+            let clock = clock_at(FAR);
             let p = Pipeline::builder(unique("cooldown"))
                 .circuit_breaker(window_of_five())
                 .clock(clock.clone())
@@ -253,7 +244,7 @@ mod circuit_breaker {
     #[test]
     fn a_growing_cooldown_lengthens_after_each_failed_probe() {
         for flavor in FLAVORS {
-            let clock = far_clock();
+            let clock = clock_at(FAR);
             let p = Pipeline::builder(unique("growing"))
                 .circuit_breaker(
                     CircuitBreaker::consecutive_failures(1)
@@ -298,7 +289,7 @@ mod circuit_breaker {
     #[test]
     fn an_isolated_circuit_refuses_past_any_cooldown_until_reset() {
         for flavor in FLAVORS {
-            let clock = far_clock();
+            let clock = clock_at(FAR);
             let p = Pipeline::builder(unique("isolated"))
                 .circuit_breaker(window_of_five())
                 .clock(clock.clone())
@@ -328,7 +319,7 @@ mod circuit_breaker {
     #[test]
     fn open_for_refuses_for_that_long_whatever_the_cooldown() {
         for flavor in FLAVORS {
-            let clock = far_clock();
+            let clock = clock_at(FAR);
             let p = Pipeline::builder(unique("open-for"))
                 .circuit_breaker(window_of_five())
                 .clock(clock.clone())
@@ -367,7 +358,7 @@ mod circuit_breaker {
 
     #[test]
     fn a_half_open_circuit_admits_exactly_the_configured_probes() {
-        let clock = far_clock();
+        let clock = clock_at(FAR);
         let p = Pipeline::builder(unique("probes"))
             .circuit_breaker(window_of_five())
             .classify(ignoring)
@@ -431,7 +422,7 @@ mod circuit_breaker {
     #[test]
     fn ignored_errors_in_half_open_count_for_nothing() {
         for flavor in FLAVORS {
-            let clock = far_clock();
+            let clock = clock_at(FAR);
             let p = Pipeline::builder(unique("ignored-probes"))
                 .circuit_breaker(window_of_five())
                 .classify(ignoring)
@@ -486,7 +477,7 @@ mod circuit_breaker {
         ];
         for flavor in FLAVORS {
             for (verdict, after) in verdicts {
-                let clock = far_clock();
+                let clock = clock_at(FAR);
                 let p = Pipeline::builder(unique("probe-verdicts"))
                     .circuit_breaker(CircuitBreaker::consecutive_failures(1).cooldown(secs(5)))
                     .classify(move |_: &Boom| verdict)
@@ -513,7 +504,7 @@ mod circuit_breaker {
     #[test]
     fn one_failed_probe_opens_the_circuit_again_at_once() {
         for flavor in FLAVORS {
-            let clock = far_clock();
+            let clock = clock_at(FAR);
             let p = Pipeline::builder(unique("failed-probe"))
                 .circuit_breaker(window_of_five())
                 .classify(ignoring)
@@ -538,7 +529,7 @@ mod circuit_breaker {
     #[test]
     fn a_slow_probe_opens_the_circuit_again() {
         for flavor in FLAVORS {
-            let clock = far_clock();
+            let clock = clock_at(FAR);
             let p = Pipeline::builder(unique("slow-probe"))
                 .circuit_breaker(window_of_five().slow_calls(0.5, secs(4)))
                 .clock(clock.clone())
@@ -561,7 +552,7 @@ mod circuit_breaker {
         for flavor in FLAVORS {
             let p = Pipeline::builder(unique("reset"))
                 .circuit_breaker(window_of_five())
-                .clock(far_clock())
+                .clock(clock_at(FAR))
                 .build()
                 .unwrap();
             let _ = exec(&p, flavor, ok);
@@ -586,7 +577,7 @@ mod circuit_breaker {
     #[test]
     fn a_disabled_circuit_admits_everything_and_records_nothing() {
         for flavor in FLAVORS {
-            let clock = far_clock();
+            let clock = clock_at(FAR);
             let p = Pipeline::builder(unique("disabled"))
                 .circuit_breaker(window_of_five())
                 .clock(clock.clone())
@@ -630,7 +621,7 @@ mod circuit_breaker {
     #[test]
     fn repeating_a_control_reports_one_transition() {
         let (log, listener) = recorder();
-        let clock = far_clock();
+        let clock = clock_at(FAR);
         let p = Pipeline::builder(unique("one-transition"))
             .circuit_breaker(window_of_five())
             .clock(clock.clone())
@@ -671,7 +662,7 @@ mod circuit_breaker {
     fn a_circuit_in_shadow_mode_opens_and_reports_but_admits_every_call() {
         for flavor in FLAVORS {
             for listening in [false, true] {
-                let clock = far_clock();
+                let clock = clock_at(FAR);
                 let (log, listener) = recorder();
                 let mut b = Pipeline::builder(unique("shadow"))
                     .circuit_breaker(window_of_five().shadow(true))
@@ -730,7 +721,7 @@ mod circuit_breaker {
     #[test]
     fn a_round_of_probes_older_than_its_limit_gives_way_to_a_new_round() {
         for listening in [false, true] {
-            let clock = far_clock();
+            let clock = clock_at(FAR);
             let (log, listener) = recorder();
             let mut b = Pipeline::builder(unique("max-half-open"))
                 .circuit_breaker(
@@ -857,7 +848,7 @@ mod rate_limiter {
     #[test]
     fn a_fixed_window_admits_its_limit_per_period_and_tells_the_wait() {
         for flavor in FLAVORS {
-            let clock = far_clock();
+            let clock = clock_at(FAR);
             let p = limited(RateLimiter::fixed_window(3, secs(1)), &clock);
             for _ in 0..3 {
                 assert_eq!(exec(&p, flavor, ok).unwrap(), 1);
@@ -888,7 +879,7 @@ mod rate_limiter {
     #[test]
     fn gcra_admits_its_burst_then_one_permit_per_interval() {
         for flavor in FLAVORS {
-            let clock = far_clock();
+            let clock = clock_at(FAR);
             let p = limited(RateLimiter::gcra(10, secs(1)), &clock);
             for _ in 0..10 {
                 assert_eq!(exec(&p, flavor, ok).unwrap(), 1);
@@ -912,7 +903,7 @@ mod rate_limiter {
     #[test]
     fn a_call_waits_for_the_next_permit_when_max_wait_allows() {
         for flavor in FLAVORS {
-            let clock = far_clock();
+            let clock = clock_at(FAR);
             let start = clock.now();
             let p = limited(
                 RateLimiter::fixed_window(1, secs(1)).max_wait(secs(1)),
@@ -939,7 +930,7 @@ mod rate_limiter {
     #[test]
     fn a_call_whose_wait_exceeds_max_wait_is_refused_at_once() {
         for flavor in FLAVORS {
-            let clock = far_clock();
+            let clock = clock_at(FAR);
             let p = limited(
                 RateLimiter::fixed_window(1, secs(1)).max_wait(ms(500)),
                 &clock,
@@ -960,7 +951,7 @@ mod rate_limiter {
 
     #[test]
     fn waiting_calls_reserve_their_permits_so_later_ones_are_refused_at_once() {
-        let clock = far_clock();
+        let clock = clock_at(FAR);
         let p = limited(
             RateLimiter::fixed_window(1, ms(250)).max_wait(ms(250)),
             &clock,
@@ -996,7 +987,7 @@ mod rate_limiter {
 
     #[test]
     fn a_waiting_call_dropped_gives_its_permit_back() {
-        let clock = far_clock();
+        let clock = clock_at(FAR);
         let p = limited(
             RateLimiter::fixed_window(1, secs(1)).max_wait(secs(1)),
             &clock,
@@ -1023,7 +1014,7 @@ mod rate_limiter {
     #[test]
     fn weighted_calls_take_all_their_permits_or_none() {
         for flavor in FLAVORS {
-            let clock = far_clock();
+            let clock = clock_at(FAR);
             let p = limited(RateLimiter::fixed_window(10, secs(1)), &clock);
             let weighted = |n: u32| match flavor {
                 Flavor::Sync => p.weighted(n).unwrap().call(ok),
@@ -1054,7 +1045,7 @@ mod rate_limiter {
     #[test]
     fn a_weighted_gcra_call_moves_the_rate_by_its_weight() {
         for flavor in FLAVORS {
-            let clock = far_clock();
+            let clock = clock_at(FAR);
             let p = limited(RateLimiter::gcra(10, secs(1)), &clock);
             let weighted = |n: u32| match flavor {
                 Flavor::Sync => p.weighted(n).unwrap().call(ok),
@@ -1085,7 +1076,7 @@ mod rate_limiter {
 
     #[test]
     fn a_weighted_call_waits_for_all_its_permits_within_max_wait() {
-        let clock = far_clock();
+        let clock = clock_at(FAR);
         let p = limited(RateLimiter::gcra(10, secs(1)).max_wait(ms(500)), &clock);
         let start = clock.now();
         assert_eq!(p.weighted(10).unwrap().call(ok).unwrap(), 1);
@@ -1109,7 +1100,7 @@ mod rate_limiter {
             RateLimiter::sliding_window(10, secs(1)).max_wait(secs(1)),
         ];
         for limiter in limiters {
-            let clock = far_clock();
+            let clock = clock_at(FAR);
             let p = limited(limiter.clone(), &clock);
             let start = clock.now();
             assert_eq!(p.weighted(10).unwrap().call(ok).unwrap(), 1);
@@ -1129,7 +1120,7 @@ mod rate_limiter {
 
     #[test]
     fn a_weighted_sliding_window_judges_the_entry_its_weight_reaches_back_to() {
-        let clock = far_clock();
+        let clock = clock_at(FAR);
         let p = limited(
             RateLimiter::sliding_window(10, secs(1)).max_wait(secs(1)),
             &clock,
@@ -1149,7 +1140,7 @@ mod rate_limiter {
     #[test]
     fn a_limiter_in_shadow_mode_reports_and_admits_without_spending() {
         for flavor in FLAVORS {
-            let clock = far_clock();
+            let clock = clock_at(FAR);
             let (log, listener) = recorder();
             let p = Pipeline::builder(unique("shadow-limiter"))
                 .rate_limiter(RateLimiter::fixed_window(2, secs(1)).shadow(true))
@@ -1173,7 +1164,7 @@ mod rate_limiter {
     #[test]
     fn a_call_refused_by_the_circuit_spends_no_permit() {
         for flavor in FLAVORS {
-            let clock = far_clock();
+            let clock = clock_at(FAR);
             let p = Pipeline::builder(unique("circuit-then-limit"))
                 .circuit_breaker(CircuitBreaker::consecutive_failures(1).cooldown(secs(5)))
                 .rate_limiter(RateLimiter::fixed_window(2, secs(100)))
@@ -1249,7 +1240,7 @@ mod bulkhead {
 
     #[test]
     fn a_bulkhead_admits_exactly_its_limit_and_refuses_the_next_at_once() {
-        let clock = far_clock();
+        let clock = clock_at(FAR);
         let p = Pipeline::builder(unique("bulkhead"))
             .bulkhead(Bulkhead::new(2))
             .clock(clock.clone())
@@ -1326,7 +1317,7 @@ mod bulkhead {
 
     #[test]
     fn a_queued_call_takes_the_slot_given_back_within_its_max_wait() {
-        let clock = far_clock();
+        let clock = clock_at(FAR);
         let p = Pipeline::builder(unique("queued"))
             .bulkhead(Bulkhead::new(1).queue(1, secs(1)))
             .clock(clock.clone())
@@ -1339,7 +1330,7 @@ mod bulkhead {
             [Ok(0), Ok(500), Err((RejectionReason::BulkheadFull, 20))]
         );
         // Sync calls never wait.
-        let clock = far_clock();
+        let clock = clock_at(FAR);
         let p = Pipeline::builder(unique("queued-sync"))
             .bulkhead(Bulkhead::new(1).queue(1, secs(1)))
             .clock(clock.clone())
@@ -1359,7 +1350,7 @@ mod bulkhead {
 
     #[test]
     fn a_queued_call_is_refused_when_its_max_wait_runs_out() {
-        let clock = far_clock();
+        let clock = clock_at(FAR);
         let p = Pipeline::builder(unique("queue-timeout"))
             .bulkhead(Bulkhead::new(1).queue(4, secs(1)))
             .clock(clock.clone())
@@ -1378,7 +1369,7 @@ mod bulkhead {
 
     #[test]
     fn a_bulkhead_in_shadow_mode_never_queues_nor_refuses() {
-        let clock = far_clock();
+        let clock = clock_at(FAR);
         let (log, listener) = recorder();
         let p = Pipeline::builder(unique("shadow-bulkhead"))
             .bulkhead(Bulkhead::new(1).queue(1, secs(1)).shadow(true))
@@ -1444,7 +1435,7 @@ mod retry {
     #[test]
     fn retry_gives_up_after_max_attempts_with_the_last_error() {
         for flavor in FLAVORS {
-            let clock = far_clock();
+            let clock = clock_at(FAR);
             let log = Arc::default();
             let p = Pipeline::builder(unique("attempts"))
                 .retry(Retry::constant(ms(500)).max_attempts(3))
@@ -1464,7 +1455,7 @@ mod retry {
     #[test]
     fn retry_returns_the_first_success() {
         for flavor in FLAVORS {
-            let clock = far_clock();
+            let clock = clock_at(FAR);
             let log = Arc::default();
             let p = Pipeline::builder(unique("second"))
                 .retry(Retry::constant(ms(500)).max_attempts(3))
@@ -1479,7 +1470,7 @@ mod retry {
     #[test]
     fn max_attempts_of_one_makes_one_attempt() {
         for flavor in FLAVORS {
-            let clock = far_clock();
+            let clock = clock_at(FAR);
             let log = Arc::default();
             let p = Pipeline::builder(unique("one"))
                 .retry(Retry::constant(ms(500)).max_attempts(1))
@@ -1506,7 +1497,7 @@ mod retry {
     #[test]
     fn exponential_backoff_multiplies_each_delay_up_to_its_cap() {
         for flavor in FLAVORS {
-            let clock = far_clock();
+            let clock = clock_at(FAR);
             let log = Arc::default();
             let p = Pipeline::builder(unique("exponential"))
                 .retry(
@@ -1529,7 +1520,7 @@ mod retry {
 
     #[test]
     fn linear_backoff_adds_the_base_each_time() {
-        let clock = far_clock();
+        let clock = clock_at(FAR);
         let log = Arc::default();
         let p = Pipeline::builder(unique("linear"))
             .retry(Retry::linear(ms(100)).max_attempts(4))
@@ -1543,7 +1534,7 @@ mod retry {
     #[test]
     fn proportional_jitter_keeps_each_delay_within_its_band() {
         for draw in [0.0, 0.5, 0.999_999] {
-            let clock = far_clock();
+            let clock = clock_at(FAR);
             let log = Arc::default();
             let p = Pipeline::builder(unique("jitter"))
                 .retry(
@@ -1566,7 +1557,7 @@ mod retry {
     fn aborted_and_ignored_errors_are_not_retried() {
         for flavor in FLAVORS {
             for verdict in [Verdict::abort(), Verdict::ignore(), Verdict::failure()] {
-                let clock = far_clock();
+                let clock = clock_at(FAR);
                 let log = Arc::default();
                 let p = Pipeline::builder(unique("not-retried"))
                     .retry(Retry::constant(ms(500)).max_attempts(3))
@@ -1586,7 +1577,7 @@ mod retry {
 
     #[test]
     fn a_retry_after_hint_longer_than_the_backoff_is_waited() {
-        let clock = far_clock();
+        let clock = clock_at(FAR);
         let log = Arc::default();
         let p = Pipeline::builder(unique("hint"))
             .retry(Retry::constant(ms(100)).max_attempts(2))
@@ -1604,7 +1595,7 @@ mod timeout {
 
     #[test]
     fn an_attempt_past_its_timeout_is_cut_at_the_deadline() {
-        let clock = far_clock();
+        let clock = clock_at(FAR);
         let p = Pipeline::builder(unique("timeout"))
             .timeout(secs(1))
             .clock(clock.clone())
@@ -1633,7 +1624,7 @@ mod timeout {
     #[test]
     fn a_late_sync_success_is_kept_and_reported_or_refused_when_strict() {
         for strict in [false, true] {
-            let clock = far_clock();
+            let clock = clock_at(FAR);
             let (log, listener) = recorder();
             let timeout = if strict {
                 seawall::Timeout::strict(secs(1))
@@ -1672,7 +1663,7 @@ mod timeout {
 
     #[test]
     fn each_attempt_has_its_own_timeout_after_the_retry() {
-        let clock = far_clock();
+        let clock = clock_at(FAR);
         let attempts = Arc::new(AtomicU32::new(0));
         let p = Pipeline::builder(unique("attempt-timeout"))
             .retry(Retry::constant(ms(100)).max_attempts(3))

@@ -23,34 +23,24 @@ use seawall::hedge::HedgeDelay;
 use seawall::store::MemoryStore;
 use seawall::testing::{SequenceRandom, VirtualClock};
 use seawall::*;
-use support::{ms, secs, Boom, Flavor, FAR, FLAVORS};
-
-type Events = Arc<Mutex<Vec<EventKind>>>;
+use support::{clock_at, count, ms, recorder, rt, secs, unique, Boom, Flavor, Log, FAR, FLAVORS};
 
 /// A builder on a fresh store and a virtual clock at [`FAR`], with a
 /// listener recording events when `listen`.
-fn builder(name: &str, listen: bool) -> (PipelineBuilder, VirtualClock, Events) {
-    let clock = VirtualClock::starting_at(FAR);
-    let events: Events = Arc::default();
-    let mut b = Pipeline::builder(support::unique(name))
+fn builder(name: &str, listen: bool) -> (PipelineBuilder, VirtualClock, Log) {
+    let clock = clock_at(FAR);
+    let mut b = Pipeline::builder(unique(name))
         .store(MemoryStore::new())
         .clock(clock.clone());
+    let (log, listener) = recorder();
     if listen {
-        let e = events.clone();
-        b = b.on_event(move |ev: &Event<'_>| e.lock().unwrap().push(ev.kind.clone()));
+        b = b.on_event(listener);
     }
-    (b, clock, events)
+    (b, clock, log)
 }
 
 fn block_on<F: std::future::Future>(f: F) -> F::Output {
-    tokio::runtime::Builder::new_current_thread()
-        .build()
-        .unwrap()
-        .block_on(f)
-}
-
-fn count<F: Fn(&EventKind) -> bool>(events: &Events, f: F) -> usize {
-    events.lock().unwrap().iter().filter(|e| f(e)).count()
+    rt().block_on(f)
 }
 
 mod hedging {
@@ -401,12 +391,12 @@ mod chaos {
         })
     }
 
-    fn chaos_builder(listen: bool, draw: f64) -> (PipelineBuilder, VirtualClock, Events) {
+    fn chaos_builder(listen: bool, draw: f64) -> (PipelineBuilder, VirtualClock, Log) {
         let (b, clock, events) = builder("chaos", listen);
         (b.random(SequenceRandom::new([draw])), clock, events)
     }
 
-    fn injected(events: &Events) -> Vec<ChaosKind> {
+    fn injected(events: &Log) -> Vec<ChaosKind> {
         events
             .lock()
             .unwrap()
@@ -1054,7 +1044,7 @@ mod retry {
     use super::*;
 
     /// The waits the retry made, from the events.
-    fn waits(events: &Events) -> Vec<Duration> {
+    fn waits(events: &Log) -> Vec<Duration> {
         events
             .lock()
             .unwrap()
@@ -1846,7 +1836,7 @@ mod chaos_from_files {
 mod chaos_composition {
     use super::*;
 
-    fn injected(events: &Events) -> Vec<ChaosKind> {
+    fn injected(events: &Log) -> Vec<ChaosKind> {
         events
             .lock()
             .unwrap()

@@ -10,7 +10,9 @@ use std::time::Duration;
 use seawall::clock::BoxSleep;
 use seawall::pipeline::{HandlesSync, Kind};
 use seawall::testing::VirtualClock;
-use seawall::{Clock, Context, Error, Event, EventKind, Pipeline, PipelineBuilder};
+use seawall::{
+    Clock, Context, Error, Event, EventKind, Pipeline, PipelineBuilder, RejectionReason,
+};
 
 pub fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -57,6 +59,24 @@ pub fn recorder() -> (Log, impl Fn(&Event<'_>) + Send + Sync + 'static) {
     (log, move |e: &Event<'_>| {
         l.lock().unwrap().push(e.kind.clone())
     })
+}
+
+/// How many recorded events `pred` picks.
+pub fn count(log: &Log, pred: impl Fn(&EventKind) -> bool) -> usize {
+    log.lock().unwrap().iter().filter(|e| pred(e)).count()
+}
+
+/// The reason and `retry_after` of a refusal; `None` for any other result.
+pub fn refusal<T, E>(r: &Result<T, Error<E>>) -> Option<(RejectionReason, Option<Duration>)> {
+    match r {
+        Err(Error::Rejected(rej)) => Some((rej.reason, rej.retry_after)),
+        _ => None,
+    }
+}
+
+/// The reason of a refusal; `None` for any other result.
+pub fn reason<T, E>(r: &Result<T, Error<E>>) -> Option<RejectionReason> {
+    refusal(r).map(|(reason, _)| reason)
 }
 
 /// Adds a listener that does nothing when `on`.
