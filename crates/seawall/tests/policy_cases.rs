@@ -104,16 +104,7 @@ mod adaptive_limit {
             assert_eq!(ran.load(Ordering::SeqCst), 0);
             assert_eq!(p.concurrency_limit().unwrap().in_flight, 0);
             if listening {
-                let refusals = count(&log, |e| {
-                    matches!(
-                        e,
-                        EventKind::Rejected {
-                            reason: RejectionReason::ConcurrencyLimited,
-                            ..
-                        }
-                    )
-                });
-                assert_eq!(refusals, 1);
+                assert_eq!(refusals(&log, RejectionReason::ConcurrencyLimited), 1);
             }
         }
     }
@@ -786,16 +777,7 @@ mod retry_budget {
                     Some(RejectionReason::RetryBudgetExhausted),
                     "{r:?}"
                 );
-                let refusals = count(&log, |e| {
-                    matches!(
-                        e,
-                        EventKind::Rejected {
-                            reason: RejectionReason::RetryBudgetExhausted,
-                            ..
-                        }
-                    )
-                });
-                assert_eq!(refusals, 1);
+                assert_eq!(refusals(&log, RejectionReason::RetryBudgetExhausted), 1);
             }
         }
     }
@@ -1856,15 +1838,7 @@ mod events {
                 results.push(exec(&p, flavor, |_| Ok::<_, Boom>(i)).is_ok());
             }
             assert_eq!(results, [true, false, true, false, false]);
-            let refused = count(&log, |e| {
-                matches!(
-                    e,
-                    EventKind::Rejected {
-                        reason: RejectionReason::RateLimited,
-                        ..
-                    }
-                )
-            });
+            let refused = refusals(&log, RejectionReason::RateLimited);
             let (_, outcomes) = tally(&log);
             assert_eq!((refused, outcomes.len()), (3, 5), "{flavor:?}");
             assert_eq!(
@@ -1889,15 +1863,7 @@ mod events {
         let (a, b2) = r.unwrap();
         assert_eq!(reason(&a), Some(RejectionReason::BulkheadFull));
         assert_eq!(reason(&b2), Some(RejectionReason::BulkheadFull));
-        let refused = count(&log, |e| {
-            matches!(
-                e,
-                EventKind::Rejected {
-                    reason: RejectionReason::BulkheadFull,
-                    ..
-                }
-            )
-        });
+        let refused = refusals(&log, RejectionReason::BulkheadFull);
         assert_eq!(refused, 2);
         assert_eq!(tally(&log).1.len(), 3);
     }

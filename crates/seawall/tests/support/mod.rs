@@ -66,6 +66,14 @@ pub fn count(log: &Log, pred: impl Fn(&EventKind) -> bool) -> usize {
     log.lock().unwrap().iter().filter(|e| pred(e)).count()
 }
 
+/// How many recorded refusals were for `reason`.
+pub fn refusals(log: &Log, reason: RejectionReason) -> usize {
+    count(
+        log,
+        |e| matches!(e, EventKind::Rejected { reason: r, .. } if *r == reason),
+    )
+}
+
 /// The reason and `retry_after` of a refusal; `None` for any other result.
 pub fn refusal<T, E>(r: &Result<T, Error<E>>) -> Option<(RejectionReason, Option<Duration>)> {
     match r {
