@@ -243,8 +243,11 @@ fn main() {
         return;
     }
     // A setting the store or the limiter refuses stops here, not in the
-    // four processes.
-    cli::or_usage(NAME, USAGE, pipeline(&a, &url).map(drop));
+    // four processes, once the server this run started is stopped.
+    if let Err(e) = pipeline(&a, &url) {
+        drop(own);
+        cli::or_usage(NAME, USAGE, Err(e))
+    }
     if !a.exact {
         local_cost(&url, &a.prefix);
     }
