@@ -220,7 +220,9 @@ fn bulkhead(c: &mut Criterion) {
 
 /// The success path of an adaptive concurrency limit: admit, sample,
 /// release. The peers: tower-resilience's adaptive limiter (AIMD) and a
-/// plain tokio `Semaphore` (a fixed limit, nothing measured).
+/// plain tokio `Semaphore` (a fixed limit, nothing measured); as a floor
+/// for a limit that measures latency, the semaphore with the two clock
+/// readings such a limit needs (`semaphore_timed_call`).
 fn adaptive(c: &mut Criterion) {
     for (algorithm, pipeline) in [
         (
@@ -233,11 +235,20 @@ fn adaptive(c: &mut Criterion) {
         sync_case(&mut g, "seawall", seawall_sync(pipeline()));
         let s = semaphore();
         sync_case(&mut g, "tokio Semaphore", move || semaphore_call(&s));
+        let (s, clock) = (semaphore(), quanta::Clock::new());
+        sync_case(&mut g, "tokio Semaphore + 2 clock readings", move || {
+            semaphore_timed_call(&s, &clock)
+        });
         g.finish();
 
         let mut g = c.benchmark_group(format!("adaptive limit, {algorithm} (async)"));
         async_case(&mut g, "seawall", SeawallAsync(pipeline()));
         async_case(&mut g, "tokio Semaphore", semaphore_async());
+        async_case(
+            &mut g,
+            "tokio Semaphore + 2 clock readings",
+            semaphore_timed_async(),
+        );
         async_case(
             &mut g,
             "tower-resilience (aimd)",

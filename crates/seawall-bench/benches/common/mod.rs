@@ -475,6 +475,21 @@ pub(crate) fn semaphore_call(s: &tokio::sync::Semaphore) -> bool {
     permit.is_ok() && op(black_box(1)) == Ok(1)
 }
 
+/// A semaphore round that also measures the call's latency, as any
+/// adaptive limit must: two readings of the time-stamp counter (`quanta`,
+/// the clock seawall's system clock reads) and their distance scaled to
+/// nanoseconds. The floor of a latency-measuring limit built on the same
+/// atomics; nothing else is done with the latency.
+pub(crate) fn semaphore_timed_call(s: &tokio::sync::Semaphore, clock: &quanta::Clock) -> bool {
+    let start = clock.raw();
+    let permit = s.try_acquire();
+    let ok = permit.is_ok() && op(black_box(1)) == Ok(1);
+    let end = clock.raw();
+    drop(permit);
+    black_box(clock.delta_as_nanos(start, end));
+    ok
+}
+
 /// One async bulkhead round on the semaphore: `acquire().await`, the
 /// operation, drop of the permit.
 pub(crate) fn semaphore_async() -> impl AsyncCase {
@@ -484,6 +499,24 @@ pub(crate) fn semaphore_async() -> impl AsyncCase {
         async move {
             let permit = s.acquire().await;
             permit.is_ok() && op(black_box(1)) == Ok(1)
+        }
+    })
+}
+
+/// [`semaphore_timed_call`] in async code: `acquire().await` between the
+/// two readings.
+pub(crate) fn semaphore_timed_async() -> impl AsyncCase {
+    let (s, clock) = (semaphore(), quanta::Clock::new());
+    Closure(move || {
+        let (s, clock) = (Arc::clone(&s), clock.clone());
+        async move {
+            let start = clock.raw();
+            let permit = s.acquire().await;
+            let ok = permit.is_ok() && op(black_box(1)) == Ok(1);
+            let end = clock.raw();
+            drop(permit);
+            black_box(clock.delta_as_nanos(start, end));
+            ok
         }
     })
 }
