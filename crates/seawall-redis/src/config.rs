@@ -274,17 +274,18 @@ impl RedisStoreBuilder {
     }
 
     /// How long the record of a silent success (see the [crate
-    /// documentation](crate#how-it-works)) made on the async path of a
-    /// multi-thread runtime may wait for the next admission of its resource
-    /// and partition through this store to carry it; past that it is sent
-    /// on its own. At most 1 s. Zero sends every such record on its own at
-    /// once (its answer not awaited): one more script call per call, and
-    /// a slot freed one round trip after its call ends.
+    /// documentation](crate#how-it-works)) made on the blocking path or
+    /// on the async path of a multi-thread runtime may wait for the next
+    /// admission of its resource and partition through this store to carry
+    /// it; past that it is sent on its own. At most 1 s. Zero sends every
+    /// such record on its own at once (on the async path, its answer not
+    /// awaited): one more script call per call, and a slot freed one round
+    /// trip after its call ends.
     ///
     /// Its bulkhead slot is freed on the server by the next admission of
     /// the partition or after this delay (plus the timer's resolution of
-    /// about 1 ms and the scheduling of the task that sends it), whichever
-    /// comes first.
+    /// about 1 ms and the scheduling of the task or thread that sends it),
+    /// whichever comes first.
     pub fn success_delay(mut self, delay: Duration) -> Self {
         self.success_delay = delay;
         self

@@ -40,7 +40,8 @@
 //!   restart or `SCRIPT FLUSH`). A failure, a probe, a slow call or an
 //!   outcome with a retry-after hint is recorded by a script call of its
 //!   own; a success that can change nothing the caller is told (see [The
-//!   success path](#the-success-path)) costs none on the async path. A
+//!   success path](#the-success-path)) costs none, blocking or on a
+//!   multi-thread runtime. A
 //!   cancelled attempt gives its permit back with one more script call, in
 //!   the background (on the blocking path when its runtime shuts down
 //!   before that call is sent: an attempt that panics inside `block_on` of
@@ -140,10 +141,11 @@
 //! that is not a half-open probe, not a slow call (for a breaker that
 //! judges slow calls) and carries no retry-after hint: it never moves the
 //! circuit nor opens a cooldown, so its answer tells the caller nothing.
-//! On the async path of a multi-thread tokio runtime (`Pipeline::run`),
-//! such a record is not sent on its own:
-//! - it waits in the store, and the **next async admission of the same
-//!   resource and partition** through the store carries it: that
+//! On the blocking path (`Pipeline::call`) and on the async path of a
+//! multi-thread tokio runtime (`Pipeline::run`), such a record is not sent
+//! on its own:
+//! - it waits in the store, and the **next admission of the same resource
+//!   and partition** through the store, blocking or async, carries it: that
 //!   admission's script first applies each success it carries (the rule of
 //!   `success.lua`, one Lua function shared by both scripts), then admits.
 //!   A resource's keys, and a partition's, share one hash tag, so on a
@@ -151,12 +153,15 @@
 //!   records of other resources or partitions are never carried;
 //! - a success that no admission carries within
 //!   [`success_delay`](RedisStoreBuilder::success_delay) (1 ms by default)
-//!   is sent on its own by a timer task (one script call, its answer not
-//!   awaited);
-//! - it is sent before anything of the store that must see it: any call on
-//!   the blocking path (`call`, the circuit's metrics and controls) sends
-//!   every success waiting first, a record that is not silent queues them
-//!   on the connection before itself. The slots in flight
+//!   is sent on its own by a timer: a task on the multi-thread runtime
+//!   that recorded it (one script call, its answer not awaited), or,
+//!   recorded outside one, the store's timer thread (started by the first
+//!   such success, parked while nothing waits, ended with the store; one
+//!   blocking script call);
+//! - it is sent before anything of the store that must see it: the
+//!   circuit's metrics and controls and a blocking record that is not
+//!   silent send every success waiting first; an async record that is not
+//!   silent queues them on the connection before itself. The slots in flight
 //!   (`Pipeline::in_flight`) do not count the slots of the successes
 //!   waiting in the store asked (their attempts have ended); another
 //!   store, or another process, counts them until they reach Redis.
@@ -166,12 +171,13 @@
 //! path (`carried::a_success_with_nothing_to_change_is_not_sent`).
 //!
 //! What holds:
-//! - **Cost**: an async call that succeeds at its first attempt costs one
-//!   script call (its admission), one round trip of latency; a success sent
-//!   on its own after its delay costs one more script call
-//!   (`carried::a_successful_attempt_costs_one_script_call`: at most 1.05
-//!   script calls per attempt, counted by `INFO commandstats`; the
-//!   `redis_bench` example measures it with the default delay). On the
+//! - **Cost**: a call that succeeds at its first attempt costs one script
+//!   call (its admission), one round trip of latency, blocking or async; a
+//!   success sent on its own after its delay costs one more script call
+//!   (`carried::a_successful_attempt_costs_one_script_call`, on both
+//!   paths: at most 1.05 script calls per attempt, counted by `INFO
+//!   commandstats`; the `redis_bench` example measures it with the default
+//!   delay). On the
 //!   server, that script call is Lua work: each `redis.call`, each
 //!   argument, each number converted and each Lua function the script
 //!   makes costs. An admission carrying successes reads the state hash
@@ -207,8 +213,14 @@
 //! - **Transitions made by another process** are seen at the next
 //!   admission, as before: an admission always reads the state on Redis
 //!   (the successes it carries only add this process's own outcomes).
-//! - **A store dropped** with successes waiting: its timer task keeps what
-//!   it needs and sends them after their delay. **A runtime shut down**
+//! - **A store dropped** with successes waiting: its timer keeps what it
+//!   needs and sends them after their delay; outside a multi-thread
+//!   runtime, a resource dropped (its last pipeline dropped) sends its
+//!   own at once, so that a blocking program that drops its pipelines
+//!   before it exits leaves no slot taken
+//!   (`carried::a_blocking_success_waiting_outlives_its_store`). A process
+//!   that exits without dropping them loses them as a crash would: the
+//!   slots come back when their leases end. **A runtime shut down**
 //!   with successes waiting: the timer task is dropped with its runtime,
 //!   and the slots of the successes waiting are given back on the blocking
 //!   path (the release script; the successes themselves are lost, which
@@ -231,14 +243,15 @@
 //!   compare every answer and the slots in flight with the reference
 //!   models.
 //!
-//! The blocking path (`Pipeline::call`) does not carry: a success would
-//! wait with no runtime to send it after its delay, so each record is a
-//! script call of its own, awaited (two round trips per attempt). A
-//! current-thread runtime awaits every record too: it may not run again
-//! before the next call. [`success_delay`](RedisStoreBuilder::success_delay)
-//! zero sends every silent success on its own at once, queued on the
-//! connection before the call returns and not awaited (one round trip of
-//! latency, two script calls per attempt).
+//! A current-thread runtime awaits every record (two round trips per
+//! attempt): the tasks that give back the slots of dropped attempts (a
+//! hedge's loser) run only when it runs again, and the awaited record is
+//! what lets them run before the call returns.
+//! [`success_delay`](RedisStoreBuilder::success_delay) zero sends every
+//! silent success on its own at once: on a multi-thread runtime queued on
+//! the connection before the call returns and not awaited (one round trip
+//! of latency, two script calls per attempt), on the blocking path awaited
+//! (two round trips).
 //!
 //! # Refusals answered locally
 //! A refusal whose end Redis gives, and which nothing but a manual control

@@ -4,7 +4,7 @@ use std::fmt;
 use std::fmt::Write as _;
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
@@ -384,8 +384,8 @@ fn background_runs() -> bool {
 /// admission or for their delay.
 const MAX_CARRIED: usize = 32;
 
-/// The record of a silent success (see [`Shared::record_is_silent`]) made
-/// on the async path and not yet sent: it waits in the store's [`Carrier`]
+/// The record of a silent success (see [`Shared::record_is_silent`]) not
+/// yet sent: it waits in the store's [`Carrier`]
 /// for the next admission of its resource and partition, or is sent on its
 /// own.
 struct Pending {
@@ -452,6 +452,17 @@ impl Batch {
         }
     }
 
+    /// Records carried by a command the caller awaits on the blocking
+    /// path: not counted as unawaited (the blocking path would wait for
+    /// its own command).
+    fn awaited(records: Vec<Pending>) -> Batch {
+        Batch {
+            records,
+            unawaited: None,
+            giving_back: false,
+        }
+    }
+
     fn answered(&mut self) {
         self.records.clear();
     }
@@ -499,26 +510,40 @@ impl Drop for Batch {
 }
 
 /// The silent successes of one store waiting for an admission to carry
-/// them. Each goes with the next async admission of its resource (the
-/// same binding) and partition through the store, or on its own once it
-/// has waited `delay` (a timer task on the runtime that recorded it), or
-/// before anything that must see it: any call on the blocking path, a
+/// them. Each goes with the next admission of its resource (the same
+/// binding) and partition through the store, async or blocking, or on its
+/// own once it has waited `delay`, or before anything that must see it: a
 /// record that may move the circuit, the circuit's metrics and controls,
-/// the slots in flight. While one waits, a timer task is armed; if that
-/// task is dropped (its runtime shuts down), the slots waiting are given
-/// back on the blocking path.
+/// the slots in flight. While one waits, a timer is armed: a task on a
+/// multi-thread runtime that recorded it, the store's timer thread
+/// otherwise (no runtime, or a current-thread one, which the caller may
+/// keep from running a task). If that task is dropped (its runtime shuts
+/// down), the slots waiting are given back on the blocking path.
 struct Carrier {
     delay: Duration,
     state: Mutex<CarrierState>,
     /// Records waiting (read without the lock).
     waiting: AtomicUsize,
+    /// The timer thread, started by the first record that arms the timer
+    /// outside a multi-thread runtime (`None`: it could not be started).
+    thread: OnceLock<Option<std::thread::Thread>>,
 }
 
 #[derive(Default)]
 struct CarrierState {
     records: Vec<Pending>,
-    /// A timer task runs (see [`Carrier::flush_when_due`]).
+    /// A timer runs: a task ([`Carrier::flush_when_due`]) or the thread
+    /// ([`carrier_thread`]).
     armed: bool,
+}
+
+impl Drop for Carrier {
+    /// Ends the timer thread (it holds the carrier weakly).
+    fn drop(&mut self) {
+        if let Some(Some(thread)) = self.thread.get() {
+            thread.unpark();
+        }
+    }
 }
 
 impl Carrier {
@@ -527,6 +552,7 @@ impl Carrier {
             delay,
             state: Mutex::new(CarrierState::default()),
             waiting: AtomicUsize::new(0),
+            thread: OnceLock::new(),
         }
     }
 
@@ -534,8 +560,7 @@ impl Carrier {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Keeps `p` until an admission carries it or its delay ends. Must run
-    /// inside a tokio runtime.
+    /// Keeps `p` until an admission carries it or its delay ends.
     fn push(self: &Arc<Self>, p: Pending) {
         let arm = {
             let mut st = self.lock();
@@ -543,10 +568,30 @@ impl Carrier {
             self.waiting.store(st.records.len(), Ordering::Release);
             !std::mem::replace(&mut st.armed, true)
         };
-        if arm {
+        if !arm {
+            return;
+        }
+        if background_runs() {
             // Spawned without the lock held: a runtime shutting down drops
             // the task at once, and its guard takes the lock.
             tokio::spawn(Carrier::flush_when_due(Armed(Some(Arc::clone(self)))));
+            return;
+        }
+        let thread = self.thread.get_or_init(|| {
+            let carrier = Arc::downgrade(self);
+            std::thread::Builder::new()
+                .name("seawall-redis-carrier".into())
+                .spawn(move || carrier_thread(&carrier))
+                .ok()
+                .map(|h| h.thread().clone())
+        });
+        match thread {
+            Some(thread) => thread.unpark(),
+            // No thread: sent now, each on its own.
+            None => {
+                self.lock().armed = false;
+                self.flush_sync();
+            }
         }
     }
 
@@ -581,6 +626,20 @@ impl Carrier {
             .filter(|p| Arc::ptr_eq(&p.shared, shared) && p.partition.as_ref() == partition)
             .filter_map(|p| p.permit.slot)
             .collect()
+    }
+
+    /// The records of `shared` waiting, of every partition.
+    fn take_of(&self, shared: &Arc<Shared>) -> Vec<Pending> {
+        if self.waiting.load(Ordering::Acquire) == 0 {
+            return Vec::new();
+        }
+        let mut st = self.lock();
+        let (taken, kept) = std::mem::take(&mut st.records)
+            .into_iter()
+            .partition(|p| Arc::ptr_eq(&p.shared, shared));
+        st.records = kept;
+        self.waiting.store(st.records.len(), Ordering::Release);
+        taken
     }
 
     /// Every record waiting.
@@ -632,17 +691,10 @@ impl Carrier {
     }
 
     /// Sends every record waiting on the blocking path, before a call there
-    /// (which must see them). A record that fails has its slot given back.
+    /// that must see them.
     fn flush_sync(&self) {
         for p in self.take_all() {
-            let inv = p.invocation();
-            if p.shared
-                .link
-                .invoke_sync_unordered::<Vec<i64>>(&inv)
-                .is_err()
-            {
-                p.give_back_sync();
-            }
+            send_sync(p);
         }
     }
 
@@ -672,6 +724,39 @@ impl Drop for Armed {
         for p in records {
             p.give_back_sync();
         }
+    }
+}
+
+/// The timer thread of a [`Carrier`]: sends each record on its own once its
+/// delay ends, on the blocking path; parked while nothing waits; ends with
+/// the carrier.
+fn carrier_thread(carrier: &Weak<Carrier>) {
+    let mut next: Option<Instant> = None;
+    loop {
+        match next {
+            Some(at) => std::thread::park_timeout(at.saturating_duration_since(Instant::now())),
+            None => std::thread::park(),
+        }
+        let Some(c) = carrier.upgrade() else { return };
+        let (due, later) = c.take_due(Instant::now());
+        next = later;
+        drop(c);
+        for p in due {
+            send_sync(p);
+        }
+    }
+}
+
+/// Sends a record on its own on the blocking path, its answer awaited. A
+/// record that fails has its slot given back.
+fn send_sync(p: Pending) {
+    let inv = p.invocation();
+    if p.shared
+        .link
+        .invoke_sync_unordered::<Vec<i64>>(&inv)
+        .is_err()
+    {
+        p.give_back_sync();
     }
 }
 
@@ -1427,13 +1512,28 @@ impl Shared {
             && matches!(record.outcome, Outcome::Success | Outcome::Ignored)
     }
 
-    /// The successes waiting that an async admission of `partition` carries
-    /// (none while Redis is skipped: they wait for their delay).
+    /// `record` waits in the carrier for an admission to carry it: a silent
+    /// success, with a delay to wait, while Redis answers.
+    fn waits_to_be_carried(&self, record: &Record<'_>) -> bool {
+        !self.carrier.delay.is_zero() && self.record_is_silent(record) && self.link.is_available()
+    }
+
+    /// The successes waiting that an async admission of `partition`
+    /// carries (none while Redis is skipped: they wait for their delay).
     fn carried(&self, me: &Arc<Shared>, partition: Option<&PartitionKey>) -> Batch {
+        Batch::new(self.to_carry(me, partition))
+    }
+
+    /// [`carried`](Self::carried) by a blocking admission.
+    fn carried_sync(&self, me: &Arc<Shared>, partition: Option<&PartitionKey>) -> Batch {
+        Batch::awaited(self.to_carry(me, partition))
+    }
+
+    fn to_carry(&self, me: &Arc<Shared>, partition: Option<&PartitionKey>) -> Vec<Pending> {
         if !self.link.is_available() {
-            return Batch::new(Vec::new());
+            return Vec::new();
         }
-        Batch::new(self.carrier.take(me, partition))
+        self.carrier.take(me, partition)
     }
 
     fn in_flight_invocation(&self, partition: Option<&PartitionKey>, now: Duration) -> Invocation {
@@ -1583,6 +1683,23 @@ impl Shared {
     }
 }
 
+impl Drop for RedisResource {
+    /// Outside a multi-thread runtime, the resource's successes still
+    /// waiting are sent now, on the blocking path: a process that drops
+    /// its pipelines and exits right after loses none of them, nor leaves
+    /// their slots taken until their leases end. (On a multi-thread
+    /// runtime the timer task sends them after their delay, or gives their
+    /// slots back when the runtime shuts down.)
+    fn drop(&mut self) {
+        if background_runs() {
+            return;
+        }
+        for p in self.shared.carrier.take_of(&self.shared) {
+            send_sync(p);
+        }
+    }
+}
+
 impl ResourceState for RedisResource {
     /// One round trip, or none while a refusal Redis gave with a known end
     /// still holds (see the crate documentation).
@@ -1591,16 +1708,22 @@ impl ResourceState for RedisResource {
         if let Some(refused) = s.replayed(request, Reserve::default()) {
             return Ok(refused);
         }
-        s.carrier.flush_sync();
-        let inv = s.admit_invocation(request, &[]);
+        let mut carried = s.carried_sync(&self.shared, request.partition);
+        let inv = s.admit_invocation(request, &carried.records);
         let hold = |r: Restart| s.restart_hold(r, request.now);
         let sent = s.sending(request);
         match s.link.admit_sync::<Vec<i64>>(&inv, &hold) {
             Ok(reply) => {
+                carried.answered();
                 s.learn(request, sent, &reply);
                 s.admission(&reply, request.now, s.pre_shadowed(request))
             }
-            Err(e) => s.admit_degraded(request, e),
+            Err(e) => {
+                // The carried records may not have run: their slots are
+                // given back.
+                drop(carried);
+                s.admit_degraded(request, e)
+            }
         }
     }
 
@@ -1633,12 +1756,23 @@ impl ResourceState for RedisResource {
         })
     }
 
+    /// A success that cannot change anything the caller is told (not a
+    /// probe, not slow, no retry-after hint) costs no round trip of its
+    /// own: it waits in the store until the next admission of its
+    /// partition carries it, or for
+    /// [`success_delay`](crate::RedisStoreBuilder::success_delay), then is
+    /// sent on its own (see the crate documentation). Any other record is
+    /// one round trip, after the successes waiting were sent.
     fn record(&self, record: &Record<'_>) -> Result<Recorded, StoreError> {
         let s = &*self.shared;
         if record.permit.local {
             return s.record_local(record);
         }
         if s.record_is_void(record) {
+            return Ok(Recorded::default());
+        }
+        if s.waits_to_be_carried(record) {
+            s.carrier.push(self.shared.pending(record));
             return Ok(Recorded::default());
         }
         s.carrier.flush_sync();
@@ -1651,15 +1785,15 @@ impl ResourceState for RedisResource {
         }
     }
 
-    /// On a multi-thread runtime, a success that cannot change anything
-    /// the caller is told (not a probe, not slow, no retry-after hint)
-    /// costs no round trip of its own: it waits in the store until the next
-    /// admission of its partition carries it, or for
-    /// [`success_delay`](crate::RedisStoreBuilder::success_delay), then is
-    /// sent on its own (see the crate documentation). Any other record is
+    /// On a multi-thread runtime, as [`record`](ResourceState::record): a
+    /// success that cannot change anything the caller is told waits to be
+    /// carried (with a `success_delay` of zero, it is queued on the
+    /// connection on its own, its answer not awaited). Any other record is
     /// one round trip, after the successes waiting were queued on the
-    /// connection. (A current-thread runtime may not run again before the
-    /// next call, so there every record is awaited.)
+    /// connection. On a current-thread runtime every record is awaited:
+    /// the tasks that give back the slots of attempts dropped (a hedge's
+    /// loser) run only when the runtime runs again, and an awaited record
+    /// is what lets them run before the call returns.
     fn record_async<'a>(&'a self, record: Record<'a>) -> StoreFuture<'a, Recorded> {
         if record.permit.local || tokio::runtime::Handle::try_current().is_err() {
             return StoreFuture::ready(self.record(&record));
@@ -1730,16 +1864,20 @@ impl ResourceState for RedisResource {
         if let Some(refused) = s.replayed(request, reserve) {
             return Ok((refused, None));
         }
-        s.carrier.flush_sync();
-        let inv = s.admit_reserving_invocation(request, reserve, &[]);
+        let mut carried = s.carried_sync(&self.shared, request.partition);
+        let inv = s.admit_reserving_invocation(request, reserve, &carried.records);
         let hold = |r: Restart| s.restart_hold(r, request.now);
         let sent = s.sending(request);
         match s.link.admit_sync::<Vec<i64>>(&inv, &hold) {
             Ok(reply) => {
+                carried.answered();
                 s.learn(request, sent, &reply);
                 s.admission_reserving(&reply, request.now, request.weight, s.pre_shadowed(request))
             }
-            Err(e) => s.admit_degraded(request, e).map(|a| (a, None)),
+            Err(e) => {
+                drop(carried);
+                s.admit_degraded(request, e).map(|a| (a, None))
+            }
         }
     }
 

@@ -1,6 +1,6 @@
-//! A silent success (not a probe, not slow, no retry-after hint) made on
-//! the async path costs no script call of its own: it is carried by the
-//! next admission of its partition, or sent on its own after the store's
+//! A silent success (not a probe, not slow, no retry-after hint) costs no
+//! script call of its own, async or blocking: it is carried by the next
+//! admission of its partition, or sent on its own after the store's
 //! `success_delay`. Counted by the server (`INFO commandstats`); the bound
 //! on a slot's release checked from another store (connections of its
 //! own), with bounded polls and no timing assertion.
@@ -44,54 +44,90 @@ fn pipeline(store: RedisStore, name: &str, slots: u32) -> Pipeline {
         .unwrap()
 }
 
-/// N async calls through a bulkhead and a count-window breaker cost N
-/// admissions and at most 5 % more script calls: each success is carried
-/// by the next call's admission (the last one, sent on its own after the
-/// delay, is counted too). The breaker counted every success once.
+/// How a test drives its calls.
+#[derive(Debug, Clone, Copy)]
+enum Path {
+    /// `Pipeline::run` on a multi-thread runtime.
+    MultiThread,
+    /// `Pipeline::call`, no runtime.
+    Blocking,
+}
+
+/// The runtime of `path` (none for the blocking path).
+fn runtime(path: Path) -> Option<tokio::runtime::Runtime> {
+    match path {
+        Path::MultiThread => Some(rt()),
+        Path::Blocking => None,
+    }
+}
+
+/// `n` successful calls of `p`, async on `rt`, blocking without one.
+fn succeed(p: &Pipeline, rt: Option<&tokio::runtime::Runtime>, n: u64) {
+    match rt {
+        Some(rt) => {
+            let p = p.clone();
+            rt.block_on(async move {
+                for _ in 0..n {
+                    p.run(|_| async { Ok::<_, std::io::Error>(()) })
+                        .await
+                        .unwrap();
+                }
+            });
+        }
+        None => {
+            for _ in 0..n {
+                p.call(|_| Ok::<_, std::io::Error>(())).unwrap();
+            }
+        }
+    }
+}
+
+/// N calls through a bulkhead and a count-window breaker cost N
+/// admissions and at most 5 % more script calls, async and blocking: each success is carried by the next call's admission (the
+/// last one, sent on its own after the delay, is counted too). The breaker
+/// counted every success once.
 #[test]
 fn a_successful_attempt_costs_one_script_call() {
     const N: u64 = 200;
     let server = RedisServer::start();
-    let store = RedisStore::builder(server.url())
-        .prefix(unique("carried"))
-        .success_delay(Duration::from_secs(1))
-        .fail_closed()
-        .build()
-        .unwrap();
-    let p = pipeline(store.clone(), "counted", 1);
     let mut conn = server.conn();
-    let rt = rt();
-    // Connect (and identify the server) first.
-    rt.block_on(store.ping_async()).unwrap();
-    reset_stats(&mut conn);
-    let pc = p.clone();
-    rt.block_on(async move {
-        for _ in 0..N {
-            // One slot: each call is admitted only if the success before
-            // it reached Redis first.
-            pc.run(|_| async { Ok::<_, std::io::Error>(()) })
-                .await
-                .unwrap();
-        }
-    });
-    // The last success is sent on its own once its delay ends.
-    let mut stats = command_calls(&mut conn);
-    assert!(
-        eventually(|| {
-            stats = command_calls(&mut conn);
-            script_calls(&stats) > N
-        }),
-        "{stats:?}"
-    );
-    let calls = script_calls(&stats);
-    assert!(
-        calls * 100 <= N * 105,
-        "{calls} script calls for {N} attempts: {stats:?}"
-    );
-    // The breaker saw every success, once.
-    let metrics = p.circuit_metrics().unwrap();
-    assert_eq!(metrics.calls, N, "{metrics:?}");
-    assert_eq!(p.in_flight().unwrap(), 0);
+    for path in [Path::MultiThread, Path::Blocking] {
+        let store = RedisStore::builder(server.url())
+            .prefix(unique("carried"))
+            .success_delay(Duration::from_millis(300))
+            .fail_closed()
+            .build()
+            .unwrap();
+        let p = pipeline(store.clone(), "counted", 1);
+        // Connect (and identify the server) first.
+        store.ping().unwrap();
+        rt().block_on(store.ping_async()).unwrap();
+        reset_stats(&mut conn);
+        // Kept until the end: a runtime shut down gives the slots of the
+        // successes waiting back without them.
+        let rt = runtime(path);
+        // One slot: each call is admitted only if the success before it
+        // reached Redis first.
+        succeed(&p, rt.as_ref(), N);
+        // The last success is sent on its own once its delay ends.
+        let mut stats = command_calls(&mut conn);
+        assert!(
+            eventually(|| {
+                stats = command_calls(&mut conn);
+                script_calls(&stats) > N
+            }),
+            "{path:?}: {stats:?}"
+        );
+        let calls = script_calls(&stats);
+        assert!(
+            calls * 100 <= N * 105,
+            "{path:?}: {calls} script calls for {N} attempts: {stats:?}"
+        );
+        // The breaker saw every success, once.
+        let metrics = p.circuit_metrics().unwrap();
+        assert_eq!(metrics.calls, N, "{path:?}: {metrics:?}");
+        assert_eq!(p.in_flight().unwrap(), 0, "{path:?}");
+    }
 }
 
 /// A success that no admission carries is sent on its own after the
@@ -115,21 +151,49 @@ fn a_slot_freed_by_a_waiting_success_is_seen_free_within_the_delay() {
         .into_iter()
         .enumerate()
     {
-        let name = format!("bound-{i}");
-        let a = pipeline(store(delay), &name, 1);
-        let b = pipeline(store(delay), &name, 1);
-        let rt = rt();
-        rt.block_on(a.run(|_| async { Ok::<_, std::io::Error>(()) }))
-            .unwrap();
-        assert!(
-            eventually(|| b.in_flight().unwrap() == 0),
-            "the slot is freed without another admission"
-        );
-        b.call(|_| Ok::<_, std::io::Error>(())).unwrap();
-        // The runtime outlives the calls above (a runtime shut down gives
-        // the slot back too, on the blocking path).
-        drop(rt);
+        for path in [Path::MultiThread, Path::Blocking] {
+            let name = format!("bound-{i}-{path:?}");
+            let a = pipeline(store(delay), &name, 1);
+            let b = pipeline(store(delay), &name, 1);
+            let rt = runtime(path);
+            succeed(&a, rt.as_ref(), 1);
+            assert!(
+                eventually(|| b.in_flight().unwrap() == 0),
+                "{path:?}: the slot is freed without another admission"
+            );
+            b.call(|_| Ok::<_, std::io::Error>(())).unwrap();
+            // The runtime outlives the calls above (a runtime shut down
+            // gives the slot back too, on the blocking path).
+            drop(rt);
+        }
     }
+}
+
+/// A blocking caller's store dropped with a success waiting, no runtime
+/// anywhere: the store's timer thread still sends it after its delay, and
+/// another store sees the slot free; the breaker counted it.
+#[test]
+fn a_blocking_success_waiting_outlives_its_store() {
+    let server = RedisServer::start();
+    let prefix = unique("carried-blocking-drop");
+    let build = || {
+        RedisStore::builder(server.url())
+            .prefix(&prefix)
+            .success_delay(Duration::from_secs(1))
+            .fail_closed()
+            .build()
+            .unwrap()
+    };
+    let observer = pipeline(build(), "dropped", 1);
+    {
+        let a = pipeline(build(), "dropped", 1);
+        a.call(|_| Ok::<_, std::io::Error>(())).unwrap();
+        // Refused: the success waits, its slot still taken on the server.
+        assert!(observer.call(|_| Ok::<_, std::io::Error>(())).is_err());
+    }
+    assert!(eventually(|| observer.in_flight().unwrap() == 0));
+    assert_eq!(observer.circuit_metrics().unwrap().calls, 1);
+    observer.call(|_| Ok::<_, std::io::Error>(())).unwrap();
 }
 
 /// A store dropped with a success waiting, and its runtime shut down right

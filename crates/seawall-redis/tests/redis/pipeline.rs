@@ -372,6 +372,8 @@ fn slot_ids_with_trailing_zeros_are_given_back() {
     let store = RedisStore::builder(server.url())
         .prefix(&prefix)
         .time_source(seawall_redis::TimeSource::Caller)
+        // Each success sent at once, so that the server shows its effect.
+        .success_delay(Duration::ZERO)
         .fail_closed()
         .build()
         .unwrap();
