@@ -647,7 +647,7 @@ fn main() {
         ratio(&call_lat, ping_sync_p50)
     );
     println!(
-        "script calls per successful attempt (target <= 1.05): async run {run_trips:.3}, success_delay(0) {alone_trips:.3}, 4 processes {multi_trips:.3}"
+        "script calls per successful attempt (target <= 1.05): async run {run_trips:.3}, sync call {call_trips:.3}, success_delay(0) {alone_trips:.3}, current-thread {current_trips:.3}, 4 processes {multi_trips:.3}"
     );
     println!(
         "async single-process throughput: {:.0} calls/s one after another, {:.0} calls/s from {TASKS} tasks at once",

@@ -274,8 +274,7 @@ impl RedisStoreBuilder {
     }
 
     /// How long the record of a silent success (see the [crate
-    /// documentation](crate#how-it-works)) made on the blocking path or
-    /// on the async path of a multi-thread runtime may wait for the next
+    /// documentation](crate#how-it-works)) may wait for the next
     /// admission of its resource and partition through this store to carry
     /// it; past that it is sent on its own. At most 1 s. Zero sends every
     /// such record on its own at once (on the async path, its answer not

@@ -40,10 +40,11 @@
 //!   restart or `SCRIPT FLUSH`). A failure, a probe, a slow call or an
 //!   outcome with a retry-after hint is recorded by a script call of its
 //!   own; a success that can change nothing the caller is told (see [The
-//!   success path](#the-success-path)) costs none, blocking or on a
-//!   multi-thread runtime. A
+//!   success path](#the-success-path)) costs none. A
 //!   cancelled attempt gives its permit back with one more script call, in
-//!   the background (on the blocking path when its runtime shuts down
+//!   the background on a multi-thread runtime (elsewhere its slot waits to
+//!   be carried, as an ignored outcome: see [The success
+//!   path](#the-success-path)) (on the blocking path when its runtime shuts down
 //!   before that call is sent: an attempt that panics inside `block_on` of
 //!   a runtime dropped at once,
 //!   `carried::a_panicked_attempt_frees_its_slot_when_its_runtime_shuts_down`).
@@ -141,9 +142,8 @@
 //! that is not a half-open probe, not a slow call (for a breaker that
 //! judges slow calls) and carries no retry-after hint: it never moves the
 //! circuit nor opens a cooldown, so its answer tells the caller nothing.
-//! On the blocking path (`Pipeline::call`) and on the async path of a
-//! multi-thread tokio runtime (`Pipeline::run`), such a record is not sent
-//! on its own:
+//! On every path (`Pipeline::call`, `Pipeline::run` on a multi-thread or a
+//! current-thread runtime), such a record is not sent on its own:
 //! - it waits in the store, and the **next admission of the same resource
 //!   and partition** through the store, blocking or async, carries it: that
 //!   admission's script first applies each success it carries (the rule of
@@ -157,7 +157,9 @@
 //!   that recorded it (one script call, its answer not awaited), or,
 //!   recorded outside one, the store's timer thread (started by the first
 //!   such success, parked while nothing waits, ended with the store; one
-//!   blocking script call);
+//!   blocking script call, which the next admission, blocking or async,
+//!   waits for rather than overtake it:
+//!   `carried::an_admission_never_overtakes_a_success_the_timer_thread_sends`);
 //! - it is sent before anything of the store that must see it: the
 //!   circuit's metrics and controls and a blocking record that is not
 //!   silent send every success waiting first; an async record that is not
@@ -243,15 +245,18 @@
 //!   compare every answer and the slots in flight with the reference
 //!   models.
 //!
-//! A current-thread runtime awaits every record (two round trips per
-//! attempt): the tasks that give back the slots of dropped attempts (a
-//! hedge's loser) run only when it runs again, and the awaited record is
-//! what lets them run before the call returns.
+//! Outside a multi-thread runtime (blocking, or on a current-thread
+//! runtime, which runs a spawned task only when its caller lets it), the
+//! slot of an attempt given back without an outcome (a hedge's loser, a
+//! cancelled call; not a probe) waits in the store the same way, as an
+//! ignored outcome (its slot freed, nothing recorded): the next admission
+//! of its partition frees it in the same script, or the timer thread after
+//! the delay. The slots in flight read through the store do not count it.
 //! [`success_delay`](RedisStoreBuilder::success_delay) zero sends every
 //! silent success on its own at once: on a multi-thread runtime queued on
 //! the connection before the call returns and not awaited (one round trip
-//! of latency, two script calls per attempt), on the blocking path awaited
-//! (two round trips).
+//! of latency, two script calls per attempt), elsewhere awaited (two round
+//! trips).
 //!
 //! # Refusals answered locally
 //! A refusal whose end Redis gives, and which nothing but a manual control

@@ -238,7 +238,7 @@ fn escape(out: &mut String, s: &str) {
 }
 
 /// The seven keys of one resource (and partition).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Keys(pub(crate) [String; 7]);
 
 impl Keys {

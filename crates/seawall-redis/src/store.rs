@@ -4,7 +4,7 @@ use std::fmt;
 use std::fmt::Write as _;
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError, Weak};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
@@ -527,6 +527,11 @@ struct Carrier {
     /// The timer thread, started by the first record that arms the timer
     /// outside a multi-thread runtime (`None`: it could not be started).
     thread: OnceLock<Option<std::thread::Thread>>,
+    /// Records the timer thread took and has not had answered: sent on a
+    /// blocking connection, an async admission could overtake them (see
+    /// [`Carrier::wait_for_thread`]).
+    on_thread: AtomicUsize,
+    landed: (Mutex<()>, Condvar),
 }
 
 #[derive(Default)]
@@ -553,6 +558,8 @@ impl Carrier {
             state: Mutex::new(CarrierState::default()),
             waiting: AtomicUsize::new(0),
             thread: OnceLock::new(),
+            on_thread: AtomicUsize::new(0),
+            landed: (Mutex::new(()), Condvar::new()),
         }
     }
 
@@ -595,7 +602,9 @@ impl Carrier {
         }
     }
 
-    /// The records an admission of `shared`'s `partition` carries.
+    /// The records an admission of `shared`'s `partition` carries: its
+    /// own, and those of any binding of the same state and spec (the same
+    /// name and spec through this store: one state, the same records).
     fn take(&self, shared: &Arc<Shared>, partition: Option<&PartitionKey>) -> Vec<Pending> {
         if self.waiting.load(Ordering::Acquire) == 0 {
             return Vec::new();
@@ -605,7 +614,7 @@ impl Carrier {
         let mut i = 0;
         while i < st.records.len() && taken.len() < MAX_CARRIED {
             let p = &st.records[i];
-            if Arc::ptr_eq(&p.shared, shared) && p.partition.as_ref() == partition {
+            if p.partition.as_ref() == partition && p.shared.same_state(shared) {
                 taken.push(st.records.remove(i));
             } else {
                 i += 1;
@@ -615,7 +624,9 @@ impl Carrier {
         taken
     }
 
-    /// The bulkhead slots of the records of `shared`'s `partition` waiting.
+    /// The bulkhead slots waiting of `shared`'s `partition`: those of its
+    /// records and of the records of every binding of the same state (the
+    /// same name, through this store).
     fn slots(&self, shared: &Arc<Shared>, partition: Option<&PartitionKey>) -> Vec<u64> {
         if self.waiting.load(Ordering::Acquire) == 0 {
             return Vec::new();
@@ -623,7 +634,7 @@ impl Carrier {
         self.lock()
             .records
             .iter()
-            .filter(|p| Arc::ptr_eq(&p.shared, shared) && p.partition.as_ref() == partition)
+            .filter(|p| p.partition.as_ref() == partition && p.shared.keys == shared.keys)
             .filter_map(|p| p.permit.slot)
             .collect()
     }
@@ -652,14 +663,22 @@ impl Carrier {
         std::mem::take(&mut st.records)
     }
 
-    /// The records whose delay has ended at `now`, and when the next one's
-    /// ends (`None`: nothing waits, the timer is disarmed).
-    fn take_due(&self, now: Instant) -> (Vec<Pending>, Option<Instant>) {
+    /// The records whose delay has ended at `now`, each a batch of its own,
+    /// and when the next one's ends (`None`: nothing waits, the timer is
+    /// disarmed). Each is counted as unawaited before the lock is let go:
+    /// the blocking path, which no longer finds it waiting, waits for it.
+    /// `by_thread`: for the timer thread, which counts them in
+    /// `on_thread` too.
+    fn take_due(&self, now: Instant, by_thread: bool) -> (Vec<Batch>, Option<Instant>) {
         let mut st = self.lock();
         let (due, kept): (Vec<Pending>, Vec<Pending>) = std::mem::take(&mut st.records)
             .into_iter()
             .partition(|p| p.since + self.delay <= now);
         st.records = kept;
+        if by_thread {
+            self.on_thread.fetch_add(due.len(), Ordering::AcqRel);
+        }
+        let due = due.into_iter().map(|p| Batch::new(vec![p])).collect();
         self.waiting.store(st.records.len(), Ordering::Release);
         let next = st.records.iter().map(|p| p.since + self.delay).min();
         if next.is_none() {
@@ -676,9 +695,9 @@ impl Carrier {
             return;
         };
         loop {
-            let (due, next) = carrier.take_due(Instant::now());
-            for p in due {
-                send_alone(p);
+            let (due, next) = carrier.take_due(Instant::now(), false);
+            for batch in due {
+                send_alone(batch);
             }
             match next {
                 Some(at) => tokio::time::sleep_until(at.into()).await,
@@ -687,6 +706,38 @@ impl Carrier {
                     return;
                 }
             }
+        }
+    }
+
+    /// A record the timer thread took was answered (or given back).
+    fn landed_one(&self) {
+        if self.on_thread.fetch_sub(1, Ordering::AcqRel) == 1 {
+            let _g = self.landed.0.lock().unwrap_or_else(PoisonError::into_inner);
+            self.landed.1.notify_all();
+        }
+    }
+
+    /// Waits (at most `bound`) until the records the timer thread took are
+    /// answered: an async admission must not overtake them on its own
+    /// connection (the blocking path waits for them as for every
+    /// unawaited record). Returns at once when it sends none.
+    fn wait_for_thread(&self, bound: Duration) {
+        if self.on_thread.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let deadline = Instant::now().checked_add(bound);
+        let mut g = self.landed.0.lock().unwrap_or_else(PoisonError::into_inner);
+        while self.on_thread.load(Ordering::Acquire) > 0 {
+            let left = deadline.map_or(bound, |d| d.saturating_duration_since(Instant::now()));
+            if left.is_zero() {
+                return;
+            }
+            g = self
+                .landed
+                .1
+                .wait_timeout(g, left)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
         }
     }
 
@@ -738,11 +789,22 @@ fn carrier_thread(carrier: &Weak<Carrier>) {
             None => std::thread::park(),
         }
         let Some(c) = carrier.upgrade() else { return };
-        let (due, later) = c.take_due(Instant::now());
+        let (due, later) = c.take_due(Instant::now(), true);
         next = later;
-        drop(c);
-        for p in due {
-            send_sync(p);
+        for mut batch in due {
+            if let Some(p) = batch.records.first() {
+                let inv = p.invocation();
+                if p.shared
+                    .link
+                    .invoke_sync_unordered::<Vec<i64>>(&inv)
+                    .is_ok()
+                {
+                    batch.answered();
+                }
+            }
+            // Unanswered: its slot is given back, on the blocking path.
+            drop(batch);
+            c.landed_one();
         }
     }
 }
@@ -761,10 +823,12 @@ fn send_sync(p: Pending) {
 }
 
 /// Sends a record on its own in a task of its own.
-fn send_alone(p: Pending) {
+fn send_alone(mut batch: Batch) {
+    let Some(p) = batch.records.first() else {
+        return;
+    };
     let inv = p.invocation();
     let link = Arc::clone(&p.shared.link);
-    let mut batch = Batch::new(vec![p]);
     tokio::spawn(async move {
         if link.invoke_async_quiet::<Vec<i64>>(&inv).await.is_ok() {
             batch.answered();
@@ -1512,6 +1576,12 @@ impl Shared {
             && matches!(record.outcome, Outcome::Success | Outcome::Ignored)
     }
 
+    /// `other` binds the same state with the same spec through the same
+    /// store: a record of either is a record of both.
+    fn same_state(&self, other: &Shared) -> bool {
+        std::ptr::eq(self, other) || (self.keys == other.keys && self.spec == other.spec)
+    }
+
     /// `record` waits in the carrier for an admission to carry it: a silent
     /// success, with a delay to wait, while Redis answers.
     fn waits_to_be_carried(&self, record: &Record<'_>) -> bool {
@@ -1519,9 +1589,14 @@ impl Shared {
     }
 
     /// The successes waiting that an async admission of `partition`
-    /// carries (none while Redis is skipped: they wait for their delay).
+    /// carries (none while Redis is skipped: they wait for their delay),
+    /// once those the timer thread is sending landed. (Waited for after
+    /// the records are taken: the thread counts what it takes under the
+    /// same lock, so a record is either carried or waited for.)
     fn carried(&self, me: &Arc<Shared>, partition: Option<&PartitionKey>) -> Batch {
-        Batch::new(self.to_carry(me, partition))
+        let batch = Batch::new(self.to_carry(me, partition));
+        self.carrier.wait_for_thread(self.longest_wait());
+        batch
     }
 
     /// [`carried`](Self::carried) by a blocking admission.
@@ -1785,15 +1860,13 @@ impl ResourceState for RedisResource {
         }
     }
 
-    /// On a multi-thread runtime, as [`record`](ResourceState::record): a
-    /// success that cannot change anything the caller is told waits to be
-    /// carried (with a `success_delay` of zero, it is queued on the
-    /// connection on its own, its answer not awaited). Any other record is
-    /// one round trip, after the successes waiting were queued on the
-    /// connection. On a current-thread runtime every record is awaited:
-    /// the tasks that give back the slots of attempts dropped (a hedge's
-    /// loser) run only when the runtime runs again, and an awaited record
-    /// is what lets them run before the call returns.
+    /// As [`record`](ResourceState::record): a success that cannot change
+    /// anything the caller is told waits to be carried. Any other record
+    /// is one round trip, after the successes waiting were queued on the
+    /// connection. With a `success_delay` of zero, a silent success is
+    /// queued on the connection on its own, its answer not awaited, on a
+    /// multi-thread runtime (a current-thread runtime may not run again
+    /// before the next call: there it is awaited).
     fn record_async<'a>(&'a self, record: Record<'a>) -> StoreFuture<'a, Recorded> {
         if record.permit.local || tokio::runtime::Handle::try_current().is_err() {
             return StoreFuture::ready(self.record(&record));
@@ -1802,20 +1875,25 @@ impl ResourceState for RedisResource {
         if s.record_is_void(&record) {
             return StoreFuture::ready(Ok(Recorded::default()));
         }
-        if s.record_is_silent(&record) && s.link.is_available() && background_runs() {
-            let pending = s.pending(&record);
-            if s.carrier.delay.is_zero() {
-                return StoreFuture::boxed(async move {
-                    send_queued(pending).await;
-                    Ok(Recorded::default())
-                });
-            }
-            s.carrier.push(pending);
+        if s.waits_to_be_carried(&record) {
+            s.carrier.push(s.pending(&record));
             return StoreFuture::ready(Ok(Recorded::default()));
+        }
+        if s.carrier.delay.is_zero()
+            && s.record_is_silent(&record)
+            && s.link.is_available()
+            && background_runs()
+        {
+            let pending = s.pending(&record);
+            return StoreFuture::boxed(async move {
+                send_queued(pending).await;
+                Ok(Recorded::default())
+            });
         }
         StoreFuture::boxed(async move {
             let s = &self.shared;
             s.carrier.flush_queued().await;
+            s.carrier.wait_for_thread(s.longest_wait());
             let inv = s.record_invocation(&record);
             let reply = s.link.invoke_async::<Vec<i64>>(&inv).await;
             s.recorded_here(&record);
@@ -1826,10 +1904,14 @@ impl ResourceState for RedisResource {
         })
     }
 
-    /// Never blocks inside a tokio runtime: the release is spawned there.
-    /// Outside one it is a blocking call bounded by the store's timeout.
-    /// While Redis is down the release is dropped: the slot comes back when
-    /// its lease expires, the probe when the probe lease does.
+    /// Never blocks. Outside a multi-thread runtime, the slot of a permit
+    /// that is not a probe waits in the store like a silent success (an
+    /// ignored outcome: the slot freed, nothing recorded) for the next
+    /// admission of its partition, or for its delay; otherwise the release
+    /// is spawned inside a tokio runtime, and a blocking call bounded by the
+    /// store's timeout outside one. While Redis is down the release is
+    /// dropped: the slot comes back when its lease expires, the probe when
+    /// the probe lease does.
     fn release(&self, partition: Option<&PartitionKey>, permit: Permit) {
         let s = &self.shared;
         if permit.local {
@@ -1842,6 +1924,19 @@ impl ResourceState for RedisResource {
             return;
         }
         if !s.link.is_available() {
+            return;
+        }
+        if !permit.probe && !s.carrier.delay.is_zero() && !background_runs() {
+            // The time of an ignored outcome is never read.
+            let ignored = Record {
+                partition,
+                permit,
+                outcome: Outcome::Ignored,
+                duration: Duration::ZERO,
+                retry_after: None,
+                now: Duration::ZERO,
+            };
+            s.carrier.push(self.shared.pending(&ignored));
             return;
         }
         let args = ReleaseArgs {

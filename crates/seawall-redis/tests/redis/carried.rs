@@ -49,14 +49,24 @@ fn pipeline(store: RedisStore, name: &str, slots: u32) -> Pipeline {
 enum Path {
     /// `Pipeline::run` on a multi-thread runtime.
     MultiThread,
+    /// `Pipeline::run` on a current-thread runtime.
+    CurrentThread,
     /// `Pipeline::call`, no runtime.
     Blocking,
 }
+
+const PATHS: [Path; 3] = [Path::MultiThread, Path::CurrentThread, Path::Blocking];
 
 /// The runtime of `path` (none for the blocking path).
 fn runtime(path: Path) -> Option<tokio::runtime::Runtime> {
     match path {
         Path::MultiThread => Some(rt()),
+        Path::CurrentThread => Some(
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap(),
+        ),
         Path::Blocking => None,
     }
 }
@@ -83,7 +93,8 @@ fn succeed(p: &Pipeline, rt: Option<&tokio::runtime::Runtime>, n: u64) {
 }
 
 /// N calls through a bulkhead and a count-window breaker cost N
-/// admissions and at most 5 % more script calls, async and blocking: each success is carried by the next call's admission (the
+/// admissions and at most 5 % more script calls, async on either runtime
+/// and blocking: each success is carried by the next call's admission (the
 /// last one, sent on its own after the delay, is counted too). The breaker
 /// counted every success once.
 #[test]
@@ -91,7 +102,7 @@ fn a_successful_attempt_costs_one_script_call() {
     const N: u64 = 200;
     let server = RedisServer::start();
     let mut conn = server.conn();
-    for path in [Path::MultiThread, Path::Blocking] {
+    for path in PATHS {
         let store = RedisStore::builder(server.url())
             .prefix(unique("carried"))
             .success_delay(Duration::from_millis(300))
@@ -151,7 +162,7 @@ fn a_slot_freed_by_a_waiting_success_is_seen_free_within_the_delay() {
         .into_iter()
         .enumerate()
     {
-        for path in [Path::MultiThread, Path::Blocking] {
+        for path in PATHS {
             let name = format!("bound-{i}-{path:?}");
             let a = pipeline(store(delay), &name, 1);
             let b = pipeline(store(delay), &name, 1);
@@ -518,4 +529,66 @@ fn a_success_with_nothing_to_change_is_not_sent() {
     std::thread::sleep(Duration::from_millis(50));
     let stats = command_calls(&mut conn);
     assert_eq!(script_calls(&stats), 2 * N, "{stats:?}");
+}
+
+/// Two pipelines of one name and spec on one store share one state: a
+/// success waiting from one is carried by the other's next admission, on
+/// every path, so a one-slot bulkhead lets the second call through at
+/// once, with one script call per attempt; the slots in flight read
+/// through either count neither.
+#[test]
+fn a_success_is_carried_by_another_pipeline_of_the_same_state() {
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    for path in PATHS {
+        let store = RedisStore::builder(server.url())
+            .prefix(unique("carried-shared"))
+            .success_delay(Duration::from_secs(1))
+            .fail_closed()
+            .build()
+            .unwrap();
+        let a = pipeline(store.clone(), "shared", 1);
+        let b = pipeline(store.clone(), "shared", 1);
+        store.ping().unwrap();
+        let rt = runtime(path);
+        if let Some(rt) = &rt {
+            rt.block_on(store.ping_async()).unwrap();
+        }
+        reset_stats(&mut conn);
+        succeed(&a, rt.as_ref(), 1);
+        assert_eq!(b.in_flight().unwrap(), 0, "{path:?}");
+        succeed(&b, rt.as_ref(), 1);
+        succeed(&a, rt.as_ref(), 1);
+        // Three admissions and the slots in flight.
+        let stats = command_calls(&mut conn);
+        assert_eq!(script_calls(&stats), 4, "{path:?}: {stats:?}");
+        assert_eq!(a.circuit_metrics().unwrap().calls, 3, "{path:?}");
+    }
+}
+
+/// A success the store's timer thread is sending when the next admission
+/// comes (calls about one delay apart, so that the two meet at every
+/// point of the send): the admission never overtakes it, on either path
+/// where the thread sends, so a one-slot bulkhead admits every call.
+#[test]
+fn an_admission_never_overtakes_a_success_the_timer_thread_sends() {
+    const N: u64 = 400;
+    let server = RedisServer::start();
+    for path in [Path::CurrentThread, Path::Blocking] {
+        let store = RedisStore::builder(server.url())
+            .prefix(unique("carried-race"))
+            .success_delay(Duration::from_millis(1))
+            .fail_closed()
+            .build()
+            .unwrap();
+        let p = pipeline(store, "race", 1);
+        let rt = runtime(path);
+        for i in 0..N {
+            succeed(&p, rt.as_ref(), 1);
+            // 0.6 to 1.4 ms: around the delay.
+            std::thread::sleep(Duration::from_micros(600 + (i * 37) % 800));
+        }
+        assert_eq!(p.circuit_metrics().unwrap().calls, N, "{path:?}");
+        assert_eq!(p.in_flight().unwrap(), 0, "{path:?}");
+    }
 }

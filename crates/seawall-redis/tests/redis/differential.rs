@@ -12,11 +12,11 @@
 //! hedging scenarios included (async only: the attempts of a hedged call
 //! take their bulkhead slots, circuit permits and rate-limit permits on
 //! the server concurrently; the runner holds the virtual clock while a
-//! request is in flight, so no attempt's sleep runs ahead of an answer). (The async
-//! runs use a current-thread runtime, where `RedisStore` awaits every
-//! record; on a multi-thread runtime it sends a silent success without
-//! waiting for its answer, and the state read after a call, on another
-//! connection, could overtake it.) The whole corpus runs on one server, in
+//! request is in flight, so no attempt's sleep runs ahead of an answer). The state
+//! read after a call sees every record of it: a silent success, or a slot
+//! given back, waiting to be carried is not counted in flight, one the
+//! store's timer has taken is waited for, and the circuit's metrics send
+//! every record waiting first. The whole corpus runs on one server, in
 //! about a second.
 
 use std::time::Duration;
