@@ -204,8 +204,7 @@ pub(crate) struct Link {
     outages: AtomicU64,
     /// Records sent on the async connection whose answer is not awaited
     /// (see [`Link::unawaited`]); the blocking path waits for them.
-    unawaited: Mutex<usize>,
-    settled: Condvar,
+    unawaited: Outstanding,
     /// `SCRIPT LOAD` of the scripts compiled for the specs bound so far
     /// (see [`Link::register`]), by hash, each once.
     compiled: Mutex<Vec<(String, redis::Cmd)>>,
@@ -282,10 +281,51 @@ pub(crate) struct Unawaited(Arc<Link>);
 
 impl Drop for Unawaited {
     fn drop(&mut self) {
-        let mut n = lock(&self.0.unawaited);
+        self.0.unawaited.done();
+    }
+}
+
+/// A count of things on their way (records sent whose answer is not
+/// awaited), and a wait until none is.
+#[derive(Debug, Default)]
+pub(crate) struct Outstanding {
+    n: Mutex<usize>,
+    settled: Condvar,
+}
+
+impl Outstanding {
+    /// `k` more on their way.
+    pub(crate) fn add(&self, k: usize) {
+        *lock(&self.n) += k;
+    }
+
+    /// One arrived.
+    pub(crate) fn done(&self) {
+        let mut n = lock(&self.n);
         *n = n.saturating_sub(1);
         if *n == 0 {
-            self.0.settled.notify_all();
+            self.settled.notify_all();
+        }
+    }
+
+    /// Blocks until none is on its way, for at most `bound`.
+    pub(crate) fn wait(&self, bound: Duration) {
+        let mut n = lock(&self.n);
+        if *n == 0 {
+            return;
+        }
+        // A deadline past what an Instant holds: wait without one.
+        let deadline = Instant::now().checked_add(bound);
+        while *n > 0 {
+            let left = deadline.map_or(bound, |d| d.saturating_duration_since(Instant::now()));
+            if left.is_zero() {
+                return;
+            }
+            n = self
+                .settled
+                .wait_timeout(n, left)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
         }
     }
 }
@@ -326,8 +366,7 @@ impl Link {
             settings,
             pool: Mutex::new(Vec::new()),
             managers: Mutex::new(Vec::new()),
-            unawaited: Mutex::new(0),
-            settled: Condvar::new(),
+            unawaited: Outstanding::default(),
             compiled: Mutex::new(Vec::new()),
             health: Health {
                 origin: Instant::now(),
@@ -533,7 +572,7 @@ impl Link {
     /// Counts a record sent on the async connection without waiting for its
     /// answer, until the returned guard is dropped.
     pub(crate) fn unawaited(self: &Arc<Self>) -> Unawaited {
-        *lock(&self.unawaited) += 1;
+        self.unawaited.add(1);
         Unawaited(Arc::clone(self))
     }
 
@@ -541,27 +580,11 @@ impl Link {
     /// timeout + timeout), so that the blocking path, on connections of its
     /// own, sees what the async path wrote before it.
     fn settle(&self) {
-        let mut n = lock(&self.unawaited);
-        if *n == 0 {
-            return;
-        }
-        let longest = self
-            .settings
-            .connect_timeout
-            .saturating_add(self.settings.timeout);
-        // A deadline past what an Instant holds: wait without one.
-        let deadline = Instant::now().checked_add(longest);
-        while *n > 0 {
-            let left = deadline.map_or(longest, |d| d.saturating_duration_since(Instant::now()));
-            if left.is_zero() {
-                return;
-            }
-            n = self
-                .settled
-                .wait_timeout(n, left)
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
-        }
+        self.unawaited.wait(
+            self.settings
+                .connect_timeout
+                .saturating_add(self.settings.timeout),
+        );
     }
 
     /// A Redis error as a [`StoreError`], its message free of the URL's

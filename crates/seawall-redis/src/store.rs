@@ -4,7 +4,7 @@ use std::fmt;
 use std::fmt::Write as _;
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError, Weak};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
@@ -18,7 +18,7 @@ use seawall::{MemoryStore, PartitionKey, Rejection, RejectionReason, StateStore,
 
 use crate::config::{FailMode, RedisStoreBuilder, TimeSource};
 use crate::error::{is_outage, RedisStoreError};
-use crate::link::{Client, Link, LinkSettings, Restart};
+use crate::link::{Client, Link, LinkSettings, Outstanding, Restart};
 use crate::refusals::{Answer, Refusals};
 use crate::scripts::{self, Invocation, Keys, Scripts, SpecArgs, SpecScripts, SuccessArgs};
 
@@ -530,8 +530,7 @@ struct Carrier {
     /// Records the timer thread took and has not had answered: sent on a
     /// blocking connection, an async admission could overtake them (see
     /// [`Carrier::wait_for_thread`]).
-    on_thread: AtomicUsize,
-    landed: (Mutex<()>, Condvar),
+    on_thread: Outstanding,
 }
 
 #[derive(Default)]
@@ -558,8 +557,7 @@ impl Carrier {
             state: Mutex::new(CarrierState::default()),
             waiting: AtomicUsize::new(0),
             thread: OnceLock::new(),
-            on_thread: AtomicUsize::new(0),
-            landed: (Mutex::new(()), Condvar::new()),
+            on_thread: Outstanding::default(),
         }
     }
 
@@ -676,7 +674,7 @@ impl Carrier {
             .partition(|p| p.since + self.delay <= now);
         st.records = kept;
         if by_thread {
-            self.on_thread.fetch_add(due.len(), Ordering::AcqRel);
+            self.on_thread.add(due.len());
         }
         let due = due.into_iter().map(|p| Batch::new(vec![p])).collect();
         self.waiting.store(st.records.len(), Ordering::Release);
@@ -709,43 +707,19 @@ impl Carrier {
         }
     }
 
-    /// A record the timer thread took was answered (or given back).
-    fn landed_one(&self) {
-        if self.on_thread.fetch_sub(1, Ordering::AcqRel) == 1 {
-            let _g = self.landed.0.lock().unwrap_or_else(PoisonError::into_inner);
-            self.landed.1.notify_all();
-        }
-    }
-
     /// Waits (at most `bound`) until the records the timer thread took are
     /// answered: an async admission must not overtake them on its own
     /// connection (the blocking path waits for them as for every
     /// unawaited record). Returns at once when it sends none.
     fn wait_for_thread(&self, bound: Duration) {
-        if self.on_thread.load(Ordering::Acquire) == 0 {
-            return;
-        }
-        let deadline = Instant::now().checked_add(bound);
-        let mut g = self.landed.0.lock().unwrap_or_else(PoisonError::into_inner);
-        while self.on_thread.load(Ordering::Acquire) > 0 {
-            let left = deadline.map_or(bound, |d| d.saturating_duration_since(Instant::now()));
-            if left.is_zero() {
-                return;
-            }
-            g = self
-                .landed
-                .1
-                .wait_timeout(g, left)
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
-        }
+        self.on_thread.wait(bound);
     }
 
     /// Sends every record waiting on the blocking path, before a call there
     /// that must see them.
     fn flush_sync(&self) {
         for p in self.take_all() {
-            send_sync(p);
+            send_sync(Batch::awaited(vec![p]));
         }
     }
 
@@ -791,34 +765,26 @@ fn carrier_thread(carrier: &Weak<Carrier>) {
         let Some(c) = carrier.upgrade() else { return };
         let (due, later) = c.take_due(Instant::now(), true);
         next = later;
-        for mut batch in due {
-            if let Some(p) = batch.records.first() {
-                let inv = p.invocation();
-                if p.shared
-                    .link
-                    .invoke_sync_unordered::<Vec<i64>>(&inv)
-                    .is_ok()
-                {
-                    batch.answered();
-                }
-            }
-            // Unanswered: its slot is given back, on the blocking path.
-            drop(batch);
-            c.landed_one();
+        for batch in due {
+            send_sync(batch);
+            c.on_thread.done();
         }
     }
 }
 
-/// Sends a record on its own on the blocking path, its answer awaited. A
-/// record that fails has its slot given back.
-fn send_sync(p: Pending) {
+/// Sends the record of `batch` on its own on the blocking path, its answer
+/// awaited. A record that fails has its slot given back (by the batch).
+fn send_sync(mut batch: Batch) {
+    let Some(p) = batch.records.first() else {
+        return;
+    };
     let inv = p.invocation();
     if p.shared
         .link
         .invoke_sync_unordered::<Vec<i64>>(&inv)
-        .is_err()
+        .is_ok()
     {
-        p.give_back_sync();
+        batch.answered();
     }
 }
 
@@ -1770,7 +1736,7 @@ impl Drop for RedisResource {
             return;
         }
         for p in self.shared.carrier.take_of(&self.shared) {
-            send_sync(p);
+            send_sync(Batch::awaited(vec![p]));
         }
     }
 }

@@ -19,6 +19,17 @@ fn reset_stats(conn: &mut redis::Connection) {
     let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query(conn).unwrap();
 }
 
+/// A store failing closed under `prefix`, whose silent successes wait up
+/// to `delay` to be carried.
+fn store(server: &RedisServer, prefix: &str, delay: Duration) -> RedisStore {
+    RedisStore::builder(server.url())
+        .prefix(prefix)
+        .success_delay(delay)
+        .fail_closed()
+        .build()
+        .unwrap()
+}
+
 /// Polls `done` every 10 ms for at most 10 s.
 fn eventually(mut done: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -103,12 +114,7 @@ fn a_successful_attempt_costs_one_script_call() {
     let server = RedisServer::start();
     let mut conn = server.conn();
     for path in PATHS {
-        let store = RedisStore::builder(server.url())
-            .prefix(unique("carried"))
-            .success_delay(Duration::from_millis(300))
-            .fail_closed()
-            .build()
-            .unwrap();
+        let store = store(&server, &unique("carried"), Duration::from_millis(300));
         let p = pipeline(store.clone(), "counted", 1);
         // Connect (and identify the server) first.
         store.ping().unwrap();
@@ -149,14 +155,7 @@ fn a_successful_attempt_costs_one_script_call() {
 fn a_slot_freed_by_a_waiting_success_is_seen_free_within_the_delay() {
     let server = RedisServer::start();
     let prefix = unique("carried-bound");
-    let store = |delay| {
-        RedisStore::builder(server.url())
-            .prefix(&prefix)
-            .success_delay(delay)
-            .fail_closed()
-            .build()
-            .unwrap()
-    };
+    let store = |delay| store(&server, &prefix, delay);
     // The default delay (1 ms), then a longer one.
     for (i, delay) in [Duration::from_millis(1), Duration::from_millis(200)]
         .into_iter()
@@ -187,14 +186,7 @@ fn a_slot_freed_by_a_waiting_success_is_seen_free_within_the_delay() {
 fn a_blocking_success_waiting_outlives_its_store() {
     let server = RedisServer::start();
     let prefix = unique("carried-blocking-drop");
-    let build = || {
-        RedisStore::builder(server.url())
-            .prefix(&prefix)
-            .success_delay(Duration::from_secs(1))
-            .fail_closed()
-            .build()
-            .unwrap()
-    };
+    let build = || store(&server, &prefix, Duration::from_secs(1));
     let observer = pipeline(build(), "dropped", 1);
     {
         let a = pipeline(build(), "dropped", 1);
@@ -213,14 +205,7 @@ fn a_blocking_success_waiting_outlives_its_store() {
 fn a_waiting_success_survives_the_store_and_its_runtime() {
     let server = RedisServer::start();
     let prefix = unique("carried-drop");
-    let build = || {
-        RedisStore::builder(server.url())
-            .prefix(&prefix)
-            .success_delay(Duration::from_secs(1))
-            .fail_closed()
-            .build()
-            .unwrap()
-    };
+    let build = || store(&server, &prefix, Duration::from_secs(1));
     let observer = pipeline(build(), "dropped", 1);
     {
         let a = pipeline(build(), "dropped", 1);
@@ -270,12 +255,7 @@ fn a_panicked_attempt_frees_its_slot_when_its_runtime_shuts_down() {
 #[test]
 fn a_carried_success_survives_a_script_reload() {
     let server = RedisServer::start();
-    let store = RedisStore::builder(server.url())
-        .prefix(unique("carried-noscript"))
-        .success_delay(Duration::from_secs(1))
-        .fail_closed()
-        .build()
-        .unwrap();
+    let store = store(&server, &unique("carried-noscript"), Duration::from_secs(1));
     let p = pipeline(store, "reloaded", 1);
     let mut conn = server.conn();
     let rt = rt();
@@ -305,12 +285,7 @@ fn a_carried_success_survives_a_script_reload() {
 fn a_cancelled_admission_carrying_a_success_frees_its_slot() {
     let server = RedisServer::start();
     let prefix = unique("carried-cancel");
-    let store = RedisStore::builder(server.url())
-        .prefix(&prefix)
-        .success_delay(Duration::from_secs(1))
-        .fail_closed()
-        .build()
-        .unwrap();
+    let store = store(&server, &prefix, Duration::from_secs(1));
     let spec = ResourceSpec::new("cancelled")
         .with_bulkhead(Bulkhead::new(2).lease(Duration::from_secs(60)));
     let state = store.bind(&spec).unwrap();
@@ -541,12 +516,7 @@ fn a_success_is_carried_by_another_pipeline_of_the_same_state() {
     let server = RedisServer::start();
     let mut conn = server.conn();
     for path in PATHS {
-        let store = RedisStore::builder(server.url())
-            .prefix(unique("carried-shared"))
-            .success_delay(Duration::from_secs(1))
-            .fail_closed()
-            .build()
-            .unwrap();
+        let store = store(&server, &unique("carried-shared"), Duration::from_secs(1));
         let a = pipeline(store.clone(), "shared", 1);
         let b = pipeline(store.clone(), "shared", 1);
         store.ping().unwrap();
@@ -575,12 +545,7 @@ fn an_admission_never_overtakes_a_success_the_timer_thread_sends() {
     const N: u64 = 400;
     let server = RedisServer::start();
     for path in [Path::CurrentThread, Path::Blocking] {
-        let store = RedisStore::builder(server.url())
-            .prefix(unique("carried-race"))
-            .success_delay(Duration::from_millis(1))
-            .fail_closed()
-            .build()
-            .unwrap();
+        let store = store(&server, &unique("carried-race"), Duration::from_millis(1));
         let p = pipeline(store, "race", 1);
         let rt = runtime(path);
         for i in 0..N {
