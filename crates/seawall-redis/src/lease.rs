@@ -24,7 +24,7 @@ use seawall::store::{
 use seawall::{PartitionKey, Rejection, StoreError};
 
 use crate::error::RedisStoreError;
-use crate::store::{RedisResource, Shared};
+use crate::store::{background_runs, background_thread, RedisResource, Shared};
 
 /// How a resource in leased mode leases its rate-limit permits or bulkhead
 /// slots (see
@@ -458,21 +458,14 @@ impl Lease {
     /// keeping from running the task) the renewal thread.
     #[cold]
     fn renew_in_background(self: &Arc<Self>, now: Duration) {
-        if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread {
-                let lease = Arc::clone(self);
-                handle.spawn(async move { lease.renew_async(now).await });
-                return;
-            }
+        if background_runs() {
+            let lease = Arc::clone(self);
+            tokio::spawn(async move { lease.renew_async(now).await });
+            return;
         }
-        let renewer = self.renewer.get_or_init(|| {
-            let weak: Weak<Lease> = Arc::downgrade(self);
-            std::thread::Builder::new()
-                .name("seawall-redis-lease".into())
-                .spawn(move || renewer(&weak))
-                .ok()
-                .map(|h| h.thread().clone())
-        });
+        let renewer = self
+            .renewer
+            .get_or_init(|| background_thread("seawall-redis-lease", self, renewer));
         match renewer {
             Some(thread) => {
                 self.pending_now.store(nanos(now), Ordering::Release);

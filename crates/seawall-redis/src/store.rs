@@ -375,9 +375,25 @@ fn protocol(what: &str, reply: &[i64]) -> StoreError {
 
 /// `true` when a task spawned now runs without the caller driving it: on a
 /// multi-thread runtime.
-fn background_runs() -> bool {
+pub(crate) fn background_runs() -> bool {
     tokio::runtime::Handle::try_current()
         .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
+}
+
+/// Starts the background thread `name` of `of`, for what runs in the
+/// background outside a multi-thread runtime: `body` holds `of` weakly, so
+/// that the thread can end with it. `None` when no thread can be started.
+pub(crate) fn background_thread<T: Send + Sync + 'static>(
+    name: &str,
+    of: &Arc<T>,
+    body: fn(&Weak<T>),
+) -> Option<std::thread::Thread> {
+    let weak = Arc::downgrade(of);
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || body(&weak))
+        .ok()
+        .map(|h| h.thread().clone())
 }
 
 /// The most successes one admission carries; the others wait for the next
@@ -582,14 +598,9 @@ impl Carrier {
             tokio::spawn(Carrier::flush_when_due(Armed(Some(Arc::clone(self)))));
             return;
         }
-        let thread = self.thread.get_or_init(|| {
-            let carrier = Arc::downgrade(self);
-            std::thread::Builder::new()
-                .name("seawall-redis-carrier".into())
-                .spawn(move || carrier_thread(&carrier))
-                .ok()
-                .map(|h| h.thread().clone())
-        });
+        let thread = self
+            .thread
+            .get_or_init(|| background_thread("seawall-redis-carrier", self, carrier_thread));
         match thread {
             Some(thread) => thread.unpark(),
             // No thread: sent now, each on its own.
