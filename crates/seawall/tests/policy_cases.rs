@@ -54,6 +54,17 @@ async fn after<T>(clock: &VirtualClock, d: Duration, r: T) -> T {
     r
 }
 
+/// One async call of `p` whose attempts never answer: its result and the
+/// attempts it started.
+fn never_answering(p: &Pipeline) -> (Outcome, u32) {
+    let started = AtomicU32::new(0);
+    let r = rt().block_on(p.run(|_| {
+        started.fetch_add(1, Ordering::SeqCst);
+        std::future::pending::<Result<u32, Boom>>()
+    }));
+    (r, started.load(Ordering::SeqCst))
+}
+
 mod adaptive_limit {
     use super::*;
 
@@ -507,13 +518,9 @@ mod hedging {
             .build()
             .unwrap();
         let start = clock.now();
-        let started = AtomicU32::new(0);
-        let r = rt().block_on(p.run(|_| {
-            started.fetch_add(1, Ordering::SeqCst);
-            std::future::pending::<Result<u32, Boom>>()
-        }));
+        let (r, started) = never_answering(&p);
         assert!(matches!(r, Err(Error::Timeout(_))), "{r:?}");
-        assert_eq!(started.load(Ordering::SeqCst), 3);
+        assert_eq!(started, 3);
         // The last attempt started at 20 ms and timed out 100 ms later.
         assert_eq!(clock.now() - start, ms(120));
     }
@@ -1092,14 +1099,10 @@ mod composition {
             .build()
             .unwrap();
         let start = clock.now();
-        let started = AtomicU32::new(0);
-        let r = rt().block_on(p.run(|_| {
-            started.fetch_add(1, Ordering::SeqCst);
-            std::future::pending::<Result<u32, Boom>>()
-        }));
+        let (r, started) = never_answering(&p);
         assert!(matches!(r, Err(Error::Timeout(_))), "{r:?}");
         // Attempts at 0, 51 and 102 ms; the third is cut at 120 ms.
-        assert_eq!(started.load(Ordering::SeqCst), 3);
+        assert_eq!(started, 3);
         assert_eq!(clock.now() - start, ms(120));
     }
 }

@@ -58,6 +58,13 @@ fn ignoring(e: &Boom) -> Verdict {
     }
 }
 
+/// `n` calls of `p` on `flavor`, each answered by the operation.
+fn admits<K: seawall::pipeline::HandlesSync<u32, Boom>>(p: &Pipeline<K>, flavor: Flavor, n: u32) {
+    for _ in 0..n {
+        assert_eq!(exec(p, flavor, ok).unwrap(), 1, "{flavor:?}");
+    }
+}
+
 fn counts(m: &CircuitMetrics) -> (CircuitState, u64, u64, u64) {
     (m.state, m.calls, m.failures, m.slow_calls)
 }
@@ -707,9 +714,7 @@ mod circuit_breaker {
                 }
                 // After the cooldown it probes as an enforcing one would.
                 clock.advance(secs(5));
-                for _ in 0..4 {
-                    assert_eq!(exec(&p, flavor, ok).unwrap(), 1);
-                }
+                admits(&p, flavor, 4);
                 assert_eq!(p.circuit_state().unwrap(), CircuitState::Closed);
             }
         }
@@ -850,9 +855,7 @@ mod rate_limiter {
         for flavor in FLAVORS {
             let clock = clock_at(FAR);
             let p = limited(RateLimiter::fixed_window(3, secs(1)), &clock);
-            for _ in 0..3 {
-                assert_eq!(exec(&p, flavor, ok).unwrap(), 1);
-            }
+            admits(&p, flavor, 3);
             assert_eq!(
                 refusal(&exec(&p, flavor, ok)),
                 Some((RejectionReason::RateLimited, Some(secs(1))))
@@ -863,15 +866,11 @@ mod rate_limiter {
                 Some((RejectionReason::RateLimited, Some(ms(1))))
             );
             clock.advance(ms(1));
-            for _ in 0..3 {
-                assert_eq!(exec(&p, flavor, ok).unwrap(), 1);
-            }
+            admits(&p, flavor, 3);
             assert!(refusal(&exec(&p, flavor, ok)).is_some());
             // Idle periods do not add up: still 3 per window.
             clock.advance(secs(10));
-            for _ in 0..3 {
-                assert_eq!(exec(&p, flavor, ok).unwrap(), 1);
-            }
+            admits(&p, flavor, 3);
             assert!(refusal(&exec(&p, flavor, ok)).is_some(), "{flavor:?}");
         }
     }
@@ -881,9 +880,7 @@ mod rate_limiter {
         for flavor in FLAVORS {
             let clock = clock_at(FAR);
             let p = limited(RateLimiter::gcra(10, secs(1)), &clock);
-            for _ in 0..10 {
-                assert_eq!(exec(&p, flavor, ok).unwrap(), 1);
-            }
+            admits(&p, flavor, 10);
             assert_eq!(
                 refusal(&exec(&p, flavor, ok)),
                 Some((RejectionReason::RateLimited, Some(ms(100))))
@@ -893,9 +890,7 @@ mod rate_limiter {
             assert!(refusal(&exec(&p, flavor, ok)).is_some());
             // A long idle time gives back the burst, never more.
             clock.advance(secs(3600));
-            for _ in 0..10 {
-                assert_eq!(exec(&p, flavor, ok).unwrap(), 1);
-            }
+            admits(&p, flavor, 10);
             assert!(refusal(&exec(&p, flavor, ok)).is_some(), "{flavor:?}");
         }
     }
@@ -1148,9 +1143,7 @@ mod rate_limiter {
                 .on_event(listener)
                 .build()
                 .unwrap();
-            for _ in 0..5 {
-                assert_eq!(exec(&p, flavor, ok).unwrap(), 1);
-            }
+            admits(&p, flavor, 5);
             let shadowed = log
                 .lock()
                 .unwrap()

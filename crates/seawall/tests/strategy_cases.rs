@@ -39,6 +39,17 @@ fn builder(name: &str, listen: bool) -> (PipelineBuilder, VirtualClock, Log) {
     (b, clock, log)
 }
 
+/// An operation that answers after a second on `clock`: `Ok(1)` when
+/// `ok`, else `Boom(1)`.
+async fn after_a_second(clock: VirtualClock, ok: bool) -> Result<u32, Boom> {
+    Clock::sleep(&clock, secs(1)).await;
+    if ok {
+        Ok(1)
+    } else {
+        Err(Boom(1))
+    }
+}
+
 fn block_on<F: std::future::Future>(f: F) -> F::Output {
     rt().block_on(f)
 }
@@ -814,17 +825,7 @@ mod circuit_breaker {
             let c = clock.clone();
             let rt = support::rt();
             rt.block_on(async {
-                let slow = p.run(|_| {
-                    let c = c.clone();
-                    async move {
-                        Clock::sleep(&c, secs(1)).await;
-                        if ok {
-                            Ok::<u32, Boom>(1)
-                        } else {
-                            Err(Boom(1))
-                        }
-                    }
-                });
+                let slow = p.run(|_| after_a_second(c.clone(), ok));
                 let control = async {
                     tokio::task::yield_now().await;
                     p.isolate().unwrap();
@@ -846,17 +847,7 @@ mod circuit_breaker {
             let c = clock.clone();
             let rt = support::rt();
             rt.block_on(async {
-                let slow = p.run(|_| {
-                    let c = c.clone();
-                    async move {
-                        Clock::sleep(&c, secs(1)).await;
-                        if ok {
-                            Ok::<u32, Boom>(1)
-                        } else {
-                            Err(Boom(1))
-                        }
-                    }
-                });
+                let slow = p.run(|_| after_a_second(c.clone(), ok));
                 // Fails at 100 ms, while the slow call runs on to 1 s.
                 let opener = p.run(|_| {
                     let c = c.clone();
