@@ -1003,6 +1003,15 @@ mod rate_limiter {
         assert_eq!(clock.now() - start, secs(1));
     }
 
+    /// One call of `p` on `flavor` taking `n` permits.
+    fn weighted_call(p: &Pipeline, flavor: Flavor, n: u32) -> Result<u32, Error<Boom>> {
+        let w = p.weighted(n).unwrap();
+        match flavor {
+            Flavor::Sync => w.call(ok),
+            Flavor::Async => rt().block_on(w.run(|ctx| std::future::ready(ok(ctx)))),
+        }
+    }
+
     /// Departure: a weight that can never fit (more than the limit or the
     /// burst) is refused at once without a `retry_after`, not reserved
     /// over several periods (documented on `RateLimiter::grants`).
@@ -1011,14 +1020,7 @@ mod rate_limiter {
         for flavor in FLAVORS {
             let clock = clock_at(FAR);
             let p = limited(RateLimiter::fixed_window(10, secs(1)), &clock);
-            let weighted = |n: u32| match flavor {
-                Flavor::Sync => p.weighted(n).unwrap().call(ok),
-                Flavor::Async => rt().block_on(
-                    p.weighted(n)
-                        .unwrap()
-                        .run(|ctx| std::future::ready(ok(ctx))),
-                ),
-            };
+            let weighted = |n: u32| weighted_call(&p, flavor, n);
             assert_eq!(weighted(4).unwrap(), 1);
             assert_eq!(weighted(4).unwrap(), 1);
             assert_eq!(
@@ -1042,14 +1044,7 @@ mod rate_limiter {
         for flavor in FLAVORS {
             let clock = clock_at(FAR);
             let p = limited(RateLimiter::gcra(10, secs(1)), &clock);
-            let weighted = |n: u32| match flavor {
-                Flavor::Sync => p.weighted(n).unwrap().call(ok),
-                Flavor::Async => rt().block_on(
-                    p.weighted(n)
-                        .unwrap()
-                        .run(|ctx| std::future::ready(ok(ctx))),
-                ),
-            };
+            let weighted = |n: u32| weighted_call(&p, flavor, n);
             assert_eq!(weighted(10).unwrap(), 1);
             assert_eq!(
                 refusal(&weighted(1)),
