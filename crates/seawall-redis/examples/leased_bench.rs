@@ -116,7 +116,11 @@ fn script_calls(url: &str) -> u64 {
         .query(&mut c)
         .unwrap();
     info.lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter(|l| {
+            ["cmdstat_fcall:", "cmdstat_evalsha:", "cmdstat_eval:"]
+                .iter()
+                .any(|c| l.starts_with(c))
+        })
         .filter_map(|l| {
             l.split(',')
                 .find_map(|kv| kv.split_once("calls=").map(|(_, n)| n.parse::<u64>().ok()))

@@ -210,7 +210,11 @@ fn script_calls(url: &str) -> u64 {
         .query(&mut c)
         .unwrap();
     info.lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter(|l| {
+            ["cmdstat_fcall:", "cmdstat_evalsha:", "cmdstat_eval:"]
+                .iter()
+                .any(|c| l.starts_with(c))
+        })
         .filter_map(|l| {
             l.split(',')
                 .find_map(|kv| kv.split_once("calls=").map(|(_, n)| n.parse::<u64>().ok()))
@@ -219,7 +223,8 @@ fn script_calls(url: &str) -> u64 {
         .sum()
 }
 
-/// Mean server time per EVALSHA, in microseconds.
+/// Mean server time per script call (`FCALL`, `EVALSHA`), in
+/// microseconds.
 fn script_usec(url: &str) -> f64 {
     let client = redis::Client::open(url).unwrap();
     let mut c = client.get_connection().unwrap();
@@ -227,14 +232,22 @@ fn script_usec(url: &str) -> f64 {
         .arg("commandstats")
         .query(&mut c)
         .unwrap();
-    info.lines()
-        .find(|l| l.starts_with("cmdstat_evalsha:"))
-        .and_then(|l| {
-            l.split(',')
-                .find_map(|kv| kv.strip_prefix("usec_per_call="))
-        })
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0)
+    let field = |l: &str, name: &str| -> f64 {
+        l.split(',')
+            .find_map(|kv| kv.split_once(name).map(|(_, v)| v.parse().unwrap_or(0.0)))
+            .unwrap_or(0.0)
+    };
+    let (usec, calls) = info
+        .lines()
+        .filter(|l| l.starts_with("cmdstat_fcall:") || l.starts_with("cmdstat_evalsha:"))
+        .fold((0.0, 0.0), |(u, n), l| {
+            (u + field(l, "usec="), n + field(l, "calls="))
+        });
+    if calls > 0.0 {
+        usec / calls
+    } else {
+        0.0
+    }
 }
 
 /// CPU time used so far by the server (`INFO cpu`: user + system).

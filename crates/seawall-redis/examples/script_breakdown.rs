@@ -2,7 +2,8 @@
 //! run: a PING, an `EVALSHA` of a trivial script with the keys and
 //! arguments of an admission, and the admission scripts themselves with the
 //! arguments the `redis_bench` chain sends (circuit breaker over a count
-//! window, bulkhead, GCRA rate limiter, cooldown).
+//! window, bulkhead, GCRA rate limiter, cooldown), by `EVALSHA` and as
+//! functions (`FCALL`, Redis 7 and later).
 //!
 //! ```text
 //! cargo run --release -p seawall-redis --example script_breakdown [-- --calls 20000 --url redis://127.0.0.1:6379]
@@ -15,8 +16,8 @@
 //! 26 arguments, as every admission sent it before the admission scripts
 //! were compiled for their spec) and compiled for the spec (`SpecScripts`:
 //! the spec as constants, `ARGV` the time and the operation's arguments).
-//! The server's time is `usec_per_call` of `EVALSHA` (of `PING` for the
-//! first row).
+//! The server's time is `usec_per_call` of `EVALSHA` or `FCALL` (of `PING`
+//! for the first row).
 
 use std::time::{Duration, Instant};
 
@@ -29,7 +30,7 @@ mod cli;
 /// The scripts' text as the crate sends it.
 #[path = "../src/script_text.rs"]
 mod script_text;
-use script_text::{compiled, source};
+use script_text::{compiled, library, script};
 
 const PRELUDE: &str = include_str!("../src/lua/prelude.lua");
 const SUCCESS: &str = include_str!("../src/lua/success.lua");
@@ -83,7 +84,11 @@ async fn info_usec(c: &mut MultiplexedConnection) -> f64 {
         .await
         .unwrap();
     info.lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_ping:"))
+        .filter(|l| {
+            ["cmdstat_evalsha:", "cmdstat_fcall:", "cmdstat_ping:"]
+                .iter()
+                .any(|c| l.starts_with(c))
+        })
         .filter_map(|l| {
             l.split(',')
                 .find_map(|kv| kv.strip_prefix("usec_per_call="))
@@ -205,10 +210,27 @@ async fn run(url: String, n: usize) {
 
     let trivial = load(&mut c, "return 1").await;
     let table = load(&mut c, "return {0,-1,0,0,-1,0,0,0,-1,0,0,-1,0}").await;
-    let admit = load(&mut c, &source(&[PRELUDE, ADMIT])).await;
-    let carrying = load(&mut c, &source(&[PRELUDE, SUCCESS, CARRY, ADMIT])).await;
+    let admit = load(&mut c, &script(true, &[PRELUDE], &[ADMIT])).await;
+    let carrying = load(&mut c, &script(true, &[PRELUDE, SUCCESS], &[CARRY, ADMIT])).await;
     let compiled = compiled(PRELUDE, &spec_args("64"));
-    let compiled_carrying = load(&mut c, &source(&[&compiled, SUCCESS, CARRY, ADMIT])).await;
+    let compiled_carrying = load(
+        &mut c,
+        &script(true, &[&compiled, SUCCESS], &[CARRY, ADMIT]),
+    )
+    .await;
+    let function = "seawall_breakdown_carrying";
+    let _: String = redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg("REPLACE")
+        .arg(library(
+            function,
+            true,
+            &[PRELUDE, SUCCESS],
+            &[CARRY, ADMIT],
+        ))
+        .query_async(&mut c)
+        .await
+        .unwrap();
     let eval = |sha: &str, keys: &[String], args: &[String]| {
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(sha).arg(keys.len()).arg(keys).arg(args);
@@ -273,6 +295,20 @@ async fn run(url: String, n: usize) {
         |last| {
             let a = vec![String::new(), String::new(), carried(slot_of(last))];
             eval(&compiled_carrying, &keys, &a)
+        },
+    )
+    .await;
+    clear(&mut c, &keys).await;
+    row(
+        &mut c,
+        "the same as a function (FCALL, the spec as arguments)",
+        n,
+        |last| {
+            let mut a = bench.clone();
+            a.push(carried(slot_of(last)));
+            let mut cmd = redis::cmd("FCALL");
+            cmd.arg(function).arg(keys.len()).arg(&keys).arg(a);
+            cmd
         },
     )
     .await;

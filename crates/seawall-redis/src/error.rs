@@ -267,7 +267,8 @@ pub(crate) fn store_error(e: &RedisError, timeout: Duration) -> StoreError {
         "NOPERM" => {
             return StoreError::Refused(format!(
                 "permission denied (the redis user needs EVALSHA, EVAL and SCRIPT LOAD, \
-                 i.e. the @scripting category, and access to the store's keys): {e}"
+                 i.e. the @scripting category, which also holds FUNCTION LOAD and FCALL, \
+                 and access to the store's keys): {e}"
             ))
         }
         // `MOVED` and `ASK` reach here only once the cluster client's own

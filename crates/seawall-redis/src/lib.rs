@@ -34,10 +34,15 @@
 //! # How it works
 //! - **One script call per successful attempt.** An attempt is admitted
 //!   through circuit, bulkhead, cooldown and rate limit by one Lua script,
-//!   a single `EVALSHA`, atomic on the server. Nothing is read, changed and
-//!   written back from the client. Scripts are loaded when a pipeline binds
-//!   the store and reloaded automatically after `NOSCRIPT` (a server
-//!   restart or `SCRIPT FLUSH`). A failure, a probe, a slow call or an
+//!   a single call, atomic on the server: on Redis 7 and later, `FCALL` of
+//!   a function of the store's libraries, whose definitions ran once when
+//!   the library was loaded (by `EVALSHA`, they run on every call); by
+//!   `EVALSHA` on an earlier server or for a user without the right to
+//!   load or call functions. The same Lua either way. Nothing is read,
+//!   changed and written back from the client. Scripts and libraries are
+//!   loaded when a pipeline binds the store and reloaded automatically
+//!   when missing (`NOSCRIPT`, or a function not found: a server restart,
+//!   `SCRIPT FLUSH`, `FUNCTION FLUSH`). A failure, a probe, a slow call or an
 //!   outcome with a retry-after hint is recorded by a script call of its
 //!   own; a success that can change nothing the caller is told (see [The
 //!   success path](#the-success-path)) costs none. A
@@ -229,8 +234,8 @@
 //!   for a closed circuit is immaterial)
 //!   (`carried::a_waiting_success_survives_the_store_and_its_runtime`: both
 //!   at once).
-//! - **A carrying admission that fails**: after `NOSCRIPT` the scripts are
-//!   loaded again and the admission sent once more with what it carries
+//! - **A carrying admission that fails**: after `NOSCRIPT` (or a function
+//!   not found) the scripts are loaded again and the admission sent once more with what it carries
 //!   (`carried::a_carried_success_survives_a_script_reload`); an admission
 //!   that fails otherwise (a timeout, a lost connection, a hold after a
 //!   restart) or is cancelled may or may not have run, so its successes
@@ -544,7 +549,8 @@
 //! use would be given out again. So the store identifies the server (its
 //! `run_id` and its replication history, `master_replid` and
 //! `master_replid2`, in `INFO`) on every new connection, before anything
-//! is sent on it, and again when the scripts are missing (`NOSCRIPT`). A
+//! is sent on it, and again when the scripts are missing (`NOSCRIPT`, or
+//! a function not found). A
 //! server whose data is not the one seen before is a restart: another
 //! process (`run_id`) that does not continue the history seen before. A
 //! replica promoted since continues it (its `master_replid2` is the old
@@ -695,8 +701,10 @@
 //! passwords (the same code path as a single server's authentication).
 //!
 //! # Requirements
-//! Redis 6.2 or later, or Valkey, a single server or a Redis Cluster; plain
-//! `EVALSHA`, no functions API. The store connects over plain TCP
+//! Redis 6.2 or later, or Valkey, a single server or a Redis Cluster. The
+//! user needs the `@scripting` commands (`EVALSHA`, `SCRIPT LOAD`; where
+//! allowed, `FUNCTION LOAD` and `FCALL`) and the store's keys. The store
+//! connects over plain TCP
 //! (`redis://[user:password@]host[:port][/db]`, `valkey://…`) or a unix
 //! socket (`redis+unix://`, `valkey+unix://`, `unix://`). **TLS is not
 //! supported** by this build: a `rediss://` or `valkeys://` URL is refused
@@ -704,7 +712,15 @@
 //! a TLS-only server through a local TLS proxy (stunnel, a sidecar).
 //! The server's script cache holds the
 //! store's eight scripts and two admission scripts per distinct spec
-//! (resource configuration) bound, of about 12 and 15 KiB. The
+//! (resource configuration) bound, of about 12 and 15 KiB. On Redis 7 and
+//! later the server also keeps the store's ten libraries, one per script
+//! (the admission's for every spec: as a function, the spec is an
+//! argument), named `seawall_` and the SHA-1 of the script's text. Unlike
+//! the script cache, libraries are data: saved and replicated with the
+//! keys, and kept after a restart from disk. A version of the store whose
+//! scripts changed loads libraries of other names; the old ones stay,
+//! called by nothing once no process of that version runs, until
+//! `FUNCTION DELETE` removes them. The
 //! async path (`Pipeline::run`) needs a tokio runtime with timers enabled;
 //! the blocking path (`Pipeline::call`) needs no runtime.
 //!

@@ -208,6 +208,10 @@ pub(crate) struct Link {
     /// `SCRIPT LOAD` of the scripts compiled for the specs bound so far
     /// (see [`Link::register`]), by hash, each once.
     compiled: Mutex<Vec<(String, redis::Cmd)>>,
+    /// The scripts run as functions (`FCALL`): the servers took their
+    /// libraries at the last load. Else (a server before Redis 7, a user
+    /// without `FUNCTION LOAD` or `FCALL`) by `EVALSHA`.
+    functions: AtomicBool,
     weak: Weak<Link>,
 }
 
@@ -368,6 +372,7 @@ impl Link {
             managers: Mutex::new(Vec::new()),
             unawaited: Outstanding::default(),
             compiled: Mutex::new(Vec::new()),
+            functions: AtomicBool::new(false),
             health: Health {
                 origin: Instant::now(),
                 skip_until: AtomicU64::new(0),
@@ -789,14 +794,40 @@ impl Link {
         }
     }
 
+    /// `true` when the scripts run as functions (`FCALL`), else by
+    /// `EVALSHA`.
+    pub(crate) fn functions(&self) -> bool {
+        self.functions.load(Ordering::Acquire)
+    }
+
     /// The `SCRIPT LOAD` of every script: the store's, then those compiled
     /// for the specs bound so far.
     fn all_loads(&self) -> Vec<redis::Cmd> {
         let compiled = lock(&self.compiled);
-        let mut loads = Vec::with_capacity(Scripts::get().loads().len() + compiled.len());
-        loads.extend(Scripts::get().loads().iter().cloned());
+        let scripts = Scripts::get().script_loads();
+        let mut loads = Vec::with_capacity(scripts.len() + compiled.len());
+        loads.extend(scripts.iter().cloned());
         loads.extend(compiled.iter().map(|(_, load)| load.clone()));
         loads
+    }
+
+    /// After the scripts' `SCRIPT LOAD`, the outcome of the libraries'
+    /// `FUNCTION LOAD`: taken, the scripts run as functions from now on;
+    /// refused (a server without functions, a user without the right), by
+    /// `EVALSHA`. A server that cannot be reached is an error.
+    fn functions_loaded(&self, loaded: RedisResult<()>) -> Result<(), StoreError> {
+        let e = match loaded {
+            Ok(()) => {
+                self.functions.store(true, Ordering::Release);
+                return Ok(());
+            }
+            Err(e) => self.error(&e, self.settings.timeout),
+        };
+        if is_outage(&e) {
+            return Err(e);
+        }
+        self.functions.store(false, Ordering::Release);
+        Ok(())
     }
 
     /// Loads every script: on a single server, on it; on a cluster, on
@@ -813,29 +844,42 @@ impl Link {
         loads: &[redis::Cmd],
     ) -> Result<(), StoreError> {
         let t = self.settings.timeout;
+        let mut send = |load: &redis::Cmd| match c {
+            SyncConn::Server(c) => load.query::<Value>(c).map(drop),
+            SyncConn::Cluster(c) => c.route_command(load, on.routing()).map(drop),
+        };
         for load in loads {
-            match c {
-                SyncConn::Server(c) => load.query::<String>(c).map(drop),
-                SyncConn::Cluster(c) => c.route_command(load, on.routing()).map(drop),
-            }
-            .map_err(|e| self.error(&e, t))?;
+            send(load).map_err(|e| self.error(&e, t))?;
         }
-        Ok(())
+        let functions = Scripts::get()
+            .function_loads()
+            .iter()
+            .try_for_each(&mut send);
+        self.functions_loaded(functions)
     }
 
     /// [`load_sync`](Self::load_sync) on an async connection.
     async fn load_async(&self, c: &mut AsyncConn, on: LoadOn<'_>) -> Result<(), StoreError> {
         let t = self.settings.timeout;
-        for load in &self.all_loads() {
+        async fn send(c: &mut AsyncConn, on: LoadOn<'_>, load: &redis::Cmd) -> RedisResult<()> {
             match c {
-                AsyncConn::Server(c) => load.query_async::<String>(c).await.map(drop),
+                AsyncConn::Server(c) => load.query_async::<Value>(c).await.map(drop),
                 AsyncConn::Cluster(c) => {
                     c.route_command(load.clone(), on.routing()).await.map(drop)
                 }
             }
-            .map_err(|e| self.error(&e, t))?;
         }
-        Ok(())
+        for load in &self.all_loads() {
+            send(c, on, load).await.map_err(|e| self.error(&e, t))?;
+        }
+        let mut functions = Ok(());
+        for load in Scripts::get().function_loads() {
+            functions = send(c, on, load).await;
+            if functions.is_err() {
+                break;
+            }
+        }
+        self.functions_loaded(functions)
     }
 
     /// `EVALSHA`; after `NOSCRIPT` the servers are identified again (a
@@ -927,7 +971,7 @@ impl Link {
     /// cluster on every master (also checks authentication and
     /// permissions, and a cluster's node list).
     pub(crate) fn load_scripts_with(&self, compiled: &[redis::Cmd]) -> Result<(), StoreError> {
-        let mut loads: Vec<redis::Cmd> = Scripts::get().loads().to_vec();
+        let mut loads: Vec<redis::Cmd> = Scripts::get().script_loads().to_vec();
         loads.extend(compiled.iter().cloned());
         self.with_sync(true, None, |c| {
             Ok(self.load_these_sync(c, LoadOn::AllMasters, &loads)?)
@@ -1162,8 +1206,14 @@ fn text(v: Value) -> RedisResult<String> {
     redis::from_redis_value::<String>(v).map_err(redis::RedisError::from)
 }
 
+/// The script called is missing: `NOSCRIPT` for `EVALSHA`, "Function not
+/// found" for `FCALL` (the libraries go with the data, and with `FUNCTION
+/// FLUSH`).
 fn is_noscript(e: &redis::RedisError) -> bool {
-    e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) || e.code() == Some("NOSCRIPT")
+    e.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
+        || e.code() == Some("NOSCRIPT")
+        || e.detail()
+            .is_some_and(|d| d.starts_with("Function not found"))
 }
 
 fn no_runtime() -> StoreError {

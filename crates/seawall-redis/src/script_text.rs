@@ -134,8 +134,31 @@ fn tighten(line: &str, out: &mut String) {
     }
 }
 
+/// What a script that starts with the prelude runs first, with the keys
+/// and arguments of its call (see `begin` in `lua/prelude.lua`).
+const BEGIN: &str = "begin(KEYS, ARGV)\n";
+
+/// The text of a script run by `EVALSHA`: `defs` (the prelude first, when
+/// `prelude`, then the functions the body calls), the call of `begin` when
+/// `prelude`, then `body`.
+pub(crate) fn script(prelude: bool, defs: &[&str], body: &[&str]) -> String {
+    let begin: &[&str] = if prelude { &[BEGIN] } else { &[] };
+    source(&[defs, begin, body].concat())
+}
+
+/// The text of the library `name` (`FUNCTION LOAD`) whose one function,
+/// also `name`, runs the script [`script`] makes of the same parts: `defs`
+/// run once, when the library is loaded; the function calls `begin` with
+/// its keys and arguments (when `prelude`), then runs `body`.
+pub(crate) fn library(name: &str, prelude: bool, defs: &[&str], body: &[&str]) -> String {
+    let begin: &[&str] = if prelude { &[BEGIN] } else { &[] };
+    let head = format!("redis.register_function('{name}', function(KEYS, ARGV)\n");
+    let text = source(&[defs, &[head.as_str()], begin, body, &["\nend)\n"]].concat());
+    format!("#!lua name={name}\n{text}")
+}
+
 /// What the generic prelude takes its arguments with.
-pub(crate) const ARGS_LINE: &str = "local A = ARGV\n";
+pub(crate) const ARGS_LINE: &str = "  A = ARGV\n";
 
 /// `prelude` (the text of `prelude.lua`) with the spec (`ARGV[2..=27]` of
 /// the generic scripts, `spec`) compiled in: `A` is `ARGV` as the
@@ -146,7 +169,7 @@ pub(crate) const ARGS_LINE: &str = "local A = ARGV\n";
 /// split them into; every other value as the string it is in `ARGV`), and
 /// the call's own arguments, `ARGV[2..]`, from `A[28]`.
 pub(crate) fn compiled(prelude: &str, spec: &[String]) -> String {
-    let mut header = String::from("local A = {ARGV[1]");
+    let mut header = String::from("  A = {ARGV[1]");
     for (i, v) in spec.iter().enumerate() {
         // `A[i + 2]`: the flags and the shadow bits are compared as
         // strings.
@@ -170,7 +193,10 @@ pub(crate) fn compiled(prelude: &str, spec: &[String]) -> String {
     // The call's own arguments, `ARGV[2..]`, at `A[28..]`, in the same
     // constructor (one allocation, no resize).
     header.push_str(", unpack(ARGV, 2)}\n");
-    assert!(prelude.contains(ARGS_LINE), "prelude.lua takes ARGV as A");
+    assert!(
+        prelude.contains(ARGS_LINE),
+        "prelude.lua takes ARGV as A in `begin`"
+    );
     prelude.replacen(ARGS_LINE, &header, 1)
 }
 

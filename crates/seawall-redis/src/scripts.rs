@@ -18,10 +18,14 @@
 //!   carries, which `lua/carry.lua` takes off before the admission reads
 //!   its own.
 //!
-//! The admission scripts, the most frequent calls, are compiled for each
-//! spec ([`SpecScripts`]): the spec is in their text, and the call sends
-//! `ARGV[1]` and the operation's arguments only (which the scripts still
-//! read as `A[28..]`, `A` standing for `ARGV`).
+//! Each script runs as a function where the server allows (Redis 7 and
+//! later): a library of its own holds it ([`Lua`]), whose definitions run
+//! once, when it is loaded; the function sets the prelude's variables for
+//! its call (`begin`) and runs the script's body. Else by `EVALSHA`, and
+//! then the admission scripts, the most frequent calls, are compiled for
+//! each spec ([`SpecScripts`]): the spec is in their text, and the call
+//! sends `ARGV[1]` and the operation's arguments only (which the scripts
+//! still read as `A[28..]`, `A` standing for `ARGV`).
 
 use std::fmt::Write as _;
 use std::sync::OnceLock;
@@ -32,7 +36,7 @@ use seawall::breaker::BreakerMode;
 use seawall::rate_limit::RateAlgorithm;
 use seawall::store::ResourceSpec;
 
-use crate::script_text::{compiled, source};
+use crate::script_text::{compiled, library, script};
 
 const PRELUDE: &str = include_str!("lua/prelude.lua");
 /// The rule of a silent success, as the Lua function `success(A)`.
@@ -42,97 +46,163 @@ const CARRY: &str = include_str!("lua/carry.lua");
 /// The admission script.
 const ADMIT: &str = include_str!("lua/admit.lua");
 
+/// One script as the server runs it: by `EVALSHA` of its text, or by
+/// `FCALL` of the function that holds it in a library of its own (Redis 7
+/// and later). The same Lua either way: a library's function calls the
+/// prelude's `begin` with its keys and arguments, as the script does at its
+/// start, and runs the same body; the definitions of the prelude run once,
+/// when the library is loaded, instead of on every call.
+pub(crate) struct Lua {
+    script: Script,
+    /// The library's name and its one function's: `seawall_` and the
+    /// script's hash, so that another text is another library.
+    function: String,
+    /// `SCRIPT LOAD` of the text.
+    pub(crate) script_load: redis::Cmd,
+    /// `FUNCTION LOAD REPLACE` of the library.
+    pub(crate) function_load: redis::Cmd,
+}
+
+impl Lua {
+    /// `defs` (the prelude first, if `prelude`, then the functions the
+    /// body calls), then `body`, run with the keys and arguments of the
+    /// call (see [`script`] and [`library`]).
+    fn new(prelude: bool, defs: &[&str], body: &[&str]) -> Lua {
+        let text = script(prelude, defs, body);
+        let script = Script::new(&text);
+        let function = format!("seawall_{}", script.get_hash());
+        let mut function_load = redis::cmd("FUNCTION");
+        function_load
+            .arg("LOAD")
+            .arg("REPLACE")
+            .arg(library(&function, prelude, defs, body));
+        Lua {
+            script,
+            function,
+            script_load: script_load(text),
+            function_load,
+        }
+    }
+
+    /// The script's hash (`EVALSHA`).
+    pub(crate) fn hash(&self) -> &str {
+        self.script.get_hash()
+    }
+}
+
 /// The scripts that take the spec as arguments, compiled (hashed) once per
-/// process; the admission scripts are compiled for each spec
-/// ([`SpecScripts`]).
+/// process; the admission scripts are also compiled for each spec
+/// ([`SpecScripts`]), which `EVALSHA` runs: as functions, the spec is an
+/// argument (one library for every spec).
 pub(crate) struct Scripts {
-    pub(crate) record: Script,
-    pub(crate) release: Script,
-    pub(crate) metrics: Script,
-    pub(crate) control: Script,
-    pub(crate) in_flight: Script,
+    pub(crate) record: Lua,
+    pub(crate) release: Lua,
+    pub(crate) metrics: Lua,
+    pub(crate) control: Lua,
+    pub(crate) in_flight: Lua,
     /// The lean record of a success that can report nothing (self-contained:
     /// no prelude, see [`SuccessArgs`]).
-    pub(crate) success: Script,
+    pub(crate) success: Lua,
     /// The lease of a batch of rate-limit permits (leased mode): the
     /// admission rule of `admit.lua`, run as a function, and the instant
     /// to give the batch back with (`lua/lease.lua`).
-    pub(crate) lease: Script,
+    pub(crate) lease: Lua,
     /// The extension of the bulkhead slots a process holds in leased mode
     /// (`lua/extend.lua`).
-    pub(crate) extend: Script,
-    /// `SCRIPT LOAD` of every script: commands of their own, which a
-    /// cluster connection routes to the masters.
-    loads: [redis::Cmd; 8],
+    pub(crate) extend: Lua,
+    /// The admission, with the spec as arguments.
+    pub(crate) admit: Lua,
+    /// The admission carrying silent successes, with the spec as
+    /// arguments (see [`SpecScripts::admit_carrying`]).
+    pub(crate) admit_carrying: Lua,
+    /// `SCRIPT LOAD` of every script but the last two (which run as
+    /// functions only: by `EVALSHA`, an admission runs its spec's own
+    /// script): commands of their own, which a cluster connection routes to
+    /// the masters.
+    script_loads: Vec<redis::Cmd>,
+    /// `FUNCTION LOAD REPLACE` of every script's library.
+    function_loads: Vec<redis::Cmd>,
 }
 
 impl Scripts {
     pub(crate) fn get() -> &'static Scripts {
         static SCRIPTS: OnceLock<Scripts> = OnceLock::new();
         SCRIPTS.get_or_init(|| {
-            let with_prelude = |body: &str| source(&[PRELUDE, body]);
-            let sources = [
-                with_prelude(include_str!("lua/record.lua")),
-                with_prelude(include_str!("lua/release.lua")),
-                with_prelude(include_str!("lua/metrics.lua")),
-                with_prelude(include_str!("lua/control.lua")),
-                with_prelude(include_str!("lua/in_flight.lua")),
-                source(&[SUCCESS, "return success(ARGV)\n"]),
-                lease_source(),
-                with_prelude(include_str!("lua/extend.lua")),
+            let with_prelude = |body: &str| Lua::new(true, &[PRELUDE], &[body]);
+            let scripts = Scripts {
+                record: with_prelude(include_str!("lua/record.lua")),
+                release: with_prelude(include_str!("lua/release.lua")),
+                metrics: with_prelude(include_str!("lua/metrics.lua")),
+                control: with_prelude(include_str!("lua/control.lua")),
+                in_flight: with_prelude(include_str!("lua/in_flight.lua")),
+                success: Lua::new(false, &[SUCCESS], &["return success(KEYS, ARGV)\n"]),
+                lease: Lua::new(true, &[PRELUDE], &LEASE_BODY),
+                extend: with_prelude(include_str!("lua/extend.lua")),
+                admit: with_prelude(ADMIT),
+                admit_carrying: Lua::new(true, &[PRELUDE, SUCCESS], &[CARRY, ADMIT]),
+                script_loads: Vec::new(),
+                function_loads: Vec::new(),
+            };
+            let all = [
+                &scripts.record,
+                &scripts.release,
+                &scripts.metrics,
+                &scripts.control,
+                &scripts.in_flight,
+                &scripts.success,
+                &scripts.lease,
+                &scripts.extend,
+                &scripts.admit,
+                &scripts.admit_carrying,
             ];
-            let [record, release, metrics, control, in_flight, success, lease, extend] =
-                sources.each_ref().map(|s| Script::new(s));
+            let script_loads = all[..8].iter().map(|s| s.script_load.clone()).collect();
+            let function_loads = all.iter().map(|s| s.function_load.clone()).collect();
             Scripts {
-                record,
-                release,
-                metrics,
-                control,
-                in_flight,
-                success,
-                lease,
-                extend,
-                loads: sources.map(script_load),
+                script_loads,
+                function_loads,
+                ..scripts
             }
         })
     }
 
-    /// `SCRIPT LOAD` of every script.
-    pub(crate) fn loads(&self) -> &[redis::Cmd; 8] {
-        &self.loads
+    /// `SCRIPT LOAD` of every script run by `EVALSHA`.
+    pub(crate) fn script_loads(&self) -> &[redis::Cmd] {
+        &self.script_loads
+    }
+
+    /// `FUNCTION LOAD REPLACE` of every library.
+    pub(crate) fn function_loads(&self) -> &[redis::Cmd] {
+        &self.function_loads
     }
 }
 
-/// The admission scripts of one spec: `admit.lua` (and the admission that
-/// carries successes) with the spec compiled in as constants, so that an
-/// admission sends only the time and its own arguments (`ARGV[2..]`, which
-/// the scripts see at `ARGV[28..]` as usual): the same Lua, the same rules,
-/// without the 26 spec arguments to send, parse and convert on every call.
-/// Loaded when a pipeline binds, and with every script after `NOSCRIPT`
-/// (see `Link::register`).
+/// The admission scripts of one spec, run by `EVALSHA`: `admit.lua` (and
+/// the admission that carries successes) with the spec compiled in as
+/// constants, so that an admission sends only the time and its own
+/// arguments (`ARGV[2..]`, which the scripts see at `ARGV[28..]` as usual):
+/// the same Lua, the same rules, without the 26 spec arguments to send,
+/// parse and convert on every call. Loaded when a pipeline binds, and with
+/// every script after `NOSCRIPT` (see `Link::register`).
 pub(crate) struct SpecScripts {
-    pub(crate) admit: Script,
+    pub(crate) admit: Lua,
     /// The admission carrying silent successes of the same keys, applied
     /// first by the same rule as `success` (see `lua/carry.lua`): the
     /// admission's arguments, then the carried records as one more.
-    pub(crate) admit_carrying: Script,
-    /// `SCRIPT LOAD` of both.
-    pub(crate) loads: [redis::Cmd; 2],
+    pub(crate) admit_carrying: Lua,
 }
 
 impl SpecScripts {
     pub(crate) fn new(args: &SpecArgs) -> SpecScripts {
         let prelude = compiled_prelude(args);
-        let sources = [
-            source(&[&prelude, ADMIT]),
-            source(&[&prelude, SUCCESS, CARRY, ADMIT]),
-        ];
-        let [admit, admit_carrying] = sources.each_ref().map(|s| Script::new(s));
         SpecScripts {
-            admit,
-            admit_carrying,
-            loads: sources.map(script_load),
+            admit: Lua::new(true, &[&prelude], &[ADMIT]),
+            admit_carrying: Lua::new(true, &[&prelude, SUCCESS], &[CARRY, ADMIT]),
         }
+    }
+
+    /// The hash and `SCRIPT LOAD` of both.
+    pub(crate) fn loads(&self) -> [(String, redis::Cmd); 2] {
+        [&self.admit, &self.admit_carrying].map(|s| (s.hash().to_owned(), s.script_load.clone()))
     }
 }
 
@@ -149,22 +219,21 @@ fn compiled_prelude(args: &SpecArgs) -> String {
     compiled(PRELUDE, &args.0)
 }
 
-/// The lease script: the prelude, `admit.lua` unchanged as the body of a
-/// function (its `return`s return from it), then `lease.lua`.
-fn lease_source() -> String {
-    source(&[
-        PRELUDE,
-        "local function admit_rule()\n",
-        ADMIT,
-        "\nend\n",
-        include_str!("lua/lease.lua"),
-    ])
-}
+/// The body of the lease script (after the prelude): `admit.lua`
+/// unchanged as the body of a function (its `return`s return from it),
+/// then `lease.lua`.
+const LEASE_BODY: [&str; 4] = [
+    "local function admit_rule()\n",
+    ADMIT,
+    "\nend\n",
+    include_str!("lua/lease.lua"),
+];
 
-/// One call of a script: `EVALSHA sha 7 keys… args…`, built once and sent
-/// as it is. The link sends it itself (rather than through the client's
-/// script helper) so that it sees a `NOSCRIPT`: a server that lost its
-/// scripts may have lost its state too (see `Link::invoke_sync`).
+/// One call of a script: `EVALSHA sha 7 keys… args…` or `FCALL function 7
+/// keys… args…`, built once and sent as it is. The link sends it itself
+/// (rather than through the client's script helper) so that it sees a
+/// `NOSCRIPT` or a missing function: a server that lost its scripts may
+/// have lost its state too (see `Link::invoke_sync`).
 pub(crate) struct Invocation {
     pub(crate) cmd: redis::Cmd,
     keys: usize,
@@ -174,9 +243,19 @@ impl Invocation {
     /// Every script takes the seven keys of one resource.
     pub(crate) const KEYS: usize = 7;
 
-    pub(crate) fn new(script: &Script) -> Invocation {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(script.get_hash()).arg(Self::KEYS);
+    /// A call of `script`: by `FCALL` of its function when `functions`,
+    /// else by `EVALSHA`.
+    pub(crate) fn new(script: &Lua, functions: bool) -> Invocation {
+        let mut cmd = if functions {
+            let mut cmd = redis::cmd("FCALL");
+            cmd.arg(&script.function);
+            cmd
+        } else {
+            let mut cmd = redis::cmd("EVALSHA");
+            cmd.arg(script.hash());
+            cmd
+        };
+        cmd.arg(Self::KEYS);
         Invocation { cmd, keys: 0 }
     }
 
@@ -191,7 +270,8 @@ impl Invocation {
     /// The first key: every key of an invocation shares its hash tag, so
     /// this key's slot is the invocation's.
     pub(crate) fn first_key(&self) -> &[u8] {
-        // EVALSHA, the hash, the number of keys, then the keys.
+        // EVALSHA and the hash (FCALL and the function), the number of
+        // keys, then the keys.
         match self.cmd.args_iter().nth(3) {
             Some(redis::Arg::Simple(key)) => key,
             _ => &[],
@@ -522,39 +602,46 @@ mod tests {
     /// instead of `NOAUTH`.
     const MAX_SCRIPT_LEN: usize = 16 * 1024;
 
+    /// The text a load sends (its last argument).
+    fn sent(load: &redis::Cmd) -> usize {
+        match load.args_iter().last() {
+            Some(redis::Arg::Simple(text)) => text.len(),
+            _ => 0,
+        }
+    }
+
     #[test]
     fn every_script_is_read_before_authentication() {
-        let scripts = [
-            ("admit", ADMIT),
-            ("record", include_str!("lua/record.lua")),
-            ("release", include_str!("lua/release.lua")),
-            ("metrics", include_str!("lua/metrics.lua")),
-            ("control", include_str!("lua/control.lua")),
-            ("in_flight", include_str!("lua/in_flight.lua")),
-            ("extend", include_str!("lua/extend.lua")),
+        let s = Scripts::get();
+        let all = [
+            ("record", &s.record),
+            ("release", &s.release),
+            ("metrics", &s.metrics),
+            ("control", &s.control),
+            ("in_flight", &s.in_flight),
+            ("success", &s.success),
+            ("lease", &s.lease),
+            ("extend", &s.extend),
+            ("admit", &s.admit),
+            ("admit_carrying", &s.admit_carrying),
         ];
-        for (name, body) in scripts {
-            let len = source(&[PRELUDE, body]).len();
-            assert!(len <= MAX_SCRIPT_LEN, "{name}: {len} bytes");
-        }
-        let len = source(&[SUCCESS, "return success(ARGV)\n"]).len();
-        assert!(len <= MAX_SCRIPT_LEN, "success: {len} bytes");
-        let len = source(&[PRELUDE, SUCCESS, CARRY, ADMIT]).len();
-        assert!(len <= MAX_SCRIPT_LEN, "admit_carrying: {len} bytes");
         // Compiled for a spec with every policy, the longest spec text.
         let full = ResourceSpec::new("r")
             .with_circuit(CircuitBreaker::failure_rate(0.5).cooldown_growth(2.5, Duration::MAX))
             .with_bulkhead(Bulkhead::new(u32::MAX))
             .with_cooldown(seawall::Cooldown::new())
             .with_rate_limit(RateLimiter::gcra(3, Duration::from_secs(1)));
-        let prelude = compiled_prelude(&SpecArgs::new(&full, Duration::MAX));
-        let len = source(&[&prelude, SUCCESS, CARRY, ADMIT]).len();
-        assert!(
-            len <= MAX_SCRIPT_LEN,
-            "compiled admit_carrying: {len} bytes"
-        );
-        let len = lease_source().len();
-        assert!(len <= MAX_SCRIPT_LEN, "lease: {len} bytes");
+        let compiled = SpecScripts::new(&SpecArgs::new(&full, Duration::MAX));
+        let compiled = [
+            ("compiled admit", &compiled.admit),
+            ("compiled admit_carrying", &compiled.admit_carrying),
+        ];
+        for (name, lua) in all.into_iter().chain(compiled) {
+            for load in [&lua.script_load, &lua.function_load] {
+                let len = sent(load);
+                assert!(len > 0 && len <= MAX_SCRIPT_LEN, "{name}: {len} bytes");
+            }
+        }
         // Comments, blank lines and indentation go; code stays, a trailing
         // comment too; the spaces after a comma and around `=`, `==` and
         // `~=` go, except in strings.
@@ -603,7 +690,7 @@ mod tests {
     }
 
     use super::*;
-    use crate::script_text::{is_plain_decimal, lua_escaped, ARGS_LINE};
+    use crate::script_text::{is_plain_decimal, lua_escaped, source, ARGS_LINE};
     use seawall::{Bulkhead, CircuitBreaker, RateLimiter};
 
     #[test]
@@ -616,12 +703,12 @@ mod tests {
         let prelude = compiled_prelude(&args);
         let header = prelude
             .lines()
-            .find(|l| l.starts_with("local A = {"))
+            .find(|l| l.starts_with("  A = {"))
             .expect("the spec's table");
         // Flags and shadow bits as strings; numbers as numbers; GCRA's
         // pairs split; the call's own arguments after the spec.
         assert!(
-            header.starts_with("local A = {ARGV[1], '1', 2, 100, 0.5, 0, "),
+            header.starts_with("  A = {ARGV[1], '1', 2, 100, 0.5, 0, "),
             "{header}"
         );
         assert!(
@@ -633,12 +720,12 @@ mod tests {
         // Two specs, two scripts; the same spec, the same script.
         let other = SpecArgs::new(&spec, Duration::from_secs(61));
         assert_ne!(
-            SpecScripts::new(&args).admit.get_hash(),
-            SpecScripts::new(&other).admit.get_hash()
+            SpecScripts::new(&args).admit.hash(),
+            SpecScripts::new(&other).admit.hash()
         );
         assert_eq!(
-            SpecScripts::new(&args).admit_carrying.get_hash(),
-            SpecScripts::new(&args).admit_carrying.get_hash()
+            SpecScripts::new(&args).admit_carrying.hash(),
+            SpecScripts::new(&args).admit_carrying.hash()
         );
     }
 

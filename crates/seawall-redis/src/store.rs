@@ -8,7 +8,6 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
-use redis::Script;
 use seawall::breaker::{CircuitControl, CircuitMetrics, CircuitState, CircuitTransition};
 use seawall::store::{
     Admission, AdmitRequest, BudgetStep, Outcome, Permit, Record, Recorded, Reservation, Reserve,
@@ -20,7 +19,7 @@ use crate::config::{FailMode, RedisStoreBuilder, TimeSource};
 use crate::error::{is_outage, RedisStoreError};
 use crate::link::{Client, Link, LinkSettings, Outstanding, Restart};
 use crate::refusals::{Answer, Refusals};
-use crate::scripts::{self, Invocation, Keys, Scripts, SpecArgs, SpecScripts, SuccessArgs};
+use crate::scripts::{self, Invocation, Keys, Lua, Scripts, SpecArgs, SpecScripts, SuccessArgs};
 
 /// A [`StateStore`] on a Redis server, shared by every process that uses
 /// the same server and key prefix.
@@ -203,13 +202,9 @@ impl StateStore for RedisStore {
         };
         let args = SpecArgs::new(spec, inner.probe_lease);
         let compiled = SpecScripts::new(&args);
-        inner.link.register(
-            [&compiled.admit, &compiled.admit_carrying]
-                .map(|s| s.get_hash().to_owned())
-                .into_iter()
-                .zip(compiled.loads.iter().cloned()),
-        );
-        match inner.link.load_scripts_with(&compiled.loads) {
+        let loads = compiled.loads();
+        inner.link.register(loads.iter().cloned());
+        match inner.link.load_scripts_with(&loads.map(|(_, load)| load)) {
             Err(e) if !is_outage(&e) => return Err(e),
             _ => {}
         }
@@ -418,7 +413,7 @@ struct Pending {
 impl Pending {
     /// The record sent on its own: the `success` script.
     fn invocation(&self) -> Invocation {
-        let mut inv = Invocation::new(&Scripts::get().success);
+        let mut inv = Invocation::new(&Scripts::get().success, self.shared.link.functions());
         self.shared.keys_of(&mut inv, self.partition.as_ref());
         for a in self.args.split(',') {
             inv.arg(a);
@@ -990,26 +985,32 @@ impl Shared {
     /// the server's clock.
     fn invocation(
         &self,
-        script: &Script,
+        script: &Lua,
         partition: Option<&PartitionKey>,
         now: Option<Duration>,
     ) -> Invocation {
-        let mut inv = self.compiled_invocation(script, partition, now);
+        self.with_spec(self.head(script, self.link.functions(), partition, now))
+    }
+
+    /// `inv` with the spec's arguments (`ARGV[2..=27]`).
+    fn with_spec(&self, mut inv: Invocation) -> Invocation {
         for a in &self.args.0 {
             inv.arg(a.as_str());
         }
         inv
     }
 
-    /// [`invocation`](Self::invocation) of a script compiled for the spec
-    /// ([`SpecScripts`]): without the spec's arguments.
-    fn compiled_invocation(
+    /// A call of `script` (as a function when `functions`) with its keys
+    /// and time, without the spec's arguments: a script compiled for the
+    /// spec ([`SpecScripts`]) has them.
+    fn head(
         &self,
-        script: &Script,
+        script: &Lua,
+        functions: bool,
         partition: Option<&PartitionKey>,
         now: Option<Duration>,
     ) -> Invocation {
-        let mut inv = Invocation::new(script);
+        let mut inv = Invocation::new(script, functions);
         self.keys_of(&mut inv, partition);
         match now {
             // Whole microseconds and the nanoseconds past them (GCRA keeps
@@ -1043,12 +1044,25 @@ impl Shared {
         reserve: Reserve,
         carried: &[Pending],
     ) -> Invocation {
-        let script = if carried.is_empty() {
-            &self.compiled.admit
+        let (partition, now) = (request.partition, Some(request.now));
+        // As a function, the one library for every spec, the spec as
+        // arguments; by `EVALSHA`, the script compiled for the spec.
+        let inv = if self.link.functions() {
+            let s = Scripts::get();
+            let script = if carried.is_empty() {
+                &s.admit
+            } else {
+                &s.admit_carrying
+            };
+            self.with_spec(self.head(script, true, partition, now))
         } else {
-            &self.compiled.admit_carrying
+            let script = if carried.is_empty() {
+                &self.compiled.admit
+            } else {
+                &self.compiled.admit_carrying
+            };
+            self.head(script, false, partition, now)
         };
-        let inv = self.compiled_invocation(script, request.partition, Some(request.now));
         self.admission_args(inv, request, reserve, carried)
     }
 
@@ -1056,7 +1070,7 @@ impl Shared {
     /// which runs its rule), with `carried` records for `admit_carrying`.
     fn admission_invocation(
         &self,
-        script: &Script,
+        script: &Lua,
         request: &AdmitRequest<'_>,
         reserve: Reserve,
         carried: &[Pending],

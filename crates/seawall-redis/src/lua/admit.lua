@@ -356,14 +356,14 @@ end
 -- reservation stands for it), or reserved for `rat`.
 if HAS_R and ((reason == 0 and took_r and takes_part(P_R)) or rat) then
   if R_ALG == 1 then
-    redis.call('SET', KRL, format('%d:%d', rnew[1], rnew[2]), 'PX', ms(rnew[1] + 1 - now, 1000))
+    redis.call('SET', KRL, string.format('%d:%d', rnew[1], rnew[2]), 'PX', ms(rnew[1] + 1 - now, 1000))
   elseif R_ALG == 2 then
     local w = rat and fwindow(rat[1], rat[2]) or fwindow(now, now_ns)
     redis.call('HSET', KRL, 'w', int(w), 'n', rnew)
     redis.call('PEXPIRE', KRL, ms(fstart(w + 1) + 1 - now, 1000))
   else
     local l = rlog or {now, now_ns}
-    for _ = 1, RW do add_unique(KRL, l[1], format('%03d:', l[2])) end
+    for _ = 1, RW do add_unique(KRL, l[1], string.format('%03d:', l[2])) end
     redis.call('PEXPIRE', KRL, ms(l[1] - now + upair(R_PER) + 1, 1000))
   end
 end

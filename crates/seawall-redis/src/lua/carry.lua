@@ -14,5 +14,5 @@ if HAS_C then
   CARRIED_H = hload_admit(success_fields(MODE, {'since'}))
 end
 for rec in string.gmatch(carried, '[^;]+') do
-  success({string.match(rec, '^([^,]*),([^,]*),([^,]*),([^,]*),([^,]*),([^,]*),([^,]*)$')}, CARRIED_H)
+  success(KEYS, {string.match(rec, '^([^,]*),([^,]*),([^,]*),([^,]*),([^,]*),([^,]*),([^,]*)$')}, CARRIED_H)
 end

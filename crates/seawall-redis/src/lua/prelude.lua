@@ -6,15 +6,18 @@
 -- decision needs it, and the spec's numbers are converted only where they
 -- are used: an admission of a closed circuit converts four.
 
-local tonumber, format = tonumber, string.format
-local KH, KCW, KTW, KTZ, KB, KRL = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
--- The retry budget's bucket (seawall::RetryBudget::shared).
-local KRB = KEYS[7]
+-- What one call of a script works with, set by `begin` (below) at its
+-- start. A script run by `EVALSHA` calls it first; a function of a library
+-- (src/scripts.rs) calls it with its own keys and arguments: the
+-- definitions of this file then run once, when the library is loaded, and
+-- every variable a call sets or reads here is set anew by `begin`.
+-- The keys (KEYS, in the order of src/scripts.rs); KRB: the retry
+-- budget's bucket (seawall::RetryBudget::shared).
+local KH, KCW, KTW, KTZ, KB, KRL, KRB
 -- The arguments, as ARGV has them in the generic scripts; an admission
 -- script compiled for one spec (src/scripts.rs, `SpecScripts`) builds A
 -- instead, the spec as constants in A[2..27].
-local A = ARGV
-
+local A
 -- The server's clock decides, unless the caller's time was passed (tests).
 -- A circuit begins with its first admission, record or control, which
 -- writes its `since` (see `cbegin`); one not begun yet has been closed
@@ -22,8 +25,60 @@ local A = ARGV
 -- `now` is in whole microseconds; `now_ns`, the nanoseconds past it
 -- (0..999), is known on the caller's clock only and used by the rate
 -- limiters, whose times are kept to the nanosecond.
-local now, since0
-local now_ns = 0
+local now, since0, now_ns
+-- The resource's spec, fixed at bind time; each part parsed only when
+-- configured, and only what every call of it uses. Read where used: the
+-- idle time `A[14]`, the cooldown's longest pause `A[19]` and grace
+-- `A[20]`.
+local HAS_C, HAS_B, HAS_CD, HAS_R
+-- The circuit's spec: its mode always, the rest by `cspec()` in the
+-- scripts that judge or move the circuit and where a round of probes
+-- starts or ends. HALF_MAX: the longest a round of probes blocks the next
+-- one (the breaker's max_half_open, else the store's probe lease).
+local MODE, MODE_N, FR, SR, SLOW, MINC, CD_BASE, CD_GROWTH, CD_MAX, HOC, HALF_MAX
+local B_MAX, B_LEASE, R_ALG, R_LIMIT, R_TOL, R_INT, R_PER
+-- The policies in shadow mode, a bit each (see `shadow`).
+local SHADOW
+-- The state hash as an admission carrying successes read it (carry.lua),
+-- with the successes' writes: the admission takes it instead of reading
+-- the hash again.
+local CARRIED_H
+-- Where the operation's own arguments start in A.
+local D = 28
+
+-- Sets every variable above for a call with keys `KEYS` and arguments
+-- `ARGV`: nothing of an earlier call is left.
+local function begin(KEYS, ARGV)
+  KH, KCW, KTW, KTZ, KB, KRL, KRB = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+  A = ARGV
+  now, since0, now_ns = nil, nil, 0
+  HAS_C, HAS_B, HAS_CD, HAS_R = A[2] == '1', A[15] == '1', A[18] == '1', A[21] == '1'
+  MODE, MODE_N, FR, SR, SLOW, MINC, CD_BASE, CD_GROWTH, CD_MAX, HOC, HALF_MAX = 0
+  if HAS_C then MODE = tonumber(A[3]) end
+  B_MAX, B_LEASE, R_ALG, R_LIMIT, R_TOL, R_INT, R_PER = nil
+  if HAS_B then B_MAX, B_LEASE = tonumber(A[16]), tonumber(A[17]) end
+  if HAS_R then
+    R_ALG = tonumber(A[22])
+    if R_ALG == 1 then
+      -- GCRA's tolerance and emission interval, as `microseconds:nanoseconds`
+      -- (parsed with `upair` by the scripts that use them), or split already.
+      R_TOL, R_INT = A[25], A[26]
+    elseif R_ALG == 2 then
+      -- The fixed window's windows are aligned on multiples of its period
+      -- to the nanosecond, as in memory: the period as a pair too (in A[25],
+      -- parsed with `upair` by `fwindow` and `fstart`).
+      R_LIMIT, R_PER = tonumber(A[23]), A[25]
+    else
+      -- The sliding log keeps its times to the nanosecond: its period as a
+      -- pair (in A[25], parsed with `upair` where used).
+      R_LIMIT, R_PER = tonumber(A[23]), A[25]
+    end
+  end
+  SHADOW = 0
+  if A[27] ~= '0' then SHADOW = tonumber(A[27]) or 0 end
+  CARRIED_H = nil
+end
+
 local function tnow()
   if not now then
     if A[1] == '' then
@@ -40,46 +95,12 @@ local function tnow()
   return now
 end
 
--- The resource's spec, fixed at bind time; each part parsed only when
--- configured, and only what every call of it uses. Read where used: the
--- idle time `A[14]`, the cooldown's longest pause `A[19]` and grace
--- `A[20]`.
-local HAS_C, HAS_B, HAS_CD, HAS_R = A[2] == '1', A[15] == '1', A[18] == '1', A[21] == '1'
--- The circuit's spec: its mode always, the rest by `cspec()` in the
--- scripts that judge or move the circuit and where a round of probes
--- starts or ends. HALF_MAX: the longest a round of probes blocks the next
--- one (the breaker's max_half_open, else the store's probe lease).
-local MODE, MODE_N, FR, SR, SLOW, MINC, CD_BASE, CD_GROWTH, CD_MAX, HOC, HALF_MAX = 0
-if HAS_C then MODE = tonumber(A[3]) end
 local function cspec()
   MODE_N = tonumber(A[4])
   FR, SR, SLOW, MINC = tonumber(A[5]), tonumber(A[6]), tonumber(A[7]), tonumber(A[8])
   CD_BASE, CD_GROWTH, CD_MAX = tonumber(A[9]), tonumber(A[10]), tonumber(A[11])
   HOC, HALF_MAX = tonumber(A[12]), tonumber(A[13])
 end
-local B_MAX, B_LEASE, R_ALG, R_LIMIT, R_TOL, R_INT, R_PER
-if HAS_B then B_MAX, B_LEASE = tonumber(A[16]), tonumber(A[17]) end
-if HAS_R then
-  R_ALG = tonumber(A[22])
-  if R_ALG == 1 then
-    -- GCRA's tolerance and emission interval, as `microseconds:nanoseconds`
-    -- (parsed with `upair` by the scripts that use them), or split already.
-    R_TOL, R_INT = A[25], A[26]
-  elseif R_ALG == 2 then
-    -- The fixed window's windows are aligned on multiples of its period
-    -- to the nanosecond, as in memory: the period as a pair too (in A[25],
-    -- parsed with `upair` by `fwindow` and `fstart`).
-    R_LIMIT, R_PER = tonumber(A[23]), A[25]
-  else
-    -- The sliding log keeps its times to the nanosecond: its period as a
-    -- pair (in A[25], parsed with `upair` where used).
-    R_LIMIT, R_PER = tonumber(A[23]), A[25]
-  end
-end
--- The policies in shadow mode, a bit each (see `shadow`).
-local SHADOW = 0
-if A[27] ~= '0' then SHADOW = tonumber(A[27]) or 0 end
-local D = 28
 
 -- Policies, as the bits of SHADOW.
 local P_C, P_B, P_CD, P_R = 1, 2, 4, 8
@@ -103,7 +124,7 @@ local FOREVER_FROM_MS = 4398046511103
 -- formatted explicitly: a Lua number may otherwise reach Redis as
 -- `1e+08`, which is not an integer to PEXPIRE nor the same member to ZREM.
 local function int(n)
-  return format('%d', n)
+  return string.format('%d', n)
 end
 
 -- A TTL in milliseconds (at least 1) for `us` microseconds plus `extra_ms`.
@@ -247,11 +268,6 @@ local function cbegin(h)
   h.since = tnow()
   return true
 end
-
--- The state hash as an admission carrying successes read it (carry.lua),
--- with the successes' writes: the admission takes it instead of reading
--- the hash again.
-local CARRIED_H
 
 -- Whether a call of weight `w` can ever pass the rate limiter (the
 -- in-memory `weight_fits`): 1 <= w <= burst for GCRA (the last of its `w`

@@ -1,12 +1,12 @@
 -- seawall-redis: the record of a success that can report nothing (not a
 -- probe, not slow, no retry-after hint), or of an ignored outcome of a
--- permit that is not a probe, as the function `success(A)`. Lean: the most
+-- permit that is not a probe, as the function `success(K, A)`. Lean: the most
 -- frequent record, so it reads only what it needs. Its effect is exactly
 -- that of record.lua for such an outcome. Run on its own (followed by
--- `return success(ARGV)`), or for each success an admission carries
+-- `return success(KEYS, ARGV)`), or for each success an admission carries
 -- (carry.lua, after prelude.lua and before admit.lua): the one statement of
 -- the rule for both.
--- KEYS: as every script (src/scripts.rs).
+-- K: the keys, KEYS of every script (src/scripts.rs).
 -- A (ARGV when run on its own): [1] the caller's time in microseconds, or empty for TIME,
 -- [2] slot (-1: none), [3] generation, [4] circuit mode (0: nothing to
 -- record, 1 consecutive, 2 count window, 3 time window), [5] window size,
@@ -18,8 +18,6 @@
 -- Reply: {0, 0, -1} (no transition, no cooldown)
 -- Written for speed (the most frequent record): every number converted
 -- costs, so each argument is converted only when needed.
-
-local tonumber, format = tonumber, string.format
 
 -- The fields of the state hash `success` reads in circuit mode `mode`
 -- (1, 2 or 3), after `first` (a list to extend, or nil).
@@ -62,11 +60,11 @@ local function success_ttl(A, h, mode, n, now)
   end
   local m = math.ceil(t / 1000)
   if m < 1 then m = 1 end
-  return format('%d', m)
+  return string.format('%d', m)
 end
 
-local function success(A, H)
-  local KH, KCW, KTW, KTZ, KB = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local function success(K, A, H)
+  local KH, KCW, KTW, KTZ, KB = K[1], K[2], K[3], K[4], K[5]
   if A[2] ~= '-1' then redis.call('ZREM', KB, A[2]) end
   local mode = A[4]
   if mode == '0' then return NOTHING end
@@ -102,7 +100,7 @@ local function success(A, H)
     local coded = h.nf > 0 or h.ns > 0
     local old = 0
     if coded then
-      old = redis.call('BITFIELD', KCW, 'SET', 'u2', '#' .. format('%d', nh % n), 0)[1]
+      old = redis.call('BITFIELD', KCW, 'SET', 'u2', '#' .. string.format('%d', nh % n), 0)[1]
     end
     -- Only the counts that change are written: once the window is full,
     -- the calls stay at its size, and a success replacing a success
@@ -130,7 +128,7 @@ local function success(A, H)
     local now = success_now(A)
     local sec = math.floor(now / 1000000)
     local edge = sec - n
-    local secs = format('%d', sec)
+    local secs = string.format('%d', sec)
     local old = redis.call('ZRANGEBYSCORE', KTZ, '-inf', edge)
     for i = 1, #old do
       local s = old[i]

@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use seawall::store::contract::{self, ContractClock, ManualClock};
 use seawall_redis::{RedisStore, TimeSource};
 
-use crate::support::{unique, RedisServer};
+use crate::support::{command_calls, scripts_only_url, unique, RedisServer};
 
 /// Wall-clock time, the same clock the local server reads with `TIME`.
 pub(crate) struct WallClock;
@@ -50,6 +50,24 @@ fn contract_holds_exactly_on_the_caller_clock() {
     contract::run_all(&store, &clock);
     // Twice on one store: checks do not interfere.
     contract::run_all(&store, &clock);
+}
+
+/// The same on a server whose user may not run functions: the scripts run
+/// by `EVALSHA` (the admissions by the scripts compiled for their spec),
+/// as on a server before Redis 7.
+#[test]
+fn contract_holds_exactly_by_evalsha() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder(scripts_only_url(&server))
+        .prefix(unique("contract-evalsha"))
+        .time_source(TimeSource::Caller)
+        .fail_closed()
+        .build()
+        .unwrap();
+    contract::run_all(&store, &ManualClock::new());
+    let stats = command_calls(&mut server.conn());
+    assert_eq!(stats.get("fcall"), None, "{stats:?}");
+    assert!(stats.get("evalsha").is_some_and(|n| *n > 100), "{stats:?}");
 }
 
 /// `caller_clock()`: every script takes its time from the request, so a

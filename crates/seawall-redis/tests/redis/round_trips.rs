@@ -9,7 +9,8 @@ use seawall::{Bulkhead, CircuitBreaker, Cooldown, Pipeline, RateLimiter, Retry};
 use seawall_redis::RedisStore;
 
 use crate::support::{
-    command_calls, error_count, rt, script_calls, script_loads, unique, RedisServer,
+    both_ways, command_calls, error_count, flush_scripts, function_loads, rt, script_calls,
+    script_loads, unique, RedisServer,
 };
 
 const CALLS: u32 = 25;
@@ -120,74 +121,150 @@ fn one_round_trip_to_admit_and_one_to_record_a_failure() {
 #[test]
 fn scripts_flushed_from_the_server_are_reloaded() {
     let server = RedisServer::start();
-    let store = RedisStore::builder(server.url())
-        .prefix(unique("flush"))
-        .fail_closed()
-        .build()
-        .unwrap();
-    let p = Pipeline::builder("flushed")
-        .circuit_breaker(CircuitBreaker::consecutive_failures(3))
-        .bulkhead(Bulkhead::new(2))
-        .store(store)
-        .build()
-        .unwrap();
-    let mut conn = server.conn();
-    let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut conn).unwrap();
-    p.call(|_| Ok::<_, std::io::Error>(())).unwrap();
-    let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut conn).unwrap();
-    rt().block_on(p.run(|_| async { Ok::<_, std::io::Error>(()) }))
-        .unwrap();
-    assert_eq!(p.in_flight().unwrap(), 0);
-    let stats = command_calls(&mut conn);
-    assert!(
-        script_loads(&stats) >= 2,
-        "reloaded after each flush: {stats:?}"
-    );
+    for (how, url) in both_ways(&server) {
+        let store = RedisStore::builder(url)
+            .prefix(unique("flush"))
+            .fail_closed()
+            .build()
+            .unwrap();
+        let p = Pipeline::builder("flushed")
+            .circuit_breaker(CircuitBreaker::consecutive_failures(3))
+            .bulkhead(Bulkhead::new(2))
+            .store(store)
+            .build()
+            .unwrap();
+        let mut conn = server.conn();
+        let _: () = redis::cmd("CONFIG")
+            .arg("RESETSTAT")
+            .query(&mut conn)
+            .unwrap();
+        flush_scripts(&mut conn);
+        p.call(|_| Ok::<_, std::io::Error>(())).unwrap();
+        flush_scripts(&mut conn);
+        rt().block_on(p.run(|_| async { Ok::<_, std::io::Error>(()) }))
+            .unwrap();
+        assert_eq!(p.in_flight().unwrap(), 0, "{how}");
+        let stats = command_calls(&mut conn);
+        assert!(
+            script_loads(&stats) >= 2,
+            "{how}: reloaded after each flush: {stats:?}"
+        );
+        if how == "functions" {
+            assert!(function_loads(&stats) >= 2 * 10, "{how}: {stats:?}");
+        }
+    }
 }
 
 /// The admission scripts are compiled for each spec: a server that lost its
-/// scripts gets those of every spec bound so far with the first `NOSCRIPT`,
-/// so that the other resources' admissions find theirs (one `NOSCRIPT`,
-/// one restart noted, for the server).
+/// scripts gets those of every spec bound so far with the first `NOSCRIPT`
+/// (or missing function), so that the other resources' admissions find
+/// theirs (one miss, one restart noted, for the server). As functions, one
+/// library holds the admission of every spec.
 #[test]
 fn a_flushed_server_gets_the_admission_scripts_of_every_spec_at_once() {
     let server = RedisServer::start();
-    let store = RedisStore::builder(server.url())
-        .prefix(unique("specs"))
-        .fail_closed()
-        .build()
-        .unwrap();
-    let pipeline = |name: &str, slots: u32| {
-        Pipeline::builder(name)
-            .circuit_breaker(CircuitBreaker::consecutive_failures(3))
-            .bulkhead(Bulkhead::new(slots))
-            .store(store.clone())
+    for (how, url) in both_ways(&server) {
+        let store = RedisStore::builder(url)
+            .prefix(unique("specs"))
+            .fail_closed()
             .build()
-            .unwrap()
-    };
-    // Two specs, two sets of admission scripts.
-    let (a, b) = (pipeline("spec-a", 2), pipeline("spec-b", 3));
-    let mut conn = server.conn();
-    let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut conn).unwrap();
-    let _: () = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query(&mut conn)
-        .unwrap();
-    a.call(|_| Ok::<_, std::io::Error>(())).unwrap();
-    let loads = script_loads(&command_calls(&mut conn));
-    assert_eq!(error_count(&mut conn, "NOSCRIPT"), 1);
-    // The store's eight scripts, and two admission scripts for each spec.
-    assert_eq!(loads, 8 + 2 * 2);
-    b.call(|_| Ok::<_, std::io::Error>(())).unwrap();
-    rt().block_on(b.run(|_| async { Ok::<_, std::io::Error>(()) }))
-        .unwrap();
-    assert_eq!(
-        error_count(&mut conn, "NOSCRIPT"),
-        1,
-        "b's scripts were there"
-    );
-    assert_eq!(script_loads(&command_calls(&mut conn)), loads);
-    assert_eq!(b.in_flight().unwrap(), 0);
+            .unwrap();
+        let pipeline = |name: &str, slots: u32| {
+            Pipeline::builder(name)
+                .circuit_breaker(CircuitBreaker::consecutive_failures(3))
+                .bulkhead(Bulkhead::new(slots))
+                .store(store.clone())
+                .build()
+                .unwrap()
+        };
+        // Two specs, two sets of admission scripts.
+        let (a, b) = (pipeline("spec-a", 2), pipeline("spec-b", 3));
+        let mut conn = server.conn();
+        flush_scripts(&mut conn);
+        let _: () = redis::cmd("CONFIG")
+            .arg("RESETSTAT")
+            .query(&mut conn)
+            .unwrap();
+        // `NOSCRIPT` for `EVALSHA`; for `FCALL`, `ERR Function not
+        // found`, which the server counts with every other `ERR` (such as
+        // a client's `CLIENT SETINFO` on a server before 7.2): a miss is
+        // then a load of the libraries.
+        let misses = |conn: &mut redis::Connection| match how {
+            "functions" => function_loads(&command_calls(conn)) / 10,
+            _ => error_count(conn, "NOSCRIPT"),
+        };
+        a.call(|_| Ok::<_, std::io::Error>(())).unwrap();
+        let stats = command_calls(&mut conn);
+        assert_eq!(misses(&mut conn), 1, "{how}");
+        // The store's eight scripts, and two admission scripts for each
+        // spec; as functions, the ten libraries too.
+        assert_eq!(script_loads(&stats), 8 + 2 * 2, "{how}");
+        let libraries = if how == "functions" { 10 } else { 0 };
+        assert_eq!(function_loads(&stats), libraries, "{how}");
+        b.call(|_| Ok::<_, std::io::Error>(())).unwrap();
+        rt().block_on(b.run(|_| async { Ok::<_, std::io::Error>(()) }))
+            .unwrap();
+        assert_eq!(misses(&mut conn), 1, "{how}: b's scripts were there");
+        let again = command_calls(&mut conn);
+        assert_eq!(script_loads(&again), script_loads(&stats), "{how}");
+        assert_eq!(function_loads(&again), libraries, "{how}");
+        assert_eq!(b.in_flight().unwrap(), 0, "{how}");
+    }
+}
+
+/// On a server that has functions (Redis 7 and later) every script runs as
+/// a function: its definitions ran once, when its library was loaded. A
+/// user that may not load or call functions has the same answers by
+/// `EVALSHA`, sync and async.
+#[test]
+fn scripts_run_as_functions_where_the_server_lets_them() {
+    let server = RedisServer::start();
+    for (how, url) in both_ways(&server) {
+        let store = RedisStore::builder(url)
+            .prefix(unique("functions"))
+            .fail_closed()
+            .build()
+            .unwrap();
+        let p = Pipeline::builder("either-way")
+            .circuit_breaker(CircuitBreaker::failure_rate(0.9).count_window(10))
+            .bulkhead(Bulkhead::new(1))
+            .rate_limiter(RateLimiter::gcra(3, Duration::from_secs(3600)))
+            .store(store)
+            .build()
+            .unwrap();
+        let mut conn = server.conn();
+        let _: () = redis::cmd("CONFIG")
+            .arg("RESETSTAT")
+            .query(&mut conn)
+            .unwrap();
+        let rt = rt();
+        p.call(|_| Ok::<_, std::io::Error>(())).unwrap();
+        rt.block_on(p.run(|_| async { Ok::<_, std::io::Error>(()) }))
+            .unwrap();
+        p.call(|_| Err::<(), _>(std::io::Error::other("down")))
+            .unwrap_err();
+        // The burst of 3 is spent: refused by the rate limiter, by either
+        // way of running the scripts.
+        assert!(
+            p.call(|_| Ok::<_, std::io::Error>(()))
+                .unwrap_err()
+                .is_rejected(),
+            "{how}"
+        );
+        let metrics = p.circuit_metrics().unwrap();
+        assert_eq!((metrics.calls, metrics.failures), (3, 1), "{how}");
+        assert_eq!(p.in_flight().unwrap(), 0, "{how}");
+        let stats = command_calls(&mut conn);
+        let (fcall, evalsha) = (
+            stats.get("fcall").copied().unwrap_or(0),
+            stats.get("evalsha").copied().unwrap_or(0),
+        );
+        if how == "functions" {
+            assert!(fcall >= 4 && evalsha == 0, "{how}: {stats:?}");
+        } else {
+            assert!(evalsha >= 4 && fcall == 0, "{how}: {stats:?}");
+        }
+    }
 }
 
 /// A count window that holds no failure and no slow call is all

@@ -42,9 +42,59 @@ pub(crate) fn error_count(c: &mut redis::Connection, code: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// Script calls (EVALSHA + EVAL) in a commandstats snapshot.
+/// The URL of a user of `server` that may run scripts but not functions
+/// (no `FUNCTION`, `FCALL`), as on a server before Redis 7: the store
+/// runs its scripts by `EVALSHA`.
+pub(crate) fn scripts_only_url(server: &RedisServer) -> String {
+    let mut admin = server.conn();
+    let _: () = redis::cmd("ACL")
+        .arg(
+            &[
+                "SETUSER",
+                "scriptsonly",
+                "on",
+                ">pw",
+                "~*",
+                "&*",
+                "+@all",
+                "-function",
+                "-fcall",
+                "-fcall_ro",
+            ][..],
+        )
+        .query(&mut admin)
+        .expect("ACL SETUSER");
+    format!("redis://scriptsonly:pw@127.0.0.1:{}", server.port())
+}
+
+/// How the store runs its scripts on `server`, and the URL it connects
+/// with: as functions (the server's own user), or by `EVALSHA` (a user
+/// without functions, see [`scripts_only_url`]).
+pub(crate) fn both_ways(server: &RedisServer) -> [(&'static str, String); 2] {
+    [
+        ("functions", server.url()),
+        ("evalsha", scripts_only_url(server)),
+    ]
+}
+
+/// Takes the store's scripts and functions off the server (`SCRIPT FLUSH`,
+/// `FUNCTION FLUSH`), as a restart without its data would.
+pub(crate) fn flush_scripts(c: &mut redis::Connection) {
+    let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(c).unwrap();
+    let _: () = redis::cmd("FUNCTION").arg("FLUSH").query(c).unwrap();
+}
+
+/// `FUNCTION LOAD` calls in a commandstats snapshot.
+pub(crate) fn function_loads(stats: &HashMap<String, u64>) -> u64 {
+    stats.get("function|load").copied().unwrap_or(0)
+}
+
+/// Script calls (FCALL + EVALSHA + EVAL) in a commandstats snapshot.
 pub(crate) fn script_calls(stats: &HashMap<String, u64>) -> u64 {
-    stats.get("evalsha").copied().unwrap_or(0) + stats.get("eval").copied().unwrap_or(0)
+    ["fcall", "evalsha", "eval"]
+        .iter()
+        .map(|c| stats.get(*c).copied().unwrap_or(0))
+        .sum()
 }
 
 /// `SCRIPT LOAD` calls in a commandstats snapshot (`script|load` since
