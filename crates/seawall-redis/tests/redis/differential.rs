@@ -17,7 +17,8 @@
 //! given back, waiting to be carried is not counted in flight, one the
 //! store's timer has taken is waited for, and the circuit's metrics send
 //! every record waiting first. The whole corpus runs on one server, in
-//! about a second.
+//! about a second: with the scripts run as functions, and again by
+//! `EVALSHA` (a user without functions, as on a server before Redis 7).
 
 use std::time::Duration;
 
@@ -25,14 +26,14 @@ use seawall::testing::differential::{self, corpus, Scenario};
 use seawall::MemoryStore;
 use seawall_redis::RedisStore;
 
-use crate::support::{unique, RedisServer};
+use crate::support::{both_ways, unique, RedisServer};
 
 /// A store on the caller's clock (the pipeline's virtual clock decides
 /// every window, lease and open period, so durations compare exactly),
 /// failing closed (an outage is an error, never a local answer that would
 /// hide a difference), under a fresh prefix.
-fn store(server: &RedisServer) -> RedisStore {
-    RedisStore::builder(server.url())
+fn store(url: &str) -> RedisStore {
+    RedisStore::builder(url)
         .prefix(unique("differential"))
         .caller_clock()
         .fail_closed()
@@ -43,9 +44,9 @@ fn store(server: &RedisServer) -> RedisStore {
 
 /// The problems of `scenario` on Redis: across its own modes, against
 /// the scenario's stated results, and against the in-memory runs.
-fn problems(server: &RedisServer, scenario: &Scenario) -> Option<String> {
+fn problems(url: &str, scenario: &Scenario) -> Option<String> {
     let memory = differential::run_all(scenario, MemoryStore::new);
-    let redis = differential::run_all(scenario, || store(server));
+    let redis = differential::run_all(scenario, || store(url));
     let mut problems = differential::check(scenario, &redis);
     problems.extend(
         differential::compare(&memory, &redis)
@@ -58,16 +59,18 @@ fn problems(server: &RedisServer, scenario: &Scenario) -> Option<String> {
 #[test]
 fn corpus_on_redis_agrees_with_the_memory_store() {
     let server = RedisServer::start();
-    let failures: Vec<String> = corpus()
-        .iter()
-        .filter_map(|s| problems(&server, s))
-        .collect();
-    assert!(
-        failures.is_empty(),
-        "{} scenario(s) failed on Redis:\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
+    for (how, url) in both_ways(&server) {
+        let failures: Vec<String> = corpus()
+            .iter()
+            .filter_map(|s| problems(&url, s))
+            .collect();
+        assert!(
+            failures.is_empty(),
+            "{} scenario(s) failed on Redis ({how}):\n{}",
+            failures.len(),
+            failures.join("\n")
+        );
+    }
 }
 
 /// GCRA with emission intervals of no whole number of microseconds (3 and
@@ -84,7 +87,7 @@ fn gcra_of_a_fractional_interval_decides_as_the_memory_store() {
     use seawall::{RateLimiter, StateStore};
 
     let server = RedisServer::start();
-    let redis = store(&server);
+    let redis = store(&server.url());
     let memory = MemoryStore::new();
     let second = Duration::from_secs(1);
     let limiters = [
@@ -142,7 +145,7 @@ fn gcra_reads_the_state_of_earlier_scripts() {
     use seawall::{RateLimiter, StateStore};
 
     let server = RedisServer::start();
-    let redis = store(&server);
+    let redis = store(&server.url());
     let spec = ResourceSpec::new("earlier")
         .with_rate_limit(RateLimiter::gcra(3, Duration::from_secs(1)).burst(1));
     let state = redis.bind(&spec).unwrap();
