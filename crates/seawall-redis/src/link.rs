@@ -212,6 +212,10 @@ pub(crate) struct Link {
     /// libraries at the last load. Else (a server before Redis 7, a user
     /// without `FUNCTION LOAD` or `FCALL`) by `EVALSHA`.
     functions: AtomicBool,
+    /// The libraries were loaded (on every master) by this store: a
+    /// pipeline that binds loads its spec's scripts only. Loaded again
+    /// wherever one is missing.
+    libraries: AtomicBool,
     weak: Weak<Link>,
 }
 
@@ -373,6 +377,7 @@ impl Link {
             unawaited: Outstanding::default(),
             compiled: Mutex::new(Vec::new()),
             functions: AtomicBool::new(false),
+            libraries: AtomicBool::new(false),
             health: Health {
                 origin: Instant::now(),
                 skip_until: AtomicU64::new(0),
@@ -819,6 +824,7 @@ impl Link {
         let e = match loaded {
             Ok(()) => {
                 self.functions.store(true, Ordering::Release);
+                self.libraries.store(true, Ordering::Release);
                 return Ok(());
             }
             Err(e) => self.error(&e, self.settings.timeout),
@@ -833,15 +839,17 @@ impl Link {
     /// Loads every script: on a single server, on it; on a cluster, on
     /// `on`.
     fn load_sync(&self, c: &mut SyncConn, on: LoadOn<'_>) -> Result<(), StoreError> {
-        self.load_these_sync(c, on, &self.all_loads())
+        self.load_these_sync(c, on, &self.all_loads(), true)
     }
 
-    /// Loads `loads`: on a single server, on it; on a cluster, on `on`.
+    /// Loads `loads`, and the libraries when `libraries`: on a single
+    /// server, on it; on a cluster, on `on`.
     fn load_these_sync(
         &self,
         c: &mut SyncConn,
         on: LoadOn<'_>,
         loads: &[redis::Cmd],
+        libraries: bool,
     ) -> Result<(), StoreError> {
         let t = self.settings.timeout;
         let mut send = |load: &redis::Cmd| match c {
@@ -850,6 +858,9 @@ impl Link {
         };
         for load in loads {
             send(load).map_err(|e| self.error(&e, t))?;
+        }
+        if !libraries {
+            return Ok(());
         }
         let functions = Scripts::get()
             .function_loads()
@@ -973,8 +984,11 @@ impl Link {
     pub(crate) fn load_scripts_with(&self, compiled: &[redis::Cmd]) -> Result<(), StoreError> {
         let mut loads: Vec<redis::Cmd> = Scripts::get().script_loads().to_vec();
         loads.extend(compiled.iter().cloned());
+        // The libraries hold every spec's admission: loaded once, and
+        // again when one is missing (`load_sync`).
+        let libraries = !self.libraries.load(Ordering::Acquire);
         self.with_sync(true, None, |c| {
-            Ok(self.load_these_sync(c, LoadOn::AllMasters, &loads)?)
+            Ok(self.load_these_sync(c, LoadOn::AllMasters, &loads, libraries)?)
         })
     }
 

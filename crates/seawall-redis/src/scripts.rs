@@ -59,7 +59,8 @@ pub(crate) struct Lua {
     function: String,
     /// `SCRIPT LOAD` of the text.
     pub(crate) script_load: redis::Cmd,
-    /// `FUNCTION LOAD REPLACE` of the library.
+    /// `FUNCTION LOAD REPLACE` of the library (a library of that name is
+    /// the same text).
     pub(crate) function_load: redis::Cmd,
 }
 

@@ -60,10 +60,7 @@ fn problems(url: &str, scenario: &Scenario) -> Option<String> {
 fn corpus_on_redis_agrees_with_the_memory_store() {
     let server = RedisServer::start();
     for (how, url) in both_ways(&server) {
-        let failures: Vec<String> = corpus()
-            .iter()
-            .filter_map(|s| problems(&url, s))
-            .collect();
+        let failures: Vec<String> = corpus().iter().filter_map(|s| problems(&url, s)).collect();
         assert!(
             failures.is_empty(),
             "{} scenario(s) failed on Redis ({how}):\n{}",

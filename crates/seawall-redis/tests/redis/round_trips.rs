@@ -229,7 +229,7 @@ fn scripts_run_as_functions_where_the_server_lets_them() {
             .circuit_breaker(CircuitBreaker::failure_rate(0.9).count_window(10))
             .bulkhead(Bulkhead::new(1))
             .rate_limiter(RateLimiter::gcra(3, Duration::from_secs(3600)))
-            .store(store)
+            .store(store.clone())
             .build()
             .unwrap();
         let mut conn = server.conn();
@@ -264,6 +264,21 @@ fn scripts_run_as_functions_where_the_server_lets_them() {
         } else {
             assert!(evalsha >= 4 && fcall == 0, "{how}: {stats:?}");
         }
+        // Another pipeline on the store: the libraries are there (one for
+        // every spec's admission), its spec's scripts are loaded.
+        let _: () = redis::cmd("CONFIG")
+            .arg("RESETSTAT")
+            .query(&mut conn)
+            .unwrap();
+        let other = Pipeline::builder("another-spec")
+            .bulkhead(Bulkhead::new(3))
+            .store(store)
+            .build()
+            .unwrap();
+        other.call(|_| Ok::<_, std::io::Error>(())).unwrap();
+        let stats = command_calls(&mut conn);
+        assert_eq!(function_loads(&stats), 0, "{how}: {stats:?}");
+        assert_eq!(script_loads(&stats), 8 + 2, "{how}: {stats:?}");
     }
 }
 
