@@ -7,7 +7,7 @@ use seawall::store::ResourceSpec;
 use seawall::{Bulkhead, Pipeline, StateStore, StoreError};
 use seawall_redis::{FailMode, RedisStore, RedisStoreError};
 
-use crate::support::{unique, RedisServer};
+use crate::support::{unique, user_url, RedisServer};
 
 fn spec() -> ResourceSpec {
     ResourceSpec::new("guarded").with_bulkhead(Bulkhead::new(1))
@@ -75,23 +75,7 @@ fn a_wrong_or_missing_password_is_refused_at_bind_in_both_modes() {
 #[test]
 fn a_user_without_scripting_rights_is_refused_at_bind() {
     let server = RedisServer::start();
-    let mut admin = server.conn();
-    let _: () = redis::cmd("ACL")
-        .arg(
-            &[
-                "SETUSER",
-                "noscript",
-                "on",
-                ">pw",
-                "~*",
-                "&*",
-                "+@all",
-                "-@scripting",
-            ][..],
-        )
-        .query(&mut admin)
-        .unwrap();
-    let url = format!("redis://noscript:pw@127.0.0.1:{}", server.port());
+    let url = user_url(&server, "noscript", &["-@scripting"]);
     for mode in [FailMode::Open, FailMode::Closed] {
         let store = RedisStore::builder(url.as_str())
             .fail_mode(mode)

@@ -19,7 +19,7 @@ use seawall::{
 use seawall_redis::RedisStore;
 
 use crate::models::model_store;
-use crate::support::{command_calls, rt, script_calls, unique, Events, RedisServer};
+use crate::support::{command_calls, reset_stats, rt, script_calls, unique, Events, RedisServer};
 
 fn agrees_from(start: Duration) {
     let server = RedisServer::start();
@@ -169,10 +169,7 @@ fn the_budget_rides_on_the_admission_no_extra_round_trip() {
             let events = Events::default();
             // Plenty of tokens: every call makes its three attempts.
             let p = failing(store(), 1.0, 1000, bulkhead, &events);
-            let _: () = redis::cmd("CONFIG")
-                .arg("RESETSTAT")
-                .query(&mut conn)
-                .unwrap();
+            reset_stats(&mut conn);
             let (n, _) = attempts(&p, &rt, sync);
             assert_eq!(n, 3);
             let scripts = script_calls(&command_calls(&mut conn));

@@ -13,11 +13,9 @@ use seawall::store::{AdmitRequest, Outcome, Record, ResourceSpec};
 use seawall::{Bulkhead, CircuitBreaker, Pipeline, StateStore};
 use seawall_redis::RedisStore;
 
-use crate::support::{command_calls, flush_scripts, rt, script_calls, unique, RedisServer};
-
-fn reset_stats(conn: &mut redis::Connection) {
-    let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query(conn).unwrap();
-}
+use crate::support::{
+    command_calls, flush_scripts, reset_stats, rt, script_calls, unique, RedisServer,
+};
 
 /// A store failing closed under `prefix`, whose silent successes wait up
 /// to `delay` to be carried.

@@ -9,11 +9,21 @@ use seawall::{Bulkhead, CircuitBreaker, Cooldown, Pipeline, RateLimiter, Retry};
 use seawall_redis::RedisStore;
 
 use crate::support::{
-    both_ways, command_calls, error_count, flush_scripts, function_loads, rt, script_calls,
-    script_loads, unique, RedisServer,
+    both_ways, command_calls, error_count, flush_scripts, function_loads, reset_stats, rt,
+    script_calls, script_loads, unique, RedisServer,
 };
 
 const CALLS: u32 = 25;
+
+/// A store on `url` failing closed, under a fresh prefix starting with
+/// `prefix`.
+fn failing_closed(url: &str, prefix: &str) -> RedisStore {
+    RedisStore::builder(url)
+        .prefix(unique(prefix))
+        .fail_closed()
+        .build()
+        .unwrap()
+}
 
 /// The script calls counted once they reach `expected` (the last success
 /// is sent on its own once its delay ends), or after 10 s.
@@ -55,10 +65,7 @@ fn one_round_trip_to_admit_and_one_to_record_a_failure() {
         .build()
         .unwrap();
     let mut conn = server.conn();
-    let _: () = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query(&mut conn)
-        .unwrap();
+    reset_stats(&mut conn);
 
     // Sync: every call fails once, then succeeds: two attempts per call.
     let mut attempts = 0;
@@ -88,10 +95,7 @@ fn one_round_trip_to_admit_and_one_to_record_a_failure() {
 
     // Async: the same, but for the successes: each is carried by the next
     // call's first admission.
-    let _: () = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query(&mut conn)
-        .unwrap();
+    reset_stats(&mut conn);
     let attempts = std::sync::atomic::AtomicU32::new(0);
     // One long-lived runtime, as in a service (a runtime shut down with a
     // record in flight gives the slot back with one more call).
@@ -122,11 +126,7 @@ fn one_round_trip_to_admit_and_one_to_record_a_failure() {
 fn scripts_flushed_from_the_server_are_reloaded() {
     let server = RedisServer::start();
     for (how, url) in both_ways(&server) {
-        let store = RedisStore::builder(url)
-            .prefix(unique("flush"))
-            .fail_closed()
-            .build()
-            .unwrap();
+        let store = failing_closed(&url, "flush");
         let p = Pipeline::builder("flushed")
             .circuit_breaker(CircuitBreaker::consecutive_failures(3))
             .bulkhead(Bulkhead::new(2))
@@ -134,10 +134,7 @@ fn scripts_flushed_from_the_server_are_reloaded() {
             .build()
             .unwrap();
         let mut conn = server.conn();
-        let _: () = redis::cmd("CONFIG")
-            .arg("RESETSTAT")
-            .query(&mut conn)
-            .unwrap();
+        reset_stats(&mut conn);
         flush_scripts(&mut conn);
         p.call(|_| Ok::<_, std::io::Error>(())).unwrap();
         flush_scripts(&mut conn);
@@ -164,11 +161,7 @@ fn scripts_flushed_from_the_server_are_reloaded() {
 fn a_flushed_server_gets_the_admission_scripts_of_every_spec_at_once() {
     let server = RedisServer::start();
     for (how, url) in both_ways(&server) {
-        let store = RedisStore::builder(url)
-            .prefix(unique("specs"))
-            .fail_closed()
-            .build()
-            .unwrap();
+        let store = failing_closed(&url, "specs");
         let pipeline = |name: &str, slots: u32| {
             Pipeline::builder(name)
                 .circuit_breaker(CircuitBreaker::consecutive_failures(3))
@@ -181,10 +174,7 @@ fn a_flushed_server_gets_the_admission_scripts_of_every_spec_at_once() {
         let (a, b) = (pipeline("spec-a", 2), pipeline("spec-b", 3));
         let mut conn = server.conn();
         flush_scripts(&mut conn);
-        let _: () = redis::cmd("CONFIG")
-            .arg("RESETSTAT")
-            .query(&mut conn)
-            .unwrap();
+        reset_stats(&mut conn);
         // `NOSCRIPT` for `EVALSHA`; for `FCALL`, `ERR Function not
         // found`, which the server counts with every other `ERR` (such as
         // a client's `CLIENT SETINFO` on a server before 7.2): a miss is
@@ -220,11 +210,7 @@ fn a_flushed_server_gets_the_admission_scripts_of_every_spec_at_once() {
 fn scripts_run_as_functions_where_the_server_lets_them() {
     let server = RedisServer::start();
     for (how, url) in both_ways(&server) {
-        let store = RedisStore::builder(url)
-            .prefix(unique("functions"))
-            .fail_closed()
-            .build()
-            .unwrap();
+        let store = failing_closed(&url, "functions");
         let p = Pipeline::builder("either-way")
             .circuit_breaker(CircuitBreaker::failure_rate(0.9).count_window(10))
             .bulkhead(Bulkhead::new(1))
@@ -233,10 +219,7 @@ fn scripts_run_as_functions_where_the_server_lets_them() {
             .build()
             .unwrap();
         let mut conn = server.conn();
-        let _: () = redis::cmd("CONFIG")
-            .arg("RESETSTAT")
-            .query(&mut conn)
-            .unwrap();
+        reset_stats(&mut conn);
         let rt = rt();
         p.call(|_| Ok::<_, std::io::Error>(())).unwrap();
         rt.block_on(p.run(|_| async { Ok::<_, std::io::Error>(()) }))
@@ -266,10 +249,7 @@ fn scripts_run_as_functions_where_the_server_lets_them() {
         }
         // Another pipeline on the store: the libraries are there (one for
         // every spec's admission), its spec's scripts are loaded.
-        let _: () = redis::cmd("CONFIG")
-            .arg("RESETSTAT")
-            .query(&mut conn)
-            .unwrap();
+        reset_stats(&mut conn);
         let other = Pipeline::builder("another-spec")
             .bulkhead(Bulkhead::new(3))
             .store(store)
@@ -336,10 +316,7 @@ fn a_window_of_successes_is_not_written_for_each_success() {
         let bitfields = |conn: &mut redis::Connection| {
             command_calls(conn).get("bitfield").copied().unwrap_or(0)
         };
-        let _: () = redis::cmd("CONFIG")
-            .arg("RESETSTAT")
-            .query(&mut conn)
-            .unwrap();
+        reset_stats(&mut conn);
         for _ in 0..10 {
             call(false);
         }

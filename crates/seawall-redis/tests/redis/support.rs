@@ -42,29 +42,28 @@ pub(crate) fn error_count(c: &mut redis::Connection, code: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// The URL of the user `name` (password `pw`) made on `server` with the
+/// ACL `rules` on every key and channel, after `+@all`.
+pub(crate) fn user_url(server: &RedisServer, name: &str, rules: &[&str]) -> String {
+    let mut admin = server.conn();
+    let _: () = redis::cmd("ACL")
+        .arg(&["SETUSER", name, "on", ">pw", "~*", "&*", "+@all"][..])
+        .arg(rules)
+        .query(&mut admin)
+        .expect("ACL SETUSER");
+    format!("redis://{name}:pw@127.0.0.1:{}", server.port())
+}
+
 /// The URL of a user of `server` that may run scripts but not functions
 /// (no `FUNCTION`, `FCALL`), as on a server before Redis 7: the store
 /// runs its scripts by `EVALSHA`.
 pub(crate) fn scripts_only_url(server: &RedisServer) -> String {
-    let mut admin = server.conn();
-    let _: () = redis::cmd("ACL")
-        .arg(
-            &[
-                "SETUSER",
-                "scriptsonly",
-                "on",
-                ">pw",
-                "~*",
-                "&*",
-                "+@all",
-                "-function",
-                "-fcall",
-                "-fcall_ro",
-            ][..],
-        )
-        .query(&mut admin)
-        .expect("ACL SETUSER");
-    format!("redis://scriptsonly:pw@127.0.0.1:{}", server.port())
+    user_url(server, "scriptsonly", &["-function", "-fcall", "-fcall_ro"])
+}
+
+/// `CONFIG RESETSTAT`: the command counts start again from 0.
+pub(crate) fn reset_stats(conn: &mut redis::Connection) {
+    let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query(conn).unwrap();
 }
 
 /// How the store runs its scripts on `server`, and the URL it connects
