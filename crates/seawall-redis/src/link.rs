@@ -893,9 +893,10 @@ impl Link {
         self.functions_loaded(functions)
     }
 
-    /// `EVALSHA`; after `NOSCRIPT` the servers are identified again (a
-    /// restart is noted), the scripts loaded on the server that lacked
-    /// them, `hold` asked, and the call sent once more.
+    /// `FCALL` or `EVALSHA`; after `NOSCRIPT` or a function not found the
+    /// servers are identified again (a restart is noted), the scripts and
+    /// libraries loaded on the server that lacked them, `hold` asked, and
+    /// the call sent once more.
     fn eval_sync<T: FromRedisValue>(
         &self,
         c: &mut SyncConn,
