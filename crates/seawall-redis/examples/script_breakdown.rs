@@ -224,9 +224,8 @@ async fn run(url: String, n: usize) {
         .arg("REPLACE")
         .arg(library(
             function,
-            true,
             &[PRELUDE, SUCCESS],
-            &[CARRY, ADMIT],
+            &[(function, true, &[CARRY, ADMIT])],
         ))
         .query_async(&mut c)
         .await

@@ -35,12 +35,12 @@
 //! - **One script call per successful attempt.** An attempt is admitted
 //!   through circuit, bulkhead, cooldown and rate limit by one Lua script,
 //!   a single call, atomic on the server: on Redis 7 and later, `FCALL` of
-//!   a function of the store's libraries, whose definitions ran once when
+//!   a function of the store's library, whose definitions ran once when
 //!   the library was loaded (by `EVALSHA`, they run on every call); by
 //!   `EVALSHA` on an earlier server or for a user without the right to
 //!   load or call functions. The same Lua either way. Nothing is read,
-//!   changed and written back from the client. Scripts and libraries are
-//!   loaded when a pipeline binds the store and reloaded automatically
+//!   changed and written back from the client. The scripts and the library
+//!   are loaded when a pipeline binds the store and reloaded automatically
 //!   when missing (`NOSCRIPT`, or a function not found: a server restart,
 //!   `SCRIPT FLUSH`, `FUNCTION FLUSH`). A failure, a probe, a slow call or an
 //!   outcome with a retry-after hint is recorded by a script call of its
@@ -713,14 +713,17 @@
 //! The server's script cache holds the
 //! store's eight scripts and two admission scripts per distinct spec
 //! (resource configuration) bound, of about 12 and 15 KiB. On Redis 7 and
-//! later the server also keeps the store's ten libraries, one per script
-//! (the admission's for every spec: as a function, the spec is an
-//! argument), named `seawall_` and the SHA-1 of the script's text. Unlike
-//! the script cache, libraries are data: saved and replicated with the
-//! keys, and kept after a restart from disk. A version of the store whose
-//! scripts changed loads libraries of other names; the old ones stay,
-//! called by nothing once no process of that version runs, until
-//! `FUNCTION DELETE` removes them. The
+//! later the server also keeps the store's library (about 36 KiB), which
+//! holds every script as a function (the admission for every spec: as a
+//! function, the spec is an argument), named `seawall_` and the SHA-1 of
+//! its text. The server compiles it once, when the first process loads it
+//! (about 1.4 ms); a store that finds it there loads nothing (the server
+//! answers that it exists, counted once per store in its error
+//! statistics). Unlike the script cache, a library is data: saved and
+//! replicated with the keys, and kept after a restart from disk. A version
+//! of the store whose scripts changed loads a library of another name; the
+//! old one stays, called by nothing once no process of that version runs,
+//! until `FUNCTION DELETE` removes it. The
 //! async path (`Pipeline::run`) needs a tokio runtime with timers enabled;
 //! the blocking path (`Pipeline::call`) needs no runtime.
 //!

@@ -208,14 +208,14 @@ pub(crate) struct Link {
     /// `SCRIPT LOAD` of the scripts compiled for the specs bound so far
     /// (see [`Link::register`]), by hash, each once.
     compiled: Mutex<Vec<(String, redis::Cmd)>>,
-    /// The scripts run as functions (`FCALL`): the servers took their
-    /// libraries at the last load. Else (a server before Redis 7, a user
+    /// The scripts run as functions (`FCALL`): the servers took the
+    /// library at the last load. Else (a server before Redis 7, a user
     /// without `FUNCTION LOAD` or `FCALL`) by `EVALSHA`.
     functions: AtomicBool,
-    /// The libraries were loaded (on every master) by this store: a
-    /// pipeline that binds loads its spec's scripts only. Loaded again
-    /// wherever one is missing.
-    libraries: AtomicBool,
+    /// The library was loaded (on every master) by this store: a pipeline
+    /// that binds loads its spec's scripts only. Loaded again wherever a
+    /// function is missing.
+    library: AtomicBool,
     weak: Weak<Link>,
 }
 
@@ -377,7 +377,7 @@ impl Link {
             unawaited: Outstanding::default(),
             compiled: Mutex::new(Vec::new()),
             functions: AtomicBool::new(false),
-            libraries: AtomicBool::new(false),
+            library: AtomicBool::new(false),
             health: Health {
                 origin: Instant::now(),
                 skip_until: AtomicU64::new(0),
@@ -816,15 +816,26 @@ impl Link {
         loads
     }
 
-    /// After the scripts' `SCRIPT LOAD`, the outcome of the libraries'
-    /// `FUNCTION LOAD`: taken, the scripts run as functions from now on;
-    /// refused (a server without functions, a user without the right), by
-    /// `EVALSHA`. A server that cannot be reached is an error.
+    /// After the scripts' `SCRIPT LOAD`, the outcome of the library's
+    /// `FUNCTION LOAD`: taken, or there already (a library is named after
+    /// the hash of its text, so one of that name is this one: the server
+    /// does not compile it again), the scripts run as functions from now
+    /// on; refused (a server without functions, a user without the right),
+    /// by `EVALSHA`. A server that cannot be reached is an error.
     fn functions_loaded(&self, loaded: RedisResult<()>) -> Result<(), StoreError> {
+        let there = |e: &redis::RedisError| {
+            e.detail()
+                .is_some_and(|d| d.starts_with("Library '") && d.ends_with("already exists"))
+        };
         let e = match loaded {
+            Err(e) if there(&e) => {
+                self.functions.store(true, Ordering::Release);
+                self.library.store(true, Ordering::Release);
+                return Ok(());
+            }
             Ok(()) => {
                 self.functions.store(true, Ordering::Release);
-                self.libraries.store(true, Ordering::Release);
+                self.library.store(true, Ordering::Release);
                 return Ok(());
             }
             Err(e) => self.error(&e, self.settings.timeout),
@@ -842,14 +853,14 @@ impl Link {
         self.load_these_sync(c, on, &self.all_loads(), true)
     }
 
-    /// Loads `loads`, and the libraries when `libraries`: on a single
+    /// Loads `loads`, and the library when `library`: on a single
     /// server, on it; on a cluster, on `on`.
     fn load_these_sync(
         &self,
         c: &mut SyncConn,
         on: LoadOn<'_>,
         loads: &[redis::Cmd],
-        libraries: bool,
+        library: bool,
     ) -> Result<(), StoreError> {
         let t = self.settings.timeout;
         let mut send = |load: &redis::Cmd| match c {
@@ -859,14 +870,14 @@ impl Link {
         for load in loads {
             send(load).map_err(|e| self.error(&e, t))?;
         }
-        if !libraries {
+        if !library {
             return Ok(());
         }
-        let functions = Scripts::get()
-            .function_loads()
-            .iter()
-            .try_for_each(&mut send);
-        self.functions_loaded(functions)
+        // After the scripts: a client the server has not authenticated
+        // was refused by them (the library is longer than the server reads
+        // from such a client, and would fail with a protocol error).
+        let library = send(Scripts::get().library_load());
+        self.functions_loaded(library)
     }
 
     /// [`load_sync`](Self::load_sync) on an async connection.
@@ -883,19 +894,13 @@ impl Link {
         for load in &self.all_loads() {
             send(c, on, load).await.map_err(|e| self.error(&e, t))?;
         }
-        let mut functions = Ok(());
-        for load in Scripts::get().function_loads() {
-            functions = send(c, on, load).await;
-            if functions.is_err() {
-                break;
-            }
-        }
-        self.functions_loaded(functions)
+        let library = send(c, on, Scripts::get().library_load()).await;
+        self.functions_loaded(library)
     }
 
     /// `FCALL` or `EVALSHA`; after `NOSCRIPT` or a function not found the
     /// servers are identified again (a restart is noted), the scripts and
-    /// libraries loaded on the server that lacked them, `hold` asked, and
+    /// library loaded on the server that lacked them, `hold` asked, and
     /// the call sent once more.
     fn eval_sync<T: FromRedisValue>(
         &self,
@@ -985,11 +990,11 @@ impl Link {
     pub(crate) fn load_scripts_with(&self, compiled: &[redis::Cmd]) -> Result<(), StoreError> {
         let mut loads: Vec<redis::Cmd> = Scripts::get().script_loads().to_vec();
         loads.extend(compiled.iter().cloned());
-        // The libraries hold every spec's admission: loaded once, and
-        // again when one is missing (`load_sync`).
-        let libraries = !self.libraries.load(Ordering::Acquire);
+        // The library holds every spec's admission: loaded once, and
+        // again where a function is missing (`load_sync`).
+        let library = !self.library.load(Ordering::Acquire);
         self.with_sync(true, None, |c| {
-            Ok(self.load_these_sync(c, LoadOn::AllMasters, &loads, libraries)?)
+            Ok(self.load_these_sync(c, LoadOn::AllMasters, &loads, library)?)
         })
     }
 

@@ -146,15 +146,26 @@ pub(crate) fn script(prelude: bool, defs: &[&str], body: &[&str]) -> String {
     source(&[defs, begin, body].concat())
 }
 
-/// The text of the library `name` (`FUNCTION LOAD`) whose one function,
-/// also `name`, runs the script [`script`] makes of the same parts: `defs`
-/// run once, when the library is loaded; the function calls `begin` with
-/// its keys and arguments (when `prelude`), then runs `body`.
-pub(crate) fn library(name: &str, prelude: bool, defs: &[&str], body: &[&str]) -> String {
-    let begin: &[&str] = if prelude { &[BEGIN] } else { &[] };
-    let head = format!("redis.register_function('{name}', function(KEYS, ARGV)\n");
-    let text = source(&[defs, &[head.as_str()], begin, body, &["\nend)\n"]].concat());
-    format!("#!lua name={name}\n{text}")
+/// The text of the library `name` (`FUNCTION LOAD`): `defs` (the prelude,
+/// and the functions the bodies call), run once, when the library is
+/// loaded, then one function per `(function, prelude, body)`, which runs
+/// the script [`script`] makes of the same parts: it calls `begin` with its
+/// keys and arguments (when `prelude`), then runs `body`.
+pub(crate) fn library(name: &str, defs: &[&str], functions: &[(&str, bool, &[&str])]) -> String {
+    let heads: Vec<String> = functions
+        .iter()
+        .map(|(f, _, _)| format!("redis.register_function('{f}', function(KEYS, ARGV)\n"))
+        .collect();
+    let mut parts: Vec<&str> = defs.to_vec();
+    for ((_, prelude, body), head) in functions.iter().zip(&heads) {
+        parts.push(head);
+        if *prelude {
+            parts.push(BEGIN);
+        }
+        parts.extend_from_slice(body);
+        parts.push("\nend)\n");
+    }
+    format!("#!lua name={name}\n{}", source(&parts))
 }
 
 /// What the generic prelude takes its arguments with.

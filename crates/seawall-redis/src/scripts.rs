@@ -19,9 +19,9 @@
 //!   its own.
 //!
 //! Each script runs as a function where the server allows (Redis 7 and
-//! later): a library of its own holds it ([`Lua`]), whose definitions run
-//! once, when it is loaded; the function sets the prelude's variables for
-//! its call (`begin`) and runs the script's body. Else by `EVALSHA`, and
+//! later): one library holds them all ([`Scripts::library_load`]), whose
+//! definitions run once, when it is loaded; a function sets the prelude's
+//! variables for its call (`begin`) and runs its script's body. Else by `EVALSHA`, and
 //! then the admission scripts, the most frequent calls, are compiled for
 //! each spec ([`SpecScripts`]): the spec is in their text, and the call
 //! sends `ARGV[1]` and the operation's arguments only (which the scripts
@@ -47,41 +47,38 @@ const CARRY: &str = include_str!("lua/carry.lua");
 const ADMIT: &str = include_str!("lua/admit.lua");
 
 /// One script as the server runs it: by `EVALSHA` of its text, or by
-/// `FCALL` of the function that holds it in a library of its own (Redis 7
-/// and later). The same Lua either way: a library's function calls the
-/// prelude's `begin` with its keys and arguments, as the script does at its
-/// start, and runs the same body; the definitions of the prelude run once,
-/// when the library is loaded, instead of on every call.
+/// `FCALL` of its function in the store's library (Redis 7 and later, see
+/// [`Scripts::library_load`]). The same Lua either way: the function calls
+/// the prelude's `begin` with its keys and arguments, as the script does
+/// at its start, and runs the same body; the library's definitions run
+/// once, when it is loaded, instead of on every call.
 pub(crate) struct Lua {
     script: Script,
-    /// The library's name and its one function's: `seawall_` and the
-    /// script's hash, so that another text is another library.
+    /// Its function's name: `seawall_` and the script's hash, so that
+    /// another text is another function.
     function: String,
     /// `SCRIPT LOAD` of the text.
     pub(crate) script_load: redis::Cmd,
-    /// `FUNCTION LOAD REPLACE` of the library (a library of that name is
-    /// the same text).
-    pub(crate) function_load: redis::Cmd,
+    /// It starts with the prelude (and calls `begin`).
+    prelude: bool,
+    /// What runs after the definitions.
+    body: Vec<&'static str>,
 }
 
 impl Lua {
     /// `defs` (the prelude first, if `prelude`, then the functions the
     /// body calls), then `body`, run with the keys and arguments of the
-    /// call (see [`script`] and [`library`]).
-    fn new(prelude: bool, defs: &[&str], body: &[&str]) -> Lua {
+    /// call (see [`script`]).
+    fn new(prelude: bool, defs: &[&str], body: &[&'static str]) -> Lua {
         let text = script(prelude, defs, body);
         let script = Script::new(&text);
         let function = format!("seawall_{}", script.get_hash());
-        let mut function_load = redis::cmd("FUNCTION");
-        function_load
-            .arg("LOAD")
-            .arg("REPLACE")
-            .arg(library(&function, prelude, defs, body));
         Lua {
             script,
             function,
             script_load: script_load(text),
-            function_load,
+            prelude,
+            body: body.to_vec(),
         }
     }
 
@@ -121,15 +118,15 @@ pub(crate) struct Scripts {
     /// script): commands of their own, which a cluster connection routes to
     /// the masters.
     script_loads: Vec<redis::Cmd>,
-    /// `FUNCTION LOAD REPLACE` of every script's library.
-    function_loads: Vec<redis::Cmd>,
+    /// `FUNCTION LOAD` of the library.
+    library_load: redis::Cmd,
 }
 
 impl Scripts {
     pub(crate) fn get() -> &'static Scripts {
         static SCRIPTS: OnceLock<Scripts> = OnceLock::new();
         SCRIPTS.get_or_init(|| {
-            let with_prelude = |body: &str| Lua::new(true, &[PRELUDE], &[body]);
+            let with_prelude = |body: &'static str| Lua::new(true, &[PRELUDE], &[body]);
             let scripts = Scripts {
                 record: with_prelude(include_str!("lua/record.lua")),
                 release: with_prelude(include_str!("lua/release.lua")),
@@ -142,7 +139,7 @@ impl Scripts {
                 admit: with_prelude(ADMIT),
                 admit_carrying: Lua::new(true, &[PRELUDE, SUCCESS], &[CARRY, ADMIT]),
                 script_loads: Vec::new(),
-                function_loads: Vec::new(),
+                library_load: redis::Cmd::new(),
             };
             let all = [
                 &scripts.record,
@@ -157,10 +154,21 @@ impl Scripts {
                 &scripts.admit_carrying,
             ];
             let script_loads = all[..8].iter().map(|s| s.script_load.clone()).collect();
-            let function_loads = all.iter().map(|s| s.function_load.clone()).collect();
+            let functions: Vec<(&str, bool, &[&str])> = all
+                .iter()
+                .map(|s| (s.function.as_str(), s.prelude, s.body.as_slice()))
+                .collect();
+            // Named after the hash of its text: a library of that name is
+            // this one.
+            let unnamed = library("seawall", &[PRELUDE, SUCCESS], &functions);
+            let name = format!("seawall_{}", Script::new(&unnamed).get_hash());
+            let mut library_load = redis::cmd("FUNCTION");
+            library_load
+                .arg("LOAD")
+                .arg(library(&name, &[PRELUDE, SUCCESS], &functions));
             Scripts {
                 script_loads,
-                function_loads,
+                library_load,
                 ..scripts
             }
         })
@@ -171,9 +179,12 @@ impl Scripts {
         &self.script_loads
     }
 
-    /// `FUNCTION LOAD REPLACE` of every library.
-    pub(crate) fn function_loads(&self) -> &[redis::Cmd] {
-        &self.function_loads
+    /// `FUNCTION LOAD` of the library that holds every script as a
+    /// function: compiled by the server once, when it first gets it (a
+    /// library of its name already there is the same text: see
+    /// `Link::functions_loaded`).
+    pub(crate) fn library_load(&self) -> &redis::Cmd {
+        &self.library_load
     }
 }
 
@@ -638,11 +649,12 @@ mod tests {
             ("compiled admit_carrying", &compiled.admit_carrying),
         ];
         for (name, lua) in all.into_iter().chain(compiled) {
-            for load in [&lua.script_load, &lua.function_load] {
-                let len = sent(load);
-                assert!(len > 0 && len <= MAX_SCRIPT_LEN, "{name}: {len} bytes");
-            }
+            let len = sent(&lua.script_load);
+            assert!(len > 0 && len <= MAX_SCRIPT_LEN, "{name}: {len} bytes");
         }
+        // The library is longer: it is sent after the scripts, once they
+        // were taken (see `Link::load_these_sync`).
+        assert!(sent(s.library_load()) > MAX_SCRIPT_LEN);
         // Comments, blank lines and indentation go; code stays, a trailing
         // comment too; the spaces after a comma and around `=`, `==` and
         // `~=` go, except in strings.
