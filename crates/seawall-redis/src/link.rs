@@ -828,17 +828,12 @@ impl Link {
                 .is_some_and(|d| d.starts_with("Library '") && d.ends_with("already exists"))
         };
         let e = match loaded {
-            Err(e) if there(&e) => {
+            Err(e) if !there(&e) => self.error(&e, self.settings.timeout),
+            _ => {
                 self.functions.store(true, Ordering::Release);
                 self.library.store(true, Ordering::Release);
                 return Ok(());
             }
-            Ok(()) => {
-                self.functions.store(true, Ordering::Release);
-                self.library.store(true, Ordering::Release);
-                return Ok(());
-            }
-            Err(e) => self.error(&e, self.settings.timeout),
         };
         if is_outage(&e) {
             return Err(e);
