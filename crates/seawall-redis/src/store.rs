@@ -1045,23 +1045,19 @@ impl Shared {
         carried: &[Pending],
     ) -> Invocation {
         let (partition, now) = (request.partition, Some(request.now));
-        // As a function, the one library for every spec, the spec as
-        // arguments; by `EVALSHA`, the script compiled for the spec.
+        let (every_spec, this_spec) = match carried.is_empty() {
+            true => (&Scripts::get().admit, &self.compiled.admit),
+            false => (
+                &Scripts::get().admit_carrying,
+                &self.compiled.admit_carrying,
+            ),
+        };
+        // As a function, the one for every spec, the spec as arguments; by
+        // `EVALSHA`, the script compiled for the spec.
         let inv = if self.link.functions() {
-            let s = Scripts::get();
-            let script = if carried.is_empty() {
-                &s.admit
-            } else {
-                &s.admit_carrying
-            };
-            self.with_spec(self.head(script, true, partition, now))
+            self.with_spec(self.head(every_spec, true, partition, now))
         } else {
-            let script = if carried.is_empty() {
-                &self.compiled.admit
-            } else {
-                &self.compiled.admit_carrying
-            };
-            self.head(script, false, partition, now)
+            self.head(this_spec, false, partition, now)
         };
         self.admission_args(inv, request, reserve, carried)
     }
