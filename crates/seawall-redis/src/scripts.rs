@@ -21,11 +21,11 @@
 //! Each script runs as a function where the server allows (Redis 7 and
 //! later): one library holds them all ([`Scripts::library_load`]), whose
 //! definitions run once, when it is loaded; a function sets the prelude's
-//! variables for its call (`begin`) and runs its script's body. Else by `EVALSHA`, and
-//! then the admission scripts, the most frequent calls, are compiled for
-//! each spec ([`SpecScripts`]): the spec is in their text, and the call
-//! sends `ARGV[1]` and the operation's arguments only (which the scripts
-//! still read as `A[28..]`, `A` standing for `ARGV`).
+//! variables for its call (`begin`) and runs its script's body. Else by
+//! `EVALSHA`, and then the admission scripts, the most frequent calls, are
+//! compiled for each spec ([`SpecScripts`]): the spec is in their text,
+//! and the call sends `ARGV[1]` and the operation's arguments only (which
+//! the scripts still read as `A[28..]`, `A` standing for `ARGV`).
 
 use std::fmt::Write as _;
 use std::sync::OnceLock;
@@ -39,7 +39,7 @@ use seawall::store::ResourceSpec;
 use crate::script_text::{compiled, library, script};
 
 const PRELUDE: &str = include_str!("lua/prelude.lua");
-/// The rule of a silent success, as the Lua function `success(A)`.
+/// The rule of a silent success, as the Lua function `success(K, A)`.
 const SUCCESS: &str = include_str!("lua/success.lua");
 /// The successes an admission carries, applied by `success`.
 const CARRY: &str = include_str!("lua/carry.lua");
