@@ -67,13 +67,21 @@ pub(crate) fn reset_stats(conn: &mut redis::Connection) {
 }
 
 /// How the store runs its scripts on `server`, and the URL it connects
-/// with: as functions (the server's own user), or by `EVALSHA` (a user
-/// without functions, see [`scripts_only_url`]).
+/// with: as functions (the server's own user; by `EVALSHA` too on a server
+/// before Redis 7, which has none), or by `EVALSHA` (a user without
+/// functions, see [`scripts_only_url`]).
 pub(crate) fn both_ways(server: &RedisServer) -> [(&'static str, String); 2] {
-    [
-        ("functions", server.url()),
-        ("evalsha", scripts_only_url(server)),
-    ]
+    let info: String = redis::cmd("INFO")
+        .arg("server")
+        .query(&mut server.conn())
+        .expect("INFO server");
+    let major = info
+        .lines()
+        .find_map(|l| l.strip_prefix("redis_version:"))
+        .and_then(|v| v.split('.').next()?.trim().parse::<u32>().ok())
+        .unwrap_or(0);
+    let first = if major >= 7 { "functions" } else { "evalsha" };
+    [(first, server.url()), ("evalsha", scripts_only_url(server))]
 }
 
 /// Takes the store's scripts and functions off the server (`SCRIPT FLUSH`,
