@@ -716,14 +716,15 @@
 //! later the server also keeps the store's library (about 36 KiB), which
 //! holds every script as a function (the admission for every spec: as a
 //! function, the spec is an argument), named `seawall_` and the SHA-1 of
-//! its text. The server compiles it once, when the first process loads it
-//! (about 1.4 ms); a store that finds it there loads nothing (the server
-//! answers that it exists, counted once per store in its error
-//! statistics). Unlike the script cache, a library is data: saved and
-//! replicated with the keys, and kept after a restart from disk. A version
-//! of the store whose scripts changed loads a library of another name; the
-//! old one stays, called by nothing once no process of that version runs,
-//! until `FUNCTION DELETE` removes it. The
+//! its text, its functions after it. The server compiles it once, when
+//! the first process loads it (about 1.4 ms); a store that finds it there
+//! loads nothing (the server answers that it exists, counted once per
+//! store in its error statistics). Unlike the script cache, a library is
+//! data: saved and replicated with the keys, and kept after a restart from
+//! disk. A version of the store whose scripts changed loads a library of
+//! another name beside it (processes of both versions run side by side);
+//! the old one stays, called by nothing once no process of that version
+//! runs, until `FUNCTION DELETE` removes it. The
 //! async path (`Pipeline::run`) needs a tokio runtime with timers enabled;
 //! the blocking path (`Pipeline::call`) needs no runtime.
 //!

@@ -54,8 +54,9 @@ const ADMIT: &str = include_str!("lua/admit.lua");
 /// once, when it is loaded, instead of on every call.
 pub(crate) struct Lua {
     script: Script,
-    /// Its function's name: `seawall_` and the script's hash, so that
-    /// another text is another function.
+    /// Its function's name in the store's library: the library's name and
+    /// the script's (see [`Scripts::get`]); empty for a script no library
+    /// holds (those compiled for a spec, run by `EVALSHA` only).
     function: String,
     /// `SCRIPT LOAD` of the text.
     pub(crate) script_load: redis::Cmd,
@@ -71,11 +72,9 @@ impl Lua {
     /// call (see [`script`]).
     fn new(prelude: bool, defs: &[&str], body: &[&'static str]) -> Lua {
         let text = script(prelude, defs, body);
-        let script = Script::new(&text);
-        let function = format!("seawall_{}", script.get_hash());
         Lua {
-            script,
-            function,
+            script: Script::new(&text),
+            function: String::new(),
             script_load: script_load(text),
             prelude,
             body: body.to_vec(),
@@ -127,7 +126,7 @@ impl Scripts {
         static SCRIPTS: OnceLock<Scripts> = OnceLock::new();
         SCRIPTS.get_or_init(|| {
             let with_prelude = |body: &'static str| Lua::new(true, &[PRELUDE], &[body]);
-            let scripts = Scripts {
+            let mut scripts = Scripts {
                 record: with_prelude(include_str!("lua/record.lua")),
                 release: with_prelude(include_str!("lua/release.lua")),
                 metrics: with_prelude(include_str!("lua/metrics.lua")),
@@ -141,7 +140,7 @@ impl Scripts {
                 script_loads: Vec::new(),
                 library_load: redis::Cmd::new(),
             };
-            let all = [
+            scripts.script_loads = [
                 &scripts.record,
                 &scripts.release,
                 &scripts.metrics,
@@ -150,27 +149,47 @@ impl Scripts {
                 &scripts.success,
                 &scripts.lease,
                 &scripts.extend,
-                &scripts.admit,
-                &scripts.admit_carrying,
+            ]
+            .map(|s| s.script_load.clone())
+            .to_vec();
+            let mut all = [
+                ("record", &mut scripts.record),
+                ("release", &mut scripts.release),
+                ("metrics", &mut scripts.metrics),
+                ("control", &mut scripts.control),
+                ("in_flight", &mut scripts.in_flight),
+                ("success", &mut scripts.success),
+                ("lease", &mut scripts.lease),
+                ("extend", &mut scripts.extend),
+                ("admit", &mut scripts.admit),
+                ("admit_carrying", &mut scripts.admit_carrying),
             ];
-            let script_loads = all[..8].iter().map(|s| s.script_load.clone()).collect();
-            let functions: Vec<(&str, bool, &[&str])> = all
-                .iter()
-                .map(|s| (s.function.as_str(), s.prelude, s.body.as_slice()))
-                .collect();
-            // Named after the hash of its text: a library of that name is
-            // this one.
-            let unnamed = library("seawall", &[PRELUDE, SUCCESS], &functions);
-            let name = format!("seawall_{}", Script::new(&unnamed).get_hash());
-            let mut library_load = redis::cmd("FUNCTION");
-            library_load
-                .arg("LOAD")
-                .arg(library(&name, &[PRELUDE, SUCCESS], &functions));
-            Scripts {
-                script_loads,
-                library_load,
-                ..scripts
+            // The library is named after the hash of its text, and its
+            // functions after the library: a library of that name is this
+            // one, and another version's library, holding some of the same
+            // scripts, names its functions apart (function names are the
+            // server's, across libraries).
+            let text = |name: &str, all: &[(&str, &mut Lua)], named: bool| {
+                let functions: Vec<(&str, bool, &[&str])> = all
+                    .iter()
+                    .map(|(n, s)| {
+                        let f = if named { s.function.as_str() } else { *n };
+                        (f, s.prelude, s.body.as_slice())
+                    })
+                    .collect();
+                library(name, &[PRELUDE, SUCCESS], &functions)
+            };
+            let hash = Script::new(&text("seawall", &all, false))
+                .get_hash()
+                .to_owned();
+            let name = format!("seawall_{hash}");
+            for (n, s) in all.iter_mut() {
+                s.function = format!("{name}_{n}");
             }
+            let mut library_load = redis::cmd("FUNCTION");
+            library_load.arg("LOAD").arg(text(&name, &all, true));
+            scripts.library_load = library_load;
+            scripts
         })
     }
 
@@ -258,6 +277,10 @@ impl Invocation {
     /// A call of `script`: by `FCALL` of its function when `functions`,
     /// else by `EVALSHA`.
     pub(crate) fn new(script: &Lua, functions: bool) -> Invocation {
+        debug_assert!(
+            !functions || !script.function.is_empty(),
+            "a script no library holds runs by EVALSHA"
+        );
         let mut cmd = if functions {
             let mut cmd = redis::cmd("FCALL");
             cmd.arg(&script.function);
@@ -670,6 +693,51 @@ mod tests {
             source(&["local y = x <= 1 and x >= -1 and a - -b\n"]),
             "local y=x <= 1 and x >= -1 and a - -b\n"
         );
+    }
+
+    /// Every function is named after the library that holds it, which is
+    /// named after its text: two versions of the library (whose scripts
+    /// differ in one place) hold functions of different names, so that
+    /// both load on one server (a function's name is the server's, across
+    /// libraries). Every script's function is in the library, once.
+    #[test]
+    fn functions_are_named_after_their_library() {
+        let s = Scripts::get();
+        let text = match s.library_load().args_iter().last() {
+            Some(redis::Arg::Simple(t)) => String::from_utf8(t.to_vec()).unwrap(),
+            _ => panic!("the library's text"),
+        };
+        let name = text
+            .lines()
+            .next()
+            .and_then(|l| l.strip_prefix("#!lua name="))
+            .expect("the library's name")
+            .to_owned();
+        assert!(name.starts_with("seawall_") && name.len() == "seawall_".len() + 40);
+        let all = [
+            &s.record,
+            &s.release,
+            &s.metrics,
+            &s.control,
+            &s.in_flight,
+            &s.success,
+            &s.lease,
+            &s.extend,
+            &s.admit,
+            &s.admit_carrying,
+        ];
+        let mut names: Vec<&str> = all.iter().map(|l| l.function.as_str()).collect();
+        for f in &names {
+            assert!(f.starts_with(&format!("{name}_")), "{f}");
+            assert_eq!(
+                text.matches(&format!("register_function('{f}',")).count(),
+                1
+            );
+        }
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), all.len());
+        assert_eq!(text.matches("register_function(").count(), all.len());
     }
 
     /// A function of the shared parts that nothing calls is left out, also
