@@ -193,10 +193,12 @@
 //!   it changes, and writes the window's ring only while the window holds
 //!   a failure or a slow call (a success written over a success changes
 //!   nothing); a script holds only the functions it calls; and the spec's
-//!   numbers are converted only where used. The admission scripts are
-//!   compiled for each spec: the spec is in their text (two scripts per
-//!   distinct spec, loaded when a pipeline binds), so an admission sends
-//!   the time and its own arguments only, not the spec's 26 values. For
+//!   numbers are converted only where used. By `EVALSHA`, the admission
+//!   scripts are compiled for each spec: the spec is in their text (two
+//!   scripts per distinct spec, loaded when a pipeline binds), so an
+//!   admission sends the time and its own arguments only, not the spec's
+//!   26 values; as a function, the admission is one for every spec and
+//!   takes the spec as arguments. For
 //!   the chain of the `redis_bench` example (count-window breaker,
 //!   bulkhead, GCRA limiter, cooldown), counted with callgrind on
 //!   `redis-server` 7.0 (`--toggle-collect=processCommand`): an admission
@@ -711,12 +713,16 @@
 //! by [`RedisStoreBuilder::build`] ([`RedisStoreError::InvalidUrl`]); reach
 //! a TLS-only server through a local TLS proxy (stunnel, a sidecar).
 //! The server's script cache holds the
-//! store's eight scripts and two admission scripts per distinct spec
-//! (resource configuration) bound, of about 12 and 15 KiB. On Redis 7 and
-//! later the server also keeps the store's library (about 36 KiB), which
-//! holds every script as a function (the admission for every spec: as a
-//! function, the spec is an argument), named `seawall_` and the SHA-1 of
-//! its text, its functions after it. The server compiles it once, when
+//! store's eight scripts, of about 12 KiB, and, where the scripts run by
+//! `EVALSHA` (a server before Redis 7, a user without functions), two
+//! admission scripts of about 15 KiB per distinct spec (resource
+//! configuration) bound, which the server compiles when a pipeline of
+//! that spec first binds (about 1 ms each). On Redis 7 and later the
+//! server also keeps the store's library (about 36 KiB), which holds every
+//! script as a function (the admission for every spec: as a function, the
+//! spec is an argument, so binding a pipeline compiles nothing on the
+//! server and nothing per spec in the process), named `seawall_` and the
+//! SHA-1 of its text, its functions after it. The server compiles it once, when
 //! the first process loads it (about 1.4 ms); a store that finds it there
 //! loads nothing (the server answers that it exists, counted once per
 //! store in its error statistics). Unlike the script cache, a library is

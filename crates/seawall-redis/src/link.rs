@@ -978,18 +978,27 @@ impl Link {
         self.with_sync(false, None, |c| self.eval_sync(c, inv, None))
     }
 
-    /// Loads the store's scripts and `compiled` (scripts compiled for the
-    /// spec being bound, already [registered](Self::register)), on a
+    /// Loads the store's scripts, and the library once per store, on a
     /// cluster on every master (also checks authentication and
-    /// permissions, and a cluster's node list).
-    pub(crate) fn load_scripts_with(&self, compiled: &[redis::Cmd]) -> Result<(), StoreError> {
-        let mut loads: Vec<redis::Cmd> = Scripts::get().script_loads().to_vec();
-        loads.extend(compiled.iter().cloned());
-        // The library holds every spec's admission: loaded once, and
-        // again where a function is missing (`load_sync`).
+    /// permissions, and a cluster's node list); then, where the scripts
+    /// run by `EVALSHA` (a server or user without functions), the scripts
+    /// `evalsha_loads` gives: those compiled for the spec being bound,
+    /// which it [registers](Self::register) (as functions, the library
+    /// holds the admission of every spec).
+    pub(crate) fn load_scripts(
+        &self,
+        evalsha_loads: impl Fn() -> Vec<redis::Cmd>,
+    ) -> Result<(), StoreError> {
+        // The library: loaded once, and again where a function is missing
+        // (`load_sync`).
         let library = !self.library.load(Ordering::Acquire);
         self.with_sync(true, None, |c| {
-            Ok(self.load_these_sync(c, LoadOn::AllMasters, &loads, library)?)
+            let scripts = Scripts::get().script_loads();
+            self.load_these_sync(c, LoadOn::AllMasters, scripts, library)?;
+            if !self.functions() {
+                self.load_these_sync(c, LoadOn::AllMasters, &evalsha_loads(), false)?;
+            }
+            Ok(())
         })
     }
 

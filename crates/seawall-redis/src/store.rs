@@ -185,8 +185,11 @@ impl RedisStore {
 }
 
 impl StateStore for RedisStore {
-    /// Loads the scripts (one `SCRIPT LOAD` each), which also checks the
-    /// password and the user's permissions.
+    /// Loads the scripts (one `SCRIPT LOAD` each, and on Redis 7 and later
+    /// the library of functions, once per store), which also checks the
+    /// password and the user's permissions. Where the scripts run by
+    /// `EVALSHA` (a server before Redis 7, a user without functions), the
+    /// two admission scripts compiled for the spec too.
     ///
     /// # Errors
     /// [`StoreError::Refused`] when authentication fails or the user may
@@ -201,10 +204,15 @@ impl StateStore for RedisStore {
             _ => Some(inner.local.bind(spec)?),
         };
         let args = SpecArgs::new(spec, inner.probe_lease);
-        let compiled = SpecScripts::new(&args);
-        let loads = compiled.loads();
-        inner.link.register(loads.iter().cloned());
-        match inner.link.load_scripts_with(&loads.map(|(_, load)| load)) {
+        let compiled = OnceLock::new();
+        // The spec's own admission scripts are compiled and loaded only
+        // where the admissions run by `EVALSHA` (as functions, the library
+        // has the admission of every spec).
+        let evalsha_loads = || {
+            let scripts = spec_scripts(&compiled, &inner.link, &args);
+            scripts.loads().map(|(_, load)| load).to_vec()
+        };
+        match inner.link.load_scripts(evalsha_loads) {
             Err(e) if !is_outage(&e) => return Err(e),
             _ => {}
         }
@@ -243,6 +251,23 @@ impl StateStore for RedisStore {
     }
 }
 
+/// The admission scripts compiled for the spec `args`, held in `cell`:
+/// compiled on first need (the admissions run by `EVALSHA`: a server or
+/// user without functions) and then [registered](Link::register) with
+/// `link`, which loads them, with the others, wherever the scripts are
+/// missing.
+fn spec_scripts<'a>(
+    cell: &'a OnceLock<SpecScripts>,
+    link: &Link,
+    args: &SpecArgs,
+) -> &'a SpecScripts {
+    cell.get_or_init(|| {
+        let compiled = SpecScripts::new(args);
+        link.register(compiled.loads());
+        compiled
+    })
+}
+
 /// One resource bound to a [`RedisStore`].
 pub(crate) struct RedisResource {
     shared: Arc<Shared>,
@@ -253,8 +278,9 @@ pub(crate) struct Shared {
     prefix: String,
     spec: ResourceSpec,
     args: SpecArgs,
-    /// The admission scripts compiled for the spec.
-    compiled: SpecScripts,
+    /// The admission scripts compiled for the spec, once the admissions
+    /// run by `EVALSHA` (see [`spec_scripts`]).
+    compiled: OnceLock<SpecScripts>,
     success_args: SuccessArgs,
     /// The keys of the unpartitioned state.
     keys: Keys,
@@ -1045,18 +1071,21 @@ impl Shared {
         carried: &[Pending],
     ) -> Invocation {
         let (partition, now) = (request.partition, Some(request.now));
-        let (every_spec, this_spec) = match carried.is_empty() {
-            true => (&Scripts::get().admit, &self.compiled.admit),
-            false => (
-                &Scripts::get().admit_carrying,
-                &self.compiled.admit_carrying,
-            ),
-        };
         // As a function, the one for every spec, the spec as arguments; by
         // `EVALSHA`, the script compiled for the spec.
         let inv = if self.link.functions() {
+            let scripts = Scripts::get();
+            let every_spec = match carried.is_empty() {
+                true => &scripts.admit,
+                false => &scripts.admit_carrying,
+            };
             self.with_spec(self.head(every_spec, true, partition, now))
         } else {
+            let compiled = spec_scripts(&self.compiled, &self.link, &self.args);
+            let this_spec = match carried.is_empty() {
+                true => &compiled.admit,
+                false => &compiled.admit_carrying,
+            };
             self.head(this_spec, false, partition, now)
         };
         self.admission_args(inv, request, reserve, carried)

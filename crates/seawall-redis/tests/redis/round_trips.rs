@@ -186,10 +186,11 @@ fn a_flushed_server_gets_the_admission_scripts_of_every_spec_at_once() {
         a.call(|_| Ok::<_, std::io::Error>(())).unwrap();
         let stats = command_calls(&mut conn);
         assert_eq!(misses(&mut conn), 1, "{how}");
-        // The store's eight scripts, and two admission scripts for each
-        // spec; as functions, the library too.
-        assert_eq!(script_loads(&stats), 8 + 2 * 2, "{how}");
-        let libraries = if how == "functions" { 1 } else { 0 };
+        // The store's eight scripts; by `EVALSHA` two admission scripts
+        // for each spec, as functions the library instead (it holds the
+        // admission of every spec).
+        let (libraries, per_spec) = if how == "functions" { (1, 0) } else { (0, 2) };
+        assert_eq!(script_loads(&stats), 8 + per_spec * 2, "{how}");
         assert_eq!(function_loads(&stats), libraries, "{how}");
         b.call(|_| Ok::<_, std::io::Error>(())).unwrap();
         rt().block_on(b.run(|_| async { Ok::<_, std::io::Error>(()) }))
@@ -199,6 +200,72 @@ fn a_flushed_server_gets_the_admission_scripts_of_every_spec_at_once() {
         assert_eq!(script_loads(&again), script_loads(&stats), "{how}");
         assert_eq!(function_loads(&again), libraries, "{how}");
         assert_eq!(b.in_flight().unwrap(), 0, "{how}");
+    }
+}
+
+/// A pipeline built while its server is down has loaded nothing, and by
+/// `EVALSHA` its spec's admission scripts are compiled only when a call
+/// needs them: once the server answers, the first call loads what the way
+/// the scripts run needs (the store's scripts, the spec's two admission
+/// scripts by `EVALSHA`, the library where functions are allowed), and
+/// every call is admitted, sync and async.
+#[test]
+fn a_pipeline_built_while_its_server_is_down_loads_its_scripts_at_its_first_call() {
+    // The user without functions is part of the server's configuration,
+    // so that it is there from the restart on (ACL users made at run time
+    // live in memory only).
+    let mut server = RedisServer::start_with(&[
+        "--user",
+        "scriptsonly",
+        "on",
+        ">pw",
+        "~*",
+        "&*",
+        "+@all",
+        "-function",
+        "-fcall",
+        "-fcall_ro",
+    ]);
+    for (how, url) in both_ways(&server) {
+        server.kill();
+        let p = Pipeline::builder("built-while-down")
+            .circuit_breaker(CircuitBreaker::consecutive_failures(3))
+            .bulkhead(Bulkhead::new(2))
+            .store(failing_closed(&url, "down-at-build"))
+            .build()
+            .unwrap();
+        server.restart();
+        let mut conn = server.conn();
+        reset_stats(&mut conn);
+        let rt = rt();
+        // The first calls may meet the reconnection; within a few seconds
+        // every call is admitted.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while p.call(|_| Ok::<_, std::io::Error>(())).is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{how}: never admitted"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        for _ in 0..3 {
+            p.call(|_| Ok::<_, std::io::Error>(())).unwrap();
+            rt.block_on(p.run(|_| async { Ok::<_, std::io::Error>(()) }))
+                .unwrap();
+        }
+        assert_eq!(p.in_flight().unwrap(), 0, "{how}");
+        let stats = command_calls(&mut conn);
+        let calls = |c: &str| stats.get(c).copied().unwrap_or(0);
+        if how == "functions" {
+            assert!(script_loads(&stats) >= 8, "{how}: {stats:?}");
+            assert!(function_loads(&stats) >= 1, "{how}: {stats:?}");
+            assert!(calls("fcall") >= 6, "{how}: {stats:?}");
+        } else {
+            // The store's eight scripts and the spec's two.
+            assert!(script_loads(&stats) >= 8 + 2, "{how}: {stats:?}");
+            assert!(calls("evalsha") >= 7, "{how}: {stats:?}");
+            assert_eq!(calls("fcall"), 0, "{how}: {stats:?}");
+        }
     }
 }
 
@@ -248,7 +315,8 @@ fn scripts_run_as_functions_where_the_server_lets_them() {
             assert!(evalsha >= 4 && fcall == 0, "{how}: {stats:?}");
         }
         // Another pipeline on the store: the library is there (one for
-        // every spec's admission), its spec's scripts are loaded.
+        // every spec's admission); by `EVALSHA` its spec's scripts are
+        // compiled and loaded, as functions nothing is.
         reset_stats(&mut conn);
         let other = Pipeline::builder("another-spec")
             .bulkhead(Bulkhead::new(3))
@@ -258,7 +326,8 @@ fn scripts_run_as_functions_where_the_server_lets_them() {
         other.call(|_| Ok::<_, std::io::Error>(())).unwrap();
         let stats = command_calls(&mut conn);
         assert_eq!(function_loads(&stats), 0, "{how}: {stats:?}");
-        assert_eq!(script_loads(&stats), 8 + 2, "{how}: {stats:?}");
+        let per_spec = if how == "functions" { 0 } else { 2 };
+        assert_eq!(script_loads(&stats), 8 + per_spec, "{how}: {stats:?}");
     }
 }
 
