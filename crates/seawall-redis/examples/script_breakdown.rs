@@ -3,7 +3,8 @@
 //! arguments of an admission, and the admission scripts themselves with the
 //! arguments the `redis_bench` chain sends (circuit breaker over a count
 //! window, bulkhead, GCRA rate limiter, cooldown), by `EVALSHA` and as
-//! functions (`FCALL`, Redis 7 and later).
+//! functions (`FCALL`, Redis 7 and later), the spec as 26 arguments or by
+//! its id (sent in full once, as the store sends it).
 //!
 //! ```text
 //! cargo run --release -p seawall-redis --example script_breakdown [-- --calls 20000 --url redis://127.0.0.1:6379]
@@ -27,8 +28,10 @@ use seawall_test_redis::RedisServer as Server;
 #[path = "support/cli.rs"]
 mod cli;
 
-/// The scripts' text as the crate sends it.
+/// The scripts' text as the crate sends it (the error codes the store
+/// reads are not used here).
 #[path = "../src/script_text.rs"]
+#[allow(dead_code)]
 mod script_text;
 use script_text::{compiled, library, script};
 
@@ -307,6 +310,27 @@ async fn run(url: String, n: usize) {
             a.push(carried(slot_of(last)));
             let mut cmd = redis::cmd("FCALL");
             cmd.arg(function).arg(keys.len()).arg(&keys).arg(a);
+            cmd
+        },
+    )
+    .await;
+    clear(&mut c, &keys).await;
+    // The spec in full with its id on the first call (`=id`, then the 26
+    // values), by its id after (`#id`), as the store sends it.
+    let sent = std::sync::atomic::AtomicBool::new(false);
+    row(
+        &mut c,
+        "the same, the spec by its id (as the store sends it)",
+        n,
+        |last| {
+            let mut cmd = redis::cmd("FCALL");
+            cmd.arg(function).arg(keys.len()).arg(&keys).arg("");
+            if sent.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                cmd.arg("#breakdown");
+            } else {
+                cmd.arg("=breakdown").arg(spec_args("64"));
+            }
+            cmd.arg("").arg(carried(slot_of(last)));
             cmd
         },
     )

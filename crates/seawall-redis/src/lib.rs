@@ -197,8 +197,16 @@
 //!   scripts are compiled for each spec: the spec is in their text (two
 //!   scripts per distinct spec, loaded when a pipeline binds), so an
 //!   admission sends the time and its own arguments only, not the spec's
-//!   26 values; as a function, the admission is one for every spec and
-//!   takes the spec as arguments. For
+//!   26 values. As a function, the admission is one for every spec: a
+//!   pipeline's first admission sends its spec in full with its id (the
+//!   SHA-1 of its values), which the library keeps, typed as a compiled
+//!   script has it (at most 1,024 specs: past that it forgets them and is
+//!   sent them again); every later admission names the spec by its id, one
+//!   argument instead of 26. A library that does not hold the spec (loaded
+//!   again, a server restarted from disk, another node) answers with the
+//!   error `SEAWALLSPEC`, and the call goes again with its spec in full: one
+//!   more round trip, once per spec and server
+//!   (`round_trips::a_library_that_lost_the_specs_is_sent_them_again`). For
 //!   the chain of the `redis_bench` example (count-window breaker,
 //!   bulkhead, GCRA limiter, cooldown), counted with callgrind on
 //!   `redis-server` 7.0 (`--toggle-collect=processCommand`): an admission

@@ -896,22 +896,33 @@ impl Link {
     /// `FCALL` or `EVALSHA`; after `NOSCRIPT` or a function not found the
     /// servers are identified again (a restart is noted), the scripts and
     /// library loaded on the server that lacked them, `hold` asked, and
-    /// the call sent once more.
+    /// the call sent once more. A call that names its spec by id, to a
+    /// library that does not hold that spec (loaded again, a restarted
+    /// server, another node), is sent once more with its spec in full.
     fn eval_sync<T: FromRedisValue>(
         &self,
         c: &mut SyncConn,
         inv: &Invocation,
         hold: Option<HoldCheck<'_>>,
     ) -> Result<T, Failure> {
-        match inv.cmd.query::<T>(c) {
-            Ok(v) => Ok(v),
+        let sent = match inv.cmd.query::<T>(c) {
             Err(e) if is_noscript(&e) => {
                 self.identify(c, Some(inv.slot()))?;
                 self.load_sync(c, LoadOn::MasterOf(inv.first_key()))?;
                 self.check_hold(hold, inv)?;
-                inv.cmd.query(c).map_err(|e| self.failure_after_load(&e))
+                match inv.cmd.query(c) {
+                    Err(e) if is_spec_missing(&e) => Err(e),
+                    sent => return sent.map_err(|e| self.failure_after_load(&e)),
+                }
             }
-            Err(e) => Err(self.failure(&e)),
+            sent => sent,
+        };
+        match sent {
+            Err(e) if is_spec_missing(&e) => match inv.in_full() {
+                Some(full) => full.query(c).map_err(|e| self.failure(&e)),
+                None => Err(self.failure(&e)),
+            },
+            sent => sent.map_err(|e| self.failure(&e)),
         }
     }
 
@@ -1139,23 +1150,30 @@ impl Link {
         let result = async {
             let (slot, mut c) = self.connection().await?;
             self.check_hold(hold, inv)?;
-            let result: Result<T, Failure> = match inv.cmd.query_async::<T>(&mut c).await {
-                Ok(v) => Ok(v),
-                Err(e) if is_noscript(&e) => {
-                    async {
+            let result: Result<T, Failure> = async {
+                let sent = match inv.cmd.query_async::<T>(&mut c).await {
+                    Err(e) if is_noscript(&e) => {
                         self.identify_async(&mut c, Some(inv.slot())).await?;
                         self.load_async(&mut c, LoadOn::MasterOf(inv.first_key()))
                             .await?;
                         self.check_hold(hold, inv)?;
-                        inv.cmd
-                            .query_async(&mut c)
-                            .await
-                            .map_err(|e| self.failure_after_load(&e))
+                        match inv.cmd.query_async(&mut c).await {
+                            Err(e) if is_spec_missing(&e) => Err(e),
+                            sent => return sent.map_err(|e| self.failure_after_load(&e)),
+                        }
                     }
-                    .await
+                    sent => sent,
+                };
+                // As `eval_sync`: the spec in full where it was missing.
+                match sent {
+                    Err(e) if is_spec_missing(&e) => match inv.in_full() {
+                        Some(full) => full.query_async(&mut c).await.map_err(|e| self.failure(&e)),
+                        None => Err(self.failure(&e)),
+                    },
+                    sent => sent.map_err(|e| self.failure(&e)),
                 }
-                Err(e) => Err(self.failure(&e)),
-            };
+            }
+            .await;
             if let Err(Failure::Store(e)) = &result {
                 if is_outage(e) {
                     self.forget(&slot);
@@ -1238,6 +1256,12 @@ fn is_noscript(e: &redis::RedisError) -> bool {
         || e.code() == Some("NOSCRIPT")
         || e.detail()
             .is_some_and(|d| d.starts_with("Function not found"))
+}
+
+/// The error of a call that named a spec its server's library does not
+/// hold ([`SPEC_MISSING`](crate::script_text::SPEC_MISSING)).
+fn is_spec_missing(e: &redis::RedisError) -> bool {
+    e.code() == Some(crate::script_text::SPEC_MISSING)
 }
 
 fn no_runtime() -> StoreError {

@@ -135,8 +135,16 @@ fn tighten(line: &str, out: &mut String) {
 }
 
 /// What a script that starts with the prelude runs first, with the keys
-/// and arguments of its call (see `begin` in `lua/prelude.lua`).
-const BEGIN: &str = "begin(KEYS, ARGV)\n";
+/// and arguments of its call (see `begin` in `lua/prelude.lua`): a call
+/// that names a spec the library does not hold ends there, with the error
+/// [`SPEC_MISSING`], having done nothing.
+const BEGIN: &str = "if begin(KEYS, ARGV) then return redis.error_reply('SEAWALLSPEC the spec \
+                     of this call is not held here: send it in full') end\n";
+
+/// The code of the error of a call that named a spec the library does not
+/// hold (see `call_args` in `lua/prelude.lua`): the caller sends the call
+/// again with its spec in full.
+pub(crate) const SPEC_MISSING: &str = "SEAWALLSPEC";
 
 /// The text of a script run by `EVALSHA`: `defs` (the prelude first, when
 /// `prelude`, then the functions the body calls), the call of `begin` when
@@ -169,7 +177,7 @@ pub(crate) fn library(name: &str, defs: &[&str], functions: &[(&str, bool, &[&st
 }
 
 /// What the generic prelude takes its arguments with.
-pub(crate) const ARGS_LINE: &str = "  A = ARGV\n";
+pub(crate) const ARGS_LINE: &str = "  A = call_args(ARGV)\n";
 
 /// `prelude` (the text of `prelude.lua`) with the spec (`ARGV[2..=27]` of
 /// the generic scripts, `spec`) compiled in: `A` is `ARGV` as the

@@ -28,7 +28,7 @@
 //! the scripts still read as `A[28..]`, `A` standing for `ARGV`).
 
 use std::fmt::Write as _;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use redis::Script;
@@ -259,7 +259,7 @@ fn script_load(source: String) -> redis::Cmd {
 /// `prelude.lua` with the spec `args` compiled in (see
 /// [`script_text::compiled`](crate::script_text::compiled)).
 fn compiled_prelude(args: &SpecArgs) -> String {
-    compiled(PRELUDE, &args.0)
+    compiled(PRELUDE, &args.values)
 }
 
 /// The body of the lease script (after the prelude): `admit.lua`
@@ -280,6 +280,9 @@ const LEASE_BODY: [&str; 4] = [
 pub(crate) struct Invocation {
     pub(crate) cmd: redis::Cmd,
     keys: usize,
+    /// The spec the call names by its id, and where in `cmd` (see
+    /// [`spec_by_id`](Self::spec_by_id)).
+    by_id: Option<(usize, Arc<SpecArgs>)>,
 }
 
 impl Invocation {
@@ -303,7 +306,11 @@ impl Invocation {
             cmd
         };
         cmd.arg(Self::KEYS);
-        Invocation { cmd, keys: 0 }
+        Invocation {
+            cmd,
+            keys: 0,
+            by_id: None,
+        }
     }
 
     /// Adds a key (`KEYS[i]`); keys come before arguments.
@@ -335,6 +342,44 @@ impl Invocation {
         debug_assert_eq!(self.keys, Self::KEYS, "keys come first");
         self.cmd.arg(arg);
         self
+    }
+
+    /// Adds the spec by its id (`ARGV[2]`, a function's admission): one
+    /// argument instead of 26, the library keeping the specs it was sent in
+    /// full (see `call_args` in `lua/prelude.lua`).
+    pub(crate) fn spec_by_id(&mut self, spec: &Arc<SpecArgs>) -> &mut Self {
+        let at = self.cmd.args_iter().count();
+        self.arg(spec.id.as_str());
+        self.by_id = Some((at, Arc::clone(spec)));
+        self
+    }
+
+    /// Adds the spec in full with its id (`=` and the id, then its 26
+    /// values), which the library keeps.
+    pub(crate) fn spec_in_full(&mut self, spec: &SpecArgs) -> &mut Self {
+        debug_assert_eq!(self.keys, Self::KEYS, "keys come first");
+        spec.in_full(&mut self.cmd);
+        self
+    }
+
+    /// The same call with its spec in full (`=` and its id, then its 26
+    /// values), for a server whose library answered that it does not hold
+    /// it ([`SPEC_MISSING`](crate::script_text::SPEC_MISSING)); `None` for
+    /// a call that names no spec by id.
+    pub(crate) fn in_full(&self) -> Option<redis::Cmd> {
+        let (at, spec) = self.by_id.as_ref()?;
+        let mut cmd = redis::Cmd::new();
+        for (i, arg) in self.cmd.args_iter().enumerate() {
+            let redis::Arg::Simple(arg) = arg else {
+                continue;
+            };
+            if i == *at {
+                spec.in_full(&mut cmd);
+            } else {
+                cmd.arg(arg);
+            }
+        }
+        Some(cmd)
     }
 }
 
@@ -434,9 +479,15 @@ fn flag(b: bool) -> String {
     if b { "1" } else { "0" }.to_owned()
 }
 
-/// `ARGV[2..=27]`: the spec, as the scripts read it.
+/// `ARGV[2..=27]`: the spec, as the scripts read it, and its id.
 #[derive(Debug, Clone)]
-pub(crate) struct SpecArgs(pub(crate) Vec<String>);
+pub(crate) struct SpecArgs {
+    pub(crate) values: Vec<String>,
+    /// What an admission as a function names the spec by, once the
+    /// library holds it (see `call_args` in `lua/prelude.lua`): `#` and the
+    /// SHA-1 of the values.
+    pub(crate) id: String,
+}
 
 /// The bits of the policies in shadow mode (`ARGV[27]`, `SHADOW` in the
 /// scripts).
@@ -566,7 +617,14 @@ impl SpecArgs {
             );
         a.push(shadow.to_string());
         debug_assert_eq!(a.len(), 26);
-        SpecArgs(a)
+        let id = format!("#{}", Script::new(&a.join("\n")).get_hash());
+        SpecArgs { values: a, id }
+    }
+
+    /// Adds the spec to `cmd` in full with its id: `=` and the id's hash,
+    /// then the 26 values (see `call_args` in `lua/prelude.lua`).
+    fn in_full(&self, cmd: &mut redis::Cmd) {
+        cmd.arg(format!("={}", &self.id[1..])).arg(&self.values);
     }
 }
 
@@ -660,7 +718,6 @@ mod tests {
     #[test]
     fn every_script_is_read_before_authentication() {
         let s = Scripts::get();
-        let all = s.all();
         // Compiled for a spec with every policy, the longest spec text.
         let full = ResourceSpec::new("r")
             .with_circuit(CircuitBreaker::failure_rate(0.5).cooldown_growth(2.5, Duration::MAX))
@@ -668,14 +725,17 @@ mod tests {
             .with_cooldown(seawall::Cooldown::new())
             .with_rate_limit(RateLimiter::gcra(3, Duration::from_secs(1)));
         let compiled = SpecScripts::new(&SpecArgs::new(&full, Duration::MAX));
-        let compiled = [
-            ("compiled admit", &compiled.admit),
-            ("compiled admit_carrying", &compiled.admit_carrying),
-        ];
-        for (name, lua) in all.into_iter().chain(compiled) {
-            let len = sent(&lua.script_load);
-            assert!(len > 0 && len <= MAX_SCRIPT_LEN, "{name}: {len} bytes");
+        // Every `SCRIPT LOAD`: the store's scripts (the admissions for
+        // every spec run as functions only) and the admission scripts
+        // compiled for a spec.
+        let compiled = compiled.loads().map(|(_, load)| load);
+        let mut count = 0;
+        for load in s.script_loads().iter().chain(&compiled) {
+            let len = sent(load);
+            assert!(len > 0 && len <= MAX_SCRIPT_LEN, "{load:?}: {len} bytes");
+            count += 1;
         }
+        assert_eq!(count, 8 + 2);
         // The library is longer: it is sent after the scripts, once they
         // were taken (see `Link::load_these_sync`).
         assert!(sent(s.library_load()) > MAX_SCRIPT_LEN);
@@ -874,16 +934,22 @@ mod tests {
             .with_bulkhead(Bulkhead::new(3))
             .with_cooldown(seawall::Cooldown::new())
             .with_rate_limit(RateLimiter::gcra(10, Duration::from_secs(1)));
-        assert_eq!(SpecArgs::new(&full, Duration::from_secs(60)).0.len(), 26);
+        assert_eq!(
+            SpecArgs::new(&full, Duration::from_secs(60)).values.len(),
+            26
+        );
         let empty = ResourceSpec::new("r");
-        assert_eq!(SpecArgs::new(&empty, Duration::from_secs(60)).0.len(), 26);
-        let a = SpecArgs::new(&full, Duration::from_secs(60)).0;
+        assert_eq!(
+            SpecArgs::new(&empty, Duration::from_secs(60)).values.len(),
+            26
+        );
+        let a = SpecArgs::new(&full, Duration::from_secs(60)).values;
         // GCRA interval: 100 ms = 100000 us; tolerance: 9 intervals.
         assert_eq!((a[23].as_str(), a[24].as_str()), ("900000:0", "100000:0"));
         // 1/3 s: to the nanosecond, rounded up, as the in-memory rule has it.
         let third = ResourceSpec::new("r")
             .with_rate_limit(RateLimiter::gcra(3, Duration::from_secs(1)).burst(2));
-        let a = SpecArgs::new(&third, Duration::from_secs(60)).0;
+        let a = SpecArgs::new(&third, Duration::from_secs(60)).values;
         assert_eq!(
             (a[23].as_str(), a[24].as_str()),
             ("333333:334", "333333:334")
@@ -894,7 +960,7 @@ mod tests {
             3,
             Duration::from_nanos(333_333_334),
         ));
-        let a = SpecArgs::new(&fixed, Duration::from_secs(60)).0;
+        let a = SpecArgs::new(&fixed, Duration::from_secs(60)).values;
         assert_eq!(a[23].as_str(), "333333:334");
     }
 
@@ -904,7 +970,7 @@ mod tests {
         let plain = ResourceSpec::new("r")
             .with_circuit(CircuitBreaker::consecutive_failures(1))
             .with_rate_limit(RateLimiter::gcra(10, Duration::from_secs(1)));
-        let a = SpecArgs::new(&plain, lease).0;
+        let a = SpecArgs::new(&plain, lease).values;
         // ARGV[13] is a[11]; ARGV[27] is a[25].
         assert_eq!((a[11].as_str(), a[25].as_str()), ("60000000", "0"));
         let shadowed = ResourceSpec::new("r")
@@ -916,7 +982,7 @@ mod tests {
             .with_bulkhead(Bulkhead::new(1))
             .with_cooldown(seawall::Cooldown::new().shadow(true))
             .with_rate_limit(RateLimiter::gcra(10, Duration::from_secs(1)).shadow(true));
-        let a = SpecArgs::new(&shadowed, lease).0;
+        let a = SpecArgs::new(&shadowed, lease).values;
         assert_eq!((a[11].as_str(), a[25].as_str()), ("1500000", "13"));
         assert!(circuit_in_shadow(&shadowed) && !circuit_in_shadow(&plain));
     }

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::fmt::Write as _;
 use std::future::Future;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::task::Poll;
 use std::time::{Duration, Instant};
@@ -203,7 +203,7 @@ impl StateStore for RedisStore {
             FailMode::Closed => None,
             _ => Some(inner.local.bind(spec)?),
         };
-        let args = SpecArgs::new(spec, inner.probe_lease);
+        let args = Arc::new(SpecArgs::new(spec, inner.probe_lease));
         let compiled = OnceLock::new();
         // The spec's own admission scripts are compiled and loaded only
         // where the admissions run by `EVALSHA` (as functions, the library
@@ -222,6 +222,7 @@ impl StateStore for RedisStore {
                 link: Arc::clone(&inner.link),
                 prefix: inner.prefix.clone(),
                 args,
+                spec_sent: AtomicBool::new(false),
                 compiled,
                 success_args: SuccessArgs::new(spec),
                 hold: restart_hold(spec),
@@ -277,7 +278,10 @@ pub(crate) struct Shared {
     link: Arc<Link>,
     prefix: String,
     spec: ResourceSpec,
-    args: SpecArgs,
+    args: Arc<SpecArgs>,
+    /// An admission as a function sent the spec in full: the next ones
+    /// name it by its id.
+    spec_sent: AtomicBool,
     /// The admission scripts compiled for the spec, once the admissions
     /// run by `EVALSHA` (see [`spec_scripts`]).
     compiled: OnceLock<SpecScripts>,
@@ -1020,7 +1024,7 @@ impl Shared {
 
     /// `inv` with the spec's arguments (`ARGV[2..=27]`).
     fn with_spec(&self, mut inv: Invocation) -> Invocation {
-        for a in &self.args.0 {
+        for a in &self.args.values {
             inv.arg(a.as_str());
         }
         inv
@@ -1071,15 +1075,23 @@ impl Shared {
         carried: &[Pending],
     ) -> Invocation {
         let (partition, now) = (request.partition, Some(request.now));
-        // As a function, the one for every spec, the spec as arguments; by
-        // `EVALSHA`, the script compiled for the spec.
+        // As a function, the one for every spec, the spec by its id (sent
+        // in full where the library does not hold it yet); by `EVALSHA`,
+        // the script compiled for the spec.
         let inv = if self.link.functions() {
             let scripts = Scripts::get();
             let every_spec = match carried.is_empty() {
                 true => &scripts.admit,
                 false => &scripts.admit_carrying,
             };
-            self.with_spec(self.head(every_spec, true, partition, now))
+            let mut inv = self.head(every_spec, true, partition, now);
+            // In full the first time: the library holds it from then on
+            // (a library that lost it answers so, see `Link::eval_sync`).
+            match self.spec_sent.swap(true, Ordering::Relaxed) {
+                true => inv.spec_by_id(&self.args),
+                false => inv.spec_in_full(&self.args),
+            };
+            inv
         } else {
             let compiled = spec_scripts(&self.compiled, &self.link, &self.args);
             let this_spec = match carried.is_empty() {

@@ -46,11 +46,91 @@ local CARRIED_H
 -- Where the operation's own arguments start in A.
 local D = 28
 
+-- The specs given to this library in full (see `call_args`), by their id,
+-- typed as a script compiled for its spec has them: kept as long as the
+-- library (the server's Lua state), emptied once SPECS_MAX are held, so
+-- that specs that come and go never grow it without bound.
+local SPECS, specs_n, SPECS_MAX = {}, 0, 1024
+
+-- A GCRA time or duration, kept as `microseconds:nanoseconds` (the
+-- nanoseconds 0..999), as two integers. A plain number (a state written by
+-- an earlier version, in fractional microseconds) is read rounded up to
+-- the nanosecond. A pair already split, `{microseconds, nanoseconds}` (the
+-- GCRA spec of a script compiled for its spec), is taken as it is.
+local function upair(s)
+  if type(s) == 'table' then return s[1], s[2] end
+  local u, n = string.match(s, '^(%d+):(%d+)$')
+  if u then return tonumber(u), tonumber(n) end
+  local x = tonumber(s) or 0
+  u = math.floor(x)
+  n = math.ceil((x - u) * 1000)
+  if n >= 1000 then u, n = u + 1, n - 1000 end
+  return u, n
+end
+
+-- A spec sent in full (`ARGV[3..28]`), typed as `script_text::compiled`
+-- writes a script's spec: the flags and the shadow bits (`A[2]`, `A[15]`,
+-- `A[18]`, `A[21]`, `A[27]`) as the strings they are, compared as such;
+-- the pairs (`A[25]`, `A[26]`) split (`upair`, which reads a pair split
+-- or not the same); every other value as
+-- `tonumber` gives it, or the string when it gives nothing. Every use of a
+-- value of the spec is one of these (a flag compared, a pair split, a
+-- number converted), so a typed spec gives the same answers as the
+-- strings.
+local function typed(ARGV)
+  local S = {}
+  for i = 2, 27 do
+    local v = ARGV[i + 1]
+    if i == 2 or i == 15 or i == 18 or i == 21 or i == 27 then
+      S[i] = v
+    elseif i == 25 or i == 26 then
+      S[i] = {upair(v)}
+    else
+      S[i] = tonumber(v) or v
+    end
+  end
+  return S
+end
+
+-- The arguments of a call as the scripts read them (A): the time, the
+-- spec in `A[2..27]`, the operation's own from `A[28]` (D). A call sends
+-- its spec in one of three forms:
+-- - as 26 arguments (`ARGV[2..27]`): A is ARGV;
+-- - by its id (`ARGV[2]`, `#` and the SHA-1 of the spec), the operation's
+--   arguments from `ARGV[3]`: the spec as this library holds it (nil when
+--   it holds none of that id: the caller sends the call again in full);
+-- - in full with its id (`ARGV[2]`, `=` and the same SHA-1), then the 26
+--   values, then the operation's arguments: held from now on.
+-- An admission as a function sends its spec in full once, then by id;
+-- every other call sends the 26 arguments (src/store.rs). A script
+-- compiled for its spec (`SpecScripts`) builds its own A instead, where
+-- this function is called.
+local function call_args(ARGV)
+  local form = string.byte(ARGV[2] or '', 1)
+  local S, rest
+  if form == 35 then
+    S, rest = SPECS[ARGV[2]], 3
+    if not S then return nil end
+  elseif form == 61 then
+    S, rest = typed(ARGV), 29
+    if specs_n >= SPECS_MAX then SPECS, specs_n = {}, 0 end
+    SPECS['#' .. string.sub(ARGV[2], 2)], specs_n = S, specs_n + 1
+  else
+    return ARGV
+  end
+  return {ARGV[1], S[2], S[3], S[4], S[5], S[6], S[7], S[8], S[9], S[10], S[11], S[12], S[13],
+    S[14], S[15], S[16], S[17], S[18], S[19], S[20], S[21], S[22], S[23], S[24], S[25], S[26],
+    S[27], unpack(ARGV, rest)}
+end
+
 -- Sets every variable above for a call with keys `KEYS` and arguments
--- `ARGV`: nothing of an earlier call is left.
+-- `ARGV`: nothing of an earlier call is left. `true` when the call names
+-- a spec this library does not hold (see `call_args`): the call is to end at
+-- once, with the error `SEAWALLSPEC`, having done nothing.
 local function begin(KEYS, ARGV)
   KH, KCW, KTW, KTZ, KB, KRL, KRB = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
-  A = ARGV
+  A = call_args(ARGV)
+  if not A then return true end
   now, since0, now_ns = nil, nil, 0
   HAS_C, HAS_B, HAS_CD, HAS_R = A[2] == '1', A[15] == '1', A[18] == '1', A[21] == '1'
   MODE, MODE_N, FR, SR, SLOW, MINC, CD_BASE, CD_GROWTH, CD_MAX, HOC, HALF_MAX = 0
@@ -132,22 +212,6 @@ local function ms(us, extra_ms)
   local v = math.ceil(us / 1000) + (extra_ms or 0)
   if v < 1 then v = 1 end
   return int(v)
-end
-
--- A GCRA time or duration, kept as `microseconds:nanoseconds` (the
--- nanoseconds 0..999), as two integers. A plain number (a state written by
--- an earlier version, in fractional microseconds) is read rounded up to
--- the nanosecond. A pair already split, `{microseconds, nanoseconds}` (the
--- GCRA spec of a script compiled for its spec), is taken as it is.
-local function upair(s)
-  if type(s) == 'table' then return s[1], s[2] end
-  local u, n = string.match(s, '^(%d+):(%d+)$')
-  if u then return tonumber(u), tonumber(n) end
-  local x = tonumber(s) or 0
-  u = math.floor(x)
-  n = math.ceil((x - u) * 1000)
-  if n >= 1000 then u, n = u + 1, n - 1000 end
-  return u, n
 end
 
 -- The nanoseconds (0..999) of a sliding-log entry: its member is named

@@ -417,3 +417,98 @@ fn a_window_of_successes_is_not_written_for_each_success() {
         assert_eq!(counts(), (4, 1), "{label}");
     }
 }
+
+/// As functions, an admission sends its spec in full once, then by its id
+/// (one argument instead of 26): the library keeps the specs it was sent.
+/// A library that no longer holds a spec (loaded again, as after a restart
+/// from disk, which keeps the library but not what its functions held)
+/// answers so, and the call goes again with its spec in full, sync and
+/// async, its answer unchanged: the bulkhead's slot is taken once.
+#[test]
+fn a_library_that_lost_the_specs_is_sent_them_again() {
+    let server = RedisServer::start();
+    let (how, url) = both_ways(&server)[0].clone();
+    if how != "functions" {
+        eprintln!("skipped: the server has no functions");
+        return;
+    }
+    let p = Pipeline::builder("spec-by-id")
+        .circuit_breaker(CircuitBreaker::consecutive_failures(3))
+        .bulkhead(Bulkhead::new(1))
+        .rate_limiter(RateLimiter::gcra(1_000, Duration::from_secs(1)))
+        .store(failing_closed(&url, "spec-by-id"))
+        .build()
+        .unwrap();
+    let mut conn = server.conn();
+    let rt = rt();
+    let missing = |conn: &mut redis::Connection| error_count(conn, "SEAWALLSPEC");
+    for reload in [false, true] {
+        if reload {
+            // The library loaded again from its dump: the same functions,
+            // none of the specs they held.
+            let dump: Vec<u8> = redis::cmd("FUNCTION").arg("DUMP").query(&mut conn).unwrap();
+            let _: () = redis::cmd("FUNCTION")
+                .arg("RESTORE")
+                .arg(dump)
+                .arg("REPLACE")
+                .query(&mut conn)
+                .unwrap();
+        }
+        let before = missing(&mut conn);
+        reset_stats(&mut conn);
+        p.call(|_| Ok::<_, std::io::Error>(())).unwrap();
+        rt.block_on(p.run(|_| async { Ok::<_, std::io::Error>(()) }))
+            .unwrap();
+        // The bulkhead of one slot: the slot was taken once by each call
+        // and given back (a second admission of the same call would leave
+        // it taken).
+        assert_eq!(p.in_flight().unwrap(), 0, "reload {reload}");
+        let stats = command_calls(&mut conn);
+        let fcalls = stats.get("fcall").copied().unwrap_or(0);
+        if reload {
+            assert_eq!(missing(&mut conn), before + 1, "reload {reload}: {stats:?}");
+            assert!(fcalls >= 3, "reload {reload}: {stats:?}");
+        } else {
+            assert_eq!(missing(&mut conn), before, "sent in full first: {stats:?}");
+        }
+    }
+    // Another caller of the same spec holds it too: nothing missing.
+    let before = missing(&mut conn);
+    for _ in 0..3 {
+        p.call(|_| Ok::<_, std::io::Error>(())).unwrap();
+    }
+    assert_eq!(missing(&mut conn), before);
+}
+
+/// The library holds a bounded number of specs (1,024): past that it
+/// forgets them and holds them again as they come. Every call of 1,100
+/// pipelines of distinct specs is admitted, by id or sent again in full.
+#[test]
+fn a_library_holds_a_bounded_number_of_specs() {
+    let server = RedisServer::start();
+    let (how, url) = both_ways(&server)[0].clone();
+    if how != "functions" {
+        eprintln!("skipped: the server has no functions");
+        return;
+    }
+    let store = failing_closed(&url, "many-specs");
+    let pipelines: Vec<Pipeline> = (0..1_100)
+        .map(|i| {
+            Pipeline::builder(format!("spec-{i}"))
+                .bulkhead(Bulkhead::new(1 + i))
+                .store(store.clone())
+                .build()
+                .unwrap()
+        })
+        .collect();
+    let mut conn = server.conn();
+    for round in 0..2 {
+        for p in &pipelines {
+            p.call(|_| Ok::<_, std::io::Error>(())).unwrap();
+        }
+        assert_eq!(pipelines[0].in_flight().unwrap(), 0, "round {round}");
+    }
+    // The first specs were forgotten when the library held 1,024: their
+    // second calls were sent again in full.
+    assert!(error_count(&mut conn, "SEAWALLSPEC") >= 1);
+}
