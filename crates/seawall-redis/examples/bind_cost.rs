@@ -119,22 +119,14 @@ fn main() {
     // A user that may run scripts but not functions: the store runs its
     // scripts by `EVALSHA`, as on a server before Redis 7.
     let user = format!("bind-cost-{}", std::process::id());
-    query(
-        &mut admin,
-        &[
-            "ACL",
-            "SETUSER",
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg(seawall_test_redis::acl_user(
             &user,
-            "on",
-            ">pw",
-            "~*",
-            "&*",
-            "+@all",
-            "-function",
-            "-fcall",
-            "-fcall_ro",
-        ],
-    );
+            &seawall_test_redis::WITHOUT_FUNCTIONS,
+        ))
+        .query(&mut admin)
+        .unwrap();
     let address = url.split("://").nth(1).unwrap_or(&url);
     let address = address.rsplit('@').next().unwrap_or(address);
     let scripts_only = format!("redis://{user}:pw@{address}");

@@ -21,6 +21,22 @@ mod cluster;
 
 pub use cluster::{ClusterNode, RedisCluster};
 
+/// ACL rules that take functions from a user (`FUNCTION`, `FCALL`): a store
+/// of that user runs its scripts by `EVALSHA`, as on a server before
+/// Redis 7.
+pub const WITHOUT_FUNCTIONS: [&str; 3] = ["-function", "-fcall", "-fcall_ro"];
+
+/// The ACL rules of the user `name`, password `pw`, for `ACL SETUSER` or
+/// a server's `--user` option: every command on every key and channel,
+/// then `rules`.
+pub fn acl_user(name: &str, rules: &[&str]) -> Vec<String> {
+    [name, "on", ">pw", "~*", "&*", "+@all"]
+        .iter()
+        .chain(rules)
+        .map(|r| r.to_string())
+        .collect()
+}
+
 /// The `redis-server` binary: `$REDIS_SERVER`, or `redis-server` on the PATH.
 fn binary() -> PathBuf {
     program("REDIS_SERVER", "redis-server", "redis-server")

@@ -9,8 +9,8 @@ use seawall::{Bulkhead, CircuitBreaker, Cooldown, Pipeline, RateLimiter, Retry};
 use seawall_redis::RedisStore;
 
 use crate::support::{
-    both_ways, command_calls, error_count, flush_scripts, function_loads, reset_stats, rt,
-    script_calls, script_loads, unique, RedisServer,
+    both_ways, command_calls, error_count, flush_scripts, function_loads, functions_url,
+    reset_stats, rt, script_calls, script_loads, unique, RedisServer, SCRIPTS_ONLY,
 };
 
 const CALLS: u32 = 25;
@@ -214,18 +214,11 @@ fn a_pipeline_built_while_its_server_is_down_loads_its_scripts_at_its_first_call
     // The user without functions is part of the server's configuration,
     // so that it is there from the restart on (ACL users made at run time
     // live in memory only).
-    let mut server = RedisServer::start_with(&[
-        "--user",
-        "scriptsonly",
-        "on",
-        ">pw",
-        "~*",
-        "&*",
-        "+@all",
-        "-function",
-        "-fcall",
-        "-fcall_ro",
-    ]);
+    let user = seawall_test_redis::acl_user(SCRIPTS_ONLY, &seawall_test_redis::WITHOUT_FUNCTIONS);
+    let args: Vec<&str> = std::iter::once("--user")
+        .chain(user.iter().map(String::as_str))
+        .collect();
+    let mut server = RedisServer::start_with(&args);
     for (how, url) in both_ways(&server) {
         server.kill();
         let p = Pipeline::builder("built-while-down")
@@ -427,11 +420,10 @@ fn a_window_of_successes_is_not_written_for_each_success() {
 #[test]
 fn a_library_that_lost_the_specs_is_sent_them_again() {
     let server = RedisServer::start();
-    let (how, url) = both_ways(&server)[0].clone();
-    if how != "functions" {
+    let Some(url) = functions_url(&server) else {
         eprintln!("skipped: the server has no functions");
         return;
-    }
+    };
     let p = Pipeline::builder("spec-by-id")
         .circuit_breaker(CircuitBreaker::consecutive_failures(3))
         .bulkhead(Bulkhead::new(1))
@@ -486,11 +478,10 @@ fn a_library_that_lost_the_specs_is_sent_them_again() {
 #[test]
 fn a_library_holds_a_bounded_number_of_specs() {
     let server = RedisServer::start();
-    let (how, url) = both_ways(&server)[0].clone();
-    if how != "functions" {
+    let Some(url) = functions_url(&server) else {
         eprintln!("skipped: the server has no functions");
         return;
-    }
+    };
     let store = failing_closed(&url, "many-specs");
     let pipelines: Vec<Pipeline> = (0..1_100)
         .map(|i| {

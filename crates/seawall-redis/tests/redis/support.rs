@@ -47,18 +47,21 @@ pub(crate) fn error_count(c: &mut redis::Connection, code: &str) -> u64 {
 pub(crate) fn user_url(server: &RedisServer, name: &str, rules: &[&str]) -> String {
     let mut admin = server.conn();
     let _: () = redis::cmd("ACL")
-        .arg(&["SETUSER", name, "on", ">pw", "~*", "&*", "+@all"][..])
-        .arg(rules)
+        .arg("SETUSER")
+        .arg(seawall_test_redis::acl_user(name, rules))
         .query(&mut admin)
         .expect("ACL SETUSER");
     format!("redis://{name}:pw@127.0.0.1:{}", server.port())
 }
 
+/// The name of the user of [`scripts_only_url`].
+pub(crate) const SCRIPTS_ONLY: &str = "scriptsonly";
+
 /// The URL of a user of `server` that may run scripts but not functions
 /// (no `FUNCTION`, `FCALL`), as on a server before Redis 7: the store
 /// runs its scripts by `EVALSHA`.
 pub(crate) fn scripts_only_url(server: &RedisServer) -> String {
-    user_url(server, "scriptsonly", &["-function", "-fcall", "-fcall_ro"])
+    user_url(server, SCRIPTS_ONLY, &seawall_test_redis::WITHOUT_FUNCTIONS)
 }
 
 /// `CONFIG RESETSTAT`: the command counts start again from 0.
@@ -82,6 +85,13 @@ pub(crate) fn both_ways(server: &RedisServer) -> [(&'static str, String); 2] {
         .unwrap_or(0);
     let first = if major >= 7 { "functions" } else { "evalsha" };
     [(first, server.url()), ("evalsha", scripts_only_url(server))]
+}
+
+/// The URL of `server` as functions, or `None` on a server before Redis 7
+/// (which has none).
+pub(crate) fn functions_url(server: &RedisServer) -> Option<String> {
+    let [(how, url), _] = both_ways(server);
+    (how == "functions").then_some(url)
 }
 
 /// Takes the store's scripts and functions off the server (`SCRIPT FLUSH`,
