@@ -6,7 +6,10 @@
 //!
 //! Without `--url`, starts its own `redis-server` (from the PATH) on a free
 //! loopback port and stops it at the end. Measures, in one run:
-//! - one PING round trip (async connection and blocking connection);
+//! - one PING round trip (async connection and blocking connection), on
+//!   its own and in turn with the chain's calls (a PING, a call, a PING,
+//!   ...: the ratio of the added p50 to the PING's, both measured at the
+//!   same moments);
 //! - the chain retry + circuit breaker + timeout + bulkhead + rate limiter
 //!   (high limit) + cooldown + fallback, its state in Redis: calls/s and
 //!   p50/p99 latency added to a trivial operation (calls one after the
@@ -528,6 +531,39 @@ fn main() {
     }));
     let current_trips = script_calls(&url) as f64 / n as f64;
 
+    // A PING and a call in turn, n times each: both see the same machine
+    // at the same moments, so that the ratio of their p50s does not move
+    // with what else the machine did between two rows.
+    let (turn_ping, turn_run) = {
+        let (p, store) = (p.clone(), store.clone());
+        let run = async move {
+            let (mut ping, mut run) = (Vec::with_capacity(n), Vec::with_capacity(n));
+            for _ in 0..n {
+                let t = Instant::now();
+                store.ping_async().await.unwrap();
+                ping.push(t.elapsed());
+                let t = Instant::now();
+                p.run(|_| op()).await.unwrap();
+                run.push(t.elapsed());
+            }
+            (ping, run)
+        };
+        rt.block_on(rt.spawn(run)).unwrap()
+    };
+    let (turn_ping_sync, turn_call) = {
+        let (mut ping, mut call) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        for _ in 0..n {
+            let t = Instant::now();
+            store.ping().unwrap();
+            ping.push(t.elapsed());
+            let t = Instant::now();
+            p.call(|_| Ok::<u64, std::io::Error>(std::hint::black_box(1)))
+                .unwrap();
+            call.push(t.elapsed());
+        }
+        (ping, call)
+    };
+
     reset_stats(&url);
     let (call_lat, call_total) = time_sync(n, || {
         p.call(|_| Ok::<u64, std::io::Error>(std::hint::black_box(1)))
@@ -658,6 +694,25 @@ fn main() {
         ratio(&alone_lat, ping_p50),
         ratio(&current_lat, ping_p50),
         ratio(&call_lat, ping_sync_p50)
+    );
+    let p50 = |mut lat: Vec<Duration>| {
+        lat.sort();
+        percentile(&lat, 0.5)
+    };
+    let (turn_ping, turn_ping_sync) = (p50(turn_ping), p50(turn_ping_sync));
+    let (turn_run, turn_call) = (p50(turn_run), p50(turn_call));
+    let bare_p50 = percentile(&bare, 0.5);
+    let turn = |call: Duration, ping: Duration| {
+        call.saturating_sub(bare_p50).as_secs_f64() / ping.as_secs_f64()
+    };
+    println!(
+        "the same, a PING and a call in turn: async run {:.2}x ({} against a PING of {}), sync call {:.2}x ({} against {})",
+        turn(turn_run, turn_ping),
+        us(turn_run.saturating_sub(bare_p50)),
+        us(turn_ping),
+        turn(turn_call, turn_ping_sync),
+        us(turn_call.saturating_sub(bare_p50)),
+        us(turn_ping_sync),
     );
     println!(
         "script calls per successful attempt (target <= 1.05): async run {run_trips:.3}, sync call {call_trips:.3}, success_delay(0) {alone_trips:.3}, current-thread {current_trips:.3}, 4 processes {multi_trips:.3}"
