@@ -238,6 +238,12 @@ async fn run(url: String, n: usize) {
         cmd.arg(sha).arg(keys.len()).arg(keys).arg(args);
         cmd
     };
+    // The library's admission carrying a success, on the admission's keys.
+    let fcall = |args: &[String]| {
+        let mut cmd = redis::cmd("FCALL");
+        cmd.arg(function).arg(keys.len()).arg(&keys).arg(args);
+        cmd
+    };
     // ARGV: the server's clock, the spec, no retry budget.
     let argv = |max: &str| {
         let mut a = vec![String::new()];
@@ -308,9 +314,7 @@ async fn run(url: String, n: usize) {
         |last| {
             let mut a = bench.clone();
             a.push(carried(slot_of(last)));
-            let mut cmd = redis::cmd("FCALL");
-            cmd.arg(function).arg(keys.len()).arg(&keys).arg(a);
-            cmd
+            fcall(&a)
         },
     )
     .await;
@@ -323,15 +327,15 @@ async fn run(url: String, n: usize) {
         "the same, the spec by its id (as the store sends it)",
         n,
         |last| {
-            let mut cmd = redis::cmd("FCALL");
-            cmd.arg(function).arg(keys.len()).arg(&keys).arg("");
+            let mut a = vec![String::new()];
             if sent.swap(true, std::sync::atomic::Ordering::Relaxed) {
-                cmd.arg("#breakdown");
+                a.push("#breakdown".into());
             } else {
-                cmd.arg("=breakdown").arg(spec_args("64"));
+                a.push("=breakdown".into());
+                a.extend(spec_args("64"));
             }
-            cmd.arg("").arg(carried(slot_of(last)));
-            cmd
+            a.extend([String::new(), carried(slot_of(last))]);
+            fcall(&a)
         },
     )
     .await;
