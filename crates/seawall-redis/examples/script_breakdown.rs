@@ -7,7 +7,7 @@
 //! its id (sent in full once, as the store sends it).
 //!
 //! ```text
-//! cargo run --release -p seawall-redis --example script_breakdown [-- --calls 20000 --url redis://127.0.0.1:6379]
+//! cargo run --release -p seawall-redis --example script_breakdown [-- --calls 20000 --only TEXT --url redis://127.0.0.1:6379]
 //! ```
 //!
 //! Without `--url`, starts its own `redis-server` (from the PATH) on a free
@@ -18,7 +18,8 @@
 //! were compiled for their spec) and compiled for the spec (`SpecScripts`:
 //! the spec as constants, `ARGV` the time and the operation's arguments).
 //! The server's time is `usec_per_call` of `EVALSHA` or `FCALL` (of `PING`
-//! for the first row).
+//! for the first row). `--only TEXT` runs only the rows whose name contains
+//! `TEXT` (for a profiler attached to the server: `--only "by its id"`).
 
 use std::time::{Duration, Instant};
 
@@ -123,13 +124,25 @@ async fn load(c: &mut MultiplexedConnection, text: &str) -> String {
         .unwrap()
 }
 
-/// Times `n` calls of `cmd(i)`, one after another; prints a row.
+/// Which rows run, and how many calls each.
+struct Rows {
+    calls: usize,
+    /// Only the rows whose name contains it (`--only`).
+    only: Option<String>,
+}
+
+/// Times `rows.calls` calls of `cmd(i)`, one after another; prints a row
+/// (unless `--only` leaves it out).
 async fn row(
     c: &mut MultiplexedConnection,
     name: &str,
-    n: usize,
+    rows: &Rows,
     mut cmd: impl FnMut(Option<&redis::Value>) -> redis::Cmd,
 ) {
+    if rows.only.as_ref().is_some_and(|o| !name.contains(o.as_str())) {
+        return;
+    }
+    let n = rows.calls;
     let mut last: Option<redis::Value> = None;
     for _ in 0..1000.min(n) {
         last = Some(cmd(last.as_ref()).query_async(c).await.unwrap());
@@ -167,20 +180,21 @@ fn slot_of(v: Option<&redis::Value>) -> String {
 }
 
 const NAME: &str = "script_breakdown";
-const USAGE: &str = "[--calls N] [--url redis://127.0.0.1:6379]";
+const USAGE: &str = "[--calls N] [--only TEXT] [--url redis://127.0.0.1:6379]";
 
-fn parse(url: &mut Option<String>, n: &mut usize) -> Result<(), cli::Error> {
+fn parse(url: &mut Option<String>, rows: &mut Rows) -> Result<(), cli::Error> {
     use cli::*;
     let mut p = Parser::from_env();
     while let Some(arg) = p.next()? {
         match arg {
             Long("url") => *url = Some(p.value()?.string()?),
-            Long("calls") => *n = p.value()?.parse()?,
+            Long("calls") => rows.calls = p.value()?.parse()?,
+            Long("only") => rows.only = Some(p.value()?.string()?),
             Short('h') | Long("help") => help(NAME, USAGE),
             _ => return Err(arg.unexpected()),
         }
     }
-    if *n == 0 {
+    if rows.calls == 0 {
         return Err("--calls must be > 0".into());
     }
     Ok(())
@@ -188,8 +202,11 @@ fn parse(url: &mut Option<String>, n: &mut usize) -> Result<(), cli::Error> {
 
 fn main() {
     let mut url = std::env::var("SEAWALL_REDIS_URL").ok();
-    let mut n = 20_000usize;
-    let parsed = parse(&mut url, &mut n);
+    let mut rows = Rows {
+        calls: 20_000,
+        only: None,
+    };
+    let parsed = parse(&mut url, &mut rows);
     cli::or_usage(NAME, USAGE, parsed);
     let server = url.is_none().then(Server::start);
     let url = url.unwrap_or_else(|| server.as_ref().unwrap().url());
@@ -198,11 +215,11 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    rt.block_on(rt.spawn(run(url, n))).unwrap();
+    rt.block_on(rt.spawn(run(url, rows))).unwrap();
     drop(server);
 }
 
-async fn run(url: String, n: usize) {
+async fn run(url: String, rows: Rows) {
     let client = redis::Client::open(url.as_str()).unwrap();
     let mut c = client.get_multiplexed_async_connection().await.unwrap();
     let tag = format!("{{bd-{}:bench-dependency}}", std::process::id());
@@ -255,31 +272,34 @@ async fn run(url: String, n: usize) {
     let bench = argv("64");
     let carried = |slot: String| format!(",{slot},0,2,100,600000000,60000000");
 
-    println!("{n} calls per row, one async connection, redis at {url}");
+    println!(
+        "{} calls per row, one async connection, redis at {url}",
+        rows.calls
+    );
     println!(
         "{:<52} {:>9} {:>9} {:>10}",
         "", "p50 us", "mean us", "server us"
     );
-    row(&mut c, "PING", n, |_| redis::cmd("PING")).await;
-    row(&mut c, "EVALSHA 'return 1', no keys", n, |_| {
+    row(&mut c, "PING", &rows, |_| redis::cmd("PING")).await;
+    row(&mut c, "EVALSHA 'return 1', no keys", &rows, |_| {
         eval(&trivial, &[], &[])
     })
     .await;
-    row(&mut c, "EVALSHA 'return 1', 7 keys + 29 args", n, |_| {
+    row(&mut c, "EVALSHA 'return 1', 7 keys + 29 args", &rows, |_| {
         eval(&trivial, &keys, &bench)
     })
     .await;
     row(
         &mut c,
         "EVALSHA 13-number table, 7 keys + 29 args",
-        n,
+        &rows,
         |_| eval(&table, &keys, &bench),
     )
     .await;
     row(
         &mut c,
         "admission (admit.lua), bulkhead never full",
-        n,
+        &rows,
         |_| eval(&admit, &keys, &wide),
     )
     .await;
@@ -287,7 +307,7 @@ async fn run(url: String, n: usize) {
     row(
         &mut c,
         "admission carrying a success (redis_bench)",
-        n,
+        &rows,
         |last| {
             let mut a = bench.clone();
             a.push(carried(slot_of(last)));
@@ -299,7 +319,7 @@ async fn run(url: String, n: usize) {
     row(
         &mut c,
         "the same, the spec compiled in (SpecScripts)",
-        n,
+        &rows,
         |last| {
             let a = vec![String::new(), String::new(), carried(slot_of(last))];
             eval(&compiled_carrying, &keys, &a)
@@ -310,7 +330,7 @@ async fn run(url: String, n: usize) {
     row(
         &mut c,
         "the same as a function (FCALL, the spec as arguments)",
-        n,
+        &rows,
         |last| {
             let mut a = bench.clone();
             a.push(carried(slot_of(last)));
@@ -325,7 +345,7 @@ async fn run(url: String, n: usize) {
     row(
         &mut c,
         "the same, the spec by its id (as the store sends it)",
-        n,
+        &rows,
         |last| {
             let mut a = vec![String::new()];
             if sent.swap(true, std::sync::atomic::Ordering::Relaxed) {

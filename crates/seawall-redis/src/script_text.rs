@@ -6,8 +6,8 @@ use std::fmt::Write as _;
 
 /// The text of a script sent to the server: `parts` without their comment
 /// lines, blank lines and indentation, and without the spaces after a
-/// comma and around `=`, `==` and `~=` outside string literals (the
-/// scripts have no multi-line strings nor long brackets). Kept short
+/// comma and around the operators (see `tighten`) outside string literals
+/// (the scripts have no multi-line strings nor long brackets). Kept short
 /// because a server that requires a password refuses an argument over
 /// 16 KiB from a client that has not authenticated yet with a protocol
 /// error, before it can say that the password is missing (a test holds
@@ -66,8 +66,10 @@ fn unused(lines: &[&str]) -> Option<(usize, usize)> {
 }
 
 /// Appends `line` to `out` without the spaces that separate nothing: after
-/// a comma, around `=`, `==` and `~=`. Neither token can join its
-/// neighbours into another (no `--` comment, no `..` or number is made),
+/// a comma, around `=`, `==`, `~=`, `<=`, `>=`, `<`, `>`, `+`, `-`, `*`,
+/// `/`, `%` and `^`. No token can join its neighbours into another: a `-`
+/// before another `-` keeps its spaces (else `a - -b` would become a
+/// comment), `..` keeps them (`1 .. x` would become a malformed number),
 /// and text inside a quoted string (with its escapes) is kept as it is.
 fn tighten(line: &str, out: &mut String) {
     if !line.is_ascii() {
@@ -106,12 +108,13 @@ fn tighten(line: &str, out: &mut String) {
                 }
             }
             b' ' => {
-                // A space before `=`, `==` or `~=` (not before `<=`, whose
-                // `<` stays): dropped, with the spaces after the token.
+                // A space before an operator, with the spaces after it:
+                // dropped (the two-character operators first).
                 let rest = &line[i..];
-                let token = [" == ", " ~= ", " = "]
+                let token = OPERATORS
                     .into_iter()
-                    .find(|t| rest.starts_with(t));
+                    .find(|t| rest.starts_with(t))
+                    .filter(|t| !(*t == " - " && rest[t.len()..].starts_with('-')));
                 match token {
                     Some(t) => {
                         out.push_str(t.trim());
@@ -133,6 +136,13 @@ fn tighten(line: &str, out: &mut String) {
         }
     }
 }
+
+/// The operators whose surrounding spaces `tighten` drops, each with its
+/// spaces (the two-character ones before the one-character ones they begin
+/// with).
+const OPERATORS: [&str; 13] = [
+    " == ", " ~= ", " <= ", " >= ", " = ", " < ", " > ", " + ", " - ", " * ", " / ", " % ", " ^ ",
+];
 
 /// What a script that starts with the prelude runs first, with the keys
 /// and arguments of its call (see `begin` in `lua/prelude.lua`): a call

@@ -669,6 +669,26 @@ pub(crate) const COOLDOWN_ACTIVE: i64 = 3;
 pub(crate) const RATE_LIMITED: i64 = 4;
 pub(crate) const RETRY_BUDGET_EXHAUSTED: i64 = 5;
 
+/// The last eight values of an admission's reply (`admit.lua`) that it
+/// leaves out when they are these: no transition, no trips, no wait under
+/// the microsecond, no reservation, no shadow refusal.
+pub(crate) const ADMIT_TAIL: [i64; 8] = [0, 0, 0, -1, 0, 0, -1, 0];
+
+/// An admission's reply in full (its 13 values; see [`ADMIT_TAIL`]), or
+/// `None` for a reply of another length.
+pub(crate) fn admit_reply(reply: &[i64]) -> Option<[i64; 13]> {
+    let mut full = [0; 13];
+    match reply.len() {
+        13 => full.copy_from_slice(reply),
+        5 => {
+            full[..5].copy_from_slice(reply);
+            full[5..].copy_from_slice(&ADMIT_TAIL);
+        }
+        _ => return None,
+    }
+    Some(full)
+}
+
 /// `retry_after` codes of the admit script: the cooldown of the current
 /// trip (half-open, every probe slot taken), "open until the latest
 /// instant", and from `RETRY_OPENED_FOR` down, `RETRY_OPENED_FOR - d`: the
@@ -740,8 +760,8 @@ mod tests {
         // were taken (see `Link::load_these_sync`).
         assert!(sent(s.library_load()) > MAX_SCRIPT_LEN);
         // Comments, blank lines and indentation go; code stays, a trailing
-        // comment too; the spaces after a comma and around `=`, `==` and
-        // `~=` go, except in strings.
+        // comment too; the spaces after a comma and around the operators
+        // go, except in strings, and where they keep two tokens apart.
         assert_eq!(
             source(&["-- a\n\n  -- b\nlocal x = 1 -- c\n", "  return x"]),
             "local x=1 -- c\nreturn x\n"
@@ -751,8 +771,12 @@ mod tests {
             "if a==b or c~=d then f(a,b,'x, = y',\"p == \\\" q\") end\n"
         );
         assert_eq!(
-            source(&["local y = x <= 1 and x >= -1 and a - -b\n"]),
-            "local y=x <= 1 and x >= -1 and a - -b\n"
+            source(&["local y = x <= 1 and x >= -1 and a - -b or c - d\n"]),
+            "local y=x<=1 and x>=-1 and a - -b or c-d\n"
+        );
+        assert_eq!(
+            source(&["return 1 .. x, a + b * c / d % e ^ f, g < h, i > j, k('a - b')\n"]),
+            "return 1 .. x,a+b*c/d%e^f,g<h,i>j,k('a - b')\n"
         );
     }
 
@@ -807,7 +831,7 @@ mod tests {
             text,
             "local function used(x) return x end\n\
              local function used_later(x)\nreturn x\nend\n\
-             local k=1\nreturn used(k) + used_later(k)\n"
+             local k=1\nreturn used(k)+used_later(k)\n"
         );
         // The admission never opens nor closes a circuit; the record does.
         let admit = source(&[PRELUDE, SUCCESS, CARRY, ADMIT]);

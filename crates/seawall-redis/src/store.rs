@@ -1400,7 +1400,9 @@ impl Shared {
         if !self.refusals.enabled() {
             return;
         }
-        let &[reason, retry_us, _, _, _, _, _, under_ns, reserved_us, _, _, _, _] = reply else {
+        let Some([reason, retry_us, _, _, _, _, _, under_ns, reserved_us, _, _, _, _]) =
+            scripts::admit_reply(reply)
+        else {
             return;
         };
         // An admission may move a circuit even when a later policy refuses
@@ -1460,8 +1462,8 @@ impl Shared {
         weight: u32,
         pre: bool,
     ) -> Result<(Admission, Option<Reservation>), StoreError> {
-        let &[reason, retry_us, probe, generation, slot, transition, trips, under_ns, reserved_us, reserved_ns, shadow_reason, shadow_retry_us, shadow_under_ns] =
-            reply
+        let Some([reason, retry_us, probe, generation, slot, transition, trips, under_ns, reserved_us, reserved_ns, shadow_reason, shadow_retry_us, shadow_under_ns]) =
+            scripts::admit_reply(reply)
         else {
             return Err(protocol("admit", reply));
         };

@@ -26,7 +26,11 @@
 -- check, with rate_limited and no retry_after.
 -- Reply: {reason, retry_after_us, probe, generation, slot (-1: none), transition, trips,
 --   under_ns, reserved_at_us (-1: none), reserved_at_ns, shadow_reason, shadow_retry_after_us,
---   shadow_under_ns}: a reserved permit comes with reason 4
+--   shadow_under_ns}: a reserved permit comes with reason 4; the last eight
+--   left out (a reply of five) when they are 0, 0, 0, -1, 0, 0, -1, 0 (no
+--   transition, trips, wait, reservation nor shadow refusal: the admission
+--   of a closed circuit, `ADMIT_TAIL` in src/scripts.rs), unless
+--   SHORT_REPLY is off (a lease)
 -- retry_after_us: -1 none, -2 the cooldown of the current trip (half-open,
 -- every probe slot taken), -3 until the latest instant, -4 - d (d >= 0):
 -- d microseconds, the duration of the explicit open the circuit is
@@ -98,7 +102,7 @@ end
 
 if HAS_C or HAS_CD then
   if HAS_C then
-    h = CARRIED_H or hload_admit({'st', 'gen', 'since', 'cu'})
+    h = CARRIED_H or hload_admit(ADMIT_FIELDS)
   else
     h = hload({'cu'})
   end
@@ -347,7 +351,7 @@ if reason == 0 then
   if took_b and takes_part(P_B) then
     -- Leases expired by dead processes are dropped now and then.
     if now % 16 == 0 then redis.call('ZREMRANGEBYSCORE', KB, '-inf', now) end
-    slot = add_unique(KB, now + B_LEASE)
+    slot = add_unique(KB, int(now + B_LEASE))
     redis.call('PEXPIRE', KB, ms(B_LEASE, 1000))
   end
 end
@@ -388,4 +392,7 @@ if HAS_C then trips = h.trips end
 local rat_u, rat_n = -1, 0
 if rat then rat_u, rat_n = rat[1], rat[2] end
 if reason ~= 0 then sreason, sretry, sunder = 0, -1, 0 end
+if SHORT_REPLY and tr == 0 and trips == 0 and under == 0 and rat_u == -1 and sreason == 0 then
+  return {reason, retry, probe, gen, slot}
+end
 return {reason, retry, probe, gen, slot, tr, trips, under, rat_u, rat_n, sreason, sretry, sunder}

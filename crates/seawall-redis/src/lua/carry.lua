@@ -11,7 +11,12 @@
 -- circuit's mode); the successes update it as they write.
 local carried = table.remove(A)
 if HAS_C then
-  CARRIED_H = hload_admit(success_fields(MODE, {'since'}))
+  local names = CARRY_FIELDS[MODE]
+  if not names then
+    names = success_fields(MODE, {'since'})
+    CARRY_FIELDS[MODE] = names
+  end
+  CARRIED_H = hload_admit(names)
 end
 for rec in string.gmatch(carried, '[^;]+') do
   success(KEYS, {string.match(rec, '^([^,]*),([^,]*),([^,]*),([^,]*),([^,]*),([^,]*),([^,]*)$')}, CARRIED_H)

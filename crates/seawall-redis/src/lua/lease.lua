@@ -17,6 +17,8 @@
 -- batch is full or the bulkhead refuses. Reply: the refusal when no slot
 -- was free; else an admission's 13 fields, 0, 0, 0, then the slot ids.
 
+-- Every reply of `admit_rule` in full: the batch's fields follow them.
+SHORT_REPLY = false
 local K = tonumber(A[D + 4])
 if K and HAS_B then
   local ids, x = {}, nil

@@ -43,6 +43,9 @@ local SHADOW
 -- with the successes' writes: the admission takes it instead of reading
 -- the hash again.
 local CARRIED_H
+-- An admission may leave out the last values of its reply that are the
+-- defaults (admit.lua); a lease reads them all (lease.lua).
+local SHORT_REPLY
 -- Where the operation's own arguments start in A.
 local D = 28
 
@@ -118,9 +121,21 @@ local function call_args(ARGV)
   else
     return ARGV
   end
-  return {ARGV[1], S[2], S[3], S[4], S[5], S[6], S[7], S[8], S[9], S[10], S[11], S[12], S[13],
-    S[14], S[15], S[16], S[17], S[18], S[19], S[20], S[21], S[22], S[23], S[24], S[25], S[26],
-    S[27], unpack(ARGV, rest)}
+  -- The held spec is the call's A: its own values set in place (the time
+  -- in `A[1]`, the operation's arguments from `A[D]`, those of an earlier
+  -- call past them cleared), rather than copied into a new table. Calls
+  -- of a library run one at a time, and no script writes `A[2..27]`.
+  S[1] = ARGV[1]
+  local j = D
+  for i = rest, #ARGV do
+    S[j] = ARGV[i]
+    j = j + 1
+  end
+  while S[j] ~= nil do
+    S[j] = nil
+    j = j + 1
+  end
+  return S
 end
 
 -- Sets every variable above for a call with keys `KEYS` and arguments
@@ -157,13 +172,14 @@ local function begin(KEYS, ARGV)
   SHADOW = 0
   if A[27] ~= '0' then SHADOW = tonumber(A[27]) or 0 end
   CARRIED_H = nil
+  SHORT_REPLY = true
 end
 
 local function tnow()
   if not now then
     if A[1] == '' then
       local t = redis.call('TIME')
-      now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+      now = t[1] * 1000000 + t[2]
     else
       -- The caller's time: `microseconds[:nanoseconds]`.
       local u, n = string.match(A[1], '^(%d+):?(%d*)$')
@@ -202,7 +218,9 @@ local FOREVER_FROM_MS = 4398046511103
 
 -- Integers sent back to Redis (TTLs, slot ids, bucket names) are
 -- formatted explicitly: a Lua number may otherwise reach Redis as
--- `1e+08`, which is not an integer to PEXPIRE nor the same member to ZREM.
+-- `1.7e+15`, which is not an integer to PEXPIRE nor the same member to
+-- ZREM. Cheaper too: Redis writes a number argument with `%.17g`, which
+-- costs several times a `%d`.
 local function int(n)
   return string.format('%d', n)
 end
@@ -293,17 +311,32 @@ local function fstart(w)
   return u + (w - wr) / 1000 * p, n
 end
 
--- Loads `names` (all fields when nil: the circuit's and the cooldown's
--- end, 'cu') from the state hash into a table; missing ones are 0. A
--- missing `since` (asked for) marks a circuit not begun: `h.unbegun`.
+-- The fields of the state hash (the circuit's and the cooldown's end,
+-- 'cu'), and those an admission reads.
+local ALL_FIELDS = {'st', 'gen', 'trips', 'ou', 'since', 'pr', 'pok', 'cf',
+  'nc', 'nf', 'ns', 'nh', 'tc', 'tf', 'ts', 'cu', 'ol'}
+local ADMIT_FIELDS = {'st', 'gen', 'since', 'cu'}
+
+-- Loads `names` (all fields when nil) from the state hash into a table;
+-- missing ones are 0. A missing `since` (asked for) marks a circuit not
+-- begun: `h.unbegun`. The table is built with the fields an admission
+-- and the successes it carries use (a table grown one field at a time is
+-- rehashed as it grows), and a value read is converted by arithmetic
+-- (`tonumber` converts a string twice).
 local function hload(names)
-  names = names or {'st', 'gen', 'trips', 'ou', 'since', 'pr', 'pok', 'cf',
-    'nc', 'nf', 'ns', 'nh', 'tc', 'tf', 'ts', 'cu', 'ol'}
+  names = names or ALL_FIELDS
   local v = redis.call('HMGET', KH, unpack(names))
-  local h = {}
+  local h = {st = 0, gen = 0, since = 0, cu = 0, trips = 0, ou = 0, pr = 0, pok = 0,
+    nh = 0, nc = 0, nf = 0, ns = 0}
   for i = 1, #names do
-    h[names[i]] = tonumber(v[i]) or 0
-    if not v[i] and names[i] == 'since' then h.unbegun = true end
+    local x = v[i]
+    if x then
+      h[names[i]] = x + 0
+    elseif names[i] == 'since' then
+      h.unbegun = true
+    else
+      h[names[i]] = 0
+    end
   end
   return h
 end
@@ -318,8 +351,8 @@ local function hload_admit(names)
     h.trips, h.ou, h.pr, h.pok = 0, 0, 0, 0
   else
     local v = redis.call('HMGET', KH, 'trips', 'ou', 'pr', 'pok')
-    h.trips, h.ou = tonumber(v[1]) or 0, tonumber(v[2]) or 0
-    h.pr, h.pok = tonumber(v[3]) or 0, tonumber(v[4]) or 0
+    h.trips, h.ou = (v[1] or 0) + 0, (v[2] or 0) + 0
+    h.pr, h.pok = (v[3] or 0) + 0, (v[4] or 0) + 0
   end
   return h
 end

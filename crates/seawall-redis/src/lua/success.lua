@@ -36,6 +36,11 @@ local function success_fields(mode, first)
   return names
 end
 
+-- `success_fields(mode)` and, for an admission that carries successes
+-- (carry.lua), `success_fields(mode, {'since'})`, by mode, built at their
+-- first use (in a library, once).
+local SUCCESS_FIELDS, CARRY_FIELDS = {}, {}
+
 -- The reply of a success: no transition, no cooldown.
 local NOTHING = {0, 0, -1}
 
@@ -43,7 +48,7 @@ local NOTHING = {0, 0, -1}
 local function success_now(A)
   if A[1] == '' then
     local t = redis.call('TIME')
-    return tonumber(t[1]) * 1000000 + tonumber(t[2])
+    return t[1] * 1000000 + t[2]
   end
   return tonumber(A[1])
 end
@@ -52,10 +57,10 @@ end
 -- (milliseconds, formatted) of the record `A` in circuit mode `mode`, of
 -- window size `n`, state `h`; `now`: the record's time if read already.
 local function success_ttl(A, h, mode, n, now)
-  local t = tonumber(A[6])
+  local t = A[6] + 0
   if mode == 3 and n * 1000000 > t then t = n * 1000000 end
   if h.cu > 0 and A[7] ~= '-1' then
-    local c = h.cu - (now or success_now(A)) + tonumber(A[7])
+    local c = h.cu - (now or success_now(A)) + A[7]
     if c > t then t = c end
   end
   local m = math.ceil(t / 1000)
@@ -72,16 +77,20 @@ local function success(K, A, H)
 
   local h = H
   if not h then
-    local names = success_fields(mode)
+    local names = SUCCESS_FIELDS[mode]
+    if not names then
+      names = success_fields(mode)
+      SUCCESS_FIELDS[mode] = names
+    end
     local v = redis.call('HMGET', KH, unpack(names))
     h = {}
-    for i = 1, #names do h[names[i]] = tonumber(v[i]) or 0 end
+    for i = 1, #names do h[names[i]] = (v[i] or 0) + 0 end
   end
-  if h.st ~= 0 or h.gen ~= tonumber(A[3]) then
+  if h.st ~= 0 or h.gen ~= A[3] + 0 then
     -- Not closed, or a newer generation: not recorded.
     return NOTHING
   end
-  local n = tonumber(A[5])
+  local n = A[5] + 0
 
   if mode == 1 then
     -- A success ends a run of failures.
@@ -105,19 +114,20 @@ local function success(K, A, H)
     -- Only the counts that change are written: once the window is full,
     -- the calls stay at its size, and a success replacing a success
     -- changes neither failures nor slow calls.
-    local w = {'HSET', KH, 'nh', nh + 1}
+    local f = string.format
+    local w = {'HSET', KH, 'nh', f('%d', nh + 1)}
     h.nh = nh + 1
     if nh < n then
       h.nc = h.nc + 1
-      w[5], w[6] = 'nc', h.nc
+      w[5], w[6] = 'nc', f('%d', h.nc)
     end
     if nh >= n and old % 2 == 1 then
       h.nf = h.nf - 1
-      w[#w + 1], w[#w + 2] = 'nf', h.nf
+      w[#w + 1], w[#w + 2] = 'nf', f('%d', h.nf)
     end
     if nh >= n and old >= 2 then
       h.ns = h.ns - 1
-      w[#w + 1], w[#w + 2] = 'ns', h.ns
+      w[#w + 1], w[#w + 2] = 'ns', f('%d', h.ns)
     end
     local t = success_ttl(A, h, mode, n)
     redis.call(unpack(w))
