@@ -67,10 +67,11 @@ fn unused(lines: &[&str]) -> Option<(usize, usize)> {
 
 /// Appends `line` to `out` without the spaces that separate nothing: after
 /// a comma, around `=`, `==`, `~=`, `<=`, `>=`, `<`, `>`, `+`, `-`, `*`,
-/// `/`, `%` and `^`. No token can join its neighbours into another: a `-`
-/// before another `-` keeps its spaces (else `a - -b` would become a
-/// comment), `..` keeps them (`1 .. x` would become a malformed number),
-/// and text inside a quoted string (with its escapes) is kept as it is.
+/// `/`, `%`, `^` and `..`. No token can join its neighbours into another:
+/// a `-` before another `-` keeps its spaces (else `a - -b` would become a
+/// comment), so does a `..` after a digit (`1 .. x` would become a
+/// malformed number), and text inside a quoted string (with its escapes)
+/// is kept as it is.
 fn tighten(line: &str, out: &mut String) {
     if !line.is_ascii() {
         out.push_str(line);
@@ -114,7 +115,8 @@ fn tighten(line: &str, out: &mut String) {
                 let token = OPERATORS
                     .into_iter()
                     .find(|t| rest.starts_with(t))
-                    .filter(|t| !(*t == " - " && rest[t.len()..].starts_with('-')));
+                    .filter(|t| !(*t == " - " && rest[t.len()..].starts_with('-')))
+                    .filter(|t| !(*t == " .. " && out.ends_with(|c: char| c.is_ascii_digit())));
                 match token {
                     Some(t) => {
                         out.push_str(t.trim());
@@ -140,8 +142,9 @@ fn tighten(line: &str, out: &mut String) {
 /// The operators whose surrounding spaces `tighten` drops, each with its
 /// spaces (the two-character ones before the one-character ones they begin
 /// with).
-const OPERATORS: [&str; 13] = [
-    " == ", " ~= ", " <= ", " >= ", " = ", " < ", " > ", " + ", " - ", " * ", " / ", " % ", " ^ ",
+const OPERATORS: [&str; 14] = [
+    " == ", " ~= ", " <= ", " >= ", " .. ", " = ", " < ", " > ", " + ", " - ", " * ", " / ", " % ",
+    " ^ ",
 ];
 
 /// What a script that starts with the prelude runs first, with the keys

@@ -775,8 +775,8 @@ mod tests {
             "local y=x<=1 and x>=-1 and a - -b or c-d\n"
         );
         assert_eq!(
-            source(&["return 1 .. x, a + b * c / d % e ^ f, g < h, i > j, k('a - b')\n"]),
-            "return 1 .. x,a+b*c/d%e^f,g<h,i>j,k('a - b')\n"
+            source(&["return 1 .. x, y .. 'z', a + b * c / d % e ^ f, g < h, i > j, k('a - b')\n"]),
+            "return 1 .. x,y..'z',a+b*c/d%e^f,g<h,i>j,k('a - b')\n"
         );
     }
 

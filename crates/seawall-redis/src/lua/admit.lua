@@ -85,33 +85,36 @@ local E = D + 1
 local BSTEP, BEARN, BCAP, btok
 if BARG and BARG ~= '' then BSTEP, BEARN, BCAP = string.match(BARG, '^(%d):(%d+):(%d+)$') end
 if BSTEP then
-  BSTEP, BEARN, BCAP = tonumber(BSTEP), tonumber(BEARN), tonumber(BCAP)
-  btok = tonumber(redis.call('GET', KRB)) or BCAP
+  BSTEP, BEARN, BCAP = num(BSTEP), num(BEARN), num(BCAP)
+  btok = num(call('GET', KRB)) or BCAP
   if BSTEP == 1 and btok < BCAP then
     btok = btok + BEARN
     if btok > BCAP then btok = BCAP end
-    redis.call('SET', KRB, int(btok), 'PX', ms(tonumber(A[14])))
+    call('SET', KRB, int(btok), 'PX', ms(num(A[14])))
   end
 end
 
-local RW = tonumber(A[E + 2]) or 1
-if HAS_R and RW ~= 1 and takes_part(P_R) and not rfits(RW) then
-  refused(P_R, 4, -1, 0)
-  if reason ~= 0 then return {4, -1, 0, 0, -1, 0, 0, 0, -1, 0, 0, -1, 0} end
+local RW = num(A[E + 2]) or 1
+if HAS_R and RW ~= 1 and takes_part(P.R) and not rfits(RW) then
+  refused(P.R, 4, -1, 0)
+  if reason ~= 0 then
+    if FREED and #FREED > 0 then call('ZREM', KB, unpack(FREED)) end
+    return {4, -1, 0, 0, -1, 0, 0, 0, -1, 0, 0, -1, 0}
+  end
 end
 
 if HAS_C or HAS_CD then
   if HAS_C then
-    h = CARRIED_H or hload_admit(ADMIT_FIELDS)
+    h = CARRIED_H or hload_admit()
   else
     h = hload({'cu'})
   end
 end
 
 -- The first admission begins the circuit (one that takes part).
-if HAS_C and takes_part(P_C) then begun = cbegin(h) end
+if HAS_C and takes_part(P.C) then begun = cbegin(h) end
 
-if HAS_C and takes_part(P_C) then
+if HAS_C and takes_part(P.C) then
   -- The circuit's refusal, if any: its retry_after code.
   local cref
   if h.st == ISOLATED then
@@ -155,31 +158,48 @@ if HAS_C and takes_part(P_C) then
       -- The length of the open period that ended: after an explicit open
       -- its duration (`ol`, microseconds plus one), else the cooldown of
       -- the trips.
-      local ol = tonumber(redis.call('HGET', KH, 'ol')) or 0
+      local ol = num(call('HGET', KH, 'ol')) or 0
       if ol > 0 then cref = -3 - ol else cref = -2 end
     end
   end
   if h.st == ISOLATED or h.st == DISABLED then
     -- Forced states have no TTL (hexpire): they hold until reset or
     -- enable, however long no call comes.
-    redis.call('PERSIST', KH)
+    call('PERSIST', KH)
   end
   -- A call the circuit refuses (in shadow mode: admitted) has no
   -- generation of it.
-  if cref then refused(P_C, 1, cref, 0) else gen = h.gen end
+  if cref then refused(P.C, 1, cref, 0) else gen = h.gen end
 end
 
-local took_b = false
-if reason == 0 and HAS_B and takes_part(P_B) then
-  if redis.call('ZCOUNT', KB, '(' .. int(tnow()), '+inf') >= B_MAX then
-    refused(P_B, 2, -1, 0)
+-- The slots of the carried successes (FREED) are free before the
+-- bulkhead counts: the last one is taken over by this admission, its
+-- lease renewed (one command, rather than freeing it and taking another),
+-- and not counted as one of the others; when the admission does not take
+-- its slot, it is freed at the end with the rest. One that is gone (its
+-- lease ended and was dropped), or whose lease the renewal leaves as it
+-- was (no change to tell it from one gone), is freed now, with the rest.
+local took_b, renewed = false, nil
+if reason == 0 and HAS_B and takes_part(P.B) then
+  local taken = 0
+  if FREED and #FREED > 0 then
+    if call('ZADD', KB, 'XX', 'CH', int(tnow() + B_LEASE), FREED[#FREED]) == 1 then
+      renewed, taken = table.remove(FREED), 1
+    end
+    if #FREED > 0 then
+      call('ZREM', KB, unpack(FREED))
+      FREED = {}
+    end
+  end
+  if call('ZCOUNT', KB, '(' .. int(tnow()), '+inf') - taken >= B_MAX then
+    refused(P.B, 2, -1, 0)
   else
     took_b = true
   end
 end
 
-if reason == 0 and HAS_CD and takes_part(P_CD) and h.cu > tnow() then
-  refused(P_CD, 3, h.cu - now, 0)
+if reason == 0 and HAS_CD and takes_part(P.CD) and h.cu > tnow() then
+  refused(P.CD, 3, h.cu - now, 0)
 end
 
 -- The budget is asked after the cooldown, before the rate limiter: a retry
@@ -190,7 +210,7 @@ if reason == 0 and BSTEP == 2 and btok < 1000 then
 end
 
 local R_RES = A[E] ~= nil
-local R_SHADOW = HAS_R and shadow(P_R)
+local R_SHADOW = HAS_R and shadow(P.R)
 local WU, WN = 0, 0
 -- A limiter in shadow mode never makes a call wait: no lead.
 if R_RES and not R_SHADOW then WU, WN = upair(A[E]) end
@@ -210,7 +230,7 @@ local HELD = A[E + 1] ~= nil and A[E + 1] ~= '-1'
 -- limiter's refusal {retry_after, under}.
 local rnew, rat, rlog, rref
 local took_r = false
-if reason == 0 and HAS_R and not HELD and takes_part(P_R) then
+if reason == 0 and HAS_R and not HELD and takes_part(P.R) then
   tnow()
   if R_ALG == 1 then
     -- GCRA: theoretical arrival time, tolerance of burst - 1 intervals.
@@ -222,7 +242,7 @@ if reason == 0 and HAS_R and not HELD and takes_part(P_R) then
     local tol_u, tol_n = upair(R_TOL)
     local int_u, int_n = upair(R_INT)
     local tu, tn = now, now_ns
-    local stored = redis.call('GET', KRL)
+    local stored = call('GET', KRL)
     if stored then tu, tn = upair(stored) end
     if later(now, now_ns, tu, tn) then tu, tn = now, now_ns end
     -- The call's last permit is RW - 1 intervals after the TAT; the TAT
@@ -251,8 +271,8 @@ if reason == 0 and HAS_R and not HELD and takes_part(P_R) then
     -- permit is in that window if it is not full, else in the one after: a
     -- call in it passes, any other retries when it starts.
     local w = fwindow(now, now_ns)
-    local v = redis.call('HMGET', KRL, 'w', 'n')
-    local lw, n = tonumber(v[1]), tonumber(v[2]) or 0
+    local v = call('HMGET', KRL, 'w', 'n')
+    local lw, n = num(v[1]), num(v[2]) or 0
     if not lw or lw < w then lw, n = w, 0 end
     if n + RW > R_LIMIT then lw, n = lw + 1, 0 end
     rnew = n + RW
@@ -271,11 +291,11 @@ if reason == 0 and HAS_R and not HELD and takes_part(P_R) then
     -- their nanoseconds (see `lns`). An entry is expired once it is a
     -- period old: those of earlier microseconds than now - period go; the
     -- few of that microsecond may stay, judged as expired where they are.
-    redis.call('ZREMRANGEBYSCORE', KRL, '-inf', '(' .. int(psub(now, now_ns, upair(R_PER))))
-    local card = redis.call('ZCARD', KRL)
+    call('ZREMRANGEBYSCORE', KRL, '-inf', '(' .. int(psub(now, now_ns, upair(R_PER))))
+    local card = call('ZCARD', KRL)
     local function entry(i)
-      local e = redis.call('ZRANGE', KRL, i, i, 'WITHSCORES')
-      return tonumber(e[2]), lns(e[1])
+      local e = call('ZRANGE', KRL, i, i, 'WITHSCORES')
+      return num(e[2]), lns(e[1])
     end
     -- The later of `u:n` and the newest entry: entries are never logged
     -- earlier than the newest one.
@@ -314,7 +334,7 @@ if reason == 0 and HAS_R and not HELD and takes_part(P_R) then
   if rref then
     -- A limiter in shadow mode reserves nothing.
     if R_SHADOW then rnew, rat, rlog = nil, nil, nil end
-    refused(P_R, 4, rref[1], rref[2])
+    refused(P.R, 4, rref[1], rref[2])
   else
     took_r = true
   end
@@ -337,44 +357,52 @@ local function add_unique(key, score, name)
   local id = now
   local step = 1
   while id + step == id do step = step * 2 end
-  while redis.call('ZADD', key, 'NX', score, (name or '') .. int(id)) == 0 do id = id + step end
+  while call('ZADD', key, 'NX', score, (name or '') .. int(id)) == 0 do id = id + step end
   return id
 end
 
 if reason == 0 then
-  if probe == 1 and takes_part(P_C) then
+  if probe == 1 and takes_part(P.C) then
     h.pr = h.pr + 1
     moved = true
   else
     probe = 0
   end
-  if took_b and takes_part(P_B) then
+  if took_b and takes_part(P.B) then
     -- Leases expired by dead processes are dropped now and then.
-    if now % 16 == 0 then redis.call('ZREMRANGEBYSCORE', KB, '-inf', now) end
-    slot = add_unique(KB, int(now + B_LEASE))
-    redis.call('PEXPIRE', KB, ms(B_LEASE, 1000))
+    if now % 16 == 0 then call('ZREMRANGEBYSCORE', KB, '-inf', now) end
+    if renewed then
+      slot, renewed = num(renewed), nil
+    else
+      slot = add_unique(KB, int(now + B_LEASE))
+    end
+    call('PEXPIRE', KB, ms(B_LEASE, 1000))
   end
 end
 
 -- The rate limiter's permit: taken by an admission (unless a due
 -- reservation stands for it), or reserved for `rat`.
-if HAS_R and ((reason == 0 and took_r and takes_part(P_R)) or rat) then
+if HAS_R and ((reason == 0 and took_r and takes_part(P.R)) or rat) then
   if R_ALG == 1 then
-    redis.call('SET', KRL, string.format('%d:%d', rnew[1], rnew[2]), 'PX', ms(rnew[1] + 1 - now, 1000))
+    call('SET', KRL, string.format('%d:%d', rnew[1], rnew[2]), 'PX', ms(rnew[1] + 1 - now, 1000))
   elseif R_ALG == 2 then
     local w = rat and fwindow(rat[1], rat[2]) or fwindow(now, now_ns)
-    redis.call('HSET', KRL, 'w', int(w), 'n', rnew)
-    redis.call('PEXPIRE', KRL, ms(fstart(w + 1) + 1 - now, 1000))
+    call('HSET', KRL, 'w', int(w), 'n', rnew)
+    call('PEXPIRE', KRL, ms(fstart(w + 1) + 1 - now, 1000))
   else
     local l = rlog or {now, now_ns}
     for _ = 1, RW do add_unique(KRL, l[1], string.format('%03d:', l[2])) end
-    redis.call('PEXPIRE', KRL, ms(l[1] - now + upair(R_PER) + 1, 1000))
+    call('PEXPIRE', KRL, ms(l[1] - now + upair(R_PER) + 1, 1000))
   end
 end
 
 if reason == 0 and BSTEP == 2 then
-  redis.call('SET', KRB, int(btok - 1000), 'PX', ms(tonumber(A[14])))
+  call('SET', KRB, int(btok - 1000), 'PX', ms(num(A[14])))
 end
+
+-- The carried successes' slots this admission did not take over.
+if renewed then FREED[#FREED + 1] = renewed end
+if FREED and #FREED > 0 then call('ZREM', KB, unpack(FREED)) end
 
 if moved then
   if tr == 1 then

@@ -10,13 +10,13 @@
 -- rounded up), keeping the trips, and keeps its duration (`ol`).
 -- Reply: {state before, state after}
 
-local op = tonumber(A[D])
+local op = num(A[D])
 cspec()
 local h = hload()
 local begun = cbegin(h)
 local before = h.st
 if op == 4 then
-  local d = tonumber(A[D + 1])
+  local d = num(A[D + 1])
   h.st = OPEN
   h.gen = h.gen + 1
   h.since = tnow()

@@ -7,13 +7,13 @@
 tnow()
 local out = {}
 for i = D, #A do
-  local score = tonumber(redis.call('ZSCORE', KB, A[i]))
+  local score = num(call('ZSCORE', KB, A[i]))
   if score and score > now then
-    redis.call('ZADD', KB, 'XX', int(now + B_LEASE), A[i])
+    call('ZADD', KB, 'XX', int(now + B_LEASE), A[i])
     out[#out + 1] = 1
   else
     out[#out + 1] = 0
   end
 end
-if #out > 0 then redis.call('PEXPIRE', KB, ms(B_LEASE, 1000)) end
+if #out > 0 then call('PEXPIRE', KB, ms(B_LEASE, 1000)) end
 return out

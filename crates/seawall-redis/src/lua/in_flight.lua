@@ -6,9 +6,9 @@
 
 if not HAS_B then return 0 end
 local t = tnow()
-local n = redis.call('ZCOUNT', KB, '(' .. int(t), '+inf')
+local n = call('ZCOUNT', KB, '(' .. int(t), '+inf')
 for i = D, #A do
-  local s = tonumber(redis.call('ZSCORE', KB, A[i]))
+  local s = num(call('ZSCORE', KB, A[i]))
   if s and s > t then n = n - 1 end
 end
 return n

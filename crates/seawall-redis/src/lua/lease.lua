@@ -19,7 +19,7 @@
 
 -- Every reply of `admit_rule` in full: the batch's fields follow them.
 SHORT_REPLY = false
-local K = tonumber(A[D + 4])
+local K = num(A[D + 4])
 if K and HAS_B then
   local ids, x = {}, nil
   for _ = 1, K do
@@ -37,7 +37,7 @@ local r = admit_rule()
 local ok, gu, gn = 0, 0, 0
 if r[1] == 0 and HAS_R then
   if R_ALG == 1 then
-    local stored = redis.call('GET', KRL)
+    local stored = call('GET', KRL)
     if stored then
       local tu, tn = upair(stored)
       tu, tn = psub(tu, tn, upair(R_TOL))
@@ -45,7 +45,7 @@ if r[1] == 0 and HAS_R then
       ok = 1
     end
   elseif R_ALG == 2 then
-    local w = tonumber(redis.call('HGET', KRL, 'w'))
+    local w = num(call('HGET', KRL, 'w'))
     if w then gu, gn = fstart(w) ok = 1 end
   end
 end

@@ -5,7 +5,7 @@
 cspec()
 local h = hload()
 tnow()
-local since = tonumber(redis.call('HGET', KH, 'since')) or since0
+local since = num(call('HGET', KH, 'since')) or since0
 local calls, fails, slows = 0, 0, 0
 if h.st == HALF_OPEN then
   -- The probes' own counts: a failed or slow probe trips at once.
@@ -18,13 +18,13 @@ elseif MODE == 2 then
   calls, fails, slows = h.nc, h.nf, h.ns
 else
   local sec = math.floor(now / 1000000)
-  local live = redis.call('ZRANGEBYSCORE', KTZ, '(' .. int(sec - MODE_N), '+inf')
+  local live = call('ZRANGEBYSCORE', KTZ, '(' .. int(sec - MODE_N), '+inf')
   for i = 1, #live do
     local s = live[i]
-    local v = redis.call('HMGET', KTW, s .. 'c', s .. 'f', s .. 's')
-    calls = calls + (tonumber(v[1]) or 0)
-    fails = fails + (tonumber(v[2]) or 0)
-    slows = slows + (tonumber(v[3]) or 0)
+    local v = call('HMGET', KTW, s .. 'c', s .. 'f', s .. 's')
+    calls = calls + (num(v[1]) or 0)
+    fails = fails + (num(v[2]) or 0)
+    slows = slows + (num(v[3]) or 0)
   end
 end
 local in_state = now - since

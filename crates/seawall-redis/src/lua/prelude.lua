@@ -43,9 +43,16 @@ local SHADOW
 -- with the successes' writes: the admission takes it instead of reading
 -- the hash again.
 local CARRIED_H
+-- The slots of the successes an admission carries (carry.lua), which the
+-- admission frees, or takes over for itself (admit.lua).
+local FREED
 -- An admission may leave out the last values of its reply that are the
 -- defaults (admit.lua); a lease reads them all (lease.lua).
 local SHORT_REPLY
+-- `redis.call` and `tonumber`, as every script with this prelude calls
+-- them (a local is read faster than a global, and written shorter): set
+-- by `begin`, since a library's load has neither yet.
+local call, num
 -- Where the operation's own arguments start in A.
 local D = 28
 
@@ -63,8 +70,8 @@ local SPECS, specs_n, SPECS_MAX = {}, 0, 1024
 local function upair(s)
   if type(s) == 'table' then return s[1], s[2] end
   local u, n = string.match(s, '^(%d+):(%d+)$')
-  if u then return tonumber(u), tonumber(n) end
-  local x = tonumber(s) or 0
+  if u then return num(u), num(n) end
+  local x = num(s) or 0
   u = math.floor(x)
   n = math.ceil((x - u) * 1000)
   if n >= 1000 then u, n = u + 1, n - 1000 end
@@ -89,7 +96,7 @@ local function typed(ARGV)
     elseif i == 25 or i == 26 then
       S[i] = {upair(v)}
     else
-      S[i] = tonumber(v) or v
+      S[i] = num(v) or v
     end
   end
   return S
@@ -143,17 +150,18 @@ end
 -- a spec this library does not hold (see `call_args`): the call is to end at
 -- once, with the error `SEAWALLSPEC`, having done nothing.
 local function begin(KEYS, ARGV)
+  call, num = redis.call, tonumber
   KH, KCW, KTW, KTZ, KB, KRL, KRB = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
   A = call_args(ARGV)
   if not A then return true end
   now, since0, now_ns = nil, nil, 0
   HAS_C, HAS_B, HAS_CD, HAS_R = A[2] == '1', A[15] == '1', A[18] == '1', A[21] == '1'
   MODE, MODE_N, FR, SR, SLOW, MINC, CD_BASE, CD_GROWTH, CD_MAX, HOC, HALF_MAX = 0
-  if HAS_C then MODE = tonumber(A[3]) end
+  if HAS_C then MODE = num(A[3]) end
   B_MAX, B_LEASE, R_ALG, R_LIMIT, R_TOL, R_INT, R_PER = nil
-  if HAS_B then B_MAX, B_LEASE = tonumber(A[16]), tonumber(A[17]) end
+  if HAS_B then B_MAX, B_LEASE = num(A[16]), num(A[17]) end
   if HAS_R then
-    R_ALG = tonumber(A[22])
+    R_ALG = num(A[22])
     if R_ALG == 1 then
       -- GCRA's tolerance and emission interval, as `microseconds:nanoseconds`
       -- (parsed with `upair` by the scripts that use them), or split already.
@@ -162,29 +170,29 @@ local function begin(KEYS, ARGV)
       -- The fixed window's windows are aligned on multiples of its period
       -- to the nanosecond, as in memory: the period as a pair too (in A[25],
       -- parsed with `upair` by `fwindow` and `fstart`).
-      R_LIMIT, R_PER = tonumber(A[23]), A[25]
+      R_LIMIT, R_PER = num(A[23]), A[25]
     else
       -- The sliding log keeps its times to the nanosecond: its period as a
       -- pair (in A[25], parsed with `upair` where used).
-      R_LIMIT, R_PER = tonumber(A[23]), A[25]
+      R_LIMIT, R_PER = num(A[23]), A[25]
     end
   end
   SHADOW = 0
-  if A[27] ~= '0' then SHADOW = tonumber(A[27]) or 0 end
-  CARRIED_H = nil
+  if A[27] ~= '0' then SHADOW = num(A[27]) or 0 end
+  CARRIED_H, FREED = nil, nil
   SHORT_REPLY = true
 end
 
 local function tnow()
   if not now then
     if A[1] == '' then
-      local t = redis.call('TIME')
+      local t = call('TIME')
       now = t[1] * 1000000 + t[2]
     else
       -- The caller's time: `microseconds[:nanoseconds]`.
       local u, n = string.match(A[1], '^(%d+):?(%d*)$')
-      now = tonumber(u)
-      now_ns = tonumber(n) or 0
+      now = num(u)
+      now_ns = num(n) or 0
     end
     since0 = now
   end
@@ -192,14 +200,16 @@ local function tnow()
 end
 
 local function cspec()
-  MODE_N = tonumber(A[4])
-  FR, SR, SLOW, MINC = tonumber(A[5]), tonumber(A[6]), tonumber(A[7]), tonumber(A[8])
-  CD_BASE, CD_GROWTH, CD_MAX = tonumber(A[9]), tonumber(A[10]), tonumber(A[11])
-  HOC, HALF_MAX = tonumber(A[12]), tonumber(A[13])
+  MODE_N = num(A[4])
+  FR, SR, SLOW, MINC = num(A[5]), num(A[6]), num(A[7]), num(A[8])
+  CD_BASE, CD_GROWTH, CD_MAX = num(A[9]), num(A[10]), num(A[11])
+  HOC, HALF_MAX = num(A[12]), num(A[13])
 end
 
--- Policies, as the bits of SHADOW.
-local P_C, P_B, P_CD, P_R = 1, 2, 4, 8
+-- Policies, as the bits of SHADOW: the circuit, the bulkhead, the cooldown
+-- and the rate limiter (a table: a library's function holds at most 60
+-- upvalues).
+local P = {C = 1, B = 2, CD = 4, R = 8}
 -- `true` when the policy `p` runs in shadow mode (seawall::shadow): it
 -- never refuses; a call it would refuse goes on, shadowed, and the
 -- policies in shadow mode hold and record nothing of it.
@@ -235,7 +245,7 @@ end
 -- The nanoseconds (0..999) of a sliding-log entry: its member is named
 -- `nanoseconds:id`, its score the whole microseconds, so that entries of
 -- one microsecond sort by their nanoseconds (zero-padded to 3 digits).
-local function lns(m) return tonumber(m:match('^(%d+):')) or 0 end
+local function lns(m) return num(m:match('^(%d+):')) or 0 end
 
 -- The sum and the difference of two pairs, the nanoseconds brought back to
 -- 0..999 (a difference may have negative microseconds), so that the
@@ -325,7 +335,7 @@ local ADMIT_FIELDS = {'st', 'gen', 'since', 'cu'}
 -- (`tonumber` converts a string twice).
 local function hload(names)
   names = names or ALL_FIELDS
-  local v = redis.call('HMGET', KH, unpack(names))
+  local v = call('HMGET', KH, unpack(names))
   local h = {st = 0, gen = 0, since = 0, cu = 0, trips = 0, ou = 0, pr = 0, pok = 0,
     nh = 0, nc = 0, nf = 0, ns = 0}
   for i = 1, #names do
@@ -341,16 +351,16 @@ local function hload(names)
   return h
 end
 
--- `hload(names)` for an admission: `names` without the fields that a
--- closed circuit holds at 0 (its trips, open end and probes: every way to
--- closed, `cclose`, and a circuit not begun leave them so), which are read
--- only when the circuit is not closed.
+-- `hload(names)` for an admission (`names`: ADMIT_FIELDS when nil), whose
+-- names leave out the fields that a closed circuit holds at 0 (its trips,
+-- open end and probes: every way to closed, `cclose`, and a circuit not
+-- begun leave them so), which are read only when the circuit is not
+-- closed.
 local function hload_admit(names)
-  local h = hload(names)
-  if h.st == CLOSED then
-    h.trips, h.ou, h.pr, h.pok = 0, 0, 0, 0
-  else
-    local v = redis.call('HMGET', KH, 'trips', 'ou', 'pr', 'pok')
+  local h = hload(names or ADMIT_FIELDS)
+  -- Closed: those fields are 0 as `hload` built them.
+  if h.st ~= CLOSED then
+    local v = call('HMGET', KH, 'trips', 'ou', 'pr', 'pok')
     h.trips, h.ou = (v[1] or 0) + 0, (v[2] or 0) + 0
     h.pr, h.pok = (v[3] or 0) + 0, (v[4] or 0) + 0
   end
@@ -383,14 +393,14 @@ end
 -- How long the state hash is kept: the idle time plus what is left of an
 -- open period, at least a time window, at least the cooldown plus grace.
 local function httl(h)
-  local ttl = tonumber(A[14])
+  local ttl = num(A[14])
   if h.st == OPEN and h.ou > tnow() then
     -- Open until the latest instant: kept for a year past the idle time.
     if h.ou == FOREVER then ttl = ttl + 31536000000000 else ttl = ttl + (h.ou - now) end
   end
-  if MODE == 3 and tonumber(A[4]) * 1000000 > ttl then ttl = tonumber(A[4]) * 1000000 end
+  if MODE == 3 and num(A[4]) * 1000000 > ttl then ttl = num(A[4]) * 1000000 end
   if HAS_CD and (h.cu or 0) > 0 then
-    local c = h.cu - tnow() + tonumber(A[20])
+    local c = h.cu - tnow() + num(A[20])
     if c > ttl then ttl = c end
   end
   return ms(ttl)
@@ -401,9 +411,9 @@ end
 -- call comes, as in memory.
 local function hexpire(h)
   if h.st == ISOLATED or h.st == DISABLED then
-    redis.call('PERSIST', KH)
+    call('PERSIST', KH)
   else
-    redis.call('PEXPIRE', KH, httl(h))
+    call('PEXPIRE', KH, httl(h))
   end
 end
 
@@ -414,7 +424,7 @@ local function hsave(h, names)
     args[#args + 1] = names[i]
     args[#args + 1] = h[names[i]]
   end
-  redis.call(unpack(args))
+  call(unpack(args))
   hexpire(h)
 end
 
@@ -461,7 +471,7 @@ end
 local function cclear(h)
   h.cf = 0
   h.nc, h.nf, h.ns, h.nh, h.tc, h.tf, h.ts = 0, 0, 0, 0, 0, 0, 0
-  redis.call('DEL', KCW, KTW, KTZ)
+  call('DEL', KCW, KTW, KTZ)
 end
 
 -- Back to closed with an empty window and no trip history.
@@ -483,7 +493,7 @@ end
 local function rgive(at_u, at_n, w)
   if not HAS_R then return end
   if R_ALG == 1 then
-    local stored = redis.call('GET', KRL)
+    local stored = call('GET', KRL)
     if not stored then return end
     local tu, tn = upair(stored)
     local su, sn = padd(at_u, at_n, upair(R_TOL))
@@ -491,24 +501,24 @@ local function rgive(at_u, at_n, w)
     local eu, en = padd(su, sn, iu, inn)
     if tu == eu and tn == en then
       local bu, bn = psub(eu, en, pmul(iu, inn, w))
-      redis.call('SET', KRL, int(bu) .. ':' .. int(bn), 'KEEPTTL')
+      call('SET', KRL, int(bu) .. ':' .. int(bn), 'KEEPTTL')
     end
   elseif R_ALG == 2 then
-    local v = redis.call('HMGET', KRL, 'w', 'n')
-    local n = tonumber(v[2]) or 0
-    local win = tonumber(v[1])
+    local v = call('HMGET', KRL, 'w', 'n')
+    local n = num(v[2]) or 0
+    local win = num(v[1])
     if win == fwindow(at_u, at_n) and n >= w and w > 0 then
       if n == w and win > 0 then
         -- An emptied window is kept as the one before it, full (the same
         -- state for every call), as the in-memory rule does.
-        redis.call('HSET', KRL, 'w', win - 1, 'n', R_LIMIT)
+        call('HSET', KRL, 'w', win - 1, 'n', R_LIMIT)
       else
-        redis.call('HSET', KRL, 'n', n - w)
+        call('HSET', KRL, 'n', n - w)
       end
     end
   else
-    for _, m in ipairs(redis.call('ZRANGEBYSCORE', KRL, at_u, at_u)) do
-      if w > 0 and lns(m) == at_n then redis.call('ZREM', KRL, m) w = w - 1 end
+    for _, m in ipairs(call('ZRANGEBYSCORE', KRL, at_u, at_u)) do
+      if w > 0 and lns(m) == at_n then call('ZREM', KRL, m) w = w - 1 end
     end
   end
 end

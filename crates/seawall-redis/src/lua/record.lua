@@ -6,16 +6,16 @@
 -- Reply: {transition, trips, cooldown_us (-1: none)}
 -- transition: 0 none, 2 opened, 3 closed
 
-local probe, pgen, slot = A[D] == '1', tonumber(A[D + 1]), A[D + 2]
-local outcome, dur, ra = tonumber(A[D + 3]), tonumber(A[D + 4]), tonumber(A[D + 5])
+local probe, pgen, slot = A[D] == '1', num(A[D + 1]), A[D + 2]
+local outcome, dur, ra = num(A[D + 3]), num(A[D + 4]), num(A[D + 5])
 if A[D + 6] == '1' then
   -- A shadowed call: the circuit and the cooldown in shadow mode take
   -- nothing from it.
-  if shadow(P_C) then HAS_C = false end
-  if shadow(P_CD) then ra = -1 end
+  if shadow(P.C) then HAS_C = false end
+  if shadow(P.CD) then ra = -1 end
 end
 
-if slot ~= '-1' then redis.call('ZREM', KB, slot) end
+if slot ~= '-1' then call('ZREM', KB, slot) end
 
 local tr, trips, cdout = 0, 0, -1
 local h
@@ -74,7 +74,7 @@ if HAS_C then
         if fail then code = code + 1 end
         if slow then code = code + 2 end
         local at = h.nh % MODE_N
-        local old = redis.call('BITFIELD', KCW, 'SET', 'u2', '#' .. int(at), code)[1]
+        local old = call('BITFIELD', KCW, 'SET', 'u2', '#' .. int(at), code)[1]
         if h.nh >= MODE_N then
           h.nc = h.nc - 1
           if old % 2 == 1 then h.nf = h.nf - 1 end
@@ -85,41 +85,41 @@ if HAS_C then
         if fail then h.nf = h.nf + 1 end
         if slow then h.ns = h.ns + 1 end
         touch({'nh', 'nc', 'nf', 'ns'})
-        redis.call('PEXPIRE', KCW, httl(h))
+        call('PEXPIRE', KCW, httl(h))
         calls, fails, slows = h.nc, h.nf, h.ns
       else
         -- Time window: one bucket per whole second, the last MODE_N seconds.
         local sec = math.floor(tnow() / 1000000)
         local edge = sec - MODE_N
         local secs = int(sec)
-        local old = redis.call('ZRANGEBYSCORE', KTZ, '-inf', edge)
+        local old = call('ZRANGEBYSCORE', KTZ, '-inf', edge)
         for i = 1, #old do
           local s = old[i]
-          local v = redis.call('HMGET', KTW, s .. 'c', s .. 'f', s .. 's')
-          h.tc = h.tc - (tonumber(v[1]) or 0)
-          h.tf = h.tf - (tonumber(v[2]) or 0)
-          h.ts = h.ts - (tonumber(v[3]) or 0)
-          redis.call('HDEL', KTW, s .. 'c', s .. 'f', s .. 's')
+          local v = call('HMGET', KTW, s .. 'c', s .. 'f', s .. 's')
+          h.tc = h.tc - (num(v[1]) or 0)
+          h.tf = h.tf - (num(v[2]) or 0)
+          h.ts = h.ts - (num(v[3]) or 0)
+          call('HDEL', KTW, s .. 'c', s .. 'f', s .. 's')
         end
-        if #old > 0 then redis.call('ZREMRANGEBYSCORE', KTZ, '-inf', edge) end
-        if redis.call('ZADD', KTZ, sec, secs) == 1 and #old == 0 and redis.call('ZCARD', KTZ) == 1 then
+        if #old > 0 then call('ZREMRANGEBYSCORE', KTZ, '-inf', edge) end
+        if call('ZADD', KTZ, sec, secs) == 1 and #old == 0 and call('ZCARD', KTZ) == 1 then
           -- The only bucket: whatever the totals said has expired.
           h.tc, h.tf, h.ts = 0, 0, 0
         end
-        redis.call('HINCRBY', KTW, secs .. 'c', 1)
+        call('HINCRBY', KTW, secs .. 'c', 1)
         h.tc = h.tc + 1
         if fail then
-          redis.call('HINCRBY', KTW, secs .. 'f', 1)
+          call('HINCRBY', KTW, secs .. 'f', 1)
           h.tf = h.tf + 1
         end
         if slow then
-          redis.call('HINCRBY', KTW, secs .. 's', 1)
+          call('HINCRBY', KTW, secs .. 's', 1)
           h.ts = h.ts + 1
         end
         touch({'tc', 'tf', 'ts'})
         local ttl = httl(h)
-        redis.call('PEXPIRE', KTW, ttl)
-        redis.call('PEXPIRE', KTZ, ttl)
+        call('PEXPIRE', KTW, ttl)
+        call('PEXPIRE', KTZ, ttl)
         calls, fails, slows = h.tc, h.tf, h.ts
       end
       -- Rates are judged only when a failed or slow call is recorded.
@@ -137,7 +137,7 @@ end
 
 if HAS_CD and ra >= 0 then
   -- A retry-after hint opens or extends the cooldown, never shrinks it.
-  local pause = tonumber(A[19])
+  local pause = num(A[19])
   if ra > pause then ra = pause end
   if tnow() + ra > h.cu then
     h.cu = now + ra

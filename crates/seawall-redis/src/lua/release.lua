@@ -7,11 +7,11 @@
 local reserved = A[D + 3]
 if reserved and reserved ~= '-1' then
   local ru, rn = upair(reserved)
-  rgive(ru, rn, tonumber(A[D + 4]) or 1)
+  rgive(ru, rn, num(A[D + 4]) or 1)
 end
 
-local probe, pgen, slot = A[D] == '1', tonumber(A[D + 1]), A[D + 2]
-if slot ~= '-1' then redis.call('ZREM', KB, slot) end
+local probe, pgen, slot = A[D] == '1', num(A[D + 1]), A[D + 2]
+if slot ~= '-1' then call('ZREM', KB, slot) end
 if HAS_C and probe then
   local h = hload({'st', 'gen', 'pr', 'ou', 'cu'})
   if h.gen == pgen and h.st == HALF_OPEN and h.pr > 0 then

@@ -15,6 +15,8 @@
 -- every success carried and for the admission: `hload()` of prelude.lua,
 -- missing fields 0), updated in place; without it, the fields the mode
 -- needs are read here.
+-- F (optional): a list the slot is added to rather than freed here (the
+-- admission that carries the success frees it or takes it over).
 -- Reply: {0, 0, -1} (no transition, no cooldown)
 -- Written for speed (the most frequent record): every number converted
 -- costs, so each argument is converted only when needed.
@@ -40,6 +42,17 @@ end
 -- (carry.lua), `success_fields(mode, {'since'})`, by mode, built at their
 -- first use (in a library, once).
 local SUCCESS_FIELDS, CARRY_FIELDS = {}, {}
+
+-- The fields an admission that carries successes reads (carry.lua): those
+-- of `success` in mode `mode`, and `since`.
+local function carry_fields(mode)
+  local names = CARRY_FIELDS[mode]
+  if not names then
+    names = success_fields(mode, {'since'})
+    CARRY_FIELDS[mode] = names
+  end
+  return names
+end
 
 -- The reply of a success: no transition, no cooldown.
 local NOTHING = {0, 0, -1}
@@ -68,9 +81,11 @@ local function success_ttl(A, h, mode, n, now)
   return string.format('%d', m)
 end
 
-local function success(K, A, H)
+local function success(K, A, H, F)
   local KH, KCW, KTW, KTZ, KB = K[1], K[2], K[3], K[4], K[5]
-  if A[2] ~= '-1' then redis.call('ZREM', KB, A[2]) end
+  if A[2] ~= '-1' then
+    if F then F[#F + 1] = A[2] else redis.call('ZREM', KB, A[2]) end
+  end
   local mode = A[4]
   if mode == '0' then return NOTHING end
   mode = tonumber(mode)
