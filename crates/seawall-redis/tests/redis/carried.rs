@@ -555,3 +555,90 @@ fn an_admission_never_overtakes_a_success_the_timer_thread_sends() {
         assert_eq!(p.in_flight().unwrap(), 0, "{path:?}");
     }
 }
+
+/// An admission carrying a success takes over the success's slot (its
+/// lease renewed, the same id), both ways: the bulkhead then holds one
+/// lease, not a freed one and a new one. A slot whose lease was dropped
+/// meanwhile is not taken over (the admission takes a new one); of several
+/// successes carried at once, every slot but the one taken over is freed;
+/// an admission refused after the bulkhead (here by the rate limiter)
+/// frees the slot it would have taken over.
+#[test]
+fn an_admission_takes_over_the_slot_of_the_success_it_carries() {
+    use seawall::RateLimiter;
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    for (how, url) in crate::support::both_ways(&server) {
+        let prefix = unique(&format!("carried-takeover-{how}"));
+        let store = RedisStore::builder(url)
+            .prefix(&prefix)
+            .success_delay(Duration::from_secs(1))
+            .fail_closed()
+            .build()
+            .unwrap();
+        // Five admissions in a burst, then refusals.
+        let spec = ResourceSpec::new("takeover")
+            .with_bulkhead(Bulkhead::new(2).lease(Duration::from_secs(60)))
+            .with_rate_limit(RateLimiter::gcra(5, Duration::from_secs(3600)));
+        let state = store.bind(&spec).unwrap();
+        let key = format!("{{{prefix}:takeover}}:b");
+        let request = AdmitRequest::new(None, Duration::ZERO);
+        let admit = || state.admit(&request).unwrap().decision;
+        let succeed = |permit| {
+            state
+                .record(&Record {
+                    partition: None,
+                    permit,
+                    outcome: Outcome::Success,
+                    duration: Duration::ZERO,
+                    retry_after: None,
+                    now: Duration::ZERO,
+                })
+                .unwrap();
+        };
+        let leases = |conn: &mut redis::Connection| -> Vec<(u64, f64)> {
+            redis::cmd("ZRANGE")
+                .arg(&key)
+                .arg(0)
+                .arg(-1)
+                .arg("WITHSCORES")
+                .query(conn)
+                .unwrap()
+        };
+
+        let first = admit().expect("admitted");
+        let x = first.slot.expect("a slot");
+        let lease_before = leases(&mut conn)[0].1;
+        succeed(first);
+        let second = admit().expect("admitted");
+        assert_eq!(second.slot, Some(x), "{how}: the carried slot is taken over");
+        let held = leases(&mut conn);
+        assert_eq!(held.len(), 1, "{how}: one lease ({held:?})");
+        assert!(held[0].1 > lease_before, "{how}: its lease renewed");
+
+        // Its lease dropped (as a dead process's is): a new slot.
+        let _: () = redis::cmd("ZREM").arg(&key).arg(x).query(&mut conn).unwrap();
+        succeed(second);
+        let third = admit().expect("admitted");
+        let y = third.slot.expect("a slot");
+        assert_ne!(y, x, "{how}: a slot gone is not taken over");
+        assert_eq!(leases(&mut conn).len(), 1, "{how}");
+
+        // Two successes carried at once: one slot taken over, one freed.
+        let fourth = admit().expect("admitted");
+        assert_eq!(leases(&mut conn).len(), 2, "{how}");
+        succeed(third);
+        succeed(fourth);
+        let fifth = admit().expect("admitted");
+        let held = leases(&mut conn);
+        assert_eq!(held.len(), 1, "{how}: one lease ({held:?})");
+        assert_eq!(Some(held[0].0), fifth.slot, "{how}");
+
+        // The rate limiter's five permits are spent: the next admission is
+        // refused after the bulkhead, and frees the carried slot.
+        succeed(fifth);
+        let refused = admit().expect_err("refused by the rate limiter");
+        assert_eq!(refused.reason, seawall::RejectionReason::RateLimited, "{how}");
+        assert!(leases(&mut conn).is_empty(), "{how}: the carried slot is freed");
+    }
+}
