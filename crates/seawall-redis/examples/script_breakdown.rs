@@ -139,7 +139,11 @@ async fn row(
     rows: &Rows,
     mut cmd: impl FnMut(Option<&redis::Value>) -> redis::Cmd,
 ) {
-    if rows.only.as_ref().is_some_and(|o| !name.contains(o.as_str())) {
+    if rows
+        .only
+        .as_ref()
+        .is_some_and(|o| !name.contains(o.as_str()))
+    {
         return;
     }
     let n = rows.calls;
@@ -285,9 +289,12 @@ async fn run(url: String, rows: Rows) {
         eval(&trivial, &[], &[])
     })
     .await;
-    row(&mut c, "EVALSHA 'return 1', 7 keys + 29 args", &rows, |_| {
-        eval(&trivial, &keys, &bench)
-    })
+    row(
+        &mut c,
+        "EVALSHA 'return 1', 7 keys + 29 args",
+        &rows,
+        |_| eval(&trivial, &keys, &bench),
+    )
     .await;
     row(
         &mut c,

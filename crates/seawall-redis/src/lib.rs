@@ -88,7 +88,9 @@
 //!   full again).
 //! - **Bulkhead slots are leases**: a sorted set of slot ids (named after
 //!   the microsecond they were taken in) scored by their expiry
-//!   (`Bulkhead::lease`). A process killed while holding a slot loses it
+//!   (`Bulkhead::lease`); an admission that carries a success may hold the
+//!   success's slot again, its lease renewed (see *The success path*).
+//!   A process killed while holding a slot loses it
 //!   when the lease ends; give attempts a timeout shorter than the lease
 //!   (the pipeline checks this). A round of half-open probes that a dead
 //!   process left unfinished gives way too: after the breaker's
@@ -193,7 +195,14 @@
 //!   it changes, and writes the window's ring only while the window holds
 //!   a failure or a slow call (a success written over a success changes
 //!   nothing); a script holds only the functions it calls; and the spec's
-//!   numbers are converted only where used. By `EVALSHA`, the admission
+//!   numbers are converted only where used. An admission carrying a
+//!   success takes over that success's bulkhead slot: the slot's lease is
+//!   renewed (`ZADD XX`) and the admission holds it under the same id,
+//!   rather than freeing it and taking another; a slot whose lease was
+//!   dropped meanwhile is not taken over, and an admission that is refused
+//!   frees it
+//!   (`carried::an_admission_takes_over_the_slot_of_the_success_it_carries`).
+//!   By `EVALSHA`, the admission
 //!   scripts are compiled for each spec: the spec is in their text (two
 //!   scripts per distinct spec, loaded when a pipeline binds), so an
 //!   admission sends the time and its own arguments only, not the spec's
@@ -209,15 +218,15 @@
 //!   (`round_trips::a_library_that_lost_the_specs_is_sent_them_again`). For
 //!   the chain of the `redis_bench` example (count-window breaker,
 //!   bulkhead, GCRA limiter, cooldown), counted with callgrind on
-//!   `redis-server` 7.0 (`--toggle-collect=processCommand`): an admission
-//!   takes about 239k instructions (255k with the spec as arguments), one
-//!   carrying a success 303k (318k), a `PING` 11k and an empty script with
-//!   the same keys and the spec as arguments 30k; about 28 us of the
-//!   server's time on a loaded machine (`INFO commandstats`; the
-//!   `script_breakdown` example sets these side by side). The ten
-//!   `redis.call`s of an admission carrying a success, their arguments and
-//!   the Lua around them, not the round trip, bound a single process's
-//!   latency and throughput.
+//!   `redis-server` 7.0 (`--toggle-collect=fcallCommand`, the
+//!   `script_breakdown` example's `--only "by its id"` row): an admission
+//!   carrying a success takes about 213k instructions as a function with
+//!   the spec by its id (294k by `EVALSHA`, compiled for its spec), about
+//!   28 us of the server's time on a loaded 2-core machine (`INFO
+//!   commandstats`; the `script_breakdown` example sets these side by side
+//!   with a `PING` and an empty script). Its nine `redis.call`s, their
+//!   arguments and the Lua around them, not the round trip, bound a single
+//!   process's latency and throughput.
 //! - **A slot is freed on the server** by the next admission of its
 //!   partition through the same store, or once its success's delay has
 //!   passed (plus the timer's resolution, about 1 ms, and the scheduling

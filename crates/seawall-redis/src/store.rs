@@ -1462,8 +1462,9 @@ impl Shared {
         weight: u32,
         pre: bool,
     ) -> Result<(Admission, Option<Reservation>), StoreError> {
-        let Some([reason, retry_us, probe, generation, slot, transition, trips, under_ns, reserved_us, reserved_ns, shadow_reason, shadow_retry_us, shadow_under_ns]) =
-            scripts::admit_reply(reply)
+        let Some(
+            [reason, retry_us, probe, generation, slot, transition, trips, under_ns, reserved_us, reserved_ns, shadow_reason, shadow_retry_us, shadow_under_ns],
+        ) = scripts::admit_reply(reply)
         else {
             return Err(protocol("admit", reply));
         };

@@ -611,13 +611,21 @@ fn an_admission_takes_over_the_slot_of_the_success_it_carries() {
         let lease_before = leases(&mut conn)[0].1;
         succeed(first);
         let second = admit().expect("admitted");
-        assert_eq!(second.slot, Some(x), "{how}: the carried slot is taken over");
+        assert_eq!(
+            second.slot,
+            Some(x),
+            "{how}: the carried slot is taken over"
+        );
         let held = leases(&mut conn);
         assert_eq!(held.len(), 1, "{how}: one lease ({held:?})");
         assert!(held[0].1 > lease_before, "{how}: its lease renewed");
 
         // Its lease dropped (as a dead process's is): a new slot.
-        let _: () = redis::cmd("ZREM").arg(&key).arg(x).query(&mut conn).unwrap();
+        let _: () = redis::cmd("ZREM")
+            .arg(&key)
+            .arg(x)
+            .query(&mut conn)
+            .unwrap();
         succeed(second);
         let third = admit().expect("admitted");
         let y = third.slot.expect("a slot");
@@ -638,7 +646,14 @@ fn an_admission_takes_over_the_slot_of_the_success_it_carries() {
         // refused after the bulkhead, and frees the carried slot.
         succeed(fifth);
         let refused = admit().expect_err("refused by the rate limiter");
-        assert_eq!(refused.reason, seawall::RejectionReason::RateLimited, "{how}");
-        assert!(leases(&mut conn).is_empty(), "{how}: the carried slot is freed");
+        assert_eq!(
+            refused.reason,
+            seawall::RejectionReason::RateLimited,
+            "{how}"
+        );
+        assert!(
+            leases(&mut conn).is_empty(),
+            "{how}: the carried slot is freed"
+        );
     }
 }
