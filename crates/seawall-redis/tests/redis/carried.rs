@@ -9,7 +9,7 @@ use std::future::Future;
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
-use seawall::store::{AdmitRequest, Outcome, Record, ResourceSpec};
+use seawall::store::{AdmitRequest, Outcome, Permit, Record, ResourceSpec};
 use seawall::{Bulkhead, CircuitBreaker, Pipeline, StateStore};
 use seawall_redis::RedisStore;
 
@@ -26,6 +26,19 @@ fn store(server: &RedisServer, prefix: &str, delay: Duration) -> RedisStore {
         .fail_closed()
         .build()
         .unwrap()
+}
+
+/// The record of `permit`'s success at time 0, with nothing to report (a
+/// silent success).
+fn silent_success(permit: Permit) -> Record<'static> {
+    Record {
+        partition: None,
+        permit,
+        outcome: Outcome::Success,
+        duration: Duration::ZERO,
+        retry_after: None,
+        now: Duration::ZERO,
+    }
 }
 
 /// Polls `done` every 10 ms for at most 10 s.
@@ -306,19 +319,8 @@ fn a_cancelled_admission_carrying_a_success_frees_its_slot() {
             .decision
             .unwrap();
         let slot = permit.slot.expect("a bulkhead slot");
-        rt.block_on(async {
-            state
-                .record_async(Record {
-                    partition: None,
-                    permit,
-                    outcome: Outcome::Success,
-                    duration: Duration::ZERO,
-                    retry_after: None,
-                    now: Duration::ZERO,
-                })
-                .await
-        })
-        .unwrap();
+        rt.block_on(async { state.record_async(silent_success(permit)).await })
+            .unwrap();
         let held: Option<f64> = redis::cmd("ZSCORE")
             .arg(&key)
             .arg(slot)
@@ -585,16 +587,7 @@ fn an_admission_takes_over_the_slot_of_the_success_it_carries() {
         let request = AdmitRequest::new(None, Duration::ZERO);
         let admit = || state.admit(&request).unwrap().decision;
         let succeed = |permit| {
-            state
-                .record(&Record {
-                    partition: None,
-                    permit,
-                    outcome: Outcome::Success,
-                    duration: Duration::ZERO,
-                    retry_after: None,
-                    now: Duration::ZERO,
-                })
-                .unwrap();
+            state.record(&silent_success(permit)).unwrap();
         };
         let leases = |conn: &mut redis::Connection| -> Vec<(u64, f64)> {
             redis::cmd("ZRANGE")
