@@ -559,7 +559,7 @@ fn an_admission_never_overtakes_a_success_the_timer_thread_sends() {
 }
 
 /// An admission carrying a success takes over the success's slot (its
-/// lease renewed, the same id), both ways: the bulkhead then holds one
+/// lease renewed, the same id), both ways and on both paths: the bulkhead then holds one
 /// lease, not a freed one and a new one. A slot whose lease was dropped
 /// meanwhile is not taken over (the admission takes a new one); of several
 /// successes carried at once, every slot but the one taken over is freed;
@@ -570,8 +570,15 @@ fn an_admission_takes_over_the_slot_of_the_success_it_carries() {
     use seawall::RateLimiter;
     let server = RedisServer::start();
     let mut conn = server.conn();
-    for (how, url) in crate::support::both_ways(&server) {
-        let prefix = unique(&format!("carried-takeover-{how}"));
+    let rt = rt();
+    let ways = crate::support::both_ways(&server);
+    for ((way, url), path) in ways
+        .iter()
+        .flat_map(|w| [(w.clone(), "blocking"), (w.clone(), "async")])
+    {
+        let how = format!("{way}, {path}");
+        let asynchronous = path == "async";
+        let prefix = unique(&format!("carried-takeover-{way}-{path}"));
         let store = RedisStore::builder(url)
             .prefix(&prefix)
             .success_delay(Duration::from_secs(1))
@@ -585,9 +592,22 @@ fn an_admission_takes_over_the_slot_of_the_success_it_carries() {
         let state = store.bind(&spec).unwrap();
         let key = format!("{{{prefix}:takeover}}:b");
         let request = AdmitRequest::new(None, Duration::ZERO);
-        let admit = || state.admit(&request).unwrap().decision;
+        // On the async path the futures are made inside the runtime (made
+        // outside one, they answer on the blocking path).
+        let admit = || {
+            match asynchronous {
+                true => rt.block_on(async { state.admit_async(request).await }),
+                false => state.admit(&request),
+            }
+            .unwrap()
+            .decision
+        };
         let succeed = |permit| {
-            state.record(&silent_success(permit)).unwrap();
+            match asynchronous {
+                true => rt.block_on(async { state.record_async(silent_success(permit)).await }),
+                false => state.record(&silent_success(permit)),
+            }
+            .unwrap();
         };
         let leases = |conn: &mut redis::Connection| -> Vec<(u64, f64)> {
             redis::cmd("ZRANGE")
