@@ -559,8 +559,9 @@ fn an_admission_never_overtakes_a_success_the_timer_thread_sends() {
 }
 
 /// An admission carrying a success takes over the success's slot (its
-/// lease renewed, the same id), both ways and on both paths: the bulkhead then holds one
-/// lease, not a freed one and a new one. A slot whose lease was dropped
+/// lease renewed, the same id), both ways (functions and `EVALSHA`) and on
+/// both paths (blocking and async): the bulkhead then holds one lease, not
+/// a freed one and a new one. A slot whose lease was dropped
 /// meanwhile is not taken over (the admission takes a new one); of several
 /// successes carried at once, every slot but the one taken over is freed;
 /// an admission refused after the bulkhead (here by the rate limiter)
