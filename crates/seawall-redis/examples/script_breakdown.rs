@@ -274,7 +274,14 @@ async fn run(url: String, rows: Rows) {
     };
     let wide = argv("1000000000");
     let bench = argv("64");
-    let carried = |slot: String| format!(",{slot},0,2,100,600000000,60000000");
+    // One record carried (how many, then the seven arguments of `success`),
+    // then the admission's own arguments (no retry budget).
+    let carried = |slot: String| {
+        ["1", "", &slot, "0", "2", "100", "600000000", "60000000", ""].map(String::from)
+    };
+    // The time and the spec, for the rows that carry a record.
+    let mut head = bench.clone();
+    head.pop();
 
     println!(
         "{} calls per row, one async connection, redis at {url}",
@@ -316,8 +323,8 @@ async fn run(url: String, rows: Rows) {
         "admission carrying a success (redis_bench)",
         &rows,
         |last| {
-            let mut a = bench.clone();
-            a.push(carried(slot_of(last)));
+            let mut a = head.clone();
+            a.extend(carried(slot_of(last)));
             eval(&carrying, &keys, &a)
         },
     )
@@ -328,7 +335,8 @@ async fn run(url: String, rows: Rows) {
         "the same, the spec compiled in (SpecScripts)",
         &rows,
         |last| {
-            let a = vec![String::new(), String::new(), carried(slot_of(last))];
+            let mut a = vec![String::new()];
+            a.extend(carried(slot_of(last)));
             eval(&compiled_carrying, &keys, &a)
         },
     )
@@ -339,8 +347,8 @@ async fn run(url: String, rows: Rows) {
         "the same as a function (FCALL, the spec as arguments)",
         &rows,
         |last| {
-            let mut a = bench.clone();
-            a.push(carried(slot_of(last)));
+            let mut a = head.clone();
+            a.extend(carried(slot_of(last)));
             fcall(&a)
         },
     )
@@ -361,7 +369,7 @@ async fn run(url: String, rows: Rows) {
                 a.push("=breakdown".into());
                 a.extend(spec_args("64"));
             }
-            a.extend([String::new(), carried(slot_of(last))]);
+            a.extend(carried(slot_of(last)));
             fcall(&a)
         },
     )

@@ -220,8 +220,8 @@
 //!   bulkhead, GCRA limiter, cooldown), counted with callgrind on
 //!   `redis-server` 7.0 (`--toggle-collect=fcallCommand`, the
 //!   `script_breakdown` example's `--only "by its id"` row): an admission
-//!   carrying a success takes about 213k instructions as a function with
-//!   the spec by its id (294k by `EVALSHA`, compiled for its spec), about
+//!   carrying a success takes about 208k instructions as a function with
+//!   the spec by its id (289k by `EVALSHA`, compiled for its spec), about
 //!   28 us of the server's time on a loaded 2-core machine (`INFO
 //!   commandstats`; the `script_breakdown` example sets these side by side
 //!   with a `PING` and an empty script). Its nine `redis.call`s, their

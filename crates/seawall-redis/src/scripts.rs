@@ -14,9 +14,8 @@
 //! - `ARGV[2..=27]`: the resource's spec, encoded once at bind time
 //!   ([`SpecArgs`]).
 //! - `ARGV[28..]`: the operation's own arguments; an admission that carries
-//!   successes (`admit_carrying`) has one more, the last: the records it
-//!   carries, which `lua/carry.lua` takes off before the admission reads
-//!   its own.
+//!   successes (`admit_carrying`) has the records it carries before them:
+//!   how many, then the seven arguments of each (see `lua/carry.lua`).
 //!
 //! Each script runs as a function where the server allows (Redis 7 and
 //! later): one library holds them all ([`Scripts::library_load`]), whose
@@ -39,7 +38,7 @@ use seawall::store::ResourceSpec;
 use crate::script_text::{compiled, library, script};
 
 const PRELUDE: &str = include_str!("lua/prelude.lua");
-/// The rule of a silent success, as the Lua function `success(K, A)`.
+/// The rule of a silent success, as the Lua function `success(K, A, o)`.
 const SUCCESS: &str = include_str!("lua/success.lua");
 /// The successes an admission carries, applied by `success`.
 const CARRY: &str = include_str!("lua/carry.lua");
@@ -132,7 +131,7 @@ impl Scripts {
                 metrics: with_prelude(include_str!("lua/metrics.lua")),
                 control: with_prelude(include_str!("lua/control.lua")),
                 in_flight: with_prelude(include_str!("lua/in_flight.lua")),
-                success: Lua::new(false, &[SUCCESS], &["return success(KEYS, ARGV)\n"]),
+                success: Lua::new(false, &[SUCCESS], &["return success(KEYS, ARGV, 0)\n"]),
                 lease: Lua::new(true, &[PRELUDE], &LEASE_BODY),
                 extend: with_prelude(include_str!("lua/extend.lua")),
                 admit: with_prelude(ADMIT),
@@ -288,6 +287,12 @@ pub(crate) struct Invocation {
 impl Invocation {
     /// Every script takes the seven keys of one resource.
     pub(crate) const KEYS: usize = 7;
+    /// The arguments of an admission carrying two successes (the command,
+    /// the script, the keys and their number, the time, the spec by id,
+    /// the admission's own and the records').
+    const ARGS: usize = 32;
+    /// Their bytes (seven keys of a name of 32 bytes, the rest).
+    const BYTES: usize = 512;
 
     /// A call of `script`: by `FCALL` of its function when `functions`,
     /// else by `EVALSHA`.
@@ -296,15 +301,14 @@ impl Invocation {
             !functions || !script.function.is_empty(),
             "a script no library holds runs by EVALSHA"
         );
-        let mut cmd = if functions {
-            let mut cmd = redis::cmd("FCALL");
-            cmd.arg(&script.function);
-            cmd
+        // Room for an admission's arguments, so that they are not moved
+        // as they are added.
+        let mut cmd = redis::Cmd::with_capacity(Self::ARGS, Self::BYTES);
+        if functions {
+            cmd.arg("FCALL").arg(&script.function);
         } else {
-            let mut cmd = redis::cmd("EVALSHA");
-            cmd.arg(script.hash());
-            cmd
-        };
+            cmd.arg("EVALSHA").arg(script.hash());
+        }
         cmd.arg(Self::KEYS);
         Invocation {
             cmd,

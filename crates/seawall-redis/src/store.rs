@@ -1116,7 +1116,8 @@ impl Shared {
         self.admission_args(inv, request, reserve, carried)
     }
 
-    /// Adds an admission's own arguments to `inv`.
+    /// Adds an admission's arguments to `inv`: the records it carries,
+    /// then its own.
     fn admission_args(
         &self,
         mut inv: Invocation,
@@ -1124,6 +1125,16 @@ impl Shared {
         reserve: Reserve,
         carried: &[Pending],
     ) -> Invocation {
+        if !carried.is_empty() {
+            // First, how many records, then the seven arguments of each,
+            // which the script reads where they are (see `carry.lua`).
+            inv.arg(carried.len());
+            for p in carried {
+                for a in p.args.split(',') {
+                    inv.arg(a);
+                }
+            }
+        }
         let budget = match request.budget {
             Some(BudgetStep::Deposit) => self.budget_args[0].as_str(),
             Some(BudgetStep::Withdraw) => self.budget_args[1].as_str(),
@@ -1147,16 +1158,6 @@ impl Shared {
         }
         if weight != 1 {
             inv.arg(weight);
-        }
-        if !carried.is_empty() {
-            let mut all = String::with_capacity(carried.len() * 48);
-            for (i, p) in carried.iter().enumerate() {
-                if i > 0 {
-                    all.push(';');
-                }
-                all.push_str(&p.args);
-            }
-            inv.arg(all);
         }
         inv
     }

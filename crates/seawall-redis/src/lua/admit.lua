@@ -10,12 +10,12 @@
 -- in shadow mode it met before this admission would have refused it) starts
 -- the walk shadowed: no policy in shadow mode takes part, the enforcing
 -- ones do, and the reply reports no shadow refusal of its own.
--- ARGV[D]: the step of the retry budget kept in the store, empty for none:
+-- A[OWN] (A[D], after the successes carried, see carry.lua): the step of the retry budget kept in the store, empty for none:
 -- `step:earn:cap`, step 1 a call's deposit, 2 a retry's withdrawal; earn
 -- and cap in thousandths of a token (seawall::retry::BudgetRule, restated
 -- below; a model test holds the two to the same answers); preceded by `s`
 -- for a call shadowed already.
--- ARGV[E..] (E = D + 1; only for a rate limiter whose calls may wait): the lead within
+-- A[E..] (E = OWN + 1; only for a rate limiter whose calls may wait): the lead within
 -- which a refused rate limit reserves its next permit, the instant of a
 -- due reservation the call presents (-1: none), which stands for the
 -- rate-limit permit and is given back when an earlier policy refuses;
@@ -53,7 +53,7 @@ local h, moved, begun
 
 -- The call is shadowed already (`s` before the budget's argument).
 local PRE = false
-local BARG = A[D]
+local BARG = A[OWN]
 if BARG and string.byte(BARG, 1) == 115 then PRE, BARG = true, string.sub(BARG, 2) end
 
 -- Whether the policy `p` takes part in the call (shadow::Walk): an
@@ -74,7 +74,7 @@ local function refused(p, why, wait, less)
   end
 end
 
-local E = D + 1
+local E = OWN + 1
 
 -- The retry budget (BudgetRule): a bucket of thousandths of a token,
 -- full when missing, kept while used (it expires after the idle time, full

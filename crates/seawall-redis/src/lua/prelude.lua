@@ -55,6 +55,9 @@ local SHORT_REPLY
 local call, num
 -- Where the operation's own arguments start in A.
 local D = 28
+-- Where an admission's own arguments start in A: at D, or past the
+-- successes it carries (carry.lua).
+local OWN
 
 -- The specs given to this library in full (see `call_args`), by their id,
 -- typed as a script compiled for its spec has them: kept as long as the
@@ -179,7 +182,7 @@ local function begin(KEYS, ARGV)
   end
   SHADOW = 0
   if A[27] ~= '0' then SHADOW = num(A[27]) or 0 end
-  CARRIED_H, FREED = nil, nil
+  CARRIED_H, FREED, OWN = nil, nil, D
   SHORT_REPLY = true
 end
 

@@ -1,16 +1,17 @@
 -- seawall-redis: the record of a success that can report nothing (not a
 -- probe, not slow, no retry-after hint), or of an ignored outcome of a
--- permit that is not a probe, as the function `success(K, A)`. Lean: the most
--- frequent record, so it reads only what it needs. Its effect is exactly
--- that of record.lua for such an outcome. Run on its own (followed by
--- `return success(KEYS, ARGV)`), or for each success an admission carries
--- (carry.lua, after prelude.lua and before admit.lua): the one statement of
--- the rule for both.
+-- permit that is not a probe, as the function `success(K, A, o)`. Lean: the
+-- most frequent record, so it reads only what it needs. Its effect is
+-- exactly that of record.lua for such an outcome. Run on its own (followed
+-- by `return success(KEYS, ARGV, 0)`), or for each success an admission
+-- carries (carry.lua, after prelude.lua and before admit.lua): the one
+-- statement of the rule for both.
 -- K: the keys, KEYS of every script (src/scripts.rs).
--- A (ARGV when run on its own): [1] the caller's time in microseconds, or empty for TIME,
--- [2] slot (-1: none), [3] generation, [4] circuit mode (0: nothing to
--- record, 1 consecutive, 2 count window, 3 time window), [5] window size,
--- [6] idle time (us), [7] cooldown grace (us; -1: no cooldown)
+-- A, o: the record's seven arguments are `A[o + 1..o + 7]` (ARGV and 0 when
+-- run on its own): [1] the caller's time in microseconds, or empty for
+-- TIME, [2] slot (-1: none), [3] generation, [4] circuit mode (0: nothing
+-- to record, 1 consecutive, 2 count window, 3 time window), [5] window
+-- size, [6] idle time (us), [7] cooldown grace (us; -1: no cooldown)
 -- H (optional): the state hash already read (carry.lua reads it once for
 -- every success carried and for the admission: `hload()` of prelude.lua,
 -- missing fields 0), updated in place; without it, the fields the mode
@@ -57,23 +58,23 @@ end
 -- The reply of a success: no transition, no cooldown.
 local NOTHING = {0, 0, -1}
 
--- The time of the record `A`: its caller's, else the server's.
-local function success_now(A)
-  if A[1] == '' then
+-- The time of the record at `o` in `A`: its caller's, else the server's.
+local function success_now(A, o)
+  if A[o + 1] == '' then
     local t = redis.call('TIME')
     return t[1] * 1000000 + t[2]
   end
-  return tonumber(A[1])
+  return tonumber(A[o + 1])
 end
 
 -- As httl() in prelude.lua, for a closed circuit: the TTL of the state
--- (milliseconds, formatted) of the record `A` in circuit mode `mode`, of
+-- (milliseconds, formatted) of the record at `o` in `A` in circuit mode `mode`, of
 -- window size `n`, state `h`; `now`: the record's time if read already.
-local function success_ttl(A, h, mode, n, now)
-  local t = A[6] + 0
+local function success_ttl(A, o, h, mode, n, now)
+  local t = A[o + 6] + 0
   if mode == 3 and n * 1000000 > t then t = n * 1000000 end
-  if h.cu > 0 and A[7] ~= '-1' then
-    local c = h.cu - (now or success_now(A)) + A[7]
+  if h.cu > 0 and A[o + 7] ~= '-1' then
+    local c = h.cu - (now or success_now(A, o)) + A[o + 7]
     if c > t then t = c end
   end
   local m = math.ceil(t / 1000)
@@ -81,12 +82,13 @@ local function success_ttl(A, h, mode, n, now)
   return string.format('%d', m)
 end
 
-local function success(K, A, H, F)
+local function success(K, A, o, H, F)
   local KH, KCW, KTW, KTZ, KB = K[1], K[2], K[3], K[4], K[5]
-  if A[2] ~= '-1' then
-    if F then F[#F + 1] = A[2] else redis.call('ZREM', KB, A[2]) end
+  local slot = A[o + 2]
+  if slot ~= '-1' then
+    if F then F[#F + 1] = slot else redis.call('ZREM', KB, slot) end
   end
-  local mode = A[4]
+  local mode = A[o + 4]
   if mode == '0' then return NOTHING end
   mode = tonumber(mode)
 
@@ -101,18 +103,18 @@ local function success(K, A, H, F)
     h = {}
     for i = 1, #names do h[names[i]] = (v[i] or 0) + 0 end
   end
-  if h.st ~= 0 or h.gen ~= A[3] + 0 then
+  if h.st ~= 0 or h.gen ~= A[o + 3] + 0 then
     -- Not closed, or a newer generation: not recorded.
     return NOTHING
   end
-  local n = A[5] + 0
+  local n = A[o + 5] + 0
 
   if mode == 1 then
     -- A success ends a run of failures.
     if h.cf > 0 then
       h.cf = 0
       redis.call('HSET', KH, 'cf', 0)
-      redis.call('PEXPIRE', KH, success_ttl(A, h, mode, n))
+      redis.call('PEXPIRE', KH, success_ttl(A, o, h, mode, n))
     end
   elseif mode == 2 then
     local nh = h.nh
@@ -144,13 +146,13 @@ local function success(K, A, H, F)
       h.ns = h.ns - 1
       w[#w + 1], w[#w + 2] = 'ns', f('%d', h.ns)
     end
-    local t = success_ttl(A, h, mode, n)
+    local t = success_ttl(A, o, h, mode, n)
     redis.call(unpack(w))
     redis.call('PEXPIRE', KH, t)
     if coded then redis.call('PEXPIRE', KCW, t) end
   else
     local tc, tf, ts = h.tc, h.tf, h.ts
-    local now = success_now(A)
+    local now = success_now(A, o)
     local sec = math.floor(now / 1000000)
     local edge = sec - n
     local secs = string.format('%d', sec)
@@ -170,7 +172,7 @@ local function success(K, A, H, F)
     redis.call('HINCRBY', KTW, secs .. 'c', 1)
     tc = tc + 1
     h.tc, h.tf, h.ts = tc, tf, ts
-    local t = success_ttl(A, h, mode, n, now)
+    local t = success_ttl(A, o, h, mode, n, now)
     redis.call('HSET', KH, 'tc', tc, 'tf', tf, 'ts', ts)
     redis.call('PEXPIRE', KH, t)
     redis.call('PEXPIRE', KTW, t)
