@@ -10,13 +10,14 @@
 -- in shadow mode it met before this admission would have refused it) starts
 -- the walk shadowed: no policy in shadow mode takes part, the enforcing
 -- ones do, and the reply reports no shadow refusal of its own.
--- A[OWN] (A[D], after the successes carried, see carry.lua): the step of the retry budget kept in the store, empty for none:
--- `step:earn:cap`, step 1 a call's deposit, 2 a retry's withdrawal; earn
--- and cap in thousandths of a token (seawall::retry::BudgetRule, restated
--- below; a model test holds the two to the same answers); preceded by `s`
--- for a call shadowed already.
--- A[E..] (E = OWN + 1; only for a rate limiter whose calls may wait): the lead within
--- which a refused rate limit reserves its next permit, the instant of a
+-- A[OWN] (A[D], or past the successes carried, see carry.lua): the step
+-- of the retry budget kept in the store, empty for none: `step:earn:cap`,
+-- step 1 a call's deposit, 2 a retry's withdrawal; earn and cap in
+-- thousandths of a token (seawall::retry::BudgetRule, restated below; a
+-- model test holds the two to the same answers); preceded by `s` for a
+-- call shadowed already.
+-- A[E..] (E = OWN + 1; only for a rate limiter whose calls may wait): the
+-- lead within which a refused rate limit reserves its next permit, the instant of a
 -- due reservation the call presents (-1: none), which stands for the
 -- rate-limit permit and is given back when an earlier policy refuses;
 -- both as `microseconds:nanoseconds`; then the weight of the call (absent:
