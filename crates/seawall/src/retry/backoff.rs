@@ -138,6 +138,24 @@ fn mul(d: Duration, factor: f64) -> Duration {
     }
 }
 
+/// `d x p / 100` for `p` in `0..=100`, rounded down to the nanosecond and
+/// never above the exact product: `p` is taken to 2^-53 (rounded down), and
+/// the product is made in integers, so that a delay of any size keeps
+/// every nanosecond (through `f64` a delay past 2^53 ns, about 104 days,
+/// would not).
+fn percent_of(d: Duration, p: f64) -> Duration {
+    const SCALE: f64 = 9_007_199_254_740_992.0; // 2^53
+    const NANOS_PER_SEC: u128 = 1_000_000_000;
+    // Below 100 x 2^53 < 2^60: every product below fits in a u128.
+    let k = (p.clamp(0.0, 100.0) * SCALE) as u128;
+    let den = 100 * (SCALE as u128);
+    let whole = u128::from(d.as_secs()) * k;
+    let nanos = ((whole % den) * NANOS_PER_SEC + u128::from(d.subsec_nanos()) * k) / den;
+    // `whole / den` <= the seconds of `d`; `nanos` < 2 x 10^9.
+    let secs = u64::try_from(whole / den).unwrap_or(u64::MAX);
+    Duration::from_secs(secs).saturating_add(Duration::from_nanos(nanos as u64))
+}
+
 impl Backoff {
     /// The delay after the `attempt`-th attempt failed (1-based), given the
     /// previous delay (decorrelated only).
@@ -226,29 +244,37 @@ pub enum Jitter {
 }
 
 impl Jitter {
-    /// Applies the jitter to `delay`.
+    /// Applies the jitter to `delay`: a delay within
+    /// [`bounds`](Self::bounds), whatever its size.
     pub fn apply(&self, delay: Duration, random: &dyn Random) -> Duration {
-        match *self {
-            Jitter::None => delay,
+        let (lo, hi) = self.bounds(delay);
+        let jittered = match *self {
+            Jitter::None => return delay,
             Jitter::Full => mul(delay, random.next_f64()),
-            Jitter::Equal => {
-                let half = delay / 2;
-                half + mul(delay - half, random.next_f64())
-            }
+            Jitter::Equal => lo + mul(delay - lo, random.next_f64()),
             Jitter::Proportional(p) => {
                 let f = p / 100.0;
                 mul(delay, 1.0 - f + 2.0 * f * random.next_f64())
             }
-        }
+        };
+        // The draw is scaled through `f64`, which past 2^53 ns (about 104
+        // days) may round a delay out of its range by a few nanoseconds.
+        jittered.clamp(lo, hi)
     }
 
-    /// The bounds `[lo, hi]` of a jittered `delay`.
+    /// The bounds `[lo, hi]` of a jittered `delay`, to the nanosecond (a
+    /// proportional jitter's rounded towards `delay`, so that they never lie
+    /// outside `[delay x (1 - p/100), delay x (1 + p/100)]`; `hi` saturates
+    /// at [`Duration::MAX`]).
     pub fn bounds(&self, delay: Duration) -> (Duration, Duration) {
         match *self {
             Jitter::None => (delay, delay),
             Jitter::Full => (Duration::ZERO, delay),
             Jitter::Equal => (delay / 2, delay),
-            Jitter::Proportional(p) => (mul(delay, 1.0 - p / 100.0), mul(delay, 1.0 + p / 100.0)),
+            Jitter::Proportional(p) => {
+                let off = percent_of(delay, p);
+                (delay - off, delay.saturating_add(off))
+            }
         }
     }
 
@@ -379,18 +405,49 @@ mod tests {
             }
         }
 
+        /// Every jittered delay lies in its bounds, to the nanosecond,
+        /// whatever the delay's size (past 2^53 ns too, where `f64` no
+        /// longer holds every nanosecond).
         #[test]
-        fn jitter_within_range(delay in 0u64..1_000_000, p in 0.0f64..=100.0, seed: u64, kind in 0u8..4) {
+        fn jitter_within_range(
+            secs in prop_oneof![0u64..1_000, 0u64..(1 << 40), Just(u64::MAX)],
+            nanos in 0u32..1_000_000_000,
+            p in 0.0f64..=100.0,
+            seed: u64,
+            kind in 0u8..4,
+        ) {
             let r = SeededRandom::new(seed);
             let j = match kind { 0 => Jitter::None, 1 => Jitter::Full, 2 => Jitter::Equal, _ => Jitter::Proportional(p) };
-            let d = ms(delay);
+            let d = Duration::new(secs, nanos);
             let (lo, hi) = j.bounds(d);
             for _ in 0..8 {
                 let x = j.apply(d, &r);
-                // allow 1ns of float rounding at the edges
-                prop_assert!(x + Duration::from_nanos(1) >= lo && x <= hi + Duration::from_nanos(1),
-                    "{j:?} on {d:?}: {x:?} not in [{lo:?}, {hi:?}]");
+                prop_assert!(x >= lo && x <= hi, "{j:?} on {d:?}: {x:?} not in [{lo:?}, {hi:?}]");
             }
+        }
+
+        /// A whole percentage's bounds are the exact products, rounded
+        /// towards the delay.
+        #[test]
+        fn proportional_bounds_are_exact(secs in 0u64..(1 << 60), nanos in 0u32..1_000_000_000, p in 0u32..=100) {
+            let d = Duration::new(secs, nanos);
+            let (lo, hi) = Jitter::Proportional(f64::from(p)).bounds(d);
+            let n = d.as_nanos();
+            prop_assert_eq!(lo.as_nanos(), (n * u128::from(100 - p)).div_ceil(100));
+            prop_assert_eq!(hi.as_nanos(), n * u128::from(100 + p) / 100);
+        }
+    }
+
+    /// The largest draw and the smallest keep a proportional jitter in its
+    /// documented range on a delay of decades.
+    #[test]
+    fn extreme_draws_of_a_long_delay_stay_in_range() {
+        let d = Duration::new(1_000_000_000, 999_999_999);
+        let n = d.as_nanos();
+        let j = Jitter::Proportional(10.0);
+        for draw in [0.0, 0.5, 1.0 - f64::EPSILON / 2.0] {
+            let x = j.apply(d, &crate::testing::SequenceRandom::new([draw])).as_nanos();
+            assert!((n * 9).div_ceil(10) <= x && x <= n * 11 / 10, "draw {draw}: {x}");
         }
     }
 }
