@@ -1058,12 +1058,17 @@ impl<'g, K: Kind> Call<'g, K> {
         }
     }
 
-    /// After the wait of [`Admit::Wait`]: the attempt begins now, admitted
-    /// again; a call that reserved its rate-limit permit presents it, once
-    /// it is due. (Not ordinary: a deferred call is reported.)
+    /// After the wait of [`Admit::Wait`]: the attempt is admitted again,
+    /// and runs from now; a call that reserved its rate-limit permit
+    /// presents it, once it is due. The attempt's deadline stays the one it
+    /// had before the wait, which the wait is part of. (Not ordinary: a
+    /// deferred call is reported.)
     pub(crate) fn waited(&mut self) -> Admit<'g> {
         let now = self.read_clock();
-        self.begin_at(now);
+        match self.at {
+            Some(_) => self.at = Some(now),
+            None => self.begin_at(now),
+        }
         if let Some(q) = self.waiting.as_ref().and_then(|w| w.queued.as_ref()) {
             q.place.awake();
         }
