@@ -446,8 +446,13 @@ mod tests {
         let n = d.as_nanos();
         let j = Jitter::Proportional(10.0);
         for draw in [0.0, 0.5, 1.0 - f64::EPSILON / 2.0] {
-            let x = j.apply(d, &crate::testing::SequenceRandom::new([draw])).as_nanos();
-            assert!((n * 9).div_ceil(10) <= x && x <= n * 11 / 10, "draw {draw}: {x}");
+            let x = j
+                .apply(d, &crate::testing::SequenceRandom::new([draw]))
+                .as_nanos();
+            assert!(
+                (n * 9).div_ceil(10) <= x && x <= n * 11 / 10,
+                "draw {draw}: {x}"
+            );
         }
     }
 }
