@@ -187,7 +187,7 @@ impl<K: Kind> PipelineBuilder<K> {
     }
 
     /// The declared policies, in order (for tests of the registration).
-    #[cfg(test)]
+    #[cfg(all(test, feature = "serde"))]
     pub(crate) fn declared_kinds(&self) -> Vec<seawall_order::PolicyKind> {
         self.declared.iter().map(Declared::kind).collect()
     }
