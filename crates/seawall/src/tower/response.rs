@@ -57,9 +57,12 @@ pub fn error_response<B: Default, E>(error: &ServiceError<E>) -> Response<B> {
     response
 }
 
-/// `wait` in whole seconds, rounded up, at least 1.
+/// `wait` in whole seconds, rounded up (saturating: the longest wait is
+/// `u64::MAX` seconds), at least 1.
 fn whole_seconds(wait: Duration) -> u64 {
-    let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+    let seconds = wait
+        .as_secs()
+        .saturating_add(u64::from(wait.subsec_nanos() > 0));
     seconds.max(1)
 }
 
