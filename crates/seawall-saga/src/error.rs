@@ -170,8 +170,11 @@ impl From<tokio_postgres::Error> for LogError {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum SagaError {
-    /// The saga log failed. The saga stays in the log as last committed and can be
-    /// recovered later.
+    /// The saga log failed. The saga stays in the log as last committed and is
+    /// continued as after a dropped [`start`](crate::Orchestrator::start)
+    /// future: by the next [`recover`](crate::Orchestrator::recover) once its
+    /// lease has expired (Postgres), or by a process that reopens the log
+    /// (SQLite; this process's log keeps its lease).
     #[error(transparent)]
     Log(#[from] LogError),
     /// No saga with this name was registered with the orchestrator.

@@ -164,6 +164,8 @@
 //! crash: the running step is aborted and the saga stays in the log as last
 //! committed. It is continued by the next [`Orchestrator::recover`] once its
 //! lease has expired (Postgres) or by a process that reopens the log (SQLite).
+//! A saga whose driving stopped on a log error ([`SagaError::Log`]) is
+//! continued the same way.
 //!
 //! # Logs
 //!

@@ -58,7 +58,8 @@ impl StartOptions {
         self
     }
 
-    /// Deadline relative to the start (the orchestrator's clock).
+    /// Deadline relative to the start (the orchestrator's clock); one past
+    /// the clock's range sets none.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = Some(timeout);
         self
@@ -548,11 +549,11 @@ impl Orchestrator {
             source,
         })?;
         let created_at = self.inner.now();
-        let deadline = match (options.deadline, options.timeout) {
-            (Some(d), Some(t)) => Some(d.min(created_at + t)),
-            (Some(d), None) => Some(d),
-            (None, Some(t)) => Some(created_at + t),
-            (None, None) => None,
+        // A timeout past the clock's range sets no deadline.
+        let timed_out_at = options.timeout.and_then(|t| created_at.checked_add(t));
+        let deadline = match (options.deadline, timed_out_at) {
+            (Some(d), Some(t)) => Some(d.min(t)),
+            (d, t) => d.or(t),
         }
         .map(log_precision);
         Ok(NewSaga {
@@ -979,13 +980,20 @@ impl<I: SagaInput> Run<I> {
         let log = &self.orchestrator.log;
         let at = self.orchestrator.now();
         let first_seq = self.progress.applied() - transitions.len() as u32;
+        // The instant the log keeps for each transition, which its event
+        // tells: a new saga's are written at its creation.
+        let mut created = 0;
+        let mut created_at = at;
         if let Some(new) = self.unsaved.take() {
+            created_at = new.created_at;
             if status == SagaStatus::Running {
+                created = transitions.len();
                 self.lease = log.create(&new, &transitions, true).await?;
                 self._renewal = self.lease.as_ref().and_then(|l| self.orchestrator.hold(l));
             } else {
                 // A saga that ends before any step (deadline already passed):
                 // create it running, then append the rest.
+                created = 1;
                 self.lease = log.create(&new, &transitions[..1], true).await?;
                 let lease = self.lease.as_ref().ok_or(LogError::Closed)?;
                 log.append(lease, first_seq + 1, &transitions[1..], status, at)
@@ -1003,7 +1011,7 @@ impl<I: SagaInput> Run<I> {
                 &self.id,
                 &self.definition.name,
                 first_seq + offset as u32,
-                at,
+                if offset < created { created_at } else { at },
                 status,
                 transition,
             );

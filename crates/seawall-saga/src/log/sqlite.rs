@@ -114,9 +114,11 @@ impl SqliteOptions {
         self
     }
 
-    /// How long a statement waits for a lock held by another connection.
+    /// How long a statement waits for a lock held by another connection (at
+    /// most SQLite's limit, `i32::MAX` milliseconds, about 24.8 days: a
+    /// longer one is taken as that).
     pub fn busy_timeout(mut self, timeout: Duration) -> Self {
-        self.busy_timeout = timeout;
+        self.busy_timeout = timeout.min(Duration::from_millis(i32::MAX as u64));
         self
     }
 

@@ -129,7 +129,7 @@ impl Orchestrator {
         let mut wakeups = self.inner.log.listen().await?;
         let mut submitted = self.inner.submitted.subscribe();
         let mut work_waiting = true;
-        let mut next_poll = Instant::now() + options.poll_interval;
+        let mut next_poll = poll_after(options.poll_interval);
         tokio::pin!(shutdown);
         loop {
             while work_waiting && worker.running.len() < options.max_in_flight {
@@ -147,7 +147,7 @@ impl Orchestrator {
                 Ok(()) = submitted.changed() => work_waiting = true,
                 () = tokio::time::sleep_until(next_poll) => {
                     work_waiting = true;
-                    next_poll = Instant::now() + options.poll_interval;
+                    next_poll = poll_after(options.poll_interval);
                 }
             }
         }
@@ -259,4 +259,12 @@ impl Worker {
             }
         }
     }
+}
+
+/// The instant `interval` from now; an interval past the clock's range is
+/// taken as a century (never, for a worker).
+fn poll_after(interval: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(interval)
+        .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 86_400))
 }
