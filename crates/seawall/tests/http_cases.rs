@@ -30,10 +30,10 @@ use hyper_util::rt::TokioIo;
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
 use seawall::error::TimeoutScope;
 use seawall::http::{classify_status, parse_retry_after, MAX_RETRY_AFTER};
-use seawall::pipeline::ErrorType;
+use seawall::pipeline::{ErrorType, Handles, HandlesSync};
 use seawall::reqwest::{SeawallMiddleware, SendError, SendThrough};
 use seawall::testing::VirtualClock;
-use seawall::tower::{error_response, PipelineLayer, ServiceError};
+use seawall::tower::{error_response, LayerPipeline, PipelineLayer, ServiceError};
 use seawall::{
     CircuitBreaker, CircuitState, Cooldown, Error, EventKind, Hedging, Pipeline, PipelineBuilder,
     RateLimiter, Rejection, RejectionReason, Retry, StoreError, TimeoutError, Verdict, VerdictKind,
@@ -44,52 +44,60 @@ use tonic::metadata::MetadataMap;
 use tonic::{Code, Status};
 use tower::{Layer, ServiceExt};
 
+mod support;
+
+use support::{exec, ms, recorder, refusal, secs, unique, Flavor, Log, FLAVORS};
+
 // ------------------------------------------------------------------ tools
-
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
-fn secs(n: u64) -> Duration {
-    Duration::from_secs(n)
-}
 
 /// The backoff of every retrying pipeline here: shorter than any hint.
 const BACKOFF: Duration = Duration::from_millis(10);
 
-/// A pipeline name of its own for each call of a test: pipelines of one
-/// name share their state in the global store.
-fn unique(tag: &str) -> String {
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    format!("http-cases-{tag}-{}", NEXT.fetch_add(1, Ordering::SeqCst))
-}
-
+/// Three attempts, `BACKOFF` apart, on `clock`. (Pipelines take a name of
+/// their own from `unique`: pipelines of one name share their state in
+/// the global store.)
 fn retrying(tag: &str, clock: &VirtualClock) -> PipelineBuilder {
     Pipeline::builder(unique(tag))
         .retry(Retry::constant(BACKOFF).max_attempts(3))
         .clock(clock.clone())
 }
 
-/// The events a listener saw.
-type Log = Arc<Mutex<Vec<EventKind>>>;
+/// A pipeline whose circuit opens on the first failure.
+fn tripping(tag: &str) -> PipelineBuilder {
+    Pipeline::builder(unique(tag))
+        .circuit_breaker(CircuitBreaker::consecutive_failures(1))
+        .clock(VirtualClock::new())
+}
 
-fn listened(builder: PipelineBuilder) -> (PipelineBuilder, Log) {
-    let log = Log::default();
-    let events = Arc::clone(&log);
-    let builder = builder.on_event(move |e| events.lock().unwrap().push(e.kind.clone()));
-    (builder, log)
+/// `builder` with a listener recording every event when `on` (the log
+/// stays empty otherwise).
+fn listened(builder: PipelineBuilder, on: bool) -> (PipelineBuilder, Log) {
+    if !on {
+        return (builder, Log::default());
+    }
+    let (log, listener) = recorder();
+    (builder.on_event(listener), log)
+}
+
+/// What the listener saw of the events `pick` picks, in order.
+fn logged<T>(log: &Log, pick: impl Fn(&EventKind) -> Option<T>) -> Vec<T> {
+    log.lock().unwrap().iter().filter_map(pick).collect()
 }
 
 /// The waits before each retry the listener saw scheduled.
 fn retry_waits(log: &Log) -> Vec<Duration> {
-    log.lock()
-        .unwrap()
-        .iter()
-        .filter_map(|e| match e {
-            EventKind::RetryScheduled { delay, .. } => Some(*delay),
-            _ => None,
-        })
-        .collect()
+    logged(log, |e| match e {
+        EventKind::RetryScheduled { delay, .. } => Some(*delay),
+        _ => None,
+    })
+}
+
+/// The pauses of the cooldowns the listener saw start.
+fn cooldowns_started(log: &Log) -> Vec<Duration> {
+    logged(log, |e| match e {
+        EventKind::CooldownStarted { duration } => Some(*duration),
+        _ => None,
+    })
 }
 
 /// What `seawall::http` says of a status (its module docs' table).
@@ -158,6 +166,28 @@ impl Reply {
         self.delay = delay;
         self
     }
+
+    /// The response with this status and these headers (not the delay).
+    fn response<B>(&self, body: B) -> Response<B> {
+        let mut response = Response::builder().status(self.status);
+        for (name, value) in &self.headers {
+            response = response.header(*name, value.as_str());
+        }
+        response.body(body).unwrap()
+    }
+}
+
+/// Answers `first` to the first request (n = 1), 200 to the others.
+fn then_ok(first: Reply) -> impl Fn(u32) -> Reply + Clone + Send + Sync + 'static {
+    move |n| match n {
+        1 => first.clone(),
+        _ => reply(200),
+    }
+}
+
+/// Answers `code` with `Retry-After: value` first, then 200.
+fn hinted(code: u16, value: &str) -> impl Fn(u32) -> Reply + Clone + Send + Sync + 'static {
+    then_ok(reply(code).header("retry-after", value))
 }
 
 /// An HTTP/1 server on a random loopback port answering its n-th request
@@ -200,14 +230,8 @@ impl Server {
                             if !r.delay.is_zero() {
                                 tokio::time::sleep(r.delay).await;
                             }
-                            let mut response = Response::builder().status(r.status);
-                            for (name, value) in &r.headers {
-                                response = response.header(*name, value.as_str());
-                            }
                             let text = format!("reply #{n}: {}", r.status);
-                            Ok::<_, Infallible>(
-                                response.body(Full::new(Bytes::from(text))).unwrap(),
-                            )
+                            Ok::<_, Infallible>(r.response(Full::new(Bytes::from(text))))
                         }
                     });
                     let _ = hyper::server::conn::http1::Builder::new()
@@ -345,6 +369,19 @@ fn wrapped(middleware: SeawallMiddleware) -> ClientWithMiddleware {
     ClientBuilder::new(client()).with(middleware).build()
 }
 
+/// A client sending through `SeawallMiddleware` over `pipeline`.
+fn via(pipeline: Pipeline) -> ClientWithMiddleware {
+    wrapped(SeawallMiddleware::new(pipeline))
+}
+
+/// A GET of `url` sent through `pipeline` with `send_through`.
+async fn get_through<K>(pipeline: &Pipeline<K>, url: String) -> Result<reqwest::Response, SendError>
+where
+    K: Handles<reqwest::Response, reqwest::Error>,
+{
+    client().get(url).send_through(pipeline).await
+}
+
 /// The `SendError` inside a middleware error.
 fn send_error(error: &reqwest_middleware::Error) -> &SendError {
     match error {
@@ -377,12 +414,8 @@ impl Sender {
     fn build(variant: Variant, builder: PipelineBuilder) -> (Sender, Log) {
         match variant {
             Variant::Plain => (Sender::Plain(builder.build().unwrap()), Log::default()),
-            Variant::Classified => {
-                let p = builder.classify(seawall::reqwest::classify).build();
-                (Sender::Typed(p.unwrap()), Log::default())
-            }
-            Variant::Listened => {
-                let (builder, log) = listened(builder);
+            Variant::Classified | Variant::Listened => {
+                let (builder, log) = listened(builder, matches!(variant, Variant::Listened));
                 let p = builder.classify(seawall::reqwest::classify).build();
                 (Sender::Typed(p.unwrap()), log)
             }
@@ -408,15 +441,13 @@ impl Sender {
 fn middleware_variants(
     builder: impl Fn() -> PipelineBuilder,
 ) -> Vec<(&'static str, Pipeline, Log)> {
-    let (with_listener, log) = listened(builder());
-    vec![
-        (
-            "without listener",
-            builder().build().unwrap(),
-            Log::default(),
-        ),
-        ("with listener", with_listener.build().unwrap(), log),
-    ]
+    [("without listener", false), ("with listener", true)]
+        .into_iter()
+        .map(|(how, on)| {
+            let (builder, log) = listened(builder(), on);
+            (how, builder.build().unwrap(), log)
+        })
+        .collect()
 }
 
 // ------------------------------------------------------ the status table
@@ -600,7 +631,7 @@ async fn the_middleware_gives_every_status_its_documented_verdict() {
             let before = clock.now();
             let case = format!("{code} {how}");
 
-            let response = wrapped(SeawallMiddleware::new(pipeline))
+            let response = via(pipeline)
                 .get(server.url())
                 .send()
                 .await
@@ -637,14 +668,9 @@ async fn only_failures_of_the_dependency_open_the_circuit() {
             true => CircuitState::Open,
             false => CircuitState::Closed,
         };
-        let breaker = || {
-            Pipeline::builder(unique("circuit"))
-                .circuit_breaker(CircuitBreaker::consecutive_failures(1))
-                .clock(VirtualClock::new())
-        };
         for variant in VARIANTS {
             let server = Server::always(code).await;
-            let (sender, _) = Sender::build(variant, breaker());
+            let (sender, _) = Sender::build(variant, tripping("circuit"));
             let result = sender.send(client().get(server.url())).await;
             let case = format!("{code} {variant:?}");
             let status = match &result {
@@ -658,9 +684,9 @@ async fn only_failures_of_the_dependency_open_the_circuit() {
             assert_eq!(result.is_err(), doc.retried(), "{case}: {result:?}");
             assert_eq!(sender.circuit(), expected, "{case}");
         }
-        for (how, pipeline, _) in middleware_variants(breaker) {
+        for (how, pipeline, _) in middleware_variants(|| tripping("circuit")) {
             let server = Server::always(code).await;
-            let response = wrapped(SeawallMiddleware::new(pipeline.clone()))
+            let response = via(pipeline.clone())
                 .get(server.url())
                 .send()
                 .await
@@ -669,24 +695,16 @@ async fn only_failures_of_the_dependency_open_the_circuit() {
             assert_eq!(pipeline.circuit_state().unwrap(), expected, "{code} {how}");
         }
         // The tower layer with `seawall::http::classify_response`.
-        let layer = PipelineLayer::new(breaker())
-            .unwrap()
-            .classify_response(seawall::http::classify_response::<String>);
-        let pipeline = layer.pipeline().clone();
-        let response = layer
-            .layer(backend(move |_| code))
-            .oneshot(Request::new(String::new()))
-            .await
-            .unwrap();
+        let (response, pipeline) = through_layer(tripping("circuit"), move |_| reply(code)).await;
         assert_eq!(response.status().as_u16(), code, "{code} tower");
         assert_eq!(pipeline.circuit_state().unwrap(), expected, "{code} tower");
     }
 }
 
-/// An in-process service answering its n-th request with `status(n)` and
-/// the body `answer #n`.
+/// An in-process service answering its n-th request (from 1) with
+/// `answer(n)` (its delay aside) and the body `answer #n`.
 fn backend(
-    status: impl Fn(u32) -> u16 + Clone + Send + 'static,
+    answer: impl Fn(u32) -> Reply + Clone + Send + 'static,
 ) -> impl tower::Service<
     Request<String>,
     Response = Response<String>,
@@ -698,16 +716,25 @@ fn backend(
     let calls = Arc::new(AtomicU32::new(0));
     tower::service_fn(move |_: Request<String>| {
         let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
-        let code = status(n);
-        async move {
-            Ok::<_, Infallible>(
-                Response::builder()
-                    .status(code)
-                    .body(format!("answer #{n}"))
-                    .unwrap(),
-            )
-        }
+        let response = answer(n).response(format!("answer #{n}"));
+        async move { Ok::<_, Infallible>(response) }
     })
+}
+
+/// One request to `backend(answer)` behind `builder`'s tower layer, which
+/// judges responses with `seawall::http::classify_response`; with the
+/// layer's pipeline.
+async fn through_layer(
+    builder: PipelineBuilder,
+    answer: impl Fn(u32) -> Reply + Clone + Send + 'static,
+) -> (Response<String>, LayerPipeline) {
+    let layer = PipelineLayer::new(builder)
+        .unwrap()
+        .classify_response(seawall::http::classify_response::<String>);
+    let pipeline = layer.pipeline().clone();
+    let request = Request::new(String::new());
+    let response = layer.layer(backend(answer)).oneshot(request).await.unwrap();
+    (response, pipeline)
 }
 
 #[tokio::test]
@@ -716,15 +743,8 @@ async fn the_tower_layer_gives_every_status_its_documented_verdict() {
         let doc = documented(code);
         for with_listener in [false, true] {
             let clock = VirtualClock::new();
-            let (builder, log) = match with_listener {
-                true => listened(retrying("tower-status", &clock)),
-                false => (retrying("tower-status", &clock), Log::default()),
-            };
-            let service = PipelineLayer::new(builder)
-                .unwrap()
-                .classify_response(seawall::http::classify_response::<String>)
-                .layer(backend(move |_| code));
-            let response = service.oneshot(Request::new(String::new())).await.unwrap();
+            let (builder, log) = listened(retrying("tower-status", &clock), with_listener);
+            let (response, _) = through_layer(builder, move |_| reply(code)).await;
             let case = format!("{code} listener {with_listener}");
             let attempts = if doc.retried() { 3 } else { 1 };
             assert_eq!(response.status().as_u16(), code, "{case}");
@@ -784,12 +804,7 @@ fn hints() -> Vec<Hint> {
 
 /// A server answering `code` with `Retry-After: value` first, then 200.
 async fn hinting(code: u16, value: &str) -> Server {
-    let value = value.to_owned();
-    Server::start(move |n| match n {
-        1 => reply(code).header("retry-after", value.clone()),
-        _ => reply(200),
-    })
-    .await
+    Server::start(hinted(code, value)).await
 }
 
 fn assert_waited(waited: Duration, hint: &Hint, case: &str) {
@@ -837,7 +852,7 @@ async fn the_middleware_waits_the_retry_after_of_a_429_or_503() {
                 let before = clock.now();
                 let case = format!("{code} {:?} {how}", hint.value);
 
-                let response = wrapped(SeawallMiddleware::new(pipeline))
+                let response = via(pipeline)
                     .get(server.url())
                     .send()
                     .await
@@ -860,25 +875,16 @@ async fn the_tower_layer_waits_the_retry_after_of_a_429_or_503() {
     for code in [429u16, 503] {
         for hint in hints() {
             let clock = VirtualClock::new();
-            let value = HeaderValue::from_str(&hint.value).unwrap();
             let calls = Arc::new(AtomicU32::new(0));
             let counter = Arc::clone(&calls);
-            let service = tower::service_fn(move |_: Request<String>| {
-                let n = counter.fetch_add(1, Ordering::SeqCst) + 1;
-                let mut response = Response::new(format!("answer #{n}"));
-                if n == 1 {
-                    *response.status_mut() = StatusCode::from_u16(code).unwrap();
-                    response.headers_mut().insert(RETRY_AFTER, value.clone());
-                }
-                async move { Ok::<_, Infallible>(response) }
-            });
-            let layered = PipelineLayer::new(retrying("tower-hint", &clock))
-                .unwrap()
-                .classify_response(seawall::http::classify_response::<String>)
-                .layer(service);
+            let answer = hinted(code, &hint.value);
+            let counted = move |n| {
+                counter.fetch_add(1, Ordering::SeqCst);
+                answer(n)
+            };
             let case = format!("{code} {:?}", hint.value);
 
-            let response = layered.oneshot(Request::new(String::new())).await.unwrap();
+            let (response, _) = through_layer(retrying("tower-hint", &clock), counted).await;
 
             assert_eq!(response.status(), 200, "{case}");
             assert_eq!(calls.load(Ordering::SeqCst), 2, "{case}");
@@ -900,11 +906,7 @@ async fn retry_after_on_other_statuses_leaves_the_backoff() {
         let server = hinting(code, "30").await;
         let clock = VirtualClock::new();
         let pipeline = retrying("mw-other", &clock).build().unwrap();
-        let response = wrapped(SeawallMiddleware::new(pipeline))
-            .get(server.url())
-            .send()
-            .await
-            .unwrap();
+        let response = via(pipeline).get(server.url()).send().await.unwrap();
         assert_eq!(response.status(), 200, "{code}");
         assert_eq!(clock.now(), BACKOFF, "{code}");
     }
@@ -921,11 +923,7 @@ async fn a_hint_shorter_than_the_backoff_does_not_shorten_it() {
             .classify(seawall::reqwest::classify)
             .build()
             .unwrap();
-        let response = client()
-            .get(server.url())
-            .send_through(&pipeline)
-            .await
-            .unwrap();
+        let response = get_through(&pipeline, server.url()).await.unwrap();
         assert_eq!(response.status(), 200, "{code}");
         assert_eq!(clock.now(), secs(5), "{code}");
     }
@@ -938,52 +936,44 @@ async fn a_hint_shorter_than_the_backoff_does_not_shorten_it() {
 #[tokio::test]
 async fn a_hint_past_the_deadline_ends_the_call_at_once() {
     for code in [429u16, 503] {
-        let server = Server::start(move |_| reply(code).header("retry-after", "30")).await;
-        let pipeline = Pipeline::builder(unique("deadline-hint"))
-            .timeout(secs(20))
-            .retry(Retry::constant(BACKOFF).max_attempts(3))
+        let server = || Server::start(move |_| reply(code).header("retry-after", "30"));
+        let deadline = |tag: &str| {
+            Pipeline::builder(unique(tag))
+                .timeout(secs(20))
+                .retry(Retry::constant(BACKOFF).max_attempts(3))
+        };
+        let quick = |started: Instant| {
+            assert!(
+                started.elapsed() < secs(10),
+                "{code}: {:?}",
+                started.elapsed()
+            );
+        };
+
+        let server_1 = server().await;
+        let pipeline = deadline("deadline-hint")
             .classify(seawall::reqwest::classify)
             .build()
             .unwrap();
         let started = Instant::now();
-        let error = client()
-            .get(server.url())
-            .send_through(&pipeline)
-            .await
-            .unwrap_err();
-        assert!(
-            started.elapsed() < secs(10),
-            "{code}: {:?}",
-            started.elapsed()
-        );
+        let error = get_through(&pipeline, server_1.url()).await.unwrap_err();
+        quick(started);
         assert_eq!(
             error.status().map(|s| s.as_u16()),
             Some(code),
             "{code}: {error:?}"
         );
         assert!(!error.is_timeout(), "{code}: {error:?}");
-        assert_eq!(server.hits(), 1, "{code}");
+        assert_eq!(server_1.hits(), 1, "{code}");
 
-        let server = Server::start(move |_| reply(code).header("retry-after", "30")).await;
-        let pipeline = Pipeline::builder(unique("mw-deadline-hint"))
-            .timeout(secs(20))
-            .retry(Retry::constant(BACKOFF).max_attempts(3))
-            .build()
-            .unwrap();
+        let server_2 = server().await;
+        let pipeline = deadline("mw-deadline-hint").build().unwrap();
         let started = Instant::now();
-        let response = wrapped(SeawallMiddleware::new(pipeline))
-            .get(server.url())
-            .send()
-            .await
-            .unwrap();
-        assert!(
-            started.elapsed() < secs(10),
-            "{code}: {:?}",
-            started.elapsed()
-        );
+        let response = via(pipeline).get(server_2.url()).send().await.unwrap();
+        quick(started);
         assert_eq!(response.status().as_u16(), code);
         assert_eq!(response.headers()["retry-after"], "30");
-        assert_eq!(server.hits(), 1, "{code}");
+        assert_eq!(server_2.hits(), 1, "{code}");
     }
 }
 
@@ -1051,22 +1041,14 @@ async fn the_retry_after_of_a_429_or_503_opens_the_cooldown() {
                     .map_err(|e| e.rejection().copied());
                 check_pause(second, pause, server.hits(), &case);
                 if let Variant::Listened = variant {
-                    let started: Vec<_> = log
-                        .lock()
-                        .unwrap()
-                        .iter()
-                        .filter_map(|e| match e {
-                            EventKind::CooldownStarted { duration } => Some(*duration),
-                            _ => None,
-                        })
-                        .collect();
-                    assert_eq!(started, pause.into_iter().collect::<Vec<_>>(), "{case}");
+                    let expected: Vec<_> = pause.into_iter().collect();
+                    assert_eq!(cooldowns_started(&log), expected, "{case}");
                 }
             }
             let clock = VirtualClock::new();
             for (how, pipeline, _) in middleware_variants(|| cooling("mw-cool", &clock)) {
                 let server = hinting(code, &value).await;
-                let client = wrapped(SeawallMiddleware::new(pipeline));
+                let client = via(pipeline);
                 let case = format!("{code} {value:?} middleware {how}");
 
                 let first = client.get(server.url()).send().await.unwrap();
@@ -1137,11 +1119,7 @@ async fn connection_failures_are_retried_by_the_middleware() {
         let clock = VirtualClock::new();
         let pipeline = retrying("mw-broken", &clock).build().unwrap();
 
-        let error = wrapped(SeawallMiddleware::new(pipeline))
-            .get(server.url())
-            .send()
-            .await
-            .unwrap_err();
+        let error = via(pipeline).get(server.url()).send().await.unwrap_err();
 
         // The last attempt's error, as reqwest gave it.
         assert!(
@@ -1179,7 +1157,7 @@ async fn a_request_timeout_is_retried() {
 
     let clock = VirtualClock::new();
     let pipeline = retrying("mw-timeout", &clock).build().unwrap();
-    let error = wrapped(SeawallMiddleware::new(pipeline))
+    let error = via(pipeline)
         .get(server.url())
         .timeout(ms(100))
         .send()
@@ -1288,6 +1266,28 @@ fn stream_body() -> reqwest::Body {
     reqwest::Body::wrap_stream(futures_util::stream::iter(chunks))
 }
 
+/// A POST of `stream_body()` to `url` sent through `pipeline` with
+/// `send_through`.
+async fn post_stream<K>(pipeline: &Pipeline<K>, url: String) -> Result<reqwest::Response, SendError>
+where
+    K: Handles<reqwest::Response, reqwest::Error>,
+{
+    client()
+        .post(url)
+        .body(stream_body())
+        .send_through(pipeline)
+        .await
+}
+
+/// A POST of `stream_body()` to `url` through the middleware over
+/// `pipeline`.
+async fn post_stream_via(
+    pipeline: Pipeline,
+    url: String,
+) -> reqwest_middleware::Result<reqwest::Response> {
+    via(pipeline).post(url).body(stream_body()).send().await
+}
+
 /// A policy written in code that runs what it wraps again after a failure.
 struct RunsTwice;
 
@@ -1315,38 +1315,21 @@ impl<T: Send + 'static, E: Send + 'static> seawall::custom::Policy<T, E> for Run
 #[tokio::test]
 async fn a_stream_body_is_refused_where_it_could_be_sent_twice_and_sent_once_elsewhere() {
     let server = Server::always(503).await;
-    let refusing: Vec<(&str, Pipeline)> = vec![
-        (
-            "retry",
-            retrying("stream-retry", &VirtualClock::new())
-                .build()
-                .unwrap(),
-        ),
+    let refusing = [
+        ("retry", retrying("stream-retry", &VirtualClock::new())),
         (
             "hedging",
-            Pipeline::builder(unique("stream-hedge"))
-                .hedging(Hedging::parallel())
-                .build()
-                .unwrap(),
+            Pipeline::builder(unique("stream-hedge")).hedging(Hedging::parallel()),
         ),
     ];
-    for (what, pipeline) in refusing {
-        let error = client()
-            .post(server.url())
-            .body(stream_body())
-            .send_through(&pipeline)
-            .await
-            .unwrap_err();
+    for (what, builder) in refusing {
+        let pipeline = builder.build().unwrap();
+        let error = post_stream(&pipeline, server.url()).await.unwrap_err();
         assert!(
             matches!(error, SendError::BodyNotCloneable),
             "{what}: {error:?}"
         );
-        let error = wrapped(SeawallMiddleware::new(pipeline))
-            .post(server.url())
-            .body(stream_body())
-            .send()
-            .await
-            .unwrap_err();
+        let error = post_stream_via(pipeline, server.url()).await.unwrap_err();
         assert!(
             matches!(send_error(&error), SendError::BodyNotCloneable),
             "{what}: {error:?}"
@@ -1357,58 +1340,36 @@ async fn a_stream_body_is_refused_where_it_could_be_sent_twice_and_sent_once_els
         .policy::<reqwest::Response, reqwest::Error, _>(RunsTwice)
         .build()
         .unwrap();
-    let error = client()
-        .post(server.url())
-        .body(stream_body())
-        .send_through(&custom)
-        .await
-        .unwrap_err();
+    let error = post_stream(&custom, server.url()).await.unwrap_err();
     assert!(matches!(error, SendError::BodyNotCloneable), "{error:?}");
     assert_eq!(server.hits(), 0, "nothing was sent");
 
     // One attempt at most: sent once, whole.
-    let once: Vec<(&str, Pipeline)> = vec![
+    let once = [
         (
             "timeout",
-            Pipeline::builder(unique("stream-timeout"))
-                .timeout(secs(5))
-                .build()
-                .unwrap(),
+            Pipeline::builder(unique("stream-timeout")).timeout(secs(5)),
         ),
         (
             "one attempt",
-            Pipeline::builder(unique("stream-one"))
-                .retry(Retry::constant(BACKOFF).max_attempts(1))
-                .build()
-                .unwrap(),
+            Pipeline::builder(unique("stream-one")).retry(Retry::constant(BACKOFF).max_attempts(1)),
         ),
         (
             "breaker",
             Pipeline::builder(unique("stream-breaker"))
-                .circuit_breaker(CircuitBreaker::consecutive_failures(5))
-                .build()
-                .unwrap(),
+                .circuit_breaker(CircuitBreaker::consecutive_failures(5)),
         ),
     ];
-    for (what, pipeline) in once {
+    for (what, builder) in once {
+        let pipeline = builder.build().unwrap();
         let before = server.hits();
-        let error = client()
-            .post(server.url())
-            .body(stream_body())
-            .send_through(&pipeline)
-            .await
-            .unwrap_err();
+        let error = post_stream(&pipeline, server.url()).await.unwrap_err();
         assert_eq!(
             error.status(),
             Some(reqwest::StatusCode::SERVICE_UNAVAILABLE),
             "{what}"
         );
-        let response = wrapped(SeawallMiddleware::new(pipeline))
-            .post(server.url())
-            .body(stream_body())
-            .send()
-            .await
-            .unwrap();
+        let response = post_stream_via(pipeline, server.url()).await.unwrap();
         assert_eq!(response.status(), 503, "{what}");
         assert_eq!(server.hits(), before + 2, "{what}");
     }
@@ -1440,11 +1401,7 @@ async fn the_last_failed_response_comes_back_with_its_headers_and_body() {
     .await;
     let clock = VirtualClock::new();
     let pipeline = retrying("mw-last", &clock).build().unwrap();
-    let response = wrapped(SeawallMiddleware::new(pipeline))
-        .get(server.url())
-        .send()
-        .await
-        .unwrap();
+    let response = via(pipeline).get(server.url()).send().await.unwrap();
     assert_eq!(response.status(), 503);
     assert_eq!(response.headers()["x-attempt"], "3");
     assert_eq!(response.headers()["retry-after"], "1");
@@ -1498,8 +1455,31 @@ fn scripted(n: u32, code: u16, value: Option<&str>) -> Result<StatusCode, Answer
     }
 }
 
-#[tokio::test]
-async fn blocking_and_async_calls_judge_statuses_and_hints_alike() {
+/// Makes `calls` calls through `pipeline` (sync or async) with an
+/// operation answering its n-th run (from 1) with `answer(n)`; gives the
+/// results and the number of runs.
+fn run_scripted<K, T, E>(
+    pipeline: &Pipeline<K>,
+    flavor: Flavor,
+    calls: usize,
+    answer: impl Fn(u32) -> Result<T, E>,
+) -> (Vec<Result<T, Error<E>>>, u32)
+where
+    K: HandlesSync<T, E>,
+{
+    let runs = AtomicU32::new(0);
+    let results = (0..calls)
+        .map(|_| {
+            exec(pipeline, flavor, |_| {
+                answer(runs.fetch_add(1, Ordering::SeqCst) + 1)
+            })
+        })
+        .collect();
+    (results, runs.into_inner())
+}
+
+#[test]
+fn blocking_and_async_calls_judge_statuses_and_hints_alike() {
     let cases: Vec<(u16, Option<&str>)> = CODES
         .iter()
         .map(|&c| (c, None))
@@ -1519,22 +1499,14 @@ async fn blocking_and_async_calls_judge_statuses_and_hints_alike() {
             _ => BACKOFF,
         };
         for with_listener in [false, true] {
-            for blocking in [true, false] {
+            for flavor in FLAVORS {
                 let clock = VirtualClock::new();
-                let builder = retrying("own", &clock);
-                let (builder, log) = match with_listener {
-                    true => listened(builder),
-                    false => (builder, Log::default()),
-                };
+                let (builder, log) = listened(retrying("own", &clock), with_listener);
                 let pipeline = builder.classify(judge).build().unwrap();
-                let calls = AtomicU32::new(0);
-                let op = || scripted(calls.fetch_add(1, Ordering::SeqCst) + 1, code, value);
-                let result = match blocking {
-                    true => pipeline.call(|_| op()),
-                    false => pipeline.run(|_| std::future::ready(op())).await,
-                };
-                let case = format!("{code} {value:?} blocking {blocking} listener {with_listener}");
-                let calls = calls.load(Ordering::SeqCst);
+                let (mut results, calls) =
+                    run_scripted(&pipeline, flavor, 1, |n| scripted(n, code, value));
+                let result = results.remove(0);
+                let case = format!("{code} {value:?} {flavor:?} listener {with_listener}");
                 match doc {
                     Doc::Success => assert_eq!(result.unwrap().as_u16(), code, "{case}"),
                     Doc::Retried | Doc::Throttled => {
@@ -1556,33 +1528,24 @@ async fn blocking_and_async_calls_judge_statuses_and_hints_alike() {
     }
 }
 
-#[tokio::test]
-async fn blocking_and_async_calls_open_the_cooldown_and_spare_the_circuit_on_429() {
-    for blocking in [true, false] {
+#[test]
+fn blocking_and_async_calls_open_the_cooldown_and_spare_the_circuit_on_429() {
+    for flavor in FLAVORS {
         let clock = VirtualClock::new();
         let pipeline = cooling("own-cool", &clock)
             .circuit_breaker(CircuitBreaker::consecutive_failures(1))
             .classify(judge)
             .build()
             .unwrap();
-        let calls = AtomicU32::new(0);
-        let op = || scripted(calls.fetch_add(1, Ordering::SeqCst) + 1, 429, Some("30"));
-        let mut results = Vec::new();
-        for _ in 0..2 {
-            results.push(match blocking {
-                true => pipeline.call(|_| op()),
-                false => pipeline.run(|_| std::future::ready(op())).await,
-            });
-        }
-        let case = format!("blocking {blocking}");
+        let (results, calls) = run_scripted(&pipeline, flavor, 2, |n| scripted(n, 429, Some("30")));
+        let case = format!("{flavor:?}");
         assert!(matches!(results[0], Err(Error::Operation(_))), "{case}");
-        let refused = results[1].as_ref().unwrap_err().rejection().copied();
         assert_eq!(
-            refused.map(|r| (r.reason, r.retry_after)),
+            refusal(&results[1]),
             Some((RejectionReason::CooldownActive, Some(secs(30)))),
             "{case}"
         );
-        assert_eq!(calls.load(Ordering::SeqCst), 1, "{case}");
+        assert_eq!(calls, 1, "{case}");
         assert_eq!(
             pipeline.circuit_state().unwrap(),
             CircuitState::Closed,
@@ -1681,8 +1644,8 @@ fn grpc_scripted(n: u32, first: &Status) -> Result<&'static str, Status> {
     }
 }
 
-#[tokio::test]
-async fn grpc_pushback_delays_or_stops_the_retry_on_both_paths() {
+#[test]
+fn grpc_pushback_delays_or_stops_the_retry_on_both_paths() {
     let cases: Vec<(Status, Option<Duration>)> = vec![
         (
             Status::with_metadata(Code::Unavailable, "", pushback("250")),
@@ -1723,22 +1686,15 @@ async fn grpc_pushback_delays_or_stops_the_retry_on_both_paths() {
         (Status::unimplemented(""), None),
     ];
     for (first, wait) in cases {
-        for blocking in [true, false] {
+        for flavor in FLAVORS {
             for with_listener in [false, true] {
                 let clock = VirtualClock::new();
-                let builder = retrying("grpc", &clock);
-                let (builder, log) = match with_listener {
-                    true => listened(builder),
-                    false => (builder, Log::default()),
-                };
+                let (builder, log) = listened(retrying("grpc", &clock), with_listener);
                 let pipeline = builder.classify(seawall::tonic::classify).build().unwrap();
-                let calls = AtomicU32::new(0);
-                let op = || grpc_scripted(calls.fetch_add(1, Ordering::SeqCst) + 1, &first);
-                let result = match blocking {
-                    true => pipeline.call(|_| op()),
-                    false => pipeline.run(|_| std::future::ready(op())).await,
-                };
-                let case = format!("{first:?} blocking {blocking} listener {with_listener}");
+                let (mut results, calls) =
+                    run_scripted(&pipeline, flavor, 1, |n| grpc_scripted(n, &first));
+                let result = results.remove(0);
+                let case = format!("{first:?} {flavor:?} listener {with_listener}");
                 match wait {
                     Some(wait) => {
                         assert_eq!(result.unwrap(), "hello", "{case}");
@@ -1751,7 +1707,7 @@ async fn grpc_pushback_delays_or_stops_the_retry_on_both_paths() {
                         let error = result.unwrap_err();
                         let status = error.operation_error().expect("the server's status");
                         assert_eq!(status.code(), first.code(), "{case}");
-                        assert_eq!(calls.load(Ordering::SeqCst), 1, "{case}");
+                        assert_eq!(calls, 1, "{case}");
                         assert_eq!(clock.now(), Duration::ZERO, "{case}");
                     }
                 }
@@ -1777,9 +1733,7 @@ async fn resource_exhausted_spares_the_circuit_and_its_pushback_opens_the_cooldo
         (Status::internal(""), CircuitState::Open),
     ];
     for (status, expected) in cases {
-        let pipeline = Pipeline::builder(unique("grpc-circuit"))
-            .circuit_breaker(CircuitBreaker::consecutive_failures(1))
-            .clock(VirtualClock::new())
+        let pipeline = tripping("grpc-circuit")
             .classify(seawall::tonic::classify)
             .build()
             .unwrap();
@@ -1803,11 +1757,11 @@ async fn resource_exhausted_spares_the_circuit_and_its_pushback_opens_the_cooldo
     let second = pipeline
         .run(|_| std::future::ready(Ok::<_, Status>(())))
         .await;
-    let refused = second.unwrap_err();
     assert_eq!(
-        refused.rejection().map(|r| (r.reason, r.retry_after)),
+        refusal(&second),
         Some((RejectionReason::CooldownActive, Some(secs(30))))
     );
+    let refused = second.unwrap_err();
     // Answered to a gRPC client: UNAVAILABLE with the wait as pushback,
     // which seawall's own classifier reads back as a retry after 30 s.
     let answer = Status::from(refused);
@@ -2184,66 +2138,51 @@ async fn error_responses_answer_refusals_timeouts_and_failures_over_http() {
 
 // ------------------------------------- classifiers, fallbacks, interplay
 
+/// A GET through a retrying pipeline judging reqwest's errors with `judge`,
+/// to a server answering `code` with `Retry-After: 4` first, then 200;
+/// gives the result, the server's hits and the time waited.
+async fn judged_by(
+    code: u16,
+    tag: &str,
+    judge: impl Fn(&reqwest::Error) -> Verdict + Send + Sync + 'static,
+) -> (Result<reqwest::Response, SendError>, u32, Duration) {
+    let server = hinting(code, "4").await;
+    let clock = VirtualClock::new();
+    let pipeline = retrying(tag, &clock).classify(judge).build().unwrap();
+    let result = get_through(&pipeline, server.url()).await;
+    (result, server.hits(), clock.now())
+}
+
 #[tokio::test]
 async fn a_classifier_of_ones_own_decides_the_kind_and_the_response_adds_its_hint() {
     // No hint of its own: the response's `Retry-After` stands.
-    let server = hinting(503, "4").await;
-    let clock = VirtualClock::new();
-    let pipeline = retrying("own-classifier", &clock)
-        .classify(|_: &reqwest::Error| Verdict::retry())
-        .build()
-        .unwrap();
-    let response = client()
-        .get(server.url())
-        .send_through(&pipeline)
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 200);
-    assert_eq!(clock.now(), secs(4));
+    let (result, _, waited) = judged_by(503, "own-classifier", |_| Verdict::retry()).await;
+    assert_eq!(result.unwrap().status(), 200);
+    assert_eq!(waited, secs(4));
 
     // A hint of its own wins over the response's.
-    let server = hinting(429, "4").await;
-    let clock = VirtualClock::new();
-    let pipeline = retrying("own-hint", &clock)
-        .classify(|_: &reqwest::Error| Verdict::throttled().with_retry_after(secs(9)))
-        .build()
-        .unwrap();
-    let response = client()
-        .get(server.url())
-        .send_through(&pipeline)
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 200);
-    assert_eq!(clock.now(), secs(9));
+    let (result, _, waited) = judged_by(429, "own-hint", |_| {
+        Verdict::throttled().with_retry_after(secs(9))
+    })
+    .await;
+    assert_eq!(result.unwrap().status(), 200);
+    assert_eq!(waited, secs(9));
 
     // It may refuse to retry what the table retries.
-    let server = hinting(503, "4").await;
-    let clock = VirtualClock::new();
-    let pipeline = retrying("own-abort", &clock)
-        .classify(|_: &reqwest::Error| Verdict::abort())
-        .build()
-        .unwrap();
-    let error = client()
-        .get(server.url())
-        .send_through(&pipeline)
-        .await
-        .unwrap_err();
+    let (result, hits, waited) = judged_by(503, "own-abort", |_| Verdict::abort()).await;
+    let error = result.unwrap_err();
     assert!(
         matches!(error, SendError::Pipeline(Error::Operation(_))),
         "{error:?}"
     );
-    assert_eq!(server.hits(), 1);
-    assert_eq!(clock.now(), Duration::ZERO);
+    assert_eq!(hits, 1);
+    assert_eq!(waited, Duration::ZERO);
 }
 
 #[tokio::test]
 async fn the_middleware_honours_its_own_response_classifier() {
     // A 200 judged a retryable failure with a hint: retried after it.
-    let server = Server::start(|n| match n {
-        1 => reply(200).header("x-busy", "1"),
-        _ => reply(200),
-    })
-    .await;
+    let server = Server::start(then_ok(reply(200).header("x-busy", "1"))).await;
     let clock = VirtualClock::new();
     let middleware = SeawallMiddleware::new(retrying("mw-own-hint", &clock).build().unwrap())
         .classify_response(|r: &reqwest::Response| {
@@ -2294,11 +2233,7 @@ async fn a_fallback_answers_when_the_retries_run_out() {
             })
             .build()
             .unwrap();
-        let response = client()
-            .get(server.url())
-            .send_through(&pipeline)
-            .await
-            .unwrap();
+        let response = get_through(&pipeline, server.url()).await.unwrap();
         let doc = documented(code);
         if doc.retried() {
             assert_eq!(response.status(), 200, "{code}");
@@ -2337,11 +2272,7 @@ async fn a_retry_and_a_cooldown_wait_for_the_same_hint_once() {
             .cooldown(Cooldown::new())
             .build()
             .unwrap();
-        let response = wrapped(SeawallMiddleware::new(pipeline))
-            .get(server.url())
-            .send()
-            .await
-            .unwrap();
+        let response = via(pipeline).get(server.url()).send().await.unwrap();
         assert_eq!(response.status(), 200, "{code}");
         assert_eq!(clock.now(), secs(30), "{code}");
     }
@@ -2367,7 +2298,7 @@ async fn a_throttled_probe_gives_its_place_back() {
         .clock(clock.clone())
         .build()
         .unwrap();
-    let client = wrapped(SeawallMiddleware::new(pipeline.clone()));
+    let client = via(pipeline.clone());
     assert_eq!(client.get(server.url()).send().await.unwrap().status(), 503);
     assert_eq!(pipeline.circuit_state().unwrap(), CircuitState::Open);
     clock.advance(secs(5));
@@ -2388,22 +2319,14 @@ async fn a_pipeline_deadline_ends_a_slow_request_as_a_timeout() {
         .classify(seawall::reqwest::classify)
         .build()
         .unwrap();
-    let error = client()
-        .get(server.url())
-        .send_through(&pipeline)
-        .await
-        .unwrap_err();
+    let error = get_through(&pipeline, server.url()).await.unwrap_err();
     assert!(error.is_timeout(), "{error:?}");
 
     let pipeline = Pipeline::builder(unique("mw-deadline"))
         .timeout(ms(150))
         .build()
         .unwrap();
-    let error = wrapped(SeawallMiddleware::new(pipeline))
-        .get(server.url())
-        .send()
-        .await
-        .unwrap_err();
+    let error = via(pipeline).get(server.url()).send().await.unwrap_err();
     let timed_out = match &error {
         reqwest_middleware::Error::Reqwest(e) => e.is_timeout(),
         reqwest_middleware::Error::Middleware(_) => send_error(&error).is_timeout(),
@@ -2414,14 +2337,17 @@ async fn a_pipeline_deadline_ends_a_slow_request_as_a_timeout() {
 
 #[tokio::test]
 async fn each_grpc_attempt_gets_the_time_left_as_its_grpc_timeout() {
+    let deadline = |tag: &str, clock: &VirtualClock| {
+        Pipeline::builder(unique(tag))
+            .timeout(secs(2))
+            .retry(Retry::constant(BACKOFF).max_attempts(3))
+            .clock(clock.clone())
+            .classify(seawall::tonic::classify)
+            .build()
+            .unwrap()
+    };
     let clock = VirtualClock::new();
-    let pipeline = Pipeline::builder(unique("grpc-deadline"))
-        .timeout(secs(2))
-        .retry(Retry::constant(BACKOFF).max_attempts(3))
-        .clock(clock.clone())
-        .classify(seawall::tonic::classify)
-        .build()
-        .unwrap();
+    let pipeline = deadline("grpc-deadline", &clock);
     let sent = Mutex::new(Vec::new());
     let result = pipeline
         .run(|ctx| {
@@ -2444,13 +2370,7 @@ async fn each_grpc_attempt_gets_the_time_left_as_its_grpc_timeout() {
 
     // A pushback the deadline cannot wait for: no retry.
     let clock = VirtualClock::new();
-    let pipeline = Pipeline::builder(unique("grpc-deadline-long"))
-        .timeout(secs(2))
-        .retry(Retry::constant(BACKOFF).max_attempts(3))
-        .clock(clock.clone())
-        .classify(seawall::tonic::classify)
-        .build()
-        .unwrap();
+    let pipeline = deadline("grpc-deadline-long", &clock);
     let calls = AtomicU32::new(0);
     let error = pipeline
         .run(|_| {
@@ -2497,7 +2417,7 @@ async fn a_retry_refused_by_a_policy_is_a_rejection_after_errors_and_the_respons
         );
         assert!(error.is_rejected());
     }
-    let error = wrapped(SeawallMiddleware::new(breaking().build().unwrap()))
+    let error = via(breaking().build().unwrap())
         .get(format!("http://127.0.0.1:{port}/"))
         .send()
         .await
@@ -2522,7 +2442,7 @@ async fn a_retry_refused_by_a_policy_is_a_rejection_after_errors_and_the_respons
         assert_eq!(server.hits(), 2, "{variant:?}");
     }
     let server = Server::always(503).await;
-    let response = wrapped(SeawallMiddleware::new(breaking().build().unwrap()))
+    let response = via(breaking().build().unwrap())
         .get(server.url())
         .send()
         .await
@@ -2541,14 +2461,7 @@ async fn a_retry_refused_by_a_policy_is_a_rejection_after_errors_and_the_respons
         Some(RejectionReason::CircuitOpen),
         "{error:?}"
     );
-    let layer = PipelineLayer::new(breaking())
-        .unwrap()
-        .classify_response(seawall::http::classify_response::<String>);
-    let response = layer
-        .layer(backend(|_| 503))
-        .oneshot(Request::new(String::new()))
-        .await
-        .unwrap();
+    let (response, _) = through_layer(breaking(), |_| reply(503)).await;
     assert_eq!(
         (response.status().as_u16(), response.body().as_str()),
         (503, "answer #2")
@@ -2558,11 +2471,7 @@ async fn a_retry_refused_by_a_policy_is_a_rejection_after_errors_and_the_respons
 #[tokio::test]
 async fn each_tenant_has_its_own_cooldown() {
     // Tenant "a" is told to wait 30 s; tenant "b" is not held back.
-    let server = Server::start(|n| match n {
-        1 => reply(429).header("retry-after", "30"),
-        _ => reply(200),
-    })
-    .await;
+    let server = hinting(429, "30").await;
     let clock = VirtualClock::new();
     let middleware = SeawallMiddleware::new(cooling("mw-tenant-cool", &clock).build().unwrap())
         .partition_by(|r: &reqwest::Request| {
@@ -2590,18 +2499,7 @@ async fn each_tenant_has_its_own_cooldown() {
         .classify_response(seawall::http::classify_response::<String>)
         .partition_by(|r: &Request<String>| Some(r.body().clone()))
         .error_responses();
-    let calls = Arc::new(AtomicU32::new(0));
-    let service = layer.layer(tower::service_fn(move |_: Request<String>| {
-        let first = calls.fetch_add(1, Ordering::SeqCst) == 0;
-        let mut response = Response::new(String::new());
-        if first {
-            *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
-            response
-                .headers_mut()
-                .insert(RETRY_AFTER, HeaderValue::from_static("30"));
-        }
-        async move { Ok::<_, Infallible>(response) }
-    }));
+    let service = layer.layer(backend(hinted(429, "30")));
     let call = |tenant: &str| service.clone().oneshot(Request::new(tenant.to_owned()));
     assert_eq!(call("a").await.unwrap().status(), 429);
     let refused = call("a").await.unwrap();
@@ -2676,9 +2574,9 @@ async fn an_error_of_another_middleware_is_a_failure_not_retried() {
     assert_eq!(server.hits(), 0);
 }
 
-#[tokio::test]
-async fn a_call_during_a_pause_waits_for_it_when_it_may() {
-    for blocking in [true, false] {
+#[test]
+fn a_call_during_a_pause_waits_for_it_when_it_may() {
+    for flavor in FLAVORS {
         for (value, outcome) in [("10", Ok(secs(10))), ("60", Err(secs(60)))] {
             let clock = VirtualClock::new();
             // The default cooldown: a call may wait up to 30 s.
@@ -2688,16 +2586,9 @@ async fn a_call_during_a_pause_waits_for_it_when_it_may() {
                 .classify(judge)
                 .build()
                 .unwrap();
-            let calls = AtomicU32::new(0);
-            let op = || scripted(calls.fetch_add(1, Ordering::SeqCst) + 1, 503, Some(value));
-            let mut results = Vec::new();
-            for _ in 0..2 {
-                results.push(match blocking {
-                    true => pipeline.call(|_| op()),
-                    false => pipeline.run(|_| std::future::ready(op())).await,
-                });
-            }
-            let case = format!("blocking {blocking} Retry-After {value}");
+            let (results, _) =
+                run_scripted(&pipeline, flavor, 2, |n| scripted(n, 503, Some(value)));
+            let case = format!("{flavor:?} Retry-After {value}");
             assert!(results[0].is_err(), "{case}");
             match outcome {
                 Ok(waited) => {
@@ -2705,9 +2596,8 @@ async fn a_call_during_a_pause_waits_for_it_when_it_may() {
                     assert_eq!(clock.now(), waited, "{case}");
                 }
                 Err(left) => {
-                    let refused = results[1].as_ref().unwrap_err().rejection().copied();
                     assert_eq!(
-                        refused.map(|r| (r.reason, r.retry_after)),
+                        refusal(&results[1]),
                         Some((RejectionReason::CooldownActive, Some(left))),
                         "{case}"
                     );
@@ -2729,14 +2619,14 @@ async fn hedged_requests_judge_statuses_as_retries_do() {
             Pipeline::builder(unique("hedged"))
                 .hedging(Hedging::latency(secs(10)).max_hedged_attempts(1))
         };
-        let server = Server::start(move |n| reply(if n == 1 { first } else { 200 })).await;
+        let server = Server::start(then_ok(reply(first))).await;
         let (sender, _) = Sender::build(Variant::Classified, hedged());
         let response = sender.send(client().get(server.url())).await.unwrap();
         assert_eq!(response.status().as_u16(), expected, "{first}");
         assert_eq!(server.hits(), hits, "{first}");
 
-        let server = Server::start(move |n| reply(if n == 1 { first } else { 200 })).await;
-        let response = wrapped(SeawallMiddleware::new(hedged().build().unwrap()))
+        let server = Server::start(then_ok(reply(first))).await;
+        let response = via(hedged().build().unwrap())
             .get(server.url())
             .send()
             .await

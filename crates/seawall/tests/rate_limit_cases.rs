@@ -11,7 +11,9 @@
 //! without an event listener, on a virtual clock starting at 0 and at
 //! 10^9 s. The system clock is used only where the real clock matters.
 
-use std::future::Future;
+mod support;
+
+use std::future::{Future, Ready};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -20,48 +22,33 @@ use std::time::Duration;
 
 use seawall::testing::VirtualClock;
 use seawall::{
-    Error, Event, EventKind, MemoryStore, Pipeline, PipelineBuilder, RateLimiter, Rejection,
-    RejectionReason, Retry,
+    Context, Error, Event, EventKind, MemoryStore, Pipeline, PipelineBuilder, RateLimiter,
+    Rejection, RejectionReason, Retry,
 };
+use support::{exec, ms, recorder, rt, secs, unique, Boom, Flavor, Log, FLAVORS};
 
 // ---------------------------------------------------------------- helpers
 
+/// Far from 0 is 10^9 s here, not `support::FAR` (10^6 s):
+/// `fixed_windows_align_on_multiples_of_an_odd_period` counts on it.
 const FAR: Duration = Duration::from_secs(1_000_000_000);
 const STARTS: [Duration; 2] = [Duration::ZERO, FAR];
 
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
+/// One call through `handle` (a partition or a weighted handle, which
+/// `support::exec` does not take), sync or async, as `exec` makes it.
+macro_rules! exec_on {
+    ($handle:expr, $flavor:expr, $op:expr) => {{
+        #[allow(unused_mut)]
+        let mut op = $op;
+        match $flavor {
+            Flavor::Sync => $handle.call(op),
+            Flavor::Async => rt().block_on($handle.run(|ctx| {
+                let r = op(ctx);
+                async move { r }
+            })),
+        }
+    }};
 }
-
-fn secs(n: u64) -> Duration {
-    Duration::from_secs(n)
-}
-
-fn unique(prefix: &str) -> String {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    format!("{prefix}-{}", NEXT.fetch_add(1, Ordering::Relaxed))
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Boom;
-
-impl std::fmt::Display for Boom {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("boom")
-    }
-}
-
-impl std::error::Error for Boom {}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Flavor {
-    Sync,
-    Async,
-}
-
-const FLAVORS: [Flavor; 2] = [Flavor::Sync, Flavor::Async];
-
-type Log = Arc<Mutex<Vec<EventKind>>>;
 
 /// A pipeline on its own store and virtual clock, with its event log when
 /// a listener is registered.
@@ -86,14 +73,12 @@ impl Rig {
         let mut b = Pipeline::builder(unique("rl"))
             .store(MemoryStore::new())
             .clock(clock.clone());
-        let log = if listen {
-            let log: Log = Arc::default();
-            let l = Arc::clone(&log);
-            b = b.on_event(move |e: &Event<'_>| l.lock().unwrap().push(e.kind.clone()));
-            Some(log)
-        } else {
-            None
-        };
+        let mut log = None;
+        if listen {
+            let (l, on_event) = recorder();
+            b = b.on_event(on_event);
+            log = Some(l);
+        }
         let p = f(b).build().expect("valid configuration");
         Rig {
             p,
@@ -112,6 +97,16 @@ impl Rig {
         self.clock.advance(d);
     }
 
+    /// The operation of these tests: the instant (since the start) it ran at.
+    fn stamp(&self) -> impl Fn(Context) -> Result<Duration, Boom> + Copy + '_ {
+        move |_ctx| Ok(self.clock.now() - self.start)
+    }
+
+    /// `stamp` as an async operation.
+    fn stamp_async(&self) -> impl Fn(Context) -> Ready<Result<Duration, Boom>> + Copy + '_ {
+        move |ctx| std::future::ready(self.stamp()(ctx))
+    }
+
     /// One call: the instant (since the start) the operation ran at, or the
     /// rate limiter's refusal. `key`: a partition; `weight`: through
     /// `weighted`.
@@ -121,40 +116,24 @@ impl Rig {
         key: Option<&'static str>,
         weight: Option<u32>,
     ) -> Result<Duration, Rejection> {
-        let clock = self.clock.clone();
-        let start = self.start;
-        let sync_op = |_ctx: seawall::Context| Ok::<Duration, Boom>(clock.now() - start);
-        let async_op = |_ctx: seawall::Context| {
-            let t = clock.now() - start;
-            async move { Ok::<Duration, Boom>(t) }
+        let op = self.stamp();
+        let r = match (key, weight) {
+            (None, None) => exec(&self.p, flavor, op),
+            (None, Some(w)) => exec_on!(self.p.weighted(w).unwrap(), flavor, op),
+            (Some(k), None) => exec_on!(self.p.partition(k), flavor, op),
+            (Some(k), Some(w)) => exec_on!(self.p.partition(k).weighted(w).unwrap(), flavor, op),
         };
-        let r = match flavor {
-            Flavor::Sync => match (key, weight) {
-                (None, None) => self.p.call(sync_op),
-                (None, Some(w)) => self.p.weighted(w).unwrap().call(sync_op),
-                (Some(k), None) => self.p.partition(k).call(sync_op),
-                (Some(k), Some(w)) => self.p.partition(k).weighted(w).unwrap().call(sync_op),
-            },
-            Flavor::Async => rt().block_on(async {
-                match (key, weight) {
-                    (None, None) => self.p.run(async_op).await,
-                    (None, Some(w)) => self.p.weighted(w).unwrap().run(async_op).await,
-                    (Some(k), None) => self.p.partition(k).run(async_op).await,
-                    (Some(k), Some(w)) => {
-                        self.p.partition(k).weighted(w).unwrap().run(async_op).await
-                    }
-                }
-            }),
-        };
-        match r {
-            Ok(t) => Ok(t),
-            Err(Error::Rejected(rej)) => Err(rej),
-            Err(other) => panic!("unexpected error: {other:?}"),
-        }
+        ran_or_refused(r, "unexpected error")
     }
 
     fn call(&self, flavor: Flavor) -> Result<Duration, Rejection> {
         self.go(flavor, None, None)
+    }
+
+    /// `n` concurrent async calls, polled in turn on one thread.
+    fn waiters(&self, n: usize) -> Vec<Result<Duration, Error<Boom>>> {
+        let futs: Vec<_> = (0..n).map(|_| self.p.run(self.stamp_async())).collect();
+        rt().block_on(join_all(futs))
     }
 
     /// The recorded events `pred` picks.
@@ -171,26 +150,86 @@ impl Rig {
             })
             .unwrap_or_default()
     }
+
+    /// The recorded refusals by the rate limiter in shadow mode.
+    fn limiter_shadow_refusals(&self) -> Vec<EventKind> {
+        self.events(|e| {
+            matches!(
+                e,
+                EventKind::ShadowRejected {
+                    reason: RejectionReason::RateLimited,
+                    ..
+                }
+            )
+        })
+    }
 }
 
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()
-        .unwrap()
-}
-
-/// Every combination of flavor, listener and clock start.
-fn cases() -> Vec<(Flavor, bool, Duration)> {
+/// Every combination of flavor, listener and clock start, described.
+fn cases() -> Vec<(Flavor, bool, Duration, String)> {
     let mut v = Vec::new();
     for flavor in FLAVORS {
         for listen in [false, true] {
             for start in STARTS {
-                v.push((flavor, listen, start));
+                let what = format!("{flavor:?} listen={listen} start={start:?}");
+                v.push((flavor, listen, start, what));
             }
         }
     }
     v
+}
+
+/// Every combination of listener and clock start (for the cases that are
+/// async only), described.
+fn listen_starts() -> Vec<(bool, Duration, String)> {
+    let mut v = Vec::new();
+    for listen in [false, true] {
+        for start in STARTS {
+            v.push((listen, start, format!("listen={listen} start={start:?}")));
+        }
+    }
+    v
+}
+
+/// `limit` per `period` under each algorithm: GCRA, fixed and sliding
+/// window.
+fn each_algorithm(limit: u32, period: Duration) -> [RateLimiter; 3] {
+    [
+        RateLimiter::gcra(limit, period),
+        RateLimiter::fixed_window(limit, period),
+        RateLimiter::sliding_window(limit, period),
+    ]
+}
+
+/// Three attempts, back to back.
+fn three_attempts() -> Retry {
+    Retry::constant(Duration::ZERO).max_attempts(3)
+}
+
+/// An operation that fails twice, then succeeds; `tries` counts its runs.
+fn failing_twice(tries: &AtomicU64) -> impl Fn(Context) -> Result<(), Boom> + '_ {
+    move |_ctx| {
+        if tries.fetch_add(1, Ordering::Relaxed) < 2 {
+            Err(Boom(0))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// One call of an operation that succeeds at once.
+fn call_ok(p: &Pipeline, flavor: Flavor) -> Result<(), Error<Boom>> {
+    exec(p, flavor, |_| Ok(()))
+}
+
+/// The instant a call ran at, or its refusal; panics on any other error.
+#[track_caller]
+fn ran_or_refused(r: Result<Duration, Error<Boom>>, what: &str) -> Result<Duration, Rejection> {
+    match r {
+        Ok(t) => Ok(t),
+        Err(Error::Rejected(rej)) => Err(rej),
+        Err(other) => panic!("{what}: {other:?}"),
+    }
 }
 
 /// Asserts a refusal by the rate limiter with `retry_after`.
@@ -212,6 +251,72 @@ fn admitted(r: Result<Duration, Rejection>, at: Duration, what: &str) {
         Ok(t) => assert_eq!(t, at, "{what}: ran at the wrong time"),
         Err(rej) => panic!("{what}: refused {rej:?}, expected an admission at {at:?}"),
     }
+}
+
+/// Asserts `n` plain calls in a row admitted, all at `at`.
+#[track_caller]
+fn admitted_n(r: &Rig, flavor: Flavor, n: u32, at: Duration, what: &str) {
+    for _ in 0..n {
+        admitted(r.call(flavor), at, what);
+    }
+}
+
+/// Asserts `n` plain calls in a row admitted, whenever they ran.
+#[track_caller]
+fn all_ok(r: &Rig, flavor: Flavor, n: u32, what: &str) {
+    for _ in 0..n {
+        assert!(r.call(flavor).is_ok(), "{what}");
+    }
+}
+
+/// Asserts a plain call refused while the next permit is `due`, and again
+/// one `step` before it; then moves the clock to it.
+#[track_caller]
+fn count_down(r: &Rig, flavor: Flavor, due: Duration, step: Duration, what: &str) {
+    refused(r.call(flavor), Some(due), what);
+    r.advance(due - step);
+    refused(r.call(flavor), Some(step), what);
+    r.advance(step);
+}
+
+/// Polls `fut` once and asserts that it waits.
+async fn assert_pending<F: Future>(fut: &mut Pin<Box<F>>, what: &str) {
+    std::future::poll_fn(|cx| {
+        assert!(fut.as_mut().poll(cx).is_pending(), "{what}");
+        Poll::Ready(())
+    })
+    .await
+}
+
+/// For the waiter cases: `policy` (declared first, `|b| b` for none), then
+/// `limiter` with a `max_wait` of 5 s, its permit taken by an async call
+/// admitted at once.
+#[track_caller]
+fn permit_taken(
+    policy: impl FnOnce(PipelineBuilder) -> PipelineBuilder,
+    limiter: RateLimiter,
+    start: Duration,
+    listen: bool,
+    what: &str,
+) -> Rig {
+    let r = Rig::with(
+        |b| policy(b).rate_limiter(limiter.max_wait(secs(5))),
+        start,
+        listen,
+    );
+    admitted(r.call(Flavor::Async), Duration::ZERO, what);
+    r
+}
+
+/// One async call, polled once (it waits for its permit: asserted), then
+/// `meanwhile`, then awaited.
+fn wait_then(r: &Rig, what: &str, meanwhile: impl FnOnce()) -> Result<Duration, Error<Boom>> {
+    rt().block_on(async {
+        let mut fut = Box::pin(r.p.run(r.stamp_async()));
+        assert_pending(&mut fut, what).await;
+        meanwhile();
+        fut.await
+    })
 }
 
 /// Polls every future in turn, in index order, until all are ready.
@@ -244,16 +349,10 @@ async fn join_all<F: Future>(futs: Vec<F>) -> Vec<F::Output> {
 /// exactly when the next is due.
 #[test]
 fn gcra_admits_its_burst_then_one_per_interval() {
-    for (flavor, listen, start) in cases() {
-        let what = format!("{flavor:?} listen={listen} start={start:?}");
+    for (flavor, listen, start, what) in cases() {
         let r = Rig::new(RateLimiter::gcra(5, secs(1)), start, listen);
-        for _ in 0..5 {
-            admitted(r.call(flavor), Duration::ZERO, &what);
-        }
-        refused(r.call(flavor), Some(ms(200)), &what);
-        r.advance(ms(199));
-        refused(r.call(flavor), Some(ms(1)), &what);
-        r.advance(ms(1));
+        admitted_n(&r, flavor, 5, Duration::ZERO, &what);
+        count_down(&r, flavor, ms(200), ms(1), &what);
         admitted(r.call(flavor), ms(200), &what);
         refused(r.call(flavor), Some(ms(200)), &what);
         if listen {
@@ -282,8 +381,7 @@ fn gcra_admits_its_burst_then_one_per_interval() {
 /// governor `rejects_too_many`: 2 per second, calls 1 ms apart.
 #[test]
 fn gcra_rejects_too_many_calls_one_ms_apart() {
-    for (flavor, listen, start) in cases() {
-        let what = format!("{flavor:?} listen={listen} start={start:?}");
+    for (flavor, listen, start, what) in cases() {
         let r = Rig::new(RateLimiter::gcra(2, secs(1)), start, listen);
         admitted(r.call(flavor), ms(0), &what);
         r.advance(ms(1));
@@ -304,18 +402,13 @@ fn gcra_rejects_too_many_calls_one_ms_apart() {
 /// burst back, never one more.
 #[test]
 fn gcra_never_allows_an_extra_permit_after_a_long_pause() {
-    for (flavor, listen, start) in cases() {
-        let what = format!("{flavor:?} listen={listen} start={start:?}");
+    for (flavor, listen, start, what) in cases() {
         let r = Rig::new(RateLimiter::gcra(5, secs(1)), start, listen);
-        for _ in 0..5 {
-            assert!(r.call(flavor).is_ok(), "{what}");
-        }
+        all_ok(&r, flavor, 5, &what);
         assert!(r.call(flavor).is_err(), "{what}");
         for pause in [secs(2), secs(3600), secs(10_000_000)] {
             r.advance(pause);
-            for _ in 0..5 {
-                assert!(r.call(flavor).is_ok(), "{what} after {pause:?}");
-            }
+            all_ok(&r, flavor, 5, &format!("{what} after {pause:?}"));
             refused(
                 r.call(flavor),
                 Some(ms(200)),
@@ -329,8 +422,7 @@ fn gcra_never_allows_an_extra_permit_after_a_long_pause() {
 /// was told is admitted then.
 #[test]
 fn gcra_retry_after_is_exactly_when_the_next_permit_is_due() {
-    for (flavor, listen, start) in cases() {
-        let what = format!("{flavor:?} listen={listen} start={start:?}");
+    for (flavor, listen, start, what) in cases() {
         let r = Rig::new(RateLimiter::gcra(5, secs(1)), start, listen);
         let mut conforming = 0;
         for _ in 0..20 {
@@ -356,13 +448,10 @@ fn gcra_retry_after_is_exactly_when_the_next_permit_is_due() {
 /// A burst above the limit (governor `allow_burst`) and below it.
 #[test]
 fn gcra_burst_above_and_below_the_limit() {
-    for (flavor, listen, start) in cases() {
-        let what = format!("{flavor:?} listen={listen} start={start:?}");
+    for (flavor, listen, start, what) in cases() {
         // 10 per second, bursts of 20.
         let r = Rig::new(RateLimiter::gcra(10, secs(1)).burst(20), start, listen);
-        for _ in 0..20 {
-            admitted(r.call(flavor), Duration::ZERO, &what);
-        }
+        admitted_n(&r, flavor, 20, Duration::ZERO, &what);
         refused(r.call(flavor), Some(ms(100)), &what);
         r.advance(ms(100));
         admitted(r.call(flavor), ms(100), &what);
@@ -370,15 +459,11 @@ fn gcra_burst_above_and_below_the_limit() {
 
         // 100 per second, bursts of 10.
         let r = Rig::new(RateLimiter::gcra(100, secs(1)).burst(10), start, listen);
-        for _ in 0..10 {
-            admitted(r.call(flavor), Duration::ZERO, &what);
-        }
+        admitted_n(&r, flavor, 10, Duration::ZERO, &what);
         refused(r.call(flavor), Some(ms(10)), &what);
         r.advance(ms(30));
         // Three intervals passed: three permits, no more.
-        for _ in 0..3 {
-            admitted(r.call(flavor), ms(30), &what);
-        }
+        admitted_n(&r, flavor, 3, ms(30), &what);
         refused(r.call(flavor), Some(ms(10)), &what);
     }
 }
@@ -387,8 +472,7 @@ fn gcra_burst_above_and_below_the_limit() {
 /// `gcra(1, d)` (or any `limit` per `limit x d` with `burst(1)`).
 #[test]
 fn gcra_one_per_period_is_quota_with_period() {
-    for (flavor, listen, start) in cases() {
-        let what = format!("{flavor:?} listen={listen} start={start:?}");
+    for (flavor, listen, start, what) in cases() {
         for limiter in [
             RateLimiter::gcra(1, ms(250)),
             RateLimiter::gcra(4, secs(1)).burst(1),
@@ -396,10 +480,7 @@ fn gcra_one_per_period_is_quota_with_period() {
             assert_eq!(limiter.emission_interval(), ms(250));
             let r = Rig::new(limiter.clone(), start, listen);
             admitted(r.call(flavor), Duration::ZERO, &what);
-            refused(r.call(flavor), Some(ms(250)), &what);
-            r.advance(ms(249));
-            refused(r.call(flavor), Some(ms(1)), &what);
-            r.advance(ms(1));
+            count_down(&r, flavor, ms(250), ms(1), &what);
             admitted(r.call(flavor), ms(250), &what);
             refused(r.call(flavor), Some(ms(250)), &what);
         }
@@ -415,18 +496,11 @@ fn gcra_interval_with_a_fraction_of_a_nanosecond_is_rounded_up() {
         limiter.emission_interval(),
         Duration::from_nanos(333_333_334)
     );
-    for (flavor, listen, start) in cases() {
-        let what = format!("{flavor:?} listen={listen} start={start:?}");
+    for (flavor, listen, start, what) in cases() {
         let r = Rig::new(limiter.clone(), start, listen);
         admitted(r.call(flavor), Duration::ZERO, &what);
-        refused(
-            r.call(flavor),
-            Some(Duration::from_nanos(333_333_334)),
-            &what,
-        );
-        r.advance(Duration::from_nanos(333_333_333));
-        refused(r.call(flavor), Some(Duration::from_nanos(1)), &what);
-        r.advance(Duration::from_nanos(1));
+        let ns = Duration::from_nanos;
+        count_down(&r, flavor, ns(333_333_334), ns(1), &what);
         assert!(r.call(flavor).is_ok(), "{what}");
     }
 }
@@ -437,20 +511,20 @@ fn gcra_interval_with_a_fraction_of_a_nanosecond_is_rounded_up() {
 /// calls of weight 2.
 #[test]
 fn weighted_gcra_calls_take_all_their_permits_or_none() {
-    for (flavor, listen, start) in cases() {
-        let what = format!("{flavor:?} listen={listen} start={start:?}");
+    for (flavor, listen, start, what) in cases() {
         let r = Rig::new(RateLimiter::gcra(4, secs(1)), start, listen);
-        admitted(r.go(flavor, None, Some(2)), ms(0), &what);
-        admitted(r.go(flavor, None, Some(2)), ms(0), &what);
+        let two = || r.go(flavor, None, Some(2));
+        admitted(two(), ms(0), &what);
+        admitted(two(), ms(0), &what);
         r.advance(ms(1));
         // TAT 1000 ms; the last of 2 permits is due at 1000 + 250 - 750.
-        refused(r.go(flavor, None, Some(2)), Some(ms(499)), &what);
+        refused(two(), Some(ms(499)), &what);
         r.advance(ms(1000));
-        admitted(r.go(flavor, None, Some(2)), ms(1001), &what);
+        admitted(two(), ms(1001), &what);
         r.advance(ms(1));
-        admitted(r.go(flavor, None, Some(2)), ms(1002), &what);
+        admitted(two(), ms(1002), &what);
         r.advance(ms(1));
-        refused(r.go(flavor, None, Some(2)), Some(ms(498)), &what);
+        refused(two(), Some(ms(498)), &what);
         // A weight of 1 through `weighted` is an ordinary call.
         refused(r.go(flavor, None, Some(1)), Some(ms(248)), &what);
         refused(r.call(flavor), Some(ms(248)), &what);
@@ -463,9 +537,9 @@ fn weighted_gcra_calls_take_all_their_permits_or_none() {
 /// with a `max_wait`, without running the operation.
 #[test]
 fn a_weight_above_the_burst_is_refused_at_once_without_retry_after() {
-    for (flavor, listen, start) in cases() {
+    for (flavor, listen, start, what) in cases() {
         for wait in [Duration::ZERO, secs(60)] {
-            let what = format!("{flavor:?} listen={listen} start={start:?} max_wait={wait:?}");
+            let what = format!("{what} max_wait={wait:?}");
             let limiter = RateLimiter::gcra(5, secs(1)).max_wait(wait);
             assert!(limiter.grants(5) && !limiter.grants(6) && !limiter.grants(0));
             let r = Rig::new(limiter, start, listen);
@@ -501,8 +575,7 @@ fn a_weight_above_the_burst_is_refused_at_once_without_retry_after() {
 /// window's.
 #[test]
 fn the_largest_weight_is_the_burst_for_gcra_and_the_limit_for_windows() {
-    for (flavor, listen, start) in cases() {
-        let what = format!("{flavor:?} listen={listen} start={start:?}");
+    for (flavor, listen, start, what) in cases() {
         let r = Rig::new(RateLimiter::gcra(10, secs(1)).burst(3), start, listen);
         refused(r.go(flavor, None, Some(4)), None, &what);
         admitted(r.go(flavor, None, Some(3)), Duration::ZERO, &what);
@@ -514,11 +587,12 @@ fn the_largest_weight_is_the_burst_for_gcra_and_the_limit_for_windows() {
         ] {
             assert!(limiter.grants(5) && !limiter.grants(6) && !limiter.grants(0));
             let r = Rig::new(limiter.clone(), start, listen);
-            refused(r.go(flavor, None, Some(6)), None, &what);
-            admitted(r.go(flavor, None, Some(3)), Duration::ZERO, &what);
-            refused(r.go(flavor, None, Some(3)), Some(secs(1)), &what);
-            admitted(r.go(flavor, None, Some(2)), Duration::ZERO, &what);
-            refused(r.go(flavor, None, Some(1)), Some(secs(1)), &what);
+            let weighing = |w| r.go(flavor, None, Some(w));
+            refused(weighing(6), None, &what);
+            admitted(weighing(3), Duration::ZERO, &what);
+            refused(weighing(3), Some(secs(1)), &what);
+            admitted(weighing(2), Duration::ZERO, &what);
+            refused(weighing(1), Some(secs(1)), &what);
         }
     }
 }
@@ -542,42 +616,28 @@ fn a_weight_of_zero_is_a_config_error() {
 /// clock starts in the middle of one; up to 2 x limit pass around an edge.
 #[test]
 fn fixed_window_counts_per_aligned_window() {
-    for (flavor, listen, start) in cases() {
+    for (flavor, listen, start, _) in cases() {
         let start = start + ms(300);
         let what = format!("{flavor:?} listen={listen} start={start:?}");
         for wait in [Duration::ZERO, Duration::from_nanos(1)] {
-            let r = Rig::new(
-                RateLimiter::fixed_window(3, secs(1)).max_wait(wait),
-                start,
-                listen,
-            );
-            for _ in 0..3 {
-                admitted(r.call(flavor), Duration::ZERO, &what);
-            }
-            refused(r.call(flavor), Some(ms(700)), &what);
-            r.advance(ms(699));
-            refused(r.call(flavor), Some(ms(1)), &what);
-            r.advance(ms(1));
-            for _ in 0..3 {
-                admitted(r.call(flavor), ms(700), &what);
-            }
-            refused(r.call(flavor), Some(secs(1)), &what);
+            let rig = || {
+                Rig::new(
+                    RateLimiter::fixed_window(3, secs(1)).max_wait(wait),
+                    start,
+                    listen,
+                )
+            };
+            let r = rig();
+            admitted_n(&r, flavor, 3, Duration::ZERO, &what);
+            count_down(&r, flavor, ms(700), ms(1), &what);
+            admitted_n(&r, flavor, 3, ms(700), &what);
             // The last millisecond of a window and the first of the next.
-            r.advance(ms(999));
-            refused(r.call(flavor), Some(ms(1)), &what);
-            let edge = Rig::new(
-                RateLimiter::fixed_window(3, secs(1)).max_wait(wait),
-                start,
-                listen,
-            );
+            count_down(&r, flavor, secs(1), ms(1), &what);
+            let edge = rig();
             edge.advance(ms(699));
-            for _ in 0..3 {
-                assert!(edge.call(flavor).is_ok(), "{what}");
-            }
+            all_ok(&edge, flavor, 3, &what);
             edge.advance(ms(1));
-            for _ in 0..3 {
-                assert!(edge.call(flavor).is_ok(), "{what}");
-            }
+            all_ok(&edge, flavor, 3, &what);
             refused(edge.call(flavor), Some(secs(1)), &what);
         }
     }
@@ -588,8 +648,7 @@ fn fixed_window_counts_per_aligned_window() {
 /// `max_wait` (the ring and the log).
 #[test]
 fn sliding_window_counts_any_span_of_the_period() {
-    for (flavor, listen, start) in cases() {
-        let what = format!("{flavor:?} listen={listen} start={start:?}");
+    for (flavor, listen, start, what) in cases() {
         for wait in [Duration::ZERO, Duration::from_nanos(1)] {
             let r = Rig::new(
                 RateLimiter::sliding_window(3, secs(1)).max_wait(wait),
@@ -602,19 +661,14 @@ fn sliding_window_counts_any_span_of_the_period() {
             r.advance(ms(300));
             admitted(r.call(flavor), ms(600), &what);
             r.advance(ms(100));
-            refused(r.call(flavor), Some(ms(300)), &what);
-            r.advance(ms(299));
-            refused(r.call(flavor), Some(ms(1)), &what);
-            r.advance(ms(1));
+            count_down(&r, flavor, ms(300), ms(1), &what);
             admitted(r.call(flavor), ms(1000), &what);
             refused(r.call(flavor), Some(ms(300)), &what);
             r.advance(ms(300));
             admitted(r.call(flavor), ms(1300), &what);
             // A long pause: the whole limit again, never more.
             r.advance(secs(100));
-            for _ in 0..3 {
-                assert!(r.call(flavor).is_ok(), "{what}");
-            }
+            all_ok(&r, flavor, 3, &what);
             refused(r.call(flavor), Some(secs(1)), &what);
         }
     }
@@ -627,8 +681,7 @@ fn sliding_window_counts_any_span_of_the_period() {
 /// `Deferred` and is not a refusal.
 #[test]
 fn a_call_waits_for_its_permit_within_max_wait() {
-    for (flavor, listen, start) in cases() {
-        let what = format!("{flavor:?} listen={listen} start={start:?}");
+    for (flavor, listen, start, what) in cases() {
         for (limiter, wait) in [
             (RateLimiter::gcra(1, secs(1)).max_wait(secs(2)), secs(1)),
             (RateLimiter::gcra(1, secs(1)).max_wait(secs(1)), secs(1)),
@@ -644,9 +697,7 @@ fn a_call_waits_for_its_permit_within_max_wait() {
         ] {
             let what = format!("{what} {limiter:?}");
             let r = Rig::new(limiter.clone(), start, listen);
-            for _ in 0..limiter.limit {
-                admitted(r.call(flavor), Duration::ZERO, &what);
-            }
+            admitted_n(&r, flavor, limiter.limit, Duration::ZERO, &what);
             admitted(r.call(flavor), wait, &what);
             assert_eq!(r.elapsed(), wait, "{what}");
             if listen {
@@ -670,13 +721,8 @@ fn a_call_waits_for_its_permit_within_max_wait() {
 /// permit; the clock does not move and the operation does not run.
 #[test]
 fn a_wait_longer_than_max_wait_is_refused_at_once() {
-    for (flavor, listen, start) in cases() {
-        let what = format!("{flavor:?} listen={listen} start={start:?}");
-        for limiter in [
-            RateLimiter::gcra(1, secs(1)).max_wait(ms(500)),
-            RateLimiter::fixed_window(1, secs(1)).max_wait(ms(500)),
-            RateLimiter::sliding_window(1, secs(1)).max_wait(ms(500)),
-        ] {
+    for (flavor, listen, start, what) in cases() {
+        for limiter in each_algorithm(1, secs(1)).map(|l| l.max_wait(ms(500))) {
             let r = Rig::new(limiter.clone(), start, listen);
             admitted(r.call(flavor), Duration::ZERO, &what);
             refused(
@@ -692,13 +738,8 @@ fn a_wait_longer_than_max_wait_is_refused_at_once() {
 /// The longest `max_wait` there is: accepted, and a call waits as asked.
 #[test]
 fn max_wait_of_duration_max_waits_as_asked() {
-    for (flavor, listen, start) in cases() {
-        let what = format!("{flavor:?} listen={listen} start={start:?}");
-        for limiter in [
-            RateLimiter::gcra(1, secs(1)),
-            RateLimiter::fixed_window(1, secs(1)),
-            RateLimiter::sliding_window(1, secs(1)),
-        ] {
+    for (flavor, listen, start, what) in cases() {
+        for limiter in each_algorithm(1, secs(1)) {
             let r = Rig::new(limiter.clone().max_wait(Duration::MAX), start, listen);
             admitted(r.call(flavor), Duration::ZERO, &what);
             admitted(r.call(flavor), secs(1), &format!("{what} {limiter:?}"));
@@ -710,8 +751,7 @@ fn max_wait_of_duration_max_waits_as_asked() {
 /// A weighted call with a `max_wait` waits for all its permits.
 #[test]
 fn a_weighted_call_waits_for_all_its_permits() {
-    for (flavor, listen, start) in cases() {
-        let what = format!("{flavor:?} listen={listen} start={start:?}");
+    for (flavor, listen, start, what) in cases() {
         let r = Rig::new(
             RateLimiter::gcra(10, secs(1)).max_wait(ms(900)),
             start,
@@ -734,41 +774,26 @@ fn a_weighted_call_waits_for_all_its_permits() {
 /// retry after 500 ms. The same holds for GCRA and the sliding window.
 #[test]
 fn concurrent_waiters_queue_behind_the_reserved_permit() {
-    for listen in [false, true] {
-        for start in STARTS {
-            for limiter in [
-                RateLimiter::fixed_window(1, ms(250)),
-                RateLimiter::gcra(1, ms(250)),
-                RateLimiter::sliding_window(1, ms(250)),
-            ] {
-                let what = format!("listen={listen} start={start:?} {limiter:?}");
-                let r = Rig::new(limiter.max_wait(ms(250)), start, listen);
-                r.advance(ms(250));
-                let clock = r.clock.clone();
-                let op = |_ctx: seawall::Context| {
-                    let t = clock.now() - start;
-                    async move { Ok::<Duration, Boom>(t) }
-                };
-                let results = rt().block_on(join_all(vec![r.p.run(op), r.p.run(op), r.p.run(op)]));
-                let results: Vec<_> = results
-                    .into_iter()
-                    .map(|r| match r {
-                        Ok(t) => Ok(t),
-                        Err(Error::Rejected(rej)) => Err(rej),
-                        Err(e) => panic!("{what}: {e:?}"),
-                    })
-                    .collect();
-                let mut ran: Vec<Duration> = results
-                    .iter()
-                    .filter_map(|r| r.as_ref().ok().copied())
-                    .collect();
-                ran.sort();
-                assert_eq!(ran, vec![ms(250), ms(500)], "{what}: {results:?}");
-                let refusals: Vec<_> = results.iter().filter_map(|r| r.as_ref().err()).collect();
-                assert_eq!(refusals.len(), 1, "{what}");
-                assert_eq!(refusals[0].reason, RejectionReason::RateLimited, "{what}");
-                assert_eq!(refusals[0].retry_after, Some(ms(500)), "{what}");
-            }
+    for (listen, start, what) in listen_starts() {
+        for limiter in each_algorithm(1, ms(250)) {
+            let what = format!("{what} {limiter:?}");
+            let r = Rig::new(limiter.max_wait(ms(250)), start, listen);
+            r.advance(ms(250));
+            let results: Vec<_> = r
+                .waiters(3)
+                .into_iter()
+                .map(|r| ran_or_refused(r, &what))
+                .collect();
+            let mut ran: Vec<Duration> = results
+                .iter()
+                .filter_map(|r| r.as_ref().ok().copied())
+                .collect();
+            ran.sort();
+            assert_eq!(ran, vec![ms(250), ms(500)], "{what}: {results:?}");
+            let refusals: Vec<_> = results.iter().filter_map(|r| r.as_ref().err()).collect();
+            assert_eq!(refusals.len(), 1, "{what}");
+            assert_eq!(refusals[0].reason, RejectionReason::RateLimited, "{what}");
+            assert_eq!(refusals[0].retry_after, Some(ms(500)), "{what}");
         }
     }
 }
@@ -777,32 +802,23 @@ fn concurrent_waiters_queue_behind_the_reserved_permit() {
 /// ten at once and then one per 100 ms, in order.
 #[test]
 fn twenty_waiters_are_admitted_one_interval_apart() {
-    for listen in [false, true] {
-        for start in STARTS {
-            let what = format!("listen={listen} start={start:?}");
-            let r = Rig::new(
-                RateLimiter::gcra(10, secs(1)).max_wait(secs(10)),
-                start,
-                listen,
-            );
-            let clock = r.clock.clone();
-            let op = |_ctx: seawall::Context| {
-                let t = clock.now() - start;
-                async move { Ok::<Duration, Boom>(t) }
-            };
-            let futs: Vec<_> = (0..20).map(|_| r.p.run(op)).collect();
-            let results = rt().block_on(join_all(futs));
-            let mut ran: Vec<Duration> = results
-                .into_iter()
-                .map(|r| r.unwrap_or_else(|e| panic!("{what}: {e:?}")))
-                .collect();
-            ran.sort();
-            let want: Vec<Duration> = (0..20u64).map(|i| ms(i.saturating_sub(9) * 100)).collect();
-            assert_eq!(ran, want, "{what}");
-            if listen {
-                let d = r.events(|e| matches!(e, EventKind::Deferred { .. }));
-                assert_eq!(d.len(), 10, "{what}: {d:?}");
-            }
+    for (listen, start, what) in listen_starts() {
+        let r = Rig::new(
+            RateLimiter::gcra(10, secs(1)).max_wait(secs(10)),
+            start,
+            listen,
+        );
+        let mut ran: Vec<Duration> = r
+            .waiters(20)
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|e| panic!("{what}: {e:?}")))
+            .collect();
+        ran.sort();
+        let want: Vec<Duration> = (0..20u64).map(|i| ms(i.saturating_sub(9) * 100)).collect();
+        assert_eq!(ran, want, "{what}");
+        if listen {
+            let d = r.events(|e| matches!(e, EventKind::Deferred { .. }));
+            assert_eq!(d.len(), 10, "{what}: {d:?}");
         }
     }
 }
@@ -811,44 +827,28 @@ fn twenty_waiters_are_admitted_one_interval_apart() {
 /// the next caller waits as if it had never been.
 #[test]
 fn a_cancelled_waiter_gives_its_permit_back() {
-    for listen in [false, true] {
-        for start in STARTS {
-            for limiter in [
-                RateLimiter::gcra(1, secs(1)),
-                RateLimiter::fixed_window(1, secs(1)),
-                RateLimiter::sliding_window(1, secs(1)),
-            ] {
-                let what = format!("listen={listen} start={start:?} {limiter:?}");
-                let r = Rig::new(limiter.max_wait(secs(5)), start, listen);
-                admitted(r.call(Flavor::Async), Duration::ZERO, &what);
-                let clock = r.clock.clone();
-                rt().block_on(async {
-                    let mut fut = Box::pin(r.p.run(|_ctx: seawall::Context| {
-                        let t = clock.now() - start;
-                        async move { Ok::<Duration, Boom>(t) }
-                    }));
-                    // Polled once: it reserves its permit and waits.
-                    std::future::poll_fn(|cx| {
-                        assert!(fut.as_mut().poll(cx).is_pending(), "{what}");
-                        Poll::Ready(())
-                    })
-                    .await;
-                    drop(fut);
-                });
-                assert_eq!(r.elapsed(), Duration::ZERO, "{what}");
-                admitted(r.call(Flavor::Async), secs(1), &what);
-                admitted(r.call(Flavor::Sync), secs(2), &what);
-            }
+    for (listen, start, what) in listen_starts() {
+        for limiter in each_algorithm(1, secs(1)) {
+            let what = format!("{what} {limiter:?}");
+            let r = permit_taken(|b| b, limiter, start, listen, &what);
+            rt().block_on(async {
+                let mut fut = Box::pin(r.p.run(r.stamp_async()));
+                // Polled once: it reserves its permit and waits.
+                assert_pending(&mut fut, &what).await;
+                drop(fut);
+            });
+            assert_eq!(r.elapsed(), Duration::ZERO, "{what}");
+            admitted(r.call(Flavor::Async), secs(1), &what);
+            admitted(r.call(Flavor::Sync), secs(2), &what);
         }
     }
 }
 
-/// The call's deadline bounds the wait: a permit due after it is refused at
-/// once; one due at the deadline is on time.
+/// The call's deadline bounds the wait for a permit: a permit due after it
+/// is refused at once; one due at the deadline is on time.
 #[test]
 fn the_deadline_bounds_the_wait_for_a_permit() {
-    for (flavor, listen, start) in cases() {
-        let what = format!("{flavor:?} listen={listen} start={start:?}");
+    for (flavor, listen, start, what) in cases() {
         let limiter = RateLimiter::gcra(1, secs(1)).max_wait(secs(5));
         let r = Rig::with(
             |b| b.timeout(ms(500)).rate_limiter(limiter.clone()),
@@ -879,13 +879,8 @@ fn the_deadline_bounds_the_wait_for_a_permit() {
 /// state is another one.
 #[test]
 fn each_partition_has_its_own_limit() {
-    for (flavor, listen, start) in cases() {
-        let what = format!("{flavor:?} listen={listen} start={start:?}");
-        for limiter in [
-            RateLimiter::gcra(2, secs(1)),
-            RateLimiter::fixed_window(2, secs(1)),
-            RateLimiter::sliding_window(2, secs(1)),
-        ] {
+    for (flavor, listen, start, what) in cases() {
+        for limiter in each_algorithm(2, secs(1)) {
             let r = Rig::new(limiter.clone(), start, listen);
             for key in ["a", "b"] {
                 admitted(r.go(flavor, Some(key), None), Duration::ZERO, &what);
@@ -894,8 +889,7 @@ fn each_partition_has_its_own_limit() {
                 assert_eq!(rej.reason, RejectionReason::RateLimited, "{what}");
                 assert!(rej.retry_after.is_some(), "{what}");
             }
-            admitted(r.call(flavor), Duration::ZERO, &what);
-            admitted(r.call(flavor), Duration::ZERO, &what);
+            admitted_n(&r, flavor, 2, Duration::ZERO, &what);
             assert!(r.call(flavor).is_err(), "{what}");
             r.advance(secs(1));
             for key in ["a", "b"] {
@@ -909,8 +903,7 @@ fn each_partition_has_its_own_limit() {
 /// through than the limit; a key whose permits no longer count is dropped.
 #[test]
 fn evicting_idle_partitions_never_lets_more_through() {
-    for (flavor, listen, start) in cases() {
-        let what = format!("{flavor:?} listen={listen} start={start:?}");
+    for (flavor, listen, start, what) in cases() {
         for limiter in [
             RateLimiter::gcra(1, secs(10)),
             RateLimiter::sliding_window(1, secs(10)),
@@ -921,16 +914,17 @@ fn evicting_idle_partitions_never_lets_more_through() {
                 start,
                 listen,
             );
-            admitted(r.go(flavor, Some("a"), None), Duration::ZERO, &what);
+            let a = || r.go(flavor, Some("a"), None);
+            admitted(a(), Duration::ZERO, &what);
             r.advance(secs(2));
             assert_eq!(r.p.evict_idle_partitions(), 0, "{what}");
             assert_eq!(r.p.partitions(), 1, "{what}");
-            refused(r.go(flavor, Some("a"), None), Some(secs(8)), &what);
+            refused(a(), Some(secs(8)), &what);
             r.advance(secs(10));
             assert_eq!(r.p.evict_idle_partitions(), 1, "{what}");
             assert_eq!(r.p.partitions(), 0, "{what}");
-            admitted(r.go(flavor, Some("a"), None), secs(12), &what);
-            refused(r.go(flavor, Some("a"), None), Some(secs(10)), &what);
+            admitted(a(), secs(12), &what);
+            refused(a(), Some(secs(10)), &what);
         }
     }
 }
@@ -941,27 +935,25 @@ fn evicting_idle_partitions_never_lets_more_through() {
 /// of the burst, no more; unpartitioned and keyed.
 #[test]
 fn the_burst_holds_across_threads() {
-    for listen in [false, true] {
-        for start in STARTS {
-            for key in [None, Some("k")] {
-                let what = format!("listen={listen} start={start:?} key={key:?}");
-                let r = Rig::new(RateLimiter::gcra(20, secs(1)), start, listen);
-                let ok = AtomicU64::new(0);
-                std::thread::scope(|s| {
-                    for _ in 0..25 {
-                        s.spawn(|| {
-                            if r.go(Flavor::Sync, key, None).is_ok() {
-                                ok.fetch_add(1, Ordering::Relaxed);
-                            }
-                        });
-                    }
-                });
-                assert_eq!(ok.load(Ordering::Relaxed), 20, "{what}");
-                r.advance(ms(2));
-                refused(r.go(Flavor::Sync, key, None), Some(ms(48)), &what);
-                r.advance(ms(998));
-                assert!(r.go(Flavor::Sync, key, None).is_ok(), "{what}");
-            }
+    for (listen, start, what) in listen_starts() {
+        for key in [None, Some("k")] {
+            let what = format!("{what} key={key:?}");
+            let r = Rig::new(RateLimiter::gcra(20, secs(1)), start, listen);
+            let ok = AtomicU64::new(0);
+            std::thread::scope(|s| {
+                for _ in 0..25 {
+                    s.spawn(|| {
+                        if r.go(Flavor::Sync, key, None).is_ok() {
+                            ok.fetch_add(1, Ordering::Relaxed);
+                        }
+                    });
+                }
+            });
+            assert_eq!(ok.load(Ordering::Relaxed), 20, "{what}");
+            r.advance(ms(2));
+            refused(r.go(Flavor::Sync, key, None), Some(ms(48)), &what);
+            r.advance(ms(998));
+            assert!(r.go(Flavor::Sync, key, None).is_ok(), "{what}");
         }
     }
 }
@@ -972,43 +964,34 @@ fn the_burst_holds_across_threads() {
 /// after it, one per attempt.
 #[test]
 fn a_limiter_before_the_retry_takes_one_permit_per_call() {
-    for (flavor, listen, start) in cases() {
-        let what = format!("{flavor:?} listen={listen} start={start:?}");
-        let failing_twice = |r: &Rig| {
+    for (flavor, listen, start, what) in cases() {
+        let run_failing_twice = |r: &Rig| {
             let tries = AtomicU64::new(0);
-            let op = |_ctx: seawall::Context| {
-                if tries.fetch_add(1, Ordering::Relaxed) < 2 {
-                    Err(Boom)
-                } else {
-                    Ok(())
-                }
-            };
-            let res = match flavor {
-                Flavor::Sync => r.p.call(op),
-                Flavor::Async => rt().block_on(r.p.run(|ctx| {
-                    let x = op(ctx);
-                    async move { x }
-                })),
-            };
+            let res = exec(&r.p, flavor, failing_twice(&tries));
             (res, tries.load(Ordering::Relaxed))
         };
-        let retry = || Retry::constant(Duration::ZERO).max_attempts(3);
         let before = Rig::with(
-            |b| b.rate_limiter(RateLimiter::gcra(2, secs(1))).retry(retry()),
+            |b| {
+                b.rate_limiter(RateLimiter::gcra(2, secs(1)))
+                    .retry(three_attempts())
+            },
             start,
             listen,
         );
-        let (res, tries) = failing_twice(&before);
+        let (res, tries) = run_failing_twice(&before);
         assert!(res.is_ok() && tries == 3, "{what}: {res:?} {tries}");
         assert!(before.call(flavor).is_ok(), "{what}");
         refused(before.call(flavor), Some(ms(500)), &what);
 
         let after = Rig::with(
-            |b| b.retry(retry()).rate_limiter(RateLimiter::gcra(3, secs(1))),
+            |b| {
+                b.retry(three_attempts())
+                    .rate_limiter(RateLimiter::gcra(3, secs(1)))
+            },
             start,
             listen,
         );
-        let (res, tries) = failing_twice(&after);
+        let (res, tries) = run_failing_twice(&after);
         assert!(res.is_ok() && tries == 3, "{what}: {res:?} {tries}");
         refused(
             after.call(flavor),
@@ -1031,9 +1014,7 @@ fn a_limiter_in_shadow_mode_reports_and_never_refuses() {
                 start,
                 true,
             );
-            for _ in 0..3 {
-                admitted(r.call(flavor), Duration::ZERO, &what);
-            }
+            admitted_n(&r, flavor, 3, Duration::ZERO, &what);
             admitted(r.go(flavor, None, Some(2)), Duration::ZERO, &what);
             let shadow = r.events(|e| matches!(e, EventKind::ShadowRejected { .. }));
             assert_eq!(
@@ -1073,23 +1054,15 @@ fn a_limiter_in_shadow_mode_reports_and_never_refuses() {
 #[test]
 fn on_the_system_clock_the_first_call_is_admitted_and_retry_after_is_bounded() {
     for flavor in FLAVORS {
-        for limiter in [
-            RateLimiter::gcra(1, secs(3600)),
-            RateLimiter::fixed_window(1, secs(3600)),
-            RateLimiter::sliding_window(1, secs(3600)),
-        ] {
+        for limiter in each_algorithm(1, secs(3600)) {
             let what = format!("{flavor:?} {limiter:?}");
             let p = Pipeline::builder(unique("rl-sys"))
                 .store(MemoryStore::new())
                 .rate_limiter(limiter.clone())
                 .build()
                 .unwrap();
-            let run = |p: &Pipeline| match flavor {
-                Flavor::Sync => p.call(|_| Ok::<_, Boom>(())),
-                Flavor::Async => rt().block_on(p.run(|_| async { Ok::<_, Boom>(()) })),
-            };
-            assert!(run(&p).is_ok(), "{what}");
-            let e = run(&p).unwrap_err();
+            assert!(call_ok(&p, flavor).is_ok(), "{what}");
+            let e = call_ok(&p, flavor).unwrap_err();
             let rej = e.rejection().copied().expect("a rejection");
             assert_eq!(rej.reason, RejectionReason::RateLimited, "{what}");
             assert_eq!(rej.resource(), p.name(), "{what}");
@@ -1109,16 +1082,17 @@ fn on_the_system_clock_the_first_call_is_admitted_and_retry_after_is_bounded() {
 #[test]
 fn bad_configuration_fails_at_build_naming_the_field() {
     let s = secs(1);
-    let cases: Vec<(RateLimiter, &str)> = vec![
-        (RateLimiter::gcra(0, s), "limit"),
-        (RateLimiter::fixed_window(0, s), "limit"),
-        (RateLimiter::sliding_window(0, s), "limit"),
-        (RateLimiter::gcra(1, Duration::ZERO), "period"),
-        (RateLimiter::fixed_window(1, Duration::ZERO), "period"),
-        (RateLimiter::sliding_window(1, Duration::ZERO), "period"),
-        (RateLimiter::gcra(1, Duration::MAX), "period"),
-        (RateLimiter::fixed_window(1, Duration::MAX), "period"),
-        (RateLimiter::sliding_window(1, Duration::MAX), "period"),
+    let mut cases: Vec<(RateLimiter, &str)> = Vec::new();
+    for (limit, period, field) in [
+        (0, s, "limit"),
+        (1, Duration::ZERO, "period"),
+        (1, Duration::MAX, "period"),
+    ] {
+        for limiter in each_algorithm(limit, period) {
+            cases.push((limiter, field));
+        }
+    }
+    cases.extend([
         (
             RateLimiter::gcra(1, RateLimiter::MAX_PERIOD + Duration::from_nanos(1)),
             "period",
@@ -1137,7 +1111,7 @@ fn bad_configuration_fails_at_build_naming_the_field() {
         ),
         (RateLimiter::sliding_window(1_000_001, s), "limit"),
         (RateLimiter::gcra(0, Duration::ZERO).burst(0), "limit"),
-    ];
+    ]);
     for (limiter, field) in cases {
         let built = std::panic::catch_unwind(|| {
             Pipeline::builder(unique("rl-bad"))
@@ -1189,8 +1163,7 @@ fn bad_configuration_fails_at_build_naming_the_field() {
 /// call) bounds the wait for a permit all the same.
 #[test]
 fn a_timeout_declared_after_the_limiter_also_bounds_the_wait() {
-    for (flavor, listen, start) in cases() {
-        let what = format!("{flavor:?} listen={listen} start={start:?}");
+    for (flavor, listen, start, what) in cases() {
         let limiter = RateLimiter::gcra(1, secs(1)).max_wait(secs(5));
         let r = Rig::with(
             |b| b.rate_limiter(limiter.clone()).timeout(ms(500)),
@@ -1207,33 +1180,24 @@ fn a_timeout_declared_after_the_limiter_also_bounds_the_wait() {
 /// again; before it the call is admitted (and waits) once.
 #[test]
 fn each_attempt_after_the_retry_may_wait_max_wait_again() {
-    for (flavor, listen, start) in cases() {
-        let what = format!("{flavor:?} listen={listen} start={start:?}");
+    for (flavor, listen, start, what) in cases() {
         let limiter = RateLimiter::gcra(1, secs(1)).max_wait(secs(1));
-        let retry = || Retry::constant(Duration::ZERO).max_attempts(3);
         let r = Rig::with(
-            |b| b.retry(retry()).rate_limiter(limiter.clone()),
+            |b| b.retry(three_attempts()).rate_limiter(limiter.clone()),
             start,
             listen,
         );
         let times = Mutex::new(Vec::new());
-        let clock = r.clock.clone();
-        let op = |_ctx: seawall::Context| {
+        let op = |_ctx: Context| {
             let mut t = times.lock().unwrap();
-            t.push(clock.now() - start);
+            t.push(r.elapsed());
             if t.len() < 3 {
-                Err(Boom)
+                Err(Boom(0))
             } else {
                 Ok(())
             }
         };
-        let res = match flavor {
-            Flavor::Sync => r.p.call(op),
-            Flavor::Async => rt().block_on(r.p.run(|ctx| {
-                let x = op(ctx);
-                async move { x }
-            })),
-        };
+        let res = exec(&r.p, flavor, op);
         assert!(res.is_ok(), "{what}: {res:?}");
         assert_eq!(
             *times.lock().unwrap(),
@@ -1242,7 +1206,7 @@ fn each_attempt_after_the_retry_may_wait_max_wait_again() {
         );
 
         let r = Rig::with(
-            |b| b.rate_limiter(limiter.clone()).retry(retry()),
+            |b| b.rate_limiter(limiter.clone()).retry(three_attempts()),
             start,
             listen,
         );
@@ -1256,41 +1220,33 @@ fn each_attempt_after_the_retry_may_wait_max_wait_again() {
 /// say, ...)").
 #[test]
 fn time_waited_for_a_cooldown_counts_against_max_wait() {
-    for (flavor, listen, start) in cases() {
+    for (flavor, listen, start, what) in cases() {
         for (max_wait, expect) in [(ms(700), Err(ms(500))), (secs(1), Ok(secs(1)))] {
-            let what = format!("{flavor:?} listen={listen} start={start:?} max_wait={max_wait:?}");
+            let what = format!("{what} max_wait={max_wait:?}");
             let clock = VirtualClock::starting_at(start);
-            let mut b = Pipeline::builder(unique("rl-cd"))
+            let b = Pipeline::builder(unique("rl-cd"))
                 .store(MemoryStore::new())
                 .clock(clock.clone())
                 .cooldown(seawall::Cooldown::new())
                 .rate_limiter(RateLimiter::gcra(1, secs(1)).max_wait(max_wait));
-            if listen {
-                b = b.on_event(|_| {});
-            }
-            let p = b
+            let p = support::listen(b, listen)
                 .classify(|_: &Boom| seawall::Verdict::throttled().with_retry_after(ms(500)))
                 .build()
                 .unwrap();
             let run = |fail: bool| {
-                let c = clock.clone();
-                let op = move |_ctx: seawall::Context| {
+                exec(&p, flavor, |_ctx| {
                     if fail {
-                        Err(Boom)
+                        Err(Boom(0))
                     } else {
-                        Ok(c.now() - start)
+                        Ok(clock.now() - start)
                     }
-                };
-                match flavor {
-                    Flavor::Sync => p.call(op),
-                    Flavor::Async => rt().block_on(p.run(|ctx| {
-                        let x = op(ctx);
-                        async move { x }
-                    })),
-                }
+                })
             };
             // Takes the permit and opens a cooldown of 500 ms.
-            assert!(matches!(run(true), Err(Error::Operation(Boom))), "{what}");
+            assert!(
+                matches!(run(true), Err(Error::Operation(Boom(_)))),
+                "{what}"
+            );
             let got = match run(false) {
                 Ok(t) => Ok(t),
                 Err(Error::Rejected(rej)) => {
@@ -1308,43 +1264,25 @@ fn time_waited_for_a_cooldown_counts_against_max_wait() {
 /// the permit is due (here an isolated circuit) gives the permit back.
 #[test]
 fn a_waiting_call_refused_by_the_circuit_gives_its_permit_back() {
-    for listen in [false, true] {
-        for start in STARTS {
-            let what = format!("listen={listen} start={start:?}");
-            let r = Rig::with(
-                |b| {
-                    b.circuit_breaker(seawall::CircuitBreaker::consecutive_failures(5))
-                        .rate_limiter(RateLimiter::gcra(1, secs(1)).max_wait(secs(5)))
-                },
-                start,
-                listen,
-            );
-            admitted(r.call(Flavor::Async), Duration::ZERO, &what);
-            let clock = r.clock.clone();
-            let res = rt().block_on(async {
-                let mut fut = Box::pin(r.p.run(|_ctx: seawall::Context| {
-                    let t = clock.now() - start;
-                    async move { Ok::<Duration, Boom>(t) }
-                }));
-                std::future::poll_fn(|cx| {
-                    assert!(fut.as_mut().poll(cx).is_pending(), "{what}");
-                    Poll::Ready(())
-                })
-                .await;
-                r.p.isolate().unwrap();
-                fut.await
-            });
-            match res {
-                Err(Error::Rejected(rej)) => {
-                    assert_eq!(rej.reason, RejectionReason::CircuitOpen, "{what}")
-                }
-                other => panic!("{what}: {other:?}"),
+    for (listen, start, what) in listen_starts() {
+        let r = permit_taken(
+            |b| b.circuit_breaker(seawall::CircuitBreaker::consecutive_failures(5)),
+            RateLimiter::gcra(1, secs(1)),
+            start,
+            listen,
+            &what,
+        );
+        let res = wait_then(&r, &what, || r.p.isolate().unwrap());
+        match res {
+            Err(Error::Rejected(rej)) => {
+                assert_eq!(rej.reason, RejectionReason::CircuitOpen, "{what}")
             }
-            assert_eq!(r.elapsed(), secs(1), "{what}");
-            r.p.force_close().unwrap();
-            // The permit of 1 s was given back: the next call runs now.
-            admitted(r.call(Flavor::Sync), secs(1), &what);
+            other => panic!("{what}: {other:?}"),
         }
+        assert_eq!(r.elapsed(), secs(1), "{what}");
+        r.p.force_close().unwrap();
+        // The permit of 1 s was given back: the next call runs now.
+        admitted(r.call(Flavor::Sync), secs(1), &what);
     }
 }
 
@@ -1354,12 +1292,11 @@ fn a_waiting_call_refused_by_the_circuit_gives_its_permit_back() {
 /// the same store, share one limit.
 #[test]
 fn clones_and_pipelines_of_one_name_share_the_limit() {
-    for (flavor, listen, start) in cases() {
-        let what = format!("{flavor:?} listen={listen} start={start:?}");
+    for (flavor, listen, start, what) in cases() {
         let r = Rig::new(RateLimiter::gcra(2, secs(1)), start, listen);
         let clone = r.p.clone();
         assert!(r.call(flavor).is_ok(), "{what}");
-        assert!(clone.call(|_| Ok::<_, Boom>(())).is_ok(), "{what}");
+        assert!(call_ok(&clone, Flavor::Sync).is_ok(), "{what}");
         refused(r.call(flavor), Some(ms(500)), &what);
 
         let store = MemoryStore::new();
@@ -1374,9 +1311,9 @@ fn clones_and_pipelines_of_one_name_share_the_limit() {
                 .unwrap()
         };
         let (a, b) = (make(), make());
-        assert!(a.call(|_| Ok::<_, Boom>(())).is_ok(), "{what}");
-        assert!(b.call(|_| Ok::<_, Boom>(())).is_ok(), "{what}");
-        let e = a.call(|_| Ok::<_, Boom>(())).unwrap_err();
+        assert!(call_ok(&a, Flavor::Sync).is_ok(), "{what}");
+        assert!(call_ok(&b, Flavor::Sync).is_ok(), "{what}");
+        let e = call_ok(&a, Flavor::Sync).unwrap_err();
         assert_eq!(
             e.rejection().map(|r| r.reason),
             Some(RejectionReason::RateLimited)
@@ -1407,10 +1344,7 @@ fn events_of_a_partitioned_call_name_the_partition() {
             })
             .build()
             .unwrap();
-        let go = |key: &'static str| match flavor {
-            Flavor::Sync => p.partition(key).call(|_| Ok::<_, Boom>(())),
-            Flavor::Async => rt().block_on(p.partition(key).run(|_| async { Ok::<_, Boom>(()) })),
-        };
+        let go = |key: &'static str| exec_on!(p.partition(key), flavor, |_| Ok::<_, Boom>(()));
         assert!(go("tenant-a").is_ok());
         assert!(go("tenant-a").is_err());
         let rejected: Vec<_> = seen
@@ -1442,16 +1376,13 @@ fn events_of_a_partitioned_call_name_the_partition() {
 /// for whole.
 #[test]
 fn weighted_reservations_on_a_sliding_window_and_a_large_burst() {
-    for (flavor, listen, start) in cases() {
-        let what = format!("{flavor:?} listen={listen} start={start:?}");
+    for (flavor, listen, start, what) in cases() {
         let r = Rig::new(
             RateLimiter::sliding_window(3, secs(1)).max_wait(secs(1)),
             start,
             listen,
         );
-        for _ in 0..3 {
-            admitted(r.call(flavor), Duration::ZERO, &what);
-        }
+        admitted_n(&r, flavor, 3, Duration::ZERO, &what);
         r.advance(ms(500));
         admitted(r.go(flavor, None, Some(2)), secs(1), &what);
         admitted(r.go(flavor, None, Some(1)), secs(1), &what);
@@ -1471,32 +1402,17 @@ fn weighted_reservations_on_a_sliding_window_and_a_large_burst() {
 /// Declared before the retry, a weighted call takes its `n` permits once.
 #[test]
 fn a_weighted_call_before_the_retry_takes_its_permits_once() {
-    for (flavor, listen, start) in cases() {
-        let what = format!("{flavor:?} listen={listen} start={start:?}");
+    for (flavor, listen, start, what) in cases() {
         let r = Rig::with(
             |b| {
                 b.rate_limiter(RateLimiter::gcra(4, secs(1)))
-                    .retry(Retry::constant(Duration::ZERO).max_attempts(3))
+                    .retry(three_attempts())
             },
             start,
             listen,
         );
         let tries = AtomicU64::new(0);
-        let op = |_ctx: seawall::Context| {
-            if tries.fetch_add(1, Ordering::Relaxed) < 2 {
-                Err(Boom)
-            } else {
-                Ok(())
-            }
-        };
-        let w = r.p.weighted(2).unwrap();
-        let res = match flavor {
-            Flavor::Sync => w.call(op),
-            Flavor::Async => rt().block_on(w.run(|ctx| {
-                let x = op(ctx);
-                async move { x }
-            })),
-        };
+        let res = exec_on!(r.p.weighted(2).unwrap(), flavor, failing_twice(&tries));
         assert!(res.is_ok(), "{what}: {res:?}");
         assert_eq!(tries.load(Ordering::Relaxed), 3, "{what}");
         admitted(r.go(flavor, None, Some(2)), Duration::ZERO, &what);
@@ -1511,11 +1427,7 @@ fn a_clock_two_hundred_years_on_behaves_as_at_zero() {
     let start = secs(200 * 365 * 24 * 3600);
     for flavor in FLAVORS {
         for listen in [false, true] {
-            for limiter in [
-                RateLimiter::gcra(2, secs(1)),
-                RateLimiter::fixed_window(2, secs(1)),
-                RateLimiter::sliding_window(2, secs(1)),
-            ] {
+            for limiter in each_algorithm(2, secs(1)) {
                 let what = format!("{flavor:?} listen={listen} {limiter:?}");
                 let r = Rig::new(limiter.clone(), start, listen);
                 let first = r.call(flavor);
@@ -1525,8 +1437,7 @@ fn a_clock_two_hundred_years_on_behaves_as_at_zero() {
                 let wait = rej.retry_after.unwrap();
                 assert!(wait <= secs(1) && !wait.is_zero(), "{what}: {wait:?}");
                 let r = Rig::new(limiter.max_wait(secs(1)), start, listen);
-                assert!(r.call(flavor).is_ok(), "{what}");
-                assert!(r.call(flavor).is_ok(), "{what}");
+                all_ok(&r, flavor, 2, &what);
                 let waited = r.call(flavor);
                 assert!(waited.is_ok(), "{what}: {waited:?}");
                 assert!(r.elapsed() <= secs(1) && !r.elapsed().is_zero(), "{what}");
@@ -1543,36 +1454,17 @@ fn a_clock_two_hundred_years_on_behaves_as_at_zero() {
 /// both out of its log.
 #[test]
 fn dropped_waiters_give_back_as_documented() {
-    for listen in [false, true] {
-        for start in STARTS {
-            for (limiter, newest_first) in [
-                (RateLimiter::gcra(1, secs(1)), true),
-                (RateLimiter::fixed_window(1, secs(1)), true),
-                (RateLimiter::sliding_window(1, secs(1)), true),
-                (RateLimiter::gcra(1, secs(1)), false),
-                (RateLimiter::fixed_window(1, secs(1)), false),
-                (RateLimiter::sliding_window(1, secs(1)), false),
-            ] {
-                let what = format!(
-                    "listen={listen} start={start:?} {limiter:?} newest_first={newest_first}"
-                );
+    for (listen, start, what) in listen_starts() {
+        for newest_first in [true, false] {
+            for limiter in each_algorithm(1, secs(1)) {
+                let what = format!("{what} {limiter:?} newest_first={newest_first}");
                 let exact = limiter.algorithm == seawall::rate_limit::RateAlgorithm::SlidingWindow;
-                let r = Rig::new(limiter.max_wait(secs(5)), start, listen);
-                admitted(r.call(Flavor::Async), Duration::ZERO, &what);
-                let clock = r.clock.clone();
-                let op = |_ctx: seawall::Context| {
-                    let t = clock.now() - start;
-                    async move { Ok::<Duration, Boom>(t) }
-                };
+                let r = permit_taken(|b| b, limiter, start, listen, &what);
                 rt().block_on(async {
-                    let mut b = Box::pin(r.p.run(op));
-                    let mut c = Box::pin(r.p.run(op));
-                    std::future::poll_fn(|cx| {
-                        assert!(b.as_mut().poll(cx).is_pending(), "{what}");
-                        assert!(c.as_mut().poll(cx).is_pending(), "{what}");
-                        Poll::Ready(())
-                    })
-                    .await;
+                    let mut b = Box::pin(r.p.run(r.stamp_async()));
+                    let mut c = Box::pin(r.p.run(r.stamp_async()));
+                    assert_pending(&mut b, &what).await;
+                    assert_pending(&mut c, &what).await;
                     if newest_first {
                         drop(c);
                         drop(b);
@@ -1600,7 +1492,7 @@ fn dropped_waiters_give_back_as_documented() {
 /// call, then a refusal until the window turns (or a wait for it).
 #[test]
 fn the_largest_limits_take_a_whole_limit_in_one_call() {
-    for (flavor, listen, start) in cases() {
+    for (flavor, listen, start, _) in cases() {
         let start = start + ms(300);
         let what = format!("{flavor:?} listen={listen} start={start:?}");
         for (limiter, weight, retry) in [
@@ -1634,7 +1526,7 @@ fn the_largest_limits_take_a_whole_limit_in_one_call() {
 /// A weighted call on a pipeline without a rate limiter just runs.
 #[test]
 fn a_weighted_call_without_a_rate_limiter_runs() {
-    for (flavor, listen, start) in cases() {
+    for (flavor, listen, start, _) in cases() {
         let r = Rig::with(|b| b, start, listen);
         admitted(r.go(flavor, None, Some(1000)), Duration::ZERO, "no limiter");
         admitted(
@@ -1655,13 +1547,7 @@ fn each_waiter_reports_its_own_wait() {
             start,
             true,
         );
-        let clock = r.clock.clone();
-        let op = |_ctx: seawall::Context| {
-            let t = clock.now() - start;
-            async move { Ok::<Duration, Boom>(t) }
-        };
-        let futs: Vec<_> = (0..20).map(|_| r.p.run(op)).collect();
-        let results = rt().block_on(join_all(futs));
+        let results = r.waiters(20);
         assert!(results.iter().all(Result::is_ok));
         let mut waits: Vec<Duration> = r
             .events(|e| matches!(e, EventKind::Deferred { .. }))
@@ -1681,13 +1567,9 @@ fn each_waiter_reports_its_own_wait() {
 /// one due a nanosecond after it is refused at once.
 #[test]
 fn a_permit_due_at_the_deadline_is_on_time_for_every_algorithm() {
-    for (flavor, listen, start) in cases() {
-        for limiter in [
-            RateLimiter::gcra(1, secs(1)),
-            RateLimiter::fixed_window(1, secs(1)),
-            RateLimiter::sliding_window(1, secs(1)),
-        ] {
-            let what = format!("{flavor:?} listen={listen} start={start:?} {limiter:?}");
+    for (flavor, listen, start, what) in cases() {
+        for limiter in each_algorithm(1, secs(1)) {
+            let what = format!("{what} {limiter:?}");
             let l = limiter.clone().max_wait(secs(5));
             let r = Rig::with(
                 |b| b.timeout(secs(1)).rate_limiter(l.clone()),
@@ -1710,11 +1592,7 @@ fn a_permit_due_at_the_deadline_is_on_time_for_every_algorithm() {
 fn sweeping_many_idle_keys_keeps_a_key_whose_permits_still_count() {
     for flavor in [Flavor::Sync] {
         for start in STARTS {
-            for limiter in [
-                RateLimiter::gcra(1, secs(100)),
-                RateLimiter::fixed_window(1, secs(100)),
-                RateLimiter::sliding_window(1, secs(100)),
-            ] {
+            for limiter in each_algorithm(1, secs(100)) {
                 let what = format!("{flavor:?} start={start:?} {limiter:?}");
                 let r = Rig::with(
                     |b| b.rate_limiter(limiter.clone()).partition_idle(ms(1)),
@@ -1743,8 +1621,7 @@ fn sweeping_many_idle_keys_keeps_a_key_whose_permits_still_count() {
 /// limiter: the limiter is still asked and still takes its permit.
 #[test]
 fn an_enforcing_limiter_behind_a_shadow_circuit_still_limits() {
-    for (flavor, listen, start) in cases() {
-        let what = format!("{flavor:?} listen={listen} start={start:?}");
+    for (flavor, listen, start, what) in cases() {
         let r = Rig::with(
             |b| {
                 b.circuit_breaker(seawall::CircuitBreaker::consecutive_failures(5).shadow(true))
@@ -1754,8 +1631,7 @@ fn an_enforcing_limiter_behind_a_shadow_circuit_still_limits() {
             listen,
         );
         r.p.isolate().unwrap();
-        admitted(r.call(flavor), Duration::ZERO, &what);
-        admitted(r.call(flavor), Duration::ZERO, &what);
+        admitted_n(&r, flavor, 2, Duration::ZERO, &what);
         refused(r.call(flavor), Some(ms(500)), &what);
     }
 }
@@ -1764,8 +1640,7 @@ fn an_enforcing_limiter_behind_a_shadow_circuit_still_limits() {
 /// a limiter in shadow mode behind a shadowed call is not asked.
 #[test]
 fn refusals_by_other_policies_take_no_permit() {
-    for (flavor, listen, start) in cases() {
-        let what = format!("{flavor:?} listen={listen} start={start:?}");
+    for (flavor, listen, start, what) in cases() {
         let r = Rig::with(
             |b| {
                 b.circuit_breaker(seawall::CircuitBreaker::consecutive_failures(5))
@@ -1793,30 +1668,12 @@ fn refusals_by_other_policies_take_no_permit() {
                 listen,
             );
             r.p.isolate().unwrap();
-            for _ in 0..3 {
-                admitted(r.call(flavor), Duration::ZERO, &what);
-            }
-            let limiter = r.events(|e| {
-                matches!(
-                    e,
-                    EventKind::ShadowRejected {
-                        reason: RejectionReason::RateLimited,
-                        ..
-                    }
-                )
-            });
+            admitted_n(&r, flavor, 3, Duration::ZERO, &what);
+            let limiter = r.limiter_shadow_refusals();
             assert!(limiter.is_empty(), "{what}: {limiter:?}");
             r.p.force_close().unwrap();
             admitted(r.call(flavor), Duration::ZERO, &what);
-            let limiter = r.events(|e| {
-                matches!(
-                    e,
-                    EventKind::ShadowRejected {
-                        reason: RejectionReason::RateLimited,
-                        ..
-                    }
-                )
-            });
+            let limiter = r.limiter_shadow_refusals();
             assert!(
                 limiter.is_empty(),
                 "{what}: the shadowed calls took permits: {limiter:?}"
@@ -1828,68 +1685,49 @@ fn refusals_by_other_policies_take_no_permit() {
 /// A call waiting for its permit holds no bulkhead slot.
 #[test]
 fn a_call_waiting_for_a_permit_holds_no_bulkhead_slot() {
-    for listen in [false, true] {
-        for start in STARTS {
-            let what = format!("listen={listen} start={start:?}");
-            let r = Rig::with(
-                |b| {
-                    b.bulkhead(seawall::Bulkhead::new(1))
-                        .rate_limiter(RateLimiter::gcra(1, secs(1)).max_wait(secs(5)))
-                },
-                start,
-                listen,
-            );
-            admitted(r.call(Flavor::Async), Duration::ZERO, &what);
-            let clock = r.clock.clone();
-            let res = rt().block_on(async {
-                let mut fut = Box::pin(r.p.run(|_ctx: seawall::Context| {
-                    let t = clock.now() - start;
-                    async move { Ok::<Duration, Boom>(t) }
-                }));
-                std::future::poll_fn(|cx| {
-                    assert!(fut.as_mut().poll(cx).is_pending(), "{what}");
-                    Poll::Ready(())
-                })
-                .await;
-                assert_eq!(r.p.in_flight().unwrap(), 0, "{what}");
-                fut.await
-            });
-            assert_eq!(res.unwrap(), secs(1), "{what}");
-        }
+    for (listen, start, what) in listen_starts() {
+        let r = permit_taken(
+            |b| b.bulkhead(seawall::Bulkhead::new(1)),
+            RateLimiter::gcra(1, secs(1)),
+            start,
+            listen,
+            &what,
+        );
+        let res = wait_then(&r, &what, || {
+            assert_eq!(r.p.in_flight().unwrap(), 0, "{what}")
+        });
+        assert_eq!(res.unwrap(), secs(1), "{what}");
     }
 }
 
 /// Coalesced followers take no permit: only the leader's call does.
 #[test]
 fn coalesced_followers_take_no_permit() {
-    for listen in [false, true] {
-        for start in STARTS {
-            let what = format!("listen={listen} start={start:?}");
-            let r = Rig::with(
-                |b| {
-                    b.coalesce(seawall::Coalesce::new())
-                        .rate_limiter(RateLimiter::gcra(2, secs(1)))
-                },
-                start,
-                listen,
-            );
-            let clock = r.clock.clone();
-            let op = |_ctx: seawall::Context| {
-                let c = clock.clone();
-                async move {
-                    seawall::Clock::sleep(&c, ms(10)).await;
-                    Ok::<Duration, Boom>(c.now() - start)
-                }
-            };
-            let results = rt().block_on(join_all(
-                (0..5).map(|_| r.p.coalesce_key("same").run(op)).collect(),
-            ));
-            for res in &results {
-                assert_eq!(res.as_ref().ok(), Some(&ms(10)), "{what}: {results:?}");
+    for (listen, start, what) in listen_starts() {
+        let r = Rig::with(
+            |b| {
+                b.coalesce(seawall::Coalesce::new())
+                    .rate_limiter(RateLimiter::gcra(2, secs(1)))
+            },
+            start,
+            listen,
+        );
+        let clock = r.clock.clone();
+        let op = |_ctx: Context| {
+            let c = clock.clone();
+            async move {
+                seawall::Clock::sleep(&c, ms(10)).await;
+                Ok::<Duration, Boom>(c.now() - start)
             }
-            admitted(r.call(Flavor::Sync), ms(10), &what);
-            assert!(r.call(Flavor::Sync).is_err(), "{what}");
+        };
+        let results = rt().block_on(join_all(
+            (0..5).map(|_| r.p.coalesce_key("same").run(op)).collect(),
+        ));
+        for res in &results {
+            assert_eq!(res.as_ref().ok(), Some(&ms(10)), "{what}: {results:?}");
         }
+        admitted(r.call(Flavor::Sync), ms(10), &what);
+        assert!(r.call(Flavor::Sync).is_err(), "{what}");
     }
 }
 
@@ -1899,18 +1737,15 @@ fn coalesced_followers_take_no_permit() {
 /// of a rebound resource start fresh (documented).
 #[test]
 fn switching_shadow_off_keeps_the_limiters_state() {
-    for (flavor, listen, start) in cases() {
-        let what = format!("{flavor:?} listen={listen} start={start:?}");
-        for limiter in [
-            RateLimiter::gcra(2, secs(1)),
-            RateLimiter::fixed_window(2, secs(1)),
-            RateLimiter::sliding_window(2, secs(1)),
-            RateLimiter::sliding_window(2, secs(1)).max_wait(ms(1)),
-        ] {
+    for (flavor, listen, start, what) in cases() {
+        let mut limiters = each_algorithm(2, secs(1)).to_vec();
+        limiters.push(RateLimiter::sliding_window(2, secs(1)).max_wait(ms(1)));
+        for limiter in limiters {
             let what = format!("{what} {limiter:?}");
             let store = MemoryStore::new();
             let clock = VirtualClock::starting_at(start);
             let name = unique("rl-reload");
+            // One log for both pipelines (so not `support::recorder`).
             let shadowed: Log = Arc::default();
             let make = |shadow: bool| {
                 let mut b = Pipeline::builder(name.clone())
@@ -1923,39 +1758,28 @@ fn switching_shadow_off_keeps_the_limiters_state() {
                 }
                 b.build().unwrap()
             };
-            let run = |p: &Pipeline| match flavor {
-                Flavor::Sync => p.call(|_| Ok::<_, Boom>(())),
-                Flavor::Async => rt().block_on(p.run(|_| async { Ok::<_, Boom>(()) })),
-            };
-            let watching = make(true);
-            assert!(run(&watching).is_ok(), "{what}");
-            assert!(run(&watching).is_ok(), "{what}");
-            assert!(
-                !shadowed
+            let any_shadow_refusal = || {
+                shadowed
                     .lock()
                     .unwrap()
                     .iter()
-                    .any(|e| matches!(e, EventKind::ShadowRejected { .. })),
-                "{what}"
-            );
+                    .any(|e| matches!(e, EventKind::ShadowRejected { .. }))
+            };
+            let watching = make(true);
+            assert!(call_ok(&watching, flavor).is_ok(), "{what}");
+            assert!(call_ok(&watching, flavor).is_ok(), "{what}");
+            assert!(!any_shadow_refusal(), "{what}");
             let enforcing = make(false);
-            let e = run(&enforcing).unwrap_err();
+            let e = call_ok(&enforcing, flavor).unwrap_err();
             assert_eq!(
                 e.rejection().map(|r| r.reason),
                 Some(RejectionReason::RateLimited),
                 "{what}"
             );
-            assert!(run(&watching).is_ok(), "{what}");
-            assert!(
-                shadowed
-                    .lock()
-                    .unwrap()
-                    .iter()
-                    .any(|e| matches!(e, EventKind::ShadowRejected { .. })),
-                "{what}"
-            );
+            assert!(call_ok(&watching, flavor).is_ok(), "{what}");
+            assert!(any_shadow_refusal(), "{what}");
             drop(watching);
-            let e = run(&enforcing).unwrap_err();
+            let e = call_ok(&enforcing, flavor).unwrap_err();
             assert!(e.is_rejected(), "{what}");
         }
     }
@@ -1965,8 +1789,7 @@ fn switching_shadow_off_keeps_the_limiters_state() {
 /// origin, also for a period that does not divide the clock's reading.
 #[test]
 fn fixed_windows_align_on_multiples_of_an_odd_period() {
-    for (flavor, listen, start) in cases() {
-        let what = format!("{flavor:?} listen={listen} start={start:?}");
+    for (flavor, listen, start, what) in cases() {
         let r = Rig::new(RateLimiter::fixed_window(1, secs(7)), start, listen);
         admitted(r.call(flavor), Duration::ZERO, &what);
         // 10^9 s = 142,857,142 x 7 s + 6 s: the window ends 1 s later.
@@ -2041,6 +1864,84 @@ impl Model {
     }
 }
 
+/// The keys of the model tests: unpartitioned, "a" and "b".
+const KEYS: [Option<&str>; 3] = [None, Some("a"), Some("b")];
+
+/// A xorshift64 generator: `next(bound)` is below `bound`.
+fn xorshift(mut seed: u64) -> impl FnMut(u64) -> u64 {
+    move |bound| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % bound
+    }
+}
+
+/// One random call of the model tests, for `check` to make.
+struct Step<'a> {
+    r: &'a Rig,
+    flavor: Flavor,
+    limiter: &'a RateLimiter,
+    what: &'a str,
+    step: u32,
+    /// The model of the call's key.
+    model: &'a mut Model,
+    key: Option<&'static str>,
+    weight: Option<u32>,
+}
+
+/// For every case and limiter, 300 random calls, each key with its own
+/// model: the clock moves on by up to 40 ms, then a key and a weight are
+/// drawn (`None`: unweighted; up to one more than the largest that fits),
+/// and `check` makes the call. One generator, from `seed`, runs through
+/// them all.
+fn against_the_model(limiters: &[RateLimiter], seed: u64, mut check: impl FnMut(Step<'_>)) {
+    let mut next = xorshift(seed);
+    for (flavor, listen, start, what) in cases() {
+        for limiter in limiters {
+            let what = format!("{what} {limiter:?}");
+            let r = Rig::new(limiter.clone(), start, listen);
+            let mut models: [Model; 3] = Default::default();
+            let largest = u64::from(limiter.limit.max(limiter.burst)) + 1;
+            for step in 0..300 {
+                r.advance(Duration::from_micros(next(40_000)));
+                let k = next(3) as usize;
+                let weight = if next(3) == 0 {
+                    None
+                } else {
+                    Some(1 + next(largest) as u32)
+                };
+                check(Step {
+                    r: &r,
+                    flavor,
+                    limiter,
+                    what: &what,
+                    step,
+                    model: &mut models[k],
+                    key: KEYS[k],
+                    weight,
+                });
+            }
+        }
+    }
+}
+
+/// A call's admission time, or the `retry_after` of its refusal, which
+/// must be the rate limiter's.
+#[track_caller]
+fn retry_after_of(
+    r: Result<Duration, Rejection>,
+    what: &str,
+) -> Result<Duration, Option<Duration>> {
+    match r {
+        Ok(at) => Ok(at),
+        Err(rej) => {
+            assert_eq!(rej.reason, RejectionReason::RateLimited, "{what}");
+            Err(rej.retry_after)
+        }
+    }
+}
+
 /// Random sequences of waits, weights (some too large) and keys: every
 /// decision and every `retry_after` of the pipeline is the model's, sync
 /// and async, with and without a listener, at 0 and far from 0.
@@ -2061,47 +1962,21 @@ fn decisions_match_a_plain_model_of_the_documented_rules() {
         RateLimiter::gcra(5_000, ms(100)),
         RateLimiter::fixed_window(5_000, ms(100)),
     ];
-    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-    let mut next = move |bound: u64| {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed % bound
-    };
-    for (flavor, listen, start) in cases() {
-        for limiter in &limiters {
-            let what = format!("{flavor:?} listen={listen} start={start:?} {limiter:?}");
-            let r = Rig::new(limiter.clone(), start, listen);
-            let mut models: [Model; 3] = Default::default();
-            let keys = [None, Some("a"), Some("b")];
-            let largest = u64::from(limiter.limit.max(limiter.burst)) + 1;
-            for step in 0..300 {
-                r.advance(Duration::from_micros(next(40_000)));
-                let k = next(3) as usize;
-                let weight = if next(3) == 0 {
-                    None
-                } else {
-                    Some(1 + next(largest) as u32)
-                };
-                let now = r.clock.now().as_nanos() as u64;
-                let want = models[k].admit(limiter, now, weight.unwrap_or(1));
-                let got = match r.go(flavor, keys[k], weight) {
-                    Ok(_) => Ok(()),
-                    Err(rej) => {
-                        assert_eq!(rej.reason, RejectionReason::RateLimited, "{what}");
-                        Err(rej.retry_after)
-                    }
-                };
-                assert_eq!(
-                    got,
-                    want,
-                    "{what}: step {step}, key {:?}, weight {weight:?}, at {:?}",
-                    keys[k],
-                    r.elapsed()
-                );
-            }
-        }
-    }
+    against_the_model(&limiters, 0x9e37_79b9_7f4a_7c15, |s| {
+        let now = s.r.clock.now().as_nanos() as u64;
+        let want = s.model.admit(s.limiter, now, s.weight.unwrap_or(1));
+        let got = retry_after_of(s.r.go(s.flavor, s.key, s.weight), s.what).map(|_| ());
+        assert_eq!(
+            got,
+            want,
+            "{}: step {}, key {:?}, weight {:?}, at {:?}",
+            s.what,
+            s.step,
+            s.key,
+            s.weight,
+            s.r.elapsed()
+        );
+    });
 }
 
 /// The same with `max_wait`: a call whose permit is at most `max_wait` away
@@ -2109,6 +1984,7 @@ fn decisions_match_a_plain_model_of_the_documented_rules() {
 /// is refused at once with the model's `retry_after`.
 #[test]
 fn waits_match_a_plain_model_of_the_documented_rules() {
+    let max_wait = ms(40);
     let limiters = [
         RateLimiter::gcra(3, ms(90)),
         RateLimiter::gcra(5, ms(100)).burst(2),
@@ -2117,61 +1993,31 @@ fn waits_match_a_plain_model_of_the_documented_rules() {
         RateLimiter::fixed_window(1, ms(30)),
         RateLimiter::sliding_window(4, ms(100)),
         RateLimiter::sliding_window(6, ms(70)),
-    ];
-    let mut seed = 0x2545_f491_4f6c_dd1du64;
-    let mut next = move |bound: u64| {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed % bound
-    };
-    for (flavor, listen, start) in cases() {
-        for limiter in &limiters {
-            let max_wait = ms(40);
-            let limiter = limiter.clone().max_wait(max_wait);
-            let what = format!("{flavor:?} listen={listen} start={start:?} {limiter:?}");
-            let r = Rig::new(limiter.clone(), start, listen);
-            let mut models: [Model; 3] = Default::default();
-            let keys = [None, Some("a"), Some("b")];
-            let largest = u64::from(limiter.limit.max(limiter.burst)) + 1;
-            for step in 0..300 {
-                r.advance(Duration::from_micros(next(40_000)));
-                let k = next(3) as usize;
-                let weight = if next(3) == 0 {
-                    None
-                } else {
-                    Some(1 + next(largest) as u32)
-                };
-                let n = weight.unwrap_or(1);
-                let now = r.clock.now().as_nanos() as u64;
-                let before = r.elapsed();
-                let want = match models[k].admit(&limiter, now, n) {
-                    Ok(()) => Ok(before),
-                    Err(Some(w)) if w <= max_wait => {
-                        let at = now + w.as_nanos() as u64;
-                        assert_eq!(models[k].admit(&limiter, at, n), Ok(()), "model");
-                        Ok(before + w)
-                    }
-                    Err(e) => Err(e),
-                };
-                let got = match r.go(flavor, keys[k], weight) {
-                    Ok(at) => Ok(at),
-                    Err(rej) => {
-                        assert_eq!(rej.reason, RejectionReason::RateLimited, "{what}");
-                        Err(rej.retry_after)
-                    }
-                };
-                assert_eq!(
-                    got, want,
-                    "{what}: step {step}, key {:?}, weight {weight:?}, at {before:?}",
-                    keys[k]
-                );
-                if want.is_err() {
-                    assert_eq!(r.elapsed(), before, "{what}: step {step}");
-                }
+    ]
+    .map(|l| l.max_wait(max_wait));
+    against_the_model(&limiters, 0x2545_f491_4f6c_dd1d, |s| {
+        let n = s.weight.unwrap_or(1);
+        let now = s.r.clock.now().as_nanos() as u64;
+        let before = s.r.elapsed();
+        let want = match s.model.admit(s.limiter, now, n) {
+            Ok(()) => Ok(before),
+            Err(Some(w)) if w <= max_wait => {
+                let at = now + w.as_nanos() as u64;
+                assert_eq!(s.model.admit(s.limiter, at, n), Ok(()), "model");
+                Ok(before + w)
             }
+            Err(e) => Err(e),
+        };
+        let got = retry_after_of(s.r.go(s.flavor, s.key, s.weight), s.what);
+        assert_eq!(
+            got, want,
+            "{}: step {}, key {:?}, weight {:?}, at {before:?}",
+            s.what, s.step, s.key, s.weight
+        );
+        if want.is_err() {
+            assert_eq!(s.r.elapsed(), before, "{}: step {}", s.what, s.step);
         }
-    }
+    });
 }
 
 /// Keys are partitions by value: a `String` and a `&'static str` of the
@@ -2180,12 +2026,10 @@ fn waits_match_a_plain_model_of_the_documented_rules() {
 /// its decimal text.
 #[test]
 fn partition_keys_are_compared_by_value_whatever_their_kind() {
-    for (flavor, listen, start) in cases() {
-        let what = format!("{flavor:?} listen={listen} start={start:?}");
+    for (flavor, listen, start, what) in cases() {
         let r = Rig::new(RateLimiter::gcra(1, secs(10)), start, listen);
-        let go = |key: seawall::PartitionKey| match flavor {
-            Flavor::Sync => r.p.partition(key).call(|_| Ok::<_, Boom>(())),
-            Flavor::Async => rt().block_on(r.p.partition(key).run(|_| async { Ok::<_, Boom>(()) })),
+        let go = |key: seawall::PartitionKey| {
+            exec_on!(r.p.partition(key), flavor, |_| Ok::<_, Boom>(()))
         };
         for i in 0..200u64 {
             assert!(go(i.into()).is_ok(), "{what}: int {i}");
@@ -2220,30 +2064,21 @@ fn partition_keys_are_compared_by_value_whatever_their_kind() {
 /// permit would come after it, with the limiter's refusal.
 #[test]
 fn timeouts_bound_the_permit_waits_of_attempts() {
-    for (flavor, listen, start) in cases() {
-        let what = format!("{flavor:?} listen={listen} start={start:?}");
+    for (flavor, listen, start, what) in cases() {
         let limiter = RateLimiter::gcra(1, secs(1)).max_wait(secs(5));
-        let retry = || Retry::constant(Duration::ZERO).max_attempts(3);
         let times = Mutex::new(Vec::new());
         let run = |r: &Rig| {
             times.lock().unwrap().clear();
-            let clock = r.clock.clone();
-            let op = |_ctx: seawall::Context| {
-                times.lock().unwrap().push(clock.now() - r.start);
-                Err::<(), _>(Boom)
-            };
-            match flavor {
-                Flavor::Sync => r.p.call(op),
-                Flavor::Async => rt().block_on(r.p.run(|ctx| {
-                    let x = op(ctx);
-                    async move { x }
-                })),
-            }
+            exec(&r.p, flavor, |_ctx| {
+                times.lock().unwrap().push(r.elapsed());
+                Err::<(), _>(Boom(0))
+            })
         };
+        let refused_after_1s = |res: &Result<(), Error<Boom>>| matches!(res, Err(Error::Rejected(rej)) if rej.reason == RejectionReason::RateLimited && rej.retry_after == Some(secs(1)));
         // Each attempt may wait 500 ms: the second is refused at once.
         let r = Rig::with(
             |b| {
-                b.retry(retry())
+                b.retry(three_attempts())
                     .timeout(ms(500))
                     .rate_limiter(limiter.clone())
             },
@@ -2251,10 +2086,7 @@ fn timeouts_bound_the_permit_waits_of_attempts() {
             listen,
         );
         let res = run(&r);
-        assert!(
-            matches!(&res, Err(Error::Rejected(rej)) if rej.reason == RejectionReason::RateLimited && rej.retry_after == Some(secs(1))),
-            "{what}: {res:?}"
-        );
+        assert!(refused_after_1s(&res), "{what}: {res:?}");
         assert_eq!(*times.lock().unwrap(), vec![ms(0)], "{what}");
         assert_eq!(r.elapsed(), Duration::ZERO, "{what}");
 
@@ -2263,17 +2095,14 @@ fn timeouts_bound_the_permit_waits_of_attempts() {
         let r = Rig::with(
             |b| {
                 b.timeout(ms(1500))
-                    .retry(retry())
+                    .retry(three_attempts())
                     .rate_limiter(limiter.clone())
             },
             start,
             listen,
         );
         let res = run(&r);
-        assert!(
-            matches!(&res, Err(Error::Rejected(rej)) if rej.reason == RejectionReason::RateLimited && rej.retry_after == Some(secs(1))),
-            "{what}: {res:?}"
-        );
+        assert!(refused_after_1s(&res), "{what}: {res:?}");
         assert_eq!(*times.lock().unwrap(), vec![ms(0), secs(1)], "{what}");
         assert_eq!(r.elapsed(), secs(1), "{what}");
     }
@@ -2285,61 +2114,59 @@ fn timeouts_bound_the_permit_waits_of_attempts() {
 /// admission (0-based) runs no earlier than (k - 9) x 100 ms.
 #[test]
 fn waiters_on_many_threads_are_all_admitted_in_turn() {
-    for listen in [false, true] {
-        for start in STARTS {
-            for blocking in [false, true] {
-                let what = format!("listen={listen} start={start:?} blocking={blocking}");
-                let r = Rig::new(
-                    RateLimiter::gcra(10, secs(1)).max_wait(secs(5)),
-                    start,
-                    listen,
+    for (listen, start, what) in listen_starts() {
+        for blocking in [false, true] {
+            let what = format!("{what} blocking={blocking}");
+            let r = Rig::new(
+                RateLimiter::gcra(10, secs(1)).max_wait(secs(5)),
+                start,
+                listen,
+            );
+            let times: Vec<Result<Duration, String>> = if blocking {
+                std::thread::scope(|s| {
+                    let handles: Vec<_> = (0..30)
+                        .map(|_| s.spawn(|| r.call(Flavor::Sync).map_err(|e| format!("{e:?}"))))
+                        .collect();
+                    handles.into_iter().map(|h| h.join().unwrap()).collect()
+                })
+            } else {
+                let runtime = tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .enable_time()
+                    .build()
+                    .unwrap();
+                runtime.block_on(async {
+                    let mut set = tokio::task::JoinSet::new();
+                    for _ in 0..30 {
+                        let p = r.p.clone();
+                        let clock = r.clock.clone();
+                        set.spawn(async move {
+                            p.run(|_ctx| {
+                                let t = clock.now() - start;
+                                async move { Ok::<Duration, Boom>(t) }
+                            })
+                            .await
+                            .map_err(|e| format!("{e:?}"))
+                        });
+                    }
+                    let mut out = Vec::new();
+                    while let Some(x) = set.join_next().await {
+                        out.push(x.unwrap());
+                    }
+                    out
+                })
+            };
+            let mut ran: Vec<Duration> = times
+                .into_iter()
+                .map(|t| t.unwrap_or_else(|e| panic!("{what}: refused {e}")))
+                .collect();
+            ran.sort();
+            for (k, t) in ran.iter().enumerate() {
+                let earliest = ms((k as u64).saturating_sub(9) * 100);
+                assert!(
+                    *t >= earliest,
+                    "{what}: admission {k} at {t:?} < {earliest:?}"
                 );
-                let times: Vec<Result<Duration, String>> = if blocking {
-                    std::thread::scope(|s| {
-                        let handles: Vec<_> = (0..30)
-                            .map(|_| s.spawn(|| r.call(Flavor::Sync).map_err(|e| format!("{e:?}"))))
-                            .collect();
-                        handles.into_iter().map(|h| h.join().unwrap()).collect()
-                    })
-                } else {
-                    let runtime = tokio::runtime::Builder::new_multi_thread()
-                        .worker_threads(2)
-                        .enable_time()
-                        .build()
-                        .unwrap();
-                    runtime.block_on(async {
-                        let mut set = tokio::task::JoinSet::new();
-                        for _ in 0..30 {
-                            let p = r.p.clone();
-                            let clock = r.clock.clone();
-                            set.spawn(async move {
-                                p.run(|_ctx| {
-                                    let t = clock.now() - start;
-                                    async move { Ok::<Duration, Boom>(t) }
-                                })
-                                .await
-                                .map_err(|e| format!("{e:?}"))
-                            });
-                        }
-                        let mut out = Vec::new();
-                        while let Some(x) = set.join_next().await {
-                            out.push(x.unwrap());
-                        }
-                        out
-                    })
-                };
-                let mut ran: Vec<Duration> = times
-                    .into_iter()
-                    .map(|t| t.unwrap_or_else(|e| panic!("{what}: refused {e}")))
-                    .collect();
-                ran.sort();
-                for (k, t) in ran.iter().enumerate() {
-                    let earliest = ms((k as u64).saturating_sub(9) * 100);
-                    assert!(
-                        *t >= earliest,
-                        "{what}: admission {k} at {t:?} < {earliest:?}"
-                    );
-                }
             }
         }
     }

@@ -10,6 +10,8 @@
 //! and far from it), sync (`call`) and async (`run`), with and without an
 //! event listener where both exist.
 
+mod support;
+
 use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::pin;
@@ -21,19 +23,12 @@ use std::time::Duration;
 use seawall::classify::MAX_RETRY_AFTER;
 use seawall::error::TimeoutScope;
 use seawall::event::GiveUpReason;
-use seawall::pipeline::{Handles, HandlesSync};
+use seawall::pipeline::{Handles, HandlesSync, Kind};
 use seawall::testing::{SeededRandom, SequenceRandom, VirtualClock};
 use seawall::*;
+use support::{clock_at, exec, ms, reason, recorder, rt, secs, unique, Boom, Flavor, Log, FLAVORS};
 
 // ------------------------------------------------------------------ helpers
-
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
-fn secs(n: u64) -> Duration {
-    Duration::from_secs(n)
-}
 
 /// The clock's starting points: 0, and 10^9 s (a process up for decades).
 const ORIGINS: [Duration; 2] = [Duration::ZERO, Duration::from_secs(1_000_000_000)];
@@ -41,53 +36,50 @@ const ORIGINS: [Duration; 2] = [Duration::ZERO, Duration::from_secs(1_000_000_00
 /// The largest `f64` below 1: the highest draw a `Random` may return.
 const TOP: f64 = 1.0 - f64::EPSILON / 2.0;
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Boom(u32);
-
-impl std::fmt::Display for Boom {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "boom {}", self.0)
-    }
-}
-
-impl std::error::Error for Boom {}
-
-type Log = Arc<Mutex<Vec<EventKind>>>;
-
-fn unique(prefix: &str) -> String {
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    format!("retry-{prefix}-{}", NEXT.fetch_add(1, Ordering::Relaxed))
-}
-
 /// A builder on its own store and a virtual clock at `origin`, recording
 /// events when `listen`.
 fn builder(name: &str, origin: Duration, listen: bool) -> (PipelineBuilder, VirtualClock, Log) {
-    let clock = VirtualClock::starting_at(origin);
-    let log: Log = Arc::default();
-    let mut b = Pipeline::builder(unique(name))
+    let clock = clock_at(origin);
+    let (log, record) = recorder();
+    let b = Pipeline::builder(unique(&format!("retry-{name}")))
         .store(MemoryStore::new())
         .clock(clock.clone());
-    if listen {
-        let l = log.clone();
-        b = b.on_event(move |e: &Event<'_>| l.lock().unwrap().push(e.kind.clone()));
-    }
+    let b = if listen { b.on_event(record) } else { b };
     (b, clock, log)
 }
 
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()
-        .unwrap()
+/// `builder`, configured by `configure` and built.
+fn pipeline<K: Kind>(
+    name: &str,
+    origin: Duration,
+    listen: bool,
+    configure: impl FnOnce(PipelineBuilder) -> PipelineBuilder<K>,
+) -> (Pipeline<K>, VirtualClock, Log) {
+    let (b, clock, log) = builder(name, origin, listen);
+    (configure(b).build().unwrap(), clock, log)
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Flavor {
-    Sync,
-    Async,
+/// A pipeline with `retry` as its only policy.
+fn retrying(
+    name: &str,
+    origin: Duration,
+    listen: bool,
+    retry: Retry,
+) -> (Pipeline, VirtualClock, Log) {
+    pipeline(name, origin, listen, |b| b.retry(retry))
 }
 
-const FLAVORS: [Flavor; 2] = [Flavor::Sync, Flavor::Async];
+/// A retry with a 100 ms constant backoff over 3 attempts, then a timeout
+/// of 1 s for each attempt.
+fn per_attempt_timeout(b: PipelineBuilder) -> PipelineBuilder {
+    b.retry(Retry::constant(ms(100)).max_attempts(3))
+        .timeout(secs(1))
+}
+
+/// A constant backoff of `delay` over at most `attempts`, drawing on `budget`.
+fn budgeted(delay: Duration, attempts: u32, budget: RetryBudget) -> Retry {
+    Retry::constant(delay).max_attempts(attempts).budget(budget)
+}
 
 /// Every combination of flavor, listener and clock origin.
 fn matrix() -> Vec<(Flavor, bool, Duration)> {
@@ -102,32 +94,14 @@ fn matrix() -> Vec<(Flavor, bool, Duration)> {
     v
 }
 
-/// One call, with an operation whose result is ready at once.
-fn exec<K, T, E>(
-    p: &Pipeline<K>,
-    flavor: Flavor,
-    mut op: impl FnMut(Context) -> Result<T, E>,
-) -> Result<T, Error<E>>
-where
-    K: HandlesSync<T, E> + Handles<T, E>,
-{
-    match flavor {
-        Flavor::Sync => p.call(op),
-        Flavor::Async => rt().block_on(p.run(|ctx| {
-            let r = op(ctx);
-            async move { r }
-        })),
-    }
-}
-
 /// What a call that failed `fail` times saw: each attempt's number and the
 /// clock when it started, and the result.
-struct Seen<T> {
+struct Seen {
     starts: Vec<(u32, Duration)>,
-    result: Result<T, Error<Boom>>,
+    result: Result<u32, Error<Boom>>,
 }
 
-impl<T> Seen<T> {
+impl Seen {
     fn attempts(&self) -> u32 {
         self.starts.len() as u32
     }
@@ -144,46 +118,145 @@ fn call_failing<K>(
     clock: &VirtualClock,
     flavor: Flavor,
     ok_at: Option<u32>,
-) -> Seen<u32>
+) -> Seen
 where
-    K: HandlesSync<u32, Boom> + Handles<u32, Boom>,
+    K: HandlesSync<u32, Boom>,
 {
-    let starts = Mutex::new(Vec::new());
+    let mut starts = Vec::new();
     let result = exec(p, flavor, |ctx: Context| {
         let n = ctx.attempt();
-        starts.lock().unwrap().push((n, clock.now()));
+        starts.push((n, clock.now()));
         if Some(n) == ok_at {
             Ok(n)
         } else {
             Err(Boom(n))
         }
     });
-    Seen {
-        starts: starts.into_inner().unwrap(),
-        result,
+    Seen { starts, result }
+}
+
+/// What `look` saw of each attempt's context, in a call whose attempts all
+/// fail.
+fn each_attempt<K, V>(p: &Pipeline<K>, flavor: Flavor, look: impl Fn(&Context) -> V) -> Vec<V>
+where
+    K: HandlesSync<(), Boom>,
+{
+    let mut seen = Vec::new();
+    let _ = exec(p, flavor, |ctx: Context| {
+        seen.push(look(&ctx));
+        Err::<(), _>(Boom(ctx.attempt()))
+    });
+    seen
+}
+
+/// An async call whose attempt `n`, with `(sleep, result) = plan(n)`, sleeps
+/// `sleep` on `clock` (when `Some`), then returns `result`.
+fn run_sleeping<K>(
+    p: &Pipeline<K>,
+    clock: &VirtualClock,
+    plan: impl Fn(u32) -> (Option<Duration>, Result<u32, Boom>),
+) -> Result<u32, Error<Boom>>
+where
+    K: Handles<u32, Boom>,
+{
+    rt().block_on(p.run(|ctx| {
+        let (sleep, result) = plan(ctx.attempt());
+        let c = clock.clone();
+        async move {
+            if let Some(d) = sleep {
+                Clock::sleep(&c, d).await;
+            }
+            result
+        }
+    }))
+}
+
+/// The call ran `n` attempts and ended with attempt `n`'s error as the
+/// operation returned it: it was not retried.
+fn assert_not_retried_after(seen: &Seen, n: u32, what: &str) {
+    assert_eq!(seen.attempts(), n, "{what}");
+    assert!(
+        matches!(seen.result, Err(Error::Operation(Boom(m))) if m == n),
+        "{what}: {:?}",
+        seen.result
+    );
+}
+
+/// The call gave up after `n` attempts with attempt `n`'s error.
+fn assert_exhausted(result: &Result<u32, Error<Boom>>, n: u32, what: &str) {
+    assert!(
+        matches!(result, Err(Error::RetryExhausted { attempts, last: Boom(m) }) if *attempts == n && *m == n),
+        "{what}: {result:?}"
+    );
+}
+
+/// The call timed out in `scope`, after `after`, at attempt `attempts`.
+fn assert_timed_out(
+    result: &Result<u32, Error<Boom>>,
+    scope: TimeoutScope,
+    after: Duration,
+    attempts: u32,
+) {
+    match result {
+        Err(Error::Timeout(t)) => {
+            assert_eq!((t.scope, t.after, t.attempts), (scope, after, attempts))
+        }
+        other => panic!("{other:?}"),
     }
 }
 
+/// One call whose attempts all fail: it ran `attempts`, and left `tokens`
+/// in `budget`.
+fn assert_call_leaves<K>(
+    p: &Pipeline<K>,
+    clock: &VirtualClock,
+    flavor: Flavor,
+    budget: &RetryBudget,
+    attempts: u32,
+    tokens: f64,
+    what: &str,
+) -> Seen
+where
+    K: HandlesSync<u32, Boom>,
+{
+    let seen = call_failing(p, clock, flavor, None);
+    assert_eq!(seen.attempts(), attempts, "{what}");
+    assert_eq!(budget.tokens(), tokens, "{what}");
+    seen
+}
+
+/// The recorded events `pick` picks, in order.
+fn events<V>(log: &Log, pick: impl Fn(&EventKind) -> Option<V>) -> Vec<V> {
+    log.lock().unwrap().iter().filter_map(pick).collect()
+}
+
 fn scheduled(log: &Log) -> Vec<Duration> {
-    log.lock()
-        .unwrap()
-        .iter()
-        .filter_map(|e| match e {
-            EventKind::RetryScheduled { delay, .. } => Some(*delay),
-            _ => None,
-        })
-        .collect()
+    events(log, |e| match e {
+        EventKind::RetryScheduled { delay, .. } => Some(*delay),
+        _ => None,
+    })
 }
 
 fn gave_up(log: &Log) -> Vec<(u32, GiveUpReason)> {
-    log.lock()
-        .unwrap()
-        .iter()
-        .filter_map(|e| match e {
-            EventKind::RetryGaveUp { attempts, reason } => Some((*attempts, *reason)),
-            _ => None,
-        })
-        .collect()
+    events(log, |e| match e {
+        EventKind::RetryGaveUp { attempts, reason } => Some((*attempts, *reason)),
+        _ => None,
+    })
+}
+
+type Hooked = Arc<Mutex<Vec<(u32, u32, Duration)>>>;
+
+/// An `on_retry` hook recording, for each retry, the error's number, the
+/// failed attempt's number and the wait.
+fn hook() -> (
+    Hooked,
+    impl Fn(&Boom, u32, Duration) + Send + Sync + 'static,
+) {
+    let hooked = Hooked::default();
+    let h = hooked.clone();
+    (hooked, move |e: &Boom, attempt, delay| {
+        h.lock().unwrap().push((e.0, attempt, delay))
+    })
 }
 
 fn nanos(d: Duration) -> u128 {
@@ -223,17 +296,13 @@ fn backoff_sequences_are_exact_on_every_path() {
     ];
     for (retry, want) in cases {
         for (flavor, listen, origin) in matrix() {
-            let (b, clock, log) = builder("seq", origin, listen);
-            let p = b.retry(retry.clone().max_attempts(6)).build().unwrap();
+            let (p, clock, log) = retrying("seq", origin, listen, retry.clone().max_attempts(6));
             let seen = call_failing(&p, &clock, flavor, None);
             let ctx = format!("{retry:?} {flavor:?} listen={listen} origin={origin:?}");
             assert_eq!(seen.attempts(), 6, "{ctx}");
             assert_eq!(seen.gaps(), want, "{ctx}");
             assert_eq!(clock.now() - origin, want.iter().sum::<Duration>(), "{ctx}");
-            match &seen.result {
-                Err(Error::RetryExhausted { attempts: 6, last }) => assert_eq!(*last, Boom(6)),
-                other => panic!("{ctx}: {other:?}"),
-            }
+            assert_exhausted(&seen.result, 6, &ctx);
             if listen {
                 assert_eq!(scheduled(&log), want, "{ctx}");
             }
@@ -271,10 +340,8 @@ fn a_zero_base_retries_at_once() {
             Retry::linear(Duration::ZERO),
             Retry::exponential(Duration::ZERO).jitter(Jitter::Proportional(50.0)),
         ] {
-            let (b, clock, _) = builder("zero", origin, listen);
-            let p = b.retry(retry.max_attempts(4)).build().unwrap();
-            let seen = call_failing(&p, &clock, flavor, None);
-            assert_eq!(seen.attempts(), 4);
+            let (p, clock, _) = retrying("zero", origin, listen, retry.max_attempts(4));
+            assert_eq!(call_failing(&p, &clock, flavor, None).attempts(), 4);
             assert_eq!(clock.now(), origin);
         }
     }
@@ -288,21 +355,13 @@ fn a_zero_base_retries_at_once() {
 fn max_attempts_counts_the_first_call() {
     for (flavor, listen, origin) in matrix() {
         for n in [1u32, 2, 3, 7] {
-            let (b, clock, log) = builder("count", origin, listen);
-            let p = b
-                .retry(Retry::constant(ms(10)).max_attempts(n))
-                .build()
-                .unwrap();
+            let retry = Retry::constant(ms(10)).max_attempts(n);
+            let (p, clock, log) = retrying("count", origin, listen, retry);
             let seen = call_failing(&p, &clock, flavor, None);
             let numbers: Vec<u32> = seen.starts.iter().map(|s| s.0).collect();
             assert_eq!(numbers, (1..=n).collect::<Vec<_>>());
             assert_eq!(clock.now() - origin, ms(10) * (n - 1));
-            match seen.result {
-                Err(Error::RetryExhausted { attempts, last }) => {
-                    assert_eq!((attempts, last), (n, Boom(n)))
-                }
-                other => panic!("{flavor:?} n={n}: {other:?}"),
-            }
+            assert_exhausted(&seen.result, n, &format!("{flavor:?} n={n}"));
             if listen {
                 assert_eq!(scheduled(&log).len() as u32, n - 1);
                 // Running out of attempts is not "giving up early".
@@ -315,11 +374,8 @@ fn max_attempts_counts_the_first_call() {
 #[test]
 fn a_success_ends_the_retries() {
     for (flavor, listen, origin) in matrix() {
-        let (b, clock, _) = builder("succeed", origin, listen);
-        let p = b
-            .retry(Retry::exponential(ms(100)).max_attempts(5))
-            .build()
-            .unwrap();
+        let retry = Retry::exponential(ms(100)).max_attempts(5);
+        let (p, clock, _) = retrying("succeed", origin, listen, retry);
         let seen = call_failing(&p, &clock, flavor, Some(3));
         assert_eq!(seen.attempts(), 3);
         assert_eq!(seen.result.unwrap(), 3);
@@ -330,18 +386,10 @@ fn a_success_ends_the_retries() {
 #[test]
 fn only_the_first_attempt_is_first() {
     for flavor in FLAVORS {
-        let (b, clock, _) = builder("first", ORIGINS[1], false);
-        let p = b
-            .retry(Retry::constant(ms(1)).max_attempts(3))
-            .build()
-            .unwrap();
-        let firsts = Mutex::new(Vec::new());
-        let _ = exec(&p, flavor, |ctx: Context| {
-            firsts.lock().unwrap().push(ctx.is_first_attempt());
-            Err::<(), _>(Boom(0))
-        });
-        assert_eq!(*firsts.lock().unwrap(), [true, false, false]);
-        let _ = clock;
+        let retry = Retry::constant(ms(1)).max_attempts(3);
+        let (p, _, _) = retrying("first", ORIGINS[1], false, retry);
+        let firsts = each_attempt(&p, flavor, |ctx| ctx.is_first_attempt());
+        assert_eq!(firsts, [true, false, false]);
     }
 }
 
@@ -506,16 +554,14 @@ fn jittered_delays_respect_the_cap_as_documented() {
 #[test]
 fn sequence_random_makes_jitter_exact() {
     for (flavor, listen, origin) in matrix() {
-        let (b, clock, log) = builder("exact-jitter", origin, listen);
-        let p = b
-            .retry(
+        let (p, clock, log) = pipeline("exact-jitter", origin, listen, |b| {
+            b.retry(
                 Retry::exponential(secs(1))
                     .max_attempts(4)
                     .jitter(Jitter::Full),
             )
             .random(SequenceRandom::new([0.5, 0.25]))
-            .build()
-            .unwrap();
+        });
         let seen = call_failing(&p, &clock, flavor, None);
         // 1 s x 0.5, 2 s x 0.25, 4 s x 0.5.
         let want = vec![ms(500), ms(500), secs(2)];
@@ -534,26 +580,21 @@ fn jittered_waits_in_a_pipeline_lie_in_range_and_agree_with_events() {
     for (flavor, _, origin) in matrix() {
         for jitter in JITTERS {
             for seed in 0..20u64 {
-                let (b, clock, log) = builder("jitter-pipe", origin, true);
-                let hooked = Arc::new(Mutex::new(Vec::new()));
-                let h = hooked.clone();
-                let p = b
-                    .retry(
+                let (hooked, on_retry) = hook();
+                let (p, clock, log) = pipeline("jitter-pipe", origin, true, |b| {
+                    b.retry(
                         Retry::exponential(ms(100))
                             .cap(secs(1))
                             .max_attempts(8)
                             .jitter(jitter),
                     )
                     .random(SeededRandom::new(seed))
-                    .on_retry(move |_e: &Boom, attempt, delay| {
-                        h.lock().unwrap().push((attempt, delay))
-                    })
-                    .build()
-                    .unwrap();
+                    .on_retry(on_retry)
+                });
                 let seen = call_failing(&p, &clock, flavor, None);
                 let gaps = seen.gaps();
                 assert_eq!(gaps, scheduled(&log));
-                let hooked: Vec<Duration> = hooked.lock().unwrap().iter().map(|h| h.1).collect();
+                let hooked: Vec<Duration> = hooked.lock().unwrap().iter().map(|h| h.2).collect();
                 assert_eq!(gaps, hooked);
                 for (i, g) in gaps.iter().enumerate() {
                     let raw = Retry::exponential(ms(100)).cap(secs(1)).delay(
@@ -580,12 +621,10 @@ fn decorrelated_delays_stay_between_base_and_three_times_the_previous() {
     let (base, cap) = (ms(100), secs(5));
     for (flavor, listen, origin) in matrix() {
         for seed in 0..30u64 {
-            let (b, clock, log) = builder("decorrelated", origin, listen);
-            let p = b
-                .retry(Retry::decorrelated(base, cap).max_attempts(12))
-                .random(SeededRandom::new(seed))
-                .build()
-                .unwrap();
+            let (p, clock, log) = pipeline("decorrelated", origin, listen, |b| {
+                b.retry(Retry::decorrelated(base, cap).max_attempts(12))
+                    .random(SeededRandom::new(seed))
+            });
             let seen = call_failing(&p, &clock, flavor, None);
             let gaps = seen.gaps();
             assert_eq!(gaps.len(), 11);
@@ -623,12 +662,10 @@ fn a_retry_after_hint_is_a_floor_on_the_wait() {
     for (retry, hint, want) in cases {
         for (flavor, listen, origin) in matrix() {
             for verdict in [Verdict::retry(), Verdict::throttled()] {
-                let (b, clock, log) = builder("hint", origin, listen);
-                let p = b
-                    .retry(retry.clone().max_attempts(2))
-                    .classify(move |_: &Boom| verdict.with_retry_after(hint))
-                    .build()
-                    .unwrap();
+                let (p, clock, log) = pipeline("hint", origin, listen, |b| {
+                    b.retry(retry.clone().max_attempts(2))
+                        .classify(move |_: &Boom| verdict.with_retry_after(hint))
+                });
                 let seen = call_failing(&p, &clock, flavor, None);
                 let ctx = format!("{retry:?} hint {hint:?} {verdict:?} {flavor:?} {origin:?}");
                 assert_eq!(seen.attempts(), 2, "{ctx}");
@@ -646,17 +683,15 @@ fn a_retry_after_hint_is_a_floor_on_the_wait() {
 fn a_retry_after_hint_is_a_floor_under_jitter() {
     for flavor in FLAVORS {
         for seed in 0..20 {
-            let (b, clock, _) = builder("hint-jitter", ORIGINS[1], false);
-            let p = b
-                .retry(
+            let (p, clock, _) = pipeline("hint-jitter", ORIGINS[1], false, |b| {
+                b.retry(
                     Retry::constant(secs(2))
                         .jitter(Jitter::Full)
                         .max_attempts(3),
                 )
                 .random(SeededRandom::new(seed))
                 .classify(|_: &Boom| Verdict::retry().with_retry_after(secs(1)))
-                .build()
-                .unwrap();
+            });
             let seen = call_failing(&p, &clock, flavor, None);
             for g in seen.gaps() {
                 assert!(secs(1) <= g && g <= secs(2), "{g:?}");
@@ -670,18 +705,12 @@ fn a_retry_after_hint_is_a_floor_under_jitter() {
 fn a_hint_on_an_error_that_is_not_retried_is_not_waited() {
     for (flavor, listen, origin) in matrix() {
         for verdict in [Verdict::failure(), Verdict::abort(), Verdict::ignore()] {
-            let (b, clock, _) = builder("hint-no", origin, listen);
-            let p = b
-                .retry(Retry::constant(ms(10)).max_attempts(3))
-                .classify(move |_: &Boom| verdict.with_retry_after(secs(5)))
-                .build()
-                .unwrap();
+            let (p, clock, _) = pipeline("hint-no", origin, listen, |b| {
+                b.retry(Retry::constant(ms(10)).max_attempts(3))
+                    .classify(move |_: &Boom| verdict.with_retry_after(secs(5)))
+            });
             let seen = call_failing(&p, &clock, flavor, None);
-            assert_eq!(seen.attempts(), 1, "{verdict:?}");
-            assert!(
-                matches!(seen.result, Err(Error::Operation(Boom(1)))),
-                "{verdict:?}"
-            );
+            assert_not_retried_after(&seen, 1, &format!("{verdict:?}"));
             assert_eq!(clock.now(), origin);
         }
     }
@@ -692,39 +721,24 @@ fn a_hint_on_an_error_that_is_not_retried_is_not_waited() {
 #[test]
 fn a_hint_past_the_deadline_gives_up_with_the_last_error() {
     for (flavor, listen, origin) in matrix() {
-        let (b, clock, log) = builder("hint-deadline", origin, listen);
-        let p = b
-            .timeout(secs(10))
-            .retry(Retry::constant(ms(1)).max_attempts(3))
-            .classify(|_: &Boom| Verdict::retry().with_retry_after(secs(11)))
-            .build()
-            .unwrap();
-        let seen = call_failing(&p, &clock, flavor, None);
+        // A call with a 10 s deadline whose errors all hint `hint`.
+        let hinted = |name: &str, hint: Duration| {
+            let (p, clock, log) = pipeline(name, origin, listen, |b| {
+                b.timeout(secs(10))
+                    .retry(Retry::constant(ms(1)).max_attempts(3))
+                    .classify(move |_: &Boom| Verdict::retry().with_retry_after(hint))
+            });
+            (call_failing(&p, &clock, flavor, None), clock, log)
+        };
+        let (seen, clock, log) = hinted("hint-deadline", secs(11));
         assert_eq!(seen.attempts(), 1);
-        assert!(
-            matches!(
-                seen.result,
-                Err(Error::RetryExhausted {
-                    attempts: 1,
-                    last: Boom(1)
-                })
-            ),
-            "{:?}",
-            seen.result
-        );
+        assert_exhausted(&seen.result, 1, "");
         assert_eq!(clock.now(), origin, "gave up without waiting");
         if listen {
             assert_eq!(gave_up(&log), [(1, GiveUpReason::Deadline)]);
         }
         // Exactly at the deadline: fits.
-        let (b, clock, _) = builder("hint-deadline-fit", origin, listen);
-        let p = b
-            .timeout(secs(10))
-            .retry(Retry::constant(ms(1)).max_attempts(3))
-            .classify(|_: &Boom| Verdict::retry().with_retry_after(secs(10)))
-            .build()
-            .unwrap();
-        let seen = call_failing(&p, &clock, flavor, None);
+        let (seen, _, _) = hinted("hint-deadline-fit", secs(10));
         assert_eq!(
             seen.attempts(),
             2,
@@ -740,12 +754,9 @@ fn a_hint_past_the_deadline_gives_up_with_the_last_error() {
 #[test]
 fn which_errors_are_retried() {
     for (flavor, listen, origin) in matrix() {
+        let attempts = |n| Retry::constant(ms(1)).max_attempts(n);
         // Default: every error is a retryable failure.
-        let (b, clock, _) = builder("cls-default", origin, listen);
-        let p = b
-            .retry(Retry::constant(ms(1)).max_attempts(3))
-            .build()
-            .unwrap();
+        let (p, clock, _) = retrying("cls-default", origin, listen, attempts(3));
         assert_eq!(call_failing(&p, &clock, flavor, None).attempts(), 3);
         // The classifier's verdicts.
         for (verdict, retried) in [
@@ -755,12 +766,9 @@ fn which_errors_are_retried() {
             (Verdict::abort(), false),
             (Verdict::ignore(), false),
         ] {
-            let (b, clock, _) = builder("cls", origin, listen);
-            let p = b
-                .retry(Retry::constant(ms(1)).max_attempts(3))
-                .classify(move |_: &Boom| verdict)
-                .build()
-                .unwrap();
+            let (p, clock, _) = pipeline("cls", origin, listen, |b| {
+                b.retry(attempts(3)).classify(move |_: &Boom| verdict)
+            });
             let seen = call_failing(&p, &clock, flavor, None);
             if retried {
                 assert_eq!(seen.attempts(), 3, "{verdict:?}");
@@ -769,49 +777,34 @@ fn which_errors_are_retried() {
                     Err(Error::RetryExhausted { attempts: 3, .. })
                 ));
             } else {
-                assert_eq!(seen.attempts(), 1, "{verdict:?}");
-                assert!(
-                    matches!(seen.result, Err(Error::Operation(Boom(1)))),
-                    "{verdict:?}"
-                );
+                assert_not_retried_after(&seen, 1, &format!("{verdict:?}"));
             }
         }
         // A classifier by error: attempt 2's error is not retryable.
-        let (b, clock, _) = builder("cls-by-error", origin, listen);
-        let p = b
-            .retry(Retry::constant(ms(1)).max_attempts(5))
-            .classify(|e: &Boom| {
+        let (p, clock, _) = pipeline("cls-by-error", origin, listen, |b| {
+            b.retry(attempts(5)).classify(|e: &Boom| {
                 if e.0 == 2 {
                     Verdict::failure()
                 } else {
                     Verdict::retry()
                 }
             })
-            .build()
-            .unwrap();
+        });
         let seen = call_failing(&p, &clock, flavor, None);
-        assert_eq!(seen.attempts(), 2);
-        assert!(matches!(seen.result, Err(Error::Operation(Boom(2)))));
+        assert_not_retried_after(&seen, 2, "by error");
         // retry_if narrows; abort_if wins over it.
-        let (b, clock, _) = builder("cls-if", origin, listen);
-        let p = b
-            .retry(Retry::constant(ms(1)).max_attempts(5))
-            .retry_if(|e: &Boom| e.0 < 3)
-            .build()
-            .unwrap();
+        let (p, clock, _) = pipeline("cls-if", origin, listen, |b| {
+            b.retry(attempts(5)).retry_if(|e: &Boom| e.0 < 3)
+        });
         let seen = call_failing(&p, &clock, flavor, None);
-        assert_eq!(seen.attempts(), 3);
-        assert!(matches!(seen.result, Err(Error::Operation(Boom(3)))));
-        let (b, clock, _) = builder("cls-abort", origin, listen);
-        let p = b
-            .retry(Retry::constant(ms(1)).max_attempts(5))
-            .retry_if(|_: &Boom| true)
-            .abort_if(|e: &Boom| e.0 == 2)
-            .build()
-            .unwrap();
+        assert_not_retried_after(&seen, 3, "retry_if");
+        let (p, clock, _) = pipeline("cls-abort", origin, listen, |b| {
+            b.retry(attempts(5))
+                .retry_if(|_: &Boom| true)
+                .abort_if(|e: &Boom| e.0 == 2)
+        });
         let seen = call_failing(&p, &clock, flavor, None);
-        assert_eq!(seen.attempts(), 2);
-        assert!(matches!(seen.result, Err(Error::Operation(Boom(2)))));
+        assert_not_retried_after(&seen, 2, "abort_if");
     }
 }
 
@@ -825,30 +818,17 @@ fn the_budget_deposits_per_call_and_withdraws_per_retry() {
     for (flavor, listen, origin) in matrix() {
         let budget = RetryBudget::new(0.5, 2);
         assert_eq!(budget.tokens(), 2.0, "starts full");
-        let (b, clock, log) = builder("budget", origin, listen);
-        let p = b
-            .retry(
-                Retry::constant(ms(10))
-                    .max_attempts(5)
-                    .budget(budget.clone()),
-            )
-            .build()
-            .unwrap();
+        let retry = budgeted(ms(10), 5, budget.clone());
+        let (p, clock, log) = retrying("budget", origin, listen, retry);
         let ctx = format!("{flavor:?} listen={listen} {origin:?}");
         // Call 1: full bucket (deposit capped), 2 retries, then refused.
-        let seen = call_failing(&p, &clock, flavor, None);
-        assert_eq!(seen.attempts(), 3, "{ctx}");
+        let seen = assert_call_leaves(&p, &clock, flavor, &budget, 3, 0.0, &ctx);
         assert_eq!(
-            seen.result
-                .as_ref()
-                .err()
-                .and_then(|e| e.rejection())
-                .map(|r| r.reason),
+            reason(&seen.result),
             Some(RejectionReason::RetryBudgetExhausted),
             "{ctx}: {:?}",
             seen.result
         );
-        assert_eq!(budget.tokens(), 0.0, "{ctx}");
         // The refused retry did not wait its backoff (a process budget
         // refuses before it).
         assert_eq!(clock.now() - origin, ms(20), "{ctx}");
@@ -856,13 +836,9 @@ fn the_budget_deposits_per_call_and_withdraws_per_retry() {
             assert_eq!(gave_up(&log), [(3, GiveUpReason::Budget)], "{ctx}");
         }
         // Call 2: deposits 0.5, no retry.
-        let seen = call_failing(&p, &clock, flavor, None);
-        assert_eq!(seen.attempts(), 1, "{ctx}");
-        assert_eq!(budget.tokens(), 0.5, "{ctx}");
+        assert_call_leaves(&p, &clock, flavor, &budget, 1, 0.5, &ctx);
         // Call 3: deposits 0.5 -> 1.0, one retry.
-        let seen = call_failing(&p, &clock, flavor, None);
-        assert_eq!(seen.attempts(), 2, "{ctx}");
-        assert_eq!(budget.tokens(), 0.0, "{ctx}");
+        assert_call_leaves(&p, &clock, flavor, &budget, 2, 0.0, &ctx);
         // Successful calls refill it, up to the cap.
         for i in 1..=10 {
             let seen = call_failing(&p, &clock, flavor, Some(1));
@@ -883,24 +859,16 @@ fn the_budget_deposits_per_call_and_withdraws_per_retry() {
 fn the_budget_does_not_refill_with_time_alone() {
     for flavor in FLAVORS {
         let budget = RetryBudget::new(0.1, 1);
-        let (b, clock, _) = builder("budget-time", ORIGINS[1], false);
-        let p = b
-            .retry(
-                Retry::constant(ms(10))
-                    .max_attempts(3)
-                    .budget(budget.clone()),
-            )
-            .build()
-            .unwrap();
-        assert_eq!(call_failing(&p, &clock, flavor, None).attempts(), 2);
-        assert_eq!(budget.tokens(), 0.0);
+        let retry = budgeted(ms(10), 3, budget.clone());
+        let (p, clock, _) = retrying("budget-time", ORIGINS[1], false, retry);
+        assert_call_leaves(&p, &clock, flavor, &budget, 2, 0.0, "");
         clock.advance(secs(3600));
         let seen = call_failing(&p, &clock, flavor, None);
         assert_eq!(seen.attempts(), 1);
-        assert!(matches!(
-            seen.result,
-            Err(Error::Rejected(ref r)) if r.reason == RejectionReason::RetryBudgetExhausted
-        ));
+        assert_eq!(
+            reason(&seen.result),
+            Some(RejectionReason::RetryBudgetExhausted)
+        );
         assert!((budget.tokens() - 0.1).abs() < 1e-9);
     }
 }
@@ -910,24 +878,9 @@ fn the_budget_does_not_refill_with_time_alone() {
 fn clones_of_a_budget_share_one_bucket() {
     for flavor in FLAVORS {
         let budget = RetryBudget::new(0.001, 3);
-        let (b1, c1, _) = builder("budget-a", ORIGINS[0], false);
-        let (b2, c2, _) = builder("budget-b", ORIGINS[1], true);
-        let p1 = b1
-            .retry(
-                Retry::constant(ms(1))
-                    .max_attempts(3)
-                    .budget(budget.clone()),
-            )
-            .build()
-            .unwrap();
-        let p2 = b2
-            .retry(
-                Retry::constant(ms(1))
-                    .max_attempts(3)
-                    .budget(budget.clone()),
-            )
-            .build()
-            .unwrap();
+        let retry = budgeted(ms(1), 3, budget.clone());
+        let (p1, c1, _) = retrying("budget-a", ORIGINS[0], false, retry.clone());
+        let (p2, c2, _) = retrying("budget-b", ORIGINS[1], true, retry);
         assert_eq!(call_failing(&p1, &c1, flavor, None).attempts(), 3);
         assert_eq!(call_failing(&p2, &c2, flavor, None).attempts(), 2);
         assert_eq!(call_failing(&p1, &c1, flavor, None).attempts(), 1);
@@ -954,15 +907,8 @@ fn the_budget_rule_matches_its_docs() {
 fn a_large_ratio_refills_in_one_call() {
     for flavor in FLAVORS {
         let budget = RetryBudget::new(5.0, 4);
-        let (b, clock, _) = builder("budget-large", ORIGINS[1], false);
-        let p = b
-            .retry(
-                Retry::constant(ms(1))
-                    .max_attempts(10)
-                    .budget(budget.clone()),
-            )
-            .build()
-            .unwrap();
+        let retry = budgeted(ms(1), 10, budget);
+        let (p, clock, _) = retrying("budget-large", ORIGINS[1], false, retry);
         // 4 tokens: 4 retries, then refused.
         assert_eq!(call_failing(&p, &clock, flavor, None).attempts(), 5);
         // The next call deposits 5 (capped at 4): 4 retries again.
@@ -978,53 +924,21 @@ fn a_large_ratio_refills_in_one_call() {
 #[test]
 fn a_timeout_per_attempt_is_retried_async() {
     for (_, listen, origin) in matrix() {
-        let (b, clock, log) = builder("attempt-timeout", origin, listen);
-        let p = b
-            .retry(Retry::constant(ms(100)).max_attempts(3))
-            .timeout(secs(1))
-            .build()
-            .unwrap();
+        let (p, clock, log) = pipeline("attempt-timeout", origin, listen, per_attempt_timeout);
         let runs = AtomicU32::new(0);
-        let c = clock.clone();
-        let r: Result<u32, Error<Boom>> = rt().block_on(p.run(|_ctx| {
+        let r = run_sleeping(&p, &clock, |_| {
             runs.fetch_add(1, Ordering::SeqCst);
-            let c = c.clone();
-            async move {
-                Clock::sleep(&c, secs(10)).await;
-                Ok(0)
-            }
-        }));
+            (Some(secs(10)), Ok(0))
+        });
         assert_eq!(runs.load(Ordering::SeqCst), 3);
-        match r {
-            Err(Error::Timeout(t)) => {
-                assert_eq!(
-                    (t.scope, t.after, t.attempts),
-                    (TimeoutScope::Attempt, secs(1), 3)
-                )
-            }
-            other => panic!("{other:?}"),
-        }
+        assert_timed_out(&r, TimeoutScope::Attempt, secs(1), 3);
         assert_eq!(clock.now() - origin, secs(3) + ms(200));
         if listen {
             assert_eq!(scheduled(&log), [ms(100), ms(100)]);
         }
         // A slow first attempt, then a quick one: the call succeeds.
-        let (b, clock, _) = builder("attempt-timeout-ok", origin, listen);
-        let p = b
-            .retry(Retry::constant(ms(100)).max_attempts(3))
-            .timeout(secs(1))
-            .build()
-            .unwrap();
-        let c = clock.clone();
-        let r: Result<u32, Error<Boom>> = rt().block_on(p.run(|ctx| {
-            let c = c.clone();
-            async move {
-                if ctx.attempt() == 1 {
-                    Clock::sleep(&c, secs(10)).await;
-                }
-                Ok(ctx.attempt())
-            }
-        }));
+        let (p, clock, _) = pipeline("attempt-timeout-ok", origin, listen, per_attempt_timeout);
+        let r = run_sleeping(&p, &clock, |n| ((n == 1).then_some(secs(10)), Ok(n)));
         assert_eq!(r.unwrap(), 2);
         assert_eq!(clock.now() - origin, secs(1) + ms(100));
     }
@@ -1034,18 +948,12 @@ fn a_timeout_per_attempt_is_retried_async() {
 #[test]
 fn a_timeout_per_attempt_gives_each_attempt_its_own_deadline_sync() {
     for origin in ORIGINS {
-        let (b, clock, _) = builder("attempt-deadline", origin, false);
-        let p = b
-            .retry(Retry::constant(ms(500)).max_attempts(3))
-            .timeout(secs(2))
-            .build()
-            .unwrap();
-        let remaining = Mutex::new(Vec::new());
-        let _ = p.call(|ctx| {
-            remaining.lock().unwrap().push(ctx.remaining());
-            Err::<(), _>(Boom(ctx.attempt()))
+        let (p, clock, _) = pipeline("attempt-deadline", origin, false, |b| {
+            b.retry(Retry::constant(ms(500)).max_attempts(3))
+                .timeout(secs(2))
         });
-        assert_eq!(*remaining.lock().unwrap(), [Some(secs(2)); 3]);
+        let remaining = each_attempt(&p, Flavor::Sync, |ctx| ctx.remaining());
+        assert_eq!(remaining, [Some(secs(2)); 3]);
         assert_eq!(clock.now() - origin, secs(1));
     }
 }
@@ -1056,31 +964,22 @@ fn a_timeout_per_attempt_gives_each_attempt_its_own_deadline_sync() {
 #[test]
 fn a_timeout_for_the_whole_call_bounds_the_retries() {
     for (flavor, listen, origin) in matrix() {
-        let (b, clock, log) = builder("overall", origin, listen);
-        let p = b
-            .timeout(secs(5))
-            .retry(Retry::constant(secs(2)).max_attempts(10))
-            .build()
-            .unwrap();
+        // A call bounded by `timeout`, retried every 2 s.
+        let overall = |name: &str, timeout: Duration| {
+            pipeline(name, origin, listen, |b| {
+                b.timeout(timeout)
+                    .retry(Retry::constant(secs(2)).max_attempts(10))
+            })
+        };
+        let (p, clock, log) = overall("overall", secs(5));
         let seen = call_failing(&p, &clock, flavor, None);
         assert_eq!(seen.attempts(), 3, "{flavor:?} {origin:?}");
-        assert!(matches!(
-            seen.result,
-            Err(Error::RetryExhausted {
-                attempts: 3,
-                last: Boom(3)
-            })
-        ));
+        assert_exhausted(&seen.result, 3, "");
         assert_eq!(clock.now() - origin, secs(4));
         if listen {
             assert_eq!(gave_up(&log), [(3, GiveUpReason::Deadline)]);
         }
-        let (b, clock, _) = builder("overall-fit", origin, listen);
-        let p = b
-            .timeout(secs(4))
-            .retry(Retry::constant(secs(2)).max_attempts(10))
-            .build()
-            .unwrap();
+        let (p, clock, _) = overall("overall-fit", secs(4));
         let seen = call_failing(&p, &clock, flavor, None);
         assert_eq!(
             seen.attempts(),
@@ -1090,19 +989,9 @@ fn a_timeout_for_the_whole_call_bounds_the_retries() {
         );
         assert_eq!(clock.now() - origin, secs(4));
         // Each attempt sees the time left of the whole call.
-        let (b, _, _) = builder("overall-remaining", origin, listen);
-        let p = b
-            .timeout(secs(5))
-            .retry(Retry::constant(secs(2)).max_attempts(10))
-            .build()
-            .unwrap();
-        let remaining = Mutex::new(Vec::new());
-        let _ = exec(&p, flavor, |ctx: Context| {
-            remaining.lock().unwrap().push(ctx.remaining());
-            Err::<(), _>(Boom(0))
-        });
+        let (p, _, _) = overall("overall-remaining", secs(5));
         assert_eq!(
-            *remaining.lock().unwrap(),
+            each_attempt(&p, flavor, |ctx| ctx.remaining()),
             [Some(secs(5)), Some(secs(3)), Some(secs(1))]
         );
     }
@@ -1115,26 +1004,29 @@ fn poll_once<F: Future>(f: std::pin::Pin<&mut F>) -> Poll<F::Output> {
     f.poll(&mut cx)
 }
 
+/// Polls once (pending) an async call whose attempts fail at once, then
+/// drops it: the attempts run by then, and their counter.
+fn poll_once_then_drop<K: Handles<(), Boom>>(p: &Pipeline<K>) -> (u32, Arc<AtomicU32>) {
+    let runs = Arc::new(AtomicU32::new(0));
+    let r = runs.clone();
+    let mut fut = pin!(p.run(move |_ctx| {
+        r.fetch_add(1, Ordering::SeqCst);
+        async { Err::<(), _>(Boom(0)) }
+    }));
+    assert!(poll_once(fut.as_mut()).is_pending());
+    let before_drop = runs.load(Ordering::SeqCst);
+    (before_drop, runs)
+}
+
 /// Dropping the call's future during a backoff wait stops the retries.
 #[test]
 fn dropping_the_future_during_the_backoff_stops_retrying() {
     for listen in [false, true] {
         for origin in ORIGINS {
-            let (b, clock, _) = builder("cancel", origin, listen);
-            let p = b
-                .retry(Retry::constant(secs(10)).max_attempts(5))
-                .build()
-                .unwrap();
-            let runs = Arc::new(AtomicU32::new(0));
-            {
-                let r = runs.clone();
-                let mut fut = pin!(p.run(move |_ctx| {
-                    r.fetch_add(1, Ordering::SeqCst);
-                    async { Err::<(), _>(Boom(0)) }
-                }));
-                assert!(poll_once(fut.as_mut()).is_pending());
-                assert_eq!(runs.load(Ordering::SeqCst), 1);
-            }
+            let retry = Retry::constant(secs(10)).max_attempts(5);
+            let (p, clock, _) = retrying("cancel", origin, listen, retry);
+            let (before_drop, runs) = poll_once_then_drop(&p);
+            assert_eq!(before_drop, 1);
             clock.advance(secs(3600));
             assert_eq!(runs.load(Ordering::SeqCst), 1, "listen={listen}");
         }
@@ -1145,7 +1037,7 @@ fn dropping_the_future_during_the_backoff_stops_retrying() {
 /// waits, and nothing runs afterwards.
 #[test]
 fn a_callers_timeout_cancels_the_retry_on_the_system_clock() {
-    let p = Pipeline::builder(unique("cancel-system"))
+    let p = Pipeline::builder(unique("retry-cancel-system"))
         .store(MemoryStore::new())
         .retry(Retry::constant(secs(10)).max_attempts(5))
         .build()
@@ -1178,11 +1070,8 @@ fn dropping_the_future_during_an_attempt_drops_the_attempt() {
         }
     }
     for listen in [false, true] {
-        let (b, clock, _) = builder("cancel-attempt", ORIGINS[1], listen);
-        let p = b
-            .retry(Retry::constant(secs(1)).max_attempts(5))
-            .build()
-            .unwrap();
+        let retry = Retry::constant(secs(1)).max_attempts(5);
+        let (p, clock, _) = retrying("cancel-attempt", ORIGINS[1], listen, retry);
         let dropped = Arc::new(AtomicU32::new(0));
         let runs = Arc::new(AtomicU32::new(0));
         {
@@ -1212,17 +1101,15 @@ fn dropping_the_future_during_an_attempt_drops_the_attempt() {
 fn many_attempts_of_an_uncapped_exponential_never_overflow() {
     for (flavor, listen, origin) in matrix() {
         for jitter in [Jitter::None, Jitter::Full, Jitter::Proportional(50.0)] {
-            let (b, clock, log) = builder("overflow", origin, true);
-            let p = b
-                .retry(
+            let (p, clock, log) = pipeline("overflow", origin, true, |b| {
+                b.retry(
                     Retry::exponential(secs(1))
                         .multiplier(10.0)
                         .max_attempts(200)
                         .jitter(jitter),
                 )
                 .random(SeededRandom::new(3))
-                .build()
-                .unwrap();
+            });
             let seen = catch_unwind(AssertUnwindSafe(|| call_failing(&p, &clock, flavor, None)))
                 .unwrap_or_else(|_| {
                     panic!("{jitter:?} {flavor:?} {origin:?} listen={listen}: panicked")
@@ -1248,15 +1135,10 @@ fn many_attempts_of_an_uncapped_exponential_never_overflow() {
 #[test]
 fn a_huge_number_of_attempts_stays_capped() {
     for flavor in FLAVORS {
-        let (b, clock, _) = builder("capped-huge", ORIGINS[1], false);
-        let p = b
-            .retry(
-                Retry::exponential(secs(1))
-                    .cap(secs(60))
-                    .max_attempts(100_000),
-            )
-            .build()
-            .unwrap();
+        let retry = Retry::exponential(secs(1))
+            .cap(secs(60))
+            .max_attempts(100_000);
+        let (p, clock, _) = retrying("capped-huge", ORIGINS[1], false, retry);
         let seen = call_failing(&p, &clock, flavor, None);
         assert_eq!(seen.attempts(), 100_000);
         // 1 + 2 + 4 + 8 + 16 + 32, then 60 s for each of the other waits.
@@ -1334,156 +1216,109 @@ fn delays_for_extreme_inputs_never_panic() {
 #[test]
 fn bad_configuration_fails_at_build_naming_the_field() {
     let d = ms(100);
-    let cases: Vec<(&str, Retry, &str)> = vec![
+    // (the field named, [(what, a retry refused for it)])
+    let cases: Vec<(&str, Vec<(&str, Retry)>)> = vec![
         (
-            "0 attempts",
-            Retry::constant(d).max_attempts(0),
             "max_attempts",
+            vec![("0 attempts", Retry::constant(d).max_attempts(0))],
         ),
         (
-            "factor < 1",
-            Retry::exponential(d).multiplier(0.5),
             "multiplier",
+            vec![
+                ("factor < 1", Retry::exponential(d).multiplier(0.5)),
+                ("factor 0", Retry::exponential(d).multiplier(0.0)),
+                ("factor < 0", Retry::exponential(d).multiplier(-2.0)),
+                ("factor NaN", Retry::exponential(d).multiplier(f64::NAN)),
+                (
+                    "factor inf",
+                    Retry::exponential(d).multiplier(f64::INFINITY),
+                ),
+                (
+                    "factor < 1 (by the enum)",
+                    Retry::with_backoff(Backoff::Exponential {
+                        base: d,
+                        multiplier: 0.9,
+                        cap: secs(1),
+                    }),
+                ),
+                ("multiplier on linear", Retry::linear(d).multiplier(2.0)),
+                ("multiplier on constant", Retry::constant(d).multiplier(2.0)),
+                (
+                    "multiplier on decorrelated",
+                    Retry::decorrelated(d, secs(1)).multiplier(2.0),
+                ),
+            ],
         ),
         (
-            "factor 0",
-            Retry::exponential(d).multiplier(0.0),
-            "multiplier",
-        ),
-        (
-            "factor < 0",
-            Retry::exponential(d).multiplier(-2.0),
-            "multiplier",
-        ),
-        (
-            "factor NaN",
-            Retry::exponential(d).multiplier(f64::NAN),
-            "multiplier",
-        ),
-        (
-            "factor inf",
-            Retry::exponential(d).multiplier(f64::INFINITY),
-            "multiplier",
-        ),
-        (
-            "factor < 1 (by the enum)",
-            Retry::with_backoff(Backoff::Exponential {
-                base: d,
-                multiplier: 0.9,
-                cap: secs(1),
-            }),
-            "multiplier",
-        ),
-        (
-            "exp cap < base",
-            Retry::exponential(secs(2)).cap(secs(1)),
             "cap",
+            vec![
+                ("exp cap < base", Retry::exponential(secs(2)).cap(secs(1))),
+                ("linear cap < base", Retry::linear(secs(2)).cap(secs(1))),
+                (
+                    "decorrelated cap < base",
+                    Retry::decorrelated(secs(2), secs(1)),
+                ),
+                (
+                    "linear cap < base (by the enum)",
+                    Retry::with_backoff(Backoff::Linear {
+                        base: secs(2),
+                        cap: secs(1),
+                    }),
+                ),
+                ("cap on constant", Retry::constant(d).cap(secs(1))),
+            ],
         ),
         (
-            "linear cap < base",
-            Retry::linear(secs(2)).cap(secs(1)),
-            "cap",
-        ),
-        (
-            "decorrelated cap < base",
-            Retry::decorrelated(secs(2), secs(1)),
-            "cap",
-        ),
-        (
-            "linear cap < base (by the enum)",
-            Retry::with_backoff(Backoff::Linear {
-                base: secs(2),
-                cap: secs(1),
-            }),
-            "cap",
-        ),
-        ("cap on constant", Retry::constant(d).cap(secs(1)), "cap"),
-        (
-            "multiplier on linear",
-            Retry::linear(d).multiplier(2.0),
-            "multiplier",
-        ),
-        (
-            "multiplier on constant",
-            Retry::constant(d).multiplier(2.0),
-            "multiplier",
-        ),
-        (
-            "multiplier on decorrelated",
-            Retry::decorrelated(d, secs(1)).multiplier(2.0),
-            "multiplier",
-        ),
-        (
-            "jitter > 100 %",
-            Retry::constant(d).jitter(Jitter::Proportional(100.5)),
             "jitter",
+            vec![
+                ("jitter > 100 %", Jitter::Proportional(100.5)),
+                ("jitter < 0 %", Jitter::Proportional(-1.0)),
+                ("jitter NaN", Jitter::Proportional(f64::NAN)),
+                ("jitter inf", Jitter::Proportional(f64::INFINITY)),
+            ]
+            .into_iter()
+            .map(|(what, j)| (what, Retry::constant(d).jitter(j)))
+            .collect(),
         ),
         (
-            "jitter < 0 %",
-            Retry::constant(d).jitter(Jitter::Proportional(-1.0)),
-            "jitter",
-        ),
-        (
-            "jitter NaN",
-            Retry::constant(d).jitter(Jitter::Proportional(f64::NAN)),
-            "jitter",
-        ),
-        (
-            "jitter inf",
-            Retry::constant(d).jitter(Jitter::Proportional(f64::INFINITY)),
-            "jitter",
-        ),
-        (
-            "ratio 0",
-            Retry::constant(d).budget(RetryBudget::new(0.0, 10)),
             "budget.ratio",
+            vec![
+                ("ratio 0", 0.0),
+                ("ratio < 0", -0.1),
+                ("ratio NaN", f64::NAN),
+                ("ratio inf", f64::INFINITY),
+                ("ratio > 1000", 1000.5),
+                ("ratio < 0.001", 0.0004),
+            ]
+            .into_iter()
+            .map(|(what, ratio)| (what, Retry::constant(d).budget(RetryBudget::new(ratio, 10))))
+            .collect(),
         ),
         (
-            "ratio < 0",
-            Retry::constant(d).budget(RetryBudget::new(-0.1, 10)),
-            "budget.ratio",
-        ),
-        (
-            "ratio NaN",
-            Retry::constant(d).budget(RetryBudget::new(f64::NAN, 10)),
-            "budget.ratio",
-        ),
-        (
-            "ratio inf",
-            Retry::constant(d).budget(RetryBudget::new(f64::INFINITY, 10)),
-            "budget.ratio",
-        ),
-        (
-            "ratio > 1000",
-            Retry::constant(d).budget(RetryBudget::new(1000.5, 10)),
-            "budget.ratio",
-        ),
-        (
-            "ratio < 0.001",
-            Retry::constant(d).budget(RetryBudget::new(0.0004, 10)),
-            "budget.ratio",
-        ),
-        (
-            "0 tokens",
-            Retry::constant(d).budget(RetryBudget::new(0.1, 0)),
             "budget.max_tokens",
+            vec![(
+                "0 tokens",
+                Retry::constant(d).budget(RetryBudget::new(0.1, 0)),
+            )],
         ),
     ];
-    for (what, retry, field) in cases {
-        for listen in [false, true] {
-            let built = catch_unwind(AssertUnwindSafe(|| {
-                let (b, _, _) = builder("bad", ORIGINS[0], listen);
-                b.retry(retry.clone()).build()
-            }));
-            let built = built.unwrap_or_else(|_| panic!("{what}: build() panicked"));
-            let e = built
-                .err()
-                .unwrap_or_else(|| panic!("{what}: build() accepted it"));
-            assert_eq!((e.policy, e.field), ("retry", field), "{what}: {e}");
-            assert!(
-                e.to_string().starts_with(&format!("retry.{field}")),
-                "{what}: {e}"
-            );
+    for (field, retries) in cases {
+        for (what, retry) in retries {
+            for listen in [false, true] {
+                let built = catch_unwind(AssertUnwindSafe(|| {
+                    let (b, _, _) = builder("bad", ORIGINS[0], listen);
+                    b.retry(retry.clone()).build()
+                }));
+                let built = built.unwrap_or_else(|_| panic!("{what}: build() panicked"));
+                let e = built
+                    .err()
+                    .unwrap_or_else(|| panic!("{what}: build() accepted it"));
+                assert_eq!((e.policy, e.field), ("retry", field), "{what}: {e}");
+                assert!(
+                    e.to_string().starts_with(&format!("retry.{field}")),
+                    "{what}: {e}"
+                );
+            }
         }
     }
 }
@@ -1518,8 +1353,8 @@ fn the_documented_default() {
     assert_eq!(r.jitter, Jitter::None);
     assert!(r.budget.is_none());
     for flavor in FLAVORS {
-        let (b, clock, _) = builder("default", ORIGINS[1], false);
-        let p = b.retry(Retry::exponential(ms(100))).build().unwrap();
+        let retry = Retry::exponential(ms(100));
+        let (p, clock, _) = retrying("default", ORIGINS[1], false, retry);
         let seen = call_failing(&p, &clock, flavor, None);
         assert_eq!(seen.attempts(), 3);
         assert_eq!(seen.gaps(), [ms(100), ms(200)]);
@@ -1529,11 +1364,8 @@ fn the_documented_default() {
 #[test]
 fn may_attempt_more_than_once_follows_max_attempts() {
     for (n, more) in [(1, false), (2, true), (u32::MAX, true)] {
-        let (b, _, _) = builder("more", ORIGINS[0], false);
-        let p = b
-            .retry(Retry::constant(ms(1)).max_attempts(n))
-            .build()
-            .unwrap();
+        let retry = Retry::constant(ms(1)).max_attempts(n);
+        let (p, _, _) = retrying("more", ORIGINS[0], false, retry);
         assert_eq!(p.may_attempt_more_than_once(), more, "{n}");
     }
 }
@@ -1544,24 +1376,14 @@ fn may_attempt_more_than_once_follows_max_attempts() {
 #[test]
 fn a_shared_budget_follows_the_same_rule_after_the_backoff() {
     for (flavor, listen, origin) in matrix() {
-        let (b, clock, log) = builder("shared-budget", origin, listen);
-        let p = b
-            .retry(
-                Retry::constant(ms(10))
-                    .max_attempts(5)
-                    .budget(RetryBudget::new(0.5, 2).shared()),
-            )
-            .build()
-            .unwrap();
+        let retry = budgeted(ms(10), 5, RetryBudget::new(0.5, 2).shared());
+        let (p, clock, log) = retrying("shared-budget", origin, listen, retry);
         let ctx = format!("{flavor:?} listen={listen} {origin:?}");
+        let attempts = || call_failing(&p, &clock, flavor, None).attempts();
         let seen = call_failing(&p, &clock, flavor, None);
         assert_eq!(seen.attempts(), 3, "{ctx}");
         assert_eq!(
-            seen.result
-                .as_ref()
-                .err()
-                .and_then(|e| e.rejection())
-                .map(|r| r.reason),
+            reason(&seen.result),
             Some(RejectionReason::RetryBudgetExhausted),
             "{ctx}: {:?}",
             seen.result
@@ -1572,25 +1394,13 @@ fn a_shared_budget_follows_the_same_rule_after_the_backoff() {
             assert_eq!(gave_up(&log).len(), 1, "{ctx}");
         }
         // Call 2 deposits 0.5: no retry; call 3 deposits 0.5 more: one.
-        assert_eq!(
-            call_failing(&p, &clock, flavor, None).attempts(),
-            1,
-            "{ctx}"
-        );
-        assert_eq!(
-            call_failing(&p, &clock, flavor, None).attempts(),
-            2,
-            "{ctx}"
-        );
+        assert_eq!(attempts(), 1, "{ctx}");
+        assert_eq!(attempts(), 2, "{ctx}");
         // Successes refill it up to the cap: 2 tokens, 2 retries.
         for _ in 0..10 {
             assert_eq!(call_failing(&p, &clock, flavor, Some(1)).attempts(), 1);
         }
-        assert_eq!(
-            call_failing(&p, &clock, flavor, None).attempts(),
-            3,
-            "{ctx}"
-        );
+        assert_eq!(attempts(), 3, "{ctx}");
     }
 }
 
@@ -1601,20 +1411,19 @@ fn partitioned_calls_retry_the_same() {
     for flavor in FLAVORS {
         for listen in [false, true] {
             let budget = RetryBudget::new(0.5, 2);
-            let (b, clock, _) = builder("partition", ORIGINS[1], listen);
-            let p = b
-                .retry(
+            let (p, clock, _) = pipeline("partition", ORIGINS[1], listen, |b| {
+                b.retry(
                     Retry::exponential(ms(100))
                         .max_attempts(4)
                         .budget(budget.clone()),
                 )
-                .build()
-                .unwrap();
+            });
             let starts = Mutex::new(Vec::new());
             let op = |ctx: Context| {
                 starts.lock().unwrap().push(clock.now());
                 Err::<(), _>(Boom(ctx.attempt()))
             };
+            // `exec` takes a pipeline, not a partition of one.
             let r = match flavor {
                 Flavor::Sync => p.partition("tenant-a").call(op),
                 Flavor::Async => rt().block_on(p.partition("tenant-a").run(|ctx| {
@@ -1626,10 +1435,7 @@ fn partitioned_calls_retry_the_same() {
             assert_eq!(starts.len(), 3, "{flavor:?} listen={listen}");
             assert_eq!(starts[1] - starts[0], ms(100));
             assert_eq!(starts[2] - starts[1], ms(200));
-            assert_eq!(
-                r.err().and_then(|e| e.rejection().map(|r| r.reason)),
-                Some(RejectionReason::RetryBudgetExhausted)
-            );
+            assert_eq!(reason(&r), Some(RejectionReason::RetryBudgetExhausted));
             assert_eq!(budget.tokens(), 0.0);
         }
     }
@@ -1641,13 +1447,11 @@ fn partitioned_calls_retry_the_same() {
 #[test]
 fn a_throttled_hint_with_a_cooldown_retries_as_the_pause_ends() {
     for (flavor, listen, origin) in matrix() {
-        let (b, clock, log) = builder("cooldown-hint", origin, listen);
-        let p = b
-            .retry(Retry::constant(ms(100)).max_attempts(3))
-            .cooldown(Cooldown::new())
-            .classify(|_: &Boom| Verdict::throttled().with_retry_after(secs(5)))
-            .build()
-            .unwrap();
+        let (p, clock, log) = pipeline("cooldown-hint", origin, listen, |b| {
+            b.retry(Retry::constant(ms(100)).max_attempts(3))
+                .cooldown(Cooldown::new())
+                .classify(|_: &Boom| Verdict::throttled().with_retry_after(secs(5)))
+        });
         let seen = call_failing(&p, &clock, flavor, Some(2));
         assert_eq!(
             seen.attempts(),
@@ -1669,22 +1473,14 @@ fn a_throttled_hint_with_a_cooldown_retries_as_the_pause_ends() {
 fn a_budget_behind_a_call_level_breaker_counts_the_same() {
     for (flavor, listen, origin) in matrix() {
         let budget = RetryBudget::new(0.5, 2);
-        let (b, clock, _) = builder("budget-cb", origin, listen);
-        let p = b
-            .circuit_breaker(CircuitBreaker::consecutive_failures(100))
-            .retry(
-                Retry::constant(ms(10))
-                    .max_attempts(5)
-                    .budget(budget.clone()),
-            )
-            .build()
-            .unwrap();
-        assert_eq!(call_failing(&p, &clock, flavor, None).attempts(), 3);
-        assert_eq!(budget.tokens(), 0.0);
-        assert_eq!(call_failing(&p, &clock, flavor, None).attempts(), 1);
-        assert_eq!(budget.tokens(), 0.5);
-        assert_eq!(call_failing(&p, &clock, flavor, None).attempts(), 2);
-        assert_eq!(budget.tokens(), 0.0);
+        let (p, clock, _) = pipeline("budget-cb", origin, listen, |b| {
+            b.circuit_breaker(CircuitBreaker::consecutive_failures(100))
+                .retry(budgeted(ms(10), 5, budget.clone()))
+        });
+        // (attempts of the call, tokens left after it)
+        for (attempts, tokens) in [(3, 0.0), (1, 0.5), (2, 0.0)] {
+            assert_call_leaves(&p, &clock, flavor, &budget, attempts, tokens, "");
+        }
     }
 }
 
@@ -1693,23 +1489,13 @@ fn a_budget_behind_a_call_level_breaker_counts_the_same() {
 fn a_budget_with_a_fallback_deposits_once_per_call() {
     for (flavor, listen, origin) in matrix() {
         let budget = RetryBudget::new(0.25, 1);
-        let (b, clock, _) = builder("budget-fb", origin, listen);
-        let p = b
-            .retry(
-                Retry::constant(ms(10))
-                    .max_attempts(3)
-                    .budget(budget.clone()),
-            )
-            .fallback_sync(|_e: Error<Boom>, _ctx: Context| Ok::<u32, Boom>(99))
-            .build()
-            .unwrap();
-        let seen = call_failing(&p, &clock, flavor, None);
-        assert_eq!(seen.attempts(), 2);
+        let (p, clock, _) = pipeline("budget-fb", origin, listen, |b| {
+            b.retry(budgeted(ms(10), 3, budget.clone()))
+                .fallback_sync(|_e: Error<Boom>, _ctx: Context| Ok::<u32, Boom>(99))
+        });
+        let seen = assert_call_leaves(&p, &clock, flavor, &budget, 2, 0.0, "");
         assert_eq!(seen.result.unwrap(), 99);
-        assert_eq!(budget.tokens(), 0.0);
-        let seen = call_failing(&p, &clock, flavor, None);
-        assert_eq!(seen.attempts(), 1);
-        assert_eq!(budget.tokens(), 0.25);
+        assert_call_leaves(&p, &clock, flavor, &budget, 1, 0.25, "");
     }
 }
 
@@ -1719,16 +1505,11 @@ fn a_budget_with_a_fallback_deposits_once_per_call() {
 fn the_on_retry_hook_reports_each_retry_without_a_listener() {
     for flavor in FLAVORS {
         for origin in ORIGINS {
-            let (b, clock, _) = builder("hook", origin, false);
-            let hooked = Arc::new(Mutex::new(Vec::new()));
-            let h = hooked.clone();
-            let p = b
-                .retry(Retry::linear(ms(100)).max_attempts(4))
-                .on_retry(move |e: &Boom, attempt, delay| {
-                    h.lock().unwrap().push((e.0, attempt, delay))
-                })
-                .build()
-                .unwrap();
+            let (hooked, on_retry) = hook();
+            let (p, clock, _) = pipeline("hook", origin, false, |b| {
+                b.retry(Retry::linear(ms(100)).max_attempts(4))
+                    .on_retry(on_retry)
+            });
             let seen = call_failing(&p, &clock, flavor, None);
             assert_eq!(seen.attempts(), 4);
             assert_eq!(
@@ -1743,28 +1524,20 @@ fn the_on_retry_hook_reports_each_retry_without_a_listener() {
 #[test]
 fn the_deadline_check_uses_the_jittered_wait() {
     for (flavor, listen, origin) in matrix() {
-        let (b, clock, _) = builder("deadline-jitter", origin, listen);
-        let p = b
-            .timeout(secs(3))
-            .retry(
-                Retry::constant(secs(4))
-                    .max_attempts(5)
-                    .jitter(Jitter::Full),
-            )
-            .random(SequenceRandom::new([0.5]))
-            .build()
-            .unwrap();
+        let (p, clock, _) = pipeline("deadline-jitter", origin, listen, |b| {
+            b.timeout(secs(3))
+                .retry(
+                    Retry::constant(secs(4))
+                        .max_attempts(5)
+                        .jitter(Jitter::Full),
+                )
+                .random(SequenceRandom::new([0.5]))
+        });
         let seen = call_failing(&p, &clock, flavor, None);
         // 4 s x 0.5 = 2 s fits in 3 s; a second 2 s wait would not.
         assert_eq!(seen.attempts(), 2);
         assert_eq!(seen.gaps(), [secs(2)]);
-        assert!(matches!(
-            seen.result,
-            Err(Error::RetryExhausted {
-                attempts: 2,
-                last: Boom(2)
-            })
-        ));
+        assert_exhausted(&seen.result, 2, "");
     }
 }
 
@@ -1775,53 +1548,22 @@ fn the_deadline_check_uses_the_jittered_wait() {
 fn results_at_the_attempt_deadline_are_on_time_async() {
     for origin in ORIGINS {
         for listen in [false, true] {
-            let (b, clock, _) = builder("at-deadline", origin, listen);
-            let p = b
-                .retry(Retry::constant(ms(100)).max_attempts(3))
-                .timeout(secs(1))
-                .build()
-                .unwrap();
-            let c = clock.clone();
-            let r: Result<u32, Error<Boom>> = rt().block_on(p.run(|ctx| {
-                let c = c.clone();
-                async move {
-                    Clock::sleep(&c, secs(1)).await;
-                    if ctx.attempt() < 2 {
-                        Err(Boom(ctx.attempt()))
-                    } else {
-                        Ok(ctx.attempt())
-                    }
-                }
-            }));
+            let (p, clock, _) = pipeline("at-deadline", origin, listen, per_attempt_timeout);
+            let r = run_sleeping(&p, &clock, |n| {
+                (Some(secs(1)), if n < 2 { Err(Boom(n)) } else { Ok(n) })
+            });
             assert_eq!(r.unwrap(), 2, "{origin:?} listen={listen}");
             assert_eq!(clock.now() - origin, secs(2) + ms(100));
 
-            let (b, clock, _) = builder("overall-during", origin, listen);
-            let p = b
-                .timeout(secs(3))
-                .retry(Retry::constant(ms(500)).max_attempts(10))
-                .timeout(secs(2))
-                .build()
-                .unwrap();
-            let c = clock.clone();
-            let r: Result<u32, Error<Boom>> = rt().block_on(p.run(|_ctx| {
-                let c = c.clone();
-                async move {
-                    Clock::sleep(&c, secs(10)).await;
-                    Ok(0)
-                }
-            }));
+            let (p, clock, _) = pipeline("overall-during", origin, listen, |b| {
+                b.timeout(secs(3))
+                    .retry(Retry::constant(ms(500)).max_attempts(10))
+                    .timeout(secs(2))
+            });
+            let r = run_sleeping(&p, &clock, |_| (Some(secs(10)), Ok(0)));
             // Attempt 1 times out at 2 s, waits 0.5 s, attempt 2 is cut
             // by the whole call's deadline at 3 s.
-            match r {
-                Err(Error::Timeout(t)) => {
-                    assert_eq!(
-                        (t.scope, t.after, t.attempts),
-                        (TimeoutScope::Overall, secs(3), 2)
-                    )
-                }
-                other => panic!("{other:?}"),
-            }
+            assert_timed_out(&r, TimeoutScope::Overall, secs(3), 2);
             assert_eq!(clock.now() - origin, secs(3));
         }
     }
@@ -1832,20 +1574,9 @@ fn results_at_the_attempt_deadline_are_on_time_async() {
 #[test]
 fn dropping_the_future_at_a_zero_delay_retry_stops_retrying() {
     for listen in [false, true] {
-        let (b, _, _) = builder("cancel-zero", ORIGINS[1], listen);
-        let p = b
-            .retry(Retry::constant(Duration::ZERO).max_attempts(5))
-            .build()
-            .unwrap();
-        let runs = Arc::new(AtomicU32::new(0));
-        {
-            let r = runs.clone();
-            let mut fut = pin!(p.run(move |_ctx| {
-                r.fetch_add(1, Ordering::SeqCst);
-                async { Err::<(), _>(Boom(0)) }
-            }));
-            assert!(poll_once(fut.as_mut()).is_pending());
-        }
+        let retry = Retry::constant(Duration::ZERO).max_attempts(5);
+        let (p, _, _) = retrying("cancel-zero", ORIGINS[1], listen, retry);
+        let (_, runs) = poll_once_then_drop(&p);
         assert_eq!(runs.load(Ordering::SeqCst), 1, "listen={listen}");
     }
 }
@@ -1855,41 +1586,13 @@ fn dropping_the_future_at_a_zero_delay_retry_stops_retrying() {
 #[test]
 fn timed_out_attempts_count_and_events_number_the_failed_attempt() {
     for origin in ORIGINS {
-        let (b, clock, log) = builder("timeout-count", origin, true);
-        let p = b
-            .retry(Retry::constant(ms(100)).max_attempts(3))
-            .timeout(secs(1))
-            .build()
-            .unwrap();
-        let c = clock.clone();
-        let r: Result<u32, Error<Boom>> = rt().block_on(p.run(|ctx| {
-            let c = c.clone();
-            async move {
-                if ctx.attempt() == 1 {
-                    Clock::sleep(&c, secs(10)).await;
-                }
-                Err(Boom(ctx.attempt()))
-            }
-        }));
-        assert!(
-            matches!(
-                r,
-                Err(Error::RetryExhausted {
-                    attempts: 3,
-                    last: Boom(3)
-                })
-            ),
-            "{r:?}"
-        );
-        let attempts: Vec<u32> = log
-            .lock()
-            .unwrap()
-            .iter()
-            .filter_map(|e| match e {
-                EventKind::RetryScheduled { attempt, .. } => Some(*attempt),
-                _ => None,
-            })
-            .collect();
+        let (p, clock, log) = pipeline("timeout-count", origin, true, per_attempt_timeout);
+        let r = run_sleeping(&p, &clock, |n| ((n == 1).then_some(secs(10)), Err(Boom(n))));
+        assert_exhausted(&r, 3, "");
+        let attempts = events(&log, |e| match e {
+            EventKind::RetryScheduled { attempt, .. } => Some(*attempt),
+            _ => None,
+        });
         assert_eq!(attempts, [1, 2]);
     }
 }
@@ -1898,16 +1601,14 @@ fn timed_out_attempts_count_and_events_number_the_failed_attempt() {
 #[test]
 fn each_retry_draws_its_own_jitter() {
     for flavor in FLAVORS {
-        let (b, clock, _) = builder("fresh-draws", ORIGINS[1], false);
-        let p = b
-            .retry(
+        let (p, clock, _) = pipeline("fresh-draws", ORIGINS[1], false, |b| {
+            b.retry(
                 Retry::constant(secs(10))
                     .max_attempts(8)
                     .jitter(Jitter::Full),
             )
             .random(SeededRandom::new(42))
-            .build()
-            .unwrap();
+        });
         let gaps = call_failing(&p, &clock, flavor, None).gaps();
         let mut distinct = gaps.clone();
         distinct.sort();
@@ -1922,20 +1623,14 @@ fn each_retry_draws_its_own_jitter() {
 #[test]
 fn seawalls_own_rejections_are_not_retried() {
     for (flavor, listen, origin) in matrix() {
-        let (b, clock, _) = builder("own-rejection", origin, listen);
-        let p = b
-            .retry(Retry::constant(ms(10)).max_attempts(5))
-            .circuit_breaker(CircuitBreaker::consecutive_failures(1).cooldown(secs(60)))
-            .build()
-            .unwrap();
+        let (p, clock, _) = pipeline("own-rejection", origin, listen, |b| {
+            b.retry(Retry::constant(ms(10)).max_attempts(5))
+                .circuit_breaker(CircuitBreaker::consecutive_failures(1).cooldown(secs(60)))
+        });
         let seen = call_failing(&p, &clock, flavor, None);
         assert_eq!(seen.attempts(), 1, "{flavor:?} {listen} {origin:?}");
         assert_eq!(
-            seen.result
-                .as_ref()
-                .err()
-                .and_then(|e| e.rejection())
-                .map(|r| r.reason),
+            reason(&seen.result),
             Some(RejectionReason::CircuitOpen),
             "{:?}",
             seen.result

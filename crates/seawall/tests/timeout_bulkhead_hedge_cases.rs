@@ -5,6 +5,8 @@
 //! Every async case runs on the virtual clock started at 0 and at 10^9 s,
 //! with and without an event listener.
 
+mod support;
+
 use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
@@ -14,37 +16,19 @@ use std::task::Poll;
 use std::time::Duration;
 
 use seawall::error::TimeoutScope;
-use seawall::pipeline::{Handles, Kind};
+use seawall::pipeline::{Handles, HandlesSync, Kind};
 use seawall::store::MemoryStore;
 use seawall::testing::VirtualClock;
 use seawall::{
-    Bulkhead, CallOutcome, Clock, ConfigError, Context, Cooldown, Error, Event, EventKind,
-    HedgeTrigger, Hedging, Pipeline, PipelineBuilder, RejectionReason, Retry, RetryBudget, Timeout,
+    Bulkhead, CallOutcome, Clock, ConfigError, Context, Cooldown, Error, EventKind, HedgeTrigger,
+    Hedging, Pipeline, PipelineBuilder, RejectionReason, Retry, RetryBudget, Timeout, TimeoutError,
     Verdict,
 };
+use support::{count, listen, ms, reason, recorder, refusals, secs, Boom, Log};
 
 // ------------------------------------------------------------------ support
 
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
-fn secs(n: u64) -> Duration {
-    Duration::from_secs(n)
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Boom(u32);
-
-impl std::fmt::Display for Boom {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "boom {}", self.0)
-    }
-}
-
-impl std::error::Error for Boom {}
-
-/// The virtual clock far from 0: 10^9 s.
+/// The virtual clock far from 0: 10^9 s (farther than `support::FAR`).
 const FAR: Duration = Duration::from_secs(1_000_000_000);
 
 #[derive(Debug, Clone, Copy)]
@@ -63,22 +47,40 @@ fn modes() -> Vec<Mode> {
     v
 }
 
-type Events = Arc<Mutex<Vec<EventKind>>>;
+/// What a call of these tests answers.
+type Answer = Result<u32, Error<Boom>>;
 
 impl Mode {
     /// A builder on a fresh memory store and a virtual clock at the mode's
     /// start, with a recording listener when the mode listens.
-    fn builder(self, name: &str) -> (PipelineBuilder, VirtualClock, Events) {
+    fn builder(self, name: &str) -> (PipelineBuilder, VirtualClock, Log) {
         let clock = VirtualClock::starting_at(self.start);
-        let events: Events = Arc::default();
+        let (events, record) = recorder();
         let mut b = Pipeline::builder(name)
             .store(MemoryStore::new())
             .clock(clock.clone());
         if self.listen {
-            let e = events.clone();
-            b = b.on_event(move |ev: &Event<'_>| e.lock().unwrap().push(ev.kind.clone()));
+            b = b.on_event(record);
         }
         (b, clock, events)
+    }
+
+    /// The pipeline `configure` makes of [`Mode::builder`]'s builder.
+    fn build<K: Kind>(
+        self,
+        name: &str,
+        configure: impl FnOnce(PipelineBuilder) -> PipelineBuilder<K>,
+    ) -> (Pipeline<K>, VirtualClock, Log) {
+        let (b, clock, events) = self.builder(name);
+        (configure(b).build().unwrap(), clock, events)
+    }
+
+    /// [`run_plans`] with times counted from the mode's start.
+    fn run<K>(self, p: &Pipeline<K>, clock: &VirtualClock, plans: &[Plan]) -> (Answer, Arc<Tracker>)
+    where
+        K: Kind + Handles<u32, Boom>,
+    {
+        run_plans(p, clock, self.start, plans)
     }
 
     fn elapsed(self, clock: &VirtualClock) -> Duration {
@@ -86,22 +88,20 @@ impl Mode {
     }
 }
 
-fn count(events: &Events, pred: impl Fn(&EventKind) -> bool) -> usize {
-    events.lock().unwrap().iter().filter(|e| pred(e)).count()
+/// What `pick` takes from the recorded events, in order.
+fn picked<T>(events: &Log, pick: impl Fn(&EventKind) -> Option<T>) -> Vec<T> {
+    events.lock().unwrap().iter().filter_map(pick).collect()
 }
 
-fn call_outcomes(events: &Events) -> Vec<CallOutcome> {
-    events
-        .lock()
-        .unwrap()
-        .iter()
-        .filter_map(|e| match e {
-            EventKind::CallFinished { outcome, .. } => Some(*outcome),
-            _ => None,
-        })
-        .collect()
+fn call_outcomes(events: &Log) -> Vec<CallOutcome> {
+    picked(events, |e| match e {
+        EventKind::CallFinished { outcome, .. } => Some(*outcome),
+        _ => None,
+    })
 }
 
+/// A current-thread runtime without tokio's timer (unlike `support::rt`):
+/// every wait here is on the virtual clock.
 fn block_on<F: Future>(f: F) -> F::Output {
     tokio::runtime::Builder::new_current_thread()
         .build()
@@ -112,6 +112,14 @@ fn block_on<F: Future>(f: F) -> F::Output {
 /// Polls `f` once with the current task's waker.
 async fn poll_once<F: Future + ?Sized>(mut f: Pin<&mut F>) -> Poll<F::Output> {
     std::future::poll_fn(move |cx| Poll::Ready(f.as_mut().poll(cx))).await
+}
+
+/// `f` boxed and polled once, which must leave it pending (started or
+/// queued).
+async fn pending<F: Future>(f: F) -> Pin<Box<F>> {
+    let mut f = Box::pin(f);
+    assert!(poll_once(f.as_mut()).await.is_pending());
+    f
 }
 
 fn assert_config(r: Result<impl std::fmt::Debug, ConfigError>, policy: &str, field: &str) {
@@ -125,11 +133,40 @@ fn assert_config(r: Result<impl std::fmt::Debug, ConfigError>, policy: &str, fie
     }
 }
 
-fn reason<T: std::fmt::Debug, E: std::fmt::Debug>(r: &Result<T, Error<E>>) -> RejectionReason {
+/// The timeout a call ended with; panics, naming `mode`, on anything else.
+fn timeout_of<T: std::fmt::Debug>(r: Result<T, Error<Boom>>, mode: Mode) -> TimeoutError {
     match r {
-        Err(Error::Rejected(rej)) => rej.reason,
-        other => panic!("expected a rejection, got {other:?}"),
+        Err(Error::Timeout(e)) => e,
+        other => panic!("{mode:?}: {other:?}"),
     }
+}
+
+/// A sync call on `p` answering `outer` that, while it runs, makes a
+/// second call answering `inner` and then runs `check`: both results.
+fn call_within<K>(p: &Pipeline<K>, (outer, inner): (u32, u32), check: impl Fn()) -> (Answer, Answer)
+where
+    K: HandlesSync<u32, Boom>,
+{
+    let mut within = None;
+    let r = p.call(|_| {
+        within = Some(p.call(|_| Ok::<u32, Boom>(inner)));
+        check();
+        Ok::<u32, Boom>(outer)
+    });
+    (r, within.unwrap())
+}
+
+/// A sync call on `p` answering `Ok(1)`, and how often its operation ran.
+fn call_counted<K>(p: &Pipeline<K>) -> (Answer, u32)
+where
+    K: HandlesSync<u32, Boom>,
+{
+    let ran = AtomicU32::new(0);
+    let r = p.call(|_| {
+        ran.fetch_add(1, Ordering::SeqCst);
+        Ok::<u32, Boom>(1)
+    });
+    (r, ran.load(Ordering::SeqCst))
 }
 
 /// What one attempt does on the pipeline's clock.
@@ -262,26 +299,67 @@ fn hold(
     }
 }
 
+/// One async call following `plans` (see [`call_plans`]), times counted
+/// from `start`: its result and what its attempts did.
+fn run_plans<K>(
+    p: &Pipeline<K>,
+    clock: &VirtualClock,
+    start: Duration,
+    plans: &[Plan],
+) -> (Answer, Arc<Tracker>)
+where
+    K: Kind + Handles<u32, Boom>,
+{
+    let t = Arc::new(Tracker::default());
+    let r = block_on(call_plans(p, clock, start, &t, plans));
+    (r, t)
+}
+
+/// Starts a call on `holder` whose attempt holds its slot for `held` (then
+/// answers 1), then one on `waiter` that must queue behind it (its attempt
+/// takes `work`, then answers 2); runs `queued` once both wait, and awaits
+/// both (the holder must answer 1). The waiter's result and when it ended,
+/// since `start`.
+fn queue_behind<K, L>(
+    clock: &VirtualClock,
+    start: Duration,
+    (holder, held): (&Pipeline<K>, Duration),
+    (waiter, work): (&Pipeline<L>, Duration),
+    queued: impl FnOnce(),
+) -> (Answer, Duration)
+where
+    K: Kind + Handles<u32, Boom>,
+    L: Kind + Handles<u32, Boom>,
+{
+    block_on(async {
+        let f1 = pending(holder.run(hold(clock, held, 1))).await;
+        let w = pending(async {
+            let r = waiter.run(hold(clock, work, 2)).await;
+            (r, clock.now() - start)
+        })
+        .await;
+        queued();
+        let (w, r1) = tokio::join!(w, f1);
+        assert_eq!(r1.unwrap(), 1);
+        w
+    })
+}
+
 // ------------------------------------------------------------------ timeout
 
 #[test]
 fn timeout_async_drops_the_future_at_exactly_the_deadline() {
     for mode in modes() {
-        let (b, clock, events) = mode.builder("case-timeout-drop");
-        let p = b.timeout(ms(100)).build().unwrap();
+        let (p, clock, events) = mode.build("case-timeout-drop", |b| b.timeout(ms(100)));
         let t = Arc::new(Tracker::default());
         let (r, dropped_on_return) = block_on(async {
             let r = call_plans(&p, &clock, mode.start, &t, &[Plan::Never]).await;
             (r, t.dropped())
         });
-        match r {
-            Err(Error::Timeout(e)) => {
-                assert_eq!(e.scope, TimeoutScope::Overall, "{mode:?}");
-                assert_eq!(e.after, ms(100), "{mode:?}");
-                assert_eq!(e.attempts, 1, "{mode:?}");
-            }
-            other => panic!("{mode:?}: {other:?}"),
-        }
+        let e = timeout_of(r, mode);
+        assert_eq!(e.scope, TimeoutScope::Overall, "{mode:?}");
+        assert_eq!(e.after, ms(100), "{mode:?}");
+        assert_eq!(e.attempts, 1, "{mode:?}");
         assert_eq!(mode.elapsed(&clock), ms(100), "{mode:?}");
         // Cancelled (dropped) at the deadline, before the result came back.
         assert_eq!(dropped_on_return, vec![(1, ms(100))], "{mode:?}");
@@ -302,30 +380,23 @@ fn timeout_async_drops_the_future_at_exactly_the_deadline() {
 #[test]
 fn timeout_async_answer_at_the_deadline_is_on_time_one_nanosecond_later_is_not() {
     for mode in modes() {
-        let (b, clock, _) = mode.builder("case-timeout-edge");
-        let p = b.timeout(ms(100)).build().unwrap();
-        let t = Arc::new(Tracker::default());
-        let r = block_on(call_plans(
-            &p,
-            &clock,
-            mode.start,
-            &t,
-            &[Plan::Ok(ms(100), 7)],
-        ));
+        // A 100 ms timeout, an attempt answering 7 after `answer_after`:
+        // the call ends at 100 ms either way.
+        let call = |answer_after: Duration| {
+            let (p, clock, _) = mode.build("case-timeout-edge", |b| b.timeout(ms(100)));
+            let (r, t) = mode.run(&p, &clock, &[Plan::Ok(answer_after, 7)]);
+            assert_eq!(mode.elapsed(&clock), ms(100), "{mode:?}");
+            (r, t)
+        };
+        let (r, _) = call(ms(100));
         assert_eq!(
             r.unwrap(),
             7,
             "{mode:?}: an answer at the deadline is on time"
         );
-        assert_eq!(mode.elapsed(&clock), ms(100));
 
-        let (b, clock, _) = mode.builder("case-timeout-edge");
-        let p = b.timeout(ms(100)).build().unwrap();
-        let t = Arc::new(Tracker::default());
-        let late = ms(100) + Duration::from_nanos(1);
-        let r = block_on(call_plans(&p, &clock, mode.start, &t, &[Plan::Ok(late, 7)]));
+        let (r, t) = call(ms(100) + Duration::from_nanos(1));
         assert!(matches!(r, Err(Error::Timeout(_))), "{mode:?}: {r:?}");
-        assert_eq!(mode.elapsed(&clock), ms(100), "{mode:?}");
         assert_eq!(t.dropped(), vec![(1, ms(100))], "{mode:?}");
     }
 }
@@ -334,8 +405,7 @@ fn timeout_async_answer_at_the_deadline_is_on_time_one_nanosecond_later_is_not()
 fn timeout_sync_is_cooperative_lenient_by_default_strict_on_demand() {
     for mode in modes() {
         // Lenient: a late success is kept and reported.
-        let (b, clock, events) = mode.builder("case-timeout-sync");
-        let p = b.timeout(ms(100)).build().unwrap();
+        let (p, clock, events) = mode.build("case-timeout-sync", |b| b.timeout(ms(100)));
         let c = clock.clone();
         let r = p.call(|ctx| {
             assert_eq!(ctx.deadline(), Some(c.now() + ms(100)), "{mode:?}");
@@ -359,29 +429,22 @@ fn timeout_sync_is_cooperative_lenient_by_default_strict_on_demand() {
         }
 
         // Strict: the late success becomes a timeout.
-        let (b, clock, _) = mode.builder("case-timeout-sync-strict");
-        let p = b.timeout(Timeout::strict(ms(100))).build().unwrap();
-        let c = clock.clone();
+        let strict = |name: &str| mode.build(name, |b| b.timeout(Timeout::strict(ms(100))));
+        let (p, clock, _) = strict("case-timeout-sync-strict");
         let r = p.call(|_| {
-            c.advance(ms(150));
+            clock.advance(ms(150));
             Ok::<_, Boom>(7)
         });
-        match r {
-            Err(Error::Timeout(e)) => {
-                assert_eq!(
-                    (e.scope, e.after, e.attempts),
-                    (TimeoutScope::Overall, ms(100), 1)
-                )
-            }
-            other => panic!("{mode:?}: {other:?}"),
-        }
+        let e = timeout_of(r, mode);
+        assert_eq!(
+            (e.scope, e.after, e.attempts),
+            (TimeoutScope::Overall, ms(100), 1)
+        );
 
         // Strict, at the deadline exactly: on time.
-        let (b, clock, _) = mode.builder("case-timeout-sync-strict-edge");
-        let p = b.timeout(Timeout::strict(ms(100))).build().unwrap();
-        let c = clock.clone();
+        let (p, clock, _) = strict("case-timeout-sync-strict-edge");
         let r = p.call(|ctx| {
-            c.advance(ms(100));
+            clock.advance(ms(100));
             assert!(!ctx.is_expired(), "at the deadline is not expired");
             Ok::<_, Boom>(7)
         });
@@ -394,23 +457,16 @@ fn timeout_per_attempt_after_retry_and_overall_before_it() {
     for mode in modes() {
         // After the retry: each attempt is cut at 100 ms, the call ends
         // with the timeout of the last attempt.
-        let (b, clock, events) = mode.builder("case-timeout-attempt");
-        let p = b
-            .retry(Retry::constant(ms(10)).max_attempts(3))
-            .timeout(ms(100))
-            .build()
-            .unwrap();
-        let t = Arc::new(Tracker::default());
-        let r = block_on(call_plans(&p, &clock, mode.start, &t, &[]));
-        match r {
-            Err(Error::Timeout(e)) => {
-                assert_eq!(
-                    (e.scope, e.after, e.attempts),
-                    (TimeoutScope::Attempt, ms(100), 3)
-                )
-            }
-            other => panic!("{mode:?}: {other:?}"),
-        }
+        let (p, clock, events) = mode.build("case-timeout-attempt", |b| {
+            b.retry(Retry::constant(ms(10)).max_attempts(3))
+                .timeout(ms(100))
+        });
+        let (r, t) = mode.run(&p, &clock, &[]);
+        let e = timeout_of(r, mode);
+        assert_eq!(
+            (e.scope, e.after, e.attempts),
+            (TimeoutScope::Attempt, ms(100), 3)
+        );
         assert_eq!(mode.elapsed(&clock), ms(320), "{mode:?}");
         assert_eq!(
             t.started(),
@@ -430,24 +486,17 @@ fn timeout_per_attempt_after_retry_and_overall_before_it() {
         }
 
         // Before the retry: one deadline for the whole call.
-        let (b, clock, _) = mode.builder("case-timeout-overall");
-        let p = b
-            .timeout(ms(250))
-            .retry(Retry::constant(ms(10)).max_attempts(5))
-            .build()
-            .unwrap();
-        let t = Arc::new(Tracker::default());
+        let (p, clock, _) = mode.build("case-timeout-overall", |b| {
+            b.timeout(ms(250))
+                .retry(Retry::constant(ms(10)).max_attempts(5))
+        });
         let fail = Plan::Err(ms(100), 1);
-        let r = block_on(call_plans(&p, &clock, mode.start, &t, &[fail, fail, fail]));
-        match r {
-            Err(Error::Timeout(e)) => {
-                assert_eq!(
-                    (e.scope, e.after, e.attempts),
-                    (TimeoutScope::Overall, ms(250), 3)
-                )
-            }
-            other => panic!("{mode:?}: {other:?}"),
-        }
+        let (r, t) = mode.run(&p, &clock, &[fail, fail, fail]);
+        let e = timeout_of(r, mode);
+        assert_eq!(
+            (e.scope, e.after, e.attempts),
+            (TimeoutScope::Overall, ms(250), 3)
+        );
         assert_eq!(mode.elapsed(&clock), ms(250), "{mode:?}");
         assert_eq!(t.dropped(), vec![(3, ms(250))], "{mode:?}");
     }
@@ -455,35 +504,19 @@ fn timeout_per_attempt_after_retry_and_overall_before_it() {
 
 #[test]
 fn timeout_zero_fails_build_naming_the_field() {
-    let zero = |b: PipelineBuilder| b.build();
-    assert_config(
-        zero(Pipeline::builder("case-t0").timeout(Duration::ZERO)),
-        "timeout",
-        "duration",
-    );
-    assert_config(
-        zero(Pipeline::builder("case-t0").timeout(Timeout::strict(Duration::ZERO))),
-        "timeout",
-        "duration",
-    );
-    assert_config(
-        zero(
-            Pipeline::builder("case-t0")
-                .retry(Retry::constant(ms(1)))
-                .timeout(Duration::ZERO),
-        ),
-        "timeout",
-        "duration",
-    );
-    assert_config(
-        zero(
-            Pipeline::builder("case-t0")
-                .hedging(Hedging::latency(ms(5)))
-                .timeout(Duration::ZERO),
-        ),
-        "timeout",
-        "duration",
-    );
+    let b = || Pipeline::builder("case-t0");
+    for built in [
+        b().timeout(Duration::ZERO).build(),
+        b().timeout(Timeout::strict(Duration::ZERO)).build(),
+        b().retry(Retry::constant(ms(1)))
+            .timeout(Duration::ZERO)
+            .build(),
+        b().hedging(Hedging::latency(ms(5)))
+            .timeout(Duration::ZERO)
+            .build(),
+    ] {
+        assert_config(built, "timeout", "duration");
+    }
 }
 
 #[test]
@@ -494,41 +527,24 @@ fn timeout_huge_runs_without_overflow_sync_and_async() {
         secs(100 * 365 * 86_400),
     ] {
         for mode in modes() {
-            let (b, clock, _) = mode.builder("case-timeout-huge");
-            let p = b.timeout(huge).build().unwrap();
+            let (p, clock, _) = mode.build("case-timeout-huge", |b| b.timeout(huge));
             let r = p.call(|ctx| {
                 assert!(ctx.remaining().unwrap() > secs(86_400 * 365), "{mode:?}");
                 assert!(!ctx.is_expired());
                 Ok::<_, Boom>(1)
             });
             assert_eq!(r.unwrap(), 1, "{mode:?} {huge:?}");
-            let t = Arc::new(Tracker::default());
-            let r = block_on(call_plans(
-                &p,
-                &clock,
-                mode.start,
-                &t,
-                &[Plan::Ok(secs(3600), 2)],
-            ));
+            let (r, _) = mode.run(&p, &clock, &[Plan::Ok(secs(3600), 2)]);
             assert_eq!(r.unwrap(), 2, "{mode:?} {huge:?}");
             assert_eq!(mode.elapsed(&clock), secs(3600));
 
             // Per attempt, with a retry.
-            let (b, clock, _) = mode.builder("case-timeout-huge-attempt");
-            let p = b
-                .timeout(huge)
-                .retry(Retry::constant(ms(1)).max_attempts(2))
-                .timeout(huge)
-                .build()
-                .unwrap();
-            let t = Arc::new(Tracker::default());
-            let r = block_on(call_plans(
-                &p,
-                &clock,
-                mode.start,
-                &t,
-                &[Plan::Err(ms(5), 1), Plan::Ok(ms(5), 3)],
-            ));
+            let (p, clock, _) = mode.build("case-timeout-huge-attempt", |b| {
+                b.timeout(huge)
+                    .retry(Retry::constant(ms(1)).max_attempts(2))
+                    .timeout(huge)
+            });
+            let (r, _) = mode.run(&p, &clock, &[Plan::Err(ms(5), 1), Plan::Ok(ms(5), 3)]);
             assert_eq!(r.unwrap(), 3, "{mode:?} {huge:?}");
             assert_eq!(mode.elapsed(&clock), ms(11));
         }
@@ -540,16 +556,13 @@ fn timeout_huge_runs_without_overflow_sync_and_async() {
 #[test]
 fn bulkhead_caps_concurrent_async_attempts_and_refuses_at_once() {
     for mode in modes() {
-        let (b, clock, events) = mode.builder("case-bulkhead-max");
-        let p = b.bulkhead(Bulkhead::new(2)).build().unwrap();
+        let (p, clock, events) = mode.build("case-bulkhead-max", |b| b.bulkhead(Bulkhead::new(2)));
         block_on(async {
-            let mut f1 = Box::pin(p.run(hold(&clock, ms(100), 1)));
-            let mut f2 = Box::pin(p.run(hold(&clock, ms(100), 2)));
-            assert!(poll_once(f1.as_mut()).await.is_pending());
-            assert!(poll_once(f2.as_mut()).await.is_pending());
+            let f1 = pending(p.run(hold(&clock, ms(100), 1))).await;
+            let f2 = pending(p.run(hold(&clock, ms(100), 2))).await;
             assert_eq!(p.in_flight().unwrap(), 2, "{mode:?}");
             let r3 = p.run(hold(&clock, ms(100), 3)).await;
-            assert_eq!(reason(&r3), RejectionReason::BulkheadFull, "{mode:?}");
+            assert_eq!(reason(&r3), Some(RejectionReason::BulkheadFull), "{mode:?}");
             assert_eq!(mode.elapsed(&clock), Duration::ZERO, "refused at once");
             let (r1, r2) = tokio::join!(f1, f2);
             assert_eq!((r1.unwrap(), r2.unwrap()), (1, 2));
@@ -557,16 +570,7 @@ fn bulkhead_caps_concurrent_async_attempts_and_refuses_at_once() {
         assert_eq!(p.in_flight().unwrap(), 0);
         assert_eq!(mode.elapsed(&clock), ms(100));
         if mode.listen {
-            assert_eq!(
-                count(&events, |e| matches!(
-                    e,
-                    EventKind::Rejected {
-                        reason: RejectionReason::BulkheadFull,
-                        ..
-                    }
-                )),
-                1
-            );
+            assert_eq!(refusals(&events, RejectionReason::BulkheadFull), 1);
         }
     }
 }
@@ -574,16 +578,10 @@ fn bulkhead_caps_concurrent_async_attempts_and_refuses_at_once() {
 #[test]
 fn bulkhead_sync_call_is_refused_while_the_slot_is_held() {
     for mode in modes() {
-        let (b, _clock, _) = mode.builder("case-bulkhead-sync");
-        let p = b.bulkhead(Bulkhead::new(1)).build().unwrap();
-        let mut inner = None;
-        let r = p.call(|_| {
-            assert_eq!(p.in_flight().unwrap(), 1);
-            inner = Some(p.call(|_| Ok::<u32, Boom>(2)));
-            Ok::<u32, Boom>(1)
-        });
+        let (p, _clock, _) = mode.build("case-bulkhead-sync", |b| b.bulkhead(Bulkhead::new(1)));
+        let (r, inner) = call_within(&p, (1, 2), || assert_eq!(p.in_flight().unwrap(), 1));
         assert_eq!(r.unwrap(), 1);
-        assert_eq!(reason(&inner.unwrap()), RejectionReason::BulkheadFull);
+        assert_eq!(reason(&inner), Some(RejectionReason::BulkheadFull));
         assert_eq!(p.in_flight().unwrap(), 0);
         assert_eq!(p.call(|_| Ok::<u32, Boom>(3)).unwrap(), 3);
     }
@@ -592,8 +590,7 @@ fn bulkhead_sync_call_is_refused_while_the_slot_is_held() {
 #[test]
 fn bulkhead_slot_released_on_error_panic_drop_and_timeout() {
     for mode in modes() {
-        let (b, clock, _) = mode.builder("case-bulkhead-release");
-        let p = b.bulkhead(Bulkhead::new(1)).build().unwrap();
+        let (p, clock, _) = mode.build("case-bulkhead-release", |b| b.bulkhead(Bulkhead::new(1)));
 
         // Error, sync and async.
         let r = p.call(|_| Err::<u32, _>(Boom(1)));
@@ -622,8 +619,7 @@ fn bulkhead_slot_released_on_error_panic_drop_and_timeout() {
 
         // Future dropped mid-flight (cancelled).
         block_on(async {
-            let mut f = Box::pin(p.run(hold(&clock, secs(10), 1)));
-            assert!(poll_once(f.as_mut()).await.is_pending());
+            let f = pending(p.run(hold(&clock, secs(10), 1))).await;
             assert_eq!(p.in_flight().unwrap(), 1);
             drop(f);
             assert_eq!(p.in_flight().unwrap(), 0, "{mode:?}: after a drop");
@@ -633,14 +629,10 @@ fn bulkhead_slot_released_on_error_panic_drop_and_timeout() {
         assert_eq!(p.call(|_| Ok::<u32, Boom>(3)).unwrap(), 3);
 
         // Cut by a timeout.
-        let (b, clock, _) = mode.builder("case-bulkhead-timeout");
-        let p = b
-            .timeout(ms(50))
-            .bulkhead(Bulkhead::new(1))
-            .build()
-            .unwrap();
-        let t = Arc::new(Tracker::default());
-        let r = block_on(call_plans(&p, &clock, mode.start, &t, &[Plan::Never]));
+        let (p, clock, _) = mode.build("case-bulkhead-timeout", |b| {
+            b.timeout(ms(50)).bulkhead(Bulkhead::new(1))
+        });
+        let (r, _) = mode.run(&p, &clock, &[Plan::Never]);
         assert!(matches!(r, Err(Error::Timeout(_))), "{r:?}");
         assert_eq!(p.in_flight().unwrap(), 0, "{mode:?}: after a timeout");
         assert_eq!(p.call(|_| Ok::<u32, Boom>(4)).unwrap(), 4);
@@ -651,15 +643,14 @@ fn bulkhead_slot_released_on_error_panic_drop_and_timeout() {
 fn bulkhead_after_retry_frees_the_slot_during_the_wait_before_retry_holds_it() {
     for mode in modes() {
         for before in [false, true] {
-            let (b, clock, _) = mode.builder("case-bulkhead-retry");
-            let retry = Retry::constant(ms(100)).max_attempts(2);
-            let p = if before {
-                b.bulkhead(Bulkhead::new(1)).retry(retry)
-            } else {
-                b.retry(retry).bulkhead(Bulkhead::new(1))
-            }
-            .build()
-            .unwrap();
+            let (p, clock, _) = mode.build("case-bulkhead-retry", |b| {
+                let retry = Retry::constant(ms(100)).max_attempts(2);
+                if before {
+                    b.bulkhead(Bulkhead::new(1)).retry(retry)
+                } else {
+                    b.retry(retry).bulkhead(Bulkhead::new(1))
+                }
+            });
             let t = Arc::new(Tracker::default());
             block_on(async {
                 let plans = [Plan::Err(Duration::ZERO, 1), Plan::Ok(Duration::ZERO, 2)];
@@ -681,11 +672,9 @@ fn bulkhead_after_retry_frees_the_slot_during_the_wait_before_retry_holds_it() {
 #[test]
 fn bulkhead_queue_is_fifo_hands_the_slot_over_and_refuses_when_full() {
     for mode in modes() {
-        let (b, clock, events) = mode.builder("case-bulkhead-queue");
-        let p = b
-            .bulkhead(Bulkhead::new(1).queue(2, ms(500)))
-            .build()
-            .unwrap();
+        let (p, clock, events) = mode.build("case-bulkhead-queue", |b| {
+            b.bulkhead(Bulkhead::new(1).queue(2, ms(500)))
+        });
         let order: Arc<Mutex<Vec<(u32, Duration)>>> = Arc::default();
         let op = |v: u32, d: Duration| {
             let clock = clock.clone();
@@ -702,18 +691,15 @@ fn bulkhead_queue_is_fifo_hands_the_slot_over_and_refuses_when_full() {
             }
         };
         block_on(async {
-            let mut f1 = Box::pin(p.run(op(1, ms(30))));
-            assert!(poll_once(f1.as_mut()).await.is_pending());
-            let mut f2 = Box::pin(p.run(op(2, ms(10))));
-            assert!(poll_once(f2.as_mut()).await.is_pending());
-            let mut f3 = Box::pin(p.run(op(3, ms(10))));
-            assert!(poll_once(f3.as_mut()).await.is_pending());
+            let f1 = pending(p.run(op(1, ms(30)))).await;
+            let f2 = pending(p.run(op(2, ms(10)))).await;
+            let f3 = pending(p.run(op(3, ms(10)))).await;
             // The queue (2) is full: refused at once.
             let r4 = p.run(op(4, ms(10))).await;
-            assert_eq!(reason(&r4), RejectionReason::BulkheadFull, "{mode:?}");
+            assert_eq!(reason(&r4), Some(RejectionReason::BulkheadFull), "{mode:?}");
             // Sync calls never wait.
             let r5 = p.call(|_| Ok::<u32, Boom>(5));
-            assert_eq!(reason(&r5), RejectionReason::BulkheadFull, "{mode:?}");
+            assert_eq!(reason(&r5), Some(RejectionReason::BulkheadFull), "{mode:?}");
             let (r1, r2, r3) = tokio::join!(f1, f2, f3);
             assert_eq!((r1.unwrap(), r2.unwrap(), r3.unwrap()), (1, 2, 3));
         });
@@ -743,26 +729,15 @@ fn bulkhead_queue_is_fifo_hands_the_slot_over_and_refuses_when_full() {
 fn bulkhead_queue_wait_runs_out_at_max_wait_and_a_slot_freed_at_that_instant_is_taken() {
     for mode in modes() {
         for (held, expect_ok) in [(ms(200), false), (ms(50), true)] {
-            let (b, clock, _) = mode.builder("case-bulkhead-wait");
-            let p = b
-                .bulkhead(Bulkhead::new(1).queue(1, ms(50)))
-                .build()
-                .unwrap();
-            let (r2, at) = block_on(async {
-                let mut f1 = Box::pin(p.run(hold(&clock, held, 1)));
-                assert!(poll_once(f1.as_mut()).await.is_pending());
-                let mut waiter = Box::pin(async {
-                    let r = p.run(hold(&clock, Duration::ZERO, 2)).await;
-                    (r, mode.elapsed(&clock))
-                });
-                // The waiter joins the queue at once, before the holder's
-                // sleep may move the virtual clock.
-                assert!(poll_once(waiter.as_mut()).await.is_pending());
-                assert_eq!(mode.elapsed(&clock), Duration::ZERO);
-                let (w, r1) = tokio::join!(waiter, f1);
-                assert_eq!(r1.unwrap(), 1);
-                w
+            let (p, clock, _) = mode.build("case-bulkhead-wait", |b| {
+                b.bulkhead(Bulkhead::new(1).queue(1, ms(50)))
             });
+            // The waiter joins the queue at once, before the holder's
+            // sleep may move the virtual clock.
+            let (r2, at) =
+                queue_behind(&clock, mode.start, (&p, held), (&p, Duration::ZERO), || {
+                    assert_eq!(mode.elapsed(&clock), Duration::ZERO)
+                });
             if expect_ok {
                 assert_eq!(
                     r2.unwrap(),
@@ -771,7 +746,7 @@ fn bulkhead_queue_wait_runs_out_at_max_wait_and_a_slot_freed_at_that_instant_is_
                 );
                 assert_eq!(at, ms(50));
             } else {
-                assert_eq!(reason(&r2), RejectionReason::BulkheadFull, "{mode:?}");
+                assert_eq!(reason(&r2), Some(RejectionReason::BulkheadFull), "{mode:?}");
                 assert_eq!(at, ms(50), "{mode:?}: refused when max_wait runs out");
             }
             assert_eq!(p.in_flight().unwrap(), 0);
@@ -785,34 +760,34 @@ fn bulkhead_queue_wait_bounded_by_a_call_timeout_ends_with_the_refusal() {
         let clock = VirtualClock::starting_at(mode.start);
         let store = MemoryStore::new();
         let bulkhead = Bulkhead::new(1).queue(1, ms(50));
-        let mut holder_b = Pipeline::builder("case-bulkhead-deadline")
-            .store(store.clone())
-            .clock(clock.clone());
-        let mut timed_b = Pipeline::builder("case-bulkhead-deadline")
-            .store(store.clone())
-            .clock(clock.clone());
-        if mode.listen {
-            holder_b = holder_b.on_event(|_| {});
-            timed_b = timed_b.on_event(|_| {});
-        }
-        let holder = holder_b.bulkhead(bulkhead.clone()).build().unwrap();
-        let timed = timed_b.timeout(ms(30)).bulkhead(bulkhead).build().unwrap();
-        let (r, at) = block_on(async {
-            let mut f1 = Box::pin(holder.run(hold(&clock, ms(200), 1)));
-            assert!(poll_once(f1.as_mut()).await.is_pending());
-            // The two pipelines share the slot.
-            assert_eq!(timed.in_flight().unwrap(), 1);
-            let mut waiter = Box::pin(async {
-                let r = timed.run(hold(&clock, Duration::ZERO, 2)).await;
-                (r, clock.now() - mode.start)
-            });
-            assert!(poll_once(waiter.as_mut()).await.is_pending());
-            assert_eq!(mode.elapsed(&clock), Duration::ZERO);
-            let (w, r1) = tokio::join!(waiter, f1);
-            assert_eq!(r1.unwrap(), 1);
-            w
-        });
-        assert_eq!(reason(&r), RejectionReason::BulkheadFull, "{mode:?}: {r:?}");
+        let builder = || {
+            let b = Pipeline::builder("case-bulkhead-deadline")
+                .store(store.clone())
+                .clock(clock.clone());
+            listen(b, mode.listen)
+        };
+        let holder = builder().bulkhead(bulkhead.clone()).build().unwrap();
+        let timed = builder()
+            .timeout(ms(30))
+            .bulkhead(bulkhead)
+            .build()
+            .unwrap();
+        let (r, at) = queue_behind(
+            &clock,
+            mode.start,
+            (&holder, ms(200)),
+            (&timed, Duration::ZERO),
+            || {
+                // The two pipelines share the slot.
+                assert_eq!(timed.in_flight().unwrap(), 1);
+                assert_eq!(mode.elapsed(&clock), Duration::ZERO);
+            },
+        );
+        assert_eq!(
+            reason(&r),
+            Some(RejectionReason::BulkheadFull),
+            "{mode:?}: {r:?}"
+        );
         assert_eq!(at, ms(30), "{mode:?}: the call's deadline bounds the wait");
     }
 }
@@ -820,80 +795,63 @@ fn bulkhead_queue_wait_bounded_by_a_call_timeout_ends_with_the_refusal() {
 #[test]
 fn bulkhead_bad_configuration_fails_build_naming_the_field() {
     let b = || Pipeline::builder("case-bulkhead-config");
-    assert_config(
-        b().bulkhead(Bulkhead::new(0)).build(),
-        "bulkhead",
-        "max_concurrent",
-    );
-    assert_config(
-        b().bulkhead(Bulkhead::new(1).queue(3, Duration::ZERO))
-            .build(),
-        "bulkhead",
-        "max_wait",
-    );
-    assert_config(
-        b().bulkhead(Bulkhead::new(1).lease(Duration::ZERO)).build(),
-        "bulkhead",
-        "lease",
-    );
-    // The default lease (60 s) must exceed the attempt timeout by > 1 s.
-    assert_config(
-        b().timeout(secs(59)).bulkhead(Bulkhead::new(1)).build(),
-        "bulkhead",
-        "lease",
-    );
-    assert_config(
-        b().timeout(Duration::MAX)
-            .bulkhead(Bulkhead::new(1).lease(Duration::MAX))
-            .build(),
-        "bulkhead",
-        "lease",
-    );
+    for (built, field) in [
+        (b().bulkhead(Bulkhead::new(0)).build(), "max_concurrent"),
+        (
+            b().bulkhead(Bulkhead::new(1).queue(3, Duration::ZERO))
+                .build(),
+            "max_wait",
+        ),
+        (
+            b().bulkhead(Bulkhead::new(1).lease(Duration::ZERO)).build(),
+            "lease",
+        ),
+        // The default lease (60 s) must exceed the attempt timeout by > 1 s.
+        (
+            b().timeout(secs(59)).bulkhead(Bulkhead::new(1)).build(),
+            "lease",
+        ),
+        (
+            b().timeout(Duration::MAX)
+                .bulkhead(Bulkhead::new(1).lease(Duration::MAX))
+                .build(),
+            "lease",
+        ),
+    ] {
+        assert_config(built, "bulkhead", field);
+    }
     // What is allowed builds.
-    assert!(b().bulkhead(Bulkhead::new(u32::MAX)).build().is_ok());
-    assert!(b()
-        .bulkhead(Bulkhead::new(1).queue(0, Duration::ZERO))
-        .build()
-        .is_ok());
-    assert!(b()
-        .bulkhead(Bulkhead::new(1).queue(0, secs(5)))
-        .build()
-        .is_ok());
-    assert!(b()
-        .timeout(ms(58_999))
-        .bulkhead(Bulkhead::new(1))
-        .build()
-        .is_ok());
+    for (i, built) in [
+        b().bulkhead(Bulkhead::new(u32::MAX)).build(),
+        b().bulkhead(Bulkhead::new(1).queue(0, Duration::ZERO))
+            .build(),
+        b().bulkhead(Bulkhead::new(1).queue(0, secs(5))).build(),
+        b().timeout(ms(58_999)).bulkhead(Bulkhead::new(1)).build(),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        assert!(built.is_ok(), "case {i}: {built:?}");
+    }
 }
 
 // ------------------------------------------------------------------ hedging
 
-fn hedges(events: &Events) -> Vec<(u32, HedgeTrigger)> {
-    events
-        .lock()
-        .unwrap()
-        .iter()
-        .filter_map(|e| match e {
-            EventKind::HedgeStarted { attempt, trigger } => Some((*attempt, *trigger)),
-            _ => None,
-        })
-        .collect()
+fn hedges(events: &Log) -> Vec<(u32, HedgeTrigger)> {
+    picked(events, |e| match e {
+        EventKind::HedgeStarted { attempt, trigger } => Some((*attempt, *trigger)),
+        _ => None,
+    })
 }
 
 #[test]
 fn hedging_starts_a_hedge_after_the_delay_and_the_first_answer_wins() {
     for mode in modes() {
+        let latency = |name: &str| mode.build(name, |b| b.hedging(Hedging::latency(ms(50))));
+
         // The hedge answers first; the original is cancelled.
-        let (b, clock, events) = mode.builder("case-hedge-delay");
-        let p = b.hedging(Hedging::latency(ms(50))).build().unwrap();
-        let t = Arc::new(Tracker::default());
-        let r = block_on(call_plans(
-            &p,
-            &clock,
-            mode.start,
-            &t,
-            &[Plan::Never, Plan::Ok(ms(10), 2)],
-        ));
+        let (p, clock, events) = latency("case-hedge-delay");
+        let (r, t) = mode.run(&p, &clock, &[Plan::Never, Plan::Ok(ms(10), 2)]);
         assert_eq!(r.unwrap(), 2, "{mode:?}");
         assert_eq!(mode.elapsed(&clock), ms(60), "{mode:?}");
         assert_eq!(t.started(), vec![(1, ms(0)), (2, ms(50))], "{mode:?}");
@@ -904,31 +862,15 @@ fn hedging_starts_a_hedge_after_the_delay_and_the_first_answer_wins() {
 
         // The original answers after the hedge started: it wins, the hedge
         // is cancelled.
-        let (b, clock, _) = mode.builder("case-hedge-orig");
-        let p = b.hedging(Hedging::latency(ms(50))).build().unwrap();
-        let t = Arc::new(Tracker::default());
-        let r = block_on(call_plans(
-            &p,
-            &clock,
-            mode.start,
-            &t,
-            &[Plan::Ok(ms(70), 1), Plan::Ok(ms(100), 2)],
-        ));
+        let (p, clock, _) = latency("case-hedge-orig");
+        let (r, t) = mode.run(&p, &clock, &[Plan::Ok(ms(70), 1), Plan::Ok(ms(100), 2)]);
         assert_eq!(r.unwrap(), 1, "{mode:?}");
         assert_eq!(mode.elapsed(&clock), ms(70));
         assert_eq!(t.dropped(), vec![(2, ms(70))], "{mode:?}");
 
         // The original answers before the delay: no hedge at all.
-        let (b, clock, events) = mode.builder("case-hedge-none");
-        let p = b.hedging(Hedging::latency(ms(50))).build().unwrap();
-        let t = Arc::new(Tracker::default());
-        let r = block_on(call_plans(
-            &p,
-            &clock,
-            mode.start,
-            &t,
-            &[Plan::Ok(ms(30), 1)],
-        ));
+        let (p, clock, events) = latency("case-hedge-none");
+        let (r, t) = mode.run(&p, &clock, &[Plan::Ok(ms(30), 1)]);
         assert_eq!(r.unwrap(), 1);
         assert_eq!(mode.elapsed(&clock), ms(30));
         assert_eq!(t.started(), vec![(1, ms(0))], "{mode:?}");
@@ -939,21 +881,14 @@ fn hedging_starts_a_hedge_after_the_delay_and_the_first_answer_wins() {
 #[test]
 fn hedging_starts_at_most_max_hedged_attempts() {
     for mode in modes() {
-        let (b, clock, events) = mode.builder("case-hedge-max");
-        let p = b
-            .timeout(secs(1))
-            .hedging(Hedging::latency(ms(50)).max_hedged_attempts(3))
-            .build()
-            .unwrap();
-        let t = Arc::new(Tracker::default());
-        let r = block_on(call_plans(&p, &clock, mode.start, &t, &[]));
-        match r {
-            Err(Error::Timeout(e)) => {
-                assert_eq!(e.scope, TimeoutScope::Overall, "{mode:?}");
-                assert_eq!(e.after, secs(1));
-            }
-            other => panic!("{mode:?}: {other:?}"),
-        }
+        let (p, clock, events) = mode.build("case-hedge-max", |b| {
+            b.timeout(secs(1))
+                .hedging(Hedging::latency(ms(50)).max_hedged_attempts(3))
+        });
+        let (r, t) = mode.run(&p, &clock, &[]);
+        let e = timeout_of(r, mode);
+        assert_eq!(e.scope, TimeoutScope::Overall, "{mode:?}");
+        assert_eq!(e.after, secs(1));
         assert_eq!(mode.elapsed(&clock), secs(1));
         assert_eq!(
             t.started(),
@@ -975,16 +910,9 @@ fn hedging_starts_at_most_max_hedged_attempts() {
 fn hedging_a_failure_starts_the_next_attempt_at_once() {
     for mode in modes() {
         // Latency mode: a failure does not wait for the delay.
-        let (b, clock, events) = mode.builder("case-hedge-fail");
-        let p = b.hedging(Hedging::latency(ms(50))).build().unwrap();
-        let t = Arc::new(Tracker::default());
-        let r = block_on(call_plans(
-            &p,
-            &clock,
-            mode.start,
-            &t,
-            &[Plan::Err(ms(10), 1), Plan::Ok(ms(10), 2)],
-        ));
+        let (p, clock, events) =
+            mode.build("case-hedge-fail", |b| b.hedging(Hedging::latency(ms(50))));
+        let (r, t) = mode.run(&p, &clock, &[Plan::Err(ms(10), 1), Plan::Ok(ms(10), 2)]);
         assert_eq!(r.unwrap(), 2, "{mode:?}");
         assert_eq!(t.started(), vec![(1, ms(0)), (2, ms(10))], "{mode:?}");
         assert_eq!(mode.elapsed(&clock), ms(20));
@@ -993,34 +921,16 @@ fn hedging_a_failure_starts_the_next_attempt_at_once() {
         }
 
         // Fallback mode: only a failure starts the next attempt.
-        let (b, clock, _) = mode.builder("case-hedge-fallback");
-        let p = b.hedging(Hedging::fallback()).build().unwrap();
-        let t = Arc::new(Tracker::default());
-        let r = block_on(call_plans(
-            &p,
-            &clock,
-            mode.start,
-            &t,
-            &[Plan::Ok(ms(500), 1)],
-        ));
+        let (p, clock, _) = mode.build("case-hedge-fallback", |b| b.hedging(Hedging::fallback()));
+        let (r, t) = mode.run(&p, &clock, &[Plan::Ok(ms(500), 1)]);
         assert_eq!(r.unwrap(), 1);
         assert_eq!(t.started(), vec![(1, ms(0))], "{mode:?}");
 
         // An attempt timeout is a failure too.
-        let (b, clock, _) = mode.builder("case-hedge-attempt-timeout");
-        let p = b
-            .hedging(Hedging::latency(secs(1)))
-            .timeout(ms(100))
-            .build()
-            .unwrap();
-        let t = Arc::new(Tracker::default());
-        let r = block_on(call_plans(
-            &p,
-            &clock,
-            mode.start,
-            &t,
-            &[Plan::Never, Plan::Ok(ms(10), 2)],
-        ));
+        let (p, clock, _) = mode.build("case-hedge-attempt-timeout", |b| {
+            b.hedging(Hedging::latency(secs(1))).timeout(ms(100))
+        });
+        let (r, t) = mode.run(&p, &clock, &[Plan::Never, Plan::Ok(ms(10), 2)]);
         assert_eq!(r.unwrap(), 2, "{mode:?}");
         assert_eq!(t.started(), vec![(1, ms(0)), (2, ms(100))], "{mode:?}");
         assert_eq!(mode.elapsed(&clock), ms(110));
@@ -1030,23 +940,18 @@ fn hedging_a_failure_starts_the_next_attempt_at_once() {
 #[test]
 fn hedging_parallel_all_fail_gives_the_error_of_the_attempt_that_ended_last() {
     for mode in modes() {
-        let (b, clock, _) = mode.builder("case-hedge-parallel");
-        let p = b
-            .hedging(Hedging::parallel().max_hedged_attempts(2))
-            .build()
-            .unwrap();
-        let t = Arc::new(Tracker::default());
-        let r = block_on(call_plans(
+        let (p, clock, _) = mode.build("case-hedge-parallel", |b| {
+            b.hedging(Hedging::parallel().max_hedged_attempts(2))
+        });
+        let (r, t) = mode.run(
             &p,
             &clock,
-            mode.start,
-            &t,
             &[
                 Plan::Err(ms(30), 1),
                 Plan::Err(ms(10), 2),
                 Plan::Err(ms(20), 3),
             ],
-        ));
+        );
         match r {
             Err(Error::RetryExhausted { attempts, last }) => {
                 assert_eq!((attempts, last), (3, Boom(1)), "{mode:?}")
@@ -1065,20 +970,11 @@ fn hedging_parallel_all_fail_gives_the_error_of_the_attempt_that_ended_last() {
 #[test]
 fn hedging_an_error_not_to_be_hedged_wins_at_once() {
     for mode in modes() {
-        let (b, clock, _) = mode.builder("case-hedge-if");
-        let p = b
-            .hedging(Hedging::latency(ms(5)))
-            .hedge_if(|e: &Boom| e.0 != 9)
-            .build()
-            .unwrap();
-        let t = Arc::new(Tracker::default());
-        let r = block_on(call_plans(
-            &p,
-            &clock,
-            mode.start,
-            &t,
-            &[Plan::Err(ms(10), 9), Plan::Never],
-        ));
+        let (p, clock, _) = mode.build("case-hedge-if", |b| {
+            b.hedging(Hedging::latency(ms(5)))
+                .hedge_if(|e: &Boom| e.0 != 9)
+        });
+        let (r, t) = mode.run(&p, &clock, &[Plan::Err(ms(10), 9), Plan::Never]);
         assert!(
             matches!(r, Err(Error::Operation(Boom(9)))),
             "{mode:?}: {r:?}"
@@ -1091,26 +987,17 @@ fn hedging_an_error_not_to_be_hedged_wins_at_once() {
 #[test]
 fn hedging_hook_sees_each_hedge_and_a_bulkhead_slot_is_given_back_by_losers() {
     for mode in modes() {
-        let (b, clock, _) = mode.builder("case-hedge-bulkhead");
         let hooked: Arc<Mutex<Vec<u32>>> = Arc::default();
         let h = hooked.clone();
-        let p = b
-            .hedging(
+        let (p, clock, _) = mode.build("case-hedge-bulkhead", |b| {
+            b.hedging(
                 Hedging::latency(ms(20))
                     .max_hedged_attempts(2)
                     .on_hedging(move |ctx| h.lock().unwrap().push(ctx.attempt())),
             )
             .bulkhead(Bulkhead::new(3))
-            .build()
-            .unwrap();
-        let t = Arc::new(Tracker::default());
-        let r = block_on(call_plans(
-            &p,
-            &clock,
-            mode.start,
-            &t,
-            &[Plan::Never, Plan::Never, Plan::Ok(ms(5), 3)],
-        ));
+        });
+        let (r, t) = mode.run(&p, &clock, &[Plan::Never, Plan::Never, Plan::Ok(ms(5), 3)]);
         assert_eq!(r.unwrap(), 3);
         assert_eq!(*hooked.lock().unwrap(), vec![2, 3]);
         assert_eq!(
@@ -1125,20 +1012,11 @@ fn hedging_hook_sees_each_hedge_and_a_bulkhead_slot_is_given_back_by_losers() {
 #[test]
 fn hedging_a_hedge_refused_by_a_full_bulkhead_does_not_start() {
     for mode in modes() {
-        let (b, clock, events) = mode.builder("case-hedge-refused");
-        let p = b
-            .hedging(Hedging::latency(ms(10)))
-            .bulkhead(Bulkhead::new(1))
-            .build()
-            .unwrap();
-        let t = Arc::new(Tracker::default());
-        let r = block_on(call_plans(
-            &p,
-            &clock,
-            mode.start,
-            &t,
-            &[Plan::Ok(ms(45), 1)],
-        ));
+        let (p, clock, events) = mode.build("case-hedge-refused", |b| {
+            b.hedging(Hedging::latency(ms(10)))
+                .bulkhead(Bulkhead::new(1))
+        });
+        let (r, t) = mode.run(&p, &clock, &[Plan::Ok(ms(45), 1)]);
         assert_eq!(r.unwrap(), 1, "{mode:?}");
         assert_eq!(t.started(), vec![(1, ms(0))], "{mode:?}");
         assert_eq!(mode.elapsed(&clock), ms(45));
@@ -1146,13 +1024,7 @@ fn hedging_a_hedge_refused_by_a_full_bulkhead_does_not_start() {
             assert!(hedges(&events).is_empty());
             // Tried once per delay: at 10, 20, 30 and 40 ms.
             assert_eq!(
-                count(&events, |e| matches!(
-                    e,
-                    EventKind::Rejected {
-                        reason: RejectionReason::BulkheadFull,
-                        ..
-                    }
-                )),
+                refusals(&events, RejectionReason::BulkheadFull),
                 4,
                 "{mode:?}"
             );
@@ -1163,15 +1035,10 @@ fn hedging_a_hedge_refused_by_a_full_bulkhead_does_not_start() {
 #[test]
 fn hedging_sync_call_is_a_config_error_without_running_the_operation() {
     for mode in modes() {
-        let (b, _clock, _) = mode.builder("case-hedge-sync");
-        let p = b.hedging(Hedging::parallel()).build().unwrap();
-        let ran = AtomicU32::new(0);
-        let r = p.call(|_| {
-            ran.fetch_add(1, Ordering::SeqCst);
-            Ok::<u32, Boom>(1)
-        });
+        let (p, _clock, _) = mode.build("case-hedge-sync", |b| b.hedging(Hedging::parallel()));
+        let (r, ran) = call_counted(&p);
         assert!(matches!(r, Err(Error::Config(_))), "{r:?}");
-        assert_eq!(ran.load(Ordering::SeqCst), 0);
+        assert_eq!(ran, 0);
     }
 }
 
@@ -1186,34 +1053,33 @@ fn hedging_bad_configuration_fails_build_naming_the_field() {
             "max_hedged_attempts",
         );
     }
-    assert_config(
-        b().hedging(Hedging::latency(secs(86_400))).build(),
-        "hedging",
-        "delay",
-    );
-    assert_config(
-        b().hedging(Hedging::latency(Duration::MAX)).build(),
-        "hedging",
-        "delay",
-    );
+    for delay in [secs(86_400), Duration::MAX] {
+        assert_config(
+            b().hedging(Hedging::latency(delay)).build(),
+            "hedging",
+            "delay",
+        );
+    }
     let e = b()
         .hedging(Hedging::fallback().budget(RetryBudget::new(-0.5, 10)))
         .build()
         .unwrap_err();
     assert_eq!(e.policy, "hedging", "{e}");
     assert!(e.to_string().contains("ratio"), "{e}");
-    let e = b()
-        .hedging(Hedging::parallel())
-        .retry(Retry::constant(ms(1)))
-        .build()
-        .unwrap_err();
-    assert_eq!((e.policy, e.field), ("pipeline", "retry"), "{e}");
-    let e = b()
-        .retry(Retry::constant(ms(1)))
-        .hedging(Hedging::parallel())
-        .build()
-        .unwrap_err();
-    assert_eq!((e.policy, e.field), ("pipeline", "hedging"), "{e}");
+    assert_config(
+        b().hedging(Hedging::parallel())
+            .retry(Retry::constant(ms(1)))
+            .build(),
+        "pipeline",
+        "retry",
+    );
+    assert_config(
+        b().retry(Retry::constant(ms(1)))
+            .hedging(Hedging::parallel())
+            .build(),
+        "pipeline",
+        "hedging",
+    );
     assert!(b()
         .hedging(Hedging::latency(secs(86_399)).max_hedged_attempts(10))
         .build()
@@ -1225,44 +1091,27 @@ fn hedging_bad_configuration_fails_build_naming_the_field() {
 #[test]
 fn fallback_receives_the_final_error_and_its_result_is_the_calls() {
     for mode in modes() {
-        let (b, clock, events) = mode.builder("case-fallback");
         let seen: Arc<Mutex<Vec<String>>> = Arc::default();
         let s = seen.clone();
-        let p = b
-            .retry(Retry::constant(ms(10)).max_attempts(3))
-            .fallback_sync(move |e: Error<Boom>, _ctx| {
-                s.lock().unwrap().push(format!("{e:?}"));
-                Ok::<u32, Boom>(42)
-            })
-            .build()
-            .unwrap();
+        let (p, clock, events) = mode.build("case-fallback", |b| {
+            b.retry(Retry::constant(ms(10)).max_attempts(3))
+                .fallback_sync(move |e: Error<Boom>, _ctx| {
+                    s.lock().unwrap().push(format!("{e:?}"));
+                    Ok::<u32, Boom>(42)
+                })
+        });
         // Sync.
         assert_eq!(p.call(|_| Err(Boom(1))).unwrap(), 42, "{mode:?}");
         // Async.
-        let t = Arc::new(Tracker::default());
         let fail = Plan::Err(ms(1), 2);
-        let r = block_on(call_plans(&p, &clock, mode.start, &t, &[fail, fail, fail]));
+        let (r, _) = mode.run(&p, &clock, &[fail, fail, fail]);
         assert_eq!(r.unwrap(), 42);
         // Not called on success.
         assert_eq!(p.call(|_| Ok(7)).unwrap(), 7);
+        let exhausted = |last: Boom| format!("{:?}", Error::RetryExhausted { attempts: 3, last });
         assert_eq!(
             *seen.lock().unwrap(),
-            vec![
-                format!(
-                    "{:?}",
-                    Error::<Boom>::RetryExhausted {
-                        attempts: 3,
-                        last: Boom(1)
-                    }
-                ),
-                format!(
-                    "{:?}",
-                    Error::<Boom>::RetryExhausted {
-                        attempts: 3,
-                        last: Boom(2)
-                    }
-                ),
-            ]
+            vec![exhausted(Boom(1)), exhausted(Boom(2))]
         );
         if mode.listen {
             assert_eq!(
@@ -1285,77 +1134,58 @@ fn fallback_receives_the_final_error_and_its_result_is_the_calls() {
 fn fallback_is_outermost_and_handles_timeouts_and_rejections() {
     for mode in modes() {
         // Declared first, it still catches the timeout declared after it.
-        let (b, clock, _) = mode.builder("case-fallback-timeout");
-        let p = b
-            .fallback(|e: Error<Boom>, _ctx| async move {
+        let (p, clock, _) = mode.build("case-fallback-timeout", |b| {
+            b.fallback(|e: Error<Boom>, _ctx| async move {
                 assert!(e.is_timeout(), "{e:?}");
                 Ok::<u32, Boom>(99)
             })
             .timeout(ms(50))
-            .build()
-            .unwrap();
-        let t = Arc::new(Tracker::default());
-        let r = block_on(call_plans(&p, &clock, mode.start, &t, &[Plan::Never]));
+        });
+        let (r, t) = mode.run(&p, &clock, &[Plan::Never]);
         assert_eq!(r.unwrap(), 99, "{mode:?}");
         assert_eq!(mode.elapsed(&clock), ms(50));
         assert_eq!(t.dropped(), vec![(1, ms(50))]);
 
         // A rejection by a full bulkhead.
-        let (b, _clock, _) = mode.builder("case-fallback-rejected");
-        let p = b
-            .bulkhead(Bulkhead::new(1))
-            .fallback_sync(|e: Error<Boom>, _ctx| match e {
-                Error::Rejected(r) if r.reason == RejectionReason::BulkheadFull => Ok(0u32),
-                other => panic!("{other:?}"),
-            })
-            .build()
-            .unwrap();
-        let mut inner = None;
-        let outer = p.call(|_| {
-            inner = Some(p.call(|_| Ok::<u32, Boom>(2)));
-            Ok::<u32, Boom>(1)
+        let (p, _clock, _) = mode.build("case-fallback-rejected", |b| {
+            b.bulkhead(Bulkhead::new(1))
+                .fallback_sync(|e: Error<Boom>, _ctx| match e {
+                    Error::Rejected(r) if r.reason == RejectionReason::BulkheadFull => Ok(0u32),
+                    other => panic!("{other:?}"),
+                })
         });
+        let (outer, inner) = call_within(&p, (1, 2), || {});
         assert_eq!(outer.unwrap(), 1);
-        assert_eq!(inner.unwrap().unwrap(), 0, "{mode:?}");
+        assert_eq!(inner.unwrap(), 0, "{mode:?}");
     }
 }
 
 #[test]
 fn fallback_when_filters_and_its_own_error_is_error_fallback() {
     for mode in modes() {
-        let (b, clock, events) = mode.builder("case-fallback-when");
-        let p = b
-            .timeout(ms(50))
-            .fallback_sync(|e: Error<Boom>, _ctx| -> Result<u32, Boom> {
-                match e {
-                    Error::Timeout(_) => Err(Boom(99)),
-                    other => panic!("filtered out: {other:?}"),
-                }
-            })
-            .fallback_when(|e| e.is_timeout())
-            .build()
-            .unwrap();
+        let (p, clock, events) = mode.build("case-fallback-when", |b| {
+            b.timeout(ms(50))
+                .fallback_sync(|e: Error<Boom>, _ctx| -> Result<u32, Boom> {
+                    match e {
+                        Error::Timeout(_) => Err(Boom(99)),
+                        other => panic!("filtered out: {other:?}"),
+                    }
+                })
+                .fallback_when(|e| e.is_timeout())
+        });
         // Filtered out: the error propagates unchanged.
         let r = p.call(|_| Err::<u32, _>(Boom(1)));
         assert!(
             matches!(r, Err(Error::Operation(Boom(1)))),
             "{mode:?}: {r:?}"
         );
-        let t = Arc::new(Tracker::default());
-        let r = block_on(call_plans(
-            &p,
-            &clock,
-            mode.start,
-            &t,
-            &[Plan::Err(ms(1), 2)],
-        ));
+        let (r, _) = mode.run(&p, &clock, &[Plan::Err(ms(1), 2)]);
         assert!(
             matches!(r, Err(Error::Operation(Boom(2)))),
             "{mode:?}: {r:?}"
         );
         // Applied: its own error is `Error::Fallback`.
-        let t = Arc::new(Tracker::default());
-        let r = block_on(call_plans(&p, &clock, mode.start, &t, &[Plan::Never]));
+        let (r, _) = mode.run(&p, &clock, &[Plan::Never]);
         match &r {
             Err(Error::Fallback(Boom(99))) => {}
             other => panic!("{mode:?}: {other:?}"),
@@ -1366,14 +1196,7 @@ fn fallback_when_filters_and_its_own_error_is_error_fallback() {
                 count(&events, |e| matches!(e, EventKind::FallbackExecuted)),
                 1
             );
-            assert_eq!(
-                call_outcomes(&events),
-                vec![
-                    CallOutcome::Failure,
-                    CallOutcome::Failure,
-                    CallOutcome::Failure
-                ]
-            );
+            assert_eq!(call_outcomes(&events), vec![CallOutcome::Failure; 3]);
         }
     }
 }
@@ -1386,35 +1209,30 @@ fn cooldown_opened_by_a_hint_refuses_defers_or_exceeds_the_deadline() {
         let throttled = |_: &Boom| Verdict::throttled().with_retry_after(secs(2));
 
         // max_wait 0: refused at once while the pause lasts.
-        let (b, clock, _) = mode.builder("case-cooldown-refuse");
-        let p = b
-            .cooldown(Cooldown::new().max_wait(Duration::ZERO))
-            .classify(throttled)
-            .build()
-            .unwrap();
+        let (p, clock, _) = mode.build("case-cooldown-refuse", |b| {
+            b.cooldown(Cooldown::new().max_wait(Duration::ZERO))
+                .classify(throttled)
+        });
         assert!(matches!(
             p.call(|_| Err::<u32, _>(Boom(1))),
             Err(Error::Operation(_))
         ));
-        let ran = AtomicU32::new(0);
-        let r = p.call(|_| {
-            ran.fetch_add(1, Ordering::SeqCst);
-            Ok::<u32, Boom>(1)
-        });
-        assert_eq!(reason(&r), RejectionReason::CooldownActive, "{mode:?}");
-        assert_eq!(ran.load(Ordering::SeqCst), 0);
+        let (r, ran) = call_counted(&p);
+        assert_eq!(
+            reason(&r),
+            Some(RejectionReason::CooldownActive),
+            "{mode:?}"
+        );
+        assert_eq!(ran, 0);
         clock.advance(secs(2));
         assert_eq!(p.call(|_| Ok::<u32, Boom>(2)).unwrap(), 2, "{mode:?}");
 
         // Default max_wait (30 s): the call waits for the pause to end,
         // sync and async.
         for sync in [true, false] {
-            let (b, clock, _) = mode.builder("case-cooldown-wait");
-            let p = b
-                .cooldown(Cooldown::new())
-                .classify(throttled)
-                .build()
-                .unwrap();
+            let (p, clock, _) = mode.build("case-cooldown-wait", |b| {
+                b.cooldown(Cooldown::new()).classify(throttled)
+            });
             assert!(p.call(|_| Err::<u32, _>(Boom(1))).is_err());
             let r = if sync {
                 p.call(|_| Ok::<u32, Boom>(3))
@@ -1428,19 +1246,17 @@ fn cooldown_opened_by_a_hint_refuses_defers_or_exceeds_the_deadline() {
         // A deadline before the end of the pause: refused at once; one at
         // the end of the pause: waits and runs.
         for (deadline, refused) in [(secs(1), true), (secs(2), false)] {
-            let (b, clock, _) = mode.builder("case-cooldown-deadline");
-            let p = b
-                .timeout(deadline)
-                .cooldown(Cooldown::new())
-                .classify(throttled)
-                .build()
-                .unwrap();
+            let (p, clock, _) = mode.build("case-cooldown-deadline", |b| {
+                b.timeout(deadline)
+                    .cooldown(Cooldown::new())
+                    .classify(throttled)
+            });
             assert!(p.call(|_| Err::<u32, _>(Boom(1))).is_err());
             let r = p.call(|_| Ok::<u32, Boom>(4));
             if refused {
                 assert_eq!(
                     reason(&r),
-                    RejectionReason::CooldownExceedsDeadline,
+                    Some(RejectionReason::CooldownExceedsDeadline),
                     "{mode:?}"
                 );
                 assert_eq!(mode.elapsed(&clock), Duration::ZERO);
@@ -1538,6 +1354,18 @@ mod tower_adapter {
         s.poll_ready(&mut cx)
     }
 
+    /// One request (1) through a service of `layer` over `backend`.
+    fn oneshot<L>(
+        layer: &L,
+        backend: &Backend,
+    ) -> Result<<L::Service as Service<u32>>::Response, <L::Service as Service<u32>>::Error>
+    where
+        L: Layer<Backend>,
+        L::Service: Service<u32>,
+    {
+        block_on(layer.layer(backend.clone()).oneshot(1))
+    }
+
     #[test]
     fn poll_ready_is_the_inner_services() {
         for mode in modes() {
@@ -1578,8 +1406,7 @@ mod tower_adapter {
             let mut s3 = layer.layer(backend.clone());
             block_on(async {
                 s1.ready().await.unwrap();
-                let mut f1 = Box::pin(s1.call(1));
-                assert!(poll_once(f1.as_mut()).await.is_pending());
+                let f1 = pending(s1.call(1)).await;
                 assert_eq!(layer.pipeline().in_flight().unwrap(), 1, "{mode:?}");
                 // Documented: the bulkhead never holds poll_ready back.
                 assert!(matches!(noop_poll_ready(&mut s2), Poll::Ready(Ok(()))));
@@ -1607,7 +1434,7 @@ mod tower_adapter {
             let (b, clock, _) = mode.builder("case-tower-errors");
             let layer = PipelineLayer::new(b).unwrap();
             let backend = Backend::new(&clock, mode.start, &[Plan::Err(ms(1), 5)]);
-            let e = block_on(layer.layer(backend).oneshot(1)).unwrap_err();
+            let e = oneshot(&layer, &backend).unwrap_err();
             assert!(
                 matches!(e, ServiceError::Pipeline(Error::Operation(Boom(5)))),
                 "{mode:?}: {e:?}"
@@ -1615,16 +1442,16 @@ mod tower_adapter {
             assert_eq!(e.inner_error(), Some(&Boom(5)));
 
             // A retry: RetryExhausted with the last error.
+            let retry = |b: PipelineBuilder| b.retry(Retry::constant(ms(10)).max_attempts(3));
             let (b, clock, _) = mode.builder("case-tower-retry");
-            let layer =
-                PipelineLayer::new(b.retry(Retry::constant(ms(10)).max_attempts(3))).unwrap();
+            let layer = PipelineLayer::new(retry(b)).unwrap();
             let fails = [
                 Plan::Err(ms(1), 1),
                 Plan::Err(ms(1), 2),
                 Plan::Err(ms(1), 3),
             ];
             let backend = Backend::new(&clock, mode.start, &fails);
-            let e = block_on(layer.layer(backend.clone()).oneshot(1)).unwrap_err();
+            let e = oneshot(&layer, &backend).unwrap_err();
             match &e {
                 ServiceError::Pipeline(Error::RetryExhausted { attempts: 3, last }) => {
                     assert_eq!(last, &Boom(3))
@@ -1636,11 +1463,11 @@ mod tower_adapter {
 
             // An error classified `abort` is not retried.
             let (b, clock, _) = mode.builder("case-tower-abort");
-            let layer = PipelineLayer::new(b.retry(Retry::constant(ms(10)).max_attempts(3)))
+            let layer = PipelineLayer::new(retry(b))
                 .unwrap()
                 .classify_error(|_: &Boom| Verdict::abort());
             let backend = Backend::new(&clock, mode.start, &fails);
-            let e = block_on(layer.layer(backend.clone()).oneshot(1)).unwrap_err();
+            let e = oneshot(&layer, &backend).unwrap_err();
             assert!(
                 matches!(e, ServiceError::Pipeline(Error::Operation(Boom(1)))),
                 "{mode:?}: {e:?}"
@@ -1655,7 +1482,7 @@ mod tower_adapter {
             let (b, clock, events) = mode.builder("case-tower-timeout");
             let layer = PipelineLayer::new(b.timeout(ms(100))).unwrap();
             let backend = Backend::new(&clock, mode.start, &[Plan::Never]);
-            let e = block_on(layer.layer(backend.clone()).oneshot(1)).unwrap_err();
+            let e = oneshot(&layer, &backend).unwrap_err();
             assert!(e.is_timeout(), "{mode:?}: {e:?}");
             assert!(e.inner_error().is_none());
             assert_eq!(mode.elapsed(&clock), ms(100));
@@ -1670,7 +1497,7 @@ mod tower_adapter {
                 .unwrap()
                 .fallback(|e: ServiceError<Boom>| if e.is_timeout() { 504 } else { 500 });
             let backend = Backend::new(&clock, mode.start, &[Plan::Never]);
-            let answer: Result<u32, Boom> = block_on(layer.layer(backend).oneshot(1));
+            let answer: Result<u32, Boom> = oneshot(&layer, &backend);
             assert_eq!(answer.unwrap(), 504, "{mode:?}");
         }
     }
@@ -1681,7 +1508,7 @@ mod tower_adapter {
             let (b, clock, _) = mode.builder("case-tower-hedge");
             let layer = PipelineLayer::new(b.hedging(Hedging::latency(ms(50)))).unwrap();
             let backend = Backend::new(&clock, mode.start, &[Plan::Never, Plan::Ok(ms(10), 2)]);
-            let answer = block_on(layer.layer(backend.clone()).oneshot(1)).unwrap();
+            let answer = oneshot(&layer, &backend).unwrap();
             assert_eq!(answer, 2, "{mode:?}");
             assert_eq!(mode.elapsed(&clock), ms(60));
             assert_eq!(
@@ -1695,27 +1522,31 @@ mod tower_adapter {
 
     #[test]
     fn single_attempt_and_bad_configuration_fail_at_construction() {
-        let e = PipelineLayer::single_attempt(
-            Pipeline::builder("case-tower-config").retry(Retry::constant(ms(1)).max_attempts(2)),
-        )
-        .unwrap_err();
-        assert_eq!((e.policy, e.field), ("pipeline", "retry"), "{e}");
-        let e = PipelineLayer::single_attempt(
-            Pipeline::builder("case-tower-config").hedging(Hedging::parallel()),
-        )
-        .unwrap_err();
-        assert_eq!((e.policy, e.field), ("pipeline", "hedging"), "{e}");
-        assert!(PipelineLayer::single_attempt(
-            Pipeline::builder("case-tower-config").retry(Retry::constant(ms(1)).max_attempts(1))
-        )
-        .is_ok());
-        let e = PipelineLayer::new(Pipeline::builder("case-tower-config").timeout(Duration::ZERO))
-            .unwrap_err();
-        assert_eq!((e.policy, e.field), ("timeout", "duration"), "{e}");
-        let e =
-            PipelineLayer::new(Pipeline::builder("case-tower-config").bulkhead(Bulkhead::new(0)))
-                .unwrap_err();
-        assert_eq!((e.policy, e.field), ("bulkhead", "max_concurrent"), "{e}");
+        let b = || Pipeline::builder("case-tower-config");
+        assert_config(
+            PipelineLayer::single_attempt(b().retry(Retry::constant(ms(1)).max_attempts(2))),
+            "pipeline",
+            "retry",
+        );
+        assert_config(
+            PipelineLayer::single_attempt(b().hedging(Hedging::parallel())),
+            "pipeline",
+            "hedging",
+        );
+        assert!(
+            PipelineLayer::single_attempt(b().retry(Retry::constant(ms(1)).max_attempts(1)))
+                .is_ok()
+        );
+        assert_config(
+            PipelineLayer::new(b().timeout(Duration::ZERO)),
+            "timeout",
+            "duration",
+        );
+        assert_config(
+            PipelineLayer::new(b().bulkhead(Bulkhead::new(0))),
+            "bulkhead",
+            "max_concurrent",
+        );
     }
 }
 
@@ -1766,21 +1597,17 @@ fn bad_configuration_never_panics() {
 fn timeout_sync_strict_per_attempt_is_retried_lenient_is_kept() {
     for mode in modes() {
         for strict in [false, true] {
-            let (b, clock, _) = mode.builder("case-timeout-sync-retry");
             let t = if strict {
                 Timeout::strict(ms(100))
             } else {
                 Timeout::new(ms(100))
             };
-            let p = b
-                .retry(Retry::constant(ms(10)).max_attempts(2))
-                .timeout(t)
-                .build()
-                .unwrap();
-            let c = clock.clone();
+            let (p, clock, _) = mode.build("case-timeout-sync-retry", |b| {
+                b.retry(Retry::constant(ms(10)).max_attempts(2)).timeout(t)
+            });
             let r = p.call(|ctx| {
                 if ctx.attempt() == 1 {
-                    c.advance(ms(150));
+                    clock.advance(ms(150));
                 }
                 Ok::<u32, Boom>(ctx.attempt())
             });
@@ -1800,20 +1627,15 @@ fn timeout_error_and_rejection_messages_name_the_resource() {
         .bulkhead(Bulkhead::new(1))
         .build()
         .unwrap();
-    let t = Arc::new(Tracker::default());
-    let e = block_on(call_plans(&p, &clock, FAR, &t, &[Plan::Never])).unwrap_err();
+    let (r, _) = run_plans(&p, &clock, FAR, &[Plan::Never]);
     assert_eq!(
-        e.to_string(),
+        r.unwrap_err().to_string(),
         "case-messages: call timed out after 100ms (1 attempt)"
     );
-    let mut inner = None;
-    p.call(|_| {
-        inner = Some(p.call(|_| Ok::<u32, Boom>(1)));
-        Ok::<u32, Boom>(0)
-    })
-    .unwrap();
+    let (outer, inner) = call_within(&p, (0, 1), || {});
+    outer.unwrap();
     assert_eq!(
-        inner.unwrap().unwrap_err().to_string(),
+        inner.unwrap_err().to_string(),
         "case-messages: call rejected: bulkhead_full"
     );
 }
@@ -1821,17 +1643,16 @@ fn timeout_error_and_rejection_messages_name_the_resource() {
 #[test]
 fn bulkhead_partitions_have_their_own_slots() {
     for mode in modes() {
-        let (b, clock, _) = mode.builder("case-bulkhead-partitions");
-        let p = b.bulkhead(Bulkhead::new(1)).build().unwrap();
+        let (p, clock, _) =
+            mode.build("case-bulkhead-partitions", |b| b.bulkhead(Bulkhead::new(1)));
         block_on(async {
             let a = p.partition("a");
-            let mut f = Box::pin(a.run(hold(&clock, ms(100), 1)));
-            assert!(poll_once(f.as_mut()).await.is_pending());
+            let f = pending(a.run(hold(&clock, ms(100), 1))).await;
             assert_eq!(p.partition("a").in_flight().unwrap(), 1);
             assert_eq!(p.partition("b").in_flight().unwrap(), 0);
             assert_eq!(p.partition("b").call(|_| Ok::<u32, Boom>(2)).unwrap(), 2);
             let r = p.partition("a").call(|_| Ok::<u32, Boom>(3));
-            assert_eq!(reason(&r), RejectionReason::BulkheadFull, "{mode:?}");
+            assert_eq!(reason(&r), Some(RejectionReason::BulkheadFull), "{mode:?}");
             // The unpartitioned slots are apart too.
             assert_eq!(p.call(|_| Ok::<u32, Boom>(4)).unwrap(), 4);
             assert_eq!(f.await.unwrap(), 1);
@@ -1842,16 +1663,14 @@ fn bulkhead_partitions_have_their_own_slots() {
 #[test]
 fn bulkhead_shadow_mode_counts_and_reports_but_never_refuses() {
     for mode in modes() {
-        let (b, _clock, events) = mode.builder("case-bulkhead-shadow");
-        let p = b.bulkhead(Bulkhead::new(1).shadow(true)).build().unwrap();
-        let mut inner = None;
-        p.call(|_| {
-            inner = Some(p.call(|_| Ok::<u32, Boom>(2)));
-            assert_eq!(p.in_flight().unwrap(), 1, "the shadowed call holds no slot");
-            Ok::<u32, Boom>(1)
-        })
-        .unwrap();
-        assert_eq!(inner.unwrap().unwrap(), 2, "{mode:?}");
+        let (p, _clock, events) = mode.build("case-bulkhead-shadow", |b| {
+            b.bulkhead(Bulkhead::new(1).shadow(true))
+        });
+        let (outer, inner) = call_within(&p, (1, 2), || {
+            assert_eq!(p.in_flight().unwrap(), 1, "the shadowed call holds no slot")
+        });
+        outer.unwrap();
+        assert_eq!(inner.unwrap(), 2, "{mode:?}");
         assert_eq!(p.in_flight().unwrap(), 0);
         if mode.listen {
             assert_eq!(
@@ -1875,21 +1694,17 @@ fn bulkhead_shadow_mode_counts_and_reports_but_never_refuses() {
 #[test]
 fn bulkhead_dropped_waiter_leaves_the_queue_and_the_next_gets_the_slot() {
     for mode in modes() {
-        let (b, clock, events) = mode.builder("case-bulkhead-drop-waiter");
-        let p = b
-            .bulkhead(Bulkhead::new(1).queue(2, ms(500)))
-            .build()
-            .unwrap();
+        let (p, clock, events) = mode.build("case-bulkhead-drop-waiter", |b| {
+            b.bulkhead(Bulkhead::new(1).queue(2, ms(500)))
+        });
         let (r3, at) = block_on(async {
-            let mut f1 = Box::pin(p.run(hold(&clock, ms(30), 1)));
-            assert!(poll_once(f1.as_mut()).await.is_pending());
-            let mut f2 = Box::pin(p.run(hold(&clock, ms(5), 2)));
-            assert!(poll_once(f2.as_mut()).await.is_pending());
-            let mut f3 = Box::pin(async {
+            let f1 = pending(p.run(hold(&clock, ms(30), 1))).await;
+            let f2 = pending(p.run(hold(&clock, ms(5), 2))).await;
+            let f3 = pending(async {
                 let r = p.run(hold(&clock, Duration::ZERO, 3)).await;
                 (r, mode.elapsed(&clock))
-            });
-            assert!(poll_once(f3.as_mut()).await.is_pending());
+            })
+            .await;
             drop(f2);
             let (r1, w) = tokio::join!(f1, f3);
             assert_eq!(r1.unwrap(), 1);
@@ -1899,15 +1714,10 @@ fn bulkhead_dropped_waiter_leaves_the_queue_and_the_next_gets_the_slot() {
         assert_eq!(at, ms(30), "{mode:?}: handed the slot when it was freed");
         assert_eq!(p.in_flight().unwrap(), 0);
         if mode.listen {
-            let waits: Vec<Duration> = events
-                .lock()
-                .unwrap()
-                .iter()
-                .filter_map(|e| match e {
-                    EventKind::Deferred { wait, .. } => Some(*wait),
-                    _ => None,
-                })
-                .collect();
+            let waits = picked(&events, |e| match e {
+                EventKind::Deferred { wait, .. } => Some(*wait),
+                _ => None,
+            });
             assert_eq!(waits, vec![ms(500), ms(500)], "{mode:?}");
         }
     }
@@ -1918,17 +1728,13 @@ fn bulkhead_queue_deferred_wait_is_short_of_the_deadline_and_huge_waits_do_not_o
     for mode in modes() {
         // The Deferred event says the most it may wait: max_wait short of
         // the call's deadline.
-        let (b, clock, events) = mode.builder("case-bulkhead-deferred");
-        let p = b
-            .timeout(ms(30))
-            .bulkhead(Bulkhead::new(1).queue(1, ms(50)))
-            .build()
-            .unwrap();
+        let (p, clock, events) = mode.build("case-bulkhead-deferred", |b| {
+            b.timeout(ms(30))
+                .bulkhead(Bulkhead::new(1).queue(1, ms(50)))
+        });
         let r = block_on(async {
-            let mut f1 = Box::pin(p.run(hold(&clock, ms(20), 1)));
-            assert!(poll_once(f1.as_mut()).await.is_pending());
-            let mut f2 = Box::pin(p.run(hold(&clock, Duration::ZERO, 2)));
-            assert!(poll_once(f2.as_mut()).await.is_pending());
+            let f1 = pending(p.run(hold(&clock, ms(20), 1))).await;
+            let f2 = pending(p.run(hold(&clock, Duration::ZERO, 2))).await;
             let (r2, r1) = tokio::join!(f2, f1);
             assert_eq!(r1.unwrap(), 1);
             r2
@@ -1946,23 +1752,16 @@ fn bulkhead_queue_deferred_wait_is_short_of_the_deadline_and_huge_waits_do_not_o
         }
 
         // A max_wait of Duration::MAX.
-        let (b, clock, _) = mode.builder("case-bulkhead-huge-wait");
-        let p = b
-            .bulkhead(Bulkhead::new(1).queue(1, Duration::MAX))
-            .build()
-            .unwrap();
-        let (r, at) = block_on(async {
-            let mut f1 = Box::pin(p.run(hold(&clock, ms(100), 1)));
-            assert!(poll_once(f1.as_mut()).await.is_pending());
-            let mut w = Box::pin(async {
-                let r = p.run(hold(&clock, Duration::ZERO, 2)).await;
-                (r, mode.elapsed(&clock))
-            });
-            assert!(poll_once(w.as_mut()).await.is_pending());
-            let (w, r1) = tokio::join!(w, f1);
-            assert_eq!(r1.unwrap(), 1);
-            w
+        let (p, clock, _) = mode.build("case-bulkhead-huge-wait", |b| {
+            b.bulkhead(Bulkhead::new(1).queue(1, Duration::MAX))
         });
+        let (r, at) = queue_behind(
+            &clock,
+            mode.start,
+            (&p, ms(100)),
+            (&p, Duration::ZERO),
+            || {},
+        );
         assert_eq!(r.unwrap(), 2, "{mode:?}");
         assert_eq!(at, ms(100));
     }
@@ -1971,12 +1770,10 @@ fn bulkhead_queue_deferred_wait_is_short_of_the_deadline_and_huge_waits_do_not_o
 #[test]
 fn hedging_bulkhead_before_it_holds_one_slot_for_all_attempts() {
     for mode in modes() {
-        let (b, clock, _) = mode.builder("case-hedge-bulkhead-before");
-        let p = b
-            .bulkhead(Bulkhead::new(1))
-            .hedging(Hedging::latency(ms(10)).max_hedged_attempts(2))
-            .build()
-            .unwrap();
+        let (p, clock, _) = mode.build("case-hedge-bulkhead-before", |b| {
+            b.bulkhead(Bulkhead::new(1))
+                .hedging(Hedging::latency(ms(10)).max_hedged_attempts(2))
+        });
         let t = Arc::new(Tracker::default());
         let seen: Arc<Mutex<Vec<u32>>> = Arc::default();
         let s = seen.clone();
@@ -2002,13 +1799,11 @@ fn hedging_bulkhead_before_it_holds_one_slot_for_all_attempts() {
 fn hedging_each_attempt_has_its_own_deadline_and_the_last_to_end_decides() {
     for mode in modes() {
         // Overall 120 ms before hedging, 100 ms per attempt after it.
-        let (b, clock, _) = mode.builder("case-hedge-deadlines");
-        let p = b
-            .timeout(ms(120))
-            .hedging(Hedging::latency(ms(50)))
-            .timeout(ms(100))
-            .build()
-            .unwrap();
+        let (p, clock, _) = mode.build("case-hedge-deadlines", |b| {
+            b.timeout(ms(120))
+                .hedging(Hedging::latency(ms(50)))
+                .timeout(ms(100))
+        });
         // (attempt, its deadline from the start)
         type Seen = Vec<(u32, Option<Duration>)>;
         let deadlines: Arc<Mutex<Seen>> = Arc::default();
@@ -2026,38 +1821,21 @@ fn hedging_each_attempt_has_its_own_deadline_and_the_last_to_end_decides() {
             vec![(1, Some(ms(100))), (2, Some(ms(120)))],
             "{mode:?}"
         );
-        match r {
-            Err(Error::Timeout(e)) => assert_eq!(e.scope, TimeoutScope::Overall, "{mode:?}"),
-            other => panic!("{mode:?}: {other:?}"),
-        }
+        assert_eq!(timeout_of(r, mode).scope, TimeoutScope::Overall, "{mode:?}");
         assert_eq!(mode.elapsed(&clock), ms(120));
 
         // Every attempt failed: the one that ended last decides; here a
         // timed-out hedge after a failed original.
-        let (b, clock, _) = mode.builder("case-hedge-last-timeout");
-        let p = b
-            .hedging(Hedging::latency(ms(50)))
-            .timeout(ms(100))
-            .build()
-            .unwrap();
-        let t = Arc::new(Tracker::default());
-        let r = block_on(call_plans(
-            &p,
-            &clock,
-            mode.start,
-            &t,
-            &[Plan::Err(ms(90), 1), Plan::Never],
-        ));
-        match r {
-            Err(Error::Timeout(e)) => {
-                assert_eq!(
-                    (e.scope, e.after),
-                    (TimeoutScope::Attempt, ms(100)),
-                    "{mode:?}"
-                )
-            }
-            other => panic!("{mode:?}: {other:?}"),
-        }
+        let (p, clock, _) = mode.build("case-hedge-last-timeout", |b| {
+            b.hedging(Hedging::latency(ms(50))).timeout(ms(100))
+        });
+        let (r, _) = mode.run(&p, &clock, &[Plan::Err(ms(90), 1), Plan::Never]);
+        let e = timeout_of(r, mode);
+        assert_eq!(
+            (e.scope, e.after),
+            (TimeoutScope::Attempt, ms(100)),
+            "{mode:?}"
+        );
         assert_eq!(mode.elapsed(&clock), ms(150));
     }
 }
@@ -2065,31 +1843,20 @@ fn hedging_each_attempt_has_its_own_deadline_and_the_last_to_end_decides() {
 #[test]
 fn hedging_dynamic_delay_of_duration_max_hedges_only_on_failure() {
     for mode in modes() {
-        let (b, clock, events) = mode.builder("case-hedge-dynamic-max");
-        let p = b
-            .hedging(Hedging::dynamic(|_| {
+        let (p, clock, events) = mode.build("case-hedge-dynamic-max", |b| {
+            b.hedging(Hedging::dynamic(|_| {
                 seawall::hedge::HedgeDelay::After(Duration::MAX)
             }))
-            .build()
-            .unwrap();
-        let t = Arc::new(Tracker::default());
-        let r = block_on(call_plans(
-            &p,
-            &clock,
-            mode.start,
-            &t,
-            &[Plan::Ok(secs(3600), 1)],
-        ));
+        });
+        let (r, t) = mode.run(&p, &clock, &[Plan::Ok(secs(3600), 1)]);
         assert_eq!(r.unwrap(), 1, "{mode:?}");
         assert_eq!(t.started(), vec![(1, ms(0))]);
-        let t = Arc::new(Tracker::default());
-        let r = block_on(call_plans(
+        let (r, t) = run_plans(
             &p,
             &clock,
             clock.now(),
-            &t,
             &[Plan::Err(ms(10), 1), Plan::Ok(ms(10), 2)],
-        ));
+        );
         assert_eq!(r.unwrap(), 2, "{mode:?}");
         assert_eq!(t.started(), vec![(1, ms(0)), (2, ms(10))], "{mode:?}");
         if mode.listen {
@@ -2101,17 +1868,13 @@ fn hedging_dynamic_delay_of_duration_max_hedges_only_on_failure() {
 #[test]
 fn hedging_budget_stops_hedges_and_the_call_goes_on() {
     for mode in modes() {
-        let (b, clock, events) = mode.builder("case-hedge-budget");
-        let p = b
-            .hedging(Hedging::latency(ms(10)).budget(RetryBudget::new(0.001, 1)))
-            .build()
-            .unwrap();
+        let (p, clock, events) = mode.build("case-hedge-budget", |b| {
+            b.hedging(Hedging::latency(ms(10)).budget(RetryBudget::new(0.001, 1)))
+        });
         let plans = [Plan::Ok(ms(50), 1), Plan::Ok(ms(10), 2)];
-        let t = Arc::new(Tracker::default());
-        let r = block_on(call_plans(&p, &clock, clock.now(), &t, &plans));
+        let (r, _) = run_plans(&p, &clock, clock.now(), &plans);
         assert_eq!(r.unwrap(), 2, "{mode:?}: the full bucket pays one hedge");
-        let t = Arc::new(Tracker::default());
-        let r = block_on(call_plans(&p, &clock, clock.now(), &t, &plans));
+        let (r, t) = run_plans(&p, &clock, clock.now(), &plans);
         assert_eq!(r.unwrap(), 1, "{mode:?}: no token, no hedge");
         assert_eq!(t.started(), vec![(1, ms(0))], "{mode:?}");
         if mode.listen {
@@ -2131,11 +1894,9 @@ fn hedging_budget_stops_hedges_and_the_call_goes_on() {
 fn timeout_async_result_that_ran_past_the_deadline_inside_a_poll_is_late() {
     for mode in modes() {
         for inside in [false, true] {
-            let (b, clock, _) = mode.builder("case-timeout-blocking");
-            let p = b.timeout(ms(100)).build().unwrap();
-            let c = clock.clone();
+            let (p, clock, _) = mode.build("case-timeout-blocking", |b| b.timeout(ms(100)));
             let r = block_on(p.run(|_| {
-                let c = c.clone();
+                let c = clock.clone();
                 if !inside {
                     c.advance(ms(150));
                 }
@@ -2157,29 +1918,13 @@ fn timeout_async_result_that_ran_past_the_deadline_inside_a_poll_is_late() {
 #[test]
 fn timeout_per_attempt_covers_the_wait_in_the_bulkhead_queue() {
     for mode in modes() {
-        let (b, clock, _) = mode.builder("case-timeout-queue");
-        let p = b
-            .retry(Retry::constant(ms(1)).max_attempts(1))
-            .bulkhead(Bulkhead::new(1).queue(1, ms(500)))
-            .timeout(ms(100))
-            .build()
-            .unwrap();
-        let (r, at) = block_on(async {
-            let mut f1 = Box::pin(p.run(hold(&clock, ms(60), 1)));
-            assert!(poll_once(f1.as_mut()).await.is_pending());
-            let mut w = Box::pin(async {
-                let r = p.run(hold(&clock, ms(50), 2)).await;
-                (r, mode.elapsed(&clock))
-            });
-            assert!(poll_once(w.as_mut()).await.is_pending());
-            let (w, r1) = tokio::join!(w, f1);
-            assert_eq!(r1.unwrap(), 1);
-            w
+        let (p, clock, _) = mode.build("case-timeout-queue", |b| {
+            b.retry(Retry::constant(ms(1)).max_attempts(1))
+                .bulkhead(Bulkhead::new(1).queue(1, ms(500)))
+                .timeout(ms(100))
         });
-        match r {
-            Err(Error::Timeout(e)) => assert_eq!(e.scope, TimeoutScope::Attempt, "{mode:?}"),
-            other => panic!("{mode:?}: {other:?}"),
-        }
+        let (r, at) = queue_behind(&clock, mode.start, (&p, ms(60)), (&p, ms(50)), || {});
+        assert_eq!(timeout_of(r, mode).scope, TimeoutScope::Attempt, "{mode:?}");
         assert_eq!(
             at,
             ms(100),
@@ -2192,16 +1937,13 @@ fn timeout_per_attempt_covers_the_wait_in_the_bulkhead_queue() {
 #[test]
 fn hedging_a_panicking_attempt_gives_its_slots_back() {
     for mode in modes() {
-        let (b, clock, _) = mode.builder("case-hedge-panic");
-        let p = b
-            .hedging(Hedging::latency(ms(10)))
-            .bulkhead(Bulkhead::new(2))
-            .build()
-            .unwrap();
-        let c = clock.clone();
+        let (p, clock, _) = mode.build("case-hedge-panic", |b| {
+            b.hedging(Hedging::latency(ms(10)))
+                .bulkhead(Bulkhead::new(2))
+        });
         let r = catch_unwind(AssertUnwindSafe(|| {
             block_on(p.run(|ctx: Context| {
-                let c = c.clone();
+                let c = clock.clone();
                 async move {
                     if ctx.attempt() == 2 {
                         panic!("intentional panic in a hedge");
@@ -2273,8 +2015,7 @@ mod tower_http {
                 delay: ms(100),
             });
             block_on(async {
-                let mut held = Box::pin(svc.clone().oneshot(tenant("acme")));
-                assert!(poll_once(held.as_mut()).await.is_pending());
+                let held = pending(svc.clone().oneshot(tenant("acme"))).await;
                 let shed = svc.clone().oneshot(tenant("acme")).await.unwrap();
                 assert_eq!(shed.status(), 503, "{mode:?}");
                 assert_eq!(shed.headers()["retry-after"], "1");
