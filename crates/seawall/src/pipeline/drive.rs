@@ -648,13 +648,25 @@ pub(super) fn hedging_is_async() -> ConfigError {
 pin_project_lite::pin_project! {
     /// One attempt of a hedged call: the operation's future, after the
     /// latency a chaos policy injected, or the result it injected instead.
+    /// As on the other paths, the operation is called once the latency is
+    /// over (its context then tells the time left): until then the attempt
+    /// holds the context to call it with, and gives it back when the
+    /// latency ends ([`Due::Call`]).
     struct Attempt<Fut, T, E> {
         #[pin]
         delay: Option<Sleep>,
         injected: Option<Result<T, E>>,
+        ctx: Option<Context>,
         #[pin]
         op: Option<Fut>,
     }
+}
+
+/// What an [`Attempt`] comes to: its outcome, or the call of its operation,
+/// due now that its injected latency is over.
+enum Due<T, E> {
+    Outcome((Result<T, E>, Option<Verdict>)),
+    Call(Context),
 }
 
 impl<Fut, T, E> Future for Attempt<Fut, T, E>
@@ -662,7 +674,7 @@ where
     Fut: Future,
     Fut::Output: AttemptOutput<T, E>,
 {
-    type Output = (Result<T, E>, Option<Verdict>);
+    type Output = Due<T, E>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
@@ -671,12 +683,15 @@ where
             this.delay.set(None);
         }
         if let Some(result) = this.injected.take() {
-            return Poll::Ready((result, None));
+            return Poll::Ready(Due::Outcome((result, None)));
+        }
+        if let Some(ctx) = this.ctx.take() {
+            return Poll::Ready(Due::Call(ctx));
         }
         match this.op.as_pin_mut() {
-            Some(op) => op.poll(cx).map(AttemptOutput::split),
-            // An attempt holds an operation or an injected result; the
-            // latter was taken when it completed.
+            Some(op) => op.poll(cx).map(|out| Due::Outcome(out.split())),
+            // An attempt holds an operation, its context or an injected
+            // result; the last two are taken when they are given back.
             None => Poll::Pending,
         }
     }
@@ -783,7 +798,22 @@ where
             },
             StepProj::Running { attempt } => {
                 let ended = match attempt.poll(cx) {
-                    Poll::Ready(Some((result, judged))) => call.ended(Some(result), judged),
+                    Poll::Ready(Some(Due::Outcome((result, judged)))) => {
+                        call.ended(Some(result), judged)
+                    }
+                    // Its injected latency over (within the deadline), the
+                    // operation is called, under the same deadline.
+                    Poll::Ready(Some(Due::Call(ctx))) => {
+                        let attempt = Attempt {
+                            delay: None,
+                            injected: None,
+                            ctx: None,
+                            op: Some(op(ctx)),
+                        };
+                        let attempt = WithDeadline::new(attempt, call.clock(), call.deadline());
+                        step.set(Step::Running { attempt });
+                        continue;
+                    }
                     Poll::Ready(None) => call.ended(None, None),
                     Poll::Pending => return Progress::Pending { started },
                 };
@@ -812,19 +842,23 @@ where
                     let injection = call.inject::<T, E>(&ctx);
                     let delay =
                         (!injection.delay.is_zero()).then(|| call.clock().sleep(injection.delay));
-                    let op = match injection.result {
-                        Some(_) => None,
-                        None => Some(op(ctx)),
+                    // Called now, or once its latency is over.
+                    let (ctx, op) = match (&injection.result, &delay) {
+                        (Some(_), _) => (None, None),
+                        (None, Some(_)) => (Some(ctx), None),
+                        (None, None) => (None, Some(op(ctx))),
                     };
                     Attempt {
                         delay,
                         injected: injection.result,
+                        ctx,
                         op,
                     }
                 } else {
                     Attempt {
                         delay: None,
                         injected: None,
+                        ctx: None,
                         op: Some(op(ctx)),
                     }
                 };
