@@ -36,40 +36,22 @@ use seawall::pipeline::{HandlesSync, ValueType};
 use seawall::testing::{SeededRandom, SequenceRandom, VirtualClock};
 use seawall::{
     AdaptiveLimit, Bulkhead, CircuitBreaker, CircuitState, Clock, Coalesce, ConfigError, Context,
-    Error, Event, EventKind, MemoryStore, Pipeline, PipelineBuilder, RateLimiter, Rejection,
+    Error, EventKind, MemoryStore, Pipeline, PipelineBuilder, RateLimiter, Rejection,
     RejectionReason, Retry, Timeout, Verdict,
 };
 
+mod support;
+
+use support::{count, ms, reason, recorder, refusal, rt, secs, Boom, Log};
+
 const SEQ: Ordering = Ordering::SeqCst;
 
-/// 10^9 s: a clock far from its origin.
+/// 10^9 s: a clock far from its origin (further than `support::FAR`).
 const FAR: Duration = Duration::from_secs(1_000_000_000);
 const STARTS: [Duration; 2] = [Duration::ZERO, FAR];
 
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
-fn secs(n: u64) -> Duration {
-    Duration::from_secs(n)
-}
-
-/// The operation's error.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Fail(u32);
-
-impl std::fmt::Display for Fail {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "fail {}", self.0)
-    }
-}
-
-impl std::error::Error for Fail {}
-
 /// The error injected by chaos faults in these cases.
-const INJECTED: Fail = Fail(0);
-
-type Log = Arc<Mutex<Vec<EventKind>>>;
+const INJECTED: Boom = Boom(0);
 
 /// How a case calls: sync or async, with a listener or not, on a clock
 /// starting at `start`.
@@ -80,27 +62,24 @@ struct Mode {
     start: Duration,
 }
 
+/// Every mode: sync and async, with and without a listener, from each start.
 fn modes() -> Vec<Mode> {
+    [true, false].into_iter().flat_map(modes_of).collect()
+}
+
+/// The modes that call sync (`true`) or async (`false`).
+fn modes_of(sync: bool) -> Vec<Mode> {
     let mut v = Vec::new();
-    for sync in [true, false] {
-        for listen in [false, true] {
-            for start in STARTS {
-                v.push(Mode {
-                    sync,
-                    listen,
-                    start,
-                });
-            }
+    for listen in [false, true] {
+        for start in STARTS {
+            v.push(Mode {
+                sync,
+                listen,
+                start,
+            });
         }
     }
     v
-}
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()
-        .unwrap()
 }
 
 fn multi_thread() -> tokio::runtime::Runtime {
@@ -111,22 +90,17 @@ fn multi_thread() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
-fn listener(log: &Log) -> impl Fn(&Event<'_>) + Send + Sync + 'static {
-    let log = log.clone();
-    move |e: &Event<'_>| log.lock().unwrap().push(e.kind.clone())
-}
-
 impl Mode {
     /// A builder with a fresh store, a virtual clock at `start`, a
     /// listener when the mode listens.
     fn builder(self, name: &str) -> (PipelineBuilder, VirtualClock, Log) {
         let clock = VirtualClock::starting_at(self.start);
-        let log: Log = Arc::default();
+        let (log, listener) = recorder();
         let mut b = Pipeline::builder(name)
             .store(MemoryStore::new())
             .clock(clock.clone());
         if self.listen {
-            b = b.on_event(listener(&log));
+            b = b.on_event(listener);
         }
         (b, clock, log)
     }
@@ -183,10 +157,6 @@ fn injected(log: &Log) -> Vec<(ChaosKind, u32)> {
         .collect()
 }
 
-fn count(log: &Log, pred: impl Fn(&EventKind) -> bool) -> usize {
-    log.lock().unwrap().iter().filter(|e| pred(e)).count()
-}
-
 fn limit_changes(log: &Log) -> Vec<(u32, u32)> {
     log.lock()
         .unwrap()
@@ -196,13 +166,6 @@ fn limit_changes(log: &Log) -> Vec<(u32, u32)> {
             _ => None,
         })
         .collect()
-}
-
-fn rejection<T: std::fmt::Debug, E: std::fmt::Debug>(r: &Result<T, Error<E>>) -> Option<Rejection> {
-    match r {
-        Err(Error::Rejected(r)) => Some(*r),
-        _ => None,
-    }
 }
 
 /// Builds with `build` and expects a `ConfigError` naming `policy.field`;
@@ -224,6 +187,16 @@ fn refused<T>(
             );
         }
     }
+}
+
+/// Calls `call(i)` on `n` threads at once, `i` in `0..n`; the results in
+/// that order.
+fn on_threads<R: Send>(n: usize, call: impl Fn(usize) -> R + Sync) -> Vec<R> {
+    std::thread::scope(|s| {
+        let call = &call;
+        let handles: Vec<_> = (0..n).map(|i| s.spawn(move || call(i))).collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
 }
 
 /// Polls the futures together on the current task, in order.
@@ -275,7 +248,7 @@ fn chaos_rate_zero_never_injects_and_rate_one_always_does() {
             .build()
             .unwrap();
         let ops = AtomicU32::new(0);
-        let results = mode.many(&p, N, |_| Ok::<u32, Fail>(ops.fetch_add(1, SEQ) + 1));
+        let results = mode.many(&p, N, |_| Ok::<u32, Boom>(ops.fetch_add(1, SEQ) + 1));
         for (i, r) in results.iter().enumerate() {
             assert_eq!(r.as_ref().ok(), Some(&(i as u32 + 1)), "{mode:?}");
         }
@@ -292,7 +265,7 @@ fn chaos_rate_zero_never_injects_and_rate_one_always_does() {
             .build()
             .unwrap();
         let ops = AtomicU32::new(0);
-        let results = mode.many(&p, N, |_| Ok::<u32, Fail>(ops.fetch_add(1, SEQ) + 1));
+        let results = mode.many(&p, N, |_| Ok::<u32, Boom>(ops.fetch_add(1, SEQ) + 1));
         assert!(
             results
                 .iter()
@@ -310,13 +283,13 @@ fn chaos_rate_zero_never_injects_and_rate_one_always_does() {
 
         // An outcome: the generated value, a success.
         let (b, _, log) = mode.builder("chaos-rate-one-outcome");
-        let p: Pipeline<ValueType<u32, Fail>> = b
+        let p: Pipeline<ValueType<u32, Boom>> = b
             .random(edges())
             .chaos_outcome(Chaos::outcome(1.0, |ctx| 900 + ctx.attempt()))
             .build()
             .unwrap();
         let ops = AtomicU32::new(0);
-        let results = mode.many(&p, N, |_| Ok::<u32, Fail>(ops.fetch_add(1, SEQ) + 1));
+        let results = mode.many(&p, N, |_| Ok::<u32, Boom>(ops.fetch_add(1, SEQ) + 1));
         assert!(
             results.iter().all(|r| r.as_ref().ok() == Some(&901)),
             "{mode:?}"
@@ -332,7 +305,7 @@ fn chaos_rate_zero_never_injects_and_rate_one_always_does() {
             .build()
             .unwrap();
         let ops = AtomicU32::new(0);
-        let results = mode.many(&p, N, |_| Ok::<u32, Fail>(ops.fetch_add(1, SEQ) + 1));
+        let results = mode.many(&p, N, |_| Ok::<u32, Boom>(ops.fetch_add(1, SEQ) + 1));
         assert!(results.iter().all(|r| r.is_ok()), "{mode:?}");
         assert_eq!(ops.load(SEQ), N as u32);
         assert_eq!(mode.elapsed(&clock), ms(7) * N as u32, "{mode:?}");
@@ -357,7 +330,7 @@ fn chaos_rate_zero_never_injects_and_rate_one_always_does() {
         let ops = AtomicU32::new(0);
         let results = mode.many(&p, N, |_| {
             assert_eq!(hooked.load(SEQ), ops.load(SEQ) + 1, "the hook ran first");
-            Ok::<u32, Fail>(ops.fetch_add(1, SEQ) + 1)
+            Ok::<u32, Boom>(ops.fetch_add(1, SEQ) + 1)
         });
         assert!(results.iter().all(|r| r.is_ok()), "{mode:?}");
         assert_eq!((hooked.load(SEQ), ops.load(SEQ)), (N as u32, N as u32));
@@ -380,7 +353,7 @@ fn chaos_a_rate_in_between_injects_at_that_frequency() {
                 .chaos_fault(Chaos::fault(rate, |_| INJECTED))
                 .build()
                 .unwrap();
-            let results = mode.many(&p, N, |_| Ok::<u32, Fail>(1));
+            let results = mode.many(&p, N, |_| Ok::<u32, Boom>(1));
             let got: Vec<bool> = results.iter().map(|r| r.is_err()).collect();
             let replay = SeededRandom::new(seed);
             let expected: Vec<bool> = (0..N).map(|_| replay.next_f64() < rate).collect();
@@ -422,7 +395,7 @@ fn chaos_a_generated_rate_is_clamped_and_asked_for_each_attempt() {
                 .chaos_fault(Chaos::fault(0.5, |_| INJECTED).rate_generator(move |_| generated))
                 .build()
                 .unwrap();
-            let results = mode.many(&p, 6, |_| Ok::<u32, Fail>(1));
+            let results = mode.many(&p, 6, |_| Ok::<u32, Boom>(1));
             assert!(
                 results.iter().all(|r| r.is_err() == injects),
                 "{mode:?} generated {generated}: {results:?}"
@@ -448,7 +421,7 @@ fn chaos_a_generated_rate_is_clamped_and_asked_for_each_attempt() {
         let ops = AtomicU32::new(0);
         let r = mode.call(&p, |ctx| {
             ops.fetch_add(1, SEQ);
-            Ok::<u32, Fail>(ctx.attempt())
+            Ok::<u32, Boom>(ctx.attempt())
         });
         assert_eq!(r.ok(), Some(3), "{mode:?}");
         assert_eq!((ops.load(SEQ), asked.load(SEQ)), (1, 3), "{mode:?}");
@@ -472,7 +445,7 @@ fn chaos_the_switch_turns_injection_off_and_on_at_run_time() {
             .unwrap();
         let ops = AtomicU32::new(0);
         let step = |expect_fault: bool, elapsed: Duration| {
-            let r = mode.call(&p, |_| Ok::<u32, Fail>(ops.fetch_add(1, SEQ) + 1));
+            let r = mode.call(&p, |_| Ok::<u32, Boom>(ops.fetch_add(1, SEQ) + 1));
             assert_eq!(r.is_err(), expect_fault, "{mode:?}: {r:?}");
             assert_eq!(mode.elapsed(&clock), elapsed, "{mode:?}");
         };
@@ -516,7 +489,7 @@ fn chaos_the_switch_turns_injection_off_and_on_at_run_time() {
         let r = mode.call(&p, |_| {
             ops.fetch_add(1, SEQ);
             s.set(true);
-            Err::<u32, _>(Fail(1))
+            Err::<u32, _>(Boom(1))
         });
         match r {
             Err(Error::RetryExhausted { attempts, last }) => {
@@ -540,7 +513,7 @@ fn chaos_the_switch_turns_injection_off_and_on_at_run_time() {
         let r = mode.call(&p, |ctx| {
             if ctx.attempt() == 1 {
                 f.store(false, SEQ);
-                Err(Fail(1))
+                Err(Boom(1))
             } else {
                 Ok(ctx.attempt())
             }
@@ -562,10 +535,10 @@ fn chaos_the_switch_turns_injection_off_and_on_at_run_time() {
             }))
             .build()
             .unwrap();
-        assert_eq!(mode.call(&p, |_| Ok::<u32, Fail>(5)).ok(), Some(5));
+        assert_eq!(mode.call(&p, |_| Ok::<u32, Boom>(5)).ok(), Some(5));
         assert_eq!(asked.load(SEQ), 1, "{mode:?}");
         on.store(true, SEQ);
-        assert!(mode.call(&p, |_| Ok::<u32, Fail>(5)).is_err());
+        assert!(mode.call(&p, |_| Ok::<u32, Boom>(5)).is_err());
         assert_eq!(
             asked.load(SEQ),
             3,
@@ -591,7 +564,7 @@ fn chaos_latency_is_exact_and_counts_toward_timeouts() {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let r = mode.call(&p, |_| {
             seen.lock().unwrap().push(clock.now());
-            Ok::<u32, Fail>(1)
+            Ok::<u32, Boom>(1)
         });
         assert_eq!(r.ok(), Some(1));
         assert_eq!(
@@ -612,7 +585,7 @@ fn chaos_latency_is_exact_and_counts_toward_timeouts() {
                 .chaos(Chaos::latency(1.0, ms(100)))
                 .build()
                 .unwrap();
-            let r = mode.call(&p, |_| Ok::<u32, Fail>(1));
+            let r = mode.call(&p, |_| Ok::<u32, Boom>(1));
             assert_eq!(r.as_ref().ok(), Some(&1), "{mode:?} {timeout:?}: {r:?}");
             assert_eq!(mode.elapsed(&clock), ms(100), "{mode:?}");
             assert_eq!(
@@ -640,7 +613,7 @@ fn chaos_latency_is_exact_and_counts_toward_timeouts() {
                 .build()
                 .unwrap();
             let ops = AtomicU32::new(0);
-            let r = mode.call(&p, |_| Ok::<u32, Fail>(ops.fetch_add(1, SEQ) + 1));
+            let r = mode.call(&p, |_| Ok::<u32, Boom>(ops.fetch_add(1, SEQ) + 1));
             if mode.sync && !strict {
                 // Slept whole; the late success is kept and signalled.
                 assert_eq!(r.ok(), Some(1), "{mode:?}");
@@ -679,7 +652,7 @@ fn chaos_latency_is_exact_and_counts_toward_timeouts() {
             .chaos(Chaos::latency(1.0, ms(80)))
             .build()
             .unwrap();
-        let r = mode.call(&p, |_| Ok::<u32, Fail>(1));
+        let r = mode.call(&p, |_| Ok::<u32, Boom>(1));
         assert!(matches!(r, Err(Error::Timeout(_))), "{mode:?}: {r:?}");
         assert_eq!(p.circuit_state().unwrap(), CircuitState::Open, "{mode:?}");
         let per_attempt = if mode.sync { ms(80) } else { ms(50) };
@@ -702,7 +675,7 @@ fn chaos_an_injected_fault_is_classified_like_a_real_one() {
             .chaos_fault(Chaos::fault(1.0, |_| INJECTED))
             .build()
             .unwrap();
-        let r = mode.call(&p, |_| Ok::<u32, Fail>(1));
+        let r = mode.call(&p, |_| Ok::<u32, Boom>(1));
         match r {
             Err(Error::RetryExhausted { attempts, last }) => {
                 assert_eq!((attempts, last), (3, INJECTED))
@@ -730,7 +703,7 @@ fn chaos_an_injected_fault_is_classified_like_a_real_one() {
         let p = b
             .random(SequenceRandom::new([0.0]))
             .retry(Retry::constant(ms(10)).max_attempts(3))
-            .classify(|e: &Fail| {
+            .classify(|e: &Boom| {
                 if *e == INJECTED {
                     Verdict::abort()
                 } else {
@@ -740,7 +713,7 @@ fn chaos_an_injected_fault_is_classified_like_a_real_one() {
             .chaos_fault(Chaos::fault(1.0, |_| INJECTED))
             .build()
             .unwrap();
-        let r = mode.call(&p, |_| Ok::<u32, Fail>(1));
+        let r = mode.call(&p, |_| Ok::<u32, Boom>(1));
         assert!(
             matches!(&r, Err(Error::Operation(e)) if *e == INJECTED),
             "{mode:?}: {r:?}"
@@ -752,12 +725,12 @@ fn chaos_an_injected_fault_is_classified_like_a_real_one() {
         let p = b
             .random(SequenceRandom::new([0.0]))
             .circuit_breaker(CircuitBreaker::consecutive_failures(1))
-            .classify(|_: &Fail| Verdict::ignore())
+            .classify(|_: &Boom| Verdict::ignore())
             .chaos_fault(Chaos::fault(1.0, |_| INJECTED))
             .build()
             .unwrap();
         for _ in 0..3 {
-            assert!(mode.call(&p, |_| Ok::<u32, Fail>(1)).is_err());
+            assert!(mode.call(&p, |_| Ok::<u32, Boom>(1)).is_err());
         }
         assert_eq!(p.circuit_state().unwrap(), CircuitState::Closed, "{mode:?}");
 
@@ -771,9 +744,9 @@ fn chaos_an_injected_fault_is_classified_like_a_real_one() {
             .build()
             .unwrap();
         let ops = AtomicU32::new(0);
-        let r = mode.call(&p, |_| Ok::<u32, Fail>(ops.fetch_add(1, SEQ)));
+        let r = mode.call(&p, |_| Ok::<u32, Boom>(ops.fetch_add(1, SEQ)));
         assert_eq!(
-            rejection(&r).map(|r| r.reason),
+            reason(&r),
             Some(RejectionReason::CircuitOpen),
             "{mode:?}: {r:?}"
         );
@@ -790,25 +763,22 @@ fn chaos_an_injected_fault_is_classified_like_a_real_one() {
             .build()
             .unwrap();
         assert!(matches!(
-            mode.call(&p, |_| Ok::<u32, Fail>(1)),
+            mode.call(&p, |_| Ok::<u32, Boom>(1)),
             Err(Error::RetryExhausted { attempts: 3, .. })
         ));
         assert_eq!(p.circuit_metrics().unwrap().failures, 1, "{mode:?}");
         assert_eq!(p.circuit_state().unwrap(), CircuitState::Closed);
-        assert!(mode.call(&p, |_| Ok::<u32, Fail>(1)).is_err());
+        assert!(mode.call(&p, |_| Ok::<u32, Boom>(1)).is_err());
         assert_eq!(p.circuit_state().unwrap(), CircuitState::Open, "{mode:?}");
-        let r = mode.call(&p, |_| Ok::<u32, Fail>(1));
-        assert_eq!(
-            rejection(&r).map(|r| r.reason),
-            Some(RejectionReason::CircuitOpen)
-        );
+        let r = mode.call(&p, |_| Ok::<u32, Boom>(1));
+        assert_eq!(reason(&r), Some(RejectionReason::CircuitOpen));
 
         // The fallback gets it.
         let (b, _, _) = mode.builder("chaos-fault-fallback");
         let p = b
             .random(SequenceRandom::new([0.0]))
             .chaos_fault(Chaos::fault(1.0, |_| INJECTED))
-            .fallback_sync(|e: Error<Fail>, _| {
+            .fallback_sync(|e: Error<Boom>, _| {
                 Ok(if e.operation_error() == Some(&INJECTED) {
                     77
                 } else {
@@ -818,7 +788,7 @@ fn chaos_an_injected_fault_is_classified_like_a_real_one() {
             .build()
             .unwrap();
         assert_eq!(
-            mode.call(&p, |_| Ok::<u32, Fail>(1)).ok(),
+            mode.call(&p, |_| Ok::<u32, Boom>(1)).ok(),
             Some(77),
             "{mode:?}"
         );
@@ -838,7 +808,7 @@ fn chaos_an_injected_fault_is_classified_like_a_real_one() {
             .unwrap();
         for _ in 0..2 {
             clock.advance(ms(2));
-            assert!(mode.call(&p, |_| Ok::<u32, Fail>(1)).is_err());
+            assert!(mode.call(&p, |_| Ok::<u32, Boom>(1)).is_err());
         }
         assert_eq!(p.concurrency_limit().unwrap().limit, 4, "{mode:?}");
     }
@@ -874,7 +844,7 @@ fn chaos_bad_settings_fail_at_build_naming_the_field() {
         });
         refused("outcome", "chaos", "rate", || {
             Pipeline::builder("chaos-bad")
-                .chaos_outcome::<u32, Fail>(Chaos::outcome(bad, |_| 1u32))
+                .chaos_outcome::<u32, Boom>(Chaos::outcome(bad, |_| 1u32))
                 .build()
         });
         refused("fault with a switch", "chaos", "rate", || {
@@ -923,7 +893,7 @@ fn adaptive_aimd_grows_under_success_within_its_bounds() {
         let c = clock.clone();
         let results = mode.many(&p, 40, move |_| {
             c.advance(ms(2));
-            Ok::<u32, Fail>(1)
+            Ok::<u32, Boom>(1)
         });
         assert!(results.iter().all(|r| r.is_ok()), "{mode:?}");
         let now = p.concurrency_limit().unwrap();
@@ -941,37 +911,30 @@ fn adaptive_aimd_grows_under_success_within_its_bounds() {
 
     // Async rounds of 8 concurrent attempts of 2 ms: every round uses the
     // whole limit, which grows by one per window up to its maximum.
-    for start in STARTS {
-        for listen in [false, true] {
-            let mode = Mode {
-                sync: false,
-                listen,
-                start,
-            };
-            let (b, clock, log) = mode.builder("aimd-grows-async");
-            let p = b
-                .adaptive_limit(AdaptiveLimit::aimd().limits(2, 2, 6).update_interval(ms(1)))
-                .build()
-                .unwrap();
-            let rt = rt();
-            let mut limits = Vec::new();
-            for _ in 0..12 {
-                let before = p.concurrency_limit().unwrap().admitted;
-                let (admitted, peak) = round(&rt, &p, &clock, 8, ms(2));
-                assert_eq!(admitted, before.min(8) as usize, "{mode:?}");
-                assert!(peak <= before, "{peak} in flight over a limit of {before}");
-                limits.push(p.concurrency_limit().unwrap().limit);
-            }
-            assert!(limits.windows(2).all(|w| w[0] <= w[1]), "{limits:?}");
-            assert!(limits.iter().all(|&l| l <= 6), "{limits:?}");
-            assert_eq!(*limits.last().unwrap(), 6, "{limits:?}");
-            if listen {
-                assert_eq!(
-                    limit_changes(&log),
-                    vec![(2, 3), (3, 4), (4, 5), (5, 6)],
-                    "{mode:?}"
-                );
-            }
+    for mode in modes_of(false) {
+        let (b, clock, log) = mode.builder("aimd-grows-async");
+        let p = b
+            .adaptive_limit(AdaptiveLimit::aimd().limits(2, 2, 6).update_interval(ms(1)))
+            .build()
+            .unwrap();
+        let rt = rt();
+        let mut limits = Vec::new();
+        for _ in 0..12 {
+            let before = p.concurrency_limit().unwrap().admitted;
+            let (admitted, peak) = round(&rt, &p, &clock, 8, ms(2));
+            assert_eq!(admitted, before.min(8) as usize, "{mode:?}");
+            assert!(peak <= before, "{peak} in flight over a limit of {before}");
+            limits.push(p.concurrency_limit().unwrap().limit);
+        }
+        assert!(limits.windows(2).all(|w| w[0] <= w[1]), "{limits:?}");
+        assert!(limits.iter().all(|&l| l <= 6), "{limits:?}");
+        assert_eq!(*limits.last().unwrap(), 6, "{limits:?}");
+        if mode.listen {
+            assert_eq!(
+                limit_changes(&log),
+                vec![(2, 3), (3, 4), (4, 5), (5, 6)],
+                "{mode:?}"
+            );
         }
     }
 }
@@ -998,7 +961,7 @@ fn round(
                         peak.fetch_max(now, SEQ);
                         Clock::sleep(&clock, latency).await;
                         running.fetch_sub(1, SEQ);
-                        Ok::<_, Fail>(())
+                        Ok::<_, Boom>(())
                     }
                 })
             })
@@ -1013,6 +976,20 @@ fn round(
         }
     }
     (admitted, peak.load(SEQ))
+}
+
+/// `times` rounds of `n` concurrent attempts of `latency` each.
+fn run_rounds(
+    rt: &tokio::runtime::Runtime,
+    p: &Pipeline,
+    clock: &VirtualClock,
+    times: usize,
+    n: usize,
+    latency: Duration,
+) {
+    for _ in 0..times {
+        round(rt, p, clock, n, latency);
+    }
 }
 
 /// AIMD multiplies the limit by `backoff_ratio` (rounded down) for a
@@ -1036,7 +1013,7 @@ fn adaptive_aimd_shrinks_on_drops_and_slow_calls_within_its_bounds() {
         let c = clock.clone();
         let results = mode.many(&p, 12, move |_| {
             c.advance(ms(2));
-            Err::<u32, _>(Fail(1))
+            Err::<u32, _>(Boom(1))
         });
         assert!(results
             .iter()
@@ -1061,7 +1038,7 @@ fn adaptive_aimd_shrinks_on_drops_and_slow_calls_within_its_bounds() {
             .chaos(Chaos::latency(1.0, ms(20)))
             .build()
             .unwrap();
-        let results = mode.many(&p, 30, |_| Ok::<u32, Fail>(1));
+        let results = mode.many(&p, 30, |_| Ok::<u32, Boom>(1));
         assert!(results.iter().all(|r| r.is_ok()));
         assert_eq!(p.concurrency_limit().unwrap().limit, 3, "{mode:?}");
         if mode.listen {
@@ -1091,7 +1068,7 @@ fn adaptive_aimd_shrinks_on_drops_and_slow_calls_within_its_bounds() {
             let c = c.clone();
             async move {
                 Clock::sleep(&c, ms(10)).await;
-                Ok::<u32, Fail>(1)
+                Ok::<u32, Boom>(1)
             }
         }));
         assert!(matches!(r, Err(Error::Timeout(_))), "{r:?}");
@@ -1115,7 +1092,7 @@ fn adaptive_ignored_and_refused_calls_give_no_sample() {
                     .backoff_ratio(0.5)
                     .update_interval(ms(1)),
             )
-            .classify(|e: &Fail| match e.0 {
+            .classify(|e: &Boom| match e.0 {
                 1 => Verdict::ignore(),
                 _ => Verdict::abort(),
             })
@@ -1124,14 +1101,14 @@ fn adaptive_ignored_and_refused_calls_give_no_sample() {
         let c = clock.clone();
         let results = mode.many(&p, 10, move |_| {
             c.advance(ms(2));
-            Err::<u32, _>(Fail(1))
+            Err::<u32, _>(Boom(1))
         });
         assert!(results.iter().all(|r| r.is_err()));
         assert_eq!(p.concurrency_limit().unwrap().limit, 6, "{mode:?}: ignored");
         let c = clock.clone();
         let _ = mode.many(&p, 10, move |_| {
             c.advance(ms(2));
-            Err::<u32, _>(Fail(2))
+            Err::<u32, _>(Boom(2))
         });
         assert_eq!(p.concurrency_limit().unwrap().limit, 6, "{mode:?}: aborts");
 
@@ -1150,15 +1127,15 @@ fn adaptive_ignored_and_refused_calls_give_no_sample() {
         let c = clock.clone();
         let results = mode.many(&p, 10, move |_| {
             c.advance(ms(2));
-            Ok::<u32, Fail>(1)
+            Ok::<u32, Boom>(1)
         });
         assert!(results[0].is_ok());
         assert!(results[1..]
             .iter()
-            .all(|r| rejection(r).map(|r| r.reason) == Some(RejectionReason::RateLimited)));
+            .all(|r| reason(r) == Some(RejectionReason::RateLimited)));
         for _ in 0..5 {
             clock.advance(ms(2));
-            assert!(mode.call(&p, |_| Ok::<u32, Fail>(1)).is_err());
+            assert!(mode.call(&p, |_| Ok::<u32, Boom>(1)).is_err());
         }
         let now = p.concurrency_limit().unwrap();
         assert_eq!((now.limit, now.in_flight), (6, 0), "{mode:?}");
@@ -1175,77 +1152,71 @@ fn adaptive_vegas_and_gradient2_grow_without_queueing_and_shrink_with_latency() 
         ("vegas", AdaptiveLimit::vegas().limits(1, 4, 40)),
         ("gradient2", AdaptiveLimit::gradient2().limits(2, 4, 40)),
     ] {
-        for start in STARTS {
-            for listen in [false, true] {
-                let mode = Mode {
-                    sync: false,
-                    listen,
-                    start,
-                };
-                let (b, clock, log) = mode.builder(name);
-                let p =
-                    b.random(SeededRandom::new(5))
-                        .adaptive_limit(limit.clone().update_interval(ms(1)).min_rtt(
-                            secs(600),
-                            4,
-                            2,
-                        ))
-                        .build()
-                        .unwrap();
-                let rt = rt();
-                // The baseline: two rounds at the pinned concurrency of 2.
-                for _ in 0..2 {
-                    let now = p.concurrency_limit().unwrap();
-                    assert!(now.measuring && now.admitted == 2, "{name}: {now:?}");
-                    assert_eq!(round(&rt, &p, &clock, 40, ms(10)), (2, 2), "{name}");
-                }
+        for mode in modes_of(false) {
+            let (b, clock, log) = mode.builder(name);
+            let p = b
+                .random(SeededRandom::new(5))
+                .adaptive_limit(
+                    limit
+                        .clone()
+                        .update_interval(ms(1))
+                        .min_rtt(secs(600), 4, 2),
+                )
+                .build()
+                .unwrap();
+            let rt = rt();
+            // The baseline: two rounds at the pinned concurrency of 2.
+            for _ in 0..2 {
                 let now = p.concurrency_limit().unwrap();
-                assert!(!now.measuring, "{name}: {now:?}");
-                assert_eq!(now.baseline, Some(ms(10)), "{name}");
-                assert_eq!(now.limit, 4, "{name}");
+                assert!(now.measuring && now.admitted == 2, "{name}: {now:?}");
+                assert_eq!(round(&rt, &p, &clock, 40, ms(10)), (2, 2), "{name}");
+            }
+            let now = p.concurrency_limit().unwrap();
+            assert!(!now.measuring, "{name}: {now:?}");
+            assert_eq!(now.baseline, Some(ms(10)), "{name}");
+            assert_eq!(now.limit, 4, "{name}");
 
-                // No queueing: the limit grows, never past 40.
-                let mut limits = vec![now.limit];
-                for _ in 0..80 {
-                    let before = p.concurrency_limit().unwrap().admitted;
-                    let (admitted, peak) = round(&rt, &p, &clock, 40, ms(10));
-                    assert_eq!(admitted as u32, before.min(40), "{name}");
-                    assert!(peak <= before, "{name}: {peak} over {before}");
-                    limits.push(p.concurrency_limit().unwrap().limit);
-                }
-                assert!(
-                    limits.windows(2).all(|w| w[0] <= w[1]),
-                    "{name}: {limits:?}"
-                );
-                assert_eq!(*limits.last().unwrap(), 40, "{name}: {limits:?}");
+            // No queueing: the limit grows, never past 40.
+            let mut limits = vec![now.limit];
+            for _ in 0..80 {
+                let before = p.concurrency_limit().unwrap().admitted;
+                let (admitted, peak) = round(&rt, &p, &clock, 40, ms(10));
+                assert_eq!(admitted as u32, before.min(40), "{name}");
+                assert!(peak <= before, "{name}: {peak} over {before}");
+                limits.push(p.concurrency_limit().unwrap().limit);
+            }
+            assert!(
+                limits.windows(2).all(|w| w[0] <= w[1]),
+                "{name}: {limits:?}"
+            );
+            assert_eq!(*limits.last().unwrap(), 40, "{name}: {limits:?}");
 
-                // The latency rises to 2.5 x the baseline: the limit shrinks.
-                let mut limits = vec![40];
-                for _ in 0..10 {
-                    let before = p.concurrency_limit().unwrap().admitted;
-                    let (_, peak) = round(&rt, &p, &clock, 40, ms(25));
-                    assert!(peak <= before, "{name}: {peak} over {before}");
-                    limits.push(p.concurrency_limit().unwrap().limit);
-                }
+            // The latency rises to 2.5 x the baseline: the limit shrinks.
+            let mut limits = vec![40];
+            for _ in 0..10 {
+                let before = p.concurrency_limit().unwrap().admitted;
+                let (_, peak) = round(&rt, &p, &clock, 40, ms(25));
+                assert!(peak <= before, "{name}: {peak} over {before}");
+                limits.push(p.concurrency_limit().unwrap().limit);
+            }
+            assert!(
+                limits.windows(2).all(|w| w[0] >= w[1]),
+                "{name}: {limits:?}"
+            );
+            assert!(*limits.last().unwrap() < 40, "{name}: {limits:?}");
+            assert!(limits.iter().all(|&l| l >= 1), "{name}: {limits:?}");
+            if mode.listen {
+                let changes = limit_changes(&log);
+                assert!(!changes.is_empty());
                 assert!(
-                    limits.windows(2).all(|w| w[0] >= w[1]),
-                    "{name}: {limits:?}"
+                    changes.iter().all(|&(a, b)| a != b && a <= 40 && b <= 40),
+                    "{name}: {changes:?}"
                 );
-                assert!(*limits.last().unwrap() < 40, "{name}: {limits:?}");
-                assert!(limits.iter().all(|&l| l >= 1), "{name}: {limits:?}");
-                if listen {
-                    let changes = limit_changes(&log);
-                    assert!(!changes.is_empty());
-                    assert!(
-                        changes.iter().all(|&(a, b)| a != b && a <= 40 && b <= 40),
-                        "{name}: {changes:?}"
-                    );
-                    // Each event starts where the previous one ended.
-                    assert!(
-                        changes.windows(2).all(|w| w[0].1 == w[1].0),
-                        "{name}: {changes:?}"
-                    );
-                }
+                // Each event starts where the previous one ended.
+                assert!(
+                    changes.windows(2).all(|w| w[0].1 == w[1].0),
+                    "{name}: {changes:?}"
+                );
             }
         }
     }
@@ -1265,9 +1236,7 @@ fn adaptive_vegas_and_gradient2_grow_without_queueing_and_shrink_with_latency() 
         .build()
         .unwrap();
     let rt = rt();
-    for _ in 0..2 {
-        round(&rt, &p, &clock, 12, ms(10));
-    }
+    run_rounds(&rt, &p, &clock, 2, 12, ms(10));
     for _ in 0..4 {
         round(&rt, &p, &clock, 12, ms(40));
         let now = p.concurrency_limit().unwrap();
@@ -1283,10 +1252,10 @@ fn adaptive_never_admits_more_in_flight_than_the_limit() {
     const CALLS: usize = 300;
     for listen in [false, true] {
         // Sync, a fixed limit of 3.
-        let log: Log = Arc::default();
+        let (log, listener) = recorder();
         let mut b = Pipeline::builder("adaptive-threads").adaptive_limit(fixed(3));
         if listen {
-            b = b.on_event(listener(&log));
+            b = b.on_event(listener);
         }
         let p = b.build().unwrap();
         let running = AtomicU32::new(0);
@@ -1303,7 +1272,7 @@ fn adaptive_never_admits_more_in_flight_than_the_limit() {
                                 std::thread::yield_now();
                             }
                             running.fetch_sub(1, SEQ);
-                            Ok::<_, Fail>(())
+                            Ok::<_, Boom>(())
                         });
                         match r {
                             Ok(()) => {
@@ -1358,7 +1327,7 @@ fn adaptive_never_admits_more_in_flight_than_the_limit() {
                                             tokio::task::yield_now().await;
                                         }
                                         running.fetch_sub(1, SEQ);
-                                        Ok::<_, Fail>(())
+                                        Ok::<_, Boom>(())
                                     }
                                 })
                                 .await;
@@ -1397,7 +1366,7 @@ fn adaptive_never_admits_more_in_flight_than_the_limit() {
                         }
                         std::thread::yield_now();
                         running.fetch_sub(1, SEQ);
-                        Ok::<_, Fail>(())
+                        Ok::<_, Boom>(())
                     });
                 }
             });
@@ -1572,23 +1541,15 @@ fn coalesce_concurrent_calls_with_one_key_share_one_execution() {
             // (seen once by either leader).
             let followers = 2 * (CALLERS - 1);
             let joined = Arc::new(AtomicBool::new(false));
-            let results: Vec<(u64, Result<String, Error<Fail>>)> = if mode.sync {
-                std::thread::scope(|s| {
-                    let handles: Vec<_> = (0..2 * CALLERS)
-                        .map(|i| {
-                            let (p, runs, joined) = (&p, &runs, &joined);
-                            let key = (i % 2) as u64;
-                            s.spawn(move || {
-                                let r = p.coalesce_key(key).call(|_| {
-                                    runs.fetch_add(1, SEQ);
-                                    until_joined(p, followers, joined);
-                                    Ok::<_, Fail>(format!("value-{key}"))
-                                });
-                                (key, r)
-                            })
-                        })
-                        .collect();
-                    handles.into_iter().map(|h| h.join().unwrap()).collect()
+            let results: Vec<(u64, Result<String, Error<Boom>>)> = if mode.sync {
+                on_threads(2 * CALLERS, |i| {
+                    let key = (i % 2) as u64;
+                    let r = p.coalesce_key(key).call(|_| {
+                        runs.fetch_add(1, SEQ);
+                        until_joined(&p, followers, &joined);
+                        Ok::<_, Boom>(format!("value-{key}"))
+                    });
+                    (key, r)
                 })
             } else {
                 multi_thread().block_on(async {
@@ -1606,7 +1567,7 @@ fn coalesce_concurrent_calls_with_one_key_share_one_execution() {
                                         async move {
                                             runs.fetch_add(1, SEQ);
                                             until_joined_async(&p, followers, &joined).await;
-                                            Ok::<_, Fail>(format!("value-{key}"))
+                                            Ok::<_, Boom>(format!("value-{key}"))
                                         }
                                     })
                                     .await;
@@ -1635,9 +1596,9 @@ fn coalesce_concurrent_calls_with_one_key_share_one_execution() {
             }
             // Plain calls never share, keyed calls of another result type
             // do not meet the cached `String`.
-            let plain = mode.call(&p, |_| Ok::<String, Fail>("plain".into()));
+            let plain = mode.call(&p, |_| Ok::<String, Boom>("plain".into()));
             assert_eq!(plain.ok().as_deref(), Some("plain"));
-            let other = p.coalesce_key(0u64).call(|_| Ok::<u32, Fail>(3));
+            let other = p.coalesce_key(0u64).call(|_| Ok::<u32, Boom>(3));
             assert_eq!(other.ok(), Some(3));
         }
     }
@@ -1648,89 +1609,65 @@ fn coalesce_concurrent_calls_with_one_key_share_one_execution() {
 #[test]
 fn coalesce_a_leader_error_or_timeout_is_shared_and_not_cached() {
     const CALLERS: usize = 6;
-    for start in STARTS {
-        for listen in [false, true] {
-            let mode = Mode {
-                sync: true,
-                listen,
-                start,
-            };
-            let (b, _, log) = mode.builder("coalesce-error");
-            let p = b
-                .coalesce(Coalesce::new().ttl(secs(60)))
-                .retry(Retry::constant(ms(10)).max_attempts(2))
-                .timeout(Timeout::strict(ms(500)))
-                .build()
-                .unwrap();
-            let runs = AtomicU32::new(0);
-            let results: Vec<Result<u32, Error<Fail>>> = std::thread::scope(|s| {
-                let handles: Vec<_> = (0..CALLERS)
-                    .map(|_| {
-                        let (p, runs) = (&p, &runs);
-                        s.spawn(move || {
-                            p.coalesce_key("k").call(|_| {
-                                let n = runs.fetch_add(1, SEQ) + 1;
-                                until_waiting(p, CALLERS - 1);
-                                Err::<u32, _>(Fail(n))
-                            })
-                        })
-                    })
-                    .collect();
-                handles.into_iter().map(|h| h.join().unwrap()).collect()
-            });
-            assert_eq!(runs.load(SEQ), 2, "one execution, two attempts");
-            for r in &results {
-                match r {
-                    Err(Error::RetryExhausted { attempts, last }) => {
-                        assert_eq!((*attempts, last), (2, &Fail(2)))
-                    }
-                    other => panic!("{other:?}"),
+    for mode in modes_of(true) {
+        let (b, _, log) = mode.builder("coalesce-error");
+        let p = b
+            .coalesce(Coalesce::new().ttl(secs(60)))
+            .retry(Retry::constant(ms(10)).max_attempts(2))
+            .timeout(Timeout::strict(ms(500)))
+            .build()
+            .unwrap();
+        let runs = AtomicU32::new(0);
+        let results = on_threads(CALLERS, |_| {
+            p.coalesce_key("k").call(|_| {
+                let n = runs.fetch_add(1, SEQ) + 1;
+                until_waiting(&p, CALLERS - 1);
+                Err::<u32, _>(Boom(n))
+            })
+        });
+        assert_eq!(runs.load(SEQ), 2, "one execution, two attempts");
+        for r in &results {
+            match r {
+                Err(Error::RetryExhausted { attempts, last }) => {
+                    assert_eq!((*attempts, last), (2, &Boom(2)))
                 }
+                other => panic!("{other:?}"),
             }
-            // Not cached: the next call runs.
-            assert_eq!(
-                p.coalesce_key("k").call(|_| Ok::<u32, Fail>(7)).ok(),
-                Some(7)
-            );
-            if listen {
-                assert_eq!(count(&log, |e| *e == EventKind::Coalesced), CALLERS - 1);
-            }
-
-            // A timeout of the leader's call is every follower's.
-            let (b, clock, _) = mode.builder("coalesce-timeout");
-            let p = b
-                .coalesce(Coalesce::new().ttl(secs(60)))
-                .timeout(Timeout::strict(ms(500)))
-                .build()
-                .unwrap();
-            let c = clock.clone();
-            let runs = AtomicU32::new(0);
-            let results: Vec<Result<u32, Error<Fail>>> = std::thread::scope(|s| {
-                let handles: Vec<_> = (0..CALLERS)
-                    .map(|_| {
-                        let (p, runs, c) = (&p, &runs, c.clone());
-                        s.spawn(move || {
-                            p.coalesce_key("slow").call(|_| {
-                                runs.fetch_add(1, SEQ);
-                                until_waiting(p, CALLERS - 1);
-                                c.advance(ms(600));
-                                Ok::<u32, Fail>(1)
-                            })
-                        })
-                    })
-                    .collect();
-                handles.into_iter().map(|h| h.join().unwrap()).collect()
-            });
-            assert_eq!(runs.load(SEQ), 1);
-            for r in &results {
-                match r {
-                    Err(Error::Timeout(t)) => assert_eq!(t.after, ms(500)),
-                    other => panic!("{other:?}"),
-                }
-            }
-            let r = p.coalesce_key("slow").call(|_| Ok::<u32, Fail>(2));
-            assert_eq!(r.ok(), Some(2), "a timeout is not cached");
         }
+        // Not cached: the next call runs.
+        assert_eq!(
+            p.coalesce_key("k").call(|_| Ok::<u32, Boom>(7)).ok(),
+            Some(7)
+        );
+        if mode.listen {
+            assert_eq!(count(&log, |e| *e == EventKind::Coalesced), CALLERS - 1);
+        }
+
+        // A timeout of the leader's call is every follower's.
+        let (b, clock, _) = mode.builder("coalesce-timeout");
+        let p = b
+            .coalesce(Coalesce::new().ttl(secs(60)))
+            .timeout(Timeout::strict(ms(500)))
+            .build()
+            .unwrap();
+        let runs = AtomicU32::new(0);
+        let results = on_threads(CALLERS, |_| {
+            p.coalesce_key("slow").call(|_| {
+                runs.fetch_add(1, SEQ);
+                until_waiting(&p, CALLERS - 1);
+                clock.advance(ms(600));
+                Ok::<u32, Boom>(1)
+            })
+        });
+        assert_eq!(runs.load(SEQ), 1);
+        for r in &results {
+            match r {
+                Err(Error::Timeout(t)) => assert_eq!(t.after, ms(500)),
+                other => panic!("{other:?}"),
+            }
+        }
+        let r = p.coalesce_key("slow").call(|_| Ok::<u32, Boom>(2));
+        assert_eq!(r.ok(), Some(2), "a timeout is not cached");
     }
 }
 
@@ -1741,120 +1678,113 @@ fn coalesce_a_leader_error_or_timeout_is_shared_and_not_cached() {
 #[test]
 fn coalesce_a_panicking_or_cancelled_leader_is_replaced_by_a_follower() {
     const FOLLOWERS: usize = 4;
-    for start in STARTS {
-        for listen in [false, true] {
-            let mode = Mode {
-                sync: true,
-                listen,
-                start,
-            };
-            // Sync, a panic.
+    for mode in modes_of(true) {
+        // Sync, a panic.
+        let (p, _, log) = coalescing(mode, Coalesce::new());
+        let runs = AtomicU32::new(0);
+        std::thread::scope(|s| {
+            let leader = s.spawn(|| {
+                catch_unwind(AssertUnwindSafe(|| {
+                    p.coalesce_key(9u64).call(|_| -> Result<u32, Boom> {
+                        runs.fetch_add(1, SEQ);
+                        until_waiting(&p, FOLLOWERS);
+                        panic!("the leader's operation panics")
+                    })
+                }))
+            });
+            for _ in 0..5_000_000u32 {
+                if runs.load(SEQ) == 1 {
+                    break;
+                }
+                std::thread::yield_now();
+            }
+            let followers: Vec<_> = (0..FOLLOWERS)
+                .map(|_| {
+                    s.spawn(|| {
+                        p.coalesce_key(9u64)
+                            .call(|_| Ok::<_, Boom>(runs.fetch_add(1, SEQ) + 1))
+                    })
+                })
+                .collect();
+            assert!(leader.join().unwrap().is_err(), "the leader panicked");
+            for f in followers {
+                assert_eq!(f.join().unwrap().ok(), Some(2));
+            }
+        });
+        assert_eq!(runs.load(SEQ), 2);
+        assert_eq!(p.coalesced_waiters(), 0);
+        if mode.listen {
+            assert_eq!(count(&log, |e| *e == EventKind::CoalesceTakeover), 1);
+            assert_eq!(count(&log, |e| *e == EventKind::Coalesced), FOLLOWERS - 1);
+        }
+
+        // Async: a leader task that panics, and one that is aborted.
+        for abort in [false, true] {
             let (p, _, log) = coalescing(mode, Coalesce::new());
-            let runs = AtomicU32::new(0);
-            std::thread::scope(|s| {
-                let leader = s.spawn(|| {
-                    catch_unwind(AssertUnwindSafe(|| {
-                        p.coalesce_key(9u64).call(|_| -> Result<u32, Fail> {
-                            runs.fetch_add(1, SEQ);
-                            until_waiting(&p, FOLLOWERS);
-                            panic!("the leader's operation panics")
-                        })
-                    }))
-                });
-                for _ in 0..5_000_000u32 {
+            let runs = Arc::new(AtomicU32::new(0));
+            let results = rt().block_on(async {
+                let leader = {
+                    let (p, runs) = (p.clone(), runs.clone());
+                    tokio::spawn(async move {
+                        let inner = p.clone();
+                        p.coalesce_key(3u64)
+                            .run(move |_| {
+                                let (p, runs) = (inner.clone(), runs.clone());
+                                async move {
+                                    runs.fetch_add(1, SEQ);
+                                    until_waiting_async(&p, FOLLOWERS).await;
+                                    if abort {
+                                        std::future::pending::<()>().await;
+                                    }
+                                    panic!("the leader's operation panics");
+                                    #[allow(unreachable_code)]
+                                    Ok::<u32, Boom>(0)
+                                }
+                            })
+                            .await
+                    })
+                };
+                for _ in 0..1_000_000u32 {
                     if runs.load(SEQ) == 1 {
                         break;
                     }
-                    std::thread::yield_now();
+                    tokio::task::yield_now().await;
                 }
                 let followers: Vec<_> = (0..FOLLOWERS)
                     .map(|_| {
-                        s.spawn(|| {
-                            p.coalesce_key(9u64)
-                                .call(|_| Ok::<_, Fail>(runs.fetch_add(1, SEQ) + 1))
-                        })
-                    })
-                    .collect();
-                assert!(leader.join().unwrap().is_err(), "the leader panicked");
-                for f in followers {
-                    assert_eq!(f.join().unwrap().ok(), Some(2));
-                }
-            });
-            assert_eq!(runs.load(SEQ), 2);
-            assert_eq!(p.coalesced_waiters(), 0);
-            if listen {
-                assert_eq!(count(&log, |e| *e == EventKind::CoalesceTakeover), 1);
-                assert_eq!(count(&log, |e| *e == EventKind::Coalesced), FOLLOWERS - 1);
-            }
-
-            // Async: a leader task that panics, and one that is aborted.
-            for abort in [false, true] {
-                let (p, _, log) = coalescing(mode, Coalesce::new());
-                let runs = Arc::new(AtomicU32::new(0));
-                let results = rt().block_on(async {
-                    let leader = {
                         let (p, runs) = (p.clone(), runs.clone());
                         tokio::spawn(async move {
-                            let inner = p.clone();
                             p.coalesce_key(3u64)
-                                .run(move |_| {
-                                    let (p, runs) = (inner.clone(), runs.clone());
-                                    async move {
-                                        runs.fetch_add(1, SEQ);
-                                        until_waiting_async(&p, FOLLOWERS).await;
-                                        if abort {
-                                            std::future::pending::<()>().await;
-                                        }
-                                        panic!("the leader's operation panics");
-                                        #[allow(unreachable_code)]
-                                        Ok::<u32, Fail>(0)
-                                    }
+                                .run(|_| {
+                                    let n = runs.fetch_add(1, SEQ) + 1;
+                                    async move { Ok::<_, Boom>(n) }
                                 })
                                 .await
                         })
-                    };
-                    for _ in 0..1_000_000u32 {
-                        if runs.load(SEQ) == 1 {
-                            break;
-                        }
-                        tokio::task::yield_now().await;
-                    }
-                    let followers: Vec<_> = (0..FOLLOWERS)
-                        .map(|_| {
-                            let (p, runs) = (p.clone(), runs.clone());
-                            tokio::spawn(async move {
-                                p.coalesce_key(3u64)
-                                    .run(|_| {
-                                        let n = runs.fetch_add(1, SEQ) + 1;
-                                        async move { Ok::<_, Fail>(n) }
-                                    })
-                                    .await
-                            })
-                        })
-                        .collect();
-                    until_waiting_async(&p, FOLLOWERS).await;
-                    if abort {
-                        leader.abort();
-                        assert!(leader.await.unwrap_err().is_cancelled());
-                    } else {
-                        assert!(leader.await.unwrap_err().is_panic());
-                    }
-                    let mut out = Vec::new();
-                    for f in followers {
-                        out.push(f.await.unwrap());
-                    }
-                    out
-                });
-                assert_eq!(runs.load(SEQ), 2, "abort {abort}");
-                assert!(
-                    results.iter().all(|r| r.as_ref().ok() == Some(&2)),
-                    "abort {abort}: {results:?}"
-                );
-                assert_eq!(p.coalesced_waiters(), 0);
-                if listen {
-                    assert_eq!(count(&log, |e| *e == EventKind::CoalesceTakeover), 1);
-                    assert_eq!(count(&log, |e| *e == EventKind::Coalesced), FOLLOWERS - 1);
+                    })
+                    .collect();
+                until_waiting_async(&p, FOLLOWERS).await;
+                if abort {
+                    leader.abort();
+                    assert!(leader.await.unwrap_err().is_cancelled());
+                } else {
+                    assert!(leader.await.unwrap_err().is_panic());
                 }
+                let mut out = Vec::new();
+                for f in followers {
+                    out.push(f.await.unwrap());
+                }
+                out
+            });
+            assert_eq!(runs.load(SEQ), 2, "abort {abort}");
+            assert!(
+                results.iter().all(|r| r.as_ref().ok() == Some(&2)),
+                "abort {abort}: {results:?}"
+            );
+            assert_eq!(p.coalesced_waiters(), 0);
+            if mode.listen {
+                assert_eq!(count(&log, |e| *e == EventKind::CoalesceTakeover), 1);
+                assert_eq!(count(&log, |e| *e == EventKind::Coalesced), FOLLOWERS - 1);
             }
         }
     }
@@ -1872,7 +1802,7 @@ fn coalesce_the_cache_keeps_successes_for_the_ttl_within_max_entries() {
         let get = |key: &str, took: Duration| {
             let op = |_: Context| {
                 clock.advance(took);
-                Ok::<_, Fail>(runs.fetch_add(1, SEQ) + 1)
+                Ok::<_, Boom>(runs.fetch_add(1, SEQ) + 1)
             };
             let c = p.coalesce_key(key.to_owned());
             if mode.sync {
@@ -1903,7 +1833,7 @@ fn coalesce_the_cache_keeps_successes_for_the_ttl_within_max_entries() {
 
         // An error is not kept.
         let errs = AtomicU32::new(0);
-        let fail = |_: Context| Err::<u32, _>(Fail(errs.fetch_add(1, SEQ) + 1));
+        let fail = |_: Context| Err::<u32, _>(Boom(errs.fetch_add(1, SEQ) + 1));
         let c = p.coalesce_key("err");
         for n in 1..=2 {
             let r = if mode.sync {
@@ -1911,7 +1841,7 @@ fn coalesce_the_cache_keeps_successes_for_the_ttl_within_max_entries() {
             } else {
                 rt().block_on(c.run(|ctx| std::future::ready(fail(ctx))))
             };
-            assert_eq!(r.err().and_then(Error::into_operation_error), Some(Fail(n)));
+            assert_eq!(r.err().and_then(Error::into_operation_error), Some(Boom(n)));
         }
 
         // At most two keys, the least recently used evicted.
@@ -1920,7 +1850,7 @@ fn coalesce_the_cache_keeps_successes_for_the_ttl_within_max_entries() {
         let get = |k: u64| {
             let op = |_: Context| {
                 runs.fetch_add(1, SEQ);
-                Ok::<_, Fail>(k)
+                Ok::<_, Boom>(k)
             };
             let c = p.coalesce_key(k);
             if mode.sync {
@@ -1951,11 +1881,11 @@ fn coalesce_the_cache_keeps_successes_for_the_ttl_within_max_entries() {
         let (p, _, _) = coalescing(mode, Coalesce::new());
         let runs = AtomicU32::new(0);
         for n in 1..=3 {
-            let r = mode.call(&p, |_| Ok::<u32, Fail>(0));
+            let r = mode.call(&p, |_| Ok::<u32, Boom>(0));
             assert_eq!(r.ok(), Some(0));
             let r = p
                 .coalesce_key(1u64)
-                .call(|_| Ok::<u32, Fail>(runs.fetch_add(1, SEQ) + 1));
+                .call(|_| Ok::<u32, Boom>(runs.fetch_add(1, SEQ) + 1));
             assert_eq!(r.ok(), Some(n));
         }
     }
@@ -2046,10 +1976,10 @@ fn shadow_never_refuses_and_reports_what_it_would_have_refused() {
         for mode in modes() {
             let run = |shadow: bool| {
                 let clock = VirtualClock::starting_at(mode.start);
-                let log: Log = Arc::default();
+                let (log, listener) = recorder();
                 let mut b = make(shadow).store(MemoryStore::new()).clock(clock.clone());
                 if mode.listen {
-                    b = b.on_event(listener(&log));
+                    b = b.on_event(listener);
                 }
                 let p = b.build().unwrap();
                 let mut outcomes = Vec::new();
@@ -2058,12 +1988,12 @@ fn shadow_never_refuses_and_reports_what_it_would_have_refused() {
                     let r = mode.call(&p, |_| {
                         ran += 1;
                         if i < 3 {
-                            Err(Fail(i))
+                            Err(Boom(i))
                         } else {
                             Ok(i)
                         }
                     });
-                    outcomes.push(rejection(&r).map(|r| (r.reason, r.retry_after)));
+                    outcomes.push(refusal(&r));
                     clock.advance(ms(300));
                 }
                 (
@@ -2102,7 +2032,7 @@ fn shadow_never_refuses_and_reports_what_it_would_have_refused() {
             .rate_limiter(RateLimiter::gcra(2, secs(1)).max_wait(secs(1)).shadow(true))
             .build()
             .unwrap();
-        let results = mode.many(&p, 5, |_| Ok::<u32, Fail>(1));
+        let results = mode.many(&p, 5, |_| Ok::<u32, Boom>(1));
         assert!(results.iter().all(|r| r.is_ok()), "{mode:?}");
         assert_eq!(mode.elapsed(&clock), Duration::ZERO, "{mode:?}: no wait");
         if mode.listen {
@@ -2147,7 +2077,7 @@ fn shadow_bulkhead_and_adaptive_limit_run_over_the_limit_without_a_slot() {
                 let r = p.call(|_| {
                     inner.call(|_| {
                         assert!(held(&inner) <= 1);
-                        inner.call(|_| Ok::<u32, Fail>(held(&inner)))
+                        inner.call(|_| Ok::<u32, Boom>(held(&inner)))
                     })
                 });
                 r.unwrap()
@@ -2160,7 +2090,7 @@ fn shadow_bulkhead_and_adaptive_limit_run_over_the_limit_without_a_slot() {
                                 let inner = inner.clone();
                                 async move {
                                     tokio::task::yield_now().await;
-                                    Ok::<u32, Fail>(held(&inner))
+                                    Ok::<u32, Boom>(held(&inner))
                                 }
                             })
                         })
@@ -2196,11 +2126,11 @@ fn shadow_bulkhead_and_adaptive_limit_run_over_the_limit_without_a_slot() {
 #[test]
 fn weighted_calls_take_their_weight_at_each_admission() {
     for mode in modes() {
-        let weighted = |p: &Pipeline, w: u32, fail: bool| -> Result<u32, Error<Fail>> {
+        let weighted = |p: &Pipeline, w: u32, fail: bool| -> Result<u32, Error<Boom>> {
             let c = p.weighted(w).unwrap();
             let op = |ctx: Context| {
                 if fail {
-                    Err(Fail(1))
+                    Err(Boom(1))
                 } else {
                     Ok(ctx.attempt())
                 }
@@ -2225,9 +2155,9 @@ fn weighted_calls_take_their_weight_at_each_admission() {
         ));
         assert_eq!(mode.elapsed(&clock), ms(2));
         let r = weighted(&p, 2, false);
-        let refusal = rejection(&r).expect("9 of 10 permits are taken");
-        assert_eq!(refusal.reason, RejectionReason::RateLimited);
-        assert_eq!(refusal.retry_after, Some(ms(998)), "{mode:?}");
+        let (why, retry_after) = refusal(&r).expect("9 of 10 permits are taken");
+        assert_eq!(why, RejectionReason::RateLimited);
+        assert_eq!(retry_after, Some(ms(998)), "{mode:?}");
         assert_eq!(weighted(&p, 1, false).ok(), Some(1), "the tenth permit");
 
         // Before the retry: one admission per call.
@@ -2239,7 +2169,7 @@ fn weighted_calls_take_their_weight_at_each_admission() {
             .unwrap();
         assert!(weighted(&p, 3, true).is_err());
         assert_eq!(weighted(&p, 7, false).ok(), Some(1), "{mode:?}");
-        assert!(rejection(&weighted(&p, 1, false)).is_some());
+        assert!(refusal(&weighted(&p, 1, false)).is_some());
 
         // GCRA: all or none, the exact wait.
         let (b, clock, _) = mode.builder("weighted-gcra");
@@ -2251,7 +2181,7 @@ fn weighted_calls_take_their_weight_at_each_admission() {
         assert!(weighted(&p, 4, false).is_ok());
         let r = weighted(&p, 4, false);
         assert_eq!(
-            rejection(&r).map(|r| (r.reason, r.retry_after)),
+            refusal(&r),
             Some((RejectionReason::RateLimited, Some(ms(200)))),
             "{mode:?}"
         );
@@ -2272,7 +2202,7 @@ fn weighted_calls_take_their_weight_at_each_admission() {
             .unwrap();
         let inner = p.clone();
         let c = p.weighted(5).unwrap();
-        let op = move |_: Context| Ok::<u32, Fail>(inner.concurrency_limit().unwrap().in_flight);
+        let op = move |_: Context| Ok::<u32, Boom>(inner.concurrency_limit().unwrap().in_flight);
         let r = if mode.sync {
             c.call(op)
         } else {
@@ -2292,10 +2222,7 @@ fn weighted_calls_take_their_weight_at_each_admission() {
             .build()
             .unwrap();
         let r = weighted(&p, 4, false);
-        assert_eq!(
-            rejection(&r).map(|r| (r.reason, r.retry_after)),
-            Some((RejectionReason::RateLimited, None))
-        );
+        assert_eq!(refusal(&r), Some((RejectionReason::RateLimited, None)));
         assert_eq!(mode.elapsed(&clock), Duration::ZERO, "no wait");
         assert!(weighted(&p, 3, false).is_ok());
 
@@ -2334,7 +2261,7 @@ fn weighted_calls_take_their_weight_at_each_admission() {
 // =================================================================== custom
 
 /// A policy written in code: counts its passes; runs what it wraps up to
-/// `runs` times while it fails; or answers `Err(Fail(99))` without running
+/// `runs` times while it fails; or answers `Err(Boom(99))` without running
 /// it.
 struct Custom {
     name: &'static str,
@@ -2370,7 +2297,7 @@ impl Custom {
     }
 }
 
-impl Policy<u32, Fail> for Custom {
+impl Policy<u32, Boom> for Custom {
     fn name(&self) -> &str {
         self.name
     }
@@ -2379,11 +2306,11 @@ impl Policy<u32, Fail> for Custom {
         self.position
     }
 
-    fn call<'a>(&'a self, _ctx: Context, next: Next<'a, u32, Fail>) -> PolicyFuture<'a, u32, Fail> {
+    fn call<'a>(&'a self, _ctx: Context, next: Next<'a, u32, Boom>) -> PolicyFuture<'a, u32, Boom> {
         self.passes.fetch_add(1, SEQ);
         Box::pin(async move {
             if self.short {
-                return Err(Error::Operation(Fail(99)));
+                return Err(Error::Operation(Boom(99)));
             }
             let mut result = next.run().await;
             for _ in 1..self.runs {
@@ -2418,7 +2345,7 @@ fn custom_policy_composes_with_retry_in_both_orders() {
         let ops = AtomicU32::new(0);
         let r = mode.call(&p, |_| {
             ops.fetch_add(1, SEQ);
-            Err::<u32, _>(Fail(1))
+            Err::<u32, _>(Boom(1))
         });
         assert!(
             matches!(r, Err(Error::RetryExhausted { attempts: 3, .. })),
@@ -2439,7 +2366,7 @@ fn custom_policy_composes_with_retry_in_both_orders() {
         let r = mode.call(&p, |ctx| {
             ops.fetch_add(1, SEQ);
             if ctx.attempt() < 3 {
-                Err(Fail(1))
+                Err(Boom(1))
             } else {
                 Ok(ctx.attempt())
             }
@@ -2458,10 +2385,10 @@ fn custom_policy_composes_with_retry_in_both_orders() {
             .build()
             .unwrap();
         let ops = AtomicU32::new(0);
-        let r = mode.call(&p, |_| Ok::<u32, Fail>(ops.fetch_add(1, SEQ)));
+        let r = mode.call(&p, |_| Ok::<u32, Boom>(ops.fetch_add(1, SEQ)));
         match r {
             Err(Error::RetryExhausted { attempts, last }) => {
-                assert_eq!((attempts, last), (3, Fail(99)))
+                assert_eq!((attempts, last), (3, Boom(99)))
             }
             other => panic!("{mode:?}: {other:?}"),
         }
@@ -2484,7 +2411,7 @@ fn custom_policy_composes_with_retry_in_both_orders() {
             .chaos_fault(Chaos::fault(1.0, |_| INJECTED))
             .build()
             .unwrap();
-        let r = mode.call(&p, |_| Ok::<u32, Fail>(1));
+        let r = mode.call(&p, |_| Ok::<u32, Boom>(1));
         assert!(
             matches!(&r, Err(Error::RetryExhausted { attempts: 2, last }) if *last == INJECTED),
             "{mode:?}: {r:?}"
@@ -2545,7 +2472,7 @@ fn chaos_latency_counts_toward_a_timeout_of_the_whole_call() {
             .build()
             .unwrap();
         let ops = AtomicU32::new(0);
-        let r = mode.call(&p, |_| Ok::<u32, Fail>(ops.fetch_add(1, SEQ)));
+        let r = mode.call(&p, |_| Ok::<u32, Boom>(ops.fetch_add(1, SEQ)));
         assert!(r.is_err(), "{mode:?}: {r:?}");
         assert_eq!(ops.load(SEQ), 0);
         assert_eq!(
@@ -2582,55 +2509,48 @@ fn chaos_latency_counts_toward_a_timeout_of_the_whole_call() {
 /// a blocking call of a hedged pipeline is refused).
 #[test]
 fn chaos_acts_on_each_hedged_attempt() {
-    for start in STARTS {
-        for listen in [false, true] {
-            let mode = Mode {
-                sync: false,
-                listen,
-                start,
-            };
-            let (b, clock, log) = mode.builder("chaos-hedged");
-            let p = b
-                .random(SequenceRandom::new([0.0]))
-                .hedging(seawall::Hedging::latency(ms(50)).max_hedged_attempts(1))
-                .timeout(ms(300))
-                .chaos(Chaos::latency(1.0, ms(100)))
-                .build()
-                .unwrap();
-            // When the operation is called, and the time its context says
-            // is left (what a client's own timeout is fed from).
-            let started = Arc::new(Mutex::new(Vec::new()));
-            let s = started.clone();
-            let c = clock.clone();
-            let r = rt().block_on(p.run(move |ctx| {
-                s.lock()
-                    .unwrap()
-                    .push((ctx.attempt(), c.now() - start, ctx.remaining()));
-                std::future::ready(Ok::<u32, Fail>(ctx.attempt()))
-            }));
-            assert_eq!(r.ok(), Some(1), "{mode:?}");
-            assert_eq!(mode.elapsed(&clock), ms(100));
-            // Unhedged, the operation is called once its latency was
-            // slept (checked in `chaos_latency_is_exact_...`); a hedged
-            // attempt must be the same.
-            let started = started.lock().unwrap().clone();
+    for mode in modes_of(false) {
+        let (b, clock, log) = mode.builder("chaos-hedged");
+        let p = b
+            .random(SequenceRandom::new([0.0]))
+            .hedging(seawall::Hedging::latency(ms(50)).max_hedged_attempts(1))
+            .timeout(ms(300))
+            .chaos(Chaos::latency(1.0, ms(100)))
+            .build()
+            .unwrap();
+        // When the operation is called, and the time its context says
+        // is left (what a client's own timeout is fed from).
+        let started = Arc::new(Mutex::new(Vec::new()));
+        let s = started.clone();
+        let c = clock.clone();
+        let r = rt().block_on(p.run(move |ctx| {
+            s.lock()
+                .unwrap()
+                .push((ctx.attempt(), c.now() - mode.start, ctx.remaining()));
+            std::future::ready(Ok::<u32, Boom>(ctx.attempt()))
+        }));
+        assert_eq!(r.ok(), Some(1), "{mode:?}");
+        assert_eq!(mode.elapsed(&clock), ms(100));
+        // Unhedged, the operation is called once its latency was
+        // slept (checked in `chaos_latency_is_exact_...`); a hedged
+        // attempt must be the same.
+        let started = started.lock().unwrap().clone();
+        assert_eq!(
+            started.first(),
+            Some(&(1, ms(100), Some(ms(200)))),
+            "{mode:?}: the operation was called before its injected latency: {started:?}"
+        );
+        if mode.listen {
             assert_eq!(
-                started.first(),
-                Some(&(1, ms(100), Some(ms(200)))),
-                "{mode:?}: the operation was called before its injected latency: {started:?}"
+                injected(&log),
+                vec![
+                    (ChaosKind::Latency { delay: ms(100) }, 1),
+                    (ChaosKind::Latency { delay: ms(100) }, 2)
+                ]
             );
-            if listen {
-                assert_eq!(
-                    injected(&log),
-                    vec![
-                        (ChaosKind::Latency { delay: ms(100) }, 1),
-                        (ChaosKind::Latency { delay: ms(100) }, 2)
-                    ]
-                );
-            }
-            let r = p.call(|_| Ok::<u32, Fail>(1));
-            assert!(matches!(r, Err(Error::Config(_))), "{r:?}");
         }
+        let r = p.call(|_| Ok::<u32, Boom>(1));
+        assert!(matches!(r, Err(Error::Config(_))), "{r:?}");
     }
 }
 
@@ -2643,7 +2563,7 @@ fn chaos_a_throttled_fault_is_retried_after_its_hint() {
         let p = b
             .random(SequenceRandom::new([0.0, 0.9]))
             .retry(Retry::constant(ms(10)).max_attempts(3))
-            .classify(|e: &Fail| {
+            .classify(|e: &Boom| {
                 if *e == INJECTED {
                     Verdict::throttled().with_retry_after(secs(2))
                 } else {
@@ -2653,7 +2573,7 @@ fn chaos_a_throttled_fault_is_retried_after_its_hint() {
             .chaos_fault(Chaos::fault(0.5, |_| INJECTED))
             .build()
             .unwrap();
-        let r = mode.call(&p, |ctx| Ok::<u32, Fail>(ctx.attempt()));
+        let r = mode.call(&p, |ctx| Ok::<u32, Boom>(ctx.attempt()));
         assert_eq!(r.ok(), Some(2), "{mode:?}");
         assert_eq!(mode.elapsed(&clock), secs(2), "{mode:?}");
     }
@@ -2667,43 +2587,30 @@ fn chaos_a_throttled_fault_is_retried_after_its_hint() {
 /// baseline at once without moving the limit.
 #[test]
 fn adaptive_vegas_steps_and_a_lower_latency_lowers_its_baseline() {
-    for start in STARTS {
-        for listen in [false, true] {
-            let mode = Mode {
-                sync: false,
-                listen,
-                start,
-            };
-            let (b, clock, log) = mode.builder("vegas-steps");
-            let p = b
-                .random(SeededRandom::new(3))
-                .adaptive_limit(
-                    AdaptiveLimit::vegas()
-                        .limits(1, 4, 40)
-                        .update_interval(ms(1))
-                        .min_rtt(secs(600), 4, 2),
-                )
-                .build()
-                .unwrap();
-            let rt = rt();
-            for _ in 0..2 {
-                round(&rt, &p, &clock, 40, ms(10));
-            }
-            assert_eq!(p.concurrency_limit().unwrap().baseline, Some(ms(10)));
-            for _ in 0..16 {
-                round(&rt, &p, &clock, 40, ms(10));
-            }
-            assert_eq!(p.concurrency_limit().unwrap().limit, 40);
-            if listen {
-                let expected: Vec<(u32, u32)> = (0..12).map(|i| (4 + 3 * i, 7 + 3 * i)).collect();
-                assert_eq!(limit_changes(&log), expected, "{mode:?}");
-            }
-            for _ in 0..3 {
-                round(&rt, &p, &clock, 40, ms(5));
-            }
-            let now = p.concurrency_limit().unwrap();
-            assert_eq!((now.baseline, now.limit), (Some(ms(5)), 40), "{mode:?}");
+    for mode in modes_of(false) {
+        let (b, clock, log) = mode.builder("vegas-steps");
+        let p = b
+            .random(SeededRandom::new(3))
+            .adaptive_limit(
+                AdaptiveLimit::vegas()
+                    .limits(1, 4, 40)
+                    .update_interval(ms(1))
+                    .min_rtt(secs(600), 4, 2),
+            )
+            .build()
+            .unwrap();
+        let rt = rt();
+        run_rounds(&rt, &p, &clock, 2, 40, ms(10));
+        assert_eq!(p.concurrency_limit().unwrap().baseline, Some(ms(10)));
+        run_rounds(&rt, &p, &clock, 16, 40, ms(10));
+        assert_eq!(p.concurrency_limit().unwrap().limit, 40);
+        if mode.listen {
+            let expected: Vec<(u32, u32)> = (0..12).map(|i| (4 + 3 * i, 7 + 3 * i)).collect();
+            assert_eq!(limit_changes(&log), expected, "{mode:?}");
         }
+        run_rounds(&rt, &p, &clock, 3, 40, ms(5));
+        let now = p.concurrency_limit().unwrap();
+        assert_eq!((now.baseline, now.limit), (Some(ms(5)), 40), "{mode:?}");
     }
 }
 
@@ -2728,9 +2635,7 @@ fn adaptive_the_baseline_is_measured_again_on_time() {
             .build()
             .unwrap();
         let rt = rt();
-        for _ in 0..2 {
-            round(&rt, &p, &clock, 8, ms(10));
-        }
+        run_rounds(&rt, &p, &clock, 2, 8, ms(10));
         assert!(!p.concurrency_limit().unwrap().measuring);
         let measured_at = clock.now();
         let mut again = None;
@@ -2760,9 +2665,7 @@ fn adaptive_the_baseline_is_measured_again_on_time() {
             .clock(clock.clone())
             .build()
             .unwrap();
-        for _ in 0..2 {
-            round(&rt, &p, &clock, 8, ms(10));
-        }
+        run_rounds(&rt, &p, &clock, 2, 8, ms(10));
         let mut rounds = 0;
         while !p.concurrency_limit().unwrap().measuring && rounds < 30 {
             round(&rt, &p, &clock, 8, ms(100));
@@ -2771,9 +2674,7 @@ fn adaptive_the_baseline_is_measured_again_on_time() {
             rounds += 1;
         }
         assert!(rounds < 30, "never measured again at the minimum");
-        for _ in 0..2 {
-            round(&rt, &p, &clock, 8, ms(100));
-        }
+        run_rounds(&rt, &p, &clock, 2, 8, ms(100));
         let now = p.concurrency_limit().unwrap();
         assert_eq!(
             (now.measuring, now.baseline),
@@ -2804,7 +2705,7 @@ fn adaptive_aimd_grows_at_exactly_half_the_limit_in_use() {
                 p.call(|_| {
                     inner.call(|_| {
                         c.advance(ms(2));
-                        Ok::<u32, Fail>(1)
+                        Ok::<u32, Boom>(1)
                     })
                 })
                 .unwrap();
@@ -2827,108 +2728,101 @@ fn adaptive_aimd_grows_at_exactly_half_the_limit_in_use() {
 /// the wait and the call ends with the refusal.
 #[test]
 fn adaptive_the_queue_waits_in_order_for_at_most_max_wait() {
-    for start in STARTS {
-        for listen in [false, true] {
-            let mode = Mode {
-                sync: false,
-                listen,
-                start,
-            };
-            let (b, clock, log) = mode.builder("adaptive-queue");
-            let p = b
-                .adaptive_limit(fixed(1).queue(2, secs(1)))
-                .build()
-                .unwrap();
-            let started = Arc::new(Mutex::new(Vec::new()));
-            let call = |name: &'static str, hold: Duration| {
+    for mode in modes_of(false) {
+        let (b, clock, log) = mode.builder("adaptive-queue");
+        let p = b
+            .adaptive_limit(fixed(1).queue(2, secs(1)))
+            .build()
+            .unwrap();
+        let started = Arc::new(Mutex::new(Vec::new()));
+        let call = |name: &'static str, hold: Duration| {
+            let (clock, started) = (clock.clone(), started.clone());
+            p.run(move |_| {
                 let (clock, started) = (clock.clone(), started.clone());
-                p.run(move |_| {
-                    let (clock, started) = (clock.clone(), started.clone());
-                    async move {
-                        started.lock().unwrap().push((name, clock.now() - start));
-                        Clock::sleep(&clock, hold).await;
-                        Ok::<_, Fail>(name)
-                    }
-                })
-            };
-            let results = rt().block_on(join_all(vec![
-                Box::pin(call("a", ms(500))) as std::pin::Pin<Box<dyn Future<Output = _>>>,
-                Box::pin(call("b", ms(500))),
-                Box::pin(call("c", ms(10))),
-                Box::pin(call("d", ms(10))),
-            ]));
-            assert_eq!(results[0].as_ref().ok(), Some(&"a"));
-            assert_eq!(results[1].as_ref().ok(), Some(&"b"));
-            assert_eq!(
-                results[2].as_ref().ok(),
-                Some(&"c"),
-                "{mode:?}: {results:?}"
-            );
-            assert_eq!(
-                rejection(&results[3]).map(|r| r.reason),
-                Some(RejectionReason::ConcurrencyLimited),
-                "the queue of two is full"
-            );
-            assert_eq!(
-                *started.lock().unwrap(),
-                vec![("a", ms(0)), ("b", ms(500)), ("c", ms(1000))],
-                "{mode:?}"
-            );
-            if listen {
-                assert_eq!(count(&log, |e| matches!(e, EventKind::Deferred { .. })), 2);
-            }
-
-            // A sync call never waits.
-            let inner = p.clone();
-            let r = p.call(|_| Ok::<_, Fail>(rejection(&inner.call(|_| Ok::<u32, Fail>(1)))));
-            assert_eq!(
-                r.unwrap().map(|r| r.reason),
-                Some(RejectionReason::ConcurrencyLimited)
-            );
-
-            // A timeout of the whole call bounds the wait: the slot is
-            // held by a blocking call on another thread meanwhile.
-            let (b, clock, _) = mode.builder("adaptive-queue-deadline");
-            let p = b
-                .timeout(ms(300))
-                .adaptive_limit(fixed(1).queue(1, secs(10)))
-                .build()
-                .unwrap();
-            let (holding, release) = (AtomicBool::new(false), AtomicBool::new(false));
-            std::thread::scope(|s| {
-                s.spawn(|| {
-                    p.call(|_| {
-                        holding.store(true, SEQ);
-                        for _ in 0..50_000_000u32 {
-                            if release.load(SEQ) {
-                                break;
-                            }
-                            std::thread::yield_now();
-                        }
-                        Ok::<_, Fail>(())
-                    })
-                });
-                for _ in 0..50_000_000u32 {
-                    if holding.load(SEQ) {
-                        break;
-                    }
-                    std::thread::yield_now();
+                async move {
+                    started
+                        .lock()
+                        .unwrap()
+                        .push((name, clock.now() - mode.start));
+                    Clock::sleep(&clock, hold).await;
+                    Ok::<_, Boom>(name)
                 }
-                let ran = AtomicU32::new(0);
-                let r = rt().block_on(p.run(|_| {
-                    ran.fetch_add(1, SEQ);
-                    async { Ok::<_, Fail>(()) }
-                }));
-                let at = mode.elapsed(&clock);
-                release.store(true, SEQ);
-                assert_eq!(
-                    rejection(&r).map(|r| r.reason),
-                    Some(RejectionReason::ConcurrencyLimited),
-                    "{mode:?}: {r:?}"
-                );
-                assert_eq!((at, ran.load(SEQ)), (ms(300), 0), "{mode:?}");
-            });
+            })
+        };
+        let results = rt().block_on(join_all(vec![
+            Box::pin(call("a", ms(500))) as std::pin::Pin<Box<dyn Future<Output = _>>>,
+            Box::pin(call("b", ms(500))),
+            Box::pin(call("c", ms(10))),
+            Box::pin(call("d", ms(10))),
+        ]));
+        assert_eq!(results[0].as_ref().ok(), Some(&"a"));
+        assert_eq!(results[1].as_ref().ok(), Some(&"b"));
+        assert_eq!(
+            results[2].as_ref().ok(),
+            Some(&"c"),
+            "{mode:?}: {results:?}"
+        );
+        assert_eq!(
+            reason(&results[3]),
+            Some(RejectionReason::ConcurrencyLimited),
+            "the queue of two is full"
+        );
+        assert_eq!(
+            *started.lock().unwrap(),
+            vec![("a", ms(0)), ("b", ms(500)), ("c", ms(1000))],
+            "{mode:?}"
+        );
+        if mode.listen {
+            assert_eq!(count(&log, |e| matches!(e, EventKind::Deferred { .. })), 2);
         }
+
+        // A sync call never waits.
+        let inner = p.clone();
+        let r = p.call(|_| Ok::<_, Boom>(reason(&inner.call(|_| Ok::<u32, Boom>(1)))));
+        assert_eq!(r.unwrap(), Some(RejectionReason::ConcurrencyLimited));
+
+        // A timeout of the whole call bounds the wait: the slot is
+        // held by a blocking call on another thread meanwhile.
+        let (b, clock, _) = mode.builder("adaptive-queue-deadline");
+        let p = b
+            .timeout(ms(300))
+            .adaptive_limit(fixed(1).queue(1, secs(10)))
+            .build()
+            .unwrap();
+        let (holding, release) = (AtomicBool::new(false), AtomicBool::new(false));
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                p.call(|_| {
+                    holding.store(true, SEQ);
+                    for _ in 0..50_000_000u32 {
+                        if release.load(SEQ) {
+                            break;
+                        }
+                        std::thread::yield_now();
+                    }
+                    Ok::<_, Boom>(())
+                })
+            });
+            for _ in 0..50_000_000u32 {
+                if holding.load(SEQ) {
+                    break;
+                }
+                std::thread::yield_now();
+            }
+            let ran = AtomicU32::new(0);
+            let r = rt().block_on(p.run(|_| {
+                ran.fetch_add(1, SEQ);
+                async { Ok::<_, Boom>(()) }
+            }));
+            let at = mode.elapsed(&clock);
+            release.store(true, SEQ);
+            assert_eq!(
+                reason(&r),
+                Some(RejectionReason::ConcurrencyLimited),
+                "{mode:?}: {r:?}"
+            );
+            assert_eq!((at, ran.load(SEQ)), (ms(300), 0), "{mode:?}");
+        });
     }
 }
 
@@ -2945,13 +2839,13 @@ fn adaptive_throttled_errors_are_drops_and_dropped_calls_no_sample() {
                     .backoff_ratio(0.5)
                     .update_interval(ms(1)),
             )
-            .classify(|_: &Fail| Verdict::throttled())
+            .classify(|_: &Boom| Verdict::throttled())
             .build()
             .unwrap();
         let c = clock.clone();
         let _ = mode.many(&p, 2, move |_| {
             c.advance(ms(2));
-            Err::<u32, _>(Fail(1))
+            Err::<u32, _>(Boom(1))
         });
         assert_eq!(p.concurrency_limit().unwrap().limit, 4, "{mode:?}");
     }
@@ -2968,7 +2862,7 @@ fn adaptive_throttled_errors_are_drops_and_dropped_calls_no_sample() {
             .build()
             .unwrap();
         for _ in 0..4 {
-            let mut fut = Box::pin(p.run(|_| std::future::pending::<Result<(), Fail>>()));
+            let mut fut = Box::pin(p.run(|_| std::future::pending::<Result<(), Boom>>()));
             let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
             assert!(fut.as_mut().poll(&mut cx).is_pending());
             assert_eq!(p.concurrency_limit().unwrap().in_flight, 1);
@@ -3004,10 +2898,10 @@ fn adaptive_a_shadow_limit_adapts_as_an_enforcing_one() {
                 let r = mode.call(&p, |_| {
                     let r = inner.call(|_| {
                         c.advance(ms(1));
-                        Ok::<u32, Fail>(1)
+                        Ok::<u32, Boom>(1)
                     });
                     c.advance(ms(1));
-                    Ok::<bool, Fail>(r.is_err())
+                    Ok::<bool, Boom>(r.is_err())
                 });
                 if r.unwrap() {
                     inner_refused += 1;
@@ -3037,94 +2931,68 @@ fn adaptive_a_shadow_limit_adapts_as_an_enforcing_one() {
 #[test]
 fn coalesce_partitions_followers_and_fallbacks() {
     const CALLERS: usize = 4;
-    for start in STARTS {
-        for listen in [false, true] {
-            let mode = Mode {
-                sync: true,
-                listen,
-                start,
+    for mode in modes_of(true) {
+        let (b, _, _) = mode.builder("coalesce-guarded");
+        let p = b
+            .coalesce(Coalesce::new())
+            .bulkhead(Bulkhead::new(2))
+            .rate_limiter(RateLimiter::fixed_window(3, secs(3600)))
+            .build()
+            .unwrap();
+        let runs = AtomicU32::new(0);
+        let joined = AtomicBool::new(false);
+        // Three groups at once: partition a, partition b, partition a
+        // with a key; CALLERS callers each.
+        let results = on_threads(3 * CALLERS, |i| {
+            let op = |_: Context| {
+                runs.fetch_add(1, SEQ);
+                until_joined(&p, 3 * (CALLERS - 1), &joined);
+                Ok::<u32, Boom>(i as u32 % 3)
             };
-            let (b, _, _) = mode.builder("coalesce-guarded");
-            let p = b
-                .coalesce(Coalesce::new())
-                .bulkhead(Bulkhead::new(2))
-                .rate_limiter(RateLimiter::fixed_window(3, secs(3600)))
-                .build()
-                .unwrap();
-            let runs = AtomicU32::new(0);
-            let joined = AtomicBool::new(false);
-            // Three groups at once: partition a, partition b, partition a
-            // with a key; CALLERS callers each.
-            let results: Vec<Result<u32, Error<Fail>>> = std::thread::scope(|s| {
-                let handles: Vec<_> = (0..3 * CALLERS)
-                    .map(|i| {
-                        let (p, runs, joined) = (&p, &runs, &joined);
-                        s.spawn(move || {
-                            let op = |_: Context| {
-                                runs.fetch_add(1, SEQ);
-                                until_joined(p, 3 * (CALLERS - 1), joined);
-                                Ok::<u32, Fail>(i as u32 % 3)
-                            };
-                            match i % 3 {
-                                0 => p.partition("a").coalesced().call(op),
-                                1 => p.partition("b").coalesced().call(op),
-                                _ => p.partition("a").coalesce_key(7u64).call(op),
-                            }
-                        })
-                    })
-                    .collect();
-                handles.into_iter().map(|h| h.join().unwrap()).collect()
-            });
-            assert_eq!(runs.load(SEQ), 3, "{mode:?}");
-            for (i, r) in results.iter().enumerate() {
-                assert_eq!(r.as_ref().ok(), Some(&(i as u32 % 3)), "{mode:?}: {r:?}");
+            match i % 3 {
+                0 => p.partition("a").coalesced().call(op),
+                1 => p.partition("b").coalesced().call(op),
+                _ => p.partition("a").coalesce_key(7u64).call(op),
             }
-            // Each leader took one permit per partition: a's two leaders
-            // took two of a's three.
-            assert!(p.partition("a").call(|_| Ok::<u32, Fail>(1)).is_ok());
-            let r = p.partition("a").call(|_| Ok::<u32, Fail>(1));
-            assert_eq!(
-                rejection(&r).map(|r| r.reason),
-                Some(RejectionReason::RateLimited)
-            );
-
-            // A fallback's value goes to every caller, and is not kept.
-            let (b, _, _) = mode.builder("coalesce-fallback");
-            let p = b
-                .coalesce(Coalesce::new().ttl(secs(60)))
-                .fallback_sync(|_: Error<Fail>, _| Ok(0u32))
-                .build()
-                .unwrap();
-            let runs = AtomicU32::new(0);
-            let results: Vec<Result<u32, Error<Fail>>> = std::thread::scope(|s| {
-                let handles: Vec<_> = (0..CALLERS)
-                    .map(|_| {
-                        let (p, runs) = (&p, &runs);
-                        s.spawn(move || {
-                            p.coalesce_key("k").call(|_| {
-                                runs.fetch_add(1, SEQ);
-                                until_waiting(p, CALLERS - 1);
-                                Err::<u32, _>(Fail(1))
-                            })
-                        })
-                    })
-                    .collect();
-                handles.into_iter().map(|h| h.join().unwrap()).collect()
-            });
-            assert_eq!(runs.load(SEQ), 1);
-            assert!(results.iter().all(|r| r.as_ref().ok() == Some(&0)));
-            let r = p.coalesce_key("k").call(|_| Ok::<u32, Fail>(5));
-            assert_eq!(r.ok(), Some(5), "a fallback's value is not cached");
-            let r = p.coalesce_key("k").call(|_| Ok::<u32, Fail>(6));
-            assert_eq!(r.ok(), Some(5), "a success is");
+        });
+        assert_eq!(runs.load(SEQ), 3, "{mode:?}");
+        for (i, r) in results.iter().enumerate() {
+            assert_eq!(r.as_ref().ok(), Some(&(i as u32 % 3)), "{mode:?}: {r:?}");
         }
+        // Each leader took one permit per partition: a's two leaders
+        // took two of a's three.
+        assert!(p.partition("a").call(|_| Ok::<u32, Boom>(1)).is_ok());
+        let r = p.partition("a").call(|_| Ok::<u32, Boom>(1));
+        assert_eq!(reason(&r), Some(RejectionReason::RateLimited));
+
+        // A fallback's value goes to every caller, and is not kept.
+        let (b, _, _) = mode.builder("coalesce-fallback");
+        let p = b
+            .coalesce(Coalesce::new().ttl(secs(60)))
+            .fallback_sync(|_: Error<Boom>, _| Ok(0u32))
+            .build()
+            .unwrap();
+        let runs = AtomicU32::new(0);
+        let results = on_threads(CALLERS, |_| {
+            p.coalesce_key("k").call(|_| {
+                runs.fetch_add(1, SEQ);
+                until_waiting(&p, CALLERS - 1);
+                Err::<u32, _>(Boom(1))
+            })
+        });
+        assert_eq!(runs.load(SEQ), 1);
+        assert!(results.iter().all(|r| r.as_ref().ok() == Some(&0)));
+        let r = p.coalesce_key("k").call(|_| Ok::<u32, Boom>(5));
+        assert_eq!(r.ok(), Some(5), "a fallback's value is not cached");
+        let r = p.coalesce_key("k").call(|_| Ok::<u32, Boom>(6));
+        assert_eq!(r.ok(), Some(5), "a success is");
     }
     let p = Pipeline::builder("coalesce-hedged")
         .coalesce(Coalesce::new())
         .hedging(seawall::Hedging::latency(ms(10)))
         .build()
         .unwrap();
-    let r = p.coalesce_key(1u64).call(|_| Ok::<u32, Fail>(1));
+    let r = p.coalesce_key(1u64).call(|_| Ok::<u32, Boom>(1));
     assert!(matches!(r, Err(Error::Config(_))), "{r:?}");
 }
 
@@ -3135,7 +3003,7 @@ fn coalesce_partitions_followers_and_fallbacks() {
 /// slot given back.
 struct Refuser(AtomicU32);
 
-impl Policy<u32, Fail> for Refuser {
+impl Policy<u32, Boom> for Refuser {
     fn name(&self) -> &str {
         "refuser"
     }
@@ -3145,8 +3013,8 @@ impl Policy<u32, Fail> for Refuser {
     fn call<'a>(
         &'a self,
         _ctx: Context,
-        _next: Next<'a, u32, Fail>,
-    ) -> PolicyFuture<'a, u32, Fail> {
+        _next: Next<'a, u32, Boom>,
+    ) -> PolicyFuture<'a, u32, Boom> {
         self.0.fetch_add(1, SEQ);
         Box::pin(async move {
             Err(Error::Rejected(Rejection::new(
@@ -3161,14 +3029,14 @@ impl Policy<u32, Fail> for Refuser {
 /// declared before it, then runs what it wraps.
 struct Sleeper(Duration);
 
-impl Policy<u32, Fail> for Sleeper {
+impl Policy<u32, Boom> for Sleeper {
     fn name(&self) -> &str {
         "sleeper"
     }
     fn position(&self) -> Position {
         Position::Call
     }
-    fn call<'a>(&'a self, _ctx: Context, next: Next<'a, u32, Fail>) -> PolicyFuture<'a, u32, Fail> {
+    fn call<'a>(&'a self, _ctx: Context, next: Next<'a, u32, Boom>) -> PolicyFuture<'a, u32, Boom> {
         let d = self.0;
         Box::pin(async move {
             next.sleep(d).await;
@@ -3189,12 +3057,8 @@ fn custom_policy_refusals_and_deadlines() {
             .policy(refuser.clone())
             .build()
             .unwrap();
-        let r = mode.call(&p, |_| Ok::<u32, Fail>(1));
-        assert_eq!(
-            rejection(&r).map(|r| r.reason),
-            Some(RejectionReason::PolicyRefused),
-            "{mode:?}"
-        );
+        let r = mode.call(&p, |_| Ok::<u32, Boom>(1));
+        assert_eq!(reason(&r), Some(RejectionReason::PolicyRefused), "{mode:?}");
         assert_eq!(refuser.0.load(SEQ), 1, "not retried");
         assert_eq!(p.circuit_state().unwrap(), CircuitState::Closed);
         assert_eq!(p.circuit_metrics().unwrap().calls, 0, "not recorded");
@@ -3222,7 +3086,7 @@ fn custom_policy_refusals_and_deadlines() {
             .build()
             .unwrap();
         let ops = AtomicU32::new(0);
-        let r = mode.call(&p, |_| Ok::<u32, Fail>(ops.fetch_add(1, SEQ)));
+        let r = mode.call(&p, |_| Ok::<u32, Boom>(ops.fetch_add(1, SEQ)));
         assert!(matches!(r, Err(Error::Timeout(_))), "{mode:?}: {r:?}");
         assert_eq!(ops.load(SEQ), 0, "{mode:?}");
         assert_eq!(mode.elapsed(&clock), ms(100), "{mode:?}");
@@ -3250,14 +3114,14 @@ fn chaos_is_decided_after_admission_in_declaration_order() {
             }))
             .build()
             .unwrap();
-        let r = mode.call(&p, |_| Ok::<u32, Fail>(1));
+        let r = mode.call(&p, |_| Ok::<u32, Boom>(1));
         assert!(
             matches!(&r, Err(Error::Operation(e)) if *e == INJECTED),
             "{mode:?}: {r:?}"
         );
-        let r = mode.call(&p, |_| Ok::<u32, Fail>(1));
+        let r = mode.call(&p, |_| Ok::<u32, Boom>(1));
         assert_eq!(
-            rejection(&r).map(|r| r.reason),
+            reason(&r),
             Some(RejectionReason::RateLimited),
             "{mode:?}: {r:?}"
         );
@@ -3279,21 +3143,18 @@ fn chaos_is_decided_after_admission_in_declaration_order() {
             let inner = p.clone();
             // The outer attempt draws 0.1 (a fault: the operation never
             // runs, so nest through a second pipeline call first).
-            let r = p.call(|_| Ok::<u32, Fail>(1));
+            let r = p.call(|_| Ok::<u32, Boom>(1));
             assert!(r.is_err());
             // Draws 0.9: runs; the nested call is refused by the bulkhead
             // and draws nothing.
             let r = p.call(|_| {
-                let nested = inner.call(|_| Ok::<u32, Fail>(2));
-                assert_eq!(
-                    rejection(&nested).map(|r| r.reason),
-                    Some(RejectionReason::BulkheadFull)
-                );
-                Ok::<u32, Fail>(1)
+                let nested = inner.call(|_| Ok::<u32, Boom>(2));
+                assert_eq!(reason(&nested), Some(RejectionReason::BulkheadFull));
+                Ok::<u32, Boom>(1)
             });
             assert_eq!(r.ok(), Some(1));
             // The next draw is 0.1 again: a fault.
-            assert!(p.call(|_| Ok::<u32, Fail>(1)).is_err());
+            assert!(p.call(|_| Ok::<u32, Boom>(1)).is_err());
         }
     }
 }
@@ -3303,60 +3164,45 @@ fn chaos_is_decided_after_admission_in_declaration_order() {
 #[test]
 fn chaos_in_a_coalesced_call_is_the_leaders() {
     const CALLERS: usize = 5;
-    for start in STARTS {
-        for listen in [false, true] {
-            let mode = Mode {
-                sync: true,
-                listen,
-                start,
-            };
-            let (b, _, log) = mode.builder("chaos-coalesced");
-            // The leader's behaviour hook waits for the followers (the
-            // pipeline is handed to it once built, and taken back at the
-            // end).
-            let cell: Arc<Mutex<Option<Pipeline<seawall::pipeline::ErrorType<Fail>>>>> =
-                Arc::default();
-            let c = cell.clone();
-            let p = b
-                .coalesce(Coalesce::new())
-                .random(SequenceRandom::new([0.0]))
-                .chaos(Chaos::behavior(1.0, move |_| {
-                    let p = c.lock().unwrap().clone();
-                    if let Some(p) = p {
-                        until_waiting(&p, CALLERS - 1);
-                    }
-                }))
-                .chaos_fault(Chaos::fault(1.0, |_| INJECTED))
-                .build()
-                .unwrap();
-            *cell.lock().unwrap() = Some(p.clone());
-            let ops = AtomicU32::new(0);
-            let results: Vec<Result<u32, Error<Fail>>> = std::thread::scope(|s| {
-                let handles: Vec<_> = (0..CALLERS)
-                    .map(|_| {
-                        s.spawn(|| {
-                            p.coalesce_key(1u64)
-                                .call(|_| Ok::<u32, Fail>(ops.fetch_add(1, SEQ)))
-                        })
-                    })
-                    .collect();
-                handles.into_iter().map(|h| h.join().unwrap()).collect()
-            });
-            cell.lock().unwrap().take();
-            assert!(
-                results
-                    .iter()
-                    .all(|r| matches!(r, Err(Error::Operation(e)) if *e == INJECTED)),
-                "{results:?}"
+    for mode in modes_of(true) {
+        let (b, _, log) = mode.builder("chaos-coalesced");
+        // The leader's behaviour hook waits for the followers (the
+        // pipeline is handed to it once built, and taken back at the
+        // end).
+        let cell: Arc<Mutex<Option<Pipeline<seawall::pipeline::ErrorType<Boom>>>>> = Arc::default();
+        let c = cell.clone();
+        let p = b
+            .coalesce(Coalesce::new())
+            .random(SequenceRandom::new([0.0]))
+            .chaos(Chaos::behavior(1.0, move |_| {
+                let p = c.lock().unwrap().clone();
+                if let Some(p) = p {
+                    until_waiting(&p, CALLERS - 1);
+                }
+            }))
+            .chaos_fault(Chaos::fault(1.0, |_| INJECTED))
+            .build()
+            .unwrap();
+        *cell.lock().unwrap() = Some(p.clone());
+        let ops = AtomicU32::new(0);
+        let results = on_threads(CALLERS, |_| {
+            p.coalesce_key(1u64)
+                .call(|_| Ok::<u32, Boom>(ops.fetch_add(1, SEQ)))
+        });
+        cell.lock().unwrap().take();
+        assert!(
+            results
+                .iter()
+                .all(|r| matches!(r, Err(Error::Operation(e)) if *e == INJECTED)),
+            "{results:?}"
+        );
+        assert_eq!(ops.load(SEQ), 0);
+        if mode.listen {
+            assert_eq!(
+                injected(&log),
+                vec![(ChaosKind::Behavior, 1), (ChaosKind::Fault, 1)]
             );
-            assert_eq!(ops.load(SEQ), 0);
-            if listen {
-                assert_eq!(
-                    injected(&log),
-                    vec![(ChaosKind::Behavior, 1), (ChaosKind::Fault, 1)]
-                );
-                assert_eq!(count(&log, |e| *e == EventKind::Coalesced), CALLERS - 1);
-            }
+            assert_eq!(count(&log, |e| *e == EventKind::Coalesced), CALLERS - 1);
         }
     }
 }
@@ -3375,11 +3221,11 @@ fn shadow_controls_and_cooldowns_never_refuse() {
             .build()
             .unwrap();
         p.isolate().unwrap();
-        let results = mode.many(&p, 3, |_| Ok::<u32, Fail>(1));
+        let results = mode.many(&p, 3, |_| Ok::<u32, Boom>(1));
         assert!(results.iter().all(|r| r.is_ok()), "{mode:?}: {results:?}");
         p.reset().unwrap();
         p.open_for(secs(10)).unwrap();
-        let results = mode.many(&p, 2, |_| Ok::<u32, Fail>(1));
+        let results = mode.many(&p, 2, |_| Ok::<u32, Boom>(1));
         assert!(results.iter().all(|r| r.is_ok()), "{mode:?}: {results:?}");
         assert_eq!(mode.elapsed(&clock), Duration::ZERO);
         if mode.listen {
@@ -3396,12 +3242,12 @@ fn shadow_controls_and_cooldowns_never_refuse() {
         let (b, clock, log) = mode.builder("shadow-cooldown");
         let p = b
             .cooldown(seawall::Cooldown::new().max_wait(secs(5)).shadow(true))
-            .classify(|_: &Fail| Verdict::throttled().with_retry_after(secs(2)))
+            .classify(|_: &Boom| Verdict::throttled().with_retry_after(secs(2)))
             .build()
             .unwrap();
-        assert!(mode.call(&p, |_| Err::<u32, _>(Fail(1))).is_err());
+        assert!(mode.call(&p, |_| Err::<u32, _>(Boom(1))).is_err());
         let ops = AtomicU32::new(0);
-        let results = mode.many(&p, 3, |_| Ok::<u32, Fail>(ops.fetch_add(1, SEQ)));
+        let results = mode.many(&p, 3, |_| Ok::<u32, Boom>(ops.fetch_add(1, SEQ)));
         assert!(results.iter().all(|r| r.is_ok()), "{mode:?}: {results:?}");
         assert_eq!(ops.load(SEQ), 3);
         assert_eq!(mode.elapsed(&clock), Duration::ZERO, "{mode:?}: no wait");
@@ -3429,7 +3275,7 @@ fn adaptive_partition_shares_round_up() {
             }
             let op = |_: Context| {
                 nest(p, key, depth - 1, bottom);
-                Ok::<_, Fail>(())
+                Ok::<_, Boom>(())
             };
             match key {
                 Some(k) => p.partition(k).call(op).unwrap(),
@@ -3440,10 +3286,10 @@ fn adaptive_partition_shares_round_up() {
         nest(&p, Some("batch"), 5, &mut || {
             let refused = |key: Option<&'static str>| {
                 let r = match key {
-                    Some(k) => p.partition(k).call(|_| Ok::<u32, Fail>(1)),
-                    None => p.call(|_| Ok::<u32, Fail>(1)),
+                    Some(k) => p.partition(k).call(|_| Ok::<u32, Boom>(1)),
+                    None => p.call(|_| Ok::<u32, Boom>(1)),
                 };
-                rejection(&r).map(|r| r.reason)
+                reason(&r)
             };
             assert_eq!(
                 refused(Some("batch")),
@@ -3519,7 +3365,7 @@ fn adaptive_defaults_are_the_documented_ones() {
             let c = c.clone();
             mode.call(&p, move |_| {
                 c.advance(ms(60));
-                Ok::<u32, Fail>(1)
+                Ok::<u32, Boom>(1)
             })
             .unwrap();
             limits.push(p.concurrency_limit().unwrap().limit);
@@ -3539,7 +3385,7 @@ fn adaptive_defaults_are_the_documented_ones() {
             .chaos(Chaos::latency(1.0, secs(5)))
             .build()
             .unwrap();
-        let _ = mode.many(&p, 4, |_| Ok::<u32, Fail>(1));
+        let _ = mode.many(&p, 4, |_| Ok::<u32, Boom>(1));
         assert_eq!(
             p.concurrency_limit().unwrap().limit,
             10,
@@ -3556,7 +3402,7 @@ fn adaptive_defaults_are_the_documented_ones() {
             .chaos(Chaos::latency(1.0, secs(5) + Duration::from_nanos(1)))
             .build()
             .unwrap();
-        let _ = mode.many(&p, 2, |_| Ok::<u32, Fail>(1));
+        let _ = mode.many(&p, 2, |_| Ok::<u32, Boom>(1));
         assert_eq!(
             p.concurrency_limit().unwrap().limit,
             9,
@@ -3583,18 +3429,12 @@ fn adaptive_gradient2_grows_within_its_buffer_and_shrinks_past_it() {
             .build()
             .unwrap();
         let rt = rt();
-        for _ in 0..2 {
-            round(&rt, &p, &clock, 40, ms(10));
-        }
+        run_rounds(&rt, &p, &clock, 2, 40, ms(10));
         assert_eq!(p.concurrency_limit().unwrap().baseline, Some(ms(10)));
-        for _ in 0..10 {
-            round(&rt, &p, &clock, 40, Duration::from_micros(10_500));
-        }
+        run_rounds(&rt, &p, &clock, 10, 40, Duration::from_micros(10_500));
         let grown = p.concurrency_limit().unwrap().limit;
         assert!(grown > 10, "within the buffer it grows: {grown}");
-        for _ in 0..10 {
-            round(&rt, &p, &clock, 40, ms(12));
-        }
+        run_rounds(&rt, &p, &clock, 10, 40, ms(12));
         let shrunk = p.concurrency_limit().unwrap().limit;
         assert!(
             shrunk < grown,
@@ -3608,7 +3448,7 @@ fn adaptive_gradient2_grows_within_its_buffer_and_shrinks_past_it() {
 #[test]
 fn adaptive_vegas_steps_by_log10_of_the_limit() {
     let clock = VirtualClock::starting_at(FAR);
-    let log: Log = Arc::default();
+    let (log, listener) = recorder();
     let p = Pipeline::builder("vegas-log10")
         .random(SeededRandom::new(2))
         .adaptive_limit(
@@ -3618,16 +3458,12 @@ fn adaptive_vegas_steps_by_log10_of_the_limit() {
                 .min_rtt(secs(600), 4, 2),
         )
         .clock(clock.clone())
-        .on_event(listener(&log))
+        .on_event(listener)
         .build()
         .unwrap();
     let rt = rt();
-    for _ in 0..2 {
-        round(&rt, &p, &clock, 2, ms(10));
-    }
-    for _ in 0..8 {
-        round(&rt, &p, &clock, 130, ms(10));
-    }
+    run_rounds(&rt, &p, &clock, 2, 2, ms(10));
+    run_rounds(&rt, &p, &clock, 8, 130, ms(10));
     assert_eq!(
         limit_changes(&log),
         vec![(100, 106), (106, 112), (112, 118), (118, 124), (124, 130)]
@@ -3651,108 +3487,98 @@ fn adaptive_slots_around_the_other_policies() {
             .circuit_breaker(CircuitBreaker::consecutive_failures(1).cooldown(secs(60)))
             .build()
             .unwrap();
-        assert!(mode.call(&p, |_| Err::<u32, _>(Fail(1))).is_err());
+        assert!(mode.call(&p, |_| Err::<u32, _>(Boom(1))).is_err());
         for _ in 0..3 {
-            let r = mode.call(&p, |_| Ok::<u32, Fail>(1));
-            assert_eq!(
-                rejection(&r).map(|r| r.reason),
-                Some(RejectionReason::CircuitOpen)
-            );
+            let r = mode.call(&p, |_| Ok::<u32, Boom>(1));
+            assert_eq!(reason(&r), Some(RejectionReason::CircuitOpen));
         }
         assert_eq!(p.concurrency_limit().unwrap().in_flight, 0, "{mode:?}");
     }
-    for start in STARTS {
-        for listen in [false, true] {
-            let mode = Mode {
-                sync: false,
-                listen,
-                start,
+    for mode in modes_of(false) {
+        // Waiting for a cooldown and for a permit: no slot held.
+        for limiter in [false, true] {
+            let (b, clock, _) = mode.builder("adaptive-waits");
+            let b = b.adaptive_limit(fixed(1));
+            let b = if limiter {
+                b.rate_limiter(RateLimiter::fixed_window(1, secs(1)).max_wait(secs(2)))
+            } else {
+                b.cooldown(seawall::Cooldown::new().max_wait(secs(5)))
             };
-            // Waiting for a cooldown and for a permit: no slot held.
-            for limiter in [false, true] {
-                let (b, clock, _) = mode.builder("adaptive-waits");
-                let b = b.adaptive_limit(fixed(1));
-                let b = if limiter {
-                    b.rate_limiter(RateLimiter::fixed_window(1, secs(1)).max_wait(secs(2)))
-                } else {
-                    b.cooldown(seawall::Cooldown::new().max_wait(secs(5)))
-                };
-                let p = b
-                    .classify(|_: &Fail| Verdict::throttled().with_retry_after(secs(1)))
-                    .build()
-                    .unwrap();
-                let rt = rt();
-                // Opens the pause, or takes the window's permit.
-                let r = rt.block_on(p.run(|_| async {
-                    if limiter {
-                        Ok::<u32, Fail>(0)
-                    } else {
-                        Err(Fail(1))
-                    }
-                }));
-                assert_eq!(r.is_ok(), limiter);
-                let seen = Arc::new(Mutex::new(None));
-                let s = seen.clone();
-                let p2 = p.clone();
-                let results = rt.block_on(join_all(vec![
-                    Box::pin(async { p.run(|_| async { Ok::<u32, Fail>(1) }).await })
-                        as std::pin::Pin<Box<dyn Future<Output = _>>>,
-                    Box::pin(async move {
-                        // The first call waits now.
-                        tokio::task::yield_now().await;
-                        *s.lock().unwrap() = Some(p2.concurrency_limit().unwrap().in_flight);
-                        Ok(0u32)
-                    }),
-                ]));
-                assert_eq!(results[0].as_ref().ok(), Some(&1), "{mode:?} {limiter}");
-                assert_eq!(mode.elapsed(&clock), secs(1), "{mode:?} {limiter}");
-                assert_eq!(
-                    *seen.lock().unwrap(),
-                    Some(0),
-                    "{mode:?} limiter {limiter}: a waiting call holds no slot"
-                );
-            }
-
-            // Hedged attempts: a slot each; a hedge over the limit is
-            // refused and the call goes on.
-            let (b, clock, log) = mode.builder("adaptive-hedged");
             let p = b
-                .hedging(seawall::Hedging::latency(ms(10)).max_hedged_attempts(2))
-                .adaptive_limit(fixed(2))
+                .classify(|_: &Boom| Verdict::throttled().with_retry_after(secs(1)))
                 .build()
                 .unwrap();
-            let peak = Arc::new(AtomicU32::new(0));
-            let pk = peak.clone();
-            let inner = p.clone();
-            let c = clock.clone();
-            let r = rt().block_on(p.run(move |ctx| {
-                pk.fetch_max(inner.concurrency_limit().unwrap().in_flight, SEQ);
-                let c = c.clone();
-                async move {
-                    Clock::sleep(&c, ms(100)).await;
-                    Ok::<u32, Fail>(ctx.attempt())
+            let rt = rt();
+            // Opens the pause, or takes the window's permit.
+            let r = rt.block_on(p.run(|_| async {
+                if limiter {
+                    Ok::<u32, Boom>(0)
+                } else {
+                    Err(Boom(1))
                 }
             }));
-            assert_eq!(r.ok(), Some(1), "{mode:?}");
-            assert_eq!(peak.load(SEQ), 2, "{mode:?}");
-            assert_eq!(p.concurrency_limit().unwrap().in_flight, 0);
-            if listen {
-                assert!(
-                    count(&log, |e| matches!(
-                        e,
-                        EventKind::Rejected {
-                            reason: RejectionReason::ConcurrencyLimited,
-                            ..
-                        }
-                    )) >= 1,
-                    "{mode:?}: {:?}",
-                    log.lock().unwrap()
-                );
-                assert_eq!(
-                    count(&log, |e| matches!(e, EventKind::HedgeStarted { .. })),
-                    1
-                );
+            assert_eq!(r.is_ok(), limiter);
+            let seen = Arc::new(Mutex::new(None));
+            let s = seen.clone();
+            let p2 = p.clone();
+            let results = rt.block_on(join_all(vec![
+                Box::pin(async { p.run(|_| async { Ok::<u32, Boom>(1) }).await })
+                    as std::pin::Pin<Box<dyn Future<Output = _>>>,
+                Box::pin(async move {
+                    // The first call waits now.
+                    tokio::task::yield_now().await;
+                    *s.lock().unwrap() = Some(p2.concurrency_limit().unwrap().in_flight);
+                    Ok(0u32)
+                }),
+            ]));
+            assert_eq!(results[0].as_ref().ok(), Some(&1), "{mode:?} {limiter}");
+            assert_eq!(mode.elapsed(&clock), secs(1), "{mode:?} {limiter}");
+            assert_eq!(
+                *seen.lock().unwrap(),
+                Some(0),
+                "{mode:?} limiter {limiter}: a waiting call holds no slot"
+            );
+        }
+
+        // Hedged attempts: a slot each; a hedge over the limit is
+        // refused and the call goes on.
+        let (b, clock, log) = mode.builder("adaptive-hedged");
+        let p = b
+            .hedging(seawall::Hedging::latency(ms(10)).max_hedged_attempts(2))
+            .adaptive_limit(fixed(2))
+            .build()
+            .unwrap();
+        let peak = Arc::new(AtomicU32::new(0));
+        let pk = peak.clone();
+        let inner = p.clone();
+        let c = clock.clone();
+        let r = rt().block_on(p.run(move |ctx| {
+            pk.fetch_max(inner.concurrency_limit().unwrap().in_flight, SEQ);
+            let c = c.clone();
+            async move {
+                Clock::sleep(&c, ms(100)).await;
+                Ok::<u32, Boom>(ctx.attempt())
             }
+        }));
+        assert_eq!(r.ok(), Some(1), "{mode:?}");
+        assert_eq!(peak.load(SEQ), 2, "{mode:?}");
+        assert_eq!(p.concurrency_limit().unwrap().in_flight, 0);
+        if mode.listen {
+            assert!(
+                count(&log, |e| matches!(
+                    e,
+                    EventKind::Rejected {
+                        reason: RejectionReason::ConcurrencyLimited,
+                        ..
+                    }
+                )) >= 1,
+                "{mode:?}: {:?}",
+                log.lock().unwrap()
+            );
+            assert_eq!(
+                count(&log, |e| matches!(e, EventKind::HedgeStarted { .. })),
+                1
+            );
         }
     }
 }
@@ -3762,45 +3588,38 @@ fn adaptive_slots_around_the_other_policies() {
 /// a sample of its latency.
 #[test]
 fn adaptive_sync_timeouts_are_drops() {
-    for start in STARTS {
-        for listen in [false, true] {
-            for strict in [false, true] {
-                let mode = Mode {
-                    sync: true,
-                    listen,
-                    start,
-                };
-                let (b, clock, _) = mode.builder("adaptive-sync-timeout");
-                let timeout = if strict {
-                    Timeout::strict(ms(5))
-                } else {
-                    Timeout::new(ms(5))
-                };
-                let p = b
-                    .timeout(timeout)
-                    .adaptive_limit(
-                        AdaptiveLimit::aimd()
-                            .limits(1, 8, 8)
-                            .backoff_ratio(0.5)
-                            .update_interval(ms(1)),
-                    )
-                    .build()
-                    .unwrap();
-                for _ in 0..2 {
-                    let c = clock.clone();
-                    let r = p.call(move |_| {
-                        c.advance(ms(10));
-                        Ok::<u32, Fail>(1)
-                    });
-                    assert_eq!(r.is_ok(), !strict);
-                }
-                let expected = if strict { 4 } else { 8 };
-                assert_eq!(
-                    p.concurrency_limit().unwrap().limit,
-                    expected,
-                    "strict {strict} {mode:?}"
-                );
+    for mode in modes_of(true) {
+        for strict in [false, true] {
+            let (b, clock, _) = mode.builder("adaptive-sync-timeout");
+            let timeout = if strict {
+                Timeout::strict(ms(5))
+            } else {
+                Timeout::new(ms(5))
+            };
+            let p = b
+                .timeout(timeout)
+                .adaptive_limit(
+                    AdaptiveLimit::aimd()
+                        .limits(1, 8, 8)
+                        .backoff_ratio(0.5)
+                        .update_interval(ms(1)),
+                )
+                .build()
+                .unwrap();
+            for _ in 0..2 {
+                let c = clock.clone();
+                let r = p.call(move |_| {
+                    c.advance(ms(10));
+                    Ok::<u32, Boom>(1)
+                });
+                assert_eq!(r.is_ok(), !strict);
             }
+            let expected = if strict { 4 } else { 8 };
+            assert_eq!(
+                p.concurrency_limit().unwrap().limit,
+                expected,
+                "strict {strict} {mode:?}"
+            );
         }
     }
 }
@@ -3822,7 +3641,7 @@ fn custom_policy_inside_the_attempts_admission_and_weighted_passes() {
         let ops = AtomicU32::new(0);
         let r = mode.call(&p, |_| {
             if ops.fetch_add(1, SEQ) < 2 {
-                Err(Fail(1))
+                Err(Boom(1))
             } else {
                 Ok(7)
             }
@@ -3840,7 +3659,7 @@ fn custom_policy_inside_the_attempts_admission_and_weighted_passes() {
             .build()
             .unwrap();
         let c = p.weighted(3).unwrap();
-        let fail = |_: Context| Err::<u32, _>(Fail(1));
+        let fail = |_: Context| Err::<u32, _>(Boom(1));
         let r = if mode.sync {
             c.call(fail)
         } else {
@@ -3850,19 +3669,15 @@ fn custom_policy_inside_the_attempts_admission_and_weighted_passes() {
         assert_eq!(policy.passes(), 1);
         // Two passes of three permits: four are left.
         let c = p.weighted(4).unwrap();
-        let ok = |_: Context| Ok::<u32, Fail>(1);
+        let ok = |_: Context| Ok::<u32, Boom>(1);
         let r = if mode.sync {
             c.call(ok)
         } else {
             rt().block_on(c.run(|ctx| std::future::ready(ok(ctx))))
         };
         assert_eq!(r.ok(), Some(1), "{mode:?}");
-        let r = mode.call(&p, |_| Ok::<u32, Fail>(1));
-        assert_eq!(
-            rejection(&r).map(|r| r.reason),
-            Some(RejectionReason::RateLimited),
-            "{mode:?}"
-        );
+        let r = mode.call(&p, |_| Ok::<u32, Boom>(1));
+        assert_eq!(reason(&r), Some(RejectionReason::RateLimited), "{mode:?}");
     }
 }
 
@@ -3870,48 +3685,41 @@ fn custom_policy_inside_the_attempts_admission_and_weighted_passes() {
 /// makes a call wait: every call starts at once.
 #[test]
 fn shadow_queues_never_make_a_call_wait() {
-    for start in STARTS {
-        for listen in [false, true] {
-            for adaptive in [false, true] {
-                let mode = Mode {
-                    sync: false,
-                    listen,
-                    start,
-                };
-                let (b, clock, log) = mode.builder("shadow-queue");
-                let b = if adaptive {
-                    b.adaptive_limit(fixed(1).queue(5, secs(10)).shadow(true))
-                } else {
-                    b.bulkhead(Bulkhead::new(1).queue(5, secs(10)).shadow(true))
-                };
-                let p = b.build().unwrap();
-                let started = Arc::new(Mutex::new(Vec::new()));
-                let results = rt().block_on(join_all(
-                    (0..3)
-                        .map(|_| {
+    for mode in modes_of(false) {
+        for adaptive in [false, true] {
+            let (b, clock, log) = mode.builder("shadow-queue");
+            let b = if adaptive {
+                b.adaptive_limit(fixed(1).queue(5, secs(10)).shadow(true))
+            } else {
+                b.bulkhead(Bulkhead::new(1).queue(5, secs(10)).shadow(true))
+            };
+            let p = b.build().unwrap();
+            let started = Arc::new(Mutex::new(Vec::new()));
+            let results = rt().block_on(join_all(
+                (0..3)
+                    .map(|_| {
+                        let (clock, started) = (clock.clone(), started.clone());
+                        p.run(move |_| {
                             let (clock, started) = (clock.clone(), started.clone());
-                            p.run(move |_| {
-                                let (clock, started) = (clock.clone(), started.clone());
-                                async move {
-                                    started.lock().unwrap().push(clock.now() - start);
-                                    Clock::sleep(&clock, ms(100)).await;
-                                    Ok::<_, Fail>(())
-                                }
-                            })
+                            async move {
+                                started.lock().unwrap().push(clock.now() - mode.start);
+                                Clock::sleep(&clock, ms(100)).await;
+                                Ok::<_, Boom>(())
+                            }
                         })
-                        .collect(),
-                ));
-                assert!(results.iter().all(|r| r.is_ok()), "{results:?}");
-                assert_eq!(
-                    *started.lock().unwrap(),
-                    vec![Duration::ZERO; 3],
-                    "{mode:?}"
-                );
-                assert_eq!(mode.elapsed(&clock), ms(100));
-                if listen {
-                    assert_eq!(refusals(&log, true).len(), 2, "adaptive {adaptive}");
-                    assert_eq!(count(&log, |e| matches!(e, EventKind::Deferred { .. })), 0);
-                }
+                    })
+                    .collect(),
+            ));
+            assert!(results.iter().all(|r| r.is_ok()), "{results:?}");
+            assert_eq!(
+                *started.lock().unwrap(),
+                vec![Duration::ZERO; 3],
+                "{mode:?}"
+            );
+            assert_eq!(mode.elapsed(&clock), ms(100));
+            if mode.listen {
+                assert_eq!(refusals(&log, true).len(), 2, "adaptive {adaptive}");
+                assert_eq!(count(&log, |e| matches!(e, EventKind::Deferred { .. })), 0);
             }
         }
     }
