@@ -662,6 +662,18 @@ pin_project_lite::pin_project! {
     }
 }
 
+impl<Fut, T, E> Attempt<Fut, T, E> {
+    /// An attempt whose operation was called, with nothing injected.
+    fn calling(op: Fut) -> Self {
+        Attempt {
+            delay: None,
+            injected: None,
+            ctx: None,
+            op: Some(op),
+        }
+    }
+}
+
 /// What an [`Attempt`] comes to: its outcome, or the call of its operation,
 /// due now that its injected latency is over.
 enum Due<T, E> {
@@ -804,12 +816,7 @@ where
                     // Its injected latency over (within the deadline), the
                     // operation is called, under the same deadline.
                     Poll::Ready(Some(Due::Call(ctx))) => {
-                        let attempt = Attempt {
-                            delay: None,
-                            injected: None,
-                            ctx: None,
-                            op: Some(op(ctx)),
-                        };
+                        let attempt = Attempt::calling(op(ctx));
                         let attempt = WithDeadline::new(attempt, call.clock(), call.deadline());
                         step.set(Step::Running { attempt });
                         continue;
@@ -855,12 +862,7 @@ where
                         op,
                     }
                 } else {
-                    Attempt {
-                        delay: None,
-                        injected: None,
-                        ctx: None,
-                        op: Some(op(ctx)),
-                    }
+                    Attempt::calling(op(ctx))
                 };
                 let attempt = WithDeadline::new(attempt, call.clock(), call.deadline());
                 step.set(Step::Running { attempt });
