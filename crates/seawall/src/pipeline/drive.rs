@@ -481,15 +481,11 @@ where
     Fut: Future,
     Fut::Output: AttemptOutput<T, E>,
 {
-    let injection = call.inject::<T, E>(&ctx);
-    let clock = call.clock();
+    let attempt = Attempt::<Fut, T, E>::injected(call, ctx);
     async move {
-        if !injection.delay.is_zero() {
-            clock.sleep(injection.delay).await;
-        }
-        match injection.result {
-            Some(result) => (result, None),
-            None => op(ctx).await.split(),
+        match attempt.await {
+            Due::Outcome(outcome) => outcome,
+            Due::Call(ctx) => op(ctx).await.split(),
         }
     }
 }
@@ -646,12 +642,14 @@ pub(super) fn hedging_is_async() -> ConfigError {
 }
 
 pin_project_lite::pin_project! {
-    /// One attempt of a hedged call: the operation's future, after the
-    /// latency a chaos policy injected, or the result it injected instead.
-    /// As on the other paths, the operation is called once the latency is
-    /// over (its context then tells the time left): until then the attempt
-    /// holds the context to call it with, and gives it back when the
-    /// latency ends ([`Due::Call`]).
+    /// One attempt of an async call with chaos policies, or of a hedged
+    /// call: the latency they injected, then the result they injected or
+    /// the operation's (the one statement of that order for both async
+    /// paths; the sync path sleeps and calls in `operate_sync`). The
+    /// operation is called once the latency is over (its context then
+    /// tells the time left): until then the attempt holds the context to
+    /// call it with, and gives it back when the latency ends
+    /// ([`Due::Call`]).
     struct Attempt<Fut, T, E> {
         #[pin]
         delay: Option<Sleep>,
@@ -663,6 +661,19 @@ pin_project_lite::pin_project! {
 }
 
 impl<Fut, T, E> Attempt<Fut, T, E> {
+    /// An attempt as the chaos policies decide it for `ctx`: their latency
+    /// first, then their result or the call of the operation.
+    fn injected<K: Handles<T, E>>(call: &Call<'_, K>, ctx: Context) -> Self {
+        let injection = call.inject::<T, E>(&ctx);
+        let delay = (!injection.delay.is_zero()).then(|| call.clock().sleep(injection.delay));
+        Attempt {
+            delay,
+            ctx: injection.result.is_none().then_some(ctx),
+            injected: injection.result,
+            op: None,
+        }
+    }
+
     /// An attempt whose operation was called, with nothing injected.
     fn calling(op: Fut) -> Self {
         Attempt {
@@ -845,24 +856,9 @@ where
         match admit {
             Admit::Run(ctx) => {
                 let ctx = call.hedge_started(ctx);
-                let attempt = if call.has_chaos() {
-                    let injection = call.inject::<T, E>(&ctx);
-                    let delay =
-                        (!injection.delay.is_zero()).then(|| call.clock().sleep(injection.delay));
-                    // Called now, or once its latency is over.
-                    let (ctx, op) = match (&injection.result, &delay) {
-                        (Some(_), _) => (None, None),
-                        (None, Some(_)) => (Some(ctx), None),
-                        (None, None) => (None, Some(op(ctx))),
-                    };
-                    Attempt {
-                        delay,
-                        injected: injection.result,
-                        ctx,
-                        op,
-                    }
-                } else {
-                    Attempt::calling(op(ctx))
+                let attempt = match call.has_chaos() {
+                    true => Attempt::injected(call, ctx),
+                    false => Attempt::calling(op(ctx)),
                 };
                 let attempt = WithDeadline::new(attempt, call.clock(), call.deadline());
                 step.set(Step::Running { attempt });
